@@ -1,0 +1,1 @@
+"""kmesh: measure how LLM serving engines share KV cache."""

@@ -1,0 +1,155 @@
+"""kmesh plan|run|verify|publish SECTION --profile P
+
+    plan     print arms, sizes and expected duration; starts no engine
+    run      validate params, execute the section's notebook headlessly with papermill into
+             outputs/<section>/<run_id>/, render report.html, verify and publish
+    verify   re-check a finished run's recorded invariants; exit 1 when one fails
+    publish  write public-results.json (aggregates and hashes; no prompts, answers or token ids)
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from . import params as params_mod
+from . import sections
+from .run_record import OUTPUTS, new_run_id
+
+
+def resolve_params(section: sections.Section, profile: str, extra_files: list[str], overrides: list[str]):
+    """Merges the layered files, extra files and KEY=VALUE overrides; returns (config, dict)."""
+    files = params_mod.param_files(section.key, profile, section.uses_engine) + [Path(f) for f in extra_files]
+    values = params_mod.merge_files(files)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise params_mod.ParamError(f"--set {item!r}: expected KEY=VALUE")
+        values[key] = yaml.safe_load(raw)
+    values["PROFILE"] = profile
+    config = params_mod.build(section.params_cls(), values, where=f"{section.key} --profile {profile}")
+    return config, values, files
+
+
+def latest_run(section: sections.Section, profile: str | None) -> Path:
+    root = OUTPUTS / section.key
+    runs = sorted((p for p in root.glob("*") if (p / "results.json").exists()
+                   and (profile is None or p.name.startswith(profile + "-"))), key=lambda p: p.stat().st_mtime)
+    if not runs:
+        raise SystemExit(f"no finished run of {section.key} under {root}" + (f" for profile {profile}" if profile else ""))
+    return runs[-1]
+
+
+def cmd_plan(args) -> int:
+    section = sections.get(args.section)
+    config, values, files = resolve_params(section, args.profile, args.params, args.set)
+    print(f"section {section.number} {section.key}: {section.question}")
+    print("params files: " + " -> ".join(str(f.relative_to(params_mod.PARAMS_DIR.parent)) if f.is_absolute() and
+                                           params_mod.PARAMS_DIR.parent in f.parents else str(f) for f in files))
+    hook = section.hook("plan")
+    if hook is not None:
+        for key, value in hook(config).items():
+            print(f"{key}: {value}")
+    else:
+        print(yaml.safe_dump(params_mod.to_dict(config), sort_keys=True).rstrip())
+    return 0
+
+
+def cmd_run(args) -> int:
+    import papermill
+
+    section = sections.get(args.section)
+    config, _, _ = resolve_params(section, args.profile, args.params, args.set)  # fails before any engine
+    run_dir = Path(args.run_dir) if args.run_dir else OUTPUTS / section.key / new_run_id(args.profile)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    resolved = {**params_mod.to_dict(config), "RUN_DIR": str(run_dir.resolve())}
+    (run_dir / "params.resolved.yaml").write_text(yaml.safe_dump(resolved, sort_keys=True))
+    out_nb = run_dir / section.notebook
+    print(f"running {section.notebook} ({args.profile}) -> {run_dir}", flush=True)
+    t0 = time.monotonic()
+    try:
+        papermill.execute_notebook(str(section.notebook_path), str(out_nb), parameters=resolved,
+                                   kernel_name=args.kernel, cwd=str(section.notebook_path.parent),
+                                   execution_timeout=args.timeout, log_output=args.log_output, progress_bar=not args.log_output)
+    except papermill.PapermillExecutionError as e:
+        print(f"notebook failed in cell {e.exec_count}: {e.ename}: {e.evalue}\n"
+              f"the partial notebook and every result written so far are in {run_dir}", file=sys.stderr)
+        render_html(out_nb)
+        return 1
+    finally:
+        print(f"notebook ran {time.monotonic() - t0:.0f} s", flush=True)
+    html = render_html(out_nb)
+    print(f"report: {html}")
+    status = report_checks(run_dir)
+    if status == 0:
+        from .publish import publish
+
+        print(f"public results: {publish(run_dir)}")
+    return status
+
+
+def render_html(notebook: Path) -> Path | None:
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    if not notebook.exists():
+        return None
+    body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(notebook), as_version=4))
+    out = notebook.parent / "report.html"
+    out.write_text(body)
+    return out
+
+
+def report_checks(run_dir: Path) -> int:
+    from .verify import verify_run
+
+    checks = verify_run(run_dir)
+    for c in checks:
+        print(f"  [{'ok' if c.ok else 'FAIL'}] {c.name}" + (f": {c.detail}" if c.detail and not c.ok else ""))
+    failed = [c for c in checks if not c.ok]
+    print(f"{len(checks) - len(failed)} of {len(checks)} checks passed in {run_dir}")
+    return 1 if failed else 0
+
+
+def cmd_verify(args) -> int:
+    section = sections.get(args.section)
+    return report_checks(Path(args.run_dir) if args.run_dir else latest_run(section, args.profile))
+
+
+def cmd_publish(args) -> int:
+    from .publish import publish
+
+    section = sections.get(args.section)
+    print(publish(Path(args.run_dir) if args.run_dir else latest_run(section, args.profile)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kmesh", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, fn in (("plan", cmd_plan), ("run", cmd_run), ("verify", cmd_verify), ("publish", cmd_publish)):
+        p = sub.add_parser(name, help=fn.__doc__)
+        p.add_argument("section", help="section number or key, e.g. 00 or engine_check")
+        p.add_argument("--profile", choices=params_mod.PROFILES, default=None if name in ("verify", "publish") else "cpu")
+        p.set_defaults(fn=fn)
+        if name in ("plan", "run"):
+            p.add_argument("--params", action="append", default=[], help="extra YAML file layered last")
+            p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one parameter")
+        if name == "run":
+            p.add_argument("--kernel", default="kmesh", help="Jupyter kernel (scripts/setup_env.sh installs 'kmesh')")
+            p.add_argument("--timeout", type=int, default=3600, help="per-cell timeout in seconds")
+            p.add_argument("--log-output", action="store_true", help="stream cell output instead of a progress bar")
+        p.add_argument("--run-dir", default=None, help="the run directory (default: new for run, latest otherwise)")
+    args = parser.parse_args(argv)
+    try:
+        return args.fn(args)
+    except (params_mod.ParamError, KeyError) as e:
+        print(f"kmesh {args.command}: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
