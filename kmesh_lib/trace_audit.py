@@ -32,6 +32,11 @@ from kmesh_lib.trace_scan import (JSONL_SUFFIXES, MALFORMED_KINDS, Entry, iter_l
                                   os_reason, parse_line, walk_tree)
 from kmesh_lib.trace_units import TimestampUnits
 
+MAX_DUPLICATE_LOCATIONS = 20   # per duplicate group; num_copies stays exact
+MAX_FIELDS_PER_SOURCE = 4096   # coverage rows per source; further field names pool in OTHER_FIELDS
+MAX_FIELD_NAME_CHARS = 128     # field names are published; a key may be text in disguise
+OTHER_FIELDS = "<other fields>"
+
 
 class _Auditor:
     """Mutable state of one audit pass; ``audit_tree`` is the public entry point."""
@@ -41,7 +46,8 @@ class _Auditor:
         self.audit = TraceAudit(root=str(root), max_line_bytes=max_line_bytes)
         self.dirs: dict[str, DirRow] = {}
         self.first_seen: dict[bytes, tuple[str, int]] = {}  # digest -> first location
-        self.dup_locations: dict[bytes, list[tuple[str, int]]] = {}
+        self.num_later_copies: Counter[bytes] = Counter()  # digest -> copies after the first
+        self.dup_locations: dict[bytes, list[tuple[str, int]]] = {}  # the first few copies
         self.coverage = defaultdict(lambda: defaultdict(Counter))
         self.num_object_records: Counter[str] = Counter()
         self.timestamps: dict[str, TimestampUnits] = defaultdict(TimestampUnits)
@@ -112,8 +118,10 @@ class _Auditor:
         row.num_records += 1
         if digest in self.first_seen:
             row.num_duplicate_copies += 1
-            self.dup_locations.setdefault(digest, [self.first_seen[digest]]).append(
-                (row.relpath, line_no))
+            self.num_later_copies[digest] += 1
+            locations = self.dup_locations.setdefault(digest, [self.first_seen[digest]])
+            if len(locations) < MAX_DUPLICATE_LOCATIONS:
+                locations.append((row.relpath, line_no))
         else:
             self.first_seen[digest] = (row.relpath, line_no)
         if not isinstance(rec, dict):
@@ -122,6 +130,9 @@ class _Auditor:
         self.num_object_records[row.source] += 1
         fields = self.coverage[row.source]
         for key, val in rec.items():
+            if key not in fields:  # hostile records may carry endless or enormous keys
+                key = key if len(key) <= MAX_FIELD_NAME_CHARS else key[:MAX_FIELD_NAME_CHARS] + "…"
+                key = key if len(fields) < MAX_FIELDS_PER_SOURCE else OTHER_FIELDS
             fields[key]["present"] += 1
             fields[key]["non_null"] += val is not None
         self.timestamps[row.source].observe(rec)
@@ -131,7 +142,7 @@ class _Auditor:
         audit = self.audit
         audit.num_unique_records = len(self.first_seen)
         audit.duplicate_groups = [
-            {"sha256": digest.hex(), "num_copies": len(locs),
+            {"sha256": digest.hex(), "num_copies": 1 + self.num_later_copies[digest],
              "locations": [{"relpath": p, "line_no": n} for p, n in locs]}
             for digest, locs in self.dup_locations.items()]
         audit.coverage = {src: {k: dict(c) for k, c in f.items()}
@@ -139,7 +150,9 @@ class _Auditor:
         audit.num_object_records = dict(self.num_object_records)
         audit.timestamp_units = {src: t.report() for src, t in sorted(self.timestamps.items())}
         lines = sorted(f"{f.relpath}\0{f.sha256}\n" for f in audit.files if f.sha256)
-        audit.set_sha256 = hashlib.sha256("".join(lines).encode()).hexdigest()
+        # surrogateescape: a file name that is not UTF-8 must not crash the hash
+        payload = "".join(lines).encode("utf-8", "surrogateescape")
+        audit.set_sha256 = hashlib.sha256(payload).hexdigest()
         audit.lineage = self.lineage.finish(audit.sources)
         audit.elapsed_s = time.perf_counter() - started
         return audit
@@ -150,8 +163,9 @@ def audit_tree(root: str | Path, *, max_line_bytes: int = 8 << 20, max_depth: in
     """Audit every JSONL file under ``root`` (see the module docstring for what is counted).
 
     ``max_line_bytes``: longer lines are counted malformed ("oversize") unparsed; memory stays
-    about ``2 * max_line_bytes`` plus one 1 MiB read chunk. ``max_depth``: deeper directories are problems.
-    Never raises for anything found inside the tree; a missing root raises FileNotFoundError.
+    about ``2 * max_line_bytes`` plus one 1 MiB read chunk. ``max_depth``: deeper directories
+    are problems. ``progress``: print one line per file to stderr. Never raises for anything
+    found inside the tree; a missing root raises FileNotFoundError.
     """
     started = time.perf_counter()
     root = Path(root)

@@ -63,6 +63,12 @@ REQUIREMENTS: dict[str, tuple[str, ...]] = {
     "cache_events": CACHE_EVENT_FIELDS,
 }
 
+_REQUIREMENT_OF = {name: req for req, names in REQUIREMENTS.items() for name in names}
+
+# Block events describe the pool, not each call: one record may carry a step's events for all, so
+# cache events are met when any record carries them; every other requirement is per invocation.
+MET_BY_ANY_RECORD = frozenset({"cache_events"})
+
 # Fields that look relevant but do not satisfy a requirement, with the reason shown to readers.
 WEAK_SIGNALS = {
     "timestamp": "a single timestamp: neither a start nor a completion time on its own",
@@ -97,7 +103,8 @@ class RequirementCheck:
 
     Invariant: ``met`` iff every object record carries at least one of ``fields_checked`` as a
     key (null allowed: roots have no parent, aborted calls no completion time) and at least one
-    record carries a non-null value.
+    record carries a non-null value; for ``MET_BY_ANY_RECORD`` requirements a non-null value on
+    any record suffices.
     """
 
     name: str
@@ -109,6 +116,8 @@ class RequirementCheck:
 
     @property
     def met(self) -> bool:
+        if self.name in MET_BY_ANY_RECORD:
+            return self.num_records_with_value > 0
         return (self.num_records > 0 and self.num_records_with_key == self.num_records
                 and self.num_records_with_value > 0)
 
@@ -156,9 +165,9 @@ class LineageReport:
         return {
             "qualifies": self.qualifies,
             "num_lineage_edges": self.num_lineage_edges,
-            "sources": {
-                name: {
-                    "num_records": s.num_records, "qualifies": s.qualifies,
+            "sources": [  # a list: source names come from the corpus and stay out of keys
+                {
+                    "source": name, "num_records": s.num_records, "qualifies": s.qualifies,
                     "num_lineage_edges": s.num_lineage_edges,
                     "num_dangling_parent_refs": s.num_dangling_parent_refs,
                     "requirements": {r.name: {"state": r.state,
@@ -166,7 +175,7 @@ class LineageReport:
                                      for r in s.requirements.values()},
                     "num_groups": s.num_groups, "weak_signals": s.weak_signals,
                     "reasons": s.reasons,
-                } for name, s in self.sources.items()},
+                } for name, s in self.sources.items()],
             "fields_checked": {k: list(v) for k, v in REQUIREMENTS.items()},
         }
 
@@ -202,12 +211,12 @@ class LineageCollector:
         has_key: set[str] = set()
         has_value: set[str] = set()
         for path, leaf, value in _fields(rec):
-            for req, names in REQUIREMENTS.items():
-                if leaf in names:
-                    has_key.add(req)
-                    self._found[source][req][path] += 1
-                    if value is not None:
-                        has_value.add(req)
+            req = _REQUIREMENT_OF.get(leaf)
+            if req is not None:
+                has_key.add(req)
+                self._found[source][req][path] += 1
+                if value is not None:
+                    has_value.add(req)
             if leaf in WEAK_SIGNALS:
                 self._weak[source].add(leaf)
             if leaf in ID_FIELDS and own_id is None:

@@ -167,16 +167,25 @@ class TraceAudit:
 
     def to_public(self) -> dict[str, Any]:
         """Derived, publishable audit: counts, coverage shares, field names, timestamp units,
-        hashes, problems and the lineage verdict. No prompts, answers or any record text."""
+        hashes, problems and the lineage verdict. No prompts, answers or any record text.
+
+        Names taken from the corpus (paths, field names) appear only as values, never as keys, so
+        ``publish``'s private-key screen cannot be tripped by a file or field called "answer".
+        Per-file hashes are in ``files``; ``file_hashes`` is the same as a dict for
+        ``results["inputs"]``.
+        """
         return {
             "schema": PUBLIC_SCHEMA, "root_name": Path(self.root).name,
             "max_line_bytes": self.max_line_bytes, "summary": self.summary(),
             "sources": self.source_rows(), "files": [asdict(f) for f in self.files],
             "dirs": [asdict(d) for d in self.dirs], "coverage": self.coverage_rows(),
-            "timestamp_units": self.timestamp_units, "duplicate_groups": self.duplicate_groups,
+            "timestamp_units": {"sources": [{"source": src, "unit": d["unit"], "units": d["units"]}
+                                            for src, d in self.timestamp_units.items()],
+                                "fields": self.timestamp_rows()},
+            "duplicate_groups": self.duplicate_groups,
             "problems": [asdict(p) for p in self.problems],
             "malformed_lines": [asdict(m) for m in self.malformed_lines],
-            "file_sha256": self.file_hashes, "set_sha256": self.set_sha256,
+            "set_sha256": self.set_sha256,
             "lineage": self.lineage.to_public() if self.lineage else None,
         }
 

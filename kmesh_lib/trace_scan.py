@@ -23,11 +23,14 @@ JSONL_SUFFIXES = (".jsonl", ".ndjson")
 
 @dataclass
 class Entry:
-    """One thing the walk met. ``kind``: "dir" (entered), "file" (a regular JSONL file, open as
-    ``fh`` until the consumer asks for the next entry), "unreadable" (a regular JSONL file that
-    could not be opened), "other" (a file that is not JSONL), or "problem" (``problem`` names it:
-    symlink-loop, dangling-symlink, already-visited, not-regular, unreadable, too-deep). ``parent`` is the relpath
-    of the directory that listed it ("." for the root itself)."""
+    """One thing the walk met.
+
+    ``kind``: "dir" (entered), "file" (a regular JSONL file, open as ``fh`` until the consumer
+    asks for the next entry), "unreadable" (a regular JSONL file that could not be opened),
+    "other" (a file that is not JSONL), or "problem" (``problem`` names it: symlink-loop,
+    dangling-symlink, already-visited, not-regular, unreadable, too-deep). ``parent`` is the
+    relpath of the directory that listed it ("." for the root itself).
+    """
 
     kind: str
     relpath: str

@@ -15,7 +15,7 @@ from typing import Any
 
 _EPOCH_BANDS = ((1e8, 1e11, "s"), (1e11, 1e14, "ms"), (1e14, 1e17, "us"), (1e17, 1e20, "ns"))
 _UNIT_SCALE = {"s": 1, "ms": 1e3, "us": 1e6, "ns": 1e9}
-_TIME_NAMES = {"timestamp", "ts", "time", "created", "date", "datetime"}
+_TIME_NAMES = {"timestamp", "ts", "time", "created", "date", "datetime", "start", "end"}
 _TIME_SUFFIXES = ("_time", "_at", "_ts", "_ns", "_ms", "_us", "timestamp", "_date")
 
 
@@ -114,7 +114,8 @@ class TimestampUnits:
     (and numeric strings) get an epoch unit from magnitude; other strings are checked for ISO 8601.
     ``resolution_s`` is the coarsest step every value is a multiple of (from trailing zeros of
     ints and fractional digits of floats): a trace stamped to the minute cannot order calls that
-    are seconds apart.
+    are seconds apart. For float epoch seconds it is bounded by float precision (about 1e-7 s
+    today), which says nothing about the clock's real resolution.
     """
 
     def __init__(self) -> None:

@@ -103,9 +103,9 @@ def test_coverage_shares_per_source(corpus: Path):
     assert cov[("alpha", "model")]["share"] == 1.0
     assert cov[("alpha", "model")]["share_non_null"] == 0.5
     assert cov[("beta", "id")]["share"] == 1.0
-    assert cov[("beta", "created_at")]["share"] == pytest.approx(2 / 3)
+    assert cov[("beta", "created_at")]["share"] == pytest.approx(2 / 6)
     assert cov[("beta", "ts_us")]["num_records"] == 1
-    assert cov[("beta", "model")]["share"] == pytest.approx(1 / 3)
+    assert cov[("beta", "model")]["share"] == pytest.approx(1 / 6)
     assert {r["field"] for r in audit.coverage_rows() if r["source"] == "."} == {"id", "timestamp"}
 
 
@@ -148,9 +148,19 @@ def test_public_audit_has_counts_not_text(corpus: Path):
     text = json.dumps(public)
     assert CANARY not in text
     assert public["summary"]["num_records"] == 9
-    assert public["set_sha256"] and len(public["file_sha256"]) == 5
-    assert {"source": "alpha", "field": "input"}.items() <= public["coverage"][0].items() or any(
-        r["field"] == "input" for r in public["coverage"])  # field names are published
+    assert public["set_sha256"] and len([f for f in public["files"] if f["sha256"]]) == 5
+    assert ("alpha", "input") in {(r["source"], r["field"]) for r in public["coverage"]}
+
+
+def test_public_audit_passes_the_publish_screen(tmp_path: Path):
+    from kmesh_lib.publish import find_private_keys
+    root = tmp_path / "answers"
+    (root / "answer_text").mkdir(parents=True)
+    (root / "answer_text" / "prompt_text.jsonl").write_text(
+        _line({"answer_time": 1_700_000_000, "output_text": "x", "prompt_token_ids": [1]}))
+    public = audit_tree(root).to_public()
+    assert find_private_keys(public) == []
+    assert public["timestamp_units"]["fields"][0]["field"] == "answer_time"
 
 
 def test_frames(corpus: Path):
@@ -250,7 +260,7 @@ def hostile(tmp_path: Path) -> Path:
     os.symlink("self_dir", src / "self_dir")
     os.symlink("..", src / "up")                      # a directory cycle
     os.symlink("missing.jsonl", src / "dangling.jsonl")
-    os.symlink("garbage.jsonl", src / "alias.jsonl")  # the same file twice
+    os.symlink("garbage.jsonl", src / "zz_alias.jsonl")  # the same file twice
     os.mkfifo(src / "pipe.jsonl")                     # opening it for reading would block
     (src / "secret.jsonl").write_text('{"s": 1}\n')
     return root
@@ -273,7 +283,7 @@ def test_hostile_inputs_are_counted_never_raised(hostile: Path, monkeypatch):
     assert audit.num_non_object_records == 2
     problems = sorted((p.kind, p.relpath) for p in audit.problems)
     assert problems == [
-        ("already-visited", "src/alias.jsonl"), ("already-visited", "src/up"),
+        ("already-visited", "src/up"), ("already-visited", "src/zz_alias.jsonl"),
         ("dangling-symlink", "src/dangling.jsonl"), ("not-regular", "src/pipe.jsonl"),
         ("symlink-loop", "src/self.jsonl"), ("symlink-loop", "src/self_dir"),
         ("unreadable", "src/secret.jsonl")]
@@ -297,9 +307,9 @@ def test_read_error_mid_file_marks_the_file_partial(corpus: Path, monkeypatch):
     monkeypatch.setattr(trace_audit, "iter_lines", failing)
     audit = audit_tree(corpus)
     partial = [f for f in audit.files if f.status == "read-error"]
-    assert len(partial) == 4  # every file with at least two lines
+    assert len(partial) == 3  # every file with at least two lines
     assert all(f.sha256 is None and f.num_lines == 1 for f in partial)
-    assert [p.kind for p in audit.problems] == ["read-error"] * 4
+    assert [p.kind for p in audit.problems] == ["read-error"] * 3
     assert audit.check_invariants() == []
 
 
@@ -332,9 +342,32 @@ def test_real_corpus_invariants():
     first = audit.files[0]
     assert first.sha256 == hashlib.sha256((REAL_CORPUS / first.relpath).read_bytes()).hexdigest()
     assert audit.lineage is not None and audit.lineage.qualifies is False
+    from kmesh_lib.publish import find_private_keys
+    assert find_private_keys(audit.to_public()) == []
     if audit.set_sha256 == REAL_SET_SHA256:
         assert (audit.num_files, audit.num_empty_files, audit.num_records) == (78, 1, 1917)
         assert (audit.num_malformed_lines, audit.files_with_malformed) == (
             20, ["memgpt/memgpt1.jsonl"])
         assert (audit.num_duplicate_copies, audit.num_unique_records) == (2, 1915)
         assert len(audit.sources) == 8
+
+
+def test_hostile_names_and_keys_stay_bounded(tmp_path: Path):
+    root = tmp_path / "names"
+    root.mkdir()
+    # a file name that is not UTF-8, records with thousands of distinct and enormous keys
+    bad_name = os.fsencode(root) + b"/caf\xe9.jsonl"
+    with open(bad_name, "wb") as fh:
+        fh.write(b'{"a": 1}\n' * 30)
+    keys = {"x" * 10_000: 1} | {f"k{i}": i for i in range(5000)}
+    (root / "keys.jsonl").write_text(json.dumps(keys) + "\n")
+    audit = audit_tree(root)
+    assert audit.num_records == 31 and audit.num_duplicate_copies == 29
+    group = audit.duplicate_groups[0]
+    assert group["num_copies"] == 30 and len(group["locations"]) == trace_audit.MAX_DUPLICATE_LOCATIONS
+    fields = audit.coverage["."]
+    assert len(fields) == trace_audit.MAX_FIELDS_PER_SOURCE + 1
+    assert fields[trace_audit.OTHER_FIELDS]["present"] == 5001 + 1 - trace_audit.MAX_FIELDS_PER_SOURCE
+    assert max(len(name) for name in fields) == trace_audit.MAX_FIELD_NAME_CHARS + 1  # + "…"
+    assert len(audit.set_sha256) == 64 and json.dumps(audit.to_public())
+    assert audit.check_invariants() == []
