@@ -1,0 +1,30 @@
+# The README's two commands: `make run` (main job on the embedded default) and `make test`.
+VENV := .venv
+KMESH := $(VENV)/bin/kmesh
+PYTEST := $(VENV)/bin/pytest
+PROFILE ?= cpu
+SECTIONS ?= 00
+NBVAL := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 1800
+
+.PHONY: env run test test-lib test-notebooks goldens bench clean-runs
+
+env:
+	bash scripts/setup_env.sh
+
+run: env
+	@for s in $(SECTIONS); do $(KMESH) run $$s --profile $(PROFILE) || exit 1; done
+
+test: env
+	$(PYTEST) -m "not gpu" tests $(NBVAL) -p no:cacheprovider
+
+test-lib: env
+	$(PYTEST) -m "not gpu" tests --ignore=tests/golden
+
+test-notebooks: env
+	$(PYTEST) tests/golden $(NBVAL)
+
+goldens: env
+	$(VENV)/bin/python scripts/make_goldens.py
+
+bench: env
+	for b in benchmarks/bench_*.py; do $(VENV)/bin/python $$b || exit 1; done

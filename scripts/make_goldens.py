@@ -1,0 +1,45 @@
+"""Regenerates tests/golden/<notebook> from notebooks/ with the smoke profile.
+
+nbval re-executes the goldens and compares the cells tagged nbval-check-output against the
+outputs stored here, so a golden is reviewed like code: run this, read the diff, commit.
+Outputs of other cells are dropped (nbval --nbval-lax does not compare them).
+
+    .venv/bin/python scripts/make_goldens.py [SECTION ...]
+"""
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import nbformat
+import papermill
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from kmesh_lib import params, sections  # noqa: E402
+from kmesh_lib.cli import resolve_params  # noqa: E402
+
+GOLDEN = ROOT / "tests" / "golden"
+
+
+def make(section: sections.Section) -> Path:
+    config, _, _ = resolve_params(section, "smoke", [], [])
+    values = {k: v for k, v in params.to_dict(config).items() if k != "RUN_DIR"}  # runs go to KMESH_RUN_ROOT
+    out = GOLDEN / section.notebook
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["KMESH_RUN_ROOT"] = tmp
+        papermill.execute_notebook(str(section.notebook_path), str(out), parameters=values, kernel_name="kmesh",
+                                   cwd=str(section.notebook_path.parent), progress_bar=False)
+    nb = nbformat.read(str(out), as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "nbval-check-output" not in cell.metadata.get("tags", []):
+            cell.outputs = []
+    nbformat.write(nb, str(out))
+    return out
+
+
+if __name__ == "__main__":
+    GOLDEN.mkdir(parents=True, exist_ok=True)
+    names = sys.argv[1:] or [s.key for s in sections.SECTIONS.values() if s.notebook_path.exists()]
+    for name in names:
+        print("golden:", make(sections.get(name)), flush=True)

@@ -1,0 +1,23 @@
+"""Shared fixtures. Engine fixtures are module-scoped: a vLLM start costs seconds to a minute."""
+import os
+import tempfile
+
+import pytest
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# Set before nbval starts its kernels so notebook runs inherit it and never write to outputs/.
+os.environ.setdefault("KMESH_RUN_ROOT", tempfile.mkdtemp(prefix="kmesh-test-runs-"))
+
+
+@pytest.fixture(autouse=True)
+def _run_root(tmp_path, monkeypatch):
+    """Runs made by tests land in a temp dir, never in outputs/."""
+    monkeypatch.setenv("KMESH_RUN_ROOT", str(tmp_path / "runs"))
+
+
+def pytest_collectstart(collector):
+    """nbval: compare text only; engine logs (stderr), HTML tables and widgets vary run to run."""
+    if hasattr(collector, "skip_compare"):
+        collector.skip_compare = collector.skip_compare + (
+            "stderr", "text/html", "application/javascript", "application/vnd.jupyter.widget-view+json",
+            "image/png", "image/svg+xml")
