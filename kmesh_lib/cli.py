@@ -5,6 +5,7 @@
              outputs/<section>/<run_id>/, render report.html, verify and publish
     verify   re-check a finished run's recorded invariants; exit 1 when one fails
     publish  write public-results.json (aggregates and hashes; no prompts, answers or token ids)
+    report   render a run's executed notebook to report.html again
 """
 from __future__ import annotations
 
@@ -92,12 +93,20 @@ def cmd_run(args) -> int:
 
 
 def render_html(notebook: Path) -> Path | None:
+    """Renders the executed notebook to report.html; a missing nbconvert template only warns,
+    since the notebook itself is the record (``kmesh report`` renders it again later)."""
     import nbformat
-    from nbconvert import HTMLExporter
 
     if not notebook.exists():
         return None
-    body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(notebook), as_version=4))
+    try:
+        from nbconvert import HTMLExporter
+
+        body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(notebook), as_version=4))
+    except (ImportError, ValueError, OSError) as e:
+        print(f"report.html not rendered ({type(e).__name__}: {str(e).splitlines()[0]}); "
+              f"render it later with: kmesh report --run-dir {notebook.parent}", file=sys.stderr)
+        return None
     out = notebook.parent / "report.html"
     out.write_text(body)
     return out
@@ -119,6 +128,14 @@ def cmd_verify(args) -> int:
     return report_checks(Path(args.run_dir) if args.run_dir else latest_run(section, args.profile))
 
 
+def cmd_report(args) -> int:
+    section = sections.get(args.section)
+    run_dir = Path(args.run_dir) if args.run_dir else latest_run(section, args.profile)
+    html = render_html(run_dir / section.notebook)
+    print(html or "not rendered")
+    return 0 if html else 1
+
+
 def cmd_publish(args) -> int:
     from .publish import publish
 
@@ -130,10 +147,11 @@ def cmd_publish(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kmesh", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, fn in (("plan", cmd_plan), ("run", cmd_run), ("verify", cmd_verify), ("publish", cmd_publish)):
+    for name, fn in (("plan", cmd_plan), ("run", cmd_run), ("verify", cmd_verify), ("publish", cmd_publish),
+                     ("report", cmd_report)):
         p = sub.add_parser(name, help=fn.__doc__)
         p.add_argument("section", help="section number or key, e.g. 00 or engine_check")
-        p.add_argument("--profile", choices=params_mod.PROFILES, default=None if name in ("verify", "publish") else "cpu")
+        p.add_argument("--profile", choices=params_mod.PROFILES, default=None if name in ("verify", "publish", "report") else "cpu")
         p.set_defaults(fn=fn)
         if name in ("plan", "run"):
             p.add_argument("--params", action="append", default=[], help="extra YAML file layered last")

@@ -126,7 +126,21 @@ class VllmEngine:
         return outputs
 
     def reset_prefix_cache(self) -> bool:
+        self.drain()
         return self.llm.reset_prefix_cache()
+
+    def drain(self, timeout_s: float = 30.0) -> None:
+        """Steps the engine until its scheduler holds no request (a no-op without a KV connector).
+
+        NOTE: a connector that saves asynchronously (LMCacheMPConnector) frees a finished request's
+        blocks only once its save completed, some steps after the request finished; until then
+        ``reset_prefix_cache`` refuses ("some blocks are not freed yet"). Only runs when none of
+        the caller's requests is unfinished, so no output is dropped.
+        """
+        deadline = time.monotonic() + timeout_s
+        while (not self.has_unfinished() and self.scheduler.has_requests()
+               and time.monotonic() < deadline):
+            self._engine.step()
 
     def close(self) -> None:
         import gc

@@ -15,10 +15,16 @@ from pathlib import Path
 
 CACHE_DIR = Path(os.environ.get("KMESH_CACHE", Path(__file__).resolve().parent.parent / ".kmesh-cache"))
 
-# Qwen2 configs. Shapes copy the published Qwen2.5 Instruct configs; "tiny" is for tests.
+# Qwen2 configs. Shapes copy the published Qwen2.5 Instruct configs; "tiny" is for tests, "kvheavy" for
+# disk-tier experiments on CPU.
 SHAPES: dict[str, dict] = {
     "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=32, vocab_size=512, tie_word_embeddings=True),
+    # KV-heavy, for disk-tier work on CPU: 32 KiB of KV per token in float32 (Qwen2.5-0.5B has 24 KiB)
+    # at about 1/20 of Qwen2.5-0.5B's compute per token, so a 256-token LMCache chunk is an 8 MiB
+    # disk read while prefill stays cheap on 2 cores.
+    "kvheavy": dict(hidden_size=1024, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
+                    num_key_value_heads=8, head_dim=128, vocab_size=4096, tie_word_embeddings=True),
     "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                          num_key_value_heads=2, head_dim=64, vocab_size=151936, tie_word_embeddings=True),
     "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,

@@ -12,6 +12,7 @@ all its mass on one token). Timings measure the scheduler, not a model.
 """
 from __future__ import annotations
 
+import inspect
 import os
 import time
 
@@ -36,7 +37,10 @@ class ReplayEngine:
 
     def __init__(self, params: EngineParams) -> None:
         from vllm.engine.arg_utils import EngineArgs
-        from vllm.utils.hashing import get_hash_fn_by_name
+        try:
+            from vllm.utils.hashing import get_hash_fn_by_name
+        except ImportError:  # older vLLM
+            from vllm.utils import get_hash_fn_by_name
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.structured_output import StructuredOutputManager
@@ -58,11 +62,12 @@ class ReplayEngine:
         vllm_config.cache_config.num_gpu_blocks = params.NUM_GPU_BLOCKS
         self.vocab_size = self.spec.config["vocab_size"]
         kv_cache_config = self._kv_cache_config(params)
-        self.scheduler = Scheduler(
-            vllm_config=vllm_config, kv_cache_config=kv_cache_config,
-            structured_output_manager=StructuredOutputManager(vllm_config),
-            block_size=params.BLOCK_SIZE, hash_block_size=params.BLOCK_SIZE, log_stats=True,
-        )
+        kwargs = dict(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+                      structured_output_manager=StructuredOutputManager(vllm_config),
+                      block_size=params.BLOCK_SIZE, hash_block_size=params.BLOCK_SIZE, log_stats=True)
+        # NOTE: vLLM 0.26 (the GPU stack) predates hash_block_size; pass what this version takes.
+        accepted = inspect.signature(Scheduler.__init__).parameters
+        self.scheduler = Scheduler(**{k: v for k, v in kwargs.items() if k in accepted})
         hash_fn = get_hash_fn_by_name(vllm_config.cache_config.prefix_caching_hash_algo)
         init_none_hash(hash_fn)
         self._block_hasher = get_request_block_hasher(params.BLOCK_SIZE, hash_fn)
@@ -124,9 +129,8 @@ class ReplayEngine:
         outputs = []
         for client_outputs in engine_outputs.values():
             for out in client_outputs.outputs:
-                num_cached = None
-                if out.prefill_stats is not None:
-                    num_cached = out.prefill_stats.num_cached_tokens
+                stats = getattr(out, "prefill_stats", None)  # vLLM >= 0.32; older: num_cached_tokens
+                num_cached = stats.num_cached_tokens if stats is not None else getattr(out, "num_cached_tokens", None)
                 outputs.append(StepOutput(
                     out.request_id, list(out.new_token_ids), [0.0] * len(out.new_token_ids),
                     out.finish_reason is not None,

@@ -62,7 +62,10 @@ def git_revision() -> dict:
             return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
         except (OSError, subprocess.TimeoutExpired):
             return ""
-    return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    if os.environ.get("KMESH_GIT_COMMIT"):  # a copy of the tree without .git (the GPU machine)
+        return {"commit": os.environ["KMESH_GIT_COMMIT"], "dirty": os.environ.get("KMESH_GIT_DIRTY") == "1"}
+    return {"commit": git("rev-parse", "--verify", "-q", "HEAD") or None,
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
 
 
 def cpu_model_name() -> str:

@@ -1,0 +1,20 @@
+#!/bin/sh
+# Runs kmesh sections on the lent H200 machine (vLLM 0.26.0 + LMCache 0.5.3 from ../shared/device),
+# after `sh .device-stage/call2/install.sh && . /tmp/site/env.sh`. The notebook stack (papermill,
+# ipykernel, nbconvert) travels as py3.12 wheels in .whl/ (scripts/fetch_device_wheels.sh).
+#   sh scripts/device_run.sh SECTION[:PROFILE] ...      results: $OUT/<section>.tgz
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" JUPYTER_PATH=/tmp/kmesh-jupyter/share/jupyter:/tmp/site/share/jupyter
+python3 -m ipykernel install --prefix /tmp/kmesh-jupyter --name kmesh >/dev/null || exit 1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+status=0
+for item in "$@"; do
+  section=${item%%:*}; profile=gpu
+  [ "$section" != "$item" ] && profile=${item#*:}
+  run_dir="outputs/device/$section-$profile"
+  rm -rf "$run_dir"; mkdir -p "$run_dir"
+  timeout "${KMESH_SECTION_TIMEOUT:-560}" python3 -m kmesh_lib.cli run "$section" --profile "$profile" --run-dir "$run_dir" --log-output || status=1
+  tar czf "$OUT/$section-$profile.tgz" -C outputs/device "$section-$profile"
+done
+exit $status
