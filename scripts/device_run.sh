@@ -14,7 +14,10 @@ for item in "$@"; do
   [ "$section" != "$item" ] && profile=${item#*:}
   run_dir="outputs/device/$section-$profile"
   rm -rf "$run_dir"; mkdir -p "$run_dir"
-  timeout "${KMESH_SECTION_TIMEOUT:-560}" python3 -m kmesh_lib.cli run "$section" --profile "$profile" --run-dir "$run_dir" --log-output || status=1
+  # KMESH_SET_<section>="KEY=VALUE ..." adds --set overrides for that section (paths that differ there)
+  sets=$(eval echo "\${KMESH_SET_$section:-}")
+  extra=""; for kv in $sets; do extra="$extra --set $kv"; done
+  timeout "${KMESH_SECTION_TIMEOUT:-560}" python3 -m kmesh_lib.cli run "$section" --profile "$profile" --run-dir "$run_dir" --log-output $extra || status=1
   tar czf "$OUT/$section-$profile.tgz" -C outputs/device "$section-$profile"
 done
 exit $status
