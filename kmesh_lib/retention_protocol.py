@@ -244,6 +244,7 @@ class Block:
             "memory_tier_bytes_after": s2.memory_tier_bytes,
             "disk_tier_bytes_before": s0.disk_tier_bytes, "disk_tier_bytes_after": s2.disk_tier_bytes,
             "utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "load_1m": round(os.getloadavg()[0], 2),  # the machine's run queue: other work competing for cores
         }
 
     def expected_warm_cached(self) -> int:

@@ -69,6 +69,8 @@ def arm_rows(groups: list[dict]) -> list[dict]:
             counts = sorted(k for k, v in (("device", "device_bytes"), ("hook", "hook_bytes"), ("metrics", "metric_bytes"))
                             if ok[0]["followup_reads"][v] is not None)
             row["cross_check"] = f"{'='.join(counts) or 'none'} in {agree}/{len(ok)}"
+            if "load_1m" in ok[0]:
+                row["load_1m_median"] = round(statistics.median(g["load_1m"] for g in ok), 2)
             if ARMS[arm].external:
                 row["rereads_per_group"] = statistics.median(rereads(g) for g in ok)
             for key in ("memory_tier_bytes_before", "memory_tier_bytes_after", "disk_tier_bytes_before",
