@@ -8,8 +8,8 @@ vLLM source change) and logs one event per call:
     free   free_blocks(ordered)       a reference dropped; ref_cnt 0 returns a block to the queue
     evict  _maybe_evict_cached_block  a cached block's hash dropped as it is reused
 
-Each event carries the step index the caller set with ``mark_step`` and the ``ref_cnt`` of its
-blocks after the call. Block 0 is vLLM's null block: it is never in the free queue and its
+Each event carries the index of the engine step it happened in (``mark_step``, run after every
+step, counts them over the capture's life) and the ``ref_cnt`` of its blocks after the call. Block 0 is vLLM's null block: it is never in the free queue and its
 ``ref_cnt`` is not maintained, so every check here excludes it.
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ import time
 
 from .engine_config import EngineParams
 from .model_spec import materialize, resolve
-from .requests import RequestSpec, StepOutput
+from .requests import CacheObjects, RequestSpec, StepOutput
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -31,7 +31,7 @@ def _sampling_params(spec: RequestSpec):
                           logprobs=0, ignore_eos=True, detokenize=False)
 
 
-class VllmEngine:
+class VllmEngine(CacheObjects):
     """Real vLLM. ``submit``/``step``/``has_unfinished`` feed ``requests.run_group``.
 
     Args:
@@ -88,14 +88,6 @@ class VllmEngine:
     @property
     def scheduler(self):
         return self._engine.engine_core.engine_core.scheduler
-
-    @property
-    def kv_cache_manager(self):
-        return self.scheduler.kv_cache_manager
-
-    @property
-    def block_pool(self):
-        return self.kv_cache_manager.block_pool
 
     # -- request API --
     def submit(self, spec: RequestSpec) -> None:

@@ -28,7 +28,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
-from .requests import RequestResult, RequestSpec
+from .requests import RequestResult, RequestSpec, record_step
 
 POLL_S = 0.0005  # the driver's idle wait between checks (prefetch completion, T)
 
@@ -198,17 +198,6 @@ def drive(engine, followups: list[RequestSpec], lead_s: float = 0.0, warmup: Req
                 continue
             raise RuntimeError(f"engine idle with unfinished requests {sorted(unfinished)}")
         outputs = engine.step()
-        stamp = clock()
+        record_step(results, outputs, clock(), unfinished)
         timing.stamps += 1
-        for out in outputs:
-            res = results.get(out.request_id)
-            if res is None:
-                continue
-            res.output_token_ids.extend(out.new_token_ids)
-            res.t_token_ns.extend([stamp] * len(out.new_token_ids))
-            if out.num_cached_tokens is not None:
-                res.num_cached_tokens = out.num_cached_tokens
-            if out.finished:
-                res.finish_reason = out.finish_reason
-                unfinished.discard(out.request_id)
     return timing

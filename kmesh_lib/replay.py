@@ -18,7 +18,7 @@ import time
 
 from .engine_config import EngineParams
 from .model_spec import materialize, resolve
-from .requests import RequestSpec, StepOutput
+from .requests import CacheObjects, RequestSpec, StepOutput
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 NUM_SPECIAL_TOKENS = 4  # replay tokens avoid ids 0-3 (pad, bos, eos, unk)
@@ -30,7 +30,7 @@ def replay_token(prev_token: int, position: int, vocab_size: int) -> int:
     return NUM_SPECIAL_TOKENS + (prev_token * 1103515245 + position * 12345 + 7) % span
 
 
-class ReplayEngine:
+class ReplayEngine(CacheObjects):
     """Same request API as ``VllmEngine``; ``scheduler``/``kv_cache_manager``/``block_pool`` too."""
 
     mode = "replay"
@@ -85,14 +85,6 @@ class ReplayEngine:
                                  head_size=head_dim, dtype=getattr(torch, params.DTYPE))
         return KVCacheConfig(num_blocks=params.NUM_GPU_BLOCKS, kv_cache_tensors=[],
                              kv_cache_groups=[KVCacheGroupSpec(layer_names, attn)])
-
-    @property
-    def kv_cache_manager(self):
-        return self.scheduler.kv_cache_manager
-
-    @property
-    def block_pool(self):
-        return self.kv_cache_manager.block_pool
 
     def submit(self, spec: RequestSpec) -> None:
         from vllm import SamplingParams

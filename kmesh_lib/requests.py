@@ -71,6 +71,36 @@ def group_makespan_s(results: list[RequestResult], nth: int, t0_ns: int | None =
     return (max(r.nth_token_ns(nth) for r in results) - start) / 1e9
 
 
+class CacheObjects:
+    """The live vLLM objects behind an engine's ``scheduler`` (both engines have one)."""
+
+    @property
+    def kv_cache_manager(self):
+        return self.scheduler.kv_cache_manager
+
+    @property
+    def block_pool(self):
+        return self.kv_cache_manager.block_pool
+
+
+def record_step(results: dict[str, RequestResult], outputs: list[StepOutput], stamp_ns: int,
+                unfinished: set[str]) -> None:
+    """Adds one step's outputs to ``results`` (requests not in it are skipped), stamping every new
+    token with ``stamp_ns``, and drops finished requests from ``unfinished``."""
+    for out in outputs:
+        res = results.get(out.request_id)
+        if res is None:
+            continue
+        res.output_token_ids.extend(out.new_token_ids)
+        res.logprobs.extend(out.new_logprobs)
+        res.t_token_ns.extend([stamp_ns] * len(out.new_token_ids))
+        if out.num_cached_tokens is not None:
+            res.num_cached_tokens = out.num_cached_tokens
+        if out.finished:
+            res.finish_reason = out.finish_reason
+            unfinished.discard(out.request_id)
+
+
 def run_group(engine, specs: list[RequestSpec], on_step=None) -> list[RequestResult]:
     """Submits ``specs`` at their offsets and steps ``engine`` until all of them finished.
 
@@ -98,19 +128,7 @@ def run_group(engine, specs: list[RequestSpec], on_step=None) -> list[RequestRes
                 continue
             raise RuntimeError(f"engine idle with unfinished requests {sorted(unfinished)}")
         outputs = engine.step()
-        stamp = time.monotonic_ns()
-        for out in outputs:
-            res = results.get(out.request_id)
-            if res is None:
-                continue
-            res.output_token_ids.extend(out.new_token_ids)
-            res.logprobs.extend(out.new_logprobs)
-            res.t_token_ns.extend([stamp] * len(out.new_token_ids))
-            if out.num_cached_tokens is not None:
-                res.num_cached_tokens = out.num_cached_tokens
-            if out.finished:
-                res.finish_reason = out.finish_reason
-                unfinished.discard(out.request_id)
+        record_step(results, outputs, time.monotonic_ns(), unfinished)
         if on_step is not None:
             on_step(step_index)
         step_index += 1

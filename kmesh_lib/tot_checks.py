@@ -73,7 +73,8 @@ def load_run(run_dir: Path):
 
 def consistency_checks(run_dir: Path) -> list[Check]:
     from .capture_contract import validate_capture
-    from .tot_experiment import CAPTURE, compare_bound, sha256_file
+    from .publish import sha256_file
+    from .tot_experiment import CAPTURE, compare_bound
     from .tot_search import COUNT_NAMES
 
     cfg, results, records, outcomes = load_run(run_dir)

@@ -11,7 +11,6 @@ recompute the bound, regrade every answer and replay the whole search from the r
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import socket
 import time
@@ -22,6 +21,7 @@ from . import game24
 from .engine_config import EngineParams
 from .ideal_bound import count_exact_prefix_edges, ideal_prefill_tokens, lru_prefill_tokens, sweep_pool_sizes
 from .params import check
+from .publish import sha256_file
 from .tot_search import COUNT_NAMES, SearchConfig, SearchRun, TotSearch
 
 CAPTURE = "tot_capture.jsonl"  # raw/: one kmesh.capture/1 record per invocation, appended per group
@@ -82,14 +82,6 @@ def search_config(cfg: TotHeadroomParams) -> SearchConfig:
     return SearchConfig(breadth=cfg.BREADTH, max_tokens=cfg.MAX_TOKENS, temperature=cfg.TEMPERATURE, base_seed=cfg.SEED,
                         max_model_len=cfg.MAX_MODEL_LEN, max_calls=cfg.MAX_CALLS, run_ceiling_s=cfg.RUN_CEILING_S,
                         invocation_bound_s=cfg.INVOCATION_BOUND_S)
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def hash_model_dir(model_dir: Path) -> dict[str, str]:
