@@ -15,6 +15,9 @@ from .model_spec import materialize, resolve
 from .requests import CacheObjects, RequestSpec, StepOutput
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# vLLM logs every engine start at INFO to stdout, which would bury the notebooks' reports; set
+# VLLM_LOGGING_LEVEL=INFO in the environment to see the engine's own log again.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
