@@ -2,7 +2,10 @@
 # Runs kmesh sections on the lent H200 machine (vLLM 0.26.0 + LMCache 0.5.3 from ../shared/device),
 # after `sh .device-stage/call2/install.sh && . /tmp/site/env.sh`. The notebook stack (papermill,
 # ipykernel, nbconvert) travels as py3.12 wheels in .whl/ (scripts/fetch_device_wheels.sh).
-#   sh scripts/device_run.sh SECTION[:PROFILE] ...      results: $OUT/<section>.tgz
+#   sh scripts/device_run.sh SECTION[:PROFILE] ...      results: $OUT/<section>-<profile>.tgz
+# ../shared does not travel: copy what a section reads into a carried, git-excluded folder and point
+# the section at it, e.g. for 19: cp ../shared/data/game24/24.csv .device-data/game24/ and
+#   KMESH_SET_tot_headroom="PUZZLES_CSV=.device-data/game24/24.csv" (carry .device-data).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" JUPYTER_PATH=/tmp/kmesh-jupyter/share/jupyter:/tmp/site/share/jupyter
