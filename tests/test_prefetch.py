@@ -157,3 +157,25 @@ def test_smoke_profile_end_to_end(tmp_path):
     public = json.loads((run_dir / "public-results.json").read_text())
     assert public["results"]["example_4"]["early"]["ready"].endswith("/4")
     assert all(c["ok"] for c in public["checks"].values())
+
+
+def test_device_resume_keeps_only_finished_engine_runs(tmp_path):
+    """A rerun of the GPU driver skips finished engine runs and sets aside a crashed run's groups."""
+    from kmesh_lib.prefetch_device import finished_blocks
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    blocks = [{"block": "inproc-N4-r0", "status": "ok"}, {"block": "inproc-N4-r1", "status": "error"}]
+    groups = [{"block": "inproc-N4-r0", "pair": 1}, {"block": "inproc-N4-r1", "pair": 1},
+              {"block": "inproc-N4-r2", "pair": 1}]  # r2 crashed before its summary was written
+    (raw / "blocks.jsonl").write_text("".join(json.dumps(b) + "\n" for b in blocks))
+    (raw / "groups.jsonl").write_text("".join(json.dumps(g) + "\n" for g in groups))
+
+    assert finished_blocks(tmp_path) == {"inproc-N4-r0"}
+    kept = [json.loads(line) for line in (raw / "groups.jsonl").read_text().splitlines()]
+    aside = [json.loads(line) for line in (raw / "groups.unfinished.jsonl").read_text().splitlines()]
+    assert [g["block"] for g in kept] == ["inproc-N4-r0"]
+    assert sorted(g["block"] for g in aside) == ["inproc-N4-r1", "inproc-N4-r2"]
+    assert [json.loads(line)["block"] for line in (raw / "blocks.jsonl").read_text().splitlines()] == ["inproc-N4-r0"]
+    assert finished_blocks(tmp_path) == {"inproc-N4-r0"}  # idempotent: nothing more moves
+    assert len((raw / "groups.unfinished.jsonl").read_text().splitlines()) == 2
