@@ -162,6 +162,8 @@ def main() -> int:
     ap.add_argument("--child", nargs=3, metavar=("PATH", "N", "RUN"), help=argparse.SUPPRESS)
     ap.add_argument("--run-timeout", type=int, default=400, help="seconds per engine run, lock wait included")
     ap.add_argument("--only", default="", help="group sizes to run now, e.g. 4 (the rest on a later call)")
+    ap.add_argument("--stop-after", type=float, default=float("inf"),
+                    help="start no engine run after this many seconds (the rest resume on a later call)")
     args = ap.parse_args()
     run_dir = Path(args.out).resolve()
     if args.child:
@@ -194,7 +196,10 @@ def main() -> int:
     print(f"{len(done)} engine runs already finished, {len(todo)} to go", flush=True)
     t0 = time.monotonic()
     pipe = Pipeline(run_dir, args.run_timeout, t0)
-    for p, n, r in todo:
+    for i, (p, n, r) in enumerate(todo):
+        if time.monotonic() - t0 > args.stop_after:
+            print(f"stopping: {len(todo) - i} engine runs left for a later call (same --out)", flush=True)
+            break
         if pipe.live:
             pipe.wait_gpu_phase()
         pipe.reap(block_until_done=False)
