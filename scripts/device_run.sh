@@ -5,8 +5,12 @@
 #   sh scripts/device_run.sh SECTION[:PROFILE] ...      results: $OUT/<section>-<profile>.tgz
 # ../shared does not travel: copy what a section reads into a carried, git-excluded folder and point
 # the section at it, e.g. for 19: cp ../shared/data/game24/24.csv .device-data/game24/ and
-#   KMESH_SET_tot_headroom="PUZZLES_CSV=.device-data/game24/24.csv" (carry .device-data).
+#   KMESH_SET_19="PUZZLES_CSV=.device-data/game24/24.csv" (carry .device-data). The suffix is the
+# section exactly as given on the command line; a KMESH_SET_* matching none of them is an error.
 set -u
+for var in $(env | sed -n 's/^KMESH_SET_\([A-Za-z0-9_]*\)=.*/\1/p'); do
+  case " $* " in *" $var "*|*" $var:"*) ;; *) echo "KMESH_SET_$var matches no section given ($*)" >&2; exit 2;; esac
+done
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" JUPYTER_PATH=/tmp/kmesh-jupyter/share/jupyter:/tmp/site/share/jupyter
 python3 -m ipykernel install --prefix /tmp/kmesh-jupyter --name kmesh >/dev/null || exit 1
@@ -17,7 +21,7 @@ for item in "$@"; do
   [ "$section" != "$item" ] && profile=${item#*:}
   run_dir="outputs/device/$section-$profile"
   rm -rf "$run_dir"; mkdir -p "$run_dir"
-  # KMESH_SET_<section>="KEY=VALUE ..." adds --set overrides for that section (paths that differ there)
+  # KMESH_SET_<section as given>="KEY=VALUE ..." adds --set overrides for that section
   sets=$(eval echo "\${KMESH_SET_$section:-}")
   extra=""; for kv in $sets; do extra="$extra --set $kv"; done
   timeout "${KMESH_SECTION_TIMEOUT:-560}" python3 -m kmesh_lib.cli run "$section" --profile "$profile" --run-dir "$run_dir" --log-output $extra || status=1
