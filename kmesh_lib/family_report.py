@@ -139,8 +139,9 @@ def capture_records(runs: list[ArmRun], run_id: str, engine: dict) -> list[dict]
     return records
 
 
-def record_mode(record, label: str, runs: list[ArmRun], engine: dict) -> dict:
-    """Writes raw requests, block events and the invocation capture; saves the summaries."""
+def record_mode(record, label: str, runs: list[ArmRun], engine: dict, *, logprob_tolerance: float) -> dict:
+    """Writes raw requests, block events and the invocation capture; saves the summaries.
+    ``logprob_mismatches`` lists chosen-token logprobs further apart than ``logprob_tolerance``."""
     record.append_jsonl("requests.jsonl", [
         {"mode": label, "arm": r.arm, "sample": r.sample, "role": role, "request_id": x.request_id,
          "prompt_token_ids": x.prompt_token_ids, "output_token_ids": x.output_token_ids, "logprobs": x.logprobs,
@@ -154,7 +155,7 @@ def record_mode(record, label: str, runs: list[ArmRun], engine: dict) -> dict:
                "edges": [{"arm": r.arm, "sample": r.sample, **edges(r)} for r in runs],
                "ref_cnts_of_held_blocks": ref_trace(held[0]), "controller": [r.controller for r in held],
                "token_mismatches": output_mismatches(runs, float("inf")),
-               "logprob_mismatches": output_mismatches(runs), "capture_records": report.num_records,
+               "logprob_mismatches": output_mismatches(runs, logprob_tolerance), "capture_records": report.num_records,
                "max_logprob_delta": max(max_logprob_delta(a, b) for s, h in _pairs(runs)
                                         for a, b in zip(s.results, h.results)),
                "all_drained": all(r.drain_ok and r.reset_ok and r.clean_start for r in runs)}

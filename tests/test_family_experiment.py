@@ -98,7 +98,7 @@ def test_recorded_run_writes_a_valid_capture_and_verifies(small_runs, tmp_path):
 
     cfg, runs, info = small_runs
     record = RunRecord.open("family_hold", cfg, run_dir=str(tmp_path / "run"))
-    summary = fr.record_mode(record, "replay", runs, info)
+    summary = fr.record_mode(record, "replay", runs, info, logprob_tolerance=0.0)
     record.finish()
     assert summary["capture_records"] == 2 * 2 * 6 and summary["all_drained"]
     assert json.loads((tmp_path / "run" / "results.json").read_text())["replay"]["samples"][0]["net"] == -48
@@ -136,3 +136,20 @@ def test_real_engine_counts_equal_the_replay_engine(small_runs):
         assert a.counts == b.counts and a.drain_ok and a.reset_ok
     assert [x.num_cached_tokens for x in real[1].results] == [0, 0, 0, 0, 0, 128]
     assert fr.edges(real[1])["child_reuses_held_blocks"]
+
+
+def test_recorded_logprob_mismatches_honour_the_tolerance(small_runs, tmp_path):
+    """The summary the checks cell asserts on uses LOGPROB_TOLERANCE, not exact equality."""
+    import copy
+
+    from kmesh_lib.run_record import RunRecord
+
+    cfg, runs, info = small_runs
+    drifted = copy.deepcopy(runs)
+    held = next(r for r in drifted if r.arm == "held")
+    held.results[-1].logprobs[0] += 0.005  # the size of the fp32 drift seen on the H200 (1.4e-3 at most)
+    for tolerance, expected in ((0.01, 0), (0.001, 1)):
+        record = RunRecord.open("family_hold", cfg, run_dir=str(tmp_path / f"tol-{tolerance}"))
+        summary = fr.record_mode(record, "replay", drifted, info, logprob_tolerance=tolerance)
+        assert len(summary["logprob_mismatches"]) == expected, summary["logprob_mismatches"]
+        assert summary["token_mismatches"] == [] and summary["max_logprob_delta"] == pytest.approx(0.005)
