@@ -120,7 +120,8 @@ def heatmaps(table: list[dict], path_out, title: str = ""):
         for i in range(len(models)):
             for j in range(len(lengths)):
                 if not np.isnan(grid[i, j]):
-                    ax.text(j, i, f"{2 ** grid[i, j]:.2f}x", ha="center", va="center", fontsize=8)
+                    ax.text(j, i, f"{2 ** grid[i, j]:.2f}x", ha="center", va="center", fontsize=8,
+                            color="white" if abs(grid[i, j]) > 2 else "black")  # legible on the darkest cells
         ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
         ax.set_yticks(range(len(models)), models)
         ax.set(xlabel="context tokens", title=f"{path} restore vs recompute")
