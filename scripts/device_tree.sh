@@ -1,0 +1,20 @@
+#!/bin/sh
+# The device `run` tool copies the working tree (at most ~10 MiB besides what `carry` names), and the
+# published outputs/ alone is larger. Move it out for the device calls and back afterwards:
+#   sh scripts/device_tree.sh aside     # outputs/ -> ../kmesh-outputs-aside
+#   sh scripts/device_tree.sh back
+# Commit nothing while it is aside: `git add -A` would record outputs/ as deleted.
+set -eu
+aside="$(cd .. && pwd)/kmesh-outputs-aside"
+case "${1:-}" in
+  aside)
+    [ -e "$aside" ] && { echo "$aside exists: run 'back' first" >&2; exit 2; }
+    mv outputs "$aside"
+    du -sh --exclude=.git --exclude=.venv --exclude=.kmesh-cache --exclude=.device-stage --exclude=.whl \
+      --exclude=.device-data . ;;
+  back)
+    [ -e outputs ] && { echo "outputs/ is already here" >&2; exit 2; }
+    mv "$aside" outputs
+    git status --short outputs | head -5 ;;
+  *) echo "usage: sh scripts/device_tree.sh aside|back" >&2; exit 2 ;;
+esac
