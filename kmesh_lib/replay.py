@@ -110,8 +110,7 @@ class ReplayEngine(CacheObjects):
             # schedule() already advanced num_computed_tokens; a token is sampled only once every
             # known token (prompt + outputs so far) has been computed, as in the GPU model runner.
             if request.num_computed_tokens >= request.num_tokens:
-                prev = request.all_token_ids[-1]
-                sampled.append([replay_token(prev, request.num_tokens, self.vocab_size)])
+                sampled.append([self.next_token(request)])
             else:
                 sampled.append([])
         runner_output = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
@@ -128,6 +127,11 @@ class ReplayEngine(CacheObjects):
                     out.finish_reason is not None,
                     str(out.finish_reason) if out.finish_reason is not None else None, num_cached))
         return outputs
+
+    def next_token(self, request) -> int:
+        """The token ``request`` samples now: a deterministic function of its last token and length
+        (tests override this to script outputs; the accounting around it stays vLLM's)."""
+        return replay_token(request.all_token_ids[-1], request.num_tokens, self.vocab_size)
 
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.reset_prefix_cache()

@@ -204,29 +204,10 @@ class ScriptedReplayEngine:
         from kmesh_lib.replay import ReplayEngine
 
         class Scripted(ReplayEngine):
-            def step(self):
-                from vllm.v1.outputs import ModelRunnerOutput
-
-                from kmesh_lib.requests import StepOutput
-
-                scheduler_output = self.scheduler.schedule()
-                req_ids = list(scheduler_output.num_scheduled_tokens)
-                sampled = []
-                for rid in req_ids:
-                    request = self.scheduler.requests[rid]
-                    if request.num_computed_tokens >= request.num_tokens:
-                        tokens = script(rid)
-                        n = request.num_output_tokens
-                        sampled.append([tokens[n] if n < len(tokens) else TOK.encode("\n")[0]])
-                    else:
-                        sampled.append([])
-                out = self.scheduler.update_from_output(scheduler_output, ModelRunnerOutput(
-                    req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)}, sampled_token_ids=sampled))
-                return [StepOutput(o.request_id, list(o.new_token_ids), [0.0] * len(o.new_token_ids),
-                                   o.finish_reason is not None,
-                                   str(o.finish_reason) if o.finish_reason is not None else None,
-                                   o.prefill_stats.num_cached_tokens if o.prefill_stats is not None else None)
-                        for client in out.values() for o in client.outputs]
+            def next_token(self, request):
+                tokens = script(request.request_id)
+                n = request.num_output_tokens
+                return tokens[n] if n < len(tokens) else TOK.encode("\n")[0]
 
         return Scripted(params)
 
