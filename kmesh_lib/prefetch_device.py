@@ -40,13 +40,13 @@ def lead_file(run_dir: Path, path: str, n: int) -> Path:
 def child(run_dir: Path, path: str, n: int, r: int) -> int:
     import yaml
 
-    from .lmcache_connect import TierError  # noqa: F401  (pulls lmcache in before the lock)
     from .params import build
     from .prefetch_experiment import PrefetchParams
     from .prefetch_protocol import run_engine
     from .run_record import RunRecord
 
-    import vllm  # noqa: F401  the heavy imports, done while the previous run measures
+    # The heavy imports, done while the previous run measures (our modules import these lazily).
+    import lmcache.v1.cache_engine  # noqa: F401
     from vllm import LLM  # noqa: F401
     from vllm.distributed.kv_transfer.kv_connector.v1 import lmcache_connector  # noqa: F401
 
