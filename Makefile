@@ -6,7 +6,7 @@ PROFILE ?= cpu
 SECTIONS ?= 00
 NBVAL := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 1800
 
-.PHONY: env run test test-lib test-notebooks goldens bench clean-runs
+.PHONY: env run test lint test-lib test-notebooks goldens bench clean-runs
 
 env:
 	bash scripts/setup_env.sh
@@ -14,7 +14,11 @@ env:
 run: env
 	@for s in $(SECTIONS); do $(KMESH) run $$s --profile $(PROFILE) || exit 1; done
 
-test: env
+lint: env
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+
+test: env lint
 	$(PYTEST) -m "not gpu" tests $(NBVAL) -p no:cacheprovider
 
 test-lib: env

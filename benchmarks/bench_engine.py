@@ -12,10 +12,10 @@ import time
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-from kmesh_lib.engine import make_engine  # noqa: E402
-from kmesh_lib.engine_config import EngineParams  # noqa: E402
-from kmesh_lib.model_spec import materialize, resolve  # noqa: E402
-from kmesh_lib.requests import RequestSpec, run_group  # noqa: E402
+from kmesh_lib.engine.config import EngineParams  # noqa: E402
+from kmesh_lib.engine.model_spec import materialize, resolve  # noqa: E402
+from kmesh_lib.engine.requests import RequestSpec, run_group  # noqa: E402
+from kmesh_lib.engine.vllm_engine import make_engine  # noqa: E402
 
 
 def sixty_requests(vocab_size: int, seed: int = 0) -> list[RequestSpec]:

@@ -16,8 +16,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kmesh_lib.ideal_bound import (  # noqa: E402
-    build_access_trace, count_exact_prefix_edges, simulate_lru, simulate_min)
+from kmesh_lib.bounds.ideal import (  # noqa: E402
+    build_access_trace,
+    count_exact_prefix_edges,
+    simulate_lru,
+    simulate_min,
+)
 
 
 def synthetic_agent_requests(min_reads: int, block_size: int, seed: int = 0,

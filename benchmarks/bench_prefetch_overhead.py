@@ -43,8 +43,8 @@ def sleep_overshoot_us(poll_s: float, n: int = 400) -> tuple[float, float]:
 def main() -> int:
     import numpy as np
 
-    from kmesh_lib.prefetch_stats import bootstrap_mean, cases, pairs
-    from kmesh_lib.verify import read_jsonl
+    from kmesh_lib.base.records import read_jsonl
+    from kmesh_lib.sections.prefetch.stats import bootstrap_mean, cases, pairs
 
     stamp_ns = per_call_ns(time.monotonic_ns)
     ev = threading.Event()

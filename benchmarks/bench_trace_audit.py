@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kmesh_lib.trace_audit import audit_tree  # noqa: E402
+from kmesh_lib.traces.audit import audit_tree  # noqa: E402
 
 REAL_CORPUS = Path("/work/shared/data/lmcache-agent-trace")
 

@@ -10,7 +10,7 @@ LMCacheConnectorV1; the stage's two steps are in ../shared/device/README.md):
        sh .device-stage/call2/install.sh && . /tmp/site/env.sh && \\
            timeout 540 python3 benchmarks/gpu_retention.py --out $OUT/retention-gpu [--set KEY=VALUE ...]
 
-   It runs every block in its own child process (``kmesh_lib.retention_child``), then writes what
+   It runs every block in its own child process (``kmesh_lib.sections.retention.child``), then writes what
    the notebook's table and checks cells would: params.resolved.yaml, env.json, results.json,
    raw/groups.jsonl, raw/blocks.jsonl, blocks.log -- six files (the device returns at most eight).
    Back on the CPU machine, the notebook renders and publishes it without starting an engine:
@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 
 def analyse(record, groups: list[dict], blocks: list[dict]) -> bool:
     """The notebook's table and checks cells (``notebooks/16_retention.ipynb``), printed."""
-    from kmesh_lib import retention_report as rr
+    from kmesh_lib.sections.retention import report as rr
 
     record.save("blocks", blocks)
     arms = record.save("arms", rr.arm_rows(groups))
@@ -56,7 +56,7 @@ def analyse(record, groups: list[dict], blocks: list[dict]) -> bool:
     for name, (ok, detail) in checks.items():
         record.save_check(name, ok, detail)
         print(f"check: {name}: {ok} {detail}")
-    for name, ok, detail, required in lines:
+    for name, _ok, detail, required in lines:
         if not required:
             print(f"measured: {name}: {detail}")
     for row in arms:
@@ -75,11 +75,11 @@ def main() -> int:
 
     import yaml
 
-    from kmesh_lib import params as params_mod
-    from kmesh_lib import sections
-    from kmesh_lib.cli import resolve_params
-    from kmesh_lib.retention_experiment import measure
-    from kmesh_lib.run_record import RunRecord
+    from kmesh_lib.app import registry as sections
+    from kmesh_lib.base import params as params_mod
+    from kmesh_lib.base.params import resolve_params
+    from kmesh_lib.base.records import RunRecord
+    from kmesh_lib.sections.retention.experiment import measure
 
     cfg, _, _ = resolve_params(sections.get("16"), args.profile, [], args.set)
     run_dir = Path(args.out).resolve()

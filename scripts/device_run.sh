@@ -24,7 +24,7 @@ for item in "$@"; do
   # KMESH_SET_<section as given>="KEY=VALUE ..." adds --set overrides for that section
   sets=$(eval echo "\${KMESH_SET_$section:-}")
   extra=""; for kv in $sets; do extra="$extra --set $kv"; done
-  timeout "${KMESH_SECTION_TIMEOUT:-560}" python3 -m kmesh_lib.cli run "$section" --profile "$profile" --run-dir "$run_dir" --log-output $extra || status=1
+  timeout "${KMESH_SECTION_TIMEOUT:-560}" python3 -m kmesh_lib.app.cli run "$section" --profile "$profile" --run-dir "$run_dir" --log-output $extra || status=1
   tar czf "$OUT/$section-$profile.tgz" -C outputs/device "$section-$profile"
 done
 exit $status

@@ -6,7 +6,7 @@ set -eu
 tgz=$1
 name=$(basename "$tgz" .tgz)
 section=${name%-*}; profile=${name##*-}
-section=$(.venv/bin/python -c "import sys; from kmesh_lib import sections; print(sections.get(sys.argv[1]).key)" "$section")
+section=$(.venv/bin/python -c "import sys; from kmesh_lib.app import registry as sections; print(sections.get(sys.argv[1]).key)" "$section")
 stamp=$(date -u +%Y%m%d-%H%M%S)
 dest="outputs/$section/$profile-$stamp"
 tmp=$(mktemp -d)

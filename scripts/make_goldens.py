@@ -16,20 +16,21 @@ import papermill
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from kmesh_lib import params, sections  # noqa: E402
-from kmesh_lib.cli import resolve_params  # noqa: E402
+from kmesh_lib.app import registry as sections  # noqa: E402
+from kmesh_lib.base import params  # noqa: E402
+from kmesh_lib.base.params import resolve_params  # noqa: E402
 
 GOLDEN = ROOT / "tests" / "golden"
 
 
-def make(section: sections.Section) -> Path:
+def make(section) -> Path:
     config, _, _ = resolve_params(section, "smoke", [], [])
     values = {k: v for k, v in params.to_dict(config).items() if k != "RUN_DIR"}  # runs go to KMESH_RUN_ROOT
-    out = GOLDEN / section.notebook
+    out = GOLDEN / section.NOTEBOOK
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["KMESH_RUN_ROOT"] = tmp
-        papermill.execute_notebook(str(section.notebook_path), str(out), parameters=values, kernel_name="kmesh",
-                                   cwd=str(section.notebook_path.parent), progress_bar=False)
+        papermill.execute_notebook(str(sections.notebook_path(section)), str(out), parameters=values, kernel_name="kmesh",
+                                   cwd=str(sections.notebook_path(section).parent), progress_bar=False)
     nb = nbformat.read(str(out), as_version=4)
     for cell in nb.cells:
         if cell.cell_type == "code" and "nbval-check-output" not in cell.metadata.get("tags", []):
@@ -40,6 +41,6 @@ def make(section: sections.Section) -> Path:
 
 if __name__ == "__main__":
     GOLDEN.mkdir(parents=True, exist_ok=True)
-    names = sys.argv[1:] or [s.key for s in sections.SECTIONS.values() if s.notebook_path.exists()]
+    names = sys.argv[1:] or [s.KEY for s in sections.SECTIONS.values() if sections.notebook_path(s).exists()]
     for name in names:
         print("golden:", make(sections.get(name)), flush=True)

@@ -8,9 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from kmesh_lib.capture_contract import (CAPTURE_SCHEMA, SCHEMA_ID, CaptureError, record_from_result,
-                                        validate_capture, validate_record, write_capture)
-from kmesh_lib.trace_audit import audit_tree
+from kmesh_lib.kv.capture_contract import (
+    CAPTURE_SCHEMA,
+    SCHEMA_ID,
+    CaptureError,
+    record_from_result,
+    validate_capture,
+    validate_record,
+    write_capture,
+)
+from kmesh_lib.traces.audit import audit_tree
 
 ENGINE = {"name": "vllm", "version": "0.32.0", "mode": "real", "device": "cpu", "block_size": 16,
           "num_gpu_blocks": 64}
@@ -173,7 +180,7 @@ def test_capture_file_problems(tmp_path: Path):
 
 
 def test_record_from_result_passes():
-    from kmesh_lib.requests import RequestResult
+    from kmesh_lib.engine.requests import RequestResult
     parent = RequestResult("p0", [1, 2, 3], output_token_ids=[4, 5], t_submit_ns=100,
                            t_token_ns=[150, 160], finish_reason="length")
     child = RequestResult("c0", [1, 2, 3, 4, 5, 6], output_token_ids=[7], num_cached_tokens=5,

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from kmesh_lib import crossover_report as cr
-from kmesh_lib import physical_floors as pf
-from kmesh_lib.crossover_experiment import CrossoverParams, arm_order, grid_size, model_params
-from kmesh_lib.params import ParamError, build
+from kmesh_lib.base.params import ParamError, build
+from kmesh_lib.kv import floors as pf
+from kmesh_lib.sections.crossover import report as cr
+from kmesh_lib.sections.crossover.experiment import CrossoverParams, arm_order, grid_size, model_params
 
 SMALL = dict(MODELS=["tiny"], CONTEXT_LENS=[256, 512], NUM_GPU_BLOCKS=65, MAX_MODEL_LEN=1024, ARENA_MIB=64)
 
@@ -39,8 +39,8 @@ def test_model_params_fit_longest_context():
 
 
 def test_gpu_profile_validates():
-    from kmesh_lib.cli import resolve_params
-    from kmesh_lib.sections import get
+    from kmesh_lib.app.registry import get
+    from kmesh_lib.base.params import resolve_params
 
     for profile in ("smoke", "cpu", "gpu"):
         cfg, _, _ = resolve_params(get("21"), profile, [], [])
@@ -99,13 +99,13 @@ def test_tiny_grid_runs(tmp_path):
 
     import yaml
 
-    from kmesh_lib.params import to_dict
-    from kmesh_lib.verify import read_jsonl
+    from kmesh_lib.base.params import to_dict
+    from kmesh_lib.base.records import read_jsonl
 
     cfg = build(CrossoverParams, {**SMALL, "CONTEXT_LENS": [256], "NUM_REPEATS": 1, "WARMUP_REPEATS": 0, "ARENA_MIB": 32})
     (tmp_path / "raw").mkdir()
     (tmp_path / "raw" / "crossover_params.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
-    proc = subprocess.run([sys.executable, "-m", "kmesh_lib.crossover_experiment", str(tmp_path), "tiny"],
+    proc = subprocess.run([sys.executable, "-m", "kmesh_lib.sections.crossover.experiment", str(tmp_path), "tiny"],
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = read_jsonl(tmp_path / "raw" / "rows.jsonl")

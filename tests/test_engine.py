@@ -1,10 +1,10 @@
 """The real vLLM engine (CPU build) on the tiny random-weight model."""
 import pytest
 
-from kmesh_lib.capture import BlockPoolCapture, drain_check
-from kmesh_lib.engine import make_engine
-from kmesh_lib.engine_config import EngineParams
-from kmesh_lib.requests import RequestSpec, run_group
+from kmesh_lib.engine.config import EngineParams
+from kmesh_lib.engine.requests import RequestSpec, run_group
+from kmesh_lib.engine.vllm_engine import make_engine
+from kmesh_lib.kv.capture import BlockPoolCapture, drain_check
 
 pytestmark = pytest.mark.cpu
 

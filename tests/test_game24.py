@@ -3,8 +3,8 @@ from fractions import Fraction
 
 import pytest
 
-from kmesh_lib import game24
-from kmesh_lib.game24 import grade, parse_judgement, parse_proposals, root_state
+from kmesh_lib.workloads import game24
+from kmesh_lib.workloads.game24 import grade, parse_judgement, parse_proposals, root_state
 
 
 def test_puzzles_come_in_file_order():

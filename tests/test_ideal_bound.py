@@ -6,9 +6,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from kmesh_lib.ideal_bound import (
-    block_hashes, build_access_trace, count_exact_prefix_edges, ideal_prefill_tokens,
-    lru_prefill_tokens, next_read_positions, simulate_lru, simulate_min, sweep_pool_sizes)
+from kmesh_lib.bounds.ideal import (
+    block_hashes,
+    build_access_trace,
+    count_exact_prefix_edges,
+    ideal_prefill_tokens,
+    lru_prefill_tokens,
+    next_read_positions,
+    simulate_lru,
+    simulate_min,
+    sweep_pool_sizes,
+)
 
 
 def req(prompt, output=(), invocation_id=None, parent_id=None):
@@ -170,7 +178,7 @@ def _brute_force_max_hits(trace, num_blocks, exact_prefix):
     exact_prefix=True counts only the leading run of resident read blocks (vLLM);
     False counts every resident read block (the ideal's independence relaxation).
     """
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def best(pos, resident):
         if pos == trace.num_accesses:
             return 0

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from kmesh_lib.lmcache_runtime import RuntimeDir, group_alive, is_alive, listening_sockets, reap_stale
-from kmesh_lib.lmcache_server import LMCacheServer, ServerConfig
+from kmesh_lib.base.processes import RuntimeDir, group_alive, is_alive, listening_sockets, reap_stale
+from kmesh_lib.lmcache.server import LMCacheServer, ServerConfig
 
 REPO = Path(__file__).resolve().parent.parent
 
 CHILD = """
 import json, sys, time
 from pathlib import Path
-from kmesh_lib.lmcache_runtime import RuntimeDir
-from kmesh_lib.lmcache_server import LMCacheServer, ServerConfig
+from kmesh_lib.base.processes import RuntimeDir
+from kmesh_lib.lmcache.server import LMCacheServer, ServerConfig
 rd = RuntimeDir.create("test-child", root=Path(sys.argv[1]))
 server = None
 if sys.argv[2] == "server":

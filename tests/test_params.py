@@ -1,14 +1,16 @@
 """Params: layering order, strict keys, typed values, and errors that name the key."""
 import pytest
 
-from kmesh_lib import params, sections
-from kmesh_lib.cli import main, resolve_params
-from kmesh_lib.engine_check import EngineCheckParams
+from kmesh_lib.app import registry as sections
+from kmesh_lib.app.cli import main
+from kmesh_lib.base import params
+from kmesh_lib.base.params import resolve_params
+from kmesh_lib.sections.engine_check.experiment import EngineCheckParams
 
 
 def test_layering_order_is_common_section_engine_profile():
     section = sections.get("00")
-    files = params.param_files(section.key, "smoke", section.uses_engine)
+    files = params.param_files(section.KEY, "smoke", section.USES_ENGINE)
     assert [f.name for f in files] == ["common.yaml", "engine_check.yaml", "engine.smoke.yaml"]
 
 
@@ -57,7 +59,7 @@ def test_plan_prints_without_importing_vllm():
     import subprocess
     import sys
 
-    code = ("import sys; from kmesh_lib.cli import main; rc = main(['plan', '00', '--profile', 'gpu']); "
+    code = ("import sys; from kmesh_lib.app.cli import main; rc = main(['plan', '00', '--profile', 'gpu']); "
             "print('VLLM_IMPORTED', 'vllm' in sys.modules); sys.exit(rc)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

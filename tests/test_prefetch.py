@@ -6,13 +6,12 @@ import json
 import numpy as np
 import pytest
 
-from kmesh_lib import sections
-from kmesh_lib.cli import main as kmesh_main
-from kmesh_lib.cli import resolve_params
-from kmesh_lib.params import ParamError
-from kmesh_lib.prefetch import PrefetchCall, drive, readiness
-from kmesh_lib.prefetch_stats import all_cases, bootstrap_mean, choose_lead, example, invariants
-from kmesh_lib.requests import RequestResult, RequestSpec, StepOutput
+from kmesh_lib.app import registry as sections
+from kmesh_lib.app.cli import main as kmesh_main
+from kmesh_lib.base.params import ParamError, resolve_params
+from kmesh_lib.engine.requests import RequestResult, RequestSpec, StepOutput
+from kmesh_lib.sections.prefetch.driver import PrefetchCall, drive, readiness
+from kmesh_lib.sections.prefetch.stats import all_cases, bootstrap_mean, choose_lead, example, invariants
 
 
 @pytest.mark.parametrize("override, message", [
@@ -161,7 +160,7 @@ def test_smoke_profile_end_to_end(tmp_path):
 
 def test_device_resume_keeps_only_finished_engine_runs(tmp_path):
     """A rerun of the GPU driver skips finished engine runs and sets aside a crashed run's groups."""
-    from kmesh_lib.prefetch_device import finished_blocks
+    from kmesh_lib.sections.prefetch.gpu import finished_blocks
 
     raw = tmp_path / "raw"
     raw.mkdir()

@@ -1,12 +1,12 @@
 """The replay engine: vLLM's real scheduler and KV-cache manager, exact accounting, no forward pass."""
 import pytest
 
-from kmesh_lib.capture import BlockPoolCapture, drain_check
-from kmesh_lib.engine import make_engine
-from kmesh_lib.engine_check import expected_prefix_hit
-from kmesh_lib.engine_config import EngineParams
-from kmesh_lib.replay import replay_token
-from kmesh_lib.requests import RequestSpec, group_makespan_s, run_group
+from kmesh_lib.engine.config import EngineParams
+from kmesh_lib.engine.replay import replay_token
+from kmesh_lib.engine.requests import RequestSpec, group_makespan_s, run_group
+from kmesh_lib.engine.vllm_engine import make_engine
+from kmesh_lib.kv.capture import BlockPoolCapture, drain_check
+from kmesh_lib.sections.engine_check.experiment import expected_prefix_hit
 
 
 @pytest.fixture(scope="module")

@@ -6,16 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from kmesh_lib import sections
-from kmesh_lib.cli import main as kmesh_main
-from kmesh_lib.cli import resolve_params
-from kmesh_lib.disk_accounting import PhaseReads, Snapshot, parse_prometheus
-from kmesh_lib.disk_tier import DiskTierFull, DiskTierUnfit, check_disk_tier
-from kmesh_lib.params import ParamError, build
-from kmesh_lib.requests import StepOutput
-from kmesh_lib.retention_experiment import RetentionParams
-from kmesh_lib.retention_protocol import Block, Workload
-from kmesh_lib.retention_report import read_invariants
+from kmesh_lib.app import registry as sections
+from kmesh_lib.app.cli import main as kmesh_main
+from kmesh_lib.base.params import ParamError, build, resolve_params
+from kmesh_lib.engine.requests import StepOutput
+from kmesh_lib.kv.disk_tier import DiskTierFull, DiskTierUnfit, check_disk_tier
+from kmesh_lib.lmcache.disk_accounting import PhaseReads, Snapshot, parse_prometheus
+from kmesh_lib.sections.retention.params import RetentionParams
+from kmesh_lib.sections.retention.report import read_invariants
+from kmesh_lib.workloads.context_groups import Block, Workload
 
 MIB = 1 << 20
 CPU_SMALL = dict(MODEL="kvheavy", CONTEXT_TOKENS=1024, NUM_GPU_BLOCKS=257, MAX_MODEL_LEN=2048, ARENA_MIB=384)
@@ -151,7 +150,8 @@ def group(arm, follow_bytes, l1_tokens, l2_tokens, contended=0, memory=0, n=4, c
     return {"block": "mp-N4", "path": "mp", "group_size": n, "arm": arm, "pair": 0, "measured": True, "status": "ok",
             "context_tokens": ctx, "context_bytes": ctx * per_token, "chunk_tokens": 256, "output_tokens": 8,
             "num_output_tokens": [8] * n, "num_cached_tokens": [ctx] * n, "first_token_s": [0.1] * n,
-            "prep_reads": reads(ctx * per_token, 0, ctx, 0), "followup_reads": reads(follow_bytes, l1_tokens, l2_tokens, contended),
+            "prep_reads": reads(ctx * per_token, 0, ctx, 0),
+            "followup_reads": reads(follow_bytes, l1_tokens, l2_tokens, contended),
             "memory_tier_bytes_at_followups": memory, "memory_tier_bytes_after": memory}
 
 
@@ -209,8 +209,8 @@ def test_a_block_whose_child_fails_is_recorded_as_failed(tmp_path):
     """In-process blocks run in a child; one that dies leaves a ``failed`` summary, which fails the checks."""
     import yaml
 
-    from kmesh_lib.params import to_dict
-    from kmesh_lib.retention_child import run_block_in_child
+    from kmesh_lib.base.params import to_dict
+    from kmesh_lib.sections.retention.child import run_block_in_child
 
     cfg, _, _ = resolve_params(sections.get("16"), "smoke", [], [])
     (tmp_path / "raw").mkdir()

@@ -4,14 +4,14 @@ import itertools
 
 import pytest
 
-from kmesh_lib import game24
-from kmesh_lib.capture_contract import validate_capture
-from kmesh_lib.game24 import OPS, Puzzle, fmt
-from kmesh_lib.ideal_bound import count_exact_prefix_edges
-from kmesh_lib.model_spec import ByteTokenizer
-from kmesh_lib.requests import RequestResult
-from kmesh_lib.tot_engine import capture_record
-from kmesh_lib.tot_search import SearchConfig, TotSearch, encode
+from kmesh_lib.bounds.ideal import count_exact_prefix_edges
+from kmesh_lib.engine.model_spec import ByteTokenizer
+from kmesh_lib.engine.requests import RequestResult
+from kmesh_lib.kv.capture_contract import validate_capture
+from kmesh_lib.sections.tot_headroom.generator import capture_record
+from kmesh_lib.workloads import game24
+from kmesh_lib.workloads.game24 import OPS, Puzzle, fmt
+from kmesh_lib.workloads.tot_search import SearchConfig, TotSearch, encode
 
 TOK = ByteTokenizer(512)
 ENGINE_INFO = {"name": "vllm", "version": "test", "mode": "replay", "device": "cpu", "block_size": 16, "num_gpu_blocks": 129}
@@ -156,15 +156,17 @@ def test_an_invocation_over_its_bound_stops_the_search():
 # -- the replay engine end to end --
 @pytest.fixture(scope="module")
 def replay_cfg():
-    from kmesh_lib.tot_experiment import TotHeadroomParams
+    from kmesh_lib.sections.tot_headroom.experiment import TotHeadroomParams
 
     return TotHeadroomParams(ENGINE="replay", MODEL="tiny", BLOCK_SIZE=16, NUM_GPU_BLOCKS=129, MAX_MODEL_LEN=2048,
                              PUZZLE_INDICES=[0, 1], MAX_TOKENS=16, SWEEP_POOL_BLOCKS=[8, 64])
 
 
 def test_replay_engine_run_end_to_end_passes_every_consistency_check(replay_cfg):
-    from kmesh_lib import tot_experiment as tx
-    from kmesh_lib.run_record import RunRecord
+    from kmesh_lib.base.records import RunRecord
+    from kmesh_lib.sections import tot_headroom as tot_checks
+    from kmesh_lib.sections.tot_headroom import bound as tot_bound
+    from kmesh_lib.sections.tot_headroom import experiment as tx
 
     record = RunRecord.open("tot_headroom", replay_cfg)
     run = tx.run(replay_cfg, record)
@@ -172,18 +174,20 @@ def test_replay_engine_run_end_to_end_passes_every_consistency_check(replay_cfg)
     assert run.drain_ok and run.num_unattributed_events == 0 and not run.search.partial
     assert [r["num_cached_tokens"] for r in run.records] == [0, 880]  # the header + "\nInput: 1 1 " = 880 tokens = 55 blocks
     assert all(r["block_events"] for r in run.records)
-    bound = record.save("bound", tx.compare_bound(run.records, 16, 128))
+    bound = record.save("bound", tot_bound.compare_bound(run.records, 16, 128))
     assert bound["observed_prefill_tokens"] == bound["ideal_prefill_tokens"] == bound["lru_prefill_tokens"]
-    assert [row["num_blocks"] for row in tx.sweep(run.records, replay_cfg, bound)] == [8, 64, 128]
-    checks = tx.verify(record.run_dir)
+    assert [row["num_blocks"] for row in tot_bound.sweep(run.records, replay_cfg, bound)] == [8, 64, 128]
+    checks = tot_checks.checks(record.run_dir)
     assert [c.name for c in checks if not c.ok] == []
 
 
 def test_replay_engine_invocation_bound_aborts_and_drains(replay_cfg):
     import dataclasses
 
-    from kmesh_lib import tot_experiment as tx
-    from kmesh_lib.run_record import RunRecord
+    from kmesh_lib.base.records import RunRecord
+    from kmesh_lib.sections import tot_headroom as tot_checks
+    from kmesh_lib.sections.tot_headroom import bound as tot_bound
+    from kmesh_lib.sections.tot_headroom import experiment as tx
 
     cfg = dataclasses.replace(replay_cfg, INVOCATION_BOUND_S=1e-9, PUZZLE_INDICES=[2, 0])
     record = RunRecord.open("tot_headroom", cfg)
@@ -191,8 +195,8 @@ def test_replay_engine_invocation_bound_aborts_and_drains(replay_cfg):
     assert run.search.limit_hit == "invocation_bound" and run.drain_ok
     assert [o.status for o in run.search.outcomes] == ["partial", "not_run"]
     assert run.records[0]["status"] == "timeout" and validate_capture(run.records).ok
-    record.save("bound", tx.compare_bound(run.records, 16, 128))
-    failed = [c.name for c in tx.verify(record.run_dir) if not c.ok]
+    record.save("bound", tot_bound.compare_bound(run.records, 16, 128))
+    failed = [c.name for c in tot_checks.checks(record.run_dir) if not c.ok]
     assert failed == []
 
 
@@ -201,7 +205,7 @@ class ScriptedReplayEngine:
     whose requests emit scripted tokens, so parseable proposals reach the real cache accounting."""
 
     def __new__(cls, params, script):
-        from kmesh_lib.replay import ReplayEngine
+        from kmesh_lib.engine.replay import ReplayEngine
 
         class Scripted(ReplayEngine):
             def next_token(self, request):
@@ -213,9 +217,9 @@ class ScriptedReplayEngine:
 
 
 def test_scripted_search_on_vllm_accounting_hits_every_producer_prefix(replay_cfg):
-    from kmesh_lib.capture import BlockPoolCapture, drain_check
-    from kmesh_lib.ideal_bound import ideal_prefill_tokens, lru_prefill_tokens
-    from kmesh_lib.tot_engine import InvocationBlockLog, engine_generator
+    from kmesh_lib.bounds.ideal import ideal_prefill_tokens, lru_prefill_tokens
+    from kmesh_lib.kv.capture import BlockPoolCapture, drain_check
+    from kmesh_lib.sections.tot_headroom.generator import InvocationBlockLog, engine_generator
 
     calls = {}
     engine = ScriptedReplayEngine(replay_cfg, lambda rid: encode(TOK, commuted(calls[rid])))
@@ -248,8 +252,8 @@ def test_scripted_search_on_vllm_accounting_hits_every_producer_prefix(replay_cf
 
 
 def test_gpu_pool_is_what_512_mib_of_7b_kv_buys():
-    from kmesh_lib.params import ParamError
-    from kmesh_lib.tot_experiment import TotHeadroomParams
+    from kmesh_lib.base.params import ParamError
+    from kmesh_lib.sections.tot_headroom.experiment import TotHeadroomParams
 
     gpu = dict(DEVICE="cuda", MODEL="qwen2.5-7b", WEIGHTS="dummy", DTYPE="bfloat16", BLOCK_SIZE=16, KV_CACHE_MIB=512)
     assert TotHeadroomParams(NUM_GPU_BLOCKS=586, **gpu).NUM_GPU_BLOCKS == 586  # 57,344 B/token * 16 = 896 KiB blocks
@@ -260,7 +264,7 @@ def test_gpu_pool_is_what_512_mib_of_7b_kv_buys():
 def test_a_real_model_directory_is_hashed_and_checked_against_its_manifest(tmp_path):
     import json
 
-    from kmesh_lib.tot_experiment import TotHeadroomParams, check_model_files, sha256_file
+    from kmesh_lib.sections.tot_headroom.experiment import TotHeadroomParams, check_model_files, sha256_file
 
     model = tmp_path / "model"
     model.mkdir()

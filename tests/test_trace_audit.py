@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from kmesh_lib import trace_audit
-from kmesh_lib.trace_audit import audit_tree
-from kmesh_lib.trace_scan import iter_lines, parse_line
-from kmesh_lib.trace_units import unit_of_number
+from kmesh_lib.traces import audit as trace_audit
+from kmesh_lib.traces.audit import audit_tree
+from kmesh_lib.traces.scan import iter_lines, parse_line
+from kmesh_lib.traces.units import unit_of_number
 
 REAL_CORPUS = Path("/work/shared/data/lmcache-agent-trace")
 CANARY = "CANARY-PROMPT-TEXT-7f3a"  # must never reach the public audit
@@ -52,7 +52,7 @@ def corpus(tmp_path: Path) -> Path:
     (root / "alpha" / "empty.jsonl").write_bytes(b"")
     # rec1 again with other key order and spacing: an exact duplicate under canonical JSON
     (root / "beta" / "two.jsonl").write_text(
-        '{"input": "%s",  "model": "m", "timestamp": 1700000000123, "id": 1}\n' % CANARY
+        '{"input": "%s",  "model": "m", "timestamp": 1700000000123, "id": 1}\n' % CANARY  # noqa: UP031 (the spacing is the test)
         + _line({"id": 3, "created_at": "2025-01-01T00:00:00Z", "ts_us": 1_700_000_000_000_000})
         + _line({"id": 4, "created_at": "2025-01-01T00:00:01Z"}).rstrip("\n"))
     (root / "beta" / "sub" / "three.ndjson").write_text(_line({"id": 5}) * 3)
@@ -153,7 +153,7 @@ def test_public_audit_has_counts_not_text(corpus: Path):
 
 
 def test_public_audit_passes_the_publish_screen(tmp_path: Path):
-    from kmesh_lib.publish import find_private_keys
+    from kmesh_lib.app.publish import find_private_keys
     root = tmp_path / "answers"
     (root / "answer_text").mkdir(parents=True)
     (root / "answer_text" / "prompt_text.jsonl").write_text(
@@ -342,7 +342,7 @@ def test_real_corpus_invariants():
     first = audit.files[0]
     assert first.sha256 == hashlib.sha256((REAL_CORPUS / first.relpath).read_bytes()).hexdigest()
     assert audit.lineage is not None and audit.lineage.qualifies is False
-    from kmesh_lib.publish import find_private_keys
+    from kmesh_lib.app.publish import find_private_keys
     assert find_private_keys(audit.to_public()) == []
     if audit.set_sha256 == REAL_SET_SHA256:
         assert (audit.num_files, audit.num_empty_files, audit.num_records) == (78, 1, 1917)

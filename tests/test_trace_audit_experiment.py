@@ -8,12 +8,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kmesh_lib import params, sections
-from kmesh_lib import trace_audit_experiment as ta
-from kmesh_lib.capture_contract import write_capture
-from kmesh_lib.cli import main, resolve_params
-from kmesh_lib.publish import find_private_keys, public_results
-from kmesh_lib.trace_audit import audit_tree
+from kmesh_lib.app import registry as sections
+from kmesh_lib.app.cli import main
+from kmesh_lib.app.publish import find_private_keys, public_results
+from kmesh_lib.base import params
+from kmesh_lib.base.params import resolve_params
+from kmesh_lib.base.paths import REPO_ROOT
+from kmesh_lib.kv.capture_contract import write_capture
+from kmesh_lib.sections import trace_audit as ta_checks
+from kmesh_lib.sections.trace_audit import experiment as ta
+from kmesh_lib.sections.trace_audit import params as ta_params
+from kmesh_lib.sections.trace_audit.checks import public_invariants
+from kmesh_lib.traces.audit import audit_tree
 
 
 def _line(obj) -> str:
@@ -52,7 +58,7 @@ def _run_dir(tmp_path: Path, root: Path) -> Path:
 
 
 def _failed(run_dir: Path) -> list[str]:
-    return [c.name for c in ta.verify(run_dir) if not c.ok]
+    return [c.name for c in ta_checks.checks(run_dir) if not c.ok]
 
 
 def test_missing_or_file_root_is_a_param_error(tmp_path: Path):
@@ -73,14 +79,14 @@ def test_cli_plan_fails_with_exit_2_on_a_missing_root(capsys):
 
 def test_relative_root_resolves_against_the_repo_not_the_cwd(tmp_path: Path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # papermill runs notebooks from notebooks/
-    assert ta.resolve_root("kmesh_lib") == Path(ta.__file__).resolve().parent
+    assert ta_params.resolve_root("kmesh_lib") == REPO_ROOT / "kmesh_lib"
     cfg = params.build(ta.TraceAuditParams, {"TRACE_ROOT": "kmesh_lib", "MAX_LINE_MB": 0.5})
     assert cfg.max_line_bytes == 1 << 19
 
 
 def test_params_layer_without_engine_files():
     section = sections.get("17")
-    files = params.param_files(section.key, "smoke", section.uses_engine)
+    files = params.param_files(section.KEY, "smoke", section.USES_ENGINE)
     assert [f.name for f in files] == ["common.yaml", "trace_audit.yaml", "trace_audit.smoke.yaml"]
 
 
@@ -120,7 +126,7 @@ def test_tables_and_matrices(corpus: Path):
 def test_set_hash_formula_matches_the_audit(corpus: Path):
     audit = audit_tree(corpus)
     assert ta.set_sha256_of(audit.file_hashes) == audit.set_sha256
-    assert all(ta.public_invariants(audit.to_public()).values())
+    assert all(public_invariants(audit.to_public()).values())
 
 
 def test_verify_passes_on_an_honest_run(tmp_path: Path, corpus: Path):
@@ -162,7 +168,7 @@ def test_verify_catches_doctored_counts_and_verdict(tmp_path: Path, corpus: Path
 def test_verify_tolerates_a_corpus_that_is_gone(tmp_path: Path, corpus: Path):
     run_dir = _run_dir(tmp_path, corpus)
     (run_dir / "params.resolved.yaml").write_text(yaml.safe_dump({"TRACE_ROOT": "/nonexistent"}))
-    checks = {c.name: c for c in ta.verify(run_dir)}
+    checks = {c.name: c for c in ta_checks.checks(run_dir)}
     rehash = checks["input files re-hash to the recorded sha256"]
     assert rehash.ok and "nothing re-hashed" in rehash.detail
 
@@ -175,7 +181,7 @@ def test_public_results_carry_the_input_hashes(tmp_path: Path, corpus: Path):
 
 
 def test_cli_resolves_the_shared_corpus_by_default():
-    root = ta.resolve_root(ta.DEFAULT_TRACE_ROOT)
+    root = ta_params.resolve_root(ta_params.DEFAULT_TRACE_ROOT)
     if not root.is_dir():
         pytest.skip("shared corpus not present")
     cfg, _, _ = resolve_params(sections.get("17"), "cpu", [], [])

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kmesh_lib.trace_audit import audit_tree
-from kmesh_lib.trace_lineage import REQUIREMENTS, LineageCollector
+from kmesh_lib.traces.audit import audit_tree
+from kmesh_lib.traces.lineage import REQUIREMENTS, LineageCollector
 
 REAL_CORPUS = Path("/work/shared/data/lmcache-agent-trace")
 

@@ -1,0 +1,69 @@
+"""Checks: statements about a run, each computed from the run's recorded files.
+
+A check has one of three statuses, and it is never ``ok`` by default:
+
+    ok       the statement holds on the evidence, and the evidence is present
+    failed   the statement does not hold
+    skipped  the evidence is missing (an arm that did not run, a corpus that is absent): the
+             detail says what is missing. A skipped check is not a pass.
+
+``recorded_only`` marks a check whose evidence is not in ``raw/`` (a figure the run measured and
+kept only as a result): ``kmesh verify`` re-reads it but cannot recompute it.
+
+Each section has one ``checks(run: RunFiles) -> list[Check]``. The notebook calls it on the files
+it has just written, ``kmesh verify`` on the files of a finished run, a GPU driver on its own run
+directory: one computation, three callers.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+STATUSES = ("ok", "failed", "skipped")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # ok | failed | skipped (a bool is taken as ok / failed)
+    detail: str = ""
+    recorded_only: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.status, bool):
+            object.__setattr__(self, "status", "ok" if self.status else "failed")
+        if self.status not in STATUSES:
+            raise ValueError(f"check {self.name!r}: status {self.status!r} is not one of {STATUSES}")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def as_record(self) -> dict:
+        return {"ok": self.ok, "status": self.status, "detail": self.detail,
+                **({"recorded_only": True} if self.recorded_only else {})}
+
+
+def check(name: str, ok: bool, detail: str = "", evidence: object = True, missing: str = "") -> Check:
+    """``ok`` or ``failed``, or ``skipped`` when ``evidence`` is empty (an empty list, None, 0 items).
+
+    Use it for every statement quantified over records: ``all()`` over nothing is true, and a
+    check built on it would pass with no evidence.
+    """
+    if evidence is None or (hasattr(evidence, "__len__") and len(evidence) == 0) or evidence is False:
+        return Check(name, "skipped", missing or "no evidence recorded")
+    return Check(name, bool(ok), detail)
+
+
+def all_of(name: str, items: Iterable[Any], predicate: Callable[[Any], bool], describe: Callable[[Any], str] = repr,
+           missing: str = "") -> Check:
+    """``predicate`` holds for every item, and there is at least one item (else skipped)."""
+    items = list(items)
+    bad = [item for item in items if not predicate(item)]
+    detail = f"{len(items) - len(bad)} of {len(items)}" + (f"; first failing: {describe(bad[0])}" if bad else "")
+    return check(name, not bad, detail, items, missing)
+
+
+def summarize(checks: list[Check]) -> dict[str, int]:
+    return {status: sum(c.status == status for c in checks) for status in STATUSES}

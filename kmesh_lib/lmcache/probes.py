@@ -1,0 +1,189 @@
+"""Probes on a live engine with an LMCache connector: an off switch, and the components of a restore.
+
+``ExternalSwitch`` turns the external cache off for the requests that follow, at the connector
+boundary, so the control arms run on the same engine as the restores:
+
+    off  the scheduler-side lookup answers "0 tokens" without asking LMCache
+         (MP: the connector's own BYPASS_LMCACHE state; in-process: no load spec is recorded)
+         and the connector stores nothing: MP marks the prompt's whole chunks as already stored in
+         the request's tracker (true here: LMCache holds the context; it is what a hit does too);
+         in-process sets ``force_skip_save``. A control arm pays no store of a context LMCache holds
+    on   the wrapped method is called unchanged
+
+``ComponentProbe`` stamps (``time.perf_counter_ns``) what one measured follow-up spends where:
+
+    lookup_s        scheduler-side ``get_num_new_matched_tokens``, summed over its calls
+    lookup_wall_s   first lookup call to the call that answered (MP: the lookup is an L2->L1 prefetch,
+                    so this includes the disk read and the staging into the L1 arena)
+    disk_read_s     in-process only: first ``LocalDiskBackend.read_file`` start to last end
+    load_s          worker-side ``start_load_kv`` (in-process: the whole retrieve -- disk read, host
+                    staging, copy into the engine's KV; MP: the L1 -> engine copy)
+    save_s          worker-side ``wait_for_save``
+    forward_s       model executor (``execute_model`` + ``sample_tokens``) less load_s and save_s,
+                    which run inside it
+    other_s         first token less lookup_s and the executor's time (scheduling, output handling)
+
+Invariant: every number is a difference of two real stamps, or None where nothing was stamped.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+_ns = time.perf_counter_ns
+
+
+def _find(obj, attr: str, depth: int = 3):
+    """The first object reachable from ``obj`` through connector attributes that has ``attr``."""
+    seen, frontier = set(), [obj]
+    for _ in range(depth + 1):
+        nxt = []
+        for o in frontier:
+            if o is None or id(o) in seen:
+                continue
+            seen.add(id(o))
+            if attr in getattr(type(o), "__dict__", {}) or attr in getattr(o, "__dict__", {}) or hasattr(type(o), attr):
+                return o
+            if hasattr(o, "__dict__"):
+                nxt += [v for k, v in vars(o).items()
+                        if k.startswith("_lmcache") or k in ("connector", "_connector", "impl", "_impl")]
+        frontier = nxt
+    return None
+
+
+class ExternalSwitch:
+    """``on`` (the default) leaves the connector alone; ``off`` hides LMCache from the next requests."""
+
+    def __init__(self, engine, probe: ComponentProbe | None = None) -> None:
+        self.connector = engine.scheduler.connector
+        self.on = True
+        self.probe = probe
+        self.mp_inner = _find(self.connector, "_get_or_create_request_tracker")
+        self.save_knob, self.save_attr = None, None
+        for attr in ("force_skip_save",):  # in-process: True skips the save
+            knob = _find(self.connector, attr)
+            if knob is not None and attr in getattr(knob, "__dict__", {}):
+                self.save_knob, self.save_attr = knob, attr
+                self.store_default = getattr(knob, attr)
+                break
+        self.can_skip_save = self.save_knob is not None
+        original = self.connector.get_num_new_matched_tokens
+
+        def get_num_new_matched_tokens(request, num_computed_tokens):
+            t0 = _ns()
+            out = original(request, num_computed_tokens) if self.on else self._bypass(request)
+            if self.probe is not None:
+                self.probe.lookup(t0, _ns(), out)
+            return out
+
+        self.connector.get_num_new_matched_tokens = get_num_new_matched_tokens
+
+    def _bypass(self, request):
+        if self.mp_inner is not None:
+            import sys
+
+            states = sys.modules[type(self.mp_inner).__module__].LMCacheMPRequestState
+            tracker = self.mp_inner._get_or_create_request_tracker(request)
+            tracker.state = states.BYPASS_LMCACHE
+            chunk = self.mp_inner.scheduler_adapter.lmcache_tokens_per_chunk
+            tracker.num_stored_tokens = request.num_prompt_tokens // chunk * chunk
+        return 0, False
+
+    def set(self, on: bool) -> None:
+        self.on = on
+        if self.save_attr == "force_skip_save":
+            self.save_knob.force_skip_save = self.store_default if on else True
+
+    def describe(self) -> dict:
+        return {"bypass": "mp tracker state" if self.mp_inner is not None else "lookup answers 0",
+                "skips_save_when_off": self.save_attr or ("mp tracker num_stored_tokens" if self.mp_inner is not None else None)}
+
+
+class ComponentProbe:
+    """Stamps the components of the follow-ups between ``start()`` and ``stop()``."""
+
+    def __init__(self, engine) -> None:
+        self.lock = threading.Lock()
+        self.active = False
+        self.calls: dict[str, list] = {k: [] for k in ("lookup", "load", "save", "exec", "disk")}
+        executor = engine._engine.engine_core.engine_core.model_executor
+        for name in ("execute_model", "sample_tokens"):
+            if hasattr(executor, name):
+                self._wrap(executor, name, "exec")
+        try:
+            from vllm.distributed.kv_transfer import (
+                get_kv_transfer_group,
+                has_kv_transfer_group,
+            )
+
+            worker = get_kv_transfer_group() if has_kv_transfer_group() else None
+        except ImportError:
+            worker = None
+        self.has_worker = worker is not None
+        if worker is not None:
+            self._wrap(worker, "start_load_kv", "load")
+            self._wrap(worker, "wait_for_save", "save")
+        self.has_disk = self._wrap_disk_reads()
+
+    def _wrap(self, obj, name: str, kind: str) -> None:
+        original = getattr(obj, name)
+
+        def timed(*args, **kwargs):
+            t0 = _ns()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._add(kind, t0, _ns())
+
+        setattr(obj, name, timed)
+
+    def _wrap_disk_reads(self) -> bool:
+        try:
+            from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
+        except ImportError:
+            return False
+        if getattr(LocalDiskBackend.read_file, "_kmesh_probe", None) is None:
+            original, probes = LocalDiskBackend.read_file, []
+
+            def read_file(backend, key, buffer, path):
+                t0 = _ns()
+                try:
+                    return original(backend, key, buffer, path)
+                finally:
+                    for p in probes:
+                        p._add("disk", t0, _ns())
+
+            read_file._kmesh_probe = probes
+            LocalDiskBackend.read_file = read_file
+        LocalDiskBackend.read_file._kmesh_probe.append(self)
+        return True
+
+    def _add(self, kind: str, t0: int, t1: int, extra=None) -> None:
+        if self.active:
+            with self.lock:
+                self.calls[kind].append((t0, t1, extra))
+
+    def lookup(self, t0: int, t1: int, out) -> None:
+        self._add("lookup", t0, t1, out)
+
+    def start(self) -> None:
+        with self.lock:
+            for v in self.calls.values():
+                v.clear()
+        self.active = True
+
+    def stop(self, first_token_s: float) -> dict:
+        self.active = False
+        c = self.calls
+        total = lambda kind: sum(t1 - t0 for t0, t1, _ in c[kind]) / 1e9  # noqa: E731
+        answered = [t1 for _, t1, out in c["lookup"] if out is not None and (not isinstance(out, tuple) or out[0] is not None)]
+        lookup_wall = (answered[0] - c["lookup"][0][0]) / 1e9 if answered else None
+        disk = (max(t1 for _, t1, _ in c["disk"]) - min(t0 for t0, _, _ in c["disk"])) / 1e9 if c["disk"] else None
+        load, save, execute = total("load"), total("save"), total("exec")
+        return {
+            "lookup_s": total("lookup"), "lookup_calls": len(c["lookup"]), "lookup_wall_s": lookup_wall,
+            "disk_read_s": disk if self.has_disk else None, "disk_reads": len(c["disk"]) if self.has_disk else None,
+            "load_s": load if self.has_worker else None, "save_s": save if self.has_worker else None,
+            "forward_s": max(0.0, execute - load - save), "exec_s": execute, "exec_calls": len(c["exec"]),
+            "other_s": first_token_s - total("lookup") - execute,
+        }

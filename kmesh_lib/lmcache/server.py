@@ -1,0 +1,209 @@
+"""A real ``lmcache server`` (multiprocess mode) owned by one run: start, query, stop.
+
+    L0  vLLM's paged KV (the engine)
+    L1  the server's DRAM arena, shared with the vLLM worker through POSIX SHM  (``--l1-size-gb``)
+    L2  the disk tier: lmcache's ``fs`` adapter with O_DIRECT under a run-scoped directory
+
+The context is stored with ``--l2-store-policy skip_l1`` (L1 is dropped once the L2 write is done),
+so it starts on the disk tier only. Whether a chunk loaded back from L2 stays in L1 afterwards is
+the retention switch (``set_retention``), see ``lmcache_server_plugin``.
+
+Invariants:
+    - every listener is on 127.0.0.1: the request port and the HTTP port (which also serves
+      ``/metrics``; ``lmcache server`` starts no separate Prometheus listener); ``listeners()``
+      reads the server's sockets from /proc so callers can check it;
+    - the server runs in its own process group inside a ``RuntimeDir``: stopping, exiting, a
+      SIGTERM, or the owner's death (the janitor) kills the group and removes the disk tier and
+      the SHM segment.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from kmesh_lib.base.paths import pythonpath_with_repo
+from kmesh_lib.base.processes import RuntimeDir, kill_group, listening_sockets
+
+HOST = "127.0.0.1"
+SERVER_ENV = {"LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1", "LMCACHE_DISABLE_BANNER": "1",
+              "PYTHONUNBUFFERED": "1"}
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or never became healthy; the message ends with its log tail."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    arena_mib: int = 512  # L1 DRAM arena
+    chunk_size: int = 256  # tokens per LMCache chunk (a multiple of vLLM's block size)
+    store_policy: str = "skip_l1"  # the stored context ends up on the disk tier only
+    eviction_policy: str = "LRU"
+    startup_timeout_s: float = 180.0
+
+
+def free_port() -> int:
+    """A port that was free on 127.0.0.1 a moment ago (bind port 0, read it, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def lmcache_executable() -> str:
+    candidate = Path(sys.executable).with_name("lmcache")
+    found = str(candidate) if candidate.exists() else shutil.which("lmcache")
+    if not found:
+        raise ServerStartError("no `lmcache` executable next to this Python or on PATH")
+    return found
+
+
+class LMCacheServer:
+    """One ``lmcache server`` process. Use as a context manager or call ``start``/``stop``."""
+
+    def __init__(self, cfg: ServerConfig, runtime: RuntimeDir) -> None:
+        self.cfg = cfg
+        self.runtime = runtime
+        self.disk_dir = runtime.subdir("disk")
+        self.control_file = runtime.path / "retention"
+        self.io_log = runtime.path / "l2_io.jsonl"
+        self.log_path = runtime.path / "server.log"
+        self.shm_name = f"kmesh_{runtime.token.replace('-', '_')}"
+        self.proc: subprocess.Popen | None = None
+        self.port = self.http_port = 0
+
+    # -- lifecycle --
+    def command(self) -> list[str]:
+        l2 = {"type": "fs", "base_path": str(self.disk_dir), "use_odirect": True}
+        plugin = {"module_path": "kmesh_lib.lmcache.server_plugin",
+                  "config": {"control_file": str(self.control_file), "io_log": str(self.io_log)}}
+        return [lmcache_executable(), "server",
+                "--host", HOST, "--port", str(self.port), "--http-host", HOST, "--http-port", str(self.http_port),
+                "--chunk-size", str(self.cfg.chunk_size),
+                "--l1-size-gb", f"{self.cfg.arena_mib / 1024:.6f}", "--no-l1-use-lazy",
+                "--eviction-policy", self.cfg.eviction_policy,
+                # NOTE: the CPU worker resolves its transfer mode to engine-driven; the server's
+                # default (lmcache_driven) leaves vLLM hanging in LLM() until mq_timeout.
+                "--supported-transfer-mode", "engine_driven", "--shm-name", self.shm_name,
+                "--l2-adapter", json.dumps(l2),
+                "--l2-store-policy", self.cfg.store_policy, "--l2-prefetch-policy", "default",
+                "--server-module", json.dumps(plugin)]
+
+    def start(self) -> LMCacheServer:
+        self.set_retention(False)
+        last_error = None
+        for _attempt in range(3):  # a picked port can be taken before the server binds it
+            self.port, self.http_port = free_port(), free_port()
+            try:
+                self._spawn()
+                self._wait_healthy()
+                return self
+            except ServerStartError as e:
+                last_error = e
+                self._kill()
+                if "Address already in use" not in str(e):
+                    break
+        raise last_error
+
+    def _spawn(self) -> None:
+        env = {**os.environ, **SERVER_ENV,
+               "PYTHONPATH": pythonpath_with_repo()}
+        self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=open(self.log_path, "ab"),
+                                     stderr=subprocess.STDOUT, start_new_session=True, env=env,
+                                     cwd=str(self.runtime.path))
+        self.runtime.own_group(self.proc.pid)  # start_new_session: its pid is its process group id
+        self.runtime.own_shm(f"lmcache_l1_pool_{self.shm_name}")
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.cfg.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerStartError(f"lmcache server exited with {self.proc.returncode}\n{self.log_tail()}")
+            try:
+                if self.status().get("is_healthy") and self._plugin_ready():
+                    return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise ServerStartError(f"lmcache server not healthy after {self.cfg.startup_timeout_s:.0f} s\n{self.log_tail()}")
+
+    def _plugin_ready(self) -> bool:
+        return self.io_log.exists() and '"plugin_ready"' in self.io_log.read_text()
+
+    def _kill(self) -> None:
+        if self.proc is not None:
+            kill_group(self.proc.pid)
+            self.proc.wait()
+            self.proc = None
+
+    def stop(self) -> None:
+        """Kills the server's process group and removes the disk tier (the runtime dir goes too)."""
+        self._kill()
+        self.runtime.close()
+
+    def __enter__(self) -> LMCacheServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except FileNotFoundError:
+            return ""
+
+    # -- control and queries --
+    def set_retention(self, retain: bool) -> None:
+        """Whether chunks loaded from L2 stay in L1 after they reached the engine (read per load)."""
+        tmp = self.control_file.with_suffix(".tmp")
+        tmp.write_text("retain" if retain else "discard")
+        os.replace(tmp, self.control_file)
+
+    def _http(self, method: str, path: str, body: dict | None = None, timeout: float = 10.0):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"http://{HOST}:{self.http_port}{path}", data=data, method=method,
+                                     headers={"content-type": "application/json"} if data else {})
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.read().decode()
+
+    def status(self) -> dict:
+        return json.loads(self._http("GET", "/status"))
+
+    def metrics_text(self) -> str:
+        return self._http("GET", "/metrics")
+
+    def clear_l1(self) -> None:
+        """Drops every unlocked L1 object (the disk tier keeps its copy)."""
+        self._http("POST", "/cache/clear", {"tier": "l1", "force": False})
+
+    def l1_usage(self) -> tuple[int, int]:
+        """(bytes in use, arena bytes) of the L1 arena."""
+        used, total = self.status()["storage_manager"]["l1_usage"]
+        return int(used), int(total)
+
+    def listeners(self) -> list[tuple[str, int]]:
+        """(address, port) of every listening TCP socket the server's processes hold."""
+        return listening_sockets(self.proc.pid)
+
+    def connector_extra_config(self) -> dict:
+        return {"lmcache.mp.host": f"tcp://{HOST}", "lmcache.mp.port": self.port}
+
+
+def start_server(cfg: ServerConfig, runtime: RuntimeDir | None = None) -> LMCacheServer:
+    """Starts a server in ``runtime`` (a new run-scoped directory when None)."""
+    return LMCacheServer(cfg, runtime or RuntimeDir.create("lmcache-server")).start()

@@ -1,0 +1,13 @@
+"""Section 21, crossover: When does restoring KV beat recomputing it?"""
+from kmesh_lib.sections.crossover.checks import checks
+from kmesh_lib.sections.crossover.experiment import plan
+from kmesh_lib.sections.crossover.params import CrossoverParams as Params
+
+KEY = "crossover"
+NUMBER = "21"
+TITLE = "crossover"
+NOTEBOOK = "21_crossover.ipynb"
+USES_ENGINE = True
+QUESTION = "When does restoring KV beat recomputing it?"
+
+__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TITLE", "USES_ENGINE", "plan", "checks"]

@@ -1,0 +1,155 @@
+"""Section 21: when does restoring KV beat recomputing it?
+
+For every model shape in MODELS (one engine each, in its own child process) and every context
+length in CONTEXT_LENS, the shared context is computed once and stored on LMCache's disk tier;
+then each repeat runs the four standard arms of ``restore_arms`` (recompute, dram, disk, floor) in
+rotating order, one follow-up each (context + FOLLOWUP_NEW_TOKENS, OUTPUT_TOKENS out). One row per
+(model, context, arm, repeat) goes to ``raw/rows.jsonl`` as it is measured.
+
+    path    where LMCache runs                       default on
+    mp      ``lmcache server`` + LMCacheMPConnector   cpu (the in-process connector has no CPU GPU-connector)
+    inproc  LMCacheConnectorV1 in the vLLM process    cuda
+
+Why a child per model: LMCache keeps a process-wide engine and config singleton (in-process path)
+and leaves non-daemon threads behind, so each model's engine lives and dies in its own process,
+which ends with ``os._exit``. The physical floors (``physical_floors``) are measured by the parent.
+Tables and plots: ``crossover_report``.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from kmesh_lib.base.params import build, to_dict
+from kmesh_lib.base.paths import REPO_ROOT
+from kmesh_lib.base.processes import RUNTIME_ROOT, RuntimeDir
+from kmesh_lib.base.records import RunRecord, read_jsonl
+from kmesh_lib.engine.model_spec import resolve
+from kmesh_lib.engine.vllm_engine import make_engine
+from kmesh_lib.kv.disk_tier import check_disk_tier
+from kmesh_lib.lmcache.connect import InprocTier, MPTier
+from kmesh_lib.sections.crossover.arms import Context, RestoreBench
+from kmesh_lib.sections.crossover.params import MIB, CrossoverParams, grid_size, model_params
+
+REPO = REPO_ROOT
+def plan(cfg: CrossoverParams) -> dict:
+
+    rows = grid_size(cfg)
+    # rough: an engine start per model, and per row about a prefill of the context (recompute, floor warm-up)
+    start_s = 45 if cfg.DEVICE == "cuda" else 40
+    per_row = 0.25 if cfg.DEVICE == "cuda" else 1.0
+    kv = {m: f"{resolve(m).kv_bytes_per_token(cfg.DTYPE) // 1024} KiB/token" for m in cfg.MODELS}
+    return {"path": cfg.path, "models": cfg.MODELS, "kv per token": kv, "context lengths": cfg.CONTEXT_LENS,
+            "arms": cfg.ARMS, "repeats": f"{cfg.WARMUP_REPEATS} warm-up + {cfg.NUM_REPEATS} measured",
+            "rows": rows, "engine starts": len(cfg.MODELS),
+            "estimate": f"~{(len(cfg.MODELS) * start_s + rows * per_row) / 60:.0f} min"}
+
+
+def arm_order(arms: list[str], repeat: int) -> list[str]:
+    """Arms rotated by ``repeat`` so no arm always runs first (or right after a store)."""
+    k = repeat % len(arms)
+    return list(arms[k:]) + list(arms[:k])
+
+
+# -- the child: one model --
+def run_model(cfg: CrossoverParams, model: str, run_dir: Path) -> int:
+
+    record = RunRecord(run_dir, "crossover")
+    mcfg = model_params(cfg, model)
+    kvt = resolve(model).kv_bytes_per_token(cfg.DTYPE)
+    summary = {"model": model, "path": cfg.path, "kv_bytes_per_token": kvt, "status": "ok"}
+    runtime = RuntimeDir.create(f"crossover-{cfg.path}", root=Path(cfg.DISK_TIER_ROOT or RUNTIME_ROOT))
+    tier = (InprocTier(cfg.ARENA_MIB, cfg.CHUNK_SIZE, cfg.DISK_TIER_MIB, runtime) if cfg.path == "inproc"
+            else MPTier(cfg.ARENA_MIB, cfg.CHUNK_SIZE, runtime))
+    engine = None
+    try:
+        summary["disk_tier"] = check_disk_tier(tier.disk_dir, cfg.CHUNK_SIZE * kvt, sum(cfg.CONTEXT_LENS) * kvt + 64 * MIB)
+        tier.start()
+        engine = make_engine(mcfg, **tier.llm_kwargs(cfg.DEVICE))
+        summary["engine_start_s"] = engine.start_s
+        bench = RestoreBench(engine, tier, cfg.FOLLOWUP_NEW_TOKENS, cfg.OUTPUT_TOKENS, cfg.FOLLOWUPS)
+        summary["switch"] = bench.switch.describe()
+        summary["connector"] = type(bench.switch.connector).__module__ + "." + type(bench.switch.connector).__name__
+        for n in cfg.CONTEXT_LENS:
+            ctx = Context.random(f"{model}-{n}", n, bench.vocab, cfg.SEED)
+            store = bench.store(ctx)
+            store.update(model=model, context_tokens=n, context_bytes=n * kvt)
+            record.append_jsonl("stores.jsonl", store)
+            if store["write_errors"] or store["bytes_written"] < n * kvt:
+                summary["status"] = "store_short"
+                continue
+            for r in range(cfg.WARMUP_REPEATS + cfg.NUM_REPEATS):
+                for arm in arm_order(cfg.ARMS, r):
+                    row = bench.run(arm, ctx, f"{model}-{n}-r{r}-{arm}")
+                    row.update(model=model, path=cfg.path, repeat=r, measured=r >= cfg.WARMUP_REPEATS,
+                               kv_bytes_per_token=kvt, context_bytes=n * kvt)
+                    record.append_jsonl("rows.jsonl", row)
+    except Exception as e:  # noqa: BLE001 - recorded, then re-raised as the child's exit status
+        summary.update(status="error", detail=f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        if engine is not None:
+            engine.close()
+        tier.close()
+        record.append_jsonl("models.jsonl", summary)
+    return 0
+
+
+def _child_main(argv: list[str]) -> None:
+    import yaml
+
+
+    run_dir, model = Path(argv[0]), argv[1]
+    cfg = build(CrossoverParams, yaml.safe_load((run_dir / "raw" / "crossover_params.yaml").read_text()))
+    status = 1
+    try:
+        status = run_model(cfg, model, run_dir)
+    except Exception:  # noqa: BLE001
+        import traceback
+
+        traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # LMCache leaves non-daemon threads behind
+
+
+# -- the parent: every model --
+def run_grid(cfg: CrossoverParams, record, log=print) -> list[dict]:
+    """Runs one child per model; shows a progress bar over rows; returns the child summaries."""
+    import yaml
+    from tqdm.auto import tqdm
+
+
+    raw = record.run_dir / "raw"
+    (raw / "crossover_params.yaml").write_text(yaml.safe_dump({**to_dict(cfg), "RUN_DIR": str(record.run_dir)}))
+    rows_path = raw / "rows.jsonl"
+    count = lambda: sum(1 for _ in open(rows_path)) if rows_path.exists() else 0  # noqa: E731
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    bar = tqdm(total=grid_size(cfg), desc="crossover rows", unit="row")
+    done0 = count()
+    for model in cfg.MODELS:
+        t0 = time.monotonic()
+        with open(raw / f"child-{model}.log", "ab") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "kmesh_lib.sections.crossover.experiment", str(record.run_dir), model],
+                                    stdout=out, stderr=subprocess.STDOUT, env=env, cwd=str(REPO), start_new_session=True)
+            while proc.poll() is None:
+                time.sleep(1.0)
+                bar.n = count() - done0
+                bar.refresh()
+                if time.monotonic() - t0 > cfg.CHILD_TIMEOUT_S:
+                    os.killpg(proc.pid, 15)
+                    proc.wait()
+                    log(f"{model}: killed after CHILD_TIMEOUT_S={cfg.CHILD_TIMEOUT_S}")
+        bar.n = count() - done0
+        bar.refresh()
+        log(f"{model}: exit {proc.returncode} after {time.monotonic() - t0:.0f} s (log: raw/child-{model}.log)")
+    bar.close()
+    models = read_jsonl(raw / "models.jsonl") if (raw / "models.jsonl").exists() else []
+    return [m for m in models if m["model"] in cfg.MODELS]
+
+
+if __name__ == "__main__":
+    _child_main(sys.argv[1:])

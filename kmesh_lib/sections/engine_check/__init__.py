@@ -1,0 +1,12 @@
+"""Section 00, engine check: Does the engine share a prefix, and does its block pool drain afterwards?"""
+from kmesh_lib.sections.engine_check.experiment import plan
+from kmesh_lib.sections.engine_check.params import EngineCheckParams as Params
+
+KEY = "engine_check"
+NUMBER = "00"
+TITLE = "engine check"
+NOTEBOOK = "00_engine_check.ipynb"
+USES_ENGINE = True
+QUESTION = "Does the engine share a prefix, and does its block pool drain afterwards?"
+
+__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TITLE", "USES_ENGINE", "plan"]

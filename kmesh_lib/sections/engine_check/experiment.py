@@ -1,0 +1,99 @@
+"""Section 00: does the engine share a prefix, and does the block pool drain afterwards?
+
+Two requests share ``PREFIX_LEN`` tokens. The second must hit the prefix cache for every full
+block of the shared prefix it may reuse (vLLM recomputes the last prompt token, so the hit is
+capped at ``floor((P - 1) / B) * B`` for a P-token prompt), on the real engine and on the replay
+engine, and after both finish the pool must be whole again (the drain check).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from kmesh_lib.engine.model_spec import resolve
+from kmesh_lib.engine.requests import RequestResult, RequestSpec, run_group
+from kmesh_lib.kv.capture import BlockPoolCapture, drain_check
+from kmesh_lib.sections.engine_check.params import EngineCheckParams
+
+
+def random_tokens(rng: random.Random, n: int, vocab_size: int) -> list[int]:
+    """Token ids in [4, vocab) so no special id (pad, bos, eos, unk) appears in a prompt."""
+    return [rng.randrange(4, vocab_size) for _ in range(n)]
+
+
+def expected_prefix_hit(prompt_len: int, shared_len: int, block_size: int) -> int:
+    """Tokens vLLM reuses: full shared blocks, capped so the last prompt token is recomputed."""
+    return min(shared_len // block_size, (prompt_len - 1) // block_size) * block_size
+
+
+def shared_prefix_pair(cfg: EngineCheckParams, vocab_size: int) -> list[RequestSpec]:
+    rng = random.Random(cfg.SEED)
+    prefix = random_tokens(rng, cfg.PREFIX_LEN, vocab_size)
+    return [RequestSpec(name, prefix + random_tokens(rng, cfg.SUFFIX_LEN, vocab_size), max_tokens=cfg.MAX_TOKENS)
+            for name in ("first", "second")]
+
+
+@dataclass
+class EngineCheckRun:
+    engine_mode: str
+    block_size: int
+    results: list[RequestResult]
+    capture: BlockPoolCapture
+    drain_ok: bool
+    drain_text: str
+    start_s: float
+
+    def rows(self) -> list[dict]:
+        return [{"engine": self.engine_mode, "request": r.request_id, "prompt_tokens": r.num_prompt_tokens,
+                 "output_tokens": len(r.output_token_ids), "num_cached_tokens": r.num_cached_tokens,
+                 "expected_cached": expected_prefix_hit(r.num_prompt_tokens, self.shared_len, self.block_size)
+                 if i else 0, "first_token_ms": round(r.first_token_s() * 1e3, 2), "finish": r.finish_reason}
+                for i, r in enumerate(self.results)]
+
+    shared_len: int = 0
+
+
+def run_pair(engine, cfg: EngineCheckParams, block_size: int) -> EngineCheckRun:
+    """Sends the two requests one after the other with a capture on the engine's block pool."""
+    specs = shared_prefix_pair(cfg, engine.spec.config["vocab_size"])
+    capture = BlockPoolCapture(engine.block_pool)
+    results = []
+    for spec in specs:  # sequential: the second must find the first's blocks cached
+        results += run_group(engine, [spec], on_step=capture.mark_step)
+    report = drain_check(engine.block_pool)
+    capture.close()
+    run = EngineCheckRun(engine.mode, block_size, results, capture, report.ok, str(report), engine.start_s)
+    run.shared_len = cfg.PREFIX_LEN
+    return run
+
+
+def plan(cfg: EngineCheckParams) -> dict:
+    """What ``kmesh plan 00`` prints: no engine is started."""
+
+    spec = resolve(cfg.MODEL)
+    prompt = cfg.PREFIX_LEN + cfg.SUFFIX_LEN
+    # start-up figures measured by benchmarks/bench_engine.py (README): tiny ~20 s, 0.5B ~60 s on 2 CPU cores
+    start_s = 25 if cfg.MODEL == "tiny" else 90
+    return {
+        "arms": f"real vLLM on {cfg.DEVICE} ({spec.name}, {cfg.WEIGHTS} weights, {cfg.DTYPE}); replay engine (no forward pass)",
+        "real engine": f"BLOCK_SIZE={cfg.BLOCK_SIZE}, NUM_GPU_BLOCKS={cfg.NUM_GPU_BLOCKS} (null block included)",
+        "replay engine": f"BLOCK_SIZE={cfg.REPLAY_BLOCK_SIZE}, NUM_GPU_BLOCKS={cfg.REPLAY_NUM_GPU_BLOCKS}",
+        "requests": f"2 sequential, {prompt} prompt tokens each ({cfg.PREFIX_LEN} shared), {cfg.MAX_TOKENS} output tokens",
+        "expected cache hit of the second": f"{expected_prefix_hit(prompt, cfg.PREFIX_LEN, cfg.BLOCK_SIZE)} tokens (real), "
+                                            f"{expected_prefix_hit(prompt, cfg.PREFIX_LEN, cfg.REPLAY_BLOCK_SIZE)} (replay)",
+        "expected duration": f"about {start_s + 40} s on 2 CPU cores" if cfg.DEVICE == "cpu" else "about 60 s on one GPU",
+    }
+
+
+def record_run(record, run: EngineCheckRun) -> dict:
+    """Writes the run's requests and block events to ``raw/`` and its summary to results.json."""
+    arm = f"{run.engine_mode}-B{run.block_size}"
+    record.append_jsonl("requests.jsonl", [
+        {"arm": arm, "request_id": r.request_id, "prompt_token_ids": r.prompt_token_ids,
+         "output_token_ids": r.output_token_ids, "logprobs": r.logprobs, "num_cached_tokens": r.num_cached_tokens,
+         "t_submit_ns": r.t_submit_ns, "t_token_ns": r.t_token_ns, "finish_reason": r.finish_reason}
+        for r in run.results])
+    record.append_jsonl("block_events.jsonl", [{"arm": arm, **e} for e in run.capture.to_records()])
+    summary = {"engine": run.engine_mode, "block_size": run.block_size, "start_s": round(run.start_s, 2),
+               "requests": run.rows(), "block_ops": run.capture.counts(), "drain_ok": run.drain_ok}
+    return record.save(arm, summary)

@@ -1,0 +1,13 @@
+"""Section 18, family hold: Does holding a parent's blocks for its child pay under cache pressure?"""
+from kmesh_lib.sections.family_hold.checks import checks
+from kmesh_lib.sections.family_hold.experiment import plan
+from kmesh_lib.sections.family_hold.params import FamilyHoldParams as Params
+
+KEY = "family_hold"
+NUMBER = "18"
+TITLE = "family hold"
+NOTEBOOK = "18_family_hold.ipynb"
+USES_ENGINE = True
+QUESTION = "Does holding a parent's blocks for its child pay under cache pressure?"
+
+__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TITLE", "USES_ENGINE", "plan", "checks"]

@@ -1,0 +1,13 @@
+"""Section 20, prefetch: Does loading shared context early help, once repeat reads are gone?"""
+from kmesh_lib.sections.prefetch.checks import checks
+from kmesh_lib.sections.prefetch.experiment import plan
+from kmesh_lib.sections.prefetch.params import PrefetchParams as Params
+
+KEY = "prefetch"
+NUMBER = "20"
+TITLE = "prefetch"
+NOTEBOOK = "20_prefetch.ipynb"
+USES_ENGINE = True
+QUESTION = "Does loading shared context early help, once repeat reads are gone?"
+
+__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TITLE", "USES_ENGINE", "plan", "checks"]

@@ -1,0 +1,84 @@
+"""One retention block in a fresh Python process, appending to the run's ``raw/`` files.
+
+In-process LMCache (``LMCacheConnectorV1``) keeps process-wide state a second engine in the same
+process would inherit: a config loaded once (``lmcache_get_or_create_config``), an engine registry
+(``LMCacheEngineBuilder``) and, in 0.5.3, non-daemon threads that keep the process alive. So each
+in-process block runs in its own child, which reads the run's ``params.resolved.yaml``, runs the
+block exactly as the notebook would, and ends with ``os._exit``.
+
+    python -m kmesh_lib.sections.retention.child RUN_DIR PATH N
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+from kmesh_lib.base.params import build
+from kmesh_lib.base.paths import REPO_ROOT
+from kmesh_lib.base.records import RunRecord, read_jsonl
+from kmesh_lib.sections.retention.params import RetentionParams
+from kmesh_lib.workloads.context_groups import Block
+
+REPO = REPO_ROOT
+
+
+def run_block_in_child(run_dir: Path, path: str, n: int, log=print, timeout_s: float = 900.0) -> tuple[dict, list[dict]]:
+    """Runs block ``path``-N``n`` in a child; returns its (summary, groups) as the child recorded them.
+
+    The child's output goes to ``RUN_DIR/blocks.log``. A child that fails or times out leaves a
+    ``failed`` block summary (its last output line as the detail), which fails the section's checks.
+    """
+
+    run_dir, name = Path(run_dir), f"{path}-N{n}"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    try:
+        child = subprocess.run([sys.executable, "-m", "kmesh_lib.sections.retention.child", str(run_dir), path, str(n)],
+                               capture_output=True, text=True, timeout=timeout_s, cwd=REPO, env=env)
+        output, code = child.stdout + child.stderr, child.returncode
+    except subprocess.TimeoutExpired as e:
+        output = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "") for x in (e.stdout, e.stderr))
+        output, code = output + f"\nblock timed out after {timeout_s:.0f} s", -9
+    with open(run_dir / "blocks.log", "a") as f:
+        f.write(f"===== block {name}, exit {code}\n{output}\n")
+    for line in output.splitlines():
+        if line.startswith(f"{name} pair") or line.startswith(f"{name}:"):
+            log(line)
+    raw = run_dir / "raw"
+    summaries = [b for b in read_jsonl(raw / "blocks.jsonl") if b["block"] == name] if (raw / "blocks.jsonl").exists() else []
+    if code != 0 or not summaries:
+        last = [line for line in output.splitlines() if line.strip()][-1:] or ["no output"]
+        summary = {"block": name, "path": path, "group_size": n, "status": "failed", "detail": f"exit {code}: {last[0]}"}
+        with open(raw / "blocks.jsonl", "a") as f:
+            f.write(json.dumps(summary) + "\n")
+    else:
+        summary = summaries[-1]
+    groups = [g for g in read_jsonl(raw / "groups.jsonl") if g["block"] == name] if (raw / "groups.jsonl").exists() else []
+    return summary, groups
+
+
+def main(run_dir: str, path: str, n: str) -> int:
+    import yaml
+
+
+    values = yaml.safe_load((Path(run_dir) / "params.resolved.yaml").read_text())
+    cfg = build(RetentionParams, values)
+    block = Block(cfg, path, int(n), log=lambda msg: print(msg, flush=True)).run(RunRecord(Path(run_dir), "retention"))
+    return 0 if block.summary["status"] in ("ok", "disk_full") else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4:
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
+    try:
+        code = main(*sys.argv[1:])
+    except BaseException:  # noqa: BLE001 - report, then exit hard: LMCache threads would keep us alive
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # LMCache 0.5.3 leaves non-daemon threads behind

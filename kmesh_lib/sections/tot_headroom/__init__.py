@@ -1,0 +1,13 @@
+"""Section 19, search headroom: Does model-driven branching leave room for better retention?"""
+from kmesh_lib.sections.tot_headroom.checks import checks
+from kmesh_lib.sections.tot_headroom.experiment import plan
+from kmesh_lib.sections.tot_headroom.params import TotHeadroomParams as Params
+
+KEY = "tot_headroom"
+NUMBER = "19"
+TITLE = "search headroom"
+NOTEBOOK = "19_tot_headroom.ipynb"
+USES_ENGINE = True
+QUESTION = "Does model-driven branching leave room for better retention?"
+
+__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TITLE", "USES_ENGINE", "plan", "checks"]

@@ -1,0 +1,13 @@
+"""Section 17, trace audit: Can agent traces qualify family retention?"""
+from kmesh_lib.sections.trace_audit.checks import checks
+from kmesh_lib.sections.trace_audit.experiment import plan
+from kmesh_lib.sections.trace_audit.params import TraceAuditParams as Params
+
+KEY = "trace_audit"
+NUMBER = "17"
+TITLE = "trace audit"
+NOTEBOOK = "17_trace_audit.ipynb"
+USES_ENGINE = False
+QUESTION = "Can agent traces qualify family retention?"
+
+__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TITLE", "USES_ENGINE", "plan", "checks"]
