@@ -11,11 +11,11 @@ Each request reads R = (P-1)//B blocks, then writes W = (P+O-1)//B blocks
   ``num_compulsory_tokens <= num_prefill_tokens <= P``.
 
 Relaxations that favour the ideal: it knows the future, may bypass any write,
-ignores active-request pins, and counts a resident block i as a hit even if an
-ancestor block missed. That last one never lowers the optimum: MIN's schedule is
-ancestor-closed (a child's next read is strictly after its parent's, so a child is
-evicted first and bypassed whenever its parent is), so its hits are leading runs
-and it is also the best exact-prefix schedule (the tests check against brute force).
+drops a block at no cost and takes it back at any later write of it, ignores
+active-request pins, and counts a resident block as a hit even if an ancestor block
+missed. That last one never lowers the optimum: ``simulate_min`` holds a parent
+whenever it holds a child, so its hits are leading runs (its docstring says why; the
+tests check it against an independent exhaustive optimum).
 """
 
 import heapq
@@ -30,7 +30,7 @@ from kmesh_lib.prefix_lru import lru_hit_blocks
 __all__ = [
     "AccessTrace", "BoundResult", "RequestPrefill", "block_hashes", "build_access_trace",
     "count_exact_prefix_edges", "ideal_prefill_tokens", "lru_prefill_tokens",
-    "next_read_positions", "simulate_lru", "simulate_min", "sweep_pool_sizes"]
+    "next_read_positions", "next_use_positions", "simulate_lru", "simulate_min", "sweep_pool_sizes"]
 
 
 @dataclass
@@ -94,21 +94,59 @@ def next_read_positions(trace: AccessTrace) -> list[int]:
     return next_read
 
 
+def next_use_positions(trace: AccessTrace) -> list[int]:
+    """For each position t, the read that the copy of ``block_hash[t]`` in hand at t is kept for.
+
+    That is the block's next access if it is a read. If it is a write, or there is
+    none, the answer is ``num_accesses`` = never: holding the block until that write
+    buys nothing, since the write brings it back. After a read it is always never:
+    the request that reads a block writes it next (``block_access``), so between two
+    writes of a block there is at most one read of it.
+    """
+    never = trace.num_accesses
+    next_use = [never] * never
+    next_access: dict[int, int] = {}
+    for pos in range(never - 1, -1, -1):
+        block_hash = trace.block_hash[pos]
+        following = next_access.get(block_hash, never)
+        if trace.is_read[pos]:
+            assert following < never and not trace.is_read[following], (
+                f"the read at {pos} is not followed by its request's write of the block")
+        elif following < never and trace.is_read[following]:
+            next_use[pos] = following
+        next_access[block_hash] = pos
+    return next_use
+
+
 def simulate_min(trace: AccessTrace, num_blocks: int) -> BoundResult:
-    """Belady's MIN with bypass: the fewest read misses any cache of ``num_blocks`` allows.
+    """Belady's MIN for a cache that only writes fill: the fewest read misses ``num_blocks`` allow.
 
-    Reads never change the resident set. A write of a non-resident block (one the
-    request just computed) is admitted only if its next read comes before that of
-    the resident block read farthest in the future, which it then evicts.
+    A block gets in only when a request writes it, and leaves at no cost. Between two
+    writes of a block it is read at most once (``next_use_positions``), so a read hit
+    is one *copy*: the block held from its last write before the read (the copy's
+    start) to that read (its end). Holding it from an earlier write gains nothing and
+    takes room; keeping a block across its own re-write equals dropping it and taking
+    it back there. The rule, at each write: a copy that is never read is not admitted;
+    any other is, and if that makes ``num_blocks + 1`` the copy read farthest in the
+    future is dropped (the new one itself: a bypass). A read ends its copy.
 
-    Why optimal (Belady's exchange argument; writes only add free admissions):
-    items are unit-size and each read miss costs one. Let an optimal schedule S
-    first differ from MIN by keeping f where MIN keeps g, g being read before f.
-    S' keeps g instead and copies S. If S drops f before g's read, S' drops g then
-    and both coincide. Otherwise S' hits g's read where S misses, and can trail S
-    only at f's read, after which f is written again and S' rejoins S. So S' is
-    also optimal and agrees with MIN one step longer. Blocks never read again are
-    never admitted: they can only take space.
+    Why optimal: hits are copies, intervals [write, read] of which at most
+    ``num_blocks`` may overlap at any position (interval scheduling on ``num_blocks``
+    machines, where this greedy by start is the classic optimum). Exchange: let an
+    optimal S agree with MIN until an overflow where MIN drops copy f and S drops g
+    (g ends before f). S' holds g in place of f, until g's read or until S drops f,
+    and otherwise copies S: it never holds more than S and trades at most f's read
+    hit for g's. So S' is optimal too and agrees with MIN one drop longer.
+
+    Why counting a resident block whose ancestor missed is harmless: a request that
+    reads or writes block c reads or writes its parent p just before. So p's copy for
+    the read just before c's starts at c's start minus one (the same request's write of
+    p) or later, at a re-write of p while c is held. In the first case p is admitted
+    unless every held copy ends before p's, and then c, up one write later with
+    nothing ended in between, is bypassed too; in the second, held c ends after p, so
+    p is admitted. From then on an overflow drops c before p. So p is held whenever c is:
+    MIN's hits are leading runs, an exact-prefix cache can make them, and the
+    relaxation does not lower the bound.
 
     Args:
         trace: from ``build_access_trace``.
@@ -117,27 +155,28 @@ def simulate_min(trace: AccessTrace, num_blocks: int) -> BoundResult:
         ``BoundResult`` with ``policy="ideal"``.
     """
     never = trace.num_accesses
-    next_read = next_read_positions(trace)
-    resident: dict[int, int] = {}  # block_hash -> position of its next read
-    # Max-heap on next read with lazy deletion: an entry is live iff it matches resident.
+    next_use = next_use_positions(trace)
+    resident: dict[int, int] = {}  # block_hash -> the read its copy is kept for
+    # Max-heap on that read with lazy deletion: an entry is live iff it matches resident.
     farthest_first: list[tuple[int, int]] = []
     num_hit_blocks = [0] * trace.num_requests
     for pos, block_hash in enumerate(trace.block_hash):
-        upcoming = next_read[pos]
         if trace.is_read[pos]:
-            if block_hash in resident:
+            kept_for = resident.pop(block_hash, None)
+            if kept_for is not None:
+                assert kept_for == pos  # a copy is kept only until the block's next access
                 num_hit_blocks[trace.request_index[pos]] += 1
-                resident[block_hash] = upcoming
-                heapq.heappush(farthest_first, (-upcoming, block_hash))
             continue
-        if block_hash in resident or upcoming == never or num_blocks <= 0:
+        assert block_hash not in resident  # its copy ended at a read before this write
+        upcoming = next_use[pos]
+        if upcoming == never or num_blocks <= 0:
             continue
         if len(resident) >= num_blocks:
             while resident.get(farthest_first[0][1]) != -farthest_first[0][0]:
                 heapq.heappop(farthest_first)
-            neg_victim_next_read, victim = farthest_first[0]
-            if -neg_victim_next_read < upcoming:
-                continue  # bypass: every resident block is read again sooner
+            neg_victim_next_use, victim = farthest_first[0]
+            if -neg_victim_next_use < upcoming:
+                continue  # bypass: every resident copy is read sooner
             heapq.heappop(farthest_first)
             del resident[victim]
         resident[block_hash] = upcoming

@@ -8,7 +8,8 @@ import pytest
 
 from kmesh_lib.ideal_bound import (
     block_hashes, build_access_trace, count_exact_prefix_edges, ideal_prefill_tokens,
-    lru_prefill_tokens, next_read_positions, simulate_lru, simulate_min, sweep_pool_sizes)
+    lru_prefill_tokens, next_read_positions, next_use_positions, simulate_lru, simulate_min,
+    sweep_pool_sizes)
 
 
 def req(prompt, output=(), invocation_id=None, parent_id=None):
@@ -305,7 +306,6 @@ REWRITE_BEFORE_READ = [
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 19: the bound ranks blocks by next read only")
 def test_a_block_written_again_before_its_read_can_leave_now():
     # Optimum 8: drop (0) at r1 and keep (0,0) (holding (0) until r3 is wasted room:
     # r3 writes it again); (1) hits at r2; (0) comes back at r3 into (1)'s slot; r4
@@ -321,6 +321,18 @@ def test_a_block_written_again_before_its_read_can_leave_now():
     assert _next_read_only_min_hits(build_access_trace(REWRITE_BEFORE_READ, 1), 2) == 2
 
 
+def test_next_use_is_never_when_the_block_is_written_again_first():
+    trace = build_access_trace(REWRITE_BEFORE_READ, block_size=1)
+    never = trace.num_accesses
+    # r0 writes (0) at 2 and (0,0) at 3; r3 writes (0) again at 8, just before r4 reads
+    # it at 9, so holding r0's copy of (0) serves nothing.
+    assert next_read_positions(trace)[2:4] == [9, 10]
+    assert next_use_positions(trace)[2:4] == [never, 10]
+    assert next_use_positions(trace)[8] == 9
+    # After a read the copy is done: the request that read the block writes it next.
+    assert {next_use_positions(trace)[pos] for pos in range(never) if trace.is_read[pos]} == {never}
+
+
 def test_the_ideal_holds_the_parent_not_the_deeper_block():
     # One block, a two-block prefix read twice: holding [1,2] gives the second request
     # one leading hit; holding [1..4] alone would count one hit under the relaxation
@@ -332,7 +344,6 @@ def test_the_ideal_holds_the_parent_not_the_deeper_block():
     assert exhaustive_min_prefill_tokens(requests, 2, 1, exact_prefix=False) == 10 - 2
 
 
-@pytest.mark.xfail(strict=True, reason="issue 19: the bound ranks blocks by next read only")
 def test_ideal_equals_exhaustive_optimum_on_rewrite_rich_traces():
     # 3,000 traces x pools of 1..5 blocks. When this test was written, 2,444 of the traces
     # re-wrote a block before reading it, and the next-read-only rule (issue 19, the old
@@ -363,7 +374,6 @@ def test_ideal_equals_exhaustive_optimum_on_rewrite_rich_traces():
     assert num_next_read_only_beaten >= 100
 
 
-@pytest.mark.xfail(strict=True, reason="issue 19: the bound ranks blocks by next read only")
 def test_ideal_equals_exhaustive_optimum_and_the_relaxation_is_tight():
     # Fresh-token trees (few re-writes); the relaxed optimum (every resident read block
     # counts) equals the exact-prefix one, so the relaxation never lowers the bound.
