@@ -187,9 +187,9 @@ def exhaustive_min_prefill_tokens(requests, block_size, num_blocks, exact_prefix
     program over every cache content after each request.
 
     A block gets in only when a request writes it, and leaves at no cost, so after a
-    request the cache may hold any ``num_blocks`` of the blocks it held or the request
-    wrote. The request reused its leading run of resident read blocks (exact_prefix,
-    vLLM) or every resident read block (False: the bound's relaxation). Only full
+    request the cache may hold any ``num_blocks`` (or fewer) of the blocks it held or
+    the request wrote. The request reuses its leading run of resident read blocks
+    (exact_prefix, as vLLM) or every resident read block (False: the bound's relaxation). Only full
     contents are enumerated (holding more never hurts a later request), and blocks no
     later request reads are left out (they can only take room).
     """
@@ -375,8 +375,8 @@ def test_ideal_equals_exhaustive_optimum_on_rewrite_rich_traces():
 
 
 def test_ideal_equals_exhaustive_optimum_and_the_relaxation_is_tight():
-    # Fresh-token trees (few re-writes); the relaxed optimum (every resident read block
-    # counts) equals the exact-prefix one, so the relaxation never lowers the bound.
+    # Fresh-token trees (few re-writes: the old bound lost on 1 of these 2,000 cases); the
+    # relaxed optimum (every resident read block counts) equals the exact-prefix one.
     for seed in range(400):
         rng = random.Random(seed)
         block_size = rng.choice([1, 2])
