@@ -6,7 +6,7 @@ it is measurement overhead?
 Part 1 times the driver's own instruments on this machine (no engine): one ``time.monotonic_ns()``
 stamp, one readiness check (``threading.Event.is_set``), and the overshoot of the idle wait
 ``time.sleep(DRIVER_POLL_MS)``. Part 2 reads a finished run's ``raw/groups.jsonl`` and gives, per path
-and group size, the early arm's mean A-first-token wait, the floor's (``engine``), their paired gap
+and group size, the early arm's mean A-first-token wait, the floor's (``engine.vllm_engine.vllm_engine``), their paired gap
 with a 95 % bootstrap interval, and the part of the gap the instruments can explain: the early
 group's submission delay at T plus its stamps x the stamp cost (upper bound; the idle polls end
 before T and the prefetch polls run in another thread, so neither is on the measured path).

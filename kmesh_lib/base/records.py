@@ -122,7 +122,7 @@ class RunFileError(ValueError):
 
 @dataclass
 class RunFiles:
-    """A run folder as recorded: ``results.json``, ``params.resolved.yaml``, ``env.json``, ``raw/*.jsonl``.
+    """A run folder as recorded: ``results.json``, ``base.params.resolved.yaml``, ``env.json``, ``raw/*.jsonl``.
 
     Every read names the file and what is wrong with it (``RunFileError``) instead of a traceback,
     so a damaged folder gives one line in ``kmesh verify`` and ``kmesh publish``.

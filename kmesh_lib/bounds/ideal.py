@@ -4,118 +4,32 @@ Given the captured request order and a pool of ``num_blocks`` usable KV blocks,
 how few prefill tokens (input tokens whose KV is not reused) could *any*
 exact-prefix cache compute? Stock vLLM's observed prefill is compared to it.
 
-Block accounting for one request (P prompt tokens, O output tokens, block size B):
+Each request reads R = (P-1)//B blocks, then writes W = (P+O-1)//B blocks
+(``bounds.access`` draws the accounting; P prompt, O output tokens, block size B).
 
-    tokens: |<--------------- prompt (P) -------------->|<---- output (O) ---->|
-    blocks: [ b0 ] ... [ b(R-1) ][ final prompt fragment ]  R = (P-1)//B reads
-            [ b0 ] ... [ b(R-1) ][ bR ] ... [ b(W-1) ]      W = (P+O-1)//B writes
-
-* Block i is named by the chained hash of tokens[0:(i+1)*B], as in vLLM: a hash
-  implies its whole prefix, and only full blocks are cacheable.
-* Reads: vLLM reuses at most R blocks; the last prompt token is recomputed for
-  next-token scores, so the final fragment (P - R*B tokens, 1..B) is compulsory.
-* Writes, after the reads: every full block the request holds KV for, prompt or
-  generated; the last sampled token never gets KV, hence P+O-1.
 * Invariant: per request ``num_prefill_tokens = P - num_hit_blocks * B``, so
   ``num_compulsory_tokens <= num_prefill_tokens <= P``.
 
 Relaxations that favour the ideal: it knows the future, may bypass any write,
-ignores active-request pins, and counts a resident block i as a hit even if an
-ancestor block missed. That last one never lowers the optimum: MIN's schedule is
-ancestor-closed (a child's next read is strictly after its parent's, so a child is
-evicted first and bypassed whenever its parent is), so its hits are leading runs
-and it is also the best exact-prefix schedule (the tests check against brute force).
+drops a block at no cost and takes it back at any later write of it, ignores
+active-request pins, and counts a resident block as a hit even if an ancestor block
+missed. That last one never lowers the optimum: ``simulate_min`` holds a parent
+whenever it holds a child, so its hits are leading runs (its docstring says why; the
+tests check it against an independent exhaustive optimum).
 """
 
 import heapq
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from kmesh_lib.bounds.access import AccessTrace, block_hashes, build_access_trace, request_field, request_token_ids
 from kmesh_lib.bounds.lru import lru_hit_blocks
 
-# Chain seed for block 0; an int because str hashes are salted per process.
-_ROOT_BLOCK_HASH = 0x6B6D657368
-
-
-def _field(request: Any, name: str) -> Any:
-    """Read ``name`` from a dict-like record or an object with attributes, else None."""
-    if isinstance(request, Mapping):
-        return request.get(name)
-    return getattr(request, name, None)
-
-
-def _tokens(request: Any, name: str) -> list[int]:
-    return list(_field(request, name) or [])
-
-
-def block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
-    """Chained hashes of the full blocks of ``token_ids`` (a partial tail is dropped).
-
-    ``block_hash[i] = hash((block_hash[i-1], tuple(token_ids[i*B:(i+1)*B])))``,
-    so equal hashes mean equal whole prefixes (up to 64-bit collisions).
-    """
-    hashes: list[int] = []
-    parent_hash = _ROOT_BLOCK_HASH
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent_hash = hash((parent_hash, tuple(token_ids[start:start + block_size])))
-        hashes.append(parent_hash)
-    return hashes
-
-
-@dataclass
-class AccessTrace:
-    """Block accesses of a request sequence, flattened in trace order.
-
-    Request r owns positions ``[access_start[r], access_start[r+1])``: first its
-    ``num_read_blocks[r]`` reads (blocks 0..R-1), then its writes (blocks 0..W-1).
-    """
-    block_size: int
-    block_hash: list[int] = field(default_factory=list)
-    is_read: list[bool] = field(default_factory=list)
-    request_index: list[int] = field(default_factory=list)
-    num_prompt_tokens: list[int] = field(default_factory=list)
-    num_read_blocks: list[int] = field(default_factory=list)
-    access_start: list[int] = field(default_factory=lambda: [0])
-
-    @property
-    def num_requests(self) -> int:
-        return len(self.num_prompt_tokens)
-
-    @property
-    def num_accesses(self) -> int:
-        return len(self.block_hash)
-
-    @property
-    def num_reads(self) -> int:
-        return sum(self.num_read_blocks)
-
-
-def build_access_trace(requests: Iterable[Any], block_size: int) -> AccessTrace:
-    """Flatten requests (``prompt_token_ids``, ``output_token_ids``) into block accesses.
-
-    Args:
-        requests: records in captured order; dicts or objects.
-        block_size: tokens per KV block (B).
-    Returns:
-        The trace; per request R = (P-1)//B reads, then W = (P+O-1)//B writes.
-    """
-    if block_size <= 0:
-        raise ValueError(f"block_size must be positive, got {block_size}")
-    trace = AccessTrace(block_size=block_size)
-    for request_index, request in enumerate(requests):
-        prompt, output = _tokens(request, "prompt_token_ids"), _tokens(request, "output_token_ids")
-        num_read_blocks = max(len(prompt) - 1, 0) // block_size
-        num_written_tokens = max(len(prompt) + len(output) - 1, 0)
-        written = block_hashes((prompt + output)[:num_written_tokens], block_size)
-        accesses = written[:num_read_blocks] + written
-        trace.block_hash.extend(accesses)
-        trace.is_read.extend([True] * num_read_blocks + [False] * len(written))
-        trace.request_index.extend([request_index] * len(accesses))
-        trace.num_prompt_tokens.append(len(prompt))
-        trace.num_read_blocks.append(num_read_blocks)
-        trace.access_start.append(len(trace.block_hash))
-    return trace
+__all__ = [
+    "AccessTrace", "BoundResult", "RequestPrefill", "block_hashes", "build_access_trace",
+    "count_exact_prefix_edges", "ideal_prefill_tokens", "lru_prefill_tokens",
+    "next_read_positions", "next_use_positions", "simulate_lru", "simulate_min", "sweep_pool_sizes"]
 
 
 @dataclass
@@ -179,21 +93,59 @@ def next_read_positions(trace: AccessTrace) -> list[int]:
     return next_read
 
 
+def next_use_positions(trace: AccessTrace) -> list[int]:
+    """For each position t, the read that the copy of ``block_hash[t]`` in hand at t is kept for.
+
+    That is the block's next access if it is a read. If it is a write, or there is
+    none, the answer is ``num_accesses`` = never: holding the block until that write
+    buys nothing, since the write brings it back. After a read it is always never:
+    the request that reads a block writes it next (``bounds.access``), so between two
+    writes of a block there is at most one read of it.
+    """
+    never = trace.num_accesses
+    next_use = [never] * never
+    next_access: dict[int, int] = {}
+    for pos in range(never - 1, -1, -1):
+        block_hash = trace.block_hash[pos]
+        following = next_access.get(block_hash, never)
+        if trace.is_read[pos]:
+            assert following < never and not trace.is_read[following], (
+                f"the read at {pos} is not followed by its request's write of the block")
+        elif following < never and trace.is_read[following]:
+            next_use[pos] = following
+        next_access[block_hash] = pos
+    return next_use
+
+
 def simulate_min(trace: AccessTrace, num_blocks: int) -> BoundResult:
-    """Belady's MIN with bypass: the fewest read misses any cache of ``num_blocks`` allows.
+    """Belady's MIN for a cache that only writes fill: the fewest read misses ``num_blocks`` allow.
 
-    Reads never change the resident set. A write of a non-resident block (one the
-    request just computed) is admitted only if its next read comes before that of
-    the resident block read farthest in the future, which it then evicts.
+    A block gets in only when a request writes it, and leaves at no cost. Between two
+    writes of a block it is read at most once (``next_use_positions``), so a read hit
+    is one *copy*: the block held from its last write before the read (the copy's
+    start) to that read (its end). Holding it from an earlier write gains nothing and
+    takes room; keeping a block across its own re-write equals dropping it and taking
+    it back there. The rule, at each write: a copy that is never read is not admitted;
+    any other is, and if that makes ``num_blocks + 1`` the copy read farthest in the
+    future is dropped (the new one itself: a bypass). A read ends its copy.
 
-    Why optimal (Belady's exchange argument; writes only add free admissions):
-    items are unit-size and each read miss costs one. Let an optimal schedule S
-    first differ from MIN by keeping f where MIN keeps g, g being read before f.
-    S' keeps g instead and copies S. If S drops f before g's read, S' drops g then
-    and both coincide. Otherwise S' hits g's read where S misses, and can trail S
-    only at f's read, after which f is written again and S' rejoins S. So S' is
-    also optimal and agrees with MIN one step longer. Blocks never read again are
-    never admitted: they can only take space.
+    Why optimal: hits are copies, intervals [write, read] of which at most
+    ``num_blocks`` may overlap at any position (interval scheduling on ``num_blocks``
+    machines, where this greedy by start is the classic optimum). Exchange: let an
+    optimal S agree with MIN until an overflow where MIN drops copy f and S drops g
+    (g ends before f). S' holds g in place of f, until g's read or until S drops f,
+    and otherwise copies S: it never holds more than S and trades at most f's read
+    hit for g's. So S' is optimal too and agrees with MIN one drop longer.
+
+    Why counting a resident block whose ancestor missed is harmless: a request that
+    reads or writes block c reads or writes its parent p just before. So p's copy for
+    the read just before c's starts at c's start minus one (the same request's write of
+    p) or later, at a re-write of p while c is held. In the first case p is admitted
+    unless every held copy ends before p's, and then c, up one write later with
+    nothing ended in between, is bypassed too; in the second, held c ends after p, so
+    p is admitted. From then on an overflow drops c before p. So p is held whenever c is:
+    MIN's hits are leading runs, an exact-prefix cache can make them, and the
+    relaxation does not lower the bound.
 
     Args:
         trace: from ``build_access_trace``.
@@ -202,27 +154,28 @@ def simulate_min(trace: AccessTrace, num_blocks: int) -> BoundResult:
         ``BoundResult`` with ``policy="ideal"``.
     """
     never = trace.num_accesses
-    next_read = next_read_positions(trace)
-    resident: dict[int, int] = {}  # block_hash -> position of its next read
-    # Max-heap on next read with lazy deletion: an entry is live iff it matches resident.
+    next_use = next_use_positions(trace)
+    resident: dict[int, int] = {}  # block_hash -> the read its copy is kept for
+    # Max-heap on that read with lazy deletion: an entry is live iff it matches resident.
     farthest_first: list[tuple[int, int]] = []
     num_hit_blocks = [0] * trace.num_requests
     for pos, block_hash in enumerate(trace.block_hash):
-        upcoming = next_read[pos]
         if trace.is_read[pos]:
-            if block_hash in resident:
+            kept_for = resident.pop(block_hash, None)
+            if kept_for is not None:
+                assert kept_for == pos  # a copy is kept only until the block's next access
                 num_hit_blocks[trace.request_index[pos]] += 1
-                resident[block_hash] = upcoming
-                heapq.heappush(farthest_first, (-upcoming, block_hash))
             continue
-        if block_hash in resident or upcoming == never or num_blocks <= 0:
+        assert block_hash not in resident  # its copy ended at a read before this write
+        upcoming = next_use[pos]
+        if upcoming == never or num_blocks <= 0:
             continue
         if len(resident) >= num_blocks:
             while resident.get(farthest_first[0][1]) != -farthest_first[0][0]:
                 heapq.heappop(farthest_first)
-            neg_victim_next_read, victim = farthest_first[0]
-            if -neg_victim_next_read < upcoming:
-                continue  # bypass: every resident block is read again sooner
+            neg_victim_next_use, victim = farthest_first[0]
+            if -neg_victim_next_use < upcoming:
+                continue  # bypass: every resident copy is read sooner
             heapq.heappop(farthest_first)
             del resident[victim]
         resident[block_hash] = upcoming
@@ -231,19 +184,19 @@ def simulate_min(trace: AccessTrace, num_blocks: int) -> BoundResult:
 
 
 def simulate_lru(trace: AccessTrace, num_blocks: int) -> BoundResult:
-    """vLLM's exact-prefix cache with LRU eviction, pins ignored (see ``prefix_lru``)."""
+    """vLLM's exact-prefix cache with LRU eviction, pins ignored (see ``bounds.lru``)."""
     return _bound_result(trace, "lru", num_blocks, lru_hit_blocks(trace, num_blocks))
 
 
 def ideal_prefill_tokens(requests: Iterable[Any], block_size: int,
                          num_blocks: int) -> BoundResult:
-    """The offline ideal bound for ``requests`` with a pool of ``num_blocks`` usable blocks."""
+    """The offline ideal bound for ``engine.vllm_engine.requests`` with a pool of ``num_blocks`` usable blocks."""
     return simulate_min(build_access_trace(requests, block_size), num_blocks)
 
 
 def lru_prefill_tokens(requests: Iterable[Any], block_size: int,
                        num_blocks: int) -> BoundResult:
-    """The LRU exact-prefix reference for ``requests`` at ``num_blocks`` usable blocks."""
+    """The LRU exact-prefix reference for ``engine.vllm_engine.requests`` at ``num_blocks`` usable blocks."""
     return simulate_lru(build_access_trace(requests, block_size), num_blocks)
 
 
@@ -277,7 +230,7 @@ def count_exact_prefix_edges(requests: Iterable[Any]) -> int:
     """Producer edges whose child prompt starts with the parent's prompt + output exactly.
 
     An edge is a request whose ``parent_id`` names another request's
-    ``invocation_id``; parents absent from ``requests`` form no edge.
+    ``invocation_id``; parents absent from ``engine.vllm_engine.requests`` form no edge.
 
     Raises:
         ValueError: if two requests share an ``invocation_id`` (ambiguous parent).
@@ -285,15 +238,16 @@ def count_exact_prefix_edges(requests: Iterable[Any]) -> int:
     requests = list(requests)
     by_invocation_id: dict[Any, Any] = {}
     for request in requests:
-        invocation_id = _field(request, "invocation_id")
+        invocation_id = request_field(request, "invocation_id")
         if invocation_id in by_invocation_id:
             raise ValueError(f"duplicate invocation_id {invocation_id!r}")
         if invocation_id is not None:
             by_invocation_id[invocation_id] = request
     num_exact_edges = 0
     for child in requests:
-        parent = by_invocation_id.get(_field(child, "parent_id"))
+        parent = by_invocation_id.get(request_field(child, "parent_id"))
         if parent is not None:
-            kept = _tokens(parent, "prompt_token_ids") + _tokens(parent, "output_token_ids")
-            num_exact_edges += _tokens(child, "prompt_token_ids")[:len(kept)] == kept
+            kept = (request_token_ids(parent, "prompt_token_ids")
+                    + request_token_ids(parent, "output_token_ids"))
+            num_exact_edges += request_token_ids(child, "prompt_token_ids")[:len(kept)] == kept
     return num_exact_edges

@@ -1,6 +1,6 @@
 """Reference model of vLLM v1's exact-prefix KV cache with LRU eviction.
 
-The yardstick the offline ideal bound (``ideal_bound``) must never exceed. It
+The yardstick the offline ideal bound (``bounds.ideal``) must never exceed. It
 replays an ``AccessTrace`` one request at a time, so there are no concurrent
 requests and active-request pins are ignored, matching the ideal's relaxation.
 
@@ -15,13 +15,11 @@ set therefore stays ancestor-closed and leading-run hits lose nothing to it.
 """
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from kmesh_lib.bounds.ideal import AccessTrace
+from kmesh_lib.bounds.access import AccessTrace
 
 
-def lru_hit_blocks(trace: "AccessTrace", num_blocks: int) -> list[int]:
+def lru_hit_blocks(trace: AccessTrace, num_blocks: int) -> list[int]:
     """Per-request reused blocks under exact-prefix matching and LRU eviction.
 
     Per request: hits are the longest run of leading read blocks that are
@@ -30,7 +28,7 @@ def lru_hit_blocks(trace: "AccessTrace", num_blocks: int) -> list[int]:
     then least-recently-used blocks are evicted down to ``num_blocks``.
 
     Args:
-        trace: an ``ideal_bound.AccessTrace``.
+        trace: from ``bounds.access.build_access_trace``.
         num_blocks: usable pool blocks (the caller subtracts vLLM's null block).
     Returns:
         ``num_hit_blocks[r]`` for each request r, each ``<= trace.num_read_blocks[r]``.

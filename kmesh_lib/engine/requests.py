@@ -102,7 +102,7 @@ def record_step(results: dict[str, RequestResult], outputs: list[StepOutput], st
 
 
 def run_group(engine, specs: list[RequestSpec], on_step=None) -> list[RequestResult]:
-    """Submits ``specs`` at their offsets and steps ``engine`` until all of them finished.
+    """Submits ``specs`` at their offsets and steps ``engine.vllm_engine.vllm_engine`` until all of them finished.
 
     Returns results in the order of ``specs``. ``on_step(step_index)`` runs after each step
     (captures snapshot there). Requests already in the engine keep running and are stepped

@@ -36,7 +36,7 @@ def _sampling_params(spec: RequestSpec):
 
 
 class VllmEngine(CacheObjects):
-    """Real vLLM. ``submit``/``step``/``has_unfinished`` feed ``requests.run_group``.
+    """Real vLLM. ``submit``/``step``/``has_unfinished`` feed ``engine.vllm_engine.requests.run_group``.
 
     Args:
         params: engine parameters; ``NUM_GPU_BLOCKS`` (null block included) overrides the pool.
@@ -148,7 +148,7 @@ class VllmEngine(CacheObjects):
 
 
 def make_engine(params: EngineParams, **llm_kwargs):
-    """The engine ``params.ENGINE`` names: real vLLM, or the replay engine (no forward pass)."""
+    """The engine ``base.params.ENGINE`` names: real vLLM, or the replay engine (no forward pass)."""
     if params.ENGINE == "replay":
 
         return ReplayEngine(params)

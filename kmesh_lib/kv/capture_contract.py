@@ -1,6 +1,6 @@
 """The capture contract: what an invocation capture written by kmesh's own experiments must hold.
 
-Public agent traces cannot qualify family retention (see ``trace_lineage``), so the project's
+Public agent traces cannot qualify family retention (see ``traces.lineage``), so the project's
 experiments write their own captures: one JSONL record per invocation, schema
 ``kmesh.capture/1`` (``CAPTURE_SCHEMA`` documents every field). The contract exists so that a
 retention comparison can trust, without re-deriving anything from text or timing:
@@ -271,7 +271,7 @@ _FINISH_REASON_STATUS = {"stop": "stop", "length": "length", "abort": "aborted",
 def record_from_result(result: Any, *, run_id: str, kind: str, engine: dict, clock_domain: str,
                        family_id: str | None = None, parent_id: str | None = None,
                        block_events: list[dict] | None = None, extra: dict | None = None) -> dict:
-    """Build a capture record from a ``requests.RequestResult`` (duck-typed: ``request_id``,
+    """Build a capture record from a ``engine.vllm_engine.requests.RequestResult`` (duck-typed: ``request_id``,
     token ids, ``t_submit_ns``, ``t_first_token_ns``, ``t_finish_ns``, ``finish_reason``,
     ``num_cached_tokens``). The record is not validated here; ``write_capture`` does that."""
     rec = {

@@ -1,4 +1,4 @@
-"""Field checkers of the capture contract (``capture_contract`` holds the schema and the API).
+"""Field checkers of the capture contract (``kv.capture_contract`` holds the schema and the API).
 
 Each checker takes the record (or one of its values) and ``bad(field, message)``, and reports
 every broken rule of its fields; none raises and none stops at the first problem.

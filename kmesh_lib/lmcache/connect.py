@@ -7,7 +7,7 @@
 Both are host staging: the bytes pass through DRAM on their way from the disk tier to the engine.
 A tier offers the same few operations to the protocol: ``llm_kwargs()`` for ``vllm.LLM``,
 ``set_retention(retain)``, ``drop_memory_copy()`` (the context back to disk-only), ``settle()``
-(no LMCache I/O in flight), ``meter`` (``disk_accounting``), ``close()``.
+(no LMCache I/O in flight), ``meter`` (``lmcache.disk_accounting``), ``close()``.
 
 Availability: the in-process connector needs a GPU connector for the device; LMCache 0.5.6's
 ``CreateGPUConnector`` has none for CPU (it raises, and vLLM runs in degraded recompute mode), so

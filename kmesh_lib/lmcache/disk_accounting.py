@@ -6,7 +6,7 @@ A meter takes ``snapshot()`` at phase boundaries; ``PhaseReads.between(a, b)`` i
              server in MP mode, this process in-process). With O_DIRECT every chunk read is a
              block-device read, so this is what the SSD served; page-cache hits would not show.
     hook     LMCache's own read function, wrapped: bytes it asked the file system for
-             (``lmcache_server_plugin`` in MP mode, ``LocalDiskBackend.read_file`` in-process).
+             (``lmcache.server_plugin`` in MP mode, ``LocalDiskBackend.read_file`` in-process).
     metrics  LMCache's counters (MP: ``/metrics`` on the HTTP port): chunks loaded from L2,
              lookup hits in L1 and L2 tokens, allocation and prefetch failures.
 

@@ -6,7 +6,7 @@
 
 The context is stored with ``--l2-store-policy skip_l1`` (L1 is dropped once the L2 write is done),
 so it starts on the disk tier only. Whether a chunk loaded back from L2 stays in L1 afterwards is
-the retention switch (``set_retention``), see ``lmcache_server_plugin``.
+the retention switch (``set_retention``), see ``lmcache.server_plugin``.
 
 Invariants:
     - every listener is on 127.0.0.1: the request port and the HTTP port (which also serves

@@ -1,9 +1,9 @@
 """Audit a directory tree of JSONL trace files without trusting a byte of it.
 
-``audit_tree(root)`` walks the tree (``trace_scan.walk_tree``: sorted, so audits are
+``audit_tree(root)`` walks the tree (``traces.scan.walk_tree``: sorted, so audits are
 reproducible), streams every ``*.jsonl``/``*.ndjson`` file in binary chunks and counts what it
 finds: records, blank lines, malformed lines by kind, exact duplicates, field coverage and
-timestamp units per source, lineage fields (``trace_lineage``), and the SHA-256 of every file
+timestamp units per source, lineage fields (``traces.lineage``), and the SHA-256 of every file
 and of the whole input set. Hostile input is counted or reported, never raised: lines over
 ``max_line_bytes`` are skipped unparsed and never held whole, invalid UTF-8 and JSON nested past
 the interpreter's recursion limit are malformed lines, and symlink loops, non-regular files (a
@@ -11,7 +11,7 @@ FIFO would block ``open``) and unreadable files are ``problems``.
 
 Duplicates are exact under canonical JSON (sorted keys, compact, UTF-8); only 32-byte digests
 are kept, never records. ``set_sha256`` is sha256 over the sorted ``"relpath\\0filehash\\n"``
-lines of the files read whole. The accounting invariants are listed in ``trace_report``.
+lines of the files read whole. The accounting invariants are listed in ``traces.report``.
 
 "Source" is the first directory below the root; files at the root belong to source ".".
 """

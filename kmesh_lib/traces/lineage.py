@@ -25,7 +25,7 @@ such as 1 or "0" would otherwise join unrelated frameworks). Grouping fields (se
 conversation_id, ...) are reported, but they only say two calls belong together, not which one
 extends which; ordering them would need timestamps again.
 
-The collector is fed one parsed record at a time by ``trace_audit.audit_tree``; it stores ids and
+The collector is fed one parsed record at a time by ``traces.audit.audit_tree``; it stores ids and
 parent references only, never prompts or outputs.
 """
 

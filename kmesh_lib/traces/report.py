@@ -1,6 +1,6 @@
 """What a trace audit found, and how it is shown: rows, totals, invariants, public form, frames.
 
-``trace_audit.audit_tree`` fills a ``TraceAudit``; this module only holds and presents it.
+``traces.audit.audit_tree`` fills a ``TraceAudit``; this module only holds and presents it.
 
 Accounting invariants (``TraceAudit.check_invariants`` verifies them):
 
@@ -170,7 +170,7 @@ class TraceAudit:
         hashes, problems and the lineage verdict. No prompts, answers or any record text.
 
         Names taken from the corpus (paths, field names) appear only as values, never as keys, so
-        ``publish``'s private-key screen cannot be tripped by a file or field called "answer".
+        ``app.publish``'s private-key screen cannot be tripped by a file or field called "answer".
         Per-file hashes are in ``files``; ``file_hashes`` is the same as a dict for
         ``results["inputs"]``.
         """

@@ -1,6 +1,6 @@
 """Reading hostile trace trees safely: the tree walk, bounded line streaming, strict parsing.
 
-Kept apart from ``trace_audit`` (which keeps the books) so each piece can be tested on its own.
+Kept apart from ``traces.audit`` (which keeps the books) so each piece can be tested on its own.
 Nothing here raises for what it finds in the tree, follows a directory or file twice, opens
 anything but a regular file, or holds more than one capped line of input at a time.
 """

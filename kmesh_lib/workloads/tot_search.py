@@ -104,7 +104,7 @@ class SearchRun:
         return self.limit_hit is not None
 
 
-# Counters of a run. Proposal lines are read up to the first blank line (``game24.proposal_block``);
+# Counters of a run. Proposal lines are read up to the first blank line (``workloads.game24.proposal_block``);
 # an *unparsed* line does not match the format, an *invalid* one matches but is wrong; an unparsed
 # proposal call is one in which no line matched. ``num_valued_candidates`` = value calls + avoided.
 COUNT_NAMES = ("num_calls", "num_proposal_calls", "num_value_calls", "num_avoided_value_calls",
@@ -129,7 +129,7 @@ def decode(tokenizer, token_ids) -> str:
 class TotSearch:
     """The search driver. ``generate(calls) -> list[RequestResult]`` runs one group of calls.
 
-    ``generate`` is the kmesh engine (``tot_engine.engine_generator``) in the section; unit tests
+    ``generate`` is the kmesh engine (``app.registry.tot_headroom.generator.engine_generator``) in the section; unit tests
     inject an oracle, and the consistency check replays a capture (returning None where the
     capture ends). ``on_group(invocations)`` runs once each group is parsed (captures write there).
     """

@@ -51,7 +51,7 @@ class Context:
 
 
 class RestoreBench:
-    """One engine, its LMCache tier (``lmcache_connect``), the off switch and the component probe."""
+    """One engine, its LMCache tier (``lmcache.connect``), the off switch and the component probe."""
 
     def __init__(self, engine, tier, new_tokens: int = 32, output_tokens: int = 1, followups: int = 1) -> None:
         self.engine, self.tier = engine, tier

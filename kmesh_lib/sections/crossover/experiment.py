@@ -2,7 +2,7 @@
 
 For every model shape in MODELS (one engine each, in its own child process) and every context
 length in CONTEXT_LENS, the shared context is computed once and stored on LMCache's disk tier;
-then each repeat runs the four standard arms of ``restore_arms`` (recompute, dram, disk, floor) in
+then each repeat runs the four standard arms of ``app.registry.crossover.arms`` (recompute, dram, disk, floor) in
 rotating order, one follow-up each (context + FOLLOWUP_NEW_TOKENS, OUTPUT_TOKENS out). One row per
 (model, context, arm, repeat) goes to ``raw/rows.jsonl`` as it is measured.
 
@@ -12,8 +12,8 @@ rotating order, one follow-up each (context + FOLLOWUP_NEW_TOKENS, OUTPUT_TOKENS
 
 Why a child per model: LMCache keeps a process-wide engine and config singleton (in-process path)
 and leaves non-daemon threads behind, so each model's engine lives and dies in its own process,
-which ends with ``os._exit``. The physical floors (``physical_floors``) are measured by the parent.
-Tables and plots: ``crossover_report``.
+which ends with ``os._exit``. The physical floors (``kv.floors``) are measured by the parent.
+Tables and plots: ``app.registry.crossover.report``.
 """
 from __future__ import annotations
 

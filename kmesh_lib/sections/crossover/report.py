@@ -1,11 +1,11 @@
-"""Section 21 tables and plots, from ``raw/rows.jsonl`` rows (``restore_arms.RestoreBench.run``).
+"""Section 21 tables and plots, from ``raw/rows.jsonl`` rows (``app.registry.crossover.arms.RestoreBench.run``).
 
     arm_table        median first token (and makespan) per (model, context, arm), measured ``ok`` rows
     crossover_table  per (model, restore path): recompute / restore per context, and the crossover:
                      the shortest measured context from which the restore is faster at every longer one
     floor_table      how far each restore is from its floor: restore - engine-resident (the cost of
                      bringing the context in) against bytes / floor bandwidth
-    component_table  median per-component split of each arm (``restore_probes``)
+    component_table  median per-component split of each arm (``lmcache.probes``)
 
 Invariant: only measured rows whose follow-ups hit exactly their expected cached tokens enter a table.
 """

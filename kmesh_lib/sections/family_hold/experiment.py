@@ -80,7 +80,7 @@ class ArmRun:
 
 
 def run_arm(engine, cfg: FamilyHoldParams, arm: str, sample: int) -> ArmRun:
-    """Runs one arm of one sample on ``engine``, then drains and resets its prefix cache."""
+    """Runs one arm of one sample on ``engine.vllm_engine.vllm_engine``, then drains and resets its prefix cache."""
     pool = engine.block_pool
     block_size, num_gpu_blocks = engine.params.BLOCK_SIZE, engine.params.NUM_GPU_BLOCKS
     run = ArmRun(engine.mode, arm, sample, block_size, num_gpu_blocks)

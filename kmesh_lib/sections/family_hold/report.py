@@ -1,4 +1,4 @@
-"""Section 18 tables, capture records and re-checks (``family_experiment`` runs the arms).
+"""Section 18 tables, capture records and re-checks (``app.registry.family_hold.experiment`` runs the arms).
 
 Everything here reads ``ArmRun``s or the raw files, never the engine. The exact parent-to-child
 edges come from the block capture: the parent's hashed blocks are the first

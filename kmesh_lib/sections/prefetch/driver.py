@@ -19,7 +19,7 @@ Invariants:
     - on the in-process path (``LMCacheConnectorV1``) there is no application prefetch API: the
       early path is the warm-up alone (disk -> LocalCPU -> GPU), labelled ``warmup_only``;
     - every stamp is ``time.monotonic_ns()`` taken right after the engine step that produced it,
-      as in ``requests.run_group``.
+      as in ``engine.vllm_engine.requests.run_group``.
 """
 from __future__ import annotations
 

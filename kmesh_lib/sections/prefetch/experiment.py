@@ -3,13 +3,13 @@
 A shared context sits on LMCache's disk tier; LMCache keeps its copy once loaded (retention on),
 so every arm reads the disk tier once per group. A group of follow-ups (context + own suffix,
 OUTPUT_TOKENS each) is due at T. ``on_arrival`` loads the context when they arrive; ``early``
-starts preparing it LEAD before T (``prefetch``). The pilot runs every lead in LEADS_MS and picks
+starts preparing it LEAD before T (``app.registry.prefetch.driver``). The pilot runs every lead in LEADS_MS and picks
 the shortest lead at which every pilot group was ready; the confirmation compares on_arrival with
 early at that lead (and at FIXED_LEAD_MS, section 16's start), beside two placement controls:
-the context already in LMCache's memory tier (``dram``) and already in vLLM (``engine``, the floor).
+the context already in LMCache's memory tier (``dram``) and already in vLLM (``engine.vllm_engine.vllm_engine``, the floor).
 
-Modules: ``prefetch`` (the driver, readiness), ``prefetch_protocol`` (engine runs, arms),
-``prefetch_stats`` (bootstrap, tables), ``prefetch_widgets`` (the interactive panel).
+Modules: ``app.registry.prefetch.driver`` (the driver, readiness), ``app.registry.prefetch.protocol`` (engine runs, arms),
+``app.registry.prefetch.stats`` (bootstrap, tables), ``app.registry.prefetch.widgets`` (the interactive panel).
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ Arms (LMCache keeps its copy in every arm: retention on, so a group reads the di
 
 Before every group (not timed): vLLM's prefix cache is reset, LMCache's memory copy dropped (the
 context back to disk-only), the tier settled. Arms of a pair share the suffixes and run back to
-back, in alternating order. The engine, tier and context store are ``retention_protocol.Block``'s.
+back, in alternating order. The engine, tier and context store are ``workloads.context_groups.Block``'s.
 """
 from __future__ import annotations
 
@@ -159,7 +159,7 @@ class PrefetchRun(Block):
 def run_engine(cfg, path: str, n: int, run_index: int, lead_ms: float | None, record=None,
                log=print) -> tuple[list[dict], dict]:
     """One fresh engine run. ``lead_ms`` None: the pilot runs first and picks the early arm's lead
-    (``prefetch_stats.choose_lead``); otherwise the confirmation uses ``lead_ms``."""
+    (``app.registry.prefetch.stats.choose_lead``); otherwise the confirmation uses ``lead_ms``."""
 
     run = PrefetchRun(cfg, path, n, run_index, log=log)
     t0 = time.monotonic()

@@ -117,7 +117,7 @@ def pilot_table(groups) -> list[dict]:
 
 
 def placement(groups, resamples: int = 10000, seed: int = 0) -> list[dict]:
-    """Every arm beside the floor (``engine``): means, and the paired gap to the floor with intervals."""
+    """Every arm beside the floor (``engine.vllm_engine.vllm_engine``): means, and the paired gap to the floor with intervals."""
     rows = []
     for path, n in cases(groups):
         gs = usable(_of(groups, path, n))

@@ -3,7 +3,7 @@
 In-process LMCache (``LMCacheConnectorV1``) keeps process-wide state a second engine in the same
 process would inherit: a config loaded once (``lmcache_get_or_create_config``), an engine registry
 (``LMCacheEngineBuilder``) and, in 0.5.3, non-daemon threads that keep the process alive. So each
-in-process block runs in its own child, which reads the run's ``params.resolved.yaml``, runs the
+in-process block runs in its own child, which reads the run's ``base.params.resolved.yaml``, runs the
 block exactly as the notebook would, and ends with ``os._exit``.
 
     python -m kmesh_lib.sections.retention.child RUN_DIR PATH N

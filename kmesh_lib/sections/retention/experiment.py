@@ -4,10 +4,10 @@ A shared context sits on LMCache's disk tier. A one-token warm-up, started HEAD_
 group of follow-ups (A..N: the context plus an own suffix, OUTPUT_TOKENS each), loads it into vLLM.
 Two arms differ only in whether LMCache keeps its in-memory copy outside vLLM after that load
 (``retain``) or discards it (``discard``), so that the follow-ups' lookups reread the disk tier.
-``recompute`` and ``floor`` (``retention_arms``) bracket them on a plain engine.
+``recompute`` and ``floor`` (``workloads.context_arms``) bracket them on a plain engine.
 
-Modules: ``retention_protocol`` (groups, blocks), ``retention_report`` (tables, read invariants),
-``lmcache_connect`` / ``lmcache_server`` (the tiers), ``disk_accounting`` (bytes per phase).
+Modules: ``workloads.context_groups`` (groups, blocks), ``app.registry.retention.report`` (tables, read invariants),
+``lmcache.connect`` / ``lmcache.server`` (the tiers), ``lmcache.disk_accounting`` (bytes per phase).
 """
 from __future__ import annotations
 
@@ -59,9 +59,9 @@ def measure(cfg: RetentionParams, record=None, log=print, isolate=("inproc",)) -
     """Runs every block: each external path per group size, then the control arms per group size.
 
     Returns (groups, block summaries); both also go to ``raw/`` as they finish. Blocks of the paths
-    in ``isolate`` run in a child process (``retention_child``; needs ``record``): in-process LMCache
+    in ``isolate`` run in a child process (``app.registry.retention.child``; needs ``record``): in-process LMCache
     keeps process-wide state. A path the installed LMCache does not support on this device is
-    skipped with a note (``retention_report.unavailable_rows``), as is an external tier in GPU memory.
+    skipped with a note (``app.registry.retention.report.unavailable_rows``), as is an external tier in GPU memory.
     """
 
     groups, blocks = [], []

@@ -165,7 +165,7 @@ def _common(name: str, arm: str, gs: list[dict]) -> list[tuple]:
 
 
 def lookup_kind(g: dict) -> str:
-    """``prefetch`` (MP: a lookup loads what the arena lacks) or ``on_demand`` (in-process)."""
+    """``app.registry.prefetch.driver`` (MP: a lookup loads what the arena lacks) or ``on_demand`` (in-process)."""
     return g.get("lookup") or ("prefetch" if g["path"] == "mp" else "on_demand")
 
 

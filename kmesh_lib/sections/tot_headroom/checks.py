@@ -1,6 +1,6 @@
 """Section 19's CPU consistency checks: everything recomputed from the run's raw capture.
 
-``consistency_checks(run_dir)`` (the section's ``verify`` hook) trusts nothing the notebook
+``consistency_checks(run_dir)`` (the section's ``app.verify`` hook) trusts nothing the notebook
 printed. From ``raw/tot_capture.jsonl`` it
 
 * validates the capture against ``kmesh.capture/1``;

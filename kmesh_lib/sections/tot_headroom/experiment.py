@@ -1,12 +1,12 @@
 """Section 19: does model-driven branching leave room for better retention?
 
-A Tree-of-Thoughts Game of 24 search (``tot_search``) runs on the kmesh engine with a capture on
+A Tree-of-Thoughts Game of 24 search (``workloads.tot_search``) runs on the kmesh engine with a capture on
 its block pool. Stock vLLM's observed prefill (sum over invocations of prompt tokens minus
-``num_cached_tokens``) is compared with the offline ideal bound (``ideal_bound``: Belady MIN on
+``num_cached_tokens``) is compared with the offline ideal bound (``bounds.ideal``: Belady MIN on
 block hashes) and the LRU model at the same pool size, then swept over pool sizes.
 
 Only a complete run qualifies for the comparison: a run that hits a limit (calls, the run
-ceiling or the per-invocation bound) is marked partial. The consistency checks (``verify``)
+ceiling or the per-invocation bound) is marked partial. The consistency checks (``app.verify``)
 recompute the bound, regrade every answer and replay the whole search from the raw capture.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The kmesh engine as the Tree-of-Thoughts search's generator (section 19).
 
-``engine_generator(engine, cfg)`` runs each group of ``tot_search.Call`` s in one ``run_group``
+``engine_generator(engine, cfg)`` runs each group of ``workloads.tot_search.Call`` s in one ``run_group``
 (requests of a BFS step share their prompt prefix), with three additions:
 
 * ``BoundedEngine``: a request older than ``invocation_bound_s`` is aborted in the engine
@@ -20,7 +20,7 @@ from kmesh_lib.workloads.tot_search import Call, Invocation, SearchConfig
 
 
 class BoundedEngine:
-    """Forwards the request API to ``engine``; a request older than ``bound_s`` is aborted and
+    """Forwards the request API to ``engine.vllm_engine.vllm_engine``; a request older than ``bound_s`` is aborted and
     reported finished with ``finish_reason="timeout"``, so ``run_group`` returns normally."""
 
     def __init__(self, engine, bound_s: float) -> None:

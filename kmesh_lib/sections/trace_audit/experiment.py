@@ -1,12 +1,12 @@
 """Section 17: can agent traces qualify family retention?
 
-CPU only, no model. The notebook audits a JSONL trace corpus (``trace_audit.audit_tree``), shows
+CPU only, no model. The notebook audits a JSONL trace corpus (``traces.audit.audit_tree``), shows
 what its records carry next to what a trace-driven retention comparison needs
-(``trace_lineage``), contrasts it with a small capture written under the project's own contract
-(``capture_contract``), and records a derived public audit plus the SHA-256 of every input file.
+(``traces.lineage``), contrasts it with a small capture written under the project's own contract
+(``kv.capture_contract``), and records a derived public audit plus the SHA-256 of every input file.
 
 This module holds the section's parameters, ``plan`` (no file is read), the tables the notebook
-draws, and ``verify``, which re-derives from the run directory what it can: input hashes, the set
+draws, and ``app.verify``, which re-derives from the run directory what it can: input hashes, the set
 hash, the audit's accounting and the verdict.
 """
 from __future__ import annotations

@@ -1,0 +1,108 @@
+"""Block accesses of a request sequence: what each request reads from and writes to an exact-prefix KV cache.
+
+The shared input of the offline ideal bound (``bounds.ideal``) and the LRU reference (``bounds.lru``).
+
+Block accounting for one request (P prompt tokens, O output tokens, block size B):
+
+    tokens: |<--------------- prompt (P) -------------->|<---- output (O) ---->|
+    blocks: [ b0 ] ... [ b(R-1) ][ final prompt fragment ]  R = (P-1)//B reads
+            [ b0 ] ... [ b(R-1) ][ bR ] ... [ b(W-1) ]      W = (P+O-1)//B writes
+
+* Block i is named by the chained hash of tokens[0:(i+1)*B], as in vLLM: a hash
+  implies its whole prefix, and only full blocks are cacheable.
+* Reads: vLLM reuses at most R blocks; the last prompt token is recomputed for
+  next-token scores, so the final fragment (P - R*B tokens, 1..B) is compulsory.
+* Writes, after the reads: every full block the request holds KV for, prompt or
+  generated; the last sampled token never gets KV, hence P+O-1.
+* Invariant: W >= R, so every block a request reads is written again by that same
+  request, after all of its reads and before any later request's accesses.
+"""
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# Chain seed for block 0; an int because str hashes are salted per process.
+_ROOT_BLOCK_HASH = 0x6B6D657368
+
+
+def request_field(request: Any, name: str) -> Any:
+    """Read ``name`` from a dict-like record or an object with attributes, else None."""
+    if isinstance(request, Mapping):
+        return request.get(name)
+    return getattr(request, name, None)
+
+
+def request_token_ids(request: Any, name: str) -> list[int]:
+    """``request_field`` as a list of token ids; a missing field is empty."""
+    return list(request_field(request, name) or [])
+
+
+def block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
+    """Chained hashes of the full blocks of ``token_ids`` (a partial tail is dropped).
+
+    ``block_hash[i] = hash((block_hash[i-1], tuple(token_ids[i*B:(i+1)*B])))``,
+    so equal hashes mean equal whole prefixes (up to 64-bit collisions).
+    """
+    hashes: list[int] = []
+    parent_hash = _ROOT_BLOCK_HASH
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent_hash = hash((parent_hash, tuple(token_ids[start:start + block_size])))
+        hashes.append(parent_hash)
+    return hashes
+
+
+@dataclass
+class AccessTrace:
+    """Block accesses of a request sequence, flattened in trace order.
+
+    Request r owns positions ``[access_start[r], access_start[r+1])``: first its
+    ``num_read_blocks[r]`` reads (blocks 0..R-1), then its writes (blocks 0..W-1).
+    """
+    block_size: int
+    block_hash: list[int] = field(default_factory=list)
+    is_read: list[bool] = field(default_factory=list)
+    request_index: list[int] = field(default_factory=list)
+    num_prompt_tokens: list[int] = field(default_factory=list)
+    num_read_blocks: list[int] = field(default_factory=list)
+    access_start: list[int] = field(default_factory=lambda: [0])
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.num_prompt_tokens)
+
+    @property
+    def num_accesses(self) -> int:
+        return len(self.block_hash)
+
+    @property
+    def num_reads(self) -> int:
+        return sum(self.num_read_blocks)
+
+
+def build_access_trace(requests: Iterable[Any], block_size: int) -> AccessTrace:
+    """Flatten requests (``prompt_token_ids``, ``output_token_ids``) into block accesses.
+
+    Args:
+        requests: records in captured order; dicts or objects.
+        block_size: tokens per KV block (B).
+    Returns:
+        The trace; per request R = (P-1)//B reads, then W = (P+O-1)//B writes.
+    """
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    trace = AccessTrace(block_size=block_size)
+    for request_index, request in enumerate(requests):
+        prompt = request_token_ids(request, "prompt_token_ids")
+        output = request_token_ids(request, "output_token_ids")
+        num_read_blocks = max(len(prompt) - 1, 0) // block_size
+        num_written_tokens = max(len(prompt) + len(output) - 1, 0)
+        written = block_hashes((prompt + output)[:num_written_tokens], block_size)
+        accesses = written[:num_read_blocks] + written
+        trace.block_hash.extend(accesses)
+        trace.is_read.extend([True] * num_read_blocks + [False] * len(written))
+        trace.request_index.extend([request_index] * len(accesses))
+        trace.num_prompt_tokens.append(len(prompt))
+        trace.num_read_blocks.append(num_read_blocks)
+        trace.access_start.append(len(trace.block_hash))
+    return trace
