@@ -8,20 +8,20 @@ from kmesh_lib.kv import floors as pf
 from kmesh_lib.sections.crossover import report as cr
 from kmesh_lib.sections.crossover.experiment import CrossoverParams, arm_order, grid_size, model_params
 
-SMALL = dict(MODELS=["tiny"], CONTEXT_LENS=[256, 512], NUM_GPU_BLOCKS=65, MAX_MODEL_LEN=1024, ARENA_MIB=64)
+SMALL = dict(MODELS=["tiny"], CONTEXT_TOKENS_GRID=[256, 512], NUM_GPU_BLOCKS=65, MAX_MODEL_LEN=1024, ARENA_MIB=64)
 
 
 @pytest.mark.parametrize("bad, needle", [
-    (dict(CONTEXT_LENS=[300]), "CHUNK_SIZE"),
-    (dict(CONTEXT_LENS=[32768]), "positions"),
+    (dict(CONTEXT_TOKENS_GRID=[300]), "CHUNK_SIZE"),
+    (dict(CONTEXT_TOKENS_GRID=[32768]), "positions"),
     (dict(MODELS=["nope"]), "MODELS"),
     (dict(ARMS=["dram", "disk"]), "recompute"),
     (dict(ARMS=["recompute", "gpu"]), "ARMS"),
     (dict(NUM_REPEATS=0), "NUM_REPEATS"),
     (dict(CHUNK_SIZE=48), "CHUNK_SIZE"),
     (dict(PATH="inproc"), "in-process"),
-    (dict(MODELS=["qwen2.5-7b"], CONTEXT_LENS=[1024]), "qwen2.5-7b"),
-    (dict(MODELS=["kvheavy"], CONTEXT_LENS=[2048], ARENA_MIB=64), "ARENA_MIB"),
+    (dict(MODELS=["qwen2.5-7b"], CONTEXT_TOKENS_GRID=[1024]), "qwen2.5-7b"),
+    (dict(MODELS=["kvheavy"], CONTEXT_TOKENS_GRID=[2048], ARENA_MIB=64), "ARENA_MIB"),
     (dict(CONTEX_LENS=[256]), "unknown parameter"),
 ])
 def test_bad_params(bad, needle):
@@ -30,9 +30,9 @@ def test_bad_params(bad, needle):
 
 
 def test_model_params_fit_longest_context():
-    cfg = build(CrossoverParams, {**SMALL, "CONTEXT_LENS": [256, 1024]})
+    cfg = build(CrossoverParams, {**SMALL, "CONTEXT_TOKENS_GRID": [256, 1024]})
     m = model_params(cfg, "kvheavy")
-    assert m.MAX_MODEL_LEN >= 1024 + cfg.FOLLOWUP_NEW_TOKENS + 1 and m.MAX_MODEL_LEN % m.BLOCK_SIZE == 0
+    assert m.MAX_MODEL_LEN >= 1024 + cfg.SUFFIX_TOKENS + 1 and m.MAX_MODEL_LEN % m.BLOCK_SIZE == 0
     assert (m.NUM_GPU_BLOCKS - 1) * m.BLOCK_SIZE >= 2 * m.MAX_MODEL_LEN
     assert grid_size(cfg) == 1 * 2 * 4 * (cfg.WARMUP_REPEATS + cfg.NUM_REPEATS)
     assert arm_order(["a", "b", "c"], 1) == ["b", "c", "a"]
@@ -102,7 +102,7 @@ def test_tiny_grid_runs(tmp_path):
     from kmesh_lib.base.params import to_dict
     from kmesh_lib.base.records import read_jsonl
 
-    cfg = build(CrossoverParams, {**SMALL, "CONTEXT_LENS": [256], "NUM_REPEATS": 1, "WARMUP_REPEATS": 0, "ARENA_MIB": 32})
+    cfg = build(CrossoverParams, {**SMALL, "CONTEXT_TOKENS_GRID": [256], "NUM_REPEATS": 1, "WARMUP_REPEATS": 0, "ARENA_MIB": 32})
     (tmp_path / "raw").mkdir()
     (tmp_path / "raw" / "crossover_params.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
     proc = subprocess.run([sys.executable, "-m", "kmesh_lib.sections.crossover.experiment", str(tmp_path), "tiny"],

@@ -12,7 +12,7 @@ from kmesh_lib.sections.family_hold import report as fr
 # A pool of 8 usable 16-token blocks. Parent 64 + 4 tokens: 5 blocks, 4 hashed. Each unrelated
 # prompt 49 + 4 tokens: 4 blocks, 3 hashed (48 reusable tokens). Child 64 + 4 + 16 = 84 tokens.
 SMALL = dict(ENGINE="replay", MODEL="tiny", BLOCK_SIZE=16, NUM_GPU_BLOCKS=9, MAX_MODEL_LEN=128,
-             PARENT_LEN=64, NOISE_LEN=49, NUM_NOISE=2, NUM_PASSES=2, CHILD_TAIL_LEN=16, MAX_TOKENS=4,
+             PARENT_TOKENS=64, NOISE_TOKENS=49, NUM_NOISE=2, NUM_PASSES=2, CHILD_SUFFIX_TOKENS=16, MAX_TOKENS=4,
              NUM_SAMPLES=2, REPLAY_BLOCK_SIZE=16, REPLAY_NUM_GPU_BLOCKS=9, SWEEP_NUM_GPU_BLOCKS=[9, 13])
 
 
@@ -21,7 +21,7 @@ SMALL = dict(ENGINE="replay", MODEL="tiny", BLOCK_SIZE=16, NUM_GPU_BLOCKS=9, MAX
     (dict(REPLAY_NUM_GPU_BLOCKS=5), r"REPLAY_NUM_GPU_BLOCKS=5 .* is smaller than the parent: .* needs 5 blocks"),
     (dict(SWEEP_NUM_GPU_BLOCKS=[9, 3]), r"SWEEP_NUM_GPU_BLOCKS=3 .* smaller than the parent"),
     (dict(NUM_GPU_BLOCKS=6, MAX_MODEL_LEN=80), r"NUM_GPU_BLOCKS=6 .* cannot hold the child"),
-    (dict(CHILD_TAIL_LEN=0), r"the child must extend the parent"),
+    (dict(CHILD_SUFFIX_TOKENS=0), r"the child must extend the parent"),
     (dict(MAX_HELD_BLOCKS=0), r"MAX_HELD_BLOCKS=0: a cap of zero holds nothing"),
     (dict(MAX_FAMILIES=0), r"MAX_FAMILIES=0: a cap of zero admits no family"),
     (dict(MAX_HELD_BLOCKS=6), r"MAX_HELD_BLOCKS=6: .* leaves fewer than the 4 blocks a noise request needs"),
@@ -121,7 +121,7 @@ def test_real_engine_counts_equal_the_replay_engine(small_runs):
     from kmesh_lib.engine.vllm_engine import make_engine
 
     cfg = build(fx.FamilyHoldParams, {**SMALL, "ENGINE": "real", "BLOCK_SIZE": 32, "MAX_MODEL_LEN": 256,
-                                      "PARENT_LEN": 128, "NOISE_LEN": 97, "CHILD_TAIL_LEN": 32, "NUM_SAMPLES": 1,
+                                      "PARENT_TOKENS": 128, "NOISE_TOKENS": 97, "CHILD_SUFFIX_TOKENS": 32, "NUM_SAMPLES": 1,
                                       "REPLAY_NUM_GPU_BLOCKS": 12, "SWEEP_NUM_GPU_BLOCKS": []})
     engine = make_engine(cfg)
     real = fx.run_mode(engine, cfg)

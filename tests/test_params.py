@@ -16,9 +16,9 @@ def test_layering_order_is_common_section_engine_profile():
 
 def test_later_layer_wins(tmp_path):
     extra = tmp_path / "extra.yaml"
-    extra.write_text("PREFIX_LEN: 128\n")
-    cfg, _, _ = resolve_params(sections.get("00"), "smoke", [str(extra)], ["SUFFIX_LEN=3"])
-    assert (cfg.PREFIX_LEN, cfg.SUFFIX_LEN, cfg.MODEL, cfg.PROFILE) == (128, 3, "tiny", "smoke")
+    extra.write_text("CONTEXT_TOKENS: 128\n")
+    cfg, _, _ = resolve_params(sections.get("00"), "smoke", [str(extra)], ["SUFFIX_TOKENS=3"])
+    assert (cfg.CONTEXT_TOKENS, cfg.SUFFIX_TOKENS, cfg.MODEL, cfg.PROFILE) == (128, 3, "tiny", "smoke")
 
 
 @pytest.mark.parametrize("values, message", [
@@ -42,7 +42,7 @@ def test_replay_engine_accepts_gpu_block_size_on_cpu():
 
 
 def test_notebook_namespace_rejects_an_injected_typo():
-    namespace = {"BLOCK_SIZE": 32, "PREFIX_LEN": 96, "SUFIX_LEN": 8, "pd": object(), "_": None}
+    namespace = {"BLOCK_SIZE": 32, "CONTEXT_TOKENS": 96, "SUFIX_LEN": 8, "pd": object(), "_": None}
     with pytest.raises(params.ParamError, match="unknown parameter 'SUFIX_LEN'"):
         params.from_namespace(EngineCheckParams, namespace)
 

@@ -67,3 +67,22 @@ def all_of(name: str, items: Iterable[Any], predicate: Callable[[Any], bool], de
 
 def summarize(checks: list[Check]) -> dict[str, int]:
     return {status: sum(c.status == status for c in checks) for status in STATUSES}
+
+
+def show(checks: list[Check], counts: dict[str, object] | None = None) -> None:
+    """Prints one deterministic line per check (status and name) and per count.
+
+    The notebooks' checks cells call this and nbval compares the lines with the smoke goldens, so
+    only statuses and deterministic counts are printed; details (timings) go to the report table.
+    """
+    for c in checks:
+        print(f"{c.status:<7} {c.name}")
+    for name, value in (counts or {}).items():
+        print(f"count   {name} = {value}")
+
+
+def raise_on_failure(checks: list[Check]) -> None:
+    """Stops a notebook at its checks cell when a check failed (the run is recorded first)."""
+    failed = [c for c in checks if c.status == "failed"]
+    if failed:
+        raise AssertionError(f"{len(failed)} check(s) failed: " + "; ".join(f"{c.name}: {c.detail}" for c in failed[:5]))

@@ -148,6 +148,19 @@ def to_dict(config: Any) -> dict[str, Any]:
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
 
 
+# Parameter names before the one-vocabulary change (vLLM's ``max_tokens``; ``*_TOKENS`` for every
+# token count). Run folders recorded before it are read through this table.
+RENAMED = {"OUTPUT_TOKENS": "MAX_TOKENS", "PREFIX_LEN": "CONTEXT_TOKENS", "SUFFIX_LEN": "SUFFIX_TOKENS",
+           "CONTEXT_LENS": "CONTEXT_TOKENS_GRID", "FOLLOWUP_NEW_TOKENS": "SUFFIX_TOKENS",
+           "FOLLOWUPS": "NUM_FOLLOWUPS", "PARENT_LEN": "PARENT_TOKENS", "NOISE_LEN": "NOISE_TOKENS",
+           "CHILD_TAIL_LEN": "CHILD_SUFFIX_TOKENS"}
+
+
+def current_names(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with every pre-rename key under its current name."""
+    return {RENAMED.get(k, k): v for k, v in values.items()}
+
+
 def check(condition: bool, message: str) -> None:
     """``__post_init__`` helper: raises ParamError(message) unless ``condition``."""
     if not condition:

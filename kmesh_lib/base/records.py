@@ -26,7 +26,8 @@ from typing import Any
 
 import yaml
 
-from kmesh_lib.base.params import to_dict
+from kmesh_lib.base.checks import STATUSES, Check
+from kmesh_lib.base.params import current_names, to_dict
 from kmesh_lib.base.paths import OUTPUTS, REPO_ROOT
 
 PACKAGES = ("vllm", "lmcache", "torch", "transformers", "papermill", "nbval", "pandas", "numpy")
@@ -151,7 +152,7 @@ class RunFiles:
             raise RunFileError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
         if not isinstance(data, dict):
             raise RunFileError(f"{path}: expected a mapping, got {type(data).__name__}")
-        return data
+        return current_names(data)
 
     @property
     def env(self) -> dict:
@@ -206,7 +207,12 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 class RunRecord:
-    """One run directory. ``RunRecord.open`` creates it and writes params and environment."""
+    """One run directory. ``RunRecord.open`` creates it and writes params and environment.
+
+    Invariant: ``results["status"]`` is ``running`` from ``open`` until ``finish``, the run's last
+    statement, sets ``passed`` or ``failed`` from the checks. A run that crashed, was killed or is
+    still going therefore never reads as finished.
+    """
 
     def __init__(self, run_dir: Path, section: str) -> None:
         self.run_dir = Path(run_dir)
@@ -229,8 +235,14 @@ class RunRecord:
         record.results.setdefault("section", section)
         record.results.setdefault("run_id", record.run_dir.name)
         record.results.setdefault("started_utc", datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        record.results["status"] = "running"
+        record.results.pop("finished_utc", None)
         record.flush()
         return record
+
+    def files(self) -> RunFiles:
+        """The run as recorded so far, for ``checks``: the same reader ``kmesh verify`` uses."""
+        return RunFiles(self.run_dir)
 
     def flush(self) -> None:
         write_json_atomic(self.results_path, self.results)
@@ -244,9 +256,16 @@ class RunRecord:
         return value
 
     def save_check(self, name: str, ok: bool, detail: str = "") -> bool:
-        self.results.setdefault("checks", {})[name] = {"ok": bool(ok), "detail": detail}
+        self.results.setdefault("checks", {})[name] = {"ok": bool(ok), "status": "ok" if ok else "failed",
+                                                       "detail": detail}
         self.flush()
         return bool(ok)
+
+    def save_checks(self, checks: list[Check]) -> list[Check]:
+        """Records the section's checks (as computed from the files) under ``results["checks"]``."""
+        self.results["checks"] = {c.name: c.as_record() for c in checks}
+        self.flush()
+        return checks
 
     def append_jsonl(self, name: str, records: list[dict] | dict) -> Path:
         """Appends records to ``raw/<name>`` and fsyncs, so a crash keeps every finished group."""
@@ -260,7 +279,18 @@ class RunRecord:
             os.fsync(f.fileno())
         return path
 
-    def finish(self) -> None:
+    def finish(self, checks: list[Check] | None = None) -> None:
+        """The run's last statement: ``passed`` when no check failed, ``failed`` otherwise.
+
+        ``checks`` default to the recorded ones; a run with no checks at all is ``failed``.
+        """
+        if checks is not None:
+            self.save_checks(checks)
+        recorded = self.results.get("checks", {})
+        counts = {s: sum(c.get("status", "ok" if c.get("ok") else "failed") == s for c in recorded.values())
+                  for s in STATUSES}
+        self.results["check_counts"] = counts
+        self.results["status"] = "passed" if recorded and not counts["failed"] else "failed"
         self.results["finished_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self.flush()
 

@@ -4,7 +4,7 @@ One group (external arms)::
 
     reset vLLM's prefix cache; LMCache back to disk-only; retention switch set      (not timed)
     snapshot ─ warm-up = context + 1 token, max_tokens=1 ─ snapshot ─ wait out the head start
-    follow-ups A..N submitted together (context + own suffix, OUTPUT_TOKENS each) ─ drain ─ snapshot
+    follow-ups A..N submitted together (context + own suffix, MAX_TOKENS each) ─ drain ─ snapshot
               ^ both stopwatches start here: A's first token, and every request's last token
 
 The preparation phase is the warm-up; the follow-up phase starts at the follow-ups' submission.
@@ -70,7 +70,7 @@ class Workload:
         rng.randrange(4, self.vocab_size)  # the warm-up's token
         return [RequestSpec(f"{tag}-{name}", self.context + [rng.randrange(4, self.vocab_size)
                                                              for _ in range(self.cfg.SUFFIX_TOKENS)],
-                            max_tokens=self.cfg.OUTPUT_TOKENS) for name in letters(n)]
+                            max_tokens=self.cfg.MAX_TOKENS) for name in letters(n)]
 
 
 def make_tier(cfg, path: str, runtime: RuntimeDir):
@@ -236,11 +236,11 @@ class Block:
             "context_tokens": cfg.CONTEXT_TOKENS, "context_bytes": self.context_bytes, "chunk_bytes": self.chunk_bytes,
             "chunk_tokens": cfg.CHUNK_SIZE,
             "prep_s": round(prep_s, 4), "warmup_cached_tokens": warm_cached,
-            "ttft_a_s": a.first_token_s(), "makespan_s": group_makespan_s(results, cfg.OUTPUT_TOKENS),
+            "ttft_a_s": a.first_token_s(), "makespan_s": group_makespan_s(results, cfg.MAX_TOKENS),
             "first_token_s": [r.first_token_s() for r in results],
-            "last_token_s": [(r.nth_token_ns(cfg.OUTPUT_TOKENS) - a.t_submit_ns) / 1e9 for r in results],
+            "last_token_s": [(r.nth_token_ns(cfg.MAX_TOKENS) - a.t_submit_ns) / 1e9 for r in results],
             "num_cached_tokens": [r.num_cached_tokens for r in results],
-            "num_output_tokens": [len(r.output_token_ids) for r in results], "output_tokens": cfg.OUTPUT_TOKENS,
+            "num_output_tokens": [len(r.output_token_ids) for r in results], "output_tokens": cfg.MAX_TOKENS,
             "prep_reads": prep.to_dict(), "followup_reads": follow.to_dict(),
             "memory_tier_bytes_before": s0.memory_tier_bytes, "memory_tier_bytes_at_followups": s1.memory_tier_bytes,
             "memory_tier_bytes_after": s2.memory_tier_bytes,
@@ -274,7 +274,7 @@ def kv_bytes_per_token(cfg) -> int:
 def blocks_for_group(cfg, n: int) -> int:
     """Blocks a group holds at once when it shares the context: context blocks + each request's tail."""
     ctx_blocks = cfg.CONTEXT_TOKENS // cfg.BLOCK_SIZE
-    tail = cfg.CONTEXT_TOKENS % cfg.BLOCK_SIZE + cfg.SUFFIX_TOKENS + cfg.OUTPUT_TOKENS
+    tail = cfg.CONTEXT_TOKENS % cfg.BLOCK_SIZE + cfg.SUFFIX_TOKENS + cfg.MAX_TOKENS
     return ctx_blocks + n * -(-tail // cfg.BLOCK_SIZE)
 
 

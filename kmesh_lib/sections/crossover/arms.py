@@ -10,7 +10,7 @@
 
 All four run on one engine with an LMCache connector (``RestoreBench``): the control arms turn
 LMCache off with ``ExternalSwitch`` rather than starting a second engine. The follow-up is the
-context plus FOLLOWUP_NEW_TOKENS own tokens, OUTPUT_TOKENS out; both stopwatches start at its
+context plus SUFFIX_TOKENS own tokens, MAX_TOKENS out; both stopwatches start at its
 submission: first token (``ttft_s``) and the group's last token (``makespan_s``).
 
 Invariants:

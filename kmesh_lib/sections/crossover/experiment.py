@@ -1,9 +1,9 @@
 """Section 21: when does restoring KV beat recomputing it?
 
 For every model shape in MODELS (one engine each, in its own child process) and every context
-length in CONTEXT_LENS, the shared context is computed once and stored on LMCache's disk tier;
+length in CONTEXT_TOKENS_GRID, the shared context is computed once and stored on LMCache's disk tier;
 then each repeat runs the four standard arms of ``app.registry.crossover.arms`` (recompute, dram, disk, floor) in
-rotating order, one follow-up each (context + FOLLOWUP_NEW_TOKENS, OUTPUT_TOKENS out). One row per
+rotating order, one follow-up each (context + SUFFIX_TOKENS, MAX_TOKENS out). One row per
 (model, context, arm, repeat) goes to ``raw/rows.jsonl`` as it is measured.
 
     path    where LMCache runs                       default on
@@ -42,7 +42,7 @@ def plan(cfg: CrossoverParams) -> dict:
     start_s = 45 if cfg.DEVICE == "cuda" else 40
     per_row = 0.25 if cfg.DEVICE == "cuda" else 1.0
     kv = {m: f"{resolve(m).kv_bytes_per_token(cfg.DTYPE) // 1024} KiB/token" for m in cfg.MODELS}
-    return {"path": cfg.path, "models": cfg.MODELS, "kv per token": kv, "context lengths": cfg.CONTEXT_LENS,
+    return {"path": cfg.path, "models": cfg.MODELS, "kv per token": kv, "context lengths": cfg.CONTEXT_TOKENS_GRID,
             "arms": cfg.ARMS, "repeats": f"{cfg.WARMUP_REPEATS} warm-up + {cfg.NUM_REPEATS} measured",
             "rows": rows, "engine starts": len(cfg.MODELS),
             "estimate": f"~{(len(cfg.MODELS) * start_s + rows * per_row) / 60:.0f} min"}
@@ -66,14 +66,14 @@ def run_model(cfg: CrossoverParams, model: str, run_dir: Path) -> int:
             else MPTier(cfg.ARENA_MIB, cfg.CHUNK_SIZE, runtime))
     engine = None
     try:
-        summary["disk_tier"] = check_disk_tier(tier.disk_dir, cfg.CHUNK_SIZE * kvt, sum(cfg.CONTEXT_LENS) * kvt + 64 * MIB)
+        summary["disk_tier"] = check_disk_tier(tier.disk_dir, cfg.CHUNK_SIZE * kvt, sum(cfg.CONTEXT_TOKENS_GRID) * kvt + 64 * MIB)
         tier.start()
         engine = make_engine(mcfg, **tier.llm_kwargs(cfg.DEVICE))
         summary["engine_start_s"] = engine.start_s
-        bench = RestoreBench(engine, tier, cfg.FOLLOWUP_NEW_TOKENS, cfg.OUTPUT_TOKENS, cfg.FOLLOWUPS)
+        bench = RestoreBench(engine, tier, cfg.SUFFIX_TOKENS, cfg.MAX_TOKENS, cfg.NUM_FOLLOWUPS)
         summary["switch"] = bench.switch.describe()
         summary["connector"] = type(bench.switch.connector).__module__ + "." + type(bench.switch.connector).__name__
-        for n in cfg.CONTEXT_LENS:
+        for n in cfg.CONTEXT_TOKENS_GRID:
             ctx = Context.random(f"{model}-{n}", n, bench.vocab, cfg.SEED)
             store = bench.store(ctx)
             store.update(model=model, context_tokens=n, context_bytes=n * kvt)

@@ -18,13 +18,13 @@ MIB = 1 << 20
 @dataclass(frozen=True)
 class CrossoverParams(EngineParams):
     MODELS: list[str] = field(default_factory=lambda: ["tiny", "kvheavy"])
-    CONTEXT_LENS: list[int] = field(default_factory=lambda: [256, 1024, 2048])
+    CONTEXT_TOKENS_GRID: list[int] = field(default_factory=lambda: [256, 1024, 2048])
     ARMS: list[str] = field(default_factory=lambda: list(ARM_NAMES))
     NUM_REPEATS: int = 6
     WARMUP_REPEATS: int = 1
-    FOLLOWUP_NEW_TOKENS: int = 32
-    OUTPUT_TOKENS: int = 1
-    FOLLOWUPS: int = 1
+    SUFFIX_TOKENS: int = 32
+    MAX_TOKENS: int = 1
+    NUM_FOLLOWUPS: int = 1
     PATH: Literal["auto", "mp", "inproc"] = "auto"
     CHUNK_SIZE: int = 256
     ARENA_MIB: int = 512
@@ -43,31 +43,32 @@ class CrossoverParams(EngineParams):
                   f"MODELS: {m!r} is not a shape ({', '.join(SHAPES)}) nor a directory with config.json")
             check(not (m == "qwen2.5-7b" and self.WEIGHTS == "random" and self.DEVICE == "cpu"),
                   "MODELS: qwen2.5-7b with WEIGHTS=random would write a 15 GB checkpoint; use WEIGHTS: dummy")
-        check(bool(self.CONTEXT_LENS), "CONTEXT_LENS: name at least one context length")
+        check(bool(self.CONTEXT_TOKENS_GRID), "CONTEXT_TOKENS_GRID: name at least one context length")
         check(self.CHUNK_SIZE > 0 and self.CHUNK_SIZE % self.BLOCK_SIZE == 0,
               f"CHUNK_SIZE={self.CHUNK_SIZE}: must be a positive multiple of BLOCK_SIZE={self.BLOCK_SIZE}")
-        for n in self.CONTEXT_LENS:
+        for n in self.CONTEXT_TOKENS_GRID:
             check(n > 0 and n % self.CHUNK_SIZE == 0,
-                  f"CONTEXT_LENS: {n} is not a positive multiple of CHUNK_SIZE={self.CHUNK_SIZE} (a restore covers whole chunks)")
+                  f"CONTEXT_TOKENS_GRID: {n} is not a positive multiple of CHUNK_SIZE={self.CHUNK_SIZE} "
+                  "(a restore covers whole chunks)")
             for m in self.MODELS:
                 limit = resolve(m).config.get("max_position_embeddings", 1 << 30)
-                check(n + self.FOLLOWUP_NEW_TOKENS + 1 <= limit,
-                      f"CONTEXT_LENS: {n} + FOLLOWUP_NEW_TOKENS={self.FOLLOWUP_NEW_TOKENS} + 1 exceeds {m}'s "
+                check(n + self.SUFFIX_TOKENS + 1 <= limit,
+                      f"CONTEXT_TOKENS_GRID: {n} + SUFFIX_TOKENS={self.SUFFIX_TOKENS} + 1 exceeds {m}'s "
                       f"{limit} positions; the longest context it takes is "
-                      f"{(limit - self.FOLLOWUP_NEW_TOKENS - 1) // self.CHUNK_SIZE * self.CHUNK_SIZE}")
+                      f"{(limit - self.SUFFIX_TOKENS - 1) // self.CHUNK_SIZE * self.CHUNK_SIZE}")
         unknown = sorted(set(self.ARMS) - set(ARM_NAMES))
         check(not unknown and "recompute" in self.ARMS,
               f"ARMS={self.ARMS}: choose from {', '.join(ARM_NAMES)}; recompute (the control) is required")
         check(self.NUM_REPEATS >= 1, f"NUM_REPEATS={self.NUM_REPEATS}: must be >= 1")
         check(self.WARMUP_REPEATS >= 0, f"WARMUP_REPEATS={self.WARMUP_REPEATS}: must be >= 0")
-        check(self.FOLLOWUP_NEW_TOKENS >= 1, f"FOLLOWUP_NEW_TOKENS={self.FOLLOWUP_NEW_TOKENS}: must be >= 1")
-        check(self.OUTPUT_TOKENS >= 1, f"OUTPUT_TOKENS={self.OUTPUT_TOKENS}: must be >= 1")
-        check(self.FOLLOWUPS >= 1, f"FOLLOWUPS={self.FOLLOWUPS}: must be >= 1")
+        check(self.SUFFIX_TOKENS >= 1, f"SUFFIX_TOKENS={self.SUFFIX_TOKENS}: must be >= 1")
+        check(self.MAX_TOKENS >= 1, f"MAX_TOKENS={self.MAX_TOKENS}: must be >= 1")
+        check(self.NUM_FOLLOWUPS >= 1, f"NUM_FOLLOWUPS={self.NUM_FOLLOWUPS}: must be >= 1")
         check(self.ARENA_MIB > 0 and self.DISK_TIER_MIB > 0, "ARENA_MIB and DISK_TIER_MIB must be > 0")
         check(self.PATH != "inproc" or self.DEVICE == "cuda",
               "PATH=inproc: LMCache's in-process connector has no CPU GPU-connector; use mp (or auto) on cpu")
         for m in self.MODELS:
-            need = max(self.CONTEXT_LENS) * resolve(m).kv_bytes_per_token(self.DTYPE) / MIB
+            need = max(self.CONTEXT_TOKENS_GRID) * resolve(m).kv_bytes_per_token(self.DTYPE) / MIB
             check(need * 1.25 <= self.ARENA_MIB,
                   f"ARENA_MIB={self.ARENA_MIB}: {m}'s longest context is {need:.0f} MiB of KV; the arena needs 25 % headroom")
 
@@ -79,12 +80,12 @@ class CrossoverParams(EngineParams):
 def model_params(cfg: CrossoverParams, model: str) -> CrossoverParams:
     """The engine for ``model``: a pool and model length that fit the longest context's follow-ups."""
     b = cfg.BLOCK_SIZE
-    max_len = math.ceil((max(cfg.CONTEXT_LENS) + cfg.FOLLOWUP_NEW_TOKENS + 1) / b) * b + b
-    blocks = (max_len // b) * (cfg.FOLLOWUPS + 1) + 9
+    max_len = math.ceil((max(cfg.CONTEXT_TOKENS_GRID) + cfg.SUFFIX_TOKENS + 1) / b) * b + b
+    blocks = (max_len // b) * (cfg.NUM_FOLLOWUPS + 1) + 9
     return dataclasses.replace(cfg, MODEL=model, MAX_MODEL_LEN=max_len, NUM_GPU_BLOCKS=blocks,
                                MAX_NUM_BATCHED_TOKENS=max(cfg.MAX_NUM_BATCHED_TOKENS, max_len),
-                               MAX_NUM_SEQS=max(cfg.MAX_NUM_SEQS, cfg.FOLLOWUPS + 1))
+                               MAX_NUM_SEQS=max(cfg.MAX_NUM_SEQS, cfg.NUM_FOLLOWUPS + 1))
 
 
 def grid_size(cfg: CrossoverParams) -> int:
-    return len(cfg.MODELS) * len(cfg.CONTEXT_LENS) * len(cfg.ARMS) * (cfg.WARMUP_REPEATS + cfg.NUM_REPEATS)
+    return len(cfg.MODELS) * len(cfg.CONTEXT_TOKENS_GRID) * len(cfg.ARMS) * (cfg.WARMUP_REPEATS + cfg.NUM_REPEATS)

@@ -1,6 +1,6 @@
 """Section 00: does the engine share a prefix, and does the block pool drain afterwards?
 
-Two requests share ``PREFIX_LEN`` tokens. The second must hit the prefix cache for every full
+Two requests share ``CONTEXT_TOKENS`` tokens. The second must hit the prefix cache for every full
 block of the shared prefix it may reuse (vLLM recomputes the last prompt token, so the hit is
 capped at ``floor((P - 1) / B) * B`` for a P-token prompt), on the real engine and on the replay
 engine, and after both finish the pool must be whole again (the drain check).
@@ -28,8 +28,8 @@ def expected_prefix_hit(prompt_len: int, shared_len: int, block_size: int) -> in
 
 def shared_prefix_pair(cfg: EngineCheckParams, vocab_size: int) -> list[RequestSpec]:
     rng = random.Random(cfg.SEED)
-    prefix = random_tokens(rng, cfg.PREFIX_LEN, vocab_size)
-    return [RequestSpec(name, prefix + random_tokens(rng, cfg.SUFFIX_LEN, vocab_size), max_tokens=cfg.MAX_TOKENS)
+    prefix = random_tokens(rng, cfg.CONTEXT_TOKENS, vocab_size)
+    return [RequestSpec(name, prefix + random_tokens(rng, cfg.SUFFIX_TOKENS, vocab_size), max_tokens=cfg.MAX_TOKENS)
             for name in ("first", "second")]
 
 
@@ -63,7 +63,7 @@ def run_pair(engine, cfg: EngineCheckParams, block_size: int) -> EngineCheckRun:
     report = drain_check(engine.block_pool)
     capture.close()
     run = EngineCheckRun(engine.mode, block_size, results, capture, report.ok, str(report), engine.start_s)
-    run.shared_len = cfg.PREFIX_LEN
+    run.shared_len = cfg.CONTEXT_TOKENS
     return run
 
 
@@ -71,16 +71,16 @@ def plan(cfg: EngineCheckParams) -> dict:
     """What ``kmesh plan 00`` prints: no engine is started."""
 
     spec = resolve(cfg.MODEL)
-    prompt = cfg.PREFIX_LEN + cfg.SUFFIX_LEN
+    prompt = cfg.CONTEXT_TOKENS + cfg.SUFFIX_TOKENS
     # start-up figures measured by benchmarks/bench_engine.py (README): tiny ~20 s, 0.5B ~60 s on 2 CPU cores
     start_s = 25 if cfg.MODEL == "tiny" else 90
     return {
         "arms": f"real vLLM on {cfg.DEVICE} ({spec.name}, {cfg.WEIGHTS} weights, {cfg.DTYPE}); replay engine (no forward pass)",
         "real engine": f"BLOCK_SIZE={cfg.BLOCK_SIZE}, NUM_GPU_BLOCKS={cfg.NUM_GPU_BLOCKS} (null block included)",
         "replay engine": f"BLOCK_SIZE={cfg.REPLAY_BLOCK_SIZE}, NUM_GPU_BLOCKS={cfg.REPLAY_NUM_GPU_BLOCKS}",
-        "requests": f"2 sequential, {prompt} prompt tokens each ({cfg.PREFIX_LEN} shared), {cfg.MAX_TOKENS} output tokens",
-        "expected cache hit of the second": f"{expected_prefix_hit(prompt, cfg.PREFIX_LEN, cfg.BLOCK_SIZE)} tokens (real), "
-                                            f"{expected_prefix_hit(prompt, cfg.PREFIX_LEN, cfg.REPLAY_BLOCK_SIZE)} (replay)",
+        "requests": f"2 sequential, {prompt} prompt tokens each ({cfg.CONTEXT_TOKENS} shared), {cfg.MAX_TOKENS} output tokens",
+        "expected cache hit of the second": f"{expected_prefix_hit(prompt, cfg.CONTEXT_TOKENS, cfg.BLOCK_SIZE)} tokens (real), "
+                                            f"{expected_prefix_hit(prompt, cfg.CONTEXT_TOKENS, cfg.REPLAY_BLOCK_SIZE)} (replay)",
         "expected duration": f"about {start_s + 40} s on 2 CPU cores" if cfg.DEVICE == "cpu" else "about 60 s on one GPU",
     }
 

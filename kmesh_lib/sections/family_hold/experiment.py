@@ -2,10 +2,10 @@
 
 One sample, on one synchronous engine, each request submitted after the previous one finished:
 
-    parent   PARENT_LEN random tokens -> MAX_TOKENS greedy output tokens
-    noise    NUM_PASSES passes over NUM_NOISE unrelated NOISE_LEN-token prompts (later passes can
+    parent   PARENT_TOKENS random tokens -> MAX_TOKENS greedy output tokens
+    noise    NUM_PASSES passes over NUM_NOISE unrelated NOISE_TOKENS-token prompts (later passes can
              hit the first pass's blocks: these are the competing cache hits)
-    child    parent input + parent output + CHILD_TAIL_LEN new tokens
+    child    parent input + parent output + CHILD_SUFFIX_TOKENS new tokens
 
 The stock arm is vLLM as is. The held arm attaches a ``FamilyHoldController`` that holds the
 parent's hashed blocks from its finish until the child is scheduled. Arms alternate per sample
@@ -43,8 +43,8 @@ def make_workload(cfg: FamilyHoldParams, sample: int, vocab_size: int) -> Sample
     def tokens(n: int) -> list[int]:
         return [rng.randrange(4, vocab_size) for _ in range(n)]  # ids 0-3 are special
 
-    return SampleWorkload(tokens(cfg.PARENT_LEN), [tokens(cfg.NOISE_LEN) for _ in range(cfg.NUM_NOISE)],
-                          tokens(cfg.CHILD_TAIL_LEN))
+    return SampleWorkload(tokens(cfg.PARENT_TOKENS), [tokens(cfg.NOISE_TOKENS) for _ in range(cfg.NUM_NOISE)],
+                          tokens(cfg.CHILD_SUFFIX_TOKENS))
 
 
 @dataclass
@@ -159,12 +159,12 @@ def plan(cfg: FamilyHoldParams) -> dict:
     for label, b, n in (("real engine", cfg.BLOCK_SIZE, cfg.NUM_GPU_BLOCKS),
                         ("replay engine", cfg.REPLAY_BLOCK_SIZE, cfg.REPLAY_NUM_GPU_BLOCKS)):
         lines[label] = (f"BLOCK_SIZE={b}, NUM_GPU_BLOCKS={n} ({n - 1} usable); parent holds "
-                        f"{hashed_blocks(cfg.PARENT_LEN, cfg.MAX_TOKENS, b)} blocks "
-                        f"({hashed_blocks(cfg.PARENT_LEN, cfg.MAX_TOKENS, b) / (n - 1):.0%} of the pool), cap "
-                        f"{held_cap(cfg, b, n)}; each noise request occupies {kv_blocks(cfg.NOISE_LEN, cfg.MAX_TOKENS, b)}")
+                        f"{hashed_blocks(cfg.PARENT_TOKENS, cfg.MAX_TOKENS, b)} blocks "
+                        f"({hashed_blocks(cfg.PARENT_TOKENS, cfg.MAX_TOKENS, b) / (n - 1):.0%} of the pool), cap "
+                        f"{held_cap(cfg, b, n)}; each noise request occupies {kv_blocks(cfg.NOISE_TOKENS, cfg.MAX_TOKENS, b)}")
     per_arm = 1 + cfg.NUM_NOISE * cfg.NUM_PASSES + 1
-    lines["requests"] = (f"{per_arm} per arm-sample, sequential: parent {cfg.PARENT_LEN}, {cfg.NUM_PASSES} x "
-                         f"{cfg.NUM_NOISE} noise of {cfg.NOISE_LEN}, child {cfg.child_len} tokens; {cfg.MAX_TOKENS} "
+    lines["requests"] = (f"{per_arm} per arm-sample, sequential: parent {cfg.PARENT_TOKENS}, {cfg.NUM_PASSES} x "
+                         f"{cfg.NUM_NOISE} noise of {cfg.NOISE_TOKENS}, child {cfg.child_len} tokens; {cfg.MAX_TOKENS} "
                          f"greedy output tokens each")
     lines["arms"] = f"stock, held alternating; {cfg.NUM_SAMPLES} samples each on one {cfg.DEVICE} engine ({cfg.MODEL})"
     lines["sweep"] = f"replay pools {cfg.SWEEP_NUM_GPU_BLOCKS} at BLOCK_SIZE={cfg.REPLAY_BLOCK_SIZE}"

@@ -11,11 +11,11 @@ ARMS = ("stock", "held")
 
 @dataclass(frozen=True)
 class FamilyHoldParams(EngineParams):
-    PARENT_LEN: int = 512  # parent prompt tokens
-    NOISE_LEN: int = 497  # tokens of each unrelated (competing) prompt
+    PARENT_TOKENS: int = 512  # parent prompt tokens
+    NOISE_TOKENS: int = 497  # tokens of each unrelated (competing) prompt
     NUM_NOISE: int = 4  # unrelated prompts per pass
     NUM_PASSES: int = 2  # passes over the unrelated prompts between parent and child
-    CHILD_TAIL_LEN: int = 64  # new tokens the child adds after the parent's input + output
+    CHILD_SUFFIX_TOKENS: int = 64  # new tokens the child adds after the parent's input + output
     MAX_TOKENS: int = 8  # greedy output tokens per request
     NUM_SAMPLES: int = 3  # samples per arm (fresh prompts each; the same in both arms)
     MAX_HELD_BLOCKS: int | None = None  # cap on unique held blocks; None = usable minus one noise request
@@ -30,10 +30,10 @@ class FamilyHoldParams(EngineParams):
         if self.BLOCK_SIZE > 0:  # a pool smaller than the parent is the clearer message: check it first
             check_pool(self, self.BLOCK_SIZE, self.NUM_GPU_BLOCKS, "NUM_GPU_BLOCKS")
         super().__post_init__()
-        for name in ("PARENT_LEN", "NOISE_LEN", "NUM_NOISE", "NUM_PASSES", "MAX_TOKENS", "NUM_SAMPLES"):
+        for name in ("PARENT_TOKENS", "NOISE_TOKENS", "NUM_NOISE", "NUM_PASSES", "MAX_TOKENS", "NUM_SAMPLES"):
             check(getattr(self, name) >= 1, f"{name}={getattr(self, name)}: must be >= 1")
-        check(self.CHILD_TAIL_LEN >= 1, f"CHILD_TAIL_LEN={self.CHILD_TAIL_LEN}: the child must extend the parent "
-              "(its input + output + at least one new token), so CHILD_TAIL_LEN must be >= 1")
+        check(self.CHILD_SUFFIX_TOKENS >= 1, f"CHILD_SUFFIX_TOKENS={self.CHILD_SUFFIX_TOKENS}: the child must extend the parent "
+              "(its input + output + at least one new token), so CHILD_SUFFIX_TOKENS must be >= 1")
         check(self.MAX_HELD_BLOCKS is None or self.MAX_HELD_BLOCKS >= 1,
               f"MAX_HELD_BLOCKS={self.MAX_HELD_BLOCKS}: a cap of zero holds nothing; use >= 1 (or null for the default)")
         check(self.MAX_FAMILIES >= 1, f"MAX_FAMILIES={self.MAX_FAMILIES}: a cap of zero admits no family; use >= 1")
@@ -49,7 +49,7 @@ class FamilyHoldParams(EngineParams):
 
     @property
     def child_len(self) -> int:
-        return self.PARENT_LEN + self.MAX_TOKENS + self.CHILD_TAIL_LEN
+        return self.PARENT_TOKENS + self.MAX_TOKENS + self.CHILD_SUFFIX_TOKENS
 
 
 def kv_blocks(prompt_len: int, max_tokens: int, block_size: int) -> int:
@@ -64,20 +64,20 @@ def hashed_blocks(prompt_len: int, max_tokens: int, block_size: int) -> int:
 
 def held_cap(cfg: FamilyHoldParams, block_size: int, num_gpu_blocks: int) -> int:
     """The cap on held blocks: MAX_HELD_BLOCKS, never more than a noise request leaves free."""
-    room = num_gpu_blocks - 1 - kv_blocks(cfg.NOISE_LEN, cfg.MAX_TOKENS, block_size)
+    room = num_gpu_blocks - 1 - kv_blocks(cfg.NOISE_TOKENS, cfg.MAX_TOKENS, block_size)
     return room if cfg.MAX_HELD_BLOCKS is None else min(cfg.MAX_HELD_BLOCKS, room)
 
 
 def check_pool(cfg: FamilyHoldParams, block_size: int, num_gpu_blocks: int, name: str, sweep: bool = False) -> None:
     usable = num_gpu_blocks - 1
     where = f"{name}={num_gpu_blocks} ({usable} usable blocks of {block_size} tokens)"
-    parent = kv_blocks(cfg.PARENT_LEN, cfg.MAX_TOKENS, block_size)
-    check(parent <= usable, f"{where} is smaller than the parent: PARENT_LEN={cfg.PARENT_LEN} + MAX_TOKENS="
+    parent = kv_blocks(cfg.PARENT_TOKENS, cfg.MAX_TOKENS, block_size)
+    check(parent <= usable, f"{where} is smaller than the parent: PARENT_TOKENS={cfg.PARENT_TOKENS} + MAX_TOKENS="
           f"{cfg.MAX_TOKENS} needs {parent} blocks")
     child = kv_blocks(cfg.child_len, cfg.MAX_TOKENS, block_size)
     check(child <= usable, f"{where} cannot hold the child: {cfg.child_len} prompt tokens need {child} blocks")
-    noise = kv_blocks(cfg.NOISE_LEN, cfg.MAX_TOKENS, block_size)
-    check(noise < usable, f"{where} leaves no block to hold beside one {cfg.NOISE_LEN}-token request ({noise} blocks)")
+    noise = kv_blocks(cfg.NOISE_TOKENS, cfg.MAX_TOKENS, block_size)
+    check(noise < usable, f"{where} leaves no block to hold beside one {cfg.NOISE_TOKENS}-token request ({noise} blocks)")
     if cfg.MAX_HELD_BLOCKS is not None and not sweep:
         check(cfg.MAX_HELD_BLOCKS <= usable - noise,
               f"MAX_HELD_BLOCKS={cfg.MAX_HELD_BLOCKS}: in {where} a hold that large leaves fewer than the {noise} "

@@ -2,7 +2,7 @@
 
 A shared context sits on LMCache's disk tier; LMCache keeps its copy once loaded (retention on),
 so every arm reads the disk tier once per group. A group of follow-ups (context + own suffix,
-OUTPUT_TOKENS each) is due at T. ``on_arrival`` loads the context when they arrive; ``early``
+MAX_TOKENS each) is due at T. ``on_arrival`` loads the context when they arrive; ``early``
 starts preparing it LEAD before T (``app.registry.prefetch.driver``). The pilot runs every lead in LEADS_MS and picks
 the shortest lead at which every pilot group was ready; the confirmation compares on_arrival with
 early at that lead (and at FIXED_LEAD_MS, section 16's start), beside two placement controls:

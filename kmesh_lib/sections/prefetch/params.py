@@ -18,7 +18,7 @@ class PrefetchParams(EngineParams):
     GROUP_SIZES: list[int] = field(default_factory=lambda: [4, 8])  # follow-ups per group
     CONTEXT_TOKENS: int = 4096  # the shared context (a multiple of CHUNK_SIZE)
     SUFFIX_TOKENS: int = 32  # each follow-up's own tokens
-    OUTPUT_TOKENS: int = 8  # tokens each follow-up generates
+    MAX_TOKENS: int = 8  # tokens each follow-up generates
     LEADS_MS: list[float] = field(default_factory=lambda: [0.0, 25.0, 100.0, 250.0])  # pilot lead times
     FIXED_LEAD_MS: float = 250.0  # section 16's fixed start: the savings are also given from it
     PILOT_GROUPS: int = 10  # pilot groups per lead, path and group size
@@ -55,10 +55,10 @@ class PrefetchParams(EngineParams):
               f"CHUNK_SIZE={self.CHUNK_SIZE}: must be a multiple of BLOCK_SIZE={self.BLOCK_SIZE}")
         check(self.CONTEXT_TOKENS >= self.CHUNK_SIZE and self.CONTEXT_TOKENS % self.CHUNK_SIZE == 0,
               f"CONTEXT_TOKENS={self.CONTEXT_TOKENS}: must be a positive multiple of CHUNK_SIZE={self.CHUNK_SIZE}")
-        check(self.SUFFIX_TOKENS >= 1 and self.OUTPUT_TOKENS >= 1, "SUFFIX_TOKENS and OUTPUT_TOKENS must be >= 1")
-        check(self.SUFFIX_TOKENS + self.OUTPUT_TOKENS < self.CHUNK_SIZE,
-              f"SUFFIX_TOKENS + OUTPUT_TOKENS must stay below CHUNK_SIZE={self.CHUNK_SIZE} (no follow-up stores a chunk)")
-        longest = self.CONTEXT_TOKENS + self.SUFFIX_TOKENS + self.OUTPUT_TOKENS
+        check(self.SUFFIX_TOKENS >= 1 and self.MAX_TOKENS >= 1, "SUFFIX_TOKENS and MAX_TOKENS must be >= 1")
+        check(self.SUFFIX_TOKENS + self.MAX_TOKENS < self.CHUNK_SIZE,
+              f"SUFFIX_TOKENS + MAX_TOKENS must stay below CHUNK_SIZE={self.CHUNK_SIZE} (no follow-up stores a chunk)")
+        longest = self.CONTEXT_TOKENS + self.SUFFIX_TOKENS + self.MAX_TOKENS
         check(longest <= self.MAX_MODEL_LEN, f"context + suffix + output = {longest} exceeds MAX_MODEL_LEN={self.MAX_MODEL_LEN}")
 
         need = blocks_for_group(self, max(self.GROUP_SIZES) + 1)  # + the warm-up

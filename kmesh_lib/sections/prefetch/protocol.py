@@ -144,7 +144,7 @@ class PrefetchRun(Block):
                 "submit_s": (timing.prefetch.submit_ns - rel) / 1e9 if timing.prefetch.submit_ns else None,
                 "done_s": (timing.prefetch.done_ns - rel) / 1e9 if timing.prefetch.done_ns else None},
             **placed,
-            "wait_a_s": timing.wait_a_s(), "makespan_s": timing.makespan_s(cfg.OUTPUT_TOKENS),
+            "wait_a_s": timing.wait_a_s(), "makespan_s": timing.makespan_s(cfg.MAX_TOKENS),
             "submit_delay_s": timing.submit_delay_s(),
             "first_token_s": [(r.t_first_token_ns - rel) / 1e9 for r in timing.results],
             "num_cached_tokens": [r.num_cached_tokens for r in timing.results],

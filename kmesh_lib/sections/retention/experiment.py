@@ -1,7 +1,7 @@
 """Section 16: does keeping LMCache's copy stop repeat SSD reads?
 
 A shared context sits on LMCache's disk tier. A one-token warm-up, started HEAD_START_S before a
-group of follow-ups (A..N: the context plus an own suffix, OUTPUT_TOKENS each), loads it into vLLM.
+group of follow-ups (A..N: the context plus an own suffix, MAX_TOKENS each), loads it into vLLM.
 Two arms differ only in whether LMCache keeps its in-memory copy outside vLLM after that load
 (``retain``) or discards it (``discard``), so that the follow-ups' lookups reread the disk tier.
 ``recompute`` and ``floor`` (``workloads.context_arms``) bracket them on a plain engine.

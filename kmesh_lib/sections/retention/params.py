@@ -19,7 +19,7 @@ class RetentionParams(EngineParams):
     GROUP_SIZES: list[int] = field(default_factory=lambda: [4, 8])  # follow-ups per group
     CONTEXT_TOKENS: int = 4096  # the shared context (a multiple of CHUNK_SIZE)
     SUFFIX_TOKENS: int = 32  # each follow-up's own tokens after the context
-    OUTPUT_TOKENS: int = 8  # tokens each follow-up generates (the makespan waits for the last)
+    MAX_TOKENS: int = 8  # tokens each follow-up generates (the makespan waits for the last)
     HEAD_START_S: float = 0.25  # the warm-up's lead over the follow-ups; it must finish within it
     WARMUP_GROUPS: int = 3  # unmeasured pairs first
     MEASURED_GROUPS: int = 5  # measured pairs (one group per arm each, alternating order)
@@ -43,12 +43,12 @@ class RetentionParams(EngineParams):
         check(self.CONTEXT_TOKENS >= self.CHUNK_SIZE and self.CONTEXT_TOKENS % self.CHUNK_SIZE == 0,
               f"CONTEXT_TOKENS={self.CONTEXT_TOKENS}: must be a positive multiple of CHUNK_SIZE={self.CHUNK_SIZE} "
               "(LMCache stores whole chunks only)")
-        check(self.SUFFIX_TOKENS >= 1 and self.OUTPUT_TOKENS >= 1, "SUFFIX_TOKENS and OUTPUT_TOKENS must be >= 1")
-        check(self.SUFFIX_TOKENS + self.OUTPUT_TOKENS < self.CHUNK_SIZE,
-              f"SUFFIX_TOKENS + OUTPUT_TOKENS = {self.SUFFIX_TOKENS + self.OUTPUT_TOKENS}: must stay below "
+        check(self.SUFFIX_TOKENS >= 1 and self.MAX_TOKENS >= 1, "SUFFIX_TOKENS and MAX_TOKENS must be >= 1")
+        check(self.SUFFIX_TOKENS + self.MAX_TOKENS < self.CHUNK_SIZE,
+              f"SUFFIX_TOKENS + MAX_TOKENS = {self.SUFFIX_TOKENS + self.MAX_TOKENS}: must stay below "
               f"CHUNK_SIZE={self.CHUNK_SIZE}, so no follow-up completes (and stores) a chunk of its own")
-        longest = self.CONTEXT_TOKENS + self.SUFFIX_TOKENS + self.OUTPUT_TOKENS
-        check(longest <= self.MAX_MODEL_LEN, f"CONTEXT_TOKENS + SUFFIX_TOKENS + OUTPUT_TOKENS = {longest} "
+        longest = self.CONTEXT_TOKENS + self.SUFFIX_TOKENS + self.MAX_TOKENS
+        check(longest <= self.MAX_MODEL_LEN, f"CONTEXT_TOKENS + SUFFIX_TOKENS + MAX_TOKENS = {longest} "
                                              f"exceeds MAX_MODEL_LEN={self.MAX_MODEL_LEN}")
         check(self.HEAD_START_S > 0, f"HEAD_START_S={self.HEAD_START_S}: must be > 0")
         check(self.WARMUP_GROUPS >= 0 and self.CONTROL_WARMUP_GROUPS >= 0 and self.MAX_RETRY_PAIRS >= 0,
