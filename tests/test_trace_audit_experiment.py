@@ -68,7 +68,7 @@ def test_missing_or_file_root_is_a_param_error(tmp_path: Path):
     not_dir.write_text("{}\n")
     with pytest.raises(params.ParamError, match="is not a directory"):
         params.build(ta.TraceAuditParams, {"TRACE_ROOT": str(not_dir)})
-    with pytest.raises(params.ParamError, match="MAX_LINE_MB=0.0: must be > 0"):
+    with pytest.raises(params.ParamError, match="MAX_LINE_MB=0: must be > 0"):
         params.build(ta.TraceAuditParams, {"TRACE_ROOT": str(tmp_path), "MAX_LINE_MB": 0})
 
 
