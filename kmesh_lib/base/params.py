@@ -142,13 +142,17 @@ def parse_yaml(text: str, where: str) -> Any:
         if e.problem and "constructor for the tag" in e.problem:  # !!python/object/apply:os.system and friends
             tag = e.problem.split("'")[1].replace("tag:yaml.org,2002:", "!!")
             raise ParamError(f"{where}: the tag {tag} is not allowed; params are plain YAML values") from None
-        raise ParamError(f"{where}: {e.problem} at line {e.problem_mark.line + 1}") from None
+        raise ParamError(f"{where}: {_line(e.problem)} at line {e.problem_mark.line + 1}") from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ParamError(f"{where}: YAML syntax error{at}: {e.problem or e.context}") from None
+        raise ParamError(f"{where}: YAML syntax error{at}: {_line(e.problem or e.context)}") from None
     except yaml.YAMLError as e:
-        raise ParamError(f"{where}: not YAML ({' '.join(str(e).split())})") from None
+        raise ParamError(f"{where}: not YAML ({_line(e)})") from None
+
+
+def _line(text: Any) -> str:
+    return " ".join(str(text).split())
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
