@@ -84,9 +84,11 @@ def test_relative_root_resolves_against_the_repo_not_the_cwd(tmp_path: Path, mon
     assert cfg.max_line_bytes == 1 << 19
 
 
-def test_params_layer_without_engine_files():
+def test_params_layer_without_engine_files(tmp_path):
     section = sections.get("17")
-    files = params.param_files(section.KEY, "smoke", section.USES_ENGINE)
+    for name in ("common.yaml", "trace_audit.yaml", "engine.smoke.yaml", "trace_audit.smoke.yaml"):
+        (tmp_path / name).write_text("SEED: 1\n")
+    files = params.param_files(section.KEY, "smoke", section.USES_ENGINE, tmp_path)
     assert [f.name for f in files] == ["common.yaml", "trace_audit.yaml", "trace_audit.smoke.yaml"]
 
 
