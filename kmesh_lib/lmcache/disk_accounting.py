@@ -42,6 +42,7 @@ METRIC_NAMES = {
     "l1_allocation_failures": "lmcache_mp_l1_allocation_failure_chunks_total",
     "l2_usage_bytes": "lmcache_mp_l2_usage_bytes",
 }
+VERSION_DEPENDENT_METRICS = ("lookup_hit_l1_tokens", "lookup_hit_l2_tokens")  # 0.5.6 only
 # l2_prefetch_failure by reason: l1_oom (no arena space), l1_contended (another request's copy became
 # resident first; the lookup falls back to that L1 copy), not_found (the disk tier lost the chunk)
 PREFETCH_FAILURE = "lmcache_mp_l2_prefetch_failure_chunks_total"
@@ -212,7 +213,10 @@ class ServerMeter:
         io = read_proc_io(self.server.pid)
         self.log.poll()
         prom = parse_prometheus(self.server.metrics_text())
-        metrics = {k: prom.get(name, 0.0) for k, name in METRIC_NAMES.items()}
+        # a counter shows only after its first increment: absent = 0, except where this LMCache may
+        # not define it at all (0.5.3 has no per-tier lookup hits): absent there = not counted (None)
+        metrics = {k: prom.get(name, 0.0) for k, name in METRIC_NAMES.items()
+                   if k not in VERSION_DEPENDENT_METRICS or name in prom}
         metrics.update({f"failure_{r}": prom.get(f"{PREFETCH_FAILURE}{{{r}}}", 0.0) for r in FAILURE_REASONS})
         used, _ = self.server.l1_usage()
         t = self.log.totals
