@@ -286,6 +286,16 @@ class InprocTier:
     def set_retention(self, retain: bool) -> None:
         self.engine().set_hot_cache(retain)
 
+    def set_singleflight(self, on: bool) -> None:
+        """In-process LMCache has no server to hold a lookup back: only ``off`` exists here."""
+        if on:
+            raise TierError("singleflight is a hook in the lmcache server (MP path); the in-process connector has none")
+
+    def describe(self) -> dict:
+        return {"server_mode": None, "retention_mechanism": "LocalCPUBackend hot cache (set_hot_cache), in-process",
+                "singleflight": False, "transfer_mode": None,
+                "byte_counts": sorted(k for k, v in self.meter.available.items() if v)}
+
     def memory_bytes(self) -> int:
         cpu = self._backend("LocalCPUBackend") if self._engine_ready() else None
         if cpu is None:
