@@ -37,6 +37,7 @@ def test_lmcache_053_together_one_load_and_contended_lookups():
               load(1, 16.1), lookup("g-C", 3, 12.6), start(3, 13.2), load(2, 20.0, n=0), done(2, 24.3),
               load(3, 21.0, n=0), done(3, 26.6), done(1, 54.4)]
     assert mechanisms(events) == ["first_load", "contended_in_flight", "contended_in_flight"]
+    assert summarize(classify(assemble(events)))["contended_keys"] == 8  # = LMCache's l1_contended chunks
 
 
 def test_lmcache_056_together_every_lookup_loads_its_own_copy():

@@ -158,6 +158,8 @@ class MPTier:
 
     def __init__(self, arena_mib: int, chunk_size: int, runtime: RuntimeDir | None = None, device: str = "cpu",
                  server_mode: str = "launcher", stock_retain: bool = False, singleflight: bool = False) -> None:
+        if singleflight and server_mode != "launcher":
+            raise TierError("singleflight needs server_mode='launcher' (the hook lives in the server process)")
         self.runtime = runtime or RuntimeDir.create("retention-mp")
         self.device = device
         self.server = LMCacheServer(ServerConfig(arena_mib=arena_mib, chunk_size=chunk_size, mode=server_mode,
@@ -165,8 +167,6 @@ class MPTier:
                                     self.runtime)
         self.singleflight = singleflight
         self.meter: ServerMeter | None = None
-        if singleflight and server_mode != "launcher":
-            raise TierError("singleflight needs server_mode='launcher' (the hook lives in the server process)")
 
     @property
     def disk_dir(self) -> Path:

@@ -171,12 +171,16 @@ def label_roles(lookups: list[Lookup], roles: dict[str, str]) -> list[Lookup]:
 
 
 def summarize(lookups: list[Lookup]) -> dict:
-    """Counts per mechanism, how many lookups read the disk tier, and the bytes their loads reserved."""
+    """Counts per mechanism, how many lookups read the disk tier, the bytes their loads reserved, and
+    ``contended_keys``: the keys of ``contended_in_flight`` lookups that L1 did not hold, which must
+    equal LMCache's own ``l2_prefetch_failure{reason="l1_contended"}`` chunks for the phase (an
+    independent check of the classification; ``PhaseReads.contended_chunks``)."""
     by = {m: 0 for m in MECHANISMS}
     for lk in lookups:
         by[lk.mechanism] += 1
     return {"lookups": len(lookups), "disk_reads": sum(lk.mechanism in READS for lk in lookups),
             "load_bytes": sum(lk.load_bytes for lk in lookups if lk.loaded),
+            "contended_keys": sum(lk.n_keys - (lk.l1_keys or 0) for lk in lookups if lk.mechanism == "contended_in_flight"),
             "by_mechanism": {m: n for m, n in by.items() if n}}
 
 

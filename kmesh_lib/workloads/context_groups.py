@@ -51,7 +51,6 @@ from kmesh_lib.lmcache.lookups import READS, summarize
 from kmesh_lib.workloads.context_arms import ARMS, CONTROL_ARMS, EXTERNAL_ARMS, pair_order
 
 DISK_HEADROOM_BYTES = 64 * MIB
-SERVER_MODES = ("launcher", "stock")
 
 
 @dataclass(frozen=True)
@@ -77,10 +76,6 @@ class ArrivalPattern:
         if m and int(m.group(1)) >= 1:
             return cls(spacing_steps=int(m.group(1)))
         raise ValueError(f"follow-up arrival {text!r}: expected {cls.SYNTAX}")
-
-    @property
-    def together(self) -> bool:
-        return self.spacing_ms == 0 and self.spacing_steps == 0
 
     @property
     def label(self) -> str:
