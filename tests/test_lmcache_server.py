@@ -125,3 +125,104 @@ def test_stale_directories_are_reaped_at_next_start(tmp_path):
         live.close()
         orphan.kill()
         orphan.wait()
+
+
+@pytest.mark.cpu
+def test_launcher_server_installs_the_hooks_and_switches_them(tmp_path):
+    rd = RuntimeDir.create("test", root=tmp_path)
+    server = LMCacheServer(ServerConfig(arena_mib=16), rd)
+    assert server.command()[:3] == [sys.executable, "-m", "kmesh_lib.lmcache.launcher"]
+    server.start()
+    try:
+        ready = [json.loads(line) for line in server.io_log.read_text().splitlines()]
+        assert ready[0]["op"] == "plugin_ready" and ready[0]["fs_adapters"] == [str(server.disk_dir)]
+        assert ready[0]["pid"] == server.pid  # the hooks live in the server process itself, not a plugin process
+        pc = lambda: server.status()["storage_manager"]["prefetch_controller"]  # noqa: E731
+        assert pc()["kmesh_singleflight"] == "off" and pc()["kmesh_parked_count"] == 0
+        server.set_singleflight(True)
+        assert pc()["kmesh_singleflight"] == "on"
+        server.set_retention(True)
+        assert server.control_file.read_text() == "retain"
+        assert "kmesh switch on one server" in server.retention_mechanism
+    finally:
+        server.stop()
+
+
+@pytest.mark.cpu
+def test_stock_server_fallback_is_one_fixed_policy_and_labelled(tmp_path):
+    from kmesh_lib.lmcache.disk_accounting import ServerMeter
+    from kmesh_lib.lmcache.server import ServerStartError
+
+    rd = RuntimeDir.create("test", root=tmp_path)
+    server = LMCacheServer(ServerConfig(arena_mib=16, mode="stock", stock_retain=True), rd)
+    cmd = server.command()
+    assert Path(cmd[0]).name == "lmcache" and cmd[1] == "server" and "--kmesh-hooks" not in cmd
+    assert cmd[cmd.index("--l2-prefetch-policy") + 1] == "retain"
+    server.start()
+    try:
+        assert server.status()["is_healthy"] and not server.io_log.exists()
+        server.set_retention(True)  # its own policy: nothing to do
+        with pytest.raises(ServerStartError, match="discard needs its own server"):
+            server.set_retention(False)
+        with pytest.raises(ServerStartError, match="singleflight needs the launcher"):
+            server.set_singleflight(True)
+        assert server.retention_mechanism == "stock --l2-prefetch-policy retain (one server per arm)"
+        meter = ServerMeter(server)
+        assert meter.available == {"device": True, "hook": False, "metrics": True}
+        snap = meter.snapshot()
+        assert snap.hook_read_bytes is None and snap.exact and meter.trace_between(snap, snap) == []
+    finally:
+        server.stop()
+    with pytest.raises(ValueError, match="ServerConfig.mode='plugin'"):
+        ServerConfig(mode="plugin")
+
+
+def test_launcher_command_line_errors_name_what_is_missing():
+    from kmesh_lib.lmcache.launcher import split_argv
+
+    with pytest.raises(SystemExit, match="usage: python -m kmesh_lib.lmcache.launcher --kmesh-hooks JSON"):
+        split_argv(["--port", "1"])
+    with pytest.raises(SystemExit, match="missing retention_file, singleflight_file"):
+        split_argv(["--kmesh-hooks", json.dumps({"io_log": "x"}), "--port", "1"])
+    cfg, rest = split_argv(["--kmesh-hooks", json.dumps({"io_log": "a", "retention_file": "b", "singleflight_file": "c"}),
+                            "--port", "1"])
+    assert cfg["io_log"] == "a" and rest == ["--port", "1"]
+
+
+class FakeServer:
+    """What ServerMeter reads from a server: its pid (this process), the I/O log, /metrics, L1 usage, disk dir."""
+
+    hooked = True
+
+    def __init__(self, tmp_path: Path, metrics: str) -> None:
+        self.pid, self.io_log, self.disk_dir, self.metrics = os.getpid(), tmp_path / "io.jsonl", tmp_path, metrics
+        self.io_log.write_text("")
+
+    def metrics_text(self) -> str:
+        return self.metrics
+
+    def l1_usage(self):
+        return 0, 1
+
+
+def test_meter_counts_agree_to_the_byte_and_absent_lookup_metrics_are_not_zero(tmp_path):
+    """LMCache 0.5.3 defines no per-tier lookup-hit counters: None, not 0. MP counts must agree exactly."""
+    from kmesh_lib.lmcache.disk_accounting import MIB, PhaseReads, ServerMeter
+
+    server = FakeServer(tmp_path, "")
+    meter = ServerMeter(server)
+    a = meter.snapshot()
+    with open(server.io_log, "a") as f:
+        f.write(json.dumps({"op": "read", "bytes": 3 * MIB, "expected": 3 * MIB}) + "\n")
+        f.write(json.dumps({"op": "lookup", "t_ns": 1, "ext": "g-A", "pid": 0, "n_keys": 1, "k": [1]}) + "\n")
+    server.metrics = "\n".join(["# TYPE lmcache_mp_l2_prefetch_load_completed_chunks counter",
+                                "lmcache_mp_l2_prefetch_load_completed_chunks_total 1.0"])
+    b = meter.snapshot()
+    phase = PhaseReads.between(a, b, chunk_bytes=3 * MIB)
+    assert phase.lookup_hit_l1_tokens is None and phase.lookup_hit_l2_tokens is None
+    assert phase.hook_bytes == phase.metric_bytes == 3 * MIB and phase.tolerance_bytes == 0
+    assert [e["op"] for e in meter.trace_between(a, b)] == ["lookup"]
+    # the device count of this (test) process read nothing: one chunk apart, and MP tolerates no difference at all
+    assert phase.device_bytes == 0 and not phase.agree()
+    server.metrics += "\n# TYPE lmcache_mp_lookup_hit_l1_tokens counter\nlmcache_mp_lookup_hit_l1_tokens_total 256.0\n"
+    assert PhaseReads.between(b, meter.snapshot(), 3 * MIB).lookup_hit_l1_tokens == 256

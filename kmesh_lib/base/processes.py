@@ -26,7 +26,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -97,39 +96,20 @@ def group_pids(pgid: int) -> list[int]:
     return pids
 
 
-def _decode_address(hex_addr: str) -> tuple[str, int]:
-    host, port = hex_addr.split(":")
-    raw = bytes.fromhex(host)
-    if len(raw) == 4:
-        addr = socket.inet_ntop(socket.AF_INET, raw[::-1])
-    else:  # IPv6: four little-endian 32-bit words
-        addr = socket.inet_ntop(socket.AF_INET6, b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
-    return addr, int(port, 16)
-
-
 def listening_sockets(pgid: int | None = None, pids: list[int] | None = None) -> list[tuple[str, int]]:
     """(address, port) of every listening TCP socket held by the processes of group ``pgid`` (or ``pids``)."""
-    inodes: set[str] = set()
-    pids = group_pids(pgid) if pids is None else pids
-    for pid in pids:
-        try:
-            for fd in Path(f"/proc/{pid}/fd").iterdir():
-                target = os.readlink(fd)
-                if target.startswith("socket:["):
-                    inodes.add(target[8:-1])
-        except (FileNotFoundError, PermissionError):
-            continue
+    import psutil
+
     found = set()
-    for pid in pids[:1]:
-        for table in ("tcp", "tcp6"):
-            try:
-                lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
-            except FileNotFoundError:
-                continue
-            for line in lines:
-                fields = line.split()
-                if fields[3] == "0A" and fields[9] in inodes:  # 0A: TCP_LISTEN
-                    found.add(_decode_address(fields[1]))
+    for pid in group_pids(pgid) if pids is None else pids:
+        try:
+            proc = psutil.Process(pid)
+            # psutil < 6 (the GPU image may ship one) names it connections()
+            conns = getattr(proc, "net_connections", None) or proc.connections
+            conns = conns(kind="tcp")
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        found.update((c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN)
     return sorted(found)
 
 

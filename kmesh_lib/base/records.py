@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from kmesh_lib.base import topology
 from kmesh_lib.base.checks import STATUSES, Check
 from kmesh_lib.base.params import current_names, to_dict
 from kmesh_lib.base.paths import OUTPUTS, REPO_ROOT
@@ -102,6 +103,7 @@ def environment(device: str | None = None) -> dict:
         if torch.cuda.is_available():
             env["device"] = torch.cuda.get_device_name(0)
             env["cuda"] = torch.version.cuda
+            env["topology"] = topology.describe()  # block devices, NVMe count, md/RAID, the GPU's PCIe link
         else:
             env["device"] = cpu_model_name()
     except ImportError:

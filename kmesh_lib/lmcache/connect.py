@@ -6,8 +6,10 @@
 
 Both are host staging: the bytes pass through DRAM on their way from the disk tier to the engine.
 A tier offers the same few operations to the protocol: ``llm_kwargs()`` for ``vllm.LLM``,
-``set_retention(retain)``, ``drop_memory_copy()`` (the context back to disk-only), ``settle()``
-(no LMCache I/O in flight), ``meter`` (``lmcache.disk_accounting``), ``close()``.
+``set_retention(retain)``, ``set_singleflight(on)``, ``drop_memory_copy()`` (the context back to
+disk-only), ``settle()`` (no LMCache I/O in flight), ``meter`` (``lmcache.disk_accounting``),
+``lookups(a, b, roles)`` (what each lookup between two snapshots did, ``lmcache.lookups``),
+``describe()`` (row labels), ``close()``.
 
 Availability: the in-process connector needs a GPU connector for the device; LMCache 0.5.6's
 ``CreateGPUConnector`` has none for CPU (it raises, and vLLM runs in degraded recompute mode), so
@@ -21,8 +23,9 @@ import time
 from pathlib import Path
 
 from kmesh_lib.base.processes import RuntimeDir
-from kmesh_lib.lmcache.disk_accounting import DiskReadHook, InprocMeter, ServerMeter
-from kmesh_lib.lmcache.server import LMCacheServer, ServerConfig
+from kmesh_lib.lmcache.disk_accounting import DiskReadHook, InprocMeter, ServerMeter, Snapshot
+from kmesh_lib.lmcache.lookups import Lookup, phase_lookups
+from kmesh_lib.lmcache.server import LMCacheServer, ServerConfig, ServerStartError, transfer_mode_for
 
 
 class TierError(RuntimeError):
@@ -138,7 +141,12 @@ def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.02) -> 
 
 
 class MPTier:
-    """LMCacheMPConnector and a real ``lmcache server`` (L1 DRAM arena + fs disk tier)."""
+    """LMCacheMPConnector and a real ``lmcache server`` (L1 DRAM arena + fs disk tier).
+
+    ``server_mode``: ``launcher`` (one server runs both arms through kmesh's retention switch; byte
+    hook, lookup trace and singleflight available) or ``stock`` (the console script with a fixed
+    ``--l2-prefetch-policy``: ``stock_retain`` picks ``retain`` or ``default``; one server per arm).
+    """
 
     path = "mp"
     connector = "LMCacheMPConnector"
@@ -146,11 +154,18 @@ class MPTier:
     # whether or not vLLM already holds those tokens (the scheduler-side lookup of the MP connector).
     lookup = "prefetch"
     data_start = "disk tier (lmcache fs adapter, O_DIRECT)"
-    route = "host staging: disk -> L1 DRAM arena (SHM) -> engine KV"
+    route = "host staging: disk -> L1 DRAM arena -> engine KV"
 
-    def __init__(self, arena_mib: int, chunk_size: int, runtime: RuntimeDir | None = None) -> None:
+    def __init__(self, arena_mib: int, chunk_size: int, runtime: RuntimeDir | None = None, device: str = "cpu",
+                 server_mode: str = "launcher", stock_retain: bool = False, singleflight: bool = False) -> None:
+        if singleflight and server_mode != "launcher":
+            raise TierError("singleflight needs server_mode='launcher' (the hook lives in the server process)")
         self.runtime = runtime or RuntimeDir.create("retention-mp")
-        self.server = LMCacheServer(ServerConfig(arena_mib=arena_mib, chunk_size=chunk_size), self.runtime)
+        self.device = device
+        self.server = LMCacheServer(ServerConfig(arena_mib=arena_mib, chunk_size=chunk_size, mode=server_mode,
+                                                 stock_retain=stock_retain, transfer_mode=transfer_mode_for(device)),
+                                    self.runtime)
+        self.singleflight = singleflight
         self.meter: ServerMeter | None = None
 
     @property
@@ -158,9 +173,30 @@ class MPTier:
         return self.server.disk_dir
 
     def start(self) -> MPTier:
-        self.server.start()
+        try:
+            self.server.start()
+        except ServerStartError as e:
+            raise TierError(str(e)) from e
+        self.server.set_singleflight(self.singleflight)
         self.meter = ServerMeter(self.server)
         return self
+
+    def describe(self) -> dict:
+        """Row labels: how retention is switched, whether the singleflight is on, which counts exist."""
+        return {"server_mode": self.server.cfg.mode, "retention_mechanism": self.server.retention_mechanism,
+                "singleflight": self.singleflight, "transfer_mode": self.server.cfg.transfer_mode,
+                "byte_counts": sorted(k for k, v in (self.meter.available if self.meter else {}).items() if v)}
+
+    def set_singleflight(self, on: bool) -> None:
+        try:
+            self.server.set_singleflight(on)
+        except ServerStartError as e:
+            raise TierError(str(e)) from e
+        self.singleflight = on
+
+    def lookups(self, a: Snapshot, b: Snapshot, roles: dict[str, str]) -> list[Lookup]:
+        """The lookups between two snapshots, classified (``lmcache.lookups``); [] for a stock server."""
+        return phase_lookups(self.meter.trace_between(a, b), roles)
 
     def llm_kwargs(self, device: str) -> dict:
         from vllm.config import KVTransferConfig
@@ -171,7 +207,10 @@ class MPTier:
                                                        kv_connector_extra_config=self.server.connector_extra_config())}
 
     def set_retention(self, retain: bool) -> None:
-        self.server.set_retention(retain)
+        try:
+            self.server.set_retention(retain)
+        except ServerStartError as e:
+            raise TierError(str(e)) from e
 
     def memory_bytes(self) -> int:
         return self.server.l1_usage()[0]
@@ -185,8 +224,8 @@ class MPTier:
             sm = self.server.status()["storage_manager"]
             pc, sc = sm["prefetch_controller"], sm["store_controller"]
             return (pc["in_flight_request_count"] == 0 and pc["pending_queue_size"] == 0
-                    and pc["submission_queue_size"] == 0 and sc["pending_keys_count"] == 0
-                    and sc["in_flight_task_count"] == 0)
+                    and pc["submission_queue_size"] == 0 and pc.get("kmesh_parked_count", 0) == 0
+                    and sc["pending_keys_count"] == 0 and sc["in_flight_task_count"] == 0)
 
         wait_until(idle, timeout_s, "the lmcache server's prefetch and store queues to drain", poll_s=0.05)
 
@@ -246,6 +285,16 @@ class InprocTier:
 
     def set_retention(self, retain: bool) -> None:
         self.engine().set_hot_cache(retain)
+
+    def set_singleflight(self, on: bool) -> None:
+        """In-process LMCache has no server to hold a lookup back: only ``off`` exists here."""
+        if on:
+            raise TierError("singleflight is a hook in the lmcache server (MP path); the in-process connector has none")
+
+    def describe(self) -> dict:
+        return {"server_mode": None, "retention_mechanism": "LocalCPUBackend hot cache (set_hot_cache), in-process",
+                "singleflight": False, "transfer_mode": None,
+                "byte_counts": sorted(k for k, v in self.meter.available.items() if v)}
 
     def memory_bytes(self) -> int:
         cpu = self._backend("LocalCPUBackend") if self._engine_ready() else None

@@ -11,23 +11,27 @@ A meter takes ``snapshot()`` at phase boundaries; ``PhaseReads.between(a, b)`` i
              lookup hits in L1 and L2 tokens, allocation and prefetch failures.
 
 Invariant checked per phase: device bytes == hook bytes (== metrics chunks x chunk bytes in MP
-mode), to less than half a chunk: LMCache reads whole chunks, so a smaller difference can only be
-another read of the same process (in-process, the engine's own files: a JIT cache entry, say; the
-MP server reads nothing else and its counts agree exactly). The phase's bytes are the hook's.
-``read_proc_io`` returns None where the kernel does not expose per-process I/O accounting; the
-device count is then reported as unavailable, not as 0.
+mode). MP mode: to the byte (the server process reads nothing but the disk tier; both snapshots
+say ``exact``). In-process: to less than half a chunk, because LMCache reads whole chunks, so a
+smaller difference can only be another read of the engine process (its own files: a JIT cache
+entry, say). The phase's bytes are the hook's. ``read_proc_io`` (psutil's ``io_counters``)
+returns None where the kernel does not expose per-process I/O accounting; the device count is
+then reported as unavailable, not as 0.
+
+MP mode also keeps the server's lookup trace (``server_plugin.LookupTrace``): ``ServerMeter``
+snapshots carry the trace's position, and ``ServerMeter.lookups_between(a, b)`` returns the
+phase's lookups (``lmcache.lookups``).
 """
 from __future__ import annotations
 
 import json
+import math
 import os
-import re
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 MIB = 1 << 20
-_PROM_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 # Prometheus names of the MP counters (OTel name + unit + _total), see lmcache/v1/mp_observability
 METRIC_NAMES = {
@@ -38,35 +42,41 @@ METRIC_NAMES = {
     "l1_allocation_failures": "lmcache_mp_l1_allocation_failure_chunks_total",
     "l2_usage_bytes": "lmcache_mp_l2_usage_bytes",
 }
+VERSION_DEPENDENT_METRICS = ("lookup_hit_l1_tokens", "lookup_hit_l2_tokens")  # 0.5.6 only
 # l2_prefetch_failure by reason: l1_oom (no arena space), l1_contended (another request's copy became
 # resident first; the lookup falls back to that L1 copy), not_found (the disk tier lost the chunk)
 PREFETCH_FAILURE = "lmcache_mp_l2_prefetch_failure_chunks_total"
 FAILURE_REASONS = ("l1_oom", "l1_contended", "not_found")
 
 
-def read_proc_io(pid: int | str = "self") -> dict[str, int] | None:
-    """The fields of ``/proc/<pid>/io`` (read_bytes, syscr, ...), or None when unavailable."""
+def read_proc_io(pid: int | None = None) -> dict[str, int] | None:
+    """``/proc/<pid>/io`` through psutil (read_bytes, read_count, ...; this process when None), or None."""
+    import psutil
+
     try:
-        text = Path(f"/proc/{pid}/io").read_text()
-    except (FileNotFoundError, PermissionError, ProcessLookupError):
+        io = (psutil.Process(pid) if pid is not None else psutil.Process()).io_counters()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, AttributeError, NotImplementedError):
         return None
-    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-    return {k.strip(): int(v) for k, v in fields.items()}
+    return io._asdict()
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
-    """Metric name -> value summed over its label sets, plus ``name{reason}`` for ``reason`` labels."""
+    """Sample name -> value summed over its label sets, plus ``name{reason}`` for samples with a ``reason`` label.
+
+    Parsed with ``prometheus_client``'s text parser; NaN and infinite samples are left out.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = _PROM_LINE.match(line)
-        if not m or m.group(3) in ("NaN", "+Inf", "-Inf"):
-            continue
-        value = float(m.group(3))
-        out[m.group(1)] = out.get(m.group(1), 0.0) + value
-        reason = re.search(r'reason="([^"]*)"', m.group(2) or "")
-        if reason:
-            key = f"{m.group(1)}{{{reason.group(1)}}}"
-            out[key] = out.get(key, 0.0) + value
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if math.isnan(sample.value) or math.isinf(sample.value):
+                continue
+            out[sample.name] = out.get(sample.name, 0.0) + sample.value
+            reason = sample.labels.get("reason")
+            if reason is not None:
+                key = f"{sample.name}{{{reason}}}"
+                out[key] = out.get(key, 0.0) + sample.value
     return out
 
 
@@ -87,6 +97,8 @@ class Snapshot:
     metrics: dict = field(default_factory=dict)  # METRIC_NAMES key -> value (MP)
     memory_tier_bytes: int = 0  # LMCache's in-memory copy outside vLLM (L1 / LocalCPU hot cache)
     disk_tier_bytes: int = 0  # the disk tier's files
+    exact: bool = False  # the device count reads nothing but the disk tier (the MP server): agree to the byte
+    trace_index: int = 0  # MP: lookup-trace events seen so far (``ServerMeter.lookups_between``)
 
 
 @dataclass
@@ -104,7 +116,7 @@ class PhaseReads:
     missing_chunks: int  # MP: chunks the disk tier no longer had
     write_errors: int
     retained_chunks: int  # MP: chunks the retention switch kept in L1
-    tolerance_bytes: int = 0  # counts agree when they differ by no more than this (half a chunk)
+    tolerance_bytes: int = 0  # counts agree when they differ by no more than this (0 MP; half a chunk in-process)
 
     @classmethod
     def between(cls, a: Snapshot, b: Snapshot, chunk_bytes: int) -> PhaseReads:
@@ -120,7 +132,7 @@ class PhaseReads:
         return cls(device, hook, b.hook_reads - a.hook_reads,
                    None if chunks is None else chunks * chunk_bytes, d("lookup_hit_l1_tokens"),
                    d("lookup_hit_l2_tokens"), oom, d("failure_l1_contended") or 0, d("failure_not_found") or 0,
-                   b.hook_write_errors - a.hook_write_errors, retained, chunk_bytes // 2)
+                   b.hook_write_errors - a.hook_write_errors, retained, 0 if a.exact and b.exact else chunk_bytes // 2)
 
     def counts(self) -> dict[str, int]:
         """The independent byte counts this phase has (device, hook, metrics)."""
@@ -147,6 +159,9 @@ class PhaseReads:
         return {**asdict(self), "agree": self.agree()}
 
 
+TRACE_OPS = ("lookup", "park", "start", "load", "done", "release")
+
+
 class IOLogReader:
     """Running totals of the server plugin's JSON-lines I/O log, read incrementally."""
 
@@ -155,6 +170,7 @@ class IOLogReader:
         self._offset = 0
         self.totals = {"read_bytes": 0, "reads": 0, "write_bytes": 0, "write_errors": 0}
         self.retention: dict[str, int] = {}
+        self.trace: list[dict] = []  # lookup-trace events, in log order
 
     def poll(self) -> None:
         if not self.path.exists():
@@ -177,26 +193,40 @@ class IOLogReader:
                     self.totals["write_errors"] += 1
                 elif op == "retention":
                     self.retention[rec["mode"]] = self.retention.get(rec["mode"], 0) + rec["chunks"]
+                elif op in TRACE_OPS:
+                    self.trace.append(rec)
 
 
 class ServerMeter:
-    """MP mode: the lmcache server's device reads, the plugin's byte hook, and ``/metrics``."""
+    """MP mode: the lmcache server's device reads, the launcher's byte hook and lookup trace, ``/metrics``.
+
+    A stock server (no launcher) has no hook: its phases have two counts, device and metrics.
+    """
 
     def __init__(self, server) -> None:
         self.server = server
         self.log = IOLogReader(server.io_log)
-        self.available = {"device": read_proc_io(server.pid) is not None, "hook": True, "metrics": True}
+        self.hooked = getattr(server, "hooked", True)
+        self.available = {"device": read_proc_io(server.pid) is not None, "hook": self.hooked, "metrics": True}
 
     def snapshot(self) -> Snapshot:
         io = read_proc_io(self.server.pid)
         self.log.poll()
         prom = parse_prometheus(self.server.metrics_text())
-        metrics = {k: prom.get(name, 0.0) for k, name in METRIC_NAMES.items()}
+        # a counter shows only after its first increment: absent = 0, except where this LMCache may
+        # not define it at all (0.5.3 has no per-tier lookup hits): absent there = not counted (None)
+        metrics = {k: prom.get(name, 0.0) for k, name in METRIC_NAMES.items()
+                   if k not in VERSION_DEPENDENT_METRICS or name in prom}
         metrics.update({f"failure_{r}": prom.get(f"{PREFETCH_FAILURE}{{{r}}}", 0.0) for r in FAILURE_REASONS})
         used, _ = self.server.l1_usage()
         t = self.log.totals
-        return Snapshot(io and io["read_bytes"], io and io["syscr"], t["read_bytes"], t["reads"], t["write_bytes"],
-                        t["write_errors"], dict(self.log.retention), metrics, used, dir_bytes(self.server.disk_dir))
+        return Snapshot(io and io["read_bytes"], io and io["read_count"], t["read_bytes"] if self.hooked else None,
+                        t["reads"], t["write_bytes"], t["write_errors"], dict(self.log.retention), metrics, used,
+                        dir_bytes(self.server.disk_dir), exact=True, trace_index=len(self.log.trace))
+
+    def trace_between(self, a: Snapshot, b: Snapshot) -> list[dict]:
+        """The lookup-trace events logged between two snapshots (empty for a stock server)."""
+        return self.log.trace[a.trace_index:b.trace_index]
 
 
 class DiskReadHook:
@@ -252,7 +282,7 @@ class InprocMeter:
         io = read_proc_io()
         with self.hook.lock:
             t = dict(self.hook.totals)
-        return Snapshot(io and io["read_bytes"], io and io["syscr"], t["read_bytes"], t["reads"], t["write_bytes"],
+        return Snapshot(io and io["read_bytes"], io and io["read_count"], t["read_bytes"], t["reads"], t["write_bytes"],
                         t["write_errors"], memory_tier_bytes=self.memory_bytes(), disk_tier_bytes=dir_bytes(self.disk_dir))
 
 
@@ -263,5 +293,5 @@ class NullMeter:
 
     def snapshot(self) -> Snapshot:
         io = read_proc_io()
-        return Snapshot(io and io["read_bytes"], io and io["syscr"])
+        return Snapshot(io and io["read_bytes"], io and io["read_count"])
 

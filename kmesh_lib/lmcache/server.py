@@ -1,17 +1,24 @@
 """A real ``lmcache server`` (multiprocess mode) owned by one run: start, query, stop.
 
     L0  vLLM's paged KV (the engine)
-    L1  the server's DRAM arena, shared with the vLLM worker through POSIX SHM  (``--l1-size-gb``)
+    L1  the server's DRAM arena, shared with the vLLM worker through POSIX SHM or CUDA IPC  (``--l1-size-gb``)
     L2  the disk tier: lmcache's ``fs`` adapter with O_DIRECT under a run-scoped directory
 
 The context is stored with ``--l2-store-policy skip_l1`` (L1 is dropped once the L2 write is done),
-so it starts on the disk tier only. Whether a chunk loaded back from L2 stays in L1 afterwards is
-the retention switch (``set_retention``), see ``lmcache.server_plugin``.
+so it starts on the disk tier only. Two ways to run the server (``ServerConfig.mode``):
+
+    launcher  ``python -m kmesh_lib.lmcache.launcher``: the stock server with kmesh's hooks installed
+              before it serves (``server_plugin``): the retention switch (``set_retention``, one
+              server runs both arms), the byte hook, the lookup trace and the singleflight switch
+              (``set_singleflight``). Works on LMCache 0.5.3 and 0.5.6.
+    stock     the ``lmcache server`` console script, untouched: retention is the fixed
+              ``--l2-prefetch-policy`` (``retain`` or ``default``), so each arm needs its own server;
+              no byte hook (two byte counts: device and metrics), no lookup trace, no singleflight.
 
 Invariants:
     - every listener is on 127.0.0.1: the request port and the HTTP port (which also serves
       ``/metrics``; ``lmcache server`` starts no separate Prometheus listener); ``listeners()``
-      reads the server's sockets from /proc so callers can check it;
+      reads the server's sockets (psutil) so callers can check it;
     - the server runs in its own process group inside a ``RuntimeDir``: stopping, exiting, a
       SIGTERM, or the owner's death (the janitor) kills the group and removes the disk tier and
       the SHM segment.
@@ -41,13 +48,32 @@ class ServerStartError(RuntimeError):
     """The server exited or never became healthy; the message ends with its log tail."""
 
 
+MODES = ("launcher", "stock")
+PREFETCH_POLICIES = {True: "retain", False: "default"}  # stock --l2-prefetch-policy for retain / discard
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     arena_mib: int = 512  # L1 DRAM arena
     chunk_size: int = 256  # tokens per LMCache chunk (a multiple of vLLM's block size)
     store_policy: str = "skip_l1"  # the stored context ends up on the disk tier only
     eviction_policy: str = "LRU"
+    mode: str = "launcher"  # launcher (kmesh hooks) or stock (the console script, fixed policy)
+    stock_retain: bool = False  # stock mode only: --l2-prefetch-policy retain (True) or default (False)
+    # NOTE: the CPU worker resolves its transfer mode to engine-driven, and with the server's 0.5.6
+    # default (lmcache_driven) vLLM hangs in LLM() until mq_timeout; on CUDA ``auto`` resolves to
+    # LMCache-driven CUDA IPC (0.5.3's default; forcing engine_driven there is not what was verified).
+    transfer_mode: str = "engine_driven"
     startup_timeout_s: float = 180.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"ServerConfig.mode={self.mode!r}: choose from {', '.join(MODES)}")
+
+
+def transfer_mode_for(device: str) -> str:
+    """The ``--supported-transfer-mode`` the server needs for an engine on ``device``."""
+    return "auto" if device == "cuda" else "engine_driven"
 
 
 def free_port() -> int:
@@ -73,31 +99,50 @@ class LMCacheServer:
         self.runtime = runtime
         self.disk_dir = runtime.subdir("disk")
         self.control_file = runtime.path / "retention"
+        self.singleflight_file = runtime.path / "singleflight"
         self.io_log = runtime.path / "l2_io.jsonl"
         self.log_path = runtime.path / "server.log"
         self.shm_name = f"kmesh_{runtime.token.replace('-', '_')}"
         self.proc: subprocess.Popen | None = None
         self.port = self.http_port = 0
 
+    @property
+    def hooked(self) -> bool:
+        """The retention switch, byte hook, lookup trace and singleflight live in this server."""
+        return self.cfg.mode == "launcher"
+
+    @property
+    def retention_mechanism(self) -> str:
+        """How retain vs discard is chosen in this server (a row label)."""
+        if self.hooked:
+            return "kmesh switch on one server (launcher hook on the prefetch policy's L1 retention)"
+        return f"stock --l2-prefetch-policy {PREFETCH_POLICIES[self.cfg.stock_retain]} (one server per arm)"
+
     # -- lifecycle --
-    def command(self) -> list[str]:
+    def server_args(self) -> list[str]:
+        """The ``lmcache server`` arguments (both modes)."""
         l2 = {"type": "fs", "base_path": str(self.disk_dir), "use_odirect": True}
-        plugin = {"module_path": "kmesh_lib.lmcache.server_plugin",
-                  "config": {"control_file": str(self.control_file), "io_log": str(self.io_log)}}
-        return [lmcache_executable(), "server",
-                "--host", HOST, "--port", str(self.port), "--http-host", HOST, "--http-port", str(self.http_port),
+        policy = "default" if self.hooked else PREFETCH_POLICIES[self.cfg.stock_retain]
+        return ["--host", HOST, "--port", str(self.port), "--http-host", HOST, "--http-port", str(self.http_port),
                 "--chunk-size", str(self.cfg.chunk_size),
                 "--l1-size-gb", f"{self.cfg.arena_mib / 1024:.6f}", "--no-l1-use-lazy",
                 "--eviction-policy", self.cfg.eviction_policy,
-                # NOTE: the CPU worker resolves its transfer mode to engine-driven; the server's
-                # default (lmcache_driven) leaves vLLM hanging in LLM() until mq_timeout.
-                "--supported-transfer-mode", "engine_driven", "--shm-name", self.shm_name,
+                "--supported-transfer-mode", self.cfg.transfer_mode, "--shm-name", self.shm_name,
                 "--l2-adapter", json.dumps(l2),
-                "--l2-store-policy", self.cfg.store_policy, "--l2-prefetch-policy", "default",
-                "--server-module", json.dumps(plugin)]
+                "--l2-store-policy", self.cfg.store_policy, "--l2-prefetch-policy", policy]
+
+    def command(self) -> list[str]:
+        if not self.hooked:
+            return [lmcache_executable(), "server", *self.server_args()]
+        hooks = {"io_log": str(self.io_log), "retention_file": str(self.control_file),
+                 "singleflight_file": str(self.singleflight_file)}
+        return [sys.executable, "-m", "kmesh_lib.lmcache.launcher", "--kmesh-hooks", json.dumps(hooks),
+                *self.server_args()]
 
     def start(self) -> LMCacheServer:
-        self.set_retention(False)
+        if self.hooked:
+            self.set_retention(False)
+            self.set_singleflight(False)
         last_error = None
         for _attempt in range(3):  # a picked port can be taken before the server binds it
             self.port, self.http_port = free_port(), free_port()
@@ -135,6 +180,8 @@ class LMCacheServer:
         raise ServerStartError(f"lmcache server not healthy after {self.cfg.startup_timeout_s:.0f} s\n{self.log_tail()}")
 
     def _plugin_ready(self) -> bool:
+        if not self.hooked:
+            return True
         return self.io_log.exists() and '"plugin_ready"' in self.io_log.read_text()
 
     def _kill(self) -> None:
@@ -169,10 +216,30 @@ class LMCacheServer:
 
     # -- control and queries --
     def set_retention(self, retain: bool) -> None:
-        """Whether chunks loaded from L2 stay in L1 after they reached the engine (read per load)."""
-        tmp = self.control_file.with_suffix(".tmp")
-        tmp.write_text("retain" if retain else "discard")
-        os.replace(tmp, self.control_file)
+        """Whether chunks loaded from L2 stay in L1 after they reached the engine (read per load).
+
+        A stock server's retention is its fixed policy: asking it for the other one raises.
+        """
+        if not self.hooked:
+            if retain != self.cfg.stock_retain:
+                raise ServerStartError(f"a stock server runs --l2-prefetch-policy {PREFETCH_POLICIES[self.cfg.stock_retain]} "
+                                       f"only; {'retain' if retain else 'discard'} needs its own server")
+            return
+        self._write_word(self.control_file, "retain" if retain else "discard")
+
+    def set_singleflight(self, on: bool) -> None:
+        """Whether a prefetch overlapping one in flight waits for it (launcher servers only)."""
+        if not self.hooked:
+            if on:
+                raise ServerStartError("singleflight needs the launcher (ServerConfig.mode='launcher')")
+            return
+        self._write_word(self.singleflight_file, "on" if on else "off")
+
+    @staticmethod
+    def _write_word(path: Path, word: str) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(word)
+        os.replace(tmp, path)
 
     def _http(self, method: str, path: str, body: dict | None = None, timeout: float = 10.0):
         data = json.dumps(body).encode() if body is not None else None
@@ -188,12 +255,16 @@ class LMCacheServer:
         return self._http("GET", "/metrics")
 
     def clear_l1(self) -> None:
-        """Drops every unlocked L1 object (the disk tier keeps its copy)."""
+        """Drops every unlocked L1 object (0.5.3: every object) -- the disk tier keeps its copy."""
         self._http("POST", "/cache/clear", {"tier": "l1", "force": False})
 
     def l1_usage(self) -> tuple[int, int]:
         """(bytes in use, arena bytes) of the L1 arena."""
-        used, total = self.status()["storage_manager"]["l1_usage"]
+        sm = self.status()["storage_manager"]
+        if "l1_usage" in sm:  # 0.5.6
+            used, total = sm["l1_usage"]
+        else:  # 0.5.3 reports it per L1 manager only
+            used, total = sm["l1_manager"]["memory_used_bytes"], sm["l1_manager"]["memory_total_bytes"]
         return int(used), int(total)
 
     def listeners(self) -> list[tuple[str, int]]:

@@ -1,20 +1,34 @@
-"""Runs inside the ``lmcache server`` process, loaded through its ``--server-module`` extension point.
+"""Runs inside the ``lmcache server`` process: installed by ``kmesh_lib.lmcache.launcher`` before it serves.
 
-Two things, both observation or configuration of real LMCache objects, never a replacement of
-LMCache's data path:
+Four things, each observation or configuration of real LMCache objects (LMCache 0.5.3 and 0.5.6);
+none replaces LMCache's data path:
 
-1. **Retention switch.** The prefetch controller's policy is wrapped so that its retention
-   decision (``plan_l1_retention``: keep a chunk loaded from L2 in L1 after it reached the engine,
-   or mark it temporary) follows a control file the harness writes between groups: ``retain``
-   behaves exactly like LMCache's ``RetainPrefetchPolicy``, ``discard`` like its
-   ``DefaultPrefetchPolicy``. Load planning is the wrapped policy's own. This lets one engine and
-   one server run both arms in alternation.
+1. **Retention switch.** The prefetch controller's policy is wrapped so that its L1 retention
+   decision (keep a chunk loaded from L2 in L1 after it reached the engine, or mark it temporary)
+   follows a control file the harness writes between groups: ``retain`` decides like LMCache's
+   ``RetainPrefetchPolicy``, ``discard`` like its ``DefaultPrefetchPolicy``. Load planning is the
+   wrapped policy's own. 0.5.3 asks ``select_l1_retentions(keys)``, 0.5.6
+   ``plan_l1_retention(keys, l1_desc, l2_desc)``; the wrapper answers both.
 2. **Byte hook.** The ``fs`` L2 adapter's O_DIRECT read and write functions are wrapped to append
-   one JSON line per chunk (op, bytes, errno) to an I/O log: the LMCache-level count of disk-tier
-   bytes, next to the device count (``/proc/<pid>/io``) and LMCache's own metrics.
+   one JSON line per chunk (op, bytes): LMCache's own count of disk-tier bytes, next to the
+   device count (``/proc/<pid>/io``) and LMCache's metrics.
+3. **Lookup trace.** One line per lookup as the storage manager receives it (``lookup``: the
+   engine's request id, the chunk keys, what L1 held), and the prefetch controller's steps for
+   it (``start``: its L1 lock pass; ``load``: the L2 load submitted, keys and bytes; ``done``) and
+   the engine's release of its read locks (``release``). Every stamp is ``time.monotonic_ns()``,
+   the clock the harness stamps requests with (CLOCK_MONOTONIC is system-wide on Linux), so a
+   lookup can be placed against the loads of the same keys: in flight, or finished.
+4. **Singleflight** (switchable by a second control file). A prefetch request whose keys overlap a
+   request the controller already has in flight is parked instead of started; it starts in the
+   first controller-loop pass after no overlapping request is in flight, and its L1 lock pass then
+   finds the keys the first request loaded (read-locked for its reader, or retained), so it reads
+   nothing from L2. Stock LMCache issues its own load (0.5.6: per-request write tags) or loses
+   the L1 reservation and falls back to its L1-only hit (0.5.3: ``KEY_NOT_WRITABLE``).
 
-Imports nothing from kmesh_lib and only the standard library at module level, so the server
-starts as fast as without it.
+Invariant: every hook calls the wrapped LMCache function exactly once with the same arguments;
+the singleflight only delays when ``_start_lookup_phase`` runs, on the controller's own thread.
+
+Imports only the standard library at module level, so the server starts as fast as without it.
 """
 from __future__ import annotations
 
@@ -24,28 +38,26 @@ import threading
 import time
 
 RETAIN, DISCARD = "retain", "discard"
+ON, OFF = "on", "off"
 
 
-class RetentionControl:
-    """The control file's current word (``retain`` or ``discard``), re-read when its mtime changes."""
+class WordSwitch:
+    """A control file's current word (one of ``choices``; ``default`` when absent or unknown).
 
-    def __init__(self, path: str, default: str = DISCARD) -> None:
-        self.path = path
-        self.default = default
-        self._mtime_ns = -1
-        self._mode = default
+    Read on every decision (a few hundred a second at most, ~10 us each): an mtime cache could miss
+    two writes within one timestamp tick.
+    """
 
-    def mode(self) -> str:
+    def __init__(self, path: str, choices: tuple[str, ...], default: str) -> None:
+        self.path, self.choices, self.default = path, choices, default
+
+    def word(self) -> str:
         try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            return self.default
-        if st.st_mtime_ns != self._mtime_ns:
             with open(self.path) as f:
                 word = f.read().strip()
-            self._mode = word if word in (RETAIN, DISCARD) else self.default
-            self._mtime_ns = st.st_mtime_ns
-        return self._mode
+        except FileNotFoundError:
+            return self.default
+        return word if word in self.choices else self.default
 
 
 class IOLog:
@@ -56,28 +68,31 @@ class IOLog:
         self._lock = threading.Lock()
 
     def write(self, **record) -> None:
-        record["t"] = time.time()
+        record.setdefault("t_ns", time.monotonic_ns())
         line = json.dumps(record)
         with self._lock:
             self._f.write(line + "\n")
 
 
-def switchable_policy(inner, control: RetentionControl, log: IOLog):
-    """Wraps ``inner`` (a PrefetchPolicy) so its L1 retention decision follows ``control``."""
-    from lmcache.v1.distributed.storage_controllers.prefetch_policy import (
-        PrefetchPolicy,
-    )
+class SwitchableRetentionPolicy:
+    """Delegates to the stock policy; only the retention decision follows the control file."""
 
-    class SwitchableRetentionPolicy(PrefetchPolicy):
-        def plan_load(self, *args, **kwargs):
-            return inner.plan_load(*args, **kwargs)
+    def __init__(self, inner, control: WordSwitch, log: IOLog) -> None:
+        self._inner, self._control, self._log = inner, control, log
 
-        def plan_l1_retention(self, keys, l1_manager_desc, l2_adapter_desc):
-            mode = control.mode()
-            log.write(op="retention", mode=mode, chunks=len(keys))
-            return [mode == RETAIN] * len(keys)
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
 
-    return SwitchableRetentionPolicy()
+    def _decide(self, keys) -> list[bool]:
+        mode = self._control.word()
+        self._log.write(op="retention", mode=mode, chunks=len(keys))
+        return [mode == RETAIN] * len(keys)
+
+    def select_l1_retentions(self, keys):  # LMCache 0.5.3
+        return self._decide(keys)
+
+    def plan_l1_retention(self, keys, l1_manager_desc=None, l2_adapter_desc=None):  # LMCache 0.5.6
+        return self._decide(keys)
 
 
 def hook_fs_adapter(adapter, log: IOLog) -> None:
@@ -85,8 +100,9 @@ def hook_fs_adapter(adapter, log: IOLog) -> None:
     read, write = adapter._read_with_odirect, adapter._write_with_odirect
 
     def counted_read(file_path, dst_buf):
+        t0 = time.monotonic_ns()
         n = read(file_path, dst_buf)
-        log.write(op="read", bytes=int(n or 0), expected=len(dst_buf))
+        log.write(op="read", bytes=int(n or 0), expected=len(dst_buf), t0_ns=t0)
         return n
 
     def counted_write(file_path, buf):
@@ -101,20 +117,165 @@ def hook_fs_adapter(adapter, log: IOLog) -> None:
     adapter._write_with_odirect = counted_write
 
 
-def build_server_modules(build_context):
-    """The ``--server-module`` factory: installs the switch and the hook, adds no module.
+# -- keys of a prefetch spec / in-flight request, in both LMCache versions --
+def spec_keys(spec) -> list:
+    """0.5.3 ``PrefetchRequestSpec.keys``; 0.5.6 ``PrefetchTaskSpec.key_groups[*].keys``."""
+    if hasattr(spec, "keys") and not callable(spec.keys):
+        return list(spec.keys)
+    return [k for group in spec.key_groups for k in group.keys]
 
-    ``build_context.config``: ``control_file`` (retention word), ``io_log`` (JSON lines path).
+
+def request_keys(request) -> list:
+    """0.5.3 ``InFlightPrefetchRequest.keys``; 0.5.6 ``get_flattened_keys()``."""
+    if hasattr(request, "get_flattened_keys"):
+        return request.get_flattened_keys()
+    return list(request.keys)
+
+
+def key_ids(keys) -> list[int]:
+    """Short per-key ids for the log: equal keys give equal ids within this server process."""
+    return [hash(k) & 0xFFFFFFFF for k in keys]
+
+
+def l1_locked_count(request) -> int | None:
+    """Keys the request found (and read-locked) in L1 at its lock pass."""
+    try:
+        if hasattr(request, "l1_readlocks"):  # 0.5.3
+            return int(request.l1_readlocks.popcount())
+        return int(request.key_states.l1_locked_keys.merge().popcount())  # 0.5.6: MapState, L1 index -> Bitmap2D
+    except Exception:  # noqa: BLE001 - an unknown LMCache layout: reported as unknown, never guessed
+        return None
+
+
+def _plan_keys(plan) -> int:
+    """0.5.3 passes adapter -> Bitmap of keys to load; 0.5.6 key -> reserved MemoryObj."""
+    values = list(plan.values())
+    if values and all(hasattr(v, "popcount") for v in values):
+        return int(sum(v.popcount() for v in values))
+    return len(values)
+
+
+def _mode(spec) -> str:
+    mode = getattr(spec, "mode", None) or getattr(spec, "lock_mode", None)
+    return getattr(mode, "name", str(mode))
+
+
+class LookupTrace:
+    """Wraps the storage manager's and the prefetch controller's lookup steps; owns the singleflight."""
+
+    def __init__(self, storage_manager, controller, log: IOLog, singleflight: WordSwitch) -> None:
+        self.sm, self.controller, self.log, self.singleflight = storage_manager, controller, log, singleflight
+        self.parked: list[tuple[int, object, int, list[int]]] = []  # (request id, spec, t parked, blockers)
+        self._wrap_storage_manager()
+        self._wrap_controller()
+
+    # -- storage manager: what the engine asked for --
+    def _wrap_storage_manager(self) -> None:
+        sm, log = self.sm, self.log
+        submit, release = sm.submit_prefetch_task, sm.finish_read_prefetched
+
+        def submit_prefetch_task(spec, *args, **kwargs):
+            t = time.monotonic_ns()
+            handle = submit(spec, *args, **kwargs)
+            keys = spec_keys(spec)
+            found = getattr(handle, "l1_found_indices", None)  # 0.5.3 locks L1 here, before the controller
+            log.write(op="lookup", t_ns=t, ext=str(getattr(handle, "external_request_id", "")),
+                      pid=int(handle.prefetch_request_id), n_keys=len(keys), k=key_ids(keys), mode=_mode(spec),
+                      l1_keys=None if found is None else len(found))
+            return handle
+
+        def finish_read_prefetched(keys, *args, **kwargs):
+            out = release(keys, *args, **kwargs)
+            log.write(op="release", k=key_ids(keys), n_keys=len(keys))
+            return out
+
+        sm.submit_prefetch_task = submit_prefetch_task
+        sm.finish_read_prefetched = finish_read_prefetched
+
+    # -- controller: its lock pass, loads and completion; the singleflight --
+    def _wrap_controller(self) -> None:
+        c, log = self.controller, self.log
+        start, pending = c._start_lookup_phase, c._start_pending_requests
+        submit_loads, finish, status = c._submit_load_tasks, c._finish_request, c.report_status
+
+        def run_start(request_id, spec, t_parked: int | None) -> None:
+            t = time.monotonic_ns()
+            start(request_id, spec)
+            request = c._in_flight_requests.get(request_id)
+            keys = spec_keys(spec)
+            log.write(op="start", pid=request_id, t_ns=t, waited_ns=0 if t_parked is None else t - t_parked,
+                      parked=t_parked is not None, n_keys=len(keys), k=key_ids(keys),
+                      l1_keys=None if request is None else l1_locked_count(request))
+
+        def blockers(spec) -> list[int]:
+            mine = set(spec_keys(spec))
+            return [rid for rid, req in list(c._in_flight_requests.items()) if mine.intersection(request_keys(req))]
+
+        def start_lookup_phase(request_id, spec):
+            if self.singleflight.word() == ON:
+                waiting_for = blockers(spec)
+                if waiting_for:
+                    t = time.monotonic_ns()
+                    self.parked.append((request_id, spec, t, waiting_for))
+                    log.write(op="park", pid=request_id, t_ns=t, behind=waiting_for)
+                    return
+            run_start(request_id, spec, None)
+
+        def start_pending_requests():
+            still = []
+            for request_id, spec, t_parked, waiting_for in self.parked:
+                if len(c._in_flight_requests) < c._max_in_flight and not blockers(spec):
+                    try:
+                        run_start(request_id, spec, t_parked)
+                    except Exception:  # noqa: BLE001 - as LMCache's own loop does: log, keep serving
+                        import logging
+
+                        logging.getLogger(__name__).exception("kmesh: parked prefetch %d failed to start", request_id)
+                else:
+                    still.append((request_id, spec, t_parked, waiting_for))
+            self.parked = still
+            pending()
+
+        def submit_load_tasks(request, plan, *args, **kwargs):
+            t = time.monotonic_ns()
+            out = submit_loads(request, plan, *args, **kwargs)
+            log.write(op="load", pid=request.request_id, t_ns=t, n_keys=_plan_keys(plan),
+                      bytes=int(sum(getattr(request, "load_bytes_by_adapter", {}).values())))
+            return out
+
+        def finish_request(request, *args, **kwargs):
+            out = finish(request, *args, **kwargs)
+            log.write(op="done", pid=request.request_id)
+            return out
+
+        def report_status():
+            out = status()
+            out["kmesh_parked_count"] = len(self.parked)
+            out["kmesh_singleflight"] = self.singleflight.word()
+            return out
+
+        c._start_lookup_phase = start_lookup_phase
+        c._start_pending_requests = start_pending_requests
+        c._submit_load_tasks = submit_load_tasks
+        c._finish_request = finish_request
+        c.report_status = report_status
+
+
+def install_hooks(storage_manager, cfg: dict) -> dict:
+    """Installs the four hooks on a built ``StorageManager``; returns what it hooked.
+
+    ``cfg``: ``retention_file`` and ``singleflight_file`` (control words), ``io_log`` (JSON lines).
     """
-    cfg = build_context.config
     log = IOLog(cfg["io_log"])
-    storage_manager = build_context.server_context._storage_manager
     controller = storage_manager._prefetch_controller
-    controller._policy = switchable_policy(controller._policy, RetentionControl(cfg["control_file"]), log)
+    controller._policy = SwitchableRetentionPolicy(
+        controller._policy, WordSwitch(cfg["retention_file"], (RETAIN, DISCARD), DISCARD), log)
     hooked = []
     for adapter in storage_manager._l2_adapters.values():
         if type(adapter).__name__ == "FSL2Adapter":
             hook_fs_adapter(adapter, log)
             hooked.append(str(adapter._base_path))
-    log.write(op="plugin_ready", hooked=hooked, pid=os.getpid())
-    return None
+    LookupTrace(storage_manager, controller, log, WordSwitch(cfg["singleflight_file"], (ON, OFF), OFF))
+    info = {"fs_adapters": hooked, "pid": os.getpid()}
+    log.write(op="plugin_ready", **info)
+    return info

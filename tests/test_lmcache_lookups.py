@@ -1,0 +1,108 @@
+"""The lookup trace: assembling the server's lines and naming each lookup's mechanism (no server needed)."""
+from __future__ import annotations
+
+import pytest
+
+from kmesh_lib.lmcache.lookups import MECHANISMS, READS, assemble, classify, label_roles, phase_lookups, summarize
+
+MS = 1_000_000
+CTX = [11, 12, 13, 14]  # the four chunk-key ids of the shared context
+
+
+def lookup(ext, pid, t_ms, keys=CTX, l1=None):
+    return {"op": "lookup", "t_ns": int(t_ms * MS), "ext": ext, "pid": pid, "n_keys": len(keys), "k": keys,
+            "mode": "LOCK", "l1_keys": l1}
+
+
+def start(pid, t_ms, l1=0, keys=CTX, waited_ms=0.0, parked=False):
+    return {"op": "start", "pid": pid, "t_ns": int(t_ms * MS), "waited_ns": int(waited_ms * MS), "parked": parked,
+            "n_keys": len(keys), "k": keys, "l1_keys": l1}
+
+
+def load(pid, t_ms, n=4, nbytes=4 * 3 * (1 << 20)):
+    return {"op": "load", "pid": pid, "t_ns": int(t_ms * MS), "n_keys": n, "bytes": nbytes if n else 0}
+
+
+def done(pid, t_ms):
+    return {"op": "done", "pid": pid, "t_ns": int(t_ms * MS)}
+
+
+def mechanisms(events):
+    return [lk.mechanism for lk in classify(assemble(events))]
+
+
+def test_lmcache_053_together_one_load_and_contended_lookups():
+    """0.5.3, discard, together (the H200 probe): B and C arrive during A's load, lose the L1 reservation, read nothing."""
+    events = [lookup("g-A", 1, 4.7), start(1, 6.1), lookup("g-B", 2, 9.5), start(2, 10.5),
+              load(1, 16.1), lookup("g-C", 3, 12.6), start(3, 13.2), load(2, 20.0, n=0), done(2, 24.3),
+              load(3, 21.0, n=0), done(3, 26.6), done(1, 54.4)]
+    assert mechanisms(events) == ["first_load", "contended_in_flight", "contended_in_flight"]
+    assert summarize(classify(assemble(events)))["contended_keys"] == 8  # = LMCache's l1_contended chunks
+
+
+def test_lmcache_056_together_every_lookup_loads_its_own_copy():
+    events = [lookup("g-A", 1, 1.0), start(1, 1.1), lookup("g-B", 2, 1.5), start(2, 1.6), load(1, 2.0), load(2, 2.1),
+              done(1, 30.0), done(2, 31.0)]
+    assert mechanisms(events) == ["first_load", "concurrent_load"]
+
+
+def test_a_lookup_after_the_copy_was_released_rereads_and_one_during_a_reread_is_contended():
+    """1step, discard: B after A's load finished rereads; C during B's reread is contended; D after it rereads."""
+    events = [lookup("g-A", 1, 2.7), start(1, 3.5), load(1, 8.9), done(1, 43.6),
+              lookup("g-B", 2, 62.8), start(2, 63.4), load(2, 68.0),
+              lookup("g-C", 3, 80.6), start(3, 81.2), load(3, 83.0, n=0), done(3, 85.5), done(2, 107.0),
+              lookup("g-D", 4, 126.0), start(4, 126.4), load(4, 131.3), done(4, 168.1)]
+    assert mechanisms(events) == ["first_load", "reread_after_load", "contended_in_flight", "reread_after_load"]
+
+
+def test_singleflight_parked_lookups_wait_for_the_load_then_find_l1():
+    events = [lookup("g-A", 1, 6.9), start(1, 7.4), load(1, 10.0),
+              lookup("g-B", 2, 8.9), {"op": "park", "pid": 2, "t_ns": int(9.0 * MS), "behind": [1]},
+              done(1, 56.7), start(2, 56.8, l1=4, waited_ms=47.8, parked=True), load(2, 57.0, n=0), done(2, 62.1)]
+    lks = classify(assemble(events))
+    assert [lk.mechanism for lk in lks] == ["first_load", "waited_for_in_flight"]
+    assert lks[1].parked and lks[1].waited_ns == int(47.8 * MS) and lks[1].l1_keys == 4
+
+
+def test_retained_copy_is_l1_resident_and_missing_chunks_are_not_found():
+    # 0.5.3 serves an all-L1 lookup in the storage manager: no controller request (pid -1)
+    assert mechanisms([lookup("g-A", -1, 1.0, l1=4)]) == ["l1_resident"]
+    assert mechanisms([lookup("g-A", 5, 1.0), start(5, 1.1, l1=4), load(5, 1.2, n=0), done(5, 1.3)]) == ["l1_resident"]
+    assert mechanisms([lookup("g-A", 6, 1.0), start(6, 1.1, l1=0), load(6, 1.2, n=0), done(6, 1.3)]) == ["not_found"]
+    # a controller request whose start line is missing cannot be placed: unknown, never guessed
+    assert mechanisms([lookup("g-A", 7, 1.0)]) == ["unknown"]
+
+
+def test_other_keys_do_not_count_as_in_flight():
+    events = [lookup("x-A", 1, 1.0, keys=[1, 2]), start(1, 1.1), load(1, 1.5), lookup("y-A", 2, 2.0, keys=[8, 9]),
+              start(2, 2.1), load(2, 2.5), done(1, 30.0), done(2, 31.0)]
+    assert mechanisms(events) == ["first_load", "first_load"]
+
+
+def test_controller_lines_before_the_lookup_line_are_merged():
+    """The storage manager logs after ``submit_prefetch_task`` returns, the controller thread can log first."""
+    events = [start(3, 1.2), load(3, 2.0), lookup("g-A", 3, 1.0), done(3, 9.0)]
+    lks = assemble(events)
+    assert len(lks) == 1 and lks[0].ext == "g-A" and lks[0].load_keys == 4 and lks[0].t_done_ns == 9 * MS
+    assert classify(lks)[0].mechanism == "first_load"
+
+
+def test_roles_take_the_longest_request_id_prefix_and_summaries_count_reads():
+    events = [lookup("g-A-1a2b", 1, 1.0), start(1, 1.1), load(1, 1.5), done(1, 9.0),
+              lookup("g-A1-9f", 2, 10.0), start(2, 10.1), load(2, 10.5), done(2, 20.0),
+              lookup("", 3, 30.0), start(3, 30.1, l1=4), load(3, 30.2, n=0), done(3, 30.3)]
+    lks = phase_lookups(events, {"g-A": "A", "g-A1": "A1"})
+    assert [lk.role for lk in lks] == ["A", "A1", "http_prefetch"]
+    s = summarize(lks)
+    assert s["lookups"] == 3 and s["disk_reads"] == 2 and s["load_bytes"] == 2 * 12 * (1 << 20)
+    assert s["by_mechanism"] == {"first_load": 1, "reread_after_load": 1, "l1_resident": 1}
+    d = lks[1].to_dict(t0_ns=1 * MS)
+    assert d["t_arrival_ms"] == 9.0 and "keys" not in d and d["mechanism"] == "reread_after_load"
+    assert label_roles(lks, {})[0].role == "other"
+
+
+@pytest.mark.parametrize("m", MECHANISMS)
+def test_every_mechanism_is_documented_in_the_module_table(m):
+    import kmesh_lib.lmcache.lookups as mod
+
+    assert m in mod.__doc__ and (m in READS) == (m in ("first_load", "reread_after_load", "concurrent_load"))

