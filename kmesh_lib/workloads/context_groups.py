@@ -31,13 +31,15 @@ import re
 import shutil
 import string
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
+from pydantic import Field
+
 from kmesh_lib.base import topology
-from kmesh_lib.base.params import check
+from kmesh_lib.base.params import PathText, check, params_dataclass
 from kmesh_lib.base.processes import RUNTIME_ROOT, RuntimeDir, group_alive, listening_sockets
 from kmesh_lib.base.records import read_jsonl
 from kmesh_lib.engine.config import EngineParams
@@ -84,19 +86,22 @@ class ArrivalPattern:
         return "together" if self.spacing_ms == 0 else f"{self.spacing_ms:g}ms"
 
 
-@dataclass(frozen=True)
+@params_dataclass
 class ContextGroupParams(EngineParams):
     """The shared-context group's LMCache-path parameters (sections 16 and 20 inherit these)."""
 
-    FOLLOWUP_ARRIVALS: list[str] = field(default_factory=lambda: ["together"])  # see ArrivalPattern.parse
-    SINGLEFLIGHT: bool = False  # MP: a lookup overlapping an in-flight load of the same chunks waits for it
-    LMCACHE_SERVER: Literal["launcher", "stock"] = "launcher"  # launcher: kmesh hooks; stock: one server per arm
-    STRIPED_STORE_ROOT: str = ""  # an existing RAID 0 mount over >= 2 NVMe drives for the striped row ("" = none)
+    FOLLOWUP_ARRIVALS: list[str] = Field(
+        default_factory=lambda: ["together"], min_length=1,
+        description="follow-up submission spacing per group: together, <x>ms or <k>step (see ArrivalPattern)")
+    SINGLEFLIGHT: bool = Field(
+        False, description="MP: a lookup overlapping an in-flight load of the same chunks waits for it")
+    LMCACHE_SERVER: Literal["launcher", "stock"] = Field(
+        "launcher", description="launcher: the stock server with kmesh hooks; stock: one server per arm, stock policies")
+    STRIPED_STORE_ROOT: PathText = Field(
+        "", description="an existing RAID 0 mount over >= 2 NVMe drives for the striped row (empty: none)")
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check(bool(self.FOLLOWUP_ARRIVALS), f"FOLLOWUP_ARRIVALS={self.FOLLOWUP_ARRIVALS}: name at least one pattern, "
-                                            f"{ArrivalPattern.SYNTAX}")
+    def check_rules(self) -> None:
+        super().check_rules()
         for text in self.FOLLOWUP_ARRIVALS:
             try:
                 ArrivalPattern.parse(text)
@@ -108,10 +113,7 @@ class ContextGroupParams(EngineParams):
 
 def group_setting(cfg, name: str):
     """``cfg.<name>``, or ``ContextGroupParams``'s default for a config that does not inherit it yet."""
-    if hasattr(cfg, name):
-        return getattr(cfg, name)
-    f = ContextGroupParams.__dataclass_fields__[name]
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    return getattr(cfg, name) if hasattr(cfg, name) else getattr(ContextGroupParams(), name)
 
 
 def striped_store_row(cfg, topo: dict | None = None) -> dict:
