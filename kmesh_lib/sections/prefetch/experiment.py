@@ -36,7 +36,7 @@ PAPER = {"MEASURED_GROUPS": 200, "ENGINE_RUNS": 10, "PILOT_GROUPS": 10}
 # Seconds per group (by group size N) and per engine run's start (low, high), read off the published
 # runs' raw/blocks.jsonl (seconds, engine_start_s, groups per run); smoke from the golden runs.
 TIMING = {
-    "smoke": {"group_s": {4: (0.25, 0.6)}, "start_s": (15.0, 30.0),
+    "smoke": {"group_s": {4: (1.6, 2.4)}, "start_s": (10.0, 20.0),
               "source": "the smoke goldens (tiny shape, 2 CPU cores)"},
     "cpu": {"group_s": {4: (1.0, 2.3), 8: (2.6, 3.1)}, "start_s": (3.0, 8.0),
             "source": "outputs/prefetch/cpu-20261129-200122"},

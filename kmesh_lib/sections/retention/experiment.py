@@ -32,7 +32,7 @@ from kmesh_lib.workloads.context_groups import Block, kv_bytes_per_token
 # timestamps, engine_start_s) by profile; the smoke figures from the golden runs on the 2-core CPU machine.
 # Per group size N: an external group (retain or discard), a control group (recompute or floor).
 TIMING = {
-    "smoke": {"external_s": {4: (0.4, 0.9)}, "control_s": {4: (0.2, 0.5)}, "start_s": (12.0, 25.0),
+    "smoke": {"external_s": {4: (1.2, 2.0)}, "control_s": {4: (0.5, 1.5)}, "start_s": (13.0, 45.0),
               "source": "the smoke goldens (tiny shape, 2 CPU cores)"},
     "cpu": {"external_s": {4: (1.2, 1.6), 8: (1.4, 1.9)}, "control_s": {4: (0.6, 0.9), 8: (0.7, 1.0)},
             "start_s": (12.0, 20.0), "source": "outputs/retention/cpu-20261129-201843"},
