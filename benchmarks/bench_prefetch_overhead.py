@@ -1,13 +1,15 @@
 """How close does the early arm's first-token wait come to the engine-resident floor, and how much of
 it is measurement overhead?
 
-    .venv/bin/python benchmarks/bench_prefetch_overhead.py [RUN_DIR]     (default: latest outputs/prefetch run)
+    .venv/bin/python benchmarks/bench_prefetch_overhead.py [RUN_DIR]     (default: the newest run id in outputs/prefetch)
 
 Part 1 times the driver's own instruments on this machine (no engine): one ``time.monotonic_ns()``
 stamp, one readiness check (``threading.Event.is_set``), and the overshoot of the idle wait
 ``time.sleep(DRIVER_POLL_MS)``. Part 2 reads a finished run's ``raw/groups.jsonl`` and gives, per path
 and group size, the early arm's mean A-first-token wait, the floor's (``engine.vllm_engine.vllm_engine``), their paired gap
-with a 95 % bootstrap interval, and the part of the gap the instruments can explain: the early
+with a 95 % paired bootstrap interval (``stats.paired_saving``: scipy, percentile, seeded), over the
+pairs the section's tables use (a group in which a follow-up recomputed the context is left out, as
+there), and the part of the gap the instruments can explain: the early
 group's submission delay at T plus its stamps x the stamp cost (upper bound; the idle polls end
 before T and the prefetch polls run in another thread, so neither is on the measured path).
 """
@@ -43,8 +45,9 @@ def sleep_overshoot_us(poll_s: float, n: int = 400) -> tuple[float, float]:
 def main() -> int:
     import numpy as np
 
-    from kmesh_lib.base.records import read_jsonl
-    from kmesh_lib.sections.prefetch.stats import bootstrap_mean, cases, pairs
+    from kmesh_lib.base.records import RunFiles
+    from kmesh_lib.sections.prefetch.checks import groups_of
+    from kmesh_lib.sections.prefetch.stats import cases, paired_saving, pairs
 
     stamp_ns = per_call_ns(time.monotonic_ns)
     ev = threading.Event()
@@ -56,12 +59,12 @@ def main() -> int:
         run = Path(sys.argv[1])
     else:
         runs = sorted((p for p in (REPO / "outputs" / "prefetch").glob("*") if (p / "raw" / "groups.jsonl").exists()),
-                      key=lambda p: p.stat().st_mtime)
+                      key=lambda p: p.name.split("-", 1)[-1])  # by the run id's date, not the file time
         if not runs:
             print("no prefetch run to analyse")
             return 0
         run = runs[-1]
-    groups = read_jsonl(run / "raw" / "groups.jsonl")
+    groups = groups_of(RunFiles(run))
     print(f"run: {run.name}")
     rows = []
     for path, n in cases(groups):
@@ -70,7 +73,7 @@ def main() -> int:
             ps = pairs(sub, arm, "engine")
             if not ps:
                 continue
-            gap, lo, hi = bootstrap_mean([x["wait_a_s"] - y["wait_a_s"] for x, y in ps], 5000, 0)
+            gap, lo, hi = paired_saving([x["wait_a_s"] for x, _ in ps], [y["wait_a_s"] for _, y in ps], 5000, 0)
             overhead = float(np.mean([x["submit_delay_s"] + x["stamps"] * stamp_ns / 1e9 for x, _ in ps]))
             floor = float(np.mean([y["wait_a_s"] for _, y in ps]))
             rows.append({"path": path, "N": n, "arm": arm, "lead_ms": ps[0][0]["lead_ms"], "pairs": len(ps),

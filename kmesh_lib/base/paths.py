@@ -14,3 +14,9 @@ CACHE_DIR = Path(os.environ.get("KMESH_CACHE", REPO_ROOT / ".kmesh-cache"))
 def pythonpath_with_repo() -> str:
     """``PYTHONPATH`` for a child process that must import this checkout's ``kmesh_lib``."""
     return os.pathsep.join([str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+
+
+def repo_relative(path: str | Path) -> str | None:
+    """``path`` relative to the repository root, or None outside it: run records name no machine paths."""
+    p = Path(path).resolve()
+    return str(p.relative_to(REPO_ROOT)) if p.is_relative_to(REPO_ROOT) else None

@@ -242,6 +242,30 @@ class RunRecord:
         record.flush()
         return record
 
+    @classmethod
+    def render(cls, section: str, run_dir: str | Path) -> RunRecord:
+        """Reopens a run measured elsewhere (a GPU driver's run folder) to render its notebook in place.
+
+        The folder *is* the run: ``env.json`` (the measuring machine), ``params.resolved.yaml`` and
+        ``raw/`` stay as measured and nothing is copied. This machine is recorded separately, as
+        ``results["render_environment"]``. As with ``open``, the status is ``running`` until ``finish``.
+        """
+        run_dir = Path(run_dir)
+        for name in ("params.resolved.yaml", "env.json", "raw"):
+            if not (run_dir / name).exists():
+                raise RunFileError(f"{run_dir / name}: missing; a run to render holds what its measurement wrote")
+        record = cls(run_dir, section)
+        if record.results.get("section", section) != section:
+            raise RunFileError(f"{run_dir}: a run of section {record.results['section']!r}, not {section!r}")
+        record.results.setdefault("section", section)
+        record.results.setdefault("run_id", run_dir.name)
+        render = {k: v for k, v in environment().items() if k in ("python", "device", "packages", "git", "time_utc")}
+        record.results["render_environment"] = render
+        record.results["status"] = "running"
+        record.results.pop("finished_utc", None)
+        record.flush()
+        return record
+
     def files(self) -> RunFiles:
         """The run as recorded so far, for ``checks``: the same reader ``kmesh verify`` uses."""
         return RunFiles(self.run_dir)

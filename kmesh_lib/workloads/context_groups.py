@@ -234,7 +234,8 @@ class Block:
         self.arrival = text if isinstance(text, ArrivalPattern) else ArrivalPattern.parse(text)
         self.tier = None
         self.engine = None
-        self.summary: dict = {"block": self.name, "path": path, "group_size": group_size, "status": "ok"}
+        # ``running`` until run() ends: ``ok``, ``disk_full``, or ``failed`` with the error it raised
+        self.summary: dict = {"block": self.name, "path": path, "group_size": group_size, "status": "running"}
         self.groups: list[dict] = []
 
     # -- set-up --
@@ -302,13 +303,17 @@ class Block:
         try:
             self.start()
             self.run_pairs(record)
+            self.summary["status"] = "ok"
         except DiskTierFull as e:
             self.summary.update(status="disk_full", detail=str(e))
             self.log(f"{self.name}: disk tier full: {e}")
+        except Exception as e:
+            self.summary.update(status="failed", error=f"{type(e).__name__}: {e}")
+            raise
         finally:
             self.close()
-        if record is not None:
-            record.append_jsonl("blocks.jsonl", self.summary)
+            if record is not None:  # a raised run is recorded too, as failed (its groups so far are in raw/)
+                record.append_jsonl("blocks.jsonl", self.summary)
         return self
 
     def run_pairs(self, record) -> None:

@@ -1,7 +1,8 @@
 """Section 20, prefetch: Does loading shared context early help, once repeat reads are gone?"""
-from kmesh_lib.sections.prefetch.checks import checks
+from kmesh_lib.sections.prefetch.checks import checks, counts
 from kmesh_lib.sections.prefetch.experiment import plan
 from kmesh_lib.sections.prefetch.params import PrefetchParams as Params
+from kmesh_lib.sections.prefetch.summary import answer, headline, public_results
 
 KEY = "prefetch"
 NUMBER = "20"
@@ -10,4 +11,5 @@ NOTEBOOK = "20_prefetch.ipynb"
 USES_ENGINE = True
 QUESTION = "Does loading shared context early help, once repeat reads are gone?"
 
-__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TITLE", "USES_ENGINE", "plan", "checks"]
+__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TITLE", "USES_ENGINE", "answer", "checks", "counts",
+           "headline", "plan", "public_results"]

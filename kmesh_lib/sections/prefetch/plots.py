@@ -1,7 +1,14 @@
-"""Section 20's figures: waits per arm (every measured group) and the pilot's wait against lead."""
+"""Section 20's figures: waits per arm (every measured group), the pilot, and the lead sweep.
+
+``lead_sweep_figure`` draws on a bare ``matplotlib.figure.Figure`` (no pyplot state), so the live
+panel can redraw it from a background thread and the notebook can show it as a static image that
+an offline report keeps (the widget itself needs JavaScript; the figure does not).
+"""
 from __future__ import annotations
 
-from kmesh_lib.sections.prefetch.stats import usable
+import io
+
+from kmesh_lib.sections.prefetch.stats import cases, floor_wait, lead_sweep, usable
 
 ARM_ORDER = ("on_arrival", "early", "early_fixed", "dram", "engine")
 
@@ -9,7 +16,6 @@ ARM_ORDER = ("on_arrival", "early", "early_fixed", "dram", "engine")
 def plot_arms(groups: list[dict], path: str, out=None, ax_pair=None):
     """Per group size: every measured group's A-first-token wait and makespan, by arm (ms)."""
     import matplotlib.pyplot as plt
-
 
     gs = [g for g in usable(groups) if g["path"] == path]
     sizes = sorted({g["group_size"] for g in gs})
@@ -51,3 +57,50 @@ def plot_pilot(groups: list[dict], out=None):
     if out is not None:
         fig.savefig(out, dpi=80)
     return fig
+
+
+def lead_sweep_figure(groups: list[dict], only: tuple[str, int] | None = None, highlight_ms: float | None = None,
+                      out=None):
+    """A's first token (median, p25-p75) against the lead, per path and group size, from recorded groups.
+
+    Early leads: filled where every group was ready at T, hollow otherwise. On arrival (lead 0, no
+    preparation) is the grey band, the engine-resident floor the dashed line. ``highlight_ms``
+    marks a lead (the panel's slider); ``only`` draws one (path, N).
+    """
+    from matplotlib.figure import Figure
+
+    rows = lead_sweep(groups)
+    floors = floor_wait(groups)
+    panels = [only] if only else cases([r for r in rows])
+    fig = Figure(figsize=(4.6 * max(1, len(panels)), 3.3))
+    for i, (path, n) in enumerate(panels or [("", 0)]):
+        ax = fig.add_subplot(1, max(1, len(panels)), i + 1)
+        mine = [r for r in rows if r["path"] == path and r["group_size"] == n]
+        early = [r for r in mine if r["arm"] == "early"]
+        for r in [r for r in mine if r["arm"] == "on_arrival"][:1]:
+            ax.axhspan(r["p25"], r["p75"], color="0.85", label="on arrival (p25-p75)")
+            ax.axhline(r["A first token ms (median)"], color="0.5", lw=1)
+        if (path, n) in floors:
+            ax.axhline(floors[(path, n)][0], color="tab:green", ls="--", lw=1, label="floor (in vLLM)")
+        for r in early:
+            all_ready = r["ready"] == r["groups"]
+            y = r["A first token ms (median)"]
+            ax.errorbar([r["lead_ms"]], [y], yerr=[[y - r["p25"]], [r["p75"] - y]], fmt="o", color="tab:blue",
+                        mfc="tab:blue" if all_ready else "white", capsize=3, ms=6)
+        ax.plot([], [], "o", color="tab:blue", label="early, all ready")
+        ax.plot([], [], "o", color="tab:blue", mfc="white", label="early, some late")
+        if highlight_ms is not None:
+            ax.axvline(highlight_ms, color="tab:red", lw=1)
+        ax.set(xlabel="lead before T (ms)", ylabel="A's first token, ms from T", title=f"{path} N={n}")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    if out is not None:
+        fig.savefig(out, dpi=80)
+    return fig
+
+
+def png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80)
+    return buf.getvalue()

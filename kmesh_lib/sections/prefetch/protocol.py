@@ -12,6 +12,15 @@ Arms (LMCache keeps its copy in every arm: retention on, so a group reads the di
 Before every group (not timed): vLLM's prefix cache is reset, LMCache's memory copy dropped (the
 context back to disk-only), the tier settled. Arms of a pair share the suffixes and run back to
 back, in alternating order. The engine, tier and context store are ``workloads.context_groups.Block``'s.
+
+A group's status: ``tier_error`` (a chunk found no arena space or was gone from the disk tier),
+``not_placed`` (a placement control did not hold the context at T), ``recomputed`` (a follow-up
+found fewer than ``expected_cached_tokens`` -- the context's full blocks -- cached, so it recomputed
+what the arm was to provide; the group leaves the paired tables), else ``ok``.
+
+An engine run's summary (``raw/blocks.jsonl``) is ``running`` until its last statement: ``ok``
+when every group ran, ``failed`` with the error when it raised (recorded, then re-raised). Only an
+``ok`` run is finished; a resumed driver runs any other again (``sections.prefetch.gpu``).
 """
 from __future__ import annotations
 
@@ -133,6 +142,10 @@ class PrefetchRun(Block):
             status, detail = "not_placed", f"memory tier held {placed['memory_tier_bytes_at_arrival']} bytes at T"
         if reads.oom_chunks or reads.missing_chunks:
             status, detail = "tier_error", f"{reads.oom_chunks} chunks without arena space, {reads.missing_chunks} missing"
+        cached = [r.num_cached_tokens for r in timing.results]
+        if status == "ok" and min(cached) < expected:
+            status = "recomputed"
+            detail = f"{sum(c < expected for c in cached)} follow-up(s) found {min(cached)} of {expected} context tokens cached"
         rel = timing.t_arrival_ns
         return {
             "block": self.name, "path": self.path, "group_size": self.group_size, "run_index": self.run_index,
@@ -147,7 +160,7 @@ class PrefetchRun(Block):
             "wait_a_s": timing.wait_a_s(), "makespan_s": timing.makespan_s(cfg.MAX_TOKENS),
             "submit_delay_s": timing.submit_delay_s(),
             "first_token_s": [(r.t_first_token_ns - rel) / 1e9 for r in timing.results],
-            "num_cached_tokens": [r.num_cached_tokens for r in timing.results],
+            "num_cached_tokens": cached, "expected_cached_tokens": expected,
             "num_output_tokens": [len(r.output_token_ids) for r in timing.results],
             "loop_iterations": timing.loop_iterations, "idle_waits": timing.idle_waits, "stamps": timing.stamps,
             "disk_bytes": reads.hook_bytes if reads.hook_bytes is not None else reads.device_bytes,
@@ -159,7 +172,7 @@ class PrefetchRun(Block):
 def run_engine(cfg, path: str, n: int, run_index: int, lead_ms: float | None, record=None,
                log=print) -> tuple[list[dict], dict]:
     """One fresh engine run. ``lead_ms`` None: the pilot runs first and picks the early arm's lead
-    (``app.registry.prefetch.stats.choose_lead``); otherwise the confirmation uses ``lead_ms``."""
+    (``stats.choose_lead``); otherwise the confirmation uses ``lead_ms``."""
 
     run = PrefetchRun(cfg, path, n, run_index, log=log)
     t0 = time.monotonic()
@@ -169,6 +182,10 @@ def run_engine(cfg, path: str, n: int, run_index: int, lead_ms: float | None, re
             lead_ms = choose_lead(run.pilot(cfg.LEADS_MS, cfg.PILOT_GROUPS, record), cfg.LEADS_MS)
         run.summary["lead_ms"] = lead_ms
         run.confirm(confirm_arms(cfg, lead_ms), cfg.pairs_per_run, cfg.WARMUP_PAIRS, record)
+        run.summary["status"] = "ok"
+    except Exception as e:
+        run.summary.update(status="failed", error=f"{type(e).__name__}: {e}")
+        raise
     finally:
         run.close()
         run.summary["seconds"] = round(time.monotonic() - t0, 1)

@@ -1,16 +1,55 @@
-"""Section 20's numbers from the group records: lead choice, bootstrap intervals, tables, invariants.
+"""Section 20's numbers from the group records: group status, lead choice, paired intervals, tables.
 
-Every comparison is paired: two arms' groups of the same engine run and pair share the suffixes
-and ran back to back, so the interval is over per-pair differences ``a - b`` (positive = ``b``
-is faster, a saving), resampled with numpy's seeded generator, 95 % percentile interval. Means
-and savings are computed from unrounded seconds; rounding happens only in the returned rows.
+A group's status is what the protocol recorded (``ok``, ``tier_error``, ``not_placed``) or
+``recomputed``: a follow-up found less of the shared context cached than the context's full blocks
+(``num_cached_tokens`` below ``expected_cached_tokens``), so it recomputed what the arm was meant to
+have prepared. Such a group leaves the paired tables -- with its partner, since a pair is compared
+as a whole -- and the savings are published both ways (``all_cases`` with and without it), so a
+reader sees what it would have changed. Runs recorded before this status existed are classified
+from their raw counts (``classify``), with the params' block size.
+
+Every comparison is paired: two arms' groups of the same engine run and pair share the suffixes and
+ran back to back, so the interval is ``scipy.stats.bootstrap`` over the pairs (``paired=True``,
+percentile, 95 %, seeded with SEED) of the mean difference ``a - b`` (positive = ``b`` is faster, a
+saving). Means and savings are computed from unrounded seconds; rounding happens only in the rows.
 """
 from __future__ import annotations
 
 import numpy as np
 
 STOPWATCHES = {"wait_a_s": "A first token", "makespan_s": "all done"}
+ARMS = ("on_arrival", "early", "early_fixed", "dram", "engine")
 MIB = 1 << 20
+BOOTSTRAP = "scipy.stats.bootstrap, paired, percentile, 95 %"
+
+
+def expected_cached(g: dict, block_size: int | None = None) -> int:
+    """Context tokens a follow-up finds cached when the whole context is: every full block of it."""
+    if g.get("expected_cached_tokens") is not None:
+        return g["expected_cached_tokens"]
+    return (g["context_tokens"] // block_size) * block_size if block_size else g["context_tokens"]
+
+
+def recomputed(g: dict, block_size: int | None = None) -> bool:
+    """A follow-up of this group found less than the shared context cached (and recomputed the rest)."""
+    return min(g["num_cached_tokens"]) < expected_cached(g, block_size)
+
+
+def classify(groups: list[dict], block_size: int | None = None) -> list[dict]:
+    """The groups with ``recomputed`` as their status where a follow-up recomputed the context.
+
+    New runs record that status themselves (``protocol``); for runs recorded before it, an ``ok``
+    group whose counts show a recomputing follow-up is reclassified here. Every group (a copy; raw/
+    is not edited) carries ``expected_cached_tokens``, from ``block_size`` where it did not record it.
+    """
+    out = []
+    for g in groups:
+        if "num_cached_tokens" in g:
+            g = dict(g, expected_cached_tokens=expected_cached(g, block_size))
+            if g.get("status") == "ok" and recomputed(g):
+                g["status"] = "recomputed"
+        out.append(g)
+    return out
 
 
 def choose_lead(pilot: list[dict], leads_ms: list[float]) -> float:
@@ -22,24 +61,33 @@ def choose_lead(pilot: list[dict], leads_ms: list[float]) -> float:
     return float(max(leads_ms))
 
 
-def bootstrap_mean(diffs, resamples: int = 10000, seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
-    """(mean, low, high): the mean of ``diffs`` and its percentile bootstrap interval."""
-    d = np.asarray(diffs, dtype=float)
-    if d.size == 0:
+def paired_saving(a, b, resamples: int = 10000, seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high) of ``a - b`` over pairs, with its paired percentile bootstrap interval."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.size == 0:
         return float("nan"), float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    means = d[rng.integers(0, d.size, size=(resamples, d.size))].mean(axis=1)
-    tail = (1 - level) / 2 * 100
-    return float(d.mean()), float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))
+    mean = float(np.mean(a - b))
+    if a.size < 2:
+        return mean, float("nan"), float("nan")
+    from scipy.stats import bootstrap
+
+    kwargs = dict(paired=True, vectorized=True, n_resamples=resamples, confidence_level=level, method="percentile")
+    statistic = lambda x, y, axis: np.mean(x - y, axis=axis)
+    try:
+        res = bootstrap((a, b), statistic, rng=np.random.default_rng(seed), **kwargs)
+    except TypeError:  # scipy before 1.15 names it random_state
+        res = bootstrap((a, b), statistic, random_state=np.random.default_rng(seed), **kwargs)
+    return mean, float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
-def usable(groups: list[dict]) -> list[dict]:
-    return [g for g in groups if g.get("measured") and g.get("status") == "ok"]
+def usable(groups: list[dict], with_recomputed: bool = False) -> list[dict]:
+    keep = ("ok", "recomputed") if with_recomputed else ("ok",)
+    return [g for g in groups if g.get("measured") and g.get("status") in keep]
 
 
-def pairs(groups: list[dict], a: str, b: str) -> list[tuple[dict, dict]]:
-    """Measured (a, b) groups of the same engine run and pair."""
-    by = {(g["block"], g["pair"], g["arm"]): g for g in usable(groups)}
+def pairs(groups: list[dict], a: str, b: str, with_recomputed: bool = False) -> list[tuple[dict, dict]]:
+    """Measured (a, b) groups of the same engine run and pair, both usable."""
+    by = {(g["block"], g["pair"], g["arm"]): g for g in usable(groups, with_recomputed)}
     return [(g, by[(g["block"], g["pair"], b)]) for (blk, p, arm), g in sorted(by.items(), key=lambda kv: kv[0][:2])
             if arm == a and (blk, p, b) in by]
 
@@ -52,31 +100,50 @@ def _of(groups, path, n):
     return [g for g in groups if g.get("path") == path and g.get("group_size") == n]
 
 
-def saving_row(groups, path, n, base: str, arm: str, resamples: int, seed: int) -> dict:
+def _ms(x: float) -> float:
+    return round(x * 1e3, 2)
+
+
+def saving_row(groups, path, n, base: str, arm: str, resamples: int, seed: int, with_recomputed: bool = False) -> dict:
     """Mean saving of ``arm`` over ``base`` (base - arm) for both stopwatches, with intervals."""
-    ps = pairs(_of(groups, path, n), base, arm)
+    ps = pairs(_of(groups, path, n), base, arm, with_recomputed)
     row = {"path": path, "group_size": n, "comparison": f"{base} - {arm}", "pairs": len(ps)}
-    if ps and ps[0][1].get("lead_ms") is not None and arm != base:
-        row["lead_ms"] = ps[0][1]["lead_ms"] if arm.startswith("early") else None
+    if ps and arm.startswith("early"):
+        row["lead_ms"] = ps[0][1]["lead_ms"]
     for key, label in STOPWATCHES.items():
-        mean, lo, hi = bootstrap_mean([x[key] - y[key] for x, y in ps], resamples, seed)
-        row[f"{label} {base} ms"] = round(1e3 * float(np.mean([x[key] for x, _ in ps])), 2) if ps else None
-        row[f"{label} {arm} ms"] = round(1e3 * float(np.mean([y[key] for _, y in ps])), 2) if ps else None
-        row[f"{label} saving ms"] = round(mean * 1e3, 2)
-        row[f"{label} 95% CI ms"] = [round(lo * 1e3, 2), round(hi * 1e3, 2)]
+        mean, lo, hi = paired_saving([x[key] for x, _ in ps], [y[key] for _, y in ps], resamples, seed)
+        row[f"{label} {base} ms"] = _ms(float(np.mean([x[key] for x, _ in ps]))) if ps else None
+        row[f"{label} {arm} ms"] = _ms(float(np.mean([y[key] for _, y in ps]))) if ps else None
+        row[f"{label} saving ms"] = _ms(mean)
+        row[f"{label} 95% CI ms"] = [_ms(lo), _ms(hi)]
     early = [y for _, y in ps if y.get("ready") is not None]
     row["ready"] = f"{sum(bool(y['ready']) for y in early)}/{len(early)}" if early else "n/a"
     return row
 
 
-def all_cases(groups, resamples: int = 10000, seed: int = 0) -> list[dict]:
+def all_cases(groups, resamples: int = 10000, seed: int = 0, with_recomputed: bool = False) -> list[dict]:
     """Per path and group size: early and early_fixed against on_arrival, and early against early_fixed."""
     rows = []
     for path, n in cases(groups):
-        arms = {g["arm"] for g in usable(_of(groups, path, n))}
+        arms = {g["arm"] for g in usable(_of(groups, path, n), with_recomputed)}
         for base, arm in (("on_arrival", "early"), ("on_arrival", "early_fixed"), ("early_fixed", "early")):
             if base in arms and arm in arms:
-                rows.append(saving_row(groups, path, n, base, arm, resamples, seed))
+                rows.append(saving_row(groups, path, n, base, arm, resamples, seed, with_recomputed))
+    return rows
+
+
+def both_ways(without: list[dict], with_: list[dict]) -> list[dict]:
+    """The savings with and without the groups in which a follow-up recomputed the context, side by side."""
+    by = {(r["path"], r["group_size"], r["comparison"]): r for r in with_}
+    rows = []
+    for r in without:
+        w = by.get((r["path"], r["group_size"], r["comparison"]), {})
+        for label in STOPWATCHES.values():
+            rows.append({"path": r["path"], "group_size": r["group_size"], "comparison": r["comparison"],
+                         "stopwatch": label, "pairs": r["pairs"], "saving ms": r[f"{label} saving ms"],
+                         "95% CI ms": r[f"{label} 95% CI ms"], "pairs with recomputed": w.get("pairs"),
+                         "saving with recomputed ms": w.get(f"{label} saving ms"),
+                         "95% CI with recomputed ms": w.get(f"{label} 95% CI ms")})
     return rows
 
 
@@ -85,17 +152,16 @@ def example(groups, path: str, n: int = 4) -> dict:
     gs = usable(_of(groups, path, n))
     out = {"path": path, "group_size": n}
     means = {}
-    for arm in ("on_arrival", "early", "early_fixed", "dram", "engine"):
+    for arm in ARMS:
         xs = [g for g in gs if g["arm"] == arm]
         if xs:
             means[arm] = {k: float(np.mean([g[k] for g in xs])) for k in STOPWATCHES}
-            out[arm] = {"groups": len(xs), **{f"{STOPWATCHES[k]} ms": round(v * 1e3, 2) for k, v in means[arm].items()}}
+            out[arm] = {"groups": len(xs), **{f"{STOPWATCHES[k]} ms": _ms(v) for k, v in means[arm].items()}}
             if arm.startswith("early"):
                 out[arm]["lead_ms"] = xs[0]["lead_ms"]
                 out[arm]["ready"] = f"{sum(bool(g['ready']) for g in xs)}/{len(xs)}"
     if "on_arrival" in means and "early" in means:
-        out["saving"] = {f"{STOPWATCHES[k]} ms": round((means["on_arrival"][k] - means["early"][k]) * 1e3, 2)
-                         for k in STOPWATCHES}
+        out["saving"] = {f"{STOPWATCHES[k]} ms": _ms(means["on_arrival"][k] - means["early"][k]) for k in STOPWATCHES}
     return out
 
 
@@ -108,20 +174,20 @@ def pilot_table(groups) -> list[dict]:
             tok = [g["readiness"]["warmup_token_s"] for g in gs if g["readiness"]["warmup_token_s"] is not None]
             rows.append({"path": path, "group_size": n, "lead_ms": lead, "groups": len(gs),
                          "ready": sum(bool(g["ready"]) for g in gs), "all ready": all(g["ready"] for g in gs),
-                         "prep": gs[0]["prep"],
+                         "recomputed": sum(g.get("status") == "recomputed" for g in gs), "prep": gs[0]["prep"],
                          "warm-up token vs T ms (median)": round(1e3 * float(np.median(tok)), 1) if tok else None,
-                         "A first token ms (mean)": round(1e3 * float(np.mean([g["wait_a_s"] for g in gs])), 2),
+                         "A first token ms (mean)": _ms(float(np.mean([g["wait_a_s"] for g in gs]))),
                          "not ready because": sorted({g["readiness"]["why_not"].split(" ")[0] + " ..." for g in gs
                                                       if not g["ready"]})})
     return rows
 
 
 def placement(groups, resamples: int = 10000, seed: int = 0) -> list[dict]:
-    """Every arm beside the floor (``engine.vllm_engine.vllm_engine``): means, and the paired gap to the floor with intervals."""
+    """Every arm beside the floor (``engine``): means, and the paired gap to the floor with intervals."""
     rows = []
     for path, n in cases(groups):
         gs = usable(_of(groups, path, n))
-        for arm in ("on_arrival", "early", "early_fixed", "dram", "engine"):
+        for arm in ARMS:
             xs = [g for g in gs if g["arm"] == arm]
             if not xs:
                 continue
@@ -130,11 +196,11 @@ def placement(groups, resamples: int = 10000, seed: int = 0) -> list[dict]:
                    "disk MiB/group": round(float(np.mean([g["disk_bytes"] or 0 for g in xs])) / MIB, 2)}
             ps = pairs(_of(groups, path, n), arm, "engine") if arm != "engine" else []
             for key, label in STOPWATCHES.items():
-                row[f"{label} ms"] = round(1e3 * float(np.mean([g[key] for g in xs])), 2)
+                row[f"{label} ms"] = _ms(float(np.mean([g[key] for g in xs])))
                 if ps:
-                    mean, lo, hi = bootstrap_mean([x[key] - y[key] for x, y in ps], resamples, seed)
-                    row[f"{label} above floor ms"] = round(mean * 1e3, 2)
-                    row[f"{label} above floor 95% CI"] = [round(lo * 1e3, 2), round(hi * 1e3, 2)]
+                    mean, lo, hi = paired_saving([x[key] for x, _ in ps], [y[key] for _, y in ps], resamples, seed)
+                    row[f"{label} above floor ms"] = _ms(mean)
+                    row[f"{label} above floor 95% CI"] = [_ms(lo), _ms(hi)]
             rows.append(row)
     return rows
 
@@ -146,54 +212,69 @@ def overhead(groups) -> list[dict]:
         for arm in ("on_arrival", "early", "engine"):
             xs = [g for g in usable(_of(groups, path, n)) if g["arm"] == arm]
             if xs:
+                delays = [g["submit_delay_s"] for g in xs]
                 rows.append({"path": path, "group_size": n, "arm": arm,
-                             "submit delay ms (mean)": round(1e3 * float(np.mean([g["submit_delay_s"] for g in xs])), 3),
-                             "submit delay ms (max)": round(1e3 * float(np.max([g["submit_delay_s"] for g in xs])), 3),
+                             "submit delay ms (mean)": round(1e3 * float(np.mean(delays)), 3),
+                             "submit delay ms (max)": round(1e3 * float(np.max(delays)), 3),
                              "stamps/group": round(float(np.mean([g["stamps"] for g in xs])), 1),
                              "idle polls/group": round(float(np.mean([g["idle_waits"] for g in xs])), 1)})
     return rows
 
 
-def invariants(groups: list[dict]) -> list[tuple[str, bool, str]]:
-    """(name, ok, detail) recomputed from the records; ``kmesh verify`` runs these from raw/."""
-    measured = [g for g in groups if g.get("measured")]
-    early = [g for g in groups if g.get("arm", "").startswith("early")]
-    bad = [g for g in measured if g["status"] != "ok"]
-    over = [g for g in measured + [g for g in groups if g.get("phase") == "pilot"]
-            if (g["arm"] in ("dram", "engine") or g.get("ready")) and (g["disk_bytes"] or 0) > g["context_bytes"] * 1.5]
-    uncached = [g for g in measured if g["arm"] != "on_arrival" and min(g["num_cached_tokens"]) < g["context_tokens"] - 32]
-    out = [("measured groups recorded", bool(measured), f"{len(measured)}"),
-           ("every measured group ok", not bad, f"{len(bad)} not ok: {sorted({g['status'] for g in bad})}"),
-           ("every early group has a readiness record", all(g.get("readiness") for g in early), f"{len(early)} early groups"),
-           ("every prepared group (ready early, dram, engine) read the context from the disk tier once", not over,
-            f"{len(over)} groups read more"),
-           ("every follow-up of a prepared group found the shared context cached", not uncached,
-            f"{len(uncached)} groups recomputed some")]
-    for (path, n) in cases([g for g in groups if g.get("phase") == "pilot"]):
-        pilot = [g for g in _of(groups, path, n) if g.get("phase") == "pilot"]
-        leads = sorted({g["lead_ms"] for g in pilot})
-        chosen = choose_lead(pilot, leads)
-        used = {g["lead_ms"] for g in _of(groups, path, n) if g.get("arm") == "early" and g.get("phase") != "pilot"}
-        out.append((f"{path} N={n}: confirmation lead is the pilot's shortest all-ready lead", used <= {chosen},
-                    f"chosen {chosen} ms, used {sorted(used)}"))
-    return out
-
-
 def disk_reads(groups: list[dict]) -> list[dict]:
     """Measured, not required: how many times each arm's group read the context from the disk tier.
 
+    Over every measured group that ran cleanly, recomputing ones included (they read too).
     NOTE: on the MP path the follow-ups of an on-arrival group look up together; each lookup is an
     L2 -> L1 prefetch, and a lookup that lands before the first load is retained rereads it.
     """
     rows = []
     for path, n in cases(groups):
-        for arm in ("on_arrival", "early", "early_fixed", "dram", "engine"):
-            xs = [g for g in usable(_of(groups, path, n)) if g["arm"] == arm]
+        for arm in ARMS:
+            xs = [g for g in usable(_of(groups, path, n), with_recomputed=True) if g["arm"] == arm]
             if xs:
                 r = [(g["disk_bytes"] or 0) / g["context_bytes"] for g in xs]
                 rows.append({"path": path, "group_size": n, "arm": arm, "groups": len(xs),
                              "context reads/group (mean)": round(float(np.mean(r)), 2),
                              "min": round(float(np.min(r)), 2), "max": round(float(np.max(r)), 2),
                              "follow-ups that recomputed the context": sum(
-                                 c < g["context_tokens"] - 32 for g in xs for c in g["num_cached_tokens"])})
+                                 c < expected_cached(g) for g in xs for c in g["num_cached_tokens"]),
+                             "groups recomputed": sum(g["status"] == "recomputed" for g in xs)})
     return rows
+
+
+def recomputed_groups(groups: list[dict]) -> list[dict]:
+    """Every group (all arms and phases) in which a follow-up recomputed the context, as a row."""
+    return [{"block": g["block"], "pair": g["pair"], "arm": g["arm"], "phase": g.get("phase"),
+             "lead_ms": g.get("lead_ms"), "fewest cached tokens": min(g["num_cached_tokens"]),
+             "expected cached tokens": expected_cached(g), "follow-ups recomputing": sum(
+                 c < expected_cached(g) for c in g["num_cached_tokens"]),
+             "A first token ms": _ms(g["wait_a_s"])} for g in groups if g.get("status") == "recomputed"]
+
+
+def lead_sweep(groups: list[dict]) -> list[dict]:
+    """A's wait and readiness per lead and group size: the pilot's leads, on arrival (lead 0) and
+    every confirmation lead, from the recorded groups (the live panel re-plots from these)."""
+    rows = []
+    for path, n in cases(groups):
+        gs = [g for g in _of(groups, path, n) if g.get("status") in ("ok", "recomputed")
+              and (g.get("phase") == "pilot" or g.get("measured")) and g["arm"] in ("on_arrival", "early", "early_fixed")]
+        for arm, lead in sorted({(g["arm"] if g["arm"] == "on_arrival" else "early", g["lead_ms"]) for g in gs},
+                                key=lambda x: (x[0] != "on_arrival", x[1])):
+            xs = [g for g in gs if g["lead_ms"] == lead and (g["arm"] == "on_arrival") == (arm == "on_arrival")]
+            waits = np.array([g["wait_a_s"] * 1e3 for g in xs])
+            rows.append({"path": path, "group_size": n, "arm": arm, "lead_ms": lead, "groups": len(xs),
+                         "ready": None if arm == "on_arrival" else sum(bool(g["ready"]) for g in xs),
+                         "A first token ms (median)": round(float(np.median(waits)), 2),
+                         "p25": round(float(np.quantile(waits, 0.25)), 2), "p75": round(float(np.quantile(waits, 0.75)), 2)})
+    return rows
+
+
+def floor_wait(groups: list[dict]) -> dict[tuple[str, int], tuple[float, float, float]]:
+    """Per path and group size: the engine-resident floor's A-first-token wait (median, p25, p75), ms."""
+    out = {}
+    for path, n in cases(groups):
+        waits = [g["wait_a_s"] * 1e3 for g in usable(_of(groups, path, n)) if g["arm"] == "engine"]
+        if waits:
+            out[(path, n)] = (float(np.median(waits)), float(np.quantile(waits, 0.25)), float(np.quantile(waits, 0.75)))
+    return out

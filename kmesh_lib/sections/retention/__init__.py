@@ -1,7 +1,8 @@
 """Section 16, retention: Does keeping LMCache's copy stop repeat SSD reads?"""
-from kmesh_lib.sections.retention.checks import checks
+from kmesh_lib.sections.retention.checks import checks, counts
 from kmesh_lib.sections.retention.experiment import plan
 from kmesh_lib.sections.retention.params import RetentionParams as Params
+from kmesh_lib.sections.retention.summary import answer, headline, public_results
 
 KEY = "retention"
 NUMBER = "16"
@@ -10,4 +11,5 @@ NOTEBOOK = "16_retention.ipynb"
 USES_ENGINE = True
 QUESTION = "Does keeping LMCache's copy stop repeat SSD reads?"
 
-__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TITLE", "USES_ENGINE", "plan", "checks"]
+__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TITLE", "USES_ENGINE", "answer", "checks", "counts",
+           "headline", "plan", "public_results"]

@@ -3,7 +3,7 @@
 In-process LMCache (``LMCacheConnectorV1``) keeps process-wide state a second engine in the same
 process would inherit: a config loaded once (``lmcache_get_or_create_config``), an engine registry
 (``LMCacheEngineBuilder``) and, in 0.5.3, non-daemon threads that keep the process alive. So each
-in-process block runs in its own child, which reads the run's ``base.params.resolved.yaml``, runs the
+in-process block runs in its own child, which reads the run's ``params.resolved.yaml``, runs the
 block exactly as the notebook would, and ends with ``os._exit``.
 
     python -m kmesh_lib.sections.retention.child RUN_DIR PATH N
@@ -17,7 +17,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from kmesh_lib.base.params import build
+from kmesh_lib.base.params import build, current_names
 from kmesh_lib.base.paths import REPO_ROOT
 from kmesh_lib.base.records import RunRecord, read_jsonl
 from kmesh_lib.sections.retention.params import RetentionParams
@@ -49,13 +49,14 @@ def run_block_in_child(run_dir: Path, path: str, n: int, log=print, timeout_s: f
             log(line)
     raw = run_dir / "raw"
     summaries = [b for b in read_jsonl(raw / "blocks.jsonl") if b["block"] == name] if (raw / "blocks.jsonl").exists() else []
-    if code != 0 or not summaries:
+    last_summary = summaries[-1] if summaries else {}
+    if last_summary.get("status") in ("failed", "disk_full") or (code == 0 and last_summary.get("status") == "ok"):
+        summary = last_summary  # the child recorded how its block ended (a raised block: failed, with its error)
+    else:  # killed, timed out, or it died before recording: the parent records the failure
         last = [line for line in output.splitlines() if line.strip()][-1:] or ["no output"]
         summary = {"block": name, "path": path, "group_size": n, "status": "failed", "detail": f"exit {code}: {last[0]}"}
         with open(raw / "blocks.jsonl", "a") as f:
             f.write(json.dumps(summary) + "\n")
-    else:
-        summary = summaries[-1]
     groups = [g for g in read_jsonl(raw / "groups.jsonl") if g["block"] == name] if (raw / "groups.jsonl").exists() else []
     return summary, groups
 
@@ -65,7 +66,7 @@ def main(run_dir: str, path: str, n: str) -> int:
 
 
     values = yaml.safe_load((Path(run_dir) / "params.resolved.yaml").read_text())
-    cfg = build(RetentionParams, values)
+    cfg = build(RetentionParams, current_names(values))
     block = Block(cfg, path, int(n), log=lambda msg: print(msg, flush=True)).run(RunRecord(Path(run_dir), "retention"))
     return 0 if block.summary["status"] in ("ok", "disk_full") else 1
 

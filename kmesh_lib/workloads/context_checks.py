@@ -1,0 +1,159 @@
+"""Checks shared by the shared-context sections (16 retention, 20 prefetch), over their raw records.
+
+Both sections record one summary per engine run in ``raw/blocks.jsonl`` (``workloads.context_groups.Block``)
+and one record per group in ``raw/groups.jsonl``. The statements here are about the summaries:
+
+    every engine run finished      status ``ok``; ``running`` (never finished), ``failed`` (raised, with
+                                   its error) and ``disk_full`` are not
+    listeners                      every lmcache server and engine process listened on 127.0.0.1 only:
+                                   a run that recorded no listener list is no evidence (skipped)
+    cleanup                        no server process or disk-tier file left behind: a run that
+                                   recorded no cleanup fields is no evidence (skipped)
+
+and two helpers every check of these sections is built from:
+
+    every(name, items, has_evidence, holds)   ok only when every item has evidence and holds;
+                                              failed when one with evidence does not hold;
+                                              skipped when an item (or every item) lacks evidence
+    figures_match(name, recorded, recomputed) a figure results.json states, recomputed from raw/
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from kmesh_lib.base.checks import Check
+
+NOT_AVAILABLE = "not available"
+
+
+def every(name: str, items: Iterable[Any], has_evidence: Callable[[Any], bool], holds: Callable[[Any], bool],
+          describe: Callable[[Any], str] = repr, missing: str = "no records") -> Check:
+    """The statement "``holds`` for every item", ok only on complete evidence (never on none)."""
+    items = list(items)
+    with_evidence = [x for x in items if has_evidence(x)]
+    bad = [x for x in with_evidence if not holds(x)]
+    lacking = len(items) - len(with_evidence)
+    if bad:
+        return Check(name, "failed", f"{len(bad)} of {len(items)}; first: {describe(bad[0])}")
+    if not items:
+        return Check(name, "skipped", missing)
+    if lacking:
+        return Check(name, "skipped", f"{lacking} of {len(items)} recorded no evidence; {len(with_evidence)} hold")
+    return Check(name, "ok", f"{len(items)} of {len(items)}")
+
+
+def ran(blocks: list[dict]) -> list[dict]:
+    """Engine-run summaries of runs that were attempted (not the rows for what is not available)."""
+    return [b for b in blocks if b.get("status") != NOT_AVAILABLE]
+
+
+def external(blocks: list[dict]) -> list[dict]:
+    """Attempted runs with an LMCache tier (every path but the plain ``engine`` control)."""
+    return [b for b in ran(blocks) if b.get("path") != "engine"]
+
+
+def listener_addresses(block: dict) -> list[str] | None:
+    """Every listening address the run recorded, or None when a list it should have is missing.
+
+    An MP run records its server's listeners (``listeners``) and every run its engine process's
+    (``engine_listeners``); an empty recorded list is evidence (that process listened nowhere).
+    """
+    keys = ["engine_listeners"] + (["listeners"] if block.get("path") == "mp" else [])
+    if any(not isinstance(block.get(k), list) for k in keys):
+        return None
+    return [a for k in keys for a in block[k]]
+
+
+def listeners_local(blocks: list[dict]) -> Check:
+    return every("every lmcache server and engine process listened on 127.0.0.1 only", ran(blocks),
+                 lambda b: listener_addresses(b) is not None,
+                 lambda b: all(str(a).startswith("127.0.0.1:") for a in listener_addresses(b)),
+                 lambda b: f"{b.get('block')}: {[a for a in listener_addresses(b) if not str(a).startswith('127.0.0.1:')]}",
+                 missing="no engine run recorded")
+
+
+def cleaned_up(blocks: list[dict]) -> Check:
+    fields = ("runtime_dir_removed", "server_gone")
+
+    def recorded(b):
+        cleanup = b.get("cleanup")
+        return isinstance(cleanup, dict) and all(isinstance(cleanup.get(f), bool) for f in fields)
+
+    return every("no server process or disk-tier file left behind", external(blocks), recorded,
+                 lambda b: all(b["cleanup"][f] for f in fields), lambda b: f"{b.get('block')}: {b.get('cleanup')}",
+                 missing="no run with an LMCache tier was recorded")
+
+
+def runs_finished(name: str, blocks: list[dict], planned: list[str]) -> Check:
+    """Every planned engine run has exactly one summary, with status ok (a crashed run is not finished)."""
+    by: dict[str, list[dict]] = {}
+    for b in blocks:
+        by.setdefault(b.get("block"), []).append(b)
+    missing = [p for p in planned if p not in by]
+    doubled = [p for p in planned if len(by.get(p, [])) > 1]
+    bad = [f"{p}: {b.get('status')}" + (f" ({b.get('error') or b.get('detail')})" if b.get("error") or b.get("detail")
+                                         else "") for p in planned for b in by.get(p, []) if b.get("status") != "ok"]
+    if not planned:
+        return Check(name, "skipped", "no engine run was planned")
+    problems = ([f"no summary for {', '.join(missing)}"] if missing else []) + \
+        ([f"more than one summary for {', '.join(doubled)}"] if doubled else []) + bad
+    return Check(name, not problems, "; ".join(problems[:4]) or f"{len(planned)} of {len(planned)} ok")
+
+
+def _decimals(x: float) -> int:
+    """Decimals a rounded figure shows (``round(x, 2)`` -> 2); long for an unrounded one."""
+    text = repr(float(x))
+    return len(text.split(".")[1]) if "." in text and "e" not in text else 16
+
+
+def _same(a: Any, b: Any, rel: float) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        if math.isnan(a) or math.isnan(b):
+            return math.isnan(a) and math.isnan(b)
+        shown = 0.5 * 10.0 ** -_decimals(b) if isinstance(b, float) else 0.0  # equal at the precision shown
+        return math.isclose(a, b, rel_tol=rel, abs_tol=rel) or abs(a - b) <= shown * (1 + 1e-9)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() <= b.keys() and all(_same(a[k], b[k], rel) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y, rel) for x, y in zip(a, b))
+    return a == b
+
+
+def _difference(a: Any, b: Any, rel: float, where: str = "") -> str | None:
+    """Where the recorded figure ``a`` first differs from the recomputed ``b``, or None."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in a:
+            if k not in b:
+                return f"{where}.{k}: not recomputed"
+            found = _difference(a[k], b[k], rel, f"{where}.{k}")
+            if found:
+                return found
+        return None
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return f"{where}: {len(a)} recorded vs {len(b)} recomputed"
+        for i, (x, y) in enumerate(zip(a, b)):
+            found = _difference(x, y, rel, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    return None if _same(a, b, rel) else f"{where or 'value'}: {a!r} recorded vs {b!r} recomputed"
+
+
+def figures_match(name: str, recorded: Any, recomputed: Any, rel: float = 1e-9) -> Check:
+    """results.json's figure equals the one recomputed from raw/ (skipped when results.json states none).
+
+    Every key the recorded figure has must be recomputed to the same value (JSON round trip; a
+    float equal to ``rel``, or within half a unit of the last decimal the recomputed, rounded
+    figure shows); keys added since the run was recorded are not required of it.
+    """
+    if recorded is None:
+        return Check(name, "skipped", "results.json states no such figure")
+    fresh = json.loads(json.dumps(recomputed, default=float))
+    found = _difference(recorded, fresh, rel)
+    return Check(name, "failed", found) if found else Check(name, "ok", "recomputed from raw/")
