@@ -437,3 +437,25 @@ def test_cuda_restores_give_the_recomputed_outputs(tmp_path):
     finally:
         engine.close()
         tier.close()
+
+
+# -- the GPU buffer's floor --
+def test_device_to_device_floor_is_labelled_on_cpu():
+    from kmesh_lib.kv.floors import MIB, device_to_device_bandwidth, floor_seconds
+
+    floor = device_to_device_bandwidth(size_mib=8, device="cpu", repeats=2)
+    assert floor["label"] == "host memcpy (no device)" and floor["bytes"] == 8 * MIB and floor["repeats"] == 2
+    assert floor_seconds(floor["bytes"], floor) == pytest.approx(floor["median_s"])
+
+
+@pytest.mark.gpu
+def test_device_to_device_floor_on_cuda():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from kmesh_lib.kv.floors import device_to_device_bandwidth, host_to_device_bandwidth
+
+    d2d = device_to_device_bandwidth(size_mib=64, repeats=3)
+    assert d2d["label"] == "device->device: copy (cuda)"
+    assert d2d["gib_per_s"] > host_to_device_bandwidth(size_mib=64, repeats=3)["gib_per_s"]
