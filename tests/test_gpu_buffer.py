@@ -417,11 +417,11 @@ def test_cuda_restores_give_the_recomputed_outputs(tmp_path):
     from kmesh_lib.engine.vllm_engine import make_engine
 
     tier = GpuBufferTier(buffer_mib=64, disk_dir=os.environ.get("KMESH_GPU_DISK", str(tmp_path)))
-    engine = make_engine(EngineParams(DEVICE="cuda", MODEL="qwen2.5-0.5b", WEIGHTS="dummy", DTYPE="float32",
+    engine = make_engine(EngineParams(DEVICE="cuda", MODEL="tiny", WEIGHTS="random", DTYPE="float32",
                                       BLOCK_SIZE=16, NUM_GPU_BLOCKS=257, MAX_MODEL_LEN=2048),
-                         gpu_memory_utilization=0.1, **tier.llm_kwargs("cuda"))
+                         gpu_memory_utilization=0.05, **tier.llm_kwargs("cuda"))
     try:
-        ctx = [4 + (7 * i) % 5000 for i in range(1024)]
+        ctx = [4 + (7 * i) % 500 for i in range(1024)]
         tier.set_saving(False)
         assert engine.reset_prefix_cache()
         recompute = run(engine, "recompute", ctx + [9], max_tokens=4)
@@ -431,6 +431,7 @@ def test_cuda_restores_give_the_recomputed_outputs(tmp_path):
         from_buffer = run(engine, "buffer", ctx + [9], max_tokens=4)
         for r in (from_disk, from_buffer):
             assert r.num_cached_tokens == 1024 and r.output_token_ids == recompute.output_token_ids
+            assert r.logprobs == pytest.approx(recompute.logprobs, abs=1e-3)
         disk, buffer = tier.take_restores()
         assert disk["staging_s"] > 0 and disk["copy_s"] > 0 and buffer["copy_s"] > 0
         assert tier.describe()["device"].startswith("cuda")

@@ -103,18 +103,19 @@ def test_cuda_native_offloading_restores_a_context_after_the_gpu_cache_is_reset(
     from kmesh_lib.engine.vllm_engine import make_engine
 
     tier = NativeOffloadTier(1)
-    engine = make_engine(EngineParams(DEVICE="cuda", MODEL="qwen2.5-0.5b", WEIGHTS="dummy", DTYPE="bfloat16",
+    engine = make_engine(EngineParams(DEVICE="cuda", MODEL="tiny", WEIGHTS="random", DTYPE="float32",
                                       BLOCK_SIZE=16, NUM_GPU_BLOCKS=257, MAX_MODEL_LEN=2048),
-                         gpu_memory_utilization=0.1, **tier.llm_kwargs("cuda"))
+                         gpu_memory_utilization=0.05, **tier.llm_kwargs("cuda"))
     try:
         tier.attach(engine)
-        ctx = [4 + (7 * i) % 5000 for i in range(1024)]
+        ctx = [4 + (7 * i) % 500 for i in range(1024)]
         run_group(engine, [RequestSpec("store", ctx + [5], max_tokens=1)])
         tier.settle()
         assert engine.reset_prefix_cache()
         before = tier.meter.snapshot()
         r, = run_group(engine, [RequestSpec("f", ctx + [6], max_tokens=1)])
         d = VllmConnectorMeter.delta(before, tier.meter.snapshot())
-        assert r.num_cached_tokens == 1024 and d["external_hits"] == 1024 and d["load_bytes"] >= 1024 * 12 * 1024
+        assert r.num_cached_tokens == 1024 and d["external_hits"] == 1024
+        assert d["load_bytes"] >= 1024 * engine.spec.kv_bytes_per_token("float32")
     finally:
         engine.close()

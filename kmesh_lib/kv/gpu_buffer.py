@@ -53,6 +53,7 @@ class GpuBufferConfig:
     disk_dir: str
     chunk_bytes: int = 16 * MIB
     retain: bool = True
+    saving: bool = True
 
     def extra(self) -> dict:
         return {f"kmesh.{k}": v for k, v in self.__dict__.items()}
@@ -152,6 +153,7 @@ class GpuBufferTier:
         disk_dir: the disk tier's directory (one O_DIRECT file per context); ``close`` empties it.
         chunk_mib: bytes per O_DIRECT read/write and per host-to-device copy.
         retain: a restore keeps the buffer's copy (True) or frees it after loading vLLM (False).
+        saving: whether prompts are saved to the disk tier from the start (``set_saving`` switches it).
     """
 
     path = "gpubuf"
@@ -161,12 +163,13 @@ class GpuBufferTier:
     route = ("host staging: disk -> pinned host chunks -> GPU buffer (one allocation outside vLLM's block pool) "
              "-> vLLM blocks, device to device")
 
-    def __init__(self, buffer_mib: int, disk_dir: str | Path, chunk_mib: int = 16, retain: bool = True) -> None:
+    def __init__(self, buffer_mib: int, disk_dir: str | Path, chunk_mib: int = 16, retain: bool = True,
+                 saving: bool = True) -> None:
         if buffer_mib <= 0:
             raise ValueError(f"buffer_mib={buffer_mib}: the GPU buffer needs a positive size")
         self.disk_dir = Path(disk_dir)
         self.config = GpuBufferConfig(f"gpubuf-{secrets.token_hex(4)}", buffer_mib * MIB, str(self.disk_dir),
-                                      chunk_mib * MIB, retain)
+                                      chunk_mib * MIB, retain, saving)
         self.shared = shared_state(self.config.tier_id)
         self.meter = GpuBufferMeter(self)
         self._executor: ThreadPoolExecutor | None = None

@@ -201,6 +201,9 @@ class BufferArena:
     def save(self, entry_id: int, block_ids: list[int]) -> int:
         """Writes the KV of ``block_ids`` (in order) to the entry's file; returns the bytes written."""
         stager = self._stager()
+        for event in stager.done:  # a staging copy out of this chunk may still be in flight
+            if event is not None:
+                event.synchronize()
         host, view = stager.slots[0], stager.views[0]
         path = self.path_of(entry_id)
         fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC | os.O_DIRECT, 0o600)

@@ -78,7 +78,7 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
             self.index = BufferIndex(self.num_buffer_blocks, self.bytes_per_block, self.block_size)
             self.index.retain = self.config.retain
             self.loading = True  # off: every lookup answers 0 (a control arm on the same engine)
-            self.force_skip_save = False  # the name LMCache's connector uses; lmcache.probes switches it
+            self.force_skip_save = not self.config.saving  # LMCache's name for it; lmcache.probes switches it
             self._matched: dict[str, tuple] = {}
             self._lookup_stamps: dict[str, list[int]] = {}
             self._tracked: dict[str, _Tracked] = {}
