@@ -39,6 +39,7 @@ import math
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -236,7 +237,7 @@ def run_unit(cfg: ProbeParams, unit: str, model: str, run_dir: Path) -> int:
             ctx = context_tokens(model, n, vocab, cfg.SEED)
             if unit == "gpubuf":
                 store = store_context(engine, tier, ctx)
-                store.update(model=model, context_tokens=n, context_bytes=n * kvt)
+                store.update(model=model, pid=os.getpid(), context_tokens=n, context_bytes=n * kvt)
                 record.append_jsonl("stores.jsonl", store)
                 if store["bytes_written"] < n * kvt:
                     summary["status"] = "store_short"
@@ -245,7 +246,7 @@ def run_unit(cfg: ProbeParams, unit: str, model: str, run_dir: Path) -> int:
                 for arm in rotated(UNIT_ARMS[unit], r):
                     tag = f"{model}-{n}-r{r}-{arm}"
                     row = (gpubuf_row if unit == "gpubuf" else native_row)(cfg, engine, tier, clock, arm, ctx, tag)
-                    row.update(unit=unit, model=model, context_tokens=n, context_bytes=n * kvt, repeat=r,
+                    row.update(unit=unit, model=model, pid=os.getpid(), context_tokens=n, context_bytes=n * kvt, repeat=r,
                                measured=r >= cfg.WARMUP_REPEATS, kv_bytes_per_token=kvt)
                     record.append_jsonl("rows.jsonl", row)
     except Exception as e:  # noqa: BLE001 - recorded, then the child exits non-zero
@@ -400,6 +401,18 @@ def child_main(argv: list[str]) -> None:
 
 
 # -- the parent --
+def finished_rows(run_dir: Path) -> tuple[list[dict], int]:
+    """Rows of units that finished (a unit killed mid-way left rows that its rerun measures again)."""
+    from kmesh_lib.base.records import read_jsonl
+
+    raw = run_dir / "raw"
+    units = read_jsonl(raw / "units.jsonl") if (raw / "units.jsonl").exists() else []
+    done = {(u["unit"], u["model"], u["pid"]) for u in units if u["status"] == "ok"}
+    rows = read_jsonl(raw / "rows.jsonl") if (raw / "rows.jsonl").exists() else []
+    kept = [r for r in rows if (r["unit"], r["model"], r.get("pid")) in done]
+    return kept, len(rows) - len(kept)
+
+
 def summarize(run_dir: Path) -> dict:
     """Medians per (model, context, arm) of the measured rows, each restore against its floor and resident."""
     import numpy as np
@@ -407,7 +420,7 @@ def summarize(run_dir: Path) -> dict:
     from kmesh_lib.base.records import read_jsonl
 
     raw = run_dir / "raw"
-    rows = [r for r in read_jsonl(raw / "rows.jsonl")] if (raw / "rows.jsonl").exists() else []
+    rows, num_dropped = finished_rows(run_dir)
     floors = {f["floor"]: f for f in read_jsonl(raw / "floors.jsonl")} if (raw / "floors.jsonl").exists() else {}
     groups: dict = {}
     for r in rows:
@@ -437,6 +450,7 @@ def summarize(run_dir: Path) -> dict:
                 t["restore_cost_ms"] = t["above_resident_ms"]
                 t["x_floor"] = t["above_resident_ms"] / t["floor_ms"] if t["floor_ms"] else None
     return {"table": table, "num_rows": len(rows), "num_bad_rows": sum(r["status"] != "ok" for r in rows),
+            "num_rows_of_unfinished_units": num_dropped,
             "floors_gib_per_s": {k: f["gib_per_s"] for k, f in floors.items()}}
 
 
@@ -459,6 +473,7 @@ def main() -> int:
         if units_path.exists() else set()
     plan = [("floors", "-")] if "floors" in cfg.UNITS else []
     plan += [(u, m) for m in cfg.MODELS for u in ("gpubuf", "native") if u in cfg.UNITS]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout` stops us: the finally below still runs
     t0 = time.monotonic()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     live: list[subprocess.Popen] = []
@@ -481,10 +496,12 @@ def main() -> int:
                     print(f"{unit} {model}: killed after CHILD_TIMEOUT_S={cfg.CHILD_TIMEOUT_S}", flush=True)
                 kill_group(proc.pid, grace_s=2.0)
                 live.remove(proc)
+                shutil.rmtree(Path(cfg.DISK_TIER_ROOT) / f"{unit}-{model}-{proc.pid}", ignore_errors=True)
             print(f"{unit} {model}: exit {proc.returncode} after {time.monotonic() - t_unit:.0f} s", flush=True)
     finally:
         for proc in live:
             kill_group(proc.pid, grace_s=2.0)
+            shutil.rmtree(Path(cfg.DISK_TIER_ROOT) / f"{unit}-{model}-{proc.pid}", ignore_errors=True)
         try:
             Path(cfg.DISK_TIER_ROOT).rmdir()  # empty once every unit removed its files
         except OSError:
@@ -492,7 +509,7 @@ def main() -> int:
     summary = record.save("summary", summarize(run_dir))
     units = read_jsonl(units_path) if units_path.exists() else []
     finished = {(u["unit"], u["model"]) for u in units if u["status"] in ("ok", "not available")}
-    rows = read_jsonl(run_dir / "raw" / "rows.jsonl") if (run_dir / "raw" / "rows.jsonl").exists() else []
+    rows, _ = finished_rows(run_dir)
     checks = [
         check("every unit finished", set(plan) <= finished, f"{len(finished & set(plan))} of {len(plan)}", evidence=plan),
         check("every follow-up got the cached tokens its arm expects", summary["num_bad_rows"] == 0,
