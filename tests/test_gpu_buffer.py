@@ -53,6 +53,21 @@ def test_extents_tile_the_buffer_and_never_exceed_it():
     assert ix.extents.free == [(0, 10)] and ix.resident_bytes() == 0  # freed extents merge back
 
 
+def test_a_lookup_promises_a_disk_hit_only_when_an_extent_can_be_made():
+    ix, e = index_with(10, a=3, b=3, c=3, d=5, f=8)
+    for name in "abc":
+        ix.allocate(e[name], RESIDENT)  # a: 0-2, b: 3-5, c: 6-8, block 9 free
+    ix.free_copy(e["a"])  # 4 blocks free in total (0-2, 9), no 5 of them consecutive
+    assert ix.lookup(chain(6, "d"), 0, 6 * B).source == "disk"  # evicting b (the oldest copy) joins 0-5
+    e["b"].ref_cnt = 1  # a restore reads b: it stays, and evicting c leaves 0-2 and 6-9 apart
+    assert ix.lookup(chain(6, "d"), 0, 6 * B) is None and ix.stats["num_misses_buffer_full"] == 1
+    e["b"].ref_cnt = 0
+    op = ix.schedule_load("r", ix.lookup(chain(6, "d"), 0, 6 * B), 0, [1, 2, 3, 4, 5])
+    assert (op.extent_start, e["b"].state, e["c"].state) == (0, ABSENT, RESIDENT)
+    assert ix.lookup(chain(9, "f"), 0, 9 * B) is None  # 8 blocks: d (0-4) is read this step, 5-9 is all there is
+    ix.check_invariants()
+
+
 def test_lookup_finds_the_longest_stored_prefix_and_leaves_the_last_token():
     ix, e = index_with(64, a=8)
     req = chain(12, "a")  # the context's 8 blocks, then 4 blocks of its own

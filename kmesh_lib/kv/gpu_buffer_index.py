@@ -258,10 +258,15 @@ class BufferIndex:
                       key=lambda e: e.last_used)
 
     def _can_allocate(self, n: int) -> bool:
-        if self.extents.largest() >= n:
-            return True
-        # evicting every unreferenced copy frees at most this much; exact fit is checked in allocate
-        return self.extents.num_free_blocks + sum(e.num_blocks for e in self._evictable()) >= n
+        """Whether ``allocate`` would find ``n`` consecutive blocks (a dry run of its evictions, in its order)."""
+        extents = _Extents(self.num_buffer_blocks)
+        extents.free = list(self.extents.free)
+        for victim in [None] + self._evictable():
+            if victim is not None:
+                extents.release(victim.extent_start, victim.num_blocks)
+            if extents.largest() >= n:
+                return True
+        return False
 
     def allocate(self, entry: Entry, state: str) -> int:
         """Gives ``entry`` an extent, evicting least recently used unreferenced copies if needed.
