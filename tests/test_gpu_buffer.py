@@ -475,3 +475,16 @@ def test_device_to_device_floor_on_cuda():
     d2d = device_to_device_bandwidth(size_mib=64, repeats=3)
     assert d2d["label"] == "device->device: copy (cuda)"
     assert d2d["gib_per_s"] > host_to_device_bandwidth(size_mib=64, repeats=3)["gib_per_s"]
+
+
+def test_the_topology_names_the_route_and_why(tmp_path):
+    from kmesh_lib.kv.direct_storage import direct_storage_status
+
+    status = direct_storage_status(tmp_path)
+    assert status["gds_available"] == (status["route"] == "gds") == (not status["reasons"])
+    if not os.path.exists("/proc/driver/nvidia-fs"):  # no GDS driver: cuFile could only stage through host memory
+        assert status["route"] == "host-staged" and any("nvidia-fs" in r for r in status["reasons"])
+    assert status["disk"]["fs_type"] and status["disk"]["mount"]
+    tier = GpuBufferTier(buffer_mib=1, disk_dir=tmp_path)
+    described = tier.describe()
+    assert described["route_used"] == "host-staged" and described["direct_storage"]["route"] == status["route"]
