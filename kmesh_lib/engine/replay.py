@@ -31,11 +31,17 @@ def replay_token(prev_token: int, position: int, vocab_size: int) -> int:
 
 
 class ReplayEngine(CacheObjects):
-    """Same request API as ``VllmEngine``; ``scheduler``/``kv_cache_manager``/``block_pool`` too."""
+    """Same request API as ``VllmEngine``; ``scheduler``/``kv_cache_manager``/``block_pool`` too.
+
+    Args:
+        kv_transfer_config: a KV connector for the scheduler (its scheduler side runs as in vLLM).
+        model_runner: called with each step's ``SchedulerOutput`` where a GPU model runner would run
+            the forward pass (tests run a connector's worker side on CPU tensors there).
+    """
 
     mode = "replay"
 
-    def __init__(self, params: EngineParams) -> None:
+    def __init__(self, params: EngineParams, kv_transfer_config=None, model_runner=None) -> None:
         from vllm.engine.arg_utils import EngineArgs
         try:
             from vllm.utils.hashing import get_hash_fn_by_name
@@ -54,8 +60,9 @@ class ReplayEngine(CacheObjects):
             enable_prefix_caching=True, num_gpu_blocks_override=params.NUM_GPU_BLOCKS,
             max_model_len=params.MAX_MODEL_LEN, max_num_seqs=params.MAX_NUM_SEQS,
             max_num_batched_tokens=max(params.MAX_NUM_BATCHED_TOKENS, params.MAX_MODEL_LEN),
-            enforce_eager=True, load_format="dummy", seed=params.SEED,
+            enforce_eager=True, load_format="dummy", seed=params.SEED, kv_transfer_config=kv_transfer_config,
         )
+        self.model_runner = model_runner
         vllm_config = args.create_engine_config()
         # NOTE: the CPU platform may round the block size up; the replay keeps the asked size.
         vllm_config.cache_config.block_size = params.BLOCK_SIZE
@@ -107,6 +114,8 @@ class ReplayEngine(CacheObjects):
         from vllm.v1.outputs import ModelRunnerOutput
 
         scheduler_output = self.scheduler.schedule()
+        if self.model_runner is not None:
+            self.model_runner(scheduler_output)
         req_ids = list(scheduler_output.num_scheduled_tokens)
         sampled = []
         for rid in req_ids:

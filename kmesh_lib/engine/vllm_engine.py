@@ -150,6 +150,5 @@ class VllmEngine(CacheObjects):
 def make_engine(params: EngineParams, **llm_kwargs):
     """The engine ``base.params.ENGINE`` names: real vLLM, or the replay engine (no forward pass)."""
     if params.ENGINE == "replay":
-
-        return ReplayEngine(params)
+        return ReplayEngine(params, kv_transfer_config=llm_kwargs.get("kv_transfer_config"))
     return VllmEngine(params, **llm_kwargs)

@@ -5,6 +5,8 @@
     host->dev   CUDA: a pinned host buffer copied into device memory (``non_blocking`` + synchronize);
                 CPU:  a host memcpy between two ordinary buffers, labelled ``host memcpy (no device)``,
                 since on the CPU build the engine's KV lives in host memory and there is no device copy
+    dev->dev    CUDA: one device buffer copied into another (the GPU buffer tier's restore: its copy is
+                already in device memory); CPU: the host memcpy again, labelled as such
 
 A floor is ``bytes / bandwidth``: what moving a context would cost if nothing but the wire mattered.
 
@@ -111,6 +113,29 @@ def host_to_device_bandwidth(size_mib: int = 256, device: str = "cuda", repeats:
         seconds.append(time.perf_counter() - t0)
     del src, dst
     return _summary("host memcpy (no device)", n, seconds, device="cpu", threads=torch.get_num_threads())
+
+
+def device_to_device_bandwidth(size_mib: int = 256, device: str = "cuda", repeats: int = 5) -> dict:
+    """Device-to-device copy bandwidth on CUDA (``bytes`` moved per second: each is read once and
+    written once); on CPU a host memcpy, labelled as such."""
+    import torch
+
+    n = size_mib * MIB
+    if not (device == "cuda" and torch.cuda.is_available()):
+        floor = host_to_device_bandwidth(size_mib, "cpu", repeats)
+        return {**floor, "label": "host memcpy (no device)"}
+    src = torch.full((n,), 7, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # first touch: not timed
+    torch.cuda.synchronize()
+    seconds = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - t0)
+    del src, dst
+    return _summary("device->device: copy (cuda)", n, seconds, device=torch.cuda.get_device_name(0))
 
 
 def floor_seconds(nbytes: int, floor: dict) -> float:

@@ -1,0 +1,363 @@
+"""The host-staged GPU buffer as an external tier: what a section uses to add it as an arm.
+
+    tier = GpuBufferTier(buffer_mib=1024, disk_dir=runtime.subdir("gpubuf"))
+    engine = make_engine(params, **tier.llm_kwargs(params.DEVICE))   # vLLM loads HostStagedGpuBuffer
+    tier.set_saving(True); run_group(engine, [context + [5]])        # the context -> the disk tier
+    tier.drop_memory_copy()                                          # disk only (like LMCache's store)
+    tier.set_retention(True)                                         # retain: a restore keeps its copy
+    tier.prefetch(context).wait()                                    # early arm: disk -> buffer now
+    run_group(engine, followups); tier.take_restores()               # one timeline per restore
+
+Route (recorded by ``describe()``): disk tier -> pinned host chunks (O_DIRECT) -> the GPU buffer,
+ONE allocation outside vLLM's block pool -> vLLM's blocks (device to device). It is host-staged:
+the original study's DMA-BUF route reads the SSD straight into GPU memory, which needs cuFile/GDS
+(``kv.direct_storage``); where that is available it is the route to use, and this tier says so in
+its topology, but it does not implement it.
+
+The tier offers what ``lmcache.connect``'s tiers offer, so arms written for them run on it:
+``llm_kwargs``, ``set_retention``, ``memory_bytes``, ``drop_memory_copy``, ``settle``, ``meter``
+(snapshots with the same field names), ``disk_dir``, ``start``, ``close``; and its connector has
+``force_skip_save``, the save switch ``lmcache.probes.ExternalSwitch`` flips.
+
+Invariant: the buffer never holds more than its capacity (``BufferIndex``); ``memory_bytes`` is the
+bytes of copies a lookup can hit, ``meter`` counts every byte read from or written to the disk tier.
+"""
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kmesh_lib.kv.direct_storage import direct_storage_status
+from kmesh_lib.kv.gpu_buffer_index import ABSENT, PREFETCHING, RESIDENT, BufferFull
+
+MIB = 1 << 20
+CONNECTOR = "HostStagedGpuBuffer"
+CONNECTOR_MODULE = "kmesh_lib.kv.gpu_buffer_connector"
+_ns = time.monotonic_ns
+
+
+def entry_path(disk_dir: str | Path, entry_id: int) -> Path:
+    return Path(disk_dir) / f"entry-{entry_id}.kv"
+
+
+@dataclass(frozen=True)
+class GpuBufferConfig:
+    """What both connector roles read from ``kv_connector_extra_config`` (keys ``kmesh.*``)."""
+
+    tier_id: str
+    buffer_bytes: int
+    disk_dir: str
+    chunk_bytes: int = 16 * MIB
+    retain: bool = True
+    saving: bool = True
+
+    def extra(self) -> dict:
+        return {f"kmesh.{k}": v for k, v in self.__dict__.items()}
+
+    @classmethod
+    def from_extra(cls, extra: dict) -> GpuBufferConfig:
+        fields = {k.removeprefix("kmesh."): v for k, v in (extra or {}).items() if k.startswith("kmesh.")}
+        missing = {"tier_id", "buffer_bytes", "disk_dir"} - set(fields)
+        if missing:
+            raise ValueError(f"HostStagedGpuBuffer: kv_connector_extra_config lacks kmesh.{', kmesh.'.join(sorted(missing))}")
+        return cls(**fields)
+
+
+@dataclass
+class _Shared:
+    """The two connector halves of one tier in this process, found by ``tier_id``."""
+
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    scheduler: object = None
+    worker: object = None
+
+
+_SHARED: dict[str, _Shared] = {}
+
+
+def shared_state(tier_id: str) -> _Shared:
+    return _SHARED.setdefault(tier_id, _Shared())
+
+
+@dataclass
+class TierSnapshot:
+    """Counters at one moment; field names as ``lmcache.disk_accounting.Snapshot``'s."""
+
+    hook_read_bytes: int = 0  # bytes the tier read from its disk files (O_DIRECT, 4 KiB padded)
+    hook_reads: int = 0
+    hook_write_bytes: int = 0
+    hook_write_errors: int = 0
+    device_read_bytes: int | None = None  # this process's block-device reads (/proc/self/io)
+    memory_tier_bytes: int = 0  # the buffer's copies a lookup can hit
+    disk_tier_bytes: int = 0
+    staged_bytes: int = 0
+    restored_bytes: int = 0
+
+
+class GpuBufferMeter:
+    def __init__(self, tier: GpuBufferTier) -> None:
+        self.tier = tier
+
+    def snapshot(self) -> TierSnapshot:
+        import psutil
+
+        worker = self.tier.shared.worker
+        c = dict(worker.arena.counters) if worker is not None and worker.arena is not None else {}
+        try:
+            device = psutil.Process().io_counters().read_bytes
+        except (AttributeError, psutil.Error):
+            device = None
+        disk = sum(p.stat().st_size for p in Path(self.tier.disk_dir).glob("entry-*.kv"))
+        return TierSnapshot(c.get("read_bytes", 0), c.get("reads", 0), c.get("write_bytes", 0), c.get("write_errors", 0),
+                            device, self.tier.memory_bytes(), disk, c.get("staged_bytes", 0), c.get("restored_bytes", 0))
+
+
+@dataclass
+class Prefetch:
+    """One ``prefetch`` call: ``status`` is ``started``, ``resident`` (nothing to do), ``miss`` (no entry
+    holds a prefix of the tokens) or ``buffer_full``; ``wait()`` returns once the copy is resident."""
+
+    status: str
+    entry_id: int | None = None
+    num_blocks: int = 0
+    t_submit_ns: int = field(default_factory=_ns)
+    t_ready_ns: int | None = None
+    error: str | None = None
+    timeline: object = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def wait(self, timeout_s: float = 120.0) -> Prefetch:
+        if not self.done.wait(timeout_s):
+            raise TimeoutError(f"prefetch of entry {self.entry_id} not done after {timeout_s:.0f} s")
+        if self.error:
+            raise RuntimeError(f"prefetch of entry {self.entry_id} failed: {self.error}")
+        return self
+
+    def record(self) -> dict:
+        rec = {"status": self.status, "entry_id": self.entry_id, "num_blocks": self.num_blocks,
+               "t_submit_ns": self.t_submit_ns, "t_ready_ns": self.t_ready_ns, "error": self.error}
+        if self.timeline is not None:
+            rec["timeline"] = self.timeline.record()
+        return rec
+
+
+class GpuBufferTier:
+    """The host-staged GPU buffer tier (``HostStagedGpuBuffer``) and its controls.
+
+    Args:
+        buffer_mib: the buffer's capacity (one GPU allocation, outside vLLM's pool and budget).
+        disk_dir: the disk tier's directory (one O_DIRECT file per context); ``close`` empties it.
+        chunk_mib: bytes per O_DIRECT read/write and per host-to-device copy.
+        retain: a restore keeps the buffer's copy (True) or frees it after loading vLLM (False).
+        saving: whether prompts are saved to the disk tier from the start (``set_saving`` switches it).
+    """
+
+    path = "gpubuf"
+    connector = CONNECTOR
+    lookup = "on_demand"  # a lookup only checks; a restore loads just the blocks vLLM lacks
+    data_start = "disk tier (one O_DIRECT file per context)"
+    route = ("host staging: disk -> pinned host chunks -> GPU buffer (one allocation outside vLLM's block pool) "
+             "-> vLLM blocks, device to device")
+
+    def __init__(self, buffer_mib: int, disk_dir: str | Path, chunk_mib: int = 16, retain: bool = True,
+                 saving: bool = True) -> None:
+        if buffer_mib <= 0:
+            raise ValueError(f"buffer_mib={buffer_mib}: the GPU buffer needs a positive size")
+        self.disk_dir = Path(disk_dir)
+        self.config = GpuBufferConfig(f"gpubuf-{secrets.token_hex(4)}", buffer_mib * MIB, str(self.disk_dir),
+                                      chunk_mib * MIB, retain, saving)
+        self.shared = shared_state(self.config.tier_id)
+        self.meter = GpuBufferMeter(self)
+        self._executor: ThreadPoolExecutor | None = None
+        self._prefetches: list[Prefetch] = []
+        self._stream = None
+
+    # -- engine wiring --
+    def start(self) -> GpuBufferTier:
+        self.disk_dir.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def llm_kwargs(self, device: str) -> dict:
+        from vllm.config import KVTransferConfig
+
+        self.start()
+        return {"kv_transfer_config": KVTransferConfig(
+            kv_connector=CONNECTOR, kv_connector_module_path=CONNECTOR_MODULE, kv_role="kv_both",
+            kv_connector_extra_config=self.config.extra())}
+
+    @property
+    def scheduler_side(self):
+        if self.shared.scheduler is None:
+            raise RuntimeError("no HostStagedGpuBuffer scheduler side: was the engine built with tier.llm_kwargs()?")
+        return self.shared.scheduler
+
+    @property
+    def index(self):
+        return self.scheduler_side.index
+
+    @property
+    def arena(self):
+        worker = self.shared.worker
+        if worker is None or worker.arena is None:
+            raise RuntimeError("no HostStagedGpuBuffer worker side with registered KV caches (in-process engine only)")
+        return worker.arena
+
+    def describe(self) -> dict:
+        """The tier's route and capacity, and whether the direct-storage (GDS) route exists here."""
+        out = {"tier": self.path, "connector": f"{CONNECTOR_MODULE}.{CONNECTOR}", "route": self.route,
+               "buffer_bytes": self.config.buffer_bytes, "chunk_bytes": self.config.chunk_bytes,
+               "direct_storage": direct_storage_status(self.disk_dir)}
+        out["route_used"] = "host-staged"
+        if self.shared.scheduler is not None:
+            out.update(bytes_per_block=self.index.bytes_per_block, num_buffer_blocks=self.index.num_buffer_blocks)
+        if self.shared.worker is not None and self.shared.worker.arena is not None:
+            a = self.shared.worker.arena
+            out.update(device=str(a.device), buffer_allocation_bytes=a.buffer.numel(), num_planes=len(a.planes),
+                       copy_word_bytes=a.word_bytes, blocks_per_chunk=a.blocks_per_chunk)
+        return out
+
+    # -- switches --
+    def set_retention(self, retain: bool) -> None:
+        with self.shared.lock:
+            self.index.retain = retain
+
+    def set_loading(self, on: bool) -> None:
+        self.scheduler_side.loading = on
+
+    def set_saving(self, on: bool) -> None:
+        self.scheduler_side.force_skip_save = not on
+
+    # -- state --
+    def memory_bytes(self) -> int:
+        with self.shared.lock:
+            return self.index.resident_bytes()
+
+    def buffer_state(self) -> dict:
+        """Bytes resident, allocated (with pending frees) and capacity; the entries' states."""
+        with self.shared.lock:
+            ix = self.index
+            return {"resident_bytes": ix.resident_bytes(), "allocated_bytes": ix.allocated_bytes(),
+                    "pending_free_bytes": ix.num_pending_free_blocks * ix.bytes_per_block,
+                    "capacity_bytes": ix.capacity_bytes(), "num_entries": len(ix.entries),
+                    "states": {str(e.entry_id): e.state for e in ix.entries.values()}, **ix.stats}
+
+    def drop_memory_copy(self) -> None:
+        """Frees every copy in the buffer; the contexts stay on the disk tier. Call between groups."""
+        self.settle()
+        with self.shared.lock:
+            self.index.drop_copies()
+            if self.index.resident_bytes():
+                raise RuntimeError(f"{self.index.resident_bytes()} bytes still resident after dropping every copy")
+
+    def settle(self, timeout_s: float = 60.0) -> None:
+        """Waits for every prefetch, then releases extents awaiting release (no step may be running)."""
+        for p in list(self._prefetches):
+            p.done.wait(timeout_s)
+        self._prefetches = [p for p in self._prefetches if not p.done.is_set()]
+        if self._prefetches:
+            raise TimeoutError(f"{len(self._prefetches)} prefetches still running after {timeout_s:.0f} s")
+        with self.shared.lock:
+            self.index.release_pending()
+
+    # -- prefetch (section 20's early arm) --
+    def prefetch(self, token_ids) -> Prefetch:
+        """Starts reading the stored context that is the longest prefix of ``token_ids`` into the buffer.
+
+        Returns at once; lookups of that context answer "later" until the copy is resident, then hit
+        the buffer. A context already in the buffer is ``resident`` (done at once).
+        """
+        with self.shared.lock:
+            entry = self.index.find_by_tokens(token_ids)
+            if entry is None:
+                p = Prefetch("miss")
+                p.done.set()
+                return p
+            if entry.state != ABSENT:
+                p = Prefetch("resident" if entry.state == RESIDENT else entry.state, entry.entry_id, entry.num_blocks)
+                if entry.state == PREFETCHING:
+                    self._prefetches.append(p)  # done when the running one is
+                    self._join(p, entry.entry_id)
+                else:
+                    p.t_ready_ns = _ns()
+                    p.done.set()
+                return p
+            try:
+                extent = self.index.allocate(entry, PREFETCHING)
+            except BufferFull as e:
+                p = Prefetch("buffer_full", entry.entry_id, entry.num_blocks, error=str(e))
+                p.done.set()
+                return p
+        arena = self.arena
+        p = Prefetch("started", entry.entry_id, entry.num_blocks)
+        after = arena._event()  # the side stream starts after every copy queued on vLLM's stream so far
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kmesh-prefetch")
+        self._prefetches.append(p)
+        self._executor.submit(self._run_prefetch, p, entry.entry_id, entry.num_blocks, extent, after)
+        return p
+
+    def _join(self, p: Prefetch, entry_id: int) -> None:
+        def waiter():
+            running = [q for q in self._prefetches if q.entry_id == entry_id and q.status == "started"]
+            for q in running:
+                q.done.wait()
+            p.t_ready_ns = _ns()
+            p.done.set()
+
+        threading.Thread(target=waiter, daemon=True).start()
+
+    def _run_prefetch(self, p: Prefetch, entry_id: int, num_blocks: int, extent: int, after) -> None:
+        from kmesh_lib.kv.restore_timeline import RestoreTimeline
+
+        arena = self.arena
+        stream = None
+        if arena.is_cuda:
+            import torch
+
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(device=arena.device)
+            stream = self._stream
+            stream.wait_event(after)
+            if arena.last_read_event is not None:
+                stream.wait_event(arena.last_read_event)
+        tl = RestoreTimeline("prefetch", None, entry_id, "disk", num_blocks, num_blocks * arena.bytes_per_block,
+                             str(arena.device), t_start_ns=_ns(), ref=arena.reference(stream))
+        ok = False
+        try:
+            arena.stage(entry_id, num_blocks, extent, tl, stream=stream)
+            if stream is not None:
+                stream.synchronize()
+            tl.t_launched_ns = _ns()
+            ok = True
+        except Exception as e:  # noqa: BLE001 - reported on the handle; the extent is freed
+            p.error = f"{type(e).__name__}: {e}"
+        with self.shared.lock:
+            entry = self.index.entries.get(entry_id)
+            if entry is not None:
+                entry.state = RESIDENT if ok else entry.state
+                if not ok:
+                    self.index.free_copy(entry)
+        p.timeline = tl
+        p.t_ready_ns = _ns()
+        p.done.set()
+
+    # -- records --
+    def take_restores(self) -> list[dict]:
+        """Every restore's timeline since the last call (``kv.restore_timeline``), oldest first."""
+        worker = self.shared.worker
+        if worker is None:
+            return []
+        timelines, worker.timelines = worker.timelines, []
+        return [t.record() for t in timelines]
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        for path in Path(self.disk_dir).glob("entry-*.kv"):
+            path.unlink(missing_ok=True)
+        _SHARED.pop(self.config.tier_id, None)

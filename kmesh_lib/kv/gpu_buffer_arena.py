@@ -1,0 +1,315 @@
+"""Worker side of the host-staged GPU buffer: vLLM's KV as block planes, the buffer, and the copies.
+
+vLLM hands the connector one KV tensor per attention layer (``register_kv_caches``). Whatever the
+backend's logical shape, the bytes of one vLLM block in one layer form one or more *planes*: views
+``(num_gpu_blocks, nbytes)`` whose row is one block's bytes (FlashAttention on CUDA stores a block's
+K and V together, so a layer is one plane; a layout with all K blocks before all V blocks gives two).
+``block_planes`` finds them from the tensor's strides, the way vLLM's own offloading connector views
+a layer as ``(num_blocks, page_size_bytes)``.
+
+The buffer is ONE allocation on vLLM's device, outside vLLM's block pool, of ``num_buffer_blocks``
+rows of ``bytes_per_block`` bytes; a row holds every plane of one block, in plane order:
+
+    buffer row  | layer 0 plane(s) | layer 1 plane(s) | ... |      (bytes_per_block)
+    disk file   the entry's rows in block order, padded to 4 KiB: the same image as its extent
+
+Routes (all on vLLM's current stream, so the forward pass that follows sees finished copies):
+    save     vLLM blocks -> device gather -> pinned host chunk -> O_DIRECT write
+    stage    O_DIRECT read into a pinned host chunk -> host-to-device copy into the entry's extent;
+             two chunks in flight, so the disk read of chunk i+1 overlaps the copy of chunk i
+    restore  extent rows -> vLLM's blocks, device to device (one copy per plane and block run)
+On the CPU build the "device" is host memory: the same code with plain memcpys and CPU stamps.
+
+Invariant: a read or write that returns short raises ``OSError`` (never a silent partial copy);
+every file is written and read with O_DIRECT, so rereads come from the disk, not the page cache.
+"""
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from kmesh_lib.kv.gpu_buffer import entry_path
+from kmesh_lib.kv.restore_timeline import RestoreTimeline, Span
+
+ALIGN = 4096  # O_DIRECT: buffer address, file offset and length
+_ns = time.monotonic_ns
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def block_dim(shape, num_blocks: int) -> int:
+    """The dimension of a KV tensor that indexes vLLM blocks (dim 1 for (2, num_blocks, ...) layouts)."""
+    dims = [d for d, size in enumerate(shape) if size == num_blocks]
+    if not dims:
+        raise ValueError(f"no dimension of a KV tensor of shape {tuple(shape)} has num_blocks={num_blocks}")
+    if len(dims) > 1 and 1 in dims and shape[0] == 2:
+        return 1
+    return dims[0]
+
+
+def block_planes(kv: torch.Tensor, num_blocks: int) -> list[torch.Tensor]:
+    """``(num_blocks, nbytes)`` uint8 views of ``kv``, one per physically contiguous part of a block.
+
+    Dimensions with a larger stride than the block dimension lie outside a block (each index of them
+    is a plane); the others lie inside, and must form one contiguous run of bytes per block.
+    """
+    bd = block_dim(kv.shape, num_blocks)
+    stride = kv.stride(bd)
+    outer = [d for d in range(kv.ndim) if d != bd and kv.stride(d) > stride and kv.shape[d] > 1]
+    inner = sorted((d for d in range(kv.ndim) if d != bd and d not in outer), key=lambda d: -kv.stride(d))
+    t = kv.permute(*outer, bd, *inner)
+    planes = []
+    for idx in _product([kv.shape[d] for d in outer]):
+        p = t[idx] if idx else t
+        if not p[0].is_contiguous():
+            raise ValueError(f"a block of a KV tensor of shape {tuple(kv.shape)} and strides {kv.stride()} "
+                             "is not one contiguous run of bytes")
+        planes.append(p.view(num_blocks, -1).view(torch.uint8))  # view: raises rather than copy
+    return planes
+
+
+def _product(sizes: list[int]):
+    if not sizes:
+        yield ()
+        return
+    for i in range(sizes[0]):
+        for rest in _product(sizes[1:]):
+            yield (i, *rest)
+
+
+def _word_dtype(nbytes_list: list[int], tensors: list[torch.Tensor]):
+    """The widest integer type every plane size, row stride and offset is a multiple of (fewer elements to copy)."""
+    for width, dtype in ((8, torch.int64), (4, torch.int32), (2, torch.int16)):
+        if all(n % width == 0 for n in nbytes_list) and all(
+                t.stride(0) % width == 0 and t.storage_offset() % width == 0 for t in tensors):
+            return width, dtype
+    return 1, torch.uint8
+
+
+def aligned_host(nbytes: int, pin: bool) -> torch.Tensor:
+    """A host uint8 tensor whose data starts on a 4 KiB boundary (pinned when ``pin``)."""
+    raw = torch.empty(nbytes + ALIGN, dtype=torch.uint8, pin_memory=pin)
+    off = (-raw.data_ptr()) % ALIGN
+    return raw[off:off + nbytes]
+
+
+def _runs(block_ids: list[int]) -> list[tuple[int, int, int]]:
+    """(position in block_ids, first block id, length) of each run of consecutive block ids."""
+    runs, i = [], 0
+    while i < len(block_ids):
+        j = i
+        while j + 1 < len(block_ids) and block_ids[j + 1] == block_ids[j] + 1:
+            j += 1
+        runs.append((i, block_ids[i], j - i + 1))
+        i = j + 1
+    return runs
+
+
+class _Stager:
+    """Pinned host chunks and their in-flight copies; one per thread that stages (never shared)."""
+
+    def __init__(self, chunk_bytes: int, pin: bool, num_slots: int = 2) -> None:
+        self.slots = [aligned_host(chunk_bytes, pin) for _ in range(num_slots)]
+        self.views = [memoryview(s.numpy()) for s in self.slots]
+        self.done = [None] * num_slots  # CUDA event of the last copy out of each slot
+
+
+class BufferArena:
+    """The buffer's one allocation and every copy into, out of and between it.
+
+    Args:
+        kv_caches: vLLM's per-layer KV tensors (``register_kv_caches``), in layer order.
+        num_gpu_blocks: vLLM's pool size (the tensors' block dimension).
+        num_buffer_blocks: buffer capacity in blocks; the scheduler side allocates extents in it.
+        disk_dir: the disk tier's directory (one file per entry).
+        chunk_bytes: bytes per O_DIRECT read or write (a multiple of 4 KiB is used).
+    """
+
+    def __init__(self, kv_caches: dict, num_gpu_blocks: int, num_buffer_blocks: int, disk_dir: Path,
+                 chunk_bytes: int = 16 << 20) -> None:
+        planes = [p for kv in kv_caches.values() for p in block_planes(kv, num_gpu_blocks)]
+        self.plane_nbytes = [p.shape[1] for p in planes]
+        self.bytes_per_block = sum(self.plane_nbytes)
+        self.word_bytes, dtype = _word_dtype(self.plane_nbytes + [self.bytes_per_block], planes)
+        self.planes = [p.view(dtype) for p in planes]
+        self.device = planes[0].device
+        self.is_cuda = self.device.type == "cuda"
+        self.num_buffer_blocks = num_buffer_blocks
+        self.buffer = torch.zeros(num_buffer_blocks * self.bytes_per_block, dtype=torch.uint8, device=self.device)
+        self.buffer_blocks = self.buffer.view(num_buffer_blocks, self.bytes_per_block)
+        offsets = [0]
+        for n in self.plane_nbytes:
+            offsets.append(offsets[-1] + n)
+        self.buffer_planes = [self.buffer_blocks[:, a:b].view(dtype) for a, b in zip(offsets, offsets[1:])]
+        self.disk_dir = Path(disk_dir)
+        self.disk_dir.mkdir(parents=True, exist_ok=True)
+        step = ALIGN // math.gcd(self.bytes_per_block, ALIGN)  # blocks per 4 KiB-aligned run
+        self.blocks_per_chunk = max(step, chunk_bytes // self.bytes_per_block // step * step)
+        self.chunk_bytes = _round_up(self.blocks_per_chunk * self.bytes_per_block, ALIGN)
+        self._stagers: dict[int, _Stager] = {}
+        self.lock = threading.Lock()
+        self.counters = {"read_bytes": 0, "reads": 0, "write_bytes": 0, "writes": 0, "write_errors": 0,
+                         "staged_bytes": 0, "restored_bytes": 0}
+        self.last_read_event = None  # main stream: every restore queued so far has read its extent
+
+    # -- helpers --
+    def path_of(self, entry_id: int) -> Path:
+        return entry_path(self.disk_dir, entry_id)
+
+    def file_bytes(self, num_blocks: int) -> int:
+        return _round_up(num_blocks * self.bytes_per_block, ALIGN)
+
+    def _stager(self) -> _Stager:
+        key = threading.get_ident()
+        if key not in self._stagers:
+            self._stagers[key] = _Stager(self.chunk_bytes, pin=self.is_cuda)
+        return self._stagers[key]
+
+    def _chunks(self, num_blocks: int):
+        for b0 in range(0, num_blocks, self.blocks_per_chunk):
+            yield b0, min(self.blocks_per_chunk, num_blocks - b0)
+
+    def _event(self, stream=None):
+        if not self.is_cuda:
+            return None
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record(stream)
+        return ev
+
+    def _count(self, **delta: int) -> None:
+        with self.lock:
+            for k, v in delta.items():
+                self.counters[k] += v
+
+    def reference(self, stream=None):
+        """(t_ns, event) taken together on an idle stream: puts later events on the monotonic clock."""
+        if not self.is_cuda:
+            return None
+        stream = stream or torch.cuda.current_stream()
+        stream.synchronize()
+        t = _ns()
+        return t, self._event(stream)
+
+    # -- save: vLLM blocks -> disk --
+    def save(self, entry_id: int, block_ids: list[int]) -> int:
+        """Writes the KV of ``block_ids`` (in order) to the entry's file; returns the bytes written."""
+        stager = self._stager()
+        for event in stager.done:  # a staging copy out of this chunk may still be in flight
+            if event is not None:
+                event.synchronize()
+        host, view = stager.slots[0], stager.views[0]
+        path = self.path_of(entry_id)
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC | os.O_DIRECT, 0o600)
+        written = 0
+        try:
+            for b0, k in self._chunks(len(block_ids)):
+                idx = torch.tensor(block_ids[b0:b0 + k], dtype=torch.long, device=self.device)
+                rows = torch.empty(k, self.bytes_per_block, dtype=torch.uint8, device=self.device)
+                a = 0
+                for plane, n in zip(self.planes, self.plane_nbytes):
+                    rows[:, a:a + n].view(plane.dtype).copy_(plane.index_select(0, idx))
+                    a += n
+                nbytes = k * self.bytes_per_block
+                host[:nbytes].copy_(rows.view(-1))  # synchronous: the write below reads it
+                padded = _round_up(nbytes, ALIGN)
+                host[nbytes:padded].zero_()
+                n = os.pwritev(fd, [view[:padded]], b0 * self.bytes_per_block)
+                if n != padded:
+                    raise OSError(f"short O_DIRECT write to {path}: {n} of {padded} bytes")
+                written += nbytes
+            os.fsync(fd)
+        except Exception:
+            self._count(write_errors=1)
+            path.unlink(missing_ok=True)
+            raise
+        finally:
+            os.close(fd)
+        self._count(write_bytes=written, writes=1)
+        return written
+
+    # -- stage: disk -> buffer extent --
+    def stage(self, entry_id: int, num_blocks: int, extent_start: int, timeline: RestoreTimeline,
+              stream=None) -> None:
+        """Reads the whole entry into its extent: O_DIRECT chunks into pinned memory, each copied on
+        to the buffer while the next is read. Queues the copies on ``stream`` (default: current)."""
+        stager = self._stager()
+        path = self.path_of(entry_id)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        try:
+            for c, (b0, k) in enumerate(self._chunks(num_blocks)):
+                slot = c % len(stager.slots)
+                if stager.done[slot] is not None:
+                    stager.done[slot].synchronize()  # the copy out of this chunk has finished
+                nbytes = k * self.bytes_per_block
+                padded = _round_up(nbytes, ALIGN)
+                t0 = _ns()
+                got = 0
+                while got < padded:
+                    n = os.preadv(fd, [stager.views[slot][got:padded]], b0 * self.bytes_per_block + got)
+                    if n <= 0:
+                        raise OSError(f"short O_DIRECT read of {path}: {got} of {padded} bytes at block {b0}")
+                    got += n
+                timeline.disk_reads.append(Span().cpu(t0, _ns()))
+                dst = self.buffer_blocks[extent_start + b0:extent_start + b0 + k].view(-1)
+                if self.is_cuda:
+                    start = self._event(stream)
+                    with torch.cuda.stream(stream or torch.cuda.current_stream()):
+                        dst.copy_(stager.slots[slot][:nbytes], non_blocking=True)
+                    end = self._event(stream)
+                    stager.done[slot] = end
+                    timeline.staging.append(Span().gpu(start, end))
+                else:
+                    t1 = _ns()
+                    dst.copy_(stager.slots[slot][:nbytes])
+                    timeline.staging.append(Span().cpu(t1, _ns()))
+                timeline.disk_bytes += padded
+                self._count(read_bytes=padded, reads=1, staged_bytes=nbytes)
+        finally:
+            os.close(fd)
+
+    # -- restore: buffer extent -> vLLM blocks --
+    def copy_into_vllm(self, extent_start: int, first_block: int, block_ids: list[int],
+                       timeline: RestoreTimeline) -> None:
+        """Copies extent rows ``first_block ...`` into vLLM's ``block_ids``, one copy per plane and run."""
+        t0 = _ns()
+        start = self._event()
+        runs = _runs(block_ids)
+        idx = None
+        if len(runs) > 8:
+            idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        src0 = extent_start + first_block
+        for plane, buf in zip(self.planes, self.buffer_planes):
+            if idx is not None:
+                plane.index_copy_(0, idx, buf.narrow(0, src0, len(block_ids)))
+            else:
+                for pos, dst, n in runs:
+                    plane.narrow(0, dst, n).copy_(buf.narrow(0, src0 + pos, n))
+        if self.is_cuda:
+            timeline.copy = Span().gpu(start, self._event())
+        else:
+            timeline.copy = Span().cpu(t0, _ns())
+        self._count(restored_bytes=len(block_ids) * self.bytes_per_block)
+
+    def mark_reads_queued(self) -> None:
+        """Records that every restore queued so far on the current stream has read its extent."""
+        self.last_read_event = self._event()
+
+    def read_back(self, block_ids: list[int]) -> torch.Tensor:
+        """vLLM's KV of ``block_ids`` as buffer rows (tests compare restores with it)."""
+        rows = torch.empty(len(block_ids), self.bytes_per_block, dtype=torch.uint8, device=self.device)
+        idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        a = 0
+        for plane, n in zip(self.planes, self.plane_nbytes):
+            rows[:, a:a + n].view(plane.dtype).copy_(plane.index_select(0, idx))
+            a += n
+        return rows
+
+    def extent(self, start: int, num_blocks: int) -> torch.Tensor:
+        return self.buffer_blocks[start:start + num_blocks]

