@@ -184,7 +184,7 @@ def main() -> int:
             sys.exit(f"{run_dir} holds a run with other parameters: resume with the same --profile/--set, or a new --out")
     params_file.write_text(yaml.safe_dump({**values, "RUN_DIR": str(run_dir)}, sort_keys=True))
     done = finished_blocks(run_dir)
-    record = RunRecord.open("prefetch", cfg, str(run_dir))
+    record = RunRecord.open("prefetch", cfg, str(run_dir), resume=True)  # continues its own unfinished run
     sizes = [int(s) for s in args.only.split(",") if s] or cfg.GROUP_SIZES
     todo = [(p, n, r) for p in cfg.PATHS for n in cfg.GROUP_SIZES if n in sizes for r in range(cfg.ENGINE_RUNS)
             if f"{p}-N{n}-r{r}" not in done]
