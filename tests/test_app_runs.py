@@ -79,7 +79,7 @@ def test_same_second_runs_get_distinct_folders_through_kmesh_run(monkeypatch, se
     ids_from(monkeypatch, "cccc", "cccc", "dddd")
     seen = []
 
-    def fake_execute(notebook, out_nb, parameters, *args):
+    def fake_execute(notebook, out_nb, parameters, *args, **kwargs):
         seen.append(Path(parameters["RUN_DIR"]))
         return Outcome("failed", {"kind": "cell error", "cell": 1, "ename": "E", "evalue": "no engine here"})
 
@@ -150,6 +150,7 @@ def test_a_passing_run_keeps_engine_logs_and_progress_bars_out_of_its_cells(sect
     for noise in ("C-LEVEL STDERR NOISE", "VLLM LOGGER NOISE", "LMCACHE LOGGER NOISE"):
         assert noise in log and noise not in cells
     assert "PROGRESS" not in cells  # tqdm is off in the kernel
+    assert (run_dir / "logs" / "kernel.log").is_file()  # the kernel's own stderr, out of the terminal
     assert "column_29" in cells and "..." not in cells  # the whole 80 x 31 table
     assert list((tmp_path / "tmp").iterdir()) == []  # no kernel connection file, no runtime dir
     assert not psutil.pid_exists(int((run_dir / "kernel.pid").read_text()))
@@ -211,7 +212,7 @@ def test_ctrl_c_ends_the_run_with_one_line_and_leaves_nothing_behind(tmp_path):
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the foreground group
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
-    assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err
+    assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err and "IPKernelApp" not in err
     lines = out.strip().splitlines()
     assert lines[-1].startswith("interrupted: ") and str(run_dir.name) in lines[-1] and len(lines) == 2
     assert results_of(run_dir)["status"] == "interrupted"

@@ -64,7 +64,7 @@ def cmd_run(args) -> int:
     print(f"running {section.NOTEBOOK} ({args.profile}) -> {shown}", flush=True)
     notebook = sections.notebook_path(section)
     outcome = execute(notebook, run_dir / section.NOTEBOOK, resolved, args.kernel, notebook.parent, args.timeout,
-                      args.log_output)
+                      args.log_output, kernel_log=run_dir / "logs" / "kernel.log")
     if outcome.status != "completed":
         end_run(run_dir, section.KEY, outcome.status, outcome.error)
     try:
@@ -80,7 +80,8 @@ def cmd_run(args) -> int:
     if left:
         print(left.removeprefix("; "), file=sys.stderr)
     if outcome.status == "failed":
-        print(f"failed: {shown} (notebook {outcome.line()})")
+        where = "; the kernel's last words are in logs/kernel.log" if outcome.error["kind"] == "dead kernel" else ""
+        print(f"failed: {shown} (notebook {outcome.line()}{where})")
         return 1
     verdict = verify(section, RunFiles(run_dir))
     for line in verdict.lines:

@@ -113,15 +113,23 @@ def _env(**values: str):
                 os.environ[k] = v
 
 
-def _kernel_manager_class(runtime: Path) -> type:
+def _kernel_manager_class(runtime: Path, kernel_log: Path | None) -> type:
     """A kernel manager whose connection file lies in ``runtime`` (jupyter_client's default is a
-    ``tempfile.mkstemp`` file in /tmp, which a killed kernel leaves behind)."""
+    ``tempfile.mkstemp`` file in /tmp, which a killed kernel leaves behind), and whose kernel writes
+    its own stderr (start-up warnings, the last words of a dying kernel) to ``kernel_log``."""
     from jupyter_client.manager import AsyncKernelManager
 
     class RunKernelManager(AsyncKernelManager):
         def __init__(self, **kwargs) -> None:
             super().__init__(**kwargs)
             self.connection_file = str(runtime / f"kernel-{secrets.token_hex(4)}.json")
+
+        async def _async_launch_kernel(self, kernel_cmd, **kw) -> None:
+            if kernel_log is None:
+                return await super()._async_launch_kernel(kernel_cmd, **kw)
+            kernel_log.parent.mkdir(parents=True, exist_ok=True)
+            with open(kernel_log, "ab") as log:  # the kernel keeps its own copy of the descriptor
+                return await super()._async_launch_kernel(kernel_cmd, **{**kw, "stderr": log})
 
     return RunKernelManager
 
@@ -146,7 +154,7 @@ def _last_started_cell(out_nb: Path) -> int | None:
 
 
 def execute(notebook: Path, out_nb: Path, parameters: dict, kernel: str, cwd: Path, timeout_s: int | None,
-            log_output: bool) -> Outcome:
+            log_output: bool, kernel_log: Path | None = None) -> Outcome:
     """Runs ``notebook`` into ``out_nb`` with papermill; see the module docstring."""
     import papermill
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -166,7 +174,7 @@ def execute(notebook: Path, out_nb: Path, parameters: dict, kernel: str, cwd: Pa
             papermill.execute_notebook(str(notebook), str(out_nb), parameters=parameters, kernel_name=kernel,
                                        cwd=str(cwd), execution_timeout=timeout_s, log_output=log_output,
                                        progress_bar=not log_output,
-                                       kernel_manager_class=_kernel_manager_class(runtime))
+                                       kernel_manager_class=_kernel_manager_class(runtime, kernel_log))
     except papermill.PapermillExecutionError as e:
         outcome = Outcome("failed", {"kind": "cell error", "cell": e.exec_count, "ename": e.ename,
                                      "evalue": _first_line(e.evalue)})
