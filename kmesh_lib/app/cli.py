@@ -68,7 +68,9 @@ def cmd_run(args) -> int:
     if outcome.status != "completed":
         end_run(run_dir, section.KEY, outcome.status, outcome.error)
     try:
-        render_report(section, run_dir)
+        rendered = render_report(section, run_dir)
+        if rendered.answer_error and outcome.status == "completed":
+            print(f"report.html has no answer: {rendered.answer_error}", file=sys.stderr)
     except (RunFileError, SectionError) as e:
         if outcome.status == "completed":
             print(f"report.html not rendered: {e}", file=sys.stderr)
