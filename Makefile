@@ -6,7 +6,7 @@ PROFILE ?= cpu
 SECTIONS ?= 00
 NBVAL := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 1800
 
-.PHONY: env run test lint test-lib test-notebooks goldens bench clean-runs
+.PHONY: env run test lint test-lib test-notebooks goldens bench index clean-runs
 
 env:
 	bash scripts/setup_env.sh
@@ -32,3 +32,10 @@ goldens: env
 
 bench: env
 	for b in benchmarks/bench_*.py; do $(VENV)/bin/python $$b || exit 1; done
+
+index: env
+	$(KMESH) index
+
+# Local runs (runs/, ignored by git). Published runs live in outputs/ and are never touched here.
+clean-runs:
+	rm -rf runs/

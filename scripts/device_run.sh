@@ -19,12 +19,12 @@ status=0
 for item in "$@"; do
   section=${item%%:*}; profile=gpu
   [ "$section" != "$item" ] && profile=${item#*:}
-  run_dir="outputs/device/$section-$profile"
+  run_dir="runs/device/$section-$profile"
   rm -rf "$run_dir"; mkdir -p "$run_dir"
   # KMESH_SET_<section as given>="KEY=VALUE ..." adds --set overrides for that section
   sets=$(eval echo "\${KMESH_SET_$section:-}")
   extra=""; for kv in $sets; do extra="$extra --set $kv"; done
   timeout "${KMESH_SECTION_TIMEOUT:-560}" python3 -m kmesh_lib.app.cli run "$section" --profile "$profile" --run-dir "$run_dir" --log-output $extra || status=1
-  tar czf "$OUT/$section-$profile.tgz" -C outputs/device "$section-$profile"
+  tar czf "$OUT/$section-$profile.tgz" -C runs/device "$section-$profile"
 done
 exit $status

@@ -1,22 +1,35 @@
 #!/bin/sh
-# Publishes a run made on the GPU machine (scripts/device_run.sh): unpacks <section>-<profile>.tgz into
-# outputs/<section>/<profile>-<date>/, renders report.html, verifies and writes public-results.json.
+# Brings a run made on the GPU machine (scripts/device_run.sh) into runs/ under a fresh run id, renders
+# its report and verifies it. Publishing is a separate, deliberate step (the command is printed).
 #   sh scripts/import_device_run.sh PATH/TO/<section>-<profile>.tgz
 set -eu
 tgz=$1
 name=$(basename "$tgz" .tgz)
 section=${name%-*}; profile=${name##*-}
-section=$(.venv/bin/python -c "import sys; from kmesh_lib.app import registry as sections; print(sections.get(sys.argv[1]).key)" "$section")
-stamp=$(date -u +%Y%m%d-%H%M%S)
-dest="outputs/$section/$profile-$stamp"
+py=.venv/bin/python
+# a new folder made with an exclusive mkdir: runs/<section key>/<profile>-<date>-<time>-<random>
+dest=$($py -c "import sys; from kmesh_lib.app import registry; from kmesh_lib.base.records import new_run_dir
+print(new_run_dir(registry.get(sys.argv[1]).KEY, sys.argv[2]))" "$section" "$profile")
 tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
 tar xzf "$tgz" -C "$tmp"
-mkdir -p "outputs/$section"
-mv "$tmp/$name" "$dest"
-rm -rf "$tmp"
-sed -i "s|^RUN_DIR: .*|RUN_DIR: $dest|" "$dest/params.resolved.yaml"
-.venv/bin/python -c "import json,sys; p=sys.argv[1]+'/results.json'; r=json.load(open(p)); r['run_id']=sys.argv[1].rsplit('/',1)[1]; json.dump(r,open(p,'w'),indent=1)" "$dest"
-.venv/bin/kmesh report "$section" --run-dir "$dest"
-.venv/bin/kmesh verify "$section" --run-dir "$dest" || echo "some checks failed: published as measured"
-.venv/bin/kmesh publish "$section" --run-dir "$dest"
-echo "$dest"
+cp -R "$tmp/$name/." "$dest/"
+run_id=$(basename "$dest")
+$py - "$dest" "$run_id" <<'PY'
+import json, sys
+from pathlib import Path
+import yaml
+run_dir, run_id = Path(sys.argv[1]), sys.argv[2]
+params = yaml.safe_load((run_dir / "params.resolved.yaml").read_text())
+params["RUN_DIR"] = str(run_dir.resolve())
+(run_dir / "params.resolved.yaml").write_text(yaml.safe_dump(params, sort_keys=True))
+results = json.loads((run_dir / "results.json").read_text())
+results["run_id"] = run_id
+(run_dir / "results.json").write_text(json.dumps(results, indent=1))
+PY
+.venv/bin/kmesh report "$section" "$run_id"
+if .venv/bin/kmesh verify "$section" "$run_id"; then
+  echo "publish with: .venv/bin/kmesh publish $section $run_id"
+else
+  echo "verify failed; publish only as a marked failure: .venv/bin/kmesh publish $section $run_id --allow-failed"
+fi

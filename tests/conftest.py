@@ -11,8 +11,15 @@ os.environ.setdefault("KMESH_RUN_ROOT", tempfile.mkdtemp(prefix="kmesh-test-runs
 
 @pytest.fixture(autouse=True)
 def _run_root(tmp_path, monkeypatch):
-    """Runs made by tests land in a temp dir, never in outputs/."""
+    """Runs made by tests land in a temp dir, never in runs/ or outputs/; a run a test opened and
+    did not finish gives its log streams (fd 2, the engine loggers) back afterwards."""
     monkeypatch.setenv("KMESH_RUN_ROOT", str(tmp_path / "runs"))
+    monkeypatch.setenv("KMESH_PUBLISHED_ROOT", str(tmp_path / "published"))
+    yield
+    from kmesh_lib.base import runlog
+
+    if runlog.active() is not None:
+        runlog.active().close()
 
 
 def pytest_collectstart(collector):

@@ -1,86 +1,104 @@
-"""kmesh plan|run|verify|publish SECTION --profile P
+"""kmesh: run, check and publish the sections' notebooks.
 
-    plan     print arms, sizes and expected duration; starts no engine
-    run      validate params, execute the section's notebook headlessly with papermill into
-             outputs/<section>/<run_id>/, render report.html, verify and publish
-    verify   re-check a finished run's recorded invariants; exit 1 when one fails
-    publish  write public-results.json (aggregates and hashes; no prompts, answers or token ids)
-    report   render a run's executed notebook to report.html again
+    plan SECTION      arms, sizes and expected duration; starts no engine
+    run SECTION       validate params, execute the notebook headlessly into runs/<section>/<run_id>/,
+                      render report.html and verify the run
+    verify SECTION RUN_ID|--latest|--run-dir DIR
+                      recompute every check from the run's files; exit 1 on a failure, 2 on a damaged run
+    publish SECTION RUN_ID [--allow-failed]
+                      copy a finished, verified run into outputs/<section>/<run_id>/ with
+                      public-results.json, and regenerate outputs/index.html and the README table
+    report SECTION RUN_ID
+                      render report.html again
+    list [SECTION]    runs (local and published) with status and headline figures
+    compare RUN_A RUN_B
+                      two runs' figures side by side, with the differences
+    index             regenerate outputs/index.html and the README table from the published runs
+
+Exit status: 0 ok; 1 a run or check failed (or publish refused it); 2 bad input or a damaged run
+folder (one line naming what is wrong); 130 Ctrl-C.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
 from kmesh_lib.app import registry as sections
-from kmesh_lib.app.publish import publish
-from kmesh_lib.app.verify import verify_run
+from kmesh_lib.app.execute import execute
+from kmesh_lib.app.listing import compare_lines, summarize_run
+from kmesh_lib.app.publish import PublishRefused, publish
+from kmesh_lib.app.published import PublishedSetError, regenerate
+from kmesh_lib.app.registry import SectionError, SectionInterfaceError, UnknownSection
+from kmesh_lib.app.report import render_report
+from kmesh_lib.app.runs import LOCAL, PUBLISHED, RunNotFound, display_path, find_any, find_run, published_root, runs_of
+from kmesh_lib.app.verify import verify
 from kmesh_lib.base import params as params_mod
 from kmesh_lib.base.params import resolve_params
-from kmesh_lib.base.paths import OUTPUTS, repo_relative
-from kmesh_lib.base.records import new_run_id
+from kmesh_lib.base.paths import repo_relative
+from kmesh_lib.base.public import PublicContentError
+from kmesh_lib.base.records import RunFileError, RunFiles, RunFolderInUse, claim_run_dir, end_run, new_run_dir
 
-
-def latest_run(section, profile: str | None) -> Path:
-    root = OUTPUTS / section.KEY
-    runs = sorted((p for p in root.glob("*") if (p / "results.json").exists()
-                   and (profile is None or p.name.startswith(profile + "-"))), key=lambda p: p.stat().st_mtime)
-    if not runs:
-        raise SystemExit(f"no finished run of {section.KEY} under {root}" + (f" for profile {profile}" if profile else ""))
-    return runs[-1]
+USAGE_ERRORS = (params_mod.ParamError, UnknownSection, SectionInterfaceError, RunNotFound, RunFileError,
+                RunFolderInUse, SectionError, PublicContentError, PublishedSetError)
 
 
 def cmd_plan(args) -> int:
-    section = sections.get(args.section)
+    section = sections.get(args.section, needs=sections.PLANNING)
     config, values, files = resolve_params(section, args.profile, args.params, args.set)
     print(f"section {section.NUMBER} {section.KEY}: {section.QUESTION}")
-    print("params files: " + " -> ".join(str(f.relative_to(params_mod.PARAMS_DIR.parent)) if f.is_absolute() and
-                                           params_mod.PARAMS_DIR.parent in f.parents else str(f) for f in files))
+    print("params files: " + " -> ".join(display_path(f) for f in files))
     for key, value in section.plan(config).items():
         print(f"{key}: {value}")
     return 0
 
 
 def cmd_run(args) -> int:
-    import papermill
-
     section = sections.get(args.section)
     if args.source_run:  # a run measured elsewhere (a GPU driver's folder): render into it, measure nothing
         if args.set or args.params or args.run_dir:
             raise params_mod.ParamError("--source-run renders the run as it was measured: no --set, --params or --run-dir")
         run_dir, resolved = source_run_params(section, args.source_run)
     else:
-        config, _, _ = resolve_params(section, args.profile, args.params, args.set, for_run=True)  # fails before any engine
-        run_dir = Path(args.run_dir) if args.run_dir else OUTPUTS / section.KEY / new_run_id(args.profile)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        config, _, _ = resolve_params(section, args.profile, args.params, args.set, for_run=True)  # before any engine
+        run_dir = claim_run_dir(Path(args.run_dir)) if args.run_dir else new_run_dir(section.KEY, args.profile)
         resolved = {**params_mod.to_dict(config), "RUN_DIR": str(run_dir.resolve())}
         (run_dir / "params.resolved.yaml").write_text(yaml.safe_dump(resolved, sort_keys=True))
-    out_nb = run_dir / section.NOTEBOOK
-    print(f"running {section.NOTEBOOK} ({resolved.get('PROFILE')}) -> {run_dir}", flush=True)
-    t0 = time.monotonic()
+    shown = display_path(run_dir)
+    print(f"running {section.NOTEBOOK} ({resolved.get('PROFILE')}) -> {shown}", flush=True)
+    notebook = sections.notebook_path(section)
+    outcome = execute(notebook, run_dir / section.NOTEBOOK, resolved, args.kernel, notebook.parent, args.timeout,
+                      args.log_output, kernel_log=run_dir / "logs" / "kernel.log")
+    if outcome.status != "completed":
+        end_run(run_dir, section.KEY, outcome.status, outcome.error)
     try:
-        papermill.execute_notebook(str(sections.notebook_path(section)), str(out_nb), parameters=resolved,
-                                   kernel_name=args.kernel, cwd=str(sections.notebook_path(section).parent),
-                                   execution_timeout=args.timeout, log_output=args.log_output, progress_bar=not args.log_output)
-    except papermill.PapermillExecutionError as e:
-        print(f"notebook failed in cell {e.exec_count}: {e.ename}: {e.evalue}\n"
-              f"the partial notebook and every result written so far are in {run_dir}", file=sys.stderr)
-        render_html(out_nb)
+        rendered = render_report(section, run_dir)
+        if rendered.answer_error and outcome.status == "completed":
+            print(f"report.html has no answer: {rendered.answer_error}", file=sys.stderr)
+    except (RunFileError, SectionError) as e:
+        if outcome.status == "completed":
+            print(f"report.html not rendered: {e}", file=sys.stderr)
+    left = (f"; ended {len(outcome.reaped)} processes it left behind: {', '.join(outcome.reaped[:4])}"
+            if outcome.reaped else "")
+    if outcome.status == "interrupted":
+        print(f"interrupted: {shown} (status interrupted{left})")
+        return 130
+    if left:
+        print(left.removeprefix("; "), file=sys.stderr)
+    if outcome.status == "failed":
+        where = "; the kernel's last words are in logs/kernel.log" if outcome.error["kind"] == "dead kernel" else ""
+        print(f"failed: {shown} (notebook {outcome.line()}{where})")
         return 1
-    finally:
-        print(f"notebook ran {time.monotonic() - t0:.0f} s", flush=True)
-    html = render_html(out_nb)
-    print(f"report: {html}")
-    status = report_checks(run_dir)
-    if status == 0:
-
-        print(f"public results: {publish(run_dir)}")
-    return status
+    verdict = verify(section, RunFiles(run_dir))
+    for line in verdict.lines:
+        if line.kind != "ok":
+            print(f"  {line.text()}")
+    print(f"{verdict.status}: {shown} ({verdict.summary()}); report.html there; "
+          f"publish with: kmesh publish {section.NUMBER} {run_dir.name}")
+    return 0 if verdict.ok and verdict.status == "passed" else 1
 
 
 def source_run_params(section, source: str) -> tuple[Path, dict]:
@@ -103,82 +121,130 @@ def source_run_params(section, source: str) -> tuple[Path, dict]:
     return run_dir, params_mod.to_dict(config)
 
 
-def render_html(notebook: Path) -> Path | None:
-    """Renders the executed notebook to report.html; a missing nbconvert template only warns,
-    since the notebook itself is the record (``kmesh report`` renders it again later)."""
-    import nbformat
-
-    if not notebook.exists():
-        return None
-    try:
-        from nbconvert import HTMLExporter
-
-        body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(notebook), as_version=4))
-    except (ImportError, ValueError, OSError) as e:
-        print(f"report.html not rendered ({type(e).__name__}: {str(e).splitlines()[0]}); "
-              f"render it later with: kmesh report --run-dir {notebook.parent}", file=sys.stderr)
-        return None
-    out = notebook.parent / "report.html"
-    out.write_text(body)
-    return out
-
-
-def report_checks(run_dir: Path) -> int:
-
-    checks = verify_run(run_dir)
-    for c in checks:
-        print(f"  [{'ok' if c.ok else 'FAIL'}] {c.name}" + (f": {c.detail}" if c.detail and not c.ok else ""))
-    failed = [c for c in checks if not c.ok]
-    print(f"{len(checks) - len(failed)} of {len(checks)} checks passed in {run_dir}")
-    return 1 if failed else 0
+def _ref(args, section, where=(LOCAL, PUBLISHED)):
+    return find_run(section, args.run_id, args.latest, args.run_dir, args.profile, where)
 
 
 def cmd_verify(args) -> int:
     section = sections.get(args.section)
-    return report_checks(Path(args.run_dir) if args.run_dir else latest_run(section, args.profile))
+    ref = _ref(args, section)
+    verdict = verify(section, RunFiles(ref.run_dir))
+    for line in verdict.lines:
+        print(line.text())
+    print(f"{verdict.summary()}: {section.KEY} {ref.run_id} ({ref.where}, {display_path(ref.run_dir)})")
+    return 0 if verdict.ok else 1
 
 
 def cmd_report(args) -> int:
     section = sections.get(args.section)
-    run_dir = Path(args.run_dir) if args.run_dir else latest_run(section, args.profile)
-    html = render_html(run_dir / section.NOTEBOOK)
-    print(html or "not rendered")
-    return 0 if html else 1
-
-
-def cmd_publish(args) -> int:
-
-    section = sections.get(args.section)
-    print(publish(Path(args.run_dir) if args.run_dir else latest_run(section, args.profile)))
+    ref = _ref(args, section)
+    rendered = render_report(section, ref.run_dir)
+    if rendered.answer_error:
+        print(f"no answer in the report: {rendered.answer_error}", file=sys.stderr)
+    print(display_path(rendered.path))
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def cmd_publish(args) -> int:
+    section = sections.get(args.section)
+    ref = _ref(args, section)
+    try:
+        done = publish(section, ref.run_dir, allow_failed=args.allow_failed, replace=args.replace)
+    except PublishRefused as e:
+        print(f"kmesh publish: {e}", file=sys.stderr)
+        return 1
+    marked = " (marked: published with --allow-failed)" if done.public["allowed_failed"] else ""
+    print(f"published {section.KEY} {ref.run_id}{marked} -> {display_path(done.run_dir)}; "
+          f"{done.verdict.summary()}; index: {display_path(published_root() / 'index.html')}")
+    return 0
+
+
+def cmd_list(args) -> int:
+    chosen = [sections.get(args.section)] if args.section else sections.all_sections()
+    where = {"local": (LOCAL,), "published": (PUBLISHED,), "all": (LOCAL, PUBLISHED)}[args.where]
+    refs = [ref for section in chosen for ref in runs_of(section, where)]
+    for ref in refs:
+        print(summarize_run(ref).line())
+    if not refs:
+        print("no runs")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    everything = sections.all_sections()
+    a, b = (summarize_run(find_any(name, everything), with_counts=True) for name in (args.run_a, args.run_b))
+    if a.ref.section is not b.ref.section:
+        print(f"note: comparing runs of two sections ({a.ref.section.KEY}, {b.ref.section.KEY})")
+    params = []
+    for s in (a, b):
+        try:
+            params.append(RunFiles(s.ref.run_dir).params)
+        except RunFileError as e:
+            s.problem = s.problem or str(e)
+            params.append({})
+    for line in compare_lines(a, b, *params):
+        print(line)
+    return 0
+
+
+def cmd_index(args) -> int:
+    index, readme = regenerate(published_root())
+    print(f"wrote {display_path(index)}" + (f" and the results table in {display_path(readme)}" if readme else ""))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kmesh", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, fn in (("plan", cmd_plan), ("run", cmd_run), ("verify", cmd_verify), ("publish", cmd_publish),
-                     ("report", cmd_report)):
-        p = sub.add_parser(name, help=fn.__doc__)
-        p.add_argument("section", help="section number or key, e.g. 00 or engine_check")
-        finished_only = name in ("verify", "publish", "report")
-        p.add_argument("--profile", choices=params_mod.PROFILES, default=None if finished_only else "cpu")
+    for name, fn in (("plan", cmd_plan), ("run", cmd_run)):
+        p = sub.add_parser(name)
         p.set_defaults(fn=fn)
-        if name in ("plan", "run"):
-            p.add_argument("--params", action="append", default=[], help="extra YAML file layered last")
-            p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one parameter")
-        if name == "run":
-            p.add_argument("--kernel", default="kmesh", help="Jupyter kernel (scripts/setup_env.sh installs 'kmesh')")
-            p.add_argument("--timeout", type=int, default=3600, help="per-cell timeout in seconds")
-            p.add_argument("--log-output", action="store_true", help="stream cell output instead of a progress bar")
-            p.add_argument("--source-run", default=None, metavar="DIR",
-                           help="render a run measured elsewhere (a GPU driver's folder) into that folder; no engine")
-        p.add_argument("--run-dir", default=None, help="the run directory (default: new for run, latest otherwise)")
-    args = parser.parse_args(argv)
+        p.add_argument("section", help="section number or key, e.g. 00 or engine_check")
+        p.add_argument("--profile", choices=params_mod.PROFILES, default="cpu")
+        p.add_argument("--params", action="append", default=[], help="extra YAML file layered last")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one parameter")
+    run = sub.choices["run"]
+    run.add_argument("--kernel", default="kmesh", help="Jupyter kernel (scripts/setup_env.sh installs 'kmesh')")
+    run.add_argument("--timeout", type=int, default=3600, help="per-cell timeout in seconds")
+    run.add_argument("--log-output", action="store_true", help="print each cell's output as it runs")
+    run.add_argument("--run-dir", default=None, help="an empty or new folder for the run (default: runs/<section>/<id>)")
+    run.add_argument("--source-run", default=None, metavar="DIR",
+                     help="render a run measured elsewhere (a GPU driver's folder) into that folder; no engine")
+    for name, fn in (("verify", cmd_verify), ("publish", cmd_publish), ("report", cmd_report)):
+        p = sub.add_parser(name)
+        p.set_defaults(fn=fn)
+        p.add_argument("section", help="section number or key")
+        p.add_argument("run_id", nargs="?", default=None, help="the run id (a folder name under runs/ or outputs/)")
+        p.add_argument("--latest", action="store_true", help="the newest run id (by the time it names)")
+        p.add_argument("--profile", choices=params_mod.PROFILES, default=None, help="with --latest: of this profile")
+        p.add_argument("--run-dir", default=None, help="a run folder given by path")
+    publish_parser = sub.choices["publish"]
+    publish_parser.add_argument("--allow-failed", action="store_true",
+                                help="publish a run that did not pass, marked as such in the public file and index")
+    publish_parser.add_argument("--replace", action="store_true", help="publish over an earlier copy of this run")
+    p = sub.add_parser("list")
+    p.set_defaults(fn=cmd_list)
+    p.add_argument("section", nargs="?", default=None)
+    p.add_argument("--where", choices=("all", "local", "published"), default="all")
+    p = sub.add_parser("compare")
+    p.set_defaults(fn=cmd_compare)
+    p.add_argument("run_a", help="RUN_ID or SECTION/RUN_ID")
+    p.add_argument("run_b", help="RUN_ID or SECTION/RUN_ID")
+    sub.add_parser("index").set_defaults(fn=cmd_index)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (params_mod.ParamError, KeyError) as e:
-        print(f"kmesh {args.command}: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
+    except USAGE_ERRORS as e:
+        message = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"kmesh {args.command}: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"kmesh {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PARAMS_DIR = REPO_ROOT / "params"
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
-OUTPUTS = REPO_ROOT / "outputs"
+OUTPUTS = REPO_ROOT / "outputs"  # the published runs (tracked)
+RUNS = REPO_ROOT / "runs"  # local runs (ignored); KMESH_RUN_ROOT moves them
 CACHE_DIR = Path(os.environ.get("KMESH_CACHE", REPO_ROOT / ".kmesh-cache"))
 
 

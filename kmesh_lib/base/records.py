@@ -1,14 +1,23 @@
-"""Run records: ``outputs/<section>/<run_id>/``, written as the run goes.
+"""Run records: ``runs/<section>/<run_id>/``, written as the run goes.
 
     params.resolved.yaml   the validated parameters
     env.json               package versions, device, git revision
-    results.json           scalars and tables, rewritten atomically after every save
+    results.json           status, scalars and tables, rewritten atomically after every save
     raw/*.jsonl            captures, appended one record per line (a crash loses one group at most)
+    logs/engine.log        vLLM's and LMCache's log and C-level stderr (``base.runlog``)
     <notebook>.ipynb       the executed notebook (papermill writes it)
     report.html            the rendered report
 
-Checks are results too: ``save_check(name, ok, detail)`` stores them under ``results["checks"]``
-so ``kmesh verify`` can re-read them.
+Local runs land in the ignored ``runs/`` (``KMESH_RUN_ROOT`` elsewhere); ``kmesh publish`` copies a
+finished, verified run into the tracked ``outputs/<section>/<run_id>/``.
+
+A run id is ``<profile>-<YYYYmmdd>-<HHMMSS>-<4 hex>``, and its folder is made with an exclusive
+``mkdir``: two runs started in the same second never share a folder. Run ids sort by their time
+(``run_id_sort_key``), which is how ``--latest`` chooses, never by a file's mtime.
+
+Status (``results["status"]``): ``running`` from ``RunRecord.open`` until ``finish`` sets ``passed``
+or ``failed`` from the checks; ``kmesh run`` records a notebook that died as ``failed`` (with the
+cell and error) and a Ctrl-C as ``interrupted`` (``end_run``).
 """
 from __future__ import annotations
 
@@ -16,6 +25,8 @@ import hashlib
 import json
 import os
 import platform
+import re
+import secrets
 import socket
 import subprocess
 import time
@@ -29,18 +40,69 @@ import yaml
 from kmesh_lib.base import topology
 from kmesh_lib.base.checks import STATUSES, Check
 from kmesh_lib.base.params import current_names, to_dict
-from kmesh_lib.base.paths import OUTPUTS, REPO_ROOT
+from kmesh_lib.base.paths import REPO_ROOT, RUNS
+from kmesh_lib.base.runlog import EngineLog
 
 PACKAGES = ("vllm", "lmcache", "torch", "transformers", "papermill", "nbval", "pandas", "numpy")
+FINISHED = ("passed", "failed")  # what finish() sets; interrupted and running are not finished
+ENDED = FINISHED + ("interrupted",)
+RUN_ID_PATTERN = re.compile(r"^(?P<profile>[a-z0-9]+)-(?P<date>\d{8})-(?P<time>\d{6})(?:-(?P<suffix>[\w.-]+))?$")
+ENGINE_LOG = Path("logs") / "engine.log"
+
+
+class RunFolderInUse(ValueError):
+    """A run was asked to write into a folder that already holds a run."""
 
 
 def new_run_id(profile: str) -> str:
-    return f"{profile}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    """``<profile>-<YYYYmmdd>-<HHMMSS>-<4 hex>``; the random part keeps same-second runs apart."""
+    return f"{profile}-{datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def run_id_sort_key(run_id: str) -> tuple:
+    """Orders run ids by the time they name (ids that name none sort first, by name)."""
+    m = RUN_ID_PATTERN.match(run_id)
+    return (1, m["date"], m["time"], m["suffix"] or "", run_id) if m else (0, "", "", "", run_id)
 
 
 def run_root() -> Path:
     """Where runs without an explicit RUN_DIR go; tests point KMESH_RUN_ROOT at a temp dir."""
-    return Path(os.environ.get("KMESH_RUN_ROOT", OUTPUTS))
+    return Path(os.environ.get("KMESH_RUN_ROOT", RUNS))
+
+
+def new_run_dir(section: str, profile: str, root: Path | None = None) -> Path:
+    """A fresh ``<root>/<section>/<run_id>/``, created here with an exclusive ``mkdir``."""
+    parent = (root or run_root()) / section
+    parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(100):
+        path = parent / new_run_id(profile)
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+    raise RunFolderInUse(f"{parent}: no free run id after 100 tries")
+
+
+def claim_run_dir(path: Path) -> Path:
+    """Takes ``path`` for a new run: it is created, or it exists and is empty.
+
+    Raises:
+        RunFolderInUse: the folder holds anything (a run, finished or not, or other files): two
+            runs in one folder would mix their raw records and results.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir()
+    except FileExistsError:
+        if not path.is_dir():
+            raise RunFolderInUse(f"{path}: exists and is not a folder") from None
+        held = sorted(p.name for p in path.iterdir())
+        if held:
+            raise RunFolderInUse(f"{path}: already holds a run ({', '.join(held[:4])}"
+                                 f"{', ...' if len(held) > 4 else ''}); choose a new --run-dir") from None
+    return path
 
 
 def _json_default(obj: Any):
@@ -56,7 +118,7 @@ def _json_default(obj: Any):
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp = path.with_suffix(f"{path.suffix}.{os.getpid()}.tmp")  # two writers never share a temp file
     tmp.write_text(json.dumps(data, indent=1, default=_json_default))
     os.replace(tmp, path)
 
@@ -142,9 +204,19 @@ class RunFiles:
         return read_json_object(self.run_dir / "results.json")
 
     @property
-    def params(self) -> dict:
-        import yaml
+    def run_id(self) -> str:
+        return self.run_dir.name
 
+    @property
+    def status(self) -> str:
+        """``results["status"]``; a results.json without one is damaged (RunFileError)."""
+        status = self.results.get("status")
+        if not isinstance(status, str):
+            raise RunFileError(f"{self.run_dir / 'results.json'}: no status recorded")
+        return status
+
+    @property
+    def params(self) -> dict:
         path = self.run_dir / "params.resolved.yaml"
         if not path.exists():
             raise RunFileError(f"{path}: missing")
@@ -175,14 +247,27 @@ class RunFiles:
         raw = self.run_dir / "raw"
         return sorted(p.name for p in raw.glob(pattern)) if raw.is_dir() else []
 
+    def read_everything(self) -> None:
+        """Reads every recorded file once, so a damaged one is named before any check runs."""
+        _ = self.results, self.params, self.env
+        for name in self.raw_names():
+            self.raw(name)
+
 
 def read_json_object(path: Path) -> dict:
-    if not path.exists():
-        raise RunFileError(f"{path}: missing")
+    if not path.is_file():
+        raise RunFileError(f"{path}: missing" if not path.exists() else f"{path}: not a file")
     try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RunFileError(f"{path}: not valid JSON ({e})") from None
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RunFileError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    if not text.strip():
+        raise RunFileError(f"{path}: empty")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        cut = " (truncated?)" if e.pos >= len(text.rstrip()) else ""
+        raise RunFileError(f"{path}: not valid JSON{cut}: {e.msg} at line {e.lineno} column {e.colno}") from None
     if not isinstance(data, dict):
         raise RunFileError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -214,21 +299,36 @@ class RunRecord:
     Invariant: ``results["status"]`` is ``running`` from ``open`` until ``finish``, the run's last
     statement, sets ``passed`` or ``failed`` from the checks. A run that crashed, was killed or is
     still going therefore never reads as finished.
+
+    While the run is open, the engine's log (vLLM, LMCache, C-level stderr) goes to
+    ``logs/engine.log`` instead of the notebook's cells, and pandas shows whole tables.
     """
 
     def __init__(self, run_dir: Path, section: str) -> None:
         self.run_dir = Path(run_dir)
         self.section = section
         self.results_path = self.run_dir / "results.json"
-        self.results: dict[str, Any] = json.loads(self.results_path.read_text()) if self.results_path.exists() else {}
+        self.results: dict[str, Any] = read_json_object(self.results_path) if self.results_path.exists() else {}
+        self.engine_log: EngineLog | None = None
 
     @classmethod
-    def open(cls, section: str, params: Any, run_dir: str | None = None) -> RunRecord:
+    def open(cls, section: str, params: Any, run_dir: str | None = None, resume: bool = False) -> RunRecord:
+        """Starts a run in ``run_dir`` (``params.RUN_DIR``; default a new folder under ``run_root()``).
 
+        Raises:
+            RunFolderInUse: ``run_dir`` already holds a run (a ``results.json``) and ``resume`` is
+                false. Only a driver that continues its own unfinished run passes ``resume``.
+        """
         values = to_dict(params)
-        run_dir = (run_dir or values.get("RUN_DIR")
-                   or str(run_root() / section / (new_run_id(values.get("PROFILE", "adhoc")) + "-nb")))
-        record = cls(Path(run_dir), section)
+        run_dir = run_dir or values.get("RUN_DIR")
+        if run_dir is None:
+            path = new_run_dir(section, values.get("PROFILE") or "adhoc")
+        else:
+            path = Path(run_dir)
+            if (path / "results.json").exists() and not resume:
+                status = RunFiles(path).results.get("status", "unknown")
+                raise RunFolderInUse(f"{path}: already holds a run (status {status}); choose a new RUN_DIR")
+        record = cls(path, section)
         (record.run_dir / "raw").mkdir(parents=True, exist_ok=True)
         resolved = record.run_dir / "params.resolved.yaml"
         if not resolved.exists():  # `kmesh run` wrote it already, with the same values
@@ -238,8 +338,11 @@ class RunRecord:
         record.results.setdefault("run_id", record.run_dir.name)
         record.results.setdefault("started_utc", datetime.now(timezone.utc).isoformat(timespec="seconds"))
         record.results["status"] = "running"
-        record.results.pop("finished_utc", None)
+        for stale in ("finished_utc", "ended_utc", "error"):
+            record.results.pop(stale, None)
         record.flush()
+        record.engine_log = EngineLog(record.run_dir / ENGINE_LOG).open()
+        show_whole_tables()
         return record
 
     @classmethod
@@ -262,9 +365,17 @@ class RunRecord:
         render = {k: v for k, v in environment().items() if k in ("python", "device", "packages", "git", "time_utc")}
         record.results["render_environment"] = render
         record.results["status"] = "running"
-        record.results.pop("finished_utc", None)
+        for stale in ("finished_utc", "ended_utc", "error"):
+            record.results.pop(stale, None)
         record.flush()
+        show_whole_tables()
         return record
+
+    def close(self) -> None:
+        """Gives the engine's log streams back (``finish`` calls it; safe to call twice)."""
+        if self.engine_log is not None:
+            self.engine_log.close()
+            self.engine_log = None
 
     def files(self) -> RunFiles:
         """The run as recorded so far, for ``checks``: the same reader ``kmesh verify`` uses."""
@@ -319,9 +430,41 @@ class RunRecord:
         self.results["status"] = "passed" if recorded and not counts["failed"] else "failed"
         self.results["finished_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self.flush()
+        self.close()
 
     def figure_path(self, name: str) -> Path:
         return self.run_dir / name
+
+
+def end_run(run_dir: Path, section: str, status: str, error: dict | None = None) -> dict:
+    """Records how a run ended when its notebook could not say so itself (``kmesh run``).
+
+    A run still ``running`` becomes ``status`` (``failed`` or ``interrupted``). A run that had
+    already finished keeps its status, except that a notebook error after ``finish`` makes a
+    ``passed`` run ``failed``: the error is part of the run. ``error`` (cell, exception name and
+    message) is stored either way. A folder without results.json (the notebook died before
+    ``RunRecord.open``) gets one, so the folder still says what happened.
+    """
+    if status not in ("failed", "interrupted"):
+        raise ValueError(f"end_run: status {status!r} is not failed or interrupted")
+    path = Path(run_dir) / "results.json"
+    results = read_json_object(path) if path.exists() else {"section": section, "run_id": Path(run_dir).name}
+    before = results.get("status")
+    if before not in FINISHED or (before == "passed" and status == "failed"):
+        results["status"] = status
+    if error:
+        results["error"] = error
+    results["ended_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    write_json_atomic(path, results)
+    return results
+
+
+def show_whole_tables() -> None:
+    """pandas prints every row and column: a report must not hide a table behind '...'."""
+    import pandas as pd
+
+    for option in ("display.max_rows", "display.max_columns", "display.width", "display.max_colwidth"):
+        pd.set_option(option, None)
 
 
 class Stopwatch:

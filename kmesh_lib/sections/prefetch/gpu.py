@@ -193,7 +193,7 @@ def prepare(out: Path, profile: str, overrides: list[str]) -> tuple[PrefetchPara
             raise SystemExit(f"{out} holds a run with other parameters: resume with the same --profile/--set, or a new --out")
     params_file.write_text(yaml.safe_dump(values, sort_keys=True))
     done = finished_blocks(out)
-    return cfg, RunRecord.open(section.KEY, cfg, str(out)), done
+    return cfg, RunRecord.open(section.KEY, cfg, str(out), resume=True), done  # continues its own run
 
 
 def run(out: Path, profile: str, overrides: list[str], only: list[int] | None = None, stop_after: float = float("inf"),

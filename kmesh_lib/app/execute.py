@@ -1,0 +1,204 @@
+"""Executing a section's notebook headlessly: papermill, and nothing the run starts outlives it.
+
+``execute`` runs papermill and returns how the notebook ended, never raising for the notebook's
+own failures:
+
+    completed     every cell ran
+    failed        a cell raised (its number, exception name and message), the kernel died, a
+                  cell ran past the timeout, or the kernel could not start
+    interrupted   Ctrl-C (KeyboardInterrupt) in this process
+
+Around the execution:
+
+- the kernel's connection file (and ``JUPYTER_RUNTIME_DIR``) go to a private folder that is
+  removed after, so a killed kernel leaves nothing in /tmp;
+- on Linux this process is a child subreaper while the notebook runs: whatever the kernel started
+  and left behind (an LMCache server in its own session, a janitor) is re-parented here instead
+  of to init, and ``reap_descendants`` waits for it, then ends it (SIGTERM, then SIGKILL);
+- ``TQDM_DISABLE=1`` in the kernel: progress-bar text would be saved in the notebook;
+- a second Ctrl-C during that cleanup is ignored, so the cleanup finishes and no second
+  traceback is printed.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+PR_SET_CHILD_SUBREAPER = 36
+REAP_GRACE_S = 8.0  # a janitor cleans up within about a second of its owner's death
+
+
+@dataclass
+class Outcome:
+    status: str  # completed | failed | interrupted
+    error: dict | None = None
+    reaped: list[str] | None = None  # processes that outlived the kernel and were ended here
+
+    def line(self) -> str:
+        if self.error:
+            e = self.error
+            where = f" in cell {e['cell']}" if e.get("cell") is not None else ""
+            return f"{e['kind']}{where}: {e['ename']}: {e['evalue']}"
+        return self.status
+
+
+def _set_subreaper(on: bool) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(PR_SET_CHILD_SUBREAPER, 1 if on else 0, 0, 0, 0) == 0
+
+
+def _descendants(exclude: set[int], recursive: bool = True) -> list[psutil.Process]:
+    return [p for p in psutil.Process().children(recursive=recursive) if p.pid not in exclude]
+
+
+def _end(procs: list[psutil.Process]) -> list[str]:
+    """SIGTERM, then SIGKILL after 3 s; returns ``name[pid]`` of each process it had to end."""
+    ended = []
+    for p in procs:
+        try:
+            ended.append(f"{p.name()}[{p.pid}]")
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=3.0)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=3.0)
+    return ended
+
+
+def reap_descendants(exclude: set[int], grace_s: float = REAP_GRACE_S) -> list[str]:
+    """Ends what the run left: descendants of this process other than the pids in ``exclude``.
+
+    The kernel first (a direct child still running after a second: an interrupted run), so its
+    own exit handlers and janitors clean up what they own; then whatever is left after
+    ``grace_s``. Returns ``name[pid]`` of each process that had to be ended.
+    """
+    _, kernels = psutil.wait_procs(_descendants(exclude, recursive=False), timeout=1.0)
+    ended = _end(kernels)
+    rest = _descendants(exclude)
+    if rest:
+        _, alive = psutil.wait_procs(rest, timeout=grace_s)
+        ended += _end(alive + [p for p in _descendants(exclude) if p not in alive])
+    return ended
+
+
+@contextmanager
+def _env(**values: str):
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _kernel_manager_class(runtime: Path, kernel_log: Path | None) -> type:
+    """A kernel manager whose connection file lies in ``runtime`` (jupyter_client's default is a
+    ``tempfile.mkstemp`` file in /tmp, which a killed kernel leaves behind), and whose kernel writes
+    its own stderr (start-up warnings, the last words of a dying kernel) to ``kernel_log``."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    class RunKernelManager(AsyncKernelManager):
+        def __init__(self, **kwargs) -> None:
+            super().__init__(**kwargs)
+            self.connection_file = str(runtime / f"kernel-{secrets.token_hex(4)}.json")
+
+        async def _async_launch_kernel(self, kernel_cmd, **kw) -> None:
+            if kernel_log is None:
+                return await super()._async_launch_kernel(kernel_cmd, **kw)
+            kernel_log.parent.mkdir(parents=True, exist_ok=True)
+            with open(kernel_log, "ab") as log:  # the kernel keeps its own copy of the descriptor
+                return await super()._async_launch_kernel(kernel_cmd, **{**kw, "stderr": log})
+
+    return RunKernelManager
+
+
+def _first_line(text: object, limit: int = 300) -> str:
+    lines = str(text).strip().splitlines()
+    return (lines[0] if lines else "")[:limit]
+
+
+def _last_started_cell(out_nb: Path) -> int | None:
+    """The execution count of the last cell papermill started, from the notebook it saved: the cell
+    the run stopped in (papermill marks every cell completed once it stops, so the start time is
+    what is left to tell)."""
+    import nbformat
+
+    try:
+        nb = nbformat.read(str(out_nb), as_version=4)
+    except (OSError, ValueError):
+        return None
+    started = [c for c in nb.cells if c.get("metadata", {}).get("papermill", {}).get("start_time")]
+    return started[-1].get("execution_count") if started else None
+
+
+def execute(notebook: Path, out_nb: Path, parameters: dict, kernel: str, cwd: Path, timeout_s: int | None,
+            log_output: bool, kernel_log: Path | None = None) -> Outcome:
+    """Runs ``notebook`` into ``out_nb`` with papermill; see the module docstring."""
+    import papermill
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+
+    if log_output:  # papermill logs cell output at INFO on its logger, which has no handler of its own
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        pm_log = logging.getLogger("papermill")
+        pm_log.addHandler(handler)
+        pm_log.setLevel(logging.INFO)
+    runtime = Path(tempfile.mkdtemp(prefix="kmesh-jupyter-"))
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    subreaper = _set_subreaper(True)
+    outcome = Outcome("completed")
+    try:
+        with _env(JUPYTER_RUNTIME_DIR=str(runtime), TQDM_DISABLE="1"):
+            papermill.execute_notebook(str(notebook), str(out_nb), parameters=parameters, kernel_name=kernel,
+                                       cwd=str(cwd), execution_timeout=timeout_s, log_output=log_output,
+                                       progress_bar=not log_output,
+                                       kernel_manager_class=_kernel_manager_class(runtime, kernel_log))
+    except papermill.PapermillExecutionError as e:
+        outcome = Outcome("failed", {"kind": "cell error", "cell": e.exec_count, "ename": e.ename,
+                                     "evalue": _first_line(e.evalue)})
+    except DeadKernelError as e:
+        outcome = Outcome("failed", {"kind": "dead kernel", "cell": _last_started_cell(out_nb), "ename": "DeadKernelError",
+                                     "evalue": _first_line(e)})
+    except CellTimeoutError as e:
+        outcome = Outcome("failed", {"kind": "timeout", "cell": _last_started_cell(out_nb), "ename": "CellTimeoutError",
+                                     "evalue": _first_line(e)})
+    except KeyboardInterrupt:
+        outcome = Outcome("interrupted", {"kind": "interrupted", "cell": _last_started_cell(out_nb),
+                                          "ename": "KeyboardInterrupt", "evalue": "Ctrl-C"})
+    except Exception as e:  # the kernel did not start, papermill could not write: the run still ends failed
+        outcome = Outcome("failed", {"kind": "papermill", "cell": None, "ename": type(e).__name__,
+                                     "evalue": _first_line(e)})
+    finally:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            outcome.reaped = reap_descendants(before)
+            if subreaper:
+                _set_subreaper(False)
+            shutil.rmtree(runtime, ignore_errors=True)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        if log_output:
+            pm_log.removeHandler(handler)
+    return outcome
