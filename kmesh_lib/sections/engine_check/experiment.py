@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from kmesh_lib.engine import costs
 from kmesh_lib.engine.model_spec import resolve
 from kmesh_lib.engine.requests import RequestResult, RequestSpec, run_group
 from kmesh_lib.kv.capture import BlockPoolCapture, drain_check
@@ -68,13 +69,21 @@ def run_pair(engine, cfg: EngineCheckParams, block_size: int) -> EngineCheckRun:
                           shared_len=cfg.CONTEXT_TOKENS)
 
 
+def expected_duration(cfg: EngineCheckParams) -> tuple[costs.Span, str]:
+    """Engine start, two requests on the real engine, the replay engine: from the sizes and ``engine.costs``."""
+    device = "cuda" if cfg.DEVICE == "cuda" else "cpu"
+    prefill, note = costs.prefill_s(device, cfg.MODEL, 2 * (cfg.CONTEXT_TOKENS + cfg.SUFFIX_TOKENS))
+    decode, _ = costs.decode_s(device, cfg.MODEL, 2 * cfg.MAX_TOKENS)
+    start = costs.ENGINE_START_S[device] if cfg.ENGINE == "real" else costs.REPLAY_START_S
+    return costs.NOTEBOOK_S + start + prefill + decode + costs.REPLAY_START_S, note
+
+
 def plan(cfg: EngineCheckParams) -> dict:
     """What ``kmesh plan 00`` prints: no engine is started."""
 
     spec = resolve(cfg.MODEL)
     prompt = cfg.CONTEXT_TOKENS + cfg.SUFFIX_TOKENS
-    # start-up figures measured by benchmarks/bench_engine.py (README): tiny ~20 s, 0.5B ~60 s on 2 CPU cores
-    start_s = 25 if cfg.MODEL == "tiny" else 90
+    duration, note = expected_duration(cfg)
     return {
         "arms": f"real vLLM on {cfg.DEVICE} ({spec.name}, {cfg.WEIGHTS} weights, {cfg.DTYPE}); replay engine (no forward pass)",
         "real engine": f"BLOCK_SIZE={cfg.BLOCK_SIZE}, NUM_GPU_BLOCKS={cfg.NUM_GPU_BLOCKS} (null block included)",
@@ -82,7 +91,7 @@ def plan(cfg: EngineCheckParams) -> dict:
         "requests": f"2 sequential, {prompt} prompt tokens each ({cfg.CONTEXT_TOKENS} shared), {cfg.MAX_TOKENS} output tokens",
         "expected cache hit of the second": f"{expected_prefix_hit(prompt, cfg.CONTEXT_TOKENS, cfg.BLOCK_SIZE)} tokens (real), "
                                             f"{expected_prefix_hit(prompt, cfg.CONTEXT_TOKENS, cfg.REPLAY_BLOCK_SIZE)} (replay)",
-        "expected duration": f"about {start_s + 40} s on 2 CPU cores" if cfg.DEVICE == "cpu" else "about 60 s on one GPU",
+        "expected duration": f"{duration}" + (f"; {note}" if note else ""),
     }
 
 
