@@ -27,10 +27,10 @@ CPU_SMALL = dict(MODEL="kvheavy", CONTEXT_TOKENS=1024, NUM_GPU_BLOCKS=257, MAX_M
     (dict(CHUNK_SIZE=100), "multiple of BLOCK_SIZE=32"),
     (dict(PATHS=["gds"]), "choose from mp, inproc"),
     (dict(CONTROL_ARMS=["warm"]), "choose from recompute, floor"),
-    (dict(GROUP_SIZES=[0]), "each >= 1"),
+    (dict(GROUP_SIZES=[0]), "GROUP_SIZES[0]=0: must be >= 1"),
     (dict(NUM_GPU_BLOCKS=40, MAX_MODEL_LEN=1248), "a group of 8 sharing the context needs 48 blocks"),
     (dict(MAX_MODEL_LEN=1040), "exceeds MAX_MODEL_LEN=1040"),
-    (dict(HEAD_START_S=0), "HEAD_START_S=0.0: must be > 0"),
+    (dict(HEAD_START_S=0), "HEAD_START_S=0: must be > 0"),
     (dict(PATHS=["inproc"], DISK_TIER_MIB=8), "DISK_TIER_MIB=8: smaller than the shared context"),
     (dict(HEAD_START=1.0), "unknown parameter 'HEAD_START'"),
 ])

@@ -68,7 +68,7 @@ def test_missing_or_file_root_is_a_param_error(tmp_path: Path):
     not_dir.write_text("{}\n")
     with pytest.raises(params.ParamError, match="is not a directory"):
         params.build(ta.TraceAuditParams, {"TRACE_ROOT": str(not_dir)})
-    with pytest.raises(params.ParamError, match="MAX_LINE_MB=0.0: must be > 0"):
+    with pytest.raises(params.ParamError, match="MAX_LINE_MB=0: must be > 0"):
         params.build(ta.TraceAuditParams, {"TRACE_ROOT": str(tmp_path), "MAX_LINE_MB": 0})
 
 
@@ -84,9 +84,11 @@ def test_relative_root_resolves_against_the_repo_not_the_cwd(tmp_path: Path, mon
     assert cfg.max_line_bytes == 1 << 19
 
 
-def test_params_layer_without_engine_files():
+def test_params_layer_without_engine_files(tmp_path):
     section = sections.get("17")
-    files = params.param_files(section.KEY, "smoke", section.USES_ENGINE)
+    for name in ("common.yaml", "trace_audit.yaml", "engine.smoke.yaml", "trace_audit.smoke.yaml"):
+        (tmp_path / name).write_text("SEED: 1\n")
+    files = params.param_files(section.KEY, "smoke", section.USES_ENGINE, tmp_path)
     assert [f.name for f in files] == ["common.yaml", "trace_audit.yaml", "trace_audit.smoke.yaml"]
 
 

@@ -49,7 +49,7 @@ def cmd_run(args) -> int:
     import papermill
 
     section = sections.get(args.section)
-    config, _, _ = resolve_params(section, args.profile, args.params, args.set)  # fails before any engine
+    config, _, _ = resolve_params(section, args.profile, args.params, args.set, for_run=True)  # fails before any engine
     run_dir = Path(args.run_dir) if args.run_dir else OUTPUTS / section.KEY / new_run_id(args.profile)
     run_dir.mkdir(parents=True, exist_ok=True)
     resolved = {**params_mod.to_dict(config), "RUN_DIR": str(run_dir.resolve())}

@@ -1,25 +1,31 @@
-"""Layered YAML parameters, validated into typed configs before any engine starts.
+"""Layered YAML parameters, validated into typed, frozen pydantic dataclasses before any engine starts.
 
-A section's parameters come from up to four files in ``params/``, later files winning:
+A section's parameters are its ``Params`` class's field defaults, changed by up to four files in
+``params/`` (later files winning; a layer holds only the keys it changes):
 
     common.yaml -> <section>.yaml -> engine.<profile>.yaml -> <section>.<profile>.yaml
                                      (engine sections only)
 
-The merged mapping must name only fields of the section's config dataclass; an unknown key, a
-value of the wrong type or a value the field's check rejects raises ``ParamError`` with the key
-and what is allowed. papermill only warns about unknown parameters, so notebooks validate their
-own namespace again with ``from_namespace``.
+then by ``--params FILE`` and ``--set KEY=VALUE``. Each field is declared once, with its default,
+its bounds and its help text (``Field(description=...)``). Validation is strict: an int field
+refuses ``1e9`` and ``true``, a float field refuses ``.inf`` and ``.nan``, a string refuses a
+number. An unknown key, a mistyped or out-of-range value, a rule across fields (``check_rules``)
+and a params file that cannot be read all raise ``ParamError``, one line naming the key (or
+file) and what is allowed. papermill only warns about unknown parameters, so notebooks validate
+their own namespace again with ``from_namespace``.
 """
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
-from dataclasses import dataclass
+import functools
+import json
+import reprlib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import ConfigDict, Field, ValidationError, model_validator
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from kmesh_lib.base.paths import PARAMS_DIR
 
@@ -27,10 +33,151 @@ PROFILES = ("smoke", "cpu", "gpu")
 
 
 class ParamError(ValueError):
-    """A parameter is unknown, mistyped or out of range. The message names the key."""
+    """A parameter is unknown, mistyped or out of range, or a params file is unreadable.
+
+    The message is one line and names the key (or the file) and what is allowed.
+    """
+
+
+# -- bounds --
+# Every count, size, time and seed has a finite range. The upper bounds sit far beyond any run
+# here, so a researcher never meets them; they exist so that an overflow or a typo (1e9 blocks,
+# 2**70 as a seed, .inf seconds) fails at validation, naming the key, instead of deep in a run.
+MAX_SEED = 2**32 - 1  # vLLM seeds numpy with SEED, and np.random.seed takes 0 .. 2**32 - 1
+MAX_COUNT = 1_000_000  # groups, samples, repeats, calls, sequences: a million of any is days of engine time
+MAX_TOKENS_BOUND = 1 << 21  # 2,097,152 tokens: twice the longest context windows (1M) models ship with
+MAX_BLOCK_SIZE = 4096  # tokens per KV block; vLLM's attention backends use 16 .. 1024
+MAX_BLOCKS = 1 << 24  # 16.8M blocks: an H200's 141 GB holds ~8.6M 16-token blocks of the 1 KiB/token tiny shape
+MAX_SECONDS = 7 * 24 * 3600  # a week: any timeout or ceiling longer than that is a typo
+MAX_MS = 3_600_000  # an hour, for leads and poll intervals given in milliseconds
+MAX_MIB = 1 << 22  # 4 TiB, for memory arenas, disk tiers and buffers
+MAX_PATH_CHARS = 4096  # Linux PATH_MAX
+
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+PositiveCount = Annotated[int, Field(ge=1, le=MAX_COUNT)]
+Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS_BOUND)]
+BlockSize = Annotated[int, Field(ge=1, le=MAX_BLOCK_SIZE)]
+NumBlocks = Annotated[int, Field(ge=2, le=MAX_BLOCKS)]  # a pool: vLLM's null block + at least one usable block
+Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
+Millis = Annotated[float, Field(ge=0, le=MAX_MS)]
+Mib = Annotated[int, Field(ge=1, le=MAX_MIB)]
+PathText = Annotated[str, Field(max_length=MAX_PATH_CHARS, pattern=r"^[^\x00]*$")]
+
+CONFIG = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, validate_default=True)
+
+
+def params_dataclass(cls: type) -> type:
+    """Makes ``cls`` a frozen pydantic dataclass with kmesh's config (vLLM's ``@config``, stricter).
+
+    Constructing it (directly, through ``build`` or ``dataclasses.replace``) validates every field
+    and then ``check_rules``, and raises ``ParamError`` instead of pydantic's multi-line error.
+    Each subclass needs the decorator again.
+    """
+    cls = pydantic_dataclass(cls, frozen=True, config=CONFIG)
+    validate = cls.__init__
+
+    @functools.wraps(validate)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            validate(self, *args, **kwargs)
+        except ValidationError as e:
+            raise ParamError(describe(e)) from None
+
+    cls.__init__ = __init__
+    return cls
+
+
+def check(condition: bool, message: str) -> None:
+    """``check_rules`` helper: raises ParamError(message) unless ``condition``."""
+    if not condition:
+        raise ParamError(message)
+
+
+@params_dataclass
+class RunParams:
+    """Parameters every section has: where the run writes, its profile and the base seed."""
+
+    RUN_DIR: PathText | None = Field(None, description="run directory; `kmesh run` sets it, None makes a new one")
+    SEED: int = Field(0, ge=0, le=MAX_SEED, description="base seed of the weights, the prompts and vLLM's sampling")
+    PROFILE: Literal["smoke", "cpu", "gpu"] = Field("cpu", description="the params profile these values came from")
+
+    @model_validator(mode="after")
+    def _check_rules_after_fields(self):
+        self.check_rules()
+        return self
+
+    def check_rules(self) -> None:
+        """Rules across fields, run after every field is valid; subclasses extend it with super()."""
+
+    def check_runnable(self) -> None:
+        """Raises ParamError when this machine cannot run these parameters (a device it lacks).
+
+        Only a run about to start calls it (``from_namespace``, ``resolve_params(for_run=True)``):
+        ``kmesh plan``, ``kmesh verify`` and re-reading a finished run validate without it.
+        """
+
+
+# -- reading files --
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load, except that a key given twice in one mapping is an error, not 'last wins'."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, str) and key in seen:
+                raise ParamError(f"line {key_node.start_mark.line + 1}: {key!r} is given twice")
+            seen.add(key if isinstance(key, str) else id(key_node))
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """``text`` as plain YAML data (no Python tags); every YAML error is one ParamError line."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)
+    except ParamError as e:
+        raise ParamError(f"{where}: {e}") from None
+    except yaml.constructor.ConstructorError as e:
+        if e.problem and "constructor for the tag" in e.problem:  # !!python/object/apply:os.system and friends
+            tag = e.problem.split("'")[1].replace("tag:yaml.org,2002:", "!!")
+            raise ParamError(f"{where}: the tag {tag} is not allowed; params are plain YAML values") from None
+        raise ParamError(f"{where}: {_line(e.problem)} at line {e.problem_mark.line + 1}") from None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ParamError(f"{where}: YAML syntax error{at}: {_line(e.problem or e.context)}") from None
+    except yaml.YAMLError as e:
+        raise ParamError(f"{where}: not YAML ({_line(e)})") from None
+
+
+def _line(text: Any) -> str:
+    return " ".join(str(text).split())
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """A params file as a mapping of KEY: value; a file that cannot be one raises ParamError."""
+    path = Path(path)
+    if not path.exists():
+        raise ParamError(f"{path}: no such params file")
+    if path.is_dir():
+        raise ParamError(f"{path}: is a directory, not a params file")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ParamError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+    except OSError as e:
+        raise ParamError(f"{path}: cannot be read ({e.strerror})") from None
+    data = parse_yaml(text, str(path))
+    if data is None:
+        raise ParamError(f"{path}: holds no parameters; write KEY: value lines")
+    if not isinstance(data, dict):
+        raise ParamError(f"{path}: expected a mapping of KEY: value, got a {type(data).__name__}")
+    return data
 
 
 def param_files(section: str, profile: str, uses_engine: bool, params_dir: Path = PARAMS_DIR) -> list[Path]:
+    """The layer files that exist for ``section`` and ``profile``, lowest first."""
     if profile not in PROFILES:
         raise ParamError(f"profile {profile!r} is not one of {', '.join(PROFILES)}")
     names = ["common.yaml", f"{section}.yaml"]
@@ -40,14 +187,6 @@ def param_files(section: str, profile: str, uses_engine: bool, params_dir: Path 
     return [params_dir / n for n in names if (params_dir / n).exists()]
 
 
-def read_yaml(path: Path) -> dict[str, Any]:
-    with open(path) as f:
-        data = yaml.safe_load(f) or {}
-    if not isinstance(data, dict):
-        raise ParamError(f"{path}: expected a mapping of KEY: value, got {type(data).__name__}")
-    return data
-
-
 def merge_files(paths: list[Path]) -> dict[str, Any]:
     merged: dict[str, Any] = {}
     for path in paths:
@@ -55,82 +194,45 @@ def merge_files(paths: list[Path]) -> dict[str, Any]:
     return merged
 
 
-def _type_name(tp: Any) -> str:
-    if typing.get_origin(tp) is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` items; each VALUE is read as YAML (``[1, 2]``, ``null``, ``0.5``)."""
+    values = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ParamError(f"--set {item!r}: expected KEY=VALUE")
+        values[key.strip()] = parse_yaml(raw, f"--set {key.strip()}")
+    return values
 
 
-def _coerce(key: str, value: Any, tp: Any) -> Any:
-    """Returns ``value`` checked against the annotation ``tp``; ints are accepted for floats."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in (a for a in args if a is not type(None)):
-            try:
-                return _coerce(key, value, arg)
-            except ParamError as e:
-                errors.append(str(e))
-        raise ParamError(f"{key}={value!r}: expected {' or '.join(_type_name(a) for a in args)}")
-    if origin is Literal:
-        if value not in args:
-            raise ParamError(f"{key}={value!r}: expected {_type_name(tp)}")
-        return value
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise ParamError(f"{key}={value!r}: expected a list of {_type_name(args[0])}")
-        return [_coerce(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ParamError(f"{key}={value!r}: expected a mapping")
-        return dict(value)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ParamError(f"{key}={value!r}: expected true or false")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ParamError(f"{key}={value!r}: expected an integer")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ParamError(f"{key}={value!r}: expected a number")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ParamError(f"{key}={value!r}: expected a string")
-        return value
-    return value
+# -- building --
+
+def fields_of(cls: type) -> dict[str, Any]:
+    """Field name -> pydantic FieldInfo (``.default``, ``.description``), in declaration order."""
+    return dict(cls.__pydantic_fields__)
+
+
+def defaults(cls: type) -> dict[str, Any]:
+    return {name: info.get_default(call_default_factory=True) for name, info in fields_of(cls).items()}
 
 
 def build(cls: type, values: dict[str, Any], where: str = "") -> Any:
-    """Builds ``cls`` (a dataclass with UPPER_CASE fields) from ``values``.
+    """Builds ``cls`` (a ``params_dataclass`` with UPPER_CASE fields) from ``values``.
 
     Raises:
-        ParamError: for an unknown key, a missing required key, a mistyped value, or a value
-            rejected by ``cls.__post_init__`` (which raises ParamError itself).
+        ParamError: for an unknown key, a mistyped or out-of-range value, or a rule of
+            ``cls.check_rules``; the message starts with ``where`` when given.
     """
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    unknown = sorted(set(values) - set(fields))
     prefix = f"{where}: " if where else ""
+    names = fields_of(cls)
+    unknown = sorted((k for k in values if k not in names), key=str)
     if unknown:
         raise ParamError(
             f"{prefix}unknown parameter {unknown[0]!r}"
-            + (f" (and {', '.join(unknown[1:])})" if len(unknown) > 1 else "")
-            + f" for {cls.__name__}; allowed: {', '.join(sorted(fields))}"
-        )
-    kwargs = {}
-    for name, f in fields.items():
-        if name in values:
-            kwargs[name] = _coerce(name, values[name], hints[name])
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ParamError(f"{prefix}missing parameter {name!r} ({_type_name(hints[name])}) for {cls.__name__}")
+            + (f" (and {', '.join(map(str, unknown[1:]))})" if len(unknown) > 1 else "")
+            + f" for {cls.__name__}; allowed: {', '.join(sorted(names))}")
     try:
-        return cls(**kwargs)
+        return cls(**values)
     except ParamError as e:
         raise ParamError(f"{prefix}{e}") from None
 
@@ -138,14 +240,101 @@ def build(cls: type, values: dict[str, Any], where: str = "") -> Any:
 def from_namespace(cls: type, namespace: dict[str, Any]) -> Any:
     """Builds ``cls`` from a notebook's globals: every UPPER_CASE name is a parameter.
 
-    Any UPPER_CASE global that is not a field (a misspelt key papermill injected) is an error.
+    Any UPPER_CASE global that is not a field (a misspelt key papermill injected) is an error. A
+    notebook is a run, so the machine is checked too (``check_runnable``).
     """
     values = {k: v for k, v in namespace.items() if k.isupper() and not k.startswith("_")}
-    return build(cls, values, where="notebook parameters")
+    cfg = build(cls, values, where="notebook parameters")
+    try:
+        cfg.check_runnable()
+    except ParamError as e:
+        raise ParamError(f"notebook parameters: {e}") from None
+    return cfg
 
 
 def to_dict(config: Any) -> dict[str, Any]:
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+
+
+def resolve_params(section, profile: str, extra_files: list[str], overrides: list[str], for_run: bool = False):
+    """Merges the layered files, extra files and KEY=VALUE overrides; returns (config, values, files).
+
+    ``for_run``: the caller is about to run the section, so the machine is checked as well
+    (``check_runnable``: ``DEVICE=cuda`` needs a CUDA device unless no engine starts).
+    """
+    files = param_files(section.KEY, profile, section.USES_ENGINE) + [Path(f) for f in extra_files]
+    values = merge_files(files)
+    values.update(parse_overrides(overrides))
+    values["PROFILE"] = profile
+    where = f"{section.KEY} --profile {profile}"
+    config = build(section.Params, values, where=where)
+    if for_run:
+        try:
+            config.check_runnable()
+        except ParamError as e:
+            raise ParamError(f"{where}: {e}") from None
+    return config, values, files
+
+
+# -- errors --
+
+_short = reprlib.Repr()
+_short.maxstring, _short.maxother, _short.maxlist = 60, 60, 8
+
+_ALLOWED = {
+    "int_type": "expected an integer", "int_parsing": "expected an integer", "int_from_float": "expected an integer",
+    "float_type": "expected a number", "float_parsing": "expected a number",
+    "finite_number": "expected a finite number",
+    "bool_type": "expected true or false", "bool_parsing": "expected true or false",
+    "string_type": "expected a string", "list_type": "expected a list",
+    "greater_than": "must be > {gt}", "greater_than_equal": "must be >= {ge}",
+    "less_than": "must be < {lt}", "less_than_equal": "must be <= {le}",
+    "too_short": "needs at least {min_length} item(s)", "too_long": "takes at most {max_length} items",
+    "string_too_long": "must be at most {max_length} characters",
+    "string_pattern_mismatch": "must not contain a NUL character",
+    "unexpected_keyword_argument": "unknown parameter", "missing_argument": "missing",
+}
+
+
+def _one(error: dict) -> str:
+    ctx = error.get("ctx") or {}
+    if error["type"] == "value_error" and isinstance(ctx.get("error"), ParamError):
+        return str(ctx["error"])  # a check_rules message names its keys itself
+    loc = error["loc"]
+    if not loc:  # another error raised by a rule across fields
+        return error["msg"]
+    key = (str(loc[0]) + "".join(f"[{i}]" for i in loc[1:] if isinstance(i, int))) if loc else "parameters"
+    if error["type"] == "literal_error":
+        allowed = "expected one of " + ctx["expected"].replace(" or ", ", ")
+    elif error["type"] in _ALLOWED:  # bounds print as written: "> 0", not "> 0.0"
+        allowed = _ALLOWED[error["type"]].format(**{k: int(v) if isinstance(v, float) and v.is_integer() else v
+                                                    for k, v in ctx.items()})
+    else:
+        allowed = error["msg"]
+    return f"{key}={_short.repr(error['input'])}: {allowed}"
+
+
+def describe(error: ValidationError) -> str:
+    """pydantic's errors as one line: ``KEY=value: what is allowed``, joined by ``; ``."""
+    return "; ".join(dict.fromkeys(_one(e) for e in error.errors()))
+
+
+# -- notebooks --
+
+def py_literal(value: Any) -> str:
+    """``value`` as Python source, in the notebooks' style (double-quoted strings)."""
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        return "[" + ", ".join(py_literal(v) for v in value) + "]"
+    return repr(value)
+
+
+def parameters_cell(config: Any, header: str) -> str:
+    """A notebook's ``parameters`` cell for ``config``: one ``NAME = value  # description`` per field."""
+    lines = [header] + [f"{name} = {py_literal(getattr(config, name))}  # {info.description}"
+                        for name, info in fields_of(type(config)).items()]
+    return "\n".join(lines)
 
 
 # Parameter names before the one-vocabulary change (vLLM's ``max_tokens``; ``*_TOKENS`` for every
@@ -159,35 +348,3 @@ RENAMED = {"OUTPUT_TOKENS": "MAX_TOKENS", "PREFIX_LEN": "CONTEXT_TOKENS", "SUFFI
 def current_names(values: dict[str, Any]) -> dict[str, Any]:
     """``values`` with every pre-rename key under its current name."""
     return {RENAMED.get(k, k): v for k, v in values.items()}
-
-
-def check(condition: bool, message: str) -> None:
-    """``__post_init__`` helper: raises ParamError(message) unless ``condition``."""
-    if not condition:
-        raise ParamError(message)
-
-
-@dataclass(frozen=True)
-class RunParams:
-    """Parameters every section has: where the run writes, and the base seed."""
-
-    RUN_DIR: str | None = None  # set by `kmesh run`; None writes nothing
-    SEED: int = 0
-    PROFILE: str = "cpu"
-
-    def __post_init__(self) -> None:
-        check(self.SEED >= 0, f"SEED={self.SEED}: must be >= 0")
-
-
-def resolve_params(section, profile: str, extra_files: list[str], overrides: list[str]):
-    """Merges the layered files, extra files and KEY=VALUE overrides; returns (config, dict)."""
-    files = param_files(section.KEY, profile, section.USES_ENGINE) + [Path(f) for f in extra_files]
-    values = merge_files(files)
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise ParamError(f"--set {item!r}: expected KEY=VALUE")
-        values[key] = yaml.safe_load(raw)
-    values["PROFILE"] = profile
-    config = build(section.Params, values, where=f"{section.KEY} --profile {profile}")
-    return config, values, files

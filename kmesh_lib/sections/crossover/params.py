@@ -3,11 +3,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from kmesh_lib.base.params import check
+from pydantic import Field
+
+from kmesh_lib.base.params import (
+    MAX_SECONDS,
+    Count,
+    Mib,
+    PathText,
+    PositiveCount,
+    Tokens,
+    check,
+    params_dataclass,
+)
 from kmesh_lib.engine.config import EngineParams
 from kmesh_lib.engine.model_spec import SHAPES, resolve
 from kmesh_lib.sections.crossover.arms import ARM_NAMES
@@ -15,39 +25,49 @@ from kmesh_lib.sections.crossover.arms import ARM_NAMES
 MIB = 1 << 20
 
 
-@dataclass(frozen=True)
+@params_dataclass
 class CrossoverParams(EngineParams):
-    MODELS: list[str] = field(default_factory=lambda: ["tiny", "kvheavy"])
-    CONTEXT_TOKENS_GRID: list[int] = field(default_factory=lambda: [256, 1024, 2048])
-    ARMS: list[str] = field(default_factory=lambda: list(ARM_NAMES))
-    NUM_REPEATS: int = 6
-    WARMUP_REPEATS: int = 1
-    SUFFIX_TOKENS: int = 32
-    MAX_TOKENS: int = 1
-    NUM_FOLLOWUPS: int = 1
-    PATH: Literal["auto", "mp", "inproc"] = "auto"
-    CHUNK_SIZE: int = 256
-    ARENA_MIB: int = 512
-    DISK_TIER_MIB: int = 4096
-    DISK_TIER_ROOT: str = ""
-    FLOOR_DISK_MIB: int = 256
-    FLOOR_COPY_MIB: int = 256
-    CHILD_TIMEOUT_S: int = 1800
+    """MODEL, NUM_GPU_BLOCKS and MAX_MODEL_LEN size only the base engine; each model of MODELS gets
+    an engine sized from CONTEXT_TOKENS_GRID (``model_params``)."""
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    MODELS: list[PathText] = Field(
+        default_factory=lambda: ["tiny", "kvheavy"], min_length=1,
+        description="model shapes (or model directories), one engine (child process) each")
+    CONTEXT_TOKENS_GRID: list[Tokens] = Field(
+        default_factory=lambda: [256, 1024, 2048], min_length=1,
+        description="shared-context lengths in tokens (whole LMCache chunks)")
+    ARMS: list[str] = Field(
+        default_factory=lambda: list(ARM_NAMES),
+        description="recompute (the control, required), dram (LMCache DRAM tier), disk (disk tier), floor "
+                    "(engine-resident)")
+    NUM_REPEATS: PositiveCount = Field(6, description="measured repeats per (model, context, arm); tables take medians")
+    WARMUP_REPEATS: Count = Field(1, description="unmeasured repeats first (one-off kernel and allocator costs)")
+    SUFFIX_TOKENS: Tokens = Field(32, description="the follow-up's own tokens after the context")
+    MAX_TOKENS: Tokens = Field(1, description="tokens the follow-up generates (the first token is the stopwatch)")
+    NUM_FOLLOWUPS: PositiveCount = Field(1, description="follow-ups submitted together per arm")
+    PATH: Literal["auto", "mp", "inproc"] = Field(
+        "auto", description="auto: inproc (LMCacheConnectorV1) on cuda, mp (lmcache server) on cpu")
+    CHUNK_SIZE: Tokens = Field(256, description="LMCache chunk in tokens")
+    ARENA_MIB: Mib = Field(512, description="LMCache's memory tier: the longest context + 25 %")
+    DISK_TIER_MIB: Mib = Field(4096, description="in-process disk tier capacity (every context of a model)")
+    DISK_TIER_ROOT: PathText = Field(
+        "", description="parent of the run-scoped disk tiers (a disk, not tmpfs); empty: $KMESH_LMCACHE_RUNTIME or "
+                        "/tmp/kmesh-lmcache")
+    FLOOR_DISK_MIB: Mib = Field(256, description="O_DIRECT read floor: file size")
+    FLOOR_COPY_MIB: Mib = Field(256, description="host->device (cpu: host memcpy) copy floor: buffer size")
+    CHILD_TIMEOUT_S: int = Field(1800, gt=0, le=MAX_SECONDS, description="seconds for one model's engine and grid")
 
-        check(bool(self.MODELS), "MODELS: name at least one model shape")
+    def check_rules(self) -> None:
+        super().check_rules()
         for m in self.MODELS:
             check(m in SHAPES or (Path(m).expanduser() / "config.json").is_file(),
                   f"MODELS: {m!r} is not a shape ({', '.join(SHAPES)}) nor a directory with config.json")
             check(not (m == "qwen2.5-7b" and self.WEIGHTS == "random" and self.DEVICE == "cpu"),
                   "MODELS: qwen2.5-7b with WEIGHTS=random would write a 15 GB checkpoint; use WEIGHTS: dummy")
-        check(bool(self.CONTEXT_TOKENS_GRID), "CONTEXT_TOKENS_GRID: name at least one context length")
-        check(self.CHUNK_SIZE > 0 and self.CHUNK_SIZE % self.BLOCK_SIZE == 0,
+        check(self.CHUNK_SIZE % self.BLOCK_SIZE == 0,
               f"CHUNK_SIZE={self.CHUNK_SIZE}: must be a positive multiple of BLOCK_SIZE={self.BLOCK_SIZE}")
         for n in self.CONTEXT_TOKENS_GRID:
-            check(n > 0 and n % self.CHUNK_SIZE == 0,
+            check(n % self.CHUNK_SIZE == 0,
                   f"CONTEXT_TOKENS_GRID: {n} is not a positive multiple of CHUNK_SIZE={self.CHUNK_SIZE} "
                   "(a restore covers whole chunks)")
             for m in self.MODELS:
@@ -59,12 +79,6 @@ class CrossoverParams(EngineParams):
         unknown = sorted(set(self.ARMS) - set(ARM_NAMES))
         check(not unknown and "recompute" in self.ARMS,
               f"ARMS={self.ARMS}: choose from {', '.join(ARM_NAMES)}; recompute (the control) is required")
-        check(self.NUM_REPEATS >= 1, f"NUM_REPEATS={self.NUM_REPEATS}: must be >= 1")
-        check(self.WARMUP_REPEATS >= 0, f"WARMUP_REPEATS={self.WARMUP_REPEATS}: must be >= 0")
-        check(self.SUFFIX_TOKENS >= 1, f"SUFFIX_TOKENS={self.SUFFIX_TOKENS}: must be >= 1")
-        check(self.MAX_TOKENS >= 1, f"MAX_TOKENS={self.MAX_TOKENS}: must be >= 1")
-        check(self.NUM_FOLLOWUPS >= 1, f"NUM_FOLLOWUPS={self.NUM_FOLLOWUPS}: must be >= 1")
-        check(self.ARENA_MIB > 0 and self.DISK_TIER_MIB > 0, "ARENA_MIB and DISK_TIER_MIB must be > 0")
         check(self.PATH != "inproc" or self.DEVICE == "cuda",
               "PATH=inproc: LMCache's in-process connector has no CPU GPU-connector; use mp (or auto) on cpu")
         for m in self.MODELS:

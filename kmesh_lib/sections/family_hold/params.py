@@ -1,45 +1,56 @@
 """Section 18's parameters and the block arithmetic they are checked with."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Annotated
 
-from kmesh_lib.base.params import check
+from pydantic import Field
+
+from kmesh_lib.base.params import (
+    MAX_BLOCKS,
+    BlockSize,
+    NumBlocks,
+    PositiveCount,
+    Seconds,
+    Tokens,
+    check,
+    params_dataclass,
+)
 from kmesh_lib.engine.config import EngineParams
 
 ARMS = ("stock", "held")
 
 
-@dataclass(frozen=True)
+@params_dataclass
 class FamilyHoldParams(EngineParams):
-    PARENT_TOKENS: int = 512  # parent prompt tokens
-    NOISE_TOKENS: int = 497  # tokens of each unrelated (competing) prompt
-    NUM_NOISE: int = 4  # unrelated prompts per pass
-    NUM_PASSES: int = 2  # passes over the unrelated prompts between parent and child
-    CHILD_SUFFIX_TOKENS: int = 64  # new tokens the child adds after the parent's input + output
-    MAX_TOKENS: int = 8  # greedy output tokens per request
-    NUM_SAMPLES: int = 3  # samples per arm (fresh prompts each; the same in both arms)
-    MAX_HELD_BLOCKS: int | None = None  # cap on unique held blocks; None = usable minus one noise request
-    MAX_FAMILIES: int = 4  # cap on active families
-    EXPIRY_S: float = 60.0  # a hold expires this long after it was taken
-    LOGPROB_TOLERANCE: float = 0.0  # largest |difference| of a chosen-token logprob between arms; 0 = exact
-    REPLAY_BLOCK_SIZE: int = 16  # second run mode: the replay engine's block size (GPU-sized)
-    REPLAY_NUM_GPU_BLOCKS: int = 129  # the replay engine's pool, null block included
-    SWEEP_NUM_GPU_BLOCKS: list[int] = field(default_factory=lambda: list(range(72, 201, 8)))  # replay pools of the sweep
+    """Per arm-sample: a parent, NUM_PASSES passes over NUM_NOISE unrelated prompts, then a child =
+    parent input + parent output + CHILD_SUFFIX_TOKENS tokens; the stock and held arms alternate."""
 
-    def __post_init__(self) -> None:
-        if self.BLOCK_SIZE > 0:  # a pool smaller than the parent is the clearer message: check it first
-            check_pool(self, self.BLOCK_SIZE, self.NUM_GPU_BLOCKS, "NUM_GPU_BLOCKS")
-        super().__post_init__()
-        for name in ("PARENT_TOKENS", "NOISE_TOKENS", "NUM_NOISE", "NUM_PASSES", "MAX_TOKENS", "NUM_SAMPLES"):
-            check(getattr(self, name) >= 1, f"{name}={getattr(self, name)}: must be >= 1")
-        check(self.CHILD_SUFFIX_TOKENS >= 1, f"CHILD_SUFFIX_TOKENS={self.CHILD_SUFFIX_TOKENS}: the child must extend the parent "
-              "(its input + output + at least one new token), so CHILD_SUFFIX_TOKENS must be >= 1")
-        check(self.MAX_HELD_BLOCKS is None or self.MAX_HELD_BLOCKS >= 1,
-              f"MAX_HELD_BLOCKS={self.MAX_HELD_BLOCKS}: a cap of zero holds nothing; use >= 1 (or null for the default)")
-        check(self.MAX_FAMILIES >= 1, f"MAX_FAMILIES={self.MAX_FAMILIES}: a cap of zero admits no family; use >= 1")
-        check(self.EXPIRY_S > 0, f"EXPIRY_S={self.EXPIRY_S}: must be > 0 seconds")
-        check(self.LOGPROB_TOLERANCE >= 0, f"LOGPROB_TOLERANCE={self.LOGPROB_TOLERANCE}: must be >= 0")
-        check(self.REPLAY_BLOCK_SIZE > 0, f"REPLAY_BLOCK_SIZE={self.REPLAY_BLOCK_SIZE}: must be > 0")
+    PARENT_TOKENS: Tokens = Field(512, description="parent prompt tokens")
+    NOISE_TOKENS: Tokens = Field(497, description="tokens of each unrelated (competing) prompt")
+    NUM_NOISE: PositiveCount = Field(4, description="unrelated prompts per pass")
+    NUM_PASSES: PositiveCount = Field(2, description="passes over the unrelated prompts between parent and child")
+    CHILD_SUFFIX_TOKENS: Tokens = Field(
+        64, description="new tokens the child adds after the parent's input + output (>= 1: the child extends the parent)")
+    MAX_TOKENS: Tokens = Field(8, description="greedy output tokens per request")
+    NUM_SAMPLES: PositiveCount = Field(3, description="samples per arm; fresh prompts per sample, the same in both arms")
+    MAX_HELD_BLOCKS: Annotated[int, Field(ge=1, le=MAX_BLOCKS)] | None = Field(
+        None, description="cap on unique held blocks; None: the usable blocks one unrelated request leaves")
+    MAX_FAMILIES: PositiveCount = Field(4, description="cap on active families")
+    EXPIRY_S: Seconds = Field(60.0, description="a hold expires this long after it was taken")
+    # A chosen-token logprob that differs by 10 nats means the arms disagree; a larger tolerance
+    # would make the arms' equality check vacuous.
+    LOGPROB_TOLERANCE: float = Field(
+        0.0, ge=0, le=10, description="largest absolute difference of a chosen-token logprob between arms; 0: exact")
+    REPLAY_BLOCK_SIZE: BlockSize = Field(16, description="second run mode: the replay engine's block size (GPU-sized)")
+    REPLAY_NUM_GPU_BLOCKS: NumBlocks = Field(129, description="the replay engine's pool, null block included")
+    SWEEP_NUM_GPU_BLOCKS: list[NumBlocks] = Field(
+        default_factory=lambda: list(range(72, 201, 8)),
+        description="replay pools of the parent-share sweep (the parent's 32 blocks are 16%-45% of them)")
+
+    def check_rules(self) -> None:
+        # A pool smaller than the parent is the clearer message: check it before the engine's rules.
+        check_pool(self, self.BLOCK_SIZE, self.NUM_GPU_BLOCKS, "NUM_GPU_BLOCKS")
+        super().check_rules()
         check(self.child_len + self.MAX_TOKENS <= self.MAX_MODEL_LEN,
               f"the child needs {self.child_len} prompt + {self.MAX_TOKENS} output tokens, more than "
               f"MAX_MODEL_LEN={self.MAX_MODEL_LEN}")

@@ -1,9 +1,22 @@
 """Section 20's parameters: paths, group sizes, leads, groups per arm, controls and the LMCache tier."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Annotated
 
-from kmesh_lib.base.params import check
+from pydantic import Field
+
+from kmesh_lib.base.params import (
+    MAX_COUNT,
+    MAX_MS,
+    Count,
+    Mib,
+    Millis,
+    PathText,
+    PositiveCount,
+    Tokens,
+    check,
+    params_dataclass,
+)
 from kmesh_lib.engine.config import EngineParams
 from kmesh_lib.workloads.context_groups import blocks_for_group, kv_bytes_per_token
 
@@ -12,50 +25,62 @@ CONTROLS = ("dram", "engine")
 MIB = 1 << 20
 
 
-@dataclass(frozen=True)
+@params_dataclass
 class PrefetchParams(EngineParams):
-    PATHS: list[str] = field(default_factory=lambda: ["mp"])  # mp (LMCacheMPConnector + server), inproc (LMCacheConnectorV1)
-    GROUP_SIZES: list[int] = field(default_factory=lambda: [4, 8])  # follow-ups per group
-    CONTEXT_TOKENS: int = 4096  # the shared context (a multiple of CHUNK_SIZE)
-    SUFFIX_TOKENS: int = 32  # each follow-up's own tokens
-    MAX_TOKENS: int = 8  # tokens each follow-up generates
-    LEADS_MS: list[float] = field(default_factory=lambda: [0.0, 25.0, 100.0, 250.0])  # pilot lead times
-    FIXED_LEAD_MS: float = 250.0  # section 16's fixed start: the savings are also given from it
-    PILOT_GROUPS: int = 10  # pilot groups per lead, path and group size
-    MEASURED_GROUPS: int = 200  # confirmation groups per arm, path and group size (over ENGINE_RUNS)
-    ENGINE_RUNS: int = 10  # fresh engine runs the confirmation is spread over
-    WARMUP_PAIRS: int = 1  # unmeasured pairs at the start of each engine run
-    CONTROLS: list[str] = field(default_factory=lambda: ["dram", "engine"])  # placement controls; [] skips
-    BOOTSTRAP_RESAMPLES: int = 10000  # 95 % percentile intervals, numpy, seeded with SEED
-    DRIVER_POLL_MS: float = 0.5  # the driver's idle wait between checks
-    PREFETCH_POLL_MS: float = 2.0  # between GET /cache/prefetches/{id} polls (MP)
-    CHUNK_SIZE: int = 256  # LMCache chunk, tokens
-    ARENA_MIB: int = 512  # LMCache's memory tier
-    DISK_TIER_MIB: int = 2048  # in-process LocalDiskBackend capacity
-    DISK_TIER_ROOT: str = ""  # "" = $KMESH_LMCACHE_RUNTIME or /tmp/kmesh-lmcache
-    WIDGET_GROUPS: int = 2  # groups per lead in the panel's live re-run
-    SOURCE_RUN: str | None = None  # a finished run dir (the GPU run) to analyse instead of measuring
+    PATHS: list[str] = Field(
+        default_factory=lambda: ["mp"], min_length=1,
+        description="mp (LMCacheMPConnector + lmcache server: HTTP prefetch + warm-up), inproc (LMCacheConnectorV1: "
+                    "warm-up only)")
+    GROUP_SIZES: list[PositiveCount] = Field(
+        default_factory=lambda: [4, 8], min_length=1, description="follow-ups per group (4: A..D, 8: A..H)")
+    CONTEXT_TOKENS: Tokens = Field(
+        4096, description="the shared context, a multiple of CHUNK_SIZE (4096 tokens of the 0.5B shape in bf16: 48 MiB of KV)")
+    SUFFIX_TOKENS: Tokens = Field(32, description="each follow-up's own tokens after the context")
+    MAX_TOKENS: Tokens = Field(8, description="tokens each follow-up generates")
+    LEADS_MS: list[Millis] = Field(
+        default_factory=lambda: [0.0, 25.0, 100.0, 250.0], min_length=1,
+        description="pilot lead times (ms, ascending); the confirmation uses the shortest at which every pilot group "
+                    "was ready")
+    FIXED_LEAD_MS: Annotated[float, Field(gt=0, le=MAX_MS)] = Field(
+        250.0, description="section 16's fixed start (ms); the savings are also given from it")
+    PILOT_GROUPS: PositiveCount = Field(10, description="pilot groups per lead, path and group size")
+    MEASURED_GROUPS: PositiveCount = Field(
+        200, description="confirmation groups per arm, path and group size (spread over ENGINE_RUNS)")
+    ENGINE_RUNS: PositiveCount = Field(
+        10, description="fresh engine runs the confirmation is spread over (paired, alternating order)")
+    WARMUP_PAIRS: Count = Field(1, description="unmeasured pairs at the start of every engine run")
+    CONTROLS: list[str] = Field(
+        default_factory=lambda: ["dram", "engine"],
+        description="placement controls: dram (LMCache memory tier), engine (vLLM, the floor); [] skips")
+    BOOTSTRAP_RESAMPLES: int = Field(
+        10000, ge=100, le=MAX_COUNT, description="bootstrap resamples for the 95 % percentile intervals (seeded with SEED)")
+    DRIVER_POLL_MS: Annotated[float, Field(gt=0, le=MAX_MS)] = Field(
+        0.5, description="the driver's idle wait between checks (ms)")
+    PREFETCH_POLL_MS: Annotated[float, Field(gt=0, le=MAX_MS)] = Field(
+        2.0, description="between GET /cache/prefetches/{id} polls (ms, MP)")
+    CHUNK_SIZE: Tokens = Field(256, description="LMCache chunk in tokens")
+    ARENA_MIB: Mib = Field(
+        512, description="LMCache's memory tier (MP: L1 DRAM arena; in-process: LocalCPU); holds the retained copy "
+                         "and a staging copy of the context")
+    DISK_TIER_MIB: Mib = Field(2048, description="in-process LocalDiskBackend capacity")
+    DISK_TIER_ROOT: PathText = Field(
+        "", description="parent of the run-scoped disk tiers (a disk, not tmpfs); empty: $KMESH_LMCACHE_RUNTIME or "
+                        "/tmp/kmesh-lmcache")
+    WIDGET_GROUPS: PositiveCount = Field(2, description="pairs per live re-run in the panel")
+    SOURCE_RUN: PathText | None = Field(
+        None, description="a finished run directory (the GPU run) to analyse instead of measuring")
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check(self.PATHS and set(self.PATHS) <= set(PATHS), f"PATHS={self.PATHS}: choose from {', '.join(PATHS)}")
+    def check_rules(self) -> None:
+        super().check_rules()
+        check(set(self.PATHS) <= set(PATHS), f"PATHS={self.PATHS}: choose from {', '.join(PATHS)}")
         check(set(self.CONTROLS) <= set(CONTROLS), f"CONTROLS={self.CONTROLS}: choose from {', '.join(CONTROLS)} (or [])")
-        check(self.GROUP_SIZES and all(n >= 1 for n in self.GROUP_SIZES), f"GROUP_SIZES={self.GROUP_SIZES}: each >= 1")
-        check(self.LEADS_MS and all(x >= 0 for x in self.LEADS_MS), f"LEADS_MS={self.LEADS_MS}: non-empty, each >= 0")
         check(list(self.LEADS_MS) == sorted(set(self.LEADS_MS)), f"LEADS_MS={self.LEADS_MS}: ascending, no repeats")
-        check(self.FIXED_LEAD_MS > 0, f"FIXED_LEAD_MS={self.FIXED_LEAD_MS}: must be > 0")
-        check(self.PILOT_GROUPS >= 1, f"PILOT_GROUPS={self.PILOT_GROUPS}: must be >= 1")
-        check(self.ENGINE_RUNS >= 1, f"ENGINE_RUNS={self.ENGINE_RUNS}: must be >= 1")
         check(self.MEASURED_GROUPS >= self.ENGINE_RUNS,
               f"MEASURED_GROUPS={self.MEASURED_GROUPS}: at least one per engine run (ENGINE_RUNS={self.ENGINE_RUNS})")
-        check(self.WARMUP_PAIRS >= 0, f"WARMUP_PAIRS={self.WARMUP_PAIRS}: must be >= 0")
-        check(self.BOOTSTRAP_RESAMPLES >= 100, f"BOOTSTRAP_RESAMPLES={self.BOOTSTRAP_RESAMPLES}: must be >= 100")
-        check(self.DRIVER_POLL_MS > 0 and self.PREFETCH_POLL_MS > 0, "DRIVER_POLL_MS and PREFETCH_POLL_MS must be > 0")
-        check(self.CHUNK_SIZE > 0 and self.CHUNK_SIZE % self.BLOCK_SIZE == 0,
+        check(self.CHUNK_SIZE % self.BLOCK_SIZE == 0,
               f"CHUNK_SIZE={self.CHUNK_SIZE}: must be a multiple of BLOCK_SIZE={self.BLOCK_SIZE}")
         check(self.CONTEXT_TOKENS >= self.CHUNK_SIZE and self.CONTEXT_TOKENS % self.CHUNK_SIZE == 0,
               f"CONTEXT_TOKENS={self.CONTEXT_TOKENS}: must be a positive multiple of CHUNK_SIZE={self.CHUNK_SIZE}")
-        check(self.SUFFIX_TOKENS >= 1 and self.MAX_TOKENS >= 1, "SUFFIX_TOKENS and MAX_TOKENS must be >= 1")
         check(self.SUFFIX_TOKENS + self.MAX_TOKENS < self.CHUNK_SIZE,
               f"SUFFIX_TOKENS + MAX_TOKENS must stay below CHUNK_SIZE={self.CHUNK_SIZE} (no follow-up stores a chunk)")
         longest = self.CONTEXT_TOKENS + self.SUFFIX_TOKENS + self.MAX_TOKENS
@@ -67,6 +92,10 @@ class PrefetchParams(EngineParams):
         ctx_mib = self.CONTEXT_TOKENS * kv_bytes_per_token(self) / MIB
         check(self.ARENA_MIB >= 2 * ctx_mib, f"ARENA_MIB={self.ARENA_MIB}: needs room for twice the context "
                                              f"({ctx_mib:.1f} MiB each: the retained copy and a staging copy)")
+
+    @property
+    def starts_engine(self) -> bool:
+        return not self.SOURCE_RUN
 
     @property
     def pairs_per_run(self) -> int:

@@ -1,9 +1,18 @@
 """Section 16's parameters: paths, group sizes, arms, sizes and the disk tier."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from pydantic import Field
 
-from kmesh_lib.base.params import check
+from kmesh_lib.base.params import (
+    Count,
+    Mib,
+    PathText,
+    PositiveCount,
+    Seconds,
+    Tokens,
+    check,
+    params_dataclass,
+)
 from kmesh_lib.engine.config import EngineParams
 from kmesh_lib.workloads.context_arms import CONTROL_ARMS
 from kmesh_lib.workloads.context_groups import blocks_for_group, kv_bytes_per_token
@@ -12,49 +21,54 @@ PATHS = ("mp", "inproc")
 MIB = 1 << 20
 
 
-@dataclass(frozen=True)
+@params_dataclass
 class RetentionParams(EngineParams):
-    PATHS: list[str] = field(default_factory=lambda: ["mp"])  # external-tier paths: mp, inproc
-    CONTROL_ARMS: list[str] = field(default_factory=lambda: ["recompute", "floor"])  # [] skips the plain engine
-    GROUP_SIZES: list[int] = field(default_factory=lambda: [4, 8])  # follow-ups per group
-    CONTEXT_TOKENS: int = 4096  # the shared context (a multiple of CHUNK_SIZE)
-    SUFFIX_TOKENS: int = 32  # each follow-up's own tokens after the context
-    MAX_TOKENS: int = 8  # tokens each follow-up generates (the makespan waits for the last)
-    HEAD_START_S: float = 0.25  # the warm-up's lead over the follow-ups; it must finish within it
-    WARMUP_GROUPS: int = 3  # unmeasured pairs first
-    MEASURED_GROUPS: int = 5  # measured pairs (one group per arm each, alternating order)
-    CONTROL_WARMUP_GROUPS: int = 1  # the same for the recompute/floor pairs
-    CONTROL_MEASURED_GROUPS: int = 3
-    MAX_RETRY_PAIRS: int = 5  # extra pairs allowed to replace pairs with a group that was not ok
-    CHUNK_SIZE: int = 256  # LMCache chunk, tokens
-    ARENA_MIB: int = 512  # LMCache's memory tier outside vLLM (MP: L1 DRAM arena; in-process: LocalCPU)
-    DISK_TIER_MIB: int = 2048  # in-process LocalDiskBackend capacity
-    DISK_TIER_ROOT: str = ""  # where run-scoped disk tiers go ("" = $KMESH_LMCACHE_RUNTIME or /tmp/kmesh-lmcache)
-    SOURCE_RUN: str | None = None  # a finished run dir (e.g. the GPU run) to analyse instead of measuring
+    PATHS: list[str] = Field(
+        default_factory=lambda: ["mp"], min_length=1,
+        description="external-tier paths: mp (LMCacheMPConnector + lmcache server), inproc (LMCacheConnectorV1)")
+    CONTROL_ARMS: list[str] = Field(
+        default_factory=lambda: ["recompute", "floor"],
+        description="standard arms on a plain engine per group size; [] skips them")
+    GROUP_SIZES: list[PositiveCount] = Field(
+        default_factory=lambda: [4, 8], min_length=1, description="follow-ups per group (4: A..D, 8: A..H)")
+    CONTEXT_TOKENS: Tokens = Field(
+        4096, description="the shared context, a multiple of CHUNK_SIZE (4096 tokens of the 0.5B shape in bf16: 48 MiB of KV)")
+    SUFFIX_TOKENS: Tokens = Field(32, description="each follow-up's own tokens after the context")
+    MAX_TOKENS: Tokens = Field(8, description="tokens each follow-up generates (the makespan waits for the last)")
+    HEAD_START_S: Seconds = Field(
+        0.25, description="the warm-up starts this long before the follow-ups and must have finished by then")
+    WARMUP_GROUPS: Count = Field(3, description="unmeasured pairs first")
+    MEASURED_GROUPS: PositiveCount = Field(5, description="measured pairs, one group per arm each, alternating order")
+    CONTROL_WARMUP_GROUPS: Count = Field(1, description="unmeasured pairs of the recompute/floor arms")
+    CONTROL_MEASURED_GROUPS: PositiveCount = Field(3, description="measured pairs of the recompute/floor arms")
+    MAX_RETRY_PAIRS: Count = Field(
+        5, description="extra pairs that may replace a pair with a group that was not warm or ran out of arena")
+    CHUNK_SIZE: Tokens = Field(256, description="LMCache chunk in tokens")
+    ARENA_MIB: Mib = Field(
+        512, description="LMCache's memory tier outside vLLM (MP: L1 DRAM arena; in-process: LocalCPU)")
+    DISK_TIER_MIB: Mib = Field(2048, description="in-process LocalDiskBackend capacity")
+    DISK_TIER_ROOT: PathText = Field(
+        "", description="parent of the run-scoped disk tiers (a disk, not tmpfs); empty: $KMESH_LMCACHE_RUNTIME or "
+                        "/tmp/kmesh-lmcache")
+    SOURCE_RUN: PathText | None = Field(
+        None, description="a finished run directory (e.g. the GPU run) to analyse instead of measuring")
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check(self.PATHS and set(self.PATHS) <= set(PATHS), f"PATHS={self.PATHS}: choose from {', '.join(PATHS)}")
+    def check_rules(self) -> None:
+        super().check_rules()
+        check(set(self.PATHS) <= set(PATHS), f"PATHS={self.PATHS}: choose from {', '.join(PATHS)}")
         check(set(self.CONTROL_ARMS) <= set(CONTROL_ARMS),
               f"CONTROL_ARMS={self.CONTROL_ARMS}: choose from {', '.join(CONTROL_ARMS)} (or [])")
-        check(self.GROUP_SIZES and all(n >= 1 for n in self.GROUP_SIZES), f"GROUP_SIZES={self.GROUP_SIZES}: each >= 1")
-        check(self.CHUNK_SIZE > 0 and self.CHUNK_SIZE % self.BLOCK_SIZE == 0,
+        check(self.CHUNK_SIZE % self.BLOCK_SIZE == 0,
               f"CHUNK_SIZE={self.CHUNK_SIZE}: must be a multiple of BLOCK_SIZE={self.BLOCK_SIZE}")
         check(self.CONTEXT_TOKENS >= self.CHUNK_SIZE and self.CONTEXT_TOKENS % self.CHUNK_SIZE == 0,
               f"CONTEXT_TOKENS={self.CONTEXT_TOKENS}: must be a positive multiple of CHUNK_SIZE={self.CHUNK_SIZE} "
               "(LMCache stores whole chunks only)")
-        check(self.SUFFIX_TOKENS >= 1 and self.MAX_TOKENS >= 1, "SUFFIX_TOKENS and MAX_TOKENS must be >= 1")
         check(self.SUFFIX_TOKENS + self.MAX_TOKENS < self.CHUNK_SIZE,
               f"SUFFIX_TOKENS + MAX_TOKENS = {self.SUFFIX_TOKENS + self.MAX_TOKENS}: must stay below "
               f"CHUNK_SIZE={self.CHUNK_SIZE}, so no follow-up completes (and stores) a chunk of its own")
         longest = self.CONTEXT_TOKENS + self.SUFFIX_TOKENS + self.MAX_TOKENS
         check(longest <= self.MAX_MODEL_LEN, f"CONTEXT_TOKENS + SUFFIX_TOKENS + MAX_TOKENS = {longest} "
                                              f"exceeds MAX_MODEL_LEN={self.MAX_MODEL_LEN}")
-        check(self.HEAD_START_S > 0, f"HEAD_START_S={self.HEAD_START_S}: must be > 0")
-        check(self.WARMUP_GROUPS >= 0 and self.CONTROL_WARMUP_GROUPS >= 0 and self.MAX_RETRY_PAIRS >= 0,
-              "WARMUP_GROUPS, CONTROL_WARMUP_GROUPS and MAX_RETRY_PAIRS must be >= 0")
-        check(self.MEASURED_GROUPS >= 1 and self.CONTROL_MEASURED_GROUPS >= 1,
-              "MEASURED_GROUPS and CONTROL_MEASURED_GROUPS must be >= 1")
         need = blocks_for_group(self, max(self.GROUP_SIZES))
         check(need <= self.NUM_GPU_BLOCKS - 1,
               f"NUM_GPU_BLOCKS={self.NUM_GPU_BLOCKS}: a group of {max(self.GROUP_SIZES)} sharing the context needs "
@@ -65,3 +79,7 @@ class RetentionParams(EngineParams):
         if "inproc" in self.PATHS:
             check(self.DISK_TIER_MIB >= ctx_mib, f"DISK_TIER_MIB={self.DISK_TIER_MIB}: smaller than the shared "
                                                  f"context ({ctx_mib:.1f} MiB)")
+
+    @property
+    def starts_engine(self) -> bool:
+        return not self.SOURCE_RUN

@@ -2,9 +2,21 @@
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass, field
+from typing import Annotated
 
-from kmesh_lib.base.params import check
+from pydantic import Field
+
+from kmesh_lib.base.params import (
+    MAX_BLOCKS,
+    MAX_MIB,
+    Count,
+    PathText,
+    PositiveCount,
+    Seconds,
+    Tokens,
+    check,
+    params_dataclass,
+)
 from kmesh_lib.engine.config import EngineParams
 from kmesh_lib.engine.model_spec import resolve
 from kmesh_lib.workloads import game24
@@ -15,36 +27,39 @@ OUTCOMES = "tot_outcomes.jsonl"  # raw/: one record per puzzle, failures include
 CLOCK_DOMAIN = f"time.monotonic_ns@{socket.gethostname()}"
 
 
-@dataclass(frozen=True)
+@params_dataclass
 class TotHeadroomParams(EngineParams):
-    PUZZLES_CSV: str = "../shared/data/game24/24.csv"  # relative to the repository root
-    PUZZLE_INDICES: list[int] = field(default_factory=lambda: [0, 1, 2])  # rows in file order
-    BREADTH: int = 2  # states kept per BFS step
-    MAX_TOKENS: int = 192  # output tokens per call
-    TEMPERATURE: float = 0.7  # call i samples with seed SEED + i
-    MAX_CALLS: int = 384
-    RUN_CEILING_S: float = 4500.0  # checked at call boundaries
-    INVOCATION_BOUND_S: float = 120.0  # a call running longer is aborted (the run is then partial)
-    KV_CACHE_MIB: float | None = None  # when set, NUM_GPU_BLOCKS must be the pool it buys, + the null block
-    SWEEP_POOL_BLOCKS: list[int] = field(default_factory=lambda: [8, 16, 32, 64, 128, 256, 512, 1024])
-    MODEL_MANIFEST: str | None = None  # JSON {file: sha256} the model directory must match (repo-relative)
+    PUZZLES_CSV: PathText = Field(
+        "../shared/data/game24/24.csv", description="the puzzle file, relative to the repository root")
+    PUZZLE_INDICES: list[Count] = Field(
+        default_factory=lambda: [0, 1, 2], min_length=1, description="puzzles by row in file order (distinct)")
+    BREADTH: PositiveCount = Field(2, description="states kept per BFS step")
+    MAX_TOKENS: Tokens = Field(192, description="output tokens per call")
+    # vLLM takes any temperature >= 0; above 2 the samples are already noise, so 10 is no limit
+    # to an experiment and catches a typo.
+    TEMPERATURE: float = Field(0.7, ge=0, le=10, description="sampling temperature; call i samples with seed SEED + i")
+    MAX_CALLS: PositiveCount = Field(
+        384, description="call limit; a group that would pass it is not started (the run is then partial)")
+    RUN_CEILING_S: Seconds = Field(
+        4500.0, description="whole-search ceiling in seconds (75 minutes), checked at call boundaries")
+    INVOCATION_BOUND_S: Seconds = Field(120.0, description="a call running longer is aborted (the run is then partial)")
+    KV_CACHE_MIB: Annotated[float, Field(gt=0, le=MAX_MIB)] | None = Field(
+        None, description="when set, NUM_GPU_BLOCKS must be the blocks this much KV buys + the null block")
+    SWEEP_POOL_BLOCKS: list[Annotated[int, Field(ge=1, le=MAX_BLOCKS)]] = Field(
+        default_factory=lambda: [8, 16, 32, 64, 128, 256, 512, 1024],
+        description="usable pool sizes for the bound sweep (the run's is added)")
+    MODEL_MANIFEST: PathText | None = Field(
+        None, description="JSON {file: sha256} a real model directory must match before the engine starts (repo-relative)")
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check(self.PUZZLE_INDICES and len(set(self.PUZZLE_INDICES)) == len(self.PUZZLE_INDICES)
-              and min(self.PUZZLE_INDICES) >= 0, f"PUZZLE_INDICES={self.PUZZLE_INDICES}: distinct rows >= 0, at least one")
+    def check_rules(self) -> None:
+        super().check_rules()
+        check(len(set(self.PUZZLE_INDICES)) == len(self.PUZZLE_INDICES),
+              f"PUZZLE_INDICES={self.PUZZLE_INDICES}: name each row once")
         csv_path = game24.repo_path(self.PUZZLES_CSV)
         check(csv_path.is_file(), f"PUZZLES_CSV={self.PUZZLES_CSV!r}: no file at {csv_path}")
         num_puzzles = len(game24.load_puzzles(csv_path))
         check(max(self.PUZZLE_INDICES) < num_puzzles,
               f"PUZZLE_INDICES={self.PUZZLE_INDICES}: {csv_path.name} has rows 0..{num_puzzles - 1}")
-        check(self.BREADTH >= 1, f"BREADTH={self.BREADTH}: must be >= 1")
-        check(self.MAX_TOKENS >= 1, f"MAX_TOKENS={self.MAX_TOKENS}: must be >= 1")
-        check(self.TEMPERATURE >= 0, f"TEMPERATURE={self.TEMPERATURE}: must be >= 0")
-        check(self.MAX_CALLS >= 1, f"MAX_CALLS={self.MAX_CALLS}: must be >= 1")
-        check(self.RUN_CEILING_S > 0 and self.INVOCATION_BOUND_S > 0,
-              f"RUN_CEILING_S={self.RUN_CEILING_S}, INVOCATION_BOUND_S={self.INVOCATION_BOUND_S}: must be > 0")
-        check(all(n >= 1 for n in self.SWEEP_POOL_BLOCKS), f"SWEEP_POOL_BLOCKS={self.SWEEP_POOL_BLOCKS}: must be >= 1")
         header = len(game24.FEWSHOT.encode()) + 64  # byte-tokenizer size of a root prompt; BPE is smaller
         check(header + self.MAX_TOKENS <= self.MAX_MODEL_LEN,
               f"MAX_TOKENS={self.MAX_TOKENS}: a root prompt (~{header} tokens) + MAX_TOKENS exceeds "
