@@ -72,7 +72,8 @@ def request_rows(engine: str, block_size: int, shared_len: int, rows: list[dict]
             for i, r in enumerate(rows)]
 
 
-def _by_arm(records: list[dict]) -> dict[str, list[dict]]:
+def by_arm(records: list[dict]) -> dict[str, list[dict]]:
+    """Records per arm label, in recorded order."""
     out: dict[str, list[dict]] = {}
     for r in records:
         out.setdefault(r.get("arm", ""), []).append(r)
@@ -82,8 +83,8 @@ def _by_arm(records: list[dict]) -> dict[str, list[dict]]:
 def arm_checks(run: RunFiles, arm: str, block_size: int, num_gpu_blocks: int) -> list[Check]:
     p = run.params
     shared, suffix, max_tokens = p["CONTEXT_TOKENS"], p["SUFFIX_TOKENS"], p["MAX_TOKENS"]
-    rows = _by_arm(run.raw("requests.jsonl")).get(arm, [])
-    events = _by_arm(run.raw("block_events.jsonl")).get(arm, [])
+    rows = by_arm(run.raw("requests.jsonl")).get(arm, [])
+    events = by_arm(run.raw("block_events.jsonl")).get(arm, [])
     no_rows, no_events = f"raw/requests.jsonl has no {arm} rows", f"raw/block_events.jsonl has no {arm} events"
     pair = rows if [r["request_id"] for r in rows] == ["first", "second"] else []
     out = [check(f"{arm}: two requests recorded, first then second", bool(pair),
@@ -141,7 +142,7 @@ def checks(run: RunFiles) -> list[Check]:
     arm_sizes = arms(run.params)
     out = [c for arm, (b, n) in arm_sizes.items() for c in arm_checks(run, arm, b, n)]
     (first, size_a), (second, size_b) = arm_sizes.items()
-    rows, events = _by_arm(run.raw("requests.jsonl")), _by_arm(run.raw("block_events.jsonl"))
+    rows, events = by_arm(run.raw("requests.jsonl")), by_arm(run.raw("block_events.jsonl"))
     same = {a: ([r["num_cached_tokens"] for r in rows.get(a, [])], block_ops(events.get(a, []))) for a in arm_sizes}
     comparable = size_a == size_b and rows.get(first) and rows.get(second)
     out.append(check("the two engines give the same cached tokens and block operations at the same block size and pool",
@@ -153,7 +154,7 @@ def checks(run: RunFiles) -> list[Check]:
 
 def counts(run: RunFiles) -> dict[str, int | str]:
     """Deterministic facts of the run, for the smoke golden: cached tokens and block operations per arm."""
-    rows, events = _by_arm(run.raw("requests.jsonl")), _by_arm(run.raw("block_events.jsonl"))
+    rows, events = by_arm(run.raw("requests.jsonl")), by_arm(run.raw("block_events.jsonl"))
     out: dict[str, int | str] = {}
     for arm in arms(run.params):
         ops = block_ops(events.get(arm, []))

@@ -6,11 +6,11 @@ notebook's printout, so a report says what the files say.
 from __future__ import annotations
 
 from kmesh_lib.base.records import RunFiles
-from kmesh_lib.sections.engine_check.checks import OPS, _by_arm, arms, block_ops, checks, expected_prefix_hit
+from kmesh_lib.sections.engine_check.checks import OPS, arms, block_ops, by_arm, checks, expected_prefix_hit
 
 
 def _arm_facts(run: RunFiles) -> list[dict]:
-    rows, events = _by_arm(run.raw("requests.jsonl")), _by_arm(run.raw("block_events.jsonl"))
+    rows, events = by_arm(run.raw("requests.jsonl")), by_arm(run.raw("block_events.jsonl"))
     facts = []
     for arm, (block_size, num_gpu_blocks) in arms(run.params).items():
         mine = rows.get(arm, [])
