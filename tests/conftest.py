@@ -28,3 +28,26 @@ def pytest_collectstart(collector):
         collector.skip_compare = collector.skip_compare + (
             "stderr", "text/html", "application/javascript", "application/vnd.jupyter.widget-view+json",
             "image/png", "image/svg+xml")
+
+
+@pytest.fixture
+def smoke_run(tmp_path):
+    """Executes a section's notebook on the smoke profile into a temp run folder, as ``kmesh run``
+    does up to its checks cell, and returns the folder's ``RunFiles`` (for results.json tests)."""
+    def run(key: str):
+        import papermill
+
+        from kmesh_lib.app import registry
+        from kmesh_lib.base.params import resolve_params, to_dict
+        from kmesh_lib.base.records import RunFiles
+
+        section = registry.get(key)
+        config, _, _ = resolve_params(section, "smoke", [], [])
+        run_dir = tmp_path / "smoke-run"
+        run_dir.mkdir()
+        notebook = registry.notebook_path(section)
+        papermill.execute_notebook(str(notebook), str(run_dir / section.NOTEBOOK), kernel_name="kmesh",
+                                   parameters={**to_dict(config), "RUN_DIR": str(run_dir)}, cwd=str(notebook.parent),
+                                   progress_bar=False)
+        return RunFiles(run_dir)
+    return run

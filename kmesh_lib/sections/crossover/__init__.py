@@ -1,7 +1,8 @@
 """Section 21, crossover: When does restoring KV beat recomputing it?"""
-from kmesh_lib.sections.crossover.checks import checks
+from kmesh_lib.sections.crossover.checks import checks, counts
 from kmesh_lib.sections.crossover.experiment import plan
 from kmesh_lib.sections.crossover.params import CrossoverParams as Params
+from kmesh_lib.sections.crossover.summary import answer, headline, public_results
 
 KEY = "crossover"
 NUMBER = "21"
@@ -10,4 +11,5 @@ NOTEBOOK = "21_crossover.ipynb"
 USES_ENGINE = True
 QUESTION = "When does restoring KV beat recomputing it?"
 
-__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TITLE", "USES_ENGINE", "plan", "checks"]
+__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TITLE", "USES_ENGINE", "answer", "checks", "counts",
+           "headline", "plan", "public_results"]

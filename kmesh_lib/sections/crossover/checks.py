@@ -1,21 +1,152 @@
-"""Section 21's checks, computed from the run's raw records."""
+"""Section 21's statements about a run, recomputed from ``raw/`` and ``params.resolved.yaml``.
+
+    raw/models.jsonl  one record per model's child process: status, KV bytes per token, connector
+    raw/stores.jsonl  one record per (model, context): bytes LMCache wrote to its disk tier
+    raw/rows.jsonl    one record per (model, context, arm, repeat): cached tokens per follow-up,
+                      what LMCache read from disk and held in memory, the stopwatches, the components
+
+A row's expected cached tokens are recomputed from the parameters (0 for ``recompute``, the whole
+context for every other arm), not read from the row. The tables results.json keeps (per-arm
+medians, crossover points, components, distance to the floors) are recomputed from the rows with
+``report``'s functions and compared. The physical floors are measured by the notebook and kept
+only in results.json, so the floor-distance table is recomputed from the rows and the recorded
+floors, and the floors themselves are recorded-only.
+"""
 from __future__ import annotations
 
-from pathlib import Path
+from itertools import product
 
-from kmesh_lib.base.checks import Check
-from kmesh_lib.base.records import read_jsonl
+from kmesh_lib.base.checks import Check, all_of, check, differences
+from kmesh_lib.base.records import RunFiles
+from kmesh_lib.sections.crossover import report
 
 
-def checks(run_dir) -> list:
-    """Re-checks from ``raw/rows.jsonl``: every measured row hit its expected cached tokens."""
+def expected_cached(arm: str, context_tokens: int) -> int:
+    """The arm's contract (``arms.RestoreBench.expected_cached``): recompute finds nothing, the others all."""
+    return 0 if arm == "recompute" else context_tokens
 
-    path = Path(run_dir) / "raw" / "rows.jsonl"
-    if not path.exists():
-        return [Check("raw/rows.jsonl exists", False, "no rows were recorded")]
-    rows = [r for r in read_jsonl(path) if r.get("measured")]
-    bad = [r["tag"] for r in rows if any(c != r["expected_cached_tokens"] for c in r["num_cached_tokens"])]
-    arms = sorted({r["arm"] for r in rows})
-    return [Check("raw: measured rows recorded", bool(rows), f"{len(rows)} rows, arms {arms}"),
-            Check("raw: every follow-up hit its expected cached tokens", not bad, f"misses: {bad[:5]}")]
 
+def measured_rows(run: RunFiles) -> list[dict]:
+    return [r for r in run.raw("rows.jsonl") if r.get("measured")]
+
+
+def kv_bytes(run: RunFiles) -> dict[str, int]:
+    return {m["model"]: m["kv_bytes_per_token"] for m in run.raw("models.jsonl") if "kv_bytes_per_token" in m}
+
+
+def recomputed_tables(run: RunFiles) -> dict:
+    """The tables of results.json, recomputed from raw/rows.jsonl (and the recorded floors)."""
+    rows = run.raw("rows.jsonl")
+    arms = report.arm_table(rows)
+    out = {"arms": arms, "crossover": report.crossover_table(arms), "components": report.component_table(rows)}
+    floors = run.results.get("floors") or {}
+    if floors.get("disk") and floors.get("copy"):
+        out["floor_distance"] = report.floor_table(arms, floors["disk"], floors["copy"])
+    return out
+
+
+def checks(run: RunFiles) -> list[Check]:
+    """Section 21's checks: the grid ran whole, every follow-up found the context where its arm put
+    it, and every table in results.json is what the rows give."""
+    p = run.params
+    models, grid, arm_names = p["MODELS"], p["CONTEXT_TOKENS_GRID"], p["ARMS"]
+    children, stores, rows = run.raw("models.jsonl"), run.raw("stores.jsonl"), run.raw("rows.jsonl")
+    measured = [r for r in rows if r.get("measured")]
+    kvt = kv_bytes(run)
+    no_rows = "raw/rows.jsonl holds no measured rows"
+    out = [check("every model's child finished ok",
+                 sorted(m["model"] for m in children if m.get("status") == "ok") == sorted(models),
+                 "; ".join(f"{m['model']}: {m.get('status')}" + (f" ({m.get('detail', '')[:80]})" if m.get("detail") else "")
+                           for m in children), children, "raw/models.jsonl is missing or empty")]
+    want_stores = set(product(models, grid))
+    stored = {(s["model"], s["context_tokens"]): s for s in stores}
+    out.append(all_of("every context was stored whole on the disk tier", sorted(want_stores),
+                      lambda k: k in stored and not stored[k]["write_errors"]
+                      and stored[k]["bytes_written"] >= k[1] * kvt.get(k[0], float("inf")),
+                      lambda k: f"{k}: {stored.get(k)}", "no model or context to store"))
+    out.append(all_of("every row's context bytes are its context tokens x the model's KV bytes per token", rows,
+                      lambda r: r["kv_bytes_per_token"] == kvt.get(r["model"])
+                      and r["context_bytes"] == r["context_tokens"] * r["kv_bytes_per_token"],
+                      lambda r: r["tag"], "raw/rows.jsonl is missing or empty"))
+    repeats = range(p["WARMUP_REPEATS"], p["WARMUP_REPEATS"] + p["NUM_REPEATS"])
+    keys = [(r["model"], r["context_tokens"], r["arm"], r["repeat"]) for r in measured]
+    want = set(product(models, grid, arm_names, repeats))
+    out.append(check("every (model, context, arm, repeat) was measured exactly once",
+                     set(keys) == want and len(keys) == len(want),
+                     f"{len(keys)} measured rows, {len(want)} wanted; missing {sorted(want - set(keys))[:3]}",
+                     measured, no_rows))
+    out.append(all_of("warm-up repeats are recorded as not measured", [r for r in rows if r["repeat"] < p["WARMUP_REPEATS"]],
+                      lambda r: not r.get("measured"), lambda r: r["tag"],
+                      "no warm-up repeats" if p["WARMUP_REPEATS"] else "WARMUP_REPEATS=0: no warm-up rows"))
+    for arm in arm_names:
+        mine = [r for r in measured if r["arm"] == arm]
+        what = "none" if arm == "recompute" else "the whole context"
+        out.append(all_of(f"{arm}: every measured follow-up hit {what} in cached tokens", mine,
+                          lambda r: len(r["num_cached_tokens"]) == p["NUM_FOLLOWUPS"]
+                          and all(c == expected_cached(r["arm"], r["context_tokens"]) for c in r["num_cached_tokens"]),
+                          lambda r: f"{r['tag']}: {r['num_cached_tokens']}", f"no measured {arm} rows"))
+    out.append(all_of("a row's status is ok exactly when every follow-up hit its expected cached tokens", rows,
+                      lambda r: (r["status"] == "ok") == all(c == expected_cached(r["arm"], r["context_tokens"])
+                                                             for c in r["num_cached_tokens"]),
+                      lambda r: f"{r['tag']}: {r['status']}, {r['num_cached_tokens']}", "raw/rows.jsonl is missing or empty"))
+    by_arm = {arm: [r for r in measured if r["arm"] == arm] for arm in ("recompute", "dram", "disk", "floor")}
+    if "dram" in arm_names:
+        out.append(all_of("dram: the context was in LMCache's memory tier before every follow-up", by_arm["dram"],
+                          lambda r: (r.get("memory_tier_bytes") or 0) >= r["context_bytes"],
+                          lambda r: f"{r['tag']}: {r.get('memory_tier_bytes')} of {r['context_bytes']} bytes", "no dram rows"))
+    if "disk" in arm_names:
+        out.append(all_of("disk: LMCache's memory tier was empty before every follow-up", by_arm["disk"],
+                          lambda r: r.get("memory_tier_bytes") == 0,
+                          lambda r: f"{r['tag']}: {r.get('memory_tier_bytes')} bytes in memory", "no disk rows"))
+        out.append(all_of("disk: every follow-up read the context from the disk tier", by_arm["disk"],
+                          lambda r: (r["disk_read_bytes"] or 0) >= r["context_bytes"],
+                          lambda r: f"{r['tag']}: read {r['disk_read_bytes']} of {r['context_bytes']} bytes", "no disk rows"))
+    others = [r for r in measured if r["arm"] != "disk"]
+    out.append(all_of(f"{', '.join(a for a in arm_names if a != 'disk')}: no follow-up read the disk tier", others,
+                      lambda r: r["disk_read_bytes"] == 0, lambda r: f"{r['tag']}: {r['disk_read_bytes']} bytes",
+                      "no measured rows outside the disk arm"))
+
+    tables = recomputed_tables(run)
+    results = run.results
+    for key, name in (("arms", "median first token per (model, context, arm)"), ("crossover", "crossover points"),
+                      ("components", "per-component medians"), ("floor_distance", "distance to the floors")):
+        if key == "floor_distance" and key not in tables:
+            out.append(check(f"results.json {name} equal the rows", False, evidence=None,
+                             missing="results.json has no floors to recompute the distance with"))
+            continue
+        diffs = differences(tables[key], results.get(key))
+        out.append(check(f"results.json {name} equal the rows" + (" and the recorded floors" if key == "floor_distance" else ""),
+                         not diffs, "; ".join(diffs[:2]), measured and key in results,
+                         no_rows if not measured else f"results.json has no {key}"))
+    restores = [a for a in arm_names if a in report.RESTORES]
+    out.append(check("a crossover row per model and restore path",
+                     sorted((r["model"], r["path"]) for r in tables["crossover"]) == sorted(product(models, restores)),
+                     f"{len(tables['crossover'])} rows for {len(models)} models x {len(restores)} paths", measured, no_rows))
+    floors = results.get("floors") or {}
+    measured_floors = [floors.get(k) or {} for k in ("disk", "copy")]
+    out.append(Check("the physical floors were measured in the run",
+                     "skipped" if not floors else all(f.get("gib_per_s", 0) > 0 for f in measured_floors),
+                     "; ".join(f"{f.get('label')} {f.get('gib_per_s', 0):.2f} GiB/s" for f in measured_floors),
+                     recorded_only=True))
+    return out
+
+
+def counts(run: RunFiles) -> dict[str, int | str]:
+    """Deterministic facts for the smoke golden: record counts, bytes stored and read, cached tokens per arm."""
+    rows, measured = run.raw("rows.jsonl"), measured_rows(run)
+    out: dict[str, int | str] = {"rows": len(rows), "measured rows": len(measured), "stores": len(run.raw("stores.jsonl"))}
+    for model, kvt in kv_bytes(run).items():
+        out[f"{model} kv bytes per token"] = kvt
+    for s in run.raw("stores.jsonl"):
+        out[f"{s['model']} {s['context_tokens']}: bytes stored"] = s["bytes_written"]
+    groups: dict[tuple, list[dict]] = {}
+    for r in measured:
+        groups.setdefault((r["model"], r["context_tokens"]), []).append(r)
+    for (model, n), rs in groups.items():
+        cached = {arm: sorted({c for x in rs if x["arm"] == arm for c in x["num_cached_tokens"]})
+                  for arm in run.params["ARMS"] if any(x["arm"] == arm for x in rs)}
+        out[f"{model} {n}: cached tokens per arm"] = ", ".join(f"{a} {'/'.join(map(str, v))}" for a, v in cached.items())
+        disk = sorted({r["disk_read_bytes"] for r in rs if r["arm"] == "disk"})
+        if disk:
+            out[f"{model} {n}: disk bytes read per disk follow-up"] = "/".join(map(str, disk))
+    return out

@@ -27,6 +27,7 @@ from kmesh_lib.base.params import build, to_dict
 from kmesh_lib.base.paths import REPO_ROOT
 from kmesh_lib.base.processes import RUNTIME_ROOT, RuntimeDir
 from kmesh_lib.base.records import RunRecord, read_jsonl
+from kmesh_lib.engine import costs
 from kmesh_lib.engine.model_spec import resolve
 from kmesh_lib.engine.vllm_engine import make_engine
 from kmesh_lib.kv.disk_tier import check_disk_tier
@@ -35,17 +36,34 @@ from kmesh_lib.sections.crossover.arms import Context, RestoreBench
 from kmesh_lib.sections.crossover.params import MIB, CrossoverParams, grid_size, model_params
 
 REPO = REPO_ROOT
+def expected_duration(cfg: CrossoverParams) -> tuple[costs.Span, list[str]]:
+    """One child per model (engine and LMCache start), then per context a store and, per repeat,
+    the arms: recompute and the floor's warm-up prefill the context, dram and disk move its bytes."""
+    device = "cuda" if cfg.DEVICE == "cuda" else "cpu"
+    total, notes = costs.NOTEBOOK_S + costs.Span(0.5, 4.0), []  # the floors cell
+    repeats = cfg.WARMUP_REPEATS + cfg.NUM_REPEATS
+    for model in cfg.MODELS:
+        kvt = resolve(model).kv_bytes_per_token(cfg.DTYPE)
+        total += costs.LMCACHE_CHILD_S[device]
+        for n in cfg.CONTEXT_TOKENS_GRID:
+            prefill, note = costs.prefill_s(device, model, n)
+            step, _ = costs.decode_s(device, model, cfg.MAX_TOKENS * cfg.NUM_FOLLOWUPS)
+            moved = costs.DISK_S_PER_BYTE * (n * kvt)
+            arm = {"recompute": prefill + step, "floor": prefill + 2 * step, "dram": moved + 2 * step, "disk": moved + step}
+            total += prefill + moved + repeats * sum((arm[a] + costs.ROW_PREP_S for a in cfg.ARMS), costs.Span(0, 0))
+            if note and note not in notes:
+                notes.append(note)
+    return total, notes
+
+
 def plan(cfg: CrossoverParams) -> dict:
 
-    rows = grid_size(cfg)
-    # rough: an engine start per model, and per row about a prefill of the context (recompute, floor warm-up)
-    start_s = 45 if cfg.DEVICE == "cuda" else 40
-    per_row = 0.25 if cfg.DEVICE == "cuda" else 1.0
+    duration, notes = expected_duration(cfg)
     kv = {m: f"{resolve(m).kv_bytes_per_token(cfg.DTYPE) // 1024} KiB/token" for m in cfg.MODELS}
     return {"path": cfg.path, "models": cfg.MODELS, "kv per token": kv, "context lengths": cfg.CONTEXT_TOKENS_GRID,
             "arms": cfg.ARMS, "repeats": f"{cfg.WARMUP_REPEATS} warm-up + {cfg.NUM_REPEATS} measured",
-            "rows": rows, "engine starts": len(cfg.MODELS),
-            "estimate": f"~{(len(cfg.MODELS) * start_s + rows * per_row) / 60:.0f} min"}
+            "rows": grid_size(cfg), "engine starts": len(cfg.MODELS),
+            "expected duration": f"{duration}" + (f"; {'; '.join(notes)}" if notes else "")}
 
 
 def arm_order(arms: list[str], repeat: int) -> list[str]:

@@ -109,8 +109,9 @@ def heatmaps(table: list[dict], path_out, title: str = ""):
     t = _lookup(table)
     models = list(dict.fromkeys(r["model"] for r in table))
     lengths = sorted({r["context_tokens"] for r in table})
-    fig, axes = plt.subplots(1, len(RESTORES), figsize=(4.2 * len(RESTORES), 0.6 * len(models) + 1.6), squeeze=False,
-                             sharey=True)  # one set of model labels, on the left panel only
+    # constrained layout places the suptitle above the panel titles (a plain suptitle overlapped them)
+    fig, axes = plt.subplots(1, len(RESTORES), figsize=(4.2 * len(RESTORES), 0.6 * len(models) + 1.9), squeeze=False,
+                             sharey=True, layout="constrained")  # one set of model labels, on the left panel only
     for ax, path in zip(axes[0], RESTORES):
         grid = np.full((len(models), len(lengths)), np.nan)
         for i, m in enumerate(models):

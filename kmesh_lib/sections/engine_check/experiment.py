@@ -10,20 +10,17 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from kmesh_lib.engine import costs
 from kmesh_lib.engine.model_spec import resolve
 from kmesh_lib.engine.requests import RequestResult, RequestSpec, run_group
 from kmesh_lib.kv.capture import BlockPoolCapture, drain_check
+from kmesh_lib.sections.engine_check.checks import block_ops, expected_prefix_hit, request_rows
 from kmesh_lib.sections.engine_check.params import EngineCheckParams
 
 
 def random_tokens(rng: random.Random, n: int, vocab_size: int) -> list[int]:
     """Token ids in [4, vocab) so no special id (pad, bos, eos, unk) appears in a prompt."""
     return [rng.randrange(4, vocab_size) for _ in range(n)]
-
-
-def expected_prefix_hit(prompt_len: int, shared_len: int, block_size: int) -> int:
-    """Tokens vLLM reuses: full shared blocks, capped so the last prompt token is recomputed."""
-    return min(shared_len // block_size, (prompt_len - 1) // block_size) * block_size
 
 
 def shared_prefix_pair(cfg: EngineCheckParams, vocab_size: int) -> list[RequestSpec]:
@@ -42,15 +39,21 @@ class EngineCheckRun:
     drain_ok: bool
     drain_text: str
     start_s: float
+    shared_len: int = 0
+
+    @property
+    def arm(self) -> str:
+        return f"{self.engine_mode}-B{self.block_size}"
+
+    def raw_requests(self) -> list[dict]:
+        return [{"arm": self.arm, "request_id": r.request_id, "prompt_token_ids": r.prompt_token_ids,
+                 "output_token_ids": r.output_token_ids, "logprobs": r.logprobs, "num_cached_tokens": r.num_cached_tokens,
+                 "t_submit_ns": r.t_submit_ns, "t_token_ns": r.t_token_ns, "finish_reason": r.finish_reason}
+                for r in self.results]
 
     def rows(self) -> list[dict]:
-        return [{"engine": self.engine_mode, "request": r.request_id, "prompt_tokens": r.num_prompt_tokens,
-                 "output_tokens": len(r.output_token_ids), "num_cached_tokens": r.num_cached_tokens,
-                 "expected_cached": expected_prefix_hit(r.num_prompt_tokens, self.shared_len, self.block_size)
-                 if i else 0, "first_token_ms": round(r.first_token_s() * 1e3, 2), "finish": r.finish_reason}
-                for i, r in enumerate(self.results)]
-
-    shared_len: int = 0
+        """The per-request table (``checks.request_rows``, the computation ``checks`` repeats on raw/)."""
+        return request_rows(self.engine_mode, self.block_size, self.shared_len, self.raw_requests())
 
 
 def run_pair(engine, cfg: EngineCheckParams, block_size: int) -> EngineCheckRun:
@@ -62,9 +65,17 @@ def run_pair(engine, cfg: EngineCheckParams, block_size: int) -> EngineCheckRun:
         results += run_group(engine, [spec], on_step=capture.mark_step)
     report = drain_check(engine.block_pool)
     capture.close()
-    run = EngineCheckRun(engine.mode, block_size, results, capture, report.ok, str(report), engine.start_s)
-    run.shared_len = cfg.CONTEXT_TOKENS
-    return run
+    return EngineCheckRun(engine.mode, block_size, results, capture, report.ok, str(report), engine.start_s,
+                          shared_len=cfg.CONTEXT_TOKENS)
+
+
+def expected_duration(cfg: EngineCheckParams) -> tuple[costs.Span, str]:
+    """Engine start, two requests on the real engine, the replay engine: from the sizes and ``engine.costs``."""
+    device = "cuda" if cfg.DEVICE == "cuda" else "cpu"
+    prefill, note = costs.prefill_s(device, cfg.MODEL, 2 * (cfg.CONTEXT_TOKENS + cfg.SUFFIX_TOKENS))
+    decode, _ = costs.decode_s(device, cfg.MODEL, 2 * cfg.MAX_TOKENS)
+    start = costs.ENGINE_START_S[device] if cfg.ENGINE == "real" else costs.REPLAY_START_S
+    return costs.NOTEBOOK_S + start + prefill + decode + costs.REPLAY_START_S, note
 
 
 def plan(cfg: EngineCheckParams) -> dict:
@@ -72,8 +83,7 @@ def plan(cfg: EngineCheckParams) -> dict:
 
     spec = resolve(cfg.MODEL)
     prompt = cfg.CONTEXT_TOKENS + cfg.SUFFIX_TOKENS
-    # start-up figures measured by benchmarks/bench_engine.py (README): tiny ~20 s, 0.5B ~60 s on 2 CPU cores
-    start_s = 25 if cfg.MODEL == "tiny" else 90
+    duration, note = expected_duration(cfg)
     return {
         "arms": f"real vLLM on {cfg.DEVICE} ({spec.name}, {cfg.WEIGHTS} weights, {cfg.DTYPE}); replay engine (no forward pass)",
         "real engine": f"BLOCK_SIZE={cfg.BLOCK_SIZE}, NUM_GPU_BLOCKS={cfg.NUM_GPU_BLOCKS} (null block included)",
@@ -81,19 +91,22 @@ def plan(cfg: EngineCheckParams) -> dict:
         "requests": f"2 sequential, {prompt} prompt tokens each ({cfg.CONTEXT_TOKENS} shared), {cfg.MAX_TOKENS} output tokens",
         "expected cache hit of the second": f"{expected_prefix_hit(prompt, cfg.CONTEXT_TOKENS, cfg.BLOCK_SIZE)} tokens (real), "
                                             f"{expected_prefix_hit(prompt, cfg.CONTEXT_TOKENS, cfg.REPLAY_BLOCK_SIZE)} (replay)",
-        "expected duration": f"about {start_s + 40} s on 2 CPU cores" if cfg.DEVICE == "cpu" else "about 60 s on one GPU",
+        "expected duration": f"{duration}" + (f"; {note}" if note else ""),
     }
 
 
 def record_run(record, run: EngineCheckRun) -> dict:
-    """Writes the run's requests and block events to ``raw/`` and its summary to results.json."""
-    arm = f"{run.engine_mode}-B{run.block_size}"
-    record.append_jsonl("requests.jsonl", [
-        {"arm": arm, "request_id": r.request_id, "prompt_token_ids": r.prompt_token_ids,
-         "output_token_ids": r.output_token_ids, "logprobs": r.logprobs, "num_cached_tokens": r.num_cached_tokens,
-         "t_submit_ns": r.t_submit_ns, "t_token_ns": r.t_token_ns, "finish_reason": r.finish_reason}
-        for r in run.results])
-    record.append_jsonl("block_events.jsonl", [{"arm": arm, **e} for e in run.capture.to_records()])
+    """Writes the arm's requests and block events to ``raw/`` and its summary to results.json.
+
+    The summary's figures are computed from the raw records just written, by the functions
+    ``checks`` applies to them again.
+    """
+    record.append_jsonl("requests.jsonl", run.raw_requests())
+    record.append_jsonl("block_events.jsonl", [{"arm": run.arm, **e} for e in run.capture.to_records()])
+    written = record.files()  # read back: the summary is what raw/ holds, as JSON keeps it
+    requests = [r for r in written.raw("requests.jsonl") if r["arm"] == run.arm]
+    events = [e for e in written.raw("block_events.jsonl") if e["arm"] == run.arm]
     summary = {"engine": run.engine_mode, "block_size": run.block_size, "start_s": round(run.start_s, 2),
-               "requests": run.rows(), "block_ops": run.capture.counts(), "drain_ok": run.drain_ok}
-    return record.save(arm, summary)
+               "requests": request_rows(run.engine_mode, run.block_size, run.shared_len, requests),
+               "block_ops": block_ops(events), "drain_ok": run.drain_ok}
+    return record.save(run.arm, summary)

@@ -1,7 +1,8 @@
 """Section 18, family hold: Does holding a parent's blocks for its child pay under cache pressure?"""
-from kmesh_lib.sections.family_hold.checks import checks
+from kmesh_lib.sections.family_hold.checks import checks, counts
 from kmesh_lib.sections.family_hold.experiment import plan
 from kmesh_lib.sections.family_hold.params import FamilyHoldParams as Params
+from kmesh_lib.sections.family_hold.summary import answer, headline, public_results
 
 KEY = "family_hold"
 NUMBER = "18"
@@ -10,4 +11,5 @@ NOTEBOOK = "18_family_hold.ipynb"
 USES_ENGINE = True
 QUESTION = "Does holding a parent's blocks for its child pay under cache pressure?"
 
-__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TITLE", "USES_ENGINE", "plan", "checks"]
+__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TITLE", "USES_ENGINE", "answer", "checks", "counts",
+           "headline", "plan", "public_results"]

@@ -22,6 +22,7 @@ import dataclasses
 import random
 from dataclasses import dataclass, field
 
+from kmesh_lib.engine import costs
 from kmesh_lib.engine.requests import RequestResult, RequestSpec, run_group
 from kmesh_lib.engine.vllm_engine import make_engine
 from kmesh_lib.kv.capture import BlockPoolCapture, drain_check
@@ -168,6 +169,25 @@ def plan(cfg: FamilyHoldParams) -> dict:
                          f"greedy output tokens each")
     lines["arms"] = f"stock, held alternating; {cfg.NUM_SAMPLES} samples each on one {cfg.DEVICE} engine ({cfg.MODEL})"
     lines["sweep"] = f"replay pools {cfg.SWEEP_NUM_GPU_BLOCKS} at BLOCK_SIZE={cfg.REPLAY_BLOCK_SIZE}"
-    lines["expected duration"] = ("about 2 minutes" if cfg.MODEL == "tiny" else "about 10 minutes on 2 CPU cores"
-                                  if cfg.DEVICE == "cpu" else "about 3 minutes on one GPU")
+    duration, note = expected_duration(cfg)
+    lines["expected duration"] = f"{duration}" + (f"; {note}" if note else "")
     return lines
+
+
+def expected_duration(cfg: FamilyHoldParams) -> tuple[costs.Span, str]:
+    """The real mode's requests and engine start, the replay modes and the sweep, from the sizes.
+
+    Prefill counts the tokens a request may compute: at least the parent, one pass of unrelated
+    prompts and the child's own tail (every later token a hit), at most every prompt token.
+    """
+    device = "cuda" if cfg.DEVICE == "cuda" else "cpu"
+    num_requests = 2 + cfg.NUM_NOISE * cfg.NUM_PASSES
+    least = cfg.PARENT_TOKENS + cfg.NUM_NOISE * cfg.NOISE_TOKENS + cfg.CHILD_SUFFIX_TOKENS + cfg.MAX_TOKENS
+    most = cfg.PARENT_TOKENS + cfg.NUM_NOISE * cfg.NUM_PASSES * cfg.NOISE_TOKENS + cfg.child_len
+    arm_samples = 2 * cfg.NUM_SAMPLES
+    low, note = costs.prefill_s(device, cfg.MODEL, least * arm_samples)
+    high, _ = costs.prefill_s(device, cfg.MODEL, most * arm_samples)
+    decode, _ = costs.decode_s(device, cfg.MODEL, num_requests * cfg.MAX_TOKENS * arm_samples)
+    start = costs.ENGINE_START_S[device] if cfg.ENGINE == "real" else costs.REPLAY_START_S
+    replays = 2 + len(cfg.SWEEP_NUM_GPU_BLOCKS)  # replay mode, its twin at the real sizes, one per sweep pool
+    return (costs.NOTEBOOK_S + start + costs.Span(low.low, high.high) + decode + costs.REPLAY_START_S * replays), note

@@ -1,0 +1,131 @@
+"""Section 21 for people: headline figures, the closing answer, the public aggregates.
+
+Every figure is recomputed from ``raw/rows.jsonl`` by ``checks.recomputed_tables`` (the tables
+``checks`` compares with results.json); the physical floors are the ones the run recorded.
+"""
+from __future__ import annotations
+
+from kmesh_lib.base.records import RunFiles
+from kmesh_lib.sections.crossover import report
+from kmesh_lib.sections.crossover.checks import checks, recomputed_tables
+
+LABEL = {"dram": "DRAM", "disk": "disk"}
+NEAR_FLOOR = 2.0  # a restore within this factor of bytes / floor bandwidth is bound by the medium, not the software
+
+
+def _n(tokens: int) -> str:
+    return f"{tokens:,}"
+
+
+def _speedups(row: dict) -> dict[int, float]:
+    return {int(k.split("@")[1]): v for k, v in row.items() if k.startswith("speedup@")}
+
+
+def path_phrase(row: dict) -> str:
+    """Where one restore path beats recompute for one model, in the run's own numbers."""
+    speed = _speedups(row)
+    lengths = sorted(speed)
+    point = row["crossover_tokens"]
+    if point is None:
+        return (f"{LABEL[row['path']]} restore never does up to {_n(lengths[-1])} tokens "
+                f"({speed[lengths[-1]]:.2f}\u00d7 there)")
+    before = [n for n in lengths if n < point]
+    return (f"{LABEL[row['path']]} restore beats recompute from **{_n(point)} tokens** ({speed[point]:.2f}\u00d7 there"
+            + (f", {speed[before[-1]]:.2f}\u00d7 at {_n(before[-1])}" if before else "")
+            + (f", {speed[lengths[-1]]:.2f}\u00d7 at {_n(lengths[-1])}" if lengths[-1] != point else "") + ")")
+
+
+def _by_model(rows: list[dict]) -> dict[str, dict[str, dict]]:
+    out: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        out.setdefault(r["model"], {})[r["path"]] = r
+    return out
+
+
+def _headline_part(row: dict) -> str:
+    speed = _speedups(row)
+    point = row["crossover_tokens"]
+    where = f"\u2265 {_n(point)}" if point is not None else "never"
+    return f"{LABEL[row['path']]} {where} ({speed[max(speed)]:.2f}\u00d7 at {_n(max(speed))})"
+
+
+def headline(run: RunFiles) -> dict[str, str]:
+    tables = recomputed_tables(run)
+    out = {}
+    for model, paths in _by_model(tables["crossover"]).items():
+        out[f"{model}: restore beats recompute from"] = "; ".join(_headline_part(r) for r in paths.values())
+    floors = run.results.get("floors") or {}
+    if floors:
+        out["floors"] = ", ".join(f"{(f or {}).get('label', k)} {(f or {}).get('gib_per_s', 0):.2f} GiB/s"
+                                  for k, f in floors.items())
+    failed = [c for c in checks(run) if c.status == "failed"]
+    out["checks"] = "all passed" if not failed else f"{len(failed)} failed"
+    return out
+
+
+def answer(run: RunFiles) -> str:
+    p = run.params
+    tables = recomputed_tables(run)
+    per_model = _by_model(tables["crossover"])
+    if not per_model:
+        return "No measured rows with both a restore and the recompute control: this run cannot answer the question."
+    failed = [c for c in checks(run) if c.status == "failed"]
+    wins = {path: [m for m, paths in per_model.items() if path in paths and paths[path]["crossover_tokens"] is not None]
+            for path in report.RESTORES}
+    longest = max(max(_speedups(r)) for paths in per_model.values() for r in paths.values())
+    lead = []
+    for path in report.RESTORES:
+        have = [m for m, paths in per_model.items() if path in paths]
+        if not have:
+            continue
+        if len(wins[path]) == len(have):
+            lead.append(f"{LABEL[path]} restore beats recompute for every model, from a length that depends on the model")
+        elif not wins[path]:
+            lead.append(f"{LABEL[path]} restore never does, up to {_n(longest)} tokens")
+        else:
+            lead.append(f"{LABEL[path]} restore beats recompute for {', '.join(wins[path])} only")
+    text = ["**" + "; ".join(lead) + ".**"]
+    text.append(f"Per model ({p['DTYPE']}, {p['BLOCK_SIZE']}-token blocks, {p['WEIGHTS']} weights on {p['DEVICE']}; "
+                f"medians of {p['NUM_REPEATS']} measured follow-ups per point; the crossover is the shortest measured "
+                "context from which the restore is faster at every longer one):")
+    text += [f"- {model}: " + "; ".join(path_phrase(r) for r in paths.values()) + "." for model, paths in per_model.items()]
+    arms = {(t["model"], t["context_tokens"], t["arm"]): t for t in tables["arms"]}
+    at = [(m, arms.get((m, longest, "recompute")), arms.get((m, longest, "dram"))) for m in per_model]
+    if all(rec and dram for _, rec, dram in at):
+        text.append(f"At {_n(longest)} tokens recompute takes " + " / ".join(f"{rec['ttft_ms']:,.0f}" for _, rec, _ in at)
+                    + " ms to the first token and a DRAM restore " + " / ".join(f"{d['ttft_ms']:,.0f}" for _, _, d in at)
+                    + f" ms ({', '.join(per_model)}).")
+    floors = run.results.get("floors") or {}
+    distance = [r for r in tables.get("floor_distance", []) if r["context_tokens"] == longest and r["path"] == "disk"]
+    if floors.get("disk") and floors.get("copy"):
+        text.append(f"The floors measured in the same run: {floors['disk']['label']} at {floors['disk']['gib_per_s']:.2f} GiB/s, "
+                    f"{floors['copy']['label']} at {floors['copy']['gib_per_s']:.1f} GiB/s"
+                    + (f"; at {_n(longest)} tokens the disk restore costs "
+                       f"{min(r['x_floor'] for r in distance)}\u2013{max(r['x_floor'] for r in distance)}\u00d7 its transfer "
+                       "floor" + (", so the disk itself bounds it" if max(r["x_floor"] for r in distance) <= NEAR_FLOOR else "")
+                       if distance and all(r["x_floor"] for r in distance) else "") + ".")
+    text.append("Where the evidence is weak: " + ("random or dummy weights give each shape's compute time but not a real "
+                "model's values; " if p.get("WEIGHTS") in ("dummy", "random") else "")
+                + "one machine's disk and memory; a crossover is only as fine as the grid of context lengths"
+                + ("; on the CPU build prefill is slow, so restores win early" if p["DEVICE"] == "cpu" else "") + "."
+                + (f" {len(failed)} check(s) failed: " + "; ".join(c.name for c in failed[:3]) + "." if failed else ""))
+    return "\n".join(text[:2]) + "\n\n" + "\n".join(text[2:2 + len(per_model)]) + "\n\n" + " ".join(text[2 + len(per_model):])
+
+
+def public_results(run: RunFiles) -> dict:
+    """Section 21's aggregates: per-point medians, crossover rows, floors, floor distance, children."""
+    tables = recomputed_tables(run)
+    floors = run.results.get("floors") or {}
+    return {
+        "section": "crossover", "run_id": run.results.get("run_id"), "status": run.results.get("status"),
+        "arms": [{k: t[k] for k in ("model", "context_tokens", "arm", "n", "context_mib", "ttft_ms", "ttft_min_ms",
+                                    "makespan_ms", "disk_read_mib")} for t in tables["arms"]],
+        "crossover": [{"model": r["model"], "path": r["path"], "crossover_tokens": r["crossover_tokens"],
+                       "speedup_by_context_tokens": {str(n): v for n, v in _speedups(r).items()}} for r in tables["crossover"]],
+        "floors": {k: {x: (f or {}).get(x) for x in ("label", "bytes", "gib_per_s", "best_gib_per_s")}
+                   for k, f in floors.items()},
+        "floor_distance": [dict(r) for r in tables.get("floor_distance", [])],
+        "models": [{k: m.get(k) for k in ("model", "path", "kv_bytes_per_token", "status", "engine_start_s")}
+                   for m in run.raw("models.jsonl")],
+        "checks": {c.name: c.status for c in checks(run)},
+    }
