@@ -6,6 +6,7 @@
     verify   re-check a finished run's recorded invariants; exit 1 when one fails
     publish  write public-results.json (aggregates and hashes; no prompts, answers or token ids)
     report   render a run's executed notebook to report.html again
+    data     fetch or verify the pinned data sets (kmesh data fetch [--from DIR])
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from kmesh_lib.app import data as data_cmd
 from kmesh_lib.app import registry as sections
 from kmesh_lib.app.publish import publish
 from kmesh_lib.app.verify import verify_run
@@ -145,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--timeout", type=int, default=3600, help="per-cell timeout in seconds")
             p.add_argument("--log-output", action="store_true", help="stream cell output instead of a progress bar")
         p.add_argument("--run-dir", default=None, help="the run directory (default: new for run, latest otherwise)")
+    data_cmd.add_parser(sub)
     args = parser.parse_args(argv)
     try:
         return args.fn(args)

@@ -17,7 +17,7 @@ CLOCK_DOMAIN = f"time.monotonic_ns@{socket.gethostname()}"
 
 @dataclass(frozen=True)
 class TotHeadroomParams(EngineParams):
-    PUZZLES_CSV: str = "../shared/data/game24/24.csv"  # relative to the repository root
+    PUZZLES_CSV: str = "$KMESH_DATA_ROOT/game24/24.csv"  # the data root's copy (base.data); else relative to the repo
     PUZZLE_INDICES: list[int] = field(default_factory=lambda: [0, 1, 2])  # rows in file order
     BREADTH: int = 2  # states kept per BFS step
     MAX_TOKENS: int = 192  # output tokens per call
