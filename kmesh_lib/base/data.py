@@ -102,7 +102,7 @@ def read_manifest(path: Path) -> dict[str, str]:
 def manifest_text(ds: DataSet, hashes: dict[str, str]) -> str:
     header = (f"# {ds.name}: {ds.repo} at {ds.revision}" + (f", {ds.upstream_dir}/" if ds.upstream_dir else "")
               + f" ({ds.license})\n# used by {ds.used_by}\n"
-              f"# check: cd $KMESH_DATA_ROOT/{ds.local_dir} && sha256sum -c <repo>/{ds.manifest_path.relative_to(REPO_ROOT)}\n")
+              f"# check: cd $KMESH_DATA_ROOT/{ds.local_dir} && sha256sum -c <repo>/data/{ds.manifest_path.name}\n")
     return header + "".join(f"{digest}  {relpath}\n" for relpath, digest in sorted(hashes.items()))
 
 

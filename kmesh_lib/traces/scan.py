@@ -22,6 +22,7 @@ import json.encoder
 import os
 import re
 import stat
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import accumulate
@@ -34,7 +35,8 @@ JSONL_SUFFIXES = (".jsonl", ".ndjson")
 DEFAULT_MAX_JSON_DEPTH = 64
 MAX_JSON_DEPTH_LIMIT = 256  # far below the interpreter's recursion limit in any caller
 PARSE_COST_MULTIPLE = 16
-PARSE_COST_SLACK = 1 << 20
+PARSE_COST_SLACK = 2 << 20  # the budget's fixed part: a small line may be dense
+PARSE_COST_FIXED = 8 * (1 << 16)  # the cost's fixed part: hashing slices (HASH_CHARS at 4 bytes, twice)
 # Upper bound on what one JSON value costs beyond its text once parsed and hashed: the object (an
 # empty dict is 64 bytes), its slot in the parent (8, or a dict entry's hash, key and value). Measured
 # at 7 to 77 bytes a value across the densest shapes (lists of {}, [], ints, floats, short and wide
@@ -285,12 +287,14 @@ def string_width(line: bytes | bytearray) -> int:
 
 def parse_cost(line: bytes | bytearray, num_values: int) -> int:
     """Upper bound on the bytes ``parse_line`` allocates for ``line`` with ``num_values`` values:
-    the decoded text or the canonical form (never both at once), the parsed strings, and
-    ``VALUE_BYTES`` per value."""
-    return 2 * string_width(line) * len(line) + VALUE_BYTES * num_values
+    the decoded text (freed before hashing), the parsed strings, ``VALUE_BYTES`` per value, and
+    ``PARSE_COST_FIXED`` for the hashing slices."""
+    return 2 * string_width(line) * len(line) + VALUE_BYTES * num_values + PARSE_COST_FIXED
 
 
 def parse_budget(num_bytes: int) -> int:
+    """What a line of ``num_bytes`` may cost to parse: ``PARSE_COST_MULTIPLE`` times its size plus
+    ``PARSE_COST_SLACK``."""
     return PARSE_COST_MULTIPLE * num_bytes + PARSE_COST_SLACK
 
 
@@ -327,16 +331,30 @@ def parse_line(line: bytes | bytearray | None, num_bytes: int,
     except UnicodeDecodeError as exc:
         return "invalid_utf8", None, f"{exc.reason} at byte {exc.start}"
     try:
-        obj = json.loads(text, parse_constant=_reject_constant)
+        obj = _with_stack_headroom(json.loads, text, parse_constant=_reject_constant)
         del text  # the parsed values and the canonical form are never held next to the text
-        digest = canonical_digest(obj)
-    except RecursionError:  # unreachable under MAX_JSON_DEPTH_LIMIT; kept so nothing raises
-        return "too_deep", None, "nesting deeper than the interpreter's recursion limit"
+        digest = _with_stack_headroom(canonical_digest, obj)
     except json.JSONDecodeError as exc:
         return "invalid_json", None, f"{exc.msg} at char {exc.pos}"
     except ValueError as exc:
         return "invalid_json", None, str(exc)
     return "record", (obj, digest), ""
+
+
+def _with_stack_headroom(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, run again with the recursion limit raised if the caller's stack was
+    too deep for it. The line's nesting is already known to be at most ``MAX_JSON_DEPTH_LIMIT``
+    (``_structure``), so the interpreter's limit never decides how a line is counted: a notebook
+    kernel 100 frames deep and a test 900 frames deep get the same answer."""
+    try:
+        return fn(*args, **kwargs)
+    except RecursionError:
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(limit + 4 * MAX_JSON_DEPTH_LIMIT)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            sys.setrecursionlimit(limit)
 
 
 def canonical_digest(obj: Any) -> bytes:

@@ -35,9 +35,9 @@ def plan(cfg: TraceAuditParams) -> dict:
     num_other = num_links = 0
     for dirpath, dirnames, filenames in os.walk(root):  # followlinks=False: linked dirs not entered
         rel = Path(dirpath).relative_to(root)
-        if len(rel.parts) >= cfg.MAX_DEPTH:
-            dirnames.clear()
-        dirnames.sort()
+        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+        num_links += len(links)
+        dirnames[:] = sorted(d for d in dirnames if d not in links) if len(rel.parts) < cfg.MAX_DEPTH else []
         source = safe_name(rel.parts[0], 64) if rel.parts else "."
         for name in sorted(filenames):
             try:
