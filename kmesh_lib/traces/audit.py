@@ -61,6 +61,7 @@ from kmesh_lib.traces.units import TimestampUnits
 
 MAX_DUPLICATE_LOCATIONS = 20   # per duplicate group; num_copies stays exact
 MAX_FIELDS_PER_SOURCE = 4096   # distinct top-level field names tracked per source
+_MAX_CACHED_NAMES = 1 << 14
 _LINE_BITS = 40                # a first location is packed as file_index << 40 | line_no
 
 
@@ -84,6 +85,7 @@ class _Auditor:
         self.fields: dict[str, SourceFields] = defaultdict(SourceFields)
         self.timestamps: dict[str, TimestampUnits] = defaultdict(TimestampUnits)
         self.lineage = LineageCollector()
+        self.names: dict[str, str] = {}  # key -> safe name, for the first _MAX_CACHED_NAMES keys
 
     def consume(self, entry: Entry) -> None:
         relpath, parent = safe_relpath(entry.relpath), safe_relpath(entry.parent)
@@ -178,8 +180,13 @@ class _Auditor:
         seen: set[str] = set()
         untracked = 0
         timestamps = self.timestamps[row.source]
+        names = self.names
         for key, val in rec.items():
-            name = safe_name(key)
+            name = names.get(key)
+            if name is None:
+                name = safe_name(key)
+                if len(names) < _MAX_CACHED_NAMES and len(key) <= 64:
+                    names[key] = name
             if name in seen:  # two keys with one safe form count once per record
                 continue
             seen.add(name)

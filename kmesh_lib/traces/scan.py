@@ -47,9 +47,10 @@ _encode_str = json.encoder.encode_basestring  # json.dumps's own quoting (ensure
 
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_NOT_TOKENS = bytes(b for b in range(256) if b not in b"[]{},:")
 _BRACKET_STEPS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")  # +1 / -1 as signed bytes
-_ASTRAL_LEAD = re.compile(rb"[\xf0-\xff]")  # a code point above U+FFFF: strings take 4 bytes a char
-_WIDE_LEAD = re.compile(rb"[\xc4-\xff]")  # a code point above U+00FF: 2 bytes a char
+_BELOW_C4 = bytes(range(0xC4))
+_BELOW_F0 = bytes(range(0xF0))
 
 
 @dataclass
@@ -251,10 +252,15 @@ def _structure(line: bytes | bytearray) -> tuple[int, int]:
     """``(num_values, depth)`` of a JSON line, counted outside string literals: an upper bound on
     the values it holds (one per ``[ { , :`` plus one) and its deepest bracket nesting.
 
-    Explicit counters over the bytes, in C-speed pieces (``bytes.count`` between strings) and
-    never a copy of more than one gap between two strings, so the answer never depends on the
-    caller's stack and the scan costs far less memory than a parse.
+    Explicit counters over the bytes, so the answer never depends on the caller's stack. When the
+    line holds few strings for its size, the strings are cut out in one C pass (``re.sub`` keeps
+    one piece per string, at most about half the line's size here); a line dense in strings is
+    walked string by string, counting each gap in place, so the scan never costs more than a
+    fraction of what parsing would.
     """
+    if line.count(b'"') * 32 <= len(line):
+        bare = _STRING.sub(b"", line)
+        return _gap(bare, 0, len(bare), 1, 0, 0)[0::2]
     num_values, depth, deepest, pos = 1, 0, 0, 0
     for match in _STRING.finditer(line):
         num_values, depth, deepest = _gap(line, pos, match.start(), num_values, depth, deepest)
@@ -277,19 +283,21 @@ def _gap(line, start: int, end: int, num_values: int, depth: int, deepest: int) 
 
 def string_width(line: bytes | bytearray) -> int:
     """Bytes per character of the str that decoding ``line`` gives (CPython stores a str at 1, 2
-    or 4 bytes a character, by its widest character), judged from UTF-8 lead bytes."""
+    or 4 bytes a character, by its widest character), judged from UTF-8 lead bytes: 0xF0 and up
+    start a character above U+FFFF, 0xC4 and up one above U+00FF."""
     if line.isascii():
         return 1
-    if _ASTRAL_LEAD.search(line):
-        return 4
-    return 2 if _WIDE_LEAD.search(line) else 1
+    wide = line.translate(None, _BELOW_C4)  # lead bytes of characters above U+00FF only
+    if not wide:
+        return 1
+    return 4 if wide.translate(None, _BELOW_F0) else 2
 
 
-def parse_cost(line: bytes | bytearray, num_values: int) -> int:
+def parse_cost(line: bytes | bytearray, num_values: int, width: int | None = None) -> int:
     """Upper bound on the bytes ``parse_line`` allocates for ``line`` with ``num_values`` values:
     the decoded text (freed before hashing), the parsed strings, ``VALUE_BYTES`` per value, and
     ``PARSE_COST_FIXED`` for the hashing slices."""
-    return 2 * string_width(line) * len(line) + VALUE_BYTES * num_values + PARSE_COST_FIXED
+    return 2 * (width or string_width(line)) * len(line) + VALUE_BYTES * num_values + PARSE_COST_FIXED
 
 
 def parse_budget(num_bytes: int) -> int:
@@ -316,14 +324,17 @@ def parse_line(line: bytes | bytearray | None, num_bytes: int,
         return "oversize", None, f"{num_bytes} bytes"
     if not line or line.isspace():
         return "blank", None, ""
-    num_open = line.count(b"[") + line.count(b"{")
-    num_values = num_open + line.count(b",") + line.count(b":") + 1  # an upper bound: strings too
+    tokens = line.translate(None, _NOT_TOKENS)  # every [ ] { } , : byte, strings included
+    num_open = tokens.count(b"[") + tokens.count(b"{")
+    num_values = len(tokens) - tokens.count(b"]") - tokens.count(b"}") + 1  # an upper bound
+    del tokens
     budget = parse_budget(len(line))
-    if num_open > max_json_depth or parse_cost(line, num_values) > budget:
+    width = string_width(line)
+    if num_open > max_json_depth or parse_cost(line, num_values, width) > budget:
         num_values, depth = _structure(line)  # exact: structure outside strings only
         if depth > max_json_depth:
             return "too_deep", None, f"nesting deeper than {max_json_depth} levels"
-        if (cost := parse_cost(line, num_values)) > budget:
+        if (cost := parse_cost(line, num_values, width)) > budget:
             return "too_dense", None, (f"{num_values} values in {len(line)} bytes: parsing would cost "
                                        f"about {cost / len(line):.0f}x its size (limit {PARSE_COST_MULTIPLE}x)")
     try:
