@@ -87,6 +87,15 @@ def measure(root: Path, repeat: int, label: str) -> None:
     print(f"{label}: best of {repeat}: {best:.3f} s -> {s['num_records'] / best:,.0f} records/s, {mb / best:.1f} MB/s")
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident set (VmHWM). Not ru_maxrss: that survives exec, so a child
+    would report its parent's peak."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def child_audit(corpus: Path, run_dir: Path) -> None:
     """In a fresh process: section 17's audit_run into ``run_dir``, then the sizes, as JSON."""
     from kmesh_lib.base import params
@@ -103,7 +112,7 @@ def child_audit(corpus: Path, run_dir: Path) -> None:
     raw_bytes = sum(p.stat().st_size for p in (run_dir / "raw").rglob("*") if p.is_file())
     fields = audit.source_fields.get(".")
     print(json.dumps({
-        "elapsed_s": elapsed, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "elapsed_s": elapsed, "peak_rss_mb": peak_rss_mb(),
         "public_bytes": len(public), "results_bytes": (run_dir / "results.json").stat().st_size,
         "raw_bytes": raw_bytes, "num_records": audit.num_records, "malformed": audit.malformed,
         "num_fields_tracked": len(fields.fields) if fields else 0,

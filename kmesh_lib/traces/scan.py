@@ -4,13 +4,14 @@ Kept apart from ``traces.audit`` (which keeps the books) so each piece can be te
 Nothing here raises for what it finds in the tree, leaves the tree, reads a directory or file
 twice, opens anything but a regular file, or holds more than one capped line of input at a time.
 
-Memory, per line (the figures ``benchmarks/bench_trace_audit.py`` and ``tests/test_trace_audit.py``
-measure): holding a line costs its size plus one read chunk (``CHUNK_BYTES``); parsing it costs at
-most ``PARSE_COST_MULTIPLE`` times its size plus ``PARSE_COST_SLACK`` more. ``parse_line`` estimates
-the cost from the bytes before it decodes anything (``parse_cost``) and leaves a line whose estimate
-is over that bound unparsed, as "too_dense": Python spends 50 to 100 bytes on every JSON value, so a
-line of ``[{},{},...]`` would cost 27 times its size, while text-heavy trace records cost 2 to 9
-times theirs (9 when one character outside the BMP makes every string 4 bytes a character).
+Memory, per line (``tests/test_trace_audit.py`` measures it with tracemalloc): holding a line costs
+its size plus one read chunk (``CHUNK_BYTES``); parsing it costs at most ``PARSE_COST_MULTIPLE`` (16)
+times its size plus ``PARSE_COST_SLACK`` (2 MiB) more. ``parse_line`` estimates the cost from the
+bytes before it decodes anything (``parse_cost``) and leaves a line whose estimate is over that
+bound unparsed, as "too_dense". Measured beyond the line itself: text-heavy records cost 2 times
+their size (ASCII), 3 (CJK) or 8 (one character above U+FFFF makes every character of the str 4
+bytes); dense JSON costs 7 to 77 bytes a value, so ``[{},{},...]`` would cost 27 times its size and
+is refused.
 """
 
 from __future__ import annotations
@@ -253,10 +254,10 @@ def _structure(line: bytes | bytearray) -> tuple[int, int]:
     the values it holds (one per ``[ { , :`` plus one) and its deepest bracket nesting.
 
     Explicit counters over the bytes, so the answer never depends on the caller's stack. When the
-    line holds few strings for its size, the strings are cut out in one C pass (``re.sub`` keeps
-    one piece per string, at most about half the line's size here); a line dense in strings is
-    walked string by string, counting each gap in place, so the scan never costs more than a
-    fraction of what parsing would.
+    line holds at most one quote per 32 bytes, the strings are cut out in one C pass (``re.sub``
+    keeps one piece per gap between strings, a few dozen bytes each, so under the line's size); a
+    line denser in strings is walked string by string, counting each gap in place. Either way the
+    scan costs a small part of what parsing would.
     """
     if line.count(b'"') * 32 <= len(line):
         bare = _STRING.sub(b"", line)
