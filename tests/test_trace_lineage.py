@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from kmesh_lib.base.data import DATA_SETS
 from kmesh_lib.traces.audit import audit_tree
-from kmesh_lib.traces.lineage import REQUIREMENTS, LineageCollector
-
-REAL_CORPUS = Path("/work/shared/data/lmcache-agent-trace")
+from kmesh_lib.traces.lineage import MAX_FOUND_PATHS, REQUIREMENTS, LineageCollector, source_verdict
+from kmesh_lib.traces.names import OTHER_FIELDS, is_safe
 
 
 def _write(path: Path, records: list) -> None:
@@ -86,9 +86,31 @@ def test_source_without_records_and_collector_ignores_non_objects():
     assert json.dumps(report.to_public())
 
 
-@pytest.mark.skipif(not REAL_CORPUS.is_dir(), reason="lmcache-agent-trace corpus not present")
+def test_ids_are_typed_and_the_verdict_rebuilds_from_its_counts(tmp_path: Path):
+    # 1 and "1" are different ids: a parent "1" does not resolve to the record whose id is 1
+    _write(tmp_path / "t" / "x.jsonl", [_full(1, None), _full(2, "1"), _full(3, 1)])
+    src = audit_tree(tmp_path).lineage.sources["t"]
+    assert (src.num_lineage_edges, src.num_dangling_parent_refs) == (1, 1)
+    rebuilt = source_verdict(json.loads(json.dumps(src.to_row())))
+    assert (rebuilt.qualifies, rebuilt.reasons, rebuilt.num_lineage_edges) == (src.qualifies, src.reasons, 1)
+
+
+def test_field_paths_are_capped_and_safe(tmp_path: Path):
+    secret = "token-" + "7" * 60
+    records = [{f"wrapper{i}": {"parent_id": None}, "id": i} for i in range(MAX_FOUND_PATHS + 10)]
+    records.append({secret: {"request_id": 1}})
+    _write(tmp_path / "t" / "x.jsonl", records)
+    src = audit_tree(tmp_path).lineage.sources["t"]
+    found = src.requirements["parent_links"].fields_found
+    assert len(found) == MAX_FOUND_PATHS + 1 and found[OTHER_FIELDS] == 10
+    paths = [p for r in src.requirements.values() for p in r.fields_found]
+    assert all(is_safe(part) for p in paths for part in p.split("."))
+    assert secret not in json.dumps(src.to_row())
+
+
+@pytest.mark.requires_data("lmcache-agent-trace")
 def test_real_corpus_verdict():
-    report = audit_tree(REAL_CORPUS).lineage
+    report = audit_tree(DATA_SETS["lmcache-agent-trace"].path()).lineage
     assert report.qualifies is False
     assert report.num_lineage_edges == 0
     for name, src in report.sources.items():

@@ -14,6 +14,8 @@
     compare RUN_A RUN_B
                       two runs' figures side by side, with the differences
     index             regenerate outputs/index.html and the README table from the published runs
+    data fetch [--from DIR] | data verify
+                      get the pinned data sets into the data root and check them against the manifests
 
 Exit status: 0 ok; 1 a run or check failed (or publish refused it); 2 bad input or a damaged run
 folder (one line naming what is wrong); 130 Ctrl-C.
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import yaml
 
+from kmesh_lib.app import data as data_cmd
 from kmesh_lib.app import registry as sections
 from kmesh_lib.app.execute import execute
 from kmesh_lib.app.listing import compare_lines, summarize_run
@@ -231,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_a", help="RUN_ID or SECTION/RUN_ID")
     p.add_argument("run_b", help="RUN_ID or SECTION/RUN_ID")
     sub.add_parser("index").set_defaults(fn=cmd_index)
+    data_cmd.add_parser(sub)
     return parser
 
 

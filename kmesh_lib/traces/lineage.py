@@ -25,16 +25,19 @@ such as 1 or "0" would otherwise join unrelated frameworks). Grouping fields (se
 conversation_id, ...) are reported, but they only say two calls belong together, not which one
 extends which; ordering them would need timestamps again.
 
-The collector is fed one parsed record at a time by ``traces.audit.audit_tree``; it stores ids and
-parent references only, never prompts or outputs.
+The collector is fed one parsed record at a time by ``traces.audit.audit_tree``; it stores digests of
+ids and parent references only, never prompts or outputs.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from kmesh_lib.traces.names import OTHER_FIELDS, safe_name
 
 PARENT_FIELDS = ("parent_id", "parent", "parent_invocation_id", "parent_request_id",
                  "parent_call_id", "previous_response_id", "prev_request_id", "caused_by",
@@ -79,23 +82,32 @@ WEAK_SIGNALS = {
 }
 
 _MAX_ID_CHARS = 256  # longer "ids" are text, not identifiers; not worth holding
+MAX_FOUND_PATHS = 16  # field paths recorded per source and requirement; further ones pool in OTHER
 
 
-def _fields(rec: dict) -> Iterator[tuple[str, str, Any]]:
-    """Yield (path, lowercase leaf name, value) for top-level keys and one nested dict level."""
+def _fields(rec: dict) -> Iterator[tuple[str, str, str, Any]]:
+    """Yield (key, sub, lowercase leaf name, value) for top-level keys (sub None) and one nested
+    dict level."""
     for key, value in rec.items():
-        yield key, key.lower(), value
+        yield key, None, key.lower(), value
         if isinstance(value, dict):
             for sub, sub_value in value.items():
-                yield f"{key}.{sub}", str(sub).lower(), sub_value
+                yield key, sub, str(sub).lower(), sub_value
 
 
-def _as_id(value: Any) -> str | int | None:
+def _id_key(value: Any) -> int | None:
+    """A 64-bit digest of an id value (ints and strings kept apart: 1 is not "1"), or None when
+    the value is no id. Ids are held as digests: a million UUIDs cost 60 MB instead of 120 MB, and
+    a false edge would need a 64-bit collision between two ids of one source."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, int) or (isinstance(value, str) and 0 < len(value) <= _MAX_ID_CHARS):
-        return value
-    return None
+    if isinstance(value, int):
+        data = b"i" + str(value).encode()
+    elif isinstance(value, str) and 0 < len(value) <= _MAX_ID_CHARS:
+        data = b"s" + value.encode("utf-8", "surrogatepass")
+    else:
+        return None
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
 @dataclass
@@ -144,6 +156,45 @@ class SourceLineage:
     qualifies: bool
     reasons: list[str]
 
+    def to_row(self) -> dict:
+        """The counts the verdict is computed from (``source_verdict`` rebuilds it from them)."""
+        return {"source": self.source, "num_records": self.num_records,
+                "requirements": {r.name: {"fields_found": r.fields_found,
+                                          "num_records_with_key": r.num_records_with_key,
+                                          "num_records_with_value": r.num_records_with_value}
+                                 for r in self.requirements.values()},
+                "num_lineage_edges": self.num_lineage_edges,
+                "num_dangling_parent_refs": self.num_dangling_parent_refs,
+                "num_groups": self.num_groups, "weak_signals": sorted(self.weak_signals)}
+
+
+def source_verdict(row: dict) -> SourceLineage:
+    """The verdict for one source from its counts (``SourceLineage.to_row``): the one place the
+    rule is written, used by the audit and by section 17's checks on a recorded run."""
+    n = row["num_records"]
+    checks = {}
+    for req, names in REQUIREMENTS.items():
+        counts = row["requirements"].get(req, {})
+        checks[req] = RequirementCheck(req, names, dict(counts.get("fields_found", {})),
+                                       counts.get("num_records_with_key", 0),
+                                       counts.get("num_records_with_value", 0), n)
+    edges = row["num_lineage_edges"]
+    reasons = []
+    if n == 0:
+        reasons.append("no parseable object records")
+    for check in checks.values():
+        if n and not check.met and check.fields_found:
+            reasons.append(f"{check.name} partial: {', '.join(sorted(check.fields_found))}"
+                           " missing on some records or null on all")
+        elif n and not check.met:
+            reasons.append(f"{check.name} absent: no record has any of its "
+                           f"{len(check.fields_checked)} fields")
+    if n and edges == 0:
+        reasons.append("0 lineage edges: no parent reference names an id in this source")
+    weak = {k: WEAK_SIGNALS[k] for k in sorted(row.get("weak_signals", [])) if k in WEAK_SIGNALS}
+    return SourceLineage(row["source"], n, checks, edges, row["num_dangling_parent_refs"],
+                         dict(row.get("num_groups", {})), weak, qualifies=not reasons, reasons=reasons)
+
 
 @dataclass
 class LineageReport:
@@ -162,7 +213,8 @@ class LineageReport:
         return [f"{name}: {r}" for name, s in self.sources.items() for r in s.reasons]
 
     def to_public(self) -> dict:
-        """Counts, states and field names only; no record content."""
+        """Counts and states per source; names only from the fixed vocabularies above and the
+        sources' safe names. No record content."""
         return {
             "qualifies": self.qualifies,
             "num_lineage_edges": self.num_lineage_edges,
@@ -171,13 +223,9 @@ class LineageReport:
                     "source": name, "num_records": s.num_records, "qualifies": s.qualifies,
                     "num_lineage_edges": s.num_lineage_edges,
                     "num_dangling_parent_refs": s.num_dangling_parent_refs,
-                    "requirements": {r.name: {"state": r.state,
-                                              "fields_found": sorted(r.fields_found)}
-                                     for r in s.requirements.values()},
-                    "num_groups": s.num_groups, "weak_signals": s.weak_signals,
-                    "reasons": s.reasons,
+                    "requirements": {r.name: r.state for r in s.requirements.values()},
+                    "num_groups": s.num_groups, "weak_signals": sorted(s.weak_signals),
                 } for name, s in self.sources.items()],
-            "fields_checked": {k: list(v) for k, v in REQUIREMENTS.items()},
         }
 
     def frame(self):
@@ -192,16 +240,18 @@ class LineageReport:
 
 
 class LineageCollector:
-    """Accumulates explicit lineage fields one record at a time (ids and references only)."""
+    """Accumulates explicit lineage fields one record at a time: counts, field paths in their
+    safe form (at most ``MAX_FOUND_PATHS`` per source and requirement), and 64-bit digests of ids
+    and parent references. Memory grows with the records that carry ids, never with key count."""
 
     def __init__(self) -> None:
         self._num_records: Counter[str] = Counter()
         self._with_key: dict[str, Counter[str]] = defaultdict(Counter)
         self._with_value: dict[str, Counter[str]] = defaultdict(Counter)
         self._found: dict[str, dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
-        self._ids: dict[str, set] = defaultdict(set)
-        self._parent_refs: dict[str, list[tuple[Any, Any]]] = defaultdict(list)
-        self._groups: dict[str, dict[str, set]] = defaultdict(lambda: defaultdict(set))
+        self._ids: dict[str, set[int]] = defaultdict(set)
+        self._parent_refs: dict[str, list[tuple[int | None, int]]] = defaultdict(list)
+        self._groups: dict[str, dict[str, set[int]]] = defaultdict(lambda: defaultdict(set))
         self._weak: dict[str, set[str]] = defaultdict(set)
 
     def observe(self, source: str, rec: Any) -> None:
@@ -211,22 +261,24 @@ class LineageCollector:
         own_id, parent_ref = None, None
         has_key: set[str] = set()
         has_value: set[str] = set()
-        for path, leaf, value in _fields(rec):
+        for key, sub, leaf, value in _fields(rec):
             req = _REQUIREMENT_OF.get(leaf)
             if req is not None:
                 has_key.add(req)
-                self._found[source][req][path] += 1
+                path = safe_name(key) if sub is None else f"{safe_name(key)}.{safe_name(sub)}"
+                found = self._found[source][req]
+                found[path if path in found or len(found) < MAX_FOUND_PATHS else OTHER_FIELDS] += 1
                 if value is not None:
                     has_value.add(req)
             if leaf in WEAK_SIGNALS:
                 self._weak[source].add(leaf)
             if leaf in ID_FIELDS and own_id is None:
-                own_id = _as_id(value)
+                own_id = _id_key(value)
                 if own_id is not None:
                     self._ids[source].add(own_id)
             elif leaf in PARENT_FIELDS and parent_ref is None:
-                parent_ref = _as_id(value)
-            elif leaf in GROUPING_FIELDS and (gid := _as_id(value)) is not None:
+                parent_ref = _id_key(value)
+            elif leaf in GROUPING_FIELDS and (gid := _id_key(value)) is not None:
                 self._groups[source][leaf].add(gid)
         self._with_key[source].update(has_key)
         self._with_value[source].update(has_value)
@@ -237,30 +289,16 @@ class LineageCollector:
         """Resolve parent references into edges and build the verdict for every source."""
         report = LineageReport()
         for source in sources:
-            n = self._num_records[source]
-            checks = {req: RequirementCheck(req, names, dict(self._found[source][req]),
-                                            self._with_key[source][req],
-                                            self._with_value[source][req], n)
-                      for req, names in REQUIREMENTS.items()}
             ids = self._ids[source]
-            edges = sum(1 for own, parent in self._parent_refs[source]
-                        if parent in ids and parent != own)
-            dangling = sum(1 for _, parent in self._parent_refs[source] if parent not in ids)
-            weak = {k: WEAK_SIGNALS[k] for k in sorted(self._weak[source])}
-            reasons = []
-            if n == 0:
-                reasons.append("no parseable object records")
-            for check in checks.values():
-                if n and not check.met and check.fields_found:
-                    reasons.append(f"{check.name} partial: {', '.join(sorted(check.fields_found))}"
-                                   " missing on some records or null on all")
-                elif n and not check.met:
-                    reasons.append(f"{check.name} absent: no record has any of its "
-                                   f"{len(check.fields_checked)} fields")
-            if n and edges == 0:
-                reasons.append("0 lineage edges: no parent reference names an id in this source")
-            report.sources[source] = SourceLineage(
-                source, n, checks, edges, dangling,
-                {k: len(v) for k, v in sorted(self._groups[source].items())}, weak,
-                qualifies=not reasons, reasons=reasons)
+            refs = self._parent_refs[source]
+            row = {"source": source, "num_records": self._num_records[source],
+                   "requirements": {req: {"fields_found": dict(self._found[source][req]),
+                                          "num_records_with_key": self._with_key[source][req],
+                                          "num_records_with_value": self._with_value[source][req]}
+                                    for req in REQUIREMENTS},
+                   "num_lineage_edges": sum(1 for own, parent in refs if parent in ids and parent != own),
+                   "num_dangling_parent_refs": sum(1 for _, parent in refs if parent not in ids),
+                   "num_groups": {k: len(v) for k, v in sorted(self._groups[source].items())},
+                   "weak_signals": sorted(self._weak[source])}
+            report.sources[source] = source_verdict(row)
         return report

@@ -16,6 +16,7 @@ from typing import Any
 _EPOCH_BANDS = ((1e8, 1e11, "s"), (1e11, 1e14, "ms"), (1e14, 1e17, "us"), (1e17, 1e20, "ns"))
 _UNIT_SCALE = {"s": 1, "ms": 1e3, "us": 1e6, "ns": 1e9}
 _TIME_NAMES = {"timestamp", "ts", "time", "created", "date", "datetime", "start", "end"}
+MAX_TIME_FIELDS = 64  # per source; a corpus may invent endless "*_at" keys
 _TIME_SUFFIXES = ("_time", "_at", "_ts", "_ns", "_ms", "_us", "timestamp", "_date")
 
 
@@ -43,9 +44,10 @@ def _declared_unit(name: str) -> str | None:
 
 
 class _FieldUnits:
-    __slots__ = ("units", "num_values", "min", "max", "min_int_zeros", "max_float_decimals")
+    __slots__ = ("units", "num_values", "min", "max", "min_int_zeros", "max_float_decimals", "declared_unit")
 
-    def __init__(self) -> None:
+    def __init__(self, declared_unit: str | None) -> None:
+        self.declared_unit = declared_unit
         self.units: Counter[str] = Counter()
         self.num_values = 0
         self.min = self.max = None
@@ -80,6 +82,9 @@ class _FieldUnits:
                 self.max_float_decimals = max(self.max_float_decimals, len(text.split(".")[1]))
 
     def _from_string(self, text: str) -> float | None:
+        if len(text) > 64:  # no timestamp is this long; do not parse text
+            self.units["unparsed-string"] += 1
+            return None
         try:
             return float(text)
         except ValueError:
@@ -91,7 +96,7 @@ class _FieldUnits:
             self.units["unparsed-string"] += 1
         return None
 
-    def report(self, name: str) -> dict[str, Any]:
+    def report(self) -> dict[str, Any]:
         unit = self.units.most_common(1)[0][0] if len(self.units) == 1 else (
             "mixed" if self.units else None)
         resolution = None
@@ -103,7 +108,7 @@ class _FieldUnits:
                 steps.append(10.0 ** self.min_int_zeros)
             resolution = min(steps) / _UNIT_SCALE[unit]
         return {"unit": unit, "units": dict(self.units), "num_values": self.num_values,
-                "min": self.min, "max": self.max, "declared_unit": _declared_unit(name),
+                "min": self.min, "max": self.max, "declared_unit": self.declared_unit,
                 "resolution_s": resolution}
 
 
@@ -116,18 +121,30 @@ class TimestampUnits:
     ints and fractional digits of floats): a trace stamped to the minute cannot order calls that
     are seconds apart. For float epoch seconds it is bounded by float precision (about 1e-7 s
     today), which says nothing about the clock's real resolution.
+
+    At most ``max_fields`` fields are tracked, under the names the caller gives (the audit gives
+    safe names); values of further time-like fields are only counted in ``num_untracked_values``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_fields: int = MAX_TIME_FIELDS) -> None:
+        self.max_fields = max_fields
         self.fields: dict[str, _FieldUnits] = {}
+        self.num_untracked_values = 0
 
-    def observe(self, rec: dict) -> None:
-        for key, value in rec.items():
-            if is_time_field(key):
-                self.fields.setdefault(key, _FieldUnits()).observe(value)
+    def observe(self, name: str, key: str, value: Any) -> None:
+        """One top-level ``key`` (tracked as ``name``) of a record; ignored unless time-like."""
+        if not is_time_field(key):
+            return
+        units = self.fields.get(name)
+        if units is None:
+            if len(self.fields) >= self.max_fields:
+                self.num_untracked_values += 1
+                return
+            units = self.fields[name] = _FieldUnits(_declared_unit(key))
+        units.observe(value)
 
     def report(self) -> dict[str, Any]:
-        fields = {name: f.report(name) for name, f in sorted(self.fields.items())}
+        fields = {name: f.report() for name, f in sorted(self.fields.items())}
         units = sorted({u for f in fields.values() for u in f["units"]})
         return {"unit": units[0] if len(units) == 1 else ("mixed" if units else None),
-                "units": units, "fields": fields}
+                "units": units, "fields": fields, "num_untracked_values": self.num_untracked_values}

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-from kmesh_lib.base.paths import REPO_ROOT
+from kmesh_lib.base.data import resolve_path
 
 TARGET = Fraction(24)
 VALUE_SCORES = {"sure": 20.0, "likely": 1.0, "impossible": 0.001}  # Yao et al. 2023; unparsed scores 0
@@ -85,9 +85,9 @@ class Puzzle:
 
 
 def repo_path(path: str | Path) -> Path:
-    """A relative path (the puzzle file, a manifest) is relative to the repository root."""
-    path = Path(path).expanduser()
-    return path if path.is_absolute() else (REPO_ROOT / path).resolve()
+    """A relative path (the puzzle file, a manifest) is relative to the repository root, and
+    ``$KMESH_DATA_ROOT/...`` is under the data root (``base.data.resolve_path``)."""
+    return resolve_path(path)
 
 
 def load_puzzles(path: str | Path, indices: list[int] | None = None) -> list[Puzzle]:

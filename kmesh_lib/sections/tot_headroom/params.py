@@ -30,7 +30,8 @@ CLOCK_DOMAIN = f"time.monotonic_ns@{socket.gethostname()}"
 @params_dataclass
 class TotHeadroomParams(EngineParams):
     PUZZLES_CSV: PathText = Field(
-        "../shared/data/game24/24.csv", description="the puzzle file, relative to the repository root")
+        "$KMESH_DATA_ROOT/game24/24.csv",
+        description="the puzzle file: $KMESH_DATA_ROOT/... (the data root, README 'Data') or relative to the repo root")
     PUZZLE_INDICES: list[Count] = Field(
         default_factory=lambda: [0, 1, 2], min_length=1, description="puzzles by row in file order (distinct)")
     BREADTH: PositiveCount = Field(2, description="states kept per BFS step")

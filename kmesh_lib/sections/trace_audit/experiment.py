@@ -1,60 +1,114 @@
 """Section 17: can agent traces qualify family retention?
 
-CPU only, no model. The notebook audits a JSONL trace corpus (``traces.audit.audit_tree``), shows
-what its records carry next to what a trace-driven retention comparison needs
-(``traces.lineage``), contrasts it with a small capture written under the project's own contract
-(``kv.capture_contract``), and records a derived public audit plus the SHA-256 of every input file.
-
-This module holds the section's parameters, ``plan`` (no file is read), the tables the notebook
-draws, and ``app.verify``, which re-derives from the run directory what it can: input hashes, the set
-hash, the audit's accounting and the verdict.
+CPU only, no model. ``audit_run`` audits a JSONL trace corpus (``traces.audit.audit_tree``), records
+every row of the audit under ``raw/`` and its totals, input hashes and verdict in ``results.json``,
+and writes a small capture under the project's own contract (``kv.capture_contract``) to contrast
+with. ``checks``, ``counts``, ``headline``, ``answer`` and ``public_results`` (``sections.trace_audit
+.results``) read those files back. This module also holds ``plan`` (no file is read) and the tables
+the notebook draws.
 """
 from __future__ import annotations
 
-import hashlib
+import json
 import math
 import os
+import stat
 from datetime import datetime, timezone
 from pathlib import Path
 
+from kmesh_lib.base.records import RunRecord, sha256_file
+from kmesh_lib.kv.capture_contract import write_capture
 from kmesh_lib.sections.trace_audit.params import AUDIT_MB_PER_S, UNIT_SCALE, TraceAuditParams, _n
+from kmesh_lib.traces.audit import TraceAudit, audit_tree
+from kmesh_lib.traces.names import safe_name
 from kmesh_lib.traces.scan import JSONL_SUFFIXES
+
+CONTRAST_CAPTURE = "contrast/kmesh-capture/capture.jsonl"  # under raw/; audited as its own tree
 
 
 def plan(cfg: TraceAuditParams) -> dict:
-    """What ``kmesh plan 17`` prints: files and bytes to audit, from directory listings only."""
+    """What ``kmesh plan 17`` prints: files and bytes to audit, from directory listings only.
+
+    Like the audit, it never follows a symbolic link and stops at ``MAX_DEPTH``."""
     root = cfg.trace_root
     by_source: dict[str, list[int]] = {}
-    num_other = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
+    num_other = num_links = 0
+    for dirpath, dirnames, filenames in os.walk(root):  # followlinks=False: linked dirs not entered
         rel = Path(dirpath).relative_to(root)
-        source = rel.parts[0] if rel.parts else "."
+        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+        num_links += len(links)
+        dirnames[:] = sorted(d for d in dirnames if d not in links) if len(rel.parts) < cfg.MAX_DEPTH else []
+        source = safe_name(rel.parts[0], 64) if rel.parts else "."
         for name in sorted(filenames):
-            if not name.lower().endswith(JSONL_SUFFIXES):
-                num_other += 1
-                continue
             try:
-                size = os.stat(Path(dirpath) / name).st_size
+                st = os.lstat(Path(dirpath) / name)
             except OSError:
-                size = 0  # the audit reports it as a problem
-            entry = by_source.setdefault(source, [0, 0])
-            entry[0] += 1
-            entry[1] += size
+                continue  # the audit reports it as a problem
+            if stat.S_ISLNK(st.st_mode):
+                num_links += 1
+            elif not name.lower().endswith(JSONL_SUFFIXES):
+                num_other += 1
+            else:
+                entry = by_source.setdefault(source, [0, 0])
+                entry[0] += 1
+                entry[1] += st.st_size
     num_files = sum(n for n, _ in by_source.values())
     num_bytes = sum(b for _, b in by_source.values())
     seconds = max(1, math.ceil(num_bytes / (AUDIT_MB_PER_S * 1e6)))
     return {
-        "corpus": str(root),
+        "corpus": f"{cfg.TRACE_ROOT} = {root}",
         "files to audit": f"{_n(num_files, 'JSONL file')}, {num_bytes / 1e6:.1f} MB, in "
-                          f"{_n(len(by_source), 'source')}; {_n(num_other, 'other file')} "
-                          "listed, not read",
-        "sources": ", ".join(f"{s} ({_n(n, 'file')}, {b / 1e6:.1f} MB)"
-                             for s, (n, b) in sorted(by_source.items())),
-        "limits": f"lines over {cfg.MAX_LINE_MB:g} MB are oversize; depth <= {cfg.MAX_DEPTH}",
-        "expected duration": f"about {seconds} s of auditing (at {AUDIT_MB_PER_S:g} MB/s) plus "
-                             "about 20 s of notebook start and plotting, on 1 CPU core",
+                          f"{_n(len(by_source), 'source')}; {_n(num_other, 'other file')} listed, not read"
+                          + (f"; {_n(num_links, 'symbolic link')} reported, not followed" if num_links else ""),
+        "sources": ", ".join(f"{s} ({_n(n, 'file')}, {b / 1e6:.1f} MB)" for s, (n, b) in sorted(by_source.items())),
+        "limits": f"lines over {cfg.MAX_LINE_MB:g} MB are oversize; JSON deeper than {cfg.MAX_JSON_DEPTH} levels "
+                  f"is too deep; directories deeper than {cfg.MAX_DEPTH} are not walked",
+        "expected duration": f"about {seconds} s of auditing (at {AUDIT_MB_PER_S:g} MB/s), the same again for the "
+                             "checks' fresh audit, plus about 20 s of notebook start and plotting, on 1 CPU core",
     }
+
+
+def audit_run(record: RunRecord, cfg: TraceAuditParams) -> tuple[TraceAudit, TraceAudit]:
+    """Audits the corpus and the contrast capture, and records both in the run folder.
+
+    ``raw/audit_*.jsonl`` get every row of the audit (``TraceAudit.rows``); ``results.json`` gets
+    the totals, the set hash, the input hashes, the verdict and the contrast capture's hash.
+    Returns ``(audit, contrast)`` for the notebook's tables.
+    """
+    audit = audit_tree(cfg.trace_root, max_line_bytes=cfg.max_line_bytes, max_depth=cfg.MAX_DEPTH,
+                       max_json_depth=cfg.MAX_JSON_DEPTH)
+    for table, rows in audit.rows().items():
+        write_table(record.run_dir / "raw" / f"{table}.jsonl", rows)
+    capture = record.run_dir / "raw" / CONTRAST_CAPTURE
+    if capture.exists():  # the notebook run again in the same folder
+        capture.unlink()
+    write_capture(capture, contract_example(record.run_dir.name))  # raises on any breach of the contract
+    contrast = audit_tree(capture.parent.parent)
+    record.save("audit", {"root_name": audit.root_name, "summary": audit.summary(), "set_sha256": audit.set_sha256,
+                          "limits": {"max_line_bytes": audit.max_line_bytes, "max_depth": audit.max_depth,
+                                     "max_json_depth": audit.max_json_depth,
+                                     "max_fields_per_source": audit.max_fields_per_source},
+                          "elapsed_s": round(audit.elapsed_s, 3)})
+    record.save("inputs", audit.file_hashes)
+    record.save("lineage", {"qualifies": audit.lineage.qualifies, "num_lineage_edges": audit.lineage.num_lineage_edges,
+                            "sources": [{"source": name, "qualifies": s.qualifies}
+                                        for name, s in audit.lineage.sources.items()]})
+    record.save("contrast", {"path": f"raw/{CONTRAST_CAPTURE}", "sha256": sha256_file(capture),
+                             "qualifies": contrast.lineage.qualifies,
+                             "num_lineage_edges": contrast.lineage.num_lineage_edges})
+    return audit, contrast
+
+
+def write_table(path: Path, rows: list[dict]) -> None:
+    """Writes ``rows`` as JSONL, whole, through a temporary name (a re-run replaces, never appends)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 # -- tables and matrices the notebook shows --------------------------------------------------
@@ -69,11 +123,13 @@ def source_labels(audit) -> dict[str, str]:
     return labels
 
 
-def coverage_matrix(audit):
+def coverage_matrix(audit, max_fields: int = 40):
     """Sources x top-level fields: the share of a source's records with a non-null value.
 
     Every source is a row; a source with no parseable record is a row of NaN. Fields are ordered
-    by how many sources carry them, then by name.
+    by how many sources carry them, then by name; past ``max_fields`` columns the rest are left
+    out of the picture (the tables and raw/ keep them). Untracked fields are the column ``#other``
+    (the share of records with any of them, null or not).
     """
     import pandas as pd
 
@@ -81,10 +137,11 @@ def coverage_matrix(audit):
     labels = source_labels(audit)
     if frame.empty:
         return pd.DataFrame(index=list(labels.values()), dtype=float)
+    frame["share_non_null"] = frame["share_non_null"].fillna(frame["share"])
     matrix = frame.pivot(index="source", columns="field", values="share_non_null")
-    order = sorted(matrix.columns, key=lambda f: (-matrix[f].notna().sum(), f))
+    order = sorted(matrix.columns, key=lambda f: (-matrix[f].notna().sum(), f))[:max_fields]
     matrix = matrix.reindex(index=audit.sources, columns=order).fillna(0.0)  # absent field: 0
-    empty = [s for s in audit.sources if not audit.num_object_records.get(s)]
+    empty = [s for s in audit.sources if s not in audit.source_fields or not audit.source_fields[s].num_object_records]
     matrix.loc[empty] = float("nan")  # no record to take a share of
     return matrix.rename(index=labels)
 
@@ -107,14 +164,25 @@ def verdict_table(lineage):
     rows = []
     for src in lineage.to_public()["sources"]:
         row = {"source": src["source"], "records": src["num_records"]}
-        row |= {name: req["state"] if src["num_records"] else "no records"
-                for name, req in src["requirements"].items()}
+        row |= {name: state if src["num_records"] else "no records" for name, state in src["requirements"].items()}
         row |= {"lineage edges": src["num_lineage_edges"],
                 "groups": ", ".join(f"{k}: {v}" for k, v in src["num_groups"].items()) or "-",
                 "weak signals": ", ".join(src["weak_signals"]) or "-",
                 "qualifies": src["qualifies"]}
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def reasons_table(lineage):
+    """Each reason a source fails, with the sources it applies to."""
+    import pandas as pd
+
+    by_reason: dict[str, list[str]] = {}
+    for name, src in lineage.sources.items():
+        for reason in src.reasons:
+            by_reason.setdefault(reason, []).append(name)
+    return pd.DataFrame([{"reason": r, "sources": ", ".join(s)} for r, s in by_reason.items()],
+                        columns=["reason", "sources"])
 
 
 def timestamp_table(audit):
@@ -161,13 +229,5 @@ def contract_example(run_id: str) -> list[dict]:
                                  "t_finish_ns": t + 9_000, "prompt_token_ids": [5, 6, 7]})
     records[-1].pop("block_events")
     return records
-
-
-# -- invariants of the public audit, shared by the checks cell and verify ---------------------
-
-def set_sha256_of(hashes: dict[str, str]) -> str:
-    """The input-set hash from ``{relpath: sha256}`` (the same formula as ``audit_tree``)."""
-    lines = sorted(f"{path}\0{digest}\n" for path, digest in hashes.items())
-    return hashlib.sha256("".join(lines).encode("utf-8", "surrogateescape")).hexdigest()
 
 

@@ -5,13 +5,18 @@ from pathlib import Path
 
 from pydantic import Field
 
+from kmesh_lib.base.data import DATA_ROOT_PREFIX, resolve_path
 from kmesh_lib.base.params import PathText, RunParams, check, params_dataclass
-from kmesh_lib.base.paths import REPO_ROOT
+from kmesh_lib.traces.scan import DEFAULT_MAX_JSON_DEPTH, MAX_JSON_DEPTH_LIMIT
 
-DEFAULT_TRACE_ROOT = "../shared/data/lmcache-agent-trace"  # relative to the repo root
-# Measured: the 27.8 MB shared corpus audits in 0.31 s on the 2-core dev box (90 MB/s, page cache
-# warm); plan() assumes a third of that so a cold cache does not make the estimate a promise.
-AUDIT_MB_PER_S = 30.0
+DEFAULT_TRACE_ROOT = f"{DATA_ROOT_PREFIX}/lmcache-agent-trace"  # the data set of base.data
+# Measured: the 27.8 MB shared corpus audits in 0.3 to 0.8 s on the 2-core dev box (35 to 90 MB/s,
+# page cache warm); plan() assumes 10 MB/s so a cold cache does not make the estimate a promise.
+AUDIT_MB_PER_S = 10.0
+# A line is held whole and parsed at up to 16x its size (traces.scan), so 256 MB already asks for
+# 4 GB; the corpus's longest line is far below 1 MB.
+MAX_LINE_MB_LIMIT = 256.0
+MAX_DEPTH_LIMIT = 4096
 UNIT_SCALE = {"s": 1, "ms": 1e3, "us": 1e6, "ns": 1e9}
 
 
@@ -20,33 +25,32 @@ def _n(count: int, noun: str) -> str:
 
 
 def resolve_root(value: str) -> Path:
-    """TRACE_ROOT as a path: a relative value is relative to the repo root (papermill runs the
-    notebook from notebooks/, so the working directory is no anchor)."""
-    path = Path(value).expanduser()
-    return (path if path.is_absolute() else REPO_ROOT / path).resolve()
+    """TRACE_ROOT as a path: ``$KMESH_DATA_ROOT/...`` under the data root, a relative value
+    under the repo root (``base.data.resolve_path``)."""
+    return resolve_path(value)
 
 
 @params_dataclass
 class TraceAuditParams(RunParams):
-    # Every profile audits the whole shared corpus: its 27.8 MB audit in 0.3 s, so even the smoke
-    # tier checks the files the published run does.
+    # Every profile audits the whole shared corpus (27.8 MB, under a second), so even the smoke tier
+    # checks the files the published run does.
     TRACE_ROOT: PathText = Field(
-        DEFAULT_TRACE_ROOT, description="the corpus, a directory of JSONL traces; relative paths are relative to the repo root")
-    # A parsed line costs about 6x its size in memory (issue 18), so a 256 MB line already needs
-    # ~1.5 GB; the corpus's longest line is far below 1 MB.
+        DEFAULT_TRACE_ROOT, description="the corpus, a directory of JSONL traces: $KMESH_DATA_ROOT/... or relative "
+                                        "to the repo root")
     MAX_LINE_MB: float = Field(
-        8.0, gt=0, le=256, description='longer lines are counted malformed ("oversize"), never parsed')
-    # Real trace trees are a few levels deep; 256 keeps a recursive walk far from Python's
-    # 1000-frame stack limit.
+        8.0, gt=0, le=MAX_LINE_MB_LIMIT, description='longer lines are counted malformed ("oversize"), never parsed')
+    # The walk counts depth explicitly (no recursion), so the limit is about output, not the stack.
     MAX_DEPTH: int = Field(
-        16, ge=0, le=256, description="directories deeper than this below TRACE_ROOT are reported, not walked")
+        16, ge=0, le=MAX_DEPTH_LIMIT, description="directories deeper than this below TRACE_ROOT are reported, not walked")
+    MAX_JSON_DEPTH: int = Field(
+        DEFAULT_MAX_JSON_DEPTH, ge=1, le=MAX_JSON_DEPTH_LIMIT,
+        description='records nested deeper are malformed ("too_deep"), decided before parsing')
 
     def check_rules(self) -> None:
         super().check_rules()
         root = resolve_root(self.TRACE_ROOT)
-        check(root.exists(), f"TRACE_ROOT={self.TRACE_ROOT!r}: {root} does not exist; point it "
-                             "at a directory of JSONL traces (the shared corpus is "
-                             f"{DEFAULT_TRACE_ROOT} from the repo root)")
+        check(root.exists(), f"TRACE_ROOT={self.TRACE_ROOT!r}: {root} does not exist; point it at a directory "
+                             f"of JSONL traces, or fetch the corpus ({DEFAULT_TRACE_ROOT}) with `kmesh data fetch`")
         check(root.is_dir(), f"TRACE_ROOT={self.TRACE_ROOT!r}: {root} is not a directory")
 
     @property
