@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from kmesh_lib.app import registry as sections
 from kmesh_lib.app.cli import main
 from kmesh_lib.base import params
 from kmesh_lib.base.paths import REPO_ROOT
@@ -289,12 +288,12 @@ def test_public_results_stay_small_with_many_keys_and_files(tmp_path: Path):
 
 @pytest.mark.parametrize("values, message", [
     ({"TRACE_ROOT": "/nonexistent/traces"}, "TRACE_ROOT='/nonexistent/traces': .* does not exist"),
-    ({"MAX_LINE_MB": 0}, r"MAX_LINE_MB=0.0: must be > 0 and <= 1024"),
-    ({"MAX_LINE_MB": float("inf")}, r"MAX_LINE_MB=inf: must be > 0"),
-    ({"MAX_DEPTH": -1}, r"MAX_DEPTH=-1: must be in 0..4096"),
-    ({"MAX_DEPTH": 10**6}, r"MAX_DEPTH=1000000: must be in 0..4096"),
-    ({"MAX_JSON_DEPTH": 0}, r"MAX_JSON_DEPTH=0: must be in 1..256"),
-    ({"MAX_JSON_DEPTH": 1000}, r"MAX_JSON_DEPTH=1000: must be in 1..256"),
+    ({"MAX_LINE_MB": 0}, r"MAX_LINE_MB=0: must be > 0"),
+    ({"MAX_LINE_MB": float("inf")}, r"MAX_LINE_MB=inf: expected a finite number"),
+    ({"MAX_DEPTH": -1}, r"MAX_DEPTH=-1: must be >= 0"),
+    ({"MAX_DEPTH": 10**6}, r"MAX_DEPTH=1000000: must be <= 4096"),
+    ({"MAX_JSON_DEPTH": 0}, r"MAX_JSON_DEPTH=0: must be >= 1"),
+    ({"MAX_JSON_DEPTH": 1000}, r"MAX_JSON_DEPTH=1000: must be <= 256"),
 ])
 def test_bad_params_name_the_key(values, message, tmp_path: Path):
     with pytest.raises(params.ParamError, match=message):
@@ -374,17 +373,3 @@ def test_tables_and_matrices(tmp_path: Path):
     assert ta.timestamp_table(audit)["unit"].tolist() == ["us", "us"]
     assert "0 lineage edges: no parent reference names an id in this source" in set(
         ta.reasons_table(audit.lineage)["reason"])
-
-
-def test_the_notebook_parameters_cell_is_the_smoke_profile():
-    import dataclasses
-
-    import nbformat
-
-    nb = nbformat.read(str(sections.notebook_path(section)), as_version=4)
-    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    namespace: dict = {}
-    exec(cell.source, namespace)
-    smoke = {f.name: f.default for f in dataclasses.fields(section.Params)} | params.merge_files(
-        params.param_files(section.KEY, "smoke", section.USES_ENGINE)) | {"PROFILE": "smoke"}
-    assert {k: v for k, v in namespace.items() if k.isupper()} == smoke
