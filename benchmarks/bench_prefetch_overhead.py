@@ -58,7 +58,7 @@ def main() -> int:
     if len(sys.argv) > 1:
         run = Path(sys.argv[1])
     else:
-        runs = sorted((p for p in (REPO / "outputs" / "prefetch").glob("*") if (p / "raw" / "groups.jsonl").exists()),
+        runs = sorted((p for p in (REPO / "outputs" / "prefetch").glob("*") if RunFiles(p).has_raw("groups.jsonl")),
                       key=lambda p: p.name.split("-", 1)[-1])  # by the run id's date, not the file time
         if not runs:
             print("no prefetch run to analyse")

@@ -142,19 +142,21 @@ def test_publish_copies_a_verified_run_with_relative_paths_and_an_allow_listed_p
     assert code == 0, err
     dest = tmp_path / "published" / "fake_section" / run_dir.name
     assert out.startswith(f"published fake_section {run_dir.name} -> {dest}")
-    assert not (dest / "logs").exists() and (dest / "raw" / "items.jsonl").exists()
+    assert not (dest / "logs").exists() and (dest / "raw" / "items.jsonl.gz").exists()
+    assert not (dest / "raw" / "items.jsonl").exists()  # the published format stores captures gzipped
     for path in dest.rglob("*"):
         if path.is_file() and path.suffix in (".json", ".yaml", ".ipynb", ".html"):
             assert str(tmp_path) not in path.read_text(), path  # relative paths only
     assert "RUN_DIR: published/fake_section/" in (dest / "params.resolved.yaml").read_text()
     public = json.loads((dest / "public-results.json").read_text())
     assert set(public) == {"schema", "section", "number", "title", "run_id", "status", "verified", "allowed_failed",
-                           "check_counts", "checks", "environment", "params", "input_hashes", "capture_hashes",
+                           "failure_note", "migrated", "published_format", "check_counts", "checks", "environment",
+                           "params", "input_hashes", "capture_hashes", "capture_hash_of", "shared_captures",
                            "headline", "counts", "results", "report"}
     assert (public["status"], public["verified"], public["allowed_failed"]) == ("passed", True, False)
+    assert public["capture_hashes"]["items.jsonl"] == records.sha256_file(run_dir / "raw" / "items.jsonl")
     assert public["results"] == {"total": 30, "num_items": 5} and public["headline"]["total"] == "30 units"
     assert "host" not in public["environment"] and set(public["params"]) == {"SEED", "PROFILE"}
-    assert len(public["capture_hashes"]["items.jsonl"]) == 64
     assert cli.main(["verify", "99", run_dir.name, "--run-dir", str(dest)]) == 2  # one selector at a time
     capsys.readouterr()
     assert cli.main(["verify", "99", "--run-dir", str(dest)]) == 0  # the published copy verifies
@@ -167,13 +169,20 @@ def test_publish_refuses_what_did_not_pass_unless_allowed_and_marks_it(section, 
     assert not (tmp_path / "published" / "fake_section").exists()
     failing = fake_section.make_run(total=31)  # its own check fails: recorded 31, raw 30
     assert publish(failing, capsys)[0] == 1
-    code, out, _ = publish(failing, capsys, "--allow-failed")
+    code, _, err = publish(failing, capsys, "--allow-failed")
+    assert code == 1 and "--allow-failed needs --why" in err  # a failed run goes out with its reason or not at all
+    why = "The total was typed in by hand as 31."
+    code, out, _ = publish(failing, capsys, "--allow-failed", "--why", why)
     assert code == 0 and "marked: published with --allow-failed" in out
-    public = json.loads((tmp_path / "published" / "fake_section" / failing.name / "public-results.json").read_text())
+    dest = tmp_path / "published" / "fake_section" / failing.name
+    public = json.loads((dest / "public-results.json").read_text())
     assert (public["status"], public["verified"], public["allowed_failed"]) == ("failed", False, True)
+    assert public["failure_note"] == why
     index = (tmp_path / "published" / "index.html").read_text()
-    assert "failed (published with --allow-failed)" in index
-    assert "failed (published with --allow-failed)" in (tmp_path / "README.md").read_text()
+    assert f"published with --allow-failed: {why}" in index and '<span class="banner failed">FAILED</span>' in index
+    assert f"| failed (published with --allow-failed: {why}) |" in (tmp_path / "README.md").read_text()
+    report = (dest / "report.html").read_text()
+    assert '<span class="banner failed">FAIL</span>' in report and f"Published with --allow-failed: {why}" in report
 
 
 def test_publish_refuses_twice_and_a_symlink(section, capsys, tmp_path):
@@ -191,9 +200,125 @@ def test_publish_refuses_twice_and_a_symlink(section, capsys, tmp_path):
 def test_publish_refuses_a_raw_capture_another_published_run_holds(section, capsys, tmp_path):
     first = fake_section.make_run()
     assert publish(first, capsys)[0] == 0
-    copy = fake_section.make_run()  # the same items: byte-identical raw/items.jsonl
+    copy = fake_section.make_run()  # the same items: byte-identical raw/items.jsonl, its only capture
     code, _, err = publish(copy, capsys)
     assert code == 1 and "byte-identical" in err and first.name in err
+
+
+def test_a_capture_shared_in_part_is_published_and_named(section, capsys, tmp_path):
+    first = fake_section.make_run()
+    assert publish(first, capsys)[0] == 0
+    second = fake_section.make_run()  # items.jsonl equal to the first run's, but a capture of its own too
+    (second / "raw" / "extra.jsonl").write_text('{"own": 1}\n')
+    code, out, err = publish(second, capsys)
+    assert code == 0, err
+    public = json.loads((tmp_path / "published" / "fake_section" / second.name / "public-results.json").read_text())
+    assert public["shared_captures"] == {"items.jsonl": f"fake_section/{first.name}"}
+    assert f"raw/items.jsonl: the same content as fake_section/{first.name}'s" in out
+
+
+def test_the_published_format_reads_back_and_verify_catches_an_edited_gzipped_line(section, capsys, tmp_path):
+    import gzip
+
+    run_dir = fake_section.make_run()
+    assert publish(run_dir, capsys)[0] == 0
+    dest = tmp_path / "published" / "fake_section" / run_dir.name
+    run = records.RunFiles(dest)
+    assert run.raw_names() == ["items.jsonl"] and run.raw("items.jsonl") == records.RunFiles(run_dir).raw("items.jsonl")
+    packed = dest / "raw" / "items.jsonl.gz"
+    assert packed.read_bytes()[4:8] == b"\0\0\0\0"  # mtime 0: publishing twice gives the same bytes
+    lines = gzip.decompress(packed.read_bytes()).decode().splitlines()
+    lines[2] = json.dumps({"i": 2, "value": 5})
+    packed.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    assert cli.main(["verify", "99", "--run-dir", str(dest)]) == 1
+    assert "recorded 30, raw 31" in capsys.readouterr().out
+    packed.write_bytes(packed.read_bytes()[:-12])  # truncated
+    assert cli.main(["verify", "99", "--run-dir", str(dest)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "items.jsonl.gz: not a readable gzip file" in line
+    (dest / "raw" / "items.jsonl").write_text("{}\n")
+    with pytest.raises(records.RunFileError, match="stored twice"):
+        records.RunFiles(dest).raw("items.jsonl")
+
+
+PNG_1PX = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
+
+
+def test_publish_keeps_each_figure_once_and_no_log(section, capsys, tmp_path):
+    import base64
+
+    import nbformat
+
+    run_dir = fake_section.make_run()
+    nb_path = run_dir / section.NOTEBOOK
+    nb = nbformat.read(str(nb_path), as_version=4)
+    cell = nbformat.v4.new_code_cell('fig.savefig(record.figure_path("total.png"), dpi=80)', execution_count=2)
+    cell.outputs = [nbformat.v4.new_output("display_data", data={"image/png": PNG_1PX, "text/plain": "<Figure>"},
+                                           metadata={"image/png": {"width": 1}})]
+    nb.cells.append(cell)
+    nbformat.write(nb, str(nb_path))
+    (run_dir / "total.png").write_bytes(b"\x89PNG the same figure saved at another dpi")
+    (run_dir / "blocks.log").write_text("INFO engine noise\n")
+    (run_dir / "raw" / "child-tiny.log").write_text("INFO engine noise\n")
+    (run_dir / "lead-mp-N4.json").write_text("{}")
+    code, out, err = publish(run_dir, capsys)
+    assert code == 0, err
+    dest = tmp_path / "published" / "fake_section" / run_dir.name
+    assert (dest / "figures" / "total.png").read_bytes() == base64.b64decode(PNG_1PX)  # what the notebook showed
+    assert not (dest / "total.png").exists() and "left out: total.png (the figure cell 2 displayed" in out
+    for name in ("blocks.log", "raw/child-tiny.log", "lead-mp-N4.json"):
+        assert not (dest / name).exists() and f"left out: {name} (" in out
+    shown = nbformat.read(str(dest / section.NOTEBOOK), as_version=4).cells[-1].outputs[0]
+    assert "image/png" not in shown.data
+    assert shown.data["text/html"] == '<img src="figures/total.png" alt="figure figures/total.png">'
+    assert shown.metadata["kmesh_figure"]["file"] == "figures/total.png" and shown.data["text/plain"] == "<Figure>"
+    report = (dest / "report.html").read_text()
+    assert 'src="figures/total.png"' in report and "data:image" not in report and PNG_1PX[:40] not in report
+
+
+def test_publish_makes_machine_paths_relative_and_refuses_one_it_cannot(section, capsys, tmp_path):
+    import nbformat
+
+    run_dir = fake_section.make_run(extra_results={"disk_root": "/tmp/kmesh-lmcache/run-1/disk"})
+    nb_path = run_dir / section.NOTEBOOK
+    nb = nbformat.read(str(nb_path), as_version=4)
+    nb.cells[-1].outputs.append(nbformat.v4.new_output(
+        "stream", name="stderr", text="/opt/venv/lib/python3.12/site-packages/tqdm/auto.py:21: TqdmWarning\n"))
+    nbformat.write(nb, str(nb_path))
+    assert publish(run_dir, capsys)[0] == 0
+    dest = tmp_path / "published" / "fake_section" / run_dir.name
+    assert json.loads((dest / "results.json").read_text())["disk_root"] == "<tmp>/kmesh-lmcache/run-1/disk"
+    assert "<site-packages>/tqdm/auto.py:21" in (dest / section.NOTEBOOK).read_text()
+    other = fake_section.make_run(total=30, extra_results={"model": "/home/someone/models/qwen"})
+    (other / "raw" / "extra.jsonl").write_text('{"own": 2}\n')
+    code, _, err = publish(other, capsys)
+    assert code == 1 and "an absolute path is left" in err and "/home/someone/models/qwen" in err
+    assert not (tmp_path / "published" / "fake_section" / other.name).exists()
+
+
+def test_withdraw_lists_a_run_as_superseded_and_publishing_it_again_takes_it_off(section, capsys, tmp_path):
+    old, new = fake_section.make_run(), fake_section.make_run()
+    (new / "raw" / "extra.jsonl").write_text('{"own": 3}\n')
+    for run_dir in (old, new):
+        assert publish(run_dir, capsys)[0] == 0
+    with pytest.raises(SystemExit):  # --why is required (argparse)
+        cli.main(["withdraw", "99", old.name])
+    capsys.readouterr()
+    assert cli.main(["withdraw", "99", old.name, "--why", "x", "--superseded-by", "cpu-20990101-000000-0000"]) == 1
+    assert "not another published run" in capsys.readouterr().err
+    why = "Made before the items were counted twice."
+    assert cli.main(["withdraw", "99", old.name, "--why", why, "--superseded-by", new.name]) == 0
+    capsys.readouterr()
+    published_root = tmp_path / "published"
+    assert not (published_root / "fake_section" / old.name).exists()
+    (entry,) = published.read_withdrawn(published_root)
+    assert (entry["run_id"], entry["why"], entry["superseded_by"], entry["status"]) == (old.name, why, new.name, "passed")
+    readme, index = (tmp_path / "README.md").read_text(), (published_root / "index.html").read_text()
+    for text in (readme, index):
+        assert f"superseded by {new.name}; {why}" in text
+    assert f"| 99 fake section | {old.name} | passed |" in readme and old.name not in readme.split("Withdrawn runs")[0]
+    (published_root / "fake_section" / new.name).rename(tmp_path / "aside")  # ...so that the old run may come back
+    assert publish(old, capsys)[0] == 0 and published.read_withdrawn(published_root) == []
 
 
 def test_planted_secrets_and_token_ids_never_reach_the_public_files(section, capsys, tmp_path, monkeypatch):
@@ -289,11 +414,32 @@ def test_the_registry_refuses_a_section_that_lacks_part_of_the_interface(monkeyp
     assert registry.get("98", needs=registry.PLANNING) is partial  # plan reads no run: it needs no answer
 
 
-@pytest.mark.xfail(strict=True, reason="the lead turns this on after republishing outputs/ with `kmesh publish` "
-                                       "(schema kmesh.public-results/2) and running `kmesh index`; remove this mark then")
 def test_the_readme_results_table_is_in_sync_with_outputs():
-    entries = published.collect(paths.OUTPUTS)
+    entries, withdrawn = published.collect(paths.OUTPUTS), published.read_withdrawn(paths.OUTPUTS)
     readme = (paths.REPO_ROOT / "README.md").read_text()
     begin = readme.index(published.README_BEGIN) + len(published.README_BEGIN) + 1
-    assert readme[begin:readme.index(published.README_END)] == published.readme_table(entries)
+    assert readme[begin:readme.index(published.README_END)] == published.readme_table(entries, withdrawn=withdrawn)
     assert len(entries) == len([p for p in paths.OUTPUTS.glob("*/*") if p.is_dir()])
+    assert (paths.OUTPUTS / "index.html").read_text() == published.index_html(entries, withdrawn)
+
+
+def test_the_published_set_is_compact_and_holds_no_machine_path_or_copy():
+    """outputs/ as committed: the published format in every run, no log, no absolute path, no run
+    that is a copy of another; under 8 MB in all."""
+    from kmesh_lib.app import compact
+    from kmesh_lib.app import publish as publish_mod
+
+    folders = [p for p in paths.OUTPUTS.glob("*/*") if p.is_dir()]
+    total = sum(compact.folder_bytes(f) for f in folders)
+    assert total < 8 * 1024 * 1024, f"outputs/ holds {total:,} bytes"
+    for folder in folders:
+        assert not list(folder.glob("raw/*.jsonl")) and not list(folder.rglob("*.log")), folder
+        assert not (folder / "logs").exists() and not publish_mod.absolute_paths(folder), folder
+        assert "data:image" not in (folder / "report.html").read_text(), folder
+    captures = {}
+    for folder in folders:
+        run = records.RunFiles(folder)
+        mine = {run.raw_sha256(n) for n in run.raw_names("*")}
+        for other, theirs in captures.items():
+            assert not mine or not mine <= theirs, f"{folder} is a copy of {other}"
+        captures[folder] = mine

@@ -184,6 +184,9 @@ def test_a_recorded_grid_passes_its_checks(recorded_grid):
     text = section.answer(recorded_grid)
     assert "DRAM restore beats recompute from **1,024 tokens**" in text and "disk restore never does" in text
     assert section.counts(recorded_grid)["m 1024: cached tokens per arm"] == "recompute 0, dram 1024, disk 1024, floor 1024"
+    from kmesh_lib.base.public import validate_public
+
+    validate_public(section.public_results(recorded_grid))  # publishable as it is
 
 
 def _rewrite_rows(run_dir, pick, edit):

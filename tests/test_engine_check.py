@@ -111,13 +111,14 @@ def test_missing_raw_files_are_skipped_or_failed_never_ok(replay_run, tmp_path):
 
 
 def test_headline_answer_and_public_results(replay_run):
-    from kmesh_lib.base.public import find_private_keys
+    from kmesh_lib.base.public import find_private_keys, validate_public
 
     head = section.headline(replay_run)
     assert head["replay engine, B=16: second request cached"] == "96 of 112 prompt tokens"
     assert section.answer(replay_run).startswith("**Yes.**")
     public = section.public_results(replay_run)
     assert not find_private_keys(public) and public["arms"][1]["block_ops"]["touch"] == 6
+    validate_public(public)  # publishable as it is: no key longer than a public key may be
 
 
 def test_plan_estimates_from_the_sizes():

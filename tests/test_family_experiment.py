@@ -222,7 +222,7 @@ def test_recorded_logprob_mismatches_honour_the_tolerance(small_runs, tmp_path):
 
 
 def test_headline_answer_and_public_results_come_from_the_run(small_run):
-    from kmesh_lib.base.public import find_private_keys
+    from kmesh_lib.base.public import find_private_keys, validate_public
 
     head = section.headline(small_run)
     assert head["replay, 9 blocks of 16: saved / displaced / net"] == "48 / 96 / \u221248 tokens"
@@ -231,6 +231,7 @@ def test_headline_answer_and_public_results_come_from_the_run(small_run):
     public = section.public_results(small_run)
     assert not find_private_keys(public) and "prompt_token_ids" not in json.dumps(public)
     assert public["modes"][0]["samples"][0]["net"] == -48 and public["sweep_from_raw"]
+    validate_public(public)  # publishable as it is
 
 
 @pytest.mark.cpu

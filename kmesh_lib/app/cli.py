@@ -5,9 +5,12 @@
                       render report.html and verify the run
     verify SECTION RUN_ID|--latest|--run-dir DIR
                       recompute every check from the run's files; exit 1 on a failure, 2 on a damaged run
-    publish SECTION RUN_ID [--allow-failed]
-                      copy a finished, verified run into outputs/<section>/<run_id>/ with
-                      public-results.json, and regenerate outputs/index.html and the README table
+    publish SECTION RUN_ID [--allow-failed --why SENTENCE]
+                      copy a finished, verified run into outputs/<section>/<run_id>/ in the
+                      published format, with public-results.json, and regenerate
+                      outputs/index.html and the README table
+    withdraw SECTION RUN_ID --why SENTENCE [--superseded-by RUN_ID]
+                      remove a published run and list it, with why, under the withdrawn runs
     report SECTION RUN_ID
                       render report.html again
     list [SECTION]    runs (local and published) with status and headline figures
@@ -31,9 +34,10 @@ import yaml
 
 from kmesh_lib.app import data as data_cmd
 from kmesh_lib.app import registry as sections
+from kmesh_lib.app.compact import folder_bytes
 from kmesh_lib.app.execute import execute
 from kmesh_lib.app.listing import compare_lines, summarize_run
-from kmesh_lib.app.publish import PublishRefused, publish
+from kmesh_lib.app.publish import PublishRefused, publish, withdraw
 from kmesh_lib.app.published import PublishedSetError, regenerate
 from kmesh_lib.app.registry import SectionError, SectionInterfaceError, UnknownSection
 from kmesh_lib.app.report import render_report
@@ -152,13 +156,33 @@ def cmd_publish(args) -> int:
     section = sections.get(args.section)
     ref = _ref(args, section)
     try:
-        done = publish(section, ref.run_dir, allow_failed=args.allow_failed, replace=args.replace)
+        done = publish(section, ref.run_dir, allow_failed=args.allow_failed, replace=args.replace, why=args.why)
     except PublishRefused as e:
         print(f"kmesh publish: {e}", file=sys.stderr)
         return 1
     marked = " (marked: published with --allow-failed)" if done.public["allowed_failed"] else ""
     print(f"published {section.KEY} {ref.run_id}{marked} -> {display_path(done.run_dir)}; "
           f"{done.verdict.summary()}; index: {display_path(published_root() / 'index.html')}")
+    c = done.compacted
+    print(f"  {folder_bytes(done.run_dir):,} bytes; {len(c.figures)} figures moved out of the notebook; "
+          f"{len(c.gzipped)} captures gzipped")
+    for entry in c.left_out:
+        print(f"  left out: {entry}")
+    for name, other in done.public["shared_captures"].items():
+        print(f"  raw/{name}: the same content as {other}'s (kept: each run folder is complete)")
+    return 0
+
+
+def cmd_withdraw(args) -> int:
+    section = sections.get(args.section, needs=sections.PLANNING)
+    try:
+        entry = withdraw(section, args.run_id, args.why, args.superseded_by)
+    except PublishRefused as e:
+        print(f"kmesh withdraw: {e}", file=sys.stderr)
+        return 1
+    kept = f"; the files stay in git at {entry['commit'][:12]}" if entry.get("commit") else ""
+    print(f"withdrew {section.KEY} {args.run_id} ({entry['why']}){kept}; "
+          f"index: {display_path(published_root() / 'index.html')}")
     return 0
 
 
@@ -224,7 +248,15 @@ def build_parser() -> argparse.ArgumentParser:
     publish_parser = sub.choices["publish"]
     publish_parser.add_argument("--allow-failed", action="store_true",
                                 help="publish a run that did not pass, marked as such in the public file and index")
+    publish_parser.add_argument("--why", default="", metavar="SENTENCE",
+                                help="with --allow-failed: one sentence saying why the run failed (shown with it)")
     publish_parser.add_argument("--replace", action="store_true", help="publish over an earlier copy of this run")
+    p = sub.add_parser("withdraw")
+    p.set_defaults(fn=cmd_withdraw)
+    p.add_argument("section", help="section number or key")
+    p.add_argument("run_id", help="the published run's id")
+    p.add_argument("--why", required=True, metavar="SENTENCE", help="one sentence: why the run is withdrawn")
+    p.add_argument("--superseded-by", default=None, metavar="RUN_ID", help="the published run that replaces it")
     p = sub.add_parser("list")
     p.set_defaults(fn=cmd_list)
     p.add_argument("section", nargs="?", default=None)

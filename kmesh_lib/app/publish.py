@@ -3,14 +3,20 @@
 Steps, each of which can refuse (nothing is left half-published):
 
 1. verify the run (``app.verify``): a run that did not finish, fails a check or whose record
-   claims more than its files show is refused, unless ``allow_failed`` (the public file and the
-   index then say so);
-2. copy the run folder into a staging folder beside its destination: plain files only (a symlink
-   is refused), without ``logs/`` (the engine log stays local) or a report (rendered again);
-3. rewrite absolute paths to the checkout as relative ones (``outputs/<section>/<run_id>``,
-   ``notebooks/...``, ``../shared/...``) in the text files; ``raw/`` is evidence and is not edited;
-4. refuse a raw capture byte-identical to one another published run holds (the device copy of a
-   rendered run, for one): the published set keeps one copy of each;
+   claims more than its files show is refused, unless ``allow_failed`` with a one-sentence
+   ``failure_note`` saying why it failed (the public file, the index, the README and the
+   report's header then show both);
+2. copy the run's published files into a staging folder beside its destination, by allow-list
+   (``app.compact.published_files``: no ``logs/``, no ``*.log``, no driver state; a symlink is
+   refused) and bring the copy into the published format (``app.compact``: figures moved out
+   of the notebook into ``figures/``, ``raw/*.jsonl`` gzipped);
+3. rewrite absolute paths as relative ones in the top-level text files (the run folder ->
+   ``outputs/<section>/<run_id>``, the checkout -> ``""``, the folder around it -> ``../``, an
+   installed package -> ``<site-packages>/``, the temp dir -> ``<tmp>/``) and refuse a copy in
+   which an absolute path is left; ``raw/`` is evidence and is not edited;
+4. refuse a copy of another published run (every capture equal, by content, to that run's);
+   captures that equal another run's only in part are kept and named in the public file
+   (``shared_captures``: two runs measured the same deterministic thing);
 5. verify the copy again, build ``public-results.json`` by allow-list (``public_document``),
    render ``report.html``, and move the staging folder into place;
 6. regenerate ``outputs/index.html`` and the README's results table (``app.published``).
@@ -19,6 +25,8 @@ Steps, each of which can refuse (nothing is left half-published):
 allowed environment keys, the Params fields, input and capture SHA-256s, the section's
 ``headline``, ``counts`` and ``public_results``; everything a section returns passes
 ``base.public.validate_public``. Nothing from ``results.json`` or ``raw/`` is copied in wholesale.
+A capture's SHA-256 is of its content as the run wrote it (the uncompressed JSONL): the same in
+``runs/`` and ``outputs/``, and ``gzip -dc raw/NAME.gz | sha256sum`` reproduces it.
 """
 from __future__ import annotations
 
@@ -29,10 +37,12 @@ import re
 import shutil
 import tempfile
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from types import ModuleType
 
 from kmesh_lib.app import published as published_set
+from kmesh_lib.app.compact import FORMAT, Compacted, compact, published_files
 from kmesh_lib.app.published import PUBLIC_FILE, SCHEMA
 from kmesh_lib.app.registry import call_section
 from kmesh_lib.app.report import render_report
@@ -40,11 +50,19 @@ from kmesh_lib.app.runs import published_root
 from kmesh_lib.app.verify import Verdict, verify
 from kmesh_lib.base.checks import summarize
 from kmesh_lib.base.paths import REPO_ROOT
-from kmesh_lib.base.public import LABEL_PATTERN, PublicContentError, validate_public, validate_size
-from kmesh_lib.base.records import PACKAGES, RunFileError, RunFiles, sha256_file, write_json_atomic
+from kmesh_lib.base.public import (
+    LABEL_PATTERN,
+    MAX_STRING_CHARS,
+    PublicContentError,
+    validate_public,
+    validate_size,
+)
+from kmesh_lib.base.records import PACKAGES, RunFileError, RunFiles, write_json_atomic
 
-NOT_PUBLISHED = ("logs", "report.html", PUBLIC_FILE, ".ipynb_checkpoints")
 REWRITTEN_SUFFIXES = (".json", ".yaml", ".ipynb", ".txt", ".md", ".csv")
+SITE_PACKAGES = re.compile(r"(?:/[^/\s\"'<>:]+)+/(?:site|dist)-packages/")
+ABSOLUTE_PATH = re.compile(r"(?<![\w.>~-])/(?:work|home|root|Users|mnt|opt|srv|scratch|data|tmp|var|private|usr)/"
+                           r"[^\s\"'<>]*")
 ENVIRONMENT_KEYS = ("python", "device", "cuda", "cpu_count", "time_utc")
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_.:/+=\-]{1,96}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -59,6 +77,7 @@ class Published:
     run_dir: Path
     public: dict
     verdict: Verdict
+    compacted: Compacted
 
 
 def _safe_name(name: str) -> str:
@@ -87,7 +106,8 @@ def param_names(params_cls: type) -> list[str]:
     return [f.name for f in dataclasses.fields(params_cls)]
 
 
-def public_document(section: ModuleType, run: RunFiles, verdict: Verdict, allowed_failed: bool) -> dict:
+def public_document(section: ModuleType, run: RunFiles, verdict: Verdict, allowed_failed: bool,
+                    failure_note: str = "", shared_captures: dict[str, str] | None = None) -> dict:
     """``public-results.json``, field by field (module docstring). Raises PublicContentError."""
     results, env, params = run.results, run.env, run.params
     git = env.get("git") or {}
@@ -99,20 +119,22 @@ def public_document(section: ModuleType, run: RunFiles, verdict: Verdict, allowe
     doc = {
         "schema": SCHEMA, "section": section.KEY, "number": section.NUMBER, "title": section.TITLE,
         "run_id": run.run_id, "status": results.get("status"), "verified": verdict.ok,
-        "allowed_failed": allowed_failed,
+        "allowed_failed": allowed_failed, "failure_note": failure_note,
+        "migrated": bool(results.get("migration")), "published_format": FORMAT,
         "check_counts": summarize(verdict.checks),
         "checks": [{"name": line.name, "status": line.kind, "recorded": line.recorded} for line in verdict.lines],
         "environment": environment,
         "params": public_params,
         "input_hashes": _hashes(results.get("inputs", {}), "inputs"),
-        "capture_hashes": _hashes({p.name: sha256_file(p) for p in sorted((run.run_dir / "raw").glob("*"))
-                                   if p.is_file()}, "captures"),
+        "capture_hashes": _hashes({name: run.raw_sha256(name) for name in run.raw_names("*")}, "captures"),
+        "capture_hash_of": "the capture's content as the run wrote it (uncompressed)",
+        "shared_captures": dict(sorted((shared_captures or {}).items())),
         "headline": call_section(section, "headline", run),
         "counts": call_section(section, "counts", run),
         "results": call_section(section, "public_results", run),
         "report": "report.html",
     }
-    for name in ("check_counts", "checks", "environment", "params", "results"):
+    for name in ("failure_note", "check_counts", "checks", "environment", "params", "shared_captures", "results"):
         validate_public(doc[name], name)
     for name in ("headline", "counts"):
         validate_public(doc[name], name, keys=LABEL_PATTERN)
@@ -140,41 +162,73 @@ def _path_rewrites(run_dir: Path, recorded_run_dir: str | None, dest_rel: str) -
 
 
 def _rewrite_paths(folder: Path, pairs: list[tuple[str, str]]) -> None:
+    """The top-level text files with ``pairs`` applied, then installed packages' and temp paths."""
+    tmp = tempfile.gettempdir().rstrip("/") + "/"
     for path in folder.iterdir():
         if path.is_file() and path.suffix in REWRITTEN_SUFFIXES:
             text = path.read_text(encoding="utf-8")
             new = text
             for old, rel in pairs:
                 new = new.replace(old, rel)
+            new = SITE_PACKAGES.sub("<site-packages>/", new)
+            new = re.sub(rf"(?<![\w.>~-]){re.escape(tmp)}", "<tmp>/", new)
             if new != text:
                 path.write_text(new, encoding="utf-8")
 
 
-def _copy_run(src: Path, staging: Path) -> None:
-    for path in src.rglob("*"):
-        rel = path.relative_to(src)
-        if rel.parts[0] in NOT_PUBLISHED or path.name.endswith(".tmp"):
-            continue
-        if path.is_symlink():
-            raise PublishRefused(f"{path}: a symlink; a run folder publishes plain files only")
-        if path.is_dir():
-            (staging / rel).mkdir(parents=True, exist_ok=True)
-        elif path.is_file():
-            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, staging / rel)
+def absolute_paths(folder: Path) -> list[str]:
+    """'file: path' for each absolute machine path left in the published copy's text files
+    (``raw/`` aside: evidence is not edited, and section code names no machine path there)."""
+    found = []
+    for path in sorted(folder.iterdir()):
+        if path.is_file() and path.suffix in (*REWRITTEN_SUFFIXES, ".html"):
+            found += [f"{path.name}: {m[0][:80]}" for m in ABSOLUTE_PATH.finditer(path.read_text(encoding="utf-8"))]
+    return found
 
 
-def _refuse_duplicate_raw(section: ModuleType, run_id: str, folder: Path) -> None:
-    mine = {sha256_file(p): p.name for p in (folder / "raw").glob("*") if p.is_file() and p.stat().st_size}
+def _copy_run(src: Path, staging: Path, notebook: str) -> list[str]:
+    """Copies the run's published files (``app.compact.published_files``); returns what was left out."""
+    keep, left = published_files(src, notebook)
+    links = [entry for entry in left if entry.endswith("(a symlink)")]
+    if links:
+        raise PublishRefused(f"{src / links[0].removesuffix(' (a symlink)')}: a symlink; "
+                             "a run folder publishes plain files only")
+    for rel in keep:
+        (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src / rel, staging / rel)
+    return left
+
+
+def _capture_hashes(folder: Path) -> dict[str, str]:
+    run = RunFiles(folder)
+    return {name: run.raw_sha256(name) for name in run.raw_names("*")
+            if (run.raw_path(name) and run.raw_path(name).stat().st_size)}
+
+
+def shared_captures(run_id: str, folder: Path) -> dict[str, str]:
+    """Captures of the staged copy whose content another published run holds: name -> that run.
+
+    Raises:
+        PublishRefused: every capture equals one other run's: the run is a copy of it (a device
+            folder next to its rendered copy, a run that re-used another's groups).
+    """
+    mine = _capture_hashes(folder)
     if not mine:
-        return
-    for other in (published_root() / section.KEY).glob("*/raw/*"):
-        if other.parts[-3] == run_id or other.parts[-3].startswith(".") or not other.is_file():
+        return {}
+    shared: dict[str, str] = {}
+    for other in sorted(published_root().glob("*/*")):
+        if other.name == run_id or other.name.startswith(".") or not other.is_dir():
             continue
-        if other.stat().st_size and sha256_file(other) in mine:
-            raise PublishRefused(f"raw/{mine[sha256_file(other)]} is byte-identical to "
-                                 f"{other.relative_to(published_root())}: the published set keeps one copy; "
+        theirs = set(_capture_hashes(other).values())
+        same = sorted(name for name, digest in mine.items() if digest in theirs)
+        where = f"{other.parent.name}/{other.name}"
+        if len(same) == len(mine):
+            raise PublishRefused(f"every capture of {run_id} ({', '.join(f'raw/{n}' for n in same)}) is "
+                                 f"byte-identical to {where}'s: the published set keeps one copy; "
                                  "publish one of the two runs")
+        for name in same:
+            shared.setdefault(name, where)
+    return shared
 
 
 def _check_publishable(verdict: Verdict, allow_failed: bool) -> bool:
@@ -194,12 +248,27 @@ def _check_publishable(verdict: Verdict, allow_failed: bool) -> bool:
     return True
 
 
+def _check_failure_note(note: str, allowed_failed: bool) -> str:
+    note = " ".join((note or "").split())
+    if not allowed_failed:
+        if note:
+            raise PublishRefused("--why explains a run published with --allow-failed; this run passes")
+        return ""
+    if not note:
+        raise PublishRefused("--allow-failed needs --why 'one sentence': why the run failed, for the index, "
+                             "the README and the report")
+    if len(note) > MAX_STRING_CHARS:
+        raise PublishRefused(f"--why: {len(note)} characters; one sentence of at most {MAX_STRING_CHARS}")
+    return note
+
+
 def publish(section: ModuleType, run_dir: Path, allow_failed: bool = False, replace: bool = False,
-            readme: Path | None = None) -> Published:
+            readme: Path | None = None, why: str = "") -> Published:
     """Publishes ``run_dir`` (module docstring). Raises RunFileError, PublishRefused or PublicContentError."""
     src = Path(run_dir).resolve()
     verdict = verify(section, RunFiles(src))
     allowed_failed = _check_publishable(verdict, allow_failed)
+    failure_note = _check_failure_note(why, allowed_failed)
     dest = (published_root() / section.KEY / src.name).resolve()
     dest_rel = f"{published_root().name}/{section.KEY}/{src.name}"
     in_place = src == dest
@@ -211,26 +280,84 @@ def publish(section: ModuleType, run_dir: Path, allow_failed: bool = False, repl
     shutil.rmtree(staging_parent, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        _copy_run(src, staging)
+        left_out = _copy_run(src, staging, section.NOTEBOOK)
+        compacted = compact(staging, section.NOTEBOOK)
+        compacted.left_out[:0] = left_out
         _rewrite_paths(staging, _path_rewrites(src, recorded_run_dir, dest_rel))
-        _refuse_duplicate_raw(section, src.name, staging)
+        shared = shared_captures(src.name, staging)
         copy = RunFiles(staging)
         again = verify(section, copy)
         if again.ok != verdict.ok or [ln.kind for ln in again.lines] != [ln.kind for ln in verdict.lines]:
             raise PublishRefused(f"the published copy verifies differently from {src}: " + again.summary())
-        public = public_document(section, copy, again, allowed_failed)
+        public = public_document(section, copy, again, allowed_failed, failure_note, shared)
         write_json_atomic(staging / PUBLIC_FILE, public)
-        render_report(section, staging, note="Published with --allow-failed: this run did not pass verify."
-                      if allowed_failed else "")
+        render_report(section, staging, note=f"Published with --allow-failed: {failure_note}" if allowed_failed else "")
+        left = absolute_paths(staging)
+        if left:
+            raise PublishRefused(f"an absolute path is left in the published copy ({len(left)}: {left[0]}); "
+                                 "record paths relative to the repository, or extend app.publish's rewrites")
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(staging, dest)
+        published_set.write_withdrawn(published_root(), [
+            e for e in published_set.read_withdrawn(published_root()) if (e["section"], e["run_id"]) != (section.KEY, src.name)])
     finally:
         shutil.rmtree(staging_parent, ignore_errors=True)
         if not any(dest.parent.iterdir()):
             dest.parent.rmdir()  # a refused first run of a section leaves no empty folder
     published_set.regenerate(published_root(), readme)
-    return Published(dest, public, again)
+    return Published(dest, public, again, compacted)
 
 
-__all__ = ["PublishRefused", "Published", "RunFileError", "public_document", "publish"]
+
+
+def _last_commit_holding(folder: Path) -> str | None:
+    """The last commit that touched ``folder`` (where its files stay readable after it is removed)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "-C", str(folder.parent), "log", "-1", "--format=%H", "--", folder.name],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def withdraw(section: ModuleType, run_id: str, why: str, superseded_by: str | None = None,
+             readme: Path | None = None) -> dict:
+    """Removes published run ``run_id`` and lists it under the withdrawn runs (``withdrawn.json``:
+    why, the run that supersedes it, its status then, and the last commit that holds its files),
+    then regenerates the listings. Raises PublishRefused."""
+    root = published_root()
+    folder = root / section.KEY / run_id
+    if "/" in run_id or not folder.is_dir():
+        raise PublishRefused(f"no published run {run_id} of {section.KEY} under {root}")
+    why = " ".join((why or "").split())
+    if not why or len(why) > MAX_STRING_CHARS:
+        raise PublishRefused(f"--why: one sentence of 1 to {MAX_STRING_CHARS} characters")
+    if superseded_by is not None and (superseded_by == run_id or "/" in superseded_by
+                                      or not (root / section.KEY / superseded_by).is_dir()):
+        raise PublishRefused(f"--superseded-by {superseded_by}: not another published run of {section.KEY}")
+    status = "unknown"
+    for name in (PUBLIC_FILE, "results.json"):
+        try:
+            status = str(RunFiles(folder).results.get("status") if name == "results.json"
+                         else published_set.read_public(folder / name).get("status"))
+            break
+        except (RunFileError, published_set.PublishedSetError):
+            continue
+    entry = {"section": section.KEY, "number": section.NUMBER, "title": section.TITLE, "run_id": run_id,
+             "why": why, "superseded_by": superseded_by, "status": status,
+             "withdrawn_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+             "commit": _last_commit_holding(folder)}
+    validate_public(entry, "withdrawn")
+    entries = [e for e in published_set.read_withdrawn(root) if (e["section"], e["run_id"]) != (section.KEY, run_id)]
+    published_set.write_withdrawn(root, [*entries, entry])
+    shutil.rmtree(folder)
+    if not any(folder.parent.iterdir()):
+        folder.parent.rmdir()
+    published_set.regenerate(root, readme)
+    return entry
+
+
+__all__ = ["PublishRefused", "Published", "RunFileError", "public_document", "publish", "withdraw"]

@@ -45,7 +45,7 @@ header.run{border-bottom:1px solid #ccc;margin-bottom:2em;padding-bottom:1em}
 .question{font-size:1.1em;color:#444}.meta{border-collapse:collapse;margin:.8em 0}
 .meta td{padding:.15em 1em .15em 0;vertical-align:top}.meta td.k{color:#666}
 .answer{background:#f5f7fa;border-left:4px solid #0b5cad;padding:.5em 1.2em;margin-top:1em}
-.note{color:#666;font-size:.9em}
+.note{color:#666;font-size:.9em}.status-note{margin-left:.8em;font-weight:600;color:#c62828}
 .cell{margin:1.2em 0}.prompt{display:none}
 .input_area{background:#f6f8fa;border:1px solid #e1e4e8;border-radius:4px;padding:.4em .8em;overflow-x:auto}
 .input_area pre,.output_text pre{margin:0;white-space:pre-wrap;word-break:break-word}
@@ -128,11 +128,12 @@ def clean_for_report(nb) -> LeftOut:
                 if PROGRESS.search(out.text):
                     left.progress_outputs += 1
                     continue
-                if out.name == "stderr":
-                    out.text, dropped = _drop_engine_lines(out.text)
-                    left.engine_lines += dropped
-                    if not out.text.strip():
-                        continue
+                # vLLM logs to stdout when its logger was set up before the run took stderr (GPU runs
+                # recorded before base.runlog): engine records are dropped from either stream
+                out.text, dropped = _drop_engine_lines(out.text)
+                left.engine_lines += dropped
+                if not out.text.strip():
+                    continue
             outputs.append(out)
         cell.outputs = outputs
     return left
@@ -158,25 +159,35 @@ def header_html(section: ModuleType, run: RunFiles, left_out: LeftOut, answer: s
             ("finished", results.get("finished_utc") or results.get("ended_utc") or "not finished"),
             ("git commit", commit), ("device", env.get("device", "unknown")), ("versions", versions),
             ("checks", ", ".join(f"{n} {s}" for s, n in counts.items()))]
+    rendered_on = results.get("render_environment")
+    if isinstance(rendered_on, dict):
+        rows.append(("rendered on", f"{rendered_on.get('device', 'unknown')} (the notebook read this run's raw/; "
+                                    "nothing was measured there)"))
+    migration = results.get("migration")
+    if isinstance(migration, dict):
+        rows.append(("migrated", f"{migration.get('date', '')}: {migration.get('summary', '')}"))
     error = results.get("error")
     if isinstance(error, dict):
         rows.append(("error", f"{error.get('kind', '')} in cell {error.get('cell', '?')}: "
                               f"{error.get('ename', '')}: {error.get('evalue', '')}"))
     links = [f'<a href="{html.escape(section.NOTEBOOK)}">the executed notebook</a>',
              '<a href="results.json">results.json</a>']
+    if (run.run_dir / "public-results.json").exists():
+        links.append('<a href="public-results.json">public-results.json</a>')
     if (run.run_dir / ENGINE_LOG).exists():
         links.append(f'<a href="{ENGINE_LOG.as_posix()}">the engine log</a>')
     table = "".join(f'<tr><td class="k">{html.escape(k)}</td><td class="v">{html.escape(str(v))}</td></tr>'
                     for k, v in rows)
     answer_part = (_markdown(answer) if answer is not None
                    else f'<p class="note">No answer: {html.escape(answer_error)}</p>')
-    notes = " ".join(html.escape(n) for n in (note, left_out.note()) if n)
+    left = left_out.note()
     return (f'<header class="run">\n<span class="banner {html.escape(status)}">'
             f'{html.escape(BANNERS.get(status, status.upper()))}</span>\n'
-            f'<h1>{html.escape(section.NUMBER)} {html.escape(section.TITLE)}</h1>\n'
+            + (f'<span class="status-note">{html.escape(note)}</span>\n' if note else "")
+            + f'<h1>{html.escape(section.NUMBER)} {html.escape(section.TITLE)}</h1>\n'
             f'<p class="question">{html.escape(section.QUESTION)}</p>\n<table class="meta">{table}</table>\n'
             f'<p>{" · ".join(links)}</p>\n<section class="answer"><h2>Answer</h2>\n{answer_part}</section>\n'
-            + (f'<p class="note">{notes}</p>\n' if notes else "") + "</header>")
+            + (f'<p class="note">{html.escape(left)}</p>\n' if left else "") + "</header>")
 
 
 @dataclass

@@ -24,7 +24,7 @@ import re
 PRIVATE_KEY_PARTS = ("token_ids", "prompt_text", "answer", "completion_text", "output_text")
 
 KEY_PATTERN = re.compile(r"^[A-Za-z0-9_.:+=\-]{1,48}$")
-LABEL_PATTERN = re.compile(r"^[A-Za-z0-9 _.:+=\-(),/%'<>\[\]]{1,64}$")  # headline keys: words for people
+LABEL_PATTERN = re.compile(r"^[A-Za-z0-9 _.:+=\-(),/%'<>\[\]]{1,96}$")  # headline and count keys: words for people
 MAX_KEY_CHARS = 48
 MAX_STRING_CHARS = 160
 MAX_INT_LIST = 32

@@ -3,7 +3,8 @@
     params.resolved.yaml   the validated parameters
     env.json               package versions, device, git revision
     results.json           status, scalars and tables, rewritten atomically after every save
-    raw/*.jsonl            captures, appended one record per line (a crash loses one group at most)
+    raw/*.jsonl            captures, appended one record per line (a crash loses one group at most);
+                           a published run stores them as raw/*.jsonl.gz, read the same way
     logs/engine.log        vLLM's and LMCache's log and C-level stderr (``base.runlog``)
     <notebook>.ipynb       the executed notebook (papermill writes it)
     report.html            the rendered report
@@ -21,6 +22,7 @@ cell and error) and a Ctrl-C as ``interrupted`` (``end_run``).
 """
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -30,6 +32,7 @@ import secrets
 import socket
 import subprocess
 import time
+import zlib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -48,6 +51,7 @@ FINISHED = ("passed", "failed")  # what finish() sets; interrupted and running a
 ENDED = FINISHED + ("interrupted",)
 RUN_ID_PATTERN = re.compile(r"^(?P<profile>[a-z0-9]+)-(?P<date>\d{8})-(?P<time>\d{6})(?:-(?P<suffix>[\w.-]+))?$")
 ENGINE_LOG = Path("logs") / "engine.log"
+COMPRESSED = ".gz"  # a published run's raw/*.jsonl is stored as raw/*.jsonl.gz (app.compact)
 
 
 class RunFolderInUse(ValueError):
@@ -181,6 +185,28 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def open_capture(path: Path):
+    """A raw capture for reading in binary: ``*.gz`` decompressed as it is read, anything else as is."""
+    return gzip.open(path, "rb") if Path(path).name.endswith(COMPRESSED) else open(path, "rb")
+
+
+def sha256_capture(path: Path) -> str:
+    """SHA-256 of a raw capture's content as the run wrote it: of the decompressed bytes for a
+    ``*.gz`` file, so a capture has one hash in ``runs/`` and in the published set.
+
+    Raises:
+        RunFileError: a ``*.gz`` file that is truncated or not gzip.
+    """
+    h = hashlib.sha256()
+    try:
+        with open_capture(path) as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    except (OSError, EOFError, zlib.error) as e:
+        raise RunFileError(f"{path}: not a readable gzip file ({e})") from None
+    return h.hexdigest()
+
+
 class RunFileError(ValueError):
     """A run folder's file is missing, truncated or not what it should be. The message names it."""
 
@@ -233,19 +259,43 @@ class RunFiles:
         path = self.run_dir / "env.json"
         return read_json_object(path) if path.exists() else {}
 
+    def raw_path(self, name: str) -> Path | None:
+        """The stored file of capture ``raw/<name>``: ``<name>`` as the run wrote it, or
+        ``<name>.gz`` in a published run; None when neither exists.
+
+        Raises:
+            RunFileError: both exist (two copies of one capture; which one is the record?).
+        """
+        plain = self.run_dir / "raw" / name
+        packed = plain.with_name(plain.name + COMPRESSED)
+        if plain.is_file() and packed.is_file():
+            raise RunFileError(f"{plain}: stored twice (also as {packed.name}); keep one")
+        return plain if plain.is_file() else packed if packed.is_file() else None
+
     def has_raw(self, name: str) -> bool:
-        return (self.run_dir / "raw" / name).is_file()
+        return self.raw_path(name) is not None
 
     def raw(self, name: str) -> list[dict]:
-        """The records of ``raw/<name>``; an absent file is an empty list (the check says skipped)."""
+        """The records of ``raw/<name>`` (stored plain or gzipped); an absent file is an empty list
+        (the check says skipped)."""
         if name not in self._raw_cache:
-            path = self.run_dir / "raw" / name
-            self._raw_cache[name] = read_jsonl(path) if path.is_file() else []
+            path = self.raw_path(name)
+            self._raw_cache[name] = read_jsonl(path) if path is not None else []
         return self._raw_cache[name]
 
+    def raw_sha256(self, name: str) -> str | None:
+        """SHA-256 of capture ``raw/<name>`` as the run wrote it (``sha256_capture``); None when absent."""
+        path = self.raw_path(name)
+        return sha256_capture(path) if path is not None else None
+
     def raw_names(self, pattern: str = "*.jsonl") -> list[str]:
+        """The captures in ``raw/`` matching ``pattern``, by the names the run wrote them under
+        (a published ``x.jsonl.gz`` is listed as ``x.jsonl``)."""
         raw = self.run_dir / "raw"
-        return sorted(p.name for p in raw.glob(pattern)) if raw.is_dir() else []
+        if not raw.is_dir():
+            return []
+        stored = [p for p in (*raw.glob(pattern), *raw.glob(pattern + COMPRESSED)) if p.is_file()]
+        return sorted({p.name.removesuffix(COMPRESSED) for p in stored})
 
     def read_everything(self) -> None:
         """Reads every recorded file once, so a damaged one is named before any check runs."""
@@ -274,9 +324,12 @@ def read_json_object(path: Path) -> dict:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """Every line of a JSONL file, each a JSON object; a bad line is a ``RunFileError`` naming it."""
+    """Every line of a JSONL file (``*.gz``: gzipped), each a JSON object; a bad line, or a gzip
+    file that is truncated or not gzip, is a ``RunFileError`` naming it."""
     records = []
-    with open(path, encoding="utf-8", errors="strict") as f:
+    path = Path(path)
+    opener = gzip.open if path.name.endswith(COMPRESSED) else open
+    with opener(path, "rt", encoding="utf-8", errors="strict") as f:
         try:
             for number, line in enumerate(f, 1):
                 if not line.strip():
@@ -290,6 +343,8 @@ def read_jsonl(path: Path) -> list[dict]:
                 records.append(record)
         except UnicodeDecodeError:
             raise RunFileError(f"{path}: not UTF-8 text") from None
+        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+            raise RunFileError(f"{path}: not a readable gzip file ({e})") from None
     return records
 
 

@@ -5,7 +5,6 @@ results.json), so a report, the README row and ``public-results.json`` cannot di
 """
 from __future__ import annotations
 
-from kmesh_lib.base.records import sha256_file
 from kmesh_lib.sections.retention.checks import as_run, lookup_kind, measured_lines
 from kmesh_lib.sections.retention.report import arm_rows, bytes_agree, has_two_counters, ratio_rows, usable
 
@@ -82,6 +81,13 @@ def answer(run) -> str:
     return " ".join(parts) + "\n\n" + " ".join(weak)
 
 
+def _public_key(label: str) -> str:
+    """A ratio table's column as a public key (no spaces or slashes): 'ttft_a_ms: discard/retain'
+    -> 'ttft_a_ms.discard_to_retain', 'disk MiB/group: retain' -> 'disk_mib_per_group.retain'."""
+    return (label.replace("disk MiB/group", "disk_mib_per_group").replace("discard/retain", "discard_to_retain")
+            .replace(": ", "."))
+
+
 def public_results(run) -> dict:
     """The aggregates section 16 publishes: an allow-list of numbers, counts, short labels and hashes."""
     run = as_run(run)
@@ -89,10 +95,11 @@ def public_results(run) -> dict:
     rows = arm_rows(groups)
     return {
         "arms": [{k: r[k] for k in PUBLIC_ARM_KEYS if k in r} for r in rows],
-        "discard_to_retain": [{k: v for k, v in r.items() if isinstance(v, (int, float, str))} for r in ratio_rows(rows)],
+        "discard_to_retain": [{_public_key(k): v for k, v in r.items() if isinstance(v, (int, float, str))}
+                              for r in ratio_rows(rows)],
         "not_run": [{"path": str(b.get("path")), "group_size": b.get("group_size"), "status": str(b.get("status"))}
                     for b in blocks if b.get("status") != "ok"],
         "groups_recorded": len(groups),
         "engine_runs_ok": sum(b.get("status") == "ok" for b in blocks),
-        "raw_sha256": {name: sha256_file(run.run_dir / "raw" / name) for name in run.raw_names()},
+        "raw_sha256": {name: run.raw_sha256(name) for name in run.raw_names()},
     }
