@@ -2,6 +2,7 @@
 the record the current tools read, so that it can be verified and published again.
 
     python scripts/migrate_published_run.py SECTION RUN_DIR [--dry-run]
+    python scripts/migrate_published_run.py SECTION RUN_DIR --rendered-again COMMIT WHY
 
 What it changes, in ``results.json`` only (``raw/``, ``params.resolved.yaml``, ``env.json`` and
 the executed notebook are not touched):
@@ -19,6 +20,11 @@ the executed notebook are not touched):
 
 A folder that already records a status is refused: nothing to migrate. Then publish the folder
 with ``kmesh publish`` (``--allow-failed --why`` when its checks now fail).
+
+``--rendered-again``: a migrated run whose notebook as measured cannot be shown whole (a table
+pandas truncated before ``show_whole_tables``) and whose section renders from ``raw/``
+(``kmesh run SECTION --source-run RUN_DIR``) is rendered again; this records it in ``migration``
+with the commit that keeps the notebook as measured.
 """
 from __future__ import annotations
 
@@ -121,13 +127,37 @@ def migrate(section, run_dir: Path, dry_run: bool = False) -> dict:
     return migration
 
 
+def record_render(section, run_dir: Path, commit: str, why: str) -> dict:
+    """After ``kmesh run SECTION --source-run RUN_DIR`` rendered a migrated run's notebook again from
+    its raw/ (the notebook as measured could not be shown whole): says so in ``migration``, with
+    where the notebook as measured stays (``git show COMMIT:outputs/<section>/<run_id>/<notebook>``)."""
+    run = RunFiles(run_dir)
+    results = run.results
+    migration = results.get("migration")
+    if not isinstance(migration, dict):
+        raise SystemExit(f"{run_dir}: not a migrated run")
+    where = f"git show {commit}:outputs/{section.KEY}/{run.run_id}/{section.NOTEBOOK}"
+    migration["rendered_again"] = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                                   "by": f"kmesh run {section.NUMBER} --source-run", "why": why,
+                                   "notebook_as_measured": where}
+    migration["summary"] += f"; notebook rendered again from raw/ (as measured: {where})"
+    write_json_atomic(run_dir / "results.json", results)
+    return migration
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("section")
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--dry-run", action="store_true", help="print what would be recorded; write nothing")
+    parser.add_argument("--rendered-again", nargs=2, metavar=("COMMIT", "WHY"),
+                        help="record that the notebook was rendered again from raw/ (kmesh run --source-run), "
+                             "the notebook as measured staying in git at COMMIT")
     args = parser.parse_args(argv)
     section = registry.find(args.section)
+    if args.rendered_again:
+        print(f"{args.run_dir}: {record_render(section, args.run_dir, *args.rendered_again)['summary']}")
+        return 0
     m = migrate(section, args.run_dir, args.dry_run)
     print(f"{args.run_dir}: {m['summary']}")
     for name in m["recorded_ok_now_not_ok"]:

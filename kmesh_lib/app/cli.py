@@ -77,8 +77,9 @@ def cmd_run(args) -> int:
     shown = display_path(run_dir)
     print(f"running {section.NOTEBOOK} ({resolved.get('PROFILE')}) -> {shown}", flush=True)
     notebook = sections.notebook_path(section)
-    outcome = execute(notebook, run_dir / section.NOTEBOOK, resolved, args.kernel, notebook.parent, args.timeout,
-                      args.log_output, kernel_log=run_dir / "logs" / "kernel.log")
+    where = run_dir.resolve()  # papermill runs the kernel from notebooks/: a relative --source-run would land there
+    outcome = execute(notebook, where / section.NOTEBOOK, resolved, args.kernel, notebook.parent, args.timeout,
+                      args.log_output, kernel_log=where / "logs" / "kernel.log")
     if outcome.status != "completed":
         end_run(run_dir, section.KEY, outcome.status, outcome.error)
     try:
@@ -165,7 +166,7 @@ def cmd_publish(args) -> int:
           f"{done.verdict.summary()}; index: {display_path(published_root() / 'index.html')}")
     c = done.compacted
     print(f"  {folder_bytes(done.run_dir):,} bytes; {len(c.figures)} figures moved out of the notebook; "
-          f"{len(c.gzipped)} captures gzipped")
+          f"{len(c.compressed)} captures xz-compressed")
     for entry in c.left_out:
         print(f"  left out: {entry}")
     for name, other in done.public["shared_captures"].items():

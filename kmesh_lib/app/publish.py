@@ -9,11 +9,13 @@ Steps, each of which can refuse (nothing is left half-published):
 2. copy the run's published files into a staging folder beside its destination, by allow-list
    (``app.compact.published_files``: no ``logs/``, no ``*.log``, no driver state; a symlink is
    refused) and bring the copy into the published format (``app.compact``: figures moved out
-   of the notebook into ``figures/``, ``raw/*.jsonl`` gzipped);
-3. rewrite absolute paths as relative ones in the top-level text files (the run folder ->
-   ``outputs/<section>/<run_id>``, the checkout -> ``""``, the folder around it -> ``../``, an
-   installed package -> ``<site-packages>/``, the temp dir -> ``<tmp>/``) and refuse a copy in
-   which an absolute path is left; ``raw/`` is evidence and is not edited;
+   of the notebook into ``figures/``, ``raw/*.jsonl`` xz-compressed);
+3. rewrite absolute paths as relative ones in the text files, captures included (the run folder
+   -> ``outputs/<section>/<run_id>``, the checkout -> ``""``, the folder around it -> ``../``, an
+   installed package -> ``<site-packages>/``, the temp dir -> ``<tmp>/``: a disk tier's root, a
+   params copy's RUN_DIR) and refuse a copy in which an absolute path is left. A capture changes
+   in its path strings only, is named in ``captures_with_paths_rewritten``, and the copy must
+   verify exactly as the run did (step 5);
 4. refuse a copy of another published run (every capture equal, by content, to that run's);
    captures that equal another run's only in part are kept and named in the public file
    (``shared_captures``: two runs measured the same deterministic thing);
@@ -25,8 +27,9 @@ Steps, each of which can refuse (nothing is left half-published):
 allowed environment keys, the Params fields, input and capture SHA-256s, the section's
 ``headline``, ``counts`` and ``public_results``; everything a section returns passes
 ``base.public.validate_public``. Nothing from ``results.json`` or ``raw/`` is copied in wholesale.
-A capture's SHA-256 is of its content as the run wrote it (the uncompressed JSONL): the same in
-``runs/`` and ``outputs/``, and ``gzip -dc raw/NAME.gz | sha256sum`` reproduces it.
+A capture's SHA-256 is of what is stored, uncompressed: ``xz -dc raw/NAME.xz | sha256sum``
+reproduces it, and it equals the local run's file unless the capture is named in
+``captures_with_paths_rewritten``.
 """
 from __future__ import annotations
 
@@ -42,14 +45,14 @@ from pathlib import Path
 from types import ModuleType
 
 from kmesh_lib.app import published as published_set
-from kmesh_lib.app.compact import FORMAT, Compacted, compact, published_files
+from kmesh_lib.app.compact import FORMAT, Compacted, compress_captures, move_figures, published_files
 from kmesh_lib.app.published import PUBLIC_FILE, SCHEMA
 from kmesh_lib.app.registry import call_section
 from kmesh_lib.app.report import render_report
 from kmesh_lib.app.runs import published_root
 from kmesh_lib.app.verify import Verdict, verify
 from kmesh_lib.base.checks import summarize
-from kmesh_lib.base.paths import REPO_ROOT
+from kmesh_lib.base.paths import REPO_ROOT, repo_relative
 from kmesh_lib.base.public import (
     LABEL_PATTERN,
     MAX_STRING_CHARS,
@@ -57,7 +60,7 @@ from kmesh_lib.base.public import (
     validate_public,
     validate_size,
 )
-from kmesh_lib.base.records import PACKAGES, RunFileError, RunFiles, write_json_atomic
+from kmesh_lib.base.records import PACKAGES, RunFileError, RunFiles, open_capture, write_json_atomic
 
 REWRITTEN_SUFFIXES = (".json", ".yaml", ".ipynb", ".txt", ".md", ".csv")
 SITE_PACKAGES = re.compile(r"(?:/[^/\s\"'<>:]+)+/(?:site|dist)-packages/")
@@ -107,7 +110,8 @@ def param_names(params_cls: type) -> list[str]:
 
 
 def public_document(section: ModuleType, run: RunFiles, verdict: Verdict, allowed_failed: bool,
-                    failure_note: str = "", shared_captures: dict[str, str] | None = None) -> dict:
+                    failure_note: str = "", shared_captures: dict[str, str] | None = None,
+                    captures_with_paths_rewritten: list[str] | None = None) -> dict:
     """``public-results.json``, field by field (module docstring). Raises PublicContentError."""
     results, env, params = run.results, run.env, run.params
     git = env.get("git") or {}
@@ -127,14 +131,16 @@ def public_document(section: ModuleType, run: RunFiles, verdict: Verdict, allowe
         "params": public_params,
         "input_hashes": _hashes(results.get("inputs", {}), "inputs"),
         "capture_hashes": _hashes({name: run.raw_sha256(name) for name in run.raw_names("*")}, "captures"),
-        "capture_hash_of": "the capture's content as the run wrote it (uncompressed)",
+        "capture_hash_of": "the capture as stored here, uncompressed (xz -dc raw/NAME.xz | sha256sum)",
+        "captures_with_paths_rewritten": sorted(captures_with_paths_rewritten or []),
         "shared_captures": dict(sorted((shared_captures or {}).items())),
         "headline": call_section(section, "headline", run),
         "counts": call_section(section, "counts", run),
         "results": call_section(section, "public_results", run),
         "report": "report.html",
     }
-    for name in ("failure_note", "check_counts", "checks", "environment", "params", "shared_captures", "results"):
+    for name in ("failure_note", "check_counts", "checks", "environment", "params", "shared_captures",
+                 "captures_with_paths_rewritten", "results"):
         validate_public(doc[name], name)
     for name in ("headline", "counts"):
         validate_public(doc[name], name, keys=LABEL_PATTERN)
@@ -145,9 +151,13 @@ def public_document(section: ModuleType, run: RunFiles, verdict: Verdict, allowe
 
 
 def _path_rewrites(run_dir: Path, recorded_run_dir: str | None, dest_rel: str) -> list[tuple[str, str]]:
-    """(absolute, relative) pairs, longest first: the run folder as it is and as it was recorded,
-    then each checkout (``<root>/`` -> ``""``), then the folder around a checkout (-> ``../``)."""
+    """(absolute, relative) pairs, longest first: the run folder as it is (absolute, and relative to
+    the checkout) and as it was recorded, then each checkout (``<root>/`` -> ``""``), then the
+    folder around a checkout (-> ``../``)."""
     pairs = [(str(run_dir.resolve()), dest_rel)]
+    local = repo_relative(run_dir)  # `kmesh run --source-run runs/...` names the folder so in the notebook
+    if local and local != dest_rel and len(local) > 8:
+        pairs.append((local, dest_rel))
     roots = [REPO_ROOT]
     if recorded_run_dir and len(recorded_run_dir) > 8:
         recorded = Path(recorded_run_dir)
@@ -161,28 +171,42 @@ def _path_rewrites(run_dir: Path, recorded_run_dir: str | None, dest_rel: str) -
     return sorted(set(pairs), key=lambda p: -len(p[0]))
 
 
-def _rewrite_paths(folder: Path, pairs: list[tuple[str, str]]) -> None:
-    """The top-level text files with ``pairs`` applied, then installed packages' and temp paths."""
+def _text_files(folder: Path) -> list[Path]:
+    """The text files paths are rewritten in: top-level records and every text capture under raw/."""
+    top = [p for p in folder.iterdir() if p.is_file() and p.suffix in REWRITTEN_SUFFIXES]
+    raw = [p for p in sorted((folder / "raw").rglob("*")) if p.is_file() and p.suffix in (*REWRITTEN_SUFFIXES, ".jsonl")]
+    return top + raw
+
+
+def _rewrite_paths(folder: Path, pairs: list[tuple[str, str]]) -> list[str]:
+    """Applies ``pairs``, then the installed-package and temp-dir rules, to ``_text_files``; returns
+    the files changed (relative). A capture changes only in its path strings: the copy is verified
+    again after, and must give every check the verdict the run's own files gave."""
     tmp = tempfile.gettempdir().rstrip("/") + "/"
-    for path in folder.iterdir():
-        if path.is_file() and path.suffix in REWRITTEN_SUFFIXES:
-            text = path.read_text(encoding="utf-8")
-            new = text
-            for old, rel in pairs:
-                new = new.replace(old, rel)
-            new = SITE_PACKAGES.sub("<site-packages>/", new)
-            new = re.sub(rf"(?<![\w.>~-]){re.escape(tmp)}", "<tmp>/", new)
-            if new != text:
-                path.write_text(new, encoding="utf-8")
+    changed = []
+    for path in _text_files(folder):
+        text = path.read_text(encoding="utf-8")
+        new = text
+        for old, rel in pairs:
+            new = new.replace(old, rel)
+        new = SITE_PACKAGES.sub("<site-packages>/", new)
+        new = re.sub(rf"(?<![\w.>~-]){re.escape(tmp)}", "<tmp>/", new)
+        if new != text:
+            path.write_text(new, encoding="utf-8")
+            changed.append(path.relative_to(folder).as_posix())
+    return changed
 
 
 def absolute_paths(folder: Path) -> list[str]:
-    """'file: path' for each absolute machine path left in the published copy's text files
-    (``raw/`` aside: evidence is not edited, and section code names no machine path there)."""
+    """'file: path' for each absolute machine path left in the published copy: its records, report,
+    notebook and every capture (compressed ones read through)."""
     found = []
-    for path in sorted(folder.iterdir()):
-        if path.is_file() and path.suffix in (*REWRITTEN_SUFFIXES, ".html"):
-            found += [f"{path.name}: {m[0][:80]}" for m in ABSOLUTE_PATH.finditer(path.read_text(encoding="utf-8"))]
+    files = [p for p in folder.iterdir() if p.is_file() and p.suffix in (*REWRITTEN_SUFFIXES, ".html")]
+    files += [p for p in sorted((folder / "raw").rglob("*")) if p.is_file()]
+    for path in files:
+        with open_capture(path) as f:
+            text = f.read().decode("utf-8", "replace")
+        found += [f"{path.relative_to(folder).as_posix()}: {m[0][:80]}" for m in ABSOLUTE_PATH.finditer(text)]
     return found
 
 
@@ -281,15 +305,16 @@ def publish(section: ModuleType, run_dir: Path, allow_failed: bool = False, repl
     staging.mkdir(parents=True)
     try:
         left_out = _copy_run(src, staging, section.NOTEBOOK)
-        compacted = compact(staging, section.NOTEBOOK)
-        compacted.left_out[:0] = left_out
-        _rewrite_paths(staging, _path_rewrites(src, recorded_run_dir, dest_rel))
+        figures, repeated = move_figures(staging, section.NOTEBOOK)
+        rewritten = _rewrite_paths(staging, _path_rewrites(src, recorded_run_dir, dest_rel))
+        compacted = Compacted(left_out + repeated, figures, compress_captures(staging), rewritten)
         shared = shared_captures(src.name, staging)
         copy = RunFiles(staging)
         again = verify(section, copy)
         if again.ok != verdict.ok or [ln.kind for ln in again.lines] != [ln.kind for ln in verdict.lines]:
             raise PublishRefused(f"the published copy verifies differently from {src}: " + again.summary())
-        public = public_document(section, copy, again, allowed_failed, failure_note, shared)
+        public = public_document(section, copy, again, allowed_failed, failure_note, shared,
+                                 [f for f in rewritten if f.startswith("raw/")])
         write_json_atomic(staging / PUBLIC_FILE, public)
         render_report(section, staging, note=f"Published with --allow-failed: {failure_note}" if allowed_failed else "")
         left = absolute_paths(staging)
@@ -338,14 +363,13 @@ def withdraw(section: ModuleType, run_id: str, why: str, superseded_by: str | No
     if superseded_by is not None and (superseded_by == run_id or "/" in superseded_by
                                       or not (root / section.KEY / superseded_by).is_dir()):
         raise PublishRefused(f"--superseded-by {superseded_by}: not another published run of {section.KEY}")
-    status = "unknown"
-    for name in (PUBLIC_FILE, "results.json"):
+    try:
+        status = published_set.read_public(folder / PUBLIC_FILE)["status"]
+    except published_set.PublishedSetError:  # a run recorded before public-results/3, or before run status
         try:
-            status = str(RunFiles(folder).results.get("status") if name == "results.json"
-                         else published_set.read_public(folder / name).get("status"))
-            break
-        except (RunFileError, published_set.PublishedSetError):
-            continue
+            status = RunFiles(folder).results.get("status") or "not recorded"
+        except RunFileError:
+            status = "unreadable"
     entry = {"section": section.KEY, "number": section.NUMBER, "title": section.TITLE, "run_id": run_id,
              "why": why, "superseded_by": superseded_by, "status": status,
              "withdrawn_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),

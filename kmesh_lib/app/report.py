@@ -15,6 +15,7 @@ engine log lines that reached a cell before ``base.runlog`` kept them in ``logs/
 from __future__ import annotations
 
 import html
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ ANSI = r"(?:\x1b\[[0-9;]*m)*"
 ENGINE_LINE = re.compile(
     rf"^{ANSI}(?:\(\w+ pid=\d+\) )?(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) \d{{2}}-\d{{2}} \d{{2}}:\d{{2}}:\d{{2}}"
     rf"|^{ANSI}\[\d{{4}}-\d{{2}}-\d{{2}} [\d:,.]+\] LMCache (?:INFO|WARNING|ERROR|DEBUG|CRITICAL)")
+ANSI_CODE = re.compile(r"\x1b\[[0-9;]*m")  # vLLM colours each field of a record, not only its start
 PROGRESS = re.compile(r"\r|\d+%\|.*\|")
 BANNERS = {"passed": "PASS", "failed": "FAIL", "running": "RUNNING: did not finish",
            "interrupted": "INTERRUPTED"}
@@ -43,7 +45,8 @@ header.run{border-bottom:1px solid #ccc;margin-bottom:2em;padding-bottom:1em}
 .banner{display:inline-block;font-weight:700;padding:.25em .8em;border-radius:4px;color:#fff;letter-spacing:.05em}
 .banner.passed{background:#1a7f37}.banner.failed{background:#c62828}.banner.running,.banner.interrupted{background:#b26a00}
 .question{font-size:1.1em;color:#444}.meta{border-collapse:collapse;margin:.8em 0}
-.meta td{padding:.15em 1em .15em 0;vertical-align:top}.meta td.k{color:#666}
+.meta td{padding:.15em 1em .15em 0;vertical-align:top}.meta td.k{color:#666;white-space:nowrap}
+.stopped{color:#a40000;font-weight:600}
 .answer{background:#f5f7fa;border-left:4px solid #0b5cad;padding:.5em 1.2em;margin-top:1em}
 .note{color:#666;font-size:.9em}.status-note{margin-left:.8em;font-weight:600;color:#c62828}
 .cell{margin:1.2em 0}.prompt{display:none}
@@ -97,7 +100,7 @@ def _drop_engine_lines(text: str) -> tuple[str, int]:
     kept, dropped = [], 0
     in_record = in_traceback = False
     for line in text.splitlines(keepends=True):
-        if ENGINE_LINE.match(line):
+        if ENGINE_LINE.match(ANSI_CODE.sub("", line)):
             in_record, in_traceback = True, False
         elif in_record and line.startswith("Traceback (most recent call last)"):
             in_traceback = True
@@ -112,11 +115,32 @@ def _drop_engine_lines(text: str) -> tuple[str, int]:
     return "".join(kept), dropped
 
 
+PAPERMILL_ERROR_TAG = "papermill-error-cell-tag"
+PAPERMILL_CELL = re.compile(r"In \[(\d+)\]")
+
+
+def _restate_papermill_banner(cell) -> None:
+    """papermill's two red 2em banners (at the top, and above the cell that raised) as one plain
+    sentence each: the header already carries the status, and a run's checks cell raising is how a
+    failed run ends (or, for a migrated run, how a since-fixed bug stopped it)."""
+    m = PAPERMILL_CELL.search(cell.source)
+    if "papermill-error-cell" in cell.source and "id=" in cell.source:
+        cell.source = ('<p class="stopped" id="papermill-error-cell">The notebook stopped in the next cell: '
+                       'it raised (its error is its last output).</p>')
+    elif m:
+        cell.source = (f'<p class="stopped">The notebook stopped in <a href="#papermill-error-cell">cell '
+                       f'In [{m[1]}]</a>, which raised; the header above gives the run\'s status as its checks '
+                       f'recompute from its files.</p>')
+
+
 def clean_for_report(nb) -> LeftOut:
-    """Removes widget views, progress-bar text and engine log lines from ``nb`` (in place)."""
+    """Removes widget views, progress-bar text and engine log lines from ``nb`` (in place), and
+    restates papermill's error banners as plain sentences."""
     left = LeftOut()
     nb.metadata.pop("widgets", None)
     for cell in nb.cells:
+        if PAPERMILL_ERROR_TAG in cell.get("metadata", {}).get("tags", []):
+            _restate_papermill_banner(cell)
         if cell.cell_type != "code":
             continue
         outputs = []
@@ -155,11 +179,12 @@ def header_html(section: ModuleType, run: RunFiles, left_out: LeftOut, answer: s
     versions = ", ".join(f"{k} {packages.get(k) or env.get(k)}" for k in VERSION_KEYS if packages.get(k) or env.get(k))
     recorded = results.get("checks") or {}
     counts = {s: sum(isinstance(c, dict) and c.get("status") == s for c in recorded.values()) for s in STATUSES}
+    rendered_on = results.get("render_environment")
     rows = [("run", run.run_id), ("status", status), ("started", results.get("started_utc", "")),
-            ("finished", results.get("finished_utc") or results.get("ended_utc") or "not finished"),
+            ("rendered" if isinstance(rendered_on, dict) else "finished",
+             results.get("finished_utc") or results.get("ended_utc") or "not finished"),
             ("git commit", commit), ("device", env.get("device", "unknown")), ("versions", versions),
             ("checks", ", ".join(f"{n} {s}" for s, n in counts.items()))]
-    rendered_on = results.get("render_environment")
     if isinstance(rendered_on, dict):
         rows.append(("rendered on", f"{rendered_on.get('device', 'unknown')} (the notebook read this run's raw/; "
                                     "nothing was measured there)"))
@@ -197,8 +222,22 @@ class Rendered:
     answer_error: str  # empty when the section's answer rendered
 
 
+def published_note(run_dir: Path) -> str:
+    """'Published with --allow-failed: <why>' for a published run that went out failed, so that
+    ``kmesh report`` on it keeps the sentence ``kmesh publish`` put there; else empty."""
+    path = Path(run_dir) / "public-results.json"
+    try:
+        public = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (ValueError, UnicodeDecodeError):
+        return ""
+    if isinstance(public, dict) and public.get("allowed_failed"):
+        return f"Published with --allow-failed: {public.get('failure_note') or 'this run did not pass verify'}"
+    return ""
+
+
 def render_report(section: ModuleType, run_dir: Path, note: str = "") -> Rendered:
-    """Writes ``run_dir/report.html`` from the executed notebook and the run's files.
+    """Writes ``run_dir/report.html`` from the executed notebook and the run's files (a published
+    run that went out failed keeps its ``published_note``).
 
     A section whose ``answer`` raises (a run that stopped before the figures it needs) gets a
     report that says so in place of the answer, and ``Rendered.answer_error`` says it too.
@@ -210,6 +249,7 @@ def render_report(section: ModuleType, run_dir: Path, note: str = "") -> Rendere
     from nbconvert import HTMLExporter
 
     run = RunFiles(run_dir)
+    note = note or published_note(run.run_dir)
     nb_path = run.run_dir / section.NOTEBOOK
     if not nb_path.is_file():
         raise RunFileError(f"{nb_path}: missing (the notebook did not start, or this is not {section.KEY}'s run)")

@@ -4,7 +4,7 @@
     env.json               package versions, device, git revision
     results.json           status, scalars and tables, rewritten atomically after every save
     raw/*.jsonl            captures, appended one record per line (a crash loses one group at most);
-                           a published run stores them as raw/*.jsonl.gz, read the same way
+                           a published run stores them as raw/*.jsonl.xz, read the same way
     logs/engine.log        vLLM's and LMCache's log and C-level stderr (``base.runlog``)
     <notebook>.ipynb       the executed notebook (papermill writes it)
     report.html            the rendered report
@@ -22,9 +22,9 @@ cell and error) and a Ctrl-C as ``interrupted`` (``end_run``).
 """
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
+import lzma
 import os
 import platform
 import re
@@ -32,7 +32,6 @@ import secrets
 import socket
 import subprocess
 import time
-import zlib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -51,7 +50,7 @@ FINISHED = ("passed", "failed")  # what finish() sets; interrupted and running a
 ENDED = FINISHED + ("interrupted",)
 RUN_ID_PATTERN = re.compile(r"^(?P<profile>[a-z0-9]+)-(?P<date>\d{8})-(?P<time>\d{6})(?:-(?P<suffix>[\w.-]+))?$")
 ENGINE_LOG = Path("logs") / "engine.log"
-COMPRESSED = ".gz"  # a published run's raw/*.jsonl is stored as raw/*.jsonl.gz (app.compact)
+COMPRESSED = ".xz"  # a published run's raw/*.jsonl is stored as raw/*.jsonl.xz (app.compact)
 
 
 class RunFolderInUse(ValueError):
@@ -186,24 +185,24 @@ def sha256_file(path: Path) -> str:
 
 
 def open_capture(path: Path):
-    """A raw capture for reading in binary: ``*.gz`` decompressed as it is read, anything else as is."""
-    return gzip.open(path, "rb") if Path(path).name.endswith(COMPRESSED) else open(path, "rb")
+    """A raw capture for reading in binary: ``*.xz`` decompressed as it is read, anything else as is."""
+    return lzma.open(path, "rb") if Path(path).name.endswith(COMPRESSED) else open(path, "rb")
 
 
 def sha256_capture(path: Path) -> str:
-    """SHA-256 of a raw capture's content as the run wrote it: of the decompressed bytes for a
-    ``*.gz`` file, so a capture has one hash in ``runs/`` and in the published set.
+    """SHA-256 of a raw capture's content: of the decompressed bytes for a ``*.xz`` file (what
+    ``xz -dc FILE | sha256sum`` prints), so compression does not change a capture's hash.
 
     Raises:
-        RunFileError: a ``*.gz`` file that is truncated or not gzip.
+        RunFileError: an ``*.xz`` file that is truncated or not xz.
     """
     h = hashlib.sha256()
     try:
         with open_capture(path) as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
-    except (OSError, EOFError, zlib.error) as e:
-        raise RunFileError(f"{path}: not a readable gzip file ({e})") from None
+    except (lzma.LZMAError, EOFError) as e:
+        raise RunFileError(f"{path}: not a readable xz file ({e})") from None
     return h.hexdigest()
 
 
@@ -261,7 +260,7 @@ class RunFiles:
 
     def raw_path(self, name: str) -> Path | None:
         """The stored file of capture ``raw/<name>``: ``<name>`` as the run wrote it, or
-        ``<name>.gz`` in a published run; None when neither exists.
+        ``<name>.xz`` in a published run; None when neither exists.
 
         Raises:
             RunFileError: both exist (two copies of one capture; which one is the record?).
@@ -276,7 +275,7 @@ class RunFiles:
         return self.raw_path(name) is not None
 
     def raw(self, name: str) -> list[dict]:
-        """The records of ``raw/<name>`` (stored plain or gzipped); an absent file is an empty list
+        """The records of ``raw/<name>`` (stored plain or xz-compressed); an absent file is an empty list
         (the check says skipped)."""
         if name not in self._raw_cache:
             path = self.raw_path(name)
@@ -290,7 +289,7 @@ class RunFiles:
 
     def raw_names(self, pattern: str = "*.jsonl") -> list[str]:
         """The captures in ``raw/`` matching ``pattern``, by the names the run wrote them under
-        (a published ``x.jsonl.gz`` is listed as ``x.jsonl``)."""
+        (a published ``x.jsonl.xz`` is listed as ``x.jsonl``)."""
         raw = self.run_dir / "raw"
         if not raw.is_dir():
             return []
@@ -324,11 +323,11 @@ def read_json_object(path: Path) -> dict:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """Every line of a JSONL file (``*.gz``: gzipped), each a JSON object; a bad line, or a gzip
-    file that is truncated or not gzip, is a ``RunFileError`` naming it."""
+    """Every line of a JSONL file (``*.xz``: xz-compressed), each a JSON object; a bad line, or an
+    xz file that is truncated or not xz, is a ``RunFileError`` naming it."""
     records = []
     path = Path(path)
-    opener = gzip.open if path.name.endswith(COMPRESSED) else open
+    opener = lzma.open if path.name.endswith(COMPRESSED) else open
     with opener(path, "rt", encoding="utf-8", errors="strict") as f:
         try:
             for number, line in enumerate(f, 1):
@@ -343,8 +342,8 @@ def read_jsonl(path: Path) -> list[dict]:
                 records.append(record)
         except UnicodeDecodeError:
             raise RunFileError(f"{path}: not UTF-8 text") from None
-        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
-            raise RunFileError(f"{path}: not a readable gzip file ({e})") from None
+        except (EOFError, lzma.LZMAError) as e:
+            raise RunFileError(f"{path}: not a readable xz file ({e})") from None
     return records
 
 
