@@ -337,6 +337,9 @@ def test_withdraw_lists_a_run_as_superseded_and_publishing_it_again_takes_it_off
     for text in (readme, index):
         assert f"superseded by {new.name}; {why}" in text
     assert f"| 99 fake section | {old.name} | superseded by" in readme and old.name not in readme.split("Withdrawn runs")[0]
+    assert cli.main(["withdraw", "99", old.name, "--why", "Restated.", "--superseded-by", new.name]) == 0
+    (entry,) = published.read_withdrawn(published_root)  # an entry restated, not a second one
+    assert (entry["why"], entry["status"]) == ("Restated.", "passed")
     (published_root / "fake_section" / new.name).rename(tmp_path / "aside")  # ...so that the old run may come back
     assert publish(old, capsys)[0] == 0 and published.read_withdrawn(published_root) == []
 

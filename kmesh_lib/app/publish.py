@@ -352,10 +352,12 @@ def withdraw(section: ModuleType, run_id: str, why: str, superseded_by: str | No
              readme: Path | None = None) -> dict:
     """Removes published run ``run_id`` and lists it under the withdrawn runs (``withdrawn.json``:
     why, the run that supersedes it, its status then, and the last commit that holds its files),
-    then regenerates the listings. Raises PublishRefused."""
+    then regenerates the listings. A run withdrawn already gets its entry's why and successor
+    restated (its commit stays). Raises PublishRefused."""
     root = published_root()
     folder = root / section.KEY / run_id
-    if "/" in run_id or not folder.is_dir():
+    listed = [e for e in published_set.read_withdrawn(root) if (e["section"], e["run_id"]) == (section.KEY, run_id)]
+    if "/" in run_id or not (folder.is_dir() or listed):
         raise PublishRefused(f"no published run {run_id} of {section.KEY} under {root}")
     why = " ".join((why or "").split())
     if not why or len(why) > MAX_STRING_CHARS:
@@ -363,6 +365,13 @@ def withdraw(section: ModuleType, run_id: str, why: str, superseded_by: str | No
     if superseded_by is not None and (superseded_by == run_id or "/" in superseded_by
                                       or not (root / section.KEY / superseded_by).is_dir()):
         raise PublishRefused(f"--superseded-by {superseded_by}: not another published run of {section.KEY}")
+    if not folder.is_dir():  # withdrawn already: say it again (a replacement was published since)
+        entry = {**listed[0], "why": why, "superseded_by": superseded_by}
+        validate_public(entry, "withdrawn")
+        published_set.write_withdrawn(root, [e for e in published_set.read_withdrawn(root) if e is not listed[0]
+                                             and (e["section"], e["run_id"]) != (section.KEY, run_id)] + [entry])
+        published_set.regenerate(root, readme)
+        return entry
     try:
         status = published_set.read_public(folder / PUBLIC_FILE)["status"]
     except published_set.PublishedSetError:  # a run recorded before public-results/3, or before run status
