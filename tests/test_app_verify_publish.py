@@ -273,7 +273,7 @@ def test_publish_keeps_each_figure_once_and_no_log(section, capsys, tmp_path):
     dest = tmp_path / "published" / "fake_section" / run_dir.name
     saved = b"\x89PNG the same figure saved at another dpi"
     assert (dest / "figures" / "total.png").read_bytes() == saved  # once: the PNG the cell saved
-    assert not (dest / "total.png").exists() and "total.png (cell 2 displayed this figure; kept once" in out
+    assert not (dest / "total.png").exists() and "figure: total.png (cell 2 displayed this figure; kept once" in out
     for name in ("blocks.log", "raw/child-tiny.log", "lead-mp-N4.json"):
         assert not (dest / name).exists() and f"left out: {name} (" in out
     cells = nbformat.read(str(dest / section.NOTEBOOK), as_version=4).cells

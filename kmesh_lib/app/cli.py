@@ -167,6 +167,8 @@ def cmd_publish(args) -> int:
     c = done.compacted
     print(f"  {folder_bytes(done.run_dir):,} bytes; {len(c.figures)} figures moved out of the notebook; "
           f"{len(c.compressed)} captures xz-compressed")
+    for entry in c.moved:
+        print(f"  figure: {entry}")
     for entry in c.left_out:
         print(f"  left out: {entry}")
     for name, other in done.public["shared_captures"].items():

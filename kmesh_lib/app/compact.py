@@ -54,6 +54,7 @@ class Compacted:
     figures: list[str] = field(default_factory=list)  # figures/<name> written from the notebook
     compressed: list[str] = field(default_factory=list)  # raw/<name> stored as raw/<name>.xz
     paths_rewritten: list[str] = field(default_factory=list)  # files whose machine paths became relative
+    moved: list[str] = field(default_factory=list)  # 'name.png (why)': a saved PNG now in figures/
 
 
 def published_files(src: Path, notebook: str) -> tuple[list[Path], list[str]]:
