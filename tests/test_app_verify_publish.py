@@ -297,6 +297,9 @@ def test_publish_makes_machine_paths_relative_and_refuses_one_it_cannot(section,
     nb = nbformat.read(str(nb_path), as_version=4)
     nb.cells[-1].outputs.append(nbformat.v4.new_output(
         "stream", name="stderr", text="/opt/venv/lib/python3.12/site-packages/tqdm/auto.py:21: TqdmWarning\n"))
+    gpu_box = "/srv/gpu-box/kmesh/outputs/device/99-gpu"  # where the run was made: only the notebook names it
+    nb.metadata["papermill"] = {"parameters": {"RUN_DIR": gpu_box}}
+    nb.cells[-1].outputs.append(nbformat.v4.new_output("stream", name="stdout", text=f"run: {gpu_box}\n"))
     nbformat.write(nb, str(nb_path))
     (run_dir / "raw" / "blocks.jsonl").write_text('{"disk_root": "/tmp/kmesh-lmcache/run-1/disk"}\n')
     (run_dir / "raw" / "params_copy.yaml").write_text(f"RUN_DIR: {run_dir}\n")
@@ -309,6 +312,7 @@ def test_publish_makes_machine_paths_relative_and_refuses_one_it_cannot(section,
     assert public["captures_with_paths_rewritten"] == ["raw/blocks.jsonl", "raw/params_copy.yaml"]
     assert public["capture_hashes"]["items.jsonl"] == records.sha256_file(run_dir / "raw" / "items.jsonl")
     assert "<site-packages>/tqdm/auto.py:21" in (dest / section.NOTEBOOK).read_text()
+    assert f"run: published/fake_section/{run_dir.name}" in (dest / section.NOTEBOOK).read_text()
     other = fake_section.make_run(total=30, extra_results={"model": "/home/someone/models/qwen"})
     (other / "raw" / "extra.jsonl").write_text('{"own": 2}\n')
     code, _, err = publish(other, capsys)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -150,7 +151,19 @@ def public_document(section: ModuleType, run: RunFiles, verdict: Verdict, allowe
     return doc
 
 
-def _path_rewrites(run_dir: Path, recorded_run_dir: str | None, dest_rel: str) -> list[tuple[str, str]]:
+def notebook_run_dir(run_dir: Path, notebook: str) -> str | None:
+    """The RUN_DIR papermill gave the notebook (``metadata.papermill.parameters``): for a run made on
+    another machine, a folder that neither this checkout nor params.resolved.yaml names."""
+    try:
+        nb = json.loads((run_dir / notebook).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    value = ((nb.get("metadata", {}).get("papermill") or {}).get("parameters") or {}).get("RUN_DIR")
+    return value if isinstance(value, str) else None
+
+
+def _path_rewrites(run_dir: Path, recorded_run_dir: str | None, dest_rel: str,
+                   notebook_dir: str | None = None) -> list[tuple[str, str]]:
     """(absolute, relative) pairs, longest first: the run folder as it is (absolute, and relative to
     the checkout) and as it was recorded, then each checkout (``<root>/`` -> ``""``), then the
     folder around a checkout (-> ``../``)."""
@@ -159,9 +172,11 @@ def _path_rewrites(run_dir: Path, recorded_run_dir: str | None, dest_rel: str) -
     if local and local != dest_rel and len(local) > 8:
         pairs.append((local, dest_rel))
     roots = [REPO_ROOT]
-    if recorded_run_dir and len(recorded_run_dir) > 8:
-        recorded = Path(recorded_run_dir)
-        pairs.append((recorded_run_dir.rstrip("/"), dest_rel))
+    for named in (recorded_run_dir, notebook_dir):
+        if not named or len(named) <= 8:
+            continue
+        recorded = Path(named)
+        pairs.append((named.rstrip("/"), dest_rel))
         if recorded.is_absolute() and len(recorded.parts) > 4 and recorded.parents[1].name in ("runs", "outputs"):
             roots.append(recorded.parents[2])  # the checkout the run was made in: <root>/runs/<section>/<id>
     for root in roots:
@@ -306,7 +321,8 @@ def publish(section: ModuleType, run_dir: Path, allow_failed: bool = False, repl
     try:
         left_out = _copy_run(src, staging, section.NOTEBOOK)
         figures, repeated = move_figures(staging, section.NOTEBOOK)
-        rewritten = _rewrite_paths(staging, _path_rewrites(src, recorded_run_dir, dest_rel))
+        rewritten = _rewrite_paths(staging, _path_rewrites(src, recorded_run_dir, dest_rel,
+                                                           notebook_run_dir(src, section.NOTEBOOK)))
         compacted = Compacted(left_out, figures, compress_captures(staging), rewritten, repeated)
         shared = shared_captures(src.name, staging)
         copy = RunFiles(staging)
