@@ -268,13 +268,14 @@ def test_publish_keeps_each_figure_once_and_no_log(section, capsys, tmp_path):
     (run_dir / "blocks.log").write_text("INFO engine noise\n")
     (run_dir / "raw" / "child-tiny.log").write_text("INFO engine noise\n")
     (run_dir / "lead-mp-N4.json").write_text("{}")
+    (run_dir / "raw" / "params_for_children.yaml").write_bytes((run_dir / "params.resolved.yaml").read_bytes())
     code, out, err = publish(run_dir, capsys)
     assert code == 0, err
     dest = tmp_path / "published" / "fake_section" / run_dir.name
     saved = b"\x89PNG the same figure saved at another dpi"
     assert (dest / "figures" / "total.png").read_bytes() == saved  # once: the PNG the cell saved
     assert not (dest / "total.png").exists() and "figure: total.png (cell 2 displayed this figure; kept once" in out
-    for name in ("blocks.log", "raw/child-tiny.log", "lead-mp-N4.json"):
+    for name in ("blocks.log", "raw/child-tiny.log", "lead-mp-N4.json", "raw/params_for_children.yaml"):
         assert not (dest / name).exists() and f"left out: {name} (" in out
     cells = nbformat.read(str(dest / section.NOTEBOOK), as_version=4).cells
     shown, only = cells[-2].outputs[0], cells[-1].outputs[0]
@@ -484,3 +485,14 @@ def test_the_published_set_is_compact_and_holds_no_machine_path_or_copy():
         for other, theirs in captures.items():
             assert not mine or not mine <= theirs, f"{folder} is a copy of {other}"
         captures[folder] = mine
+    by_hash: dict[str, list[Path]] = {}
+    for path in sorted(paths.OUTPUTS.rglob("*")):
+        if path.is_file():
+            by_hash.setdefault(records.sha256_file(path), []).append(path.relative_to(paths.OUTPUTS))
+    for same in (group for group in by_hash.values() if len(group) > 1):
+        assert len({p.parts[:2] for p in same}) == len(same), f"a run holds one file twice: {same}"
+        if all(rel.parts[2] == "figures" for rel in same):
+            continue  # two runs drew the same deterministic figure (section 18's replay sweep)
+        named = [published.read_public(paths.OUTPUTS / rel.parts[0] / rel.parts[1] / published.PUBLIC_FILE)
+                 ["shared_captures"].get(rel.name.removesuffix(".xz")) for rel in same]
+        assert all(rel.parts[2] == "raw" for rel in same) and any(named), f"copies, not named as shared: {same}"

@@ -19,10 +19,10 @@ A local run (``runs/``) keeps everything it wrote. Its published copy holds each
     public-results.json   the allow-listed public document (``app.publish``)
     report.html           rendered from the published notebook; its images are ``figures/*.png``
 
-Published by allow-list (``PUBLISHED_FILES``): a file not named there is left out and listed.
+Published by allow-list (``published_files``): a file not named above is left out and listed.
 Never published: ``logs/`` and every ``*.log`` (engine and driver logs), a driver's state files
-and archives, and a second copy of a figure (the notebook's base64 image next to the PNG its cell
-saved from the same matplotlib figure).
+and archives, a ``raw/`` file that repeats a top-level record, and a second copy of a figure
+(the notebook's base64 image next to the PNG its cell saved from the same matplotlib figure).
 """
 from __future__ import annotations
 
@@ -86,6 +86,18 @@ def _left_out_why(rel: Path, path: Path, notebook: str) -> str:
     if rel.parts[0] in REGENERATED:
         return REGENERATED[rel.parts[0]]
     return "not a published file (a driver's state or archive)"
+
+
+def drop_raw_copies(folder: Path) -> list[str]:
+    """Removes a ``raw/`` file byte-identical to a top-level record (section 21 keeps a copy of
+    ``params.resolved.yaml`` in ``raw/`` for its child processes): 'raw/name (why)' for each."""
+    records = {sha256_file(p): p.name for p in folder.iterdir() if p.is_file()}
+    dropped = []
+    for path in sorted((folder / "raw").rglob("*")):
+        if path.is_file() and (twin := records.get(sha256_file(path))):
+            path.unlink()
+            dropped.append(f"{path.relative_to(folder).as_posix()} (a copy of {twin})")
+    return dropped
 
 
 def compress_captures(folder: Path) -> list[str]:

@@ -46,7 +46,14 @@ from pathlib import Path
 from types import ModuleType
 
 from kmesh_lib.app import published as published_set
-from kmesh_lib.app.compact import FORMAT, Compacted, compress_captures, move_figures, published_files
+from kmesh_lib.app.compact import (
+    FORMAT,
+    Compacted,
+    compress_captures,
+    drop_raw_copies,
+    move_figures,
+    published_files,
+)
 from kmesh_lib.app.published import PUBLIC_FILE, SCHEMA
 from kmesh_lib.app.registry import call_section
 from kmesh_lib.app.report import render_report
@@ -323,6 +330,7 @@ def publish(section: ModuleType, run_dir: Path, allow_failed: bool = False, repl
         figures, repeated = move_figures(staging, section.NOTEBOOK)
         rewritten = _rewrite_paths(staging, _path_rewrites(src, recorded_run_dir, dest_rel,
                                                            notebook_run_dir(src, section.NOTEBOOK)))
+        left_out += drop_raw_copies(staging)
         compacted = Compacted(left_out, figures, compress_captures(staging), rewritten, repeated)
         shared = shared_captures(src.name, staging)
         copy = RunFiles(staging)
