@@ -4,6 +4,7 @@ Runs here are made in-process by section 99 (``tests/fake_section.py``): five ra
 total, whose checks recompute the total from ``raw/`` and compare it with ``results.json``.
 """
 import json
+import shutil
 from pathlib import Path
 
 import fake_section
@@ -149,7 +150,8 @@ def test_publish_copies_a_verified_run_with_relative_paths_and_an_allow_listed_p
             assert str(tmp_path) not in path.read_text(), path  # relative paths only
     assert "RUN_DIR: published/fake_section/" in (dest / "params.resolved.yaml").read_text()
     public = json.loads((dest / "public-results.json").read_text())
-    assert set(public) == {"schema", "section", "number", "title", "run_id", "status", "verified", "allowed_failed",
+    assert set(public) == {"schema", "section", "number", "title", "uses_engine", "run_id", "status", "verified",
+                           "allowed_failed",
                            "failure_note", "migrated", "published_format", "check_counts", "checks", "environment",
                            "params", "input_hashes", "capture_hashes", "capture_hash_of", "shared_captures",
                            "captures_with_paths_rewritten",
@@ -288,6 +290,13 @@ def test_publish_keeps_each_figure_once_and_no_log(section, capsys, tmp_path):
     assert only.metadata["kmesh_figure"]["kept"] == "the displayed bytes"
     report = (dest / "report.html").read_text()
     assert 'src="figures/total.png"' in report and "data:image" not in report and PNG_1PX[:40] not in report
+    before = {p.relative_to(dest): p.read_bytes() for p in dest.rglob("*") if p.is_file()}
+    shutil.rmtree(run_dir)  # the local run is gone: the published one is published again in place
+    code, _, err = publish(dest, capsys)
+    assert code == 0, err
+    after = {p.relative_to(dest): p.read_bytes() for p in dest.rglob("*") if p.is_file()}
+    assert set(after) == set(before)
+    assert [k for k in before if after[k] != before[k]] == [], "published again in place, the files change"
 
 
 def test_publish_makes_machine_paths_relative_and_refuses_one_it_cannot(section, capsys, tmp_path):

@@ -42,7 +42,7 @@ FIGURES = "figures"
 TOP_LEVEL = ("params.resolved.yaml", "env.json", "results.json")  # plus the section's notebook and *.png
 NEVER = ("*.log", "*.tmp", "*.lock", ".ipynb_checkpoints")
 IMAGE_TYPES = {"image/png": ".png", "image/jpeg": ".jpg"}
-REGENERATED = {"report.html": "", "public-results.json": "", FIGURES: ""}  # made again at publish: not listed
+REGENERATED = {"report.html": "", "public-results.json": ""}  # made again at publish: not copied, not listed
 FIGURE_CALL = re.compile(r"""figure_path\(\s*(f?)(["'])(.+?)\2\s*\)""")
 
 
@@ -79,7 +79,7 @@ def _left_out_why(rel: Path, path: Path, notebook: str) -> str:
         return "a symlink"
     if rel.parts[0] == "logs" or any(fnmatch.fnmatch(part, pat) for part in rel.parts for pat in NEVER):
         return "a log or temporary file: engine logs stay in the local run"
-    if rel.parts[0] == "raw":
+    if rel.parts[0] in ("raw", FIGURES):  # figures/: a published run published again in place
         return ""
     if len(rel.parts) == 1 and (rel.name in (*TOP_LEVEL, notebook) or rel.suffix == ".png"):
         return ""

@@ -130,6 +130,7 @@ def public_document(section: ModuleType, run: RunFiles, verdict: Verdict, allowe
     public_params = {k: params[k] for k in param_names(section.Params) if k in params and k != "RUN_DIR"}
     doc = {
         "schema": SCHEMA, "section": section.KEY, "number": section.NUMBER, "title": section.TITLE,
+        "uses_engine": section.USES_ENGINE,
         "run_id": run.run_id, "status": results.get("status"), "verified": verdict.ok,
         "allowed_failed": allowed_failed, "failure_note": failure_note,
         "migrated": bool(results.get("migration")), "published_format": FORMAT,
@@ -230,6 +231,15 @@ def absolute_paths(folder: Path) -> list[str]:
             text = f.read().decode("utf-8", "replace")
         found += [f"{path.relative_to(folder).as_posix()}: {m[0][:80]}" for m in ABSOLUTE_PATH.finditer(text)]
     return found
+
+
+def _rewritten_before(src: Path) -> set[str]:
+    """The captures a published run (published again in place) had its paths rewritten in then."""
+    try:
+        before = published_set.read_public(src / PUBLIC_FILE).get("captures_with_paths_rewritten") or []
+    except published_set.PublishedSetError:
+        return set()
+    return {f for f in before if isinstance(f, str) and f.startswith("raw/")}
 
 
 def _copy_run(src: Path, staging: Path, notebook: str) -> list[str]:
@@ -338,7 +348,7 @@ def publish(section: ModuleType, run_dir: Path, allow_failed: bool = False, repl
         if again.ok != verdict.ok or [ln.kind for ln in again.lines] != [ln.kind for ln in verdict.lines]:
             raise PublishRefused(f"the published copy verifies differently from {src}: " + again.summary())
         public = public_document(section, copy, again, allowed_failed, failure_note, shared,
-                                 [f for f in rewritten if f.startswith("raw/")])
+                                 sorted({f for f in rewritten if f.startswith("raw/")} | _rewritten_before(src)))
         write_json_atomic(staging / PUBLIC_FILE, public)
         render_report(section, staging, note=f"Published with --allow-failed: {failure_note}" if allowed_failed else "")
         left = absolute_paths(staging)

@@ -88,11 +88,12 @@ def status_text(doc: dict) -> str:
 
 
 def stack_text(doc: dict) -> str:
-    """The device and the engine stack that measured the run: 'NVIDIA H200; vLLM 0.26.0, LMCache 0.5.3'."""
+    """The device and the engine stack that measured the run: 'NVIDIA H200; vLLM 0.26.0, LMCache 0.5.3'
+    (the device alone for a section that starts no engine)."""
     env = doc.get("environment", {})
     packages = env.get("packages", {})
     stack = ", ".join(f"{label} {packages[key]}" for key, label in (("vllm", "vLLM"), ("lmcache", "LMCache"))
-                      if packages.get(key))
+                      if packages.get(key) and doc.get("uses_engine", True))
     device = str(env.get("device", "")).removeprefix("cpu: ")
     return f"{device}; {stack}" if stack else device
 
