@@ -75,6 +75,26 @@ def test_verify_reports_a_recorded_ok_that_is_no_longer_computed(section, capsys
     assert code == 1 and "MISSING  every item recorded (recorded ok, recomputed nothing)" in out
 
 
+def test_a_check_that_needs_data_this_machine_lacks_is_not_a_mismatch(section, capsys, monkeypatch):
+    from kmesh_lib.base.checks import Check
+
+    all_checks = fake_section.checks
+    monkeypatch.setattr(fake_section, "checks", lambda run: [*all_checks(run), Check("the corpus re-hashes", "ok")])
+    run_dir = fake_section.make_run()  # recorded ok where the corpus was
+    absent = Check("the corpus re-hashes", "skipped", "the corpus is not on this machine", outside_input="the corpus")
+    monkeypatch.setattr(fake_section, "checks", lambda run: [*all_checks(run), absent])
+    code, out, _ = verify(run_dir, capsys)
+    assert code == 0 and "n/a here the corpus re-hashes (recorded ok, recomputed skipped; needs the corpus, " \
+        "not on this machine)" in out
+    assert "1 recorded ok, not recomputable here" in out[-1]
+    bare = Check("the corpus re-hashes", "skipped", "raw/ lost the rows")  # skipped for want of the run's own files
+    monkeypatch.setattr(fake_section, "checks", lambda run: [*all_checks(run), bare])
+    code, out, _ = verify(run_dir, capsys)
+    assert code == 1 and any(line.startswith("MISMATCH the corpus re-hashes") for line in out)
+    with pytest.raises(ValueError, match="outside_input names why a check is skipped"):
+        Check("x", "ok", outside_input="the corpus")
+
+
 def damage(run_dir: Path, kind: str) -> str:
     """Damages ``run_dir`` one way; returns the file name the one-line error must name."""
     results, raw = run_dir / "results.json", run_dir / "raw" / "items.jsonl"

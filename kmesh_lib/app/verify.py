@@ -8,6 +8,9 @@ notebook's checks cell called. A run passes verify when:
 - no recomputed check failed;
 - every check the run recorded as ``ok`` recomputes as ``ok`` (a recorded ok that now fails, is
   skipped or is no longer computed is a mismatch: the record claimed more than the files show).
+  One exception: a check skipped here for an input outside the run folder that this machine lacks
+  (``Check.outside_input``: section 17's corpus in a clone without the data) is ``unavailable``,
+  listed and counted, not a mismatch: the run's own files are intact.
 
 A skipped check is reported but is not a failure; it is not a pass either.
 """
@@ -30,13 +33,17 @@ class Line:
     recorded: str | None
     detail: str = ""
     recorded_only: bool = False
+    outside_input: str = ""
 
     @property
     def kind(self) -> str:
         """ok | failed | skipped as recomputed; mismatch: recorded ok, recomputed not ok; missing:
-        recorded, not recomputed."""
+        recorded, not recomputed; unavailable: recorded ok, skipped here for want of an input
+        outside the run folder."""
         if self.recomputed is None:
             return "missing"
+        if self.recorded == "ok" and self.recomputed == "skipped" and self.outside_input:
+            return "unavailable"
         if self.recorded == "ok" and self.recomputed != "ok":
             return "mismatch"
         return self.recomputed
@@ -47,11 +54,13 @@ class Line:
 
     def text(self) -> str:
         label = {"ok": "ok", "failed": "FAILED", "skipped": "skipped", "mismatch": "MISMATCH",
-                 "missing": "MISSING"}[self.kind]
+                 "missing": "MISSING", "unavailable": "n/a here"}[self.kind]
         notes = []
         if self.recorded is not None and self.recorded != self.recomputed:
             notes.append(f"recorded {self.recorded}, recomputed {self.recomputed or 'nothing'}")
-        if self.detail and self.kind != "ok":
+        if self.kind == "unavailable":
+            notes.append(f"needs {self.outside_input}, not on this machine")
+        elif self.detail and self.kind != "ok":
             notes.append(self.detail)
         if self.recorded_only:
             notes.append("recorded only: not recomputable from raw/")
@@ -82,12 +91,15 @@ class Verdict:
     def summary(self) -> str:
         counts = summarize(self.checks)
         mismatches = sum(line.kind in ("mismatch", "missing") for line in self.lines)
+        unavailable = sum(line.kind == "unavailable" for line in self.lines)
         verdict = "verified" if self.ok else "NOT verified"
         why = []
         if not self.finished:
             why.append(f"status {self.status}: the run did not finish")
         if not self.checks:
             why.append("no checks computed")
+        if unavailable:
+            why.append(f"{unavailable} recorded ok, not recomputable here (an input outside the run is absent)")
         return (f"{verdict}: {counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped, "
                 f"{mismatches} recorded/recomputed mismatches" + (f"; {'; '.join(why)}" if why else ""))
 
@@ -123,7 +135,8 @@ def verify(section: ModuleType, run: RunFiles) -> Verdict:
     checks = call_section(section, "checks", run)
     verdict = Verdict(run.run_id, status, checks=list(checks))
     for c in checks:
-        verdict.lines.append(Line(c.name, c.status, recorded.pop(c.name, None), c.detail, c.recorded_only))
+        verdict.lines.append(Line(c.name, c.status, recorded.pop(c.name, None), c.detail, c.recorded_only,
+                                  c.outside_input))
     for name, was in recorded.items():  # recorded, but the section no longer computes it
         verdict.lines.append(Line(name, None, was))
     return verdict

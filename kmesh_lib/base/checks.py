@@ -10,6 +10,11 @@ A check has one of three statuses, and it is never ``ok`` by default:
 ``recorded_only`` marks a check whose evidence is not in ``raw/`` (a figure the run measured and
 kept only as a result): ``kmesh verify`` re-reads it but cannot recompute it.
 
+``outside_input`` names what a ``skipped`` check needed from outside the run folder and did not
+find on this machine (a data set the check re-reads: section 17's corpus). ``kmesh verify`` then
+reports a check the run recorded as ok as not recomputable here, not as a contradiction of the
+record: the run's own files are intact, this machine lacks the input.
+
 Each section has one ``checks(run: RunFiles) -> list[Check]``. The notebook calls it on the files
 it has just written, ``kmesh verify`` on the files of a finished run, a GPU driver on its own run
 directory: one computation, three callers.
@@ -30,12 +35,15 @@ class Check:
     status: str  # ok | failed | skipped (a bool is taken as ok / failed)
     detail: str = ""
     recorded_only: bool = False
+    outside_input: str = ""  # skipped because this input outside the run folder is absent here
 
     def __post_init__(self) -> None:
         if isinstance(self.status, bool):
             object.__setattr__(self, "status", "ok" if self.status else "failed")
         if self.status not in STATUSES:
             raise ValueError(f"check {self.name!r}: status {self.status!r} is not one of {STATUSES}")
+        if self.outside_input and self.status != "skipped":
+            raise ValueError(f"check {self.name!r}: outside_input names why a check is skipped")
 
     @property
     def ok(self) -> bool:
@@ -43,7 +51,8 @@ class Check:
 
     def as_record(self) -> dict:
         return {"ok": self.ok, "status": self.status, "detail": self.detail,
-                **({"recorded_only": True} if self.recorded_only else {})}
+                **({"recorded_only": True} if self.recorded_only else {}),
+                **({"outside_input": self.outside_input} if self.outside_input else {})}
 
 
 def check(name: str, ok: bool, detail: str = "", evidence: object = True, missing: str = "") -> Check:

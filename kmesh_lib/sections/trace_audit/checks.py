@@ -115,7 +115,8 @@ def _verdict_check(results: dict, rows: dict[str, list[dict]]) -> Check:
 def _rehash_check(root: Path, max_depth: int, hashes: dict[str, str]) -> Check:
     name = "input files re-hash to the recorded sha256"
     if not root.is_dir():
-        return Check(name, "skipped", f"the corpus is not on this machine ({root}); `kmesh data fetch` gets it")
+        return Check(name, "skipped", f"the corpus is not on this machine ({root}); `kmesh data fetch` gets it",
+                     outside_input=f"the corpus {root.name}/ (`kmesh data fetch`)")
     if not hashes:
         return Check(name, "skipped", "no file was read whole")
     now = {safe_relpath(p): d for p, d in hash_tree(root, max_depth).items()}
@@ -131,7 +132,8 @@ def _rehash_check(root: Path, max_depth: int, hashes: dict[str, str]) -> Check:
 def _reaudit_check(root: Path, limits: dict, rows: dict[str, list[dict]]) -> Check:
     name = "a fresh audit of the corpus reproduces raw/"
     if not root.is_dir():
-        return Check(name, "skipped", f"the corpus is not on this machine ({root})")
+        return Check(name, "skipped", f"the corpus is not on this machine ({root})",
+                     outside_input=f"the corpus {root.name}/ (`kmesh data fetch`)")
     fresh = audit_tree(root, max_line_bytes=limits["max_line_bytes"], max_depth=limits["max_depth"],
                        max_json_depth=limits["max_json_depth"], max_fields_per_source=MAX_FIELDS_PER_SOURCE).rows()
     differing = [table for table in RAW_TABLES if _normalized(fresh[table]) != _normalized(rows[table])]
