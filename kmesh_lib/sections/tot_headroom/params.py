@@ -1,32 +1,49 @@
-"""Section 19's parameters, raw file names and the search configuration they give."""
+"""Section 19's parameters, raw file names, and the search, policy and arms they give."""
 from __future__ import annotations
 
+import dataclasses
+import math
+import os
 import socket
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Literal
 
-from kmesh_lib.base.params import check
+from kmesh_lib.base.params import check, current_names
+from kmesh_lib.base.paths import REPO_ROOT
 from kmesh_lib.engine.config import EngineParams
 from kmesh_lib.engine.model_spec import resolve
 from kmesh_lib.workloads import game24
+from kmesh_lib.workloads.tot_script import ScriptedPolicy
 from kmesh_lib.workloads.tot_search import SearchConfig
 
-CAPTURE = "tot_capture.jsonl"  # raw/: one kmesh.capture/1 record per invocation, appended per group
-OUTCOMES = "tot_outcomes.jsonl"  # raw/: one record per puzzle, failures included
+CAPTURE = "tot_capture.jsonl"  # raw/: one kmesh.capture/1 record per invocation of the engine run, per group
+OUTCOMES = "tot_outcomes.jsonl"  # raw/: one record per puzzle of the engine run, failures included
+BLOCK_EVENTS = "block_events.jsonl"  # raw/: the engine run's whole block-pool capture
+STOCK_SWEEP = "stock_sweep.jsonl"  # raw/: one record per replay arm (a trace at one pool size), per arm
 CLOCK_DOMAIN = f"time.monotonic_ns@{socket.gethostname()}"
+ENGINE_TRACE = "engine"  # the engine run's trace, replayed at other pool sizes
 
 
 @dataclass(frozen=True)
 class TotHeadroomParams(EngineParams):
     PUZZLES_CSV: str = "../shared/data/game24/24.csv"  # relative to the repository root
-    PUZZLE_INDICES: list[int] = field(default_factory=lambda: [0, 1, 2])  # rows in file order
+    PUZZLE_INDICES: list[int] = field(default_factory=lambda: [0, 1, 2])  # the engine run's puzzles, by row
+    POLICY: Literal["scripted", "model"] = "scripted"  # scripted: outputs forced to a seeded weak-model script
+    SCRIPT_ERROR_RATE: float = 0.25  # share of scripted proposal lines that are wrong
+    SCRIPT_UNPARSED_SHARE: float = 0.5  # of the wrong lines, the share that do not parse (the rest are invalid)
+    SCRIPT_VALUE_ACCURACY: float = 0.8  # share of scripted judgements that agree with the solver oracle
     BREADTH: int = 2  # states kept per BFS step
-    MAX_TOKENS: int = 192  # output tokens per call
+    MAX_TOKENS: int = 192  # output tokens per call (the scripted lengths are capped here)
     TEMPERATURE: float = 0.7  # call i samples with seed SEED + i
-    MAX_CALLS: int = 384
+    MAX_CALLS: int = 384  # the engine run's call limit
     RUN_CEILING_S: float = 4500.0  # checked at call boundaries
     INVOCATION_BOUND_S: float = 120.0  # a call running longer is aborted (the run is then partial)
     KV_CACHE_MIB: float | None = None  # when set, NUM_GPU_BLOCKS must be the pool it buys, + the null block
     SWEEP_POOL_BLOCKS: list[int] = field(default_factory=lambda: [8, 16, 32, 64, 128, 256, 512, 1024])
+    NUM_SCALE_PUZZLES: int = 50  # the scale traces: puzzles 0..N-1, scripted, on the replay engine (0: none)
+    SCRIPT_ERROR_RATES: list[float] = field(default_factory=lambda: [0.0, 0.1, 0.25, 0.5, 0.75])  # scale sweep
     MODEL_MANIFEST: str | None = None  # JSON {file: sha256} the model directory must match (repo-relative)
 
     def __post_init__(self) -> None:
@@ -38,13 +55,21 @@ class TotHeadroomParams(EngineParams):
         num_puzzles = len(game24.load_puzzles(csv_path))
         check(max(self.PUZZLE_INDICES) < num_puzzles,
               f"PUZZLE_INDICES={self.PUZZLE_INDICES}: {csv_path.name} has rows 0..{num_puzzles - 1}")
+        check(0 <= self.NUM_SCALE_PUZZLES <= num_puzzles,
+              f"NUM_SCALE_PUZZLES={self.NUM_SCALE_PUZZLES}: 0 (no scale traces) .. {num_puzzles} ({csv_path.name})")
+        for name in ("SCRIPT_ERROR_RATE", "SCRIPT_UNPARSED_SHARE", "SCRIPT_VALUE_ACCURACY"):
+            check(0.0 <= getattr(self, name) <= 1.0, f"{name}={getattr(self, name)}: a share, in [0, 1]")
+        check(all(0.0 <= r <= 1.0 for r in self.SCRIPT_ERROR_RATES) and
+              len(set(self.SCRIPT_ERROR_RATES)) == len(self.SCRIPT_ERROR_RATES),
+              f"SCRIPT_ERROR_RATES={self.SCRIPT_ERROR_RATES}: distinct shares in [0, 1]")
         check(self.BREADTH >= 1, f"BREADTH={self.BREADTH}: must be >= 1")
         check(self.MAX_TOKENS >= 1, f"MAX_TOKENS={self.MAX_TOKENS}: must be >= 1")
         check(self.TEMPERATURE >= 0, f"TEMPERATURE={self.TEMPERATURE}: must be >= 0")
         check(self.MAX_CALLS >= 1, f"MAX_CALLS={self.MAX_CALLS}: must be >= 1")
         check(self.RUN_CEILING_S > 0 and self.INVOCATION_BOUND_S > 0,
               f"RUN_CEILING_S={self.RUN_CEILING_S}, INVOCATION_BOUND_S={self.INVOCATION_BOUND_S}: must be > 0")
-        check(all(n >= 1 for n in self.SWEEP_POOL_BLOCKS), f"SWEEP_POOL_BLOCKS={self.SWEEP_POOL_BLOCKS}: must be >= 1")
+        check(self.SWEEP_POOL_BLOCKS and all(n >= 1 for n in self.SWEEP_POOL_BLOCKS),
+              f"SWEEP_POOL_BLOCKS={self.SWEEP_POOL_BLOCKS}: usable block counts >= 1, at least one")
         header = len(game24.FEWSHOT.encode()) + 64  # byte-tokenizer size of a root prompt; BPE is smaller
         check(header + self.MAX_TOKENS <= self.MAX_MODEL_LEN,
               f"MAX_TOKENS={self.MAX_TOKENS}: a root prompt (~{header} tokens) + MAX_TOKENS exceeds "
@@ -63,7 +88,71 @@ def pool_blocks(cfg) -> int:
     return int(cfg.KV_CACHE_MIB * (1 << 20)) // block_bytes + 1
 
 
-def search_config(cfg: TotHeadroomParams) -> SearchConfig:
+def recorded_params(values: dict) -> SimpleNamespace:
+    """A run's parameters as recorded, over this version's defaults, *without* validation.
+
+    ``checks`` read runs made elsewhere (the GPU machine's puzzle path does not exist here) and
+    before later parameters existed; validation belongs before an engine starts, not in verify.
+    """
+    defaults = {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())
+                for f in dataclasses.fields(TotHeadroomParams)}
+    if "POLICY" not in values:  # runs recorded before the scripted policy ran the model
+        defaults["POLICY"] = "model"
+    return SimpleNamespace(**{**defaults, **current_names(values)})
+
+
+def search_config(cfg) -> SearchConfig:
     return SearchConfig(breadth=cfg.BREADTH, max_tokens=cfg.MAX_TOKENS, temperature=cfg.TEMPERATURE, base_seed=cfg.SEED,
                         max_model_len=cfg.MAX_MODEL_LEN, max_calls=cfg.MAX_CALLS, run_ceiling_s=cfg.RUN_CEILING_S,
                         invocation_bound_s=cfg.INVOCATION_BOUND_S)
+
+
+def scale_search_config(cfg) -> SearchConfig:
+    """The scale traces run to the end: replayed outputs take no model time, so no call or time limit."""
+    return dataclasses.replace(search_config(cfg), max_calls=math.inf, run_ceiling_s=math.inf)
+
+
+def scripted_policy(cfg, tokenizer, error_rate: float | None = None) -> ScriptedPolicy:
+    return ScriptedPolicy(tokenizer, seed=cfg.SEED,
+                          error_rate=cfg.SCRIPT_ERROR_RATE if error_rate is None else error_rate,
+                          unparsed_share=cfg.SCRIPT_UNPARSED_SHARE, value_accuracy=cfg.SCRIPT_VALUE_ACCURACY,
+                          max_tokens=cfg.MAX_TOKENS)
+
+
+def policy_label(cfg) -> str:
+    """How every table and plot names the policy: "scripted (...)" or the model's name."""
+    if cfg.POLICY == "scripted":
+        return (f"scripted (proposal error rate {cfg.SCRIPT_ERROR_RATE:g}, {cfg.SCRIPT_UNPARSED_SHARE:g} of errors "
+                f"unparseable; value accuracy {cfg.SCRIPT_VALUE_ACCURACY:g})")
+    return f"model {resolve(cfg.MODEL).name} ({'its weights' if not resolve(cfg.MODEL).is_synthetic else cfg.WEIGHTS})"
+
+
+def stock_pool_sizes(cfg) -> list[int]:
+    """Usable pool sizes at which stock vLLM is observed: the sweep's sizes that hold one request
+    of MAX_MODEL_LEN tokens (vLLM refuses a smaller pool), plus the run's own pool."""
+    fits = [n for n in cfg.SWEEP_POOL_BLOCKS if n * cfg.BLOCK_SIZE >= cfg.MAX_MODEL_LEN]
+    return sorted(set(fits) | {cfg.NUM_GPU_BLOCKS - 1})
+
+
+def bound_pool_sizes(cfg) -> list[int]:
+    """Usable pool sizes for the LRU reference and the ideal bound (any size): the sweep's and the run's."""
+    return sorted(set(cfg.SWEEP_POOL_BLOCKS) | {cfg.NUM_GPU_BLOCKS - 1})
+
+
+def scale_trace_name(error_rate: float) -> str:
+    return f"scale-e{error_rate:g}"
+
+
+def data_root() -> Path:
+    """Where data sets live (``KMESH_DATA_ROOT``, default ``../shared/data`` next to the checkout)."""
+    return Path(os.environ.get("KMESH_DATA_ROOT", REPO_ROOT.parent / "shared" / "data")).expanduser().resolve()
+
+
+def data_relative(path: Path) -> str:
+    """``path`` relative to the data root when it is inside it (runs record inputs this way, by content
+    hash, so a run made on another machine names the same file); otherwise its file name."""
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(data_root()))
+    except ValueError:
+        return path.name
