@@ -48,27 +48,34 @@ def test_an_engine_built_without_forcing_refuses_forced_requests():
 
 
 @pytest.mark.cpu
-def test_the_cpu_engine_generates_exactly_the_forced_ids():
+def test_the_cpu_engine_generates_exactly_the_scripted_tokens():
     from kmesh_lib.engine.config import EngineParams
+    from kmesh_lib.engine.model_spec import ByteTokenizer
     from kmesh_lib.engine.requests import run_group
     from kmesh_lib.engine.vllm_engine import make_engine
     from kmesh_lib.kv.capture import drain_check
+    from kmesh_lib.workloads import game24
+    from kmesh_lib.workloads.tot_script import ScriptedPolicy
+    from kmesh_lib.workloads.tot_search import Call
 
+    policy = ScriptedPolicy(ByteTokenizer(512), seed=0, max_tokens=96)
+    state = game24.root_state((1, 1, 4, 6))
+    proposal, value = (policy.token_ids(Call(f"q0-c000{i}-{kind}", kind, i, 0, 1, None, (), 0, state))
+                       for i, kind in enumerate(("proposal", "value")))
     engine = make_engine(EngineParams(MODEL="tiny", BLOCK_SIZE=32, NUM_GPU_BLOCKS=33, MAX_MODEL_LEN=512),
                          forcing_outputs=True)
     try:
         prompt = [4 + (7 * i) % 500 for i in range(70)]
-        script = [300 + i for i in range(40)] + [9, 9, 9, 500]
         sampled, greedy, free = run_group(engine, [
-            RequestSpec("sampled", prompt, max_tokens=192, temperature=0.7, seed=1, forced_token_ids=tuple(script)),
-            RequestSpec("greedy", prompt + [11], max_tokens=192, temperature=0.0, forced_token_ids=(6, 6, 7)),
+            RequestSpec("sampled", prompt, max_tokens=96, temperature=0.7, seed=1, forced_token_ids=tuple(proposal)),
+            RequestSpec("greedy", prompt + [11], max_tokens=96, temperature=0.0, forced_token_ids=tuple(value)),
             RequestSpec("free", prompt + [12], max_tokens=12, temperature=0.0)])
-        assert sampled.output_token_ids == script and sampled.finish_reason == "length"
-        assert greedy.output_token_ids == [6, 6, 7]
-        assert len(free.output_token_ids) == 12 and free.output_token_ids[:3] != [6, 6, 7]  # unforced: the model's own
+        assert sampled.output_token_ids == proposal and sampled.finish_reason == "length"
+        assert greedy.output_token_ids == value
+        assert len(free.output_token_ids) == 12 and free.output_token_ids != value[:12]  # unforced: the model's own
         again, = run_group(engine, [RequestSpec("again", prompt, max_tokens=4, temperature=0.7, seed=2,
-                                                forced_token_ids=tuple(script[:4]))])
-        assert again.output_token_ids == script[:4] and again.num_cached_tokens == 64  # the prefix cache as usual
+                                                forced_token_ids=tuple(proposal[:4]))])
+        assert again.output_token_ids == proposal[:4] and again.num_cached_tokens == 64  # the prefix cache as usual
         assert drain_check(engine.block_pool).ok
     finally:
         engine.close()

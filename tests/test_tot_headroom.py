@@ -129,6 +129,18 @@ def test_a_partial_run_is_marked_partial_and_fails_only_completeness(tmp_path):
     assert results["status"] == "failed" and "partial" in section.answer(RunFiles(run_dir))
 
 
+def test_a_call_over_its_bound_is_aborted_drained_and_makes_the_run_partial(tmp_path):
+    run_dir = make_run(tmp_path / "bound", INVOCATION_BOUND_S=1e-9, NUM_SCALE_PUZZLES=0, PUZZLE_INDICES=[2, 0])
+    records = RunFiles(run_dir).raw(CAPTURE)
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["search"]["limit_hit"] == "invocation_bound" and results["search"]["drain_ok"]
+    assert [r["status"] for r in records] == ["timeout"]
+    assert [o["status"] for o in RunFiles(run_dir).raw("tot_outcomes.jsonl")] == ["partial", "not_run"]
+    # one call, timed out: the run is partial, and it made no value call (both stated, nothing else fails)
+    assert failed(run_dir) == ["the run is complete (no limit stopped the search)",
+                               "the search made value calls, memo-avoided calls and exact-prefix producer edges"]
+
+
 def test_a_run_recorded_elsewhere_is_checked_not_crashed(copy, monkeypatch, tmp_path):
     """The GPU machine's puzzle path does not exist here: the params still load, the puzzle file is
     found by its path under the data root, or its check is skipped when the data root lacks it."""

@@ -114,8 +114,9 @@ def run_arms(cfg, record, engine_records: list[dict]) -> ArmTables:
     for num_blocks in stock_pool_sizes(cfg):
         arm, _ = run_arm(cfg, num_blocks, search_config(cfg), puzzles, captured_output, tokenizer)
         engine_arms.append(save_arm(record, arm, ENGINE_TRACE, None))
-    rows += bound.trace_rows(ENGINE_TRACE, None, engine_records, engine_arms, bound_pool_sizes(cfg), cfg.BLOCK_SIZE,
-                             engine_records=engine_records, engine_num_blocks=cfg.NUM_GPU_BLOCKS - 1)
+    replayed = [r for r in engine_records if r["status"] != "timeout"]  # what the arms replay
+    rows += bound.trace_rows(ENGINE_TRACE, cfg.POLICY, None, replayed, engine_arms, bound_pool_sizes(cfg),
+                             cfg.BLOCK_SIZE, engine_records=replayed, engine_num_blocks=cfg.NUM_GPU_BLOCKS - 1)
 
     scale_puzzles = game24.load_puzzles(cfg.PUZZLES_CSV, list(range(cfg.NUM_SCALE_PUZZLES)))
     for error_rate in (cfg.SCRIPT_ERROR_RATES if scale_puzzles else []):
@@ -128,7 +129,7 @@ def run_arms(cfg, record, engine_records: list[dict]) -> ArmTables:
             scale_arms.append(save_arm(record, arm, trace, error_rate))
             if trace_records is None:
                 trace_records = [bound.trace_record(inv) for inv in invocations]
-        rows += bound.trace_rows(trace, error_rate, trace_records, scale_arms, bound_pool_sizes(cfg), cfg.BLOCK_SIZE)
+        rows += bound.trace_rows(trace, "scripted", error_rate, trace_records, scale_arms, bound_pool_sizes(cfg), cfg.BLOCK_SIZE)
         scale_rows.append(bound.search_row(trace, error_rate, scale_arms[0], trace_records))
     return ArmTables(rows, scale_rows)
 

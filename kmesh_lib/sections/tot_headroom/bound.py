@@ -50,14 +50,16 @@ def compare_bound(records: list[dict], block_size: int, num_blocks: int) -> dict
             "num_exact_prefix_edges": count_exact_prefix_edges(records)}
 
 
-def bound_table(bound: dict) -> list[dict]:
-    """The stock-versus-ideal table at the run's pool size, with shares of all prompt tokens."""
+def bound_table(bound: dict, outputs: str) -> list[dict]:
+    """The stock-versus-ideal table at the run's pool size, with shares of all prompt tokens;
+    ``outputs`` ("scripted" or "model") says who wrote the calls' outputs."""
     total = bound["num_prompt_tokens"] or 1
     rows = [("no reuse (all prompt tokens)", bound["num_prompt_tokens"]),
             ("stock vLLM, observed on the engine", bound["observed_prefill_tokens"]),
             ("LRU reference", bound["lru_prefill_tokens"]), ("ideal bound (MIN)", bound["ideal_prefill_tokens"]),
             ("compulsory (final fragment of each prompt)", bound["num_compulsory_tokens"])]
-    return [{"policy": name, "prefill_tokens": n, "share_of_prompt_tokens": round(n / total, 4)} for name, n in rows]
+    return [{"outputs": outputs, "cache": name, "prefill_tokens": n, "share_of_prompt_tokens": round(n / total, 4)}
+            for name, n in rows]
 
 
 def sweep(records: list[dict], block_size: int, pool_sizes: list[int], observed: dict[int, int]) -> list[dict]:
@@ -83,16 +85,18 @@ def arm_stock(arm: dict) -> dict:
             "num_evicted_blocks": arm["block_ops"]["evict"], "drain_ok": arm["drain_ok"]}
 
 
-def trace_rows(trace: str, error_rate: float | None, records: list[dict], arms: list[dict], pool_sizes: list[int],
-               block_size: int, engine_records: list[dict] | None = None, engine_num_blocks: int | None = None) -> list[dict]:
+def trace_rows(trace: str, outputs: str, error_rate: float | None, records: list[dict], arms: list[dict],
+               pool_sizes: list[int], block_size: int, engine_records: list[dict] | None = None,
+               engine_num_blocks: int | None = None) -> list[dict]:
     """One row per pool size: LRU and ideal on ``records``; stock from the arm at that size, if any;
-    for the engine trace at the run's pool size, the engine's own observation too."""
+    for the engine trace at the run's pool size, the engine's own observation too. ``outputs``
+    ("scripted" or "model") labels who wrote the trace's outputs."""
     access = build_access_trace(records, block_size)
     by_size = {arm["num_blocks"]: arm for arm in arms}
     rows = []
     for num_blocks in sorted(set(pool_sizes) | set(by_size)):
         ideal, lru = simulate_min(access, num_blocks), simulate_lru(access, num_blocks)
-        row = {"trace": trace, "error_rate": error_rate, "num_blocks": num_blocks, "num_calls": len(records),
+        row = {"trace": trace, "outputs": outputs, "error_rate": error_rate, "num_blocks": num_blocks, "num_calls": len(records),
                "num_prompt_tokens": ideal.num_prompt_tokens, "num_compulsory_tokens": ideal.num_compulsory_tokens,
                "ideal_prefill_tokens": ideal.num_prefill_tokens, "lru_prefill_tokens": lru.num_prefill_tokens}
         if num_blocks in by_size:
@@ -109,7 +113,7 @@ def trace_rows(trace: str, error_rate: float | None, records: list[dict], arms: 
 def search_row(trace: str, error_rate: float, arm: dict, records: list[dict]) -> dict:
     """What one scale search did (the same at every pool size: its outputs are forced)."""
     counts = arm["counts"]
-    return {"trace": trace, "error_rate": error_rate, "num_puzzles": arm["num_puzzles"],
+    return {"trace": trace, "outputs": "scripted", "error_rate": error_rate, "num_puzzles": arm["num_puzzles"],
             **{k: counts[k] for k in ("num_calls", "num_value_calls", "num_avoided_value_calls", "num_valid_proposals",
                                       "num_invalid_proposals", "num_unparsed_proposal_lines")},
             "num_solved": arm["num_solved"], "num_exact_prefix_edges": count_exact_prefix_edges(records)}

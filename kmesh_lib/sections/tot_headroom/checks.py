@@ -91,10 +91,13 @@ def find_puzzle_file(cfg, inputs: dict) -> tuple[Path | None, str | None, str]:
     if not recorded:
         return None, None, "results.json records no puzzle file hash"
     relative, digest = recorded[0]
-    for path in (data_root() / relative, game24.repo_path(cfg.PUZZLES_CSV)):
-        if path.is_file():
-            return path, digest, str(path)
-    return None, digest, f"{relative} is not under the data root {data_root()} (KMESH_DATA_ROOT) here"
+    # runs before the data-root paths recorded the file name alone: one folder down is where data sets live
+    candidates = [p for p in (data_root() / relative, game24.repo_path(cfg.PUZZLES_CSV),
+                              *sorted(data_root().glob(f"*/{relative}"))) if p.is_file()]
+    if not candidates:
+        return None, digest, f"{relative} is not under the data root {data_root()} (KMESH_DATA_ROOT) here"
+    path = next((p for p in candidates if sha256_file(p) == digest), candidates[0])
+    return path, digest, str(path)
 
 
 def checks(run) -> list[Check]:
@@ -267,7 +270,7 @@ def arm_checks(cfg, results: dict, records: list[dict], arms: list[dict], comple
         mismatched += [a["arm"] for a in mine if any(a["calls"][k] != v for k, v in derived.items())
                        or a["puzzles"] != mine[0]["puzzles"] or a["counts"] != dict(search.counts)
                        or a["num_solved"] != num_solved]
-        rows += bound.trace_rows(trace, error_rate, trace_records, mine, bound_pool_sizes(cfg), cfg.BLOCK_SIZE)
+        rows += bound.trace_rows(trace, "scripted", error_rate, trace_records, mine, bound_pool_sizes(cfg), cfg.BLOCK_SIZE)
         search_rows.append(bound.search_row(trace, error_rate, mine[0], trace_records))
     expected_scale = cfg.NUM_SCALE_PUZZLES > 0
     out.append(check("scale traces re-derived from the script match every scale arm call by call",
@@ -279,9 +282,9 @@ def arm_checks(cfg, results: dict, records: list[dict], arms: list[dict], comple
     out.append(all_of("every scale arm ran the whole search", scale_arms, lambda a: a["limit_hit"] is None,
                       lambda a: f"{a['arm']}: {a['limit_hit']}", missing="no scale arm"))
 
-    if records and engine_arms:
-        rows = bound.trace_rows(ENGINE_TRACE, None, records, engine_arms, bound_pool_sizes(cfg), cfg.BLOCK_SIZE,
-                                engine_records=records, engine_num_blocks=cfg.NUM_GPU_BLOCKS - 1) + rows
+    if engine_arms:
+        rows = bound.trace_rows(ENGINE_TRACE, cfg.POLICY, None, captured, engine_arms, bound_pool_sizes(cfg),
+                                cfg.BLOCK_SIZE, engine_records=captured, engine_num_blocks=cfg.NUM_GPU_BLOCKS - 1) + rows
     out.append(check("stock-versus-ideal tables recomputed from the arms equal results.json",
                      rows == results.get("stock_sweep") and search_rows == results.get("scale_searches", []),
                      f"{len(rows)} rows; stock_sweep equal: {rows == results.get('stock_sweep')}, scale_searches equal: "

@@ -53,6 +53,11 @@ def search_tree(run, ax=None):
                                 c=[r["num_cached_tokens"] / len(r["prompt_token_ids"]) for r in mine], cmap="viridis",
                                 vmin=0, vmax=1, marker=marker, s=40, edgecolors="k", linewidths=0.4, zorder=2,
                                 label=f"{kind} call")
+    for r in records:
+        if r["parent_id"] not in xy:  # a puzzle's root call
+            x, y = xy[r["invocation_id"]]
+            ax.annotate(f"puzzle {r['extra']['puzzle_index']}", (x, y), xytext=(0, 8), textcoords="offset points",
+                        ha="center", fontsize=8)
     if points is not None:
         ax.figure.colorbar(points, ax=ax, label="cached share of the prompt", fraction=0.03)
     ax.set(yticks=[], xticks=[], title=f"ToT search tree, {policy_name(run)} policy: {len(records)} calls "
@@ -85,8 +90,12 @@ def prefill_vs_pool(run, trace: str = ENGINE_TRACE, ax=None):
     if rows:
         ax.axhline(rows[0]["num_prompt_tokens"], ls=":", c="gray", label="all prompt tokens")
         ax.axhline(rows[0]["num_compulsory_tokens"], ls="--", c="gray", lw=0.8, label="compulsory")
+    if stock and min(sizes) < stock[0]["num_blocks"]:
+        ax.axvspan(min(sizes) / 1.2, stock[0]["num_blocks"] / 1.1, color="0.93", zorder=0,
+                   label="pool below one request (vLLM refuses it)")
     ax.set_xscale("log", base=2)
-    ax.set(xlabel="pool size (usable blocks)", ylabel="prefill tokens", ylim=(0, None),
+    ax.set_yscale("log")  # stock, LRU and ideal differ by a few percent near the working set
+    ax.set(xlabel="pool size (usable blocks)", ylabel="prefill tokens (log scale)",
            title=f"{trace} trace, {policy_name(run) if trace == ENGINE_TRACE else 'scripted'} policy: "
                  f"{rows[0]['num_calls'] if rows else 0} calls")
     ax.legend(fontsize=7)

@@ -99,11 +99,11 @@ def headline(run) -> dict[str, str]:
         out["headroom across pool sizes (engine trace)"] = headroom_span(engine_rows)
     scale = results.get("scale_searches", [])
     if scale:
-        spans = []
-        for row in scale:
-            rows = stock_rows(results, row["trace"])
-            spans.append(f"{row['error_rate']:g}: {max((r['headroom_share'] for r in rows), default=0):.1%}")
-        out[f"worst headroom at scale ({scale[0]['num_puzzles']} puzzles), by script error rate"] = ", ".join(spans)
+        worst, zero_from = scale_summary(results, scale)
+        ends = set(zero_from.values())
+        out[f"headroom at scale ({scale[0]['num_puzzles']} puzzles, scripted), worst by error rate"] = (
+            ", ".join(f"{k:g}: {v:.1%}" for k, v in worst.items())
+            + (f"; zero from {max(ends)} blocks up at every rate" if None not in ends else ""))
     return out
 
 
@@ -147,15 +147,7 @@ def answer(run) -> str:
             parts.append("No call was preempted at any of these sizes.")
     scale = results.get("scale_searches", [])
     if scale:
-        per_rate = {row["error_rate"]: max((r["headroom_share"] for r in stock_rows(results, row["trace"])), default=0)
-                    for row in scale}
-        calls = {row["error_rate"]: row["num_calls"] for row in scale}
-        parts.append(f"On {scale[0]['num_puzzles']} puzzles, scripted at proposal error rates "
-                     + ", ".join(f"{k:g}" for k in per_rate) + f" ({', '.join(str(calls[k]) for k in per_rate)} calls), "
-                     "the worst retention headroom over the pool sizes is "
-                     + ", ".join(f"{v:.1%}" for v in per_rate.values()) + ": "
-                     + ("the same answer at every search quality." if max(per_rate.values()) - min(per_rate.values())
-                        < 0.01 else "it depends on search quality, so a single error rate would not settle it."))
+        parts.append(scale_sentence(results, scale))
     parts.append("Where the evidence is weak: the outputs are scripted (a weak model's text, not a model's), so the "
                  "request order is realistic but the proposals are not a model's; stock is observed on the real engine "
                  "only at the run's pool size and on the replay engine elsewhere, and the ideal bound ignores the pins "
@@ -166,16 +158,42 @@ def answer(run) -> str:
     return " ".join(parts)
 
 
+def scale_summary(results: dict, scale: list[dict]) -> tuple[dict, dict]:
+    """Per script error rate: the worst retention headroom share, and the pool size from which it is
+    zero at every larger observed size (None: it never is)."""
+    spans = {row["error_rate"]: sorted(stock_rows(results, row["trace"]), key=lambda r: r["num_blocks"])
+             for row in scale}
+    worst = {k: max((r["headroom_share"] for r in rows), default=0.0) for k, rows in spans.items()}
+    zero_from = {k: next((r["num_blocks"] for i, r in enumerate(rows) if all(x["headroom_tokens"] == 0
+                                                                              for x in rows[i:])), None)
+                 for k, rows in spans.items()}
+    return worst, zero_from
+
+
+def scale_sentence(results: dict, scale: list[dict]) -> str:
+    """Whether the answer holds at every script error rate: where headroom exists, and how large."""
+    worst, zero_from = scale_summary(results, scale)
+    calls = ", ".join(str(row["num_calls"]) for row in scale)
+    text = (f"On {scale[0]['num_puzzles']} puzzles, scripted at proposal error rates "
+            f"{', '.join(f'{k:g}' for k in worst)} ({calls} calls), the worst retention headroom over the pool sizes "
+            f"is {', '.join(f'{v:.1%}' for v in worst.values())}")
+    if None in zero_from.values():
+        return text + "; at some error rate it persists up to the largest pool observed."
+    return text + (f", and it is zero from {max(zero_from.values())} blocks up at every error rate: where headroom "
+                   f"exists does not depend on search quality, how much of it does."
+                   if max(worst.values()) > 0 else ": none at any error rate.")
+
+
 def public_results(run) -> dict:
     """The aggregates section 19 publishes: an explicit allow-list (numbers, counts, labels, hashes)."""
     run = _files(run)
     results = run.results
     search = results.get("search", {})
-    row_keys = ("trace", "error_rate", "num_blocks", "num_calls", "num_prompt_tokens", "num_compulsory_tokens",
+    row_keys = ("trace", "outputs", "error_rate", "num_blocks", "num_calls", "num_prompt_tokens", "num_compulsory_tokens",
                 "ideal_prefill_tokens", "lru_prefill_tokens", "stock_prefill_tokens", "recomputed_tokens",
                 "stock_total_tokens", "headroom_tokens", "headroom_share", "num_preempted_calls", "num_evicted_blocks",
                 "drain_ok", "engine_prefill_tokens")
-    scale_keys = ("trace", "error_rate", "num_puzzles", "num_calls", "num_value_calls", "num_avoided_value_calls",
+    scale_keys = ("trace", "outputs", "error_rate", "num_puzzles", "num_calls", "num_value_calls", "num_avoided_value_calls",
                   "num_valid_proposals", "num_invalid_proposals", "num_unparsed_proposal_lines", "num_solved",
                   "num_exact_prefix_edges")
     bound_keys = ("num_blocks", "block_size", "num_invocations", "num_prompt_tokens", "observed_prefill_tokens",
@@ -212,16 +230,18 @@ def run_summary(run) -> dict[str, str]:
 
 def search_table(run) -> list[dict]:
     """The engine run's search counters."""
-    counts_ = _files(run).results.get("search", {}).get("counts", {})
-    return [{"counter": k, "count": v} for k, v in counts_.items()]
+    run = _files(run)
+    counts_ = run.results.get("search", {}).get("counts", {})
+    return [{"outputs": policy_name(run), "counter": k, "count": v} for k, v in counts_.items()]
 
 
 def outcomes_table(run) -> list[dict]:
-    return [{k: o[k] for k in ("puzzle_index", "numbers", "status", "reason", "num_calls")}
-            for o in _files(run).raw(OUTCOMES)]
+    run = _files(run)
+    return [{"outputs": policy_name(run), **{k: o[k] for k in ("puzzle_index", "numbers", "status", "reason", "num_calls")}}
+            for o in run.raw(OUTCOMES)]
 
 
-STOCK_COLUMNS = ("trace", "num_blocks", "num_calls", "num_prompt_tokens", "stock_prefill_tokens", "recomputed_tokens",
+STOCK_COLUMNS = ("trace", "outputs", "num_blocks", "num_calls", "num_prompt_tokens", "stock_prefill_tokens", "recomputed_tokens",
                  "lru_prefill_tokens", "ideal_prefill_tokens", "num_compulsory_tokens", "headroom_tokens",
                  "headroom_share", "num_preempted_calls", "num_evicted_blocks", "drain_ok", "engine_prefill_tokens")
 
