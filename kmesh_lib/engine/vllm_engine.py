@@ -32,7 +32,7 @@ KV_MEMORY_HEADROOM = 1.25  # CPU: reserve a little more than the pool so the ove
 def _sampling_params(spec: RequestSpec):
     from vllm import SamplingParams
 
-    if spec.forced_token_ids is not None:  # exactly the forced ids, however many max_tokens allows
+    if spec.forced_token_ids is not None:  # exactly the forced ids: their count replaces max_tokens
         return SamplingParams(max_tokens=len(spec.forced_token_ids), temperature=spec.temperature, seed=spec.seed,
                               logprobs=0, ignore_eos=True, detokenize=False,
                               extra_args=forcing.forced_extra_args(spec.forced_token_ids))
