@@ -265,8 +265,6 @@ def test_list_and_compare_show_figures(section, capsys, monkeypatch):
     assert any(line.startswith("count total") and "same" in line for line in lines)
 
 
-@pytest.mark.xfail(strict=True, reason="the lead turns this on at merge: every section exports the whole interface "
-                                       "(counts, headline, answer, public_results); remove this mark then")
 def test_every_real_section_has_the_whole_interface():
     for section in registry.SECTIONS.values():
         assert registry.missing_interface(section) == [], section.KEY

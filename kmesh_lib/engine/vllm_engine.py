@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 
+from kmesh_lib.engine import forcing
 from kmesh_lib.engine.config import EngineParams
 from kmesh_lib.engine.model_spec import materialize, resolve
 from kmesh_lib.engine.replay import ReplayEngine
@@ -31,6 +32,10 @@ KV_MEMORY_HEADROOM = 1.25  # CPU: reserve a little more than the pool so the ove
 def _sampling_params(spec: RequestSpec):
     from vllm import SamplingParams
 
+    if spec.forced_token_ids is not None:  # exactly the forced ids: their count replaces max_tokens
+        return SamplingParams(max_tokens=len(spec.forced_token_ids), temperature=spec.temperature, seed=spec.seed,
+                              logprobs=0, ignore_eos=True, detokenize=False,
+                              extra_args=forcing.forced_extra_args(spec.forced_token_ids))
     return SamplingParams(max_tokens=spec.max_tokens, temperature=spec.temperature, seed=spec.seed,
                           logprobs=0, ignore_eos=True, detokenize=False)
 
@@ -40,12 +45,14 @@ class VllmEngine(CacheObjects):
 
     Args:
         params: engine parameters; ``NUM_GPU_BLOCKS`` (null block included) overrides the pool.
+        forcing_outputs: registers ``engine.forcing``'s logits processor, so requests with
+            ``forced_token_ids`` generate exactly those ids (off: the engine is built as before).
         llm_kwargs: extra ``vllm.LLM`` arguments (a KV connector, for instance).
     """
 
     mode = "real"
 
-    def __init__(self, params: EngineParams, **llm_kwargs) -> None:
+    def __init__(self, params: EngineParams, forcing_outputs: bool = False, **llm_kwargs) -> None:
         from vllm import LLM
 
         self.params = params
@@ -68,6 +75,9 @@ class VllmEngine(CacheObjects):
         else:
             kwargs["async_scheduling"] = False  # step-exact captures need a synchronous scheduler
             kwargs["gpu_memory_utilization"] = 0.5
+        if forcing_outputs:
+            kwargs["logits_processors"] = [forcing.processor_class()]
+        self.forcing_outputs = forcing_outputs
         kwargs.update(llm_kwargs)
         t0 = time.monotonic()
         self.llm = LLM(**kwargs)
@@ -96,6 +106,9 @@ class VllmEngine(CacheObjects):
     def submit(self, spec: RequestSpec) -> None:
         from vllm.inputs import TokensPrompt
 
+        if spec.forced_token_ids is not None and not self.forcing_outputs:
+            raise ValueError(f"request {spec.request_id} has forced_token_ids, but the engine was built without "
+                             "forcing_outputs=True: its output would be sampled, not forced")
         self._seen[spec.request_id] = 0
         self._engine.add_request(spec.request_id, TokensPrompt(prompt_token_ids=list(spec.prompt_token_ids)),
                                  _sampling_params(spec))
@@ -147,8 +160,11 @@ class VllmEngine(CacheObjects):
         gc.collect()
 
 
-def make_engine(params: EngineParams, **llm_kwargs):
-    """The engine ``base.params.ENGINE`` names: real vLLM, or the replay engine (no forward pass)."""
+def make_engine(params: EngineParams, forcing_outputs: bool = False, **llm_kwargs):
+    """The engine ``base.params.ENGINE`` names: real vLLM, or the replay engine (no forward pass).
+
+    ``forcing_outputs``: requests may carry ``forced_token_ids`` (the replay engine always honours them).
+    """
     if params.ENGINE == "replay":
         return ReplayEngine(params, kv_transfer_config=llm_kwargs.get("kv_transfer_config"))
-    return VllmEngine(params, **llm_kwargs)
+    return VllmEngine(params, forcing_outputs=forcing_outputs, **llm_kwargs)
