@@ -12,10 +12,19 @@ from pathlib import Path
 from types import ModuleType
 
 from kmesh_lib.base.paths import NOTEBOOKS_DIR
-from kmesh_lib.sections import crossover, engine_check, family_hold, prefetch, retention, tot_headroom, trace_audit
+from kmesh_lib.sections import (
+    crossover,
+    engine_check,
+    family_hold,
+    multi_engine,
+    prefetch,
+    retention,
+    tot_headroom,
+    trace_audit,
+)
 
 SECTIONS: dict[str, ModuleType] = {m.KEY: m for m in (
-    engine_check, retention, trace_audit, family_hold, tot_headroom, prefetch, crossover)}
+    engine_check, retention, trace_audit, family_hold, tot_headroom, prefetch, crossover, multi_engine)}
 
 
 def notebook_path(section: ModuleType) -> Path:
