@@ -22,11 +22,14 @@ from kmesh_lib.sections import multi_engine as section
 from kmesh_lib.sections.multi_engine import experiment, report
 from kmesh_lib.sections.multi_engine.params import MultiEngineParams
 from kmesh_lib.sections.multi_engine.policies import PrefixAware, PrefixIndex, RoundRobin
+from kmesh_lib.sections.multi_engine.probe import probe
 from kmesh_lib.sections.multi_engine.workload import make_trace
 
 mc = importlib.import_module("kmesh_lib.sections.multi_engine.checks")  # the package's `checks` is the function
 
 B = 32
+PROBE_CHECK = ("probe: the child found what its step sets up (recompute: nothing; local: the parent's 512 tokens of full "
+               "blocks; restore: at least 512 tokens from the server)")
 PREFIX_AWARE_CHECK = "prefix_aware: each request went to a live engine with the longest indexed prefix (ties: fewest in flight)"
 SMALL = dict(PROFILE="smoke", NUM_GPU_BLOCKS=65, MAX_MODEL_LEN=1024, NUM_FAMILIES=3, NUM_CHILDREN=2, PARENT_TOKENS=512,
              CHILD_SUFFIX_TOKENS=32, NUM_NOISE=4, MAX_TOKENS=4, MEAN_ARRIVAL_GAP_S=0.02, MEAN_CHILD_GAP_S=0.02,
@@ -163,6 +166,13 @@ class FakeEngine:
     def alive(self) -> bool:
         return self.proc.returncode is None
 
+    def expect_any(self, timeout_s: float) -> dict:
+        assert self.conn.poll(timeout_s), f"fake engine {self.index}: no message"
+        return self.conn.recv()
+
+    def drain(self) -> None:
+        pass
+
     def submit(self, request_id, prompt, max_tokens, skip_prefix_cache) -> None:
         self.conn.send({"op": "submit", "request_id": request_id, "prompt_token_ids": prompt,
                         "skip_prefix_cache": skip_prefix_cache})
@@ -236,12 +246,15 @@ def fake_run(tmp_path: Path, token_s: tuple = (), **values) -> RunFiles:
     fleet = FakeFleet(cfg, "local", token_s)
     for order, policy in enumerate(cfg.POLICIES):
         experiment.run_policy(fleet, cfg, policy, 0, order, record, log=lambda *_: None)
+    if cfg.KILL_ENGINE is None:
+        probe(fleet, cfg, record, log=lambda *_: None)
     record.append_jsonl("fleets.jsonl", fleet.close())
     run = record.files()
     rows, arms = run.raw("requests.jsonl"), run.raw("arms.jsonl")
     record.save("policies", report.policy_table(rows, cfg.NUM_ENGINES))
     record.save("bytes", report.bytes_table(arms, rows))
     record.save("restore", report.restore_table(rows))
+    record.save("probes", report.probe_table(run.raw("probes.jsonl")))
     return RunFiles(record.run_dir)
 
 
@@ -260,6 +273,9 @@ def test_fake_fleet_run_passes_its_checks(tmp_path):
     table = {t["policy"]: t for t in report.policy_table(run.raw("requests.jsonl"), 2)}
     assert table["recompute"]["local_tokens"] == 0 and table["prefix_aware"]["children_with_parent"] == "6/6"
     assert table["prefix_aware"]["local_tokens"] >= 6 * 512  # every child found its parent's blocks
+    assert got[PROBE_CHECK] == "ok" and len(run.raw("probes.jsonl")) == 2 * 2  # recompute and local, NUM_PROBES=2
+    probes = report.probe_table(run.raw("probes.jsonl"))[0]
+    assert probes["recompute_cached_tokens"] == 0 and probes["local_cached_tokens"] == 512
     counts = section.counts(run)
     assert counts["recompute: requests ok / recorded"] == "13 / 13" and counts["recompute: cached tokens"] == 0
     assert "fake" not in json.dumps(section.public_results(run))  # aggregates only
@@ -292,6 +308,11 @@ MUTATIONS = [
      lambda r: edited(r, matched_tokens=[0, 999]) if r["policy"] == "prefix_aware" and r["role"] == "child"
      and r["engine"] == 0 else None,
      PREFIX_AWARE_CHECK),
+    ("a probe child's tokens differ", "probes.jsonl",
+     lambda r: edited(r, output_token_ids=[1, 2, 3, 4]) if r["kind"] == "local" else None,
+     "probe: the child generated the same tokens recomputed, from a local hit and restored"),
+    ("a local-hit probe found nothing", "probes.jsonl", lambda r: edited(r, num_cached_tokens=0) if r["kind"] == "local"
+     else None, PROBE_CHECK),
     ("an edited makespan", "arms.jsonl", lambda a: edited(a, makespan_s=a["makespan_s"] / 2),
      "each trace's makespan in raw/arms.jsonl equals the one recomputed from its requests"),
     ("a pool that did not start empty", "arms.jsonl",
@@ -335,8 +356,7 @@ def test_missing_raw_files_skip_rather_than_pass(tmp_path):
 
 
 def test_a_killed_fake_engine_fails_only_its_requests(tmp_path):
-    # engine 1 takes 0.3 s per token, so the request it got second is still running when the kill comes
-    run = fake_run(tmp_path, token_s=(0.0, 0.3), POLICIES=["round_robin"], KILL_ENGINE=1, KILL_AFTER_REQUESTS=3)
+    run = fake_run(tmp_path, token_s=(0.0, 0.05), POLICIES=["round_robin"], KILL_ENGINE=1, KILL_AFTER_REQUESTS=3)
     rows = run.raw("requests.jsonl")
     failed = [r for r in rows if r["status"] != "ok"]
     assert failed and all(r["error"] in ("engine_died", "parent_failed") for r in failed)
@@ -369,7 +389,8 @@ def test_kill_one_engine_mid_trace_leaves_the_other_and_the_server_serving(tmp_p
     assert arm["killed"]["engine"] == 1 and arm["server_alive"] and arm["engines_alive"] == [True, False]
     after = [r for r in rows if r["dispatch_s"] is not None and r["dispatch_s"] > arm["killed"]["at_s"]]
     assert after and all(r["status"] == "ok" and r["engine"] == 0 for r in after)
-    assert any(r["error"] == "engine_died" for r in rows) or not arm["killed"]["in_flight"]
+    died = [r for r in rows if r["error"] == "engine_died"]
+    assert arm["killed"]["in_flight"] and sorted(r["request_id"] for r in died) == arm["killed"]["in_flight"]
     got = {c.name: c for c in section.checks(run)}
     failed = [c for c in got.values() if c.status == "failed"]
     assert not failed, failed

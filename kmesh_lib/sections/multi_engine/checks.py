@@ -193,8 +193,11 @@ def routing_checks(p: dict, rows: list[dict], arms: list[dict]) -> list[Check]:
     ]
 
 
-def byte_checks(p: dict, rows: list[dict], arms: list[dict]) -> list[Check]:
+def byte_checks(p: dict, rows: list[dict], arms: list[dict], probes: list[dict]) -> list[Check]:
     table = report.bytes_table(arms, rows)
+    placed = [(f"{t['model']} r{t['repeat']} trace", t["l1_oom_chunks"]) for t in table]
+    placed += [(f"{r['model']} probe {r['probe']} {r['kind']}", report.oom_chunks(r["server_start"], r["server_after"]))
+               for r in probes if r.get("server_start") and r.get("server_after")]
     reads = [t for t in table if t["l2_read_bytes_hook"] is not None]
     ident = lambda t: f"{t['model']} r{t['repeat']}: {t}"  # noqa: E731
     return [
@@ -207,8 +210,8 @@ def byte_checks(p: dict, rows: list[dict], arms: list[dict]) -> list[Check]:
                "no shared trace with a byte hook"),
         all_of("server: the disk tier's files hold what the server's L2 gauge says", table,
                lambda t: t["disk_tier_bytes"] == t["l2_usage_bytes"], ident, "no shared trace with server counters"),
-        all_of("server: every chunk found L1 space (no store or load dropped for want of arena)", table,
-               lambda t: t["l1_oom_chunks"] == 0, ident, "no shared trace with server counters"),
+        all_of("server: every chunk found L1 space (no store or load dropped for want of arena)", placed,
+               lambda x: x[1] == 0, lambda x: f"{x[0]}: {x[1]} chunks dropped", "no shared trace or probe with server counters"),
         all_of("server: the engines restored no more tokens than the server's lookups hit", table,
                lambda t: t["engine_restored_bytes"] <= t["lookup_hit_tokens"] * kv_bytes(arms, t), ident,
                "no shared trace with server counters"),
@@ -249,8 +252,10 @@ def figure_checks(run: RunFiles, rows: list[dict], arms: list[dict]) -> list[Che
                   [a for a in arms if a["makespan_s"] is not None],
                   lambda a: abs(spans.get(report.arm_of(a), -1) - a["makespan_s"]) < 1e-6,
                   lambda a: f"{report.arm_of(a)}: {a['makespan_s']} vs {spans.get(report.arm_of(a))}", NO_ARMS)]
+    probes = report.probe_table(run.raw("probes.jsonl"))
     for key, table in (("policies", report.policy_table(rows, p["NUM_ENGINES"])),
-                       ("bytes", report.bytes_table(arms, rows)), ("restore", report.restore_table(rows))):
+                       ("bytes", report.bytes_table(arms, rows)), ("restore", report.restore_table(rows)),
+                       ("probes", probes)):
         recorded = results.get(key)
         same = json.loads(json.dumps(table)) == recorded
         out.append(check(f"results.json '{key}' table equals the one recomputed from raw/", same,
@@ -264,18 +269,41 @@ def as_files(run) -> RunFiles:
     return run if isinstance(run, RunFiles) else RunFiles(run)
 
 
+def probe_checks(p: dict, probes: list[dict]) -> list[Check]:
+    parent_blocks = (p["PARENT_TOKENS"] + p["MAX_TOKENS"] - 1) // p["BLOCK_SIZE"] * p["BLOCK_SIZE"]
+    chunks = p["PARENT_TOKENS"] // p["CHUNK_SIZE"] * p["CHUNK_SIZE"]
+    want = {"recompute": lambda r: r["num_cached_tokens"] == 0,
+            "local": lambda r: r["num_cached_tokens"] >= parent_blocks and r["num_external_tokens"] == 0,
+            "restore": lambda r: r["num_local_cached_tokens"] == 0 and (r["num_external_tokens"] or 0) >= chunks}
+    groups = defaultdict(list)
+    for r in probes:
+        groups[(r["model"], r["probe"])].append(r)
+    same = [g for g in groups.values() if len(g) > 1]
+    return [
+        all_of(f"probe: the child found what its step sets up (recompute: nothing; local: the parent's {parent_blocks} "
+               f"tokens of full blocks; restore: at least {chunks} tokens from the server)", probes,
+               lambda r: want[r["kind"]](r), lambda r: f"{r['model']} probe {r['probe']} {r['kind']}: "
+               f"{r['num_cached_tokens']} cached, {r['num_external_tokens']} from the server", "no probes recorded"),
+        all_of("probe: the child generated the same tokens recomputed, from a local hit and restored", same,
+               lambda g: all(r["output_token_ids"] == g[0]["output_token_ids"] for r in g),
+               lambda g: f"{g[0]['model']} probe {g[0]['probe']}", "no probe ran two ways"),
+    ]
+
+
 def checks(run: RunFiles) -> list[Check]:
     """Every statement section 22 makes about a run, from its raw records and parameters."""
     run = as_files(run)
     p = run.params
     rows, arms, fleets = run.raw("requests.jsonl"), run.raw("arms.jsonl"), run.raw("fleets.jsonl")
     return (workload_checks(p, rows, arms) + completion_checks(p, rows, arms) + agreement_checks(p, rows, arms)
-            + cache_checks(p, rows, arms) + routing_checks(p, rows, arms) + byte_checks(p, rows, arms)
-            + process_checks(p, fleets) + figure_checks(run, rows, arms))
+            + cache_checks(p, rows, arms) + routing_checks(p, rows, arms)
+            + byte_checks(p, rows, arms, run.raw("probes.jsonl"))
+            + probe_checks(p, run.raw("probes.jsonl")) + process_checks(p, fleets) + figure_checks(run, rows, arms))
 
 
 def counts(run: RunFiles) -> dict[str, int | str]:
     """Deterministic facts of the run (the smoke golden pins them); nothing timing-dependent."""
+    run = as_files(run)
     p = run.params
     rows, arms, fleets = run.raw("requests.jsonl"), run.raw("arms.jsonl"), run.raw("fleets.jsonl")
     out: dict[str, int | str] = {"engines": p["NUM_ENGINES"], "traces": len(arms), "fleets closed":
@@ -286,4 +314,5 @@ def counts(run: RunFiles) -> dict[str, int | str]:
         out[f"{policy}: prompt tokens"] = sum(r["num_prompt_tokens"] for r in mine)
         out[f"{policy}: output tokens"] = sum(r["num_output_tokens"] for r in mine)
     out["recompute: cached tokens"] = sum(r["num_cached_tokens"] or 0 for r in rows if r["policy"] == "recompute")
+    out["probe children"] = len(run.raw("probes.jsonl"))
     return out

@@ -14,6 +14,7 @@ starts on empty pools. What a run writes, as it goes:
     raw/requests.jsonl   one line per request: routing, stamps, cached-token split, outputs
     raw/arms.jsonl       one line per (model, repeat, policy): makespan, pools before, the server's
                          counters before and after ('shared'), a kill if one was injected
+    raw/probes.jsonl     one line per idle-engine probe child (``probe.py``): recomputed, local, restored
     raw/fleets.jsonl     one line per fleet: engines (pids, listeners, start), server, the cleanup
                          evidence measured after it closed
 """
@@ -24,6 +25,7 @@ import time
 from kmesh_lib.engine.model_spec import resolve
 from kmesh_lib.sections.multi_engine.fleet import Fleet
 from kmesh_lib.sections.multi_engine.params import POLICIES, MultiEngineParams, kv_bytes_per_token
+from kmesh_lib.sections.multi_engine.probe import probe
 from kmesh_lib.sections.multi_engine.router import Router
 from kmesh_lib.sections.multi_engine.workload import make_trace
 
@@ -33,7 +35,7 @@ FLEETS = (("local", False), ("shared", True))
 # start, and prefill tokens per second per engine.
 START_S = {("cpu", "tiny"): 30, ("cpu", "kvheavy"): 35, ("cpu", "qwen2.5-0.5b"): 45,
            ("cuda", "qwen2.5-0.5b"): 50, ("cuda", "qwen2.5-1.5b"): 60, ("cuda", "qwen2.5-7b"): 90}
-PREFILL_TOKENS_PER_S = {("cpu", "tiny"): 20000, ("cpu", "kvheavy"): 4000, ("cpu", "qwen2.5-0.5b"): 600,
+PREFILL_TOKENS_PER_S = {("cpu", "tiny"): 20000, ("cpu", "kvheavy"): 1000, ("cpu", "qwen2.5-0.5b"): 150,
                         ("cuda", "qwen2.5-0.5b"): 40000, ("cuda", "qwen2.5-1.5b"): 20000, ("cuda", "qwen2.5-7b"): 6000}
 
 
@@ -79,7 +81,8 @@ def plan(cfg: MultiEngineParams) -> dict:
         fleets = fleet_policies(cfg)
         arrivals = (cfg.NUM_FAMILIES + cfg.NUM_NOISE) * cfg.MEAN_ARRIVAL_GAP_S + 2 * cfg.MEAN_CHILD_GAP_S
         per_trace = arrivals + trace_tokens(cfg) / (PREFILL_TOKENS_PER_S.get(key, 2000) * cfg.NUM_ENGINES)
-        seconds = len(fleets) * START_S.get(key, 60) + len(cfg.POLICIES) * cfg.NUM_REPEATS * per_trace
+        probes = cfg.NUM_PROBES * (2 * cfg.PARENT_TOKENS + 2 * cfg.child_tokens) / PREFILL_TOKENS_PER_S.get(key, 2000)
+        seconds = len(fleets) * START_S.get(key, 60) + len(cfg.POLICIES) * cfg.NUM_REPEATS * per_trace + probes
         total += seconds
         lines[f"model {model}"] = (f"KV {kvt // 1024} KiB/token; a parent's context is {family * kvt / 2**20:.1f} MiB; "
                                    f"{len(fleets)} fleet start(s); about {seconds / 60:.1f} min")
@@ -124,6 +127,8 @@ def run(cfg: MultiEngineParams, record, log=print) -> list[dict]:
                 for repeat in range(cfg.NUM_REPEATS):
                     for order, policy in enumerate(rotate(policies, repeat)):
                         arms.append(run_policy(fleet, cfg, policy, repeat, order, record, log))
+                if cfg.KILL_ENGINE is None:
+                    probe(fleet, cfg, record, log)
             except Exception as e:
                 fleet.info.update(error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
                 raise

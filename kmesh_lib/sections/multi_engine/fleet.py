@@ -23,6 +23,7 @@ from pathlib import Path
 from kmesh_lib.base.params import to_dict
 from kmesh_lib.base.processes import RUNTIME_ROOT, RuntimeDir, group_alive
 from kmesh_lib.engine.config import EngineParams
+from kmesh_lib.engine.model_spec import materialize, resolve
 from kmesh_lib.lmcache.disk_accounting import ServerMeter
 from kmesh_lib.lmcache.server import LMCacheServer, ServerConfig
 from kmesh_lib.sections.multi_engine.params import MultiEngineParams, kv_bytes_per_token
@@ -115,6 +116,8 @@ class Fleet:
             self.info["server"] = {"pid": self.server.pid, "listeners": [f"{a}:{p}" for a, p in self.server.listeners()],
                                    "start_s": round(time.monotonic() - t0, 2), "arena_mib": cfg.ARENA_MIB,
                                    "store_policy": cfg.STORE_POLICY, "chunk_size": cfg.CHUNK_SIZE}
+        # The engines would otherwise race to write the same seeded checkpoint on first use.
+        materialize(resolve(self.model), cfg.WEIGHTS, cfg.DTYPE, cfg.SEED)
         places = placement(cfg)
         for i, p in enumerate(places):
             spec = {"engine": engine_values(cfg, self.model), "server": server_extra, "threads": p["threads"], "env": p["env"]}

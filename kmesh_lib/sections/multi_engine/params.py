@@ -59,6 +59,8 @@ class MultiEngineParams(EngineParams):
     MEAN_CHILD_GAP_S: Seconds = Field(
         0.5, description="each child arrives a seeded exponential time (this mean) after its parent finished")
     NUM_REPEATS: PositiveCount = Field(1, description="traces per policy; fresh families per repeat, the same in every policy")
+    NUM_PROBES: Count = Field(
+        2, description="after the traces, idle-engine probes of one child: recomputed, from a local hit, restored")
     CHUNK_SIZE: Tokens = Field(256, description="LMCache chunk in tokens")
     ARENA_MIB: Mib = Field(
         256, description="the server's L1 DRAM arena; LRU evicts to the disk tier at 80 %, once a second, so a store "
@@ -79,7 +81,7 @@ class MultiEngineParams(EngineParams):
     KILL_ENGINE: Annotated[int, Field(ge=0, lt=MAX_ENGINES)] | None = Field(
         None, description="fault test: SIGKILL this engine's process group mid-trace (one policy, one repeat)")
     KILL_AFTER_REQUESTS: PositiveCount = Field(
-        4, description="fault test: the kill comes right after this many requests were dispatched")
+        4, description="fault test: the kill comes once this many requests were dispatched and the engine has one in flight")
 
     def check_rules(self) -> None:
         super().check_rules()

@@ -93,11 +93,19 @@ def policy_table(rows: list[dict], num_engines: int) -> list[dict]:
         row.update({"local_tokens": int(src[0]) // n, "restored_tokens": int(src[1]) // n,
                     "recomputed_tokens": int(src[2]) // n,
                     "children_with_parent": f"{len(with_parent)}/{len(children)}",
+                    "child_cached_share": round(sum(r["num_cached_tokens"] or 0 for r in children)
+                                                / max(1, sum(r["num_prompt_tokens"] for r in children)), 3),
                     "requests_per_engine": [s // n for s in served], "computed_per_engine": [c // n for c in computed],
                     "load_imbalance": round(max(computed) * num_engines / sum(computed), 2) if sum(computed) else None})
         out.append(row)
     order = {p: i for i, p in enumerate(("recompute", "round_robin", "prefix_aware", "shared"))}
     return sorted(out, key=lambda r: (r["model"], order.get(r["policy"], 9)))
+
+
+def oom_chunks(before: dict, after: dict) -> int:
+    """Chunks the server could not place in L1 between two snapshots (a store or a load dropped)."""
+    d = {k: after["metrics"].get(k, 0) - before["metrics"].get(k, 0) for k in ("l1_allocation_failures", "failure_l1_oom")}
+    return int(max(d.values()))
 
 
 def bytes_table(arms: list[dict], rows: list[dict]) -> list[dict]:
@@ -128,7 +136,7 @@ def bytes_table(arms: list[dict], rows: list[dict]) -> list[dict]:
             "l2_write_errors": c["hook_write_errors"] - b["hook_write_errors"],
             "l2_read_bytes_hook": hook_read, "l2_read_bytes_device": device,
             "l2_read_bytes_metrics": int(m.get("l2_loaded_chunks", 0) * chunk),
-            "l1_oom_chunks": int(max(m.get("l1_allocation_failures", 0), m.get("failure_l1_oom", 0))),
+            "l1_oom_chunks": oom_chunks(b, c),
             "lookup_hit_tokens": int(m.get("lookup_hit_tokens", 0)),
             "disk_tier_bytes": c["disk_tier_bytes"], "l2_usage_bytes": int(c["metrics"].get("l2_usage_bytes", 0))})
     return out
@@ -191,3 +199,22 @@ def plot(rows: list[dict], table: list[dict], path_out, title: str = ""):
     fig.tight_layout()
     fig.savefig(path_out, dpi=80)
     return fig
+
+
+PROBE_KINDS = ("recompute", "local", "restore")
+
+
+def probe_table(probes: list[dict]) -> list[dict]:
+    """Per model: the idle-engine child's first token recomputed, from a local hit and restored
+    (medians over NUM_PROBES), and the bytes a restore moved into the engine."""
+    out = []
+    for model in dict.fromkeys(p["model"] for p in probes):
+        row: dict = {"model": model, "probes": len({p["probe"] for p in probes if p["model"] == model})}
+        for kind in PROBE_KINDS:
+            mine = [p for p in probes if p["model"] == model and p["kind"] == kind]
+            row[f"{kind}_ttft_ms"] = ms(median(p["ttft_s"] for p in mine))
+            row[f"{kind}_cached_tokens"] = median(p["num_cached_tokens"] for p in mine)
+        restores = [p for p in probes if p["model"] == model and p["kind"] == "restore"]
+        row["restore_bytes"] = median((p["num_external_tokens"] or 0) * p["kv_bytes_per_token"] for p in restores)
+        out.append(row)
+    return out

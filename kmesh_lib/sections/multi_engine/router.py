@@ -90,7 +90,8 @@ class Router:
             now = time.monotonic_ns()
             while self.due and self.due[0][0] <= now:
                 self.dispatch(heapq.heappop(self.due)[2])
-            if self.kill is not None and self.killed is None and self.num_dispatched >= self.kill[1]:
+            if (self.kill is not None and self.killed is None and self.num_dispatched >= self.kill[1]
+                    and self.on_engine[self.kill[0]]):  # mid-request: the engine has work in flight
                 self.inject_kill()
             timeout = POLL_S if not self.due else min(POLL_S, max(0.0, (self.due[0][0] - time.monotonic_ns()) / 1e9))
             conns = {self.engines[i].conn: i for i in range(len(self.engines)) if self.live[i]}

@@ -10,6 +10,10 @@ MIB = 1 << 20
 ORDER = ("recompute", "round_robin", "prefix_aware", "shared")
 
 
+def probe_rows(run: RunFiles) -> list[dict]:
+    return report.probe_table(run.raw("probes.jsonl"))
+
+
 def tables(run: RunFiles) -> tuple[list[dict], list[dict], list[dict]]:
     rows, arms = run.raw("requests.jsonl"), run.raw("arms.jsonl")
     return (report.policy_table(rows, run.params["NUM_ENGINES"]), report.bytes_table(arms, rows),
@@ -25,22 +29,28 @@ def _ratio(a, b) -> str:
 
 
 def headline(run: RunFiles) -> dict[str, str]:
+    """Per model (at most two): makespan per policy, shared against prefix-aware, the idle-engine probe."""
     policies, byte_rows, _ = tables(run)
+    probes = {r["model"]: r for r in probe_rows(run)}
+    models = models_of(run.params)[:2]
     out = {}
-    for model in models_of(run.params)[:2]:
+    for model in models:
         mine = {t["policy"]: t for t in policies if t["model"] == model}
         present = [p for p in ORDER if p in mine]
-        out[f"{model}: makespan (s)"] = " / ".join(f"{p} {_fmt((mine[p]['makespan_ms'] or 0) / 1e3, '', 2)}"
+        out[f"{model}: makespan (s)"] = " / ".join(f"{p} {_fmt((mine[p]['makespan_ms'] or 0) / 1e3, '', 1)}"
                                                   for p in present)
-        out[f"{model}: child first token, median (ms)"] = " / ".join(
-            f"{p} {_fmt(mine[p]['child_ttft_ms'], '', 1)}" for p in present)
         if "shared" in mine and "prefix_aware" in mine:
             s, a = mine["shared"], mine["prefix_aware"]
             out[f"{model}: shared vs prefix_aware"] = (
                 f"makespan {_ratio(s['makespan_ms'], a['makespan_ms'])}, child first token "
                 f"{_ratio(s['child_ttft_ms'], a['child_ttft_ms'])}; busiest engine / mean {s['load_imbalance']} vs "
                 f"{a['load_imbalance']}")
-    if byte_rows:
+        if model in probes:
+            p = probes[model]
+            out[f"{model}: idle child first token (ms)"] = (f"recompute {_fmt(p['recompute_ttft_ms'], '', 1)} / restore "
+                                                           f"{_fmt(p['restore_ttft_ms'], '', 1)} / local hit "
+                                                           f"{_fmt(p['local_ttft_ms'], '', 1)}")
+    if byte_rows and len(models) == 1:
         restored = sum(b["engine_restored_bytes"] for b in byte_rows)
         l2 = sum(b["l2_read_bytes_hook"] or 0 for b in byte_rows)
         out["restored through the server"] = (f"{restored / MIB:,.1f} MiB into the engines, {l2 / MIB:,.1f} MiB read "
@@ -48,7 +58,31 @@ def headline(run: RunFiles) -> dict[str, str]:
     return out
 
 
-def _model_answer(model: str, mine: dict, restore: dict | None, byte_rows: list[dict], num_engines: int) -> str:
+def _reasons(s: dict, a: dict, probe: dict | None) -> list[str]:
+    """Why shared KV and prefix-aware routing came out as they did, each reason a comparison of this run's figures."""
+    out = []
+    if s["recomputed_tokens"] < a["recomputed_tokens"]:
+        out.append(f"with the server the engines recomputed {a['recomputed_tokens'] - s['recomputed_tokens']:,} fewer prompt "
+                   f"tokens per trace: its children found {s['child_cached_share']:.0%} of their prompts cached (pool or "
+                   f"server) against {a['child_cached_share']:.0%} in the pools prefix-aware routing filled, where the "
+                   "families piled onto one engine evict each other and the unrelated requests")
+    elif s["recomputed_tokens"] > a["recomputed_tokens"]:
+        out.append(f"prefix-aware routing recomputed {s['recomputed_tokens'] - a['recomputed_tokens']:,} fewer prompt tokens "
+                   f"per trace (children {a['child_cached_share']:.0%} cached against {s['child_cached_share']:.0%})")
+    if (s["load_imbalance"] or 0) < (a["load_imbalance"] or 0):
+        out.append(f"round-robin kept the engines even (busiest / mean {s['load_imbalance']}) where prefix-aware routing "
+                   f"loaded one engine more ({a['load_imbalance']}), whose queue the trace then waited on")
+    if probe and probe.get("restore_ttft_ms") is not None and probe.get("recompute_ttft_ms") is not None:
+        cheaper = probe["restore_ttft_ms"] < probe["recompute_ttft_ms"]
+        out.append(f"on an idle engine a restore ({_fmt(probe['restore_ttft_ms'], ' ms', 1)} to the first token, "
+                   f"{(probe['restore_bytes'] or 0) / MIB:,.1f} MiB moved) {'beats' if cheaper else 'loses to'} recomputing "
+                   f"the child ({_fmt(probe['recompute_ttft_ms'], ' ms', 1)})"
+                   + (f" and a local hit beats both ({_fmt(probe['local_ttft_ms'], ' ms', 1)})"
+                      if (probe.get("local_ttft_ms") or 1e18) < probe["restore_ttft_ms"] else ""))
+    return out
+
+
+def _model_answer(model: str, mine: dict, probe: dict | None, byte_rows: list[dict], num_engines: int) -> str:
     if "shared" not in mine or "prefix_aware" not in mine:
         return f"**{model}**: the run lacks shared or prefix_aware, so the two answers to a shared prefix are not compared."
     s, a = mine["shared"], mine["prefix_aware"]
@@ -62,42 +96,30 @@ def _model_answer(model: str, mine: dict, restore: dict | None, byte_rows: list[
             f"{'beats' if child_faster else 'loses to'} it on the children's median first token "
             f"({_fmt(s['child_ttft_ms'], ' ms', 1)} against {_fmt(a['child_ttft_ms'], ' ms', 1)}"
             + (f"; recompute {_fmt(rc['child_ttft_ms'], ' ms', 1)}" if rc else "") + ")."]
-    text.append(f"Prefix-aware routing sent {a['children_with_parent']} children to their parent's engine and left the "
-                f"computed prompt tokens at {a['computed_per_engine']} per engine (busiest / mean {a['load_imbalance']}); "
-                f"round-robin with the server spread them {s['computed_per_engine']} (busiest / mean {s['load_imbalance']}), "
-                f"with {s['children_with_parent']} children on their parent's engine.")
-    if restore:
-        mib = sum(b["engine_restored_bytes"] for b in byte_rows) / MIB
-        l2 = sum(b["l2_read_bytes_hook"] or 0 for b in byte_rows) / MIB
-        l1_tokens = sum(b["l1_hit_tokens"] for b in byte_rows)
-        l2_tokens = sum(b["l2_hit_tokens"] for b in byte_rows)
-        shared_ms, recompute_ms, local_ms = (restore["shared_ttft_ms"], restore["recompute_ttft_ms"],
-                                             restore["prefix_aware_ttft_ms"])
-        verdict = "beats" if (shared_ms or 0) < (recompute_ms or 0) else "does not beat"
-        local = "beats" if (local_ms or 0) < (shared_ms or 0) else "does not beat"
-        text.append(f"The server restored {restore['restored_children']} children (median "
-                    f"{_fmt(restore['restored_tokens_median'])} tokens each; {mib:,.1f} MiB into the engines; lookups hit "
-                    f"{l1_tokens:,} tokens in L1 and {l2_tokens:,} on the disk tier, {l2:,.1f} MiB read from it). Those "
-                    f"children's median first token was {_fmt(shared_ms, ' ms', 1)} restored, against "
-                    f"{_fmt(recompute_ms, ' ms', 1)} recomputed and {_fmt(local_ms, ' ms', 1)} from a local hit under "
-                    f"prefix-aware routing: restoring {verdict} recomputing here, and a local hit {local} restoring.")
-    else:
-        text.append("The server restored no child in this run, so restore time is not measured.")
-    why = ("shared KV wins where spreading the load matters more than the restore's cost (prefix-aware routing piles "
-           "families onto one engine, whose queue grows while the other idles)" if faster else
-           "prefix-aware routing wins where a local hit is cheaper than a restore and the load it piles onto one engine "
-           "does not queue the trace")
-    text.append(f"Why, in this run: {why}.")
+    text.append(f"Prefix-aware routing sent {a['children_with_parent']} children to their parent's engine and left "
+                f"{a['computed_per_engine']} computed prompt tokens per engine; round-robin with the server put "
+                f"{s['children_with_parent']} there and computed {s['computed_per_engine']}.")
+    if byte_rows:
+        mib = sum(b["engine_restored_bytes"] for b in byte_rows) / MIB / len(byte_rows)
+        l2 = sum(b["l2_read_bytes_hook"] or 0 for b in byte_rows) / MIB / len(byte_rows)
+        hits = (sum(b["l1_hit_tokens"] for b in byte_rows) // len(byte_rows),
+                sum(b["l2_hit_tokens"] for b in byte_rows) // len(byte_rows))
+        text.append(f"Per trace the server restored {s['restored_tokens']:,} tokens ({mib:,.1f} MiB) into the engines; its "
+                    f"lookups hit {hits[0]:,} tokens in L1 and {hits[1]:,} on the disk tier ({l2:,.1f} MiB read from it).")
+    reasons = _reasons(s, a, probe)
+    if reasons:
+        text.append("Why, from this run's figures: " + "; ".join(reasons) + ".")
     return " ".join(text)
 
 
 def answer(run: RunFiles) -> str:
     p = run.params
-    policies, byte_rows, restores = tables(run)
+    policies, byte_rows, _ = tables(run)
     if not policies:
         return "No request was recorded, so this run answers nothing."
+    probes = probe_rows(run)
     parts = [_model_answer(m, {t["policy"]: t for t in policies if t["model"] == m},
-                           next((r for r in restores if r["model"] == m), None),
+                           next((r for r in probes if r["model"] == m), None),
                            [b for b in byte_rows if b["model"] == m], p["NUM_ENGINES"]) for m in models_of(p)]
     repeats = p["NUM_REPEATS"]
     caveats = [f"The evidence is {repeats} trace(s) per policy and model"
@@ -119,18 +141,21 @@ def public_results(run: RunFiles) -> dict:
     keep_policy = ("model", "policy", "repeats", "requests", "ok", "makespan_ms", "ttft_ms", "ttft_p90_ms",
                    "parent_ttft_ms", "child_ttft_ms", "noise_ttft_ms", "local_tokens", "restored_tokens",
                    "recomputed_tokens", "children_with_parent", "requests_per_engine", "computed_per_engine",
-                   "load_imbalance")
+                   "child_cached_share", "load_imbalance")
     keep_bytes = ("model", "repeat", "engine_restored_bytes", "l1_hit_tokens", "l2_hit_tokens", "l1_write_bytes",
                   "l1_evicted_bytes", "l2_write_bytes_hook", "l2_read_bytes_hook", "l2_read_bytes_device",
                   "l2_read_bytes_metrics", "l1_oom_chunks")
     keep_restore = ("model", "restored_children", "restored_tokens_median", "shared_ttft_ms", "recompute_ttft_ms",
                     "round_robin_ttft_ms", "prefix_aware_ttft_ms")
+    keep_probe = ("model", "probes", "recompute_ttft_ms", "local_ttft_ms", "restore_ttft_ms", "recompute_cached_tokens",
+                  "local_cached_tokens", "restore_cached_tokens", "restore_bytes")
     shape = ("NUM_ENGINES", "NUM_FAMILIES", "NUM_CHILDREN", "PARENT_TOKENS", "CHILD_SUFFIX_TOKENS", "NUM_NOISE",
-             "NOISE_TOKENS", "MAX_TOKENS", "MEAN_ARRIVAL_GAP_S", "MEAN_CHILD_GAP_S", "NUM_REPEATS", "BLOCK_SIZE",
+             "NOISE_TOKENS", "MAX_TOKENS", "MEAN_ARRIVAL_GAP_S", "MEAN_CHILD_GAP_S", "NUM_REPEATS", "NUM_PROBES", "BLOCK_SIZE",
              "NUM_GPU_BLOCKS", "CHUNK_SIZE", "ARENA_MIB", "STORE_POLICY", "DEVICE", "DTYPE", "WEIGHTS")
     return {"section": "multi_engine", "run_id": run.run_dir.name, "models": models_of(p),
             "policies_run": list(p["POLICIES"]), "shape": {k: p[k] for k in shape},
             "policies": [{k: t[k] for k in keep_policy} for t in policies],
             "bytes": [{k: b[k] for k in keep_bytes} for b in byte_rows],
             "restore": [{k: r[k] for k in keep_restore} for r in restores],
+            "probes": [{k: r[k] for k in keep_probe} for r in probe_rows(run)],
             "checks": summarize(checks(run)), "headline": headline(run)}

@@ -10,6 +10,7 @@
                                                        time.monotonic_ns when the step returned),
                                                        finished requests with their cached-token
                                                        split, and the KV events of the step
+    EngineProcess.drain()   -- "drain" ------------->  step until the scheduler holds no request
     EngineProcess.reset()   -- "reset" ------------->  drain, reset the prefix cache
     EngineProcess.stop()    -- "stop" -------------->  close the engine, os._exit(0)
 
@@ -114,6 +115,13 @@ class EngineProcess:
             if msg.get("op") == "reset":
                 return msg
 
+    def drain(self, timeout_s: float = 60.0) -> None:
+        """Steps the engine until its scheduler holds no request: with the MP connector, a finished
+        request's blocks are freed only once its store to the server completed."""
+        self.conn.send({"op": "drain"})
+        while self.expect_any(timeout_s).get("op") != "drained":
+            pass
+
     def expect_any(self, timeout_s: float) -> dict:
         if not self.conn.poll(timeout_s):
             raise EngineStartError(f"engine {self.index}: no answer within {timeout_s:.0f} s\n{self.log_tail()}")
@@ -137,9 +145,9 @@ class EngineProcess:
                 self.proc.wait(timeout=timeout_s)
             except (OSError, subprocess.TimeoutExpired):
                 pass
-        graceful = self.proc.poll() is not None
         kill_group(self.proc.pid, grace_s=2.0)
         self.proc.wait()
+        graceful = self.proc.returncode == 0  # it closed its engine and exited on "stop"
         if self.conn is not None:
             self.conn.close()
         return {"engine": self.index, "pid": self.proc.pid, "exit_code": self.proc.returncode,
@@ -290,6 +298,9 @@ def serve(conn: Connection, spec: dict) -> None:
                     lookups.clear()
                     conn.send({"op": "reset", "ok": ok, "free_blocks": pool.get_num_free_blocks(),
                                "cached_blocks": len(pool.cached_block_hash_to_block)})
+                elif op == "drain":
+                    engine.drain()
+                    conn.send({"op": "drained", "requests_left": scheduler.has_requests()})
                 elif op == "stop":
                     engine.close()
                     conn.send({"op": "stopped"})
