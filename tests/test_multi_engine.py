@@ -131,7 +131,7 @@ def test_every_profile_validates_and_plans_without_vllm():
             "sys.exit(rc)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "HEAVY []" in out.stdout, out.stdout + out.stderr
-    assert "qwen2.5-7b" in out.stdout and "NUM_GPU_BLOCKS=2049" in out.stdout
+    assert "qwen2.5-7b" in out.stdout and "NUM_GPU_BLOCKS=1025" in out.stdout
 
 
 # -- the router on fake engines --

@@ -20,10 +20,11 @@ starts on empty pools. What a run writes, as it goes:
 """
 from __future__ import annotations
 
+import os
 import time
 
 from kmesh_lib.engine.model_spec import resolve
-from kmesh_lib.sections.multi_engine.fleet import Fleet
+from kmesh_lib.sections.multi_engine.fleet import Fleet, stored_tokens, visible_gpus
 from kmesh_lib.sections.multi_engine.params import POLICIES, MultiEngineParams, kv_bytes_per_token
 from kmesh_lib.sections.multi_engine.probe import probe
 from kmesh_lib.sections.multi_engine.router import Router
@@ -36,7 +37,7 @@ FLEETS = (("local", False), ("shared", True))
 START_S = {("cpu", "tiny"): 30, ("cpu", "kvheavy"): 35, ("cpu", "qwen2.5-0.5b"): 45,
            ("cuda", "qwen2.5-0.5b"): 50, ("cuda", "qwen2.5-1.5b"): 60, ("cuda", "qwen2.5-7b"): 90}
 PREFILL_TOKENS_PER_S = {("cpu", "tiny"): 20000, ("cpu", "kvheavy"): 1000, ("cpu", "qwen2.5-0.5b"): 150,
-                        ("cuda", "qwen2.5-0.5b"): 40000, ("cuda", "qwen2.5-1.5b"): 20000, ("cuda", "qwen2.5-7b"): 6000}
+                        ("cuda", "qwen2.5-0.5b"): 30000, ("cuda", "qwen2.5-1.5b"): 12000, ("cuda", "qwen2.5-7b"): 2500}
 
 
 def fleet_policies(cfg: MultiEngineParams) -> list[tuple[str, bool, list[str]]]:
@@ -80,15 +81,18 @@ def plan(cfg: MultiEngineParams) -> dict:
         kvt = kv_bytes_per_token(cfg, model)
         fleets = fleet_policies(cfg)
         arrivals = (cfg.NUM_FAMILIES + cfg.NUM_NOISE) * cfg.MEAN_ARRIVAL_GAP_S + 2 * cfg.MEAN_CHILD_GAP_S
-        per_trace = arrivals + trace_tokens(cfg) / (PREFILL_TOKENS_PER_S.get(key, 2000) * cfg.NUM_ENGINES)
+        # engines on one GPU share its compute; on the CPU each has its own cores
+        parallel = cfg.NUM_ENGINES if cfg.DEVICE == "cpu" else max(1, min(cfg.NUM_ENGINES, len(visible_gpus())))
+        per_trace = arrivals + trace_tokens(cfg) / (PREFILL_TOKENS_PER_S.get(key, 2000) * parallel)
         probes = cfg.NUM_PROBES * (2 * cfg.PARENT_TOKENS + 2 * cfg.child_tokens) / PREFILL_TOKENS_PER_S.get(key, 2000)
         seconds = len(fleets) * START_S.get(key, 60) + len(cfg.POLICIES) * cfg.NUM_REPEATS * per_trace + probes
         total += seconds
         lines[f"model {model}"] = (f"KV {kvt // 1024} KiB/token; a parent's context is {family * kvt / 2**20:.1f} MiB; "
                                    f"{len(fleets)} fleet start(s); about {seconds / 60:.1f} min")
     if "shared" in cfg.POLICIES:
+        disk = ", ".join(f"{m} {stored_tokens(cfg) * kv_bytes_per_token(cfg, m) / 2**30:.2f} GiB" for m in cfg.models)
         lines["server"] = (f"one lmcache server on 127.0.0.1: L1 arena {cfg.ARENA_MIB} MiB, store policy {cfg.STORE_POLICY}, "
-                           f"chunks of {cfg.CHUNK_SIZE} tokens, O_DIRECT disk tier")
+                           f"chunks of {cfg.CHUNK_SIZE} tokens, O_DIRECT disk tier of at most {disk}")
     if cfg.KILL_ENGINE is not None:
         lines["fault"] = f"engine {cfg.KILL_ENGINE} is SIGKILLed after {cfg.KILL_AFTER_REQUESTS} dispatched requests"
     lines["expected duration"] = f"about {total / 60:.0f} min ({cfg.NUM_REPEATS} repeat(s))"
@@ -108,7 +112,8 @@ def run_policy(fleet: Fleet, cfg: MultiEngineParams, policy: str, repeat: int, o
     arm = {**summary, "order": order, "fleet": fleet.kind, "router": router_name, "wall_s": round(time.monotonic() - t0, 3),
            "pools_before": pools, "server_before": before, "server_after": fleet.snapshot(),
            "server_alive": fleet.server.alive() if fleet.server is not None else None,
-           "kv_bytes_per_token": kv_bytes_per_token(cfg, fleet.model), "chunk_size": cfg.CHUNK_SIZE}
+           "kv_bytes_per_token": kv_bytes_per_token(cfg, fleet.model), "chunk_size": cfg.CHUNK_SIZE,
+           "load_1m": round(os.getloadavg()[0], 2)}  # the host's run queue: other work competing for cores
     record.append_jsonl("arms.jsonl", arm)
     ms = f"{summary['makespan_s']:.2f} s" if summary["makespan_s"] is not None else "-"
     log(f"{fleet.model} r{repeat} {policy}: {summary['num_ok']}/{summary['num_requests']} ok, makespan {ms}")

@@ -26,8 +26,8 @@ from kmesh_lib.engine.config import EngineParams
 from kmesh_lib.engine.model_spec import materialize, resolve
 from kmesh_lib.lmcache.disk_accounting import ServerMeter
 from kmesh_lib.lmcache.server import LMCacheServer, ServerConfig
+from kmesh_lib.sections.multi_engine.engine_process import EngineProcess
 from kmesh_lib.sections.multi_engine.params import MultiEngineParams, kv_bytes_per_token
-from kmesh_lib.sections.multi_engine.worker import EngineProcess
 
 # Server counters beyond ServerMeter's, summed over label sets (chunks, tokens)
 EXTRA_METRICS = {
@@ -46,6 +46,14 @@ def server_config(cfg: MultiEngineParams) -> ServerConfig:
     if "transfer_mode" in ServerConfig.__dataclass_fields__:
         kwargs["transfer_mode"] = "auto" if cfg.DEVICE == "cuda" else "engine_driven"
     return ServerConfig(**kwargs)
+
+
+def stored_tokens(cfg: MultiEngineParams) -> int:
+    """An upper bound on the tokens the server stores over the run: every family's parent (input +
+    output) and each child's own tokens, every unrelated request, per repeat; and the probes."""
+    family = cfg.PARENT_TOKENS + cfg.MAX_TOKENS + cfg.NUM_CHILDREN * (cfg.CHILD_SUFFIX_TOKENS + cfg.MAX_TOKENS)
+    trace = cfg.NUM_FAMILIES * family + cfg.NUM_NOISE * (cfg.NOISE_TOKENS + cfg.MAX_TOKENS)
+    return cfg.NUM_REPEATS * trace + cfg.NUM_PROBES * family
 
 
 def visible_gpus() -> list[str]:
@@ -108,8 +116,7 @@ class Fleet:
 
             self.server = LMCacheServer(server_config(cfg), self.runtime)
             kvt = kv_bytes_per_token(cfg, self.model)
-            trace_bytes = (cfg.NUM_FAMILIES * (1 + cfg.NUM_CHILDREN) * cfg.child_tokens + cfg.NUM_NOISE * cfg.NOISE_TOKENS) * kvt
-            self.info["disk_tier"] = check_disk_tier(self.server.disk_dir, cfg.CHUNK_SIZE * kvt, trace_bytes * cfg.NUM_REPEATS)
+            self.info["disk_tier"] = check_disk_tier(self.server.disk_dir, cfg.CHUNK_SIZE * kvt, stored_tokens(cfg) * kvt)
             self.server.start()
             self.meter = ServerMeter(self.server)
             server_extra = self.server.connector_extra_config()

@@ -124,9 +124,14 @@ def answer(run: RunFiles) -> str:
     repeats = p["NUM_REPEATS"]
     caveats = [f"The evidence is {repeats} trace(s) per policy and model"
                + (" (one sample: no spread)" if repeats == 1 else f" (medians over {repeats})")]
+    loads = [a["load_1m"] for a in run.raw("arms.jsonl") if a.get("load_1m") is not None]
     if p["DEVICE"] == "cpu":
-        caveats.append("on a shared 2-core CPU machine, where the engines compete with each other and with other work "
-                       "for cores, so time differences of tens of percent are within the noise")
+        caveats.append(f"on a CPU machine with {run.env.get('cpu_count', '?')} cores shared with other work"
+                       + (f" (load average {min(loads):.1f}-{max(loads):.1f} at the traces' ends)" if loads else "")
+                       + ", where the engines also compete with each other, so the timings carry that machine's noise")
+    else:
+        caveats.append(f"with {p['NUM_ENGINES']} engines sharing the GPU(s) the device lends (engines on one GPU share "
+                       "its compute, so an idle engine there does not idle the GPU)")
     if p["WEIGHTS"] != "real" and not any("/" in m for m in models_of(p)):
         caveats.append(f"with synthetic {p['WEIGHTS']} weights (outputs are not language; cache accounting and timing are real)")
     if p.get("KILL_ENGINE") is not None:
