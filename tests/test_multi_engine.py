@@ -33,7 +33,7 @@ PROBE_CHECK = ("probe: the child found what its step sets up (recompute: nothing
 PREFIX_AWARE_CHECK = "prefix_aware: each request went to a live engine with the longest indexed prefix (ties: fewest in flight)"
 SMALL = dict(PROFILE="smoke", NUM_GPU_BLOCKS=65, MAX_MODEL_LEN=1024, NUM_FAMILIES=3, NUM_CHILDREN=2, PARENT_TOKENS=512,
              CHILD_SUFFIX_TOKENS=32, NUM_NOISE=4, MAX_TOKENS=4, MEAN_ARRIVAL_GAP_S=0.02, MEAN_CHILD_GAP_S=0.02,
-             ARENA_MIB=4)
+             ARENA_MIB=8)
 
 
 def stored(tokens: list[int], hashes: list[int], parent=None) -> dict:
@@ -104,7 +104,7 @@ def test_trace_is_seeded_and_has_the_parameters_shape():
     (dict(POLICIES=[]), "POLICIES=[]"),
     (dict(PARENT_TOKENS=1000), "a child needs 1036 prompt + 4 output tokens, more than MAX_MODEL_LEN=1024"),
     (dict(PARENT_TOKENS=128), "shorter than one LMCache chunk"),
-    (dict(MODELS=["kvheavy"]), "ARENA_MIB=4: one child's chunks of kvheavy are 24.0 MiB"),
+    (dict(MODELS=["kvheavy"]), "ARENA_MIB=8: one child's chunks of kvheavy are 24.0 MiB"),
     (dict(KILL_ENGINE=2), "KILL_ENGINE=2: there are only NUM_ENGINES=2"),
     (dict(KILL_ENGINE=1), "the fault test runs one policy"),
     (dict(KILL_ENGINE=1, POLICIES=["shared"], KILL_AFTER_REQUESTS=13), "the trace has only 13 requests"),
