@@ -193,7 +193,7 @@ def plot(rows: list[dict], table: list[dict], path_out, title: str = ""):
         ax_row[2].set(ylabel="prompt tokens computed", title="load: computed tokens per engine")
         ax_row[2].legend(fontsize=7)
         for ax in ax_row:
-            ax.tick_params(axis="x", labelsize=8)
+            ax.tick_params(axis="x", labelsize=8, labelrotation=20)
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()

@@ -109,6 +109,8 @@ def _model_answer(model: str, mine: dict, probe: dict | None, byte_rows: list[di
     reasons = _reasons(s, a, probe)
     if reasons:
         text.append("Why, from this run's figures: " + "; ".join(reasons) + ".")
+    if s["makespan_ms"] and a["makespan_ms"] and abs(s["makespan_ms"] / a["makespan_ms"] - 1) < 0.05:
+        text.append("The two makespans differ by less than 5 %, which a single trace cannot tell from noise.")
     return " ".join(text)
 
 
