@@ -25,7 +25,7 @@ from kmesh_lib.base.processes import RUNTIME_ROOT, RuntimeDir, group_alive
 from kmesh_lib.engine.config import EngineParams
 from kmesh_lib.engine.model_spec import materialize, resolve
 from kmesh_lib.lmcache.disk_accounting import ServerMeter
-from kmesh_lib.lmcache.server import LMCacheServer, ServerConfig
+from kmesh_lib.lmcache.server import LMCacheServer, ServerConfig, transfer_mode_for
 from kmesh_lib.sections.multi_engine.engine_process import EngineProcess
 from kmesh_lib.sections.multi_engine.params import MultiEngineParams, kv_bytes_per_token
 
@@ -40,12 +40,10 @@ EXTRA_METRICS = {
 
 
 def server_config(cfg: MultiEngineParams) -> ServerConfig:
-    kwargs = {"arena_mib": cfg.ARENA_MIB, "chunk_size": cfg.CHUNK_SIZE, "store_policy": cfg.STORE_POLICY}
-    # NOTE: the server launcher (LMCache 0.5.3 and CUDA) adds ServerConfig.transfer_mode; on CUDA the
-    # worker's transfer mode resolves to LMCache-driven CUDA IPC and must not be forced to engine_driven.
-    if "transfer_mode" in ServerConfig.__dataclass_fields__:
-        kwargs["transfer_mode"] = "auto" if cfg.DEVICE == "cuda" else "engine_driven"
-    return ServerConfig(**kwargs)
+    # On CUDA the worker's transfer mode resolves to LMCache-driven CUDA IPC and must not be forced
+    # to engine_driven (the device README); the CPU worker needs engine_driven.
+    return ServerConfig(arena_mib=cfg.ARENA_MIB, chunk_size=cfg.CHUNK_SIZE, store_policy=cfg.STORE_POLICY,
+                        transfer_mode=transfer_mode_for(cfg.DEVICE))
 
 
 def stored_tokens(cfg: MultiEngineParams) -> int:
