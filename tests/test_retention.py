@@ -9,6 +9,8 @@ import pytest
 
 from kmesh_lib.app import registry as sections
 from kmesh_lib.app.cli import main as kmesh_main
+from kmesh_lib.app.publish import public_document
+from kmesh_lib.app.verify import verify
 from kmesh_lib.base.params import ParamError, build, resolve_params
 from kmesh_lib.base.records import RunFileError, RunFiles, RunRecord
 from kmesh_lib.engine.requests import StepOutput
@@ -395,7 +397,8 @@ def test_gpu_driver_writes_a_complete_run_that_renders_in_place(tmp_path):
     assert kmesh_main(["run", "16", "--source-run", str(out)]) == 0
     assert (out / "env.json").read_bytes() == env  # the measuring machine stays the run's environment
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.parent.name == "raw"} == measured
-    public = json.loads((out / "public-results.json").read_text())
+    run = RunFiles(out)
+    public = public_document(section, run, verify(section, run), allowed_failed=False)  # what `kmesh publish` writes
     assert public["environment"]["device"] == "NVIDIA H200 (as measured)"
     results = RunFiles(out).results
     assert results["status"] == "passed" and results["render_environment"]["device"]
