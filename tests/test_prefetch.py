@@ -138,7 +138,12 @@ def _g(block, pair, arm, wait, makespan, ready=None, phase="confirm", lead=0.0, 
             "lead_ms": lead, "prep": "http_prefetch+warmup" if arm.startswith("early") else "none",
             "readiness": {"why_not": "", "warmup_token_s": -0.01} if arm.startswith("early") else None,
             "disk_bytes": 100, "context_bytes": 100, "context_tokens": 64, "num_cached_tokens": [cached] * n,
-            "num_output_tokens": [8] * n, "submit_delay_s": 0.0001, "stamps": 10, "idle_waits": 2}
+            "num_output_tokens": [8] * n, "submit_delay_s": 0.0001, "stamps": 10, "idle_waits": 2,
+            "singleflight": True if path == "mp" else None,
+            "reads": {"device_bytes": 100, "hook_bytes": 100, "metric_bytes": 100, "contended_chunks": 0,
+                      "tolerance_bytes": 0},  # MP: three counts, agreeing to the byte
+            "lookup_summary": {"lookups": n + 1, "disk_reads": 1, "load_bytes": 100, "contended_keys": 0,
+                               "by_mechanism": {"first_load": 1, "waited_for_in_flight": n}}}
 
 
 B = "mp-N4-r0"
@@ -219,7 +224,10 @@ def test_a_recomputing_group_leaves_the_paired_tables_and_is_counted(tmp_path):
                "tables)"] == "failed"
     assert section.counts(run)["groups in which a follow-up recomputed the shared context (every arm)"] == 1
     assert measured_lines(run) == ["every follow-up found the shared context cached, in every arm (on-arrival "
-                                   "included): in 25 of 26 groups; recomputed in mp-N4-r0 pair 3 on_arrival (confirm)"]
+                                   "included): in 25 of 26 groups; recomputed in mp-N4-r0 pair 3 on_arrival (confirm)",
+                                   "mp N=4 on arrival, singleflight on (confirm): every follow-up found the context "
+                                   "cached in 9 of 10 groups; 1.0 context reads per group; lookups: "
+                                   "waited_for_in_flight 40, first_load 10"]
     # recorded by the new protocol: the run passes, the strict statement stays a measured line
     groups[9] = dict(groups[9], status="recomputed")
     got = _statuses(_run(tmp_path / "new", groups))
@@ -233,8 +241,15 @@ def test_missing_evidence_is_skipped_and_edited_files_fail(tmp_path):
     assert got["every lmcache server and engine process listened on 127.0.0.1 only"] == "skipped"
     assert got["no server process or disk-tier file left behind"] == "skipped"
     no_bytes = [dict(g, disk_bytes=None) for g in _groups()]
-    assert _statuses(_run(tmp_path / "nobytes", no_bytes))[
-        "every prepared group (ready early, dram, engine) read the context from the disk tier exactly once"] == "skipped"
+    got = _statuses(_run(tmp_path / "nobytes", no_bytes))
+    assert got["every prepared group (ready early, dram, buffer, engine) read the context from the disk tier exactly "
+               "once"] == "skipped"
+    assert got["every on-arrival group with the singleflight on (MP) or on the GPU buffer read the context from the "
+               "disk tier exactly once"] == "skipped"
+    untraced = [{k: v for k, v in g.items() if k not in ("lookup_summary", "reads")} for g in _groups()]
+    got = _statuses(_run(tmp_path / "untraced", untraced))
+    assert got["every traced group: the lookups' load bytes equal the byte hook's"] == "skipped"
+    assert got["the independent byte counters agree in every group (MP: to the byte)"] == "skipped"
     empty = _statuses(_run(tmp_path / "empty", [], [], tables=False))
     assert empty["groups recorded in raw/groups.jsonl"] == "skipped"
     assert empty["every planned engine run finished ok"] == "failed"
@@ -333,27 +348,27 @@ def test_smoke_profile_end_to_end(tmp_path):
 
 def test_device_resume_keeps_only_finished_engine_runs(tmp_path):
     """A rerun of the GPU driver skips finished engine runs; a failed, unfinished or unrecorded run is set aside."""
-    from kmesh_lib.sections.prefetch.gpu import finished_blocks
+    from kmesh_lib.workloads.engine_runs import finished_blocks
 
     raw = tmp_path / "raw"
     raw.mkdir()
     blocks = [{"block": "inproc-N4-r0", "status": "ok"}, {"block": "inproc-N4-r1", "status": "failed", "error": "E"},
-              {"block": "inproc-N4-r3", "status": "running"}]
+              {"block": "inproc-N4-r3", "status": "running"}, {"block": "mp-striped", "status": "not available"}]
     groups = [{"block": "inproc-N4-r0", "pair": 1}, {"block": "inproc-N4-r1", "pair": 1},
               {"block": "inproc-N4-r2", "pair": 1}]  # r2 was killed before its summary was written
     (raw / "blocks.jsonl").write_text("".join(json.dumps(b) + "\n" for b in blocks))
     (raw / "groups.jsonl").write_text("".join(json.dumps(g) + "\n" for g in groups))
     (tmp_path / "lead-inproc-N4.json").write_text(json.dumps({"lead_ms": 25.0, "block": "inproc-N4-r1"}))
 
-    assert finished_blocks(tmp_path) == {"inproc-N4-r0"}
+    assert finished_blocks(tmp_path) == {"inproc-N4-r0", "mp-striped"}  # a recorded "not available" is an outcome
     read = lambda name: [json.loads(line) for line in (raw / name).read_text().splitlines()]
     assert [g["block"] for g in read("groups.jsonl")] == ["inproc-N4-r0"]
     assert sorted(g["block"] for g in read("groups.unfinished.jsonl")) == ["inproc-N4-r1", "inproc-N4-r2"]
-    assert [b["block"] for b in read("blocks.jsonl")] == ["inproc-N4-r0"]
+    assert [b["block"] for b in read("blocks.jsonl")] == ["inproc-N4-r0", "mp-striped"]
     assert [(b["block"], b["status"]) for b in read("blocks.unfinished.jsonl")] == [
         ("inproc-N4-r1", "failed"), ("inproc-N4-r3", "running")]  # kept, with the error, never counted
     assert not (tmp_path / "lead-inproc-N4.json").exists()  # a lead from a run that did not finish is not a result
-    assert finished_blocks(tmp_path) == {"inproc-N4-r0"}  # idempotent: nothing more moves
+    assert finished_blocks(tmp_path) == {"inproc-N4-r0", "mp-striped"}  # idempotent: nothing more moves
     assert len(read("groups.unfinished.jsonl")) == 2 and len(read("blocks.unfinished.jsonl")) == 2
 
 

@@ -29,7 +29,10 @@ CPU_SMALL = dict(MODEL="kvheavy", CONTEXT_TOKENS=1024, NUM_GPU_BLOCKS=257, MAX_M
     (dict(CONTEXT_TOKENS=1000), "multiple of CHUNK_SIZE=256"),
     (dict(SUFFIX_TOKENS=250), "must stay below CHUNK_SIZE=256"),
     (dict(CHUNK_SIZE=100), "multiple of BLOCK_SIZE=32"),
-    (dict(PATHS=["gds"]), "choose from mp, inproc"),
+    (dict(PATHS=["gds"]), "choose from mp, mp-striped, inproc, gpubuf, each once"),
+    (dict(PATHS=["mp", "mp"]), "each once"),
+    (dict(SINGLEFLIGHT=[True], LMCACHE_SERVER="stock"), "needs LMCACHE_SERVER=launcher"),
+    (dict(FOLLOWUP_ARRIVALS=["soon"]), "FOLLOWUP_ARRIVALS: follow-up arrival 'soon'"),
     (dict(CONTROL_ARMS=["warm"]), "choose from recompute, floor"),
     (dict(GROUP_SIZES=[0]), "GROUP_SIZES[0]=0: must be >= 1"),
     (dict(NUM_GPU_BLOCKS=40, MAX_MODEL_LEN=1248), "a group of 8 sharing the context needs 48 blocks"),
@@ -148,27 +151,56 @@ def test_prometheus_and_phase_reads():
     assert PhaseReads.between(a, Snapshot(device_read_bytes=100 + 16384, hook_read_bytes=0), 2 * MIB).agree()
 
 
-def reads(b, l1=None, l2=None, contended=0, device=None, metrics=None):
+def reads(b, l1=None, l2=None, contended=0, device=None, metrics=None, tolerance=None):
     return {"device_bytes": b if device is None else device, "hook_bytes": b, "metric_bytes": metrics,
-            "lookup_hit_l1_tokens": l1, "lookup_hit_l2_tokens": l2, "contended_chunks": contended, "agree": True}
+            "lookup_hit_l1_tokens": l1, "lookup_hit_l2_tokens": l2, "contended_chunks": contended, "agree": True,
+            **({} if tolerance is None else {"tolerance_bytes": tolerance})}
+
+
+def trace(arm, follow_bytes, ctx_bytes, n, contended_chunks, singleflight):
+    """The launcher's lookup-trace summaries for a group (``lmcache.lookups.summarize``), consistent with its bytes."""
+    prep = {"lookups": 1, "disk_reads": 1, "load_bytes": ctx_bytes, "contended_keys": 0, "by_mechanism": {"first_load": 1}}
+    if arm == "retain":
+        follow = {"lookups": n, "disk_reads": 0, "load_bytes": 0, "contended_keys": 0, "by_mechanism": {"l1_resident": n}}
+    else:
+        loads = follow_bytes // ctx_bytes
+        others = {"waited_for_in_flight": n - loads} if singleflight else \
+            {"contended_in_flight": 1 if contended_chunks else 0, "l1_resident": n - loads - (1 if contended_chunks else 0)}
+        follow = {"lookups": n, "disk_reads": loads, "load_bytes": follow_bytes, "contended_keys": contended_chunks,
+                  "by_mechanism": {k: v for k, v in {"first_load": 1, "reread_after_load": loads - 1, **others}.items() if v}}
+    letters = "ABCDEFGH"[:n]
+    return {"prep_lookup_summary": prep, "followup_lookup_summary": follow,
+            "followup_disk_reads": {x: int(i < follow["disk_reads"]) for i, x in enumerate(letters)}}
 
 
 def group(arm, follow_bytes, l1_tokens, l2_tokens, contended=0, memory=0, n=4, ctx=1024, per_token=1024, pair=0,
-          path="mp", block=None):
-    """A recorded group as ``Block.run_group`` writes it (MP: three counters; in-process: device and hook)."""
+          path="mp", block=None, arrival="together", singleflight=False, traced=True):
+    """A recorded group as ``Block.run_group`` writes it (MP: three counters, agreeing to the byte, and the launcher's
+    lookup trace; in-process: device and hook)."""
     ctx_bytes = ctx * per_token
-    metrics = (lambda b: b) if path == "mp" else (lambda b: None)
-    return {"block": block or f"{path}-N{n}", "path": path, "group_size": n, "arm": arm, "pair": pair, "order": 0,
-            "measured": True, "status": "ok", "detail": "", "data_start": "disk tier", "route": "host staging",
-            "lookup": "prefetch" if path == "mp" else "on_demand",
-            "context_tokens": ctx, "context_bytes": ctx_bytes, "chunk_tokens": 256, "chunk_bytes": 256 * per_token,
-            "output_tokens": 8, "num_output_tokens": [8] * n, "num_cached_tokens": [ctx] * n,
-            "ttft_a_s": 0.1 + 0.01 * pair, "makespan_s": 0.3, "first_token_s": [0.1] * n,
-            "prep_reads": reads(ctx_bytes, 0 if path == "mp" else None, ctx if path == "mp" else None,
-                                metrics=metrics(ctx_bytes)),
-            "followup_reads": reads(follow_bytes, l1_tokens, l2_tokens, contended, metrics=metrics(follow_bytes)),
-            "memory_tier_bytes_before": 0, "memory_tier_bytes_at_followups": memory, "memory_tier_bytes_after": memory,
-            "disk_tier_bytes_before": ctx_bytes, "disk_tier_bytes_after": ctx_bytes}
+    mp = path == "mp"
+    metrics = (lambda b: b) if mp else (lambda b: None)
+    tol = 0 if mp else None
+    g = {"block": block or f"{path}-N{n}", "path": path, "group_size": n, "arm": arm, "pair": pair, "order": 0,
+         "measured": True, "status": "ok", "detail": "", "data_start": "disk tier", "route": "host staging",
+         "lookup": "prefetch" if mp else "on_demand", "arrival": arrival, "singleflight": singleflight if mp else None,
+         "context_tokens": ctx, "context_bytes": ctx_bytes, "chunk_tokens": 256, "chunk_bytes": 256 * per_token,
+         "output_tokens": 8, "num_output_tokens": [8] * n, "num_cached_tokens": [ctx] * n,
+         "ttft_a_s": 0.1 + 0.01 * pair, "makespan_s": 0.3, "first_token_s": [0.1] * n,
+         "prep_reads": reads(ctx_bytes, 0 if mp else None, ctx if mp else None, metrics=metrics(ctx_bytes), tolerance=tol),
+         "followup_reads": reads(follow_bytes, l1_tokens, l2_tokens, contended, metrics=metrics(follow_bytes),
+                                 tolerance=tol),
+         "memory_tier_bytes_before": 0, "memory_tier_bytes_at_followups": memory, "memory_tier_bytes_after": memory,
+         "disk_tier_bytes_before": ctx_bytes, "disk_tier_bytes_after": ctx_bytes}
+    if mp and traced:
+        g.update(trace(arm, follow_bytes, ctx_bytes, n, contended, singleflight))
+    return g
+
+
+def name(arm, statement, block="mp-N4", arrival="together", singleflight="off"):
+    """A per-combination check's name, as ``checks.arm_checks`` gives it."""
+    combo = f"{block} [{arrival}" + ("" if singleflight == "n/a" else f", singleflight {singleflight}") + "]"
+    return f"{combo} {arm}: {statement}"
 
 
 def summary(block="mp-N4", path="mp", status="ok", **extra):
@@ -212,17 +244,18 @@ def test_read_invariants_account_for_every_lookup(tmp_path):
     ctx = 1024 * 1024
     got = statuses(run_folder(tmp_path / "good", good_mp_groups(), [summary()]))
     assert set(got.values()) == {"ok"}, {k: v for k, v in got.items() if v != "ok"}
-    assert "mp-N4 discard: every follow-up lookup reread the context or found another follow-up's in-flight copy" in got
+    assert name("discard", "every follow-up lookup reread the context or found another follow-up's in-flight copy "
+                           "(LMCache's lookup-hit counters)") in got
     lines = measured_lines(tmp_path / "good")  # the strict claim is a measurement: 1 of 2 groups reread 4 times
-    assert lines == ["mp-N4 discard: every follow-up lookup reread the context in 1 of 2 groups "
-                     "(rereads per group [2.0, 4.0])"]
+    assert lines == ["mp-N4 [together, singleflight off] discard: every follow-up lookup reread the context in 1 of 2 "
+                     "groups (rereads per group [2.0, 4.0])"]
     reread = statuses(run_folder(tmp_path / "reread", [group("retain", ctx, 0, 4096, memory=ctx)], [summary()]))
-    assert reread["mp-N4 retain: the group read the context exactly once, preparation included"] == "failed"
-    assert reread["mp-N4 retain: every follow-up lookup hit the kept copy"] == "failed"
+    assert reread[name("retain", "the group read the context exactly once, preparation included")] == "failed"
+    assert reread[name("retain", "every follow-up lookup hit the kept copy (LMCache's lookup-hit counters)")] == "failed"
     lost = statuses(run_folder(tmp_path / "lost", [group("discard", ctx, 0, 1024)], [summary()]))
-    assert lost["mp-N4 discard: every follow-up lookup reread the context or found another follow-up's in-flight copy"] \
-        == "failed"
-    assert lost["mp-N4 discard: at least 2 measured groups usable"] == "failed"
+    assert lost[name("discard", "every follow-up lookup reread the context or found another follow-up's in-flight copy "
+                                "(LMCache's lookup-hit counters)")] == "failed"
+    assert lost[name("discard", "at least 2 measured groups usable")] == "failed"
 
 
 def test_in_process_follow_ups_read_nothing_in_either_arm(tmp_path):
@@ -233,11 +266,11 @@ def test_in_process_follow_ups_read_nothing_in_either_arm(tmp_path):
     params = dict(PATHS=["inproc"])
     got = statuses(run_folder(tmp_path / "a", groups, [summary("inproc-N4", "inproc")], params))
     assert set(got.values()) == {"ok"}, {k: v for k, v in got.items() if v != "ok"}
-    assert "inproc-N4 retain: every follow-up lookup hit the kept copy" not in got  # no L1 lookups in-process
+    assert not any("lookup-hit counters" in k or "trace" in k for k in got)  # no L1 lookups in-process
     reread = [group("discard", ctx, None, None, path="inproc", pair=p) for p in (0, 1)]
     got = statuses(run_folder(tmp_path / "b", reread, [summary("inproc-N4", "inproc")], params))
-    assert got["inproc-N4 discard: the follow-ups read nothing (vLLM held the context; the connector loads only what "
-               "vLLM lacks)"] == "failed"
+    assert got[name("discard", "the follow-ups read nothing (vLLM held the context; the connector loads only what "
+                               "vLLM lacks)", block="inproc-N4", singleflight="n/a")] == "failed"
 
 
 def test_missing_evidence_is_skipped_never_ok(tmp_path):
@@ -251,8 +284,12 @@ def test_missing_evidence_is_skipped_never_ok(tmp_path):
     got = statuses(run_folder(tmp_path / "a", one_counter, [bare]))
     assert got["every lmcache server and engine process listened on 127.0.0.1 only"] == "skipped"
     assert got["no server process or disk-tier file left behind"] == "skipped"
-    assert got["mp-N4 retain: the independent byte counters agree in both phases"] == "skipped"
-    assert got["mp-N4 discard: the independent byte counters agree in both phases"] == "skipped"
+    assert got[name("retain", "the independent byte counters agree in both phases (MP: to the byte)")] == "skipped"
+    assert got[name("discard", "the independent byte counters agree in both phases (MP: to the byte)")] == "skipped"
+    untraced = statuses(run_folder(tmp_path / "t", [group("retain", 0, 4096, 0, memory=1 << 20, traced=False, pair=p)
+                                                    for p in (0, 1)], [summary()]))
+    assert untraced[name("retain", "the lookup trace's load bytes equal the byte hook's, in both phases")] == "skipped"
+    assert untraced[name("retain", "every follow-up lookup found the kept copy in L1 (lookup trace)")] == "skipped"
     partial = summary(cleanup={"runtime_dir_removed": True})  # server_gone not recorded
     assert statuses(run_folder(tmp_path / "b", good_mp_groups(), [partial]))[
         "no server process or disk-tier file left behind"] == "skipped"
@@ -268,7 +305,12 @@ def test_missing_evidence_is_skipped_never_ok(tmp_path):
     off = good_mp_groups()
     off[0]["prep_reads"]["device_bytes"] += 256 * 1024
     assert statuses(run_folder(tmp_path / "e", off, [summary()]))[
-        "mp-N4 retain: the independent byte counters agree in both phases"] == "failed"
+        name("retain", "the independent byte counters agree in both phases (MP: to the byte)")] == "failed"
+    # on the MP path the counters agree to the byte: one stray 4 KiB read is a disagreement there
+    stray = good_mp_groups()
+    stray[1]["followup_reads"]["device_bytes"] += 4096
+    assert statuses(run_folder(tmp_path / "f", stray, [summary()]))[
+        name("discard", "the independent byte counters agree in both phases (MP: to the byte)")] == "failed"
 
 
 def test_an_edited_raw_line_or_results_figure_fails(tmp_path):
@@ -284,8 +326,9 @@ def test_an_edited_raw_line_or_results_figure_fails(tmp_path):
     edited["followup_reads"].update(device_bytes=1 << 20, hook_bytes=1 << 20, metric_bytes=1 << 20)
     (tmp_path / "raw" / "groups.jsonl").write_text("\n".join([json.dumps(edited)] + lines[1:]) + "\n")
     got = statuses(RunFiles(tmp_path))
-    assert got["mp-N4 retain: the group read the context exactly once, preparation included"] == "failed"
+    assert got[name("retain", "the group read the context exactly once, preparation included")] == "failed"
     assert got["results arms table recomputed from raw/ matches"] == "failed"
+    assert got[name("retain", "the lookup trace's load bytes equal the byte hook's, in both phases")] == "failed"
 
 
 def test_a_block_that_raises_midway_is_recorded_failed_with_its_error(tmp_path, monkeypatch):
@@ -372,10 +415,11 @@ def test_a_block_whose_child_fails_is_recorded_as_failed(tmp_path):
     cfg, _, _ = resolve_params(sections.get("16"), "smoke", [], [])
     (tmp_path / "raw").mkdir()
     (tmp_path / "params.resolved.yaml").write_text(yaml.safe_dump({**to_dict(cfg), "RUN_DIR": str(tmp_path)}))
-    summary, groups = run_block_in_child(tmp_path, "nowhere", 4, log=lambda *_: None, timeout_s=120)
-    assert summary["status"] == "failed" and "unknown path 'nowhere'" in summary["error"], summary
-    assert groups == [] and len(RunFiles(tmp_path).raw("blocks.jsonl")) == 1  # recorded once, by the child
-    assert "unknown path 'nowhere'" in (tmp_path / "blocks.log").read_text()
+    summary, groups = run_block_in_child(tmp_path, "nowhere-N4", log=lambda *_: None, timeout_s=120)
+    assert summary["status"] == "failed" and "unknown block 'nowhere-N4'" in summary["detail"], summary
+    assert "the params plan mp-N4" in summary["detail"]
+    assert groups == [] and len(RunFiles(tmp_path).raw("blocks.jsonl")) == 1  # recorded once, by the parent
+    assert "unknown block 'nowhere-N4'" in (tmp_path / "blocks.log").read_text()
 
 
 @pytest.mark.cpu

@@ -23,14 +23,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kmesh_lib.base import params as params_mod
+from kmesh_lib.base import topology
 from kmesh_lib.base.paths import REPO_ROOT
+from kmesh_lib.base.processes import RUNTIME_ROOT
 from kmesh_lib.base.records import RunRecord
 from kmesh_lib.lmcache.connect import inproc_support
 from kmesh_lib.sections.prefetch import stats as ps
-from kmesh_lib.sections.prefetch.checks import confirmation_leads
+from kmesh_lib.sections.prefetch.checks import confirmation_leads, plan_runs, topology_rows
 from kmesh_lib.sections.prefetch.params import MIB, PrefetchParams
 from kmesh_lib.sections.prefetch.protocol import run_engine
-from kmesh_lib.workloads.context_groups import kv_bytes_per_token
+from kmesh_lib.workloads.context_checks import NOT_AVAILABLE
+from kmesh_lib.workloads.context_groups import kv_bytes_per_token, striped_store_row
 
 PAPER = {"MEASURED_GROUPS": 200, "ENGINE_RUNS": 10, "PILOT_GROUPS": 10}
 # Seconds per group (by group size N) and per engine run's start (low, high), read off the published
@@ -76,8 +80,11 @@ def plan(cfg: PrefetchParams) -> dict:
 
 
 def scaled(cfg: PrefetchParams) -> dict[str, int]:
-    """The sizes below the paper's (an empty dict at paper scale)."""
-    return {k: getattr(cfg, k) for k, v in PAPER.items() if getattr(cfg, k) < v}
+    """The sizes below the paper's (an empty dict at paper scale); the GPU buffer's engine runs too."""
+    out = {k: getattr(cfg, k) for k, v in PAPER.items() if getattr(cfg, k) < v}
+    if "gpubuf" in cfg.PATHS and (cfg.GPUBUF_ENGINE_RUNS or cfg.ENGINE_RUNS) < PAPER["ENGINE_RUNS"]:
+        out["GPUBUF_ENGINE_RUNS"] = cfg.GPUBUF_ENGINE_RUNS or cfg.ENGINE_RUNS
+    return out
 
 
 def expected_duration(cfg: PrefetchParams) -> str:
@@ -107,23 +114,47 @@ def _minutes(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
+def planned_runs(cfg: PrefetchParams) -> list[tuple[str, int, int]]:
+    """(path, group size, run index) of every engine run, in run order (``checks.plan_runs``)."""
+    return plan_runs(params_mod.to_dict(cfg))
+
+
+def not_available_here(cfg: PrefetchParams) -> list[dict]:
+    """Rows for the paths that cannot run on this machine (with the reason), before any engine starts."""
+    rows = []
+    if "inproc" in cfg.PATHS and not inproc_support(cfg.DEVICE)[0]:
+        rows.append({"block": "inproc", "path": "inproc", "status": NOT_AVAILABLE, "detail": inproc_support(cfg.DEVICE)[1]})
+    if "mp-striped" in cfg.PATHS:
+        striped = striped_store_row(cfg, topology.describe(cfg.DISK_TIER_ROOT or RUNTIME_ROOT))
+        if striped["status"] != "available":
+            rows.append({"block": "mp-striped", "path": "mp-striped", "status": NOT_AVAILABLE,
+                         "detail": striped["detail"], "topology": striped["topology"]})
+    return rows
+
+
+def runs_to_do(cfg: PrefetchParams, unavailable: list[dict]) -> list[tuple[str, int, int]]:
+    skip = {r["path"] for r in unavailable}
+    return [(p, n, r) for p, n, r in planned_runs(cfg) if p not in skip]
+
+
 def measure(cfg: PrefetchParams, record=None, log=print) -> tuple[list[dict], list[dict]]:
-    """Pilot + confirmation for every path and group size. Returns (groups, engine-run summaries)."""
+    """Pilot + confirmation for every path and group size, in ``planned_runs`` order.
+    Returns (groups, engine-run summaries)."""
 
     groups, runs = [], []
-    for path in cfg.PATHS:
-        if path == "inproc" and not inproc_support(cfg.DEVICE)[0]:
-            runs.append({"block": "inproc", "path": path, "status": "not available", "detail": inproc_support(cfg.DEVICE)[1]})
-            if record is not None:
-                record.append_jsonl("blocks.jsonl", runs[-1])
-            continue
-        for n in cfg.GROUP_SIZES:
-            lead = None
-            for r in range(cfg.ENGINE_RUNS):
-                g, s = run_engine(cfg, path, n, r, lead, record, log)
-                lead = s.get("lead_ms", lead)
-                groups += g
-                runs.append(s)
+    rows = not_available_here(cfg)
+    for row in rows:
+        runs.append(row)
+        if record is not None:
+            record.append_jsonl("blocks.jsonl", row)
+        log(f"{row['block']}: not available: {row['detail']}")
+    lead: dict[tuple[str, int], float] = {}
+    for path, n, r in runs_to_do(cfg, rows):
+        g, s = run_engine(cfg, path, n, r, lead.get((path, n)), record, log)
+        if s.get("lead_ms") is not None:
+            lead[(path, n)] = s["lead_ms"]
+        groups += g
+        runs.append(s)
     return ps.classify(groups, cfg.BLOCK_SIZE), runs
 
 
@@ -161,6 +192,9 @@ def save_tables(record: RunRecord, cfg: PrefetchParams, groups: list[dict], bloc
         "all_cases_with_recomputed": ps.all_cases(groups, resamples, seed, with_recomputed=True),
         "placement": ps.placement(groups, resamples, seed),
         "disk_reads": ps.disk_reads(groups),
+        "singleflight": ps.singleflight_table(groups),
+        "restore_split": ps.restore_rows(groups),
+        "topology": topology_rows(blocks),
         "driver_overhead": ps.overhead(groups),
         "recomputed_groups": ps.recomputed_groups(groups),
         "lead_sweep": ps.lead_sweep(groups),
