@@ -28,6 +28,10 @@ from kmesh_lib.sections.prefetch.stats import all_cases, both_ways, choose_lead,
     ("CONTEXT_TOKENS=1000", "CONTEXT_TOKENS"),
     ("BOOTSTRAP_RESAMPLES=10", "BOOTSTRAP_RESAMPLES"),
     ("LEAD_MS=5", "unknown parameter"),
+    ("FOLLOWUP_ARRIVALS=[together,2ms]", "section 20 gives every group one pattern"),
+    ("SINGLEFLIGHT=true", "SINGLEFLIGHT"),
+    ("GPUBUF_ENGINE_RUNS=0", "GPUBUF_ENGINE_RUNS"),
+    ("PATHS=[mp,mp]", "each once"),
 ])
 def test_bad_params_fail_with_the_key(override, message):
     with pytest.raises(ParamError, match=message):

@@ -111,7 +111,7 @@ class ContextGroupParams(EngineParams):
     LMCACHE_SERVER: Literal["launcher", "stock"] = Field(
         "launcher", description="launcher: the stock server with kmesh hooks; stock: one server per arm, stock policies")
     STRIPED_STORE_ROOT: PathText = Field(
-        "", description="an existing RAID 0 mount over >= 2 NVMe drives for the striped row (empty: none)")
+        "", description="an existing RAID 0 mount over two or more NVMe drives, for the striped row (empty: none)")
 
     def check_rules(self) -> None:
         super().check_rules()

@@ -1,12 +1,14 @@
 """Section 20: does loading shared context early help, once repeat reads are gone?
 
-A shared context sits on LMCache's disk tier; LMCache keeps its copy once loaded (retention on),
-so every arm reads the disk tier once per group. A group of follow-ups (context + own suffix,
-MAX_TOKENS each) is due at T. ``on_arrival`` loads the context when they arrive; ``early``
-starts preparing it LEAD before T (``driver``). The pilot runs every lead in LEADS_MS and picks the
-shortest lead at which every pilot group was ready; the confirmation compares on_arrival with early
-at that lead (and at FIXED_LEAD_MS, section 16's start), beside two placement controls: the context
-already in LMCache's memory tier (``dram``) and already in vLLM (``engine``, the floor).
+A shared context sits on the tier's disk tier; the tier keeps its copy once loaded (retention on)
+and, on the MP path, the singleflight holds back a lookup that overlaps an in-flight load, so every
+arm reads the disk tier once per group. A group of follow-ups (context + own suffix, MAX_TOKENS
+each) is due at T. ``on_arrival`` loads the context when they arrive; ``early`` starts preparing it
+LEAD before T (``driver``). The pilot runs every lead in LEADS_MS and picks the shortest lead at
+which every pilot group was ready; the confirmation compares on_arrival with early at that lead (and
+at FIXED_LEAD_MS, section 16's start), beside two placement controls: the context already in the
+tier's memory (``dram``: LMCache's arena; ``buffer``: the GPU buffer) and already in vLLM (``engine``,
+the floor). Paths run in ``checks.plan_runs`` order (MP, then the GPU buffer, last).
 
 A run is one folder. On the CPU the notebook measures into it. On a GPU, ``sections.prefetch.gpu``
 (the driver, no notebook stack) writes the complete folder on the measuring machine -- params,

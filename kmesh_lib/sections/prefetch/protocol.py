@@ -1,17 +1,27 @@
-"""Section 20's engine run: one engine + one LMCache tier, pilot and/or confirmation pairs.
+"""Section 20's engine run: one engine + one tier, pilot, singleflight contrast and confirmation pairs.
 
-Arms (LMCache keeps its copy in every arm: retention on, so a group reads the disk tier once)::
+Arms (the tier keeps its copy in every arm: retention on, so a group reads the disk tier once)::
 
     arm          the context at T (scheduled arrival)                   preparation
-    on_arrival   LMCache's disk tier only                               none: the follow-ups' lookups load it
-    early        prepared from T - lead (readiness recorded)             MP: HTTP prefetch + warm-up; in-process: warm-up only
+    on_arrival   the tier's disk tier only                              none: the follow-ups' lookups load it
+    early        prepared from T - lead (readiness recorded)            MP: HTTP prefetch + warm-up; GPU buffer: the
+                                                                        tier's prefetch + warm-up; in-process: warm-up only
     early_fixed  the same, from T - FIXED_LEAD_MS (section 16's start)  the same
     dram         LMCache's memory tier (restored into vLLM after T)     warm-up, settle, vLLM prefix cache reset (not timed)
+    buffer       the GPU buffer's copy (``dram`` on the gpubuf path)    the same
     engine       vLLM's prefix cache (the floor)                        warm-up, settle (not timed)
 
-Before every group (not timed): vLLM's prefix cache is reset, LMCache's memory copy dropped (the
-context back to disk-only), the tier settled. Arms of a pair share the suffixes and run back to
-back, in alternating order. The engine, tier and context store are ``workloads.context_groups.Block``'s.
+MP paths: every group runs with the singleflight setting SINGLEFLIGHT[0] (on: a lookup that overlaps
+an in-flight load of the same chunks waits for it, so an on-arrival group reads the context once);
+the first engine run of each group size also runs CONTRAST_GROUPS on-arrival groups under each
+further setting (phase ``contrast``, never paired). MP groups record the server-side lookup trace
+(``lookups``, per phase summaries); GPU-buffer groups record every restore and prefetch, split
+(``restores``: lookup, disk read, staging, copy, to the first token).
+
+Before every group (not timed): vLLM's prefix cache is reset, the tier's memory copy dropped (the
+context back to disk-only), the singleflight set, the tier settled. Arms of a pair share the
+suffixes and run back to back, in alternating order. The engine, tier and context store are
+``workloads.context_groups.Block``'s.
 
 A group's status: ``tier_error`` (a chunk found no arena space or was gone from the disk tier),
 ``not_placed`` (a placement control did not hold the context at T), ``recomputed`` (a follow-up

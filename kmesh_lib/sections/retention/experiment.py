@@ -1,10 +1,13 @@
 """Section 16: does keeping LMCache's copy stop repeat SSD reads?
 
-A shared context sits on LMCache's disk tier. A one-token warm-up, started HEAD_START_S before a
+A shared context sits on the tier's disk tier. A one-token warm-up, started HEAD_START_S before a
 group of follow-ups (A..N: the context plus an own suffix, MAX_TOKENS each), loads it into vLLM.
-Two arms differ only in whether LMCache keeps its in-memory copy outside vLLM after that load
+Two arms differ only in whether the tier keeps its in-memory copy outside vLLM after that load
 (``retain``) or discards it (``discard``), so that the follow-ups' lookups reread the disk tier.
-``recompute`` and ``floor`` (``workloads.context_arms``) bracket them on a plain engine.
+``recompute`` and ``floor`` (``workloads.context_arms``) bracket them on a plain engine. Every block
+runs each arrival pattern (FOLLOWUP_ARRIVALS) and, on the MP paths, each singleflight setting
+(SINGLEFLIGHT) on one engine and one server; the paths are the LMCache server (``mp``, and
+``mp-striped`` on a RAID 0 mount), in-process LMCache and kmesh's GPU buffer (``gpubuf``, last).
 
 A run is one folder. On the CPU the notebook measures into it. On a GPU, ``sections.retention.gpu``
 (the driver, no notebook stack) writes the complete folder on the measuring machine -- params,
@@ -12,9 +15,10 @@ A run is one folder. On the CPU the notebook measures into it. On a GPU, ``secti
 the notebook *into that same folder* (``SOURCE_RUN``): nothing is measured or copied again,
 ``env.json`` stays the GPU machine's, and the rendering machine is recorded as ``render_environment``.
 
-Modules: ``workloads.context_groups`` (groups, blocks), ``sections.retention.report`` (tables),
-``sections.retention.checks`` (checks, counts), ``sections.retention.summary`` (headline, answer,
-public results), ``lmcache.connect`` / ``lmcache.server`` (the tiers), ``lmcache.disk_accounting``.
+Modules: ``workloads.context_groups`` (groups, blocks), ``sections.retention.blocks`` (the plan),
+``sections.retention.report`` (tables), ``sections.retention.checks`` (checks, counts),
+``sections.retention.summary`` (headline, answer, public results), ``lmcache.connect`` /
+``lmcache.server`` (the LMCache tiers), ``kv.gpu_buffer`` (the GPU buffer), ``lmcache.disk_accounting``.
 """
 from __future__ import annotations
 
