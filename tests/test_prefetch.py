@@ -386,7 +386,7 @@ def test_gpu_driver_reruns_an_engine_run_that_raised_then_renders_in_place(tmp_p
     from kmesh_lib.sections.prefetch import gpu
 
     out = tmp_path / "prefetch-gpu"
-    sets = ["CONTROLS=[]", "MEASURED_GROUPS=2", "LEADS_MS=[0,250]"]
+    sets = ["PATHS=[mp]", "CONTROLS=[]", "MEASURED_GROUPS=2", "LEADS_MS=[0,250]"]
     monkeypatch.setattr(gpu, "CHILD", [sys.executable, str(Path(__file__).parent / "helpers" / "crashing_prefetch_child.py")])
     monkeypatch.setenv("KMESH_TEST_CRASH_AFTER", "3")  # the pilot's second round (groups 3 and 4) never finishes
     assert not gpu.run(out, "smoke", sets)

@@ -297,6 +297,7 @@ class Block:
         self.runtime: RuntimeDir | None = None
         self.tier = None
         self.engine = None
+        self.after_engine = None  # called once the engine is closed (the GPU driver releases the GPU there)
         # ``running`` until run() ends: ``ok``, ``disk_full``, or ``failed`` with the error it raised
         self.summary: dict = {"block": self.name, "path": path, "group_size": group_size, "status": "running"}
         self.groups: list[dict] = []
@@ -395,6 +396,7 @@ class Block:
 
     # -- groups --
     def run(self, record=None) -> Block:
+        t0 = time.monotonic()
         try:
             self.start()
             self.run_pairs(record)
@@ -407,6 +409,7 @@ class Block:
             raise
         finally:
             self.close()
+            self.summary["seconds"] = round(time.monotonic() - t0, 1)
             if record is not None:  # a raised run is recorded too, as failed (its groups so far are in raw/)
                 record.append_jsonl("blocks.jsonl", self.summary)
         return self
@@ -559,9 +562,13 @@ class Block:
         return (self.cfg.CONTEXT_TOKENS // self.cfg.BLOCK_SIZE) * self.cfg.BLOCK_SIZE
 
     def close(self) -> None:
+        t0 = time.monotonic()
         if self.engine is not None:
             self.engine.close()
             self.engine = None
+        if self.after_engine is not None:
+            self.after_engine()
+            self.after_engine = None
         if self.tier is not None:
             server = getattr(self.tier, "server", None)
             pgid = server.proc.pid if server is not None and server.proc is not None else None
@@ -572,6 +579,7 @@ class Block:
                                        # no server on the in-process paths: nothing to outlive the run
                                        "server_gone": pgid is None or not group_alive(pgid)}
             self.tier = None
+        self.summary["close_s"] = round(time.monotonic() - t0, 2)
 
 
 def on_off(flag: bool | None) -> str:

@@ -1,14 +1,16 @@
 """Engine runs as pipelined child processes: how the GPU drivers of sections 16 and 20 measure.
 
 Every engine run is a child process (LMCache 0.5.3 keeps process-wide state and leaves non-daemon
-threads behind: each child ends with ``os._exit``). The children are pipelined, at most two alive:
+threads behind: each child ends with ``os._exit``). The children are pipelined:
 
-    child r     holds ``gpu.lock``: engine start, store, every group, close     (the GPU phase)
+    child r     holds ``gpu.lock``: engine start, store, every group, engine close  (the GPU phase;
+                it releases the lock once its engine is closed, then stops its server)
     child r+1   spawns its lmcache server, imports vLLM/LMCache, then waits for ``gpu.lock``
 
-so the next run's imports and server boot overlap this run's measurement, while the GPU, the
-disk tier and the engine belong to one run at a time (a waiting server is idle: it has no engine
-yet). A child prints ``GPU_PHASE`` once it holds the lock; the parent starts the next child then.
+so the next run's imports and server boot overlap this run's measurement (and its server's stop
+the next engine's start), while the GPU and the engine belong to one run at a time (a waiting
+server is idle: it has no engine yet; each run has a disk tier of its own). A child prints
+``GPU_PHASE`` once it holds the lock; the parent starts the next child then.
 
 Resumable: a run folder's ``raw/blocks.jsonl`` says which engine runs finished. Only a summary
 with status ``ok`` (or a recorded outcome that is not a failure: ``not available``, ``disk_full``)
@@ -58,6 +60,11 @@ def hold_gpu(run_dir: Path):
     fcntl.flock(lock, fcntl.LOCK_EX)
     print(GPU_PHASE, flush=True)
     return lock
+
+
+def release_gpu(lock) -> None:
+    """Lets the next child take the GPU now: this one closed its engine (its server may still be stopping)."""
+    fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _write_jsonl(path: Path, records: list[dict], mode: str = "w") -> None:
@@ -126,7 +133,8 @@ class Child:
 
 @dataclass
 class Pipeline:
-    """At most two children: one holding the GPU, the next importing (then waiting on gpu.lock).
+    """Children in order: one holding the GPU, the next importing (then waiting on gpu.lock); the one before
+    may still be stopping its server after it released the GPU.
 
     Args:
         run_dir: the run folder (``logs/<name>.log`` per child, ``gpu.lock``).
