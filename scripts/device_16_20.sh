@@ -4,8 +4,9 @@
 #   sh scripts/device_16_20.sh BUDGET_SECONDS
 # Section 16's driver runs first, then section 20's, each into /tmp/kmesh-runs/<section>-gpu and each resuming what an
 # earlier call left (finished engine runs are skipped, unfinished ones run again); no engine run starts that could not
-# end within the budget. Whatever happens, both run folders are packed into $OUT/runs.tgz at the end.
-# On a fresh machine (the earlier calls' /tmp gone), put the last runs.tgz at .device-runs/runs.tgz, carry
+# end within the budget. Whatever happens, each run folder is packed into $OUT/<section>-gpu.tgz at the end (a few MB;
+# what comes back from $OUT is at most 16 MiB a file).
+# On a fresh machine (the earlier calls' /tmp gone), put the last call's *-gpu.tgz into .device-runs/, carry
 # ".device-runs", and the folders are unpacked first, so the calls resume from there.
 set -u
 budget=${1:?usage: sh scripts/device_16_20.sh BUDGET_SECONDS}
@@ -15,18 +16,21 @@ out=${OUT:-/tmp}
 t0=$(date +%s)
 left() { echo $((budget - ($(date +%s) - t0))); }
 mkdir -p "$root"
-if [ -f .device-runs/runs.tgz ] && [ ! -d "$root/prefetch-gpu" ] && [ ! -d "$root/retention-gpu" ]; then
-  tar xzf .device-runs/runs.tgz -C "$root" && echo "resuming from .device-runs/runs.tgz"
-fi
+for name in retention-gpu prefetch-gpu; do
+  if [ -f ".device-runs/$name.tgz" ] && [ ! -d "$root/$name" ]; then
+    tar xzf ".device-runs/$name.tgz" -C "$root" && echo "resuming $name from .device-runs/$name.tgz"
+  fi
+done
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true
 # A driver starts no engine run that could not end within its --budget (30 s kept for its tables and checks, 15 s
 # for the tar); its timeout is the backstop: an engine run that overstays is killed and runs again on the next call.
 b=$(($(left) - 45))
 [ "$b" -gt 60 ] && timeout $(($(left) - 15)) python3 -m kmesh_lib.sections.retention.gpu --out "$root/retention-gpu" \
-  --profile "$profile" --budget "$b" --run-estimate 75 --run-timeout 200
+  --profile "$profile" --budget "$b" --run-estimate 45 --run-timeout 200
 b=$(($(left) - 45))
 [ "$b" -gt 60 ] && timeout $(($(left) - 15)) python3 -m kmesh_lib.sections.prefetch.gpu --out "$root/prefetch-gpu" \
-  --profile "$profile" --budget "$b" --run-estimate 60 --run-timeout 200
-tar czf "$out/runs.tgz" -C "$root" --exclude=gpu.lock $(cd "$root" && ls -d retention-gpu prefetch-gpu 2>/dev/null)
-ls -l "$out/runs.tgz"
+  --profile "$profile" --budget "$b" --run-estimate 50 --run-timeout 200
+for name in retention-gpu prefetch-gpu; do
+  [ -d "$root/$name" ] && tar czf "$out/$name.tgz" -C "$root" --exclude=gpu.lock "$name" && ls -l "$out/$name.tgz"
+done
 echo "device_16_20: $(($(date +%s) - t0)) s of $budget"

@@ -19,8 +19,8 @@ summary moved to ``raw/blocks.unfinished.jsonl`` and its groups to ``raw/groups.
 (kept, never counted). So a call that runs out of time loses at most the engine runs in flight.
 
 Time: ``Pipeline(budget_s=...)`` starts a child only when it can end within the budget: the
-child starts after the one holding the GPU ends, so it needs about two run lengths (the longest
-GPU phase seen so far in this call, or ``run_estimate_s`` before any). A child whose GPU phase
+child starts after the one holding the GPU ends, so it needs about two run lengths (the median GPU
+phase seen so far in this call, never less than ``run_estimate_s``). A child whose GPU phase
 outlasts ``run_timeout_s`` is killed (its server and disk tier go with its process group's
 janitor) and counts as unfinished.
 """
@@ -161,7 +161,12 @@ class Pipeline:
         return time.monotonic() - self.t0
 
     def estimate(self) -> float:
-        return max([self.run_estimate_s, *self.phases])
+        """A GPU phase's length: the median of those seen in this call (a first run with a pilot is
+        longer than the rest), never below ``run_estimate_s``."""
+        if not self.phases:
+            return self.run_estimate_s
+        seen = sorted(self.phases)
+        return max(self.run_estimate_s, seen[len(seen) // 2])
 
     def can_start(self) -> bool:
         """Whether one more child would end in the budget: it runs after the one holding the GPU."""
