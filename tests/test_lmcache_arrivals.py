@@ -6,7 +6,8 @@ import pytest
 from kmesh_lib.base.params import ParamError, build
 from kmesh_lib.engine.requests import RequestSpec, StepOutput
 from kmesh_lib.sections.retention.params import RetentionParams
-from kmesh_lib.workloads.context_groups import ArrivalPattern, Block, ContextGroupParams, run_arrivals
+from kmesh_lib.workloads.context_groups import Block, run_arrivals
+from kmesh_lib.workloads.context_params import ArrivalPattern, ContextGroupParams
 
 
 @pytest.mark.parametrize("text, ms, steps, label", [

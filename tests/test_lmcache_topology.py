@@ -5,7 +5,7 @@ import subprocess
 from pathlib import Path
 
 from kmesh_lib.base import topology
-from kmesh_lib.workloads.context_groups import ContextGroupParams, striped_store_row
+from kmesh_lib.workloads.context_params import ContextGroupParams, striped_store_row
 
 
 def write(path: Path, text: str) -> None:

@@ -9,7 +9,7 @@ One group, the clock at the scheduled arrival T::
     on arrival       T:   follow-ups A..N submitted; the first lookup loads the context once,
                           the others reuse it (the tier keeps its copy in both arms)
 
-The follow-ups are submitted by the group's arrival pattern (``workloads.context_groups.ArrivalPattern``):
+The follow-ups are submitted by the group's arrival pattern (``workloads.context_params.ArrivalPattern``):
 all at T (``together``), follow-up i at T + i*x ms, or after i*k engine steps that produced tokens.
 
 Both stopwatches start at T, the *scheduled* arrival, not at the actual submission: the benchmark

@@ -36,7 +36,8 @@ from kmesh_lib.sections.prefetch.checks import confirmation_leads, plan_runs, to
 from kmesh_lib.sections.prefetch.params import MIB, PrefetchParams
 from kmesh_lib.sections.prefetch.protocol import run_engine
 from kmesh_lib.workloads.context_checks import NOT_AVAILABLE
-from kmesh_lib.workloads.context_groups import kv_bytes_per_token, striped_store_row
+from kmesh_lib.workloads.context_groups import kv_bytes_per_token
+from kmesh_lib.workloads.context_params import striped_store_row
 
 PAPER = {"MEASURED_GROUPS": 200, "ENGINE_RUNS": 10, "PILOT_GROUPS": 10}
 # Seconds per group (by group size N) and per engine run's start (low, high), read off measured runs'
@@ -81,8 +82,7 @@ def plan(cfg: PrefetchParams) -> dict:
                                                           if len(sf) > 1 and cfg.CONTRAST_GROUPS else ""),
         "groups per engine run": f"{per_run} (+ {len(cfg.LEADS_MS) * cfg.PILOT_GROUPS} pilot groups in run 0)",
         "group sizes": str(cfg.GROUP_SIZES),
-        "engine runs, in order": f"{len(planned_runs(cfg))}: " + ", ".join(
-            f"{p} x {sum(x == p for x, _, _ in planned_runs(cfg))}" for p in dict.fromkeys(x for x, _, _ in planned_runs(cfg))),
+        "engine runs, in order": _runs_text(cfg),
         "scale": "paper" if not scaled(cfg) else f"scaled: {scaled(cfg)} (paper: {PAPER})",
     }
     for path in cfg.PATHS:
@@ -95,6 +95,14 @@ def plan(cfg: PrefetchParams) -> dict:
     if cfg.SOURCE_RUN:
         out["source"] = f"renders {cfg.SOURCE_RUN} in place (no engine starts)"
     return out
+
+
+def _runs_text(cfg: PrefetchParams) -> str:
+    """``N: mp x 20, gpubuf x 2`` for the engine runs this machine can run (the others named as not available)."""
+    rows = not_available_here(cfg)
+    runs = runs_to_do(cfg, rows)
+    text = f"{len(runs)}: " + ", ".join(f"{p} x {sum(x == p for x, _, _ in runs)}" for p in dict.fromkeys(x for x, _, _ in runs))
+    return text + "".join(f"; {r['path']} not available here" for r in rows)
 
 
 def scaled(cfg: PrefetchParams) -> dict[str, int]:

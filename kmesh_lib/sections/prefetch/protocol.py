@@ -45,7 +45,8 @@ from kmesh_lib.sections.prefetch.driver import BufferPrefetcher, MPPrefetcher, d
 from kmesh_lib.sections.prefetch.params import PrefetchParams
 from kmesh_lib.sections.prefetch.stats import choose_lead, placement_arm
 from kmesh_lib.workloads.context_arms import pair_order
-from kmesh_lib.workloads.context_groups import MP_PATHS, Block, restore_split
+from kmesh_lib.workloads.context_groups import Block, restore_split
+from kmesh_lib.workloads.context_params import MP_PATHS
 
 EARLY_ARMS = ("early", "early_fixed")
 PLACEMENT_ARMS = ("dram", "buffer", "engine")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kmesh_lib.workloads.context_groups import MP_PATHS
+from kmesh_lib.workloads.context_params import MP_PATHS
 
 RUN_ORDER = {"mp": 0, "mp-striped": 1, "engine": 2, "inproc": 3, "gpubuf": 4}
 

@@ -17,7 +17,10 @@ the measured groups that are ``ok``:
       to the byte); a group with fewer than two counters is no evidence of agreement (skipped);
     - MP launcher servers, from the server-side lookup trace (``trace_checks``): the trace's load
       bytes equal the hook's, its contended keys LMCache's ``l1_contended`` chunks, every lookup is
-      placed; retain: every follow-up lookup found L1; singleflight on: every overlap waited;
+      placed; singleflight on: every overlap waited. The statements about every follow-up lookup
+      (retain: it hit the kept copy; discard: it reread the context or met an in-flight load) take
+      their evidence from LMCache's lookup-hit counters (0.5.6) and the trace, whichever were recorded,
+      and must hold on each; with neither they are skipped;
     - every finished block ran every arrival pattern and singleflight setting with each arm.
 
 The strict claim "every follow-up lookup reread the context" is a measurement, not a check
@@ -60,7 +63,8 @@ from kmesh_lib.workloads.context_checks import (
     runs_finished,
     topology_rows,
 )
-from kmesh_lib.workloads.context_groups import MP_PATHS, ArrivalPattern, on_off
+from kmesh_lib.workloads.context_groups import on_off
+from kmesh_lib.workloads.context_params import MP_PATHS, ArrivalPattern
 
 
 def as_run(run) -> RunFiles:
@@ -209,18 +213,21 @@ def _discard(name: str, gs: list[dict]) -> list[Check]:
     out.append(all_of(f"{name}: the follow-ups reread whole contexts from the disk tier", gs,
                       lambda g: rereads(g) >= 1 and rereads(g) == int(rereads(g)), per_group))
 
-    def accounted(g) -> bool:
+    def counted(g) -> bool:  # LMCache's lookup-hit counters (0.5.6; 0.5.3 defines none)
         f = g["followup_reads"]
-        if f.get("lookup_hit_l1_tokens") is None or f.get("lookup_hit_l2_tokens") is None:
-            return False
         return (f["lookup_hit_l2_tokens"] + f["lookup_hit_l1_tokens"] + f["contended_chunks"] * g["chunk_tokens"]
                 == g["group_size"] * g["context_tokens"]
                 and phase_bytes(f) * g["context_tokens"] == f["lookup_hit_l2_tokens"] * g["context_bytes"])
 
-    out.append(every(f"{name}: every follow-up lookup reread the context or found another follow-up's in-flight copy "
-                     "(LMCache's lookup-hit counters)",
-                     gs, lambda g: g["followup_reads"].get("lookup_hit_l2_tokens") is not None, accounted,
-                     lambda g: f"pair {g['pair']}: {g['followup_reads']}"))
+    def traced(g) -> bool:  # the launcher's lookup trace: every follow-up lookup read or met the copy
+        by = g["followup_lookup_summary"]["by_mechanism"]
+        return (g["followup_lookup_summary"]["lookups"] >= g["group_size"] and set(by) <= set(MET_THE_CONTEXT)
+                and g["followup_lookup_summary"]["load_bytes"] == phase_bytes(g["followup_reads"]))
+
+    out.append(every(f"{name}: every follow-up lookup reread the context or found another follow-up's in-flight copy",
+                     gs, lambda g: _has_counters(g) or "followup_lookup_summary" in g,
+                     lambda g: (not _has_counters(g) or counted(g)) and ("followup_lookup_summary" not in g or traced(g)),
+                     lambda g: f"pair {g['pair']}: {g['followup_reads']} / {g.get('followup_lookup_summary')}"))
     return out
 
 
@@ -231,18 +238,33 @@ def _retain(name: str, gs: list[dict]) -> list[Check]:
            all_of(f"{name}: the group read the context exactly once, preparation included", gs,
                   lambda g: phase_bytes(g["prep_reads"]) == g["context_bytes"] and phase_bytes(g["followup_reads"]) == 0,
                   lambda g: f"pair {g['pair']}: follow-ups read {phase_bytes(g['followup_reads']) / MIB:.2f} MiB")]
-    if lookup_kind(gs[0]) == "prefetch":
-        out.append(every(f"{name}: every follow-up lookup hit the kept copy (LMCache's lookup-hit counters)", gs,
-                         lambda g: g["followup_reads"].get("lookup_hit_l1_tokens") is not None,
-                         lambda g: g["followup_reads"]["lookup_hit_l1_tokens"] == g["group_size"] * g["context_tokens"],
-                         lambda g: f"pair {g['pair']}: {g['followup_reads']['lookup_hit_l1_tokens']} L1 tokens"))
-        out.append(every(f"{name}: every follow-up lookup found the kept copy in L1 (lookup trace)", gs,
-                         lambda g: "followup_lookup_summary" in g,
-                         lambda g: (g["followup_lookup_summary"]["lookups"] >= g["group_size"]
-                                    and g["followup_lookup_summary"]["by_mechanism"]
-                                    == {"l1_resident": g["followup_lookup_summary"]["lookups"]}),
-                         lambda g: f"pair {g['pair']}: {g['followup_lookup_summary']['by_mechanism']}"))
+    if lookup_kind(gs[0]) != "prefetch":
+        return out
+
+    def counted(g) -> bool:
+        return g["followup_reads"]["lookup_hit_l1_tokens"] == g["group_size"] * g["context_tokens"]
+
+    def traced(g) -> bool:
+        summary = g["followup_lookup_summary"]
+        return summary["lookups"] >= g["group_size"] and summary["by_mechanism"] == {"l1_resident": summary["lookups"]}
+
+    out.append(every(f"{name}: every follow-up lookup hit the kept copy", gs,
+                     lambda g: _has_counters(g) or "followup_lookup_summary" in g,
+                     lambda g: (not _has_counters(g) or counted(g)) and ("followup_lookup_summary" not in g or traced(g)),
+                     lambda g: f"pair {g['pair']}: {g['followup_reads'].get('lookup_hit_l1_tokens')} L1 tokens, "
+                               f"{(g.get('followup_lookup_summary') or {}).get('by_mechanism')}"))
     return out
+
+
+def _has_counters(g: dict) -> bool:
+    """LMCache's own lookup-hit counters were recorded (0.5.6 defines them; 0.5.3 does not: None)."""
+    f = g["followup_reads"]
+    return f.get("lookup_hit_l1_tokens") is not None and f.get("lookup_hit_l2_tokens") is not None
+
+
+# a follow-up lookup that read the disk tier, found L1, or met another's in-flight load: none lost the context
+MET_THE_CONTEXT = ("first_load", "reread_after_load", "concurrent_load", "contended_in_flight", "waited_for_in_flight",
+                   "l1_resident")
 
 
 def figure_checks(results: dict, groups: list[dict], blocks: list[dict]) -> list[Check]:

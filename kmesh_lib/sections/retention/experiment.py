@@ -35,7 +35,8 @@ from kmesh_lib.sections.retention.blocks import PlannedBlock, plan_blocks
 from kmesh_lib.sections.retention.child import run_block_in_child
 from kmesh_lib.sections.retention.params import MIB, RetentionParams
 from kmesh_lib.workloads.context_checks import NOT_AVAILABLE, topology_rows
-from kmesh_lib.workloads.context_groups import Block, kv_bytes_per_token, striped_store_row
+from kmesh_lib.workloads.context_groups import Block, kv_bytes_per_token
+from kmesh_lib.workloads.context_params import striped_store_row
 
 # Seconds per group and per engine start (low, high), read off measured runs' raw records (group
 # timestamps, engine_start_s) by profile; the smoke figures from the golden runs on the 2-core CPU machine.

@@ -14,7 +14,8 @@ from kmesh_lib.base.params import (
     params_dataclass,
 )
 from kmesh_lib.workloads.context_arms import CONTROL_ARMS
-from kmesh_lib.workloads.context_groups import TIER_PATHS, ContextGroupParams, blocks_for_group, kv_bytes_per_token
+from kmesh_lib.workloads.context_groups import blocks_for_group, kv_bytes_per_token
+from kmesh_lib.workloads.context_params import TIER_PATHS, ContextGroupParams
 
 PATHS = TIER_PATHS
 MIB = 1 << 20

@@ -28,7 +28,8 @@ import numpy as np
 
 from kmesh_lib.lmcache.lookups import MECHANISMS
 from kmesh_lib.workloads.context_arms import ARMS
-from kmesh_lib.workloads.context_groups import MP_PATHS, on_off
+from kmesh_lib.workloads.context_groups import on_off
+from kmesh_lib.workloads.context_params import MP_PATHS
 
 MIB = 1 << 20
 ORDER = {"retain": 0, "discard": 1, "floor": 2, "recompute": 3}
