@@ -194,7 +194,6 @@ class Block:
         self.runtime: RuntimeDir | None = None
         self.tier = None
         self.engine = None
-        self.after_engine = None  # called once the engine is closed (the GPU driver releases the GPU there)
         # ``running`` until run() ends: ``ok``, ``disk_full``, or ``failed`` with the error it raised
         self.summary: dict = {"block": self.name, "path": path, "group_size": group_size, "status": "running"}
         self.groups: list[dict] = []
@@ -463,9 +462,6 @@ class Block:
         if self.engine is not None:
             self.engine.close()
             self.engine = None
-        if self.after_engine is not None:
-            self.after_engine()
-            self.after_engine = None
         if self.tier is not None:
             server = getattr(self.tier, "server", None)
             pgid = server.proc.pid if server is not None and server.proc is not None else None

@@ -3,13 +3,14 @@
 Every engine run is a child process (LMCache 0.5.3 keeps process-wide state and leaves non-daemon
 threads behind: each child ends with ``os._exit``). The children are pipelined:
 
-    child r     holds ``gpu.lock``: engine start, store, every group, engine close  (the GPU phase;
-                it releases the lock once its engine is closed, then stops its server)
+    child r     holds ``gpu.lock``: engine start, store, every group, close    (the GPU phase, until
+                it exits: vLLM asserts that no other process frees GPU memory while it profiles at
+                start, so the next engine starts only once this process and its server are gone)
     child r+1   spawns its lmcache server, imports vLLM/LMCache, then waits for ``gpu.lock``
 
-so the next run's imports and server boot overlap this run's measurement (and its server's stop
-the next engine's start), while the GPU and the engine belong to one run at a time (a waiting
-server is idle: it has no engine yet; each run has a disk tier of its own). A child prints
+so the next run's imports and server boot overlap this run's measurement, while the GPU and the
+engine belong to one run at a time (a waiting server is idle: it has no engine yet; each run has
+a disk tier of its own). A child prints
 ``GPU_PHASE`` once it holds the lock; the parent starts the next child then.
 
 Resumable: a run folder's ``raw/blocks.jsonl`` says which engine runs finished. Only a summary
@@ -60,11 +61,6 @@ def hold_gpu(run_dir: Path):
     fcntl.flock(lock, fcntl.LOCK_EX)
     print(GPU_PHASE, flush=True)
     return lock
-
-
-def release_gpu(lock) -> None:
-    """Lets the next child take the GPU now: this one closed its engine (its server may still be stopping)."""
-    fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _write_jsonl(path: Path, records: list[dict], mode: str = "w") -> None:
@@ -133,8 +129,7 @@ class Child:
 
 @dataclass
 class Pipeline:
-    """Children in order: one holding the GPU, the next importing (then waiting on gpu.lock); the one before
-    may still be stopping its server after it released the GPU.
+    """At most two children: one holding the GPU, the next importing (then waiting on gpu.lock).
 
     Args:
         run_dir: the run folder (``logs/<name>.log`` per child, ``gpu.lock``).

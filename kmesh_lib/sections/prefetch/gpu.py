@@ -54,7 +54,7 @@ from kmesh_lib.sections.prefetch.experiment import (
     save_tables,
 )
 from kmesh_lib.sections.prefetch.protocol import run_engine
-from kmesh_lib.workloads.engine_runs import Pipeline, hold_gpu, load_params, preimport, prepare, release_gpu
+from kmesh_lib.workloads.engine_runs import Pipeline, hold_gpu, load_params, preimport, prepare
 
 CHILD = [sys.executable, "-m", "kmesh_lib.sections.prefetch.gpu"]  # the command an engine run's child starts with
 _HELD = []  # the gpu.lock file of this child: released when the process exits
@@ -77,7 +77,7 @@ def child(run_dir: Path, path: str, n: int, r: int) -> int:
         return json.loads(lf.read_text())["lead_ms"] if lf.exists() else None  # none: this run runs the pilot
 
     _, summary = run_engine(cfg, path, n, r, lead, RunRecord(run_dir, section.KEY), log=lambda m: print(m, flush=True),
-                            before_gpu=before_gpu, after_engine=lambda: release_gpu(_HELD[-1]) if _HELD else None)
+                            before_gpu=before_gpu)
     if not lf.exists() and summary.get("status") == "ok":
         lf.write_text(json.dumps({"lead_ms": summary["lead_ms"], "block": summary["block"]}))
     print("SUMMARY " + json.dumps({k: summary.get(k) for k in ("block", "status", "lead_ms", "seconds", "engine_start_s",

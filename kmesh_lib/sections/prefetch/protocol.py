@@ -247,14 +247,13 @@ class PrefetchRun(Block):
 
 
 def run_engine(cfg, path: str, n: int, run_index: int, lead_ms, record=None,
-               log=print, before_gpu=None, after_engine=None) -> tuple[list[dict], dict]:
+               log=print, before_gpu=None) -> tuple[list[dict], dict]:
     """One fresh engine run. ``lead_ms`` None: the pilot runs first and picks the early arm's lead
     (``stats.choose_lead``), then the singleflight contrast (MP); otherwise the confirmation uses
     ``lead_ms`` (a callable is asked after ``before_gpu``). ``before_gpu`` runs once the tier began
-    (its server spawns) and before the engine starts; ``after_engine`` once the engine is closed."""
+    (its server spawns) and before the engine starts."""
 
     run = PrefetchRun(cfg, path, n, run_index, log=log)
-    run.after_engine = after_engine
     t0 = time.monotonic()
     try:
         run.begin()

@@ -72,13 +72,11 @@ def planned(cfg: RetentionParams, name: str) -> PlannedBlock:
     return found[0]
 
 
-def run_planned(cfg: RetentionParams, run_dir: Path, name: str, log=print, before_gpu=None, after_engine=None) -> dict:
+def run_planned(cfg: RetentionParams, run_dir: Path, name: str, log=print, before_gpu=None) -> dict:
     """Runs the planned block ``name`` into ``run_dir``; ``before_gpu`` runs after its tier began
-    (the MP server spawns) and before the engine starts (the GPU driver waits for the GPU there),
-    ``after_engine`` once the engine is closed (the driver lets the next block have the GPU)."""
+    (the MP server spawns) and before the engine starts (the GPU driver waits for the GPU there)."""
     b = planned(cfg, name)
     block = Block(cfg, b.path, b.group_size, log=log, arms=b.arms, name=b.name)
-    block.after_engine = after_engine
     try:
         block.begin()
         if before_gpu is not None:

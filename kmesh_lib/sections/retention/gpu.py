@@ -41,7 +41,7 @@ from kmesh_lib.base.records import RunRecord
 from kmesh_lib.sections import retention as section
 from kmesh_lib.sections.retention.child import run_planned
 from kmesh_lib.sections.retention.experiment import blocks_to_run, not_available_here, recorded, save_tables
-from kmesh_lib.workloads.engine_runs import Pipeline, hold_gpu, load_params, preimport, prepare, release_gpu
+from kmesh_lib.workloads.engine_runs import Pipeline, hold_gpu, load_params, preimport, prepare
 
 CHILD = [sys.executable, "-m", "kmesh_lib.sections.retention.gpu"]  # the command a block's child starts with
 _HELD = []  # the gpu.lock file of this child: released when the process exits
@@ -54,8 +54,7 @@ def child(run_dir: Path, name: str) -> int:
         preimport()
         _HELD.append(hold_gpu(run_dir))
 
-    summary = run_planned(cfg, run_dir, name, log=lambda m: print(m, flush=True), before_gpu=before_gpu,
-                          after_engine=lambda: release_gpu(_HELD[-1]) if _HELD else None)
+    summary = run_planned(cfg, run_dir, name, log=lambda m: print(m, flush=True), before_gpu=before_gpu)
     print("SUMMARY " + json.dumps({k: summary.get(k) for k in ("block", "status", "seconds", "engine_start_s",
                                                                "tier_ready_s", "close_s", "pairs")}), flush=True)
     return 0 if summary.get("status") in ("ok", "disk_full") else 1
