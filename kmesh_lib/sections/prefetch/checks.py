@@ -108,7 +108,8 @@ def checks(run) -> list[Check]:
         all_of("no measured group had a tier error or an unplaced control", measured,
                lambda g: g["status"] in ("ok", "recomputed"), lambda g: f"{g['block']} pair {g['pair']} {g['arm']}: "
                                                                         f"{g['status']} {g.get('detail', '')}"),
-        all_of("every follow-up produced its MAX_TOKENS tokens", measured + pilot,
+        all_of("every follow-up produced its MAX_TOKENS tokens", measured + pilot + [g for g in groups
+                                                                                  if g.get("phase") == "contrast"],
                lambda g: all(x == params.get("MAX_TOKENS") for x in g["num_output_tokens"]),
                lambda g: f"{g['block']} pair {g['pair']} {g['arm']}: {g['num_output_tokens']}"),
         all_of("every early group has a readiness record", [g for g in groups if g.get("arm") in EARLY],
