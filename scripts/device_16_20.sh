@@ -8,6 +8,15 @@
 # what comes back from $OUT is at most 16 MiB a file).
 # On a fresh machine (the earlier calls' /tmp gone), put the last call's *-gpu.tgz into .device-runs/, carry
 # ".device-runs", and the folders are unpacked first, so the calls resume from there.
+#
+# The calls (outputs/ set aside first with `sh scripts/device_tree.sh aside`: the tree must stay under ~10 MiB beside
+# call 1's 53 MiB; nothing may happen between calls, or the machine goes cold):
+#   1  carry .device-stage/call1:  mkdir -p /tmp/stage && cp .device-stage/call1/* /tmp/stage/ && echo CALL1_OK
+#   2  carry .device-stage/call2:  set -o pipefail; sh .device-stage/call2/install.sh && . /tmp/site/env.sh &&
+#                                  timeout 545 sh scripts/device_16_20.sh 500 2>&1 | tee $OUT/call.log
+#   3+ (until both drivers say "left for a later call: none"):
+#      [ -f /tmp/site/env.sh ] || { echo SITE_MISSING; exit 3; }; . /tmp/site/env.sh; set -o pipefail;
+#      timeout 560 sh scripts/device_16_20.sh 530 2>&1 | tee $OUT/call.log
 set -u
 budget=${1:?usage: sh scripts/device_16_20.sh BUDGET_SECONDS}
 root=${KMESH_DEVICE_RUNS:-/tmp/kmesh-runs}
