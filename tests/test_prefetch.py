@@ -152,7 +152,8 @@ def _g(block, pair, arm, wait, makespan, ready=None, phase="confirm", lead=0.0, 
 
 B = "mp-N4-r0"
 PARAMS = dict(PATHS=["mp"], GROUP_SIZES=[4], ENGINE_RUNS=1, MEASURED_GROUPS=10, PILOT_GROUPS=2, LEADS_MS=[0.0, 25.0, 100.0],
-              FIXED_LEAD_MS=100.0, CONTROLS=[], MAX_TOKENS=8, BLOCK_SIZE=32, CHUNK_SIZE=32, BOOTSTRAP_RESAMPLES=1000, SEED=0)
+              FIXED_LEAD_MS=100.0, CONTROLS=[], MAX_TOKENS=8, BLOCK_SIZE=32, CHUNK_SIZE=32, BOOTSTRAP_RESAMPLES=1000, SEED=0,
+              SINGLEFLIGHT=[True])
 
 
 def _summary(block="mp-N4-r0", status="ok", **extra):

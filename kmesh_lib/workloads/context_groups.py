@@ -263,7 +263,8 @@ class Block:
         """
         meter, n_chunks = self.tier.meter, self.cfg.CONTEXT_TOKENS // self.cfg.CHUNK_SIZE
         buffer = self.path == "gpubuf"
-        self.tier.set_retention(False)
+        stock = self.path in MP_PATHS and self.cfg.LMCACHE_SERVER == "stock"
+        self.tier.set_retention(bool(ARMS[self.arms[0]].retain) if stock else False)  # a stock server has one policy
         before = meter.snapshot()
         t0 = time.monotonic()
         if buffer:
@@ -279,8 +280,11 @@ class Block:
             self.tier.take_restores()
         self.tier.drop_memory_copy()
         after = meter.snapshot()
-        written = after.hook_write_bytes - before.hook_write_bytes
-        store = {"chunks": n_chunks, "bytes_written": written, "write_errors": after.hook_write_errors - before.hook_write_errors,
+        hooked = getattr(meter, "hooked", True)  # a stock server has no byte hook: its disk tier's files say it
+        written = (after.hook_write_bytes - before.hook_write_bytes if hooked
+                   else after.disk_tier_bytes - before.disk_tier_bytes)
+        store = {"chunks": n_chunks, "bytes_written": written, "written_by": "hook" if hooked else "disk-tier files",
+                 "write_errors": after.hook_write_errors - before.hook_write_errors,
                  "disk_tier_bytes": after.disk_tier_bytes, "memory_tier_bytes": after.memory_tier_bytes,
                  "seconds": round(time.monotonic() - t0, 2)}
         if store["write_errors"] or written < self.context_bytes:

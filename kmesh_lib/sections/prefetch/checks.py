@@ -115,13 +115,13 @@ def checks(run) -> list[Check]:
         all_of("every early group has a readiness record", [g for g in groups if g.get("arm") in EARLY],
                lambda g: bool(g.get("readiness")) and g.get("ready") is not None, lambda g: f"{g['block']} pair {g['pair']}"),
         _read_once(groups, params),
-        _arrival_once(groups, params),
+        *([_arrival_once(groups, params)] if _reads_once_on_arrival(params) else []),
         every("the independent byte counters agree in every group (MP: to the byte)",
               [g for g in groups if g.get("measured") or g.get("phase") in ("pilot", "contrast")],
               lambda g: len(_counters(g)) >= 2,
               lambda g: max(_counters(g).values()) - min(_counters(g).values()) <= _tolerance(g, params),
               lambda g: f"{g['block']} pair {g['pair']} {g['arm']}: {_counters(g)}"),
-        *(_trace(groups) if set(params.get("PATHS") or []) & {"mp", "mp-striped"} else []),
+        *(_trace(groups, params) if _mp_launcher(params) else []),
         all_of("every group in which a follow-up recomputed the context is recorded as recomputed (out of the paired "
                "tables)", raw_groups, lambda g: not (g.get("status") == "ok" and ps.recomputed(g, params.get("BLOCK_SIZE"))),
                lambda g: f"{g['block']} pair {g['pair']} {g['arm']}: cached {g['num_cached_tokens']}, status ok")]
@@ -180,7 +180,18 @@ def _tolerance(g: dict, params: dict) -> int:
     return half if recorded is None else min(int(recorded), half)
 
 
-def _trace(groups: list[dict]) -> list[Check]:
+def _mp_launcher(params: dict) -> bool:
+    """The run has MP paths on kmesh's launcher server (a stock server keeps no lookup trace)."""
+    return bool(set(params.get("PATHS") or []) & {"mp", "mp-striped"}) and params.get("LMCACHE_SERVER") != "stock"
+
+
+def _reads_once_on_arrival(params: dict) -> bool:
+    """Some on-arrival groups are to read the context once: MP with the singleflight on, or the GPU buffer."""
+    paths = set(params.get("PATHS") or [])
+    return bool(paths & {"mp", "mp-striped"} and True in (params.get("SINGLEFLIGHT") or [])) or "gpubuf" in paths
+
+
+def _trace(groups: list[dict], params: dict) -> list[Check]:
     """MP launcher servers: the lookup trace against the byte hook and LMCache's own counts."""
     traced = [g for g in groups if "lookup_summary" in g and (g.get("measured") or g.get("phase") in ("pilot", "contrast"))]
     phases = lambda g: [g["lookup_summary"]] + ([g["placement_lookup_summary"]] if "placement_lookup_summary" in g else [])
@@ -195,11 +206,13 @@ def _trace(groups: list[dict]) -> list[Check]:
                  lambda g: sum(p["contended_keys"] for p in phases(g)) == g["reads"]["contended_chunks"],
                  lambda g: f"{g['block']} pair {g['pair']} {g['arm']}: {sum(p['contended_keys'] for p in phases(g))} vs "
                            f"{g['reads']['contended_chunks']}", missing="no group with a lookup trace"),
-           every("with the singleflight on, no lookup loaded or was refused while an overlapping load was in flight",
-                 [g for g in traced if g.get("singleflight") is True], lambda g: True,
-                 lambda g: not (by(g).get("concurrent_load") or by(g).get("contended_in_flight")),
-                 lambda g: f"{g['block']} pair {g['pair']} {g['arm']}: {by(g)}",
-                 missing="no traced group ran with the singleflight on")]
+           ]
+    if True in (params.get("SINGLEFLIGHT") or []):
+        out.append(every("with the singleflight on, no lookup loaded or was refused while an overlapping load was in "
+                         "flight", [g for g in traced if g.get("singleflight") is True], lambda g: True,
+                         lambda g: not (by(g).get("concurrent_load") or by(g).get("contended_in_flight")),
+                         lambda g: f"{g['block']} pair {g['pair']} {g['arm']}: {by(g)}",
+                         missing="no traced group ran with the singleflight on"))
     return out
 
 
