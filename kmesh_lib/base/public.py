@@ -28,7 +28,7 @@ PRIVATE_KEY_PARTS = ("token_ids", "prompt_text", "answer", "completion_text", "o
 LABEL_PATTERN = re.compile(r"^[A-Za-z0-9 _.:+=\-(),/%'<>\[\]]{1,96}$")
 KEY_PATTERN = LABEL_PATTERN
 MAX_KEY_CHARS = 96
-MAX_STRING_CHARS = 160
+MAX_STRING_CHARS = 240  # check names and formatted figures; a prompt or output is far longer
 MAX_INT_LIST = 32
 MAX_DEPTH = 8
 MAX_PUBLIC_BYTES = 512 * 1024
