@@ -74,7 +74,8 @@ def phase_line(g: dict, phase: str) -> str:
 
 def section16_groups(cfg, out: Out, engine, tier, workload, pairs: int) -> None:
     from kmesh_lib.workloads.context_arms import ARMS, pair_order
-    from kmesh_lib.workloads.context_groups import ArrivalPattern, Block
+    from kmesh_lib.workloads.context_groups import Block
+    from kmesh_lib.workloads.context_params import ArrivalPattern
 
     for n in (4, 8):
         blk = Block(cfg, "mp", n, log=out.say)
@@ -96,7 +97,8 @@ def section16_groups(cfg, out: Out, engine, tier, workload, pairs: int) -> None:
 def on_arrival_groups(cfg, out: Out, engine, tier, workload, chunk_bytes: int) -> None:
     from kmesh_lib.lmcache.disk_accounting import PhaseReads
     from kmesh_lib.lmcache.lookups import READS, summarize
-    from kmesh_lib.workloads.context_groups import ArrivalPattern, run_arrivals
+    from kmesh_lib.workloads.context_groups import run_arrivals
+    from kmesh_lib.workloads.context_params import ArrivalPattern
 
     for rep in range(2):
         for n in (4, 8):

@@ -396,7 +396,7 @@ def test_planted_secrets_and_token_ids_never_reach_the_public_files(section, cap
     ({"ids": [float(t) for t in TOKEN_IDS]}, "a list of 500 integers"),
     ({"text": " ".join(map(str, TOKEN_IDS))}, "a string of"),
     ({"note": SECRET * 10}, "a string of 290 characters"),
-    ({SECRET * 30: 1}, "a key of 870 characters is not a short name"),
+    ({SECRET * 30: 1}, "a key of 870 characters is not a short label"),
     ({"nested": {"deeper": [{"x": {"y": {"z": {"a": {"b": {"c": {"d": 1}}}}}}}]}}, "nested deeper"),
     ({"bytes": b"raw"}, "a bytes is not publishable"),
     ({"nan": float("nan")}, "not a finite number"),
@@ -447,8 +447,6 @@ def test_list_and_compare_show_figures(section, capsys, monkeypatch):
     assert any(line.startswith("count total") and "same" in line for line in lines)
 
 
-@pytest.mark.xfail(strict=True, reason="the lead turns this on at merge: every section exports the whole interface "
-                                       "(counts, headline, answer, public_results); remove this mark then")
 def test_every_real_section_has_the_whole_interface():
     for section in registry.SECTIONS.values():
         assert registry.missing_interface(section) == [], section.KEY

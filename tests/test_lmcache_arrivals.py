@@ -1,13 +1,13 @@
 """Arrival patterns of the shared-context group and the group parameters (fake engine, fake clock)."""
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from kmesh_lib.base.params import ParamError, build
 from kmesh_lib.engine.requests import RequestSpec, StepOutput
-from kmesh_lib.workloads.context_groups import ArrivalPattern, Block, ContextGroupParams, group_setting, run_arrivals
+from kmesh_lib.sections.retention.params import RetentionParams
+from kmesh_lib.workloads.context_groups import Block, run_arrivals
+from kmesh_lib.workloads.context_params import ArrivalPattern, ContextGroupParams
 
 
 @pytest.mark.parametrize("text, ms, steps, label", [
@@ -30,22 +30,29 @@ def test_group_params_fail_with_the_key_before_any_engine():
         build(ContextGroupParams, {"FOLLOWUP_ARRIVALS": ["together", "soon"]})
     with pytest.raises(ParamError, match="FOLLOWUP_ARRIVALS=\\[\\]"):
         build(ContextGroupParams, {"FOLLOWUP_ARRIVALS": []})
-    with pytest.raises(ParamError, match="SINGLEFLIGHT=true needs LMCACHE_SERVER=launcher"):
-        build(ContextGroupParams, {"SINGLEFLIGHT": True, "LMCACHE_SERVER": "stock"})
+    with pytest.raises(ParamError, match="SINGLEFLIGHT=\\[true\\] needs LMCACHE_SERVER=launcher"):
+        build(ContextGroupParams, {"SINGLEFLIGHT": [False, True], "LMCACHE_SERVER": "stock"})
+    with pytest.raises(ParamError, match="SINGLEFLIGHT"):  # a list of settings, not one flag
+        build(ContextGroupParams, {"SINGLEFLIGHT": True})
+    with pytest.raises(ParamError, match="SINGLEFLIGHT=\\[True, True\\]: a setting is given twice"):
+        build(ContextGroupParams, {"SINGLEFLIGHT": [True, True]})
+    with pytest.raises(ParamError, match="a pattern is given twice"):
+        build(ContextGroupParams, {"FOLLOWUP_ARRIVALS": ["together", "0ms"]})
     with pytest.raises(ParamError, match="LMCACHE_SERVER"):
         build(ContextGroupParams, {"LMCACHE_SERVER": "plugin"})
-    ok = build(ContextGroupParams, {"FOLLOWUP_ARRIVALS": ["together", "2ms", "1step"], "SINGLEFLIGHT": True})
-    assert ok.FOLLOWUP_ARRIVALS == ["together", "2ms", "1step"]
+    ok = build(ContextGroupParams, {"FOLLOWUP_ARRIVALS": ["together", "2ms", "1step"], "SINGLEFLIGHT": [True, False]})
+    assert ok.FOLLOWUP_ARRIVALS == ["together", "2ms", "1step"] and ok.SINGLEFLIGHT == [True, False]
+    assert [a.label for a in ok.arrivals] == ["together", "2ms", "1step"]
 
 
-def test_configs_without_the_group_fields_get_the_one_default():
-    @dataclasses.dataclass(frozen=True)
-    class Old:
-        MODEL: str = "tiny"
-
-    assert group_setting(Old(), "FOLLOWUP_ARRIVALS") == ["together"]
-    assert group_setting(Old(), "SINGLEFLIGHT") is False and group_setting(Old(), "LMCACHE_SERVER") == "launcher"
-    assert group_setting(build(ContextGroupParams, {"SINGLEFLIGHT": True}), "SINGLEFLIGHT") is True
+def test_a_block_runs_every_arrival_pattern_and_mp_singleflight_setting():
+    cfg = build(ContextGroupParams, {"FOLLOWUP_ARRIVALS": ["together", "1step"], "SINGLEFLIGHT": [False, True]})
+    mp = Block(cfg, "mp", 4).combos()
+    assert [(sf, p.label) for sf, p in mp] == [(False, "together"), (False, "1step"), (True, "together"), (True, "1step")]
+    assert [(sf, p.label) for sf, p in Block(cfg, "gpubuf", 4).combos()] == [(None, "together"), (None, "1step")]
+    controls = build(RetentionParams, {"FOLLOWUP_ARRIVALS": ["together", "1step"], "SINGLEFLIGHT": [False, True],
+                                       "CONTEXT_TOKENS": 1024, "ARENA_MIB": 32})
+    assert [sf for sf, _ in Block(controls, "engine", 4).combos()] == [None, None]  # no tier: no singleflight
 
 
 class Clock:

@@ -21,7 +21,8 @@ from kmesh_lib.engine.vllm_engine import make_engine
 from kmesh_lib.lmcache.connect import MPTier, keep_engine_rendezvous_local
 from kmesh_lib.lmcache.disk_accounting import PhaseReads
 from kmesh_lib.lmcache.lookups import READS
-from kmesh_lib.workloads.context_groups import ArrivalPattern, Workload, run_arrivals
+from kmesh_lib.workloads.context_groups import Workload, run_arrivals
+from kmesh_lib.workloads.context_params import ArrivalPattern
 
 N = 4
 

@@ -5,7 +5,7 @@ import subprocess
 from pathlib import Path
 
 from kmesh_lib.base import topology
-from kmesh_lib.workloads.context_groups import ContextGroupParams, striped_store_row
+from kmesh_lib.workloads.context_params import ContextGroupParams, striped_store_row
 
 
 def write(path: Path, text: str) -> None:
@@ -90,7 +90,9 @@ def test_striped_row_says_why_it_cannot_run(tmp_path, monkeypatch):
     assert "not an md array" in topology.striped_store(topo, "/plain")["reason"]
     cfg = ContextGroupParams(STRIPED_STORE_ROOT="/striped")
     assert striped_store_row(cfg, topo) == {"path": "mp-striped", "status": "available", "root": "/striped",
-                                            "detail": "md0: RAID 0 over 2 drives (nvme0n1, nvme1n1)", "nvme_count": 4}
+                                            "detail": "md0: RAID 0 over 2 drives (nvme0n1, nvme1n1)", "nvme_count": 4,
+                                            "topology": {"nvme_count": 4, "block_devices": [], "md_raid0": True,
+                                                         "mdadm": True, "gpu_pcie": []}}
     assert striped_store_row(ContextGroupParams(), one)["status"] == "not available"
 
 

@@ -8,6 +8,8 @@ import pytest
 
 from kmesh_lib.app import registry as sections
 from kmesh_lib.app.cli import main as kmesh_main
+from kmesh_lib.app.publish import public_document
+from kmesh_lib.app.verify import verify
 from kmesh_lib.base.params import ParamError, resolve_params
 from kmesh_lib.base.records import RunFiles, RunRecord
 from kmesh_lib.engine.requests import RequestResult, RequestSpec, StepOutput
@@ -28,6 +30,10 @@ from kmesh_lib.sections.prefetch.stats import all_cases, both_ways, choose_lead,
     ("CONTEXT_TOKENS=1000", "CONTEXT_TOKENS"),
     ("BOOTSTRAP_RESAMPLES=10", "BOOTSTRAP_RESAMPLES"),
     ("LEAD_MS=5", "unknown parameter"),
+    ("FOLLOWUP_ARRIVALS=[together,2ms]", "section 20 gives every group one pattern"),
+    ("SINGLEFLIGHT=true", "SINGLEFLIGHT"),
+    ("GPUBUF_ENGINE_RUNS=0", "GPUBUF_ENGINE_RUNS"),
+    ("PATHS=[mp,mp]", "each once"),
 ])
 def test_bad_params_fail_with_the_key(override, message):
     with pytest.raises(ParamError, match=message):
@@ -138,12 +144,18 @@ def _g(block, pair, arm, wait, makespan, ready=None, phase="confirm", lead=0.0, 
             "lead_ms": lead, "prep": "http_prefetch+warmup" if arm.startswith("early") else "none",
             "readiness": {"why_not": "", "warmup_token_s": -0.01} if arm.startswith("early") else None,
             "disk_bytes": 100, "context_bytes": 100, "context_tokens": 64, "num_cached_tokens": [cached] * n,
-            "num_output_tokens": [8] * n, "submit_delay_s": 0.0001, "stamps": 10, "idle_waits": 2}
+            "num_output_tokens": [8] * n, "submit_delay_s": 0.0001, "stamps": 10, "idle_waits": 2,
+            "singleflight": True if path == "mp" else None,
+            "reads": {"device_bytes": 100, "hook_bytes": 100, "metric_bytes": 100, "contended_chunks": 0,
+                      "tolerance_bytes": 0},  # MP: three counts, agreeing to the byte
+            "lookup_summary": {"lookups": n + 1, "disk_reads": 1, "load_bytes": 100, "contended_keys": 0,
+                               "by_mechanism": {"first_load": 1, "waited_for_in_flight": n}}}
 
 
 B = "mp-N4-r0"
 PARAMS = dict(PATHS=["mp"], GROUP_SIZES=[4], ENGINE_RUNS=1, MEASURED_GROUPS=10, PILOT_GROUPS=2, LEADS_MS=[0.0, 25.0, 100.0],
-              FIXED_LEAD_MS=100.0, CONTROLS=[], MAX_TOKENS=8, BLOCK_SIZE=32, CHUNK_SIZE=32, BOOTSTRAP_RESAMPLES=1000, SEED=0)
+              FIXED_LEAD_MS=100.0, CONTROLS=[], MAX_TOKENS=8, BLOCK_SIZE=32, CHUNK_SIZE=32, BOOTSTRAP_RESAMPLES=1000, SEED=0,
+              SINGLEFLIGHT=[True])
 
 
 def _summary(block="mp-N4-r0", status="ok", **extra):
@@ -219,7 +231,10 @@ def test_a_recomputing_group_leaves_the_paired_tables_and_is_counted(tmp_path):
                "tables)"] == "failed"
     assert section.counts(run)["groups in which a follow-up recomputed the shared context (every arm)"] == 1
     assert measured_lines(run) == ["every follow-up found the shared context cached, in every arm (on-arrival "
-                                   "included): in 25 of 26 groups; recomputed in mp-N4-r0 pair 3 on_arrival (confirm)"]
+                                   "included): in 25 of 26 groups; recomputed in mp-N4-r0 pair 3 on_arrival (confirm)",
+                                   "mp N=4 on arrival, singleflight on (confirm): every follow-up found the context "
+                                   "cached in 9 of 10 groups; 1.0 context reads per group; lookups: "
+                                   "waited_for_in_flight 40, first_load 10"]
     # recorded by the new protocol: the run passes, the strict statement stays a measured line
     groups[9] = dict(groups[9], status="recomputed")
     got = _statuses(_run(tmp_path / "new", groups))
@@ -233,8 +248,15 @@ def test_missing_evidence_is_skipped_and_edited_files_fail(tmp_path):
     assert got["every lmcache server and engine process listened on 127.0.0.1 only"] == "skipped"
     assert got["no server process or disk-tier file left behind"] == "skipped"
     no_bytes = [dict(g, disk_bytes=None) for g in _groups()]
-    assert _statuses(_run(tmp_path / "nobytes", no_bytes))[
-        "every prepared group (ready early, dram, engine) read the context from the disk tier exactly once"] == "skipped"
+    got = _statuses(_run(tmp_path / "nobytes", no_bytes))
+    assert got["every prepared group (ready early, dram, buffer, engine) read the context from the disk tier exactly "
+               "once"] == "skipped"
+    assert got["every on-arrival group with the singleflight on (MP) or on the GPU buffer read the context from the "
+               "disk tier exactly once"] == "skipped"
+    untraced = [{k: v for k, v in g.items() if k not in ("lookup_summary", "reads")} for g in _groups()]
+    got = _statuses(_run(tmp_path / "untraced", untraced))
+    assert got["every traced group: the lookups' load bytes equal the byte hook's"] == "skipped"
+    assert got["the independent byte counters agree in every group (MP: to the byte)"] == "skipped"
     empty = _statuses(_run(tmp_path / "empty", [], [], tables=False))
     assert empty["groups recorded in raw/groups.jsonl"] == "skipped"
     assert empty["every planned engine run finished ok"] == "failed"
@@ -326,34 +348,35 @@ def test_live_panel_replots_from_recorded_groups_and_records_a_new_lead(tmp_path
 def test_smoke_profile_end_to_end(tmp_path):
     run_dir = tmp_path / "run"
     assert kmesh_main(["run", "20", "--profile", "smoke", "--run-dir", str(run_dir)]) == 0
-    public = json.loads((run_dir / "public-results.json").read_text())
-    assert public["results"]["example_4"]["early"]["ready"].endswith("/4")
-    assert public["results"]["status"] == "passed" and all(c["status"] != "failed" for c in public["checks"].values())
+    run = RunFiles(run_dir)
+    assert run.results["example_4"]["early"]["ready"].endswith("/4")
+    public = public_document(section, run, verify(section, run), allowed_failed=False)  # what `kmesh publish` writes
+    assert public["status"] == "passed" and all(c["status"] != "failed" for c in public["checks"])
 
 
 def test_device_resume_keeps_only_finished_engine_runs(tmp_path):
     """A rerun of the GPU driver skips finished engine runs; a failed, unfinished or unrecorded run is set aside."""
-    from kmesh_lib.sections.prefetch.gpu import finished_blocks
+    from kmesh_lib.workloads.engine_runs import finished_blocks
 
     raw = tmp_path / "raw"
     raw.mkdir()
     blocks = [{"block": "inproc-N4-r0", "status": "ok"}, {"block": "inproc-N4-r1", "status": "failed", "error": "E"},
-              {"block": "inproc-N4-r3", "status": "running"}]
+              {"block": "inproc-N4-r3", "status": "running"}, {"block": "mp-striped", "status": "not available"}]
     groups = [{"block": "inproc-N4-r0", "pair": 1}, {"block": "inproc-N4-r1", "pair": 1},
               {"block": "inproc-N4-r2", "pair": 1}]  # r2 was killed before its summary was written
     (raw / "blocks.jsonl").write_text("".join(json.dumps(b) + "\n" for b in blocks))
     (raw / "groups.jsonl").write_text("".join(json.dumps(g) + "\n" for g in groups))
     (tmp_path / "lead-inproc-N4.json").write_text(json.dumps({"lead_ms": 25.0, "block": "inproc-N4-r1"}))
 
-    assert finished_blocks(tmp_path) == {"inproc-N4-r0"}
+    assert finished_blocks(tmp_path) == {"inproc-N4-r0", "mp-striped"}  # a recorded "not available" is an outcome
     read = lambda name: [json.loads(line) for line in (raw / name).read_text().splitlines()]
     assert [g["block"] for g in read("groups.jsonl")] == ["inproc-N4-r0"]
     assert sorted(g["block"] for g in read("groups.unfinished.jsonl")) == ["inproc-N4-r1", "inproc-N4-r2"]
-    assert [b["block"] for b in read("blocks.jsonl")] == ["inproc-N4-r0"]
+    assert [b["block"] for b in read("blocks.jsonl")] == ["inproc-N4-r0", "mp-striped"]
     assert [(b["block"], b["status"]) for b in read("blocks.unfinished.jsonl")] == [
         ("inproc-N4-r1", "failed"), ("inproc-N4-r3", "running")]  # kept, with the error, never counted
     assert not (tmp_path / "lead-inproc-N4.json").exists()  # a lead from a run that did not finish is not a result
-    assert finished_blocks(tmp_path) == {"inproc-N4-r0"}  # idempotent: nothing more moves
+    assert finished_blocks(tmp_path) == {"inproc-N4-r0", "mp-striped"}  # idempotent: nothing more moves
     assert len(read("groups.unfinished.jsonl")) == 2 and len(read("blocks.unfinished.jsonl")) == 2
 
 
@@ -367,7 +390,7 @@ def test_gpu_driver_reruns_an_engine_run_that_raised_then_renders_in_place(tmp_p
     from kmesh_lib.sections.prefetch import gpu
 
     out = tmp_path / "prefetch-gpu"
-    sets = ["CONTROLS=[]", "MEASURED_GROUPS=2", "LEADS_MS=[0,250]"]
+    sets = ["PATHS=[mp]", "CONTROLS=[]", "MEASURED_GROUPS=2", "LEADS_MS=[0,250]"]
     monkeypatch.setattr(gpu, "CHILD", [sys.executable, str(Path(__file__).parent / "helpers" / "crashing_prefetch_child.py")])
     monkeypatch.setenv("KMESH_TEST_CRASH_AFTER", "3")  # the pilot's second round (groups 3 and 4) never finishes
     assert not gpu.run(out, "smoke", sets)
@@ -392,3 +415,103 @@ def test_gpu_driver_reruns_an_engine_run_that_raised_then_renders_in_place(tmp_p
     results = RunFiles(out).results
     assert results["status"] == "passed" and results["render_environment"]
     assert (out / "lead_sweep.png").exists() and (out / "report.html").exists()
+
+
+def test_follow_ups_arrive_by_the_pattern_from_T():
+    clock = FakeClock()
+    engine = FakeEngine(clock, step_ms=2)
+    follow = [RequestSpec(f"f{i}", [1], max_tokens=5) for i in range(3)]
+    drive(engine, follow, lead_s=0.05, clock=clock, sleep=clock.sleep, spacing_ms=4.0)
+    assert [ns / 1e6 for _, ns in engine.log] == [50.0, 54.0, 58.0]  # T, T + 4 ms, T + 8 ms: between steps
+    clock = FakeClock()
+    engine = FakeEngine(clock, step_ms=10)
+    drive(engine, follow, lead_s=0.05, clock=clock, sleep=clock.sleep, spacing_ms=4.0)
+    assert [ns / 1e6 for _, ns in engine.log] == [50.0, 60.0, 60.0]  # due at 54 and 58: a step runs until 60
+    clock, engine = FakeClock(), None
+    engine = FakeEngine(clock, step_ms=10)
+    t = drive(engine, follow, lead_s=0.0, clock=clock, sleep=clock.sleep, spacing_steps=1)
+    assert [ns / 1e6 for _, ns in engine.log] == [0.0, 10.0, 20.0]  # one token-producing step apart
+    assert t.submit_delay_s() == 0.0
+
+
+class FakeBufferTier:
+    """``GpuBufferTier.prefetch`` as the driver sees it: a handle that is done (or not) with a status."""
+
+    def __init__(self, status, error=None, done=True):
+        self.status, self.error, self.set_done = status, error, done
+
+    def prefetch(self, tokens):
+        from kmesh_lib.kv.gpu_buffer import Prefetch
+
+        p = Prefetch(self.status, 0, 32, error=self.error)
+        p.t_ready_ns = p.t_submit_ns + 1_000_000
+        if self.set_done:  # otherwise a handle that is never done: the prefetcher times out
+            p.done.set()
+        return p
+
+
+def test_the_gpu_buffer_prefetch_reports_like_the_http_one():
+    from kmesh_lib.sections.prefetch.driver import BufferPrefetcher
+
+    for status, error, want in (("started", None, "completed"), ("resident", None, "completed"), ("miss", None, "miss"),
+                                ("buffer_full", "no room", "failed")):
+        pf = BufferPrefetcher(FakeBufferTier(status, error)).start([1, 2, 3])
+        assert pf.done.wait(5) and pf.call.status == want, (status, pf.call)
+        if want == "completed":
+            assert (pf.call.found_keys, pf.call.total_keys) == (32, 32) and pf.call.complete
+    late = BufferPrefetcher(FakeBufferTier("started", done=False), timeout_s=0.05).start([1])
+    assert late.done.wait(5) and late.call.status == "timeout"
+    T = late.call.done_ns
+    assert "prefetch timeout" in readiness(0.1, T, 1024, late.call, _warmup(T - 1, T - 1, 1024), "x").why_not
+
+
+def test_plan_runs_put_the_gpu_buffer_last_with_its_own_run_count():
+    from kmesh_lib.sections.prefetch.checks import plan_runs, planned_runs
+
+    params = dict(PATHS=["gpubuf", "mp", "mp-striped"], GROUP_SIZES=[4, 8], ENGINE_RUNS=3, GPUBUF_ENGINE_RUNS=1)
+    assert [f"{p}-N{n}-r{r}" for p, n, r in plan_runs(params)][-2:] == ["gpubuf-N4-r0", "gpubuf-N8-r0"]
+    assert len(plan_runs(params)) == 2 * 3 * 2 + 2
+    assert "mp-striped-N4-r0" not in planned_runs(params, [{"block": "mp-striped", "path": "mp-striped",
+                                                            "status": "not available"}])
+
+
+def _buffer_groups():
+    g = lambda p, arm, **kw: dict(_g("gpubuf-N4-r0", p, arm, 0.02, 0.06, path="gpubuf",
+                                     ready=True if arm.startswith("early") else None,
+                                     lead=100.0 if arm.startswith("early") else 0.0), **kw)
+    pilot = [dict(g(p, "early"), phase="pilot", measured=False, lead_ms=lead, ready=lead >= 100.0)
+             for p in (0, 1) for lead in (0.0, 25.0, 100.0)]
+    return pilot + [g(p, arm) for p in range(5) for arm in ("on_arrival", "early", "buffer")]
+
+
+def test_gpu_buffer_runs_are_scaled_by_their_own_run_count_and_read_once(tmp_path):
+    params = dict(PATHS=["gpubuf"], ENGINE_RUNS=2, GPUBUF_ENGINE_RUNS=1, CONTROLS=["dram"])
+    blocks = [dict(_summary("gpubuf-N4-r0"), path="gpubuf")]
+    got = _statuses(_run(tmp_path / "ok", _buffer_groups(), blocks, params))
+    assert set(got.values()) == {"ok"}, {k: v for k, v in got.items() if v != "ok"}
+    assert "gpubuf N=4: at least MEASURED_GROUPS measured groups in every arm (scaled: 5, GPUBUF_ENGINE_RUNS)" in got
+    twice = [dict(g, disk_bytes=200) if g["arm"] == "on_arrival" else g for g in _buffer_groups()]
+    got = _statuses(_run(tmp_path / "twice", twice, blocks, params, tables=False))
+    assert got["every on-arrival group with the singleflight on (MP) or on the GPU buffer read the context from the "
+               "disk tier exactly once"] == "failed"
+
+
+def test_singleflight_on_must_read_once_and_the_contrast_must_run(tmp_path):
+    groups = _groups()
+    reread = [dict(g, disk_bytes=300, reads=dict(g["reads"], device_bytes=300, hook_bytes=300, metric_bytes=300),
+                   lookup_summary=dict(g["lookup_summary"], load_bytes=300,
+                                       by_mechanism={"first_load": 1, "concurrent_load": 2}))
+              if g["arm"] == "on_arrival" else g for g in groups]
+    params = dict(SINGLEFLIGHT=[True, False], CONTRAST_GROUPS=2)
+    got = _statuses(_run(tmp_path / "reread", reread, params=params, tables=False))
+    assert got["every on-arrival group with the singleflight on (MP) or on the GPU buffer read the context from the "
+               "disk tier exactly once"] == "failed"
+    assert got["with the singleflight on, no lookup loaded or was refused while an overlapping load was in flight"] \
+        == "failed"
+    assert got["every traced group: the lookups' load bytes equal the byte hook's"] == "ok"
+    assert got["mp N=4: CONTRAST_GROUPS on-arrival groups under every further singleflight setting"] == "failed"
+    contrast = [dict(_g(B, 100 + i, "on_arrival", 0.3, 0.5, phase="contrast"), singleflight=False, disk_bytes=100)
+                for i in range(2)]
+    got = _statuses(_run(tmp_path / "contrast", groups + contrast, params=params))
+    assert got["mp N=4: CONTRAST_GROUPS on-arrival groups under every further singleflight setting"] == "ok"
+    assert set(got.values()) == {"ok"}, {k: v for k, v in got.items() if v != "ok"}

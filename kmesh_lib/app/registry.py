@@ -17,7 +17,16 @@ from types import ModuleType
 
 from kmesh_lib.base.paths import NOTEBOOKS_DIR
 from kmesh_lib.base.records import RunFileError, RunFiles
-from kmesh_lib.sections import crossover, engine_check, family_hold, prefetch, retention, tot_headroom, trace_audit
+from kmesh_lib.sections import (
+    crossover,
+    engine_check,
+    family_hold,
+    multi_engine,
+    prefetch,
+    retention,
+    tot_headroom,
+    trace_audit,
+)
 
 CONSTANTS = {"KEY": str, "NUMBER": str, "TITLE": str, "NOTEBOOK": str, "QUESTION": str, "USES_ENGINE": bool}
 FUNCTIONS = ("plan", "checks", "counts", "headline", "answer", "public_results")
@@ -25,7 +34,7 @@ INTERFACE = (*CONSTANTS, "Params", *FUNCTIONS)
 PLANNING = (*CONSTANTS, "Params", "plan")  # what `kmesh plan` uses: it reads no run
 
 SECTIONS: dict[str, ModuleType] = {m.KEY: m for m in (
-    engine_check, retention, trace_audit, family_hold, tot_headroom, prefetch, crossover)}
+    engine_check, retention, trace_audit, family_hold, tot_headroom, prefetch, crossover, multi_engine)}
 
 
 class UnknownSection(KeyError):

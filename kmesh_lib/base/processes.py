@@ -126,10 +126,17 @@ def reap(path: Path, record: dict) -> None:
     remove_tree(path, record)
 
 
+def runtime_root(parent: str | Path | None = None) -> Path:
+    """Where run-scoped directories live: ``RUNTIME_ROOT``, or a ``kmesh-lmcache`` folder of its own under a
+    parent the user names (a disk, a RAID mount). Never the parent itself: ``reap_stale`` removes every
+    directory under the root that has no live owner, which must never touch anything but kmesh's."""
+    return Path(parent) / "kmesh-lmcache" if parent else RUNTIME_ROOT
+
+
 def read_record(path: Path) -> dict | None:
     try:
         return json.loads((path / "owner.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+    except (OSError, json.JSONDecodeError):  # no owner.json, or not a directory at all
         return None
 
 

@@ -23,10 +23,12 @@ import re
 
 PRIVATE_KEY_PARTS = ("token_ids", "prompt_text", "answer", "completion_text", "output_text")
 
-KEY_PATTERN = re.compile(r"^[A-Za-z0-9_.:+=\-]{1,48}$")
-LABEL_PATTERN = re.compile(r"^[A-Za-z0-9 _.:+=\-(),/%'<>\[\]]{1,96}$")  # headline and count keys: words for people
-MAX_KEY_CHARS = 48
-MAX_STRING_CHARS = 160
+# A key is a section's own label ("mp N=4", "A first token 95% CI ms"), never text from input data;
+# the pattern keeps anything long or odd out even if a section slipped.
+LABEL_PATTERN = re.compile(r"^[A-Za-z0-9 _.:+=\-(),/%'<>\[\]]{1,96}$")
+KEY_PATTERN = LABEL_PATTERN
+MAX_KEY_CHARS = 96
+MAX_STRING_CHARS = 240  # check names and formatted figures; a prompt or output is far longer
 MAX_INT_LIST = 32
 MAX_DEPTH = 8
 MAX_PUBLIC_BYTES = 512 * 1024
@@ -60,8 +62,8 @@ def validate_public(value, path: str = "results", keys: re.Pattern = KEY_PATTERN
             if not isinstance(key, str) or not keys.match(key):
                 shown = repr(key) if isinstance(key, str) and len(key) <= MAX_KEY_CHARS else (
                     f"of {len(key)} characters" if isinstance(key, str) else f"of type {type(key).__name__}")
-                raise PublicContentError(f"{path}: a key {shown} is not a short name of letters, digits and "
-                                         f"_.:+=- (at most {MAX_KEY_CHARS})")
+                raise PublicContentError(f"{path}: a key {shown} is not a short label of letters, digits, spaces "
+                                         f"and _.:+=-(),/%'<>[] (at most {MAX_KEY_CHARS})")
             validate_public(item, f"{path}.{key}", keys, depth + 1)
         return
     if isinstance(value, list):

@@ -79,6 +79,7 @@ class ReplayEngine(CacheObjects):
         init_none_hash(hash_fn)
         self._block_hasher = get_request_block_hasher(params.BLOCK_SIZE, hash_fn)
         self.num_steps = 0
+        self.forced_token_ids: dict[str, tuple[int, ...]] = {}
         self.start_s = time.monotonic() - t0
 
     def _kv_cache_config(self, params: EngineParams):
@@ -101,7 +102,11 @@ class ReplayEngine(CacheObjects):
         from vllm import SamplingParams
         from vllm.v1.request import Request
 
-        sp = SamplingParams(max_tokens=spec.max_tokens, temperature=spec.temperature, seed=spec.seed,
+        max_tokens = spec.max_tokens
+        if spec.forced_token_ids is not None:  # as VllmEngine: exactly the forced ids
+            self.forced_token_ids[spec.request_id] = tuple(spec.forced_token_ids)
+            max_tokens = len(spec.forced_token_ids)
+        sp = SamplingParams(max_tokens=max_tokens, temperature=spec.temperature, seed=spec.seed,
                             ignore_eos=True, detokenize=False)
         request = Request(request_id=spec.request_id, prompt_token_ids=list(spec.prompt_token_ids),
                           sampling_params=sp, pooling_params=None, block_hasher=self._block_hasher)
@@ -133,6 +138,8 @@ class ReplayEngine(CacheObjects):
         outputs = []
         for client_outputs in engine_outputs.values():
             for out in client_outputs.outputs:
+                if out.finish_reason is not None:
+                    self.forced_token_ids.pop(out.request_id, None)
                 stats = getattr(out, "prefill_stats", None)  # vLLM >= 0.32; older: num_cached_tokens
                 num_cached = stats.num_cached_tokens if stats is not None else getattr(out, "num_cached_tokens", None)
                 outputs.append(StepOutput(
@@ -142,8 +149,11 @@ class ReplayEngine(CacheObjects):
         return outputs
 
     def next_token(self, request) -> int:
-        """The token ``request`` samples now: a deterministic function of its last token and length
-        (tests override this to script outputs; the accounting around it stays vLLM's)."""
+        """The token ``request`` samples now: its forced id at this position when it has forced ids,
+        else a deterministic function of its last token and length (the accounting stays vLLM's)."""
+        forced = self.forced_token_ids.get(request.request_id)
+        if forced is not None:
+            return forced[request.num_output_tokens]
         return replay_token(request.all_token_ids[-1], request.num_tokens, self.vocab_size)
 
     def reset_prefix_cache(self) -> bool:

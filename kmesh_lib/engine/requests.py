@@ -20,6 +20,8 @@ class RequestSpec:
     temperature: float = 0.0  # 0 is greedy
     seed: int | None = None  # per-request sampling seed (sampled decoding)
     submit_after_s: float = 0.0  # offset from the group's start
+    # the output, when forced (``engine.forcing``): the request generates exactly these ids
+    forced_token_ids: tuple[int, ...] | None = None
 
 
 @dataclass

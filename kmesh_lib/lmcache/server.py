@@ -49,6 +49,7 @@ class ServerStartError(RuntimeError):
 
 
 MODES = ("launcher", "stock")
+STOP_GRACE_S = 1.0  # SIGTERM, then SIGKILL after this long
 PREFETCH_POLICIES = {True: "retain", False: "default"}  # stock --l2-prefetch-policy for retain / discard
 
 
@@ -139,15 +140,23 @@ class LMCacheServer:
         return [sys.executable, "-m", "kmesh_lib.lmcache.launcher", "--kmesh-hooks", json.dumps(hooks),
                 *self.server_args()]
 
+    def begin(self) -> LMCacheServer:
+        """Spawns the server and returns at once (``start`` waits for it): the caller can do other
+        work (import vLLM, start an engine) while the server boots (about 11 s on the H200)."""
+        if self.proc is None:
+            if self.hooked:
+                self.set_retention(False)
+                self.set_singleflight(False)
+            self.port, self.http_port = free_port(), free_port()
+            self._spawn()
+        return self
+
     def start(self) -> LMCacheServer:
-        if self.hooked:
-            self.set_retention(False)
-            self.set_singleflight(False)
+        """Spawns the server unless ``begin`` did, and waits until it is healthy (hooks ready)."""
         last_error = None
         for _attempt in range(3):  # a picked port can be taken before the server binds it
-            self.port, self.http_port = free_port(), free_port()
             try:
-                self._spawn()
+                self.begin()
                 self._wait_healthy()
                 return self
             except ServerStartError as e:
@@ -186,7 +195,9 @@ class LMCacheServer:
 
     def _kill(self) -> None:
         if self.proc is not None:
-            kill_group(self.proc.pid)
+            # NOTE: the server holds nothing worth a graceful exit (its disk tier is removed next), and it
+            # rarely leaves within a few seconds of SIGTERM: a short grace saves ~5 s per engine run.
+            kill_group(self.proc.pid, grace_s=STOP_GRACE_S)
             self.proc.wait()
             self.proc = None
 

@@ -10,6 +10,7 @@ and one record per group in ``raw/groups.jsonl``. The statements here are about 
     cleanup                        no server process or disk-tier file left behind: a run that
                                    recorded no cleanup fields is no evidence (skipped)
 
+the machine's topology as a table (``topology_rows``: the striped row and the GPU buffer's route),
 and two helpers every check of these sections is built from:
 
     every(name, items, has_evidence, holds)   ok only when every item has evidence and holds;
@@ -101,6 +102,28 @@ def runs_finished(name: str, blocks: list[dict], planned: list[str]) -> Check:
     problems = ([f"no summary for {', '.join(missing)}"] if missing else []) + \
         ([f"more than one summary for {', '.join(doubled)}"] if doubled else []) + bad
     return Check(name, not problems, "; ".join(problems[:4]) or f"{len(planned)} of {len(planned)} ok")
+
+
+def topology_rows(blocks: list[dict]) -> list[dict]:
+    """The machine as the run recorded it: the striped row (with the topology it was decided on) and
+    the GPU buffer's route (host-staged, or GDS where cuFile and nvidia-fs could read the disk tier)."""
+    rows = []
+    striped = next((b for b in blocks if b.get("path") == "mp-striped" and b.get("topology")), None)
+    if striped is not None:
+        t = striped["topology"]
+        rows.append({"row": "striped store (mp-striped)", "status": striped.get("status"), "detail": striped.get("detail"),
+                     "nvme_count": t.get("nvme_count"), "block_devices": ", ".join(t.get("block_devices") or []),
+                     "md_raid0": t.get("md_raid0"), "gpu_pcie": "; ".join(
+                         f"{g.get('name')} gen {g.get('pcie.link.gen.current')}/{g.get('pcie.link.gen.max')} "
+                         f"x{g.get('pcie.link.width.current')}/{g.get('pcie.link.width.max')}" for g in t.get("gpu_pcie") or [])
+                     or "no GPU"})
+    for b in blocks:
+        ds = (b.get("tier") or {}).get("direct_storage")
+        if b.get("path") == "gpubuf" and ds is not None:
+            rows.append({"row": f"GPU buffer route ({b['block']})", "status": ds.get("route"),
+                         "detail": "; ".join(ds.get("reasons") or []) or "cuFile, nvidia-fs and an NVMe disk tier",
+                         "disk": (ds.get("disk") or {}).get("source")})
+    return rows
 
 
 def _decimals(x: float) -> int:

@@ -14,6 +14,16 @@ The engine is stepped in this process, so a submission lands between steps; the 
 when each lookup actually arrived, and on the MP path each group records what every lookup did
 (``lmcache.lookups``: read the disk tier, or joined / waited for an in-flight load, or found L1).
 
+Every block runs each arrival pattern in ``FOLLOWUP_ARRIVALS`` and, on the MP paths, each setting
+in ``SINGLEFLIGHT`` (a lookup overlapping an in-flight load waits for it) on the same engine and
+server: WARMUP_GROUPS unmeasured pairs first (per engine, cycling through the combinations), then
+measured *rounds*, each one pair per combination, the arm order alternating from pair to pair.
+
+Paths: ``mp`` (LMCacheMPConnector + ``lmcache server``, the disk tier under DISK_TIER_ROOT),
+``mp-striped`` (the same on STRIPED_STORE_ROOT, an existing RAID 0 mount over two or more NVMe
+drives), ``inproc`` (LMCacheConnectorV1) and ``gpubuf`` (``kv.gpu_buffer``: kmesh's host-staged GPU
+buffer, a vLLM connector; its restores record where their time went, ``restore_split``).
+
 The preparation phase is the warm-up; the follow-up phase starts at the follow-ups' submission.
 A group is ``ok`` when its warm-up finished within the head start having loaded the whole context
 (``not_warm`` otherwise), every chunk found arena space (``arena_short`` otherwise) and the disk
@@ -27,105 +37,26 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
-import re
 import shutil
 import string
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal
 
-from pydantic import Field
-
-from kmesh_lib.base import topology
-from kmesh_lib.base.params import PathText, check, params_dataclass
-from kmesh_lib.base.processes import RUNTIME_ROOT, RuntimeDir, group_alive, listening_sockets
+from kmesh_lib.base.processes import RuntimeDir, group_alive, listening_sockets, runtime_root
 from kmesh_lib.base.records import read_jsonl
-from kmesh_lib.engine.config import EngineParams
 from kmesh_lib.engine.model_spec import resolve
 from kmesh_lib.engine.requests import RequestResult, RequestSpec, group_makespan_s, record_step, run_group
 from kmesh_lib.engine.vllm_engine import make_engine
 from kmesh_lib.kv.disk_tier import DiskTierFull, check_disk_tier
+from kmesh_lib.kv.gpu_buffer import GpuBufferTier
 from kmesh_lib.lmcache.connect import InprocTier, MPTier, TierError, keep_engine_rendezvous_local
 from kmesh_lib.lmcache.disk_accounting import MIB, NullMeter, PhaseReads
 from kmesh_lib.lmcache.lookups import READS, summarize
 from kmesh_lib.workloads.context_arms import ARMS, CONTROL_ARMS, EXTERNAL_ARMS, pair_order
+from kmesh_lib.workloads.context_params import MP_PATHS, ArrivalPattern
 
 DISK_HEADROOM_BYTES = 64 * MIB
-
-
-@dataclass(frozen=True)
-class ArrivalPattern:
-    """When follow-up i (0 = A) is submitted: i * ``spacing_ms`` after A, or after i * ``spacing_steps``
-    engine steps that produced tokens. Both 0: together."""
-
-    spacing_ms: float = 0.0
-    spacing_steps: int = 0
-
-    SYNTAX = "'together', '<x>ms' (x >= 0, e.g. 2ms) or '<k>step' (k >= 1, e.g. 1step)"
-
-    @classmethod
-    def parse(cls, text: str) -> ArrivalPattern:
-        """``together`` | ``<x>ms`` | ``<k>step(s)``; ValueError names the text and the syntax."""
-        t = str(text).strip().lower()
-        if t == "together":
-            return cls()
-        m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*ms", t)
-        if m:
-            return cls(spacing_ms=float(m.group(1)))
-        m = re.fullmatch(r"(\d+)\s*steps?", t)
-        if m and int(m.group(1)) >= 1:
-            return cls(spacing_steps=int(m.group(1)))
-        raise ValueError(f"follow-up arrival {text!r}: expected {cls.SYNTAX}")
-
-    @property
-    def label(self) -> str:
-        if self.spacing_steps:
-            return f"{self.spacing_steps}step"
-        return "together" if self.spacing_ms == 0 else f"{self.spacing_ms:g}ms"
-
-
-@params_dataclass
-class ContextGroupParams(EngineParams):
-    """The shared-context group's LMCache-path parameters (sections 16 and 20 inherit these)."""
-
-    FOLLOWUP_ARRIVALS: list[str] = Field(
-        default_factory=lambda: ["together"], min_length=1,
-        description="follow-up submission spacing per group: together, <x>ms or <k>step (see ArrivalPattern)")
-    SINGLEFLIGHT: bool = Field(
-        False, description="MP: a lookup overlapping an in-flight load of the same chunks waits for it")
-    LMCACHE_SERVER: Literal["launcher", "stock"] = Field(
-        "launcher", description="launcher: the stock server with kmesh hooks; stock: one server per arm, stock policies")
-    STRIPED_STORE_ROOT: PathText = Field(
-        "", description="an existing RAID 0 mount over >= 2 NVMe drives for the striped row (empty: none)")
-
-    def check_rules(self) -> None:
-        super().check_rules()
-        for text in self.FOLLOWUP_ARRIVALS:
-            try:
-                ArrivalPattern.parse(text)
-            except ValueError as e:
-                check(False, f"FOLLOWUP_ARRIVALS: {e}")
-        check(not (self.SINGLEFLIGHT and self.LMCACHE_SERVER == "stock"),
-              "SINGLEFLIGHT=true needs LMCACHE_SERVER=launcher (the singleflight lives in the launcher's server hooks)")
-
-
-def group_setting(cfg, name: str):
-    """``cfg.<name>``, or ``ContextGroupParams``'s default for a config that does not inherit it yet."""
-    return getattr(cfg, name) if hasattr(cfg, name) else getattr(ContextGroupParams(), name)
-
-
-def striped_store_row(cfg, topo: dict | None = None) -> dict:
-    """The striped-flash row: runs only on an existing RAID 0 mount over two or more NVMe drives.
-
-    Returns ``{"path": "mp-striped", "status": "available" | "not available", "detail", "root"}``;
-    the detail names the NVMe count and what is missing (``base.topology.striped_store``).
-    """
-    topo = topo if topo is not None else topology.describe()
-    verdict = topology.striped_store(topo, group_setting(cfg, "STRIPED_STORE_ROOT") or None)
-    return {"path": "mp-striped", "status": "available" if verdict["available"] else "not available",
-            "detail": verdict["reason"], "root": verdict["root"], "nvme_count": topo.get("nvme_count", 0)}
 
 
 def run_arrivals(engine, specs: list[RequestSpec], pattern: ArrivalPattern, clock=time.monotonic_ns,
@@ -184,8 +115,10 @@ class Workload:
     def _rng(self, pair: int) -> random.Random:
         return random.Random(f"pair-{self.cfg.SEED}-{pair}")
 
-    def store_request(self) -> RequestSpec:
-        tail = [self._rng(-1).randrange(4, self.vocab_size) for _ in range(self.cfg.SUFFIX_TOKENS)]
+    def store_request(self, whole_blocks: bool = False) -> RequestSpec:
+        """The context and a tail (SUFFIX_TOKENS; one token with ``whole_blocks``, for a tier that stores
+        every full block of a prompt: then it stores the context's blocks and nothing else)."""
+        tail = [self._rng(-1).randrange(4, self.vocab_size) for _ in range(1 if whole_blocks else self.cfg.SUFFIX_TOKENS)]
         return RequestSpec("store", self.context + tail, max_tokens=1)
 
     def warm_up(self, tag: str, pair: int) -> RequestSpec:
@@ -200,59 +133,105 @@ class Workload:
 
 
 def make_tier(cfg, path: str, runtime: RuntimeDir, stock_retain: bool = False):
-    """The external tier of ``path``. MP: the server mode and singleflight from ``cfg``
-    (``ContextGroupParams``); ``stock_retain`` picks a stock server's fixed policy."""
-    if path == "mp":
-        return MPTier(cfg.ARENA_MIB, cfg.CHUNK_SIZE, runtime, device=cfg.DEVICE,
-                      server_mode=group_setting(cfg, "LMCACHE_SERVER"), stock_retain=stock_retain,
-                      singleflight=group_setting(cfg, "SINGLEFLIGHT"))
+    """The external tier of ``path``. MP: the server mode and the first SINGLEFLIGHT setting from
+    ``cfg``; ``stock_retain`` picks a stock server's fixed policy. gpubuf: a GPU buffer of ARENA_MIB
+    that saves nothing until the store step turns saving on (``Block.store_context``)."""
+    if path in MP_PATHS:
+        return MPTier(cfg.ARENA_MIB, cfg.CHUNK_SIZE, runtime, device=cfg.DEVICE, server_mode=cfg.LMCACHE_SERVER,
+                      stock_retain=stock_retain, singleflight=cfg.SINGLEFLIGHT[0])
     if path == "inproc":
         return InprocTier(cfg.ARENA_MIB, cfg.CHUNK_SIZE, cfg.DISK_TIER_MIB, runtime)
+    if path == "gpubuf":
+        return GpuBufferTier(cfg.ARENA_MIB, runtime.subdir("gpubuf"), retain=True, saving=False)
     raise ValueError(f"unknown path {path!r}")
+
+
+def restore_split(rec: dict, t0_ns: int, first_token_ns: dict[str, int], roles: dict[str, str]) -> dict:
+    """One GPU-buffer restore (``kv.restore_timeline``) as a group records it: where its time went.
+
+    Durations in seconds (lookup, disk read, staging, copy into vLLM, the whole restore) and
+    ``to_first_token_s``: from the restore's last copy to its request's first token (the first
+    forward step, mostly). Stamps become ms from ``t0_ns`` (the group's origin); request ids become
+    roles (``roles``: request id -> follow-up letter or ``warmup``; ``first_token_ns`` by the same ids).
+    """
+    rel = lambda ns: None if ns is None else round((ns - t0_ns) / 1e6, 3)  # noqa: E731
+    # vLLM may append a suffix to a request id ("g-A" must not claim "g-A1", hence the longest match)
+    rid = str(rec.get("req_id") or "")
+    hits = [k for k in roles if rid.startswith(k)]
+    key = max(hits, key=len) if hits else None
+    first = first_token_ns.get(key)
+    ready = rec.get("t_ready_ns")
+    return {"kind": rec["kind"], "role": roles[key] if key else ("prefetch" if rec["kind"] == "prefetch" else "other"),
+            "source": rec["source"], "num_blocks": rec["num_blocks"], "bytes": rec["bytes"],
+            "disk_bytes": rec["disk_bytes"], "num_lookup_calls": rec["num_lookup_calls"],
+            **{k: rec.get(k) for k in ("lookup_s", "disk_read_s", "staging_s", "copy_s", "restore_s")},
+            "to_first_token_s": None if first is None or ready is None else (first - ready) / 1e9,
+            "t_start_ms": rel(rec.get("t_start_ns")), "t_ready_ms": rel(ready)}
 
 
 class Block:
     """One engine (and, for an external path, one tier) running every group of one group size.
 
-    ``arrival``: the follow-ups' arrival pattern (default: the first of ``FOLLOWUP_ARRIVALS``;
-    ``run_group`` takes another per group). ``arms``: the external arms to alternate (default both);
-    a stock LMCache server (``LMCACHE_SERVER=stock``) has one fixed retention policy, so its block
-    runs one external arm and its server is started with that arm's policy.
+    ``arrival``: the follow-ups' arrival pattern when a caller runs single groups (default: the
+    first of ``FOLLOWUP_ARRIVALS``; ``run_pairs`` runs them all, ``run_group`` takes one per group).
+    ``arms``: the external arms to alternate (default both); a stock LMCache server
+    (``LMCACHE_SERVER=stock``) has one fixed retention policy, so its block runs one external arm
+    (named ``<path>-N<n>-<arm>``) and its server is started with that arm's policy.
     """
 
     def __init__(self, cfg, path: str, group_size: int, log=print, arrival: ArrivalPattern | str | None = None,
-                 arms: tuple[str, ...] | None = None) -> None:
+                 arms: tuple[str, ...] | None = None, name: str | None = None) -> None:
         self.cfg, self.path, self.group_size, self.log = cfg, path, group_size, log
-        self.name = f"{path}-N{group_size}"
+        self.name = name or f"{path}-N{group_size}"
         self.arms = EXTERNAL_ARMS if path != "engine" else tuple(a for a in CONTROL_ARMS if a in cfg.CONTROL_ARMS)
         if arms is not None:
             self.arms = tuple(arms)
-        if path == "mp" and group_setting(cfg, "LMCACHE_SERVER") == "stock" and len(self.arms) != 1:
+        if path in MP_PATHS and cfg.LMCACHE_SERVER == "stock" and len(self.arms) != 1:
             raise ValueError(f"LMCACHE_SERVER=stock fixes one retention policy per server: run one block per arm "
                              f"(arms={self.arms})")
-        text = arrival if arrival is not None else group_setting(cfg, "FOLLOWUP_ARRIVALS")[0]
+        text = arrival if arrival is not None else cfg.FOLLOWUP_ARRIVALS[0]
         self.arrival = text if isinstance(text, ArrivalPattern) else ArrivalPattern.parse(text)
+        self.runtime: RuntimeDir | None = None
         self.tier = None
         self.engine = None
         # ``running`` until run() ends: ``ok``, ``disk_full``, or ``failed`` with the error it raised
         self.summary: dict = {"block": self.name, "path": path, "group_size": group_size, "status": "running"}
         self.groups: list[dict] = []
 
+    @property
+    def singleflights(self) -> list[bool | None]:
+        """The singleflight settings this block runs: SINGLEFLIGHT on the MP paths, none (None) elsewhere."""
+        return list(self.cfg.SINGLEFLIGHT) if self.path in MP_PATHS else [None]
+
     # -- set-up --
+    def begin(self) -> None:
+        """Creates the tier and spawns its server, without waiting (``start`` waits): a caller can
+        import vLLM or wait for the GPU meanwhile. Idempotent."""
+        if self.path == "engine" or self.tier is not None:
+            return
+        cfg = self.cfg
+        parent = cfg.STRIPED_STORE_ROOT if self.path == "mp-striped" else cfg.DISK_TIER_ROOT
+        self.runtime = RuntimeDir.create(f"retention-{self.path}", root=runtime_root(parent))
+        self.tier = make_tier(cfg, self.path, self.runtime, stock_retain=bool(ARMS[self.arms[0]].retain))
+        if hasattr(self.tier, "begin"):
+            self.tier.begin()
+
     def start(self) -> None:
         cfg = self.cfg
         llm_kwargs = {}
         if self.path != "engine":
-            root = cfg.DISK_TIER_ROOT or RUNTIME_ROOT
-            runtime = RuntimeDir.create(f"retention-{self.path}", root=Path(root))
-            self.tier = make_tier(cfg, self.path, runtime, stock_retain=bool(ARMS[self.arms[0]].retain))
+            self.begin()
             self.summary["disk_tier"] = check_disk_tier(self.tier.disk_dir, self.chunk_bytes,
                                                         self.context_bytes + DISK_HEADROOM_BYTES)
+            t0 = time.monotonic()
             self.tier.start()
+            self.summary["tier_ready_s"] = round(time.monotonic() - t0, 2)  # what the server's boot still cost
             self.summary["connector"] = self.tier.connector
-            if self.path == "mp":
+            if self.path in MP_PATHS:
                 self.summary["listeners"] = [f"{a}:{p}" for a, p in self.tier.server.listeners()]
                 self.summary["lmcache_server"] = self.tier.describe()
+            else:
+                self.summary["tier"] = self.tier.describe()
             llm_kwargs = self.tier.llm_kwargs(cfg.DEVICE)
         keep_engine_rendezvous_local()
         self.engine = make_engine(dataclasses.replace(cfg, MAX_NUM_SEQS=max(cfg.MAX_NUM_SEQS, self.group_size + 1)),
@@ -277,18 +256,35 @@ class Block:
         return self.cfg.CONTEXT_TOKENS * self.kv_bytes_per_token
 
     def store_context(self) -> dict:
-        """Computes the context once; LMCache stores it to the disk tier (and keeps no memory copy)."""
+        """Computes the context once; the tier stores it to the disk tier (and keeps no memory copy).
+
+        The GPU buffer saves a prompt's full blocks, so its store request is the context plus one
+        token (nothing beyond the context is stored) and saving is on for this step only.
+        """
         meter, n_chunks = self.tier.meter, self.cfg.CONTEXT_TOKENS // self.cfg.CHUNK_SIZE
-        self.tier.set_retention(False)
+        buffer = self.path == "gpubuf"
+        stock = self.path in MP_PATHS and self.cfg.LMCACHE_SERVER == "stock"
+        self.tier.set_retention(bool(ARMS[self.arms[0]].retain) if stock else False)  # a stock server has one policy
         before = meter.snapshot()
         t0 = time.monotonic()
-        run_group(self.engine, [self.workload.store_request()])
-        self.engine.drain()
-        self.tier.settle()
+        if buffer:
+            self.tier.set_saving(True)
+        try:
+            run_group(self.engine, [self.workload.store_request(whole_blocks=buffer)])
+            self.engine.drain()
+            self.tier.settle()
+        finally:
+            if buffer:
+                self.tier.set_saving(False)
+        if buffer:
+            self.tier.take_restores()
         self.tier.drop_memory_copy()
         after = meter.snapshot()
-        written = after.hook_write_bytes - before.hook_write_bytes
-        store = {"chunks": n_chunks, "bytes_written": written, "write_errors": after.hook_write_errors - before.hook_write_errors,
+        hooked = getattr(meter, "hooked", True)  # a stock server has no byte hook: its disk tier's files say it
+        written = (after.hook_write_bytes - before.hook_write_bytes if hooked
+                   else after.disk_tier_bytes - before.disk_tier_bytes)
+        store = {"chunks": n_chunks, "bytes_written": written, "written_by": "hook" if hooked else "disk-tier files",
+                 "write_errors": after.hook_write_errors - before.hook_write_errors,
                  "disk_tier_bytes": after.disk_tier_bytes, "memory_tier_bytes": after.memory_tier_bytes,
                  "seconds": round(time.monotonic() - t0, 2)}
         if store["write_errors"] or written < self.context_bytes:
@@ -300,6 +296,7 @@ class Block:
 
     # -- groups --
     def run(self, record=None) -> Block:
+        t0 = time.monotonic()
         try:
             self.start()
             self.run_pairs(record)
@@ -312,39 +309,63 @@ class Block:
             raise
         finally:
             self.close()
+            self.summary["seconds"] = round(time.monotonic() - t0, 1)
             if record is not None:  # a raised run is recorded too, as failed (its groups so far are in raw/)
                 record.append_jsonl("blocks.jsonl", self.summary)
         return self
 
+    def combos(self) -> list[tuple[bool | None, ArrivalPattern]]:
+        """(singleflight, arrival pattern) of every combination this block runs, in round order."""
+        return [(sf, pattern) for sf in self.singleflights for pattern in self.cfg.arrivals]
+
     def run_pairs(self, record) -> None:
+        """Warm-up pairs first (WARMUP_GROUPS per engine, cycling through the combinations, ``combos``),
+        then measured rounds: each round runs one pair per combination still short of MEASURED usable
+        pairs (a pair with a group that is not ``ok`` is replaced, up to MAX_RETRY_PAIRS times per
+        combination). The arm order alternates from pair to pair within each combination."""
         cfg = self.cfg
         control = self.path == "engine"
         warmups = cfg.CONTROL_WARMUP_GROUPS if control else cfg.WARMUP_GROUPS
         measured = cfg.CONTROL_MEASURED_GROUPS if control else cfg.MEASURED_GROUPS
-        done = retries = pair = 0
-        while done < measured:
-            is_measured = pair >= warmups
-            recs = [self.run_group(ARMS[a], pair, order, is_measured) for order, a in enumerate(pair_order(self.arms, pair))]
+        combos = self.combos()
+        done, retries, ran = [0] * len(combos), [0] * len(combos), [0] * len(combos)
+        pair = 0
+
+        def one_pair(i: int, is_measured: bool) -> bool:
+            nonlocal pair
+            sf, pattern = combos[i]
+            recs = [self.run_group(ARMS[a], pair, order, is_measured, arrival=pattern, singleflight=sf)
+                    for order, a in enumerate(pair_order(self.arms, ran[i]))]
+            ran[i] += 1
             if record is not None:
                 record.append_jsonl("groups.jsonl", recs)
             self.groups += recs
-            ok = all(r["status"] == "ok" for r in recs)
-            self.log(f"{self.name} pair {pair} ({'measured' if is_measured else 'warm-up'}): " + ", ".join(
-                f"{r['arm']} A {r['ttft_a_s'] * 1e3:.0f} ms, all {r['makespan_s'] * 1e3:.0f} ms, "
-                f"{r['status']}" for r in recs))
-            pair += 1
-            if is_measured:
-                if ok:
-                    done += 1
-                elif retries < cfg.MAX_RETRY_PAIRS:
-                    retries += 1
-                else:
-                    done += 1  # keep the not-ok pair: the table reports how many groups were usable
-        self.summary.update(pairs=pair, retried_pairs=retries)
+            self.log(f"{self.name} pair {pair} [{pattern.label}{'' if sf is None else ', singleflight ' + on_off(sf)}]"
+                     f" ({'measured' if is_measured else 'warm-up'}): " + ", ".join(
+                         f"{r['arm']} A {r['ttft_a_s'] * 1e3:.0f} ms, all {r['makespan_s'] * 1e3:.0f} ms, "
+                         f"{r['status']}" for r in recs))
+            pair += 1  # unique per pair of the block: it seeds the follow-ups' suffixes
+            return all(r["status"] == "ok" for r in recs)
 
-    def run_group(self, arm, pair: int, order: int, measured: bool, arrival: ArrivalPattern | None = None) -> dict:
+        for w in range(warmups):
+            one_pair(w % len(combos), False)
+        while any(d < measured for d in done):
+            for i in range(len(combos)):
+                if done[i] >= measured:
+                    continue
+                if one_pair(i, True):
+                    done[i] += 1
+                elif retries[i] < cfg.MAX_RETRY_PAIRS:
+                    retries[i] += 1
+                else:
+                    done[i] += 1  # keep the not-ok pair: the table reports how many groups were usable
+        self.summary.update(pairs=pair, retried_pairs=sum(retries), combinations=len(combos))
+
+    def run_group(self, arm, pair: int, order: int, measured: bool, arrival: ArrivalPattern | None = None,
+                  singleflight: bool | None = None) -> dict:
         engine, tier, cfg = self.engine, self.tier, self.cfg
         arrival = arrival or self.arrival
+        singleflight = singleflight if arm.external and self.path in MP_PATHS else None
         tag = f"{self.name}-p{pair}-{arm.name}"
         if not engine.reset_prefix_cache():
             raise TierError("vLLM refused to reset its prefix cache between groups")
@@ -352,17 +373,21 @@ class Block:
         if arm.external:
             tier.drop_memory_copy()
             tier.set_retention(arm.retain)
+            if singleflight is not None:
+                tier.set_singleflight(singleflight)
             tier.settle()
         s0 = meter.snapshot()
         t0 = time.monotonic()
-        warm_cached = None
+        warm_cached, warm = None, []
         warm_spec = self.workload.warm_up(tag, pair)
         if arm.warm_up:
-            warm_cached = run_group(engine, [warm_spec])[0].num_cached_tokens
+            warm = run_group(engine, [warm_spec])
+            warm_cached = warm[0].num_cached_tokens
         prep_s = time.monotonic() - t0
         if arm.external:
             tier.settle()
         s1 = meter.snapshot()
+        prep_restores = self.tier.take_restores() if arm.external and self.path == "gpubuf" else []
         if arm.head_start_bound:
             time.sleep(max(0.0, t0 + cfg.HEAD_START_S - time.monotonic()))
         follow_specs = self.workload.followups(tag, pair, self.group_size)
@@ -383,10 +408,12 @@ class Block:
             status, detail = "disk_missing", f"{prep.missing_chunks + follow.missing_chunks} chunk(s) gone from the disk tier"
         a = results[0]
         traced = self.lookup_records(s0, s1, s2, warm_spec, follow_specs, a.t_submit_ns) if arm.external else {}
+        if arm.external and self.path == "gpubuf":
+            traced.update(self.restore_records(prep_restores, warm_spec, warm, follow_specs, results, a.t_submit_ns))
         return {
             "block": self.name, "path": self.path, "group_size": self.group_size, "arm": arm.name, "pair": pair,
             "order": order, "measured": measured, "status": status, "detail": detail, **arm.describe(tier),
-            "lookup": tier.lookup if arm.external else None,
+            "lookup": tier.lookup if arm.external else None, "singleflight": singleflight,
             "context_tokens": cfg.CONTEXT_TOKENS, "context_bytes": self.context_bytes, "chunk_bytes": self.chunk_bytes,
             "chunk_tokens": cfg.CHUNK_SIZE,
             "prep_s": round(prep_s, 4), "warmup_cached_tokens": warm_cached,
@@ -403,6 +430,15 @@ class Block:
             "utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "load_1m": round(os.getloadavg()[0], 2),  # the machine's run queue: other work competing for cores
         }
+
+    def restore_records(self, prep_restores: list[dict], warm_spec: RequestSpec, warm: list[RequestResult],
+                        follow_specs: list[RequestSpec], results: list[RequestResult], t0_ns: int) -> dict:
+        """GPU buffer: every restore of the preparation and follow-up phases, split (``restore_split``)."""
+        roles = {warm_spec.request_id: "warmup", **{s.request_id: s.request_id.rsplit("-", 1)[-1] for s in follow_specs}}
+        first = {r.request_id: r.t_first_token_ns for r in [*warm, *results]}
+        follow = self.tier.take_restores()
+        return {"prep_restores": [restore_split(r, t0_ns, first, roles) for r in prep_restores],
+                "followup_restores": [restore_split(r, t0_ns, first, roles) for r in follow]}
 
     def lookup_records(self, s0, s1, s2, warm_spec: RequestSpec, follow_specs: list[RequestSpec], t0_ns: int) -> dict:
         """MP launcher servers: every lookup of the preparation and follow-up phases, classified.
@@ -426,6 +462,7 @@ class Block:
         return (self.cfg.CONTEXT_TOKENS // self.cfg.BLOCK_SIZE) * self.cfg.BLOCK_SIZE
 
     def close(self) -> None:
+        t0 = time.monotonic()
         if self.engine is not None:
             self.engine.close()
             self.engine = None
@@ -433,9 +470,17 @@ class Block:
             server = getattr(self.tier, "server", None)
             pgid = server.proc.pid if server is not None and server.proc is not None else None
             self.tier.close()
-            self.summary["cleanup"] = {"runtime_dir_removed": not self.tier.runtime.path.exists(),
+            if self.runtime is not None:
+                self.runtime.close()  # the disk tier's directory (the MP tier closed it already; idempotent)
+            self.summary["cleanup"] = {"runtime_dir_removed": not self.runtime.path.exists(),
+                                       # no server on the in-process paths: nothing to outlive the run
                                        "server_gone": pgid is None or not group_alive(pgid)}
             self.tier = None
+        self.summary["close_s"] = round(time.monotonic() - t0, 2)
+
+
+def on_off(flag: bool | None) -> str:
+    return "n/a" if flag is None else ("on" if flag else "off")
 
 
 def kv_bytes_per_token(cfg) -> int:
@@ -454,7 +499,6 @@ def load_source_run(source: str, record=None) -> tuple[list[dict], list[dict]]:
     """Groups and blocks of a finished run (e.g. the GPU run), copied into this run's ``raw/``."""
     import json
     import shutil
-    from pathlib import Path
 
     import yaml
 

@@ -129,7 +129,7 @@ def decode(tokenizer, token_ids) -> str:
 class TotSearch:
     """The search driver. ``generate(calls) -> list[RequestResult]`` runs one group of calls.
 
-    ``generate`` is the kmesh engine (``app.registry.tot_headroom.generator.engine_generator``) in the section; unit tests
+    ``generate`` is the kmesh engine (``sections.tot_headroom.generator.engine_generator``) in the section; unit tests
     inject an oracle, and the consistency check replays a capture (returning None where the
     capture ends). ``on_group(invocations)`` runs once each group is parsed (captures write there).
     """

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from kmesh_lib.base.params import build, to_dict
 from kmesh_lib.base.paths import REPO_ROOT
-from kmesh_lib.base.processes import RUNTIME_ROOT, RuntimeDir
+from kmesh_lib.base.processes import RuntimeDir, runtime_root
 from kmesh_lib.base.records import RunRecord, read_jsonl
 from kmesh_lib.engine import costs
 from kmesh_lib.engine.model_spec import resolve
@@ -79,7 +79,7 @@ def run_model(cfg: CrossoverParams, model: str, run_dir: Path) -> int:
     mcfg = model_params(cfg, model)
     kvt = resolve(model).kv_bytes_per_token(cfg.DTYPE)
     summary = {"model": model, "path": cfg.path, "kv_bytes_per_token": kvt, "status": "ok"}
-    runtime = RuntimeDir.create(f"crossover-{cfg.path}", root=Path(cfg.DISK_TIER_ROOT or RUNTIME_ROOT))
+    runtime = RuntimeDir.create(f"crossover-{cfg.path}", root=runtime_root(cfg.DISK_TIER_ROOT))
     tier = (InprocTier(cfg.ARENA_MIB, cfg.CHUNK_SIZE, cfg.DISK_TIER_MIB, runtime) if cfg.path == "inproc"
             else MPTier(cfg.ARENA_MIB, cfg.CHUNK_SIZE, runtime))
     engine = None

@@ -2,11 +2,15 @@
 
 One group, the clock at the scheduled arrival T::
 
-    early (lead L)   T-L: prefetch disk -> LMCache memory (MP: POST /cache/prefetches, then poll)
+    early (lead L)   T-L: prefetch disk -> the tier's memory (MP: POST /cache/prefetches, then poll;
+                          GPU buffer: the tier's ``prefetch``, disk -> pinned host -> the buffer)
                           then the one-token warm-up (context + 1 token) loads it into vLLM
                      T:   follow-ups A..N submitted, whatever the preparation's state
     on arrival       T:   follow-ups A..N submitted; the first lookup loads the context once,
-                          the others reuse it (LMCache keeps its copy in both arms)
+                          the others reuse it (the tier keeps its copy in both arms)
+
+The follow-ups are submitted by the group's arrival pattern (``workloads.context_params.ArrivalPattern``):
+all at T (``together``), follow-up i at T + i*x ms, or after i*k engine steps that produced tokens.
 
 Both stopwatches start at T, the *scheduled* arrival, not at the actual submission: the benchmark
 supplies the advance notice but never postpones the requests, so a submission that the driver
@@ -48,6 +52,37 @@ class PrefetchCall:
     @property
     def complete(self) -> bool:
         return self.status == "completed"
+
+
+class BufferPrefetcher:
+    """The GPU buffer's prefetch (``kv.gpu_buffer.GpuBufferTier.prefetch``) behind the same interface:
+    ``start(tokens)``, ``call`` (found/total are blocks), ``done``; ``handle`` keeps the tier's record."""
+
+    kind = "buffer_prefetch"
+
+    def __init__(self, tier, timeout_s: float = 30.0) -> None:
+        self.tier, self.timeout_s = tier, timeout_s
+        self.call, self.done, self.handle = PrefetchCall(), threading.Event(), None
+
+    def start(self, token_ids: list[int]) -> BufferPrefetcher:
+        self.call, self.done = PrefetchCall(), threading.Event()
+        self.call.submit_ns = time.monotonic_ns()
+        self.handle = self.tier.prefetch(list(token_ids))
+        threading.Thread(target=self._wait, daemon=True).start()
+        return self
+
+    def _wait(self) -> None:
+        p, call = self.handle, self.call
+        if not p.done.wait(self.timeout_s):
+            call.status = "timeout"
+        elif p.error:
+            call.status, call.error = "failed", f"{p.status}: {p.error}"
+        elif p.status in ("started", "resident"):  # read into the buffer now, or already there
+            call.status, call.found_keys, call.total_keys = "completed", p.num_blocks, p.num_blocks
+        else:  # miss: no stored entry holds a prefix of the tokens
+            call.status = p.status
+        call.done_ns = p.t_ready_ns or time.monotonic_ns()
+        self.done.set()
 
 
 class MPPrefetcher:
@@ -161,12 +196,14 @@ class GroupTiming:
 
 def drive(engine, followups: list[RequestSpec], lead_s: float = 0.0, warmup: RequestSpec | None = None,
           prefetcher=None, prefetch_tokens: list[int] | None = None, poll_s: float = POLL_S,
-          clock=time.monotonic_ns, sleep=time.sleep) -> GroupTiming:
-    """Runs one group: preparation from T - lead_s, follow-ups submitted together at T.
+          clock=time.monotonic_ns, sleep=time.sleep, spacing_ms: float = 0.0, spacing_steps: int = 0) -> GroupTiming:
+    """Runs one group: preparation from T - lead_s, follow-ups submitted from T by the arrival pattern.
 
     With a ``prefetcher`` the warm-up is submitted once the prefetch is done (completed or
-    failed); without one, at once. ``lead_s=0`` and no warm-up is the on-arrival path. Steps the
-    engine until the follow-ups and the warm-up finished. Returns the stamps; nothing is judged here.
+    failed); without one, at once. ``lead_s=0`` and no warm-up is the on-arrival path. Follow-up i
+    is due at T + i * ``spacing_ms`` or, with ``spacing_steps``, once i * k engine steps that produced
+    tokens ran since T (or at once when the engine is idle); both 0: all at T. Steps the engine until
+    the follow-ups and the warm-up finished. Returns the stamps; nothing is judged here.
     """
     t_start = clock()
     t_arrival = t_start + int(lead_s * 1e9)
@@ -178,7 +215,16 @@ def drive(engine, followups: list[RequestSpec], lead_s: float = 0.0, warmup: Req
     if prefetcher is not None:
         prefetcher.start(prefetch_tokens)
         timing.prefetch = prefetcher.call
-    warm_pending, follow_pending = warmup is not None, True
+    warm_pending = warmup is not None
+    submitted, token_steps = 0, 0  # follow-ups submitted; steps with tokens since the first submission
+
+    def due(i: int) -> bool:
+        if clock() < t_arrival:
+            return False
+        if spacing_steps:
+            return i == 0 or token_steps >= i * spacing_steps or not engine.has_unfinished()
+        return clock() >= t_arrival + int(i * spacing_ms * 1e6)
+
     unfinished = set(results)
     while unfinished:
         timing.loop_iterations += 1
@@ -186,18 +232,21 @@ def drive(engine, followups: list[RequestSpec], lead_s: float = 0.0, warmup: Req
             warm.t_submit_ns = clock()
             engine.submit(warmup)
             warm_pending = False
-        if follow_pending and clock() >= t_arrival:
-            for spec in followups:
-                results[spec.request_id].t_submit_ns = clock()
-                engine.submit(spec)
-            follow_pending = False
+        while submitted < len(followups) and due(submitted):
+            spec = followups[submitted]
+            results[spec.request_id].t_submit_ns = clock()
+            engine.submit(spec)
+            submitted += 1
         if not engine.has_unfinished():
-            if warm_pending or follow_pending:
+            if warm_pending or submitted < len(followups):
                 timing.idle_waits += 1
-                sleep(max(0.0, min(poll_s, (t_arrival - clock()) / 1e9)) if follow_pending else poll_s)
+                next_due = t_arrival + int(submitted * spacing_ms * 1e6)
+                sleep(max(0.0, min(poll_s, (next_due - clock()) / 1e9)) if submitted < len(followups) else poll_s)
                 continue
             raise RuntimeError(f"engine idle with unfinished requests {sorted(unfinished)}")
         outputs = engine.step()
         record_step(results, outputs, clock(), unfinished)
         timing.stamps += 1
+        if submitted:
+            token_steps += any(o.new_token_ids for o in outputs if o.request_id != (warm and warm.request_id))
     return timing

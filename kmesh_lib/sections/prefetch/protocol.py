@@ -1,17 +1,27 @@
-"""Section 20's engine run: one engine + one LMCache tier, pilot and/or confirmation pairs.
+"""Section 20's engine run: one engine + one tier, pilot, singleflight contrast and confirmation pairs.
 
-Arms (LMCache keeps its copy in every arm: retention on, so a group reads the disk tier once)::
+Arms (the tier keeps its copy in every arm: retention on, so a group reads the disk tier once)::
 
     arm          the context at T (scheduled arrival)                   preparation
-    on_arrival   LMCache's disk tier only                               none: the follow-ups' lookups load it
-    early        prepared from T - lead (readiness recorded)             MP: HTTP prefetch + warm-up; in-process: warm-up only
+    on_arrival   the tier's disk tier only                              none: the follow-ups' lookups load it
+    early        prepared from T - lead (readiness recorded)            MP: HTTP prefetch + warm-up; GPU buffer: the
+                                                                        tier's prefetch + warm-up; in-process: warm-up only
     early_fixed  the same, from T - FIXED_LEAD_MS (section 16's start)  the same
     dram         LMCache's memory tier (restored into vLLM after T)     warm-up, settle, vLLM prefix cache reset (not timed)
+    buffer       the GPU buffer's copy (``dram`` on the gpubuf path)    the same
     engine       vLLM's prefix cache (the floor)                        warm-up, settle (not timed)
 
-Before every group (not timed): vLLM's prefix cache is reset, LMCache's memory copy dropped (the
-context back to disk-only), the tier settled. Arms of a pair share the suffixes and run back to
-back, in alternating order. The engine, tier and context store are ``workloads.context_groups.Block``'s.
+MP paths: every group runs with the singleflight setting SINGLEFLIGHT[0] (on: a lookup that overlaps
+an in-flight load of the same chunks waits for it, so an on-arrival group reads the context once);
+the first engine run of each group size also runs CONTRAST_GROUPS on-arrival groups under each
+further setting (phase ``contrast``, never paired). MP groups record the server-side lookup trace
+(``lookups``, per phase summaries); GPU-buffer groups record every restore and prefetch, split
+(``restores``: lookup, disk read, staging, copy, to the first token).
+
+Before every group (not timed): vLLM's prefix cache is reset, the tier's memory copy dropped (the
+context back to disk-only), the singleflight set, the tier settled. Arms of a pair share the
+suffixes and run back to back, in alternating order. The engine, tier and context store are
+``workloads.context_groups.Block``'s.
 
 A group's status: ``tier_error`` (a chunk found no arena space or was gone from the disk tier),
 ``not_placed`` (a placement control did not hold the context at T), ``recomputed`` (a follow-up
@@ -30,15 +40,18 @@ from datetime import datetime, timezone
 from kmesh_lib.engine.requests import run_group
 from kmesh_lib.lmcache.connect import TierError
 from kmesh_lib.lmcache.disk_accounting import PhaseReads
-from kmesh_lib.sections.prefetch.driver import MPPrefetcher, drive, readiness
+from kmesh_lib.lmcache.lookups import READS, summarize
+from kmesh_lib.sections.prefetch.driver import BufferPrefetcher, MPPrefetcher, drive, readiness
 from kmesh_lib.sections.prefetch.params import PrefetchParams
-from kmesh_lib.sections.prefetch.stats import choose_lead
+from kmesh_lib.sections.prefetch.stats import choose_lead, placement_arm
 from kmesh_lib.workloads.context_arms import pair_order
-from kmesh_lib.workloads.context_groups import Block
+from kmesh_lib.workloads.context_groups import Block, restore_split
+from kmesh_lib.workloads.context_params import MP_PATHS
 
 EARLY_ARMS = ("early", "early_fixed")
-PLACEMENT_ARMS = ("dram", "engine")
-PREP_LABEL = {"mp": "http_prefetch+warmup", "inproc": "warmup_only"}
+PLACEMENT_ARMS = ("dram", "buffer", "engine")
+PREP_LABEL = {"mp": "http_prefetch+warmup", "mp-striped": "http_prefetch+warmup", "inproc": "warmup_only",
+              "gpubuf": "buffer_prefetch+warmup"}
 
 
 def engine_model_name(engine) -> str:
@@ -49,25 +62,31 @@ def engine_model_name(engine) -> str:
 
 
 class PrefetchRun(Block):
-    """One fresh engine run: ``pilot(leads)`` then ``confirm(arms, pairs)``, records to ``raw/``."""
+    """One fresh engine run: ``pilot(leads)``, ``contrast(...)`` then ``confirm(arms, pairs)``, records to ``raw/``.
+
+    Retention is on in every arm, so its tier is a ``retain`` one (a stock server: ``--l2-prefetch-policy retain``).
+    """
 
     def __init__(self, cfg, path: str, group_size: int, run_index: int, log=print) -> None:
-        super().__init__(cfg, path, group_size, log)
+        super().__init__(cfg, path, group_size, log, arms=("retain",), name=f"{path}-N{group_size}-r{run_index}")
         self.run_index = run_index
-        self.name = f"{path}-N{group_size}-r{run_index}"
-        self.summary.update(block=self.name, run_index=run_index)
+        self.summary.update(run_index=run_index)
         self._pair = 0
 
     def prefetcher(self):
-        if self.path != "mp":
-            return None
-        return MPPrefetcher(self.tier.server, engine_model_name(self.engine), poll_s=self.cfg.PREFETCH_POLL_MS / 1e3)
+        if self.path in MP_PATHS:
+            return MPPrefetcher(self.tier.server, engine_model_name(self.engine), poll_s=self.cfg.PREFETCH_POLL_MS / 1e3)
+        if self.path == "gpubuf":
+            return BufferPrefetcher(self.tier)
+        return None
 
-    def reset(self) -> None:
+    def reset(self, singleflight: bool | None) -> None:
         if not self.engine.reset_prefix_cache():
             raise TierError("vLLM refused to reset its prefix cache between groups")
         self.tier.drop_memory_copy()
         self.tier.set_retention(True)
+        if singleflight is not None:
+            self.tier.set_singleflight(singleflight)
         self.tier.settle()
 
     def next_pair(self) -> int:
@@ -86,6 +105,21 @@ class PrefetchRun(Block):
                 for r in recs[-len(leads_ms):]))
             if record is not None:
                 record.append_jsonl("groups.jsonl", recs[-len(leads_ms):])
+        self.groups += recs
+        return recs
+
+    def contrast(self, settings: list[bool], groups: int, record=None) -> list[dict]:
+        """On-arrival groups under each further singleflight setting (phase ``contrast``, never paired):
+        what the confirmation's setting changes about the reads and the recomputes."""
+        recs = []
+        for sf in settings:
+            for g in range(groups):
+                recs.append(self.group("on_arrival", 0.0, self.next_pair(), 0, "contrast", singleflight=sf))
+                r = recs[-1]
+                self.log(f"{self.name} contrast singleflight {'on' if sf else 'off'} {g}: A {r['wait_a_s'] * 1e3:.0f} ms, "
+                         f"{r['disk_bytes'] / r['context_bytes']:.2f} context reads, cached {r['num_cached_tokens']}")
+                if record is not None:
+                    record.append_jsonl("groups.jsonl", [r])
         self.groups += recs
         return recs
 
@@ -109,28 +143,38 @@ class PrefetchRun(Block):
         return recs
 
     # -- one group --
-    def group(self, arm: str, lead_s: float, pair: int, order: int, phase: str) -> dict:
+    def group(self, arm: str, lead_s: float, pair: int, order: int, phase: str, singleflight: bool | None = None) -> dict:
         engine, tier, cfg, wl = self.engine, self.tier, self.cfg, self.workload
         tag = f"{self.name}-p{pair}-{arm}-{int(lead_s * 1e3)}"
-        self.reset()
+        if self.path in MP_PATHS:
+            singleflight = cfg.SINGLEFLIGHT[0] if singleflight is None else singleflight
+        self.reset(singleflight)
         s0 = tier.meter.snapshot()
-        placed = {}
+        placed, warm = {}, None
         if arm in PLACEMENT_ARMS:
             warm = run_group(engine, [wl.warm_up(tag, pair)])[0]
             engine.drain()
             tier.settle()
-            if arm == "dram" and not engine.reset_prefix_cache():
-                raise TierError("vLLM refused to reset its prefix cache for the dram control")
+            if arm != "engine" and not engine.reset_prefix_cache():
+                raise TierError(f"vLLM refused to reset its prefix cache for the {arm} control")
             placed = {"warmup_cached_tokens": warm.num_cached_tokens, "memory_tier_bytes_at_arrival": tier.memory_bytes()}
+        s_arrival = tier.meter.snapshot()
+        placed_restores = tier.take_restores() if self.path == "gpubuf" else []
         follow = wl.followups(tag, pair, self.group_size)
+        pattern = cfg.arrivals[0]
+        spacing = {"spacing_ms": pattern.spacing_ms, "spacing_steps": pattern.spacing_steps}
+        prefetcher = self.prefetcher() if arm in EARLY_ARMS else None
         if arm in EARLY_ARMS:
-            timing = drive(engine, follow, lead_s, wl.warm_up(tag, pair), self.prefetcher(), wl.context,
-                           poll_s=cfg.DRIVER_POLL_MS / 1e3)
+            warm_spec = wl.warm_up(tag, pair)
+            timing = drive(engine, follow, lead_s, warm_spec, prefetcher, wl.context,
+                           poll_s=cfg.DRIVER_POLL_MS / 1e3, **spacing)
         else:
-            timing = drive(engine, follow, poll_s=cfg.DRIVER_POLL_MS / 1e3)
+            warm_spec = None
+            timing = drive(engine, follow, poll_s=cfg.DRIVER_POLL_MS / 1e3, **spacing)
         engine.drain()
         tier.settle()
-        reads = PhaseReads.between(s0, tier.meter.snapshot(), self.chunk_bytes)
+        s1 = tier.meter.snapshot()
+        reads = PhaseReads.between(s0, s1, self.chunk_bytes)
         expected = self.expected_warm_cached()
         ready = None
         if arm in EARLY_ARMS:
@@ -138,7 +182,7 @@ class PrefetchRun(Block):
         status, detail = "ok", ""
         if arm == "engine" and placed["warmup_cached_tokens"] != expected:
             status, detail = "not_placed", f"warm-up found {placed['warmup_cached_tokens']} of {expected} tokens"
-        if arm == "dram" and placed["memory_tier_bytes_at_arrival"] < self.context_bytes:
+        if arm in ("dram", "buffer") and placed["memory_tier_bytes_at_arrival"] < self.context_bytes:
             status, detail = "not_placed", f"memory tier held {placed['memory_tier_bytes_at_arrival']} bytes at T"
         if reads.oom_chunks or reads.missing_chunks:
             status, detail = "tier_error", f"{reads.oom_chunks} chunks without arena space, {reads.missing_chunks} missing"
@@ -147,10 +191,14 @@ class PrefetchRun(Block):
             status = "recomputed"
             detail = f"{sum(c < expected for c in cached)} follow-up(s) found {min(cached)} of {expected} context tokens cached"
         rel = timing.t_arrival_ns
+        extra = self.lookup_phases(s0, s_arrival, s1, follow, warm_spec, rel)
+        if self.path == "gpubuf":
+            extra.update(self.buffer_records(placed_restores, prefetcher, timing, follow, warm_spec, rel))
         return {
             "block": self.name, "path": self.path, "group_size": self.group_size, "run_index": self.run_index,
             "arm": arm, "lead_ms": round(lead_s * 1e3, 3), "pair": pair, "order": order, "phase": phase,
-            "measured": phase == "confirm", "status": status, "detail": detail,
+            "measured": phase == "confirm", "status": status, "detail": detail, "singleflight": singleflight,
+            "arrival": pattern.label, "lookup": tier.lookup,
             "prep": PREP_LABEL[self.path] if arm in EARLY_ARMS else ("none" if arm == "on_arrival" else "placed, untimed"),
             "ready": None if ready is None else ready.ready, "readiness": None if ready is None else ready.to_dict(),
             "prefetch": None if timing.prefetch is None else vars(timing.prefetch) | {
@@ -159,29 +207,68 @@ class PrefetchRun(Block):
             **placed,
             "wait_a_s": timing.wait_a_s(), "makespan_s": timing.makespan_s(cfg.MAX_TOKENS),
             "submit_delay_s": timing.submit_delay_s(),
+            "submit_ms": [round((r.t_submit_ns - rel) / 1e6, 3) for r in timing.results],
             "first_token_s": [(r.t_first_token_ns - rel) / 1e9 for r in timing.results],
             "num_cached_tokens": cached, "expected_cached_tokens": expected,
             "num_output_tokens": [len(r.output_token_ids) for r in timing.results],
             "loop_iterations": timing.loop_iterations, "idle_waits": timing.idle_waits, "stamps": timing.stamps,
             "disk_bytes": reads.hook_bytes if reads.hook_bytes is not None else reads.device_bytes,
-            "context_bytes": self.context_bytes, "context_tokens": cfg.CONTEXT_TOKENS,
+            "reads": reads.to_dict(), "chunk_bytes": self.chunk_bytes,
+            "context_bytes": self.context_bytes, "context_tokens": cfg.CONTEXT_TOKENS, **extra,
             "utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
 
+    def lookup_phases(self, s0, s_arrival, s1, follow, warm_spec, t0_ns: int) -> dict:
+        """MP launcher servers: the lookups of the placement (before T) and of the group (from T), classified."""
+        if not hasattr(self.tier, "lookups") or not getattr(self.tier.meter, "hooked", False):
+            return {}
+        roles = {s.request_id: s.request_id.rsplit("-", 1)[-1] for s in follow}
+        if warm_spec is not None:
+            roles[warm_spec.request_id] = "warmup"
+        placement, group = self.tier.lookups(s0, s_arrival, roles), self.tier.lookups(s_arrival, s1, roles)
+        letters = [s.request_id.rsplit("-", 1)[-1] for s in follow]
+        return {"placement_lookup_summary": summarize(placement), "lookups": [lk.to_dict(t0_ns) for lk in group],
+                "lookup_summary": summarize(group),
+                "followup_disk_reads": {x: sum(lk.role == x and lk.mechanism in READS for lk in group) for x in letters}}
 
-def run_engine(cfg, path: str, n: int, run_index: int, lead_ms: float | None, record=None,
-               log=print) -> tuple[list[dict], dict]:
+    def buffer_records(self, placed_restores, prefetcher, timing, follow, warm_spec, t0_ns: int) -> dict:
+        """The GPU buffer: every restore (placement, group) and the prefetch, split (``restore_split``)."""
+        roles = {s.request_id: s.request_id.rsplit("-", 1)[-1] for s in follow}
+        if warm_spec is not None:
+            roles[warm_spec.request_id] = "warmup"
+        first = {r.request_id: r.t_first_token_ns for r in timing.results}
+        if timing.warmup is not None:
+            first[timing.warmup.request_id] = timing.warmup.t_first_token_ns
+        group = [restore_split(r, t0_ns, first, roles) for r in self.tier.take_restores()]
+        handle = getattr(prefetcher, "handle", None)
+        if handle is not None and handle.timeline is not None:
+            group.insert(0, restore_split(handle.record()["timeline"], t0_ns, first, roles))
+        return {"placement_restores": [restore_split(r, t0_ns, {}, {}) for r in placed_restores], "restores": group}
+
+
+def run_engine(cfg, path: str, n: int, run_index: int, lead_ms, record=None,
+               log=print, before_gpu=None) -> tuple[list[dict], dict]:
     """One fresh engine run. ``lead_ms`` None: the pilot runs first and picks the early arm's lead
-    (``stats.choose_lead``); otherwise the confirmation uses ``lead_ms``."""
+    (``stats.choose_lead``), then the singleflight contrast (MP); otherwise the confirmation uses
+    ``lead_ms`` (a callable is asked after ``before_gpu``). ``before_gpu`` runs once the tier began
+    (its server spawns) and before the engine starts."""
 
     run = PrefetchRun(cfg, path, n, run_index, log=log)
     t0 = time.monotonic()
     try:
+        run.begin()
+        if before_gpu is not None:
+            before_gpu()
+            t0 = time.monotonic()
+        if callable(lead_ms):
+            lead_ms = lead_ms()
         run.start()
         if lead_ms is None:
             lead_ms = choose_lead(run.pilot(cfg.LEADS_MS, cfg.PILOT_GROUPS, record), cfg.LEADS_MS)
+            if path in MP_PATHS and cfg.CONTRAST_GROUPS:
+                run.contrast(list(cfg.SINGLEFLIGHT[1:]), cfg.CONTRAST_GROUPS, record)
         run.summary["lead_ms"] = lead_ms
-        run.confirm(confirm_arms(cfg, lead_ms), cfg.pairs_per_run, cfg.WARMUP_PAIRS, record)
+        run.confirm(confirm_arms(cfg, lead_ms, path), cfg.pairs_per_run, cfg.WARMUP_PAIRS, record)
         run.summary["status"] = "ok"
     except Exception as e:
         run.summary.update(status="failed", error=f"{type(e).__name__}: {e}")
@@ -194,9 +281,9 @@ def run_engine(cfg, path: str, n: int, run_index: int, lead_ms: float | None, re
     return run.groups, run.summary
 
 
-def confirm_arms(cfg: PrefetchParams, lead_ms: float) -> list[tuple[str, float]]:
+def confirm_arms(cfg: PrefetchParams, lead_ms: float, path: str = "mp") -> list[tuple[str, float]]:
     """(arm, lead_s) in pair order; ``early_fixed`` only when the chosen lead is not the fixed one."""
     arms = [("on_arrival", 0.0), ("early", lead_ms / 1e3)]
     if lead_ms != cfg.FIXED_LEAD_MS:
         arms.append(("early_fixed", cfg.FIXED_LEAD_MS / 1e3))
-    return arms + [(c, 0.0) for c in cfg.CONTROLS]
+    return arms + [(placement_arm(path, c), 0.0) for c in cfg.CONTROLS]

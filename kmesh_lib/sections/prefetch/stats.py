@@ -18,9 +18,15 @@ from __future__ import annotations
 import numpy as np
 
 STOPWATCHES = {"wait_a_s": "A first token", "makespan_s": "all done"}
-ARMS = ("on_arrival", "early", "early_fixed", "dram", "engine")
+ARMS = ("on_arrival", "early", "early_fixed", "dram", "buffer", "engine")
 MIB = 1 << 20
 BOOTSTRAP = "scipy.stats.bootstrap, paired, percentile, 95 %"
+
+
+def placement_arm(path: str, control: str) -> str:
+    """The arm a placement control runs as: ``dram`` (the tier's memory copy) is ``buffer`` on the GPU
+    buffer, whose memory is GPU memory -- never labelled DRAM."""
+    return "buffer" if control == "dram" and path == "gpubuf" else control
 
 
 def expected_cached(g: dict, block_size: int | None = None) -> int:
@@ -226,7 +232,8 @@ def disk_reads(groups: list[dict]) -> list[dict]:
 
     Over every measured group that ran cleanly, recomputing ones included (they read too).
     NOTE: on the MP path the follow-ups of an on-arrival group look up together; each lookup is an
-    L2 -> L1 prefetch, and a lookup that lands before the first load is retained rereads it.
+    L2 -> L1 prefetch, and a lookup that lands before the first load is retained rereads it (LMCache
+    0.5.6) or finds it reserved and recomputes (0.5.3), unless the singleflight holds it back.
     """
     rows = []
     for path, n in cases(groups):
@@ -235,11 +242,72 @@ def disk_reads(groups: list[dict]) -> list[dict]:
             if xs:
                 r = [(g["disk_bytes"] or 0) / g["context_bytes"] for g in xs]
                 rows.append({"path": path, "group_size": n, "arm": arm, "groups": len(xs),
+                             "singleflight": _sf(xs[0]),
                              "context reads/group (mean)": round(float(np.mean(r)), 2),
                              "min": round(float(np.min(r)), 2), "max": round(float(np.max(r)), 2),
+                             "disk MiB/group (mean)": round(float(np.mean([g["disk_bytes"] or 0 for g in xs])) / MIB, 2),
                              "follow-ups that recomputed the context": sum(
                                  c < expected_cached(g) for g in xs for c in g["num_cached_tokens"]),
                              "groups recomputed": sum(g["status"] == "recomputed" for g in xs)})
+    return rows
+
+
+def _sf(g: dict) -> str:
+    sf = g.get("singleflight")
+    return "n/a" if sf is None else ("on" if sf else "off")
+
+
+def mechanisms(gs: list[dict]) -> str | None:
+    """The group lookups' mechanisms summed over ``gs`` (MP launcher: ``lookup_summary``), else None."""
+    if not gs or not all("lookup_summary" in g for g in gs):
+        return None
+    total: dict[str, int] = {}
+    for g in gs:
+        for m, k in g["lookup_summary"]["by_mechanism"].items():
+            total[m] = total.get(m, 0) + k
+    return ", ".join(f"{m} {k}" for m, k in sorted(total.items(), key=lambda kv: -kv[1]))
+
+
+def singleflight_table(groups: list[dict]) -> list[dict]:
+    """On-arrival groups by singleflight setting (the confirmation's and the contrast's): what each
+    setting does to the reads, the lookups and the follow-ups that recomputed the context."""
+    rows = []
+    for path, n in cases(groups):
+        xs = [g for g in _of(groups, path, n) if g["arm"] == "on_arrival" and g.get("status") in ("ok", "recomputed")
+              and (g.get("measured") or g.get("phase") == "contrast")]
+        for sf in sorted({_sf(g) for g in xs}):
+            gs = [g for g in xs if _sf(g) == sf]
+            reads = [(g["disk_bytes"] or 0) / g["context_bytes"] for g in gs]
+            rows.append({"path": path, "group_size": n, "singleflight": sf, "phase": "/".join(sorted({g["phase"] for g in gs})),
+                         "groups": len(gs), "context reads/group (mean)": round(float(np.mean(reads)), 2),
+                         "max": round(float(np.max(reads)), 2),
+                         "groups in which a follow-up recomputed": sum(g["status"] == "recomputed" for g in gs),
+                         "follow-ups that recomputed": sum(c < expected_cached(g) for g in gs for c in g["num_cached_tokens"]),
+                         "mechanisms": mechanisms(gs) or "no lookup trace",
+                         "A first token ms (mean)": _ms(float(np.mean([g["wait_a_s"] for g in gs]))),
+                         "all done ms (mean)": _ms(float(np.mean([g["makespan_s"] for g in gs])))})
+    return rows
+
+
+SPLIT = ("lookup_s", "disk_read_s", "staging_s", "copy_s", "restore_s", "to_first_token_s")
+
+
+def restore_rows(groups: list[dict]) -> list[dict]:
+    """The GPU buffer: every arm's restores (and prefetches) from T, split into lookup, disk read,
+    staging, copy into vLLM and the rest to the request's first token; medians in ms."""
+    rows = []
+    for path, n in cases(groups):
+        gs = [g for g in usable(_of(groups, path, n), with_recomputed=True) if g.get("restores") is not None]
+        for arm in ARMS:
+            recs = [r for g in gs if g["arm"] == arm for r in g["restores"]]
+            for kind, source in sorted({(r["kind"], r["source"]) for r in recs}):
+                mine = [r for r in recs if (r["kind"], r["source"]) == (kind, source)]
+                row = {"path": path, "group_size": n, "arm": arm, "kind": kind, "source": source, "count": len(mine),
+                       "per group": round(len(mine) / sum(g["arm"] == arm for g in gs), 2)}
+                for key in SPLIT:
+                    vals = [r[key] for r in mine if r.get(key) is not None]
+                    row[key.replace("_s", " ms")] = round(float(np.median(vals)) * 1e3, 3) if vals else None
+                rows.append(row)
     return rows
 
 

@@ -58,6 +58,10 @@ def answer(run) -> str:
                                                                                                   10000),
                                                                                params.get("SEED", 0))}
     reads = {(r["path"], r["group_size"], r["arm"]): r for r in ps.disk_reads(groups)}
+    contrast: dict[tuple, list[dict]] = {}
+    for row in ps.singleflight_table(groups):
+        if "contrast" in row["phase"]:
+            contrast.setdefault((row["path"], row["group_size"]), []).append(row)
     parts = []
     for (path, n, _), r in main:
         lo, hi = r["A first token 95% CI ms"]
@@ -75,6 +79,21 @@ def answer(run) -> str:
         if arrival and arrival["context reads/group (mean)"] > 1.01:
             text += (f" Repeat reads are not gone for on-arrival groups here: they read the context "
                      f"{arrival['context reads/group (mean)']:.1f} times per group (concurrent lookups).")
+        elif arrival:
+            text += (f" Both arms read the context once per group (on arrival {arrival['context reads/group (mean)']:.2f}"
+                     + ("" if arrival["singleflight"] == "n/a" else f", singleflight {arrival['singleflight']}") + ").")
+        for row in contrast.get((path, n), []):
+            text += (f" With the singleflight {row['singleflight']} ({row['groups']} on-arrival groups) they read it "
+                     f"{row['context reads/group (mean)']:.2f} times per group and {row['follow-ups that recomputed']} "
+                     f"follow-up(s) recomputed it ({row['mechanisms']}); A's first token {row['A first token ms (mean)']:.1f} "
+                     "ms.")
+        split = {r["arm"]: r for r in ps.restore_rows(groups) if r["path"] == path and r["group_size"] == n
+                 and r["kind"] == "restore"}
+        if split.get("on_arrival") and split.get("early"):
+            a, e = split["on_arrival"], split["early"]
+            text += (f" The GPU buffer's restore after T: on arrival {a['restore ms']} ms from the {a['source']} (disk read "
+                     f"{a['disk_read ms']}, staging {a['staging ms']}, copy {a['copy ms']} ms), early {e['restore ms']} ms "
+                     f"from the {e['source']} (copy {e['copy ms']} ms).")
         w = with_.get((path, n, "on_arrival - early"))
         if w and w["pairs"] != r["pairs"]:
             text += (f" With the {w['pairs'] - r['pairs']} pair(s) in which a follow-up recomputed the context, the "
@@ -82,6 +101,10 @@ def answer(run) -> str:
         parts.append(text)
     weak = []
     scaled = {k: params.get(k) for k, v in PAPER.items() if (params.get(k) or 0) < v}
+    if "gpubuf" in (params.get("PATHS") or []) and (params.get("GPUBUF_ENGINE_RUNS") or params.get("ENGINE_RUNS") or 0) \
+            < PAPER["ENGINE_RUNS"]:
+        weak.append(f"The GPU-buffer rows are scaled to {params.get('GPUBUF_ENGINE_RUNS') or params.get('ENGINE_RUNS')} "
+                    "engine run(s) per group size (GPUBUF_ENGINE_RUNS), so their intervals are wider than the MP rows'.")
     if scaled:
         weak.append(f"This run is scaled ({', '.join(f'{k}={v}' for k, v in scaled.items())}; the paper values are "
                     f"{', '.join(f'{k}={v}' for k, v in PAPER.items())}), so its intervals are wide.")
@@ -114,6 +137,8 @@ def public_results(run) -> dict:
         "placement": [_numbers(r) for r in ps.placement(groups, resamples, seed)],
         "pilot_readiness": [_numbers(r) for r in ps.pilot_table(groups)],
         "disk_reads": [_numbers(r) for r in ps.disk_reads(groups)],
+        "singleflight": [_numbers(r) for r in ps.singleflight_table(groups)],
+        "restore_split": [_numbers(r) for r in ps.restore_rows(groups)],
         "recomputed_groups": [_numbers(r) for r in ps.recomputed_groups(groups)],
         "groups_recorded": len(groups),
         "raw_sha256": {name: run.raw_sha256(name) for name in run.raw_names()},

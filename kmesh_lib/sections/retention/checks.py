@@ -1,6 +1,7 @@
 """Section 16's checks and counts, computed from ``raw/groups.jsonl``, ``raw/blocks.jsonl`` and the params.
 
-The read invariants, per block and arm, over the measured groups that are ``ok``:
+The read invariants, per block, combination (arrival pattern, singleflight setting) and arm, over
+the measured groups that are ``ok``:
 
     - the preparation reads the shared context exactly once (both arms);
     - retain: the group, preparation included, reads it exactly once (nothing in the follow-ups);
@@ -10,10 +11,17 @@ The read invariants, per block and arm, over the measured groups that are ``ok``
                             except one that lands while another follow-up's temporary copy is still
                             in L1 (LMCache counts an L1 hit or an ``l1_contended`` prefetch); that
                             accounting is checked exactly;
-        on_demand (inproc)  the follow-ups read nothing: vLLM holds the context after the warm-up
-                            and LMCacheConnectorV1 retrieves only the tokens vLLM lacks;
-    - the independent byte counters (device, hook, metrics) agree in both phases of every group;
-      a group with fewer than two counters is no evidence of agreement (skipped, never ok).
+        on_demand           the follow-ups read nothing: vLLM holds the context after the warm-up,
+        (inproc, gpubuf)    and LMCacheConnectorV1 / the GPU buffer load only the tokens vLLM lacks;
+    - the independent byte counters (device, hook, metrics) agree in both phases of every group (MP:
+      to the byte); a group with fewer than two counters is no evidence of agreement (skipped);
+    - MP launcher servers, from the server-side lookup trace (``trace_checks``): the trace's load
+      bytes equal the hook's, its contended keys LMCache's ``l1_contended`` chunks, every lookup is
+      placed; singleflight on: every overlap waited. The statements about every follow-up lookup
+      (retain: it hit the kept copy; discard: it reread the context or met an in-flight load) take
+      their evidence from LMCache's lookup-hit counters (0.5.6) and the trace, whichever were recorded,
+      and must hold on each; with neither they are skipped;
+    - every finished block ran every arrival pattern and singleflight setting with each arm.
 
 The strict claim "every follow-up lookup reread the context" is a measurement, not a check
 (``measured_lines``): a concurrent MP follow-up may find another's in-flight copy and read nothing.
@@ -25,17 +33,23 @@ from pathlib import Path
 
 from kmesh_lib.base.checks import Check, all_of, check
 from kmesh_lib.base.records import RunFileError, RunFiles
+from kmesh_lib.sections.retention.blocks import plan_blocks
 from kmesh_lib.sections.retention.report import (
     MIB,
     ORDER,
     arm_rows,
+    arrival_of,
+    arrival_rows,
     bytes_agree,
+    combo_label,
     counters,
     has_two_counters,
     phase_bytes,
     ratio_rows,
     rereads,
     rereads_by_block,
+    restore_rows,
+    singleflight_of,
     unavailable_rows,
     usable,
 )
@@ -47,7 +61,10 @@ from kmesh_lib.workloads.context_checks import (
     figures_match,
     listeners_local,
     runs_finished,
+    topology_rows,
 )
+from kmesh_lib.workloads.context_groups import on_off
+from kmesh_lib.workloads.context_params import MP_PATHS, ArrivalPattern
 
 
 def as_run(run) -> RunFiles:
@@ -62,17 +79,37 @@ def results_of(run: RunFiles) -> dict:
 
 
 def lookup_kind(g: dict) -> str:
-    """``prefetch`` (MP: a lookup loads what the arena lacks) or ``on_demand`` (in-process)."""
-    return g.get("lookup") or ("prefetch" if g["path"] == "mp" else "on_demand")
+    """``prefetch`` (MP: a lookup loads what the arena lacks) or ``on_demand`` (in-process, GPU buffer)."""
+    return g.get("lookup") or ("prefetch" if g["path"] in MP_PATHS else "on_demand")
 
 
 def planned_blocks(params: dict, blocks: list[dict]) -> list[str]:
-    """The engine runs the params ask for, less the paths recorded as not available on this device."""
+    """The engine runs the params ask for (``blocks.plan_blocks``), less those recorded as not available here."""
     unavailable = {b.get("block") for b in blocks if b.get("status") == NOT_AVAILABLE}
-    sizes = params.get("GROUP_SIZES") or []
-    names = [f"{p}-N{n}" for p in params.get("PATHS") or [] for n in sizes]
-    names += [f"engine-N{n}" for n in sizes] if params.get("CONTROL_ARMS") else []
-    return [b for b in names if b not in unavailable]
+    return [b.name for b in plan_blocks(params) if b.name not in unavailable]
+
+
+def planned_combos(params: dict, path: str) -> set[tuple[str, str]]:
+    """(arrival, singleflight) of every combination a block of ``path`` runs."""
+    arrivals = [ArrivalPattern.parse(t).label for t in params.get("FOLLOWUP_ARRIVALS") or ["together"]]
+    sfs = [on_off(x) for x in params.get("SINGLEFLIGHT") or [False]] if path in MP_PATHS else ["n/a"]
+    return {(a, sf) for a in arrivals for sf in sfs}
+
+
+def combos_ran(params: dict, groups: list[dict], blocks: list[dict]) -> Check:
+    """Every finished block ran every (arrival, singleflight) combination with every one of its arms."""
+    finished = [b for b in blocks if b.get("status") == "ok"]
+
+    def missing(b) -> list[str]:
+        mine = [g for g in groups if g["block"] == b["block"]]
+        arms = {g["arm"] for g in mine}
+        ran = {(arrival_of(g), singleflight_of(g), g["arm"]) for g in mine if g["measured"]}
+        want = {(a, sf, arm) for a, sf in planned_combos(params, b.get("path")) for arm in arms}
+        return [f"{a}/{sf}/{arm}" for a, sf, arm in sorted(want - ran)]
+
+    return every("every engine run measured every arrival pattern and singleflight setting with each arm", finished,
+                 lambda b: any(g["block"] == b["block"] for g in groups), lambda b: not missing(b),
+                 lambda b: f"{b['block']}: missing {missing(b)}", missing="no engine run finished")
 
 
 def checks(run) -> list[Check]:
@@ -83,11 +120,15 @@ def checks(run) -> list[Check]:
            runs_finished("every planned engine run finished ok", blocks, planned_blocks(params, blocks)),
            all_of("every group belongs to an engine run that finished ok", groups,
                   lambda g: g["block"] in {b.get("block") for b in blocks if b.get("status") == "ok"},
-                  lambda g: f"{g['block']} pair {g['pair']}", missing="no groups")]
+                  lambda g: f"{g['block']} pair {g['pair']}", missing="no groups"),
+           combos_ran(params, groups, blocks)]
     for block in sorted({g["block"] for g in groups}):
-        for arm in sorted({g["arm"] for g in groups if g["block"] == block}, key=lambda a: ORDER.get(a, 9)):
-            out += arm_checks(f"{block} {arm}", arm, [g for g in groups if g["block"] == block and g["arm"] == arm],
-                              params)
+        mine = [g for g in groups if g["block"] == block]
+        for arrival, sf in sorted({(arrival_of(g), singleflight_of(g)) for g in mine}):
+            for arm in sorted({g["arm"] for g in mine}, key=lambda a: ORDER.get(a, 9)):
+                gs = [g for g in mine if g["arm"] == arm and (arrival_of(g), singleflight_of(g)) == (arrival, sf)]
+                if gs:
+                    out += arm_checks(f"{combo_label(block, arrival, sf)} {arm}", arm, gs, params)
     out += [listeners_local(blocks), cleaned_up(blocks)]
     out += figure_checks(results_of(run), groups, blocks)
     return out
@@ -116,14 +157,52 @@ def arm_checks(name: str, arm: str, mine: list[dict], params: dict) -> list[Chec
     out.append(all_of(f"{name}: preparation read the context once", gs,
                       lambda g: phase_bytes(g["prep_reads"]) == g["context_bytes"],
                       lambda g: f"pair {g['pair']}: {phase_bytes(g['prep_reads']) / MIB:.2f} MiB"))
-    out.append(every(f"{name}: the independent byte counters agree in both phases", gs, has_two_counters,
-                     bytes_agree, lambda g: f"pair {g['pair']}: {counters(g['prep_reads'])} / "
-                                            f"{counters(g['followup_reads'])}"))
+    out.append(every(f"{name}: the independent byte counters agree in both phases (MP: to the byte)", gs,
+                     has_two_counters, bytes_agree, lambda g: f"pair {g['pair']}: {counters(g['prep_reads'])} / "
+                                                              f"{counters(g['followup_reads'])}"))
+    if lookup_kind(gs[0]) == "prefetch" and params.get("LMCACHE_SERVER") != "stock":  # a stock server has no trace
+        out += trace_checks(name, gs)
     return out + (_discard(name, gs) if arm == "discard" else _retain(name, gs))
 
 
+PHASES = (("prep_lookup_summary", "prep_reads"), ("followup_lookup_summary", "followup_reads"))
+
+
+def _traced(g: dict) -> bool:
+    return all(summary in g for summary, _ in PHASES)
+
+
+def trace_checks(name: str, gs: list[dict]) -> list[Check]:
+    """MP launcher servers: the server-side lookup trace against LMCache's own counts (``lmcache.lookups``).
+
+    Skipped where no trace was recorded (a stock server, or a run from before the trace).
+    """
+    def by(g, phase):
+        return g[phase]["by_mechanism"]
+
+    out = [every(f"{name}: the lookup trace's load bytes equal the byte hook's, in both phases", gs,
+                 lambda g: _traced(g) and all(g[r].get("hook_bytes") is not None for _, r in PHASES),
+                 lambda g: all(g[s]["load_bytes"] == g[r]["hook_bytes"] for s, r in PHASES),
+                 lambda g: f"pair {g['pair']}: " + ", ".join(f"{g[s]['load_bytes']} vs {g[r]['hook_bytes']}"
+                                                             for s, r in PHASES)),
+           every(f"{name}: the trace's contended keys equal LMCache's l1_contended chunks, in both phases", gs, _traced,
+                 lambda g: all(g[s]["contended_keys"] == g[r]["contended_chunks"] for s, r in PHASES),
+                 lambda g: f"pair {g['pair']}: " + ", ".join(f"{g[s]['contended_keys']} vs {g[r]['contended_chunks']}"
+                                                             for s, r in PHASES)),
+           every(f"{name}: the trace placed every lookup (none unknown or not found)", gs, _traced,
+                 lambda g: not any(by(g, s).get(m) for s, _ in PHASES for m in ("unknown", "not_found")),
+                 lambda g: f"pair {g['pair']}: {by(g, 'followup_lookup_summary')}")]
+    if singleflight_of(gs[0]) == "on":
+        out.append(every(f"{name}: with the singleflight on, no lookup loaded or was refused while an overlapping load "
+                         "was in flight (every overlap waited)", gs, _traced,
+                         lambda g: not any(by(g, s).get(m) for s, _ in PHASES
+                                           for m in ("concurrent_load", "contended_in_flight")),
+                         lambda g: f"pair {g['pair']}: {by(g, 'followup_lookup_summary')}"))
+    return out
+
+
 def _discard(name: str, gs: list[dict]) -> list[Check]:
-    out = [all_of(f"{name}: LMCache dropped its copy after loading vLLM", gs,
+    out = [all_of(f"{name}: the tier dropped its copy after loading vLLM", gs,
                   lambda g: g["memory_tier_bytes_at_followups"] == 0 and g["memory_tier_bytes_after"] == 0,
                   lambda g: f"pair {g['pair']}: {g['memory_tier_bytes_at_followups']} bytes at the follow-ups")]
     per_group = lambda g: f"pair {g['pair']}: rereads {rereads(g)}"
@@ -134,33 +213,58 @@ def _discard(name: str, gs: list[dict]) -> list[Check]:
     out.append(all_of(f"{name}: the follow-ups reread whole contexts from the disk tier", gs,
                       lambda g: rereads(g) >= 1 and rereads(g) == int(rereads(g)), per_group))
 
-    def accounted(g) -> bool:
+    def counted(g) -> bool:  # LMCache's lookup-hit counters (0.5.6; 0.5.3 defines none)
         f = g["followup_reads"]
-        if f.get("lookup_hit_l1_tokens") is None or f.get("lookup_hit_l2_tokens") is None:
-            return False
         return (f["lookup_hit_l2_tokens"] + f["lookup_hit_l1_tokens"] + f["contended_chunks"] * g["chunk_tokens"]
                 == g["group_size"] * g["context_tokens"]
                 and phase_bytes(f) * g["context_tokens"] == f["lookup_hit_l2_tokens"] * g["context_bytes"])
 
+    def traced(g) -> bool:  # the launcher's lookup trace: every follow-up lookup read or met the copy
+        by = g["followup_lookup_summary"]["by_mechanism"]
+        return (g["followup_lookup_summary"]["lookups"] >= g["group_size"] and set(by) <= set(MET_THE_CONTEXT)
+                and g["followup_lookup_summary"]["load_bytes"] == phase_bytes(g["followup_reads"]))
+
     out.append(every(f"{name}: every follow-up lookup reread the context or found another follow-up's in-flight copy",
-                     gs, lambda g: g["followup_reads"].get("lookup_hit_l2_tokens") is not None, accounted,
-                     lambda g: f"pair {g['pair']}: {g['followup_reads']}"))
+                     gs, lambda g: _has_counters(g) or "followup_lookup_summary" in g,
+                     lambda g: (not _has_counters(g) or counted(g)) and ("followup_lookup_summary" not in g or traced(g)),
+                     lambda g: f"pair {g['pair']}: {g['followup_reads']} / {g.get('followup_lookup_summary')}"))
     return out
 
 
 def _retain(name: str, gs: list[dict]) -> list[Check]:
-    out = [all_of(f"{name}: LMCache kept its copy", gs,
+    out = [all_of(f"{name}: the tier kept its copy", gs,
                   lambda g: min(g["memory_tier_bytes_at_followups"], g["memory_tier_bytes_after"]) >= g["context_bytes"],
                   lambda g: f"pair {g['pair']}: {g['memory_tier_bytes_at_followups']} bytes at the follow-ups"),
            all_of(f"{name}: the group read the context exactly once, preparation included", gs,
                   lambda g: phase_bytes(g["prep_reads"]) == g["context_bytes"] and phase_bytes(g["followup_reads"]) == 0,
                   lambda g: f"pair {g['pair']}: follow-ups read {phase_bytes(g['followup_reads']) / MIB:.2f} MiB")]
-    if lookup_kind(gs[0]) == "prefetch":
-        out.append(every(f"{name}: every follow-up lookup hit the kept copy", gs,
-                         lambda g: g["followup_reads"].get("lookup_hit_l1_tokens") is not None,
-                         lambda g: g["followup_reads"]["lookup_hit_l1_tokens"] == g["group_size"] * g["context_tokens"],
-                         lambda g: f"pair {g['pair']}: {g['followup_reads']['lookup_hit_l1_tokens']} L1 tokens"))
+    if lookup_kind(gs[0]) != "prefetch":
+        return out
+
+    def counted(g) -> bool:
+        return g["followup_reads"]["lookup_hit_l1_tokens"] == g["group_size"] * g["context_tokens"]
+
+    def traced(g) -> bool:
+        summary = g["followup_lookup_summary"]
+        return summary["lookups"] >= g["group_size"] and summary["by_mechanism"] == {"l1_resident": summary["lookups"]}
+
+    out.append(every(f"{name}: every follow-up lookup hit the kept copy", gs,
+                     lambda g: _has_counters(g) or "followup_lookup_summary" in g,
+                     lambda g: (not _has_counters(g) or counted(g)) and ("followup_lookup_summary" not in g or traced(g)),
+                     lambda g: f"pair {g['pair']}: {g['followup_reads'].get('lookup_hit_l1_tokens')} L1 tokens, "
+                               f"{(g.get('followup_lookup_summary') or {}).get('by_mechanism')}"))
     return out
+
+
+def _has_counters(g: dict) -> bool:
+    """LMCache's own lookup-hit counters were recorded (0.5.6 defines them; 0.5.3 does not: None)."""
+    f = g["followup_reads"]
+    return f.get("lookup_hit_l1_tokens") is not None and f.get("lookup_hit_l2_tokens") is not None
+
+
+# a follow-up lookup that read the disk tier, found L1, or met another's in-flight load: none lost the context
+MET_THE_CONTEXT = ("first_load", "reread_after_load", "concurrent_load", "contended_in_flight", "waited_for_in_flight",
+                   "l1_resident")
 
 
 def figure_checks(results: dict, groups: list[dict], blocks: list[dict]) -> list[Check]:
@@ -171,19 +275,29 @@ def figure_checks(results: dict, groups: list[dict], blocks: list[dict]) -> list
                           ratio_rows(arms)),
             figures_match("results not-run rows recomputed from raw/ match", results.get("not_run"),
                           unavailable_rows(blocks)),
-            figures_match("results rereads recomputed from raw/ match", results.get("rereads"), rereads_by_block(groups))]
+            figures_match("results rereads recomputed from raw/ match", results.get("rereads"), rereads_by_block(groups)),
+            figures_match("results arrival-pattern table recomputed from raw/ matches", results.get("arrivals"),
+                          arrival_rows(groups)),
+            figures_match("results restore split recomputed from raw/ matches", results.get("restore_split"),
+                          restore_rows(groups)),
+            figures_match("results topology rows recomputed from raw/ match", results.get("topology"),
+                          topology_rows(blocks))]
 
 
 def measured_lines(run) -> list[str]:
-    """Strict claims reported as measurements: the count behind each, never a pass or a fail."""
+    """Strict claims reported as measurements: the count behind each, never a pass or a fail.
+
+    "Every follow-up lookup reread the context" is a claim about lookups that load (MP); a lookup
+    that only checks (in-process, GPU buffer) rereads nothing by design, which the checks state."""
     groups = as_run(run).raw("groups.jsonl")
     out = []
     for block in sorted({g["block"] for g in groups}):
-        gs = [g for g in usable(groups) if g["block"] == block and g["arm"] == "discard"]
-        if gs:
+        mine = [g for g in usable(groups) if g["block"] == block and g["arm"] == "discard" and lookup_kind(g) == "prefetch"]
+        for arrival, sf in sorted({(arrival_of(g), singleflight_of(g)) for g in mine}):
+            gs = [g for g in mine if (arrival_of(g), singleflight_of(g)) == (arrival, sf)]
             strict = sum(rereads(g) == g["group_size"] for g in gs)
-            out.append(f"{block} discard: every follow-up lookup reread the context in {strict} of {len(gs)} groups "
-                       f"(rereads per group {sorted(rereads(g) for g in gs)})")
+            out.append(f"{combo_label(block, arrival, sf)} discard: every follow-up lookup reread the context in {strict} "
+                       f"of {len(gs)} groups (rereads per group {sorted(rereads(g) for g in gs)})")
     return out
 
 
@@ -201,16 +315,23 @@ def counts(run) -> dict[str, int | str]:
         "rows not available": sum(b.get("status") == NOT_AVAILABLE for b in blocks),
     }
     for block in sorted({g["block"] for g in groups}):
-        for arm in sorted({g["arm"] for g in groups if g["block"] == block}, key=lambda a: ORDER.get(a, 9)):
-            gs = [g for g in usable(groups) if g["block"] == block and g["arm"] == arm]
-            if not gs:  # how many are usable is not pinned: a pair that was not warm in time is retried
-                continue
-            out[f"{block} {arm}: fewest cached tokens of a follow-up"] = min(min(g["num_cached_tokens"]) for g in gs)
-            if ARMS[arm].external:
-                out[f"{block} {arm}: preparation bytes per group"] = _one(phase_bytes(g["prep_reads"]) for g in gs)
-                out[f"{block} {arm}: byte counters"] = "=".join(sorted(counters(gs[0]["followup_reads"]))) or "none"
-            if arm == "retain":
-                out[f"{block} {arm}: follow-up bytes per group"] = _one(phase_bytes(g["followup_reads"]) for g in gs)
+        mine = [g for g in usable(groups) if g["block"] == block]
+        for arrival, sf in sorted({(arrival_of(g), singleflight_of(g)) for g in mine}):
+            for arm in sorted({g["arm"] for g in mine}, key=lambda a: ORDER.get(a, 9)):
+                gs = [g for g in mine if g["arm"] == arm and (arrival_of(g), singleflight_of(g)) == (arrival, sf)]
+                if not gs:  # how many are usable is not pinned: a pair that was not warm in time is retried
+                    continue
+                name = f"{combo_label(block, arrival, sf)} {arm}"
+                out[f"{name}: fewest cached tokens of a follow-up"] = min(min(g["num_cached_tokens"]) for g in gs)
+                if not ARMS[arm].external:
+                    continue
+                out[f"{name}: preparation bytes per group"] = _one(phase_bytes(g["prep_reads"]) for g in gs)
+                out[f"{name}: byte counters"] = "=".join(sorted(counters(gs[0]["followup_reads"]))) or "none"
+                if arm == "retain" or lookup_kind(gs[0]) == "on_demand":
+                    out[f"{name}: follow-up bytes per group"] = _one(phase_bytes(g["followup_reads"]) for g in gs)
+                if "prep_restores" in gs[0]:
+                    out[f"{name}: preparation restores per group (source)"] = _one(
+                        "+".join(sorted(r["source"] for r in g["prep_restores"])) or "none" for g in gs)
     return out
 
 

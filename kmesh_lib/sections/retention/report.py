@@ -1,9 +1,18 @@
 """Section 16's tables, from group records alone (numpy only: the GPU driver uses them too).
 
-    arm_rows      one row per (path, group size, arm): both stopwatches (median, p25-p75), disk MiB
-                  read per phase, in how many groups the byte counters agreed (recomputed from the
-                  counts, not the recorded flag), where the data started and how it reached the engine
-    ratio_rows    "without retention to with retention": discard / retain per path and group size
+A *combination* is (path, group size, arrival pattern, singleflight setting); every table row is
+one combination and arm (``combo``). Groups recorded before the arrival patterns and the
+singleflight existed read as ``together`` and (MP) ``off``.
+
+    arm_rows      one row per combination and arm: both stopwatches (median, p25-p75), disk MiB read
+                  per phase, in how many groups the byte counters agreed (recomputed from the counts,
+                  not the recorded flag), where the data started and how it reached the engine
+    ratio_rows    "without retention to with retention": discard / retain per combination
+    arrival_rows  the arrival-pattern table: per combination and arm, the follow-ups' context reads per
+                  group and per follow-up, and the mechanism of every lookup (``lmcache.lookups``)
+    restore_rows  the GPU buffer's restores, split: lookup, disk read, staging, copy, first token
+    (topology)    ``workloads.context_checks.topology_rows``: the striped row with the machine's NVMe
+                  count, block devices, md/RAID and GPU PCIe links; the GPU buffer's route (host-staged or GDS)
     unavailable   rows for what did not run: a path the installed LMCache does not support on the
                   device, an external tier in GPU memory, a block whose disk tier was full or that failed
     per_group     one row per measured group (the notebook's table of disk reads)
@@ -17,7 +26,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from kmesh_lib.lmcache.lookups import MECHANISMS
 from kmesh_lib.workloads.context_arms import ARMS
+from kmesh_lib.workloads.context_groups import on_off
+from kmesh_lib.workloads.context_params import MP_PATHS
 
 MIB = 1 << 20
 ORDER = {"retain": 0, "discard": 1, "floor": 2, "recompute": 3}
@@ -28,9 +40,29 @@ def usable(groups: list[dict]) -> list[dict]:
     return [g for g in groups if g["measured"] and g["status"] == "ok"]
 
 
+def arrival_of(g: dict) -> str:
+    return g.get("arrival") or "together"
+
+
+def singleflight_of(g: dict) -> str:
+    """``on``/``off`` on the MP paths (``off`` for groups recorded before the switch), ``n/a`` elsewhere."""
+    if "singleflight" in g:
+        return on_off(g["singleflight"])
+    return "off" if g.get("path") in MP_PATHS and g.get("arm") in ("retain", "discard") else "n/a"
+
+
+def combo(g: dict) -> tuple:
+    """(path, group size, arrival, singleflight): the groups one table row compares."""
+    return g["path"], g["group_size"], arrival_of(g), singleflight_of(g)
+
+
+def combo_label(block: str, arrival: str, singleflight: str) -> str:
+    return f"{block} [{arrival}" + ("" if singleflight == "n/a" else f", singleflight {singleflight}") + "]"
+
+
 def _keys(groups: list[dict]) -> list[tuple]:
-    keys = {(g["path"], g["group_size"], g["arm"]) for g in groups}
-    return sorted(keys, key=lambda k: (k[0] == "engine", k[0], k[1], ORDER.get(k[2], 9)))
+    keys = {(*combo(g), g["arm"]) for g in groups}
+    return sorted(keys, key=lambda k: (k[0] == "engine", k[0], k[1], k[2], k[3], ORDER.get(k[4], 9)))
 
 
 def phase_bytes(reads: dict) -> int:
@@ -48,11 +80,19 @@ def has_two_counters(g: dict) -> bool:
     return all(len(counters(g[phase])) >= 2 for phase in ("prep_reads", "followup_reads"))
 
 
+def tolerance(g: dict, phase: str) -> int:
+    """How far the counters of a phase may differ: what the run recorded (0 on the MP path: the server
+    reads nothing but the disk tier), never more than half a chunk (LMCache reads whole chunks)."""
+    recorded = g[phase].get("tolerance_bytes")
+    half = g["chunk_bytes"] // 2
+    return half if recorded is None else min(int(recorded), half)
+
+
 def bytes_agree(g: dict) -> bool:
-    """Every recorded counter of both phases gives the same bytes, to within half a chunk."""
+    """Every recorded counter of both phases gives the same bytes, to within ``tolerance`` (0 on MP)."""
     for phase in ("prep_reads", "followup_reads"):
         values = list(counters(g[phase]).values())
-        if values and max(values) - min(values) > g["chunk_bytes"] // 2:
+        if values and max(values) - min(values) > tolerance(g, phase):
             return False
     return True
 
@@ -64,12 +104,13 @@ def rereads(g: dict) -> float:
 
 def arm_rows(groups: list[dict]) -> list[dict]:
     rows = []
-    for path, n, arm in _keys(groups):
-        mine = [g for g in groups if (g["path"], g["group_size"], g["arm"]) == (path, n, arm) and g["measured"]]
+    for path, n, arrival, sf, arm in _keys(groups):
+        mine = [g for g in groups if (*combo(g), g["arm"]) == (path, n, arrival, sf, arm) and g["measured"]]
         if not mine:
             continue
         ok = usable(mine)
-        row = {"path": path, "group_size": n, "arm": arm, "data_start": mine[0]["data_start"], "route": mine[0]["route"],
+        row = {"path": path, "group_size": n, "arrival": arrival, "singleflight": sf, "arm": arm,
+               "data_start": mine[0]["data_start"], "route": mine[0]["route"],
                "groups_ok": len(ok), "groups_excluded": len(mine) - len(ok),
                "excluded_why": sorted({g["status"] for g in mine if g["status"] != "ok"})}
         if ok:
@@ -100,25 +141,94 @@ def arm_rows(groups: list[dict]) -> list[dict]:
 
 
 def ratio_rows(rows: list[dict]) -> list[dict]:
-    """Without retention (discard) to with retention (retain), per path and group size."""
-    by = {(r["path"], r["group_size"], r["arm"]): r for r in rows if r["groups_ok"]}
+    """Without retention (discard) to with retention (retain), per combination; the floor's makespan beside."""
+    by = {(r["path"], r["group_size"], r.get("arrival", "together"), r.get("singleflight", "n/a"), r["arm"]): r
+          for r in rows if r["groups_ok"]}
     out = []
-    for (path, n, arm), retain in sorted(by.items()):
-        discard = by.get((path, n, "discard"))
+    for (path, n, arrival, sf, arm), retain in sorted(by.items()):
+        discard = by.get((path, n, arrival, sf, "discard"))
         if arm != "retain" or discard is None:
             continue
-        row = {"path": path, "group_size": n}
+        row = {"path": path, "group_size": n, "arrival": arrival, "singleflight": sf}
         for label in ("ttft_a_ms", "makespan_ms"):
             row[f"{label}: discard"] = discard[f"{label}_median"]
             row[f"{label}: retain"] = retain[f"{label}_median"]
             row[f"{label}: discard/retain"] = round(discard[f"{label}_median"] / retain[f"{label}_median"], 2)
         row["disk MiB/group: discard"] = discard["disk_mib_group"]
         row["disk MiB/group: retain"] = retain["disk_mib_group"]
-        floor = by.get(("engine", n, "floor"))
+        floor = by.get(("engine", n, arrival, "n/a", "floor"))
         if floor is not None:
             row["makespan_ms: floor"] = floor["makespan_ms_median"]
         out.append(row)
     return out
+
+
+NO_TRACE = {"inproc": "no lookup trace: in-process LMCache (a lookup only checks; vLLM holds the context)",
+            "gpubuf": "no lookup trace: the GPU buffer (a lookup only checks; vLLM holds the context)"}
+
+
+def mechanisms_text(gs: list[dict]) -> str:
+    """Every follow-up lookup's mechanism, summed over the groups: ``first_load 5, contended_in_flight 15``."""
+    if not all("followup_lookup_summary" in g for g in gs):
+        return NO_TRACE.get(gs[0]["path"], "no lookup trace (a stock lmcache server has no kmesh hooks)")
+    total = {m: sum(g["followup_lookup_summary"]["by_mechanism"].get(m, 0) for g in gs) for m in MECHANISMS}
+    return ", ".join(f"{m} {v}" for m, v in total.items() if v) or "no lookups"
+
+
+def reads_per_followup(gs: list[dict]) -> str | None:
+    """Per follow-up letter, its lookups' disk reads per group (mean): ``A 1, B 0, C 0.4, D 1``."""
+    if not all("followup_disk_reads" in g for g in gs):
+        return None
+    letters = list(gs[0]["followup_disk_reads"])
+    return ", ".join(f"{x} {float(np.mean([g['followup_disk_reads'].get(x, 0) for g in gs])):g}" for x in letters)
+
+
+def arrival_rows(groups: list[dict]) -> list[dict]:
+    """The arrival-pattern table: what the follow-ups read per group and per follow-up, and why.
+
+    Over the usable measured groups of each combination and external arm. ``context reads per group``
+    is the follow-up phase's disk bytes over the context's (the counters' count, every path);
+    ``lookup reads per group`` counts the lookups the trace classifies as reads (MP launcher).
+    """
+    rows = []
+    for path, n, arrival, sf, arm in _keys(groups):
+        if not ARMS[arm].external:
+            continue
+        gs = [g for g in usable(groups) if (*combo(g), g["arm"]) == (path, n, arrival, sf, arm)]
+        if not gs:
+            continue
+        reads = np.array([rereads(g) for g in gs])
+        traced = [g["followup_lookup_summary"]["disk_reads"] for g in gs if "followup_lookup_summary" in g]
+        rows.append({"path": path, "group_size": n, "arrival": arrival, "singleflight": sf, "arm": arm, "groups": len(gs),
+                     "context reads per group (median)": float(np.median(reads)), "min": float(reads.min()),
+                     "max": float(reads.max()),
+                     "lookup reads per group (median)": float(np.median(traced)) if len(traced) == len(gs) else None,
+                     "reads per follow-up (mean)": reads_per_followup(gs), "mechanisms (all groups)": mechanisms_text(gs),
+                     "A first token ms (median)": round(float(np.median([g["ttft_a_s"] for g in gs])) * 1e3, 1),
+                     "makespan ms (median)": round(float(np.median([g["makespan_s"] for g in gs])) * 1e3, 1)})
+    return rows
+
+
+SPLIT = ("lookup_s", "disk_read_s", "staging_s", "copy_s", "restore_s", "to_first_token_s")
+
+
+def restore_rows(groups: list[dict]) -> list[dict]:
+    """The GPU buffer's restores, split (``workloads.context_groups.restore_split``): medians in ms per
+    combination, arm, phase and source (a restore from the disk tier, or from the buffer's copy)."""
+    rows = []
+    for path, n, arrival, sf, arm in _keys(groups):
+        gs = [g for g in usable(groups) if (*combo(g), g["arm"]) == (path, n, arrival, sf, arm)]
+        for phase in ("prep", "followup"):
+            recs = [r for g in gs for r in g.get(f"{phase}_restores") or []]
+            for source in sorted({r["source"] for r in recs}):
+                mine = [r for r in recs if r["source"] == source]
+                row = {"path": path, "group_size": n, "arrival": arrival, "arm": arm, "phase": phase, "source": source,
+                       "restores": len(mine), "MiB each (median)": round(float(np.median([r["bytes"] for r in mine])) / MIB, 2)}
+                for key in SPLIT:
+                    vals = [r[key] for r in mine if r.get(key) is not None]
+                    row[key.replace("_s", " ms")] = round(float(np.median(vals)) * 1e3, 3) if vals else None
+                rows.append(row)
+    return rows
 
 
 def unavailable_rows(blocks: list[dict]) -> list[dict]:
@@ -140,7 +250,8 @@ def per_group_rows(groups: list[dict]) -> list[dict]:
         if not g["measured"]:
             continue
         fol = g["followup_reads"]
-        rows.append({"block": g["block"], "pair": g["pair"], "arm": g["arm"], "status": g["status"],
+        rows.append({"block": g["block"], "pair": g["pair"], "arrival": arrival_of(g), "singleflight": singleflight_of(g),
+                     "arm": g["arm"], "status": g["status"],
                      "prep MiB": phase_bytes(g["prep_reads"]) / MIB, "follow-up MiB": phase_bytes(fol) / MIB,
                      "rereads": rereads(g), "counters": "=".join(sorted(counters(fol))),
                      "counts agree": has_two_counters(g) and bytes_agree(g),
@@ -152,9 +263,9 @@ def per_group_rows(groups: list[dict]) -> list[dict]:
 
 
 def rereads_by_block(groups: list[dict]) -> dict[str, list[float]]:
-    """Per block, the discard groups' rereads (sorted): how many whole contexts the follow-ups read."""
+    """Per block and combination, the discard groups' rereads (sorted): whole contexts the follow-ups read."""
     out: dict[str, list[float]] = {}
     for g in usable(groups):
         if g["arm"] == "discard":
-            out.setdefault(g["block"], []).append(rereads(g))
-    return {block: sorted(values) for block, values in sorted(out.items())}
+            out.setdefault(combo_label(g["block"], arrival_of(g), singleflight_of(g)), []).append(rereads(g))
+    return {label: sorted(values) for label, values in sorted(out.items())}

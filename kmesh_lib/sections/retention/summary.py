@@ -6,27 +6,66 @@ results.json), so a report, the README row and ``public-results.json`` cannot di
 from __future__ import annotations
 
 from kmesh_lib.sections.retention.checks import as_run, lookup_kind, measured_lines
-from kmesh_lib.sections.retention.report import arm_rows, bytes_agree, has_two_counters, ratio_rows, usable
+from kmesh_lib.sections.retention.report import (
+    arm_rows,
+    arrival_rows,
+    bytes_agree,
+    has_two_counters,
+    ratio_rows,
+    restore_rows,
+    usable,
+)
+from kmesh_lib.workloads.context_checks import topology_rows
 
-PUBLIC_ARM_KEYS = ("path", "group_size", "arm", "groups_ok", "groups_excluded", "ttft_a_ms_median", "ttft_a_ms_p25",
-                   "ttft_a_ms_p75", "makespan_ms_median", "makespan_ms_p25", "makespan_ms_p75", "disk_mib_prep",
-                   "disk_mib_followup", "disk_mib_group", "rereads_per_group", "cross_check")
+PUBLIC_ARM_KEYS = ("path", "group_size", "arrival", "singleflight", "arm", "groups_ok", "groups_excluded",
+                   "ttft_a_ms_median", "ttft_a_ms_p25", "ttft_a_ms_p75", "makespan_ms_median", "makespan_ms_p25",
+                   "makespan_ms_p75", "disk_mib_prep", "disk_mib_followup", "disk_mib_group", "rereads_per_group",
+                   "cross_check")
 
 
 def _by(rows: list[dict]) -> dict[tuple, dict]:
-    return {(r["path"], r["group_size"], r["arm"]): r for r in rows if r["groups_ok"]}
+    return {(r["path"], r["group_size"], r.get("arrival", "together"), r.get("singleflight", "n/a"), r["arm"]): r
+            for r in rows if r["groups_ok"]}
+
+
+def _first_combo(by: dict, path: str) -> tuple[str, str] | None:
+    """The (arrival, singleflight) a path's headline uses: the first pattern, singleflight off where it ran."""
+    combos = sorted({(a, sf) for p, _, a, sf, _ in by if p == path}, key=lambda c: (c[1] == "on", c[0] != "together", c))
+    return combos[0] if combos else None
 
 
 def _pairs_text(rows, key: str, fmt: str) -> dict[str, str]:
-    """Per external path: "N=4: <retain> vs <discard>; N=8: ..." for one column of the arms table."""
+    """Per external path: "N=4: <retain> vs <discard>; N=8: ... [arrival, singleflight]" for one column."""
     by, out = _by(rows), {}
-    for path in sorted({p for p, _, _ in by if p != "engine"}):
-        parts = [f"N={n}: {fmt.format(by[(path, n, 'retain')][key])} vs {fmt.format(by[(path, n, 'discard')][key])}"
-                 for n in sorted({n for p, n, _ in by if p == path})
-                 if (path, n, "retain") in by and (path, n, "discard") in by]
+    for path in sorted({p for p, *_ in by if p != "engine"}):
+        combo = _first_combo(by, path)
+        parts = [f"N={n}: {fmt.format(by[(path, n, *combo, 'retain')][key])} vs "
+                 f"{fmt.format(by[(path, n, *combo, 'discard')][key])}"
+                 for n in sorted({n for p, n, *_ in by if p == path})
+                 if (path, n, *combo, "retain") in by and (path, n, *combo, "discard") in by]
         if parts:
-            out[path] = "; ".join(parts)
+            out[path] = "; ".join(parts) + f" [{combo[0]}" + ("" if combo[1] == "n/a" else f", singleflight {combo[1]}") + "]"
     return out
+
+
+def _reads_by_arrival(groups: list[dict]) -> dict[str, str]:
+    """Per MP path: the discard follow-ups' context reads per group (median) by arrival and singleflight."""
+    rows = [r for r in arrival_rows(groups) if r["arm"] == "discard" and r["singleflight"] != "n/a"]
+    out = {}
+    for path in sorted({r["path"] for r in rows}):
+        parts = []
+        for n in sorted({r["group_size"] for r in rows if r["path"] == path}):
+            mine = [r for r in rows if r["path"] == path and r["group_size"] == n]
+            by = {(r["arrival"], r["singleflight"]): r["context reads per group (median)"] for r in mine}
+            arrivals = sorted({a for a, _ in by}, key=lambda a: (a != "together", a))
+            parts.append(f"N={n}: " + ", ".join(f"{a} " + "/".join(f"{by[(a, sf)]:g}" for sf in ("off", "on") if (a, sf) in by)
+                                                for a in arrivals))
+        out[f"{path}: discard follow-up reads per group, by arrival (singleflight off/on)"] = "; ".join(parts)
+    return out
+
+
+def _times(x: float) -> str:
+    return "once" if x == 1 else f"{x:g} times"
 
 
 def headline(run) -> dict[str, str]:
@@ -38,13 +77,12 @@ def headline(run) -> dict[str, str]:
         out[f"{path}: disk MiB per group, retain vs discard"] = text
     for path, text in _pairs_text(rows, "ttft_a_ms_median", "{:.0f}").items():
         out[f"{path}: A's first token, median ms, retain vs discard"] = text
-    for path, text in _pairs_text(rows, "makespan_ms_median", "{:.0f}").items():
-        out[f"{path}: makespan, median ms, retain vs discard"] = text
+    out.update(_reads_by_arrival(groups))
     external = [g for g in usable(groups) if g["path"] != "engine"]
     if external:
         agree = sum(has_two_counters(g) and bytes_agree(g) for g in external)
         out["byte counters agree"] = f"in {agree} of {len(external)} groups"
-    return out
+    return dict(list(out.items())[:6])
 
 
 def answer(run) -> str:
@@ -56,36 +94,53 @@ def answer(run) -> str:
     if not ratios:
         return ("**No answer from this run:** no path ran both the retain and the discard arm with usable groups, "
                 "so there is nothing to compare (see the checks and the not-run rows).")
-    parts = []
-    for r in ratios:
-        path, n = r["path"], r["group_size"]
-        gs = [g for g in usable(groups) if g["path"] == path and g["group_size"] == n and g["arm"] == "discard"]
-        kind = lookup_kind(gs[0]) if gs else "prefetch"
-        reread = r["disk MiB/group: discard"] > r["disk MiB/group: retain"]
-        verdict = ("keeping LMCache's copy **stops the repeat reads**" if reread else
-                   "**neither arm rereads**, so retention has nothing to stop" + (
-                       " (the in-process connector loads only what vLLM lacks, and vLLM holds the context)"
-                       if kind == "on_demand" else ""))
-        parts.append(f"On the {path} path with groups of {n}, {verdict}: retain reads "
-                     f"{r['disk MiB/group: retain']:.0f} MiB per group, discard {r['disk MiB/group: discard']:.0f} MiB. "
-                     f"A's first token (median) is {r['ttft_a_ms: retain']:.0f} ms with retention and "
-                     f"{r['ttft_a_ms: discard']:.0f} ms without ({r['ttft_a_ms: discard/retain']:.2f}x); the makespan "
-                     f"{r['makespan_ms: retain']:.0f} vs {r['makespan_ms: discard']:.0f} ms.")
     by = _by(rows)
-    pairs = min(by[k]["groups_ok"] for k in by if k[2] in ("retain", "discard"))
-    weak = [f"The medians rest on {pairs} or more measured pairs per arm; where the p25-p75 ranges of the two arms "
-            "overlap in the table, the latency difference is within the run's spread."]
+    arrivals = {(r["path"], r["group_size"], r["arrival"], r["singleflight"]): r for r in arrival_rows(groups)
+                if r["arm"] == "discard"}
+    parts = []
+    for path in sorted({r["path"] for r in ratios}):
+        combo = _first_combo(by, path)
+        for r in [r for r in ratios if r["path"] == path and (r["arrival"], r["singleflight"]) == combo]:
+            n = r["group_size"]
+            gs = [g for g in usable(groups) if g["path"] == path and g["group_size"] == n and g["arm"] == "discard"]
+            kind = lookup_kind(gs[0]) if gs else "prefetch"
+            reread = r["disk MiB/group: discard"] > r["disk MiB/group: retain"]
+            verdict = ("keeping the tier's copy **stops the repeat reads**" if reread else
+                       "**neither arm rereads**, so retention has nothing to stop" + (
+                           " (the connector loads only what vLLM lacks, and vLLM holds the context)"
+                           if kind == "on_demand" else ""))
+            text = (f"On the {path} path with groups of {n} ({combo[0]}"
+                    + ("" if combo[1] == "n/a" else f", singleflight {combo[1]}") + f"), {verdict}: retain reads "
+                    f"{r['disk MiB/group: retain']:.0f} MiB per group, discard {r['disk MiB/group: discard']:.0f} MiB. "
+                    f"A's first token (median) is {r['ttft_a_ms: retain']:.0f} ms with retention and "
+                    f"{r['ttft_a_ms: discard']:.0f} ms without ({r['ttft_a_ms: discard/retain']:.2f}x); the makespan "
+                    f"{r['makespan_ms: retain']:.0f} vs {r['makespan_ms: discard']:.0f} ms.")
+            mine = {(a, sf): row for (p, m, a, sf), row in arrivals.items() if p == path and m == n}
+            reads = {row["context reads per group (median)"] for row in mine.values()}
+            if len(mine) > 1 and len(reads) == 1 and "no lookup trace" in next(iter(mine.values()))["mechanisms (all groups)"]:
+                text += f" In every arrival pattern the discard follow-ups read the context {_times(reads.pop())} per group."
+            elif len(mine) > 1:
+                order = sorted(mine, key=lambda c: (c[1] != combo[1], c[1], c[0] != "together", c[0]))
+                text += " Without retention the follow-ups read the context " + "; ".join(
+                    f"{_times(mine[c]['context reads per group (median)'])} per group {c[0]}"
+                    + ("" if c[1] == "n/a" else f" with the singleflight {c[1]}")
+                    + f" ({mine[c]['mechanisms (all groups)']})" for c in order) + "."
+            split = [x for x in restore_rows(groups) if x["path"] == path and x["group_size"] == n
+                     and x["phase"] == "prep" and x["source"] == "disk" and (x["arrival"], "n/a") == combo]
+            if split:
+                x = split[0]
+                text += (f" The warm-up's restore from the disk tier took {x['restore ms']} ms (median; disk read "
+                         f"{x['disk_read ms']}, staging {x['staging ms']}, copy into vLLM {x['copy ms']} ms)"
+                         + ("" if x["to_first_token ms"] is None else f", then {x['to_first_token ms']} ms to its first token")
+                         + ".")
+            parts.append(text)
+    pairs = min(by[k]["groups_ok"] for k in by if k[4] in ("retain", "discard"))
+    weak = [f"The medians rest on {pairs} or more measured pairs per arm and combination; where the p25-p75 ranges of "
+            "the two arms overlap in the table, the latency difference is within the run's spread."]
     strict = measured_lines(run)
     if strict:
         weak.append("Measured, not assumed: " + "; ".join(strict) + ".")
-    return " ".join(parts) + "\n\n" + " ".join(weak)
-
-
-def _public_key(label: str) -> str:
-    """A ratio table's column as a public key (no spaces or slashes): 'ttft_a_ms: discard/retain'
-    -> 'ttft_a_ms.discard_to_retain', 'disk MiB/group: retain' -> 'disk_mib_per_group.retain'."""
-    return (label.replace("disk MiB/group", "disk_mib_per_group").replace("discard/retain", "discard_to_retain")
-            .replace(": ", "."))
+    return "\n\n".join(parts) + "\n\n" + " ".join(weak)
 
 
 def public_results(run) -> dict:
@@ -95,10 +150,15 @@ def public_results(run) -> dict:
     rows = arm_rows(groups)
     return {
         "arms": [{k: r[k] for k in PUBLIC_ARM_KEYS if k in r} for r in rows],
-        "discard_to_retain": [{_public_key(k): v for k, v in r.items() if isinstance(v, (int, float, str))}
-                              for r in ratio_rows(rows)],
+        "discard_to_retain": [{k: v for k, v in r.items() if isinstance(v, (int, float, str))} for r in ratio_rows(rows)],
+        "arrivals": [{k: v for k, v in r.items() if v is None or isinstance(v, (int, float, str))}
+                     for r in arrival_rows(groups)],
+        "restore_split": [{k: v for k, v in r.items() if v is None or isinstance(v, (int, float, str))}
+                          for r in restore_rows(groups)],
         "not_run": [{"path": str(b.get("path")), "group_size": b.get("group_size"), "status": str(b.get("status"))}
                     for b in blocks if b.get("status") != "ok"],
+        "topology": [{"row": str(r["row"]), "status": str(r["status"]), "detail": str(r["detail"])}
+                     for r in topology_rows(blocks)],
         "groups_recorded": len(groups),
         "engine_runs_ok": sum(b.get("status") == "ok" for b in blocks),
         "raw_sha256": {name: run.raw_sha256(name) for name in run.raw_names()},

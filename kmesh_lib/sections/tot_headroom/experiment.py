@@ -1,13 +1,15 @@
 """Section 19: does model-driven branching leave room for better retention?
 
-A Tree-of-Thoughts Game of 24 search (``workloads.tot_search``) runs on the kmesh engine with a capture on
-its block pool. Stock vLLM's observed prefill (sum over invocations of prompt tokens minus
-``num_cached_tokens``) is compared with the offline ideal bound (``bounds.ideal``: Belady MIN on
-block hashes) and the LRU model at the same pool size, then swept over pool sizes.
+A Tree-of-Thoughts Game of 24 search (``workloads.tot_search``) runs on the kmesh engine with a capture
+on its block pool. With ``POLICY: scripted`` every call's output is forced (``engine.forcing``) to
+the text a seeded weak-model script writes (``workloads.tot_script``); the engine still prefills
+and decodes every call. Then (``arms``) the same trace is replayed on vLLM's own scheduler and
+KV-cache manager (the replay engine) at every pool size, and larger scripted searches are run
+there at several script error rates. Stock vLLM's prefill is compared with the LRU reference and
+the offline ideal bound (``bounds.ideal``) at each size.
 
-Only a complete run qualifies for the comparison: a run that hits a limit (calls, the run
-ceiling or the per-invocation bound) is marked partial. The consistency checks (``app.verify``)
-recompute the bound, regrade every answer and replay the whole search from the raw capture.
+A run that hits a limit (calls, the run ceiling or the per-invocation bound) is partial; its
+``checks`` say so (``run is complete`` fails) and skip what needs a whole search.
 """
 from __future__ import annotations
 
@@ -20,8 +22,21 @@ from kmesh_lib.base.records import environment, sha256_file
 from kmesh_lib.engine.model_spec import ByteTokenizer, materialize, resolve, tokenizer_for
 from kmesh_lib.engine.vllm_engine import make_engine
 from kmesh_lib.kv.capture import BlockPoolCapture, drain_check
+from kmesh_lib.sections.tot_headroom import arms, bound
 from kmesh_lib.sections.tot_headroom.generator import InvocationBlockLog, capture_record, engine_generator
-from kmesh_lib.sections.tot_headroom.params import CAPTURE, CLOCK_DOMAIN, OUTCOMES, TotHeadroomParams, search_config
+from kmesh_lib.sections.tot_headroom.params import (
+    BLOCK_EVENTS,
+    CAPTURE,
+    CLOCK_DOMAIN,
+    OUTCOMES,
+    TotHeadroomParams,
+    bound_pool_sizes,
+    data_relative,
+    policy_label,
+    scripted_policy,
+    search_config,
+    stock_pool_sizes,
+)
 from kmesh_lib.workloads import game24
 from kmesh_lib.workloads.tot_search import COUNT_NAMES, SearchRun, TotSearch, encode
 
@@ -57,6 +72,14 @@ def check_model_files(cfg: TotHeadroomParams) -> dict[str, str]:
     return hashes
 
 
+def input_hashes(cfg: TotHeadroomParams) -> dict[str, str]:
+    """Every input by content hash; the puzzle file under its path relative to the data root."""
+    csv_path = game24.repo_path(cfg.PUZZLES_CSV)
+    inputs = {f"puzzles:{data_relative(csv_path)}": sha256_file(csv_path)}
+    inputs.update({f"model:{name}": digest for name, digest in check_model_files(cfg).items()})
+    return inputs
+
+
 @dataclass
 class TotRun:
     search: SearchRun
@@ -70,15 +93,30 @@ class TotRun:
 
 
 def run(cfg: TotHeadroomParams, record) -> TotRun:
+    """The engine run, then the replay arms; ``raw/`` is written as each group and arm finishes."""
+
+    engine_run = run_engine(cfg, record)
+    record.save("bound", bound.compare_bound(engine_run.records, cfg.BLOCK_SIZE, cfg.NUM_GPU_BLOCKS - 1))
+    record.save("sweep", bound.sweep(engine_run.records, cfg.BLOCK_SIZE, bound_pool_sizes(cfg),
+                                     {cfg.NUM_GPU_BLOCKS - 1: record.results["bound"]["observed_prefill_tokens"]}))
+    t0 = time.monotonic()
+    tables = arms.run_arms(cfg, record, engine_run.records)
+    record.save("stock_sweep", tables.stock_sweep)
+    record.save("scale_searches", tables.scale_searches)
+    record.save("arms_s", round(time.monotonic() - t0, 1))
+    return engine_run
+
+
+def run_engine(cfg: TotHeadroomParams, record) -> TotRun:
     """Hashes the inputs, runs the search on the profile's engine and writes raw/ as it goes."""
 
     t_start = time.monotonic()  # the run ceiling counts the engine start too
-    csv_path = game24.repo_path(cfg.PUZZLES_CSV)
-    inputs = {f"puzzles:{csv_path.name}": sha256_file(csv_path)}
-    inputs.update({f"model:{name}": digest for name, digest in check_model_files(cfg).items()})
-    record.save("inputs", inputs)  # hashed before the engine allocates its first block
-    puzzles = game24.load_puzzles(csv_path, cfg.PUZZLE_INDICES)
-    engine = make_engine(cfg)
+    record.save("policy", policy_label(cfg))
+    record.save("inputs", input_hashes(cfg))  # hashed before the engine allocates its first block
+    puzzles = game24.load_puzzles(cfg.PUZZLES_CSV, cfg.PUZZLE_INDICES)
+    scripted = cfg.POLICY == "scripted"
+    engine = make_engine(cfg, forcing_outputs=scripted)
+    tokenizer = tokenizer_for(engine.spec)
     capture = BlockPoolCapture(engine.block_pool)
     log = InvocationBlockLog(engine, capture)
     engine_info = {"name": "vllm", "version": environment()["packages"].get("vllm", "unknown"), "mode": engine.mode,
@@ -88,21 +126,23 @@ def run(cfg: TotHeadroomParams, record) -> TotRun:
 
     def on_group(invocations) -> None:
         recs = [capture_record(inv, run_id=record.run_dir.name, engine_info=engine_info, clock_domain=CLOCK_DOMAIN,
-                               block_events=log.events_for(inv.call.invocation_id)) for inv in invocations]
+                               block_events=log.events_for(inv.call.invocation_id), policy=cfg.POLICY,
+                               scheduling=log.scheduling_for(inv.call.invocation_id)) for inv in invocations]
         record.append_jsonl(CAPTURE, recs)
         records.extend(recs)
 
     scfg = search_config(cfg)
+    outputs = scripted_policy(cfg, tokenizer).token_ids if scripted else None
     t0 = time.monotonic()
     try:
-        search = TotSearch(engine_generator(engine, scfg, on_step=capture.mark_step), tokenizer_for(engine.spec), scfg,
+        search = TotSearch(engine_generator(engine, scfg, on_step=capture.mark_step, outputs=outputs), tokenizer, scfg,
                            on_group=on_group).run(puzzles, started_at=t_start)
     finally:
         search_s = time.monotonic() - t0
         drain = drain_check(engine.block_pool)
         log.close()
         capture.close()
-        record.append_jsonl("block_events.jsonl", capture.to_records())
+        record.append_jsonl(BLOCK_EVENTS, capture.to_records())
         engine.close()
     record.append_jsonl(OUTCOMES, [o.to_dict() for o in search.outcomes])
     out = TotRun(search, records, engine.start_s, search_s, drain.ok, str(drain), log.num_unattributed, capture.counts())
@@ -114,7 +154,7 @@ def summary(run: TotRun) -> dict:
     """Aggregates only (no expressions or token ids): what results.json and the public file hold."""
     s = run.search
     seconds = sorted((r["t_finish_ns"] or r["t_submit_ns"]) - r["t_submit_ns"] for r in run.records)
-    return {"partial": s.partial, "limit_hit": s.limit_hit, "qualifies": not s.partial,
+    return {"partial": s.partial, "limit_hit": s.limit_hit,
             "engine_start_s": round(run.engine_start_s, 1), "search_s": round(run.search_s, 1),
             "invocation_s": {"median": round(seconds[len(seconds) // 2] / 1e9, 1) if seconds else None,
                              "max": round(seconds[-1] / 1e9, 1) if seconds else None},
@@ -122,6 +162,17 @@ def summary(run: TotRun) -> dict:
             "num_unattributed_block_events": run.num_unattributed_events, "drain_ok": run.drain_ok,
             "outcomes": [{k: o.to_dict()[k] for k in ("puzzle_index", "numbers", "status", "reason", "num_calls")}
                          for o in s.outcomes]}
+
+
+# Seconds per decode step of a group (it decodes until its longest output, up to MAX_TOKENS), by device and shape.
+# cpu: measured here with other jobs on the 2 cores (tiny 0.08; the 0.5B shape 1.3 alone, 2.6 for 8 requests);
+# cuda: the published H200 run of section 19 (7B shape, dummy weights: 3 calls of 192 tokens in 16.8 s).
+DECODE_STEP_S = {("cpu", "tiny"): 0.08, ("cpu", "qwen2.5-0.5b"): 2.0, ("cuda", "qwen2.5-0.5b"): 0.012,
+                 ("cuda", "qwen2.5-7b"): 0.03}
+ENGINE_START_S = {"cpu": 45, "cuda": 60}  # import, weights, profiling (7B dummy: 14 s after import on the H200)
+REPLAY_S_PER_CALL = 0.016  # one replay-engine call (scheduler + KV-cache manager, no forward pass), measured here
+CALLS_PER_PUZZLE = 15  # scripted search at the default rates, BREADTH 2: 16 on puzzles 0-2, 14 on 0-19
+NOTEBOOK_S = 60  # kernel start, bounds, checks (the scale traces re-derived), plots
 
 
 def plan(cfg: TotHeadroomParams) -> dict:
@@ -134,11 +185,15 @@ def plan(cfg: TotHeadroomParams) -> dict:
     root = len(encode(tok, game24.FEWSHOT)) + len(encode(tok, question))
     usable = cfg.NUM_GPU_BLOCKS - 1
     kv_mib = spec.kv_bytes_per_token(cfg.DTYPE) * cfg.BLOCK_SIZE * usable / (1 << 20)
-    # measured on 2 idle CPU cores: tiny ~0.005 s/token; the 0.5B shape ~5 s prefill + ~0.13 s/token
-    # (other jobs on the cores have made it ~8x slower)
-    per_call_s = {"tiny": 1 + 0.005 * cfg.MAX_TOKENS, "qwen2.5-0.5b": 5 + 0.13 * cfg.MAX_TOKENS}.get(cfg.MODEL) \
-        if cfg.DEVICE == "cpu" else None
+    num_groups = len(puzzles) * 6  # per BFS step: one proposal group, one value group
+    step_s = DECODE_STEP_S.get((cfg.DEVICE, cfg.MODEL))
+    engine_s = step_s * cfg.MAX_TOKENS * num_groups if step_s else None
+    num_scale_calls = CALLS_PER_PUZZLE * cfg.NUM_SCALE_PUZZLES * len(cfg.SCRIPT_ERROR_RATES)
+    replay_s = REPLAY_S_PER_CALL * (CALLS_PER_PUZZLE * len(puzzles) + num_scale_calls) * len(stock_pool_sizes(cfg))
+    scripted = cfg.POLICY == "scripted"
     return {
+        "policy": policy_label(cfg) + (": outputs forced, every call prefilled and decoded by the engine"
+                                       if scripted else ""),
         "puzzles": ", ".join(f"{p.index}: {' '.join(map(str, p.numbers))}" for p in puzzles),
         "search": f"BFS, {cfg.BREADTH} states kept per step, 3 steps; one proposal call per state, one value call per "
                   f"distinct numbers-left (memoized); <= {cfg.MAX_TOKENS} output tokens, temperature {cfg.TEMPERATURE}, "
@@ -150,9 +205,18 @@ def plan(cfg: TotHeadroomParams) -> dict:
         "pool": f"NUM_GPU_BLOCKS {cfg.NUM_GPU_BLOCKS} = {usable} usable + the null block, {cfg.BLOCK_SIZE}-token blocks: "
                 f"{usable * cfg.BLOCK_SIZE} tokens, {kv_mib:.0f} MiB of KV",
         "prompts": f"few-shot header + root question {root} tokens; children extend their producer's prompt + output",
-        "bound sweep (usable blocks)": sorted(set(cfg.SWEEP_POOL_BLOCKS) | {usable}),
-        "expected duration": (f"engine start + about {per_call_s:.0f} s per call" if per_call_s else "not measured")
-                             + "; with random or dummy weights nothing parses: one proposal call per puzzle",
+        "stock vLLM observed at (usable blocks)": f"{stock_pool_sizes(cfg)} (replay engine; the run's own pool on the "
+                                                  f"{cfg.ENGINE} engine too)",
+        "LRU and ideal at (usable blocks)": bound_pool_sizes(cfg),
+        "scale traces": (f"puzzles 0..{cfg.NUM_SCALE_PUZZLES - 1}, scripted, error rates {cfg.SCRIPT_ERROR_RATES}, "
+                         f"replay engine" if cfg.NUM_SCALE_PUZZLES else "none"),
+        "expected duration": (f"~{(ENGINE_START_S[cfg.DEVICE] + engine_s + replay_s + NOTEBOOK_S) / 60:.0f} min: "
+                              f"engine start ~{ENGINE_START_S[cfg.DEVICE]} s + search ~{engine_s / 60:.1f} min "
+                              f"({num_groups:.0f} groups of up to {cfg.MAX_TOKENS} decode steps at ~{step_s} s) + "
+                              f"replay arms ~{replay_s / 60:.1f} min (~{num_scale_calls} scale calls x "
+                              f"{len(stock_pool_sizes(cfg))} pool sizes) + notebook ~{NOTEBOOK_S} s"
+                              if engine_s is not None and scripted
+                              else "not measured for this shape and device"
+                              + ("; with random or dummy weights nothing parses: one proposal call per puzzle"
+                                 if not scripted and spec.is_synthetic else "")),
     }
-
-

