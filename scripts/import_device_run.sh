@@ -31,5 +31,5 @@ PY
 if .venv/bin/kmesh verify "$section" "$run_id"; then
   echo "publish with: .venv/bin/kmesh publish $section $run_id"
 else
-  echo "verify failed; publish only as a marked failure: .venv/bin/kmesh publish $section $run_id --allow-failed"
+  echo "verify failed; publish only as a marked failure: .venv/bin/kmesh publish $section $run_id --allow-failed --why \"one sentence: why it failed\""
 fi

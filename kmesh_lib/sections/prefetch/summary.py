@@ -6,8 +6,6 @@ results.json. The savings are given without the groups in which a follow-up reco
 """
 from __future__ import annotations
 
-import re
-
 from kmesh_lib.sections.prefetch import stats as ps
 from kmesh_lib.sections.prefetch.checks import as_run, confirmation_leads, groups_of, measured_lines
 from kmesh_lib.sections.prefetch.experiment import PAPER
@@ -116,10 +114,8 @@ def answer(run) -> str:
 
 
 def _numbers(row: dict) -> dict:
-    """A table row with only numbers, short labels and lists of numbers, its column names as public
-    keys ('A first token on_arrival ms' -> 'A_first_token_on_arrival_ms')."""
-    return {re.sub(r"[^A-Za-z0-9_.:+=\-]+", "_", k): v for k, v in row.items()
-            if v is None or isinstance(v, (int, float, str))
+    """A table row with only numbers, short labels and lists of numbers."""
+    return {k: v for k, v in row.items() if v is None or isinstance(v, (int, float, str))
             or (isinstance(v, list) and all(isinstance(x, (int, float)) or x is None for x in v))}
 
 
@@ -130,8 +126,7 @@ def public_results(run) -> dict:
     resamples, seed = params.get("BOOTSTRAP_RESAMPLES", 10000), params.get("SEED", 0)
     return {
         "bootstrap": {"method": ps.BOOTSTRAP, "resamples": resamples, "seed": seed},
-        "confirmation_lead_ms": {case.replace(" ", ":"): lead  # 'mp N=4' -> 'mp:N=4': a public key has no spaces
-                                 for case, lead in confirmation_leads(run.raw("blocks.jsonl")).items()},
+        "confirmation_lead_ms": confirmation_leads(run.raw("blocks.jsonl")),
         "all_cases": [_numbers(r) for r in rows.values()],
         "all_cases_with_recomputed": [_numbers(r) for r in with_.values()],
         "placement": [_numbers(r) for r in ps.placement(groups, resamples, seed)],
