@@ -286,6 +286,7 @@ def test_publish_keeps_each_figure_once_and_no_log(section, capsys, tmp_path):
     extra = nbformat.v4.new_code_cell("plt.show()", execution_count=3)  # displayed, never saved
     extra.outputs = [nbformat.v4.new_output("display_data", data={"image/png": PNG_1PX, "text/plain": "<Figure>"})]
     nb.cells.append(extra)
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {"m1": {}, "m2": {}}}}
     nbformat.write(nb, str(nb_path))
     (run_dir / "blocks.log").write_text("INFO engine noise\n")
     (run_dir / "raw" / "child-tiny.log").write_text("INFO engine noise\n")
@@ -299,7 +300,10 @@ def test_publish_keeps_each_figure_once_and_no_log(section, capsys, tmp_path):
     assert not (dest / "total.png").exists() and "figure: total.png (cell 2 displayed this figure; kept once" in out
     for name in ("blocks.log", "raw/child-tiny.log", "lead-mp-N4.json", "raw/params_for_children.yaml"):
         assert not (dest / name).exists() and f"left out: {name} (" in out
-    cells = nbformat.read(str(dest / section.NOTEBOOK), as_version=4).cells
+    published_nb = nbformat.read(str(dest / section.NOTEBOOK), as_version=4)
+    assert "widgets" not in published_nb.metadata
+    assert published_nb.metadata["kmesh_published"]["widget_state_dropped"]["models"] == 2
+    cells = published_nb.cells
     shown, only = cells[-2].outputs[0], cells[-1].outputs[0]
     assert "image/png" not in shown.data and shown.data["text/plain"] == "<Figure>"
     assert shown.data["text/html"] == '<img src="figures/total.png" alt="figure figures/total.png">'

@@ -6,8 +6,9 @@ A local run (``runs/``) keeps everything it wrote. Its published copy holds each
                           as recorded (absolute paths made relative, ``app.publish``)
     <notebook>.ipynb      the executed notebook; each image output refers to its figure file (an
                           ``<img>`` in ``text/html``; ``metadata.kmesh_figure`` names the file and
-                          keeps the displayed image's SHA-256 and size). No other output changes:
-                          stderr stays as the run printed it.
+                          keeps the displayed image's SHA-256 and size); the saved widget state
+                          (progress bars, the live panel) is dropped and counted. No other output
+                          changes: stderr stays as the run printed it.
     figures/*.png         every figure once: the PNG the cell saved with ``record.figure_path``
                           from the figure it displayed, or else the displayed image itself
     raw/*.jsonl.xz        the captures, xz-compressed (preset 9e; the container holds no name or
@@ -29,6 +30,7 @@ from __future__ import annotations
 import base64
 import fnmatch
 import hashlib
+import json
 import lzma
 import re
 import shutil
@@ -138,6 +140,11 @@ def move_figures(folder: Path, notebook: str) -> tuple[list[str], list[str]]:
       image's SHA-256 and size;
     - else the displayed bytes themselves, as ``figures/cell<NN>-<k>.png``.
 
+    It also drops the notebook's saved widget state (``metadata.widgets``: the models behind
+    progress bars and the live panel, including the panel's own PNG), counted in
+    ``metadata.kmesh_published``: it is the state of a UI, not a result, and the report shows no
+    widget. The widget views stay in the cells.
+
     Returns the figure files and 'name (why)' for each top-level PNG that was moved.
     """
     import nbformat
@@ -175,10 +182,13 @@ def move_figures(folder: Path, notebook: str) -> tuple[list[str], list[str]]:
             out.metadata["kmesh_figure"] = {"file": name, "was": kind, "displayed": displayed,
                                             "kept": "the displayed bytes" if displayed["sha256"] == sha256_file(
                                                 folder / name) else "the PNG this cell saved from the same figure"}
-    if written:
+    widgets = nb.metadata.pop("widgets", None)
+    if written or widgets:
+        models = (widgets or {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
         nb.metadata["kmesh_published"] = {
             "format": FORMAT, "figures": len(written),
-            "note": "each displayed image is kept once, in the file its output names (metadata kmesh_figure)"}
+            "note": "each displayed image is kept once, in the file its output names (metadata kmesh_figure)",
+            **({"widget_state_dropped": {"models": len(models), "bytes": len(json.dumps(widgets))}} if widgets else {})}
         nbformat.write(nb, str(nb_path))
     return written, [f"{n} ({why})" for n, why in moved.items()]
 
