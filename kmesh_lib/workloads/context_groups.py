@@ -57,6 +57,7 @@ from kmesh_lib.workloads.context_arms import ARMS, CONTROL_ARMS, EXTERNAL_ARMS, 
 from kmesh_lib.workloads.context_params import MP_PATHS, ArrivalPattern
 
 DISK_HEADROOM_BYTES = 64 * MIB
+STORE_TIMEOUT_S = 60.0  # a store that has not reached the disk tier by then is reported, not waited for
 
 
 def run_arrivals(engine, specs: list[RequestSpec], pattern: ArrivalPattern, clock=time.monotonic_ns,
@@ -278,11 +279,25 @@ class Block:
                 self.tier.set_saving(False)
         if buffer:
             self.tier.take_restores()
+        hooked = getattr(meter, "hooked", True)  # a stock server has no byte hook: its disk tier's files say it
+
+        def written_since(snap) -> int:
+            return (snap.hook_write_bytes - before.hook_write_bytes if hooked
+                    else snap.disk_tier_bytes - before.disk_tier_bytes)
+
+        # NOTE: the MP connector hands the worker's stores to the server asynchronously, so the server's
+        # queues can be idle (settle returns) before the last chunks reach them (seen on the H200: 1 of
+        # 16 chunks written when settle returned). The store is over when the bytes are on the disk tier.
+        deadline = time.monotonic() + STORE_TIMEOUT_S
+        after = meter.snapshot()
+        while (written_since(after) < self.context_bytes and after.hook_write_errors == before.hook_write_errors
+               and time.monotonic() < deadline):
+            time.sleep(0.02)
+            self.tier.settle()
+            after = meter.snapshot()
         self.tier.drop_memory_copy()
         after = meter.snapshot()
-        hooked = getattr(meter, "hooked", True)  # a stock server has no byte hook: its disk tier's files say it
-        written = (after.hook_write_bytes - before.hook_write_bytes if hooked
-                   else after.disk_tier_bytes - before.disk_tier_bytes)
+        written = written_since(after)
         store = {"chunks": n_chunks, "bytes_written": written, "written_by": "hook" if hooked else "disk-tier files",
                  "write_errors": after.hook_write_errors - before.hook_write_errors,
                  "disk_tier_bytes": after.disk_tier_bytes, "memory_tier_bytes": after.memory_tier_bytes,
