@@ -1,6 +1,6 @@
 """Runs inside the ``lmcache server`` process: installed by ``kmesh_lib.lmcache.launcher`` before it serves.
 
-Five things, each observation or configuration of real LMCache objects (LMCache 0.5.3 and 0.5.6);
+Four things, each observation or configuration of real LMCache objects (LMCache 0.5.3 and 0.5.6);
 none replaces LMCache's data path:
 
 1. **Retention switch.** The prefetch controller's policy is wrapped so that its L1 retention
@@ -25,12 +25,7 @@ none replaces LMCache's data path:
    nothing from L2. Stock LMCache issues its own load (0.5.6: per-request write tags) or loses
    the L1 reservation and falls back to its L1-only hit (0.5.3: ``KEY_NOT_WRITABLE``).
 
-5. **Warm-load guard** (``guard_warm_loads``). A warm prefetch's L1 copy is not handed to the store
-   controller as new data (LMCache 0.5.3 would store it back to L2 and, under ``skip_l1``, delete
-   it from L1 milliseconds after the prefetch completed); lookup-mode loads already are not.
-
-Invariant: every hook calls the wrapped LMCache function exactly once with the same arguments,
-except the warm-load guard, which withholds from the store listener the keys a warm load wrote;
+Invariant: every hook calls the wrapped LMCache function exactly once with the same arguments;
 the singleflight only delays when ``_start_lookup_phase`` runs, on the controller's own thread.
 
 Imports only the standard library at module level, so the server starts as fast as without it.
@@ -249,13 +244,8 @@ class LookupTrace:
             return out
 
         def finish_request(request, *args, **kwargs):
-            warm = _mode(getattr(request, "mode", None)) == "WARM"
-            WARM_FINISHING.active = warm
-            try:
-                out = finish(request, *args, **kwargs)
-            finally:
-                WARM_FINISHING.active = False
-            log.write(op="done", pid=request.request_id, mode="WARM" if warm else "LOOKUP")
+            out = finish(request, *args, **kwargs)
+            log.write(op="done", pid=request.request_id)
             return out
 
         def report_status():
@@ -269,37 +259,6 @@ class LookupTrace:
         c._submit_load_tasks = submit_load_tasks
         c._finish_request = finish_request
         c.report_status = report_status
-
-
-# Set while the prefetch controller finishes a warm request (``POST /cache/prefetches``), in its thread.
-WARM_FINISHING = threading.local()
-
-
-def guard_warm_loads(storage_manager, log: IOLog) -> bool:
-    """Keeps a warm prefetch's L1 copy: the store controller's listener skips the keys it writes.
-
-    NOTE: LMCache 0.5.3 finishes a warm load's L1 writes with ``finish_write``, which the store
-    controller's listener takes for new data (``on_l1_keys_write_finished``): it stores the keys
-    back to L2 and, under ``--l2-store-policy skip_l1``, deletes them from L1 right after, so the
-    warm copy is gone milliseconds after the prefetch reports completed and the next lookup
-    rereads the disk tier (seen on the H200 in 24 of 40 early groups). A lookup-mode load ends with
-    ``finish_write_and_reserve_read``, which the listener ignores "because we don't want to trigger
-    store when the objects are prefetched to L1"; the guard gives warm loads the same treatment.
-    Returns False where the storage manager has no such listener (nothing to guard).
-    """
-    listener = getattr(getattr(storage_manager, "_store_controller", None), "_listener", None)
-    if listener is None or not hasattr(listener, "on_l1_keys_write_finished"):
-        return False
-    enqueue = listener.on_l1_keys_write_finished
-
-    def on_l1_keys_write_finished(keys):
-        if getattr(WARM_FINISHING, "active", False):
-            log.write(op="warm_not_restored", n_keys=len(keys))  # they came from L2: nothing to store
-            return
-        enqueue(keys)
-
-    listener.on_l1_keys_write_finished = on_l1_keys_write_finished
-    return True
 
 
 def install_hooks(storage_manager, cfg: dict) -> dict:
@@ -317,6 +276,6 @@ def install_hooks(storage_manager, cfg: dict) -> dict:
             hook_fs_adapter(adapter, log)
             hooked.append(str(adapter._base_path))
     LookupTrace(storage_manager, controller, log, WordSwitch(cfg["singleflight_file"], (ON, OFF), OFF))
-    info = {"fs_adapters": hooked, "pid": os.getpid(), "warm_load_guard": guard_warm_loads(storage_manager, log)}
+    info = {"fs_adapters": hooked, "pid": os.getpid()}
     log.write(op="plugin_ready", **info)
     return info
