@@ -30,7 +30,7 @@ class FamilyHoldParams(EngineParams):
     NUM_NOISE: PositiveCount = Field(4, description="unrelated prompts per pass")
     NUM_PASSES: PositiveCount = Field(2, description="passes over the unrelated prompts between parent and child")
     CHILD_SUFFIX_TOKENS: Tokens = Field(
-        64, description="new tokens the child adds after the parent's input + output; at least 1, so the child extends the parent")
+        64, description="tokens the child adds after the parent's input + output; at least 1, so the child extends the parent")
     MAX_TOKENS: Tokens = Field(8, description="greedy output tokens per request")
     NUM_SAMPLES: PositiveCount = Field(3, description="samples per arm; fresh prompts per sample, the same in both arms")
     MAX_HELD_BLOCKS: Annotated[int, Field(ge=1, le=MAX_BLOCKS)] | None = Field(
