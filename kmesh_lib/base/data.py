@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from kmesh_lib.base.paths import REPO_ROOT
+from kmesh_lib.base.paths import REPO_ROOT, in_repo
 
 DATA_ROOT_ENV = "KMESH_DATA_ROOT"
 DEFAULT_DATA_ROOT = "../shared/data"  # relative to the repository root
@@ -30,8 +30,7 @@ MANIFEST_DIR = REPO_ROOT / "data"
 
 def data_root() -> Path:
     value = os.environ.get(DATA_ROOT_ENV) or DEFAULT_DATA_ROOT
-    path = Path(value).expanduser()
-    return (path if path.is_absolute() else REPO_ROOT / path).resolve()
+    return in_repo(Path(value).expanduser()).resolve()
 
 
 def resolve_path(value: str | Path) -> Path:
@@ -41,8 +40,7 @@ def resolve_path(value: str | Path) -> Path:
     text = str(value)
     if text == DATA_ROOT_PREFIX or text.startswith(DATA_ROOT_PREFIX + "/"):
         return data_root() / text[len(DATA_ROOT_PREFIX) + 1:]
-    path = Path(text).expanduser()
-    return (path if path.is_absolute() else REPO_ROOT / path).resolve()
+    return in_repo(Path(text).expanduser()).resolve()
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,12 @@ def pythonpath_with_repo() -> str:
     return os.pathsep.join([str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 
+def in_repo(path: str | Path) -> Path:
+    """A path named in params or a run record: absolute, or relative to the repository root."""
+    p = Path(path)
+    return p if p.is_absolute() else REPO_ROOT / p
+
+
 def repo_relative(path: str | Path) -> str | None:
     """``path`` relative to the repository root, or None outside it: run records name no machine paths."""
     p = Path(path).resolve()

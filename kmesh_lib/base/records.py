@@ -42,7 +42,7 @@ import yaml
 from kmesh_lib.base import topology
 from kmesh_lib.base.checks import STATUSES, Check
 from kmesh_lib.base.params import current_names, to_dict
-from kmesh_lib.base.paths import REPO_ROOT, RUNS
+from kmesh_lib.base.paths import REPO_ROOT, RUNS, in_repo
 from kmesh_lib.base.runlog import EngineLog
 
 PACKAGES = ("vllm", "lmcache", "torch", "transformers", "papermill", "nbval", "pandas", "numpy")
@@ -430,6 +430,12 @@ class RunRecord:
         if self.engine_log is not None:
             self.engine_log.close()
             self.engine_log = None
+
+    @classmethod
+    def open_or_render(cls, section: str, params: Any) -> RunRecord:
+        """A new run folder, or (``params.SOURCE_RUN``) a run measured elsewhere, rendered in its own folder."""
+        source = getattr(params, "SOURCE_RUN", None)
+        return cls.render(section, in_repo(source)) if source else cls.open(section, params)
 
     def files(self) -> RunFiles:
         """The run as recorded so far, for ``checks``: the same reader ``kmesh verify`` uses."""

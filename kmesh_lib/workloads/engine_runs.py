@@ -30,8 +30,11 @@ from __future__ import annotations
 import fcntl
 import importlib
 import json
+import os
 import subprocess
+import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -233,3 +236,23 @@ class Pipeline:
             self.failed.append(child.name)
             self.say(f"{child.name} failed ({child.proc.returncode}); last lines of {child.log.name}:\n"
                      + "\n".join(text.splitlines()[-8:]))
+
+
+def exit_driver(main, name: str) -> None:
+    """A GPU driver's entry point: runs ``main`` and ends the process hard with its exit code.
+
+    A parameter error is one line (exit 2); anything else that raised is printed (exit 1). The
+    process ends with ``os._exit``, because LMCache 0.5.3 leaves non-daemon threads behind.
+    """
+    try:
+        code = main()
+    except params_mod.ParamError as e:
+        print(f"{name}: {e}", file=sys.stderr)
+        code = 2
+    except Exception:  # noqa: BLE001 - a child that raised: its summary says failed; report and exit hard
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+

@@ -23,11 +23,8 @@ public results), ``widgets`` and ``live`` (the interactive panel), ``gpu`` (the 
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from kmesh_lib.base import params as params_mod
 from kmesh_lib.base import topology
-from kmesh_lib.base.paths import REPO_ROOT
 from kmesh_lib.base.processes import runtime_root
 from kmesh_lib.base.records import RunRecord
 from kmesh_lib.lmcache.connect import inproc_support
@@ -189,17 +186,9 @@ def measure(cfg: PrefetchParams, record=None, log=print) -> tuple[list[dict], li
     return ps.classify(groups, cfg.BLOCK_SIZE), runs
 
 
-def run_folder(path: str) -> Path:
-    """A run folder named in the params: absolute, or relative to the repository root."""
-    p = Path(path)
-    return p if p.is_absolute() else REPO_ROOT / p
-
-
-def open_record(cfg: PrefetchParams) -> RunRecord:
+def open_record(cfg) -> RunRecord:
     """A new run folder, or (``SOURCE_RUN``) the measured run's own folder, rendered in place."""
-    if cfg.SOURCE_RUN:
-        return RunRecord.render("prefetch", run_folder(cfg.SOURCE_RUN))
-    return RunRecord.open("prefetch", cfg)
+    return RunRecord.open_or_render("prefetch", cfg)
 
 
 def recorded(record: RunRecord) -> tuple[list[dict], list[dict]]:

@@ -22,11 +22,8 @@ Modules: ``workloads.context_groups`` (groups, blocks), ``sections.retention.blo
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from kmesh_lib.base import params as params_mod
 from kmesh_lib.base import topology
-from kmesh_lib.base.paths import REPO_ROOT
 from kmesh_lib.base.processes import runtime_root
 from kmesh_lib.base.records import RunRecord
 from kmesh_lib.lmcache.connect import gpu_tier_support, inproc_support
@@ -139,17 +136,9 @@ def _minutes(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
-def run_folder(path: str) -> Path:
-    """A run folder named in the params: absolute, or relative to the repository root."""
-    p = Path(path)
-    return p if p.is_absolute() else REPO_ROOT / p
-
-
-def open_record(cfg: RetentionParams) -> RunRecord:
+def open_record(cfg) -> RunRecord:
     """A new run folder, or (``SOURCE_RUN``) the measured run's own folder, rendered in place."""
-    if cfg.SOURCE_RUN:
-        return RunRecord.render("retention", run_folder(cfg.SOURCE_RUN))
-    return RunRecord.open("retention", cfg)
+    return RunRecord.open_or_render("retention", cfg)
 
 
 def recorded(record: RunRecord) -> tuple[list[dict], list[dict]]:

@@ -29,19 +29,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
-from kmesh_lib.base import params as params_mod
 from kmesh_lib.base.checks import show
 from kmesh_lib.base.records import RunRecord
 from kmesh_lib.sections import retention as section
 from kmesh_lib.sections.retention.child import run_planned
 from kmesh_lib.sections.retention.experiment import blocks_to_run, not_available_here, recorded, save_tables
-from kmesh_lib.workloads.engine_runs import Pipeline, hold_gpu, load_params, preimport, prepare
+from kmesh_lib.workloads.engine_runs import Pipeline, exit_driver, hold_gpu, load_params, preimport, prepare
 
 CHILD = [sys.executable, "-m", "kmesh_lib.sections.retention.gpu"]  # the command a block's child starts with
 _HELD = []  # the gpu.lock file of this child: released when the process exits
@@ -114,14 +111,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        code = main()
-    except params_mod.ParamError as e:
-        print(f"retention gpu driver: {e}", file=sys.stderr)
-        code = 2
-    except Exception:  # noqa: BLE001 - a child that raised: its summary says failed; report and exit hard
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # LMCache 0.5.3 leaves non-daemon threads behind
+    exit_driver(main, "retention gpu driver")
