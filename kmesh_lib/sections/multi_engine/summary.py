@@ -149,10 +149,11 @@ def answer(run: RunFiles) -> str:
             "The server process's device counter read more than the O_DIRECT hook and LMCache's loaded chunks in "
             + ", ".join(f"{b['model']} trace {b['repeat']} ({d:+,} bytes; hook {b['l2_read_bytes_hook']:,}, "
                         f"device {b['l2_read_bytes_device']:,})" for b, d in extra)
-            + ": creating the disk tier's chunk files with O_DIRECT makes the kernel read file-system metadata "
-              "for the process (`benchmarks/bench_odirect_metadata.py`: 48 new 1 MiB files read 0 to 20 KiB here, "
-              "run to run), which `/proc/<pid>/io` counts and the hook does not. The check that the three counts "
-              "agree stays strict and fails on it.")
+            + ": the likely source is file-system metadata the kernel reads for a process that creates files "
+              "with O_DIRECT, which `/proc/<pid>/io` counts and the hook does not (`benchmarks/"
+              "bench_odirect_metadata.py` on the CPU machine, reading nothing itself: 48 new 1 MiB files 0 to 20 KiB, "
+              "80 new 3 MiB files 4 to 312 KiB, run to run); it is not confirmed inside the server. The check that "
+              "the three counts agree stays strict and fails on it.")
     return "\n\n".join(parts + measured + ["; ".join(caveats) + "."])
 
 
