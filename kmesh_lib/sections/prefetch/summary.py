@@ -73,13 +73,20 @@ def answer(run) -> str:
             flo, fhi = floor["A first token above floor 95% CI"]
             text += (f" Early ends {floor['A first token above floor ms']:.1f} ms [{flo:.1f}, {fhi:.1f}] above the "
                      "engine-resident floor.")
-        arrival = reads.get((path, n, "on_arrival"))
-        if arrival and arrival["context reads/group (mean)"] > 1.01:
-            text += (f" Repeat reads are not gone for on-arrival groups here: they read the context "
-                     f"{arrival['context reads/group (mean)']:.1f} times per group (concurrent lookups).")
-        elif arrival:
-            text += (f" Both arms read the context once per group (on arrival {arrival['context reads/group (mean)']:.2f}"
-                     + ("" if arrival["singleflight"] == "n/a" else f", singleflight {arrival['singleflight']}") + ").")
+        arrival, early = reads.get((path, n, "on_arrival")), reads.get((path, n, "early"))
+        per_group = {arm: row["context reads/group (mean)"] for arm, row in (("on arrival", arrival), ("early", early))
+                     if row}
+        if per_group and all(v <= 1.01 for v in per_group.values()):
+            text += (" Both arms read the context once per group ("
+                     + ", ".join(f"{arm} {v:.2f}" for arm, v in per_group.items())
+                     + ("" if not arrival or arrival["singleflight"] == "n/a"
+                        else f"; singleflight {arrival['singleflight']}") + ").")
+        elif per_group:
+            text += (" **Repeat reads are not gone here**: the arms read the context "
+                     + ", ".join(f"{v:.2f} times per group {arm}" for arm, v in per_group.items())
+                     + (" (on arrival: concurrent lookups)" if arrival and per_group["on arrival"] > 1.01 else "")
+                     + (" (early: its preparation read the context again before T)" if early and per_group["early"] > 1.01
+                        else "") + ".")
         for row in contrast.get((path, n), []):
             text += (f" With the singleflight {row['singleflight']} ({row['groups']} on-arrival groups) they read it "
                      f"{row['context reads/group (mean)']:.2f} times per group and {row['follow-ups that recomputed']} "
