@@ -269,7 +269,8 @@ def test_fake_fleet_run_passes_its_checks(tmp_path):
     assert got["every request completed with MAX_TOKENS=4 tokens"] == "ok"
     assert got[PREFIX_AWARE_CHECK] == "ok"
     assert got["round-robin policies rotated over the engines in dispatch order"] == "ok"
-    assert got["server: disk-tier reads agree (byte hook = device = loaded chunks x chunk bytes)"] == "skipped"
+    assert got["server: disk-tier payload reads agree (byte hook = loaded chunks x chunk bytes)"] == "skipped"
+    assert got["server: the device counter saw at least the payload the hook read"] == "skipped"
     table = {t["policy"]: t for t in report.policy_table(run.raw("requests.jsonl"), 2)}
     assert table["recompute"]["local_tokens"] == 0 and table["prefix_aware"]["children_with_parent"] == "6/6"
     assert table["prefix_aware"]["local_tokens"] >= 6 * 512  # every child found its parent's blocks
@@ -423,3 +424,35 @@ def test_real_engines_give_the_same_tokens_under_every_policy(tmp_path):
     assert not any(group_alive(g) for g in recorded_groups(run))
     assert yaml.safe_load((run.run_dir / "params.resolved.yaml").read_text())["NUM_ENGINES"] == 2
     assert not os.environ.get("KMESH_FAIL_ON_PURPOSE")
+
+
+def _server_arm(device_read: int, hook_read: int, loaded_chunks: int) -> dict:
+    """A 'shared' trace whose server snapshots give these read counts (chunks of 256 tokens x 1 KiB)."""
+    zero = {"metrics": {}, "device_read_bytes": 0, "hook_read_bytes": 0, "hook_write_bytes": 0, "hook_write_errors": 0,
+            "disk_tier_bytes": 0}
+    after = {**zero, "metrics": {"l2_loaded_chunks": loaded_chunks}, "device_read_bytes": device_read,
+             "hook_read_bytes": hook_read}
+    return {"model": "tiny", "repeat": 0, "policy": "shared", "chunk_size": 256, "kv_bytes_per_token": 1024,
+            "server_before": zero, "server_after": after}
+
+
+@pytest.mark.parametrize("device, hook, chunks, payload, device_ok", [
+    (262_144 + 12_288, 262_144, 1, "ok", "ok"),  # metadata reads beyond the payload: a measured line, not a failure
+    (262_144, 262_144, 2, "failed", "ok"),  # the hook and LMCache disagree on the payload
+    (4_096, 262_144, 1, "ok", "failed"),  # the device saw less than the hook claims
+])
+def test_payload_reads_are_checked_and_device_reads_are_measured(device, hook, chunks, payload, device_ok):
+    from kmesh_lib.sections.multi_engine.checks import byte_checks, measured_lines
+
+    arms = [_server_arm(device, hook, chunks)]
+    got = {c.name: c.status for c in byte_checks({}, [], arms, [])}
+    assert got["server: disk-tier payload reads agree (byte hook = loaded chunks x chunk bytes)"] == payload
+    assert got["server: the device counter saw at least the payload the hook read"] == device_ok
+
+    class Run:
+        def raw(self, name):
+            return arms if name == "arms.jsonl" else []
+
+    assert measured_lines(Run()) == [f"tiny trace 0: the server's device counter read {device:,} bytes, the byte hook "
+                                     f"{hook:,} (device - hook = {device - hook:+,})"]
+

@@ -204,10 +204,18 @@ def byte_checks(p: dict, rows: list[dict], arms: list[dict], probes: list[dict])
         all_of("server: disk-tier writes agree (byte hook = stored chunks x chunk bytes), no write errors", table,
                lambda t: t["l2_write_bytes_hook"] == t["l2_write_bytes_metrics"] and t["l2_write_errors"] == 0, ident,
                "no shared trace with server counters"),
-        all_of("server: disk-tier reads agree (byte hook = device = loaded chunks x chunk bytes)", reads,
-               lambda t: t["l2_read_bytes_hook"] == t["l2_read_bytes_metrics"]
-               and t["l2_read_bytes_device"] in (None, t["l2_read_bytes_hook"]), ident,
+        # NOTE: the server creates chunk files while it serves, and creating files with O_DIRECT makes
+        # the kernel read file-system metadata for the process (benchmarks/bench_odirect_metadata.py),
+        # which /proc/<pid>/io counts and a payload hook cannot. So the device count is not a third count
+        # of payload bytes here: the statement "device = hook" is kept as a measured line
+        # (``measured_lines``: both figures, every trace), and the checks are the two payload counts
+        # agreeing to the byte, and the device having seen at least that payload.
+        all_of("server: disk-tier payload reads agree (byte hook = loaded chunks x chunk bytes)", reads,
+               lambda t: t["l2_read_bytes_hook"] == t["l2_read_bytes_metrics"], ident,
                "no shared trace with a byte hook"),
+        all_of("server: the device counter saw at least the payload the hook read", reads,
+               lambda t: t["l2_read_bytes_device"] is not None and t["l2_read_bytes_device"] >= t["l2_read_bytes_hook"],
+               ident, "no shared trace with a byte hook"),
         all_of("server: the disk tier's files hold what the server's L2 gauge says", table,
                lambda t: t["disk_tier_bytes"] == t["l2_usage_bytes"], ident, "no shared trace with server counters"),
         all_of("server: every chunk found L1 space (no store or load dropped for want of arena)", placed,
@@ -316,3 +324,16 @@ def counts(run: RunFiles) -> dict[str, int | str]:
     out["recompute: cached tokens"] = sum(r["num_cached_tokens"] or 0 for r in rows if r["policy"] == "recompute")
     out["probe children"] = len(run.raw("probes.jsonl"))
     return out
+
+
+def measured_lines(run) -> list[str]:
+    """Strict statements reported as measurements, never a pass or a fail: device reads against the hook."""
+    rows = [t for t in report.bytes_table(run.raw("arms.jsonl"), run.raw("requests.jsonl"))
+            if t["l2_read_bytes_hook"] is not None and t["l2_read_bytes_device"] is not None]
+    out = []
+    for t in rows:
+        device, hook = t["l2_read_bytes_device"], t["l2_read_bytes_hook"]
+        out.append(f"{t['model']} trace {t['repeat']}: the server's device counter read {device:,} bytes, the byte hook "
+                   f"{hook:,} (device - hook = {device - hook:+,})")
+    return out
+
