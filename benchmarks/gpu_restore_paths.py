@@ -1,5 +1,9 @@
 """Every restore path of one context next to its floor, with the timestamp split (issue 13's probe).
 
+Section 21 now runs the same paths as arms of its grid (``sections.crossover.arms``: the GPU buffer
+and vLLM's CPU tier beside LMCache's); this probe stays as the record of the published measurements
+in docs/notes/gpu-restore-paths.md and keeps its own row shape.
+
 For each model shape and context length, one follow-up (context + SUFFIX_TOKENS, MAX_TOKENS out) is
 timed to its first token on each arm, in rotating order, WARMUP_REPEATS + NUM_REPEATS times:
 

