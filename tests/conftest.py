@@ -68,8 +68,11 @@ def pytest_collection_modifyitems(config, items):
     reasons: dict[str, str | None] = {}
     for item in items:
         names = [m.args[0] for m in item.iter_markers("requires_data")]
-        notebook = NOTEBOOK_DATA.get(item.path.name)
-        for name in names + ([notebook] if notebook else []):
+        # a notebook, or a case parametrized by a section or a notebook path whose smoke profile reads a data set
+        params = item.callspec.params if hasattr(item, "callspec") else {}
+        notebooks = [item.path.name, getattr(params.get("section"), "NOTEBOOK", None), getattr(params.get("path"), "name", None)]
+        names += [NOTEBOOK_DATA[n] for n in notebooks if n in NOTEBOOK_DATA]
+        for name in names:
             if name not in reasons:
                 reasons[name] = missing_reason(name)
             if reasons[name]:

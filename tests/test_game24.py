@@ -3,18 +3,20 @@ from fractions import Fraction
 
 import pytest
 
+from kmesh_lib.base.data import resolve_path
 from kmesh_lib.workloads import game24
 from kmesh_lib.workloads.game24 import grade, parse_judgement, parse_proposals, root_state
 
 
+@pytest.mark.requires_data("game24")
 def test_puzzles_come_in_file_order():
-    first = game24.load_puzzles("../shared/data/game24/24.csv", [0, 1, 2])
+    first = game24.load_puzzles(resolve_path("$KMESH_DATA_ROOT/game24/24.csv"), [0, 1, 2])
     assert [(p.index, p.numbers, p.rank) for p in first] == [
         (0, (1, 1, 4, 6), 1), (1, (1, 1, 11, 11), 2), (2, (1, 1, 3, 8), 3)]
-    every = game24.load_puzzles("../shared/data/game24/24.csv")
+    every = game24.load_puzzles(resolve_path("$KMESH_DATA_ROOT/game24/24.csv"))
     assert len(every) == 1362 and all(len(p.numbers) == 4 for p in every)
     with pytest.raises(IndexError, match="out of range"):
-        game24.load_puzzles("../shared/data/game24/24.csv", [1362])
+        game24.load_puzzles(resolve_path("$KMESH_DATA_ROOT/game24/24.csv"), [1362])
 
 
 def test_valid_lines_make_states_with_expressions():

@@ -14,6 +14,8 @@ from kmesh_lib.sections import tot_headroom as section
 from kmesh_lib.sections.tot_headroom import experiment as tx
 from kmesh_lib.sections.tot_headroom.params import CAPTURE, STOCK_SWEEP, TotHeadroomParams
 
+pytestmark = pytest.mark.requires_data("game24")  # every test here builds the section's params, which read the puzzles
+
 SMALL = dict(ENGINE="replay", MODEL="tiny", BLOCK_SIZE=16, NUM_GPU_BLOCKS=129, MAX_MODEL_LEN=2048, PUZZLE_INDICES=[2],
              MAX_TOKENS=96, SWEEP_POOL_BLOCKS=[8, 128, 192], NUM_SCALE_PUZZLES=2, SCRIPT_ERROR_RATES=[0.0, 0.5],
              PROFILE="smoke")

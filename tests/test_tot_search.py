@@ -4,6 +4,7 @@ import itertools
 
 import pytest
 
+from kmesh_lib.base.data import resolve_path
 from kmesh_lib.bounds.ideal import count_exact_prefix_edges
 from kmesh_lib.engine.model_spec import ByteTokenizer
 from kmesh_lib.engine.requests import RequestResult
@@ -113,8 +114,10 @@ def test_chains_that_do_not_fit_restart_from_the_header():
     assert 0 < resets == run.counts["num_context_resets"] < 7
 
 
+@pytest.mark.requires_data("game24")
 def test_the_solver_oracle_solves_and_grades():
-    run = TotSearch(oracle(solver), TOK, SearchConfig()).run(game24.load_puzzles("../shared/data/game24/24.csv", [0, 1, 2]))
+    puzzles = game24.load_puzzles(resolve_path("$KMESH_DATA_ROOT/game24/24.csv"), [0, 1, 2])
+    run = TotSearch(oracle(solver), TOK, SearchConfig()).run(puzzles)
     assert [o.status for o in run.outcomes] == ["solved"] * 3
     assert all(game24.grade(o.numbers, o.expression).ok and len(o.steps) == 3 for o in run.outcomes)
 
@@ -163,6 +166,7 @@ def replay_cfg():
                              NUM_SCALE_PUZZLES=0)
 
 
+@pytest.mark.requires_data("game24")
 def test_forcing_off_leaves_the_driver_unchanged(replay_cfg):
     """POLICY: model: no forced ids reach the engine, and the replay engine's own outputs give what
     they gave before forcing existed (nothing parses; the second root prompt hits the header)."""
@@ -203,6 +207,7 @@ def test_sampling_params_are_unchanged_without_forced_ids():
     assert forced.max_tokens == 2 and forced.extra_args == {FORCED_TOKENS_KEY: [7, 8]}
 
 
+@pytest.mark.requires_data("game24")
 def test_scripted_search_on_vllm_accounting_hits_every_producer_prefix(replay_cfg):
     """Forced outputs through the replay engine: parseable proposals reach vLLM's real cache accounting."""
     from kmesh_lib.bounds.ideal import ideal_prefill_tokens, lru_prefill_tokens
@@ -241,6 +246,7 @@ def test_scripted_search_on_vllm_accounting_hits_every_producer_prefix(replay_cf
     engine.close()
 
 
+@pytest.mark.requires_data("game24")
 def test_gpu_pool_is_what_512_mib_of_7b_kv_buys():
     from kmesh_lib.base.params import ParamError
     from kmesh_lib.sections.tot_headroom.experiment import TotHeadroomParams
@@ -251,6 +257,7 @@ def test_gpu_pool_is_what_512_mib_of_7b_kv_buys():
         TotHeadroomParams(NUM_GPU_BLOCKS=585, **gpu)
 
 
+@pytest.mark.requires_data("game24")
 def test_a_real_model_directory_is_hashed_and_checked_against_its_manifest(tmp_path):
     import json
 

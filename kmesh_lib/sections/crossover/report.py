@@ -207,7 +207,8 @@ def floor_plot(floors: list[dict], path_out):
                     label=f"{path}: transfer floor")
         ax.set(xscale="log", yscale="log", xlabel="context tokens", title=m)
     axes[0][0].set_ylabel("ms")
-    axes[0][-1].legend(fontsize=7)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))  # outside: no line hidden
     fig.tight_layout()
-    fig.savefig(path_out, dpi=80)
+    fig.savefig(path_out, dpi=80, bbox_inches="tight")
     return fig
