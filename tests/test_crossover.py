@@ -381,7 +381,7 @@ def test_a_recorded_grid_with_the_gpu_buffer_passes_its_checks(recorded_tiers):
     split = {(s["arm"], s["context_tokens"]): s for s in recorded_tiers.results["splits"]}
     assert split[("gpubuf_disk", 1024)]["longest_part"] == "disk_read"
     assert split[("gpubuf_retained", 1024)]["longest_part"] == "queue"  # the forward step after it is not a restore part
-    assert "GPU-buffer from disk at 1,024 tokens" in section.answer(recorded_tiers)
+    assert "- m, GPU-buffer from disk: " in section.answer(recorded_tiers)
     validate_public(section.public_results(recorded_tiers))
 
 

@@ -105,13 +105,21 @@ def answer(run: RunFiles) -> str:
                        f"{min(r['x_floor'] for r in distance)}\u2013{max(r['x_floor'] for r in distance)}\u00d7 its transfer "
                        "floor" + (", so the disk itself bounds it" if max(r["x_floor"] for r in distance) <= NEAR_FLOOR else "")
                        if distance and all(r["x_floor"] for r in distance) else "") + ".")
-    text += _floor_sentences(tables, longest)
+    split_lines = _floor_sentences(tables, longest)
     text.append("Where the evidence is weak: " + ("random or dummy weights give each shape's compute time but not a real "
                 "model's values; " if p.get("WEIGHTS") in ("dummy", "random") else "")
                 + "one machine's disk and memory; a crossover is only as fine as the grid of context lengths"
                 + ("; on the CPU build prefill is slow, so restores win early" if p["DEVICE"] == "cpu" else "") + "."
                 + (f" {len(failed)} check(s) failed: " + "; ".join(c.name for c in failed[:3]) + "." if failed else ""))
-    return "\n".join(text[:2]) + "\n\n" + "\n".join(text[2:2 + len(per_model)]) + "\n\n" + " ".join(text[2 + len(per_model):])
+    body = "\n".join(text[:2]) + "\n\n" + "\n".join(text[2:2 + len(per_model)]) + "\n\n"
+    if not split_lines:
+        return body + " ".join(text[2 + len(per_model):])
+    # the weak-evidence sentence closes the answer, after the paths' timelines
+    return (body + " ".join(text[2 + len(per_model):-1]) + "\n\nWhere each timed restore path stands at the longest "
+            "context (cost = first token above the same engine's resident follow-up, a difference of two medians "
+            "that can fall below zero where it is small; parts from the tier's own timestamps"
+            + ("; on the CPU build the GPU buffer is host memory" if p["DEVICE"] == "cpu" else "") + "):\n\n"
+            + "\n".join(f"- {line}" for line in split_lines) + "\n\n" + text[-1])
 
 
 def _floor_sentences(tables: dict, longest: int) -> list[str]:
@@ -125,7 +133,7 @@ def _floor_sentences(tables: dict, longest: int) -> list[str]:
             continue
         part = split.get("longest_part")
         cost = r["restore_cost_ms"]
-        out.append(f"{r['model']}, {LABEL[r['path']]} at {_n(longest)} tokens: "
+        out.append(f"{r['model']}, {LABEL[r['path']]}: "
                    + (f"{cost:,.1f} ms above the engine-resident follow-up, {r['x_floor']}\u00d7 its transfer floor "
                       f"({r['transfer_floor_ms']:,.1f} ms)" if cost > 0 else
                       f"no cost above the engine-resident follow-up ({-cost:,.1f} ms faster; transfer floor "
