@@ -202,11 +202,19 @@ def floor_plot(floors: list[dict], path_out):
             marker, color = "osd^v"[i % 5], f"C{i}"
             rs = [r for r in floors if r["model"] == m and r["path"] == path]
             xs = [r["context_tokens"] for r in rs]
-            ax.plot(xs, [max(r["restore_cost_ms"], 1e-3) for r in rs], marker=marker, color=color, label=f"{path}: restore cost")
+            # a cost at or below zero (no slower than the resident follow-up) has no place on a log axis: not drawn
+            costs = [r["restore_cost_ms"] if r["restore_cost_ms"] > 0 else float("nan") for r in rs]
+            ax.plot(xs, costs, marker=marker, color=color, label=f"{path}: restore cost")
             ax.plot(xs, [r["transfer_floor_ms"] for r in rs], marker=marker, ls="--", color=color, alpha=0.5,
                     label=f"{path}: transfer floor")
         ax.set(xscale="log", yscale="log", xlabel="context tokens", title=m)
+        lengths = sorted({r["context_tokens"] for r in floors if r["model"] == m})
+        ax.set_xticks(lengths, [f"{n:,}" for n in lengths], fontsize=7)  # the grid's lengths, not log-scale minor labels
+        ax.xaxis.set_minor_locator(plt.NullLocator())
     axes[0][0].set_ylabel("ms")
+    if any(r["restore_cost_ms"] <= 0 for r in floors):
+        fig.text(0.01, -0.02, "restore costs at or below zero (no slower than the resident follow-up) are not drawn",
+                 fontsize=7, va="top")
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))  # outside: no line hidden
     fig.tight_layout()
