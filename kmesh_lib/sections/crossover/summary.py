@@ -117,29 +117,45 @@ def answer(run: RunFiles) -> str:
     # the weak-evidence sentence closes the answer, after the paths' timelines
     return (body + " ".join(text[2 + len(per_model):-1]) + "\n\nWhere each timed restore path stands at the longest "
             "context (cost = first token above the same engine's resident follow-up, a difference of two medians "
-            "that can fall below zero where it is small; parts from the tier's own timestamps"
+            "that can fall below zero where it is small; parts from measured timestamps: the tier's own timeline for the "
+            "GPU buffer and vLLM's CPU tier, the component probe for LMCache"
             + ("; on the CPU build the GPU buffer is host memory" if p["DEVICE"] == "cpu" else "") + "):\n\n"
             + "\n".join(f"- {line}" for line in split_lines) + "\n\n" + text[-1])
 
 
+LMCACHE_PARTS = ("lookup_wall_ms", "disk_read_ms", "load_ms")  # ``lmcache.probes``: the components that bring the context in
+
+
+def _longest_part(split: dict | None, component: dict | None) -> tuple[str, float] | None:
+    """The longest part of bringing the context in: from the tier's own timeline (GPU buffer, vLLM's
+    CPU tier) or from the component probe's stamps (LMCache)."""
+    if split and split.get("longest_part"):
+        return split["longest_part"].replace("_", " "), split[split["longest_part"] + "_ms"]
+    spans = {k: component[k] for k in LMCACHE_PARTS if component and component.get(k) is not None}
+    if not spans:
+        return None
+    key = max(spans, key=spans.get)
+    return {"lookup_wall_ms": "lookup (wall; on the MP path it holds the server's disk-to-memory load)",
+            "disk_read_ms": "disk read", "load_ms": "load into vLLM"}[key], spans[key]
+
+
 def _floor_sentences(tables: dict, longest: int) -> list[str]:
-    """Each timeline-split path at the longest context: its distance to its floor and to the
-    engine-resident follow-up, and the part of its restore that takes longest (measured timestamps)."""
+    """Each restore path at the longest context: its distance to its floor and to the engine-resident
+    follow-up, and the part of its restore that takes longest (measured timestamps)."""
     splits = {(r["model"], r["arm"]): r for r in tables.get("splits", []) if r["context_tokens"] == longest}
+    components = {(r["model"], r["arm"]): r for r in tables.get("components", []) if r["context_tokens"] == longest}
     out = []
     for r in tables.get("floor_distance", []):
-        split = splits.get((r["model"], r["path"]))
-        if r["context_tokens"] != longest or split is None or r.get("x_floor") is None:
+        if r["context_tokens"] != longest or r.get("x_floor") is None:
             continue
-        part = split.get("longest_part")
+        part = _longest_part(splits.get((r["model"], r["path"])), components.get((r["model"], r["path"])))
         cost = r["restore_cost_ms"]
         out.append(f"{r['model']}, {LABEL[r['path']]}: "
                    + (f"{cost:,.1f} ms above the engine-resident follow-up, {r['x_floor']}\u00d7 its transfer floor "
                       f"({r['transfer_floor_ms']:,.1f} ms)" if cost > 0 else
                       f"no cost above the engine-resident follow-up ({-cost:,.1f} ms faster; transfer floor "
                       f"{r['transfer_floor_ms']:,.1f} ms)")
-                   + (f"; the longest part of the restore is {part.replace('_', ' ')} ({split[part + '_ms']:,.1f} ms)"
-                      if part else "") + ".")
+                   + (f"; the longest part of the restore is {part[0]} ({part[1]:,.1f} ms)" if part else "") + ".")
     return out
 
 
