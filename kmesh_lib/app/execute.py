@@ -16,6 +16,11 @@ Around the execution:
   and left behind (an LMCache server in its own session, a janitor) is re-parented here instead
   of to init, and ``reap_descendants`` waits for it, then ends it (SIGTERM, then SIGKILL);
 - ``TQDM_DISABLE=1`` in the kernel: progress-bar text would be saved in the notebook;
+- Ctrl-C also stops the kernel (SIGTERM) as it raises KeyboardInterrupt here, so the run ends
+  even where the interrupt is swallowed inside papermill's event loop (nbclient then reports a
+  dead kernel, which counts as interrupted); after an interrupt the abandoned execute task's
+  complaints ("Kernel died", "Task exception was never retrieved") are not logged: the run's one
+  line says what happened;
 - a second Ctrl-C during that cleanup is ignored, so the cleanup finishes and no second
   traceback is printed.
 """
@@ -29,6 +34,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,36 +175,58 @@ def execute(notebook: Path, out_nb: Path, parameters: dict, kernel: str, cwd: Pa
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     subreaper = _set_subreaper(True)
     outcome = Outcome("completed")
+    interrupted = False
+
+    def on_sigint(signum, frame):
+        nonlocal interrupted
+        if not interrupted:
+            interrupted = True
+            for kernel in _descendants(before, recursive=False):
+                try:
+                    kernel.terminate()
+                except psutil.NoSuchProcess:
+                    pass
+        raise KeyboardInterrupt
+
+    in_main_thread = threading.current_thread() is threading.main_thread()  # where Python delivers signals
+    default_sigint = signal.signal(signal.SIGINT, on_sigint) if in_main_thread else None
     try:
         with _env(JUPYTER_RUNTIME_DIR=str(runtime), TQDM_DISABLE="1"):
             papermill.execute_notebook(str(notebook), str(out_nb), parameters=parameters, kernel_name=kernel,
                                        cwd=str(cwd), execution_timeout=timeout_s, log_output=log_output,
                                        progress_bar=not log_output,
                                        kernel_manager_class=_kernel_manager_class(runtime, kernel_log))
-    except papermill.PapermillExecutionError as e:
-        outcome = Outcome("failed", {"kind": "cell error", "cell": e.exec_count, "ename": e.ename,
-                                     "evalue": _first_line(e.evalue)})
-    except DeadKernelError as e:
-        outcome = Outcome("failed", {"kind": "dead kernel", "cell": _last_started_cell(out_nb), "ename": "DeadKernelError",
-                                     "evalue": _first_line(e)})
+    except (KeyboardInterrupt, papermill.PapermillExecutionError, DeadKernelError) as e:
+        if interrupted or isinstance(e, KeyboardInterrupt):
+            outcome = Outcome("interrupted", {"kind": "interrupted", "cell": _last_started_cell(out_nb),
+                                              "ename": "KeyboardInterrupt", "evalue": "Ctrl-C"})
+        elif isinstance(e, DeadKernelError):
+            outcome = Outcome("failed", {"kind": "dead kernel", "cell": _last_started_cell(out_nb),
+                                         "ename": "DeadKernelError", "evalue": _first_line(e)})
+        else:
+            outcome = Outcome("failed", {"kind": "cell error", "cell": e.exec_count, "ename": e.ename,
+                                         "evalue": _first_line(e.evalue)})
     except CellTimeoutError as e:
         outcome = Outcome("failed", {"kind": "timeout", "cell": _last_started_cell(out_nb), "ename": "CellTimeoutError",
                                      "evalue": _first_line(e)})
-    except KeyboardInterrupt:
-        outcome = Outcome("interrupted", {"kind": "interrupted", "cell": _last_started_cell(out_nb),
-                                          "ename": "KeyboardInterrupt", "evalue": "Ctrl-C"})
     except Exception as e:  # the kernel did not start, papermill could not write: the run still ends failed
         outcome = Outcome("failed", {"kind": "papermill", "cell": None, "ename": type(e).__name__,
                                      "evalue": _first_line(e)})
     finally:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if in_main_thread:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if interrupted or outcome.status == "interrupted":
+            # the abandoned execute task logs the kernel's death when the loop or the collector next
+            # touches it (nbclient's "Kernel died", asyncio's "Task exception was never retrieved")
+            logging.disable(logging.CRITICAL)
         try:
             outcome.reaped = reap_descendants(before)
             if subreaper:
                 _set_subreaper(False)
             shutil.rmtree(runtime, ignore_errors=True)
         finally:
-            signal.signal(signal.SIGINT, previous)
+            if in_main_thread:
+                signal.signal(signal.SIGINT, default_sigint)
         if log_output:
             pm_log.removeHandler(handler)
     return outcome
