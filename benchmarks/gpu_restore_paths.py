@@ -338,11 +338,9 @@ def gpubuf_row(cfg, engine, tier, clock, arm, ctx, tag) -> dict:
                device_read_bytes=(s1.device_read_bytes - s0.device_read_bytes) if s0.device_read_bytes is not None else None,
                memory_tier_bytes_after=tier.memory_bytes(), restores=restores)
     if restores:
-        t = restores[0]
-        row["split"] = {"queue_s": (t["t_lookup_first_ns"] - result.t_submit_ns) / 1e9 if t["t_lookup_first_ns"] else None,
-                        "lookup_s": t["lookup_s"], "disk_read_s": t["disk_read_s"], "staging_s": t["staging_s"],
-                        "copy_s": t["copy_s"], "restore_s": t["restore_s"],
-                        "after_restore_s": (result.t_first_token_ns - t["t_ready_ns"]) / 1e9}
+        from kmesh_lib.kv.restore_timeline import request_split
+
+        row["split"] = request_split(restores[0], result.t_submit_ns, result.t_first_token_ns)
     return row
 
 
@@ -374,10 +372,10 @@ def native_row(cfg, engine, tier, clock, arm, ctx, tag) -> dict:
                status="ok" if result.num_cached_tokens == want and hits_ok else "cache_miss",
                num_lookup_calls=len(lookups))
     if arm == "native_offload" and lookups:
-        row["split"] = {"queue_s": (lookups[0]["t0_ns"] - result.t_submit_ns) / 1e9,
-                        "lookup_s": (lookups[-1]["t1_ns"] - lookups[0]["t0_ns"]) / 1e9,
-                        "load_time_s": d.get("load_time_s"), "load_bytes": d.get("load_bytes"),
-                        "after_lookup_s": (result.t_first_token_ns - lookups[-1]["t1_ns"]) / 1e9}
+        from kmesh_lib.kv.offloading import request_split
+
+        row["split"] = {**request_split(lookups, d, result.t_submit_ns, result.t_first_token_ns),
+                        "load_bytes": d.get("load_bytes")}
     return row
 
 

@@ -427,3 +427,30 @@ def test_an_edited_split_in_results_fails_its_check(recorded_tiers):
     statuses = _statuses(recorded_tiers.run_dir)
     assert statuses["results.json restore timeline splits equal the rows"] == "failed"
     assert list(statuses.values()).count("failed") == 1
+
+
+def test_splits_the_rows_lack_fail_and_missing_timelines_are_skipped(recorded_tiers):
+    import json
+
+    raw = recorded_tiers.run_dir / "raw" / "rows.jsonl"
+    rows = [json.loads(x) for x in raw.read_text().splitlines()]
+    raw.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "split"}) + "\n" for r in rows))
+    name = "results.json restore timeline splits equal the rows"
+    assert _statuses(recorded_tiers.run_dir)[name] == "failed"  # results.json states splits no row gives
+    path = recorded_tiers.run_dir / "results.json"
+    results = json.loads(path.read_text())
+    del results["splits"]
+    path.write_text(json.dumps(results))
+    assert _statuses(recorded_tiers.run_dir)[name] == "skipped"  # GPU-buffer arms ran, no timeline recorded
+
+
+def test_native_offload_without_cpu_tier_counts_is_skipped_not_ok():
+    from kmesh_lib.sections.crossover.checks import tier_checks
+
+    row = {"arm": "native_offload", "tag": "t", "context_tokens": 256, "context_bytes": 256 * 1024,
+           "num_cached_tokens": [256], "external_hit_tokens": 256, "memory_tier_bytes": None}
+    got = {c.name: c.status for c in tier_checks([row], ["native_offload"])}
+    assert got == {"native_offload: vLLM counted every context token of every follow-up as an external hit": "ok",
+                   "native_offload: vLLM's CPU tier held the context before every follow-up": "skipped"}
+    got = {c.name: c.status for c in tier_checks([{**row, "memory_tier_bytes": 1024}], ["native_offload"])}
+    assert got["native_offload: vLLM's CPU tier held the context before every follow-up"] == "failed"

@@ -86,6 +86,16 @@ class VllmConnectorMeter:
         return {k: b[k] - a.get(k, 0) for k in b if isinstance(b[k], (int, float))}
 
 
+def request_split(lookups: list[dict], stats: dict, t_submit_ns: int, t_first_token_ns: int) -> dict:
+    """One follow-up's time by part on vLLM's CPU tier: queued before the first lookup, the lookups
+    (``NativeOffloadTier.take_lookups``), vLLM's own load time (``VllmConnectorMeter`` delta), and
+    what is left to the first token after the last lookup."""
+    return {"queue_s": (lookups[0]["t0_ns"] - t_submit_ns) / 1e9,
+            "lookup_s": (lookups[-1]["t1_ns"] - lookups[0]["t0_ns"]) / 1e9,
+            "load_time_s": stats.get("load_time_s"),
+            "after_lookup_s": (t_first_token_ns - lookups[-1]["t1_ns"]) / 1e9}
+
+
 class NativeOffloadTier:
     """vLLM's OffloadingConnector and its CPU tier, switched on by two engine arguments.
 

@@ -119,6 +119,16 @@ class RestoreTimeline:
         }
 
 
+def request_split(timeline: dict, t_submit_ns: int, t_first_token_ns: int) -> dict:
+    """One follow-up's time by part, from its first restore's ``RestoreTimeline.record()``: queued
+    before the first lookup, the restore's own parts, and what is left to the first token."""
+    queued = timeline["t_lookup_first_ns"]
+    return {"queue_s": (queued - t_submit_ns) / 1e9 if queued else None,
+            "lookup_s": timeline["lookup_s"], "disk_read_s": timeline["disk_read_s"], "staging_s": timeline["staging_s"],
+            "copy_s": timeline["copy_s"], "restore_s": timeline["restore_s"],
+            "after_restore_s": (t_first_token_ns - timeline["t_ready_ns"]) / 1e9}
+
+
 class StepClock:
     """Stamps every model-executor call (``execute_model`` and ``sample_tokens``) of a live engine.
 

@@ -39,6 +39,8 @@ import time
 from dataclasses import dataclass
 
 from kmesh_lib.engine.requests import RequestSpec, group_makespan_s, run_group
+from kmesh_lib.kv.offloading import request_split as offload_split
+from kmesh_lib.kv.restore_timeline import request_split as gpu_buffer_split
 from kmesh_lib.lmcache.probes import ComponentProbe, ExternalSwitch
 
 ARMS_OF_TIER = {"lmcache": ("recompute", "dram", "disk", "floor"),
@@ -53,6 +55,12 @@ RESIDENT_OF = {"dram": "floor", "disk": "floor", "gpubuf_retained": "gpubuf_resi
                "native_offload": "native_resident"}  # each restore against the engine-resident follow-up of its engine
 RESTORE_ARMS = tuple(RESIDENT_OF)
 STORED_TIERS = ("lmcache", "gpubuf")  # tiers whose contexts are stored on a disk tier before the arms run
+TIMED_TIERS = ("gpubuf", "native")  # tiers whose restores record their own timeline (a row's ``split``)
+
+
+def tiers_of(arm_names) -> list[str]:
+    """The external tiers ``arm_names`` need, in ``ARMS_OF_TIER`` order: one engine per tier and model."""
+    return [t for t, arms in ARMS_OF_TIER.items() if any(a in arm_names for a in arms)]
 
 
 class ArmError(RuntimeError):
@@ -171,21 +179,13 @@ class RestoreBench:
         if self.tier_name == "gpubuf":
             out: dict = {"num_restores": len(timelines), "memory_tier_bytes_after": self.tier.memory_bytes()}
             if timelines:
-                t = timelines[0]
-                queued = t["t_lookup_first_ns"]
-                out["split"] = {"queue_s": (queued - result.t_submit_ns) / 1e9 if queued else None,
-                                "lookup_s": t["lookup_s"], "disk_read_s": t["disk_read_s"], "staging_s": t["staging_s"],
-                                "copy_s": t["copy_s"], "restore_s": t["restore_s"],
-                                "after_restore_s": (result.t_first_token_ns - t["t_ready_ns"]) / 1e9}
+                out["split"] = gpu_buffer_split(timelines[0], result.t_submit_ns, result.t_first_token_ns)
             return out
         if self.tier_name == "native":
             out = {"external_hit_tokens": int(stats.get("external_hits", 0)), "num_lookup_calls": len(timelines),
                    "vllm_stats": stats}
             if timelines and out["external_hit_tokens"]:
-                out["split"] = {"queue_s": (timelines[0]["t0_ns"] - result.t_submit_ns) / 1e9,
-                                "lookup_s": (timelines[-1]["t1_ns"] - timelines[0]["t0_ns"]) / 1e9,
-                                "load_time_s": stats.get("load_time_s"),
-                                "after_lookup_s": (result.t_first_token_ns - timelines[-1]["t1_ns"]) / 1e9}
+                out["split"] = offload_split(timelines, stats, result.t_submit_ns, result.t_first_token_ns)
             return out
         return {}
 
@@ -215,7 +215,7 @@ class RestoreBench:
                                           if s0.device_read_bytes is not None and s1.device_read_bytes is not None else None)}
         else:  # vLLM's CPU tier has no disk tier
             disk = {"disk_read_bytes": 0, "device_read_bytes": None}
-        stats = meter.delta(s0, s1) if isinstance(s0, dict) else None
+        stats = meter.delta(s0, s1) if self.tier_name == "native" else None  # vLLM's own connector statistics
         return {"arm": arm, "tier": self.tier_name, "context": ctx.name, "context_tokens": len(ctx.tokens), "tag": tag,
                 "status": "ok" if all(c == want for c in cached) else "cache_miss",
                 "ttft_s": a.first_token_s(), "makespan_s": group_makespan_s(results, self.output_tokens),

@@ -23,7 +23,7 @@ from itertools import product
 from kmesh_lib.base.checks import Check, all_of, check, differences
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.crossover import report
-from kmesh_lib.sections.crossover.arms import KIND, STORED_TIERS, TIER_OF
+from kmesh_lib.sections.crossover.arms import KIND, STORED_TIERS, TIMED_TIERS, tiers_of
 
 
 def expected_cached(arm: str, context_tokens: int) -> int:
@@ -65,7 +65,7 @@ def checks(run: RunFiles) -> list[Check]:
     measured = [r for r in rows if r.get("measured")]
     kvt = kv_bytes(run)
     no_rows = "raw/rows.jsonl holds no measured rows"
-    tiers = [t for t in dict.fromkeys(TIER_OF[a] for a in arm_names)]
+    tiers = tiers_of(arm_names)
     single = tiers == ["lmcache"]  # a run of LMCache's arms alone: its records name models only
     name = (lambda m: m["model"]) if single else (lambda m: f"{m['model']} {tier(m)}")
     out = [check("every model's child finished ok" if single else "every (model, tier) child finished ok",
@@ -129,8 +129,14 @@ def checks(run: RunFiles) -> list[Check]:
     for key, name in (("arms", "median first token per (model, context, arm)"), ("crossover", "crossover points"),
                       ("components", "per-component medians"), ("floor_distance", "distance to the floors"),
                       ("splits", "restore timeline splits")):
-        if key == "splits" and key not in tables and key not in results:
-            continue  # no arm of this run records a timeline
+        if key == "splits" and key not in tables:
+            if key in results:  # results.json states splits that no row gives
+                out.append(check(f"results.json {name} equal the rows", False,
+                                 "results.json has restore timeline splits; raw/rows.jsonl records none", results[key]))
+            elif any(t in TIMED_TIERS for t in tiers):
+                out.append(check(f"results.json {name} equal the rows", False, evidence=None,
+                                 missing="raw/rows.jsonl records no restore timeline of the GPU buffer or vLLM's CPU tier"))
+            continue  # LMCache's arms alone record no timeline
         if key == "floor_distance" and key not in tables:
             out.append(check(f"results.json {name} equal the rows", False, evidence=None,
                              missing="results.json has no floors to recompute the distance with"))
@@ -144,7 +150,7 @@ def checks(run: RunFiles) -> list[Check]:
                      sorted((r["model"], r["path"]) for r in tables["crossover"]) == sorted(product(models, restores)),
                      f"{len(tables['crossover'])} rows for {len(models)} models x {len(restores)} paths", measured, no_rows))
     floors = results.get("floors") or {}
-    measured_floors = [floors.get(k) or {} for k in ("disk", "copy", "device") if k != "device" or k in floors]
+    measured_floors = [floors.get(k) or {} for k in ("disk", "copy")] + ([floors["device"]] if "device" in floors else [])
     out.append(Check("the physical floors were measured in the run",
                      "skipped" if not floors else all(f.get("gib_per_s", 0) > 0 for f in measured_floors),
                      "; ".join(f"{f.get('label')} {f.get('gib_per_s', 0):.2f} GiB/s" for f in measured_floors),
@@ -175,12 +181,19 @@ def tier_checks(measured: list[dict], arm_names: list[str]) -> list[Check]:
                           lambda r: r.get("num_restores") == 0, lambda r: f"{r['tag']}: {r.get('num_restores')} restores",
                           "no measured gpubuf_resident rows"))
     if "native_offload" in arm_names:
-        out.append(all_of("native_offload: vLLM's CPU tier held the context and vLLM counted every context token as an "
-                          "external hit", rows["native_offload"],
-                          lambda r: r.get("external_hit_tokens") == r["context_tokens"] * len(r["num_cached_tokens"])
-                          and (r.get("memory_tier_bytes") is None or r["memory_tier_bytes"] >= r["context_bytes"]),
-                          lambda r: f"{r['tag']}: {r.get('external_hit_tokens')} external hits, "
-                                    f"{r.get('memory_tier_bytes')} bytes in the CPU tier", "no measured native_offload rows"))
+        offload = rows["native_offload"]
+        out.append(all_of("native_offload: vLLM counted every context token of every follow-up as an external hit", offload,
+                          lambda r: r.get("external_hit_tokens") == r["context_tokens"] * len(r["num_cached_tokens"]),
+                          lambda r: f"{r['tag']}: {r.get('external_hit_tokens')} external hits",
+                          "no measured native_offload rows"))
+        unread = [r["tag"] for r in offload if r.get("memory_tier_bytes") is None]
+        out.append(Check("native_offload: vLLM's CPU tier held the context before every follow-up", "skipped",
+                         f"this vLLM's offloading manager gives no block counts ({len(unread)} rows)")
+                   if unread else
+                   all_of("native_offload: vLLM's CPU tier held the context before every follow-up", offload,
+                          lambda r: r["memory_tier_bytes"] >= r["context_bytes"],
+                          lambda r: f"{r['tag']}: {r['memory_tier_bytes']} of {r['context_bytes']} bytes",
+                          "no measured native_offload rows"))
     if "native_resident" in arm_names:
         out.append(all_of("native_resident: vLLM counted no external hit", rows["native_resident"],
                           lambda r: r.get("external_hit_tokens") == 0,

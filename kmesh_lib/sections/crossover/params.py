@@ -20,7 +20,7 @@ from kmesh_lib.base.params import (
 )
 from kmesh_lib.engine.config import EngineParams
 from kmesh_lib.engine.model_spec import SHAPES, resolve
-from kmesh_lib.sections.crossover.arms import ARM_NAMES, ARMS_OF_TIER, TIER_OF
+from kmesh_lib.sections.crossover.arms import ARM_NAMES, ARMS_OF_TIER, TIER_OF, tiers_of
 
 MIB = 1 << 20
 
@@ -107,7 +107,7 @@ def model_params(cfg: CrossoverParams, model: str) -> CrossoverParams:
 
 def tiers(cfg: CrossoverParams) -> list[str]:
     """The external tiers the arms need, in ``ARMS_OF_TIER`` order: one engine (child) per tier and model."""
-    return [t for t, arms in ARMS_OF_TIER.items() if any(a in cfg.ARMS for a in arms)]
+    return tiers_of(cfg.ARMS)
 
 
 def arms_of(cfg: CrossoverParams, tier: str) -> list[str]:
