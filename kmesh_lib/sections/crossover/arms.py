@@ -30,7 +30,7 @@ Invariants:
       row must show (restores, vLLM's external hits, bytes in the tier) is recorded and checked by
       ``checks``, not folded into the status.
 
-Sections 16 and 20 import ``ARMS`` and ``RestoreBench``; ``bench.run(arm, context, tag)`` is one row.
+``bench.run(arm, context, tag)`` is one row (section 21 is its only user).
 """
 from __future__ import annotations
 
