@@ -120,6 +120,11 @@ def run_policy(fleet: Fleet, cfg: MultiEngineParams, policy: str, repeat: int, o
     return arm
 
 
+def recorded(record) -> list[dict]:
+    """A run measured elsewhere (``SOURCE_RUN``): its arm records as raw/arms.jsonl holds them; starts nothing."""
+    return record.files().raw("arms.jsonl")
+
+
 def run(cfg: MultiEngineParams, record, log=print) -> list[dict]:
     """Every model, fleet, repeat and policy; returns the arm records (also in raw/arms.jsonl)."""
     arms = []

@@ -83,6 +83,9 @@ class MultiEngineParams(EngineParams):
     KILL_AFTER_REQUESTS: PositiveCount = Field(
         4, description="fault test: the kill comes once this many requests were dispatched and the engine has one in flight")
 
+    SOURCE_RUN: PathText | None = Field(
+        None, description="a finished run directory (e.g. the GPU run) to render from its raw/ instead of measuring")
+
     def check_rules(self) -> None:
         super().check_rules()
         check(self.ENGINE == "real", "ENGINE=replay: the engines run in their own processes with real vLLM; use real")
@@ -115,6 +118,10 @@ class MultiEngineParams(EngineParams):
                   "KILL_ENGINE: the fault test runs one policy, one repeat and one model (a killed engine stays dead)")
             check(self.KILL_AFTER_REQUESTS < self.num_requests,
                   f"KILL_AFTER_REQUESTS={self.KILL_AFTER_REQUESTS}: the trace has only {self.num_requests} requests")
+
+    @property
+    def starts_engine(self) -> bool:
+        return not self.SOURCE_RUN
 
     @property
     def models(self) -> list[str]:

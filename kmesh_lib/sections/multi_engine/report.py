@@ -128,7 +128,8 @@ def bytes_table(arms: list[dict], rows: list[dict]) -> list[dict]:
         out.append({
             "model": a["model"], "repeat": a["repeat"], "policy": a["policy"],
             "engine_restored_bytes": restored[arm_of(a)] * a["kv_bytes_per_token"],
-            "l1_hit_tokens": int(m.get("lookup_hit_l1_tokens", 0)), "l2_hit_tokens": int(m.get("lookup_hit_l2_tokens", 0)),
+            # LMCache 0.5.3 exports no per-tier lookup counters: None there, never a 0 it did not count
+            "l1_hit_tokens": _count(m, "lookup_hit_l1_tokens"), "l2_hit_tokens": _count(m, "lookup_hit_l2_tokens"),
             "l1_write_bytes": int(m.get("l1_write_chunks", 0) * chunk),
             "l1_evicted_bytes": int(m.get("l1_evicted_chunks", 0) * chunk),
             "l2_write_bytes_hook": c["hook_write_bytes"] - b["hook_write_bytes"],
@@ -140,6 +141,10 @@ def bytes_table(arms: list[dict], rows: list[dict]) -> list[dict]:
             "lookup_hit_tokens": int(m.get("lookup_hit_tokens", 0)),
             "disk_tier_bytes": c["disk_tier_bytes"], "l2_usage_bytes": int(c["metrics"].get("l2_usage_bytes", 0))})
     return out
+
+
+def _count(metrics: dict, name: str) -> int | None:
+    return int(metrics[name]) if name in metrics else None
 
 
 def restore_table(rows: list[dict]) -> list[dict]:

@@ -102,16 +102,24 @@ def _model_answer(model: str, mine: dict, probe: dict | None, byte_rows: list[di
     if byte_rows:
         mib = sum(b["engine_restored_bytes"] for b in byte_rows) / MIB / len(byte_rows)
         l2 = sum(b["l2_read_bytes_hook"] or 0 for b in byte_rows) / MIB / len(byte_rows)
-        hits = (sum(b["l1_hit_tokens"] for b in byte_rows) // len(byte_rows),
-                sum(b["l2_hit_tokens"] for b in byte_rows) // len(byte_rows))
-        text.append(f"Per trace the server restored {s['restored_tokens']:,} tokens ({mib:,.1f} MiB) into the engines; its "
-                    f"lookups hit {hits[0]:,} tokens in L1 and {hits[1]:,} on the disk tier ({l2:,.1f} MiB read from it).")
+        text.append(f"Per trace the server restored {s['restored_tokens']:,} tokens ({mib:,.1f} MiB) into the engines; "
+                    + _hit_split(byte_rows) + f"; the byte hook counted {l2:,.1f} MiB read from the disk tier.")
     reasons = _reasons(s, a, probe)
     if reasons:
         text.append("Why, from this run's figures: " + "; ".join(reasons) + ".")
     if s["makespan_ms"] and a["makespan_ms"] and abs(s["makespan_ms"] / a["makespan_ms"] - 1) < 0.05:
         text.append("The two makespans differ by less than 5 %, which a single trace cannot tell from noise.")
     return " ".join(text)
+
+
+def _hit_split(byte_rows: list[dict]) -> str:
+    """Where the lookups hit, per trace: by tier where the server counts it (LMCache 0.5.6), else in all."""
+    n = len(byte_rows)
+    if all(b["l1_hit_tokens"] is not None and b["l2_hit_tokens"] is not None for b in byte_rows):
+        return (f"its lookups hit {sum(b['l1_hit_tokens'] for b in byte_rows) // n:,} tokens in L1 and "
+                f"{sum(b['l2_hit_tokens'] for b in byte_rows) // n:,} on the disk tier")
+    return (f"its lookups hit {sum(b['lookup_hit_tokens'] for b in byte_rows) // n:,} tokens (L1 and the disk tier "
+            "together: this LMCache exports no per-tier lookup counters)")
 
 
 def answer(run: RunFiles) -> str:
