@@ -105,4 +105,61 @@ def test_roles_take_the_longest_request_id_prefix_and_summaries_count_reads():
 def test_every_mechanism_is_documented_in_the_module_table(m):
     import kmesh_lib.lmcache.lookups as mod
 
-    assert m in mod.__doc__ and (m in READS) == (m in ("first_load", "reread_after_load", "concurrent_load"))
+    assert m in mod.__doc__ and (m in READS) == (m in ("first_load", "reread_after_load", "reread_after_store_drop",
+                                                     "concurrent_load"))
+
+
+def store_delete(t_ms, keys=CTX, locked=()):
+    """The store controller's skip_l1 deletion (``server_plugin.StoreTrace``)."""
+    return {"op": "l1_delete", "by": "store", "t_ns": int(t_ms * MS), "n_keys": len(keys), "k": list(keys),
+            "locked": list(locked)}
+
+
+def warm_prefetch_then_warmup(deletes):
+    """0.5.3, the early arm (H200 run): the HTTP (WARM) prefetch loads the context, its finish hands the keys
+    to the store controller (0.5.3), which re-stores them (0 bytes: the files exist) and may drop them from
+    L1; the warm-up's lookup arrives 5 ms after the prefetch was done."""
+    return [lookup("", 11, -98.3), start(11, -97.9), load(11, -94.1), done(11, -61.2),
+            {"op": "warm_handoff", "t_ns": int(-61.3 * MS), "n_keys": 4, "k": CTX},
+            {"op": "store_submit", "t_ns": int(-61.0 * MS), "task": 7, "n_keys": 4, "k": CTX, "warm_keys": 4},
+            {"op": "store_done", "t_ns": int(-58.9 * MS), "task": 7, "ok": True, "bytes": 0, "n_keys": 4, "k": CTX},
+            *deletes, lookup("g-warmup", 12, -56.4), start(12, -56.0), load(12, -52.6), done(12, -20.3)]
+
+
+def test_a_store_drop_between_the_warm_load_and_the_lookup_names_the_reread():
+    lks = phase_lookups(warm_prefetch_then_warmup([store_delete(-58.8)]), {"g-warmup": "warmup"})
+    assert [(lk.role, lk.mechanism) for lk in lks] == [("http_prefetch", "first_load"),
+                                                       ("warmup", "reread_after_store_drop")]
+    assert lks[1].store_dropped == 4 and lks[1].to_dict()["store_dropped"] == 4
+    assert summarize(lks)["disk_reads"] == 2 and summarize(lks)["by_mechanism"]["reread_after_store_drop"] == 1
+
+
+def test_a_store_drop_logged_before_the_warm_loads_done_line_still_counts():
+    """The done line is written after the finish returns; the store thread may delete first."""
+    lks = phase_lookups(warm_prefetch_then_warmup([store_delete(-61.25)]), {"g-warmup": "warmup"})
+    assert lks[1].mechanism == "reread_after_store_drop"
+
+
+def test_without_a_store_drop_in_the_window_a_reread_stays_reread_after_load():
+    roles = {"g-warmup": "warmup"}
+    # no deletion in the trace at all (the old trace, or the guard on: nothing was re-stored)
+    assert [lk.mechanism for lk in phase_lookups(warm_prefetch_then_warmup([]), roles)] == \
+        ["first_load", "reread_after_load"]
+    # a deletion before the earlier load was submitted, or after this lookup's own load, is not this reread's cause
+    for t in (-95.0, -50.0):
+        assert phase_lookups(warm_prefetch_then_warmup([store_delete(t)]), roles)[1].mechanism == "reread_after_load"
+    # a deletion of other chunks, or one that skipped them all (read-locked: nothing deleted), neither
+    assert phase_lookups(warm_prefetch_then_warmup([store_delete(-58.8, keys=[99])]), roles)[1].mechanism == \
+        "reread_after_load"
+    # only a drop by the store controller counts, and classify alone (no drops given) never guesses it
+    other = dict(store_delete(-58.8), by="other")
+    assert phase_lookups(warm_prefetch_then_warmup([other]), roles)[1].mechanism == "reread_after_load"
+    assert classify(assemble(warm_prefetch_then_warmup([store_delete(-58.8)])))[1].mechanism == "reread_after_load"
+
+
+def test_a_lookup_that_locked_the_warm_copy_first_is_l1_resident_even_if_the_store_ran():
+    """The warm-up locked the chunks before the store's deletion (which skipped them): no read."""
+    events = [lookup("", 11, -98.3), start(11, -97.9), load(11, -94.1), done(11, -61.2),
+              lookup("g-warmup", -1, -60.0, l1=4), store_delete(-58.8, keys=[], locked=CTX)]
+    lks = phase_lookups(events, {"g-warmup": "warmup"})
+    assert [lk.mechanism for lk in lks] == ["first_load", "l1_resident"]

@@ -104,6 +104,7 @@ class TierSnapshot:
     retention_decisions: dict = field(default_factory=dict)
     exact: bool = False
     trace_index: int = 0
+    device_write_bytes: int | None = None  # this process's writes (/proc/self/io), recorded beside the hook's
 
 
 class GpuBufferMeter:
@@ -117,13 +118,13 @@ class GpuBufferMeter:
         c = dict(worker.arena.counters) if worker is not None and worker.arena is not None else {}
         try:
             io = psutil.Process().io_counters()
-            device, calls = io.read_bytes, io.read_count
+            device, calls, written = io.read_bytes, io.read_count, io.write_bytes
         except (AttributeError, psutil.Error):
-            device = calls = None
+            device = calls = written = None
         disk = sum(p.stat().st_size for p in Path(self.tier.disk_dir).glob("entry-*.kv"))
         return TierSnapshot(c.get("read_bytes", 0), c.get("reads", 0), c.get("write_bytes", 0), c.get("write_errors", 0),
                             device, self.tier.memory_bytes(), disk, c.get("staged_bytes", 0), c.get("restored_bytes", 0),
-                            calls)
+                            calls, device_write_bytes=written)
 
 
 @dataclass

@@ -18,9 +18,11 @@ entry, say). The phase's bytes are the hook's. ``read_proc_io`` (psutil's ``io_c
 returns None where the kernel does not expose per-process I/O accounting; the device count is
 then reported as unavailable, not as 0.
 
-MP mode also keeps the server's lookup trace (``server_plugin.LookupTrace``): ``ServerMeter``
-snapshots carry the trace's position, and ``ServerMeter.lookups_between(a, b)`` returns the
-phase's lookups (``lmcache.lookups``).
+Writes are recorded beside the reads, not checked: the hook's bytes written to the disk tier and
+the device's ``write_bytes`` (which also counts the process's other writes: its logs). MP mode
+also keeps the server's lookup and store traces (``server_plugin.LookupTrace``, ``StoreTrace``):
+``ServerMeter`` snapshots carry the trace's position, and ``ServerMeter.trace_between(a, b)``
+returns the phase's events (``lmcache.lookups``).
 """
 from __future__ import annotations
 
@@ -98,7 +100,8 @@ class Snapshot:
     memory_tier_bytes: int = 0  # LMCache's in-memory copy outside vLLM (L1 / LocalCPU hot cache)
     disk_tier_bytes: int = 0  # the disk tier's files
     exact: bool = False  # the device count reads nothing but the disk tier (the MP server): agree to the byte
-    trace_index: int = 0  # MP: lookup-trace events seen so far (``ServerMeter.lookups_between``)
+    trace_index: int = 0  # MP: lookup-trace events seen so far (``ServerMeter.trace_between``)
+    device_write_bytes: int | None = None
 
 
 @dataclass
@@ -117,6 +120,8 @@ class PhaseReads:
     write_errors: int
     retained_chunks: int  # MP: chunks the retention switch kept in L1
     tolerance_bytes: int = 0  # counts agree when they differ by no more than this (0 MP; half a chunk in-process)
+    hook_write_bytes: int = 0  # written to the disk tier, by the hook (recorded, not checked)
+    device_write_bytes: int | None = None  # the process's write_bytes (its logs included)
 
     @classmethod
     def between(cls, a: Snapshot, b: Snapshot, chunk_bytes: int) -> PhaseReads:
@@ -129,10 +134,13 @@ class PhaseReads:
         oom = max(d("l1_allocation_failures") or 0, d("failure_l1_oom") or 0)
         retained = b.retention_decisions.get("retain", 0) - a.retention_decisions.get("retain", 0)
         hook = b.hook_read_bytes - a.hook_read_bytes if b.hook_read_bytes is not None else None
+        device_written = (b.device_write_bytes - a.device_write_bytes
+                          if a.device_write_bytes is not None and b.device_write_bytes is not None else None)
         return cls(device, hook, b.hook_reads - a.hook_reads,
                    None if chunks is None else chunks * chunk_bytes, d("lookup_hit_l1_tokens"),
                    d("lookup_hit_l2_tokens"), oom, d("failure_l1_contended") or 0, d("failure_not_found") or 0,
-                   b.hook_write_errors - a.hook_write_errors, retained, 0 if a.exact and b.exact else chunk_bytes // 2)
+                   b.hook_write_errors - a.hook_write_errors, retained, 0 if a.exact and b.exact else chunk_bytes // 2,
+                   b.hook_write_bytes - a.hook_write_bytes, device_written)
 
     def counts(self) -> dict[str, int]:
         """The independent byte counts this phase has (device, hook, metrics)."""
@@ -155,11 +163,17 @@ class PhaseReads:
         """The phase's disk-tier bytes: LMCache's own count (the hook) where there is one, else the device's."""
         return self.hook_bytes if self.hook_bytes is not None else (self.device_bytes or 0)
 
+    @property
+    def written_bytes(self) -> int | None:
+        """Bytes the phase wrote to the disk tier: the hook's where it counts reads too, else the device's."""
+        return self.hook_write_bytes if self.hook_bytes is not None else self.device_write_bytes
+
     def to_dict(self) -> dict:
         return {**asdict(self), "agree": self.agree()}
 
 
-TRACE_OPS = ("lookup", "park", "start", "load", "done", "release")
+TRACE_OPS = ("lookup", "park", "start", "load", "done", "release",
+             "store_submit", "store_done", "l1_delete", "warm_handoff", "warm_store_skipped")
 
 
 class IOLogReader:
@@ -222,7 +236,8 @@ class ServerMeter:
         t = self.log.totals
         return Snapshot(io and io["read_bytes"], io and io["read_count"], t["read_bytes"] if self.hooked else None,
                         t["reads"], t["write_bytes"], t["write_errors"], dict(self.log.retention), metrics, used,
-                        dir_bytes(self.server.disk_dir), exact=True, trace_index=len(self.log.trace))
+                        dir_bytes(self.server.disk_dir), exact=True, trace_index=len(self.log.trace),
+                        device_write_bytes=io and io["write_bytes"])
 
     def trace_between(self, a: Snapshot, b: Snapshot) -> list[dict]:
         """The lookup-trace events logged between two snapshots (empty for a stock server)."""
@@ -283,7 +298,8 @@ class InprocMeter:
         with self.hook.lock:
             t = dict(self.hook.totals)
         return Snapshot(io and io["read_bytes"], io and io["read_count"], t["read_bytes"], t["reads"], t["write_bytes"],
-                        t["write_errors"], memory_tier_bytes=self.memory_bytes(), disk_tier_bytes=dir_bytes(self.disk_dir))
+                        t["write_errors"], memory_tier_bytes=self.memory_bytes(), disk_tier_bytes=dir_bytes(self.disk_dir),
+                        device_write_bytes=io and io["write_bytes"])
 
 
 class NullMeter:
@@ -293,5 +309,5 @@ class NullMeter:
 
     def snapshot(self) -> Snapshot:
         io = read_proc_io()
-        return Snapshot(io and io["read_bytes"], io and io["read_count"])
+        return Snapshot(io and io["read_bytes"], io and io["read_count"], device_write_bytes=io and io["write_bytes"])
 

@@ -6,29 +6,40 @@ controller (``v1/distributed/storage_controllers/prefetch_controller.py``, 0.5.3
 first read-locks the chunks L1 holds (its *lock pass*), asks the L2 adapters, then reserves L1
 write buffers for the rest and loads them:
 
-    mechanism              read?  when it arrived                     what happened in LMCache
-    first_load             yes    no earlier load of these chunks     nothing in L1; loads from disk
-    reread_after_load      yes    after an earlier load had finished  that copy was temporary (``default``
-                                                                      retention) and its reader had released
-                                                                      it: L1 no longer held it
-    concurrent_load        yes    while another load was in flight    0.5.6: write reservations are tagged
-                                                                      per request, so it stages and loads its
-                                                                      own copy
-    contended_in_flight    no     while another load was in flight    0.5.3: ``reserve_write(mode="new")``
-                                                                      finds the key reserved
-                                                                      (``KEY_NOT_WRITABLE``, metric reason
-                                                                      ``l1_contended``); it falls back to its
-                                                                      L1-only hit and loads nothing
-    waited_for_in_flight   no     while another load was in flight    kmesh singleflight: parked until that
-                                                                      load finished, then its lock pass found
-                                                                      the chunks in L1
-    l1_resident            no     any time the chunks were in L1      its lock pass found them: retained, or
-                                                                      a temporary copy still read-locked by
-                                                                      another reader
-    not_found              no     -                                   neither L1 nor the disk tier had them
+    mechanism                read?  when it arrived                     what happened in LMCache
+    first_load               yes    no earlier load of these chunks     nothing in L1; loads from disk
+    reread_after_load        yes    after an earlier load had finished  that copy was temporary (``default``
+                                                                        retention) and its reader had released
+                                                                        it: L1 no longer held it
+    reread_after_store_drop  yes    after a warm prefetch finished      0.5.3 handed the warm load's keys to the
+                                                                        store controller as new writes
+                                                                        (``finish_write``); it stored them to
+                                                                        L2 again (the ``fs`` adapter found the
+                                                                        files: nothing written) and, under
+                                                                        ``skip_l1``, deleted them from L1 before
+                                                                        this lookup locked them
+    concurrent_load          yes    while another load was in flight    0.5.6: write reservations are tagged
+                                                                        per request, so it stages and loads its
+                                                                        own copy
+    contended_in_flight      no     while another load was in flight    0.5.3: ``reserve_write(mode="new")``
+                                                                        finds the key reserved
+                                                                        (``KEY_NOT_WRITABLE``, metric reason
+                                                                        ``l1_contended``); it falls back to its
+                                                                        L1-only hit and loads nothing
+    waited_for_in_flight     no     while another load was in flight    kmesh singleflight: parked until that
+                                                                        load finished, then its lock pass found
+                                                                        the chunks in L1
+    l1_resident              no     any time the chunks were in L1      its lock pass found them: retained, or
+                                                                        a temporary copy still read-locked by
+                                                                        another reader
+    not_found                no     -                                   neither L1 nor the disk tier had them
 
 "In flight" is judged on server-side stamps (``time.monotonic_ns``): an earlier lookup of
 overlapping chunks that loaded, from its arrival at the storage manager to its ``done``.
+``reread_after_store_drop`` is assigned only from the store trace (``server_plugin.StoreTrace``):
+an ``l1_delete`` by the store controller of this lookup's chunks after the latest earlier load of
+them finished and before this lookup's own load (which follows its lock pass; a chunk the lock
+pass had read-locked cannot be deleted). Without such a line a reread is ``reread_after_load``.
 
 Invariant: ``classify`` assigns exactly one mechanism per lookup and reads only the trace; a
 lookup the trace cannot place (a missing ``start`` line) is ``unknown``, never guessed.
@@ -37,9 +48,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-MECHANISMS = ("first_load", "reread_after_load", "concurrent_load", "contended_in_flight", "waited_for_in_flight",
-              "l1_resident", "not_found", "unknown")
-READS = ("first_load", "reread_after_load", "concurrent_load")
+MECHANISMS = ("first_load", "reread_after_load", "reread_after_store_drop", "concurrent_load", "contended_in_flight",
+              "waited_for_in_flight", "l1_resident", "not_found", "unknown")
+READS = ("first_load", "reread_after_load", "reread_after_store_drop", "concurrent_load")
+STORE_OPS = ("store_submit", "store_done", "l1_delete", "warm_handoff", "warm_store_skipped")  # not per lookup
 
 
 @dataclass
@@ -63,6 +75,7 @@ class Lookup:
     t_done_ns: int | None = None
     role: str = ""
     mechanism: str = "unknown"
+    store_dropped: int = 0  # reread_after_store_drop: its chunks the store controller deleted from L1 first
 
     @property
     def l1_keys(self) -> int | None:
@@ -110,7 +123,7 @@ def assemble(events: list[dict]) -> list[Lookup]:
                     lk.t_done_ns = prior.t_done_ns
                 by_pid[lk.pid] = lk
             continue
-        if op == "release":
+        if op == "release" or op in STORE_OPS:
             continue
         lk = by_pid.get(ev.get("pid"))
         if lk is None and op in ("park", "start"):
@@ -132,8 +145,39 @@ def assemble(events: list[dict]) -> list[Lookup]:
     return sorted(out, key=lambda x: x.t_arrival_ns)
 
 
-def classify(lookups: list[Lookup]) -> list[Lookup]:
-    """Sets ``mechanism`` on every lookup (see the module table); returns them in arrival order."""
+def store_drops(events: list[dict]) -> list[tuple[int, frozenset]]:
+    """(stamp, keys) of every L1 deletion the store controller made (``l1_delete`` by ``store``)."""
+    return [(ev["t_ns"], frozenset(ev.get("k", ()))) for ev in events
+            if ev.get("op") == "l1_delete" and ev.get("by") == "store" and ev.get("k")]
+
+
+def _dropped_before(lk: Lookup, finished: list[Lookup], drops) -> frozenset:
+    """This lookup's chunks the store controller deleted after the latest earlier load of them and
+    before this lookup's own load (its arrival where no load line was logged).
+
+    The window opens at that load's submission, not its ``done`` line: the chunks it loads are
+    write-locked until it finishes (``L1Manager.delete`` skips them), so a deletion stamped in
+    between can only follow its finish, and the ``done`` line is written after the finish returns,
+    when the store controller's thread may already have deleted them.
+    """
+    if not finished or not drops:
+        return frozenset()
+    last = max(finished, key=Lookup.end_ns)
+    since = last.t_load_ns if last.t_load_ns is not None else last.t_arrival_ns
+    until = lk.t_load_ns if lk.t_load_ns is not None else lk.t_arrival_ns
+    out: frozenset = frozenset()
+    for t, keys in drops:
+        if since <= t <= until:
+            out |= keys & lk.keys & last.keys
+    return out
+
+
+def classify(lookups: list[Lookup], drops: list[tuple[int, frozenset]] = ()) -> list[Lookup]:
+    """Sets ``mechanism`` on every lookup (see the module table); returns them in arrival order.
+
+    ``drops``: the store controller's L1 deletions (``store_drops``); without them no reread is
+    ``reread_after_store_drop``.
+    """
     ordered = sorted(lookups, key=lambda x: x.t_arrival_ns)
     for i, lk in enumerate(ordered):
         earlier = [o for o in ordered[:i] if o.loaded and o.keys & lk.keys]
@@ -144,8 +188,14 @@ def classify(lookups: list[Lookup]) -> list[Lookup]:
                                     and o.t_arrival_ns < lk.end_ns()]
         if lk.pid >= 0 and lk.t_start_ns is None:
             lk.mechanism = "unknown"
+        elif lk.loaded and in_flight:
+            lk.mechanism = "concurrent_load"
+        elif lk.loaded and finished:
+            dropped = _dropped_before(lk, finished, drops)
+            lk.store_dropped = len(dropped)
+            lk.mechanism = "reread_after_store_drop" if dropped else "reread_after_load"
         elif lk.loaded:
-            lk.mechanism = "concurrent_load" if in_flight else ("reread_after_load" if finished else "first_load")
+            lk.mechanism = "first_load"
         elif lk.parked and in_flight:
             lk.mechanism = "waited_for_in_flight"
         elif lk.l1_keys is not None and lk.l1_keys >= lk.n_keys > 0:
@@ -185,5 +235,5 @@ def summarize(lookups: list[Lookup]) -> dict:
 
 
 def phase_lookups(events: list[dict], roles: dict[str, str]) -> list[Lookup]:
-    """assemble -> classify -> label_roles, for one phase's trace events."""
-    return label_roles(classify(assemble(events)), roles)
+    """assemble -> classify (with the phase's store drops) -> label_roles, for one phase's trace events."""
+    return label_roles(classify(assemble(events), store_drops(events)), roles)

@@ -1,6 +1,6 @@
 """Runs inside the ``lmcache server`` process: installed by ``kmesh_lib.lmcache.launcher`` before it serves.
 
-Four things, each observation or configuration of real LMCache objects (LMCache 0.5.3 and 0.5.6);
+Five things, each observation or configuration of real LMCache objects (LMCache 0.5.3 and 0.5.6);
 none replaces LMCache's data path:
 
 1. **Retention switch.** The prefetch controller's policy is wrapped so that its L1 retention
@@ -24,6 +24,12 @@ none replaces LMCache's data path:
    finds the keys the first request loaded (read-locked for its reader, or retained), so it reads
    nothing from L2. Stock LMCache issues its own load (0.5.6: per-request write tags) or loses
    the L1 reservation and falls back to its L1-only hit (0.5.3: ``KEY_NOT_WRITABLE``).
+
+5. **Store trace.** The store controller's steps (both versions): each L2 store it submits
+   (``store_submit``: keys), each store it finalizes (``store_done``: ok, bytes the adapter
+   reported written) and each L1 deletion it makes there (``l1_delete``: the keys deleted, and
+   those it skipped because a reader held them). With the lookup trace this names why a lookup
+   after a warm prefetch found nothing in L1.
 
 Invariant: every hook calls the wrapped LMCache function exactly once with the same arguments;
 the singleflight only delays when ``_start_lookup_phase`` runs, on the controller's own thread.
@@ -245,7 +251,7 @@ class LookupTrace:
 
         def finish_request(request, *args, **kwargs):
             out = finish(request, *args, **kwargs)
-            log.write(op="done", pid=request.request_id)
+            log.write(op="done", pid=request.request_id, mode=_mode(request))
             return out
 
         def report_status():
@@ -261,10 +267,89 @@ class LookupTrace:
         c.report_status = report_status
 
 
+# Per thread: ``store_finalize`` while the store controller finalizes a store (LMCache makes the
+# policy's L1 deletion on that thread).
+_STATE = threading.local()
+
+
+def store_controllers(storage_manager) -> list:
+    """0.5.6: one per L1 manager (``_store_controllers``); 0.5.3: the one ``_store_controller``."""
+    many = getattr(storage_manager, "_store_controllers", None)
+    if isinstance(many, dict) and many:
+        return list(many.values())
+    one = getattr(storage_manager, "_store_controller", None)
+    return [] if one is None else [one]
+
+
+def _keys_with(result: dict, error: str) -> list:
+    """The keys of an ``L1Manager`` result dict (key -> ``L1Error``) with the error named ``error``."""
+    return [k for k, e in result.items() if getattr(e, "name", None) == error]
+
+
+class StoreTrace:
+    """Wraps each store controller's L2 submissions, its finalize step and the L1 deletions made there."""
+
+    def __init__(self, storage_manager, log: IOLog) -> None:
+        self.log = log
+        self.controllers = store_controllers(storage_manager)
+        wrapped: set[int] = set()
+        for sc in self.controllers:
+            self._wrap_finalize(sc)
+            l1 = getattr(sc, "_l1_manager", None)
+            if l1 is not None and id(l1) not in wrapped:
+                wrapped.add(id(l1))
+                self._wrap_delete(l1)
+            for adapter in getattr(sc, "_l2_adapters", {}).values():
+                if id(adapter) not in wrapped:
+                    wrapped.add(id(adapter))
+                    self._wrap_submit(adapter)
+
+    def _wrap_submit(self, adapter) -> None:
+        submit, log = adapter.submit_store_task, self.log
+
+        def submit_store_task(keys, objects, *args, **kwargs):
+            t = time.monotonic_ns()
+            task_id = submit(keys, objects, *args, **kwargs)
+            log.write(op="store_submit", t_ns=t, task=int(task_id), n_keys=len(keys), k=key_ids(keys))
+            return task_id
+
+        adapter.submit_store_task = submit_store_task
+
+    def _wrap_finalize(self, sc) -> None:
+        finalize, log = sc._finalize_store, self.log
+
+        def finalize_store(task_key, task, *args, **kwargs):
+            t = time.monotonic_ns()
+            _STATE.store_finalize = True
+            try:
+                return finalize(task_key, task, *args, **kwargs)
+            finally:
+                _STATE.store_finalize = False
+                keys = list(getattr(task, "keys", []))
+                log.write(op="store_done", t_ns=t, task=int(task_key[1]), ok=bool(getattr(task, "l2_store_result", False)),
+                          bytes=getattr(task, "l2_bytes_transferred", None), n_keys=len(keys), k=key_ids(keys))
+
+        sc._finalize_store = finalize_store
+
+    def _wrap_delete(self, l1) -> None:
+        delete, log = l1.delete, self.log
+
+        def delete_keys(keys, *args, **kwargs):
+            out = delete(keys, *args, **kwargs)
+            if getattr(_STATE, "store_finalize", False):  # the store policy's deletion (skip_l1)
+                deleted, locked = _keys_with(out, "SUCCESS"), _keys_with(out, "KEY_IS_LOCKED")
+                log.write(op="l1_delete", by="store", n_keys=len(deleted), k=key_ids(deleted), locked=key_ids(locked))
+            return out
+
+        l1.delete = delete_keys
+
+
 def install_hooks(storage_manager, cfg: dict) -> dict:
-    """Installs the four hooks on a built ``StorageManager``; returns what it hooked.
+    """Installs the five hooks on a built ``StorageManager``; returns what it hooked.
 
     ``cfg``: ``retention_file`` and ``singleflight_file`` (control words), ``io_log`` (JSON lines).
+    The report (also the ``plugin_ready`` line) names the ``fs`` adapters hooked and the store
+    controllers traced.
     """
     log = IOLog(cfg["io_log"])
     controller = storage_manager._prefetch_controller
@@ -276,6 +361,7 @@ def install_hooks(storage_manager, cfg: dict) -> dict:
             hook_fs_adapter(adapter, log)
             hooked.append(str(adapter._base_path))
     LookupTrace(storage_manager, controller, log, WordSwitch(cfg["singleflight_file"], (ON, OFF), OFF))
-    info = {"fs_adapters": hooked, "pid": os.getpid()}
+    trace = StoreTrace(storage_manager, log)
+    info = {"fs_adapters": hooked, "pid": os.getpid(), "store_controllers": len(trace.controllers)}
     log.write(op="plugin_ready", **info)
     return info
