@@ -141,6 +141,11 @@ def test_launcher_server_installs_the_hooks_and_switches_them(tmp_path):
         assert pc()["kmesh_singleflight"] == "off" and pc()["kmesh_parked_count"] == 0
         server.set_singleflight(True)
         assert pc()["kmesh_singleflight"] == "on"
+        # LMCache 0.5.6 has no PrefetchMode.WARM: the warm-store guard installs nothing, and says so
+        info = server.plugin_info()
+        assert info["store_controllers"] == 1 and info["warm_store_guard"]["installed"] is False
+        server.set_warm_store_guard(True)
+        assert server.warm_store_guard_file.read_text() == "on" and pc()["kmesh_warm_store_guard"] == "not installed"
         server.set_retention(True)
         assert server.control_file.read_text() == "retain"
         assert "kmesh switch on one server" in server.retention_mechanism
@@ -166,6 +171,9 @@ def test_stock_server_fallback_is_one_fixed_policy_and_labelled(tmp_path):
             server.set_retention(False)
         with pytest.raises(ServerStartError, match="singleflight needs the launcher"):
             server.set_singleflight(True)
+        with pytest.raises(ServerStartError, match="warm-store guard needs the launcher"):
+            server.set_warm_store_guard(True)
+        assert server.plugin_info() is None
         assert server.retention_mechanism == "stock --l2-prefetch-policy retain (one server per arm)"
         meter = ServerMeter(server)
         assert meter.available == {"device": True, "hook": False, "metrics": True}
@@ -182,10 +190,10 @@ def test_launcher_command_line_errors_name_what_is_missing():
 
     with pytest.raises(SystemExit, match="usage: python -m kmesh_lib.lmcache.launcher --kmesh-hooks JSON"):
         split_argv(["--port", "1"])
-    with pytest.raises(SystemExit, match="missing retention_file, singleflight_file"):
+    with pytest.raises(SystemExit, match="missing retention_file, singleflight_file, warm_store_guard_file"):
         split_argv(["--kmesh-hooks", json.dumps({"io_log": "x"}), "--port", "1"])
-    cfg, rest = split_argv(["--kmesh-hooks", json.dumps({"io_log": "a", "retention_file": "b", "singleflight_file": "c"}),
-                            "--port", "1"])
+    cfg, rest = split_argv(["--kmesh-hooks", json.dumps({"io_log": "a", "retention_file": "b", "singleflight_file": "c",
+                                                         "warm_store_guard_file": "d"}), "--port", "1"])
     assert cfg["io_log"] == "a" and rest == ["--port", "1"]
 
 

@@ -1,13 +1,18 @@
-"""The server plugin's store trace on LMCache 0.5.6's real objects (no server process).
+"""The server plugin's store trace and warm-store guard on LMCache 0.5.6's real objects (no server process).
 
 A real ``StorageManager`` (L1 DRAM arena, ``fs`` L2 adapter with O_DIRECT, ``--l2-store-policy
 skip_l1``) with ``install_hooks`` on it: a write into L1 is stored to L2 by the real store
-controller and dropped from L1, and the trace says so.
+controller and dropped from L1, and the trace says so. The guard cannot install on 0.5.6 (no
+``PrefetchMode.WARM``; its warm prefetch ends with ``finish_write_and_reserve_read``); its two
+parts are run against a real ``L1Manager`` and ``StoreListener``: ``finish_write`` inside a WARM
+finish with the guard on enqueues nothing, with it off enqueues the keys and remembers them.
 """
 from __future__ import annotations
 
+import enum
 import json
 import time
+import types
 
 import pytest
 
@@ -15,9 +20,19 @@ lmcache_api = pytest.importorskip("lmcache.v1.distributed.api")
 
 import torch  # noqa: E402
 from lmcache.v1.distributed.config import parse_args  # noqa: E402
+from lmcache.v1.distributed.l1_manager import L1Manager  # noqa: E402
+from lmcache.v1.distributed.storage_controllers.store_controller import StoreListener  # noqa: E402
 from lmcache.v1.distributed.storage_manager import StorageManager  # noqa: E402
 
-from kmesh_lib.lmcache.server_plugin import install_hooks, key_ids  # noqa: E402
+from kmesh_lib.lmcache.server_plugin import (  # noqa: E402
+    IOLog,
+    StoreTrace,
+    guard_store_listener,
+    install_hooks,
+    is_warm,
+    key_ids,
+    warm_finish,
+)
 
 CHUNK = 4096  # one O_DIRECT block per object
 LAYOUT = lmcache_api.MemoryLayoutDesc([torch.Size([CHUNK])], [torch.uint8])
@@ -50,17 +65,16 @@ def wait_for(predicate, timeout_s: float = 10.0) -> bool:
 def hooked(tmp_path):
     sm = StorageManager(config(tmp_path / "disk"))
     cfg = {"io_log": str(tmp_path / "io.jsonl"), "retention_file": str(tmp_path / "retention"),
-           "singleflight_file": str(tmp_path / "singleflight")}
+           "singleflight_file": str(tmp_path / "singleflight"), "warm_store_guard_file": str(tmp_path / "guard")}
     try:
-        yield sm, install_hooks(sm, cfg), tmp_path / "io.jsonl"
+        yield sm, install_hooks(sm, cfg), tmp_path / "io.jsonl", tmp_path / "guard"
     finally:
         sm.close()
 
 
 @pytest.mark.cpu
 def test_store_trace_logs_the_store_controllers_l2_write_and_its_skip_l1_deletion(hooked):
-    sm, info, log = hooked
-    assert info["store_controllers"] == 1 and lines(log)[0]["op"] == "plugin_ready"
+    sm, info, log, guard_file = hooked
     ks = keys(4)
     objs = sm.reserve_write(ks, LAYOUT)
     assert set(objs) == set(ks)
@@ -70,7 +84,7 @@ def test_store_trace_logs_the_store_controllers_l2_write_and_its_skip_l1_deletio
     submit = [r for r in recs if r["op"] == "store_submit"]
     done = [r for r in recs if r["op"] == "store_done"]
     delete = [r for r in recs if r["op"] == "l1_delete"]
-    assert [r["k"] for r in submit] == [key_ids(ks)]
+    assert [(r["k"], r["warm_keys"]) for r in submit] == [(key_ids(ks), 0)]
     assert [(r["task"], r["ok"], r["bytes"], r["k"]) for r in done] == [(submit[0]["task"], True, 4 * CHUNK, key_ids(ks))]
     assert [(r["by"], sorted(r["k"]), r["locked"]) for r in delete] == [("store", sorted(key_ids(ks)), [])]
     assert sum(r["bytes"] for r in recs if r["op"] == "write") == 4 * CHUNK  # the fs hook: the bytes on disk
@@ -85,3 +99,64 @@ def test_store_trace_logs_the_store_controllers_l2_write_and_its_skip_l1_deletio
     again = [r for r in lines(log) if r["op"] == "store_done"][-1]
     assert again["ok"] and again["bytes"] == 0
     assert sum(r["bytes"] for r in lines(log) if r["op"] == "write") == 4 * CHUNK
+
+
+@pytest.mark.cpu
+def test_on_lmcache_056_the_guard_installs_nothing_and_says_why(hooked):
+    sm, info, log, guard_file = hooked
+    assert info["store_controllers"] == 1 and info["fs_adapters"]
+    assert info["warm_store_guard"]["installed"] is False and "PrefetchMode.WARM" in info["warm_store_guard"]["detail"]
+    assert lines(log)[0]["op"] == "plugin_ready" and lines(log)[0]["warm_store_guard"] == info["warm_store_guard"]
+    listener = sm._store_controller._listener
+    assert "on_l1_keys_write_finished" not in vars(listener)  # the stock listener method, unwrapped
+    guard_file.write_text("on")
+    assert sm._prefetch_controller.report_status()["kmesh_warm_store_guard"] == "not installed"
+
+
+def test_a_warm_request_is_told_by_its_mode_not_by_the_modes_own_attributes():
+    """0.5.3's request carries ``mode`` (PrefetchMode), 0.5.6's ``lock_mode`` (PrefetchLockMode).
+
+    NOTE: the first guard (686da3f) asked ``_mode(request.mode)``, which is "None" for every request,
+    so it never fired on the H200; ``is_warm`` takes the request.
+    """
+    class PrefetchMode(enum.Enum):  # lmcache 0.5.3 ``lmcache.v1.distributed.api.PrefetchMode``
+        LOOKUP = enum.auto()
+        WARM = enum.auto()
+
+    assert is_warm(types.SimpleNamespace(mode=PrefetchMode.WARM))
+    assert not is_warm(types.SimpleNamespace(mode=PrefetchMode.LOOKUP))
+    assert not is_warm(types.SimpleNamespace(lock_mode=lmcache_api.PrefetchLockMode.NO_LOCK))
+    assert not hasattr(lmcache_api, "PrefetchMode")  # 0.5.6: which is why the guard installs nothing here
+
+
+@pytest.mark.cpu
+def test_the_guard_keeps_a_warm_finishs_keys_from_a_real_store_listener(tmp_path):
+    """A real L1Manager calls the wrapped real StoreListener inside its lock, on this thread."""
+    l1 = L1Manager(config(tmp_path / "disk").l1_manager_configs[0])
+    listener = StoreListener()
+    l1.register_listener(listener)
+    log = IOLog(str(tmp_path / "io.jsonl"))
+    trace = StoreTrace(types.SimpleNamespace(), log)  # no store controller: only its warm-key memory is used
+    guard_store_listener(listener, trace, log)
+
+    def write(ks, tag="w"):
+        assert all(err.name == "SUCCESS" for err, _ in l1.reserve_write(ks, [False] * len(ks), LAYOUT, tag=tag).values())
+        assert all(err.name == "SUCCESS" for err in l1.finish_write(ks, tag=tag).values())
+
+    try:
+        a, b, c = keys(2, 1), keys(2, 2), keys(2, 3)
+        write(a)  # outside a WARM finish: the listener's own behaviour, a new write to store
+        assert listener.pop_pending_keys() == a
+        with warm_finish(guard=True):  # a WARM finish with the guard on: nothing for the store controller
+            write(b)
+        assert listener.pending_count() == 0
+        with warm_finish(guard=False):  # the guard off (stock 0.5.3): enqueued, and remembered as warm
+            write(c)
+        assert listener.pop_pending_keys() == c and trace.take_warm(c + a) == 2 and trace.take_warm(c) == 0
+        recs = [r for r in lines(tmp_path / "io.jsonl")]
+        assert [(r["op"], r["k"]) for r in recs] == [("warm_store_skipped", key_ids(b)), ("warm_handoff", key_ids(c))]
+        write(keys(1, 4))  # the thread is no longer marked once the finish is over
+        assert listener.pending_count() == 1
+    finally:
+        listener.close()
+        l1.close()

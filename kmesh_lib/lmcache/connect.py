@@ -6,7 +6,8 @@
 
 Both are host staging: the bytes pass through DRAM on their way from the disk tier to the engine.
 A tier offers the same few operations to the protocol: ``llm_kwargs()`` for ``vllm.LLM``,
-``set_retention(retain)``, ``set_singleflight(on)``, ``drop_memory_copy()`` (the context back to
+``set_retention(retain)``, ``set_singleflight(on)`` (and, MP only, ``set_warm_store_guard(on)``:
+``lmcache.server_plugin``'s guard), ``drop_memory_copy()`` (the context back to
 disk-only), ``settle()`` (no LMCache I/O in flight), ``meter`` (``lmcache.disk_accounting``),
 ``lookups(a, b, roles)`` (what each lookup between two snapshots did, ``lmcache.lookups``),
 ``describe()`` (row labels), ``close()``.
@@ -97,8 +98,10 @@ class MPTier:
     """LMCacheMPConnector and a real ``lmcache server`` (L1 DRAM arena + fs disk tier).
 
     ``server_mode``: ``launcher`` (one server runs both arms through kmesh's retention switch; byte
-    hook, lookup trace and singleflight available) or ``stock`` (the console script with a fixed
-    ``--l2-prefetch-policy``: ``stock_retain`` picks ``retain`` or ``default``; one server per arm).
+    hook, lookup trace, singleflight and warm-store guard available) or ``stock`` (the console script
+    with a fixed ``--l2-prefetch-policy``: ``stock_retain`` picks ``retain`` or ``default``; one server
+    per arm). The server starts with the singleflight and the warm-store guard off (stock LMCache's
+    behaviour); ``start`` writes this tier's settings, the ``set_*`` methods change them later.
     """
 
     path = "mp"
@@ -119,6 +122,7 @@ class MPTier:
                                                  stock_retain=stock_retain, transfer_mode=transfer_mode_for(device)),
                                     self.runtime)
         self.singleflight = singleflight
+        self.warm_store_guard = False
         self.meter: ServerMeter | None = None
 
     @property
@@ -139,14 +143,27 @@ class MPTier:
         except ServerStartError as e:
             raise TierError(str(e)) from e
         self.server.set_singleflight(self.singleflight)
+        self.server.set_warm_store_guard(self.warm_store_guard)
         self.meter = ServerMeter(self.server)
         return self
 
     def describe(self) -> dict:
-        """Row labels: how retention is switched, whether the singleflight is on, which counts exist."""
+        """Row labels: how retention is switched, whether the singleflight and the warm-store guard are
+        on, which counts exist, and the hooks' install report (launcher servers)."""
         return {"server_mode": self.server.cfg.mode, "retention_mechanism": self.server.retention_mechanism,
-                "singleflight": self.singleflight, "transfer_mode": self.server.cfg.transfer_mode,
-                "byte_counts": sorted(k for k, v in (self.meter.available if self.meter else {}).items() if v)}
+                "singleflight": self.singleflight, "warm_store_guard": self.warm_store_guard,
+                "transfer_mode": self.server.cfg.transfer_mode,
+                "byte_counts": sorted(k for k, v in (self.meter.available if self.meter else {}).items() if v),
+                "hooks": self.server.plugin_info()}
+
+    def set_warm_store_guard(self, on: bool) -> None:
+        """The warm-store guard's word (``server_plugin.WarmStoreGuard``): before ``start`` it is what
+        ``start`` writes; after, it is written at once (read at every WARM prefetch's finish)."""
+        if on and self.server.cfg.mode != "launcher":
+            raise TierError("the warm-store guard needs server_mode='launcher' (the hook lives in the server process)")
+        self.warm_store_guard = on
+        if self.meter is not None:
+            self.server.set_warm_store_guard(on)
 
     def set_singleflight(self, on: bool) -> None:
         try:

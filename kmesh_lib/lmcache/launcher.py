@@ -1,7 +1,7 @@
 """``lmcache server`` with kmesh's hooks installed before it serves, on LMCache 0.5.3 and 0.5.6.
 
     python -m kmesh_lib.lmcache.launcher --kmesh-hooks '{"io_log": ..., "retention_file": ...,
-        "singleflight_file": ...}' <the arguments of `lmcache server`>
+        "singleflight_file": ..., "warm_store_guard_file": ...}' <the arguments of `lmcache server`>
 
 LMCache 0.5.3 (the GPU stack) has no ``--server-module`` extension point (0.5.6 added it), and its
 ``--runtime-plugin-locations`` runs plugins as separate processes. So this module runs the server
@@ -33,7 +33,7 @@ def split_argv(argv: list[str]) -> tuple[dict, list[str]]:
     if len(argv) < 2 or argv[0] != HOOKS_FLAG:
         raise SystemExit(f"usage: python -m kmesh_lib.lmcache.launcher {HOOKS_FLAG} JSON <lmcache server args>")
     cfg = json.loads(argv[1])
-    missing = {"io_log", "retention_file", "singleflight_file"} - set(cfg)
+    missing = {"io_log", "retention_file", "singleflight_file", "warm_store_guard_file"} - set(cfg)
     if missing:
         raise SystemExit(f"{HOOKS_FLAG}: missing {', '.join(sorted(missing))}")
     return cfg, argv[2:]

@@ -9,11 +9,12 @@ so it starts on the disk tier only. Two ways to run the server (``ServerConfig.m
 
     launcher  ``python -m kmesh_lib.lmcache.launcher``: the stock server with kmesh's hooks installed
               before it serves (``server_plugin``): the retention switch (``set_retention``, one
-              server runs both arms), the byte hook, the lookup trace and the singleflight switch
-              (``set_singleflight``). Works on LMCache 0.5.3 and 0.5.6.
+              server runs both arms), the byte hook, the lookup and store traces, the singleflight
+              switch (``set_singleflight``) and the warm-store guard switch (``set_warm_store_guard``;
+              0.5.3 only, ``plugin_info`` says whether it installed). Works on LMCache 0.5.3 and 0.5.6.
     stock     the ``lmcache server`` console script, untouched: retention is the fixed
               ``--l2-prefetch-policy`` (``retain`` or ``default``), so each arm needs its own server;
-              no byte hook (two byte counts: device and metrics), no lookup trace, no singleflight.
+              no byte hook (two byte counts: device and metrics), no traces, no singleflight, no guard.
 
 Invariants:
     - every listener is on 127.0.0.1: the request port and the HTTP port (which also serves
@@ -101,6 +102,7 @@ class LMCacheServer:
         self.disk_dir = runtime.subdir("disk")
         self.control_file = runtime.path / "retention"
         self.singleflight_file = runtime.path / "singleflight"
+        self.warm_store_guard_file = runtime.path / "warm_store_guard"
         self.io_log = runtime.path / "l2_io.jsonl"
         self.log_path = runtime.path / "server.log"
         self.shm_name = f"kmesh_{runtime.token.replace('-', '_')}"
@@ -109,7 +111,7 @@ class LMCacheServer:
 
     @property
     def hooked(self) -> bool:
-        """The retention switch, byte hook, lookup trace and singleflight live in this server."""
+        """The retention switch, byte hook, traces, singleflight and warm-store guard live in this server."""
         return self.cfg.mode == "launcher"
 
     @property
@@ -136,7 +138,8 @@ class LMCacheServer:
         if not self.hooked:
             return [lmcache_executable(), "server", *self.server_args()]
         hooks = {"io_log": str(self.io_log), "retention_file": str(self.control_file),
-                 "singleflight_file": str(self.singleflight_file)}
+                 "singleflight_file": str(self.singleflight_file),
+                 "warm_store_guard_file": str(self.warm_store_guard_file)}
         return [sys.executable, "-m", "kmesh_lib.lmcache.launcher", "--kmesh-hooks", json.dumps(hooks),
                 *self.server_args()]
 
@@ -147,6 +150,7 @@ class LMCacheServer:
             if self.hooked:
                 self.set_retention(False)
                 self.set_singleflight(False)
+                self.set_warm_store_guard(False)
             self.port, self.http_port = free_port(), free_port()
             self._spawn()
         return self
@@ -192,6 +196,17 @@ class LMCacheServer:
         if not self.hooked:
             return True
         return self.io_log.exists() and '"plugin_ready"' in self.io_log.read_text()
+
+    def plugin_info(self) -> dict | None:
+        """The hooks' install report (the ``plugin_ready`` line: fs adapters hooked, store controllers
+        traced, whether the warm-store guard installed and why not); None for a stock server."""
+        if not self.hooked or not self.io_log.exists():
+            return None
+        with open(self.io_log) as f:
+            for line in f:
+                if '"plugin_ready"' in line:
+                    return {k: v for k, v in json.loads(line).items() if k not in ("op", "t_ns")}
+        return None
 
     def _kill(self) -> None:
         if self.proc is not None:
@@ -245,6 +260,15 @@ class LMCacheServer:
                 raise ServerStartError("singleflight needs the launcher (ServerConfig.mode='launcher')")
             return
         self._write_word(self.singleflight_file, "on" if on else "off")
+
+    def set_warm_store_guard(self, on: bool) -> None:
+        """Whether keys a WARM prefetch's finish hands the store listener are kept from it (launcher
+        servers only; a no-op where the guard did not install, see ``plugin_info``)."""
+        if not self.hooked:
+            if on:
+                raise ServerStartError("the warm-store guard needs the launcher (ServerConfig.mode='launcher')")
+            return
+        self._write_word(self.warm_store_guard_file, "on" if on else "off")
 
     @staticmethod
     def _write_word(path: Path, word: str) -> None:

@@ -1,6 +1,6 @@
 """Runs inside the ``lmcache server`` process: installed by ``kmesh_lib.lmcache.launcher`` before it serves.
 
-Five things, each observation or configuration of real LMCache objects (LMCache 0.5.3 and 0.5.6);
+Six things, each observation or configuration of real LMCache objects (LMCache 0.5.3 and 0.5.6);
 none replaces LMCache's data path:
 
 1. **Retention switch.** The prefetch controller's policy is wrapped so that its L1 retention
@@ -26,18 +26,35 @@ none replaces LMCache's data path:
    the L1 reservation and falls back to its L1-only hit (0.5.3: ``KEY_NOT_WRITABLE``).
 
 5. **Store trace.** The store controller's steps (both versions): each L2 store it submits
-   (``store_submit``: keys), each store it finalizes (``store_done``: ok, bytes the adapter
-   reported written) and each L1 deletion it makes there (``l1_delete``: the keys deleted, and
-   those it skipped because a reader held them). With the lookup trace this names why a lookup
-   after a warm prefetch found nothing in L1.
+   (``store_submit``: keys, and how many a warm finish handed it, see 6), each store it finalizes
+   (``store_done``: ok, bytes the adapter reported written) and each L1 deletion it makes there
+   (``l1_delete``: the keys deleted, and those it skipped because a reader held them). With the
+   lookup trace this names why a lookup after a warm prefetch found nothing in L1.
+6. **Warm-store guard** (switchable by a third control file; LMCache 0.5.3 only). 0.5.3 finishes a
+   warm prefetch's (``POST /cache/prefetches``, ``PrefetchMode.WARM``) loads with
+   ``L1Manager.finish_write``, whose listeners include the store controller's ``StoreListener``:
+   it takes the keys for new writes and stores them to L2 again (the ``fs`` adapter finds the
+   files there and writes nothing, but reports the store done) and, under ``--l2-store-policy
+   skip_l1``, deletes them from L1 a few ms after the prefetch completed (``L1Manager.delete``
+   skips read-locked keys, so only a lookup that locked them first keeps the copy). A lookup-mode
+   load ends with ``finish_write_and_reserve_read``, which the listener ignores; 0.5.6 finishes
+   every load that way. With the guard on, keys ``finish_write`` hands the listener while the
+   prefetch controller finishes a WARM request (same thread, inside L1Manager's lock) are not
+   enqueued (``warm_store_skipped``): they came from L2. With it off they are, and logged
+   (``warm_handoff``). Where LMCache has no ``PrefetchMode.WARM`` (0.5.6) nothing is installed;
+   ``plugin_ready`` says so. NOTE: the first guard (686da3f, reverted in c7aa510) asked
+   ``_mode(request.mode)``, which is "None" for every request, so it never fired on the H200.
 
-Invariant: every hook calls the wrapped LMCache function exactly once with the same arguments;
-the singleflight only delays when ``_start_lookup_phase`` runs, on the controller's own thread.
+Invariant: every hook calls the wrapped LMCache function exactly once with the same arguments,
+except the warm-store guard when on, which withholds from the store listener the keys a WARM
+finish hands it; the singleflight only delays when ``_start_lookup_phase`` runs, on the
+controller's own thread.
 
 Imports only the standard library at module level, so the server starts as fast as without it.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -267,8 +284,9 @@ class LookupTrace:
         c.report_status = report_status
 
 
-# Per thread: ``store_finalize`` while the store controller finalizes a store (LMCache makes the
-# policy's L1 deletion on that thread).
+# Per thread: ``warm`` while the prefetch controller finishes a WARM request (``guard``: the guard's
+# word then), ``store_finalize`` while the store controller finalizes a store. LMCache calls the
+# listener and the L1 deletion on the thread that set them.
 _STATE = threading.local()
 
 
@@ -287,10 +305,16 @@ def _keys_with(result: dict, error: str) -> list:
 
 
 class StoreTrace:
-    """Wraps each store controller's L2 submissions, its finalize step and the L1 deletions made there."""
+    """Wraps each store controller's L2 submissions, its finalize step and the L1 deletions made there.
+
+    ``mark_warm``/``take_warm``: keys a WARM finish handed the store listener (``WarmStoreGuard``,
+    guard off), so a later ``store_submit`` line says how many of its keys came from one.
+    """
 
     def __init__(self, storage_manager, log: IOLog) -> None:
         self.log = log
+        self._warm: set = set()
+        self._lock = threading.Lock()  # never held while calling LMCache
         self.controllers = store_controllers(storage_manager)
         wrapped: set[int] = set()
         for sc in self.controllers:
@@ -304,13 +328,24 @@ class StoreTrace:
                     wrapped.add(id(adapter))
                     self._wrap_submit(adapter)
 
+    def mark_warm(self, keys) -> None:
+        with self._lock:
+            self._warm.update(keys)
+
+    def take_warm(self, keys) -> int:
+        with self._lock:
+            mine = self._warm.intersection(keys)
+            self._warm -= mine
+        return len(mine)
+
     def _wrap_submit(self, adapter) -> None:
         submit, log = adapter.submit_store_task, self.log
 
         def submit_store_task(keys, objects, *args, **kwargs):
             t = time.monotonic_ns()
             task_id = submit(keys, objects, *args, **kwargs)
-            log.write(op="store_submit", t_ns=t, task=int(task_id), n_keys=len(keys), k=key_ids(keys))
+            log.write(op="store_submit", t_ns=t, task=int(task_id), n_keys=len(keys), k=key_ids(keys),
+                      warm_keys=self.take_warm(keys))
             return task_id
 
         adapter.submit_store_task = submit_store_task
@@ -344,12 +379,95 @@ class StoreTrace:
         l1.delete = delete_keys
 
 
-def install_hooks(storage_manager, cfg: dict) -> dict:
-    """Installs the five hooks on a built ``StorageManager``; returns what it hooked.
+def warm_mode():
+    """LMCache 0.5.3's ``PrefetchMode.WARM``, or None where this LMCache has none (0.5.6)."""
+    try:
+        from lmcache.v1.distributed.api import PrefetchMode
+    except ImportError:
+        return None
+    return getattr(PrefetchMode, "WARM", None)
 
-    ``cfg``: ``retention_file`` and ``singleflight_file`` (control words), ``io_log`` (JSON lines).
-    The report (also the ``plugin_ready`` line) names the ``fs`` adapters hooked and the store
-    controllers traced.
+
+def is_warm(request) -> bool:
+    """A WARM prefetch request (0.5.3 ``InFlightPrefetchRequest.mode``; 0.5.6 requests have ``lock_mode``)."""
+    return _mode(request) == "WARM"
+
+
+@contextlib.contextmanager
+def warm_finish(guard: bool):
+    """Marks this thread as finishing a WARM request (``guard``: keep its keys from the store listener)."""
+    _STATE.warm, _STATE.guard = True, guard
+    try:
+        yield
+    finally:
+        _STATE.warm = _STATE.guard = False
+
+
+def guard_store_listener(listener, trace: StoreTrace, log: IOLog) -> None:
+    """Wraps a ``StoreListener``'s ``on_l1_keys_write_finished``: inside ``warm_finish(guard=True)``
+    the keys are not enqueued (``warm_store_skipped``); inside ``warm_finish(guard=False)`` they are,
+    and remembered (``warm_handoff``, ``StoreTrace.mark_warm``); elsewhere it is the listener's own.
+
+    Called by ``L1Manager.finish_write`` inside its lock: it calls nothing of L1Manager.
+    """
+    enqueue = listener.on_l1_keys_write_finished
+
+    def on_l1_keys_write_finished(keys, *args, **kwargs):
+        if keys and getattr(_STATE, "warm", False):
+            if getattr(_STATE, "guard", False):  # they came from L2: storing them again is pointless
+                log.write(op="warm_store_skipped", n_keys=len(keys), k=key_ids(keys))
+                return None
+            trace.mark_warm(keys)
+            log.write(op="warm_handoff", n_keys=len(keys), k=key_ids(keys))
+        return enqueue(keys, *args, **kwargs)
+
+    listener.on_l1_keys_write_finished = on_l1_keys_write_finished
+
+
+class WarmStoreGuard:
+    """Keeps a warm prefetch's keys out of the store listener (word ``on``); logs them either way.
+
+    Installs only where LMCache has ``PrefetchMode.WARM`` (0.5.3), a prefetch finish step and a store
+    listener: the prefetch controller's ``_finish_request`` runs a WARM request inside
+    ``warm_finish`` (the word read once per finish), and every store listener is wrapped
+    (``guard_store_listener``). ``report`` says whether it installed, and why not.
+    """
+
+    def __init__(self, controller, trace: StoreTrace, log: IOLog, word: WordSwitch) -> None:
+        self.word = word
+        listeners = [getattr(sc, "_listener", None) for sc in trace.controllers]
+        listeners = [x for x in listeners if x is not None and hasattr(x, "on_l1_keys_write_finished")]
+        if warm_mode() is None:
+            self.report = {"installed": False, "detail": "this LMCache has no PrefetchMode.WARM: its warm prefetch "
+                                                         "finishes loads with finish_write_and_reserve_read, which the "
+                                                         "store listener ignores; nothing to guard"}
+            return
+        if not listeners or not hasattr(controller, "_finish_request"):
+            self.report = {"installed": False, "detail": "no store listener or prefetch finish step found"}
+            return
+        for listener in listeners:
+            guard_store_listener(listener, trace, log)
+        finish = controller._finish_request
+
+        def finish_request(request, *args, **kwargs):
+            if not is_warm(request):
+                return finish(request, *args, **kwargs)
+            with warm_finish(self.word.word() == ON):
+                return finish(request, *args, **kwargs)
+
+        controller._finish_request = finish_request
+        self.report = {"installed": True, "detail": f"{len(listeners)} store listener(s)"}
+
+    def state(self) -> str:
+        return self.word.word() if self.report["installed"] else "not installed"
+
+
+def install_hooks(storage_manager, cfg: dict) -> dict:
+    """Installs the six hooks on a built ``StorageManager``; returns what it hooked.
+
+    ``cfg``: ``retention_file``, ``singleflight_file`` and ``warm_store_guard_file`` (control words),
+    ``io_log`` (JSON lines). The report (also the ``plugin_ready`` line) names the ``fs`` adapters
+    hooked, the store controllers traced and whether the warm-store guard installed (and why not).
     """
     log = IOLog(cfg["io_log"])
     controller = storage_manager._prefetch_controller
@@ -362,6 +480,16 @@ def install_hooks(storage_manager, cfg: dict) -> dict:
             hooked.append(str(adapter._base_path))
     LookupTrace(storage_manager, controller, log, WordSwitch(cfg["singleflight_file"], (ON, OFF), OFF))
     trace = StoreTrace(storage_manager, log)
-    info = {"fs_adapters": hooked, "pid": os.getpid(), "store_controllers": len(trace.controllers)}
+    guard = WarmStoreGuard(controller, trace, log, WordSwitch(cfg["warm_store_guard_file"], (ON, OFF), OFF))
+    status = controller.report_status
+
+    def report_status():
+        out = status()
+        out["kmesh_warm_store_guard"] = guard.state()
+        return out
+
+    controller.report_status = report_status
+    info = {"fs_adapters": hooked, "pid": os.getpid(), "store_controllers": len(trace.controllers),
+            "warm_store_guard": guard.report}
     log.write(op="plugin_ready", **info)
     return info
