@@ -34,10 +34,27 @@ from kmesh_lib.sections.prefetch.stats import all_cases, both_ways, choose_lead,
     ("SINGLEFLIGHT=true", "SINGLEFLIGHT"),
     ("GPUBUF_ENGINE_RUNS=0", "GPUBUF_ENGINE_RUNS"),
     ("PATHS=[mp,mp]", "each once"),
+    ("WARM_STORE_GUARD=maybe", "WARM_STORE_GUARD"),
+    ("LMCACHE_SERVER=stock", "needs LMCACHE_SERVER=launcher"),
 ])
 def test_bad_params_fail_with_the_key(override, message):
     with pytest.raises(ParamError, match=message):
         resolve_params(sections.get("20"), "cpu", [], [override])
+
+
+def test_the_warm_store_guard_is_on_by_default_and_off_only_by_choice():
+    """One default (the Params class); a stock server (no hooks) runs only with the guard turned off."""
+    for profile in ("smoke", "cpu", "gpu"):
+        assert resolve_params(sections.get("20"), profile, [], [])[0].WARM_STORE_GUARD is True
+    with pytest.raises(ParamError, match="WARM_STORE_GUARD=true needs LMCACHE_SERVER=launcher"):
+        resolve_params(sections.get("20"), "cpu", [], ["LMCACHE_SERVER=stock", "SINGLEFLIGHT=[false]"])
+    cfg, _, _ = resolve_params(sections.get("20"), "cpu", [], ["LMCACHE_SERVER=stock", "SINGLEFLIGHT=[false]",
+                                                                "WARM_STORE_GUARD=false"])
+    assert cfg.WARM_STORE_GUARD is False
+    # only the MP paths have the guard: without them a stock setting is no conflict
+    cfg, _, _ = resolve_params(sections.get("20"), "cpu", [], ["LMCACHE_SERVER=stock", "SINGLEFLIGHT=[false]",
+                                                                "PATHS=[gpubuf]"])
+    assert cfg.WARM_STORE_GUARD is True
 
 
 def test_profiles_validate_and_kmesh_plan_reports_a_bad_override():
@@ -515,3 +532,33 @@ def test_singleflight_on_must_read_once_and_the_contrast_must_run(tmp_path):
     got = _statuses(_run(tmp_path / "contrast", groups + contrast, params=params))
     assert got["mp N=4: CONTRAST_GROUPS on-arrival groups under every further singleflight setting"] == "ok"
     assert set(got.values()) == {"ok"}, {k: v for k, v in got.items() if v != "ok"}
+
+
+def test_the_early_arms_store_drop_rereads_are_named_per_arm_and_the_strict_check_still_fails(tmp_path):
+    """0.5.3 with the warm-store guard off (the H200 run): the warm-up's lookup reread what the warm prefetch
+    had loaded, after the store controller dropped it. The tables and the answer name the mechanism per arm;
+    the read-once check is not relaxed."""
+    def early(p):
+        g = _g(B, p, "early", 0.1, 0.4, True, lead=100.0)
+        lookups = [{"role": "http_prefetch", "mechanism": "first_load"},
+                   {"role": "warmup", "mechanism": "reread_after_store_drop", "store_dropped": 4},
+                   *({"role": x, "mechanism": "l1_resident"} for x in "ABCD")]
+        return dict(g, disk_bytes=200, disk_write_bytes=0, warm_store_guard=False, lookups=lookups,
+                    reads=dict(g["reads"], device_bytes=200, hook_bytes=200, metric_bytes=200),
+                    lookup_summary={"lookups": 6, "disk_reads": 2, "load_bytes": 200, "contended_keys": 0,
+                                    "by_mechanism": {"first_load": 1, "reread_after_store_drop": 1, "l1_resident": 4}})
+
+    groups = [g if g["arm"] != "early" or g["phase"] == "pilot" else early(g["pair"]) for g in _groups()]
+    groups = [dict(g, warm_store_guard=False, disk_write_bytes=0) if g["arm"] == "on_arrival" else g for g in groups]
+    hooks = {"warm_store_guard": {"installed": True, "detail": "1 store listener(s)"}}
+    run = _run(tmp_path, groups, blocks=[_summary(lmcache_server={"warm_store_guard": False, "hooks": hooks})])
+    assert _statuses(run)["every prepared group (ready early, dram, buffer, engine) read the context from the disk "
+                          "tier exactly once"] == "failed"
+    rows = {r["arm"]: r for r in run.results["disk_reads"]}
+    assert rows["early"]["warm_store_guard"] == "off" and rows["early"]["disk written MiB/group (mean)"] == 0.0
+    assert rows["early"]["lookups"] == "l1_resident 40, first_load 10, reread_after_store_drop 10"
+    assert rows["on_arrival"]["lookups"] == "waited_for_in_flight 40, first_load 10"
+    text = section.answer(run)
+    assert "early: l1_resident 40, first_load 10, reread_after_store_drop 10" in text
+    assert "The early arm's disk reads, by lookup: http_prefetch first_load 10, warmup reread_after_store_drop 10." in text
+    assert "The warm-store guard was off in the 1 MP engine run(s) and installed in every server" in text

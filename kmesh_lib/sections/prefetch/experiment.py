@@ -77,6 +77,9 @@ def plan(cfg: PrefetchParams) -> dict:
         "singleflight (MP)": f"{sf[0]} in every group" + (f"; contrast: {cfg.CONTRAST_GROUPS} on-arrival groups with it "
                                                           f"{', '.join(sf[1:])} in each group size's first engine run"
                                                           if len(sf) > 1 and cfg.CONTRAST_GROUPS else ""),
+        "warm-store guard (MP)": ("on: a warm prefetch's keys are not handed to the store controller (LMCache 0.5.3; "
+                                  "a no-op where LMCache has no PrefetchMode.WARM)" if cfg.WARM_STORE_GUARD else
+                                  "off: stock LMCache (0.5.3 re-stores a warm prefetch's keys; skip_l1 drops them from L1)"),
         "groups per engine run": f"{per_run} (+ {len(cfg.LEADS_MS) * cfg.PILOT_GROUPS} pilot groups in run 0)",
         "group sizes": str(cfg.GROUP_SIZES),
         "engine runs, in order": _runs_text(cfg),

@@ -1,4 +1,4 @@
-"""Section 20's parameters: paths, group sizes, leads, groups per arm, controls and the LMCache tier."""
+"""Section 20's parameters: paths, group sizes, leads, groups per arm, controls, the LMCache tier and its guard."""
 from __future__ import annotations
 
 from typing import Annotated
@@ -18,7 +18,7 @@ from kmesh_lib.base.params import (
     params_dataclass,
 )
 from kmesh_lib.workloads.context_groups import blocks_for_group, kv_bytes_per_token
-from kmesh_lib.workloads.context_params import TIER_PATHS, ContextGroupParams
+from kmesh_lib.workloads.context_params import MP_PATHS, TIER_PATHS, ContextGroupParams
 
 PATHS = TIER_PATHS
 CONTROLS = ("dram", "engine")
@@ -52,6 +52,10 @@ class PrefetchParams(ContextGroupParams):
     GPUBUF_ENGINE_RUNS: PositiveCount | None = Field(
         None, description="engine runs of the gpubuf path (null: ENGINE_RUNS); each runs MEASURED_GROUPS / ENGINE_RUNS "
                           "pairs, so fewer runs scale the GPU-buffer rows down (results say so)")
+    WARM_STORE_GUARD: bool = Field(
+        True, description="MP: keep the keys a warm prefetch (POST /cache/prefetches) loads from being handed to the "
+                          "store controller as new writes (LMCache 0.5.3 re-stores them and, under skip_l1, drops them "
+                          "from L1 before the warm-up's lookup); a no-op on LMCache without PrefetchMode.WARM (0.5.6)")
     CONTRAST_GROUPS: Count = Field(
         10, description="MP: on-arrival groups per further SINGLEFLIGHT setting, in each group size's first engine run")
     WARMUP_PAIRS: Count = Field(1, description="unmeasured pairs at the start of every engine run")
@@ -83,6 +87,8 @@ class PrefetchParams(ContextGroupParams):
               f"PATHS={self.PATHS}: choose from {', '.join(PATHS)}, each once")
         check(len(self.FOLLOWUP_ARRIVALS) == 1, f"FOLLOWUP_ARRIVALS={self.FOLLOWUP_ARRIVALS}: section 20 gives every "
                                                 "group one pattern (the follow-ups' spacing from T)")
+        check(not (self.WARM_STORE_GUARD and self.LMCACHE_SERVER == "stock" and set(self.PATHS) & set(MP_PATHS)),
+              "WARM_STORE_GUARD=true needs LMCACHE_SERVER=launcher (the guard lives in the launcher's server hooks)")
         check(set(self.CONTROLS) <= set(CONTROLS), f"CONTROLS={self.CONTROLS}: choose from {', '.join(CONTROLS)} (or [])")
         check(list(self.LEADS_MS) == sorted(set(self.LEADS_MS)), f"LEADS_MS={self.LEADS_MS}: ascending, no repeats")
         check(self.MEASURED_GROUPS >= self.ENGINE_RUNS,

@@ -14,9 +14,13 @@ Arms (the tier keeps its copy in every arm: retention on, so a group reads the d
 MP paths: every group runs with the singleflight setting SINGLEFLIGHT[0] (on: a lookup that overlaps
 an in-flight load of the same chunks waits for it, so an on-arrival group reads the context once);
 the first engine run of each group size also runs CONTRAST_GROUPS on-arrival groups under each
-further setting (phase ``contrast``, never paired). MP groups record the server-side lookup trace
-(``lookups``, per phase summaries); GPU-buffer groups record every restore and prefetch, split
-(``restores``: lookup, disk read, staging, copy, to the first token).
+further setting (phase ``contrast``, never paired). MP servers run with the warm-store guard set to
+WARM_STORE_GUARD (``lmcache.server_plugin.WarmStoreGuard``: LMCache 0.5.3 would hand a warm
+prefetch's keys to its store controller, which under skip_l1 drops them from L1; the engine run's
+``lmcache_server.hooks`` says whether it installed). MP groups record the server-side lookup trace
+(``lookups``, per phase summaries, each lookup's mechanism); GPU-buffer groups record every restore
+and prefetch, split (``restores``: lookup, disk read, staging, copy, to the first token). Every group
+records the disk-tier bytes it wrote (``disk_write_bytes``) beside those it read.
 
 Before every group (not timed): vLLM's prefix cache is reset, the tier's memory copy dropped (the
 context back to disk-only), the singleflight set, the tier settled. Arms of a pair share the
@@ -72,6 +76,12 @@ class PrefetchRun(Block):
         self.run_index = run_index
         self.summary.update(run_index=run_index)
         self._pair = 0
+
+    def begin(self) -> None:
+        """The tier (``Block.begin``), with the warm-store guard set before its server is started."""
+        super().begin()
+        if self.path in MP_PATHS:
+            self.tier.set_warm_store_guard(self.cfg.WARM_STORE_GUARD)
 
     def prefetcher(self):
         if self.path in MP_PATHS:
@@ -198,6 +208,7 @@ class PrefetchRun(Block):
             "block": self.name, "path": self.path, "group_size": self.group_size, "run_index": self.run_index,
             "arm": arm, "lead_ms": round(lead_s * 1e3, 3), "pair": pair, "order": order, "phase": phase,
             "measured": phase == "confirm", "status": status, "detail": detail, "singleflight": singleflight,
+            "warm_store_guard": cfg.WARM_STORE_GUARD if self.path in MP_PATHS else None,
             "arrival": pattern.label, "lookup": tier.lookup,
             "prep": PREP_LABEL[self.path] if arm in EARLY_ARMS else ("none" if arm == "on_arrival" else "placed, untimed"),
             "ready": None if ready is None else ready.ready, "readiness": None if ready is None else ready.to_dict(),
@@ -213,6 +224,7 @@ class PrefetchRun(Block):
             "num_output_tokens": [len(r.output_token_ids) for r in timing.results],
             "loop_iterations": timing.loop_iterations, "idle_waits": timing.idle_waits, "stamps": timing.stamps,
             "disk_bytes": reads.hook_bytes if reads.hook_bytes is not None else reads.device_bytes,
+            "disk_write_bytes": reads.written_bytes,
             "reads": reads.to_dict(), "chunk_bytes": self.chunk_bytes,
             "context_bytes": self.context_bytes, "context_tokens": cfg.CONTEXT_TOKENS, **extra,
             "utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),

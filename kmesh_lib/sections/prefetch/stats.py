@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kmesh_lib.lmcache.lookups import READS
+
 STOPWATCHES = {"wait_a_s": "A first token", "makespan_s": "all done"}
 ARMS = ("on_arrival", "early", "early_fixed", "dram", "buffer", "engine")
 MIB = 1 << 20
@@ -228,12 +230,16 @@ def overhead(groups) -> list[dict]:
 
 
 def disk_reads(groups: list[dict]) -> list[dict]:
-    """Measured, not required: how many times each arm's group read the context from the disk tier.
+    """Measured, not required: how many times each arm's group read the context from the disk tier,
+    what it wrote there, and (MP launcher servers) what every lookup of the arm's groups did.
 
     Over every measured group that ran cleanly, recomputing ones included (they read too).
     NOTE: on the MP path the follow-ups of an on-arrival group look up together; each lookup is an
     L2 -> L1 prefetch, and a lookup that lands before the first load is retained rereads it (LMCache
-    0.5.6) or finds it reserved and recomputes (0.5.3), unless the singleflight holds it back.
+    0.5.6) or finds it reserved and recomputes (0.5.3), unless the singleflight holds it back. In the
+    early arm, 0.5.3 hands the warm prefetch's keys to its store controller, which (skip_l1) drops
+    them from L1 before a late warm-up's lookup (``reread_after_store_drop``), unless the warm-store
+    guard holds them back. Groups recorded before a column existed leave it out.
     """
     rows = []
     for path, n in cases(groups):
@@ -241,20 +247,30 @@ def disk_reads(groups: list[dict]) -> list[dict]:
             xs = [g for g in usable(_of(groups, path, n), with_recomputed=True) if g["arm"] == arm]
             if xs:
                 r = [(g["disk_bytes"] or 0) / g["context_bytes"] for g in xs]
-                rows.append({"path": path, "group_size": n, "arm": arm, "groups": len(xs),
-                             "singleflight": _sf(xs[0]),
-                             "context reads/group (mean)": round(float(np.mean(r)), 2),
-                             "min": round(float(np.min(r)), 2), "max": round(float(np.max(r)), 2),
-                             "disk MiB/group (mean)": round(float(np.mean([g["disk_bytes"] or 0 for g in xs])) / MIB, 2),
-                             "follow-ups that recomputed the context": sum(
-                                 c < expected_cached(g) for g in xs for c in g["num_cached_tokens"]),
-                             "groups recomputed": sum(g["status"] == "recomputed" for g in xs)})
+                row = {"path": path, "group_size": n, "arm": arm, "groups": len(xs),
+                       "singleflight": _sf(xs[0]),
+                       "context reads/group (mean)": round(float(np.mean(r)), 2),
+                       "min": round(float(np.min(r)), 2), "max": round(float(np.max(r)), 2),
+                       "disk MiB/group (mean)": round(float(np.mean([g["disk_bytes"] or 0 for g in xs])) / MIB, 2),
+                       "follow-ups that recomputed the context": sum(
+                           c < expected_cached(g) for g in xs for c in g["num_cached_tokens"]),
+                       "groups recomputed": sum(g["status"] == "recomputed" for g in xs)}
+                if all("warm_store_guard" in g for g in xs):
+                    row["warm_store_guard"] = _on_off(xs[0]["warm_store_guard"])
+                written = [g.get("disk_write_bytes") for g in xs]
+                if all(w is not None for w in written):
+                    row["disk written MiB/group (mean)"] = round(float(np.mean(written)) / MIB, 2)
+                row["lookups"] = mechanisms(xs) or "no lookup trace"
+                rows.append(row)
     return rows
 
 
+def _on_off(flag: bool | None) -> str:
+    return "n/a" if flag is None else ("on" if flag else "off")
+
+
 def _sf(g: dict) -> str:
-    sf = g.get("singleflight")
-    return "n/a" if sf is None else ("on" if sf else "off")
+    return _on_off(g.get("singleflight"))
 
 
 def mechanisms(gs: list[dict]) -> str | None:
@@ -266,6 +282,21 @@ def mechanisms(gs: list[dict]) -> str | None:
         for m, k in g["lookup_summary"]["by_mechanism"].items():
             total[m] = total.get(m, 0) + k
     return ", ".join(f"{m} {k}" for m, k in sorted(total.items(), key=lambda kv: -kv[1]))
+
+
+def reads_by_role(gs: list[dict]) -> str | None:
+    """Which lookups of ``gs`` read the disk tier, and why: ``<role> <mechanism> <count>`` summed over the
+    groups' classified lookups (roles: http_prefetch, warmup, follow-up), else None (no lookup trace)."""
+    if not gs or not all("lookups" in g for g in gs):
+        return None
+    total: dict[str, int] = {}
+    for g in gs:
+        for lk in g["lookups"]:
+            if lk.get("mechanism") in READS:
+                role = lk.get("role") if lk.get("role") in ("http_prefetch", "warmup") else "follow-up"
+                key = f"{role} {lk['mechanism']}"
+                total[key] = total.get(key, 0) + 1
+    return ", ".join(f"{k} {v}" for k, v in sorted(total.items(), key=lambda kv: -kv[1])) or "none"
 
 
 def singleflight_table(groups: list[dict]) -> list[dict]:

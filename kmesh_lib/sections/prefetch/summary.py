@@ -87,6 +87,19 @@ def answer(run) -> str:
                      + (" (on arrival: concurrent lookups)" if arrival and per_group["on arrival"] > 1.01 else "")
                      + (" (early: its preparation read the context again before T)" if early and per_group["early"] > 1.01
                         else "") + ".")
+        traced = {arm: row["lookups"] for arm, row in (("on arrival", arrival), ("early", early))
+                  if row and row.get("lookups", "no lookup trace") != "no lookup trace"}
+        if traced:
+            text += " Lookups, from the server's trace: " + "; ".join(f"{arm}: {m}" for arm, m in traced.items()) + "."
+        if early and per_group.get("early", 0) > 1.01:
+            by_role = ps.reads_by_role([g for g in ps.usable(groups, with_recomputed=True)
+                                        if (g["path"], g["group_size"], g["arm"]) == (path, n, "early")])
+            if by_role:
+                text += f" The early arm's disk reads, by lookup: {by_role}."
+        if "reread_after_store_drop" in traced.get("early", ""):
+            text += (" reread_after_store_drop: LMCache 0.5.3 handed the warm prefetch's keys to its store "
+                     "controller as new writes, which stored them again (the disk tier had them: nothing written) "
+                     "and, under skip_l1, deleted them from L1 before the warm-up's lookup locked them.")
         for row in contrast.get((path, n), []):
             text += (f" With the singleflight {row['singleflight']} ({row['groups']} on-arrival groups) they read it "
                      f"{row['context reads/group (mean)']:.2f} times per group and {row['follow-ups that recomputed']} "
@@ -104,6 +117,9 @@ def answer(run) -> str:
             text += (f" With the {w['pairs'] - r['pairs']} pair(s) in which a follow-up recomputed the context, the "
                      f"saving would read {_saving(w, 'A first token')}.")
         parts.append(text)
+    guard = guard_note(run.raw("blocks.jsonl"))
+    if guard:
+        parts.append(guard)
     weak = []
     scaled = {k: params.get(k) for k, v in PAPER.items() if (params.get(k) or 0) < v}
     if "gpubuf" in (params.get("PATHS") or []) and (params.get("GPUBUF_ENGINE_RUNS") or params.get("ENGINE_RUNS") or 0) \
@@ -118,6 +134,23 @@ def answer(run) -> str:
                     "application prefetch API).")
     weak += [f"Measured, not assumed: {line}." for line in measured_lines(run)]
     return " ".join(parts) + ("\n\n" + " ".join(weak) if weak else "")
+
+
+def guard_note(blocks: list[dict]) -> str:
+    """The warm-store guard in the run's MP engine runs: its setting and whether the server installed it
+    (``lmcache_server.hooks``); empty for runs recorded before the guard existed."""
+    servers = [b["lmcache_server"] for b in blocks if b.get("path") in ("mp", "mp-striped")
+               and isinstance(b.get("lmcache_server"), dict) and "warm_store_guard" in b["lmcache_server"]]
+    if not servers:
+        return ""
+    settings = sorted({"on" if s["warm_store_guard"] else "off" for s in servers})
+    reports = [(s.get("hooks") or {}).get("warm_store_guard") or {} for s in servers]
+    installed = sum(bool(r.get("installed")) for r in reports)
+    text = f"The warm-store guard was {'/'.join(settings)} in the {len(servers)} MP engine run(s)"
+    if installed == len(servers):
+        return text + " and installed in every server (its LMCache has PrefetchMode.WARM)."
+    details = sorted({r.get("detail", "no install report") for r in reports if not r.get("installed")})
+    return text + f"; installed in {installed} of {len(servers)} servers (not installed: {'; '.join(details)})."
 
 
 def _numbers(row: dict) -> dict:
