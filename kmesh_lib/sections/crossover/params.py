@@ -57,6 +57,9 @@ class CrossoverParams(EngineParams):
     FLOOR_DISK_MIB: Mib = Field(256, description="O_DIRECT read floor: file size")
     FLOOR_COPY_MIB: Mib = Field(256, description="host->device (cpu: host memcpy) copy floor: buffer size")
     CHILD_TIMEOUT_S: int = Field(1800, gt=0, le=MAX_SECONDS, description="seconds for one model's engine and grid")
+    SOURCE_RUN: PathText | None = Field(
+        None, description="a finished run directory (e.g. the GPU run) to render from its raw/ and recorded floors "
+                          "instead of measuring")
 
     def check_rules(self) -> None:
         super().check_rules()
@@ -89,6 +92,10 @@ class CrossoverParams(EngineParams):
             need = max(self.CONTEXT_TOKENS_GRID) * resolve(m).kv_bytes_per_token(self.DTYPE) / MIB
             check(need * 1.25 <= self.ARENA_MIB,
                   f"ARENA_MIB={self.ARENA_MIB}: {m}'s longest context is {need:.0f} MiB of KV; the arena needs 25 % headroom")
+
+    @property
+    def starts_engine(self) -> bool:
+        return not self.SOURCE_RUN
 
     @property
     def path(self) -> str:

@@ -113,6 +113,41 @@ def floor_table(table: list[dict], floors: dict) -> list[dict]:
     return out
 
 
+GOAL_MIN_TOKENS = 16384  # issue 13's goals: judged at every grid point of this many tokens and more
+GOAL_X = 1.2  # ... a restore within this factor of its floor, the retained GPU buffer of the resident follow-up
+
+
+def goal_table(table: list[dict], distance: list[dict]) -> list[dict]:
+    """Issue 13's goals per grid point, from the medians and the floor distance.
+
+    At every point of ``GOAL_MIN_TOKENS`` and more: the fastest restore path (lowest median first
+    token) and its distance to its own floor, and the path nearest its floor. At every point: the
+    retained GPU buffer's first token over its engine's resident follow-up. A goal is met only where
+    both of its numbers were measured; a missing one leaves it None, never met."""
+    t = _lookup(table)
+    by_point: dict[tuple, list[dict]] = {}
+    for r in distance:
+        by_point.setdefault((r["model"], r["context_tokens"]), []).append(r)
+    points = sorted({(m, n) for m, n, _ in t})
+    out = []
+    for model, n in points:
+        row: dict = {"model": model, "context_tokens": n}
+        paths = [r for r in by_point.get((model, n), []) if r.get("x_floor") is not None]
+        if n >= GOAL_MIN_TOKENS and paths:
+            best = min(paths, key=lambda r: t[(model, n, r["path"])]["ttft_ms"])
+            near = min(paths, key=lambda r: r["x_floor"])
+            row.update(fastest_path=best["path"], fastest_ttft_ms=t[(model, n, best["path"])]["ttft_ms"],
+                       fastest_x_floor=best["x_floor"], fastest_within=best["x_floor"] <= GOAL_X,
+                       nearest_path=near["path"], nearest_x_floor=near["x_floor"])
+        kept, resident = t.get((model, n, "gpubuf_retained")), t.get((model, n, "gpubuf_resident"))
+        if kept and resident:
+            ratio = kept["ttft_ms"] / resident["ttft_ms"]
+            row.update(retained_x_resident=round(ratio, 3), retained_within=ratio <= GOAL_X)
+        if len(row) > 2:
+            out.append(row)
+    return out
+
+
 def component_table(rows: list[dict]) -> list[dict]:
     groups: dict[tuple, list[dict]] = {}
     for r in usable(rows):

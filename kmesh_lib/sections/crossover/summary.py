@@ -14,6 +14,12 @@ LABEL = {"dram": "DRAM", "disk": "disk", "gpubuf_retained": "GPU-buffer (retaine
 NEAR_FLOOR = 2.0  # a restore within this factor of bytes / floor bandwidth is bound by the medium, not the software
 
 
+def _span(values) -> str:
+    values = list(values)
+    lo, hi = min(values), max(values)
+    return f"{lo}" if lo == hi else f"{lo}\u2013{hi}"
+
+
 def _n(tokens: int) -> str:
     return f"{tokens:,}"
 
@@ -102,7 +108,7 @@ def answer(run: RunFiles) -> str:
         text.append(f"The floors measured in the same run: {floors['disk']['label']} at {floors['disk']['gib_per_s']:.2f} GiB/s, "
                     f"{floors['copy']['label']} at {floors['copy']['gib_per_s']:.1f} GiB/s"
                     + (f"; at {_n(longest)} tokens the disk restore costs "
-                       f"{min(r['x_floor'] for r in distance)}\u2013{max(r['x_floor'] for r in distance)}\u00d7 its transfer "
+                       + _span(r["x_floor"] for r in distance) + "\u00d7 its transfer "
                        "floor" + (", so the disk itself bounds it" if max(r["x_floor"] for r in distance) <= NEAR_FLOOR else "")
                        if distance and all(r["x_floor"] for r in distance) else "") + ".")
     split_lines = _floor_sentences(tables, longest)
@@ -111,16 +117,18 @@ def answer(run: RunFiles) -> str:
                 + "one machine's disk and memory; a crossover is only as fine as the grid of context lengths"
                 + ("; on the CPU build prefill is slow, so restores win early" if p["DEVICE"] == "cpu" else "") + "."
                 + (f" {len(failed)} check(s) failed: " + "; ".join(c.name for c in failed[:3]) + "." if failed else ""))
+    goals = " ".join(_goal_sentences(tables))
+    goals = f"\n\n{goals}\n\n" if goals else " "
     body = "\n".join(text[:2]) + "\n\n" + "\n".join(text[2:2 + len(per_model)]) + "\n\n"
     if not split_lines:
-        return body + " ".join(text[2 + len(per_model):])
+        return body + " ".join(text[2 + len(per_model):-1]) + goals + text[-1]
     # the weak-evidence sentence closes the answer, after the paths' timelines
     return (body + " ".join(text[2 + len(per_model):-1]) + "\n\nWhere each timed restore path stands at the longest "
             "context (cost = first token above the same engine's resident follow-up, a difference of two medians "
             "that can fall below zero where it is small; parts from measured timestamps: the tier's own timeline for the "
             "GPU buffer and vLLM's CPU tier, the component probe for LMCache"
             + ("; on the CPU build the GPU buffer is host memory" if p["DEVICE"] == "cpu" else "") + "):\n\n"
-            + "\n".join(f"- {line}" for line in split_lines) + "\n\n" + text[-1])
+            + "\n".join(f"- {line}" for line in split_lines) + (goals if goals.strip() else "\n\n") + text[-1])
 
 
 LMCACHE_PARTS = ("lookup_wall_ms", "disk_read_ms", "load_ms")  # ``lmcache.probes``: the components that bring the context in
@@ -156,6 +164,29 @@ def _floor_sentences(tables: dict, longest: int) -> list[str]:
                       f"no cost above the engine-resident follow-up ({-cost:,.1f} ms faster; transfer floor "
                       f"{r['transfer_floor_ms']:,.1f} ms)")
                    + (f"; the longest part of the restore is {part[0]} ({part[1]:,.1f} ms)" if part else "") + ".")
+    return out
+
+
+def _goal_sentences(tables: dict) -> list[str]:
+    """Issue 13's two goals as measured lines: how many grid points meet each, and the misses."""
+    goals = report.goal_table(tables["arms"], tables.get("floor_distance", []))
+    out = []
+    judged = [g for g in goals if "fastest_within" in g]
+    if judged:
+        met = [g for g in judged if g["fastest_within"]]
+        misses = "; ".join(f"{g['model']} {_n(g['context_tokens'])}: {LABEL[g['fastest_path']]} {g['fastest_x_floor']}\u00d7 "
+                           f"(nearest its floor: {LABEL[g['nearest_path']]} {g['nearest_x_floor']}\u00d7)"
+                           for g in judged if not g["fastest_within"])
+        out.append(f"The fastest restore path within {report.GOAL_X}\u00d7 of its own floor at every point of "
+                   f"{_n(report.GOAL_MIN_TOKENS)} tokens and more: met at {len(met)} of {len(judged)} points"
+                   + (f"; not met at {misses}" if misses else "") + ".")
+    ratios = [g for g in goals if "retained_within" in g]
+    if ratios:
+        met = [g for g in ratios if g["retained_within"]]
+        worst = max(ratios, key=lambda g: g["retained_x_resident"])
+        out.append(f"The retained GPU buffer's first token within {report.GOAL_X}\u00d7 of the engine-resident follow-up: "
+                   f"met at {len(met)} of {len(ratios)} points (largest {worst['retained_x_resident']:.2f}\u00d7, "
+                   f"{worst['model']} at {_n(worst['context_tokens'])} tokens; medians).")
     return out
 
 
