@@ -163,3 +163,18 @@ def test_a_lookup_that_locked_the_warm_copy_first_is_l1_resident_even_if_the_sto
               lookup("g-warmup", -1, -60.0, l1=4), store_delete(-58.8, keys=[], locked=CTX)]
     lks = phase_lookups(events, {"g-warmup": "warmup"})
     assert [lk.mechanism for lk in lks] == ["first_load", "l1_resident"]
+
+
+def test_store_events_count_chunks_per_op_and_only_the_store_controllers_deletions():
+    from kmesh_lib.lmcache.lookups import STORE_OPS, store_events
+
+    events = [{"op": "warm_handoff", "n_keys": 16, "k": list(range(16))},
+              {"op": "store_submit", "t_ns": 5, "n_keys": 16, "k": list(range(16))},
+              {"op": "store_done", "t_ns": 6, "n_keys": 16},
+              {"op": "l1_delete", "by": "store", "n_keys": 12, "k": list(range(12))},
+              {"op": "l1_delete", "by": "clear", "n_keys": 4, "k": [12, 13, 14, 15]},  # not the store controller's
+              {"op": "warm_store_skipped", "k": [1, 2, 3]},  # no n_keys: counted from its keys
+              {"op": "lookup", "t_ns": 7, "ext": "g-A", "pid": 3, "n_keys": 16}]
+    assert store_events(events) == {"store_submit": 16, "store_done": 16, "l1_delete": 12, "warm_handoff": 16,
+                                    "warm_store_skipped": 3}
+    assert store_events([]) == dict.fromkeys(STORE_OPS, 0)

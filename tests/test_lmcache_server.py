@@ -230,7 +230,8 @@ def test_meter_counts_agree_to_the_byte_and_absent_lookup_metrics_are_not_zero(t
     assert phase.lookup_hit_l1_tokens is None and phase.lookup_hit_l2_tokens is None
     assert phase.hook_bytes == phase.metric_bytes == 3 * MIB and phase.tolerance_bytes == 0
     assert [e["op"] for e in meter.trace_between(a, b)] == ["lookup"]
-    # the device count of this (test) process read nothing: one chunk apart, and MP tolerates no difference at all
-    assert phase.device_bytes == 0 and not phase.agree()
+    # the device count is this (test) process's, which read no chunk (a page of a lazily imported module at
+    # most): the counts are apart, and MP tolerates no difference at all
+    assert phase.device_bytes < phase.hook_bytes and not phase.agree()
     server.metrics += "\n# TYPE lmcache_mp_lookup_hit_l1_tokens counter\nlmcache_mp_lookup_hit_l1_tokens_total 256.0\n"
     assert PhaseReads.between(b, meter.snapshot(), 3 * MIB).lookup_hit_l1_tokens == 256

@@ -26,7 +26,7 @@ from pathlib import Path
 from kmesh_lib.base.processes import RuntimeDir
 from kmesh_lib.engine.vllm_engine import apply_vllm_cpu_workarounds
 from kmesh_lib.lmcache.disk_accounting import DiskReadHook, InprocMeter, ServerMeter, Snapshot
-from kmesh_lib.lmcache.lookups import Lookup, phase_lookups
+from kmesh_lib.lmcache.lookups import Lookup, phase_lookups, store_events
 from kmesh_lib.lmcache.server import LMCacheServer, ServerConfig, ServerStartError, transfer_mode_for
 
 
@@ -175,6 +175,10 @@ class MPTier:
     def lookups(self, a: Snapshot, b: Snapshot, roles: dict[str, str]) -> list[Lookup]:
         """The lookups between two snapshots, classified (``lmcache.lookups``); [] for a stock server."""
         return phase_lookups(self.meter.trace_between(a, b), roles)
+
+    def store_events(self, a: Snapshot, b: Snapshot) -> dict[str, int]:
+        """Chunks per store-side event between two snapshots (``lookups.store_events``)."""
+        return store_events(self.meter.trace_between(a, b))
 
     def llm_kwargs(self, device: str) -> dict:
         from vllm.config import KVTransferConfig

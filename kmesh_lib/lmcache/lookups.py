@@ -234,6 +234,18 @@ def summarize(lookups: list[Lookup]) -> dict:
             "by_mechanism": {m: n for m, n in by.items() if n}}
 
 
+def store_events(events: list[dict]) -> dict[str, int]:
+    """Chunks per store-side event of one phase: the store controller's submits and finished stores,
+    its L1 deletions (by ``store``), and a warm prefetch's keys handed to it (``warm_handoff``) or kept
+    from it by the warm-store guard (``warm_store_skipped``). Each op is counted, 0 where none came."""
+    out = dict.fromkeys(STORE_OPS, 0)
+    for ev in events:
+        op = ev.get("op")
+        if op in out and (op != "l1_delete" or ev.get("by") == "store"):
+            out[op] += ev.get("n_keys", len(ev.get("k", ())))
+    return out
+
+
 def phase_lookups(events: list[dict], roles: dict[str, str]) -> list[Lookup]:
     """assemble -> classify (with the phase's store drops) -> label_roles, for one phase's trace events."""
     return label_roles(classify(assemble(events), store_drops(events)), roles)

@@ -240,7 +240,7 @@ class PrefetchRun(Block):
         placement, group = self.tier.lookups(s0, s_arrival, roles), self.tier.lookups(s_arrival, s1, roles)
         letters = [s.request_id.rsplit("-", 1)[-1] for s in follow]
         return {"placement_lookup_summary": summarize(placement), "lookups": [lk.to_dict(t0_ns) for lk in group],
-                "lookup_summary": summarize(group),
+                "lookup_summary": summarize(group), "store_events": self.tier.store_events(s0, s1),
                 "followup_disk_reads": {x: sum(lk.role == x and lk.mechanism in READS for lk in group) for x in letters}}
 
     def buffer_records(self, placed_restores, prefetcher, timing, follow, warm_spec, t0_ns: int) -> dict:

@@ -261,6 +261,11 @@ def disk_reads(groups: list[dict]) -> list[dict]:
                 if all(w is not None for w in written):
                     row["disk written MiB/group (mean)"] = round(float(np.mean(written)) / MIB, 2)
                 row["lookups"] = mechanisms(xs) or "no lookup trace"
+                if all("store_events" in g for g in xs):  # chunks per group: the guard at work, or the drop it prevents
+                    for op, name in (("warm_store_skipped", "warm chunks kept from the store/group"),
+                                     ("warm_handoff", "warm chunks handed to the store/group"),
+                                     ("l1_delete", "L1 chunks the store deleted/group")):
+                        row[name] = round(float(np.mean([g["store_events"][op] for g in xs])), 2)
                 rows.append(row)
     return rows
 
