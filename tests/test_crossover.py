@@ -454,3 +454,26 @@ def test_native_offload_without_cpu_tier_counts_is_skipped_not_ok():
                    "native_offload: vLLM's CPU tier held the context before every follow-up": "skipped"}
     got = {c.name: c.status for c in tier_checks([{**row, "memory_tier_bytes": 1024}], ["native_offload"])}
     assert got["native_offload: vLLM's CPU tier held the context before every follow-up"] == "failed"
+
+
+def test_goal_table_judges_the_fastest_path_against_its_floor_and_the_retained_buffer_against_resident():
+    """Hand-made medians: at 16,384 tokens the retained buffer is fastest (2 ms over resident against a
+    0.5 ms floor: 4x, not met), the disk read nearest its floor; at 1,024 only the buffer ratio is judged."""
+    from kmesh_lib.sections.crossover.report import GOAL_MIN_TOKENS, goal_table
+
+    def arm(n, name, ms):
+        return {"model": "m", "context_tokens": n, "arm": name, "ttft_ms": ms, "context_mib": 1.0}
+
+    table = [arm(1024, "gpubuf_retained", 13.0), arm(1024, "gpubuf_resident", 10.0),
+             arm(GOAL_MIN_TOKENS, "gpubuf_retained", 22.0), arm(GOAL_MIN_TOKENS, "gpubuf_resident", 20.0),
+             arm(GOAL_MIN_TOKENS, "gpubuf_disk", 120.0), arm(GOAL_MIN_TOKENS, "dram", 60.0)]
+    distance = [{"model": "m", "context_tokens": GOAL_MIN_TOKENS, "path": "gpubuf_retained", "x_floor": 4.0},
+                {"model": "m", "context_tokens": GOAL_MIN_TOKENS, "path": "gpubuf_disk", "x_floor": 1.1},
+                {"model": "m", "context_tokens": GOAL_MIN_TOKENS, "path": "dram", "x_floor": None}]
+    short, long = goal_table(table, distance)
+    assert short == {"model": "m", "context_tokens": 1024, "retained_x_resident": 1.3, "retained_within": False}
+    assert (long["fastest_path"], long["fastest_x_floor"], long["fastest_within"]) == ("gpubuf_retained", 4.0, False)
+    assert (long["nearest_path"], long["nearest_x_floor"]) == ("gpubuf_disk", 1.1)
+    assert (long["retained_x_resident"], long["retained_within"]) == (1.1, True)
+    # no floor measured at a point: the first goal is not judged there (absent, never met)
+    assert "fastest_within" not in goal_table(table, [])[1]

@@ -86,7 +86,9 @@ def answer(run: RunFiles) -> str:
         if not have:
             continue
         if len(wins[path]) == len(have):
-            lead.append(f"{LABEL[path]} restore beats recompute for every model, from a length that depends on the model")
+            lead.append(f"{LABEL[path]} restore beats recompute " + (
+                "for every model, from a length that depends on the model" if len(have) > 1 else
+                f"for {have[0]} from {_n(per_model[have[0]][path]['crossover_tokens'])} tokens"))
         elif not wins[path]:
             lead.append(f"{LABEL[path]} restore never does, up to {_n(longest)} tokens")
         else:
