@@ -47,7 +47,8 @@ TIMING = {
     # controls: the in-process gpu run; start: engine start of pipelined children (the server boots meanwhile)
     "gpu": {"external_s": {4: (0.42, 0.55), 8: (0.45, 0.6)}, "control_s": {4: (0.05, 0.15), 8: (0.05, 0.15)},
             "start_s": (9.0, 15.0), "source": "docs/notes/gpu-lmcache-mp-probe.md (H200, MP launcher) and "
-                                              "outputs/prefetch/gpu-20261129-214531-device (pipelined engine starts)"},
+                                              "the prefetch H200 run gpu-20261129-214531-device "
+                                              "(pipelined engine starts; withdrawn, in git)"},
 }
 PATH_TEXT = {"mp": "LMCacheMPConnector + lmcache server (DISK_TIER_ROOT)",
              "mp-striped": "LMCacheMPConnector + lmcache server on STRIPED_STORE_ROOT (RAID 0 over >= 2 NVMe drives)",
