@@ -261,6 +261,7 @@ def disk_reads(groups: list[dict]) -> list[dict]:
                 if all(w is not None for w in written):
                     row["disk written MiB/group (mean)"] = round(float(np.mean(written)) / MIB, 2)
                 row["lookups"] = mechanisms(xs) or "no lookup trace"
+                row["reads by lookup"] = reads_by_role(xs) or "no lookup trace"
                 if all("store_events" in g for g in xs):  # chunks per group: the guard at work, or the drop it prevents
                     for op, name in (("warm_store_skipped", "warm chunks kept from the store/group"),
                                      ("warm_handoff", "warm chunks handed to the store/group"),

@@ -39,6 +39,12 @@ def headline(run) -> dict[str, str]:
             text += f" ({w['A first token saving ms']:.1f} ms with the {w['pairs'] - row['pairs']} recomputing pair(s))"
         out[f"{path} N={n}: early saves on A's first token"] = text
         out[f"{path} N={n}: early saves on all done"] = _saving(row, "all done")
+    reads = {(r["path"], r["group_size"], r["arm"]): r for r in ps.disk_reads(groups)}
+    for path, n in sorted({(p, n) for p, n, _ in reads}):
+        arms = [(label, reads[(path, n, arm)]) for arm, label in (("on_arrival", "on arrival"), ("early", "early"))
+                if (path, n, arm) in reads]
+        out[f"{path} N={n}: context reads per group (the lookups that read)"] = "; ".join(
+            f"{label} {r['context reads/group (mean)']:.2f} ({r['reads by lookup']})" for label, r in arms)
     recomputing = sum(g.get("status") == "recomputed" for g in groups)
     out["groups in which a follow-up recomputed the context"] = str(recomputing)
     return out

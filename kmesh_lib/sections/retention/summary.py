@@ -5,6 +5,7 @@ results.json), so a report, the README row and ``public-results.json`` cannot di
 """
 from __future__ import annotations
 
+from kmesh_lib.lmcache.lookups import READS
 from kmesh_lib.sections.retention.checks import as_run, lookup_kind, measured_lines
 from kmesh_lib.sections.retention.report import (
     arm_rows,
@@ -57,11 +58,23 @@ def _reads_by_arrival(groups: list[dict]) -> dict[str, str]:
         for n in sorted({r["group_size"] for r in rows if r["path"] == path}):
             mine = [r for r in rows if r["path"] == path and r["group_size"] == n]
             by = {(r["arrival"], r["singleflight"]): r["context reads per group (median)"] for r in mine}
+            why = {r["arrival"]: _why_reads(r["mechanisms (all groups)"], r["context reads per group (median)"])
+                   for r in mine if r["singleflight"] == "off"}
             arrivals = sorted({a for a, _ in by}, key=lambda a: (a != "together", a))
             parts.append(f"N={n}: " + ", ".join(f"{a} " + "/".join(f"{by[(a, sf)]:g}" for sf in ("off", "on") if (a, sf) in by)
-                                                for a in arrivals))
-        out[f"{path}: discard follow-up reads per group, by arrival (singleflight off/on)"] = "; ".join(parts)
+                                                + (f" ({why[a]})" if why.get(a) else "") for a in arrivals))
+        out[f"{path}: discard follow-up reads/group by arrival (singleflight off/on) and why"] = \
+            "; ".join(parts)
     return out
+
+
+def _why_reads(text: str, reads: float) -> str | None:
+    """The mechanism behind a read count (``mechanisms_text``, the arrival table has them all): where the
+    group read more than once, the most frequent rereading one; else the most frequent one of the
+    lookups besides each group's first load, which read nothing. None without a lookup trace."""
+    counts = [part.rsplit(" ", 1) for part in text.split(", ") if part.rsplit(" ", 1)[-1].isdigit()]
+    rest = [(m, int(k)) for m, k in counts if m != "first_load" and (m in READS) == (reads > 1)]
+    return max(rest, key=lambda mk: mk[1])[0] if rest else None
 
 
 def _times(x: float) -> str:
