@@ -382,7 +382,9 @@ def test_a_recorded_grid_with_the_gpu_buffer_passes_its_checks(recorded_tiers):
     assert floors[("gpubuf_disk", 1024)]["transfer_floor_ms"] == pytest.approx(1e3 / 1024, rel=1e-3)
     split = {(s["arm"], s["context_tokens"]): s for s in recorded_tiers.results["splits"]}
     assert split[("gpubuf_disk", 1024)]["longest_part"] == "disk_read"
-    assert split[("gpubuf_retained", 1024)]["longest_part"] == "queue"  # the forward step after it is not a restore part
+    # neither the wait before scheduling (a resident follow-up waits too) nor the forward step after it is a
+    # restore part: the copy (0.2 ms) is, though the queue (0.5 ms) is longer
+    assert split[("gpubuf_retained", 1024)]["longest_part"] == "copy"
     assert "- m, GPU-buffer from disk: " in section.answer(recorded_tiers)
     validate_public(section.public_results(recorded_tiers))
 
