@@ -456,3 +456,18 @@ def test_payload_reads_are_checked_and_device_reads_are_measured(device, hook, c
     assert measured_lines(Run()) == [f"tiny trace 0: the server's device counter read {device:,} bytes, the byte hook "
                                      f"{hook:,} (device - hook = {device - hook:+,})"]
 
+
+
+def test_per_tier_lookup_hits_are_absent_not_zero_where_the_server_exports_none():
+    """LMCache 0.5.3's server has no per-tier lookup counters: the bytes table records None and the answer
+    gives the total hit (the H200 runs once said 'hit 0 tokens in L1 and 0 on the disk tier')."""
+    from kmesh_lib.sections.multi_engine.report import _count
+    from kmesh_lib.sections.multi_engine.summary import _hit_split
+
+    assert _count({"lookup_hit_l1_tokens": 256.0}, "lookup_hit_l1_tokens") == 256
+    assert _count({"lookup_hit_tokens": 512.0}, "lookup_hit_l1_tokens") is None
+    v053 = [{"l1_hit_tokens": None, "l2_hit_tokens": None, "lookup_hit_tokens": 73728}]
+    assert _hit_split(v053) == ("its lookups hit 73,728 tokens (L1 and the disk tier together: this LMCache exports "
+                                "no per-tier lookup counters)")
+    v056 = [{"l1_hit_tokens": 12288, "l2_hit_tokens": 0, "lookup_hit_tokens": 12288}] * 2
+    assert _hit_split(v056) == "its lookups hit 12,288 tokens in L1 and 0 on the disk tier"
