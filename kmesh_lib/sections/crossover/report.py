@@ -139,7 +139,8 @@ def goal_table(table: list[dict], distance: list[dict]) -> list[dict]:
             best = min(paths, key=lambda r: t[(model, n, r["path"])]["ttft_ms"])
             near = min(paths, key=lambda r: r["x_floor"])
             row.update(fastest_path=best["path"], fastest_ttft_ms=t[(model, n, best["path"])]["ttft_ms"],
-                       fastest_x_floor=best["x_floor"], fastest_within=best["x_floor"] <= GOAL_X,
+                       fastest_cost_ms=best["restore_cost_ms"], fastest_x_floor=best["x_floor"],
+                       fastest_within=best["x_floor"] <= GOAL_X,
                        nearest_path=near["path"], nearest_x_floor=near["x_floor"])
         kept, resident = t.get((model, n, "gpubuf_retained")), t.get((model, n, "gpubuf_resident"))
         if kept and resident:

@@ -179,8 +179,11 @@ def _goal_sentences(tables: dict) -> list[str]:
         misses = "; ".join(f"{g['model']} {_n(g['context_tokens'])}: {LABEL[g['fastest_path']]} {g['fastest_x_floor']}\u00d7 "
                            f"(nearest its floor: {LABEL[g['nearest_path']]} {g['nearest_x_floor']}\u00d7)"
                            for g in judged if not g["fastest_within"])
+        below = [g for g in met if g["fastest_cost_ms"] < 0]
         out.append(f"The fastest restore path within {report.GOAL_X}\u00d7 of its own floor at every point of "
                    f"{_n(report.GOAL_MIN_TOKENS)} tokens and more: met at {len(met)} of {len(judged)} points"
+                   + (f" ({len(below)} of them where the restore's median first token was below its resident "
+                      "follow-up's: a negative cost, which says the floor is not resolved there)" if below else "")
                    + (f"; not met at {misses}" if misses else "") + ".")
     ratios = [g for g in goals if "retained_within" in g]
     if ratios:
