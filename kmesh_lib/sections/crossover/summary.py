@@ -119,18 +119,17 @@ def answer(run: RunFiles) -> str:
                 + "one machine's disk and memory; a crossover is only as fine as the grid of context lengths"
                 + ("; on the CPU build prefill is slow, so restores win early" if p["DEVICE"] == "cpu" else "") + "."
                 + (f" {len(failed)} check(s) failed: " + "; ".join(c.name for c in failed[:3]) + "." if failed else ""))
-    goals = " ".join(_goal_sentences(tables))
-    goals = f"\n\n{goals}\n\n" if goals else " "
+    goals = " ".join(_goal_sentences(tables))  # a paragraph of its own, before the weak-evidence sentence
     body = "\n".join(text[:2]) + "\n\n" + "\n".join(text[2:2 + len(per_model)]) + "\n\n"
     if not split_lines:
-        return body + " ".join(text[2 + len(per_model):-1]) + goals + text[-1]
+        return body + " ".join(text[2 + len(per_model):-1]) + (f"\n\n{goals}\n\n" if goals else " ") + text[-1]
     # the weak-evidence sentence closes the answer, after the paths' timelines
     return (body + " ".join(text[2 + len(per_model):-1]) + "\n\nWhere each timed restore path stands at the longest "
             "context (cost = first token above the same engine's resident follow-up, a difference of two medians "
             "that can fall below zero where it is small; parts from measured timestamps: the tier's own timeline for the "
             "GPU buffer and vLLM's CPU tier, the component probe for LMCache"
             + ("; on the CPU build the GPU buffer is host memory" if p["DEVICE"] == "cpu" else "") + "):\n\n"
-            + "\n".join(f"- {line}" for line in split_lines) + (goals if goals.strip() else "\n\n") + text[-1])
+            + "\n".join(f"- {line}" for line in split_lines) + "\n\n" + (f"{goals}\n\n" if goals else "") + text[-1])
 
 
 LMCACHE_PARTS = ("lookup_wall_ms", "disk_read_ms", "load_ms")  # ``lmcache.probes``: the components that bring the context in

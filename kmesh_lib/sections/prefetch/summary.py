@@ -9,6 +9,7 @@ from __future__ import annotations
 from kmesh_lib.sections.prefetch import stats as ps
 from kmesh_lib.sections.prefetch.checks import as_run, confirmation_leads, groups_of, measured_lines
 from kmesh_lib.sections.prefetch.experiment import PAPER
+from kmesh_lib.workloads.context_params import MP_PATHS
 
 
 def _tables(run):
@@ -97,11 +98,8 @@ def answer(run) -> str:
                   if row and row.get("lookups", "no lookup trace") != "no lookup trace"}
         if traced:
             text += " Lookups, from the server's trace: " + "; ".join(f"{arm}: {m}" for arm, m in traced.items()) + "."
-        if early and per_group.get("early", 0) > 1.01:
-            by_role = ps.reads_by_role([g for g in ps.usable(groups, with_recomputed=True)
-                                        if (g["path"], g["group_size"], g["arm"]) == (path, n, "early")])
-            if by_role:
-                text += f" The early arm's disk reads, by lookup: {by_role}."
+        if early and per_group.get("early", 0) > 1.01 and early["reads by lookup"] != "no lookup trace":
+            text += f" The early arm's disk reads, by lookup: {early['reads by lookup']}."
         if "reread_after_store_drop" in traced.get("early", ""):
             text += (" reread_after_store_drop: LMCache 0.5.3 handed the warm prefetch's keys to its store "
                      "controller as new writes, which stored them again (the disk tier had them: nothing written) "
@@ -145,7 +143,7 @@ def answer(run) -> str:
 def guard_note(blocks: list[dict]) -> str:
     """The warm-store guard in the run's MP engine runs: its setting and whether the server installed it
     (``lmcache_server.hooks``); empty for runs recorded before the guard existed."""
-    servers = [b["lmcache_server"] for b in blocks if b.get("path") in ("mp", "mp-striped")
+    servers = [b["lmcache_server"] for b in blocks if b.get("path") in MP_PATHS
                and isinstance(b.get("lmcache_server"), dict) and "warm_store_guard" in b["lmcache_server"]]
     if not servers:
         return ""

@@ -167,11 +167,19 @@ NO_TRACE = {"inproc": "no lookup trace: in-process LMCache (a lookup only checks
             "gpubuf": "no lookup trace: the GPU buffer (a lookup only checks; vLLM holds the context)"}
 
 
-def mechanisms_text(gs: list[dict]) -> str:
-    """Every follow-up lookup's mechanism, summed over the groups: ``first_load 5, contended_in_flight 15``."""
+def mechanism_totals(gs: list[dict]) -> dict[str, int] | None:
+    """Every follow-up lookup's mechanism, summed over the groups (``MECHANISMS`` order); None where a
+    group has no lookup trace."""
     if not all("followup_lookup_summary" in g for g in gs):
+        return None
+    return {m: sum(g["followup_lookup_summary"]["by_mechanism"].get(m, 0) for g in gs) for m in MECHANISMS}
+
+
+def mechanisms_text(gs: list[dict]) -> str:
+    """``mechanism_totals`` as text: ``first_load 5, contended_in_flight 15``."""
+    total = mechanism_totals(gs)
+    if total is None:
         return NO_TRACE.get(gs[0]["path"], "no lookup trace (a stock lmcache server has no kmesh hooks)")
-    total = {m: sum(g["followup_lookup_summary"]["by_mechanism"].get(m, 0) for g in gs) for m in MECHANISMS}
     return ", ".join(f"{m} {v}" for m, v in total.items() if v) or "no lookups"
 
 

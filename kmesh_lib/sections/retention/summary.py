@@ -11,7 +11,9 @@ from kmesh_lib.sections.retention.report import (
     arm_rows,
     arrival_rows,
     bytes_agree,
+    combo,
     has_two_counters,
+    mechanism_totals,
     ratio_rows,
     restore_rows,
     usable,
@@ -39,13 +41,13 @@ def _pairs_text(rows, key: str, fmt: str) -> dict[str, str]:
     """Per external path: "N=4: <retain> vs <discard>; N=8: ... [arrival, singleflight]" for one column."""
     by, out = _by(rows), {}
     for path in sorted({p for p, *_ in by if p != "engine"}):
-        combo = _first_combo(by, path)
-        parts = [f"N={n}: {fmt.format(by[(path, n, *combo, 'retain')][key])} vs "
-                 f"{fmt.format(by[(path, n, *combo, 'discard')][key])}"
+        shown = _first_combo(by, path)
+        parts = [f"N={n}: {fmt.format(by[(path, n, *shown, 'retain')][key])} vs "
+                 f"{fmt.format(by[(path, n, *shown, 'discard')][key])}"
                  for n in sorted({n for p, n, *_ in by if p == path})
-                 if (path, n, *combo, "retain") in by and (path, n, *combo, "discard") in by]
+                 if (path, n, *shown, "retain") in by and (path, n, *shown, "discard") in by]
         if parts:
-            out[path] = "; ".join(parts) + f" [{combo[0]}" + ("" if combo[1] == "n/a" else f", singleflight {combo[1]}") + "]"
+            out[path] = "; ".join(parts) + f" [{shown[0]}" + ("" if shown[1] == "n/a" else f", singleflight {shown[1]}") + "]"
     return out
 
 
@@ -58,8 +60,9 @@ def _reads_by_arrival(groups: list[dict]) -> dict[str, str]:
         for n in sorted({r["group_size"] for r in rows if r["path"] == path}):
             mine = [r for r in rows if r["path"] == path and r["group_size"] == n]
             by = {(r["arrival"], r["singleflight"]): r["context reads per group (median)"] for r in mine}
-            why = {r["arrival"]: _why_reads(r["mechanisms (all groups)"], r["context reads per group (median)"])
-                   for r in mine if r["singleflight"] == "off"}
+            why = {r["arrival"]: _why_reads(mechanism_totals(
+                       [g for g in usable(groups) if (*combo(g), g["arm"]) == (path, n, r["arrival"], "off", "discard")]),
+                       r["context reads per group (median)"]) for r in mine if r["singleflight"] == "off"}
             arrivals = sorted({a for a, _ in by}, key=lambda a: (a != "together", a))
             parts.append(f"N={n}: " + ", ".join(f"{a} " + "/".join(f"{by[(a, sf)]:g}" for sf in ("off", "on") if (a, sf) in by)
                                                 + (f" ({why[a]})" if why.get(a) else "") for a in arrivals))
@@ -68,12 +71,11 @@ def _reads_by_arrival(groups: list[dict]) -> dict[str, str]:
     return out
 
 
-def _why_reads(text: str, reads: float) -> str | None:
-    """The mechanism behind a read count (``mechanisms_text``, the arrival table has them all): where the
-    group read more than once, the most frequent rereading one; else the most frequent one of the
+def _why_reads(totals: dict[str, int] | None, reads: float) -> str | None:
+    """The mechanism behind a read count (``mechanism_totals``; the arrival table has them all): where
+    the group read more than once, the most frequent rereading one; else the most frequent one of the
     lookups besides each group's first load, which read nothing. None without a lookup trace."""
-    counts = [part.rsplit(" ", 1) for part in text.split(", ") if part.rsplit(" ", 1)[-1].isdigit()]
-    rest = [(m, int(k)) for m, k in counts if m != "first_load" and (m in READS) == (reads > 1)]
+    rest = [(m, k) for m, k in (totals or {}).items() if k and m != "first_load" and (m in READS) == (reads > 1)]
     return max(rest, key=lambda mk: mk[1])[0] if rest else None
 
 
