@@ -206,6 +206,10 @@ def test_publish_refuses_what_did_not_pass_unless_allowed_and_marks_it(section, 
     assert f"| failed (published with --allow-failed: {why}) |" in (tmp_path / "README.md").read_text()
     report = (dest / "report.html").read_text()
     assert '<span class="banner failed">FAIL</span>' in report and f"Published with --allow-failed: {why}" in report
+    assert '<link rel="stylesheet" href="../../report.css">' in report and "<style>" not in report
+    assert (tmp_path / "published" / "report.css").is_file()  # written with the index
+    assert cli.main(["report", "99", "--run-dir", str(dest)]) == 0  # rendered again in place: still linked
+    assert '<link rel="stylesheet" href="../../report.css">' in (dest / "report.html").read_text()
 
 
 def test_publish_refuses_twice_and_a_symlink(section, capsys, tmp_path):
@@ -508,7 +512,12 @@ def test_the_published_set_is_compact_and_holds_no_machine_path_or_copy():
     for folder in folders:
         assert not list(folder.glob("raw/*.jsonl")) and not list(folder.rglob("*.log")), folder
         assert not (folder / "logs").exists() and not publish_mod.absolute_paths(folder), folder
-        assert "data:image" not in (folder / "report.html").read_text(), folder
+        report = (folder / "report.html").read_text()
+        assert "data:image" not in report, folder
+        # one stylesheet for the set: each report links it rather than carrying its own copy
+        assert "<style>" not in report and '<link rel="stylesheet" href="../../report.css">' in report, folder
+    from kmesh_lib.app.report import STYLESHEET, report_css
+    assert (paths.OUTPUTS / STYLESHEET).read_text() == report_css()
     captures = {}
     for folder in folders:
         run = records.RunFiles(folder)

@@ -40,7 +40,7 @@ from kmesh_lib.app.listing import compare_lines, summarize_run
 from kmesh_lib.app.publish import PublishRefused, publish, withdraw
 from kmesh_lib.app.published import PublishedSetError, regenerate
 from kmesh_lib.app.registry import SectionError, SectionInterfaceError, UnknownSection
-from kmesh_lib.app.report import render_report
+from kmesh_lib.app.report import PUBLISHED_STYLESHEET, render_report
 from kmesh_lib.app.runs import LOCAL, PUBLISHED, RunNotFound, display_path, find_any, find_run, published_root, runs_of
 from kmesh_lib.app.verify import verify
 from kmesh_lib.base import params as params_mod
@@ -146,7 +146,8 @@ def cmd_verify(args) -> int:
 def cmd_report(args) -> int:
     section = sections.get(args.section)
     ref = _ref(args, section)
-    rendered = render_report(section, ref.run_dir)
+    published = ref.where == PUBLISHED or ref.run_dir.resolve().is_relative_to(published_root().resolve())  # or --run-dir
+    rendered = render_report(section, ref.run_dir, stylesheet=PUBLISHED_STYLESHEET if published else None)
     if rendered.answer_error:
         print(f"no answer in the report: {rendered.answer_error}", file=sys.stderr)
     print(display_path(rendered.path))

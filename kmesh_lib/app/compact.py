@@ -18,7 +18,8 @@ A local run (``runs/``) keeps everything it wrote. Its published copy holds each
                           (nested trees, small YAML) are stored plain. Machine paths in any of
                           them are made relative first (``app.publish``).
     public-results.json   the allow-listed public document (``app.publish``)
-    report.html           rendered from the published notebook; its images are ``figures/*.png``
+    report.html           rendered from the published notebook; its images are ``figures/*.png``,
+                          its stylesheet the published set's ``report.css`` (``app.published``)
 
 Published by allow-list (``published_files``): a file not named above is left out and listed.
 Never published: ``logs/`` and every ``*.log`` (engine and driver logs), a driver's state files

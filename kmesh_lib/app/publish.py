@@ -56,7 +56,7 @@ from kmesh_lib.app.compact import (
 )
 from kmesh_lib.app.published import PUBLIC_FILE, SCHEMA
 from kmesh_lib.app.registry import call_section
-from kmesh_lib.app.report import render_report
+from kmesh_lib.app.report import PUBLISHED_STYLESHEET, render_report
 from kmesh_lib.app.runs import published_root
 from kmesh_lib.app.verify import Verdict, verify
 from kmesh_lib.base.checks import summarize
@@ -350,7 +350,8 @@ def publish(section: ModuleType, run_dir: Path, allow_failed: bool = False, repl
         public = public_document(section, copy, again, allowed_failed, failure_note, shared,
                                  sorted({f for f in rewritten if f.startswith("raw/")} | _rewritten_before(src)))
         write_json_atomic(staging / PUBLIC_FILE, public)
-        render_report(section, staging, note=f"Published with --allow-failed: {failure_note}" if allowed_failed else "")
+        render_report(section, staging, note=f"Published with --allow-failed: {failure_note}" if allowed_failed else "",
+                      stylesheet=PUBLISHED_STYLESHEET)
         left = absolute_paths(staging)
         if left:
             raise PublishRefused(f"an absolute path is left in the published copy ({len(left)}: {left[0]}); "

@@ -6,6 +6,7 @@
     README.md                the same two tables between ``README_BEGIN`` and ``README_END``
     outputs/withdrawn.json   runs taken out of the set (``kmesh withdraw``): why, the run that
                              supersedes them, and the last commit that holds their files
+    outputs/report.css       the one stylesheet of index.html and every published report.html
 
 ``kmesh publish`` and ``kmesh withdraw`` regenerate the listings; ``kmesh index`` does it alone
 (after a merge, or after removing a run by hand). A published folder without a current
@@ -17,7 +18,7 @@ import html
 import json
 from pathlib import Path
 
-from kmesh_lib.app.report import REPORT_CSS
+from kmesh_lib.app.report import STYLESHEET, report_css
 from kmesh_lib.base.records import run_id_sort_key
 
 SCHEMA = "kmesh.public-results/3"  # /3: published format, capture hashes of content, failure_note
@@ -145,7 +146,8 @@ def index_html(entries: list[dict], withdrawn: list[dict] | None = None) -> str:
                       f"</p>\n<table class=\"runs\"><thead><tr><th>section</th><th>run</th><th>why</th>"
                       f"<th>commit</th></tr></thead>\n<tbody>\n{gone}\n</tbody></table>") if withdrawn else ""
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>kmesh: published runs</title>"
-            f"<style>{REPORT_CSS}table.runs td{{padding:.4em .8em;border-bottom:1px solid #ddd;vertical-align:top}}"
+            f"<link rel=\"stylesheet\" href=\"{STYLESHEET}\">"
+            f"<style>table.runs td{{padding:.4em .8em;border-bottom:1px solid #ddd;vertical-align:top}}"
             f"body{{max-width:1400px}}table.runs td:nth-child(2){{white-space:nowrap}}"
             f"table.runs td:nth-child(3){{min-width:11em}}table.runs td:nth-child(4){{width:15em}}"
             f"table.runs td:nth-child(5){{min-width:32em}}"
@@ -164,8 +166,10 @@ def replace_between_markers(text: str, table: str, where: str) -> str:
 
 
 def regenerate(root: Path, readme: Path | None = None) -> tuple[Path, Path | None]:
-    """Writes ``root/index.html`` and, when ``readme`` (default: beside ``root``) exists, its table."""
+    """Writes ``root/index.html``, the reports' one stylesheet ``root/report.css`` and, when ``readme``
+    (default: beside ``root``) exists, its table."""
     entries, withdrawn = collect(root), read_withdrawn(root)
+    (root / STYLESHEET).write_text(report_css(), encoding="utf-8")
     index = root / "index.html"
     index.write_text(index_html(entries, withdrawn), encoding="utf-8")
     readme = readme or root.parent / "README.md"

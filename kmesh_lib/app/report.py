@@ -2,7 +2,9 @@
 
 The page is nbconvert's ``basic`` template (cells only, no page chrome, no scripts) wrapped in our
 own head: a title naming the section and the run, ``REPORT_CSS`` plus pygments' highlighting
-inlined (about 8 KB, against about 258 KB of JupyterLab CSS per file before), a header (run id,
+(about 8 KB, against about 258 KB of JupyterLab CSS per file before: inlined in a local run's
+report; a published report links the published set's one ``report.css``, which
+``app.published.regenerate`` writes from ``report_css()``), a header (run id,
 status banner from ``results.json``, git commit, device, key versions, check counts) and the
 section's ``answer(run)``. Nothing loads from the network: widget views are left out (an offline
 reader would see a blank box; a section shows a static figure next to its panel) and no MathJax,
@@ -65,7 +67,7 @@ PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{title}</title>
-<style>{css}</style>
+{style}
 </head><body>
 {header}
 <main>
@@ -235,9 +237,26 @@ def published_note(run_dir: Path) -> str:
     return ""
 
 
-def render_report(section: ModuleType, run_dir: Path, note: str = "") -> Rendered:
+STYLESHEET = "report.css"  # the published set's one stylesheet, beside index.html
+PUBLISHED_STYLESHEET = f"../../{STYLESHEET}"  # from a published run's folder, <root>/<section>/<run>/
+
+
+def _page_css(resources: dict) -> str:
+    return REPORT_CSS + "".join(resources.get("inlining", {}).get("css", []))
+
+
+def report_css() -> str:
+    """The stylesheet every report uses: ``REPORT_CSS`` and the notebook template's own (pygments')."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    return _page_css(HTMLExporter(template_name="basic").from_notebook_node(nbformat.v4.new_notebook())[1])
+
+
+def render_report(section: ModuleType, run_dir: Path, note: str = "", stylesheet: str | None = None) -> Rendered:
     """Writes ``run_dir/report.html`` from the executed notebook and the run's files (a published
-    run that went out failed keeps its ``published_note``).
+    run that went out failed keeps its ``published_note``). ``stylesheet``: a relative link to the
+    page's CSS (a published run: ``PUBLISHED_STYLESHEET``); None inlines it (a local run).
 
     A section whose ``answer`` raises (a run that stopped before the figures it needs) gets a
     report that says so in place of the answer, and ``Rendered.answer_error`` says it too.
@@ -264,8 +283,9 @@ def render_report(section: ModuleType, run_dir: Path, note: str = "") -> Rendere
     except (RunFileError, SectionError) as e:
         answer, answer_error = None, str(e)
     title = f"{section.NUMBER} {section.TITLE} · {run.run_id}"
-    css = REPORT_CSS + "".join(resources.get("inlining", {}).get("css", []))
-    page = PAGE.format(title=html.escape(title), css=css, body=body,
+    style = (f'<link rel="stylesheet" href="{html.escape(stylesheet)}">' if stylesheet
+             else f"<style>{_page_css(resources)}</style>")
+    page = PAGE.format(title=html.escape(title), style=style, body=body,
                        header=header_html(section, run, left_out, answer, answer_error, note))
     out = run.run_dir / "report.html"
     out.write_text(page, encoding="utf-8")
