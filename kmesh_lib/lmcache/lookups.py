@@ -38,7 +38,8 @@ write buffers for the rest and loads them:
 overlapping chunks that loaded, from its arrival at the storage manager to its ``done``.
 ``reread_after_store_drop`` is assigned only from the store trace (``server_plugin.StoreTrace``):
 an ``l1_delete`` by the store controller of this lookup's chunks after the latest earlier load of
-them finished and before this lookup's own load (which follows its lock pass; a chunk the lock
+them was submitted (its chunks are write-locked until it finishes, so a deletion can only follow
+that finish; ``_dropped_before``) and before this lookup's own load (which follows its lock pass; a chunk the lock
 pass had read-locked cannot be deleted). Without such a line a reread is ``reread_after_load``.
 
 Invariant: ``classify`` assigns exactly one mechanism per lookup and reads only the trace; a
