@@ -61,9 +61,12 @@ def ss_listeners(pid: int) -> list[str] | None:
 @pytest.mark.cpu
 def test_server_listens_on_loopback_only_and_stop_removes_everything(tmp_path):
     rd = RuntimeDir.create("test", root=tmp_path)
+    t0 = time.monotonic()
     server = LMCacheServer(ServerConfig(arena_mib=16), rd).start()
+    waited = time.monotonic() - t0
     try:
         assert server.status()["is_healthy"]
+        assert 0 < server.boot_s <= waited  # spawn to healthy, within what start() waited
         listeners = server.listeners()  # from /proc/<pid>/net/tcp{,6}: every LISTEN socket the group holds
         assert {port for _, port in listeners} == {server.port, server.http_port}, listeners
         assert all(addr == "127.0.0.1" for addr, _ in listeners), listeners

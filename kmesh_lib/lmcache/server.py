@@ -108,6 +108,16 @@ class LMCacheServer:
         self.shm_name = f"kmesh_{runtime.token.replace('-', '_')}"
         self.proc: subprocess.Popen | None = None
         self.port = self.http_port = 0
+        # monotonic seconds: when the process was spawned and when /status first answered healthy
+        self.spawned_at: float | None = None
+        self.healthy_at: float | None = None
+
+    @property
+    def boot_s(self) -> float | None:
+        """Seconds from spawn to healthy (the boot a caller's ``begin`` lets overlap other work)."""
+        if self.spawned_at is None or self.healthy_at is None:
+            return None
+        return round(self.healthy_at - self.spawned_at, 2)
 
     @property
     def hooked(self) -> bool:
@@ -176,6 +186,7 @@ class LMCacheServer:
         self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=open(self.log_path, "ab"),
                                      stderr=subprocess.STDOUT, start_new_session=True, env=env,
                                      cwd=str(self.runtime.path))
+        self.spawned_at, self.healthy_at = time.monotonic(), None
         self.runtime.own_group(self.proc.pid)  # start_new_session: its pid is its process group id
         self.runtime.own_shm(f"lmcache_l1_pool_{self.shm_name}")
 
@@ -186,6 +197,7 @@ class LMCacheServer:
                 raise ServerStartError(f"lmcache server exited with {self.proc.returncode}\n{self.log_tail()}")
             try:
                 if self.status().get("is_healthy") and self._plugin_ready():
+                    self.healthy_at = time.monotonic()
                     return
             except OSError:
                 pass

@@ -227,6 +227,14 @@ class Block:
             t0 = time.monotonic()
             self.tier.start()
             self.summary["tier_ready_s"] = round(time.monotonic() - t0, 2)  # what the server's boot still cost
+            server = getattr(self.tier, "server", None)
+            if server is not None and getattr(server, "boot_s", None) is not None:
+                # NOTE: on the H200 the wait above was 14-15 s even for a server spawned a minute before
+                # (begin overlaps it with the run ahead); the boot and the server's own log lines say why
+                self.summary["server_boot_s"] = server.boot_s
+                if self.summary["tier_ready_s"] > 5:
+                    self.log(f"{self.name}: lmcache server boot {server.boot_s} s from spawn, still "
+                             f"{self.summary['tier_ready_s']} s after begin's overlap; its log:\n{server.log_tail(60)}")
             self.summary["connector"] = self.tier.connector
             if self.path in MP_PATHS:
                 self.summary["listeners"] = [f"{a}:{p}" for a, p in self.tier.server.listeners()]

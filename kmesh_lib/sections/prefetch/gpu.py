@@ -64,9 +64,13 @@ def lead_file(run_dir: Path, path: str, n: int) -> Path:
 def child(run_dir: Path, path: str, n: int, r: int) -> int:
     cfg = load_params(section, run_dir)
 
+    t0 = time.monotonic()
+
     def before_gpu() -> None:  # the server spawned already: it boots while we import and wait
         preimport()
+        print(f"imports done {time.monotonic() - t0:.1f} s after this child's start", flush=True)
         _HELD.append(hold_gpu(run_dir))
+        print(f"GPU held {time.monotonic() - t0:.1f} s after this child's start", flush=True)
 
     lf = lead_file(run_dir, path, n)
 
@@ -78,7 +82,7 @@ def child(run_dir: Path, path: str, n: int, r: int) -> int:
     if not lf.exists() and summary.get("status") == "ok":
         lf.write_text(json.dumps({"lead_ms": summary["lead_ms"], "block": summary["block"]}))
     print("SUMMARY " + json.dumps({k: summary.get(k) for k in ("block", "status", "lead_ms", "seconds", "engine_start_s",
-                                                               "tier_ready_s", "close_s")}), flush=True)
+                                                               "tier_ready_s", "server_boot_s", "close_s")}), flush=True)
     return 0 if summary.get("status") == "ok" else 1
 
 
