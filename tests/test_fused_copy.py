@@ -103,3 +103,20 @@ def test_the_compiled_kernel_matches_the_torch_path_on_cuda(tmp_path):
     torch.cuda.synchronize()
     assert all(torch.equal(kv_a[k], kv_b[k]) for k in kv_a)
     assert b.read_back(block_ids).equal(b.extent(13, 200))
+
+
+def test_the_copy_probe_runs_its_smoke_size_and_checks_the_bytes(tmp_path):
+    """``benchmarks/bench_gpubuf_copy.py --smoke`` (CPU; the fused path in the interpreter when Triton
+    imports): prints its table, writes its JSON, and every path it ran put the buffer's rows back."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).parent.parent)}
+    out = subprocess.run([sys.executable, str(Path(__file__).parent.parent / "benchmarks" / "bench_gpubuf_copy.py"),
+                          "--smoke", "--out", str(tmp_path / "copy.json")], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "path" in out.stdout and "x floor" in out.stdout and "equal" in out.stdout
+    rows = json.loads((tmp_path / "copy.json").read_text())["rows"]
+    paths = {(r["order"], r["path"]) for r in rows if "error" not in r}
+    want = {"floor", "torch"} | ({"fused"} if triton_status() is None else set())
+    assert paths == {(order, p) for order in ("shuffled", "consecutive") for p in want}
+    assert all(r["equal"] is True for r in rows if r["path"] != "floor")
+    assert all(r["bytes"] == r["num_blocks"] * r["num_planes"] * r["plane_bytes"] for r in rows)
