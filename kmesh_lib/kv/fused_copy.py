@@ -22,8 +22,11 @@ allocation made once), so the table is built once per arena; only the block ids 
 """
 from __future__ import annotations
 
+from array import array
+
 import torch
 
+assert array("i").itemsize == 4  # block ids travel as int32
 CHUNK_BYTES = 16 << 10  # the most one program moves: a 16 KiB plane (Qwen2.5-7B) in one program
 BYTES_PER_THREAD = 64  # four 16-byte vectors in flight per thread
 
@@ -99,10 +102,17 @@ class RowScatter:
                          CHUNK=self.chunk_words, EVEN=self.even, num_warps=self.num_warps, grid=(1, 1, 1))
 
     def block_ids_tensor(self, block_ids: list[int]) -> torch.Tensor:
-        """The block ids on the buffer's device: from pinned memory without waiting on CUDA (the
+        """The block ids on the buffer's device, through pinned memory without waiting on CUDA (the
         caching host allocator keeps the pinned copy alive until the transfer has read it)."""
-        ids = torch.tensor(block_ids, dtype=torch.int32, pin_memory=self.pin)
-        return ids.to(self.buffer.device, non_blocking=True) if self.pin else ids
+        if not block_ids:
+            return torch.empty(0, dtype=torch.int32, device=self.buffer.device)
+        # NOTE: array -> frombuffer takes ~25 us for 2,032 ids where torch.tensor(list) takes ~80 us
+        host = torch.frombuffer(array("i", block_ids), dtype=torch.int32)
+        if not self.pin:
+            return host.clone()  # frombuffer shares the array's memory, which dies with this frame
+        pinned = torch.empty(len(block_ids), dtype=torch.int32, pin_memory=True)
+        pinned.copy_(host)
+        return pinned.to(self.buffer.device, non_blocking=True)
 
     def __call__(self, src_row0: int, block_ids: list[int] | torch.Tensor) -> None:
         """Queues buffer rows ``src_row0 ...`` -> vLLM blocks ``block_ids`` on the current stream."""
