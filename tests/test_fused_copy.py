@@ -120,3 +120,30 @@ def test_the_copy_probe_runs_its_smoke_size_and_checks_the_bytes(tmp_path):
     assert paths == {(order, p) for order in ("shuffled", "consecutive") for p in want}
     assert all(r["equal"] is True for r in rows if r["path"] != "floor")
     assert all(r["bytes"] == r["num_blocks"] * r["num_planes"] * r["plane_bytes"] for r in rows)
+
+
+@pytest.mark.parametrize("even", [True, False])
+def test_the_kernel_compiles_for_hopper_with_16_byte_loads_and_stores(even):
+    """Compiled ahead of time for sm_90 (no GPU needed): every data load and store is 128-bit, which
+    holds only while the table's line units let Triton prove 16-byte alignment."""
+    if triton_status() is not None:
+        pytest.skip(triton_status())
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kmesh_lib.kv.fused_copy import _kernel
+
+    sig = {"buf_ptr": "*i64", "table_ptr": "*i64", "ids_ptr": "*i32", "src_row0": "i32", "row_lines": "i32",
+           "num_planes": "i32", "VEC": "constexpr", "CHUNK": "constexpr", "EVEN": "constexpr"}
+    aligned = [["tt.divisibility", 16]]  # what Triton's launcher specializes 16-byte-aligned pointers to
+    src = ASTSource(fn=_kernel(), signature=sig, constexprs={"VEC": 2, "CHUNK": 512, "EVEN": even},
+                    attrs={(0,): aligned, (1,): aligned, (2,): aligned})
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 2}).asm["ptx"]
+    # the 8-byte and 4-byte loads are the table's and the block id's scalars, one each per program
+    data_loads = [m for m in re.findall(r"ld\.global[.\w]*", ptx) if m not in ("ld.global.b64", "ld.global.b32")]
+    stores = re.findall(r"st\.global[.\w]*", ptx)
+    assert data_loads and set(data_loads) == {"ld.global.v2.b64"}
+    assert stores and set(stores) == {"st.global.v2.b64"}
