@@ -17,7 +17,8 @@ Routes (all on vLLM's current stream, so the forward pass that follows sees fini
     save     vLLM blocks -> device gather -> pinned host chunk -> O_DIRECT write
     stage    O_DIRECT read into a pinned host chunk -> host-to-device copy into the entry's extent;
              two chunks in flight, so the disk read of chunk i+1 overlaps the copy of chunk i
-    restore  extent rows -> vLLM's blocks, device to device (one copy per plane and block run)
+    restore  extent rows -> vLLM's blocks, device to device: one Triton launch for every plane and
+             block (``fused_copy``) on CUDA, else one torch copy per plane and block run
 On the CPU build the "device" is host memory: the same code with plain memcpys and CPU stamps.
 
 Invariant: a read or write that returns short raises ``OSError`` (never a silent partial copy);
@@ -25,6 +26,7 @@ every file is written and read with O_DIRECT, so rereads come from the disk, not
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 import threading
@@ -33,9 +35,11 @@ from pathlib import Path
 
 import torch
 
+from kmesh_lib.kv.fused_copy import RowScatter, triton_status
 from kmesh_lib.kv.gpu_buffer import entry_path
 from kmesh_lib.kv.restore_timeline import RestoreTimeline, Span
 
+logger = logging.getLogger(__name__)
 ALIGN = 4096  # O_DIRECT: buffer address, file offset and length
 _ns = time.monotonic_ns
 
@@ -158,6 +162,23 @@ class BufferArena:
         self.counters = {"read_bytes": 0, "reads": 0, "write_bytes": 0, "writes": 0, "write_errors": 0,
                          "staged_bytes": 0, "restored_bytes": 0}
         self.last_read_event = None  # main stream: every restore queued so far has read its extent
+        self.scatter, self.copy_route = self._fused_scatter(dtype)
+
+    def _fused_scatter(self, dtype) -> tuple[RowScatter | None, str]:
+        """The one-launch restore copy on CUDA when Triton compiles it, else None and why (the
+        per-plane torch copies are used then; ``copy_route`` says which ran)."""
+        if not self.is_cuda:
+            return None, "torch (no CUDA device)"
+        why = triton_status()
+        if why is not None:
+            return None, f"torch ({why})"
+        try:
+            scatter = RowScatter(self.buffer.view(dtype), self.planes)
+            scatter.warmup()
+        except Exception as e:  # a compile error must cost speed, never the restore
+            logger.warning("kmesh: fused restore copy unavailable, using per-plane copies: %s", e)
+            return None, f"torch (fused copy failed: {type(e).__name__}: {e})"
+        return scatter, "fused"
 
     # -- helpers --
     def path_of(self, entry_id: int) -> Path:
@@ -277,25 +298,34 @@ class BufferArena:
     # -- restore: buffer extent -> vLLM blocks --
     def copy_into_vllm(self, extent_start: int, first_block: int, block_ids: list[int],
                        timeline: RestoreTimeline) -> None:
-        """Copies extent rows ``first_block ...`` into vLLM's ``block_ids``, one copy per plane and run."""
+        """Copies extent rows ``first_block ...`` into vLLM's ``block_ids``: one fused launch on CUDA
+        when Triton is there (``copy_route == "fused"``), else one copy per plane and run."""
         t0 = _ns()
         start = self._event()
+        src0 = extent_start + first_block
+        if self.scatter is not None:
+            self.scatter(src0, block_ids)
+        else:
+            self._copy_per_plane(src0, block_ids)
+        if self.is_cuda:
+            timeline.copy = Span().gpu(start, self._event())
+        else:
+            timeline.copy = Span().cpu(t0, _ns())
+        self._count(restored_bytes=len(block_ids) * self.bytes_per_block)
+
+    def _copy_per_plane(self, src0: int, block_ids: list[int]) -> None:
+        """Buffer rows ``src0 ...`` -> ``block_ids`` with torch: per plane, one ``index_copy_`` or,
+        for at most 8 runs of consecutive ids, one narrow copy per run."""
         runs = _runs(block_ids)
         idx = None
         if len(runs) > 8:
             idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
-        src0 = extent_start + first_block
         for plane, buf in zip(self.planes, self.buffer_planes):
             if idx is not None:
                 plane.index_copy_(0, idx, buf.narrow(0, src0, len(block_ids)))
             else:
                 for pos, dst, n in runs:
                     plane.narrow(0, dst, n).copy_(buf.narrow(0, src0 + pos, n))
-        if self.is_cuda:
-            timeline.copy = Span().gpu(start, self._event())
-        else:
-            timeline.copy = Span().cpu(t0, _ns())
-        self._count(restored_bytes=len(block_ids) * self.bytes_per_block)
 
     def mark_reads_queued(self) -> None:
         """Records that every restore queued so far on the current stream has read its extent."""
