@@ -108,13 +108,15 @@ class LMCacheServer:
         self.shm_name = f"kmesh_{runtime.token.replace('-', '_')}"
         self.proc: subprocess.Popen | None = None
         self.port = self.http_port = 0
-        # monotonic seconds: when the process was spawned and when /status first answered healthy
+        # monotonic seconds: when the process was spawned, and when ``start`` first saw /status healthy
         self.spawned_at: float | None = None
         self.healthy_at: float | None = None
 
     @property
     def boot_s(self) -> float | None:
-        """Seconds from spawn to healthy (the boot a caller's ``begin`` lets overlap other work)."""
+        """Seconds from spawn to the first healthy answer ``start`` saw: the boot itself when ``start``
+        followed the spawn, an upper bound on it when ``begin`` spawned early (``start`` polls only
+        once a caller waits)."""
         if self.spawned_at is None or self.healthy_at is None:
             return None
         return round(self.healthy_at - self.spawned_at, 2)

@@ -229,8 +229,9 @@ class Block:
             self.summary["tier_ready_s"] = round(time.monotonic() - t0, 2)  # what the server's boot still cost
             server = getattr(self.tier, "server", None)
             if server is not None and getattr(server, "boot_s", None) is not None:
-                # NOTE: on the H200 the wait above was 14-15 s even for a server spawned a minute before
-                # (begin overlaps it with the run ahead); the boot and the server's own log lines say why
+                # NOTE: on the H200 (1 Dec, gpu-20261201-124455-d451) the wait above was 14-15 s even for a
+                # server spawned a minute before; in the next run it was 0.03 s in all 20 MP runs (imports
+                # took 17-22 s, longer than the boot). Where it recurs, the server's log lines say why.
                 self.summary["server_boot_s"] = server.boot_s
                 if self.summary["tier_ready_s"] > 5:
                     self.log(f"{self.name}: lmcache server boot {server.boot_s} s from spawn, still "
