@@ -290,6 +290,10 @@ def test_publish_keeps_each_figure_once_and_no_log(section, capsys, tmp_path):
     extra = nbformat.v4.new_code_cell("plt.show()", execution_count=3)  # displayed, never saved
     extra.outputs = [nbformat.v4.new_output("display_data", data={"image/png": PNG_1PX, "text/plain": "<Figure>"})]
     nb.cells.append(extra)
+    table = nbformat.v4.new_code_cell("df", execution_count=4)  # a DataFrame: an HTML table and its text copy
+    table.outputs = [nbformat.v4.new_output("execute_result", execution_count=4, data={
+        "text/html": "<table><tr><th>arm</th></tr><tr><td>early 41.4</td></tr></table>", "text/plain": "arm\nearly 41.4"})]
+    nb.cells.append(table)
     nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {"m1": {}, "m2": {}}}}
     nbformat.write(nb, str(nb_path))
     (run_dir / "blocks.log").write_text("INFO engine noise\n")
@@ -308,7 +312,10 @@ def test_publish_keeps_each_figure_once_and_no_log(section, capsys, tmp_path):
     assert "widgets" not in published_nb.metadata
     assert published_nb.metadata["kmesh_published"]["widget_state_dropped"]["models"] == 2
     cells = published_nb.cells
-    shown, only = cells[-2].outputs[0], cells[-1].outputs[0]
+    tabled = cells[-1].outputs[0]  # the table keeps its HTML only; a figure's text stays (no table there)
+    assert "text/plain" not in tabled.data and "early 41.4" in tabled.data["text/html"]
+    assert published_nb.metadata["kmesh_published"]["table_text_dropped"]["outputs"] == 1
+    shown, only = cells[-3].outputs[0], cells[-2].outputs[0]
     assert "image/png" not in shown.data and shown.data["text/plain"] == "<Figure>"
     assert shown.data["text/html"] == '<img src="figures/total.png" alt="figure figures/total.png">'
     displayed = {"sha256": hashlib.sha256(base64.b64decode(PNG_1PX)).hexdigest(), "bytes": 70}
@@ -317,7 +324,7 @@ def test_publish_keeps_each_figure_once_and_no_log(section, capsys, tmp_path):
     assert (dest / only.metadata["kmesh_figure"]["file"]).read_bytes() == base64.b64decode(PNG_1PX)
     assert only.metadata["kmesh_figure"]["kept"] == "the displayed bytes"
     report = (dest / "report.html").read_text()
-    assert 'src="figures/total.png"' in report and "data:image" not in report and PNG_1PX[:40] not in report
+    assert 'src="figures/total.png"' in report and "data:image" not in report and "early 41.4" in report and PNG_1PX[:40] not in report
     before = {p.relative_to(dest): p.read_bytes() for p in dest.rglob("*") if p.is_file()}
     shutil.rmtree(run_dir)  # the local run is gone: the published one is published again in place
     code, _, err = publish(dest, capsys)

@@ -194,5 +194,34 @@ def move_figures(folder: Path, notebook: str) -> tuple[list[str], list[str]]:
     return written, [f"{n} ({why})" for n, why in moved.items()]
 
 
+def drop_table_text(folder: Path, notebook: str) -> int:
+    """Drops the ``text/plain`` copy of every output whose ``text/html`` holds a ``<table``.
+
+    pandas displays a DataFrame twice, as an HTML table and as its fixed-width text; every reader of
+    a published notebook (Jupyter, nbconvert's report, GitHub) shows the HTML, so the text is a
+    second copy of the same numbers (a quarter of a notebook's bytes). ``metadata.kmesh_published``
+    counts what went. Returns the bytes dropped (0 when nothing was).
+    """
+    import nbformat
+
+    nb_path = folder / notebook
+    if not nb_path.is_file():
+        return 0
+    nb = nbformat.read(str(nb_path), as_version=4)
+    dropped = count = 0
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if "text/plain" in data and "<table" in str(data.get("text/html", "")):
+                dropped += len(json.dumps(data.pop("text/plain")))
+                count += 1
+    if count:
+        meta = nb.metadata.setdefault("kmesh_published", {"format": FORMAT})
+        meta["table_text_dropped"] = {"outputs": count + meta.get("table_text_dropped", {}).get("outputs", 0),
+                                      "note": "each table output keeps its HTML; its plain-text copy went"}
+        nbformat.write(nb, str(nb_path))
+    return dropped
+
+
 def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())

@@ -51,6 +51,7 @@ from kmesh_lib.app.compact import (
     Compacted,
     compress_captures,
     drop_raw_copies,
+    drop_table_text,
     move_figures,
     published_files,
 )
@@ -338,6 +339,7 @@ def publish(section: ModuleType, run_dir: Path, allow_failed: bool = False, repl
     try:
         left_out = _copy_run(src, staging, section.NOTEBOOK)
         figures, repeated = move_figures(staging, section.NOTEBOOK)
+        drop_table_text(staging, section.NOTEBOOK)
         rewritten = _rewrite_paths(staging, _path_rewrites(src, recorded_run_dir, dest_rel,
                                                            notebook_run_dir(src, section.NOTEBOOK)))
         left_out += drop_raw_copies(staging)
