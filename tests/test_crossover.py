@@ -483,3 +483,36 @@ def test_goal_table_judges_the_fastest_path_against_its_floor_and_the_retained_b
     assert (long["retained_x_resident"], long["retained_within"]) == (1.1, True)
     # no floor measured at a point: the first goal is not judged there (absent, never met)
     assert "fastest_within" not in goal_table(table, [])[1]
+
+
+def test_goal_verdict_judges_the_cost_by_its_interval_not_its_median():
+    """A cost whose interval ends within 1.2x the floor is met, one that starts above it is not, and
+    one whose interval spans the bound (or has no spread) is unresolved: six follow-ups whose first
+    tokens scatter by 10 ms cannot say whether a 1 ms copy is within 1.2x of its floor."""
+    from kmesh_lib.sections.crossover.report import GOAL_MIN_TOKENS, cost_interval, goal_table, goal_verdict
+
+    assert goal_verdict(0.5, 1.1, 1.0) == "met"
+    assert goal_verdict(1.3, 9.0, 1.0) == "not met"
+    assert goal_verdict(-5.0, 9.0, 1.0) == "unresolved"
+    assert goal_verdict(float("nan"), float("nan"), 1.0) == "unresolved"
+
+    def rows(arm, ttfts_ms, n=GOAL_MIN_TOKENS):
+        return [{"model": "m", "context_tokens": n, "arm": arm, "measured": True, "status": "ok",
+                 "ttft_s": ms / 1e3} for ms in ttfts_ms]
+
+    tight = rows("gpubuf_retained", [21.0, 21.1, 21.05, 20.95, 21.0, 21.02]) + rows("gpubuf_resident", [20.0] * 6)
+    cost, low, high = cost_interval(tight, "m", GOAL_MIN_TOKENS, "gpubuf_retained")
+    assert abs(cost - 1.01) < 1e-9 and 0.95 <= low <= cost <= high <= 1.1
+    spread = rows("gpubuf_retained", [15.0, 31.0, 21.0, 26.0, 18.0, 24.0]) + rows("gpubuf_resident", [20.0] * 6)
+    cost, low, high = cost_interval(spread, "m", GOAL_MIN_TOKENS, "gpubuf_retained")
+    assert low < 0 < high  # the interval spans zero: the median cost alone says nothing here
+
+    table = [{"model": "m", "context_tokens": GOAL_MIN_TOKENS, "arm": a, "ttft_ms": ms, "context_mib": 1.0}
+             for a, ms in (("gpubuf_retained", 21.0), ("gpubuf_resident", 20.0))]
+    distance = [{"model": "m", "context_tokens": GOAL_MIN_TOKENS, "path": "gpubuf_retained", "x_floor": 1.0,
+                 "restore_cost_ms": 1.0, "transfer_floor_ms": 1.0}]
+    (by_tight,) = goal_table(table, distance, tight)
+    (by_spread,) = goal_table(table, distance, spread)
+    assert by_tight["fastest_within"] and by_spread["fastest_within"]  # the medians alone: both within
+    assert (by_tight["fastest_goal"], by_spread["fastest_goal"]) == ("met", "unresolved")
+    assert "fastest_goal" not in goal_table(table, distance)[0]  # no rows, no interval, no verdict

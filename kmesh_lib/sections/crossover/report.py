@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import statistics
 
+from kmesh_lib.base.intervals import median_difference
 from kmesh_lib.kv.floors import floor_seconds
 from kmesh_lib.sections.crossover.arms import RESIDENT_OF, RESTORE_ARMS
 
@@ -119,13 +120,36 @@ GOAL_MIN_TOKENS = 16384  # issue 13's goals: judged at every grid point of this 
 GOAL_X = 1.2  # ... a restore within this factor of its floor, the retained GPU buffer of the resident follow-up
 
 
-def goal_table(table: list[dict], distance: list[dict]) -> list[dict]:
+def goal_verdict(low_ms: float, high_ms: float, floor_ms: float) -> str:
+    """Whether a restore's cost is within ``GOAL_X`` of its floor, by the cost's interval: ``met``
+    when its upper end is, ``not met`` when its lower end is above, ``unresolved`` when the interval
+    spans the bound or was not computed (a difference of medians of a few follow-ups can fall below
+    zero while the copy it contains takes a millisecond)."""
+    bound = GOAL_X * floor_ms
+    if low_ms != low_ms or high_ms != high_ms:  # NaN: fewer than two follow-ups on a side
+        return "unresolved"
+    return "met" if high_ms <= bound else "not met" if low_ms > bound else "unresolved"
+
+
+def cost_interval(rows: list[dict], model: str, n: int, path: str) -> tuple[float, float, float]:
+    """(cost, low, high) in ms: the restore's median first token minus its resident follow-up's, with
+    the 95% percentile bootstrap interval of that difference (each arm's follow-ups resampled on their own)."""
+    ttft = {}
+    for r in usable(rows):
+        if r["model"] == model and r["context_tokens"] == n:
+            ttft.setdefault(r["arm"], []).append(1e3 * r["ttft_s"])
+    return median_difference(ttft.get(path, []), ttft.get(RESIDENT_OF[path], []))
+
+
+def goal_table(table: list[dict], distance: list[dict], rows: list[dict] | None = None) -> list[dict]:
     """Issue 13's goals per grid point, from the medians and the floor distance.
 
     At every point of ``GOAL_MIN_TOKENS`` and more: the fastest restore path (lowest median first
     token) and its distance to its own floor, and the path nearest its floor. At every point: the
     retained GPU buffer's first token over its engine's resident follow-up. A goal is met only where
-    both of its numbers were measured; a missing one leaves it None, never met."""
+    both of its numbers were measured; a missing one leaves it None, never met. With ``rows`` (the
+    run's follow-ups), the fastest path's cost also gets its interval and ``fastest_goal``
+    (``goal_verdict``): ``fastest_within`` compares the medians alone."""
     t = _lookup(table)
     by_point: dict[tuple, list[dict]] = {}
     for r in distance:
@@ -142,6 +166,11 @@ def goal_table(table: list[dict], distance: list[dict]) -> list[dict]:
                        fastest_cost_ms=best["restore_cost_ms"], fastest_x_floor=best["x_floor"],
                        fastest_within=best["x_floor"] <= GOAL_X,
                        nearest_path=near["path"], nearest_x_floor=near["x_floor"])
+            if rows is not None:
+                _, low, high = cost_interval(rows, model, n, best["path"])
+                row.update(fastest_cost_ci_ms=[round(low, 3), round(high, 3)],
+                           fastest_floor_ms=best["transfer_floor_ms"],
+                           fastest_goal=goal_verdict(low, high, best["transfer_floor_ms"]))
         kept, resident = t.get((model, n, "gpubuf_retained")), t.get((model, n, "gpubuf_resident"))
         if kept and resident:
             ratio = kept["ttft_ms"] / resident["ttft_ms"]

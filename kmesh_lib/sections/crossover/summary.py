@@ -119,7 +119,7 @@ def answer(run: RunFiles) -> str:
                 + "one machine's disk and memory; a crossover is only as fine as the grid of context lengths"
                 + ("; on the CPU build prefill is slow, so restores win early" if p["DEVICE"] == "cpu" else "") + "."
                 + (f" {len(failed)} check(s) failed: " + "; ".join(c.name for c in failed[:3]) + "." if failed else ""))
-    goals = " ".join(_goal_sentences(tables))  # a paragraph of its own, before the weak-evidence sentence
+    goals = " ".join(_goal_sentences(tables, run.raw("rows.jsonl")))  # its own paragraph, before the weak evidence
     body = "\n".join(text[:2]) + "\n\n" + "\n".join(text[2:2 + len(per_model)]) + "\n\n"
     if not split_lines:
         return body + " ".join(text[2 + len(per_model):-1]) + (f"\n\n{goals}\n\n" if goals else " ") + text[-1]
@@ -168,9 +168,10 @@ def _floor_sentences(tables: dict, longest: int) -> list[str]:
     return out
 
 
-def _goal_sentences(tables: dict) -> list[str]:
-    """Issue 13's two goals as measured lines: how many grid points meet each, and the misses."""
-    goals = report.goal_table(tables["arms"], tables.get("floor_distance", []))
+def _goal_sentences(tables: dict, rows: list[dict] | None = None) -> list[str]:
+    """Issue 13's two goals as measured lines: how many grid points meet each, and the misses; with
+    ``rows``, the first goal judged again by its cost's interval (``report.goal_verdict``)."""
+    goals = report.goal_table(tables["arms"], tables.get("floor_distance", []), rows)
     out = []
     judged = [g for g in goals if "fastest_within" in g]
     if judged:
@@ -184,6 +185,16 @@ def _goal_sentences(tables: dict) -> list[str]:
                    + (f" ({len(below)} of them where the restore's median first token was below its resident "
                       "follow-up's: a negative cost, which says the floor is not resolved there)" if below else "")
                    + (f"; not met at {misses}" if misses else "") + ".")
+        verdicts = [g for g in judged if "fastest_goal" in g]
+        if verdicts:
+            count = {v: sum(g["fastest_goal"] == v for g in verdicts) for v in ("met", "not met", "unresolved")}
+            out.append(f"Judged by the 95% bootstrap interval of each fastest path's cost (met: its upper end within "
+                       f"{report.GOAL_X}× the floor; not met: its lower end above): met at {count['met']}, not met "
+                       f"at {count['not met']}, unresolved at {count['unresolved']} of {len(verdicts)} points ("
+                       + "; ".join(f"{g['model']} {_n(g['context_tokens'])}: {LABEL[g['fastest_path']]} "
+                                   f"[{g['fastest_cost_ci_ms'][0]:,.2f}, {g['fastest_cost_ci_ms'][1]:,.2f}] ms against "
+                                   f"{report.GOAL_X}× {g['fastest_floor_ms']:,.2f} ms, {g['fastest_goal']}"
+                                   for g in verdicts) + ").")
     ratios = [g for g in goals if "retained_within" in g]
     if ratios:
         met = [g for g in ratios if g["retained_within"]]

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kmesh_lib.base.intervals import bootstrap_interval
+
 from kmesh_lib.lmcache.lookups import READS
 
 STOPWATCHES = {"wait_a_s": "A first token", "makespan_s": "all done"}
@@ -75,17 +77,9 @@ def paired_saving(a, b, resamples: int = 10000, seed: int = 0, level: float = 0.
     if a.size == 0:
         return float("nan"), float("nan"), float("nan")
     mean = float(np.mean(a - b))
-    if a.size < 2:
-        return mean, float("nan"), float("nan")
-    from scipy.stats import bootstrap
-
-    kwargs = dict(paired=True, vectorized=True, n_resamples=resamples, confidence_level=level, method="percentile")
-    statistic = lambda x, y, axis: np.mean(x - y, axis=axis)
-    try:
-        res = bootstrap((a, b), statistic, rng=np.random.default_rng(seed), **kwargs)
-    except TypeError:  # scipy before 1.15 names it random_state
-        res = bootstrap((a, b), statistic, random_state=np.random.default_rng(seed), **kwargs)
-    return mean, float(res.confidence_interval.low), float(res.confidence_interval.high)
+    low, high = bootstrap_interval((a, b), lambda x, y, axis: np.mean(x - y, axis=axis), paired=True,
+                                   resamples=resamples, seed=seed, level=level)
+    return mean, low, high
 
 
 def usable(groups: list[dict], with_recomputed: bool = False) -> list[dict]:
