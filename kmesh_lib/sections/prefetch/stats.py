@@ -18,7 +18,6 @@ from __future__ import annotations
 import numpy as np
 
 from kmesh_lib.base.intervals import bootstrap_interval
-
 from kmesh_lib.lmcache.lookups import READS
 
 STOPWATCHES = {"wait_a_s": "A first token", "makespan_s": "all done"}
