@@ -516,3 +516,20 @@ def test_goal_verdict_judges_the_cost_by_its_interval_not_its_median():
     assert by_tight["fastest_within"] and by_spread["fastest_within"]  # the medians alone: both within
     assert (by_tight["fastest_goal"], by_spread["fastest_goal"]) == ("met", "unresolved")
     assert "fastest_goal" not in goal_table(table, distance)[0]  # no rows, no interval, no verdict
+
+
+def test_timeline_goal_puts_each_restore_span_against_its_floor_strictly():
+    """The span's ratio is judged unrounded: 1.127 ms against a 0.939 ms floor is 1.2002x, not within
+    1.2x; points under GOAL_MIN_TOKENS, spans without a restore_ms and paths without a floor are left out."""
+    from kmesh_lib.sections.crossover.report import GOAL_MIN_TOKENS, timeline_goal_table
+
+    n = GOAL_MIN_TOKENS
+    splits = [{"model": "m", "context_tokens": n, "arm": "gpubuf_retained", "restore_ms": 1.127},
+              {"model": "m", "context_tokens": n, "arm": "gpubuf_disk", "restore_ms": 110.0},
+              {"model": "m", "context_tokens": n, "arm": "native_offload", "load_time_ms": 9.0},
+              {"model": "m", "context_tokens": 1024, "arm": "gpubuf_retained", "restore_ms": 0.2}]
+    distance = [{"model": "m", "context_tokens": n, "path": "gpubuf_retained", "transfer_floor_ms": 0.939},
+                {"model": "m", "context_tokens": n, "path": "gpubuf_disk", "transfer_floor_ms": 100.0},
+                {"model": "m", "context_tokens": 1024, "path": "gpubuf_retained", "transfer_floor_ms": 0.03}]
+    got = {r["path"]: (r["x_floor"], r["within"]) for r in timeline_goal_table(splits, distance)}
+    assert got == {"gpubuf_retained": (1.2, False), "gpubuf_disk": (1.1, True)}

@@ -215,6 +215,26 @@ def split_table(rows: list[dict]) -> list[dict]:
     return out
 
 
+def timeline_goal_table(splits: list[dict], distance: list[dict]) -> list[dict]:
+    """The restore's own span against its floor, at every point of ``GOAL_MIN_TOKENS`` and more.
+
+    ``restore_ms`` is the median of the tier's timeline (lookup, disk read and staging where there
+    are, the copy into vLLM's blocks; CUDA events on a GPU): it leaves out what vLLM's scheduler adds
+    for the restored blocks and any effect on the forward step, so its ratio to the floor is a lower
+    bound on the cost's. Unlike the first-token difference it has the spread of the copy alone."""
+    floor = {(r["model"], r["context_tokens"], r["path"]): r["transfer_floor_ms"] for r in distance}
+    out = []
+    for r in splits:
+        key = (r["model"], r["context_tokens"], r["arm"])
+        if r["context_tokens"] < GOAL_MIN_TOKENS or r.get("restore_ms") is None or not floor.get(key):
+            continue
+        x = r["restore_ms"] / floor[key]
+        out.append({"model": r["model"], "context_tokens": r["context_tokens"], "path": r["arm"],
+                    "restore_ms": r["restore_ms"], "transfer_floor_ms": floor[key], "x_floor": round(x, 3),
+                    "within": x <= GOAL_X})
+    return out
+
+
 def paths_in(table: list[dict]) -> list[str]:
     """The restore paths a table holds, in ``RESTORES`` order."""
     have = {r.get("arm", r.get("path")) for r in table}
