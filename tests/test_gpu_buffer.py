@@ -417,6 +417,7 @@ def test_vllm_cpu_engine_restores_give_the_recomputed_outputs(tmp_path):
             assert r.output_token_ids == recompute.output_token_ids
             assert r.logprobs == pytest.approx(recompute.logprobs, abs=1e-4)
         assert [t["source"] for t in tier.take_restores()] == ["disk", "buffer"]
+        assert tier.describe()["copy_route"] == "torch (no CUDA device)"  # the run records which copy ran
     finally:
         engine.close()
         tier.close()
@@ -449,7 +450,8 @@ def test_cuda_restores_give_the_recomputed_outputs(tmp_path):
             assert r.logprobs == pytest.approx(recompute.logprobs, abs=1e-3)
         disk, buffer = tier.take_restores()
         assert disk["staging_s"] > 0 and disk["copy_s"] > 0 and buffer["copy_s"] > 0
-        assert tier.describe()["device"].startswith("cuda")
+        described = tier.describe()
+        assert described["device"].startswith("cuda") and described["copy_route"] == "fused"
     finally:
         engine.close()
         tier.close()

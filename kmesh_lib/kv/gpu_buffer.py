@@ -228,7 +228,8 @@ class GpuBufferTier:
         if self.shared.worker is not None and self.shared.worker.arena is not None:
             a = self.shared.worker.arena
             out.update(device=str(a.device), buffer_allocation_bytes=a.buffer.numel(), num_planes=len(a.planes),
-                       copy_word_bytes=a.word_bytes, blocks_per_chunk=a.blocks_per_chunk)
+                       copy_word_bytes=a.word_bytes, blocks_per_chunk=a.blocks_per_chunk,
+                       copy_route=a.copy_route)  # "fused" (one Triton launch) or "torch (<why>)"
         return out
 
     # -- switches --
