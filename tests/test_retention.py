@@ -409,7 +409,9 @@ def test_smoke_run_discard_rereads_per_lookup_retain_reads_once(tmp_path):
         assert prep["device_bytes"] == prep["hook_bytes"] == prep["metric_bytes"] == ctx
         if g["arm"] == "retain":  # the group, preparation included, reads the context once
             assert fol["device_bytes"] == 0 and fol["lookup_hit_l1_tokens"] == 4 * g["context_tokens"]
+            assert g["memory_tier_drop_wait_s"] is None
         else:  # every follow-up lookup rereads it, unless it found another follow-up's in-flight copy
+            assert 0 <= g["memory_tier_drop_wait_s"] < 5.0  # its copy left L1 before the last snapshot
             assert fol["device_bytes"] == fol["lookup_hit_l2_tokens"] * ctx // g["context_tokens"] >= ctx
             shared = fol["lookup_hit_l1_tokens"] + fol["contended_chunks"] * g["chunk_tokens"]
             assert fol["lookup_hit_l2_tokens"] + shared == 4 * g["context_tokens"]
@@ -583,3 +585,21 @@ def test_gpu_driver_stops_within_its_budget_and_resumes(tmp_path):
     assert all("prep_restores" in g for g in run.raw("groups.jsonl") if g["path"] == "gpubuf")
     assert kmesh_main(["run", "16", "--source-run", str(out)]) == 0
     assert RunFiles(out).results["status"] == "passed" and (out / "report.html").exists()
+
+
+def test_wait_for_drop_waits_for_the_memory_copy_and_gives_up_at_its_timeout():
+    """Bytes that leave memory a few polls late are waited for; bytes that stay are waited for up
+    to the timeout only, and then left for the group's discard check to see."""
+    from kmesh_lib.workloads.context_groups import Block
+
+    class Tier:
+        def __init__(self, readings):
+            self.readings = list(readings)
+
+        def memory_bytes(self):
+            return self.readings.pop(0) if len(self.readings) > 1 else self.readings[0]
+
+    late = Tier([4096, 4096, 0])
+    assert Block.wait_for_drop(late, timeout_s=5.0) < 1.0 and late.memory_bytes() == 0
+    stays = Tier([4096])
+    assert 0.2 <= Block.wait_for_drop(stays, timeout_s=0.2) < 1.0 and stays.memory_bytes() == 4096

@@ -58,6 +58,7 @@ from kmesh_lib.workloads.context_params import MP_PATHS, ArrivalPattern
 
 DISK_HEADROOM_BYTES = 64 * MIB
 STORE_TIMEOUT_S = 60.0  # a store that has not reached the disk tier by then is reported, not waited for
+DROP_WAIT_S = 5.0  # a discarded copy still in memory by then is recorded, and fails the group's discard check
 
 
 def run_arrivals(engine, specs: list[RequestSpec], pattern: ArrivalPattern, clock=time.monotonic_ns,
@@ -265,6 +266,19 @@ class Block:
     def context_bytes(self) -> int:
         return self.cfg.CONTEXT_TOKENS * self.kv_bytes_per_token
 
+    @staticmethod
+    def wait_for_drop(tier, timeout_s: float = DROP_WAIT_S) -> float:
+        """Seconds until a discarding tier's memory copy is gone, at most ``timeout_s`` (then the
+        group records the bytes still there, and its discard check fails on them).
+
+        A discarded chunk leaves LMCache's L1 when the engine's release of its read lock reaches the
+        server, which can come after ``settle`` found the queues idle (a smoke test on the 2-core CI box
+        once found bytes in L1 at the group's last snapshot, taken without this wait)."""
+        t0 = time.monotonic()
+        while tier.memory_bytes() and time.monotonic() - t0 < timeout_s:
+            time.sleep(0.01)
+        return round(time.monotonic() - t0, 3)
+
     def store_context(self) -> dict:
         """Computes the context once; the tier stores it to the disk tier (and keeps no memory copy).
 
@@ -419,6 +433,7 @@ class Block:
         engine.drain()
         if arm.external:
             tier.settle()
+        drop_wait_s = self.wait_for_drop(tier) if arm.external and not arm.retain else None
         s2 = meter.snapshot()
         prep = PhaseReads.between(s0, s1, self.chunk_bytes)
         follow = PhaseReads.between(s1, s2, self.chunk_bytes)
@@ -449,7 +464,7 @@ class Block:
             "arrival": arrival.label, "submit_ms": [round((r.t_submit_ns - a.t_submit_ns) / 1e6, 3) for r in results],
             "prep_reads": prep.to_dict(), "followup_reads": follow.to_dict(), **traced,
             "memory_tier_bytes_before": s0.memory_tier_bytes, "memory_tier_bytes_at_followups": s1.memory_tier_bytes,
-            "memory_tier_bytes_after": s2.memory_tier_bytes,
+            "memory_tier_bytes_after": s2.memory_tier_bytes, "memory_tier_drop_wait_s": drop_wait_s,
             "disk_tier_bytes_before": s0.disk_tier_bytes, "disk_tier_bytes_after": s2.disk_tier_bytes,
             "utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "load_1m": round(os.getloadavg()[0], 2),  # the machine's run queue: other work competing for cores

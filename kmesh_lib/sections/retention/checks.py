@@ -204,7 +204,8 @@ def trace_checks(name: str, gs: list[dict]) -> list[Check]:
 def _discard(name: str, gs: list[dict]) -> list[Check]:
     out = [all_of(f"{name}: the tier dropped its copy after loading vLLM", gs,
                   lambda g: g["memory_tier_bytes_at_followups"] == 0 and g["memory_tier_bytes_after"] == 0,
-                  lambda g: f"pair {g['pair']}: {g['memory_tier_bytes_at_followups']} bytes at the follow-ups")]
+                  lambda g: f"pair {g['pair']}: {g['memory_tier_bytes_at_followups']} bytes at the follow-ups, "
+                            f"{g['memory_tier_bytes_after']} after the group")]
     per_group = lambda g: f"pair {g['pair']}: rereads {rereads(g)}"
     if lookup_kind(gs[0]) == "on_demand":
         out.append(all_of(f"{name}: the follow-ups read nothing (vLLM held the context; the connector loads only "
