@@ -66,7 +66,8 @@ def test_server_listens_on_loopback_only_and_stop_removes_everything(tmp_path):
     waited = time.monotonic() - t0
     try:
         assert server.status()["is_healthy"]
-        assert 0 < server.boot_s <= waited  # spawn to healthy, within what start() waited
+        booted = server.healthy_at - server.spawned_at  # spawn to healthy, within what start() waited
+        assert 0 < booted <= waited and server.boot_s == round(booted, 2)
         listeners = server.listeners()  # from /proc/<pid>/net/tcp{,6}: every LISTEN socket the group holds
         assert {port for _, port in listeners} == {server.port, server.http_port}, listeners
         assert all(addr == "127.0.0.1" for addr, _ in listeners), listeners
