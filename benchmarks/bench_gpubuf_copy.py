@@ -10,13 +10,15 @@ shuffled from the pool (what a restore into a used pool gets) or consecutive. Th
 times each, medians of REPEATS:
 
     torch    the per-plane path (``index_copy_`` per plane; narrow copies per run when ids form <= 8 runs)
-    fused    one Triton launch (``kv.fused_copy.RowScatter``), at each chunk size in CHUNKS that differs
+    fused    one Triton launch (``kv.fused_copy.RowScatter``), at each chunk size in CHUNKS that differs,
+             through Triton's compiled handle (``fused-jit``: the same kernel through its dispatcher)
     floor    one contiguous device->device copy of the same bytes (``kv.floors``' way: ``dst.copy_(src)``)
 
 Two device figures per path, from CUDA events: ``idle`` starts on an idle GPU, as a restore's copy span
 does, so host launch time the GPU waits for is in it; ``queued`` starts behind a GPU spin long enough for
 every launch to queue, so it is the GPU's own time. ``host_us`` is the wall clock of the call itself,
-before any synchronize (Python and launch overhead, paid on the restore's critical path). Every path's
+before any synchronize (Python and launch overhead, paid on the restore's critical path); ``host-parts``
+splits it (CUDA only): the ids to the device, a CUDA event, the launch by handle and by dispatcher. Every path's
 result is read back and compared with the buffer's rows: ``equal`` must be True for a figure to count.
 
 Prints figures; asserts no timing. Without CUDA it runs ``--smoke`` (a tiny shape, CPU clocks; the
@@ -153,12 +155,48 @@ def measure(model: str, context_tokens: int, order: str, device: str, warmups: i
             if s.chunk_words in seen:
                 continue  # a plane smaller than the chunk: the same kernel as a smaller chunk
             seen.add(s.chunk_words)
+            s.warmup()
             row("fused", via_arena(s), check=True, chunk_bytes=s.chunk_words * s.word_bytes, num_warps=s.num_warps,
-                vec_bytes=s.line_bytes)
+                vec_bytes=s.line_bytes, launch_route=s.launch_route)
+            if s.launch_route == "handle":  # the same kernel through Triton's dispatcher: what the handle saves
+                handle, s._handle = s._handle, None
+                row("fused-jit", via_arena(s), check=True, chunk_bytes=s.chunk_words * s.word_bytes,
+                    num_warps=s.num_warps, vec_bytes=s.line_bytes, launch_route="jit (forced)")
+                s._handle = handle
+        if device == "cuda":
+            rows.append({**base, "path": "host-parts", **host_parts(arena.scatter or s, block_ids, repeats)})
     else:
         why = arena.copy_route if device == "cuda" else "the kernel runs on CPU only with TRITON_INTERPRET=1"
         rows.append({**base, "path": "fused", "error": why})
     return rows  # the tensors go with this frame; the caller empties CUDA's cache
+
+
+def host_parts(scatter, block_ids: list[int], repeats: int) -> dict:
+    """Wall time (us, medians) of each host part of one fused restore call, the GPU synchronized
+    between calls: the ids to the device, the launch through the handle, through the dispatcher."""
+    import torch
+
+    def median_us(fn) -> float:
+        runs = []
+        for _ in range(repeats + 3):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            runs.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(runs[3:])
+
+    ids = scatter.block_ids_tensor(block_ids)
+    grid = (ids.numel(), scatter.num_planes, scatter.num_chunks)
+    out = {"ids_us": median_us(lambda: scatter.block_ids_tensor(block_ids)),
+           "event_us": median_us(lambda: torch.cuda.Event(enable_timing=True).record())}
+    if scatter._handle is not None:
+        out["launch_handle_us"] = median_us(lambda: scatter._handle[grid](*scatter._args(ids, 0)))
+    from kmesh_lib.kv.fused_copy import _kernel
+
+    out["launch_jit_us"] = median_us(lambda: _kernel()[grid](
+        scatter.buffer, scatter.table, ids, 0, scatter.row_lines, scatter.num_planes, VEC=scatter.vec,
+        CHUNK=scatter.chunk_words, EVEN=scatter.even, num_warps=scatter.num_warps))
+    return out
 
 
 def table(rows: list[dict]) -> str:
@@ -171,6 +209,9 @@ def table(rows: list[dict]) -> str:
         prefix = f"{r['model']:<13} {r['context_tokens']:>6} {r['bytes'] / (1 << 20):>7.1f} {r['order']:<11} {name:<11}"
         if "error" in r:
             lines.append(f"{prefix} n/a: {r['error']}")
+            continue
+        if r["path"] == "host-parts":
+            lines.append(prefix + "  " + ", ".join(f"{k} {v:.0f}" for k, v in r.items() if k.endswith("_us")))
             continue
         f = floors[(r["model"], r["context_tokens"], r["order"])]
         ms = r.get("queued_ms", r["idle_ms"])

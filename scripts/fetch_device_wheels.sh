@@ -1,12 +1,12 @@
 #!/bin/sh
 # Downloads the notebook stack (papermill, ipykernel, nbconvert) as CPython 3.12 wheels into .whl/
-# for the H200 machine, which has no network. Packages the machine's image already has are left out.
+# (and pytest, for the tests marked gpu) for the H200 machine, which has no network. Packages the machine's image already has are left out.
 set -eu
 cd "$(dirname "$0")/.."
 tmp=$(mktemp -d)
 python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  --platform any -d "$tmp" papermill ipykernel nbconvert
+  --platform any -d "$tmp" papermill ipykernel nbconvert pytest
 mkdir -p .whl
 for f in "$tmp"/*.whl; do
   case $(basename "$f") in

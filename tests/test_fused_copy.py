@@ -53,6 +53,8 @@ def test_the_cases_reach_the_masked_and_the_split_kernel(interpreted):
     flash = interpreted[("flash-attn-bf16", "shuffled", 16 << 10)]
     assert (flash["even"], flash["vec"], flash["num_chunks"]) == (True, 2, 1)  # unmasked 16-byte lines
     assert interpreted[("flash-attn-bf16", "shuffled", 512)]["num_chunks"] == 2048 // 512
+    # the interpreter has no compiled handle: calls go through the dispatcher, and the run says so
+    assert {r["launch_route"] for r in interpreted.values()} == {"jit (Triton's interpreter)"}
 
 
 def test_the_table_holds_each_planes_offset_stride_and_size_in_lines(tmp_path):
@@ -93,11 +95,16 @@ def test_the_compiled_kernel_matches_the_torch_path_on_cuda(tmp_path):
     kv_b = {k: torch.zeros_like(v) for k, v in kv_a.items()}
     a, b = BufferArena(kv_a, num_blocks, 256, tmp_path), BufferArena(kv_b, num_blocks, 256, tmp_path)
     assert b.copy_route == "fused", b.copy_route
+    assert b.scatter.launch_route == "handle", b.scatter.launch_route  # checked by a copy into block 0
     a.scatter = None
     noise = torch.randint(0, 256, a.buffer.shape, dtype=torch.uint8, device="cuda")
     a.buffer.copy_(noise)
     b.buffer.copy_(noise)
     block_ids = torch.randperm(num_blocks - 1)[:200].add(1).tolist()
+    decoy = list(range(num_blocks - 1, 0, -1))[:250]  # longer: the reused id buffers must not leak it
+    b.copy_into_vllm(0, 0, decoy, RestoreTimeline("restore", "decoy", 0, "buffer", 250, 0, "cuda"))
+    for t in kv_b.values():
+        t.zero_()
     for arena in (a, b):
         arena.copy_into_vllm(10, 3, block_ids, RestoreTimeline("restore", "r", 0, "buffer", 200, 0, "cuda"))
     torch.cuda.synchronize()

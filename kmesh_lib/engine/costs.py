@@ -47,6 +47,9 @@ NOTEBOOK_S = Span(3, 8)
 # A section 21 child process: the above plus LMCache (server or connector) and the teardown; the
 # published grids less their rows and stores: cpu 95 s / 3 models, cuda 172 s / 3 models.
 LMCACHE_CHILD_S = {"cpu": Span(25, 40), "cuda": Span(40, 75)}
+# An engine start with ENFORCE_EAGER false: torch.compile (its cache may hold the graph already) and the
+# CUDA graph captures. A guess until a run records it (engine_start_s in section 21's models.jsonl).
+COMPILE_S = {"cpu": Span(20, 120), "cuda": Span(15, 90)}
 # The replay engine: no forward pass, a few milliseconds per request once vLLM is imported.
 REPLAY_START_S = Span(0.05, 0.5)
 

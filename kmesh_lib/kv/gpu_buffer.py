@@ -230,6 +230,8 @@ class GpuBufferTier:
             out.update(device=str(a.device), buffer_allocation_bytes=a.buffer.numel(), num_planes=len(a.planes),
                        copy_word_bytes=a.word_bytes, blocks_per_chunk=a.blocks_per_chunk,
                        copy_route=a.copy_route)  # "fused" (one Triton launch) or "torch (<why>)"
+            if a.scatter is not None:
+                out["copy_launch"] = a.scatter.launch_route  # "handle" (Triton's compiled kernel) or "jit (<why>)"
         return out
 
     # -- switches --

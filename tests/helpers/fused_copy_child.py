@@ -63,6 +63,13 @@ def main(chunk_sizes: list[int]) -> None:
                 b.buffer.copy_(noise)
                 assert a.scatter is None and a.copy_route.startswith("torch")  # CPU: torch path by default
                 b.scatter = RowScatter(b.buffer.view(b.planes[0].dtype), b.planes, chunk_bytes)
+                b.scatter.warmup()
+                # a longer restore first: the reused id buffers must not leak its ids into the next one
+                decoy = list(range(NUM_GPU_BLOCKS - 1, 0, -1))[:NUM_BUFFER_BLOCKS - 1]
+                b.copy_into_vllm(0, 0, decoy, RestoreTimeline("restore", "decoy", 0, "buffer", len(decoy), 0, "cpu"))
+                for kv in kv_b.values():
+                    kv.zero_()
+                b.counters["restored_bytes"] = 0
                 extent_start, first_block = 2, 1  # rows 3 ...: an offset the kernel must honour
                 for arena in (a, b):
                     tl = RestoreTimeline("restore", "r", 0, "buffer", len(block_ids), 0, "cpu")
@@ -76,7 +83,8 @@ def main(chunk_sizes: list[int]) -> None:
                     "equal": all(torch.equal(x, y) for x, y in zip(bytes_a, bytes_b)),
                     "blocks_changed": sorted(blocks_changed), "block_ids": sorted(block_ids),
                     "restored_bytes": [a.counters["restored_bytes"], b.counters["restored_bytes"]],
-                    "vec": s.vec, "even": s.even, "num_chunks": s.num_chunks}), flush=True)
+                    "vec": s.vec, "even": s.even, "num_chunks": s.num_chunks,
+                    "launch_route": s.launch_route}), flush=True)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ import random
 import time
 from dataclasses import dataclass
 
+from kmesh_lib.engine.gpu_clocks import GpuClocks
 from kmesh_lib.engine.requests import RequestSpec, group_makespan_s, run_group
 from kmesh_lib.kv.offloading import request_split as offload_split
 from kmesh_lib.kv.restore_timeline import request_split as gpu_buffer_split
@@ -89,6 +90,7 @@ class RestoreBench:
         self.probe = ComponentProbe(engine)
         self.switch = ExternalSwitch(engine, self.probe)
         self.vocab = engine.spec.config["vocab_size"]
+        self.clocks = GpuClocks() if engine.params.DEVICE == "cuda" else None
 
     @property
     def has_disk_tier(self) -> bool:
@@ -199,9 +201,11 @@ class RestoreBench:
                              max_tokens=self.output_tokens) for i in range(self.followups)]
         meter = self.tier.meter
         s0 = meter.snapshot()
+        clocks_before = self.clocks.read() if self.clocks else None  # outside the stopwatch
         self.probe.start()
         results = run_group(self.engine, specs)
         a = results[0]
+        clocks_after = self.clocks.read() if self.clocks else None
         parts = self.probe.stop(a.first_token_s())
         self.quiet()
         s1 = meter.snapshot()
@@ -220,4 +224,5 @@ class RestoreBench:
                 "status": "ok" if all(c == want for c in cached) else "cache_miss",
                 "ttft_s": a.first_token_s(), "makespan_s": group_makespan_s(results, self.output_tokens),
                 "num_cached_tokens": cached, "expected_cached_tokens": want, **disk,
-                "prep_s": prep_s, **prep, "components": parts, **self._tier_fields(a, timelines, stats)}
+                "prep_s": prep_s, **prep, "components": parts, **self._tier_fields(a, timelines, stats),
+                **({"gpu_clocks": {"before": clocks_before, "after": clocks_after}} if self.clocks else {})}

@@ -46,6 +46,8 @@ def expected_duration(cfg: CrossoverParams) -> tuple[costs.Span, list[str]]:
     for model in cfg.MODELS:
         kvt = resolve(model).kv_bytes_per_token(cfg.DTYPE)
         total += costs.LMCACHE_CHILD_S[device] * len(tiers(cfg))
+        if not cfg.ENFORCE_EAGER:
+            total += costs.COMPILE_S[device] * len(tiers(cfg))
         for n in cfg.CONTEXT_TOKENS_GRID:
             prefill, note = costs.prefill_s(device, model, n)
             step, _ = costs.decode_s(device, model, cfg.MAX_TOKENS * cfg.NUM_FOLLOWUPS)
@@ -122,6 +124,8 @@ def run_model(cfg: CrossoverParams, model: str, run_dir: Path, tier_name: str = 
             tier.attach(engine)
         summary["engine_start_s"] = engine.start_s
         bench = RestoreBench(engine, tier, cfg.SUFFIX_TOKENS, cfg.MAX_TOKENS, cfg.NUM_FOLLOWUPS, tier_name)
+        if bench.clocks is not None:
+            summary["gpu_clocks"] = bench.clocks.why or "nvml"  # rows carry them only where NVML answered
         summary["switch"] = bench.switch.describe()
         summary["connector"] = type(bench.switch.connector).__module__ + "." + type(bench.switch.connector).__name__
         if hasattr(tier, "describe") and tier_name != "lmcache":
