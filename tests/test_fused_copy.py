@@ -103,7 +103,7 @@ def test_the_compiled_kernel_matches_the_torch_path_on_cuda(tmp_path):
     block_ids = torch.randperm(num_blocks - 1)[:200].add(1).tolist()
     decoy = list(range(num_blocks - 1, 0, -1))[:250]  # longer: the reused id buffers must not leak it
     b.copy_into_vllm(0, 0, decoy, RestoreTimeline("restore", "decoy", 0, "buffer", 250, 0, "cuda"))
-    for t in kv_b.values():
+    for t in (*kv_a.values(), *kv_b.values()):  # also block 0, where each warm-up checked its handle
         t.zero_()
     for arena in (a, b):
         arena.copy_into_vllm(10, 3, block_ids, RestoreTimeline("restore", "r", 0, "buffer", 200, 0, "cuda"))

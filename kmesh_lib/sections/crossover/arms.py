@@ -57,6 +57,7 @@ RESIDENT_OF = {"dram": "floor", "disk": "floor", "gpubuf_retained": "gpubuf_resi
 RESTORE_ARMS = tuple(RESIDENT_OF)
 STORED_TIERS = ("lmcache", "gpubuf")  # tiers whose contexts are stored on a disk tier before the arms run
 TIMED_TIERS = ("gpubuf", "native")  # tiers whose restores record their own timeline (a row's ``split``)
+WARM_OWN_TOKENS = [6, 7]  # a warm-up's tokens after the context (``RestoreBench._warm`` says why two)
 
 
 def tiers_of(arm_names) -> list[str]:
@@ -133,7 +134,12 @@ class RestoreBench:
                 "write_errors": after.hook_write_errors - before.hook_write_errors, "seconds": time.monotonic() - t0}
 
     def _warm(self, ctx: Context, tag: str) -> int:
-        return run_group(self.engine, [RequestSpec(f"{tag}-warm", ctx.tokens + [6], max_tokens=1)])[0].num_cached_tokens
+        """The context and two tokens of its own: two, because a step of one new token per request is a
+        uniform decode batch, which vLLM 0.26 replays as a full CUDA graph, and there LMCache 0.5.3's
+        in-process connector did not load the context (no retrieval logged, its memory tier still empty
+        after the warm-up; the failed run crossover/gpu-20261201-171853-0015 records it)."""
+        spec = RequestSpec(f"{tag}-warm", ctx.tokens + WARM_OWN_TOKENS, max_tokens=1)
+        return run_group(self.engine, [spec])[0].num_cached_tokens
 
     def prepare(self, arm: str, ctx: Context, tag: str) -> dict:
         """Puts the context where ``arm`` wants it; returns what the preparation saw."""
