@@ -108,7 +108,8 @@ def test_the_compiled_kernel_matches_the_torch_path_on_cuda(tmp_path):
     for arena in (a, b):
         arena.copy_into_vllm(10, 3, block_ids, RestoreTimeline("restore", "r", 0, "buffer", 200, 0, "cuda"))
     torch.cuda.synchronize()
-    assert all(torch.equal(kv_a[k], kv_b[k]) for k in kv_a)
+    # bytes, not values: random bytes in bfloat16 hold NaNs, which no value comparison finds equal
+    assert all(torch.equal(kv_a[k].view(torch.uint8), kv_b[k].view(torch.uint8)) for k in kv_a)
     assert b.read_back(block_ids).equal(b.extent(13, 200))
 
 

@@ -120,7 +120,7 @@ class RowScatter:
 
     def warmup(self) -> None:
         """Compiles the kernel now (the first restore's copy span must not hold Triton's JIT) and, on
-        CUDA, checks the compiled handle with one row copied into vLLM's null block."""
+        CUDA, checks the compiled handle with one row (row 1) copied into vLLM's null block."""
         ids = self.block_ids_tensor([0])
         kernel = _kernel()
         handle = kernel.warmup(*self._args(ids, 0)[:6], VEC=self.vec, CHUNK=self.chunk_words, EVEN=self.even,
@@ -128,11 +128,13 @@ class RowScatter:
         if not self.buffer.is_cuda:
             self.launch_route = "jit (Triton's interpreter)"
             return
+        # row 1 (a non-zero source row: src_row0 is the one argument that changes per call) -> block 0
+        src_row = 1 if self.buffer.numel() >= 2 * self.row_lines * (self.line_bytes // self.word_bytes) else 0
         try:
-            handle[(1, self.num_planes, self.num_chunks)](*self._args(ids, 0))
+            handle[(1, self.num_planes, self.num_chunks)](*self._args(ids, src_row))
             torch.cuda.current_stream().synchronize()
-            if not self._row_landed(0, 0):
-                raise RuntimeError("the compiled handle's copy into block 0 differs from buffer row 0")
+            if not self._row_landed(src_row, 0):
+                raise RuntimeError(f"the compiled handle's copy into block 0 differs from buffer row {src_row}")
         except Exception as e:  # an API change in Triton must cost launch time, never bytes
             self.launch_route = f"jit (compiled handle unusable: {type(e).__name__}: {e})"[:300]
             return
