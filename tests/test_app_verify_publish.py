@@ -544,3 +544,47 @@ def test_the_published_set_is_compact_and_holds_no_machine_path_or_copy():
         named = [published.read_public(paths.OUTPUTS / rel.parts[0] / rel.parts[1] / published.PUBLIC_FILE)
                  ["shared_captures"].get(rel.name.removesuffix(".xz")) for rel in same]
         assert all(rel.parts[2] == "raw" for rel in same) and any(named), f"copies, not named as shared: {same}"
+
+
+def test_figures_are_stored_as_palette_pngs_where_that_saves_a_fifth(tmp_path):
+    """A real matplotlib plot shrinks and says so in its output's metadata; a file Pillow cannot read
+    and a PNG that would not shrink enough stay as they were; a second pass changes nothing."""
+    import base64
+    import hashlib
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import nbformat
+    from PIL import Image
+
+    from kmesh_lib.app.compact import palette_figures
+
+    (tmp_path / "figures").mkdir()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for k in range(5):
+        ax.plot(range(50), [((i * (k + 1)) % 17) + k for i in range(50)], label=f"arm {k}", alpha=0.7)
+    ax.legend()
+    fig.savefig(tmp_path / "figures" / "plot.png", dpi=100)
+    plt.close(fig)
+    (tmp_path / "figures" / "tiny.png").write_bytes(base64.b64decode(PNG_1PX))
+    (tmp_path / "figures" / "fake.png").write_bytes(b"\x89PNG not an image")
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("plot()")
+    cell.outputs = [nbformat.v4.new_output("display_data", data={"text/html": '<img src="figures/plot.png">'},
+                                           metadata={"kmesh_figure": {"file": "figures/plot.png"}})]
+    nb.cells.append(cell)
+    nbformat.write(nb, str(tmp_path / "n.ipynb"))
+    before = {p.name: p.read_bytes() for p in (tmp_path / "figures").iterdir()}
+
+    saved = palette_figures(tmp_path, "n.ipynb")
+    plot = (tmp_path / "figures" / "plot.png").read_bytes()
+    assert saved == len(before["plot.png"]) - len(plot) and len(plot) <= 0.8 * len(before["plot.png"])
+    with Image.open(tmp_path / "figures" / "plot.png") as im:
+        assert im.mode == "P" and im.size == (600, 400)
+    for name in ("tiny.png", "fake.png"):
+        assert (tmp_path / "figures" / name).read_bytes() == before[name]
+    stored = nbformat.read(str(tmp_path / "n.ipynb"), as_version=4).cells[0].outputs[0].metadata["kmesh_figure"]["stored"]
+    assert stored["sha256"] == hashlib.sha256(plot).hexdigest() and stored["bytes_before"] == len(before["plot.png"])
+    assert palette_figures(tmp_path, "n.ipynb") == 0  # published again: nothing left to shrink

@@ -53,6 +53,7 @@ from kmesh_lib.app.compact import (
     drop_raw_copies,
     drop_table_text,
     move_figures,
+    palette_figures,
     published_files,
 )
 from kmesh_lib.app.published import PUBLIC_FILE, SCHEMA
@@ -340,6 +341,7 @@ def publish(section: ModuleType, run_dir: Path, allow_failed: bool = False, repl
         left_out = _copy_run(src, staging, section.NOTEBOOK)
         figures, repeated = move_figures(staging, section.NOTEBOOK)
         drop_table_text(staging, section.NOTEBOOK)
+        palette_figures(staging, section.NOTEBOOK)
         rewritten = _rewrite_paths(staging, _path_rewrites(src, recorded_run_dir, dest_rel,
                                                            notebook_run_dir(src, section.NOTEBOOK)))
         left_out += drop_raw_copies(staging)
