@@ -533,3 +533,62 @@ def test_timeline_goal_puts_each_restore_span_against_its_floor_strictly():
                 {"model": "m", "context_tokens": 1024, "path": "gpubuf_retained", "transfer_floor_ms": 0.03}]
     got = {r["path"]: (r["x_floor"], r["within"]) for r in timeline_goal_table(splits, distance)}
     assert got == {"gpubuf_retained": (1.2, False), "gpubuf_disk": (1.1, True)}
+
+
+# -- what the forward step's spread follows (rows with GPU clocks) --
+def _clocked(rows, n=16384, seed=0):
+    """``rows`` at a goal-sized context, with a forward step that follows the host's own time and
+    an SM clock that does not move with either."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for i, r in enumerate(rows):
+        host = rng.uniform(0.004, 0.012)
+        out.append({**r, "context_tokens": n, "context": f"m-{n}", "tag": f"{r['tag']}-{i}",
+                    "num_cached_tokens": [n if c else 0 for c in r["num_cached_tokens"]],
+                    "expected_cached_tokens": n if r["expected_cached_tokens"] else 0,
+                    "components": {**r["components"], "forward_s": 0.008 + 1.2 * host, "other_s": host},
+                    "gpu_clocks": {"before": {"sm_mhz": rng.choice([1830, 1905, 1980]), "mem_mhz": 3201,
+                                              "event_reasons": 0}, "after": None}})
+    return out
+
+
+def test_the_scatter_table_says_the_spread_follows_the_host_and_not_the_clock():
+    rows = _clocked(_gpubuf_rows(repeats=6))
+    [t] = cr.scatter_table(rows)
+    assert (t["model"], t["context_tokens"]) == ("m", 16384)
+    assert t["n"] == sum(r["measured"] and r["arm"] in ("gpubuf_retained", "gpubuf_resident") for r in rows)  # no disk arm
+    assert t["rho_forward_other"] == 1.0 and abs(t["rho_forward_sm_clock"]) < 0.5
+    assert (t["sm_mhz_min"], t["sm_mhz_max"]) == (1830, 1980)
+    assert t["forward_p10_ms"] < t["forward_p50_ms"] < t["forward_p90_ms"]
+    steady = [{**r, "gpu_clocks": {"before": {**r["gpu_clocks"]["before"], "sm_mhz": 1980}}} for r in rows]
+    assert cr.scatter_table(steady)[0]["rho_forward_sm_clock"] is None  # a constant clock correlates with nothing
+    short = _clocked(_gpubuf_rows(repeats=6), n=1024)
+    assert cr.scatter_table(short) == [] and cr.scatter_table(_gpubuf_rows()) == []  # below 16k; no clocks
+
+
+def test_a_scatter_table_is_checked_against_the_rows(recorded_tiers):
+    import json
+
+    from kmesh_lib.sections.crossover.summary import answer
+
+    raw = recorded_tiers.run_dir / "raw" / "rows.jsonl"
+    rows = [json.loads(x) for x in raw.read_text().splitlines()]
+    rows += _clocked([r for r in _gpubuf_rows(repeats=6)])
+    raw.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path = recorded_tiers.run_dir / "results.json"
+    results = json.loads(path.read_text())
+    arms = cr.arm_table(rows)
+    results.update(arms=arms, crossover=cr.crossover_table(arms), components=cr.component_table(rows),
+                   floor_distance=cr.floor_table(arms, results["floors"]), splits=cr.split_table(rows))
+    name = "results.json forward-step spread and its sources equal the rows"
+    path.write_text(json.dumps(results))
+    assert _statuses(recorded_tiers.run_dir)[name] == "skipped"  # the rows give a table results.json lacks
+    results["scatter_sources"] = cr.scatter_table(rows)
+    path.write_text(json.dumps(results))
+    assert _statuses(recorded_tiers.run_dir)[name] == "ok"
+    assert "moves with the same request's host-only time (Spearman's rho 1.00 to 1.00)" in answer(recorded_tiers)
+    results["scatter_sources"][0]["rho_forward_other"] = 0.1
+    path.write_text(json.dumps(results))
+    assert _statuses(recorded_tiers.run_dir)[name] == "failed"

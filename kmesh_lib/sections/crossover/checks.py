@@ -53,6 +53,8 @@ def recomputed_tables(run: RunFiles) -> dict:
         out["floor_distance"] = report.floor_table(arms, floors)
     if any(r.get("split") for r in rows):
         out["splits"] = report.split_table(rows)
+    if any(r.get("gpu_clocks") for r in rows):
+        out["scatter_sources"] = report.scatter_table(rows)
     return out
 
 
@@ -128,7 +130,12 @@ def checks(run: RunFiles) -> list[Check]:
     results = run.results
     for key, name in (("arms", "median first token per (model, context, arm)"), ("crossover", "crossover points"),
                       ("components", "per-component medians"), ("floor_distance", "distance to the floors"),
-                      ("splits", "restore timeline splits")):
+                      ("splits", "restore timeline splits"), ("scatter_sources", "forward-step spread and its sources")):
+        if key == "scatter_sources" and key not in tables:
+            if key in results:  # a table no row's clocks give
+                out.append(check(f"results.json {name} equal the rows", False,
+                                 "results.json has a forward-step spread table; no row records GPU clocks", results[key]))
+            continue  # rows without clocks (CPU, runs before NVML was read) state no such table
         if key == "splits" and key not in tables:
             if key in results:  # results.json states splits that no row gives
                 out.append(check(f"results.json {name} equal the rows", False,

@@ -9,12 +9,16 @@
     component_table  median per-component split of each arm (``lmcache.probes``)
     split_table      median timeline split of each GPU-buffer and vLLM-CPU-tier restore (the tier's own
                      timestamps), and the part that takes longest
+    scatter_table    what the forward step's spread moves with, per long context: the host's own time in
+                     the same request, and the GPU's clock (rows with ``gpu_clocks``)
 
 Invariant: only measured rows whose follow-ups hit exactly their expected cached tokens enter a table.
 """
 from __future__ import annotations
 
 import statistics
+
+import numpy
 
 from kmesh_lib.base.intervals import median_difference
 from kmesh_lib.kv.floors import floor_seconds
@@ -212,6 +216,49 @@ def split_table(rows: list[dict]) -> list[dict]:
         spans = {k: row[k] for k in RESTORE_PARTS if k in row}
         row["longest_part"] = max(spans, key=spans.get).removesuffix("_ms") if spans else None
         out.append(row)
+    return out
+
+
+def _rank_correlation(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman's rho, or None where either side is constant or there are fewer than 4 pairs."""
+    from scipy.stats import spearmanr
+
+    if len(xs) < 4 or len(set(xs)) < 2 or len(set(ys)) < 2:
+        return None
+    return round(float(spearmanr(xs, ys).statistic), 3)
+
+
+def scatter_table(rows: list[dict]) -> list[dict]:
+    """What the forward step's spread follows, per (model, context) of ``GOAL_MIN_TOKENS`` and more.
+
+    Over every measured follow-up whose first step is the 32-token one (arms of kind memory and
+    resident; recompute's is a whole prefill, the disk arms' waits on the disk): the forward step's
+    10th, 50th and 90th percentiles (``components.forward_s``), and Spearman's rank correlation of it
+    with ``other_s`` -- the same request's time outside the model executor (scheduling, block
+    hashing, output handling: host Python only) -- and with the GPU's SM clock read just before the
+    follow-up (``gpu_clocks.before``, NVML). A forward step that moves with the host's own time and
+    not with the clock is held back by the host, not the GPU."""
+    from kmesh_lib.sections.crossover.arms import KIND
+
+    groups: dict[tuple, list[dict]] = {}
+    for r in usable(rows):
+        if r.get("gpu_clocks") and KIND.get(r["arm"]) in ("memory", "resident") and r["context_tokens"] >= GOAL_MIN_TOKENS:
+            groups.setdefault((r["model"], r["context_tokens"]), []).append(r)
+    out = []
+    for (model, n), rs in sorted(groups.items()):
+        rs = [r for r in rs if r["components"].get("forward_s") is not None and r["components"].get("other_s") is not None]
+        if not rs:
+            continue
+        forward = [1e3 * r["components"]["forward_s"] for r in rs]
+        other = [1e3 * r["components"]["other_s"] for r in rs]
+        before = [(f, (r["gpu_clocks"].get("before") or {}).get("sm_mhz")) for f, r in zip(forward, rs)]
+        clocked = [(f, c) for f, c in before if c]
+        p10, p50, p90 = (round(float(v), 3) for v in numpy.quantile(forward, [0.1, 0.5, 0.9]))
+        out.append({"model": model, "context_tokens": n, "n": len(rs), "forward_p10_ms": p10, "forward_p50_ms": p50,
+                    "forward_p90_ms": p90, "rho_forward_other": _rank_correlation(forward, other),
+                    "rho_forward_sm_clock": _rank_correlation([f for f, _ in clocked], [c for _, c in clocked]),
+                    "sm_mhz_min": min((c for _, c in clocked), default=None),
+                    "sm_mhz_max": max((c for _, c in clocked), default=None)})
     return out
 
 

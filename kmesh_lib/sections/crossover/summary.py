@@ -202,6 +202,22 @@ def _goal_sentences(tables: dict, rows: list[dict] | None = None) -> list[str]:
                    f"{report.GOAL_X}\u00d7 its floor at {sum(r['within'] for r in spans)} of {len(spans)} ("
                    + "; ".join(f"{r['model']} {_n(r['context_tokens'])} {LABEL[r['path']]}: {r['restore_ms']:,.2f} ms, "
                                f"{r['x_floor']:.3f}\u00d7" for r in spans) + ").")
+    scatter = tables.get("scatter_sources") or []
+    rhos = [r for r in scatter if r["rho_forward_other"] is not None]
+    if rhos:
+        def between(key: str, digits: int) -> str:
+            values = [r[key] for r in rhos if r[key] is not None]
+            return f"{min(values):.{digits}f} to {max(values):.{digits}f}"
+
+        clocked = [r for r in rhos if r["rho_forward_sm_clock"] is not None]
+        out.append(f"Why first tokens cannot settle it: at {_n(report.GOAL_MIN_TOKENS)} tokens and more the same "
+                   f"32-token forward step's 10th percentile is {between('forward_p10_ms', 1)} ms and its 90th "
+                   f"{between('forward_p90_ms', 1)} ms, and it moves with the same request's host-only time "
+                   f"(Spearman's rho {between('rho_forward_other', 2)})"
+                   + (f", not with the GPU's SM clock read before it (rho {between('rho_forward_sm_clock', 2)}; clock "
+                      f"{min(r['sm_mhz_min'] for r in clocked):,}-{max(r['sm_mhz_max'] for r in clocked):,} MHz)"
+                      if clocked else "")
+                   + ": the host sets a spread larger than the costs being judged.")
     ratios = [g for g in goals if "retained_within" in g]
     if ratios:
         met = [g for g in ratios if g["retained_within"]]
