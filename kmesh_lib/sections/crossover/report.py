@@ -330,7 +330,8 @@ def floor_plot(floors: list[dict], path_out):
     import matplotlib.pyplot as plt
 
     models = list(dict.fromkeys(r["model"] for r in floors))
-    fig, axes = plt.subplots(1, len(models), figsize=(3.6 * len(models), 3), squeeze=False, sharey=True)
+    # one shape per GPU run: a panel wide enough to read its 4 lengths and 5 paths, whatever the count
+    fig, axes = plt.subplots(1, len(models), figsize=(max(6.0, 3.6 * len(models)), 4), squeeze=False, sharey=True)
     for ax, m in zip(axes[0], models):
         for i, path in enumerate(paths_in(floors)):
             marker, color = "osd^v"[i % 5], f"C{i}"
@@ -343,14 +344,14 @@ def floor_plot(floors: list[dict], path_out):
                     label=f"{path}: transfer floor")
         ax.set(xscale="log", yscale="log", xlabel="context tokens", title=m)
         lengths = sorted({r["context_tokens"] for r in floors if r["model"] == m})
-        ax.set_xticks(lengths, [f"{n:,}" for n in lengths], fontsize=7)  # the grid's lengths, not log-scale minor labels
+        ax.set_xticks(lengths, [f"{n:,}" for n in lengths], fontsize=8)  # the grid's lengths, not log-scale minor labels
         ax.xaxis.set_minor_locator(plt.NullLocator())
     axes[0][0].set_ylabel("ms")
     if any(r["restore_cost_ms"] <= 0 for r in floors):
         fig.text(0.01, -0.02, "restore costs at or below zero (no slower than the resident follow-up) are not drawn",
                  fontsize=7, va="top")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))  # outside: no line hidden
+    fig.legend(handles, labels, fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))  # outside: no line hidden
     fig.tight_layout()
-    fig.savefig(path_out, dpi=80, bbox_inches="tight")
+    fig.savefig(path_out, dpi=100, bbox_inches="tight")
     return fig
