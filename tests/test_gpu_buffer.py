@@ -502,3 +502,18 @@ def test_the_topology_names_the_route_and_why(tmp_path):
     tier = GpuBufferTier(buffer_mib=1, disk_dir=tmp_path)
     described = tier.describe()
     assert described["route_used"] == "host-staged" and described["direct_storage"]["route"] == status["route"]
+
+
+def test_launch_is_the_wait_from_the_restore_start_or_its_staging_to_the_copy():
+    from kmesh_lib.kv.restore_timeline import RestoreTimeline, Span, request_split
+
+    hit = RestoreTimeline("restore", "r", 0, "buffer", 4, 4096, "cuda", 100, 200, 1, t_start_ns=1_000)
+    hit.copy = Span().cpu(1_500, 2_500)
+    rec = hit.record()
+    assert rec["launch_s"] == 500e-9 and rec["copy_s"] == 1_000e-9 and rec["restore_s"] == 1_500e-9
+    disk = RestoreTimeline("restore", "r", 0, "disk", 4, 4096, "cuda", 100, 200, 1, t_start_ns=1_000)
+    disk.disk_reads.append(Span().cpu(1_000, 1_100))
+    disk.staging.append(Span().cpu(1_100, 1_400))
+    disk.copy = Span().cpu(1_450, 1_650)
+    assert disk.record()["launch_s"] == 50e-9  # after the staging, not from the start
+    assert request_split(rec, 0, 3_000)["launch_s"] == 500e-9

@@ -169,14 +169,17 @@ class RowScatter:
         self._ids_sent.record()
         return ids
 
-    def __call__(self, src_row0: int, block_ids: list[int] | torch.Tensor) -> None:
-        """Queues buffer rows ``src_row0 ...`` -> vLLM blocks ``block_ids`` on the current stream."""
+    def prepare(self, block_ids: list[int]) -> torch.Tensor:
+        """Everything of a call before its launch: the stream check and the ids on the device."""
         if self.pin:
             stream = torch.cuda.current_stream()
             if self._stream is not None and stream != self._stream:
                 self._stream.synchronize()  # the previous kernel may still read the device ids
             self._stream = stream
-        ids = block_ids if isinstance(block_ids, torch.Tensor) else self.block_ids_tensor(block_ids)
+        return self.block_ids_tensor(block_ids)
+
+    def launch(self, src_row0: int, ids: torch.Tensor) -> None:
+        """Queues the copy of buffer rows ``src_row0 ...`` -> the blocks ``ids`` (from ``prepare``)."""
         if ids.numel() == 0:
             return
         grid = (ids.numel(), self.num_planes, self.num_chunks)
@@ -185,6 +188,10 @@ class RowScatter:
         else:
             _kernel()[grid](self.buffer, self.table, ids, src_row0, self.row_lines, self.num_planes,
                             VEC=self.vec, CHUNK=self.chunk_words, EVEN=self.even, num_warps=self.num_warps)
+
+    def __call__(self, src_row0: int, block_ids: list[int] | torch.Tensor) -> None:
+        """Queues buffer rows ``src_row0 ...`` -> vLLM blocks ``block_ids`` on the current stream."""
+        self.launch(src_row0, block_ids if isinstance(block_ids, torch.Tensor) else self.prepare(block_ids))
 
 
 _KERNEL = None

@@ -300,11 +300,14 @@ class BufferArena:
                        timeline: RestoreTimeline) -> None:
         """Copies extent rows ``first_block ...`` into vLLM's ``block_ids``: one fused launch on CUDA
         when Triton is there (``copy_route == "fused"``), else one copy per plane and run."""
+        src0 = extent_start + first_block
+        # the fused copy's ids go to the device first: the copy's span starts where the kernel is
+        # launched, and the host time before it shows as the restore's ``launch`` part
+        ids = self.scatter.prepare(block_ids) if self.scatter is not None else None
         t0 = _ns()
         start = self._event()
-        src0 = extent_start + first_block
-        if self.scatter is not None:
-            self.scatter(src0, block_ids)
+        if ids is not None:
+            self.scatter.launch(src0, ids)
         else:
             self._copy_per_plane(src0, block_ids)
         if self.is_cuda:

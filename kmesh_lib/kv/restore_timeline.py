@@ -4,7 +4,10 @@
                 that answered (a lookup that answered "later" is retried on a later step)
     disk_read   O_DIRECT reads of the entry's file into pinned host memory (CPU stamps per chunk)
     staging     host -> buffer copies of those chunks (GPU events; CPU stamps on the CPU build)
-    copy        buffer -> vLLM's blocks, device to device (GPU events)
+    launch      from the restore's start (a disk restore: its last staging copy's end) to the copy's
+                start: the host preparing the copy (the block ids to the device) while the GPU waits
+    copy        buffer -> vLLM's blocks, device to device (GPU events from the kernel's launch; before
+                2 Dec 2026 the events also held the ids' preparation, and there was no ``launch``)
     forward     the first forward step after the copy: measured by the section, from its own
                 first-token stamp (``t_first_token_ns - t_copy_end_ns``)
 
@@ -108,6 +111,7 @@ class RestoreTimeline:
             "disk_read_s": sec(read0, read1), "disk_read_busy_s": sum(s.seconds for s in self.disk_reads) or None,
             "staging_s": sec(stage0, stage1),
             "staging_busy_s": sum(s.seconds for s in self.staging if s.seconds is not None) or None,
+            "launch_s": sec(stage1 if stage1 is not None else self.t_start_ns, copy0),
             "copy_s": sec(copy0, copy1),
             "restore_s": sec(self.t_start_ns, max(ends)) if ends else None,
             "t_lookup_first_ns": self.t_lookup_first_ns, "t_lookup_end_ns": self.t_lookup_end_ns,
@@ -125,7 +129,7 @@ def request_split(timeline: dict, t_submit_ns: int, t_first_token_ns: int) -> di
     queued = timeline["t_lookup_first_ns"]
     return {"queue_s": (queued - t_submit_ns) / 1e9 if queued else None,
             "lookup_s": timeline["lookup_s"], "disk_read_s": timeline["disk_read_s"], "staging_s": timeline["staging_s"],
-            "copy_s": timeline["copy_s"], "restore_s": timeline["restore_s"],
+            "launch_s": timeline.get("launch_s"), "copy_s": timeline["copy_s"], "restore_s": timeline["restore_s"],
             "after_restore_s": (t_first_token_ns - timeline["t_ready_ns"]) / 1e9}
 
 

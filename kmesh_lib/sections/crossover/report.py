@@ -32,12 +32,12 @@ RESTORES = RESTORE_ARMS
 FLOOR_OF = {"dram": ("sum", ("copy",)), "disk": ("sum", ("disk", "copy")),
             "gpubuf_retained": ("sum", ("device",)), "gpubuf_disk": ("max", ("disk", "copy")),
             "native_offload": ("sum", ("copy",))}
-SPLIT_PARTS = ("queue_s", "lookup_s", "disk_read_s", "staging_s", "copy_s", "restore_s", "load_time_s",
+SPLIT_PARTS = ("queue_s", "lookup_s", "disk_read_s", "staging_s", "launch_s", "copy_s", "restore_s", "load_time_s",
                "after_restore_s", "after_lookup_s")
 # the parts that bring the context in; what follows (after_*) is the forward step the resident follow-up also pays
 # The parts of bringing the context in. The wait before the scheduler first looks at the request
 # (``queue_ms``) is recorded beside them but is not one: a resident follow-up waits the same way.
-RESTORE_PARTS = ("lookup_ms", "disk_read_ms", "staging_ms", "copy_ms", "load_time_ms")
+RESTORE_PARTS = ("lookup_ms", "disk_read_ms", "staging_ms", "launch_ms", "copy_ms", "load_time_ms")
 COMPONENTS = ("lookup_s", "lookup_wall_s", "disk_read_s", "load_s", "save_s", "forward_s", "other_s")
 
 

@@ -139,7 +139,9 @@ def _longest_part(split: dict | None, component: dict | None) -> tuple[str, floa
     """The longest part of bringing the context in: from the tier's own timeline (GPU buffer, vLLM's
     CPU tier) or from the component probe's stamps (LMCache)."""
     if split and split.get("longest_part"):
-        return split["longest_part"].replace("_", " "), split[split["longest_part"] + "_ms"]
+        part = split["longest_part"]
+        name = {"launch": "launch (the host preparing the copy while the GPU waits)"}.get(part, part.replace("_", " "))
+        return name, split[part + "_ms"]
     spans = {k: component[k] for k in LMCACHE_PARTS if component and component.get(k) is not None}
     if not spans:
         return None
