@@ -79,3 +79,16 @@ class EngineParams(RunParams):
         if self.DEVICE == "cuda" and self.starts_engine:
             check(cuda_available(), "DEVICE='cuda': this machine has no CUDA device (torch.cuda.is_available() is "
                                     "False); use DEVICE: cpu")
+
+
+@params_dataclass
+class SourceRunParams(EngineParams):
+    """The parameters of a section that can render a run measured elsewhere instead of measuring."""
+
+    SOURCE_RUN: PathText | None = Field(
+        None, description="a finished run directory (e.g. the GPU run) to render from its raw/ and recorded results "
+                          "instead of measuring")
+
+    @property
+    def starts_engine(self) -> bool:
+        return not self.SOURCE_RUN

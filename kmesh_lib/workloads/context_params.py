@@ -18,7 +18,7 @@ from pydantic import Field
 
 from kmesh_lib.base import topology
 from kmesh_lib.base.params import PathText, check, params_dataclass
-from kmesh_lib.engine.config import EngineParams
+from kmesh_lib.engine.config import SourceRunParams
 
 MP_PATHS = ("mp", "mp-striped")  # LMCacheMPConnector + an lmcache server
 TIER_PATHS = MP_PATHS + ("inproc", "gpubuf")  # every path with an external tier
@@ -56,7 +56,7 @@ class ArrivalPattern:
 
 
 @params_dataclass
-class ContextGroupParams(EngineParams):
+class ContextGroupParams(SourceRunParams):
     """The shared-context group's LMCache-path parameters (sections 16 and 20 inherit these)."""
 
     FOLLOWUP_ARRIVALS: list[str] = Field(

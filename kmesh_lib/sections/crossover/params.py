@@ -18,7 +18,7 @@ from kmesh_lib.base.params import (
     check,
     params_dataclass,
 )
-from kmesh_lib.engine.config import EngineParams
+from kmesh_lib.engine.config import SourceRunParams
 from kmesh_lib.engine.model_spec import SHAPES, resolve
 from kmesh_lib.sections.crossover.arms import ARM_NAMES, ARMS_OF_TIER, TIER_OF, tiers_of
 
@@ -26,7 +26,7 @@ MIB = 1 << 20
 
 
 @params_dataclass
-class CrossoverParams(EngineParams):
+class CrossoverParams(SourceRunParams):
     """MODEL, NUM_GPU_BLOCKS and MAX_MODEL_LEN size only the base engine; each model of MODELS gets
     an engine sized from CONTEXT_TOKENS_GRID (``model_params``)."""
 
@@ -57,9 +57,6 @@ class CrossoverParams(EngineParams):
     FLOOR_DISK_MIB: Mib = Field(256, description="O_DIRECT read floor: file size")
     FLOOR_COPY_MIB: Mib = Field(256, description="host->device (cpu: host memcpy) copy floor: buffer size")
     CHILD_TIMEOUT_S: int = Field(1800, gt=0, le=MAX_SECONDS, description="seconds for one model's engine and grid")
-    SOURCE_RUN: PathText | None = Field(
-        None, description="a finished run directory (e.g. the GPU run) to render from its raw/ and recorded floors "
-                          "instead of measuring")
 
     def check_rules(self) -> None:
         super().check_rules()
@@ -93,9 +90,6 @@ class CrossoverParams(EngineParams):
             check(need * 1.25 <= self.ARENA_MIB,
                   f"ARENA_MIB={self.ARENA_MIB}: {m}'s longest context is {need:.0f} MiB of KV; the arena needs 25 % headroom")
 
-    @property
-    def starts_engine(self) -> bool:
-        return not self.SOURCE_RUN
 
     @property
     def path(self) -> str:

@@ -16,7 +16,7 @@ from kmesh_lib.base.params import (
     check,
     params_dataclass,
 )
-from kmesh_lib.engine.config import EngineParams
+from kmesh_lib.engine.config import SourceRunParams
 from kmesh_lib.engine.model_spec import SHAPES, resolve
 
 MIB = 1 << 20
@@ -33,7 +33,7 @@ PolicyName = Literal["recompute", "round_robin", "prefix_aware", "shared"]
 
 
 @params_dataclass
-class MultiEngineParams(EngineParams):
+class MultiEngineParams(SourceRunParams):
     """NUM_ENGINES engines, each in its own process with its own pool of NUM_GPU_BLOCKS, serve one
     trace per policy: NUM_FAMILIES parents (PARENT_TOKENS each), NUM_CHILDREN children per parent
     (parent input + parent output + CHILD_SUFFIX_TOKENS, each arriving a while after its parent
@@ -83,8 +83,6 @@ class MultiEngineParams(EngineParams):
     KILL_AFTER_REQUESTS: PositiveCount = Field(
         4, description="fault test: the kill comes once this many requests were dispatched and the engine has one in flight")
 
-    SOURCE_RUN: PathText | None = Field(
-        None, description="a finished run directory (e.g. the GPU run) to render from its raw/ instead of measuring")
 
     def check_rules(self) -> None:
         super().check_rules()
@@ -119,9 +117,6 @@ class MultiEngineParams(EngineParams):
             check(self.KILL_AFTER_REQUESTS < self.num_requests,
                   f"KILL_AFTER_REQUESTS={self.KILL_AFTER_REQUESTS}: the trace has only {self.num_requests} requests")
 
-    @property
-    def starts_engine(self) -> bool:
-        return not self.SOURCE_RUN
 
     @property
     def models(self) -> list[str]:

@@ -78,8 +78,6 @@ class PrefetchParams(ContextGroupParams):
         "", description="parent of the run-scoped disk tiers (a disk, not tmpfs); empty: $KMESH_LMCACHE_RUNTIME or "
                         "/tmp/kmesh-lmcache")
     WIDGET_GROUPS: PositiveCount = Field(2, description="pairs per live re-run in the panel")
-    SOURCE_RUN: PathText | None = Field(
-        None, description="a finished run directory (the GPU run) to analyse instead of measuring")
 
     def check_rules(self) -> None:
         super().check_rules()
@@ -109,9 +107,6 @@ class PrefetchParams(ContextGroupParams):
         check(self.ARENA_MIB >= 2 * ctx_mib, f"ARENA_MIB={self.ARENA_MIB}: needs room for twice the context "
                                              f"({ctx_mib:.1f} MiB each: the retained copy and a staging copy)")
 
-    @property
-    def starts_engine(self) -> bool:
-        return not self.SOURCE_RUN
 
     @property
     def pairs_per_run(self) -> int:

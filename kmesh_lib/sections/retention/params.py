@@ -53,8 +53,6 @@ class RetentionParams(ContextGroupParams):
     DISK_TIER_ROOT: PathText = Field(
         "", description="parent of the run-scoped disk tiers (a disk, not tmpfs); empty: $KMESH_LMCACHE_RUNTIME or "
                         "/tmp/kmesh-lmcache")
-    SOURCE_RUN: PathText | None = Field(
-        None, description="a finished run directory (e.g. the GPU run) to analyse instead of measuring")
 
     def check_rules(self) -> None:
         super().check_rules()
@@ -84,6 +82,3 @@ class RetentionParams(ContextGroupParams):
             check(self.DISK_TIER_MIB >= ctx_mib, f"DISK_TIER_MIB={self.DISK_TIER_MIB}: smaller than the shared "
                                                  f"context ({ctx_mib:.1f} MiB)")
 
-    @property
-    def starts_engine(self) -> bool:
-        return not self.SOURCE_RUN
