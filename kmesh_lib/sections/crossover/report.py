@@ -326,7 +326,10 @@ def heatmaps(table: list[dict], path_out, title: str = ""):
     return fig
 
 
-def floor_plot(floors: list[dict], path_out):
+def floor_plot(floors: list[dict], path_out, splits: list[dict] | None = None):
+    """Per model: each restore path's cost (first token above its engine's resident follow-up) and
+    its transfer floor against context length; with ``splits``, also each timed restore's own span
+    (``split_table``'s median ``restore_ms``: a lower bound on the cost, free of the forward step's spread)."""
     import matplotlib.pyplot as plt
 
     models = list(dict.fromkeys(r["model"] for r in floors))
@@ -342,6 +345,11 @@ def floor_plot(floors: list[dict], path_out):
             ax.plot(xs, costs, marker=marker, color=color, label=f"{path}: restore cost")
             ax.plot(xs, [r["transfer_floor_ms"] for r in rs], marker=marker, ls="--", color=color, alpha=0.5,
                     label=f"{path}: transfer floor")
+            spans = sorted((r["context_tokens"], r["restore_ms"]) for r in splits or []
+                           if r["model"] == m and r["arm"] == path and r.get("restore_ms") is not None)
+            if spans:
+                ax.plot([n for n, _ in spans], [v for _, v in spans], marker="x", ls=":", color=color,
+                        label=f"{path}: restore span (timeline)")
         ax.set(xscale="log", yscale="log", xlabel="context tokens", title=m)
         lengths = sorted({r["context_tokens"] for r in floors if r["model"] == m})
         ax.set_xticks(lengths, [f"{n:,}" for n in lengths], fontsize=8)  # the grid's lengths, not log-scale minor labels
