@@ -193,9 +193,7 @@ def host_parts(scatter, block_ids: list[int], repeats: int) -> dict:
         out["launch_handle_us"] = median_us(lambda: scatter._handle[grid](*scatter._args(ids, 0)))
     from kmesh_lib.kv.fused_copy import _kernel
 
-    out["launch_jit_us"] = median_us(lambda: _kernel()[grid](
-        scatter.buffer, scatter.table, ids, 0, scatter.row_lines, scatter.num_planes, VEC=scatter.vec,
-        CHUNK=scatter.chunk_words, EVEN=scatter.even, num_warps=scatter.num_warps))
+    out["launch_jit_us"] = median_us(lambda: _kernel()[grid](*scatter._args(ids, 0)[:6], **scatter._options))
     return out
 
 

@@ -114,17 +114,22 @@ class RowScatter:
         self.launch_route = "jit (not warmed up)"
 
     def _args(self, ids: torch.Tensor, src_row0: int) -> tuple:
-        """Every kernel argument in signature order, the constexprs included (the handle takes them all)."""
+        """Every kernel argument in signature order, the constexprs included (the handle takes them all;
+        the dispatcher takes the first six and ``_options``)."""
         return (self.buffer, self.table, ids, src_row0, self.row_lines, self.num_planes, self.vec, self.chunk_words,
                 self.even)
+
+    @property
+    def _options(self) -> dict:
+        """The constexprs and launch options, by name, as Triton's dispatcher takes them."""
+        return {"VEC": self.vec, "CHUNK": self.chunk_words, "EVEN": self.even, "num_warps": self.num_warps}
 
     def warmup(self) -> None:
         """Compiles the kernel now (the first restore's copy span must not hold Triton's JIT) and, on
         CUDA, checks the compiled handle with one row (row 1) copied into vLLM's null block."""
         ids = self.block_ids_tensor([0])
         kernel = _kernel()
-        handle = kernel.warmup(*self._args(ids, 0)[:6], VEC=self.vec, CHUNK=self.chunk_words, EVEN=self.even,
-                               num_warps=self.num_warps, grid=(1, 1, 1))
+        handle = kernel.warmup(*self._args(ids, 0)[:6], **self._options, grid=(1, 1, 1))
         if not self.buffer.is_cuda:
             self.launch_route = "jit (Triton's interpreter)"
             return
@@ -186,8 +191,7 @@ class RowScatter:
         if self._handle is not None:
             self._handle[grid](*self._args(ids, src_row0))
         else:
-            _kernel()[grid](self.buffer, self.table, ids, src_row0, self.row_lines, self.num_planes,
-                            VEC=self.vec, CHUNK=self.chunk_words, EVEN=self.even, num_warps=self.num_warps)
+            _kernel()[grid](*self._args(ids, src_row0)[:6], **self._options)
 
     def __call__(self, src_row0: int, block_ids: list[int] | torch.Tensor) -> None:
         """Queues buffer rows ``src_row0 ...`` -> vLLM blocks ``block_ids`` on the current stream."""

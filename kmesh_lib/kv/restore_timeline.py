@@ -7,7 +7,7 @@
     launch      from the restore's start (a disk restore: its last staging copy's end) to the copy's
                 start: the host preparing the copy (the block ids to the device) while the GPU waits
     copy        buffer -> vLLM's blocks, device to device (GPU events from the kernel's launch; before
-                2 Dec 2026 the events also held the ids' preparation, and there was no ``launch``)
+                commit 879de9e the events also held the ids' preparation, and there was no ``launch``)
     forward     the first forward step after the copy: measured by the section, from its own
                 first-token stamp (``t_first_token_ns - t_copy_end_ns``)
 

@@ -90,7 +90,6 @@ class CrossoverParams(SourceRunParams):
             check(need * 1.25 <= self.ARENA_MIB,
                   f"ARENA_MIB={self.ARENA_MIB}: {m}'s longest context is {need:.0f} MiB of KV; the arena needs 25 % headroom")
 
-
     @property
     def path(self) -> str:
         return self.PATH if self.PATH != "auto" else ("inproc" if self.DEVICE == "cuda" else "mp")

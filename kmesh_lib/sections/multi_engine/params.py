@@ -83,7 +83,6 @@ class MultiEngineParams(SourceRunParams):
     KILL_AFTER_REQUESTS: PositiveCount = Field(
         4, description="fault test: the kill comes once this many requests were dispatched and the engine has one in flight")
 
-
     def check_rules(self) -> None:
         super().check_rules()
         check(self.ENGINE == "real", "ENGINE=replay: the engines run in their own processes with real vLLM; use real")
@@ -116,7 +115,6 @@ class MultiEngineParams(SourceRunParams):
                   "KILL_ENGINE: the fault test runs one policy, one repeat and one model (a killed engine stays dead)")
             check(self.KILL_AFTER_REQUESTS < self.num_requests,
                   f"KILL_AFTER_REQUESTS={self.KILL_AFTER_REQUESTS}: the trace has only {self.num_requests} requests")
-
 
     @property
     def models(self) -> list[str]:

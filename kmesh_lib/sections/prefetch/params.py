@@ -107,7 +107,6 @@ class PrefetchParams(ContextGroupParams):
         check(self.ARENA_MIB >= 2 * ctx_mib, f"ARENA_MIB={self.ARENA_MIB}: needs room for twice the context "
                                              f"({ctx_mib:.1f} MiB each: the retained copy and a staging copy)")
 
-
     @property
     def pairs_per_run(self) -> int:
         return -(-self.MEASURED_GROUPS // self.ENGINE_RUNS)
