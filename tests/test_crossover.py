@@ -588,7 +588,27 @@ def test_a_scatter_table_is_checked_against_the_rows(recorded_tiers):
     results["scatter_sources"] = cr.scatter_table(rows)
     path.write_text(json.dumps(results))
     assert _statuses(recorded_tiers.run_dir)[name] == "ok"
-    assert "moves with the same request's host-only time (Spearman's rho 1.00 to 1.00)" in answer(recorded_tiers)
+    said = answer(recorded_tiers)
+    assert "host-only time is 1.00 to 1.00" in said and ": the host sets it, not the GPU's clock." in said
     results["scatter_sources"][0]["rho_forward_other"] = 0.1
     path.write_text(json.dumps(results))
     assert _statuses(recorded_tiers.run_dir)[name] == "failed"
+
+
+def test_the_spread_sentence_concludes_only_what_its_correlations_show():
+    from kmesh_lib.sections.crossover.summary import _goal_sentences
+
+    row = {"model": "m", "context_tokens": 16384, "n": 12, "forward_p10_ms": 8.0, "forward_p50_ms": 10.0,
+           "forward_p90_ms": 20.0, "rho_forward_other": 0.9, "rho_forward_sm_clock": 0.1, "sm_mhz_min": 1500,
+           "sm_mhz_max": 1980}
+
+    def said(**change) -> str:
+        [line] = [x for x in _goal_sentences({"arms": [], "scatter_sources": [{**row, **change}]}, None, 32)
+                  if x.startswith("What the forward step")]
+        return line
+
+    assert said().endswith("(clock 1,500-1,980 MHz): the host sets it, not the GPU's clock.")
+    assert "same 32-token forward step" in said()
+    assert said(rho_forward_sm_clock=-0.7).endswith("MHz).")  # the clock moves with it too: no verdict
+    assert said(rho_forward_other=0.3).endswith("MHz).")  # the host does not: no verdict
+    assert said(rho_forward_sm_clock=None).endswith("no SM clock was read: the host sets it.")

@@ -219,6 +219,9 @@ def split_table(rows: list[dict]) -> list[dict]:
     return out
 
 
+FOLLOWS_RHO = 0.5  # a rank correlation this strong (or stronger) says the forward step follows that quantity
+
+
 def _rank_correlation(xs: list[float], ys: list[float]) -> float | None:
     """Spearman's rho, or None where either side is constant or there are fewer than 4 pairs."""
     from scipy.stats import spearmanr
@@ -231,7 +234,7 @@ def _rank_correlation(xs: list[float], ys: list[float]) -> float | None:
 def scatter_table(rows: list[dict]) -> list[dict]:
     """What the forward step's spread follows, per (model, context) of ``GOAL_MIN_TOKENS`` and more.
 
-    Over every measured follow-up whose first step is the 32-token one (arms of kind memory and
+    Over every measured follow-up whose first step is the SUFFIX_TOKENS one (arms of kind memory and
     resident; recompute's is a whole prefill, the disk arms' waits on the disk): the forward step's
     10th, 50th and 90th percentiles (``components.forward_s``), and Spearman's rank correlation of it
     with ``other_s`` -- the same request's time outside the model executor (scheduling, block

@@ -119,7 +119,7 @@ def answer(run: RunFiles) -> str:
                 + "one machine's disk and memory; a crossover is only as fine as the grid of context lengths"
                 + ("; on the CPU build prefill is slow, so restores win early" if p["DEVICE"] == "cpu" else "") + "."
                 + (f" {len(failed)} check(s) failed: " + "; ".join(c.name for c in failed[:3]) + "." if failed else ""))
-    goals = " ".join(_goal_sentences(tables, run.raw("rows.jsonl")))  # its own paragraph, before the weak evidence
+    goals = " ".join(_goal_sentences(tables, run.raw("rows.jsonl"), p["SUFFIX_TOKENS"]))  # its own paragraph
     body = "\n".join(text[:2]) + "\n\n" + "\n".join(text[2:2 + len(per_model)]) + "\n\n"
     if not split_lines:
         return body + " ".join(text[2 + len(per_model):-1]) + (f"\n\n{goals}\n\n" if goals else " ") + text[-1]
@@ -170,7 +170,7 @@ def _floor_sentences(tables: dict, longest: int) -> list[str]:
     return out
 
 
-def _goal_sentences(tables: dict, rows: list[dict] | None = None) -> list[str]:
+def _goal_sentences(tables: dict, rows: list[dict] | None = None, suffix_tokens: int | None = None) -> list[str]:
     """Issue 13's two goals as measured lines: how many grid points meet each, and the misses; with
     ``rows``, the first goal judged again by its cost's interval (``report.goal_verdict``)."""
     goals = report.goal_table(tables["arms"], tables.get("floor_distance", []), rows)
@@ -207,19 +207,25 @@ def _goal_sentences(tables: dict, rows: list[dict] | None = None) -> list[str]:
     scatter = tables.get("scatter_sources") or []
     rhos = [r for r in scatter if r["rho_forward_other"] is not None]
     if rhos:
+        def values(key: str) -> list[float]:
+            return [r[key] for r in rhos if r[key] is not None]
+
         def between(key: str, digits: int) -> str:
-            values = [r[key] for r in rhos if r[key] is not None]
-            return f"{min(values):.{digits}f} to {max(values):.{digits}f}"
+            return f"{min(values(key)):.{digits}f} to {max(values(key)):.{digits}f}"
 
         clocked = [r for r in rhos if r["rho_forward_sm_clock"] is not None]
-        out.append(f"Why first tokens cannot settle it: at {_n(report.GOAL_MIN_TOKENS)} tokens and more the same "
-                   f"32-token forward step's 10th percentile is {between('forward_p10_ms', 1)} ms and its 90th "
-                   f"{between('forward_p90_ms', 1)} ms, and it moves with the same request's host-only time "
-                   f"(Spearman's rho {between('rho_forward_other', 2)})"
-                   + (f", not with the GPU's SM clock read before it (rho {between('rho_forward_sm_clock', 2)}; clock "
+        host = min(values("rho_forward_other")) >= report.FOLLOWS_RHO
+        gpu = bool(clocked) and max(abs(v) for v in values("rho_forward_sm_clock")) >= report.FOLLOWS_RHO
+        step = f"{suffix_tokens}-token " if suffix_tokens else ""
+        out.append(f"What the forward step's spread follows: at {_n(report.GOAL_MIN_TOKENS)} tokens and more the same "
+                   f"{step}forward step's 10th percentile is {between('forward_p10_ms', 1)} ms and its 90th "
+                   f"{between('forward_p90_ms', 1)} ms; its rank correlation (Spearman) with the same request's "
+                   f"host-only time is {between('rho_forward_other', 2)}"
+                   + (f", with the GPU's SM clock read before it {between('rho_forward_sm_clock', 2)} (clock "
                       f"{min(r['sm_mhz_min'] for r in clocked):,}-{max(r['sm_mhz_max'] for r in clocked):,} MHz)"
-                      if clocked else "")
-                   + ": the host sets a spread larger than the costs being judged.")
+                      if clocked else "; no SM clock was read")
+                   + (": the host sets it, not the GPU's clock" if host and clocked and not gpu else
+                      ": the host sets it" if host and not gpu else "") + ".")
     ratios = [g for g in goals if "retained_within" in g]
     if ratios:
         met = [g for g in ratios if g["retained_within"]]
