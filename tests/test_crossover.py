@@ -535,6 +535,31 @@ def test_timeline_goal_puts_each_restore_span_against_its_floor_strictly():
     assert got == {"gpubuf_retained": (1.2, False), "gpubuf_disk": (1.1, True)}
 
 
+def test_critical_goal_takes_the_path_that_adds_least_and_judges_it_against_its_own_floor():
+    from kmesh_lib.sections.crossover.report import GOAL_MIN_TOKENS, critical_goal_table
+    from kmesh_lib.sections.crossover.summary import _goal_sentences
+
+    n = GOAL_MIN_TOKENS
+    part = {"host_ms": 0.05, "forward_wait_ms": 0.01, "launched_at": "step_start"}
+    splits = [{"model": "m", "context_tokens": n, "arm": "gpubuf_retained", "restore_ms": 0.3, "critical_ms": 0.12, **part},
+              {"model": "m", "context_tokens": n, "arm": "gpubuf_disk", "restore_ms": 90.0, "critical_ms": 60.0, **part},
+              {"model": "m", "context_tokens": 2 * n, "arm": "gpubuf_retained", "restore_ms": 0.5, "critical_ms": 0.25, **part},
+              {"model": "m", "context_tokens": 2 * n, "arm": "native_offload", "load_time_ms": 9.0},
+              {"model": "m", "context_tokens": 1024, "arm": "gpubuf_retained", "restore_ms": 0.2, "critical_ms": 0.1, **part}]
+    distance = [{"model": "m", "context_tokens": k, "path": p, "transfer_floor_ms": f}
+                for k, p, f in [(n, "gpubuf_retained", 0.1), (n, "gpubuf_disk", 80.0), (2 * n, "gpubuf_retained", 0.2),
+                                (2 * n, "native_offload", 7.0), (1024, "gpubuf_retained", 0.01)]]
+    got = [(r["context_tokens"], r["path"], r["x_floor"], r["within"]) for r in critical_goal_table(splits, distance)]
+    # gpubuf_disk's critical path is shorter than its floor's ratio says nothing: the least-adding path is judged
+    assert got == [(n, "gpubuf_retained", 1.2, True), (2 * n, "gpubuf_retained", 1.25, False)]
+    assert critical_goal_table([{**s, "critical_ms": None} for s in splits], distance) == []  # no parts: absent
+    arms = [{"model": "m", "context_tokens": k, "arm": a, "ttft_ms": 10.0, "n": 3}
+            for k in (n, 2 * n) for a in ("gpubuf_retained", "gpubuf_resident")]
+    text = " ".join(_goal_sentences({"arms": arms, "splits": splits, "floor_distance": distance}))
+    assert "the path that adds least is within 1.2\u00d7 its floor at 1 of 2 points" in text
+    assert "queued at the step's start, so their span overlaps the runner's own input preparation" in text
+
+
 # -- what the forward step's spread follows (rows with GPU clocks) --
 def _clocked(rows, n=16384, seed=0):
     """``rows`` at a goal-sized context, with a forward step that follows the host's own time and

@@ -299,6 +299,7 @@ class FakeModelRunner:
         import torch
 
         w, sched = self.worker, self.engine.scheduler
+        w.handle_preemptions(so.kv_connector_metadata)  # vLLM's order: before the runner prepares inputs
         w.bind_connector_metadata(so.kv_connector_metadata)
         w.start_load_kv(None)
         for op in so.kv_connector_metadata.loads:  # every restored block holds its prefix's pattern
@@ -326,16 +327,21 @@ class FakeModelRunner:
             kv.zero_()
 
 
-@pytest.fixture(params=["k-blocks-then-v", "block-outermost", "heads-before-tokens"])
-def worker_engine(request, tmp_path):
+def worker_engine_at(layout: str, tmp_path, launch_at: str = "step_start"):
     from kmesh_lib.engine.replay import ReplayEngine
 
-    tier = GpuBufferTier(buffer_mib=1, disk_dir=tmp_path, chunk_mib=1)
+    tier = GpuBufferTier(buffer_mib=1, disk_dir=tmp_path, chunk_mib=1, launch_at=launch_at)
     holder = {}
     engine = ReplayEngine(EngineParams(ENGINE="replay", BLOCK_SIZE=B, NUM_GPU_BLOCKS=65, MAX_MODEL_LEN=512),
                           kv_transfer_config=tier.llm_kwargs("cpu")["kv_transfer_config"],
                           model_runner=lambda so: holder["runner"](so))
-    holder["runner"] = runner = FakeModelRunner(engine, kv_layouts(65)[request.param])
+    holder["runner"] = runner = FakeModelRunner(engine, kv_layouts(65)[layout])
+    return engine, tier, runner
+
+
+@pytest.fixture(params=["k-blocks-then-v", "block-outermost", "heads-before-tokens"])
+def worker_engine(request, tmp_path):
+    engine, tier, runner = worker_engine_at(request.param, tmp_path)
     yield engine, tier, runner
     engine.close()
     tier.close()
@@ -517,3 +523,52 @@ def test_launch_is_the_wait_from_the_restore_start_or_its_staging_to_the_copy():
     disk.copy = Span().cpu(1_450, 1_650)
     assert disk.record()["launch_s"] == 50e-9  # after the staging, not from the start
     assert request_split(rec, 0, 3_000)["launch_s"] == 500e-9
+
+
+@pytest.mark.parametrize("launch_at", ["step_start", "forward"])
+def test_a_restore_is_queued_once_at_the_configured_hook_and_timed_to_the_forward_pass(tmp_path, launch_at):
+    engine, tier, runner = worker_engine_at("block-outermost", tmp_path, launch_at)
+    try:
+        store(engine, tier, CTX)
+        runner.wipe()
+        assert run(engine, "f1", CTX + [7]).num_cached_tokens == 128
+        assert runner.mismatches == [] and runner.num_checked_blocks == 8
+        # both hooks saw the step's metadata; the blocks were copied once
+        assert tier.arena.counters["restored_bytes"] == 8 * tier.index.bytes_per_block
+        (rec,) = tier.take_restores()
+        assert rec["launched_at"] == launch_at and tier.describe()["launch_at"] == launch_at
+        # CPU: the copy is done inside the hook, so the forward pass waits on nothing after it
+        assert rec["forward_wait_s"] == 0.0 and rec["host_s"] > 0
+        assert rec["t_launched_ns"] <= rec["t_forward_queued_ns"]
+        assert rec["critical_s"] == pytest.approx(rec["lookup_s"] + rec["measure_s"] + rec["host_s"])
+    finally:
+        engine.close()
+        tier.close()
+
+
+def test_launch_at_names_its_choices():
+    with pytest.raises(ValueError, match="launch_at='early': one of step_start, forward"):
+        GpuBufferTier(buffer_mib=1, disk_dir="/tmp/x", launch_at="early")
+
+
+def test_critical_path_counts_the_host_part_and_only_the_copy_the_forward_pass_waits_for():
+    from kmesh_lib.kv.restore_timeline import RestoreTimeline, Span
+
+    def timeline(copy_end_ns):
+        tl = RestoreTimeline("restore", "r", 0, "buffer", 4, 4096, "cuda", 100, 300, 1, t_start_ns=1_000,
+                             launched_at="step_start", t_ref_start_ns=900)
+        tl.copy = Span().cpu(1_200, copy_end_ns)
+        tl.t_launched_ns = 1_250
+        tl.forward_queued(5_000, None)
+        tl.forward_ready = Span().cpu(max(5_010, copy_end_ns), max(5_010, copy_end_ns))
+        return tl.record()
+
+    hidden = timeline(3_000)  # the copy ended while the runner prepared the step
+    assert hidden["restore_s"] == 2_000e-9  # its span: start to the copy's end
+    assert hidden["forward_wait_s"] == 10e-9  # the event's own latency, counted as cost
+    assert hidden["critical_s"] == pytest.approx((200 + 100 + 250 + 10) * 1e-9)  # lookup, measure, host, wait
+    late = timeline(8_000)  # the copy outlasted the preparation: the forward pass waits for its end
+    assert late["forward_wait_s"] == 3_000e-9
+    assert late["critical_s"] == pytest.approx((200 + 100 + 250 + 3_000) * 1e-9)
+    prefetch = RestoreTimeline("prefetch", None, 0, "disk", 4, 4096, "cuda", t_start_ns=0)
+    assert prefetch.record()["critical_s"] is None  # no forward pass waits on a prefetch

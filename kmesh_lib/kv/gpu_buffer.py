@@ -37,6 +37,7 @@ from kmesh_lib.kv.gpu_buffer_index import ABSENT, PREFETCHING, RESIDENT, BufferF
 MIB = 1 << 20
 CONNECTOR = "HostStagedGpuBuffer"
 CONNECTOR_MODULE = "kmesh_lib.kv.gpu_buffer_connector"
+LAUNCH_AT = ("step_start", "forward")  # where the worker queues a step's restores (``GpuBufferConfig.launch_at``)
 _ns = time.monotonic_ns
 
 
@@ -54,6 +55,7 @@ class GpuBufferConfig:
     chunk_bytes: int = 16 * MIB
     retain: bool = True
     saving: bool = True
+    launch_at: str = "step_start"  # where restores are queued: "step_start" or "forward" (the connector's docstring)
 
     def extra(self) -> dict:
         return {f"kmesh.{k}": v for k, v in self.__dict__.items()}
@@ -175,12 +177,14 @@ class GpuBufferTier:
              "-> vLLM blocks, device to device")
 
     def __init__(self, buffer_mib: int, disk_dir: str | Path, chunk_mib: int = 16, retain: bool = True,
-                 saving: bool = True) -> None:
+                 saving: bool = True, launch_at: str = "step_start") -> None:
         if buffer_mib <= 0:
             raise ValueError(f"buffer_mib={buffer_mib}: the GPU buffer needs a positive size")
+        if launch_at not in LAUNCH_AT:
+            raise ValueError(f"launch_at={launch_at!r}: one of {', '.join(LAUNCH_AT)}")
         self.disk_dir = Path(disk_dir)
         self.config = GpuBufferConfig(f"gpubuf-{secrets.token_hex(4)}", buffer_mib * MIB, str(self.disk_dir),
-                                      chunk_mib * MIB, retain, saving)
+                                      chunk_mib * MIB, retain, saving, launch_at)
         self.shared = shared_state(self.config.tier_id)
         self.meter = GpuBufferMeter(self)
         self._executor: ThreadPoolExecutor | None = None
@@ -221,6 +225,7 @@ class GpuBufferTier:
         """The tier's route and capacity, and whether the direct-storage (GDS) route exists here."""
         out = {"tier": self.path, "connector": f"{CONNECTOR_MODULE}.{CONNECTOR}", "route": self.route,
                "buffer_bytes": self.config.buffer_bytes, "chunk_bytes": self.config.chunk_bytes,
+               "launch_at": self.config.launch_at,
                "direct_storage": direct_storage_status(self.disk_dir)}
         out["route_used"] = "host-staged"
         if self.shared.scheduler is not None:
@@ -307,7 +312,7 @@ class GpuBufferTier:
                 return p
         arena = self.arena
         p = Prefetch("started", entry.entry_id, entry.num_blocks)
-        after = arena._event()  # the side stream starts after every copy queued on vLLM's stream so far
+        after = arena.event()  # the side stream starts after every copy queued on vLLM's stream so far
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kmesh-prefetch")
         self._prefetches.append(p)

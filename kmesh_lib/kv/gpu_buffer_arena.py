@@ -197,7 +197,8 @@ class BufferArena:
         for b0 in range(0, num_blocks, self.blocks_per_chunk):
             yield b0, min(self.blocks_per_chunk, num_blocks - b0)
 
-    def _event(self, stream=None):
+    def event(self, stream=None):
+        """A timing event recorded now on ``stream`` (the current one by default); None on CPU."""
         if not self.is_cuda:
             return None
         ev = torch.cuda.Event(enable_timing=True)
@@ -216,7 +217,7 @@ class BufferArena:
         stream = stream or torch.cuda.current_stream()
         stream.synchronize()
         t = _ns()
-        return t, self._event(stream)
+        return t, self.event(stream)
 
     # -- save: vLLM blocks -> disk --
     def save(self, entry_id: int, block_ids: list[int]) -> int:
@@ -280,10 +281,10 @@ class BufferArena:
                 timeline.disk_reads.append(Span().cpu(t0, _ns()))
                 dst = self.buffer_blocks[extent_start + b0:extent_start + b0 + k].view(-1)
                 if self.is_cuda:
-                    start = self._event(stream)
+                    start = self.event(stream)
                     with torch.cuda.stream(stream or torch.cuda.current_stream()):
                         dst.copy_(stager.slots[slot][:nbytes], non_blocking=True)
-                    end = self._event(stream)
+                    end = self.event(stream)
                     stager.done[slot] = end
                     timeline.staging.append(Span().gpu(start, end))
                 else:
@@ -305,13 +306,13 @@ class BufferArena:
         # launched, and the host time before it shows as the restore's ``launch`` part
         ids = self.scatter.prepare(block_ids) if self.scatter is not None else None
         t0 = _ns()
-        start = self._event()
+        start = self.event()
         if ids is not None:
             self.scatter.launch(src0, ids)
         else:
             self._copy_per_plane(src0, block_ids)
         if self.is_cuda:
-            timeline.copy = Span().gpu(start, self._event())
+            timeline.copy = Span().gpu(start, self.event())
         else:
             timeline.copy = Span().cpu(t0, _ns())
         self._count(restored_bytes=len(block_ids) * self.bytes_per_block)
@@ -332,7 +333,13 @@ class BufferArena:
 
     def mark_reads_queued(self) -> None:
         """Records that every restore queued so far on the current stream has read its extent."""
-        self.last_read_event = self._event()
+        self.last_read_event = self.event()
+
+    def order_after_reads(self) -> None:
+        """Makes the current stream wait for every restore queued so far (the forward pass may run on a
+        stream other than the one the restores were queued on at the step's start)."""
+        if self.last_read_event is not None:
+            torch.cuda.current_stream().wait_event(self.last_read_event)
 
     def read_back(self, block_ids: list[int]) -> torch.Tensor:
         """vLLM's KV of ``block_ids`` as buffer rows (tests compare restores with it)."""

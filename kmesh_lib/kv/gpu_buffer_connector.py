@@ -6,11 +6,25 @@ vLLM builds the class twice, by module path (no vLLM source change), once per ro
     SCHEDULER  ``BufferIndex`` (``kv.gpu_buffer_index``): lookups on vLLM's block hashes, the buffer's
                extents, retain/discard; emits this step's restores and saves as connector metadata
     WORKER     ``BufferArena`` (``kv.gpu_buffer_arena``): the allocation and the copies
-               start_load_kv   each restore: [disk -> pinned host -> buffer], then buffer -> vLLM blocks
+               handle_preemptions / start_load_kv
+                               each restore: [disk -> pinned host -> buffer], then buffer -> vLLM blocks
                wait_for_save   each save: vLLM blocks -> pinned host -> disk (O_DIRECT)
 
 Loads are synchronous (``get_num_new_matched_tokens`` returns ``load_async=False``): the copies are
-queued on vLLM's current stream before the forward pass that reads them. A save is queued in the
+queued on vLLM's current stream before the forward pass that reads them. Where they are queued is
+``GpuBufferConfig.launch_at``:
+
+    "step_start"  in ``handle_preemptions``, the first connector call of ``execute_model`` (vLLM 0.26
+                  and 0.32 both pass it the step's metadata before ``_update_states`` and
+                  ``_prepare_inputs``): the copy runs on the GPU while the runner prepares the step's
+                  inputs on the host, and the forward pass, queued after it on the same stream, reads
+                  the restored blocks. The destination blocks are this step's allocation, which nothing
+                  before the forward pass reads or writes.
+    "forward"     in ``start_load_kv``, after the runner's input preparation (the GPU idles through
+                  the copy's host part and the copy itself).
+
+Either way ``start_load_kv`` stamps when the forward pass is queued, so a restore's timeline tells
+its host part from the time the forward pass waited on its copy (``RestoreTimeline``). A save is queued in the
 step that completes a request's prompt; saving stores the prompt's full blocks as one entry unless
 an entry holds that chain already. The harness reaches both halves through ``kv.gpu_buffer``
 (``GpuBufferTier``), which also runs prefetches; that needs the in-process engine
@@ -46,6 +60,7 @@ class GpuBufferMetadata(KVConnectorMetadata):
     loads: list[LoadOp] = field(default_factory=list)
     saves: list[SaveOp] = field(default_factory=list)
     saves_done: bool = False
+    timelines: list[RestoreTimeline] = field(default_factory=list)  # the loads, once queued (worker side)
 
 
 @dataclass
@@ -100,20 +115,37 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
             raise ValueError(f"the KV tensors hold {self.arena.bytes_per_block} bytes per block, vLLM's spec says "
                              f"{self.bytes_per_block}: the buffer's rows would not match the scheduler's accounting")
 
+    def handle_preemptions(self, kv_connector_metadata) -> None:
+        if self.config.launch_at == "step_start":
+            self._queue_loads(kv_connector_metadata, "step_start")
+
     def start_load_kv(self, forward_context, **kwargs) -> None:
         meta = self._connector_metadata
         if not isinstance(meta, GpuBufferMetadata) or not meta.loads or self.arena is None:
             return
+        self._queue_loads(meta, "forward")
+        self.arena.order_after_reads()  # a no-op on the stream the copies went to; a wait on any other
+        # the forward pass is queued next, on this stream: its start shows how long it waits on the copies
+        t_forward_ns, forward_event = _ns(), self.arena.event()
+        for tl in meta.timelines:
+            tl.forward_queued(t_forward_ns, forward_event)
+
+    def _queue_loads(self, meta, at: str) -> None:
+        """Queues every restore of ``meta`` once (the first of the two hooks to reach it)."""
+        if not isinstance(meta, GpuBufferMetadata) or not meta.loads or meta.timelines or self.arena is None:
+            return
+        t_ref_start_ns = _ns()
         ref = self.arena.reference()
         for op in meta.loads:
             tl = RestoreTimeline("restore", op.req_id, op.entry_id, op.source, len(op.block_ids),
                                  len(op.block_ids) * self.bytes_per_block, str(self.arena.device),
                                  op.t_lookup_first_ns or None, op.t_lookup_end_ns or None, op.num_lookup_calls,
-                                 t_start_ns=_ns(), ref=ref)
+                                 t_start_ns=_ns(), ref=ref, launched_at=at, t_ref_start_ns=t_ref_start_ns)
             if op.stage_from_disk:
                 self.arena.stage(op.entry_id, op.entry_num_blocks, op.extent_start, tl)
             self.arena.copy_into_vllm(op.extent_start, op.first_block, op.block_ids, tl)
             tl.t_launched_ns = _ns()
+            meta.timelines.append(tl)
             self.timelines.append(tl)
         self.arena.mark_reads_queued()
 

@@ -11,6 +11,21 @@
     forward     the first forward step after the copy: measured by the section, from its own
                 first-token stamp (``t_first_token_ns - t_copy_end_ns``)
 
+What a restore adds to its step, as opposed to how long it runs: a restore queued at the step's start
+(``launched_at == "step_start"``, ``kv.gpu_buffer_connector``) copies on the GPU while the runner
+prepares the step on the host, so its span overlaps work a resident step does too. The engine thread
+is serial, so the step is longer by the restore's own host time, plus however long the forward pass,
+once queued, waits on the GPU for the copy:
+
+    measure       the stream synchronization that puts this restore's events on the clock (``ref``)
+    host          the restore's own calls: staging reads, the block ids to the device, the launch
+    forward_wait  the forward pass queued (``start_load_kv``) to the GPU reaching it (an event
+                  recorded there), 0 when the copy had ended by then: the copy's part on the step's
+                  critical path, plus the event's own latency of a few microseconds
+    critical      lookup + measure + host + forward_wait: an upper bound on what the restore adds
+                  before the forward pass starts (the lookup runs on the same thread, and the event's
+                  latency is counted as cost)
+
 Every stamp is ``time.monotonic_ns()``, the clock ``engine.requests`` stamps tokens with, so a
 section subtracts them from its own submission and first-token stamps directly. A GPU event is put
 on that clock through a reference: the stream is synchronized, ``t_ref_ns`` read and an event
@@ -87,11 +102,22 @@ class RestoreTimeline:
     staging: list[Span] = field(default_factory=list)
     copy: Span | None = None
     ref: tuple | None = None  # (t_ref_ns, CUDA event) on CUDA
+    launched_at: str = "forward"  # "step_start" or "forward" (``GpuBufferConfig.launch_at``)
+    t_ref_start_ns: int | None = None  # before the reference's stream synchronization
+    t_forward_queued_ns: int | None = None  # start_load_kv: the forward pass is queued next
+    forward_ready: Span | None = None  # the GPU reaching the forward pass (an event; a point: t0 == t1)
     resolved: bool = False
+
+    def forward_queued(self, t_ns: int, event) -> None:
+        """Stamps ``start_load_kv``: the host queues the forward pass after ``t_ns``; ``event``, recorded
+        then on the same stream, completes when the GPU reaches it (None on CPU: copies are done by then)."""
+        self.t_forward_queued_ns = t_ns
+        if event is not None:
+            self.forward_ready = Span().gpu(event, event)
 
     def resolve(self) -> RestoreTimeline:
         if not self.resolved:
-            for s in self.staging + ([self.copy] if self.copy else []):
+            for s in self.staging + [s for s in (self.copy, self.forward_ready) if s is not None]:
                 s.resolve(self.ref)
             self.ref, self.resolved = None, True
         return self
@@ -103,6 +129,14 @@ class RestoreTimeline:
         copy0, copy1 = (self.copy.t0_ns, self.copy.t1_ns) if self.copy else (None, None)
         sec = lambda a, b: None if a is None or b is None else (b - a) / 1e9  # noqa: E731
         ends = [t for t in (read1, stage1, copy1, self.t_launched_ns) if t is not None]
+        measure = sec(self.t_ref_start_ns, self.t_start_ns) if self.t_ref_start_ns else 0.0
+        host = sec(self.t_start_ns, self.t_launched_ns)
+        wait = None
+        if self.t_forward_queued_ns is not None:
+            ready = self.forward_ready.t0_ns if self.forward_ready is not None else None
+            wait = max(0.0, sec(self.t_forward_queued_ns, ready)) if ready is not None else 0.0
+        lookup = sec(self.t_lookup_first_ns, self.t_lookup_end_ns) or 0.0
+        critical = None if host is None or wait is None else lookup + measure + host + wait
         return {
             "kind": self.kind, "req_id": self.req_id, "entry_id": self.entry_id, "source": self.source,
             "num_blocks": self.num_blocks, "bytes": self.nbytes, "disk_bytes": self.disk_bytes, "device": self.device,
@@ -114,6 +148,8 @@ class RestoreTimeline:
             "launch_s": sec(stage1 if stage1 is not None else self.t_start_ns, copy0),
             "copy_s": sec(copy0, copy1),
             "restore_s": sec(self.t_start_ns, max(ends)) if ends else None,
+            "launched_at": self.launched_at, "measure_s": measure, "host_s": host, "forward_wait_s": wait,
+            "critical_s": critical, "t_forward_queued_ns": self.t_forward_queued_ns,
             "t_lookup_first_ns": self.t_lookup_first_ns, "t_lookup_end_ns": self.t_lookup_end_ns,
             "t_start_ns": self.t_start_ns, "t_launched_ns": self.t_launched_ns,
             "t_disk_read_start_ns": read0, "t_disk_read_end_ns": read1,
@@ -130,6 +166,8 @@ def request_split(timeline: dict, t_submit_ns: int, t_first_token_ns: int) -> di
     return {"queue_s": (queued - t_submit_ns) / 1e9 if queued else None,
             "lookup_s": timeline["lookup_s"], "disk_read_s": timeline["disk_read_s"], "staging_s": timeline["staging_s"],
             "launch_s": timeline.get("launch_s"), "copy_s": timeline["copy_s"], "restore_s": timeline["restore_s"],
+            "host_s": timeline.get("host_s"), "forward_wait_s": timeline.get("forward_wait_s"),
+            "critical_s": timeline.get("critical_s"), "launched_at": timeline.get("launched_at"),
             "after_restore_s": (t_first_token_ns - timeline["t_ready_ns"]) / 1e9}
 
 
