@@ -446,6 +446,23 @@ def test_splits_the_rows_lack_fail_and_missing_timelines_are_skipped(recorded_ti
     assert _statuses(recorded_tiers.run_dir)[name] == "skipped"  # GPU-buffer arms ran, no timeline recorded
 
 
+def test_launch_checks_hold_each_restore_to_the_tiers_launch_at_and_its_parts():
+    from kmesh_lib.sections.crossover.checks import launch_checks
+
+    rows = [r for r in _gpubuf_rows() if r["measured"] and r.get("split")]
+    for r in rows:
+        r["split"].update(launched_at="step_start", measure_s=2e-5, host_s=6e-5, forward_wait_s=1e-5,
+                          critical_s=1e-4 + 2e-5 + 6e-5 + 1e-5)
+    child = {"model": "m", "tier": "gpubuf", "tier_route": {"launch_at": "step_start"}}
+    assert [c.status for c in launch_checks(rows, [child])] == ["ok", "ok"]
+    assert launch_checks(rows, [{"model": "m", "tier": "gpubuf", "tier_route": {}}]) == []  # before the choice
+    assert [c.status for c in launch_checks(rows, [{**child, "tier_route": {"launch_at": "forward"}}])][0] == "failed"
+    rows[0]["split"]["critical_s"] += 1e-6  # a figure that is not its parts' sum
+    assert [c.status for c in launch_checks(rows, [child])] == ["ok", "failed"]
+    rows[0]["split"].update(critical_s=1e-4 + 2e-5 + 6e-5 + 1e-5, measure_s=None)  # a part not recorded
+    assert [c.status for c in launch_checks(rows, [child])] == ["ok", "failed"]
+
+
 def test_native_offload_without_cpu_tier_counts_is_skipped_not_ok():
     from kmesh_lib.sections.crossover.checks import tier_checks
 

@@ -166,7 +166,8 @@ def request_split(timeline: dict, t_submit_ns: int, t_first_token_ns: int) -> di
     return {"queue_s": (queued - t_submit_ns) / 1e9 if queued else None,
             "lookup_s": timeline["lookup_s"], "disk_read_s": timeline["disk_read_s"], "staging_s": timeline["staging_s"],
             "launch_s": timeline.get("launch_s"), "copy_s": timeline["copy_s"], "restore_s": timeline["restore_s"],
-            "host_s": timeline.get("host_s"), "forward_wait_s": timeline.get("forward_wait_s"),
+            "measure_s": timeline.get("measure_s"), "host_s": timeline.get("host_s"),
+            "forward_wait_s": timeline.get("forward_wait_s"),
             "critical_s": timeline.get("critical_s"), "launched_at": timeline.get("launched_at"),
             "after_restore_s": (t_first_token_ns - timeline["t_ready_ns"]) / 1e9}
 

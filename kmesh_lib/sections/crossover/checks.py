@@ -125,6 +125,7 @@ def checks(run: RunFiles) -> list[Check]:
                       lambda r: r["disk_read_bytes"] == 0, lambda r: f"{r['tag']}: {r['disk_read_bytes']} bytes",
                       "no measured rows outside the disk arms"))
     out += tier_checks(measured, arm_names)
+    out += launch_checks(measured, children)
 
     tables = recomputed_tables(run)
     results = run.results
@@ -163,6 +164,34 @@ def checks(run: RunFiles) -> list[Check]:
                      "; ".join(f"{f.get('label')} {f.get('gib_per_s', 0):.2f} GiB/s" for f in measured_floors),
                      recorded_only=True))
     return out
+
+
+def launch_checks(measured: list[dict], children: list[dict]) -> list[Check]:
+    """Where the GPU buffer queued its restores, and what each added to its step, against the tier's own
+    record (``tier_route.launch_at`` in raw/models.jsonl). Absent for runs recorded before the tier
+    had the choice (their records name no ``launch_at``)."""
+    configured = {m["model"]: m["tier_route"]["launch_at"] for m in children
+                  if tier(m) == "gpubuf" and "launch_at" in (m.get("tier_route") or {})}
+    if not configured:
+        return []
+    restored = [r for r in measured if r["arm"] in ("gpubuf_retained", "gpubuf_disk")]
+
+    def adds_up(r) -> bool:
+        s = r.get("split") or {}
+        parts = [s.get(k) for k in ("measure_s", "host_s", "forward_wait_s", "critical_s")]
+        if any(v is None or v < 0 for v in parts):
+            return False
+        return abs((s.get("lookup_s") or 0.0) + sum(parts[:3]) - parts[3]) < 1e-9
+
+    return [all_of("gpubuf: every restore was queued where the tier says it queues them (launch_at)", restored,
+                   lambda r: (r.get("split") or {}).get("launched_at") == configured.get(r["model"]),
+                   lambda r: f"{r['tag']}: {(r.get('split') or {}).get('launched_at')} "
+                             f"(configured {configured.get(r['model'])})", "no measured GPU-buffer restores"),
+            all_of("gpubuf: what every restore added to its step is its lookup, timing sync, host calls and the "
+                   "forward pass's wait, each recorded and none negative", restored, adds_up,
+                   lambda r: f"{r['tag']}: " + ", ".join(f"{k} {(r.get('split') or {}).get(k)}" for k in
+                                                         ("lookup_s", "measure_s", "host_s", "forward_wait_s", "critical_s")),
+                   "no measured GPU-buffer restores")]
 
 
 def tier_checks(measured: list[dict], arm_names: list[str]) -> list[Check]:
