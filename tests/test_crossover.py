@@ -574,7 +574,7 @@ def test_critical_goal_takes_the_path_that_adds_least_and_judges_it_against_its_
             for k in (n, 2 * n) for a in ("gpubuf_retained", "gpubuf_resident")]
     text = " ".join(_goal_sentences({"arms": arms, "splits": splits, "floor_distance": distance}))
     assert "the path that adds least is within 1.2\u00d7 its floor at 1 of 2 points" in text
-    assert "queued at the step's start, so their span overlaps the runner's own input preparation" in text
+    assert "queued at the step's start, where a GPU copies while the runner prepares the step's inputs" in text
 
 
 # -- what the forward step's spread follows (rows with GPU clocks) --

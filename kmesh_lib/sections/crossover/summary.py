@@ -203,8 +203,8 @@ def _goal_sentences(tables: dict, rows: list[dict] | None = None, suffix_tokens:
     if spans:
         out.append("By each timed restore's own span instead (the tier's timeline: lookup, disk read and staging, the "
                    "copy into vLLM's blocks"
-                   + ("; the GPU buffer's restores are queued at the step's start, so their span overlaps the runner's "
-                      "own input preparation and bounds nothing" if early else
+                   + ("; the GPU buffer's restores are queued at the step's start, where a GPU copies while the runner "
+                      "prepares the step's inputs, so their span can overlap that preparation and bounds nothing" if early else
                       "; a lower bound on the cost, without what vLLM's scheduler adds")
                    + f"): within {report.GOAL_X}\u00d7 its floor at {sum(r['within'] for r in spans)} of {len(spans)} ("
                    + "; ".join(f"{r['model']} {_n(r['context_tokens'])} {LABEL[r['path']]}: {r['restore_ms']:,.2f} ms, "
