@@ -22,18 +22,10 @@ once queued, waits on the GPU for the copy:
     forward_wait  the forward pass queued (``start_load_kv``) to the GPU reaching it (an event
                   recorded there), 0 when the copy had ended by then: the copy's part on the step's
                   critical path, plus the event's own latency of a few microseconds
-    critical      lookup + measure + host + forward_wait: an upper bound on what the restore adds
-                  before the forward pass starts (the lookup runs on the same thread, and the event's
-                  latency is counted as cost)
-
-Every stamp is ``time.monotonic_ns()``, the clock ``engine.requests`` stamps tokens with, so a
-section subtracts them from its own submission and first-token stamps directly. A GPU event is put
-on that clock through a reference: the stream is synchronized, ``t_ref_ns`` read and an event
-recorded at once, so ``t = t_ref_ns + elapsed_ms(ref, event) * 1e6`` (the stream is idle at the
-reference, so the offset is the GPU's own). Durations between two events are exact.
-
-Invariant: a figure is the difference of two stamps taken in this restore, or None where the
-route has no such part (a buffer hit reads no disk); ``resolve()`` waits for the events once.
+    critical      lookup + measure + host + forward_wait: the restore's own time on the step's critical
+                  path, the event's latency counted as cost. Not in it: vLLM's scheduler allocating the
+                  restored blocks where a resident follow-up touches its cached ones (both a walk over the
+                  context's blocks); only the first-token difference holds that, with its spread
 """
 from __future__ import annotations
 

@@ -212,7 +212,8 @@ def _goal_sentences(tables: dict, rows: list[dict] | None = None, suffix_tokens:
     critical = report.critical_goal_table(tables.get("splits", []), tables.get("floor_distance", []))
     if critical:
         out.append(f"By what the restore adds to its step (the timeline's lookup, its timing synchronization, its own "
-                   f"host calls, and the forward pass's wait on its copy, an upper bound on the step's extra time), the "
+                   f"host calls, and the forward pass's wait on its copy, from the tier's stamps; vLLM's own scheduling of the "
+                   f"restored blocks is not in it), the "
                    f"path that adds least is within {report.GOAL_X}\u00d7 its floor at "
                    f"{sum(r['within'] for r in critical)} of {len(critical)} points ("
                    + "; ".join(f"{r['model']} {_n(r['context_tokens'])} {LABEL[r['path']]}: {r['critical_ms']:,.3f} ms "
