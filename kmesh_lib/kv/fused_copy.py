@@ -170,7 +170,8 @@ class RowScatter:
             return self._ids_host[:n].clone()  # CPU (the interpreter): a copy a later call cannot overwrite
         ids = self._ids_dev[:n]
         ids.copy_(self._ids_host[:n], non_blocking=True)
-        self._ids_sent = torch.cuda.Event()
+        if self._ids_sent is None:
+            self._ids_sent = torch.cuda.Event()  # one event, recorded anew per call (it was waited on above)
         self._ids_sent.record()
         return ids
 

@@ -312,7 +312,9 @@ class BufferArena:
         else:
             self._copy_per_plane(src0, block_ids)
         if self.is_cuda:
-            timeline.copy = Span().gpu(start, self.event())
+            end = self.event()
+            timeline.copy = Span().gpu(start, end)
+            self.last_read_event = end  # every restore queued so far on this stream has read its extent
         else:
             timeline.copy = Span().cpu(t0, _ns())
         self._count(restored_bytes=len(block_ids) * self.bytes_per_block)
@@ -330,10 +332,6 @@ class BufferArena:
             else:
                 for pos, dst, n in runs:
                     plane.narrow(0, dst, n).copy_(buf.narrow(0, src0 + pos, n))
-
-    def mark_reads_queued(self) -> None:
-        """Records that every restore queued so far on the current stream has read its extent."""
-        self.last_read_event = self.event()
 
     def order_after_reads(self) -> None:
         """Makes the current stream wait for every restore queued so far (the forward pass may run on a

@@ -124,9 +124,11 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
         if not isinstance(meta, GpuBufferMetadata) or not meta.loads or self.arena is None:
             return
         self._queue_loads(meta, "forward")
+        # the forward pass is queued after this call, on this stream: the event shows how long it waits on
+        # the copies, and the host time from here to its record (the stream order) counts in that wait
+        t_forward_ns = _ns()
         self.arena.order_after_reads()  # a no-op on the stream the copies went to; a wait on any other
-        # the forward pass is queued next, on this stream: its start shows how long it waits on the copies
-        t_forward_ns, forward_event = _ns(), self.arena.event()
+        forward_event = self.arena.event()
         for tl in meta.timelines:
             tl.forward_queued(t_forward_ns, forward_event)
 
@@ -147,7 +149,6 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
             tl.t_launched_ns = _ns()
             meta.timelines.append(tl)
             self.timelines.append(tl)
-        self.arena.mark_reads_queued()
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # every restore is queued before the forward pass, on its stream
