@@ -3,6 +3,7 @@
 # after `sh .device-stage/call2/install.sh && . /tmp/site/env.sh`. The notebook stack (papermill,
 # ipykernel, nbconvert) travels as py3.12 wheels in .whl/ (scripts/fetch_device_wheels.sh).
 #   sh scripts/device_run.sh SECTION[:PROFILE] ...      results: $OUT/<section>-<profile>.tgz
+#   KMESH_GPU_TESTS=1 sh scripts/device_run.sh 21      the CUDA tests first ($OUT/gpu-tests.txt), then 21
 # ../shared does not travel: copy what a section reads into a carried, git-excluded folder and point
 # the section at it, e.g. for 19: cp ../shared/data/game24/24.csv .device-data/game24/ and
 #   KMESH_SET_19="PUZZLES_CSV=.device-data/game24/24.csv" (carry .device-data). The suffix is the
@@ -16,6 +17,12 @@ export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" JUPYTER_PATH=/tmp/
 python3 -m ipykernel install --prefix /tmp/kmesh-jupyter --name kmesh >/dev/null || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 status=0
+# KMESH_GPU_TESTS=1 first runs the CUDA tests (-m gpu; pytest travels in .whl/): $OUT/gpu-tests.txt
+if [ "${KMESH_GPU_TESTS:-0}" = 1 ]; then
+  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fused_copy.py tests/test_gpu_buffer.py \
+    tests/test_gpu_clocks.py >"$OUT/gpu-tests.txt" 2>&1 || status=1
+  tail -3 "$OUT/gpu-tests.txt"
+fi
 for item in "$@"; do
   section=${item%%:*}; profile=gpu
   [ "$section" != "$item" ] && profile=${item#*:}
