@@ -556,7 +556,7 @@ def test_critical_path_counts_the_host_part_and_only_the_copy_the_forward_pass_w
 
     def timeline(copy_end_ns):
         tl = RestoreTimeline("restore", "r", 0, "buffer", 4, 4096, "cuda", 100, 300, 1, t_start_ns=1_000,
-                             launched_at="step_start", t_ref_start_ns=900)
+                             launched_at="step_start", measure_ns=100)
         tl.copy = Span().cpu(1_200, copy_end_ns)
         tl.t_launched_ns = 1_250
         tl.forward_queued(5_000, None)

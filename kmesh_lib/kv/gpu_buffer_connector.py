@@ -138,11 +138,12 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
             return
         t_ref_start_ns = _ns()
         ref = self.arena.reference()
+        measure_ns = (ref[0] - t_ref_start_ns) if ref else 0  # the stream sync, shared by the step's restores
         for op in meta.loads:
             tl = RestoreTimeline("restore", op.req_id, op.entry_id, op.source, len(op.block_ids),
                                  len(op.block_ids) * self.bytes_per_block, str(self.arena.device),
                                  op.t_lookup_first_ns or None, op.t_lookup_end_ns or None, op.num_lookup_calls,
-                                 t_start_ns=_ns(), ref=ref, launched_at=at, t_ref_start_ns=t_ref_start_ns)
+                                 t_start_ns=_ns(), ref=ref, launched_at=at, measure_ns=measure_ns)
             if op.stage_from_disk:
                 self.arena.stage(op.entry_id, op.entry_num_blocks, op.extent_start, tl)
             self.arena.copy_into_vllm(op.extent_start, op.first_block, op.block_ids, tl)

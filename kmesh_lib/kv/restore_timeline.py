@@ -17,7 +17,8 @@ prepares the step on the host, so its span overlaps work a resident step does to
 is serial, so the step is longer by the restore's own host time, plus however long the forward pass,
 once queued, waits on the GPU for the copy:
 
-    measure       the stream synchronization that puts this restore's events on the clock (``ref``)
+    measure       the stream synchronization that puts this restore's events on the clock (``ref``; one per
+                  step, so every restore of a step carries the same)
     host          the restore's own calls: staging reads, the block ids to the device, the launch
     forward_wait  the forward pass queued (``start_load_kv``) to the GPU reaching it (an event
                   recorded there), 0 when the copy had ended by then: the copy's part on the step's
@@ -95,7 +96,7 @@ class RestoreTimeline:
     copy: Span | None = None
     ref: tuple | None = None  # (t_ref_ns, CUDA event) on CUDA
     launched_at: str = "forward"  # "step_start" or "forward" (``GpuBufferConfig.launch_at``)
-    t_ref_start_ns: int | None = None  # before the reference's stream synchronization
+    measure_ns: int = 0  # the reference's stream synchronization (one per step, shared by its restores)
     t_forward_queued_ns: int | None = None  # start_load_kv: the forward pass is queued next
     forward_ready: Span | None = None  # the GPU reaching the forward pass (an event; a point: t0 == t1)
     resolved: bool = False
@@ -121,7 +122,7 @@ class RestoreTimeline:
         copy0, copy1 = (self.copy.t0_ns, self.copy.t1_ns) if self.copy else (None, None)
         sec = lambda a, b: None if a is None or b is None else (b - a) / 1e9  # noqa: E731
         ends = [t for t in (read1, stage1, copy1, self.t_launched_ns) if t is not None]
-        measure = sec(self.t_ref_start_ns, self.t_start_ns) if self.t_ref_start_ns else 0.0
+        measure = self.measure_ns / 1e9
         host = sec(self.t_start_ns, self.t_launched_ns)
         wait = None
         if self.t_forward_queued_ns is not None:
