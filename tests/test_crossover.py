@@ -557,7 +557,7 @@ def test_critical_goal_takes_the_path_that_adds_least_and_judges_it_against_its_
     from kmesh_lib.sections.crossover.summary import _goal_sentences
 
     n = GOAL_MIN_TOKENS
-    part = {"host_ms": 0.05, "forward_wait_ms": 0.01, "launched_at": "step_start"}
+    part = {"host_ms": 0.05, "forward_wait_ms": 0.01, "allocate_ms": 0.4, "launched_at": "step_start"}
     splits = [{"model": "m", "context_tokens": n, "arm": "gpubuf_retained", "restore_ms": 0.3, "critical_ms": 0.12, **part},
               {"model": "m", "context_tokens": n, "arm": "gpubuf_disk", "restore_ms": 90.0, "critical_ms": 60.0, **part},
               {"model": "m", "context_tokens": 2 * n, "arm": "gpubuf_retained", "restore_ms": 0.5, "critical_ms": 0.25, **part},
@@ -574,6 +574,7 @@ def test_critical_goal_takes_the_path_that_adds_least_and_judges_it_against_its_
             for k in (n, 2 * n) for a in ("gpubuf_retained", "gpubuf_resident")]
     text = " ".join(_goal_sentences({"arms": arms, "splits": splits, "floor_distance": distance}))
     assert "the path that adds least is within 1.2\u00d7 its floor at 1 of 2 points" in text
+    assert "(host 0.050, wait 0.010; vLLM's allocation 0.400) against 0.100 ms" in text
     assert "queued at the step's start, where a GPU copies while the runner prepares the step's inputs" in text
 
 

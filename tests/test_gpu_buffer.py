@@ -540,6 +540,8 @@ def test_a_restore_is_queued_once_at_the_configured_hook_and_timed_to_the_forwar
         # CPU: the copy is done inside the hook, so the forward pass waits on nothing after it
         assert rec["forward_wait_s"] == 0.0 and rec["host_s"] > 0
         assert rec["t_launched_ns"] <= rec["t_forward_queued_ns"]
+        # vLLM allocated the blocks between the lookup's answer and the worker taking up the restore
+        assert rec["t_lookup_end_ns"] <= rec["t_allocated_ns"] <= rec["t_start_ns"] and rec["allocate_s"] >= 0
         assert rec["critical_s"] == pytest.approx(rec["lookup_s"] + rec["measure_s"] + rec["host_s"])
     finally:
         engine.close()

@@ -143,7 +143,8 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
             tl = RestoreTimeline("restore", op.req_id, op.entry_id, op.source, len(op.block_ids),
                                  len(op.block_ids) * self.bytes_per_block, str(self.arena.device),
                                  op.t_lookup_first_ns or None, op.t_lookup_end_ns or None, op.num_lookup_calls,
-                                 t_start_ns=_ns(), ref=ref, launched_at=at, measure_ns=measure_ns)
+                                 t_allocated_ns=op.t_allocated_ns or None, t_start_ns=_ns(), ref=ref, launched_at=at,
+                                 measure_ns=measure_ns)
             if op.stage_from_disk:
                 self.arena.stage(op.entry_id, op.entry_num_blocks, op.extent_start, tl)
             self.arena.copy_into_vllm(op.extent_start, op.first_block, op.block_ids, tl)
@@ -196,6 +197,7 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
         return num_tokens, False
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        t_allocated_ns = _ns()  # vLLM calls this right after allocating the request's blocks
         rid = request.request_id
         if rid not in self._tracked:
             self._tracked[rid] = _Tracked(request, request.num_prompt_tokens)
@@ -206,7 +208,8 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
         block_ids = list(blocks.get_block_ids()[0][first:match.num_blocks])
         stamps = tuple(self._lookup_stamps.pop(rid, (0, 0, 0)))
         with self.shared.lock:
-            self.index.schedule_load(rid, match, num_computed, block_ids, stamps)
+            op = self.index.schedule_load(rid, match, num_computed, block_ids, stamps)
+        op.t_allocated_ns = t_allocated_ns
 
     def build_connector_meta(self, scheduler_output) -> GpuBufferMetadata:
         self._follow(scheduler_output)

@@ -82,6 +82,7 @@ class LoadOp:
     t_lookup_first_ns: int = 0  # first lookup call for this request (a lookup answered "later" is retried)
     t_lookup_end_ns: int = 0  # the call that answered
     num_lookup_calls: int = 0
+    t_allocated_ns: int = 0  # vLLM had allocated the request's blocks (``update_state_after_alloc``)
 
 
 @dataclass

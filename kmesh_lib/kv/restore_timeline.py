@@ -2,6 +2,9 @@
 
     lookup      scheduler side: first ``get_num_new_matched_tokens`` call for the request to the call
                 that answered (a lookup that answered "later" is retried on a later step)
+    allocate    scheduler side: the lookup's answer to ``update_state_after_alloc``, which vLLM calls
+                right after allocating the request's blocks: vLLM's own allocation of the restored
+                blocks (a resident follow-up touches its cached blocks there instead; not a tier part)
     disk_read   O_DIRECT reads of the entry's file into pinned host memory (CPU stamps per chunk)
     staging     host -> buffer copies of those chunks (GPU events; CPU stamps on the CPU build)
     launch      from the restore's start (a disk restore: its last staging copy's end) to the copy's
@@ -24,9 +27,10 @@ once queued, waits on the GPU for the copy:
                   recorded there), 0 when the copy had ended by then: the copy's part on the step's
                   critical path, plus the event's own latency of a few microseconds
     critical      lookup + measure + host + forward_wait: the restore's own time on the step's critical
-                  path, the event's latency counted as cost. Not in it: vLLM's scheduler allocating the
-                  restored blocks where a resident follow-up touches its cached ones (both a walk over the
-                  context's blocks); only the first-token difference holds that, with its spread
+                  path, the event's latency counted as cost. Not in it: ``allocate``, vLLM's scheduler
+                  allocating the restored blocks where a resident follow-up touches its cached ones (both a
+                  walk over the context's blocks, the resident's unstamped); the first-token difference
+                  holds the difference, with its spread
 """
 from __future__ import annotations
 
@@ -88,6 +92,7 @@ class RestoreTimeline:
     t_lookup_first_ns: int | None = None
     t_lookup_end_ns: int | None = None
     num_lookup_calls: int = 0
+    t_allocated_ns: int | None = None
     t_start_ns: int = 0  # the worker took up this restore (start_load_kv) or the prefetch began
     t_launched_ns: int | None = None  # every copy of it was queued (CPU)
     disk_bytes: int = 0
@@ -135,6 +140,7 @@ class RestoreTimeline:
             "num_blocks": self.num_blocks, "bytes": self.nbytes, "disk_bytes": self.disk_bytes, "device": self.device,
             "num_lookup_calls": self.num_lookup_calls,
             "lookup_s": sec(self.t_lookup_first_ns, self.t_lookup_end_ns),
+            "allocate_s": sec(self.t_lookup_end_ns, self.t_allocated_ns),
             "disk_read_s": sec(read0, read1), "disk_read_busy_s": sum(s.seconds for s in self.disk_reads) or None,
             "staging_s": sec(stage0, stage1),
             "staging_busy_s": sum(s.seconds for s in self.staging if s.seconds is not None) or None,
@@ -144,6 +150,7 @@ class RestoreTimeline:
             "launched_at": self.launched_at, "measure_s": measure, "host_s": host, "forward_wait_s": wait,
             "critical_s": critical, "t_forward_queued_ns": self.t_forward_queued_ns,
             "t_lookup_first_ns": self.t_lookup_first_ns, "t_lookup_end_ns": self.t_lookup_end_ns,
+            "t_allocated_ns": self.t_allocated_ns,
             "t_start_ns": self.t_start_ns, "t_launched_ns": self.t_launched_ns,
             "t_disk_read_start_ns": read0, "t_disk_read_end_ns": read1,
             "t_staging_start_ns": stage0, "t_staging_end_ns": stage1,
@@ -159,6 +166,7 @@ def request_split(timeline: dict, t_submit_ns: int, t_first_token_ns: int) -> di
     return {"queue_s": (queued - t_submit_ns) / 1e9 if queued else None,
             "lookup_s": timeline["lookup_s"], "disk_read_s": timeline["disk_read_s"], "staging_s": timeline["staging_s"],
             "launch_s": timeline.get("launch_s"), "copy_s": timeline["copy_s"], "restore_s": timeline["restore_s"],
+            "allocate_s": timeline.get("allocate_s"),
             "measure_s": timeline.get("measure_s"), "host_s": timeline.get("host_s"),
             "forward_wait_s": timeline.get("forward_wait_s"),
             "critical_s": timeline.get("critical_s"), "launched_at": timeline.get("launched_at"),

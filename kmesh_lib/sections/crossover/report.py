@@ -33,7 +33,8 @@ FLOOR_OF = {"dram": ("sum", ("copy",)), "disk": ("sum", ("disk", "copy")),
             "gpubuf_retained": ("sum", ("device",)), "gpubuf_disk": ("max", ("disk", "copy")),
             "native_offload": ("sum", ("copy",))}
 SPLIT_PARTS = ("queue_s", "lookup_s", "disk_read_s", "staging_s", "launch_s", "copy_s", "restore_s", "load_time_s",
-               "after_restore_s", "after_lookup_s", "host_s", "forward_wait_s", "critical_s")
+               "after_restore_s", "after_lookup_s", "allocate_s", "host_s", "forward_wait_s",
+               "critical_s")
 # the parts that bring the context in; what follows (after_*) is the forward step the resident follow-up also pays
 # The parts of bringing the context in. The wait before the scheduler first looks at the request
 # (``queue_ms``) is recorded beside them but is not one: a resident follow-up waits the same way.
@@ -309,6 +310,7 @@ def critical_goal_table(splits: list[dict], distance: list[dict]) -> list[dict]:
         x = best["critical_ms"] / f
         out.append({"model": model, "context_tokens": n, "path": best["arm"], "critical_ms": best["critical_ms"],
                     "host_ms": best.get("host_ms"), "forward_wait_ms": best.get("forward_wait_ms"),
+                    "allocate_ms": best.get("allocate_ms"),
                     "restore_ms": best.get("restore_ms"), "transfer_floor_ms": f, "x_floor": round(x, 3),
                     "within": x <= GOAL_X})
     return out

@@ -212,12 +212,15 @@ def _goal_sentences(tables: dict, rows: list[dict] | None = None, suffix_tokens:
     critical = report.critical_goal_table(tables.get("splits", []), tables.get("floor_distance", []))
     if critical:
         out.append(f"By what the restore adds to its step (the timeline's lookup, its timing synchronization, its own "
-                   f"host calls, and the forward pass's wait on its copy, from the tier's stamps; vLLM's own scheduling of the "
-                   f"restored blocks is not in it), the "
+                   f"host calls, and the forward pass's wait on its copy, from the tier's stamps; vLLM's allocation of the "
+                   f"restored blocks is recorded beside it, not in it: a resident follow-up touches its cached blocks "
+                   f"there instead, unstamped), the "
                    f"path that adds least is within {report.GOAL_X}\u00d7 its floor at "
                    f"{sum(r['within'] for r in critical)} of {len(critical)} points ("
                    + "; ".join(f"{r['model']} {_n(r['context_tokens'])} {LABEL[r['path']]}: {r['critical_ms']:,.3f} ms "
-                               f"(host {r['host_ms']:,.3f}, wait {r['forward_wait_ms']:,.3f}) against "
+                               f"(host {r['host_ms']:,.3f}, wait {r['forward_wait_ms']:,.3f}"
+                               + (f"; vLLM's allocation {r['allocate_ms']:,.3f}" if r.get("allocate_ms") is not None else "")
+                               + ") against "
                                f"{r['transfer_floor_ms']:,.3f} ms, {r['x_floor']:.2f}\u00d7" for r in critical) + ").")
     scatter = tables.get("scatter_sources") or []
     rhos = [r for r in scatter if r["rho_forward_other"] is not None]
