@@ -133,13 +133,13 @@ class RestoreTimeline:
         if self.t_forward_queued_ns is not None:
             ready = self.forward_ready.t0_ns if self.forward_ready is not None else None
             wait = max(0.0, sec(self.t_forward_queued_ns, ready)) if ready is not None else 0.0
-        lookup = sec(self.t_lookup_first_ns, self.t_lookup_end_ns) or 0.0
-        critical = None if host is None or wait is None else lookup + measure + host + wait
+        lookup = sec(self.t_lookup_first_ns, self.t_lookup_end_ns)
+        critical = None if host is None or wait is None else (lookup or 0.0) + measure + host + wait
         return {
             "kind": self.kind, "req_id": self.req_id, "entry_id": self.entry_id, "source": self.source,
             "num_blocks": self.num_blocks, "bytes": self.nbytes, "disk_bytes": self.disk_bytes, "device": self.device,
             "num_lookup_calls": self.num_lookup_calls,
-            "lookup_s": sec(self.t_lookup_first_ns, self.t_lookup_end_ns),
+            "lookup_s": lookup,
             "allocate_s": sec(self.t_lookup_end_ns, self.t_allocated_ns),
             "disk_read_s": sec(read0, read1), "disk_read_busy_s": sum(s.seconds for s in self.disk_reads) or None,
             "staging_s": sec(stage0, stage1),

@@ -175,21 +175,21 @@ def launch_checks(measured: list[dict], children: list[dict]) -> list[Check]:
     if not configured:
         return []
     restored = [r for r in measured if r["arm"] in ("gpubuf_retained", "gpubuf_disk")]
+    split = {r["tag"]: r.get("split") or {} for r in restored}
 
     def adds_up(r) -> bool:
-        s = r.get("split") or {}
-        parts = [s.get(k) for k in ("measure_s", "host_s", "forward_wait_s", "critical_s")]
+        parts = [split[r["tag"]].get(k) for k in ("measure_s", "host_s", "forward_wait_s", "critical_s")]
         if any(v is None or v < 0 for v in parts):
             return False
-        return abs((s.get("lookup_s") or 0.0) + sum(parts[:3]) - parts[3]) < 1e-9
+        return abs((split[r["tag"]].get("lookup_s") or 0.0) + sum(parts[:3]) - parts[3]) < 1e-9
 
     return [all_of("gpubuf: every restore was queued where the tier says it queues them (launch_at)", restored,
-                   lambda r: (r.get("split") or {}).get("launched_at") == configured.get(r["model"]),
-                   lambda r: f"{r['tag']}: {(r.get('split') or {}).get('launched_at')} "
-                             f"(configured {configured.get(r['model'])})", "no measured GPU-buffer restores"),
+                   lambda r: split[r["tag"]].get("launched_at") == configured.get(r["model"]),
+                   lambda r: f"{r['tag']}: {split[r['tag']].get('launched_at')} (configured {configured.get(r['model'])})",
+                   "no measured GPU-buffer restores"),
             all_of("gpubuf: what every restore added to its step is its lookup, timing sync, host calls and the "
                    "forward pass's wait, each recorded and none negative", restored, adds_up,
-                   lambda r: f"{r['tag']}: " + ", ".join(f"{k} {(r.get('split') or {}).get(k)}" for k in
+                   lambda r: f"{r['tag']}: " + ", ".join(f"{k} {split[r['tag']].get(k)}" for k in
                                                          ("lookup_s", "measure_s", "host_s", "forward_wait_s", "critical_s")),
                    "no measured GPU-buffer restores")]
 

@@ -269,6 +269,11 @@ def scatter_table(rows: list[dict]) -> list[dict]:
     return out
 
 
+def _floor_of(distance: list[dict]) -> dict[tuple, float]:
+    """``floor_table``'s transfer floor (ms) by (model, context tokens, path)."""
+    return {(r["model"], r["context_tokens"], r["path"]): r["transfer_floor_ms"] for r in distance}
+
+
 def timeline_goal_table(splits: list[dict], distance: list[dict]) -> list[dict]:
     """The restore's own span against its floor, at every point of ``GOAL_MIN_TOKENS`` and more.
 
@@ -278,7 +283,7 @@ def timeline_goal_table(splits: list[dict], distance: list[dict]) -> list[dict]:
     bound on the cost's where the restore is queued after the runner's input preparation (``launched_at``
     "forward"); queued at the step's start, its copy overlaps that preparation and the span is no bound
     (``critical_goal_table`` then). Unlike the first-token difference it has the spread of the copy alone."""
-    floor = {(r["model"], r["context_tokens"], r["path"]): r["transfer_floor_ms"] for r in distance}
+    floor = _floor_of(distance)
     out = []
     for r in splits:
         key = (r["model"], r["context_tokens"], r["arm"])
@@ -297,7 +302,7 @@ def critical_goal_table(splits: list[dict], distance: list[dict]) -> list[dict]:
     reference's synchronization, the restore's host calls, the forward pass's wait on its copy:
     ``kv.restore_timeline``) against that path's floor. Only the GPU buffer's timeline has the parts;
     a point without them is absent, never met."""
-    floor = {(r["model"], r["context_tokens"], r["path"]): r["transfer_floor_ms"] for r in distance}
+    floor = _floor_of(distance)
     by_point: dict[tuple, list[dict]] = {}
     for r in splits:
         key = (r["model"], r["context_tokens"], r["arm"])
@@ -360,6 +365,10 @@ def heatmaps(table: list[dict], path_out, title: str = ""):
     return fig
 
 
+# the timed restores' series ``floor_plot`` draws from ``split_table``: (key, marker, line style, label)
+TIMELINE_SERIES = (("restore_ms", "x", ":", "restore span"), ("critical_ms", "+", "-.", "added to the step"))
+
+
 def floor_plot(floors: list[dict], path_out, splits: list[dict] | None = None):
     """Per model: each restore path's cost (first token above its engine's resident follow-up) and
     its transfer floor against context length; with ``splits``, also each timed restore's own span
@@ -380,16 +389,12 @@ def floor_plot(floors: list[dict], path_out, splits: list[dict] | None = None):
             ax.plot(xs, costs, marker=marker, color=color, label=f"{path}: restore cost")
             ax.plot(xs, [r["transfer_floor_ms"] for r in rs], marker=marker, ls="--", color=color, alpha=0.5,
                     label=f"{path}: transfer floor")
-            spans = sorted((r["context_tokens"], r["restore_ms"]) for r in splits or []
-                           if r["model"] == m and r["arm"] == path and r.get("restore_ms") is not None)
-            if spans:
-                ax.plot([n for n, _ in spans], [v for _, v in spans], marker="x", ls=":", color=color,
-                        label=f"{path}: restore span (timeline)")
-            critical = sorted((r["context_tokens"], r["critical_ms"]) for r in splits or []
-                              if r["model"] == m and r["arm"] == path and r.get("critical_ms"))
-            if critical:
-                ax.plot([n for n, _ in critical], [v for _, v in critical], marker="+", ls="-.", color=color,
-                        label=f"{path}: added to the step (timeline)")
+            for key, mark, style, what in TIMELINE_SERIES:
+                points = sorted((r["context_tokens"], r[key]) for r in splits or []
+                                if r["model"] == m and r["arm"] == path and r.get(key) is not None)
+                if points:
+                    ax.plot([n for n, _ in points], [v for _, v in points], marker=mark, ls=style, color=color,
+                            label=f"{path}: {what} (timeline)")
         ax.set(xscale="log", yscale="log", xlabel="context tokens", title=m)
         lengths = sorted({r["context_tokens"] for r in floors if r["model"] == m})
         ax.set_xticks(lengths, [f"{n:,}" for n in lengths], fontsize=8)  # the grid's lengths, not log-scale minor labels
