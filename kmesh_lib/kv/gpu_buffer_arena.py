@@ -13,7 +13,8 @@ rows of ``bytes_per_block`` bytes; a row holds every plane of one block, in plan
     buffer row  | layer 0 plane(s) | layer 1 plane(s) | ... |      (bytes_per_block)
     disk file   the entry's rows in block order, padded to 4 KiB: the same image as its extent
 
-Routes (all on vLLM's current stream, so the forward pass that follows sees finished copies):
+Routes (on vLLM's current stream, so the forward pass that follows sees finished copies; a restore
+copied by layer groups runs on a side stream instead, ``copy_into_vllm``):
     save     vLLM blocks -> device gather -> pinned host chunk -> O_DIRECT write
     stage    O_DIRECT read into a pinned host chunk -> host-to-device copy into the entry's extent;
              two chunks in flight, so the disk read of chunk i+1 overlaps the copy of chunk i
@@ -21,11 +22,17 @@ Routes (all on vLLM's current stream, so the forward pass that follows sees fini
              block (``fused_copy``) on CUDA, else one torch copy per plane and block run
 On the CPU build the "device" is host memory: the same code with plain memcpys and CPU stamps.
 
+Layer groups (``layer_groups``): a restore copied ``by_layer`` is one launch per group of consecutive
+layers, 1, 2, 4, ... layers each (the last takes the rest), on a side stream, with an event after each
+group: the forward pass's layer k needs only its own group, so it waits for a small first group and
+the later ones copy while the first layers compute.
+
 Invariant: a read or write that returns short raises ``OSError`` (never a silent partial copy);
 every file is written and read with O_DIRECT, so rereads come from the disk, not the page cache.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -77,6 +84,17 @@ def block_planes(kv: torch.Tensor, num_blocks: int) -> list[torch.Tensor]:
                              "is not one contiguous run of bytes")
         planes.append(p.view(num_blocks, -1).view(torch.uint8))  # view: raises rather than copy
     return planes
+
+
+def layer_groups(num_layers: int) -> list[tuple[int, int]]:
+    """``[start, end)`` layer ranges of sizes 1, 2, 4, ... (the last takes the rest): a small first
+    group, the only one the forward pass waits for in full when copies outrun its layers."""
+    groups, start, size = [], 0, 1
+    while start < num_layers:
+        end = num_layers if start + 2 * size > num_layers else start + size
+        groups.append((start, end))
+        start, size = end, 2 * size
+    return groups
 
 
 def _product(sizes: list[int]):
@@ -138,7 +156,14 @@ class BufferArena:
 
     def __init__(self, kv_caches: dict, num_gpu_blocks: int, num_buffer_blocks: int, disk_dir: Path,
                  chunk_bytes: int = 16 << 20) -> None:
-        planes = [p for kv in kv_caches.values() for p in block_planes(kv, num_gpu_blocks)]
+        planes_of = {name: block_planes(kv, num_gpu_blocks) for name, kv in kv_caches.items()}
+        planes = [p for layer in planes_of.values() for p in layer]
+        # the copy's layer groups: [p0, p1) planes each, and which group each layer's name reads from
+        first_plane, names = [0], list(planes_of)
+        for layer in planes_of.values():
+            first_plane.append(first_plane[-1] + len(layer))
+        self.plane_groups = [(first_plane[a], first_plane[b]) for a, b in layer_groups(len(names))]
+        self.group_of = {name: g for g, (a, b) in enumerate(layer_groups(len(names))) for name in names[a:b]}
         self.plane_nbytes = [p.shape[1] for p in planes]
         self.bytes_per_block = sum(self.plane_nbytes)
         self.word_bytes, dtype = _word_dtype(self.plane_nbytes + [self.bytes_per_block], planes)
@@ -161,7 +186,8 @@ class BufferArena:
         self.lock = threading.Lock()
         self.counters = {"read_bytes": 0, "reads": 0, "write_bytes": 0, "writes": 0, "write_errors": 0,
                          "staged_bytes": 0, "restored_bytes": 0}
-        self.last_read_event = None  # main stream: every restore queued so far has read its extent
+        self.last_read_event = None  # every restore queued so far has read its extent (its copy's stream)
+        self._side_stream = None  # restores copied by layer groups (``copy_into_vllm(by_layer=True)``)
         self.scatter, self.copy_route = self._fused_scatter(dtype)
 
     def _fused_scatter(self, dtype) -> tuple[RowScatter | None, str]:
@@ -298,35 +324,59 @@ class BufferArena:
 
     # -- restore: buffer extent -> vLLM blocks --
     def copy_into_vllm(self, extent_start: int, first_block: int, block_ids: list[int],
-                       timeline: RestoreTimeline) -> None:
+                       timeline: RestoreTimeline, by_layer: bool = False) -> list:
         """Copies extent rows ``first_block ...`` into vLLM's ``block_ids``: one fused launch on CUDA
-        when Triton is there (``copy_route == "fused"``), else one copy per plane and run."""
+        when Triton is there (``copy_route == "fused"``), else one copy per plane and run.
+
+        ``by_layer``: one launch per layer group (``plane_groups``), on a side stream that first waits
+        for everything queued on the current one (staging, the ids); returns each group's end, a CUDA
+        event (a CPU stamp on the CPU build, where the copies are done on return), for the forward pass
+        to wait on layer by layer (``HostStagedGpuBuffer.wait_for_layer_load``). Else returns []: the
+        copy is on the current stream, ahead of the forward pass."""
         src0 = extent_start + first_block
+        groups = self.plane_groups if by_layer else [(0, len(self.planes))]
+        side = self.is_cuda and by_layer
+        if side and self.last_read_event is not None:
+            # the device ids are reused: the previous group copy may still read them
+            torch.cuda.current_stream().wait_event(self.last_read_event)
         # the fused copy's ids go to the device first: the copy's span starts where the kernel is
         # launched, and the host time before it shows as the restore's ``launch`` part
         ids = self.scatter.prepare(block_ids) if self.scatter is not None else None
+        stream = None
+        if side:
+            if self._side_stream is None:
+                self._side_stream = torch.cuda.Stream(device=self.device)
+            stream = self._side_stream
+            stream.wait_stream(torch.cuda.current_stream())
         t0 = _ns()
-        start = self.event()
-        if ids is not None:
-            self.scatter.launch(src0, ids)
-        else:
-            self._copy_per_plane(src0, block_ids)
+        start = self.event(stream)
+        ends: list = []
+        with torch.cuda.stream(stream) if side else contextlib.nullcontext():
+            for planes in groups:
+                if ids is not None:
+                    self.scatter.launch(src0, ids, planes)
+                else:
+                    self._copy_per_plane(src0, block_ids, planes)
+                if by_layer:
+                    ends.append(self.event(stream) if self.is_cuda else _ns())
         if self.is_cuda:
-            end = self.event()
+            end = ends[-1] if by_layer else self.event()
             timeline.copy = Span().gpu(start, end)
-            self.last_read_event = end  # every restore queued so far on this stream has read its extent
+            self.last_read_event = end  # every restore queued so far has read its extent
         else:
             timeline.copy = Span().cpu(t0, _ns())
         self._count(restored_bytes=len(block_ids) * self.bytes_per_block)
+        return ends
 
-    def _copy_per_plane(self, src0: int, block_ids: list[int]) -> None:
-        """Buffer rows ``src0 ...`` -> ``block_ids`` with torch: per plane, one ``index_copy_`` or,
-        for at most 8 runs of consecutive ids, one narrow copy per run."""
+    def _copy_per_plane(self, src0: int, block_ids: list[int], planes: tuple[int, int] | None = None) -> None:
+        """Buffer rows ``src0 ...`` -> ``block_ids`` with torch: per plane (of ``[p0, p1)``, default all),
+        one ``index_copy_`` or, for at most 8 runs of consecutive ids, one narrow copy per run."""
         runs = _runs(block_ids)
         idx = None
         if len(runs) > 8:
             idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
-        for plane, buf in zip(self.planes, self.buffer_planes):
+        p0, p1 = planes or (0, len(self.planes))
+        for plane, buf in zip(self.planes[p0:p1], self.buffer_planes[p0:p1]):
             if idx is not None:
                 plane.index_copy_(0, idx, buf.narrow(0, src0, len(block_ids)))
             else:
@@ -335,9 +385,19 @@ class BufferArena:
 
     def order_after_reads(self) -> None:
         """Makes the current stream wait for every restore queued so far (the forward pass may run on a
-        stream other than the one the restores were queued on at the step's start)."""
+        stream other than the one the restores were queued on at the step's start, and restores copied
+        by layer groups run on a side stream)."""
         if self.last_read_event is not None:
             torch.cuda.current_stream().wait_event(self.last_read_event)
+
+    def reach_and_wait(self, ready):
+        """Where the current stream is now (an event; a CPU stamp on the CPU build, whose copies are done),
+        after which it waits for ``ready`` (a copy group's end event)."""
+        if not self.is_cuda:
+            return _ns()
+        reached = self.event()
+        torch.cuda.current_stream().wait_event(ready)
+        return reached
 
     def read_back(self, block_ids: list[int]) -> torch.Tensor:
         """vLLM's KV of ``block_ids`` as buffer rows (tests compare restores with it)."""

@@ -23,6 +23,16 @@ queued on vLLM's current stream before the forward pass that reads them. Where t
     "forward"     in ``start_load_kv``, after the runner's input preparation (the GPU idles through
                   the copy's host part and the copy itself).
 
+What the forward pass waits for is ``GpuBufferConfig.wait_at`` (``GpuBufferTier.set_wait_at`` between
+steps):
+
+    "forward"  the whole copy: it is queued on the forward pass's stream, ahead of it.
+    "layer"    its own layers' copy: one launch per layer group (1, 2, 4, ... layers) on a side stream,
+               and vLLM's attention calls ``wait_for_layer_load`` before each layer, where the stream
+               waits for that layer's group only; later groups copy while the first layers compute.
+               A step replayed as a full CUDA graph calls no per-layer hook, so ``start_load_kv`` waits
+               for every group there. After the forward pass the stream waits for the side stream.
+
 Either way ``start_load_kv`` stamps when the forward pass is queued, so a restore's timeline tells
 its host part from the time the forward pass waited on its copy (``RestoreTimeline``). A save is queued in the
 step that completes a request's prompt; saving stores the prompt's full blocks as one entry unless
@@ -101,6 +111,9 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
         else:
             self.arena = None
             self.timelines: list[RestoreTimeline] = []
+            self.wait_at = self.config.wait_at  # GpuBufferTier.set_wait_at switches it between steps
+            self._group_ready: list = []  # with layer waits: each copy group's end, for the forward pass
+            self._next_group = 0  # the first group the forward pass has not waited for yet
             self.shared.worker = self
 
     # ==============================
@@ -127,6 +140,13 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
         # the forward pass is queued after this call, on this stream: the event shows how long it waits on
         # the copies, and the host time from here to its record (the stream order) counts in that wait
         t_forward_ns = _ns()
+        if self._group_ready:  # layer waits: the forward pass waits group by group (wait_for_layer_load)
+            for tl in meta.timelines:
+                tl.forward_queued(t_forward_ns, None)
+            mode = getattr(forward_context, "cudagraph_runtime_mode", None)
+            if getattr(mode, "name", None) == "FULL":  # a full CUDA graph calls no per-layer hook
+                self._wait_groups(len(self._group_ready) - 1)
+            return
         self.arena.order_after_reads()  # a no-op on the stream the copies went to; a wait on any other
         forward_event = self.arena.event()
         for tl in meta.timelines:
@@ -136,6 +156,7 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
         """Queues every restore of ``meta`` once (the first of the two hooks to reach it)."""
         if not isinstance(meta, GpuBufferMetadata) or not meta.loads or meta.timelines or self.arena is None:
             return
+        by_layer = self.wait_at == "layer"
         t_ref_start_ns = _ns()
         ref = self.arena.reference()
         measure_ns = (ref[0] - t_ref_start_ns) if ref else 0  # the stream sync, shared by the step's restores
@@ -144,25 +165,60 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
                                  len(op.block_ids) * self.bytes_per_block, str(self.arena.device),
                                  op.t_lookup_first_ns or None, op.t_lookup_end_ns or None, op.num_lookup_calls,
                                  t_allocated_ns=op.t_allocated_ns or None, t_start_ns=_ns(), ref=ref, launched_at=at,
-                                 measure_ns=measure_ns)
+                                 measure_ns=measure_ns, wait_at=self.wait_at,
+                                 num_copy_groups=len(self.arena.plane_groups) if by_layer else 1)
             if op.stage_from_disk:
                 self.arena.stage(op.entry_id, op.entry_num_blocks, op.extent_start, tl)
-            self.arena.copy_into_vllm(op.extent_start, op.first_block, op.block_ids, tl)
+            # with layer waits, the last restore's group ends: the side stream runs the restores in order
+            self._group_ready = self.arena.copy_into_vllm(op.extent_start, op.first_block, op.block_ids, tl,
+                                                          by_layer=by_layer)
+            self._next_group = 0
             tl.t_launched_ns = _ns()
             meta.timelines.append(tl)
             self.timelines.append(tl)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # every restore is queued before the forward pass, on its stream
+        """With layer waits (``wait_at == "layer"``), vLLM's attention calls this before each layer: the
+        forward pass's stream waits for the copy group of that layer (and any earlier one not waited
+        for); without, every restore was queued before the forward pass, on its stream."""
+        if self._group_ready:
+            self._wait_groups(self.arena.group_of.get(layer_name, len(self._group_ready) - 1))
+
+    def _wait_groups(self, last: int) -> None:
+        """The forward pass's stream waits for copy groups up to ``last``; each wait is stamped on every
+        restore of the step (where the GPU reached it, and the group's end), and the call's host time."""
+        t0 = _ns()
+        meta = self._connector_metadata
+        timelines = meta.timelines if isinstance(meta, GpuBufferMetadata) else []
+        while self._next_group <= min(last, len(self._group_ready) - 1):
+            ready = self._group_ready[self._next_group]
+            reached = self.arena.reach_and_wait(ready)
+            for tl in timelines:
+                tl.layer_waited(reached, ready)
+            self._next_group += 1
+        if self._next_group >= len(self._group_ready):
+            self._group_ready = []
+        dt = _ns() - t0
+        for tl in timelines:
+            tl.hook_ns += dt
+
+    def _end_step(self) -> None:
+        """After the forward pass: later work on this stream comes after every copy. A group the forward
+        pass did not wait for stays unwaited in its restores' timelines (their wait is unknown then)."""
+        if self._group_ready and self.arena is not None:
+            self._group_ready = []
+            self.arena.order_after_reads()
 
     def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs) -> None:
         return  # saves copy whole blocks after the forward pass (wait_for_save)
 
     def wait_for_save(self) -> None:
+        self._end_step()
         self._run_saves()
 
     def get_finished(self, finished_req_ids):
         # vLLM skips wait_for_save on steps without a forward pass; saves still run here.
+        self._end_step()
         self._run_saves()
         return None, None
 

@@ -22,10 +22,15 @@ once queued, waits on the GPU for the copy:
 
     measure       the stream synchronization that puts this restore's events on the clock (``ref``; one per
                   step, so every restore of a step carries the same)
-    host          the restore's own calls: staging reads, the block ids to the device, the launch
+    host          the restore's own calls: staging reads, the block ids to the device, the launch, and
+                  with layer waits the forward pass's calls to ``wait_for_layer_load`` (``hook_ns``)
     forward_wait  the forward pass queued (``start_load_kv``) to the GPU reaching it (an event
                   recorded there), 0 when the copy had ended by then: the copy's part on the step's
-                  critical path, plus the event's own latency of a few microseconds
+                  critical path, plus the event's own latency of a few microseconds. A restore copied
+                  by layer groups (``wait_at == "layer"``) is waited on layer by layer instead: the sum,
+                  over its groups, of how long the GPU stood at the group's first layer (an event
+                  recorded where the forward pass reached it) before the group's copy ended; each
+                  stall delays everything after it, so the sum is what the waits added
     critical      lookup + measure + host + forward_wait: the restore's own time on the step's critical
                   path, the event's latency counted as cost. Not in it: ``allocate``, vLLM's scheduler
                   allocating the restored blocks where a resident follow-up touches its cached ones (both a
@@ -104,6 +109,10 @@ class RestoreTimeline:
     measure_ns: int = 0  # the reference's stream synchronization (one per step, shared by its restores)
     t_forward_queued_ns: int | None = None  # start_load_kv: the forward pass is queued next
     forward_ready: Span | None = None  # the GPU reaching the forward pass (an event; a point: t0 == t1)
+    wait_at: str = "forward"  # "forward" or "layer" (``GpuBufferConfig.wait_at``)
+    num_copy_groups: int = 1  # launches of the copy (one per layer group with layer waits)
+    layer_waits: list[tuple[Span, Span]] = field(default_factory=list)  # (GPU reached the group, its copy ended)
+    hook_ns: int = 0  # host time in the forward pass's ``wait_for_layer_load`` calls for this restore
     resolved: bool = False
 
     def forward_queued(self, t_ns: int, event) -> None:
@@ -113,9 +122,16 @@ class RestoreTimeline:
         if event is not None:
             self.forward_ready = Span().gpu(event, event)
 
+    def layer_waited(self, reached, ready) -> None:
+        """The forward pass, at the first layer of a copy group, waits for the group: ``reached`` (an
+        event recorded there, or a CPU stamp) and ``ready`` (the group's end: an event, or a CPU stamp)."""
+        self.layer_waits.append(tuple(Span().gpu(m, m) if not isinstance(m, int) else Span().cpu(m, m)
+                                      for m in (reached, ready)))
+
     def resolve(self) -> RestoreTimeline:
         if not self.resolved:
-            for s in self.staging + [s for s in (self.copy, self.forward_ready) if s is not None]:
+            waits = [s for pair in self.layer_waits for s in pair]
+            for s in self.staging + waits + [s for s in (self.copy, self.forward_ready) if s is not None]:
                 s.resolve(self.ref)
             self.ref, self.resolved = None, True
         return self
@@ -129,8 +145,14 @@ class RestoreTimeline:
         ends = [t for t in (read1, stage1, copy1, self.t_launched_ns) if t is not None]
         measure = self.measure_ns / 1e9
         host = sec(self.t_start_ns, self.t_launched_ns)
+        if host is not None:
+            host += self.hook_ns / 1e9
         wait = None
-        if self.t_forward_queued_ns is not None:
+        if self.wait_at == "layer" and len(self.layer_waits) < self.num_copy_groups:
+            pass  # a group the forward pass never waited for: its wait is unknown (and the copy unordered)
+        elif self.layer_waits:
+            wait = sum(max(0.0, sec(reached.t0_ns, ready.t0_ns)) for reached, ready in self.layer_waits)
+        elif self.t_forward_queued_ns is not None:
             ready = self.forward_ready.t0_ns if self.forward_ready is not None else None
             wait = max(0.0, sec(self.t_forward_queued_ns, ready)) if ready is not None else 0.0
         lookup = sec(self.t_lookup_first_ns, self.t_lookup_end_ns)
@@ -147,7 +169,8 @@ class RestoreTimeline:
             "launch_s": sec(stage1 if stage1 is not None else self.t_start_ns, copy0),
             "copy_s": sec(copy0, copy1),
             "restore_s": sec(self.t_start_ns, max(ends)) if ends else None,
-            "launched_at": self.launched_at, "measure_s": measure, "host_s": host, "forward_wait_s": wait,
+            "launched_at": self.launched_at, "wait_at": self.wait_at, "num_copy_groups": self.num_copy_groups,
+            "num_layer_waits": len(self.layer_waits), "measure_s": measure, "host_s": host, "forward_wait_s": wait,
             "critical_s": critical, "t_forward_queued_ns": self.t_forward_queued_ns,
             "t_lookup_first_ns": self.t_lookup_first_ns, "t_lookup_end_ns": self.t_lookup_end_ns,
             "t_allocated_ns": self.t_allocated_ns,
@@ -170,6 +193,8 @@ def request_split(timeline: dict, t_submit_ns: int, t_first_token_ns: int) -> di
             "measure_s": timeline.get("measure_s"), "host_s": timeline.get("host_s"),
             "forward_wait_s": timeline.get("forward_wait_s"),
             "critical_s": timeline.get("critical_s"), "launched_at": timeline.get("launched_at"),
+            "wait_at": timeline.get("wait_at"), "num_copy_groups": timeline.get("num_copy_groups"),
+            "num_layer_waits": timeline.get("num_layer_waits"),
             "after_restore_s": (t_first_token_ns - timeline["t_ready_ns"]) / 1e9}
 
 

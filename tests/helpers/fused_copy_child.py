@@ -3,7 +3,8 @@
 Started by ``tests/test_fused_copy.py`` with ``TRITON_INTERPRET=1`` (``triton.jit`` reads it when the
 kernel is defined, so it must be set before this process defines it). For each case it builds two
 arenas over identical zeroed KV tensors, fills both buffers with the same random bytes, restores
-through ``copy_into_vllm`` (arena A on the per-plane torch path, arena B with a ``RowScatter``) and
+through ``copy_into_vllm`` (arena A on the per-plane torch path, arena B with a ``RowScatter``, arena C
+with one ``RowScatter`` launch per layer group, ``by_layer``) and
 prints one JSON line per case and chunk size (argv, bytes per program): whether every KV byte
 matches, and which blocks the copy changed.
 """
@@ -55,12 +56,14 @@ def main(chunk_sizes: list[int]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for chunk_bytes, (layout, make) in ((c, lm) for c in chunk_sizes for lm in layouts(NUM_GPU_BLOCKS).items()):
             for case, block_ids in block_id_cases(rng).items():
-                kv_a, kv_b = make(), make()
+                kv_a, kv_b, kv_c = make(), make(), make()
                 a = BufferArena(kv_a, NUM_GPU_BLOCKS, NUM_BUFFER_BLOCKS, tmp)
                 b = BufferArena(kv_b, NUM_GPU_BLOCKS, NUM_BUFFER_BLOCKS, tmp)
+                c = BufferArena(kv_c, NUM_GPU_BLOCKS, NUM_BUFFER_BLOCKS, tmp)  # the fused copy by layer groups
                 noise = torch.randint(0, 256, a.buffer.shape, dtype=torch.uint8, generator=gen)
-                a.buffer.copy_(noise)
-                b.buffer.copy_(noise)
+                for arena in (a, b, c):
+                    arena.buffer.copy_(noise)
+                c.scatter = RowScatter(c.buffer.view(c.planes[0].dtype), c.planes, chunk_bytes)
                 assert a.scatter is None and a.copy_route.startswith("torch")  # CPU: torch path by default
                 b.scatter = RowScatter(b.buffer.view(b.planes[0].dtype), b.planes, chunk_bytes)
                 b.scatter.warmup()
@@ -71,16 +74,18 @@ def main(chunk_sizes: list[int]) -> None:
                     kv.zero_()
                 b.counters["restored_bytes"] = 0
                 extent_start, first_block = 2, 1  # rows 3 ...: an offset the kernel must honour
-                for arena in (a, b):
+                for arena in (a, b, c):
                     tl = RestoreTimeline("restore", "r", 0, "buffer", len(block_ids), 0, "cpu")
-                    arena.copy_into_vllm(extent_start, first_block, block_ids, tl)
-                bytes_a, bytes_b = kv_bytes(kv_a), kv_bytes(kv_b)
+                    ends = arena.copy_into_vllm(extent_start, first_block, block_ids, tl, by_layer=arena is c)
+                bytes_a, bytes_b, bytes_c = kv_bytes(kv_a), kv_bytes(kv_b), kv_bytes(kv_c)
                 blocks_changed = {i for kv in kv_a.values() for i in range(NUM_GPU_BLOCKS)
                                   if kv.select(1, i).count_nonzero().item()}
                 s = b.scatter
                 print(json.dumps({
                     "layout": layout, "case": case, "chunk_bytes": chunk_bytes,
                     "equal": all(torch.equal(x, y) for x, y in zip(bytes_a, bytes_b)),
+                    "equal_by_layer": all(torch.equal(x, y) for x, y in zip(bytes_a, bytes_c)),
+                    "num_groups": [len(c.plane_groups), len(ends)],
                     "blocks_changed": sorted(blocks_changed), "block_ids": sorted(block_ids),
                     "restored_bytes": [a.counters["restored_bytes"], b.counters["restored_bytes"]],
                     "vec": s.vec, "even": s.even, "num_chunks": s.num_chunks,
