@@ -36,8 +36,9 @@ def test_model_params_fit_longest_context():
     m = model_params(cfg, "kvheavy")
     assert m.MAX_MODEL_LEN >= 1024 + cfg.SUFFIX_TOKENS + 1 and m.MAX_MODEL_LEN % m.BLOCK_SIZE == 0
     assert (m.NUM_GPU_BLOCKS - 1) * m.BLOCK_SIZE >= 2 * m.MAX_MODEL_LEN
-    assert grid_size(cfg) == 1 * 2 * 7 * (cfg.WARMUP_REPEATS + cfg.NUM_REPEATS)  # LMCache's 4 arms and the GPU buffer's 3
-    assert tiers(cfg) == ["lmcache", "gpubuf"] and arms_of(cfg, "gpubuf") == ["gpubuf_retained", "gpubuf_disk", "gpubuf_resident"]
+    assert grid_size(cfg) == 1 * 2 * 8 * (cfg.WARMUP_REPEATS + cfg.NUM_REPEATS)  # LMCache's 4 arms and the GPU buffer's 4
+    assert tiers(cfg) == ["lmcache", "gpubuf"] and arms_of(cfg, "gpubuf") == ["gpubuf_retained", "gpubuf_layered", "gpubuf_disk",
+                                                                                  "gpubuf_resident"]
     assert arm_order(["a", "b", "c"], 1) == ["b", "c", "a"]
 
 
@@ -137,11 +138,15 @@ def test_tiny_grid_runs_on_the_gpu_buffer(tmp_path):
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = {r["arm"]: r for r in read_jsonl(tmp_path / "raw" / "rows.jsonl")}
-    assert sorted(rows) == ["gpubuf_disk", "gpubuf_resident", "gpubuf_retained"]
+    assert sorted(rows) == ["gpubuf_disk", "gpubuf_layered", "gpubuf_resident", "gpubuf_retained"]
     for r in rows.values():
         assert r["num_cached_tokens"] == [256] and r["tier"] == "gpubuf", r
     assert rows["gpubuf_disk"]["disk_read_bytes"] == 256 * 1024 and rows["gpubuf_retained"]["disk_read_bytes"] == 0
-    assert [rows[a]["num_restores"] for a in ("gpubuf_retained", "gpubuf_disk", "gpubuf_resident")] == [1, 1, 0]
+    arms = ("gpubuf_retained", "gpubuf_layered", "gpubuf_disk", "gpubuf_resident")
+    assert [rows[a]["num_restores"] for a in arms] == [1, 1, 1, 0]
+    # the layered arm's forward pass waited layer by layer, and only its own; the tier went back to its configured wait
+    assert [rows[a]["split"]["wait_at"] for a in arms[:3]] == ["forward", "layer", "forward"]
+    assert rows["gpubuf_layered"]["split"]["num_layer_waits"] == rows["gpubuf_layered"]["split"]["num_copy_groups"] > 1
     assert rows["gpubuf_retained"]["memory_tier_bytes"] >= 256 * 1024 and rows["gpubuf_disk"]["memory_tier_bytes_after"] == 0
     assert rows["gpubuf_disk"]["split"]["disk_read_s"] > 0
     [model] = RunFiles(tmp_path).raw("models.jsonl")
@@ -303,18 +308,19 @@ def test_smoke_run_results_hold_the_known_counts(smoke_run):
         [("tiny", "lmcache", "ok", 1024), ("tiny", "gpubuf", "ok", 1024), ("kvheavy", "lmcache", "ok", 32768),
          ("kvheavy", "gpubuf", "ok", 32768)]
     rows = run.raw("rows.jsonl")
-    assert len(rows) == 2 * 2 * 7 * 3 and sum(r["measured"] for r in rows) == 56
+    assert len(rows) == 2 * 2 * 8 * 3 and sum(r["measured"] for r in rows) == 64
     for r in rows:
         assert r["num_cached_tokens"] == [0 if r["arm"] == "recompute" else r["context_tokens"]], r["tag"]
         assert r["disk_read_bytes"] == (r["context_bytes"] if r["arm"] in ("disk", "gpubuf_disk") else 0), r["tag"]
-        assert r.get("num_restores", 0) == (1 if r["arm"] in ("gpubuf_retained", "gpubuf_disk") else 0), r["tag"]
+        assert r.get("num_restores", 0) == (1 if r["arm"] in ("gpubuf_retained", "gpubuf_layered", "gpubuf_disk") else 0), \
+            r["tag"]
     assert sorted((s["tier"], s["model"], s["context_tokens"], s["bytes_written"]) for s in run.raw("stores.jsonl")) == \
         sorted((t, m, n, n * (1024 if m == "tiny" else 32768)) for t in ("lmcache", "gpubuf") for m in ("tiny", "kvheavy")
                for n in (256, 512))
     assert sorted((r["model"], r["path"]) for r in results["crossover"]) == \
-        sorted((m, p) for m in ("tiny", "kvheavy") for p in ("dram", "disk", "gpubuf_retained", "gpubuf_disk"))
+        sorted((m, p) for m in ("tiny", "kvheavy") for p in ("dram", "disk", "gpubuf_retained", "gpubuf_layered", "gpubuf_disk"))
     assert {(s["model"], s["context_tokens"], s["arm"]) for s in results["splits"]} == \
-        {(m, n, a) for m in ("tiny", "kvheavy") for n in (256, 512) for a in ("gpubuf_retained", "gpubuf_disk")}
+        {(m, n, a) for m in ("tiny", "kvheavy") for n in (256, 512) for a in ("gpubuf_retained", "gpubuf_layered", "gpubuf_disk")}
     assert all(a["n"] == 2 for a in results["arms"])
 
 

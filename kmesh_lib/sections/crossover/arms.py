@@ -8,6 +8,7 @@ Every arm belongs to one external tier; each (tier, model) is one engine (``Rest
              disk             disk       LMCache's disk tier only (O_DIRECT)           the whole context
              floor            resident   vLLM's prefix cache (engine-resident)         the whole context
     gpubuf   gpubuf_retained  memory     the host-staged GPU buffer (``kv.gpu_buffer``) the whole context
+             gpubuf_layered   memory     the same, the copy waited for layer by layer   the whole context
              gpubuf_disk      disk       its disk tier only; the restore frees the copy the whole context
              gpubuf_resident  resident   vLLM's prefix cache, on the GPU-buffer engine the whole context
     native   native_offload   memory     vLLM's own CPU tier (``kv.offloading``; CUDA)  the whole context
@@ -45,16 +46,19 @@ from kmesh_lib.kv.restore_timeline import request_split as gpu_buffer_split
 from kmesh_lib.lmcache.probes import ComponentProbe, ExternalSwitch
 
 ARMS_OF_TIER = {"lmcache": ("recompute", "dram", "disk", "floor"),
-                "gpubuf": ("gpubuf_retained", "gpubuf_disk", "gpubuf_resident"),
+                "gpubuf": ("gpubuf_retained", "gpubuf_layered", "gpubuf_disk", "gpubuf_resident"),
                 "native": ("native_offload", "native_resident")}
 ARM_NAMES = tuple(a for arms in ARMS_OF_TIER.values() for a in arms)
 TIER_OF = {a: tier for tier, arms in ARMS_OF_TIER.items() for a in arms}
 KIND = {"recompute": "recompute", "dram": "memory", "disk": "disk", "floor": "resident",
-        "gpubuf_retained": "memory", "gpubuf_disk": "disk", "gpubuf_resident": "resident",
+        "gpubuf_retained": "memory", "gpubuf_layered": "memory", "gpubuf_disk": "disk", "gpubuf_resident": "resident",
         "native_offload": "memory", "native_resident": "resident"}
-RESIDENT_OF = {"dram": "floor", "disk": "floor", "gpubuf_retained": "gpubuf_resident", "gpubuf_disk": "gpubuf_resident",
+RESIDENT_OF = {"dram": "floor", "disk": "floor", "gpubuf_retained": "gpubuf_resident",
+               "gpubuf_layered": "gpubuf_resident", "gpubuf_disk": "gpubuf_resident",
                "native_offload": "native_resident"}  # each restore against the engine-resident follow-up of its engine
 RESTORE_ARMS = tuple(RESIDENT_OF)
+# what the forward pass waits for in an arm's follow-up (``GpuBufferTier.set_wait_at``); others: the tier's own
+WAIT_AT_OF = {"gpubuf_layered": "layer"}
 STORED_TIERS = ("lmcache", "gpubuf")  # tiers whose contexts are stored on a disk tier before the arms run
 TIMED_TIERS = ("gpubuf", "native")  # tiers whose restores record their own timeline (a row's ``split``)
 WARM_OWN_TOKENS = [6, 7]  # a warm-up's tokens after the context (``RestoreBench._warm`` says why two)
@@ -208,8 +212,15 @@ class RestoreBench:
         meter = self.tier.meter
         s0 = meter.snapshot()
         clocks_before = self.clocks.read() if self.clocks else None  # outside the stopwatch
+        wait_at = WAIT_AT_OF.get(arm)
+        if wait_at:
+            self.tier.set_wait_at(wait_at)
         self.probe.start()
-        results = run_group(self.engine, specs)
+        try:
+            results = run_group(self.engine, specs)
+        finally:
+            if wait_at:
+                self.tier.set_wait_at(self.tier.config.wait_at)
         a = results[0]
         clocks_after = self.clocks.read() if self.clocks else None
         parts = self.probe.stop(a.first_token_s())

@@ -23,7 +23,7 @@ from itertools import product
 from kmesh_lib.base.checks import Check, all_of, check, differences
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.crossover import report
-from kmesh_lib.sections.crossover.arms import KIND, STORED_TIERS, TIMED_TIERS, tiers_of
+from kmesh_lib.sections.crossover.arms import KIND, STORED_TIERS, TIMED_TIERS, WAIT_AT_OF, tiers_of
 
 
 def expected_cached(arm: str, context_tokens: int) -> int:
@@ -174,8 +174,16 @@ def launch_checks(measured: list[dict], children: list[dict]) -> list[Check]:
                   if tier(m) == "gpubuf" and "launch_at" in (m.get("tier_route") or {})}
     if not configured:
         return []
-    restored = [r for r in measured if r["arm"] in ("gpubuf_retained", "gpubuf_disk")]
+    restored = [r for r in measured if r["arm"] in ("gpubuf_retained", "gpubuf_layered", "gpubuf_disk")]
     split = {r["tag"]: r.get("split") or {} for r in restored}
+    waits = {m["model"]: m["tier_route"]["wait_at"] for m in children
+             if tier(m) == "gpubuf" and "wait_at" in (m.get("tier_route") or {})}
+
+    def waited_as_its_arm_says(r) -> bool:
+        s = split[r["tag"]]
+        if s.get("wait_at") != WAIT_AT_OF.get(r["arm"], waits.get(r["model"])):
+            return False
+        return s.get("wait_at") != "layer" or s.get("num_layer_waits") == s.get("num_copy_groups")
 
     def adds_up(r) -> bool:
         parts = [split[r["tag"]].get(k) for k in ("measure_s", "host_s", "forward_wait_s", "critical_s")]
@@ -183,7 +191,14 @@ def launch_checks(measured: list[dict], children: list[dict]) -> list[Check]:
             return False
         return abs((split[r["tag"]].get("lookup_s") or 0.0) + sum(parts[:3]) - parts[3]) < 1e-9
 
-    return [all_of("gpubuf: every restore was queued where the tier says it queues them (launch_at)", restored,
+    out = []
+    if waits:  # runs recorded before the tier had the choice name no wait_at
+        out.append(all_of("gpubuf: every restore's forward pass waited as its arm says (wait_at), with layer waits "
+                          "once for each copy group", restored, waited_as_its_arm_says,
+                          lambda r: f"{r['tag']}: {split[r['tag']].get('wait_at')}, waited "
+                                    f"{split[r['tag']].get('num_layer_waits')} of {split[r['tag']].get('num_copy_groups')} "
+                                    "groups", "no measured GPU-buffer restores"))
+    return out + [all_of("gpubuf: every restore was queued where the tier says it queues them (launch_at)", restored,
                    lambda r: split[r["tag"]].get("launched_at") == configured.get(r["model"]),
                    lambda r: f"{r['tag']}: {split[r['tag']].get('launched_at')} (configured {configured.get(r['model'])})",
                    "no measured GPU-buffer restores"),
@@ -198,12 +213,13 @@ def tier_checks(measured: list[dict], arm_names: list[str]) -> list[Check]:
     """What the GPU buffer and vLLM's CPU tier must show beyond cached tokens, from their rows."""
     out: list[Check] = []
     rows = {a: [r for r in measured if r["arm"] == a] for a in arm_names}
-    if "gpubuf_retained" in arm_names:
-        out.append(all_of("gpubuf_retained: the buffer held the context before every follow-up, which restored it "
-                          "once from the buffer", rows["gpubuf_retained"],
-                          lambda r: (r.get("memory_tier_bytes") or 0) >= r["context_bytes"] and r.get("num_restores") == 1,
-                          lambda r: f"{r['tag']}: {r.get('memory_tier_bytes')} of {r['context_bytes']} bytes, "
-                                    f"{r.get('num_restores')} restores", "no measured gpubuf_retained rows"))
+    for arm in ("gpubuf_retained", "gpubuf_layered"):
+        if arm in arm_names:
+            out.append(all_of(f"{arm}: the buffer held the context before every follow-up, which restored it "
+                              "once from the buffer", rows[arm],
+                              lambda r: (r.get("memory_tier_bytes") or 0) >= r["context_bytes"] and r.get("num_restores") == 1,
+                              lambda r: f"{r['tag']}: {r.get('memory_tier_bytes')} of {r['context_bytes']} bytes, "
+                                        f"{r.get('num_restores')} restores", f"no measured {arm} rows"))
     if "gpubuf_disk" in arm_names:
         out.append(all_of("gpubuf_disk: the buffer was empty before every follow-up, the restore read the context from "
                           "disk once and freed its copy", rows["gpubuf_disk"],

@@ -39,7 +39,8 @@ class CrossoverParams(SourceRunParams):
     ARMS: list[str] = Field(
         default_factory=lambda: [*ARMS_OF_TIER["lmcache"], *ARMS_OF_TIER["gpubuf"]],
         description="recompute (the control, required), dram, disk, floor (LMCache's tiers, engine-resident); "
-                    "gpubuf_retained, gpubuf_disk, gpubuf_resident (the host-staged GPU buffer); native_offload, "
+                    "gpubuf_retained, gpubuf_layered (its copy waited for layer by layer), gpubuf_disk, gpubuf_resident (the "
+                    "host-staged GPU buffer); native_offload, "
                     "native_resident (vLLM's own CPU tier, cuda only); one engine per tier and model")
     NUM_REPEATS: PositiveCount = Field(6, description="measured repeats per (model, context, arm); tables take medians")
     WARMUP_REPEATS: Count = Field(1, description="unmeasured repeats first (one-off kernel and allocator costs)")

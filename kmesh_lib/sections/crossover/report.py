@@ -30,7 +30,8 @@ RESTORES = RESTORE_ARMS
 # the whole context into its memory tier before the copy into vLLM starts, so its floor is the sum;
 # the GPU buffer stages chunk by chunk, overlapping the read with the copy, so its floor is the larger.
 FLOOR_OF = {"dram": ("sum", ("copy",)), "disk": ("sum", ("disk", "copy")),
-            "gpubuf_retained": ("sum", ("device",)), "gpubuf_disk": ("max", ("disk", "copy")),
+            "gpubuf_retained": ("sum", ("device",)), "gpubuf_layered": ("sum", ("device",)),
+            "gpubuf_disk": ("max", ("disk", "copy")),
             "native_offload": ("sum", ("copy",))}
 SPLIT_PARTS = ("queue_s", "lookup_s", "disk_read_s", "staging_s", "launch_s", "copy_s", "restore_s", "load_time_s",
                "after_restore_s", "after_lookup_s", "allocate_s", "host_s", "forward_wait_s",
