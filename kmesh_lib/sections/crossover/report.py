@@ -215,9 +215,10 @@ def split_table(rows: list[dict]) -> list[dict]:
             vals = [r["split"][part] for r in rs if r["split"].get(part) is not None]
             if vals:
                 row[part.replace("_s", "_ms")] = round(1e3 * statistics.median(vals), 3)
-        launched = {r["split"].get("launched_at") for r in rs} - {None}
-        if launched:
-            row["launched_at"] = "/".join(sorted(launched))
+        for key in ("launched_at", "wait_at"):
+            seen = {r["split"].get(key) for r in rs} - {None}
+            if seen:
+                row[key] = "/".join(sorted(seen))
         spans = {k: row[k] for k in RESTORE_PARTS if k in row}
         row["longest_part"] = max(spans, key=spans.get).removesuffix("_ms") if spans else None
         out.append(row)
@@ -297,12 +298,25 @@ def timeline_goal_table(splits: list[dict], distance: list[dict]) -> list[dict]:
     return out
 
 
+def charged_ms(split: dict) -> float | None:
+    """What a restore adds to its step with its copy charged in full where the copy runs beside the
+    forward pass (``wait_at`` "layer"): ``critical_ms`` counts only the forward pass's stalls on it, not
+    how much the copy, sharing the GPU's memory bandwidth, slows the forward pass's kernels; that is at
+    most the copy's own span. Elsewhere the forward pass starts after the copy, and this is ``critical_ms``."""
+    if split.get("critical_ms") is None:
+        return None
+    if split.get("wait_at") != "layer":
+        return split["critical_ms"]
+    return None if split.get("copy_ms") is None else round(split["critical_ms"] + split["copy_ms"], 3)
+
+
 def critical_goal_table(splits: list[dict], distance: list[dict]) -> list[dict]:
     """Issue 13's first goal by what each restore adds to its step's critical path, at every point of
     ``GOAL_MIN_TOKENS`` and more: the path with the least median ``critical_ms`` (lookup, the timing
     reference's synchronization, the restore's host calls, the forward pass's wait on its copy:
-    ``kv.restore_timeline``) against that path's floor. Only the GPU buffer's timeline has the parts;
-    a point without them is absent, never met."""
+    ``kv.restore_timeline``) against that path's floor; and the same judged by ``charged_ms`` (the
+    strict reading where a copy runs beside the forward pass: ``charged_*``). Only the GPU buffer's
+    timeline has the parts; a point without them is absent, never met."""
     floor = _floor_of(distance)
     by_point: dict[tuple, list[dict]] = {}
     for r in splits:
@@ -314,11 +328,18 @@ def critical_goal_table(splits: list[dict], distance: list[dict]) -> list[dict]:
         best = min(rs, key=lambda r: r["critical_ms"])
         f = floor[(model, n, best["arm"])]
         x = best["critical_ms"] / f
-        out.append({"model": model, "context_tokens": n, "path": best["arm"], "critical_ms": best["critical_ms"],
-                    "host_ms": best.get("host_ms"), "forward_wait_ms": best.get("forward_wait_ms"),
-                    "allocate_ms": best.get("allocate_ms"),
-                    "restore_ms": best.get("restore_ms"), "transfer_floor_ms": f, "x_floor": round(x, 3),
-                    "within": x <= GOAL_X})
+        row = {"model": model, "context_tokens": n, "path": best["arm"], "critical_ms": best["critical_ms"],
+               "host_ms": best.get("host_ms"), "forward_wait_ms": best.get("forward_wait_ms"),
+               "allocate_ms": best.get("allocate_ms"), "wait_at": best.get("wait_at"),
+               "restore_ms": best.get("restore_ms"), "transfer_floor_ms": f, "x_floor": round(x, 3),
+               "within": x <= GOAL_X}
+        charged = [(charged_ms(r), r) for r in rs if charged_ms(r) is not None]
+        if charged:
+            c_ms, c_best = min(charged, key=lambda cr: cr[0])
+            c_x = c_ms / floor[(model, n, c_best["arm"])]
+            row.update(charged_path=c_best["arm"], charged_ms=c_ms, charged_x_floor=round(c_x, 3),
+                       charged_within=c_x <= GOAL_X)
+        out.append(row)
     return out
 
 

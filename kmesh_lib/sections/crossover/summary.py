@@ -223,6 +223,17 @@ def _goal_sentences(tables: dict, rows: list[dict] | None = None, suffix_tokens:
                                + (f"; vLLM's allocation {r['allocate_ms']:,.3f}" if r.get("allocate_ms") is not None else "")
                                + ") against "
                                f"{r['transfer_floor_ms']:,.3f} ms, {r['x_floor']:.2f}\u00d7" for r in critical) + ").")
+        layered = [r for r in critical if "charged_ms" in r and any(
+            s.get("wait_at") == "layer" for s in tables.get("splits", [])
+            if (s["model"], s["context_tokens"]) == (r["model"], r["context_tokens"]))]
+        if layered:
+            out.append(f"A copy waited for layer by layer runs beside the forward pass, which waits only for its stalls; "
+                       f"what the copy's share of the GPU's memory bandwidth costs the forward pass's kernels is not in "
+                       f"that sum and is at most the copy's own span. Charged in full, the path that adds least is within "
+                       f"{report.GOAL_X}\u00d7 its floor at {sum(r['charged_within'] for r in layered)} of {len(layered)} "
+                       f"points ("
+                       + "; ".join(f"{r['model']} {_n(r['context_tokens'])} {LABEL[r['charged_path']]}: "
+                                   f"{r['charged_ms']:,.3f} ms, {r['charged_x_floor']:.2f}\u00d7" for r in layered) + ").")
     scatter = tables.get("scatter_sources") or []
     rhos = [r for r in scatter if r["rho_forward_other"] is not None]
     if rhos:
