@@ -182,7 +182,9 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
         forward pass's stream waits for the copy group of that layer (and any earlier one not waited
         for); without, every restore was queued before the forward pass, on its stream."""
         if self._group_ready:
-            self._wait_groups(self.arena.group_of.get(layer_name, len(self._group_ready) - 1))
+            group = self.arena.group_of.get(layer_name, len(self._group_ready) - 1)
+            if group >= self._next_group:  # a later layer of a group already waited for costs a lookup only
+                self._wait_groups(group)
 
     def _wait_groups(self, last: int) -> None:
         """The forward pass's stream waits for copy groups up to ``last``; each wait is stamped on every
