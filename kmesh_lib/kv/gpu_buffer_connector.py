@@ -33,6 +33,10 @@ steps):
                A step replayed as a full CUDA graph calls no per-layer hook, so ``start_load_kv`` waits
                for every group there. After the forward pass the stream waits for the side stream.
 
+With ``GpuBufferTier.time_forward_steps(True)`` every forward pass is timed from its start (after a whole
+copy, before any layer wait) to its end (``wait_for_save``), events on CUDA: the forward pass's own GPU
+span, which a copy running beside it (layer waits) can stretch and a resident step's gives the control for.
+
 Either way ``start_load_kv`` stamps when the forward pass is queued, so a restore's timeline tells
 its host part from the time the forward pass waited on its copy (``RestoreTimeline``). A save is queued in the
 step that completes a request's prompt; saving stores the prompt's full blocks as one entry unless
@@ -114,6 +118,9 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
             self.wait_at = self.config.wait_at  # GpuBufferTier.set_wait_at switches it between steps
             self._group_ready: list = []  # with layer waits: each copy group's end, for the forward pass
             self._next_group = 0  # the first group the forward pass has not waited for yet
+            self.time_forward = False  # GpuBufferTier.time_forward_steps: stamp every forward pass
+            self._forward_start = None  # (t_ns, event or None): this step's forward pass, queued
+            self.forward_steps: list[tuple] = []  # (t_queued_ns, start, end): events on CUDA, else CPU stamps
             self.shared.worker = self
 
     # ==============================
@@ -134,23 +141,26 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
         meta = self._connector_metadata
-        if not isinstance(meta, GpuBufferMetadata) or not meta.loads or self.arena is None:
-            return
-        self._queue_loads(meta, "forward")
-        # the forward pass is queued after this call, on this stream: the event shows how long it waits on
-        # the copies, and the host time from here to its record (the stream order) counts in that wait
-        t_forward_ns = _ns()
-        if self._group_ready:  # layer waits: the forward pass waits group by group (wait_for_layer_load)
-            for tl in meta.timelines:
-                tl.forward_queued(t_forward_ns, None)
-            mode = getattr(forward_context, "cudagraph_runtime_mode", None)
-            if getattr(mode, "name", None) == "FULL":  # a full CUDA graph calls no per-layer hook
-                self._wait_groups(len(self._group_ready) - 1)
-            return
-        self.arena.order_after_reads()  # a no-op on the stream the copies went to; a wait on any other
-        forward_event = self.arena.event()
-        for tl in meta.timelines:
-            tl.forward_queued(t_forward_ns, forward_event)
+        forward_event = None
+        if isinstance(meta, GpuBufferMetadata) and meta.loads and self.arena is not None:
+            self._queue_loads(meta, "forward")
+            # the forward pass is queued after this call, on this stream: the event shows how long it waits on
+            # the copies, and the host time from here to its record (the stream order) counts in that wait
+            t_forward_ns = _ns()
+            if self._group_ready:  # layer waits: the forward pass waits group by group (wait_for_layer_load)
+                for tl in meta.timelines:
+                    tl.forward_queued(t_forward_ns, None)
+                mode = getattr(forward_context, "cudagraph_runtime_mode", None)
+                if getattr(mode, "name", None) == "FULL":  # a full CUDA graph calls no per-layer hook
+                    self._wait_groups(len(self._group_ready) - 1)
+            else:
+                self.arena.order_after_reads()  # a no-op on the stream the copies went to; a wait on any other
+                forward_event = self.arena.event()
+                for tl in meta.timelines:
+                    tl.forward_queued(t_forward_ns, forward_event)
+        if self.time_forward and self.arena is not None:
+            # the forward pass's start: after a whole copy (the stream waits for it), before any layer wait
+            self._forward_start = (_ns(), forward_event or self.arena.event())
 
     def _queue_loads(self, meta, at: str) -> None:
         """Queues every restore of ``meta`` once (the first of the two hooks to reach it)."""
@@ -215,6 +225,11 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
         return  # saves copy whole blocks after the forward pass (wait_for_save)
 
     def wait_for_save(self) -> None:
+        if self._forward_start is not None:  # vLLM calls this right after the forward pass is queued
+            t_queued_ns, start = self._forward_start
+            self.forward_steps.append((t_queued_ns, start if start is not None else t_queued_ns,
+                                       self.arena.event() or _ns()))
+            self._forward_start = None
         self._end_step()
         self._run_saves()
 

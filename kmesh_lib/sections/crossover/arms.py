@@ -20,7 +20,9 @@ the tier's memory copy, turns retention on and runs a warm-up (the LMCache and G
 the stored context from disk and keep their copy; vLLM's CPU tier stores the prefill), then resets
 vLLM's prefix cache; ``disk`` turns retention off and empties the memory copy. The follow-up is the
 context plus SUFFIX_TOKENS own tokens, MAX_TOKENS out; both stopwatches start at its submission:
-first token (``ttft_s``) and the group's last token (``makespan_s``).
+first token (``ttft_s``) and the group's last token (``makespan_s``). On the GPU buffer's engine every
+follow-up, the resident one included, also records its first forward pass's own span (``forward_step_s``:
+events on CUDA), so a restore's effect on the forward pass has a control in the same engine.
 
 Invariants:
     - before any follow-up is submitted the engine has no request and the tier no I/O in flight
@@ -96,6 +98,8 @@ class RestoreBench:
         self.switch = ExternalSwitch(engine, self.probe)
         self.vocab = engine.spec.config["vocab_size"]
         self.clocks = GpuClocks() if engine.params.DEVICE == "cuda" else None
+        if tier_name == "gpubuf":
+            tier.time_forward_steps(True)  # every arm's follow-up, the resident one included (the control)
 
     @property
     def has_disk_tier(self) -> bool:
@@ -190,6 +194,10 @@ class RestoreBench:
         """The GPU buffer: its restores and their split; vLLM's CPU tier: its external hits and lookups."""
         if self.tier_name == "gpubuf":
             out: dict = {"num_restores": len(timelines), "memory_tier_bytes_after": self.tier.memory_bytes()}
+            # the follow-up's first forward pass: its own span on the GPU (host stamps on CPU), whatever its arm
+            steps = [s for s in self.tier.take_forward_steps()
+                     if result.t_submit_ns <= s["t_queued_ns"] <= result.t_first_token_ns]
+            out["forward_step_s"] = steps[0]["forward_s"] if steps else None
             if timelines:
                 out["split"] = gpu_buffer_split(timelines[0], result.t_submit_ns, result.t_first_token_ns)
             return out
@@ -215,6 +223,8 @@ class RestoreBench:
         wait_at = WAIT_AT_OF.get(arm)
         if wait_at:
             self.tier.set_wait_at(wait_at)
+        if self.tier_name == "gpubuf":
+            self.tier.take_forward_steps()  # the preparation's steps are not the follow-up's
         self.probe.start()
         try:
             results = run_group(self.engine, specs)

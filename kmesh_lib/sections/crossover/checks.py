@@ -55,6 +55,8 @@ def recomputed_tables(run: RunFiles) -> dict:
         out["splits"] = report.split_table(rows)
     if any(r.get("gpu_clocks") for r in rows):
         out["scatter_sources"] = report.scatter_table(rows)
+    if any("forward_step_s" in r for r in rows):
+        out["forward_steps"] = report.forward_step_table(rows)
     return out
 
 
@@ -131,7 +133,13 @@ def checks(run: RunFiles) -> list[Check]:
     results = run.results
     for key, name in (("arms", "median first token per (model, context, arm)"), ("crossover", "crossover points"),
                       ("components", "per-component medians"), ("floor_distance", "distance to the floors"),
-                      ("splits", "restore timeline splits"), ("scatter_sources", "forward-step spread and its sources")):
+                      ("splits", "restore timeline splits"), ("scatter_sources", "forward-step spread and its sources"),
+                      ("forward_steps", "forward passes' own spans against the resident's")):
+        if key == "forward_steps" and key not in tables:
+            if key in results:
+                out.append(check(f"results.json {name} equal the rows", False,
+                                 "results.json has forward-pass spans; no row records one", results[key]))
+            continue  # runs recorded before the GPU buffer timed its forward passes
         if key == "scatter_sources" and key not in tables:
             if key in results:  # a table no row's clocks give
                 out.append(check(f"results.json {name} equal the rows", False,
@@ -167,13 +175,20 @@ def checks(run: RunFiles) -> list[Check]:
 
 
 def launch_checks(measured: list[dict], children: list[dict]) -> list[Check]:
-    """Where the GPU buffer queued its restores, and what each added to its step, against the tier's own
-    record (``tier_route.launch_at`` in raw/models.jsonl). Absent for runs recorded before the tier
-    had the choice (their records name no ``launch_at``)."""
+    """Where the GPU buffer queued its restores, what each added to its step and how its forward pass
+    waited, against the tier's own record (``tier_route.launch_at``/``wait_at`` in raw/models.jsonl), and
+    that every follow-up's forward pass was timed. Each is absent for runs recorded before the tier
+    recorded it."""
+    out = []
+    gpubuf_rows = [r for r in measured if tier(r) == "gpubuf"]
+    if any("forward_step_s" in r for r in gpubuf_rows):  # runs recorded before the tier timed forward passes have none
+        out.append(all_of("gpubuf: every follow-up's first forward pass was timed on its own", gpubuf_rows,
+                          lambda r: (r.get("forward_step_s") or 0) > 0,
+                          lambda r: f"{r['tag']}: {r.get('forward_step_s')}", "no measured GPU-buffer rows"))
     configured = {m["model"]: m["tier_route"]["launch_at"] for m in children
                   if tier(m) == "gpubuf" and "launch_at" in (m.get("tier_route") or {})}
     if not configured:
-        return []
+        return out
     restored = [r for r in measured if r["arm"] in ("gpubuf_retained", "gpubuf_layered", "gpubuf_disk")]
     split = {r["tag"]: r.get("split") or {} for r in restored}
     waits = {m["model"]: m["tier_route"]["wait_at"] for m in children
@@ -191,7 +206,6 @@ def launch_checks(measured: list[dict], children: list[dict]) -> list[Check]:
             return False
         return abs((split[r["tag"]].get("lookup_s") or 0.0) + sum(parts[:3]) - parts[3]) < 1e-9
 
-    out = []
     if waits:  # runs recorded before the tier had the choice name no wait_at
         out.append(all_of("gpubuf: every restore's forward pass waited as its arm says (wait_at), with layer waits "
                           "once for each copy group", restored, waited_as_its_arm_says,

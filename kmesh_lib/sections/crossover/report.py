@@ -343,6 +343,33 @@ def critical_goal_table(splits: list[dict], distance: list[dict]) -> list[dict]:
     return out
 
 
+GPUBUF_RESTORES = ("gpubuf_retained", "gpubuf_layered", "gpubuf_disk")
+
+
+def forward_step_table(rows: list[dict]) -> list[dict]:
+    """The follow-up's forward pass on the GPU-buffer engine, its own GPU span (``forward_step_s``: from its
+    start, after a whole copy, to its end; ``kv.gpu_buffer_connector``), per restore path against the resident
+    follow-up of the same engine: the median difference and its 95% bootstrap interval. The resident step is the
+    control: a whole copy ends before the forward pass starts, so its difference should hold zero; a copy
+    waited for layer by layer runs beside the forward pass, and its difference is its stalls plus what its
+    memory traffic cost the forward pass's kernels (``charged_ms`` bounds that by the copy's span)."""
+    spans: dict[tuple, list[float]] = {}
+    for r in usable(rows):
+        if r.get("forward_step_s") is not None:
+            spans.setdefault((r["model"], r["context_tokens"], r["arm"]), []).append(1e3 * r["forward_step_s"])
+    out = []
+    for (model, n, arm), ms in sorted(spans.items()):
+        resident = spans.get((model, n, RESIDENT_OF.get(arm, "")))
+        if arm not in GPUBUF_RESTORES or not resident:
+            continue
+        diff, low, high = median_difference(ms, resident)
+        out.append({"model": model, "context_tokens": n, "path": arm, "n": len(ms),
+                    "forward_ms": round(float(numpy.median(ms)), 3),
+                    "resident_forward_ms": round(float(numpy.median(resident)), 3),
+                    "difference_ms": round(diff, 3), "difference_ci_ms": [round(low, 3), round(high, 3)]})
+    return out
+
+
 def paths_in(table: list[dict]) -> list[str]:
     """The restore paths a table holds, in ``RESTORES`` order."""
     have = {r.get("arm", r.get("path")) for r in table}

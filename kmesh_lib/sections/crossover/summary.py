@@ -234,6 +234,13 @@ def _goal_sentences(tables: dict, rows: list[dict] | None = None, suffix_tokens:
                        f"points ("
                        + "; ".join(f"{r['model']} {_n(r['context_tokens'])} {LABEL[r['charged_path']]}: "
                                    f"{r['charged_ms']:,.3f} ms, {r['charged_x_floor']:.2f}\u00d7" for r in layered) + ").")
+    steps = [r for r in tables.get("forward_steps", []) if r["context_tokens"] >= report.GOAL_MIN_TOKENS]
+    if steps:
+        out.append("The follow-up's forward pass on the GPU, each restore path against the resident follow-up's (median "
+                   "difference, 95% bootstrap interval; after a whole copy it should hold zero, beside a layered copy it "
+                   "holds the stalls and what the copy's memory traffic cost): "
+                   + "; ".join(f"{r['model']} {_n(r['context_tokens'])} {LABEL[r['path']]}: {r['difference_ms']:+,.3f} ms "
+                               f"[{r['difference_ci_ms'][0]:+,.3f}, {r['difference_ci_ms'][1]:+,.3f}]" for r in steps) + ".")
     scatter = tables.get("scatter_sources") or []
     rhos = [r for r in scatter if r["rho_forward_other"] is not None]
     if rhos:
