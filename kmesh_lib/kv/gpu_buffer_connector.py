@@ -33,9 +33,11 @@ steps):
                A step replayed as a full CUDA graph calls no per-layer hook, so ``start_load_kv`` waits
                for every group there. After the forward pass the stream waits for the side stream.
 
-With ``GpuBufferTier.time_forward_steps(True)`` every forward pass is timed from its start (after a whole
-copy, before any layer wait) to its end (``wait_for_save``), events on CUDA: the forward pass's own GPU
-span, which a copy running beside it (layer waits) can stretch and a resident step's gives the control for.
+With ``GpuBufferTier.time_forward_steps(True)`` every forward pass is timed from its first attention layer
+(the first ``wait_for_layer_load``: after a whole copy, before any layer wait) to its end (``wait_for_save``),
+events on CUDA: the forward pass's own GPU span, which a copy running beside it (layer waits) can stretch and
+a resident step's gives the control for. (Not from ``start_load_kv``: vLLM 0.32 calls it after the forward
+pass on steps without a synchronous load.)
 
 Either way ``start_load_kv`` stamps when the forward pass is queued, so a restore's timeline tells
 its host part from the time the forward pass waited on its copy (``RestoreTimeline``). A save is queued in the
@@ -141,7 +143,6 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
         meta = self._connector_metadata
-        forward_event = None
         if isinstance(meta, GpuBufferMetadata) and meta.loads and self.arena is not None:
             self._queue_loads(meta, "forward")
             # the forward pass is queued after this call, on this stream: the event shows how long it waits on
@@ -158,9 +159,6 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
                 forward_event = self.arena.event()
                 for tl in meta.timelines:
                     tl.forward_queued(t_forward_ns, forward_event)
-        if self.time_forward and self.arena is not None:
-            # the forward pass's start: after a whole copy (the stream waits for it), before any layer wait
-            self._forward_start = (_ns(), forward_event or self.arena.event())
 
     def _queue_loads(self, meta, at: str) -> None:
         """Queues every restore of ``meta`` once (the first of the two hooks to reach it)."""
@@ -191,6 +189,9 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
         """With layer waits (``wait_at == "layer"``), vLLM's attention calls this before each layer: the
         forward pass's stream waits for the copy group of that layer (and any earlier one not waited
         for); without, every restore was queued before the forward pass, on its stream."""
+        if self.time_forward and self._forward_start is None and self.arena is not None:
+            # the forward pass reached its first attention layer: after a whole copy, before any layer wait
+            self._forward_start = (_ns(), self.arena.event())
         if self._group_ready:
             group = self.arena.group_of.get(layer_name, len(self._group_ready) - 1)
             if group >= self._next_group:  # a later layer of a group already waited for costs a lookup only
@@ -225,7 +226,7 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
         return  # saves copy whole blocks after the forward pass (wait_for_save)
 
     def wait_for_save(self) -> None:
-        if self._forward_start is not None:  # vLLM calls this right after the forward pass is queued
+        if self._forward_start is not None:  # vLLM calls this once the forward pass is queued
             t_queued_ns, start = self._forward_start
             self.forward_steps.append((t_queued_ns, start if start is not None else t_queued_ns,
                                        self.arena.event() or _ns()))

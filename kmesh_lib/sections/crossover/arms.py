@@ -21,8 +21,9 @@ the stored context from disk and keep their copy; vLLM's CPU tier stores the pre
 vLLM's prefix cache; ``disk`` turns retention off and empties the memory copy. The follow-up is the
 context plus SUFFIX_TOKENS own tokens, MAX_TOKENS out; both stopwatches start at its submission:
 first token (``ttft_s``) and the group's last token (``makespan_s``). On the GPU buffer's engine every
-follow-up, the resident one included, also records its first forward pass's own span (``forward_step_s``:
-events on CUDA), so a restore's effect on the forward pass has a control in the same engine.
+follow-up, the resident one included, also records the span of the forward pass that gave its first token,
+from its first attention layer to its end (``forward_step_s``: events on CUDA), so a restore's effect on
+the forward pass has a control in the same engine.
 
 Invariants:
     - before any follow-up is submitted the engine has no request and the tier no I/O in flight
@@ -194,10 +195,10 @@ class RestoreBench:
         """The GPU buffer: its restores and their split; vLLM's CPU tier: its external hits and lookups."""
         if self.tier_name == "gpubuf":
             out: dict = {"num_restores": len(timelines), "memory_tier_bytes_after": self.tier.memory_bytes()}
-            # the follow-up's first forward pass: its own span on the GPU (host stamps on CPU), whatever its arm
+            # the forward pass that gave the follow-up's first token: its own span on the GPU (host stamps on CPU)
             steps = [s for s in self.tier.take_forward_steps()
                      if result.t_submit_ns <= s["t_queued_ns"] <= result.t_first_token_ns]
-            out["forward_step_s"] = steps[0]["forward_s"] if steps else None
+            out["forward_step_s"] = steps[-1]["forward_s"] if steps else None  # the one that gave the first token
             if timelines:
                 out["split"] = gpu_buffer_split(timelines[0], result.t_submit_ns, result.t_first_token_ns)
             return out

@@ -348,7 +348,7 @@ GPUBUF_RESTORES = ("gpubuf_retained", "gpubuf_layered", "gpubuf_disk")
 
 def forward_step_table(rows: list[dict]) -> list[dict]:
     """The follow-up's forward pass on the GPU-buffer engine, its own GPU span (``forward_step_s``: from its
-    start, after a whole copy, to its end; ``kv.gpu_buffer_connector``), per restore path against the resident
+    first attention layer, after a whole copy, to its end; ``kv.gpu_buffer_connector``), per restore path against the resident
     follow-up of the same engine: the median difference and its 95% bootstrap interval. The resident step is the
     control: a whole copy ends before the forward pass starts, so its difference should hold zero; a copy
     waited for layer by layer runs beside the forward pass, and its difference is its stalls plus what its
