@@ -415,14 +415,18 @@ def heatmaps(table: list[dict], path_out, title: str = ""):
 
 
 # the timed restores' series ``floor_plot`` draws from ``split_table``: (key, marker, line style, label)
-TIMELINE_SERIES = (("restore_ms", "x", ":", "restore span"), ("critical_ms", "+", "-.", "added to the step"))
+# the timeline's series in the floor plot: what, marker, line style, its value from a split row (None: not drawn)
+TIMELINE_SERIES = (("restore span", "x", ":", lambda r: r.get("restore_ms")),
+                   ("added to the step", "+", "-.", lambda r: r.get("critical_ms")),
+                   ("added, its copy charged", "1", (0, (3, 1, 1, 1, 1, 1)),
+                    lambda r: charged_ms(r) if r.get("wait_at") == "layer" else None))
 
 
 def floor_plot(floors: list[dict], path_out, splits: list[dict] | None = None):
     """Per model: each restore path's cost (first token above its engine's resident follow-up) and
     its transfer floor against context length; with ``splits``, also each timed restore's own span
     (``split_table``'s median ``restore_ms``) and what it adds to its step (``critical_ms``), both free of
-    the forward step's spread."""
+    the forward step's spread, and for a copy waited for by layer that sum with the copy charged (``charged_ms``)."""
     import matplotlib.pyplot as plt
 
     models = list(dict.fromkeys(r["model"] for r in floors))
@@ -438,9 +442,9 @@ def floor_plot(floors: list[dict], path_out, splits: list[dict] | None = None):
             ax.plot(xs, costs, marker=marker, color=color, label=f"{path}: restore cost")
             ax.plot(xs, [r["transfer_floor_ms"] for r in rs], marker=marker, ls="--", color=color, alpha=0.5,
                     label=f"{path}: transfer floor")
-            for key, mark, style, what in TIMELINE_SERIES:
-                points = sorted((r["context_tokens"], r[key]) for r in splits or []
-                                if r["model"] == m and r["arm"] == path and r.get(key) is not None)
+            for what, mark, style, value in TIMELINE_SERIES:
+                points = sorted((r["context_tokens"], value(r)) for r in splits or []
+                                if r["model"] == m and r["arm"] == path and value(r) is not None)
                 if points:
                     ax.plot([n for n, _ in points], [v for _, v in points], marker=mark, ls=style, color=color,
                             label=f"{path}: {what} (timeline)")
