@@ -42,9 +42,9 @@ WAIT_AT = ("forward", "layer")  # what the forward pass waits for (``GpuBufferCo
 _ns = time.monotonic_ns
 
 
-def _check_wait_at(wait_at: str) -> None:
-    if wait_at not in WAIT_AT:
-        raise ValueError(f"wait_at={wait_at!r}: one of {', '.join(WAIT_AT)}")
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r}: one of {', '.join(choices)}")
 
 
 def entry_path(disk_dir: str | Path, entry_id: int) -> Path:
@@ -187,9 +187,8 @@ class GpuBufferTier:
                  saving: bool = True, launch_at: str = "step_start", wait_at: str = "forward") -> None:
         if buffer_mib <= 0:
             raise ValueError(f"buffer_mib={buffer_mib}: the GPU buffer needs a positive size")
-        if launch_at not in LAUNCH_AT:
-            raise ValueError(f"launch_at={launch_at!r}: one of {', '.join(LAUNCH_AT)}")
-        _check_wait_at(wait_at)
+        _check_choice("launch_at", launch_at, LAUNCH_AT)
+        _check_choice("wait_at", wait_at, WAIT_AT)
         self.disk_dir = Path(disk_dir)
         self.config = GpuBufferConfig(f"gpubuf-{secrets.token_hex(4)}", buffer_mib * MIB, str(self.disk_dir),
                                       chunk_mib * MIB, retain, saving, launch_at, wait_at)
@@ -221,6 +220,12 @@ class GpuBufferTier:
     @property
     def index(self):
         return self.scheduler_side.index
+
+    @property
+    def worker(self):
+        if self.shared.worker is None:
+            raise RuntimeError("no HostStagedGpuBuffer worker side (in-process engine only)")
+        return self.shared.worker
 
     @property
     def arena(self):
@@ -255,36 +260,30 @@ class GpuBufferTier:
     def set_wait_at(self, wait_at: str) -> None:
         """What the forward pass waits for from the next step on (``GpuBufferConfig.wait_at``); the
         configured value stays in ``describe()``, each restore records its own (``RestoreTimeline``)."""
-        _check_wait_at(wait_at)
-        worker = self.shared.worker
-        if worker is None:
-            raise RuntimeError("no HostStagedGpuBuffer worker side (in-process engine only)")
-        worker.wait_at = wait_at
+        _check_choice("wait_at", wait_at, WAIT_AT)
+        self.worker.wait_at = wait_at
 
     def time_forward_steps(self, on: bool) -> None:
         """Times every forward pass from the next step on (``take_forward_steps``); off by default: two
         events per step."""
-        worker = self.shared.worker
-        if worker is None:
-            raise RuntimeError("no HostStagedGpuBuffer worker side (in-process engine only)")
-        worker.time_forward = on
-        worker.forward_steps.clear()
+        self.worker.time_forward = on
+        self.worker.forward_steps.clear()
 
     def take_forward_steps(self) -> list[dict]:
-        """Forward passes timed since the last call, oldest first: ``t_queued_ns`` (the host queued it) and
-        ``forward_s`` (its start to its end on the GPU; host stamps on the CPU build)."""
+        """Forward passes timed since the last call, oldest first: ``t_start_ns`` (the host reached its first
+        attention layer) and ``forward_s`` (from there to its end on the GPU; host stamps on the CPU build)."""
         worker = self.shared.worker
         if worker is None:
             return []
         steps, worker.forward_steps = worker.forward_steps, []
         out = []
-        for t_queued_ns, start, end in steps:
+        for t_start_ns, start, end in steps:
             if isinstance(end, int):
                 seconds = (end - start) / 1e9
             else:
                 end.synchronize()
                 seconds = start.elapsed_time(end) / 1e3
-            out.append({"t_queued_ns": t_queued_ns, "forward_s": seconds})
+            out.append({"t_start_ns": t_start_ns, "forward_s": seconds})
         return out
 
     def set_loading(self, on: bool) -> None:

@@ -162,8 +162,9 @@ class BufferArena:
         first_plane, names = [0], list(planes_of)
         for layer in planes_of.values():
             first_plane.append(first_plane[-1] + len(layer))
-        self.plane_groups = [(first_plane[a], first_plane[b]) for a, b in layer_groups(len(names))]
-        self.group_of = {name: g for g, (a, b) in enumerate(layer_groups(len(names))) for name in names[a:b]}
+        groups = layer_groups(len(names))
+        self.plane_groups = [(first_plane[a], first_plane[b]) for a, b in groups]
+        self.group_of = {name: g for g, (a, b) in enumerate(groups) for name in names[a:b]}
         self.plane_nbytes = [p.shape[1] for p in planes]
         self.bytes_per_block = sum(self.plane_nbytes)
         self.word_bytes, dtype = _word_dtype(self.plane_nbytes + [self.bytes_per_block], planes)

@@ -121,8 +121,8 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
             self._group_ready: list = []  # with layer waits: each copy group's end, for the forward pass
             self._next_group = 0  # the first group the forward pass has not waited for yet
             self.time_forward = False  # GpuBufferTier.time_forward_steps: stamp every forward pass
-            self._forward_start = None  # (t_ns, event or None): this step's forward pass, queued
-            self.forward_steps: list[tuple] = []  # (t_queued_ns, start, end): events on CUDA, else CPU stamps
+            self._forward_start = None  # (t_ns, event; the stamp on CPU): this step's first attention layer
+            self.forward_steps: list[tuple] = []  # (t_start_ns, start, end): events on CUDA, else CPU stamps
             self.shared.worker = self
 
     # ==============================
@@ -191,7 +191,8 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
         for); without, every restore was queued before the forward pass, on its stream."""
         if self.time_forward and self._forward_start is None and self.arena is not None:
             # the forward pass reached its first attention layer: after a whole copy, before any layer wait
-            self._forward_start = (_ns(), self.arena.event())
+            t_ns = _ns()
+            self._forward_start = (t_ns, self.arena.event() or t_ns)
         if self._group_ready:
             group = self.arena.group_of.get(layer_name, len(self._group_ready) - 1)
             if group >= self._next_group:  # a later layer of a group already waited for costs a lookup only
@@ -227,9 +228,7 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
 
     def wait_for_save(self) -> None:
         if self._forward_start is not None:  # vLLM calls this once the forward pass is queued
-            t_queued_ns, start = self._forward_start
-            self.forward_steps.append((t_queued_ns, start if start is not None else t_queued_ns,
-                                       self.arena.event() or _ns()))
+            self.forward_steps.append((*self._forward_start, self.arena.event() or _ns()))
             self._forward_start = None
         self._end_step()
         self._run_saves()

@@ -60,6 +60,7 @@ RESIDENT_OF = {"dram": "floor", "disk": "floor", "gpubuf_retained": "gpubuf_resi
                "gpubuf_layered": "gpubuf_resident", "gpubuf_disk": "gpubuf_resident",
                "native_offload": "native_resident"}  # each restore against the engine-resident follow-up of its engine
 RESTORE_ARMS = tuple(RESIDENT_OF)
+GPUBUF_RESTORES = tuple(a for a in ARMS_OF_TIER["gpubuf"] if a in RESIDENT_OF)  # the GPU buffer's restore arms
 # what the forward pass waits for in an arm's follow-up (``GpuBufferTier.set_wait_at``); others: the tier's own
 WAIT_AT_OF = {"gpubuf_layered": "layer"}
 STORED_TIERS = ("lmcache", "gpubuf")  # tiers whose contexts are stored on a disk tier before the arms run
@@ -197,7 +198,7 @@ class RestoreBench:
             out: dict = {"num_restores": len(timelines), "memory_tier_bytes_after": self.tier.memory_bytes()}
             # the forward pass that gave the follow-up's first token: its own span on the GPU (host stamps on CPU)
             steps = [s for s in self.tier.take_forward_steps()
-                     if result.t_submit_ns <= s["t_queued_ns"] <= result.t_first_token_ns]
+                     if result.t_submit_ns <= s["t_start_ns"] <= result.t_first_token_ns]
             out["forward_step_s"] = steps[-1]["forward_s"] if steps else None  # the one that gave the first token
             if timelines:
                 out["split"] = gpu_buffer_split(timelines[0], result.t_submit_ns, result.t_first_token_ns)

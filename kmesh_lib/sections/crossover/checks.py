@@ -23,7 +23,7 @@ from itertools import product
 from kmesh_lib.base.checks import Check, all_of, check, differences
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.crossover import report
-from kmesh_lib.sections.crossover.arms import KIND, STORED_TIERS, TIMED_TIERS, WAIT_AT_OF, tiers_of
+from kmesh_lib.sections.crossover.arms import GPUBUF_RESTORES, KIND, STORED_TIERS, TIMED_TIERS, WAIT_AT_OF, tiers_of
 
 
 def expected_cached(arm: str, context_tokens: int) -> int:
@@ -189,7 +189,7 @@ def launch_checks(measured: list[dict], children: list[dict]) -> list[Check]:
                   if tier(m) == "gpubuf" and "launch_at" in (m.get("tier_route") or {})}
     if not configured:
         return out
-    restored = [r for r in measured if r["arm"] in ("gpubuf_retained", "gpubuf_layered", "gpubuf_disk")]
+    restored = [r for r in measured if r["arm"] in GPUBUF_RESTORES]
     split = {r["tag"]: r.get("split") or {} for r in restored}
     waits = {m["model"]: m["tier_route"]["wait_at"] for m in children
              if tier(m) == "gpubuf" and "wait_at" in (m.get("tier_route") or {})}
@@ -227,7 +227,7 @@ def tier_checks(measured: list[dict], arm_names: list[str]) -> list[Check]:
     """What the GPU buffer and vLLM's CPU tier must show beyond cached tokens, from their rows."""
     out: list[Check] = []
     rows = {a: [r for r in measured if r["arm"] == a] for a in arm_names}
-    for arm in ("gpubuf_retained", "gpubuf_layered"):
+    for arm in (a for a in GPUBUF_RESTORES if KIND[a] == "memory"):
         if arm in arm_names:
             out.append(all_of(f"{arm}: the buffer held the context before every follow-up, which restored it "
                               "once from the buffer", rows[arm],

@@ -22,7 +22,7 @@ import numpy
 
 from kmesh_lib.base.intervals import median_difference
 from kmesh_lib.kv.floors import floor_seconds
-from kmesh_lib.sections.crossover.arms import RESIDENT_OF, RESTORE_ARMS
+from kmesh_lib.sections.crossover.arms import GPUBUF_RESTORES, RESIDENT_OF, RESTORE_ARMS
 
 RESTORES = RESTORE_ARMS
 # Each path's transfer floor from the floors the run measured: "copy" host->device (a host memcpy on
@@ -343,9 +343,6 @@ def critical_goal_table(splits: list[dict], distance: list[dict]) -> list[dict]:
     return out
 
 
-GPUBUF_RESTORES = ("gpubuf_retained", "gpubuf_layered", "gpubuf_disk")
-
-
 def forward_step_table(rows: list[dict]) -> list[dict]:
     """The follow-up's forward pass on the GPU-buffer engine, its own GPU span (``forward_step_s``: from its
     first attention layer, after a whole copy, to its end; ``kv.gpu_buffer_connector``), per restore path against the resident
@@ -414,7 +411,6 @@ def heatmaps(table: list[dict], path_out, title: str = ""):
     return fig
 
 
-# the timed restores' series ``floor_plot`` draws from ``split_table``: (key, marker, line style, label)
 # the timeline's series in the floor plot: what, marker, line style, its value from a split row (None: not drawn)
 TIMELINE_SERIES = (("restore span", "x", ":", lambda r: r.get("restore_ms")),
                    ("added to the step", "+", "-.", lambda r: r.get("critical_ms")),
