@@ -482,13 +482,34 @@ def test_cuda_restores_give_the_recomputed_outputs(tmp_path, wait_at):
         assert disk["staging_s"] > 0 and disk["copy_s"] > 0 and buffer["copy_s"] > 0
         for r in (disk, buffer):  # with layer waits, vLLM's attention waited for every copy group
             assert r["wait_at"] == wait_at and r["num_layer_waits"] == (r["num_copy_groups"] if wait_at == "layer" else 0)
-            assert r["critical_s"] is not None
+            assert r["critical_s"] is not None and r["measure_synced"] in (True, False)
+            assert (r["hook_s"] > 0) == (wait_at == "layer")
         described = tier.describe()
         assert described["device"].startswith("cuda") and described["copy_route"] == "fused"
         assert described["copy_launch"] == "handle"
     finally:
         engine.close()
         tier.close()
+
+
+@pytest.mark.gpu
+def test_the_clock_reference_waits_only_for_a_busy_stream_and_agrees_either_way():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from kmesh_lib.kv.gpu_buffer_arena import stream_reference
+
+    torch.cuda.synchronize()
+    t_idle, idle_event, synced = stream_reference()
+    assert not synced  # nothing queued: no wait
+    torch.cuda._sleep(100_000_000)  # tens of milliseconds of GPU time queued ahead
+    t_before = time.monotonic_ns()
+    t_busy, busy_event, synced = stream_reference()
+    assert synced and t_busy - t_before > 5e6  # it waited for the queued work
+    busy_event.synchronize()
+    # the idle reference puts the busy one's event where the host clock has it, to a tenth of a millisecond
+    assert idle_event.elapsed_time(busy_event) == pytest.approx((t_busy - t_idle) / 1e6, abs=0.1)
 
 
 # -- the GPU buffer's floor --
@@ -559,6 +580,7 @@ def test_a_restore_is_queued_once_at_the_configured_hook_and_timed_to_the_forwar
         # vLLM allocated the blocks between the lookup's answer and the worker taking up the restore
         assert rec["t_lookup_end_ns"] <= rec["t_allocated_ns"] <= rec["t_start_ns"] and rec["allocate_s"] >= 0
         assert rec["critical_s"] == pytest.approx(rec["lookup_s"] + rec["measure_s"] + rec["host_s"])
+        assert rec["measure_synced"] is None and rec["hook_s"] == 0  # CPU: no clock reference, no layer waits
     finally:
         engine.close()
         tier.close()
@@ -571,14 +593,24 @@ def test_launch_at_names_its_choices():
         GpuBufferTier(buffer_mib=1, disk_dir="/tmp/x", wait_at="block")
 
 
-@pytest.mark.parametrize("num_layers, sizes", [(1, [1]), (2, [1, 1]), (3, [1, 2]), (24, [1, 2, 4, 8, 9]),
-                                               (28, [1, 2, 4, 8, 13]), (32, [1, 2, 4, 8, 17])])
-def test_layer_groups_double_from_one_layer_and_cover_every_layer_once(num_layers, sizes):
+@pytest.mark.parametrize("num_layers, growth, sizes", [
+    (1, 4, [1]), (2, 4, [1, 1]), (3, 4, [1, 2]), (24, 4, [1, 4, 19]), (28, 4, [1, 4, 23]), (64, 4, [1, 4, 16, 43]),
+    (24, 2, [1, 2, 4, 8, 9]), (28, 2, [1, 2, 4, 8, 13]), (32, 2, [1, 2, 4, 8, 17]), (28, 64, [1, 27])])
+def test_layer_groups_grow_from_one_layer_and_cover_every_layer_once(num_layers, growth, sizes):
     from kmesh_lib.kv.gpu_buffer_arena import layer_groups
 
-    groups = layer_groups(num_layers)
+    groups = layer_groups(num_layers, growth)
     assert [b - a for a, b in groups] == sizes
     assert [a for a, _ in groups] == [0] + [b for _, b in groups[:-1]] and groups[-1][1] == num_layers
+
+
+def test_layer_group_growth_below_two_is_refused_where_it_is_set():
+    from kmesh_lib.kv.gpu_buffer_arena import layer_groups
+
+    with pytest.raises(ValueError, match="layer_group_growth=1: at least 2"):
+        layer_groups(24, 1)
+    with pytest.raises(ValueError, match="layer_group_growth=1: at least 2"):
+        GpuBufferTier(buffer_mib=1, disk_dir="/tmp/x", layer_group_growth=1)
 
 
 def test_forward_passes_are_timed_only_when_asked_and_taken_once(tmp_path):
@@ -670,6 +702,7 @@ def test_layer_waits_add_each_groups_stall_and_a_missed_group_leaves_the_wait_un
     rec = timeline([(5_010, 5_050), (6_000, 5_900), (8_500, 9_000)])
     assert rec["forward_wait_s"] == pytest.approx(540e-9) and rec["num_layer_waits"] == 3
     assert rec["host_s"] == pytest.approx(280e-9)  # its launches and its share of the per-layer hooks
+    assert rec["hook_s"] == pytest.approx(30e-9)  # the hooks' part, also on its own
     assert rec["critical_s"] == pytest.approx((200 + 100 + 280 + 540) * 1e-9)
     missed = timeline([(5_010, 5_050), (6_000, 5_900)])  # the forward pass never waited for group 2
     assert missed["forward_wait_s"] is None and missed["critical_s"] is None

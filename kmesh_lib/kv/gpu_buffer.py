@@ -39,6 +39,7 @@ CONNECTOR = "HostStagedGpuBuffer"
 CONNECTOR_MODULE = "kmesh_lib.kv.gpu_buffer_connector"
 LAUNCH_AT = ("step_start", "forward")  # where the worker queues a step's restores (``GpuBufferConfig.launch_at``)
 WAIT_AT = ("forward", "layer")  # what the forward pass waits for (``GpuBufferConfig.wait_at``)
+LAYER_GROUP_GROWTH = 4  # layer groups of 1, 4, 16, ... layers (``gpu_buffer_arena.layer_groups``)
 _ns = time.monotonic_ns
 
 
@@ -63,6 +64,7 @@ class GpuBufferConfig:
     saving: bool = True
     launch_at: str = "step_start"  # where restores are queued: "step_start" or "forward" (the connector's docstring)
     wait_at: str = "forward"  # the whole copy before the forward pass, or each layer group before its layers
+    layer_group_growth: int = LAYER_GROUP_GROWTH  # with layer waits: how fast the copy's layer groups grow
 
     def extra(self) -> dict:
         return {f"kmesh.{k}": v for k, v in self.__dict__.items()}
@@ -184,14 +186,17 @@ class GpuBufferTier:
              "-> vLLM blocks, device to device")
 
     def __init__(self, buffer_mib: int, disk_dir: str | Path, chunk_mib: int = 16, retain: bool = True,
-                 saving: bool = True, launch_at: str = "step_start", wait_at: str = "forward") -> None:
+                 saving: bool = True, launch_at: str = "step_start", wait_at: str = "forward",
+                 layer_group_growth: int = LAYER_GROUP_GROWTH) -> None:
         if buffer_mib <= 0:
             raise ValueError(f"buffer_mib={buffer_mib}: the GPU buffer needs a positive size")
         _check_choice("launch_at", launch_at, LAUNCH_AT)
         _check_choice("wait_at", wait_at, WAIT_AT)
+        if layer_group_growth < 2:
+            raise ValueError(f"layer_group_growth={layer_group_growth}: at least 2")
         self.disk_dir = Path(disk_dir)
         self.config = GpuBufferConfig(f"gpubuf-{secrets.token_hex(4)}", buffer_mib * MIB, str(self.disk_dir),
-                                      chunk_mib * MIB, retain, saving, launch_at, wait_at)
+                                      chunk_mib * MIB, retain, saving, launch_at, wait_at, layer_group_growth)
         self.shared = shared_state(self.config.tier_id)
         self.meter = GpuBufferMeter(self)
         self._executor: ThreadPoolExecutor | None = None
@@ -239,6 +244,7 @@ class GpuBufferTier:
         out = {"tier": self.path, "connector": f"{CONNECTOR_MODULE}.{CONNECTOR}", "route": self.route,
                "buffer_bytes": self.config.buffer_bytes, "chunk_bytes": self.config.chunk_bytes,
                "launch_at": self.config.launch_at, "wait_at": self.config.wait_at,
+               "layer_group_growth": self.config.layer_group_growth,
                "direct_storage": direct_storage_status(self.disk_dir)}
         out["route_used"] = "host-staged"
         if self.shared.scheduler is not None:
@@ -246,6 +252,7 @@ class GpuBufferTier:
         if self.shared.worker is not None and self.shared.worker.arena is not None:
             a = self.shared.worker.arena
             out.update(device=str(a.device), buffer_allocation_bytes=a.buffer.numel(), num_planes=len(a.planes),
+                       layer_group_sizes=[end - start for start, end in a.layer_groups],
                        copy_word_bytes=a.word_bytes, blocks_per_chunk=a.blocks_per_chunk,
                        copy_route=a.copy_route)  # "fused" (one Triton launch) or "torch (<why>)"
             if a.scatter is not None:

@@ -23,9 +23,9 @@ copied by layer groups runs on a side stream instead, ``copy_into_vllm``):
 On the CPU build the "device" is host memory: the same code with plain memcpys and CPU stamps.
 
 Layer groups (``layer_groups``): a restore copied ``by_layer`` is one launch per group of consecutive
-layers, 1, 2, 4, ... layers each (the last takes the rest), on a side stream, with an event after each
-group: the forward pass's layer k needs only its own group, so it waits for a small first group and
-the later ones copy while the first layers compute.
+layers, 1, 4, 16, ... layers each (the last takes the rest; ``GpuBufferConfig.layer_group_growth``), on
+a side stream, with an event after each group: the forward pass's layer k needs only its own group,
+so it waits for a small first group and the later ones copy while the first layers compute.
 
 Invariant: a read or write that returns short raises ``OSError`` (never a silent partial copy);
 every file is written and read with O_DIRECT, so rereads come from the disk, not the page cache.
@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from kmesh_lib.kv.fused_copy import RowScatter, triton_status
-from kmesh_lib.kv.gpu_buffer import entry_path
+from kmesh_lib.kv.gpu_buffer import LAYER_GROUP_GROWTH, entry_path
 from kmesh_lib.kv.restore_timeline import RestoreTimeline, Span
 
 logger = logging.getLogger(__name__)
@@ -86,14 +86,19 @@ def block_planes(kv: torch.Tensor, num_blocks: int) -> list[torch.Tensor]:
     return planes
 
 
-def layer_groups(num_layers: int) -> list[tuple[int, int]]:
-    """``[start, end)`` layer ranges of sizes 1, 2, 4, ... (the last takes the rest): a small first
-    group, the only one the forward pass waits for in full when copies outrun its layers."""
+def layer_groups(num_layers: int, growth: int = LAYER_GROUP_GROWTH) -> list[tuple[int, int]]:
+    """``[start, end)`` layer ranges of sizes 1, ``growth``, ``growth**2``, ... (a group that another of
+    its size would not fit after takes the rest): a small first group, the only one the forward pass
+    waits for in full when copies outrun its layers, and few launches. Each group must be copied before
+    the forward pass reaches its first layer: a larger ``growth`` means fewer launches and waits (host
+    time) and less slack."""
+    if growth < 2:
+        raise ValueError(f"layer_group_growth={growth}: at least 2")
     groups, start, size = [], 0, 1
     while start < num_layers:
         end = num_layers if start + 2 * size > num_layers else start + size
         groups.append((start, end))
-        start, size = end, 2 * size
+        start, size = end, growth * size
     return groups
 
 
@@ -134,6 +139,21 @@ def _runs(block_ids: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
+def stream_reference(stream=None) -> tuple[int, torch.cuda.Event, bool]:
+    """(t_ns, event, synced) taken together on an idle stream (default: the current one): puts later
+    events on the monotonic clock. The GPU reaches an event recorded on an idle stream as soon as it is
+    queued, so the stream is synchronized only when it has work left (``synced``); a stream found idle
+    (``query``, which does not block) costs no wait."""
+    stream = stream or torch.cuda.current_stream()
+    synced = not stream.query()
+    if synced:
+        stream.synchronize()
+    t = _ns()
+    event = torch.cuda.Event(enable_timing=True)
+    event.record(stream)
+    return t, event, synced
+
+
 class _Stager:
     """Pinned host chunks and their in-flight copies; one per thread that stages (never shared)."""
 
@@ -152,19 +172,20 @@ class BufferArena:
         num_buffer_blocks: buffer capacity in blocks; the scheduler side allocates extents in it.
         disk_dir: the disk tier's directory (one file per entry).
         chunk_bytes: bytes per O_DIRECT read or write (a multiple of 4 KiB is used).
+        layer_group_growth: the layer groups' growth factor (``layer_groups``).
     """
 
     def __init__(self, kv_caches: dict, num_gpu_blocks: int, num_buffer_blocks: int, disk_dir: Path,
-                 chunk_bytes: int = 16 << 20) -> None:
+                 chunk_bytes: int = 16 << 20, layer_group_growth: int = LAYER_GROUP_GROWTH) -> None:
         planes_of = {name: block_planes(kv, num_gpu_blocks) for name, kv in kv_caches.items()}
         planes = [p for layer in planes_of.values() for p in layer]
         # the copy's layer groups: [p0, p1) planes each, and which group each layer's name reads from
         first_plane, names = [0], list(planes_of)
         for layer in planes_of.values():
             first_plane.append(first_plane[-1] + len(layer))
-        groups = layer_groups(len(names))
-        self.plane_groups = [(first_plane[a], first_plane[b]) for a, b in groups]
-        self.group_of = {name: g for g, (a, b) in enumerate(groups) for name in names[a:b]}
+        self.layer_groups = layer_groups(len(names), layer_group_growth)
+        self.plane_groups = [(first_plane[a], first_plane[b]) for a, b in self.layer_groups]
+        self.group_of = {name: g for g, (a, b) in enumerate(self.layer_groups) for name in names[a:b]}
         self.plane_nbytes = [p.shape[1] for p in planes]
         self.bytes_per_block = sum(self.plane_nbytes)
         self.word_bytes, dtype = _word_dtype(self.plane_nbytes + [self.bytes_per_block], planes)
@@ -238,13 +259,8 @@ class BufferArena:
                 self.counters[k] += v
 
     def reference(self, stream=None):
-        """(t_ns, event) taken together on an idle stream: puts later events on the monotonic clock."""
-        if not self.is_cuda:
-            return None
-        stream = stream or torch.cuda.current_stream()
-        stream.synchronize()
-        t = _ns()
-        return t, self.event(stream)
+        """``stream_reference`` on CUDA; None on CPU (whose stamps are on the clock already)."""
+        return stream_reference(stream) if self.is_cuda else None
 
     # -- save: vLLM blocks -> disk --
     def save(self, entry_id: int, block_ids: list[int]) -> int:

@@ -27,7 +27,8 @@ What the forward pass waits for is ``GpuBufferConfig.wait_at`` (``GpuBufferTier.
 steps):
 
     "forward"  the whole copy: it is queued on the forward pass's stream, ahead of it.
-    "layer"    its own layers' copy: one launch per layer group (1, 2, 4, ... layers) on a side stream,
+    "layer"    its own layers' copy: one launch per layer group (1, 4, 16, ... layers:
+               ``GpuBufferConfig.layer_group_growth``) on a side stream,
                and vLLM's attention calls ``wait_for_layer_load`` before each layer, where the stream
                waits for that layer's group only; later groups copy while the first layers compute.
                A step replayed as a full CUDA graph calls no per-layer hook, so ``start_load_kv`` waits
@@ -132,7 +133,7 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
         from kmesh_lib.kv.gpu_buffer_arena import BufferArena
 
         self.arena = BufferArena(kv_caches, self._kv_cache_config.num_blocks, self.num_buffer_blocks,
-                                 Path(self.config.disk_dir), self.config.chunk_bytes)
+                                 Path(self.config.disk_dir), self.config.chunk_bytes, self.config.layer_group_growth)
         if self.arena.bytes_per_block != self.bytes_per_block:
             raise ValueError(f"the KV tensors hold {self.arena.bytes_per_block} bytes per block, vLLM's spec says "
                              f"{self.bytes_per_block}: the buffer's rows would not match the scheduler's accounting")
@@ -167,13 +168,13 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
         by_layer = self.wait_at == "layer"
         t_ref_start_ns = _ns()
         ref = self.arena.reference()
-        measure_ns = (ref[0] - t_ref_start_ns) if ref else 0  # the stream sync, shared by the step's restores
+        measure_ns = (ref[0] - t_ref_start_ns) if ref else 0  # shared by the step's restores
         for op in meta.loads:
             tl = RestoreTimeline("restore", op.req_id, op.entry_id, op.source, len(op.block_ids),
                                  len(op.block_ids) * self.bytes_per_block, str(self.arena.device),
                                  op.t_lookup_first_ns or None, op.t_lookup_end_ns or None, op.num_lookup_calls,
                                  t_allocated_ns=op.t_allocated_ns or None, t_start_ns=_ns(), ref=ref, launched_at=at,
-                                 measure_ns=measure_ns, wait_at=self.wait_at,
+                                 measure_ns=measure_ns, measure_synced=ref[2] if ref else None, wait_at=self.wait_at,
                                  num_copy_groups=len(self.arena.plane_groups) if by_layer else 1)
             if op.stage_from_disk:
                 self.arena.stage(op.entry_id, op.entry_num_blocks, op.extent_start, tl)

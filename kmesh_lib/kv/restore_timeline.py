@@ -20,10 +20,12 @@ prepares the step on the host, so its span overlaps work a resident step does to
 is serial, so the step is longer by the restore's own host time, plus however long the forward pass,
 once queued, waits on the GPU for the copy:
 
-    measure       the stream synchronization that puts this restore's events on the clock (``ref``; one per
-                  step, so every restore of a step carries the same)
+    measure       taking the reference that puts this restore's events on the clock (``ref``; one per step,
+                  so every restore of a step carries the same): a stream synchronization when the stream
+                  had work left (``measure_synced``), else a non-blocking query and an event
     host          the restore's own calls: staging reads, the block ids to the device, the launch, and
-                  with layer waits the forward pass's calls to ``wait_for_layer_load`` (``hook_ns``)
+                  with layer waits the forward pass's calls to ``wait_for_layer_load`` that waited
+                  (``hook``, also recorded on its own)
     forward_wait  the forward pass queued (``start_load_kv``) to the GPU reaching it (an event
                   recorded there), 0 when the copy had ended by then: the copy's part on the step's
                   critical path, plus the event's own latency of a few microseconds. A restore copied
@@ -63,7 +65,7 @@ class Span:
 
     def resolve(self, ref) -> None:
         if self._events is not None and ref is not None:
-            t_ref_ns, ref_event = ref
+            t_ref_ns, ref_event = ref[:2]
             start, end = self._events
             end.synchronize()
             self.t0_ns = t_ref_ns + int(ref_event.elapsed_time(start) * 1e6)
@@ -104,9 +106,10 @@ class RestoreTimeline:
     disk_reads: list[Span] = field(default_factory=list)
     staging: list[Span] = field(default_factory=list)
     copy: Span | None = None
-    ref: tuple | None = None  # (t_ref_ns, CUDA event) on CUDA
+    ref: tuple | None = None  # (t_ref_ns, CUDA event, synced) on CUDA (``BufferArena.reference``)
     launched_at: str = "forward"  # "step_start" or "forward" (``GpuBufferConfig.launch_at``)
-    measure_ns: int = 0  # the reference's stream synchronization (one per step, shared by its restores)
+    measure_ns: int = 0  # taking the reference (one per step, shared by its restores)
+    measure_synced: bool | None = None  # the reference waited for the stream (None on CPU: no reference)
     t_forward_queued_ns: int | None = None  # start_load_kv: the forward pass is queued next
     forward_ready: Span | None = None  # the GPU reaching the forward pass (an event; a point: t0 == t1)
     wait_at: str = "forward"  # "forward" or "layer" (``GpuBufferConfig.wait_at``)
@@ -170,7 +173,8 @@ class RestoreTimeline:
             "copy_s": sec(copy0, copy1),
             "restore_s": sec(self.t_start_ns, max(ends)) if ends else None,
             "launched_at": self.launched_at, "wait_at": self.wait_at, "num_copy_groups": self.num_copy_groups,
-            "num_layer_waits": len(self.layer_waits), "measure_s": measure, "host_s": host, "forward_wait_s": wait,
+            "num_layer_waits": len(self.layer_waits), "measure_s": measure, "measure_synced": self.measure_synced,
+            "host_s": host, "hook_s": self.hook_ns / 1e9, "forward_wait_s": wait,
             "critical_s": critical, "t_forward_queued_ns": self.t_forward_queued_ns,
             "t_lookup_first_ns": self.t_lookup_first_ns, "t_lookup_end_ns": self.t_lookup_end_ns,
             "t_allocated_ns": self.t_allocated_ns,
@@ -190,7 +194,8 @@ def request_split(timeline: dict, t_submit_ns: int, t_first_token_ns: int) -> di
             "lookup_s": timeline["lookup_s"], "disk_read_s": timeline["disk_read_s"], "staging_s": timeline["staging_s"],
             "launch_s": timeline.get("launch_s"), "copy_s": timeline["copy_s"], "restore_s": timeline["restore_s"],
             "allocate_s": timeline.get("allocate_s"),
-            "measure_s": timeline.get("measure_s"), "host_s": timeline.get("host_s"),
+            "measure_s": timeline.get("measure_s"), "measure_synced": timeline.get("measure_synced"),
+            "host_s": timeline.get("host_s"), "hook_s": timeline.get("hook_s"),
             "forward_wait_s": timeline.get("forward_wait_s"),
             "critical_s": timeline.get("critical_s"), "launched_at": timeline.get("launched_at"),
             "wait_at": timeline.get("wait_at"), "num_copy_groups": timeline.get("num_copy_groups"),

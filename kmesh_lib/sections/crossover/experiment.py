@@ -92,7 +92,8 @@ def make_tier(cfg: CrossoverParams, tier_name: str, runtime: RuntimeDir, kvt: in
     if tier_name == "gpubuf":
         from kmesh_lib.kv.gpu_buffer import GpuBufferTier
 
-        return GpuBufferTier(-(-longest // MIB) + 16, runtime.subdir("gpubuf"), retain=True, saving=False)
+        return GpuBufferTier(-(-longest // MIB) + 16, runtime.subdir("gpubuf"), retain=True, saving=False,
+                             layer_group_growth=cfg.LAYER_GROUP_GROWTH)
     if tier_name == "native":
         from kmesh_lib.kv.offloading import NativeOffloadTier
 

@@ -20,6 +20,7 @@ from kmesh_lib.base.params import (
 )
 from kmesh_lib.engine.config import SourceRunParams
 from kmesh_lib.engine.model_spec import SHAPES, resolve
+from kmesh_lib.kv.gpu_buffer import LAYER_GROUP_GROWTH
 from kmesh_lib.sections.crossover.arms import ARM_NAMES, ARMS_OF_TIER, TIER_OF, tiers_of
 
 MIB = 1 << 20
@@ -57,6 +58,9 @@ class CrossoverParams(SourceRunParams):
                         "/tmp/kmesh-lmcache")
     FLOOR_DISK_MIB: Mib = Field(256, description="O_DIRECT read floor: file size")
     FLOOR_COPY_MIB: Mib = Field(256, description="host->device (cpu: host memcpy) copy floor: buffer size")
+    LAYER_GROUP_GROWTH: int = Field(
+        LAYER_GROUP_GROWTH, ge=2, le=64,
+        description="gpubuf_layered: the copy's layer groups hold 1, g, g*g, ... layers (fewer launches, less slack)")
     CHILD_TIMEOUT_S: int = Field(1800, gt=0, le=MAX_SECONDS, description="seconds for one model's engine and grid")
 
     def check_rules(self) -> None:

@@ -34,7 +34,7 @@ FLOOR_OF = {"dram": ("sum", ("copy",)), "disk": ("sum", ("disk", "copy")),
             "gpubuf_disk": ("max", ("disk", "copy")),
             "native_offload": ("sum", ("copy",))}
 SPLIT_PARTS = ("queue_s", "lookup_s", "disk_read_s", "staging_s", "launch_s", "copy_s", "restore_s", "load_time_s",
-               "after_restore_s", "after_lookup_s", "allocate_s", "host_s", "forward_wait_s",
+               "after_restore_s", "after_lookup_s", "allocate_s", "measure_s", "host_s", "hook_s", "forward_wait_s",
                "critical_s")
 # the parts that bring the context in; what follows (after_*) is the forward step the resident follow-up also pays
 # The parts of bringing the context in. The wait before the scheduler first looks at the request
@@ -219,6 +219,9 @@ def split_table(rows: list[dict]) -> list[dict]:
             seen = {r["split"].get(key) for r in rs} - {None}
             if seen:
                 row[key] = "/".join(sorted(seen))
+        synced = [r["split"]["measure_synced"] for r in rs if r["split"].get("measure_synced") is not None]
+        if synced:  # how many clock references found the stream busy and waited for it
+            row["measure_synced"] = f"{sum(synced)}/{len(synced)}"
         spans = {k: row[k] for k in RESTORE_PARTS if k in row}
         row["longest_part"] = max(spans, key=spans.get).removesuffix("_ms") if spans else None
         out.append(row)
