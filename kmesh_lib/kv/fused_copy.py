@@ -39,6 +39,8 @@ from array import array
 
 import torch
 
+from kmesh_lib.kv.cuda_streams import current_stream
+
 assert array("i").itemsize == 4  # block ids travel as int32
 CHUNK_BYTES = 16 << 10  # the most one program moves: a 16 KiB plane (Qwen2.5-7B) in one program
 BYTES_PER_THREAD = 64  # four 16-byte vectors in flight per thread
@@ -140,7 +142,7 @@ class RowScatter:
         src_row = 1 if self.buffer.numel() >= 2 * self.row_lines * (self.line_bytes // self.word_bytes) else 0
         try:
             handle[(1, self.num_planes, self.num_chunks)](*self._args(ids, src_row))
-            torch.cuda.current_stream().synchronize()
+            current_stream().synchronize()
             if not self._row_landed(src_row, 0):
                 raise RuntimeError(f"the compiled handle's copy into block 0 differs from buffer row {src_row}")
         except Exception as e:  # an API change in Triton must cost launch time, never bytes
@@ -175,13 +177,13 @@ class RowScatter:
         ids.copy_(self._ids_host[:n], non_blocking=True)
         if self._ids_sent is None:
             self._ids_sent = torch.cuda.Event()  # one event, recorded anew per call (it was waited on above)
-        self._ids_sent.record()
+        self._ids_sent.record(current_stream())  # record() alone would ask torch for the stream
         return ids
 
     def prepare(self, block_ids: list[int]) -> torch.Tensor:
         """Everything of a call before its launch: the stream check and the ids on the device."""
         if self.pin:
-            stream = torch.cuda.current_stream()
+            stream = current_stream()
             if self._stream is not None and stream != self._stream:
                 self._stream.synchronize()  # the previous kernel may still read the device ids
             self._stream = stream

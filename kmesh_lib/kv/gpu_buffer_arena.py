@@ -32,7 +32,6 @@ every file is written and read with O_DIRECT, so rereads come from the disk, not
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -42,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from kmesh_lib.kv.cuda_streams import current_stream, on_stream, stream_reference
 from kmesh_lib.kv.fused_copy import RowScatter, triton_status
 from kmesh_lib.kv.gpu_buffer import LAYER_GROUP_GROWTH, entry_path
 from kmesh_lib.kv.restore_timeline import RestoreTimeline, Span
@@ -139,21 +139,6 @@ def _runs(block_ids: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
-def stream_reference(stream=None) -> tuple[int, torch.cuda.Event, bool]:
-    """(t_ns, event, synced) taken together on an idle stream (default: the current one): puts later
-    events on the monotonic clock. The GPU reaches an event recorded on an idle stream as soon as it is
-    queued, so the stream is synchronized only when it has work left (``synced``); a stream found idle
-    (``query``, which does not block) costs no wait."""
-    stream = stream or torch.cuda.current_stream()
-    synced = not stream.query()
-    if synced:
-        stream.synchronize()
-    t = _ns()
-    event = torch.cuda.Event(enable_timing=True)
-    event.record(stream)
-    return t, event, synced
-
-
 class _Stager:
     """Pinned host chunks and their in-flight copies; one per thread that stages (never shared)."""
 
@@ -209,6 +194,7 @@ class BufferArena:
         self.counters = {"read_bytes": 0, "reads": 0, "write_bytes": 0, "writes": 0, "write_errors": 0,
                          "staged_bytes": 0, "restored_bytes": 0}
         self.last_read_event = None  # every restore queued so far has read its extent (its copy's stream)
+        self.last_read_stream = None  # the stream that event is on
         self._side_stream = None  # restores copied by layer groups (``copy_into_vllm(by_layer=True)``)
         self.scatter, self.copy_route = self._fused_scatter(dtype)
 
@@ -250,7 +236,7 @@ class BufferArena:
         if not self.is_cuda:
             return None
         ev = torch.cuda.Event(enable_timing=True)
-        ev.record(stream)
+        ev.record(stream or current_stream())  # record(None) would ask torch for the stream (``cuda_streams``)
         return ev
 
     def _count(self, **delta: int) -> None:
@@ -325,7 +311,7 @@ class BufferArena:
                 dst = self.buffer_blocks[extent_start + b0:extent_start + b0 + k].view(-1)
                 if self.is_cuda:
                     start = self.event(stream)
-                    with torch.cuda.stream(stream or torch.cuda.current_stream()):
+                    with on_stream(stream):
                         dst.copy_(stager.slots[slot][:nbytes], non_blocking=True)
                     end = self.event(stream)
                     stager.done[slot] = end
@@ -355,7 +341,7 @@ class BufferArena:
         side = self.is_cuda and by_layer
         if side and self.last_read_event is not None:
             # the device ids are reused: the previous group copy may still read them
-            torch.cuda.current_stream().wait_event(self.last_read_event)
+            current_stream().wait_event(self.last_read_event)
         # the fused copy's ids go to the device first: the copy's span starts where the kernel is
         # launched, and the host time before it shows as the restore's ``launch`` part
         ids = self.scatter.prepare(block_ids) if self.scatter is not None else None
@@ -364,11 +350,11 @@ class BufferArena:
             if self._side_stream is None:
                 self._side_stream = torch.cuda.Stream(device=self.device)
             stream = self._side_stream
-            stream.wait_stream(torch.cuda.current_stream())
+            stream.wait_stream(current_stream())
         t0 = _ns()
         start = self.event(stream)
         ends: list = []
-        with torch.cuda.stream(stream) if side else contextlib.nullcontext():
+        with on_stream(stream if side else None):
             for planes in groups:
                 if ids is not None:
                     self.scatter.launch(src0, ids, planes)
@@ -380,6 +366,7 @@ class BufferArena:
             end = ends[-1] if by_layer else self.event()
             timeline.copy = Span().gpu(start, end)
             self.last_read_event = end  # every restore queued so far has read its extent
+            self.last_read_stream = stream or current_stream()
         else:
             timeline.copy = Span().cpu(t0, _ns())
         self._count(restored_bytes=len(block_ids) * self.bytes_per_block)
@@ -403,17 +390,21 @@ class BufferArena:
     def order_after_reads(self) -> None:
         """Makes the current stream wait for every restore queued so far (the forward pass may run on a
         stream other than the one the restores were queued on at the step's start, and restores copied
-        by layer groups run on a side stream)."""
+        by layer groups run on a side stream); no call where the copies went to the current stream."""
         if self.last_read_event is not None:
-            torch.cuda.current_stream().wait_event(self.last_read_event)
+            stream = current_stream()
+            if stream != self.last_read_stream:
+                stream.wait_event(self.last_read_event)
 
     def reach_and_wait(self, ready):
-        """Where the current stream is now (an event; a CPU stamp on the CPU build, whose copies are done),
-        after which it waits for ``ready`` (a copy group's end event)."""
-        if not self.is_cuda:
+        """Where the current stream is now, after which it waits for ``ready`` (a copy group's end): an
+        event, or a host stamp where there is nothing to wait for: on the CPU build (its copies are done
+        on return), or once the group's copy has ended (``query``; the GPU reaches this point later than
+        the host does, so its stall is 0, and the stream needs no wait)."""
+        if not self.is_cuda or ready.query():
             return _ns()
         reached = self.event()
-        torch.cuda.current_stream().wait_event(ready)
+        current_stream().wait_event(ready)
         return reached
 
     def read_back(self, block_ids: list[int]) -> torch.Tensor:
