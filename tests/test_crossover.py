@@ -574,7 +574,7 @@ def test_timeline_goal_puts_each_restore_span_against_its_floor_strictly():
 
 def test_critical_goal_takes_the_path_that_adds_least_and_judges_it_against_its_own_floor():
     from kmesh_lib.sections.crossover.report import GOAL_MIN_TOKENS, critical_goal_table
-    from kmesh_lib.sections.crossover.summary import _goal_sentences
+    from kmesh_lib.sections.crossover.summary import _goal_sentences, goal_points_table
 
     n = GOAL_MIN_TOKENS
     part = {"host_ms": 0.05, "forward_wait_ms": 0.01, "allocate_ms": 0.4, "launched_at": "step_start"}
@@ -592,10 +592,15 @@ def test_critical_goal_takes_the_path_that_adds_least_and_judges_it_against_its_
     assert critical_goal_table([{**s, "critical_ms": None} for s in splits], distance) == []  # no parts: absent
     arms = [{"model": "m", "context_tokens": k, "arm": a, "ttft_ms": 10.0, "n": 3}
             for k in (n, 2 * n) for a in ("gpubuf_retained", "gpubuf_resident")]
-    text = " ".join(_goal_sentences({"arms": arms, "splits": splits, "floor_distance": distance}))
+    tables = {"arms": arms, "splits": splits, "floor_distance": distance}
+    text = " ".join(_goal_sentences(tables))
     assert "the path that adds least is within 1.2\u00d7 its floor at 1 of 2 points" in text
-    assert "(host 0.050, wait 0.010; vLLM's allocation 0.400) against 0.100 ms" in text
     assert "queued at the step's start, where a GPU copies while the runner prepares the step's inputs" in text
+    table = goal_points_table(tables).splitlines()
+    assert len(table) == 2 + 2  # a header, its rule, one line per point of GOAL_MIN_TOKENS and more
+    assert f"| m | {n:,} |" in table[2] and "0.120 ms (host 0.050, wait 0.010) / 0.100 = **1.20\u00d7** |" in table[2]
+    assert "0.250 ms (host 0.050, wait 0.010) / 0.200 = **1.25\u00d7** (not met)" in table[3]
+    assert goal_points_table({"arms": [], "splits": [], "floor_distance": []}) == ""
 
 
 # -- what the forward step's spread follows (rows with GPU clocks) --
@@ -691,3 +696,10 @@ def test_forward_steps_set_each_restore_paths_forward_pass_against_the_resident_
     assert layered["difference_ms"] == pytest.approx(0.6, abs=1e-9) and layered["difference_ci_ms"][0] > 0
     low, high = by_path["gpubuf_retained"]["difference_ci_ms"]
     assert low <= 0 <= high and by_path["gpubuf_retained"]["n"] == 6
+    from kmesh_lib.sections.crossover.summary import _goal_sentences
+
+    [said] = [x for x in _goal_sentences({"arms": [], "forward_steps": table}) if x.startswith("The follow-up's forward")]
+    assert "holds zero at 1 of 2 (path, point) pairs" in said and not said.endswith("of the copy's size.")
+    [said] = [x for x in _goal_sentences({"arms": [], "forward_steps": [by_path["gpubuf_retained"]]})
+              if x.startswith("The follow-up's forward")]
+    assert said.endswith("hides a cost of the copy's size.")  # every interval holds zero: the reading stays open

@@ -120,7 +120,12 @@ def answer(run: RunFiles) -> str:
                 + "one machine's disk and memory; a crossover is only as fine as the grid of context lengths"
                 + ("; on the CPU build prefill is slow, so restores win early" if p["DEVICE"] == "cpu" else "") + "."
                 + (f" {len(failed)} check(s) failed: " + "; ".join(c.name for c in failed[:3]) + "." if failed else ""))
-    goals = " ".join(_goal_sentences(tables, run.raw("rows.jsonl"), p["SUFFIX_TOKENS"]))  # its own paragraph
+    rows = run.raw("rows.jsonl")
+    goals = "\n".join(f"- {line}" for line in _goal_sentences(tables, rows, p["SUFFIX_TOKENS"]))  # one reading a line
+    points = goal_points_table(tables, rows)
+    if points:
+        goals += ("\n\nIssue 13's goal point by point (median ms; the floor is the path's own: bytes over the "
+                  "bandwidth measured in this run):\n\n" + points)
     body = "\n".join(text[:2]) + "\n\n" + "\n".join(text[2:2 + len(per_model)]) + "\n\n"
     if not split_lines:
         return body + " ".join(text[2 + len(per_model):-1]) + (f"\n\n{goals}\n\n" if goals else " ") + text[-1]
@@ -172,32 +177,25 @@ def _floor_sentences(tables: dict, longest: int) -> list[str]:
 
 
 def _goal_sentences(tables: dict, rows: list[dict] | None = None, suffix_tokens: int | None = None) -> list[str]:
-    """Issue 13's two goals as measured lines: how many grid points meet each, and the misses; with
-    ``rows``, the first goal judged again by its cost's interval (``report.goal_verdict``)."""
+    """Issue 13's two goals as measured lines: how many grid points meet each, under each reading;
+    the points themselves are in ``goal_points_table``. With ``rows``, the first goal is judged
+    again by its cost's interval (``report.goal_verdict``)."""
     goals = report.goal_table(tables["arms"], tables.get("floor_distance", []), rows)
     out = []
     judged = [g for g in goals if "fastest_within" in g]
     if judged:
         met = [g for g in judged if g["fastest_within"]]
-        misses = "; ".join(f"{g['model']} {_n(g['context_tokens'])}: {LABEL[g['fastest_path']]} {g['fastest_x_floor']}\u00d7 "
-                           f"(nearest its floor: {LABEL[g['nearest_path']]} {g['nearest_x_floor']}\u00d7)"
-                           for g in judged if not g["fastest_within"])
         below = [g for g in met if g["fastest_cost_ms"] < 0]
-        out.append(f"The fastest restore path within {report.GOAL_X}\u00d7 of its own floor at every point of "
-                   f"{_n(report.GOAL_MIN_TOKENS)} tokens and more: met at {len(met)} of {len(judged)} points"
-                   + (f" ({len(below)} of them where the restore's median first token was below its resident "
-                      "follow-up's: a negative cost, which says the floor is not resolved there)" if below else "")
-                   + (f"; not met at {misses}" if misses else "") + ".")
         verdicts = [g for g in judged if "fastest_goal" in g]
-        if verdicts:
-            count = {v: sum(g["fastest_goal"] == v for g in verdicts) for v in ("met", "not met", "unresolved")}
-            out.append(f"Judged by the 95% bootstrap interval of each fastest path's cost (met: its upper end within "
-                       f"{report.GOAL_X}× the floor; not met: its lower end above): met at {count['met']}, not met "
-                       f"at {count['not met']}, unresolved at {count['unresolved']} of {len(verdicts)} points ("
-                       + "; ".join(f"{g['model']} {_n(g['context_tokens'])}: {LABEL[g['fastest_path']]} "
-                                   f"[{g['fastest_cost_ci_ms'][0]:,.2f}, {g['fastest_cost_ci_ms'][1]:,.2f}] ms against "
-                                   f"{report.GOAL_X}× {g['fastest_floor_ms']:,.2f} ms, {g['fastest_goal']}"
-                                   for g in verdicts) + ").")
+        count = {v: sum(g["fastest_goal"] == v for g in verdicts) for v in ("met", "not met", "unresolved")}
+        out.append(f"The fastest restore path within {report.GOAL_X}\u00d7 of its own floor at every point of "
+                   f"{_n(report.GOAL_MIN_TOKENS)} tokens and more, by its first token above the resident follow-up's: "
+                   f"met at {len(met)} of {len(judged)} points"
+                   + (f" ({len(below)} of them with a negative cost: the restore's median first token was below its "
+                      "resident follow-up's, so the floor is not resolved there)" if below else "")
+                   + (f"; by that cost's 95% bootstrap interval (met: its upper end within {report.GOAL_X}\u00d7 the floor; "
+                      f"not met: its lower end above) met at {count['met']}, not met at {count['not met']}, unresolved "
+                      f"at {count['unresolved']}" if verdicts else "") + ".")
     spans = report.timeline_goal_table(tables.get("splits", []), tables.get("floor_distance", []))
     early = any(r.get("critical_ms") is not None and r.get("launched_at") == "step_start"
                 for r in tables.get("splits", []))
@@ -207,40 +205,31 @@ def _goal_sentences(tables: dict, rows: list[dict] | None = None, suffix_tokens:
                    + ("; the GPU buffer's restores are queued at the step's start, where a GPU copies while the runner "
                       "prepares the step's inputs, so their span can overlap that preparation and bounds nothing" if early else
                       "; a lower bound on the cost, without what vLLM's scheduler adds")
-                   + f"): within {report.GOAL_X}\u00d7 its floor at {sum(r['within'] for r in spans)} of {len(spans)} ("
-                   + "; ".join(f"{r['model']} {_n(r['context_tokens'])} {LABEL[r['path']]}: {r['restore_ms']:,.2f} ms, "
-                               f"{r['x_floor']:.3f}\u00d7" for r in spans) + ").")
+                   + f"): within {report.GOAL_X}\u00d7 its floor at {sum(r['within'] for r in spans)} of {len(spans)}.")
     critical = report.critical_goal_table(tables.get("splits", []), tables.get("floor_distance", []))
     if critical:
-        out.append(f"By what the restore adds to its step (the timeline's lookup, its timing synchronization, its own "
-                   f"host calls, and the forward pass's wait on its copy, from the tier's stamps; vLLM's allocation of the "
+        out.append(f"By what the restore adds to its step (the timeline's lookup, its timing reference, its own host "
+                   f"calls, and the forward pass's wait on its copy, from the tier's stamps; vLLM's allocation of the "
                    f"restored blocks is recorded beside it, not in it: a resident follow-up touches its cached blocks "
-                   f"there instead, unstamped), the "
-                   f"path that adds least is within {report.GOAL_X}\u00d7 its floor at "
-                   f"{sum(r['within'] for r in critical)} of {len(critical)} points ("
-                   + "; ".join(f"{r['model']} {_n(r['context_tokens'])} {LABEL[r['path']]}: {r['critical_ms']:,.3f} ms "
-                               f"(host {r['host_ms']:,.3f}, wait {r['forward_wait_ms']:,.3f}"
-                               + (f"; vLLM's allocation {r['allocate_ms']:,.3f}" if r.get("allocate_ms") is not None else "")
-                               + ") against "
-                               f"{r['transfer_floor_ms']:,.3f} ms, {r['x_floor']:.2f}\u00d7" for r in critical) + ").")
-        layered = [r for r in critical if "charged_ms" in r and any(
-            s.get("wait_at") == "layer" for s in tables.get("splits", [])
-            if (s["model"], s["context_tokens"]) == (r["model"], r["context_tokens"]))]
+                   f"there instead, unstamped), the path that adds least is within {report.GOAL_X}\u00d7 its floor at "
+                   f"{sum(r['within'] for r in critical)} of {len(critical)} points.")
+        layered = _layered_points(tables, critical)
         if layered:
             out.append(f"A copy waited for layer by layer runs beside the forward pass, which waits only for its stalls; "
                        f"what the copy's share of the GPU's memory bandwidth costs the forward pass's kernels is not in "
                        f"that sum and is at most the copy's own span. Charged in full, the path that adds least is within "
                        f"{report.GOAL_X}\u00d7 its floor at {sum(r['charged_within'] for r in layered)} of {len(layered)} "
-                       f"points ("
-                       + "; ".join(f"{r['model']} {_n(r['context_tokens'])} {LABEL[r['charged_path']]}: "
-                                   f"{r['charged_ms']:,.3f} ms, {r['charged_x_floor']:.2f}\u00d7" for r in layered) + ").")
+                       "points.")
     steps = [r for r in tables.get("forward_steps", []) if r["context_tokens"] >= report.GOAL_MIN_TOKENS]
     if steps:
-        out.append("The follow-up's forward pass on the GPU, each restore path against the resident follow-up's (median "
-                   "difference, 95% bootstrap interval; after a whole copy it should hold zero, beside a layered copy it "
-                   "holds the stalls and what the copy's memory traffic cost): "
-                   + "; ".join(f"{r['model']} {_n(r['context_tokens'])} {LABEL[r['path']]}: {r['difference_ms']:+,.3f} ms "
-                               f"[{r['difference_ci_ms'][0]:+,.3f}, {r['difference_ci_ms'][1]:+,.3f}]" for r in steps) + ".")
+        spanning = [r for r in steps if r["difference_ci_ms"][0] <= 0 <= r["difference_ci_ms"][1]]
+        widest = max(r["difference_ci_ms"][1] - r["difference_ci_ms"][0] for r in steps)
+        out.append("The follow-up's forward pass on the GPU against the resident follow-up's, which decides between "
+                   "the two readings (after a whole copy the difference should hold zero; beside a layered copy it "
+                   f"holds the stalls and what the copy's memory traffic cost): the 95% interval holds zero at "
+                   f"{len(spanning)} of {len(steps)} (path, point) pairs, and the widest is {widest:,.2f} ms wide"
+                   + (": at this many repeats the forward pass's own spread hides a cost of the copy's size"
+                      if len(spanning) == len(steps) else "") + ".")
     scatter = tables.get("scatter_sources") or []
     rhos = [r for r in scatter if r["rho_forward_other"] is not None]
     if rhos:
@@ -271,6 +260,46 @@ def _goal_sentences(tables: dict, rows: list[dict] | None = None, suffix_tokens:
                    f"met at {len(met)} of {len(ratios)} points (largest {worst['retained_x_resident']:.2f}\u00d7, "
                    f"{worst['model']} at {_n(worst['context_tokens'])} tokens; medians).")
     return out
+
+
+def _layered_points(tables: dict, critical: list[dict]) -> list[dict]:
+    """The critical-goal rows of points where a restore was copied by layer groups (and so charged)."""
+    layered = {(s["model"], s["context_tokens"]) for s in tables.get("splits", []) if s.get("wait_at") == "layer"}
+    return [r for r in critical if "charged_ms" in r and (r["model"], r["context_tokens"]) in layered]
+
+
+def goal_points_table(tables: dict, rows: list[dict] | None = None) -> str:
+    """Issue 13's first goal point by point, every reading in one Markdown table (empty: no point of
+    ``GOAL_MIN_TOKENS`` and more has a floor): the fastest path by first token, with its cost's interval
+    verdict; the path that adds least to its step, with its parts; the same charged its copy's span;
+    and each restore's forward pass against the resident follow-up's."""
+    goals = {(g["model"], g["context_tokens"]): g for g in report.goal_table(
+        tables["arms"], tables.get("floor_distance", []), rows) if "fastest_within" in g}
+    critical = {(r["model"], r["context_tokens"]): r for r in report.critical_goal_table(
+        tables.get("splits", []), tables.get("floor_distance", []))}
+    steps: dict[tuple, list[dict]] = {}
+    for r in tables.get("forward_steps", []):
+        steps.setdefault((r["model"], r["context_tokens"]), []).append(r)
+    points = sorted(set(goals) | set(critical))
+    if not points:
+        return ""
+    x = "\u00d7"
+    head = ["model", "tokens", f"fastest by first token (cost {x} floor)", "adds least to its step",
+            "charged its copy's span", "forward pass \u2212 resident's, ms [95%]"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for point in points:
+        g, c = goals.get(point), critical.get(point)
+        fastest = (f"{LABEL[g['fastest_path']]} {g['fastest_x_floor']}{x}"
+                   + (f", {g['fastest_goal']}" if "fastest_goal" in g else "")) if g else ""
+        least = (f"{LABEL[c['path']]}: {c['critical_ms']:,.3f} ms (host {c['host_ms']:,.3f}, wait "
+                 f"{c['forward_wait_ms']:,.3f}) / {c['transfer_floor_ms']:,.3f} = **{c['x_floor']:.2f}{x}**"
+                 + ("" if c["within"] else " (not met)")) if c else ""
+        charged = (f"{LABEL[c['charged_path']]}: {c['charged_ms']:,.3f} ms = {c['charged_x_floor']:.2f}{x}"
+                   if c and "charged_ms" in c else "")
+        forward = "; ".join(f"{LABEL[r['path']]} {r['difference_ms']:+,.2f} [{r['difference_ci_ms'][0]:+,.2f}, "
+                            f"{r['difference_ci_ms'][1]:+,.2f}]" for r in steps.get(point, []))
+        lines.append(f"| {point[0]} | {_n(point[1])} | {fastest} | {least} | {charged} | {forward} |")
+    return "\n".join(lines)
 
 
 def public_results(run: RunFiles) -> dict:
