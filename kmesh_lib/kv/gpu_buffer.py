@@ -48,6 +48,11 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
         raise ValueError(f"{name}={value!r}: one of {', '.join(choices)}")
 
 
+def check_layer_group_growth(growth: int) -> None:
+    if growth < 2:
+        raise ValueError(f"layer_group_growth={growth}: at least 2")
+
+
 def entry_path(disk_dir: str | Path, entry_id: int) -> Path:
     return Path(disk_dir) / f"entry-{entry_id}.kv"
 
@@ -192,8 +197,7 @@ class GpuBufferTier:
             raise ValueError(f"buffer_mib={buffer_mib}: the GPU buffer needs a positive size")
         _check_choice("launch_at", launch_at, LAUNCH_AT)
         _check_choice("wait_at", wait_at, WAIT_AT)
-        if layer_group_growth < 2:
-            raise ValueError(f"layer_group_growth={layer_group_growth}: at least 2")
+        check_layer_group_growth(layer_group_growth)
         self.disk_dir = Path(disk_dir)
         self.config = GpuBufferConfig(f"gpubuf-{secrets.token_hex(4)}", buffer_mib * MIB, str(self.disk_dir),
                                       chunk_mib * MIB, retain, saving, launch_at, wait_at, layer_group_growth)

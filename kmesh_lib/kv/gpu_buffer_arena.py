@@ -43,7 +43,7 @@ import torch
 
 from kmesh_lib.kv.cuda_streams import current_stream, on_stream, stream_reference
 from kmesh_lib.kv.fused_copy import RowScatter, triton_status
-from kmesh_lib.kv.gpu_buffer import LAYER_GROUP_GROWTH, entry_path
+from kmesh_lib.kv.gpu_buffer import LAYER_GROUP_GROWTH, check_layer_group_growth, entry_path
 from kmesh_lib.kv.restore_timeline import RestoreTimeline, Span
 
 logger = logging.getLogger(__name__)
@@ -92,8 +92,7 @@ def layer_groups(num_layers: int, growth: int = LAYER_GROUP_GROWTH) -> list[tupl
     waits for in full when copies outrun its layers, and few launches. Each group must be copied before
     the forward pass reaches its first layer: a larger ``growth`` means fewer launches and waits (host
     time) and less slack."""
-    if growth < 2:
-        raise ValueError(f"layer_group_growth={growth}: at least 2")
+    check_layer_group_growth(growth)
     groups, start, size = [], 0, 1
     while start < num_layers:
         end = num_layers if start + 2 * size > num_layers else start + size

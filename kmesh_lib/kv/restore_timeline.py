@@ -22,7 +22,7 @@ once queued, waits on the GPU for the copy:
 
     measure       taking the reference that puts this restore's events on the clock (``ref``; one per step,
                   so every restore of a step carries the same): a stream synchronization when the stream
-                  had work left (``measure_synced``), else a non-blocking query and an event
+                  had work left (``measure_synced``), else a non-blocking query
     host          the restore's own calls: staging reads, the block ids to the device, the launch, and
                   with layer waits the forward pass's calls to ``wait_for_layer_load`` that waited
                   (``hook``, also recorded on its own)
