@@ -372,7 +372,7 @@ def recorded_tiers(recorded_grid):
     arms = cr.arm_table(rows)
     results.update(arms=arms, crossover=cr.crossover_table(arms), components=cr.component_table(rows),
                    floor_distance=cr.floor_table(arms, results["floors"]), splits=cr.split_table(rows),
-                   forward_steps=cr.forward_step_table(rows))
+                   forward_steps=cr.forward_step_table(rows), forward_step_pairs=cr.forward_step_pairs(rows))
     (run_dir / "results.json").write_text(json.dumps(results))
     return recorded_grid
 
@@ -703,3 +703,32 @@ def test_forward_steps_set_each_restore_paths_forward_pass_against_the_resident_
     [said] = [x for x in _goal_sentences({"arms": [], "forward_steps": [by_path["gpubuf_retained"]]})
               if x.startswith("The follow-up's forward")]
     assert said.endswith("hides a cost of the copy's size.")  # every interval holds zero: the reading stays open
+
+
+def test_forward_step_pairs_pool_the_points_paired_by_repeat_and_resolve_what_one_point_cannot():
+    import random
+
+    rng = random.Random(0)
+    rows = []
+    for n in (1024, 16384):
+        for repeat in range(12):
+            noise = rng.uniform(-1.0, 1.0)  # one repeat's host: shared by its arms, as back-to-back passes share it
+            for arm, cost in (("gpubuf_resident", 0.0), ("gpubuf_retained", 0.0), ("gpubuf_layered", 0.3)):
+                rows.append({"model": "m", "context_tokens": n, "arm": arm, "repeat": repeat, "status": "ok",
+                             "measured": True, "tag": f"{arm}-{n}-{repeat}", "ttft_s": 0.02,
+                             "forward_step_s": (9.0 + noise + cost + rng.uniform(-0.05, 0.05)) / 1e3})
+    rows.append({**rows[0], "measured": False, "tag": "warm-up", "forward_step_s": 1.0})  # not measured: left out
+    pairs = {(r["path"], r["against"], r["min_tokens"]): r for r in cr.forward_step_pairs(rows)}
+    layered = pairs[("gpubuf_layered", "gpubuf_resident", 0)]
+    assert (layered["n"], layered["num_points"]) == (24, 2) and pairs[("gpubuf_layered", "gpubuf_resident", 16384)]["n"] == 12
+    assert layered["median_ms"] == pytest.approx(0.3, abs=0.05) and layered["median_ci_ms"][0] > 0.2
+    low, high = pairs[("gpubuf_retained", "gpubuf_resident", 0)]["median_ci_ms"]
+    assert low <= 0 <= high  # the control holds zero
+    # unpaired, the same rows leave the layered copy's cost unresolved at each point (the repeat's spread)
+    assert all(r["difference_ci_ms"][0] <= 0 for r in cr.forward_step_table(rows) if r["path"] == "gpubuf_layered")
+    from kmesh_lib.sections.crossover.summary import _goal_sentences
+
+    [said] = [x for x in _goal_sentences({"arms": [], "forward_step_pairs": list(pairs.values())}) if x.startswith("Pooled")]
+    assert f"GPU-buffer (retained, layer waits) \u2212 resident {layered['median_ms']:+,.3f} ms" in said
+    assert "above zero, 24 pairs" in said
+    assert "GPU-buffer (retained) \u2212 resident" in said and "holds zero" in said

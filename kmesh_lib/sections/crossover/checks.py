@@ -57,6 +57,7 @@ def recomputed_tables(run: RunFiles) -> dict:
         out["scatter_sources"] = report.scatter_table(rows)
     if any("forward_step_s" in r for r in rows):
         out["forward_steps"] = report.forward_step_table(rows)
+        out["forward_step_pairs"] = report.forward_step_pairs(rows)
     return out
 
 
@@ -134,8 +135,9 @@ def checks(run: RunFiles) -> list[Check]:
     for key, name in (("arms", "median first token per (model, context, arm)"), ("crossover", "crossover points"),
                       ("components", "per-component medians"), ("floor_distance", "distance to the floors"),
                       ("splits", "restore timeline splits"), ("scatter_sources", "forward-step spread and its sources"),
-                      ("forward_steps", "forward passes' own spans against the resident's")):
-        if key == "forward_steps" and key not in tables:
+                      ("forward_steps", "forward passes' own spans against the resident's"),
+                      ("forward_step_pairs", "forward passes paired by repeat, pooled over the points")):
+        if key in ("forward_steps", "forward_step_pairs") and key not in tables:
             if key in results:
                 out.append(check(f"results.json {name} equal the rows", False,
                                  "results.json has forward-pass spans; no row records one", results[key]))

@@ -20,7 +20,7 @@ import statistics
 
 import numpy
 
-from kmesh_lib.base.intervals import median_difference
+from kmesh_lib.base.intervals import bootstrap_interval, median_difference
 from kmesh_lib.kv.floors import floor_seconds
 from kmesh_lib.sections.crossover.arms import GPUBUF_RESTORES, RESIDENT_OF, RESTORE_ARMS
 
@@ -367,6 +367,38 @@ def forward_step_table(rows: list[dict]) -> list[dict]:
                     "forward_ms": round(float(numpy.median(ms)), 3),
                     "resident_forward_ms": round(float(numpy.median(resident)), 3),
                     "difference_ms": round(diff, 3), "difference_ci_ms": [round(low, 3), round(high, 3)]})
+    return out
+
+
+# (path, against): the layered copy against the resident follow-up and against the whole copy; the whole copy
+# against the resident follow-up is the control (its copy ends before the forward pass starts)
+FORWARD_PAIRS = (("gpubuf_layered", "gpubuf_resident"), ("gpubuf_layered", "gpubuf_retained"),
+                 ("gpubuf_retained", "gpubuf_resident"))
+
+
+def forward_step_pairs(rows: list[dict]) -> list[dict]:
+    """``forward_step_table``'s comparison pooled over the grid's points, paired by repeat: one repeat runs
+    its arms back to back on one engine, so each (model, context, repeat) gives one difference of two
+    forward passes. One pass's spread (about 1 ms on the H200 machine, set by the host launching it) hides
+    a copy's cost at one point; pooled, the interval narrows with the number of pairs. The median of the
+    paired differences and its 95% bootstrap interval, over every point (``min_tokens`` 0) and over the
+    points of ``GOAL_MIN_TOKENS`` and more. A pooled median is a typical cost across shapes, not any
+    one point's."""
+    spans: dict[tuple, dict[str, float]] = {}
+    for r in usable(rows):
+        if r.get("forward_step_s") is not None:
+            spans.setdefault((r["model"], r["context_tokens"], r["repeat"]), {})[r["arm"]] = 1e3 * r["forward_step_s"]
+    out = []
+    for path, against in FORWARD_PAIRS:
+        for least in (0, GOAL_MIN_TOKENS):
+            keys = [k for k, v in sorted(spans.items()) if k[1] >= least and path in v and against in v]
+            diffs = [spans[k][path] - spans[k][against] for k in keys]
+            if len(diffs) < 2:
+                continue
+            low, high = bootstrap_interval((diffs,), lambda x, axis: numpy.median(x, axis=axis), paired=False)
+            out.append({"path": path, "against": against, "min_tokens": least, "n": len(diffs),
+                        "num_points": len({k[:2] for k in keys}), "median_ms": round(float(numpy.median(diffs)), 3),
+                        "median_ci_ms": [round(low, 3), round(high, 3)]})
     return out
 
 

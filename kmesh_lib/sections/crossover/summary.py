@@ -232,6 +232,17 @@ def _goal_sentences(tables: dict, rows: list[dict] | None = None, suffix_tokens:
                    f"{len(spanning)} of {len(steps)} (path, point) pairs, and the widest is {widest:,.2f} ms wide"
                    + (": at this many repeats the forward pass's own spread hides a cost of the copy's size"
                       if len(spanning) == len(steps) else "") + ".")
+    pairs = tables.get("forward_step_pairs") or []
+    if pairs:
+        def pair(r: dict) -> str:
+            low, high = r["median_ci_ms"]
+            side = "above zero" if low > 0 else "below zero" if high < 0 else "holds zero"
+            return (f"{LABEL[r['path']]} \u2212 {LABEL.get(r['against'], 'resident')}"
+                    + (f" (at {_n(r['min_tokens'])} tokens and more)" if r["min_tokens"] else "")
+                    + f" {r['median_ms']:+,.3f} ms [{low:+,.3f}, {high:+,.3f}], {side}, {r['n']} pairs")
+        out.append("Pooled over the points and paired by repeat (one repeat runs its arms back to back on one engine; a "
+                   "typical cost across shapes, not any one point's), the forward pass's difference: "
+                   + "; ".join(pair(r) for r in pairs) + ".")
     scatter = tables.get("scatter_sources") or []
     rhos = [r for r in scatter if r["rho_forward_other"] is not None]
     if rhos:
