@@ -13,7 +13,10 @@ times each call on its own, two ways, ``--repeats`` times each:
              restore's calls (the cost a call pays with the host's caches cold)
 
 and prints the median and 90th percentile in microseconds. Every call is on an idle stream (events
-already done), as in a restore. Prints figures; asserts nothing. Without CUDA it says so and exits.
+already done), as in a restore. Then a whole restore copy of 1,024 blocks of the Qwen2.5-0.5B shape
+(``BufferArena.copy_into_vllm``, whole and by 3 layer groups), on the launch route and as one replay
+of a captured graph (``kv.copy_graph``), the stream synchronized before each (untimed). Prints
+figures; asserts nothing. Without CUDA it says so and exits.
 """
 from __future__ import annotations
 
@@ -64,6 +67,27 @@ def _calls() -> dict:
     }
 
 
+def _restore_copies(tmp: str) -> dict:
+    """name -> (call, before): one restore copy per call, ``before`` (untimed) empties the stream."""
+    from kmesh_lib.kv.gpu_buffer_arena import BufferArena
+    from kmesh_lib.kv.restore_timeline import RestoreTimeline
+
+    num_blocks, num_rows = 2049, 1024  # Qwen2.5-0.5B: 24 layers, 2 KV heads of 64, bf16, 16-token blocks
+    kv = {f"l{i}": torch.zeros(2, num_blocks, 16, 2, 64, dtype=torch.bfloat16, device="cuda") for i in range(24)}
+    arena = BufferArena(kv, num_blocks, num_rows + 8, tmp)
+    graphs = arena.graphs
+    block_ids = list(range(num_blocks - 1, num_blocks - 1 - num_rows, -1))
+    out = {}
+    for route, use in (("launches", None), ("one graph replay", graphs)):
+        for name, by_layer in (("whole", False), (f"{len(arena.plane_groups)} layer groups", True)):
+            def call(use=use, by_layer=by_layer):
+                arena.graphs = use
+                arena.copy_into_vllm(0, 0, block_ids, RestoreTimeline("restore", "r", 0, "buffer", num_rows, 0, "cuda"),
+                                     by_layer=by_layer)
+            out[f"restore copy, {route} ({name}, {num_rows:,} blocks)"] = (call, torch.cuda.synchronize)
+    return out
+
+
 def _evict(objects: list) -> int:
     """About 1 ms of Python touching every object (the scheduler's work between two restore calls)."""
     total = 0
@@ -73,17 +97,26 @@ def _evict(objects: list) -> int:
 
 
 def measure(repeats: int) -> list[dict]:
+    import tempfile
+
     objects = [[i, str(i)] for i in range(40_000)]  # ~4 MiB of small objects
     rows = []
-    for name, call in _calls().items():
+    calls = {name: (call, None) for name, call in _calls().items()}
+    tmp = tempfile.TemporaryDirectory()
+    calls.update(_restore_copies(tmp.name))
+    for name, (call, before) in calls.items():
         for _ in range(20):
             call()
         hot, step = [], []
         for _ in range(repeats):
+            if before:
+                before()
             t0 = _ns()
             call()
             hot.append((_ns() - t0) / 1e3)
         for _ in range(repeats):
+            if before:
+                before()
             _evict(objects)
             t0 = _ns()
             call()
@@ -104,9 +137,9 @@ def main() -> None:
         print("no CUDA device: nothing to time")
         return
     rows = measure(args.repeats)
-    print(f"{'call':50s} {'hot p50':>8s} {'p90':>8s} {'step p50':>9s} {'p90':>8s}  (us)")
+    print(f"{'call':58s} {'hot p50':>8s} {'p90':>8s} {'step p50':>9s} {'p90':>8s}  (us)")
     for r in rows:
-        print(f"{r['call']:50s} {r['hot_p50_us']:8.1f} {r['hot_p90_us']:8.1f} {r['step_p50_us']:9.1f} {r['step_p90_us']:8.1f}")
+        print(f"{r['call']:58s} {r['hot_p50_us']:8.1f} {r['hot_p90_us']:8.1f} {r['step_p50_us']:9.1f} {r['step_p90_us']:8.1f}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)

@@ -12,6 +12,7 @@ times each, medians of REPEATS:
     torch    the per-plane path (``index_copy_`` per plane; narrow copies per run when ids form <= 8 runs)
     fused    one Triton launch (``kv.fused_copy.RowScatter``), at each chunk size in CHUNKS that differs,
              through Triton's compiled handle (``fused-jit``: the same kernel through its dispatcher)
+    graph    the default kernel queued by one replay of a captured CUDA graph (``kv.copy_graph``; CUDA)
     floor    one contiguous device->device copy of the same bytes (``kv.floors``' way: ``dst.copy_(src)``)
 
 Two device figures per path, from CUDA events: ``idle`` starts on an idle GPU, as a restore's copy span
@@ -139,15 +140,17 @@ def measure(model: str, context_tokens: int, order: str, device: str, warmups: i
     src = arena.buffer[:nbytes]
     row("floor", lambda: dst.copy_(src), check=False)
 
-    def via_arena(scatter):
+    def via_arena(scatter, graphs=None):
         def fn():
-            arena.scatter = scatter
+            arena.scatter, arena.graphs = scatter, graphs
             arena.copy_into_vllm(0, 0, block_ids, RestoreTimeline("restore", "bench", 0, "buffer", len(block_ids),
                                                                   nbytes, device))
         return fn
 
-    default = arena.scatter
+    default, default_graphs = arena.scatter, arena.graphs
     row("torch", via_arena(None), check=True)
+    if default_graphs is not None:  # the default kernel, queued by one replay of a captured graph
+        row("graph", via_arena(default, default_graphs), check=True, launch_route="graph")
     if default is not None or fused_ok:
         seen = set()
         for chunk in CHUNKS:
@@ -185,15 +188,15 @@ def host_parts(scatter, block_ids: list[int], repeats: int) -> dict:
             runs.append((time.perf_counter() - t0) * 1e6)
         return statistics.median(runs[3:])
 
-    ids = scatter.block_ids_tensor(block_ids)
-    grid = (ids.numel(), scatter.num_planes, scatter.num_chunks)
-    out = {"ids_us": median_us(lambda: scatter.block_ids_tensor(block_ids)),
+    args = scatter.prepare(0, block_ids)
+    grid = scatter.grid(len(block_ids))
+    out = {"ids_us": median_us(lambda: scatter.prepare(0, block_ids)),
            "event_us": median_us(lambda: torch.cuda.Event(enable_timing=True).record())}
     if scatter._handle is not None:
-        out["launch_handle_us"] = median_us(lambda: scatter._handle[grid](*scatter._args(ids, 0)))
+        out["launch_handle_us"] = median_us(lambda: scatter._handle[grid](*scatter._args(args, 0)))
     from kmesh_lib.kv.fused_copy import _kernel
 
-    out["launch_jit_us"] = median_us(lambda: _kernel()[grid](*scatter._args(ids, 0)[:6], **scatter._options))
+    out["launch_jit_us"] = median_us(lambda: _kernel()[grid](*scatter._args(args, 0)[:6], **scatter._options))
     return out
 
 

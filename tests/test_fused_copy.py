@@ -43,6 +43,8 @@ def test_fused_copy_writes_the_same_bytes_as_the_torch_path(interpreted, layout,
     r = interpreted[(layout, case, chunk_bytes)]
     assert r["equal"], f"{layout}/{case}: the fused copy's KV differs from the torch path's"
     assert r["equal_by_layer"], f"{layout}/{case}: the copy by layer groups differs from the torch path's"
+    assert r["equal_stepping"], f"{layout}/{case}: programs stepping over rows copy other bytes than the torch path"
+    assert r["stepping_grid"][0] == min(3, len(r["block_ids"]))  # the stepping case did step (3 programs a plane)
     assert r["num_groups"][0] == r["num_groups"][1] > 1  # one launch, and one end, per group
     assert r["blocks_changed"] == r["block_ids"]  # the copy wrote every block asked for, and no other
     assert r["restored_bytes"][0] == r["restored_bytes"][1] > 0  # counters as before, whichever path
@@ -146,13 +148,13 @@ def test_the_kernel_compiles_for_hopper_with_16_byte_loads_and_stores(even):
 
     from kmesh_lib.kv.fused_copy import _kernel
 
-    sig = {"buf_ptr": "*i64", "table_ptr": "*i64", "ids_ptr": "*i32", "src_row0": "i32", "plane0": "i32", "row_lines": "i32",
+    sig = {"buf_ptr": "*i64", "table_ptr": "*i64", "args_ptr": "*i32", "plane0": "i32", "row_lines": "i32",
            "num_planes": "i32", "VEC": "constexpr", "CHUNK": "constexpr", "EVEN": "constexpr"}
     aligned = [["tt.divisibility", 16]]  # what Triton's launcher specializes 16-byte-aligned pointers to
     src = ASTSource(fn=_kernel(), signature=sig, constexprs={"VEC": 2, "CHUNK": 512, "EVEN": even},
                     attrs={(0,): aligned, (1,): aligned, (2,): aligned})
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 2}).asm["ptx"]
-    # the 8-byte and 4-byte loads are the table's and the block id's scalars, one each per program
+    # the 8-byte and 4-byte loads are the table's and the arguments' scalars (source row, count, block id)
     data_loads = [m for m in re.findall(r"ld\.global[.\w]*", ptx) if m not in ("ld.global.b64", "ld.global.b32")]
     stores = re.findall(r"st\.global[.\w]*", ptx)
     assert data_loads and set(data_loads) == {"ld.global.v2.b64"}

@@ -484,9 +484,10 @@ def test_cuda_restores_give_the_recomputed_outputs(tmp_path, wait_at):
             assert r["wait_at"] == wait_at and r["num_layer_waits"] == (r["num_copy_groups"] if wait_at == "layer" else 0)
             assert r["critical_s"] is not None and r["measure_synced"] in (True, False)
             assert (r["hook_s"] > 0) == (wait_at == "layer")
+            assert r["copy_launch"] == "graph"  # one replay of a captured copy (``kv.copy_graph``)
         described = tier.describe()
         assert described["device"].startswith("cuda") and described["copy_route"] == "fused"
-        assert described["copy_launch"] == "handle"
+        assert described["copy_launch"] == "handle" and described["copy_graphs"] == "on"
     finally:
         engine.close()
         tier.close()
@@ -648,6 +649,7 @@ def test_layer_waits_restore_the_same_bytes_and_wait_for_each_group_once(tmp_pat
         whole, layered = tier.take_restores()
         num_layers = len(runner.kv)
         assert (whole["wait_at"], whole["num_copy_groups"], whole["num_layer_waits"]) == ("forward", 1, 0)
+        assert whole["copy_launch"] == layered["copy_launch"] == "torch"  # the CPU build's copies
         assert layered["wait_at"] == "layer" and layered["num_copy_groups"] == len(tier.arena.plane_groups)
         assert layered["num_layer_waits"] == layered["num_copy_groups"] == len(layer_groups(num_layers))
         assert tier.arena.plane_groups[-1][1] == len(tier.arena.planes)  # the groups cover every plane
@@ -695,7 +697,7 @@ def test_layer_waits_add_each_groups_stall_and_a_missed_group_leaves_the_wait_un
         tl.t_launched_ns, tl.hook_ns = 1_250, 30
         tl.forward_queued(5_000, None)
         for reached, ready in waits:
-            tl.layer_waited(reached, ready)
+            tl.layer_waited(reached, Span().cpu(ready, ready))
         return tl.record()
 
     # group 0 ends 40 ns after the forward pass reaches it; group 1 was done; group 2 ends 500 ns late

@@ -9,6 +9,11 @@ and one launch moves them all:
     src  buffer + (src_row0 + i) * row_lines + src_off[p]      (a row holds every plane, in plane order)
     dst  buffer + delta[p] + block_ids[i] * stride[p]           (plane p lives in vLLM's own allocation)
 
+The call's arguments travel as one int32 array on the device, ``[src_row0, n, block_ids...]``, and the
+kernel reads the row count from it: its programs step over rows (``i``, ``i + grid``, ...), so one grid
+serves any count up to it. The launch route sizes the grid to the restore (one row per program up to
+``MAX_PROGRAMS``); a captured graph (``kv.copy_graph``) fixes it once per size bucket.
+
 A launch may cover planes ``[p0, p1)`` only (``p = p0 + program_id(1)``): a group of layers, so the
 forward pass can start on the first layers while later groups still copy (``wait_at == "layer"``).
 
@@ -21,17 +26,17 @@ address, stride, offset and size; the kernel multiplies by ``VEC = line_bytes //
 constant, so Triton can prove 16-byte alignment and emit 128-bit loads and stores.
 
 Host time: a restore waits for this call's own Python (the GPU is idle before the forward step), so a
-call does only what changes per restore. The block ids go through one pinned and one device buffer
+call does only what changes per restore. The arguments go through one pinned and one device buffer
 made once (no allocator per call), and the kernel is launched through the handle Triton compiled at
 ``warmup`` (``launch_route == "handle"``), not its JIT dispatcher, which binds and specializes every
 argument anew on each call. The handle is checked once, byte for byte, by a copy into vLLM's null block
 (block 0, which no request reads); if it fails, calls go through the dispatcher (``"jit"``, and why).
 
 Invariants: the planes and the buffer never move (vLLM allocates its KV once; the buffer is one
-allocation made once), so the table is built once per arena; only the block ids travel per call. The
-id buffers are reused: a call waits until the previous call's id transfer has left the pinned buffer
+allocation made once), so the table is built once per arena; only the arguments travel per call. The
+argument buffers are reused: a call waits until the previous call's transfer has left the pinned buffer
 (an event, long done when restores are a forward step apart), and every call queues on the stream its
-predecessor used, so the device ids are not overwritten under a kernel still reading them.
+predecessor used, so the device arguments are not overwritten under a kernel still reading them.
 """
 from __future__ import annotations
 
@@ -44,6 +49,8 @@ from kmesh_lib.kv.cuda_streams import current_stream
 assert array("i").itemsize == 4  # block ids travel as int32
 CHUNK_BYTES = 16 << 10  # the most one program moves: a 16 KiB plane (Qwen2.5-7B) in one program
 BYTES_PER_THREAD = 64  # four 16-byte vectors in flight per thread
+MAX_PROGRAMS = 1 << 16  # per launch; beyond it each program copies several rows (a 32k-token restore of 7B: 2)
+NUM_HEADER = 2  # the arguments' array: src_row0, n, then the block ids
 
 
 def triton_status() -> str | None:
@@ -110,19 +117,27 @@ class RowScatter:
         self.num_warps = max(1, min(16, self.chunk_words * wb // (32 * BYTES_PER_THREAD)))
         self.pin = buffer_words.is_cuda
         max_ids = max(p.shape[0] for p in planes)  # a restore fills at most every block of the pool
-        self._ids_host = torch.empty(max_ids, dtype=torch.int32, pin_memory=self.pin)
-        self._ids_host_view = memoryview(self._ids_host.numpy()).cast("B").cast("i")
-        self._ids_dev = torch.empty(max_ids, dtype=torch.int32, device=buffer_words.device)
-        self._ids_sent = None  # CUDA event: the last id transfer has read the pinned buffer
-        self._stream = None  # the stream of the last call (the id buffers are ordered on it)
+        self.max_rows = max_ids
+        self._args_host = torch.empty(NUM_HEADER + max_ids, dtype=torch.int32, pin_memory=self.pin)
+        self._args_host_view = memoryview(self._args_host.numpy()).cast("B").cast("i")
+        self._args_dev = torch.empty(NUM_HEADER + max_ids, dtype=torch.int32, device=buffer_words.device)
+        self._args_sent = None  # CUDA event: the last argument transfer has read the pinned buffer
+        self._stream = None  # the stream of the last call (the argument buffers are ordered on it)
         self._handle = None  # Triton's compiled kernel, once ``warmup`` has checked it
         self.launch_route = "jit (not warmed up)"
 
-    def _args(self, ids: torch.Tensor, src_row0: int, plane0: int = 0) -> tuple:
+    def grid(self, num_rows: int, planes: tuple[int, int] | None = None) -> tuple[int, int, int]:
+        """The launch grid for ``num_rows`` rows of planes ``[p0, p1)`` (all by default): one program
+        per row, plane and chunk, at most ``MAX_PROGRAMS`` (then each program steps over rows)."""
+        p0, p1 = planes or (0, self.num_planes)
+        per_row = (p1 - p0) * self.num_chunks
+        return (max(1, min(num_rows, MAX_PROGRAMS // per_row)), p1 - p0, self.num_chunks)
+
+    def _args(self, args: torch.Tensor, plane0: int = 0) -> tuple:
         """Every kernel argument in signature order, the constexprs included (the handle takes them all;
-        the dispatcher takes the first seven and ``_options``)."""
-        return (self.buffer, self.table, ids, src_row0, plane0, self.row_lines, self.num_planes, self.vec,
-                self.chunk_words, self.even)
+        the dispatcher takes the first six and ``_options``)."""
+        return (self.buffer, self.table, args, plane0, self.row_lines, self.num_planes, self.vec, self.chunk_words,
+                self.even)
 
     @property
     def _options(self) -> dict:
@@ -132,16 +147,16 @@ class RowScatter:
     def warmup(self) -> None:
         """Compiles the kernel now (the first restore's copy span must not hold Triton's JIT) and, on
         CUDA, checks the compiled handle with one row (row 1) copied into vLLM's null block."""
-        ids = self.block_ids_tensor([0])
+        # row 1 (a non-zero source row: src_row0 is the one argument that changes per call) -> block 0
+        src_row = 1 if self.buffer.numel() >= 2 * self.row_lines * (self.line_bytes // self.word_bytes) else 0
+        args = self.prepare(src_row, [0])
         kernel = _kernel()
-        handle = kernel.warmup(*self._args(ids, 0)[:7], **self._options, grid=(1, 1, 1))
+        handle = kernel.warmup(*self._args(args)[:6], **self._options, grid=(1, 1, 1))
         if not self.buffer.is_cuda:
             self.launch_route = "jit (Triton's interpreter)"
             return
-        # row 1 (a non-zero source row: src_row0 is the one argument that changes per call) -> block 0
-        src_row = 1 if self.buffer.numel() >= 2 * self.row_lines * (self.line_bytes // self.word_bytes) else 0
         try:
-            handle[(1, self.num_planes, self.num_chunks)](*self._args(ids, src_row))
+            handle[self.grid(1)](*self._args(args))
             current_stream().synchronize()
             if not self._row_landed(src_row, 0):
                 raise RuntimeError(f"the compiled handle's copy into block 0 differs from buffer row {src_row}")
@@ -161,49 +176,52 @@ class RowScatter:
                 return False
         return True
 
-    def block_ids_tensor(self, block_ids: list[int]) -> torch.Tensor:
-        """The block ids on the buffer's device, through the reused pinned buffer, without waiting on
-        CUDA unless the previous call's transfer has not left it yet."""
+    def prepare(self, src_row0: int, block_ids: list[int]) -> torch.Tensor:
+        """Everything of a call before its launch: the stream check and the arguments on the device,
+        through the reused pinned buffer, without waiting on CUDA unless the previous call's transfer
+        has not left it yet (or the previous kernel, on another stream, may still read the device copy)."""
         n = len(block_ids)
-        if n == 0:
-            return self._ids_dev[:0]
-        if self._ids_sent is not None:
-            self._ids_sent.synchronize()
-        # NOTE: array("i", ids) is the fastest list -> int32 we found (~25 us for 2,032 ids; torch.tensor ~80)
-        self._ids_host_view[:n] = array("i", block_ids)
-        if not self.pin:
-            return self._ids_host[:n].clone()  # CPU (the interpreter): a copy a later call cannot overwrite
-        ids = self._ids_dev[:n]
-        ids.copy_(self._ids_host[:n], non_blocking=True)
-        if self._ids_sent is None:
-            self._ids_sent = torch.cuda.Event()  # one event, recorded anew per call (it was waited on above)
-        self._ids_sent.record(current_stream())  # record() alone would ask torch for the stream
-        return ids
-
-    def prepare(self, block_ids: list[int]) -> torch.Tensor:
-        """Everything of a call before its launch: the stream check and the ids on the device."""
         if self.pin:
             stream = current_stream()
             if self._stream is not None and stream != self._stream:
-                self._stream.synchronize()  # the previous kernel may still read the device ids
+                self._stream.synchronize()
             self._stream = stream
-        return self.block_ids_tensor(block_ids)
+            if self._args_sent is not None:
+                self._args_sent.synchronize()
+        write_args(self._args_host_view, src_row0, block_ids)
+        if not self.pin:
+            return self._args_host[:NUM_HEADER + n].clone()  # CPU (the interpreter): a copy a later call cannot overwrite
+        args = self._args_dev[:NUM_HEADER + n]
+        args.copy_(self._args_host[:NUM_HEADER + n], non_blocking=True)
+        if self._args_sent is None:
+            self._args_sent = torch.cuda.Event()  # one event, recorded anew per call (it was waited on above)
+        self._args_sent.record(stream)  # record() alone would ask torch for the stream
+        return args
 
-    def launch(self, src_row0: int, ids: torch.Tensor, planes: tuple[int, int] | None = None) -> None:
-        """Queues the copy of buffer rows ``src_row0 ...`` -> the blocks ``ids`` (from ``prepare``), of
-        every plane or of planes ``[p0, p1)`` only (a group of layers, ``BufferArena.copy_into_vllm``)."""
+    def launch(self, args: torch.Tensor, num_rows: int, planes: tuple[int, int] | None = None) -> None:
+        """Queues the copy that ``args`` (from ``prepare``, ``num_rows`` rows; or a graph's device
+        arguments) describes, of every plane or of planes ``[p0, p1)`` only (a group of layers,
+        ``BufferArena.copy_into_vllm``). ``num_rows`` sizes the grid; the kernel reads the count itself."""
         p0, p1 = planes or (0, self.num_planes)
-        if ids.numel() == 0 or p1 <= p0:
+        if num_rows == 0 or p1 <= p0:
             return
-        grid = (ids.numel(), p1 - p0, self.num_chunks)
+        grid = self.grid(num_rows, (p0, p1))
         if self._handle is not None:
-            self._handle[grid](*self._args(ids, src_row0, p0))
+            self._handle[grid](*self._args(args, p0))
         else:
-            _kernel()[grid](*self._args(ids, src_row0, p0)[:7], **self._options)
+            _kernel()[grid](*self._args(args, p0)[:6], **self._options)
 
-    def __call__(self, src_row0: int, block_ids: list[int] | torch.Tensor) -> None:
+    def __call__(self, src_row0: int, block_ids: list[int]) -> None:
         """Queues buffer rows ``src_row0 ...`` -> vLLM blocks ``block_ids`` on the current stream."""
-        self.launch(src_row0, block_ids if isinstance(block_ids, torch.Tensor) else self.prepare(block_ids))
+        self.launch(self.prepare(src_row0, block_ids), len(block_ids))
+
+
+def write_args(view: memoryview, src_row0: int, block_ids: list[int]) -> None:
+    """The kernel's arguments into an int32 ``view`` (of a pinned buffer): ``[src_row0, n, ids...]``."""
+    n = len(block_ids)
+    view[0], view[1] = src_row0, n
+    # NOTE: array("i", ids) is the fastest list -> int32 we found (~25 us for 2,032 ids; torch.tensor ~80)
+    view[NUM_HEADER:NUM_HEADER + n] = array("i", block_ids)
 
 
 _KERNEL = None
@@ -217,27 +235,29 @@ def _kernel():
     import triton
     import triton.language as tl
 
-    # src_row0 and plane0 change per call: specializing on them (==1, multiple of 16) would compile anew
-    @triton.jit(do_not_specialize=["src_row0", "plane0"])
-    def scatter_rows(buf_ptr, table_ptr, ids_ptr, src_row0, plane0, row_lines, num_planes,
+    # plane0 changes per launch (a layer group): specializing on it (==1, multiple of 16) would compile anew
+    @triton.jit(do_not_specialize=["plane0"])
+    def scatter_rows(buf_ptr, table_ptr, args_ptr, plane0, row_lines, num_planes,
                      VEC: tl.constexpr, CHUNK: tl.constexpr, EVEN: tl.constexpr):
-        i = tl.program_id(0)
         p = plane0 + tl.program_id(1)
         c = tl.program_id(2)
+        src_row0 = tl.load(args_ptr).to(tl.int64)
+        num_rows = tl.load(args_ptr + 1)
         # the table is in lines; * VEC (a constant) tells Triton every offset is line-aligned
         delta = tl.load(table_ptr + p) * VEC
         stride = tl.load(table_ptr + num_planes + p) * VEC
         src_off = tl.load(table_ptr + 2 * num_planes + p) * VEC
-        block_id = tl.load(ids_ptr + i).to(tl.int64)
         offs = c * CHUNK + tl.arange(0, CHUNK)
-        src = buf_ptr + ((src_row0 + i).to(tl.int64) * row_lines * VEC + src_off) + offs
-        dst = buf_ptr + (delta + block_id * stride) + offs
-        if EVEN:
-            tl.store(dst, tl.load(src))
-        else:
-            n = tl.load(table_ptr + 3 * num_planes + p) * VEC
-            mask = offs < n
-            tl.store(dst, tl.load(src, mask=mask), mask=mask)
+        for i in range(tl.program_id(0), num_rows, tl.num_programs(0)):
+            block_id = tl.load(args_ptr + 2 + i).to(tl.int64)
+            src = buf_ptr + ((src_row0 + i) * row_lines * VEC + src_off) + offs
+            dst = buf_ptr + (delta + block_id * stride) + offs
+            if EVEN:
+                tl.store(dst, tl.load(src))
+            else:
+                size = tl.load(table_ptr + 3 * num_planes + p) * VEC
+                mask = offs < size
+                tl.store(dst, tl.load(src, mask=mask), mask=mask)
 
     _KERNEL = scatter_rows
     return _KERNEL

@@ -70,6 +70,7 @@ class GpuBufferConfig:
     launch_at: str = "step_start"  # where restores are queued: "step_start" or "forward" (the connector's docstring)
     wait_at: str = "forward"  # the whole copy before the forward pass, or each layer group before its layers
     layer_group_growth: int = LAYER_GROUP_GROWTH  # with layer waits: how fast the copy's layer groups grow
+    copy_graphs: bool = True  # queue each restore's copy as one replay of a captured CUDA graph (``kv.copy_graph``)
 
     def extra(self) -> dict:
         return {f"kmesh.{k}": v for k, v in self.__dict__.items()}
@@ -181,6 +182,7 @@ class GpuBufferTier:
         chunk_mib: bytes per O_DIRECT read/write and per host-to-device copy.
         retain: a restore keeps the buffer's copy (True) or frees it after loading vLLM (False).
         saving: whether prompts are saved to the disk tier from the start (``set_saving`` switches it).
+        launch_at, wait_at, layer_group_growth, copy_graphs: ``GpuBufferConfig``'s.
     """
 
     path = "gpubuf"
@@ -192,7 +194,7 @@ class GpuBufferTier:
 
     def __init__(self, buffer_mib: int, disk_dir: str | Path, chunk_mib: int = 16, retain: bool = True,
                  saving: bool = True, launch_at: str = "step_start", wait_at: str = "forward",
-                 layer_group_growth: int = LAYER_GROUP_GROWTH) -> None:
+                 layer_group_growth: int = LAYER_GROUP_GROWTH, copy_graphs: bool = True) -> None:
         if buffer_mib <= 0:
             raise ValueError(f"buffer_mib={buffer_mib}: the GPU buffer needs a positive size")
         _check_choice("launch_at", launch_at, LAUNCH_AT)
@@ -200,7 +202,8 @@ class GpuBufferTier:
         check_layer_group_growth(layer_group_growth)
         self.disk_dir = Path(disk_dir)
         self.config = GpuBufferConfig(f"gpubuf-{secrets.token_hex(4)}", buffer_mib * MIB, str(self.disk_dir),
-                                      chunk_mib * MIB, retain, saving, launch_at, wait_at, layer_group_growth)
+                                      chunk_mib * MIB, retain, saving, launch_at, wait_at, layer_group_growth,
+                                      copy_graphs)
         self.shared = shared_state(self.config.tier_id)
         self.meter = GpuBufferMeter(self)
         self._executor: ThreadPoolExecutor | None = None
@@ -261,6 +264,9 @@ class GpuBufferTier:
                        copy_route=a.copy_route)  # "fused" (one Triton launch) or "torch (<why>)"
             if a.scatter is not None:
                 out["copy_launch"] = a.scatter.launch_route  # "handle" (Triton's compiled kernel) or "jit (<why>)"
+            out["copy_graphs"] = a.graph_route  # "on", or "off (<why>)": restores then take the launch route
+            if a.graphs is not None:
+                out["copy_graph_sizes"] = a.graphs.describe()
         return out
 
     # -- switches --

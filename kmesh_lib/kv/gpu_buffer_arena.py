@@ -19,7 +19,8 @@ copied by layer groups runs on a side stream instead, ``copy_into_vllm``):
     stage    O_DIRECT read into a pinned host chunk -> host-to-device copy into the entry's extent;
              two chunks in flight, so the disk read of chunk i+1 overlaps the copy of chunk i
     restore  extent rows -> vLLM's blocks, device to device: one Triton launch for every plane and
-             block (``fused_copy``) on CUDA, else one torch copy per plane and block run
+             block (``fused_copy``) on CUDA, queued by one replay of a captured graph (``copy_graph``),
+             else one torch copy per plane and block run
 On the CPU build the "device" is host memory: the same code with plain memcpys and CPU stamps.
 
 Layer groups (``layer_groups``): a restore copied ``by_layer`` is one launch per group of consecutive
@@ -41,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from kmesh_lib.kv.copy_graph import CopyGraphs
 from kmesh_lib.kv.cuda_streams import current_stream, on_stream, stream_reference
 from kmesh_lib.kv.fused_copy import RowScatter, triton_status
 from kmesh_lib.kv.gpu_buffer import LAYER_GROUP_GROWTH, check_layer_group_growth, entry_path
@@ -157,10 +159,12 @@ class BufferArena:
         disk_dir: the disk tier's directory (one file per entry).
         chunk_bytes: bytes per O_DIRECT read or write (a multiple of 4 KiB is used).
         layer_group_growth: the layer groups' growth factor (``layer_groups``).
+        copy_graphs: capture the restore copies as CUDA graphs (``copy_graph``) where they can be.
     """
 
     def __init__(self, kv_caches: dict, num_gpu_blocks: int, num_buffer_blocks: int, disk_dir: Path,
-                 chunk_bytes: int = 16 << 20, layer_group_growth: int = LAYER_GROUP_GROWTH) -> None:
+                 chunk_bytes: int = 16 << 20, layer_group_growth: int = LAYER_GROUP_GROWTH,
+                 copy_graphs: bool = True) -> None:
         planes_of = {name: block_planes(kv, num_gpu_blocks) for name, kv in kv_caches.items()}
         planes = [p for layer in planes_of.values() for p in layer]
         # the copy's layer groups: [p0, p1) planes each, and which group each layer's name reads from
@@ -196,6 +200,21 @@ class BufferArena:
         self.last_read_stream = None  # the stream that event is on
         self._side_stream = None  # restores copied by layer groups (``copy_into_vllm(by_layer=True)``)
         self.scatter, self.copy_route = self._fused_scatter(dtype)
+        self.graphs, self.graph_route = self._copy_graphs(copy_graphs)
+
+    def _copy_graphs(self, wanted: bool) -> tuple[CopyGraphs | None, str]:
+        """Captured restore copies (``copy_graph``) where the fused kernel's compiled handle runs, else
+        None and why (restores take the launch route then)."""
+        if not wanted:
+            return None, "off (copy_graphs=False)"
+        if self.scatter is None or self.scatter.launch_route != "handle":
+            return None, f"off (no compiled fused copy: {self.copy_route})"
+        try:
+            graphs = CopyGraphs(self.scatter, {"whole": [(0, len(self.planes))], "layer": self.plane_groups})
+        except Exception as e:  # a capture failure must cost launch time, never the restore
+            logger.warning("kmesh: restore copies are not captured as CUDA graphs: %s", e)
+            return None, f"off (capture failed: {type(e).__name__}: {e})"[:300]
+        return graphs, "on"
 
     def _fused_scatter(self, dtype) -> tuple[RowScatter | None, str]:
         """The one-launch restore copy on CUDA when Triton compiles it, else None and why (the
@@ -326,50 +345,81 @@ class BufferArena:
 
     # -- restore: buffer extent -> vLLM blocks --
     def copy_into_vllm(self, extent_start: int, first_block: int, block_ids: list[int],
-                       timeline: RestoreTimeline, by_layer: bool = False) -> list:
-        """Copies extent rows ``first_block ...`` into vLLM's ``block_ids``: one fused launch on CUDA
-        when Triton is there (``copy_route == "fused"``), else one copy per plane and run.
+                       timeline: RestoreTimeline, by_layer: bool = False) -> list[Span]:
+        """Copies extent rows ``first_block ...`` into vLLM's ``block_ids``: on CUDA one captured graph
+        replay (``copy_route == "fused"`` and ``graph_route == "on"``), else one fused launch per group
+        (Triton), else one copy per plane and run; ``timeline.copy_launch`` records which.
 
-        ``by_layer``: one launch per layer group (``plane_groups``), on a side stream that first waits
-        for everything queued on the current one (staging, the ids); returns each group's end, a CUDA
-        event (a CPU stamp on the CPU build, where the copies are done on return), for the forward pass
-        to wait on layer by layer (``HostStagedGpuBuffer.wait_for_layer_load``). Else returns []: the
-        copy is on the current stream, ahead of the forward pass."""
+        ``by_layer``: one launch per layer group (``plane_groups``), on a side stream, which first waits
+        for everything queued on the current one where that holds this copy's inputs (staging, the
+        launch route's arguments); returns each group's end, a point ``Span`` (a CPU stamp on the CPU
+        build, where the copies are done on return), for the forward pass to wait on layer by layer
+        (``HostStagedGpuBuffer.wait_for_layer_load``). Else returns []: the copy is on the current
+        stream, ahead of the forward pass. Without staging the side stream does not wait: the
+        destination blocks are this step's allocation, which no queued work reads or writes."""
         src0 = extent_start + first_block
         groups = self.plane_groups if by_layer else [(0, len(self.planes))]
-        side = self.is_cuda and by_layer
-        if side and self.last_read_event is not None:
-            # the device ids are reused: the previous group copy may still read them
-            current_stream().wait_event(self.last_read_event)
-        # the fused copy's ids go to the device first: the copy's span starts where the kernel is
-        # launched, and the host time before it shows as the restore's ``launch`` part
-        ids = self.scatter.prepare(block_ids) if self.scatter is not None else None
-        stream = None
-        if side:
-            if self._side_stream is None:
-                self._side_stream = torch.cuda.Stream(device=self.device)
-            stream = self._side_stream
-            stream.wait_stream(current_stream())
-        t0 = _ns()
-        start = self.event(stream)
-        ends: list = []
-        with on_stream(stream if side else None):
+        if not self.is_cuda:  # plain copies, or the fused kernel under Triton's interpreter (tests set ``scatter``)
+            t0, ends = _ns(), []
+            args = self.scatter.prepare(src0, block_ids) if self.scatter is not None else None
             for planes in groups:
-                if ids is not None:
-                    self.scatter.launch(src0, ids, planes)
+                if args is not None:
+                    self.scatter.launch(args, len(block_ids), planes)
                 else:
                     self._copy_per_plane(src0, block_ids, planes)
-                if by_layer:
-                    ends.append(self.event(stream) if self.is_cuda else _ns())
-        if self.is_cuda:
-            end = ends[-1] if by_layer else self.event()
-            timeline.copy = Span().gpu(start, end)
-            self.last_read_event = end  # every restore queued so far has read its extent
-            self.last_read_stream = stream or current_stream()
-        else:
+                t = _ns()
+                ends.append(Span().cpu(t, t))
             timeline.copy = Span().cpu(t0, _ns())
+            timeline.copy_launch = self.scatter.launch_route.split(" ")[0] if args is not None else "torch"
+            self._count(restored_bytes=len(block_ids) * self.bytes_per_block)
+            return ends if by_layer else []
+        stream = self._side() if by_layer else None
+        inst = None
+        if self.graphs is not None:
+            if stream is not None and timeline.staging:
+                stream.wait_stream(current_stream())
+            with on_stream(stream):
+                inst = self.graphs.replay("layer" if by_layer else "whole", src0, block_ids)
+        if inst is not None:
+            start, end_events, timeline.copy_launch = inst.start, inst.ends, "graph"
+        else:
+            start, end_events = self._launch(src0, block_ids, groups, stream, timeline)
+        timeline.copy = Span().gpu(start, end_events[-1])
+        ends = [Span().gpu(e, e) for e in end_events] if by_layer else []
+        if inst is not None:
+            inst.pending.extend((span, timeline.ref) for span in [timeline.copy, *ends])
+        self.last_read_event = end_events[-1]  # every restore queued so far has read its extent
+        self.last_read_stream = stream or current_stream()
         self._count(restored_bytes=len(block_ids) * self.bytes_per_block)
         return ends
+
+    def _side(self):
+        if self._side_stream is None:
+            self._side_stream = torch.cuda.Stream(device=self.device)
+        return self._side_stream
+
+    def _launch(self, src0: int, block_ids: list[int], groups: list[tuple[int, int]], stream, timeline):
+        """The launch route on CUDA: the arguments to the device, then per group a launch (the fused
+        kernel, else torch's per-plane copies) and an end event, on ``stream`` (None: the current one).
+        Returns (start event, end events)."""
+        if stream is not None and self.last_read_event is not None:
+            # the launch route's device arguments are reused: the previous copy may still read them
+            current_stream().wait_event(self.last_read_event)
+        # the fused copy's arguments go to the device first: the copy's span starts where the kernel is
+        # launched, and the host time before it shows as the restore's ``launch`` part
+        args = self.scatter.prepare(src0, block_ids) if self.scatter is not None else None
+        if stream is not None:
+            stream.wait_stream(current_stream())
+        timeline.copy_launch = self.scatter.launch_route.split(" ")[0] if args is not None else "torch"
+        start, ends = self.event(stream), []
+        with on_stream(stream):
+            for planes in groups:
+                if args is not None:
+                    self.scatter.launch(args, len(block_ids), planes)
+                else:
+                    self._copy_per_plane(src0, block_ids, planes)
+                ends.append(self.event(stream))
+        return start, ends
 
     def _copy_per_plane(self, src0: int, block_ids: list[int], planes: tuple[int, int] | None = None) -> None:
         """Buffer rows ``src0 ...`` -> ``block_ids`` with torch: per plane (of ``[p0, p1)``, default all),
@@ -395,15 +445,16 @@ class BufferArena:
             if stream != self.last_read_stream:
                 stream.wait_event(self.last_read_event)
 
-    def reach_and_wait(self, ready):
+    def reach_and_wait(self, ready: Span):
         """Where the current stream is now, after which it waits for ``ready`` (a copy group's end): an
         event, or a host stamp where there is nothing to wait for: on the CPU build (its copies are done
         on return), or once the group's copy has ended (``query``; the GPU reaches this point later than
         the host does, so its stall is 0, and the stream needs no wait)."""
-        if not self.is_cuda or ready.query():
+        event = ready.end_event
+        if event is None or event.query():
             return _ns()
         reached = self.event()
-        current_stream().wait_event(ready)
+        current_stream().wait_event(event)
         return reached
 
     def read_back(self, block_ids: list[int]) -> torch.Tensor:

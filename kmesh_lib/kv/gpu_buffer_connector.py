@@ -119,7 +119,7 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
             self.arena = None
             self.timelines: list[RestoreTimeline] = []
             self.wait_at = self.config.wait_at  # GpuBufferTier.set_wait_at switches it between steps
-            self._group_ready: list = []  # with layer waits: each copy group's end, for the forward pass
+            self._group_ready: list = []  # with layer waits: each copy group's end (a point Span), for the forward pass
             self._next_group = 0  # the first group the forward pass has not waited for yet
             self.time_forward = False  # GpuBufferTier.time_forward_steps: stamp every forward pass
             self._forward_start = None  # (t_ns, event; the stamp on CPU): this step's first attention layer
@@ -133,7 +133,8 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
         from kmesh_lib.kv.gpu_buffer_arena import BufferArena
 
         self.arena = BufferArena(kv_caches, self._kv_cache_config.num_blocks, self.num_buffer_blocks,
-                                 Path(self.config.disk_dir), self.config.chunk_bytes, self.config.layer_group_growth)
+                                 Path(self.config.disk_dir), self.config.chunk_bytes, self.config.layer_group_growth,
+                                 self.config.copy_graphs)
         if self.arena.bytes_per_block != self.bytes_per_block:
             raise ValueError(f"the KV tensors hold {self.arena.bytes_per_block} bytes per block, vLLM's spec says "
                              f"{self.bytes_per_block}: the buffer's rows would not match the scheduler's accounting")

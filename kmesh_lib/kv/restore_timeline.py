@@ -63,6 +63,16 @@ class Span:
         self._events = (start_event, end_event)
         return self
 
+    @property
+    def resolved(self) -> bool:
+        """Its times are on the clock (its events, if any, have been read)."""
+        return self._events is None
+
+    @property
+    def end_event(self):
+        """The CUDA event at its end, until resolved (None for CPU stamps)."""
+        return self._events[1] if self._events is not None else None
+
     def resolve(self, ref) -> None:
         if self._events is not None and ref is not None:
             t_ref_ns, ref_event = ref[:2]
@@ -116,6 +126,7 @@ class RestoreTimeline:
     num_copy_groups: int = 1  # launches of the copy (one per layer group with layer waits)
     layer_waits: list[tuple[Span, Span]] = field(default_factory=list)  # (GPU reached the group, its copy ended)
     hook_ns: int = 0  # host time in the forward pass's ``wait_for_layer_load`` calls for this restore
+    copy_launch: str | None = None  # how the copy was queued: "graph", "handle" or "jit" (Triton), "torch"
     resolved: bool = False
 
     def forward_queued(self, t_ns: int, event) -> None:
@@ -125,11 +136,12 @@ class RestoreTimeline:
         if event is not None:
             self.forward_ready = Span().gpu(event, event)
 
-    def layer_waited(self, reached, ready) -> None:
+    def layer_waited(self, reached, ready: Span) -> None:
         """The forward pass, at the first layer of a copy group, waits for the group: ``reached`` (an
-        event recorded there, or a CPU stamp) and ``ready`` (the group's end: an event, or a CPU stamp)."""
-        self.layer_waits.append(tuple(Span().gpu(m, m) if not isinstance(m, int) else Span().cpu(m, m)
-                                      for m in (reached, ready)))
+        event recorded there, or a CPU stamp) and ``ready`` (the group's end, a point ``Span`` the copy
+        made; the step's restores share it, as they share the reference that resolves it)."""
+        at = Span().gpu(reached, reached) if not isinstance(reached, int) else Span().cpu(reached, reached)
+        self.layer_waits.append((at, ready))
 
     def resolve(self) -> RestoreTimeline:
         if not self.resolved:
@@ -173,7 +185,8 @@ class RestoreTimeline:
             "copy_s": sec(copy0, copy1),
             "restore_s": sec(self.t_start_ns, max(ends)) if ends else None,
             "launched_at": self.launched_at, "wait_at": self.wait_at, "num_copy_groups": self.num_copy_groups,
-            "num_layer_waits": len(self.layer_waits), "measure_s": measure, "measure_synced": self.measure_synced,
+            "num_layer_waits": len(self.layer_waits), "copy_launch": self.copy_launch,
+            "measure_s": measure, "measure_synced": self.measure_synced,
             "host_s": host, "hook_s": self.hook_ns / 1e9, "forward_wait_s": wait,
             "critical_s": critical, "t_forward_queued_ns": self.t_forward_queued_ns,
             "t_lookup_first_ns": self.t_lookup_first_ns, "t_lookup_end_ns": self.t_lookup_end_ns,
@@ -199,6 +212,7 @@ def request_split(timeline: dict, t_submit_ns: int, t_first_token_ns: int) -> di
             "forward_wait_s": timeline.get("forward_wait_s"),
             "critical_s": timeline.get("critical_s"), "launched_at": timeline.get("launched_at"),
             "wait_at": timeline.get("wait_at"), "num_copy_groups": timeline.get("num_copy_groups"),
+            "copy_launch": timeline.get("copy_launch"),
             "num_layer_waits": timeline.get("num_layer_waits"),
             "after_restore_s": (t_first_token_ns - timeline["t_ready_ns"]) / 1e9}
 

@@ -4,7 +4,8 @@ Started by ``tests/test_fused_copy.py`` with ``TRITON_INTERPRET=1`` (``triton.ji
 kernel is defined, so it must be set before this process defines it). For each case it builds two
 arenas over identical zeroed KV tensors, fills both buffers with the same random bytes, restores
 through ``copy_into_vllm`` (arena A on the per-plane torch path, arena B with a ``RowScatter``, arena C
-with one ``RowScatter`` launch per layer group, ``by_layer``) and
+with one ``RowScatter`` launch per layer group, ``by_layer``, arena D with a grid of at most three
+programs per plane and chunk, each copying several rows) and
 prints one JSON line per case and chunk size (argv, bytes per program): whether every KV byte
 matches, and which blocks the copy changed.
 """
@@ -15,7 +16,8 @@ import tempfile
 
 import torch
 
-from kmesh_lib.kv.fused_copy import RowScatter
+from kmesh_lib.kv import fused_copy
+from kmesh_lib.kv.fused_copy import MAX_PROGRAMS, RowScatter
 from kmesh_lib.kv.gpu_buffer_arena import BufferArena
 from kmesh_lib.kv.restore_timeline import RestoreTimeline
 
@@ -56,14 +58,16 @@ def main(chunk_sizes: list[int]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for chunk_bytes, (layout, make) in ((c, lm) for c in chunk_sizes for lm in layouts(NUM_GPU_BLOCKS).items()):
             for case, block_ids in block_id_cases(rng).items():
-                kv_a, kv_b, kv_c = make(), make(), make()
+                kv_a, kv_b, kv_c, kv_d = make(), make(), make(), make()
                 a = BufferArena(kv_a, NUM_GPU_BLOCKS, NUM_BUFFER_BLOCKS, tmp)
                 b = BufferArena(kv_b, NUM_GPU_BLOCKS, NUM_BUFFER_BLOCKS, tmp)
                 c = BufferArena(kv_c, NUM_GPU_BLOCKS, NUM_BUFFER_BLOCKS, tmp)  # the fused copy by layer groups
+                d = BufferArena(kv_d, NUM_GPU_BLOCKS, NUM_BUFFER_BLOCKS, tmp)  # programs stepping over rows
                 noise = torch.randint(0, 256, a.buffer.shape, dtype=torch.uint8, generator=gen)
-                for arena in (a, b, c):
+                for arena in (a, b, c, d):
                     arena.buffer.copy_(noise)
                 c.scatter = RowScatter(c.buffer.view(c.planes[0].dtype), c.planes, chunk_bytes)
+                d.scatter = RowScatter(d.buffer.view(d.planes[0].dtype), d.planes, chunk_bytes)
                 assert a.scatter is None and a.copy_route.startswith("torch")  # CPU: torch path by default
                 b.scatter = RowScatter(b.buffer.view(b.planes[0].dtype), b.planes, chunk_bytes)
                 b.scatter.warmup()
@@ -77,6 +81,16 @@ def main(chunk_sizes: list[int]) -> None:
                 for arena in (a, b, c):
                     tl = RestoreTimeline("restore", "r", 0, "buffer", len(block_ids), 0, "cpu")
                     ends = arena.copy_into_vllm(extent_start, first_block, block_ids, tl, by_layer=arena is c)
+                # a grid of at most 3 programs per plane and chunk: each program copies several rows (a
+                # captured graph's fixed grid, or a restore beyond MAX_PROGRAMS)
+                d_grid = d.scatter.grid(len(block_ids))
+                fused_copy.MAX_PROGRAMS = 3 * d_grid[1] * d_grid[2]
+                try:
+                    d_grid = d.scatter.grid(len(block_ids))
+                    d.copy_into_vllm(extent_start, first_block, block_ids,
+                                     RestoreTimeline("restore", "r", 0, "buffer", len(block_ids), 0, "cpu"))
+                finally:
+                    fused_copy.MAX_PROGRAMS = MAX_PROGRAMS
                 bytes_a, bytes_b, bytes_c = kv_bytes(kv_a), kv_bytes(kv_b), kv_bytes(kv_c)
                 blocks_changed = {i for kv in kv_a.values() for i in range(NUM_GPU_BLOCKS)
                                   if kv.select(1, i).count_nonzero().item()}
@@ -85,6 +99,8 @@ def main(chunk_sizes: list[int]) -> None:
                     "layout": layout, "case": case, "chunk_bytes": chunk_bytes,
                     "equal": all(torch.equal(x, y) for x, y in zip(bytes_a, bytes_b)),
                     "equal_by_layer": all(torch.equal(x, y) for x, y in zip(bytes_a, bytes_c)),
+                    "equal_stepping": all(torch.equal(x, y) for x, y in zip(bytes_a, kv_bytes(kv_d))),
+                    "stepping_grid": list(d_grid),
                     "num_groups": [len(c.plane_groups), len(ends)],
                     "blocks_changed": sorted(blocks_changed), "block_ids": sorted(block_ids),
                     "restored_bytes": [a.counters["restored_bytes"], b.counters["restored_bytes"]],

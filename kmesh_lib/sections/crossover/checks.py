@@ -214,6 +214,17 @@ def launch_checks(measured: list[dict], children: list[dict]) -> list[Check]:
                           lambda r: f"{r['tag']}: {split[r['tag']].get('wait_at')}, waited "
                                     f"{split[r['tag']].get('num_layer_waits')} of {split[r['tag']].get('num_copy_groups')} "
                                     "groups", "no measured GPU-buffer restores"))
+    graphs = {m["model"]: m["tier_route"]["copy_graphs"] for m in children
+              if tier(m) == "gpubuf" and "copy_graphs" in (m.get("tier_route") or {})}
+    if graphs:  # runs recorded before the copies were captured name no copy_graphs
+
+        def launched_as_the_tier_says(r) -> bool:
+            return (split[r["tag"]].get("copy_launch") == "graph") == (graphs.get(r["model"]) == "on")
+
+        out.append(all_of("gpubuf: every restore's copy was one graph replay where the tier captured its copies, and "
+                          "launched where it did not (copy_graphs)", restored, launched_as_the_tier_says,
+                          lambda r: f"{r['tag']}: {split[r['tag']].get('copy_launch')} "
+                                    f"(copy_graphs {graphs.get(r['model'])})", "no measured GPU-buffer restores"))
     return out + [all_of("gpubuf: every restore was queued where the tier says it queues them (launch_at)", restored,
                    lambda r: split[r["tag"]].get("launched_at") == configured.get(r["model"]),
                    lambda r: f"{r['tag']}: {split[r['tag']].get('launched_at')} (configured {configured.get(r['model'])})",

@@ -93,7 +93,7 @@ def make_tier(cfg: CrossoverParams, tier_name: str, runtime: RuntimeDir, kvt: in
         from kmesh_lib.kv.gpu_buffer import GpuBufferTier
 
         return GpuBufferTier(-(-longest // MIB) + 16, runtime.subdir("gpubuf"), retain=True, saving=False,
-                             layer_group_growth=cfg.LAYER_GROUP_GROWTH)
+                             layer_group_growth=cfg.LAYER_GROUP_GROWTH, copy_graphs=cfg.COPY_GRAPHS)
     if tier_name == "native":
         from kmesh_lib.kv.offloading import NativeOffloadTier
 

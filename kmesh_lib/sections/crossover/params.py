@@ -61,6 +61,8 @@ class CrossoverParams(SourceRunParams):
     LAYER_GROUP_GROWTH: int = Field(
         LAYER_GROUP_GROWTH, ge=2, le=64,
         description="gpubuf_layered: the copy's layer groups hold 1, g, g*g, ... layers (fewer launches, less slack)")
+    COPY_GRAPHS: bool = Field(
+        True, description="gpubuf: queue each restore's copy as one replay of a captured CUDA graph (false: launches)")
     CHILD_TIMEOUT_S: int = Field(1800, gt=0, le=MAX_SECONDS, description="seconds for one model's engine and grid")
 
     def check_rules(self) -> None:

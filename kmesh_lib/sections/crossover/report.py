@@ -215,7 +215,7 @@ def split_table(rows: list[dict]) -> list[dict]:
             vals = [r["split"][part] for r in rs if r["split"].get(part) is not None]
             if vals:
                 row[part.replace("_s", "_ms")] = round(1e3 * statistics.median(vals), 3)
-        for key in ("launched_at", "wait_at"):
+        for key in ("launched_at", "wait_at", "copy_launch"):  # copy_launch: "graph", "handle", "torch", ...
             seen = {r["split"].get(key) for r in rs} - {None}
             if seen:
                 row[key] = "/".join(sorted(seen))
