@@ -78,6 +78,8 @@ def _restore_copies(tmp: str) -> dict:
     graphs = arena.graphs
     block_ids = list(range(num_blocks - 1, num_blocks - 1 - num_rows, -1))
     out = {}
+    if graphs is not None:
+        out.update(_graph_parts(arena, block_ids))
     for route, use in (("launches", None), ("one graph replay", graphs)):
         for name, by_layer in (("whole", False), (f"{len(arena.plane_groups)} layer groups", True)):
             def call(use=use, by_layer=by_layer):
@@ -85,6 +87,58 @@ def _restore_copies(tmp: str) -> dict:
                 arena.copy_into_vllm(0, 0, block_ids, RestoreTimeline("restore", "r", 0, "buffer", num_rows, 0, "cuda"),
                                      by_layer=by_layer)
             out[f"restore copy, {route} ({name}, {num_rows:,} blocks)"] = (call, torch.cuda.synchronize)
+    return out
+
+
+def _graph_parts(arena, block_ids: list[int]) -> dict:
+    """The graph route's parts one by one, and graphs of one kind of node each (what a node costs a replay)."""
+    from kmesh_lib.kv.copy_graph import bucket_of
+    from kmesh_lib.kv.cuda_streams import current_stream, on_stream
+    from kmesh_lib.kv.fused_copy import write_args
+
+    graphs, n = arena.graphs, len(block_ids)
+    bucket = bucket_of(n, graphs.buckets)
+    whole, layer = graphs.instances[("whole", bucket)][0], graphs.instances[("layer", bucket)][0]
+    side = torch.cuda.Stream()
+    made = torch.cuda.Event(enable_timing=True)
+    made.record(current_stream())
+
+    def single(kind: str):
+        g = torch.cuda.CUDAGraph()
+        events = [torch.cuda.Event(enable_timing=True, external=True) for _ in range(4)]
+        stream = graphs.capture_stream
+        with on_stream(stream):
+            g.capture_begin(pool=graphs.pool, capture_error_mode="thread_local")
+            if kind == "memcpy":
+                whole.args_dev.copy_(whole.args_host, non_blocking=True)
+            elif kind == "kernel":
+                graphs.scatter.launch(whole.args_dev, bucket)
+            else:
+                for e in events:
+                    e.record(stream)
+            g.capture_end()
+        g._kmesh_events = events  # kept alive with the graph
+        return g
+
+    def replay_on_side():
+        with on_stream(side):
+            layer.graph.replay()
+
+    out = {"Event made once, record(current_stream())": (lambda: made.record(current_stream()), None),
+           f"copy graph part: write_args ({n:,} ids)": (lambda: write_args(whole.args_view, 0, block_ids), None),
+           "copy graph part: instance free() (nothing pending)": (whole.free, None),
+           "copy graph part: replay() (whole: memcpy, 2 events, 1 kernel)": (whole.graph.replay, torch.cuda.synchronize),
+           f"copy graph part: replay() ({len(layer.ends)} groups: memcpy, {len(layer.ends) + 1} events, "
+           f"{len(layer.ends)} kernels)": (layer.graph.replay, torch.cuda.synchronize),
+           "copy graph part: on_stream(side) + replay() (groups)": (replay_on_side, torch.cuda.synchronize)}
+    for kind in ("memcpy", "kernel", "4 events"):
+        g = single(kind)
+        out[f"graph of one kind: replay() ({kind})"] = (g.replay, torch.cuda.synchronize)
+    try:
+        from cuda.bindings import runtime  # noqa: F401
+        out["cuda.bindings.runtime importable"] = (lambda: None, None)
+    except Exception:  # noqa: BLE001 - only whether a direct cudaGraphLaunch route exists here
+        pass
     return out
 
 

@@ -84,6 +84,15 @@ def test_lookup_finds_the_longest_stored_prefix_and_leaves_the_last_token():
     assert ix.lookup(req, 0, 12 * B).source == "buffer"
 
 
+@pytest.mark.parametrize("stored, asked, first", [(8, 12, 0), (8, 12, 5), (8, 8, 0), (1, 40, 0), (30, 31, 29), (4, 3, 0)])
+def test_bisection_finds_the_last_held_block_a_walk_down_finds(stored, asked, first):
+    ix, _ = index_with(64, a=stored)
+    req = chain(asked, "a")
+    walk = next((j for j in range(asked - 1, first - 1, -1) if ix._by_hash.get(req[j])), first - 1)
+    assert ix._last_held(req, first, asked) == walk
+    assert ix._last_held(chain(asked, "z"), first, asked) == first - 1  # another context: nothing held
+
+
 def test_lookup_misses_when_the_buffer_cannot_stage_the_entry():
     ix, e = index_with(4, a=8)
     assert ix.lookup(chain(9, "a"), 0, 9 * B) is None

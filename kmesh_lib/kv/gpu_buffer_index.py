@@ -234,7 +234,7 @@ class BufferIndex:
         self.stats["num_lookups"] += 1
         first = num_computed_tokens // self.block_size
         max_blocks = min(len(block_hashes), (num_tokens - 1) // self.block_size)
-        for j in range(max_blocks - 1, first - 1, -1):
+        for j in range(self._last_held(block_hashes, first, max_blocks), first - 1, -1):
             ids = self._by_hash.get(block_hashes[j])
             if not ids:
                 continue
@@ -253,6 +253,20 @@ class BufferIndex:
             return Match(entry.entry_id, j + 1, "disk")
         self.stats["num_misses"] += 1
         return None
+
+    def _last_held(self, block_hashes, lo: int, hi: int) -> int:
+        """The last index in ``[lo, hi)`` whose block hash an entry holds (``lo - 1``: none), by bisection:
+        vLLM's block hashes are chained and every entry holds a chain from block 0, so an entry holding
+        block j's hash holds every earlier one, and the held indices form a prefix. (A follow-up's own
+        blocks after a stored context all miss: bisection asks ~log2 of them, the walk down every one.)"""
+        lo -= 1  # invariant: index lo is held (or before the range), index hi is not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self._by_hash.get(block_hashes[mid]):
+                lo = mid
+            else:
+                hi = mid
+        return lo
 
     def _evictable(self) -> list[Entry]:
         return sorted((e for e in self.entries.values() if e.state == RESIDENT and e.ref_cnt == 0),
