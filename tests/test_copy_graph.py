@@ -107,3 +107,23 @@ def test_graph_replays_write_the_launch_routes_bytes_and_hand_over_when_busy(tmp
     tl = RestoreTimeline("restore", "r", 0, "buffer", 32, 0, "cuda", ref=b.reference())
     b.copy_into_vllm(0, 0, block_ids, tl)
     assert tl.copy_launch == "graph"
+
+
+class Holder:
+    def __init__(self) -> None:
+        self.resolved = False
+
+
+def test_a_pooled_event_is_recorded_again_only_once_its_holders_are_resolved(monkeypatch):
+    from kmesh_lib.kv import cuda_streams
+
+    made = []
+    monkeypatch.setattr(cuda_streams.torch.cuda, "Event", lambda **kw: made.append(object()) or made[-1])
+    pool = cuda_streams.EventPool(size=2)
+    step1, step2 = [], []
+    a = pool.take(step1)
+    assert pool.take(step2) is not a  # step 1's list is still empty: held until filled and resolved
+    step1.append(Holder())
+    assert pool.take([]) not in (a,) and len(pool.slots) == 2 and len(made) == 3  # full: made outside the pool
+    step1[0].resolved = True
+    assert pool.take([Holder()]) is a  # step 1 read its times: its event is recorded again

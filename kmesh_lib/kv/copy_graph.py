@@ -121,7 +121,7 @@ class CopyGraphs:
                     end.record(stream)
             finally:
                 graph.capture_end()
-        return GraphInstance(graph, args_host, args_dev, memoryview(args_host.numpy()).cast("B").cast("i"), start, ends)
+        return GraphInstance(graph, args_host, args_dev, memoryview(args_host.numpy()).cast("B"), start, ends)
 
     def _check(self) -> None:
         """One replay per grouping, of the largest bucket with a single row: buffer row 1 -> vLLM's null

@@ -21,19 +21,43 @@ except ImportError:  # a vLLM without the helper: torch's call, correct and slow
 _ns = time.monotonic_ns
 
 
-def stream_reference(stream=None) -> tuple[int, torch.cuda.Event, bool]:
+def stream_reference(stream=None, event=None) -> tuple[int, torch.cuda.Event, bool]:
     """(t_ns, event, synced) taken together on an idle stream (default: the current one): puts later
     events on the monotonic clock. The GPU reaches an event recorded on an idle stream as soon as it is
     queued, so the stream is synchronized only when it has work left (``synced``); a stream found idle
-    (``query``, which does not block) costs no wait."""
+    (``query``, which does not block) costs no wait. ``event``: a timing event to record (an
+    ``EventPool``'s), else a new one."""
     stream = stream or current_stream()
     synced = not stream.query()
     if synced:
         stream.synchronize()
     t = _ns()
-    event = torch.cuda.Event(enable_timing=True)
+    event = event or torch.cuda.Event(enable_timing=True)
     event.record(stream)
     return t, event, synced
+
+
+class EventPool:
+    """Timing events made once and recorded again, each only after everything that holds its last
+    record has read it: ``take(holders)`` hands out an event whose previous holders (objects with a
+    ``resolved`` flag, e.g. ``RestoreTimeline``) are all resolved, and gives it ``holders``, a list the
+    caller fills (an empty one holds the event until it is filled and resolved). A made event's record
+    costs the host about a third of making one and recording it (``benchmarks/bench_cuda_host_calls.py``).
+    With every event held, ``take`` makes an event outside the pool (at most ``size`` are kept)."""
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self.slots: list[list] = []  # [event, holders]
+
+    def take(self, holders: list) -> torch.cuda.Event:
+        for slot in self.slots:
+            if slot[1] and all(h.resolved for h in slot[1]):
+                slot[1] = holders
+                return slot[0]
+        event = torch.cuda.Event(enable_timing=True)
+        if len(self.slots) < self.size:
+            self.slots.append([event, holders])
+        return event
 
 
 class on_stream:

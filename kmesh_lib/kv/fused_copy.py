@@ -40,13 +40,14 @@ predecessor used, so the device arguments are not overwritten under a kernel sti
 """
 from __future__ import annotations
 
-from array import array
+import functools
+import struct
 
 import torch
 
 from kmesh_lib.kv.cuda_streams import current_stream
 
-assert array("i").itemsize == 4  # block ids travel as int32
+assert struct.calcsize("i") == 4  # block ids travel as int32
 CHUNK_BYTES = 16 << 10  # the most one program moves: a 16 KiB plane (Qwen2.5-7B) in one program
 BYTES_PER_THREAD = 64  # four 16-byte vectors in flight per thread
 MAX_PROGRAMS = 1 << 16  # per launch; beyond it each program copies several rows (a 32k-token restore of 7B: 2)
@@ -119,7 +120,7 @@ class RowScatter:
         max_ids = max(p.shape[0] for p in planes)  # a restore fills at most every block of the pool
         self.max_rows = max_ids
         self._args_host = torch.empty(NUM_HEADER + max_ids, dtype=torch.int32, pin_memory=self.pin)
-        self._args_host_view = memoryview(self._args_host.numpy()).cast("B").cast("i")
+        self._args_host_view = memoryview(self._args_host.numpy()).cast("B")
         self._args_dev = torch.empty(NUM_HEADER + max_ids, dtype=torch.int32, device=buffer_words.device)
         self._args_sent = None  # CUDA event: the last argument transfer has read the pinned buffer
         self._stream = None  # the stream of the last call (the argument buffers are ordered on it)
@@ -216,12 +217,18 @@ class RowScatter:
         self.launch(self.prepare(src_row0, block_ids), len(block_ids))
 
 
+@functools.lru_cache(maxsize=64)
+def _args_struct(num_rows: int) -> struct.Struct:
+    return struct.Struct(f"{NUM_HEADER + num_rows}i")
+
+
 def write_args(view: memoryview, src_row0: int, block_ids: list[int]) -> None:
-    """The kernel's arguments into an int32 ``view`` (of a pinned buffer): ``[src_row0, n, ids...]``."""
-    n = len(block_ids)
-    view[0], view[1] = src_row0, n
-    # NOTE: array("i", ids) is the fastest list -> int32 we found (~25 us for 2,032 ids; torch.tensor ~80)
-    view[NUM_HEADER:NUM_HEADER + n] = array("i", block_ids)
+    """The kernel's arguments into a byte ``view`` (of a pinned buffer): int32 ``[src_row0, n, ids...]``.
+
+    NOTE: a compiled ``struct.Struct`` packs a list of ints about twice as fast as ``array("i", ids)``
+    copied into a memoryview (1,024 ids on this project's CPU machine: 6 vs 14 us; the array route took
+    36 us on the H200 machine's host; torch.tensor is slower still), and a restore waits for it."""
+    _args_struct(len(block_ids)).pack_into(view, 0, src_row0, len(block_ids), *block_ids)
 
 
 _KERNEL = None

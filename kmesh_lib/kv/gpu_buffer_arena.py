@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from kmesh_lib.kv.copy_graph import CopyGraphs
-from kmesh_lib.kv.cuda_streams import current_stream, on_stream, stream_reference
+from kmesh_lib.kv.cuda_streams import EventPool, current_stream, on_stream, stream_reference
 from kmesh_lib.kv.fused_copy import RowScatter, triton_status
 from kmesh_lib.kv.gpu_buffer import LAYER_GROUP_GROWTH, check_layer_group_growth, entry_path
 from kmesh_lib.kv.restore_timeline import RestoreTimeline, Span
@@ -199,6 +199,7 @@ class BufferArena:
         self.last_read_event = None  # every restore queued so far has read its extent (its copy's stream)
         self.last_read_stream = None  # the stream that event is on
         self._side_stream = None  # restores copied by layer groups (``copy_into_vllm(by_layer=True)``)
+        self.step_events = EventPool()  # a step's clock reference and forward-pass event (``event``)
         self.scatter, self.copy_route = self._fused_scatter(dtype)
         self.graphs, self.graph_route = self._copy_graphs(copy_graphs)
 
@@ -249,11 +250,12 @@ class BufferArena:
         for b0 in range(0, num_blocks, self.blocks_per_chunk):
             yield b0, min(self.blocks_per_chunk, num_blocks - b0)
 
-    def event(self, stream=None):
-        """A timing event recorded now on ``stream`` (the current one by default); None on CPU."""
+    def event(self, stream=None, holders: list | None = None):
+        """A timing event recorded now on ``stream`` (the current one by default); None on CPU. With
+        ``holders`` (the step's timelines, filled by the caller) a pooled one (``step_events``)."""
         if not self.is_cuda:
             return None
-        ev = torch.cuda.Event(enable_timing=True)
+        ev = self.step_events.take(holders) if holders is not None else torch.cuda.Event(enable_timing=True)
         ev.record(stream or current_stream())  # record(None) would ask torch for the stream (``cuda_streams``)
         return ev
 
@@ -262,9 +264,12 @@ class BufferArena:
             for k, v in delta.items():
                 self.counters[k] += v
 
-    def reference(self, stream=None):
-        """``stream_reference`` on CUDA; None on CPU (whose stamps are on the clock already)."""
-        return stream_reference(stream) if self.is_cuda else None
+    def reference(self, stream=None, holders: list | None = None):
+        """``stream_reference`` on CUDA; None on CPU (whose stamps are on the clock already). With
+        ``holders``, its event is a pooled one, as in ``event``."""
+        if not self.is_cuda:
+            return None
+        return stream_reference(stream, self.step_events.take(holders) if holders is not None else None)
 
     # -- save: vLLM blocks -> disk --
     def save(self, entry_id: int, block_ids: list[int]) -> int:

@@ -158,7 +158,7 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
                     self._wait_groups(len(self._group_ready) - 1)
             else:
                 self.arena.order_after_reads()  # a no-op on the stream the copies went to; a wait on any other
-                forward_event = self.arena.event()
+                forward_event = self.arena.event(holders=meta.timelines)
                 for tl in meta.timelines:
                     tl.forward_queued(t_forward_ns, forward_event)
 
@@ -168,7 +168,7 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
             return
         by_layer = self.wait_at == "layer"
         t_ref_start_ns = _ns()
-        ref = self.arena.reference()
+        ref = self.arena.reference(holders=meta.timelines)
         measure_ns = (ref[0] - t_ref_start_ns) if ref else 0  # shared by the step's restores
         for op in meta.loads:
             tl = RestoreTimeline("restore", op.req_id, op.entry_id, op.source, len(op.block_ids),
