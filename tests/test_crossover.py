@@ -726,9 +726,15 @@ def test_forward_step_pairs_pool_the_points_paired_by_repeat_and_resolve_what_on
     assert low <= 0 <= high  # the control holds zero
     # unpaired, the same rows leave the layered copy's cost unresolved at each point (the repeat's spread)
     assert all(r["difference_ci_ms"][0] <= 0 for r in cr.forward_step_table(rows) if r["path"] == "gpubuf_layered")
-    from kmesh_lib.sections.crossover.summary import _goal_sentences
+    from kmesh_lib.sections.crossover.summary import _goal_sentences, forward_pairs_table
 
-    [said] = [x for x in _goal_sentences({"arms": [], "forward_step_pairs": list(pairs.values())}) if x.startswith("Pooled")]
-    assert f"GPU-buffer (retained, layer waits) \u2212 resident {layered['median_ms']:+,.3f} ms" in said
-    assert "above zero, 24 pairs" in said
-    assert "GPU-buffer (retained) \u2212 resident" in said and "holds zero" in said
+    tables = {"arms": [], "forward_step_pairs": list(pairs.values())}
+    [said] = [x for x in _goal_sentences(tables) if x.startswith("Pooled")]
+    control = pairs[("gpubuf_retained", "gpubuf_resident", 0)]
+    assert f"should hold zero: {control['median_ms']:+,.3f} ms" in said and "holds zero over every point" in said
+    table = forward_pairs_table(tables).splitlines()
+    assert table[0] == "| forward pass of | against | every point | 16,384 tokens and more |"
+    [row] = [x for x in table if x.startswith("| GPU-buffer (retained, layer waits) | resident |")]
+    assert f"{layered['median_ms']:+,.3f} ms" in row and "above zero, 24 pairs" in row and "12 pairs" in row
+    assert len(table) == 2 + 3  # one row per (path, against)
+    assert forward_pairs_table({"arms": []}) == ""

@@ -121,13 +121,19 @@ def answer(run: RunFiles) -> str:
                 + ("; on the CPU build prefill is slow, so restores win early" if p["DEVICE"] == "cpu" else "") + "."
                 + (f" {len(failed)} check(s) failed: " + "; ".join(c.name for c in failed[:3]) + "." if failed else ""))
     rows = run.raw("rows.jsonl")
-    goal_lines = _goal_sentences(tables, rows, p["SUFFIX_TOKENS"])
+    goal_rows = report.goal_table(tables["arms"], tables.get("floor_distance", []), rows)  # each computed once
+    critical = report.critical_goal_table(tables.get("splits", []), tables.get("floor_distance", []))
+    goal_lines = _goal_sentences(tables, rows, p["SUFFIX_TOKENS"], goal_rows, critical)
     goals = ("Issue 13's goals, one reading a line:\n\n" + "\n".join(f"- {line}" for line in goal_lines)
              if goal_lines else "")
-    points = goal_points_table(tables, rows)
+    points = goal_points_table(tables, rows, goal_rows, critical)
     if points:
         goals += ("\n\nIssue 13's goal point by point (median ms; the floor is the path's own: bytes over the "
                   "bandwidth measured in this run):\n\n" + points)
+    pooled = forward_pairs_table(tables)
+    if pooled:
+        goals += ("\n\nThe forward pass on the GPU, paired by repeat and pooled over the points (the median of the "
+                  "pairs' differences, its 95% bootstrap interval):\n\n" + pooled)
     body = "\n".join(text[:2]) + "\n\n" + "\n".join(text[2:2 + len(per_model)]) + "\n\n"
     if not split_lines:
         return body + " ".join(text[2 + len(per_model):-1]) + (f"\n\n{goals}\n\n" if goals else " ") + text[-1]
@@ -178,11 +184,13 @@ def _floor_sentences(tables: dict, longest: int) -> list[str]:
     return out
 
 
-def _goal_sentences(tables: dict, rows: list[dict] | None = None, suffix_tokens: int | None = None) -> list[str]:
+def _goal_sentences(tables: dict, rows: list[dict] | None = None, suffix_tokens: int | None = None,
+                    goals: list[dict] | None = None, critical: list[dict] | None = None) -> list[str]:
     """Issue 13's two goals as measured lines: how many grid points meet each, under each reading;
     the points themselves are in ``goal_points_table``. With ``rows``, the first goal is judged
-    again by its cost's interval (``report.goal_verdict``)."""
-    goals = report.goal_table(tables["arms"], tables.get("floor_distance", []), rows)
+    again by its cost's interval (``report.goal_verdict``). ``goals``/``critical``: ``report.goal_table``
+    and ``report.critical_goal_table`` where the caller has them already (else computed here)."""
+    goals = report.goal_table(tables["arms"], tables.get("floor_distance", []), rows) if goals is None else goals
     out = []
     judged = [g for g in goals if "fastest_within" in g]
     if judged:
@@ -208,7 +216,8 @@ def _goal_sentences(tables: dict, rows: list[dict] | None = None, suffix_tokens:
                       "prepares the step's inputs, so their span can overlap that preparation and bounds nothing" if early else
                       "; a lower bound on the cost, without what vLLM's scheduler adds")
                    + f"): within {report.GOAL_X}\u00d7 its floor at {sum(r['within'] for r in spans)} of {len(spans)}.")
-    critical = report.critical_goal_table(tables.get("splits", []), tables.get("floor_distance", []))
+    if critical is None:
+        critical = report.critical_goal_table(tables.get("splits", []), tables.get("floor_distance", []))
     if critical:
         out.append(f"By what the restore adds to its step (the timeline's lookup, its timing reference, its own host "
                    f"calls, and the forward pass's wait on its copy, from the tier's stamps; vLLM's allocation of the "
@@ -234,15 +243,15 @@ def _goal_sentences(tables: dict, rows: list[dict] | None = None, suffix_tokens:
                       if len(spanning) == len(steps) else "") + ".")
     pairs = tables.get("forward_step_pairs") or []
     if pairs:
-        def pair(r: dict) -> str:
-            low, high = r["median_ci_ms"]
-            side = "above zero" if low > 0 else "below zero" if high < 0 else "holds zero"
-            return (f"{LABEL[r['path']]} \u2212 {LABEL.get(r['against'], 'resident')}"
-                    + (f" (at {_n(r['min_tokens'])} tokens and more)" if r["min_tokens"] else "")
-                    + f" {r['median_ms']:+,.3f} ms [{low:+,.3f}, {high:+,.3f}], {side}, {r['n']} pairs")
+        control = [r for r in pairs if r["path"] == "gpubuf_retained" and r["against"] == "gpubuf_resident"]
         out.append("Pooled over the points and paired by repeat (one repeat runs its arms back to back on one engine; a "
-                   "typical cost across shapes, not any one point's), the forward pass's difference: "
-                   + "; ".join(pair(r) for r in pairs) + ".")
+                   "typical cost across shapes, not any one point's), the forward pass's difference is in the table "
+                   "after the points"
+                   + ("; its control, a whole copy against the resident follow-up, should hold zero: "
+                      + ", ".join(f"{r['median_ms']:+,.3f} ms [{r['median_ci_ms'][0]:+,.3f}, {r['median_ci_ms'][1]:+,.3f}] "
+                                  f"{_zero_verdict(r)}" + (f" at {_n(r['min_tokens'])} tokens and more" if r["min_tokens"] else
+                                                     " over every point") for r in control)
+                      if control else "") + ".")
     scatter = tables.get("scatter_sources") or []
     rhos = [r for r in scatter if r["rho_forward_other"] is not None]
     if rhos:
@@ -281,15 +290,18 @@ def _layered_points(tables: dict, critical: list[dict]) -> list[dict]:
     return [r for r in critical if "charged_ms" in r and (r["model"], r["context_tokens"]) in layered]
 
 
-def goal_points_table(tables: dict, rows: list[dict] | None = None) -> str:
+def goal_points_table(tables: dict, rows: list[dict] | None = None, goals: list[dict] | None = None,
+                      critical: list[dict] | None = None) -> str:
     """Issue 13's first goal point by point, every reading in one Markdown table (empty: no point of
     ``GOAL_MIN_TOKENS`` and more has a floor): the fastest path by first token, with its cost's interval
     verdict; the path that adds least to its step, with its parts; the same charged its copy's span;
     and each restore's forward pass against the resident follow-up's."""
-    goals = {(g["model"], g["context_tokens"]): g for g in report.goal_table(
-        tables["arms"], tables.get("floor_distance", []), rows) if "fastest_within" in g}
-    critical = {(r["model"], r["context_tokens"]): r for r in report.critical_goal_table(
-        tables.get("splits", []), tables.get("floor_distance", []))}
+    if goals is None:
+        goals = report.goal_table(tables["arms"], tables.get("floor_distance", []), rows)
+    if critical is None:
+        critical = report.critical_goal_table(tables.get("splits", []), tables.get("floor_distance", []))
+    goals = {(g["model"], g["context_tokens"]): g for g in goals if "fastest_within" in g}
+    critical = {(r["model"], r["context_tokens"]): r for r in critical}
     steps: dict[tuple, list[dict]] = {}
     for r in tables.get("forward_steps", []):
         steps.setdefault((r["model"], r["context_tokens"]), []).append(r)
@@ -313,6 +325,31 @@ def goal_points_table(tables: dict, rows: list[dict] | None = None) -> str:
         forward = "; ".join(f"{LABEL[r['path']]} {r['difference_ms']:+,.2f} [{r['difference_ci_ms'][0]:+,.2f}, "
                             f"{r['difference_ci_ms'][1]:+,.2f}]" for r in steps.get(point, [])) or "not timed"
         lines.append(f"| {point[0]} | {_n(point[1])} | {fastest} | {least} | {charged} | {forward} |")
+    return "\n".join(lines)
+
+
+def _zero_verdict(r: dict) -> str:
+    low, high = r["median_ci_ms"]
+    return "above zero" if low > 0 else "below zero" if high < 0 else "holds zero"
+
+
+def forward_pairs_table(tables: dict) -> str:
+    """``forward_step_pairs`` as one Markdown table (empty: none): a row per (path, against), a column
+    per ``min_tokens``, each cell the median difference, its 95% bootstrap interval, and its pairs."""
+    pairs = tables.get("forward_step_pairs") or []
+    if not pairs:
+        return ""
+    cells = {(r["path"], r["against"], r["min_tokens"]): r for r in pairs}
+    spans = sorted({r["min_tokens"] for r in pairs})
+    head = ["forward pass of", "against"] + ["every point" if n == 0 else f"{_n(n)} tokens and more" for n in spans]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for path, against in dict.fromkeys((r["path"], r["against"]) for r in pairs):
+        row = [LABEL[path], LABEL.get(against, "resident")]
+        for n in spans:
+            r = cells.get((path, against, n))
+            row.append(f"{r['median_ms']:+,.3f} ms [{r['median_ci_ms'][0]:+,.3f}, {r['median_ci_ms'][1]:+,.3f}], "
+                       f"{_zero_verdict(r)}, {r['n']} pairs" if r else "")
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
