@@ -251,6 +251,9 @@ def _goal_sentences(tables: dict, rows: list[dict] | None = None, suffix_tokens:
                       + ", ".join(f"{r['median_ms']:+,.3f} ms [{r['median_ci_ms'][0]:+,.3f}, {r['median_ci_ms'][1]:+,.3f}] "
                                   f"{_zero_verdict(r)}" + (f" at {_n(r['min_tokens'])} tokens and more" if r["min_tokens"] else
                                                      " over every point") for r in control)
+                      + ("; where it does not, the arms' passes differ by that much with no copy beside them, and the "
+                         "other rows are read with that margin" if any(_zero_verdict(r) != "holds zero" for r in control)
+                         else "")
                       if control else "") + ".")
     scatter = tables.get("scatter_sources") or []
     rhos = [r for r in scatter if r["rho_forward_other"] is not None]
