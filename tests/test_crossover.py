@@ -39,7 +39,22 @@ def test_model_params_fit_longest_context():
     assert grid_size(cfg) == 1 * 2 * 8 * (cfg.WARMUP_REPEATS + cfg.NUM_REPEATS)  # LMCache's 4 arms and the GPU buffer's 4
     assert tiers(cfg) == ["lmcache", "gpubuf"] and arms_of(cfg, "gpubuf") == ["gpubuf_retained", "gpubuf_layered", "gpubuf_disk",
                                                                                   "gpubuf_resident"]
-    assert arm_order(["a", "b", "c"], 1) == ["b", "c", "a"]
+    assert arm_order(["a", "b", "c", "d"], 0) == ["a", "b", "d", "c"]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7])
+def test_arm_order_balances_positions_and_what_each_arm_follows(n):
+    from collections import Counter
+
+    arms = [f"a{i}" for i in range(n)]
+    cycle = n if n % 2 == 0 else 2 * n
+    orders = [arm_order(arms, r) for r in range(cycle)]
+    assert all(sorted(o) == arms for o in orders)  # every arm once a repeat
+    positions = Counter((i, a) for o in orders for i, a in enumerate(o))
+    assert set(positions.values()) == {cycle // n}  # each arm in each position equally often
+    follows = Counter(pair for o in orders for pair in zip(o, o[1:]))
+    assert len(follows) == n * (n - 1) and len(set(follows.values())) <= 1  # each ordered pair equally often
+    assert arm_order(arms, cycle + 1) == orders[1]  # and it repeats
 
 
 def test_gpu_profile_validates():
@@ -166,7 +181,8 @@ def _grid_rows(model="m", kvt=1024, grid=(256, 1024), repeats=3, warmup=1):
     rows = []
     for n in grid:
         for r in range(warmup + repeats):
-            for arm in ("recompute", "dram", "disk", "floor"):
+            order = arm_order(["recompute", "dram", "disk", "floor"], r)  # as the experiment runs them
+            for i, arm in enumerate(order):
                 cached = 0 if arm == "recompute" else n
                 rows.append({"arm": arm, "context": f"{model}-{n}", "context_tokens": n, "tag": f"{model}-{n}-r{r}-{arm}",
                              "status": "ok", "ttft_s": ttft[arm][n] + 1e-4 * r, "makespan_s": ttft[arm][n] + 1e-4 * r,
@@ -174,7 +190,8 @@ def _grid_rows(model="m", kvt=1024, grid=(256, 1024), repeats=3, warmup=1):
                              "disk_read_bytes": n * kvt if arm == "disk" else 0, "device_read_bytes": None,
                              "prep_s": 0.01, "memory_tier_bytes": n * kvt if arm == "dram" else 0,
                              "components": {"lookup_s": 0.001, "load_s": 0.002}, "model": model, "path": "mp",
-                             "repeat": r, "measured": r >= warmup, "kv_bytes_per_token": kvt, "context_bytes": n * kvt})
+                             "repeat": r, "measured": r >= warmup, "kv_bytes_per_token": kvt, "context_bytes": n * kvt,
+                             "arm_position": i, "previous_arm": order[i - 1] if i else None})
     return rows
 
 
@@ -255,6 +272,8 @@ def _rewrite_rows(run_dir, pick, edit):
      "results.json median first token per (model, context, arm) equal the rows"),  # its minimum moves, not the median
     (lambda r: r["arm"] == "floor" and r["measured"], lambda r: r.update(repeat=9),
      "every (model, context, arm, repeat) was measured exactly once"),
+    (lambda r: r["arm_position"] == 2, lambda r: r.update(previous_arm="floor" if r["previous_arm"] != "floor" else "dram"),
+     "every repeat ran each of its tier's arms once, in the recorded order (position and the arm before it)"),
 ])
 def test_an_edited_row_fails_its_check(recorded_grid, pick, edit, failing):
     _rewrite_rows(recorded_grid.run_dir, pick, edit)
@@ -332,7 +351,9 @@ def _gpubuf_rows(model="m", kvt=1024, grid=(256, 1024), repeats=3, warmup=1):
     rows = []
     for n in grid:
         for r in range(warmup + repeats):
-            for arm, t in ttft.items():
+            order = arm_order(list(ttft), r)
+            for i, arm in enumerate(order):
+                t = ttft[arm]
                 restores = 0 if arm == "gpubuf_resident" else 1
                 split = {"queue_s": 0.0005, "lookup_s": 0.0001, "disk_read_s": 0.004 if arm == "gpubuf_disk" else None,
                          "copy_s": 0.0002, "restore_s": 0.005, "after_restore_s": 0.003}
@@ -345,7 +366,8 @@ def _gpubuf_rows(model="m", kvt=1024, grid=(256, 1024), repeats=3, warmup=1):
                              "num_restores": restores, **({"split": split} if restores else {}),
                              "forward_step_s": 0.004 + 1e-4 * r,
                              "components": {"lookup_s": 0.001, "load_s": 0.002}, "model": model, "path": "gpubuf",
-                             "repeat": r, "measured": r >= warmup, "kv_bytes_per_token": kvt, "context_bytes": n * kvt})
+                             "repeat": r, "measured": r >= warmup, "kv_bytes_per_token": kvt, "context_bytes": n * kvt,
+                             "arm_position": i, "previous_arm": order[i - 1] if i else None})
     return rows
 
 

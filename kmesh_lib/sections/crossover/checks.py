@@ -96,6 +96,21 @@ def checks(run: RunFiles) -> list[Check]:
                      set(keys) == want and len(keys) == len(want),
                      f"{len(keys)} measured rows, {len(want)} wanted; missing {sorted(want - set(keys))[:3]}",
                      measured, no_rows))
+    ordered = [r for r in rows if "arm_position" in r]  # runs before the Williams order record no positions
+    if ordered:
+        repeats_of: dict[tuple, list[dict]] = {}
+        for r in ordered:
+            repeats_of.setdefault((r["model"], r.get("tier") or "", r["context_tokens"], r["repeat"]), []).append(r)
+
+        def ran_in_its_order(key) -> bool:
+            rs = sorted(repeats_of[key], key=lambda r: r["arm_position"])
+            return ([r["arm_position"] for r in rs] == list(range(len(rs)))
+                    and [r["previous_arm"] for r in rs] == [None] + [r["arm"] for r in rs[:-1]])
+
+        out.append(all_of("every repeat ran each of its tier's arms once, in the recorded order (position and the arm "
+                          "before it)", sorted(repeats_of), ran_in_its_order,
+                          lambda k: f"{k}: " + ", ".join(f"{r['arm']}@{r['arm_position']}" for r in repeats_of[k]),
+                          "no rows"))
     out.append(all_of("warm-up repeats are recorded as not measured", [r for r in rows if r["repeat"] < p["WARMUP_REPEATS"]],
                       lambda r: not r.get("measured"), lambda r: r["tag"],
                       "no warm-up repeats" if p["WARMUP_REPEATS"] else "WARMUP_REPEATS=0: no warm-up rows"))

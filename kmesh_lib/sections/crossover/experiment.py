@@ -3,7 +3,8 @@
 For every model shape in MODELS and every external tier the ARMS need (``arms.ARMS_OF_TIER``: LMCache,
 the host-staged GPU buffer, vLLM's own CPU tier), one engine in its own child process; for every
 context length in CONTEXT_TOKENS_GRID the shared context is computed once and stored on the tier's
-disk tier (LMCache, GPU buffer), then each repeat runs the tier's arms in rotating order, one
+disk tier (LMCache, GPU buffer), then each repeat runs the tier's arms in the order of a Williams
+design (``arm_order``: each arm in each position, and after each other arm, equally often), one
 follow-up each (context + SUFFIX_TOKENS, MAX_TOKENS out). One row per (model, context, arm, repeat)
 goes to ``raw/rows.jsonl`` as it is measured.
 
@@ -79,9 +80,25 @@ def plan(cfg: CrossoverParams) -> dict:
 
 
 def arm_order(arms: list[str], repeat: int) -> list[str]:
-    """Arms rotated by ``repeat`` so no arm always runs first (or right after a store)."""
-    k = repeat % len(arms)
-    return list(arms[k:]) + list(arms[:k])
+    """Row ``repeat`` of a Williams design over ``arms``: over every ``len(arms)`` repeats (twice that
+    for an odd count) each arm runs once in each position and right after each other arm equally
+    often, so neither what runs first (or right after a store) nor what an arm follows is tied to one
+    arm. A plain rotation balances positions only: each arm would always follow the same one.
+
+    Rows: ``base = [0, 1, n-1, 2, n-2, ...]``, row i is ``base + i`` (mod n); an odd n adds each row
+    reversed."""
+    n = len(arms)
+    base, low, high = [0], 1, n - 1
+    while len(base) < n:
+        base.append(low)
+        low += 1
+        if len(base) < n:
+            base.append(high)
+            high -= 1
+    rows = [[(b + i) % n for b in base] for i in range(n)]
+    if n % 2:
+        rows += [row[::-1] for row in rows]
+    return [arms[k] for k in rows[repeat % len(rows)]]
 
 
 # -- the child: one tier, one model --
@@ -142,10 +159,12 @@ def run_model(cfg: CrossoverParams, model: str, run_dir: Path, tier_name: str = 
                     summary["status"] = "store_short"
                     continue
             for r in range(cfg.WARMUP_REPEATS + cfg.NUM_REPEATS):
-                for arm in arm_order(arms, r):
+                order = arm_order(arms, r)
+                for i, arm in enumerate(order):
                     row = bench.run(arm, ctx, f"{model}-{n}-r{r}-{arm}")
                     row.update(model=model, path=path, repeat=r, measured=r >= cfg.WARMUP_REPEATS,
-                               kv_bytes_per_token=kvt, context_bytes=n * kvt)
+                               kv_bytes_per_token=kvt, context_bytes=n * kvt, arm_position=i,
+                               previous_arm=order[i - 1] if i else None)
                     record.append_jsonl("rows.jsonl", row)
     except Exception as e:  # noqa: BLE001 - recorded, then re-raised as the child's exit status
         summary.update(status="error", detail=f"{type(e).__name__}: {e}")
