@@ -28,7 +28,8 @@ steps):
 
     "forward"  the whole copy: it is queued on the forward pass's stream, ahead of it.
     "layer"    its own layers' copy: one launch per layer group (1, 4, 16, ... layers:
-               ``GpuBufferConfig.layer_group_growth``) on a side stream,
+               ``GpuBufferConfig.layer_group_growth``) on a side stream (on CUDA the launches and their
+               events are one replay of a captured graph: ``kv.copy_graph``),
                and vLLM's attention calls ``wait_for_layer_load`` before each layer, where the stream
                waits for that layer's group only; later groups copy while the first layers compute.
                A step replayed as a full CUDA graph calls no per-layer hook, so ``start_load_kv`` waits
