@@ -132,7 +132,8 @@ def answer(run: RunFiles) -> str:
                   "bandwidth measured in this run):\n\n" + points)
     pooled = forward_pairs_table(tables)
     if pooled:
-        goals += ("\n\nThe forward pass on the GPU, paired by repeat and pooled over the points (the median of the "
+        goals += ("\n\nThe forward pass " + ("(host stamps on the CPU build)" if p["DEVICE"] == "cpu" else "on the GPU")
+                  + ", paired by repeat and pooled over the points (the median of the "
                   "pairs' differences, its 95% bootstrap interval):\n\n" + pooled)
     body = "\n".join(text[:2]) + "\n\n" + "\n".join(text[2:2 + len(per_model)]) + "\n\n"
     if not split_lines:
