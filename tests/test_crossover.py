@@ -505,6 +505,27 @@ def test_launch_checks_hold_each_restore_to_the_tiers_launch_at_and_its_parts():
     assert [c.status for c in launch_checks(rows, [waiting])][0] == "failed"
 
 
+def test_the_copy_graphs_check_holds_each_restore_to_the_tiers_route():
+    from kmesh_lib.sections.crossover.checks import launch_checks
+
+    rows = [r for r in _gpubuf_rows() if r["measured"] and r.get("split")]
+    for r in rows:
+        r["split"].update(launched_at="step_start", copy_launch="graph")
+    name = ("gpubuf: every restore's copy was one graph replay where the tier captured its copies, and launched "
+            "where it did not (copy_graphs)")
+
+    def status(copy_graphs):
+        child = {"model": "m", "tier": "gpubuf", "tier_route": {"launch_at": "step_start", "copy_graphs": copy_graphs}}
+        return {c.name: c.status for c in launch_checks(rows, [child])}.get(name)
+
+    assert status("on") == "ok"
+    assert status("off (copy_graphs=False)") == "failed"  # the tier says launches, the rows say replays
+    rows[0]["split"]["copy_launch"] = "handle"  # one restore fell back to the launch route
+    assert status("on") == "failed"
+    before = launch_checks(rows, [{"model": "m", "tier": "gpubuf", "tier_route": {"launch_at": "step_start"}}])
+    assert before and name not in {c.name for c in before}  # runs before the graphs record no copy_graphs: no such check
+
+
 def test_native_offload_without_cpu_tier_counts_is_skipped_not_ok():
     from kmesh_lib.sections.crossover.checks import tier_checks
 
