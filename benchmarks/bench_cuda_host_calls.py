@@ -117,8 +117,7 @@ def _graph_parts(arena, block_ids: list[int]) -> dict:
                 for e in events:
                     e.record(stream)
             g.capture_end()
-        g._kmesh_events = events  # kept alive with the graph
-        return g
+        return g, events
 
     def replay_on_side():
         with on_stream(side):
@@ -132,8 +131,9 @@ def _graph_parts(arena, block_ids: list[int]) -> dict:
            f"{len(layer.ends)} kernels)": (layer.graph.replay, torch.cuda.synchronize),
            "copy graph part: on_stream(side) + replay() (groups)": (replay_on_side, torch.cuda.synchronize)}
     for kind in ("memcpy", "kernel", "4 events"):
-        g = single(kind)
-        out[f"graph of one kind: replay() ({kind})"] = (g.replay, torch.cuda.synchronize)
+        g, events = single(kind)
+        # the events a graph records must live as long as it does: the call holds them
+        out[f"graph of one kind: replay() ({kind})"] = (lambda g=g, events=events: g.replay(), torch.cuda.synchronize)
     try:
         from cuda.bindings import runtime  # noqa: F401
         out["cuda.bindings.runtime importable"] = (lambda: None, None)

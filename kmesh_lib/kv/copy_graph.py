@@ -130,7 +130,7 @@ class CopyGraphs:
             inst = self.replay(name, 1, [0], bucket=self.buckets[-1])
             current_stream().synchronize()
             inst.pending.clear()
-            if not self.scatter._row_landed(1, 0):
+            if not self.scatter.row_landed(1, 0):
                 raise RuntimeError(f"the {name!r} graph's copy into block 0 differs from buffer row 1")
 
     def replay(self, grouping: str, src_row0: int, block_ids: list[int], bucket: int | None = None

@@ -159,14 +159,14 @@ class RowScatter:
         try:
             handle[self.grid(1)](*self._args(args))
             current_stream().synchronize()
-            if not self._row_landed(src_row, 0):
+            if not self.row_landed(src_row, 0):
                 raise RuntimeError(f"the compiled handle's copy into block 0 differs from buffer row {src_row}")
         except Exception as e:  # an API change in Triton must cost launch time, never bytes
             self.launch_route = f"jit (compiled handle unusable: {type(e).__name__}: {e})"[:300]
             return
         self._handle, self.launch_route = handle, "handle"
 
-    def _row_landed(self, src_row: int, block_id: int) -> bool:
+    def row_landed(self, src_row: int, block_id: int) -> bool:
         """Whether block ``block_id`` of every plane holds buffer row ``src_row``'s slice of it."""
         lw = self.line_bytes // self.word_bytes
         row = self.buffer[src_row * self.row_lines * lw:(src_row + 1) * self.row_lines * lw]

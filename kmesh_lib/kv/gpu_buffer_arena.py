@@ -364,21 +364,7 @@ class BufferArena:
         destination blocks are this step's allocation, which no queued work reads or writes."""
         src0 = extent_start + first_block
         groups = self.plane_groups if by_layer else [(0, len(self.planes))]
-        if not self.is_cuda:  # plain copies, or the fused kernel under Triton's interpreter (tests set ``scatter``)
-            t0, ends = _ns(), []
-            args = self.scatter.prepare(src0, block_ids) if self.scatter is not None else None
-            for planes in groups:
-                if args is not None:
-                    self.scatter.launch(args, len(block_ids), planes)
-                else:
-                    self._copy_per_plane(src0, block_ids, planes)
-                t = _ns()
-                ends.append(Span().cpu(t, t))
-            timeline.copy = Span().cpu(t0, _ns())
-            timeline.copy_launch = self.scatter.launch_route.split(" ")[0] if args is not None else "torch"
-            self._count(restored_bytes=len(block_ids) * self.bytes_per_block)
-            return ends if by_layer else []
-        stream = self._side() if by_layer else None
+        stream = self._side() if by_layer and self.is_cuda else None
         inst = None
         if self.graphs is not None:
             if stream is not None and timeline.staging:
@@ -386,15 +372,16 @@ class BufferArena:
             with on_stream(stream):
                 inst = self.graphs.replay("layer" if by_layer else "whole", src0, block_ids)
         if inst is not None:
-            start, end_events, timeline.copy_launch = inst.start, inst.ends, "graph"
+            start, marks, timeline.copy_launch = inst.start, inst.ends, "graph"
         else:
-            start, end_events = self._launch(src0, block_ids, groups, stream, timeline)
-        timeline.copy = Span().gpu(start, end_events[-1])
-        ends = [Span().gpu(e, e) for e in end_events] if by_layer else []
+            start, marks = self._launch(src0, block_ids, groups, stream, timeline)
+        timeline.copy = Span.between(start, marks[-1])
+        ends = [Span.at(m) for m in marks] if by_layer else []
         if inst is not None:
             inst.pending.extend((span, timeline.ref) for span in [timeline.copy, *ends])
-        self.last_read_event = end_events[-1]  # every restore queued so far has read its extent
-        self.last_read_stream = stream or current_stream()
+        if self.is_cuda:
+            self.last_read_event = marks[-1]  # every restore queued so far has read its extent
+            self.last_read_stream = stream or current_stream()
         self._count(restored_bytes=len(block_ids) * self.bytes_per_block)
         return ends
 
@@ -404,9 +391,10 @@ class BufferArena:
         return self._side_stream
 
     def _launch(self, src0: int, block_ids: list[int], groups: list[tuple[int, int]], stream, timeline):
-        """The launch route on CUDA: the arguments to the device, then per group a launch (the fused
-        kernel, else torch's per-plane copies) and an end event, on ``stream`` (None: the current one).
-        Returns (start event, end events)."""
+        """The launch route: the arguments to the device, then per group a launch (the fused kernel,
+        else torch's per-plane copies) and a mark at its end, on ``stream`` (None: the current one).
+        Returns (start mark, end marks): CUDA events, or CPU stamps on the CPU build (its copies are done
+        on return; there the fused kernel runs only under Triton's interpreter, where tests set ``scatter``)."""
         if stream is not None and self.last_read_event is not None:
             # the launch route's device arguments are reused: the previous copy may still read them
             current_stream().wait_event(self.last_read_event)
@@ -416,15 +404,19 @@ class BufferArena:
         if stream is not None:
             stream.wait_stream(current_stream())
         timeline.copy_launch = self.scatter.launch_route.split(" ")[0] if args is not None else "torch"
-        start, ends = self.event(stream), []
+        start, ends = self._mark(stream), []
         with on_stream(stream):
             for planes in groups:
                 if args is not None:
                     self.scatter.launch(args, len(block_ids), planes)
                 else:
                     self._copy_per_plane(src0, block_ids, planes)
-                ends.append(self.event(stream))
+                ends.append(self._mark(stream))
         return start, ends
+
+    def _mark(self, stream=None):
+        """Now, on ``stream``: a timing event on CUDA, a CPU stamp on the CPU build."""
+        return self.event(stream) if self.is_cuda else _ns()
 
     def _copy_per_plane(self, src0: int, block_ids: list[int], planes: tuple[int, int] | None = None) -> None:
         """Buffer rows ``src0 ...`` -> ``block_ids`` with torch: per plane (of ``[p0, p1)``, default all),

@@ -63,6 +63,16 @@ class Span:
         self._events = (start_event, end_event)
         return self
 
+    @classmethod
+    def between(cls, start, end) -> Span:
+        """From two marks: CUDA events, or CPU stamps (ints, on the monotonic clock)."""
+        return cls().cpu(start, end) if isinstance(start, int) else cls().gpu(start, end)
+
+    @classmethod
+    def at(cls, mark) -> Span:
+        """A point: a CUDA event, or a CPU stamp."""
+        return cls.between(mark, mark)
+
     @property
     def resolved(self) -> bool:
         """Its times are on the clock (its events, if any, have been read)."""
@@ -140,8 +150,7 @@ class RestoreTimeline:
         """The forward pass, at the first layer of a copy group, waits for the group: ``reached`` (an
         event recorded there, or a CPU stamp) and ``ready`` (the group's end, a point ``Span`` the copy
         made; the step's restores share it, as they share the reference that resolves it)."""
-        at = Span().gpu(reached, reached) if not isinstance(reached, int) else Span().cpu(reached, reached)
-        self.layer_waits.append((at, ready))
+        self.layer_waits.append((Span.at(reached), ready))
 
     def resolve(self) -> RestoreTimeline:
         if not self.resolved:

@@ -372,8 +372,8 @@ def forward_step_table(rows: list[dict]) -> list[dict]:
 
 # (path, against): the layered copy against the resident follow-up and against the whole copy; the whole copy
 # against the resident follow-up is the control (its copy ends before the forward pass starts)
-FORWARD_PAIRS = (("gpubuf_layered", "gpubuf_resident"), ("gpubuf_layered", "gpubuf_retained"),
-                 ("gpubuf_retained", "gpubuf_resident"))
+FORWARD_CONTROL = ("gpubuf_retained", "gpubuf_resident")
+FORWARD_PAIRS = (("gpubuf_layered", "gpubuf_resident"), ("gpubuf_layered", "gpubuf_retained"), FORWARD_CONTROL)
 
 
 def forward_step_pairs(rows: list[dict]) -> list[dict]:

@@ -191,7 +191,8 @@ def _goal_sentences(tables: dict, rows: list[dict] | None = None, suffix_tokens:
     the points themselves are in ``goal_points_table``. With ``rows``, the first goal is judged
     again by its cost's interval (``report.goal_verdict``). ``goals``/``critical``: ``report.goal_table``
     and ``report.critical_goal_table`` where the caller has them already (else computed here)."""
-    goals = report.goal_table(tables["arms"], tables.get("floor_distance", []), rows) if goals is None else goals
+    if goals is None:
+        goals = report.goal_table(tables["arms"], tables.get("floor_distance", []), rows)
     out = []
     judged = [g for g in goals if "fastest_within" in g]
     if judged:
@@ -244,7 +245,7 @@ def _goal_sentences(tables: dict, rows: list[dict] | None = None, suffix_tokens:
                       if len(spanning) == len(steps) else "") + ".")
     pairs = tables.get("forward_step_pairs") or []
     if pairs:
-        control = [r for r in pairs if r["path"] == "gpubuf_retained" and r["against"] == "gpubuf_resident"]
+        control = [r for r in pairs if (r["path"], r["against"]) == report.FORWARD_CONTROL]
         out.append("Pooled over the points and paired by repeat (one repeat runs its arms back to back on one engine; a "
                    "typical cost across shapes, not any one point's), the forward pass's difference is in the table "
                    "after the points"
