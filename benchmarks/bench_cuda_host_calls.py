@@ -14,8 +14,9 @@ times each call on its own, two ways, ``--repeats`` times each:
 
 and prints the median and 90th percentile in microseconds. Every call is on an idle stream (events
 already done), as in a restore. Then a whole restore copy of 1,024 blocks of the Qwen2.5-0.5B shape
-(``BufferArena.copy_into_vllm``, whole and by 3 layer groups), on the launch route and as one replay
-of a captured graph (``kv.copy_graph``), the stream synchronized before each (untimed). Prints
+(``BufferArena.copy_into_vllm``, whole and by 3 layer groups), on the launch route and as one launch
+of a captured graph (``kv.copy_graph``: ``cudaGraphLaunch`` onto the copy's stream where cuda-python's
+bindings are, else ``replay``), the stream synchronized before each (untimed). Prints
 figures; asserts nothing. Without CUDA it says so and exits.
 """
 from __future__ import annotations
@@ -80,7 +81,7 @@ def _restore_copies(tmp: str) -> dict:
     out = {}
     if graphs is not None:
         out.update(_graph_parts(arena, block_ids))
-    for route, use in (("launches", None), ("one graph replay", graphs)):
+    for route, use in (("launches", None), ("one graph launch", graphs)):
         for name, by_layer in (("whole", False), (f"{len(arena.plane_groups)} layer groups", True)):
             def call(use=use, by_layer=by_layer):
                 arena.graphs = use
@@ -123,22 +124,21 @@ def _graph_parts(arena, block_ids: list[int]) -> dict:
         with on_stream(side):
             layer.graph.replay()
 
+    def launch_on_side():
+        graphs._launch_on(layer, side)
+
     out = {"Event made once, record(current_stream())": (lambda: made.record(current_stream()), None),
            f"copy graph part: write_args ({n:,} ids)": (lambda: write_args(whole.args_view, 0, block_ids), None),
            "copy graph part: instance free() (nothing pending)": (whole.free, None),
            "copy graph part: replay() (whole: memcpy, 2 events, 1 kernel)": (whole.graph.replay, torch.cuda.synchronize),
            f"copy graph part: replay() ({len(layer.ends)} groups: memcpy, {len(layer.ends) + 1} events, "
            f"{len(layer.ends)} kernels)": (layer.graph.replay, torch.cuda.synchronize),
-           "copy graph part: on_stream(side) + replay() (groups)": (replay_on_side, torch.cuda.synchronize)}
+           "copy graph part: on_stream(side) + replay() (groups)": (replay_on_side, torch.cuda.synchronize),
+           f"copy graph part: launch onto side ({graphs.launch_via}) (groups)": (launch_on_side, torch.cuda.synchronize)}
     for kind in ("memcpy", "kernel", "4 events"):
         g, events = single(kind)
         # the events a graph records must live as long as it does: the call holds them
         out[f"graph of one kind: replay() ({kind})"] = (lambda g=g, events=events: g.replay(), torch.cuda.synchronize)
-    try:
-        from cuda.bindings import runtime  # noqa: F401
-        out["cuda.bindings.runtime importable"] = (lambda: None, None)
-    except Exception:  # noqa: BLE001 - only whether a direct cudaGraphLaunch route exists here
-        pass
     return out
 
 

@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from kmesh_lib.kv.copy_graph import NUM_INSTANCES, GraphInstance, bucket_of, size_buckets
+from kmesh_lib.kv.copy_graph import NUM_INSTANCES, GraphInstance, bucket_of, graph_launcher, size_buckets
 from kmesh_lib.kv.restore_timeline import RestoreTimeline, Span
 
 
@@ -68,6 +68,8 @@ def test_graph_replays_write_the_launch_routes_bytes_and_hand_over_when_busy(tmp
     a = BufferArena(kv_a, num_blocks, 520, tmp_path, copy_graphs=False)
     b = BufferArena(kv_b, num_blocks, 520, tmp_path)
     assert (a.graph_route, b.graph_route) == ("off (copy_graphs=False)", "on")
+    launcher, why = graph_launcher()
+    assert b.graphs.launch_via == ("cudaGraphLaunch (cuda.bindings)" if launcher else f"CUDAGraph.replay ({why})")
     assert b.graphs.buckets[-1] == 1024 and len(b.graphs.instances[("layer", 256)][0].ends) == len(b.plane_groups)
     noise = torch.randint(0, 256, a.buffer.shape, dtype=torch.uint8, device="cuda")
     a.buffer.copy_(noise)
@@ -107,6 +109,20 @@ def test_graph_replays_write_the_launch_routes_bytes_and_hand_over_when_busy(tmp
     tl = RestoreTimeline("restore", "r", 0, "buffer", 32, 0, "cuda", ref=b.reference())
     b.copy_into_vllm(0, 0, block_ids, tl)
     assert tl.copy_launch == "graph"
+    # a reference kept from before a step: the GPU's clock and the host's agree over it to microseconds
+    b.keep_reference()
+    kept = b.standing_reference
+    assert kept is not None and b.last_kept_reference is kept
+    time.sleep(0.02)
+    drift = b.reference_drift()
+    assert b.standing_reference is None and b.last_kept_reference is None and b.reference_drift() is None
+    assert 20 <= drift["interval_ms"] < 1000 and abs(drift["drift_us"]) < 20, drift
+
+
+def test_without_the_bindings_route_a_graph_is_replayed_between_stream_switches(monkeypatch):
+    monkeypatch.delattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec", raising=False)
+    launcher, why = graph_launcher()
+    assert launcher is None and "raw_cuda_graph_exec" in why
 
 
 class Holder:

@@ -4,7 +4,7 @@ On the launch route a restore's copy is the arguments to the device (``RowScatte
 and an event), an event at the copy's start, and a kernel launch and an event per layer group: 5 to 9
 CUDA calls, each 8-50 us of host time on a step whose caches the engine's Python has just evicted
 (``benchmarks/bench_cuda_host_calls.py``), and the step waits for that host time. Captured once, the
-same work is one ``CUDAGraph.replay``; the host first writes the arguments into the graph's own pinned
+same work is one graph launch; the host first writes the arguments into the graph's own pinned
 buffer:
 
     graph (one per grouping, size bucket and instance)
@@ -23,6 +23,12 @@ instances; ``replay`` takes one whose last spans are resolved, or whose last cop
 those spans then, each with its own reference); with none free (several restores of one size in one
 step) it returns None and the caller takes the launch route (``RestoreTimeline.copy_launch`` says which).
 
+A graph is launched onto the stream the copy goes to by ``cudaGraphLaunch`` from cuda-python's runtime
+bindings (``GRAPH_LAUNCH``), one call with the stream's handle: ``CUDAGraph.replay`` launches onto the
+current stream, so a copy on a side stream would switch streams twice around it (``set_stream``, 6-30 us
+each on the H200 machine's host, ``benchmarks/bench_cuda_host_calls.py``). Without the bindings, or a
+torch without ``raw_cuda_graph_exec``, it is ``replay`` between the switches (``launch_via`` says which).
+
 Invariants: an instance's pinned arguments are rewritten only after its last replay has read them (its
 spans are resolved, or its last event has completed; both come after the transfer); capture allocates
 nothing (every tensor a graph touches is made before it and lives as long as the graph).
@@ -38,6 +44,17 @@ from kmesh_lib.kv.fused_copy import NUM_HEADER, RowScatter, write_args
 from kmesh_lib.kv.restore_timeline import Span
 
 NUM_INSTANCES = 2  # per grouping and bucket: a restore whose predecessor of its size is unresolved still replays
+
+
+def graph_launcher():
+    """(``cudaGraphLaunch``, the runtime module) from cuda-python's bindings, or (None, why)."""
+    try:
+        from cuda.bindings import runtime
+    except ImportError as e:
+        return None, f"no cuda.bindings ({e})"
+    if not hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
+        return None, f"torch {torch.__version__} has no CUDAGraph.raw_cuda_graph_exec"
+    return runtime.cudaGraphLaunch, runtime
 
 
 def size_buckets(max_rows: int) -> list[int]:
@@ -61,6 +78,7 @@ class GraphInstance:
     args_view: memoryview
     start: torch.cuda.Event
     ends: list[torch.cuda.Event]
+    exec_handle: object = None  # the graph's cudaGraphExec_t (cuda-python's), where the launch is direct
     pending: list[tuple[Span, tuple]] = field(default_factory=list)  # spans on these events, with their reference
 
     def free(self) -> bool:
@@ -94,6 +112,13 @@ class CopyGraphs:
         self.groupings = groupings
         self.instances: dict[tuple[str, int], list[GraphInstance]] = {}
         self.pool = torch.cuda.graph_pool_handle()
+        self._launch, runtime = graph_launcher()
+        if self._launch is None:
+            self.launch_via = f"CUDAGraph.replay ({runtime})"
+        else:
+            self.launch_via = "cudaGraphLaunch (cuda.bindings)"
+            self._runtime, self._success = runtime, runtime.cudaError_t.cudaSuccess
+        self._stream_handles: dict[int, object] = {}  # a stream's pointer -> its cudaStream_t
         self.capture_stream = torch.cuda.Stream(device=scatter.buffer.device)
         self.capture_stream.wait_stream(current_stream())  # the buffer and the table are written
         for name, groups in groupings.items():
@@ -121,7 +146,11 @@ class CopyGraphs:
                     end.record(stream)
             finally:
                 graph.capture_end()
-        return GraphInstance(graph, args_host, args_dev, memoryview(args_host.numpy()).cast("B"), start, ends)
+        exec_handle = None
+        if self._launch is not None:
+            exec_handle = self._runtime.cudaGraphExec_t(graph.raw_cuda_graph_exec())
+        return GraphInstance(graph, args_host, args_dev, memoryview(args_host.numpy()).cast("B"), start, ends,
+                             exec_handle)
 
     def _check(self) -> None:
         """One replay per grouping, of the largest bucket with a single row: buffer row 1 -> vLLM's null
@@ -133,20 +162,33 @@ class CopyGraphs:
             if not self.scatter.row_landed(1, 0):
                 raise RuntimeError(f"the {name!r} graph's copy into block 0 differs from buffer row 1")
 
-    def replay(self, grouping: str, src_row0: int, block_ids: list[int], bucket: int | None = None
+    def replay(self, grouping: str, src_row0: int, block_ids: list[int], stream=None, bucket: int | None = None
                ) -> GraphInstance | None:
-        """Queues the copy of buffer rows ``src_row0 ...`` -> ``block_ids`` on the current stream: a free
-        instance of the grouping's bucket, its arguments written, replayed. None: no instance is free, or
-        the restore is larger than every bucket (the caller takes the launch route)."""
+        """Queues the copy of buffer rows ``src_row0 ...`` -> ``block_ids`` on ``stream`` (None: the
+        current one): a free instance of the grouping's bucket, its arguments written, launched. None: no
+        instance is free, or the restore is larger than every bucket (the caller takes the launch route)."""
         bucket = bucket or bucket_of(len(block_ids), self.buckets)
         for inst in self.instances.get((grouping, bucket), ()):
             if inst.free():
                 write_args(inst.args_view, src_row0, block_ids)
-                inst.graph.replay()
+                self._launch_on(inst, stream)
                 return inst
         return None
+
+    def _launch_on(self, inst: GraphInstance, stream) -> None:
+        if self._launch is None:
+            with on_stream(stream):
+                inst.graph.replay()
+            return
+        stream = stream or current_stream()
+        handle = self._stream_handles.get(stream.cuda_stream)
+        if handle is None:
+            handle = self._stream_handles[stream.cuda_stream] = self._runtime.cudaStream_t(stream.cuda_stream)
+        err, = self._launch(inst.exec_handle, handle)
+        if err != self._success:
+            raise RuntimeError(f"cudaGraphLaunch of a restore copy failed: {err!r}")
 
     def describe(self) -> dict:
         return {"groupings": {name: len(groups) for name, groups in self.groupings.items()},
                 "buckets": [self.buckets[0], self.buckets[-1]], "instances_per_bucket": NUM_INSTANCES,
-                "num_graphs": sum(len(v) for v in self.instances.values())}
+                "num_graphs": sum(len(v) for v in self.instances.values()), "launch_via": self.launch_via}

@@ -303,6 +303,17 @@ class GpuBufferTier:
             out.append({"t_start_ns": t_start_ns, "forward_s": seconds})
         return out
 
+    def take_reference(self) -> None:
+        """Puts the next step's restores on the clock by a reference taken now (``BufferArena.keep_reference``:
+        the device synchronized, no step running), so that step takes none (``measure`` 0, ``reference_at``
+        "before_step"). Call between requests, then ``reference_drift`` after the request. No-op on CPU."""
+        self.arena.keep_reference()
+
+    def reference_drift(self) -> dict | None:
+        """``BufferArena.reference_drift``: the host's clock against the GPU's since ``take_reference``
+        (``interval_ms``, ``drift_us``); None where none was taken (CPU)."""
+        return self.arena.reference_drift()
+
     def set_loading(self, on: bool) -> None:
         self.scheduler_side.loading = on
 

@@ -179,6 +179,7 @@ class BufferArena:
         self.word_bytes, dtype = _word_dtype(self.plane_nbytes + [self.bytes_per_block], planes)
         self.planes = [p.view(dtype) for p in planes]
         self.device = planes[0].device
+        self.device_name = str(self.device)  # each restore's timeline records it
         self.is_cuda = self.device.type == "cuda"
         self.num_buffer_blocks = num_buffer_blocks
         self.buffer = torch.zeros(num_buffer_blocks * self.bytes_per_block, dtype=torch.uint8, device=self.device)
@@ -200,6 +201,8 @@ class BufferArena:
         self.last_read_stream = None  # the stream that event is on
         self._side_stream = None  # restores copied by layer groups (``copy_into_vllm(by_layer=True)``)
         self.step_events = EventPool()  # a step's clock reference and forward-pass event (``event``)
+        self.standing_reference = None  # taken before a step (``keep_reference``), for its restores
+        self.last_kept_reference = None  # the last one ``keep_reference`` took (``reference_drift``)
         self.scatter, self.copy_route = self._fused_scatter(dtype)
         self.graphs, self.graph_route = self._copy_graphs(copy_graphs)
 
@@ -270,6 +273,27 @@ class BufferArena:
         if not self.is_cuda:
             return None
         return stream_reference(stream, self.step_events.take(holders) if holders is not None else None)
+
+    def keep_reference(self) -> None:
+        """Takes a reference now, the device synchronized first (between requests: no step is running),
+        for the next step that queues restores, which then takes none of its own (``measure`` 0). No-op
+        on CPU. The GPU's clock and the host's drift apart: ``reference_drift`` measures by how much."""
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)
+            self.standing_reference = self.last_kept_reference = stream_reference()
+
+    def reference_drift(self) -> dict | None:
+        """The last kept reference against one taken now (the device synchronized): the host's elapsed time
+        minus the GPU's, and the interval; an unused kept reference is dropped. None if none was kept."""
+        ref, self.last_kept_reference, self.standing_reference = self.last_kept_reference, None, None
+        if ref is None:
+            return None
+        torch.cuda.synchronize(self.device)
+        now = stream_reference()
+        now[1].synchronize()
+        host_ns = now[0] - ref[0]
+        gpu_ns = ref[1].elapsed_time(now[1]) * 1e6
+        return {"interval_ms": round(host_ns / 1e6, 3), "drift_us": round((host_ns - gpu_ns) / 1e3, 3)}
 
     # -- save: vLLM blocks -> disk --
     def save(self, entry_id: int, block_ids: list[int]) -> int:
@@ -362,26 +386,27 @@ class BufferArena:
         (``HostStagedGpuBuffer.wait_for_layer_load``). Else returns []: the copy is on the current
         stream, ahead of the forward pass. Without staging the side stream does not wait: the
         destination blocks are this step's allocation, which no queued work reads or writes."""
+        timeline.t_copy_call_ns = _ns()
         src0 = extent_start + first_block
-        groups = self.plane_groups if by_layer else [(0, len(self.planes))]
-        stream = self._side() if by_layer and self.is_cuda else None
+        stream = (self._side() if by_layer else current_stream()) if self.is_cuda else None
         inst = None
         if self.graphs is not None:
-            if stream is not None and timeline.staging:
+            if by_layer and timeline.staging:
                 stream.wait_stream(current_stream())
-            with on_stream(stream):
-                inst = self.graphs.replay("layer" if by_layer else "whole", src0, block_ids)
+            inst = self.graphs.replay("layer" if by_layer else "whole", src0, block_ids, stream)
         if inst is not None:
             start, marks, timeline.copy_launch = inst.start, inst.ends, "graph"
         else:
-            start, marks = self._launch(src0, block_ids, groups, stream, timeline)
+            groups = self.plane_groups if by_layer else [(0, len(self.planes))]
+            start, marks = self._launch(src0, block_ids, groups, stream if by_layer else None, timeline)
+        timeline.t_copy_queued_ns = _ns()
         timeline.copy = Span.between(start, marks[-1])
         ends = [Span.at(m) for m in marks] if by_layer else []
         if inst is not None:
-            inst.pending.extend((span, timeline.ref) for span in [timeline.copy, *ends])
+            inst.pending.append((timeline.copy, timeline.ref))
+            inst.pending.extend([(span, timeline.ref) for span in ends])
         if self.is_cuda:
-            self.last_read_event = marks[-1]  # every restore queued so far has read its extent
-            self.last_read_stream = stream or current_stream()
+            self.last_read_event, self.last_read_stream = marks[-1], stream  # every restore queued so far has read its extent
         self._count(restored_bytes=len(block_ids) * self.bytes_per_block)
         return ends
 

@@ -168,20 +168,27 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
         if not isinstance(meta, GpuBufferMetadata) or not meta.loads or meta.timelines or self.arena is None:
             return
         by_layer = self.wait_at == "layer"
-        t_ref_start_ns = _ns()
-        ref = self.arena.reference(holders=meta.timelines)
-        measure_ns = (ref[0] - t_ref_start_ns) if ref else 0  # shared by the step's restores
+        arena = self.arena
+        ref, reference_at, measure_ns = arena.standing_reference, "before_step", 0
+        if ref is not None:
+            arena.standing_reference = None  # taken before this step (``GpuBufferTier.take_reference``)
+        else:
+            t_ref_start_ns = _ns()
+            ref = arena.reference(holders=meta.timelines)
+            measure_ns = (ref[0] - t_ref_start_ns) if ref else 0  # shared by the step's restores
+            reference_at = "step" if ref else None
         for op in meta.loads:
             tl = RestoreTimeline("restore", op.req_id, op.entry_id, op.source, len(op.block_ids),
-                                 len(op.block_ids) * self.bytes_per_block, str(self.arena.device),
+                                 len(op.block_ids) * self.bytes_per_block, arena.device_name,
                                  op.t_lookup_first_ns or None, op.t_lookup_end_ns or None, op.num_lookup_calls,
                                  t_allocated_ns=op.t_allocated_ns or None, t_start_ns=_ns(), ref=ref, launched_at=at,
-                                 measure_ns=measure_ns, measure_synced=ref[2] if ref else None, wait_at=self.wait_at,
-                                 num_copy_groups=len(self.arena.plane_groups) if by_layer else 1)
+                                 measure_ns=measure_ns, measure_synced=ref[2] if ref else None,
+                                 reference_at=reference_at, t_reference_ns=ref[0] if ref else None,
+                                 wait_at=self.wait_at, num_copy_groups=len(arena.plane_groups) if by_layer else 1)
             if op.stage_from_disk:
-                self.arena.stage(op.entry_id, op.entry_num_blocks, op.extent_start, tl)
+                arena.stage(op.entry_id, op.entry_num_blocks, op.extent_start, tl)
             # with layer waits, the last restore's group ends: the side stream runs the restores in order
-            self._group_ready = self.arena.copy_into_vllm(op.extent_start, op.first_block, op.block_ids, tl,
+            self._group_ready = arena.copy_into_vllm(op.extent_start, op.first_block, op.block_ids, tl,
                                                           by_layer=by_layer)
             self._next_group = 0
             tl.t_launched_ns = _ns()

@@ -22,10 +22,15 @@ once queued, waits on the GPU for the copy:
 
     measure       taking the reference that puts this restore's events on the clock (``ref``; one per step,
                   so every restore of a step carries the same): a stream synchronization when the stream
-                  had work left (``measure_synced``), else a non-blocking query
+                  had work left (``measure_synced``), else a non-blocking query. 0 where the reference was
+                  taken before the step, the engine idle (``reference_at`` "before_step":
+                  ``GpuBufferTier.take_reference``; its clock drift is measured after the request)
     host          the restore's own calls: staging reads, the block ids to the device, the launch, and
                   with layer waits the forward pass's calls to ``wait_for_layer_load`` that waited
-                  (``hook``, also recorded on its own)
+                  (``hook``, also recorded on its own). Its parts before the hooks: ``before_copy``
+                  (the timeline, staging), ``copy_call`` (the copy queued: ``BufferArena.copy_into_vllm``
+                  up to its graph launch or last launch returning) and ``after_copy`` (its spans, the
+                  bookkeeping)
     forward_wait  the forward pass queued (``start_load_kv``) to the GPU reaching it (an event
                   recorded there), 0 when the copy had ended by then: the copy's part on the step's
                   critical path, plus the event's own latency of a few microseconds. A restore copied
@@ -49,6 +54,8 @@ _ns = time.monotonic_ns
 
 class Span:
     """Start and end of one part on the monotonic clock, from CPU stamps or a pair of CUDA events."""
+
+    __slots__ = ("t0_ns", "t1_ns", "_events")
 
     def __init__(self) -> None:
         self.t0_ns: int | None = None
@@ -122,6 +129,8 @@ class RestoreTimeline:
     t_allocated_ns: int | None = None
     t_start_ns: int = 0  # the worker took up this restore (start_load_kv) or the prefetch began
     t_launched_ns: int | None = None  # every copy of it was queued (CPU)
+    t_copy_call_ns: int | None = None  # the copy into vLLM's blocks was called (``BufferArena.copy_into_vllm``)
+    t_copy_queued_ns: int | None = None  # ... and had queued its copy (a graph launch or the last launch returned)
     disk_bytes: int = 0
     disk_reads: list[Span] = field(default_factory=list)
     staging: list[Span] = field(default_factory=list)
@@ -130,6 +139,8 @@ class RestoreTimeline:
     launched_at: str = "forward"  # "step_start" or "forward" (``GpuBufferConfig.launch_at``)
     measure_ns: int = 0  # taking the reference (one per step, shared by its restores)
     measure_synced: bool | None = None  # the reference waited for the stream (None on CPU: no reference)
+    reference_at: str | None = None  # "step" (taken in the step: ``measure``), "before_step"; None on CPU
+    t_reference_ns: int | None = None  # the reference's host stamp
     t_forward_queued_ns: int | None = None  # start_load_kv: the forward pass is queued next
     forward_ready: Span | None = None  # the GPU reaching the forward pass (an event; a point: t0 == t1)
     wait_at: str = "forward"  # "forward" or "layer" (``GpuBufferConfig.wait_at``)
@@ -180,6 +191,7 @@ class RestoreTimeline:
             ready = self.forward_ready.t0_ns if self.forward_ready is not None else None
             wait = max(0.0, sec(self.t_forward_queued_ns, ready)) if ready is not None else 0.0
         lookup = sec(self.t_lookup_first_ns, self.t_lookup_end_ns)
+        queued = self.t_copy_queued_ns
         critical = None if host is None or wait is None else (lookup or 0.0) + measure + host + wait
         return {
             "kind": self.kind, "req_id": self.req_id, "entry_id": self.entry_id, "source": self.source,
@@ -197,6 +209,9 @@ class RestoreTimeline:
             "num_layer_waits": len(self.layer_waits), "copy_launch": self.copy_launch,
             "measure_s": measure, "measure_synced": self.measure_synced,
             "host_s": host, "hook_s": self.hook_ns / 1e9, "forward_wait_s": wait,
+            "before_copy_s": sec(self.t_start_ns, self.t_copy_call_ns), "copy_call_s": sec(self.t_copy_call_ns, queued),
+            "after_copy_s": sec(queued, self.t_launched_ns), "reference_at": self.reference_at,
+            "reference_age_s": sec(self.t_reference_ns, self.t_start_ns) if self.reference_at == "before_step" else None,
             "critical_s": critical, "t_forward_queued_ns": self.t_forward_queued_ns,
             "t_lookup_first_ns": self.t_lookup_first_ns, "t_lookup_end_ns": self.t_lookup_end_ns,
             "t_allocated_ns": self.t_allocated_ns,
@@ -217,7 +232,10 @@ def request_split(timeline: dict, t_submit_ns: int, t_first_token_ns: int) -> di
             "launch_s": timeline.get("launch_s"), "copy_s": timeline["copy_s"], "restore_s": timeline["restore_s"],
             "allocate_s": timeline.get("allocate_s"),
             "measure_s": timeline.get("measure_s"), "measure_synced": timeline.get("measure_synced"),
+            "reference_at": timeline.get("reference_at"), "reference_age_s": timeline.get("reference_age_s"),
             "host_s": timeline.get("host_s"), "hook_s": timeline.get("hook_s"),
+            "before_copy_s": timeline.get("before_copy_s"), "copy_call_s": timeline.get("copy_call_s"),
+            "after_copy_s": timeline.get("after_copy_s"),
             "forward_wait_s": timeline.get("forward_wait_s"),
             "critical_s": timeline.get("critical_s"), "launched_at": timeline.get("launched_at"),
             "wait_at": timeline.get("wait_at"), "num_copy_groups": timeline.get("num_copy_groups"),

@@ -227,6 +227,8 @@ class RestoreBench:
             self.tier.set_wait_at(wait_at)
         if self.tier_name == "gpubuf":
             self.tier.take_forward_steps()  # the preparation's steps are not the follow-up's
+            # the restore's events go on the clock by a reference taken here, outside the step (every arm alike)
+            self.tier.take_reference()
         self.probe.start()
         try:
             results = run_group(self.engine, specs)
@@ -237,6 +239,7 @@ class RestoreBench:
         clocks_after = self.clocks.read() if self.clocks else None
         parts = self.probe.stop(a.first_token_s())
         self.quiet()
+        clock = self.tier.reference_drift() if self.tier_name == "gpubuf" else None
         s1 = meter.snapshot()
         timelines = self._take_timelines()
         self.switch.set(True)
@@ -254,4 +257,5 @@ class RestoreBench:
                 "ttft_s": a.first_token_s(), "makespan_s": group_makespan_s(results, self.output_tokens),
                 "num_cached_tokens": cached, "expected_cached_tokens": want, **disk,
                 "prep_s": prep_s, **prep, "components": parts, **self._tier_fields(a, timelines, stats),
-                **({"gpu_clocks": {"before": clocks_before, "after": clocks_after}} if self.clocks else {})}
+                **({"gpu_clocks": {"before": clocks_before, "after": clocks_after}} if self.clocks else {}),
+                **({"reference_clock": clock} if clock else {})}

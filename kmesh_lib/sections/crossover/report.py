@@ -34,8 +34,8 @@ FLOOR_OF = {"dram": ("sum", ("copy",)), "disk": ("sum", ("disk", "copy")),
             "gpubuf_disk": ("max", ("disk", "copy")),
             "native_offload": ("sum", ("copy",))}
 SPLIT_PARTS = ("queue_s", "lookup_s", "disk_read_s", "staging_s", "launch_s", "copy_s", "restore_s", "load_time_s",
-               "after_restore_s", "after_lookup_s", "allocate_s", "measure_s", "host_s", "hook_s", "forward_wait_s",
-               "critical_s")
+               "after_restore_s", "after_lookup_s", "allocate_s", "measure_s", "host_s", "hook_s", "before_copy_s",
+               "copy_call_s", "after_copy_s", "forward_wait_s", "critical_s")
 # the parts that bring the context in; what follows (after_*) is the forward step the resident follow-up also pays
 # The parts of bringing the context in. The wait before the scheduler first looks at the request
 # (``queue_ms``) is recorded beside them but is not one: a resident follow-up waits the same way.
@@ -215,7 +215,8 @@ def split_table(rows: list[dict]) -> list[dict]:
             vals = [r["split"][part] for r in rs if r["split"].get(part) is not None]
             if vals:
                 row[part.replace("_s", "_ms")] = round(1e3 * statistics.median(vals), 3)
-        for key in ("launched_at", "wait_at", "copy_launch"):  # copy_launch: "graph", "handle", "torch", ...
+        # copy_launch: "graph", "handle", "torch", ...; reference_at: "step" (measure > 0) or "before_step"
+        for key in ("launched_at", "wait_at", "copy_launch", "reference_at"):
             seen = {r["split"].get(key) for r in rs} - {None}
             if seen:
                 row[key] = "/".join(sorted(seen))
@@ -332,7 +333,9 @@ def critical_goal_table(splits: list[dict], distance: list[dict]) -> list[dict]:
         f = floor[(model, n, best["arm"])]
         x = best["critical_ms"] / f
         row = {"model": model, "context_tokens": n, "path": best["arm"], "critical_ms": best["critical_ms"],
-               "host_ms": best.get("host_ms"), "forward_wait_ms": best.get("forward_wait_ms"),
+               "lookup_ms": best.get("lookup_ms"), "measure_ms": best.get("measure_ms"),
+               "host_ms": best.get("host_ms"), "copy_call_ms": best.get("copy_call_ms"), "hook_ms": best.get("hook_ms"),
+               "forward_wait_ms": best.get("forward_wait_ms"),
                "allocate_ms": best.get("allocate_ms"), "wait_at": best.get("wait_at"),
                "restore_ms": best.get("restore_ms"), "transfer_floor_ms": f, "x_floor": round(x, 3),
                "within": x <= GOAL_X}

@@ -322,8 +322,8 @@ def goal_points_table(tables: dict, rows: list[dict] | None = None, goals: list[
         g, c = goals.get(point), critical.get(point)
         fastest = (f"{LABEL[g['fastest_path']]} {g['fastest_x_floor']}{x}"
                    + (f", {g['fastest_goal']}" if "fastest_goal" in g else "")) if g else ""
-        least = (f"{LABEL[c['path']]}: {c['critical_ms']:,.3f} ms (host {c['host_ms']:,.3f}, wait "
-                 f"{c['forward_wait_ms']:,.3f}) / {c['transfer_floor_ms']:,.3f} = **{c['x_floor']:.2f}{x}**"
+        least = (f"{LABEL[c['path']]}: {c['critical_ms']:,.3f} ms ({_parts(c)}) / {c['transfer_floor_ms']:,.3f} = "
+                 f"**{c['x_floor']:.2f}{x}**"
                  + ("" if c["within"] else " (not met)")) if c else ""
         charged = (f"{LABEL[c['charged_path']]}: {c['charged_ms']:,.3f} ms = {c['charged_x_floor']:.2f}{x}"
                    if point in layered else "as it adds (no copy beside the forward pass)" if c else "")
@@ -331,6 +331,19 @@ def goal_points_table(tables: dict, rows: list[dict] | None = None, goals: list[
                             f"{r['difference_ci_ms'][1]:+,.2f}]" for r in steps.get(point, [])) or "not timed"
         lines.append(f"| {point[0]} | {_n(point[1])} | {fastest} | {least} | {charged} | {forward} |")
     return "\n".join(lines)
+
+
+def _parts(c: dict) -> str:
+    """A ``critical_goal_table`` row's parts: lookup, clock reference, host (its copy call and hooks), wait."""
+    host = f"host {c['host_ms']:,.3f}"
+    inner = [f"{label} {c[k]:,.3f}" for k, label in (("copy_call_ms", "copy call"), ("hook_ms", "hooks"))
+             if c.get(k) is not None]
+    if inner:
+        host += f": {', '.join(inner)}"
+    parts = [f"lookup {c['lookup_ms']:,.3f}" if c.get("lookup_ms") is not None else None,
+             f"clock {c['measure_ms']:,.3f}" if c.get("measure_ms") is not None else None, host,
+             f"wait {c['forward_wait_ms']:,.3f}"]
+    return ", ".join(p for p in parts if p)
 
 
 def _zero_verdict(r: dict) -> str:
