@@ -526,26 +526,25 @@ def test_the_copy_graphs_check_holds_each_restore_to_the_tiers_route():
     assert before and name not in {c.name for c in before}  # runs before the graphs record no copy_graphs: no such check
 
 
-def test_the_kept_reference_check_bounds_each_restores_clock_error():
-    from kmesh_lib.sections.crossover.checks import REFERENCE_ERROR_US, clock_error_us, launch_checks
+def test_the_kept_reference_check_holds_each_restore_to_a_confirmed_reference():
+    from kmesh_lib.sections.crossover.checks import REFERENCE_AGREE_US, launch_checks
 
     rows = [r for r in _gpubuf_rows() if r["measured"] and r.get("split")]
     for r in rows:
-        r["split"].update(launched_at="step_start", reference_at="before_step", reference_age_s=0.004,
-                          restore_s=0.0005, forward_wait_s=0.0005)
-        r["reference_clock"] = {"interval_ms": 50.0, "drift_us": 2.0}
-    name = ("gpubuf: every restore's events were put on the host's clock by a reference taken before its step, and "
-            f"the clocks drifted apart by at most {REFERENCE_ERROR_US} us up to its copy's end")
+        r["split"].update(launched_at="step_start", reference_at="before_step", reference_age_s=0.004)
+        r["reference_clock"] = {"interval_ms": 50.0, "drift_us": -2.0, "windows_us": [3.0, 2.5]}
+    name = ("gpubuf: every restore's events were put on the host's clock by a reference taken before its step, which "
+            f"one taken after the request confirmed within {REFERENCE_AGREE_US} us")
     child = {"model": "m", "tier": "gpubuf", "tier_route": {"launch_at": "step_start"}}
 
     def status():
         return {c.name: c.status for c in launch_checks(rows, [child])}.get(name)
 
-    assert clock_error_us(rows[0]) == pytest.approx(2.0 * 5.0 / 50.0) and status() == "ok"
-    rows[0]["reference_clock"]["drift_us"] = -20.0  # 20 us over 50 ms: 2 us at the copy's end 5 ms in
-    assert clock_error_us(rows[0]) == pytest.approx(2.0) and status() == "failed"
-    rows[0]["reference_clock"]["drift_us"] = 2.0
-    del rows[1]["reference_clock"]  # the drift was not measured
+    assert status() == "ok"
+    rows[0]["reference_clock"]["drift_us"] = REFERENCE_AGREE_US + 0.5  # the two references disagree
+    assert status() == "failed"
+    rows[0]["reference_clock"]["drift_us"] = 0.0
+    del rows[1]["reference_clock"]  # not confirmed
     assert status() == "failed"
     rows[1]["reference_clock"] = {"interval_ms": 50.0, "drift_us": 0.0}
     rows[1]["split"]["reference_at"] = "step"  # one restore took its reference in its step

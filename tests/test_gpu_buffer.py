@@ -511,11 +511,11 @@ def test_the_clock_reference_waits_only_for_a_busy_stream_and_agrees_either_way(
     from kmesh_lib.kv.gpu_buffer_arena import stream_reference
 
     torch.cuda.synchronize()
-    t_idle, idle_event, synced = stream_reference()
+    t_idle, idle_event, synced, _ = stream_reference()
     assert not synced  # nothing queued: no wait
     torch.cuda._sleep(100_000_000)  # tens of milliseconds of GPU time queued ahead
     t_before = time.monotonic_ns()
-    t_busy, busy_event, synced = stream_reference()
+    t_busy, busy_event, synced, _ = stream_reference()
     assert synced and t_busy - t_before > 5e6  # it waited for the queued work
     busy_event.synchronize()
     # the idle reference puts the busy one's event where the host clock has it, to a tenth of a millisecond

@@ -21,20 +21,25 @@ except ImportError:  # a vLLM without the helper: torch's call, correct and slow
 _ns = time.monotonic_ns
 
 
-def stream_reference(stream=None, event=None) -> tuple[int, torch.cuda.Event, bool]:
-    """(t_ns, event, synced) taken together on an idle stream (default: the current one): puts later
-    events on the monotonic clock. The GPU reaches an event recorded on an idle stream as soon as it is
-    queued, so the stream is synchronized only when it has work left (``synced``); a stream found idle
-    (``query``, which does not block) costs no wait. ``event``: a timing event to record (an
-    ``EventPool``'s), else a new one."""
+def stream_reference(stream=None, event=None) -> tuple[int, torch.cuda.Event, bool, int]:
+    """(t_ns, event, synced, window_ns) taken together on an idle stream (default: the current one):
+    puts later events on the monotonic clock. The GPU reaches an event recorded on an idle stream as soon
+    as the record call has handed it over, so ``t_ns`` is stamped when the call returns: the event's
+    GPU time is placed there, at most the GPU's pickup latency (a few microseconds) before it happened.
+    ``window_ns`` is the record call's own host time, by which a stamp before the call would have placed
+    every event early (before 2 Dec 2026 the stamp came first, with the event made inside it: 18-60 us
+    cold on the H200 machine's host, ``benchmarks/bench_cuda_host_calls.py``). The stream is synchronized
+    only when it has work left (``synced``); a stream found idle (``query``, which does not block) costs
+    no wait. ``event``: a timing event to record (an ``EventPool``'s), else a new one."""
     stream = stream or current_stream()
     synced = not stream.query()
     if synced:
         stream.synchronize()
-    t = _ns()
     event = event or torch.cuda.Event(enable_timing=True)
+    t_before = _ns()
     event.record(stream)
-    return t, event, synced
+    t = _ns()
+    return t, event, synced, t - t_before
 
 
 class EventPool:

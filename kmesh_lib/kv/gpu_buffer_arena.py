@@ -284,7 +284,9 @@ class BufferArena:
 
     def reference_drift(self) -> dict | None:
         """The last kept reference against one taken now (the device synchronized): the host's elapsed time
-        minus the GPU's, and the interval; an unused kept reference is dropped. None if none was kept."""
+        minus the GPU's (``drift_us``: the clocks' drift over the interval plus the difference of the two
+        references' pickup latencies), the interval, and the two record calls' windows; an unused kept
+        reference is dropped. None if none was kept."""
         ref, self.last_kept_reference, self.standing_reference = self.last_kept_reference, None, None
         if ref is None:
             return None
@@ -293,7 +295,8 @@ class BufferArena:
         now[1].synchronize()
         host_ns = now[0] - ref[0]
         gpu_ns = ref[1].elapsed_time(now[1]) * 1e6
-        return {"interval_ms": round(host_ns / 1e6, 3), "drift_us": round((host_ns - gpu_ns) / 1e3, 3)}
+        return {"interval_ms": round(host_ns / 1e6, 3), "drift_us": round((host_ns - gpu_ns) / 1e3, 3),
+                "windows_us": [round(ref[3] / 1e3, 3), round(now[3] / 1e3, 3)]}
 
     # -- save: vLLM blocks -> disk --
     def save(self, entry_id: int, block_ids: list[int]) -> int:

@@ -184,6 +184,7 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
                                  t_allocated_ns=op.t_allocated_ns or None, t_start_ns=_ns(), ref=ref, launched_at=at,
                                  measure_ns=measure_ns, measure_synced=ref[2] if ref else None,
                                  reference_at=reference_at, t_reference_ns=ref[0] if ref else None,
+                                 reference_window_ns=ref[3] if ref else None,
                                  wait_at=self.wait_at, num_copy_groups=len(arena.plane_groups) if by_layer else 1)
             if op.stage_from_disk:
                 arena.stage(op.entry_id, op.entry_num_blocks, op.extent_start, tl)

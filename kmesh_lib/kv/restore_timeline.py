@@ -24,7 +24,7 @@ once queued, waits on the GPU for the copy:
                   so every restore of a step carries the same): a stream synchronization when the stream
                   had work left (``measure_synced``), else a non-blocking query. 0 where the reference was
                   taken before the step, the engine idle (``reference_at`` "before_step":
-                  ``GpuBufferTier.take_reference``; its clock drift is measured after the request)
+                  ``GpuBufferTier.take_reference``; checked against one taken after the request)
     host          the restore's own calls: staging reads, the block ids to the device, the launch, and
                   with layer waits the forward pass's calls to ``wait_for_layer_load`` that waited
                   (``hook``, also recorded on its own). Its parts before the hooks: ``before_copy``
@@ -141,6 +141,7 @@ class RestoreTimeline:
     measure_synced: bool | None = None  # the reference waited for the stream (None on CPU: no reference)
     reference_at: str | None = None  # "step" (taken in the step: ``measure``), "before_step"; None on CPU
     t_reference_ns: int | None = None  # the reference's host stamp
+    reference_window_ns: int | None = None  # its record call's host time (``cuda_streams.stream_reference``)
     t_forward_queued_ns: int | None = None  # start_load_kv: the forward pass is queued next
     forward_ready: Span | None = None  # the GPU reaching the forward pass (an event; a point: t0 == t1)
     wait_at: str = "forward"  # "forward" or "layer" (``GpuBufferConfig.wait_at``)
@@ -212,6 +213,7 @@ class RestoreTimeline:
             "before_copy_s": sec(self.t_start_ns, self.t_copy_call_ns), "copy_call_s": sec(self.t_copy_call_ns, queued),
             "after_copy_s": sec(queued, self.t_launched_ns), "reference_at": self.reference_at,
             "reference_age_s": sec(self.t_reference_ns, self.t_start_ns) if self.reference_at == "before_step" else None,
+            "reference_window_s": None if self.reference_window_ns is None else self.reference_window_ns / 1e9,
             "critical_s": critical, "t_forward_queued_ns": self.t_forward_queued_ns,
             "t_lookup_first_ns": self.t_lookup_first_ns, "t_lookup_end_ns": self.t_lookup_end_ns,
             "t_allocated_ns": self.t_allocated_ns,
@@ -233,6 +235,7 @@ def request_split(timeline: dict, t_submit_ns: int, t_first_token_ns: int) -> di
             "allocate_s": timeline.get("allocate_s"),
             "measure_s": timeline.get("measure_s"), "measure_synced": timeline.get("measure_synced"),
             "reference_at": timeline.get("reference_at"), "reference_age_s": timeline.get("reference_age_s"),
+            "reference_window_s": timeline.get("reference_window_s"),
             "host_s": timeline.get("host_s"), "hook_s": timeline.get("hook_s"),
             "before_copy_s": timeline.get("before_copy_s"), "copy_call_s": timeline.get("copy_call_s"),
             "after_copy_s": timeline.get("after_copy_s"),
