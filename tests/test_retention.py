@@ -544,6 +544,10 @@ def test_gpu_buffer_rows_split_their_restores_and_the_topology_names_the_route(t
                                                                                  ("discard", "prep", "disk", 2)]
     assert (rows[0]["disk_read ms"], rows[0]["staging ms"], rows[0]["copy ms"], rows[0]["to_first_token ms"]) == \
         (2.0, 1.0, 0.5, 10.0)
+    assert "copies by graph" not in rows[0]  # restores recorded before 2 Dec name no copy route
+    launched = [dict(g, prep_restores=[dict(restore("disk"), copy_launch=route)]) for g, route in
+                zip(groups, ("graph", "handle", "graph", "graph"))]
+    assert [r["copies by graph"] for r in restore_rows(launched)] == ["1/2", "2/2"]  # one fell back to a launch
     striped = {"block": "mp-striped-N4", "path": "mp-striped", "group_size": 4, "status": "not available",
                "detail": "0 NVMe drives on this machine; a striped store needs two",
                "topology": {"nvme_count": 0, "block_devices": ["vda (disk, 256.0 GiB)"], "md_raid0": False,

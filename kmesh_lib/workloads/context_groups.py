@@ -167,6 +167,7 @@ def restore_split(rec: dict, t0_ns: int, first_token_ns: dict[str, int], roles: 
             "source": rec["source"], "num_blocks": rec["num_blocks"], "bytes": rec["bytes"],
             "disk_bytes": rec["disk_bytes"], "num_lookup_calls": rec["num_lookup_calls"],
             **{k: rec.get(k) for k in ("lookup_s", "disk_read_s", "staging_s", "copy_s", "restore_s")},
+            "copy_launch": rec.get("copy_launch"),  # "graph", or a launch route (more restores of a size than graphs)
             "to_first_token_s": None if first is None or ready is None else (first - ready) / 1e9,
             "t_start_ms": rel(rec.get("t_start_ns")), "t_ready_ms": rel(ready)}
 

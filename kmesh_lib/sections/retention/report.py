@@ -235,6 +235,10 @@ def restore_rows(groups: list[dict]) -> list[dict]:
                 for key in SPLIT:
                     vals = [r[key] for r in mine if r.get(key) is not None]
                     row[key.replace("_s", " ms")] = round(float(np.median(vals)) * 1e3, 3) if vals else None
+                launched = [r["copy_launch"] for r in mine if r.get("copy_launch")]
+                if launched:  # recorded since 2 Dec: a graph launch, or the launch route where a step's restores of
+                    # one size outnumbered the graph's instances
+                    row["copies by graph"] = f"{launched.count('graph')}/{len(launched)}"
                 rows.append(row)
     return rows
 
