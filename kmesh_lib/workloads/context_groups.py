@@ -172,6 +172,14 @@ def restore_split(rec: dict, t0_ns: int, first_token_ns: dict[str, int], roles: 
             "t_start_ms": rel(rec.get("t_start_ns")), "t_ready_ms": rel(ready)}
 
 
+def copies_by_graph(restores: list[dict]) -> str | None:
+    """``"k/n"``: of the ``restore_split`` records that name their copy's route (recorded since 2 Dec 2026),
+    how many were one graph launch; the rest took the launch route, as a restore does when a step's
+    restores of its size outnumber the graph's instances (``kv.copy_graph``). None: none names a route."""
+    launched = [r["copy_launch"] for r in restores if r.get("copy_launch")]
+    return f"{launched.count('graph')}/{len(launched)}" if launched else None
+
+
 class Block:
     """One engine (and, for an external path, one tier) running every group of one group size.
 

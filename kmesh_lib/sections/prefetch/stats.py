@@ -19,6 +19,7 @@ import numpy as np
 
 from kmesh_lib.base.intervals import bootstrap_interval
 from kmesh_lib.lmcache.lookups import READS
+from kmesh_lib.workloads.context_groups import copies_by_graph
 
 STOPWATCHES = {"wait_a_s": "A first token", "makespan_s": "all done"}
 ARMS = ("on_arrival", "early", "early_fixed", "dram", "buffer", "engine")
@@ -337,10 +338,8 @@ def restore_rows(groups: list[dict]) -> list[dict]:
                 for key in SPLIT:
                     vals = [r[key] for r in mine if r.get(key) is not None]
                     row[key.replace("_s", " ms")] = round(float(np.median(vals)) * 1e3, 3) if vals else None
-                launched = [r["copy_launch"] for r in mine if r.get("copy_launch")]
-                if launched:  # recorded since 2 Dec: a graph launch, or the launch route where a step's restores of
-                    # one size outnumbered the graph's instances
-                    row["copies by graph"] = f"{launched.count('graph')}/{len(launched)}"
+                if copies_by_graph(mine):
+                    row["copies by graph"] = copies_by_graph(mine)
                 rows.append(row)
     return rows
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from kmesh_lib.lmcache.lookups import MECHANISMS
 from kmesh_lib.workloads.context_arms import ARMS
-from kmesh_lib.workloads.context_groups import on_off
+from kmesh_lib.workloads.context_groups import copies_by_graph, on_off
 from kmesh_lib.workloads.context_params import MP_PATHS
 
 MIB = 1 << 20
@@ -235,10 +235,8 @@ def restore_rows(groups: list[dict]) -> list[dict]:
                 for key in SPLIT:
                     vals = [r[key] for r in mine if r.get(key) is not None]
                     row[key.replace("_s", " ms")] = round(float(np.median(vals)) * 1e3, 3) if vals else None
-                launched = [r["copy_launch"] for r in mine if r.get("copy_launch")]
-                if launched:  # recorded since 2 Dec: a graph launch, or the launch route where a step's restores of
-                    # one size outnumbered the graph's instances
-                    row["copies by graph"] = f"{launched.count('graph')}/{len(launched)}"
+                if copies_by_graph(mine):
+                    row["copies by graph"] = copies_by_graph(mine)
                 rows.append(row)
     return rows
 
