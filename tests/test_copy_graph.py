@@ -144,3 +144,11 @@ def test_a_pooled_event_is_recorded_again_only_once_its_holders_are_resolved(mon
     assert pool.take([]) not in (a,) and len(pool.slots) == 2 and len(made) == 3  # full: made outside the pool
     step1[0].resolved = True
     assert pool.take([Holder()]) is a  # step 1 read its times: its event is recorded again
+
+
+def test_the_kept_reference_is_the_narrowest_of_its_tries(monkeypatch):
+    from kmesh_lib.kv import cuda_streams
+
+    windows = iter([13_000, 69_000, 9_000, 15_000, 12_000])
+    monkeypatch.setattr(cuda_streams, "stream_reference", lambda: (0, object(), False, next(windows)))
+    assert cuda_streams.narrowest_reference(tries=5)[3] == 9_000  # a slow record call's window is never kept

@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from kmesh_lib.kv.copy_graph import CopyGraphs
-from kmesh_lib.kv.cuda_streams import EventPool, current_stream, on_stream, stream_reference
+from kmesh_lib.kv.cuda_streams import EventPool, current_stream, narrowest_reference, on_stream, stream_reference
 from kmesh_lib.kv.fused_copy import RowScatter, triton_status
 from kmesh_lib.kv.gpu_buffer import LAYER_GROUP_GROWTH, check_layer_group_growth, entry_path
 from kmesh_lib.kv.restore_timeline import RestoreTimeline, Span
@@ -275,23 +275,23 @@ class BufferArena:
         return stream_reference(stream, self.step_events.take(holders) if holders is not None else None)
 
     def keep_reference(self) -> None:
-        """Takes a reference now, the device synchronized first (between requests: no step is running),
-        for the next step that queues restores, which then takes none of its own (``measure`` 0). No-op
-        on CPU. The GPU's clock and the host's drift apart: ``reference_drift`` measures by how much."""
+        """Takes a reference now, the device synchronized first (between requests: no step is running), the
+        narrowest of a few (``narrowest_reference``), for the next step that queues restores, which then takes
+        none of its own (``measure`` 0). No-op on CPU. ``reference_drift`` checks it against a later one."""
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
-            self.standing_reference = self.last_kept_reference = stream_reference()
+            self.standing_reference = self.last_kept_reference = narrowest_reference()
 
     def reference_drift(self) -> dict | None:
-        """The last kept reference against one taken now (the device synchronized): the host's elapsed time
-        minus the GPU's (``drift_us``: the clocks' drift over the interval plus the difference of the two
-        references' pickup latencies), the interval, and the two record calls' windows; an unused kept
-        reference is dropped. None if none was kept."""
+        """The last kept reference against one taken now (the device synchronized; the narrowest of a few):
+        the host's elapsed time minus the GPU's (``drift_us``: the clocks' drift over the interval plus the
+        difference of the two references' pickup latencies), the interval, and the two record calls'
+        windows; an unused kept reference is dropped. None if none was kept."""
         ref, self.last_kept_reference, self.standing_reference = self.last_kept_reference, None, None
         if ref is None:
             return None
         torch.cuda.synchronize(self.device)
-        now = stream_reference()
+        now = narrowest_reference()
         now[1].synchronize()
         host_ns = now[0] - ref[0]
         gpu_ns = ref[1].elapsed_time(now[1]) * 1e6

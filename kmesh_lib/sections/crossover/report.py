@@ -334,6 +334,7 @@ def critical_goal_table(splits: list[dict], distance: list[dict]) -> list[dict]:
         x = best["critical_ms"] / f
         row = {"model": model, "context_tokens": n, "path": best["arm"], "critical_ms": best["critical_ms"],
                "lookup_ms": best.get("lookup_ms"), "measure_ms": best.get("measure_ms"),
+               "reference_at": best.get("reference_at"),
                "host_ms": best.get("host_ms"), "copy_call_ms": best.get("copy_call_ms"), "hook_ms": best.get("hook_ms"),
                "forward_wait_ms": best.get("forward_wait_ms"),
                "allocate_ms": best.get("allocate_ms"), "wait_at": best.get("wait_at"),

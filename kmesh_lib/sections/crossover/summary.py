@@ -341,6 +341,7 @@ def _parts(c: dict) -> str:
     if inner:
         host += f": {', '.join(inner)}"
     parts = [f"lookup {c['lookup_ms']:,.3f}" if c.get("lookup_ms") is not None else None,
+             "clock taken before the step" if c.get("reference_at") == "before_step" else
              f"clock {c['measure_ms']:,.3f}" if c.get("measure_ms") is not None else None, host,
              f"wait {c['forward_wait_ms']:,.3f}"]
     return ", ".join(p for p in parts if p)
