@@ -24,7 +24,7 @@ those spans then, each with its own reference); with none free (several restores
 step) it returns None and the caller takes the launch route (``RestoreTimeline.copy_launch`` says which).
 
 A graph is launched onto the stream the copy goes to by ``cudaGraphLaunch`` from cuda-python's runtime
-bindings (``GRAPH_LAUNCH``), one call with the stream's handle: ``CUDAGraph.replay`` launches onto the
+bindings (``graph_launcher``), one call with the stream's handle: ``CUDAGraph.replay`` launches onto the
 current stream, so a copy on a side stream would switch streams twice around it (``set_stream``, 6-30 us
 each on the H200 machine's host, ``benchmarks/bench_cuda_host_calls.py``). Without the bindings, or a
 torch without ``raw_cuda_graph_exec``, it is ``replay`` between the switches (``launch_via`` says which).

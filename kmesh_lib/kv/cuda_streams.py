@@ -24,13 +24,14 @@ _ns = time.monotonic_ns
 def stream_reference(stream=None, event=None) -> tuple[int, torch.cuda.Event, bool, int]:
     """(t_ns, event, synced, window_ns) taken together on an idle stream (default: the current one):
     puts later events on the monotonic clock. The GPU reaches an event recorded on an idle stream as soon
-    as the record call has handed it over, so ``t_ns`` is stamped when the call returns: the event's
-    GPU time is placed there, at most the GPU's pickup latency (a few microseconds) before it happened.
-    ``window_ns`` is the record call's own host time, by which a stamp before the call would have placed
-    every event early (before 2 Dec 2026 the stamp came first, with the event made inside it: 18-60 us
-    cold on the H200 machine's host, ``benchmarks/bench_cuda_host_calls.py``). The stream is synchronized
-    only when it has work left (``synced``); a stream found idle (``query``, which does not block) costs
-    no wait. ``event``: a timing event to record (an ``EventPool``'s), else a new one."""
+    as the record call has handed it over, so ``t_ns`` is stamped when the call returns and the event's
+    GPU time is placed there: it happened within the call (at most ``window_ns``, the call's own host time,
+    before the stamp) or at most the GPU's pickup latency (a few microseconds) after it. A stamp before the
+    call would have placed every event early by up to the window (before 2 Dec 2026 the stamp came first,
+    with the event made inside it: 18-60 us cold on the H200 machine's host,
+    ``benchmarks/bench_cuda_host_calls.py``). The stream is synchronized only when it has work left
+    (``synced``); a stream found idle (``query``, which does not block) costs no wait. ``event``: a timing
+    event to record (an ``EventPool``'s), else a new one."""
     stream = stream or current_stream()
     synced = not stream.query()
     if synced:
