@@ -125,7 +125,7 @@ def _graph_parts(arena, block_ids: list[int]) -> dict:
             layer.graph.replay()
 
     def launch_on_side():
-        graphs._launch_on(layer, side)
+        graphs.launch_on(layer, side)
 
     out = {"Event made once, record(current_stream())": (lambda: made.record(current_stream()), None),
            f"copy graph part: write_args ({n:,} ids)": (lambda: write_args(whole.args_view, 0, block_ids), None),

@@ -171,11 +171,12 @@ class CopyGraphs:
         for inst in self.instances.get((grouping, bucket), ()):
             if inst.free():
                 write_args(inst.args_view, src_row0, block_ids)
-                self._launch_on(inst, stream)
+                self.launch_on(inst, stream)
                 return inst
         return None
 
-    def _launch_on(self, inst: GraphInstance, stream) -> None:
+    def launch_on(self, inst: GraphInstance, stream) -> None:
+        """Launches ``inst``'s graph onto ``stream`` (None: the current one), its arguments already written."""
         if self._launch is None:
             with on_stream(stream):
                 inst.graph.replay()
