@@ -588,3 +588,15 @@ def test_figures_are_stored_as_palette_pngs_where_that_saves_a_fifth(tmp_path):
     stored = nbformat.read(str(tmp_path / "n.ipynb"), as_version=4).cells[0].outputs[0].metadata["kmesh_figure"]["stored"]
     assert stored["sha256"] == hashlib.sha256(plot).hexdigest() and stored["bytes_before"] == len(before["plot.png"])
     assert palette_figures(tmp_path, "n.ipynb") == 0  # published again: nothing left to shrink
+
+
+def test_a_raw_params_copy_that_differs_only_in_its_run_dir_is_dropped(tmp_path):
+    from kmesh_lib.app.compact import drop_raw_copies
+
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "params.resolved.yaml").write_text("A: 1\nB: [2, 3]\nRUN_DIR: outputs/x/run\n")
+    (tmp_path / "raw" / "child_params.yaml").write_text("B: [2, 3]\nRUN_DIR: runs/device/21-gpu\nA: 1\n")
+    (tmp_path / "raw" / "other_params.yaml").write_text("A: 2\nB: [2, 3]\nRUN_DIR: outputs/x/run\n")
+    (tmp_path / "raw" / "rows.jsonl").write_text('{"a": 1}\n')
+    assert drop_raw_copies(tmp_path) == ["raw/child_params.yaml (a copy of params.resolved.yaml)"]
+    assert sorted(p.name for p in (tmp_path / "raw").iterdir()) == ["other_params.yaml", "rows.jsonl"]

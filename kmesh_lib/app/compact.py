@@ -39,6 +39,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from kmesh_lib.base.records import COMPRESSED, sha256_capture, sha256_file
 
 FORMAT = "kmesh.published/1"
@@ -92,13 +94,28 @@ def _left_out_why(rel: Path, path: Path, notebook: str) -> str:
     return "not a published file (a driver's state or archive)"
 
 
+def _content_key(path: Path) -> str:
+    """What makes two records copies: their bytes, or for a YAML mapping its content but ``RUN_DIR``
+    (the folder a run was measured in, which publishing rewrites in one copy and a device run records
+    as its own folder in the other)."""
+    if path.suffix in (".yaml", ".yml"):
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (yaml.YAMLError, UnicodeDecodeError):
+            data = None
+        if isinstance(data, dict):
+            return "yaml:" + json.dumps({k: v for k, v in data.items() if k != "RUN_DIR"}, sort_keys=True, default=str)
+    return sha256_file(path)
+
+
 def drop_raw_copies(folder: Path) -> list[str]:
-    """Removes a ``raw/`` file byte-identical to a top-level record (section 21 keeps a copy of
-    ``params.resolved.yaml`` in ``raw/`` for its child processes): 'raw/name (why)' for each."""
-    records = {sha256_file(p): p.name for p in folder.iterdir() if p.is_file()}
+    """Removes a ``raw/`` file that copies a top-level record (section 21 keeps a copy of
+    ``params.resolved.yaml`` in ``raw/`` for its child processes; ``_content_key``): 'raw/name (why)'
+    for each."""
+    records = {_content_key(p): p.name for p in folder.iterdir() if p.is_file()}
     dropped = []
     for path in sorted((folder / "raw").rglob("*")):
-        if path.is_file() and (twin := records.get(sha256_file(path))):
+        if path.is_file() and (twin := records.get(_content_key(path))):
             path.unlink()
             dropped.append(f"{path.relative_to(folder).as_posix()} (a copy of {twin})")
     return dropped
