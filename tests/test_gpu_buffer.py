@@ -589,7 +589,10 @@ def test_a_restore_is_queued_once_at_the_configured_hook_and_timed_to_the_forwar
         assert rec["t_launched_ns"] <= rec["t_forward_queued_ns"]
         # vLLM allocated the blocks between the lookup's answer and the worker taking up the restore
         assert rec["t_lookup_end_ns"] <= rec["t_allocated_ns"] <= rec["t_start_ns"] and rec["allocate_s"] >= 0
-        assert rec["critical_s"] == pytest.approx(rec["lookup_s"] + rec["measure_s"] + rec["host_s"])
+        # the connector's scheduler-side work for the restore (recording it, its block ids) is stamped and counted
+        assert rec["schedule_s"] > 0
+        assert rec["critical_s"] == pytest.approx(rec["lookup_s"] + rec["schedule_s"] + rec["measure_s"]
+                                                  + rec["host_s"])
         assert rec["measure_synced"] is None and rec["hook_s"] == 0  # CPU: no clock reference, no layer waits
     finally:
         engine.close()
@@ -664,7 +667,8 @@ def test_layer_waits_restore_the_same_bytes_and_wait_for_each_group_once(tmp_pat
         assert tier.arena.plane_groups[-1][1] == len(tier.arena.planes)  # the groups cover every plane
         # CPU: each group was copied before the forward pass reached it
         assert layered["forward_wait_s"] == 0.0 and layered["host_s"] > 0
-        assert layered["critical_s"] == pytest.approx(layered["lookup_s"] + layered["measure_s"] + layered["host_s"])
+        assert layered["critical_s"] == pytest.approx(layered["lookup_s"] + layered["schedule_s"] + layered["measure_s"]
+                                                      + layered["host_s"])
         assert tier.describe()["wait_at"] == "forward"  # the configured value; each restore records its own
         with pytest.raises(ValueError, match="wait_at='all'"):
             tier.set_wait_at("all")
@@ -717,3 +721,47 @@ def test_layer_waits_add_each_groups_stall_and_a_missed_group_leaves_the_wait_un
     assert rec["critical_s"] == pytest.approx((200 + 100 + 280 + 540) * 1e-9)
     missed = timeline([(5_010, 5_050), (6_000, 5_900)])  # the forward pass never waited for group 2
     assert missed["forward_wait_s"] is None and missed["critical_s"] is None
+
+
+class _GroupEnd:
+    """A copy group's end event that counts the queries made of it."""
+
+    def __init__(self, done: bool) -> None:
+        self.done, self.num_queries = done, 0
+
+    def query(self) -> bool:
+        self.num_queries += 1
+        return self.done
+
+
+@pytest.mark.parametrize("last_done", [True, False])
+def test_the_first_layer_wait_settles_every_group_with_one_query_once_the_copy_has_ended(last_done):
+    """The side stream runs a restore's groups in order: once the last one's end has completed, no group
+    needs a wait or a query of its own; before then each group is waited for in turn."""
+    from kmesh_lib.kv.gpu_buffer_arena import BufferArena
+    from kmesh_lib.kv.gpu_buffer_connector import GpuBufferMetadata, HostStagedGpuBuffer
+    from kmesh_lib.kv.restore_timeline import RestoreTimeline, Span
+
+    ends = [_GroupEnd(True), _GroupEnd(True), _GroupEnd(last_done)]
+    waited = []
+
+    class Arena:
+        has_ended = staticmethod(BufferArena.has_ended)
+        group_of = {"layer.0": 0, "layer.1": 1, "layer.2": 2}
+
+        def reach_and_wait(self, ready, holders=None):
+            waited.append(ready.end_event)
+            return 7
+
+    conn = object.__new__(HostStagedGpuBuffer)
+    tl = RestoreTimeline("restore", "r", 0, "buffer", 4, 4096, "cuda", wait_at="layer", num_copy_groups=3)
+    conn._connector_metadata = GpuBufferMetadata(timelines=[tl])
+    conn.arena, conn.time_forward = Arena(), False
+    conn._group_ready, conn._next_group = [Span().gpu(e, e) for e in ends], 0
+    for layer in ("layer.0", "layer.1", "layer.2"):
+        conn.wait_for_layer_load(layer)
+    assert len(tl.layer_waits) == 3 and conn._group_ready == []
+    if last_done:
+        assert waited == [] and [e.num_queries for e in ends] == [0, 0, 1]
+    else:  # the first query found the copy running: each group waited for once, in order
+        assert waited == ends and ends[2].num_queries == 1

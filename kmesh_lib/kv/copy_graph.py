@@ -35,6 +35,7 @@ nothing (every tensor a graph touches is made before it and lives as long as the
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -42,6 +43,8 @@ import torch
 from kmesh_lib.kv.cuda_streams import current_stream, on_stream
 from kmesh_lib.kv.fused_copy import NUM_HEADER, RowScatter, write_args
 from kmesh_lib.kv.restore_timeline import Span
+
+_ns = time.monotonic_ns
 
 NUM_INSTANCES = 2  # per grouping and bucket: a restore whose predecessor of its size is unresolved still replays
 
@@ -79,6 +82,7 @@ class GraphInstance:
     start: torch.cuda.Event
     ends: list[torch.cuda.Event]
     exec_handle: object = None  # the graph's cudaGraphExec_t (cuda-python's), where the launch is direct
+    t_ids_written_ns: int = 0  # the last replay had written its arguments (``RestoreTimeline.t_ids_written_ns``)
     pending: list[tuple[Span, tuple]] = field(default_factory=list)  # spans on these events, with their reference
 
     def free(self) -> bool:
@@ -171,6 +175,7 @@ class CopyGraphs:
         for inst in self.instances.get((grouping, bucket), ()):
             if inst.free():
                 write_args(inst.args_view, src_row0, block_ids)
+                inst.t_ids_written_ns = _ns()
                 self.launch_on(inst, stream)
                 return inst
         return None

@@ -399,6 +399,7 @@ class BufferArena:
             inst = self.graphs.replay("layer" if by_layer else "whole", src0, block_ids, stream)
         if inst is not None:
             start, marks, timeline.copy_launch = inst.start, inst.ends, "graph"
+            timeline.t_ids_written_ns = inst.t_ids_written_ns
         else:
             groups = self.plane_groups if by_layer else [(0, len(self.planes))]
             start, marks = self._launch(src0, block_ids, groups, stream if by_layer else None, timeline)
@@ -470,16 +471,23 @@ class BufferArena:
             if stream != self.last_read_stream:
                 stream.wait_event(self.last_read_event)
 
-    def reach_and_wait(self, ready: Span):
-        """Where the current stream is now, after which it waits for ``ready`` (a copy group's end): an
-        event, or a host stamp where there is nothing to wait for: on the CPU build (its copies are done
-        on return), or once the group's copy has ended (``query``; the GPU reaches this point later than
-        the host does, so its stall is 0, and the stream needs no wait)."""
+    @staticmethod
+    def has_ended(ready: Span) -> bool:
+        """Whether a copy group's end (a point ``Span``) has passed: its event has completed (``query``, which
+        does not block), or it is a CPU stamp (the CPU build's copies are done on return)."""
         event = ready.end_event
-        if event is None or event.query():
+        return event is None or event.query()
+
+    def reach_and_wait(self, ready: Span, holders: list | None = None):
+        """Where the current stream is now, after which it waits for ``ready`` (a copy group's end): an
+        event (a pooled one with ``holders``, as in ``event``), or a host stamp where there is nothing to
+        wait for: on the CPU build (its copies are done on return), or once the group's copy has ended
+        (``has_ended``; the GPU reaches this point later than the host does, so its stall is 0, and the
+        stream needs no wait)."""
+        if self.has_ended(ready):
             return _ns()
-        reached = self.event()
-        current_stream().wait_event(event)
+        reached = self.event(holders=holders)
+        current_stream().wait_event(ready.end_event)
         return reached
 
     def read_back(self, block_ids: list[int]) -> torch.Tensor:

@@ -164,7 +164,9 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
                     tl.forward_queued(t_forward_ns, forward_event)
 
     def _queue_loads(self, meta, at: str) -> None:
-        """Queues every restore of ``meta`` once (the first of the two hooks to reach it)."""
+        """Queues every restore of ``meta`` once (the first of the two hooks to reach it). The first
+        restore's host time starts here, with the step's reference."""
+        t_start_ns = _ns()
         if not isinstance(meta, GpuBufferMetadata) or not meta.loads or meta.timelines or self.arena is None:
             return
         by_layer = self.wait_at == "layer"
@@ -173,15 +175,16 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
         if ref is not None:
             arena.standing_reference = None  # taken before this step (``GpuBufferTier.take_reference``)
         else:
-            t_ref_start_ns = _ns()
             ref = arena.reference(holders=meta.timelines)
-            measure_ns = (ref[0] - t_ref_start_ns) if ref else 0  # shared by the step's restores
             reference_at = "step" if ref else None
+            if ref:  # shared by the step's restores; the first one's host time starts after it
+                measure_ns, t_start_ns = ref[0] - t_start_ns, ref[0]
         for op in meta.loads:
-            tl = RestoreTimeline("restore", op.req_id, op.entry_id, op.source, len(op.block_ids),
-                                 len(op.block_ids) * self.bytes_per_block, arena.device_name,
+            tl = RestoreTimeline("restore", op.req_id, op.entry_id, op.source, op.num_blocks,
+                                 op.num_blocks * self.bytes_per_block, arena.device_name,
                                  op.t_lookup_first_ns or None, op.t_lookup_end_ns or None, op.num_lookup_calls,
-                                 t_allocated_ns=op.t_allocated_ns or None, t_start_ns=_ns(), ref=ref, launched_at=at,
+                                 t_allocated_ns=op.t_allocated_ns or None, schedule_ns=op.schedule_ns,
+                                 t_start_ns=t_start_ns, ref=ref, launched_at=at,
                                  measure_ns=measure_ns, measure_synced=ref[2] if ref else None,
                                  reference_at=reference_at, t_reference_ns=ref[0] if ref else None,
                                  reference_window_ns=ref[3] if ref else None,
@@ -192,7 +195,7 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
             self._group_ready = arena.copy_into_vllm(op.extent_start, op.first_block, op.block_ids, tl,
                                                           by_layer=by_layer)
             self._next_group = 0
-            tl.t_launched_ns = _ns()
+            tl.t_launched_ns = t_start_ns = _ns()  # the next restore's host time starts where this one's ends
             meta.timelines.append(tl)
             self.timelines.append(tl)
 
@@ -211,17 +214,26 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
 
     def _wait_groups(self, last: int) -> None:
         """The forward pass's stream waits for copy groups up to ``last``; each wait is stamped on every
-        restore of the step (where the GPU reached it, and the group's end), and the call's host time."""
+        restore of the step (where the GPU reached it, and the group's end), and the call's host time.
+        At the first wait of a step, one query of the last group's end settles every group once the copy
+        has ended (the side stream runs the groups in order), where a query per group would cost each its own."""
         t0 = _ns()
         meta = self._connector_metadata
         timelines = meta.timelines if isinstance(meta, GpuBufferMetadata) else []
-        while self._next_group <= min(last, len(self._group_ready) - 1):
-            ready = self._group_ready[self._next_group]
-            reached = self.arena.reach_and_wait(ready)
+        groups = self._group_ready
+        if self._next_group == 0 and len(groups) > 1 and self.arena.has_ended(groups[-1]):
+            t_ended_ns = _ns()  # after the query: every group's end comes before it, so none stalled
+            for ready in groups:
+                for tl in timelines:
+                    tl.layer_waited(t_ended_ns, ready)
+            self._next_group = len(groups)
+        while self._next_group <= min(last, len(groups) - 1):
+            ready = groups[self._next_group]
+            reached = self.arena.reach_and_wait(ready, holders=timelines)
             for tl in timelines:
                 tl.layer_waited(reached, ready)
             self._next_group += 1
-        if self._next_group >= len(self._group_ready):
+        if self._next_group >= len(groups):
             self._group_ready = []
         dt = _ns() - t0
         for tl in timelines:
@@ -287,13 +299,13 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
             self._tracked[rid] = _Tracked(request, request.num_prompt_tokens)
         if num_external_tokens <= 0:
             return
+        t0 = _ns()
         match, num_computed = self._matched.pop(rid)
-        first = num_computed // self.block_size
-        block_ids = list(blocks.get_block_ids()[0][first:match.num_blocks])
         stamps = tuple(self._lookup_stamps.pop(rid, (0, 0, 0)))
-        with self.shared.lock:
-            op = self.index.schedule_load(rid, match, num_computed, block_ids, stamps)
+        with self.shared.lock:  # the block ids come with the step's metadata (``_fill_block_ids``)
+            op = self.index.schedule_load(rid, match, num_computed, None, stamps)
         op.t_allocated_ns = t_allocated_ns
+        op.schedule_ns = _ns() - t0
 
     def build_connector_meta(self, scheduler_output) -> GpuBufferMetadata:
         self._follow(scheduler_output)
@@ -308,7 +320,21 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
                                                      t.request.prompt_token_ids[:n * self.block_size],
                                                      t.block_ids[:n])
             loads, saves = self.index.take_step()
+        self._fill_block_ids(loads)
         return GpuBufferMetadata(loads, saves)
+
+    def _fill_block_ids(self, loads: list[LoadOp]) -> None:
+        """Each restore's destination: its blocks in the request's block table as this step's scheduler
+        output lists it (``_follow`` has just read it), which vLLM builds for its runner either way."""
+        for op in loads:
+            if op.block_ids is None:
+                t0 = _ns()
+                ids = self._tracked[op.req_id].block_ids[op.first_block:op.first_block + op.num_blocks]
+                if len(ids) != op.num_blocks:
+                    raise RuntimeError(f"{op.req_id}: a restore of {op.num_blocks} blocks from block {op.first_block}, "
+                                       f"but the scheduler output lists {len(ids)} there")
+                op.block_ids = ids
+                op.schedule_ns += _ns() - t0
 
     def _follow(self, so) -> None:
         """Updates tracked requests' block tables and computed tokens from this step's schedule."""

@@ -67,8 +67,12 @@ class Match:
 
 @dataclass
 class LoadOp:
-    """One restore: copy blocks [first_block, first_block + len(block_ids)) of an entry into vLLM's
-    ``block_ids``; ``stage_from_disk`` first reads the whole entry from disk into its extent."""
+    """One restore: copy blocks [first_block, first_block + num_blocks) of an entry into vLLM's
+    ``block_ids``; ``stage_from_disk`` first reads the whole entry from disk into its extent.
+
+    ``block_ids`` is None until the step's metadata is built: the connector takes them from the
+    scheduler's output then (vLLM lists a new request's blocks there for its runner anyway), rather
+    than walking vLLM's block objects for them when it records the load."""
 
     req_id: str
     entry_id: int
@@ -76,13 +80,15 @@ class LoadOp:
     extent_start: int
     entry_num_blocks: int
     first_block: int
-    block_ids: list[int]
+    num_blocks: int
+    block_ids: list[int] | None
     stage_from_disk: bool
     retain: bool
     t_lookup_first_ns: int = 0  # first lookup call for this request (a lookup answered "later" is retried)
     t_lookup_end_ns: int = 0  # the call that answered
     num_lookup_calls: int = 0
     t_allocated_ns: int = 0  # vLLM had allocated the request's blocks (``update_state_after_alloc``)
+    schedule_ns: int = 0  # the connector's own scheduler-side time on it (``RestoreTimeline.schedule_ns``)
 
 
 @dataclass
@@ -320,9 +326,10 @@ class BufferIndex:
             self.drop_entry(entry.entry_id)
 
     # -- the step being scheduled --
-    def schedule_load(self, req_id: str, match: Match, num_computed_tokens: int, block_ids: list[int],
+    def schedule_load(self, req_id: str, match: Match, num_computed_tokens: int, block_ids: list[int] | None,
                       stamps: tuple[int, int, int] = (0, 0, 0)) -> LoadOp:
-        """Records a restore of ``match`` into ``block_ids`` (the request's blocks after its local hit)."""
+        """Records a restore of ``match`` into ``block_ids`` (the request's blocks after its local hit;
+        None: set on the returned op before the step's ops are taken, ``take_step``)."""
         entry = self.entries[match.entry_id]
         stage = False
         if entry.state == ABSENT:
@@ -330,11 +337,12 @@ class BufferIndex:
             stage = True
         first = num_computed_tokens // self.block_size
         n = match.num_blocks - first
-        assert n == len(block_ids) > 0, f"restore of {n} blocks into {len(block_ids)} vLLM blocks"
+        assert n > 0 and (block_ids is None or n == len(block_ids)), \
+            f"restore of {n} blocks into {'?' if block_ids is None else len(block_ids)} vLLM blocks"
         entry.ref_cnt += 1
         entry.last_used = next(self._tick)
-        op = LoadOp(req_id, entry.entry_id, match.source, entry.extent_start, entry.num_blocks, first, list(block_ids),
-                    stage, self.retain, *stamps)
+        op = LoadOp(req_id, entry.entry_id, match.source, entry.extent_start, entry.num_blocks, first, n,
+                    None if block_ids is None else list(block_ids), stage, self.retain, *stamps)
         self.loads.append(op)
         self.stats["num_restores"] += 1
         self.stats["num_restored_blocks"] += n

@@ -5,6 +5,9 @@
     allocate    scheduler side: the lookup's answer to ``update_state_after_alloc``, which vLLM calls
                 right after allocating the request's blocks: vLLM's own allocation of the restored
                 blocks (a resident follow-up touches its cached blocks there instead; not a tier part)
+    schedule    scheduler side: the connector's own work for the restore after that allocation (recording
+                the load in ``update_state_after_alloc``; taking its block ids from the scheduler's output
+                in ``build_connector_meta``)
     disk_read   O_DIRECT reads of the entry's file into pinned host memory (CPU stamps per chunk)
     staging     host -> buffer copies of those chunks (GPU events; CPU stamps on the CPU build)
     launch      from the restore's start (a disk restore: its last staging copy's end) to the copy's
@@ -20,17 +23,21 @@ prepares the step on the host, so its span overlaps work a resident step does to
 is serial, so the step is longer by the restore's own host time, plus however long the forward pass,
 once queued, waits on the GPU for the copy:
 
+    schedule      as above: the connector's scheduler-side work for this restore (before 2 Dec 2026 it was
+                  not stamped, and it read vLLM's blocks for their ids, a walk over the context's blocks)
     measure       taking the reference that puts this restore's events on the clock (``ref``; one per step,
                   so every restore of a step carries the same): a stream synchronization when the stream
                   had work left (``measure_synced``), else a non-blocking query. 0 where the reference was
                   taken before the step, the engine idle (``reference_at`` "before_step":
                   ``GpuBufferTier.take_reference``; checked against one taken after the request)
-    host          the restore's own calls: staging reads, the block ids to the device, the launch, and
+    host          from the worker taking up the step's restores (``_queue_loads``) to this restore's copy
+                  queued: staging reads, the block ids to the device, the launch, and
                   with layer waits the forward pass's calls to ``wait_for_layer_load`` that waited
                   (``hook``, also recorded on its own). Its parts before the hooks: ``before_copy``
                   (the timeline, staging), ``copy_call`` (the copy queued: ``BufferArena.copy_into_vllm``
-                  up to its graph launch or last launch returning) and ``after_copy`` (its spans, the
-                  bookkeeping)
+                  up to its graph launch or last launch returning; ``write_ids``, its first part on the
+                  graph route, writes the block ids into the graph's pinned arguments) and ``after_copy``
+                  (its spans, the bookkeeping)
     forward_wait  the forward pass queued (``start_load_kv``) to the GPU reaching it (an event
                   recorded there), 0 when the copy had ended by then: the copy's part on the step's
                   critical path, plus the event's own latency of a few microseconds. A restore copied
@@ -38,7 +45,7 @@ once queued, waits on the GPU for the copy:
                   over its groups, of how long the GPU stood at the group's first layer (an event
                   recorded where the forward pass reached it) before the group's copy ended; each
                   stall delays everything after it, so the sum is what the waits added
-    critical      lookup + measure + host + forward_wait: the restore's own time on the step's critical
+    critical      lookup + schedule + measure + host + forward_wait: the restore's own time on the step's critical
                   path, the event's latency counted as cost. Not in it: ``allocate``, vLLM's scheduler
                   allocating the restored blocks where a resident follow-up touches its cached ones (both a
                   walk over the context's blocks, the resident's unstamped); the first-token difference
@@ -127,9 +134,11 @@ class RestoreTimeline:
     t_lookup_end_ns: int | None = None
     num_lookup_calls: int = 0
     t_allocated_ns: int | None = None
+    schedule_ns: int = 0  # the connector's scheduler-side work for it after vLLM's allocation (``LoadOp.schedule_ns``)
     t_start_ns: int = 0  # the worker took up this restore (start_load_kv) or the prefetch began
     t_launched_ns: int | None = None  # every copy of it was queued (CPU)
     t_copy_call_ns: int | None = None  # the copy into vLLM's blocks was called (``BufferArena.copy_into_vllm``)
+    t_ids_written_ns: int | None = None  # ... had written the block ids into a graph's arguments (graph route)
     t_copy_queued_ns: int | None = None  # ... and had queued its copy (a graph launch or the last launch returned)
     disk_bytes: int = 0
     disk_reads: list[Span] = field(default_factory=list)
@@ -180,6 +189,7 @@ class RestoreTimeline:
         sec = lambda a, b: None if a is None or b is None else (b - a) / 1e9  # noqa: E731
         ends = [t for t in (read1, stage1, copy1, self.t_launched_ns) if t is not None]
         measure = self.measure_ns / 1e9
+        schedule = self.schedule_ns / 1e9
         host = sec(self.t_start_ns, self.t_launched_ns)
         if host is not None:
             host += self.hook_ns / 1e9
@@ -193,7 +203,7 @@ class RestoreTimeline:
             wait = max(0.0, sec(self.t_forward_queued_ns, ready)) if ready is not None else 0.0
         lookup = sec(self.t_lookup_first_ns, self.t_lookup_end_ns)
         queued = self.t_copy_queued_ns
-        critical = None if host is None or wait is None else (lookup or 0.0) + measure + host + wait
+        critical = None if host is None or wait is None else (lookup or 0.0) + schedule + measure + host + wait
         return {
             "kind": self.kind, "req_id": self.req_id, "entry_id": self.entry_id, "source": self.source,
             "num_blocks": self.num_blocks, "bytes": self.nbytes, "disk_bytes": self.disk_bytes, "device": self.device,
@@ -208,9 +218,10 @@ class RestoreTimeline:
             "restore_s": sec(self.t_start_ns, max(ends)) if ends else None,
             "launched_at": self.launched_at, "wait_at": self.wait_at, "num_copy_groups": self.num_copy_groups,
             "num_layer_waits": len(self.layer_waits), "copy_launch": self.copy_launch,
-            "measure_s": measure, "measure_synced": self.measure_synced,
+            "schedule_s": schedule, "measure_s": measure, "measure_synced": self.measure_synced,
             "host_s": host, "hook_s": self.hook_ns / 1e9, "forward_wait_s": wait,
             "before_copy_s": sec(self.t_start_ns, self.t_copy_call_ns), "copy_call_s": sec(self.t_copy_call_ns, queued),
+            "write_ids_s": sec(self.t_copy_call_ns, self.t_ids_written_ns),
             "after_copy_s": sec(queued, self.t_launched_ns), "reference_at": self.reference_at,
             "reference_age_s": sec(self.t_reference_ns, self.t_start_ns) if self.reference_at == "before_step" else None,
             "reference_window_s": None if self.reference_window_ns is None else self.reference_window_ns / 1e9,
@@ -232,12 +243,13 @@ def request_split(timeline: dict, t_submit_ns: int, t_first_token_ns: int) -> di
     return {"queue_s": (queued - t_submit_ns) / 1e9 if queued else None,
             "lookup_s": timeline["lookup_s"], "disk_read_s": timeline["disk_read_s"], "staging_s": timeline["staging_s"],
             "launch_s": timeline.get("launch_s"), "copy_s": timeline["copy_s"], "restore_s": timeline["restore_s"],
-            "allocate_s": timeline.get("allocate_s"),
+            "allocate_s": timeline.get("allocate_s"), "schedule_s": timeline.get("schedule_s"),
             "measure_s": timeline.get("measure_s"), "measure_synced": timeline.get("measure_synced"),
             "reference_at": timeline.get("reference_at"), "reference_age_s": timeline.get("reference_age_s"),
             "reference_window_s": timeline.get("reference_window_s"),
             "host_s": timeline.get("host_s"), "hook_s": timeline.get("hook_s"),
             "before_copy_s": timeline.get("before_copy_s"), "copy_call_s": timeline.get("copy_call_s"),
+            "write_ids_s": timeline.get("write_ids_s"),
             "after_copy_s": timeline.get("after_copy_s"),
             "forward_wait_s": timeline.get("forward_wait_s"),
             "critical_s": timeline.get("critical_s"), "launched_at": timeline.get("launched_at"),

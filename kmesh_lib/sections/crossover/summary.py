@@ -334,13 +334,19 @@ def goal_points_table(tables: dict, rows: list[dict] | None = None, goals: list[
 
 
 def _parts(c: dict) -> str:
-    """A ``critical_goal_table`` row's parts: lookup, clock reference, host (its copy call and hooks), wait."""
+    """A ``critical_goal_table`` row's parts: lookup, scheduling, clock reference, host (its copy call, with
+    the ids' write where recorded, and hooks), wait."""
     host = f"host {c['host_ms']:,.3f}"
-    inner = [f"{label} {c[k]:,.3f}" for k, label in (("copy_call_ms", "copy call"), ("hook_ms", "hooks"))
-             if c.get(k) is not None]
+    inner = []
+    if c.get("copy_call_ms") is not None:
+        ids = f" (ids {c['write_ids_ms']:,.3f})" if c.get("write_ids_ms") is not None else ""
+        inner.append(f"copy call {c['copy_call_ms']:,.3f}{ids}")
+    if c.get("hook_ms") is not None:
+        inner.append(f"hooks {c['hook_ms']:,.3f}")
     if inner:
         host += f": {', '.join(inner)}"
     parts = [f"lookup {c['lookup_ms']:,.3f}" if c.get("lookup_ms") is not None else None,
+             f"schedule {c['schedule_ms']:,.3f}" if c.get("schedule_ms") is not None else None,
              "clock taken before the step" if c.get("reference_at") == "before_step" else
              f"clock {c['measure_ms']:,.3f}" if c.get("measure_ms") is not None else None, host,
              f"wait {c['forward_wait_ms']:,.3f}"]
