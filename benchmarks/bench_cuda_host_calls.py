@@ -95,9 +95,10 @@ def _graph_parts(arena, block_ids: list[int]) -> dict:
     """The graph route's parts one by one, and graphs of one kind of node each (what a node costs a replay)."""
     from kmesh_lib.kv.copy_graph import bucket_of
     from kmesh_lib.kv.cuda_streams import current_stream, on_stream
-    from kmesh_lib.kv.fused_copy import write_args
+    from kmesh_lib.kv.fused_copy import pack_ids, write_args
 
     graphs, n = arena.graphs, len(block_ids)
+    packed = pack_ids(block_ids)
     bucket = bucket_of(n, graphs.buckets)
     whole, layer = graphs.instances[("whole", bucket)][0], graphs.instances[("layer", bucket)][0]
     side = torch.cuda.Stream()
@@ -129,6 +130,9 @@ def _graph_parts(arena, block_ids: list[int]) -> dict:
 
     out = {"Event made once, record(current_stream())": (lambda: made.record(current_stream()), None),
            f"copy graph part: write_args ({n:,} ids)": (lambda: write_args(whole.args_view, 0, block_ids), None),
+           f"copy graph part: write_args, ids packed ahead ({n:,} ids)":
+               (lambda: write_args(whole.args_view, 0, block_ids, packed), None),
+           f"pack_ids ({n:,} ids; the connector's scheduler side)": (lambda: pack_ids(block_ids), None),
            "copy graph part: instance free() (nothing pending)": (whole.free, None),
            "copy graph part: replay() (whole: memcpy, 2 events, 1 kernel)": (whole.graph.replay, torch.cuda.synchronize),
            f"copy graph part: replay() ({len(layer.ends)} groups: memcpy, {len(layer.ends) + 1} events, "

@@ -159,3 +159,17 @@ def test_the_kernel_compiles_for_hopper_with_16_byte_loads_and_stores(even):
     stores = re.findall(r"st\.global[.\w]*", ptx)
     assert data_loads and set(data_loads) == {"ld.global.v2.b64"}
     assert stores and set(stores) == {"st.global.v2.b64"}
+
+
+@pytest.mark.parametrize("num_ids", [1, 3, 1024])
+def test_ids_packed_ahead_write_the_arguments_a_list_writes(num_ids):
+    """``pack_ids`` on the scheduler side, then ``write_args`` at the copy: the same int32 words as
+    packing the list there; bytes past the restore's ids are left as they were."""
+    from kmesh_lib.kv.fused_copy import NUM_HEADER, pack_ids, write_args
+
+    ids = [(7919 * i + 13) % 50_000 for i in range(num_ids)]
+    words = NUM_HEADER + num_ids + 4
+    from_list, from_packed = (torch.full((words,), -1, dtype=torch.int32) for _ in range(2))
+    write_args(memoryview(from_list.numpy()).cast("B"), 42, ids)
+    write_args(memoryview(from_packed.numpy()).cast("B"), 42, ids, pack_ids(ids))
+    assert from_packed.tolist() == from_list.tolist() == [42, num_ids, *ids, -1, -1, -1, -1]

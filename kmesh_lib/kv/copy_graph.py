@@ -166,15 +166,16 @@ class CopyGraphs:
             if not self.scatter.row_landed(1, 0):
                 raise RuntimeError(f"the {name!r} graph's copy into block 0 differs from buffer row 1")
 
-    def replay(self, grouping: str, src_row0: int, block_ids: list[int], stream=None, bucket: int | None = None
-               ) -> GraphInstance | None:
+    def replay(self, grouping: str, src_row0: int, block_ids: list[int], stream=None, bucket: int | None = None,
+               packed: bytes | None = None) -> GraphInstance | None:
         """Queues the copy of buffer rows ``src_row0 ...`` -> ``block_ids`` on ``stream`` (None: the
-        current one): a free instance of the grouping's bucket, its arguments written, launched. None: no
-        instance is free, or the restore is larger than every bucket (the caller takes the launch route)."""
+        current one): a free instance of the grouping's bucket, its arguments written (``packed``: the ids
+        as ``fused_copy.pack_ids`` gives them), launched. None: no instance is free, or the restore is
+        larger than every bucket (the caller takes the launch route)."""
         bucket = bucket or bucket_of(len(block_ids), self.buckets)
         for inst in self.instances.get((grouping, bucket), ()):
             if inst.free():
-                write_args(inst.args_view, src_row0, block_ids)
+                write_args(inst.args_view, src_row0, block_ids, packed)
                 inst.t_ids_written_ns = _ns()
                 self.launch_on(inst, stream)
                 return inst

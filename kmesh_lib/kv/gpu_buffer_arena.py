@@ -377,11 +377,12 @@ class BufferArena:
 
     # -- restore: buffer extent -> vLLM blocks --
     def copy_into_vllm(self, extent_start: int, first_block: int, block_ids: list[int],
-                       timeline: RestoreTimeline, by_layer: bool = False) -> list[Span]:
+                       timeline: RestoreTimeline, by_layer: bool = False, packed_ids: bytes | None = None) -> list[Span]:
         """Copies extent rows ``first_block ...`` into vLLM's ``block_ids``: on CUDA one captured graph
         replay (``copy_route == "fused"`` and ``graph_route == "on"``), else one fused launch per group
         (Triton), else one copy per plane and run; ``timeline.copy_launch`` records which.
 
+        ``packed_ids``: ``block_ids`` packed already (``fused_copy.pack_ids``), for the kernel's arguments.
         ``by_layer``: one launch per layer group (``plane_groups``), on a side stream, which first waits
         for everything queued on the current one where that holds this copy's inputs (staging, the
         launch route's arguments); returns each group's end, a point ``Span`` (a CPU stamp on the CPU
@@ -396,13 +397,13 @@ class BufferArena:
         if self.graphs is not None:
             if by_layer and timeline.staging:
                 stream.wait_stream(current_stream())
-            inst = self.graphs.replay("layer" if by_layer else "whole", src0, block_ids, stream)
+            inst = self.graphs.replay("layer" if by_layer else "whole", src0, block_ids, stream, packed=packed_ids)
         if inst is not None:
             start, marks, timeline.copy_launch = inst.start, inst.ends, "graph"
             timeline.t_ids_written_ns = inst.t_ids_written_ns
         else:
             groups = self.plane_groups if by_layer else [(0, len(self.planes))]
-            start, marks = self._launch(src0, block_ids, groups, stream if by_layer else None, timeline)
+            start, marks = self._launch(src0, block_ids, groups, stream if by_layer else None, timeline, packed_ids)
         timeline.t_copy_queued_ns = _ns()
         timeline.copy = Span.between(start, marks[-1])
         ends = [Span.at(m) for m in marks] if by_layer else []
@@ -419,7 +420,8 @@ class BufferArena:
             self._side_stream = torch.cuda.Stream(device=self.device)
         return self._side_stream
 
-    def _launch(self, src0: int, block_ids: list[int], groups: list[tuple[int, int]], stream, timeline):
+    def _launch(self, src0: int, block_ids: list[int], groups: list[tuple[int, int]], stream, timeline,
+                packed_ids: bytes | None = None):
         """The launch route: the arguments to the device, then per group a launch (the fused kernel,
         else torch's per-plane copies) and a mark at its end, on ``stream`` (None: the current one).
         Returns (start mark, end marks): CUDA events, or CPU stamps on the CPU build (its copies are done
@@ -429,7 +431,7 @@ class BufferArena:
             current_stream().wait_event(self.last_read_event)
         # the fused copy's arguments go to the device first: the copy's span starts where the kernel is
         # launched, and the host time before it shows as the restore's ``launch`` part
-        args = self.scatter.prepare(src0, block_ids) if self.scatter is not None else None
+        args = self.scatter.prepare(src0, block_ids, packed_ids) if self.scatter is not None else None
         if stream is not None:
             stream.wait_stream(current_stream())
         timeline.copy_launch = self.scatter.launch_route.split(" ")[0] if args is not None else "torch"

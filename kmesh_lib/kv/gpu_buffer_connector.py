@@ -64,6 +64,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
+from kmesh_lib.kv.fused_copy import pack_ids
 from kmesh_lib.kv.gpu_buffer import GpuBufferConfig, entry_path, shared_state
 from kmesh_lib.kv.gpu_buffer_index import BufferIndex, LoadOp, SaveOp
 from kmesh_lib.kv.restore_timeline import RestoreTimeline
@@ -193,7 +194,7 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
                 arena.stage(op.entry_id, op.entry_num_blocks, op.extent_start, tl)
             # with layer waits, the last restore's group ends: the side stream runs the restores in order
             self._group_ready = arena.copy_into_vllm(op.extent_start, op.first_block, op.block_ids, tl,
-                                                          by_layer=by_layer)
+                                                     by_layer=by_layer, packed_ids=op.packed_ids)
             self._next_group = 0
             tl.t_launched_ns = t_start_ns = _ns()  # the next restore's host time starts where this one's ends
             meta.timelines.append(tl)
@@ -325,7 +326,8 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
 
     def _fill_block_ids(self, loads: list[LoadOp]) -> None:
         """Each restore's destination: its blocks in the request's block table as this step's scheduler
-        output lists it (``_follow`` has just read it), which vLLM builds for its runner either way."""
+        output lists it (``_follow`` has just read it), which vLLM builds for its runner either way; and
+        packed for the copy kernel here, while the ids are in the host's caches (``fused_copy.pack_ids``)."""
         for op in loads:
             if op.block_ids is None:
                 t0 = _ns()
@@ -333,7 +335,7 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
                 if len(ids) != op.num_blocks:
                     raise RuntimeError(f"{op.req_id}: a restore of {op.num_blocks} blocks from block {op.first_block}, "
                                        f"but the scheduler output lists {len(ids)} there")
-                op.block_ids = ids
+                op.block_ids, op.packed_ids = ids, pack_ids(ids)
                 op.schedule_ns += _ns() - t0
 
     def _follow(self, so) -> None:

@@ -34,6 +34,7 @@ import itertools
 from dataclasses import dataclass, field
 
 ABSENT, STAGING, PREFETCHING, RESIDENT = "absent", "staging", "prefetching", "resident"
+_STATE_ORDER = {RESIDENT: 0, STAGING: 1, PREFETCHING: 2, ABSENT: 3}  # a lookup prefers the readiest of a hash's entries
 
 
 class BufferFull(RuntimeError):
@@ -89,6 +90,7 @@ class LoadOp:
     num_lookup_calls: int = 0
     t_allocated_ns: int = 0  # vLLM had allocated the request's blocks (``update_state_after_alloc``)
     schedule_ns: int = 0  # the connector's own scheduler-side time on it (``RestoreTimeline.schedule_ns``)
+    packed_ids: bytes | None = None  # ``block_ids`` as the copy kernel reads them (``fused_copy.pack_ids``)
 
 
 @dataclass
@@ -244,8 +246,8 @@ class BufferIndex:
             ids = self._by_hash.get(block_hashes[j])
             if not ids:
                 continue
-            order = {RESIDENT: 0, STAGING: 1, PREFETCHING: 2, ABSENT: 3}
-            entry = min((self.entries[i] for i in ids), key=lambda e: (order[e.state], -e.num_blocks))
+            entry = self.entries[ids[0]] if len(ids) == 1 else \
+                min((self.entries[i] for i in ids), key=lambda e: (_STATE_ORDER[e.state], -e.num_blocks))
             if entry.state == PREFETCHING:
                 self.stats["num_lookups_later"] += 1
                 return "later"
