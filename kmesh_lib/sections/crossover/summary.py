@@ -221,8 +221,9 @@ def _goal_sentences(tables: dict, rows: list[dict] | None = None, suffix_tokens:
     if critical is None:
         critical = report.critical_goal_table(tables.get("splits", []), tables.get("floor_distance", []))
     if critical:
-        out.append(f"By what the restore adds to its step (the timeline's lookup, its timing reference, its own host "
-                   f"calls, and the forward pass's wait on its copy, from the tier's stamps; vLLM's allocation of the "
+        out.append(f"By what the restore adds to its step (the timeline's lookup, the connector's own scheduler-side work "
+                   f"for it where stamped, its timing reference, its own host calls, and the forward pass's wait on its "
+                   f"copy, from the tier's stamps; vLLM's allocation of the "
                    f"restored blocks is recorded beside it, not in it: a resident follow-up touches its cached blocks "
                    f"there instead, unstamped), the path that adds least is within {report.GOAL_X}\u00d7 its floor at "
                    f"{sum(r['within'] for r in critical)} of {len(critical)} points.")
