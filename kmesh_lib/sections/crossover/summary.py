@@ -108,8 +108,10 @@ def answer(run: RunFiles) -> str:
     floors = run.results.get("floors") or {}
     distance = [r for r in tables.get("floor_distance", []) if r["context_tokens"] == longest and r["path"] == "disk"]
     if floors.get("disk") and floors.get("copy"):
+        device = floors.get("device")  # the GPU buffer's floor (runs before it had one record none)
         text.append(f"The floors measured in the same run: {floors['disk']['label']} at {floors['disk']['gib_per_s']:.2f} GiB/s, "
                     f"{floors['copy']['label']} at {floors['copy']['gib_per_s']:.1f} GiB/s"
+                    + (f", {device['label']} at {device['gib_per_s']:,.0f} GiB/s" if device else "")
                     + (f"; at {_n(longest)} tokens the disk restore costs "
                        + _span(r["x_floor"] for r in distance) + "\u00d7 its transfer "
                        "floor" + (", so the disk itself bounds it" if max(r["x_floor"] for r in distance) <= NEAR_FLOOR else "")
