@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None) -> dict:
                                        for t in timelines]}
                 row["tokens_equal"] = row["first_tokens"] == row["resident_first_tokens"]
                 rows.append(row)
+                if args.out:  # as it goes: a probe cut short by its time limit keeps its rows
+                    args.out.write_text(json.dumps({"rows": rows}, indent=1, default=str))
                 print(f"{tag:12s} restores {row['num_restores']} in {row['num_restore_steps']} step(s), routes "
                       f"{'/'.join(row['copy_launch'])}, cached {row['cached_tokens']}, first tokens equal to "
                       f"resident: {row['tokens_equal']}", flush=True)
