@@ -111,7 +111,7 @@ def answer(run: RunFiles) -> str:
         device = floors.get("device")  # the GPU buffer's floor (runs before it had one record none)
         text.append(f"The floors measured in the same run: {floors['disk']['label']} at {floors['disk']['gib_per_s']:.2f} GiB/s, "
                     f"{floors['copy']['label']} at {floors['copy']['gib_per_s']:.1f} GiB/s"
-                    + (f", {device['label']} at {device['gib_per_s']:,.0f} GiB/s" if device else "")
+                    + (f", {_device_label(device['label'])} at {device['gib_per_s']:,.0f} GiB/s" if device else "")
                     + (f"; at {_n(longest)} tokens the disk restore costs "
                        + _span(r["x_floor"] for r in distance) + "\u00d7 its transfer "
                        "floor" + (", so the disk itself bounds it" if max(r["x_floor"] for r in distance) <= NEAR_FLOOR else "")
@@ -334,6 +334,11 @@ def goal_points_table(tables: dict, rows: list[dict] | None = None, goals: list[
                             f"{r['difference_ci_ms'][1]:+,.2f}]" for r in steps.get(point, [])) or "not timed"
         lines.append(f"| {point[0]} | {_n(point[1])} | {fastest} | {least} | {charged} | {forward} |")
     return "\n".join(lines)
+
+
+def _device_label(label: str) -> str:
+    """The device-to-device floor's label, said to be one where the CPU build's (a host memcpy) does not say it."""
+    return label if "device->device" in label else f"{label} (device->device)"
 
 
 def _parts(c: dict) -> str:
