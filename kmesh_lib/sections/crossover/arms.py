@@ -65,7 +65,7 @@ GPUBUF_RESTORES = tuple(a for a in ARMS_OF_TIER["gpubuf"] if a in RESIDENT_OF)  
 WAIT_AT_OF = {"gpubuf_layered": "layer"}
 STORED_TIERS = ("lmcache", "gpubuf")  # tiers whose contexts are stored on a disk tier before the arms run
 TIMED_TIERS = ("gpubuf", "native")  # tiers whose restores record their own timeline (a row's ``split``)
-WARM_OWN_TOKENS = [6, 7]  # a warm-up's tokens after the context (``RestoreBench._warm`` says why two)
+WARM_OWN_TOKENS = [6, 7]  # a warm-up's tokens after the context (``RestoreBench.warm`` says why two)
 
 
 def tiers_of(arm_names) -> list[str]:
@@ -143,7 +143,7 @@ class RestoreBench:
         return {"context": ctx.name, "tier": self.tier_name, "bytes_written": after.hook_write_bytes - before.hook_write_bytes,
                 "write_errors": after.hook_write_errors - before.hook_write_errors, "seconds": time.monotonic() - t0}
 
-    def _warm(self, ctx: Context, tag: str) -> int:
+    def warm(self, ctx: Context, tag: str) -> int:
         """The context and two tokens of its own: two, because a step of one new token per request is a
         uniform decode batch, which vLLM 0.26 replays as a full CUDA graph, and there LMCache 0.5.3's
         in-process connector did not load the context (no retrieval logged, its memory tier still empty
@@ -161,7 +161,7 @@ class RestoreBench:
             self.switch.set(False)
             self.reset_engine()
             if kind == "resident":
-                prep["warm_cached_tokens"] = self._warm(ctx, tag)
+                prep["warm_cached_tokens"] = self.warm(ctx, tag)
         elif kind == "memory":
             self.switch.set(True)
             self.reset_engine()
@@ -169,7 +169,7 @@ class RestoreBench:
             self.tier.set_retention(True)
             # LMCache and the GPU buffer load the stored context and keep their copy; vLLM's CPU tier
             # stores the prefill (its stores finish in quiet())
-            prep["warm_cached_tokens"] = self._warm(ctx, tag)
+            prep["warm_cached_tokens"] = self.warm(ctx, tag)
             self.reset_engine()
         else:  # disk
             self.switch.set(True)

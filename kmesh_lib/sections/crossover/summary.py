@@ -64,7 +64,7 @@ def headline(run: RunFiles) -> dict[str, str]:
         out[f"{model}: restore beats recompute from"] = "; ".join(_headline_part(r) for r in paths.values())
     floors = run.results.get("floors") or {}
     if floors:
-        out["floors"] = ", ".join(f"{(f or {}).get('label', k)}{' (device->device)' if k == 'device' else ''} "
+        out["floors"] = ", ".join(f"{_device_label((f or {}).get('label', k)) if k == 'device' else (f or {}).get('label', k)} "
                                   f"{(f or {}).get('gib_per_s', 0):.2f} GiB/s" for k, f in floors.items())
     failed = [c for c in checks(run) if c.status == "failed"]
     out["checks"] = "all passed" if not failed else f"{len(failed)} failed"
