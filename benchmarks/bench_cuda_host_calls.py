@@ -93,7 +93,7 @@ def _restore_copies(tmp: str) -> dict:
 
 def _graph_parts(arena, block_ids: list[int]) -> dict:
     """The graph route's parts one by one, and graphs of one kind of node each (what a node costs a replay)."""
-    from kmesh_lib.kv.copy_graph import bucket_of
+    from kmesh_lib.kv.copy_graph import bucket_of, graph_launchers
     from kmesh_lib.kv.cuda_streams import current_stream, on_stream
     from kmesh_lib.kv.fused_copy import pack_ids, write_args
 
@@ -125,9 +125,6 @@ def _graph_parts(arena, block_ids: list[int]) -> dict:
         with on_stream(side):
             layer.graph.replay()
 
-    def launch_on_side():
-        graphs.launch_on(layer, side)
-
     out = {"Event made once, record(current_stream())": (lambda: made.record(current_stream()), None),
            f"copy graph part: write_args ({n:,} ids)": (lambda: write_args(whole.args_view, 0, block_ids), None),
            f"copy graph part: write_args, ids packed ahead ({n:,} ids)":
@@ -137,8 +134,11 @@ def _graph_parts(arena, block_ids: list[int]) -> dict:
            "copy graph part: replay() (whole: memcpy, 2 events, 1 kernel)": (whole.graph.replay, torch.cuda.synchronize),
            f"copy graph part: replay() ({len(layer.ends)} groups: memcpy, {len(layer.ends) + 1} events, "
            f"{len(layer.ends)} kernels)": (layer.graph.replay, torch.cuda.synchronize),
-           "copy graph part: on_stream(side) + replay() (groups)": (replay_on_side, torch.cuda.synchronize),
-           f"copy graph part: launch onto side ({graphs.launch_via}) (groups)": (launch_on_side, torch.cuda.synchronize)}
+           "copy graph part: on_stream(side) + replay() (groups)": (replay_on_side, torch.cuda.synchronize)}
+    for launch in graph_launchers()[0]:  # each direct launcher this process has (the arena uses the first)
+        handle, stream = launch.handle(layer.graph), launch.stream(side)
+        out[f"copy graph part: launch onto side ({launch.label}) (groups)"] = (
+            lambda launch=launch, handle=handle, stream=stream: launch(handle, stream), torch.cuda.synchronize)
     for kind in ("memcpy", "kernel", "4 events"):
         g, events = single(kind)
         # the events a graph records must live as long as it does: the call holds them

@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from kmesh_lib.kv.copy_graph import NUM_INSTANCES, GraphInstance, bucket_of, graph_launcher, size_buckets
+from kmesh_lib.kv.copy_graph import NUM_INSTANCES, DriverLaunch, GraphInstance, bucket_of, graph_launchers, size_buckets
 from kmesh_lib.kv.restore_timeline import RestoreTimeline, Span
 from kmesh_lib.sections.crossover.checks import REFERENCE_AGREE_US
 
@@ -69,8 +69,9 @@ def test_graph_replays_write_the_launch_routes_bytes_and_hand_over_when_busy(tmp
     a = BufferArena(kv_a, num_blocks, 520, tmp_path, copy_graphs=False)
     b = BufferArena(kv_b, num_blocks, 520, tmp_path)
     assert (a.graph_route, b.graph_route) == ("off (copy_graphs=False)", "on")
-    launcher, why = graph_launcher()
-    assert b.graphs.launch_via == ("cudaGraphLaunch (cuda.bindings)" if launcher else f"CUDAGraph.replay ({why})")
+    launchers, why = graph_launchers()
+    # the preferred launcher passes its check on a working device (libcuda's cuGraphLaunch where ctypes finds it)
+    assert b.graphs.launch_via == (launchers[0].label if launchers else f"CUDAGraph.replay ({'; '.join(why)})")
     assert b.graphs.buckets[-1] == 1024 and len(b.graphs.instances[("layer", 256)][0].ends) == len(b.plane_groups)
     noise = torch.randint(0, 256, a.buffer.shape, dtype=torch.uint8, device="cuda")
     a.buffer.copy_(noise)
@@ -122,8 +123,28 @@ def test_graph_replays_write_the_launch_routes_bytes_and_hand_over_when_busy(tmp
 
 def test_without_the_bindings_route_a_graph_is_replayed_between_stream_switches(monkeypatch):
     monkeypatch.delattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec", raising=False)
-    launcher, why = graph_launcher()
-    assert launcher is None and "raw_cuda_graph_exec" in why
+    launchers, why = graph_launchers()
+    assert launchers == [] and "raw_cuda_graph_exec" in why[0]
+
+
+@pytest.mark.gpu
+def test_a_launcher_whose_check_fails_gives_way_to_the_next(tmp_path, monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from kmesh_lib.kv.fused_copy import triton_status
+    from kmesh_lib.kv.gpu_buffer_arena import BufferArena
+
+    if triton_status() is not None:
+        pytest.skip(triton_status())
+    launchers, _ = graph_launchers()
+    if not launchers or not isinstance(launchers[0], DriverLaunch):
+        pytest.skip("no libcuda launcher to sabotage")
+    monkeypatch.setattr(DriverLaunch, "__call__", lambda self, exec_handle, stream_handle: 1)  # CUDA_ERROR_INVALID_VALUE
+    kv = {f"l{i}": torch.zeros(2, 64, 16, 2, 64, dtype=torch.bfloat16, device="cuda") for i in range(2)}
+    b = BufferArena(kv, 64, 40, tmp_path)
+    assert b.graph_route == "on"
+    assert b.graphs.launch_via == (launchers[1].label if len(launchers) > 1 else b.graphs.launch_via)
+    assert b.graphs.launch_via != DriverLaunch.label
 
 
 class Holder:

@@ -23,11 +23,13 @@ instances; ``replay`` takes one whose last spans are resolved, or whose last cop
 those spans then, each with its own reference); with none free (several restores of one size in one
 step) it returns None and the caller takes the launch route (``RestoreTimeline.copy_launch`` says which).
 
-A graph is launched onto the stream the copy goes to by ``cudaGraphLaunch`` from cuda-python's runtime
-bindings (``graph_launcher``), one call with the stream's handle: ``CUDAGraph.replay`` launches onto the
+A graph is launched onto the stream the copy goes to by one foreign call with the stream's handle
+(``graph_launchers``): ``cuGraphLaunch`` from libcuda through ctypes, the GIL held across the call (a
+``PyDLL`` function), else ``cudaGraphLaunch`` from cuda-python's runtime bindings (which convert and wrap
+their arguments and result, and release the GIL around the call). ``CUDAGraph.replay`` launches onto the
 current stream, so a copy on a side stream would switch streams twice around it (``set_stream``, 6-30 us
-each on the H200 machine's host, ``benchmarks/bench_cuda_host_calls.py``). Without the bindings, or a
-torch without ``raw_cuda_graph_exec``, it is ``replay`` between the switches (``launch_via`` says which).
+each on the H200 machine's host, ``benchmarks/bench_cuda_host_calls.py``); it is the route of last resort
+(``launch_via`` says which was taken: the first whose check replay landed, ``_check``).
 
 Invariants: an instance's pinned arguments are rewritten only after its last replay has read them (its
 spans are resolved, or its last event has completed; both come after the transfer); capture allocates
@@ -35,6 +37,7 @@ nothing (every tensor a graph touches is made before it and lives as long as the
 """
 from __future__ import annotations
 
+import ctypes
 import time
 from dataclasses import dataclass, field
 
@@ -49,15 +52,60 @@ _ns = time.monotonic_ns
 NUM_INSTANCES = 2  # per grouping and bucket: a restore whose predecessor of its size is unresolved still replays
 
 
-def graph_launcher():
-    """(``cudaGraphLaunch``, the runtime module) from cuda-python's bindings, or (None, why)."""
-    try:
+class DriverLaunch:
+    """``cuGraphLaunch`` from libcuda by ctypes: one foreign call with the two handles as ints, the GIL held
+    (a ``PyDLL`` function: the call queues work and returns, and the engine thread keeps the GIL it would
+    otherwise hand back and wait for). Runtime and driver handles are the same pointers."""
+
+    label = "cuGraphLaunch (libcuda, ctypes)"
+
+    def __init__(self) -> None:
+        fn = ctypes.PyDLL("libcuda.so.1").cuGraphLaunch
+        fn.argtypes, fn.restype = (ctypes.c_void_p, ctypes.c_void_p), ctypes.c_int
+        self._fn = fn
+
+    def handle(self, graph) -> int:
+        return graph.raw_cuda_graph_exec()
+
+    def stream(self, stream) -> int:
+        return stream.cuda_stream
+
+    def __call__(self, exec_handle, stream_handle) -> int:
+        return self._fn(exec_handle, stream_handle)
+
+
+class RuntimeLaunch:
+    """``cudaGraphLaunch`` from cuda-python's runtime bindings (their handle types; 0 or the error)."""
+
+    label = "cudaGraphLaunch (cuda.bindings)"
+
+    def __init__(self) -> None:
         from cuda.bindings import runtime
-    except ImportError as e:
-        return None, f"no cuda.bindings ({e})"
+
+        self._runtime, self._fn, self._success = runtime, runtime.cudaGraphLaunch, runtime.cudaError_t.cudaSuccess
+
+    def handle(self, graph):
+        return self._runtime.cudaGraphExec_t(graph.raw_cuda_graph_exec())
+
+    def stream(self, stream):
+        return self._runtime.cudaStream_t(stream.cuda_stream)
+
+    def __call__(self, exec_handle, stream_handle):
+        err, = self._fn(exec_handle, stream_handle)
+        return 0 if err == self._success else err
+
+
+def graph_launchers() -> tuple[list, list[str]]:
+    """The direct launchers this process can make, preferred first, and why each other one is missing."""
     if not hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
-        return None, f"torch {torch.__version__} has no CUDAGraph.raw_cuda_graph_exec"
-    return runtime.cudaGraphLaunch, runtime
+        return [], [f"torch {torch.__version__} has no CUDAGraph.raw_cuda_graph_exec"]
+    made, missing = [], []
+    for kind in (DriverLaunch, RuntimeLaunch):
+        try:
+            made.append(kind())
+        except (ImportError, OSError, AttributeError) as e:
+            missing.append(f"no {kind.label} ({e})")
+    return made, missing
 
 
 def size_buckets(max_rows: int) -> list[int]:
@@ -81,14 +129,17 @@ class GraphInstance:
     args_view: memoryview
     start: torch.cuda.Event
     ends: list[torch.cuda.Event]
-    exec_handle: object = None  # the graph's cudaGraphExec_t (cuda-python's), where the launch is direct
+    exec_handle: object = None  # the graph's executable as the launcher takes it, where the launch is direct
     t_ids_written_ns: int = 0  # the last replay had written its arguments (``RestoreTimeline.t_ids_written_ns``)
     pending: list[tuple[Span, tuple]] = field(default_factory=list)  # spans on these events, with their reference
 
     def free(self) -> bool:
         """Whether a replay may record these events again: the last replay's spans are resolved, or its
-        copy has ended (then they are resolved here, before their events move on)."""
-        if any(not span.resolved for span, _ in self.pending):
+        copy has ended (then they are resolved here, before their events move on). The spans are one
+        restore's: its copy, first, and its groups' ends, which its timeline resolves together with the copy
+        (the step's other restores share those span objects); a group end no timeline took (a group the forward
+        pass never waited for) is read by nobody. So the first one stands for all."""
+        if self.pending and not self.pending[0][0].resolved:
             if not self.ends[-1].query():
                 return False
             for span, ref in self.pending:
@@ -116,20 +167,32 @@ class CopyGraphs:
         self.groupings = groupings
         self.instances: dict[tuple[str, int], list[GraphInstance]] = {}
         self.pool = torch.cuda.graph_pool_handle()
-        self._launch, runtime = graph_launcher()
-        if self._launch is None:
-            self.launch_via = f"CUDAGraph.replay ({runtime})"
-        else:
-            self.launch_via = "cudaGraphLaunch (cuda.bindings)"
-            self._runtime, self._success = runtime, runtime.cudaError_t.cudaSuccess
-        self._stream_handles: dict[int, object] = {}  # a stream's pointer -> its cudaStream_t
+        self._launch = None  # a direct launcher (``graph_launchers``), once one passed the check
+        self._stream_handles: dict[int, object] = {}  # a stream's pointer -> the launcher's handle of it
         self.capture_stream = torch.cuda.Stream(device=scatter.buffer.device)
         self.capture_stream.wait_stream(current_stream())  # the buffer and the table are written
         for name, groups in groupings.items():
             for bucket in self.buckets:
                 self.instances[(name, bucket)] = [self._capture(bucket, groups) for _ in range(NUM_INSTANCES)]
         self.capture_stream.synchronize()
+        launchers, missing = graph_launchers()
+        for launch in launchers:
+            self._use(launch)
+            try:
+                self._check()
+                self.launch_via = launch.label
+                return
+            except RuntimeError as e:  # the next launcher, and this one's failure in launch_via
+                missing.append(f"{launch.label} failed its check ({e})")
+        self._use(None)
         self._check()
+        self.launch_via = f"CUDAGraph.replay ({'; '.join(missing)})"
+
+    def _use(self, launch) -> None:
+        self._launch, self._stream_handles = launch, {}
+        for instances in self.instances.values():
+            for inst in instances:
+                inst.exec_handle = None if launch is None else launch.handle(inst.graph)
 
     def _capture(self, bucket: int, groups: list[tuple[int, int]]) -> GraphInstance:
         device = self.scatter.buffer.device
@@ -150,11 +213,7 @@ class CopyGraphs:
                     end.record(stream)
             finally:
                 graph.capture_end()
-        exec_handle = None
-        if self._launch is not None:
-            exec_handle = self._runtime.cudaGraphExec_t(graph.raw_cuda_graph_exec())
-        return GraphInstance(graph, args_host, args_dev, memoryview(args_host.numpy()).cast("B"), start, ends,
-                             exec_handle)
+        return GraphInstance(graph, args_host, args_dev, memoryview(args_host.numpy()).cast("B"), start, ends)
 
     def _check(self) -> None:
         """One replay per grouping, of the largest bucket with a single row: buffer row 1 -> vLLM's null
@@ -190,10 +249,10 @@ class CopyGraphs:
         stream = stream or current_stream()
         handle = self._stream_handles.get(stream.cuda_stream)
         if handle is None:
-            handle = self._stream_handles[stream.cuda_stream] = self._runtime.cudaStream_t(stream.cuda_stream)
-        err, = self._launch(inst.exec_handle, handle)
-        if err != self._success:
-            raise RuntimeError(f"cudaGraphLaunch of a restore copy failed: {err!r}")
+            handle = self._stream_handles[stream.cuda_stream] = self._launch.stream(stream)
+        err = self._launch(inst.exec_handle, handle)
+        if err:
+            raise RuntimeError(f"{self._launch.label} of a restore copy failed: {err!r}")
 
     def describe(self) -> dict:
         return {"groupings": {name: len(groups) for name, groups in self.groupings.items()},

@@ -74,12 +74,38 @@ _ns = time.monotonic_ns
 
 @dataclass
 class GpuBufferMetadata(KVConnectorMetadata):
-    """One step's work for the worker: restores before the forward pass, saves after it."""
+    """One step's work for the worker: restores before the forward pass, saves after it; and, on the
+    worker side, what the step's restores stamped while queued, until their timelines are built."""
 
     loads: list[LoadOp] = field(default_factory=list)
     saves: list[SaveOp] = field(default_factory=list)
     saves_done: bool = False
-    timelines: list[RestoreTimeline] = field(default_factory=list)  # the loads, once queued (worker side)
+    queued: list[_Queued] = field(default_factory=list)  # the loads, as queued (``_queue_loads``)
+    timelines: list[RestoreTimeline] = field(default_factory=list)  # built from ``queued`` after the forward pass is queued
+    reference: tuple = (None, None, 0)  # (ref, reference_at, measure_ns), shared by the step's restores
+    launched_at: str | None = None  # the hook that queued them ("step_start" or "forward")
+    t_forward_queued_ns: int | None = None  # ``start_load_kv``: the forward pass is queued next
+    forward_event: object = None  # ... an event recorded there (a whole copy on CUDA: where the GPU reached it)
+    groups: list = field(default_factory=list)  # with layer waits: each copy group's end (the step's last restore's)
+    t_settled_ns: int | None = None  # one query found every group ended (``_wait_groups``)
+    layer_waits: list[tuple] = field(default_factory=list)  # (reached, ready) per group waited for
+    hook_ns: int = 0  # host time in ``wait_for_layer_load`` calls that waited
+
+
+class _Queued:
+    """One restore as ``_queue_loads`` queued it: the stamps ``BufferArena.copy_into_vllm`` sets (it takes this
+    for a ``RestoreTimeline``: the same names), kept until the forward pass is queued, when the restore's
+    timeline is built from it (``HostStagedGpuBuffer._finish_restores``). A restore from disk has its
+    timeline from the start (``timeline``): staging records its reads into it."""
+
+    __slots__ = ("op", "t_start_ns", "ref", "timeline", "staging", "t_copy_call_ns", "t_ids_written_ns",
+                 "t_copy_queued_ns", "copy", "copy_launch", "t_launched_ns")
+
+    def __init__(self, op: LoadOp, t_start_ns: int, ref, timeline: RestoreTimeline | None = None) -> None:
+        self.op, self.t_start_ns, self.ref, self.timeline = op, t_start_ns, ref, timeline
+        self.staging = ()  # nothing staged: the copy's side stream waits for nothing before it
+        self.t_copy_call_ns = self.t_ids_written_ns = self.t_copy_queued_ns = self.t_launched_ns = None
+        self.copy = self.copy_launch = None
 
 
 @dataclass
@@ -151,27 +177,28 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
             self._queue_loads(meta, "forward")
             # the forward pass is queued after this call, on this stream: the event shows how long it waits on
             # the copies, and the host time from here to its record (the stream order) counts in that wait
-            t_forward_ns = _ns()
+            meta.t_forward_queued_ns = _ns()
             if self._group_ready:  # layer waits: the forward pass waits group by group (wait_for_layer_load)
-                for tl in meta.timelines:
-                    tl.forward_queued(t_forward_ns, None)
                 mode = getattr(forward_context, "cudagraph_runtime_mode", None)
                 if getattr(mode, "name", None) == "FULL":  # a full CUDA graph calls no per-layer hook
                     self._wait_groups(len(self._group_ready) - 1)
             else:
                 self.arena.order_after_reads()  # a no-op on the stream the copies went to; a wait on any other
-                forward_event = self.arena.event(holders=meta.timelines)
-                for tl in meta.timelines:
-                    tl.forward_queued(t_forward_ns, forward_event)
+                meta.forward_event = self.arena.event(holders=meta.timelines)
 
     def _queue_loads(self, meta, at: str) -> None:
         """Queues every restore of ``meta`` once (the first of the two hooks to reach it). The first
-        restore's host time starts here, with the step's reference."""
+        restore's host time starts here, with the step's reference.
+
+        Only what the copies need happens here, on the step's way to its forward pass: each restore's stamps go
+        into a ``_Queued``, and its ``RestoreTimeline`` is built once the forward pass is queued
+        (``_finish_restores``), where the GPU runs the forward pass while the host builds it; that work is
+        stamped and counted in ``critical`` where it outlasts the forward pass (``RestoreTimeline.deferred``)."""
         t_start_ns = _ns()
-        if not isinstance(meta, GpuBufferMetadata) or not meta.loads or meta.timelines or self.arena is None:
+        if not isinstance(meta, GpuBufferMetadata) or not meta.loads or meta.queued or self.arena is None:
             return
-        by_layer = self.wait_at == "layer"
         arena = self.arena
+        by_layer = self.wait_at == "layer"
         ref, reference_at, measure_ns = arena.standing_reference, "before_step", 0
         if ref is not None:
             arena.standing_reference = None  # taken before this step (``GpuBufferTier.take_reference``)
@@ -180,25 +207,59 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
             reference_at = "step" if ref else None
             if ref:  # shared by the step's restores; the first one's host time starts after it
                 measure_ns, t_start_ns = ref[0] - t_start_ns, ref[0]
+        meta.reference, meta.launched_at = (ref, reference_at, measure_ns), at
         for op in meta.loads:
-            tl = RestoreTimeline("restore", op.req_id, op.entry_id, op.source, op.num_blocks,
-                                 op.num_blocks * self.bytes_per_block, arena.device_name,
-                                 op.t_lookup_first_ns or None, op.t_lookup_end_ns or None, op.num_lookup_calls,
-                                 t_allocated_ns=op.t_allocated_ns or None, schedule_ns=op.schedule_ns,
-                                 t_start_ns=t_start_ns, ref=ref, launched_at=at,
-                                 measure_ns=measure_ns, measure_synced=ref[2] if ref else None,
-                                 reference_at=reference_at, t_reference_ns=ref[0] if ref else None,
-                                 reference_window_ns=ref[3] if ref else None,
-                                 wait_at=self.wait_at, num_copy_groups=len(arena.plane_groups) if by_layer else 1)
+            q = _Queued(op, t_start_ns, ref)
             if op.stage_from_disk:
+                q.timeline = tl = self._timeline(meta, q)
                 arena.stage(op.entry_id, op.entry_num_blocks, op.extent_start, tl)
             # with layer waits, the last restore's group ends: the side stream runs the restores in order
-            self._group_ready = arena.copy_into_vllm(op.extent_start, op.first_block, op.block_ids, tl,
-                                                     by_layer=by_layer, packed_ids=op.packed_ids)
+            self._group_ready = meta.groups = arena.copy_into_vllm(
+                op.extent_start, op.first_block, op.block_ids, q.timeline or q, by_layer=by_layer,
+                packed_ids=op.packed_ids)
             self._next_group = 0
-            tl.t_launched_ns = t_start_ns = _ns()  # the next restore's host time starts where this one's ends
+            q.t_launched_ns = t_start_ns = _ns()  # the next restore's host time starts where this one's ends
+            meta.queued.append(q)
+
+    def _timeline(self, meta: GpuBufferMetadata, q: _Queued) -> RestoreTimeline:
+        op, arena = q.op, self.arena
+        ref, reference_at, measure_ns = meta.reference
+        return RestoreTimeline("restore", op.req_id, op.entry_id, op.source, op.num_blocks,
+                               op.num_blocks * self.bytes_per_block, arena.device_name,
+                               op.t_lookup_first_ns or None, op.t_lookup_end_ns or None, op.num_lookup_calls,
+                               t_allocated_ns=op.t_allocated_ns or None, schedule_ns=op.schedule_ns,
+                               t_start_ns=q.t_start_ns, ref=ref, launched_at=meta.launched_at,
+                               measure_ns=measure_ns, measure_synced=ref[2] if ref else None,
+                               reference_at=reference_at, t_reference_ns=ref[0] if ref else None,
+                               reference_window_ns=ref[3] if ref else None, wait_at=self.wait_at,
+                               num_copy_groups=len(arena.plane_groups) if self.wait_at == "layer" else 1)
+
+    def _finish_restores(self, meta: GpuBufferMetadata, t_deferred_ns: int, forward_end) -> None:
+        """Builds the timeline of each restore the step queued, from its ``_Queued`` and the step's stamps (its
+        forward pass, its layer waits), after the forward pass was queued (``t_deferred_ns``); ``forward_end``
+        marks the forward pass's end on the GPU (an event; a CPU stamp on the CPU build). Each timeline keeps
+        both and when this ended (``RestoreTimeline.deferred``)."""
+        waits = meta.layer_waits
+        if meta.t_settled_ns is not None:  # one query found every group ended: none stalled
+            waits = [(meta.t_settled_ns, ready) for ready in meta.groups] + waits
+        for q in meta.queued:
+            tl = q.timeline
+            if tl is None:
+                tl = self._timeline(meta, q)
+                tl.t_copy_call_ns, tl.t_ids_written_ns, tl.t_copy_queued_ns = \
+                    q.t_copy_call_ns, q.t_ids_written_ns, q.t_copy_queued_ns
+                tl.copy, tl.copy_launch = q.copy, q.copy_launch
+            tl.t_launched_ns = q.t_launched_ns
+            if meta.t_forward_queued_ns is not None:
+                tl.forward_queued(meta.t_forward_queued_ns, meta.forward_event)
+            for reached, ready in waits:
+                tl.layer_waited(reached, ready)
+            tl.hook_ns = meta.hook_ns
             meta.timelines.append(tl)
             self.timelines.append(tl)
+        t_end_ns = _ns()
+        for tl in meta.timelines:
+            tl.deferred(t_deferred_ns, forward_end, t_end_ns)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """With layer waits (``wait_at == "layer"``), vLLM's attention calls this before each layer: the
@@ -214,47 +275,53 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
                 self._wait_groups(group)
 
     def _wait_groups(self, last: int) -> None:
-        """The forward pass's stream waits for copy groups up to ``last``; each wait is stamped on every
-        restore of the step (where the GPU reached it, and the group's end), and the call's host time.
-        At the first wait of a step, one query of the last group's end settles every group once the copy
-        has ended (the side stream runs the groups in order), where a query per group would cost each its own."""
+        """The forward pass's stream waits for copy groups up to ``last``; each wait is stamped on the step's
+        metadata (where the GPU reached it, and the group's end: its restores' timelines get them once built),
+        and the call's host time. At the first wait of a step, one query of the last group's end settles every
+        group once the copy has ended (the side stream runs the groups in order), where a query per group would
+        cost each its own."""
         t0 = _ns()
         meta = self._connector_metadata
-        timelines = meta.timelines if isinstance(meta, GpuBufferMetadata) else []
         groups = self._group_ready
         if self._next_group == 0 and len(groups) > 1 and self.arena.has_ended(groups[-1]):
-            t_ended_ns = _ns()  # after the query: every group's end comes before it, so none stalled
-            for ready in groups:
-                for tl in timelines:
-                    tl.layer_waited(t_ended_ns, ready)
+            meta.t_settled_ns = _ns()  # after the query: every group's end comes before it, so none stalled
             self._next_group = len(groups)
         while self._next_group <= min(last, len(groups) - 1):
             ready = groups[self._next_group]
-            reached = self.arena.reach_and_wait(ready, holders=timelines)
-            for tl in timelines:
-                tl.layer_waited(reached, ready)
+            meta.layer_waits.append((self.arena.reach_and_wait(ready, holders=meta.timelines), ready))
             self._next_group += 1
         if self._next_group >= len(groups):
             self._group_ready = []
-        dt = _ns() - t0
-        for tl in timelines:
-            tl.hook_ns += dt
+        meta.hook_ns += _ns() - t0
 
-    def _end_step(self) -> None:
-        """After the forward pass: later work on this stream comes after every copy. A group the forward
-        pass did not wait for stays unwaited in its restores' timelines (their wait is unknown then)."""
+    def _end_step(self, t_deferred_ns: int | None = None, forward_end=None) -> None:
+        """After the forward pass: later work on this stream comes after every copy, and the step's restores get
+        their timelines. A group the forward pass did not wait for stays unwaited in its restores' timelines
+        (their wait is unknown then)."""
         if self._group_ready and self.arena is not None:
             self._group_ready = []
             self.arena.order_after_reads()
+        meta = self._connector_metadata
+        if isinstance(meta, GpuBufferMetadata) and meta.queued and not meta.timelines:
+            if t_deferred_ns is None:  # a step without wait_for_save: nothing of its GPU work is stamped
+                t_deferred_ns = forward_end = _ns()
+            self._finish_restores(meta, t_deferred_ns, forward_end)
 
     def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs) -> None:
         return  # saves copy whole blocks after the forward pass (wait_for_save)
 
     def wait_for_save(self) -> None:
-        if self._forward_start is not None:  # vLLM calls this once the forward pass is queued
-            self.forward_steps.append((*self._forward_start, self.arena.event() or _ns()))
+        # vLLM calls this once the forward pass is queued: a mark here is the forward pass's end on the GPU
+        t_ns = _ns()
+        meta = self._connector_metadata
+        restores = isinstance(meta, GpuBufferMetadata) and bool(meta.queued) and not meta.timelines
+        end = None
+        if (self._forward_start is not None or restores) and self.arena is not None:
+            end = self.arena.event() or t_ns
+        if self._forward_start is not None:
+            self.forward_steps.append((*self._forward_start, end))
             self._forward_start = None
-        self._end_step()
+        self._end_step(t_ns if restores else None, end)
         self._run_saves()
 
     def get_finished(self, finished_req_ids):
@@ -276,7 +343,9 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
     # ==============================
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
         rid = request.request_id
-        stamps = self._lookup_stamps.setdefault(rid, [_ns(), 0, 0])
+        stamps = self._lookup_stamps.get(rid)
+        if stamps is None:
+            stamps = self._lookup_stamps[rid] = [_ns(), 0, 0]
         stamps[2] += 1
         if not self.loading:
             stamps[1] = _ns()
