@@ -24,9 +24,10 @@ those spans then, each with its own reference); with none free (several restores
 step) it returns None and the caller takes the launch route (``RestoreTimeline.copy_launch`` says which).
 
 A graph is launched onto the stream the copy goes to by one foreign call with the stream's handle
-(``graph_launchers``): ``cuGraphLaunch`` from libcuda through ctypes, the GIL held across the call (a
-``PyDLL`` function), else ``cudaGraphLaunch`` from cuda-python's runtime bindings (which convert and wrap
-their arguments and result, and release the GIL around the call). ``CUDAGraph.replay`` launches onto the
+(``graph_launchers``): ``cudaGraphLaunch`` from cuda-python's runtime bindings, else ``cuGraphLaunch`` from
+libcuda through ctypes (on the H200 machine's host the bindings' call cost 9.8 / 22.5 us hot / between steps
+against ctypes' 14.9 / 37.2, median of ``benchmarks/bench_cuda_host_calls.py`` at b725eef: ctypes converts
+its arguments in Python). ``CUDAGraph.replay`` launches onto the
 current stream, so a copy on a side stream would switch streams twice around it (``set_stream``, 6-30 us
 each on the H200 machine's host, ``benchmarks/bench_cuda_host_calls.py``); it is the route of last resort
 (``launch_via`` says which was taken: the first whose check replay landed, ``_check``).
@@ -100,7 +101,7 @@ def graph_launchers() -> tuple[list, list[str]]:
     if not hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
         return [], [f"torch {torch.__version__} has no CUDAGraph.raw_cuda_graph_exec"]
     made, missing = [], []
-    for kind in (DriverLaunch, RuntimeLaunch):
+    for kind in (RuntimeLaunch, DriverLaunch):
         try:
             made.append(kind())
         except (ImportError, OSError, AttributeError) as e:

@@ -440,8 +440,7 @@ class GpuBufferTier:
         worker = self.shared.worker
         if worker is None:
             return []
-        timelines, worker.timelines = worker.timelines, []
-        return [t.record() for t in timelines]
+        return [t.record() for t in worker.records()]
 
     def close(self) -> None:
         if self._executor is not None:

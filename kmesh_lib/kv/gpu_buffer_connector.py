@@ -90,12 +90,13 @@ class GpuBufferMetadata(KVConnectorMetadata):
     t_settled_ns: int | None = None  # one query found every group ended (``_wait_groups``)
     layer_waits: list[tuple] = field(default_factory=list)  # (reached, ready) per group waited for
     hook_ns: int = 0  # host time in ``wait_for_layer_load`` calls that waited
+    recorded: bool = False  # handed to ``records`` after the step
 
 
 class _Queued:
     """One restore as ``_queue_loads`` queued it: the stamps ``BufferArena.copy_into_vllm`` sets (it takes this
-    for a ``RestoreTimeline``: the same names), kept until the forward pass is queued, when the restore's
-    timeline is built from it (``HostStagedGpuBuffer._finish_restores``). A restore from disk has its
+    for a ``RestoreTimeline``: the same names), kept until the records are read, when the restore's timeline is
+    built from it (``HostStagedGpuBuffer.records``). A restore from disk has its
     timeline from the start (``timeline``): staging records its reads into it."""
 
     __slots__ = ("op", "t_start_ns", "ref", "timeline", "staging", "t_copy_call_ns", "t_ids_written_ns",
@@ -145,7 +146,8 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
             self.shared.scheduler = self
         else:
             self.arena = None
-            self.timelines: list[RestoreTimeline] = []
+            self.timelines: list[RestoreTimeline] = []  # built, not yet taken (``records``)
+            self._unrecorded: list[GpuBufferMetadata] = []  # steps whose restores have no timeline yet
             self.wait_at = self.config.wait_at  # GpuBufferTier.set_wait_at switches it between steps
             self._group_ready: list = []  # with layer waits: each copy group's end (a point Span), for the forward pass
             self._next_group = 0  # the first group the forward pass has not waited for yet
@@ -191,9 +193,10 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
         restore's host time starts here, with the step's reference.
 
         Only what the copies need happens here, on the step's way to its forward pass: each restore's stamps go
-        into a ``_Queued``, and its ``RestoreTimeline`` is built once the forward pass is queued
-        (``_finish_restores``), where the GPU runs the forward pass while the host builds it; that work is
-        stamped and counted in ``critical`` where it outlasts the forward pass (``RestoreTimeline.deferred``)."""
+        into a ``_Queued``, and its ``RestoreTimeline`` is built when the records are read (``records``), off the
+        engine's steps. (Built after the forward pass was queued instead, at commit b725eef on the H200, 30 of its
+        46 us outlasted the forward pass at 0.5B 16k: that pass is bound by its host launches, and the GPU ends it
+        soon after the host has queued it.)"""
         t_start_ns = _ns()
         if not isinstance(meta, GpuBufferMetadata) or not meta.loads or meta.queued or self.arena is None:
             return
@@ -234,11 +237,9 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
                                reference_window_ns=ref[3] if ref else None, wait_at=self.wait_at,
                                num_copy_groups=len(arena.plane_groups) if self.wait_at == "layer" else 1)
 
-    def _finish_restores(self, meta: GpuBufferMetadata, t_deferred_ns: int, forward_end) -> None:
+    def _finish_restores(self, meta: GpuBufferMetadata) -> None:
         """Builds the timeline of each restore the step queued, from its ``_Queued`` and the step's stamps (its
-        forward pass, its layer waits), after the forward pass was queued (``t_deferred_ns``); ``forward_end``
-        marks the forward pass's end on the GPU (an event; a CPU stamp on the CPU build). Each timeline keeps
-        both and when this ended (``RestoreTimeline.deferred``)."""
+        forward pass, its layer waits)."""
         waits = meta.layer_waits
         if meta.t_settled_ns is not None:  # one query found every group ended: none stalled
             waits = [(meta.t_settled_ns, ready) for ready in meta.groups] + waits
@@ -257,9 +258,6 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
             tl.hook_ns = meta.hook_ns
             meta.timelines.append(tl)
             self.timelines.append(tl)
-        t_end_ns = _ns()
-        for tl in meta.timelines:
-            tl.deferred(t_deferred_ns, forward_end, t_end_ns)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """With layer waits (``wait_at == "layer"``), vLLM's attention calls this before each layer: the
@@ -294,34 +292,36 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
             self._group_ready = []
         meta.hook_ns += _ns() - t0
 
-    def _end_step(self, t_deferred_ns: int | None = None, forward_end=None) -> None:
-        """After the forward pass: later work on this stream comes after every copy, and the step's restores get
-        their timelines. A group the forward pass did not wait for stays unwaited in its restores' timelines
-        (their wait is unknown then)."""
+    def _end_step(self) -> None:
+        """After the forward pass: later work on this stream comes after every copy, and the step's restores wait
+        to be recorded (``records``). A group the forward pass did not wait for stays unwaited in its restores'
+        timelines (their wait is unknown then)."""
         if self._group_ready and self.arena is not None:
             self._group_ready = []
             self.arena.order_after_reads()
         meta = self._connector_metadata
-        if isinstance(meta, GpuBufferMetadata) and meta.queued and not meta.timelines:
-            if t_deferred_ns is None:  # a step without wait_for_save: nothing of its GPU work is stamped
-                t_deferred_ns = forward_end = _ns()
-            self._finish_restores(meta, t_deferred_ns, forward_end)
+        if isinstance(meta, GpuBufferMetadata) and meta.queued and not meta.recorded:
+            meta.recorded = True
+            self._unrecorded.append(meta)
+
+    def records(self) -> list[RestoreTimeline]:
+        """Every restore's timeline since the last call, oldest first: built here, when read (the harness reads
+        them between requests), from what each step stamped (``_finish_restores``), so the engine's steps spend
+        no host time on them."""
+        steps, self._unrecorded = self._unrecorded, []
+        for meta in steps:
+            self._finish_restores(meta)
+        timelines, self.timelines = self.timelines, []
+        return timelines
 
     def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs) -> None:
         return  # saves copy whole blocks after the forward pass (wait_for_save)
 
     def wait_for_save(self) -> None:
-        # vLLM calls this once the forward pass is queued: a mark here is the forward pass's end on the GPU
-        t_ns = _ns()
-        meta = self._connector_metadata
-        restores = isinstance(meta, GpuBufferMetadata) and bool(meta.queued) and not meta.timelines
-        end = None
-        if (self._forward_start is not None or restores) and self.arena is not None:
-            end = self.arena.event() or t_ns
-        if self._forward_start is not None:
-            self.forward_steps.append((*self._forward_start, end))
+        if self._forward_start is not None:  # vLLM calls this once the forward pass is queued
+            self.forward_steps.append((*self._forward_start, self.arena.event() or _ns()))
             self._forward_start = None
-        self._end_step(t_ns if restores else None, end)
+        self._end_step()
         self._run_saves()
 
     def get_finished(self, finished_req_ids):

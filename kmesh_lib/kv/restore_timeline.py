@@ -45,13 +45,8 @@ once queued, waits on the GPU for the copy:
                   over its groups, of how long the GPU stood at the group's first layer (an event
                   recorded where the forward pass reached it) before the group's copy ended; each
                   stall delays everything after it, so the sum is what the waits added
-    deferred      the restore's record (its ``RestoreTimeline``, its spans and waits), built after the forward
-                  pass is queued (``wait_for_save``), while the GPU runs it: the part of that host work that ends
-                  after the forward pass's end on the GPU (a mark recorded where it was queued), 0 when the
-                  forward pass outlasts it. On the CPU build the forward pass has ended by then, so all of it
-                  counts. (Before 3 Dec 2026 the record was built before the copy was queued, inside ``host``.)
-    critical      lookup + schedule + measure + host + forward_wait + deferred: the restore's own time on the
-                  step's critical path, the event's latency counted as cost. Not in it: ``allocate``, vLLM's scheduler
+    critical      lookup + schedule + measure + host + forward_wait: the restore's own time on the step's critical
+                  path, the event's latency counted as cost. Not in it: ``allocate``, vLLM's scheduler
                   allocating the restored blocks where a resident follow-up touches its cached ones (both a
                   walk over the context's blocks, the resident's unstamped); the first-token difference
                   holds the difference, with its spread
@@ -163,17 +158,7 @@ class RestoreTimeline:
     layer_waits: list[tuple[Span, Span]] = field(default_factory=list)  # (GPU reached the group, its copy ended)
     hook_ns: int = 0  # host time in the forward pass's ``wait_for_layer_load`` calls for this restore
     copy_launch: str | None = None  # how the copy was queued: "graph", "handle" or "jit" (Triton), "torch"
-    t_deferred_start_ns: int | None = None  # the forward pass queued: this record's building began (``deferred``)
-    forward_end: Span | None = None  # the GPU passing the end of that forward pass (a point; a CPU stamp on CPU)
-    t_deferred_end_ns: int | None = None  # the record was built
     resolved: bool = False
-
-    def deferred(self, t_start_ns: int, forward_end, t_end_ns: int) -> None:
-        """Stamps the building of this record after its step's forward pass was queued: from ``t_start_ns`` to
-        ``t_end_ns`` on the host, beside ``forward_end`` (an event recorded after the forward pass, or a CPU
-        stamp), so ``record()`` counts only what the host spent past the forward pass's end."""
-        self.t_deferred_start_ns, self.t_deferred_end_ns = t_start_ns, t_end_ns
-        self.forward_end = None if forward_end is None else Span.at(forward_end)
 
     def forward_queued(self, t_ns: int, event) -> None:
         """Stamps ``start_load_kv``: the host queues the forward pass after ``t_ns``; ``event``, recorded
@@ -191,7 +176,7 @@ class RestoreTimeline:
     def resolve(self) -> RestoreTimeline:
         if not self.resolved:
             waits = [s for pair in self.layer_waits for s in pair]
-            for s in self.staging + waits + [s for s in (self.copy, self.forward_ready, self.forward_end) if s is not None]:
+            for s in self.staging + waits + [s for s in (self.copy, self.forward_ready) if s is not None]:
                 s.resolve(self.ref)
             self.ref, self.resolved = None, True
         return self
@@ -218,11 +203,7 @@ class RestoreTimeline:
             wait = max(0.0, sec(self.t_forward_queued_ns, ready)) if ready is not None else 0.0
         lookup = sec(self.t_lookup_first_ns, self.t_lookup_end_ns)
         queued = self.t_copy_queued_ns
-        deferred = 0.0  # no record built after the forward pass (a prefetch)
-        if self.t_deferred_end_ns is not None:
-            end = self.forward_end.t0_ns if self.forward_end is not None else None
-            deferred = max(0.0, sec(end if end is not None else self.t_deferred_start_ns, self.t_deferred_end_ns))
-        critical = None if host is None or wait is None else (lookup or 0.0) + schedule + measure + host + wait + deferred
+        critical = None if host is None or wait is None else (lookup or 0.0) + schedule + measure + host + wait
         return {
             "kind": self.kind, "req_id": self.req_id, "entry_id": self.entry_id, "source": self.source,
             "num_blocks": self.num_blocks, "bytes": self.nbytes, "disk_bytes": self.disk_bytes, "device": self.device,
@@ -238,9 +219,7 @@ class RestoreTimeline:
             "launched_at": self.launched_at, "wait_at": self.wait_at, "num_copy_groups": self.num_copy_groups,
             "num_layer_waits": len(self.layer_waits), "copy_launch": self.copy_launch,
             "schedule_s": schedule, "measure_s": measure, "measure_synced": self.measure_synced,
-            "host_s": host, "hook_s": self.hook_ns / 1e9, "forward_wait_s": wait, "deferred_s": deferred,
-            "deferred_host_s": sec(self.t_deferred_start_ns, self.t_deferred_end_ns),
-            "t_forward_end_ns": self.forward_end.t0_ns if self.forward_end is not None else None,
+            "host_s": host, "hook_s": self.hook_ns / 1e9, "forward_wait_s": wait,
             "before_copy_s": sec(self.t_start_ns, self.t_copy_call_ns), "copy_call_s": sec(self.t_copy_call_ns, queued),
             "write_ids_s": sec(self.t_copy_call_ns, self.t_ids_written_ns),
             "after_copy_s": sec(queued, self.t_launched_ns), "reference_at": self.reference_at,
@@ -272,8 +251,7 @@ def request_split(timeline: dict, t_submit_ns: int, t_first_token_ns: int) -> di
             "before_copy_s": timeline.get("before_copy_s"), "copy_call_s": timeline.get("copy_call_s"),
             "write_ids_s": timeline.get("write_ids_s"),
             "after_copy_s": timeline.get("after_copy_s"),
-            "forward_wait_s": timeline.get("forward_wait_s"), "deferred_s": timeline.get("deferred_s"),
-            "deferred_host_s": timeline.get("deferred_host_s"),
+            "forward_wait_s": timeline.get("forward_wait_s"),
             "critical_s": timeline.get("critical_s"), "launched_at": timeline.get("launched_at"),
             "wait_at": timeline.get("wait_at"), "num_copy_groups": timeline.get("num_copy_groups"),
             "copy_launch": timeline.get("copy_launch"),

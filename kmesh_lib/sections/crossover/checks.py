@@ -220,11 +220,10 @@ def launch_checks(measured: list[dict], children: list[dict]) -> list[Check]:
     def adds_up(r) -> bool:
         s = split[r["tag"]]
         parts = [s.get(k) for k in ("measure_s", "host_s", "forward_wait_s", "critical_s")]
-        later = [s.get("schedule_s") or 0.0, s.get("deferred_s") or 0.0]
-        if any(v is None or v < 0 for v in parts + later):
+        if any(v is None or v < 0 for v in parts) or (s.get("schedule_s") or 0.0) < 0:
             return False
-        # schedule_s: recorded since 2 Dec 2026, deferred_s since 3 Dec (earlier runs' critical_s has no such part)
-        return abs((s.get("lookup_s") or 0.0) + sum(later) + sum(parts[:3]) - parts[3]) < 1e-9
+        # schedule_s: recorded since 2 Dec 2026 (earlier runs' critical_s has no such part)
+        return abs((s.get("lookup_s") or 0.0) + (s.get("schedule_s") or 0.0) + sum(parts[:3]) - parts[3]) < 1e-9
 
     if waits:  # runs recorded before the tier had the choice name no wait_at
         out.append(all_of("gpubuf: every restore's forward pass waited as its arm says (wait_at), with layer waits "
@@ -257,7 +256,7 @@ def launch_checks(measured: list[dict], children: list[dict]) -> list[Check]:
                    "forward pass's wait, each recorded and none negative", restored, adds_up,
                    lambda r: f"{r['tag']}: " + ", ".join(f"{k} {split[r['tag']].get(k)}" for k in
                                                          ("lookup_s", "schedule_s", "measure_s", "host_s",
-                                                          "forward_wait_s", "deferred_s", "critical_s")),
+                                                          "forward_wait_s", "critical_s")),
                    "no measured GPU-buffer restores")]
 
 

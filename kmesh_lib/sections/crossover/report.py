@@ -35,8 +35,7 @@ FLOOR_OF = {"dram": ("sum", ("copy",)), "disk": ("sum", ("disk", "copy")),
             "native_offload": ("sum", ("copy",))}
 SPLIT_PARTS = ("queue_s", "lookup_s", "disk_read_s", "staging_s", "launch_s", "copy_s", "restore_s", "load_time_s",
                "after_restore_s", "after_lookup_s", "allocate_s", "schedule_s", "measure_s", "host_s", "hook_s",
-               "before_copy_s", "copy_call_s", "write_ids_s", "after_copy_s", "forward_wait_s", "deferred_s",
-               "deferred_host_s", "critical_s")
+               "before_copy_s", "copy_call_s", "write_ids_s", "after_copy_s", "forward_wait_s", "critical_s")
 # the parts that bring the context in; what follows (after_*) is the forward step the resident follow-up also pays
 # The parts of bringing the context in. The wait before the scheduler first looks at the request
 # (``queue_ms``) is recorded beside them but is not one: a resident follow-up waits the same way.
@@ -318,10 +317,9 @@ def charged_ms(split: dict) -> float | None:
 def critical_goal_table(splits: list[dict], distance: list[dict]) -> list[dict]:
     """Issue 13's first goal by what each restore adds to its step's critical path, at every point of
     ``GOAL_MIN_TOKENS`` and more: the path with the least median ``critical_ms`` (lookup, the connector's
-    scheduling, the timing reference's synchronization, the restore's host calls, the forward pass's wait on its
-    copy, the record's building where it outlasts the forward pass: ``kv.restore_timeline``) against that path's
-    floor; and the same judged by ``charged_ms`` (the strict reading where a copy runs beside the forward pass:
-    ``charged_*``). Only the GPU buffer's
+    scheduling, the timing reference's synchronization, the restore's host calls, the forward pass's wait on its copy:
+    ``kv.restore_timeline``) against that path's floor; and the same judged by ``charged_ms`` (the
+    strict reading where a copy runs beside the forward pass: ``charged_*``). Only the GPU buffer's
     timeline has the parts; a point without them is absent, never met."""
     floor = _floor_of(distance)
     by_point: dict[tuple, list[dict]] = {}
@@ -340,8 +338,7 @@ def critical_goal_table(splits: list[dict], distance: list[dict]) -> list[dict]:
                "reference_at": best.get("reference_at"),
                "host_ms": best.get("host_ms"), "copy_call_ms": best.get("copy_call_ms"),
                "write_ids_ms": best.get("write_ids_ms"), "hook_ms": best.get("hook_ms"),
-               "forward_wait_ms": best.get("forward_wait_ms"), "deferred_ms": best.get("deferred_ms"),
-               "deferred_host_ms": best.get("deferred_host_ms"),
+               "forward_wait_ms": best.get("forward_wait_ms"),
                "allocate_ms": best.get("allocate_ms"), "wait_at": best.get("wait_at"),
                "restore_ms": best.get("restore_ms"), "transfer_floor_ms": f, "x_floor": round(x, 3),
                "within": x <= GOAL_X}

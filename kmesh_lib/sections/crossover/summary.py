@@ -343,8 +343,7 @@ def _device_label(label: str) -> str:
 
 def _parts(c: dict) -> str:
     """A ``critical_goal_table`` row's parts: lookup, scheduling, clock reference, host (its copy call, with
-    the ids' write where recorded, and hooks), wait, and the record built after the forward pass was queued
-    (what of it outlasted the forward pass, of its host time) where recorded."""
+    the ids' write where recorded, and hooks), wait."""
     host = f"host {c['host_ms']:,.3f}"
     inner = []
     if c.get("copy_call_ms") is not None:
@@ -359,9 +358,6 @@ def _parts(c: dict) -> str:
              "clock taken before the step" if c.get("reference_at") == "before_step" else
              f"clock {c['measure_ms']:,.3f}" if c.get("measure_ms") is not None else None, host,
              f"wait {c['forward_wait_ms']:,.3f}"]
-    if c.get("deferred_ms") is not None and c.get("deferred_host_ms") is not None:
-        parts.append(f"record built after the forward pass was queued {c['deferred_ms']:,.3f} "
-                     f"(of its {c['deferred_host_ms']:,.3f} on the host)")
     return ", ".join(p for p in parts if p)
 
 
