@@ -84,6 +84,7 @@ class GpuBufferMetadata(KVConnectorMetadata):
     timelines: list[RestoreTimeline] = field(default_factory=list)  # built from ``queued`` after the forward pass is queued
     reference: tuple = (None, None, 0)  # (ref, reference_at, measure_ns), shared by the step's restores
     launched_at: str | None = None  # the hook that queued them ("step_start" or "forward")
+    wait_at: str | None = None  # what the forward pass waited for, as they were queued (``set_wait_at`` switches it)
     t_forward_queued_ns: int | None = None  # ``start_load_kv``: the forward pass is queued next
     forward_event: object = None  # ... an event recorded there (a whole copy on CUDA: where the GPU reached it)
     groups: list = field(default_factory=list)  # with layer waits: each copy group's end (the step's last restore's)
@@ -210,7 +211,7 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
             reference_at = "step" if ref else None
             if ref:  # shared by the step's restores; the first one's host time starts after it
                 measure_ns, t_start_ns = ref[0] - t_start_ns, ref[0]
-        meta.reference, meta.launched_at = (ref, reference_at, measure_ns), at
+        meta.reference, meta.launched_at, meta.wait_at = (ref, reference_at, measure_ns), at, self.wait_at
         for op in meta.loads:
             q = _Queued(op, t_start_ns, ref)
             if op.stage_from_disk:
@@ -234,8 +235,8 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
                                t_start_ns=q.t_start_ns, ref=ref, launched_at=meta.launched_at,
                                measure_ns=measure_ns, measure_synced=ref[2] if ref else None,
                                reference_at=reference_at, t_reference_ns=ref[0] if ref else None,
-                               reference_window_ns=ref[3] if ref else None, wait_at=self.wait_at,
-                               num_copy_groups=len(arena.plane_groups) if self.wait_at == "layer" else 1)
+                               reference_window_ns=ref[3] if ref else None, wait_at=meta.wait_at,
+                               num_copy_groups=len(arena.plane_groups) if meta.wait_at == "layer" else 1)
 
     def _finish_restores(self, meta: GpuBufferMetadata) -> None:
         """Builds the timeline of each restore the step queued, from its ``_Queued`` and the step's stamps (its
