@@ -25,9 +25,9 @@ step) it returns None and the caller takes the launch route (``RestoreTimeline.c
 
 A graph is launched onto the stream the copy goes to by one foreign call with the stream's handle
 (``graph_launchers``): ``cudaGraphLaunch`` from cuda-python's runtime bindings, else ``cuGraphLaunch`` from
-libcuda through ctypes (on the H200 machine's host the bindings' call cost 9.8 / 22.5 us hot / between steps
-against ctypes' 14.9 / 37.2, median of ``benchmarks/bench_cuda_host_calls.py`` at b725eef: ctypes converts
-its arguments in Python). ``CUDAGraph.replay`` launches onto the
+libcuda through ctypes (between steps on the H200 machine's host, ``benchmarks/bench_cuda_host_calls.py``:
+22.5 against 37.2 us at b725eef, 44.6 against 37.5 at f74ddff; the host's noise decides, not the binding).
+``CUDAGraph.replay`` launches onto the
 current stream, so a copy on a side stream would switch streams twice around it (``set_stream``, 6-30 us
 each on the H200 machine's host, ``benchmarks/bench_cuda_host_calls.py``); it is the route of last resort
 (``launch_via`` says which was taken: the first whose check replay landed, ``_check``).
