@@ -27,10 +27,9 @@ A graph is launched onto the stream the copy goes to by one foreign call with th
 (``graph_launchers``): ``cudaGraphLaunch`` from cuda-python's runtime bindings, else ``cuGraphLaunch`` from
 libcuda through ctypes (between steps on the H200 machine's host, ``benchmarks/bench_cuda_host_calls.py``:
 22.5 against 37.2 us at b725eef, 44.6 against 37.5 at f74ddff; the host's noise decides, not the binding).
-``CUDAGraph.replay`` launches onto the
-current stream, so a copy on a side stream would switch streams twice around it (``set_stream``, 6-30 us
-each on the H200 machine's host, ``benchmarks/bench_cuda_host_calls.py``); it is the route of last resort
-(``launch_via`` says which was taken: the first whose check replay landed, ``_check``).
+``CUDAGraph.replay`` launches onto the current stream, so a copy on a side stream would switch streams twice
+around it (``set_stream``, 6-30 us each there); it is the route of last resort (``launch_via`` says which was
+taken: the first whose check replay landed, ``_check``).
 
 Invariants: an instance's pinned arguments are rewritten only after its last replay has read them (its
 spans are resolved, or its last event has completed; both come after the transfer); capture allocates
