@@ -81,7 +81,7 @@ class GpuBufferMetadata(KVConnectorMetadata):
     saves: list[SaveOp] = field(default_factory=list)
     saves_done: bool = False
     queued: list[_Queued] = field(default_factory=list)  # the loads, as queued (``_queue_loads``)
-    timelines: list[RestoreTimeline] = field(default_factory=list)  # built from ``queued`` after the forward pass is queued
+    timelines: list[RestoreTimeline] = field(default_factory=list)  # built from ``queued`` when read (``records``)
     reference: tuple = (None, None, 0)  # (ref, reference_at, measure_ns), shared by the step's restores
     launched_at: str | None = None  # the hook that queued them ("step_start" or "forward")
     wait_at: str | None = None  # what the forward pass waited for, as they were queued (``set_wait_at`` switches it)
