@@ -34,8 +34,9 @@ once queued, waits on the GPU for the copy:
                   queued: staging reads, the block ids to the device, the launch, and
                   with layer waits the forward pass's calls to ``wait_for_layer_load`` that waited
                   (``hook``, also recorded on its own). Its parts before the hooks: ``before_copy``
-                  (the timeline, staging), ``copy_call`` (the copy queued: ``BufferArena.copy_into_vllm``
-                  up to its graph launch or last launch returning; ``write_ids``, its first part on the
+                  (the restore's stamps, staging; its timeline is built when read, but from disk before
+                  staging), ``copy_call`` (the copy queued: ``BufferArena.copy_into_vllm`` up to its graph
+                  launch or last launch returning; ``write_ids``, its first part on the
                   graph route, writes the block ids into the graph's pinned arguments) and ``after_copy``
                   (its spans, the bookkeeping)
     forward_wait  the forward pass queued (``start_load_kv``) to the GPU reaching it (an event
