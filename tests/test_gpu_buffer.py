@@ -84,8 +84,10 @@ def test_lookup_finds_the_longest_stored_prefix_and_leaves_the_last_token():
     assert ix.lookup(req, 0, 12 * B).source == "buffer"
 
 
-@pytest.mark.parametrize("stored, asked, first", [(8, 12, 0), (8, 12, 5), (8, 8, 0), (1, 40, 0), (30, 31, 29), (4, 3, 0)])
-def test_bisection_finds_the_last_held_block_a_walk_down_finds(stored, asked, first):
+@pytest.mark.parametrize("stored, asked, first", [(8, 12, 0), (8, 12, 5), (8, 8, 0), (1, 40, 0), (30, 31, 29), (4, 3, 0),
+                                                  (8, 10, 0), (8, 12, 9), (8, 13, 0)])
+def test_the_top_asks_and_bisection_find_the_last_held_block_a_walk_down_finds(stored, asked, first):
+    # (8, 10, 0): the top asks miss twice, then hit; (8, 12, 9): nothing held in the range; (8, 13, 0): past the top asks
     ix, _ = index_with(64, a=stored)
     req = chain(asked, "a")
     walk = next((j for j in range(asked - 1, first - 1, -1) if ix._by_hash.get(req[j])), first - 1)

@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 ABSENT, STAGING, PREFETCHING, RESIDENT = "absent", "staging", "prefetching", "resident"
 _STATE_ORDER = {RESIDENT: 0, STAGING: 1, PREFETCHING: 2, ABSENT: 3}  # a lookup prefers the readiest of a hash's entries
+_NUM_TOP_PROBES = 4  # a lookup's first asks, from the request's last full block down (``BufferIndex._last_held``)
 
 
 class BufferFull(RuntimeError):
@@ -57,16 +59,16 @@ class Entry:
         return len(self.block_hashes)
 
 
-@dataclass(frozen=True)
-class Match:
-    """What a lookup found: ``num_blocks`` leading blocks of ``entry``, read from ``source``."""
+class Match(NamedTuple):
+    """What a lookup found: ``num_blocks`` leading blocks of ``entry``, read from ``source``. (A named tuple: a
+    lookup makes one on the engine's step, and a frozen dataclass sets each field through ``object.__setattr__``.)"""
 
     entry_id: int
     num_blocks: int
     source: str  # "buffer" (resident or staging this step) or "disk"
 
 
-@dataclass
+@dataclass(slots=True)
 class LoadOp:
     """One restore: copy blocks [first_block, first_block + num_blocks) of an entry into vLLM's
     ``block_ids``; ``stage_from_disk`` first reads the whole entry from disk into its extent.
@@ -263,10 +265,16 @@ class BufferIndex:
         return None
 
     def _last_held(self, block_hashes, lo: int, hi: int) -> int:
-        """The last index in ``[lo, hi)`` whose block hash an entry holds (``lo - 1``: none), by bisection:
-        vLLM's block hashes are chained and every entry holds a chain from block 0, so an entry holding
-        block j's hash holds every earlier one, and the held indices form a prefix. (A follow-up's own
-        blocks after a stored context all miss: bisection asks ~log2 of them, the walk down every one.)"""
+        """The last index in ``[lo, hi)`` whose block hash an entry holds (``lo - 1``: none): vLLM's block
+        hashes are chained and every entry holds a chain from block 0, so an entry holding block j's hash
+        holds every earlier one, and the held indices form a prefix. A follow-up usually adds a few blocks
+        of its own to a stored context, so the top ``_NUM_TOP_PROBES`` indices are asked first, downwards
+        (the first held one is the last); then bisection (~log2 of the rest; the walk down asks every one).
+        Each ask is a dict probe that misses the host's caches on the engine's step."""
+        for _ in range(min(_NUM_TOP_PROBES, hi - lo)):
+            hi -= 1
+            if self._by_hash.get(block_hashes[hi]):
+                return hi
         lo -= 1  # invariant: index lo is held (or before the range), index hi is not
         while hi - lo > 1:
             mid = (lo + hi) // 2
