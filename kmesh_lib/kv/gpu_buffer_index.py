@@ -43,7 +43,7 @@ class BufferFull(RuntimeError):
     """The buffer has no extent of the size asked for, even after evicting every unreferenced copy."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
     entry_id: int
     block_hashes: tuple
