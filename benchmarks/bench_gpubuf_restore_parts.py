@@ -38,35 +38,23 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--arms", nargs="+", default=["gpubuf_layered", "gpubuf_retained"])
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the tier reaches the engine in-process
 
     from kmesh_lib.base.params import resolve_params
-    from kmesh_lib.base.processes import RuntimeDir, runtime_root
     from kmesh_lib.base.records import environment
     from kmesh_lib.engine.model_spec import resolve
-    from kmesh_lib.engine.vllm_engine import make_engine
-    from kmesh_lib.kv.gpu_buffer import GpuBufferTier
-    from kmesh_lib.lmcache.connect import keep_engine_rendezvous_local
     from kmesh_lib.sections import crossover as section
-    from kmesh_lib.sections.crossover.arms import Context, RestoreBench
-    from kmesh_lib.sections.crossover.params import MIB, model_params
+    from kmesh_lib.sections.crossover.arms import Context
+    from kmesh_lib.sections.crossover.experiment import gpubuf_bench
+    from kmesh_lib.sections.crossover.params import MIB
 
     model, n = args.model, args.tokens
-    kvt = resolve(model).kv_bytes_per_token("bfloat16")
     # the arena needs 25 % headroom over the context's KV: 3x its bf16 size holds a float32 profile's too
-    arena_mib = max(256, -(-n * kvt * 3 // MIB))
+    arena_mib = max(256, -(-n * resolve(model).kv_bytes_per_token("bfloat16") * 3 // MIB))
     cfg, _, _ = resolve_params(section, args.profile, [],
                                [f"MODELS=[{model}]", f"CONTEXT_TOKENS_GRID=[{n}]", f"ARENA_MIB={arena_mib}"])
-    runtime = RuntimeDir.create("restore-parts", root=runtime_root(cfg.DISK_TIER_ROOT))
-    tier = GpuBufferTier(-(-2 * n * kvt // MIB) + 16, runtime.subdir("gpubuf"), retain=True, saving=False,
-                         layer_group_growth=cfg.LAYER_GROUP_GROWTH, copy_graphs=cfg.COPY_GRAPHS)
-    engine = None
     out = {"model": model, "context_tokens": n, "profile": args.profile, "repeats": args.repeats, "arms": {}}
-    try:
-        if cfg.DEVICE == "cuda":
-            keep_engine_rendezvous_local()
-        engine = make_engine(model_params(cfg, model), **tier.llm_kwargs(cfg.DEVICE))
-        bench = RestoreBench(engine, tier, cfg.SUFFIX_TOKENS, 1, 1, "gpubuf")
+    with gpubuf_bench(cfg, model, "restore-parts", 2 * n) as bench:
         ctx = Context.random(f"{model}-{n}", n, bench.vocab, cfg.SEED)
         bench.store(ctx)
         for arm in args.arms:
@@ -77,12 +65,7 @@ def main(argv: list[str] | None = None) -> dict:
             out["arms"][arm] = {"n": len(splits), **medians}
             print(f"{arm:16s} n={len(splits)} " + " ".join(f"{k[:-3]} {v:.4f}" for k, v in medians.items()), flush=True)
         out["env"] = environment(cfg.DEVICE)
-        out["tier"] = tier.describe()
-    finally:
-        if engine is not None:
-            engine.close()
-        tier.close()
-        runtime.close()
+        out["tier"] = bench.tier.describe()
     if args.out:
         args.out.write_text(json.dumps(out, indent=1, default=str))
     return out

@@ -44,33 +44,19 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
 
     from kmesh_lib.base.params import resolve_params
-    from kmesh_lib.base.processes import RuntimeDir, runtime_root
     from kmesh_lib.base.records import environment
-    from kmesh_lib.engine.model_spec import resolve
     from kmesh_lib.engine.requests import RequestSpec, run_group
-    from kmesh_lib.engine.vllm_engine import make_engine
-    from kmesh_lib.kv.gpu_buffer import GpuBufferTier
-    from kmesh_lib.lmcache.connect import keep_engine_rendezvous_local
     from kmesh_lib.sections import crossover as section
-    from kmesh_lib.sections.crossover.arms import Context, RestoreBench
-    from kmesh_lib.sections.crossover.params import MIB, model_params
+    from kmesh_lib.sections.crossover.arms import Context
+    from kmesh_lib.sections.crossover.experiment import gpubuf_bench
 
     k = args.contexts
     # the pool holds every context twice over (buffer restores, then resident ones) and the follow-ups
     cfg, _, _ = resolve_params(section, args.profile, [], [*args.set, f"NUM_FOLLOWUPS={2 * k}"])
     model, n = cfg.MODELS[0], min(cfg.CONTEXT_TOKENS_GRID)
-    mcfg = model_params(cfg, model)
-    kvt = resolve(model).kv_bytes_per_token(cfg.DTYPE)
-    runtime = RuntimeDir.create("concurrent-restores", root=runtime_root(cfg.DISK_TIER_ROOT))
-    tier = GpuBufferTier(-(-k * n * kvt // MIB) + 16, runtime.subdir("gpubuf"), retain=True, saving=False,
-                         layer_group_growth=cfg.LAYER_GROUP_GROWTH, copy_graphs=cfg.COPY_GRAPHS)
-    engine = None
     rows = []
-    try:
-        if cfg.DEVICE == "cuda":
-            keep_engine_rendezvous_local()
-        engine = make_engine(mcfg, **tier.llm_kwargs(cfg.DEVICE))
-        bench = RestoreBench(engine, tier, cfg.SUFFIX_TOKENS, 1, 1, "gpubuf")
+    with gpubuf_bench(cfg, model, "concurrent-restores", k * n) as bench:
+        engine, tier = bench.engine, bench.tier
         contexts = [Context.random(f"{model}-{n}-c{i}", n, bench.vocab, cfg.SEED) for i in range(k)]
         for ctx in contexts:
             bench.store(ctx)
@@ -123,11 +109,6 @@ def main(argv: list[str] | None = None) -> dict:
                       f"resident: {row['tokens_equal']}", flush=True)
         out = {"device": cfg.DEVICE, "model": model, "context_tokens": n, "tier": tier.describe(),
                "env": environment(cfg.DEVICE), "rows": rows}
-    finally:
-        if engine is not None:
-            engine.close()
-        tier.close()
-        runtime.close()
     if args.out:
         args.out.write_text(json.dumps(out, indent=1, default=str))
     return out

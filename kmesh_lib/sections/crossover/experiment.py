@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from kmesh_lib.base.params import build, to_dict
@@ -102,10 +103,11 @@ def arm_order(arms: list[str], repeat: int) -> list[str]:
 
 
 # -- the child: one tier, one model --
-def make_tier(cfg: CrossoverParams, tier_name: str, runtime: RuntimeDir, kvt: int):
+def make_tier(cfg: CrossoverParams, tier_name: str, runtime: RuntimeDir, kvt: int, num_buffer_tokens: int | None = None):
     """The external tier of one engine: LMCache (``cfg.path``), the GPU buffer or vLLM's CPU tier.
-    The GPU buffer and vLLM's CPU tier hold one copy of the longest context (and headroom)."""
-    longest = max(cfg.CONTEXT_TOKENS_GRID) * kvt
+    The GPU buffer and vLLM's CPU tier hold one copy of the longest context (and headroom); the GPU buffer
+    ``num_buffer_tokens`` of KV instead where given."""
+    longest = (num_buffer_tokens or max(cfg.CONTEXT_TOKENS_GRID)) * kvt
     if tier_name == "gpubuf":
         from kmesh_lib.kv.gpu_buffer import GpuBufferTier
 
@@ -117,6 +119,26 @@ def make_tier(cfg: CrossoverParams, tier_name: str, runtime: RuntimeDir, kvt: in
         return NativeOffloadTier(-(-2 * longest * 4 // (1 << 30)) / 4 + 0.25)
     return (InprocTier(cfg.ARENA_MIB, cfg.CHUNK_SIZE, cfg.DISK_TIER_MIB, runtime) if cfg.path == "inproc"
             else MPTier(cfg.ARENA_MIB, cfg.CHUNK_SIZE, runtime))
+
+
+@contextmanager
+def gpubuf_bench(cfg: CrossoverParams, model: str, name: str, num_buffer_tokens: int):
+    """A ``RestoreBench`` on one engine of ``model`` with a GPU-buffer tier holding ``num_buffer_tokens`` of its KV
+    (``make_tier``), in a runtime folder ``name`` of its own; engine, tier and folder closed on exit, whatever
+    happened. The benchmarks' harness (``benchmarks/gpu_concurrent_restores.py``, ``bench_gpubuf_restore_parts.py``)."""
+    runtime = RuntimeDir.create(name, root=runtime_root(cfg.DISK_TIER_ROOT))
+    tier = make_tier(cfg, "gpubuf", runtime, resolve(model).kv_bytes_per_token(cfg.DTYPE), num_buffer_tokens)
+    engine = None
+    try:
+        if cfg.DEVICE == "cuda":
+            keep_engine_rendezvous_local()
+        engine = make_engine(model_params(cfg, model), **tier.llm_kwargs(cfg.DEVICE))
+        yield RestoreBench(engine, tier, cfg.SUFFIX_TOKENS, 1, 1, "gpubuf")
+    finally:
+        if engine is not None:
+            engine.close()
+        tier.close()
+        runtime.close()
 
 
 def run_model(cfg: CrossoverParams, model: str, run_dir: Path, tier_name: str = "lmcache") -> int:
