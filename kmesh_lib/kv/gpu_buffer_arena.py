@@ -412,8 +412,7 @@ class BufferArena:
             inst.pending.extend([(span, timeline.ref) for span in ends])
         if self.is_cuda:
             self.last_read_event, self.last_read_stream = marks[-1], stream  # every restore queued so far has read its extent
-        with self.lock:  # one counter, on the step's way to its forward pass: not ``_count``'s keywords and loop
-            self.counters["restored_bytes"] += len(block_ids) * self.bytes_per_block
+        self._count(restored_bytes=len(block_ids) * self.bytes_per_block)
         return ends
 
     def _side(self):

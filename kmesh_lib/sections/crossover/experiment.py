@@ -105,8 +105,8 @@ def arm_order(arms: list[str], repeat: int) -> list[str]:
 # -- the child: one tier, one model --
 def make_tier(cfg: CrossoverParams, tier_name: str, runtime: RuntimeDir, kvt: int, num_buffer_tokens: int | None = None):
     """The external tier of one engine: LMCache (``cfg.path``), the GPU buffer or vLLM's CPU tier.
-    The GPU buffer and vLLM's CPU tier hold one copy of the longest context (and headroom); the GPU buffer
-    ``num_buffer_tokens`` of KV instead where given."""
+    The GPU buffer and vLLM's CPU tier hold one copy of the longest context (and headroom), or
+    ``num_buffer_tokens`` of KV where given."""
     longest = (num_buffer_tokens or max(cfg.CONTEXT_TOKENS_GRID)) * kvt
     if tier_name == "gpubuf":
         from kmesh_lib.kv.gpu_buffer import GpuBufferTier
@@ -127,9 +127,9 @@ def gpubuf_bench(cfg: CrossoverParams, model: str, name: str, num_buffer_tokens:
     (``make_tier``), in a runtime folder ``name`` of its own; engine, tier and folder closed on exit, whatever
     happened. The benchmarks' harness (``benchmarks/gpu_concurrent_restores.py``, ``bench_gpubuf_restore_parts.py``)."""
     runtime = RuntimeDir.create(name, root=runtime_root(cfg.DISK_TIER_ROOT))
-    tier = make_tier(cfg, "gpubuf", runtime, resolve(model).kv_bytes_per_token(cfg.DTYPE), num_buffer_tokens)
-    engine = None
-    try:
+    tier = engine = None
+    try:  # the folder is closed even where the tier could not be made
+        tier = make_tier(cfg, "gpubuf", runtime, resolve(model).kv_bytes_per_token(cfg.DTYPE), num_buffer_tokens)
         if cfg.DEVICE == "cuda":
             keep_engine_rendezvous_local()
         engine = make_engine(model_params(cfg, model), **tier.llm_kwargs(cfg.DEVICE))
@@ -137,7 +137,8 @@ def gpubuf_bench(cfg: CrossoverParams, model: str, name: str, num_buffer_tokens:
     finally:
         if engine is not None:
             engine.close()
-        tier.close()
+        if tier is not None:
+            tier.close()
         runtime.close()
 
 
