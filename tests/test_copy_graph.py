@@ -42,14 +42,14 @@ def test_an_instance_is_reused_only_once_its_last_spans_are_read():
     inst = GraphInstance(None, None, None, None, start, [end])
     ref = (1_000_000, FakeEvent(0.0), False)
     copy = Span().gpu(start, end)
-    inst.pending.append((copy, ref))
+    inst.hold([copy], ref)
     assert not inst.free() and not copy.resolved  # its copy has not ended: the events still belong to it
     start.done = end.done = True
     assert inst.free() and copy.resolved and inst.pending == []  # ended: read now, then free
     assert (copy.t0_ns, copy.t1_ns) == (1_001_000, 1_003_000)
     done = Span().gpu(start, end)
     done.resolve(ref)
-    inst.pending.append((done, ref))
+    inst.hold([done], ref)
     end.done = False  # a span already read frees the instance without asking the GPU
     assert inst.free()
 

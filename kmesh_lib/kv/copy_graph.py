@@ -131,7 +131,12 @@ class GraphInstance:
     ends: list[torch.cuda.Event]
     exec_handle: object = None  # the graph's executable as the launcher takes it, where the launch is direct
     t_ids_written_ns: int = 0  # the last replay had written its arguments (``RestoreTimeline.t_ids_written_ns``)
-    pending: list[tuple[Span, tuple]] = field(default_factory=list)  # spans on these events, with their reference
+    pending: list[Span] = field(default_factory=list)  # the last replay's spans on these events (``hold``)
+    pending_ref: tuple | None = None  # ... and the reference that puts them on the clock
+
+    def hold(self, spans: list[Span], ref: tuple | None) -> None:
+        """The last replay's spans (one restore's: its copy first, then its groups' ends) and its reference."""
+        self.pending, self.pending_ref = spans, ref
 
     def free(self) -> bool:
         """Whether a replay may record these events again: the last replay's spans are resolved, or its
@@ -139,12 +144,13 @@ class GraphInstance:
         restore's: its copy, first, and its groups' ends, which its timeline resolves together with the copy
         (the step's other restores share those span objects); a group end no timeline took (a group the forward
         pass never waited for) is read by nobody. So the first one stands for all."""
-        if self.pending and not self.pending[0][0].resolved:
+        pending = self.pending
+        if pending and not pending[0].resolved:
             if not self.ends[-1].query():
                 return False
-            for span, ref in self.pending:
-                span.resolve(ref)
-        self.pending.clear()
+            for span in pending:
+                span.resolve(self.pending_ref)
+        self.pending = []
         return True
 
 
@@ -221,7 +227,7 @@ class CopyGraphs:
         for name in self.groupings:
             inst = self.replay(name, 1, [0], bucket=self.buckets[-1])
             current_stream().synchronize()
-            inst.pending.clear()
+            inst.hold([], None)
             if not self.scatter.row_landed(1, 0):
                 raise RuntimeError(f"the {name!r} graph's copy into block 0 differs from buffer row 1")
 

@@ -65,10 +65,10 @@ class Span:
 
     __slots__ = ("t0_ns", "t1_ns", "_events")
 
-    def __init__(self) -> None:
-        self.t0_ns: int | None = None
-        self.t1_ns: int | None = None
-        self._events = None
+    def __init__(self, t0_ns: int | None = None, t1_ns: int | None = None, events: tuple | None = None) -> None:
+        """``Span(t0_ns, t1_ns)`` from CPU stamps, ``Span(None, None, (start_event, end_event))`` from events (one
+        call: a restore's copy makes its spans on the engine's step, where ``cpu``/``gpu`` would cost two)."""
+        self.t0_ns, self.t1_ns, self._events = t0_ns, t1_ns, events
 
     def cpu(self, t0_ns: int, t1_ns: int) -> Span:
         self.t0_ns, self.t1_ns = t0_ns, t1_ns
