@@ -12,6 +12,14 @@ set -u
 for var in $(env | sed -n 's/^KMESH_SET_\([A-Za-z0-9_]*\)=.*/\1/p'); do
   case " $* " in *" $var "*|*" $var:"*) ;; *) echo "KMESH_SET_$var matches no section given ($*)" >&2; exit 2;; esac
 done
+# every run records the commit it measured (kmesh_lib.base.records.git_revision); the device's copy of the tree has
+# no .git, so the hash comes in KMESH_GIT_COMMIT (git rev-parse HEAD where the tree was copied from)
+if ! git rev-parse --verify -q HEAD >/dev/null 2>&1; then
+  case "${KMESH_GIT_COMMIT:-}" in
+    [0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f]*) ;;
+    *) echo "KMESH_GIT_COMMIT='${KMESH_GIT_COMMIT:-}' is not a commit hash, and this tree has no .git: export the hash of the copied tree" >&2; exit 2;;
+  esac
+fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" JUPYTER_PATH=/tmp/kmesh-jupyter/share/jupyter:/tmp/site/share/jupyter
 python3 -m ipykernel install --prefix /tmp/kmesh-jupyter --name kmesh >/dev/null || exit 1
