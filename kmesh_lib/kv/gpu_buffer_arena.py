@@ -392,13 +392,12 @@ class BufferArena:
         destination blocks are this step's allocation, which no queued work reads or writes."""
         timeline.t_copy_call_ns = _ns()
         src0 = extent_start + first_block
-        is_cuda = self.is_cuda
-        stream = ((self._side_stream or self._side()) if by_layer else current_stream()) if is_cuda else None
+        stream = (self._side() if by_layer else current_stream()) if self.is_cuda else None
         inst = None
         if self.graphs is not None:
             if by_layer and timeline.staging:
                 stream.wait_stream(current_stream())
-            inst = self.graphs.replay("layer" if by_layer else "whole", src0, block_ids, stream, None, packed_ids)
+            inst = self.graphs.replay("layer" if by_layer else "whole", src0, block_ids, stream, packed=packed_ids)
         if inst is not None:
             start, marks, timeline.copy_launch = inst.start, inst.ends, "graph"
             timeline.t_ids_written_ns = inst.t_ids_written_ns
@@ -406,16 +405,12 @@ class BufferArena:
             groups = self.plane_groups if by_layer else [(0, len(self.planes))]
             start, marks = self._launch(src0, block_ids, groups, stream if by_layer else None, timeline, packed_ids)
         timeline.t_copy_queued_ns = _ns()
-        # the spans made directly (``Span(t0, t1)`` from CPU stamps, ``Span(None, None, events)``): on the step's path
-        if is_cuda:
-            copy = timeline.copy = Span(None, None, (start, marks[-1]))
-            ends = [Span(None, None, (m, m)) for m in marks] if by_layer else []
-            self.last_read_event, self.last_read_stream = marks[-1], stream  # every restore queued so far has read its extent
-        else:
-            copy = timeline.copy = Span(start, marks[-1])
-            ends = [Span(m, m) for m in marks] if by_layer else []
+        copy = timeline.copy = Span.between(start, marks[-1])
+        ends = [Span.at(m) for m in marks] if by_layer else []
         if inst is not None:
             inst.hold([copy, *ends], timeline.ref)
+        if self.is_cuda:
+            self.last_read_event, self.last_read_stream = marks[-1], stream  # every restore queued so far has read its extent
         self._count(restored_bytes=len(block_ids) * self.bytes_per_block)
         return ends
 

@@ -219,7 +219,8 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
                 arena.stage(op.entry_id, op.entry_num_blocks, op.extent_start, tl)
             # with layer waits, the last restore's group ends: the side stream runs the restores in order
             self._group_ready = meta.groups = arena.copy_into_vllm(
-                op.extent_start, op.first_block, op.block_ids, q.timeline or q, by_layer, op.packed_ids)
+                op.extent_start, op.first_block, op.block_ids, q.timeline or q, by_layer=by_layer,
+                packed_ids=op.packed_ids)
             self._next_group = 0
             q.t_launched_ns = t_start_ns = _ns()  # the next restore's host time starts where this one's ends
             meta.queued.append(q)

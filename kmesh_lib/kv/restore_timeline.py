@@ -66,8 +66,7 @@ class Span:
     __slots__ = ("t0_ns", "t1_ns", "_events")
 
     def __init__(self, t0_ns: int | None = None, t1_ns: int | None = None, events: tuple | None = None) -> None:
-        """``Span(t0_ns, t1_ns)`` from CPU stamps, ``Span(None, None, (start_event, end_event))`` from events (one
-        call: a restore's copy makes its spans on the engine's step, where ``cpu``/``gpu`` would cost two)."""
+        """``Span(t0_ns, t1_ns)`` from CPU stamps, ``Span(None, None, (start_event, end_event))`` from events."""
         self.t0_ns, self.t1_ns, self._events = t0_ns, t1_ns, events
 
     def cpu(self, t0_ns: int, t1_ns: int) -> Span:
@@ -81,7 +80,7 @@ class Span:
     @classmethod
     def between(cls, start, end) -> Span:
         """From two marks: CUDA events, or CPU stamps (ints, on the monotonic clock)."""
-        return cls().cpu(start, end) if isinstance(start, int) else cls().gpu(start, end)
+        return cls(start, end) if isinstance(start, int) else cls(None, None, (start, end))
 
     @classmethod
     def at(cls, mark) -> Span:
