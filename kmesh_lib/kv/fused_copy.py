@@ -166,6 +166,14 @@ class RowScatter:
             return
         self._handle, self.launch_route = handle, "handle"
 
+    def seed_row(self, src_row: int, block_id: int, value: int) -> None:
+        """Buffer row ``src_row`` := ``value`` in every word, block ``block_id`` of every plane := 0: a copy
+        checked after this (``row_landed``) is known to have run, not to have found the bytes in place."""
+        lw = self.line_bytes // self.word_bytes
+        self.buffer[src_row * self.row_lines * lw:(src_row + 1) * self.row_lines * lw].fill_(value)
+        for plane in self.planes:
+            plane[block_id].zero_()
+
     def row_landed(self, src_row: int, block_id: int) -> bool:
         """Whether block ``block_id`` of every plane holds buffer row ``src_row``'s slice of it."""
         lw = self.line_bytes // self.word_bytes

@@ -280,6 +280,20 @@ class GpuBufferTier:
         _check_choice("wait_at", wait_at, WAIT_AT)
         self.worker.wait_at = wait_at
 
+    def set_launch_thread(self, on: bool) -> None:
+        """From the next step on, copies waited for layer by layer (``wait_at`` "layer") on the graph route have
+        their graph launched by the native launch thread (``kv.launch_thread``) where the arena has one
+        (``describe()["copy_graph_sizes"]["launch_thread"]`` says whether, or why not), else by the engine thread;
+        each restore records which (``RestoreTimeline.launched_by``)."""
+        self.worker.handoff = on
+
+    @property
+    def has_launch_thread(self) -> bool:
+        """Whether handed-off launches can happen here: the arena's graphs have a launch thread."""
+        worker = self.shared.worker
+        graphs = worker.arena.graphs if worker is not None and worker.arena is not None else None
+        return graphs is not None and graphs.thread is not None
+
     def time_forward_steps(self, on: bool) -> None:
         """Times every forward pass from the next step on (``take_forward_steps``); off by default: two
         events per step."""
@@ -443,6 +457,9 @@ class GpuBufferTier:
         return [t.record() for t in worker.records()]
 
     def close(self) -> None:
+        worker = self.shared.worker
+        if worker is not None and worker.arena is not None and worker.arena.graphs is not None:
+            worker.arena.graphs.close()  # the launch thread: joined after its queued launches
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None

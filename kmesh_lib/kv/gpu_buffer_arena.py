@@ -377,7 +377,8 @@ class BufferArena:
 
     # -- restore: buffer extent -> vLLM blocks --
     def copy_into_vllm(self, extent_start: int, first_block: int, block_ids: list[int],
-                       timeline: RestoreTimeline, by_layer: bool = False, packed_ids: bytes | None = None) -> list[Span]:
+                       timeline: RestoreTimeline, by_layer: bool = False, packed_ids: bytes | None = None,
+                       handoff: bool = False) -> list[Span]:
         """Copies extent rows ``first_block ...`` into vLLM's ``block_ids``: on CUDA one captured graph
         replay (``copy_route == "fused"`` and ``graph_route == "on"``), else one fused launch per group
         (Triton), else one copy per plane and run; ``timeline.copy_launch`` records which.
@@ -389,7 +390,10 @@ class BufferArena:
         build, where the copies are done on return), for the forward pass to wait on layer by layer
         (``HostStagedGpuBuffer.wait_for_layer_load``). Else returns []: the copy is on the current
         stream, ahead of the forward pass. Without staging the side stream does not wait: the
-        destination blocks are this step's allocation, which no queued work reads or writes."""
+        destination blocks are this step's allocation, which no queued work reads or writes.
+        ``handoff`` (with ``by_layer``, on the graph route): the graph's launch is made by the launch thread
+        (``kv.launch_thread``); ``timeline.launch_ticket`` names it, and every user of the copy's events waits
+        for it first (``await_launches``)."""
         timeline.t_copy_call_ns = _ns()
         src0 = extent_start + first_block
         stream = (self._side() if by_layer else current_stream()) if self.is_cuda else None
@@ -397,10 +401,11 @@ class BufferArena:
         if self.graphs is not None:
             if by_layer and timeline.staging:
                 stream.wait_stream(current_stream())
-            inst = self.graphs.replay("layer" if by_layer else "whole", src0, block_ids, stream, packed=packed_ids)
+            inst = self.graphs.replay("layer" if by_layer else "whole", src0, block_ids, stream, packed=packed_ids,
+                                      handoff=handoff and by_layer)
         if inst is not None:
             start, marks, timeline.copy_launch = inst.start, inst.ends, "graph"
-            timeline.t_ids_written_ns = inst.t_ids_written_ns
+            timeline.t_ids_written_ns, timeline.launch_ticket = inst.t_ids_written_ns, inst.ticket
         else:
             groups = self.plane_groups if by_layer else [(0, len(self.planes))]
             start, marks = self._launch(src0, block_ids, groups, stream if by_layer else None, timeline, packed_ids)
@@ -427,6 +432,7 @@ class BufferArena:
         on return; there the fused kernel runs only under Triton's interpreter, where tests set ``scatter``)."""
         if stream is not None and self.last_read_event is not None:
             # the launch route's device arguments are reused: the previous copy may still read them
+            self.await_launches()
             current_stream().wait_event(self.last_read_event)
         # the fused copy's arguments go to the device first: the copy's span starts where the kernel is
         # launched, and the host time before it shows as the restore's ``launch`` part
@@ -470,14 +476,27 @@ class BufferArena:
         if self.last_read_event is not None:
             stream = current_stream()
             if stream != self.last_read_stream:
+                self.await_launches()
                 stream.wait_event(self.last_read_event)
 
-    @staticmethod
-    def has_ended(ready: Span) -> bool:
+    def await_launches(self) -> None:
+        """Returns once every copy handed to the launch thread has been launched (``CopyGraphs.await_launches``):
+        called before any wait on, query of or timing of a copy's events."""
+        if self.graphs is not None:
+            self.graphs.await_launches()
+
+    def launch_stamps(self, ticket: int) -> tuple[int, int, int] | None:
+        """(begin, end, result) of a copy's launch by the launch thread (None: not handed off, or not kept)."""
+        return self.graphs.launch_stamps(ticket) if self.graphs is not None else None
+
+    def has_ended(self, ready: Span) -> bool:
         """Whether a copy group's end (a point ``Span``) has passed: its event has completed (``query``, which
         does not block), or it is a CPU stamp (the CPU build's copies are done on return)."""
         event = ready.end_event
-        return event is None or event.query()
+        if event is None:
+            return True
+        self.await_launches()
+        return event.query()
 
     def reach_and_wait(self, ready: Span, holders: list | None = None):
         """Where the current stream is now, after which it waits for ``ready`` (a copy group's end): an

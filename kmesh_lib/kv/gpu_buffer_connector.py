@@ -101,13 +101,14 @@ class _Queued:
     timeline from the start (``timeline``): staging records its reads into it."""
 
     __slots__ = ("op", "t_start_ns", "ref", "timeline", "staging", "t_copy_call_ns", "t_ids_written_ns",
-                 "t_copy_queued_ns", "copy", "copy_launch", "t_launched_ns")
+                 "t_copy_queued_ns", "copy", "copy_launch", "t_launched_ns", "launch_ticket")
 
     def __init__(self, op: LoadOp, t_start_ns: int, ref, timeline: RestoreTimeline | None = None) -> None:
         self.op, self.t_start_ns, self.ref, self.timeline = op, t_start_ns, ref, timeline
         self.staging = ()  # nothing staged: the copy's side stream waits for nothing before it
         self.t_copy_call_ns = self.t_ids_written_ns = self.t_copy_queued_ns = self.t_launched_ns = None
         self.copy = self.copy_launch = None
+        self.launch_ticket = 0
 
 
 @dataclass
@@ -150,6 +151,7 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
             self.timelines: list[RestoreTimeline] = []  # built, not yet taken (``records``)
             self._unrecorded: list[GpuBufferMetadata] = []  # steps whose restores have no timeline yet
             self.wait_at = self.config.wait_at  # GpuBufferTier.set_wait_at switches it between steps
+            self.handoff = False  # GpuBufferTier.set_launch_thread: layer-wait copies' launches to the launch thread
             self._group_ready: list = []  # with layer waits: each copy group's end (a point Span), for the forward pass
             self._next_group = 0  # the first group the forward pass has not waited for yet
             self.time_forward = False  # GpuBufferTier.time_forward_steps: stamp every forward pass
@@ -220,7 +222,7 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
             # with layer waits, the last restore's group ends: the side stream runs the restores in order
             self._group_ready = meta.groups = arena.copy_into_vllm(
                 op.extent_start, op.first_block, op.block_ids, q.timeline or q, by_layer=by_layer,
-                packed_ids=op.packed_ids)
+                packed_ids=op.packed_ids, handoff=self.handoff)
             self._next_group = 0
             q.t_launched_ns = t_start_ns = _ns()  # the next restore's host time starts where this one's ends
             meta.queued.append(q)
@@ -250,7 +252,11 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
                 tl = self._timeline(meta, q)
                 tl.t_copy_call_ns, tl.t_ids_written_ns, tl.t_copy_queued_ns = \
                     q.t_copy_call_ns, q.t_ids_written_ns, q.t_copy_queued_ns
-                tl.copy, tl.copy_launch = q.copy, q.copy_launch
+                tl.copy, tl.copy_launch, tl.launch_ticket = q.copy, q.copy_launch, q.launch_ticket
+            if tl.launch_ticket:
+                stamps = self.arena.launch_stamps(tl.launch_ticket)
+                if stamps is not None:
+                    tl.t_thread_launch_begin_ns, tl.t_thread_launch_end_ns = stamps[:2]
             tl.t_launched_ns = q.t_launched_ns
             if meta.t_forward_queued_ns is not None:
                 tl.forward_queued(meta.t_forward_queued_ns, meta.forward_event)

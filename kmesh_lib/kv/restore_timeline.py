@@ -38,7 +38,11 @@ once queued, waits on the GPU for the copy:
                   staging), ``copy_call`` (the copy queued: ``BufferArena.copy_into_vllm`` up to its graph
                   launch or last launch returning; ``write_ids``, its first part on the
                   graph route, writes the block ids into the graph's pinned arguments) and ``after_copy``
-                  (its spans, the bookkeeping)
+                  (its spans, the bookkeeping). Where the graph's launch was handed to the launch thread
+                  (``launched_by`` "thread": ``kv.launch_thread``), ``copy_call`` ends at the request, and the
+                  launch itself runs on another core (``thread_launch``; ``thread_lag``: from the arguments
+                  written, just before the request, to the launch made); the engine thread's wait for it, if
+                  the forward pass got there first, is in ``hook``
     forward_wait  the forward pass queued (``start_load_kv``) to the GPU reaching it (an event
                   recorded there), 0 when the copy had ended by then: the copy's part on the step's
                   critical path, plus the event's own latency of a few microseconds. A restore copied
@@ -158,6 +162,9 @@ class RestoreTimeline:
     layer_waits: list[tuple[Span, Span]] = field(default_factory=list)  # (GPU reached the group, its copy ended)
     hook_ns: int = 0  # host time in the forward pass's ``wait_for_layer_load`` calls for this restore
     copy_launch: str | None = None  # how the copy was queued: "graph", "handle" or "jit" (Triton), "torch"
+    launch_ticket: int = 0  # the launch thread's ticket where it made the graph's launch (0: the engine thread did)
+    t_thread_launch_begin_ns: int | None = None  # ... the thread's driver call, begun
+    t_thread_launch_end_ns: int | None = None  # ... and returned
     resolved: bool = False
 
     def forward_queued(self, t_ns: int, event) -> None:
@@ -218,6 +225,9 @@ class RestoreTimeline:
             "restore_s": sec(self.t_start_ns, max(ends)) if ends else None,
             "launched_at": self.launched_at, "wait_at": self.wait_at, "num_copy_groups": self.num_copy_groups,
             "num_layer_waits": len(self.layer_waits), "copy_launch": self.copy_launch,
+            "launched_by": "thread" if self.launch_ticket else "engine",
+            "thread_launch_s": sec(self.t_thread_launch_begin_ns, self.t_thread_launch_end_ns),
+            "thread_lag_s": sec(self.t_ids_written_ns, self.t_thread_launch_end_ns),
             "schedule_s": schedule, "measure_s": measure, "measure_synced": self.measure_synced,
             "host_s": host, "hook_s": self.hook_ns / 1e9, "forward_wait_s": wait,
             "before_copy_s": sec(self.t_start_ns, self.t_copy_call_ns), "copy_call_s": sec(self.t_copy_call_ns, queued),
@@ -254,7 +264,8 @@ def request_split(timeline: dict, t_submit_ns: int, t_first_token_ns: int) -> di
             "forward_wait_s": timeline.get("forward_wait_s"),
             "critical_s": timeline.get("critical_s"), "launched_at": timeline.get("launched_at"),
             "wait_at": timeline.get("wait_at"), "num_copy_groups": timeline.get("num_copy_groups"),
-            "copy_launch": timeline.get("copy_launch"),
+            "copy_launch": timeline.get("copy_launch"), "launched_by": timeline.get("launched_by"),
+            "thread_launch_s": timeline.get("thread_launch_s"), "thread_lag_s": timeline.get("thread_lag_s"),
             "num_layer_waits": timeline.get("num_layer_waits"),
             "after_restore_s": (t_first_token_ns - timeline["t_ready_ns"]) / 1e9}
 

@@ -9,6 +9,8 @@ Every arm belongs to one external tier; each (tier, model) is one engine (``Rest
              floor            resident   vLLM's prefix cache (engine-resident)         the whole context
     gpubuf   gpubuf_retained  memory     the host-staged GPU buffer (``kv.gpu_buffer``) the whole context
              gpubuf_layered   memory     the same, the copy waited for layer by layer   the whole context
+             gpubuf_offthread memory     gpubuf_layered, its graph launched by a native the whole context
+                                         thread off the engine's (``kv.launch_thread``; CUDA)
              gpubuf_disk      disk       its disk tier only; the restore frees the copy the whole context
              gpubuf_resident  resident   vLLM's prefix cache, on the GPU-buffer engine the whole context
     native   native_offload   memory     vLLM's own CPU tier (``kv.offloading``; CUDA)  the whole context
@@ -49,20 +51,22 @@ from kmesh_lib.kv.restore_timeline import request_split as gpu_buffer_split
 from kmesh_lib.lmcache.probes import ComponentProbe, ExternalSwitch
 
 ARMS_OF_TIER = {"lmcache": ("recompute", "dram", "disk", "floor"),
-                "gpubuf": ("gpubuf_retained", "gpubuf_layered", "gpubuf_disk", "gpubuf_resident"),
+                "gpubuf": ("gpubuf_retained", "gpubuf_layered", "gpubuf_offthread", "gpubuf_disk", "gpubuf_resident"),
                 "native": ("native_offload", "native_resident")}
 ARM_NAMES = tuple(a for arms in ARMS_OF_TIER.values() for a in arms)
 TIER_OF = {a: tier for tier, arms in ARMS_OF_TIER.items() for a in arms}
 KIND = {"recompute": "recompute", "dram": "memory", "disk": "disk", "floor": "resident",
-        "gpubuf_retained": "memory", "gpubuf_layered": "memory", "gpubuf_disk": "disk", "gpubuf_resident": "resident",
+        "gpubuf_retained": "memory", "gpubuf_layered": "memory", "gpubuf_offthread": "memory", "gpubuf_disk": "disk",
+        "gpubuf_resident": "resident",
         "native_offload": "memory", "native_resident": "resident"}
 RESIDENT_OF = {"dram": "floor", "disk": "floor", "gpubuf_retained": "gpubuf_resident",
-               "gpubuf_layered": "gpubuf_resident", "gpubuf_disk": "gpubuf_resident",
+               "gpubuf_layered": "gpubuf_resident", "gpubuf_offthread": "gpubuf_resident", "gpubuf_disk": "gpubuf_resident",
                "native_offload": "native_resident"}  # each restore against the engine-resident follow-up of its engine
 RESTORE_ARMS = tuple(RESIDENT_OF)
 GPUBUF_RESTORES = tuple(a for a in ARMS_OF_TIER["gpubuf"] if a in RESIDENT_OF)  # the GPU buffer's restore arms
 # what the forward pass waits for in an arm's follow-up (``GpuBufferTier.set_wait_at``); others: the tier's own
-WAIT_AT_OF = {"gpubuf_layered": "layer"}
+WAIT_AT_OF = {"gpubuf_layered": "layer", "gpubuf_offthread": "layer"}
+HANDOFF_ARMS = ("gpubuf_offthread",)  # arms whose copies' graph launches go to the launch thread (``set_launch_thread``)
 STORED_TIERS = ("lmcache", "gpubuf")  # tiers whose contexts are stored on a disk tier before the arms run
 TIMED_TIERS = ("gpubuf", "native")  # tiers whose restores record their own timeline (a row's ``split``)
 WARM_OWN_TOKENS = [6, 7]  # a warm-up's tokens after the context (``RestoreBench.warm`` says why two)
@@ -156,6 +160,9 @@ class RestoreBench:
         if TIER_OF.get(arm) != self.tier_name:
             raise ValueError(f"arm {arm!r} is not an arm of the {self.tier_name} tier: {', '.join(ARMS_OF_TIER[self.tier_name])}")
         kind = KIND[arm]
+        if arm in HANDOFF_ARMS and not self.tier.has_launch_thread:
+            raise ArmError(f"{arm}: the GPU buffer has no launch thread "
+                           f"({self.tier.describe().get('copy_graph_sizes', {}).get('launch_thread', 'no copy graphs')})")
         prep: dict = {}
         if kind in ("recompute", "resident"):
             self.switch.set(False)
@@ -225,6 +232,9 @@ class RestoreBench:
         wait_at = WAIT_AT_OF.get(arm)
         if wait_at:
             self.tier.set_wait_at(wait_at)
+        handoff = arm in HANDOFF_ARMS
+        if handoff:
+            self.tier.set_launch_thread(True)
         if self.tier_name == "gpubuf":
             self.tier.take_forward_steps()  # the preparation's steps are not the follow-up's
             # the restore's events go on the clock by a reference taken here, outside the step (every arm alike)
@@ -235,6 +245,8 @@ class RestoreBench:
         finally:
             if wait_at:
                 self.tier.set_wait_at(self.tier.config.wait_at)
+            if handoff:
+                self.tier.set_launch_thread(False)
         a = results[0]
         clocks_after = self.clocks.read() if self.clocks else None
         parts = self.probe.stop(a.first_token_s())

@@ -23,7 +23,15 @@ from itertools import product
 from kmesh_lib.base.checks import Check, all_of, check, differences
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.crossover import report
-from kmesh_lib.sections.crossover.arms import GPUBUF_RESTORES, KIND, STORED_TIERS, TIMED_TIERS, WAIT_AT_OF, tiers_of
+from kmesh_lib.sections.crossover.arms import (
+    GPUBUF_RESTORES,
+    HANDOFF_ARMS,
+    KIND,
+    STORED_TIERS,
+    TIMED_TIERS,
+    WAIT_AT_OF,
+    tiers_of,
+)
 
 
 def expected_cached(arm: str, context_tokens: int) -> int:
@@ -242,6 +250,19 @@ def launch_checks(measured: list[dict], children: list[dict]) -> list[Check]:
                           "launched where it did not (copy_graphs)", restored, launched_as_the_tier_says,
                           lambda r: f"{r['tag']}: {split[r['tag']].get('copy_launch')} "
                                     f"(copy_graphs {graphs.get(r['model'])})", "no measured GPU-buffer restores"))
+    if any(split[r["tag"]].get("launched_by") for r in restored):  # runs before 3 Dec record none
+
+        def launched_by_its_arm(r) -> bool:
+            s = split[r["tag"]]
+            if r["arm"] not in HANDOFF_ARMS:
+                return s.get("launched_by") in ("engine", None)
+            return s.get("launched_by") == "thread" and s.get("thread_lag_s") is not None and s["thread_lag_s"] > 0
+
+        out.append(all_of("gpubuf: every restore's graph was launched where its arm says: by the launch thread "
+                          f"({', '.join(HANDOFF_ARMS)}, its launch's stamps recorded), else by the engine thread",
+                          restored, launched_by_its_arm,
+                          lambda r: f"{r['tag']}: {split[r['tag']].get('launched_by')}, "
+                                    f"lag {split[r['tag']].get('thread_lag_s')}", "no measured GPU-buffer restores"))
     if any(split[r["tag"]].get("reference_at") for r in restored):  # runs before 2 Dec record none
         out.append(all_of(f"gpubuf: every restore's events were put on the host's clock by a reference taken before its "
                           f"step, which one taken after the request confirmed within {REFERENCE_AGREE_US} us",

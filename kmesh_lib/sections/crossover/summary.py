@@ -10,7 +10,9 @@ from kmesh_lib.sections.crossover import report
 from kmesh_lib.sections.crossover.checks import checks, recomputed_tables
 
 LABEL = {"dram": "DRAM", "disk": "disk", "gpubuf_retained": "GPU-buffer (retained)",
-         "gpubuf_layered": "GPU-buffer (retained, layer waits)", "gpubuf_disk": "GPU-buffer from disk",
+         "gpubuf_layered": "GPU-buffer (retained, layer waits)",
+         "gpubuf_offthread": "GPU-buffer (retained, layer waits, launched off the engine thread)",
+         "gpubuf_disk": "GPU-buffer from disk",
          "native_offload": "vLLM CPU-tier"}
 NEAR_FLOOR = 2.0  # a restore within this factor of bytes / floor bandwidth is bound by the medium, not the software
 

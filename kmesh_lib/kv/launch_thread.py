@@ -1,0 +1,148 @@
+"""``LaunchThread``: a native thread (``launch_thread.c``) that makes the driver's graph launches for the engine's
+thread, so a restore's launch leaves the step's host path (issue 13).
+
+On the H200 machine's host one ``cuGraphLaunch`` costs the engine thread 40-50 us between steps (the driver's
+code and data cold after the engine's Python; ``benchmarks/bench_cuda_host_calls.py``), about half of what a
+restore adds to the step at 0.5B 16k. Handed to a thread that does nothing else, the engine thread pays a lock,
+a ring slot and a wake-up (``request``) and the launch is made on another core while the engine's runner
+prepares the step's inputs (a millisecond or more with ``launch_at="step_start"``).
+
+What that costs in correctness, and how it is kept: the engine thread must not use the graph's events (wait
+on, query or time them) before the launch that records them has been made, or it would read their previous
+replay. Every such use goes through ``wait_for(ticket)`` first (``CopyGraphs.await_launches``), which spins on
+the thread's counter (its host time is counted where it is spent: in the forward pass's first layer wait). Only
+copies onto a stream the engine thread queues nothing else on (the layer-wait route's side stream) are handed
+over: on the forward pass's own stream the order of two threads' launches would be a race.
+
+The library is compiled once per source (``cc``, as Triton compiles its own launcher stubs) into a per-user
+cache; without a compiler there is no thread and the engine thread launches as before (``unavailable`` says
+why). ``function_address`` gives a C function to hand in: ``cuGraphLaunch`` on CUDA; tests pass a
+``ctypes.CFUNCTYPE`` callback and exercise the same thread on the CPU build.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import weakref
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("launch_thread.c")
+LAUNCH_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)  # (exec, stream) -> error
+WAIT_TIMEOUT_S = 10.0  # a launch not made in this long is a stuck thread, not a slow one
+
+
+class LaunchThreadError(RuntimeError):
+    """The thread could not be built or started, or a launch it made failed."""
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(tempfile.gettempdir(), f"kmesh-{os.getuid()}")
+    return Path(base) / "kmesh"
+
+
+def build_library() -> Path:
+    """The compiled library for this source (built once, by content hash; a concurrent build replaces it
+    atomically). Raises ``LaunchThreadError`` naming the compiler's complaint."""
+    source = SOURCE.read_bytes()
+    out = _cache_dir() / f"launch_thread-{hashlib.sha256(source).hexdigest()[:16]}.so"
+    if out.exists():
+        return out
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        raise LaunchThreadError("no C compiler (cc, gcc or clang) on PATH")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")
+    proc = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(tmp), str(SOURCE), "-lpthread"],
+                          capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise LaunchThreadError(f"{cc} failed on {SOURCE.name}: {proc.stderr.strip().splitlines()[-1:]}")
+    os.replace(tmp, out)
+    return out
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))  # CDLL: a request that waits for room in the ring lets the GIL go meanwhile
+    vp, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.kl_start.argtypes, lib.kl_start.restype = (vp, vp, vp), vp
+    lib.kl_request.argtypes, lib.kl_request.restype = (vp, vp, vp), i64
+    lib.kl_counter.argtypes, lib.kl_counter.restype = (vp,), ctypes.POINTER(i64)
+    lib.kl_slot_of.argtypes = (vp, i64, ctypes.POINTER(i64), ctypes.POINTER(i64), ctypes.POINTER(ctypes.c_int))
+    lib.kl_slot_of.restype = ctypes.c_int
+    lib.kl_error_flag.argtypes, lib.kl_error_flag.restype = (vp,), ctypes.POINTER(ctypes.c_int)
+    lib.kl_stop.argtypes, lib.kl_stop.restype = (vp,), None
+    return lib
+
+
+def function_address(fn) -> int:
+    """A ctypes function's (or callback's) C address."""
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
+class LaunchThread:
+    """One native launch thread. ``launch``: the C address of ``int launch(void *exec, void *stream)``;
+    ``set_context`` and ``context``: ``cuCtxSetCurrent`` and the context the thread makes current first
+    (None: none). Invariant: ``num_launched`` only grows, and reaches a ticket only once that launch is made."""
+
+    def __init__(self, launch: int, set_context: int | None = None, context: int | None = None,
+                 keep: object = None) -> None:
+        self._lib = _load(build_library())
+        self._keep = keep  # a callback handed in as ``launch`` must outlive the thread
+        handle = self._lib.kl_start(launch, set_context, context)
+        if not handle:
+            raise LaunchThreadError("kl_start could not start a thread")
+        self._handle = handle
+        self._counter = self._lib.kl_counter(handle).contents  # read in place: no call into the library
+        self._error = self._lib.kl_error_flag(handle).contents
+        self.num_requested = 0
+        self._request = self._lib.kl_request
+        self._finalizer = weakref.finalize(self, self._lib.kl_stop, handle)
+
+    @classmethod
+    def for_cuda(cls) -> LaunchThread:
+        """A thread that makes ``cuGraphLaunch`` calls in this thread's current CUDA context."""
+        cuda = ctypes.CDLL("libcuda.so.1")
+        ctx = ctypes.c_void_p()
+        err = cuda.cuCtxGetCurrent(ctypes.byref(ctx))
+        if err or not ctx.value:
+            raise LaunchThreadError(f"no current CUDA context to hand the thread (cuCtxGetCurrent: {err})")
+        return cls(function_address(cuda.cuGraphLaunch), function_address(cuda.cuCtxSetCurrent), ctx.value)
+
+    @property
+    def num_launched(self) -> int:
+        return self._counter.value
+
+    def request(self, exec_handle: int, stream_handle: int) -> int:
+        """Queues one launch; returns its ticket (made once ``num_launched`` reaches it)."""
+        self.num_requested = ticket = self._request(self._handle, exec_handle, stream_handle)
+        return ticket
+
+    def wait_for(self, ticket: int) -> None:
+        """Returns once launch ``ticket`` (and every earlier one) has been made; raises if any failed."""
+        counter = self._counter
+        if counter.value < ticket:
+            deadline = time.monotonic() + WAIT_TIMEOUT_S
+            while counter.value < ticket:
+                if time.monotonic() > deadline:
+                    raise LaunchThreadError(f"launch {ticket} not made in {WAIT_TIMEOUT_S:.0f} s "
+                                            f"({counter.value} of {self.num_requested} made)")
+        err = self._error.value
+        if err:
+            raise LaunchThreadError(f"a launch made by the launch thread failed: CUresult {err}")
+
+    def stamps(self, ticket: int) -> tuple[int, int, int] | None:
+        """(begin, end, result) of a made launch, ``time.monotonic_ns`` clock; None while not made, or once its
+        ring slot was reused (256 requests later)."""
+        t0, t1, err = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int()
+        if self._lib.kl_slot_of(self._handle, ticket, ctypes.byref(t0), ctypes.byref(t1), ctypes.byref(err)):
+            return None
+        return t0.value, t1.value, err.value
+
+    def close(self) -> None:
+        """Makes every queued launch, then ends and joins the thread (also when collected)."""
+        self._finalizer()

@@ -1,0 +1,209 @@
+"""The native launch thread (``kv.launch_thread``) on the CPU build, with a C-callable Python function in place of
+``cuGraphLaunch``: launches are made in request order on another thread, a ticket is made only once its
+launch returned, a failed launch is raised where the engine thread waits, stopping makes every queued launch
+and joins the thread; and ``CopyGraphs`` neither rewrites an instance whose handed-off launch is not made yet
+nor lets anything use a handed-off replay's events before it is (``gpu`` marker: on a device)."""
+import os
+import threading
+import time
+
+import pytest
+import torch
+
+from kmesh_lib.kv import launch_thread as lt
+from kmesh_lib.kv.launch_thread import LAUNCH_FN, LaunchThread, LaunchThreadError, function_address
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+class Recorder:
+    """A launch function that records (exec, stream, thread) and returns ``err`` for exec ``fail_at``."""
+
+    def __init__(self, fail_at: int | None = None, err: int = 700, delay_s: float = 0.0) -> None:
+        self.calls, self.fail_at, self.err, self.delay_s = [], fail_at, err, delay_s
+        self.fn = LAUNCH_FN(self._launch)
+
+    def _launch(self, exec_handle, stream_handle):
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        self.calls.append((exec_handle, stream_handle, threading.get_ident()))
+        return self.err if exec_handle == self.fail_at else 0
+
+    def thread(self) -> LaunchThread:
+        return LaunchThread(function_address(self.fn), keep=self.fn)
+
+
+def test_launches_are_made_in_request_order_on_another_thread_and_stamped():
+    rec = Recorder()
+    t = rec.thread()
+    tickets = [t.request(i, 1000 + i) for i in range(1, 41)]
+    assert tickets == list(range(1, 41))
+    t.wait_for(40)
+    assert t.num_launched == 40 and [c[:2] for c in rec.calls] == [(i, 1000 + i) for i in range(1, 41)]
+    assert {c[2] for c in rec.calls} != {threading.get_ident()} and len({c[2] for c in rec.calls}) == 1
+    stamps = [t.stamps(k) for k in tickets]
+    assert all(s is not None and s[0] <= s[1] and s[2] == 0 for s in stamps)
+    assert all(a[1] <= b[0] for a, b in zip(stamps, stamps[1:]))  # one at a time, in order
+    assert t.stamps(41) is None and t.stamps(0) is None  # not requested yet; no such ticket
+    t.close()
+
+
+def test_a_ticket_is_made_only_once_its_launch_returned():
+    rec = Recorder(delay_s=0.05)
+    t = rec.thread()
+    ticket = t.request(1, 2)
+    assert t.num_launched == 0  # the launch is still sleeping in the callback
+    t.wait_for(ticket)
+    assert t.num_launched == 1 and rec.calls == [(1, 2, rec.calls[0][2])]
+    t.close()
+
+
+def test_a_failed_launch_is_raised_where_the_engine_thread_waits():
+    rec = Recorder(fail_at=3, err=700)
+    t = rec.thread()
+    t.wait_for(t.request(1, 0))
+    for k in range(2, 6):
+        t.request(k, 0)
+    with pytest.raises(LaunchThreadError, match="CUresult 700"):
+        t.wait_for(5)
+    assert t.stamps(3)[2] == 700 and t.stamps(4)[2] == 0
+    t.close()
+
+
+def test_stopping_makes_every_queued_launch_and_joins_the_thread():
+    before = _threads()
+    rec = Recorder(delay_s=0.002)
+    t = rec.thread()
+    assert _threads() == before + 1
+    for k in range(1, 301):  # more than the ring holds: a request waits for room (with the GIL let go)
+        t.request(k, 0)
+    t.close()
+    assert [c[0] for c in rec.calls] == list(range(1, 301))
+    assert _threads() == before
+
+
+def test_the_library_is_built_once_per_source(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first = lt.build_library()
+    mtime = first.stat().st_mtime_ns
+    assert lt.build_library() == first and first.stat().st_mtime_ns == mtime
+    assert first.parent == tmp_path / "kmesh"
+
+
+def test_without_a_compiler_the_error_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setattr(lt.shutil, "which", lambda name: None)
+    with pytest.raises((LaunchThreadError, FileNotFoundError)):
+        lt.build_library()
+    monkeypatch.delenv("CC")
+    with pytest.raises(LaunchThreadError, match="no C compiler"):
+        lt.build_library()
+
+
+class FakeEvent:
+    def __init__(self, done: bool = True) -> None:
+        self.done = done
+
+    def query(self) -> bool:
+        return self.done
+
+
+def _graphs_with(thread: LaunchThread, num_instances: int = 2):
+    """A ``CopyGraphs`` without CUDA: its instances' arguments are plain buffers; only the bookkeeping runs."""
+    from kmesh_lib.kv.copy_graph import CopyGraphs, GraphInstance
+
+    g = CopyGraphs.__new__(CopyGraphs)
+    g.buckets, g.thread, g.last_ticket, g._launch, g._stream_handles = [1, 2, 4], thread, 0, None, {}
+    g.instances = {("layer", 4): [GraphInstance(None, None, None, memoryview(bytearray(64)), FakeEvent(), [FakeEvent()],
+                                                exec_ptr=100 + i) for i in range(num_instances)]}
+    return g
+
+
+class SideStream:
+    cuda_stream = 77
+
+
+def test_an_instance_whose_handed_off_launch_is_not_made_is_not_rewritten():
+    rec = Recorder(delay_s=0.2)
+    t = rec.thread()
+    g = _graphs_with(t)
+    first = g.replay("layer", 0, [1, 2, 3], stream=SideStream(), handoff=True)
+    assert first.ticket == 1 and g.last_ticket == 1 and t.num_launched == 0
+    second = g.replay("layer", 0, [4, 5, 6], stream=SideStream(), handoff=True)
+    assert second is not first and second.ticket == 2  # the first is skipped: its launch has not read its arguments
+    assert g.replay("layer", 0, [7, 8, 9], stream=SideStream(), handoff=True) is None  # both pending: the launch route
+    g.await_launches()
+    assert t.num_launched == 2 and [c[:2] for c in rec.calls] == [(100, 77), (101, 77)]
+    assert g.replay("layer", 0, [7, 8, 9], stream=SideStream(), handoff=True) is first  # made: free again
+    g.close()
+    assert g.thread is None and all(i.ticket == 0 for i in g.instances[("layer", 4)])
+
+
+def test_await_launches_is_immediate_where_nothing_was_handed_off():
+    g = _graphs_with(None)
+    g.await_launches()  # no thread, no ticket: nothing to wait for
+    assert g.launch_stamps(1) is None
+
+
+@pytest.mark.gpu
+def test_handed_off_graph_replays_write_the_engine_launchs_bytes(tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from kmesh_lib.kv.fused_copy import triton_status
+    from kmesh_lib.kv.gpu_buffer_arena import BufferArena
+    from kmesh_lib.kv.restore_timeline import RestoreTimeline
+
+    if triton_status() is not None:
+        pytest.skip(triton_status())
+    num_blocks, num_layers = 600, 6
+    kv_a = {f"l{i}": torch.zeros(2, num_blocks, 16, 2, 64, dtype=torch.bfloat16, device="cuda") for i in range(num_layers)}
+    kv_b = {k: torch.zeros_like(v) for k, v in kv_a.items()}
+    a, b = BufferArena(kv_a, num_blocks, 520, tmp_path), BufferArena(kv_b, num_blocks, 520, tmp_path)
+    assert b.graph_route == "on" and b.graphs.thread_via.startswith("on"), b.graphs.thread_via
+    noise = torch.randint(0, 256, a.buffer.shape, dtype=torch.uint8, device="cuda")
+    a.buffer.copy_(noise)
+    b.buffer.copy_(noise)
+    gen = torch.Generator().manual_seed(1)
+    for n in (3, 257, 500):
+        block_ids = torch.randperm(num_blocks - 1, generator=gen)[:n].add(1).tolist()
+        for t in (*kv_a.values(), *kv_b.values()):
+            t.zero_()
+        timelines = []
+        for arena, handoff in ((a, False), (b, True)):
+            tl = RestoreTimeline("restore", "r", 0, "buffer", n, 0, "cuda", ref=arena.reference(),
+                                 t_start_ns=time.monotonic_ns())
+            ends = arena.copy_into_vllm(7, 2, block_ids, tl, by_layer=True, handoff=handoff)
+            for ready in ends:  # the forward pass's waits, as the connector makes them
+                arena.reach_and_wait(ready)
+            arena.order_after_reads()
+            timelines.append(tl)
+        torch.cuda.synchronize()
+        assert [bool(tl.launch_ticket) for tl in timelines] == [False, True]
+        assert all(torch.equal(kv_a[k].view(torch.uint8), kv_b[k].view(torch.uint8)) for k in kv_a), n
+        t0, t1, err = b.launch_stamps(timelines[1].launch_ticket)
+        assert err == 0 and timelines[1].t_ids_written_ns <= t1 and t0 <= t1
+        rec = timelines[1].record()
+        assert rec["launched_by"] == "thread" and 0 < rec["copy_s"] < 0.01 and rec["thread_lag_s"] > 0
+    b.graphs.close()
+    assert b.graphs.thread is None
+
+
+@pytest.mark.gpu
+def test_a_launch_thread_whose_check_fails_is_not_kept(tmp_path, monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from kmesh_lib.kv.fused_copy import triton_status
+    from kmesh_lib.kv.gpu_buffer_arena import BufferArena
+
+    if triton_status() is not None:
+        pytest.skip(triton_status())
+    rec = Recorder()  # launches nothing: the check's bytes never land
+    monkeypatch.setattr(LaunchThread, "for_cuda", classmethod(lambda cls: rec.thread()))
+    kv = {f"l{i}": torch.zeros(2, 64, 16, 2, 64, dtype=torch.bfloat16, device="cuda") for i in range(2)}
+    b = BufferArena(kv, 64, 40, tmp_path)
+    assert b.graph_route == "on" and b.graphs.thread is None and b.graphs.thread_via.startswith("off ("), \
+        b.graphs.thread_via
+    assert rec.calls  # it was asked, and its replays did not land
