@@ -25,6 +25,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> dict:
         ctx = Context.random(f"{model}-{n}", n, bench.vocab, cfg.SEED)
         bench.store(ctx)
         rows: dict[str, list[dict]] = {arm: [] for arm in args.arms}
+        cpu0, t0 = bench.tier.launch_thread_cpu_s(), time.monotonic()
         for i in range(args.repeats):  # arms interleaved: a drift of the engine or host reaches each alike
             for arm in args.arms:
                 rows[arm].append(bench.run(arm, ctx, f"{arm}-{i}"))
@@ -74,6 +76,10 @@ def main(argv: list[str] | None = None) -> dict:
                 medians["ttft_ms"] = round(1e3 * statistics.median(ttft), 4)
             out["arms"][arm] = {"n": len(splits), **medians}
             print(f"{arm:16s} n={len(splits)} " + " ".join(f"{k[:-3]} {v:.4f}" for k, v in medians.items()), flush=True)
+        if cpu0 is not None:  # what the launch thread's polling cost a core while the arms ran
+            cpu_s, wall_s = bench.tier.launch_thread_cpu_s() - cpu0, time.monotonic() - t0
+            out["launch_thread"] = {"cpu_s": round(cpu_s, 3), "wall_s": round(wall_s, 3)}
+            print(f"launch thread: {cpu_s:.3f} s of CPU in {wall_s:.1f} s ({100 * cpu_s / wall_s:.1f}% of a core)")
         out["env"] = environment(cfg.DEVICE)
         out["tier"] = bench.tier.describe()
     if args.out:

@@ -294,6 +294,10 @@ class GpuBufferTier:
         graphs = worker.arena.graphs if worker is not None and worker.arena is not None else None
         return graphs is not None and graphs.thread is not None
 
+    def launch_thread_cpu_s(self) -> float | None:
+        """The launch thread's CPU time so far (``LaunchThread.cpu_seconds``); None without one."""
+        return self.arena.graphs.thread.cpu_seconds() if self.has_launch_thread else None
+
     def time_forward_steps(self, on: bool) -> None:
         """Times every forward pass from the next step on (``take_forward_steps``); off by default: two
         events per step."""

@@ -1,18 +1,22 @@
 /* A native thread that launches captured CUDA graphs for the engine's thread (kv/launch_thread.py).
  *
- * The engine thread writes a restore copy's arguments, then hands the launch over (kl_request: a lock, a
- * ring slot, a wake-up) and goes on with its step; this thread, on its own core and without the GIL,
- * makes the driver call (cuGraphLaunch, or any function of the same shape: tests pass one in) in the
- * order the requests came, stamps it (CLOCK_MONOTONIC, Python's time.monotonic_ns) and publishes how many
- * it has made (num_launched, read by the engine thread without a call: kl_counter).
+ * The engine thread writes a restore copy's arguments, puts the launch in a ring slot and publishes it by
+ * storing num_requested (no call, no lock, no wake-up: on the H200 machine's VM a condition variable's wake
+ * cost the engine thread about 25 us and the launch thread 50 us more to run). This thread polls for it: it
+ * spins for spin_ns after its last launch, then sleeps poll_ns at a time between looks; it makes the driver
+ * call (cuGraphLaunch, or any function of the same shape: tests pass one in) in request order, stamps it
+ * (CLOCK_MONOTONIC, Python's time.monotonic_ns) and publishes how many it has made (num_launched).
  *
  * Invariants: launches are made in request order, one at a time; num_launched only grows, and a slot's
- * stamps and result are written before num_launched passes its ticket; a request waits while the ring is
- * full; kl_stop makes every queued launch before the thread ends and joins it.
+ * stamps and result are written before num_launched passes its ticket (release; the reader acquires, or
+ * relies on x86-64's store order); a slot is rewritten only after its launch was made (the requester waits
+ * for room); kl_stop makes every published launch before the thread ends, and joins it.
  */
+#define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <time.h>
 
 typedef int (*launch_fn)(void *exec, void *stream);
@@ -21,19 +25,18 @@ typedef int (*set_ctx_fn)(void *ctx);
 #define KL_RING 256
 
 typedef struct {
-    void *exec, *stream;
-    int64_t t_begin_ns, t_end_ns;
-    int err;
-} kl_slot;
-
-typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t wake, room;
-    kl_slot ring[KL_RING];
-    int64_t num_requested;
-    int64_t num_launched; /* written with release order by the thread; read by Python from kl_counter */
-    int first_err;        /* the first launch's error (0: none) */
-    int stop;
+    /* the requester's: slots first, then num_requested (its store publishes them) */
+    _Alignas(64) int64_t num_requested;
+    void *exec[KL_RING];
+    void *stream[KL_RING];
+    /* the launch thread's */
+    _Alignas(64) int64_t num_launched;
+    int first_err; /* the first failed launch's result (0: none) */
+    int64_t t_begin[KL_RING], t_end[KL_RING];
+    int err[KL_RING];
+    /* set at start */
+    _Alignas(64) int stop;
+    int64_t spin_ns, poll_ns;
     launch_fn launch;
     set_ctx_fn set_ctx;
     void *ctx;
@@ -46,36 +49,50 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+static inline void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
 static void *run(void *arg) {
     kl_state *s = (kl_state *)arg;
+    prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0); /* a poll's sleep ends when asked, not up to 50 us later */
     if (s->set_ctx && s->ctx) s->set_ctx(s->ctx); /* the engine's CUDA context, current on this thread too */
-    pthread_mutex_lock(&s->mu);
+    int64_t last = now_ns();
     for (;;) {
-        while (s->num_launched == s->num_requested && !s->stop) pthread_cond_wait(&s->wake, &s->mu);
-        if (s->num_launched == s->num_requested) break; /* stopped, nothing queued */
-        kl_slot *slot = &s->ring[s->num_launched % KL_RING];
-        pthread_mutex_unlock(&s->mu);
-        slot->t_begin_ns = now_ns();
-        slot->err = s->launch(slot->exec, slot->stream);
-        slot->t_end_ns = now_ns();
-        pthread_mutex_lock(&s->mu);
-        if (slot->err && !s->first_err) __atomic_store_n(&s->first_err, slot->err, __ATOMIC_RELEASE);
-        __atomic_store_n(&s->num_launched, s->num_launched + 1, __ATOMIC_RELEASE);
-        pthread_cond_signal(&s->room);
+        int64_t requested = __atomic_load_n(&s->num_requested, __ATOMIC_ACQUIRE);
+        int64_t made = s->num_launched;
+        if (requested > made) {
+            int k = (int)(made % KL_RING);
+            s->t_begin[k] = now_ns();
+            int err = s->launch(s->exec[k], s->stream[k]);
+            s->t_end[k] = last = now_ns();
+            s->err[k] = err;
+            if (err && !s->first_err) __atomic_store_n(&s->first_err, err, __ATOMIC_RELEASE);
+            __atomic_store_n(&s->num_launched, made + 1, __ATOMIC_RELEASE);
+            continue;
+        }
+        if (__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) break;
+        if (now_ns() - last < s->spin_ns) {
+            relax();
+            continue;
+        }
+        struct timespec ts = {0, (long)s->poll_ns};
+        nanosleep(&ts, NULL);
     }
-    pthread_mutex_unlock(&s->mu);
     return NULL;
 }
 
-void *kl_start(launch_fn launch, set_ctx_fn set_ctx, void *ctx) {
-    kl_state *s = (kl_state *)calloc(1, sizeof(kl_state));
-    if (!s) return NULL;
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->wake, NULL);
-    pthread_cond_init(&s->room, NULL);
+void *kl_start(launch_fn launch, set_ctx_fn set_ctx, void *ctx, int64_t spin_ns, int64_t poll_ns) {
+    kl_state *s = NULL;
+    if (posix_memalign((void **)&s, 64, sizeof(kl_state)) != 0) return NULL;
+    *s = (kl_state){0};
     s->launch = launch;
     s->set_ctx = set_ctx;
     s->ctx = ctx;
+    s->spin_ns = spin_ns;
+    s->poll_ns = poll_ns > 0 && poll_ns < 1000000000LL ? poll_ns : 20000;
     if (pthread_create(&s->thread, NULL, run, s) != 0) {
         free(s);
         return NULL;
@@ -83,19 +100,19 @@ void *kl_start(launch_fn launch, set_ctx_fn set_ctx, void *ctx) {
     return s;
 }
 
-/* Queues one launch; returns its ticket (1, 2, ...): it has been made once kl_counter reaches the ticket. */
+/* Where the requester writes: the two slot arrays and num_requested (Python stores into them in place). */
+void **kl_exec_slots(void *handle) { return ((kl_state *)handle)->exec; }
+void **kl_stream_slots(void *handle) { return ((kl_state *)handle)->stream; }
+int64_t *kl_requested(void *handle) { return &((kl_state *)handle)->num_requested; }
+
+/* The portable request (a release store; the caller has checked there is room): returns its ticket. */
 int64_t kl_request(void *handle, void *exec, void *stream) {
     kl_state *s = (kl_state *)handle;
-    pthread_mutex_lock(&s->mu);
-    while (s->num_requested - s->num_launched >= KL_RING) pthread_cond_wait(&s->room, &s->mu);
-    kl_slot *slot = &s->ring[s->num_requested % KL_RING];
-    slot->exec = exec;
-    slot->stream = stream;
-    slot->err = 0;
-    slot->t_begin_ns = slot->t_end_ns = 0;
-    int64_t ticket = ++s->num_requested;
-    pthread_cond_signal(&s->wake);
-    pthread_mutex_unlock(&s->mu);
+    int64_t ticket = s->num_requested + 1;
+    int k = (int)((ticket - 1) % KL_RING);
+    s->exec[k] = exec;
+    s->stream[k] = stream;
+    __atomic_store_n(&s->num_requested, ticket, __ATOMIC_RELEASE);
     return ticket;
 }
 
@@ -111,24 +128,27 @@ int *kl_error_flag(void *handle) { return &((kl_state *)handle)->first_err; }
 int kl_slot_of(void *handle, int64_t ticket, int64_t *t_begin_ns, int64_t *t_end_ns, int *err) {
     kl_state *s = (kl_state *)handle;
     int64_t launched = __atomic_load_n(&s->num_launched, __ATOMIC_ACQUIRE);
-    if (ticket < 1 || ticket > launched || s->num_requested - ticket >= KL_RING) return -1; /* rewritten since */
-    kl_slot *slot = &s->ring[(ticket - 1) % KL_RING];
-    *t_begin_ns = slot->t_begin_ns;
-    *t_end_ns = slot->t_end_ns;
-    *err = slot->err;
+    if (ticket < 1 || ticket > launched || s->num_requested - ticket >= KL_RING) return -1;
+    int k = (int)((ticket - 1) % KL_RING);
+    *t_begin_ns = s->t_begin[k];
+    *t_end_ns = s->t_end[k];
+    *err = s->err[k];
     return 0;
 }
 
-/* Makes every queued launch, ends the thread, joins it and frees the state. */
+/* The thread's own CPU time so far (ns), what its polling and spinning cost a core; -1 if unreadable. */
+int64_t kl_cpu_ns(void *handle) {
+    kl_state *s = (kl_state *)handle;
+    clockid_t clock;
+    struct timespec ts;
+    if (pthread_getcpuclockid(s->thread, &clock) != 0 || clock_gettime(clock, &ts) != 0) return -1;
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Makes every published launch, ends the thread, joins it and frees the state. */
 void kl_stop(void *handle) {
     kl_state *s = (kl_state *)handle;
-    pthread_mutex_lock(&s->mu);
-    s->stop = 1;
-    pthread_cond_signal(&s->wake);
-    pthread_mutex_unlock(&s->mu);
+    __atomic_store_n(&s->stop, 1, __ATOMIC_RELEASE);
     pthread_join(s->thread, NULL);
-    pthread_cond_destroy(&s->wake);
-    pthread_cond_destroy(&s->room);
-    pthread_mutex_destroy(&s->mu);
     free(s);
 }

@@ -1,22 +1,27 @@
 """``LaunchThread``: a native thread (``launch_thread.c``) that makes the driver's graph launches for the engine's
 thread, so a restore's launch leaves the step's host path (issue 13).
 
-On the H200 machine's host one ``cuGraphLaunch`` costs the engine thread 40-50 us between steps (the driver's
-code and data cold after the engine's Python; ``benchmarks/bench_cuda_host_calls.py``), about half of what a
-restore adds to the step at 0.5B 16k. Handed to a thread that does nothing else, the engine thread pays a lock,
-a ring slot and a wake-up (``request``) and the launch is made on another core while the engine's runner
-prepares the step's inputs (a millisecond or more with ``launch_at="step_start"``).
+On the H200 machine's host one ``cuGraphLaunch`` costs 40-50 us of host time between steps, on the engine
+thread or on another (measured both ways at a021e22: 0.088 ms copy call on the engine thread, 0.048 ms for the
+call on a thread of its own), about a third of what a restore adds to the step at 0.5B 16k. Handed to a
+thread that does nothing else, the engine thread pays two slot stores and one counter store (``request``: no
+call into C, no lock, no wake-up; a condition variable's wake cost it about 25 us there), and the launch is
+made on another core while the engine's runner prepares the step's inputs (a millisecond or more with
+``launch_at="step_start"``). The thread finds a request by polling: it spins ``SPIN_S`` after its last launch,
+then sleeps ``POLL_S`` between looks (``cpu_seconds`` says what that cost a core).
 
 What that costs in correctness, and how it is kept: the engine thread must not use the graph's events (wait
 on, query or time them) before the launch that records them has been made, or it would read their previous
 replay. Every such use goes through ``wait_for(ticket)`` first (``CopyGraphs.await_launches``), which spins on
 the thread's counter (its host time is counted where it is spent: in the forward pass's first layer wait). Only
 copies onto a stream the engine thread queues nothing else on (the layer-wait route's side stream) are handed
-over: on the forward pass's own stream the order of two threads' launches would be a race.
+over: on the forward pass's own stream the order of two threads' launches would be a race. The in-place stores
+rely on x86-64 keeping stores in order (the slot before the counter); elsewhere ``request`` calls ``kl_request``,
+a release store.
 
 The library is compiled once per source (``cc``, as Triton compiles its own launcher stubs) into a per-user
-cache; without a compiler there is no thread and the engine thread launches as before (``unavailable`` says
-why). ``function_address`` gives a C function to hand in: ``cuGraphLaunch`` on CUDA; tests pass a
+cache; without a compiler there is no thread and the engine thread launches as before (the arena says why).
+``function_address`` gives a C function to hand in: ``cuGraphLaunch`` on CUDA; tests pass a
 ``ctypes.CFUNCTYPE`` callback and exercise the same thread on the CPU build.
 """
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -34,6 +40,10 @@ from pathlib import Path
 SOURCE = Path(__file__).with_name("launch_thread.c")
 LAUNCH_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)  # (exec, stream) -> error
 WAIT_TIMEOUT_S = 10.0  # a launch not made in this long is a stuck thread, not a slow one
+NUM_SLOTS = 256  # KL_RING
+SPIN_S = 0.002  # the thread spins this long after a launch (a step's restores come together)
+POLL_S = 20e-6  # ... then sleeps this long between looks (its timer slack set to 1 ns)
+_IN_PLACE = platform.machine() in ("x86_64", "AMD64")  # stores reach another core in program order
 
 
 class LaunchThreadError(RuntimeError):
@@ -67,11 +77,15 @@ def build_library() -> Path:
 
 
 def _load(path: Path) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(path))  # CDLL: a request that waits for room in the ring lets the GIL go meanwhile
+    lib = ctypes.CDLL(str(path))
     vp, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.kl_start.argtypes, lib.kl_start.restype = (vp, vp, vp), vp
+    lib.kl_start.argtypes, lib.kl_start.restype = (vp, vp, vp, i64, i64), vp
     lib.kl_request.argtypes, lib.kl_request.restype = (vp, vp, vp), i64
     lib.kl_counter.argtypes, lib.kl_counter.restype = (vp,), ctypes.POINTER(i64)
+    lib.kl_requested.argtypes, lib.kl_requested.restype = (vp,), ctypes.POINTER(i64)
+    lib.kl_exec_slots.argtypes, lib.kl_exec_slots.restype = (vp,), vp
+    lib.kl_stream_slots.argtypes, lib.kl_stream_slots.restype = (vp,), vp
+    lib.kl_cpu_ns.argtypes, lib.kl_cpu_ns.restype = (vp,), i64
     lib.kl_slot_of.argtypes = (vp, i64, ctypes.POINTER(i64), ctypes.POINTER(i64), ctypes.POINTER(ctypes.c_int))
     lib.kl_slot_of.restype = ctypes.c_int
     lib.kl_error_flag.argtypes, lib.kl_error_flag.restype = (vp,), ctypes.POINTER(ctypes.c_int)
@@ -87,21 +101,24 @@ def function_address(fn) -> int:
 class LaunchThread:
     """One native launch thread. ``launch``: the C address of ``int launch(void *exec, void *stream)``;
     ``set_context`` and ``context``: ``cuCtxSetCurrent`` and the context the thread makes current first
-    (None: none). Invariant: ``num_launched`` only grows, and reaches a ticket only once that launch is made."""
+    (None: none). Requests come from one thread (the engine's). Invariant: ``num_launched`` only grows, and
+    reaches a ticket only once that launch is made."""
 
     def __init__(self, launch: int, set_context: int | None = None, context: int | None = None,
-                 keep: object = None) -> None:
-        self._lib = _load(build_library())
+                 keep: object = None, spin_s: float = SPIN_S, poll_s: float = POLL_S) -> None:
+        self._lib = lib = _load(build_library())
         self._keep = keep  # a callback handed in as ``launch`` must outlive the thread
-        handle = self._lib.kl_start(launch, set_context, context)
+        handle = lib.kl_start(launch, set_context, context, int(spin_s * 1e9), int(poll_s * 1e9))
         if not handle:
             raise LaunchThreadError("kl_start could not start a thread")
         self._handle = handle
-        self._counter = self._lib.kl_counter(handle).contents  # read in place: no call into the library
-        self._error = self._lib.kl_error_flag(handle).contents
+        self._counter = lib.kl_counter(handle).contents  # read in place: no call into the library
+        self._error = lib.kl_error_flag(handle).contents
+        self._requested = lib.kl_requested(handle).contents
+        self._exec_slots = (ctypes.c_void_p * NUM_SLOTS).from_address(lib.kl_exec_slots(handle))
+        self._stream_slots = (ctypes.c_void_p * NUM_SLOTS).from_address(lib.kl_stream_slots(handle))
         self.num_requested = 0
-        self._request = self._lib.kl_request
-        self._finalizer = weakref.finalize(self, self._lib.kl_stop, handle)
+        self._finalizer = weakref.finalize(self, lib.kl_stop, handle)
 
     @classmethod
     def for_cuda(cls) -> LaunchThread:
@@ -118,8 +135,18 @@ class LaunchThread:
         return self._counter.value
 
     def request(self, exec_handle: int, stream_handle: int) -> int:
-        """Queues one launch; returns its ticket (made once ``num_launched`` reaches it)."""
-        self.num_requested = ticket = self._request(self._handle, exec_handle, stream_handle)
+        """Queues one launch; returns its ticket (made once ``num_launched`` reaches it). Waits while every slot
+        holds a launch not made yet."""
+        ticket = self.num_requested + 1
+        if ticket - self._counter.value > NUM_SLOTS:
+            self.wait_for(ticket - NUM_SLOTS)
+        if _IN_PLACE:
+            k = (ticket - 1) % NUM_SLOTS
+            self._exec_slots[k], self._stream_slots[k] = exec_handle, stream_handle
+            self._requested.value = ticket  # after the slot: this store publishes it
+        else:
+            self._lib.kl_request(self._handle, exec_handle, stream_handle)
+        self.num_requested = ticket
         return ticket
 
     def wait_for(self, ticket: int) -> None:
@@ -142,6 +169,11 @@ class LaunchThread:
         if self._lib.kl_slot_of(self._handle, ticket, ctypes.byref(t0), ctypes.byref(t1), ctypes.byref(err)):
             return None
         return t0.value, t1.value, err.value
+
+    def cpu_seconds(self) -> float | None:
+        """The thread's own CPU time so far: what its polling, spinning and launches cost a core."""
+        ns = self._lib.kl_cpu_ns(self._handle)
+        return None if ns < 0 else ns / 1e9
 
     def close(self) -> None:
         """Makes every queued launch, then ends and joins the thread (also when collected)."""

@@ -172,6 +172,7 @@ def run_model(cfg: CrossoverParams, model: str, run_dir: Path, tier_name: str = 
         if hasattr(tier, "describe") and tier_name != "lmcache":
             summary["tier_route"] = tier.describe()
         arms = arms_of(cfg, tier_name)
+        t_grid = time.monotonic()
         for n in cfg.CONTEXT_TOKENS_GRID:
             ctx = Context.random(f"{model}-{n}", n, bench.vocab, cfg.SEED)
             if bench.has_disk_tier:
@@ -192,7 +193,10 @@ def run_model(cfg: CrossoverParams, model: str, run_dir: Path, tier_name: str = 
     except Exception as e:  # noqa: BLE001 - recorded, then re-raised as the child's exit status
         summary.update(status="error", detail=f"{type(e).__name__}: {e}")
         raise
+        summary["grid_s"] = time.monotonic() - t_grid
     finally:
+        if getattr(tier, "has_launch_thread", False):  # what its polling cost a core over the engine's life
+            summary["launch_thread_cpu_s"] = tier.launch_thread_cpu_s()
         if engine is not None:
             engine.close()
         if hasattr(tier, "close"):
