@@ -220,3 +220,27 @@ def test_the_portable_request_publishes_the_same_launches(monkeypatch):
     t.wait_for(5)
     assert [c[:2] for c in rec.calls] == [(k, 10 * k) for k in range(1, 6)]
     t.close()
+
+
+def test_the_thread_gets_a_core_the_engine_thread_leaves_and_gives_back(monkeypatch):
+    masks = {}
+    me = threading.get_native_id()
+    monkeypatch.setattr(lt.os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(lt.os, "sched_setaffinity", lambda pid, cpus: masks.__setitem__(me if pid == 0 else pid, set(cpus)))
+    monkeypatch.setattr(lt, "_siblings", lambda cpu: {cpu, cpu - 4})  # 4 cores of 2 threads: 7 pairs with 3
+    rec = Recorder()
+    t = LaunchThread(function_address(rec.fn), keep=rec.fn, own_core=True)
+    assert t.reserved[:2] == (7, {3, 7}) and masks[me] == {0, 1, 2, 4, 5, 6}
+    assert "CPU 7" in t.placement() and "[3, 7]" in t.placement()
+    t.wait_for(t.request(1, 2))
+    t.close()
+    assert masks[me] == set(range(8)) and t.reserved is None
+
+
+def test_with_few_cpus_the_thread_shares_them(monkeypatch):
+    monkeypatch.setattr(lt.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(lt.os, "sched_setaffinity", lambda pid, cpus: pytest.fail("no CPU should be reserved"))
+    rec = Recorder()
+    t = LaunchThread(function_address(rec.fn), keep=rec.fn, own_core=True)
+    assert t.reserved is None and "any CPU" in t.placement()
+    t.close()

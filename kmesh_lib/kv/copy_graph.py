@@ -219,7 +219,7 @@ class CopyGraphs:
         try:
             self.thread = LaunchThread.for_cuda()
             self._check(handoff=True)
-            self.thread_via = "on (cuGraphLaunch on a native thread, kv.launch_thread)"
+            self.thread_via = f"on (cuGraphLaunch on a native thread {self.thread.placement()}, kv.launch_thread)"
         except (LaunchThreadError, RuntimeError, OSError) as e:
             self.close()
             self.thread_via = f"off ({e})"

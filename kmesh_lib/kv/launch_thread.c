@@ -14,6 +14,7 @@
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
@@ -37,6 +38,7 @@ typedef struct {
     /* set at start */
     _Alignas(64) int stop;
     int64_t spin_ns, poll_ns;
+    int cpu; /* the CPU the thread keeps to (-1: any) */
     launch_fn launch;
     set_ctx_fn set_ctx;
     void *ctx;
@@ -58,6 +60,12 @@ static inline void relax(void) {
 static void *run(void *arg) {
     kl_state *s = (kl_state *)arg;
     prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0); /* a poll's sleep ends when asked, not up to 50 us later */
+    if (s->cpu >= 0) { /* its own core: its spinning never takes the engine thread's */
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(s->cpu, &set);
+        pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+    }
     if (s->set_ctx && s->ctx) s->set_ctx(s->ctx); /* the engine's CUDA context, current on this thread too */
     int64_t last = now_ns();
     for (;;) {
@@ -84,7 +92,7 @@ static void *run(void *arg) {
     return NULL;
 }
 
-void *kl_start(launch_fn launch, set_ctx_fn set_ctx, void *ctx, int64_t spin_ns, int64_t poll_ns) {
+void *kl_start(launch_fn launch, set_ctx_fn set_ctx, void *ctx, int64_t spin_ns, int64_t poll_ns, int cpu) {
     kl_state *s = NULL;
     if (posix_memalign((void **)&s, 64, sizeof(kl_state)) != 0) return NULL;
     *s = (kl_state){0};
@@ -92,6 +100,7 @@ void *kl_start(launch_fn launch, set_ctx_fn set_ctx, void *ctx, int64_t spin_ns,
     s->set_ctx = set_ctx;
     s->ctx = ctx;
     s->spin_ns = spin_ns;
+    s->cpu = cpu;
     s->poll_ns = poll_ns > 0 && poll_ns < 1000000000LL ? poll_ns : 20000;
     if (pthread_create(&s->thread, NULL, run, s) != 0) {
         free(s);
