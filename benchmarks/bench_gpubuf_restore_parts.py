@@ -4,7 +4,8 @@
         [--repeats R] [--arms gpubuf_layered gpubuf_retained] [--out parts.json]      (PYTHONPATH at the repo root)
 
 ``--arms gpubuf_layered gpubuf_offthread`` (CUDA): the copy's graph launched by the engine thread against the
-launch thread (``kv.launch_thread``), on one engine, the arms interleaved repeat by repeat.
+launch thread (``kv.launch_thread``), on one engine, the arms interleaved repeat by repeat; with ``--spin-ms 2 0``
+the off-thread arm once per spin of the thread after a launch (2 ms, as in section 21, against polling at once).
 
 Section 21's own machinery (``RestoreBench`` on ``GpuBufferTier``) without its grid and report: one engine of
 ``--model`` (section 21's parameters for ``--profile``), one context of ``--tokens`` stored on the disk tier
@@ -41,6 +42,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--repeats", type=int, default=8)
     ap.add_argument("--arms", nargs="+", default=["gpubuf_layered", "gpubuf_retained"])
+    ap.add_argument("--spin-ms", type=float, nargs="+", default=None,
+                    help="for gpubuf_offthread: one variant per spin of the launch thread after a launch (ms; 0: it polls "
+                         "at once), interleaved with the other arms")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the tier reaches the engine in-process
@@ -49,7 +53,7 @@ def main(argv: list[str] | None = None) -> dict:
     from kmesh_lib.base.records import environment
     from kmesh_lib.engine.model_spec import resolve
     from kmesh_lib.sections import crossover as section
-    from kmesh_lib.sections.crossover.arms import Context
+    from kmesh_lib.sections.crossover.arms import HANDOFF_ARMS, Context
     from kmesh_lib.sections.crossover.experiment import gpubuf_bench
     from kmesh_lib.sections.crossover.params import MIB
 
@@ -62,12 +66,20 @@ def main(argv: list[str] | None = None) -> dict:
     with gpubuf_bench(cfg, model, "restore-parts", 2 * n) as bench:
         ctx = Context.random(f"{model}-{n}", n, bench.vocab, cfg.SEED)
         bench.store(ctx)
-        rows: dict[str, list[dict]] = {arm: [] for arm in args.arms}
+        variants = [(arm, None) for arm in args.arms if arm not in HANDOFF_ARMS or not args.spin_ms]
+        variants += [(arm, ms) for arm in args.arms if arm in HANDOFF_ARMS and args.spin_ms for ms in args.spin_ms]
+        if any(arm in HANDOFF_ARMS for arm in args.arms):  # the thread starts on first use: before the clock
+            print(f"launch thread: {bench.tier.set_launch_thread(True)}", flush=True)
+            bench.tier.set_launch_thread(False)
+        label = {v: v[0] if v[1] is None else f"{v[0]}@spin{v[1]:g}ms" for v in variants}
+        rows: dict[str, list[dict]] = {label[v]: [] for v in variants}
         cpu0, t0 = bench.tier.launch_thread_cpu_s(), time.monotonic()
         for i in range(args.repeats):  # arms interleaved: a drift of the engine or host reaches each alike
-            for arm in args.arms:
-                rows[arm].append(bench.run(arm, ctx, f"{arm}-{i}"))
-        for arm in args.arms:
+            for arm, ms in variants:
+                if ms is not None:
+                    bench.tier.set_launch_thread(False, spin_s=ms / 1e3)
+                rows[label[(arm, ms)]].append(bench.run(arm, ctx, f"{label[(arm, ms)]}-{i}"))
+        for arm in rows:
             splits = [row["split"] for row in rows[arm] if row.get("split")]
             medians = {p[:-2] + "_ms": round(1e3 * statistics.median(v), 4) for p in PARTS
                        if (v := [s[p] for s in splits if s.get(p) is not None])}
@@ -75,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
             if ttft:  # the whole first token: what the parts leave out (another thread's calls) shows here
                 medians["ttft_ms"] = round(1e3 * statistics.median(ttft), 4)
             out["arms"][arm] = {"n": len(splits), **medians}
-            print(f"{arm:16s} n={len(splits)} " + " ".join(f"{k[:-3]} {v:.4f}" for k, v in medians.items()), flush=True)
+            print(f"{arm:26s} n={len(splits)} " + " ".join(f"{k[:-3]} {v:.4f}" for k, v in medians.items()), flush=True)
         if cpu0 is not None:  # what the launch thread's polling cost a core while the arms ran
             cpu_s, wall_s = bench.tier.launch_thread_cpu_s() - cpu0, time.monotonic() - t0
             out["launch_thread"] = {"cpu_s": round(cpu_s, 3), "wall_s": round(wall_s, 3)}

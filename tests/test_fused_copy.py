@@ -173,3 +173,20 @@ def test_ids_packed_ahead_write_the_arguments_a_list_writes(num_ids):
     write_args(memoryview(from_list.numpy()).cast("B"), 42, ids)
     write_args(memoryview(from_packed.numpy()).cast("B"), 42, ids, pack_ids(ids))
     assert from_packed.tolist() == from_list.tolist() == [42, num_ids, *ids, -1, -1, -1, -1]
+
+
+def test_a_check_block_unlike_its_row_fails_until_the_row_is_copied_and_the_buffer_is_untouched(tmp_path):
+    """``unlike_row``: the graph checks' setup (``copy_graph.CopyGraphs._check``), which may run while the buffer
+    holds contexts: it flips the check block's bits against the row, so only a copy that ran makes them equal."""
+    num_blocks = 8
+    kv = {f"l{i}": torch.zeros(2, num_blocks, 16, 2, 32, dtype=torch.bfloat16) for i in range(2)}
+    arena = BufferArena(kv, num_blocks, 4, tmp_path)
+    arena.buffer.copy_(torch.randint(0, 256, arena.buffer.shape, dtype=torch.uint8))
+    arena.buffer[arena.bytes_per_block:2 * arena.bytes_per_block].zero_()  # row 1 all zeros: still told apart
+    before = arena.buffer.clone()
+    s = RowScatter(arena.buffer.view(arena.planes[0].dtype), arena.planes)
+    s.unlike_row(1, 0)
+    assert not s.row_landed(1, 0) and torch.equal(arena.buffer, before)
+    assert all(bool((p[0].view(torch.uint8) == 255).all()) for p in arena.planes)  # every bit of a zero row, flipped
+    arena._copy_per_plane(1, [0])  # the copy the check replays
+    assert s.row_landed(1, 0) and torch.equal(arena.buffer, before)

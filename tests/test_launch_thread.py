@@ -163,7 +163,10 @@ def test_handed_off_graph_replays_write_the_engine_launchs_bytes(tmp_path):
     kv_a = {f"l{i}": torch.zeros(2, num_blocks, 16, 2, 64, dtype=torch.bfloat16, device="cuda") for i in range(num_layers)}
     kv_b = {k: torch.zeros_like(v) for k, v in kv_a.items()}
     a, b = BufferArena(kv_a, num_blocks, 520, tmp_path), BufferArena(kv_b, num_blocks, 520, tmp_path)
-    assert b.graph_route == "on" and b.graphs.thread_via.startswith("on"), b.graphs.thread_via
+    assert b.graph_route == "on" and b.graphs.thread is None  # started on first use, not with the arena
+    assert b.graphs.start_thread() and b.graphs.thread_via.startswith("on"), b.graphs.thread_via
+    thread = b.graphs.thread
+    assert b.graphs.start_thread() and b.graphs.thread is thread  # once
     noise = torch.randint(0, 256, a.buffer.shape, dtype=torch.uint8, device="cuda")
     a.buffer.copy_(noise)
     b.buffer.copy_(noise)
@@ -206,8 +209,8 @@ def test_a_launch_thread_whose_check_fails_is_not_kept(tmp_path, monkeypatch):
     monkeypatch.setattr(LaunchThread, "for_cuda", classmethod(lambda cls: rec.thread()))
     kv = {f"l{i}": torch.zeros(2, 64, 16, 2, 64, dtype=torch.bfloat16, device="cuda") for i in range(2)}
     b = BufferArena(kv, 64, 40, tmp_path)
-    assert b.graph_route == "on" and b.graphs.thread is None and b.graphs.thread_via.startswith("off ("), \
-        b.graphs.thread_via
+    assert b.graph_route == "on" and not b.graphs.start_thread()
+    assert b.graphs.thread is None and b.graphs.thread_via.startswith("off (the"), b.graphs.thread_via
     assert rec.calls  # it was asked, and its replays did not land
 
 
@@ -243,4 +246,17 @@ def test_with_few_cpus_the_thread_shares_them(monkeypatch):
     rec = Recorder()
     t = LaunchThread(function_address(rec.fn), keep=rec.fn, own_core=True)
     assert t.reserved is None and "any CPU" in t.placement()
+    t.close()
+
+
+def test_the_spin_is_set_while_the_thread_runs():
+    rec = Recorder()
+    t = rec.thread()
+    t.set_spin(0.0)  # it polls at once after each launch
+    assert t.spin_s == 0.0
+    for k in range(1, 4):
+        t.wait_for(t.request(k, 0))
+    t.set_spin(0.001)
+    t.wait_for(t.request(4, 0))
+    assert [c[0] for c in rec.calls] == [1, 2, 3, 4]
     t.close()

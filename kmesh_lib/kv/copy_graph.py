@@ -171,15 +171,16 @@ class CopyGraphs:
         scatter: the arena's ``RowScatter``, warmed up (its launches are what each graph holds).
         groupings: name -> plane ranges ``[(p0, p1), ...]``, one launch and one end event each.
         max_rows: the most rows a restore copies (default: the pool's size).
-        launch_thread: start a native launch thread for handed-off replays, where a direct launcher passed its
-            check and the thread's own check replay lands (``thread_via`` says whether, or why not).
+
+    The native launch thread for handed-off replays starts on first use (``start_thread``, between steps): an
+    engine whose restores are all launched by its own thread keeps every CPU and runs no poller.
 
     Raises:
         RuntimeError: capture or the check replay failed (the arena keeps the launch route then, and says why).
     """
 
     def __init__(self, scatter: RowScatter, groupings: dict[str, list[tuple[int, int]]],
-                 max_rows: int | None = None, launch_thread: bool = True) -> None:
+                 max_rows: int | None = None) -> None:
         self.scatter = scatter
         self.buckets = size_buckets(max_rows or scatter.max_rows)
         self.groupings = groupings
@@ -188,7 +189,7 @@ class CopyGraphs:
         self._launch = None  # a direct launcher (``graph_launchers``), once one passed the check
         self._stream_handles: dict[int, object] = {}  # a stream's pointer -> the launcher's handle of it
         self.thread: LaunchThread | None = None  # the native launch thread for handed-off replays
-        self.thread_via = "off (not asked for)"
+        self.thread_via = "off (not started: no restore was handed off)"
         self.last_ticket = 0  # the last handed-off replay's ticket
         self.capture_stream = torch.cuda.Stream(device=scatter.buffer.device)
         self.capture_stream.wait_stream(current_stream())  # the buffer and the table are written
@@ -210,12 +211,16 @@ class CopyGraphs:
             self._check()
             self.launch_via = f"CUDAGraph.replay ({'; '.join(missing)})"
             self.thread_via = "off (no direct launcher: the graph's executable handle is not available)"
-            return
-        if launch_thread:
-            self._start_thread()
 
-    def _start_thread(self) -> None:
-        """The launch thread, kept only if a handed-off replay of every grouping lands (``_check``)."""
+    def start_thread(self) -> bool:
+        """Starts the launch thread once (later calls answer at once), kept only if a direct launcher passed its
+        check and a handed-off replay of every grouping lands (``_check``); ``thread_via`` says whether, or why
+        not. Returns whether there is one. Call between steps: the check replays and waits on the GPU."""
+        if self.thread is not None or not self.thread_via.startswith("off (not started"):
+            return self.thread is not None
+        if self._launch is None:
+            self.thread_via = "off (no direct launcher: the graph's executable handle is not available)"
+            return False
         try:
             self.thread = LaunchThread.for_cuda()
             self._check(handoff=True)
@@ -223,6 +228,7 @@ class CopyGraphs:
         except (LaunchThreadError, RuntimeError, OSError) as e:
             self.close()
             self.thread_via = f"off ({e})"
+        return self.thread is not None
 
     def _use(self, launch) -> None:
         self._launch, self._stream_handles = launch, {}
@@ -256,11 +262,11 @@ class CopyGraphs:
         """One replay per grouping, of the largest bucket with a single row: buffer row 1 -> vLLM's null
         block (block 0, which no request reads), compared byte for byte; ``handoff``: launched by the thread,
         onto the capture stream (a stream the engine thread queues nothing on meanwhile)."""
-        for k, name in enumerate(self.groupings):
-            self.scatter.seed_row(1, 0, 1 + k + (len(self.groupings) if handoff else 0))
+        for name in self.groupings:
+            self.scatter.unlike_row(1, 0)
             stream = self.capture_stream if handoff else None
             if stream is not None:
-                stream.wait_stream(current_stream())  # the seeded bytes
+                stream.wait_stream(current_stream())  # the block's flipped bytes
             inst = self.replay(name, 1, [0], stream=stream, bucket=self.buckets[-1], handoff=handoff)
             if handoff and not inst.ticket:
                 raise RuntimeError(f"the {name!r} graph's check replay was not handed to the launch thread")

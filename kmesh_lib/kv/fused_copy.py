@@ -166,13 +166,16 @@ class RowScatter:
             return
         self._handle, self.launch_route = handle, "handle"
 
-    def seed_row(self, src_row: int, block_id: int, value: int) -> None:
-        """Buffer row ``src_row`` := ``value`` in every word, block ``block_id`` of every plane := 0: a copy
-        checked after this (``row_landed``) is known to have run, not to have found the bytes in place."""
+    def unlike_row(self, src_row: int, block_id: int) -> None:
+        """Block ``block_id`` of every plane := the complement of buffer row ``src_row``'s slice of it, every bit
+        flipped; the buffer is not touched (it may hold a stored context). A copy checked after this
+        (``row_landed``) is known to have run, not to have found the bytes in place."""
         lw = self.line_bytes // self.word_bytes
-        self.buffer[src_row * self.row_lines * lw:(src_row + 1) * self.row_lines * lw].fill_(value)
-        for plane in self.planes:
-            plane[block_id].zero_()
+        row = self.buffer[src_row * self.row_lines * lw:(src_row + 1) * self.row_lines * lw]
+        table = self.table.view(4, self.num_planes).tolist()
+        for p, plane in enumerate(self.planes):
+            off, size = table[2][p] * lw, table[3][p] * lw
+            plane[block_id, :size].view(torch.uint8).copy_(torch.bitwise_not(row[off:off + size].view(torch.uint8)))
 
     def row_landed(self, src_row: int, block_id: int) -> bool:
         """Whether block ``block_id`` of every plane holds buffer row ``src_row``'s slice of it."""

@@ -280,16 +280,27 @@ class GpuBufferTier:
         _check_choice("wait_at", wait_at, WAIT_AT)
         self.worker.wait_at = wait_at
 
-    def set_launch_thread(self, on: bool) -> None:
+    def set_launch_thread(self, on: bool, spin_s: float | None = None) -> str:
         """From the next step on, copies waited for layer by layer (``wait_at`` "layer") on the graph route have
-        their graph launched by the native launch thread (``kv.launch_thread``) where the arena has one
-        (``describe()["copy_graph_sizes"]["launch_thread"]`` says whether, or why not), else by the engine thread;
-        each restore records which (``RestoreTimeline.launched_by``)."""
-        self.worker.handoff = on
+        their graph launched by the native launch thread (``kv.launch_thread``), started here on first use, else
+        by the engine thread; each restore records which (``RestoreTimeline.launched_by``). ``spin_s``: how long
+        the thread spins after a launch before it polls (None: as it is). Returns the thread's state in words
+        ("on (...)" or "off (why)"); without one, ``on`` launches stay on the engine thread."""
+        worker = self.worker
+        graphs = worker.arena.graphs if worker.arena is not None else None
+        if graphs is None:
+            worker.handoff = False
+            return f"off (no copy graphs: {worker.arena.graph_route if worker.arena is not None else 'no arena'})"
+        if on:
+            graphs.start_thread()
+        if spin_s is not None and graphs.thread is not None:
+            graphs.thread.set_spin(spin_s)
+        worker.handoff = on and graphs.thread is not None
+        return graphs.thread_via
 
     @property
     def has_launch_thread(self) -> bool:
-        """Whether handed-off launches can happen here: the arena's graphs have a launch thread."""
+        """Whether a launch thread runs here (started by ``set_launch_thread``)."""
         worker = self.shared.worker
         graphs = worker.arena.graphs if worker is not None and worker.arena is not None else None
         return graphs is not None and graphs.thread is not None

@@ -82,7 +82,7 @@ static void *run(void *arg) {
             continue;
         }
         if (__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) break;
-        if (now_ns() - last < s->spin_ns) {
+        if (now_ns() - last < __atomic_load_n(&s->spin_ns, __ATOMIC_RELAXED)) {
             relax();
             continue;
         }
@@ -124,6 +124,9 @@ int64_t kl_request(void *handle, void *exec, void *stream) {
     __atomic_store_n(&s->num_requested, ticket, __ATOMIC_RELEASE);
     return ticket;
 }
+
+/* How long the thread spins after a launch before it polls, from now on. */
+void kl_set_spin(void *handle, int64_t spin_ns) { __atomic_store_n(&((kl_state *)handle)->spin_ns, spin_ns, __ATOMIC_RELAXED); }
 
 /* The address of num_launched: the engine thread polls it (an aligned 8-byte load) instead of calling in. */
 int64_t *kl_counter(void *handle) { return &((kl_state *)handle)->num_launched; }

@@ -119,6 +119,7 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.kl_exec_slots.argtypes, lib.kl_exec_slots.restype = (vp,), vp
     lib.kl_stream_slots.argtypes, lib.kl_stream_slots.restype = (vp,), vp
     lib.kl_cpu_ns.argtypes, lib.kl_cpu_ns.restype = (vp,), i64
+    lib.kl_set_spin.argtypes, lib.kl_set_spin.restype = (vp, i64), None
     lib.kl_slot_of.argtypes = (vp, i64, ctypes.POINTER(i64), ctypes.POINTER(i64), ctypes.POINTER(ctypes.c_int))
     lib.kl_slot_of.restype = ctypes.c_int
     lib.kl_error_flag.argtypes, lib.kl_error_flag.restype = (vp,), ctypes.POINTER(ctypes.c_int)
@@ -156,6 +157,7 @@ class LaunchThread:
         self._exec_slots = (ctypes.c_void_p * NUM_SLOTS).from_address(lib.kl_exec_slots(handle))
         self._stream_slots = (ctypes.c_void_p * NUM_SLOTS).from_address(lib.kl_stream_slots(handle))
         self.num_requested = 0
+        self.spin_s = spin_s
         self._finalizer = weakref.finalize(self, lib.kl_stop, handle)
 
     @classmethod
@@ -223,6 +225,11 @@ class LaunchThread:
         if self._lib.kl_slot_of(self._handle, ticket, ctypes.byref(t0), ctypes.byref(t1), ctypes.byref(err)):
             return None
         return t0.value, t1.value, err.value
+
+    def set_spin(self, seconds: float) -> None:
+        """How long the thread spins after a launch before it polls (0: it polls at once), from now on."""
+        self._lib.kl_set_spin(self._handle, int(seconds * 1e9))
+        self.spin_s = seconds
 
     def cpu_seconds(self) -> float | None:
         """The thread's own CPU time so far: what its polling, spinning and launches cost a core."""
