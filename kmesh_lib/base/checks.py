@@ -79,6 +79,17 @@ def summarize(checks: list[Check]) -> dict[str, int]:
     return {status: sum(c.status == status for c in checks) for status in STATUSES}
 
 
+def verdict(checks: list[Check]) -> str:
+    """The checks in one phrase for a results table: "all passed" only when none failed and none was skipped
+    (a skipped check is not a pass), else the counts that are not ok: "1 failed", "all others passed, 1 skipped"."""
+    counts = summarize(checks)
+    if not counts["failed"] and not counts["skipped"]:
+        return "all passed"
+    if not counts["failed"]:
+        return f"all others passed, {counts['skipped']} skipped"
+    return f"{counts['failed']} failed" + (f", {counts['skipped']} skipped" if counts["skipped"] else "")
+
+
 def show(checks: list[Check], counts: dict[str, object] | None = None) -> None:
     """Prints one deterministic line per check (status and name) and per count.
 

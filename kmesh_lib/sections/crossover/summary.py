@@ -5,6 +5,7 @@ Every figure is recomputed from ``raw/rows.jsonl`` by ``checks.recomputed_tables
 """
 from __future__ import annotations
 
+from kmesh_lib.base.checks import verdict
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.crossover import report
 from kmesh_lib.sections.crossover.checks import checks, recomputed_tables
@@ -68,8 +69,7 @@ def headline(run: RunFiles) -> dict[str, str]:
     if floors:
         out["floors"] = ", ".join(f"{_device_label((f or {}).get('label', k)) if k == 'device' else (f or {}).get('label', k)} "
                                   f"{(f or {}).get('gib_per_s', 0):.2f} GiB/s" for k, f in floors.items())
-    failed = [c for c in checks(run) if c.status == "failed"]
-    out["checks"] = "all passed" if not failed else f"{len(failed)} failed"
+    out["checks"] = verdict(checks(run))
     return out
 
 

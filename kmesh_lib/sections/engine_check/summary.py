@@ -5,6 +5,7 @@ notebook's printout, so a report says what the files say.
 """
 from __future__ import annotations
 
+from kmesh_lib.base.checks import verdict
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.engine_check.checks import OPS, arms, block_ops, by_arm, checks, expected_prefix_hit
 
@@ -29,18 +30,13 @@ def _ops(ops: dict) -> str:
                                                         ("free", "frees"), ("evict", "evictions")) if ops[op] or op != "evict")
 
 
-def _failed(run: RunFiles) -> list[str]:
-    return [c.name for c in checks(run) if c.status == "failed"]
-
-
 def headline(run: RunFiles) -> dict[str, str]:
     out = {}
     for f in _arm_facts(run):
         label = f"{f['engine']} engine, B={f['block_size']}"
         out[f"{label}: second request cached"] = f"{f['num_cached_tokens'][1]} of {f['num_prompt_tokens']} prompt tokens"
         out[f"{label}: block operations"] = _ops(f["block_ops"])
-    failed = _failed(run)
-    out["checks"] = "all passed" if not failed else f"{len(failed)} failed"
+    out["checks"] = verdict(checks(run))
     return out
 
 

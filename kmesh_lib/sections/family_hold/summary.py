@@ -6,6 +6,7 @@ says that its sweep figures are the recorded ones.
 """
 from __future__ import annotations
 
+from kmesh_lib.base.checks import verdict
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.family_hold import report
 from kmesh_lib.sections.family_hold.checks import checks
@@ -67,8 +68,7 @@ def headline(run: RunFiles) -> dict[str, str]:
         out["real engine outputs between arms"] = (f"tokens equal in {real['requests'] - real['token_mismatches']} of "
                                                    f"{real['requests']} requests; "
                                                    f"max |logprob delta| {real['max_logprob_delta']:.2g}")
-    failed = [c for c in checks(run) if c.status == "failed"]
-    out["checks"] = "all passed" if not failed else f"{len(failed)} failed"
+    out["checks"] = verdict(checks(run))
     return out
 
 

@@ -1,0 +1,15 @@
+"""``base.checks.verdict``: the phrase a results table shows for a run's checks. A skipped check is not a pass, so
+a run with one says so (engine_check b42b passed with one skipped, and its row read "all passed" before)."""
+import pytest
+
+from kmesh_lib.base.checks import Check, verdict
+
+
+@pytest.mark.parametrize("statuses, phrase", [
+    (["ok", "ok"], "all passed"),
+    (["ok", "skipped"], "all others passed, 1 skipped"),
+    (["failed", "ok", "failed"], "2 failed"),
+    (["failed", "skipped", "skipped"], "1 failed, 2 skipped"),
+])
+def test_the_phrase_names_every_check_that_is_not_ok(statuses, phrase):
+    assert verdict([Check(f"c{i}", s, "") for i, s in enumerate(statuses)]) == phrase
