@@ -65,9 +65,10 @@ def reserve_core() -> tuple[int, set[int], set[int]] | None:
     """A core for the launch thread: the calling (engine) thread's highest allowed CPU, whose physical core the
     calling thread then leaves (``os.sched_setaffinity`` on it alone; threads it starts later inherit that).
     Returns (cpu, the core's CPUs, the calling thread's mask before), or None with fewer than
-    ``MIN_CPUS_TO_RESERVE`` CPUs allowed. Why: a thread that spins on a CPU the engine thread is put on takes
-    that thread's time slices (on the H200 VM at 43a9d5d, unpinned, 4 of 10 restores at 0.5B 16k lost
-    0.08-0.1 ms right after their request)."""
+    ``MIN_CPUS_TO_RESERVE`` CPUs allowed. Why: a thread that spins on a CPU the engine thread is put on would
+    take that thread's time slices. Measured on the H200 VM it did not explain what it was added for (a quarter to
+    a third of off-thread restores stall the engine thread 0.08-0.13 ms right after their request, unpinned at
+    43a9d5d and pinned at d2dc0f0 alike: docs/notes/gpu-restore-paths.md); it stays as the guard it is."""
     allowed = os.sched_getaffinity(0)
     if len(allowed) < MIN_CPUS_TO_RESERVE:
         return None
