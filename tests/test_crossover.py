@@ -809,3 +809,19 @@ def test_forward_step_pairs_pool_the_points_paired_by_repeat_and_resolve_what_on
     assert f"{layered['median_ms']:+,.3f} ms" in row and "above zero, 24 pairs" in row and "12 pairs" in row
     assert len(table) == 2 + 3  # one row per (path, against)
     assert forward_pairs_table({"arms": []}) == ""
+
+
+def test_the_handoff_table_counts_the_off_thread_restores_that_outlast_the_engine_launched_ones():
+    from kmesh_lib.sections.crossover.report import handoff_table
+
+    def row(arm, after_s, call_s):
+        return {"model": "m", "context_tokens": 16384, "arm": arm, "measured": True, "status": "ok",
+                "split": {"after_copy_s": after_s, "copy_call_s": call_s}}
+
+    own = [row("gpubuf_layered", a, 80e-6) for a in (10e-6, 20e-6, 30e-6)]
+    handed = [row("gpubuf_offthread", a, 30e-6) for a in (15e-6, 50e-6, 100e-6, 25e-6)]
+    (h,) = handoff_table(own + handed + [row("gpubuf_retained", 1.0, 1.0)])
+    assert (h["num_handed"], h["num_own"], h["num_stalls"]) == (4, 3, 2)
+    assert h["own_longest_after_copy_ms"] == 0.03 and h["stall_excess_ms"] == 0.045  # median of 0.02 and 0.07
+    assert (h["copy_call_ms"], h["own_copy_call_ms"]) == (0.03, 0.08)
+    assert handoff_table(own) == []  # one arm alone compares nothing

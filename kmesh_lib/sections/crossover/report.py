@@ -231,6 +231,34 @@ def split_table(rows: list[dict]) -> list[dict]:
     return out
 
 
+# (handed to the launch thread, launched by the engine thread): the same layer-wait copy, one engine
+HANDOFF_PAIR = ("gpubuf_offthread", "gpubuf_layered")
+
+
+def handoff_table(rows: list[dict]) -> list[dict]:
+    """The launch handed to a thread against the engine thread's own, per model over every point (one engine runs
+    both arms): the copy call's median in each, and the stalls: the off-thread restores whose ``after_copy`` (the
+    engine thread's Python right after the request, with no CUDA call in it) took longer than the longest of the
+    engine-launched arm's, how many and by how much (median excess). Empty where a run has not both arms."""
+    by_model: dict[str, dict[str, list[dict]]] = {}
+    for r in usable(rows):
+        if r["arm"] in HANDOFF_PAIR and (r.get("split") or {}).get("after_copy_s") is not None:
+            by_model.setdefault(r["model"], {}).setdefault(r["arm"], []).append(r["split"])
+    out = []
+    for model, arms in sorted(by_model.items()):
+        handed, own = arms.get(HANDOFF_PAIR[0], []), arms.get(HANDOFF_PAIR[1], [])
+        if not handed or not own:
+            continue
+        longest = max(s["after_copy_s"] for s in own)
+        stalls = [s["after_copy_s"] - longest for s in handed if s["after_copy_s"] > longest]
+        out.append({"model": model, "num_handed": len(handed), "num_own": len(own),
+                    "copy_call_ms": round(1e3 * statistics.median(s["copy_call_s"] for s in handed), 4),
+                    "own_copy_call_ms": round(1e3 * statistics.median(s["copy_call_s"] for s in own), 4),
+                    "own_longest_after_copy_ms": round(1e3 * longest, 4), "num_stalls": len(stalls),
+                    "stall_excess_ms": round(1e3 * statistics.median(stalls), 4) if stalls else None})
+    return out
+
+
 FOLLOWS_RHO = 0.5  # a rank correlation this strong (or stronger) says the forward step follows that quantity
 
 

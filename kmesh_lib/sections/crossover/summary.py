@@ -238,6 +238,15 @@ def _goal_sentences(tables: dict, rows: list[dict] | None = None, suffix_tokens:
                        f"that sum and is at most the copy's own span. Charged in full, the path that adds least is within "
                        f"{report.GOAL_X}\u00d7 its floor at {sum(r['charged_within'] for r in layered)} of {len(layered)} "
                        "points.")
+    for h in report.handoff_table(rows or []):
+        out.append(f"The copy's graph launched by a thread of its own ({report.HANDOFF_PAIR[0]}) against the engine "
+                   f"thread ({report.HANDOFF_PAIR[1]}), one engine, every point, {h['model']}: the copy call "
+                   f"{h['copy_call_ms']:.3f} against {h['own_copy_call_ms']:.3f} ms (medians); in {h['num_stalls']} of "
+                   f"{h['num_handed']} off-thread restores the engine thread's Python right after the request "
+                   f"(after_copy, no CUDA call in it) took longer than the engine-launched arm's longest "
+                   f"({h['own_longest_after_copy_ms']:.3f} ms, of {h['num_own']})"
+                   + (f", by a median of {h['stall_excess_ms']:.3f} ms: a stall the hand-off brings, counted in what "
+                      "the restore adds" if h["num_stalls"] else "") + ".")
     steps = [r for r in tables.get("forward_steps", []) if r["context_tokens"] >= report.GOAL_MIN_TOKENS]
     if steps:
         spanning = [r for r in steps if r["difference_ci_ms"][0] <= 0 <= r["difference_ci_ms"][1]]
