@@ -260,3 +260,21 @@ def test_the_spin_is_set_while_the_thread_runs():
     t.wait_for(t.request(4, 0))
     assert [c[0] for c in rec.calls] == [1, 2, 3, 4]
     t.close()
+
+
+def test_a_thread_collected_without_close_is_stopped_and_gives_its_core_back(monkeypatch):
+    import gc
+
+    masks = {}
+    me = threading.get_native_id()
+    monkeypatch.setattr(lt.os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(lt.os, "sched_setaffinity", lambda pid, cpus: masks.__setitem__(me if pid == 0 else pid, set(cpus)))
+    monkeypatch.setattr(lt, "_siblings", lambda cpu: {cpu})
+    before = _threads()
+    rec = Recorder()
+    t = LaunchThread(function_address(rec.fn), keep=rec.fn, own_core=True)
+    assert masks[me] == set(range(7)) and _threads() == before + 1
+    t.wait_for(t.request(1, 2))
+    del t
+    gc.collect()
+    assert masks[me] == set(range(8)) and _threads() == before

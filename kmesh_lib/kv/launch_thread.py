@@ -128,6 +128,20 @@ def _load(path: Path) -> ctypes.CDLL:
     return lib
 
 
+def _give_back(engine_tid: int, reserved: tuple | None) -> None:
+    """The engine thread's CPU mask as it was before ``reserve_core`` (by its id: this may run on another thread)."""
+    if reserved:
+        try:
+            os.sched_setaffinity(engine_tid, reserved[2])
+        except OSError:
+            pass  # the engine thread has ended
+
+
+def _stop(kl_stop, handle: int, engine_tid: int, reserved: tuple | None) -> None:
+    kl_stop(handle)
+    _give_back(engine_tid, reserved)
+
+
 def function_address(fn) -> int:
     """A ctypes function's (or callback's) C address."""
     return ctypes.cast(fn, ctypes.c_void_p).value
@@ -149,7 +163,7 @@ class LaunchThread:
         cpu = self.reserved[0] if self.reserved else -1
         handle = lib.kl_start(launch, set_context, context, int(spin_s * 1e9), int(poll_s * 1e9), cpu)
         if not handle:
-            self._give_core_back()
+            _give_back(self._engine_tid, self.reserved)
             raise LaunchThreadError("kl_start could not start a thread")
         self._handle = handle
         self._counter = lib.kl_counter(handle).contents  # read in place: no call into the library
@@ -159,7 +173,8 @@ class LaunchThread:
         self._stream_slots = (ctypes.c_void_p * NUM_SLOTS).from_address(lib.kl_stream_slots(handle))
         self.num_requested = 0
         self.spin_s = spin_s
-        self._finalizer = weakref.finalize(self, lib.kl_stop, handle)
+        # on close, or when collected: the thread stopped and joined, then the engine thread's CPUs given back
+        self._finalizer = weakref.finalize(self, _stop, lib.kl_stop, handle, self._engine_tid, self.reserved)
 
     @classmethod
     def for_cuda(cls) -> LaunchThread:
@@ -178,14 +193,6 @@ class LaunchThread:
             return f"on any CPU (fewer than {MIN_CPUS_TO_RESERVE} allowed, or not asked for)"
         cpu, core, _ = self.reserved
         return f"on CPU {cpu}; the engine thread keeps off CPUs {sorted(core)}"
-
-    def _give_core_back(self) -> None:
-        if self.reserved:
-            try:  # the engine thread's mask as it was (by its id: close may run on another thread)
-                os.sched_setaffinity(self._engine_tid, self.reserved[2])
-            except OSError:
-                pass  # the thread has ended
-            self.reserved = None
 
     @property
     def num_launched(self) -> int:
@@ -241,4 +248,4 @@ class LaunchThread:
         """Makes every queued launch, then ends and joins the thread (also when collected), and gives the engine
         thread its CPUs back."""
         self._finalizer()
-        self._give_core_back()
+        self.reserved = None
