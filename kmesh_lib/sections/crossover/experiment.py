@@ -190,10 +190,10 @@ def run_model(cfg: CrossoverParams, model: str, run_dir: Path, tier_name: str = 
                                kv_bytes_per_token=kvt, context_bytes=n * kvt, arm_position=i,
                                previous_arm=order[i - 1] if i else None)
                     record.append_jsonl("rows.jsonl", row)
+        summary["grid_s"] = time.monotonic() - t_grid  # beside launch_thread_cpu_s: the share of a core it took
     except Exception as e:  # noqa: BLE001 - recorded, then re-raised as the child's exit status
         summary.update(status="error", detail=f"{type(e).__name__}: {e}")
         raise
-        summary["grid_s"] = time.monotonic() - t_grid
     finally:
         if getattr(tier, "has_launch_thread", False):  # what its polling cost a core over the engine's life
             summary["launch_thread_cpu_s"] = tier.launch_thread_cpu_s()
