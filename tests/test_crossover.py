@@ -163,6 +163,8 @@ def test_tiny_grid_runs_on_the_gpu_buffer(tmp_path):
     assert [rows[a]["split"]["wait_at"] for a in arms[:3]] == ["forward", "layer", "forward"]
     assert rows["gpubuf_layered"]["split"]["num_layer_waits"] == rows["gpubuf_layered"]["split"]["num_copy_groups"] > 1
     assert all(r["forward_step_s"] > 0 for r in rows.values())  # every arm's forward pass, the resident control's too
+    # each restore's end to its forward pass's first layer: host time after its own windows, under the step's length
+    assert all(0 < rows[a]["split"]["to_forward_s"] < rows[a]["ttft_s"] for a in arms[:3])
     assert rows["gpubuf_retained"]["memory_tier_bytes"] >= 256 * 1024 and rows["gpubuf_disk"]["memory_tier_bytes_after"] == 0
     assert rows["gpubuf_disk"]["split"]["disk_read_s"] > 0
     [model] = RunFiles(tmp_path).raw("models.jsonl")
@@ -825,3 +827,55 @@ def test_the_handoff_table_counts_the_off_thread_restores_that_outlast_the_engin
     assert h["own_longest_after_copy_ms"] == 0.03 and h["stall_excess_ms"] == 0.045  # median of 0.02 and 0.07
     assert (h["copy_call_ms"], h["own_copy_call_ms"]) == (0.03, 0.08)
     assert handoff_table(own) == []  # one arm alone compares nothing
+    assert h["stalled_launch_begin_us"] is None and h["to_forward_us"] is None  # rows without the thread's stamps
+
+
+def thread_row(arm, after_us, launch_begin_us=None, launch_us=40.0, to_forward_us=None):
+    """A restore's split as the connector records it: ids written 2 us into a 30 us copy call (so the request is
+    28 us after the ids), the thread's launch ``launch_begin_us`` after the request and ``launch_us`` long."""
+    split = {"after_copy_s": after_us / 1e6, "copy_call_s": 30e-6, "write_ids_s": 2e-6,
+             "to_forward_s": None if to_forward_us is None else to_forward_us / 1e6}
+    if launch_begin_us is not None:
+        split.update(thread_launch_s=launch_us / 1e6, thread_lag_s=(28 + launch_begin_us + launch_us) / 1e6)
+    return {"model": "m", "context_tokens": 16384, "arm": arm, "measured": True, "status": "ok", "split": split}
+
+
+def test_the_handoff_table_places_each_stall_against_the_threads_launch():
+    from kmesh_lib.sections.crossover.report import handoff_points, handoff_table
+
+    own = [thread_row("gpubuf_layered", a, to_forward_us=f) for a, f in ((10, 50), (20, 60), (30, 70))]
+    # two stalls whose launches began 1 and 3 us after the request and whose Python ended 40 and 50 us after the
+    # launch returned; two restores whose launches began later (15, 25 us) and did not stall
+    handed = [thread_row("gpubuf_offthread", 81, 1, to_forward_us=90), thread_row("gpubuf_offthread", 93, 3, to_forward_us=110),
+              thread_row("gpubuf_offthread", 18, 15, to_forward_us=55), thread_row("gpubuf_offthread", 22, 25, to_forward_us=65)]
+    (h,) = handoff_table(own + handed)
+    assert h["num_stalls"] == 2
+    assert (h["stalled_launch_begin_us"], h["other_launch_begin_us"]) == (2.0, 20.0)
+    assert h["stall_resumed_after_launch_us"] == 45.0  # medians of 81-41 and 93-43
+    assert (h["to_forward_us"], h["own_to_forward_us"]) == (77.5, 60.0)
+    points = handoff_points(own + handed)["m"]
+    assert "launch_begin_us" not in points["gpubuf_layered"][0]  # the engine thread's own launch has no thread stamps
+    assert [round(p["launch_end_us"], 6) for p in points["gpubuf_offthread"]] == [41.0, 43.0, 55.0, 65.0]
+
+
+def test_the_handoff_sentence_states_the_launch_timing_only_where_recorded():
+    from kmesh_lib.sections.crossover.summary import _handoff_timing
+
+    h = {"num_stalls": 2, "stalled_launch_begin_us": 2.0, "other_launch_begin_us": 20.0,
+         "stall_resumed_after_launch_us": 45.0, "to_forward_us": None, "own_to_forward_us": None}
+    said = _handoff_timing(h)
+    assert "began a median 2.0 us after the request, the others' 20.0 us" in said and "45.0 us after" in said
+    assert "first layer" not in said
+    assert _handoff_timing({**h, "num_stalls": 0}) == ""
+    assert "took 77.5 us against 60.0 us" in _handoff_timing({**h, "to_forward_us": 77.5, "own_to_forward_us": 60.0})
+
+
+def test_the_handoff_plot_is_drawn_only_with_both_arms_and_the_threads_stamps(tmp_path):
+    from kmesh_lib.sections.crossover.report import handoff_plot
+
+    own = [thread_row("gpubuf_layered", a) for a in (10, 20)]
+    handed = [thread_row("gpubuf_offthread", 81, 1), thread_row("gpubuf_offthread", 18, 15)]
+    assert handoff_plot(own, tmp_path / "a.png") is None and not (tmp_path / "a.png").exists()
+    assert handoff_plot(own + [thread_row("gpubuf_offthread", 81)], tmp_path / "b.png") is None  # no stamps
+    assert handoff_plot(own + handed, tmp_path / "c.png") is not None
+    assert (tmp_path / "c.png").stat().st_size > 1000

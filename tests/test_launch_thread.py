@@ -278,3 +278,20 @@ def test_a_thread_collected_without_close_is_stopped_and_gives_its_core_back(mon
     del t
     gc.collect()
     assert masks[me] == set(range(8)) and _threads() == before
+
+
+def test_the_busy_launch_takes_its_time_on_the_thread_and_holds_no_gil():
+    """``kl_busy_launch`` spins for its exec argument's nanoseconds on the launch thread; the requesting thread's
+    Python keeps running meanwhile (a ctypes callback would hold the GIL for the whole launch)."""
+    t = LaunchThread(lt.busy_launch_address())
+    try:
+        t_request = time.monotonic_ns()
+        ticket = t.request(50_000_000, 0)  # 50 ms
+        num_loops = 0
+        while t.num_launched < ticket:
+            num_loops += 1
+        begin, end, err = t.stamps(ticket)
+        assert err == 0 and end - begin >= 50_000_000 and begin >= t_request
+        assert num_loops > 1000  # the Python loop ran through the launch
+    finally:
+        t.close()

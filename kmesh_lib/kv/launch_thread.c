@@ -157,6 +157,16 @@ int64_t kl_cpu_ns(void *handle) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* A launch that only takes time: spins for (intptr_t)exec nanoseconds on the calling thread and returns 0. Handed
+ * in where there is no driver (the CPU build's tests and benchmark), or beside the driver's launch to tell what a
+ * busy thread does to the engine thread from what the driver call does (benchmarks/bench_launch_interference.py). */
+int kl_busy_launch(void *exec, void *stream) {
+    (void)stream;
+    int64_t until = now_ns() + (int64_t)(intptr_t)exec;
+    while (now_ns() < until) relax();
+    return 0;
+}
+
 /* Makes every published launch, ends the thread, joins it and frees the state. */
 void kl_stop(void *handle) {
     kl_state *s = (kl_state *)handle;

@@ -147,6 +147,12 @@ def function_address(fn) -> int:
     return ctypes.cast(fn, ctypes.c_void_p).value
 
 
+def busy_launch_address() -> int:
+    """The C address of ``kl_busy_launch``: a launch that spins for its ``exec`` argument's nanoseconds and returns
+    0, holding no lock and no GIL (a ctypes callback would take the GIL for its whole run)."""
+    return function_address(_load(build_library()).kl_busy_launch)
+
+
 class LaunchThread:
     """One native launch thread. ``launch``: the C address of ``int launch(void *exec, void *stream)``;
     ``set_context`` and ``context``: ``cuCtxSetCurrent`` and the context the thread makes current first

@@ -210,7 +210,12 @@ class RestoreBench:
                      if result.t_submit_ns <= s["t_start_ns"] <= result.t_first_token_ns]
             out["forward_step_s"] = steps[-1]["forward_s"] if steps else None  # the one that gave the first token
             if timelines:
-                out["split"] = gpu_buffer_split(timelines[0], result.t_submit_ns, result.t_first_token_ns)
+                out["split"] = split = gpu_buffer_split(timelines[0], result.t_submit_ns, result.t_first_token_ns)
+                # the engine thread from the restore's end to its forward pass's first attention layer: where a stall
+                # the restore causes after its own windows would show (report.handoff_table)
+                launched = timelines[0].get("t_launched_ns")
+                after = [s["t_start_ns"] for s in steps if launched is not None and s["t_start_ns"] >= launched]
+                split["to_forward_s"] = (after[0] - launched) / 1e9 if after else None
             return out
         if self.tier_name == "native":
             out = {"external_hit_tokens": int(stats.get("external_hits", 0)), "num_lookup_calls": len(timelines),

@@ -11,6 +11,8 @@
                      timestamps), and the part that takes longest
     scatter_table    what the forward step's spread moves with, per long context: the host's own time in
                      the same request, and the GPU's clock (rows with ``gpu_clocks``)
+    handoff_table    the graph's launch made by the launch thread against the engine thread's own: the
+                     engine thread's stalls after the request, and where the thread's launch began
 
 Invariant: only measured rows whose follow-ups hit exactly their expected cached tokens enter a table.
 """
@@ -37,7 +39,7 @@ FLOOR_OF = {"dram": ("sum", ("copy",)), "disk": ("sum", ("disk", "copy")),
 SPLIT_PARTS = ("queue_s", "lookup_s", "disk_read_s", "staging_s", "launch_s", "copy_s", "restore_s", "load_time_s",
                "after_restore_s", "after_lookup_s", "allocate_s", "schedule_s", "measure_s", "host_s", "hook_s",
                "before_copy_s", "copy_call_s", "write_ids_s", "after_copy_s", "forward_wait_s", "critical_s",
-               "thread_launch_s", "thread_lag_s")
+               "thread_launch_s", "thread_lag_s", "to_forward_s")
 # the parts that bring the context in; what follows (after_*) is the forward step the resident follow-up also pays
 # The parts of bringing the context in. The wait before the scheduler first looks at the request
 # (``queue_ms``) is recorded beside them but is not one: a resident follow-up waits the same way.
@@ -235,15 +237,50 @@ def split_table(rows: list[dict]) -> list[dict]:
 HANDOFF_PAIR = ("gpubuf_offthread", "gpubuf_layered")
 
 
+def handoff_points(rows: list[dict]) -> dict[str, dict[str, list[dict]]]:
+    """Per model, per arm of ``HANDOFF_PAIR``: each restore's engine-thread parts around the request, in us.
+
+    ``after_copy_us`` (the engine thread's Python right after the request, no CUDA call in it) and ``to_forward_us``
+    (from the restore's end to the forward pass's first attention layer, host stamps; None in runs recorded before
+    it). For a launch the thread made, on the same clock, from the request (the copy call's end): its driver call's
+    ``launch_begin_us`` and ``launch_end_us``, and ``resumed_after_launch_us``, the engine thread's end of
+    ``after_copy`` after the launch returned."""
+    out: dict[str, dict[str, list[dict]]] = {}
+    for r in usable(rows):
+        s = r.get("split") or {}
+        if r["arm"] not in HANDOFF_PAIR or s.get("after_copy_s") is None:
+            continue
+        p = {"context_tokens": r["context_tokens"], "after_copy_us": 1e6 * s["after_copy_s"],
+             "to_forward_us": None if s.get("to_forward_s") is None else 1e6 * s["to_forward_s"]}
+        if s.get("thread_lag_s") is not None and s.get("thread_launch_s") is not None and s.get("write_ids_s") is not None:
+            # the stamps: ids written, then the request (copy_call's end); the thread's lag runs from the ids written
+            request_us = 1e6 * (s["copy_call_s"] - s["write_ids_s"])
+            p["launch_end_us"] = 1e6 * s["thread_lag_s"] - request_us
+            p["launch_begin_us"] = p["launch_end_us"] - 1e6 * s["thread_launch_s"]
+            p["resumed_after_launch_us"] = p["after_copy_us"] - p["launch_end_us"]
+        out.setdefault(r["model"], {}).setdefault(r["arm"], []).append(p)
+    return out
+
+
+def _median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return round(statistics.median(values), 1) if values else None
+
+
 def handoff_table(rows: list[dict]) -> list[dict]:
     """The launch handed to a thread against the engine thread's own, per model over every point (one engine runs
     both arms): the copy call's median in each, and the stalls: the off-thread restores whose ``after_copy`` (the
     engine thread's Python right after the request, with no CUDA call in it) took longer than the longest of the
-    engine-launched arm's, how many and by how much (median excess). Empty where a run has not both arms."""
+    engine-launched arm's, how many and by how much (median excess). Beside them, from the thread's stamps
+    (``handoff_points``, us from the request): where the stalled restores' launches began and where the others'
+    did, and how long after the stalled launch's return the engine thread's Python ended; and, where recorded, the
+    engine thread's time from the restore's end to the forward pass's first layer in each arm (a stall after the
+    restore's own windows shows there, not in ``after_copy``). Empty where a run has not both arms."""
     by_model: dict[str, dict[str, list[dict]]] = {}
     for r in usable(rows):
         if r["arm"] in HANDOFF_PAIR and (r.get("split") or {}).get("after_copy_s") is not None:
             by_model.setdefault(r["model"], {}).setdefault(r["arm"], []).append(r["split"])
+    points = handoff_points(rows)
     out = []
     for model, arms in sorted(by_model.items()):
         handed, own = arms.get(HANDOFF_PAIR[0], []), arms.get(HANDOFF_PAIR[1], [])
@@ -251,12 +288,46 @@ def handoff_table(rows: list[dict]) -> list[dict]:
             continue
         longest = max(s["after_copy_s"] for s in own)
         stalls = [s["after_copy_s"] - longest for s in handed if s["after_copy_s"] > longest]
+        handed_points, own_points = points[model][HANDOFF_PAIR[0]], points[model][HANDOFF_PAIR[1]]
+        stalled = [p for p in handed_points if p["after_copy_us"] > 1e6 * longest]
+        others = [p for p in handed_points if p["after_copy_us"] <= 1e6 * longest]
         out.append({"model": model, "num_handed": len(handed), "num_own": len(own),
                     "copy_call_ms": round(1e3 * statistics.median(s["copy_call_s"] for s in handed), 4),
                     "own_copy_call_ms": round(1e3 * statistics.median(s["copy_call_s"] for s in own), 4),
                     "own_longest_after_copy_ms": round(1e3 * longest, 4), "num_stalls": len(stalls),
-                    "stall_excess_ms": round(1e3 * statistics.median(stalls), 4) if stalls else None})
+                    "stall_excess_ms": round(1e3 * statistics.median(stalls), 4) if stalls else None,
+                    "stalled_launch_begin_us": _median(p.get("launch_begin_us") for p in stalled),
+                    "other_launch_begin_us": _median(p.get("launch_begin_us") for p in others),
+                    "stall_resumed_after_launch_us": _median(p.get("resumed_after_launch_us") for p in stalled),
+                    "to_forward_us": _median(p["to_forward_us"] for p in handed_points),
+                    "own_to_forward_us": _median(p["to_forward_us"] for p in own_points)})
     return out
+
+
+def handoff_plot(rows: list[dict], path_out):
+    """Per model with both arms of ``HANDOFF_PAIR``: each off-thread restore's ``after_copy`` against where the
+    thread's launch began (us from the request), the engine-launched arm's longest ``after_copy`` as a line: a
+    stall that follows the launch's timing shows as a band at the left. None (nothing drawn) without both arms."""
+    import matplotlib.pyplot as plt
+
+    points = {m: arms for m, arms in handoff_points(rows).items()
+              if arms.get(HANDOFF_PAIR[1]) and any("launch_begin_us" in p for p in arms.get(HANDOFF_PAIR[0], []))}
+    if not points:
+        return None
+    fig, axes = plt.subplots(1, len(points), figsize=(4.2 * len(points), 3.0), squeeze=False, sharey=True)
+    for ax, (model, arms) in zip(axes[0], sorted(points.items())):
+        longest = max(p["after_copy_us"] for p in arms[HANDOFF_PAIR[1]])
+        handed = [p for p in arms[HANDOFF_PAIR[0]] if "launch_begin_us" in p]
+        stalled = [p["after_copy_us"] > longest for p in handed]
+        ax.scatter([p["launch_begin_us"] for p in handed], [p["after_copy_us"] for p in handed], s=14,
+                   c=["C3" if x else "C0" for x in stalled])
+        ax.axhline(longest, color="0.4", ls="--", lw=1, label=f"{HANDOFF_PAIR[1]}: longest")
+        ax.set(title=model, xlabel="thread's launch began, us after the request")
+        ax.legend(fontsize=7, loc="upper right")
+    axes[0][0].set_ylabel(f"{HANDOFF_PAIR[0]}: after_copy, us")
+    fig.tight_layout()
+    fig.savefig(path_out, dpi=72, bbox_inches="tight")
+    return fig
 
 
 FOLLOWS_RHO = 0.5  # a rank correlation this strong (or stronger) says the forward step follows that quantity

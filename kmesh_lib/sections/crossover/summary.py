@@ -189,6 +189,21 @@ def _floor_sentences(tables: dict, longest: int) -> list[str]:
     return out
 
 
+def _handoff_timing(h: dict) -> str:
+    """The thread's stamps beside the stalls (``report.handoff_table``), where the run recorded them."""
+    out = ""
+    if h["num_stalls"] and h["stalled_launch_begin_us"] is not None and h["other_launch_begin_us"] is not None:
+        out += (f" The stalled restores' launches began a median {h['stalled_launch_begin_us']:.1f} us after the request, "
+                f"the others' {h['other_launch_begin_us']:.1f} us, and a stalled restore's Python ended a median "
+                f"{h['stall_resumed_after_launch_us']:.1f} us after the thread's launch returned"
+                " (the handoff figure).")
+    if h["to_forward_us"] is not None and h["own_to_forward_us"] is not None:
+        out += (f" From the restore's end to the forward pass's first layer the engine thread took {h['to_forward_us']:.1f} us "
+                f"against {h['own_to_forward_us']:.1f} us with its own launch (medians): a stall after the restore's "
+                "own windows would show there.")
+    return out
+
+
 def _goal_sentences(tables: dict, rows: list[dict] | None = None, suffix_tokens: int | None = None,
                     goals: list[dict] | None = None, critical: list[dict] | None = None) -> list[str]:
     """Issue 13's two goals as measured lines: how many grid points meet each, under each reading;
@@ -246,7 +261,8 @@ def _goal_sentences(tables: dict, rows: list[dict] | None = None, suffix_tokens:
                    f"(after_copy, no CUDA call in it) took longer than the engine-launched arm's longest "
                    f"({h['own_longest_after_copy_ms']:.3f} ms, of {h['num_own']})"
                    + (f", by a median of {h['stall_excess_ms']:.3f} ms: a stall the hand-off brings, counted in what "
-                      "the restore adds" if h["num_stalls"] else "") + ".")
+                      "the restore adds" if h["num_stalls"] else "") + "."
+                   + _handoff_timing(h))
     steps = [r for r in tables.get("forward_steps", []) if r["context_tokens"] >= report.GOAL_MIN_TOKENS]
     if steps:
         spanning = [r for r in steps if r["difference_ci_ms"][0] <= 0 <= r["difference_ci_ms"][1]]
