@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 PARTS = ("lookup_s", "schedule_s", "before_copy_s", "copy_call_s", "write_ids_s", "after_copy_s", "hook_s",
-         "forward_wait_s", "critical_s", "thread_launch_s", "thread_lag_s")
+         "forward_wait_s", "critical_s", "thread_launch_s", "thread_lag_s", "to_forward_s")
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -195,8 +195,7 @@ def _handoff_timing(h: dict) -> str:
     if h["num_stalls"] and h["stalled_launch_begin_us"] is not None and h["other_launch_begin_us"] is not None:
         out += (f" The stalled restores' launches began a median {h['stalled_launch_begin_us']:.1f} us after the request, "
                 f"the others' {h['other_launch_begin_us']:.1f} us, and a stalled restore's Python ended a median "
-                f"{h['stall_resumed_after_launch_us']:.1f} us after the thread's launch returned"
-                " (the handoff figure).")
+                f"{h['stall_resumed_after_launch_us']:.1f} us after the thread's launch returned.")
     if h["to_forward_us"] is not None and h["own_to_forward_us"] is not None:
         out += (f" From the restore's end to the forward pass's first layer the engine thread took {h['to_forward_us']:.1f} us "
                 f"against {h['own_to_forward_us']:.1f} us with its own launch (medians): a stall after the restore's "

@@ -1,0 +1,41 @@
+"""``benchmarks/bench_launch_interference.py`` on the CPU build: the busy launch runs on the thread, each trial's
+longest gap is placed against the thread's stamps, and the summary counts what its trials hold."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_launch_interference",
+                                                  ROOT / "benchmarks" / "bench_launch_interference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_longest_gap_counts_the_request_as_the_first_stamp():
+    longest_gap = _bench().longest_gap
+    assert longest_gap(100, [101, 103, 150, 151]) == (103, 150)
+    assert longest_gap(100, [180, 181]) == (100, 180)  # the probe's first stamp came late
+    assert longest_gap(100, []) == (100, 100)
+
+
+def test_the_bench_runs_the_busy_launch_and_places_each_gap(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_launch_interference.py"), "--trials", "3",
+                          "--spin-ms", "0", "--busy-us", "200", "--out", str(tmp_path / "i.json")],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads((tmp_path / "i.json").read_text())
+    variants = [(r["launch"], r["probe"], r["spin_ms"]) for r in result["summary"]]
+    assert variants == [("busy", "python", 0.0), ("busy", "alloc", 0.0)]
+    for trials in result["trials"].values():
+        assert len(trials) == 3
+        for t in trials:  # the launch ran on the thread for its 200 us, after the request
+            assert t["launch_end_us"] - t["launch_begin_us"] >= 200 and t["launch_begin_us"] >= 0
+            assert t["gap_us"] >= 0 and t["num_stamps"] > 1
