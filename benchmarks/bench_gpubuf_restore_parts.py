@@ -5,7 +5,8 @@
 
 ``--arms gpubuf_layered gpubuf_offthread`` (CUDA): the copy's graph launched by the engine thread against the
 launch thread (``kv.launch_thread``), on one engine, the arms interleaved repeat by repeat; with ``--spin-ms 2 0``
-the off-thread arm once per spin of the thread after a launch (2 ms, as in section 21, against polling at once).
+the off-thread arm once per spin of the thread after a launch (2 ms, as in section 21, against polling at once);
+with ``--delay-us 0 10 20`` once per least delay from the request to the thread's launch (crossed with the spins).
 
 Section 21's own machinery (``RestoreBench`` on ``GpuBufferTier``) without its grid and report: one engine of
 ``--model`` (section 21's parameters for ``--profile``), one context of ``--tokens`` stored on the disk tier
@@ -45,6 +46,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--spin-ms", type=float, nargs="+", default=None,
                     help="for gpubuf_offthread: one variant per spin of the launch thread after a launch (ms; 0: it polls "
                          "at once), interleaved with the other arms")
+    ap.add_argument("--delay-us", type=float, nargs="+", default=None,
+                    help="for gpubuf_offthread: one variant per least delay from the request to the thread's launch (us; "
+                         "0: at once), crossed with --spin-ms")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the tier reaches the engine in-process
@@ -66,19 +70,29 @@ def main(argv: list[str] | None = None) -> dict:
     with gpubuf_bench(cfg, model, "restore-parts", 2 * n) as bench:
         ctx = Context.random(f"{model}-{n}", n, bench.vocab, cfg.SEED)
         bench.store(ctx)
-        variants = [(arm, None) for arm in args.arms if arm not in HANDOFF_ARMS or not args.spin_ms]
-        variants += [(arm, ms) for arm in args.arms if arm in HANDOFF_ARMS and args.spin_ms for ms in args.spin_ms]
+        thread_settings = [(ms, us) for ms in (args.spin_ms or [None]) for us in (args.delay_us or [None])]
+        varied = thread_settings != [(None, None)]
+        variants = [(arm, None) for arm in args.arms if arm not in HANDOFF_ARMS or not varied]
+        variants += [(arm, st) for arm in args.arms if arm in HANDOFF_ARMS and varied for st in thread_settings]
         if any(arm in HANDOFF_ARMS for arm in args.arms):  # the thread starts on first use: before the clock
             print(f"launch thread: {bench.tier.set_launch_thread(True)}", flush=True)
             bench.tier.set_launch_thread(False)
-        label = {v: v[0] if v[1] is None else f"{v[0]}@spin{v[1]:g}ms" for v in variants}
+        def named(arm, setting):
+            if setting is None:
+                return arm
+            ms, us = setting
+            return arm + (f"@spin{ms:g}ms" if ms is not None else "") + (f"@delay{us:g}us" if us is not None else "")
+
+        label = {v: named(*v) for v in variants}
         rows: dict[str, list[dict]] = {label[v]: [] for v in variants}
         cpu0, t0 = bench.tier.launch_thread_cpu_s(), time.monotonic()
         for i in range(args.repeats):  # arms interleaved: a drift of the engine or host reaches each alike
-            for arm, ms in variants:
-                if ms is not None:
-                    bench.tier.set_launch_thread(False, spin_s=ms / 1e3)
-                rows[label[(arm, ms)]].append(bench.run(arm, ctx, f"{label[(arm, ms)]}-{i}"))
+            for arm, setting in variants:
+                if setting is not None:
+                    ms, us = setting
+                    bench.tier.set_launch_thread(False, spin_s=None if ms is None else ms / 1e3,
+                                                 min_delay_s=None if us is None else us / 1e6)
+                rows[label[(arm, setting)]].append(bench.run(arm, ctx, f"{label[(arm, setting)]}-{i}"))
         for arm in rows:
             splits = [row["split"] for row in rows[arm] if row.get("split")]
             medians = {p[:-2] + "_ms": round(1e3 * statistics.median(v), 4) for p in PARTS

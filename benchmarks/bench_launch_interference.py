@@ -15,9 +15,11 @@ its stamps is its stall, placed against the thread's own stamps of the launch.
 stream (CUDA; the thread has a core of its own, as in section 21); ``busy``, the thread's ``kl_busy_launch``, a C
 spin of ``--busy-us`` (no driver: what the thread's activity alone does); ``engine``, the same graph launched by the
 main thread just before its probe (section 21's layered arm: no thread).
-``--probe``: ``python``, the stamp loop alone; ``alloc``, plus a few small objects per iteration (the bookkeeping
-after the request makes some); ``driver``, plus one ``cuStreamQuery`` of the main stream per iteration (a driver
-call, which waits for any driver lock the launch holds). ``--spin-ms``: the thread's spin after a launch (0: it
+``--delay-us``: the least delay from the request to the thread's launch (``LaunchThread.set_min_delay``): whether
+a launch made 10-20 us later leaves the probe alone or stalls it later. ``--probe``: ``python``, the stamp loop
+alone; ``alloc``, plus a few small objects per iteration (the bookkeeping after the request makes some);
+``driver``, plus one ``cuStreamQuery`` of the main stream per iteration (a driver call, which waits for any driver
+lock the launch holds). ``--spin-ms``: the thread's spin after a launch (0: it
 finds a request at its next 20 us look). Between trials the main thread sleeps a random 0-3 ms, so the thread is
 found spinning or asleep; the variants' trials are interleaved in a shuffled order.
 
@@ -81,6 +83,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--launch", nargs="+", default=None, choices=("graph", "busy", "engine"))
     ap.add_argument("--probe", nargs="+", default=None, choices=("python", "alloc", "driver"))
     ap.add_argument("--spin-ms", type=float, nargs="+", default=[2.0, 0.0])
+    ap.add_argument("--delay-us", type=float, nargs="+", default=[0.0],
+                    help="least delay from the request to the thread's launch (LaunchThread.set_min_delay), per variant")
     ap.add_argument("--window-us", type=float, default=300.0)
     ap.add_argument("--busy-us", type=float, default=45.0, help="the busy launch's length (the H200's graph launch: 40-50 us)")
     ap.add_argument("--kernels", type=int, default=3, help="kernel nodes in the graph (section 21's 0.5B restore: 3 groups)")
@@ -135,8 +139,9 @@ def main(argv: list[str] | None = None) -> dict:
         threads["busy"] = LaunchThread(busy_launch_address(), own_core=True)
         targets["busy"] = (int(args.busy_us * 1e3), 0)
 
-    variants = [(launch, probe_kind, spin) for launch in launches for probe_kind in probes
-                for spin in (args.spin_ms if launch != "engine" else [None])]
+    variants = [(launch, probe_kind, spin, delay) for launch in launches for probe_kind in probes
+                for spin in (args.spin_ms if launch != "engine" else [None])
+                for delay in (args.delay_us if launch != "engine" else [None])]
     results: dict[tuple, list[dict]] = {v: [] for v in variants}
     rng = random.Random(args.seed)
     window_ns = int(args.window_us * 1e3)
@@ -144,10 +149,12 @@ def main(argv: list[str] | None = None) -> dict:
         for _ in range(args.trials):
             order = variants[:]
             rng.shuffle(order)
-            for launch, probe_kind, spin in order:
+            for launch, probe_kind, spin, delay in order:
                 thread = threads.get(launch)
                 if thread is not None and thread.spin_s != spin / 1e3:
                     thread.set_spin(spin / 1e3)
+                if thread is not None and thread.min_delay_s != delay / 1e6:
+                    thread.set_min_delay(delay / 1e6)
                 if cuda:
                     torch.cuda.synchronize()
                 time.sleep(rng.uniform(0.0, 0.003))
@@ -167,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict:
                 if err:
                     raise RuntimeError(f"{launch} launch failed: {err}")
                 g0, g1 = longest_gap(t_request, stamps)
-                results[(launch, probe_kind, spin)].append({
+                results[(launch, probe_kind, spin, delay)].append({
                     "gap_us": (g1 - g0) / 1e3, "gap_start_us": (g0 - t_request) / 1e3, "gap_end_us": (g1 - t_request) / 1e3,
                     "launch_begin_us": (begin - t_request) / 1e3, "launch_end_us": (end - t_request) / 1e3,
                     "num_stamps": len(stamps)})
@@ -180,13 +187,15 @@ def main(argv: list[str] | None = None) -> dict:
         return round(statistics.median(xs), 1) if xs else None
 
     summary = []
-    print(f"{'launch':7} {'probe':7} {'spin':>5} | trials stalled | longest gap | stalls: launch began, gap ended after it "
+    print(f"{'launch':7} {'probe':7} {'spin':>5} {'delay':>5} | trials stalled | longest gap "
+          "| stalls: launch began, gap ended after it "
           f"| stalled: launch within {args.early_us:g} us / later")
-    for (launch, probe_kind, spin), trials in results.items():
+    for (launch, probe_kind, spin, delay), trials in results.items():
         stalls = [t for t in trials if t["gap_us"] > args.stall_us]
         early = [t for t in trials if t["launch_begin_us"] < args.early_us]
         late = [t for t in trials if t["launch_begin_us"] >= args.early_us]
-        row = {"launch": launch, "probe": probe_kind, "spin_ms": spin, "num_trials": len(trials), "num_stalled": len(stalls),
+        row = {"launch": launch, "probe": probe_kind, "spin_ms": spin, "delay_us": delay,
+               "num_trials": len(trials), "num_stalled": len(stalls),
                "gap_us": med(t["gap_us"] for t in trials),
                "stalled_launch_begin_us": med(t["launch_begin_us"] for t in stalls),
                "stall_end_after_launch_us": med(t["gap_end_us"] - t["launch_end_us"] for t in stalls),
@@ -195,11 +204,12 @@ def main(argv: list[str] | None = None) -> dict:
                "late": [sum(t["gap_us"] > args.stall_us for t in late), len(late)]}
         summary.append(row)
         spin_s = "-" if spin is None else f"{spin:g}"
-        print(f"{launch:7} {probe_kind:7} {spin_s:>5} | {len(trials):6} {len(stalls):7} | {row['gap_us']!s:>8} us | "
+        delay_s = "-" if delay is None else f"{delay:g}"
+        print(f"{launch:7} {probe_kind:7} {spin_s:>5} {delay_s:>5} | {len(trials):6} {len(stalls):7} | {row['gap_us']!s:>8} us | "
               f"{row['stalled_launch_begin_us']!s:>6} us, {row['stall_end_after_launch_us']!s:>6} us "
               f"| {row['early'][0]}/{row['early'][1]} , {row['late'][0]}/{row['late'][1]}  (launch {row['launch_us']} us)")
     out = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "summary": summary,
-           "trials": {f"{a}/{b}/{c}": v for (a, b, c), v in results.items()}, "environment": environment(),
+           "trials": {f"{a}/{b}/{c}/{d}": v for (a, b, c, d), v in results.items()}, "environment": environment(),
            "placement": {k: t.placement() for k, t in threads.items()}}
     if args.out:
         args.out.write_text(json.dumps(out, indent=1) + "\n")

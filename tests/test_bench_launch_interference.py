@@ -28,14 +28,17 @@ def test_the_longest_gap_counts_the_request_as_the_first_stamp():
 def test_the_bench_runs_the_busy_launch_and_places_each_gap(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_launch_interference.py"), "--trials", "3",
-                          "--spin-ms", "0", "--busy-us", "200", "--out", str(tmp_path / "i.json")],
+                          "--spin-ms", "0", "--delay-us", "0", "30", "--busy-us", "200", "--out", str(tmp_path / "i.json")],
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads((tmp_path / "i.json").read_text())
-    variants = [(r["launch"], r["probe"], r["spin_ms"]) for r in result["summary"]]
-    assert variants == [("busy", "python", 0.0), ("busy", "alloc", 0.0)]
+    variants = [(r["launch"], r["probe"], r["spin_ms"], r["delay_us"]) for r in result["summary"]]
+    assert variants == [("busy", "python", 0.0, 0.0), ("busy", "python", 0.0, 30.0),
+                        ("busy", "alloc", 0.0, 0.0), ("busy", "alloc", 0.0, 30.0)]
     for trials in result["trials"].values():
         assert len(trials) == 3
-        for t in trials:  # the launch ran on the thread for its 200 us, after the request
+    for key, trials in result["trials"].items():
+        for t in trials:  # the launch ran on the thread for its 200 us, after the request (30 us at the soonest)
             assert t["launch_end_us"] - t["launch_begin_us"] >= 200 and t["launch_begin_us"] >= 0
+            assert t["launch_begin_us"] >= 30 or not key.endswith("/30.0")
             assert t["gap_us"] >= 0 and t["num_stamps"] > 1

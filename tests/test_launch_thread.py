@@ -295,3 +295,25 @@ def test_the_busy_launch_takes_its_time_on_the_thread_and_holds_no_gil():
         assert num_loops > 1000  # the Python loop ran through the launch
     finally:
         t.close()
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_a_least_delay_holds_each_launch_back_from_its_request(monkeypatch, in_place):
+    monkeypatch.setattr(lt, "_IN_PLACE", in_place and lt._IN_PLACE)  # the request stamped by Python, or by kl_request
+    t = LaunchThread(lt.busy_launch_address(), spin_s=0.01)  # spinning: without the delay it finds a request at once
+    try:
+        t.set_min_delay(0.002)
+        assert t.min_delay_s == 0.002
+        for _ in range(3):
+            t_request = time.monotonic_ns()
+            ticket = t.request(1000, 0)
+            t.wait_for(ticket)
+            begin, _, err = t.stamps(ticket)
+            assert err == 0 and begin - t_request >= 2_000_000
+        t.set_min_delay(0.0)  # back to at once: a spinning thread begins well inside 2 ms
+        t_request = time.monotonic_ns()
+        ticket = t.request(1000, 0)
+        t.wait_for(ticket)
+        assert t.stamps(ticket)[0] - t_request < 2_000_000
+    finally:
+        t.close()

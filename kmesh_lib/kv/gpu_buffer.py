@@ -280,11 +280,12 @@ class GpuBufferTier:
         _check_choice("wait_at", wait_at, WAIT_AT)
         self.worker.wait_at = wait_at
 
-    def set_launch_thread(self, on: bool, spin_s: float | None = None) -> str:
+    def set_launch_thread(self, on: bool, spin_s: float | None = None, min_delay_s: float | None = None) -> str:
         """From the next step on, copies waited for layer by layer (``wait_at`` "layer") on the graph route have
         their graph launched by the native launch thread (``kv.launch_thread``), started here on first use, else
         by the engine thread; each restore records which (``RestoreTimeline.launched_by``). ``spin_s``: how long
-        the thread spins after a launch before it polls (None: as it is). Returns the thread's state in words
+        the thread spins after a launch before it polls; ``min_delay_s``: how soon after its request a launch may
+        begin (``LaunchThread.set_min_delay``; None: either as it is). Returns the thread's state in words
         ("on (...)" or "off (why)"); without one, ``on`` launches stay on the engine thread."""
         worker = self.worker
         graphs = worker.arena.graphs if worker.arena is not None else None
@@ -295,6 +296,8 @@ class GpuBufferTier:
             graphs.start_thread()
         if spin_s is not None and graphs.thread is not None:
             graphs.thread.set_spin(spin_s)
+        if min_delay_s is not None and graphs.thread is not None:
+            graphs.thread.set_min_delay(min_delay_s)
         worker.handoff = on and graphs.thread is not None
         return graphs.thread_via
 

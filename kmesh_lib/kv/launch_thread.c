@@ -5,7 +5,9 @@
  * cost the engine thread about 25 us and the launch thread 50 us more to run). This thread polls for it: it
  * spins for spin_ns after its last launch, then sleeps poll_ns at a time between looks; it makes the driver
  * call (cuGraphLaunch, or any function of the same shape: tests pass one in) in request order, stamps it
- * (CLOCK_MONOTONIC, Python's time.monotonic_ns) and publishes how many it has made (num_launched).
+ * (CLOCK_MONOTONIC, Python's time.monotonic_ns) and publishes how many it has made (num_launched). With
+ * min_delay_ns set, a launch begins no sooner than that long after its request's stamp (an experiment: on the H200
+ * the engine thread stalled when the launch began within ~5 us of the request).
  *
  * Invariants: launches are made in request order, one at a time; num_launched only grows, and a slot's
  * stamps and result are written before num_launched passes its ticket (release; the reader acquires, or
@@ -30,6 +32,7 @@ typedef struct {
     _Alignas(64) int64_t num_requested;
     void *exec[KL_RING];
     void *stream[KL_RING];
+    int64_t t_request[KL_RING]; /* when each was requested (CLOCK_MONOTONIC; 0: not stamped) */
     /* the launch thread's */
     _Alignas(64) int64_t num_launched;
     int first_err; /* the first failed launch's result (0: none) */
@@ -38,6 +41,7 @@ typedef struct {
     /* set at start */
     _Alignas(64) int stop;
     int64_t spin_ns, poll_ns;
+    int64_t min_delay_ns; /* a launch begins no sooner than this long after its request's stamp */
     int cpu; /* the CPU the thread keeps to (-1: any) */
     launch_fn launch;
     set_ctx_fn set_ctx;
@@ -73,6 +77,11 @@ static void *run(void *arg) {
         int64_t made = s->num_launched;
         if (requested > made) {
             int k = (int)(made % KL_RING);
+            int64_t delay = __atomic_load_n(&s->min_delay_ns, __ATOMIC_RELAXED);
+            if (delay > 0 && now_ns() < s->t_request[k] + delay) {
+                relax();
+                continue;
+            }
             s->t_begin[k] = now_ns();
             int err = s->launch(s->exec[k], s->stream[k]);
             s->t_end[k] = last = now_ns();
@@ -121,9 +130,16 @@ int64_t kl_request(void *handle, void *exec, void *stream) {
     int k = (int)((ticket - 1) % KL_RING);
     s->exec[k] = exec;
     s->stream[k] = stream;
+    s->t_request[k] = now_ns();
     __atomic_store_n(&s->num_requested, ticket, __ATOMIC_RELEASE);
     return ticket;
 }
+
+/* Where the requester stamps each request (in place, beside the slots). */
+int64_t *kl_request_stamps(void *handle) { return ((kl_state *)handle)->t_request; }
+
+/* How long after its request's stamp a launch may begin at the soonest, from now on (0: at once). */
+void kl_set_min_delay(void *handle, int64_t ns) { __atomic_store_n(&((kl_state *)handle)->min_delay_ns, ns, __ATOMIC_RELAXED); }
 
 /* How long the thread spins after a launch before it polls, from now on. */
 void kl_set_spin(void *handle, int64_t spin_ns) { __atomic_store_n(&((kl_state *)handle)->spin_ns, spin_ns, __ATOMIC_RELAXED); }

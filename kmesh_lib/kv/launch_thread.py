@@ -121,6 +121,8 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.kl_stream_slots.argtypes, lib.kl_stream_slots.restype = (vp,), vp
     lib.kl_cpu_ns.argtypes, lib.kl_cpu_ns.restype = (vp,), i64
     lib.kl_set_spin.argtypes, lib.kl_set_spin.restype = (vp, i64), None
+    lib.kl_set_min_delay.argtypes, lib.kl_set_min_delay.restype = (vp, i64), None
+    lib.kl_request_stamps.argtypes, lib.kl_request_stamps.restype = (vp,), vp
     lib.kl_slot_of.argtypes = (vp, i64, ctypes.POINTER(i64), ctypes.POINTER(i64), ctypes.POINTER(ctypes.c_int))
     lib.kl_slot_of.restype = ctypes.c_int
     lib.kl_error_flag.argtypes, lib.kl_error_flag.restype = (vp,), ctypes.POINTER(ctypes.c_int)
@@ -177,8 +179,9 @@ class LaunchThread:
         self._requested = lib.kl_requested(handle).contents
         self._exec_slots = (ctypes.c_void_p * NUM_SLOTS).from_address(lib.kl_exec_slots(handle))
         self._stream_slots = (ctypes.c_void_p * NUM_SLOTS).from_address(lib.kl_stream_slots(handle))
+        self._request_stamps = (ctypes.c_int64 * NUM_SLOTS).from_address(lib.kl_request_stamps(handle))
         self.num_requested = 0
-        self.spin_s = spin_s
+        self.spin_s, self.min_delay_s = spin_s, 0.0
         # on close, or when collected: the thread stopped and joined, then the engine thread's CPUs given back
         self._finalizer = weakref.finalize(self, _stop, lib.kl_stop, handle, self._engine_tid, self.reserved)
 
@@ -213,6 +216,7 @@ class LaunchThread:
         if _IN_PLACE:
             k = (ticket - 1) % NUM_SLOTS
             self._exec_slots[k], self._stream_slots[k] = exec_handle, stream_handle
+            self._request_stamps[k] = time.monotonic_ns()  # CLOCK_MONOTONIC, as the thread's own stamps
             self._requested.value = ticket  # after the slot: this store publishes it
         else:
             self._lib.kl_request(self._handle, exec_handle, stream_handle)
@@ -244,6 +248,13 @@ class LaunchThread:
         """How long the thread spins after a launch before it polls (0: it polls at once), from now on."""
         self._lib.kl_set_spin(self._handle, int(seconds * 1e9))
         self.spin_s = seconds
+
+    def set_min_delay(self, seconds: float) -> None:
+        """A launch begins no sooner than ``seconds`` after its request (0: as soon as the thread finds it), from
+        now on. For experiments: on the H200 the engine thread's Python after the request stalled when the launch
+        began within about 5 us of it (docs/notes/gpu-restore-paths.md)."""
+        self._lib.kl_set_min_delay(self._handle, int(seconds * 1e9))
+        self.min_delay_s = seconds
 
     def cpu_seconds(self) -> float | None:
         """The thread's own CPU time so far: what its polling, spinning and launches cost a core."""
