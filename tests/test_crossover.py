@@ -528,6 +528,29 @@ def test_the_copy_graphs_check_holds_each_restore_to_the_tiers_route():
     assert before and name not in {c.name for c in before}  # runs before the graphs record no copy_graphs: no such check
 
 
+def test_the_to_forward_check_holds_each_restore_between_its_end_and_its_first_token():
+    from kmesh_lib.sections.crossover.checks import launch_checks
+
+    rows = [r for r in _gpubuf_rows() if r["measured"] and r.get("split")]
+    name = ("gpubuf: every restore's forward pass reached its first layer after the restore's end and before the first "
+            "token (to_forward, host stamps)")
+    child = {"model": "m", "tier": "gpubuf", "tier_route": {"launch_at": "step_start"}}
+
+    def status():
+        return {c.name: c.status for c in launch_checks(rows, [child])}.get(name)
+
+    for r in rows:
+        r["split"].update(launched_at="step_start")
+    assert status() is None  # runs before to_forward was recorded: no such check
+    for r in rows:
+        r["split"]["to_forward_s"] = r["ttft_s"] / 4
+    assert status() == "ok"
+    rows[0]["split"]["to_forward_s"] = None  # one restore's forward pass not found after it
+    assert status() == "failed"
+    rows[0]["split"]["to_forward_s"] = rows[0]["ttft_s"] * 1.5  # stamps out of order
+    assert status() == "failed"
+
+
 def test_the_kept_reference_check_holds_each_restore_to_a_confirmed_reference():
     from kmesh_lib.sections.crossover.checks import REFERENCE_AGREE_US, launch_checks
 

@@ -263,6 +263,16 @@ def launch_checks(measured: list[dict], children: list[dict]) -> list[Check]:
                           restored, launched_by_its_arm,
                           lambda r: f"{r['tag']}: {split[r['tag']].get('launched_by')}, "
                                     f"lag {split[r['tag']].get('thread_lag_s')}", "no measured GPU-buffer restores"))
+    if any("to_forward_s" in split[r["tag"]] for r in restored):  # runs before 3 Dec (050bca6) record none
+
+        def reached_forward_in_order(r) -> bool:
+            to_forward = split[r["tag"]].get("to_forward_s")
+            return to_forward is not None and 0 < to_forward < r["ttft_s"]
+
+        out.append(all_of("gpubuf: every restore's forward pass reached its first layer after the restore's end and "
+                          "before the first token (to_forward, host stamps)", restored, reached_forward_in_order,
+                          lambda r: f"{r['tag']}: to_forward {split[r['tag']].get('to_forward_s')}, ttft {r['ttft_s']}",
+                          "no measured GPU-buffer restores"))
     if any(split[r["tag"]].get("reference_at") for r in restored):  # runs before 2 Dec record none
         out.append(all_of(f"gpubuf: every restore's events were put on the host's clock by a reference taken before its "
                           f"step, which one taken after the request confirmed within {REFERENCE_AGREE_US} us",
