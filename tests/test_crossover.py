@@ -888,7 +888,7 @@ def test_the_handoff_sentence_states_the_launch_timing_only_where_recorded():
          "stall_resumed_after_launch_us": 45.0, "to_forward_us": None, "own_to_forward_us": None}
     said = _handoff_timing(h)
     assert "began a median 2.0 us after the request, the others' 20.0 us" in said and "45.0 us after" in said
-    assert "first layer" not in said
+    assert "first layer" not in said and "does not measure (it records no to_forward)" in said
     assert _handoff_timing({**h, "num_stalls": 0}) == ""
     assert "took 77.5 us against 60.0 us" in _handoff_timing({**h, "to_forward_us": 77.5, "own_to_forward_us": 60.0})
 

@@ -200,6 +200,9 @@ def _handoff_timing(h: dict) -> str:
         out += (f" From the restore's end to the forward pass's first layer the engine thread took {h['to_forward_us']:.1f} us "
                 f"against {h['own_to_forward_us']:.1f} us with its own launch (medians): a stall after the restore's "
                 "own windows would show there.")
+    elif h["num_stalls"]:
+        out += (" Whether a launch begun later stalls the engine thread after the restore's own windows, where what the "
+                "restore adds does not count it, this run does not measure (it records no to_forward).")
     return out
 
 
