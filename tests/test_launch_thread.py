@@ -150,7 +150,8 @@ def test_await_launches_is_immediate_where_nothing_was_handed_off():
 
 
 @pytest.mark.gpu
-def test_handed_off_graph_replays_write_the_engine_launchs_bytes(tmp_path):
+@pytest.mark.parametrize("min_delay_s", [0.0, 20e-6])
+def test_handed_off_graph_replays_write_the_engine_launchs_bytes(tmp_path, min_delay_s):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     from kmesh_lib.kv.fused_copy import triton_status
@@ -167,6 +168,7 @@ def test_handed_off_graph_replays_write_the_engine_launchs_bytes(tmp_path):
     assert b.graphs.start_thread() and b.graphs.thread_via.startswith("on"), b.graphs.thread_via
     thread = b.graphs.thread
     assert b.graphs.start_thread() and b.graphs.thread is thread  # once
+    thread.set_min_delay(min_delay_s)  # a launch held back from its request copies the same bytes
     noise = torch.randint(0, 256, a.buffer.shape, dtype=torch.uint8, device="cuda")
     a.buffer.copy_(noise)
     b.buffer.copy_(noise)
@@ -189,6 +191,7 @@ def test_handed_off_graph_replays_write_the_engine_launchs_bytes(tmp_path):
         assert all(torch.equal(kv_a[k].view(torch.uint8), kv_b[k].view(torch.uint8)) for k in kv_a), n
         t0, t1, err = b.launch_stamps(timelines[1].launch_ticket)
         assert err == 0 and timelines[1].t_ids_written_ns <= t1 and t0 <= t1
+        assert t0 - timelines[1].t_ids_written_ns >= min_delay_s * 1e9  # the request is stamped after the ids
         timelines[1].t_thread_launch_begin_ns, timelines[1].t_thread_launch_end_ns = t0, t1  # as the connector does
         rec = timelines[1].record()
         assert rec["launched_by"] == "thread" and 0 < rec["copy_s"] < 0.01 and rec["thread_lag_s"] > 0
