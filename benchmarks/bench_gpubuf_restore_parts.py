@@ -93,8 +93,7 @@ def main(argv: list[str] | None = None) -> dict:
         variants = [(arm, None) for arm in args.arms if arm not in HANDOFF_ARMS or not varied]
         variants += [(arm, st) for arm in args.arms if arm in HANDOFF_ARMS and varied for st in thread_settings]
         if any(arm in HANDOFF_ARMS for arm in args.arms):  # the thread starts on first use: before the clock
-            print(f"launch thread: {bench.tier.set_launch_thread(True)}", flush=True)
-            bench.tier.set_launch_thread(False)
+            print(f"launch thread: {bench.tier.start_launch_thread()}", flush=True)
         def named(arm, setting):
             if setting is None:
                 return arm
@@ -108,8 +107,8 @@ def main(argv: list[str] | None = None) -> dict:
             for arm, setting in variants:
                 if setting is not None:
                     ms, us = setting
-                    bench.tier.set_launch_thread(False, spin_s=None if ms is None else ms / 1e3,
-                                                 min_delay_s=None if us is None else us / 1e6)
+                    bench.tier.start_launch_thread(spin_s=None if ms is None else ms / 1e3,
+                                                   min_delay_s=None if us is None else us / 1e6)
                 rows[label[(arm, setting)]].append(bench.run(arm, ctx, f"{label[(arm, setting)]}-{i}"))
         for arm in rows:
             splits = [row["split"] for row in rows[arm] if row.get("split")]

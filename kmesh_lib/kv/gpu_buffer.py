@@ -280,30 +280,34 @@ class GpuBufferTier:
         _check_choice("wait_at", wait_at, WAIT_AT)
         self.worker.wait_at = wait_at
 
-    def set_launch_thread(self, on: bool, spin_s: float | None = None, min_delay_s: float | None = None) -> str:
-        """From the next step on, copies waited for layer by layer (``wait_at`` "layer") on the graph route have
-        their graph launched by the native launch thread (``kv.launch_thread``), started here on first use, else
-        by the engine thread; each restore records which (``RestoreTimeline.launched_by``). ``spin_s``: how long
-        the thread spins after a launch before it polls; ``min_delay_s``: how soon after its request a launch may
-        begin (``LaunchThread.set_min_delay``; None: either as it is). Returns the thread's state in words
-        ("on (...)" or "off (why)"); without one, ``on`` launches stay on the engine thread."""
-        worker = self.worker
-        graphs = worker.arena.graphs if worker.arena is not None else None
+    def start_launch_thread(self, spin_s: float | None = None, min_delay_s: float | None = None) -> str:
+        """The native launch thread (``kv.launch_thread``), started on first use (``CopyGraphs.start_thread``: call
+        between steps), with its spin after a launch (``spin_s``) and the least delay from a request to its launch
+        (``min_delay_s``, ``LaunchThread.set_min_delay``) set where given (None: as they are). Which copies it
+        launches is ``set_launch_thread``'s. Returns its state in words ("on (...)" or "off (why)")."""
+        arena = self.worker.arena
+        graphs = arena.graphs if arena is not None else None
         if graphs is None:
-            worker.handoff = False
-            return f"off (no copy graphs: {worker.arena.graph_route if worker.arena is not None else 'no arena'})"
-        if on:
-            graphs.start_thread()
-        if spin_s is not None and graphs.thread is not None:
-            graphs.thread.set_spin(spin_s)
-        if min_delay_s is not None and graphs.thread is not None:
-            graphs.thread.set_min_delay(min_delay_s)
-        worker.handoff = on and graphs.thread is not None
+            return f"off (no copy graphs: {arena.graph_route if arena is not None else 'no arena'})"
+        if graphs.start_thread():
+            if spin_s is not None:
+                graphs.thread.set_spin(spin_s)
+            if min_delay_s is not None:
+                graphs.thread.set_min_delay(min_delay_s)
         return graphs.thread_via
+
+    def set_launch_thread(self, on: bool) -> None:
+        """From the next step on, copies waited for layer by layer (``wait_at`` "layer") on the graph route have
+        their graph launched by the native launch thread (started here on first use: ``start_launch_thread``),
+        else by the engine thread; each restore records which (``RestoreTimeline.launched_by``). Without a
+        thread, ``on`` launches stay on the engine thread."""
+        if on:
+            self.start_launch_thread()
+        self.worker.handoff = on and self.has_launch_thread
 
     @property
     def has_launch_thread(self) -> bool:
-        """Whether a launch thread runs here (started by ``set_launch_thread``)."""
+        """Whether a launch thread runs here (``start_launch_thread``)."""
         worker = self.shared.worker
         graphs = worker.arena.graphs if worker is not None and worker.arena is not None else None
         return graphs is not None and graphs.thread is not None

@@ -161,9 +161,8 @@ class RestoreBench:
             raise ValueError(f"arm {arm!r} is not an arm of the {self.tier_name} tier: {', '.join(ARMS_OF_TIER[self.tier_name])}")
         kind = KIND[arm]
         if arm in HANDOFF_ARMS:  # the thread starts on first use; without one the arm is not this arm
-            state = self.tier.set_launch_thread(True)
-            self.tier.set_launch_thread(False)
-            if not state.startswith("on"):
+            state = self.tier.start_launch_thread()
+            if not self.tier.has_launch_thread:
                 raise ArmError(f"{arm}: the GPU buffer has no launch thread: {state}")
         prep: dict = {}
         if kind in ("recompute", "resident"):
