@@ -44,12 +44,11 @@ def main(argv: list[str] | None = None) -> dict:
             longest = max(p["after_copy_us"] for p in arms[own_arm])
             for p in arms.get(handed_arm, []):
                 if "launch_begin_us" in p:
-                    stalled = p["after_copy_us"] > longest
-                    runs[run_dir.name].append((p["launch_begin_us"], p["after_copy_us"], stalled, longest,
+                    runs[run_dir.name].append((p["launch_begin_us"], p["after_copy_us"], p["stalled"], longest,
                                                p["launch_end_us"]))
                     b = args.bin_us * (p["launch_begin_us"] // args.bin_us)
                     n, s = binned.get(b, (0, 0))
-                    binned[b] = (n + 1, s + stalled)
+                    binned[b] = (n + 1, s + p["stalled"])
     print(f"\nlaunch began (us after the request) | restores | stalled   (every run, {args.bin_us:g} us bins)")
     for b in sorted(binned):
         n, s = binned[b]

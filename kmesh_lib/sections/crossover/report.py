@@ -240,17 +240,19 @@ HANDOFF_PAIR = ("gpubuf_offthread", "gpubuf_layered")
 def handoff_points(rows: list[dict]) -> dict[str, dict[str, list[dict]]]:
     """Per model, per arm of ``HANDOFF_PAIR``: each restore's engine-thread parts around the request, in us.
 
-    ``after_copy_us`` (the engine thread's Python right after the request, no CUDA call in it) and ``to_forward_us``
-    (from the restore's end to the forward pass's first attention layer, host stamps; None in runs recorded before
-    it). For a launch the thread made, on the same clock, from the request (the copy call's end): its driver call's
-    ``launch_begin_us`` and ``launch_end_us``, and ``resumed_after_launch_us``, the engine thread's end of
-    ``after_copy`` after the launch returned."""
+    ``copy_call_us``, ``after_copy_us`` (the engine thread's Python right after the request, no CUDA call in it) and
+    ``to_forward_us`` (from the restore's end to the forward pass's first attention layer, host stamps; None in runs
+    recorded before it). For a launch the thread made, on the same clock, from the request (the copy call's end):
+    its driver call's ``launch_begin_us`` and ``launch_end_us``, and ``resumed_after_launch_us``, the engine
+    thread's end of ``after_copy`` after the launch returned. Where the model has both arms, each off-thread
+    restore's ``stalled``: its ``after_copy`` longer than the longest of the engine-launched arm's."""
     out: dict[str, dict[str, list[dict]]] = {}
     for r in usable(rows):
         s = r.get("split") or {}
         if r["arm"] not in HANDOFF_PAIR or s.get("after_copy_s") is None:
             continue
-        p = {"context_tokens": r["context_tokens"], "after_copy_us": 1e6 * s["after_copy_s"],
+        p = {"context_tokens": r["context_tokens"], "copy_call_us": 1e6 * s["copy_call_s"],
+             "after_copy_us": 1e6 * s["after_copy_s"],
              "to_forward_us": None if s.get("to_forward_s") is None else 1e6 * s["to_forward_s"]}
         if s.get("thread_lag_s") is not None and s.get("thread_launch_s") is not None and s.get("write_ids_s") is not None:
             # the stamps: ids written, then the request (copy_call's end); the thread's lag runs from the ids written
@@ -259,6 +261,12 @@ def handoff_points(rows: list[dict]) -> dict[str, dict[str, list[dict]]]:
             p["launch_begin_us"] = p["launch_end_us"] - 1e6 * s["thread_launch_s"]
             p["resumed_after_launch_us"] = p["after_copy_us"] - p["launch_end_us"]
         out.setdefault(r["model"], {}).setdefault(r["arm"], []).append(p)
+    for arms in out.values():
+        own = arms.get(HANDOFF_PAIR[1])
+        if own:
+            longest = max(p["after_copy_us"] for p in own)
+            for p in arms.get(HANDOFF_PAIR[0], []):
+                p["stalled"] = p["after_copy_us"] > longest
     return out
 
 
@@ -276,31 +284,25 @@ def handoff_table(rows: list[dict]) -> list[dict]:
     did, and how long after the stalled launch's return the engine thread's Python ended; and, where recorded, the
     engine thread's time from the restore's end to the forward pass's first layer in each arm (a stall after the
     restore's own windows shows there, not in ``after_copy``). Empty where a run has not both arms."""
-    by_model: dict[str, dict[str, list[dict]]] = {}
-    for r in usable(rows):
-        if r["arm"] in HANDOFF_PAIR and (r.get("split") or {}).get("after_copy_s") is not None:
-            by_model.setdefault(r["model"], {}).setdefault(r["arm"], []).append(r["split"])
-    points = handoff_points(rows)
     out = []
-    for model, arms in sorted(by_model.items()):
+    for model, arms in sorted(handoff_points(rows).items()):
         handed, own = arms.get(HANDOFF_PAIR[0], []), arms.get(HANDOFF_PAIR[1], [])
         if not handed or not own:
             continue
-        longest = max(s["after_copy_s"] for s in own)
-        stalls = [s["after_copy_s"] - longest for s in handed if s["after_copy_s"] > longest]
-        handed_points, own_points = points[model][HANDOFF_PAIR[0]], points[model][HANDOFF_PAIR[1]]
-        stalled = [p for p in handed_points if p["after_copy_us"] > 1e6 * longest]
-        others = [p for p in handed_points if p["after_copy_us"] <= 1e6 * longest]
+        longest = max(p["after_copy_us"] for p in own)
+        stalled = [p for p in handed if p["stalled"]]
+        others = [p for p in handed if not p["stalled"]]
         out.append({"model": model, "num_handed": len(handed), "num_own": len(own),
-                    "copy_call_ms": round(1e3 * statistics.median(s["copy_call_s"] for s in handed), 4),
-                    "own_copy_call_ms": round(1e3 * statistics.median(s["copy_call_s"] for s in own), 4),
-                    "own_longest_after_copy_ms": round(1e3 * longest, 4), "num_stalls": len(stalls),
-                    "stall_excess_ms": round(1e3 * statistics.median(stalls), 4) if stalls else None,
+                    "copy_call_ms": round(statistics.median(p["copy_call_us"] for p in handed) / 1e3, 4),
+                    "own_copy_call_ms": round(statistics.median(p["copy_call_us"] for p in own) / 1e3, 4),
+                    "own_longest_after_copy_ms": round(longest / 1e3, 4), "num_stalls": len(stalled),
+                    "stall_excess_ms": (round(statistics.median(p["after_copy_us"] - longest for p in stalled) / 1e3, 4)
+                                        if stalled else None),
                     "stalled_launch_begin_us": _median(p.get("launch_begin_us") for p in stalled),
                     "other_launch_begin_us": _median(p.get("launch_begin_us") for p in others),
                     "stall_resumed_after_launch_us": _median(p.get("resumed_after_launch_us") for p in stalled),
-                    "to_forward_us": _median(p["to_forward_us"] for p in handed_points),
-                    "own_to_forward_us": _median(p["to_forward_us"] for p in own_points)})
+                    "to_forward_us": _median(p["to_forward_us"] for p in handed),
+                    "own_to_forward_us": _median(p["to_forward_us"] for p in own)})
     return out
 
 
@@ -316,12 +318,11 @@ def handoff_plot(rows: list[dict], path_out):
         return None
     fig, axes = plt.subplots(1, len(points), figsize=(4.2 * len(points), 3.0), squeeze=False, sharey=True)
     for ax, (model, arms) in zip(axes[0], sorted(points.items())):
-        longest = max(p["after_copy_us"] for p in arms[HANDOFF_PAIR[1]])
         handed = [p for p in arms[HANDOFF_PAIR[0]] if "launch_begin_us" in p]
-        stalled = [p["after_copy_us"] > longest for p in handed]
         ax.scatter([p["launch_begin_us"] for p in handed], [p["after_copy_us"] for p in handed], s=14,
-                   c=["C3" if x else "C0" for x in stalled])
-        ax.axhline(longest, color="0.4", ls="--", lw=1, label=f"{HANDOFF_PAIR[1]}: longest")
+                   c=["C3" if p["stalled"] else "C0" for p in handed])
+        ax.axhline(max(p["after_copy_us"] for p in arms[HANDOFF_PAIR[1]]), color="0.4", ls="--", lw=1,
+                   label=f"{HANDOFF_PAIR[1]}: longest")
         ax.set(title=model, xlabel="thread's launch began, us after the request")
         ax.legend(fontsize=7, loc="upper right")
     axes[0][0].set_ylabel(f"{HANDOFF_PAIR[0]}: after_copy, us")
