@@ -75,7 +75,7 @@ def during_a_load(lookups) -> list:
     out = []
     for i, lk in enumerate(lookups):
         loads = [o for o in lookups[:i] if o.loaded and o.keys & lk.keys]
-        if loads and all(o.t_done_ns is None or o.t_done_ns > lk.t_arrival_ns for o in loads):
+        if loads and all(o.end_ns() > lk.t_arrival_ns for o in loads):
             out.append(lk)
     return out
 
