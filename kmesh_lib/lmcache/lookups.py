@@ -22,8 +22,10 @@ write buffers for the rest and loads them:
                                                                         per request, so it stages and loads its
                                                                         own copy
     contended_in_flight      no     while another load was in flight    0.5.3: ``reserve_write(mode="new")``
-                                                                        finds the key reserved
-                                                                        (``KEY_NOT_WRITABLE``, metric reason
+                                                                        finds the key reserved; 0.5.6: the other
+                                                                        load landed in L1 between this lookup's
+                                                                        lock pass and its reservation (both
+                                                                        ``KEY_NOT_WRITABLE``, metric reason
                                                                         ``l1_contended``); it falls back to its
                                                                         L1-only hit and loads nothing
     waited_for_in_flight     no     while another load was in flight    kmesh singleflight: parked until that
