@@ -902,3 +902,31 @@ def test_the_handoff_plot_is_drawn_only_with_both_arms_and_the_threads_stamps(tm
     assert handoff_plot(own + [thread_row("gpubuf_offthread", 81)], tmp_path / "b.png") is None  # no stamps
     assert handoff_plot(own + handed, tmp_path / "c.png") is not None
     assert (tmp_path / "c.png").stat().st_size > 1000
+
+
+def test_launch_free_takes_the_launch_part_out_of_each_restore_and_names_the_parts_left():
+    from kmesh_lib.sections.crossover.report import GOAL_MIN_TOKENS, launch_free_table
+    from kmesh_lib.sections.crossover.summary import _goal_sentences
+
+    n = GOAL_MIN_TOKENS
+
+    def row(arm, critical_us, call_us, ids_us, tokens=n, **parts_us):
+        split = {"critical_s": critical_us / 1e6, "copy_call_s": call_us / 1e6, "write_ids_s": ids_us / 1e6,
+                 **{f"{k}_s": v / 1e6 for k, v in parts_us.items()}}
+        return {"model": "m", "context_tokens": tokens, "arm": arm, "measured": True, "status": "ok", "split": split}
+
+    # layered: 200 - (90 - 25) = 135 and 210 - (100 - 25) = 135; off-thread: 170 - (40 - 26) = 156 each
+    rows = [row("gpubuf_layered", 200, 90, 25, schedule=46), row("gpubuf_layered", 210, 100, 25, schedule=50),
+            row("gpubuf_offthread", 170, 40, 26), row("gpubuf_offthread", 170, 40, 26),
+            row("gpubuf_layered", 300, 90, 25, tokens=2 * n), row("gpubuf_layered", 100, 90, 25, tokens=1024),
+            {**row("gpubuf_layered", 1, 1, 1), "measured": False}, row("recompute", 1, 1, 1)]
+    distance = [{"model": "m", "context_tokens": k, "path": p, "transfer_floor_ms": f}
+                for k, p, f in [(n, "gpubuf_layered", 0.1), (n, "gpubuf_offthread", 0.1), (2 * n, "gpubuf_layered", 0.2)]]
+    a, b = launch_free_table(rows, distance)
+    assert (a["path"], a["n"], a["launch_free_ms"], a["x_floor"], a["within"]) == ("gpubuf_layered", 2, 0.135, 1.35, False)
+    assert a["schedule_ms"] == 0.048 and a["write_ids_ms"] == 0.025 and "hook_ms" not in a  # only parts recorded
+    assert (b["context_tokens"], b["launch_free_ms"], b["x_floor"], b["within"]) == (2 * n, 0.235, 1.175, True)
+    assert launch_free_table(rows, distance[2:]) == [b]  # a point without its floor is absent
+    text = " ".join(_goal_sentences({"arms": [], "floor_distance": distance}, rows))
+    assert "would be within 1.2\u00d7 its floor at 1 of 2 points; short of it, m at 16,384 tokens" in text
+    assert "0.135 ms = 1.35\u00d7 (schedule 0.048, ids 0.025)" in text

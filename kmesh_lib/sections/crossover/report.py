@@ -319,8 +319,10 @@ def handoff_plot(rows: list[dict], path_out):
     fig, axes = plt.subplots(1, len(points), figsize=(4.2 * len(points), 3.0), squeeze=False, sharey=True)
     for ax, (model, arms) in zip(axes[0], sorted(points.items())):
         handed = [p for p in arms[HANDOFF_PAIR[0]] if "launch_begin_us" in p]
-        ax.scatter([p["launch_begin_us"] for p in handed], [p["after_copy_us"] for p in handed], s=14,
-                   c=["C3" if p["stalled"] else "C0" for p in handed])
+        for stalled, color, label in ((True, "C3", "stalled"), (False, "C0", "not stalled")):
+            pts = [p for p in handed if p["stalled"] == stalled]
+            ax.scatter([p["launch_begin_us"] for p in pts], [p["after_copy_us"] for p in pts], s=14, c=color,
+                       label=f"{label} ({len(pts)})")
         ax.axhline(max(p["after_copy_us"] for p in arms[HANDOFF_PAIR[1]]), color="0.4", ls="--", lw=1,
                    label=f"{HANDOFF_PAIR[1]}: longest")
         ax.set(title=model, xlabel="thread's launch began, us after the request")
@@ -452,6 +454,40 @@ def critical_goal_table(splits: list[dict], distance: list[dict]) -> list[dict]:
             row.update(charged_path=c_best["arm"], charged_ms=c_ms, charged_x_floor=round(c_x, 3),
                        charged_within=c_x <= GOAL_X)
         out.append(row)
+    return out
+
+
+LAUNCH_FREE_PARTS = ("lookup_s", "schedule_s", "measure_s", "before_copy_s", "write_ids_s", "after_copy_s", "hook_s",
+                     "forward_wait_s")
+
+
+def launch_free_table(rows: list[dict], distance: list[dict]) -> list[dict]:
+    """What each GPU-buffer restore would add to its step had its copy's launch cost the engine thread nothing,
+    at every point of ``GOAL_MIN_TOKENS`` and more: per restore, ``critical`` less the launch's part of its copy
+    call (``copy_call - write_ids``: the graph's launch, or for a launch handed to the thread its request), the
+    median per path, and the least such path against its floor with the medians of the parts left
+    (``LAUNCH_FREE_PARTS``). A bound on what any cheaper launch can win, from the same stamps as ``critical``;
+    a point without a floor or without the parts is absent, never met."""
+    floor = _floor_of(distance)
+    left: dict[tuple, list[dict]] = {}
+    for r in usable(rows):
+        sp = r.get("split") or {}
+        if (r["context_tokens"] >= GOAL_MIN_TOKENS and r["arm"] in GPUBUF_RESTORES
+                and all(sp.get(k) is not None for k in ("critical_s", "copy_call_s", "write_ids_s"))):
+            left.setdefault((r["model"], r["context_tokens"], r["arm"]), []).append(sp)
+    by_point: dict[tuple, list[tuple]] = {}
+    for (model, n, arm), sps in left.items():
+        if floor.get((model, n, arm)):
+            ms = 1e3 * float(numpy.median([sp["critical_s"] - sp["copy_call_s"] + sp["write_ids_s"] for sp in sps]))
+            by_point.setdefault((model, n), []).append((ms, arm, sps))
+    out = []
+    for (model, n), paths in sorted(by_point.items()):
+        ms, arm, sps = min(paths, key=lambda p: p[0])
+        f = floor[(model, n, arm)]
+        parts = {k.replace("_s", "_ms"): round(1e3 * float(numpy.median(v)), 3)
+                 for k in LAUNCH_FREE_PARTS if (v := [sp[k] for sp in sps if sp.get(k) is not None])}
+        out.append({"model": model, "context_tokens": n, "path": arm, "n": len(sps), "launch_free_ms": round(ms, 3),
+                    "transfer_floor_ms": f, "x_floor": round(ms / f, 3), "within": ms / f <= GOAL_X, **parts})
     return out
 
 

@@ -255,6 +255,16 @@ def _goal_sentences(tables: dict, rows: list[dict] | None = None, suffix_tokens:
                        f"that sum and is at most the copy's own span. Charged in full, the path that adds least is within "
                        f"{report.GOAL_X}\u00d7 its floor at {sum(r['charged_within'] for r in layered)} of {len(layered)} "
                        "points.")
+    free = report.launch_free_table(rows or [], tables.get("floor_distance", []))
+    if free:
+        short = [r for r in free if not r["within"]]
+        out.append(f"Had the copy's launch cost the engine thread nothing (each restore's addition less its copy call's "
+                   f"launch part, the copy call less its ids' write), the path that adds least would be within "
+                   f"{report.GOAL_X}\u00d7 its floor at {len(free) - len(short)} of {len(free)} points"
+                   + ("; short of it, " + "; ".join(
+                       f"{r['model']} at {_n(r['context_tokens'])} tokens, {LABEL[r['path']]}: {r['launch_free_ms']:.3f} ms "
+                       f"= {r['x_floor']:.2f}\u00d7 ({_launch_free_parts(r)}): the host work around the copy, not its "
+                       "launch, keeps it above" for r in short) if short else "") + ".")
     for h in report.handoff_table(rows or []):
         out.append(f"The copy's graph launched by a thread of its own ({report.HANDOFF_PAIR[0]}) against the engine "
                    f"thread ({report.HANDOFF_PAIR[1]}), one engine, every point, {h['model']}: the copy call "
@@ -388,6 +398,13 @@ def _parts(c: dict) -> str:
              f"clock {c['measure_ms']:,.3f}" if c.get("measure_ms") is not None else None, host,
              f"wait {c['forward_wait_ms']:,.3f}"]
     return ", ".join(p for p in parts if p)
+
+
+def _launch_free_parts(r: dict) -> str:
+    """A ``launch_free_table`` row's parts (medians, ms), the named ones only."""
+    names = {"lookup_ms": "lookup", "schedule_ms": "schedule", "measure_ms": "clock", "before_copy_ms": "before the copy",
+             "write_ids_ms": "ids", "after_copy_ms": "after the copy", "hook_ms": "hooks", "forward_wait_ms": "wait"}
+    return ", ".join(f"{label} {r[k]:.3f}" for k, label in names.items() if r.get(k))
 
 
 def _zero_verdict(r: dict) -> str:
