@@ -928,5 +928,5 @@ def test_launch_free_takes_the_launch_part_out_of_each_restore_and_names_the_par
     assert (b["context_tokens"], b["launch_free_ms"], b["x_floor"], b["within"]) == (2 * n, 0.235, 1.175, True)
     assert launch_free_table(rows, distance[2:]) == [b]  # a point without its floor is absent
     text = " ".join(_goal_sentences({"arms": [], "floor_distance": distance}, rows))
-    assert "would be within 1.2\u00d7 its floor at 1 of 2 points; short of it, m at 16,384 tokens" in text
+    assert "would add least is within 1.2\u00d7 its floor at 1 of 2 points; short of it, m at 16,384 tokens" in text
     assert "0.135 ms = 1.35\u00d7 (schedule 0.048, ids 0.025)" in text

@@ -259,7 +259,7 @@ def _goal_sentences(tables: dict, rows: list[dict] | None = None, suffix_tokens:
     if free:
         short = [r for r in free if not r["within"]]
         out.append(f"Had the copy's launch cost the engine thread nothing (each restore's addition less its copy call's "
-                   f"launch part, the copy call less its ids' write), the path that adds least would be within "
+                   f"launch part, the copy call less its ids' write), the path that would add least is within "
                    f"{report.GOAL_X}\u00d7 its floor at {len(free) - len(short)} of {len(free)} points"
                    + ("; short of it, " + "; ".join(
                        f"{r['model']} at {_n(r['context_tokens'])} tokens, {LABEL[r['path']]}: {r['launch_free_ms']:.3f} ms "
