@@ -37,3 +37,21 @@ def test_a_run_without_a_commit_hash_stops_before_anything_runs(tmp_path, commit
 def test_a_run_with_a_commit_hash_gets_past_the_check(tmp_path):
     out = _run(tmp_path, "504edec0aa")
     assert out.returncode == 1 and "is not a commit hash" not in out.stderr
+
+
+def test_a_tree_without_git_inside_another_repository_records_no_commit(tmp_path, monkeypatch):
+    """git looks upwards: a copy of the tree without .git inside another repository (the GPU machine's folder once
+    gave an old kmesh commit) must record no commit, not that repository's."""
+    from kmesh_lib.base import records
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True, env=env)
+    subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                    "--allow-empty", "-m", "outer"], check=True, env=env)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    monkeypatch.delenv("KMESH_GIT_COMMIT", raising=False)
+    monkeypatch.setattr(records, "REPO_ROOT", tree)
+    assert records.git_revision() == {"commit": None, "dirty": None}
+    monkeypatch.setattr(records, "REPO_ROOT", tmp_path)  # the repository's own root: its commit
+    assert len(records.git_revision()["commit"]) == 40

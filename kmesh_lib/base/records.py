@@ -134,6 +134,11 @@ def git_revision() -> dict:
             return ""
     if os.environ.get("KMESH_GIT_COMMIT"):  # a copy of the tree without .git (the GPU machine)
         return {"commit": os.environ["KMESH_GIT_COMMIT"], "dirty": os.environ.get("KMESH_GIT_DIRTY") == "1"}
+    # git looks upwards for a repository: a copy of the tree without .git inside another repository (the GPU
+    # machine's working folder once reported an old kmesh commit, 3 Dec) is not that repository's commit
+    top = git("rev-parse", "--show-toplevel")
+    if not top or Path(top).resolve() != Path(REPO_ROOT).resolve():
+        return {"commit": None, "dirty": None}
     return {"commit": git("rev-parse", "--verify", "-q", "HEAD") or None,
             "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
 
