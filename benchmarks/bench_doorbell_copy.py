@@ -15,8 +15,10 @@ in a captured graph shaped like section 21's (the arguments' transfer, a start e
 - how long after that the copy ends (host wall time to the end event's completion, less the copy's own GPU span:
   the queueing delay, the doorbell's polling included);
 - what an armed stream blocks, each under a watchdog that rings the doorbell after ``--watchdog-s``: work and a
-  stream synchronize on the default stream, a ``.cpu()`` copy, a query of the armed end event, and a device-wide
-  ``torch.cuda.synchronize()`` (which must wait for the armed stream: any such call while armed would hang).
+  stream synchronize on the default stream, a ``.cpu()`` copy, work on a new stream, a query of the armed end event,
+  and a device-wide ``torch.cuda.synchronize()`` (which must wait for the armed stream: any such call while armed
+  would hang); ``--armed`` says what waits behind the doorbell: the copy's graph, nothing, or one plain kernel
+  (on the H200, 3 Dec, with the graph behind it, the other streams' kernels waited too).
 
 Prints the medians and the blocking table; asserts nothing.
 """
@@ -85,6 +87,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--mib", type=int, default=192)
     ap.add_argument("--idle-ms", type=float, default=2.0, help="between arming and the ring (the GPU waits)")
     ap.add_argument("--watchdog-s", type=float, default=1.0)
+    ap.add_argument("--armed", nargs="+", choices=("graph", "wait", "kernel"), default=["graph", "wait", "kernel"],
+                    help="what waits behind the doorbell in the blocking probes")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
 
@@ -161,9 +165,21 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{route:9} {s['engine_us']:13.2f}   {s['to_end_us']:18.2f}   {s['copy_us']:15.2f}   {s['queue_us']:10.2f}")
     print(f"arming (cuStreamWaitValue32 + cuGraphLaunch, between steps): {summary['arm_us']:.2f} us")
 
-    def blocked(what: str, fn) -> dict:
+    side_work = torch.ones(1 << 20, device=dev)
+
+    def arm(kind: str) -> int:
+        """What is queued on the side stream: the wait and the copy's graph (``graph``), the wait alone
+        (``wait``), or the wait and one plain kernel launched onto the stream (``kernel``)."""
         value = bell.arm(side)
-        launch(exec_handle, stream_handle)
+        if kind == "graph":
+            launch(exec_handle, stream_handle)
+        elif kind == "kernel":
+            with torch.cuda.stream(side):
+                side_work.mul_(1.0)
+        return value
+
+    def blocked(what: str, fn, kind: str) -> dict:
+        value = arm(kind)
         time.sleep(0.005)
         timer = threading.Timer(args.watchdog_s, bell.ring, (value,))
         timer.start()
@@ -173,23 +189,25 @@ def main(argv: list[str] | None = None) -> dict:
         timer.cancel()
         bell.ring(value)
         side.synchronize()
-        out = {"what": what, "took_s": round(took, 4), "blocked": took >= 0.9 * args.watchdog_s}
+        out = {"armed": kind, "what": what, "took_s": round(took, 4), "blocked": took >= 0.9 * args.watchdog_s}
         if result is not None:
             out["result"] = result
         return out
 
     small = torch.ones(1 << 20, device=dev)
-    cases = [
-        blocked("default stream: a kernel, then that stream's synchronize",
-                lambda: (small.mul_(1.0), torch.cuda.current_stream().synchronize()) and None),
-        blocked("default stream: .cpu() of a device tensor", lambda: small[:4].cpu().tolist()),
-        blocked("the armed end event's query", lambda: end.query()),
-        blocked("a new stream's work and synchronize", lambda: _other_stream(small)),
-        blocked("torch.cuda.synchronize() (device-wide)", lambda: torch.cuda.synchronize()),
-    ]
-    print("while a copy is armed (watchdog rings after", args.watchdog_s, "s):")
+    probes = [("default stream: a kernel, then that stream's synchronize",
+               lambda: (small.mul_(1.0), torch.cuda.current_stream().synchronize()) and None),
+              ("default stream: .cpu() of a device tensor", lambda: small[:4].cpu().tolist()),
+              ("a new stream's work and synchronize", lambda: _other_stream(small)),
+              ("torch.cuda.synchronize() (device-wide)", lambda: torch.cuda.synchronize())]
+    cases = []
+    for kind in args.armed:
+        cases += [blocked(what, fn, kind) for what, fn in probes]
+        if kind == "graph":
+            cases.append(blocked("the armed end event's query", lambda: end.query(), kind))
+    print("while the side stream waits on the doorbell (watchdog rings after", args.watchdog_s, "s):")
     for c in cases:
-        print(f"  {'BLOCKED' if c['blocked'] else 'free   '} {c['took_s']:8.4f} s  {c['what']}"
+        print(f"  {c['armed']:6} {'BLOCKED' if c['blocked'] else 'free   '} {c['took_s']:8.4f} s  {c['what']}"
               + (f" -> {c['result']}" if "result" in c else ""))
     out = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
            "summary": summary, "blocking": cases,
