@@ -128,14 +128,26 @@ def main(argv: list[str] | None = None) -> dict:
         view[0], view[1] = k, len(ids)
         view[2:] = ids
 
+    side_work = torch.ones(1 << 20, device=dev)
+
+    def arm(kind: str) -> int:
+        """What is queued on the side stream: the wait and the copy's graph (``graph``), the wait alone
+        (``wait``), or the wait and one plain kernel launched onto the stream (``kernel``)."""
+        value = bell.arm(side)
+        if kind == "graph":
+            launch(exec_handle, stream_handle)
+        elif kind == "kernel":
+            with torch.cuda.stream(side):
+                side_work.mul_(1.0)
+        return value
+
     rows = {"launch": [], "doorbell": []}
     arm_ns = []
     for k in range(args.trials):
         for route in (("launch", "doorbell") if k % 2 else ("doorbell", "launch")):
             if route == "doorbell":
                 t = _ns()
-                value = bell.arm(side)
-                launch(exec_handle, stream_handle)
+                value = arm("graph")
                 arm_ns.append(_ns() - t)
             time.sleep(args.idle_ms / 1e3)
             t0 = _ns()
@@ -164,19 +176,6 @@ def main(argv: list[str] | None = None) -> dict:
         s = summary[route]
         print(f"{route:9} {s['engine_us']:13.2f}   {s['to_end_us']:18.2f}   {s['copy_us']:15.2f}   {s['queue_us']:10.2f}")
     print(f"arming (cuStreamWaitValue32 + cuGraphLaunch, between steps): {summary['arm_us']:.2f} us")
-
-    side_work = torch.ones(1 << 20, device=dev)
-
-    def arm(kind: str) -> int:
-        """What is queued on the side stream: the wait and the copy's graph (``graph``), the wait alone
-        (``wait``), or the wait and one plain kernel launched onto the stream (``kernel``)."""
-        value = bell.arm(side)
-        if kind == "graph":
-            launch(exec_handle, stream_handle)
-        elif kind == "kernel":
-            with torch.cuda.stream(side):
-                side_work.mul_(1.0)
-        return value
 
     def blocked(what: str, fn, kind: str) -> dict:
         value = arm(kind)
