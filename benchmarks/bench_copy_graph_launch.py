@@ -22,7 +22,7 @@ one kind of node, and launches each onto a side stream with ``cuGraphLaunch`` (`
 
 Per trial the variants run in a shuffled order; each launch is timed alone (``perf_counter_ns`` around the one
 foreign call), the GPU idle (synchronized before) and the host's caches either as the last launch left them
-(``hot``) or scrubbed by a pass over 64 MiB and a walk of 200,000 Python objects first (``cold``: the engine's
+(``hot``) or scrubbed by a pass over 64 MiB and a walk of 100,000 Python objects first (``cold``: the engine's
 step evicts the host's caches before a restore). A second pass times each variant's GPU span behind a spin
 (CUDA events outside the graph), so a variant that saves host time by reading its arguments over PCIe shows
 what it costs the copy. Every variant's last copy is read back and compared with the buffer's rows.
@@ -32,6 +32,7 @@ Prints medians; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import random
@@ -128,7 +129,7 @@ class Scrub:
         import numpy as np
 
         self.array = np.ones(64 << 20, dtype=np.uint8)
-        self.objects = [{"i": i} for i in range(200_000)]
+        self.objects = [{"i": i} for i in range(100_000)]
 
     def __call__(self) -> int:
         return int(self.array[::64].sum()) + sum(len(o) for o in self.objects)
@@ -162,7 +163,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--span-trials", type=int, default=30)
     ap.add_argument("--variants", nargs="+", choices=[*VARIANTS, "copy_graphs"], default=[*VARIANTS, "copy_graphs"])
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--stuck-s", type=float, default=150.0,
+                    help="past this, print every thread's stack and exit (a hung copy names itself)")
     args = ap.parse_args(argv)
+    faulthandler.dump_traceback_later(args.stuck_s, exit=True)
+    t_begin = time.perf_counter()
+
+    def progress(what: str) -> None:
+        print(f"[{time.perf_counter() - t_begin:6.1f} s] {what}", flush=True)
 
     import torch
 
@@ -173,7 +181,9 @@ def main(argv: list[str] | None = None) -> dict:
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to measure")
         return {}
+    progress(f"building the arena ({args.model}, {args.tokens} tokens) and its copy graphs")
     arena, kv, num_rows, num_gpu_blocks = build(args.model, args.tokens)
+    progress(f"arena built: {arena.graph_route}, {arena.copy_route}, layer groups {arena.layer_groups}")
     if arena.graphs is None:
         print(f"no copy graphs: {arena.graph_route} ({arena.copy_route})")
         return {}
@@ -189,6 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
         except Exception as e:  # a composition that cannot be captured is reported, never allowed to end the bench
             errors[name] = f"{type(e).__name__}: {e}"[:300]
     side.synchronize()
+    progress(f"captured {', '.join(made)}" + (f"; not captured: {', '.join(errors)}" if errors else ""))
     launch = DriverLaunch()
     stream_handle = launch.stream(side)
     pool_ids = list(range(1, num_gpu_blocks))
@@ -217,8 +228,16 @@ def main(argv: list[str] | None = None) -> dict:
     names = [n for n in args.variants if n in made or n == "copy_graphs"]
     for v in made.values():
         v.exec_handle = launch.handle(v.graph)
+    first_ids = rng.sample(pool_ids, num_rows)
+    for name in names[:]:  # one launch each, alone, before any timing: a variant that fails or hangs names itself
+        progress(f"first launch of {name}")
+        try:
+            run_once(name, first_ids, pack_ids(first_ids))
+            torch.cuda.synchronize()
+        except Exception as e:
+            errors[name] = f"{type(e).__name__}: {e}"[:300]
+            names.remove(name)
     launch_ns = {(n, c): [] for n in names for c in ("hot", "cold")}
-    t_begin = time.perf_counter()
     last_ids = {}
     for _ in range(args.trials):
         block_ids = rng.sample(pool_ids, num_rows)
@@ -236,6 +255,7 @@ def main(argv: list[str] | None = None) -> dict:
                     errors[name] = f"{type(e).__name__}: {e}"[:300]
                     names.remove(name)
     torch.cuda.synchronize()
+    progress(f"launch pass done ({args.trials} trials)")
 
     spans = {n: [] for n in names}
     for _ in range(args.span_trials):
@@ -258,6 +278,7 @@ def main(argv: list[str] | None = None) -> dict:
             spans[name].append(a.elapsed_time(b) * 1e3)
             last_ids[name] = block_ids
 
+    progress("span pass done")
     equal = {}
     for name in names:  # the last copy of each variant, read back (the pool is zeroed between)
         for t in kv.values():
@@ -299,6 +320,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(out, indent=1))
+    faulthandler.cancel_dump_traceback_later()
     return out
 
 
