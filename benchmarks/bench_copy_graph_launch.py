@@ -18,7 +18,10 @@ one kind of node, and launches each onto a side stream with ``cuGraphLaunch`` (`
     mapped          events and kernels; the kernels read the pinned host arguments in place (zero-copy)
     mapped_kernels  the kernels alone, reading the pinned host arguments in place
     whole           the engine's composition with one group (section 21's ``gpubuf_retained`` arm)
-    copy_graphs     ``CopyGraphs.replay`` itself, the ids written as the connector writes them (``packed``)
+    engine_runtime  ``engine`` launched by cuda-python's ``cudaGraphLaunch`` (``copy_graph.RuntimeLaunch``)
+    replay_driver   ``CopyGraphs.replay`` itself, the ids written as the connector writes them (``packed``), its
+                    launcher libcuda's ``cuGraphLaunch`` through ctypes
+    replay_runtime  the same through cuda-python's ``cudaGraphLaunch``
 
 Per trial the variants run in a shuffled order; each launch is timed alone (``perf_counter_ns`` around the one
 foreign call), the GPU idle (synchronized before) and the host's caches either as the last launch left them
@@ -59,6 +62,7 @@ VARIANTS = {  # name: (where the kernels read the arguments, events, grouping)
     "mapped_kernels": ("mapped", "none", "layer"),
     "whole": ("transfer", "timing", "whole"),
 }
+ROUTES = ("engine_runtime", "replay_driver", "replay_runtime")  # the engine's composition, launched other ways
 
 
 class Variant:
@@ -95,11 +99,13 @@ class Variant:
             finally:
                 self.graph.capture_end()
         self.args_at = args_at
+        self.start, self.ends = start, ends  # the graph records these: they must live as long as it
         # by construction; torch may add nodes of its own, which cuGraphGetNodes counts where it can
         self.num_nodes_built = ((args_at == "transfer") + (start is not None) + len(planes)
                                 + sum(e is not None for e in ends))
-        self.num_nodes = _num_nodes(self.graph)
-        self.exec_handle = None  # the launcher's handle, resolved once outside the timed call
+        self.num_nodes = None  # cuGraphGetNodes on torch's graph handle: see _num_nodes
+        self.exec_handle = None  # the launchers' handles, resolved once outside the timed call
+        self.runtime_handle = None
 
     def write(self, src_row0: int, block_ids: list[int], packed: bytes) -> None:
         from kmesh_lib.kv.fused_copy import write_args
@@ -161,7 +167,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--tokens", type=int, default=16_384)
     ap.add_argument("--trials", type=int, default=200)
     ap.add_argument("--span-trials", type=int, default=30)
-    ap.add_argument("--variants", nargs="+", choices=[*VARIANTS, "copy_graphs"], default=[*VARIANTS, "copy_graphs"])
+    ap.add_argument("--variants", nargs="+", choices=[*VARIANTS, *ROUTES], default=[*VARIANTS, *ROUTES])
     ap.add_argument("--out", type=Path)
     ap.add_argument("--stuck-s", type=float, default=150.0,
                     help="past this, print every thread's stack and exit (a hung copy names itself)")
@@ -175,7 +181,7 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     from kmesh_lib.base.records import environment
-    from kmesh_lib.kv.copy_graph import DriverLaunch
+    from kmesh_lib.kv.copy_graph import DriverLaunch, RuntimeLaunch
     from kmesh_lib.kv.fused_copy import pack_ids
 
     if not torch.cuda.is_available():
@@ -192,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
     side.wait_stream(torch.cuda.current_stream())
     made, errors = {}, {}
     for name in args.variants:
-        if name == "copy_graphs":
+        if name in ROUTES:
             continue
         try:
             made[name] = Variant(name, scatter, arena.plane_groups, num_rows, side, graphs.pool)
@@ -202,32 +208,50 @@ def main(argv: list[str] | None = None) -> dict:
     progress(f"captured {', '.join(made)}" + (f"; not captured: {', '.join(errors)}" if errors else ""))
     launch = DriverLaunch()
     stream_handle = launch.stream(side)
+    try:
+        runtime = RuntimeLaunch()
+        runtime_stream = runtime.stream(side)
+    except Exception as e:  # no cuda-python: the routes through it are not measured
+        runtime = None
+        errors.update({n: f"no cuda-python runtime launcher: {type(e).__name__}: {e}"[:300]
+                       for n in ("engine_runtime", "replay_runtime")})
+    engine_graph = made.get("engine") or Variant("engine", scatter, arena.plane_groups, num_rows, side, graphs.pool)
+    side.synchronize()
     pool_ids = list(range(1, num_gpu_blocks))
     rng = random.Random(0)
     scrub = Scrub()
 
     def run_once(name: str, block_ids: list[int], packed: bytes) -> int:
-        """Writes the arguments, synchronizes, launches; returns the launch's ns (copy_graphs: the replay's)."""
-        if name == "copy_graphs":
+        """Writes the arguments, synchronizes, launches; returns the launch's ns (replay_*: the whole replay's)."""
+        if name.startswith("replay_"):
+            want = launch if name == "replay_driver" else runtime
+            if graphs._launch is not want:  # outside the timed call; every instance's handle is resolved anew
+                graphs._use(want)
+                graphs._stream_handles[side.cuda_stream] = want.stream(side)
             torch.cuda.synchronize()
             t0 = _ns()
             inst = graphs.replay("layer", 0, block_ids, side, packed=packed)
             took = _ns() - t0
             inst.hold([], None)
             return took
-        v = made[name]
+        v = engine_graph if name == "engine_runtime" else made[name]
         v.write(0, block_ids, packed)
         torch.cuda.synchronize()
-        t0 = _ns()
-        err = launch(v.exec_handle, stream_handle)
+        if name == "engine_runtime":
+            t0 = _ns()
+            err = runtime(v.runtime_handle, runtime_stream)
+        else:
+            t0 = _ns()
+            err = launch(v.exec_handle, stream_handle)
         took = _ns() - t0
         if err:
-            raise RuntimeError(f"cuGraphLaunch of {name}: CUresult {err}")
+            raise RuntimeError(f"the graph launch of {name}: {err!r}")
         return took
 
-    names = [n for n in args.variants if n in made or n == "copy_graphs"]
-    for v in made.values():
+    names = [n for n in args.variants if (n in made or n in ROUTES) and n not in errors]
+    for v in {*made.values(), engine_graph}:
         v.exec_handle = launch.handle(v.graph)
+        v.runtime_handle = runtime.handle(v.graph) if runtime is not None else None
     first_ids = rng.sample(pool_ids, num_rows)
     for name in names[:]:  # one launch each, alone, before any timing: a variant that fails or hangs names itself
         progress(f"first launch of {name}")
@@ -262,17 +286,16 @@ def main(argv: list[str] | None = None) -> dict:
         block_ids = rng.sample(pool_ids, num_rows)
         packed = pack_ids(block_ids)
         for name in names:
-            if name != "copy_graphs":
-                made[name].write(0, block_ids, packed)
+            if name.startswith("replay_"):
+                continue  # the engine's graph: its span is ``engine``'s
+            v = engine_graph if name == "engine_runtime" else made[name]
+            v.write(0, block_ids, packed)
             torch.cuda.synchronize()
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             with torch.cuda.stream(side):
                 torch.cuda._sleep(SPIN_CYCLES)
                 a.record(side)
-            if name == "copy_graphs":
-                graphs.replay("layer", 0, block_ids, side, packed=packed).hold([], None)
-            else:
-                launch(made[name].exec_handle, stream_handle)
+            launch(v.exec_handle, stream_handle)
             b.record(side)
             b.synchronize()
             spans[name].append(a.elapsed_time(b) * 1e3)
@@ -284,11 +307,12 @@ def main(argv: list[str] | None = None) -> dict:
         for t in kv.values():
             t.zero_()
         ids = last_ids[name]
-        if name == "copy_graphs":
+        if name.startswith("replay_"):
             graphs.replay("layer", 0, ids, side, packed=pack_ids(ids)).hold([], None)
         else:
-            made[name].write(0, ids, pack_ids(ids))
-            launch(made[name].exec_handle, stream_handle)
+            v = engine_graph if name == "engine_runtime" else made[name]
+            v.write(0, ids, pack_ids(ids))
+            launch(v.exec_handle, stream_handle)
         side.synchronize()
         equal[name] = bool(arena.read_back(ids).equal(arena.extent(0, num_rows)))
 
@@ -297,20 +321,20 @@ def main(argv: list[str] | None = None) -> dict:
 
     rows = []
     for name in names:
-        rows.append({"variant": name, "composition": VARIANTS.get(name, ("transfer", "timing", "layer")),
+        rows.append({"variant": name, "composition": VARIANTS.get(name, VARIANTS["engine"]),
                      "num_nodes": made[name].num_nodes if name in made else None,
                      "num_nodes_built": made[name].num_nodes_built if name in made else None,
                      "hot_us": med_us(launch_ns[(name, "hot")]), "cold_us": med_us(launch_ns[(name, "cold")]),
                      "cold_p90_us": round(float(_quantile(launch_ns[(name, "cold")], 0.9)) / 1e3, 2),
-                     "span_us": round(statistics.median(spans[name]), 2) if spans[name] else None,
+                     "span_us": round(statistics.median(spans[name]), 2) if spans.get(name) else None,
                      "equal": equal.get(name)})
     print(f"{args.model} {args.tokens} tokens ({num_rows} blocks, {len(arena.plane_groups)} layer groups), "
-          f"{args.trials} trials, medians; launch = the one cuGraphLaunch call (copy_graphs: the whole replay)")
+          f"{args.trials} trials, medians; launch = the one launch call (replay_*: the whole replay)")
     print(f"{'variant':15} {'nodes':>5} {'hot us':>8} {'cold us':>8} {'cold p90':>9} {'GPU span us':>12}  equal")
     for r in rows:
         nodes = r["num_nodes"] if r["num_nodes"] is not None else r["num_nodes_built"] or "-"
-        print(f"{r['variant']:15} {nodes:>5} {r['hot_us']:>8} "
-              f"{r['cold_us']:>8} {r['cold_p90_us']:>9} {r['span_us']:>12}  {r['equal']}")
+        print(f"{r['variant']:15} {nodes:>5} {r['hot_us']!s:>8} "
+              f"{r['cold_us']!s:>8} {r['cold_p90_us']!s:>9} {r['span_us']!s:>12}  {r['equal']}")
     for name, why in errors.items():
         print(f"{name}: not measured: {why}")
     print(f"took {time.perf_counter() - t_begin:.1f} s", flush=True)

@@ -70,7 +70,7 @@ def test_graph_replays_write_the_launch_routes_bytes_and_hand_over_when_busy(tmp
     b = BufferArena(kv_b, num_blocks, 520, tmp_path)
     assert (a.graph_route, b.graph_route) == ("off (copy_graphs=False)", "on")
     launchers, why = graph_launchers()
-    # the preferred launcher passes its check on a working device (cuda-python's, where the bindings are)
+    # the preferred launcher passes its check on a working device (libcuda's, through ctypes)
     assert b.graphs.launch_via == (launchers[0].label if launchers else f"CUDAGraph.replay ({'; '.join(why)})")
     assert b.graphs.buckets[-1] == 1024 and len(b.graphs.instances[("layer", 256)][0].ends) == len(b.plane_groups)
     noise = torch.randint(0, 256, a.buffer.shape, dtype=torch.uint8, device="cuda")

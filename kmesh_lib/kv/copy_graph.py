@@ -24,9 +24,12 @@ those spans then, each with its own reference); with none free (several restores
 step) it returns None and the caller takes the launch route (``RestoreTimeline.copy_launch`` says which).
 
 A graph is launched onto the stream the copy goes to by one foreign call with the stream's handle
-(``graph_launchers``): ``cudaGraphLaunch`` from cuda-python's runtime bindings, else ``cuGraphLaunch`` from
-libcuda through ctypes (between steps on the H200 machine's host, ``benchmarks/bench_cuda_host_calls.py``:
-22.5 against 37.2 us at b725eef, 44.6 against 37.5 at f74ddff; the host's noise decides, not the binding).
+(``graph_launchers``): ``cuGraphLaunch`` from libcuda through ctypes, else ``cudaGraphLaunch`` from
+cuda-python's runtime bindings. Interleaved on one H200 host, without vLLM, 100 trials each
+(``benchmarks/bench_copy_graph_launch.py``, 3 Dec): the layered graph's ctypes launch alone took 23 / 65 us
+(hot / cold host caches) where ``CopyGraphs.replay`` through the bindings took 65 / 112 us, its Python around
+the launch a few us of that; two earlier sessions' benches in a live engine, not interleaved, had the two within
+their noise (22.5 against 37.2 us at b725eef, 44.6 against 37.5 at f74ddff).
 ``CUDAGraph.replay`` launches onto the current stream, so a copy on a side stream would switch streams twice
 around it (``set_stream``, 6-30 us each there); it is the route of last resort (``launch_via`` says which was
 taken: the first whose check replay landed, ``_check``).
@@ -108,7 +111,7 @@ def graph_launchers() -> tuple[list, list[str]]:
     if not hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
         return [], [f"torch {torch.__version__} has no CUDAGraph.raw_cuda_graph_exec"]
     made, missing = [], []
-    for kind in (RuntimeLaunch, DriverLaunch):
+    for kind in (DriverLaunch, RuntimeLaunch):
         try:
             made.append(kind())
         except (ImportError, OSError, AttributeError) as e:
