@@ -26,10 +26,10 @@ step) it returns None and the caller takes the launch route (``RestoreTimeline.c
 A graph is launched onto the stream the copy goes to by one foreign call with the stream's handle
 (``graph_launchers``): ``cuGraphLaunch`` from libcuda through ctypes, else ``cudaGraphLaunch`` from
 cuda-python's runtime bindings. Interleaved on one H200 host, without vLLM, 100 trials each
-(``benchmarks/bench_copy_graph_launch.py``, 3 Dec): the layered graph's ctypes launch alone took 23 / 65 us
-(hot / cold host caches) where ``CopyGraphs.replay`` through the bindings took 65 / 112 us, its Python around
-the launch a few us of that; two earlier sessions' benches in a live engine, not interleaved, had the two within
-their noise (22.5 against 37.2 us at b725eef, 44.6 against 37.5 at f74ddff).
+(``benchmarks/bench_copy_graph_launch.py``, 3 Dec, f59d410): the layered graph's launch alone 17.7 / 51.3 us
+(hot / cold host caches) through ctypes against 28.1 / 63.2 through the bindings, and ``replay`` 29.9 / 77.5
+against 41.3 / 86.9; in section 21 the layered arm's launch part fell from 0.061 to 0.047 ms at 0.5B 16k (882c,
+3c12). Two earlier sessions' benches in a live engine, not interleaved, had the two within their noise.
 ``CUDAGraph.replay`` launches onto the current stream, so a copy on a side stream would switch streams twice
 around it (``set_stream``, 6-30 us each there); it is the route of last resort (``launch_via`` says which was
 taken: the first whose check replay landed, ``_check``).
