@@ -41,15 +41,13 @@ import os
 import random
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.bench_gpubuf_copy import shaped_arena  # noqa: E402  (the same arena as the copy bench's)
 
 _ns = time.perf_counter_ns
-BLOCK_SIZE = 16
-POOL_FACTOR = 2
 SPIN_CYCLES = 2_000_000  # ~1 ms at H200 clocks: the span pass's launches queue behind it
 VARIANTS = {  # name: (where the kernels read the arguments, events, grouping)
     "engine": ("transfer", "timing", "layer"),
@@ -100,10 +98,9 @@ class Variant:
                 self.graph.capture_end()
         self.args_at = args_at
         self.start, self.ends = start, ends  # the graph records these: they must live as long as it
-        # by construction; torch may add nodes of its own, which cuGraphGetNodes counts where it can
-        self.num_nodes_built = ((args_at == "transfer") + (start is not None) + len(planes)
-                                + sum(e is not None for e in ends))
-        self.num_nodes = None  # cuGraphGetNodes on torch's graph handle: see _num_nodes
+        # as captured (torch's graph handle is gone after instantiation, so the driver is not asked)
+        self.num_nodes = ((args_at == "transfer") + (start is not None) + len(planes)
+                          + sum(e is not None for e in ends))
         self.exec_handle = None  # the launchers' handles, resolved once outside the timed call
         self.runtime_handle = None
 
@@ -113,19 +110,6 @@ class Variant:
         write_args(self.view, src_row0, block_ids, packed)
         if self.args_at == "device":  # not a restore's route: the ids reach the device outside the timed launch
             self.args_dev.copy_(self.args_host)
-
-
-def _num_nodes(graph) -> int | None:
-    """The captured graph's node count (cuGraphGetNodes), None where the handle is not reachable."""
-    import ctypes
-
-    try:
-        raw = graph.raw_cuda_graph()
-    except Exception:
-        return None
-    n = ctypes.c_size_t(0)
-    err = ctypes.CDLL("libcuda.so.1").cuGraphGetNodes(ctypes.c_void_p(raw), None, ctypes.byref(n))
-    return n.value if err == 0 else None
 
 
 class Scrub:
@@ -139,26 +123,6 @@ class Scrub:
 
     def __call__(self) -> int:
         return int(self.array[::64].sum()) + sum(len(o) for o in self.objects)
-
-
-def build(model: str, tokens: int):
-    import torch
-
-    from kmesh_lib.engine.model_spec import resolve
-    from kmesh_lib.kv.gpu_buffer_arena import BufferArena
-
-    cfg = resolve(model).config
-    heads = cfg["num_key_value_heads"]
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    num_ctx_blocks = -(-tokens // BLOCK_SIZE)
-    num_gpu_blocks = POOL_FACTOR * num_ctx_blocks + 1
-    kv = {f"layer.{i}": torch.zeros(2, num_gpu_blocks, BLOCK_SIZE, heads, head_dim, dtype=torch.bfloat16,
-                                    device="cuda") for i in range(cfg["num_hidden_layers"])}
-    with tempfile.TemporaryDirectory() as tmp:
-        arena = BufferArena(kv, num_gpu_blocks, num_ctx_blocks, Path(tmp))
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    arena.buffer.copy_(torch.randint(0, 256, arena.buffer.shape, dtype=torch.uint8, device="cuda", generator=gen))
-    return arena, kv, num_ctx_blocks, num_gpu_blocks
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -188,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict:
         print("no CUDA device: nothing to measure")
         return {}
     progress(f"building the arena ({args.model}, {args.tokens} tokens) and its copy graphs")
-    arena, kv, num_rows, num_gpu_blocks = build(args.model, args.tokens)
+    arena, kv, num_rows, num_gpu_blocks = shaped_arena(args.model, args.tokens, "cuda")
     progress(f"arena built: {arena.graph_route}, {arena.copy_route}, layer groups {arena.layer_groups}")
     if arena.graphs is None:
         print(f"no copy graphs: {arena.graph_route} ({arena.copy_route})")
@@ -221,6 +185,10 @@ def main(argv: list[str] | None = None) -> dict:
     rng = random.Random(0)
     scrub = Scrub()
 
+    def graph_of(name: str) -> Variant:
+        """The captured graph a launch-route name launches (``engine_runtime``: the engine's composition)."""
+        return engine_graph if name == "engine_runtime" else made[name]
+
     def run_once(name: str, block_ids: list[int], packed: bytes) -> int:
         """Writes the arguments, synchronizes, launches; returns the launch's ns (replay_*: the whole replay's)."""
         if name.startswith("replay_"):
@@ -234,7 +202,7 @@ def main(argv: list[str] | None = None) -> dict:
             took = _ns() - t0
             inst.hold([], None)
             return took
-        v = engine_graph if name == "engine_runtime" else made[name]
+        v = graph_of(name)
         v.write(0, block_ids, packed)
         torch.cuda.synchronize()
         if name == "engine_runtime":
@@ -288,7 +256,7 @@ def main(argv: list[str] | None = None) -> dict:
         for name in names:
             if name.startswith("replay_"):
                 continue  # the engine's graph: its span is ``engine``'s
-            v = engine_graph if name == "engine_runtime" else made[name]
+            v = graph_of(name)
             v.write(0, block_ids, packed)
             torch.cuda.synchronize()
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -310,7 +278,7 @@ def main(argv: list[str] | None = None) -> dict:
         if name.startswith("replay_"):
             graphs.replay("layer", 0, ids, side, packed=pack_ids(ids)).hold([], None)
         else:
-            v = engine_graph if name == "engine_runtime" else made[name]
+            v = graph_of(name)
             v.write(0, ids, pack_ids(ids))
             launch(v.exec_handle, stream_handle)
         side.synchronize()
@@ -323,7 +291,6 @@ def main(argv: list[str] | None = None) -> dict:
     for name in names:
         rows.append({"variant": name, "composition": VARIANTS.get(name, VARIANTS["engine"]),
                      "num_nodes": made[name].num_nodes if name in made else None,
-                     "num_nodes_built": made[name].num_nodes_built if name in made else None,
                      "hot_us": med_us(launch_ns[(name, "hot")]), "cold_us": med_us(launch_ns[(name, "cold")]),
                      "cold_p90_us": round(float(_quantile(launch_ns[(name, "cold")], 0.9)) / 1e3, 2),
                      "span_us": round(statistics.median(spans[name]), 2) if spans.get(name) else None,
@@ -332,7 +299,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"{args.trials} trials, medians; launch = the one launch call (replay_*: the whole replay)")
     print(f"{'variant':15} {'nodes':>5} {'hot us':>8} {'cold us':>8} {'cold p90':>9} {'GPU span us':>12}  equal")
     for r in rows:
-        nodes = r["num_nodes"] if r["num_nodes"] is not None else r["num_nodes_built"] or "-"
+        nodes = r["num_nodes"] if r["num_nodes"] is not None else "-"
         print(f"{r['variant']:15} {nodes:>5} {r['hot_us']!s:>8} "
               f"{r['cold_us']!s:>8} {r['cold_p90_us']!s:>9} {r['span_us']!s:>12}  {r['equal']}")
     for name, why in errors.items():

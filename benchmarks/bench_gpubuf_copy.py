@@ -95,14 +95,14 @@ class Clock:
         return out
 
 
-def measure(model: str, context_tokens: int, order: str, device: str, warmups: int, repeats: int,
-            fused_ok: bool) -> list[dict]:
+def shaped_arena(model: str, context_tokens: int, device: str):
+    """vLLM's per-layer KV tensors of ``model``'s shape (a pool of ``POOL_FACTOR`` x the context's blocks, block 0
+    vLLM's null block), a ``BufferArena`` over them with random bytes in the context's extent. Returns
+    (arena, kv tensors by layer name, the context's blocks, the pool's blocks)."""
     import torch
 
     from kmesh_lib.engine.model_spec import resolve
-    from kmesh_lib.kv.fused_copy import RowScatter
     from kmesh_lib.kv.gpu_buffer_arena import BufferArena
-    from kmesh_lib.kv.restore_timeline import RestoreTimeline
 
     cfg = resolve(model).config
     heads, head_dim = cfg["num_key_value_heads"], cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -114,6 +114,17 @@ def measure(model: str, context_tokens: int, order: str, device: str, warmups: i
         arena = BufferArena(kv, num_gpu_blocks, num_ctx_blocks, Path(tmp))
     gen = torch.Generator(device=device).manual_seed(0)
     arena.buffer.copy_(torch.randint(0, 256, arena.buffer.shape, dtype=torch.uint8, device=device, generator=gen))
+    return arena, kv, num_ctx_blocks, num_gpu_blocks
+
+
+def measure(model: str, context_tokens: int, order: str, device: str, warmups: int, repeats: int,
+            fused_ok: bool) -> list[dict]:
+    import torch
+
+    from kmesh_lib.kv.fused_copy import RowScatter
+    from kmesh_lib.kv.restore_timeline import RestoreTimeline
+
+    arena, kv, num_ctx_blocks, num_gpu_blocks = shaped_arena(model, context_tokens, device)
     pool = list(range(1, num_gpu_blocks))
     if order == "shuffled":
         block_ids = random.Random(0).sample(pool, num_ctx_blocks)
