@@ -737,10 +737,26 @@ class _GroupEnd:
         return self.done
 
 
-@pytest.mark.parametrize("last_done", [True, False])
-def test_the_first_layer_wait_settles_every_group_with_one_query_once_the_copy_has_ended(last_done):
+class _SeenByThread:
+    """``CopyGraphs`` as the arena sees it, where the launch thread made and watched ticket 5's copy."""
+
+    def __init__(self, seen: bool) -> None:
+        self.seen = seen
+
+    def copy_ended(self, ticket: int) -> bool:
+        return self.seen and ticket == 5
+
+    def await_launches(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("last_done, thread_saw", [(True, False), (False, False), (True, True), (False, True)])
+def test_the_first_layer_wait_settles_every_group_with_one_look_once_the_copy_has_ended(last_done, thread_saw):
     """The side stream runs a restore's groups in order: once the last one's end has completed, no group
-    needs a wait or a query of its own; before then each group is waited for in turn."""
+    needs a wait or a query of its own; before then each group is waited for in turn. Where the launch thread
+    launched the copy and saw its last event complete, the look is its counter: no query at all (the thread
+    sees an event complete only once it has, so ``thread_saw`` comes with ``last_done`` on a device; here the
+    two are set apart to show which one the wait reads)."""
     from kmesh_lib.kv.gpu_buffer_arena import BufferArena
     from kmesh_lib.kv.gpu_buffer_connector import GpuBufferMetadata, HostStagedGpuBuffer, _Queued
     from kmesh_lib.kv.restore_timeline import RestoreTimeline, Span
@@ -749,9 +765,9 @@ def test_the_first_layer_wait_settles_every_group_with_one_query_once_the_copy_h
     waited = []
 
     class Arena:
-        has_ended, await_launches = BufferArena.has_ended, BufferArena.await_launches
+        has_ended, await_launches, ended_by = BufferArena.has_ended, BufferArena.await_launches, BufferArena.ended_by
         group_of = {"layer.0": 0, "layer.1": 1, "layer.2": 2}
-        graphs = None  # no launch thread: nothing handed off to wait for
+        graphs = _SeenByThread(thread_saw)
 
         def reach_and_wait(self, ready, holders=None):
             waited.append(ready.end_event)
@@ -762,12 +778,14 @@ def test_the_first_layer_wait_settles_every_group_with_one_query_once_the_copy_h
     groups = [Span().gpu(e, e) for e in ends]
     meta = conn._connector_metadata = GpuBufferMetadata(queued=[_Queued(None, 0, None, tl)], groups=groups)
     conn.arena, conn.time_forward, conn.timelines = Arena(), False, []
-    conn._group_ready, conn._next_group = list(groups), 0
+    conn._group_ready, conn._next_group, conn._group_ticket = list(groups), 0, 5
     for layer in ("layer.0", "layer.1", "layer.2"):
         conn.wait_for_layer_load(layer)
     conn._finish_restores(meta)  # when the records are read: the waits go into the timeline
     assert len(tl.layer_waits) == 3 and conn._group_ready == []
-    if last_done:
-        assert waited == [] and [e.num_queries for e in ends] == [0, 0, 1]
+    if thread_saw:
+        assert waited == [] and [e.num_queries for e in ends] == [0, 0, 0] and tl.settled_by == "thread"
+    elif last_done:
+        assert waited == [] and [e.num_queries for e in ends] == [0, 0, 1] and tl.settled_by == "query"
     else:  # the first query found the copy running: each group waited for once, in order
-        assert waited == ends and ends[2].num_queries == 1
+        assert waited == ends and ends[2].num_queries == 1 and tl.settled_by is None

@@ -11,7 +11,14 @@ import pytest
 import torch
 
 from kmesh_lib.kv import launch_thread as lt
-from kmesh_lib.kv.launch_thread import LAUNCH_FN, LaunchThread, LaunchThreadError, function_address
+from kmesh_lib.kv.launch_thread import (
+    LAUNCH_FN,
+    NOT_READY,
+    QUERY_FN,
+    LaunchThread,
+    LaunchThreadError,
+    function_address,
+)
 
 
 def _threads() -> int:
@@ -73,6 +80,88 @@ def test_a_failed_launch_is_raised_where_the_engine_thread_waits():
     t.close()
 
 
+class Events:
+    """A query function over fake events (ints): an event is complete once its id is in ``done``; ids in
+    ``broken`` answer an error. Records every query (event, thread)."""
+
+    def __init__(self, broken: tuple = ()) -> None:
+        self.done, self.broken, self.queries = set(), set(broken), []
+        self.fn = QUERY_FN(self._query)
+
+    def _query(self, event):
+        self.queries.append((event, threading.get_ident()))
+        if event in self.broken:
+            return 999
+        return 0 if event in self.done else NOT_READY
+
+    def thread(self, rec: Recorder, watch_s: float = 1e-5) -> LaunchThread:
+        return LaunchThread(function_address(rec.fn), keep=(rec.fn, self.fn), query=function_address(self.fn),
+                            watch_s=watch_s)
+
+
+def _until(cond, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(1e-3)
+    return cond()
+
+
+def test_a_watched_copy_counts_as_ended_only_once_its_event_is_queried_complete_in_ticket_order():
+    rec, events = Recorder(), Events()
+    t = events.thread(rec)
+    first, second = t.request(1, 0, watch=101), t.request(2, 0, watch=102)
+    t.wait_for(second)
+    assert not _until(lambda: t.copy_ended(first), 0.05) and not t.copy_ended(second)
+    assert {e for e, _ in events.queries} == {101}  # the oldest unseen copy first: stream order
+    events.done.add(102)  # a later copy's event alone does not end the earlier ticket
+    assert not _until(lambda: t.copy_ended(first), 0.05)
+    events.done.add(101)
+    assert _until(lambda: t.copy_ended(second)) and t.copy_ended(first)
+    assert {tid for _, tid in events.queries} == {rec.calls[0][2]}  # queried by the launch thread
+    assert t.ended_at(first) >= t.stamps(first)[1] and t.ended_at(second) >= t.ended_at(first)
+    assert t.watch_error == 0
+    unwatched = t.request(3, 0)  # nothing to watch: ended once made, with no stamp
+    assert _until(lambda: t.copy_ended(unwatched)) and t.ended_at(unwatched) is None
+    t.close()
+
+
+def test_a_failed_query_stops_the_watching_and_nothing_more_counts_as_ended():
+    rec, events = Recorder(), Events(broken=(201,))
+    t = events.thread(rec)
+    ticket = t.request(1, 0, watch=201)
+    t.wait_for(ticket)
+    assert _until(lambda: t.watch_error == 999)
+    later = t.request(2, 0, watch=202)
+    events.done.add(202)
+    t.wait_for(later)
+    assert not _until(lambda: t.copy_ended(later), 0.05) and not t.copy_ended(ticket)
+    for k in range(3, 300):  # past the ring: room comes from the launches once watching has stopped
+        t.request(k, 0)
+    t.close()
+    assert len(rec.calls) == 299
+
+
+def test_a_copy_that_never_ends_does_not_keep_the_thread_from_stopping():
+    before = _threads()
+    rec, events = Recorder(), Events()
+    t = events.thread(rec)
+    t.wait_for(t.request(1, 0, watch=401))
+    assert not _until(lambda: t.copy_ended(1), 0.05)
+    t.close()
+    assert _threads() == before
+
+
+def test_a_failed_launch_is_not_reported_as_an_ended_copy():
+    rec, events = Recorder(fail_at=1, err=700), Events()
+    events.done.add(301)  # the event would read complete: the failed launch never recorded it anew
+    t = events.thread(rec)
+    ticket = t.request(1, 0, watch=301)
+    with pytest.raises(LaunchThreadError):
+        t.wait_for(ticket)
+    assert not t.copy_ended(ticket)
+    t.close()
+
+
 def test_stopping_makes_every_queued_launch_and_joins_the_thread():
     before = _threads()
     rec = Recorder()
@@ -118,8 +207,9 @@ def _graphs_with(thread: LaunchThread, num_instances: int = 2):
 
     g = CopyGraphs.__new__(CopyGraphs)
     g.buckets, g.thread, g.last_ticket, g._launch, g._stream_handles = [1, 2, 4], thread, 0, None, {}
+    g.watching = False
     g.instances = {("layer", 4): [GraphInstance(None, None, None, memoryview(bytearray(64)), FakeEvent(), [FakeEvent()],
-                                                exec_ptr=100 + i) for i in range(num_instances)]}
+                                                exec_ptr=100 + i, end_ptr=500 + i) for i in range(num_instances)]}
     return g
 
 
@@ -141,6 +231,22 @@ def test_an_instance_whose_handed_off_launch_is_not_made_is_not_rewritten():
     assert g.replay("layer", 0, [7, 8, 9], stream=SideStream(), handoff=True) is first  # made: free again
     g.close()
     assert g.thread is None and all(i.ticket == 0 for i in g.instances[("layer", 4)])
+
+
+def test_a_handed_off_replay_is_watched_by_its_last_event_and_counts_as_ended_only_while_watching():
+    rec, events = Recorder(), Events()
+    g = _graphs_with(events.thread(rec))
+    inst = g.replay("layer", 0, [1, 2, 3], stream=SideStream(), handoff=True)
+    g.await_launches()
+    events.done.add(inst.end_ptr)
+    assert _until(lambda: g.thread.copy_ended(inst.ticket))
+    assert not g.copy_ended(inst.ticket)  # watching not checked on: the engine thread asks the event
+    g.watching = True
+    assert g.copy_ended(inst.ticket) and not g.copy_ended(0)  # ticket 0: launched by the engine thread
+    assert {e for e, _ in events.queries} == {inst.end_ptr}
+    assert g.copy_seen_ended_at(inst.ticket) >= g.launch_stamps(inst.ticket)[1]
+    g.close()
+    assert not g.watching and not g.copy_ended(inst.ticket)
 
 
 def test_await_launches_is_immediate_where_nothing_was_handed_off():
@@ -193,8 +299,14 @@ def test_handed_off_graph_replays_write_the_engine_launchs_bytes(tmp_path, min_d
         assert err == 0 and timelines[1].t_ids_written_ns <= t1 and t0 <= t1
         assert t0 - timelines[1].t_ids_written_ns >= min_delay_s * 1e9  # the request is stamped after the ids
         timelines[1].t_thread_launch_begin_ns, timelines[1].t_thread_launch_end_ns = t0, t1  # as the connector does
+        ticket = timelines[1].launch_ticket
+        assert _until(lambda t=ticket: b.graphs.copy_ended(t), 1.0), b.graphs.watch_via  # the thread saw it end
+        assert b.ended_by(ends[-1], ticket) == "thread" and b.ended_by(ends[-1]) == "query"
+        timelines[1].t_thread_saw_end_ns = b.copy_seen_ended_at(ticket)
         rec = timelines[1].record()
         assert rec["launched_by"] == "thread" and 0 < rec["copy_s"] < 0.01 and rec["thread_lag_s"] > 0
+        assert -1e-5 < rec["thread_saw_end_s"] < 0.1  # after the copy's end, up to the clock reference's error
+    assert b.graphs.watch_via.startswith("on"), b.graphs.watch_via
     b.graphs.close()
     assert b.graphs.thread is None
 

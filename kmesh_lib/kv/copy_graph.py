@@ -39,6 +39,10 @@ handed to a native launch thread instead (``handoff``; ``kv.launch_thread``): th
 arguments and queues a request, and the thread makes the launch on its own core. Such an instance carries the
 request's ``ticket``; nothing reads its events before ``await_launches`` has seen that launch made.
 
+The thread also watches each handed-off copy's last event and counts the copies it has seen end
+(``copy_ended``: a counter read), so the forward pass's first layer wait needs no event query of its own
+where the copy has ended; ``watch_via`` says whether it does (its check: the thread saw each check copy end).
+
 Invariants: an instance's pinned arguments are rewritten only after its last replay has read them (its
 launch has been made, and its spans are resolved or its last event has completed; both come after the
 transfer); no event of a handed-off replay is waited on, queried or timed before its launch is made
@@ -61,6 +65,7 @@ from kmesh_lib.kv.restore_timeline import Span
 _ns = time.monotonic_ns
 
 NUM_INSTANCES = 2  # per grouping and bucket: a restore whose predecessor of its size is unresolved still replays
+WATCH_CHECK_S = 0.5  # the launch thread must see a check copy end this soon after it ended, or watching is off
 
 
 class DriverLaunch:
@@ -142,6 +147,7 @@ class GraphInstance:
     ends: list[torch.cuda.Event]
     exec_handle: object = None  # the graph's executable as the launcher takes it, where the launch is direct
     exec_ptr: int = 0  # the graph's executable as a pointer, for the launch thread
+    end_ptr: int = 0  # the last end event as a pointer: the launch thread watches it for the copy's end
     ticket: int = 0  # the launch thread's ticket of the last replay handed to it (0: none)
     t_ids_written_ns: int = 0  # the last replay had written its arguments (``RestoreTimeline.t_ids_written_ns``)
     pending: list[Span] = field(default_factory=list)  # the last replay's spans on these events (``hold``)
@@ -193,6 +199,8 @@ class CopyGraphs:
         self._stream_handles: dict[int, object] = {}  # a stream's pointer -> the launcher's handle of it
         self.thread: LaunchThread | None = None  # the native launch thread for handed-off replays
         self.thread_via = "off (not started: no restore was handed off)"
+        self.watching = False  # the launch thread watches handed-off copies' ends, and passed its check
+        self.watch_via = "off (no launch thread)"
         self.last_ticket = 0  # the last handed-off replay's ticket
         self.capture_stream = torch.cuda.Stream(device=scatter.buffer.device)
         self.capture_stream.wait_stream(current_stream())  # the buffer and the table are written
@@ -226,7 +234,10 @@ class CopyGraphs:
             return False
         try:
             self.thread = LaunchThread.for_cuda()
+            self.watching = True
             self._check(handoff=True)
+            if self.watching:
+                self.watch_via = "on (the launch thread queries each copy's last event: LaunchThread.copy_ended)"
             self.thread_via = f"on (cuGraphLaunch on a native thread {self.thread.placement()}, kv.launch_thread)"
         except (LaunchThreadError, RuntimeError, OSError) as e:
             self.close()
@@ -259,7 +270,9 @@ class CopyGraphs:
                     end.record(stream)
             finally:
                 graph.capture_end()
-        return GraphInstance(graph, args_host, args_dev, memoryview(args_host.numpy()).cast("B"), start, ends)
+        # cuda_event: the driver's handle, made at the first record (the capture's)
+        return GraphInstance(graph, args_host, args_dev, memoryview(args_host.numpy()).cast("B"), start, ends,
+                             end_ptr=ends[-1].cuda_event)
 
     def _check(self, handoff: bool = False) -> None:
         """One replay per grouping, of the largest bucket with a single row: buffer row 1 -> vLLM's null
@@ -278,6 +291,19 @@ class CopyGraphs:
             inst.hold([], None)
             if not self.scatter.row_landed(1, 0):
                 raise RuntimeError(f"the {name!r} graph's copy into block 0 differs from buffer row 1")
+            if handoff:
+                self._check_watch(inst.ticket)
+
+    def _check_watch(self, ticket: int) -> None:
+        """After a handed-off check replay ended: the thread sees its copy end within ``WATCH_CHECK_S``, or
+        ``watch_via`` says why not (the engine thread then queries every copy's end itself, as before)."""
+        deadline = time.monotonic() + WATCH_CHECK_S
+        while not self.thread.copy_ended(ticket) and time.monotonic() < deadline:
+            time.sleep(1e-4)
+        if self.watching and not self.thread.copy_ended(ticket):
+            self.watching = False
+            self.watch_via = (f"off (the launch thread did not see a check copy end in {WATCH_CHECK_S} s; "
+                              f"watch error {self.thread.watch_error})")
 
     def replay(self, grouping: str, src_row0: int, block_ids: list[int], stream=None, bucket: int | None = None,
                packed: bytes | None = None, handoff: bool = False) -> GraphInstance | None:
@@ -295,7 +321,7 @@ class CopyGraphs:
                 write_args(inst.args_view, src_row0, block_ids, packed)
                 inst.t_ids_written_ns = _ns()
                 if handoff and thread is not None and stream is not None:
-                    inst.ticket = self.last_ticket = thread.request(inst.exec_ptr, stream.cuda_stream)
+                    inst.ticket = self.last_ticket = thread.request(inst.exec_ptr, stream.cuda_stream, inst.end_ptr)
                 else:
                     inst.ticket = 0
                     self.launch_on(inst, stream)
@@ -312,11 +338,23 @@ class CopyGraphs:
         """(begin, end, result) of a handed-off launch (``LaunchThread.stamps``)."""
         return self.thread.stamps(ticket) if self.thread is not None and ticket else None
 
+    def copy_ended(self, ticket: int) -> bool:
+        """Whether the launch thread has seen handed-off replay ``ticket``'s copy end (its last event complete:
+        ``LaunchThread.copy_ended``, a counter read); False: not seen, not handed off, or watching is off (its
+        check failed, ``watch_via``): ask the event."""
+        thread = self.thread
+        return bool(ticket) and thread is not None and self.watching and thread.copy_ended(ticket)
+
+    def copy_seen_ended_at(self, ticket: int) -> int | None:
+        """When the launch thread saw handed-off replay ``ticket``'s copy end (``LaunchThread.ended_at``)."""
+        return self.thread.ended_at(ticket) if self.thread is not None and ticket else None
+
     def close(self) -> None:
         """Ends the launch thread (after it has made every queued launch); later replays launch directly."""
         if self.thread is not None:
             self.thread.close()
-            self.thread, self.last_ticket = None, 0
+            self.thread, self.last_ticket, self.watching = None, 0, False
+            self.watch_via = "off (no launch thread)"
             for instances in self.instances.values():
                 for inst in instances:
                     inst.ticket = 0
@@ -339,4 +377,4 @@ class CopyGraphs:
         return {"groupings": {name: len(groups) for name, groups in self.groupings.items()},
                 "buckets": [self.buckets[0], self.buckets[-1]], "instances_per_bucket": NUM_INSTANCES,
                 "num_graphs": sum(len(v) for v in self.instances.values()), "launch_via": self.launch_via,
-                "launch_thread": self.thread_via}
+                "launch_thread": self.thread_via, "copy_end_watch": self.watch_via}

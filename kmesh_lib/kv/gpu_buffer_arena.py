@@ -489,6 +489,21 @@ class BufferArena:
         """(begin, end, result) of a copy's launch by the launch thread (None: not handed off, or not kept)."""
         return self.graphs.launch_stamps(ticket) if self.graphs is not None else None
 
+    def ended_by(self, ready: Span, ticket: int = 0) -> str | None:
+        """How a copy group's end (a point ``Span``) is known to have passed, None: not yet. "thread": ``ready``
+        is the last group of handed-off replay ``ticket``, and the launch thread has seen that event complete
+        (``CopyGraphs.copy_ended``: a counter read, no driver call); "query": its event has completed
+        (``has_ended``); "cpu": a CPU stamp (the CPU build's copies are done on return)."""
+        if ticket and self.graphs is not None and self.graphs.copy_ended(ticket):
+            return "thread"
+        if ready.end_event is None:
+            return "cpu"
+        return "query" if self.has_ended(ready) else None
+
+    def copy_seen_ended_at(self, ticket: int) -> int | None:
+        """When the launch thread saw handed-off replay ``ticket``'s copy end (None: it did not, or no thread)."""
+        return self.graphs.copy_seen_ended_at(ticket) if self.graphs is not None else None
+
     def has_ended(self, ready: Span) -> bool:
         """Whether a copy group's end (a point ``Span``) has passed: its event has completed (``query``, which
         does not block), or it is a CPU stamp (the CPU build's copies are done on return)."""

@@ -88,7 +88,8 @@ class GpuBufferMetadata(KVConnectorMetadata):
     t_forward_queued_ns: int | None = None  # ``start_load_kv``: the forward pass is queued next
     forward_event: object = None  # ... an event recorded there (a whole copy on CUDA: where the GPU reached it)
     groups: list = field(default_factory=list)  # with layer waits: each copy group's end (the step's last restore's)
-    t_settled_ns: int | None = None  # one query found every group ended (``_wait_groups``)
+    t_settled_ns: int | None = None  # one look found every group ended (``_wait_groups``)
+    settled_by: str | None = None  # ... by whom: "thread" (the launch thread saw it), "query", "cpu"
     layer_waits: list[tuple] = field(default_factory=list)  # (reached, ready) per group waited for
     hook_ns: int = 0  # host time in ``wait_for_layer_load`` calls that waited
     recorded: bool = False  # handed to ``records`` after the step
@@ -153,6 +154,7 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
             self.wait_at = self.config.wait_at  # GpuBufferTier.set_wait_at switches it between steps
             self.handoff = False  # GpuBufferTier.set_launch_thread: layer-wait copies' launches to the launch thread
             self._group_ready: list = []  # with layer waits: each copy group's end (a point Span), for the forward pass
+            self._group_ticket = 0  # ... the launch thread's ticket for the last of them (0: the engine launched it)
             self._next_group = 0  # the first group the forward pass has not waited for yet
             self.time_forward = False  # GpuBufferTier.time_forward_steps: stamp every forward pass
             self._forward_start = None  # (t_ns, event; the stamp on CPU): this step's first attention layer
@@ -220,10 +222,11 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
                 q.timeline = tl = self._timeline(meta, q)
                 arena.stage(op.entry_id, op.entry_num_blocks, op.extent_start, tl)
             # with layer waits, the last restore's group ends: the side stream runs the restores in order
+            stamps = q.timeline or q
             self._group_ready = meta.groups = arena.copy_into_vllm(
-                op.extent_start, op.first_block, op.block_ids, q.timeline or q, by_layer=by_layer,
+                op.extent_start, op.first_block, op.block_ids, stamps, by_layer=by_layer,
                 packed_ids=op.packed_ids, handoff=self.handoff)
-            self._next_group = 0
+            self._next_group, self._group_ticket = 0, stamps.launch_ticket
             q.t_launched_ns = t_start_ns = _ns()  # the next restore's host time starts where this one's ends
             meta.queued.append(q)
 
@@ -257,6 +260,8 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
                 stamps = self.arena.launch_stamps(tl.launch_ticket)
                 if stamps is not None:
                     tl.t_thread_launch_begin_ns, tl.t_thread_launch_end_ns = stamps[:2]
+                tl.t_thread_saw_end_ns = self.arena.copy_seen_ended_at(tl.launch_ticket)
+            tl.settled_by = meta.settled_by
             tl.t_launched_ns = q.t_launched_ns
             if meta.t_forward_queued_ns is not None:
                 tl.forward_queued(meta.t_forward_queued_ns, meta.forward_event)
@@ -282,15 +287,18 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
     def _wait_groups(self, last: int) -> None:
         """The forward pass's stream waits for copy groups up to ``last``; each wait is stamped on the step's
         metadata (where the GPU reached it, and the group's end: its restores' timelines get them once built),
-        and the call's host time. At the first wait of a step, one query of the last group's end settles every
+        and the call's host time. At the first wait of a step, one look at the last group's end settles every
         group once the copy has ended (the side stream runs the groups in order), where a query per group would
-        cost each its own."""
+        cost each its own: the launch thread's count of copies it saw end, where it launched the copy and
+        watches it, else a query of the event (``BufferArena.ended_by``)."""
         t0 = _ns()
         meta = self._connector_metadata
         groups = self._group_ready
-        if self._next_group == 0 and len(groups) > 1 and self.arena.has_ended(groups[-1]):
-            meta.t_settled_ns = _ns()  # after the query: every group's end comes before it, so none stalled
-            self._next_group = len(groups)
+        if self._next_group == 0 and len(groups) > 1:
+            settled_by = self.arena.ended_by(groups[-1], self._group_ticket)
+            if settled_by:
+                meta.t_settled_ns = _ns()  # after the look: every group's end comes before it, so none stalled
+                meta.settled_by, self._next_group = settled_by, len(groups)
         while self._next_group <= min(last, len(groups) - 1):
             ready = groups[self._next_group]
             meta.layer_waits.append((self.arena.reach_and_wait(ready, holders=meta.timelines), ready))

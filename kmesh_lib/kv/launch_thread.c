@@ -9,10 +9,20 @@
  * min_delay_ns set, a launch begins no sooner than that long after its request's stamp (an experiment: on the H200
  * the engine thread stalled when the launch began within ~5 us of the request).
  *
+ * A request may name an event to watch (its copy's last event): between launches the thread queries it (query,
+ * cuEventQuery; at most once per watch_ns, so it seldom contends with the engine thread's own driver calls) and
+ * publishes how many launches' watched events it has seen complete (num_ended), so the engine thread learns that
+ * a copy has ended by reading a counter where it would otherwise query the event itself (a driver call through
+ * torch, about 8 us on the H200 host with the step's caches cold). A query that fails (neither success nor
+ * not-ready) stops the watching for good (watch_err); the engine thread then queries as before.
+ *
  * Invariants: launches are made in request order, one at a time; num_launched only grows, and a slot's
  * stamps and result are written before num_launched passes its ticket (release; the reader acquires, or
- * relies on x86-64's store order); a slot is rewritten only after its launch was made (the requester waits
- * for room); kl_stop makes every published launch before the thread ends, and joins it.
+ * relies on x86-64's store order); num_ended <= num_launched, only grows, and passes a ticket only once that
+ * launch was made and its watched event (if any) was queried complete after it; a slot is rewritten only
+ * after its launch was made and its watch settled (the requester waits for room: num_ended, or num_launched
+ * once watch_err is set); kl_stop makes every
+ * published launch before the thread ends (it does not wait for watches), and joins it.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -24,6 +34,9 @@
 
 typedef int (*launch_fn)(void *exec, void *stream);
 typedef int (*set_ctx_fn)(void *ctx);
+typedef int (*query_fn)(void *event); /* 0: complete; KL_NOT_READY: not yet; else an error */
+
+#define KL_NOT_READY 600 /* CUDA_ERROR_NOT_READY */
 
 #define KL_RING 256
 
@@ -33,11 +46,16 @@ typedef struct {
     void *exec[KL_RING];
     void *stream[KL_RING];
     int64_t t_request[KL_RING]; /* when each was requested (CLOCK_MONOTONIC; 0: not stamped) */
+    void *watch[KL_RING]; /* the event whose completion ends each launch's copy (NULL: nothing to watch) */
     /* the launch thread's */
     _Alignas(64) int64_t num_launched;
     int first_err; /* the first failed launch's result (0: none) */
     int64_t t_begin[KL_RING], t_end[KL_RING];
     int err[KL_RING];
+    _Alignas(64) int64_t num_ended; /* launches made whose watched event was seen complete (in ticket order) */
+    int watch_err; /* the first failed query's result (0: none): no more watching */
+    int64_t t_queried; /* the last query's start */
+    int64_t t_ended[KL_RING]; /* when the thread saw each watched event complete (0: not yet) */
     /* set at start */
     _Alignas(64) int stop;
     int64_t spin_ns, poll_ns;
@@ -46,6 +64,8 @@ typedef struct {
     launch_fn launch;
     set_ctx_fn set_ctx;
     void *ctx;
+    query_fn query; /* NULL: no watching (num_ended follows num_launched) */
+    int64_t watch_ns;
     pthread_t thread;
 } kl_state;
 
@@ -91,6 +111,33 @@ static void *run(void *arg) {
             continue;
         }
         if (__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) break;
+        int64_t ended = s->num_ended;
+        if (ended < made) { /* the oldest launch whose copy is not seen ended yet */
+            int k = (int)(ended % KL_RING);
+            void *ev = s->watch[k];
+            if (s->num_requested - ended > KL_RING) { /* cannot happen: the requester waits for room (num_ended) */
+                __atomic_store_n(&s->watch_err, -1, __ATOMIC_RELEASE);
+            } else if (ev == NULL || s->query == NULL || s->watch_err) {
+                if (ev == NULL || s->query == NULL) { /* nothing to watch: ended as far as anyone asks */
+                    s->t_ended[k] = 0;
+                    __atomic_store_n(&s->num_ended, ended + 1, __ATOMIC_RELEASE);
+                    continue;
+                }
+            } else {
+                int64_t t = now_ns();
+                if (t - s->t_queried >= s->watch_ns) {
+                    s->t_queried = t;
+                    int r = s->query(ev);
+                    if (r == 0) {
+                        s->t_ended[k] = now_ns();
+                        __atomic_store_n(&s->num_ended, ended + 1, __ATOMIC_RELEASE);
+                        continue;
+                    }
+                    if (r != KL_NOT_READY) __atomic_store_n(&s->watch_err, r, __ATOMIC_RELEASE);
+                }
+                /* not ended yet: spin or sleep as between requests (a copy takes tens to hundreds of us) */
+            }
+        }
         if (now_ns() - last < __atomic_load_n(&s->spin_ns, __ATOMIC_RELAXED)) {
             relax();
             continue;
@@ -101,7 +148,8 @@ static void *run(void *arg) {
     return NULL;
 }
 
-void *kl_start(launch_fn launch, set_ctx_fn set_ctx, void *ctx, int64_t spin_ns, int64_t poll_ns, int cpu) {
+void *kl_start(launch_fn launch, set_ctx_fn set_ctx, void *ctx, int64_t spin_ns, int64_t poll_ns, int cpu,
+               query_fn query, int64_t watch_ns) {
     kl_state *s = NULL;
     if (posix_memalign((void **)&s, 64, sizeof(kl_state)) != 0) return NULL;
     *s = (kl_state){0};
@@ -110,6 +158,8 @@ void *kl_start(launch_fn launch, set_ctx_fn set_ctx, void *ctx, int64_t spin_ns,
     s->ctx = ctx;
     s->spin_ns = spin_ns;
     s->cpu = cpu;
+    s->query = query;
+    s->watch_ns = watch_ns;
     s->poll_ns = poll_ns > 0 && poll_ns < 1000000000LL ? poll_ns : 20000;
     if (pthread_create(&s->thread, NULL, run, s) != 0) {
         free(s);
@@ -121,15 +171,17 @@ void *kl_start(launch_fn launch, set_ctx_fn set_ctx, void *ctx, int64_t spin_ns,
 /* Where the requester writes: the two slot arrays and num_requested (Python stores into them in place). */
 void **kl_exec_slots(void *handle) { return ((kl_state *)handle)->exec; }
 void **kl_stream_slots(void *handle) { return ((kl_state *)handle)->stream; }
+void **kl_watch_slots(void *handle) { return ((kl_state *)handle)->watch; }
 int64_t *kl_requested(void *handle) { return &((kl_state *)handle)->num_requested; }
 
 /* The portable request (a release store; the caller has checked there is room): returns its ticket. */
-int64_t kl_request(void *handle, void *exec, void *stream) {
+int64_t kl_request(void *handle, void *exec, void *stream, void *watch) {
     kl_state *s = (kl_state *)handle;
     int64_t ticket = s->num_requested + 1;
     int k = (int)((ticket - 1) % KL_RING);
     s->exec[k] = exec;
     s->stream[k] = stream;
+    s->watch[k] = watch;
     s->t_request[k] = now_ns();
     __atomic_store_n(&s->num_requested, ticket, __ATOMIC_RELEASE);
     return ticket;
@@ -147,13 +199,17 @@ void kl_set_spin(void *handle, int64_t spin_ns) { __atomic_store_n(&((kl_state *
 /* The address of num_launched: the engine thread polls it (an aligned 8-byte load) instead of calling in. */
 int64_t *kl_counter(void *handle) { return &((kl_state *)handle)->num_launched; }
 
+/* The address of num_ended (read in place, as num_launched) and of watch_err. */
+int64_t *kl_ended_counter(void *handle) { return &((kl_state *)handle)->num_ended; }
+int *kl_watch_error(void *handle) { return &((kl_state *)handle)->watch_err; }
+
 /* The address of first_err: set before num_launched passes the failed launch's ticket, so a reader that saw
  * the counter reach a ticket and reads 0 here knows every launch up to it succeeded. */
 int *kl_error_flag(void *handle) { return &((kl_state *)handle)->first_err; }
 
 /* A made launch's stamps and result; -1 while the ticket is not made yet, or its slot was reused. Called by
  * the requesting thread (num_requested is its own). */
-int kl_slot_of(void *handle, int64_t ticket, int64_t *t_begin_ns, int64_t *t_end_ns, int *err) {
+int kl_slot_of(void *handle, int64_t ticket, int64_t *t_begin_ns, int64_t *t_end_ns, int *err, int64_t *t_ended_ns) {
     kl_state *s = (kl_state *)handle;
     int64_t launched = __atomic_load_n(&s->num_launched, __ATOMIC_ACQUIRE);
     if (ticket < 1 || ticket > launched || s->num_requested - ticket >= KL_RING) return -1;
@@ -161,6 +217,7 @@ int kl_slot_of(void *handle, int64_t ticket, int64_t *t_begin_ns, int64_t *t_end
     *t_begin_ns = s->t_begin[k];
     *t_end_ns = s->t_end[k];
     *err = s->err[k];
+    *t_ended_ns = ticket <= __atomic_load_n(&s->num_ended, __ATOMIC_ACQUIRE) ? s->t_ended[k] : 0;
     return 0;
 }
 

@@ -19,6 +19,12 @@ over: on the forward pass's own stream the order of two threads' launches would 
 rely on x86-64 keeping stores in order (the slot before the counter); elsewhere ``request`` calls ``kl_request``,
 a release store.
 
+The thread also watches each handed-off copy's last event (``request(..., watch=)``: it queries the event between
+requests, at most once per ``WATCH_S``) and publishes how many copies it has seen end, so the forward pass's
+first layer wait learns that the copy has ended from a counter read in place (``copy_ended``) instead of its own
+event query, a driver call through torch of about 8 us on the H200 host with the step's caches cold
+(``benchmarks/bench_cuda_host_calls.py``). Not seen yet, the engine thread queries the event as before.
+
 The library is compiled once per source (``cc``, as Triton compiles its own launcher stubs) into a per-user
 cache; without a compiler there is no thread and the engine thread launches as before (the arena says why).
 ``function_address`` gives a C function to hand in: ``cuGraphLaunch`` on CUDA; tests pass a
@@ -40,10 +46,13 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("launch_thread.c")
 LAUNCH_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)  # (exec, stream) -> error
+QUERY_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)  # (event) -> 0 complete, NOT_READY, or an error
+NOT_READY = 600  # CUDA_ERROR_NOT_READY: what ``query`` answers for an event not complete yet
 WAIT_TIMEOUT_S = 10.0  # a launch not made in this long is a stuck thread, not a slow one
 NUM_SLOTS = 256  # KL_RING
 SPIN_S = 0.002  # the thread spins this long after a launch (a step's restores come together)
 POLL_S = 20e-6  # ... then sleeps this long between looks (its timer slack set to 1 ns)
+WATCH_S = 10e-6  # the least time between two queries of a watched event (each is a driver call beside the engine's)
 _IN_PLACE = platform.machine() in ("x86_64", "AMD64")  # stores reach another core in program order
 MIN_CPUS_TO_RESERVE = 4  # below this many allowed CPUs the thread is not given a core of its own
 
@@ -113,8 +122,11 @@ def build_library() -> Path:
 def _load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     vp, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.kl_start.argtypes, lib.kl_start.restype = (vp, vp, vp, i64, i64, ctypes.c_int), vp
-    lib.kl_request.argtypes, lib.kl_request.restype = (vp, vp, vp), i64
+    lib.kl_start.argtypes, lib.kl_start.restype = (vp, vp, vp, i64, i64, ctypes.c_int, vp, i64), vp
+    lib.kl_request.argtypes, lib.kl_request.restype = (vp, vp, vp, vp), i64
+    lib.kl_ended_counter.argtypes, lib.kl_ended_counter.restype = (vp,), ctypes.POINTER(i64)
+    lib.kl_watch_error.argtypes, lib.kl_watch_error.restype = (vp,), ctypes.POINTER(ctypes.c_int)
+    lib.kl_watch_slots.argtypes, lib.kl_watch_slots.restype = (vp,), vp
     lib.kl_counter.argtypes, lib.kl_counter.restype = (vp,), ctypes.POINTER(i64)
     lib.kl_requested.argtypes, lib.kl_requested.restype = (vp,), ctypes.POINTER(i64)
     lib.kl_exec_slots.argtypes, lib.kl_exec_slots.restype = (vp,), vp
@@ -123,7 +135,8 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.kl_set_spin.argtypes, lib.kl_set_spin.restype = (vp, i64), None
     lib.kl_set_min_delay.argtypes, lib.kl_set_min_delay.restype = (vp, i64), None
     lib.kl_request_stamps.argtypes, lib.kl_request_stamps.restype = (vp,), vp
-    lib.kl_slot_of.argtypes = (vp, i64, ctypes.POINTER(i64), ctypes.POINTER(i64), ctypes.POINTER(ctypes.c_int))
+    lib.kl_slot_of.argtypes = (vp, i64, ctypes.POINTER(i64), ctypes.POINTER(i64), ctypes.POINTER(ctypes.c_int),
+                               ctypes.POINTER(i64))
     lib.kl_slot_of.restype = ctypes.c_int
     lib.kl_error_flag.argtypes, lib.kl_error_flag.restype = (vp,), ctypes.POINTER(ctypes.c_int)
     lib.kl_stop.argtypes, lib.kl_stop.restype = (vp,), None
@@ -158,18 +171,23 @@ def busy_launch_address() -> int:
 class LaunchThread:
     """One native launch thread. ``launch``: the C address of ``int launch(void *exec, void *stream)``;
     ``set_context`` and ``context``: ``cuCtxSetCurrent`` and the context the thread makes current first
-    (None: none). Requests come from one thread (the engine's). Invariant: ``num_launched`` only grows, and
-    reaches a ticket only once that launch is made."""
+    (None: none); ``query``: the C address of ``int query(void *event)`` (``cuEventQuery``) for watched
+    requests (None: no watching). Requests come from one thread (the engine's). Invariants: ``num_launched``
+    only grows, and reaches a ticket only once that launch is made; ``copy_ended(ticket)`` is true only once the
+    thread has queried that request's watched event complete after making its launch (stream order then says
+    every earlier launch's copy on the same stream has ended too)."""
 
     def __init__(self, launch: int, set_context: int | None = None, context: int | None = None,
-                 keep: object = None, spin_s: float = SPIN_S, poll_s: float = POLL_S, own_core: bool = False) -> None:
+                 keep: object = None, spin_s: float = SPIN_S, poll_s: float = POLL_S, own_core: bool = False,
+                 query: int | None = None, watch_s: float = WATCH_S) -> None:
         self._lib = lib = _load(build_library())
         self._keep = keep  # a callback handed in as ``launch`` must outlive the thread
         # own_core: the thread keeps to a core the calling thread leaves (``reserve_core``; None: shares them all)
         self.reserved = reserve_core() if own_core else None
         self._engine_tid = threading.get_native_id()
         cpu = self.reserved[0] if self.reserved else -1
-        handle = lib.kl_start(launch, set_context, context, int(spin_s * 1e9), int(poll_s * 1e9), cpu)
+        handle = lib.kl_start(launch, set_context, context, int(spin_s * 1e9), int(poll_s * 1e9), cpu, query,
+                              int(watch_s * 1e9))
         if not handle:
             _give_back(self._engine_tid, self.reserved)
             raise LaunchThreadError("kl_start could not start a thread")
@@ -177,6 +195,9 @@ class LaunchThread:
         self._counter = lib.kl_counter(handle).contents  # read in place: no call into the library
         self._error = lib.kl_error_flag(handle).contents
         self._requested = lib.kl_requested(handle).contents
+        self._ended = lib.kl_ended_counter(handle).contents
+        self._watch_error = lib.kl_watch_error(handle).contents
+        self._watch_slots = (ctypes.c_void_p * NUM_SLOTS).from_address(lib.kl_watch_slots(handle))
         self._exec_slots = (ctypes.c_void_p * NUM_SLOTS).from_address(lib.kl_exec_slots(handle))
         self._stream_slots = (ctypes.c_void_p * NUM_SLOTS).from_address(lib.kl_stream_slots(handle))
         self._request_stamps = (ctypes.c_int64 * NUM_SLOTS).from_address(lib.kl_request_stamps(handle))
@@ -194,7 +215,7 @@ class LaunchThread:
         if err or not ctx.value:
             raise LaunchThreadError(f"no current CUDA context to hand the thread (cuCtxGetCurrent: {err})")
         return cls(function_address(cuda.cuGraphLaunch), function_address(cuda.cuCtxSetCurrent), ctx.value,
-                   own_core=True)
+                   own_core=True, query=function_address(cuda.cuEventQuery))
 
     def placement(self) -> str:
         """Where the thread runs, in words."""
@@ -207,21 +228,51 @@ class LaunchThread:
     def num_launched(self) -> int:
         return self._counter.value
 
-    def request(self, exec_handle: int, stream_handle: int) -> int:
-        """Queues one launch; returns its ticket (made once ``num_launched`` reaches it). Waits while every slot
-        holds a launch not made yet."""
+    def request(self, exec_handle: int, stream_handle: int, watch: int = 0) -> int:
+        """Queues one launch; returns its ticket (made once ``num_launched`` reaches it). ``watch``: an event
+        (a pointer) the launch records last, whose completion the thread looks for (``copy_ended``). Waits while
+        every slot holds a launch not made yet, or a watch not settled."""
         ticket = self.num_requested + 1
-        if ticket - self._counter.value > NUM_SLOTS:
-            self.wait_for(ticket - NUM_SLOTS)
+        if ticket - self._ended.value > NUM_SLOTS:
+            self._wait_for_room(ticket - NUM_SLOTS)
         if _IN_PLACE:
             k = (ticket - 1) % NUM_SLOTS
-            self._exec_slots[k], self._stream_slots[k] = exec_handle, stream_handle
+            self._exec_slots[k], self._stream_slots[k], self._watch_slots[k] = exec_handle, stream_handle, watch
             self._request_stamps[k] = time.monotonic_ns()  # CLOCK_MONOTONIC, as the thread's own stamps
             self._requested.value = ticket  # after the slot: this store publishes it
         else:
-            self._lib.kl_request(self._handle, exec_handle, stream_handle)
+            self._lib.kl_request(self._handle, exec_handle, stream_handle, watch)
         self.num_requested = ticket
         return ticket
+
+    def _wait_for_room(self, ticket: int) -> None:
+        """Returns once ``ticket``'s slot may be rewritten: its launch made, and its watch settled (or watching
+        has stopped, ``watch_error``)."""
+        self.wait_for(ticket)
+        deadline = time.monotonic() + WAIT_TIMEOUT_S
+        while self._ended.value < ticket and not self._watch_error.value:
+            if time.monotonic() > deadline:
+                raise LaunchThreadError(f"launch {ticket}'s copy not seen ended in {WAIT_TIMEOUT_S:.0f} s")
+
+    def copy_ended(self, ticket: int) -> bool:
+        """Whether the thread has seen launch ``ticket``'s watched event complete (a counter read in place: no
+        call into C or the driver), its launch and every earlier one having succeeded. False says only "not seen
+        yet": the caller asks the event itself."""
+        return self._ended.value >= ticket and not self._error.value
+
+    @property
+    def watch_error(self) -> int:
+        """The first failed query's result (0: none; -1: a watch fell a ring behind); watching stops there."""
+        return self._watch_error.value
+
+    def ended_at(self, ticket: int) -> int | None:
+        """When the thread saw launch ``ticket``'s watched event complete (``time.monotonic_ns`` clock); None:
+        not seen (not yet, not watched, or its slot was reused)."""
+        t0, t1, err, t_ended = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int(), ctypes.c_int64()
+        if self._lib.kl_slot_of(self._handle, ticket, ctypes.byref(t0), ctypes.byref(t1), ctypes.byref(err),
+                                ctypes.byref(t_ended)):
+            return None
+        return t_ended.value or None
 
     def wait_for(self, ticket: int) -> None:
         """Returns once launch ``ticket`` (and every earlier one) has been made; raises if any failed."""
@@ -239,8 +290,9 @@ class LaunchThread:
     def stamps(self, ticket: int) -> tuple[int, int, int] | None:
         """(begin, end, result) of a made launch, ``time.monotonic_ns`` clock; None while not made, or once its
         ring slot was reused (256 requests later)."""
-        t0, t1, err = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int()
-        if self._lib.kl_slot_of(self._handle, ticket, ctypes.byref(t0), ctypes.byref(t1), ctypes.byref(err)):
+        t0, t1, err, t_ended = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int(), ctypes.c_int64()
+        if self._lib.kl_slot_of(self._handle, ticket, ctypes.byref(t0), ctypes.byref(t1), ctypes.byref(err),
+                                ctypes.byref(t_ended)):
             return None
         return t0.value, t1.value, err.value
 

@@ -42,7 +42,9 @@ once queued, waits on the GPU for the copy:
                   (``launched_by`` "thread": ``kv.launch_thread``), ``copy_call`` ends at the request, and the
                   launch itself runs on another core (``thread_launch``; ``thread_lag``: from the arguments
                   written, just before the request, to the launch made); the engine thread's wait for it, if
-                  the forward pass got there first, is in ``hook``
+                  the forward pass got there first, is in ``hook``. The first layer wait learns that the
+                  copy has ended from the launch thread's watch of its last event where it can (``settled_by``
+                  "thread"; ``thread_saw_end``: the copy's end to the thread seeing it), else by a query
     forward_wait  the forward pass queued (``start_load_kv``) to the GPU reaching it (an event
                   recorded there), 0 when the copy had ended by then: the copy's part on the step's
                   critical path, plus the event's own latency of a few microseconds. A restore copied
@@ -165,6 +167,8 @@ class RestoreTimeline:
     launch_ticket: int = 0  # the launch thread's ticket where it made the graph's launch (0: the engine thread did)
     t_thread_launch_begin_ns: int | None = None  # ... the thread's driver call, begun
     t_thread_launch_end_ns: int | None = None  # ... and returned
+    t_thread_saw_end_ns: int | None = None  # ... and saw the copy's last event complete (its watch)
+    settled_by: str | None = None  # the first layer wait found every group ended: "thread", "query", "cpu"
     resolved: bool = False
 
     def forward_queued(self, t_ns: int, event) -> None:
@@ -228,6 +232,7 @@ class RestoreTimeline:
             "launched_by": "thread" if self.launch_ticket else "engine",
             "thread_launch_s": sec(self.t_thread_launch_begin_ns, self.t_thread_launch_end_ns),
             "thread_lag_s": sec(self.t_ids_written_ns, self.t_thread_launch_end_ns),
+            "settled_by": self.settled_by, "thread_saw_end_s": sec(copy1, self.t_thread_saw_end_ns),
             "schedule_s": schedule, "measure_s": measure, "measure_synced": self.measure_synced,
             "host_s": host, "hook_s": self.hook_ns / 1e9, "forward_wait_s": wait,
             "before_copy_s": sec(self.t_start_ns, self.t_copy_call_ns), "copy_call_s": sec(self.t_copy_call_ns, queued),
@@ -266,6 +271,7 @@ def request_split(timeline: dict, t_submit_ns: int, t_first_token_ns: int) -> di
             "wait_at": timeline.get("wait_at"), "num_copy_groups": timeline.get("num_copy_groups"),
             "copy_launch": timeline.get("copy_launch"), "launched_by": timeline.get("launched_by"),
             "thread_launch_s": timeline.get("thread_launch_s"), "thread_lag_s": timeline.get("thread_lag_s"),
+            "settled_by": timeline.get("settled_by"), "thread_saw_end_s": timeline.get("thread_saw_end_s"),
             "num_layer_waits": timeline.get("num_layer_waits"),
             "after_restore_s": (t_first_token_ns - timeline["t_ready_ns"]) / 1e9}
 
