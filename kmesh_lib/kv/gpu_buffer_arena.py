@@ -410,13 +410,17 @@ class BufferArena:
             groups = self.plane_groups if by_layer else [(0, len(self.planes))]
             start, marks = self._launch(src0, block_ids, groups, stream if by_layer else None, timeline, packed_ids)
         timeline.t_copy_queued_ns = _ns()
-        copy = timeline.copy = Span.between(start, marks[-1])
-        ends = [Span.at(m) for m in marks] if by_layer else []
-        if inst is not None:
+        if inst is not None:  # events: the spans made directly (``Span.between`` would ask which kind)
+            copy = timeline.copy = Span(None, None, (start, marks[-1]))
+            ends = [Span(None, None, (m, m)) for m in marks] if by_layer else []
             inst.hold([copy, *ends], timeline.ref)
+        else:
+            copy = timeline.copy = Span.between(start, marks[-1])
+            ends = [Span.at(m) for m in marks] if by_layer else []
         if self.is_cuda:
             self.last_read_event, self.last_read_stream = marks[-1], stream  # every restore queued so far has read its extent
-        self._count(restored_bytes=len(block_ids) * self.bytes_per_block)
+        # the engine thread alone writes this counter (no lock: the staging threads' keys are others)
+        self.counters["restored_bytes"] += len(block_ids) * self.bytes_per_block
         return ends
 
     def _side(self):

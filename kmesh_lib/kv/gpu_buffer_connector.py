@@ -237,6 +237,7 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
                                op.num_blocks * self.bytes_per_block, arena.device_name,
                                op.t_lookup_first_ns or None, op.t_lookup_end_ns or None, op.num_lookup_calls,
                                t_allocated_ns=op.t_allocated_ns or None, schedule_ns=op.schedule_ns,
+                               pack_ns=op.pack_ns,
                                t_start_ns=q.t_start_ns, ref=ref, launched_at=meta.launched_at,
                                measure_ns=measure_ns, measure_synced=ref[2] if ref else None,
                                reference_at=reference_at, t_reference_ns=ref[0] if ref else None,
@@ -386,7 +387,7 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
             return
         t0 = _ns()
         match, num_computed = self._matched.pop(rid)
-        stamps = tuple(self._lookup_stamps.pop(rid, (0, 0, 0)))
+        stamps = self._lookup_stamps.pop(rid, (0, 0, 0))
         with self.shared.lock:  # the block ids come with the step's metadata (``_fill_block_ids``)
             op = self.index.schedule_load(rid, match, num_computed, None, stamps)
         op.t_allocated_ns = t_allocated_ns
@@ -420,7 +421,8 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
                     raise RuntimeError(f"{op.req_id}: a restore of {op.num_blocks} blocks from block {op.first_block}, "
                                        f"but the scheduler output lists {len(ids)} there")
                 op.block_ids, op.packed_ids = ids, pack_ids(ids)
-                op.schedule_ns += _ns() - t0
+                op.pack_ns = _ns() - t0
+                op.schedule_ns += op.pack_ns
 
     def _follow(self, so) -> None:
         """Updates tracked requests' block tables and computed tokens from this step's schedule."""

@@ -93,6 +93,7 @@ class LoadOp:
     t_allocated_ns: int = 0  # vLLM had allocated the request's blocks (``update_state_after_alloc``)
     schedule_ns: int = 0  # the connector's own scheduler-side time on it (``RestoreTimeline.schedule_ns``)
     packed_ids: bytes | None = None  # ``block_ids`` as the copy kernel reads them (``fused_copy.pack_ids``)
+    pack_ns: int = 0  # the part of ``schedule_ns`` that took ``block_ids`` from the scheduler output and packed them
 
 
 @dataclass

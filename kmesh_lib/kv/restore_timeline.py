@@ -24,7 +24,8 @@ is serial, so the step is longer by the restore's own host time, plus however lo
 once queued, waits on the GPU for the copy:
 
     schedule      as above: the connector's scheduler-side work for this restore (before 2 Dec 2026 it was
-                  not stamped, and it read vLLM's blocks for their ids, a walk over the context's blocks)
+                  not stamped, and it read vLLM's blocks for their ids, a walk over the context's blocks);
+                  ``pack_ids`` is its part that takes the block ids from the scheduler output and packs them
     measure       taking the reference that puts this restore's events on the clock (``ref``; one per step,
                   so every restore of a step carries the same): a stream synchronization when the stream
                   had work left (``measure_synced``), else a non-blocking query. 0 where the reference was
@@ -141,6 +142,7 @@ class RestoreTimeline:
     num_lookup_calls: int = 0
     t_allocated_ns: int | None = None
     schedule_ns: int = 0  # the connector's scheduler-side work for it after vLLM's allocation (``LoadOp.schedule_ns``)
+    pack_ns: int = 0  # ... of which taking its block ids from the scheduler output and packing them (``LoadOp.pack_ns``)
     t_start_ns: int = 0  # the worker took up this restore (start_load_kv) or the prefetch began
     t_launched_ns: int | None = None  # every copy of it was queued (CPU)
     t_copy_call_ns: int | None = None  # the copy into vLLM's blocks was called (``BufferArena.copy_into_vllm``)
@@ -233,7 +235,8 @@ class RestoreTimeline:
             "thread_launch_s": sec(self.t_thread_launch_begin_ns, self.t_thread_launch_end_ns),
             "thread_lag_s": sec(self.t_ids_written_ns, self.t_thread_launch_end_ns),
             "settled_by": self.settled_by, "thread_saw_end_s": sec(copy1, self.t_thread_saw_end_ns),
-            "schedule_s": schedule, "measure_s": measure, "measure_synced": self.measure_synced,
+            "schedule_s": schedule, "pack_ids_s": self.pack_ns / 1e9 if self.pack_ns else None,
+            "measure_s": measure, "measure_synced": self.measure_synced,
             "host_s": host, "hook_s": self.hook_ns / 1e9, "forward_wait_s": wait,
             "before_copy_s": sec(self.t_start_ns, self.t_copy_call_ns), "copy_call_s": sec(self.t_copy_call_ns, queued),
             "write_ids_s": sec(self.t_copy_call_ns, self.t_ids_written_ns),
@@ -259,6 +262,7 @@ def request_split(timeline: dict, t_submit_ns: int, t_first_token_ns: int) -> di
             "lookup_s": timeline["lookup_s"], "disk_read_s": timeline["disk_read_s"], "staging_s": timeline["staging_s"],
             "launch_s": timeline.get("launch_s"), "copy_s": timeline["copy_s"], "restore_s": timeline["restore_s"],
             "allocate_s": timeline.get("allocate_s"), "schedule_s": timeline.get("schedule_s"),
+            "pack_ids_s": timeline.get("pack_ids_s"),
             "measure_s": timeline.get("measure_s"), "measure_synced": timeline.get("measure_synced"),
             "reference_at": timeline.get("reference_at"), "reference_age_s": timeline.get("reference_age_s"),
             "reference_window_s": timeline.get("reference_window_s"),

@@ -37,8 +37,8 @@ FLOOR_OF = {"dram": ("sum", ("copy",)), "disk": ("sum", ("disk", "copy")),
             "gpubuf_disk": ("max", ("disk", "copy")),
             "native_offload": ("sum", ("copy",))}
 SPLIT_PARTS = ("queue_s", "lookup_s", "disk_read_s", "staging_s", "launch_s", "copy_s", "restore_s", "load_time_s",
-               "after_restore_s", "after_lookup_s", "allocate_s", "schedule_s", "measure_s", "host_s", "hook_s",
-               "before_copy_s", "copy_call_s", "write_ids_s", "after_copy_s", "forward_wait_s", "critical_s",
+               "after_restore_s", "after_lookup_s", "allocate_s", "schedule_s", "pack_ids_s", "measure_s", "host_s",
+               "hook_s", "before_copy_s", "copy_call_s", "write_ids_s", "after_copy_s", "forward_wait_s", "critical_s",
                "thread_launch_s", "thread_lag_s", "thread_saw_end_s", "to_forward_s")
 # the parts that bring the context in; what follows (after_*) is the forward step the resident follow-up also pays
 # The parts of bringing the context in. The wait before the scheduler first looks at the request
