@@ -175,6 +175,18 @@ def test_ids_packed_ahead_write_the_arguments_a_list_writes(num_ids):
     assert from_packed.tolist() == from_list.tolist() == [42, num_ids, *ids, -1, -1, -1, -1]
 
 
+@pytest.mark.parametrize("first, num", [(0, None), (0, 5), (3, 4), (7, 3), (9, 1), (10, 0)])
+def test_ids_packed_from_a_whole_table_are_the_slice_packed(first, num):
+    """``pack_ids(table, first, num)`` (the connector packs a request's whole block table and cuts the bytes)
+    gives the words of ``table[first:first + num]`` packed alone."""
+    from kmesh_lib.kv.fused_copy import pack_ids
+
+    table = [(7919 * i + 13) % 50_000 for i in range(10)]
+    end = len(table) if num is None else first + num
+    assert pack_ids(table, first, num) == pack_ids(table[first:end])
+    assert len(pack_ids(table, first, num)) == 4 * (end - first)
+
+
 def test_a_check_block_unlike_its_row_fails_until_the_row_is_copied_and_the_buffer_is_untouched(tmp_path):
     """``unlike_row``: the graph checks' setup (``copy_graph.CopyGraphs._check``), which may run while the buffer
     holds contexts: it flips the check block's bits against the row, so only a copy that ran makes them equal."""

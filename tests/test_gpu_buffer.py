@@ -310,6 +310,8 @@ class FakeModelRunner:
     def __call__(self, so):
         import torch
 
+        from kmesh_lib.kv.fused_copy import pack_ids
+
         w, sched = self.worker, self.engine.scheduler
         w.handle_preemptions(so.kv_connector_metadata)  # vLLM's order: before the runner prepares inputs
         w.bind_connector_metadata(so.kv_connector_metadata)
@@ -318,6 +320,11 @@ class FakeModelRunner:
             w.wait_for_layer_load(name)
         for op in so.kv_connector_metadata.loads:  # every restored block holds its prefix's pattern
             hashes = sched.requests[op.req_id].block_hashes
+            # the destination is vLLM's own table for the request, and the kernel's words are those ids
+            table = self.engine.kv_cache_manager.get_block_ids(op.req_id)[0]
+            if op.block_ids != table[op.first_block:op.first_block + op.num_blocks] or \
+                    op.packed_ids != pack_ids(op.block_ids):
+                self.mismatches.append((op.req_id, op.first_block, "block ids"))
             for i, block_id in enumerate(op.block_ids):
                 for name, kv in self.kv.items():
                     want = self.pattern((name, hashes[op.first_block + i]), kv[:, block_id])

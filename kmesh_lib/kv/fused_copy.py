@@ -236,13 +236,21 @@ def _ids_struct(num_rows: int) -> struct.Struct:
 _HEADER = struct.Struct(f"{NUM_HEADER}i")
 
 
-def pack_ids(block_ids: list[int]) -> bytes:
-    """``block_ids`` as the kernel reads them (int32), for ``write_args``: packed where the ids were just
-    read (the connector's scheduler side, ``HostStagedGpuBuffer._fill_block_ids``), the ints' objects are
-    in the host's caches; at the copy, later in the engine's step, packing them cost the H200 machine's
-    host 55 us for 1,024 ids (median, section 21 at b1ac585) against 19 / 25 us hot / cold in a loop of its
-    own (``benchmarks/bench_cuda_host_calls.py``), and 9 / 14 us as packed here."""
-    return _ids_struct(len(block_ids)).pack(*block_ids)
+def pack_ids(block_ids: list[int], first: int = 0, num: int | None = None) -> bytes:
+    """``block_ids[first:first + num]`` (default: all) as the kernel reads them (int32), for ``write_args``:
+    packed where the ids were just read (the connector's scheduler side, ``HostStagedGpuBuffer._fill_block_ids``),
+    the ints' objects are in the host's caches; at the copy, later in the engine's step, packing them cost the
+    H200 machine's host 55 us for 1,024 ids (median, section 21 at b1ac585).
+
+    The whole list is packed and the bytes cut, rather than the list sliced and the slice packed: each pass
+    over the ints' objects costs a cache miss per object on a host the step has just evicted, and the slice
+    is one more (section 21 at 132e979 on the H200: 31-38 us for slice and pack at 16k and 32k tokens; this
+    project's CPU machine, the ints touched once just before as the connector's copy of the scheduler output
+    touches them: 31.6 us slice and pack, 19.1 us pack and cut, for 1,024 of 1,030 ids)."""
+    packed = _ids_struct(len(block_ids)).pack(*block_ids)
+    if first == 0 and (num is None or num == len(block_ids)):
+        return packed
+    return packed[4 * first:4 * (first + (len(block_ids) - first if num is None else num))]
 
 
 def write_args(view: memoryview, src_row0: int, block_ids: list[int], packed: bytes | None = None) -> None:

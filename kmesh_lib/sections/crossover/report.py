@@ -47,6 +47,11 @@ RESTORE_PARTS = ("lookup_ms", "disk_read_ms", "staging_ms", "launch_ms", "copy_m
 COMPONENTS = ("lookup_s", "lookup_wall_s", "disk_read_s", "load_s", "save_s", "forward_s", "other_s")
 
 
+def _ms(name: str) -> str:
+    """A part's column in milliseconds: ``thread_saw_end_s`` -> ``thread_saw_end_ms`` (only the suffix)."""
+    return name.removesuffix("_s") + "_ms"
+
+
 def usable(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r.get("measured") and r.get("status") == "ok"]
 
@@ -199,7 +204,7 @@ def component_table(rows: list[dict]) -> list[dict]:
         row = {"model": model, "context_tokens": n, "arm": arm, "ttft_ms": 1e3 * statistics.median(r["ttft_s"] for r in rs)}
         for c in COMPONENTS:
             vals = [r["components"].get(c) for r in rs if r["components"].get(c) is not None]
-            row[c.replace("_s", "_ms")] = round(1e3 * statistics.median(vals), 3) if vals else None
+            row[_ms(c)] = round(1e3 * statistics.median(vals), 3) if vals else None
         out.append(row)
     return out
 
@@ -218,7 +223,7 @@ def split_table(rows: list[dict]) -> list[dict]:
         for part in SPLIT_PARTS:
             vals = [r["split"][part] for r in rs if r["split"].get(part) is not None]
             if vals:
-                row[part.replace("_s", "_ms")] = round(1e3 * statistics.median(vals), 3)
+                row[_ms(part)] = round(1e3 * statistics.median(vals), 3)
         # copy_launch: "graph", "handle", "torch", ...; reference_at: "step" (measure > 0) or "before_step"
         for key in ("launched_at", "wait_at", "copy_launch", "launched_by", "settled_by", "reference_at"):
             seen = {r["split"].get(key) for r in rs} - {None}
@@ -484,7 +489,7 @@ def launch_free_table(rows: list[dict], distance: list[dict]) -> list[dict]:
     for (model, n), paths in sorted(by_point.items()):
         ms, arm, sps = min(paths, key=lambda p: p[0])
         f = floor[(model, n, arm)]
-        parts = {k.replace("_s", "_ms"): round(1e3 * float(numpy.median(v)), 3)
+        parts = {_ms(k): round(1e3 * float(numpy.median(v)), 3)
                  for k in LAUNCH_FREE_PARTS if (v := [sp[k] for sp in sps if sp.get(k) is not None])}
         out.append({"model": model, "context_tokens": n, "path": arm, "n": len(sps), "launch_free_ms": round(ms, 3),
                     "transfer_floor_ms": f, "x_floor": round(ms / f, 3), "within": ms / f <= GOAL_X, **parts})
