@@ -893,6 +893,35 @@ def test_the_handoff_sentence_states_the_launch_timing_only_where_recorded():
     assert "took 77.5 us against 60.0 us" in _handoff_timing({**h, "to_forward_us": 77.5, "own_to_forward_us": 60.0})
 
 
+def test_the_handoff_step_pairs_pair_each_off_thread_restore_with_its_repeats_engine_launched_one():
+    """``critical + to_forward`` off-thread less engine-launched, same (context, repeat), pooled over the points;
+    a repeat with one arm only, or a restore without to_forward, pairs nothing."""
+    from kmesh_lib.sections.crossover.report import handoff_step_pairs, handoff_table
+    from kmesh_lib.sections.crossover.summary import _handoff_timing
+
+    def row(arm, n, repeat, critical_us, to_forward_us):
+        return {"model": "m", "context_tokens": n, "arm": arm, "repeat": repeat, "measured": True, "status": "ok",
+                "split": {"after_copy_s": 1e-5, "copy_call_s": 3e-5, "critical_s": critical_us / 1e6,
+                          "to_forward_s": None if to_forward_us is None else to_forward_us / 1e6}}
+
+    rows = []
+    for n in (16384, 32512):
+        for k in range(1, 6):  # off-thread 40 us less what it adds, 10 us more to the first layer: 30 us shorter
+            rows += [row("gpubuf_layered", n, k, 150 + k, 500), row("gpubuf_offthread", n, k, 110 + k, 510)]
+    rows += [row("gpubuf_offthread", 16384, 9, 1.0, 1.0),  # no engine-launched restore in repeat 9
+             row("gpubuf_layered", 32512, 7, 100, None), row("gpubuf_offthread", 32512, 7, 100, 900)]
+    pairs = handoff_step_pairs(rows)["m"]
+    assert pairs["num_pairs"] == 10 and pairs["step_difference_ms"] == -0.03
+    assert pairs["step_difference_ci_ms"] == [-0.03, -0.03]  # every pair the same: a point interval
+    (h,) = handoff_table(rows)
+    assert h["step_difference_ms"] == -0.03 and "-0.030 ms [-0.030, -0.030]" in _handoff_timing(h)
+    assert "the hand-off shortens the step" in _handoff_timing(h)
+    lengthens = [{**r, "split": {**r["split"], "critical_s": r["split"]["critical_s"] + 1e-4}}
+                 if r["arm"] == "gpubuf_offthread" else r for r in rows]
+    assert "the hand-off lengthens the step" in _handoff_timing(handoff_table(lengthens)[0])
+    assert handoff_step_pairs([r for r in rows if r["arm"] == "gpubuf_layered"]) == {}
+
+
 def test_the_handoff_plot_is_drawn_only_with_both_arms_and_the_threads_stamps(tmp_path):
     from kmesh_lib.sections.crossover.report import handoff_plot
 

@@ -185,7 +185,7 @@ def test_the_library_is_built_once_per_source(tmp_path, monkeypatch):
 def test_without_a_compiler_the_error_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    monkeypatch.setattr(lt.shutil, "which", lambda name: None)
+    monkeypatch.setattr(lt.native_build.shutil, "which", lambda name: None)
     with pytest.raises((LaunchThreadError, FileNotFoundError)):
         lt.build_library()
     monkeypatch.delenv("CC")

@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kmesh_lib.kv import id_pack
 from kmesh_lib.kv.direct_storage import direct_storage_status
 from kmesh_lib.kv.gpu_buffer_index import ABSENT, PREFETCHING, RESIDENT, BufferFull
 
@@ -255,7 +256,8 @@ class GpuBufferTier:
                "direct_storage": direct_storage_status(self.disk_dir)}
         out["route_used"] = "host-staged"
         if self.shared.scheduler is not None:
-            out.update(bytes_per_block=self.index.bytes_per_block, num_buffer_blocks=self.index.num_buffer_blocks)
+            out.update(bytes_per_block=self.index.bytes_per_block, num_buffer_blocks=self.index.num_buffer_blocks,
+                       ids_packed_by=id_pack.pack_via())  # the scheduler side packs each restore's block ids
         if self.shared.worker is not None and self.shared.worker.arena is not None:
             a = self.shared.worker.arena
             out.update(device=str(a.device), buffer_allocation_bytes=a.buffer.numel(), num_planes=len(a.planes),

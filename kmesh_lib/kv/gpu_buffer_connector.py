@@ -64,9 +64,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from kmesh_lib.kv.fused_copy import pack_ids
 from kmesh_lib.kv.gpu_buffer import GpuBufferConfig, entry_path, shared_state
 from kmesh_lib.kv.gpu_buffer_index import BufferIndex, LoadOp, SaveOp
+from kmesh_lib.kv.id_pack import pack_ids
 from kmesh_lib.kv.restore_timeline import RestoreTimeline
 
 _ns = time.monotonic_ns
@@ -412,7 +412,8 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
     def _fill_block_ids(self, loads: list[LoadOp]) -> None:
         """Each restore's destination: its blocks in the request's block table as this step's scheduler
         output lists it (``_follow`` has just read it), which vLLM builds for its runner either way; and
-        packed for the copy kernel here, while the ids are in the host's caches (``fused_copy.pack_ids``)."""
+        packed for the copy kernel here, while the ids are in the host's caches (``id_pack.pack_ids``: one pass
+        over the restore's ints, in C where it could be built)."""
         for op in loads:
             if op.block_ids is None:
                 t0 = _ns()
@@ -421,7 +422,7 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
                 if len(table) < first + n:
                     raise RuntimeError(f"{op.req_id}: a restore of {n} blocks from block {first}, "
                                        f"but the scheduler output lists {max(0, len(table) - first)} there")
-                op.packed_ids = pack_ids(table, first, n)  # packs the whole table: one pass less than a slice's
+                op.packed_ids = pack_ids(table, first, n)
                 op.block_ids = table[first:first + n]  # after the pack: its ints are in the caches now
                 op.pack_ns = _ns() - t0
                 op.schedule_ns += op.pack_ns

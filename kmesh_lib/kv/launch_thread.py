@@ -33,16 +33,14 @@ cache; without a compiler there is no thread and the engine thread launches as b
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import platform
-import shutil
-import subprocess
-import tempfile
 import threading
 import time
 import weakref
 from pathlib import Path
+
+from kmesh_lib.kv import native_build
 
 SOURCE = Path(__file__).with_name("launch_thread.c")
 LAUNCH_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)  # (exec, stream) -> error
@@ -93,30 +91,10 @@ class LaunchThreadError(RuntimeError):
     """The thread could not be built or started, or a launch it made failed."""
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(tempfile.gettempdir(), f"kmesh-{os.getuid()}")
-    return Path(base) / "kmesh"
-
-
 def build_library() -> Path:
-    """The compiled library for this source (built once, by content hash; a concurrent build replaces it
-    atomically). Raises ``LaunchThreadError`` naming the compiler's complaint."""
-    source = SOURCE.read_bytes()
-    out = _cache_dir() / f"launch_thread-{hashlib.sha256(source).hexdigest()[:16]}.so"
-    if out.exists():
-        return out
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        raise LaunchThreadError("no C compiler (cc, gcc or clang) on PATH")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    proc = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(tmp), str(SOURCE), "-lpthread"],
-                          capture_output=True, text=True, timeout=120)
-    if proc.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise LaunchThreadError(f"{cc} failed on {SOURCE.name}: {proc.stderr.strip().splitlines()[-1:]}")
-    os.replace(tmp, out)
-    return out
+    """The compiled library for this source (``native_build``). Raises ``LaunchThreadError`` naming the compiler's
+    complaint."""
+    return native_build.build_library(SOURCE, ("-lpthread",), LaunchThreadError)
 
 
 def _load(path: Path) -> ctypes.CDLL:

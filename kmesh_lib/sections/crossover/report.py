@@ -275,6 +275,30 @@ def handoff_points(rows: list[dict]) -> dict[str, dict[str, list[dict]]]:
     return out
 
 
+def handoff_step_pairs(rows: list[dict]) -> dict[str, dict]:
+    """Per model, what the hand-off changes for the step as a whole: each off-thread restore's ``critical +
+    to_forward`` (what it adds to its step, then the engine thread's time from its end to the forward pass's first
+    layer, where a stall the launch brings after the restore's windows lands) less the engine-launched restore's of
+    the same (context, repeat), pooled over the points (one repeat runs both arms back to back on one engine). The
+    median of the paired differences and its 95% bootstrap interval, in ms; models without two such pairs are left
+    out (runs recorded before ``to_forward`` have none)."""
+    steps: dict[tuple, dict[str, float]] = {}
+    for r in usable(rows):
+        s = r.get("split") or {}
+        if r["arm"] in HANDOFF_PAIR and s.get("critical_s") is not None and s.get("to_forward_s") is not None:
+            steps.setdefault((r["model"], r["context_tokens"], r["repeat"]), {})[r["arm"]] = \
+                1e3 * (s["critical_s"] + s["to_forward_s"])
+    out = {}
+    for model in sorted({k[0] for k in steps}):
+        diffs = [v[HANDOFF_PAIR[0]] - v[HANDOFF_PAIR[1]] for k, v in sorted(steps.items())
+                 if k[0] == model and len(v) == 2]
+        if len(diffs) >= 2:
+            low, high = bootstrap_interval((diffs,), lambda x, axis: numpy.median(x, axis=axis), paired=False)
+            out[model] = {"num_pairs": len(diffs), "step_difference_ms": round(float(numpy.median(diffs)), 3),
+                          "step_difference_ci_ms": [round(low, 3), round(high, 3)]}
+    return out
+
+
 def _median(values) -> float | None:
     values = [v for v in values if v is not None]
     return round(statistics.median(values), 1) if values else None
@@ -288,8 +312,10 @@ def handoff_table(rows: list[dict]) -> list[dict]:
     (``handoff_points``, us from the request): where the stalled restores' launches began and where the others'
     did, and how long after the stalled launch's return the engine thread's Python ended; and, where recorded, the
     engine thread's time from the restore's end to the forward pass's first layer in each arm (a stall after the
-    restore's own windows shows there, not in ``after_copy``). Empty where a run has not both arms."""
+    restore's own windows shows there, not in ``after_copy``); and the two together, paired by repeat
+    (``handoff_step_pairs``): whether the hand-off shortens the step at all. Empty where a run has not both arms."""
     out = []
+    pairs = handoff_step_pairs(rows)
     for model, arms in sorted(handoff_points(rows).items()):
         handed, own = arms.get(HANDOFF_PAIR[0], []), arms.get(HANDOFF_PAIR[1], [])
         if not handed or not own:
@@ -307,7 +333,8 @@ def handoff_table(rows: list[dict]) -> list[dict]:
                     "other_launch_begin_us": _median(p.get("launch_begin_us") for p in others),
                     "stall_resumed_after_launch_us": _median(p.get("resumed_after_launch_us") for p in stalled),
                     "to_forward_us": _median(p["to_forward_us"] for p in handed),
-                    "own_to_forward_us": _median(p["to_forward_us"] for p in own)})
+                    "own_to_forward_us": _median(p["to_forward_us"] for p in own),
+                    **pairs.get(model, {"num_pairs": 0, "step_difference_ms": None, "step_difference_ci_ms": None})})
     return out
 
 

@@ -203,6 +203,13 @@ def _handoff_timing(h: dict) -> str:
     elif h["num_stalls"]:
         out += (" Whether a launch begun later stalls the engine thread after the restore's own windows, where what the "
                 "restore adds does not count it, this run does not measure (it records no to_forward).")
+    if h.get("step_difference_ms") is not None:
+        low, high = h["step_difference_ci_ms"]
+        verdict = ("the hand-off shortens the step" if high < 0 else "the hand-off lengthens the step" if low > 0
+                   else "no difference resolved")
+        out += (f" Both together (what the restore adds, then its end to the first layer), paired by repeat with the "
+                f"engine-launched restore and pooled over the points: {h['step_difference_ms']:+.3f} ms "
+                f"[{low:+.3f}, {high:+.3f}] (median, 95% bootstrap, {h['num_pairs']} pairs): {verdict}.")
     return out
 
 

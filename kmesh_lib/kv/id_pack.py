@@ -1,0 +1,61 @@
+"""A restore's block ids packed for the copy kernel (int32 bytes), as the connector's scheduler side takes them
+from vLLM's scheduler output (``HostStagedGpuBuffer._fill_block_ids``).
+
+Two routes, the same bytes: ``id_pack.c`` through ``ctypes.PyDLL`` (a C loop that reads each wanted int of the
+list once, the GIL held), built on first use where a C compiler and the interpreter's ``Python.h`` are there;
+else ``struct`` (``fused_copy.pack_ids``: the list packed whole, the bytes cut). ``pack_via()`` says which this
+process takes, and why not the first (the library is built at the first pack, or at that call).
+
+Measured: ``benchmarks/bench_pack_ids.py`` (this project's CPU machine, 1,024 of 1,030 ids, the ints touched once
+just before as the connector's copy of the scheduler output touches them); in section 21 the restore's
+``pack_ids`` part (its scheduler side's ids taken and packed) was 26-44 us at 0.5B 16k-32k on the H200 with
+``struct`` (f4df, 11c0e22).
+"""
+from __future__ import annotations
+
+import ctypes
+import subprocess
+from pathlib import Path
+
+from kmesh_lib.kv import fused_copy, native_build
+
+SOURCE = Path(__file__).with_name("id_pack.c")
+
+
+def _load_native():
+    """``kp_pack_ids`` as a Python callable, and how it was made; (None, why) where it cannot be."""
+    try:
+        path = native_build.build_library(SOURCE, tuple(native_build.python_include()))
+        fn = ctypes.PyDLL(str(path)).kp_pack_ids
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:  # FileNotFoundError: no Python.h
+        return None, f"struct (no native packer: {e})"
+    fn.argtypes, fn.restype = (ctypes.py_object, ctypes.c_ssize_t, ctypes.c_ssize_t), ctypes.py_object
+    return fn, "native (id_pack.c through ctypes.PyDLL)"
+
+
+_route: tuple | None = None  # (the native callable or None, the route in words), made at first use
+
+
+def pack_via() -> str:
+    """The route this process packs ids by: "native (...)", or "struct (no native packer: <why>)"."""
+    global _route
+    if _route is None:
+        _route = _load_native()
+    return _route[1]
+
+
+def pack_ids(block_ids: list[int], first: int = 0, num: int | None = None) -> bytes:
+    """``block_ids[first:first + num]`` (default: to the end) as int32 bytes, by the native loop where there is
+    one (a list only), else ``fused_copy.pack_ids``. Raises ``IndexError`` for a range outside the list (either
+    route); an id outside int32 or not an int raises ``OverflowError`` / ``TypeError`` natively, ``struct.error``
+    on the struct route."""
+    if num is None:
+        num = len(block_ids) - first
+    if _route is None:
+        pack_via()
+    native = _route[0]
+    if native is not None and type(block_ids) is list:
+        return native(block_ids, first, num)
+    if first < 0 or num < 0 or first + num > len(block_ids):
+        raise IndexError(f"pack_ids: ids [{first}, {first + num}) outside a list of {len(block_ids)}")
+    return fused_copy.pack_ids(block_ids, first, num)
