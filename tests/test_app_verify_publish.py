@@ -590,6 +590,32 @@ def test_figures_are_stored_as_palette_pngs_where_that_saves_a_fifth(tmp_path):
     assert palette_figures(tmp_path, "n.ipynb") == 0  # published again: nothing left to shrink
 
 
+def test_a_published_notebook_is_compact_json_that_reads_back_the_same(tmp_path):
+    """``compact_notebook``: the same notebook for ``nbformat`` (cells, outputs, metadata, multi-line sources and
+    HTML), fewer bytes, no indentation; a second pass saves nothing; no notebook, nothing done."""
+    import nbformat
+
+    from kmesh_lib.app.compact import compact_notebook
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells.append(nbformat.v4.new_markdown_cell("# A title\n\nTwo lines, \u00d7 and \u2265 kept as they are."))
+    cell = nbformat.v4.new_code_cell("show(\n    table)", execution_count=1)
+    cell.outputs = [nbformat.v4.new_output("execute_result", execution_count=1, data={
+        "text/html": "<table>\n<tr><td>1.03\u00d7</td></tr>\n</table>"}),
+        nbformat.v4.new_output("stream", name="stderr", text="a warning\nand another\n")]
+    nb.cells.append(cell)
+    nb.metadata["kmesh_published"] = {"format": "kmesh.published/1"}
+    nbformat.write(nb, str(tmp_path / "n.ipynb"))
+    before = (tmp_path / "n.ipynb").read_bytes()
+    saved = compact_notebook(tmp_path, "n.ipynb")
+    after = (tmp_path / "n.ipynb").read_bytes()
+    assert saved == len(before) - len(after) > 0 and b"\n " not in after and "\u00d7".encode() in after
+    assert nbformat.read(str(tmp_path / "n.ipynb"), as_version=4) == nbformat.reads(before.decode(), as_version=4)
+    nbformat.validate(nbformat.read(str(tmp_path / "n.ipynb"), as_version=4))
+    assert compact_notebook(tmp_path, "n.ipynb") == 0 and (tmp_path / "n.ipynb").read_bytes() == after
+    assert compact_notebook(tmp_path, "missing.ipynb") == 0
+
+
 def test_a_raw_params_copy_that_differs_only_in_its_run_dir_is_dropped(tmp_path):
     from kmesh_lib.app.compact import drop_raw_copies
 

@@ -4,7 +4,8 @@ A local run (``runs/``) keeps everything it wrote. Its published copy holds each
 
     params.resolved.yaml, env.json, results.json
                           as recorded (absolute paths made relative, ``app.publish``)
-    <notebook>.ipynb      the executed notebook; each image output refers to its figure file (an
+    <notebook>.ipynb      the executed notebook, as compact JSON (``compact_notebook``: nbformat's content
+                          without its indentation); each image output refers to its figure file (an
                           ``<img>`` in ``text/html``; ``metadata.kmesh_figure`` names the file and
                           keeps the displayed image's SHA-256 and size); the saved widget state
                           (progress bars, the live panel) is dropped and counted. No other output
@@ -289,6 +290,27 @@ def palette_figures(folder: Path, notebook: str) -> int:
                     figure["stored"] = stored[figure["file"]]
         nbformat.write(nb, str(nb_path))
     return saved
+
+
+def compact_notebook(folder: Path, notebook: str) -> int:
+    """Rewrites the executed notebook as compact JSON: nbformat's content (what ``nbformat.read`` gives, which
+    every reader shows), without nbformat's indentation and per-line string lists, a quarter to a third of a
+    published notebook's bytes (625 kB over the published set of 3 Dec 2026). The content read back must be equal,
+    or nothing is written. Returns the bytes saved (0 when there is no notebook or nothing to save)."""
+    import nbformat
+
+    nb_path = folder / notebook
+    if not nb_path.is_file():
+        return 0
+    before = nb_path.read_text(encoding="utf-8")
+    nb = nbformat.reads(before, as_version=4)
+    after = json.dumps(nb, sort_keys=True, ensure_ascii=False, separators=(",", ":")) + "\n"
+    if nbformat.reads(after, as_version=4) != nb:
+        raise ValueError(f"{nb_path}: the notebook as compact JSON reads back differently")
+    saved = len(before.encode()) - len(after.encode())
+    if saved > 0:
+        nb_path.write_text(after, encoding="utf-8")
+    return max(saved, 0)
 
 
 def folder_bytes(folder: Path) -> int:

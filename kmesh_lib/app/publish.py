@@ -49,6 +49,7 @@ from kmesh_lib.app import published as published_set
 from kmesh_lib.app.compact import (
     FORMAT,
     Compacted,
+    compact_notebook,
     compress_captures,
     drop_raw_copies,
     drop_table_text,
@@ -344,6 +345,7 @@ def publish(section: ModuleType, run_dir: Path, allow_failed: bool = False, repl
         palette_figures(staging, section.NOTEBOOK)
         rewritten = _rewrite_paths(staging, _path_rewrites(src, recorded_run_dir, dest_rel,
                                                            notebook_run_dir(src, section.NOTEBOOK)))
+        compact_notebook(staging, section.NOTEBOOK)  # after every rewrite of it
         left_out += drop_raw_copies(staging)
         compacted = Compacted(left_out, figures, compress_captures(staging), rewritten, repeated)
         shared = shared_captures(src.name, staging)
