@@ -6,10 +6,11 @@ list once, the GIL held), built on first use where a C compiler and the interpre
 else ``struct`` (``fused_copy.pack_ids``: the list packed whole, the bytes cut). ``pack_via()`` says which this
 process takes, and why not the first (the library is built at the first pack, or at that call).
 
-Measured: ``benchmarks/bench_pack_ids.py`` (this project's CPU machine, 1,024 of 1,030 ids, the ints touched once
-just before as the connector's copy of the scheduler output touches them); in section 21 the restore's
-``pack_ids`` part (its scheduler side's ids taken and packed) was 26-44 us at 0.5B 16k-32k on the H200 with
-``struct`` (f4df, 11c0e22).
+Measured: ``benchmarks/bench_pack_ids.py`` on the H200 host (3 Dec 2026; 1,024 of 1,030 ids, the caches scrubbed
+and the list copied just before, as the connector finds it): the slice packed by ``struct`` 53.4 us, the whole table
+packed and cut 42.5, this loop 27.6 (medians); in section 21 at 0.5B 16k the restore's ``pack_ids`` part went
+0.026 -> 0.021 ms (f4df at 11c0e22, ``struct``; b3f2 at 7c98a47, this loop). What is left is a cache miss per int
+object read, which no packing from Python's ints avoids.
 """
 from __future__ import annotations
 
