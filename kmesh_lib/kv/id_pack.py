@@ -18,7 +18,7 @@ import ctypes
 import subprocess
 from pathlib import Path
 
-from kmesh_lib.kv import fused_copy, native_build
+from kmesh_lib.kv import native_build
 
 SOURCE = Path(__file__).with_name("id_pack.c")
 
@@ -59,4 +59,6 @@ def pack_ids(block_ids: list[int], first: int = 0, num: int | None = None) -> by
         return native(block_ids, first, num)
     if first < 0 or num < 0 or first + num > len(block_ids):
         raise IndexError(f"pack_ids: ids [{first}, {first + num}) outside a list of {len(block_ids)}")
+    from kmesh_lib.kv import fused_copy  # torch with it: only where there is no native packer
+
     return fused_copy.pack_ids(block_ids, first, num)
