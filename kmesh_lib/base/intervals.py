@@ -24,6 +24,17 @@ def bootstrap_interval(samples: tuple, statistic, paired: bool, resamples: int =
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
+def median_of_differences(diffs, resamples: int = 10000, seed: int = 0,
+                          level: float = 0.95) -> tuple[float, float, float]:
+    """(median, low, high) of paired differences (one sample, each value already a pair's difference)."""
+    diffs = np.asarray(diffs, dtype=float)
+    if diffs.size == 0:
+        return float("nan"), float("nan"), float("nan")
+    low, high = bootstrap_interval((diffs,), lambda x, axis: np.median(x, axis=axis), paired=False,
+                                   resamples=resamples, seed=seed, level=level)
+    return float(np.median(diffs)), low, high
+
+
 def median_difference(a, b, resamples: int = 10000, seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
     """(median(a) - median(b), low, high): two independent samples, each resampled on its own."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)

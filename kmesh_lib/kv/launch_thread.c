@@ -117,13 +117,11 @@ static void *run(void *arg) {
             void *ev = s->watch[k];
             if (s->num_requested - ended > KL_RING) { /* cannot happen: the requester waits for room (num_ended) */
                 __atomic_store_n(&s->watch_err, -1, __ATOMIC_RELEASE);
-            } else if (ev == NULL || s->query == NULL || s->watch_err) {
-                if (ev == NULL || s->query == NULL) { /* nothing to watch: ended as far as anyone asks */
-                    s->t_ended[k] = 0;
-                    __atomic_store_n(&s->num_ended, ended + 1, __ATOMIC_RELEASE);
-                    continue;
-                }
-            } else {
+            } else if (ev == NULL || s->query == NULL) { /* nothing to watch: ended as far as anyone asks */
+                s->t_ended[k] = 0;
+                __atomic_store_n(&s->num_ended, ended + 1, __ATOMIC_RELEASE);
+                continue;
+            } else if (!s->watch_err) {
                 int64_t t = now_ns();
                 if (t - s->t_queried >= s->watch_ns) {
                     s->t_queried = t;

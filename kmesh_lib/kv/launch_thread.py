@@ -246,11 +246,17 @@ class LaunchThread:
     def ended_at(self, ticket: int) -> int | None:
         """When the thread saw launch ``ticket``'s watched event complete (``time.monotonic_ns`` clock); None:
         not seen (not yet, not watched, or its slot was reused)."""
+        slot = self._slot(ticket)
+        return None if slot is None else slot[3] or None
+
+    def _slot(self, ticket: int) -> tuple[int, int, int, int] | None:
+        """``kl_slot_of``: (begin, end, result, seen ended (0: not)) of a made launch; None while not made, or once
+        its ring slot was reused."""
         t0, t1, err, t_ended = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int(), ctypes.c_int64()
         if self._lib.kl_slot_of(self._handle, ticket, ctypes.byref(t0), ctypes.byref(t1), ctypes.byref(err),
                                 ctypes.byref(t_ended)):
             return None
-        return t_ended.value or None
+        return t0.value, t1.value, err.value, t_ended.value
 
     def wait_for(self, ticket: int) -> None:
         """Returns once launch ``ticket`` (and every earlier one) has been made; raises if any failed."""
@@ -268,11 +274,8 @@ class LaunchThread:
     def stamps(self, ticket: int) -> tuple[int, int, int] | None:
         """(begin, end, result) of a made launch, ``time.monotonic_ns`` clock; None while not made, or once its
         ring slot was reused (256 requests later)."""
-        t0, t1, err, t_ended = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int(), ctypes.c_int64()
-        if self._lib.kl_slot_of(self._handle, ticket, ctypes.byref(t0), ctypes.byref(t1), ctypes.byref(err),
-                                ctypes.byref(t_ended)):
-            return None
-        return t0.value, t1.value, err.value
+        slot = self._slot(ticket)
+        return None if slot is None else slot[:3]
 
     def set_spin(self, seconds: float) -> None:
         """How long the thread spins after a launch before it polls (0: it polls at once), from now on."""

@@ -22,7 +22,7 @@ import statistics
 
 import numpy
 
-from kmesh_lib.base.intervals import bootstrap_interval, median_difference
+from kmesh_lib.base.intervals import median_difference, median_of_differences
 from kmesh_lib.kv.floors import floor_seconds
 from kmesh_lib.sections.crossover.arms import GPUBUF_RESTORES, RESIDENT_OF, RESTORE_ARMS
 
@@ -293,8 +293,8 @@ def handoff_step_pairs(rows: list[dict]) -> dict[str, dict]:
         diffs = [v[HANDOFF_PAIR[0]] - v[HANDOFF_PAIR[1]] for k, v in sorted(steps.items())
                  if k[0] == model and len(v) == 2]
         if len(diffs) >= 2:
-            low, high = bootstrap_interval((diffs,), lambda x, axis: numpy.median(x, axis=axis), paired=False)
-            out[model] = {"num_pairs": len(diffs), "step_difference_ms": round(float(numpy.median(diffs)), 3),
+            median, low, high = median_of_differences(diffs)
+            out[model] = {"num_pairs": len(diffs), "step_difference_ms": round(median, 3),
                           "step_difference_ci_ms": [round(low, 3), round(high, 3)]}
     return out
 
@@ -573,9 +573,9 @@ def forward_step_pairs(rows: list[dict]) -> list[dict]:
             diffs = [spans[k][path] - spans[k][against] for k in keys]
             if len(diffs) < 2:
                 continue
-            low, high = bootstrap_interval((diffs,), lambda x, axis: numpy.median(x, axis=axis), paired=False)
+            median, low, high = median_of_differences(diffs)
             out.append({"path": path, "against": against, "min_tokens": least, "n": len(diffs),
-                        "num_points": len({k[:2] for k in keys}), "median_ms": round(float(numpy.median(diffs)), 3),
+                        "num_points": len({k[:2] for k in keys}), "median_ms": round(median, 3),
                         "median_ci_ms": [round(low, 3), round(high, 3)]})
     return out
 
