@@ -12,8 +12,14 @@ before it packs (``follow``), or the call is made once untimed first (``hot``). 
     struct_slice   the list sliced, the slice packed (``struct``; the connector before 11c0e22)
     struct_whole   the whole list packed, the bytes cut (``fused_copy.pack_ids``; 11c0e22)
     native         ``id_pack.c``'s loop over the wanted ints (``id_pack.pack_ids``), where it could be built
+    thread         the list handed to a launch thread that packs it (``LaunchThread.request(..., ids=)``, its
+                   launch ``kl_busy_launch`` of 0 ns): the engine thread's time is the request; the thread's
+                   packing (from its pack stamp to its launch) is printed beside it as ``thread_pack``
+    native_request what the engine thread did before for the same launch: ``native``, the bytes written into the
+                   arguments (``fused_copy.write_args``) and a request without ids
 
-Every route's bytes are compared with ``struct_slice``'s. Prints medians (us); asserts no timing.
+Every route's bytes are compared with ``struct_slice``'s (the thread's: the arguments it wrote). Prints medians
+(us); asserts no timing.
 """
 from __future__ import annotations
 
@@ -31,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy  # noqa: E402
 
 from kmesh_lib.kv import fused_copy, id_pack  # noqa: E402
+from kmesh_lib.kv.launch_thread import LaunchThread, busy_launch_address  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -51,7 +58,27 @@ def main(argv: list[str] | None = None) -> dict:
     via = id_pack.pack_via()
     if via.startswith("native"):
         routes["native"] = lambda ids: id_pack.pack_ids(ids, 0, n)
+    thread, args_buf = None, None
+    if id_pack.pack_into_address() is not None:
+        import ctypes
+
+        thread = LaunchThread(busy_launch_address())
+        thread.set_pack(id_pack.pack_into_address())
+        args_buf = (ctypes.c_int32 * (2 + n))()
+        address = ctypes.addressof(args_buf)
+
+        def hand_over(ids):
+            return thread.request(0, 0, ids=(ids, 0, n, address, 0))
+
+        view = memoryview(args_buf).cast("B")
+
+        def pack_write_request(ids):
+            fused_copy.write_args(view, 0, ids, id_pack.pack_ids(ids, 0, n))
+            return thread.request(0, 0)
+
+        routes["thread"], routes["native_request"] = hand_over, pack_write_request
     times = {(r, mode): [] for r in routes for mode in ("hot", "follow")}
+    thread_pack = []
     equal = {r: True for r in routes}
     for _ in range(args.trials):
         start = rng.randrange(0, len(pool) - total)
@@ -63,15 +90,27 @@ def main(argv: list[str] | None = None) -> dict:
                 ids = list(table)  # the connector's copy of the scheduler output's list
                 if mode == "hot":
                     fn(ids)
+                if thread is not None:
+                    thread.wait_for(thread.num_requested)
                 t0 = time.perf_counter_ns()
                 got = fn(ids)
                 times[(route, mode)].append((time.perf_counter_ns() - t0) / 1e3)
+                if route in ("thread", "native_request"):  # got: the ticket; the bytes: the arguments written
+                    thread.wait_for(got)
+                    if route == "thread":
+                        thread_pack.append((thread.stamps(got)[0] - thread.packed_at(got)) / 1e3)
+                    got = bytes(args_buf)[8:8 + 4 * n]
                 equal[route] &= got == want
     out = {"ids": n, "table": total, "trials": args.trials, "pack_via": via, "equal": equal,
            "median_us": {f"{r}/{m}": round(statistics.median(v), 2) for (r, m), v in times.items()}}
+    if thread is not None:
+        thread.close()
+        out["median_us"]["thread_pack"] = round(statistics.median(thread_pack), 2)
     for (route, mode), v in times.items():
         print(f"{route:13s} {mode:6s} median {statistics.median(v):7.2f} us  p90 {numpy.quantile(v, 0.9):7.2f} us"
               f"  bytes equal: {equal[route]}")
+    if thread_pack:
+        print(f"thread_pack          median {statistics.median(thread_pack):7.2f} us  (on the launch thread)")
     print(f"pack_via: {via}")
     if args.out:
         args.out.write_text(json.dumps(out, indent=1) + "\n")

@@ -300,6 +300,7 @@ class FakeModelRunner:
         self.worker.register_kv_caches(self.kv)
         self.num_checked_blocks = 0
         self.mismatches = []
+        self.id_kinds = []  # each restore's block ids as the scheduler side handed them: list or IdRange
 
     def pattern(self, block_hash, like):
         import torch
@@ -311,6 +312,7 @@ class FakeModelRunner:
         import torch
 
         from kmesh_lib.kv.fused_copy import pack_ids
+        from kmesh_lib.kv.id_pack import IdRange
 
         w, sched = self.worker, self.engine.scheduler
         w.handle_preemptions(so.kv_connector_metadata)  # vLLM's order: before the runner prepares inputs
@@ -322,10 +324,13 @@ class FakeModelRunner:
             hashes = sched.requests[op.req_id].block_hashes
             # the destination is vLLM's own table for the request, and the kernel's words are those ids
             table = self.engine.kv_cache_manager.get_block_ids(op.req_id)[0]
-            if op.block_ids != table[op.first_block:op.first_block + op.num_blocks] or \
-                    op.packed_ids != pack_ids(op.block_ids):
+            unread = type(op.block_ids) is IdRange  # handed over for the launch thread to pack (ids_to_thread)
+            self.id_kinds.append(type(op.block_ids).__name__)
+            block_ids = op.block_ids.to_list() if unread else op.block_ids
+            packed_ok = op.packed_ids is None if unread else op.packed_ids == pack_ids(block_ids)
+            if block_ids != table[op.first_block:op.first_block + op.num_blocks] or not packed_ok:
                 self.mismatches.append((op.req_id, op.first_block, "block ids"))
-            for i, block_id in enumerate(op.block_ids):
+            for i, block_id in enumerate(block_ids):
                 for name, kv in self.kv.items():
                     want = self.pattern((name, hashes[op.first_block + i]), kv[:, block_id])
                     if not torch.equal(kv[:, block_id], want):
@@ -401,6 +406,30 @@ def test_disk_and_buffer_restores_put_each_block_back_where_vllm_wants_it(worker
     assert disk["t_disk_read_start_ns"] <= disk["t_staging_end_ns"] <= disk["t_copy_start_ns"] <= disk["t_ready_ns"]
     snap = tier.meter.snapshot()
     assert (snap.hook_read_bytes, snap.memory_tier_bytes) == (disk["disk_bytes"], 8 * tier.index.bytes_per_block)
+
+
+def test_ids_handed_over_unread_put_each_block_back_where_vllm_wants_it(tmp_path, monkeypatch):
+    """Where the worker hands its launches to a thread that packs ids (``ids_to_thread``), the scheduler side hands
+    over each restore's range of the table unread (``IdRange``, no bytes packed); a route that needs the ids on the
+    engine thread reads them there (here the CPU build's copy, which has no launch thread)."""
+    from kmesh_lib.kv.gpu_buffer_connector import HostStagedGpuBuffer
+
+    engine, tier, runner = worker_engine_at("k-blocks-then-v", tmp_path, wait_at="layer")
+    try:
+        store(engine, tier, CTX)
+        monkeypatch.setattr(HostStagedGpuBuffer, "ids_to_thread", lambda self: True)
+        runner.wipe()
+        assert run(engine, "f1", CTX + [7]).num_cached_tokens == 128
+        assert engine.reset_prefix_cache()
+        runner.wipe()
+        assert run(engine, "f2", CTX + [8]).num_cached_tokens == 128
+        assert runner.id_kinds == ["IdRange", "IdRange"]
+        assert runner.num_checked_blocks == 16 and runner.mismatches == []
+        monkeypatch.undo()
+        assert not runner.worker.ids_to_thread()  # no launch thread on the CPU build: the scheduler side packs
+    finally:
+        engine.close()
+        tier.close()
 
 
 def test_prefetch_makes_the_context_resident_before_the_request(worker_engine):

@@ -55,3 +55,30 @@ def test_without_the_interpreters_headers_ids_are_packed_by_struct_and_the_route
 
 def test_a_tuple_of_ids_takes_the_struct_route(native):
     assert id_pack.pack_ids(tuple(TABLE), 2, 3) == struct.pack("3i", *TABLE[2:5])
+
+
+def test_the_gil_free_packer_writes_the_same_ids_and_refuses_what_it_cannot_read(native):
+    """``kp_pack_into`` as the launch thread calls it, here through ``ctypes.CDLL`` (which releases the GIL for the
+    call): ``struct``'s bytes for every range; -1 for what it cannot read without the interpreter."""
+    import ctypes
+
+    fn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.py_object, ctypes.c_ssize_t, ctypes.c_ssize_t)(
+        id_pack.pack_into_address())
+    out = (ctypes.c_int32 * 40)()
+    for first, num in [(0, 40), (5, 7), (39, 1), (12, 0)]:
+        assert fn(ctypes.addressof(out), TABLE, first, num) == 0
+        assert bytes(out)[:4 * num] == struct.pack(f"{num}i", *TABLE[first:first + num])
+    assert fn(ctypes.addressof(out), [-7, 0, 2**30 - 1], 0, 3) == 0 and list(out[:3]) == [-7, 0, 2**30 - 1]
+    for bad in ([2**30], [-(2**30) - 1], [True], ["1"], [1.0]):
+        assert fn(ctypes.addressof(out), bad, 0, 1) == -1, bad
+    assert fn(ctypes.addressof(out), TABLE, 35, 10) == -1 and fn(ctypes.addressof(out), tuple(TABLE), 0, 1) == -1
+
+
+def test_an_id_range_reads_its_ids_only_when_asked():
+    table = list(TABLE)
+    ids = id_pack.IdRange(table, 3, 4)
+    assert len(ids) == 4 and ids.to_list() == TABLE[3:7] and ids.packed() == struct.pack("4i", *TABLE[3:7])
+    table.append(5)  # a tracked table only grows: the range reads the same ids
+    assert ids.to_list() == TABLE[3:7]
+    with pytest.raises(IndexError, match=r"\[38, 43\) outside a list of 41"):
+        id_pack.IdRange(table, 38, 5)

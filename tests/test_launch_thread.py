@@ -6,6 +6,7 @@ nor lets anything use a handed-off replay's events before it is (``gpu`` marker:
 import os
 import threading
 import time
+import types
 
 import pytest
 import torch
@@ -249,6 +250,92 @@ def test_a_handed_off_replay_is_watched_by_its_last_event_and_counts_as_ended_on
     assert not g.watching and not g.copy_ended(inst.ticket)
 
 
+def _packing_thread(rec: Recorder) -> LaunchThread:
+    from kmesh_lib.kv import id_pack
+
+    id_pack._route = None
+    if id_pack.pack_into_address() is None:
+        pytest.skip(id_pack.pack_via())
+    t = rec.thread()
+    t.set_pack(id_pack.pack_into_address())
+    return t
+
+
+class ArgsSeen(Recorder):
+    """A launch that also reads, at the moment of the launch, the int32 arguments at ``args`` (what the graph's
+    transfer would copy)."""
+
+    def __init__(self, args, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.args, self.seen = args, []
+
+    def _launch(self, exec_handle, stream_handle):
+        self.seen.append(list(self.args))
+        return super()._launch(exec_handle, stream_handle)
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_the_thread_packs_handed_over_ids_into_the_arguments_before_each_launch(monkeypatch, in_place):
+    import ctypes
+
+    monkeypatch.setattr(lt, "_IN_PLACE", in_place)
+    args = (ctypes.c_int32 * 8)()
+    rec = ArgsSeen(args)
+    t = _packing_thread(rec)
+    table = [900, 7, 70_000, 2**30 - 1, 0, 5, 6]
+    first = t.request(1, 2, ids=(table, 1, 4, ctypes.addressof(args), 11))
+    second = t.request(3, 4, ids=(table, 5, 2, ctypes.addressof(args), 12))
+    plain = t.request(5, 6)  # no ids: the arguments stay as they are
+    t.wait_for(plain)
+    assert rec.seen == [[11, 4, 7, 70_000, 2**30 - 1, 0, 0, 0], [12, 2, 5, 6, 2**30 - 1, 0, 0, 0],
+                        [12, 2, 5, 6, 2**30 - 1, 0, 0, 0]]
+    assert [c[:2] for c in rec.calls] == [(1, 2), (3, 4), (5, 6)]
+    p1, p2 = t.packed_at(first), t.packed_at(second)
+    assert p1 and p2 and p1 <= t.stamps(first)[0] and t.packed_at(plain) is None  # packed, then launched
+    t.close()
+
+
+def test_ids_the_thread_cannot_pack_fail_their_launch_which_is_not_made():
+    import ctypes
+
+    args = (ctypes.c_int32 * 4)()
+    rec = Recorder()
+    t = _packing_thread(rec)
+    t.wait_for(t.request(1, 0, ids=([3, 4], 0, 2, ctypes.addressof(args), 0)))
+    bad = t.request(2, 0, ids=([3, 2**31], 0, 2, ctypes.addressof(args), 0))  # not an int below 2**30
+    with pytest.raises(LaunchThreadError, match="could not pack a request's block ids"):
+        t.wait_for(bad)
+    assert [c[0] for c in rec.calls] == [1] and t.stamps(bad)[2] == lt.BAD_IDS
+    t.close()
+    plain = Recorder().thread()
+    with pytest.raises(LaunchThreadError, match="no pack function"):
+        plain.request(1, 0, ids=([3], 0, 1, ctypes.addressof(args), 0))
+    plain.close()
+
+
+def test_a_replay_with_unread_ids_has_the_thread_pack_them_and_elsewhere_packs_them_itself():
+    import ctypes
+
+    from kmesh_lib.kv.id_pack import IdRange
+
+    rec = Recorder()
+    g = _graphs_with(_packing_thread(rec))
+    buffers = [(ctypes.c_int32 * 6)() for _ in range(2)]
+    for inst, buf in zip(g.instances[("layer", 4)], buffers):
+        inst.args_ptr, inst.args_view = ctypes.addressof(buf), memoryview(buf).cast("B")
+    table = [10, 11, 12, 13, 14]
+    inst = g.replay("layer", 3, IdRange(table, 1, 3), stream=SideStream(), handoff=True)
+    g.await_launches()
+    assert inst.ticket and list(buffers[0]) == [3, 3, 11, 12, 13, 0] and g.ids_packed_at(inst.ticket)
+    replays = []
+    for i in g.instances[("layer", 4)]:
+        i.graph = types.SimpleNamespace(replay=lambda: replays.append(1))
+    engine = g.replay("layer", 4, IdRange(table, 0, 3))  # launched by this thread: the ids are read here
+    assert engine is inst and engine.ticket == 0 and replays == [1]
+    assert list(buffers[0])[:5] == [4, 3, 10, 11, 12]
+    g.close()
+
+
 def test_await_launches_is_immediate_where_nothing_was_handed_off():
     g = _graphs_with(None)
     g.await_launches()  # no thread, no ticket: nothing to wait for
@@ -256,12 +343,13 @@ def test_await_launches_is_immediate_where_nothing_was_handed_off():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("min_delay_s", [0.0, 20e-6])
-def test_handed_off_graph_replays_write_the_engine_launchs_bytes(tmp_path, min_delay_s):
+@pytest.mark.parametrize("min_delay_s, unread", [(0.0, False), (20e-6, False), (0.0, True)])
+def test_handed_off_graph_replays_write_the_engine_launchs_bytes(tmp_path, min_delay_s, unread):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     from kmesh_lib.kv.fused_copy import triton_status
     from kmesh_lib.kv.gpu_buffer_arena import BufferArena
+    from kmesh_lib.kv.id_pack import IdRange
     from kmesh_lib.kv.restore_timeline import RestoreTimeline
 
     if triton_status() is not None:
@@ -275,6 +363,9 @@ def test_handed_off_graph_replays_write_the_engine_launchs_bytes(tmp_path, min_d
     thread = b.graphs.thread
     assert b.graphs.start_thread() and b.graphs.thread is thread  # once
     thread.set_min_delay(min_delay_s)  # a launch held back from its request copies the same bytes
+    assert b.packs_ids_on_thread() == thread.packs_ids == ("packs handed-over block ids" in b.graphs.thread_via)
+    if unread and not thread.packs_ids:
+        pytest.skip(b.graphs.thread_via)
     noise = torch.randint(0, 256, a.buffer.shape, dtype=torch.uint8, device="cuda")
     a.buffer.copy_(noise)
     b.buffer.copy_(noise)
@@ -287,7 +378,8 @@ def test_handed_off_graph_replays_write_the_engine_launchs_bytes(tmp_path, min_d
         for arena, handoff in ((a, False), (b, True)):
             tl = RestoreTimeline("restore", "r", 0, "buffer", n, 0, "cuda", ref=arena.reference(),
                                  t_start_ns=time.monotonic_ns())
-            ends = arena.copy_into_vllm(7, 2, block_ids, tl, by_layer=True, handoff=handoff)
+            ids = IdRange([0, *block_ids, 0], 1, n) if handoff and unread else block_ids  # the thread packs these
+            ends = arena.copy_into_vllm(7, 2, ids, tl, by_layer=True, handoff=handoff)
             for ready in ends:  # the forward pass's waits, as the connector makes them
                 arena.reach_and_wait(ready)
             arena.order_after_reads()
@@ -303,8 +395,11 @@ def test_handed_off_graph_replays_write_the_engine_launchs_bytes(tmp_path, min_d
         assert _until(lambda t=ticket: b.graphs.copy_ended(t), 1.0), b.graphs.watch_via  # the thread saw it end
         assert b.ended_by(ends[-1], ticket) == "thread" and b.ended_by(ends[-1]) == "query"
         timelines[1].t_thread_saw_end_ns = b.copy_seen_ended_at(ticket)
+        timelines[1].t_thread_packed_ns = b.ids_packed_at(ticket)
         rec = timelines[1].record()
         assert rec["launched_by"] == "thread" and 0 < rec["copy_s"] < 0.01 and rec["thread_lag_s"] > 0
+        assert rec["ids_packed_by"] == ("thread" if unread else "engine")
+        assert (rec["thread_pack_s"] is not None and 0 <= rec["thread_pack_s"] < rec["thread_lag_s"]) == unread
         assert -1e-5 < rec["thread_saw_end_s"] < 0.1  # after the copy's end, up to the clock reference's error
     assert b.graphs.watch_via.startswith("on"), b.graphs.watch_via
     b.graphs.close()

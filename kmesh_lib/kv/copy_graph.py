@@ -43,11 +43,15 @@ The thread also watches each handed-off copy's last event and counts the copies 
 (``copy_ended``: a counter read), so the forward pass's first layer wait needs no event query of its own
 where the copy has ended; ``watch_via`` says whether it does (its check: the thread saw each check copy end).
 
-Invariants: an instance's pinned arguments are rewritten only after its last replay has read them (its
-launch has been made, and its spans are resolved or its last event has completed; both come after the
-transfer); no event of a handed-off replay is waited on, queried or timed before its launch is made
-(``await_launches``); capture allocates nothing (every tensor a graph touches is made before it and lives as
-long as the graph).
+Where the thread has a packer (``id_pack.pack_into_address``), a handed-off restore whose ids come as an
+``IdRange`` (not read yet) has the thread write its arguments too: the engine thread hands over the request's block
+table and reads none of its ints (``LaunchThread.request(..., ids=)``).
+
+Invariants: an instance's pinned arguments are rewritten (by the engine thread, or by the launch thread for ids
+handed over) only after its last replay has read them (its launch has been made, and its spans are resolved or its
+last event has completed; both come after the transfer); no event of a handed-off replay is waited on, queried or
+timed before its launch is made (``await_launches``); capture allocates nothing (every tensor a graph touches is
+made before it and lives as long as the graph).
 """
 from __future__ import annotations
 
@@ -57,9 +61,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kmesh_lib.kv import id_pack
 from kmesh_lib.kv.cuda_streams import current_stream, on_stream
 from kmesh_lib.kv.fused_copy import NUM_HEADER, RowScatter, write_args
-from kmesh_lib.kv.launch_thread import LaunchThread, LaunchThreadError
+from kmesh_lib.kv.id_pack import IdRange
+from kmesh_lib.kv.launch_thread import ARGS_HEADER, LaunchThread, LaunchThreadError
 from kmesh_lib.kv.restore_timeline import Span
 
 _ns = time.monotonic_ns
@@ -147,6 +153,7 @@ class GraphInstance:
     ends: list[torch.cuda.Event]
     exec_handle: object = None  # the graph's executable as the launcher takes it, where the launch is direct
     exec_ptr: int = 0  # the graph's executable as a pointer, for the launch thread
+    args_ptr: int = 0  # the pinned arguments' address, where the launch thread packs handed-over ids
     end_ptr: int = 0  # the last end event as a pointer: the launch thread watches it for the copy's end
     ticket: int = 0  # the launch thread's ticket of the last replay handed to it (0: none)
     t_ids_written_ns: int = 0  # the last replay had written its arguments (``RestoreTimeline.t_ids_written_ns``)
@@ -234,11 +241,15 @@ class CopyGraphs:
             return False
         try:
             self.thread = LaunchThread.for_cuda()
+            # the thread writes the header the kernel reads; None (no native packer): the engine thread packs
+            self.thread.set_pack(id_pack.pack_into_address() if ARGS_HEADER == NUM_HEADER else None)
             self.watching = True
             self._check(handoff=True)
             if self.watching:
                 self.watch_via = "on (the launch thread queries each copy's last event: LaunchThread.copy_ended)"
-            self.thread_via = f"on (cuGraphLaunch on a native thread {self.thread.placement()}, kv.launch_thread)"
+            packs = "; it packs handed-over block ids" if self.thread.packs_ids else ""
+            self.thread_via = (f"on (cuGraphLaunch on a native thread {self.thread.placement()}, kv.launch_thread"
+                               f"{packs})")
         except (LaunchThreadError, RuntimeError, OSError) as e:
             self.close()
             self.thread_via = f"off ({e})"
@@ -272,7 +283,7 @@ class CopyGraphs:
                 graph.capture_end()
         # cuda_event: the driver's handle, made at the first record (the capture's)
         return GraphInstance(graph, args_host, args_dev, memoryview(args_host.numpy()).cast("B"), start, ends,
-                             end_ptr=ends[-1].cuda_event)
+                             end_ptr=ends[-1].cuda_event, args_ptr=args_host.data_ptr())
 
     def _check(self, handoff: bool = False) -> None:
         """One replay per grouping, of the largest bucket with a single row: buffer row 1 -> vLLM's null
@@ -283,7 +294,8 @@ class CopyGraphs:
             stream = self.capture_stream if handoff else None
             if stream is not None:
                 stream.wait_stream(current_stream())  # the block's flipped bytes
-            inst = self.replay(name, 1, [0], stream=stream, bucket=self.buckets[-1], handoff=handoff)
+            ids = IdRange([0], 0, 1) if handoff and self.thread.packs_ids else [0]  # the thread packs, as it will
+            inst = self.replay(name, 1, ids, stream=stream, bucket=self.buckets[-1], handoff=handoff)
             if handoff and not inst.ticket:
                 raise RuntimeError(f"the {name!r} graph's check replay was not handed to the launch thread")
             self.await_launches()
@@ -305,22 +317,33 @@ class CopyGraphs:
             self.watch_via = (f"off (the launch thread did not see a check copy end in {WATCH_CHECK_S} s; "
                               f"watch error {self.thread.watch_error})")
 
-    def replay(self, grouping: str, src_row0: int, block_ids: list[int], stream=None, bucket: int | None = None,
-               packed: bytes | None = None, handoff: bool = False) -> GraphInstance | None:
+    def replay(self, grouping: str, src_row0: int, block_ids: list[int] | IdRange, stream=None,
+               bucket: int | None = None, packed: bytes | None = None, handoff: bool = False) -> GraphInstance | None:
         """Queues the copy of buffer rows ``src_row0 ...`` -> ``block_ids`` on ``stream`` (None: the
         current one): a free instance of the grouping's bucket, its arguments written (``packed``: the ids
         as ``fused_copy.pack_ids`` gives them), launched; ``handoff`` (with a launch thread, onto a side
-        ``stream`` only): the launch is requested from the thread (``inst.ticket``). None: no instance is free,
-        or the restore is larger than every bucket (the caller takes the launch route)."""
+        ``stream`` only): the launch is requested from the thread (``inst.ticket``), and ids given as an
+        ``IdRange`` are packed by the thread into the instance's arguments (``t_ids_written_ns`` then stamps
+        the hand-over); elsewhere an ``IdRange`` is read here. None: no instance is free, or the restore is larger
+        than every bucket (the caller takes the launch route)."""
         bucket = bucket or bucket_of(len(block_ids), self.buckets)
         thread = self.thread
         for inst in self.instances.get((grouping, bucket), ()):
             if inst.ticket and inst.ticket > thread.num_launched:
                 continue  # its last launch is not made yet: its arguments may not have been read
             if inst.free():
+                handed = handoff and thread is not None and stream is not None
+                if handed and type(block_ids) is IdRange and thread.packs_ids:
+                    ids = (block_ids.table, block_ids.first, block_ids.num, inst.args_ptr, src_row0)
+                    inst.t_ids_written_ns = _ns()
+                    inst.ticket = self.last_ticket = thread.request(inst.exec_ptr, stream.cuda_stream, inst.end_ptr,
+                                                                    ids)
+                    return inst
+                if type(block_ids) is IdRange:
+                    block_ids, packed = block_ids.to_list(), packed or block_ids.packed()
                 write_args(inst.args_view, src_row0, block_ids, packed)
                 inst.t_ids_written_ns = _ns()
-                if handoff and thread is not None and stream is not None:
+                if handed:
                     inst.ticket = self.last_ticket = thread.request(inst.exec_ptr, stream.cuda_stream, inst.end_ptr)
                 else:
                     inst.ticket = 0
@@ -344,6 +367,10 @@ class CopyGraphs:
         check failed, ``watch_via``): ask the event."""
         thread = self.thread
         return bool(ticket) and thread is not None and self.watching and thread.copy_ended(ticket)
+
+    def ids_packed_at(self, ticket: int) -> int | None:
+        """When the launch thread began packing handed-off replay ``ticket``'s ids (``LaunchThread.packed_at``)."""
+        return self.thread.packed_at(ticket) if self.thread is not None and ticket else None
 
     def copy_seen_ended_at(self, ticket: int) -> int | None:
         """When the launch thread saw handed-off replay ``ticket``'s copy end (``LaunchThread.ended_at``)."""

@@ -257,7 +257,7 @@ class GpuBufferTier:
         out["route_used"] = "host-staged"
         if self.shared.scheduler is not None:
             out.update(bytes_per_block=self.index.bytes_per_block, num_buffer_blocks=self.index.num_buffer_blocks,
-                       ids_packed_by=id_pack.pack_via())  # the scheduler side packs each restore's block ids
+                       ids_packed_by=id_pack.pack_via())  # by the scheduler side, unless handed to the launch thread
         if self.shared.worker is not None and self.shared.worker.arena is not None:
             a = self.shared.worker.arena
             out.update(device=str(a.device), buffer_allocation_bytes=a.buffer.numel(), num_planes=len(a.planes),

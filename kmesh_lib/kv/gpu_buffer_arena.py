@@ -46,6 +46,7 @@ from kmesh_lib.kv.copy_graph import CopyGraphs
 from kmesh_lib.kv.cuda_streams import EventPool, current_stream, narrowest_reference, on_stream, stream_reference
 from kmesh_lib.kv.fused_copy import RowScatter, triton_status
 from kmesh_lib.kv.gpu_buffer import LAYER_GROUP_GROWTH, check_layer_group_growth, entry_path
+from kmesh_lib.kv.id_pack import IdRange
 from kmesh_lib.kv.restore_timeline import RestoreTimeline, Span
 
 logger = logging.getLogger(__name__)
@@ -440,6 +441,8 @@ class BufferArena:
             current_stream().wait_event(self.last_read_event)
         # the fused copy's arguments go to the device first: the copy's span starts where the kernel is
         # launched, and the host time before it shows as the restore's ``launch`` part
+        if type(block_ids) is IdRange:  # no graph instance took the ids: read here, on the engine thread
+            block_ids, packed_ids = block_ids.to_list(), packed_ids or block_ids.packed()
         args = self.scatter.prepare(src0, block_ids, packed_ids) if self.scatter is not None else None
         if stream is not None:
             stream.wait_stream(current_stream())
@@ -507,6 +510,16 @@ class BufferArena:
     def copy_seen_ended_at(self, ticket: int) -> int | None:
         """When the launch thread saw handed-off replay ``ticket``'s copy end (None: it did not, or no thread)."""
         return self.graphs.copy_seen_ended_at(ticket) if self.graphs is not None else None
+
+    def ids_packed_at(self, ticket: int) -> int | None:
+        """When the launch thread began packing handed-off replay ``ticket``'s block ids (None: it packed none)."""
+        return self.graphs.ids_packed_at(ticket) if self.graphs is not None else None
+
+    def packs_ids_on_thread(self) -> bool:
+        """Whether a handed-off copy's block ids may come unread (an ``IdRange``): the launch thread runs and packs
+        them (``LaunchThread.set_pack``)."""
+        graphs = self.graphs
+        return graphs is not None and graphs.thread is not None and graphs.thread.packs_ids
 
     def has_ended(self, ready: Span) -> bool:
         """Whether a copy group's end (a point ``Span``) has passed: its event has completed (``query``, which

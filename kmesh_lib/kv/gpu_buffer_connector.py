@@ -66,7 +66,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from kmesh_lib.kv.gpu_buffer import GpuBufferConfig, entry_path, shared_state
 from kmesh_lib.kv.gpu_buffer_index import BufferIndex, LoadOp, SaveOp
-from kmesh_lib.kv.id_pack import pack_ids
+from kmesh_lib.kv.id_pack import IdRange, pack_ids
 from kmesh_lib.kv.restore_timeline import RestoreTimeline
 
 _ns = time.monotonic_ns
@@ -262,6 +262,7 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
                 if stamps is not None:
                     tl.t_thread_launch_begin_ns, tl.t_thread_launch_end_ns = stamps[:2]
                 tl.t_thread_saw_end_ns = self.arena.copy_seen_ended_at(tl.launch_ticket)
+                tl.t_thread_packed_ns = self.arena.ids_packed_at(tl.launch_ticket)
             tl.settled_by = meta.settled_by
             tl.t_launched_ns = q.t_launched_ns
             if meta.t_forward_queued_ns is not None:
@@ -308,10 +309,19 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
             self._group_ready = []
         meta.hook_ns += _ns() - t0
 
+    def ids_to_thread(self) -> bool:
+        """Whether this step's restores are copied layer by layer with their launches handed to a launch thread
+        that packs their block ids itself (the scheduler side then hands over the ids unread: ``_fill_block_ids``).
+        Read when the step's metadata is built; ``handoff`` and ``wait_at`` change only between steps."""
+        return self.handoff and self.wait_at == "layer" and self.arena is not None and self.arena.packs_ids_on_thread()
+
     def _end_step(self) -> None:
         """After the forward pass: later work on this stream comes after every copy, and the step's restores wait
-        to be recorded (``records``). A group the forward pass did not wait for stays unwaited in its restores'
-        timelines (their wait is unknown then)."""
+        to be recorded (``records``). Every launch handed to the launch thread has been made (at once: the forward
+        pass's first layer wait saw to it), so no block table it packs from is read after the step. A group the
+        forward pass did not wait for stays unwaited in its restores' timelines (their wait is unknown then)."""
+        if self.handoff and self.arena is not None:
+            self.arena.await_launches()
         if self._group_ready and self.arena is not None:
             self._group_ready = []
             self.arena.order_after_reads()
@@ -413,7 +423,13 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
         """Each restore's destination: its blocks in the request's block table as this step's scheduler
         output lists it (``_follow`` has just read it), which vLLM builds for its runner either way; and
         packed for the copy kernel here, while the ids are in the host's caches (``id_pack.pack_ids``: one pass
-        over the restore's ints, in C where it could be built)."""
+        over the restore's ints, in C where it could be built). Where the worker hands its copies' launches to
+        a launch thread that packs ids (``ids_to_thread``), the restore carries its range of the table unread
+        (``IdRange``) and that thread packs it: the engine thread reads none of the ints. The table is not
+        changed before then: ``_follow`` changes it when a later step's metadata is built, and the worker has
+        waited for its step's launches before that step ends (``_end_step``)."""
+        worker = self.shared.worker
+        to_thread = worker is not None and worker.ids_to_thread()
         for op in loads:
             if op.block_ids is None:
                 t0 = _ns()
@@ -422,8 +438,11 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
                 if len(table) < first + n:
                     raise RuntimeError(f"{op.req_id}: a restore of {n} blocks from block {first}, "
                                        f"but the scheduler output lists {max(0, len(table) - first)} there")
-                op.packed_ids = pack_ids(table, first, n)
-                op.block_ids = table[first:first + n]  # after the pack: its ints are in the caches now
+                if to_thread:
+                    op.block_ids = IdRange(table, first, n)
+                else:
+                    op.packed_ids = pack_ids(table, first, n)
+                    op.block_ids = table[first:first + n]  # after the pack: its ints are in the caches now
                 op.pack_ns = _ns() - t0
                 op.schedule_ns += op.pack_ns
 

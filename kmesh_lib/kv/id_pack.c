@@ -8,6 +8,11 @@
  *
  * Invariant: returns a new bytes object of 4 * num bytes holding list[first:first + num] as int32, or NULL with a
  * Python exception set (not a list, a range outside it, an item that is not an int in int32).
+ *
+ * kp_pack_into writes the same ids into memory the caller owns, and makes no Python API call: the launch thread
+ * (kv/launch_thread.c) calls it without the GIL, so the engine thread hands over the list instead of reading its
+ * ints. What it reads are plain loads of objects the caller keeps alive and unchanged until the call has returned
+ * (the list: its size and item pointers; each int: its type pointer and its value's words, which never change).
  */
 #include <Python.h>
 #include <stdint.h>
@@ -42,4 +47,30 @@ PyObject *kp_pack_ids(PyObject *list, Py_ssize_t first, Py_ssize_t num) {
         dst[i] = (int32_t)v;
     }
     return out;
+}
+
+/* One block id from an exact int of at most one digit (|v| < 2**30: a compact int), read in place without the
+ * GIL; -1 for anything else (a bool, a subclass, a larger int), which the caller reports as a bad id. */
+static inline int read_compact(PyObject *item, int32_t *out) {
+    if (!PyLong_CheckExact(item)) return -1;
+#if PY_VERSION_HEX >= 0x030C0000
+    if (!PyUnstable_Long_IsCompact((PyLongObject *)item)) return -1;
+    *out = (int32_t)PyUnstable_Long_CompactValue((PyLongObject *)item);
+#else
+    Py_ssize_t size = Py_SIZE(item); /* the sign times the number of digits; 0 for zero */
+    if (size < -1 || size > 1) return -1;
+    *out = (int32_t)(size * (Py_ssize_t)((PyLongObject *)item)->ob_digit[0]);
+#endif
+    return 0;
+}
+
+/* dst[0..num) <- list[first:first + num] as int32. Returns 0, or -1 (not a list, a range outside it, an id that
+ * is not a compact int), with dst partly written. No Python API call, no reference taken: safe without the GIL
+ * while the caller keeps the list and its items alive and the list unchanged. */
+int kp_pack_into(int32_t *dst, PyObject *list, Py_ssize_t first, Py_ssize_t num) {
+    if (!PyList_CheckExact(list) || first < 0 || num < 0 || first + num > PyList_GET_SIZE(list)) return -1;
+    PyObject **items = ((PyListObject *)list)->ob_item + first;
+    for (Py_ssize_t i = 0; i < num; i++)
+        if (read_compact(items[i], dst + i)) return -1;
+    return 0;
 }

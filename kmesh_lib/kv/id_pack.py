@@ -6,6 +6,10 @@ list once, the GIL held), built on first use where a C compiler and the interpre
 else ``struct`` (``fused_copy.pack_ids``: the list packed whole, the bytes cut). ``pack_via()`` says which this
 process takes, and why not the first (the library is built at the first pack, or at that call).
 
+The same library's ``kp_pack_into`` writes the ids into memory the caller owns without a Python API call, so the
+launch thread can pack them without the GIL (``pack_into_address``; ``LaunchThread.request(..., ids=)``): the
+engine thread then hands over the list and reads none of its ints.
+
 Measured: ``benchmarks/bench_pack_ids.py`` on the H200 host (3 Dec 2026; 1,024 of 1,030 ids, the caches scrubbed
 and the list copied just before, as the connector finds it): the slice packed by ``struct`` 53.4 us, the whole table
 packed and cut 42.5, this loop 27.6 (medians); in section 21 at 0.5B 16k the restore's ``pack_ids`` part went
@@ -29,12 +33,13 @@ def _load_native():
         path = native_build.build_library(SOURCE, tuple(native_build.python_include()))
         fn = ctypes.PyDLL(str(path)).kp_pack_ids
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:  # FileNotFoundError: no Python.h
-        return None, f"struct (no native packer: {e})"
+        return None, f"struct (no native packer: {e})", None
     fn.argtypes, fn.restype = (ctypes.py_object, ctypes.c_ssize_t, ctypes.c_ssize_t), ctypes.py_object
-    return fn, "native (id_pack.c through ctypes.PyDLL)"
+    into = ctypes.cast(ctypes.PyDLL(str(path)).kp_pack_into, ctypes.c_void_p).value
+    return fn, "native (id_pack.c through ctypes.PyDLL)", into
 
 
-_route: tuple | None = None  # (the native callable or None, the route in words), made at first use
+_route: tuple | None = None  # (the native callable or None, the route in words, kp_pack_into's address), made at first use
 
 
 def pack_via() -> str:
@@ -43,6 +48,44 @@ def pack_via() -> str:
     if _route is None:
         _route = _load_native()
     return _route[1]
+
+
+class IdRange:
+    """Block ids ``table[first:first + num]`` of a request's block table, not read: a restore whose launch the launch
+    thread makes, and whose ids it packs itself (``LaunchThread.request(..., ids=)``), carries this instead of a
+    list, so the engine thread touches none of the ids' objects. ``len`` is ``num``; ``to_list`` and ``packed``
+    read them (on the engine thread) where a route needs them there.
+
+    Invariant: the holder keeps ``table`` from changing in ``[first, first + num)`` until the ids are read; a
+    tracked request's table is only appended to (``HostStagedGpuBuffer._follow``), or replaced whole."""
+
+    __slots__ = ("table", "first", "num")
+
+    def __init__(self, table: list[int], first: int, num: int) -> None:
+        if first < 0 or num < 0 or first + num > len(table):
+            raise IndexError(f"IdRange: ids [{first}, {first + num}) outside a list of {len(table)}")
+        self.table, self.first, self.num = table, first, num
+
+    def __len__(self) -> int:
+        return self.num
+
+    def __repr__(self) -> str:
+        return f"IdRange({self.num} ids from {self.first})"
+
+    def to_list(self) -> list[int]:
+        return self.table[self.first:self.first + self.num]
+
+    def packed(self) -> bytes:
+        return pack_ids(self.table, self.first, self.num)
+
+
+def pack_into_address() -> int | None:
+    """The C address of ``int kp_pack_into(int32_t *dst, PyObject *list, Py_ssize_t first, Py_ssize_t num)`` (0
+    or -1: not a list, a range outside it, an id that is not an int below 2**30), which makes no Python API call;
+    None where the native packer could not be built (``pack_via`` says why)."""
+    if _route is None:
+        pack_via()
+    return _route[2]
 
 
 def pack_ids(block_ids: list[int], first: int = 0, num: int | None = None) -> bytes:

@@ -16,6 +16,12 @@
  * torch, about 8 us on the H200 host with the step's caches cold). A query that fails (neither success nor
  * not-ready) stops the watching for good (watch_err); the engine thread then queries as before.
  *
+ * A request may also carry its copy's block ids as a Python list (its object's address, a range of it, where the
+ * graph's pinned arguments are): before the launch the thread writes the arguments [src_row0, num, ids...] itself
+ * with pack (id_pack.c's kp_pack_into, which reads the list's ints without the GIL), so the engine thread reads
+ * none of them. The requester keeps the list alive and unchanged until the launch is made; an id that cannot be
+ * packed fails the request (KL_BAD_IDS, no launch made).
+ *
  * Invariants: launches are made in request order, one at a time; num_launched only grows, and a slot's
  * stamps and result are written before num_launched passes its ticket (release; the reader acquires, or
  * relies on x86-64's store order); num_ended <= num_launched, only grows, and passes a ticket only once that
@@ -35,8 +41,11 @@
 typedef int (*launch_fn)(void *exec, void *stream);
 typedef int (*set_ctx_fn)(void *ctx);
 typedef int (*query_fn)(void *event); /* 0: complete; KL_NOT_READY: not yet; else an error */
+typedef int (*pack_fn)(int32_t *dst, void *list, int64_t first, int64_t num); /* 0, or -1: an id it cannot pack */
 
 #define KL_NOT_READY 600 /* CUDA_ERROR_NOT_READY */
+#define KL_BAD_IDS (-3)  /* a request's block ids could not be packed (or no pack function): no launch made */
+#define KL_ARGS_HEADER 2 /* the arguments' int32 header: src_row0, num; the ids follow */
 
 #define KL_RING 256
 
@@ -47,9 +56,14 @@ typedef struct {
     void *stream[KL_RING];
     int64_t t_request[KL_RING]; /* when each was requested (CLOCK_MONOTONIC; 0: not stamped) */
     void *watch[KL_RING]; /* the event whose completion ends each launch's copy (NULL: nothing to watch) */
+    void *ids[KL_RING]; /* a list of block ids to pack before the launch (NULL: the arguments are written) */
+    int64_t ids_first[KL_RING], ids_num[KL_RING];
+    int32_t *args[KL_RING]; /* ... into these pinned arguments, after the header */
+    int32_t src_row0[KL_RING];
     /* the launch thread's */
     _Alignas(64) int64_t num_launched;
     int first_err; /* the first failed launch's result (0: none) */
+    int64_t t_packed[KL_RING]; /* when the thread began packing a request's ids (0: it packed none) */
     int64_t t_begin[KL_RING], t_end[KL_RING];
     int err[KL_RING];
     _Alignas(64) int64_t num_ended; /* launches made whose watched event was seen complete (in ticket order) */
@@ -65,6 +79,7 @@ typedef struct {
     set_ctx_fn set_ctx;
     void *ctx;
     query_fn query; /* NULL: no watching (num_ended follows num_launched) */
+    pack_fn pack; /* NULL: requests carrying ids fail (KL_BAD_IDS) */
     int64_t watch_ns;
     pthread_t thread;
 } kl_state;
@@ -102,8 +117,19 @@ static void *run(void *arg) {
                 relax();
                 continue;
             }
+            int err = 0;
+            s->t_packed[k] = 0;
+            if (s->ids[k] != NULL) { /* the arguments, written here: the engine thread read none of the ids */
+                pack_fn pack = __atomic_load_n(&s->pack, __ATOMIC_ACQUIRE);
+                int32_t *a = s->args[k];
+                s->t_packed[k] = now_ns();
+                a[0] = s->src_row0[k];
+                a[1] = (int32_t)s->ids_num[k];
+                if (pack == NULL || pack(a + KL_ARGS_HEADER, s->ids[k], s->ids_first[k], s->ids_num[k]) != 0)
+                    err = KL_BAD_IDS;
+            }
             s->t_begin[k] = now_ns();
-            int err = s->launch(s->exec[k], s->stream[k]);
+            if (!err) err = s->launch(s->exec[k], s->stream[k]);
             s->t_end[k] = last = now_ns();
             s->err[k] = err;
             if (err && !s->first_err) __atomic_store_n(&s->first_err, err, __ATOMIC_RELEASE);
@@ -166,20 +192,35 @@ void *kl_start(launch_fn launch, set_ctx_fn set_ctx, void *ctx, int64_t spin_ns,
     return s;
 }
 
-/* Where the requester writes: the two slot arrays and num_requested (Python stores into them in place). */
+/* Where the requester writes: the slot arrays and num_requested (Python stores into them in place). */
 void **kl_exec_slots(void *handle) { return ((kl_state *)handle)->exec; }
+void **kl_ids_slots(void *handle) { return ((kl_state *)handle)->ids; }
+int64_t *kl_ids_first_slots(void *handle) { return ((kl_state *)handle)->ids_first; }
+int64_t *kl_ids_num_slots(void *handle) { return ((kl_state *)handle)->ids_num; }
+int32_t **kl_args_slots(void *handle) { return ((kl_state *)handle)->args; }
+int32_t *kl_src_row0_slots(void *handle) { return ((kl_state *)handle)->src_row0; }
+
+/* The function that packs a request's ids (kp_pack_into), from now on; set before the first request with ids. */
+void kl_set_pack(void *handle, pack_fn pack) { __atomic_store_n(&((kl_state *)handle)->pack, pack, __ATOMIC_RELEASE); }
 void **kl_stream_slots(void *handle) { return ((kl_state *)handle)->stream; }
 void **kl_watch_slots(void *handle) { return ((kl_state *)handle)->watch; }
 int64_t *kl_requested(void *handle) { return &((kl_state *)handle)->num_requested; }
 
-/* The portable request (a release store; the caller has checked there is room): returns its ticket. */
-int64_t kl_request(void *handle, void *exec, void *stream, void *watch) {
+/* The portable request (a release store; the caller has checked there is room): returns its ticket. ids: NULL, or
+ * a list whose [first, first + num) the thread packs into args after the header (src_row0, num) before launching. */
+int64_t kl_request(void *handle, void *exec, void *stream, void *watch, void *ids, int64_t first, int64_t num,
+                   int32_t *args, int32_t src_row0) {
     kl_state *s = (kl_state *)handle;
     int64_t ticket = s->num_requested + 1;
     int k = (int)((ticket - 1) % KL_RING);
     s->exec[k] = exec;
     s->stream[k] = stream;
     s->watch[k] = watch;
+    s->ids[k] = ids;
+    s->ids_first[k] = first;
+    s->ids_num[k] = num;
+    s->args[k] = args;
+    s->src_row0[k] = src_row0;
     s->t_request[k] = now_ns();
     __atomic_store_n(&s->num_requested, ticket, __ATOMIC_RELEASE);
     return ticket;
@@ -205,9 +246,10 @@ int *kl_watch_error(void *handle) { return &((kl_state *)handle)->watch_err; }
  * the counter reach a ticket and reads 0 here knows every launch up to it succeeded. */
 int *kl_error_flag(void *handle) { return &((kl_state *)handle)->first_err; }
 
-/* A made launch's stamps and result; -1 while the ticket is not made yet, or its slot was reused. Called by
- * the requesting thread (num_requested is its own). */
-int kl_slot_of(void *handle, int64_t ticket, int64_t *t_begin_ns, int64_t *t_end_ns, int *err, int64_t *t_ended_ns) {
+/* A made launch's stamps and result, and when the thread began packing its ids (0: none); -1 while the ticket is not
+ * made yet, or its slot was reused. Called by the requesting thread (num_requested is its own). */
+int kl_slot_of(void *handle, int64_t ticket, int64_t *t_begin_ns, int64_t *t_end_ns, int *err, int64_t *t_ended_ns,
+               int64_t *t_packed_ns) {
     kl_state *s = (kl_state *)handle;
     int64_t launched = __atomic_load_n(&s->num_launched, __ATOMIC_ACQUIRE);
     if (ticket < 1 || ticket > launched || s->num_requested - ticket >= KL_RING) return -1;
@@ -216,6 +258,7 @@ int kl_slot_of(void *handle, int64_t ticket, int64_t *t_begin_ns, int64_t *t_end
     *t_end_ns = s->t_end[k];
     *err = s->err[k];
     *t_ended_ns = ticket <= __atomic_load_n(&s->num_ended, __ATOMIC_ACQUIRE) ? s->t_ended[k] : 0;
+    *t_packed_ns = s->t_packed[k];
     return 0;
 }
 

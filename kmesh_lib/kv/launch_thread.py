@@ -25,6 +25,14 @@ first layer wait learns that the copy has ended from a counter read in place (``
 event query, a driver call through torch of about 8 us on the H200 host with the step's caches cold
 (``benchmarks/bench_cuda_host_calls.py``). Not seen yet, the engine thread queries the event as before.
 
+A request may also carry the copy's block ids unread (``request(..., ids=)``: a Python list, a range of it, and where
+the graph's pinned arguments are): the thread writes the arguments itself before the launch, reading the list's ints
+without the GIL through ``id_pack``'s ``kp_pack_into`` (``set_pack``), so the engine thread reads none of the 1,024
+int objects of a 16k-token restore: the two parts that packing and writing them cost it at 0.5B 16k on the H200
+(``pack_ids`` 0.021 ms, ``write_ids`` 0.020 ms in crossover b3f2) leave its path; not yet measured there with this.
+The thread holds each request's list until its slot is reused; the requester leaves the list unchanged until the
+launch is made.
+
 The library is compiled once per source (``cc``, as Triton compiles its own launcher stubs) into a per-user
 cache; without a compiler there is no thread and the engine thread launches as before (the arena says why).
 ``function_address`` gives a C function to hand in: ``cuGraphLaunch`` on CUDA; tests pass a
@@ -46,6 +54,8 @@ SOURCE = Path(__file__).with_name("launch_thread.c")
 LAUNCH_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)  # (exec, stream) -> error
 QUERY_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)  # (event) -> 0 complete, NOT_READY, or an error
 NOT_READY = 600  # CUDA_ERROR_NOT_READY: what ``query`` answers for an event not complete yet
+BAD_IDS = -3  # KL_BAD_IDS: a request's block ids could not be packed; its launch was not made
+ARGS_HEADER = 2  # KL_ARGS_HEADER: the arguments' int32 header the thread writes before packed ids (src_row0, num)
 WAIT_TIMEOUT_S = 10.0  # a launch not made in this long is a stuck thread, not a slow one
 NUM_SLOTS = 256  # KL_RING
 SPIN_S = 0.002  # the thread spins this long after a launch (a step's restores come together)
@@ -101,7 +111,11 @@ def _load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     vp, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.kl_start.argtypes, lib.kl_start.restype = (vp, vp, vp, i64, i64, ctypes.c_int, vp, i64), vp
-    lib.kl_request.argtypes, lib.kl_request.restype = (vp, vp, vp, vp), i64
+    lib.kl_request.argtypes = (vp, vp, vp, vp, vp, i64, i64, vp, ctypes.c_int32)
+    lib.kl_request.restype = i64
+    lib.kl_set_pack.argtypes, lib.kl_set_pack.restype = (vp, vp), None
+    for name in ("kl_ids_slots", "kl_ids_first_slots", "kl_ids_num_slots", "kl_args_slots", "kl_src_row0_slots"):
+        getattr(lib, name).argtypes, getattr(lib, name).restype = (vp,), vp
     lib.kl_ended_counter.argtypes, lib.kl_ended_counter.restype = (vp,), ctypes.POINTER(i64)
     lib.kl_watch_error.argtypes, lib.kl_watch_error.restype = (vp,), ctypes.POINTER(ctypes.c_int)
     lib.kl_watch_slots.argtypes, lib.kl_watch_slots.restype = (vp,), vp
@@ -114,7 +128,7 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.kl_set_min_delay.argtypes, lib.kl_set_min_delay.restype = (vp, i64), None
     lib.kl_request_stamps.argtypes, lib.kl_request_stamps.restype = (vp,), vp
     lib.kl_slot_of.argtypes = (vp, i64, ctypes.POINTER(i64), ctypes.POINTER(i64), ctypes.POINTER(ctypes.c_int),
-                               ctypes.POINTER(i64))
+                               ctypes.POINTER(i64), ctypes.POINTER(i64))
     lib.kl_slot_of.restype = ctypes.c_int
     lib.kl_error_flag.argtypes, lib.kl_error_flag.restype = (vp,), ctypes.POINTER(ctypes.c_int)
     lib.kl_stop.argtypes, lib.kl_stop.restype = (vp,), None
@@ -179,6 +193,13 @@ class LaunchThread:
         self._exec_slots = (ctypes.c_void_p * NUM_SLOTS).from_address(lib.kl_exec_slots(handle))
         self._stream_slots = (ctypes.c_void_p * NUM_SLOTS).from_address(lib.kl_stream_slots(handle))
         self._request_stamps = (ctypes.c_int64 * NUM_SLOTS).from_address(lib.kl_request_stamps(handle))
+        self._ids_slots = (ctypes.c_void_p * NUM_SLOTS).from_address(lib.kl_ids_slots(handle))
+        self._ids_first_slots = (ctypes.c_int64 * NUM_SLOTS).from_address(lib.kl_ids_first_slots(handle))
+        self._ids_num_slots = (ctypes.c_int64 * NUM_SLOTS).from_address(lib.kl_ids_num_slots(handle))
+        self._args_slots = (ctypes.c_void_p * NUM_SLOTS).from_address(lib.kl_args_slots(handle))
+        self._src_row0_slots = (ctypes.c_int32 * NUM_SLOTS).from_address(lib.kl_src_row0_slots(handle))
+        self._ids_held: list = [None] * NUM_SLOTS  # each slot's id list, alive until the slot is reused
+        self.packs_ids = False  # ``set_pack``: requests may carry their block ids for the thread to pack
         self.num_requested = 0
         self.spin_s, self.min_delay_s = spin_s, 0.0
         # on close, or when collected: the thread stopped and joined, then the engine thread's CPUs given back
@@ -206,20 +227,42 @@ class LaunchThread:
     def num_launched(self) -> int:
         return self._counter.value
 
-    def request(self, exec_handle: int, stream_handle: int, watch: int = 0) -> int:
+    def set_pack(self, pack: int | None) -> None:
+        """The C address of ``int pack(int32_t *dst, PyObject *list, int64_t first, int64_t num)`` that makes no
+        Python API call (``id_pack.pack_into_address``); from now on requests may carry ids. None: none may."""
+        self._lib.kl_set_pack(self._handle, pack)
+        self.packs_ids = pack is not None
+
+    def request(self, exec_handle: int, stream_handle: int, watch: int = 0, ids: tuple | None = None) -> int:
         """Queues one launch; returns its ticket (made once ``num_launched`` reaches it). ``watch``: an event
-        (a pointer) the launch records last, whose completion the thread looks for (``copy_ended``). Waits while
-        every slot holds a launch not made yet, or a watch not settled."""
+        (a pointer) the launch records last, whose completion the thread looks for (``copy_ended``). ``ids``
+        (with ``set_pack``): ``(list, first, num, args_address, src_row0)``: the thread writes ``[src_row0, num,
+        list[first:first + num]...]`` as int32 at ``args_address`` before the launch, reading the list without the
+        GIL; it holds the list until the slot is reused, and the caller changes it only once the launch is made
+        (``wait_for``). An id it cannot pack fails the launch (``BAD_IDS``). Waits while every slot holds a launch
+        not made yet, or a watch not settled."""
         ticket = self.num_requested + 1
         if ticket - self._ended.value > NUM_SLOTS:
             self._wait_for_room(ticket - NUM_SLOTS)
+        k = (ticket - 1) % NUM_SLOTS
+        if ids is not None and not self.packs_ids:
+            raise LaunchThreadError("a request carried block ids, but the thread was given no pack function")
+        self._ids_held[k] = ids[0] if ids is not None else None
         if _IN_PLACE:
-            k = (ticket - 1) % NUM_SLOTS
             self._exec_slots[k], self._stream_slots[k], self._watch_slots[k] = exec_handle, stream_handle, watch
+            if ids is None:
+                self._ids_slots[k] = None
+            else:
+                table, first, num, args, src_row0 = ids
+                self._ids_first_slots[k], self._ids_num_slots[k] = first, num
+                self._args_slots[k], self._src_row0_slots[k] = args, src_row0
+                self._ids_slots[k] = id(table)  # the list object's address (CPython)
             self._request_stamps[k] = time.monotonic_ns()  # CLOCK_MONOTONIC, as the thread's own stamps
             self._requested.value = ticket  # after the slot: this store publishes it
         else:
-            self._lib.kl_request(self._handle, exec_handle, stream_handle, watch)
+            table, first, num, args, src_row0 = ids if ids is not None else (None, 0, 0, None, 0)
+            self._lib.kl_request(self._handle, exec_handle, stream_handle, watch,
+                                 None if table is None else id(table), first, num, args, src_row0)
         self.num_requested = ticket
         return ticket
 
@@ -249,14 +292,21 @@ class LaunchThread:
         slot = self._slot(ticket)
         return None if slot is None else slot[3] or None
 
-    def _slot(self, ticket: int) -> tuple[int, int, int, int] | None:
-        """``kl_slot_of``: (begin, end, result, seen ended (0: not)) of a made launch; None while not made, or once
-        its ring slot was reused."""
-        t0, t1, err, t_ended = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int(), ctypes.c_int64()
+    def packed_at(self, ticket: int) -> int | None:
+        """When the thread began packing launch ``ticket``'s ids (``time.monotonic_ns`` clock); None: it packed none,
+        the launch is not made yet, or its slot was reused."""
+        slot = self._slot(ticket)
+        return None if slot is None else slot[4] or None
+
+    def _slot(self, ticket: int) -> tuple[int, int, int, int, int] | None:
+        """``kl_slot_of``: (begin, end, result, seen ended (0: not), began packing (0: not)) of a made launch; None
+        while not made, or once its ring slot was reused."""
+        t0, t1, err, t_ended, t_packed = (ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int(), ctypes.c_int64(),
+                                          ctypes.c_int64())
         if self._lib.kl_slot_of(self._handle, ticket, ctypes.byref(t0), ctypes.byref(t1), ctypes.byref(err),
-                                ctypes.byref(t_ended)):
+                                ctypes.byref(t_ended), ctypes.byref(t_packed)):
             return None
-        return t0.value, t1.value, err.value, t_ended.value
+        return t0.value, t1.value, err.value, t_ended.value, t_packed.value
 
     def wait_for(self, ticket: int) -> None:
         """Returns once launch ``ticket`` (and every earlier one) has been made; raises if any failed."""
@@ -268,6 +318,9 @@ class LaunchThread:
                     raise LaunchThreadError(f"launch {ticket} not made in {WAIT_TIMEOUT_S:.0f} s "
                                             f"({counter.value} of {self.num_requested} made)")
         err = self._error.value
+        if err == BAD_IDS:
+            raise LaunchThreadError("the launch thread could not pack a request's block ids (an id that is not an int "
+                                    "below 2**30, or a range outside its list): that launch was not made")
         if err:
             raise LaunchThreadError(f"a launch made by the launch thread failed: CUresult {err}")
 

@@ -42,7 +42,10 @@ once queued, waits on the GPU for the copy:
                   (its spans, the bookkeeping). Where the graph's launch was handed to the launch thread
                   (``launched_by`` "thread": ``kv.launch_thread``), ``copy_call`` ends at the request, and the
                   launch itself runs on another core (``thread_launch``; ``thread_lag``: from the arguments
-                  written, just before the request, to the launch made); the engine thread's wait for it, if
+                  written, just before the request, to the launch made); where the thread also packs the block
+                  ids (``ids_packed_by`` "thread": the engine thread handed over the request's block table,
+                  ``write_ids`` ends at that hand-over), ``thread_pack`` is its packing, before the launch and
+                  inside ``thread_lag``; the engine thread's wait for it, if
                   the forward pass got there first, is in ``hook``. The first layer wait learns that the
                   copy has ended from the launch thread's watch of its last event where it can (``settled_by``
                   "thread"; ``thread_saw_end``: the copy's end to the thread seeing it), else by a query
@@ -170,6 +173,7 @@ class RestoreTimeline:
     t_thread_launch_begin_ns: int | None = None  # ... the thread's driver call, begun
     t_thread_launch_end_ns: int | None = None  # ... and returned
     t_thread_saw_end_ns: int | None = None  # ... and saw the copy's last event complete (its watch)
+    t_thread_packed_ns: int | None = None  # ... and began packing its block ids (None: the engine thread packed them)
     settled_by: str | None = None  # the first layer wait found every group ended: "thread", "query", "cpu"
     resolved: bool = False
 
@@ -235,6 +239,8 @@ class RestoreTimeline:
             "thread_launch_s": sec(self.t_thread_launch_begin_ns, self.t_thread_launch_end_ns),
             "thread_lag_s": sec(self.t_ids_written_ns, self.t_thread_launch_end_ns),
             "settled_by": self.settled_by, "thread_saw_end_s": sec(copy1, self.t_thread_saw_end_ns),
+            "ids_packed_by": "thread" if self.t_thread_packed_ns else "engine",
+            "thread_pack_s": sec(self.t_thread_packed_ns, self.t_thread_launch_begin_ns),
             "schedule_s": schedule, "pack_ids_s": self.pack_ns / 1e9 if self.pack_ns else None,
             "measure_s": measure, "measure_synced": self.measure_synced,
             "host_s": host, "hook_s": self.hook_ns / 1e9, "forward_wait_s": wait,
@@ -276,6 +282,7 @@ def request_split(timeline: dict, t_submit_ns: int, t_first_token_ns: int) -> di
             "copy_launch": timeline.get("copy_launch"), "launched_by": timeline.get("launched_by"),
             "thread_launch_s": timeline.get("thread_launch_s"), "thread_lag_s": timeline.get("thread_lag_s"),
             "settled_by": timeline.get("settled_by"), "thread_saw_end_s": timeline.get("thread_saw_end_s"),
+            "ids_packed_by": timeline.get("ids_packed_by"), "thread_pack_s": timeline.get("thread_pack_s"),
             "num_layer_waits": timeline.get("num_layer_waits"),
             "after_restore_s": (t_first_token_ns - timeline["t_ready_ns"]) / 1e9}
 

@@ -39,7 +39,7 @@ FLOOR_OF = {"dram": ("sum", ("copy",)), "disk": ("sum", ("disk", "copy")),
 SPLIT_PARTS = ("queue_s", "lookup_s", "disk_read_s", "staging_s", "launch_s", "copy_s", "restore_s", "load_time_s",
                "after_restore_s", "after_lookup_s", "allocate_s", "schedule_s", "pack_ids_s", "measure_s", "host_s",
                "hook_s", "before_copy_s", "copy_call_s", "write_ids_s", "after_copy_s", "forward_wait_s", "critical_s",
-               "thread_launch_s", "thread_lag_s", "thread_saw_end_s", "to_forward_s")
+               "thread_launch_s", "thread_lag_s", "thread_saw_end_s", "thread_pack_s", "to_forward_s")
 # the parts that bring the context in; what follows (after_*) is the forward step the resident follow-up also pays
 # The parts of bringing the context in. The wait before the scheduler first looks at the request
 # (``queue_ms``) is recorded beside them but is not one: a resident follow-up waits the same way.
@@ -225,7 +225,7 @@ def split_table(rows: list[dict]) -> list[dict]:
             if vals:
                 row[_ms(part)] = round(1e3 * statistics.median(vals), 3)
         # copy_launch: "graph", "handle", "torch", ...; reference_at: "step" (measure > 0) or "before_step"
-        for key in ("launched_at", "wait_at", "copy_launch", "launched_by", "settled_by", "reference_at"):
+        for key in ("launched_at", "wait_at", "copy_launch", "launched_by", "settled_by", "ids_packed_by", "reference_at"):
             seen = {r["split"].get(key) for r in rs} - {None}
             if seen:
                 row[key] = "/".join(sorted(seen))
