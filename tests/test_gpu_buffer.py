@@ -18,6 +18,7 @@ import pytest
 
 from kmesh_lib.engine.config import EngineParams
 from kmesh_lib.engine.requests import RequestSpec, run_group
+from kmesh_lib.kv import id_pack
 from kmesh_lib.kv.gpu_buffer import GpuBufferConfig, GpuBufferTier
 from kmesh_lib.kv.gpu_buffer_index import ABSENT, PREFETCHING, RESIDENT, STAGING, BufferFull, BufferIndex, Match
 
@@ -489,9 +490,10 @@ def test_vllm_cpu_engine_restores_give_the_recomputed_outputs(tmp_path, wait_at)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("wait_at", ["forward", "layer"])
-def test_cuda_restores_give_the_recomputed_outputs(tmp_path, wait_at):
-    """The same on CUDA: pinned staging, CUDA-event timelines, device-to-device restores.
+@pytest.mark.parametrize("wait_at, handoff", [("forward", False), ("layer", False), ("layer", True)])
+def test_cuda_restores_give_the_recomputed_outputs(tmp_path, wait_at, handoff):
+    """The same on CUDA: pinned staging, CUDA-event timelines, device-to-device restores; ``handoff``: the copies'
+    launches made by the launch thread, which also packs their block ids where it has a packer.
 
     The reference for logprobs is vLLM's own cached prefix (``resident``): its last step runs the same
     kernels on the same KV bytes as a restore's, so a correct copy gives equal logprobs. Recompute's
@@ -510,6 +512,9 @@ def test_cuda_restores_give_the_recomputed_outputs(tmp_path, wait_at):
                          gpu_memory_utilization=0.05, **tier.llm_kwargs("cuda"))
     try:
         ctx = [4 + (7 * i) % 500 for i in range(1024)]
+        if handoff:
+            tier.set_launch_thread(True)
+            assert tier.has_launch_thread, tier.describe()
         tier.set_saving(False)
         assert engine.reset_prefix_cache()
         recompute = run(engine, "recompute", ctx + [9], max_tokens=4)
@@ -532,6 +537,11 @@ def test_cuda_restores_give_the_recomputed_outputs(tmp_path, wait_at):
             assert r["critical_s"] is not None and r["measure_synced"] in (True, False)
             assert (r["hook_s"] > 0) == (wait_at == "layer")
             assert r["copy_launch"] == "graph"  # one replay of a captured copy (``kv.copy_graph``)
+            assert r["launched_by"] == ("thread" if handoff else "engine")
+            packs = handoff and tier.arena.packs_ids_on_thread()
+            assert r["ids_packed_by"] == ("thread" if packs else "engine") and (r["thread_pack_s"] is not None) == packs
+        if handoff:  # where the native packer can be built (the H200 machine), the thread packs
+            assert tier.arena.packs_ids_on_thread() == id_pack.pack_via().startswith("native")
         described = tier.describe()
         assert described["device"].startswith("cuda") and described["copy_route"] == "fused"
         assert described["copy_launch"] == "handle" and described["copy_graphs"] == "on"
