@@ -699,6 +699,16 @@ def test_critical_goal_takes_the_path_that_adds_least_and_judges_it_against_its_
     assert goal_points_table({"arms": [], "splits": [], "floor_distance": []}) == ""
 
 
+def test_a_goal_points_ids_are_named_as_written_or_as_handed_to_the_launch_thread():
+    from kmesh_lib.sections.crossover.summary import _parts
+
+    row = {"host_ms": 0.08, "copy_call_ms": 0.04, "write_ids_ms": 0.025, "forward_wait_ms": 0.0}
+    assert "copy call 0.040 (ids 0.025)" in _parts(row)
+    handed = _parts({**row, "write_ids_ms": 0.002, "ids_packed_by": "thread", "thread_pack_ms": 0.006})
+    assert "copy call 0.040 (ids handed to the launch thread 0.002, packed there in 0.006)" in handed
+    assert "(ids 0.025)" in _parts({**row, "ids_packed_by": "engine", "thread_pack_ms": None})
+
+
 # -- what the forward step's spread follows (rows with GPU clocks) --
 def _clocked(rows, n=16384, seed=0):
     """``rows`` at a goal-sized context, with a forward step that follows the host's own time and

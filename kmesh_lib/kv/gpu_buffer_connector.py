@@ -428,6 +428,8 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
         (``IdRange``) and that thread packs it: the engine thread reads none of the ints. The table is not
         changed before then: ``_follow`` changes it when a later step's metadata is built, and the worker has
         waited for its step's launches before that step ends (``_end_step``)."""
+        if not loads:
+            return
         worker = self.shared.worker
         to_thread = worker is not None and worker.ids_to_thread()
         for op in loads:

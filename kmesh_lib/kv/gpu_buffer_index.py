@@ -75,7 +75,8 @@ class LoadOp:
 
     ``block_ids`` is None until the step's metadata is built: the connector takes them from the
     scheduler's output then (vLLM lists a new request's blocks there for its runner anyway), rather
-    than walking vLLM's block objects for them when it records the load."""
+    than walking vLLM's block objects for them when it records the load; a list, or, where the launch
+    thread packs them, their range of the request's table unread (``id_pack.IdRange``)."""
 
     req_id: str
     entry_id: int
@@ -84,7 +85,7 @@ class LoadOp:
     entry_num_blocks: int
     first_block: int
     num_blocks: int
-    block_ids: list[int] | None
+    block_ids: list[int] | None  # or an ``id_pack.IdRange`` (see above)
     stage_from_disk: bool
     retain: bool
     t_lookup_first_ns: int = 0  # first lookup call for this request (a lookup answered "later" is retried)

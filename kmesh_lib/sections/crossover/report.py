@@ -477,6 +477,7 @@ def critical_goal_table(splits: list[dict], distance: list[dict]) -> list[dict]:
                "forward_wait_ms": best.get("forward_wait_ms"),
                "allocate_ms": best.get("allocate_ms"), "wait_at": best.get("wait_at"),
                "launched_by": best.get("launched_by"), "thread_lag_ms": best.get("thread_lag_ms"),
+               "ids_packed_by": best.get("ids_packed_by"), "thread_pack_ms": best.get("thread_pack_ms"),
                "restore_ms": best.get("restore_ms"), "transfer_floor_ms": f, "x_floor": round(x, 3),
                "within": x <= GOAL_X}
         charged = [(charged_ms(r), r) for r in rs if charged_ms(r) is not None]

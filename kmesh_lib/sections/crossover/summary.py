@@ -389,11 +389,14 @@ def _device_label(label: str) -> str:
 
 def _parts(c: dict) -> str:
     """A ``critical_goal_table`` row's parts: lookup, scheduling, clock reference, host (its copy call, with
-    the ids' write where recorded, and hooks), wait."""
+    the ids' write where recorded, or their hand-over where the launch thread packed them, and hooks), wait."""
     host = f"host {c['host_ms']:,.3f}"
     inner = []
     if c.get("copy_call_ms") is not None:
         ids = f" (ids {c['write_ids_ms']:,.3f})" if c.get("write_ids_ms") is not None else ""
+        if ids and c.get("ids_packed_by") == "thread":  # the engine thread only handed them over
+            packed = f", packed there in {c['thread_pack_ms']:,.3f}" if c.get("thread_pack_ms") is not None else ""
+            ids = f" (ids handed to the launch thread {c['write_ids_ms']:,.3f}{packed})"
         inner.append(f"copy call {c['copy_call_ms']:,.3f}{ids}")
     if c.get("hook_ms") is not None:
         inner.append(f"hooks {c['hook_ms']:,.3f}")
