@@ -6,7 +6,9 @@
 ``--arms gpubuf_layered gpubuf_offthread`` (CUDA): the copy's graph launched by the engine thread against the
 launch thread (``kv.launch_thread``), on one engine, the arms interleaved repeat by repeat; with ``--spin-ms 2 0``
 the off-thread arm once per spin of the thread after a launch (2 ms, as in section 21, against polling at once);
-with ``--delay-us 0 10 20`` once per least delay from the request to the thread's launch (crossed with the spins).
+with ``--delay-us 0 10 20`` once per least delay from the request to the thread's launch (crossed with the spins);
+with ``--ids-by thread engine`` once with the block ids packed by the launch thread (the default since 9176ce6) and
+once packed by the scheduler side first (``GpuBufferTier.set_thread_packs_ids``), crossed with both.
 
 Section 21's own machinery (``RestoreBench`` on ``GpuBufferTier``) without its grid and report: one engine of
 ``--model`` (section 21's parameters for ``--profile``), one context of ``--tokens`` stored on the disk tier
@@ -33,8 +35,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-PARTS = ("lookup_s", "schedule_s", "before_copy_s", "copy_call_s", "write_ids_s", "after_copy_s", "hook_s",
-         "forward_wait_s", "critical_s", "thread_launch_s", "thread_lag_s", "to_forward_s")
+PARTS = ("lookup_s", "schedule_s", "pack_ids_s", "before_copy_s", "copy_call_s", "write_ids_s", "after_copy_s",
+         "hook_s", "forward_wait_s", "critical_s", "thread_launch_s", "thread_lag_s", "thread_pack_s", "to_forward_s")
 
 
 def handoff_by_variant(rows: dict[str, list[dict]], model: str) -> dict[str, dict]:
@@ -66,6 +68,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--delay-us", type=float, nargs="+", default=None,
                     help="for gpubuf_offthread: one variant per least delay from the request to the thread's launch (us; "
                          "0: at once), crossed with --spin-ms")
+    ap.add_argument("--ids-by", nargs="+", choices=("thread", "engine"), default=None,
+                    help="for gpubuf_offthread: one variant per packer of the block ids (the launch thread, or the "
+                         "scheduler side first), crossed with the thread's settings")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the tier reaches the engine in-process
@@ -88,8 +93,9 @@ def main(argv: list[str] | None = None) -> dict:
     with gpubuf_bench(cfg, model, "restore-parts", 2 * n) as bench:
         ctx = Context.random(f"{model}-{n}", n, bench.vocab, cfg.SEED)
         bench.store(ctx)
-        thread_settings = [(ms, us) for ms in (args.spin_ms or [None]) for us in (args.delay_us or [None])]
-        varied = thread_settings != [(None, None)]
+        thread_settings = [(ms, us, ids) for ms in (args.spin_ms or [None]) for us in (args.delay_us or [None])
+                           for ids in (args.ids_by or [None])]
+        varied = thread_settings != [(None, None, None)]
         variants = [(arm, None) for arm in args.arms if arm not in HANDOFF_ARMS or not varied]
         variants += [(arm, st) for arm in args.arms if arm in HANDOFF_ARMS and varied for st in thread_settings]
         if any(arm in HANDOFF_ARMS for arm in args.arms):  # the thread starts on first use: before the clock
@@ -97,8 +103,9 @@ def main(argv: list[str] | None = None) -> dict:
         def named(arm, setting):
             if setting is None:
                 return arm
-            ms, us = setting
-            return arm + (f"@spin{ms:g}ms" if ms is not None else "") + (f"@delay{us:g}us" if us is not None else "")
+            ms, us, ids = setting
+            return (arm + (f"@spin{ms:g}ms" if ms is not None else "") + (f"@delay{us:g}us" if us is not None else "")
+                    + (f"@ids-{ids}" if ids is not None else ""))
 
         label = {v: named(*v) for v in variants}
         rows: dict[str, list[dict]] = {label[v]: [] for v in variants}
@@ -106,9 +113,10 @@ def main(argv: list[str] | None = None) -> dict:
         for i in range(args.repeats):  # arms interleaved: a drift of the engine or host reaches each alike
             for arm, setting in variants:
                 if setting is not None:
-                    ms, us = setting
+                    ms, us, ids = setting
                     bench.tier.start_launch_thread(spin_s=None if ms is None else ms / 1e3,
                                                    min_delay_s=None if us is None else us / 1e6)
+                    bench.tier.set_thread_packs_ids(ids != "engine")
                 rows[label[(arm, setting)]].append(bench.run(arm, ctx, f"{label[(arm, setting)]}-{i}"))
         for arm in rows:
             splits = [row["split"] for row in rows[arm] if row.get("split")]

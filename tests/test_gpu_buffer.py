@@ -433,6 +433,26 @@ def test_ids_handed_over_unread_put_each_block_back_where_vllm_wants_it(tmp_path
         tier.close()
 
 
+def test_ids_go_to_the_thread_only_for_handed_off_layer_waits_with_a_packing_thread_and_the_switch_on():
+    from kmesh_lib.kv.gpu_buffer_connector import HostStagedGpuBuffer
+
+    class Arena:
+        def __init__(self, packs):
+            self.packs = packs
+
+        def packs_ids_on_thread(self):
+            return self.packs
+
+    w = HostStagedGpuBuffer.__new__(HostStagedGpuBuffer)
+    w.handoff, w.thread_packs_ids, w.wait_at, w.arena = True, True, "layer", Arena(True)
+    assert w.ids_to_thread()
+    for change in ({"handoff": False}, {"thread_packs_ids": False}, {"wait_at": "forward"}, {"arena": Arena(False)},
+                   {"arena": None}):
+        v = HostStagedGpuBuffer.__new__(HostStagedGpuBuffer)
+        v.__dict__.update(w.__dict__, **change)
+        assert not v.ids_to_thread(), change
+
+
 def test_prefetch_makes_the_context_resident_before_the_request(worker_engine):
     engine, tier, runner = worker_engine
     store(engine, tier, CTX)

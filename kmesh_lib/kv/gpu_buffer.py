@@ -307,6 +307,12 @@ class GpuBufferTier:
             self.start_launch_thread()
         self.worker.handoff = on and self.has_launch_thread
 
+    def set_thread_packs_ids(self, on: bool) -> None:
+        """From the next step on, whether the launch thread packs the block ids of the copies handed to it (where it
+        has a packer: ``HostStagedGpuBuffer.ids_to_thread``; the default) or the scheduler side packs them first, as
+        before 9176ce6: the two on one engine, for an A/B on one host (``bench_gpubuf_restore_parts.py --ids-by``)."""
+        self.worker.thread_packs_ids = on
+
     @property
     def has_launch_thread(self) -> bool:
         """Whether a launch thread runs here (``start_launch_thread``)."""

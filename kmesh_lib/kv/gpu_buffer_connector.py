@@ -153,6 +153,7 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
             self._unrecorded: list[GpuBufferMetadata] = []  # steps whose restores have no timeline yet
             self.wait_at = self.config.wait_at  # GpuBufferTier.set_wait_at switches it between steps
             self.handoff = False  # GpuBufferTier.set_launch_thread: layer-wait copies' launches to the launch thread
+            self.thread_packs_ids = True  # GpuBufferTier.set_thread_packs_ids: off, the scheduler side packs them
             self._group_ready: list = []  # with layer waits: each copy group's end (a point Span), for the forward pass
             self._group_ticket = 0  # ... the launch thread's ticket for the last of them (0: the engine launched it)
             self._next_group = 0  # the first group the forward pass has not waited for yet
@@ -313,7 +314,8 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
         """Whether this step's restores are copied layer by layer with their launches handed to a launch thread
         that packs their block ids itself (the scheduler side then hands over the ids unread: ``_fill_block_ids``).
         Read when the step's metadata is built; ``handoff`` and ``wait_at`` change only between steps."""
-        return self.handoff and self.wait_at == "layer" and self.arena is not None and self.arena.packs_ids_on_thread()
+        return (self.handoff and self.thread_packs_ids and self.wait_at == "layer" and self.arena is not None
+                and self.arena.packs_ids_on_thread())
 
     def _end_step(self) -> None:
         """After the forward pass: later work on this stream comes after every copy, and the step's restores wait
