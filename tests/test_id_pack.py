@@ -62,6 +62,7 @@ def test_the_gil_free_packer_writes_the_same_ids_and_refuses_what_it_cannot_read
     call): ``struct``'s bytes for every range; -1 for what it cannot read without the interpreter."""
     import ctypes
 
+    assert id_pack.pack_into_address() is not None  # built natively, it passed its sample (``_packs_into``)
     fn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.py_object, ctypes.c_ssize_t, ctypes.c_ssize_t)(
         id_pack.pack_into_address())
     out = (ctypes.c_int32 * 40)()
@@ -82,3 +83,10 @@ def test_an_id_range_reads_its_ids_only_when_asked():
     assert ids.to_list() == TABLE[3:7]
     with pytest.raises(IndexError, match=r"\[38, 43\) outside a list of 41"):
         id_pack.IdRange(table, 38, 5)
+
+
+def test_a_gil_free_packer_that_misreads_its_sample_is_not_offered(native, monkeypatch):
+    monkeypatch.setattr(id_pack, "_packs_into", lambda address: False)
+    id_pack._route = None
+    assert id_pack.pack_into_address() is None  # the launch thread is then given no packer
+    assert id_pack.pack_via().startswith("native") and id_pack.pack_ids(TABLE, 0, 2) == struct.pack("2i", *TABLE[:2])

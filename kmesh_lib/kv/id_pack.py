@@ -36,7 +36,20 @@ def _load_native():
         return None, f"struct (no native packer: {e})", None
     fn.argtypes, fn.restype = (ctypes.py_object, ctypes.c_ssize_t, ctypes.c_ssize_t), ctypes.py_object
     into = ctypes.cast(ctypes.PyDLL(str(path)).kp_pack_into, ctypes.c_void_p).value
-    return fn, "native (id_pack.c through ctypes.PyDLL)", into
+    return fn, "native (id_pack.c through ctypes.PyDLL)", into if _packs_into(into) else None
+
+
+_PACK_INTO = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.py_object, ctypes.c_ssize_t, ctypes.c_ssize_t)
+_SAMPLE = [0, 1, 255, 256, 70_000, 2**30 - 1]  # small (cached), heap and the largest compact ints
+
+
+def _packs_into(address: int) -> bool:
+    """Whether ``kp_pack_into`` reads this interpreter's ints as it must (it reads their layout directly): the
+    sample's values, and a refusal of an int it cannot read. Called through ``CFUNCTYPE``, without the GIL, as the
+    launch thread calls it."""
+    fn, out = _PACK_INTO(address), (ctypes.c_int32 * len(_SAMPLE))()
+    return (fn(ctypes.addressof(out), _SAMPLE, 0, len(_SAMPLE)) == 0 and list(out) == _SAMPLE
+            and fn(ctypes.addressof(out), [2**40], 0, 1) == -1)
 
 
 _route: tuple | None = None  # (the native callable or None, the route in words, kp_pack_into's address), made at first use
@@ -82,7 +95,7 @@ class IdRange:
 def pack_into_address() -> int | None:
     """The C address of ``int kp_pack_into(int32_t *dst, PyObject *list, Py_ssize_t first, Py_ssize_t num)`` (0
     or -1: not a list, a range outside it, an id that is not an int below 2**30), which makes no Python API call;
-    None where the native packer could not be built (``pack_via`` says why)."""
+    None where the native packer could not be built (``pack_via`` says why) or read a sample of ints wrongly."""
     if _route is None:
         pack_via()
     return _route[2]
