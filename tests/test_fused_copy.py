@@ -115,6 +115,16 @@ def test_the_compiled_kernel_matches_the_torch_path_on_cuda(tmp_path):
     # bytes, not values: random bytes in bfloat16 hold NaNs, which no value comparison finds equal
     assert all(torch.equal(kv_a[k].view(torch.uint8), kv_b[k].view(torch.uint8)) for k in kv_a)
     assert b.read_back(block_ids).equal(b.extent(13, 200))
+    from kmesh_lib.kv.id_pack import IdRange
+
+    for arena, graphs in ((b, b.graphs), (b, None)):  # ids unread: the graph route, then the launch route read them
+        for t in kv_b.values():
+            t.zero_()
+        arena.graphs = graphs
+        arena.copy_into_vllm(10, 3, IdRange([0, *block_ids, 0], 1, 200),
+                             RestoreTimeline("restore", "u", 0, "buffer", 200, 0, "cuda"))
+        torch.cuda.synchronize()
+        assert all(torch.equal(kv_a[k].view(torch.uint8), kv_b[k].view(torch.uint8)) for k in kv_a), graphs
 
 
 def test_the_copy_probe_runs_its_smoke_size_and_checks_the_bytes(tmp_path):

@@ -339,8 +339,8 @@ class CopyGraphs:
                     inst.ticket = self.last_ticket = thread.request(inst.exec_ptr, stream.cuda_stream, inst.end_ptr,
                                                                     ids)
                     return inst
-                if type(block_ids) is IdRange:
-                    block_ids, packed = block_ids.to_list(), packed or block_ids.packed()
+                if type(block_ids) is IdRange:  # read here: packed once (the arguments need its length besides)
+                    packed = packed or block_ids.packed()
                 write_args(inst.args_view, src_row0, block_ids, packed)
                 inst.t_ids_written_ns = _ns()
                 if handed:

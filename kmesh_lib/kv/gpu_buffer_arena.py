@@ -441,8 +441,11 @@ class BufferArena:
             current_stream().wait_event(self.last_read_event)
         # the fused copy's arguments go to the device first: the copy's span starts where the kernel is
         # launched, and the host time before it shows as the restore's ``launch`` part
-        if type(block_ids) is IdRange:  # no graph instance took the ids: read here, on the engine thread
-            block_ids, packed_ids = block_ids.to_list(), packed_ids or block_ids.packed()
+        if type(block_ids) is IdRange:  # no graph instance took the ids: read here, on the engine thread, once
+            if self.scatter is not None:  # the kernel's arguments need them packed (and their length)
+                packed_ids = packed_ids or block_ids.packed()
+            else:  # torch's per-plane copies index with them
+                block_ids = block_ids.to_list()
         args = self.scatter.prepare(src0, block_ids, packed_ids) if self.scatter is not None else None
         if stream is not None:
             stream.wait_stream(current_stream())
