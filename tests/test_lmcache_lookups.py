@@ -23,8 +23,11 @@ def load(pid, t_ms, n=4, nbytes=4 * 3 * (1 << 20)):
     return {"op": "load", "pid": pid, "t_ns": int(t_ms * MS), "n_keys": n, "bytes": nbytes if n else 0}
 
 
-def done(pid, t_ms):
-    return {"op": "done", "pid": pid, "t_ns": int(t_ms * MS)}
+def done(pid, t_ms, finish_ms=None):
+    ev = {"op": "done", "pid": pid, "t_ns": int(t_ms * MS)}
+    if finish_ms is not None:
+        ev["t_finish_ns"] = int(finish_ms * MS)
+    return ev
 
 
 def mechanisms(events):
@@ -62,6 +65,19 @@ def test_singleflight_parked_lookups_wait_for_the_load_then_find_l1():
     lks = classify(assemble(events))
     assert [lk.mechanism for lk in lks] == ["first_load", "waited_for_in_flight"]
     assert lks[1].parked and lks[1].waited_ns == int(47.8 * MS) and lks[1].l1_keys == 4
+
+
+def test_a_lookup_that_arrived_in_flight_finds_l1_when_its_lock_pass_follows_the_finish():
+    """Stock 0.5.6 (CI at 4bae8d6, D): B arrived during A's load (A's done is later) but its lock pass came after A's
+    finish began, so it found every chunk in L1. The done line carries the finish's start; older traces lack it."""
+    events = [lookup("g-A", 1, 1.0), start(1, 1.1), load(1, 2.0), lookup("g-B", 2, 20.0),
+              start(2, 29.5, l1=4), done(1, 30.0, finish_ms=29.0), load(2, 29.6, n=0), done(2, 29.7)]
+    a, b = classify(assemble(events))
+    assert [a.mechanism, b.mechanism] == ["first_load", "l1_resident"]
+    assert a.end_ns() > b.t_arrival_ns and a.landed_ns() == int(29.0 * MS) <= b.t_start_ns
+    assert a.to_dict(t0_ns=0)["t_finish_ms"] == 29.0
+    older = assemble([lookup("g-A", 1, 1.0), start(1, 1.1), load(1, 2.0), done(1, 30.0)])[0]
+    assert older.t_finish_ns is None and older.landed_ns() == older.end_ns() == int(30.0 * MS)
 
 
 def test_retained_copy_is_l1_resident_and_missing_chunks_are_not_found():

@@ -7,7 +7,8 @@ flight (a group where none does is run again: ``overlapping_group``).
 Stock 0.5.6 tags L1 write reservations per request, so a lookup that arrives during another's
 load stages and loads its own copy (``concurrent_load``), unless that load lands in L1 between the
 lookup's lock pass and its reservation (``contended_in_flight``: LMCache's ``KEY_NOT_WRITABLE``, it
-loads nothing; CI at 84d80de, C of B's and C's arrivals during A's load); with the singleflight they
+loads nothing; CI at 84d80de, C of B's and C's arrivals during A's load), or lands before its lock pass
+(``l1_resident``: it finds every chunk there; CI at 4bae8d6, D); with the singleflight they
 wait for the load in flight and find the chunks in L1.
 """
 from __future__ import annotations
@@ -72,8 +73,9 @@ def on_arrival_group(mp, tag: str, singleflight: bool):
 
 def during_a_load(lookups) -> list:
     """The follow-ups that reached the server while an earlier load of their chunks was in flight and none had
-    finished (server stamps, not the mechanism labels), so L1 held no copy yet: the event both arms are about.
-    One that arrives after A's load finished finds A's copy in L1 even while B's own load is still running."""
+    finished (server stamps, not the mechanism labels), so L1 held no copy when they arrived: the event both arms
+    are about. One that arrives after A's load finished finds A's copy in L1 even while B's own load is still
+    running; one that arrives before may still find it at its lock pass, which comes later."""
     out = []
     for i, lk in enumerate(lookups):
         loads = [o for o in lookups[:i] if o.loaded and o.keys & lk.keys]
@@ -138,10 +140,16 @@ def test_singleflight_reads_the_context_once_and_stock_once_per_concurrent_looku
     assert off.hook_bytes == len(off_reads) * ctx
     assert off_lookups[0].mechanism == "first_load"
     mechanisms = [(lk.role, lk.mechanism) for lk in off_lookups]
+    # A third outcome (CI at 4bae8d6: D of A-C's loads): its lock pass came after a load's finish had begun, so it
+    # found every chunk in L1 and read nothing; the finish stamps say when that can be
+    assert all(o.t_load_ns <= o.t_finish_ns <= o.t_done_ns for o in off_lookups if o.loaded), mechanisms
     for lk in during_a_load(off_lookups):
-        landed_ns = min(o.end_ns() for o in off_lookups if o.loaded and o.t_arrival_ns < lk.t_arrival_ns)
+        earlier = [o for o in off_lookups if o.loaded and o.t_arrival_ns < lk.t_arrival_ns]
+        done_ns = min(o.end_ns() for o in earlier)
+        landed_ns = min(o.landed_ns() for o in earlier)
         assert (lk.mechanism == "concurrent_load" and lk.loaded
-                or lk.mechanism == "contended_in_flight" and not lk.loaded and lk.t_start_ns < landed_ns), mechanisms
+                or lk.mechanism == "contended_in_flight" and not lk.loaded and lk.t_start_ns < done_ns
+                or lk.mechanism == "l1_resident" and not lk.loaded and lk.t_start_ns >= landed_ns), mechanisms
     assert summarize(off_lookups)["contended_keys"] == off.contended_chunks, (mechanisms, off.contended_chunks)
 
     # on: one read; the others waited for it (or found its copy in L1), and every follow-up got the whole context

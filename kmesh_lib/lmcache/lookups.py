@@ -37,7 +37,10 @@ write buffers for the rest and loads them:
     not_found                no     -                                   neither L1 nor the disk tier had them
 
 "In flight" is judged on server-side stamps (``time.monotonic_ns``): an earlier lookup of
-overlapping chunks that loaded, from its arrival at the storage manager to its ``done``.
+overlapping chunks that loaded, from its arrival at the storage manager to its ``done``. Its chunks
+land in L1 inside LMCache's finish, which the ``done`` line brackets (``t_finish_ns`` to ``t_ns``), and a
+lookup's lock pass follows its arrival: one that arrived in flight may still find them all in L1
+(``l1_resident``) when its lock pass came after that finish began (``Lookup.landed_ns``).
 ``reread_after_store_drop`` is assigned only from the store trace (``server_plugin.StoreTrace``):
 an ``l1_delete`` by the store controller of this lookup's chunks after the latest earlier load of
 them was submitted (its chunks are write-locked until it finishes, so a deletion can only follow
@@ -75,7 +78,8 @@ class Lookup:
     t_load_ns: int | None = None
     load_keys: int = 0
     load_bytes: int = 0
-    t_done_ns: int | None = None
+    t_finish_ns: int | None = None  # LMCache's finish began (its chunks land in L1 from here); None in older traces
+    t_done_ns: int | None = None  # that finish returned
     role: str = ""
     mechanism: str = "unknown"
     store_dropped: int = 0  # reread_after_store_drop: its chunks the store controller deleted from L1 first
@@ -92,12 +96,16 @@ class Lookup:
     def end_ns(self) -> float:
         return self.t_done_ns if self.t_done_ns is not None else float("inf")
 
+    def landed_ns(self) -> float:
+        """The earliest stamp at which its loaded chunks can be in L1: its finish began (``end_ns`` in older traces)."""
+        return self.t_finish_ns if self.t_finish_ns is not None else self.end_ns()
+
     def to_dict(self, t0_ns: int | None = None) -> dict:
         d = asdict(self)
         d.pop("keys")
         d["l1_keys"] = self.l1_keys
         if t0_ns is not None:  # times relative to the caller's origin (e.g. the group's first submission)
-            for k in ("t_arrival_ns", "t_start_ns", "t_load_ns", "t_done_ns"):
+            for k in ("t_arrival_ns", "t_start_ns", "t_load_ns", "t_finish_ns", "t_done_ns"):
                 d[k.replace("_ns", "_ms")] = None if d[k] is None else round((d.pop(k) - t0_ns) / 1e6, 3)
         return d
 
@@ -123,7 +131,7 @@ def assemble(events: list[dict]) -> list[Lookup]:
                     lk.t_start_ns, lk.waited_ns, lk.ctrl_l1_keys = prior.t_start_ns, prior.waited_ns, prior.ctrl_l1_keys
                     lk.parked = prior.parked
                     lk.t_load_ns, lk.load_keys, lk.load_bytes = prior.t_load_ns, prior.load_keys, prior.load_bytes
-                    lk.t_done_ns = prior.t_done_ns
+                    lk.t_finish_ns, lk.t_done_ns = prior.t_finish_ns, prior.t_done_ns
                 by_pid[lk.pid] = lk
             continue
         if op == "release" or op in STORE_OPS:
@@ -144,7 +152,7 @@ def assemble(events: list[dict]) -> list[Lookup]:
         elif op == "load":
             lk.t_load_ns, lk.load_keys, lk.load_bytes = ev["t_ns"], ev["n_keys"], ev.get("bytes", 0)
         elif op == "done":
-            lk.t_done_ns = ev["t_ns"]
+            lk.t_finish_ns, lk.t_done_ns = ev.get("t_finish_ns"), ev["t_ns"]
     return sorted(out, key=lambda x: x.t_arrival_ns)
 
 

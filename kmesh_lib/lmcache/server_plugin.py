@@ -267,8 +267,10 @@ class LookupTrace:
             return out
 
         def finish_request(request, *args, **kwargs):
+            # its chunks become readable in L1 inside ``finish``: a lock pass between the two stamps finds them
+            t_finish = time.monotonic_ns()
             out = finish(request, *args, **kwargs)
-            log.write(op="done", pid=request.request_id, mode=_mode(request))
+            log.write(op="done", pid=request.request_id, mode=_mode(request), t_finish_ns=t_finish)
             return out
 
         def report_status():
