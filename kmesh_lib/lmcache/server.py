@@ -39,6 +39,7 @@ from pathlib import Path
 
 from kmesh_lib.base.paths import pythonpath_with_repo
 from kmesh_lib.base.processes import RuntimeDir, kill_group, listening_sockets
+from kmesh_lib.lmcache.tier_params import CHUNK_TOKENS
 
 HOST = "127.0.0.1"
 SERVER_ENV = {"LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1", "LMCACHE_DISABLE_BANNER": "1",
@@ -57,7 +58,7 @@ PREFETCH_POLICIES = {True: "retain", False: "default"}  # stock --l2-prefetch-po
 @dataclass(frozen=True)
 class ServerConfig:
     arena_mib: int = 512  # L1 DRAM arena
-    chunk_size: int = 256  # tokens per LMCache chunk (a multiple of vLLM's block size)
+    chunk_size: int = CHUNK_TOKENS
     store_policy: str = "skip_l1"  # the stored context ends up on the disk tier only
     eviction_policy: str = "LRU"
     mode: str = "launcher"  # launcher (kmesh hooks) or stock (the console script, fixed policy)

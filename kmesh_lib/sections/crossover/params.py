@@ -21,6 +21,7 @@ from kmesh_lib.base.params import (
 from kmesh_lib.engine.config import SourceRunParams
 from kmesh_lib.engine.model_spec import SHAPES, resolve
 from kmesh_lib.kv.gpu_buffer import LAYER_GROUP_GROWTH
+from kmesh_lib.lmcache.tier_params import CHUNK_TOKENS, ChunkTokens, DiskTierRoot
 from kmesh_lib.sections.crossover.arms import ARM_NAMES, ARMS_OF_TIER, HANDOFF_ARMS, TIER_OF, tiers_of
 
 MIB = 1 << 20
@@ -51,12 +52,10 @@ class CrossoverParams(SourceRunParams):
     NUM_FOLLOWUPS: PositiveCount = Field(1, description="follow-ups submitted together per arm")
     PATH: Literal["auto", "mp", "inproc"] = Field(
         "auto", description="auto: inproc (LMCacheConnectorV1) on cuda, mp (lmcache server) on cpu")
-    CHUNK_SIZE: Tokens = Field(256, description="LMCache chunk in tokens")
+    CHUNK_SIZE: ChunkTokens = CHUNK_TOKENS
     ARENA_MIB: Mib = Field(512, description="LMCache's memory tier: the longest context + 25 %")
     DISK_TIER_MIB: Mib = Field(4096, description="in-process disk tier capacity (every context of a model)")
-    DISK_TIER_ROOT: PathText = Field(
-        "", description="parent of the run-scoped disk tiers (a disk, not tmpfs); empty: $KMESH_LMCACHE_RUNTIME or "
-                        "/tmp/kmesh-lmcache")
+    DISK_TIER_ROOT: DiskTierRoot = ""
     FLOOR_DISK_MIB: Mib = Field(256, description="O_DIRECT read floor: file size")
     FLOOR_COPY_MIB: Mib = Field(256, description="host->device (cpu: host memcpy) copy floor: buffer size")
     LAYER_GROUP_GROWTH: int = Field(

@@ -18,6 +18,7 @@ from kmesh_lib.base.params import (
 )
 from kmesh_lib.engine.config import SourceRunParams
 from kmesh_lib.engine.model_spec import SHAPES, resolve
+from kmesh_lib.lmcache.tier_params import CHUNK_TOKENS, ChunkTokens, DiskTierRoot
 
 MIB = 1 << 20
 MAX_ENGINES = 16
@@ -61,15 +62,13 @@ class MultiEngineParams(SourceRunParams):
     NUM_REPEATS: PositiveCount = Field(1, description="traces per policy; fresh families per repeat, the same in every policy")
     NUM_PROBES: Count = Field(
         2, description="after the traces, idle-engine probes of one child: recomputed, from a local hit, restored")
-    CHUNK_SIZE: Tokens = Field(256, description="LMCache chunk in tokens")
+    CHUNK_SIZE: ChunkTokens = CHUNK_TOKENS
     ARENA_MIB: Mib = Field(
         256, description="the server's L1 DRAM arena; LRU evicts to the disk tier at 80 %, once a second, so a store "
                          "burst beyond that finds no space and is dropped (checked)")
     STORE_POLICY: Literal["default", "skip_l1"] = Field(
         "default", description="server store policy: default (L1 and the disk tier) or skip_l1 (disk tier only)")
-    DISK_TIER_ROOT: PathText = Field(
-        "", description="parent of the run-scoped disk tier (a disk, not tmpfs); empty: $KMESH_LMCACHE_RUNTIME or "
-                        "/tmp/kmesh-lmcache")
+    DISK_TIER_ROOT: DiskTierRoot = ""
     # A chosen-token logprob 10 nats off means the policies disagree; a larger tolerance would make the
     # equality check vacuous.
     LOGPROB_TOLERANCE: float = Field(

@@ -11,12 +11,12 @@ from kmesh_lib.base.params import (
     Count,
     Mib,
     Millis,
-    PathText,
     PositiveCount,
     Tokens,
     check,
     params_dataclass,
 )
+from kmesh_lib.lmcache.tier_params import CHUNK_TOKENS, ChunkTokens, DiskTierRoot
 from kmesh_lib.workloads.context_groups import blocks_for_group, kv_bytes_per_token
 from kmesh_lib.workloads.context_params import MP_PATHS, TIER_PATHS, ContextGroupParams
 
@@ -69,14 +69,12 @@ class PrefetchParams(ContextGroupParams):
         0.5, description="the driver's idle wait between checks (ms)")
     PREFETCH_POLL_MS: Annotated[float, Field(gt=0, le=MAX_MS)] = Field(
         2.0, description="between GET /cache/prefetches/{id} polls (ms, MP)")
-    CHUNK_SIZE: Tokens = Field(256, description="LMCache chunk in tokens")
+    CHUNK_SIZE: ChunkTokens = CHUNK_TOKENS
     ARENA_MIB: Mib = Field(
         512, description="the tier's memory (MP: L1 DRAM arena; in-process: LocalCPU; gpubuf: the GPU buffer); holds "
                          "the retained copy and a staging copy of the context")
     DISK_TIER_MIB: Mib = Field(2048, description="in-process LocalDiskBackend capacity")
-    DISK_TIER_ROOT: PathText = Field(
-        "", description="parent of the run-scoped disk tiers (a disk, not tmpfs); empty: $KMESH_LMCACHE_RUNTIME or "
-                        "/tmp/kmesh-lmcache")
+    DISK_TIER_ROOT: DiskTierRoot = ""
     WIDGET_GROUPS: PositiveCount = Field(2, description="pairs per live re-run in the panel")
 
     def check_rules(self) -> None:

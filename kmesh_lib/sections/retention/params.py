@@ -6,13 +6,13 @@ from pydantic import Field
 from kmesh_lib.base.params import (
     Count,
     Mib,
-    PathText,
     PositiveCount,
     Seconds,
     Tokens,
     check,
     params_dataclass,
 )
+from kmesh_lib.lmcache.tier_params import CHUNK_TOKENS, ChunkTokens, DiskTierRoot
 from kmesh_lib.workloads.context_arms import CONTROL_ARMS
 from kmesh_lib.workloads.context_groups import blocks_for_group, kv_bytes_per_token
 from kmesh_lib.workloads.context_params import TIER_PATHS, ContextGroupParams
@@ -45,14 +45,12 @@ class RetentionParams(ContextGroupParams):
     CONTROL_MEASURED_GROUPS: PositiveCount = Field(3, description="measured pairs of the recompute/floor arms")
     MAX_RETRY_PAIRS: Count = Field(
         5, description="extra pairs that may replace a pair with a group that was not warm or ran out of arena")
-    CHUNK_SIZE: Tokens = Field(256, description="LMCache chunk in tokens")
+    CHUNK_SIZE: ChunkTokens = CHUNK_TOKENS
     ARENA_MIB: Mib = Field(
         512, description="the external tier's memory outside vLLM (MP: L1 DRAM arena; in-process: LocalCPU; gpubuf: the "
                          "GPU buffer)")
     DISK_TIER_MIB: Mib = Field(2048, description="in-process LocalDiskBackend capacity")
-    DISK_TIER_ROOT: PathText = Field(
-        "", description="parent of the run-scoped disk tiers (a disk, not tmpfs); empty: $KMESH_LMCACHE_RUNTIME or "
-                        "/tmp/kmesh-lmcache")
+    DISK_TIER_ROOT: DiskTierRoot = ""
 
     def check_rules(self) -> None:
         super().check_rules()
