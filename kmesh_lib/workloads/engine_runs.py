@@ -27,6 +27,7 @@ janitor) and counts as unfinished.
 """
 from __future__ import annotations
 
+import argparse
 import fcntl
 import importlib
 import json
@@ -41,6 +42,7 @@ from pathlib import Path
 import yaml
 
 from kmesh_lib.base import params as params_mod
+from kmesh_lib.base.checks import show
 from kmesh_lib.base.paths import repo_relative
 from kmesh_lib.base.records import RunRecord, read_jsonl
 
@@ -236,6 +238,51 @@ class Pipeline:
             self.failed.append(child.name)
             self.say(f"{child.name} failed ({child.proc.returncode}); last lines of {child.log.name}:\n"
                      + "\n".join(text.splitlines()[-8:]))
+
+
+def record_not_available(record: RunRecord, rows: list[dict], done: set[str], log=print) -> None:
+    """Appends each row for what cannot run here (a section's ``not_available_here``) once: on the first call."""
+    for row in rows:
+        if row["block"] not in done:
+            record.append_jsonl("blocks.jsonl", row)
+            log(f"{row['block']}: not available: {row['detail']}")
+
+
+def check_run(section, record: RunRecord, save_tables) -> bool:
+    """The tables (``save_tables()``) and the section's checks over every finished engine run in the folder, all
+    calls; True when no check failed. Tables that need a package the device lacks (scipy) are left to the render,
+    which computes them from ``raw/``; the checks read ``raw/`` alone."""
+    try:
+        save_tables()
+    except ImportError as e:
+        print(f"tables left to the render: {e}", flush=True)
+    report = section.checks(record.files())
+    record.save_checks(report)
+    show(report, section.counts(record.files()))
+    record.finish(report)
+    return all(c.status != "failed" for c in report)
+
+
+def driver_parser(doc: str, unit: str) -> argparse.ArgumentParser:
+    """A GPU driver's command line: ``--out``, ``--profile``, ``--set`` and the time limits, ``unit`` naming what
+    its children run ("engine run", "block")."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="the run folder (new, or one to resume)")
+    ap.add_argument("--profile", default="gpu")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--budget", type=float, default=float("inf"),
+                    help=f"seconds this call may take: no {unit} starts that could not end within it")
+    ap.add_argument("--run-timeout", type=float, default=400, help=f"seconds a {unit} may hold the GPU")
+    ap.add_argument("--run-estimate", type=float, default=60,
+                    help=f"seconds a {unit} holds the GPU, until this call has seen one end")
+    return ap
+
+
+def verdict(passed: bool, t0: float, out) -> int:
+    """A driver call's last line, and its exit code."""
+    print(f"{'NO CHECK FAILED' if passed else 'NOT FINISHED OR SOME CHECKS FAILED'} in {time.monotonic() - t0:.0f} s "
+          f"-> {out}")
+    return 0 if passed else 1
 
 
 def exit_driver(main, name: str) -> None:

@@ -40,18 +40,27 @@ import sys
 import time
 from pathlib import Path
 
-from kmesh_lib.base.checks import show
 from kmesh_lib.base.records import RunRecord
 from kmesh_lib.sections import prefetch as section
 from kmesh_lib.sections.prefetch.experiment import (
-    PrefetchParams,
     not_available_here,
     recorded,
     runs_to_do,
     save_tables,
 )
 from kmesh_lib.sections.prefetch.protocol import run_engine
-from kmesh_lib.workloads.engine_runs import Pipeline, exit_driver, hold_gpu, load_params, preimport, prepare
+from kmesh_lib.workloads.engine_runs import (
+    Pipeline,
+    check_run,
+    driver_parser,
+    exit_driver,
+    hold_gpu,
+    load_params,
+    preimport,
+    prepare,
+    record_not_available,
+    verdict,
+)
 
 CHILD = [sys.executable, "-m", "kmesh_lib.sections.prefetch.gpu"]  # the command an engine run's child starts with
 _HELD = []  # the gpu.lock file of this child: released when the process exits
@@ -86,51 +95,26 @@ def child(run_dir: Path, path: str, n: int, r: int) -> int:
     return 0 if summary.get("status") == "ok" else 1
 
 
-def summarize(cfg: PrefetchParams, record: RunRecord) -> bool:
-    """Tables and checks over every finished group in the run folder (all engine runs, all calls)."""
-    groups, blocks = recorded(record)
-    try:
-        save_tables(record, cfg, groups, blocks)
-    except ImportError as e:  # scipy missing on the device: the render computes the tables from raw/
-        print(f"tables left to the render: {e}", flush=True)
-    report = section.checks(record.files())
-    record.save_checks(report)
-    show(report, section.counts(record.files()))
-    record.finish(report)
-    return all(c.status != "failed" for c in report)
-
-
 def run(out: Path, profile: str, overrides: list[str], only: list[int] | None = None, budget_s: float = float("inf"),
         run_timeout_s: float = 400, run_estimate_s: float = 60, log=print) -> bool:
     """Runs every unfinished engine run (pipelined children), then tables and checks; True when no check
     failed and nothing was left for a later call."""
     cfg, record, done = prepare(section, out, profile, overrides)
     rows = not_available_here(cfg)
-    for row in rows:
-        if row["block"] not in done:  # recorded once, on the first call
-            record.append_jsonl("blocks.jsonl", row)
-            log(f"{row['block']}: not available: {row['detail']}")
+    record_not_available(record, rows, done, log)
     todo = [(p, n, r) for p, n, r in runs_to_do(cfg, rows) if f"{p}-N{n}-r{r}" not in done and (not only or n in only)]
     log(f"{len(done)} engine runs already finished, {len(todo)} to go")
     pipe = Pipeline(Path(out), budget_s=budget_s, run_estimate_s=run_estimate_s, run_timeout_s=run_timeout_s, say=log)
     left = pipe.run([(f"{p}-N{n}-r{r}", CHILD + ["--out", str(out), "--child", p, str(n), str(r)]) for p, n, r in todo])
-    ok = summarize(cfg, record)
+    ok = check_run(section, record, lambda: save_tables(record, cfg, *recorded(record)))
     log(f"done in {pipe.elapsed():.0f} s; failed runs: {pipe.failed or 'none'}; left for a later call: {left or 'none'}")
     return ok and not pipe.failed and not left
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--profile", default="gpu")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap = driver_parser(__doc__, "engine run")
     ap.add_argument("--child", nargs=3, metavar=("PATH", "N", "RUN"), help=argparse.SUPPRESS)
     ap.add_argument("--only", default="", help="group sizes to run now, e.g. 4 (the rest on a later call)")
-    ap.add_argument("--budget", type=float, default=float("inf"),
-                    help="seconds this call may take: no engine run starts that could not end within it")
-    ap.add_argument("--run-timeout", type=float, default=400, help="seconds an engine run may hold the GPU")
-    ap.add_argument("--run-estimate", type=float, default=60,
-                    help="seconds an engine run holds the GPU, until this call has seen one end")
     args = ap.parse_args()
     out = Path(args.out)
     if args.child:
@@ -140,9 +124,7 @@ def main() -> int:
     t0 = time.monotonic()
     passed = run(out, args.profile, args.set, only, args.budget, args.run_timeout, args.run_estimate,
                  log=lambda msg: print(msg, flush=True))
-    print(f"{'NO CHECK FAILED' if passed else 'NOT FINISHED OR SOME CHECKS FAILED'} in {time.monotonic() - t0:.0f} s "
-          f"-> {args.out}")
-    return 0 if passed else 1
+    return verdict(passed, t0, args.out)
 
 
 if __name__ == "__main__":

@@ -33,12 +33,21 @@ import sys
 import time
 from pathlib import Path
 
-from kmesh_lib.base.checks import show
-from kmesh_lib.base.records import RunRecord
 from kmesh_lib.sections import retention as section
 from kmesh_lib.sections.retention.child import run_planned
 from kmesh_lib.sections.retention.experiment import blocks_to_run, not_available_here, recorded, save_tables
-from kmesh_lib.workloads.engine_runs import Pipeline, exit_driver, hold_gpu, load_params, preimport, prepare
+from kmesh_lib.workloads.engine_runs import (
+    Pipeline,
+    check_run,
+    driver_parser,
+    exit_driver,
+    hold_gpu,
+    load_params,
+    preimport,
+    prepare,
+    record_not_available,
+    verdict,
+)
 
 CHILD = [sys.executable, "-m", "kmesh_lib.sections.retention.gpu"]  # the command a block's child starts with
 _HELD = []  # the gpu.lock file of this child: released when the process exits
@@ -57,47 +66,25 @@ def child(run_dir: Path, name: str) -> int:
     return 0 if summary.get("status") in ("ok", "disk_full") else 1
 
 
-def summarize(record: RunRecord) -> bool:
-    """Tables and checks over every finished block in the run folder (all calls)."""
-    groups, blocks = recorded(record)
-    save_tables(record, groups, blocks)
-    report = section.checks(record.files())
-    record.save_checks(report)
-    show(report, section.counts(record.files()))
-    record.finish(report)
-    return all(c.status != "failed" for c in report)
-
-
 def run(out: Path, profile: str, overrides: list[str], budget_s: float = float("inf"), run_timeout_s: float = 400,
         run_estimate_s: float = 60, log=print) -> bool:
     """Runs every unfinished block (pipelined children), then tables and checks; True when no check failed
     and nothing was left for a later call."""
     cfg, record, done = prepare(section, out, profile, overrides)
     rows = not_available_here(cfg)
-    for row in rows:
-        if row["block"] not in done:  # recorded once, on the first call
-            record.append_jsonl("blocks.jsonl", row)
-            log(f"{row['block']}: not available: {row['detail']}")
+    record_not_available(record, rows, done, log)
     todo = [b for b in blocks_to_run(cfg, rows) if b.name not in done]
     log(f"{len(done)} blocks already finished, {len(todo)} to go")
     pipe = Pipeline(Path(out), budget_s=budget_s, run_estimate_s=run_estimate_s, run_timeout_s=run_timeout_s, say=log)
     left = pipe.run([(b.name, CHILD + ["--out", str(out), "--child", b.name]) for b in todo])
-    ok = summarize(record)
+    ok = check_run(section, record, lambda: save_tables(record, *recorded(record)))
     log(f"done in {pipe.elapsed():.0f} s; failed blocks: {pipe.failed or 'none'}; left for a later call: {left or 'none'}")
     return ok and not pipe.failed and not left
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, help="the run folder (new, or one to resume)")
-    ap.add_argument("--profile", default="gpu")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap = driver_parser(__doc__, "block")
     ap.add_argument("--child", metavar="BLOCK", help=argparse.SUPPRESS)
-    ap.add_argument("--budget", type=float, default=float("inf"),
-                    help="seconds this call may take: no block starts that could not end within it")
-    ap.add_argument("--run-timeout", type=float, default=400, help="seconds a block may hold the GPU")
-    ap.add_argument("--run-estimate", type=float, default=60,
-                    help="seconds a block holds the GPU, until this call has seen one end")
     args = ap.parse_args()
     out = Path(args.out)
     if args.child:
@@ -105,9 +92,7 @@ def main() -> int:
     t0 = time.monotonic()
     passed = run(out, args.profile, args.set, args.budget, args.run_timeout, args.run_estimate,
                  log=lambda msg: print(msg, flush=True))
-    print(f"{'NO CHECK FAILED' if passed else 'NOT FINISHED OR SOME CHECKS FAILED'} in {time.monotonic() - t0:.0f} s "
-          f"-> {args.out}")
-    return 0 if passed else 1
+    return verdict(passed, t0, args.out)
 
 
 if __name__ == "__main__":
