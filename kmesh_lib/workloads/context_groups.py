@@ -43,6 +43,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
+
 from kmesh_lib.base.processes import RuntimeDir, group_alive, listening_sockets, runtime_root
 from kmesh_lib.base.records import read_jsonl
 from kmesh_lib.engine.model_spec import resolve
@@ -170,6 +172,21 @@ def restore_split(rec: dict, t0_ns: int, first_token_ns: dict[str, int], roles: 
             "copy_launch": rec.get("copy_launch"),  # "graph", or a launch route (more restores of a size than graphs)
             "to_first_token_s": None if first is None or ready is None else (first - ready) / 1e9,
             "t_start_ms": rel(rec.get("t_start_ns")), "t_ready_ms": rel(ready)}
+
+
+SPLIT = ("lookup_s", "disk_read_s", "staging_s", "copy_s", "restore_s", "to_first_token_s")  # a restore's parts
+
+
+def split_medians(restores: list[dict]) -> dict:
+    """The median of each ``SPLIT`` part over ``restores`` (``restore_split`` rows), as ``"<part> ms"`` columns
+    (None where none recorded it), and ``"copies by graph"`` where any names its copy's route."""
+    row = {}
+    for key in SPLIT:
+        vals = [r[key] for r in restores if r.get(key) is not None]
+        row[key.replace("_s", " ms")] = round(float(np.median(vals)) * 1e3, 3) if vals else None
+    if copies_by_graph(restores):
+        row["copies by graph"] = copies_by_graph(restores)
+    return row
 
 
 def copies_by_graph(restores: list[dict]) -> str | None:

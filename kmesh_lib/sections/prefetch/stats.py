@@ -19,7 +19,7 @@ import numpy as np
 
 from kmesh_lib.base.intervals import bootstrap_interval
 from kmesh_lib.lmcache.lookups import READS
-from kmesh_lib.workloads.context_groups import copies_by_graph
+from kmesh_lib.workloads.context_groups import split_medians
 
 STOPWATCHES = {"wait_a_s": "A first token", "makespan_s": "all done"}
 ARMS = ("on_arrival", "early", "early_fixed", "dram", "buffer", "engine")
@@ -320,7 +320,6 @@ def singleflight_table(groups: list[dict]) -> list[dict]:
     return rows
 
 
-SPLIT = ("lookup_s", "disk_read_s", "staging_s", "copy_s", "restore_s", "to_first_token_s")
 
 
 def restore_rows(groups: list[dict]) -> list[dict]:
@@ -335,12 +334,7 @@ def restore_rows(groups: list[dict]) -> list[dict]:
                 mine = [r for r in recs if (r["kind"], r["source"]) == (kind, source)]
                 row = {"path": path, "group_size": n, "arm": arm, "kind": kind, "source": source, "count": len(mine),
                        "per group": round(len(mine) / sum(g["arm"] == arm for g in gs), 2)}
-                for key in SPLIT:
-                    vals = [r[key] for r in mine if r.get(key) is not None]
-                    row[key.replace("_s", " ms")] = round(float(np.median(vals)) * 1e3, 3) if vals else None
-                if copies_by_graph(mine):
-                    row["copies by graph"] = copies_by_graph(mine)
-                rows.append(row)
+                rows.append(row | split_medians(mine))
     return rows
 
 

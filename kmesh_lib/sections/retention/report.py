@@ -28,7 +28,7 @@ import numpy as np
 
 from kmesh_lib.lmcache.lookups import MECHANISMS
 from kmesh_lib.workloads.context_arms import ARMS
-from kmesh_lib.workloads.context_groups import copies_by_graph, on_off
+from kmesh_lib.workloads.context_groups import on_off, split_medians
 from kmesh_lib.workloads.context_params import MP_PATHS
 
 MIB = 1 << 20
@@ -217,7 +217,6 @@ def arrival_rows(groups: list[dict]) -> list[dict]:
     return rows
 
 
-SPLIT = ("lookup_s", "disk_read_s", "staging_s", "copy_s", "restore_s", "to_first_token_s")
 
 
 def restore_rows(groups: list[dict]) -> list[dict]:
@@ -232,12 +231,7 @@ def restore_rows(groups: list[dict]) -> list[dict]:
                 mine = [r for r in recs if r["source"] == source]
                 row = {"path": path, "group_size": n, "arrival": arrival, "arm": arm, "phase": phase, "source": source,
                        "restores": len(mine), "MiB each (median)": round(float(np.median([r["bytes"] for r in mine])) / MIB, 2)}
-                for key in SPLIT:
-                    vals = [r[key] for r in mine if r.get(key) is not None]
-                    row[key.replace("_s", " ms")] = round(float(np.median(vals)) * 1e3, 3) if vals else None
-                if copies_by_graph(mine):
-                    row["copies by graph"] = copies_by_graph(mine)
-                rows.append(row)
+                rows.append(row | split_medians(mine))
     return rows
 
 
