@@ -229,9 +229,22 @@ class RunFiles:
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
 
+    @classmethod
+    def of(cls, run: RunFiles | Path | str) -> RunFiles:
+        """``run`` itself, or the run in that folder."""
+        return run if isinstance(run, RunFiles) else cls(Path(run))
+
     @property
     def results(self) -> dict:
         return read_json_object(self.run_dir / "results.json")
+
+    @property
+    def readable_results(self) -> dict:
+        """``results``, or {} where results.json cannot be read: a check that needs a figure then finds it absent."""
+        try:
+            return self.results
+        except RunFileError:
+            return {}
 
     @property
     def run_id(self) -> str:

@@ -23,10 +23,8 @@ on the MP path concurrent on-arrival lookups can leave a follow-up without the c
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from kmesh_lib.base.checks import Check, all_of, check
-from kmesh_lib.base.records import RunFileError, RunFiles
+from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.prefetch import stats as ps
 from kmesh_lib.workloads.context_checks import (
     NOT_AVAILABLE,
@@ -42,15 +40,6 @@ EARLY = ("early", "early_fixed")
 CI_KEYS = ("95% CI", "above floor 95% CI")
 
 
-def as_run(run) -> RunFiles:
-    return run if isinstance(run, RunFiles) else RunFiles(Path(run))
-
-
-def results_of(run: RunFiles) -> dict:
-    try:
-        return run.results
-    except RunFileError:
-        return {}
 
 
 def groups_of(run: RunFiles) -> list[dict]:
@@ -89,7 +78,7 @@ def confirmation_leads(blocks: list[dict]) -> dict[str, float]:
 
 
 def checks(run) -> list[Check]:
-    run = as_run(run)
+    run = RunFiles.of(run)
     params, raw_groups, blocks = run.params, run.raw("groups.jsonl"), run.raw("blocks.jsonl")
     groups = ps.classify(raw_groups, params.get("BLOCK_SIZE"))
     measured = [g for g in groups if g.get("measured")]
@@ -128,7 +117,7 @@ def checks(run) -> list[Check]:
     for path, n in ps.cases(pilot):
         out += _lead(path, n, groups, params)
     out += [listeners_local(blocks), cleaned_up(blocks)]
-    return out + figure_checks(results_of(run), groups, blocks, params)
+    return out + figure_checks(run.readable_results, groups, blocks, params)
 
 
 def _arm_counts(path: str, n: int, measured: list[dict], params: dict) -> Check:
@@ -281,7 +270,7 @@ def figure_checks(results: dict, groups: list[dict], blocks: list[dict], params:
 
 def measured_lines(run) -> list[str]:
     """The strict statement, over every group of every arm and phase, reported as a measurement."""
-    groups = groups_of(as_run(run))
+    groups = groups_of(RunFiles.of(run))
     ran = [g for g in groups if g.get("phase") == "pilot" or g.get("measured")]
     bad = [g for g in ran if g.get("status") == "recomputed"]
     line = (f"every follow-up found the shared context cached, in every arm (on-arrival included): in "
@@ -305,7 +294,7 @@ def counts(run) -> dict[str, int | str]:
     Left out on purpose: the chosen lead, readiness, the on-arrival groups' disk reads on the MP
     path (concurrent lookups) and every latency: they depend on timing.
     """
-    run = as_run(run)
+    run = RunFiles.of(run)
     groups, blocks = groups_of(run), run.raw("blocks.jsonl")
     ran = [g for g in groups if g.get("phase") == "pilot" or g.get("measured")]
     out: dict[str, int | str] = {

@@ -6,8 +6,9 @@ results.json. The savings are given without the groups in which a follow-up reco
 """
 from __future__ import annotations
 
+from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.prefetch import stats as ps
-from kmesh_lib.sections.prefetch.checks import as_run, confirmation_leads, groups_of, measured_lines
+from kmesh_lib.sections.prefetch.checks import confirmation_leads, groups_of, measured_lines
 from kmesh_lib.sections.prefetch.experiment import PAPER
 from kmesh_lib.workloads.context_params import MP_PATHS
 
@@ -28,7 +29,7 @@ def _saving(row: dict, label: str) -> str:
 
 
 def headline(run) -> dict[str, str]:
-    run = as_run(run)
+    run = RunFiles.of(run)
     params, groups, rows, with_ = _tables(run)
     out = {}
     for (path, n, comparison), row in rows.items():
@@ -53,7 +54,7 @@ def headline(run) -> dict[str, str]:
 
 def answer(run) -> str:
     """The closing paragraph: does early preparation help here, from this run's own numbers."""
-    run = as_run(run)
+    run = RunFiles.of(run)
     params, groups, rows, with_ = _tables(run)
     main = [(k, r) for k, r in rows.items() if k[2] == "on_arrival - early"]
     if not main:
@@ -165,7 +166,7 @@ def _numbers(row: dict) -> dict:
 
 def public_results(run) -> dict:
     """The aggregates section 20 publishes: an allow-list of numbers, counts, short labels and hashes."""
-    run = as_run(run)
+    run = RunFiles.of(run)
     params, groups, rows, with_ = _tables(run)
     resamples, seed = params.get("BOOTSTRAP_RESAMPLES", 10000), params.get("SEED", 0)
     return {

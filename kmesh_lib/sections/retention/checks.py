@@ -29,10 +29,8 @@ Every table results.json states (arms, ratios, what did not run, rereads) is rec
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from kmesh_lib.base.checks import Check, all_of, check
-from kmesh_lib.base.records import RunFileError, RunFiles
+from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.retention.blocks import plan_blocks
 from kmesh_lib.sections.retention.report import (
     MIB,
@@ -65,17 +63,6 @@ from kmesh_lib.workloads.context_checks import (
 )
 from kmesh_lib.workloads.context_groups import on_off
 from kmesh_lib.workloads.context_params import MP_PATHS, ArrivalPattern
-
-
-def as_run(run) -> RunFiles:
-    return run if isinstance(run, RunFiles) else RunFiles(Path(run))
-
-
-def results_of(run: RunFiles) -> dict:
-    try:
-        return run.results
-    except RunFileError:
-        return {}
 
 
 def lookup_kind(g: dict) -> str:
@@ -113,7 +100,7 @@ def combos_ran(params: dict, groups: list[dict], blocks: list[dict]) -> Check:
 
 
 def checks(run) -> list[Check]:
-    run = as_run(run)
+    run = RunFiles.of(run)
     params, groups, blocks = run.params, run.raw("groups.jsonl"), run.raw("blocks.jsonl")
     out = [check("groups recorded in raw/groups.jsonl", True, f"{len(groups)} groups", groups,
                  missing="raw/groups.jsonl is missing or empty"),
@@ -130,7 +117,7 @@ def checks(run) -> list[Check]:
                 if gs:
                     out += arm_checks(f"{combo_label(block, arrival, sf)} {arm}", arm, gs, params)
     out += [listeners_local(blocks), cleaned_up(blocks)]
-    out += figure_checks(results_of(run), groups, blocks)
+    out += figure_checks(run.readable_results, groups, blocks)
     return out
 
 
@@ -290,7 +277,7 @@ def measured_lines(run) -> list[str]:
 
     "Every follow-up lookup reread the context" is a claim about lookups that load (MP); a lookup
     that only checks (in-process, GPU buffer) rereads nothing by design, which the checks state."""
-    groups = as_run(run).raw("groups.jsonl")
+    groups = RunFiles.of(run).raw("groups.jsonl")
     out = []
     for block in sorted({g["block"] for g in groups}):
         mine = [g for g in usable(groups) if g["block"] == block and g["arm"] == "discard" and lookup_kind(g) == "prefetch"]
@@ -309,7 +296,7 @@ def counts(run) -> dict[str, int | str]:
     another's in-flight copy reads nothing, so the count depends on timing), the number of usable
     groups (a pair not warm in time is retried, and its ok group stays usable) and every latency.
     """
-    run = as_run(run)
+    run = RunFiles.of(run)
     groups, blocks = run.raw("groups.jsonl"), run.raw("blocks.jsonl")
     out: dict[str, int | str] = {
         "engine runs ok": sum(b.get("status") == "ok" for b in blocks),

@@ -5,8 +5,9 @@ results.json), so a report, the README row and ``public-results.json`` cannot di
 """
 from __future__ import annotations
 
+from kmesh_lib.base.records import RunFiles
 from kmesh_lib.lmcache.lookups import READS
-from kmesh_lib.sections.retention.checks import as_run, lookup_kind, measured_lines
+from kmesh_lib.sections.retention.checks import lookup_kind, measured_lines
 from kmesh_lib.sections.retention.report import (
     arm_rows,
     arrival_rows,
@@ -84,7 +85,7 @@ def _times(x: float) -> str:
 
 
 def headline(run) -> dict[str, str]:
-    run = as_run(run)
+    run = RunFiles.of(run)
     groups = run.raw("groups.jsonl")
     rows = arm_rows(groups)
     out = {}
@@ -102,7 +103,7 @@ def headline(run) -> dict[str, str]:
 
 def answer(run) -> str:
     """The closing paragraph: does retention stop repeat reads here, from this run's own numbers."""
-    run = as_run(run)
+    run = RunFiles.of(run)
     groups = run.raw("groups.jsonl")
     rows = arm_rows(groups)
     ratios = ratio_rows(rows)
@@ -160,7 +161,7 @@ def answer(run) -> str:
 
 def public_results(run) -> dict:
     """The aggregates section 16 publishes: an allow-list of numbers, counts, short labels and hashes."""
-    run = as_run(run)
+    run = RunFiles.of(run)
     groups, blocks = run.raw("groups.jsonl"), run.raw("blocks.jsonl")
     rows = arm_rows(groups)
     return {

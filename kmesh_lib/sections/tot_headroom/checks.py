@@ -102,7 +102,7 @@ def find_puzzle_file(cfg, inputs: dict) -> tuple[Path | None, str | None, str]:
 
 def checks(run) -> list[Check]:
     """Section 19's statements about a run, each computed from its files (see the module docstring)."""
-    run = run if isinstance(run, RunFiles) else RunFiles(Path(run))
+    run = RunFiles.of(run)
     cfg = recorded_params(run.params)
     results = run.results
     records, outcomes, arms = run.raw(CAPTURE), run.raw(OUTCOMES), run.raw(STOCK_SWEEP)

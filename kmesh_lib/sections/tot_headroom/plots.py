@@ -2,8 +2,9 @@
 and headroom against pool size by script error rate. Each title names the policy."""
 from __future__ import annotations
 
+from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.tot_headroom.params import CAPTURE, ENGINE_TRACE
-from kmesh_lib.sections.tot_headroom.report import _files, policy_name
+from kmesh_lib.sections.tot_headroom.report import policy_name
 
 
 def tree_layout(records: list[dict]) -> dict[str, tuple[float, float]]:
@@ -36,7 +37,7 @@ def search_tree(run, ax=None):
     each prompt (``num_cached_tokens / prompt tokens``); circles propose, squares value."""
     import matplotlib.pyplot as plt
 
-    run = _files(run)
+    run = RunFiles.of(run)
     records = run.raw(CAPTURE)
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 3.6))
@@ -71,7 +72,7 @@ def prefill_vs_pool(run, trace: str = ENGINE_TRACE, ax=None):
     stacked on), the LRU reference and the ideal bound; the engine's own observation as a star."""
     import matplotlib.pyplot as plt
 
-    run = _files(run)
+    run = RunFiles.of(run)
     rows = [r for r in run.results.get("stock_sweep", []) if r["trace"] == trace]
     if ax is None:
         _, ax = plt.subplots(figsize=(6.5, 3.8))
@@ -106,7 +107,7 @@ def headroom_by_error_rate(run, ax=None):
     """Headroom share (stock minus ideal, over stock) against pool size, one line per script error rate."""
     import matplotlib.pyplot as plt
 
-    run = _files(run)
+    run = RunFiles.of(run)
     rows = [r for r in run.results.get("stock_sweep", []) if r["trace"] != ENGINE_TRACE and "headroom_share" in r]
     if ax is None:
         _, ax = plt.subplots(figsize=(6.5, 3.8))

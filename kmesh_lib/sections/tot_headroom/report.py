@@ -7,7 +7,6 @@ the policy ("scripted ..." when outputs were forced).
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.bounds.ideal import count_exact_prefix_edges
@@ -21,18 +20,14 @@ from kmesh_lib.sections.tot_headroom.params import (
 )
 
 
-def _files(run) -> RunFiles:
-    return run if isinstance(run, RunFiles) else RunFiles(Path(run))
-
-
 def policy_name(run) -> str:
     """Short label: "scripted" or "model"."""
-    return recorded_params(_files(run).params).POLICY
+    return recorded_params(RunFiles.of(run).params).POLICY
 
 
 def counts(run) -> dict[str, int | str]:
     """Deterministic facts of the run (the smoke golden pins them; no timings)."""
-    run = _files(run)
+    run = RunFiles.of(run)
     records = run.raw(CAPTURE)
     kinds = Counter(r["kind"] for r in records)
     ops = Counter()
@@ -80,7 +75,7 @@ def headroom_span(rows: list[dict]) -> str:
 
 def headline(run) -> dict[str, str]:
     """Two to six key figures, for people."""
-    run = _files(run)
+    run = RunFiles.of(run)
     results = run.results
     search = results.get("search", {})
     c = search.get("counts", {})
@@ -109,7 +104,7 @@ def headline(run) -> dict[str, str]:
 
 def answer(run) -> str:
     """The closing paragraph: the section's question answered from this run's numbers."""
-    run = _files(run)
+    run = RunFiles.of(run)
     results = run.results
     cfg = recorded_params(run.params)
     search = results.get("search", {})
@@ -186,7 +181,7 @@ def scale_sentence(results: dict, scale: list[dict]) -> str:
 
 def public_results(run) -> dict:
     """The aggregates section 19 publishes: an explicit allow-list (numbers, counts, labels, hashes)."""
-    run = _files(run)
+    run = RunFiles.of(run)
     results = run.results
     search = results.get("search", {})
     row_keys = ("trace", "outputs", "error_rate", "num_blocks", "num_calls", "num_prompt_tokens", "num_compulsory_tokens",
@@ -217,7 +212,7 @@ def public_results(run) -> dict:
 # -- the notebook's tables (rows for pandas.DataFrame) --
 def run_summary(run) -> dict[str, str]:
     """How the engine run went: policy, engine, sizes, partial or not, timings."""
-    run = _files(run)
+    run = RunFiles.of(run)
     results = run.results
     search = results.get("search", {})
     b = results.get("bound", {})
@@ -230,13 +225,13 @@ def run_summary(run) -> dict[str, str]:
 
 def search_table(run) -> list[dict]:
     """The engine run's search counters."""
-    run = _files(run)
+    run = RunFiles.of(run)
     counts_ = run.results.get("search", {}).get("counts", {})
     return [{"outputs": policy_name(run), "counter": k, "count": v} for k, v in counts_.items()]
 
 
 def outcomes_table(run) -> list[dict]:
-    run = _files(run)
+    run = RunFiles.of(run)
     return [{"outputs": policy_name(run), **{k: o[k] for k in ("puzzle_index", "numbers", "status", "reason", "num_calls")}}
             for o in run.raw(OUTCOMES)]
 
@@ -249,10 +244,10 @@ STOCK_COLUMNS = ("trace", "outputs", "num_blocks", "num_calls", "num_prompt_toke
 def stock_table(run, scale: bool = False) -> list[dict]:
     """Stock vLLM against LRU and ideal across pool sizes: the engine trace, or the scale traces.
     Sizes too small for one request have LRU and ideal only (vLLM refuses such a pool)."""
-    rows = [r for r in _files(run).results.get("stock_sweep", []) if (r["trace"] != ENGINE_TRACE) == scale]
+    rows = [r for r in RunFiles.of(run).results.get("stock_sweep", []) if (r["trace"] != ENGINE_TRACE) == scale]
     return [{k: r.get(k, "") for k in STOCK_COLUMNS} for r in rows]
 
 
 def scale_table(run) -> list[dict]:
     """What each scripted scale search did, by error rate."""
-    return list(_files(run).results.get("scale_searches", []))
+    return list(RunFiles.of(run).results.get("scale_searches", []))

@@ -23,11 +23,6 @@ from kmesh_lib.traces.report import RAW_TABLES, invariant_failures, summary_from
 from kmesh_lib.traces.scan import DEFAULT_MAX_JSON_DEPTH, hash_tree
 
 
-def as_run(run: RunFiles | Path | str) -> RunFiles:
-    """``run`` as ``RunFiles`` (``app.verify`` still passes a run directory)."""
-    return run if isinstance(run, RunFiles) else RunFiles(Path(run))
-
-
 def raw_rows(run: RunFiles) -> dict[str, list[dict]]:
     """The audit's rows as recorded, one list per table (missing tables are empty lists)."""
     return {table: run.raw(f"{table}.jsonl") for table in RAW_TABLES}
@@ -54,7 +49,7 @@ def _differences(recorded: dict, recomputed: dict) -> list[str]:
 
 def checks(run: RunFiles) -> list[Check]:
     """Section 17's statements about ``run``, each recomputed from ``raw/`` and the params."""
-    run = as_run(run)
+    run = RunFiles.of(run)
     results = run.results
     rows = raw_rows(run)
     files = rows["audit_files"]
@@ -158,4 +153,4 @@ def _contrast_check(run: RunFiles, results: dict) -> Check:
                            f"sha256 {'matches' if sha256_file(path) == recorded.get('sha256') else 'differs'}")
 
 
-__all__ = ["as_run", "checks", "raw_rows", "recomputed_summary"]
+__all__ = ["checks", "raw_rows", "recomputed_summary"]

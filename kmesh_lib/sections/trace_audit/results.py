@@ -12,7 +12,7 @@ the corpus: at most ``MAX_PUBLIC_ROWS`` rows per list and ``MAX_PUBLIC_FIELDS`` 
 from __future__ import annotations
 
 from kmesh_lib.base.records import RunFiles
-from kmesh_lib.sections.trace_audit.checks import as_run, raw_rows
+from kmesh_lib.sections.trace_audit.checks import raw_rows
 from kmesh_lib.traces.audit import set_sha256_of
 from kmesh_lib.traces.lineage import GROUPING_FIELDS, REQUIREMENTS, WEAK_SIGNALS, source_verdict
 from kmesh_lib.traces.names import MAX_PATH_PART_CHARS, safe_name, safe_relpath
@@ -32,7 +32,7 @@ def _verdicts(rows: dict) -> dict:
 
 def counts(run: RunFiles) -> dict[str, int | str]:
     """Deterministic facts of the run, recomputed from ``raw/`` (the smoke golden pins them)."""
-    run = as_run(run)
+    run = RunFiles.of(run)
     rows = raw_rows(run)
     summary = summary_from_rows(rows)
     verdicts = _verdicts(rows)
@@ -46,7 +46,7 @@ def counts(run: RunFiles) -> dict[str, int | str]:
 
 
 def headline(run: RunFiles) -> dict[str, str]:
-    run = as_run(run)
+    run = RunFiles.of(run)
     rows = raw_rows(run)
     s = summary_from_rows(rows)
     verdicts = _verdicts(rows)
@@ -64,7 +64,7 @@ def headline(run: RunFiles) -> dict[str, str]:
 
 def answer(run: RunFiles) -> str:
     """The closing paragraph: the verdict from the run's own numbers, and where it is weak."""
-    run = as_run(run)
+    run = RunFiles.of(run)
     rows = raw_rows(run)
     s = summary_from_rows(rows)
     verdicts = _verdicts(rows)
@@ -116,7 +116,7 @@ def _join(items: list[str]) -> str:
 
 def public_results(run: RunFiles) -> dict:
     """The section's public aggregates (see the module docstring for what may appear)."""
-    run = as_run(run)
+    run = RunFiles.of(run)
     rows = raw_rows(run)
     results = run.results
     audit = results.get("audit") or {}
