@@ -240,11 +240,13 @@ class Pipeline:
                      + "\n".join(text.splitlines()[-8:]))
 
 
-def record_not_available(record: RunRecord, rows: list[dict], done: set[str], log=print) -> None:
-    """Appends each row for what cannot run here (a section's ``not_available_here``) once: on the first call."""
+def record_not_available(record: RunRecord | None, rows: list[dict], done: set[str] = frozenset(), log=print) -> None:
+    """Says and records (where there is a ``record``) each row for what cannot run here (a section's
+    ``not_available_here``), once: rows already in ``done`` were recorded by an earlier call."""
     for row in rows:
         if row["block"] not in done:
-            record.append_jsonl("blocks.jsonl", row)
+            if record is not None:
+                record.append_jsonl("blocks.jsonl", row)
             log(f"{row['block']}: not available: {row['detail']}")
 
 

@@ -35,6 +35,7 @@ from kmesh_lib.sections.prefetch.protocol import run_engine
 from kmesh_lib.workloads.context_checks import NOT_AVAILABLE
 from kmesh_lib.workloads.context_groups import kv_bytes_per_token
 from kmesh_lib.workloads.context_params import striped_store_row
+from kmesh_lib.workloads.engine_runs import record_not_available
 
 PAPER = {"MEASURED_GROUPS": 200, "ENGINE_RUNS": 10, "PILOT_GROUPS": 10}
 # Seconds per group (by group size N) and per engine run's start (low, high), read off measured runs'
@@ -174,11 +175,8 @@ def measure(cfg: PrefetchParams, record=None, log=print) -> tuple[list[dict], li
 
     groups, runs = [], []
     rows = not_available_here(cfg)
-    for row in rows:
-        runs.append(row)
-        if record is not None:
-            record.append_jsonl("blocks.jsonl", row)
-        log(f"{row['block']}: not available: {row['detail']}")
+    runs.extend(rows)
+    record_not_available(record, rows, log=log)
     lead: dict[tuple[str, int], float] = {}
     for path, n, r in runs_to_do(cfg, rows):
         g, s = run_engine(cfg, path, n, r, lead.get((path, n)), record, log)

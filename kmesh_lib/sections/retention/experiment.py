@@ -34,6 +34,7 @@ from kmesh_lib.sections.retention.params import MIB, RetentionParams
 from kmesh_lib.workloads.context_checks import NOT_AVAILABLE, topology_rows
 from kmesh_lib.workloads.context_groups import Block, kv_bytes_per_token
 from kmesh_lib.workloads.context_params import striped_store_row
+from kmesh_lib.workloads.engine_runs import record_not_available
 
 # Seconds per group and per engine start (low, high), read off measured runs' raw records (group
 # timestamps, engine_start_s) by profile; the smoke figures from the golden runs on the 2-core CPU machine.
@@ -185,11 +186,8 @@ def measure(cfg: RetentionParams, record=None, log=print, isolate=("inproc",)) -
 
     groups, blocks = [], []
     rows = not_available_here(cfg)
-    for row in rows:
-        blocks.append(row)
-        if record is not None:
-            record.append_jsonl("blocks.jsonl", row)
-        log(f"{row['block']}: not available: {row['detail']}")
+    blocks.extend(rows)
+    record_not_available(record, rows, log=log)
     for planned in blocks_to_run(cfg, rows):
         if record is not None and (planned.path in isolate or "all" in isolate):
             summary, block_groups = run_block_in_child(record.run_dir, planned.name, log=log)
