@@ -24,6 +24,10 @@ child starts after the one holding the GPU ends, so it needs about two run lengt
 phase seen so far in this call, never less than ``run_estimate_s``). A child whose GPU phase
 outlasts ``run_timeout_s`` is killed (its server and disk tier go with its process group's
 janitor) and counts as unfinished.
+
+A driver (``sections.retention.gpu``, ``sections.prefetch.gpu``) is its children and its own flags around
+the parts here: ``driver_parser`` -> ``prepare`` -> ``record_not_available`` -> ``Pipeline.run`` ->
+``check_run`` -> ``verdict``, inside ``exit_driver``.
 """
 from __future__ import annotations
 
