@@ -9,7 +9,9 @@ load stages and loads its own copy (``concurrent_load``), unless that load lands
 lookup's lock pass and its reservation (``contended_in_flight``: LMCache's ``KEY_NOT_WRITABLE``, it
 loads nothing; CI at 84d80de, C of B's and C's arrivals during A's load), or lands before its lock pass
 (``l1_resident``: it finds every chunk there; CI at 4bae8d6, D); with the singleflight they
-wait for the load in flight and find the chunks in L1.
+wait for the load in flight and find the chunks in L1. LMCache's prefetch controller starts a submitted
+lookup on its own loop thread, which also finishes loads, so an arrival during a load may be started only
+after that load landed, in either arm: it is neither parked nor a reader (``found_it_landed``).
 """
 from __future__ import annotations
 
@@ -84,11 +86,23 @@ def during_a_load(lookups) -> list:
     return out
 
 
+def found_it_landed(lk, lookups) -> bool:
+    """It read nothing because its lock pass came after an earlier load of its chunks began to land in L1 (that
+    load's finish began: ``Lookup.landed_ns``). The prefetch controller finishes, retires and starts requests on one
+    thread, so a lookup that arrived during a load but was started after it finished is neither parked nor a
+    reader, in either arm (CI at 4bae8d6: stock D after A-C's loads)."""
+    earlier = [o for o in lookups if o.loaded and o.keys & lk.keys and o.t_arrival_ns < lk.t_arrival_ns]
+    return (lk.mechanism == "l1_resident" and not lk.loaded and bool(earlier)
+            and lk.t_start_ns >= min(o.landed_ns() for o in earlier))
+
+
 def shows_the_event(lookups, singleflight: bool) -> bool:
     """Off: a follow-up that arrived during a load and loaded its own copy (the duplicate read stock makes);
-    on: a follow-up that arrived during a load (the singleflight must park it)."""
+    on: a follow-up that arrived during a load and was started before it landed (the singleflight must park it)."""
     during = during_a_load(lookups)
-    return bool(during) if singleflight else any(lk.mechanism == "concurrent_load" for lk in during)
+    if singleflight:
+        return any(not found_it_landed(lk, lookups) for lk in during)
+    return any(lk.mechanism == "concurrent_load" for lk in during)
 
 
 def overlapping_group(mp, tag: str, singleflight: bool, attempts: int = 3):
@@ -140,23 +154,24 @@ def test_singleflight_reads_the_context_once_and_stock_once_per_concurrent_looku
     assert off.hook_bytes == len(off_reads) * ctx
     assert off_lookups[0].mechanism == "first_load"
     mechanisms = [(lk.role, lk.mechanism) for lk in off_lookups]
-    # A third outcome (CI at 4bae8d6: D of A-C's loads): its lock pass came after a load's finish had begun, so it
-    # found every chunk in L1 and read nothing; the finish stamps say when that can be
+    # or (a third outcome) it was started after a load had begun to land, and found every chunk in L1
+    # (``found_it_landed``); the finish stamps that say so must be there
     assert all(o.t_load_ns <= o.t_finish_ns <= o.t_done_ns for o in off_lookups if o.loaded), mechanisms
     for lk in during_a_load(off_lookups):
-        earlier = [o for o in off_lookups if o.loaded and o.t_arrival_ns < lk.t_arrival_ns]
-        done_ns = min(o.end_ns() for o in earlier)
-        landed_ns = min(o.landed_ns() for o in earlier)
+        done_ns = min(o.end_ns() for o in off_lookups if o.loaded and o.t_arrival_ns < lk.t_arrival_ns)
         assert (lk.mechanism == "concurrent_load" and lk.loaded
                 or lk.mechanism == "contended_in_flight" and not lk.loaded and lk.t_start_ns < done_ns
-                or lk.mechanism == "l1_resident" and not lk.loaded and lk.t_start_ns >= landed_ns), mechanisms
+                or found_it_landed(lk, off_lookups)), mechanisms
     assert summarize(off_lookups)["contended_keys"] == off.contended_chunks, (mechanisms, off.contended_chunks)
 
     # on: one read; the others waited for it (or found its copy in L1), and every follow-up got the whole context
     assert on.hook_bytes == ctx
     assert on_lookups[0].mechanism == "first_load"
     assert all(lk.mechanism in ("waited_for_in_flight", "l1_resident") for lk in on_lookups[1:])
+    # each that arrived during the load and was started before it landed was parked until it finished
+    assert all(o.t_load_ns <= o.t_finish_ns <= o.t_done_ns for o in on_lookups if o.loaded)
     assert all(lk.mechanism == "waited_for_in_flight" and lk.parked and lk.waited_ns > 0
+               or found_it_landed(lk, on_lookups)
                for lk in during_a_load(on_lookups)), [(lk.role, lk.mechanism) for lk in on_lookups]
     assert [r.num_cached_tokens for r in on_results] == [cfg.CONTEXT_TOKENS] * N
     assert mp[1].server.status()["storage_manager"]["prefetch_controller"]["kmesh_parked_count"] == 0
