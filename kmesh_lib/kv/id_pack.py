@@ -31,11 +31,12 @@ def _load_native():
     """``kp_pack_ids`` as a Python callable, and how it was made; (None, why) where it cannot be."""
     try:
         path = native_build.build_library(SOURCE, tuple(native_build.python_include()))
-        fn = ctypes.PyDLL(str(path)).kp_pack_ids
+        lib = ctypes.PyDLL(str(path))
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:  # FileNotFoundError: no Python.h
         return None, f"struct (no native packer: {e})", None
+    fn = lib.kp_pack_ids
     fn.argtypes, fn.restype = (ctypes.py_object, ctypes.c_ssize_t, ctypes.c_ssize_t), ctypes.py_object
-    into = ctypes.cast(ctypes.PyDLL(str(path)).kp_pack_into, ctypes.c_void_p).value
+    into = ctypes.cast(lib.kp_pack_into, ctypes.c_void_p).value
     return fn, "native (id_pack.c through ctypes.PyDLL)", into if _packs_into(into) else None
 
 
