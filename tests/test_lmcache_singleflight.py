@@ -156,7 +156,8 @@ def test_singleflight_reads_the_context_once_and_stock_once_per_concurrent_looku
     mechanisms = [(lk.role, lk.mechanism) for lk in off_lookups]
     # or (a third outcome) it was started after a load had begun to land, and found every chunk in L1
     # (``found_it_landed``); the finish stamps that say so must be there
-    assert all(o.t_load_ns <= o.t_finish_ns <= o.t_done_ns for o in off_lookups if o.loaded), mechanisms
+    assert all(o.t_finish_ns is not None and o.t_load_ns <= o.t_finish_ns <= o.t_done_ns
+               for o in off_lookups if o.loaded), mechanisms
     for lk in during_a_load(off_lookups):
         done_ns = min(o.end_ns() for o in off_lookups if o.loaded and o.t_arrival_ns < lk.t_arrival_ns)
         assert (lk.mechanism == "concurrent_load" and lk.loaded
@@ -169,7 +170,8 @@ def test_singleflight_reads_the_context_once_and_stock_once_per_concurrent_looku
     assert on_lookups[0].mechanism == "first_load"
     assert all(lk.mechanism in ("waited_for_in_flight", "l1_resident") for lk in on_lookups[1:])
     # each that arrived during the load and was started before it landed was parked until it finished
-    assert all(o.t_load_ns <= o.t_finish_ns <= o.t_done_ns for o in on_lookups if o.loaded)
+    assert all(o.t_finish_ns is not None and o.t_load_ns <= o.t_finish_ns <= o.t_done_ns
+               for o in on_lookups if o.loaded)
     assert all(lk.mechanism == "waited_for_in_flight" and lk.parked and lk.waited_ns > 0
                or found_it_landed(lk, on_lookups)
                for lk in during_a_load(on_lookups)), [(lk.role, lk.mechanism) for lk in on_lookups]
