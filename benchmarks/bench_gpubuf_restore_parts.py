@@ -39,18 +39,24 @@ PARTS = ("lookup_s", "schedule_s", "pack_ids_s", "before_copy_s", "copy_call_s",
          "hook_s", "forward_wait_s", "critical_s", "thread_launch_s", "thread_lag_s", "thread_pack_s", "to_forward_s")
 
 
-def handoff_by_variant(rows: dict[str, list[dict]], model: str) -> dict[str, dict]:
+def handoff_by_variant(rows: dict[str, list[dict]], model: str, context_tokens: int) -> dict[str, dict]:
     """Per off-thread variant (``rows``' labels that start with the hand-off arm's name), ``report.handoff_table``
-    against the engine-launched arm's rows: its stalls placed against the thread's launches."""
+    against the engine-launched arm's rows: its stalls placed against the thread's launches, and each restore's
+    step paired with the engine-launched one of the same repeat (a row's index in its list: the arms run
+    interleaved, repeat by repeat)."""
     from kmesh_lib.sections.crossover.report import HANDOFF_PAIR, handoff_table
 
     handed, own = HANDOFF_PAIR
-    own_rows = [{**r, "model": model, "measured": True, "arm": own} for r in rows.get(own, [])]
+    def as_section_rows(arm_rows: list[dict], arm: str) -> list[dict]:
+        return [{**r, "model": model, "context_tokens": context_tokens, "repeat": i, "measured": True, "arm": arm}
+                for i, r in enumerate(arm_rows)]
+
+    own_rows = as_section_rows(rows.get(own, []), own)
     out = {}
     for name, variant_rows in rows.items():
         if not name.startswith(handed) or not own_rows:
             continue
-        for h in handoff_table(own_rows + [{**r, "model": model, "measured": True, "arm": handed} for r in variant_rows]):
+        for h in handoff_table(own_rows + as_section_rows(variant_rows, handed)):
             out[name] = h
     return out
 
@@ -127,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
                 medians["ttft_ms"] = round(1e3 * statistics.median(ttft), 4)
             out["arms"][arm] = {"n": len(splits), **medians}
             print(f"{arm:26s} n={len(splits)} " + " ".join(f"{k[:-3]} {v:.4f}" for k, v in medians.items()), flush=True)
-        for name, h in handoff_by_variant(rows, model).items():
+        for name, h in handoff_by_variant(rows, model, n).items():
             out.setdefault("handoff", {})[name] = h
             print(f"{name:26s} stalls {h['num_stalls']}/{h['num_handed']} (after_copy over {HANDOFF_PAIR[1]}'s longest "
                   f"{h['own_longest_after_copy_ms']:.4f} ms); launch began {h['stalled_launch_begin_us']} us "

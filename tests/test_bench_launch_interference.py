@@ -47,24 +47,30 @@ def test_the_bench_runs_the_busy_launch_and_places_each_gap(tmp_path):
 
 def test_the_restore_parts_bench_places_each_off_thread_variants_stalls():
     """``bench_gpubuf_restore_parts.handoff_by_variant``: each ``gpubuf_offthread@...`` variant against the
-    engine-launched arm (its rows carry no model or measured flag; the bench adds them)."""
+    engine-launched arm (its rows carry no model, repeat or measured flag; the bench adds them), each restore's
+    step paired with the engine-launched one of the same repeat (the bench died on this at 0698576: no repeat)."""
     spec = importlib.util.spec_from_file_location("bench_gpubuf_restore_parts",
                                                   ROOT / "benchmarks" / "bench_gpubuf_restore_parts.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
 
-    def row(after_us, launch_begin_us=None):
-        split = {"after_copy_s": after_us / 1e6, "copy_call_s": 30e-6, "write_ids_s": 2e-6, "to_forward_s": 50e-6}
+    def row(after_us, launch_begin_us=None, critical_us=100):
+        split = {"after_copy_s": after_us / 1e6, "copy_call_s": 30e-6, "write_ids_s": 2e-6, "to_forward_s": 50e-6,
+                 "critical_s": critical_us / 1e6}
         if launch_begin_us is not None:
             split.update(thread_launch_s=40e-6, thread_lag_s=(28 + launch_begin_us + 40) / 1e6)
         return {"arm": "x", "context_tokens": 16384, "status": "ok", "split": split}
 
-    rows = {"gpubuf_layered": [row(10), row(20)],
+    rows = {"gpubuf_layered": [row(10, critical_us=150), row(20, critical_us=170)],
             "gpubuf_offthread@spin2ms@delay0us": [row(81, 1), row(18, 15)],
-            "gpubuf_offthread@spin2ms@delay15us": [row(18, 16), row(19, 17)]}
-    out = bench.handoff_by_variant(rows, "m")
+            "gpubuf_offthread@spin2ms@delay15us": [row(18, 16, critical_us=160), row(19, 17, critical_us=160)]}
+    out = bench.handoff_by_variant(rows, "m", 16384)
     assert sorted(out) == ["gpubuf_offthread@spin2ms@delay0us", "gpubuf_offthread@spin2ms@delay15us"]
     assert out["gpubuf_offthread@spin2ms@delay0us"]["num_stalls"] == 1
     assert out["gpubuf_offthread@spin2ms@delay0us"]["stalled_launch_begin_us"] == 1.0
     assert out["gpubuf_offthread@spin2ms@delay15us"]["num_stalls"] == 0
-    assert bench.handoff_by_variant({"gpubuf_offthread": [row(81, 1)]}, "m") == {}  # no engine-launched arm
+    # paired by repeat: (100 - 150, 100 - 170) and (160 - 150, 160 - 170) us
+    assert out["gpubuf_offthread@spin2ms@delay0us"]["num_pairs"] == 2
+    assert out["gpubuf_offthread@spin2ms@delay0us"]["step_difference_ms"] == -0.06
+    assert out["gpubuf_offthread@spin2ms@delay15us"]["step_difference_ms"] == 0.0
+    assert bench.handoff_by_variant({"gpubuf_offthread": [row(81, 1)]}, "m", 16384) == {}  # no engine-launched arm
