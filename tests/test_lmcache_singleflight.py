@@ -96,6 +96,12 @@ def found_it_landed(lk, lookups) -> bool:
             and lk.t_start_ns >= min(o.landed_ns() for o in earlier))
 
 
+def loads_stamped_in_order(lookups) -> bool:
+    """Every loaded lookup has its finish stamp, between its load's start and its done line (``found_it_landed``
+    reads the stamp; a trace without it cannot show that outcome)."""
+    return all(o.t_finish_ns is not None and o.t_load_ns <= o.t_finish_ns <= o.t_done_ns for o in lookups if o.loaded)
+
+
 def shows_the_event(lookups, singleflight: bool) -> bool:
     """Off: a follow-up that arrived during a load and loaded its own copy (the duplicate read stock makes);
     on: a follow-up that arrived during a load and was started before it landed (the singleflight must park it)."""
@@ -156,8 +162,7 @@ def test_singleflight_reads_the_context_once_and_stock_once_per_concurrent_looku
     mechanisms = [(lk.role, lk.mechanism) for lk in off_lookups]
     # or (a third outcome) it was started after a load had begun to land, and found every chunk in L1
     # (``found_it_landed``); the finish stamps that say so must be there
-    assert all(o.t_finish_ns is not None and o.t_load_ns <= o.t_finish_ns <= o.t_done_ns
-               for o in off_lookups if o.loaded), mechanisms
+    assert loads_stamped_in_order(off_lookups), mechanisms
     for lk in during_a_load(off_lookups):
         done_ns = min(o.end_ns() for o in off_lookups if o.loaded and o.t_arrival_ns < lk.t_arrival_ns)
         assert (lk.mechanism == "concurrent_load" and lk.loaded
@@ -170,8 +175,7 @@ def test_singleflight_reads_the_context_once_and_stock_once_per_concurrent_looku
     assert on_lookups[0].mechanism == "first_load"
     assert all(lk.mechanism in ("waited_for_in_flight", "l1_resident") for lk in on_lookups[1:])
     # each that arrived during the load and was started before it landed was parked until it finished
-    assert all(o.t_finish_ns is not None and o.t_load_ns <= o.t_finish_ns <= o.t_done_ns
-               for o in on_lookups if o.loaded)
+    assert loads_stamped_in_order(on_lookups)
     assert all(lk.mechanism == "waited_for_in_flight" and lk.parked and lk.waited_ns > 0
                or found_it_landed(lk, on_lookups)
                for lk in during_a_load(on_lookups)), [(lk.role, lk.mechanism) for lk in on_lookups]
