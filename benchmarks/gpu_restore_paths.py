@@ -361,11 +361,11 @@ def native_row(cfg, engine, tier, clock, arm, ctx, tag) -> dict:
     prep["memory_tier_bytes"] = tier.memory_bytes()
     prep["prep_s"] = time.monotonic() - t0
     tier.take_lookups()
-    m0 = tier.meter.snapshot()
+    m0 = tier.stats.snapshot()
     row, result = timed(engine, clock, followup(cfg, ctx, tag, engine.spec.config["vocab_size"]))
     lookups = tier.take_lookups()
     tier.settle()
-    d = tier.meter.delta(m0, tier.meter.snapshot())
+    d = tier.stats.delta(m0, tier.stats.snapshot())
     want = 0 if arm == "native_recompute" else len(ctx)
     hits_ok = d.get("external_hits", 0) == (want if arm == "native_offload" else 0)
     row.update(arm=arm, tag=tag, expected_cached_tokens=want, **prep, vllm_stats=d,

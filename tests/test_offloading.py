@@ -1,15 +1,25 @@
 """vLLM's own offloading as a tier (``kv.offloading``) and the meter on vLLM's own connector stats."""
+import mmap
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from kmesh_lib.engine.config import EngineParams
 from kmesh_lib.engine.requests import RequestSpec, run_group
-from kmesh_lib.kv.offloading import CPU_REFUSAL, GIB, NativeOffloadTier, VllmConnectorMeter, offloading_support
+from kmesh_lib.kv.offloading import (
+    CPU_REFUSAL,
+    FS_TIER_MODULE,
+    GIB,
+    FsTierIo,
+    NativeOffloadTier,
+    VllmConnectorMeter,
+    offloading_support,
+)
 
 
 def test_vllm_resolves_the_two_engine_arguments_into_its_offloading_connector():
@@ -32,6 +42,111 @@ def test_the_tier_refuses_the_cpu_build_with_vllms_reason():
         NativeOffloadTier(1).llm_kwargs("cpu")
     with pytest.raises(ValueError, match="no discard mode"):
         NativeOffloadTier(1).set_retention(False)
+
+
+def test_a_disk_tier_makes_vllms_tiering_spec_with_its_filesystem_tier(tmp_path):
+    """The tiered configuration is vLLM's own: its spec factory and secondary-tier factory resolve it."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+
+    from kmesh_lib.engine.model_spec import materialize, resolve
+
+    tier = NativeOffloadTier(0.5, disk_dir=tmp_path / "fs", block_tokens=256)
+    model_dir = materialize(resolve("tiny"), "dummy", "float32", 0)
+    args = EngineArgs(model=str(model_dir), skip_tokenizer_init=True, load_format="dummy", enforce_eager=True,
+                      max_model_len=256, **tier.llm_kwargs("cuda"))
+    cfg = args.create_engine_config().kv_transfer_config
+    extra = cfg.kv_connector_extra_config
+    assert (cfg.kv_connector, cfg.kv_role) == ("OffloadingConnector", "kv_both")
+    assert (extra["cpu_bytes_to_use"], extra["block_size"]) == (0.5 * GIB, 256)
+    assert OffloadingSpecFactory.get_spec_cls(extra).__name__ == "TieringOffloadingSpec"
+    fs, = extra["secondary_tiers"]
+    assert SecondaryTierFactory.get_tier_class(fs).__name__ == "FileSystemTierManager"
+    assert fs["root_dir"] == str(tmp_path / "fs") and (tmp_path / "fs").is_dir()
+    assert tier.describe()["spec_name"] == "TieringOffloadingSpec" and tier.fs_io is FsTierIo.install()
+    tier.set_retention(False)  # with a disk tier beneath it, emptying the CPU tier keeps the context
+    assert tier.retain is False and tier.memory_bytes() == 0 and tier.disk_bytes() == 0
+    if Path("/dev/shm").is_dir():  # a region the engine left behind is removed when the tier closes, and named
+        region = Path(f"/dev/shm/vllm_offload_kmesh-test-{os.getpid()}.mmap")
+        region.write_bytes(b"kv")
+        tier.close()
+        assert not region.exists() and tier.leftovers_removed == [str(region)]
+
+
+def _fake_fs_module(root):
+    """A module with vLLM 0.26's two I/O functions (one file per call), the second one failing on demand."""
+    from types import ModuleType
+
+    mod = ModuleType("fake_fs_tier")
+
+    def store_block(dest_path, buffer, offset, block_size):
+        if os.path.exists(dest_path):
+            return
+        with open(dest_path, "wb") as f:
+            f.write(bytes(buffer[offset:offset + block_size]))
+
+    def load_block(source_path, view, offset, block_size):
+        with open(source_path, "rb") as f:
+            data = f.read()
+        if len(data) < block_size:
+            raise OSError(f"Short read: expected {block_size} bytes, read {len(data)}")
+        view[offset:offset + block_size] = data
+
+    mod.store_block, mod.load_block = store_block, load_block
+    return mod
+
+
+def test_fs_io_counts_files_created_and_blocks_read_not_rewrites_or_failures(tmp_path, monkeypatch):
+    monkeypatch.setattr(FsTierIo, "_installed", None)
+    mod = _fake_fs_module(tmp_path)
+    io = FsTierIo.install(mod)
+    assert FsTierIo.install(mod) is io  # once per process: a second tier shares the count
+    buf = bytearray(range(256)) * 16
+    view = memoryview(buf)
+    for i in range(3):
+        mod.store_block(str(tmp_path / f"b{i}.bin"), view, i * 1024, 1024)
+    mod.store_block(str(tmp_path / "b0.bin"), view, 0, 1024)  # vLLM skips a block whose file exists
+    out = memoryview(bytearray(4096))
+    for i in (2, 0):
+        mod.load_block(str(tmp_path / f"b{i}.bin"), out, i * 1024, 1024)
+    with pytest.raises(OSError, match="Short read"):
+        mod.load_block(str(tmp_path / "b1.bin"), out, 0, 2048)
+    assert io.snapshot() == {"read_bytes": 2048, "reads": 2, "read_errors": 1,
+                             "write_bytes": 3072, "writes": 3, "write_errors": 0}
+    assert bytes(out[:1024]) == bytes(buf[:1024]) and bytes(out[2048:3072]) == bytes(buf[2048:3072])
+
+
+def test_fs_io_wraps_the_functions_vllms_filesystem_tier_calls(tmp_path, monkeypatch):
+    """The installed vLLM's own I/O functions, called as its ``FileSystemTierManager`` calls them."""
+    import importlib
+
+    from kmesh_lib.kv.disk_tier import odirect_works
+
+    mod = importlib.import_module(FS_TIER_MODULE)
+    for name in ("load_block", "store_block", "batch_load_block", "batch_store_block"):
+        if hasattr(mod, name):
+            monkeypatch.setattr(mod, name, getattr(mod, name))  # undone after the test
+    monkeypatch.setattr(FsTierIo, "_installed", None)
+    io = FsTierIo.install()
+    block = 4096
+    src_map, dst_map = mmap.mmap(-1, 2 * block), mmap.mmap(-1, 2 * block)  # page-aligned, as O_DIRECT wants
+    src_map.write(os.urandom(2 * block))
+    src, dst = memoryview(src_map), memoryview(dst_map)
+    paths = [str(tmp_path / "a" / "x.bin"), str(tmp_path / "a" / "y.bin")]
+    if hasattr(mod, "batch_store_block"):  # vLLM 0.32: a job's files per call, O_DIRECT switchable
+        mod.batch_store_block(paths, src, [0, block], block, False)
+        mod.batch_load_block(paths, dst, [0, block], block, False)
+    else:  # vLLM 0.26: one file per call, always O_DIRECT
+        if not odirect_works(tmp_path, block):
+            pytest.skip(f"O_DIRECT does not work at {tmp_path}")
+        for i, p in enumerate(paths):
+            mod.store_block(p, src, i * block, block)
+            mod.load_block(p, dst, i * block, block)
+    assert bytes(dst) == bytes(src)
+    src.release(), dst.release()
+    assert io.snapshot() == {"read_bytes": 2 * block, "reads": 2, "read_errors": 0,
+                             "write_bytes": 2 * block, "writes": 2, "write_errors": 0}
 
 
 @pytest.mark.cpu
@@ -112,10 +227,48 @@ def test_cuda_native_offloading_restores_a_context_after_the_gpu_cache_is_reset(
         run_group(engine, [RequestSpec("store", ctx + [5], max_tokens=1)])
         tier.settle()
         assert engine.reset_prefix_cache()
-        before = tier.meter.snapshot()
+        before = tier.stats.snapshot()
         r, = run_group(engine, [RequestSpec("f", ctx + [6], max_tokens=1)])
-        d = VllmConnectorMeter.delta(before, tier.meter.snapshot())
+        d = VllmConnectorMeter.delta(before, tier.stats.snapshot())
         assert r.num_cached_tokens == 1024 and d["external_hits"] == 1024
         assert d["load_bytes"] >= 1024 * engine.spec.kv_bytes_per_token("float32")
+    finally:
+        engine.close()
+
+
+@pytest.mark.gpu
+def test_cuda_native_tiers_promote_a_context_from_the_filesystem_tier_once(tmp_path):
+    """vLLM's CPU tier over its filesystem tier: after the CPU tier is emptied, two requests for the
+    context read its files once (the second waits for the first one's promotion) and both find it cached."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from kmesh_lib.engine.vllm_engine import make_engine
+
+    tier = NativeOffloadTier(0.25, disk_dir=tmp_path / "fs", block_tokens=256)
+    engine = make_engine(EngineParams(DEVICE="cuda", MODEL="tiny", WEIGHTS="random", DTYPE="float32",
+                                      BLOCK_SIZE=16, NUM_GPU_BLOCKS=257, MAX_MODEL_LEN=2048),
+                         gpu_memory_utilization=0.05, **tier.llm_kwargs("cuda"))
+    try:
+        tier.attach(engine)
+        ctx_bytes = 1024 * engine.spec.kv_bytes_per_token("float32")
+        ctx = [4 + (7 * i) % 500 for i in range(1024)]
+        s0 = tier.meter.snapshot()
+        run_group(engine, [RequestSpec("store", ctx + [5], max_tokens=1)])
+        tier.settle()
+        s1 = tier.meter.snapshot()
+        assert s1.hook_write_bytes - s0.hook_write_bytes == ctx_bytes == s1.disk_tier_bytes
+        assert tier.memory_bytes() == ctx_bytes
+        tier.drop_memory_copy()
+        assert engine.reset_prefix_cache() and tier.memory_bytes() == 0
+        results = run_group(engine, [RequestSpec(f"f{i}", ctx + [6 + i], max_tokens=1) for i in range(2)])
+        tier.settle()
+        s2 = tier.meter.snapshot()
+        assert [r.num_cached_tokens for r in results] == [1024, 1024]
+        assert s2.hook_read_bytes - s1.hook_read_bytes == ctx_bytes and tier.memory_bytes() == ctx_bytes
+        tier.set_retention(False)
+        tier.settle()  # not retaining: the CPU tier is emptied, the files stay
+        assert tier.memory_bytes() == 0 and tier.disk_bytes() == ctx_bytes
     finally:
         engine.close()

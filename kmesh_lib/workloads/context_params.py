@@ -1,12 +1,14 @@
 """The parameters of the shared-context sections (16 and 20) and the machine rows they report.
 
+    path_support         whether a path's tier runs on the device (in-process LMCache, vLLM's own tiers)
     ContextGroupParams   FOLLOWUP_ARRIVALS (``ArrivalPattern``), SINGLEFLIGHT (the settings to measure),
                          LMCACHE_SERVER (launcher or stock), STRIPED_STORE_ROOT; both sections inherit it
     striped_store_row    whether the striped two-NVMe disk tier can run here, and why not
     topology_row         what a run's topology table shows (NVMe drives, block devices, RAID, PCIe links)
 
 The paths: ``MP_PATHS`` (LMCacheMPConnector + an lmcache server: ``mp``, and ``mp-striped`` on a
-RAID 0 mount) and ``TIER_PATHS`` (every path with an external tier: + ``inproc``, ``gpubuf``).
+RAID 0 mount) and ``TIER_PATHS`` (every path with an external tier: + ``inproc``, ``gpubuf``, ``native``:
+vLLM's own offloading, its CPU tier over its filesystem tier).
 """
 from __future__ import annotations
 
@@ -19,9 +21,22 @@ from pydantic import Field
 from kmesh_lib.base import topology
 from kmesh_lib.base.params import PathText, check, params_dataclass
 from kmesh_lib.engine.config import SourceRunParams
+from kmesh_lib.kv.offloading import offloading_support
+from kmesh_lib.lmcache.connect import inproc_support
 
 MP_PATHS = ("mp", "mp-striped")  # LMCacheMPConnector + an lmcache server
-TIER_PATHS = MP_PATHS + ("inproc", "gpubuf")  # every path with an external tier
+TIER_PATHS = MP_PATHS + ("inproc", "gpubuf", "native")  # every path with an external tier
+
+
+def path_support(path: str, device: str) -> tuple[bool, str]:
+    """Whether ``path``'s tier runs on ``device`` with the installed stack, and why not: in-process LMCache
+    needs a GPU connector, vLLM's own offloading CUDA. The striped store's verdict needs the machine's
+    topology (``striped_store_row``); every other path runs."""
+    if path == "inproc":
+        return inproc_support(device)
+    if path == "native":
+        return offloading_support(device)
+    return True, ""
 
 
 @dataclass(frozen=True)

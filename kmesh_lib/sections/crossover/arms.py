@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 from kmesh_lib.engine.gpu_clocks import GpuClocks
 from kmesh_lib.engine.requests import RequestSpec, group_makespan_s, run_group
+from kmesh_lib.kv.offloading import VllmConnectorMeter
 from kmesh_lib.kv.offloading import request_split as offload_split
 from kmesh_lib.kv.restore_timeline import request_split as gpu_buffer_split
 from kmesh_lib.lmcache.probes import ComponentProbe, ExternalSwitch
@@ -234,6 +235,7 @@ class RestoreBench:
                              max_tokens=self.output_tokens) for i in range(self.followups)]
         meter = self.tier.meter
         s0 = meter.snapshot()
+        stats0 = self.tier.stats.snapshot() if self.tier_name == "native" else None  # vLLM's own statistics
         clocks_before = self.clocks.read() if self.clocks else None  # outside the stopwatch
         wait_at = WAIT_AT_OF.get(arm)
         if wait_at:
@@ -269,7 +271,7 @@ class RestoreBench:
                                           if s0.device_read_bytes is not None and s1.device_read_bytes is not None else None)}
         else:  # vLLM's CPU tier has no disk tier
             disk = {"disk_read_bytes": 0, "device_read_bytes": None}
-        stats = meter.delta(s0, s1) if self.tier_name == "native" else None  # vLLM's own connector statistics
+        stats = VllmConnectorMeter.delta(stats0, self.tier.stats.snapshot()) if stats0 is not None else None
         return {"arm": arm, "tier": self.tier_name, "context": ctx.name, "context_tokens": len(ctx.tokens), "tag": tag,
                 "status": "ok" if all(c == want for c in cached) else "cache_miss",
                 "ttft_s": a.first_token_s(), "makespan_s": group_makespan_s(results, self.output_tokens),

@@ -7,8 +7,9 @@ each) is due at T. ``on_arrival`` loads the context when they arrive; ``early`` 
 LEAD before T (``driver``). The pilot runs every lead in LEADS_MS and picks the shortest lead at
 which every pilot group was ready; the confirmation compares on_arrival with early at that lead (and
 at FIXED_LEAD_MS, section 16's start), beside two placement controls: the context already in the
-tier's memory (``dram``: LMCache's arena; ``buffer``: the GPU buffer) and already in vLLM (``engine``,
-the floor). Paths run in ``checks.plan_runs`` order (MP, then the GPU buffer, last).
+tier's memory (``dram``: LMCache's arena, or vLLM's CPU tier on ``native``; ``buffer``: the GPU buffer) and
+already in vLLM (``engine``, the floor). Paths run in ``checks.plan_runs`` order (MP, in-process, vLLM's
+own tiers, then the GPU buffer, last).
 
 A run is one folder. On the CPU the notebook measures into it. On a GPU, ``sections.prefetch.gpu``
 (the driver, no notebook stack) writes the complete folder on the measuring machine -- params,
@@ -27,14 +28,13 @@ from kmesh_lib.base import params as params_mod
 from kmesh_lib.base import topology
 from kmesh_lib.base.processes import runtime_root
 from kmesh_lib.base.records import RunRecord
-from kmesh_lib.lmcache.connect import inproc_support
 from kmesh_lib.sections.prefetch import stats as ps
 from kmesh_lib.sections.prefetch.checks import confirmation_leads, plan_runs, topology_rows
 from kmesh_lib.sections.prefetch.params import MIB, PrefetchParams
 from kmesh_lib.sections.prefetch.protocol import run_engine
 from kmesh_lib.workloads.context_checks import NOT_AVAILABLE
 from kmesh_lib.workloads.context_groups import kv_bytes_per_token
-from kmesh_lib.workloads.context_params import striped_store_row
+from kmesh_lib.workloads.context_params import path_support, striped_store_row
 from kmesh_lib.workloads.engine_runs import record_not_available
 
 PAPER = {"MEASURED_GROUPS": 200, "ENGINE_RUNS": 10, "PILOT_GROUPS": 10}
@@ -55,7 +55,9 @@ TIMING = {
 PREP_TEXT = {"mp": "HTTP prefetch (POST /cache/prefetches) + one-token warm-up",
              "mp-striped": "HTTP prefetch (POST /cache/prefetches) + one-token warm-up",
              "inproc": "one-token warm-up only (no application prefetch API in-process)",
-             "gpubuf": "the GPU buffer's prefetch (disk -> pinned host -> buffer) + one-token warm-up"}
+             "gpubuf": "the GPU buffer's prefetch (disk -> pinned host -> buffer) + one-token warm-up",
+             "native": "one-token warm-up only (vLLM's own tiers have no prefetch call: the warm-up's lookup promotes "
+                       "the context from the filesystem tier into the CPU tier, then vLLM loads it)"}
 
 
 def plan(cfg: PrefetchParams) -> dict:
@@ -87,7 +89,7 @@ def plan(cfg: PrefetchParams) -> dict:
         "scale": "paper" if not scaled(cfg) else f"scaled: {scaled(cfg)} (paper: {PAPER})",
     }
     for path in cfg.PATHS:
-        ok, why = inproc_support(cfg.DEVICE) if path == "inproc" else (True, "")
+        ok, why = path_support(path, cfg.DEVICE)
         if path == "mp-striped":
             striped = striped_store_row(cfg)
             ok, why = striped["status"] == "available", striped["detail"]
@@ -124,7 +126,7 @@ def expected_duration(cfg: PrefetchParams) -> str:
     if timing is None:
         return f"no timing recorded for profile {cfg.PROFILE!r}"
     low = high = 0.0
-    skip = {"inproc"} if not inproc_support(cfg.DEVICE)[0] else set()
+    skip = {p for p in ("inproc", "native") if not path_support(p, cfg.DEVICE)[0]}
     if "mp-striped" in cfg.PATHS and striped_store_row(cfg)["status"] != "available":
         skip.add("mp-striped")
     for path, n, r in planned_runs(cfg):
@@ -154,8 +156,10 @@ def planned_runs(cfg: PrefetchParams) -> list[tuple[str, int, int]]:
 def not_available_here(cfg: PrefetchParams) -> list[dict]:
     """Rows for the paths that cannot run on this machine (with the reason), before any engine starts."""
     rows = []
-    if "inproc" in cfg.PATHS and not inproc_support(cfg.DEVICE)[0]:
-        rows.append({"block": "inproc", "path": "inproc", "status": NOT_AVAILABLE, "detail": inproc_support(cfg.DEVICE)[1]})
+    for path in ("inproc", "native"):
+        ok, why = path_support(path, cfg.DEVICE)
+        if path in cfg.PATHS and not ok:
+            rows.append({"block": path, "path": path, "status": NOT_AVAILABLE, "detail": why})
     if "mp-striped" in cfg.PATHS:
         striped = striped_store_row(cfg, topology.describe(runtime_root(cfg.DISK_TIER_ROOT)))
         if striped["status"] != "available":

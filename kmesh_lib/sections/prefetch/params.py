@@ -30,7 +30,8 @@ class PrefetchParams(ContextGroupParams):
     PATHS: list[str] = Field(
         default_factory=lambda: ["mp"], min_length=1,
         description="mp (LMCacheMPConnector + lmcache server: HTTP prefetch + warm-up), mp-striped (the same on "
-                    "STRIPED_STORE_ROOT), inproc (LMCacheConnectorV1: warm-up only), gpubuf (kmesh's GPU buffer: its "
+                    "STRIPED_STORE_ROOT), inproc (LMCacheConnectorV1: warm-up only), native (vLLM's own CPU tier over its "
+                    "filesystem tier, CUDA only: warm-up only), gpubuf (kmesh's GPU buffer: its "
                     "prefetch + warm-up); run in this order")
     GROUP_SIZES: list[PositiveCount] = Field(
         default_factory=lambda: [4, 8], min_length=1, description="follow-ups per group (4: A..D, 8: A..H)")

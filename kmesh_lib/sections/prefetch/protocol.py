@@ -5,9 +5,10 @@ Arms (the tier keeps its copy in every arm: retention on, so a group reads the d
     arm          the context at T (scheduled arrival)                   preparation
     on_arrival   the tier's disk tier only                              none: the follow-ups' lookups load it
     early        prepared from T - lead (readiness recorded)            MP: HTTP prefetch + warm-up; GPU buffer: the
-                                                                        tier's prefetch + warm-up; in-process: warm-up only
+                                                                        tier's prefetch + warm-up; in-process and
+                                                                        vLLM's own tiers (native): warm-up only
     early_fixed  the same, from T - FIXED_LEAD_MS (section 16's start)  the same
-    dram         LMCache's memory tier (restored into vLLM after T)     warm-up, settle, vLLM prefix cache reset (not timed)
+    dram         the tier's memory copy (LMCache's; vLLM's CPU tier)    warm-up, settle, vLLM prefix cache reset (not timed)
     buffer       the GPU buffer's copy (``dram`` on the gpubuf path)    the same
     engine       vLLM's prefix cache (the floor)                        warm-up, settle (not timed)
 
@@ -55,7 +56,7 @@ from kmesh_lib.workloads.context_params import MP_PATHS
 EARLY_ARMS = ("early", "early_fixed")
 PLACEMENT_ARMS = ("dram", "buffer", "engine")
 PREP_LABEL = {"mp": "http_prefetch+warmup", "mp-striped": "http_prefetch+warmup", "inproc": "warmup_only",
-              "gpubuf": "buffer_prefetch+warmup"}
+              "gpubuf": "buffer_prefetch+warmup", "native": "warmup_only"}
 
 
 def engine_model_name(engine) -> str:

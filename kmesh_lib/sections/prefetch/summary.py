@@ -137,6 +137,9 @@ def answer(run) -> str:
     if "inproc" in {p for (p, _, _), _ in main}:
         weak.append("On the in-process path the early arm is the one-token warm-up alone (LMCacheConnectorV1 has no "
                     "application prefetch API).")
+    if "native" in {p for (p, _, _), _ in main}:
+        weak.append("On vLLM's own tiers the early arm is the one-token warm-up alone (vLLM has no prefetch call; the "
+                    "warm-up's lookup promotes the context from its filesystem tier).")
     weak += [f"Measured, not assumed: {line}." for line in measured_lines(run)]
     return " ".join(parts) + ("\n\n" + " ".join(weak) if weak else "")
 

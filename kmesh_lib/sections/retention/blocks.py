@@ -5,8 +5,8 @@
     engine-N<n>      the control arms (recompute, floor) on a plain engine
     <path>-N<n>-<arm>  with a stock lmcache server (LMCACHE_SERVER=stock) each arm has its own server
 
-Order: the MP paths first, then the controls, then the in-process path, then the GPU buffer
-(``gpubuf``) -- so a failure of the GPU buffer's CUDA code, which runs last and in its own engine,
+Order: the MP paths first, then the controls, then the in-process path, vLLM's own tiers (``native``),
+then the GPU buffer (``gpubuf``) -- so a failure of the GPU buffer's CUDA code, which runs last and in its own engine,
 cannot cost the rows before it. The checks (``planned_blocks``) and both measuring drivers (the
 notebook and ``sections.retention.gpu``) read the plan from here, so they cannot disagree.
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from kmesh_lib.workloads.context_params import MP_PATHS
 
-RUN_ORDER = {"mp": 0, "mp-striped": 1, "engine": 2, "inproc": 3, "gpubuf": 4}
+RUN_ORDER = {"mp": 0, "mp-striped": 1, "engine": 2, "inproc": 3, "native": 4, "gpubuf": 5}
 
 
 @dataclass(frozen=True)

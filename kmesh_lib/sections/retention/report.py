@@ -164,7 +164,8 @@ def ratio_rows(rows: list[dict]) -> list[dict]:
 
 
 NO_TRACE = {"inproc": "no lookup trace: in-process LMCache (a lookup only checks; vLLM holds the context)",
-            "gpubuf": "no lookup trace: the GPU buffer (a lookup only checks; vLLM holds the context)"}
+            "gpubuf": "no lookup trace: the GPU buffer (a lookup only checks; vLLM holds the context)",
+            "native": "no lookup trace: vLLM's own tiers (vLLM looks up only past its own prefix-cache hit)"}
 
 
 def mechanism_totals(gs: list[dict]) -> dict[str, int] | None:
