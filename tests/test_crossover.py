@@ -969,3 +969,23 @@ def test_launch_free_takes_the_launch_part_out_of_each_restore_and_names_the_par
     text = " ".join(_goal_sentences({"arms": [], "floor_distance": distance}, rows))
     assert "would add least is within 1.2\u00d7 its floor at 1 of 2 points; short of it, m at 16,384 tokens" in text
     assert "0.135 ms = 1.35\u00d7 (schedule 0.048, ids 0.025)" in text
+
+
+def test_vllms_cpu_tier_alone_has_no_disk_tier_to_check(tmp_path, monkeypatch):
+    """vLLM's CPU tier (no disk root) goes from its tier straight to its engine, with no disk check of a disk it
+    does not have (the H200 run at 624b348 stopped there: check_disk_tier(None)). The engine is the one part
+    left out here: CUDA only."""
+    from kmesh_lib.base.records import read_jsonl
+    from kmesh_lib.sections.crossover import experiment
+
+    def no_engine(params, **llm_kwargs):
+        raise RuntimeError(f"engine reached with {sorted(llm_kwargs)}")
+
+    monkeypatch.setattr(experiment, "make_engine", no_engine)
+    cfg = build(CrossoverParams, {**SMALL, "DEVICE": "cuda", "ARMS": ["recompute", "native_offload", "native_resident"]})
+    (tmp_path / "raw").mkdir()
+    with pytest.raises(RuntimeError, match="engine reached"):
+        experiment.run_model(cfg, cfg.MODELS[0], tmp_path, "native")
+    summary, = read_jsonl(tmp_path / "raw" / "models.jsonl")
+    assert summary["detail"] == "RuntimeError: engine reached with ['kv_offloading_backend', 'kv_offloading_size']"
+    assert "disk_tier" not in summary

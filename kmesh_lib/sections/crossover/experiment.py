@@ -153,7 +153,7 @@ def run_model(cfg: CrossoverParams, model: str, run_dir: Path, tier_name: str = 
     tier = make_tier(cfg, tier_name, runtime, kvt)
     engine = None
     try:
-        if hasattr(tier, "disk_dir"):
+        if getattr(tier, "disk_dir", None) is not None:  # vLLM's CPU tier alone has none
             summary["disk_tier"] = check_disk_tier(tier.disk_dir, cfg.CHUNK_SIZE * kvt,
                                                    sum(cfg.CONTEXT_TOKENS_GRID) * kvt + 64 * MIB)
         if hasattr(tier, "start"):
