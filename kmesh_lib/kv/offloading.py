@@ -143,11 +143,11 @@ class FsTierIo:
             module = importlib.import_module(FS_TIER_MODULE)
         io = cls()
         if hasattr(module, "load_block"):  # vLLM 0.26: one file per call
-            module.load_block = io._loads(module.load_block, batch=False)
-            module.store_block = io._stores(module.store_block, batch=False)
+            module.load_block = io._counting(module.load_block, "read", batch=False)
+            module.store_block = io._counting(module.store_block, "write", batch=False)
         elif hasattr(module, "batch_load_block"):  # vLLM 0.32: a job's files per call
-            module.batch_load_block = io._loads(module.batch_load_block, batch=True)
-            module.batch_store_block = io._stores(module.batch_store_block, batch=True)
+            module.batch_load_block = io._counting(module.batch_load_block, "read", batch=True)
+            module.batch_store_block = io._counting(module.batch_store_block, "write", batch=True)
         else:
             raise RuntimeError(f"{module.__name__} has neither load_block nor batch_load_block: an unknown vLLM "
                                "filesystem tier, whose bytes kmesh cannot count")
@@ -159,27 +159,17 @@ class FsTierIo:
             for k, v in delta.items():
                 self.totals[k] += v
 
-    def _loads(self, load, batch: bool):
+    def _counting(self, io_call, op: str, batch: bool):
+        """``io_call`` counted: ``op`` "read" counts every block it loads, "write" every file it creates."""
         def counted(paths, view, offsets, block_size, *args, **kwargs):
-            n = len(paths) if batch else 1
+            files = paths if batch else [paths]
+            n = len(files) if op == "read" else sum(not os.path.exists(x) for x in files)
             try:
-                out = load(paths, view, offsets, block_size, *args, **kwargs)
+                out = io_call(paths, view, offsets, block_size, *args, **kwargs)
             except Exception:
-                self._add(read_errors=1)
+                self._add(**{f"{op}_errors": 1})
                 raise
-            self._add(read_bytes=n * block_size, reads=n)
-            return out
-        return counted
-
-    def _stores(self, store, batch: bool):
-        def counted(paths, view, offsets, block_size, *args, **kwargs):
-            new = sum(not os.path.exists(x) for x in (paths if batch else [paths]))
-            try:
-                out = store(paths, view, offsets, block_size, *args, **kwargs)
-            except Exception:
-                self._add(write_errors=1)
-                raise
-            self._add(write_bytes=new * block_size, writes=new)
+            self._add(**{f"{op}_bytes": n * block_size, f"{op}s": n})
             return out
         return counted
 
