@@ -532,8 +532,8 @@ def test_every_run_kept_in_the_notes_verifies_as_it_was_recorded():
 def test_the_published_set_is_compact_and_holds_no_machine_path_or_copy():
     """outputs/ as committed: the published format in every run, no log, no absolute path, no run
     that is a copy of another; under 9 MiB in all (8 MiB until 4 Dec 2026, when section 16's H200 run gained vLLM's
-    own tiers' rows and section 20 a run of them: 27 runs, 8.9 MB; a run set aside for room is withdrawn, never
-    dropped)."""
+    own tiers' rows and section 20 a run of them: 27 runs, 8.9 MB; 8.3 MiB once results.json and public-results.json
+    were compact JSON; a run set aside for room is withdrawn, never dropped)."""
     from kmesh_lib.app import compact
     from kmesh_lib.app import publish as publish_mod
 
@@ -545,6 +545,8 @@ def test_the_published_set_is_compact_and_holds_no_machine_path_or_copy():
         assert not (folder / "logs").exists() and not publish_mod.absolute_paths(folder), folder
         report = (folder / "report.html").read_text()
         assert "data:image" not in report, folder
+        for record in ("results.json", published.PUBLIC_FILE):  # compact JSON, as publish writes it
+            assert "\n " not in (folder / record).read_text(encoding="utf-8"), folder / record
         # one stylesheet for the set: each report links it rather than carrying its own copy
         assert "<style>" not in report and '<link rel="stylesheet" href="../../report.css">' in report, folder
     from kmesh_lib.app.report import STYLESHEET, report_css
@@ -637,6 +639,26 @@ def test_a_published_notebook_is_compact_json_that_reads_back_the_same(tmp_path)
     nbformat.validate(nbformat.read(str(tmp_path / "n.ipynb"), as_version=4))
     assert compact_notebook(tmp_path, "n.ipynb") == 0 and (tmp_path / "n.ipynb").read_bytes() == after
     assert compact_notebook(tmp_path, "missing.ipynb") == 0
+
+
+def test_a_published_json_record_is_compact_and_reads_back_the_same(tmp_path):
+    """``compact_json``: the same value (key order kept, non-ASCII text as it is), fewer bytes, no indentation; a
+    second pass saves nothing; no file, nothing done. The record a run writes stays indented."""
+    from kmesh_lib.app.compact import compact_json
+
+    value = {"status": "passed", "b": [1, 2.5, None, {"x\u00d7": "\u2265 1.2\u00d7"}], "a": {"nested": [True]}}
+    path = tmp_path / "results.json"
+    records.write_json_atomic(path, value)
+    before = path.read_bytes()
+    assert b"\n " in before
+    saved = compact_json(path)
+    after = path.read_bytes()
+    assert saved == len(before) - len(after) > 0 and b"\n " not in after and "\u2265".encode() in after
+    assert json.loads(after) == value and list(json.loads(after)) == ["status", "b", "a"]
+    assert compact_json(path) == 0 and path.read_bytes() == after
+    assert compact_json(tmp_path / "missing.json") == 0
+    records.write_json_atomic(tmp_path / "public.json", value, compact=True)
+    assert (tmp_path / "public.json").read_bytes() == after
 
 
 def test_a_raw_params_copy_that_differs_only_in_its_run_dir_is_dropped(tmp_path):

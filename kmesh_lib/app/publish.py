@@ -49,6 +49,7 @@ from kmesh_lib.app import published as published_set
 from kmesh_lib.app.compact import (
     FORMAT,
     Compacted,
+    compact_json,
     compact_notebook,
     compress_captures,
     drop_raw_copies,
@@ -346,6 +347,7 @@ def publish(section: ModuleType, run_dir: Path, allow_failed: bool = False, repl
         rewritten = _rewrite_paths(staging, _path_rewrites(src, recorded_run_dir, dest_rel,
                                                            notebook_run_dir(src, section.NOTEBOOK)))
         compact_notebook(staging, section.NOTEBOOK)  # after every rewrite of it
+        compact_json(staging / "results.json")
         left_out += drop_raw_copies(staging)
         compacted = Compacted(left_out, figures, compress_captures(staging), rewritten, repeated)
         shared = shared_captures(src.name, staging)
@@ -355,7 +357,7 @@ def publish(section: ModuleType, run_dir: Path, allow_failed: bool = False, repl
             raise PublishRefused(f"the published copy verifies differently from {src}: " + again.summary())
         public = public_document(section, copy, again, allowed_failed, failure_note, shared,
                                  sorted({f for f in rewritten if f.startswith("raw/")} | _rewritten_before(src)))
-        write_json_atomic(staging / PUBLIC_FILE, public)
+        write_json_atomic(staging / PUBLIC_FILE, public, compact=True)
         render_report(section, staging, note=f"Published with --allow-failed: {failure_note}" if allowed_failed else "",
                       stylesheet=PUBLISHED_STYLESHEET)
         left = absolute_paths(staging)

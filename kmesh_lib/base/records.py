@@ -120,9 +120,15 @@ def _json_default(obj: Any):
     raise TypeError(f"not JSON serializable: {type(obj).__name__}")
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+COMPACT_JSON = {"separators": (",", ":"), "ensure_ascii": False}  # the published format's JSON (app.compact)
+
+
+def write_json_atomic(path: Path, data: Any, compact: bool = False) -> None:
+    """Writes ``data`` indented (a record a run is still writing, read by people as it goes) or, ``compact``,
+    as the published format keeps JSON."""
     tmp = path.with_suffix(f"{path.suffix}.{os.getpid()}.tmp")  # two writers never share a temp file
-    tmp.write_text(json.dumps(data, indent=1, default=_json_default))
+    layout = COMPACT_JSON if compact else {"indent": 1}
+    tmp.write_text(json.dumps(data, default=_json_default, **layout) + ("\n" if compact else ""), encoding="utf-8")
     os.replace(tmp, path)
 
 
