@@ -520,8 +520,8 @@ def test_every_run_kept_in_the_notes_verifies_as_it_was_recorded():
     for results_file in sorted((paths.REPO_ROOT / "docs" / "notes").rglob("results.json")):
         folder = results_file.parent
         record = json.loads(results_file.read_text())
-        if record.get("section") not in known or not (folder / "raw").is_dir():
-            continue
+        if record.get("section") not in known:
+            continue  # a copy whose raw/ is gone is not skipped: verify raises on it
         kept.append(folder)
         verdict = verify_mod.verify(registry.get(record["section"]), records.RunFiles(folder))
         assert not [line.text() for line in verdict.lines if line.kind in ("mismatch", "missing")], folder
