@@ -521,7 +521,7 @@ def test_every_run_kept_in_the_notes_verifies_as_it_was_recorded():
         folder = results_file.parent
         record = json.loads(results_file.read_text())
         if record.get("section") not in known:
-            continue  # a copy whose raw/ is gone is not skipped: verify raises on it
+            continue  # not a section's run; a section's copy with raw/ gone is checked, and fails as missing
         kept.append(folder)
         verdict = verify_mod.verify(registry.get(record["section"]), records.RunFiles(folder))
         assert not [line.text() for line in verdict.lines if line.kind in ("mismatch", "missing")], folder
