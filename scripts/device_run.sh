@@ -12,13 +12,12 @@ set -u
 for var in $(env | sed -n 's/^KMESH_SET_\([A-Za-z0-9_]*\)=.*/\1/p'); do
   case " $* " in *" $var "*|*" $var:"*) ;; *) echo "KMESH_SET_$var matches no section given ($*)" >&2; exit 2;; esac
 done
-# every run records the commit it measured (kmesh_lib.base.records.git_revision); the device's copy of the tree has
-# no .git, so the hash comes in KMESH_GIT_COMMIT (git rev-parse HEAD where the tree was copied from)
-if ! git rev-parse --verify -q HEAD >/dev/null 2>&1; then
-  case "${KMESH_GIT_COMMIT:-}" in
-    [0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f]*) ;;
-    *) echo "KMESH_GIT_COMMIT='${KMESH_GIT_COMMIT:-}' is not a commit hash, and this tree has no .git: export the hash of the copied tree" >&2; exit 2;;
-  esac
+# every run records the commit it measured (kmesh_lib.base.provenance): the device's copy of the tree has no .git, so it
+# carries .kmesh-tree.json (python scripts/tree_manifest.py where the copy is made; carry it), and each run hashes its
+# files against it: the commit is recorded only when they match, and dirty is measured
+if ! git rev-parse --verify -q HEAD >/dev/null 2>&1 && [ ! -f .kmesh-tree.json ]; then
+  echo "no .git and no .kmesh-tree.json: run 'python scripts/tree_manifest.py' where the tree is copied from, and carry .kmesh-tree.json" >&2
+  exit 2
 fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" JUPYTER_PATH=/tmp/kmesh-jupyter/share/jupyter:/tmp/site/share/jupyter

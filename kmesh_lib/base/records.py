@@ -30,8 +30,6 @@ import platform
 import re
 import secrets
 import socket
-import subprocess
-import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,8 +37,9 @@ from typing import Any
 
 import yaml
 
-from kmesh_lib.base import topology
+from kmesh_lib.base import provenance, topology
 from kmesh_lib.base.checks import STATUSES, Check
+from kmesh_lib.base.declared import Table, build_tables, json_default, json_value
 from kmesh_lib.base.params import current_names, to_dict
 from kmesh_lib.base.paths import REPO_ROOT, RUNS, in_repo
 from kmesh_lib.base.runlog import EngineLog
@@ -108,18 +107,6 @@ def claim_run_dir(path: Path) -> Path:
     return path
 
 
-def _json_default(obj: Any):
-    if hasattr(obj, "item"):
-        return obj.item()
-    if hasattr(obj, "to_dict"):
-        return obj.to_dict()
-    if isinstance(obj, (set, tuple)):
-        return list(obj)
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"not JSON serializable: {type(obj).__name__}")
-
-
 COMPACT_JSON = {"separators": (",", ":"), "ensure_ascii": False}  # the published format's JSON (app.compact)
 
 
@@ -128,25 +115,13 @@ def write_json_atomic(path: Path, data: Any, compact: bool = False) -> None:
     as the published format keeps JSON."""
     tmp = path.with_suffix(f"{path.suffix}.{os.getpid()}.tmp")  # two writers never share a temp file
     layout = COMPACT_JSON if compact else {"indent": 1}
-    tmp.write_text(json.dumps(data, default=_json_default, **layout) + ("\n" if compact else ""), encoding="utf-8")
+    tmp.write_text(json.dumps(data, default=json_default, **layout) + ("\n" if compact else ""), encoding="utf-8")
     os.replace(tmp, path)
 
 
 def git_revision() -> dict:
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
-        except (OSError, subprocess.TimeoutExpired):
-            return ""
-    if os.environ.get("KMESH_GIT_COMMIT"):  # a copy of the tree without .git (the GPU machine)
-        return {"commit": os.environ["KMESH_GIT_COMMIT"], "dirty": os.environ.get("KMESH_GIT_DIRTY") == "1"}
-    # git looks upwards for a repository: a copy of the tree without .git inside another repository (the GPU
-    # machine's working folder once reported an old kmesh commit, 3 Dec) is not that repository's commit
-    top = git("rev-parse", "--show-toplevel")
-    if not top or Path(top).resolve() != Path(REPO_ROOT).resolve():
-        return {"commit": None, "dirty": None}
-    return {"commit": git("rev-parse", "--verify", "-q", "HEAD") or None,
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    """The commit this checkout (or its manifested copy) holds, measured here (``base.provenance``)."""
+    return provenance.git_revision(REPO_ROOT)
 
 
 def cpu_model_name() -> str:
@@ -215,6 +190,31 @@ def sha256_capture(path: Path) -> str:
     except (lzma.LZMAError, EOFError) as e:
         raise RunFileError(f"{path}: not a readable xz file ({e})") from None
     return h.hexdigest()
+
+
+HASHED_RECORDS = ("params.resolved.yaml", "env.json")  # hashed with the captures when a run finishes
+
+
+def capture_sha256(run: RunFiles) -> dict[str, str]:
+    """SHA-256 of each capture (``raw/<name>`` as the run wrote it: ``sha256_capture``) and of the params and
+    environment records, as the run finishes: ``kmesh verify`` holds the files to them, so an edited, added
+    or deleted raw line, a changed parameter or a changed environment shows."""
+    hashes = {f"raw/{name}": run.raw_sha256(name) for name in run.raw_names("*")}
+    for name in HASHED_RECORDS:
+        path = run.run_dir / name
+        if path.is_file():
+            hashes[name] = sha256_file(path)
+    return dict(sorted(hashes.items()))
+
+
+def write_environment(path: Path, env: dict, resume: bool) -> None:
+    """env.json: the machine a run measures on. A run resumed over several calls (a GPU driver's) keeps each
+    call's environment: the first stays the record's top level, every later one is appended to ``calls``."""
+    if resume and path.is_file():
+        first = read_json_object(path)
+        first.setdefault("calls", []).append(env)
+        env = first
+    write_json_atomic(path, env)
 
 
 class RunFileError(ValueError):
@@ -411,7 +411,7 @@ class RunRecord:
         resolved = record.run_dir / "params.resolved.yaml"
         if not resolved.exists():  # `kmesh run` wrote it already, with the same values
             resolved.write_text(yaml.safe_dump({**values, "RUN_DIR": str(record.run_dir)}, sort_keys=True))
-        write_json_atomic(record.run_dir / "env.json", environment(values.get("DEVICE")))
+        write_environment(record.run_dir / "env.json", environment(values.get("DEVICE")), resume)
         record.results.setdefault("section", section)
         record.results.setdefault("run_id", record.run_dir.name)
         record.results.setdefault("started_utc", datetime.now(timezone.utc).isoformat(timespec="seconds"))
@@ -469,18 +469,20 @@ class RunRecord:
         write_json_atomic(self.results_path, self.results)
 
     def save(self, name: str, value: Any) -> Any:
-        """Stores ``value`` (a scalar, dict, list or DataFrame) under ``name`` and flushes."""
-        if hasattr(value, "to_dict") and hasattr(value, "columns"):
-            value = json.loads(value.to_json(orient="records"))
+        """Stores ``value`` (a scalar, dict, list or DataFrame) under ``name`` and flushes. For a figure the
+        section declares ``recorded_only`` (a wall-clock time); every other table goes through ``save_tables``."""
+        value = json_value(value)
         self.results[name] = value
         self.flush()
         return value
 
-    def save_check(self, name: str, ok: bool, detail: str = "") -> bool:
-        self.results.setdefault("checks", {})[name] = {"ok": bool(ok), "status": "ok" if ok else "failed",
-                                                       "detail": detail}
+    def save_tables(self, tables: dict[str, Table]) -> dict[str, Any]:
+        """Builds the section's declared tables (``base.declared``) from the files recorded so far and stores
+        them: what ``kmesh verify`` builds again and compares. Returns them, as stored."""
+        built = build_tables(tables, self.files())
+        self.results.update(built)
         self.flush()
-        return bool(ok)
+        return built
 
     def save_checks(self, checks: list[Check]) -> list[Check]:
         """Records the section's checks (as computed from the files) under ``results["checks"]``."""
@@ -495,7 +497,7 @@ class RunRecord:
             records = [records]
         with open(path, "a") as f:
             for rec in records:
-                f.write(json.dumps(rec, default=_json_default) + "\n")
+                f.write(json.dumps(rec, default=json_default) + "\n")
             f.flush()
             os.fsync(f.fileno())
         return path
@@ -513,6 +515,7 @@ class RunRecord:
         self.results["check_counts"] = counts
         self.results["status"] = "passed" if recorded and not counts["failed"] else "failed"
         self.results["finished_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.results["capture_sha256"] = capture_sha256(RunFiles(self.run_dir))
         self.flush()
         self.close()
 
@@ -549,12 +552,3 @@ def show_whole_tables() -> None:
 
     for option in ("display.max_rows", "display.max_columns", "display.width", "display.max_colwidth"):
         pd.set_option(option, None)
-
-
-class Stopwatch:
-    def __enter__(self):
-        self.t0 = time.monotonic()
-        return self
-
-    def __exit__(self, *exc):
-        self.seconds = time.monotonic() - self.t0

@@ -1,0 +1,97 @@
+"""Which code a run measured: the commit and whether the tree differed from it, read where the run ran.
+
+In a checkout, git says (``HEAD`` and ``git status``). A copy of the tree without ``.git`` (the GPU
+machine's) carries a manifest, ``.kmesh-tree.json``, written where the copy was made
+(``scripts/tree_manifest.py``): the commit and the git blob id of every file the commit holds. The run
+hashes the files it has against it, so the commit is recorded only when every file matches, and a
+changed, missing or added file makes the run dirty by measurement, not by a typed flag.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+
+MANIFEST = ".kmesh-tree.json"
+SCHEMA = "kmesh.tree-manifest/1"
+WATCHED = ("kmesh_lib", "notebooks", "params", "scripts")  # an added file here changes what runs
+SKIPPED_PARTS = ("__pycache__", ".ipynb_checkpoints")
+
+
+def git_blob_id(path: Path) -> str:
+    """The id git gives the file's content (``git hash-object``), computed without git."""
+    data = Path(path).read_bytes()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _git(root: Path, *args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def tree_manifest(root: Path) -> dict:
+    """The manifest of checkout ``root`` at ``HEAD``: the commit and each tracked file's blob id there."""
+    commit = _git(root, "rev-parse", "--verify", "-q", "HEAD").strip()
+    if not commit:
+        raise ValueError(f"{root}: not a git checkout with a commit")
+    files = {}
+    for line in _git(root, "ls-tree", "-r", "--full-tree", "HEAD").splitlines():
+        meta, _, name = line.partition("\t")
+        mode, kind, blob = meta.split()
+        if kind == "blob" and mode != "120000":
+            files[name] = blob
+    return {"schema": SCHEMA, "commit": commit, "files": files}
+
+
+def _watched_files(root: Path) -> set[str]:
+    out = set()
+    for top in WATCHED:
+        for path in (root / top).rglob("*"):
+            if path.is_file() and not any(part in SKIPPED_PARTS for part in path.parts) and path.suffix != ".pyc":
+                out.add(path.relative_to(root).as_posix())
+    return out
+
+
+def check_manifest(root: Path, manifest: dict) -> dict:
+    """``{"commit", "dirty", "source", "changed"}`` of the tree at ``root`` against ``manifest``: the commit
+    only when no file differs (else None, with the manifest's commit as ``manifest_commit``)."""
+    files = manifest.get("files") or {}
+    changed = []
+    for name, blob in sorted(files.items()):
+        path = root / name
+        if not path.is_file():
+            if name.startswith(WATCHED):  # data and docs may stay behind; code may not
+                changed.append(f"missing {name}")
+        elif git_blob_id(path) != blob:
+            changed.append(f"changed {name}")
+    changed += [f"added {name}" for name in sorted(_watched_files(root) - set(files))]
+    out = {"commit": None if changed else manifest.get("commit"), "dirty": bool(changed), "source": MANIFEST}
+    if changed:
+        out.update(manifest_commit=manifest.get("commit"), changed=changed[:20], num_changed=len(changed))
+    return out
+
+
+def git_revision(root: Path) -> dict:
+    """The commit ``root`` holds and whether it is dirty, measured (module docstring); ``{"commit": None,
+    "dirty": None}`` when neither git nor a manifest can say."""
+    top = _git(root, "rev-parse", "--show-toplevel").strip()
+    # git looks upwards for a repository: a copy of the tree without .git inside another repository (the GPU
+    # machine's working folder once reported an old kmesh commit, 3 Dec) is not that repository's commit
+    if top and Path(top).resolve() == Path(root).resolve():
+        return {"commit": _git(root, "rev-parse", "--verify", "-q", "HEAD").strip() or None,
+                "dirty": bool(_git(root, "status", "--porcelain", "--untracked-files=no").strip())}
+    path = Path(root) / MANIFEST
+    if path.is_file():
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {"commit": None, "dirty": None, "source": f"{MANIFEST} unreadable"}
+        if isinstance(manifest, dict) and manifest.get("schema") == SCHEMA:
+            return check_manifest(Path(root), manifest)
+    return {"commit": None, "dirty": None}
+
+
+__all__ = ["MANIFEST", "check_manifest", "git_blob_id", "git_revision", "tree_manifest"]
