@@ -65,7 +65,7 @@ from kmesh_lib.base.public import (
     MAX_STRING_CHARS,
     validate_public,
 )
-from kmesh_lib.base.records import RunFileError, RunFiles, open_capture, write_json_atomic
+from kmesh_lib.base.records import RunFileError, RunFiles, capture_sha256, open_capture, write_json_atomic
 
 REWRITTEN_SUFFIXES = (".json", ".yaml", ".ipynb", ".txt", ".md", ".csv")
 SITE_PACKAGES = re.compile(r"(?:/[^/\s\"'<>:]+)+/(?:site|dist)-packages/")
@@ -213,6 +213,22 @@ def shared_captures(run_id: str, folder: Path) -> dict[str, str]:
     return shared
 
 
+def rehash_copy(folder: Path) -> dict[str, str]:
+    """The published copy's ``capture_sha256``, hashed again after publishing rewrote paths in it (a capture or
+    params copy that named a machine path). The hashes the run recorded for the files that changed are kept as
+    ``capture_sha256_as_measured``; returns those."""
+    path = folder / "results.json"
+    results = RunFiles(folder).results
+    before = results.get("capture_sha256") or {}
+    now = capture_sha256(RunFiles(folder))
+    changed = {name: digest for name, digest in before.items() if now.get(name) != digest}
+    if changed:
+        results["capture_sha256_as_measured"] = {**(results.get("capture_sha256_as_measured") or {}), **changed}
+    results["capture_sha256"] = now
+    write_json_atomic(path, results, compact=True)
+    return changed
+
+
 def _check_publishable(verdict: Verdict, allow_failed: bool) -> bool:
     """Whether the run goes out marked as allowed-failed; raises PublishRefused when it may not go."""
     reasons = []
@@ -273,6 +289,7 @@ def publish(section: ModuleType, run_dir: Path, allow_failed: bool = False, repl
         left_out += drop_raw_copies(staging)
         compacted = Compacted(left_out, figures, compress_captures(staging), rewritten, repeated)
         shared = shared_captures(src.name, staging)
+        rehash_copy(staging)
         copy = RunFiles(staging)
         again = verify(section, copy)
         if again.ok != verdict.ok or [ln.kind for ln in again.lines] != [ln.kind for ln in verdict.lines]:

@@ -18,8 +18,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from kmesh_lib.base.checks import Check, check
-
 
 @dataclass(frozen=True)
 class BlockEvent:
@@ -134,8 +132,6 @@ class BlockPoolCapture:
     def to_records(self) -> list[dict]:
         return [e.to_dict() for e in self.events]
 
-    def events_between(self, first_step: int, last_step: int) -> list[BlockEvent]:
-        return [e for e in self.events if first_step <= e.step <= last_step]
 
 
 # How each logged op changes a block's reference count (``hold``/``release``: the family hold's own).
@@ -150,25 +146,6 @@ def net_references(events: list[dict]) -> Counter:
         for block_id in event["block_ids"]:
             net[block_id] += delta
     return net
-
-
-def drain_checks_from_events(name: str, events: list[dict]) -> list[Check]:
-    """The drain check replayed from logged events, per arm: every block nets to zero references.
-
-    Invariant: alloc + touch + hold == free + release for every block id, over a capture that
-    ends with every request finished. No events is no evidence (skipped), not a drained pool.
-    """
-    by_arm: dict[str, list[dict]] = {}
-    for event in events:
-        by_arm.setdefault(event.get("arm", ""), []).append(event)
-    if not by_arm:
-        return [check(f"capture drains: {name}", False, evidence=None, missing=f"{name} holds no events")]
-    checks = []
-    for arm, arm_events in sorted(by_arm.items()):
-        leaked = {b: n for b, n in net_references(arm_events).items() if n != 0}
-        checks.append(Check(f"capture drains: {name}" + (f" [{arm}]" if arm else ""), not leaked,
-                            f"{len(arm_events)} events; leaked blocks {sorted(leaked)[:10]}"))
-    return checks
 
 
 def replay_references(events: list[dict]) -> tuple[Counter, list[str]]:

@@ -241,9 +241,6 @@ class BufferArena:
     def path_of(self, entry_id: int) -> Path:
         return entry_path(self.disk_dir, entry_id)
 
-    def file_bytes(self, num_blocks: int) -> int:
-        return _round_up(num_blocks * self.bytes_per_block, ALIGN)
-
     def _stager(self) -> _Stager:
         key = threading.get_ident()
         if key not in self._stagers:

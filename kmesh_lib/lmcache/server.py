@@ -323,8 +323,3 @@ class LMCacheServer:
 
     def connector_extra_config(self) -> dict:
         return {"lmcache.mp.host": f"tcp://{HOST}", "lmcache.mp.port": self.port}
-
-
-def start_server(cfg: ServerConfig, runtime: RuntimeDir | None = None) -> LMCacheServer:
-    """Starts a server in ``runtime`` (a new run-scoped directory when None)."""
-    return LMCacheServer(cfg, runtime or RuntimeDir.create("lmcache-server")).start()

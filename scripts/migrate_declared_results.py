@@ -1,0 +1,207 @@
+"""Brings published runs to the declared-results record (issue 41), once, keeping every correction.
+
+For each run folder given (default: every run under outputs/):
+
+1. every table the section declares (``TABLES``) is built from the run's files (``raw/`` untouched) and
+   stored in results.json; where the stored table differed, the first differences and their count are
+   kept under ``migration.declared_results`` (older code wrote fewer columns, or rounded otherwise);
+   a results.json key that is neither declared nor a run field is moved under
+   ``migration.undeclared_figures`` with its value;
+2. the checks are recomputed (``section.checks``) and recorded. A check the run recorded as ok that now
+   fails or skips stops the migration of that run: the record is never narrowed to fit. A check whose
+   status changes otherwise (new, removed, a recorded failure that now passes) is listed under
+   ``migration.checks``; status and check_counts are recomputed from them;
+3. ``capture_sha256`` hashes the published files as they stand, marked as hashed at migration (not at
+   measurement: these runs predate the record), with any correction of env.json stated first;
+4. ``public-results.json`` is built again (``app.public_document``), the publishing facts (failure note,
+   shared captures, rewritten captures) carried over, and the run must then verify as it did.
+
+    python scripts/migrate_declared_results.py [RUN_DIR ...] [--dry-run]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kmesh_lib.app import registry as sections  # noqa: E402
+from kmesh_lib.app.public_document import PUBLISHING_FIELDS, public_document  # noqa: E402
+from kmesh_lib.app.published import PUBLIC_FILE  # noqa: E402
+from kmesh_lib.app.verify import recomputed_status, verify  # noqa: E402
+from kmesh_lib.base.checks import STATUSES, differences  # noqa: E402
+from kmesh_lib.base.declared import RUN_FIELDS, build_tables  # noqa: E402
+from kmesh_lib.base.paths import REPO_ROOT  # noqa: E402
+from kmesh_lib.base.records import (  # noqa: E402
+    RunFiles,
+    capture_sha256,
+    git_revision,
+    read_json_object,
+    write_json_atomic,
+)
+
+# Corrections of a recorded environment, by run: (dotted key, recorded, corrected, why)
+ENV_CORRECTIONS = {
+    "retention/gpu-20261204-030256-da21": [
+        ("git.commit", "6932d2f6e8e6b10d8b8ed6a47c4f8f8de2d1ea1c", "6932d2f",
+         "the commit was typed into KMESH_GIT_COMMIT on the GPU machine and does not exist; the run's tree was "
+         "6932d2f (vLLM's own tiers as a path), the only commit with that prefix, resolved by git here"),
+    ],
+}
+
+
+class Refused(Exception):
+    pass
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def resolve_commit(prefix: str) -> str:
+    """The one commit of this repository that ``prefix`` names (git resolves it; never typed in full)."""
+    import subprocess
+
+    out = subprocess.run(["git", "rev-parse", "--verify", "-q", f"{prefix}^{{commit}}"], cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=30).stdout.strip()
+    if len(out) != 40:
+        raise Refused(f"commit {prefix}: git cannot resolve it to one commit here")
+    return out
+
+
+def correct_env(run_dir: Path, key: str, corrections: list[tuple]) -> list[dict]:
+    path = run_dir / "env.json"
+    env = read_json_object(path)
+    done = []
+    for dotted, recorded, prefix, why in corrections:
+        corrected = resolve_commit(prefix)
+        *parents, leaf = dotted.split(".")
+        node = env
+        for part in parents:
+            node = node[part]
+        if node.get(leaf) == corrected:
+            continue
+        if node.get(leaf) != recorded:
+            raise Refused(f"{key}: env.json {dotted} is {node.get(leaf)!r}, expected {recorded!r} to correct")
+        node[leaf] = corrected
+        done.append({"file": "env.json", "key": dotted, "recorded": recorded, "corrected": corrected, "why": why})
+    if done:
+        write_json_atomic(path, env)
+    return done
+
+
+def migrate(run_dir: Path, dry_run: bool = False) -> dict:
+    key = f"{run_dir.parent.name}/{run_dir.name}"
+    section = sections.get(run_dir.parent.name)
+    run = RunFiles(run_dir)
+    results = run.results
+    before = verify(section, RunFiles(run_dir))
+    note: dict = {"when_utc": _now(), "by": "scripts/migrate_declared_results.py",
+                  "commit": git_revision().get("commit")}
+
+    built = build_tables(section.TABLES, run)
+    changed_tables = {}
+    for name, value in built.items():
+        found = differences(value, results.get(name), name)
+        if found:
+            changed_tables[name] = {"num_differences": len(found), "first": found[:3]}
+        results[name] = value
+    undeclared = {k: results.pop(k) for k in list(results) if k not in section.TABLES and k not in RUN_FIELDS}
+    if changed_tables:
+        note["declared_results"] = changed_tables
+    if undeclared:
+        note["undeclared_figures"] = undeclared
+
+    recorded = {name: rec.get("status") for name, rec in (results.get("checks") or {}).items()}
+    probe = dict(results)
+    write = run_dir / "results.json"
+    original_text = write.read_text(encoding="utf-8")
+    write_json_atomic(write, probe)  # the checks read results.json (their figure checks): give them the tables
+    try:
+        checks = section.checks(RunFiles(run_dir))
+    finally:
+        if dry_run:
+            write.write_text(original_text, encoding="utf-8")
+    narrowed = [f"{c.name}: recorded ok, now {c.status} ({c.detail})" for c in checks
+                if recorded.get(c.name) == "ok" and c.status != "ok" and not c.outside_input]
+    if narrowed:
+        write.write_text(original_text, encoding="utf-8")
+        raise Refused(f"{key}: {len(narrowed)} recorded ok checks do not hold now: {narrowed[0][:300]}")
+    check_changes = [{"name": c.name, "recorded": recorded.get(c.name), "recomputed": c.status}
+                     for c in checks if recorded.get(c.name) != c.status and not c.outside_input]
+    computed = {c.name for c in checks}
+    check_changes += [{"name": n, "recorded": s, "recomputed": None} for n, s in recorded.items() if n not in computed]
+    if check_changes:
+        note["checks"] = check_changes
+    kept = {c.name: (results["checks"][c.name] if c.outside_input and c.name in (results.get("checks") or {})
+                     else c.as_record()) for c in checks}
+    results["checks"] = kept
+    counts = {s: sum(rec.get("status") == s for rec in kept.values()) for s in STATUSES}
+    status = recomputed_status([c for c in checks if not c.outside_input], results)
+    if status != results.get("status"):
+        note["status"] = {"recorded": results.get("status"), "recomputed": status}
+    results["status"], results["check_counts"] = status, counts
+
+    corrections = ENV_CORRECTIONS.get(key, [])
+    if corrections and not dry_run:
+        note["env_corrections"] = correct_env(run_dir, key, corrections)
+    note["capture_sha256"] = ("hashed at migration from the published files as they stood (the run predates "
+                              "hashing at measurement)" + ("; env.json after the correction above" if corrections else ""))
+    results["capture_sha256"] = capture_sha256(RunFiles(run_dir))
+    migration = results.get("migration") or {}
+    if isinstance(migration, dict) and migration:
+        migration.setdefault("declared_results_migration", note)
+        results["migration"] = migration
+    else:
+        results["migration"] = {"declared_results_migration": note}
+    if dry_run:
+        return note
+    write_json_atomic(write, results, compact=True)
+
+    public_path = run_dir / PUBLIC_FILE
+    stated = read_json_object(public_path) if public_path.exists() else {}
+    public_path.unlink(missing_ok=True)  # the document is built from the run alone, as publish builds it
+    verdict = verify(section, RunFiles(run_dir))
+    given = {k: stated.get(k) for k in PUBLISHING_FIELDS}
+    allowed_failed = verdict.status != "passed" or bool(verdict.problems)
+    doc = public_document(section, RunFiles(run_dir), verdict, allowed_failed, given["failure_note"] or "",
+                          given["shared_captures"], given["captures_with_paths_rewritten"])
+    write_json_atomic(public_path, doc, compact=True)
+    after = verify(section, RunFiles(run_dir))
+    problems = [line.text() for line in after.problems]
+    if after.ok != before.ok and not (after.ok and not before.ok and allowed_failed is False):
+        print(f"  note: verify {'ok' if before.ok else 'not ok'} before, {'ok' if after.ok else 'not ok'} after")
+    note["verify_after"] = after.summary()
+    if problems:
+        note["problems_after"] = problems[:5]
+    return note
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_dirs", nargs="*", type=Path)
+    ap.add_argument("--dry-run", action="store_true")
+    args = ap.parse_args(argv)
+    run_dirs = args.run_dirs or sorted(p for p in (REPO_ROOT / "outputs").glob("*/*")
+                                       if p.is_dir() and (p / "results.json").exists())
+    status = 0
+    for run_dir in run_dirs:
+        key = f"{run_dir.parent.name}/{run_dir.name}"
+        try:
+            note = migrate(run_dir.resolve(), args.dry_run)
+        except Refused as e:
+            print(f"REFUSED {e}")
+            status = 1
+            continue
+        print(f"{key}: tables rebuilt {sorted(note.get('declared_results', {}))}, undeclared "
+              f"{sorted(note.get('undeclared_figures', {}))}, checks changed {len(note.get('checks', []))}; "
+              f"{note.get('verify_after', 'dry run')}")
+        for line in note.get("problems_after", []):
+            print(f"  {line}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
