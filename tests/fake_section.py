@@ -17,6 +17,7 @@ from pathlib import Path
 import nbformat
 
 from kmesh_lib.base.checks import check
+from kmesh_lib.base.declared import Table, recorded_only
 from kmesh_lib.base.params import RunParams as Params  # noqa: F401  (the section interface)
 
 KEY = "fake_section"
@@ -34,6 +35,11 @@ def plan(cfg) -> dict:
 
 def _total(run) -> int:
     return sum(r["value"] for r in run.raw("items.jsonl"))
+
+
+# the declared result: results.json's one table, built from raw/, and what the app's tests plant in a record
+TABLES = {"total": Table(_total),
+          **{name: recorded_only("planted by a test of publishing") for name in ("disk_root", "model", "unexpected")}}
 
 
 def checks(run) -> list:
@@ -77,7 +83,7 @@ print("run directory:", record.run_dir)""", []),
     ("code", """\
 behaviour = os.environ.get("KMESH_FAKE", "pass")
 record.append_jsonl("items.jsonl", [{"i": i, "value": i * i} for i in range(section.NUM_ITEMS)])
-record.save("total", sum(i * i for i in range(section.NUM_ITEMS)))
+record.save_tables(section.TABLES)
 os.write(2, b"C-LEVEL STDERR NOISE\\n")  # as C code writes: fd 2
 logging.getLogger("vllm.fake").error("VLLM LOGGER NOISE")
 lm = logging.getLogger("lmcache.fake")  # as lmcache.logging.init_logger does, after the run opened
@@ -145,7 +151,8 @@ def install(monkeypatch, tmp_path: Path):
     return module
 
 
-def make_run(total: int | None = None, finish: bool = True, extra_results: dict | None = None) -> Path:
+def make_run(total: int | None = None, finish: bool = True, extra_results: dict | None = None,
+             extra_raw: dict[str, list[dict]] | None = None) -> Path:
     """A fake run made in-process (no kernel): raw items, their total, checks, and a small
     executed-looking notebook for the report."""
     from kmesh_lib.base.records import RunRecord
@@ -155,6 +162,8 @@ def make_run(total: int | None = None, finish: bool = True, extra_results: dict 
     record.save("total", sum(i * i for i in range(NUM_ITEMS)) if total is None else total)
     for name, value in (extra_results or {}).items():
         record.save(name, value)
+    for name, records in (extra_raw or {}).items():
+        record.append_jsonl(name, records)
     if finish:
         report = checks(record.files())
         record.save_checks(report)
@@ -167,3 +176,15 @@ def make_run(total: int | None = None, finish: bool = True, extra_results: dict 
     nb.cells = [nbformat.v4.new_markdown_cell("# 99 Fake section"), cell]
     nbformat.write(nb, str(record.run_dir / NOTEBOOK))
     return record.run_dir
+
+
+def write_raw(run_dir: Path, name: str, text: str) -> Path:
+    """Writes ``raw/<name>`` into a made run as if the run had written it before it finished (its hash recorded)."""
+    from kmesh_lib.base.records import RunFiles, capture_sha256, write_json_atomic
+
+    path = Path(run_dir) / "raw" / name
+    path.write_text(text)
+    results = RunFiles(run_dir).results
+    results["capture_sha256"] = capture_sha256(RunFiles(run_dir))
+    write_json_atomic(Path(run_dir) / "results.json", results)
+    return path

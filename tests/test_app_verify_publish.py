@@ -236,7 +236,7 @@ def test_a_capture_shared_in_part_is_published_and_named(section, capsys, tmp_pa
     first = fake_section.make_run()
     assert publish(first, capsys)[0] == 0
     second = fake_section.make_run()  # items.jsonl equal to the first run's, but a capture of its own too
-    (second / "raw" / "extra.jsonl").write_text('{"own": 1}\n')
+    fake_section.write_raw(second, "extra.jsonl", '{"own": 1}\n')
     code, out, err = publish(second, capsys)
     assert code == 0, err
     public = json.loads((tmp_path / "published" / "fake_section" / second.name / "public-results.json").read_text())
@@ -297,9 +297,9 @@ def test_publish_keeps_each_figure_once_and_no_log(section, capsys, tmp_path):
     nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {"m1": {}, "m2": {}}}}
     nbformat.write(nb, str(nb_path))
     (run_dir / "blocks.log").write_text("INFO engine noise\n")
-    (run_dir / "raw" / "child-tiny.log").write_text("INFO engine noise\n")
+    fake_section.write_raw(run_dir, "child-tiny.log", "INFO engine noise\n")
     (run_dir / "lead-mp-N4.json").write_text("{}")
-    (run_dir / "raw" / "params_for_children.yaml").write_bytes((run_dir / "params.resolved.yaml").read_bytes())
+    fake_section.write_raw(run_dir, "params_for_children.yaml", (run_dir / "params.resolved.yaml").read_text())
     code, out, err = publish(run_dir, capsys)
     assert code == 0, err
     dest = tmp_path / "published" / "fake_section" / run_dir.name
@@ -347,8 +347,8 @@ def test_publish_makes_machine_paths_relative_and_refuses_one_it_cannot(section,
     nb.metadata["papermill"] = {"parameters": {"RUN_DIR": gpu_box}}
     nb.cells[-1].outputs.append(nbformat.v4.new_output("stream", name="stdout", text=f"run: {gpu_box}\n"))
     nbformat.write(nb, str(nb_path))
-    (run_dir / "raw" / "blocks.jsonl").write_text('{"disk_root": "/tmp/kmesh-lmcache/run-1/disk"}\n')
-    (run_dir / "raw" / "params_copy.yaml").write_text(f"RUN_DIR: {run_dir}\n")
+    fake_section.write_raw(run_dir, "blocks.jsonl", '{"disk_root": "/tmp/kmesh-lmcache/run-1/disk"}\n')
+    fake_section.write_raw(run_dir, "params_copy.yaml", f"RUN_DIR: {run_dir}\n")
     assert publish(run_dir, capsys)[0] == 0
     dest = tmp_path / "published" / "fake_section" / run_dir.name
     assert json.loads((dest / "results.json").read_text())["disk_root"] == "<tmp>/kmesh-lmcache/run-1/disk"
@@ -360,7 +360,7 @@ def test_publish_makes_machine_paths_relative_and_refuses_one_it_cannot(section,
     assert "<site-packages>/tqdm/auto.py:21" in (dest / section.NOTEBOOK).read_text()
     assert f"run: published/fake_section/{run_dir.name}" in (dest / section.NOTEBOOK).read_text()
     other = fake_section.make_run(total=30, extra_results={"model": "/home/someone/models/qwen"})
-    (other / "raw" / "extra.jsonl").write_text('{"own": 2}\n')
+    fake_section.write_raw(other, "extra.jsonl", '{"own": 2}\n')
     code, _, err = publish(other, capsys)
     assert code == 1 and "an absolute path is left" in err and "/home/someone/models/qwen" in err
     assert not (tmp_path / "published" / "fake_section" / other.name).exists()
@@ -368,7 +368,7 @@ def test_publish_makes_machine_paths_relative_and_refuses_one_it_cannot(section,
 
 def test_withdraw_lists_a_run_as_superseded_and_publishing_it_again_takes_it_off(section, capsys, tmp_path):
     old, new = fake_section.make_run(), fake_section.make_run()
-    (new / "raw" / "extra.jsonl").write_text('{"own": 3}\n')
+    fake_section.write_raw(new, "extra.jsonl", '{"own": 3}\n')
     for run_dir in (old, new):
         assert publish(run_dir, capsys)[0] == 0
     with pytest.raises(SystemExit):  # --why is required (argparse)
@@ -396,9 +396,8 @@ def test_withdraw_lists_a_run_as_superseded_and_publishing_it_again_takes_it_off
 
 def test_planted_secrets_and_token_ids_never_reach_the_public_files(section, capsys, tmp_path, monkeypatch):
     run_dir = fake_section.make_run(extra_results={
-        "unexpected": {"token_like": TOKEN_IDS, "note": SECRET, SECRET * 30: 1}, "inputs": {}})
-    with open(run_dir / "raw" / "other.jsonl", "w") as f:
-        f.write(json.dumps({"prompt": SECRET, "ids": TOKEN_IDS}) + "\n")
+        "unexpected": {"token_like": TOKEN_IDS, "note": SECRET, SECRET * 30: 1}, "inputs": {}},
+        extra_raw={"other.jsonl": [{"prompt": SECRET, "ids": TOKEN_IDS}]})
     assert publish(run_dir, capsys)[0] == 0
     outputs = tmp_path / "published"
     public_texts = [p.read_text() for p in [*outputs.rglob("public-results.json"), outputs / "index.html",
@@ -436,8 +435,8 @@ def test_validate_public_accepts_aggregates():
 
 def test_index_and_readme_list_every_published_run(section, capsys, tmp_path):
     runs = [fake_section.make_run() for _ in range(2)]
-    with open(runs[1] / "raw" / "items.jsonl", "a") as f:  # make the second run's capture its own
-        f.write("\n")
+    items = runs[1] / "raw" / "items.jsonl"  # make the second run's capture its own
+    fake_section.write_raw(runs[1], "items.jsonl", items.read_text() + "\n")
     for run_dir in runs:
         assert publish(run_dir, capsys)[0] == 0
     readme = (tmp_path / "README.md").read_text()

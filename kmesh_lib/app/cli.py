@@ -224,6 +224,22 @@ def cmd_compare(args) -> int:
 
 
 def cmd_index(args) -> int:
+    """Regenerates the listings, after verifying every published run: one whose record is not what its files
+    show (an edited table, hash, count or public file) is refused; a run published as failed lists as such."""
+    refused = []
+    for folder in sorted(p for p in published_root().glob("*/*") if p.is_dir() and not p.name.startswith(".")):
+        try:
+            verdict = verify(sections.get(folder.parent.name), RunFiles(folder))
+        except (RunFileError, UnknownSection, SectionError) as e:
+            refused.append(f"{folder.parent.name}/{folder.name}: {e}")
+            continue
+        if verdict.record_problems:
+            refused.append(f"{folder.parent.name}/{folder.name}: {verdict.record_problems[0].text()}")
+    if refused:
+        for line in refused:
+            print(f"kmesh index: refused {line}"[:300], file=sys.stderr)
+        print(f"kmesh index: {len(refused)} published runs do not verify; nothing written", file=sys.stderr)
+        return 1
     index, readme = regenerate(published_root())
     print(f"wrote {display_path(index)}" + (f" and the results table in {display_path(readme)}" if readme else ""))
     return 0

@@ -51,6 +51,8 @@ class Line:
         outside the run folder."""
         if self.recomputed is None:
             return "missing"
+        if self.recorded is None:
+            return "unrecorded"
         if self.recorded == "ok" and self.recomputed == "skipped" and self.outside_input:
             return "unavailable"
         if self.recorded != self.recomputed:
@@ -63,7 +65,7 @@ class Line:
 
     def text(self) -> str:
         label = {"ok": "ok", "failed": "FAILED", "skipped": "skipped", "mismatch": "MISMATCH",
-                 "missing": "MISSING", "unavailable": "n/a here"}[self.kind]
+                 "missing": "MISSING", "unrecorded": "UNRECORDED", "unavailable": "n/a here"}[self.kind]
         notes = []
         if self.recorded is None:
             notes.append("computed, not in the run's record")
@@ -112,15 +114,25 @@ class Verdict:
 
     @property
     def problems(self) -> list[Line | RecordLine]:
-        return [line for line in self.lines if line.is_problem] + [r for r in self.record_lines if not r.ok]
+        """Failed checks, contradicted records, and, for a run recorded as passed, checks its record lacks (a
+        passed record must hold every check; a failed run's record may have stopped short of them)."""
+        unrecorded = self.status == "passed"
+        return ([line for line in self.lines if line.is_problem or (unrecorded and line.kind == "unrecorded")]
+                + [r for r in self.record_lines if not r.ok])
 
     @property
     def ok(self) -> bool:
         return self.finished and bool(self.checks) and not self.problems
 
+    @property
+    def record_problems(self) -> list[Line | RecordLine]:
+        """The problems that say the record is not what the run measured (a failed check is a finding, not one)."""
+        return [p for p in self.problems if not (isinstance(p, Line) and p.kind == "failed")]
+
     def summary(self) -> str:
         counts = summarize(self.checks)
-        mismatches = sum(line.kind in ("mismatch", "missing") for line in self.lines)
+        mismatches = sum(line.kind in ("mismatch", "missing") or (line.kind == "unrecorded" and self.status == "passed")
+                         for line in self.lines)
         record = sum(not r.ok for r in self.record_lines)
         unavailable = sum(line.kind == "unavailable" for line in self.lines)
         verdict = "verified" if self.ok else "NOT verified"

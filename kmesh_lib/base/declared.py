@@ -11,7 +11,8 @@ Invariants ``kmesh verify`` states about a finished run's ``results.json``:
 - every key is a run field (``RUN_FIELDS``: status, checks, times, hashes) or a declared table;
 - every declared table is present, and equal to the one built from ``raw/`` and the params;
 - a table declared ``recorded_only`` (a figure the run measured and kept only in results.json: a
-  mode's wall-clock time) is present; it cannot be rebuilt, and the verify line says so.
+  mode's wall-clock time) cannot be rebuilt, and the verify line says so; a run that did not
+  measure it has none (nothing is claimed).
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ class Table:
     """One declared table: ``build(run)`` gives its value from the run's files.
 
     ``recorded_only`` says why a table cannot be rebuilt from ``raw/`` (``build`` is then None):
-    verify requires it present and names it as not recomputable.
+    verify names it as not recomputable, and does not require it.
     """
 
     build: Callable[[Any], Any] | None
@@ -103,6 +104,8 @@ def compare_tables(tables: Mapping[str, Table | Callable], run: Any, results: Ma
     lines = []
     for name, table in tables.items():
         table = as_table(table)
+        if name not in results and table.build is None:
+            continue
         if name not in results:
             lines.append(TableLine(name, ("declared, not in results.json",)))
             continue

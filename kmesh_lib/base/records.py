@@ -196,10 +196,11 @@ HASHED_RECORDS = ("params.resolved.yaml", "env.json")  # hashed with the capture
 
 
 def capture_sha256(run: RunFiles) -> dict[str, str]:
-    """SHA-256 of each capture (``raw/<name>`` as the run wrote it: ``sha256_capture``) and of the params and
-    environment records, as the run finishes: ``kmesh verify`` holds the files to them, so an edited, added
-    or deleted raw line, a changed parameter or a changed environment shows."""
-    hashes = {f"raw/{name}": run.raw_sha256(name) for name in run.raw_names("*")}
+    """SHA-256 of each capture (``raw/<name>`` as the run wrote it: ``sha256_capture``; a log in ``raw/`` is no
+    capture and is never published) and of the params and environment records, as the run finishes:
+    ``kmesh verify`` holds the files to them, so an edited, added or deleted raw line, a changed parameter or a
+    changed environment shows."""
+    hashes = {f"raw/{name}": run.raw_sha256(name) for name in run.raw_names("*") if not name.endswith(".log")}
     for name in HASHED_RECORDS:
         path = run.run_dir / name
         if path.is_file():
