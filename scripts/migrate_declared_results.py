@@ -1,6 +1,6 @@
 """Brings published runs to the declared-results record (issue 41), once, keeping every correction.
 
-For each run folder given (default: every run under outputs/):
+For each run folder given (default: every run under outputs/, and every run copy docs/notes keeps as evidence):
 
 1. every table the section declares (``TABLES``) is built from the run's files (``raw/`` untouched) and
    stored in results.json; where the stored table differed, the first differences and their count are
@@ -21,6 +21,7 @@ For each run folder given (default: every run under outputs/):
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -94,7 +95,7 @@ def correct_env(run_dir: Path, key: str, corrections: list[tuple]) -> list[dict]
 
 def migrate(run_dir: Path, dry_run: bool = False) -> dict:
     key = f"{run_dir.parent.name}/{run_dir.name}"
-    section = sections.get(run_dir.parent.name)
+    section = sections.get(read_json_object(run_dir / "results.json").get("section") or run_dir.parent.name)
     run = RunFiles(run_dir)
     results = run.results
     before = verify(section, RunFiles(run_dir))
@@ -179,16 +180,23 @@ def migrate(run_dir: Path, dry_run: bool = False) -> dict:
     return note
 
 
+def default_runs() -> list[Path]:
+    published = sorted(p for p in (REPO_ROOT / "outputs").glob("*/*") if (p / "results.json").is_file())
+    known = set(sections.SECTIONS)
+    notes = sorted(p.parent for p in (REPO_ROOT / "docs" / "notes").rglob("results.json")
+                   if json.loads(p.read_text()).get("section") in known)
+    return published + notes
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dirs", nargs="*", type=Path)
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
-    run_dirs = args.run_dirs or sorted(p for p in (REPO_ROOT / "outputs").glob("*/*")
-                                       if p.is_dir() and (p / "results.json").exists())
+    run_dirs = args.run_dirs or default_runs()
     status = 0
     for run_dir in run_dirs:
-        key = f"{run_dir.parent.name}/{run_dir.name}"
+        key = str(run_dir.resolve().relative_to(REPO_ROOT))
         try:
             note = migrate(run_dir.resolve(), args.dry_run)
         except Refused as e:
