@@ -23,6 +23,7 @@ from kmesh_lib.workloads.context_params import MP_PATHS, TIER_PATHS, ContextGrou
 PATHS = TIER_PATHS
 CONTROLS = ("dram", "engine")
 MIB = 1 << 20
+PAPER = {"MEASURED_GROUPS": 200, "ENGINE_RUNS": 10, "PILOT_GROUPS": 10}  # the paper's sizes; below them a run is scaled
 
 
 @params_dataclass
@@ -109,3 +110,15 @@ class PrefetchParams(ContextGroupParams):
     @property
     def pairs_per_run(self) -> int:
         return -(-self.MEASURED_GROUPS // self.ENGINE_RUNS)
+
+    def engine_runs(self, path: str) -> int:
+        """Fresh engine runs of ``path``'s confirmation (GPUBUF_ENGINE_RUNS for the GPU buffer, where set)."""
+        return self.GPUBUF_ENGINE_RUNS if path == "gpubuf" and self.GPUBUF_ENGINE_RUNS else self.ENGINE_RUNS
+
+
+def scaled(cfg: PrefetchParams) -> dict[str, int]:
+    """The sizes below the paper's (an empty dict at paper scale); the GPU buffer's engine runs too."""
+    out = {k: getattr(cfg, k) for k, v in PAPER.items() if getattr(cfg, k) < v}
+    if "gpubuf" in cfg.PATHS and cfg.engine_runs("gpubuf") < PAPER["ENGINE_RUNS"]:
+        out["GPUBUF_ENGINE_RUNS"] = cfg.engine_runs("gpubuf")
+    return out
