@@ -3,7 +3,8 @@
     path_support         whether a path's tier runs on the device (in-process LMCache, vLLM's own tiers)
     parse_arrivals       FOLLOWUP_ARRIVALS' one parser (``ContextGroupParams.arrivals``)
     run_params           a run's params.resolved.yaml as its section's typed Params (checks and tables read it)
-    ContextGroupParams   FOLLOWUP_ARRIVALS (``ArrivalPattern``), SINGLEFLIGHT (the settings to measure),
+    ContextGroupParams   MEASURED_GROUPS (declared here once for both), FOLLOWUP_ARRIVALS (``ArrivalPattern``),
+                         SINGLEFLIGHT (the settings to measure),
                          LMCACHE_SERVER (launcher or stock), STRIPED_STORE_ROOT; both sections inherit it
     striped_store_row    whether the striped two-NVMe disk tier can run here, and why not
     topology_row         what a run's topology table shows (NVMe drives, block devices, RAID, PCIe links)
@@ -21,7 +22,7 @@ from typing import Literal
 from pydantic import Field
 
 from kmesh_lib.base import topology
-from kmesh_lib.base.params import PathText, build, check, params_dataclass
+from kmesh_lib.base.params import PathText, PositiveCount, build, check, params_dataclass
 from kmesh_lib.engine.config import SourceRunParams
 from kmesh_lib.kv.offloading import offloading_support
 from kmesh_lib.lmcache.connect import inproc_support
@@ -76,6 +77,10 @@ class ArrivalPattern:
 class ContextGroupParams(SourceRunParams):
     """The shared-context group's LMCache-path parameters (sections 16 and 20 inherit these)."""
 
+    MEASURED_GROUPS: PositiveCount = Field(
+        5, description="measured groups per arm: section 16, per arrival pattern and singleflight setting on each engine "
+                       "(pairs, one group per arm each, alternating); section 20, per path and group size over ENGINE_RUNS "
+                       "(the paper's 200: params/prefetch.yaml)")
     FOLLOWUP_ARRIVALS: list[str] = Field(
         default_factory=lambda: ["together"], min_length=1,
         description="follow-up submission spacing per group: together, <x>ms or <k>step (see ArrivalPattern)")

@@ -47,8 +47,6 @@ class PrefetchParams(ContextGroupParams):
     FIXED_LEAD_MS: Annotated[float, Field(gt=0, le=MAX_MS)] = Field(
         250.0, description="section 16's fixed start (ms); the savings are also given from it")
     PILOT_GROUPS: PositiveCount = Field(10, description="pilot groups per lead, path and group size")
-    MEASURED_GROUPS: PositiveCount = Field(
-        200, description="confirmation groups per arm, path and group size (spread over ENGINE_RUNS)")
     ENGINE_RUNS: PositiveCount = Field(
         10, description="fresh engine runs the confirmation is spread over (paired, alternating order)")
     GPUBUF_ENGINE_RUNS: PositiveCount | None = Field(
