@@ -16,7 +16,6 @@ from kmesh_lib.engine.requests import RequestResult, RequestSpec, StepOutput
 from kmesh_lib.sections import prefetch as section
 from kmesh_lib.sections.prefetch.checks import measured_lines
 from kmesh_lib.sections.prefetch.driver import PrefetchCall, drive, readiness
-from kmesh_lib.sections.prefetch.experiment import save_tables
 from kmesh_lib.sections.prefetch.stats import all_cases, both_ways, choose_lead, classify, example, paired_saving, pairs
 
 
@@ -172,7 +171,8 @@ def _g(block, pair, arm, wait, makespan, ready=None, phase="confirm", lead=0.0, 
 B = "mp-N4-r0"
 PARAMS = dict(PATHS=["mp"], GROUP_SIZES=[4], ENGINE_RUNS=1, MEASURED_GROUPS=10, PILOT_GROUPS=2, LEADS_MS=[0.0, 25.0, 100.0],
               FIXED_LEAD_MS=100.0, CONTROLS=[], MAX_TOKENS=8, BLOCK_SIZE=32, CHUNK_SIZE=32, BOOTSTRAP_RESAMPLES=1000, SEED=0,
-              SINGLEFLIGHT=[True])
+              SINGLEFLIGHT=[True], MODEL="tiny", CONTEXT_TOKENS=256, SUFFIX_TOKENS=16, ARENA_MIB=32, NUM_GPU_BLOCKS=65,
+              MAX_MODEL_LEN=1024, WARMUP_PAIRS=0)
 
 
 def _summary(block="mp-N4-r0", status="ok", **extra):
@@ -192,9 +192,6 @@ def _run(tmp_path, groups, blocks=None, params=None, tables=True) -> RunFiles:
     """A run folder as the notebook leaves it: params, raw records and (``tables``) the results tables."""
     import yaml
 
-    from kmesh_lib.base.params import build
-    from kmesh_lib.sections.prefetch.params import PrefetchParams
-
     values = {**PARAMS, **(params or {})}
     (tmp_path / "raw").mkdir(parents=True, exist_ok=True)
     (tmp_path / "params.resolved.yaml").write_text(yaml.safe_dump(values))
@@ -204,9 +201,7 @@ def _run(tmp_path, groups, blocks=None, params=None, tables=True) -> RunFiles:
     record = RunRecord(tmp_path, "prefetch")
     record.flush()
     if tables:
-        cfg = build(PrefetchParams, {**values, "MODEL": "tiny", "CONTEXT_TOKENS": 256, "CHUNK_SIZE": 256,
-                                     "ARENA_MIB": 32, "NUM_GPU_BLOCKS": 65, "MAX_MODEL_LEN": 1024})
-        save_tables(record, cfg, classify(groups, values["BLOCK_SIZE"]), blocks)
+        record.save_tables(section.TABLES)
     return RunFiles(tmp_path)
 
 
@@ -483,14 +478,19 @@ def test_the_gpu_buffer_prefetch_reports_like_the_http_one():
 
 
 def test_plan_runs_put_the_gpu_buffer_last_with_its_own_run_count():
+    from kmesh_lib.base.params import build
     from kmesh_lib.sections.prefetch.checks import plan_runs, planned_runs
+    from kmesh_lib.sections.prefetch.params import PrefetchParams
 
-    params = dict(PATHS=["gpubuf", "mp", "mp-striped"], GROUP_SIZES=[4, 8], ENGINE_RUNS=3, GPUBUF_ENGINE_RUNS=1)
+    def cfg(**values):
+        return build(PrefetchParams, {**PARAMS, "MEASURED_GROUPS": 12, **values})
+
+    params = cfg(PATHS=["gpubuf", "mp", "mp-striped"], GROUP_SIZES=[4, 8], ENGINE_RUNS=3, GPUBUF_ENGINE_RUNS=1)
     assert [f"{p}-N{n}-r{r}" for p, n, r in plan_runs(params)][-2:] == ["gpubuf-N4-r0", "gpubuf-N8-r0"]
     assert len(plan_runs(params)) == 2 * 3 * 2 + 2
     assert "mp-striped-N4-r0" not in planned_runs(params, [{"block": "mp-striped", "path": "mp-striped",
                                                             "status": "not available"}])
-    tiers = dict(PATHS=["gpubuf", "native"], GROUP_SIZES=[4], ENGINE_RUNS=2, GPUBUF_ENGINE_RUNS=1)
+    tiers = cfg(PATHS=["gpubuf", "native"], GROUP_SIZES=[4], ENGINE_RUNS=2, GPUBUF_ENGINE_RUNS=1)
     assert [f"{p}-N{n}-r{r}" for p, n, r in plan_runs(tiers)] == ["native-N4-r0", "native-N4-r1", "gpubuf-N4-r0"]
 
 
@@ -578,3 +578,69 @@ def test_the_early_arms_store_drop_rereads_are_named_per_arm_and_the_strict_chec
     assert "early: l1_resident 40, first_load 10, reread_after_store_drop 10" in text
     assert "The early arm's disk reads, by lookup: http_prefetch first_load 10, warmup reread_after_store_drop 10." in text
     assert "The warm-store guard was off in the 1 MP engine run(s) and installed in every server" in text
+
+
+def test_declared_tables_are_what_the_record_holds_and_an_edit_is_reported(tmp_path):
+    """The notebook saves ``TABLES`` through ``record.save_tables``; verify's table comparison passes on that run
+    folder, and names a column dropped from one row, an emptied table and an undeclared key."""
+    from kmesh_lib.base.declared import compare_tables
+
+    run = _run(tmp_path, _groups())
+    results = run.results
+    assert set(section.TABLES) <= set(results)
+    lines = compare_tables(section.TABLES, run, results)
+    assert [line.name for line in lines] == list(section.TABLES) and all(line.ok for line in lines), lines
+
+    def problems(edit) -> dict[str, tuple]:
+        edited = json.loads(json.dumps(results))
+        edit(edited)
+        return {line.name: line.problems for line in compare_tables(section.TABLES, run, edited) if not line.ok}
+
+    dropped = problems(lambda r: r["all_cases"][0].pop("A first token 95% CI ms"))
+    assert list(dropped) == ["all_cases"] and "A first token 95% CI ms" in dropped["all_cases"][0]
+    assert list(problems(lambda r: r.update(pilot_readiness=[]))) == ["pilot_readiness"]
+    assert list(problems(lambda r: r.update(speedup=2.0))) == ["speedup"]
+    assert problems(lambda r: r.pop("engine_runs"))["engine_runs"] == ("declared, not in results.json",)
+
+
+def test_intervals_are_always_compared_and_another_resampling_fails(tmp_path):
+    """The intervals are recomputed with the run's own resamples and seed, whatever results.json names: an edited
+    interval fails, and a run naming another resampling fails the resampling check and its interval tables."""
+    name = "results intervals recomputed with the run's own resampling"
+    run = _run(tmp_path / "t", _groups())
+    assert _statuses(run)[name] == "ok"
+    path = tmp_path / "t" / "results.json"
+    results = json.loads(path.read_text())
+    results["all_cases"][0]["A first token 95% CI ms"][0] -= 1.0
+    path.write_text(json.dumps(results))
+    assert _statuses(run)["results all_cases recomputed from raw/ matches"] == "failed"
+    run = _run(tmp_path / "other", _groups())
+    path = tmp_path / "other" / "results.json"
+    results = json.loads(path.read_text())
+    results["bootstrap"]["method"] = "BCa"
+    path.write_text(json.dumps(results))
+    got = _statuses(run)
+    assert got[name] == "failed"
+    assert got["results all_cases recomputed from raw/ matches"] == "ok"  # the intervals are this code's
+    reseeded = _run(tmp_path / "seed", _groups(), params={"SEED": 7})  # saved with seed 7 ...
+    (tmp_path / "seed" / "params.resolved.yaml").write_text(  # ... then the params say seed 0
+        (tmp_path / "seed" / "params.resolved.yaml").read_text().replace("SEED: 7", "SEED: 0"))
+    got = _statuses(reseeded)
+    assert got[name] == "failed" and got["results all_cases recomputed from raw/ matches"] == "failed"
+
+
+def test_groups_recorded_is_the_plan_of_every_finished_engine_run(tmp_path):
+    """Not a constant: every finished engine run recorded its plan's groups (warm-up and confirmation pairs of the
+    arms its lead gives; the pilot and the contrast in the one run that chose the lead)."""
+    name = "groups recorded in raw/groups.jsonl"
+    assert _statuses(_run(tmp_path / "ok", _groups(), tables=False))[name] == "ok"
+    assert _statuses(_run(tmp_path / "lost", _groups()[:-1], tables=False))[name] == "failed"
+    warm = _statuses(_run(tmp_path / "warm", _groups(), params={"WARMUP_PAIRS": 1}, tables=False))
+    assert warm[name] == "failed"  # the plan's warm-up pair is missing
+    second = [dict(g, block="mp-N4-r1") for g in _groups()[6:]] + [dict(g, block="mp-N4-r1") for g in _groups()[:6]]
+    two_pilots = _statuses(_run(tmp_path / "two", _groups() + second, [_summary(), _summary("mp-N4-r1")],
+                                params={"ENGINE_RUNS": 2, "MEASURED_GROUPS": 20}, tables=False))
+    assert two_pilots[name] == "failed"  # the pilot ran in both engine runs
+    no_lead = _statuses(_run(tmp_path / "nolead", _groups(), [_summary(lead_ms=None)], tables=False))
+    assert no_lead[name] == "skipped"
+    assert _statuses(_run(tmp_path / "empty", [], [], tables=False))[name] == "skipped"

@@ -18,7 +18,6 @@ from kmesh_lib.kv.disk_tier import DiskTierFull, DiskTierUnfit, check_disk_tier
 from kmesh_lib.lmcache.disk_accounting import PhaseReads, Snapshot, parse_prometheus
 from kmesh_lib.sections import retention as section
 from kmesh_lib.sections.retention.checks import measured_lines
-from kmesh_lib.sections.retention.experiment import save_tables
 from kmesh_lib.sections.retention.params import RetentionParams
 from kmesh_lib.workloads.context_groups import Block, Workload
 
@@ -213,7 +212,8 @@ def summary(block="mp-N4", path="mp", status="ok", **extra):
     return {**out, **extra}
 
 
-PARAMS = dict(PATHS=["mp"], GROUP_SIZES=[4], CONTROL_ARMS=[], MEASURED_GROUPS=2, CONTROL_MEASURED_GROUPS=1, MAX_TOKENS=8)
+PARAMS = dict(PATHS=["mp"], GROUP_SIZES=[4], CONTROL_ARMS=[], WARMUP_GROUPS=0, MEASURED_GROUPS=2, CONTROL_MEASURED_GROUPS=1,
+              MAX_TOKENS=8, **CPU_SMALL)
 
 
 def run_folder(tmp_path, groups, blocks, params=None, tables=True) -> RunFiles:
@@ -222,13 +222,21 @@ def run_folder(tmp_path, groups, blocks, params=None, tables=True) -> RunFiles:
 
     (tmp_path / "raw").mkdir(parents=True, exist_ok=True)
     (tmp_path / "params.resolved.yaml").write_text(yaml.safe_dump({**PARAMS, **(params or {})}))
+    # a block's summary counts its pairs as Block.run_pairs does (where the test does not give them)
+    blocks = [b if b.get("status") != "ok" or "pairs" in b else
+              {**b, "pairs": _pairs([g for g in groups if g["block"] == b["block"]]), "retried_pairs": 0}
+              for b in blocks]
     (tmp_path / "raw" / "groups.jsonl").write_text("".join(json.dumps(g) + "\n" for g in groups))
     (tmp_path / "raw" / "blocks.jsonl").write_text("".join(json.dumps(b) + "\n" for b in blocks))
     record = RunRecord(tmp_path, "retention")
     record.flush()
     if tables:
-        save_tables(record, groups, blocks)
+        record.save_tables(section.TABLES)
     return RunFiles(tmp_path)
+
+
+def _pairs(groups: list[dict]) -> int:
+    return len(groups) // max(1, len({g["arm"] for g in groups}))
 
 
 def statuses(run) -> dict[str, str]:
@@ -464,12 +472,15 @@ def test_blocks_run_mp_first_then_controls_then_the_gpu_buffer():
     a stock server gives each arm its own block."""
     from kmesh_lib.sections.retention.blocks import plan_blocks
 
-    params = dict(PATHS=["gpubuf", "mp", "mp-striped"], GROUP_SIZES=[4, 8], CONTROL_ARMS=["floor"])
+    def cfg(**values):
+        return build(RetentionParams, {**CPU_SMALL, **values})
+
+    params = cfg(PATHS=["gpubuf", "mp", "mp-striped"], GROUP_SIZES=[4, 8], CONTROL_ARMS=["floor"])
     assert [b.name for b in plan_blocks(params)] == ["mp-N4", "mp-N8", "mp-striped-N4", "mp-striped-N8", "engine-N4",
                                                      "engine-N8", "gpubuf-N4", "gpubuf-N8"]
-    tiers = plan_blocks(dict(PATHS=["gpubuf", "native"], GROUP_SIZES=[4], CONTROL_ARMS=[]))
+    tiers = plan_blocks(cfg(PATHS=["gpubuf", "native"], GROUP_SIZES=[4], CONTROL_ARMS=[]))
     assert [b.name for b in tiers] == ["native-N4", "gpubuf-N4"]  # vLLM's own code before kmesh's CUDA code
-    stock = plan_blocks(dict(PATHS=["mp"], GROUP_SIZES=[4], LMCACHE_SERVER="stock"))
+    stock = plan_blocks(cfg(PATHS=["mp"], GROUP_SIZES=[4], LMCACHE_SERVER="stock", CONTROL_ARMS=[]))
     assert [(b.name, b.arms) for b in stock] == [("mp-N4-discard", ("discard",)), ("mp-N4-retain", ("retain",))]
 
 
@@ -626,3 +637,44 @@ def test_vllms_own_tiers_are_rows_not_available_on_cpu_with_vllms_refusal(capsys
     assert not [r for r in not_available_here(gpu) if r["path"] == "native"]
     assert kmesh_main(["plan", "16", "--profile", "cpu", "--set", "PATHS=[mp,native]"]) == 0
     assert "path native: not available: vLLM's native offloading needs a CUDA or XPU device" in capsys.readouterr().out
+
+
+def test_declared_tables_are_what_the_record_holds_and_an_edit_is_reported(tmp_path):
+    """The notebook saves ``TABLES`` through ``record.save_tables``; verify's table comparison passes on that run
+    folder, and names a column dropped from one row, an emptied table and an undeclared key."""
+    from kmesh_lib.base.declared import compare_tables
+
+    run = run_folder(tmp_path, good_mp_groups(), [summary()])
+    results = run.results
+    assert set(section.TABLES) <= set(results)
+    lines = compare_tables(section.TABLES, run, results)
+    assert [line.name for line in lines] == list(section.TABLES) and all(line.ok for line in lines), lines
+
+    def problems(edit) -> dict[str, tuple]:
+        edited = json.loads(json.dumps(results))
+        edit(edited)
+        return {line.name: line.problems for line in compare_tables(section.TABLES, run, edited) if not line.ok}
+
+    dropped = problems(lambda r: r["arms"][1].pop("disk_mib_group"))
+    assert list(dropped) == ["arms"] and "disk_mib_group" in dropped["arms"][0]
+    assert list(problems(lambda r: r.update(arrivals=[]))) == ["arrivals"]
+    assert list(problems(lambda r: r.update(speedup=2.0))) == ["speedup"]
+    assert problems(lambda r: r.pop("topology"))["topology"] == ("declared, not in results.json",)
+
+
+def test_groups_recorded_is_the_plan_of_every_finished_engine_run(tmp_path):
+    """Not a constant: every finished engine run recorded (warm-up + measured pairs x combinations + its retries) x
+    its arms; a group lost, a retry not counted or a summary without its pair counts shows."""
+    got = statuses(run_folder(tmp_path / "all", combos(), [summary()], COMBO_PARAMS))
+    assert got["groups recorded in raw/groups.jsonl"] == "ok"
+    one_lost = combos()[:-1]
+    assert statuses(run_folder(tmp_path / "lost", one_lost, [summary(pairs=8, retried_pairs=0)], COMBO_PARAMS))[
+        "groups recorded in raw/groups.jsonl"] == "failed"
+    retried = statuses(run_folder(tmp_path / "retried", combos(), [summary(pairs=9, retried_pairs=1)], COMBO_PARAMS))
+    assert retried["groups recorded in raw/groups.jsonl"] == "failed"  # a retried pair is two more groups
+    warm = statuses(run_folder(tmp_path / "warm", combos(), [summary()], {**COMBO_PARAMS, "WARMUP_GROUPS": 1}))
+    assert warm["groups recorded in raw/groups.jsonl"] == "failed"  # the plan's warm-up pair is missing
+    bare = statuses(run_folder(tmp_path / "bare", combos(), [summary(pairs=None)], COMBO_PARAMS))
+    assert bare["groups recorded in raw/groups.jsonl"] == "skipped"
+    assert statuses(run_folder(tmp_path / "none", [], [], tables=False))["groups recorded in raw/groups.jsonl"] \
+        == "skipped"

@@ -222,7 +222,7 @@ class Block:
         if path in MP_PATHS and cfg.LMCACHE_SERVER == "stock" and len(self.arms) != 1:
             raise ValueError(f"LMCACHE_SERVER=stock fixes one retention policy per server: run one block per arm "
                              f"(arms={self.arms})")
-        text = arrival if arrival is not None else cfg.FOLLOWUP_ARRIVALS[0]
+        text = arrival if arrival is not None else cfg.arrivals[0]
         self.arrival = text if isinstance(text, ArrivalPattern) else ArrivalPattern.parse(text)
         self.runtime: RuntimeDir | None = None
         self.tier = None

@@ -1,7 +1,10 @@
 """The parameters of the shared-context sections (16 and 20) and the machine rows they report.
 
     path_support         whether a path's tier runs on the device (in-process LMCache, vLLM's own tiers)
-    ContextGroupParams   FOLLOWUP_ARRIVALS (``ArrivalPattern``), SINGLEFLIGHT (the settings to measure),
+    parse_arrivals       FOLLOWUP_ARRIVALS' one parser (``ContextGroupParams.arrivals``)
+    run_params           a run's params.resolved.yaml as its section's typed Params (checks and tables read it)
+    ContextGroupParams   MEASURED_GROUPS (declared here once for both), FOLLOWUP_ARRIVALS (``ArrivalPattern``),
+                         SINGLEFLIGHT (the settings to measure),
                          LMCACHE_SERVER (launcher or stock), STRIPED_STORE_ROOT; both sections inherit it
     striped_store_row    whether the striped two-NVMe disk tier can run here, and why not
     topology_row         what a run's topology table shows (NVMe drives, block devices, RAID, PCIe links)
@@ -19,7 +22,7 @@ from typing import Literal
 from pydantic import Field
 
 from kmesh_lib.base import topology
-from kmesh_lib.base.params import PathText, check, params_dataclass
+from kmesh_lib.base.params import PathText, PositiveCount, build, check, params_dataclass
 from kmesh_lib.engine.config import SourceRunParams
 from kmesh_lib.kv.offloading import offloading_support
 from kmesh_lib.lmcache.connect import inproc_support
@@ -74,6 +77,10 @@ class ArrivalPattern:
 class ContextGroupParams(SourceRunParams):
     """The shared-context group's LMCache-path parameters (sections 16 and 20 inherit these)."""
 
+    MEASURED_GROUPS: PositiveCount = Field(
+        5, description="measured groups per arm: section 16, per arrival pattern and singleflight setting on each engine "
+                       "(pairs, one group per arm each, alternating); section 20, per path and group size over ENGINE_RUNS "
+                       "(the paper's 200: params/prefetch.yaml)")
     FOLLOWUP_ARRIVALS: list[str] = Field(
         default_factory=lambda: ["together"], min_length=1,
         description="follow-up submission spacing per group: together, <x>ms or <k>step (see ArrivalPattern)")
@@ -88,13 +95,10 @@ class ContextGroupParams(SourceRunParams):
 
     def check_rules(self) -> None:
         super().check_rules()
-        for text in self.FOLLOWUP_ARRIVALS:
-            try:
-                ArrivalPattern.parse(text)
-            except ValueError as e:
-                check(False, f"FOLLOWUP_ARRIVALS: {e}")
-        labels = [ArrivalPattern.parse(t).label for t in self.FOLLOWUP_ARRIVALS]
-        check(len(set(labels)) == len(labels), f"FOLLOWUP_ARRIVALS={self.FOLLOWUP_ARRIVALS}: a pattern is given twice")
+        try:
+            parse_arrivals(self.FOLLOWUP_ARRIVALS)
+        except ValueError as e:
+            check(False, str(e))
         check(len(set(self.SINGLEFLIGHT)) == len(self.SINGLEFLIGHT),
               f"SINGLEFLIGHT={self.SINGLEFLIGHT}: a setting is given twice")
         check(not (any(self.SINGLEFLIGHT) and self.LMCACHE_SERVER == "stock"),
@@ -102,7 +106,29 @@ class ContextGroupParams(SourceRunParams):
 
     @property
     def arrivals(self) -> list[ArrivalPattern]:
-        return [ArrivalPattern.parse(t) for t in self.FOLLOWUP_ARRIVALS]
+        """FOLLOWUP_ARRIVALS as patterns (``parse_arrivals``, the one parser of the parameter)."""
+        return parse_arrivals(self.FOLLOWUP_ARRIVALS)
+
+
+def parse_arrivals(texts: list[str]) -> list[ArrivalPattern]:
+    """FOLLOWUP_ARRIVALS' one parser: each text an ``ArrivalPattern``, no pattern twice; a ValueError names the
+    parameter and the text that does not parse, or the list that gives a pattern twice."""
+    patterns = []
+    for text in texts:
+        try:
+            patterns.append(ArrivalPattern.parse(text))
+        except ValueError as e:
+            raise ValueError(f"FOLLOWUP_ARRIVALS: {e}") from None
+    labels = [p.label for p in patterns]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"FOLLOWUP_ARRIVALS={list(texts)}: a pattern is given twice")
+    return patterns
+
+
+def run_params(cls: type, run):
+    """A run's ``params.resolved.yaml`` as its section's ``Params`` (``cls``), validated: what checks and tables
+    read, so every parameter has the one default and the one parser its declaration gives."""
+    return build(cls, run.params, where=str(run.run_dir / "params.resolved.yaml"))
 
 
 def striped_store_row(cfg, topo: dict | None = None) -> dict:

@@ -3,6 +3,7 @@ from kmesh_lib.sections.prefetch.checks import checks, counts
 from kmesh_lib.sections.prefetch.experiment import plan
 from kmesh_lib.sections.prefetch.params import PrefetchParams as Params
 from kmesh_lib.sections.prefetch.summary import answer, headline, public_results
+from kmesh_lib.sections.prefetch.tables import TABLES
 
 KEY = "prefetch"
 NUMBER = "20"
@@ -11,5 +12,5 @@ NOTEBOOK = "20_prefetch.ipynb"
 USES_ENGINE = True
 QUESTION = "Does loading shared context early help, once repeat reads are gone?"
 
-__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TITLE", "USES_ENGINE", "answer", "checks", "counts",
-           "headline", "plan", "public_results"]
+__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TABLES", "TITLE", "USES_ENGINE", "answer", "checks",
+           "counts", "headline", "plan", "public_results"]

@@ -24,20 +24,19 @@ public results), ``widgets`` and ``live`` (the interactive panel), ``gpu`` (the 
 """
 from __future__ import annotations
 
-from kmesh_lib.base import params as params_mod
 from kmesh_lib.base import topology
 from kmesh_lib.base.processes import runtime_root
 from kmesh_lib.base.records import RunRecord
 from kmesh_lib.sections.prefetch import stats as ps
-from kmesh_lib.sections.prefetch.checks import confirmation_leads, plan_runs, topology_rows
-from kmesh_lib.sections.prefetch.params import MIB, PrefetchParams
+from kmesh_lib.sections.prefetch.checks import plan_runs
+from kmesh_lib.sections.prefetch.params import MIB, PAPER, PrefetchParams, scaled
 from kmesh_lib.sections.prefetch.protocol import run_engine
+from kmesh_lib.sections.prefetch.tables import groups_of
 from kmesh_lib.workloads.context_checks import NOT_AVAILABLE
 from kmesh_lib.workloads.context_groups import kv_bytes_per_token
 from kmesh_lib.workloads.context_params import path_support, striped_store_row
 from kmesh_lib.workloads.engine_runs import record_not_available
 
-PAPER = {"MEASURED_GROUPS": 200, "ENGINE_RUNS": 10, "PILOT_GROUPS": 10}
 # Seconds per group (by group size N) and per engine run's start (low, high), read off measured runs'
 # raw/blocks.jsonl ((seconds - engine_start_s) / groups per run, and engine_start_s); smoke from the golden
 # runs. gpu: the MP server path's paper-scale H200 run gpu-20261201-151036-1f62 (20 MP engine runs of 84-105
@@ -108,14 +107,6 @@ def _runs_text(cfg: PrefetchParams) -> str:
     return text + "".join(f"; {r['path']} not available here" for r in rows)
 
 
-def scaled(cfg: PrefetchParams) -> dict[str, int]:
-    """The sizes below the paper's (an empty dict at paper scale); the GPU buffer's engine runs too."""
-    out = {k: getattr(cfg, k) for k, v in PAPER.items() if getattr(cfg, k) < v}
-    if "gpubuf" in cfg.PATHS and (cfg.GPUBUF_ENGINE_RUNS or cfg.ENGINE_RUNS) < PAPER["ENGINE_RUNS"]:
-        out["GPUBUF_ENGINE_RUNS"] = cfg.GPUBUF_ENGINE_RUNS or cfg.ENGINE_RUNS
-    return out
-
-
 def expected_duration(cfg: PrefetchParams) -> str:
     """From the sizes: engine runs x start + groups x time per group, low to high.
 
@@ -150,7 +141,7 @@ def _minutes(seconds: float) -> str:
 
 def planned_runs(cfg: PrefetchParams) -> list[tuple[str, int, int]]:
     """(path, group size, run index) of every engine run, in run order (``checks.plan_runs``)."""
-    return plan_runs(params_mod.to_dict(cfg))
+    return plan_runs(cfg)
 
 
 def not_available_here(cfg: PrefetchParams) -> list[dict]:
@@ -199,34 +190,7 @@ def open_record(cfg) -> RunRecord:
 def recorded(record: RunRecord) -> tuple[list[dict], list[dict]]:
     """The groups (classified) and engine-run summaries the measurement wrote to ``raw/``."""
     run = record.files()
-    return ps.classify(run.raw("groups.jsonl"), run.params.get("BLOCK_SIZE")), run.raw("blocks.jsonl")
-
-
-def save_tables(record: RunRecord, cfg: PrefetchParams, groups: list[dict], blocks: list[dict]) -> dict:
-    """The tables results.json states, from the group records (the notebook and the GPU driver alike)."""
-    resamples, seed = cfg.BOOTSTRAP_RESAMPLES, cfg.SEED
-    paths = sorted({g["path"] for g in groups})
-    tables = {
-        "scaled": bool(scaled(cfg)),
-        "bootstrap": {"method": ps.BOOTSTRAP, "resamples": resamples, "seed": seed},
-        "engine_runs": blocks,
-        "pilot_readiness": ps.pilot_table(groups),
-        "confirmation_lead_ms": confirmation_leads(blocks),
-        "example_4": ps.example(groups, paths[0], 4) if paths else {},
-        "all_cases": ps.all_cases(groups, resamples, seed),
-        "all_cases_with_recomputed": ps.all_cases(groups, resamples, seed, with_recomputed=True),
-        "placement": ps.placement(groups, resamples, seed),
-        "disk_reads": ps.disk_reads(groups),
-        "singleflight": ps.singleflight_table(groups),
-        "restore_split": ps.restore_rows(groups),
-        "topology": topology_rows(blocks),
-        "driver_overhead": ps.overhead(groups),
-        "recomputed_groups": ps.recomputed_groups(groups),
-        "lead_sweep": ps.lead_sweep(groups),
-    }
-    for name, value in tables.items():
-        record.save(name, value)
-    return tables
+    return groups_of(run), run.raw("blocks.jsonl")
 
 
 def run_rows(blocks: list[dict]) -> list[dict]:

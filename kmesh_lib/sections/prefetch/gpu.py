@@ -42,12 +42,7 @@ from pathlib import Path
 
 from kmesh_lib.base.records import RunRecord
 from kmesh_lib.sections import prefetch as section
-from kmesh_lib.sections.prefetch.experiment import (
-    not_available_here,
-    recorded,
-    runs_to_do,
-    save_tables,
-)
+from kmesh_lib.sections.prefetch.experiment import not_available_here, runs_to_do
 from kmesh_lib.sections.prefetch.protocol import run_engine
 from kmesh_lib.workloads.engine_runs import (
     Pipeline,
@@ -106,7 +101,7 @@ def run(out: Path, profile: str, overrides: list[str], only: list[int] | None = 
     log(f"{len(done)} engine runs already finished, {len(todo)} to go")
     pipe = Pipeline(Path(out), budget_s=budget_s, run_estimate_s=run_estimate_s, run_timeout_s=run_timeout_s, say=log)
     left = pipe.run([(f"{p}-N{n}-r{r}", CHILD + ["--out", str(out), "--child", p, str(n), str(r)]) for p, n, r in todo])
-    ok = check_run(section, record, lambda: save_tables(record, cfg, *recorded(record)))
+    ok = check_run(section, record, lambda: record.save_tables(section.TABLES))
     log(f"done in {pipe.elapsed():.0f} s; failed runs: {pipe.failed or 'none'}; left for a later call: {left or 'none'}")
     return ok and not pipe.failed and not left
 

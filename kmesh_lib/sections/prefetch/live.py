@@ -28,7 +28,7 @@ from kmesh_lib.base.checks import show
 from kmesh_lib.base.paths import REPO_ROOT, pythonpath_with_repo, repo_relative
 from kmesh_lib.base.records import RunRecord, new_run_id, run_root
 from kmesh_lib.sections import prefetch as section
-from kmesh_lib.sections.prefetch.experiment import PrefetchParams, recorded, save_tables
+from kmesh_lib.sections.prefetch.experiment import PrefetchParams
 from kmesh_lib.sections.prefetch.protocol import confirm_arms, run_engine
 
 
@@ -70,8 +70,7 @@ def main(run_dir: str) -> int:
     try:
         run_engine(cfg, cfg.PATHS[0], cfg.GROUP_SIZES[0], 0, cfg.LEADS_MS[0], record, log=lambda m: print(m, flush=True))
     finally:  # a run that raised is recorded (its summary says failed) and checked like any other
-        groups, blocks = recorded(record)
-        save_tables(record, cfg, groups, blocks)
+        record.save_tables(section.TABLES)
         report = section.checks(record.files())
         record.save_checks(report)
         show(report, section.counts(record.files()))

@@ -23,6 +23,7 @@ from kmesh_lib.workloads.context_params import MP_PATHS, TIER_PATHS, ContextGrou
 PATHS = TIER_PATHS
 CONTROLS = ("dram", "engine")
 MIB = 1 << 20
+PAPER = {"MEASURED_GROUPS": 200, "ENGINE_RUNS": 10, "PILOT_GROUPS": 10}  # the paper's sizes; below them a run is scaled
 
 
 @params_dataclass
@@ -46,8 +47,6 @@ class PrefetchParams(ContextGroupParams):
     FIXED_LEAD_MS: Annotated[float, Field(gt=0, le=MAX_MS)] = Field(
         250.0, description="section 16's fixed start (ms); the savings are also given from it")
     PILOT_GROUPS: PositiveCount = Field(10, description="pilot groups per lead, path and group size")
-    MEASURED_GROUPS: PositiveCount = Field(
-        200, description="confirmation groups per arm, path and group size (spread over ENGINE_RUNS)")
     ENGINE_RUNS: PositiveCount = Field(
         10, description="fresh engine runs the confirmation is spread over (paired, alternating order)")
     GPUBUF_ENGINE_RUNS: PositiveCount | None = Field(
@@ -109,3 +108,15 @@ class PrefetchParams(ContextGroupParams):
     @property
     def pairs_per_run(self) -> int:
         return -(-self.MEASURED_GROUPS // self.ENGINE_RUNS)
+
+    def engine_runs(self, path: str) -> int:
+        """Fresh engine runs of ``path``'s confirmation (GPUBUF_ENGINE_RUNS for the GPU buffer, where set)."""
+        return self.GPUBUF_ENGINE_RUNS if path == "gpubuf" and self.GPUBUF_ENGINE_RUNS else self.ENGINE_RUNS
+
+
+def scaled(cfg: PrefetchParams) -> dict[str, int]:
+    """The sizes below the paper's (an empty dict at paper scale); the GPU buffer's engine runs too."""
+    out = {k: getattr(cfg, k) for k, v in PAPER.items() if getattr(cfg, k) < v}
+    if "gpubuf" in cfg.PATHS and cfg.engine_runs("gpubuf") < PAPER["ENGINE_RUNS"]:
+        out["GPUBUF_ENGINE_RUNS"] = cfg.engine_runs("gpubuf")
+    return out

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.prefetch import stats as ps
-from kmesh_lib.sections.prefetch.checks import confirmation_leads, groups_of, measured_lines
-from kmesh_lib.sections.prefetch.experiment import PAPER
+from kmesh_lib.sections.prefetch.checks import measured_lines
+from kmesh_lib.sections.prefetch.params import PAPER, scaled
+from kmesh_lib.sections.prefetch.tables import bootstrap, confirmation_leads, groups_of, params_of
 from kmesh_lib.workloads.context_params import MP_PATHS
 
 
 def _tables(run):
-    params = run.params
+    params = params_of(run)
     groups = groups_of(run)
-    resamples, seed = params.get("BOOTSTRAP_RESAMPLES", 10000), params.get("SEED", 0)
+    resamples, seed = params.BOOTSTRAP_RESAMPLES, params.SEED
     rows = {(r["path"], r["group_size"], r["comparison"]): r for r in ps.all_cases(groups, resamples, seed)}
     with_ = {(r["path"], r["group_size"], r["comparison"]): r
              for r in ps.all_cases(groups, resamples, seed, with_recomputed=True)}
@@ -60,9 +61,8 @@ def answer(run) -> str:
     if not main:
         return ("**No answer from this run:** no path and group size has paired on-arrival and early groups "
                 "(see the checks).")
-    place = {(r["path"], r["group_size"], r["arm"]): r for r in ps.placement(groups, params.get("BOOTSTRAP_RESAMPLES",
-                                                                                                  10000),
-                                                                               params.get("SEED", 0))}
+    place = {(r["path"], r["group_size"], r["arm"]): r for r in ps.placement(groups, params.BOOTSTRAP_RESAMPLES,
+                                                                               params.SEED)}
     reads = {(r["path"], r["group_size"], r["arm"]): r for r in ps.disk_reads(groups)}
     contrast: dict[tuple, list[dict]] = {}
     for row in ps.singleflight_table(groups):
@@ -126,13 +126,13 @@ def answer(run) -> str:
     if guard:
         parts.append(guard)
     weak = []
-    scaled = {k: params.get(k) for k, v in PAPER.items() if (params.get(k) or 0) < v}
-    if "gpubuf" in (params.get("PATHS") or []) and (params.get("GPUBUF_ENGINE_RUNS") or params.get("ENGINE_RUNS") or 0) \
-            < PAPER["ENGINE_RUNS"]:
-        weak.append(f"The GPU-buffer rows are scaled to {params.get('GPUBUF_ENGINE_RUNS') or params.get('ENGINE_RUNS')} "
+    below = scaled(params)
+    gpubuf_runs = below.pop("GPUBUF_ENGINE_RUNS", None)
+    if gpubuf_runs is not None:
+        weak.append(f"The GPU-buffer rows are scaled to {gpubuf_runs} "
                     "engine run(s) per group size (GPUBUF_ENGINE_RUNS), so their intervals are wider than the MP rows'.")
-    if scaled:
-        weak.append(f"This run is scaled ({', '.join(f'{k}={v}' for k, v in scaled.items())}; the paper values are "
+    if below:
+        weak.append(f"This run is scaled ({', '.join(f'{k}={v}' for k, v in below.items())}; the paper values are "
                     f"{', '.join(f'{k}={v}' for k, v in PAPER.items())}), so its intervals are wide.")
     if "inproc" in {p for (p, _, _), _ in main}:
         weak.append("On the in-process path the early arm is the one-token warm-up alone (LMCacheConnectorV1 has no "
@@ -171,9 +171,9 @@ def public_results(run) -> dict:
     """The aggregates section 20 publishes: an allow-list of numbers, counts, short labels and hashes."""
     run = RunFiles.of(run)
     params, groups, rows, with_ = _tables(run)
-    resamples, seed = params.get("BOOTSTRAP_RESAMPLES", 10000), params.get("SEED", 0)
+    resamples, seed = params.BOOTSTRAP_RESAMPLES, params.SEED
     return {
-        "bootstrap": {"method": ps.BOOTSTRAP, "resamples": resamples, "seed": seed},
+        "bootstrap": bootstrap(params),
         "confirmation_lead_ms": confirmation_leads(run.raw("blocks.jsonl")),
         "all_cases": [_numbers(r) for r in rows.values()],
         "all_cases_with_recomputed": [_numbers(r) for r in with_.values()],

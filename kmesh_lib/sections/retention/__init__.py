@@ -3,6 +3,7 @@ from kmesh_lib.sections.retention.checks import checks, counts
 from kmesh_lib.sections.retention.experiment import plan
 from kmesh_lib.sections.retention.params import RetentionParams as Params
 from kmesh_lib.sections.retention.summary import answer, headline, public_results
+from kmesh_lib.sections.retention.tables import TABLES
 
 KEY = "retention"
 NUMBER = "16"
@@ -11,5 +12,5 @@ NOTEBOOK = "16_retention.ipynb"
 USES_ENGINE = True
 QUESTION = "Does keeping LMCache's copy stop repeat SSD reads?"
 
-__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TITLE", "USES_ENGINE", "answer", "checks", "counts",
-           "headline", "plan", "public_results"]
+__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TABLES", "TITLE", "USES_ENGINE", "answer", "checks",
+           "counts", "headline", "plan", "public_results"]

@@ -27,17 +27,18 @@ class PlannedBlock:
     arms: tuple[str, ...] | None = None  # None: the block's default arms
 
 
-def plan_blocks(params: dict) -> list[PlannedBlock]:
-    """Every block the params ask for (before any is found unavailable on this machine), in run order."""
-    sizes = list(params.get("GROUP_SIZES") or [])
-    stock = params.get("LMCACHE_SERVER") == "stock"
+def plan_blocks(cfg) -> list[PlannedBlock]:
+    """Every block the params (``RetentionParams``) ask for (before any is found unavailable on this machine),
+    in run order."""
+    sizes = list(cfg.GROUP_SIZES)
+    stock = cfg.LMCACHE_SERVER == "stock"
     out = []
-    for path in sorted(set(params.get("PATHS") or []), key=lambda p: RUN_ORDER.get(p, 9)):
+    for path in sorted(set(cfg.PATHS), key=lambda p: RUN_ORDER.get(p, 9)):
         for n in sizes:
             if path in MP_PATHS and stock:
                 out += [PlannedBlock(f"{path}-N{n}-{arm}", path, n, (arm,)) for arm in ("retain", "discard")]
             else:
                 out.append(PlannedBlock(f"{path}-N{n}", path, n))
-    if params.get("CONTROL_ARMS"):
+    if cfg.CONTROL_ARMS:
         out += [PlannedBlock(f"engine-N{n}", "engine", n) for n in sizes]
     return sorted(out, key=lambda b: (RUN_ORDER.get(b.path, 9), b.group_size, b.name))

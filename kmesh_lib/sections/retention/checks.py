@@ -1,4 +1,9 @@
-"""Section 16's checks and counts, computed from ``raw/groups.jsonl``, ``raw/blocks.jsonl`` and the params.
+"""Section 16's checks and counts, computed from ``raw/groups.jsonl``, ``raw/blocks.jsonl`` and the params
+(read once, as ``RetentionParams``: each parameter's one default).
+
+Every engine run that finished ok recorded the groups its plan gives (warm-up pairs + measured pairs per
+combination + its retried pairs, times its arms; ``groups_recorded``), every planned run finished, every
+group belongs to one, and every run measured every combination with each arm.
 
 The read invariants, per block, combination (arrival pattern, singleflight setting) and arm, over
 the measured groups that are ``ok``:
@@ -25,33 +30,30 @@ the measured groups that are ``ok``:
 
 The strict claim "every follow-up lookup reread the context" is a measurement, not a check
 (``measured_lines``): a concurrent MP follow-up may find another's in-flight copy and read nothing.
-Every table results.json states (arms, ratios, what did not run, rereads) is recomputed from raw/.
+Every table results.json states is built again from raw/ by the declared ``TABLES`` and compared by the one
+comparator (``figure_checks``; ``kmesh verify`` holds the whole record to ``TABLES`` too).
 """
 from __future__ import annotations
 
-from kmesh_lib.base.checks import Check, all_of, check
+from kmesh_lib.base.checks import Check, all_of
 from kmesh_lib.base.records import RunFiles
-from kmesh_lib.sections.retention.blocks import plan_blocks
+from kmesh_lib.sections.retention.blocks import PlannedBlock, plan_blocks
+from kmesh_lib.sections.retention.params import RetentionParams
 from kmesh_lib.sections.retention.report import (
     MIB,
     ORDER,
-    arm_rows,
     arrival_of,
-    arrival_rows,
     bytes_agree,
     combo_label,
     counters,
     has_two_counters,
     phase_bytes,
-    ratio_rows,
     rereads,
-    rereads_by_block,
-    restore_rows,
     singleflight_of,
-    unavailable_rows,
     usable,
 )
-from kmesh_lib.workloads.context_arms import ARMS
+from kmesh_lib.sections.retention.tables import TABLES
+from kmesh_lib.workloads.context_arms import ARMS, CONTROL_ARMS, EXTERNAL_ARMS
 from kmesh_lib.workloads.context_checks import (
     NOT_AVAILABLE,
     cleaned_up,
@@ -59,10 +61,9 @@ from kmesh_lib.workloads.context_checks import (
     figures_match,
     listeners_local,
     runs_finished,
-    topology_rows,
 )
 from kmesh_lib.workloads.context_groups import on_off
-from kmesh_lib.workloads.context_params import MP_PATHS, ArrivalPattern
+from kmesh_lib.workloads.context_params import MP_PATHS, run_params
 
 
 def lookup_kind(g: dict) -> str:
@@ -70,20 +71,67 @@ def lookup_kind(g: dict) -> str:
     return g.get("lookup") or ("prefetch" if g["path"] in MP_PATHS else "on_demand")
 
 
-def planned_blocks(params: dict, blocks: list[dict]) -> list[str]:
+def planned_blocks(cfg: RetentionParams, blocks: list[dict]) -> list[str]:
     """The engine runs the params ask for (``blocks.plan_blocks``), less those recorded as not available here."""
     unavailable = {b.get("block") for b in blocks if b.get("status") == NOT_AVAILABLE}
-    return [b.name for b in plan_blocks(params) if b.name not in unavailable]
+    return [b.name for b in plan_blocks(cfg) if b.name not in unavailable]
 
 
-def planned_combos(params: dict, path: str) -> set[tuple[str, str]]:
+def planned_combos(cfg: RetentionParams, path: str) -> set[tuple[str, str]]:
     """(arrival, singleflight) of every combination a block of ``path`` runs."""
-    arrivals = [ArrivalPattern.parse(t).label for t in params.get("FOLLOWUP_ARRIVALS") or ["together"]]
-    sfs = [on_off(x) for x in params.get("SINGLEFLIGHT") or [False]] if path in MP_PATHS else ["n/a"]
-    return {(a, sf) for a in arrivals for sf in sfs}
+    sfs = [on_off(x) for x in cfg.SINGLEFLIGHT] if path in MP_PATHS else ["n/a"]
+    return {(a.label, sf) for a in cfg.arrivals for sf in sfs}
 
 
-def combos_ran(params: dict, groups: list[dict], blocks: list[dict]) -> Check:
+def planned_arms(cfg: RetentionParams, b: PlannedBlock) -> tuple[str, ...]:
+    """The arms a planned block alternates (``workloads.context_groups.Block``): the controls on the plain engine,
+    the block's own arm with a stock server, both external arms otherwise."""
+    if b.arms is not None:
+        return b.arms
+    return tuple(a for a in CONTROL_ARMS if a in cfg.CONTROL_ARMS) if b.path == "engine" else EXTERNAL_ARMS
+
+
+def planned_groups(cfg: RetentionParams, b: PlannedBlock, retried: int) -> tuple[int, int]:
+    """(pairs, measured pairs) a block runs (``Block.run_pairs``): its warm-up pairs, then the measured pairs of
+    every combination, and the ``retried`` pairs that replaced a pair with a group not ok."""
+    control = b.path == "engine"
+    warmups = cfg.CONTROL_WARMUP_GROUPS if control else cfg.WARMUP_GROUPS
+    measured = (cfg.CONTROL_MEASURED_GROUPS if control else cfg.MEASURED_GROUPS) * len(planned_combos(cfg, b.path))
+    return warmups + measured + retried, measured + retried
+
+
+def groups_recorded(cfg: RetentionParams, groups: list[dict], blocks: list[dict]) -> Check:
+    """Every engine run that finished ok recorded the groups its plan gives: (warm-up pairs + measured pairs x
+    combinations + its retried pairs, at most MAX_RETRY_PAIRS per combination) x its arms, each of its arms; a
+    summary without its pair counts is no evidence."""
+    plan = {b.name: b for b in plan_blocks(cfg)}
+    finished = [b for b in blocks if b.get("status") == "ok"]
+
+    def evidence(b) -> bool:
+        return b.get("block") in plan and all(isinstance(b.get(k), int) for k in ("pairs", "retried_pairs"))
+
+    def found(b) -> dict:
+        mine = [g for g in groups if g.get("block") == b["block"]]
+        return {"pairs": b["pairs"], "groups": len(mine), "measured": sum(bool(g.get("measured")) for g in mine),
+                "arms": sorted({g.get("arm") for g in mine})}
+
+    def want(b) -> dict:
+        planned = plan[b["block"]]
+        arms = planned_arms(cfg, planned)
+        pairs, measured = planned_groups(cfg, planned, b["retried_pairs"])
+        return {"pairs": pairs, "groups": pairs * len(arms), "measured": measured * len(arms), "arms": sorted(arms)}
+
+    def holds(b) -> bool:
+        retries = cfg.MAX_RETRY_PAIRS * len(planned_combos(cfg, plan[b["block"]].path))
+        return found(b) == want(b) and 0 <= b["retried_pairs"] <= retries
+
+    return every("groups recorded in raw/groups.jsonl", finished, evidence, holds,
+                 lambda b: f"{b.get('block')}: recorded {found(b)}, the plan gives {want(b)} "
+                           f"({b['retried_pairs']} retried pairs)" if evidence(b) else str(b.get("block")),
+                 missing="no engine run finished ok")
+
+
+def combos_ran(cfg: RetentionParams, groups: list[dict], blocks: list[dict]) -> Check:
     """Every finished block ran every (arrival, singleflight) combination with every one of its arms."""
     finished = [b for b in blocks if b.get("status") == "ok"]
 
@@ -91,7 +139,7 @@ def combos_ran(params: dict, groups: list[dict], blocks: list[dict]) -> Check:
         mine = [g for g in groups if g["block"] == b["block"]]
         arms = {g["arm"] for g in mine}
         ran = {(arrival_of(g), singleflight_of(g), g["arm"]) for g in mine if g["measured"]}
-        want = {(a, sf, arm) for a, sf in planned_combos(params, b.get("path")) for arm in arms}
+        want = {(a, sf, arm) for a, sf in planned_combos(cfg, b.get("path")) for arm in arms}
         return [f"{a}/{sf}/{arm}" for a, sf, arm in sorted(want - ran)]
 
     return every("every engine run measured every arrival pattern and singleflight setting with each arm", finished,
@@ -101,34 +149,33 @@ def combos_ran(params: dict, groups: list[dict], blocks: list[dict]) -> Check:
 
 def checks(run) -> list[Check]:
     run = RunFiles.of(run)
-    params, groups, blocks = run.params, run.raw("groups.jsonl"), run.raw("blocks.jsonl")
-    out = [check("groups recorded in raw/groups.jsonl", True, f"{len(groups)} groups", groups,
-                 missing="raw/groups.jsonl is missing or empty"),
-           runs_finished("every planned engine run finished ok", blocks, planned_blocks(params, blocks)),
+    cfg, groups, blocks = run_params(RetentionParams, run), run.raw("groups.jsonl"), run.raw("blocks.jsonl")
+    out = [groups_recorded(cfg, groups, blocks),
+           runs_finished("every planned engine run finished ok", blocks, planned_blocks(cfg, blocks)),
            all_of("every group belongs to an engine run that finished ok", groups,
                   lambda g: g["block"] in {b.get("block") for b in blocks if b.get("status") == "ok"},
                   lambda g: f"{g['block']} pair {g['pair']}", missing="no groups"),
-           combos_ran(params, groups, blocks)]
+           combos_ran(cfg, groups, blocks)]
     for block in sorted({g["block"] for g in groups}):
         mine = [g for g in groups if g["block"] == block]
         for arrival, sf in sorted({(arrival_of(g), singleflight_of(g)) for g in mine}):
             for arm in sorted({g["arm"] for g in mine}, key=lambda a: ORDER.get(a, 9)):
                 gs = [g for g in mine if g["arm"] == arm and (arrival_of(g), singleflight_of(g)) == (arrival, sf)]
                 if gs:
-                    out += arm_checks(f"{combo_label(block, arrival, sf)} {arm}", arm, gs, params)
+                    out += arm_checks(f"{combo_label(block, arrival, sf)} {arm}", arm, gs, cfg)
     out += [listeners_local(blocks), cleaned_up(blocks)]
-    out += figure_checks(run.readable_results, groups, blocks)
+    out += figure_checks(run)
     return out
 
 
-def arm_checks(name: str, arm: str, mine: list[dict], params: dict) -> list[Check]:
+def arm_checks(name: str, arm: str, mine: list[dict], cfg: RetentionParams) -> list[Check]:
     gs = usable(mine)
-    expected = params.get("CONTROL_MEASURED_GROUPS" if not ARMS[arm].external else "MEASURED_GROUPS", 1)
+    expected = cfg.MEASURED_GROUPS if ARMS[arm].external else cfg.CONTROL_MEASURED_GROUPS
     out = [Check(f"{name}: at least {expected} measured groups usable", len(gs) >= expected,
                  f"{len(gs)} usable of {sum(g['measured'] for g in mine)} measured")]
     if not gs:
         return out
-    max_tokens = params.get("MAX_TOKENS")
+    max_tokens = cfg.MAX_TOKENS
     out.append(all_of(f"{name}: every follow-up produced its MAX_TOKENS tokens", gs,
                       lambda g: all(x == max_tokens for x in g["num_output_tokens"]),
                       lambda g: f"pair {g['pair']}: {g['num_output_tokens']}"))
@@ -147,7 +194,7 @@ def arm_checks(name: str, arm: str, mine: list[dict], params: dict) -> list[Chec
     out.append(every(f"{name}: the independent byte counters agree in both phases (MP: to the byte)", gs,
                      has_two_counters, bytes_agree, lambda g: f"pair {g['pair']}: {counters(g['prep_reads'])} / "
                                                               f"{counters(g['followup_reads'])}"))
-    if lookup_kind(gs[0]) == "prefetch" and params.get("LMCACHE_SERVER") != "stock":  # a stock server has no trace
+    if lookup_kind(gs[0]) == "prefetch" and cfg.LMCACHE_SERVER != "stock":  # a stock server has no trace
         out += trace_checks(name, gs)
     return out + (_discard(name, gs) if arm == "discard" else _retain(name, gs))
 
@@ -255,21 +302,22 @@ MET_THE_CONTEXT = ("first_load", "reread_after_load", "concurrent_load", "conten
                    "l1_resident")
 
 
-def figure_checks(results: dict, groups: list[dict], blocks: list[dict]) -> list[Check]:
-    """Every table results.json states, recomputed from raw/ (an edited figure or raw line fails)."""
-    arms = arm_rows(groups)
-    return [figures_match("results arms table recomputed from raw/ matches", results.get("arms"), arms),
-            figures_match("results discard/retain ratios recomputed from raw/ match", results.get("discard_to_retain"),
-                          ratio_rows(arms)),
-            figures_match("results not-run rows recomputed from raw/ match", results.get("not_run"),
-                          unavailable_rows(blocks)),
-            figures_match("results rereads recomputed from raw/ match", results.get("rereads"), rereads_by_block(groups)),
-            figures_match("results arrival-pattern table recomputed from raw/ matches", results.get("arrivals"),
-                          arrival_rows(groups)),
-            figures_match("results restore split recomputed from raw/ matches", results.get("restore_split"),
-                          restore_rows(groups)),
-            figures_match("results topology rows recomputed from raw/ match", results.get("topology"),
-                          topology_rows(blocks))]
+# the figure checks' names, as published runs record them, and the declared table each compares
+FIGURE_CHECKS = {"arms": "results arms table recomputed from raw/ matches",
+                 "discard_to_retain": "results discard/retain ratios recomputed from raw/ match",
+                 "not_run": "results not-run rows recomputed from raw/ match",
+                 "rereads": "results rereads recomputed from raw/ match",
+                 "arrivals": "results arrival-pattern table recomputed from raw/ matches",
+                 "restore_split": "results restore split recomputed from raw/ matches",
+                 "topology": "results topology rows recomputed from raw/ match"}
+
+
+def figure_checks(run: RunFiles) -> list[Check]:
+    """Every table results.json states, built again from raw/ by the section's declared ``TABLES`` and compared
+    by the one comparator (an edited figure or raw line fails). ``kmesh verify`` holds every declared table
+    (``blocks`` too) to the record the same way."""
+    results = run.readable_results
+    return [figures_match(name, results.get(table), TABLES[table].build(run)) for table, name in FIGURE_CHECKS.items()]
 
 
 def measured_lines(run) -> list[str]:

@@ -17,7 +17,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from kmesh_lib.base.params import build, current_names, to_dict
+from kmesh_lib.base.params import build, current_names
 from kmesh_lib.base.paths import REPO_ROOT
 from kmesh_lib.base.records import RunRecord, read_jsonl
 from kmesh_lib.sections.retention.blocks import PlannedBlock, plan_blocks
@@ -65,7 +65,7 @@ def run_block_in_child(run_dir: Path, name: str, log=print, timeout_s: float = 9
 
 def planned(cfg: RetentionParams, name: str) -> PlannedBlock:
     """The planned block called ``name`` (ValueError naming the plan when there is none)."""
-    plan = plan_blocks(to_dict(cfg))
+    plan = plan_blocks(cfg)
     found = [b for b in plan if b.name == name]
     if not found:
         raise ValueError(f"unknown block {name!r}: the params plan {', '.join(b.name for b in plan) or 'none'}")

@@ -18,23 +18,22 @@ the notebook *into that same folder* (``SOURCE_RUN``): nothing is measured or co
 ``env.json`` stays the GPU machine's, and the rendering machine is recorded as ``render_environment``.
 
 Modules: ``workloads.context_groups`` (groups, blocks), ``sections.retention.blocks`` (the plan),
-``sections.retention.report`` (tables), ``sections.retention.checks`` (checks, counts),
+``sections.retention.report`` (tables), ``sections.retention.tables`` (the declared
+result), ``sections.retention.checks`` (checks, counts),
 ``sections.retention.summary`` (headline, answer, public results), ``lmcache.connect`` /
 ``lmcache.server`` (the LMCache tiers), ``kv.gpu_buffer`` (the GPU buffer), ``lmcache.disk_accounting``.
 """
 from __future__ import annotations
 
-from kmesh_lib.base import params as params_mod
 from kmesh_lib.base import topology
 from kmesh_lib.base.processes import runtime_root
 from kmesh_lib.base.records import RunRecord
 from kmesh_lib.lmcache.connect import gpu_tier_support
-from kmesh_lib.sections.retention import report as rr
 from kmesh_lib.sections.retention.blocks import PlannedBlock, plan_blocks
 from kmesh_lib.sections.retention.child import run_block_in_child
 from kmesh_lib.sections.retention.params import MIB, RetentionParams
 from kmesh_lib.workloads import context_params
-from kmesh_lib.workloads.context_checks import NOT_AVAILABLE, topology_rows
+from kmesh_lib.workloads.context_checks import NOT_AVAILABLE
 from kmesh_lib.workloads.context_groups import Block, kv_bytes_per_token
 from kmesh_lib.workloads.context_params import striped_store_row
 from kmesh_lib.workloads.engine_runs import record_not_available
@@ -88,7 +87,7 @@ def plan(cfg: RetentionParams) -> dict:
         "expected disk reads per group": f"discard up to {(1 + max(cfg.GROUP_SIZES)) * ctx / MIB:.0f} MiB at "
                                          f"N={max(cfg.GROUP_SIZES)} (1 + N x context; fewer where a lookup meets an "
                                          f"in-flight load); retain {ctx / MIB:.0f} MiB (once)",
-        "engine runs, in order": ", ".join(b.name for b in plan_blocks(params_mod.to_dict(cfg))),
+        "engine runs, in order": ", ".join(b.name for b in plan_blocks(cfg)),
     }
     for path in cfg.PATHS:
         ok, why = path_support(cfg, path)
@@ -127,7 +126,7 @@ def expected_duration(cfg: RetentionParams) -> str:
         return f"no timing recorded for profile {cfg.PROFILE!r}"
     low = high = 0.0
     patterns = len(cfg.FOLLOWUP_ARRIVALS)
-    for b in plan_blocks(params_mod.to_dict(cfg)):
+    for b in plan_blocks(cfg):
         if b.path in ("inproc", "native") and not path_support(cfg, b.path)[0]:
             continue
         if b.path == "mp-striped" and striped_store_row(cfg)["status"] != "available":
@@ -187,7 +186,7 @@ def not_available_here(cfg: RetentionParams) -> list[dict]:
 def blocks_to_run(cfg: RetentionParams, unavailable: list[dict]) -> list[PlannedBlock]:
     """The planned blocks (``blocks.plan_blocks``, in run order) less those recorded as not available."""
     skip = {r["block"] for r in unavailable}
-    return [b for b in plan_blocks(params_mod.to_dict(cfg)) if b.name not in skip]
+    return [b for b in plan_blocks(cfg) if b.name not in skip]
 
 
 def measure(cfg: RetentionParams, record=None, log=print, isolate=("inproc",)) -> tuple[list[dict], list[dict]]:
@@ -211,15 +210,3 @@ def measure(cfg: RetentionParams, record=None, log=print, isolate=("inproc",)) -
         groups += block_groups
         blocks.append(summary)
     return groups, blocks
-
-
-def save_tables(record: RunRecord, groups: list[dict], blocks: list[dict]) -> dict[str, list | dict]:
-    """The tables results.json states, from the group records (the notebook and the GPU driver alike)."""
-    arms = rr.arm_rows(groups)
-    tables = {"blocks": blocks, "arms": arms, "discard_to_retain": rr.ratio_rows(arms),
-              "not_run": rr.unavailable_rows(blocks), "rereads": rr.rereads_by_block(groups),
-              "arrivals": rr.arrival_rows(groups), "restore_split": rr.restore_rows(groups),
-              "topology": topology_rows(blocks)}
-    for name, value in tables.items():
-        record.save(name, value)
-    return tables

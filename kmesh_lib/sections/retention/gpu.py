@@ -35,7 +35,7 @@ from pathlib import Path
 
 from kmesh_lib.sections import retention as section
 from kmesh_lib.sections.retention.child import run_planned
-from kmesh_lib.sections.retention.experiment import blocks_to_run, not_available_here, recorded, save_tables
+from kmesh_lib.sections.retention.experiment import blocks_to_run, not_available_here
 from kmesh_lib.workloads.engine_runs import (
     Pipeline,
     check_run,
@@ -77,7 +77,7 @@ def run(out: Path, profile: str, overrides: list[str], budget_s: float = float("
     log(f"{len(done)} blocks already finished, {len(todo)} to go")
     pipe = Pipeline(Path(out), budget_s=budget_s, run_estimate_s=run_estimate_s, run_timeout_s=run_timeout_s, say=log)
     left = pipe.run([(b.name, CHILD + ["--out", str(out), "--child", b.name]) for b in todo])
-    ok = check_run(section, record, lambda: save_tables(record, *recorded(record)))
+    ok = check_run(section, record, lambda: record.save_tables(section.TABLES))
     log(f"done in {pipe.elapsed():.0f} s; failed blocks: {pipe.failed or 'none'}; left for a later call: {left or 'none'}")
     return ok and not pipe.failed and not left
 

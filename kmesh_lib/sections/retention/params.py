@@ -40,8 +40,6 @@ class RetentionParams(ContextGroupParams):
     HEAD_START_S: Seconds = Field(
         0.25, description="the warm-up starts this long before the follow-ups and must have finished by then")
     WARMUP_GROUPS: Count = Field(3, description="unmeasured pairs first, per engine (cycling through the combinations)")
-    MEASURED_GROUPS: PositiveCount = Field(
-        5, description="measured pairs per arrival pattern and singleflight setting, one group per arm each, alternating")
     CONTROL_WARMUP_GROUPS: Count = Field(1, description="unmeasured pairs of the recompute/floor arms")
     CONTROL_MEASURED_GROUPS: PositiveCount = Field(3, description="measured pairs of the recompute/floor arms")
     MAX_RETRY_PAIRS: Count = Field(
