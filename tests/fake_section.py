@@ -17,6 +17,7 @@ from pathlib import Path
 import nbformat
 
 from kmesh_lib.base.checks import check
+from kmesh_lib.base.declared import Table
 from kmesh_lib.base.params import RunParams as Params  # noqa: F401  (the section interface)
 
 KEY = "fake_section"
@@ -42,6 +43,9 @@ def checks(run) -> list:
     return [check("every item recorded", len(items) == NUM_ITEMS, f"{len(items)} items", evidence=items),
             check("the recorded total equals the raw items' sum", recorded == _total(run),
                   f"recorded {recorded}, raw {_total(run)}", evidence=items)]
+
+
+TABLES = {"total": Table(_total)}  # the declared results.json tables (base.declared): the raw items' sum
 
 
 def counts(run) -> dict:
