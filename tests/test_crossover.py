@@ -8,6 +8,7 @@ from kmesh_lib.kv import floors as pf
 from kmesh_lib.sections.crossover import report as cr
 from kmesh_lib.sections.crossover.experiment import CrossoverParams, arm_order, grid_size, model_params
 from kmesh_lib.sections.crossover.params import arms_of, tiers
+from kmesh_lib.sections.crossover.tables import TITLES
 
 SMALL = dict(MODELS=["tiny"], CONTEXT_TOKENS_GRID=[256, 512], NUM_GPU_BLOCKS=65, MAX_MODEL_LEN=1024, ARENA_MIB=64)
 
@@ -222,12 +223,21 @@ def recorded_grid(tmp_path):
     (run_dir / "raw" / "models.jsonl").write_text(json.dumps({"model": "m", "path": "mp", "kv_bytes_per_token": 1024,
                                                               "status": "ok"}) + "\n")
     floors = {"disk": {"label": "disk", "gib_per_s": 1.0, "bytes": 1 << 20}, "copy": {"label": "copy", "gib_per_s": 8.0}}
-    arms = cr.arm_table(rows)
-    results = {"section": "crossover", "run_id": "run", "floors": floors, "arms": arms,
-               "crossover": cr.crossover_table(arms), "components": cr.component_table(rows),
-               "floor_distance": cr.floor_table(arms, floors)}
-    (run_dir / "results.json").write_text(json.dumps(results))
+    (run_dir / "results.json").write_text(json.dumps({"section": "crossover", "run_id": "run", "floors": floors,
+                                                      "grid_seconds": 1.0}))
+    save_declared(run_dir)
     return RunFiles(run_dir)
+
+
+def save_declared(run_dir) -> dict:
+    """The declared tables built from the run folder's files and saved into its results.json, as the notebook does."""
+    from kmesh_lib.base.records import RunRecord
+    from kmesh_lib.sections import crossover as section
+
+    return RunRecord(run_dir, section.KEY).save_tables(section.TABLES)
+
+
+TABLE_CHECKS = {key: name for key, (name, _) in TITLES.items()}  # each declared table's check
 
 
 def _statuses(run_dir):
@@ -241,7 +251,11 @@ def test_a_recorded_grid_passes_its_checks(recorded_grid):
     from kmesh_lib.sections import crossover as section
 
     statuses = _statuses(recorded_grid.run_dir)
-    assert len(statuses) >= 18 and set(statuses.values()) == {"ok"}, statuses
+    assert "failed" not in statuses.values(), statuses
+    # LMCache's arms alone: the GPU buffer's checks and the tables no LMCache row gives are stated, skipped
+    assert {n for n, s in statuses.items() if s == "skipped"} == {n for n in statuses if n.startswith("gpubuf:")} | {
+        TABLE_CHECKS[k] for k in ("splits", "scatter_sources", "forward_steps", "forward_step_pairs")}
+    assert len([s for s in statuses.values() if s == "ok"]) >= 18
     xo = {r["path"]: r for r in recorded_grid.results["crossover"]}
     assert xo["dram"]["crossover_tokens"] == 1024 and xo["disk"]["crossover_tokens"] is None
     text = section.answer(recorded_grid)
@@ -305,7 +319,52 @@ def test_missing_rows_are_skipped_never_ok(recorded_grid):
     statuses = _statuses(recorded_grid.run_dir)
     assert statuses["disk: every follow-up read the context from the disk tier"] == "skipped"
     assert statuses["every (model, context, arm, repeat) was measured exactly once"] == "skipped"
-    assert "ok" not in {s for n, s in statuses.items() if "follow-up" in n or "results.json" in n}
+    assert "ok" not in {s for n, s in statuses.items() if "follow-up" in n or "results.json" in n
+                        and n != TABLE_CHECKS["models"]}  # raw/models.jsonl is still there
+    assert statuses[TABLE_CHECKS["arms"]] == "failed"  # results.json states medians no row gives
+
+
+def _table_problems(run) -> dict[str, tuple]:
+    from kmesh_lib.base.declared import compare_tables
+    from kmesh_lib.base.records import RunFiles
+    from kmesh_lib.sections import crossover as section
+
+    run = RunFiles(run.run_dir)
+    return {line.name: line.problems for line in compare_tables(section.TABLES, run, run.results) if line.problems}
+
+
+@pytest.mark.parametrize("fixture", ["recorded_grid", "recorded_tiers"])
+def test_saved_tables_are_what_verify_rebuilds_and_an_edit_of_one_is_reported(fixture, request):
+    """``save_tables(TABLES)`` stores every declared table; verify's comparison finds nothing to say, until a row
+    loses a column, a table is emptied or results.json gains a key no table declares."""
+    import json
+
+    from kmesh_lib.app.verify import record_lines
+    from kmesh_lib.sections import crossover as section
+
+    run = request.getfixturevalue(fixture)
+    saved = save_declared(run.run_dir)
+    assert set(saved) == {k for k, t in section.TABLES.items() if t.build is not None}
+    assert set(section.TABLES) <= set(run.results)  # the recorded-only floors and grid time too
+    assert _table_problems(run) == {}
+    lines = [line for line in record_lines(section, run, run.results, section.checks(run)) if "table" in line.name]
+    assert len(lines) == len(section.TABLES) and all(line.ok for line in lines), [line.text() for line in lines]
+    path = run.run_dir / "results.json"
+    for edit, name, said in (
+            (lambda r: r["arms"][1].pop("ttft_ms"), "arms", "arms[1].ttft_ms: missing in results.json"),
+            (lambda r: r.update(floor_distance=[]), "floor_distance", "items recomputed, 0 recorded"),
+            (lambda r: r.update(speedups={"dram": 2.0}), "speedups", "not a declared table or run field"),
+            (lambda r: r.pop("models"), "models", "declared, not in results.json")):
+        results = json.loads(path.read_text())
+        edit(results)
+        path.write_text(json.dumps(results))
+        problems = _table_problems(run)
+        assert list(problems) == [name] and said in problems[name][0], problems
+        save_declared(run.run_dir)
+        results = json.loads(path.read_text())
+        results.pop("speedups", None)
+        path.write_text(json.dumps(results))
+        assert _table_problems(run) == {}
 
 
 def test_plan_duration_grows_with_the_grid():
@@ -393,11 +452,8 @@ def recorded_tiers(recorded_grid):
         f.write(json.dumps({"model": "m", "tier": "gpubuf", "path": "gpubuf", "kv_bytes_per_token": 1024, "status": "ok"}) + "\n")
     results = json.loads((run_dir / "results.json").read_text())
     results["floors"]["device"] = {"label": "device->device", "gib_per_s": 100.0}
-    arms = cr.arm_table(rows)
-    results.update(arms=arms, crossover=cr.crossover_table(arms), components=cr.component_table(rows),
-                   floor_distance=cr.floor_table(arms, results["floors"]), splits=cr.split_table(rows),
-                   forward_steps=cr.forward_step_table(rows), forward_step_pairs=cr.forward_step_pairs(rows))
     (run_dir / "results.json").write_text(json.dumps(results))
+    save_declared(run_dir)
     return recorded_grid
 
 
@@ -406,7 +462,12 @@ def test_a_recorded_grid_with_the_gpu_buffer_passes_its_checks(recorded_tiers):
     from kmesh_lib.sections import crossover as section
 
     statuses = _statuses(recorded_tiers.run_dir)
-    assert set(statuses.values()) == {"ok"}, {n: s for n, s in statuses.items() if s != "ok"}
+    assert "failed" not in statuses.values(), {n: s for n, s in statuses.items() if s != "ok"}
+    # what these rows do not record (the tier's route, the launch's stamps, GPU clocks) is stated and skipped
+    assert {n for n, s in statuses.items() if s == "skipped"} == {
+        n for n in statuses if n.startswith("gpubuf: every restore") and "added to its step" not in n} | {
+        TABLE_CHECKS["scatter_sources"], "gpubuf: what every restore added to its step is its lookup, timing sync, host "
+        "calls and the forward pass's wait, each recorded and none negative"}
     assert "every (model, tier) child finished ok" in statuses
     assert "results.json restore timeline splits equal the rows" in statuses
     assert "results.json forward passes' own spans against the resident's equal the rows" in statuses
@@ -477,9 +538,12 @@ def test_splits_the_rows_lack_fail_and_missing_timelines_are_skipped(recorded_ti
     assert _statuses(recorded_tiers.run_dir)[name] == "failed"  # results.json states splits no row gives
     path = recorded_tiers.run_dir / "results.json"
     results = json.loads(path.read_text())
-    del results["splits"]
+    results["splits"] = []
     path.write_text(json.dumps(results))
     assert _statuses(recorded_tiers.run_dir)[name] == "skipped"  # GPU-buffer arms ran, no timeline recorded
+    del results["splits"]
+    path.write_text(json.dumps(results))
+    assert _statuses(recorded_tiers.run_dir)[name] == "failed"  # a declared table results.json lacks
 
 
 def test_launch_checks_hold_each_restore_to_the_tiers_launch_at_and_its_parts():
@@ -491,20 +555,32 @@ def test_launch_checks_hold_each_restore_to_the_tiers_launch_at_and_its_parts():
         r["split"].update(launched_at="step_start", measure_s=2e-5, host_s=6e-5, forward_wait_s=1e-5,
                           critical_s=1e-4 + 2e-5 + 6e-5 + 1e-5)
     child = {"model": "m", "tier": "gpubuf", "tier_route": {"launch_at": "step_start"}}
-    assert [c.status for c in launch_checks(rows, [child])] == ["ok", "ok"]
-    assert launch_checks(rows, [{"model": "m", "tier": "gpubuf", "tier_route": {}}]) == []  # before the choice
-    assert [c.status for c in launch_checks(rows, [{**child, "tier_route": {"launch_at": "forward"}}])][0] == "failed"
+    launch_at, adds_up = "gpubuf: every restore was queued where the tier says it queues them (launch_at)", (
+        "gpubuf: what every restore added to its step is its lookup, timing sync, host calls and the forward pass's "
+        "wait, each recorded and none negative")
+    waited = ("gpubuf: every restore's forward pass waited as its arm says (wait_at), with layer waits once for each "
+              "copy group")
+
+    def statuses(children):
+        return {c.name: c.status for c in launch_checks(rows, children)}
+
+    got = statuses([child])
+    assert len(got) == 8 and (got[launch_at], got[adds_up]) == ("ok", "ok")  # every check stated, each time
+    assert {n for n, s in got.items() if s == "skipped"} == set(got) - {launch_at, adds_up}  # nothing else recorded
+    assert statuses([{"model": "m", "tier": "gpubuf", "tier_route": {}}])[launch_at] == "skipped"  # before the choice
+    assert statuses([{**child, "tier_route": {"launch_at": "forward"}}])[launch_at] == "failed"
     rows[0]["split"]["critical_s"] += 1e-6  # a figure that is not its parts' sum
-    assert [c.status for c in launch_checks(rows, [child])] == ["ok", "failed"]
+    assert (statuses([child])[launch_at], statuses([child])[adds_up]) == ("ok", "failed")
     rows[0]["split"].update(critical_s=1e-4 + 2e-5 + 6e-5 + 1e-5, measure_s=None)  # a part not recorded
-    assert [c.status for c in launch_checks(rows, [child])] == ["ok", "failed"]
+    assert (statuses([child])[launch_at], statuses([child])[adds_up]) == ("ok", "failed")
     # with the tier's wait_at recorded: each restore waited as its arm says, every copy group once
     waiting = {**child, "tier_route": {"launch_at": "step_start", "wait_at": "forward"}}
     for r in rows:
         r["split"].update(wait_at="forward", num_copy_groups=1, num_layer_waits=0)
-    assert [c.status for c in launch_checks(rows, [waiting])][0] == "ok"
+    assert statuses([waiting])[waited] == "ok"
     rows[0]["split"].update(wait_at="layer", num_copy_groups=5, num_layer_waits=5)  # not what its arm says
-    assert [c.status for c in launch_checks(rows, [waiting])][0] == "failed"
+    assert statuses([waiting])[waited] == "failed"
+    assert {c.status for c in launch_checks([], [waiting])} == {"skipped"}  # no GPU-buffer restore: stated, skipped
 
 
 def test_the_copy_graphs_check_holds_each_restore_to_the_tiers_route():
@@ -525,7 +601,7 @@ def test_the_copy_graphs_check_holds_each_restore_to_the_tiers_route():
     rows[0]["split"]["copy_launch"] = "handle"  # one restore fell back to the launch route
     assert status("on") == "failed"
     before = launch_checks(rows, [{"model": "m", "tier": "gpubuf", "tier_route": {"launch_at": "step_start"}}])
-    assert before and name not in {c.name for c in before}  # runs before the graphs record no copy_graphs: no such check
+    assert {c.name: c.status for c in before}[name] == "skipped"  # runs before the graphs record no copy_graphs
 
 
 def test_the_to_forward_check_holds_each_restore_between_its_end_and_its_first_token():
@@ -541,7 +617,7 @@ def test_the_to_forward_check_holds_each_restore_between_its_end_and_its_first_t
 
     for r in rows:
         r["split"].update(launched_at="step_start")
-    assert status() is None  # runs before to_forward was recorded: no such check
+    assert status() == "skipped"  # runs before to_forward was recorded: stated, skipped
     for r in rows:
         r["split"]["to_forward_s"] = r["ttft_s"] / 4
     assert status() == "ok"
@@ -575,8 +651,8 @@ def test_the_kept_reference_check_holds_each_restore_to_a_confirmed_reference():
     rows[1]["split"]["reference_at"] = "step"  # one restore took its reference in its step
     assert status() == "failed"
     for r in rows:
-        r["split"]["reference_at"] = None  # runs before the kept reference: no such check
-    assert name not in {c.name for c in launch_checks(rows, [child])}
+        r["split"]["reference_at"] = None  # runs before the kept reference: stated, skipped
+    assert {c.name: c.status for c in launch_checks(rows, [child])}[name] == "skipped"
 
 
 def test_native_offload_without_cpu_tier_counts_is_skipped_not_ok():
@@ -758,7 +834,7 @@ def test_a_scatter_table_is_checked_against_the_rows(recorded_tiers):
                    floor_distance=cr.floor_table(arms, results["floors"]), splits=cr.split_table(rows))
     name = "results.json forward-step spread and its sources equal the rows"
     path.write_text(json.dumps(results))
-    assert _statuses(recorded_tiers.run_dir)[name] == "skipped"  # the rows give a table results.json lacks
+    assert _statuses(recorded_tiers.run_dir)[name] == "failed"  # the rows give a table results.json lacks
     results["scatter_sources"] = cr.scatter_table(rows)
     path.write_text(json.dumps(results))
     assert _statuses(recorded_tiers.run_dir)[name] == "ok"

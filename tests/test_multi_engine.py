@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kmesh_lib.base.params import ParamError, build, resolve_params, to_dict
+from kmesh_lib.base.params import ParamError, build, resolve_params
 from kmesh_lib.base.processes import group_alive
 from kmesh_lib.base.records import RunFiles, RunRecord, write_json_atomic
 from kmesh_lib.sections import multi_engine as section
@@ -94,7 +94,7 @@ def test_trace_is_seeded_and_has_the_parameters_shape():
     assert offsets[0] == 0.0 and offsets == sorted(offsets)
     ids = {r.request_id: len(r.prompt_token_ids) for r in a}
     ids.update({c.request_id: cfg.child_tokens for r in a for c in r.children})
-    assert ids == mc.trace_ids(to_dict(cfg), 0) and len(ids) == cfg.num_requests
+    assert ids == mc.trace_ids(cfg, 0) and len(ids) == cfg.num_requests
 
 
 @pytest.mark.parametrize("bad, needle", [
@@ -249,12 +249,7 @@ def fake_run(tmp_path: Path, token_s: tuple = (), **values) -> RunFiles:
     if cfg.KILL_ENGINE is None:
         probe(fleet, cfg, record, log=lambda *_: None)
     record.append_jsonl("fleets.jsonl", fleet.close())
-    run = record.files()
-    rows, arms = run.raw("requests.jsonl"), run.raw("arms.jsonl")
-    record.save("policies", report.policy_table(rows, cfg.NUM_ENGINES))
-    record.save("bytes", report.bytes_table(arms, rows))
-    record.save("restore", report.restore_table(rows))
-    record.save("probes", report.probe_table(run.raw("probes.jsonl")))
+    record.save_tables(section.TABLES)  # as the notebook saves them
     return RunFiles(record.run_dir)
 
 
@@ -335,15 +330,75 @@ def test_an_edited_raw_record_fails_its_check(tmp_path, what, name, change, chec
     assert statuses(RunFiles(run.run_dir))[check_name] == "failed"
 
 
-def test_an_edited_results_table_fails_and_a_missing_one_is_skipped(tmp_path):
+def test_an_edited_or_missing_results_table_fails_and_an_empty_one_is_skipped(tmp_path):
     run = fake_run(tmp_path)
+    got = statuses(run)
+    assert got["results.json 'policies' table equals the one recomputed from raw/"] == "ok"
+    # no 'shared' trace: the bytes and restore tables are empty, as raw/ gives them; stated, skipped, never ok
+    assert run.results["bytes"] == [] and got["results.json 'bytes' table equals the one recomputed from raw/"] == "skipped"
     results = run.results
     results["policies"][0]["makespan_ms"] += 1.0
-    del results["restore"]
+    results["policies"][1].pop("ttft_ms")
+    del results["probes"]
+    results["restore"] = [{"model": "tiny"}]
     write_json_atomic(run.run_dir / "results.json", results)
     got = statuses(RunFiles(run.run_dir))
-    assert got["results.json 'policies' table equals the one recomputed from raw/"] == "failed"
-    assert got["results.json 'restore' table equals the one recomputed from raw/"] == "skipped"
+    for key in ("policies", "probes", "restore"):
+        assert got[f"results.json '{key}' table equals the one recomputed from raw/"] == "failed", key
+    assert got["results.json 'bytes' table equals the one recomputed from raw/"] == "skipped"
+
+
+def _table_problems(run: RunFiles) -> dict[str, tuple]:
+    from kmesh_lib.base.declared import compare_tables
+
+    run = RunFiles(run.run_dir)
+    return {line.name: line.problems for line in compare_tables(section.TABLES, run, run.results) if line.problems}
+
+
+def test_saved_tables_are_what_verify_rebuilds_and_an_edit_of_one_is_reported(tmp_path):
+    """``save_tables(TABLES)`` stores every declared table; verify's comparison finds nothing to say, until a row
+    loses a column, a table is emptied or results.json gains a key no table declares."""
+    from kmesh_lib.app.verify import record_lines
+
+    run = fake_run(tmp_path)
+    assert set(section.TABLES) <= set(run.results) and _table_problems(run) == {}
+    lines = [line for line in record_lines(section, run, run.results, section.checks(run)) if "table" in line.name]
+    assert len(lines) == len(section.TABLES) and all(line.ok for line in lines), [line.text() for line in lines]
+    path = run.run_dir / "results.json"
+    for edit, name, said in (
+            (lambda r: r["policies"][2].pop("load_imbalance"), "policies", "policies[2].load_imbalance: missing in"),
+            (lambda r: r.update(probes=[]), "probes", "1 items recomputed, 0 recorded"),
+            (lambda r: r.update(speedup={"shared": 2.0}), "speedup", "not a declared table or run field"),
+            (lambda r: r.pop("restore"), "restore", "declared, not in results.json")):
+        results = json.loads(path.read_text())
+        edit(results)
+        write_json_atomic(path, results)
+        problems = _table_problems(run)
+        assert list(problems) == [name] and said in problems[name][0], problems
+        RunRecord(run.run_dir, section.KEY).save_tables(section.TABLES)
+        results = json.loads(path.read_text())
+        results.pop("speedup", None)
+        write_json_atomic(path, results)
+        assert _table_problems(run) == {}
+
+
+def test_the_parameters_are_read_once_as_the_sections_params(tmp_path):
+    """The checks read the run's params.resolved.yaml as MultiEngineParams: a parameter the run did not record takes
+    the one default the Params declare (MODELS: empty, so MODEL alone; KILL_ENGINE: none)."""
+    from kmesh_lib.sections.multi_engine.params import run_params
+
+    run = fake_run(tmp_path)
+    path = run.run_dir / "params.resolved.yaml"
+    values = yaml.safe_load(path.read_text())
+    for name in ("MODELS", "KILL_ENGINE", "LOGPROB_TOLERANCE"):
+        values.pop(name)
+    path.write_text(yaml.safe_dump(values))
+    cfg = run_params(RunFiles(run.run_dir))
+    assert (cfg.models, cfg.KILL_ENGINE, cfg.LOGPROB_TOLERANCE) == ([cfg.MODEL], None, 0.001)
+    assert statuses(RunFiles(run.run_dir)) == statuses(run)
+    path.write_text(yaml.safe_dump({**values, "NUM_ENGINE": 2}))  # a misspelt parameter is named, not defaulted
+    with pytest.raises(ParamError, match="NUM_ENGINE"):
+        section.checks(RunFiles(run.run_dir))
 
 
 def test_missing_raw_files_skip_rather_than_pass(tmp_path):
@@ -409,10 +464,8 @@ def test_real_engines_give_the_same_tokens_under_every_policy(tmp_path):
     record = RunRecord.open("multi_engine", cfg, run_dir=str(tmp_path / "run"))
     experiment.run(cfg, record, log=lambda *_: None)
     run = record.files()
-    rows, arms = run.raw("requests.jsonl"), run.raw("arms.jsonl")
-    for key, table in (("policies", report.policy_table(rows, 2)), ("bytes", report.bytes_table(arms, rows)),
-                       ("restore", report.restore_table(rows))):
-        record.save(key, table)
+    rows = run.raw("requests.jsonl")
+    record.save_tables(section.TABLES)
     got = {c.name: c for c in section.checks(run)}
     assert not [c for c in got.values() if c.status == "failed"], [c for c in got.values() if c.status == "failed"]
     for name in ("every request generated the same tokens under every policy",

@@ -3,6 +3,7 @@ from kmesh_lib.sections.crossover.checks import checks, counts
 from kmesh_lib.sections.crossover.experiment import plan
 from kmesh_lib.sections.crossover.params import CrossoverParams as Params
 from kmesh_lib.sections.crossover.summary import answer, headline, public_results
+from kmesh_lib.sections.crossover.tables import TABLES
 
 KEY = "crossover"
 NUMBER = "21"
@@ -11,5 +12,5 @@ NOTEBOOK = "21_crossover.ipynb"
 USES_ENGINE = True
 QUESTION = "When does restoring KV beat recomputing it?"
 
-__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TITLE", "USES_ENGINE", "answer", "checks", "counts",
-           "headline", "plan", "public_results"]
+__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TABLES", "TITLE", "USES_ENGINE", "answer", "checks",
+           "counts", "headline", "plan", "public_results"]

@@ -10,28 +10,32 @@
 Runs recorded before the GPU-buffer and vLLM-CPU-tier arms have no ``tier`` fields: theirs is lmcache.
 
 A row's expected cached tokens are recomputed from the parameters (0 for ``recompute``, the whole
-context for every other arm), not read from the row. The tables results.json keeps (per-arm
-medians, crossover points, components, distance to the floors) are recomputed from the rows with
-``report``'s functions and compared. The physical floors are measured by the notebook and kept
+context for every other arm), not read from the row. The tables results.json keeps are the section's
+declared ``tables.TABLES``, each rebuilt from the rows (and raw/models.jsonl) and compared with the one
+comparator (``base.checks.differences``). The physical floors are measured by the notebook and kept
 only in results.json, so the floor-distance table is recomputed from the rows and the recorded
 floors, and the floors themselves are recorded-only.
+
+Every check is stated for every run: one whose evidence is missing (no GPU-buffer restore, a field a run
+recorded before it existed does not hold) is skipped with the reason, never left out.
 """
 from __future__ import annotations
 
 from itertools import product
 
 from kmesh_lib.base.checks import Check, all_of, check, differences
-from kmesh_lib.base.records import RunFiles
+from kmesh_lib.base.declared import json_value
+from kmesh_lib.base.records import RunFileError, RunFiles
 from kmesh_lib.sections.crossover import report
 from kmesh_lib.sections.crossover.arms import (
     GPUBUF_RESTORES,
     HANDOFF_ARMS,
     KIND,
     STORED_TIERS,
-    TIMED_TIERS,
     WAIT_AT_OF,
     tiers_of,
 )
+from kmesh_lib.sections.crossover.tables import TABLES, TITLES, recomputed_tables
 
 
 def expected_cached(arm: str, context_tokens: int) -> int:
@@ -49,24 +53,6 @@ def measured_rows(run: RunFiles) -> list[dict]:
 
 def kv_bytes(run: RunFiles) -> dict[str, int]:
     return {m["model"]: m["kv_bytes_per_token"] for m in run.raw("models.jsonl") if "kv_bytes_per_token" in m}
-
-
-def recomputed_tables(run: RunFiles) -> dict:
-    """The tables of results.json, recomputed from raw/rows.jsonl (and the recorded floors)."""
-    rows = run.raw("rows.jsonl")
-    arms = report.arm_table(rows)
-    out = {"arms": arms, "crossover": report.crossover_table(arms), "components": report.component_table(rows)}
-    floors = run.results.get("floors") or {}
-    if floors.get("disk") and floors.get("copy"):
-        out["floor_distance"] = report.floor_table(arms, floors)
-    if any(r.get("split") for r in rows):
-        out["splits"] = report.split_table(rows)
-    if any(r.get("gpu_clocks") for r in rows):
-        out["scatter_sources"] = report.scatter_table(rows)
-    if any("forward_step_s" in r for r in rows):
-        out["forward_steps"] = report.forward_step_table(rows)
-        out["forward_step_pairs"] = report.forward_step_pairs(rows)
-    return out
 
 
 def checks(run: RunFiles) -> list[Check]:
@@ -104,21 +90,7 @@ def checks(run: RunFiles) -> list[Check]:
                      set(keys) == want and len(keys) == len(want),
                      f"{len(keys)} measured rows, {len(want)} wanted; missing {sorted(want - set(keys))[:3]}",
                      measured, no_rows))
-    ordered = [r for r in rows if "arm_position" in r]  # runs before the Williams order record no positions
-    if ordered:
-        repeats_of: dict[tuple, list[dict]] = {}
-        for r in ordered:
-            repeats_of.setdefault((r["model"], r.get("tier") or "", r["context_tokens"], r["repeat"]), []).append(r)
-
-        def ran_in_its_order(key) -> bool:
-            rs = sorted(repeats_of[key], key=lambda r: r["arm_position"])
-            return ([r["arm_position"] for r in rs] == list(range(len(rs)))
-                    and [r["previous_arm"] for r in rs] == [None] + [r["arm"] for r in rs[:-1]])
-
-        out.append(all_of("every repeat ran each of its tier's arms once, in the recorded order (position and the arm "
-                          "before it)", sorted(repeats_of), ran_in_its_order,
-                          lambda k: f"{k}: " + ", ".join(f"{r['arm']}@{r['arm_position']}" for r in repeats_of[k]),
-                          "no rows"))
+    out.append(order_check(rows))
     out.append(all_of("warm-up repeats are recorded as not measured", [r for r in rows if r["repeat"] < p["WARMUP_REPEATS"]],
                       lambda r: not r.get("measured"), lambda r: r["tag"],
                       "no warm-up repeats" if p["WARMUP_REPEATS"] else "WARMUP_REPEATS=0: no warm-up rows"))
@@ -153,71 +125,101 @@ def checks(run: RunFiles) -> list[Check]:
     out += tier_checks(measured, arm_names)
     out += launch_checks(measured, children)
 
+    out += table_checks(run)
     tables = recomputed_tables(run)
     results = run.results
-    for key, name in (("arms", "median first token per (model, context, arm)"), ("crossover", "crossover points"),
-                      ("components", "per-component medians"), ("floor_distance", "distance to the floors"),
-                      ("splits", "restore timeline splits"), ("scatter_sources", "forward-step spread and its sources"),
-                      ("forward_steps", "forward passes' own spans against the resident's"),
-                      ("forward_step_pairs", "forward passes paired by repeat, pooled over the points")):
-        if key in ("forward_steps", "forward_step_pairs") and key not in tables:
-            if key in results:
-                out.append(check(f"results.json {name} equal the rows", False,
-                                 "results.json has forward-pass spans; no row records one", results[key]))
-            continue  # runs recorded before the GPU buffer timed its forward passes
-        if key == "scatter_sources" and key not in tables:
-            if key in results:  # a table no row's clocks give
-                out.append(check(f"results.json {name} equal the rows", False,
-                                 "results.json has a forward-step spread table; no row records GPU clocks", results[key]))
-            continue  # rows without clocks (CPU, runs before NVML was read) state no such table
-        if key == "splits" and key not in tables:
-            if key in results:  # results.json states splits that no row gives
-                out.append(check(f"results.json {name} equal the rows", False,
-                                 "results.json has restore timeline splits; raw/rows.jsonl records none", results[key]))
-            elif any(t in TIMED_TIERS for t in tiers):
-                out.append(check(f"results.json {name} equal the rows", False, evidence=None,
-                                 missing="raw/rows.jsonl records no restore timeline of the GPU buffer or vLLM's CPU tier"))
-            continue  # LMCache's arms alone record no timeline
-        if key == "floor_distance" and key not in tables:
-            out.append(check(f"results.json {name} equal the rows", False, evidence=None,
-                             missing="results.json has no floors to recompute the distance with"))
-            continue
-        diffs = differences(tables[key], results.get(key))
-        out.append(check(f"results.json {name} equal the rows" + (" and the recorded floors" if key == "floor_distance" else ""),
-                         not diffs, "; ".join(diffs[:2]), measured and key in results,
-                         no_rows if not measured else f"results.json has no {key}"))
     restores = [a for a in arm_names if a in report.RESTORES]
     out.append(check("a crossover row per model and restore path",
                      sorted((r["model"], r["path"]) for r in tables["crossover"]) == sorted(product(models, restores)),
                      f"{len(tables['crossover'])} rows for {len(models)} models x {len(restores)} paths", measured, no_rows))
-    floors = results.get("floors") or {}
-    measured_floors = [floors.get(k) or {} for k in ("disk", "copy")] + ([floors["device"]] if "device" in floors else [])
-    out.append(Check("the physical floors were measured in the run",
-                     "skipped" if not floors else all(f.get("gib_per_s", 0) > 0 for f in measured_floors),
-                     "; ".join(f"{f.get('label')} {f.get('gib_per_s', 0):.2f} GiB/s" for f in measured_floors),
-                     recorded_only=True))
+    out.append(floor_check(results.get("floors") or {}, tiers))
     return out
+
+
+ORDER_CHECK = ("every repeat ran each of its tier's arms once, in the recorded order (position and the arm before it)")
+
+
+def order_check(rows: list[dict]) -> Check:
+    """Each repeat of a (model, tier, context) ran its arms at positions 0, 1, ... each after the arm the row names.
+    Skipped where no row records its position (runs recorded before the Williams order); a run where some rows
+    record one holds every row to it."""
+    if rows and not any("arm_position" in r for r in rows):
+        return Check(ORDER_CHECK, "skipped", "no row records its position in its repeat (a run before the Williams order)")
+    repeats_of: dict[tuple, list[dict]] = {}
+    for r in rows:
+        repeats_of.setdefault((r["model"], r.get("tier") or "", r["context_tokens"], r["repeat"]), []).append(r)
+
+    def ran_in_its_order(key) -> bool:
+        rs = repeats_of[key]
+        if any("arm_position" not in r for r in rs):
+            return False
+        rs = sorted(rs, key=lambda r: r["arm_position"])
+        return ([r["arm_position"] for r in rs] == list(range(len(rs)))
+                and [r.get("previous_arm") for r in rs] == [None] + [r["arm"] for r in rs[:-1]])
+
+    return all_of(ORDER_CHECK, sorted(repeats_of), ran_in_its_order,
+                  lambda k: f"{k}: " + ", ".join(f"{r['arm']}@{r.get('arm_position')}" for r in repeats_of[k]),
+                  "raw/rows.jsonl is missing or empty")
+
+
+def table_checks(run: RunFiles) -> list[Check]:
+    """Each declared table (``tables.TABLES``) that the rows give, against results.json, by the one comparator
+    (``base.checks.differences``, the table's tolerance): failed where they differ or results.json lacks it,
+    skipped where the rows give an empty table and results.json holds the same (its evidence missing, ``TITLES``)."""
+    results = run.readable_results
+    out = []
+    for key, (name, empty) in TITLES.items():
+        try:
+            built = json_value(TABLES[key].build(run))
+        except RunFileError as e:
+            out.append(Check(name, "skipped", f"cannot be built: {e}"))
+            continue
+        if key not in results:
+            out.append(Check(name, "failed", f"results.json has no {key!r} table"))
+            continue
+        diffs = differences(built, results[key], key, TABLES[key].rel_tol)
+        out.append(Check(name, "failed", "; ".join(diffs[:2])) if diffs else
+                   Check(name, "ok", f"{len(built)} rows") if built else Check(name, "skipped", empty))
+    return out
+
+
+def floor_check(floors: dict, tiers: list[str]) -> Check:
+    """The floors every path needs (disk, host->device; device->device where a GPU buffer ran) were measured with a
+    positive bandwidth. Recorded only: the notebook measures them live, results.json alone keeps them."""
+    name = "the physical floors were measured in the run"
+    wanted = ["disk", "copy"] + (["device"] if "gpubuf" in tiers else [])
+    if not floors:
+        return Check(name, "skipped", "results.json records no floors", recorded_only=True)
+    got = [floors.get(k) or {} for k in wanted]
+    return Check(name, all((f.get("gib_per_s") or 0) > 0 for f in got),
+                 "; ".join(f"{k}: " + (f"{f.get('label')} {f['gib_per_s']:.2f} GiB/s" if f.get("gib_per_s") else "none")
+                           for k, f in zip(wanted, got)), recorded_only=True)
+
+
+def recorded_check(name: str, records: list, recorded: bool, not_recorded: str, predicate, describe,
+                   missing: str) -> Check:
+    """``all_of(name, records, ...)`` where the run records what ``predicate`` reads (``recorded``: at least one
+    record has it, and then every record is held to it); skipped with ``not_recorded`` where records exist and none
+    has it (a run recorded before the field was); skipped with ``missing`` where there are no records."""
+    if records and not recorded:
+        return Check(name, "skipped", not_recorded)
+    return all_of(name, records, predicate, describe, missing)
 
 
 def launch_checks(measured: list[dict], children: list[dict]) -> list[Check]:
     """Where the GPU buffer queued its restores, what each added to its step and how its forward pass
     waited, against the tier's own record (``tier_route.launch_at``/``wait_at`` in raw/models.jsonl), and
-    that every follow-up's forward pass was timed. Each is absent for runs recorded before the tier
-    recorded it."""
-    out = []
+    that every follow-up's forward pass was timed. Each check is always stated: skipped where the run has no
+    GPU-buffer restore, or records none of what it reads (a run recorded before the tier recorded it)."""
     gpubuf_rows = [r for r in measured if tier(r) == "gpubuf"]
-    if any("forward_step_s" in r for r in gpubuf_rows):  # runs recorded before the tier timed forward passes have none
-        out.append(all_of("gpubuf: every follow-up's first forward pass was timed on its own", gpubuf_rows,
-                          lambda r: (r.get("forward_step_s") or 0) > 0,
-                          lambda r: f"{r['tag']}: {r.get('forward_step_s')}", "no measured GPU-buffer rows"))
-    configured = {m["model"]: m["tier_route"]["launch_at"] for m in children
-                  if tier(m) == "gpubuf" and "launch_at" in (m.get("tier_route") or {})}
-    if not configured:
-        return out
     restored = [r for r in measured if r["arm"] in GPUBUF_RESTORES]
     split = {r["tag"]: r.get("split") or {} for r in restored}
-    waits = {m["model"]: m["tier_route"]["wait_at"] for m in children
-             if tier(m) == "gpubuf" and "wait_at" in (m.get("tier_route") or {})}
+    no_restores = "no measured GPU-buffer restores"
+    route = {m["model"]: m.get("tier_route") or {} for m in children if tier(m) == "gpubuf"}
+    configured = {model: r["launch_at"] for model, r in route.items() if "launch_at" in r}
+    waits = {model: r["wait_at"] for model, r in route.items() if "wait_at" in r}
+    graphs = {model: r["copy_graphs"] for model, r in route.items() if "copy_graphs" in r}
+    before = "(a run recorded before the tier recorded it)"
 
     def waited_as_its_arm_says(r) -> bool:
         s = split[r["tag"]]
@@ -233,62 +235,68 @@ def launch_checks(measured: list[dict], children: list[dict]) -> list[Check]:
         # schedule_s: recorded since 2 Dec 2026 (earlier runs' critical_s has no such part)
         return abs((s.get("lookup_s") or 0.0) + (s.get("schedule_s") or 0.0) + sum(parts[:3]) - parts[3]) < 1e-9
 
-    if waits:  # runs recorded before the tier had the choice name no wait_at
-        out.append(all_of("gpubuf: every restore's forward pass waited as its arm says (wait_at), with layer waits "
-                          "once for each copy group", restored, waited_as_its_arm_says,
-                          lambda r: f"{r['tag']}: {split[r['tag']].get('wait_at')}, waited "
-                                    f"{split[r['tag']].get('num_layer_waits')} of {split[r['tag']].get('num_copy_groups')} "
-                                    "groups", "no measured GPU-buffer restores"))
-    graphs = {m["model"]: m["tier_route"]["copy_graphs"] for m in children
-              if tier(m) == "gpubuf" and "copy_graphs" in (m.get("tier_route") or {})}
-    if graphs:  # runs recorded before the copies were captured name no copy_graphs
+    def launched_as_the_tier_says(r) -> bool:
+        return (split[r["tag"]].get("copy_launch") == "graph") == (graphs.get(r["model"]) == "on")
 
-        def launched_as_the_tier_says(r) -> bool:
-            return (split[r["tag"]].get("copy_launch") == "graph") == (graphs.get(r["model"]) == "on")
+    def launched_by_its_arm(r) -> bool:
+        s = split[r["tag"]]
+        if r["arm"] not in HANDOFF_ARMS:
+            return s.get("launched_by") in ("engine", None)
+        return s.get("launched_by") == "thread" and s.get("thread_lag_s") is not None and s["thread_lag_s"] > 0
 
-        out.append(all_of("gpubuf: every restore's copy was one graph replay where the tier captured its copies, and "
-                          "launched where it did not (copy_graphs)", restored, launched_as_the_tier_says,
-                          lambda r: f"{r['tag']}: {split[r['tag']].get('copy_launch')} "
-                                    f"(copy_graphs {graphs.get(r['model'])})", "no measured GPU-buffer restores"))
-    if any(split[r["tag"]].get("launched_by") for r in restored):  # runs before 3 Dec record none
+    def reached_forward_in_order(r) -> bool:
+        to_forward = split[r["tag"]].get("to_forward_s")
+        return to_forward is not None and 0 < to_forward < r["ttft_s"]
 
-        def launched_by_its_arm(r) -> bool:
-            s = split[r["tag"]]
-            if r["arm"] not in HANDOFF_ARMS:
-                return s.get("launched_by") in ("engine", None)
-            return s.get("launched_by") == "thread" and s.get("thread_lag_s") is not None and s["thread_lag_s"] > 0
+    def stamped(key: str) -> bool:
+        return any(split[r["tag"]].get(key) is not None for r in restored)
 
-        out.append(all_of("gpubuf: every restore's graph was launched where its arm says: by the launch thread "
-                          f"({', '.join(HANDOFF_ARMS)}, its launch's stamps recorded), else by the engine thread",
-                          restored, launched_by_its_arm,
-                          lambda r: f"{r['tag']}: {split[r['tag']].get('launched_by')}, "
-                                    f"lag {split[r['tag']].get('thread_lag_s')}", "no measured GPU-buffer restores"))
-    if any("to_forward_s" in split[r["tag"]] for r in restored):  # runs before 3 Dec (050bca6) record none
-
-        def reached_forward_in_order(r) -> bool:
-            to_forward = split[r["tag"]].get("to_forward_s")
-            return to_forward is not None and 0 < to_forward < r["ttft_s"]
-
-        out.append(all_of("gpubuf: every restore's forward pass reached its first layer after the restore's end and "
-                          "before the first token (to_forward, host stamps)", restored, reached_forward_in_order,
-                          lambda r: f"{r['tag']}: to_forward {split[r['tag']].get('to_forward_s')}, ttft {r['ttft_s']}",
-                          "no measured GPU-buffer restores"))
-    if any(split[r["tag"]].get("reference_at") for r in restored):  # runs before 2 Dec record none
-        out.append(all_of(f"gpubuf: every restore's events were put on the host's clock by a reference taken before its "
-                          f"step, which one taken after the request confirmed within {REFERENCE_AGREE_US} us",
-                          restored, reference_agrees,
-                          lambda r: f"{r['tag']}: reference {split[r['tag']].get('reference_at')}, {r.get('reference_clock')}",
-                          "no measured GPU-buffer restores"))
-    return out + [all_of("gpubuf: every restore was queued where the tier says it queues them (launch_at)", restored,
-                   lambda r: split[r["tag"]].get("launched_at") == configured.get(r["model"]),
-                   lambda r: f"{r['tag']}: {split[r['tag']].get('launched_at')} (configured {configured.get(r['model'])})",
-                   "no measured GPU-buffer restores"),
-            all_of("gpubuf: what every restore added to its step is its lookup, timing sync, host calls and the "
-                   "forward pass's wait, each recorded and none negative", restored, adds_up,
-                   lambda r: f"{r['tag']}: " + ", ".join(f"{k} {split[r['tag']].get(k)}" for k in
-                                                         ("lookup_s", "schedule_s", "measure_s", "host_s",
-                                                          "forward_wait_s", "critical_s")),
-                   "no measured GPU-buffer restores")]
+    return [
+        recorded_check("gpubuf: every follow-up's first forward pass was timed on its own", gpubuf_rows,
+                       any("forward_step_s" in r for r in gpubuf_rows),
+                       f"no GPU-buffer row records forward_step_s {before}",
+                       lambda r: (r.get("forward_step_s") or 0) > 0, lambda r: f"{r['tag']}: {r.get('forward_step_s')}",
+                       "no measured GPU-buffer rows"),
+        recorded_check("gpubuf: every restore's forward pass waited as its arm says (wait_at), with layer waits "
+                       "once for each copy group", restored, bool(waits),
+                       f"no GPU-buffer child records tier_route.wait_at {before}", waited_as_its_arm_says,
+                       lambda r: f"{r['tag']}: {split[r['tag']].get('wait_at')}, waited "
+                                 f"{split[r['tag']].get('num_layer_waits')} of {split[r['tag']].get('num_copy_groups')} "
+                                 "groups", no_restores),
+        recorded_check("gpubuf: every restore's copy was one graph replay where the tier captured its copies, and "
+                       "launched where it did not (copy_graphs)", restored, bool(graphs),
+                       f"no GPU-buffer child records tier_route.copy_graphs {before}", launched_as_the_tier_says,
+                       lambda r: f"{r['tag']}: {split[r['tag']].get('copy_launch')} "
+                                 f"(copy_graphs {graphs.get(r['model'])})", no_restores),
+        recorded_check("gpubuf: every restore's graph was launched where its arm says: by the launch thread "
+                       f"({', '.join(HANDOFF_ARMS)}, its launch's stamps recorded), else by the engine thread",
+                       restored, stamped("launched_by"), f"no restore records launched_by {before}", launched_by_its_arm,
+                       lambda r: f"{r['tag']}: {split[r['tag']].get('launched_by')}, "
+                                 f"lag {split[r['tag']].get('thread_lag_s')}", no_restores),
+        recorded_check("gpubuf: every restore's forward pass reached its first layer after the restore's end and "
+                       "before the first token (to_forward, host stamps)", restored,
+                       any("to_forward_s" in split[r["tag"]] for r in restored),
+                       f"no restore records to_forward_s {before}", reached_forward_in_order,
+                       lambda r: f"{r['tag']}: to_forward {split[r['tag']].get('to_forward_s')}, ttft {r['ttft_s']}",
+                       no_restores),
+        recorded_check(f"gpubuf: every restore's events were put on the host's clock by a reference taken before its "
+                       f"step, which one taken after the request confirmed within {REFERENCE_AGREE_US} us",
+                       restored, any(split[r["tag"]].get("reference_at") for r in restored),
+                       f"no restore records reference_at {before}", reference_agrees,
+                       lambda r: f"{r['tag']}: reference {split[r['tag']].get('reference_at')}, {r.get('reference_clock')}",
+                       no_restores),
+        recorded_check("gpubuf: every restore was queued where the tier says it queues them (launch_at)", restored,
+                       bool(configured), f"no GPU-buffer child records tier_route.launch_at {before}",
+                       lambda r: split[r["tag"]].get("launched_at") == configured.get(r["model"]),
+                       lambda r: f"{r['tag']}: {split[r['tag']].get('launched_at')} (configured {configured.get(r['model'])})",
+                       no_restores),
+        recorded_check("gpubuf: what every restore added to its step is its lookup, timing sync, host calls and the "
+                       "forward pass's wait, each recorded and none negative", restored, stamped("critical_s"),
+                       f"no restore records critical_s {before}", adds_up,
+                       lambda r: f"{r['tag']}: " + ", ".join(f"{k} {split[r['tag']].get(k)}" for k in
+                                                             ("lookup_s", "schedule_s", "measure_s", "host_s",
+                                                              "forward_wait_s", "critical_s")), no_restores),
+    ]
 
 
 # Two references taken on an idle device agree on the GPU clock's offset to the GPU's pickup latency of their

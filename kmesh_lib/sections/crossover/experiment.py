@@ -63,11 +63,11 @@ def expected_duration(cfg: CrossoverParams) -> tuple[costs.Span, list[str]]:
     return total, notes
 
 
-def recorded(record: RunRecord) -> tuple[dict, list[dict], float]:
-    """A run measured elsewhere (``SOURCE_RUN``): its floors, children and grid time as it recorded
-    them (floors are measured live, so only results.json holds them); starts nothing."""
+def recorded(record: RunRecord) -> tuple[dict, float]:
+    """A run measured elsewhere (``SOURCE_RUN``): its floors and grid time as it recorded them (both measured live,
+    so only results.json holds them: ``tables.TABLES`` declares them recorded only); starts nothing."""
     r = record.results
-    return r["floors"], r["models"], r["grid_seconds"]
+    return r["floors"], r["grid_seconds"]
 
 
 def plan(cfg: CrossoverParams) -> dict:

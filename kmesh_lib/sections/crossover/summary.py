@@ -1,14 +1,15 @@
 """Section 21 for people: headline figures, the closing answer, the public aggregates.
 
-Every figure is recomputed from ``raw/rows.jsonl`` by ``checks.recomputed_tables`` (the tables
-``checks`` compares with results.json); the physical floors are the ones the run recorded.
+Every figure is recomputed from ``raw/rows.jsonl`` by ``tables.recomputed_tables`` (the declared tables
+``kmesh verify`` and ``checks`` compare with results.json); the physical floors are the ones the run recorded.
 """
 from __future__ import annotations
 
 from kmesh_lib.base.checks import verdict
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.crossover import report
-from kmesh_lib.sections.crossover.checks import checks, recomputed_tables
+from kmesh_lib.sections.crossover.checks import checks
+from kmesh_lib.sections.crossover.tables import recomputed_tables
 
 LABEL = {"dram": "DRAM", "disk": "disk", "gpubuf_retained": "GPU-buffer (retained)",
          "gpubuf_layered": "GPU-buffer (retained, layer waits)",
@@ -120,7 +121,7 @@ def answer(run: RunFiles) -> str:
                        if distance and all(r["x_floor"] for r in distance) else "") + ".")
     split_lines = _floor_sentences(tables, longest)
     text.append("Where the evidence is weak: " + ("random or dummy weights give each shape's compute time but not a real "
-                "model's values; " if p.get("WEIGHTS") in ("dummy", "random") else "")
+                "model's values; " if p["WEIGHTS"] in ("dummy", "random") else "")
                 + "one machine's disk and memory; a crossover is only as fine as the grid of context lengths"
                 + ("; on the CPU build prefill is slow, so restores win early" if p["DEVICE"] == "cpu" else "") + "."
                 + (f" {len(failed)} check(s) failed: " + "; ".join(c.name for c in failed[:3]) + "." if failed else ""))
@@ -456,7 +457,7 @@ def public_results(run: RunFiles) -> dict:
         "floors": {k: {x: (f or {}).get(x) for x in ("label", "bytes", "gib_per_s", "best_gib_per_s")}
                    for k, f in floors.items()},
         "floor_distance": [dict(r) for r in tables.get("floor_distance", [])],
-        **({"splits": [dict(r) for r in tables["splits"]]} if "splits" in tables else {}),
+        **({"splits": [dict(r) for r in tables["splits"]]} if tables["splits"] else {}),
         "models": [{k: m.get(k) for k in ("model", "path", "kv_bytes_per_token", "status", "engine_start_s")}
                    for m in run.raw("models.jsonl")],
     }

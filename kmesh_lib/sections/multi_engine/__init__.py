@@ -3,6 +3,7 @@ from kmesh_lib.sections.multi_engine.checks import checks, counts
 from kmesh_lib.sections.multi_engine.experiment import plan
 from kmesh_lib.sections.multi_engine.params import MultiEngineParams as Params
 from kmesh_lib.sections.multi_engine.summary import answer, headline, public_results
+from kmesh_lib.sections.multi_engine.tables import TABLES
 
 KEY = "multi_engine"
 NUMBER = "22"
@@ -11,5 +12,5 @@ NOTEBOOK = "22_multi_engine.ipynb"
 USES_ENGINE = True
 QUESTION = "Several engines, one LMCache server: does shared KV beat prefix-aware routing and recomputation?"
 
-__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TITLE", "USES_ENGINE", "answer", "checks", "counts",
-           "headline", "plan", "public_results"]
+__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TABLES", "TITLE", "USES_ENGINE", "answer", "checks",
+           "counts", "headline", "plan", "public_results"]

@@ -13,33 +13,32 @@
   tokens than the server's lookups hit;
 - every listener was on 127.0.0.1; every engine and server process was gone and every disk-tier
   file and SHM segment removed once a fleet closed;
-- results.json's tables are what the raw records give.
+- results.json's tables are what the raw records give (``tables.TABLES``, by the one comparator).
+
+The parameters are read once, as ``MultiEngineParams`` (``params.run_params``): each with its one default.
 """
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 
-from kmesh_lib.base.checks import Check, all_of, check
+from kmesh_lib.base.checks import Check, all_of, check, differences
+from kmesh_lib.base.declared import json_value
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.multi_engine import report
-from kmesh_lib.sections.multi_engine.params import POLICIES
+from kmesh_lib.sections.multi_engine.params import POLICIES, MultiEngineParams, run_params
+from kmesh_lib.sections.multi_engine.tables import EMPTY, TABLES
 
 NO_ROWS = "raw/requests.jsonl holds no requests"
 NO_ARMS = "raw/arms.jsonl holds no traces"
 
 
-def models_of(p: dict) -> list[str]:
-    return list(p.get("MODELS") or []) or [p["MODEL"]]
-
-
-def trace_ids(p: dict, repeat: int) -> dict[str, int]:
+def trace_ids(cfg: MultiEngineParams, repeat: int) -> dict[str, int]:
     """request id -> prompt tokens, for one trace of the parameters' shape."""
-    child = p["PARENT_TOKENS"] + p["MAX_TOKENS"] + p["CHILD_SUFFIX_TOKENS"]
-    ids = {f"r{repeat}-n{n}": p["NOISE_TOKENS"] for n in range(p["NUM_NOISE"])}
-    for f in range(p["NUM_FAMILIES"]):
-        ids[f"r{repeat}-f{f}-parent"] = p["PARENT_TOKENS"]
-        ids.update({f"r{repeat}-f{f}-c{c}": child for c in range(p["NUM_CHILDREN"])})
+    child = cfg.PARENT_TOKENS + cfg.MAX_TOKENS + cfg.CHILD_SUFFIX_TOKENS
+    ids = {f"r{repeat}-n{n}": cfg.NOISE_TOKENS for n in range(cfg.NUM_NOISE)}
+    for f in range(cfg.NUM_FAMILIES):
+        ids[f"r{repeat}-f{f}-parent"] = cfg.PARENT_TOKENS
+        ids.update({f"r{repeat}-f{f}-c{c}": child for c in range(cfg.NUM_CHILDREN)})
     return ids
 
 
@@ -64,13 +63,13 @@ def logprob_delta(group: list[dict]) -> float:
     return max((abs(x - y) for r in group[1:] for x, y in zip(ref, r["logprobs"])), default=0.0)
 
 
-def workload_checks(p: dict, rows: list[dict], arms: list[dict]) -> list[Check]:
-    planned = [(m, rep, pol) for m in models_of(p) for rep in range(p["NUM_REPEATS"]) for pol in p["POLICIES"]]
+def workload_checks(cfg: MultiEngineParams, rows: list[dict], arms: list[dict]) -> list[Check]:
+    planned = [(m, rep, pol) for m in cfg.models for rep in range(cfg.NUM_REPEATS) for pol in cfg.POLICIES]
     ran = {report.arm_of(a) for a in arms}
     grouped = by_arm(rows)
 
     def shape_problem(key) -> str:
-        want = trace_ids(p, key[1])
+        want = trace_ids(cfg, key[1])
         got = [r["request_id"] for r in grouped.get(key, [])]
         if sorted(got) != sorted(want):
             return f"{len(got)} records for {len(want)} requests"
@@ -85,14 +84,14 @@ def workload_checks(p: dict, rows: list[dict], arms: list[dict]) -> list[Check]:
     ]
 
 
-def completion_checks(p: dict, rows: list[dict], arms: list[dict]) -> list[Check]:
+def completion_checks(cfg: MultiEngineParams, rows: list[dict], arms: list[dict]) -> list[Check]:
     def complete(r: dict) -> bool:
-        return r["status"] == "ok" and r["num_output_tokens"] == p["MAX_TOKENS"] and r["finish_reason"] == "length"
+        return r["status"] == "ok" and r["num_output_tokens"] == cfg.MAX_TOKENS and r["finish_reason"] == "length"
 
     describe = lambda r: f"{r['policy']} {r['request_id']}: {r['status']} {r['error']} {r['num_output_tokens']} tokens"  # noqa: E731
-    if p.get("KILL_ENGINE") is None:
-        return [all_of(f"every request completed with MAX_TOKENS={p['MAX_TOKENS']} tokens", rows, complete, describe, NO_ROWS)]
-    killed = p["KILL_ENGINE"]
+    if cfg.KILL_ENGINE is None:
+        return [all_of(f"every request completed with MAX_TOKENS={cfg.MAX_TOKENS} tokens", rows, complete, describe, NO_ROWS)]
+    killed = cfg.KILL_ENGINE
     kills = [a["killed"] for a in arms if a.get("killed")]
     failed = {(r["model"], r["repeat"], r["policy"], r["request_id"]) for r in rows if r["status"] != "ok"}
 
@@ -121,10 +120,10 @@ def completion_checks(p: dict, rows: list[dict], arms: list[dict]) -> list[Check
     ]
 
 
-def agreement_checks(p: dict, rows: list[dict], arms: list[dict]) -> list[Check]:
+def agreement_checks(cfg: MultiEngineParams, rows: list[dict], arms: list[dict]) -> list[Check]:
     prompts = across_policies(rows, "prompt_sha")
     outputs = across_policies(rows, "output_token_ids")
-    tol = p["LOGPROB_TOLERANCE"]
+    tol = cfg.LOGPROB_TOLERANCE
     worst = max((logprob_delta(g) for g in outputs), default=0.0)
     ident = lambda g: f"{g[0]['model']} r{g[0]['repeat']} {g[0]['request_id']}"  # noqa: E731
     return [
@@ -138,8 +137,8 @@ def agreement_checks(p: dict, rows: list[dict], arms: list[dict]) -> list[Check]
     ]
 
 
-def cache_checks(p: dict, rows: list[dict], arms: list[dict]) -> list[Check]:
-    usable = p["NUM_GPU_BLOCKS"] - 1
+def cache_checks(cfg: MultiEngineParams, rows: list[dict], arms: list[dict]) -> list[Check]:
+    usable = cfg.NUM_GPU_BLOCKS - 1
     ok = [r for r in rows if r["status"] == "ok"]
     recompute = [r for r in ok if r["policy"] == "recompute"]
     local_only = [r for r in ok if not POLICIES[r["policy"]][1]]
@@ -166,8 +165,8 @@ def cache_checks(p: dict, rows: list[dict], arms: list[dict]) -> list[Check]:
     ]
 
 
-def routing_checks(p: dict, rows: list[dict], arms: list[dict]) -> list[Check]:
-    n = p["NUM_ENGINES"]
+def routing_checks(cfg: MultiEngineParams, rows: list[dict], arms: list[dict]) -> list[Check]:
+    n = cfg.NUM_ENGINES
     routed = [r for r in rows if r["engine"] is not None]
     aware = [r for r in routed if POLICIES[r["policy"]][0] == "prefix_aware"]
 
@@ -193,7 +192,7 @@ def routing_checks(p: dict, rows: list[dict], arms: list[dict]) -> list[Check]:
     ]
 
 
-def byte_checks(p: dict, rows: list[dict], arms: list[dict], probes: list[dict]) -> list[Check]:
+def byte_checks(cfg: MultiEngineParams, rows: list[dict], arms: list[dict], probes: list[dict]) -> list[Check]:
     table = report.bytes_table(arms, rows)
     placed = [(f"{t['model']} r{t['repeat']} trace", t["l1_oom_chunks"]) for t in table]
     placed += [(f"{r['model']} probe {r['probe']} {r['kind']}", report.oom_chunks(r["server_start"], r["server_after"]))
@@ -230,10 +229,10 @@ def kv_bytes(arms: list[dict], t: dict) -> int:
     return next(a["kv_bytes_per_token"] for a in arms if report.arm_of(a) == report.arm_of(t))
 
 
-def process_checks(p: dict, fleets: list[dict]) -> list[Check]:
+def process_checks(cfg: MultiEngineParams, fleets: list[dict]) -> list[Check]:
     listeners = [(f["fleet"], addr) for f in fleets for e in f.get("engines", []) for addr in e["listeners"]]
     listeners += [(f["fleet"] + " server", addr) for f in fleets if f.get("server") for addr in f["server"]["listeners"]]
-    want = len(models_of(p)) * len({POLICIES[pol][1] for pol in p["POLICIES"]})
+    want = len(cfg.models) * len({POLICIES[pol][1] for pol in cfg.POLICIES})
 
     def gone(f: dict) -> bool:
         c = f.get("cleanup") or {}
@@ -253,22 +252,29 @@ def process_checks(p: dict, fleets: list[dict]) -> list[Check]:
 
 
 def figure_checks(run: RunFiles, rows: list[dict], arms: list[dict]) -> list[Check]:
-    p = run.params
-    results = run.results
     spans = report.makespans(rows)
-    out = [all_of("each trace's makespan in raw/arms.jsonl equals the one recomputed from its requests",
-                  [a for a in arms if a["makespan_s"] is not None],
-                  lambda a: abs(spans.get(report.arm_of(a), -1) - a["makespan_s"]) < 1e-6,
-                  lambda a: f"{report.arm_of(a)}: {a['makespan_s']} vs {spans.get(report.arm_of(a))}", NO_ARMS)]
-    probes = report.probe_table(run.raw("probes.jsonl"))
-    for key, table in (("policies", report.policy_table(rows, p["NUM_ENGINES"])),
-                       ("bytes", report.bytes_table(arms, rows)), ("restore", report.restore_table(rows)),
-                       ("probes", probes)):
-        recorded = results.get(key)
-        same = json.loads(json.dumps(table)) == recorded
-        out.append(check(f"results.json '{key}' table equals the one recomputed from raw/", same,
-                         "" if same else f"raw gives {len(table)} rows, results.json {len(recorded or [])}",
-                         recorded is not None, f"results.json has no '{key}' table"))
+    return [all_of("each trace's makespan in raw/arms.jsonl equals the one recomputed from its requests",
+                   [a for a in arms if a["makespan_s"] is not None],
+                   lambda a: abs(spans.get(report.arm_of(a), -1) - a["makespan_s"]) < 1e-6,
+                   lambda a: f"{report.arm_of(a)}: {a['makespan_s']} vs {spans.get(report.arm_of(a))}", NO_ARMS),
+            *table_checks(run)]
+
+
+def table_checks(run: RunFiles) -> list[Check]:
+    """Each declared table (``tables.TABLES``) rebuilt from raw/ against results.json, by the one comparator
+    (``base.checks.differences``, the table's tolerance): failed where they differ or results.json lacks it, skipped
+    where raw/ gives an empty table and results.json holds the same (its evidence missing: ``tables.EMPTY``)."""
+    results = run.readable_results
+    out = []
+    for key, table in TABLES.items():
+        name = f"results.json '{key}' table equals the one recomputed from raw/"
+        built = json_value(table.build(run))
+        if key not in results:
+            out.append(Check(name, "failed", f"results.json has no {key!r} table"))
+            continue
+        diffs = differences(built, results[key], key, table.rel_tol)
+        out.append(Check(name, "failed", "; ".join(diffs[:2])) if diffs else
+                   Check(name, "ok", f"{len(built)} rows") if built else Check(name, "skipped", EMPTY[key]))
     return out
 
 
@@ -277,9 +283,9 @@ def as_files(run) -> RunFiles:
     return run if isinstance(run, RunFiles) else RunFiles(run)
 
 
-def probe_checks(p: dict, probes: list[dict]) -> list[Check]:
-    parent_blocks = (p["PARENT_TOKENS"] + p["MAX_TOKENS"] - 1) // p["BLOCK_SIZE"] * p["BLOCK_SIZE"]
-    chunks = p["PARENT_TOKENS"] // p["CHUNK_SIZE"] * p["CHUNK_SIZE"]
+def probe_checks(cfg: MultiEngineParams, probes: list[dict]) -> list[Check]:
+    parent_blocks = (cfg.PARENT_TOKENS + cfg.MAX_TOKENS - 1) // cfg.BLOCK_SIZE * cfg.BLOCK_SIZE
+    chunks = cfg.PARENT_TOKENS // cfg.CHUNK_SIZE * cfg.CHUNK_SIZE
     want = {"recompute": lambda r: r["num_cached_tokens"] == 0,
             "local": lambda r: r["num_cached_tokens"] >= parent_blocks and r["num_external_tokens"] == 0,
             "restore": lambda r: r["num_local_cached_tokens"] == 0 and (r["num_external_tokens"] or 0) >= chunks}
@@ -301,22 +307,22 @@ def probe_checks(p: dict, probes: list[dict]) -> list[Check]:
 def checks(run: RunFiles) -> list[Check]:
     """Every statement section 22 makes about a run, from its raw records and parameters."""
     run = as_files(run)
-    p = run.params
+    cfg = run_params(run)
     rows, arms, fleets = run.raw("requests.jsonl"), run.raw("arms.jsonl"), run.raw("fleets.jsonl")
-    return (workload_checks(p, rows, arms) + completion_checks(p, rows, arms) + agreement_checks(p, rows, arms)
-            + cache_checks(p, rows, arms) + routing_checks(p, rows, arms)
-            + byte_checks(p, rows, arms, run.raw("probes.jsonl"))
-            + probe_checks(p, run.raw("probes.jsonl")) + process_checks(p, fleets) + figure_checks(run, rows, arms))
+    return (workload_checks(cfg, rows, arms) + completion_checks(cfg, rows, arms) + agreement_checks(cfg, rows, arms)
+            + cache_checks(cfg, rows, arms) + routing_checks(cfg, rows, arms)
+            + byte_checks(cfg, rows, arms, run.raw("probes.jsonl"))
+            + probe_checks(cfg, run.raw("probes.jsonl")) + process_checks(cfg, fleets) + figure_checks(run, rows, arms))
 
 
 def counts(run: RunFiles) -> dict[str, int | str]:
     """Deterministic facts of the run (the smoke golden pins them); nothing timing-dependent."""
     run = as_files(run)
-    p = run.params
+    cfg = run_params(run)
     rows, arms, fleets = run.raw("requests.jsonl"), run.raw("arms.jsonl"), run.raw("fleets.jsonl")
-    out: dict[str, int | str] = {"engines": p["NUM_ENGINES"], "traces": len(arms), "fleets closed":
+    out: dict[str, int | str] = {"engines": cfg.NUM_ENGINES, "traces": len(arms), "fleets closed":
                                  sum(f["status"] == "closed" for f in fleets)}
-    for policy in p["POLICIES"]:
+    for policy in cfg.POLICIES:
         mine = [r for r in rows if r["policy"] == policy]
         out[f"{policy}: requests ok / recorded"] = f"{sum(r['status'] == 'ok' for r in mine)} / {len(mine)}"
         out[f"{policy}: prompt tokens"] = sum(r["num_prompt_tokens"] for r in mine)

@@ -3,21 +3,21 @@ from __future__ import annotations
 
 from kmesh_lib.base.checks import summarize
 from kmesh_lib.base.records import RunFiles
-from kmesh_lib.sections.multi_engine import report
-from kmesh_lib.sections.multi_engine.checks import checks, models_of
+from kmesh_lib.sections.multi_engine.checks import checks
+from kmesh_lib.sections.multi_engine.params import run_params
+from kmesh_lib.sections.multi_engine.tables import TABLES
 
 MIB = 1 << 20
 ORDER = ("recompute", "round_robin", "prefix_aware", "shared")
 
 
 def probe_rows(run: RunFiles) -> list[dict]:
-    return report.probe_table(run.raw("probes.jsonl"))
+    return TABLES["probes"].build(run)
 
 
 def tables(run: RunFiles) -> tuple[list[dict], list[dict], list[dict]]:
-    rows, arms = run.raw("requests.jsonl"), run.raw("arms.jsonl")
-    return (report.policy_table(rows, run.params["NUM_ENGINES"]), report.bytes_table(arms, rows),
-            report.restore_table(rows))
+    """The declared policies, bytes and restore tables, rebuilt from the run's files (``tables.TABLES``)."""
+    return tuple(TABLES[key].build(run) for key in ("policies", "bytes", "restore"))
 
 
 def _fmt(x, unit: str = "", digits: int = 0) -> str:
@@ -32,7 +32,7 @@ def headline(run: RunFiles) -> dict[str, str]:
     """Per model (at most two): makespan per policy, shared against prefix-aware, the idle-engine probe."""
     policies, byte_rows, _ = tables(run)
     probes = {r["model"]: r for r in probe_rows(run)}
-    models = models_of(run.params)[:2]
+    models = run_params(run).models[:2]
     out = {}
     for model in models:
         mine = {t["policy"]: t for t in policies if t["model"] == model}
@@ -123,29 +123,29 @@ def _hit_split(byte_rows: list[dict]) -> str:
 
 
 def answer(run: RunFiles) -> str:
-    p = run.params
+    cfg = run_params(run)
     policies, byte_rows, _ = tables(run)
     if not policies:
         return "No request was recorded, so this run answers nothing."
     probes = probe_rows(run)
     parts = [_model_answer(m, {t["policy"]: t for t in policies if t["model"] == m},
                            next((r for r in probes if r["model"] == m), None),
-                           [b for b in byte_rows if b["model"] == m], p["NUM_ENGINES"]) for m in models_of(p)]
-    repeats = p["NUM_REPEATS"]
+                           [b for b in byte_rows if b["model"] == m], cfg.NUM_ENGINES) for m in cfg.models]
+    repeats = cfg.NUM_REPEATS
     caveats = [f"The evidence is {repeats} trace(s) per policy and model"
                + (" (one sample: no spread)" if repeats == 1 else f" (medians over {repeats})")]
     loads = [a["load_1m"] for a in run.raw("arms.jsonl") if a.get("load_1m") is not None]
-    if p["DEVICE"] == "cpu":
+    if cfg.DEVICE == "cpu":
         caveats.append(f"on a CPU machine with {run.env.get('cpu_count', '?')} cores shared with other work"
                        + (f" (load average {min(loads):.1f}-{max(loads):.1f} at the traces' ends)" if loads else "")
                        + ", where the engines also compete with each other, so the timings carry that machine's noise")
     else:
-        caveats.append(f"with {p['NUM_ENGINES']} engines sharing the GPU(s) the device lends (engines on one GPU share "
+        caveats.append(f"with {cfg.NUM_ENGINES} engines sharing the GPU(s) the device lends (engines on one GPU share "
                        "its compute, so an idle engine there does not idle the GPU)")
-    if p["WEIGHTS"] != "real" and not any("/" in m for m in models_of(p)):
-        caveats.append(f"with synthetic {p['WEIGHTS']} weights (outputs are not language; cache accounting and timing are real)")
-    if p.get("KILL_ENGINE") is not None:
-        caveats.append(f"and engine {p['KILL_ENGINE']} was killed mid-trace (a fault run: timings are not comparable)")
+    if cfg.WEIGHTS != "real" and not any("/" in m for m in cfg.models):
+        caveats.append(f"with synthetic {cfg.WEIGHTS} weights (outputs are not language; cache accounting and timing are real)")
+    if cfg.KILL_ENGINE is not None:
+        caveats.append(f"and engine {cfg.KILL_ENGINE} was killed mid-trace (a fault run: timings are not comparable)")
     extra = [(b, b["l2_read_bytes_device"] - b["l2_read_bytes_hook"]) for b in byte_rows
              if b["l2_read_bytes_device"] is not None and b["l2_read_bytes_hook"] is not None
              and b["l2_read_bytes_device"] != b["l2_read_bytes_hook"]]
@@ -168,7 +168,7 @@ def answer(run: RunFiles) -> str:
 
 def public_results(run: RunFiles) -> dict:
     """Aggregates only: the tables' numbers and labels, the trace's shape, check counts; no tokens."""
-    p = run.params
+    cfg = run_params(run)
     policies, byte_rows, restores = tables(run)
     keep_policy = ("model", "policy", "repeats", "requests", "ok", "makespan_ms", "ttft_ms", "ttft_p90_ms",
                    "parent_ttft_ms", "child_ttft_ms", "noise_ttft_ms", "local_tokens", "restored_tokens",
@@ -184,8 +184,8 @@ def public_results(run: RunFiles) -> dict:
     shape = ("NUM_ENGINES", "NUM_FAMILIES", "NUM_CHILDREN", "PARENT_TOKENS", "CHILD_SUFFIX_TOKENS", "NUM_NOISE",
              "NOISE_TOKENS", "MAX_TOKENS", "MEAN_ARRIVAL_GAP_S", "MEAN_CHILD_GAP_S", "NUM_REPEATS", "NUM_PROBES", "BLOCK_SIZE",
              "NUM_GPU_BLOCKS", "CHUNK_SIZE", "ARENA_MIB", "STORE_POLICY", "DEVICE", "DTYPE", "WEIGHTS")
-    return {"section": "multi_engine", "run_id": run.run_dir.name, "models": models_of(p),
-            "policies_run": list(p["POLICIES"]), "shape": {k: p[k] for k in shape},
+    return {"section": "multi_engine", "run_id": run.run_dir.name, "models": cfg.models,
+            "policies_run": list(cfg.POLICIES), "shape": {k: getattr(cfg, k) for k in shape},
             "policies": [{k: t[k] for k in keep_policy} for t in policies],
             "bytes": [{k: b[k] for k in keep_bytes} for b in byte_rows],
             "restore": [{k: r[k] for k in keep_restore} for r in restores],

@@ -1,0 +1,50 @@
+"""Section 22's declared result (``base.declared``): the tables results.json holds, each built from the run's files.
+
+    policies   per (model, policy): makespan, first-token times, token sources, load (raw/requests.jsonl and NUM_ENGINES)
+    bytes      per 'shared' trace: bytes through the server by tier (raw/arms.jsonl's server snapshots, the requests)
+    restore    the children the server restored against the same children under the other policies
+    probes     per model: the idle-engine child recomputed, from a local hit and restored (raw/probes.jsonl)
+
+The notebook saves them with ``record.save_tables(TABLES)``; ``kmesh verify`` builds them again and compares;
+``checks.table_checks`` states each one as a check of the section.
+"""
+from __future__ import annotations
+
+from kmesh_lib.base.declared import Table
+from kmesh_lib.base.records import RunFiles
+from kmesh_lib.sections.multi_engine import report
+from kmesh_lib.sections.multi_engine.params import run_params
+
+
+def policies(run: RunFiles) -> list[dict]:
+    return report.policy_table(run.raw("requests.jsonl"), run_params(run).NUM_ENGINES)
+
+
+def bytes_through_the_server(run: RunFiles) -> list[dict]:
+    return report.bytes_table(run.raw("arms.jsonl"), run.raw("requests.jsonl"))
+
+
+def restore(run: RunFiles) -> list[dict]:
+    return report.restore_table(run.raw("requests.jsonl"))
+
+
+def probes(run: RunFiles) -> list[dict]:
+    return report.probe_table(run.raw("probes.jsonl"))
+
+
+TABLES: dict[str, Table] = {
+    "policies": Table(policies),
+    "bytes": Table(bytes_through_the_server),
+    "restore": Table(restore),
+    "probes": Table(probes),
+}
+
+# why each table can be empty: its evidence missing (``checks.table_checks`` says skipped with it)
+EMPTY = {
+    "policies": "raw/requests.jsonl holds no requests",
+    "bytes": "no 'shared' trace recorded the server's counters",
+    "restore": "the server restored no child of a 'shared' trace",
+    "probes": "raw/probes.jsonl holds no probe (NUM_PROBES=0, or a fault run)",
+}
+
+__all__ = ["EMPTY", "TABLES"]
