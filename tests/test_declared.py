@@ -5,7 +5,7 @@ import json
 
 import yaml
 
-from kmesh_lib.base.declared import NotRecomputable, Table, compare_tables, recorded_only
+from kmesh_lib.base.declared import ABSENT, NotRecomputable, Table, compare_tables, recorded_only
 from kmesh_lib.base.records import RunFiles, RunRecord
 
 
@@ -23,7 +23,7 @@ def problems(tables, tmp_path) -> dict[str, tuple]:
 
 
 def _absent(run):
-    return None
+    return ABSENT
 
 
 def _cannot(run):
@@ -33,6 +33,7 @@ def _cannot(run):
 TABLES = {
     "{ENGINE}-B{BLOCK_SIZE}": Table(lambda run: {"block_size": run.params["BLOCK_SIZE"]}, live=("start_s",)),
     "absent": Table(_absent),
+    "none": Table(lambda run: None),  # a table whose value is null: stored, compared
     "sweep": Table(_cannot),
     "wall_s": recorded_only("a wall-clock time"),
 }
@@ -44,8 +45,8 @@ def test_live_fields_are_kept_and_required(tmp_path):
     record.save("wall_s", 2.0)
     record.save("sweep", [1, 2])
     stored = record.save_tables(TABLES)
-    assert stored == {"real-B16": {"block_size": 16, "start_s": 1.5}}  # absent and not recomputable: not written
-    assert problems(TABLES, tmp_path) == {"real-B16": (), "absent": (), "sweep": (), "wall_s": ()}
+    assert stored == {"real-B16": {"block_size": 16, "start_s": 1.5}, "none": None}  # absent, not recomputable: not written
+    assert problems(TABLES, tmp_path) == {"real-B16": (), "absent": (), "none": (), "sweep": (), "wall_s": ()}
 
     results = json.loads((tmp_path / "results.json").read_text())
     del results["real-B16"]["start_s"]
@@ -54,7 +55,7 @@ def test_live_fields_are_kept_and_required(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps(results))
     found = problems(TABLES, tmp_path)
     assert found["real-B16"] == ("real-B16.start_s: live field not recorded", "real-B16.block_size: 16 != 32")
-    assert found["absent"] == ("absent: None != {'a': 1}",)
+    assert found["absent"] == ("in results.json, but this run's files and params have no such table",)
 
 
 def test_a_not_recomputable_table_must_still_be_recorded(tmp_path):
@@ -64,6 +65,7 @@ def test_a_not_recomputable_table_must_still_be_recorded(tmp_path):
     assert found["wall_s"] == ("declared, not in results.json",)
     assert found["real-B16"] == ("declared, not in results.json",)
     assert found["absent"] == ()
+    assert found["none"] == ("declared, not in results.json",)
 
 
 def test_names_from_params_that_collide_are_a_finding(tmp_path):

@@ -19,8 +19,8 @@ Four shapes a section's record takes, each said once in the declaration, never d
   engine's start time, the live pool's drain report); ``build`` gives the rest, the live fields must
   be recorded (``save_tables`` keeps the ones the notebook saved) and are named on the verify line;
 - a table name with ``{PARAM}`` fields (``"{ENGINE}-B{BLOCK_SIZE}"``) is named from the run's params;
-- ``build`` returning None: this run has no such table (a mode its params do not run); it must then
-  be absent from results.json;
+- ``build`` returning ``ABSENT``: this run has no such table (a mode its params do not run); it must
+  then be absent from results.json (None is a value: a crossing that does not exist);
 - ``build`` raising ``NotRecomputable(why)``: this run's files cannot rebuild it (a run recorded before
   the raw capture it needs); verify requires it present and lists it as recorded only, with why.
 """
@@ -60,6 +60,14 @@ class Table:
             raise ValueError("a Table has a build function, or says why it is recorded only (not both)")
         if self.live and self.build is None:
             raise ValueError("live fields belong to a table that is otherwise rebuilt")
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT = _Absent()  # what a build returns for a table this run does not have
 
 
 class NotRecomputable(Exception):
@@ -119,11 +127,12 @@ def build_tables(tables: Mapping[str, Table | Callable], run: Any,
         if table.build is None:
             continue
         try:
-            value = json_value(table.build(run))
+            value = table.build(run)
         except NotRecomputable:
             continue
-        if value is None:
+        if value is ABSENT:
             continue
+        value = json_value(value)
         if table.live:
             value = {**value, **_live_values(table, (recorded or {}).get(name))}
         out[name] = value
@@ -156,18 +165,22 @@ def compare_tables(tables: Mapping[str, Table | Callable], run: Any, results: Ma
         built, why = None, table.recorded_only
         if table.build is not None:
             try:
-                built = json_value(table.build(run))
+                built = table.build(run)
+                built = built if built is ABSENT else json_value(built)
             except NotRecomputable as e:
                 why = f"not recomputable from this run's files: {e}"
             except Exception as e:  # noqa: BLE001 - a table that cannot be built from these files is a finding
                 lines.append(TableLine(name, (f"cannot be built from the run's files: {type(e).__name__}: {e}"[:300],)))
                 continue
         if name not in results:
-            absent = table.build is not None and built is None and not why  # this run has no such table
+            absent = built is ABSENT and not why  # this run has no such table
             lines.append(TableLine(name, () if absent else ("declared, not in results.json",)))
             continue
         if why:
             lines.append(TableLine(name, recorded_only=why))
+            continue
+        if built is ABSENT:
+            lines.append(TableLine(name, ("in results.json, but this run's files and params have no such table",)))
             continue
         recorded = results[name]
         found = []
@@ -187,5 +200,5 @@ def compare_tables(tables: Mapping[str, Table | Callable], run: Any, results: Ma
     return lines
 
 
-__all__ = ["RUN_FIELDS", "NotRecomputable", "Table", "TableLine", "as_table", "build_tables", "compare_tables",
+__all__ = ["ABSENT", "RUN_FIELDS", "NotRecomputable", "Table", "TableLine", "as_table", "build_tables", "compare_tables",
            "json_default", "json_value", "named", "recorded_only"]

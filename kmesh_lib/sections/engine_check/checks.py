@@ -14,6 +14,7 @@ cached tokens. Every figure ``results.json`` states about an arm is recomputed h
 from __future__ import annotations
 
 from kmesh_lib.base.checks import Check, all_of, check, differences
+from kmesh_lib.base.declared import ABSENT
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.kv.capture import TAKES, replay_references
 
@@ -81,13 +82,13 @@ def by_arm(records: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
-def arm_table(run: RunFiles, arm: str) -> dict | None:
+def arm_table(run: RunFiles, arm: str) -> dict:
     """The arm's declared table (``tables.TABLES``): engine, block size, per-request rows and block
-    operations, from raw/; None when raw/ has no request of the arm. Its ``LIVE`` fields only the live
+    operations, from raw/; ``ABSENT`` when raw/ has no request of the arm. Its ``LIVE`` fields only the live
     run knew (the engine's start time, the live pool's drain report) are recorded, not rebuilt."""
     rows = by_arm(run.raw("requests.jsonl")).get(arm, [])
     if not rows:
-        return None
+        return ABSENT
     engine, block_size = arm.split("-B")[0], arms(run.params)[arm][0]
     return {"engine": engine, "block_size": block_size,
             "requests": request_rows(engine, block_size, run.params["CONTEXT_TOKENS"], rows),

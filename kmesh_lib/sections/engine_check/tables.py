@@ -13,11 +13,11 @@ from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.engine_check.checks import LIVE, arm_table, arms
 
 
-def engine_arm(run: RunFiles) -> dict | None:
+def engine_arm(run: RunFiles) -> dict:
     return arm_table(run, list(arms(run.params))[0])
 
 
-def replay_arm(run: RunFiles) -> dict | None:
+def replay_arm(run: RunFiles) -> dict:
     return arm_table(run, list(arms(run.params))[1])
 
 
