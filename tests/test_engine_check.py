@@ -5,6 +5,7 @@ import json
 import shutil
 
 import pytest
+from table_contract import assert_table_contract, problems
 
 from kmesh_lib.base.params import build
 from kmesh_lib.base.records import RunFiles, RunRecord
@@ -30,6 +31,7 @@ def replay_run(tmp_path_factory) -> RunFiles:
         pair = ec.run_pair(engine, cfg, block_size)
         engine.close()
         ec.record_run(record, pair)
+        record.save_tables(section.TABLES)
     record.finish(section.checks(record.files()))
     return RunFiles(run_dir)
 
@@ -46,6 +48,23 @@ def test_a_recorded_run_passes_and_counts_exactly(replay_run):
     assert counts["replay-B32 block ops"] == "alloc 5, touch 3, free 8"
     # B=16: 8 blocks, 6 hits (96 tokens), 2 new: the second's 112th prompt token is recomputed
     assert counts["replay-B16 block ops"] == "alloc 10, touch 6, free 16"
+
+
+def test_save_tables_then_verify_compares_every_declared_table(replay_run, tmp_path):
+    stored = assert_table_contract(section.TABLES, section.KEY, replay_run.run_dir, tmp_path)
+    assert list(stored) == ["replay-B32", "replay-B16"]  # named from ENGINE, BLOCK_SIZE and REPLAY_BLOCK_SIZE
+    assert set(stored["replay-B16"]) == {"engine", "block_size", "requests", "block_ops", "start_s", "drain_ok"}
+    results = json.loads((replay_run.run_dir / "results.json").read_text())
+    assert results["replay-B16"] == stored["replay-B16"]
+
+
+def test_a_live_field_is_required_but_not_rebuilt(replay_run, tmp_path):
+    run_dir = _copy(replay_run, tmp_path)
+    results = json.loads((run_dir / "results.json").read_text())
+    results["replay-B32"]["start_s"] = 99.0  # a wall-clock time: recorded, never rebuilt
+    del results["replay-B16"]["drain_ok"]
+    (run_dir / "results.json").write_text(json.dumps(results))
+    assert problems(section.TABLES, run_dir) == {"replay-B16": ("replay-B16.drain_ok: live field not recorded",)}
 
 
 def test_segments_split_at_drain_points_and_evictions_open_the_next():

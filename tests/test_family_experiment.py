@@ -5,8 +5,10 @@ import json
 import shutil
 
 import pytest
+from table_contract import assert_table_contract, problems
 
 from kmesh_lib.app import cli
+from kmesh_lib.base.declared import compare_tables
 from kmesh_lib.base.params import ParamError, build
 from kmesh_lib.base.records import RunFiles, RunRecord
 from kmesh_lib.sections import family_hold as section
@@ -60,9 +62,12 @@ def record_small_run(run_dir, cfg, runs_by_mode, sweep_runs, info):
     """Writes a run folder as the notebook does: modes, parity, sweep, checks, finish."""
     record = RunRecord.open("family_hold", cfg, run_dir=str(run_dir))
     for label, runs in runs_by_mode.items():
-        fr.record_mode(record, label, runs, info, logprob_tolerance=cfg.LOGPROB_TOLERANCE)
-    record.save("parity_real_vs_replay", fr.same_counts(read_mode(record.files(), "real"), read_mode(record.files(), "replay")))
+        fr.record_mode(record, label, runs, info)
+        record.save_tables(section.TABLES)
     fr.record_sweep(record, sweep_runs)
+    record.save_tables(section.TABLES)
+    record.save("real_mode_s", 1.0)  # the notebook's wall-clock times (recorded only)
+    record.save("replay_mode_s", 0.1)
     record.finish(section.checks(record.files()))
     return RunFiles(run_dir)
 
@@ -124,6 +129,27 @@ def test_recorded_run_passes_every_check(small_run):
     assert len(report) > 50 and all(c.status == "ok" for c in report), [c for c in report if not c.ok]
     assert small_run.results["status"] == "passed" and small_run.results["real"]["capture_records"] == 2 * 2 * 6
     assert small_run.results["real"]["samples"][0]["net"] == -48
+
+
+def test_save_tables_then_verify_compares_every_declared_table(small_run, tmp_path):
+    stored = assert_table_contract(section.TABLES, section.KEY, small_run.run_dir, tmp_path)
+    # replay_at_real: the replay engine runs at the real engine's sizes here, so the run has no such table
+    assert list(stored) == ["real", "replay", "parity_real_vs_replay", "sweep", "sweep_crossing_parent_share"]
+    assert {"engine", "controller", "all_drained"} <= set(stored["real"])  # engine from raw/, the other two live
+    assert problems(section.TABLES, small_run.run_dir) == {}
+
+
+def test_a_run_without_raw_sweep_keeps_its_recorded_sweep(small_run, tmp_path):
+    """A run recorded before raw/sweep.jsonl: its sweep rows cannot be rebuilt, so they are recorded only,
+    and still required."""
+    run = _copy(small_run, tmp_path)
+    (run.run_dir / "raw" / "sweep.jsonl").unlink()
+    lines = {line.name: line for line in compare_tables(section.TABLES, run, run.results)}
+    assert lines["sweep"].ok and "raw/sweep.jsonl absent" in lines["sweep"].recorded_only
+    results = json.loads((run.run_dir / "results.json").read_text())
+    del results["sweep"]
+    (run.run_dir / "results.json").write_text(json.dumps(results))
+    assert problems(section.TABLES, run.run_dir) == {"sweep": ("declared, not in results.json",)}
 
 
 def test_sweep_is_recomputed_from_raw(small_run):
@@ -214,7 +240,8 @@ def test_recorded_logprob_mismatches_honour_the_tolerance(small_runs, tmp_path):
     for tolerance, expected in ((0.01, 0), (0.001, 1)):
         tol_cfg = build(fx.FamilyHoldParams, {**SMALL, "LOGPROB_TOLERANCE": tolerance})
         record = RunRecord.open("family_hold", tol_cfg, run_dir=str(tmp_path / f"tol-{tolerance}"))
-        summary = fr.record_mode(record, "real", drifted, info, logprob_tolerance=tolerance)
+        fr.record_mode(record, "real", drifted, info)
+        summary = record.save_tables(section.TABLES)["real"]
         assert len(summary["logprob_mismatches"]) == expected, summary["logprob_mismatches"]
         assert summary["token_mismatches"] == [] and summary["max_logprob_delta"] == pytest.approx(0.005)
         report = {c.name: c for c in section.checks(record.files())}

@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from table_contract import assert_table_contract, problems
 
 from kmesh_lib.app.cli import main
 from kmesh_lib.base import params
@@ -85,6 +86,7 @@ def make_run(run_dir: Path, trace_root: str, **extra) -> RunFiles:
     cfg = params.build(section.Params, {"TRACE_ROOT": trace_root, "RUN_DIR": str(run_dir)} | RUN_PARAMS | extra)
     record = RunRecord.open(section.KEY, cfg)
     section.audit_run(record, cfg)
+    record.save_tables(section.TABLES)
     return record.files()
 
 
@@ -142,6 +144,22 @@ def test_the_hostile_corpus_is_counted_not_followed(run: RunFiles):
     assert counts["num_qualifying_sources"] == 0 and counts["num_lineage_edges"] == 0
     files = {f["relpath"] for f in run.raw("audit_files.jsonl")}
     assert not any(p.startswith(("rootlink", "alpha/loop")) for p in files)
+
+
+def test_save_tables_then_verify_compares_every_declared_table(made, tmp_path):
+    stored = assert_table_contract(section.TABLES, section.KEY, made[1], tmp_path)
+    assert list(stored) == ["audit", "lineage", "contrast"]
+    assert set(stored["audit"]) == {"root_name", "summary", "set_sha256", "limits", "elapsed_s"}  # elapsed_s: live
+
+
+def test_the_tables_rebuild_without_the_corpus(made, tmp_path, monkeypatch):
+    """The declared tables read only the run folder: verify on a clone without the data compares them all."""
+    shutil.copytree(made[1], tmp_path / "run", symlinks=True)
+    shutil.move(made[0], tmp_path / "corpus-away")
+    try:
+        assert problems(section.TABLES, tmp_path / "run") == {}
+    finally:
+        shutil.move(tmp_path / "corpus-away", made[0])
 
 
 def test_an_edited_raw_row_fails(run: RunFiles):
@@ -297,14 +315,15 @@ def test_public_results_stay_small_with_many_keys_and_files(tmp_path: Path):
 ])
 def test_bad_params_name_the_key(values, message, tmp_path: Path):
     with pytest.raises(params.ParamError, match=message):
-        params.build(section.Params, {"TRACE_ROOT": str(tmp_path)} | values)
+        params.build(section.Params, {"TRACE_ROOT": str(tmp_path)} | values).check_runnable()
 
 
 def test_a_file_as_root_is_a_param_error(tmp_path: Path):
     not_dir = tmp_path / "file.jsonl"
     not_dir.write_text("{}\n")
+    cfg = params.build(section.Params, {"TRACE_ROOT": str(not_dir)})  # a finished run's params read anywhere
     with pytest.raises(params.ParamError, match="is not a directory"):
-        params.build(section.Params, {"TRACE_ROOT": str(not_dir)})
+        cfg.check_runnable()  # a run, or a plan, needs the corpus
     with pytest.raises(params.ParamError, match="MAX_LINE_MB=0: must be > 0"):
         params.build(section.Params, {"TRACE_ROOT": str(tmp_path), "MAX_LINE_MB": 0})
 

@@ -479,8 +479,9 @@ class RunRecord:
 
     def save_tables(self, tables: dict[str, Table]) -> dict[str, Any]:
         """Builds the section's declared tables (``base.declared``) from the files recorded so far and stores
-        them: what ``kmesh verify`` builds again and compares. Returns them, as stored."""
-        built = build_tables(tables, self.files())
+        them: what ``kmesh verify`` builds again and compares; a table's ``live`` fields are kept from what the
+        notebook saved under its name. Returns them, as stored."""
+        built = build_tables(tables, self.files(), self.results)
         self.results.update(built)
         self.flush()
         return built

@@ -14,7 +14,7 @@ from kmesh_lib.engine import costs
 from kmesh_lib.engine.model_spec import resolve
 from kmesh_lib.engine.requests import RequestResult, RequestSpec, run_group
 from kmesh_lib.kv.capture import BlockPoolCapture, drain_check
-from kmesh_lib.sections.engine_check.checks import block_ops, expected_prefix_hit, request_rows
+from kmesh_lib.sections.engine_check.checks import expected_prefix_hit
 from kmesh_lib.sections.engine_check.params import EngineCheckParams
 
 
@@ -39,7 +39,6 @@ class EngineCheckRun:
     drain_ok: bool
     drain_text: str
     start_s: float
-    shared_len: int = 0
 
     @property
     def arm(self) -> str:
@@ -51,10 +50,6 @@ class EngineCheckRun:
                  "t_submit_ns": r.t_submit_ns, "t_token_ns": r.t_token_ns, "finish_reason": r.finish_reason}
                 for r in self.results]
 
-    def rows(self) -> list[dict]:
-        """The per-request table (``checks.request_rows``, the computation ``checks`` repeats on raw/)."""
-        return request_rows(self.engine_mode, self.block_size, self.shared_len, self.raw_requests())
-
 
 def run_pair(engine, cfg: EngineCheckParams, block_size: int) -> EngineCheckRun:
     """Sends the two requests one after the other with a capture on the engine's block pool."""
@@ -65,8 +60,7 @@ def run_pair(engine, cfg: EngineCheckParams, block_size: int) -> EngineCheckRun:
         results += run_group(engine, [spec], on_step=capture.mark_step)
     report = drain_check(engine.block_pool)
     capture.close()
-    return EngineCheckRun(engine.mode, block_size, results, capture, report.ok, str(report), engine.start_s,
-                          shared_len=cfg.CONTEXT_TOKENS)
+    return EngineCheckRun(engine.mode, block_size, results, capture, report.ok, str(report), engine.start_s)
 
 
 def expected_duration(cfg: EngineCheckParams) -> tuple[costs.Span, str]:
@@ -96,17 +90,9 @@ def plan(cfg: EngineCheckParams) -> dict:
 
 
 def record_run(record, run: EngineCheckRun) -> dict:
-    """Writes the arm's requests and block events to ``raw/`` and its summary to results.json.
-
-    The summary's figures are computed from the raw records just written, by the functions
-    ``checks`` applies to them again.
-    """
+    """Writes the arm's requests and block events to ``raw/``, and saves what only the live run knew
+    (``checks.LIVE``: the engine's start time, the live drain report) under the arm's name, where
+    ``record.save_tables(section.TABLES)`` keeps them beside the table it builds from raw/."""
     record.append_jsonl("requests.jsonl", run.raw_requests())
     record.append_jsonl("block_events.jsonl", [{"arm": run.arm, **e} for e in run.capture.to_records()])
-    written = record.files()  # read back: the summary is what raw/ holds, as JSON keeps it
-    requests = [r for r in written.raw("requests.jsonl") if r["arm"] == run.arm]
-    events = [e for e in written.raw("block_events.jsonl") if e["arm"] == run.arm]
-    summary = {"engine": run.engine_mode, "block_size": run.block_size, "start_s": round(run.start_s, 2),
-               "requests": request_rows(run.engine_mode, run.block_size, run.shared_len, requests),
-               "block_ops": block_ops(events), "drain_ok": run.drain_ok}
-    return record.save(run.arm, summary)
+    return record.save(run.arm, {"start_s": round(run.start_s, 2), "drain_ok": run.drain_ok})

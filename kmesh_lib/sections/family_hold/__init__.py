@@ -3,6 +3,7 @@ from kmesh_lib.sections.family_hold.checks import checks, counts
 from kmesh_lib.sections.family_hold.experiment import plan
 from kmesh_lib.sections.family_hold.params import FamilyHoldParams as Params
 from kmesh_lib.sections.family_hold.summary import answer, headline, public_results
+from kmesh_lib.sections.family_hold.tables import TABLES
 
 KEY = "family_hold"
 NUMBER = "18"
@@ -11,5 +12,5 @@ NOTEBOOK = "18_family_hold.ipynb"
 USES_ENGINE = True
 QUESTION = "Does holding a parent's blocks for its child pay under cache pressure?"
 
-__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TITLE", "USES_ENGINE", "answer", "checks", "counts",
-           "headline", "plan", "public_results"]
+__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TABLES", "TITLE", "USES_ENGINE", "answer", "checks",
+           "counts", "headline", "plan", "public_results"]

@@ -37,6 +37,7 @@ from kmesh_lib.sections.family_hold.recorded import (
     read_sweep,
     twin_mode,
 )
+from kmesh_lib.sections.family_hold.tables import run_params
 
 SUMMARY_GROUPS = {  # results.json keys compared per mode, grouped so a failure names what differs
     "per-arm cached tokens and block operations": ("arms",),
@@ -131,7 +132,7 @@ def mode_checks(run: RunFiles, mode: str) -> list[Check]:
     out.append(check(f"{mode}: generated tokens match between arms, request by request", not tokens,
                      f"{len(tokens)} of {sum(len(s.requests) for s, _ in report.pairs(arms))} differ; {tokens[:2]}",
                      report.pairs(arms), no_arms))
-    tolerance = p.get("LOGPROB_TOLERANCE", 0.0)
+    tolerance = run_params(run).LOGPROB_TOLERANCE
     logprobs = report.output_mismatches(arms, tolerance)
     delta = report.summarize_mode(arms, tolerance)["max_logprob_delta"] if arms else 0.0
     out.append(check(f"{mode}: chosen logprobs match between arms within LOGPROB_TOLERANCE={tolerance}", not logprobs,
@@ -216,8 +217,9 @@ def sweep_checks(run: RunFiles) -> list[Check]:
         recorded = results.get("sweep") or []
         cross = report.crossing(recorded)
         drained = results.get("checks", {}).get("sweep: every pool drained") or {}  # a status, or an older ok
+        found = differences(cross, results.get("sweep_crossing_parent_share"), "sweep_crossing_parent_share")
         return [Check("sweep: crossing recomputed from results.json's sweep rows",
-                      "skipped" if not recorded else cross == results.get("sweep_crossing_parent_share"),
+                      "skipped" if not recorded else not found,
                       f"{cross} vs {results.get('sweep_crossing_parent_share')}; raw/sweep.jsonl absent", recorded_only=True),
                 Check("sweep: every pool drained",
                       drained.get("status") or {True: "ok", False: "failed"}.get(drained.get("ok"), "skipped"),
@@ -239,8 +241,8 @@ def sweep_checks(run: RunFiles) -> list[Check]:
     diffs = differences(rows, results.get("sweep"))
     out.append(check("sweep: results.json rows equal the raw", not diffs, "; ".join(diffs[:2]), rows))
     cross = report.crossing(rows)
-    out.append(check("sweep: results.json crossing equals the one recomputed from raw",
-                     cross == results.get("sweep_crossing_parent_share"),
+    found = differences(cross, results.get("sweep_crossing_parent_share"), "sweep_crossing_parent_share")
+    out.append(check("sweep: results.json crossing equals the one recomputed from raw", not found,
                      f"{cross} vs {results.get('sweep_crossing_parent_share')}", rows))
     return out
 

@@ -16,8 +16,6 @@ from kmesh_lib.sections.family_hold.recorded import (
     ArmRecord,
     num_output_tokens,
     num_prompt_tokens,
-    read_mode,
-    read_sweep,
 )
 
 CLOCK_DOMAIN = "time.monotonic_ns"
@@ -205,10 +203,11 @@ def capture_records(runs, run_id: str, engine: dict) -> list[dict]:
     return records
 
 
-def record_mode(record, label: str, runs, engine: dict, *, logprob_tolerance: float) -> dict:
-    """Writes a run mode's requests, block events and capture to ``raw/``, then saves the summary
-    computed from what raw/ now holds, with what only the live run knew: the engine, the
-    controller's counters and the live drain checks."""
+def record_mode(record, label: str, runs, engine: dict) -> dict:
+    """Writes a run mode's requests, block events and capture (which names the engine) to ``raw/``, and
+    saves what only the live run knew (``tables.LIVE_MODE``: the controller's counters, the live drain
+    checks) under the mode's name, where ``record.save_tables(section.TABLES)`` keeps them beside the
+    table it builds from raw/."""
     record.append_jsonl("requests.jsonl", [
         {"mode": label, "arm": r.arm, "sample": r.sample, "role": role, "request_id": x.request_id,
          "prompt_token_ids": x.prompt_token_ids, "output_token_ids": x.output_token_ids, "logprobs": x.logprobs,
@@ -216,15 +215,13 @@ def record_mode(record, label: str, runs, engine: dict, *, logprob_tolerance: fl
         for r in runs for role, x in zip(r.roles, r.results)])
     record.append_jsonl("block_events.jsonl", [{"arm": f"{label}/{r.arm}/s{r.sample}", **e} for r in runs for e in r.events])
     write_capture(record.run_dir / "raw" / f"capture.{label}.jsonl", capture_records(runs, record.results["run_id"], engine))
-    summary = {"engine": engine, **summarize_mode(read_mode(record.files(), label), logprob_tolerance),
-               "controller": [r.controller for r in runs if r.arm == "held"],
-               "all_drained": all(r.drain_ok and r.reset_ok and r.clean_start for r in runs)}
-    return record.save(label, summary)
+    return record.save(label, {"controller": [r.controller for r in runs if r.arm == "held"],
+                               "all_drained": all(r.drain_ok and r.reset_ok and r.clean_start for r in runs)})
 
 
-def record_sweep(record, pools: list) -> list[dict]:
-    """Writes the sweep's arm-samples to ``raw/sweep.jsonl`` (token counts, no token ids) and saves
-    its rows and crossing, computed from what the file holds."""
+def record_sweep(record, pools: list) -> None:
+    """Writes the sweep's arm-samples to ``raw/sweep.jsonl`` (token counts, no token ids); its rows and
+    crossing are ``record.save_tables(section.TABLES)``'s, built from what the file holds."""
     record.append_jsonl("sweep.jsonl", [
         {"num_gpu_blocks": r.num_gpu_blocks, "block_size": r.block_size, "arm": r.arm, "sample": r.sample,
          "controller": r.controller or None, "live_drain_ok": r.drain_ok and r.reset_ok,
@@ -233,6 +230,3 @@ def record_sweep(record, pools: list) -> list[dict]:
                        "finish_reason": x.finish_reason, "block_events": events}
                       for role, x, events in zip(r.roles, r.results, _spans_events(r))]}
         for runs in pools for r in runs])
-    rows = record.save("sweep", sweep_rows(read_sweep(record.files())))
-    record.save("sweep_crossing_parent_share", crossing(rows))
-    return rows

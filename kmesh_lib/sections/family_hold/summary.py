@@ -12,6 +12,7 @@ from kmesh_lib.sections.family_hold import report
 from kmesh_lib.sections.family_hold.checks import checks
 from kmesh_lib.sections.family_hold.params import hashed_blocks
 from kmesh_lib.sections.family_hold.recorded import OPS, mode_sizes, modes, read_mode, read_sweep
+from kmesh_lib.sections.family_hold.tables import run_params
 
 
 def _mode(run: RunFiles, mode: str) -> dict | None:
@@ -94,7 +95,7 @@ def answer(run: RunFiles) -> str:
     if real and main is not real:
         r = real["first"]
         parity = next((c for c in report_ if c.name.startswith("real engine counts equal")), None)
-        first_mode = "The real engine" if p.get("ENGINE", "real") == "real" else "The first run mode (replay engine)"
+        first_mode = "The real engine" if run_params(run).ENGINE == "real" else "The first run mode (replay engine)"
         same = "too" if _verdict(r["net"]) == _verdict(s["net"]) else "instead"
         text.append(f"{first_mode} (vLLM {env.get('packages', {}).get('vllm', '?')}, {p['MODEL']}, {p['DTYPE']} on "
                     f"{p['DEVICE']}, {real['block_size']}-token blocks, {real['num_gpu_blocks']}-block pool) "

@@ -11,16 +11,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kmesh_lib.base.checks import Check, check
+from kmesh_lib.base.checks import Check, check, differences
+from kmesh_lib.base.params import build
 from kmesh_lib.base.records import RunFiles, sha256_file
 from kmesh_lib.kv.capture_contract import validate_capture
 from kmesh_lib.sections.trace_audit.experiment import CONTRAST_CAPTURE
-from kmesh_lib.sections.trace_audit.params import DEFAULT_TRACE_ROOT, TraceAuditParams, resolve_root
+from kmesh_lib.sections.trace_audit.params import TraceAuditParams
 from kmesh_lib.traces.audit import MAX_FIELDS_PER_SOURCE, audit_tree, set_sha256_of
 from kmesh_lib.traces.lineage import source_verdict
 from kmesh_lib.traces.names import safe_relpath
 from kmesh_lib.traces.report import RAW_TABLES, invariant_failures, summary_from_rows
-from kmesh_lib.traces.scan import DEFAULT_MAX_JSON_DEPTH, hash_tree
+from kmesh_lib.traces.scan import hash_tree
 
 
 def raw_rows(run: RunFiles) -> dict[str, list[dict]]:
@@ -32,19 +33,43 @@ def recomputed_summary(run: RunFiles) -> dict:
     return summary_from_rows(raw_rows(run))
 
 
-def _limits(run: RunFiles) -> dict:
-    params = run.params
-    defaults = TraceAuditParams.__dataclass_fields__
-    return {"root": resolve_root(params.get("TRACE_ROOT", DEFAULT_TRACE_ROOT)),
-            "max_line_bytes": int(params.get("MAX_LINE_MB", defaults["MAX_LINE_MB"].default) * (1 << 20)),
-            "max_depth": params.get("MAX_DEPTH", defaults["MAX_DEPTH"].default),
-            "max_json_depth": params.get("MAX_JSON_DEPTH", DEFAULT_MAX_JSON_DEPTH)}
+def run_params(run: RunFiles) -> TraceAuditParams:
+    """The run's parameters, parsed once by the section's ``Params`` (defaults and bounds declared there)."""
+    return build(TraceAuditParams, run.params)
 
 
-def _differences(recorded: dict, recomputed: dict) -> list[str]:
-    return [f"{key}: recorded {recorded.get(key)!r}, raw/ gives {value!r}"
-            for key, value in recomputed.items() if recorded.get(key) != value] + \
-           [f"{key}: recorded but not recomputable" for key in recorded if key not in recomputed]
+def file_hashes(rows: dict[str, list[dict]]) -> dict[str, str]:
+    """relpath -> SHA-256 of every file the audit read whole."""
+    return {f["relpath"]: f["sha256"] for f in rows["audit_files"] if f["sha256"]}
+
+
+# -- the declared tables (``tables.TABLES``), each from raw/ and the params --
+
+LIVE_AUDIT = ("elapsed_s",)  # the audit's wall-clock time: recorded, not rebuilt
+
+
+def audit_table(run: RunFiles) -> dict:
+    """The corpus's name, the audit's totals, the set hash and the limits (``elapsed_s`` is live)."""
+    cfg, rows = run_params(run), raw_rows(run)
+    return {"root_name": cfg.root_name, "summary": summary_from_rows(rows), "set_sha256": set_sha256_of(file_hashes(rows)),
+            "limits": cfg.limits}
+
+
+def lineage_table(run: RunFiles) -> dict:
+    """The lineage verdict of every source with lineage counts in raw/ (``traces.lineage.source_verdict``)."""
+    sources = [s for s in raw_rows(run)["audit_sources"] if s.get("lineage")]
+    verdicts = {s["source"]: source_verdict(s["lineage"]) for s in sources}
+    return {"qualifies": any(v.qualifies for v in verdicts.values()),
+            "num_lineage_edges": sum(v.num_lineage_edges for v in verdicts.values()),
+            "sources": [{"source": src, "qualifies": v.qualifies} for src, v in verdicts.items()]}
+
+
+def contrast_table(run: RunFiles) -> dict:
+    """The contract capture in raw/: its path, hash and the verdict of auditing it as its own tree."""
+    path = run.run_dir / "raw" / CONTRAST_CAPTURE
+    lineage = audit_tree(path.parent.parent).lineage
+    return {"path": f"raw/{CONTRAST_CAPTURE}", "sha256": sha256_file(path), "qualifies": lineage.qualifies,
+            "num_lineage_edges": lineage.num_lineage_edges}
 
 
 def checks(run: RunFiles) -> list[Check]:
@@ -64,17 +89,19 @@ def checks(run: RunFiles) -> list[Check]:
                      "; ".join(failures[:3]) or f"{len(files)} files, {len(rows['audit_dirs'])} directories",
                      evidence=files, missing=no_files))
 
-    differences = _differences(audit.get("summary") or {}, summary_from_rows(rows))
-    out.append(check("results.json totals recompute from raw/", not differences,
-                     "; ".join(differences[:3]) or "every total equal", evidence=files, missing=no_files))
+    found = differences(summary_from_rows(rows), audit.get("summary"), "summary")
+    out.append(check("results.json totals recompute from raw/", not found,
+                     "; ".join(found[:3]) or "every total equal", evidence=files, missing=no_files))
 
-    hashes = {f["relpath"]: f["sha256"] for f in files if f["sha256"]}
-    out.append(check("set hash recomputes from raw/ file hashes", set_sha256_of(hashes) == audit.get("set_sha256"),
+    hashes = file_hashes(rows)
+    found = differences(set_sha256_of(hashes), audit.get("set_sha256"), "set_sha256")
+    out.append(check("set hash recomputes from raw/ file hashes", not found,
                      f"{set_sha256_of(hashes)[:16]} from {len(hashes)} files, recorded "
                      f"{str(audit.get('set_sha256'))[:16]}", evidence=hashes, missing="no file was read whole"))
-    out.append(check("results inputs are the audited files' hashes", results.get("inputs") == hashes,
-                     f"{len(results.get('inputs') or {})} inputs, {len(hashes)} hashed files",
-                     evidence=hashes, missing="no file was read whole"))
+    found = differences(hashes, results.get("inputs"), "inputs")
+    out.append(check("results inputs are the audited files' hashes", not found,
+                     f"{len(results.get('inputs') or {})} inputs, {len(hashes)} hashed files"
+                     + (f": {'; '.join(found[:2])}" if found else ""), evidence=hashes, missing="no file was read whole"))
 
     shares = [(src["source"], src["num_object_records"], counts)
               for src in rows["audit_sources"] for counts in src["fields"].values()]
@@ -85,26 +112,22 @@ def checks(run: RunFiles) -> list[Check]:
                      f"largest share {max((p / n for _, n, (p, _) in shares if n), default=0):.3g} over "
                      f"{len(shares)} (source, field) rows", evidence=shares, missing="no object record"))
 
-    out.append(_verdict_check(results, rows))
-    limits = _limits(run)
-    out.append(_rehash_check(limits["root"], limits["max_depth"], hashes))
-    out.append(_reaudit_check(limits["root"], limits, rows))
+    out.append(_verdict_check(run, results, rows))
+    cfg = run_params(run)
+    out.append(_rehash_check(cfg.trace_root, cfg.MAX_DEPTH, hashes))
+    out.append(_reaudit_check(cfg, rows))
     out.append(_contrast_check(run, results))
     return out
 
 
-def _verdict_check(results: dict, rows: dict[str, list[dict]]) -> Check:
+def _verdict_check(run: RunFiles, results: dict, rows: dict[str, list[dict]]) -> Check:
     name = "lineage verdict recomputes from raw/ counts"
-    recorded = results.get("lineage") or {}
-    sources = [s for s in rows["audit_sources"] if s.get("lineage")]
-    verdicts = {s["source"]: source_verdict(s["lineage"]) for s in sources}
-    recomputed = [{"source": src, "qualifies": v.qualifies} for src, v in verdicts.items()]
-    edges = sum(v.num_lineage_edges for v in verdicts.values())
-    ok = (recorded.get("sources") == recomputed and recorded.get("qualifies") == any(v.qualifies for v in verdicts.values())
-          and recorded.get("num_lineage_edges") == edges)
-    detail = (f"{sum(v.qualifies for v in verdicts.values())} of {len(verdicts)} sources qualify, {edges} edges; "
-              f"recorded qualifies={recorded.get('qualifies')}")
-    return check(name, ok, detail, evidence=sources, missing="no source has lineage counts in raw/")
+    recomputed = lineage_table(run)
+    found = differences(recomputed, results.get("lineage"), "lineage")
+    detail = (f"{sum(s['qualifies'] for s in recomputed['sources'])} of {len(recomputed['sources'])} sources qualify, "
+              f"{recomputed['num_lineage_edges']} edges; recorded qualifies={(results.get('lineage') or {}).get('qualifies')}"
+              + (f"; {'; '.join(found[:2])}" if found else ""))
+    return check(name, not found, detail, evidence=recomputed["sources"], missing="no source has lineage counts in raw/")
 
 
 def _rehash_check(root: Path, max_depth: int, hashes: dict[str, str]) -> Check:
@@ -124,13 +147,14 @@ def _rehash_check(root: Path, max_depth: int, hashes: dict[str, str]) -> Check:
     return Check(name, not (changed or missing or new), detail)
 
 
-def _reaudit_check(root: Path, limits: dict, rows: dict[str, list[dict]]) -> Check:
+def _reaudit_check(cfg: TraceAuditParams, rows: dict[str, list[dict]]) -> Check:
     name = "a fresh audit of the corpus reproduces raw/"
+    root = cfg.trace_root
     if not root.is_dir():
         return Check(name, "skipped", f"the corpus is not on this machine ({root})",
                      outside_input=f"the corpus {root.name}/ (`kmesh data fetch`)")
-    fresh = audit_tree(root, max_line_bytes=limits["max_line_bytes"], max_depth=limits["max_depth"],
-                       max_json_depth=limits["max_json_depth"], max_fields_per_source=MAX_FIELDS_PER_SOURCE).rows()
+    fresh = audit_tree(root, max_line_bytes=cfg.max_line_bytes, max_depth=cfg.MAX_DEPTH,
+                       max_json_depth=cfg.MAX_JSON_DEPTH, max_fields_per_source=MAX_FIELDS_PER_SOURCE).rows()
     differing = [table for table in RAW_TABLES if _normalized(fresh[table]) != _normalized(rows[table])]
     return Check(name, not differing, f"differs in {', '.join(differing)}" if differing
                  else f"{len(RAW_TABLES)} tables equal, {len(rows['audit_files'])} files")
@@ -145,12 +169,14 @@ def _contrast_check(run: RunFiles, results: dict) -> Check:
     path = run.run_dir / "raw" / CONTRAST_CAPTURE
     if not path.is_file():
         return Check(name, False, f"raw/{CONTRAST_CAPTURE} is missing")
-    recorded = results.get("contrast") or {}
+    recomputed = contrast_table(run)
+    found = differences(recomputed, results.get("contrast"), "contrast")
     report = validate_capture(path)
-    lineage = audit_tree(path.parent.parent).lineage
-    ok = sha256_file(path) == recorded.get("sha256") and report.ok and lineage.qualifies
-    return Check(name, ok, f"{report.num_records} invocations, {lineage.num_lineage_edges} edges, "
-                           f"sha256 {'matches' if sha256_file(path) == recorded.get('sha256') else 'differs'}")
+    ok = not found and report.ok and recomputed["qualifies"]
+    return Check(name, ok, f"{report.num_records} invocations, {recomputed['num_lineage_edges']} edges, "
+                           f"sha256 {'differs' if any('sha256' in f for f in found) else 'matches'}"
+                 + (f"; {'; '.join(found[:2])}" if found else ""))
 
 
-__all__ = ["checks", "raw_rows", "recomputed_summary"]
+__all__ = ["LIVE_AUDIT", "audit_table", "checks", "contrast_table", "lineage_table", "raw_rows", "recomputed_summary",
+           "run_params"]

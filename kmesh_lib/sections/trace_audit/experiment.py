@@ -16,7 +16,7 @@ import stat
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kmesh_lib.base.records import RunRecord, sha256_file
+from kmesh_lib.base.records import RunRecord
 from kmesh_lib.kv.capture_contract import write_capture
 from kmesh_lib.sections.trace_audit.params import AUDIT_MB_PER_S, UNIT_SCALE, TraceAuditParams, _n
 from kmesh_lib.traces.audit import TraceAudit, audit_tree
@@ -29,7 +29,9 @@ CONTRAST_CAPTURE = "contrast/kmesh-capture/capture.jsonl"  # under raw/; audited
 def plan(cfg: TraceAuditParams) -> dict:
     """What ``kmesh plan 17`` prints: files and bytes to audit, from directory listings only.
 
-    Like the audit, it never follows a symbolic link and stops at ``MAX_DEPTH``."""
+    Like the audit, it never follows a symbolic link and stops at ``MAX_DEPTH``; the corpus must be on
+    this machine (``check_runnable``)."""
+    cfg.check_runnable()
     root = cfg.trace_root
     by_source: dict[str, list[int]] = {}
     num_other = num_links = 0
@@ -69,11 +71,12 @@ def plan(cfg: TraceAuditParams) -> dict:
 
 
 def audit_run(record: RunRecord, cfg: TraceAuditParams) -> tuple[TraceAudit, TraceAudit]:
-    """Audits the corpus and the contrast capture, and records both in the run folder.
+    """Audits the corpus and writes the contrast capture, and records both in the run folder.
 
-    ``raw/audit_*.jsonl`` get every row of the audit (``TraceAudit.rows``); ``results.json`` gets
-    the totals, the set hash, the input hashes, the verdict and the contrast capture's hash.
-    Returns ``(audit, contrast)`` for the notebook's tables.
+    ``raw/audit_*.jsonl`` get every row of the audit (``TraceAudit.rows``), ``raw/contrast/`` the
+    capture; ``results.json`` gets the input hashes (a run field) and the audit's wall-clock time (the
+    ``audit`` table's live field). The tables themselves are ``record.save_tables(section.TABLES)``'s,
+    built from these files. Returns ``(audit, contrast)`` for the notebook's tables.
     """
     audit = audit_tree(cfg.trace_root, max_line_bytes=cfg.max_line_bytes, max_depth=cfg.MAX_DEPTH,
                        max_json_depth=cfg.MAX_JSON_DEPTH)
@@ -84,18 +87,8 @@ def audit_run(record: RunRecord, cfg: TraceAuditParams) -> tuple[TraceAudit, Tra
         capture.unlink()
     write_capture(capture, contract_example(record.run_dir.name))  # raises on any breach of the contract
     contrast = audit_tree(capture.parent.parent)
-    record.save("audit", {"root_name": audit.root_name, "summary": audit.summary(), "set_sha256": audit.set_sha256,
-                          "limits": {"max_line_bytes": audit.max_line_bytes, "max_depth": audit.max_depth,
-                                     "max_json_depth": audit.max_json_depth,
-                                     "max_fields_per_source": audit.max_fields_per_source},
-                          "elapsed_s": round(audit.elapsed_s, 3)})
+    record.save("audit", {"elapsed_s": round(audit.elapsed_s, 3)})
     record.save("inputs", audit.file_hashes)
-    record.save("lineage", {"qualifies": audit.lineage.qualifies, "num_lineage_edges": audit.lineage.num_lineage_edges,
-                            "sources": [{"source": name, "qualifies": s.qualifies}
-                                        for name, s in audit.lineage.sources.items()]})
-    record.save("contrast", {"path": f"raw/{CONTRAST_CAPTURE}", "sha256": sha256_file(capture),
-                             "qualifies": contrast.lineage.qualifies,
-                             "num_lineage_edges": contrast.lineage.num_lineage_edges})
     return audit, contrast
 
 

@@ -7,6 +7,8 @@ from pydantic import Field
 
 from kmesh_lib.base.data import DATA_ROOT_PREFIX, resolve_path
 from kmesh_lib.base.params import PathText, RunParams, check, params_dataclass
+from kmesh_lib.traces.audit import MAX_FIELDS_PER_SOURCE
+from kmesh_lib.traces.names import safe_name
 from kmesh_lib.traces.scan import DEFAULT_MAX_JSON_DEPTH, MAX_JSON_DEPTH_LIMIT
 
 DEFAULT_TRACE_ROOT = f"{DATA_ROOT_PREFIX}/lmcache-agent-trace"  # the data set of base.data
@@ -46,12 +48,25 @@ class TraceAuditParams(RunParams):
         DEFAULT_MAX_JSON_DEPTH, ge=1, le=MAX_JSON_DEPTH_LIMIT,
         description='records nested deeper are malformed ("too_deep"), decided before parsing')
 
-    def check_rules(self) -> None:
-        super().check_rules()
+    def check_runnable(self) -> None:
+        """The corpus must be on this machine to audit it (a run, ``kmesh plan``); a finished run's params
+        are read without it (``kmesh verify`` on a clone without the data: the corpus checks say skipped)."""
+        super().check_runnable()
         root = resolve_root(self.TRACE_ROOT)
         check(root.exists(), f"TRACE_ROOT={self.TRACE_ROOT!r}: {root} does not exist; point it at a directory "
                              f"of JSONL traces, or fetch the corpus ({DEFAULT_TRACE_ROOT}) with `kmesh data fetch`")
         check(root.is_dir(), f"TRACE_ROOT={self.TRACE_ROOT!r}: {root} is not a directory")
+
+    @property
+    def root_name(self) -> str:
+        """The corpus's name as the audit records it (``traces.audit.audit_tree``)."""
+        return safe_name(self.trace_root.resolve().name, 64)
+
+    @property
+    def limits(self) -> dict:
+        """The audit's limits as results.json records them."""
+        return {"max_line_bytes": self.max_line_bytes, "max_depth": self.MAX_DEPTH, "max_json_depth": self.MAX_JSON_DEPTH,
+                "max_fields_per_source": MAX_FIELDS_PER_SOURCE}
 
     @property
     def trace_root(self) -> Path:
