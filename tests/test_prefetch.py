@@ -641,6 +641,12 @@ def test_groups_recorded_is_the_plan_of_every_finished_engine_run(tmp_path):
     two_pilots = _statuses(_run(tmp_path / "two", _groups() + second, [_summary(), _summary("mp-N4-r1")],
                                 params={"ENGINE_RUNS": 2, "MEASURED_GROUPS": 20}, tables=False))
     assert two_pilots[name] == "failed"  # the pilot ran in both engine runs
+    extra = [dict(g, block="mp-N4-r1") for g in _groups()[6:]]  # ENGINE_RUNS=1 plans no run r1
+    assert _statuses(_run(tmp_path / "extra", _groups() + extra, [_summary(), _summary("mp-N4-r1")], tables=False))[
+        name] == "failed"
+    no_pilot = _groups()[6:]  # a live panel's run: one lead, given, no pilot
+    assert _statuses(_run(tmp_path / "live", no_pilot, params={"LEADS_MS": [100.0]}, tables=False))[name] == "ok"
+    assert _statuses(_run(tmp_path / "nopilot", no_pilot, tables=False))[name] == "failed"  # three leads: one chose
     no_lead = _statuses(_run(tmp_path / "nolead", _groups(), [_summary(lead_ms=None)], tables=False))
     assert no_lead[name] == "skipped"
     assert _statuses(_run(tmp_path / "empty", [], [], tables=False))[name] == "skipped"

@@ -674,6 +674,9 @@ def test_groups_recorded_is_the_plan_of_every_finished_engine_run(tmp_path):
     assert retried["groups recorded in raw/groups.jsonl"] == "failed"  # a retried pair is two more groups
     warm = statuses(run_folder(tmp_path / "warm", combos(), [summary()], {**COMBO_PARAMS, "WARMUP_GROUPS": 1}))
     assert warm["groups recorded in raw/groups.jsonl"] == "failed"  # the plan's warm-up pair is missing
+    extra = [dict(g, block="mp-N8") for g in combos()]  # an engine run the params (GROUP_SIZES=[4]) do not plan
+    unplanned = statuses(run_folder(tmp_path / "extra", combos() + extra, [summary(), summary("mp-N8")], COMBO_PARAMS))
+    assert unplanned["groups recorded in raw/groups.jsonl"] == "failed"
     bare = statuses(run_folder(tmp_path / "bare", combos(), [summary(pairs=None)], COMBO_PARAMS))
     assert bare["groups recorded in raw/groups.jsonl"] == "skipped"
     assert statuses(run_folder(tmp_path / "none", [], [], tables=False))["groups recorded in raw/groups.jsonl"] \

@@ -42,12 +42,10 @@ import shutil
 import string
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 
 import numpy as np
 
 from kmesh_lib.base.processes import RuntimeDir, group_alive, listening_sockets, runtime_root
-from kmesh_lib.base.records import read_jsonl
 from kmesh_lib.engine.model_spec import resolve
 from kmesh_lib.engine.requests import RequestResult, RequestSpec, group_makespan_s, record_step, run_group
 from kmesh_lib.engine.vllm_engine import make_engine
@@ -567,23 +565,3 @@ def blocks_for_group(cfg, n: int) -> int:
     ctx_blocks = cfg.CONTEXT_TOKENS // cfg.BLOCK_SIZE
     tail = cfg.CONTEXT_TOKENS % cfg.BLOCK_SIZE + cfg.SUFFIX_TOKENS + cfg.MAX_TOKENS
     return ctx_blocks + n * -(-tail // cfg.BLOCK_SIZE)
-
-
-def load_source_run(source: str, record=None) -> tuple[list[dict], list[dict]]:
-    """Groups and blocks of a finished run (e.g. the GPU run), copied into this run's ``raw/``."""
-    import json
-    import shutil
-
-    import yaml
-
-
-    src = Path(source)
-    groups, blocks = read_jsonl(src / "raw" / "groups.jsonl"), read_jsonl(src / "raw" / "blocks.jsonl")
-    if record is not None:
-        for name in ("groups.jsonl", "blocks.jsonl"):
-            shutil.copyfile(src / "raw" / name, record.run_dir / "raw" / name)
-        env, params = src / "env.json", src / "params.resolved.yaml"
-        record.save("source_run", {"run_id": src.name,
-                                   "environment": json.loads(env.read_text()) if env.exists() else None,
-                                   "params": yaml.safe_load(params.read_text()) if params.exists() else None})
-    return groups, blocks

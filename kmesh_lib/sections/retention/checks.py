@@ -102,13 +102,13 @@ def planned_groups(cfg: RetentionParams, b: PlannedBlock, retried: int) -> tuple
 
 def groups_recorded(cfg: RetentionParams, groups: list[dict], blocks: list[dict]) -> Check:
     """Every engine run that finished ok recorded the groups its plan gives: (warm-up pairs + measured pairs x
-    combinations + its retried pairs, at most MAX_RETRY_PAIRS per combination) x its arms, each of its arms; a
-    summary without its pair counts is no evidence."""
+    combinations + its retried pairs, at most MAX_RETRY_PAIRS per combination) x its arms, each of its arms. A run
+    the params do not plan fails; a summary without its pair counts is no evidence."""
     plan = {b.name: b for b in plan_blocks(cfg)}
     finished = [b for b in blocks if b.get("status") == "ok"]
 
     def evidence(b) -> bool:
-        return b.get("block") in plan and all(isinstance(b.get(k), int) for k in ("pairs", "retried_pairs"))
+        return all(isinstance(b.get(k), int) for k in ("pairs", "retried_pairs"))
 
     def found(b) -> dict:
         mine = [g for g in groups if g.get("block") == b["block"]]
@@ -122,12 +122,17 @@ def groups_recorded(cfg: RetentionParams, groups: list[dict], blocks: list[dict]
         return {"pairs": pairs, "groups": pairs * len(arms), "measured": measured * len(arms), "arms": sorted(arms)}
 
     def holds(b) -> bool:
+        if b["block"] not in plan:
+            return False
         retries = cfg.MAX_RETRY_PAIRS * len(planned_combos(cfg, plan[b["block"]].path))
         return found(b) == want(b) and 0 <= b["retried_pairs"] <= retries
 
-    return every("groups recorded in raw/groups.jsonl", finished, evidence, holds,
-                 lambda b: f"{b.get('block')}: recorded {found(b)}, the plan gives {want(b)} "
-                           f"({b['retried_pairs']} retried pairs)" if evidence(b) else str(b.get("block")),
+    def describe(b) -> str:
+        if b.get("block") not in plan:
+            return f"{b.get('block')}: not an engine run the params plan ({', '.join(plan) or 'none'})"
+        return f"{b['block']}: recorded {found(b)}, the plan gives {want(b)} ({b['retried_pairs']} retried pairs)"
+
+    return every("groups recorded in raw/groups.jsonl", finished, evidence, holds, describe,
                  missing="no engine run finished ok")
 
 
