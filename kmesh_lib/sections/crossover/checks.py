@@ -282,7 +282,8 @@ def launch_checks(measured: list[dict], children: list[dict]) -> list[Check]:
         recorded_check(f"gpubuf: every restore's events were put on the host's clock by a reference taken before its "
                        f"step, which one taken after the request confirmed within {REFERENCE_AGREE_US} us",
                        restored, any(split[r["tag"]].get("reference_at") for r in restored),
-                       f"no restore records reference_at {before}", reference_agrees,
+                       "no restore records a clock reference (reference_at): the CPU build has no GPU clock to put its "
+                       f"events on, or {before[1:-1]}", reference_agrees,
                        lambda r: f"{r['tag']}: reference {split[r['tag']].get('reference_at')}, {r.get('reference_clock')}",
                        no_restores),
         recorded_check("gpubuf: every restore was queued where the tier says it queues them (launch_at)", restored,
