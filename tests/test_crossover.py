@@ -333,6 +333,23 @@ def _table_problems(run) -> dict[str, tuple]:
     return {line.name: line.problems for line in compare_tables(section.TABLES, run, run.results) if line.problems}
 
 
+def test_without_recorded_floors_the_distance_is_skipped_and_verify_names_both(recorded_grid):
+    """The floors are recorded only (measured live): a results.json without them skips the floor checks, and verify's
+    comparison names the missing floors and the distance table it cannot build."""
+    import json
+
+    path = recorded_grid.run_dir / "results.json"
+    results = json.loads(path.read_text())
+    del results["floors"]
+    path.write_text(json.dumps(results))
+    statuses = _statuses(recorded_grid.run_dir)
+    assert statuses[TABLE_CHECKS["floor_distance"]] == "skipped"
+    assert statuses["the physical floors were measured in the run"] == "skipped"
+    problems = _table_problems(recorded_grid)
+    assert problems["floors"] == ("declared, not in results.json",)
+    assert "cannot be built" in problems["floor_distance"][0] and list(problems) == ["floors", "floor_distance"]
+
+
 @pytest.mark.parametrize("fixture", ["recorded_grid", "recorded_tiers"])
 def test_saved_tables_are_what_verify_rebuilds_and_an_edit_of_one_is_reported(fixture, request):
     """``save_tables(TABLES)`` stores every declared table; verify's comparison finds nothing to say, until a row
