@@ -33,8 +33,8 @@ from kmesh_lib.app.public_document import PUBLISHING_FIELDS, public_document  # 
 from kmesh_lib.app.published import PUBLIC_FILE  # noqa: E402
 from kmesh_lib.app.verify import recomputed_status, verify  # noqa: E402
 from kmesh_lib.base.checks import STATUSES, differences  # noqa: E402
-from kmesh_lib.base.declared import RUN_FIELDS, build_tables  # noqa: E402
-from kmesh_lib.base.paths import REPO_ROOT  # noqa: E402
+from kmesh_lib.base.declared import RUN_FIELDS, build_tables, named  # noqa: E402
+from kmesh_lib.base.paths import REPO_ROOT, repo_relative  # noqa: E402
 from kmesh_lib.base.records import (  # noqa: E402
     RunFiles,
     capture_sha256,
@@ -102,14 +102,15 @@ def migrate(run_dir: Path, dry_run: bool = False) -> dict:
     note: dict = {"when_utc": _now(), "by": "scripts/migrate_declared_results.py",
                   "commit": git_revision().get("commit")}
 
-    built = build_tables(section.TABLES, run)
+    built = build_tables(section.TABLES, run, results)  # a table's live fields kept as the run recorded them
     changed_tables = {}
     for name, value in built.items():
         found = differences(value, results.get(name), name)
         if found:
             changed_tables[name] = {"num_differences": len(found), "first": found[:3]}
         results[name] = value
-    undeclared = {k: results.pop(k) for k in list(results) if k not in section.TABLES and k not in RUN_FIELDS}
+    declared = named(section.TABLES, run)
+    undeclared = {k: results.pop(k) for k in list(results) if k not in declared and k not in RUN_FIELDS}
     if changed_tables:
         note["declared_results"] = changed_tables
     if undeclared:
@@ -196,7 +197,7 @@ def main(argv=None) -> int:
     run_dirs = args.run_dirs or default_runs()
     status = 0
     for run_dir in run_dirs:
-        key = str(run_dir.resolve().relative_to(REPO_ROOT))
+        key = repo_relative(run_dir) or str(run_dir)
         try:
             note = migrate(run_dir.resolve(), args.dry_run)
         except Refused as e:
