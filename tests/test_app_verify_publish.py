@@ -152,9 +152,21 @@ def test_verify_needs_a_run_named(section, capsys):
 
 
 def publish(run_dir: Path, capsys, *extra) -> tuple[int, str, str]:
-    code = cli.main(["publish", "99", run_dir.name, *extra])
+    """``kmesh publish`` of a fake run, which is a smoke-profile run: with ``--allow-smoke``."""
+    code = cli.main(["publish", "99", run_dir.name, "--allow-smoke", *extra])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def test_a_smoke_profile_run_is_published_only_when_asked(section, capsys, tmp_path):
+    run_dir = fake_section.make_run()  # PROFILE smoke
+    assert cli.main(["publish", "99", run_dir.name]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (f"kmesh publish: run {run_dir.name} is a smoke-profile run (a tiny model that tests the pipeline, "
+                   "not a measurement); --allow-smoke publishes it anyway")
+    assert not (tmp_path / "published" / "fake_section").exists()
+    assert "old table" in (tmp_path / "README.md").read_text()  # the README table untouched
+    assert publish(run_dir, capsys)[0] == 0
 
 
 def test_publish_copies_a_verified_run_with_relative_paths_and_an_allow_listed_public_file(section, capsys, tmp_path):
@@ -420,7 +432,7 @@ def test_planted_secrets_and_token_ids_never_reach_the_public_files(section, cap
 def test_a_sections_public_results_are_rejected_naming_the_path(section, capsys, tmp_path, monkeypatch, planted, rule):
     run_dir = fake_section.make_run()
     monkeypatch.setattr(fake_section, "public_results", lambda run: {"total": 30, **planted})
-    code = cli.main(["publish", "99", run_dir.name])
+    code = cli.main(["publish", "99", run_dir.name, "--allow-smoke"])
     err = capsys.readouterr().err
     assert code == 2 and rule in err and err.startswith("kmesh publish: results")
     assert SECRET not in err  # the message names the path, not the content

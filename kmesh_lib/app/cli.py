@@ -5,7 +5,7 @@
                       render report.html and verify the run
     verify SECTION RUN_ID|--latest|--run-dir DIR
                       recompute every check from the run's files; exit 1 on a failure, 2 on a damaged run
-    publish SECTION RUN_ID [--allow-failed --why SENTENCE]
+    publish SECTION RUN_ID [--allow-failed --why SENTENCE] [--allow-smoke]
                       copy a finished, verified run into outputs/<section>/<run_id>/ in the
                       published format, with public-results.json, and regenerate
                       outputs/index.html and the README table
@@ -67,7 +67,8 @@ def cmd_plan(args) -> int:
     section = sections.get(args.section, needs=sections.PLANNING)
     config, values, files = resolve_params(section, args.profile, args.params, args.set)
     print(f"section {section.NUMBER} {section.KEY}: {section.QUESTION}")
-    print("params files: " + " -> ".join(display_path(f) for f in files))
+    if files:  # a section with no YAML layer for this profile (17) has none to name
+        print("params files: " + " -> ".join(display_path(f) for f in files))
     for key, value in section.plan(config).items():
         print(f"{key}: {value}")
     return 0
@@ -168,7 +169,8 @@ def cmd_publish(args) -> int:
     section = sections.get(args.section)
     ref = _ref(args, section)
     try:
-        done = publish(section, ref.run_dir, allow_failed=args.allow_failed, replace=args.replace, why=args.why)
+        done = publish(section, ref.run_dir, allow_failed=args.allow_failed, replace=args.replace, why=args.why,
+                       allow_smoke=args.allow_smoke)
     except PublishRefused as e:
         print(f"kmesh publish: {e}", file=sys.stderr)
         return 1
@@ -275,6 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
     publish_parser.add_argument("--why", default="", metavar="SENTENCE",
                                 help="with --allow-failed: one sentence saying why the run failed (shown with it)")
     publish_parser.add_argument("--replace", action="store_true", help="publish over an earlier copy of this run")
+    publish_parser.add_argument("--allow-smoke", action="store_true",
+                                help="publish a smoke-profile run (a tiny model: it tests the pipeline, measures nothing)")
     p = sub.add_parser("withdraw")
     p.set_defaults(fn=cmd_withdraw)
     p.add_argument("section", help="section number or key")
