@@ -19,13 +19,13 @@ lint: env
 	$(VENV)/bin/lint-imports
 
 test: env lint
-	$(PYTEST) -m "not gpu" tests $(NBVAL) -p no:cacheprovider
+	$(PYTEST) -m "not gpu" -rs tests $(NBVAL) -p no:cacheprovider
 
 test-lib: env
-	$(PYTEST) -m "not gpu" tests --ignore=tests/golden
+	$(PYTEST) -m "not gpu" -rs tests --ignore=tests/golden
 
 test-notebooks: env
-	$(PYTEST) tests/golden $(NBVAL)
+	$(PYTEST) -rs tests/golden $(NBVAL)
 
 goldens: env
 	$(VENV)/bin/python scripts/make_goldens.py

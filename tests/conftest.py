@@ -1,12 +1,23 @@
 """Shared fixtures. Engine fixtures are module-scoped: a vLLM start costs seconds to a minute."""
 import os
+import shutil
 import tempfile
 
 import pytest
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-# Set before nbval starts its kernels so notebook runs inherit it and never write to outputs/.
-os.environ.setdefault("KMESH_RUN_ROOT", tempfile.mkdtemp(prefix="kmesh-test-runs-"))
+# Set before nbval starts its kernels so notebook runs inherit it and never write to outputs/; made only where
+# the environment names none (a nested pytest inherits its parent's), and removed when the session ends.
+SESSION_RUN_ROOT = None if os.environ.get("KMESH_RUN_ROOT") else tempfile.mkdtemp(prefix="kmesh-test-runs-")
+if SESSION_RUN_ROOT is not None:
+    os.environ["KMESH_RUN_ROOT"] = SESSION_RUN_ROOT
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The session's run root goes with it. A hook, not a session fixture's teardown: nbval's cells request no
+    fixtures, so a session of goldens alone would never set one up (nor tear it down)."""
+    if SESSION_RUN_ROOT is not None:
+        shutil.rmtree(SESSION_RUN_ROOT, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -143,6 +143,7 @@ def test_a_passing_run_keeps_engine_logs_and_progress_bars_out_of_its_cells(sect
     out = capsys.readouterr().out
     run_dir = only_run(tmp_path / "runs")
     assert "run directory:" in out  # --log-output prints cell output
+    assert "Markdown object>" not in out  # not the bare text of a display with no plain form
     assert out.strip().splitlines()[-1].startswith(f"passed: {run_dir}".replace(str(Path.cwd()) + "/", ""))
     assert results_of(run_dir)["status"] == "passed"
     log = (run_dir / "logs" / "engine.log").read_text()
@@ -178,8 +179,10 @@ def test_a_failed_notebook_is_recorded_as_failed_with_its_cell_and_error(section
     assert results["error"]["cell"] == 4  # In [4]: after parameters (1), injected parameters (2), setup (3)
     if behaviour == "raise":
         assert results["error"]["evalue"] == "planted failure"
-    last = capsys.readouterr().out.strip().splitlines()[-1]
+    said = capsys.readouterr()
+    last = said.out.strip().splitlines()[-1]
     assert last.startswith("failed: ") and kind in last
+    assert "Executing:" in said.err and ("cell/s" in said.err or "s/cell" in said.err)  # papermill's cell bar
     assert "FAIL" in (run_dir / "report.html").read_text()
     assert list((tmp_path / "tmp").iterdir()) == []  # the dead kernel's connection file too
     assert not psutil.pid_exists(int((run_dir / "kernel.pid").read_text()))
@@ -204,13 +207,13 @@ def test_ctrl_c_ends_the_run_with_one_line_and_leaves_nothing_behind(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(Path(fake_section.__file__).parent),
                              str(tmp_path / "99.ipynb")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 600  # a guard against a hang (a kernel that never starts), not a time expected
     while not list((tmp_path / "runs").glob("fake_section/*/sleeping")):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.2)
     run_dir = only_run(tmp_path / "runs")
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the foreground group
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=600)  # a guard, as above
     assert proc.returncode == 130
     assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err and "IPKernelApp" not in err
     lines = out.strip().splitlines()

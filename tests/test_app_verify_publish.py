@@ -152,9 +152,21 @@ def test_verify_needs_a_run_named(section, capsys):
 
 
 def publish(run_dir: Path, capsys, *extra) -> tuple[int, str, str]:
-    code = cli.main(["publish", "99", run_dir.name, *extra])
+    """``kmesh publish`` of a fake run, which is a smoke-profile run: with ``--allow-smoke``."""
+    code = cli.main(["publish", "99", run_dir.name, "--allow-smoke", *extra])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def test_a_smoke_profile_run_is_published_only_when_asked(section, capsys, tmp_path):
+    run_dir = fake_section.make_run()  # PROFILE smoke
+    assert cli.main(["publish", "99", run_dir.name]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (f"kmesh publish: run {run_dir.name} is a smoke-profile run (a tiny model that tests the pipeline, "
+                   "not a measurement); --allow-smoke publishes it anyway")
+    assert not (tmp_path / "published" / "fake_section").exists()
+    assert "old table" in (tmp_path / "README.md").read_text()  # the README table untouched
+    assert publish(run_dir, capsys)[0] == 0
 
 
 def test_publish_copies_a_verified_run_with_relative_paths_and_an_allow_listed_public_file(section, capsys, tmp_path):
@@ -419,7 +431,7 @@ def test_planted_secrets_and_token_ids_never_reach_the_public_files(section, cap
 def test_a_sections_public_results_are_rejected_naming_the_path(section, capsys, tmp_path, monkeypatch, planted, rule):
     run_dir = fake_section.make_run()
     monkeypatch.setattr(fake_section, "public_results", lambda run: {"total": 30, **planted})
-    code = cli.main(["publish", "99", run_dir.name])
+    code = cli.main(["publish", "99", run_dir.name, "--allow-smoke"])
     err = capsys.readouterr().err
     assert code == 2 and rule in err and err.startswith("kmesh publish: results")
     assert SECRET not in err  # the message names the path, not the content
@@ -454,12 +466,64 @@ def test_list_and_compare_show_figures(section, capsys, monkeypatch):
     monkeypatch.setattr(registry, "SECTIONS", {"fake_section": section})
     assert cli.main(["list"]) == 0
     out = capsys.readouterr().out
-    assert f"99 {a.name}" in out and "passed" in out and "total: 30 units" in out and "total: 31 units" in out
+    rows = {line.split()[1]: line.split() for line in out.splitlines()[1:]}
+    assert rows[a.name][:4] == ["99", a.name, "local", "passed"] and rows[b.name][3] == "failed"
+    assert "total: 30 units" in out and "total: 31 units" in out
     assert cli.main(["compare", a.name, f"fake_section/{b.name}"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert any(line.split() == ["status", "passed", "failed", "differs"] for line in lines)
     assert any(line.startswith("total") and "+1 units (+3.3%)" in line for line in lines)
     assert any(line.startswith("count total") and "same" in line for line in lines)
+
+
+def test_list_has_a_header_aligned_columns_and_filters_and_leaves_live_runs_out(section, capsys, monkeypatch):
+    ids = iter(["smoke-20261201-120000-aaaa", "smoke-20261201-120001-bbbb"])
+    monkeypatch.setattr(records, "new_run_id", lambda profile: next(ids))
+    monkeypatch.setattr(registry, "SECTIONS", {"fake_section": section})
+    a, b = fake_section.make_run(), fake_section.make_run(total=31)  # b fails its total check
+    live = a.parent / f"{a.name}{records.LIVE_MARK}60ms-N4-20261201-120500"  # as section 20's panel names one
+    shutil.copytree(a, live)
+
+    def listed(*args: str) -> list[str]:
+        assert cli.main(["list", *args]) == 0
+        return capsys.readouterr().out.splitlines()
+
+    lines = listed()
+    assert lines[0].split() == ["section", "run", "where", "status", "device", "headline"]
+    assert [line.split()[1] for line in lines[1:]] == [a.name, b.name]  # oldest first; the live run left out
+    status_at = lines[0].index("status")
+    assert [line[status_at:].split()[0] for line in lines] == ["status", "passed", "failed"]  # one column
+    assert [line.split()[1] for line in listed("--passed")[1:]] == [a.name]
+    assert [line.split()[1] for line in listed("--latest")[1:]] == [b.name]
+    assert [line.split()[1] for line in listed("--latest", "--passed")[1:]] == [a.name]
+    assert [line.split()[1] for line in listed("--live")[1:]] == [live.name]
+    assert listed("--section", "99") == listed("99") == lines
+    assert cli.main(["verify", "99", "--latest"]) == 1 and b.name in capsys.readouterr().out  # not the live copy
+    monkeypatch.setenv("COLUMNS", "90")  # 67 characters before the headline: 23 left for it
+    narrow = listed()
+    assert all(len(line) <= 90 for line in narrow) and narrow[1].endswith("items\u2026"), narrow
+
+
+def test_list_reads_a_published_run_from_its_public_file_without_computing(section, capsys, monkeypatch):
+    monkeypatch.setattr(registry, "SECTIONS", {"fake_section": section})
+    run_dir = fake_section.make_run()
+    assert publish(run_dir, capsys)[0] == 0
+    monkeypatch.setattr(section, "headline", lambda run: pytest.fail("a published run's headline was computed"))
+    assert cli.main(["list", "--where", "published"]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert run_dir.name in line and "passed" in line and "total: 30 units" in line
+
+
+def test_listing_the_real_published_set_reads_only_public_files(monkeypatch, capsys):
+    from kmesh_lib.app import listing
+
+    computed = []
+    monkeypatch.setenv("KMESH_PUBLISHED_ROOT", str(paths.OUTPUTS))  # the session points it at a temp dir
+    monkeypatch.setattr(listing, "call_section", lambda section, name, run: computed.append((section.KEY, name)))
+    assert cli.main(["list", "--where", "published"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert computed == [] and len(lines) == 1 + len([p for p in paths.OUTPUTS.glob("*/*") if p.is_dir()])
+    assert all("(" not in line.split()[-1] for line in lines[1:])  # every run has its figures, none a problem
 
 
 def test_every_real_section_has_the_whole_interface():

@@ -52,7 +52,8 @@ def lines(path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()]
 
 
-def wait_for(predicate, timeout_s: float = 10.0) -> bool:
+def wait_for(predicate, timeout_s: float = 120.0) -> bool:
+    """Whether ``predicate`` comes true within ``timeout_s``: a guard against a hang, returning as soon as it does."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():

@@ -419,7 +419,8 @@ def test_smoke_run_discard_rereads_per_lookup_retain_reads_once(tmp_path):
             assert fol["device_bytes"] == 0 and fol["lookup_hit_l1_tokens"] == 4 * g["context_tokens"]
             assert g["memory_tier_drop_wait_s"] is None
         else:  # every follow-up lookup rereads it, unless it found another follow-up's in-flight copy
-            assert 0 <= g["memory_tier_drop_wait_s"] < 5.0  # its copy left L1 before the last snapshot
+            # its copy left L1 before the last snapshot
+            assert g["memory_tier_drop_wait_s"] >= 0 and g["memory_tier_bytes_after"] == 0
             assert fol["device_bytes"] == fol["lookup_hit_l2_tokens"] * ctx // g["context_tokens"] >= ctx
             shared = fol["lookup_hit_l1_tokens"] + fol["contended_chunks"] * g["chunk_tokens"]
             assert fol["lookup_hit_l2_tokens"] + shared == 4 * g["context_tokens"]
@@ -617,9 +618,9 @@ def test_wait_for_drop_waits_for_the_memory_copy_and_gives_up_at_its_timeout():
             return self.readings.pop(0) if len(self.readings) > 1 else self.readings[0]
 
     late = Tier([4096, 4096, 0])
-    assert Block.wait_for_drop(late, timeout_s=5.0) < 1.0 and late.memory_bytes() == 0
+    assert Block.wait_for_drop(late, timeout_s=3600.0) < 3600.0 and late.readings == [0]  # polled until it dropped
     stays = Tier([4096])
-    assert 0.2 <= Block.wait_for_drop(stays, timeout_s=0.2) < 1.0 and stays.memory_bytes() == 4096
+    assert Block.wait_for_drop(stays, timeout_s=0.2) >= 0.2 and stays.memory_bytes() == 4096  # then gave up
 
 
 def test_vllms_own_tiers_are_rows_not_available_on_cpu_with_vllms_refusal(capsys):

@@ -328,6 +328,14 @@ def test_a_file_as_root_is_a_param_error(tmp_path: Path):
         params.build(section.Params, {"TRACE_ROOT": str(tmp_path), "MAX_LINE_MB": 0})
 
 
+@pytest.mark.requires_data("lmcache-agent-trace")
+def test_cli_plan_names_only_the_params_files_there_are(capsys):
+    assert main(["plan", "17"]) == 0  # section 17 has no YAML layer
+    assert not any(line.startswith("params files") for line in capsys.readouterr().out.splitlines())
+    assert main(["plan", "00", "--profile", "smoke"]) == 0
+    assert "\nparams files: params/engine.smoke.yaml\n" in capsys.readouterr().out
+
+
 def test_cli_plan_fails_with_exit_2_naming_the_fetch(capsys, tmp_path, monkeypatch):
     assert main(["plan", "17", "--set", "TRACE_ROOT=/nonexistent/traces"]) == 2
     assert "TRACE_ROOT='/nonexistent/traces'" in capsys.readouterr().err

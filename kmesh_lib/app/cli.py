@@ -5,7 +5,7 @@
                       render report.html and verify the run
     verify SECTION RUN_ID|--latest|--run-dir DIR
                       recompute every check from the run's files; exit 1 on a failure, 2 on a damaged run
-    publish SECTION RUN_ID [--allow-failed --why SENTENCE]
+    publish SECTION RUN_ID [--allow-failed --why SENTENCE] [--allow-smoke]
                       copy a finished, verified run into outputs/<section>/<run_id>/ in the
                       published format, with public-results.json, and regenerate
                       outputs/index.html and the README table
@@ -13,7 +13,8 @@
                       remove a published run and list it, with why, under the withdrawn runs
     report SECTION RUN_ID
                       render report.html again
-    list [SECTION]    runs (local and published) with status and headline figures
+    list [SECTION] [--section S] [--passed] [--latest] [--live]
+                      runs (local and published) with status and headline figures, a line each
     compare RUN_A RUN_B
                       two runs' figures side by side, with the differences
     index             regenerate outputs/index.html and the README table from the published runs
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shutil
 import sys
 from pathlib import Path
 
@@ -36,7 +38,7 @@ from kmesh_lib.app import data as data_cmd
 from kmesh_lib.app import registry as sections
 from kmesh_lib.app.compact import folder_bytes
 from kmesh_lib.app.execute import execute
-from kmesh_lib.app.listing import compare_lines, summarize_run
+from kmesh_lib.app.listing import add_figures, compare_lines, list_lines, summarize_run
 from kmesh_lib.app.publish import PublishRefused, publish, withdraw
 from kmesh_lib.app.published import PublishedSetError, regenerate
 from kmesh_lib.app.registry import SectionError, SectionInterfaceError, UnknownSection
@@ -47,7 +49,15 @@ from kmesh_lib.base import params as params_mod
 from kmesh_lib.base.params import resolve_params
 from kmesh_lib.base.paths import repo_relative
 from kmesh_lib.base.public import PublicContentError
-from kmesh_lib.base.records import RunFileError, RunFiles, RunFolderInUse, claim_run_dir, end_run, new_run_dir
+from kmesh_lib.base.records import (
+    RunFileError,
+    RunFiles,
+    RunFolderInUse,
+    claim_run_dir,
+    end_run,
+    is_live_run_id,
+    new_run_dir,
+)
 
 USAGE_ERRORS = (params_mod.ParamError, UnknownSection, SectionInterfaceError, RunNotFound, RunFileError,
                 RunFolderInUse, SectionError, PublicContentError, PublishedSetError)
@@ -57,7 +67,8 @@ def cmd_plan(args) -> int:
     section = sections.get(args.section, needs=sections.PLANNING)
     config, values, files = resolve_params(section, args.profile, args.params, args.set)
     print(f"section {section.NUMBER} {section.KEY}: {section.QUESTION}")
-    print("params files: " + " -> ".join(display_path(f) for f in files))
+    if files:  # a section with no YAML layer for this profile (17) has none to name
+        print("params files: " + " -> ".join(display_path(f) for f in files))
     for key, value in section.plan(config).items():
         print(f"{key}: {value}")
     return 0
@@ -163,7 +174,8 @@ def cmd_publish(args) -> int:
     section = sections.get(args.section)
     ref = _ref(args, section)
     try:
-        done = publish(section, ref.run_dir, allow_failed=args.allow_failed, replace=args.replace, why=args.why)
+        done = publish(section, ref.run_dir, allow_failed=args.allow_failed, replace=args.replace, why=args.why,
+                       allow_smoke=args.allow_smoke)
     except PublishRefused as e:
         print(f"kmesh publish: {e}", file=sys.stderr)
         return 1
@@ -196,13 +208,23 @@ def cmd_withdraw(args) -> int:
 
 
 def cmd_list(args) -> int:
-    chosen = [sections.get(args.section)] if args.section else sections.all_sections()
+    named = ([args.section] if args.section else []) + args.sections
+    chosen = [sections.get(name) for name in dict.fromkeys(named)] if named else sections.all_sections()
     where = {"local": (LOCAL,), "published": (PUBLISHED,), "all": (LOCAL, PUBLISHED)}[args.where]
-    refs = [ref for section in chosen for ref in runs_of(section, where)]
-    for ref in refs:
-        print(summarize_run(ref).line())
-    if not refs:
-        print("no runs")
+    refs = [ref for section in chosen for ref in runs_of(section, where) if is_live_run_id(ref.run_id) == args.live]
+    summaries = [summarize_run(ref, figures=False) for ref in refs]
+    if args.passed:
+        summaries = [s for s in summaries if s.status == "passed"]
+    if args.latest:  # runs_of gives each section's runs oldest first
+        summaries = list({s.ref.section.KEY: s for s in summaries}.values())
+    if not summaries:
+        print("no runs" + (" (live runs are listed with --live)" if not args.live else ""))
+        return 0
+    for s in summaries:
+        add_figures(s)
+    columns = shutil.get_terminal_size((0, 0)).columns  # COLUMNS, else the terminal's; 0: output to a file
+    for line in list_lines(summaries, columns or None):
+        print(line)
     return 0
 
 
@@ -276,16 +298,25 @@ def build_parser() -> argparse.ArgumentParser:
     publish_parser.add_argument("--why", default="", metavar="SENTENCE",
                                 help="with --allow-failed: one sentence saying why the run failed (shown with it)")
     publish_parser.add_argument("--replace", action="store_true", help="publish over an earlier copy of this run")
+    publish_parser.add_argument("--allow-smoke", action="store_true",
+                                help="publish a smoke-profile run (a tiny model: it tests the pipeline, measures nothing)")
     p = sub.add_parser("withdraw")
     p.set_defaults(fn=cmd_withdraw)
     p.add_argument("section", help="section number or key")
     p.add_argument("run_id", help="the published run's id")
     p.add_argument("--why", required=True, metavar="SENTENCE", help="one sentence: why the run is withdrawn")
     p.add_argument("--superseded-by", default=None, metavar="RUN_ID", help="the published run that replaces it")
-    p = sub.add_parser("list")
+    p = sub.add_parser("list", description="Runs (local and published) with status and headline figures, oldest "
+                                          "first; the live panel's runs only with --live.")
     p.set_defaults(fn=cmd_list)
-    p.add_argument("section", nargs="?", default=None)
+    p.add_argument("section", nargs="?", default=None, help="section number or key (or --section)")
+    p.add_argument("--section", dest="sections", action="append", default=[], metavar="SECTION",
+                   help="only this section's runs (repeatable)")
     p.add_argument("--where", choices=("all", "local", "published"), default="all")
+    p.add_argument("--passed", action="store_true", help="only runs whose status is passed")
+    p.add_argument("--latest", action="store_true", help="only each section's newest run (after the other filters)")
+    p.add_argument("--live", action="store_true",
+                   help="only the runs a notebook's live panel started (section 20), which are otherwise left out")
     p = sub.add_parser("compare")
     p.set_defaults(fn=cmd_compare)
     p.add_argument("run_a", help="RUN_ID or SECTION/RUN_ID")

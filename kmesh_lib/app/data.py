@@ -115,10 +115,15 @@ def _extra_files(base: Path, manifest: dict[str, str]) -> list[str]:
 
 def verify(names: list[str], root: Path, out=print) -> int:
     num_bad = 0
+    incomplete = []
     for name in names:
         status = check_data_set(name, root)
         out(status.line())
         num_bad += not status.ok
+        if status.missing:
+            incomplete.append(name)
+    if incomplete:
+        out(f"to get the missing files: kmesh data fetch {' '.join(incomplete)} (--from DIR: from a local copy)")
     return num_bad
 
 

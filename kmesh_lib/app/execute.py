@@ -15,7 +15,10 @@ Around the execution:
 - on Linux this process is a child subreaper while the notebook runs: whatever the kernel started
   and left behind (an LMCache server in its own session, a janitor) is re-parented here instead
   of to init, and ``reap_descendants`` waits for it, then ends it (SIGTERM, then SIGKILL);
-- ``TQDM_DISABLE=1`` in the kernel: progress-bar text would be saved in the notebook;
+- ``TQDM_DISABLE=1`` in the kernel's environment only (``KERNEL_ENV``): progress-bar text would be
+  saved in the notebook; this process keeps papermill's cell bar (cells done, rate, ETA) on the
+  terminal's stderr, or, with ``log_output``, each cell's output instead, less the bare
+  ``<... object>`` text of a display that has no plain form;
 - Ctrl-C also stops the kernel (SIGTERM) as it raises KeyboardInterrupt here, so the run ends
   even where the interrupt is swallowed inside papermill's event loop (nbclient then reports a
   dead kernel, which counts as interrupted); after an interrupt the abandoned execute task's
@@ -29,6 +32,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -42,6 +46,8 @@ from pathlib import Path
 import psutil
 
 PR_SET_CHILD_SUBREAPER = 36
+KERNEL_ENV = {"TQDM_DISABLE": "1"}  # set for the kernel, never here: here tqdm draws papermill's cell bar
+BARE_REPR = re.compile(r"^<[\w.]+ object( at 0x[0-9a-f]+)?>$")  # IPython's text for a display with no plain form
 REAP_GRACE_S = 8.0  # a janitor cleans up within about a second of its owner's death
 
 
@@ -131,6 +137,7 @@ def _kernel_manager_class(runtime: Path, kernel_log: Path | None) -> type:
             self.connection_file = str(runtime / f"kernel-{secrets.token_hex(4)}.json")
 
         async def _async_launch_kernel(self, kernel_cmd, **kw) -> None:
+            kw = {**kw, "env": {**(kw.get("env") or os.environ), **KERNEL_ENV}}
             if kernel_log is None:
                 return await super()._async_launch_kernel(kernel_cmd, **kw)
             kernel_log.parent.mkdir(parents=True, exist_ok=True)
@@ -159,6 +166,41 @@ def _last_started_cell(out_nb: Path) -> int | None:
     return started[-1].get("execution_count") if started else None
 
 
+def _cell_bar(log_output: bool) -> dict | bool:
+    """papermill's progress bar over the notebook's cells (done / total, elapsed, ETA), on stderr; none where
+    the cells' own output is printed, or where the user's environment turns tqdm off. ``disable`` is given,
+    not left to tqdm: tqdm reads ``TQDM_DISABLE`` once, when first imported (maybe by a run in this process)."""
+    if log_output or os.environ.get("TQDM_DISABLE", "").lower() not in ("", "0", "false"):
+        return False
+    return {"disable": False, "dynamic_ncols": True}
+
+
+@contextmanager
+def _ticking_bars(on: bool, every_s: float = 1.0):
+    """Redraws the live tqdm bars every ``every_s`` while the block runs: tqdm draws only when a cell ends, so
+    during a cell of many minutes the bar's elapsed time would stand still, as a hung run's does."""
+    if not on:
+        yield
+        return
+    from tqdm import tqdm
+
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(every_s):
+            for bar in list(tqdm._instances):
+                if not bar.disable:
+                    bar.refresh()
+
+    ticker = threading.Thread(target=tick, name="kmesh-cell-bar", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        ticker.join()
+
+
 def execute(notebook: Path, out_nb: Path, parameters: dict, kernel: str, cwd: Path, timeout_s: int | None,
             log_output: bool, kernel_log: Path | None = None) -> Outcome:
     """Runs ``notebook`` into ``out_nb`` with papermill; see the module docstring."""
@@ -168,6 +210,7 @@ def execute(notebook: Path, out_nb: Path, parameters: dict, kernel: str, cwd: Pa
     if log_output:  # papermill logs cell output at INFO on its logger, which has no handler of its own
         handler = logging.StreamHandler(sys.stdout)
         handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.addFilter(lambda record: not BARE_REPR.match(record.getMessage().strip()))  # says nothing here
         pm_log = logging.getLogger("papermill")
         pm_log.addHandler(handler)
         pm_log.setLevel(logging.INFO)
@@ -191,11 +234,11 @@ def execute(notebook: Path, out_nb: Path, parameters: dict, kernel: str, cwd: Pa
     in_main_thread = threading.current_thread() is threading.main_thread()  # where Python delivers signals
     default_sigint = signal.signal(signal.SIGINT, on_sigint) if in_main_thread else None
     try:
-        with _env(JUPYTER_RUNTIME_DIR=str(runtime), TQDM_DISABLE="1"):
+        bar = _cell_bar(log_output)
+        with _env(JUPYTER_RUNTIME_DIR=str(runtime)), _ticking_bars(bool(bar)):
             papermill.execute_notebook(str(notebook), str(out_nb), parameters=parameters, kernel_name=kernel,
                                        cwd=str(cwd), execution_timeout=timeout_s, log_output=log_output,
-                                       progress_bar=not log_output,
-                                       kernel_manager_class=_kernel_manager_class(runtime, kernel_log))
+                                       progress_bar=bar, kernel_manager_class=_kernel_manager_class(runtime, kernel_log))
     except (KeyboardInterrupt, papermill.PapermillExecutionError, DeadKernelError) as e:
         if interrupted or isinstance(e, KeyboardInterrupt):
             outcome = Outcome("interrupted", {"kind": "interrupted", "cell": _last_started_cell(out_nb),

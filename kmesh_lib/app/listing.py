@@ -1,19 +1,28 @@
-"""``kmesh list`` and ``kmesh compare``: runs with their status and figures, from their own files.
+"""``kmesh list`` and ``kmesh compare``: runs with their status and figures.
 
 The figures are the section's ``headline(run)`` (formatted for people) and ``counts(run)``
-(deterministic facts). ``compare`` puts two runs' figures side by side; where both sides hold a
-number, the difference is B - A in the first number's unit.
+(deterministic facts). ``list`` reads a published run's status, device and headline from its
+``public-results.json`` (computed from its files when it was published, and what the index and the
+README table show), so listing the published set reads one small file per run and computes nothing;
+a local run's figures are computed from its files. ``compare`` computes both runs' figures and puts
+them side by side; where both sides hold a number, the difference is B - A in the first number's unit.
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 
 from kmesh_lib.app.registry import SectionError, call_section
-from kmesh_lib.app.runs import RunRef
-from kmesh_lib.base.records import RunFileError, RunFiles
+from kmesh_lib.app.runs import PUBLISHED, RunRef
+from kmesh_lib.base.records import RunFileError, RunFiles, is_live_run_id
 
 NUMBER = re.compile(r"^\s*([+\-\u2212]?\d[\d,]*(?:\.\d+)?)\s*(.*)$")
+LIST_HEADER = ("section", "run", "where", "status", "device", "headline")
+DEVICE_WIDTH = 24  # "cpu: Intel Xeon", "NVIDIA H200": enough to tell the published set's machines apart
+DEVICE_NOISE = re.compile(r"\((R|TM)\)| Processor\b| CPU\b")  # marks and words that tell no machine apart
+MIN_HEADLINE_WIDTH = 20
+HEADLINE_WIDTH = 100  # where the terminal's width is unknown (output to a file or a pipe)
 
 
 @dataclass
@@ -23,30 +32,75 @@ class RunSummary:
     device: str = ""
     figures: dict[str, str] = field(default_factory=dict)
     problem: str = ""  # why figures are missing
+    public: dict | None = None  # a published run's public-results.json
 
-    def line(self) -> str:
-        figures = "; ".join(f"{k}: {v}" for k, v in self.figures.items()) or f"({self.problem})"
-        return (f"{self.ref.section.NUMBER} {self.ref.run_id:<30} {self.ref.where:<9} {self.status:<11} "
-                f"{self.device[:40]:<40} {figures}")
+    @property
+    def live(self) -> bool:
+        return is_live_run_id(self.ref.run_id)
+
+    def headline(self) -> str:
+        return "; ".join(f"{k}: {v}" for k, v in self.figures.items()) or f"({self.problem})"
+
+    def cells(self) -> tuple[str, ...]:
+        device = re.sub(r"\s+", " ", DEVICE_NOISE.sub("", self.device)).strip()
+        return (self.ref.section.NUMBER, self.ref.run_id, self.ref.where, self.status, device[:DEVICE_WIDTH],
+                self.headline())
 
 
-def summarize_run(ref: RunRef, with_counts: bool = False) -> RunSummary:
-    """Status, device and figures of one run; a damaged run is summarized by what is wrong."""
-    run = RunFiles(ref.run_dir)
+def _public_document(ref: RunRef) -> dict | None:
+    """A published run's public-results.json, or None (not published, or unreadable: then its files are read)."""
+    if ref.where != PUBLISHED:
+        return None
     try:
-        status = run.status
-        device = str(run.env.get("device", ""))
-    except RunFileError as e:
-        return RunSummary(ref, "damaged", problem=str(e))
-    summary = RunSummary(ref, status, device)
+        doc = json.loads((ref.run_dir / "public-results.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("headline"), dict) and "status" in doc else None
+
+
+def summarize_run(ref: RunRef, with_counts: bool = False, figures: bool = True) -> RunSummary:
+    """Status, device and (unless ``figures`` is False: ``add_figures`` later) figures of one run; a damaged run
+    is summarized by what is wrong. A published run's come from its public file unless ``with_counts``."""
+    doc = None if with_counts else _public_document(ref)
+    if doc is not None:
+        summary = RunSummary(ref, str(doc["status"]), str(doc.get("environment", {}).get("device", "")), public=doc)
+    else:
+        run = RunFiles(ref.run_dir)
+        try:
+            summary = RunSummary(ref, run.status, str(run.env.get("device", "")))
+        except RunFileError as e:
+            return RunSummary(ref, "damaged", problem=str(e))
+    if figures:
+        add_figures(summary, with_counts)
+    return summary
+
+
+def add_figures(summary: RunSummary, with_counts: bool = False) -> None:
+    if summary.status == "damaged" or summary.figures:
+        return
+    if summary.public is not None and not with_counts:
+        summary.figures = {k: str(v) for k, v in summary.public["headline"].items()}
+        return
+    run, section = RunFiles(summary.ref.run_dir), summary.ref.section
     try:
-        summary.figures = {k: str(v) for k, v in call_section(ref.section, "headline", run).items()}
+        summary.figures = {k: str(v) for k, v in call_section(section, "headline", run).items()}
         if with_counts:
-            summary.figures.update({f"count {k}": str(v) for k, v in
-                                    call_section(ref.section, "counts", run).items()})
+            summary.figures.update({f"count {k}": str(v) for k, v in call_section(section, "counts", run).items()})
     except (RunFileError, SectionError) as e:
         summary.problem = str(e)
-    return summary
+
+
+def list_lines(summaries: list[RunSummary], width: int | None) -> list[str]:
+    """The table of ``kmesh list``: a header, aligned columns, each headline cut so a line fits ``width``
+    characters (a terminal's), or to ``HEADLINE_WIDTH`` where ``width`` is None."""
+    rows = [LIST_HEADER, *(s.cells() for s in summaries)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(LIST_HEADER) - 1)]
+    room = HEADLINE_WIDTH if width is None else max(width - sum(widths) - 2 * len(widths), MIN_HEADLINE_WIDTH)
+    lines = []
+    for row in rows:
+        headline = row[-1] if len(row[-1]) <= room else row[-1][:room - 1] + "\u2026"
+        lines.append("  ".join([*(cell.ljust(w) for cell, w in zip(row, widths)), headline]).rstrip())
+    return lines
 
 
 def _number(text: str) -> tuple[float, str] | None:

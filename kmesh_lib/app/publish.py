@@ -261,10 +261,13 @@ def _check_failure_note(note: str, allowed_failed: bool) -> str:
 
 
 def publish(section: ModuleType, run_dir: Path, allow_failed: bool = False, replace: bool = False,
-            readme: Path | None = None, why: str = "") -> Published:
+            readme: Path | None = None, why: str = "", allow_smoke: bool = False) -> Published:
     """Publishes ``run_dir`` (module docstring). Raises RunFileError, PublishRefused or PublicContentError."""
     src = Path(run_dir).resolve()
-    verdict = verify(section, RunFiles(src))
+    verdict = verify(section, RunFiles(src))  # a damaged run folder is named first
+    if RunFiles(src).params.get("PROFILE") == "smoke" and not allow_smoke:
+        raise PublishRefused(f"run {src.name} is a smoke-profile run (a tiny model that tests the pipeline, "
+                             "not a measurement); --allow-smoke publishes it anyway")
     allowed_failed = _check_publishable(verdict, allow_failed)
     failure_note = _check_failure_note(why, allowed_failed)
     dest = (published_root() / section.KEY / src.name).resolve()

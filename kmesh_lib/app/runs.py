@@ -4,7 +4,8 @@
     outputs/<section>/<run_id>/    the published set (tracked; ``KMESH_PUBLISHED_ROOT`` moves it)
 
 A command takes ``RUN_ID`` (looked up in both places, local first), ``--latest`` (the newest run id
-by the time it names, ``base.records.run_id_sort_key``; never a file's mtime) or ``--run-dir``.
+by the time it names, ``base.records.run_id_sort_key``; never a file's mtime; never a live panel's
+run, ``base.records.is_live_run_id``) or ``--run-dir``.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 from types import ModuleType
 
 from kmesh_lib.base.paths import OUTPUTS, REPO_ROOT
-from kmesh_lib.base.records import run_id_sort_key, run_root
+from kmesh_lib.base.records import is_live_run_id, run_id_sort_key, run_root
 
 LOCAL, PUBLISHED = "local", "published"
 
@@ -75,7 +76,8 @@ def find_run(section: ModuleType, run_id: str | None = None, latest: bool = Fals
             raise RunNotFound(f"--run-dir {run_dir}: no such folder")
         return RunRef(section, path, "given")
     if latest:
-        runs = [r for r in runs_of(section, where) if profile is None or r.run_id.startswith(profile + "-")]
+        runs = [r for r in runs_of(section, where) if (profile is None or r.run_id.startswith(profile + "-"))
+                and not is_live_run_id(r.run_id)]  # a live panel's run sorts after its parent: never the latest
         if not runs:
             raise RunNotFound(f"no run of {section.KEY}" + (f" with profile {profile}" if profile else "")
                               + " under " + " or ".join(display_path(roots()[w] / section.KEY) for w in where))

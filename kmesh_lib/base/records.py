@@ -56,6 +56,15 @@ class RunFolderInUse(ValueError):
     """A run was asked to write into a folder that already holds a run."""
 
 
+LIVE_MARK = "-live-"  # in a live run's folder name: <parent run id>-live-<what it measured>-<time> (section 20's panel)
+
+
+def is_live_run_id(run_id: str) -> bool:
+    """A run that a notebook's live panel started next to its parent run: a narrow re-measurement, not a run
+    of the section, so listings and ``--latest`` leave it out unless asked."""
+    return LIVE_MARK in run_id
+
+
 def new_run_id(profile: str) -> str:
     """``<profile>-<YYYYmmdd>-<HHMMSS>-<4 hex>``; the random part keeps same-second runs apart."""
     return f"{profile}-{datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"

@@ -71,8 +71,10 @@ def main(chunk_sizes: list[int]) -> None:
                 assert a.scatter is None and a.copy_route.startswith("torch")  # CPU: torch path by default
                 b.scatter = RowScatter(b.buffer.view(b.planes[0].dtype), b.planes, chunk_bytes)
                 b.scatter.warmup()
-                # a longer restore first: the reused id buffers must not leak its ids into the next one
-                decoy = list(range(NUM_GPU_BLOCKS - 1, 0, -1))[:NUM_BUFFER_BLOCKS - 1]
+                # a longer restore first: the reused id buffers must not leak its ids into the next one. One id
+                # longer is enough (a copy reading past its own ids writes that id's block, or block 0 from the
+                # zeros beyond, and so differs from the torch path's bytes) and costs the interpreter least
+                decoy = list(range(NUM_GPU_BLOCKS - 1, 0, -1))[:len(block_ids) + 1]
                 b.copy_into_vllm(0, 0, decoy, RestoreTimeline("restore", "decoy", 0, "buffer", len(decoy), 0, "cpu"))
                 for kv in kv_b.values():
                     kv.zero_()

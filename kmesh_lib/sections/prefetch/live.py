@@ -26,7 +26,7 @@ import yaml
 from kmesh_lib.base import params as params_mod
 from kmesh_lib.base.checks import show
 from kmesh_lib.base.paths import REPO_ROOT, pythonpath_with_repo, repo_relative
-from kmesh_lib.base.records import RunRecord, new_run_id, run_root
+from kmesh_lib.base.records import LIVE_MARK, RunRecord, new_run_id, run_root
 from kmesh_lib.sections import prefetch as section
 from kmesh_lib.sections.prefetch.experiment import PrefetchParams
 from kmesh_lib.sections.prefetch.protocol import confirm_arms, run_engine
@@ -46,7 +46,7 @@ def expected_groups(cfg: PrefetchParams) -> int:
 def new_folder(cfg: PrefetchParams, parent: str) -> Path:
     """``<run root>/prefetch/<parent run>-live-<lead>ms-<time>``: next to the runs, never inside one."""
     stamp = new_run_id("").lstrip("-")
-    out = run_root() / section.KEY / f"{parent}-live-{cfg.LEADS_MS[0]:g}ms-N{cfg.GROUP_SIZES[0]}-{stamp}"
+    out = run_root() / section.KEY / f"{parent}{LIVE_MARK}{cfg.LEADS_MS[0]:g}ms-N{cfg.GROUP_SIZES[0]}-{stamp}"
     (out / "raw").mkdir(parents=True, exist_ok=False)
     values = {**params_mod.to_dict(cfg), "RUN_DIR": repo_relative(out)}
     (out / "params.resolved.yaml").write_text(yaml.safe_dump(values, sort_keys=True))

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from kmesh_lib.base.data import data_root
+from kmesh_lib.base.data import DATA_ROOT_PREFIX, data_root
 from kmesh_lib.base.params import (
     MAX_BLOCKS,
     MAX_MIB,
@@ -78,7 +78,9 @@ class TotHeadroomParams(EngineParams):
         check(len(set(self.PUZZLE_INDICES)) == len(self.PUZZLE_INDICES),
               f"PUZZLE_INDICES={self.PUZZLE_INDICES}: name each row once")
         csv_path = game24.repo_path(self.PUZZLES_CSV)
-        check(csv_path.is_file(), f"PUZZLES_CSV={self.PUZZLES_CSV!r}: no file at {csv_path}")
+        fetch = ("; `kmesh data fetch game24` gets it" if self.PUZZLES_CSV.startswith(DATA_ROOT_PREFIX)
+                 else "")
+        check(csv_path.is_file(), f"PUZZLES_CSV={self.PUZZLES_CSV!r}: no file at {csv_path}{fetch}")
         num_puzzles = len(game24.load_puzzles(csv_path))
         check(max(self.PUZZLE_INDICES) < num_puzzles,
               f"PUZZLE_INDICES={self.PUZZLE_INDICES}: {csv_path.name} has rows 0..{num_puzzles - 1}")
