@@ -100,6 +100,46 @@ def apply_vllm_cpu_workarounds() -> None:
     dispatcher._rebind_kernels = _rebind_kernels
 
 
+def set_batch_invariant(on: bool) -> None:
+    """vLLM's batch-invariant mode for the engine about to start in this process (``BATCH_INVARIANT``).
+
+    vLLM reads ``VLLM_BATCH_INVARIANT`` when the worker starts (``init_batch_invariance``: its Triton
+    matmul and RMSNorm, cuBLAS without split-K, attention with one KV split); the mode then stays for
+    the life of the process. Raises when the process cannot be switched: the variable read back
+    differs (vLLM caches its environment once an engine ran), or the mode is already on and ``on``
+    is False.
+    """
+    import vllm.envs as envs
+
+    if on:
+        os.environ["VLLM_BATCH_INVARIANT"] = "1"
+    elif os.environ.get("VLLM_BATCH_INVARIANT", "0") not in ("", "0"):
+        raise RuntimeError("VLLM_BATCH_INVARIANT is set in the environment but BATCH_INVARIANT is false: "
+                           "set the parameter (it is recorded), not the variable")
+    if bool(envs.VLLM_BATCH_INVARIANT) != on:
+        raise RuntimeError(f"BATCH_INVARIANT={on}, but vLLM reads VLLM_BATCH_INVARIANT={envs.VLLM_BATCH_INVARIANT} "
+                           "(an engine already ran in this process)")
+
+
+def engine_attention(llm) -> dict:
+    """What the running engine uses: its attention backends (by layer class) and the batch-invariant mode."""
+    import vllm.envs as envs
+
+    def look(model):
+        names = set()
+        for module in model.modules():
+            backend = getattr(module, "attn_backend", None)
+            if backend is not None and hasattr(backend, "get_name"):
+                names.add(backend.get_name())
+        return sorted(names)
+
+    try:
+        backends = sorted({n for names in llm.apply_model(look) for n in names})
+    except Exception as e:  # the CPU build, or a vLLM without apply_model: say so, do not guess
+        backends = [f"unknown ({type(e).__name__})"]
+    return {"attention_backends": backends, "batch_invariant": bool(envs.VLLM_BATCH_INVARIANT)}
+
+
 def _sampling_params(spec: RequestSpec):
     from vllm import SamplingParams
 
@@ -147,6 +187,9 @@ class VllmEngine(CacheObjects):
         else:
             kwargs["async_scheduling"] = False  # step-exact captures need a synchronous scheduler
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization()
+            if params.ATTENTION_BACKEND != "auto":
+                kwargs["attention_backend"] = params.ATTENTION_BACKEND
+            set_batch_invariant(params.BATCH_INVARIANT)
         if forcing_outputs:
             kwargs["logits_processors"] = [forcing.processor_class()]
         self.forcing_outputs = forcing_outputs

@@ -1,0 +1,81 @@
+"""scripts/s18_divergence_probe.py's comparison, on a toy model on the CPU (no engine)."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "s18_divergence_probe.py"
+SPEC = importlib.util.spec_from_file_location("s18_probe", SCRIPT)
+probe = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(probe)
+
+
+class Toy(torch.nn.Module):
+    """embedding -> linear -> 'last row' head, called like vLLM's models: forward(input_ids, positions)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(32, 8)
+        self.proj = torch.nn.Linear(8, 8)
+        self.head = torch.nn.Linear(8, 4)
+        self.perturb = 0.0
+
+    def forward(self, input_ids, positions):
+        h = self.proj(self.embed(input_ids)) + self.perturb
+        return self.head(h[-1:])
+
+
+def run(model, rec, tag, ids, positions):
+    rec.tag = tag
+    model(input_ids=torch.tensor(ids), positions=torch.tensor(positions))
+    rec.tag = None
+
+
+def test_equal_rows_compare_equal_and_a_perturbed_op_is_where_the_difference_is_born():
+    model = Toy()
+    rec = probe.Recorder(model)
+    ids = [1, 2, 3, 4, 5, 6]
+    run(model, rec, "full", ids, list(range(6)))
+    run(model, rec, "suffix", ids[4:], [4, 5])  # the same last two positions, computed alone
+    same = probe.compare(rec, "suffix", "full", "suffix")
+    assert same["positions"] == "2 (4..5)"
+    assert same["first_output_differs"] is None and same["modules_differing"] == 0
+    model.perturb = 1e-3  # proj's output now differs, for equal inputs; head inherits it
+    run(model, rec, "perturbed", ids[4:], [4, 5])
+    diff = probe.compare(rec, "perturbed", "full", "suffix")
+    assert diff["first_born"] is None  # the toy adds after proj, inside forward: no module owns it
+    assert diff["first_output_differs"]["module"] == "head"
+    assert diff["first_output_differs"]["max_abs_in"] == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_last_row_tensors_of_different_positions_are_not_compared():
+    model = Toy()
+    rec = probe.Recorder(model)
+    run(model, rec, "parent", [1, 2, 3, 4], list(range(4)))
+    run(model, rec, "child", [1, 2, 3, 4, 5, 6], list(range(6)))
+    prefix = probe.compare(rec, "parent", "child", "prefix")
+    head = [o for o in prefix["ops"] if o["module"] == "head"][0]
+    assert head["max_abs_in"] is None and head["max_abs_out"] is None  # rows 3 and 5: not the same token
+    assert [o["max_abs_out"] for o in prefix["ops"] if o["module"] != "head"] == [0.0, 0.0]
+
+
+def test_best_setting_prefers_bf16_and_fewest_differences():
+    assert probe.score({"outputs": {"a": {"tokens_equal": True, "max_abs_logprob_delta": 0.0}}}) == (0, 0.0)
+    assert probe.score({"outputs": {"a": {"tokens_equal": False, "max_abs_logprob_delta": 1.2},
+                                    "b": {"tokens_equal": True, "max_abs_logprob_delta": 0.1}}}) == (1, 1.2)
+
+
+def test_the_cuda_numerics_settings_are_refused_on_the_cpu_engine():
+    from kmesh_lib.base.params import ParamError, resolve_params
+    from kmesh_lib.sections import family_hold
+
+    for sets in (["BATCH_INVARIANT=true"], ["ATTENTION_BACKEND=TRITON_ATTN"]):
+        with pytest.raises(ParamError, match="CUDA settings"):
+            resolve_params(family_hold, "smoke", [], sets)
+    cfg = resolve_params(family_hold, "gpu", [], ["BATCH_INVARIANT=true", "ATTENTION_BACKEND=TRITON_ATTN"])[0]
+    assert (cfg.BATCH_INVARIANT, cfg.ATTENTION_BACKEND, cfg.DTYPE) == (True, "TRITON_ATTN", "bfloat16")
