@@ -24,6 +24,8 @@ import json, sys
 s = json.load(open(sys.argv[1]))
 for v, r in s["variants"].items():
     print(v, r.get("status"), r.get("engine"), r.get("error") or "")
+    for k, x in (r.get("norm_kernel_check") or {}).items():
+        print("    norm check", k, x)
     for k, x in (r.get("outputs") or {}).items():
         print("   ", k, x)
     for pair in ("prefix", "suffix", "decode", "noise", "noise_d1"):

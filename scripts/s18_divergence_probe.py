@@ -40,14 +40,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-VARIANTS = {  # name -> section 18 --set overrides on top of --profile gpu
+VARIANTS = {  # name -> section 18 --set overrides on top of --profile gpu; "-bi" alone: vLLM's mode as it is
     "bf16": {},
-    "bf16-bi": {"BATCH_INVARIANT": "true"},
-    "bf16-bi-triton": {"BATCH_INVARIANT": "true", "ATTENTION_BACKEND": "TRITON_ATTN"},
-    "bf16-bi-flex": {"BATCH_INVARIANT": "true", "ATTENTION_BACKEND": "FLEX_ATTENTION"},
+    "bf16-bi": {"BATCH_INVARIANT": "true", "BATCH_INVARIANT_NORM": "false"},
+    "bf16-bi-triton": {"BATCH_INVARIANT": "true", "BATCH_INVARIANT_NORM": "false", "ATTENTION_BACKEND": "TRITON_ATTN"},
+    "bf16-bi-flex": {"BATCH_INVARIANT": "true", "BATCH_INVARIANT_NORM": "false", "ATTENTION_BACKEND": "FLEX_ATTENTION"},
     "bf16-triton": {"ATTENTION_BACKEND": "TRITON_ATTN"},
-    "fp32-bi": {"DTYPE": "float32", "BATCH_INVARIANT": "true"},
+    "fp32-bi": {"DTYPE": "float32", "BATCH_INVARIANT": "true", "BATCH_INVARIANT_NORM": "false"},
     "fp32": {"DTYPE": "float32"},
+    # kmesh's residual norm (BATCH_INVARIANT_NORM, the default with BATCH_INVARIANT)
+    "bf16-bi-norm": {"BATCH_INVARIANT": "true"},
+    "bf16-bi-triton-norm": {"BATCH_INVARIANT": "true", "ATTENTION_BACKEND": "TRITON_ATTN"},
+    "bf16-bi-flex-norm": {"BATCH_INVARIANT": "true", "ATTENTION_BACKEND": "FLEX_ATTENTION"},
+    "fp32-bi-norm": {"DTYPE": "float32", "BATCH_INVARIANT": "true"},
 }
 PAIRS = {  # pair -> (tag a, tag b, positions compared: "prefix" | "suffix" | "all" | int)
     "prefix": ("parent", "child_full", "prefix"),
@@ -173,6 +178,39 @@ def compare(rec: Recorder, tag_a: str, tag_b: str, where) -> dict:
             "modules_differing": sum(1 for o in ops if o["max_abs_out"]), "ops": ops}
 
 
+def norm_kernel_check(rows: tuple = (72, 128, 255, 256, 257, 497, 584), hidden: int = 896, last: int = 72) -> dict:
+    """The residual-add RMSNorm alone: the same last ``last`` rows computed inside steps of ``rows`` tokens.
+
+    vLLM's CUDA ``fused_add_rms_norm`` against kmesh's add + Triton row kernel, on seeded Gaussian rows, in
+    float32 (where any change of the reduction order shows) and bfloat16; max |difference| from the
+    ``last``-row step, per step size.
+    """
+    import torch
+    import vllm._custom_ops as ops
+    from vllm.model_executor.layers.batch_invariant import rms_norm_batch_invariant as row_norm
+
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        g = torch.Generator(device="cuda").manual_seed(0)
+        x = torch.randn(max(rows), hidden, device="cuda", generator=g).to(dtype)
+        r = torch.randn(max(rows), hidden, device="cuda", generator=g).to(dtype)
+        w = (1 + 0.1 * torch.randn(hidden, device="cuda", generator=g)).to(dtype)
+
+        def cuda_fused(m, x=x, r=r, w=w):
+            xi, ri = x[-m:].clone(), r[-m:].clone()
+            ops.fused_add_rms_norm(xi, ri, w, 1e-6)
+            return xi[-last:]
+
+        def kmesh(m, x=x, r=r, w=w):
+            return row_norm(x[-m:] + r[-m:], w, 1e-6)[-last:]
+
+        for name, fn in (("vllm fused_add_rms_norm (CUDA)", cuda_fused), ("kmesh add + Triton row kernel", kmesh)):
+            ref = fn(last)
+            out[f"{str(dtype).split('.')[-1]}: {name}"] = {
+                m: (fn(m).float() - ref.float()).abs().max().item() for m in rows}
+    return out
+
+
 def child(variant: str, out: Path, profile: str = "gpu") -> int:
     from kmesh_lib.base.params import resolve_params
     from kmesh_lib.engine.model_spec import resolve
@@ -242,6 +280,11 @@ def child(variant: str, out: Path, profile: str = "gpu") -> int:
             result["pairs"][pair] = compare(rec, a, b, where)
         except Exception as e:  # one pair's failure is recorded, the others still run
             result["pairs"][pair] = {"error": f"{type(e).__name__}: {e}"}
+    if cfg.DEVICE == "cuda" and cfg.BATCH_INVARIANT:
+        try:
+            result["norm_kernel_check"] = norm_kernel_check()
+        except Exception as e:
+            result["norm_kernel_check"] = {"error": f"{type(e).__name__}: {e}"}
     result["probe_s"] = round(time.monotonic() - t0, 1)
     (out / f"{variant}.json").write_text(json.dumps(result, indent=1))
     brief = {pair: {k: v for k, v in r.items() if k != "ops"} for pair, r in result["pairs"].items()}
@@ -325,7 +368,8 @@ def main() -> int:
     for v in names:
         path = out / f"{v}.json"
         r = json.loads(path.read_text()) if path.exists() else {"error": "no result"}
-        brief = {"status": status.get(v), "engine": r.get("engine"), "outputs": r.get("outputs"), "error": r.get("error")}
+        brief = {"status": status.get(v), "engine": r.get("engine"), "outputs": r.get("outputs"), "error": r.get("error"),
+                 "norm_kernel_check": r.get("norm_kernel_check")}
         for pair, c in (r.get("pairs") or {}).items():
             brief[pair] = {k: c.get(k) for k in ("positions", "first_output_differs", "first_born", "modules_differing",
                                                  "error") if k in c}

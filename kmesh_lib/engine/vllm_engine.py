@@ -121,6 +121,35 @@ def set_batch_invariant(on: bool) -> None:
                            "(an engine already ran in this process)")
 
 
+def patch_residual_norm() -> None:
+    """Batch-invariant mode's residual-add RMSNorm through vLLM's own Triton row kernel (``BATCH_INVARIANT_NORM``).
+
+    vLLM 0.26's ``rms_norm_batch_invariant`` sends the fused residual add to ``ops.fused_add_rms_norm``, its CUDA
+    kernel, while the plain norm goes through the Triton kernel (one program per row, a fixed 1,024-wide
+    reduction). Section 18's probe found the CUDA kernel's output for equal input rows differing by one bf16
+    ulp between a 72-token and a 584-token step (docs/notes/s18-bf16-parity.md). Here the sum is one
+    elementwise add (rounded to the dtype, as the fused kernel stores its residual) and the norm is the Triton
+    kernel; both tensors are written in place, as the fused kernel does. Process-wide, for every engine after it.
+    """
+    from vllm.model_executor.layers import batch_invariant, layernorm
+
+    if getattr(layernorm, "_kmesh_residual_norm", False):
+        return
+    row_norm = batch_invariant.rms_norm_batch_invariant
+
+    def rms_norm(input, weight, eps=1e-6, residual=None):
+        if residual is None:
+            return row_norm(input, weight, eps)
+        total = input + residual
+        out = row_norm(total, weight, eps)
+        input.copy_(out)
+        residual.copy_(total)
+        return input, residual
+
+    layernorm.rms_norm_batch_invariant = rms_norm
+    layernorm._kmesh_residual_norm = True
+
+
 def engine_attention(llm) -> dict:
     """What the running engine uses: its attention backends (by layer class) and the batch-invariant mode."""
     import vllm.envs as envs
@@ -137,7 +166,12 @@ def engine_attention(llm) -> dict:
         backends = sorted({n for names in llm.apply_model(look) for n in names})
     except Exception as e:  # the CPU build, or a vLLM without apply_model: say so, do not guess
         backends = [f"unknown ({type(e).__name__})"]
-    return {"attention_backends": backends, "batch_invariant": bool(envs.VLLM_BATCH_INVARIANT)}
+    from vllm.model_executor.layers import layernorm
+
+    norm = ("kmesh: add, then the Triton row kernel" if getattr(layernorm, "_kmesh_residual_norm", False)
+            else "vLLM: fused_add_rms_norm (CUDA)")
+    return {"attention_backends": backends, "batch_invariant": bool(envs.VLLM_BATCH_INVARIANT),
+            "residual_norm_in_batch_invariant_mode": norm if envs.VLLM_BATCH_INVARIANT else "n/a"}
 
 
 def _sampling_params(spec: RequestSpec):
@@ -190,6 +224,8 @@ class VllmEngine(CacheObjects):
             if params.ATTENTION_BACKEND != "auto":
                 kwargs["attention_backend"] = params.ATTENTION_BACKEND
             set_batch_invariant(params.BATCH_INVARIANT)
+            if params.BATCH_INVARIANT and params.BATCH_INVARIANT_NORM:
+                patch_residual_norm()
         if forcing_outputs:
             kwargs["logits_processors"] = [forcing.processor_class()]
         self.forcing_outputs = forcing_outputs

@@ -190,7 +190,8 @@ def engine_settings(engine, cfg) -> dict:
     """The numerics the real engine ran with: dtype, the attention backends its layers use, batch invariance."""
     from kmesh_lib.engine.vllm_engine import engine_attention
 
-    out = {"dtype": cfg.DTYPE, "ATTENTION_BACKEND": cfg.ATTENTION_BACKEND, "BATCH_INVARIANT": cfg.BATCH_INVARIANT}
+    out = {"dtype": cfg.DTYPE, "ATTENTION_BACKEND": cfg.ATTENTION_BACKEND, "BATCH_INVARIANT": cfg.BATCH_INVARIANT,
+           "BATCH_INVARIANT_NORM": cfg.BATCH_INVARIANT_NORM}
     if engine.mode == "real":
         out.update(engine_attention(engine.llm))
     return out
