@@ -49,7 +49,7 @@ class EngineParams(RunParams):
     MAX_NUM_BATCHED_TOKENS: Tokens = Field(8192, description="most tokens in one engine step")
     ENFORCE_EAGER: bool = Field(True, description="no CUDA graphs or torch.compile")
     BATCH_INVARIANT: bool = Field(
-        False, description="CUDA: vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT=1 before the engine starts): "
+        False, description="CUDA: vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT set before the engine starts): "
                            "linears and norms by its Triton kernels, attention without split KV")
     BATCH_INVARIANT_NORM: bool = Field(
         True, description="with BATCH_INVARIANT: the residual-add RMSNorm by vLLM's Triton row kernel too (vLLM 0.26 "
