@@ -5,7 +5,7 @@
 #   sh scripts/device_s18.sh run     section 18 (scripts/device_run.sh 18; carry .whl) in bf16 with the setting the probe
 #                                    left in /tmp/s18-probe/best.sets (or KMESH_S18_SETS): $OUT/18-gpu.tgz
 # e.g. call 2: sh .device-stage/call2/install.sh && . /tmp/site/env.sh && timeout 340 sh scripts/device_s18.sh probe
-#      call 3: . /tmp/site/env.sh && KMESH_GIT_COMMIT=<hash> timeout 300 sh scripts/device_s18.sh run
+#      call 3: . /tmp/site/env.sh && timeout 300 sh scripts/device_s18.sh run
 set -u
 out=${OUT:-/tmp}
 probe=/tmp/s18-probe

@@ -31,15 +31,15 @@ for f in "$stage"/call2/*; do
   case $(basename "$f") in lmcache-*.whl|_vllm_fa3_C.abi3.so.xz) ;; *) cp -R "$f" "$dest/c/call2/" ;; esac
 done
 git archive HEAD | tar x -C "$dest/c/tree"
+python3 scripts/tree_manifest.py >/dev/null && cp .kmesh-tree.json "$dest/c/tree/"  # the copy measures its own commit
 rm -rf "$dest/c/tree/outputs"
 cp -R .whl "$dest/c/tree/.whl"
 [ -n "$extra" ] && cp -R "$extra" "$dest/c/tree/"
 du -sh "$dest/a" "$dest/b" "$dest/c"
-commit=$(git rev-parse HEAD)
 cat <<EOF
 Three calls, back to back (the machine keeps /tmp about 30 s):
   A carry ["$rel/a"]: mkdir -p /tmp/parts && cp $rel/a/* /tmp/parts/ && echo A_OK
   B carry ["$rel/b"]: cp $rel/b/part.1 /tmp/parts/ && mkdir -p /tmp/call2 && cp $rel/b/*.whl $rel/b/*.so.xz /tmp/call2/ && echo B_OK
-  C carry ["$rel/c"]: mkdir -p /tmp/stage && cat /tmp/parts/part.0 /tmp/parts/part.1 > /tmp/stage/_C_stable_libtorch.abi3.so.xz && cp -r $rel/c/call2/* /tmp/call2/ && rm -rf /tmp/tree && cp -r $rel/c/tree /tmp/tree && sh /tmp/call2/install.sh && . /tmp/site/env.sh && cd /tmp/tree && export KMESH_GIT_COMMIT=$commit && <your command>
-Later calls on the warm machine: . /tmp/site/env.sh && cd /tmp/tree && KMESH_GIT_COMMIT=$commit <command>
+  C carry ["$rel/c"]: mkdir -p /tmp/stage && cat /tmp/parts/part.0 /tmp/parts/part.1 > /tmp/stage/_C_stable_libtorch.abi3.so.xz && cp -r $rel/c/call2/* /tmp/call2/ && rm -rf /tmp/tree && cp -r $rel/c/tree /tmp/tree && sh /tmp/call2/install.sh && . /tmp/site/env.sh && cd /tmp/tree && <your command>
+Later calls on the warm machine: . /tmp/site/env.sh && cd /tmp/tree && <command>
 EOF
