@@ -17,6 +17,7 @@ from pathlib import Path
 import nbformat
 
 from kmesh_lib.base.checks import check
+from kmesh_lib.base.declared import Table
 from kmesh_lib.base.params import RunParams as Params  # noqa: F401  (the section interface)
 
 KEY = "fake_section"
@@ -34,6 +35,9 @@ def plan(cfg) -> dict:
 
 def _total(run) -> int:
     return sum(r["value"] for r in run.raw("items.jsonl"))
+
+
+TABLES = {"total": Table(lambda run: _total(run))}  # the section's declared result (base.declared)
 
 
 def checks(run) -> list:
@@ -77,7 +81,7 @@ print("run directory:", record.run_dir)""", []),
     ("code", """\
 behaviour = os.environ.get("KMESH_FAKE", "pass")
 record.append_jsonl("items.jsonl", [{"i": i, "value": i * i} for i in range(section.NUM_ITEMS)])
-record.save("total", sum(i * i for i in range(section.NUM_ITEMS)))
+record.save_tables(section.TABLES)
 os.write(2, b"C-LEVEL STDERR NOISE\\n")  # as C code writes: fd 2
 logging.getLogger("vllm.fake").error("VLLM LOGGER NOISE")
 lm = logging.getLogger("lmcache.fake")  # as lmcache.logging.init_logger does, after the run opened
