@@ -147,6 +147,11 @@ def test_a_run_without_raw_sweep_keeps_its_recorded_sweep(small_run, tmp_path):
     lines = {line.name: line for line in compare_tables(section.TABLES, run, run.results)}
     assert lines["sweep"].ok and "raw/sweep.jsonl absent" in lines["sweep"].recorded_only
     results = json.loads((run.run_dir / "results.json").read_text())
+    results["checks"]["sweep: every pool drained"] = {"status": "ok"}  # a recorded status is no evidence of itself
+    (run.run_dir / "results.json").write_text(json.dumps(results))
+    report = {c.name: c for c in section.checks(RunFiles(run.run_dir))}
+    assert report["sweep: every pool drained"].status == "skipped"
+    assert report["sweep: crossing recomputed from results.json's sweep rows"].status == "ok"
     del results["sweep"]
     (run.run_dir / "results.json").write_text(json.dumps(results))
     assert problems(section.TABLES, run.run_dir) == {"sweep": ("declared, not in results.json",)}

@@ -1,5 +1,6 @@
 """Section 19 on the replay engine: a scripted run end to end, its checks from raw/, and what
 tampering with raw/ or results.json does to them; a partial run; an old run made elsewhere."""
+import importlib
 import json
 import shutil
 import subprocess
@@ -7,7 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from table_contract import assert_table_contract
 
+from kmesh_lib.base.declared import compare_tables
 from kmesh_lib.base.public import find_private_keys
 from kmesh_lib.base.records import RunFiles, RunRecord
 from kmesh_lib.sections import tot_headroom as section
@@ -26,6 +29,7 @@ def make_run(run_dir: Path, **overrides) -> Path:
     cfg = TotHeadroomParams(**{**SMALL, **overrides})
     record = RunRecord.open(section.KEY, cfg, run_dir=str(run_dir))
     tx.run(cfg, record)
+    record.save_tables(section.TABLES)
     report = section.checks(record.files())
     record.finish(report)
     return run_dir
@@ -83,6 +87,28 @@ def test_headline_answer_and_public_results_name_the_policy_and_hold_no_private_
     assert {r["trace"] for r in public["stock_sweep"]} == {"engine", "scale-e0", "scale-e0.5"}
     text = json.dumps(public)
     assert "prompt_token_ids" not in text and "invocation_id" not in text and "expression" not in text
+
+
+def test_save_tables_then_verify_compares_every_declared_table(scripted_run, tmp_path):
+    stored = assert_table_contract(section.TABLES, section.KEY, scripted_run, tmp_path)
+    assert list(stored) == ["policy", "search", "bound", "sweep", "stock_sweep", "scale_searches"]  # arms_s: recorded only
+    assert set(stored["search"]) == {"invocation_s", "counts", "block_ops", "num_unattributed_block_events", "outcomes",
+                                     "partial", "limit_hit", "engine_start_s", "search_s", "drain_ok"}
+
+
+def test_without_the_tokenizer_the_search_tables_are_recorded_only(copy, monkeypatch):
+    tot_checks = importlib.import_module("kmesh_lib.sections.tot_headroom.checks")  # the package exports checks()
+    tot_tables = importlib.import_module("kmesh_lib.sections.tot_headroom.tables")
+
+    def no_tokenizer(spec):
+        raise ValueError("no tokenizer files")
+    monkeypatch.setattr(tot_checks, "tokenizer_for", no_tokenizer)
+    monkeypatch.setattr(tot_tables, "tokenizer_for", no_tokenizer)
+    run = RunFiles(copy)
+    lines = {line.name: line for line in compare_tables(section.TABLES, run, run.results)}
+    assert all(line.ok for line in lines.values()), [line for line in lines.values() if not line.ok]
+    assert {n for n, line in lines.items() if "not recomputable" in line.recorded_only} == {
+        "search", "stock_sweep", "scale_searches"}
 
 
 @pytest.mark.parametrize("name, tamper, expect", [

@@ -3,6 +3,7 @@ from kmesh_lib.sections.tot_headroom.checks import checks
 from kmesh_lib.sections.tot_headroom.experiment import plan
 from kmesh_lib.sections.tot_headroom.params import TotHeadroomParams as Params
 from kmesh_lib.sections.tot_headroom.report import answer, counts, headline, public_results
+from kmesh_lib.sections.tot_headroom.tables import TABLES
 
 KEY = "tot_headroom"
 NUMBER = "19"
@@ -11,5 +12,5 @@ NOTEBOOK = "19_tot_headroom.ipynb"
 USES_ENGINE = True
 QUESTION = "Does model-driven branching leave room for better retention?"
 
-__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TITLE", "USES_ENGINE", "answer", "checks", "counts",
-           "headline", "plan", "public_results"]
+__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TABLES", "TITLE", "USES_ENGINE", "answer", "checks",
+           "counts", "headline", "plan", "public_results"]

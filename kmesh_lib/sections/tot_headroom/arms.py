@@ -20,17 +20,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
-from dataclasses import dataclass
 
 from kmesh_lib.engine.model_spec import resolve, tokenizer_for
 from kmesh_lib.engine.replay import ReplayEngine
 from kmesh_lib.kv.capture import BlockPoolCapture, drain_check
-from kmesh_lib.sections.tot_headroom import bound
 from kmesh_lib.sections.tot_headroom.generator import InvocationBlockLog, engine_generator
 from kmesh_lib.sections.tot_headroom.params import (
     ENGINE_TRACE,
     STOCK_SWEEP,
-    bound_pool_sizes,
     scale_search_config,
     scale_trace_name,
     scripted_policy,
@@ -93,16 +90,10 @@ def run_arm(cfg, num_blocks: int, scfg, puzzles, outputs, tokenizer) -> tuple[di
     return arm, search.invocations
 
 
-@dataclass
-class ArmTables:
-    stock_sweep: list[dict]  # one row per (trace, pool size): stock (where observed), LRU, ideal
-    scale_searches: list[dict]  # one row per scale trace: what the scripted search did
-
-
-def run_arms(cfg, record, engine_records: list[dict]) -> ArmTables:
-    """Every replay arm, each appended to ``raw/stock_sweep.jsonl`` as it finishes."""
+def run_arms(cfg, record, engine_records: list[dict]) -> None:
+    """Every replay arm, each appended to ``raw/stock_sweep.jsonl`` as it finishes (the tables are built
+    from that file: ``tables.TABLES``)."""
     tokenizer = tokenizer_for(resolve(cfg.MODEL))
-    rows, scale_rows = [], []
     captured = {r["invocation_id"]: r for r in engine_records}
 
     def captured_output(call):
@@ -110,28 +101,17 @@ def run_arms(cfg, record, engine_records: list[dict]) -> ArmTables:
         return rec["output_token_ids"] if rec is not None and rec["status"] != "timeout" else None
 
     puzzles = game24.load_puzzles(cfg.PUZZLES_CSV, cfg.PUZZLE_INDICES)
-    engine_arms = []
     for num_blocks in stock_pool_sizes(cfg):
         arm, _ = run_arm(cfg, num_blocks, search_config(cfg), puzzles, captured_output, tokenizer)
-        engine_arms.append(save_arm(record, arm, ENGINE_TRACE, None))
-    replayed = [r for r in engine_records if r["status"] != "timeout"]  # what the arms replay
-    rows += bound.trace_rows(ENGINE_TRACE, cfg.POLICY, None, replayed, engine_arms, bound_pool_sizes(cfg),
-                             cfg.BLOCK_SIZE, engine_records=replayed, engine_num_blocks=cfg.NUM_GPU_BLOCKS - 1)
+        save_arm(record, arm, ENGINE_TRACE, None)
 
     scale_puzzles = game24.load_puzzles(cfg.PUZZLES_CSV, list(range(cfg.NUM_SCALE_PUZZLES)))
     for error_rate in (cfg.SCRIPT_ERROR_RATES if scale_puzzles else []):
         trace = scale_trace_name(error_rate)
         policy = scripted_policy(cfg, tokenizer, error_rate)
-        scale_arms, trace_records = [], None
         for num_blocks in stock_pool_sizes(cfg):
-            arm, invocations = run_arm(cfg, num_blocks, scale_search_config(cfg), scale_puzzles, policy.token_ids,
-                                       tokenizer)
-            scale_arms.append(save_arm(record, arm, trace, error_rate))
-            if trace_records is None:
-                trace_records = [bound.trace_record(inv) for inv in invocations]
-        rows += bound.trace_rows(trace, "scripted", error_rate, trace_records, scale_arms, bound_pool_sizes(cfg), cfg.BLOCK_SIZE)
-        scale_rows.append(bound.search_row(trace, error_rate, scale_arms[0], trace_records))
-    return ArmTables(rows, scale_rows)
+            arm, _ = run_arm(cfg, num_blocks, scale_search_config(cfg), scale_puzzles, policy.token_ids, tokenizer)
+            save_arm(record, arm, trace, error_rate)
 
 
 def save_arm(record, arm: dict, trace: str, error_rate: float | None) -> dict:

@@ -20,9 +20,11 @@ Nothing the notebook printed is trusted. From the run's files:
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from kmesh_lib.base.checks import Check, all_of, check
+from kmesh_lib.base.checks import Check, all_of, check, differences
 from kmesh_lib.base.records import RunFiles, sha256_file
 from kmesh_lib.bounds.ideal import count_exact_prefix_edges
 from kmesh_lib.engine.model_spec import resolve, tokenizer_for
@@ -46,7 +48,7 @@ from kmesh_lib.sections.tot_headroom.params import (
     search_config,
 )
 from kmesh_lib.workloads import game24
-from kmesh_lib.workloads.tot_search import COUNT_NAMES, TotSearch
+from kmesh_lib.workloads.tot_search import COUNT_NAMES, SearchRun, TotSearch
 
 DONE = ("solved", "failed")
 
@@ -100,6 +102,38 @@ def find_puzzle_file(cfg, inputs: dict) -> tuple[Path | None, str | None, str]:
     return path, digest, str(path)
 
 
+@dataclass
+class Replay:
+    """The search replayed on the captured outputs (``search`` None: why, or the replay's error)."""
+
+    tokenizer: Any
+    search: SearchRun | None
+    why: str = ""
+    error: str = ""
+
+
+def replay_search(run: RunFiles, cfg) -> Replay:
+    """The whole search replayed on ``raw/`` 's captured outputs, with the model's tokenizer."""
+    records, outcomes = run.raw(CAPTURE), run.raw(OUTCOMES)
+    tokenizer, why = None, ""
+    try:
+        tokenizer = tokenizer_for(resolve(cfg.MODEL))
+    except ValueError as e:
+        why = f"the model's tokenizer is not here: {e}"
+    puzzles = recorded_puzzles(outcomes)
+    if not records:
+        return Replay(tokenizer, None, why or f"raw/{CAPTURE} holds no records")
+    if not puzzles:
+        return Replay(tokenizer, None, why or f"raw/{OUTCOMES} holds no puzzle outcomes (the search did not end)")
+    if tokenizer is None:
+        return Replay(tokenizer, None, why)
+    try:
+        return Replay(tokenizer, TotSearch(capture_generator(records), tokenizer, search_config(cfg),
+                                           clock=lambda: 0.0).run(puzzles))
+    except ValueError as e:  # a captured call is not the call the search makes: evidence, not absence
+        return Replay(tokenizer, None, str(e), str(e))
+
+
 def checks(run) -> list[Check]:
     """Section 19's statements about a run, each computed from its files (see the module docstring)."""
     run = RunFiles.of(run)
@@ -114,32 +148,16 @@ def checks(run) -> list[Check]:
                      missing=f"raw/{CAPTURE} holds no records"))
 
     # -- the search, replayed on the captured outputs --
-    tokenizer, why = None, ""
-    try:
-        tokenizer = tokenizer_for(resolve(cfg.MODEL))
-    except ValueError as e:
-        why = f"the model's tokenizer is not here: {e}"
-    puzzles = recorded_puzzles(outcomes)
-    replayed, replay_error = None, ""
-    if not records:
-        why = why or f"raw/{CAPTURE} holds no records"
-    elif not puzzles:
-        why = why or f"raw/{OUTCOMES} holds no puzzle outcomes (the search did not end)"
-    elif tokenizer is not None:
-        try:
-            replayed = TotSearch(capture_generator(records), tokenizer, search_config(cfg),
-                                 clock=lambda: 0.0).run(puzzles)
-        except ValueError as e:  # a captured call is not the call the search makes: evidence, not absence
-            replay_error = why = str(e)
+    replay = replay_search(run, cfg)
+    tokenizer, replayed, why, replay_error = replay.tokenizer, replay.search, replay.why, replay.error
     recorded_counts = results.get("search", {}).get("counts")
     if replayed is not None:
         got = [(o.puzzle_index, o.status, o.expression, list(o.steps), o.num_calls) for o in replayed.outcomes]
         want = [(o["puzzle_index"], o["status"], o["expression"], o["steps"], o["num_calls"]) for o in outcomes]
-        counts = {k: replayed.counts[k] for k in COUNT_NAMES}
-        diff = [k for k in COUNT_NAMES if counts[k] != (recorded_counts or {}).get(k)]
+        diff = differences({k: replayed.counts[k] for k in COUNT_NAMES}, recorded_counts, "search.counts")
         out.append(Check("search replayed from the capture gives the recorded outcomes and counts",
                          got == want and not diff and len(replayed.invocations) == len(records),
-                         f"{len(replayed.invocations)} of {len(records)} records replayed; counts differing: {diff}; "
+                         f"{len(replayed.invocations)} of {len(records)} records replayed; counts differing: {diff[:3]}; "
                          f"outcomes equal: {got == want}"))
         complete = replayed.limit_hit is None and all(o["status"] in DONE for o in outcomes)
         out.append(Check("the run is complete (no limit stopped the search)", complete,
@@ -192,17 +210,18 @@ def checks(run) -> list[Check]:
     # -- the bound at the run's pool size, and the sweep on the engine trace --
     usable = cfg.NUM_GPU_BLOCKS - 1
     recomputed = bound.compare_bound(records, cfg.BLOCK_SIZE, usable) if records else None
-    out.append(check("bound at the run's pool size recomputed from the capture equals results.json",
-                     recomputed == results.get("bound"), f"recomputed {recomputed}, recorded {results.get('bound')}",
-                     evidence=recomputed, missing="no capture"))
+    found = differences(recomputed, results.get("bound"), "bound")
+    out.append(check("bound at the run's pool size recomputed from the capture equals results.json", not found,
+                     "; ".join(found[:3]) or f"recomputed {recomputed}", evidence=recomputed, missing="no capture"))
     out.append(check("ideal <= stock vLLM's observed prefill on the engine at the run's pool size",
                      bool(recomputed) and recomputed["ideal_prefill_tokens"] <= recomputed["observed_prefill_tokens"],
                      f"ideal {recomputed and recomputed['ideal_prefill_tokens']}, observed "
                      f"{recomputed and recomputed['observed_prefill_tokens']}", evidence=recomputed, missing="no capture"))
     if records:
         sweep = bound.sweep(records, cfg.BLOCK_SIZE, bound_pool_sizes(cfg), {usable: recomputed["observed_prefill_tokens"]})
-        out.append(Check("pool-size sweep recomputed from the capture equals results.json", sweep == results.get("sweep"),
-                         f"{len(sweep)} pool sizes"))
+        found = differences(sweep, results.get("sweep"), "sweep")
+        out.append(Check("pool-size sweep recomputed from the capture equals results.json", not found,
+                         "; ".join(found[:3]) or f"{len(sweep)} pool sizes"))
     else:
         out.append(check("pool-size sweep recomputed from the capture equals results.json", False, evidence=None,
                          missing="no capture"))
@@ -257,6 +276,48 @@ def arm_checks(cfg, results: dict, records: list[dict], arms: list[dict], comple
 
     # the scale traces, re-derived from the script
     scale_arms = [a for a in arms if a["trace"] != ENGINE_TRACE]
+    derived = arm_tables(cfg, records, arms, tokenizer)
+    rows, search_rows, traces, mismatched = derived.stock_sweep, derived.scale_searches, derived.traces, derived.mismatched
+    expected_scale = cfg.NUM_SCALE_PUZZLES > 0
+    out.append(check("scale traces re-derived from the script match every scale arm call by call",
+                     not mismatched and len(traces) == len(cfg.SCRIPT_ERROR_RATES),
+                     f"{len(scale_arms)} arms over {len(traces)} traces; mismatched: {mismatched[:5]}",
+                     evidence=scale_arms if expected_scale and tokenizer is not None else None,
+                     missing=(why if tokenizer is None else "NUM_SCALE_PUZZLES is 0: no scale traces")
+                     if not (expected_scale and tokenizer is not None) else f"raw/{STOCK_SWEEP} holds no scale arm"))
+    out.append(all_of("every scale arm ran the whole search", scale_arms, lambda a: a["limit_hit"] is None,
+                      lambda a: f"{a['arm']}: {a['limit_hit']}", missing="no scale arm"))
+
+    found = differences({"stock_sweep": rows, "scale_searches": search_rows},
+                        {"stock_sweep": results.get("stock_sweep"), "scale_searches": results.get("scale_searches", [])})
+    out.append(check("stock-versus-ideal tables recomputed from the arms equal results.json", not found,
+                     f"{len(rows)} rows" + (f"; {'; '.join(found[:3])}" if found else ", both tables equal"),
+                     evidence=arms, missing=f"raw/{STOCK_SWEEP} holds no arm"))
+    observed = [r for r in rows if "stock_prefill_tokens" in r]
+    out.append(all_of("compulsory <= ideal <= LRU, and ideal <= stock, at every pool size of every trace", observed,
+                      lambda r: r["num_compulsory_tokens"] <= r["ideal_prefill_tokens"] <= r["lru_prefill_tokens"]
+                      and r["ideal_prefill_tokens"] <= r["stock_prefill_tokens"] <= r["stock_total_tokens"],
+                      lambda r: f"{r['trace']} at {r['num_blocks']} blocks", missing="no arm observed stock vLLM"))
+    out.append(Check("every replay arm's pool drained, as observed when it ended",
+                     "ok" if arms and all(a["drain_ok"] for a in arms) else "failed" if arms else "skipped",
+                     f"{sum(a['drain_ok'] for a in arms)} of {len(arms)}" if arms else "no arm", recorded_only=True))
+    return out
+
+
+@dataclass
+class ArmTables:
+    """The stock-versus-ideal rows and the scale searches, recomputed from the arms and the traces."""
+
+    stock_sweep: list[dict]
+    scale_searches: list[dict]
+    traces: dict[str, list[dict]]  # scale trace -> its records, re-derived from the script
+    mismatched: list[str]  # scale arms whose calls, puzzles or counts differ from the re-derived trace
+
+
+def arm_tables(cfg, records: list[dict], arms: list[dict], tokenizer) -> ArmTables:
+    """Each scale trace re-derived from the script (needs the tokenizer), then the tables ``bound`` builds from
+    the arms' columns: the engine trace's rows first, then each scale trace's."""
+    scale_arms = [a for a in arms if a["trace"] != ENGINE_TRACE]
     traces, rows, search_rows, mismatched = {}, [], [], []
     for error_rate in (cfg.SCRIPT_ERROR_RATES if tokenizer is not None else []):
         trace = scale_trace_name(error_rate)
@@ -275,33 +336,12 @@ def arm_checks(cfg, results: dict, records: list[dict], arms: list[dict], comple
                        or a["num_solved"] != num_solved]
         rows += bound.trace_rows(trace, "scripted", error_rate, trace_records, mine, bound_pool_sizes(cfg), cfg.BLOCK_SIZE)
         search_rows.append(bound.search_row(trace, error_rate, mine[0], trace_records))
-    expected_scale = cfg.NUM_SCALE_PUZZLES > 0
-    out.append(check("scale traces re-derived from the script match every scale arm call by call",
-                     not mismatched and len(traces) == len(cfg.SCRIPT_ERROR_RATES),
-                     f"{len(scale_arms)} arms over {len(traces)} traces; mismatched: {mismatched[:5]}",
-                     evidence=scale_arms if expected_scale and tokenizer is not None else None,
-                     missing=(why if tokenizer is None else "NUM_SCALE_PUZZLES is 0: no scale traces")
-                     if not (expected_scale and tokenizer is not None) else f"raw/{STOCK_SWEEP} holds no scale arm"))
-    out.append(all_of("every scale arm ran the whole search", scale_arms, lambda a: a["limit_hit"] is None,
-                      lambda a: f"{a['arm']}: {a['limit_hit']}", missing="no scale arm"))
-
+    engine_arms = [a for a in arms if a["trace"] == ENGINE_TRACE]
     if engine_arms:
+        captured = [r for r in records if r["status"] != "timeout"]
         rows = bound.trace_rows(ENGINE_TRACE, cfg.POLICY, None, captured, engine_arms, bound_pool_sizes(cfg),
                                 cfg.BLOCK_SIZE, engine_records=captured, engine_num_blocks=cfg.NUM_GPU_BLOCKS - 1) + rows
-    out.append(check("stock-versus-ideal tables recomputed from the arms equal results.json",
-                     rows == results.get("stock_sweep") and search_rows == results.get("scale_searches", []),
-                     f"{len(rows)} rows; stock_sweep equal: {rows == results.get('stock_sweep')}, scale_searches equal: "
-                     f"{search_rows == results.get('scale_searches', [])}", evidence=arms,
-                     missing=f"raw/{STOCK_SWEEP} holds no arm"))
-    observed = [r for r in rows if "stock_prefill_tokens" in r]
-    out.append(all_of("compulsory <= ideal <= LRU, and ideal <= stock, at every pool size of every trace", observed,
-                      lambda r: r["num_compulsory_tokens"] <= r["ideal_prefill_tokens"] <= r["lru_prefill_tokens"]
-                      and r["ideal_prefill_tokens"] <= r["stock_prefill_tokens"] <= r["stock_total_tokens"],
-                      lambda r: f"{r['trace']} at {r['num_blocks']} blocks", missing="no arm observed stock vLLM"))
-    out.append(Check("every replay arm's pool drained, as observed when it ended",
-                     "ok" if arms and all(a["drain_ok"] for a in arms) else "failed" if arms else "skipped",
-                     f"{sum(a['drain_ok'] for a in arms)} of {len(arms)}" if arms else "no arm", recorded_only=True))
-    return out
+    return ArmTables(rows, search_rows, traces, mismatched)
 
 
 def arm_columns(trace_records: list[dict]) -> dict[str, list]:

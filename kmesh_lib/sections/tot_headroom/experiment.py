@@ -22,7 +22,7 @@ from kmesh_lib.base.records import environment, sha256_file
 from kmesh_lib.engine.model_spec import ByteTokenizer, materialize, resolve, tokenizer_for
 from kmesh_lib.engine.vllm_engine import make_engine
 from kmesh_lib.kv.capture import BlockPoolCapture, drain_check
-from kmesh_lib.sections.tot_headroom import arms, bound
+from kmesh_lib.sections.tot_headroom import arms
 from kmesh_lib.sections.tot_headroom.generator import InvocationBlockLog, capture_record, engine_generator
 from kmesh_lib.sections.tot_headroom.params import (
     BLOCK_EVENTS,
@@ -38,7 +38,7 @@ from kmesh_lib.sections.tot_headroom.params import (
     stock_pool_sizes,
 )
 from kmesh_lib.workloads import game24
-from kmesh_lib.workloads.tot_search import COUNT_NAMES, SearchRun, TotSearch, encode
+from kmesh_lib.workloads.tot_search import SearchRun, TotSearch, encode
 
 
 def hash_model_dir(model_dir: Path) -> dict[str, str]:
@@ -93,16 +93,15 @@ class TotRun:
 
 
 def run(cfg: TotHeadroomParams, record) -> TotRun:
-    """The engine run, then the replay arms; ``raw/`` is written as each group and arm finishes."""
+    """The engine run, then the replay arms; ``raw/`` is written as each group and arm finishes.
+
+    results.json gets only what the live run alone knew (the arms' wall-clock seconds, the search's
+    ``tables.LIVE_SEARCH`` fields) and the input hashes; every table is ``record.save_tables(section.TABLES)``'s,
+    built from raw/."""
 
     engine_run = run_engine(cfg, record)
-    record.save("bound", bound.compare_bound(engine_run.records, cfg.BLOCK_SIZE, cfg.NUM_GPU_BLOCKS - 1))
-    record.save("sweep", bound.sweep(engine_run.records, cfg.BLOCK_SIZE, bound_pool_sizes(cfg),
-                                     {cfg.NUM_GPU_BLOCKS - 1: record.results["bound"]["observed_prefill_tokens"]}))
     t0 = time.monotonic()
-    tables = arms.run_arms(cfg, record, engine_run.records)
-    record.save("stock_sweep", tables.stock_sweep)
-    record.save("scale_searches", tables.scale_searches)
+    arms.run_arms(cfg, record, engine_run.records)
     record.save("arms_s", round(time.monotonic() - t0, 1))
     return engine_run
 
@@ -111,7 +110,6 @@ def run_engine(cfg: TotHeadroomParams, record) -> TotRun:
     """Hashes the inputs, runs the search on the profile's engine and writes raw/ as it goes."""
 
     t_start = time.monotonic()  # the run ceiling counts the engine start too
-    record.save("policy", policy_label(cfg))
     record.save("inputs", input_hashes(cfg))  # hashed before the engine allocates its first block
     puzzles = game24.load_puzzles(cfg.PUZZLES_CSV, cfg.PUZZLE_INDICES)
     scripted = cfg.POLICY == "scripted"
@@ -146,22 +144,16 @@ def run_engine(cfg: TotHeadroomParams, record) -> TotRun:
         engine.close()
     record.append_jsonl(OUTCOMES, [o.to_dict() for o in search.outcomes])
     out = TotRun(search, records, engine.start_s, search_s, drain.ok, str(drain), log.num_unattributed, capture.counts())
-    record.save("search", summary(out))
+    record.save("search", live_summary(out))
     return out
 
 
-def summary(run: TotRun) -> dict:
-    """Aggregates only (no expressions or token ids): what results.json and the public file hold."""
-    s = run.search
-    seconds = sorted((r["t_finish_ns"] or r["t_submit_ns"]) - r["t_submit_ns"] for r in run.records)
-    return {"partial": s.partial, "limit_hit": s.limit_hit,
+def live_summary(run: TotRun) -> dict:
+    """What only the live search knew (``tables.LIVE_SEARCH``): the limit it met, its wall-clock times and
+    the live pool's drain report; the rest of the ``search`` table is built from raw/."""
+    return {"partial": run.search.partial, "limit_hit": run.search.limit_hit,
             "engine_start_s": round(run.engine_start_s, 1), "search_s": round(run.search_s, 1),
-            "invocation_s": {"median": round(seconds[len(seconds) // 2] / 1e9, 1) if seconds else None,
-                             "max": round(seconds[-1] / 1e9, 1) if seconds else None},
-            "counts": {k: s.counts[k] for k in COUNT_NAMES}, "block_ops": run.block_ops,
-            "num_unattributed_block_events": run.num_unattributed_events, "drain_ok": run.drain_ok,
-            "outcomes": [{k: o.to_dict()[k] for k in ("puzzle_index", "numbers", "status", "reason", "num_calls")}
-                         for o in s.outcomes]}
+            "drain_ok": run.drain_ok}
 
 
 # Seconds per decode step of a group (it decodes until its longest output, up to MAX_TOKENS), by device and shape.

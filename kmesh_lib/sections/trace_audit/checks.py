@@ -112,7 +112,7 @@ def checks(run: RunFiles) -> list[Check]:
                      f"largest share {max((p / n for _, n, (p, _) in shares if n), default=0):.3g} over "
                      f"{len(shares)} (source, field) rows", evidence=shares, missing="no object record"))
 
-    out.append(_verdict_check(run, results, rows))
+    out.append(_verdict_check(run, results))
     cfg = run_params(run)
     out.append(_rehash_check(cfg.trace_root, cfg.MAX_DEPTH, hashes))
     out.append(_reaudit_check(cfg, rows))
@@ -120,7 +120,7 @@ def checks(run: RunFiles) -> list[Check]:
     return out
 
 
-def _verdict_check(run: RunFiles, results: dict, rows: dict[str, list[dict]]) -> Check:
+def _verdict_check(run: RunFiles, results: dict) -> Check:
     name = "lineage verdict recomputes from raw/ counts"
     recomputed = lineage_table(run)
     found = differences(recomputed, results.get("lineage"), "lineage")
