@@ -152,19 +152,19 @@ def migrate(run_dir: Path, dry_run: bool = False) -> dict:
     note["capture_sha256"] = ("hashed at migration from the published files as they stood (the run predates "
                               "hashing at measurement)" + ("; env.json after the correction above" if corrections else ""))
     results["capture_sha256"] = capture_sha256(RunFiles(run_dir))
-    migration = results.get("migration") or {}
-    if isinstance(migration, dict) and migration:
-        migration.setdefault("declared_results_migration", note)
-        results["migration"] = migration
-    else:
-        results["migration"] = {"declared_results_migration": note}
+    migration = results.get("migration") if isinstance(results.get("migration"), dict) else {}
+    migration.setdefault("to_declared_results", []).append(note)  # a later pass adds its own note
+    results["migration"] = migration
     if dry_run:
         return note
     write_json_atomic(write, results, compact=True)
 
     public_path = run_dir / PUBLIC_FILE
-    stated = read_json_object(public_path) if public_path.exists() else {}
-    public_path.unlink(missing_ok=True)  # the document is built from the run alone, as publish builds it
+    if not public_path.exists():  # a local run: publish builds its document
+        note["verify_after"] = verify(section, RunFiles(run_dir)).summary()
+        return note
+    stated = read_json_object(public_path)
+    public_path.unlink()  # the document is built from the run alone, as publish builds it
     verdict = verify(section, RunFiles(run_dir))
     given = {k: stated.get(k) for k in PUBLISHING_FIELDS}
     allowed_failed = verdict.status != "passed" or bool(verdict.problems)
