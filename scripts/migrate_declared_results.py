@@ -61,6 +61,14 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def relative_paths(record: dict) -> dict:
+    """A check record with this checkout's paths made relative, as publish writes them (a detail may name a file)."""
+    text = json.dumps(record)
+    for absolute, relative in ((f"{REPO_ROOT}/", ""), (f"{REPO_ROOT.parent}/", "../")):
+        text = text.replace(absolute, relative)
+    return json.loads(text)
+
+
 def resolve_commit(prefix: str) -> str:
     """The one commit of this repository that ``prefix`` names (git resolves it; never typed in full)."""
     import subprocess
@@ -137,8 +145,9 @@ def migrate(run_dir: Path, dry_run: bool = False) -> dict:
     check_changes += [{"name": n, "recorded": s, "recomputed": None} for n, s in recorded.items() if n not in computed]
     if check_changes:
         note["checks"] = check_changes
-    kept = {c.name: (results["checks"][c.name] if c.outside_input and c.name in (results.get("checks") or {})
-                     else c.as_record()) for c in checks}
+    before_checks = results.get("checks") or {}
+    kept = {c.name: (before_checks[c.name] if c.name in before_checks and (c.outside_input or recorded[c.name] == c.status)
+                     else relative_paths(c.as_record())) for c in checks}
     results["checks"] = kept
     counts = {s: sum(rec.get("status") == s for rec in kept.values()) for s in STATUSES}
     status = recomputed_status([c for c in checks if not c.outside_input], results)
