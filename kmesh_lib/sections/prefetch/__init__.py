@@ -2,7 +2,7 @@
 from kmesh_lib.sections.prefetch.checks import checks, counts
 from kmesh_lib.sections.prefetch.experiment import plan
 from kmesh_lib.sections.prefetch.params import PrefetchParams as Params
-from kmesh_lib.sections.prefetch.summary import answer, headline, public_results
+from kmesh_lib.sections.prefetch.summary import answer, findings, headline, public_results, verdict
 
 KEY = "prefetch"
 NUMBER = "20"
@@ -12,4 +12,4 @@ USES_ENGINE = True
 QUESTION = "Does loading shared context early help, once repeat reads are gone?"
 
 __all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TITLE", "USES_ENGINE", "answer", "checks", "counts",
-           "headline", "plan", "public_results"]
+           "findings", "headline", "plan", "public_results", "verdict"]

@@ -2,7 +2,7 @@
 from kmesh_lib.sections.tot_headroom.checks import checks
 from kmesh_lib.sections.tot_headroom.experiment import plan
 from kmesh_lib.sections.tot_headroom.params import TotHeadroomParams as Params
-from kmesh_lib.sections.tot_headroom.report import answer, counts, headline, public_results
+from kmesh_lib.sections.tot_headroom.report import answer, counts, findings, headline, public_results, verdict
 
 KEY = "tot_headroom"
 NUMBER = "19"
@@ -12,4 +12,4 @@ USES_ENGINE = True
 QUESTION = "Does model-driven branching leave room for better retention?"
 
 __all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TITLE", "USES_ENGINE", "answer", "checks", "counts",
-           "headline", "plan", "public_results"]
+           "findings", "headline", "plan", "public_results", "verdict"]

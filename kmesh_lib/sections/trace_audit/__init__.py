@@ -2,7 +2,7 @@
 from kmesh_lib.sections.trace_audit.checks import checks
 from kmesh_lib.sections.trace_audit.experiment import audit_run, plan
 from kmesh_lib.sections.trace_audit.params import TraceAuditParams as Params
-from kmesh_lib.sections.trace_audit.results import answer, counts, headline, public_results
+from kmesh_lib.sections.trace_audit.results import answer, counts, findings, headline, public_results, verdict
 
 KEY = "trace_audit"
 NUMBER = "17"
@@ -12,4 +12,4 @@ USES_ENGINE = False
 QUESTION = "Can agent traces qualify family retention?"
 
 __all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TITLE", "USES_ENGINE", "plan", "checks", "counts",
-           "headline", "answer", "public_results", "audit_run"]
+           "headline", "answer", "public_results", "audit_run", "findings", "verdict"]
