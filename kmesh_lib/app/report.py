@@ -42,7 +42,7 @@ VERSION_KEYS = ("python", "vllm", "lmcache", "torch")
 REPORT_CSS = """
 *{box-sizing:border-box}
 body{font:15px/1.5 system-ui,-apple-system,"Segoe UI",sans-serif;color:#1d1d1f;max-width:1100px;margin:0 auto;
-padding:1em 2em 4em;overflow-wrap:anywhere}
+padding:1em 2em 4em;overflow-wrap:break-word}
 h1,h2,h3{line-height:1.25}h1{margin:.3em 0 .1em}h2{font-size:1.25em;margin:1.2em 0 .4em}h3{font-size:1.05em}
 a{color:#0b5cad}code,pre,.meta td.v{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:13px}
 header.run{border-bottom:1px solid #ccc;margin-bottom:1.5em;padding-bottom:.6em}
