@@ -190,13 +190,39 @@ def _html_output(html_text: str):
     return nbformat.v4.new_output("display_data", data={"text/html": html_text})
 
 
-def _figure(out) -> str | None:
-    """The ``<img>`` of an image output (a published run's ``figures/`` file, or a local run's PNG inlined)."""
+HIGH_DPI = 120  # a PNG saved at this many dots per inch or more is shown at its size in inches (base.figures)
+IMG_SRC = re.compile(r'src="([^"]+\.png)"')
+
+
+def png_css_width(path: Path) -> int | None:
+    """The CSS width of a high-DPI PNG (its pixels at 96 CSS px an inch, from its ``pHYs`` chunk); None
+    for a PNG without one or below HIGH_DPI, shown at its pixel size."""
+    try:
+        head = path.read_bytes()[:4096]
+    except OSError:
+        return None
+    at = head.find(b"pHYs")
+    if head[:8] != b"\x89PNG\r\n\x1a\n" or at < 0 or head[at + 12] != 1:
+        return None
+    width = int.from_bytes(head[16:20], "big")
+    dpi = int.from_bytes(head[at + 4:at + 8], "big") * 0.0254
+    return round(width * 96 / dpi) if dpi >= HIGH_DPI else None
+
+
+def _sized(img: str, run_dir: Path | None) -> str:
+    m = IMG_SRC.search(img)
+    width = png_css_width(run_dir / m[1]) if m and run_dir is not None and not m[1].startswith(("/", "data:")) else None
+    return img.replace("<img ", f'<img style="width:{width}px" ', 1) if width else img
+
+
+def _figure(out, run_dir: Path | None = None) -> str | None:
+    """The ``<img>`` of an image output (a published run's ``figures/`` file, or a local run's PNG inlined);
+    a high-DPI file is shown at its size in inches (``png_css_width``)."""
     data = out.get("data", {})
     text = data.get("text/html", "")
     text = "".join(text) if isinstance(text, list) else text
     if out.output_type in ("display_data", "execute_result") and rb.IMG.search(text) and "<table" not in text:
-        return "".join(rb.IMG.findall(text))
+        return "".join(_sized(img, run_dir) for img in rb.IMG.findall(text))
     if "image/png" in data:
         return f'<img src="data:image/png;base64,{data["image/png"]}" alt="figure">'
     return None
@@ -214,7 +240,8 @@ def why_run_stands(results: dict) -> str:
     return base + "; the notebook asserted a strict statement that the run keeps as a measured line"
 
 
-def shape_for_report(nb, status: str, why: str, answer: str | None) -> list[tuple[str, str]]:
+def shape_for_report(nb, status: str, why: str, answer: str | None,
+                     run_dir: Path | None = None) -> list[tuple[str, str]]:
     """Restates the cells' outputs for a reader (``app.report_body``) and takes the figures out of
     them: returns ``(caption, img html)`` per figure, captioned by the heading above its cell."""
     figures, heading = [], ""
@@ -228,7 +255,7 @@ def shape_for_report(nb, status: str, why: str, answer: str | None) -> list[tupl
         outputs = []
         for out in cell.get("outputs", []):
             data = out.get("data", {})
-            img = _figure(out)
+            img = _figure(out, run_dir)
             if img is not None:
                 figures.append((heading, img))
                 continue
@@ -437,7 +464,7 @@ def render_report(section: ModuleType, run_dir: Path, note: str = "", stylesheet
         answer, answer_error = None, str(e)
     verdict, findings, verdict_error = _verdict_and_findings(section, run)
     status = run.results.get("status", "unknown")
-    figures = shape_for_report(nb, status, why_run_stands(run.results), answer)
+    figures = shape_for_report(nb, status, why_run_stands(run.results), answer, run.run_dir)
     body, resources = HTMLExporter(template_name="basic", exclude_input=True,
                                    exclude_input_prompt=True, exclude_output_prompt=True).from_notebook_node(nb)
     title = f"{section.NUMBER} {section.TITLE} · {run.run_id}"
