@@ -241,7 +241,7 @@ def index_html(entries: list[dict], withdrawn: list[dict] | None = None) -> str:
             f"<link rel=\"stylesheet\" href=\"{STYLESHEET}\">"
             f"<style>table.runs{{border-collapse:collapse;width:100%}}table.runs td{{padding:.4em .8em;"
             f"border-bottom:1px solid #ddd;vertical-align:top}}body{{max-width:1200px}}"
-            f"table.runs td:first-child{{white-space:nowrap}}tr.stands td.verdict{{font-weight:600}}"
+            f"table.runs td:first-child,table.runs a{{white-space:nowrap}}tr.stands td.verdict{{font-weight:600}}"
             f"tr.others td{{border-bottom:2px solid #bbb;padding-top:0}}table.inner{{font-size:.9em}}"
             f"table.inner td{{border-bottom:1px solid #eee}}"
             f".why{{display:block;font-size:.85em;color:#555;margin-top:.3em;font-weight:400}}</style></head><body>\n"

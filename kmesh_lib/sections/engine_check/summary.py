@@ -93,11 +93,13 @@ def verdict(run: RunFiles) -> list[str]:
     hits = all(f["num_cached_tokens"][1] == f["expected_cached_tokens"] and f["num_cached_tokens"][0] == 0 for f in facts)
     drained = not any("drained" in name or "ref_cnts" in name for name in failed)
     word = "Yes" if hits and drained else "No"
-    shared = "; ".join(f"{f['engine']} engine (B={f['block_size']}) {f['num_cached_tokens'][1]} of {f['num_prompt_tokens']}"
-                       for f in facts)
-    return [f"{word}: the second request found its shared prefix cached ({shared} prompt tokens, "
-            f"{'every' if hits else 'not every'} full block it may reuse) and the block pool "
-            f"{'drained' if drained else 'did not drain'} afterwards (token counts: deterministic, no interval)."]
+    same = len({(f["num_cached_tokens"][1], f["num_prompt_tokens"]) for f in facts}) == 1
+    found = (f"{facts[0]['num_cached_tokens'][1]} of its {facts[0]['num_prompt_tokens']} prompt tokens cached on "
+             + ("both engines" if len(facts) == 2 else "every engine") if same else
+             "; ".join(f"{f['num_cached_tokens'][1]} of {f['num_prompt_tokens']} on the {f['engine']} engine" for f in facts))
+    return [f"{word}: the second request found {found} ({'every' if hits else 'not every'} full block of the shared "
+            f"prefix it may reuse), and the block pool {'drained' if drained else 'did not drain'} afterwards "
+            "(token counts, deterministic)."]
 
 
 def findings(run: RunFiles) -> list[dict]:

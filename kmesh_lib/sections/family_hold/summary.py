@@ -166,9 +166,9 @@ def verdict(run: RunFiles) -> list[str]:
         return ["No verdict: no arm-sample pair was recorded."]
     s = main["first"]
     word = {"loses": "No", "pays": "Yes", "breaks even": "It breaks even"}[_verdict(s["net"])]
-    text = (f"{word}: at this pressure ({main['num_gpu_blocks']} blocks of {main['block_size']}): holding the parent "
-            f"saves {_tokens(s['saved'])} prompt tokens but displaces {_tokens(s['displaced'])} (net "
-            f"{_tokens(s['net'])}; block counts, deterministic: no interval)")
+    text = (f"{word}: in a pool of {main['num_gpu_blocks']} blocks of {main['block_size']}, holding the parent "
+            f"saves its child {_tokens(s['saved'])} prompt tokens but displaces {_tokens(s['displaced'])} "
+            f"(net {_tokens(s['net'])}; block counts, deterministic)")
     rows, _ = _sweep(run)
     cross = report.crossing(rows) if rows else None
     if cross is not None:
