@@ -128,11 +128,11 @@ def answer(run: RunFiles) -> str:
     goal_rows = report.goal_table(tables["arms"], tables.get("floor_distance", []), rows)  # each computed once
     critical = report.critical_goal_table(tables.get("splits", []), tables.get("floor_distance", []))
     goal_lines = _goal_sentences(tables, rows, p["SUFFIX_TOKENS"], goal_rows, critical)
-    goals = ("Issue 13's goals, one reading a line:\n\n" + "\n".join(f"- {line}" for line in goal_lines)
+    goals = ("The restore goals, one reading a line:\n\n" + "\n".join(f"- {line}" for line in goal_lines)
              if goal_lines else "")
     points = goal_points_table(tables, rows, goal_rows, critical)
     if points:
-        goals += ("\n\nIssue 13's goal point by point (median ms; the floor is the path's own: bytes over the "
+        goals += ("\n\nThe first restore goal point by point (median ms; the floor is the path's own: bytes over the "
                   "bandwidth measured in this run):\n\n" + points)
     pooled = forward_pairs_table(tables)
     if pooled:
