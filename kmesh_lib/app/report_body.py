@@ -91,7 +91,7 @@ def value_text(raw: str, column: str = "") -> str:
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             return WORD_MISSING.sub(DASH, text)
         return literal_text(value)
-    return WORD_MISSING.sub(DASH, text)
+    return bytes_in_text(WORD_MISSING.sub(DASH, text))
 
 
 def literal_text(value) -> str:
@@ -227,7 +227,8 @@ def check_list_html(cl: CheckList) -> str:
         summary = f"{len(cl.checks)} checks: " + ", ".join(f"{n} {s}" for s, n in sorted(
             tally.items(), key=lambda sn: ("failed", "skipped", "ok").index(sn[0])))
         order = sorted(cl.checks, key=lambda sc: ("failed", "skipped", "ok").index(sc[0]))
-        table = "".join(f'<tr><td class="st {s}">{s}</td><td>{html.escape(n)}</td></tr>' for s, n in order)
+        table = "".join(f'<tr><td class="st {s}">{s}</td><td>{html.escape(value_text_inline(n))}</td></tr>'
+                        for s, n in order)
         out.append(folded(summary, f'<div class="table-box"><table class="dataframe list checks"><tbody>{table}'
                                    f"</tbody></table></div>", "checks"))
     if cl.measured:
@@ -242,6 +243,12 @@ def check_list_html(cl: CheckList) -> str:
 
 
 INLINE_LITERAL = re.compile(r"\[[^\[\]{}]*\]|\{[^{}\[\]]*\}")
+BYTES_IN_TEXT = re.compile(r"(?<![\w.])(\d{7,}) bytes\b")
+
+
+def bytes_in_text(text: str) -> str:
+    """"12582912 bytes" in running text as "12 MiB"."""
+    return BYTES_IN_TEXT.sub(lambda m: mib_text(int(m[1])), text)
 
 
 def value_text_inline(text: str) -> str:
@@ -253,7 +260,7 @@ def value_text_inline(text: str) -> str:
             return m[0]
 
     text = INLINE_LITERAL.sub(lit, text).replace("((", "(").replace("))", ")")
-    return WORD_MISSING.sub(DASH, text)
+    return bytes_in_text(WORD_MISSING.sub(DASH, text))
 
 
 def stream_html(text: str) -> str | None:
@@ -271,6 +278,7 @@ def stream_html(text: str) -> str | None:
 
 def error_html(ename: str, evalue: str, traceback_text: str, status: str, why: str) -> str:
     """A cell that raised. On a passed run, one row saying why the run stands; else the error, traceback folded."""
+    evalue = bytes_in_text(evalue)
     if status == "passed":
         return (f'<div class="table-box"><table class="dataframe list expected"><thead><tr><th>the notebook stopped on'
                 f'</th><th>why the run still passes</th></tr></thead><tbody><tr><td>{html.escape(ename)}: '
