@@ -204,13 +204,17 @@ def verdict(run) -> list[str]:
     main = [r for k, r in rows.items() if k[2] == "on_arrival - early"]
     if not main:
         return ["No verdict: no path and group size has paired on-arrival and early groups."]
+    reads = {(r["path"], r["group_size"], r["arm"]): r["context reads/group (mean)"]
+             for r in ps.disk_reads(groups_of(run))}
+    once = all(v <= 1.01 for v in reads.values())
     helps = [r for r in main if r["A first token 95% CI ms"][0] > 0]
     unclear = [r for r in main if r not in helps]
     name = ", ".join
     if helps:
         best = min(helps, key=lambda r: r["A first token saving ms"])
-        text = (f"Yes on {name(_case(r) for r in helps)}: loading the context "
-                f"{best['lead_ms']:.0f} ms early saves {_ci(best, 'A first token')} on A's first token "
+        text = (f"Yes on {name(_case(r) for r in helps)}" + (" (each group reads the context once in both arms)"
+                                                              if once and reads else "") + ": loading the context "
+                + f"{best['lead_ms']:.0f} ms early saves {_ci(best, 'A first token')} on A's first token "
                 + (f"(the smallest of {len(helps)} savings; " if len(helps) > 1 else "(") + f"{best['pairs']} pairs)")
     else:
         text = "No clear saving on any path"

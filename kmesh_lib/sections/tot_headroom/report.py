@@ -272,7 +272,8 @@ def verdict(run) -> list[str]:
         ends = set(zero_from.values())
         rate, top = max(worst.items(), key=lambda kv: kv[1]) if worst else (None, 0.0)
         if rate is not None:
-            text += (f"; over {scale[0]['num_puzzles']} scripted puzzles the most is {top:.1%} (error rate {rate:g})"
+            text += (f"; over {scale[0]['num_puzzles']} scripted puzzles and smaller pools the most headroom is {top:.1%} "
+                     f"(proposal error rate {rate:g})"
                      + (f", zero from {max(ends)} blocks up" if None not in ends else ""))
     return [text + "."]
 
