@@ -180,6 +180,7 @@ def clean_for_report(nb) -> LeftOut:
     return left
 
 
+LONG_MARKDOWN = 1500  # characters: a printed Markdown output longer than this is folded
 HEADING = re.compile(r"^#{1,4}\s+(.+)$", re.M)
 TRACEBACK_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -271,6 +272,13 @@ def shape_for_report(nb, status: str, why: str, answer: str | None,
             elif "text/markdown" in data and answer is not None and data["text/markdown"].strip() == answer.strip():
                 outputs.append(_html_output('<p class="note">The closing answer: at the top of this page '
                                             '(folded under the findings).</p>'))
+            elif "text/markdown" in data and ("answer(" in cell.source or len(data["text/markdown"]) > LONG_MARKDOWN):
+                text = data["text/markdown"]
+                paragraphs = sum(1 for part in text.split("\n\n") if part.strip())
+                what = ("The closing answer as the run's notebook printed it" if "answer(" in cell.source
+                        else "Printed text")
+                outputs.append(_html_output(rb.folded(f"{what} ({paragraphs} paragraphs; open to read)",
+                                                      _markdown(text), "printed")))
             elif "text/plain" in data and "text/html" not in data and "text/markdown" not in data:
                 outputs.append(_html_output(rb.stream_html(data["text/plain"])))
             else:
