@@ -180,3 +180,15 @@ def test_the_run_that_stands_is_the_latest_passed_run_at_the_papers_scale():
     assert standing(runs)["16"]["run_id"] == "gpu-20261201-000000-bbbb"
     assert standing(runs[:1] + runs[3:])["16"]["run_id"] == "cpu-20261205-000000-aaaa"
     assert standing([runs[2]]) == {}
+
+
+def test_the_notebooks_own_printed_answer_is_folded(section):
+    run_dir = fake_section.make_run()
+    nb = nbformat.read(str(run_dir / section.NOTEBOOK), as_version=4)
+    cell = nbformat.v4.new_code_cell("Markdown(section.answer(run))", execution_count=3)
+    cell.outputs = [nbformat.v4.new_output("execute_result", data={"text/markdown": "An older wording.\n\nOf the answer.",
+                                                                   "text/plain": "<Markdown>"}, execution_count=3)]
+    nb.cells.append(cell)
+    nbformat.write(nb, str(run_dir / section.NOTEBOOK))
+    page = render_report(section, run_dir).path.read_text()
+    assert "notebook printed it (2 paragraphs; open to read)</summary>" in page and "An older wording." in page
