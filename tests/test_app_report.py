@@ -192,3 +192,11 @@ def test_the_notebooks_own_printed_answer_is_folded(section):
     nbformat.write(nb, str(run_dir / section.NOTEBOOK))
     page = render_report(section, run_dir).path.read_text()
     assert "notebook printed it (2 paragraphs; open to read)</summary>" in page and "An older wording." in page
+
+
+def test_a_run_that_did_not_pass_says_so_above_its_verdict():
+    from kmesh_lib.app.report import verdict_html
+
+    page = verdict_html(["Yes: 19.3 s against 21.2 s."], status="failed", failed=1)
+    assert page.index("This run did not pass (failed, 1 check failed)") < page.index("Yes: 19.3 s")
+    assert "did not pass" not in verdict_html(["Yes."], status="passed")

@@ -54,7 +54,7 @@ header.run{border-bottom:1px solid #ccc;margin-bottom:1.5em;padding-bottom:.6em}
 .links{margin:.3em 0;font-size:14px}.stopped{color:#a40000;font-weight:600}
 .answer{background:#f5f7fa;border-left:4px solid #0b5cad;padding:.3em 1.2em .6em;margin-top:.6em}
 .answer h2{margin:.3em 0}ul.verdict{margin:.2em 0 .6em;padding-left:1.2em}
-ul.verdict li{font-weight:650;margin:.25em 0}
+ul.verdict li{font-weight:650;margin:.25em 0}ul.verdict li.caveat{color:#c62828}
 .note{color:#666;font-size:.9em}.status-note{margin-left:.8em;font-weight:600;color:#c62828}
 table.findings{border-collapse:collapse;font-size:14px;margin:.3em 0;background:#fff}
 table.findings th,table.findings td{border:1px solid #d5dbe3;padding:.2em .6em;text-align:left;vertical-align:top}
@@ -293,11 +293,16 @@ def _markdown(text: str) -> str:
     return markdown2html(text)
 
 
-def verdict_html(verdict: list[str] | None, error: str = "") -> str:
-    """The section's one-sentence verdicts, bold, one per question the run asked."""
+def verdict_html(verdict: list[str] | None, error: str = "", status: str = "passed", failed: int = 0) -> str:
+    """The section's one-sentence verdicts, bold, one per question the run asked; on a run that did not
+    pass, a first line saying that the figures are as measured by a run that failed."""
     if not verdict:
         return f'<p class="note">No verdict: {html.escape(error or "the section gives none for this run")}</p>'
-    return '<ul class="verdict">' + "".join(f"<li>{html.escape(v)}</li>" for v in verdict) + "</ul>"
+    caveat = ("" if status == "passed" else
+              f'<li class="caveat">This run did not pass ({status}' + (f", {failed} check{'s' * (failed != 1)} failed"
+                                                                      if failed else "")
+              + "): what follows is what it measured, not a result that stands.</li>")
+    return '<ul class="verdict">' + caveat + "".join(f"<li>{html.escape(v)}</li>" for v in verdict) + "</ul>"
 
 
 def findings_html(rows: list[dict] | None) -> str:
@@ -371,7 +376,7 @@ def header_html(section: ModuleType, run: RunFiles, left_out: LeftOut, answer: s
             + (f'<span class="status-note">{html.escape(note)}</span>\n' if note else "")
             + f'<h1>{html.escape(section.NUMBER)} {html.escape(section.TITLE)}</h1>\n'
             f'<p class="question">{html.escape(section.QUESTION)}</p>\n'
-            f'<section class="answer"><h2>Verdict</h2>\n{verdict_html(verdict, verdict_error)}\n'
+            f'<section class="answer"><h2>Verdict</h2>\n{verdict_html(verdict, verdict_error, status, counts.get("failed", 0))}\n'
             f'{findings_html(findings)}\n{answer_part}</section>\n'
             f'<table class="meta">{table}</table>\n<p class="links">{" · ".join(links)}</p>\n'
             + (f'<p class="note">{html.escape(left)}</p>\n' if left else "") + "</header>")

@@ -45,13 +45,13 @@ WORD_MISSING = re.compile(r"(?<![\w.])(?:NaN|None|nan|<NA>)(?![\w.])")
 
 
 def number_text(x: float | int, unit: str = "") -> str:
-    """A number as a reader wants it: integers as they are (thousands grouped past 99 999), floats to
+    """A number as a reader wants it: integers as they are (thousands grouped from 10 000), floats to
     three significant figures (never in exponent form between 0.001 and 10^9)."""
     if isinstance(x, bool):
         return "yes" if x else "no"
     if isinstance(x, int) or (isinstance(x, float) and x.is_integer() and abs(x) < 1e15 and unit != "frac"):
         v = int(x)
-        return f"{v:,}" if abs(v) >= 100_000 else str(v)
+        return f"{v:,}" if abs(v) >= 10_000 else str(v)
     if isinstance(x, float) and not math.isfinite(x):
         return DASH
     a = abs(x)
