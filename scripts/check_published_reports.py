@@ -14,7 +14,13 @@ For each ``outputs/*/*/report.html`` (or the files named), Chromium renders the 
   run's report (``runs/...``, no ``public-results.json`` beside it) inlines its images by design, one
   file to pass around, so there only the other checks apply.
 
-``--screenshots DIR`` also writes a 1400-pixel-wide PNG of each page's top (``<section>-<run>.png``).
+- the first screen (issue 43): the section's verdict (``ul.verdict``) and its findings table;
+- nothing wider than the page: with ``--layout``, Chromium lays the page out at 1280 px (a copy with a
+  measuring script, in a temp dir beside nothing of the run's) and the page's scroll width, and the right
+  edge of every table, image and pre, must stay within the window; the page's height with the folded
+  parts closed and opened is printed (``SCREENS_MAX`` screens of 900 px at most, closed).
+
+``--screenshots DIR`` also writes a 1280x900 PNG of each page's first screen (``<section>-<run>.png``).
 Exit 1 when a page fails a check (each failure is one line naming the page).
 """
 from __future__ import annotations
@@ -77,26 +83,71 @@ def problems(page: Path, dom: str) -> list[str]:
                 out.append("an image inlined as data: (figures live in figures/)")
         elif not (page.parent / src).is_file():
             out.append(f"an image that is not in the run folder: {src}")
+    if '<ul class="verdict">' not in header:
+        out.append("no verdict on the first screen")
+    if '<table class="findings">' not in header:
+        out.append("no findings table on the first screen")
     return out
+
+
+WIDTH, SCREEN, SCREENS_MAX = 1280, 900, 10
+MEASURE = ('<script>window.addEventListener("load",()=>{{{opened}const d=document.documentElement;'
+           'const r=Math.max(0,...[...document.querySelectorAll("table,img,pre")].filter(e=>e.offsetParent)'
+           '.map(e=>e.getBoundingClientRect().right));const t=document.createElement("pre");t.id="kmesh-measure";'
+           't.textContent=d.scrollHeight+" "+d.scrollWidth+" "+Math.round(r);document.body.appendChild(t)}})</script>')
+
+
+def layout(browser: str, page: Path) -> tuple[list[str], str]:
+    """Lays ``page`` out at WIDTH px, folded parts closed then open: the problems, and one line of heights."""
+    import tempfile
+
+    heights, out = [], []
+    for opened in (False, True):
+        text = page.read_text(encoding="utf-8")
+        script = MEASURE.format(opened='document.querySelectorAll("details").forEach(e=>e.open=true);' if opened else "")
+        text = text.replace("<head>", f'<head><base href="{page.parent.resolve().as_uri()}/">', 1)
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = Path(tmp) / "page.html"
+            copy.write_text(text.replace("</body>", script + "</body>"), encoding="utf-8")
+            dom = subprocess.run([browser, *CHROMIUM_FLAGS, f"--window-size={WIDTH},{SCREEN}", "--virtual-time-budget=5000",
+                                  f"--user-data-dir={tmp}/profile", "--dump-dom", copy.as_uri()],
+                                 capture_output=True, text=True, timeout=120).stdout
+        m = re.search(r'id="kmesh-measure">(\d+) (\d+) (\d+)<', dom)
+        if not m:
+            return [f"could not lay the page out ({'open' if opened else 'closed'})"], ""
+        height, width, right = map(int, m.groups())
+        heights.append(height)
+        if width > WIDTH or right > WIDTH:
+            out.append(f"wider than the page ({'opened' if opened else 'closed'}): scroll width {width}, "
+                       f"rightmost table/image/pre edge {right} px, window {WIDTH}")
+    if heights[0] > SCREENS_MAX * SCREEN:
+        out.append(f"{heights[0]} px tall with the folded parts closed: more than {SCREENS_MAX} screens")
+    return out, f"{heights[0]} px closed ({heights[0] / SCREEN:.1f} screens), {heights[1]} px opened"
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("reports", nargs="*", type=Path)
     parser.add_argument("--screenshots", type=Path, default=None, metavar="DIR")
+    parser.add_argument("--layout", action="store_true", help="lay each page out: width and height (slower)")
     args = parser.parse_args(argv)
     pages = args.reports or sorted((REPO / "outputs").glob("*/*/report.html"))
     browser = chromium()
     failed = 0
     for page in pages:
         found = problems(page, rendered_dom(browser, page))
+        heights = ""
+        if args.layout:
+            more, heights = layout(browser, page)
+            found += more
         name = f"{page.parent.parent.name}/{page.parent.name}"
-        print(("ok      " if not found else "FAILED  ") + name + "".join(f"\n    {p}" for p in found))
+        print(("ok      " if not found else "FAILED  ") + name + (f"  [{heights}]" if heights else "")
+              + "".join(f"\n    {p}" for p in found))
         failed += bool(found)
         if args.screenshots:
             args.screenshots.mkdir(parents=True, exist_ok=True)
             shot = args.screenshots / f"{page.parent.parent.name}-{page.parent.name}.png"
-            subprocess.run([browser, *CHROMIUM_FLAGS, f"--screenshot={shot}", "--window-size=1400,2200",
+            subprocess.run([browser, *CHROMIUM_FLAGS, f"--screenshot={shot}", f"--window-size={WIDTH},{SCREEN}",
                             page.resolve().as_uri()], capture_output=True, timeout=120)
     print(f"{len(pages) - failed} of {len(pages)} reports pass")
     return 1 if failed else 0

@@ -101,3 +101,102 @@ def test_papermills_red_banners_become_plain_sentences(section):
     assert nb.cells[0].source.startswith('<p class="stopped">The notebook stopped in <a href="#papermill-error-cell">cell '
                                          "In [12]</a>, which raised")
     assert 'id="papermill-error-cell"' in nb.cells[-1].source and "2em" not in nb.cells[-1].source
+
+
+def test_values_are_restated_for_a_reader():
+    from kmesh_lib.app import report_body as rb
+
+    assert [rb.value_text(v) for v in ("NaN", "None", "nan", "")] == ["–"] * 4
+    assert rb.value_text("[2.0, 2.0, 3.0]") == "2, 2, 3"
+    assert rb.value_text("{'device': 5, 'hook': None}") == "device 5; hook –"
+    assert rb.value_text("1234.5678") == "1235" and rb.value_text("0.123456") == "0.123"
+    assert rb.value_text("50331648", "preparation bytes per group") == "48 MiB"
+    assert rb.value_text_inline("rereads per group [2.0, 3.0]; hook None") == "rereads per group (2, 3); hook –"
+    assert "12 MiB" in rb.value_text_inline("first failing: 0 of 12582912 bytes")
+
+
+def test_a_long_table_is_folded_with_its_size_and_loses_its_row_numbers():
+    import pandas as pd
+
+    from kmesh_lib.app import report_body as rb
+
+    wide = pd.DataFrame([{f"column_{i}": (None if i == 0 else i * 1.23456) for i in range(12)} for _ in range(3)])
+    out = rb.table_output(wide.to_html())
+    assert "<details" in out and "Table: 3 rows × 12 columns" in out and 'class="table-box"' in out
+    assert "NaN" not in out and "None" not in out and "<th>0</th>" not in out and ">1.23<" in out
+    short = rb.table_output(pd.DataFrame([{"a": 1, "b": "x"}]).to_html())
+    assert "<details" not in short and 'class="table-box"' in short
+
+
+def test_the_check_list_is_folded_with_its_counts():
+    from kmesh_lib.app import report_body as rb
+
+    text = "ok      a\nok      b\nskipped c\ncount   prep bytes = 50331648\nmeasured: x reread [1.0, 2.0]\n"
+    out = rb.stream_html(text)
+    assert "3 checks: 1 skipped, 2 ok" in out and "1 counts" in out and "48 MiB" in out
+    assert "1 measured lines" in out and "(1, 2)" in out
+
+
+def test_a_passed_runs_raised_cell_is_a_row_saying_why_it_stands_and_a_failed_runs_keeps_its_error():
+    from kmesh_lib.app import report_body as rb
+
+    passed = rb.error_html("AssertionError", "logprobs differ", "Traceback ...", "passed", "a since-fixed bug")
+    assert "why the run still passes" in passed and "a since-fixed bug" in passed and "Traceback" not in passed
+    failed = rb.error_html("AssertionError", "logprobs differ", "Traceback ...", "failed", "")
+    assert "AssertionError: logprobs differ" in failed and "<details" in failed
+
+
+def test_the_first_screen_has_the_verdict_and_the_findings_and_figures_come_next(section, monkeypatch):
+    run_dir = fake_section.make_run()
+    noisy_notebook(run_dir / section.NOTEBOOK)
+    monkeypatch.setattr(fake_section, "verdict", lambda run: ["Yes: the total is 30 (5 items, no interval)."],
+                        raising=False)
+    monkeypatch.setattr(fake_section, "findings", lambda run: [{"what": "total", "figure": 30, "basis": None}],
+                        raising=False)
+    page = render_report(section, run_dir).path.read_text()
+    header = page[page.index("<header"):page.index("</header>")]
+    assert '<ul class="verdict"><li>Yes: the total is 30 (5 items, no interval).</li></ul>' in header
+    assert '<table class="findings">' in header and "<td>30</td><td>–</td>" in header
+    assert "<summary>The full answer (1 paragraph" in header
+    assert page.index('<section class="figures">') < page.index('<section class="notebook">')
+
+
+def test_a_section_without_a_verdict_gets_a_page_that_says_so(section):
+    run_dir = fake_section.make_run()
+    page = render_report(section, run_dir).path.read_text()
+    assert "No verdict: section fake_section has no verdict(run)" in page
+
+
+def test_the_run_that_stands_is_the_latest_passed_run_at_the_papers_scale():
+    from kmesh_lib.app.published import standing
+
+    def doc(run_id, profile, status="passed", verified=True, allowed_failed=False):
+        return {"number": "16", "run_id": run_id, "status": status, "verified": verified,
+                "allowed_failed": allowed_failed, "params": {"PROFILE": profile}}
+
+    runs = [doc("cpu-20261205-000000-aaaa", "cpu"), doc("gpu-20261201-000000-bbbb", "gpu"),
+            doc("gpu-20261203-000000-cccc", "gpu", status="failed", verified=False, allowed_failed=True),
+            doc("smoke-20261206-000000-dddd", "smoke")]
+    assert standing(runs)["16"]["run_id"] == "gpu-20261201-000000-bbbb"
+    assert standing(runs[:1] + runs[3:])["16"]["run_id"] == "cpu-20261205-000000-aaaa"
+    assert standing([runs[2]]) == {}
+
+
+def test_the_notebooks_own_printed_answer_is_folded(section):
+    run_dir = fake_section.make_run()
+    nb = nbformat.read(str(run_dir / section.NOTEBOOK), as_version=4)
+    cell = nbformat.v4.new_code_cell("Markdown(section.answer(run))", execution_count=3)
+    cell.outputs = [nbformat.v4.new_output("execute_result", data={"text/markdown": "An older wording.\n\nOf the answer.",
+                                                                   "text/plain": "<Markdown>"}, execution_count=3)]
+    nb.cells.append(cell)
+    nbformat.write(nb, str(run_dir / section.NOTEBOOK))
+    page = render_report(section, run_dir).path.read_text()
+    assert "notebook printed it (2 paragraphs; open to read)</summary>" in page and "An older wording." in page
+
+
+def test_a_run_that_did_not_pass_says_so_above_its_verdict():
+    from kmesh_lib.app.report import verdict_html
+
+    page = verdict_html(["Yes: 19.3 s against 21.2 s."], status="failed", failed=1)
+    assert page.index("This run did not pass (failed, 1 check failed)") < page.index("Yes: 19.3 s")
+    assert "did not pass" not in verdict_html(["Yes."], status="passed")

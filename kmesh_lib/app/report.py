@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from kmesh_lib.app import report_body as rb
 from kmesh_lib.app.registry import SectionError, call_section
 from kmesh_lib.base.checks import STATUSES
 from kmesh_lib.base.records import ENGINE_LOG, RunFileError, RunFiles
@@ -39,26 +40,40 @@ BANNERS = {"passed": "PASS", "failed": "FAIL", "running": "RUNNING: did not fini
 VERSION_KEYS = ("python", "vllm", "lmcache", "torch")
 
 REPORT_CSS = """
+*{box-sizing:border-box}
 body{font:15px/1.5 system-ui,-apple-system,"Segoe UI",sans-serif;color:#1d1d1f;max-width:1100px;margin:0 auto;
-padding:1.5em 2em 4em}
-h1,h2,h3{line-height:1.25}a{color:#0b5cad}code,pre,.meta td.v{font-family:ui-monospace,Menlo,Consolas,monospace;
-font-size:13px}
-header.run{border-bottom:1px solid #ccc;margin-bottom:2em;padding-bottom:1em}
+padding:1em 2em 4em;overflow-wrap:break-word}
+h1,h2,h3{line-height:1.25}h1{margin:.3em 0 .1em}h2{font-size:1.25em;margin:1.2em 0 .4em}h3{font-size:1.05em}
+a{color:#0b5cad}code,pre,.meta td.v{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:13px}
+header.run{border-bottom:1px solid #ccc;margin-bottom:1.5em;padding-bottom:.6em}
 .banner{display:inline-block;font-weight:700;padding:.25em .8em;border-radius:4px;color:#fff;letter-spacing:.05em}
 .banner.passed{background:#1a7f37}.banner.failed{background:#c62828}.banner.running,.banner.interrupted{background:#b26a00}
-.question{font-size:1.1em;color:#444}.meta{border-collapse:collapse;margin:.8em 0}
-.meta td{padding:.15em 1em .15em 0;vertical-align:top}.meta td.k{color:#666;white-space:nowrap}
-.stopped{color:#a40000;font-weight:600}
-.answer{background:#f5f7fa;border-left:4px solid #0b5cad;padding:.5em 1.2em;margin-top:1em}
+.question{font-size:1.1em;color:#444;margin:.2em 0 .6em}
+.meta{border-collapse:collapse;margin:.6em 0;font-size:13px}
+.meta td{padding:0 1em 0 0;vertical-align:top}.meta td.k{color:#666;white-space:nowrap}
+.links{margin:.3em 0;font-size:14px}.stopped{color:#a40000;font-weight:600}
+.answer{background:#f5f7fa;border-left:4px solid #0b5cad;padding:.3em 1.2em .6em;margin-top:.6em}
+.answer h2{margin:.3em 0}ul.verdict{margin:.2em 0 .6em;padding-left:1.2em}
+ul.verdict li{font-weight:650;margin:.25em 0}ul.verdict li.caveat{color:#c62828}
 .note{color:#666;font-size:.9em}.status-note{margin-left:.8em;font-weight:600;color:#c62828}
-.cell{margin:1.2em 0}.prompt{display:none}
+table.findings{border-collapse:collapse;font-size:14px;margin:.3em 0;background:#fff}
+table.findings th,table.findings td{border:1px solid #d5dbe3;padding:.2em .6em;text-align:left;vertical-align:top}
+table.findings thead th{background:#e9eef5}
+details.fold{margin:.5em 0;border:1px solid #e1e4e8;border-radius:4px;padding:.2em .8em}
+details.fold>summary{cursor:pointer;color:#0b5cad;font-weight:600}
+.figures figure{margin:.6em 0 1.2em}.figures img{display:block;max-width:100%;height:auto}
+.table-box{max-width:100%;overflow-x:auto}
+.cell{margin:.8em 0}.prompt{display:none}
 .input_area{background:#f6f8fa;border:1px solid #e1e4e8;border-radius:4px;padding:.4em .8em;overflow-x:auto}
-.input_area pre,.output_text pre{margin:0;white-space:pre-wrap;word-break:break-word}
+.input_area pre,.output_text pre,pre{margin:0;white-space:pre-wrap;word-break:break-word}
 .output_area{margin:.4em 0 0 0;overflow-x:auto}.output_stderr{background:#fff5f5}.output_error pre{color:#a40000}
 .output_png img,.rendered_html img{max-width:100%;height:auto}
 table.dataframe{border-collapse:collapse;font-size:13px;margin:.4em 0}
-table.dataframe th,table.dataframe td{border:1px solid #ddd;padding:.2em .6em;text-align:right}
-table.dataframe thead th{background:#f0f0f0}table.dataframe tbody tr:nth-child(odd){background:#fafafa}
+table.dataframe th,table.dataframe td{border:1px solid #ddd;padding:.2em .5em;text-align:right;vertical-align:top;
+max-width:22em;overflow-wrap:anywhere}
+table.dataframe thead th{background:#f0f0f0;text-align:center}table.dataframe tbody tr:nth-child(odd){background:#fafafa}
+table.list td{text-align:left}td.st{font-weight:600}td.st.ok{color:#1a7f37}td.st.failed{color:#c62828}
+td.st.skipped{color:#9a6700}
 .ansi-red-fg{color:#c62828}.ansi-green-fg{color:#1a7f37}.ansi-yellow-fg{color:#9a6700}.ansi-blue-fg{color:#0b5cad}
 .ansi-cyan-fg{color:#00838f}.ansi-bold{font-weight:700}
 """
@@ -165,14 +180,154 @@ def clean_for_report(nb) -> LeftOut:
     return left
 
 
+LONG_MARKDOWN = 1500  # characters: a printed Markdown output longer than this is folded
+HEADING = re.compile(r"^#{1,4}\s+(.+)$", re.M)
+TRACEBACK_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _html_output(html_text: str):
+    import nbformat
+
+    return nbformat.v4.new_output("display_data", data={"text/html": html_text})
+
+
+HIGH_DPI = 120  # a PNG saved at this many dots per inch or more is shown at its size in inches (base.figures)
+IMG_SRC = re.compile(r'src="([^"]+\.png)"')
+
+
+def png_css_width(path: Path) -> int | None:
+    """The CSS width of a high-DPI PNG (its pixels at 96 CSS px an inch, from its ``pHYs`` chunk); None
+    for a PNG without one or below HIGH_DPI, shown at its pixel size."""
+    try:
+        head = path.read_bytes()[:4096]
+    except OSError:
+        return None
+    at = head.find(b"pHYs")
+    if head[:8] != b"\x89PNG\r\n\x1a\n" or at < 0 or head[at + 12] != 1:
+        return None
+    width = int.from_bytes(head[16:20], "big")
+    dpi = int.from_bytes(head[at + 4:at + 8], "big") * 0.0254
+    return round(width * 96 / dpi) if dpi >= HIGH_DPI else None
+
+
+def _sized(img: str, run_dir: Path | None) -> str:
+    m = IMG_SRC.search(img)
+    width = png_css_width(run_dir / m[1]) if m and run_dir is not None and not m[1].startswith(("/", "data:")) else None
+    return img.replace("<img ", f'<img style="width:{width}px" ', 1) if width else img
+
+
+def _figure(out, run_dir: Path | None = None) -> str | None:
+    """The ``<img>`` of an image output (a published run's ``figures/`` file, or a local run's PNG inlined);
+    a high-DPI file is shown at its size in inches (``png_css_width``)."""
+    data = out.get("data", {})
+    text = data.get("text/html", "")
+    text = "".join(text) if isinstance(text, list) else text
+    if out.output_type in ("display_data", "execute_result") and rb.IMG.search(text) and "<table" not in text:
+        return "".join(_sized(img, run_dir) for img in rb.IMG.findall(text))
+    if "image/png" in data:
+        return f'<img src="data:image/png;base64,{data["image/png"]}" alt="figure">'
+    return None
+
+
+def why_run_stands(results: dict) -> str:
+    """Why a passed run's notebook could still have raised: its migration's corrections, else the rule."""
+    counts = results.get("check_counts") or {}
+    base = ("its status is recomputed from its files" + (
+        f" ({', '.join(f'{n} {s}' for s, n in counts.items())})" if isinstance(counts, dict) and counts else ""))
+    migration = results.get("migration")
+    if isinstance(migration, dict):
+        fixes = [f"{k}: {v.get('why', '')}" for k, v in (migration.get("corrected") or {}).items() if isinstance(v, dict)]
+        return base + "; " + (fixes[0] if fixes else str(migration.get("summary", "")))
+    return base + "; the notebook asserted a strict statement that the run keeps as a measured line"
+
+
+def shape_for_report(nb, status: str, why: str, answer: str | None,
+                     run_dir: Path | None = None) -> list[tuple[str, str]]:
+    """Restates the cells' outputs for a reader (``app.report_body``) and takes the figures out of
+    them: returns ``(caption, img html)`` per figure, captioned by the heading above its cell."""
+    figures, heading = [], ""
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            m = HEADING.search(cell.source)
+            heading = m[1].strip() if m else heading
+            continue
+        if cell.cell_type != "code":
+            continue
+        outputs = []
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            img = _figure(out, run_dir)
+            if img is not None:
+                figures.append((heading, img))
+                continue
+            text_html = data.get("text/html", "")
+            text_html = "".join(text_html) if isinstance(text_html, list) else text_html
+            if 'class="dataframe"' in text_html:
+                outputs.append(_html_output(rb.table_output(text_html)))
+            elif out.output_type == "stream":
+                outputs.append(_html_output(rb.stream_html(out.text)))
+            elif out.output_type == "error":
+                tb = TRACEBACK_ANSI.sub("", "\n".join(out.get("traceback", [])))
+                outputs.append(_html_output(rb.error_html(out.ename, out.evalue, tb, status, why)))
+            elif "text/markdown" in data and answer is not None and data["text/markdown"].strip() == answer.strip():
+                outputs.append(_html_output('<p class="note">The closing answer: at the top of this page '
+                                            '(folded under the findings).</p>'))
+            elif "text/markdown" in data and ("answer(" in cell.source or len(data["text/markdown"]) > LONG_MARKDOWN):
+                text = data["text/markdown"]
+                paragraphs = sum(1 for part in text.split("\n\n") if part.strip())
+                what = ("The closing answer as the run's notebook printed it" if "answer(" in cell.source
+                        else "Printed text")
+                outputs.append(_html_output(rb.folded(f"{what} ({paragraphs} paragraphs; open to read)",
+                                                      _markdown(text), "printed")))
+            elif "text/plain" in data and "text/html" not in data and "text/markdown" not in data:
+                outputs.append(_html_output(rb.stream_html(data["text/plain"])))
+            else:
+                outputs.append(out)
+        cell.outputs = outputs
+    return figures
+
+
 def _markdown(text: str) -> str:
     from nbconvert.filters.markdown import markdown2html
 
     return markdown2html(text)
 
 
+def verdict_html(verdict: list[str] | None, error: str = "", status: str = "passed", failed: int = 0) -> str:
+    """The section's one-sentence verdicts, bold, one per question the run asked; on a run that did not
+    pass, a first line saying that the figures are as measured by a run that failed."""
+    if not verdict:
+        return f'<p class="note">No verdict: {html.escape(error or "the section gives none for this run")}</p>'
+    caveat = ("" if status == "passed" else
+              f'<li class="caveat">This run did not pass ({status}' + (f", {failed} check{'s' * (failed != 1)} failed"
+                                                                      if failed else "")
+              + "): what follows is what it measured, not a result that stands.</li>")
+    return '<ul class="verdict">' + caveat + "".join(f"<li>{html.escape(v)}</li>" for v in verdict) + "</ul>"
+
+
+def findings_html(rows: list[dict] | None) -> str:
+    """The section's findings rows as one short table (columns: the keys, in their first order)."""
+    if not rows:
+        return ""
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
+
+    def cell(v) -> str:
+        if v is None or (isinstance(v, float) and v != v):
+            return rb.DASH
+        return rb.number_text(v) if isinstance(v, (int, float)) else str(v)
+
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(cell(r.get(c)))}</td>" for c in columns) + "</tr>"
+                   for r in rows)
+    return (f'<div class="table-box"><table class="findings"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{body}</tbody></table></div>")
+
+
 def header_html(section: ModuleType, run: RunFiles, left_out: LeftOut, answer: str | None, answer_error: str,
-                note: str = "") -> str:
+                note: str = "", verdict: list[str] | None = None, findings: list[dict] | None = None,
+                verdict_error: str = "") -> str:
+    """The first screen: banner, title, question, the verdict, the findings table, then one compact
+    block of run facts (run, status, commit, device, versions, checks) and the full answer, folded."""
     results, env = run.results, run.env
     status = results.get("status", "unknown")
     git = env.get("git") or {}
@@ -192,29 +347,51 @@ def header_html(section: ModuleType, run: RunFiles, left_out: LeftOut, answer: s
                                     "nothing was measured there)"))
     migration = results.get("migration")
     if isinstance(migration, dict):
-        rows.append(("migrated", f"{migration.get('date', '')}: {migration.get('summary', '')}"))
+        rows.append(("migrated", f"{migration.get('date', '')[:10]}: {migration.get('summary', '')}"))
     error = results.get("error")
     if isinstance(error, dict):
         rows.append(("error", f"{error.get('kind', '')} in cell {error.get('cell', '?')}: "
                               f"{error.get('ename', '')}: {error.get('evalue', '')}"))
-    links = [f'<a href="{html.escape(section.NOTEBOOK)}">the executed notebook</a>',
+    links = [f'<a href="{html.escape(section.NOTEBOOK)}">the executed notebook</a> (with its code)',
              '<a href="results.json">results.json</a>']
     if (run.run_dir / "public-results.json").exists():
         links.append('<a href="public-results.json">public-results.json</a>')
     if (run.run_dir / ENGINE_LOG).exists():
         links.append(f'<a href="{ENGINE_LOG.as_posix()}">the engine log</a>')
-    table = "".join(f'<tr><td class="k">{html.escape(k)}</td><td class="v">{html.escape(str(v))}</td></tr>'
-                    for k, v in rows)
-    answer_part = (_markdown(answer) if answer is not None
-                   else f'<p class="note">No answer: {html.escape(answer_error)}</p>')
+    short = [r for r in rows if len(str(r[1])) <= 44]
+    long = [r for r in rows if len(str(r[1])) > 44]
+    pairs = [short[i:i + 2] for i in range(0, len(short), 2)] + [[r] for r in long]
+    table = "".join("<tr>" + "".join(f'<td class="k">{html.escape(k)}</td><td class="v"'
+                                     + (' colspan="3"' if len(pair) == 1 else "") + f">{html.escape(str(v))}</td>"
+                                     for k, v in pair) + "</tr>" for pair in pairs)
+    if answer is not None:
+        paragraphs = sum(1 for p in answer.split("\n\n") if p.strip())
+        answer_part = rb.folded(f"The full answer ({paragraphs} paragraph{'s' * (paragraphs != 1)}, "
+                                "from this run's numbers)", _markdown(answer), "answer")
+    else:
+        answer_part = f'<p class="note">No answer: {html.escape(answer_error)}</p>'
     left = left_out.note()
     return (f'<header class="run">\n<span class="banner {html.escape(status)}">'
             f'{html.escape(BANNERS.get(status, status.upper()))}</span>\n'
             + (f'<span class="status-note">{html.escape(note)}</span>\n' if note else "")
             + f'<h1>{html.escape(section.NUMBER)} {html.escape(section.TITLE)}</h1>\n'
-            f'<p class="question">{html.escape(section.QUESTION)}</p>\n<table class="meta">{table}</table>\n'
-            f'<p>{" · ".join(links)}</p>\n<section class="answer"><h2>Answer</h2>\n{answer_part}</section>\n'
+            f'<p class="question">{html.escape(section.QUESTION)}</p>\n'
+            f'<section class="answer"><h2>Verdict</h2>\n{verdict_html(verdict, verdict_error, status, counts.get("failed", 0))}\n'
+            f'{findings_html(findings)}\n{answer_part}</section>\n'
+            f'<table class="meta">{table}</table>\n<p class="links">{" · ".join(links)}</p>\n'
             + (f'<p class="note">{html.escape(left)}</p>\n' if left else "") + "</header>")
+
+
+def figures_html(figures: list[tuple[str, str]]) -> str:
+    if not figures:
+        return ""
+    parts, last = [], None
+    for caption, img in figures:
+        if caption != last:
+            parts.append(f"<h3>{html.escape(caption)}</h3>" if caption else "")
+            last = caption
+        parts.append(f'<figure>{img}</figure>')
+    return '<section class="figures"><h2>Figures</h2>\n' + "\n".join(parts) + "</section>\n"
 
 
 @dataclass
@@ -253,6 +430,23 @@ def report_css() -> str:
     return _page_css(HTMLExporter(template_name="basic").from_notebook_node(nbformat.v4.new_notebook())[1])
 
 
+def _verdict_and_findings(section: ModuleType, run: RunFiles) -> tuple[list[str] | None, list[dict] | None, str]:
+    """``section.verdict(run)`` and ``section.findings(run)`` (the report's first screen); a section
+    without them, or one that raises on this run, gets a page that says so."""
+    out, errors = [], []
+    for name in ("verdict", "findings"):
+        if not callable(getattr(section, name, None)):
+            out.append(None)
+            errors.append(f"section {section.KEY} has no {name}(run)")
+            continue
+        try:
+            out.append(call_section(section, name, run))
+        except (RunFileError, SectionError) as e:
+            out.append(None)
+            errors.append(str(e))
+    return out[0], out[1], "; ".join(errors)
+
+
 def render_report(section: ModuleType, run_dir: Path, note: str = "", stylesheet: str | None = None) -> Rendered:
     """Writes ``run_dir/report.html`` from the executed notebook and the run's files (a published
     run that went out failed keeps its ``published_note``). ``stylesheet``: a relative link to the
@@ -277,16 +471,24 @@ def render_report(section: ModuleType, run_dir: Path, note: str = "", stylesheet
     except (ValueError, UnicodeDecodeError, OSError) as e:
         raise RunFileError(f"{nb_path}: not a readable notebook ({str(e).splitlines()[0][:120]})") from None
     left_out = clean_for_report(nb)
-    body, resources = HTMLExporter(template_name="basic").from_notebook_node(nb)
     try:  # a run that stopped early may lack the figures its answer needs: the page says so
         answer, answer_error = call_section(section, "answer", run), ""
     except (RunFileError, SectionError) as e:
         answer, answer_error = None, str(e)
+    verdict, findings, verdict_error = _verdict_and_findings(section, run)
+    status = run.results.get("status", "unknown")
+    figures = shape_for_report(nb, status, why_run_stands(run.results), answer, run.run_dir)
+    body, resources = HTMLExporter(template_name="basic", exclude_input=True,
+                                   exclude_input_prompt=True, exclude_output_prompt=True).from_notebook_node(nb)
     title = f"{section.NUMBER} {section.TITLE} · {run.run_id}"
     style = (f'<link rel="stylesheet" href="{html.escape(stylesheet)}">' if stylesheet
              else f"<style>{_page_css(resources)}</style>")
+    body = (figures_html(figures) + '<section class="notebook"><h2>The notebook, cell by cell</h2>\n'
+            '<p class="note">Long tables, the check list and long printed outputs are folded: open them to read. '
+            "The code is in the executed notebook.</p>\n" + body + "</section>")
     page = PAGE.format(title=html.escape(title), style=style, body=body,
-                       header=header_html(section, run, left_out, answer, answer_error, note))
+                       header=header_html(section, run, left_out, answer, answer_error, note,
+                                          verdict, findings, verdict_error))
     out = run.run_dir / "report.html"
     out.write_text(page, encoding="utf-8")
     return Rendered(out, left_out, answer_error)

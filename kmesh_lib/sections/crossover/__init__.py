@@ -2,7 +2,7 @@
 from kmesh_lib.sections.crossover.checks import checks, counts
 from kmesh_lib.sections.crossover.experiment import plan
 from kmesh_lib.sections.crossover.params import CrossoverParams as Params
-from kmesh_lib.sections.crossover.summary import answer, headline, public_results
+from kmesh_lib.sections.crossover.summary import answer, findings, headline, public_results, verdict
 from kmesh_lib.sections.crossover.tables import TABLES
 
 KEY = "crossover"
@@ -13,4 +13,4 @@ USES_ENGINE = True
 QUESTION = "When does restoring KV beat recomputing it?"
 
 __all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TABLES", "TITLE", "USES_ENGINE", "answer", "checks",
-           "counts", "headline", "plan", "public_results"]
+           "counts", "findings", "headline", "plan", "public_results", "verdict"]

@@ -22,6 +22,7 @@ import statistics
 
 import numpy
 
+from kmesh_lib.base.figures import save as save_figure
 from kmesh_lib.base.intervals import median_difference, median_of_differences
 from kmesh_lib.kv.floors import floor_seconds
 from kmesh_lib.sections.crossover.arms import GPUBUF_RESTORES, RESIDENT_OF, RESTORE_ARMS
@@ -361,7 +362,7 @@ def handoff_plot(rows: list[dict], path_out):
         ax.legend(fontsize=7, loc="upper right")
     axes[0][0].set_ylabel(f"{HANDOFF_PAIR[0]}: after_copy, us")
     fig.tight_layout()
-    fig.savefig(path_out, dpi=72, bbox_inches="tight")
+    save_figure(fig, path_out, bbox_inches="tight")
     return fig
 
 
@@ -621,7 +622,7 @@ def heatmaps(table: list[dict], path_out, title: str = ""):
     fig.colorbar(im, ax=axes.ravel().tolist(), label="log2 speed-up (blue: restore wins)")
     if title:
         fig.suptitle(title, fontsize=9)
-    fig.savefig(path_out, dpi=80, bbox_inches="tight")
+    save_figure(fig, path_out, bbox_inches="tight")
     return fig
 
 
@@ -669,5 +670,5 @@ def floor_plot(floors: list[dict], path_out, splits: list[dict] | None = None):
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))  # outside: no line hidden
     fig.tight_layout()
-    fig.savefig(path_out, dpi=100, bbox_inches="tight")
+    save_figure(fig, path_out, bbox_inches="tight")
     return fig

@@ -5,7 +5,7 @@ Every figure is recomputed from ``raw/rows.jsonl`` by ``tables.recomputed_tables
 """
 from __future__ import annotations
 
-from kmesh_lib.base.checks import verdict
+from kmesh_lib.base.checks import verdict as checks_verdict
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.crossover import report
 from kmesh_lib.sections.crossover.checks import checks
@@ -70,7 +70,7 @@ def headline(run: RunFiles) -> dict[str, str]:
     if floors:
         out["floors"] = ", ".join(f"{_device_label((f or {}).get('label', k)) if k == 'device' else (f or {}).get('label', k)} "
                                   f"{(f or {}).get('gib_per_s', 0):.2f} GiB/s" for k, f in floors.items())
-    out["checks"] = verdict(checks(run))
+    out["checks"] = checks_verdict(checks(run))
     return out
 
 
@@ -129,11 +129,11 @@ def answer(run: RunFiles) -> str:
     goal_rows = report.goal_table(tables["arms"], tables.get("floor_distance", []), rows)  # each computed once
     critical = report.critical_goal_table(tables.get("splits", []), tables.get("floor_distance", []))
     goal_lines = _goal_sentences(tables, rows, p["SUFFIX_TOKENS"], goal_rows, critical)
-    goals = ("Issue 13's goals, one reading a line:\n\n" + "\n".join(f"- {line}" for line in goal_lines)
+    goals = ("The restore goals, one reading a line:\n\n" + "\n".join(f"- {line}" for line in goal_lines)
              if goal_lines else "")
     points = goal_points_table(tables, rows, goal_rows, critical)
     if points:
-        goals += ("\n\nIssue 13's goal point by point (median ms; the floor is the path's own: bytes over the "
+        goals += ("\n\nThe first restore goal point by point (median ms; the floor is the path's own: bytes over the "
                   "bandwidth measured in this run):\n\n" + points)
     pooled = forward_pairs_table(tables)
     if pooled:
@@ -461,3 +461,57 @@ def public_results(run: RunFiles) -> dict:
         "models": [{k: m.get(k) for k in ("model", "path", "kv_bytes_per_token", "status", "engine_start_s")}
                    for m in run.raw("models.jsonl")],
     }
+
+
+def _recompute_ms(tables: dict, model: str, tokens: int) -> float | None:
+    for t in tables["arms"]:
+        if (t["model"], t["context_tokens"], t["arm"]) == (model, tokens, "recompute"):
+            return t["ttft_ms"]
+    return None
+
+
+def verdict(run: RunFiles) -> list[str]:
+    """One sentence per model: which restores beat recompute, from which context length, and the
+    speed-up at the longest context (medians of NUM_REPEATS follow-ups)."""
+    run = RunFiles.of(run)
+    per_model = _by_model(recomputed_tables(run)["crossover"])
+    if not per_model:
+        return ["No verdict: no measured row has both a restore and the recompute control."]
+    repeats = run.params.get("NUM_REPEATS")
+    out = []
+    for model, paths in per_model.items():
+        wins = [r for r in paths.values() if r["crossover_tokens"] is not None]
+        never = [r for r in paths.values() if r["crossover_tokens"] is None]
+        longest = max(max(_speedups(r)) for r in paths.values())
+        parts = []
+        if wins:
+            best = max(wins, key=lambda r: _speedups(r).get(longest, 0))
+            points = sorted({r["crossover_tokens"] for r in wins})
+            parts.append(f"{model}: restoring beats recomputing " + " and ".join(
+                f"from {_n(t)} tokens on " + ", ".join(LABEL[r["path"]] for r in wins if r["crossover_tokens"] == t)
+                for t in points) + f" (best {_speedups(best).get(longest, 0):.1f}\u00d7 faster to the "
+                         f"first token at {_n(longest)} tokens, {LABEL[best['path']]}"
+                         + (f"; medians of {repeats} repeats)" if repeats else ")"))
+        if never:
+            parts.append(("" if wins else f"{model}: ") + ", ".join(LABEL[r["path"]] for r in never)
+                         + f" never beat{'s' * (len(never) == 1)} recomputing up to {_n(longest)} tokens")
+        out.append("; ".join(parts) + ".")
+    return out
+
+
+def findings(run: RunFiles) -> list[dict]:
+    """One row per restore path: per model, the context length from which it beats recompute and
+    the speed-up (recompute time to first token / restore time) at the longest context."""
+    run = RunFiles.of(run)
+    tables = recomputed_tables(run)
+    rows: dict[str, dict] = {}
+    for model, paths in _by_model(tables["crossover"]).items():
+        for path, r in paths.items():
+            speed = _speedups(r)
+            longest = max(speed)
+            point = r["crossover_tokens"]
+            rec = _recompute_ms(tables, model, longest)
+            rows.setdefault(path, {"restore": LABEL[path]})[model] = (
+                (f"from {_n(point)} tokens" if point is not None else "never")
+                + f"; {speed[longest]:.2f}\u00d7 at {_n(longest)}" + (f" (recompute {rec:,.0f} ms)" if rec else ""))
+    return list(rows.values())[:10]

@@ -2,7 +2,7 @@
 from kmesh_lib.sections.engine_check.checks import checks, counts
 from kmesh_lib.sections.engine_check.experiment import plan
 from kmesh_lib.sections.engine_check.params import EngineCheckParams as Params
-from kmesh_lib.sections.engine_check.summary import answer, headline, public_results
+from kmesh_lib.sections.engine_check.summary import answer, findings, headline, public_results, verdict
 from kmesh_lib.sections.engine_check.tables import TABLES
 
 KEY = "engine_check"
@@ -13,4 +13,4 @@ USES_ENGINE = True
 QUESTION = "Does the engine share a prefix, and does its block pool drain afterwards?"
 
 __all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TABLES", "TITLE", "USES_ENGINE", "answer", "checks",
-           "counts", "headline", "plan", "public_results"]
+           "counts", "findings", "headline", "plan", "public_results", "verdict"]

@@ -5,7 +5,7 @@ notebook's printout, so a report says what the files say.
 """
 from __future__ import annotations
 
-from kmesh_lib.base.checks import verdict
+from kmesh_lib.base.checks import verdict as checks_verdict
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.engine_check.checks import OPS, arms, block_ops, by_arm, checks, expected_prefix_hit
 
@@ -36,7 +36,7 @@ def headline(run: RunFiles) -> dict[str, str]:
         label = f"{f['engine']} engine, B={f['block_size']}"
         out[f"{label}: second request cached"] = f"{f['num_cached_tokens'][1]} of {f['num_prompt_tokens']} prompt tokens"
         out[f"{label}: block operations"] = _ops(f["block_ops"])
-    out["checks"] = verdict(checks(run))
+    out["checks"] = checks_verdict(checks(run))
     return out
 
 
@@ -81,3 +81,31 @@ def public_results(run: RunFiles) -> dict:
                       "num_gpu_blocks": f["num_gpu_blocks"], "num_prompt_tokens": f["num_prompt_tokens"],
                       "num_cached_tokens": list(f["num_cached_tokens"]), "expected_cached_tokens": f["expected_cached_tokens"],
                       "block_ops": {op: f["block_ops"][op] for op in OPS}} for f in _arm_facts(run)]}
+
+
+def verdict(run: RunFiles) -> list[str]:
+    """One sentence: the prefix hit per engine (token counts, deterministic: no interval) and whether the pool drained."""
+    run = RunFiles.of(run)
+    facts = _arm_facts(run)
+    if not facts:
+        return ["No verdict: no request pair was recorded."]
+    failed = [c.name for c in checks(run) if c.status == "failed"]
+    hits = all(f["num_cached_tokens"][1] == f["expected_cached_tokens"] and f["num_cached_tokens"][0] == 0 for f in facts)
+    drained = not any("drained" in name or "ref_cnts" in name for name in failed)
+    word = "Yes" if hits and drained else "No"
+    same = len({(f["num_cached_tokens"][1], f["num_prompt_tokens"]) for f in facts}) == 1
+    found = (f"{facts[0]['num_cached_tokens'][1]} of its {facts[0]['num_prompt_tokens']} prompt tokens cached on "
+             + ("both engines" if len(facts) == 2 else "every engine") if same else
+             "; ".join(f"{f['num_cached_tokens'][1]} of {f['num_prompt_tokens']} on the {f['engine']} engine" for f in facts))
+    return [f"{word}: the second request found {found} ({'every' if hits else 'not every'} full block of the shared "
+            f"prefix it may reuse), and the block pool {'drained' if drained else 'did not drain'} afterwards "
+            "(token counts, deterministic)."]
+
+
+def findings(run: RunFiles) -> list[dict]:
+    """Per engine arm: cached tokens of the two requests against the expected prefix hit, and the block operations."""
+    return [{"engine": f"{f['engine']}, B={f['block_size']}, {f['num_gpu_blocks']} blocks",
+             "cached tokens, 1st / 2nd request": f"{f['num_cached_tokens'][0]} / {f['num_cached_tokens'][1]} "
+                                                f"of {f['num_prompt_tokens']}",
+             "expected 2nd": f["expected_cached_tokens"], "block operations": _ops(f["block_ops"])}
+            for f in _arm_facts(RunFiles.of(run))]

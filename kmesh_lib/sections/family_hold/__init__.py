@@ -2,7 +2,7 @@
 from kmesh_lib.sections.family_hold.checks import checks, counts
 from kmesh_lib.sections.family_hold.experiment import plan
 from kmesh_lib.sections.family_hold.params import FamilyHoldParams as Params
-from kmesh_lib.sections.family_hold.summary import answer, headline, public_results
+from kmesh_lib.sections.family_hold.summary import answer, findings, headline, public_results, verdict
 from kmesh_lib.sections.family_hold.tables import TABLES
 
 KEY = "family_hold"
@@ -13,4 +13,4 @@ USES_ENGINE = True
 QUESTION = "Does holding a parent's blocks for its child pay under cache pressure?"
 
 __all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TABLES", "TITLE", "USES_ENGINE", "answer", "checks",
-           "counts", "headline", "plan", "public_results"]
+           "counts", "findings", "headline", "plan", "public_results", "verdict"]

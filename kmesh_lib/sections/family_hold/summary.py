@@ -6,7 +6,7 @@ says that its sweep figures are the recorded ones.
 """
 from __future__ import annotations
 
-from kmesh_lib.base.checks import verdict
+from kmesh_lib.base.checks import verdict as checks_verdict
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.family_hold import report
 from kmesh_lib.sections.family_hold.checks import checks
@@ -69,7 +69,7 @@ def headline(run: RunFiles) -> dict[str, str]:
         out["real engine outputs between arms"] = (f"tokens equal in {real['requests'] - real['token_mismatches']} of "
                                                    f"{real['requests']} requests; "
                                                    f"max |logprob delta| {real['max_logprob_delta']:.2g}")
-    out["checks"] = verdict(checks(run))
+    out["checks"] = checks_verdict(checks(run))
     return out
 
 
@@ -155,4 +155,51 @@ def public_results(run: RunFiles) -> dict:
                                        "evict_stock", "evict_held")} for r in rows]
     out["sweep_from_raw"] = from_raw
     out["sweep_crossing_parent_share"] = report.crossing(rows)
+    return out
+
+
+def verdict(run: RunFiles) -> list[str]:
+    """One sentence: whether holding pays at the run's pressure, in tokens (block counts are
+    deterministic: no interval), and where saved and displaced cross in the sweep."""
+    run = RunFiles.of(run)
+    main = _mode(run, "replay") or _mode(run, "real")
+    if main is None:
+        return ["No verdict: no arm-sample pair was recorded."]
+    s = main["first"]
+    word = {"loses": "No", "pays": "Yes", "breaks even": "It breaks even"}[_verdict(s["net"])]
+    text = (f"{word}: in a pool of {main['num_gpu_blocks']} blocks of {main['block_size']}, holding the parent "
+            f"saves its child {_tokens(s['saved'])} prompt tokens but displaces {_tokens(s['displaced'])} "
+            f"(net {_tokens(s['net'])}; block counts, deterministic)")
+    rows, _ = _sweep(run)
+    cross = report.crossing(rows) if rows else None
+    if cross is not None:
+        text += (f"; in the pool sweep saved and displaced tokens cross where the parent fills {cross} of the pool "
+                 f"({_bracket(rows, cross)})")
+    return [text + "."]
+
+
+def findings(run: RunFiles) -> list[dict]:
+    """Per engine mode: the pool, saved, displaced and net tokens; then the sweep's crossing and the outputs check."""
+    run = RunFiles.of(run)
+    out = []
+    for mode in ("replay", "real"):
+        m = _mode(run, mode)
+        if m:
+            s = m["first"]
+            out.append({"what": f"{mode} engine, {m['num_gpu_blocks']} blocks of {m['block_size']}",
+                        "figure": f"saved {_tokens(s['saved'])} / displaced {_tokens(s['displaced'])} / net "
+                                  f"{_tokens(s['net'])} tokens",
+                        "basis": f"{m['pairs']} arm pairs" + (", every sample the same" if m["same"] else "")})
+    rows, raw = _sweep(run)
+    if rows:
+        cross = report.crossing(rows)
+        out.append({"what": "saved = displaced at a parent share of",
+                    "figure": f"{cross} of the pool ({_bracket(rows, cross)})" if cross is not None else "no crossing",
+                    "basis": f"{len(rows)} pool sizes" + ("" if raw else " (recorded, not in raw/)")})
+    real = _mode(run, "real")
+    if real:
+        out.append({"what": "real engine outputs, hold vs no hold",
+                    "figure": f"tokens equal in {real['requests'] - real['token_mismatches']} of {real['requests']} "
+                              f"requests; max |logprob delta| {real['max_logprob_delta']:.2g}",
+                    "basis": f"LOGPROB_TOLERANCE {run.params.get('LOGPROB_TOLERANCE', '–')}"})
     return out

@@ -2,7 +2,7 @@
 from kmesh_lib.sections.multi_engine.checks import checks, counts
 from kmesh_lib.sections.multi_engine.experiment import plan
 from kmesh_lib.sections.multi_engine.params import MultiEngineParams as Params
-from kmesh_lib.sections.multi_engine.summary import answer, headline, public_results
+from kmesh_lib.sections.multi_engine.summary import answer, findings, headline, public_results, verdict
 from kmesh_lib.sections.multi_engine.tables import TABLES
 
 KEY = "multi_engine"
@@ -13,4 +13,4 @@ USES_ENGINE = True
 QUESTION = "Several engines, one LMCache server: does shared KV beat prefix-aware routing and recomputation?"
 
 __all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TABLES", "TITLE", "USES_ENGINE", "answer", "checks",
-           "counts", "headline", "plan", "public_results"]
+           "counts", "findings", "headline", "plan", "public_results", "verdict"]

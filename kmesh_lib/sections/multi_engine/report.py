@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from kmesh_lib.base.figures import save as save_figure
+
 KEY = ("model", "repeat", "policy")
 ROLES = ("parent", "child", "noise")
 
@@ -202,7 +204,7 @@ def plot(rows: list[dict], table: list[dict], path_out, title: str = ""):
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path_out, dpi=80)
+    save_figure(fig, path_out)
     return fig
 
 

@@ -191,3 +191,45 @@ def public_results(run: RunFiles) -> dict:
             "restore": [{k: r[k] for k in keep_restore} for r in restores],
             "probes": [{k: r[k] for k in keep_probe} for r in probe_rows(run)],
             "checks": summarize(checks(run)), "headline": headline(run)}
+
+
+def verdict(run: RunFiles) -> list[str]:
+    """One sentence per model: shared KV's makespan against prefix-aware routing and recomputation,
+    and the idle-engine probe (one trace per policy: no interval)."""
+    run = RunFiles.of(run)
+    policies, _, _ = tables(run)
+    probes = {r["model"]: r for r in probe_rows(run)}
+    out = []
+    for model in run_params(run).models[:2]:
+        mine = {t["policy"]: t for t in policies if t["model"] == model}
+        s, a, r = mine.get("shared"), mine.get("prefix_aware"), mine.get("recompute")
+        if not (s and a and s["makespan_ms"] and a["makespan_ms"]):
+            out.append(f"{model}: no verdict (shared or prefix-aware did not finish a trace).")
+            continue
+        word = "Yes" if s["makespan_ms"] < a["makespan_ms"] else "No"
+        text = (f"{word} for {model}: with one LMCache server the engines finish the trace in "
+                f"{s['makespan_ms'] / 1e3:.1f} s, against {a['makespan_ms'] / 1e3:.1f} s with prefix-aware routing "
+                f"({_ratio(s['makespan_ms'], a['makespan_ms'])})"
+                + (f" and {r['makespan_ms'] / 1e3:.1f} s recomputing" if r and r["makespan_ms"] else "")
+                + f" ({s['repeats']} trace{'s' * (s['repeats'] != 1)} per policy, no interval)")
+        p = probes.get(model)
+        if p and p.get("restore_ttft_ms") and p.get("recompute_ttft_ms"):
+            text += (f"; an idle engine restores the context in {p['restore_ttft_ms']:.0f} ms against "
+                     f"{p['recompute_ttft_ms']:,.0f} ms recomputing")
+        out.append(text + ".")
+    return out
+
+
+def findings(run: RunFiles) -> list[dict]:
+    """Per model and policy: makespan, children's first token, recomputed tokens, load balance."""
+    run = RunFiles.of(run)
+    policies, _, _ = tables(run)
+    models = run_params(run).models[:2]
+    rows = [{"model": t["model"], "policy": t["policy"].replace("_", " "),
+             "makespan": f"{t['makespan_ms'] / 1e3:.1f} s" if t["makespan_ms"] else None,
+             "child first token": f"{t['child_ttft_ms']:,.0f} ms" if t.get("child_ttft_ms") is not None else None,
+             "first token p90": f"{t['ttft_p90_ms']:,.0f} ms" if t.get("ttft_p90_ms") is not None else None,
+             "recomputed tokens": t["recomputed_tokens"], "busiest engine / mean": t["load_imbalance"],
+             "requests ok": f"{t['ok']}/{t['requests']}"}
+            for model in models for p in ORDER for t in policies if t["model"] == model and t["policy"] == p]
+    return rows[:10]

@@ -2,7 +2,7 @@
 from kmesh_lib.sections.prefetch.checks import checks, counts
 from kmesh_lib.sections.prefetch.experiment import plan
 from kmesh_lib.sections.prefetch.params import PrefetchParams as Params
-from kmesh_lib.sections.prefetch.summary import answer, headline, public_results
+from kmesh_lib.sections.prefetch.summary import answer, findings, headline, public_results, verdict
 from kmesh_lib.sections.prefetch.tables import TABLES
 
 KEY = "prefetch"
@@ -13,4 +13,4 @@ USES_ENGINE = True
 QUESTION = "Does loading shared context early help, once repeat reads are gone?"
 
 __all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TABLES", "TITLE", "USES_ENGINE", "answer", "checks",
-           "counts", "headline", "plan", "public_results"]
+           "counts", "findings", "headline", "plan", "public_results", "verdict"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 
+from kmesh_lib.base.figures import save as save_figure
 from kmesh_lib.sections.prefetch.stats import cases, floor_wait, lead_sweep, usable
 
 ARM_ORDER = ("on_arrival", "early", "early_fixed", "dram", "buffer", "engine")
@@ -33,7 +34,7 @@ def plot_arms(groups: list[dict], path: str, out=None, ax_pair=None):
             ax.set_ylabel("ms from T", fontsize=8)
     fig.tight_layout()
     if out is not None:
-        fig.savefig(out, dpi=80)
+        save_figure(fig, out)
     return fig
 
 
@@ -55,7 +56,7 @@ def plot_pilot(groups: list[dict], out=None):
     ax.legend(fontsize=7)
     fig.tight_layout()
     if out is not None:
-        fig.savefig(out, dpi=80)
+        save_figure(fig, out)
     return fig
 
 
@@ -96,7 +97,7 @@ def lead_sweep_figure(groups: list[dict], only: tuple[str, int] | None = None, h
         ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     if out is not None:
-        fig.savefig(out, dpi=80)
+        save_figure(fig, out)
     return fig
 
 

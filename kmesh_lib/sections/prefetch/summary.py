@@ -186,3 +186,58 @@ def public_results(run) -> dict:
         "groups_recorded": len(groups),
         "raw_sha256": {name: run.raw_sha256(name) for name in run.raw_names()},
     }
+
+
+def _ci(row: dict, label: str) -> str:
+    lo, hi = row[f"{label} 95% CI ms"]
+    return f"{row[f'{label} saving ms']:.1f} ms (95% CI {lo:.1f} to {hi:.1f})"
+
+
+def _case(row: dict) -> str:
+    return f"{row['path']} N={row['group_size']}"
+
+
+def verdict(run) -> list[str]:
+    """One sentence: where preparing early saves time on A's first token, with the saving and its 95% CI."""
+    run = RunFiles.of(run)
+    _, _, rows, _ = _tables(run)
+    main = [r for k, r in rows.items() if k[2] == "on_arrival - early"]
+    if not main:
+        return ["No verdict: no path and group size has paired on-arrival and early groups."]
+    reads = {(r["path"], r["group_size"], r["arm"]): r["context reads/group (mean)"]
+             for r in ps.disk_reads(groups_of(run))}
+    once = all(v <= 1.01 for v in reads.values())
+    helps = [r for r in main if r["A first token 95% CI ms"][0] > 0]
+    unclear = [r for r in main if r not in helps]
+    name = ", ".join
+    if helps:
+        best = min(helps, key=lambda r: r["A first token saving ms"])
+        text = (f"Yes on {name(_case(r) for r in helps)}" + (" (each group reads the context once in both arms)"
+                                                              if once and reads else "") + ": loading the context "
+                + f"{best['lead_ms']:.0f} ms early saves {_ci(best, 'A first token')} on A's first token "
+                + (f"(the smallest of {len(helps)} savings; " if len(helps) > 1 else "(") + f"{best['pairs']} pairs)")
+    else:
+        text = "No clear saving on any path"
+    if unclear:
+        text += ("; no clear saving on " if helps else ": ") + name(
+            f"{_case(r)} ({_ci(r, 'A first token')})" for r in unclear)
+    return [text + "."]
+
+
+def findings(run) -> list[dict]:
+    """Per path and group size: the paired savings on A's first token and on all done, with 95% CIs."""
+    run = RunFiles.of(run)
+    _, groups, rows, _ = _tables(run)
+    reads = {(r["path"], r["group_size"], r["arm"]): r["context reads/group (mean)"] for r in ps.disk_reads(groups)}
+    out = []
+    for (path, n, comparison), r in rows.items():
+        if comparison != "on_arrival - early":
+            continue
+        out.append({"path": path, "group": n, "lead": f"{r['lead_ms']:.0f} ms",
+                    "A's first token, on arrival → early": f"{r['A first token on_arrival ms']:.1f} → "
+                                                          f"{r['A first token early ms']:.1f} ms",
+                    "saving (95% CI)": _ci(r, "A first token"), "all done saving (95% CI)": _ci(r, "all done"),
+                    "context reads/group, on arrival / early": " / ".join(
+                        f"{reads[(path, n, arm)]:.2f}" if (path, n, arm) in reads else "–" for arm in ("on_arrival", "early")),
+                    "pairs": r["pairs"]})
+    return out[:10]

@@ -2,7 +2,7 @@
 from kmesh_lib.sections.retention.checks import checks, counts
 from kmesh_lib.sections.retention.experiment import plan
 from kmesh_lib.sections.retention.params import RetentionParams as Params
-from kmesh_lib.sections.retention.summary import answer, headline, public_results
+from kmesh_lib.sections.retention.summary import answer, findings, headline, public_results, verdict
 from kmesh_lib.sections.retention.tables import TABLES
 
 KEY = "retention"
@@ -13,4 +13,4 @@ USES_ENGINE = True
 QUESTION = "Does keeping LMCache's copy stop repeat SSD reads?"
 
 __all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TABLES", "TITLE", "USES_ENGINE", "answer", "checks",
-           "counts", "headline", "plan", "public_results"]
+           "counts", "findings", "headline", "plan", "public_results", "verdict"]

@@ -9,6 +9,8 @@ sit between them. Groups that were not ``ok`` are drawn hollow.
 """
 from __future__ import annotations
 
+from kmesh_lib.base.figures import save as save_figure
+
 MIB = 1 << 20
 STYLE = {"retain": ("tab:blue", "o"), "discard": ("tab:red", "s"), "floor": ("tab:green", "^"),
          "recompute": ("tab:gray", "v")}
@@ -50,7 +52,7 @@ def plot_group_size(groups: list[dict], path: str, n: int, out_path=None):
     fig.suptitle(f"{path} path, groups of {n}: every measured group", fontsize=10)
     fig.tight_layout()
     if out_path is not None:
-        fig.savefig(out_path, dpi=80)
+        save_figure(fig, out_path)
     return fig
 
 

@@ -179,3 +179,51 @@ def public_results(run) -> dict:
         "engine_runs_ok": sum(b.get("status") == "ok" for b in blocks),
         "raw_sha256": {name: run.raw_sha256(name) for name in run.raw_names()},
     }
+
+
+def _iqr(row: dict, key: str) -> str:
+    return f"{row[f'{key}_median']:.0f} ms ({row[f'{key}_p25']:.0f}–{row[f'{key}_p75']:.0f})"
+
+
+def _main_pairs(run) -> list[tuple[str, int, tuple[str, str], dict, dict]]:
+    """Per path and group size, at the path's headline pattern: (path, N, pattern, retain row, discard row)."""
+    by = _by(arm_rows(RunFiles.of(run).raw("groups.jsonl")))
+    out = []
+    for path in sorted({p for p, *_ in by if p != "engine"}):
+        shown = _first_combo(by, path)
+        for n in sorted({n for p, n, *_ in by if p == path}):
+            keep, drop = by.get((path, n, *shown, "retain")), by.get((path, n, *shown, "discard"))
+            if keep and drop:
+                out.append((path, n, shown, keep, drop))
+    return out
+
+
+def verdict(run) -> list[str]:
+    """One sentence: on which paths keeping the copy stops repeat reads, with the disk MiB per group
+    and A's first token (median, p25–p75) of the path where it matters most."""
+    pairs = _main_pairs(run)
+    if not pairs:
+        return ["No verdict: no path ran both the retain and the discard arm with usable groups."]
+    stops = sorted({p for p, _, _, keep, drop in pairs if drop["disk_mib_group"] > keep["disk_mib_group"]})
+    same = sorted({p for p, *_ in pairs} - set(stops))
+    parts = []
+    if stops:
+        path, n, _, keep, drop = max((x for x in pairs if x[0] in stops),
+                                     key=lambda x: x[4]["disk_mib_group"] - x[3]["disk_mib_group"])
+        parts.append(f"Yes on the {' and '.join(stops)} path{'s' * (len(stops) > 1)}: without retention a group of {n} reads "
+                     f"{drop['disk_mib_group']:.0f} MiB from disk instead of {keep['disk_mib_group']:.0f}, and A's first "
+                     f"token takes {_iqr(drop, 'ttft_a_ms')} instead of {_iqr(keep, 'ttft_a_ms')} (median, p25–p75)")
+    if same:
+        parts.append(f"{'on' if stops else 'No: on'} the {' and '.join(same)} path{'s' * (len(same) > 1)} neither arm "
+                     "rereads (the same MiB per group), so retention has nothing to stop")
+    return ["; ".join(parts) + "."]
+
+
+def findings(run) -> list[dict]:
+    """Per path and group size (the path's first arrival pattern): disk MiB per group and A's first token."""
+    return [{"path": path, "group": f"{n} requests, {shown[0]}" + ("" if shown[1] == "n/a" else f", singleflight {shown[1]}"),
+             "disk MiB/group retain → discard": f"{keep['disk_mib_group']:.0f} → {drop['disk_mib_group']:.0f}",
+             "A's first token, retain (p25–p75)": _iqr(keep, "ttft_a_ms"),
+             "A's first token, discard (p25–p75)": _iqr(drop, "ttft_a_ms"),
+             "pairs": min(keep["groups_ok"], drop["groups_ok"])}
+            for path, n, shown, keep, drop in _main_pairs(run)][:10]

@@ -2,7 +2,7 @@
 from kmesh_lib.sections.tot_headroom.checks import checks
 from kmesh_lib.sections.tot_headroom.experiment import plan
 from kmesh_lib.sections.tot_headroom.params import TotHeadroomParams as Params
-from kmesh_lib.sections.tot_headroom.report import answer, counts, headline, public_results
+from kmesh_lib.sections.tot_headroom.report import answer, counts, findings, headline, public_results, verdict
 from kmesh_lib.sections.tot_headroom.tables import TABLES
 
 KEY = "tot_headroom"
@@ -13,4 +13,4 @@ USES_ENGINE = True
 QUESTION = "Does model-driven branching leave room for better retention?"
 
 __all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TABLES", "TITLE", "USES_ENGINE", "answer", "checks",
-           "counts", "headline", "plan", "public_results"]
+           "counts", "findings", "headline", "plan", "public_results", "verdict"]

@@ -251,3 +251,33 @@ def stock_table(run, scale: bool = False) -> list[dict]:
 def scale_table(run) -> list[dict]:
     """What each scripted scale search did, by error rate."""
     return list(RunFiles.of(run).results.get("scale_searches", []))
+
+
+def verdict(run) -> list[str]:
+    """One sentence: the headroom of ideal retention over stock vLLM at the run's pool (prefill tokens,
+    deterministic for the scripted policy: no interval), and across pool sizes and error rates."""
+    run = RunFiles.of(run)
+    results = run.results
+    b = results.get("bound", {})
+    if not b:
+        return ["No verdict: this run recorded no capture."]
+    observed, ideal = b["observed_prefill_tokens"], b["ideal_prefill_tokens"]
+    share = (observed - ideal) / observed if observed else 0.0
+    word = "No" if observed == ideal else "Some"
+    text = (f"{word}: at the run's pool ({b['num_blocks']} blocks) stock vLLM prefills {_tokens(observed)} tokens and "
+            f"ideal retention {_tokens(ideal)} ({share:.1%} headroom, of {_tokens(b['num_prompt_tokens'])} prompt tokens)")
+    scale = results.get("scale_searches", [])
+    if scale:
+        worst, zero_from = scale_summary(results, scale)
+        ends = set(zero_from.values())
+        rate, top = max(worst.items(), key=lambda kv: kv[1]) if worst else (None, 0.0)
+        if rate is not None:
+            text += (f"; over {scale[0]['num_puzzles']} scripted puzzles and smaller pools the most headroom is {top:.1%} "
+                     f"(proposal error rate {rate:g})"
+                     + (f", zero from {max(ends)} blocks up" if None not in ends else ""))
+    return [text + "."]
+
+
+def findings(run) -> list[dict]:
+    """The key figures, one row each."""
+    return [{"what": k, "figure": v} for k, v in headline(run).items()]

@@ -2,7 +2,7 @@
 from kmesh_lib.sections.trace_audit.checks import checks
 from kmesh_lib.sections.trace_audit.experiment import audit_run, plan
 from kmesh_lib.sections.trace_audit.params import TraceAuditParams as Params
-from kmesh_lib.sections.trace_audit.results import answer, counts, headline, public_results
+from kmesh_lib.sections.trace_audit.results import answer, counts, findings, headline, public_results, verdict
 from kmesh_lib.sections.trace_audit.tables import TABLES
 
 KEY = "trace_audit"
@@ -12,5 +12,5 @@ NOTEBOOK = "17_trace_audit.ipynb"
 USES_ENGINE = False
 QUESTION = "Can agent traces qualify family retention?"
 
-__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TABLES", "TITLE", "USES_ENGINE", "plan", "checks",
-           "counts", "headline", "answer", "public_results", "audit_run"]
+__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TABLES", "TITLE", "USES_ENGINE", "answer",
+           "audit_run", "checks", "counts", "findings", "headline", "plan", "public_results", "verdict"]

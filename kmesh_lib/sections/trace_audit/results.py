@@ -212,3 +212,34 @@ def _public_verdict(v) -> dict:
             "requirements": {req: _label(r.state, _STATES) for req, r in v.requirements.items()},
             "num_groups": {g: int(n) for g, n in v.num_groups.items() if g in GROUPING_FIELDS},
             "weak_signals": [w for w in v.weak_signals if w in WEAK_SIGNALS]}
+
+
+def verdict(run: RunFiles) -> list[str]:
+    """One sentence: how many of the corpus's sources qualify, and what the others lack (counts: no interval)."""
+    run = RunFiles.of(run)
+    rows = raw_rows(run)
+    verdicts = _verdicts(rows)
+    judged = {src: v for src, v in verdicts.items() if v.num_records}
+    qualifying = sorted(src for src, v in judged.items() if v.qualifies)
+    edges = sum(v.num_lineage_edges for v in verdicts.values())
+    if qualifying:
+        return [f"Yes for {len(qualifying)} of {len(verdicts)} sources ({', '.join(qualifying)}): they carry what a "
+                f"family-retention comparison needs and resolve {edges:,} lineage edges."]
+    lacking = {req: sum(not v.requirements[req].met for v in judged.values()) for req in REQUIREMENTS}
+    worst = max(lacking.values(), default=0)
+    reqs = [r.replace("_", " ") for r, n in lacking.items() if n == worst and n]
+    return [f"No: none of the {len(verdicts)} sources qualifies ({len(judged)} with records; {worst} of them lack "
+            f"{_join(reqs) if reqs else 'nothing'}), and the corpus resolves {edges:,} lineage edges."]
+
+
+def findings(run: RunFiles) -> list[dict]:
+    """The audit's counts, one row each (the headline figures), then what the judged sources lack."""
+    run = RunFiles.of(run)
+    out = [{"what": k, "figure": v} for k, v in headline(run).items()]
+    verdicts = _verdicts(raw_rows(run))
+    judged = [v for v in verdicts.values() if v.num_records]
+    for req in REQUIREMENTS:
+        n = sum(not v.requirements[req].met for v in judged)
+        if n and len(out) < 10:
+            out.append({"what": f"sources lacking {req.replace('_', ' ')}", "figure": f"{n} of {len(judged)}"})
+    return out
