@@ -190,6 +190,28 @@ def migrate(run_dir: Path, dry_run: bool = False) -> dict:
     return note
 
 
+def rebuild_public(run_dir: Path) -> str:
+    """public-results.json built again from the run, the publishing facts carried over (no record changes)."""
+    section = sections.get(read_json_object(run_dir / "results.json").get("section") or run_dir.parent.name)
+    path = run_dir / PUBLIC_FILE
+    if not path.exists():
+        return "not published: no document"
+    stated = read_json_object(path)
+    kept = path.with_name(path.name + ".before")
+    path.rename(kept)  # the document is built from the run alone; the stated one comes back if building fails
+    try:
+        verdict = verify(section, RunFiles(run_dir))
+        allowed_failed = verdict.status != "passed" or bool(verdict.problems)
+        doc = public_document(section, RunFiles(run_dir), verdict, allowed_failed, stated.get("failure_note") or "",
+                              stated.get("shared_captures"), stated.get("captures_with_paths_rewritten"))
+    except Exception:
+        kept.rename(path)
+        raise
+    write_json_atomic(path, doc, compact=True)
+    kept.unlink()
+    return verify(section, RunFiles(run_dir)).summary()
+
+
 def default_runs() -> list[Path]:
     published = sorted(p for p in (REPO_ROOT / "outputs").glob("*/*") if (p / "results.json").is_file())
     known = set(sections.SECTIONS)
@@ -202,11 +224,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dirs", nargs="*", type=Path)
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--public-only", action="store_true",
+                    help="only build public-results.json again (the document gained a field; the record is unchanged)")
     args = ap.parse_args(argv)
     run_dirs = args.run_dirs or default_runs()
     status = 0
     for run_dir in run_dirs:
         key = repo_relative(run_dir) or str(run_dir)
+        if args.public_only:
+            print(f"{key}: {rebuild_public(run_dir.resolve())}")
+            continue
         try:
             note = migrate(run_dir.resolve(), args.dry_run)
         except Refused as e:

@@ -22,6 +22,7 @@ from kmesh_lib.base.records import PACKAGES, RunFiles
 ENVIRONMENT_KEYS = ("python", "device", "cuda", "cpu_count", "time_utc")
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_.:/+=\-]{1,96}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
+MAX_VERDICT_CHARS = 600  # a verdict sentence names a figure and its interval; longer is a paragraph
 PUBLISHING_FIELDS = ("failure_note", "shared_captures", "captures_with_paths_rewritten")  # given, not rebuilt
 
 
@@ -78,6 +79,7 @@ def public_document(section: ModuleType, run: RunFiles, verdict, allowed_failed:
         "captures_with_paths_rewritten": sorted(captures_with_paths_rewritten or []),
         "shared_captures": dict(sorted((shared_captures or {}).items())),
         "headline": call_section(section, "headline", run),
+        "verdict": call_section(section, "verdict", run) if callable(getattr(section, "verdict", None)) else [],
         "counts": call_section(section, "counts", run),
         "results": call_section(section, "public_results", run),
         "report": "report.html",
@@ -87,6 +89,9 @@ def public_document(section: ModuleType, run: RunFiles, verdict, allowed_failed:
         validate_public(doc[name], name)
     for name in ("headline", "counts"):
         validate_public(doc[name], name, keys=LABEL_PATTERN)
+    if not all(isinstance(v, str) and len(v) <= MAX_VERDICT_CHARS for v in doc["verdict"]) or len(doc["verdict"]) > 8:
+        raise PublicContentError(f"verdict: {section.KEY}.verdict must give at most 8 sentences of at most "
+                                 f"{MAX_VERDICT_CHARS} characters")
     if not all(isinstance(v, str) for v in doc["headline"].values()):
         raise PublicContentError(f"headline: {section.KEY}.headline must give strings (formatted figures)")
     validate_size(doc)

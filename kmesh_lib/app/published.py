@@ -60,7 +60,8 @@ def collect(root: Path) -> list[dict]:
     for folder in sorted(p for p in root.glob("*/*") if p.is_dir() and not p.name.startswith(".")):
         doc = read_public(folder / PUBLIC_FILE)
         doc["_path"] = f"{folder.parent.name}/{folder.name}"
-        doc["_verdict"] = verdict_line(folder)
+        stated = doc.get("verdict")  # the section's verdict as published; older documents have none
+        doc["_verdict"] = " ".join(stated) if isinstance(stated, list) and stated else verdict_line(folder)
         entries.append(doc)
     return sorted(entries, key=lambda d: (d["number"], run_id_sort_key(d["run_id"])))
 
