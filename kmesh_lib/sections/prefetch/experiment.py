@@ -27,6 +27,7 @@ from __future__ import annotations
 from kmesh_lib.base import topology
 from kmesh_lib.base.processes import runtime_root
 from kmesh_lib.base.records import RunRecord
+from kmesh_lib.engine import costs
 from kmesh_lib.sections.prefetch import stats as ps
 from kmesh_lib.sections.prefetch.checks import plan_runs
 from kmesh_lib.sections.prefetch.params import MIB, PAPER, PrefetchParams, scaled
@@ -94,6 +95,8 @@ def plan(cfg: PrefetchParams) -> dict:
             ok, why = striped["status"] == "available", striped["detail"]
         out[f"path {path}"] = ("runs: early path = " + PREP_TEXT[path]) if ok else f"not available: {why}"
     out["expected duration"] = expected_duration(cfg)
+    span = expected_span(cfg)
+    out[costs.GPU_TIME] = costs.gpu_time(cfg.DEVICE, span, why=f"no timing recorded for profile {cfg.PROFILE!r}")
     if cfg.SOURCE_RUN:
         out["source"] = f"renders {cfg.SOURCE_RUN} in place (no engine starts)"
     return out
@@ -107,7 +110,7 @@ def _runs_text(cfg: PrefetchParams) -> str:
     return text + "".join(f"; {r['path']} not available here" for r in rows)
 
 
-def expected_duration(cfg: PrefetchParams) -> str:
+def expected_span(cfg: PrefetchParams) -> costs.Span | None:
     """From the sizes: engine runs x start + groups x time per group, low to high.
 
     Times per group come from the profile's measured run (``TIMING``); they include the leads and
@@ -115,7 +118,7 @@ def expected_duration(cfg: PrefetchParams) -> str:
     """
     timing = TIMING.get(cfg.PROFILE)
     if timing is None:
-        return f"no timing recorded for profile {cfg.PROFILE!r}"
+        return None
     low = high = 0.0
     skip = {p for p in ("inproc", "native") if not path_support(p, cfg.DEVICE)[0]}
     if "mp-striped" in cfg.PATHS and striped_store_row(cfg)["status"] != "available":
@@ -131,6 +134,15 @@ def expected_duration(cfg: PrefetchParams) -> str:
         pairs = cfg.WARMUP_PAIRS + cfg.pairs_per_run
         low += timing["start_s"][0] + (first + pairs * arms_low) * per[0]
         high += timing["start_s"][1] + (first + pairs * arms_high) * per[1]
+    return costs.Span(low, high)
+
+
+def expected_duration(cfg: PrefetchParams) -> str:
+    """``expected_span`` in words, with the run it was measured on."""
+    timing, span = TIMING.get(cfg.PROFILE), expected_span(cfg)
+    if span is None:
+        return f"no timing recorded for profile {cfg.PROFILE!r}"
+    low, high = span.low, span.high
     mid = (low + high) / 2
     return f"about {_minutes(mid)} ({_minutes(low)} to {_minutes(high)}), from the times per group of {timing['source']}"
 
