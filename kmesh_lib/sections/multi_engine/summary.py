@@ -72,7 +72,7 @@ def _verdict_short(t: dict) -> str:
             f"{t['high_ms']:+,.0f}], {t['pairs']} pairs)")
 
 
-def _reasons(s: dict, a: dict, probe: dict | None) -> list[str]:
+def _reasons(s: dict, a: dict, probe: dict | None, causal: bool = True) -> list[str]:
     """Why shared KV and prefix-aware routing came out as they did, each reason a comparison of this run's figures."""
     out = []
     if s["recomputed_tokens"] < a["recomputed_tokens"]:
@@ -85,7 +85,8 @@ def _reasons(s: dict, a: dict, probe: dict | None) -> list[str]:
                    f"per trace (children {a['child_cached_share']:.0%} cached against {s['child_cached_share']:.0%})")
     if (s["load_imbalance"] or 0) < (a["load_imbalance"] or 0):
         out.append(f"round-robin kept the engines even (busiest / mean {s['load_imbalance']}) where prefix-aware routing "
-                   f"loaded one engine more ({a['load_imbalance']}), whose queue the trace then waited on")
+                   f"loaded one engine more ({a['load_imbalance']})"
+                   + (", whose queue the trace then waited on" if causal else ""))
     if probe and probe.get("restore_ttft_ms") is not None and probe.get("recompute_ttft_ms") is not None:
         cheaper = probe["restore_ttft_ms"] < probe["recompute_ttft_ms"]
         out.append(f"on an idle engine a restore ({_fmt(probe['restore_ttft_ms'], ' ms', 1)} to the first token, "
@@ -138,9 +139,15 @@ def _model_answer(model: str, mine: dict, probe: dict | None, byte_rows: list[di
         l2 = sum(b["l2_read_bytes_hook"] or 0 for b in byte_rows) / MIB / len(byte_rows)
         text.append(f"Per trace the server restored {s['restored_tokens']:,} tokens ({mib:,.1f} MiB) into the engines; "
                     + _hit_split(byte_rows) + f"; the byte hook counted {l2:,.1f} MiB read from the disk tier.")
-    reasons = _reasons(s, a, probe)
-    if reasons:
+    decided = compared is not ABSENT and any(
+        t["model"] == model and (t["a"], t["b"]) == ("shared", "prefix_aware") and t["verdict"] in (compare.WINS, compare.LOSES)
+        for t in compared)
+    reasons = _reasons(s, a, probe, causal=compared is ABSENT or decided)
+    if reasons and (compared is ABSENT or decided):
         text.append("Why, from this run's figures: " + "; ".join(reasons) + ".")
+    elif reasons:  # no time difference measured between the two: what differed is not a cause of one
+        text.append("What differed between the two, though no time difference between them was measured: "
+                    + "; ".join(reasons) + ".")
     return " ".join(text)
 
 
