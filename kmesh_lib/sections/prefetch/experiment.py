@@ -31,7 +31,8 @@ from kmesh_lib.engine import costs
 from kmesh_lib.sections.prefetch import stats as ps
 from kmesh_lib.sections.prefetch.checks import plan_runs
 from kmesh_lib.sections.prefetch.params import MIB, PAPER, PrefetchParams, scaled
-from kmesh_lib.sections.prefetch.protocol import run_engine
+from kmesh_lib.sections.prefetch.protocol import lead_from_pilot, run_engine
+from kmesh_lib.sections.prefetch.readiness import READY_FLOOR, pilot_groups_needed
 from kmesh_lib.sections.prefetch.tables import groups_of
 from kmesh_lib.workloads.context_checks import NOT_AVAILABLE
 from kmesh_lib.workloads.context_groups import kv_bytes_per_token
@@ -72,7 +73,12 @@ def plan(cfg: PrefetchParams) -> dict:
         "shared context": f"{cfg.CONTEXT_TOKENS} tokens of {cfg.MODEL} ({cfg.DTYPE}) = {cfg.CONTEXT_TOKENS * kv / MIB:.1f} MiB "
                           f"of KV in {cfg.CONTEXT_TOKENS // cfg.CHUNK_SIZE} chunks; the tier keeps its copy (read once per "
                           "group)",
-        "pilot": f"leads {cfg.LEADS_MS} ms x {cfg.PILOT_GROUPS} early groups per path and group size (first engine run)",
+        "pilot": (f"leads {cfg.LEADS_MS} ms x {cfg.PILOT_GROUPS} early groups per path and group size "
+                  + ("(first engine run); the lead: the shortest at which every pilot group was ready"
+                     if cfg.LEAD_RULE == "all_ready" else
+                     f"over {cfg.PILOT_ENGINE_RUNS} pilot-only engine runs; the lead: the shortest whose readiness has a "
+                     f"one-sided 95 % Clopper-Pearson lower bound of at least {READY_FLOOR:.0%} (all ready, that takes "
+                     f"{pilot_groups_needed()} groups)")),
         "confirmation": f"{cfg.MEASURED_GROUPS} groups per arm over {cfg.ENGINE_RUNS} fresh engine runs "
                         f"({cfg.pairs_per_run} pairs + {cfg.WARMUP_PAIRS} warm-up per run, alternating order); "
                         f"arms on_arrival, early (chosen lead), early_fixed ({cfg.FIXED_LEAD_MS:.0f} ms), "
@@ -83,7 +89,10 @@ def plan(cfg: PrefetchParams) -> dict:
         "warm-store guard (MP)": ("on: a warm prefetch's keys are not handed to the store controller (LMCache 0.5.3; "
                                   "a no-op where LMCache has no PrefetchMode.WARM)" if cfg.WARM_STORE_GUARD else
                                   "off: stock LMCache (0.5.3 re-stores a warm prefetch's keys; skip_l1 drops them from L1)"),
-        "groups per engine run": f"{per_run} (+ {len(cfg.LEADS_MS) * cfg.PILOT_GROUPS} pilot groups in run 0)",
+        "groups per engine run": (f"{per_run} (+ {len(cfg.LEADS_MS) * cfg.PILOT_GROUPS} pilot groups in run 0)"
+                                  if not cfg.pilot_only_runs else
+                                  f"{per_run} per confirmation run; "
+                                  f"{len(cfg.LEADS_MS) * cfg.PILOT_GROUPS // cfg.PILOT_ENGINE_RUNS} per pilot-only run"),
         "group sizes": str(cfg.GROUP_SIZES),
         "engine runs, in order": _runs_text(cfg),
         "scale": "paper" if not scaled(cfg) else f"scaled: {scaled(cfg)} (paper: {PAPER})",
@@ -127,11 +136,11 @@ def expected_span(cfg: PrefetchParams) -> costs.Span | None:
         if path in skip:
             continue
         per = timing["group_s"][min(timing["group_s"], key=lambda k: abs(k - n))]
-        first = len(cfg.LEADS_MS) * cfg.PILOT_GROUPS if r == 0 else 0
+        first = len(cfg.LEADS_MS) * cfg.PILOT_GROUPS // cfg.PILOT_ENGINE_RUNS if r < cfg.PILOT_ENGINE_RUNS else 0
         if r == 0 and path in ("mp", "mp-striped"):
             first += cfg.CONTRAST_GROUPS * (len(cfg.SINGLEFLIGHT) - 1)
         arms_low, arms_high = 2 + len(cfg.CONTROLS), 3 + len(cfg.CONTROLS)  # early_fixed unless the lead is fixed
-        pairs = cfg.WARMUP_PAIRS + cfg.pairs_per_run
+        pairs = 0 if r < cfg.pilot_only_runs else cfg.WARMUP_PAIRS + cfg.pairs_per_run
         low += timing["start_s"][0] + (first + pairs * arms_low) * per[0]
         high += timing["start_s"][1] + (first + pairs * arms_high) * per[1]
     return costs.Span(low, high)
@@ -187,9 +196,11 @@ def measure(cfg: PrefetchParams, record=None, log=print) -> tuple[list[dict], li
     lead: dict[tuple[str, int], float] = {}
     for path, n, r in runs_to_do(cfg, rows):
         g, s = run_engine(cfg, path, n, r, lead.get((path, n)), record, log)
+        groups += g
         if s.get("lead_ms") is not None:
             lead[(path, n)] = s["lead_ms"]
-        groups += g
+        elif cfg.pilot_only_runs and r == cfg.pilot_only_runs - 1:  # the last pilot-only run: the pilot chooses
+            lead[(path, n)] = lead_from_pilot(cfg, groups, path, n)
         runs.append(s)
     return ps.classify(groups, cfg.BLOCK_SIZE), runs
 
