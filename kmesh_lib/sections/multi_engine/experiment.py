@@ -45,6 +45,22 @@ START_S = {("cpu", "tiny"): 30, ("cpu", "kvheavy"): 35, ("cpu", "qwen2.5-0.5b"):
            ("cuda", "qwen2.5-0.5b"): 50, ("cuda", "qwen2.5-1.5b"): 60, ("cuda", "qwen2.5-7b"): 90}
 PREFILL_TOKENS_PER_S = {("cpu", "tiny"): 20000, ("cpu", "kvheavy"): 1000, ("cpu", "qwen2.5-0.5b"): 150,
                         ("cuda", "qwen2.5-0.5b"): 30000, ("cuda", "qwen2.5-1.5b"): 12000, ("cuda", "qwen2.5-7b"): 2500}
+# Measured on the H200 at the gpu profile's trace shape (MEASURED_SHAPE), from the published one-repeat runs'
+# raw/fleets.jsonl (start_s) and raw/arms.jsonl (wall_s per policy): 0.5B gpu-20261201-123342-6615, 7B
+# gpu-20261201-123346-16c1 and -123349-2d77 (low, high over them). Those notebooks took 842, 725 and 458 s in all,
+# 239-731 s more than their fleet starts, traces and probes: one run's kernel, imports, fleet closes and whatever
+# else held that machine (the three ran at once), counted once per run as NOTEBOOK_OVERHEAD_S.
+MEASURED = {
+    ("cuda", "qwen2.5-0.5b"): {"start_s": (38.8, 48.0), "probes_s": (3.0, 3.1),
+                               "trace_s": {"recompute": (5.8, 5.9), "round_robin": (5.0, 5.1),
+                                           "prefix_aware": (4.7, 4.8), "shared": (5.0, 5.1)}},
+    ("cuda", "qwen2.5-7b"): {"start_s": (32.4, 46.9), "probes_s": (11.6, 12.0),
+                             "trace_s": {"recompute": (42.1, 43.6), "round_robin": (33.4, 33.9),
+                                         "prefix_aware": (21.2, 21.3), "shared": (19.1, 19.3)}},
+}
+MEASURED_SHAPE = {"NUM_ENGINES": 2, "NUM_FAMILIES": 6, "NUM_CHILDREN": 3, "PARENT_TOKENS": 4096, "CHILD_SUFFIX_TOKENS": 128,
+                  "NUM_NOISE": 12, "NOISE_TOKENS": 2048, "MAX_TOKENS": 16, "DTYPE": "float32", "NUM_PROBES": 2}
+NOTEBOOK_OVERHEAD_S = (0.0, 731.0)
 
 
 def fleet_policies(cfg: MultiEngineParams) -> list[tuple[str, bool, list[str]]]:
@@ -120,6 +136,8 @@ def plan(cfg: MultiEngineParams) -> dict:
                          f"{cfg.NUM_NOISE * cfg.NOISE_TOKENS}, against {cfg.NUM_ENGINES} x {usable} tokens of pools")
     lines["policies"] = ", ".join(f"{p} ({'server, ' if POLICIES[p][1] else ''}{POLICIES[p][0]})" for p in cfg.POLICIES)
     total = 0.0
+    span = costs.Span(0.0, 0.0)
+    measured_shape = all(getattr(cfg, k) == v for k, v in MEASURED_SHAPE.items())
     gpus = max(1, min(cfg.NUM_ENGINES, len(visible_gpus())))  # one engine per GPU where several are lent
     for model in cfg.models:
         key = (cfg.DEVICE, model)
@@ -132,6 +150,14 @@ def plan(cfg: MultiEngineParams) -> dict:
         probes = cfg.NUM_PROBES * (2 * cfg.PARENT_TOKENS + 2 * cfg.child_tokens) / PREFILL_TOKENS_PER_S.get(key, 2000)
         starts = len(schedule(cfg)) if fleets else 0
         seconds = starts * START_S.get(key, 60) + len(cfg.POLICIES) * cfg.NUM_REPEATS * per_trace + probes
+        m = MEASURED.get(key) if measured_shape else None
+        if m is not None:  # the measured figures of this shape replace the guesses
+            part = (costs.Span(*m["start_s"]) * starts + costs.Span(*m["probes_s"])
+                    + sum((costs.Span(*m["trace_s"][p]) * cfg.NUM_REPEATS for p in cfg.POLICIES), costs.Span(0, 0)))
+            seconds = (part.low + part.high) / 2
+        else:
+            part = costs.Span(seconds, seconds)
+        span += part
         total += seconds
         lines[f"model {model}"] = (f"KV {kvt // 1024} KiB/token; a parent's context is {family * kvt / 2**20:.1f} MiB; "
                                    f"{starts} fleet start(s); about {seconds / 60:.1f} min")
@@ -144,8 +170,14 @@ def plan(cfg: MultiEngineParams) -> dict:
     lines["order"] = ("per repeat, drawn from SEED: " + "; ".join(f"r{r} " + " > ".join(policy_order(cfg, r))
                                                                   for r in range(min(cfg.NUM_REPEATS, 3)))
                       + ("; ..." if cfg.NUM_REPEATS > 3 else ""))
-    lines["expected duration"] = f"about {total / 60:.0f} min ({cfg.NUM_REPEATS} repeat(s))"
-    lines[costs.GPU_TIME] = costs.gpu_time(cfg.DEVICE, costs.Span(total, total), gpus=gpus)
+    if measured_shape and all((cfg.DEVICE, m) in MEASURED for m in cfg.models):
+        span += costs.Span(*NOTEBOOK_OVERHEAD_S)
+        lines["expected duration"] = (f"{span} ({cfg.NUM_REPEATS} repeat(s)): fleet starts, traces and probes as the "
+                                      "published H200 runs measured them, plus 0-731 s of notebook overhead")
+    else:
+        span = costs.Span(total, total)
+        lines["expected duration"] = f"about {total / 60:.0f} min ({cfg.NUM_REPEATS} repeat(s))"
+    lines[costs.GPU_TIME] = costs.gpu_time(cfg.DEVICE, span, gpus=gpus)
     return lines
 
 
