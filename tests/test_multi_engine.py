@@ -221,6 +221,10 @@ class FakeFleet:
         self.cfg, self.model, self.kind, self.server = cfg, cfg.MODEL, kind, None
         self.engines = [FakeEngine(i, cfg.MAX_TOKENS, token_s=dict(enumerate(token_s)).get(i, 0.0))
                         for i in range(cfg.NUM_ENGINES)]
+        self.info: dict = {"start_s": 0.0}
+
+    def start(self) -> FakeFleet:
+        return self
 
     def reset(self) -> list[dict]:
         for e in self.engines:
@@ -250,6 +254,15 @@ def fake_run(tmp_path: Path, token_s: tuple = (), **values) -> RunFiles:
         probe(fleet, cfg, record, log=lambda *_: None)
     record.append_jsonl("fleets.jsonl", fleet.close())
     record.save_tables(section.TABLES)  # as the notebook saves them
+    return RunFiles(record.run_dir)
+
+
+def drawn_run(tmp_path: Path, **values) -> RunFiles:
+    """A run folder from fake engines through ``experiment.run``: the orders drawn per repeat, recorded."""
+    cfg = build(MultiEngineParams, {**SMALL, "POLICIES": ["recompute", "round_robin", "prefix_aware"], **values})
+    record = RunRecord.open("multi_engine", cfg, run_dir=str(tmp_path / "drawn"))
+    experiment.run(cfg, record, log=lambda *_: None, fleet_factory=lambda c, m, kind, log: FakeFleet(c, kind))
+    record.save_tables(section.TABLES)
     return RunFiles(record.run_dir)
 
 
@@ -360,7 +373,7 @@ def test_saved_tables_are_what_verify_rebuilds_and_an_edit_of_one_is_reported(tm
     loses a column, a table is emptied or results.json gains a key no table declares."""
     from kmesh_lib.app.verify import record_lines
 
-    run = fake_run(tmp_path)
+    run = drawn_run(tmp_path)  # every declared table: the order and comparisons too
     assert set(section.TABLES) <= set(run.results) and _table_problems(run) == {}
     lines = [line for line in record_lines(section, run, run.results, section.checks(run)) if "table" in line.name]
     assert len(lines) == len(section.TABLES) and all(line.ok for line in lines), [line.text() for line in lines]
@@ -447,6 +460,7 @@ def test_kill_one_engine_mid_trace_leaves_the_other_and_the_server_serving(tmp_p
     assert after and all(r["status"] == "ok" and r["engine"] == 0 for r in after)
     died = [r for r in rows if r["error"] == "engine_died"]
     assert arm["killed"]["in_flight"] and sorted(r["request_id"] for r in died) == arm["killed"]["in_flight"]
+    record.save_tables(section.TABLES)  # as the notebook saves them, before its checks cell
     got = {c.name: c for c in section.checks(run)}
     failed = [c for c in got.values() if c.status == "failed"]
     assert not failed, failed
@@ -524,3 +538,74 @@ def test_per_tier_lookup_hits_are_absent_not_zero_where_the_server_exports_none(
                                 "no per-tier lookup counters)")
     v056 = [{"l1_hit_tokens": 12288, "l2_hit_tokens": 0, "lookup_hit_tokens": 12288}] * 2
     assert _hit_split(v056) == "its lookups hit 12,288 tokens in L1 and 0 on the disk tier"
+
+
+# -- repeats in drawn orders, paired comparisons --
+
+ORDER_CHECKS = ("each repeat's order is the one drawn from SEED, and its traces ran in that order",
+                "the host's load average was recorded at each trace's start and end",
+                "every two policies were compared on makespan over NUM_REPEATS paired traces")
+
+
+def test_policy_order_is_drawn_per_repeat_from_the_seed_in_fleet_blocks():
+    cfg = build(MultiEngineParams, {**SMALL, "NUM_REPEATS": 8})
+    orders = [experiment.policy_order(cfg, r) for r in range(8)]
+    assert all(sorted(o) == sorted(cfg.POLICIES) for o in orders)
+    assert len({tuple(o) for o in orders}) > 1 and orders == [experiment.policy_order(cfg, r) for r in range(8)]
+    assert {o.index("shared") for o in orders} == {0, 3}  # the fleets in a random order: shared first or last
+    starts = experiment.schedule(cfg)
+    assert [p for _, served in starts for _, p in served] == [p for o in orders for p in o]
+    assert all(a[0] != b[0] for a, b in zip(starts, starts[1:]))  # a fleet is restarted only when the order moves
+    plan = section.plan(cfg)
+    assert f"{len(starts)} fleet start(s)" in plan[f"model {cfg.MODEL}"] and "r0 " in plan["order"]
+
+
+@pytest.mark.parametrize("low, high, said", [(-5.0, -1.0, "wins"), (1.0, 3.0, "loses"), (-1.0, 2.0, "no difference measured"),
+                                             (float("nan"), float("nan"), "not resolved")])
+def test_a_verdict_is_stated_only_where_the_interval_excludes_zero(low, high, said):
+    from kmesh_lib.sections.multi_engine.compare import verdict
+
+    assert verdict(low, high) == said
+
+
+def test_repeats_in_drawn_orders_are_recorded_checked_and_compared_in_pairs(tmp_path):
+    run = drawn_run(tmp_path, NUM_REPEATS=3, NUM_PROBES=1)
+    got = statuses(run)
+    assert not [n for n, s in got.items() if s == "failed"], [c for c in section.checks(run) if c.status == "failed"]
+    assert all(got[n] == "ok" for n in ORDER_CHECKS) and got["every fleet started and closed (1 planned)"] == "ok"
+    orders = run.raw("orders.jsonl")
+    assert [o["order"] for o in orders] == [experiment.policy_order(build(MultiEngineParams, run.params), r) for r in range(3)]
+    arms = run.raw("arms.jsonl")
+    assert all(len(a["load_avg_start"]) == 3 and len(a["load_avg_end"]) == 3 for a in arms)
+    table = run.results["comparisons"]
+    assert {(t["a"], t["b"]) for t in table} == {("prefix_aware", "round_robin"), ("prefix_aware", "recompute"),
+                                               ("round_robin", "recompute")}
+    for t in table:
+        assert t["pairs"] == (3 if t["metric"] == "makespan" else 3 * 3 * 2)  # repeats; children x repeats
+        inside = t["low_ms"] <= 0 <= t["high_ms"]
+        assert t["verdict"] == ("no difference measured" if inside else "wins" if t["high_ms"] < 0 else "loses")
+    assert [t["position"] for t in run.results["order"]] == [o["order"].index(a["policy"]) for a in arms
+                                                          for o in orders if o["repeat"] == a["repeat"]]
+    text = section.answer(run)
+    assert "95 %" in text and "faster" not in text and "beats" not in text
+    assert "comparisons" in section.public_results(run)
+    rewrite(run.run_dir / "raw" / "arms.jsonl", lambda a: edited(a, repeat=0) if a["repeat"] == 1 else None)
+    assert statuses(RunFiles(run.run_dir))[ORDER_CHECKS[0]] == "failed"
+
+
+def test_a_run_recorded_before_the_orders_were_drawn_has_no_new_tables_and_skips_their_checks(tmp_path):
+    from kmesh_lib.base.declared import compare_tables
+
+    run = fake_run(tmp_path)  # one repeat, one fixed order, no raw/orders.jsonl: the published runs of 1 Dec
+    got = statuses(run)
+    assert all(got[n] == "skipped" for n in ORDER_CHECKS)
+    assert "order" not in run.results and "comparisons" not in run.results
+    assert not [line for line in compare_tables(section.TABLES, run, run.results) if line.problems]
+    assert got["results.json 'comparisons' table equals the one recomputed from raw/"] == "skipped"
+    assert "comparisons" not in section.public_results(run)
+    published = RunFiles(Path(__file__).parents[1] / "outputs" / "multi_engine" / "gpu-20261201-123349-2d77")
+    assert "gives no interval, so neither is a verdict" in section.answer(published)
+    assert TABLES_ABSENT <= {c.name for c in section.checks(published) if c.status == "skipped"}
+
+
+TABLES_ABSENT = {f"results.json '{k}' table equals the one recomputed from raw/" for k in ("order", "comparisons")}

@@ -10,12 +10,13 @@ from kmesh_lib.app import registry as sections
 from kmesh_lib.app.cli import main as kmesh_main
 from kmesh_lib.app.publish import public_document
 from kmesh_lib.app.verify import verify
-from kmesh_lib.base.params import ParamError, resolve_params
+from kmesh_lib.base.params import ParamError, build, resolve_params
 from kmesh_lib.base.records import RunFiles, RunRecord
 from kmesh_lib.engine.requests import RequestResult, RequestSpec, StepOutput
 from kmesh_lib.sections import prefetch as section
-from kmesh_lib.sections.prefetch.checks import measured_lines
+from kmesh_lib.sections.prefetch.checks import measured_lines, plan_runs
 from kmesh_lib.sections.prefetch.driver import PrefetchCall, drive, readiness
+from kmesh_lib.sections.prefetch.params import PrefetchParams
 from kmesh_lib.sections.prefetch.stats import all_cases, both_ways, choose_lead, classify, example, paired_saving, pairs
 
 
@@ -172,7 +173,7 @@ B = "mp-N4-r0"
 PARAMS = dict(PATHS=["mp"], GROUP_SIZES=[4], ENGINE_RUNS=1, MEASURED_GROUPS=10, PILOT_GROUPS=2, LEADS_MS=[0.0, 25.0, 100.0],
               FIXED_LEAD_MS=100.0, CONTROLS=[], MAX_TOKENS=8, BLOCK_SIZE=32, CHUNK_SIZE=32, BOOTSTRAP_RESAMPLES=1000, SEED=0,
               SINGLEFLIGHT=[True], MODEL="tiny", CONTEXT_TOKENS=256, SUFFIX_TOKENS=16, ARENA_MIB=32, NUM_GPU_BLOCKS=65,
-              MAX_MODEL_LEN=1024, WARMUP_PAIRS=0)
+              MAX_MODEL_LEN=1024, WARMUP_PAIRS=0, LEAD_RULE="all_ready")
 
 
 def _summary(block="mp-N4-r0", status="ok", **extra):
@@ -192,7 +193,7 @@ def _run(tmp_path, groups, blocks=None, params=None, tables=True) -> RunFiles:
     """A run folder as the notebook leaves it: params, raw records and (``tables``) the results tables."""
     import yaml
 
-    values = {**PARAMS, **(params or {})}
+    values = {k: v for k, v in {**PARAMS, **(params or {})}.items() if v is not None}  # None: not recorded
     (tmp_path / "raw").mkdir(parents=True, exist_ok=True)
     (tmp_path / "params.resolved.yaml").write_text(yaml.safe_dump(values))
     (tmp_path / "raw" / "groups.jsonl").write_text("".join(json.dumps(g) + "\n" for g in groups))
@@ -650,3 +651,73 @@ def test_groups_recorded_is_the_plan_of_every_finished_engine_run(tmp_path):
     no_lead = _statuses(_run(tmp_path / "nolead", _groups(), [_summary(lead_ms=None)], tables=False))
     assert no_lead[name] == "skipped"
     assert _statuses(_run(tmp_path / "empty", [], [], tables=False))[name] == "skipped"
+
+
+# -- the lead from a pilot large enough to bound readiness (LEAD_RULE=lower_bound) --
+
+def test_readiness_lower_bound_and_the_groups_it_needs():
+    from kmesh_lib.sections.prefetch import readiness
+
+    need = readiness.pilot_groups_needed()
+    assert need == 59 and readiness.lower_bound(59, 59) >= 0.95 > readiness.lower_bound(58, 58)
+    assert readiness.lower_bound(10, 10) == pytest.approx(0.05 ** (1 / 10))  # 10 of 10 bounds readiness from 74 %
+    low, high = readiness.interval(175, 200)
+    assert low < 175 / 200 < high and readiness.interval(0, 0) == (None, None)
+    pilot = [_g(B, i, "early", 0.1, 0.2, i >= 2, "pilot", 25.0) for i in range(60)]  # 58 of 60 ready: bound 0.89
+    pilot += [_g(B, i, "early", 0.1, 0.2, True, "pilot", 100.0) for i in range(60)]
+    assert choose_lead(pilot, [25.0, 100.0], "lower_bound") == 100.0 and choose_lead(pilot, [25.0, 100.0]) == 100.0
+    assert choose_lead(pilot[:60], [25.0], "lower_bound") == 25.0  # none qualifies: the longest
+
+
+LB = dict(LEAD_RULE="lower_bound", PILOT_ENGINE_RUNS=3, PILOT_GROUPS=60, LEADS_MS=[25.0, 100.0])
+
+
+def _lower_bound_groups(late_at_100: int = 0) -> tuple[list[dict], list[dict]]:
+    """Three pilot-only runs of 20 groups per lead (25 ms: 2 of 60 late), then one confirmation run at 100 ms."""
+    groups, blocks = [], []
+    for r in range(3):
+        b = f"mp-N4-r{r}"
+        groups += [_g(b, r * 100 + i, "early", 0.1, 0.2, not (r == 0 and i < 2), "pilot", 25.0) for i in range(20)]
+        groups += [_g(b, r * 100 + i, "early", 0.1, 0.2, not (r == 0 and i < late_at_100), "pilot", 100.0)
+                   for i in range(20)]
+        blocks.append(_summary(b, lead_ms=None, pilot_only=True))
+    b = "mp-N4-r3"
+    groups += [_g(b, 1000 + p, "on_arrival", 0.3 + 0.001 * p, 0.5) for p in range(10)]
+    groups += [_g(b, 1000 + p, "early", 0.1, 0.4, p != 0, lead=100.0) for p in range(10)]
+    return groups, blocks + [_summary(b)]
+
+
+def test_the_lower_bound_rule_chooses_reports_and_checks_the_lead(tmp_path):
+    groups, blocks = _lower_bound_groups()
+    run = _run(tmp_path / "lb", groups, blocks, params=LB)
+    got = _statuses(run)
+    assert set(got.values()) == {"ok"}, {k: v for k, v in got.items() if v != "ok"}
+    rule = "mp N=4: the confirmation used the shortest lead whose pilot readiness has a one-sided 95 % lower bound of " \
+           "at least 95 %"
+    assert got[rule] == "ok" and got["mp N=4: the pilot ran over PILOT_ENGINE_RUNS=3 engine runs"] == "ok"
+    rows = {r["lead_ms"]: r for r in run.results["lead_choice"]}
+    assert (rows[25.0]["pilot_ready"], rows[25.0]["qualifies"], rows[100.0]["chosen"]) == (58, False, True)
+    assert rows[100.0]["pilot_engine_runs"] == 3 and (rows[100.0]["confirm_ready"], rows[100.0]["confirm_groups"]) == (9, 10)
+    assert rows[100.0]["confirm_ready_low"] < 0.9 < rows[100.0]["confirm_ready_high"]
+    text = section.answer(run)
+    assert "The lead, 100 ms, is the shortest whose pilot readiness has a one-sided 95 % Clopper-Pearson" in text
+    assert "9 of 10 early groups were ready at T" in text and "mp N=4: chosen lead, ready at T" in section.headline(run)
+    # the confirmation at 25 ms (every group ready there but two) is not the rule's lead
+    wrong = [dict(g, lead_ms=25.0) if g["block"] == "mp-N4-r3" and g["arm"] == "early" else g for g in groups]
+    assert _statuses(_run(tmp_path / "wrong", wrong, blocks, params=LB))[rule] == "failed"
+    # a pilot squeezed into one run: the plan's runs r1, r2 hold no pilot groups
+    one = [dict(g, block="mp-N4-r0") if g["phase"] == "pilot" else g for g in groups]
+    assert _statuses(_run(tmp_path / "one", one, blocks, params=LB))["groups recorded in raw/groups.jsonl"] == "failed"
+
+
+def test_the_lower_bound_rule_needs_its_groups_and_runs_and_old_runs_have_no_lead_choice(tmp_path):
+    with pytest.raises(ParamError, match="PILOT_GROUPS=10"):
+        build(PrefetchParams, {**PARAMS, **LB, "PILOT_GROUPS": 10})
+    with pytest.raises(ParamError, match="PILOT_ENGINE_RUNS=1"):
+        build(PrefetchParams, {**PARAMS, **LB, "PILOT_ENGINE_RUNS": 1, "PILOT_GROUPS": 60})
+    cfg = build(PrefetchParams, {**PARAMS, **LB})
+    assert [r for _, _, r in plan_runs(cfg)] == [0, 1, 2, 3] and cfg.pilot_only_runs == 3
+    run = _run(tmp_path / "old", _groups(), params={"LEAD_RULE": None})  # params without it: a run recorded before
+    assert "lead_choice" not in run.results and "lead_choice" not in section.public_results(run)
+    assert "LEAD_RULE" not in run.params
+    assert _statuses(run)["mp N=4: the confirmation used the pilot's shortest all-ready lead"] == "ok"

@@ -58,6 +58,7 @@ from kmesh_lib.base.records import (
     is_live_run_id,
     new_run_dir,
 )
+from kmesh_lib.engine.costs import GPU_TIME
 
 USAGE_ERRORS = (params_mod.ParamError, UnknownSection, SectionInterfaceError, RunNotFound, RunFileError,
                 RunFolderInUse, SectionError, PublicContentError, PublishedSetError)
@@ -69,8 +70,11 @@ def cmd_plan(args) -> int:
     print(f"section {section.NUMBER} {section.KEY}: {section.QUESTION}")
     if files:  # a section with no YAML layer for this profile (17) has none to name
         print("params files: " + " -> ".join(display_path(f) for f in files))
-    for key, value in section.plan(config).items():
+    lines = section.plan(config)
+    for key, value in lines.items():
         print(f"{key}: {value}")
+    if getattr(config, "DEVICE", None) == "cuda" and GPU_TIME not in lines:
+        print(f"{GPU_TIME}: not estimated (section {section.NUMBER}'s plan states none)")
     return 0
 
 
@@ -84,6 +88,8 @@ def cmd_run(args) -> int:
         config, _, _ = resolve_params(section, args.profile, args.params, args.set, for_run=True)  # before any engine
         run_dir = claim_run_dir(Path(args.run_dir)) if args.run_dir else new_run_dir(section.KEY, args.profile)
         resolved = {**params_mod.to_dict(config), "RUN_DIR": str(run_dir.resolve())}
+        if getattr(config, "DEVICE", None) == "cuda":  # what the run will hold of the device, before it starts
+            print(f"{GPU_TIME} (plan): {section.plan(config).get(GPU_TIME, 'not estimated')}", flush=True)
         (run_dir / "params.resolved.yaml").write_text(yaml.safe_dump(resolved, sort_keys=True))
     shown = display_path(run_dir)
     print(f"running {section.NOTEBOOK} ({resolved.get('PROFILE')}) -> {shown}", flush=True)

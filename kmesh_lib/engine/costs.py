@@ -105,3 +105,21 @@ def prefill_s(device: str, model: str, num_tokens: int) -> tuple[Span, str]:
 def decode_s(device: str, model: str, num_tokens: int) -> tuple[Span, str]:
     per, note = _nearest(DECODE_S_PER_TOKEN, device, model)
     return per * num_tokens, note
+
+
+GPU_TIME = "GPU time"  # the plan line every section with a gpu profile states (``gpu_time``)
+
+
+def gpu_time(device: str, seconds: Span | None, gpus: int = 1, why: str = "") -> str:
+    """A plan's expected duration stated as GPU seconds (wall seconds x the GPUs the run holds), before it starts.
+
+    ``seconds`` is the section's own cost model (None: it has no figure for this shape, and ``why`` says so)."""
+    if device != "cuda":
+        return f"none (DEVICE={device})"
+    if seconds is None:
+        return f"not estimated: {why or 'no cost figures for this shape and device'}"
+    low, high = seconds.low * gpus, seconds.high * gpus
+    held = f"{gpus} GPU" + ("s" if gpus > 1 else "")
+    if round(low) == round(high):
+        return f"about {low:,.0f} GPU s ({held})"
+    return f"about {(low + high) / 2:,.0f} GPU s ({low:,.0f} to {high:,.0f} GPU s; {held})"

@@ -77,7 +77,8 @@ def plan(cfg: CrossoverParams) -> dict:
     return {"path": cfg.path, "models": cfg.MODELS, "kv per token": kv, "context lengths": cfg.CONTEXT_TOKENS_GRID,
             "arms": cfg.ARMS, "repeats": f"{cfg.WARMUP_REPEATS} warm-up + {cfg.NUM_REPEATS} measured",
             "rows": grid_size(cfg), "tiers": tiers(cfg), "engine starts": len(cfg.MODELS) * len(tiers(cfg)),
-            "expected duration": f"{duration}" + (f"; {'; '.join(notes)}" if notes else "")}
+            "expected duration": f"{duration}" + (f"; {'; '.join(notes)}" if notes else ""),
+            costs.GPU_TIME: costs.gpu_time(cfg.DEVICE, duration)}
 
 
 def arm_order(arms: list[str], repeat: int) -> list[str]:

@@ -86,6 +86,7 @@ def plan(cfg: EngineCheckParams) -> dict:
         "expected cache hit of the second": f"{expected_prefix_hit(prompt, cfg.CONTEXT_TOKENS, cfg.BLOCK_SIZE)} tokens (real), "
                                             f"{expected_prefix_hit(prompt, cfg.CONTEXT_TOKENS, cfg.REPLAY_BLOCK_SIZE)} (replay)",
         "expected duration": f"{duration}" + (f"; {note}" if note else ""),
+        costs.GPU_TIME: costs.gpu_time(cfg.DEVICE, duration),
     }
 
 

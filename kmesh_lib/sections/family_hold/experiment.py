@@ -171,6 +171,7 @@ def plan(cfg: FamilyHoldParams) -> dict:
     lines["sweep"] = f"replay pools {cfg.SWEEP_NUM_GPU_BLOCKS} at BLOCK_SIZE={cfg.REPLAY_BLOCK_SIZE}"
     duration, note = expected_duration(cfg)
     lines["expected duration"] = f"{duration}" + (f"; {note}" if note else "")
+    lines[costs.GPU_TIME] = costs.gpu_time(cfg.DEVICE, duration)
     return lines
 
 

@@ -22,11 +22,12 @@ from __future__ import annotations
 from collections import defaultdict
 
 from kmesh_lib.base.checks import Check, all_of, check, differences
-from kmesh_lib.base.declared import json_value
+from kmesh_lib.base.declared import ABSENT, json_value
 from kmesh_lib.base.records import RunFiles
-from kmesh_lib.sections.multi_engine import report
+from kmesh_lib.sections.multi_engine import compare, report
+from kmesh_lib.sections.multi_engine.experiment import order_seed, policy_order, schedule
 from kmesh_lib.sections.multi_engine.params import POLICIES, MultiEngineParams, run_params
-from kmesh_lib.sections.multi_engine.tables import EMPTY, TABLES
+from kmesh_lib.sections.multi_engine.tables import EMPTY, NO_ORDERS, TABLES
 
 NO_ROWS = "raw/requests.jsonl holds no requests"
 NO_ARMS = "raw/arms.jsonl holds no traces"
@@ -229,10 +230,11 @@ def kv_bytes(arms: list[dict], t: dict) -> int:
     return next(a["kv_bytes_per_token"] for a in arms if report.arm_of(a) == report.arm_of(t))
 
 
-def process_checks(cfg: MultiEngineParams, fleets: list[dict]) -> list[Check]:
+def process_checks(cfg: MultiEngineParams, fleets: list[dict], drawn_orders: bool = False) -> list[Check]:
     listeners = [(f["fleet"], addr) for f in fleets for e in f.get("engines", []) for addr in e["listeners"]]
     listeners += [(f["fleet"] + " server", addr) for f in fleets if f.get("server") for addr in f["server"]["listeners"]]
-    want = len(cfg.models) * len({POLICIES[pol][1] for pol in cfg.POLICIES})
+    # a run that drew its orders starts a fleet each time the order moves to the other; before, one per kind
+    want = len(cfg.models) * (len(schedule(cfg)) if drawn_orders else len({POLICIES[pol][1] for pol in cfg.POLICIES}))
 
     def gone(f: dict) -> bool:
         c = f.get("cleanup") or {}
@@ -248,6 +250,39 @@ def process_checks(cfg: MultiEngineParams, fleets: list[dict]) -> list[Check]:
                lambda x: x[1].startswith("127.0.0.1:"), repr, "no listeners recorded"),
         all_of("every engine and server process gone, the runtime dir, disk tier and SHM segment removed at close",
                fleets, gone, lambda f: f"{f['model']} {f['fleet']}: {f.get('cleanup')}", "raw/fleets.jsonl holds no fleets"),
+    ]
+
+
+def order_checks(cfg: MultiEngineParams, orders: list[dict], rows: list[dict], arms: list[dict]) -> list[Check]:
+    """The drawn order and the host's load (runs that recorded raw/orders.jsonl; before: skipped, NO_ORDERS)."""
+    if not orders:
+        return [Check(name, "skipped", NO_ORDERS) for name in (
+            "each repeat's order is the one drawn from SEED, and its traces ran in that order",
+            "the host's load average was recorded at each trace's start and end",
+            "every two policies were compared on makespan over NUM_REPEATS paired traces")]
+    ran = defaultdict(list)
+    for a in arms:  # raw/arms.jsonl is appended as the traces finish
+        ran[(a["model"], a["repeat"])].append(a["policy"])
+
+    def as_drawn(o: dict) -> bool:
+        want = policy_order(cfg, o["repeat"])
+        return o["seed"] == order_seed(cfg, o["repeat"]) and o["order"] == want and ran[(o["model"], o["repeat"])] == want
+
+    planned = [(m, r) for m in cfg.models for r in range(cfg.NUM_REPEATS)]
+    recorded = {(o["model"], o["repeat"]) for o in orders}
+    loaded = lambda a: all(isinstance(a.get(k), list) and len(a[k]) == 3 for k in ("load_avg_start", "load_avg_end"))  # noqa: E731
+    table = [t for t in compare.comparison_table(rows) if t["metric"] == "makespan"] if rows else []
+    return [
+        all_of("each repeat's order is the one drawn from SEED, and its traces ran in that order",
+               orders + [{"missing": k} for k in planned if k not in recorded],
+               lambda o: "missing" not in o and as_drawn(o),
+               lambda o: f"{o['missing']} has no recorded order" if "missing" in o else
+               f"{o['model']} r{o['repeat']}: drawn {o['order']}, ran {ran[(o['model'], o['repeat'])]}", "no orders"),
+        all_of("the host's load average was recorded at each trace's start and end", arms, loaded,
+               lambda a: f"{report.arm_of(a)}", NO_ARMS),
+        all_of("every two policies were compared on makespan over NUM_REPEATS paired traces", table,
+               lambda t: t["pairs"] == cfg.NUM_REPEATS, lambda t: f"{t['model']} {t['a']} vs {t['b']}: {t['pairs']} pairs",
+               "fewer than two policies ran"),
     ]
 
 
@@ -268,7 +303,12 @@ def table_checks(run: RunFiles) -> list[Check]:
     out = []
     for key, table in TABLES.items():
         name = f"results.json '{key}' table equals the one recomputed from raw/"
-        built = json_value(table.build(run))
+        built = table.build(run)
+        if built is ABSENT:
+            out.append(Check(name, "failed", f"results.json holds a {key!r} table this run's files do not give")
+                       if key in results else Check(name, "skipped", NO_ORDERS))
+            continue
+        built = json_value(built)
         if key not in results:
             out.append(Check(name, "failed", f"results.json has no {key!r} table"))
             continue
@@ -309,10 +349,12 @@ def checks(run: RunFiles) -> list[Check]:
     run = as_files(run)
     cfg = run_params(run)
     rows, arms, fleets = run.raw("requests.jsonl"), run.raw("arms.jsonl"), run.raw("fleets.jsonl")
+    orders = run.raw("orders.jsonl")
     return (workload_checks(cfg, rows, arms) + completion_checks(cfg, rows, arms) + agreement_checks(cfg, rows, arms)
             + cache_checks(cfg, rows, arms) + routing_checks(cfg, rows, arms)
             + byte_checks(cfg, rows, arms, run.raw("probes.jsonl"))
-            + probe_checks(cfg, run.raw("probes.jsonl")) + process_checks(cfg, fleets) + figure_checks(run, rows, arms))
+            + probe_checks(cfg, run.raw("probes.jsonl")) + process_checks(cfg, fleets, bool(orders))
+            + order_checks(cfg, orders, rows, arms) + figure_checks(run, rows, arms))
 
 
 def counts(run: RunFiles) -> dict[str, int | str]:

@@ -7,13 +7,18 @@ Per model, two fleets of NUM_ENGINES engine processes each, one after the other:
                                                        cache), round_robin, prefix_aware
     shared   LMCacheMPConnector to one lmcache server  shared (round-robin routing)
 
-Each policy serves the same trace (``workload.make_trace``) per repeat, in a rotating order within
-its fleet; every engine's pool is drained and its prefix cache reset before each policy, so each
-starts on empty pools. What a run writes, as it goes:
+Each policy serves the same trace (``workload.make_trace``) per repeat. The order is drawn per
+repeat from SEED (``policy_order``): which fleet goes first is a seeded coin, and the policies within
+each fleet a seeded shuffle (a block-randomized order: the two fleets cannot hold one GPU's memory at
+once, so a fleet is started when the order needs it and closed when the order moves to the other).
+Every engine's pool is drained and its prefix cache reset before each policy, so each starts on
+empty pools. What a run writes, as it goes:
 
+    raw/orders.jsonl     one line per (model, repeat): the order drawn and the seed it came from
     raw/requests.jsonl   one line per request: routing, stamps, cached-token split, outputs
     raw/arms.jsonl       one line per (model, repeat, policy): makespan, pools before, the server's
-                         counters before and after ('shared'), a kill if one was injected
+                         counters before and after ('shared'), the host's load average at the
+                         trace's start and end, a kill if one was injected
     raw/probes.jsonl     one line per idle-engine probe child (``probe.py``): recomputed, local, restored
     raw/fleets.jsonl     one line per fleet: engines (pids, listeners, start), server, the cleanup
                          evidence measured after it closed
@@ -21,8 +26,10 @@ starts on empty pools. What a run writes, as it goes:
 from __future__ import annotations
 
 import os
+import random
 import time
 
+from kmesh_lib.engine import costs
 from kmesh_lib.engine.model_spec import resolve
 from kmesh_lib.sections.multi_engine.fleet import Fleet, stored_tokens, visible_gpus
 from kmesh_lib.sections.multi_engine.params import POLICIES, MultiEngineParams, kv_bytes_per_token
@@ -38,6 +45,22 @@ START_S = {("cpu", "tiny"): 30, ("cpu", "kvheavy"): 35, ("cpu", "qwen2.5-0.5b"):
            ("cuda", "qwen2.5-0.5b"): 50, ("cuda", "qwen2.5-1.5b"): 60, ("cuda", "qwen2.5-7b"): 90}
 PREFILL_TOKENS_PER_S = {("cpu", "tiny"): 20000, ("cpu", "kvheavy"): 1000, ("cpu", "qwen2.5-0.5b"): 150,
                         ("cuda", "qwen2.5-0.5b"): 30000, ("cuda", "qwen2.5-1.5b"): 12000, ("cuda", "qwen2.5-7b"): 2500}
+# Measured on the H200 at the gpu profile's trace shape (MEASURED_SHAPE), from the published one-repeat runs'
+# raw/fleets.jsonl (start_s) and raw/arms.jsonl (wall_s per policy): 0.5B gpu-20261201-123342-6615, 7B
+# gpu-20261201-123346-16c1 and -123349-2d77 (low, high over them). Those notebooks took 842, 725 and 458 s in all,
+# 239-731 s more than their fleet starts, traces and probes: one run's kernel, imports, fleet closes and whatever
+# else held that machine (the three ran at once), counted once per run as NOTEBOOK_OVERHEAD_S.
+MEASURED = {
+    ("cuda", "qwen2.5-0.5b"): {"start_s": (38.8, 48.0), "probes_s": (3.0, 3.1),
+                               "trace_s": {"recompute": (5.8, 5.9), "round_robin": (5.0, 5.1),
+                                           "prefix_aware": (4.7, 4.8), "shared": (5.0, 5.1)}},
+    ("cuda", "qwen2.5-7b"): {"start_s": (32.4, 46.9), "probes_s": (11.6, 12.0),
+                             "trace_s": {"recompute": (42.1, 43.6), "round_robin": (33.4, 33.9),
+                                         "prefix_aware": (21.2, 21.3), "shared": (19.1, 19.3)}},
+}
+MEASURED_SHAPE = {"NUM_ENGINES": 2, "NUM_FAMILIES": 6, "NUM_CHILDREN": 3, "PARENT_TOKENS": 4096, "CHILD_SUFFIX_TOKENS": 128,
+                  "NUM_NOISE": 12, "NOISE_TOKENS": 2048, "MAX_TOKENS": 16, "DTYPE": "float32", "NUM_PROBES": 2}
+NOTEBOOK_OVERHEAD_S = (0.0, 731.0)
 
 
 def fleet_policies(cfg: MultiEngineParams) -> list[tuple[str, bool, list[str]]]:
@@ -51,8 +74,45 @@ def fleet_policies(cfg: MultiEngineParams) -> list[tuple[str, bool, list[str]]]:
 
 
 def rotate(policies: list[str], repeat: int) -> list[str]:
+    """The order of runs recorded before the orders were drawn (no raw/orders.jsonl): a rotation within each fleet."""
     k = repeat % len(policies)
     return policies[k:] + policies[:k]
+
+
+def order_seed(cfg: MultiEngineParams, repeat: int) -> str:
+    return f"multi-engine-order-{cfg.SEED}-{repeat}"
+
+
+def policy_order(cfg: MultiEngineParams, repeat: int) -> list[str]:
+    """Repeat ``repeat``'s order of the policies: the fleets in a seeded random order, each fleet's policies shuffled."""
+    rng = random.Random(order_seed(cfg, repeat))
+    blocks = [list(mine) for _, _, mine in fleet_policies(cfg)]
+    rng.shuffle(blocks)
+    for b in blocks:
+        rng.shuffle(b)
+    return [p for b in blocks for p in b]
+
+
+def fleet_of(policy: str) -> str:
+    return "shared" if POLICIES[policy][1] else "local"
+
+
+def schedule(cfg: MultiEngineParams) -> list[tuple[str, list[tuple[int, str]]]]:
+    """Per model, the fleet starts in order: (fleet, [(repeat, policy), ...] it serves). A fleet stays up
+    across a repeat boundary where the next repeat's order begins with its policies."""
+    out: list[tuple[str, list[tuple[int, str]]]] = []
+    for repeat in range(cfg.NUM_REPEATS):
+        for policy in policy_order(cfg, repeat):
+            kind = fleet_of(policy)
+            if not out or out[-1][0] != kind:
+                out.append((kind, []))
+            out[-1][1].append((repeat, policy))
+    return out
+
+
+def load_avg() -> list[float]:
+    """The host's 1, 5 and 15 minute load averages (its run queue: other work competing for the cores)."""
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def trace_tokens(cfg: MultiEngineParams) -> int:
@@ -76,6 +136,9 @@ def plan(cfg: MultiEngineParams) -> dict:
                          f"{cfg.NUM_NOISE * cfg.NOISE_TOKENS}, against {cfg.NUM_ENGINES} x {usable} tokens of pools")
     lines["policies"] = ", ".join(f"{p} ({'server, ' if POLICIES[p][1] else ''}{POLICIES[p][0]})" for p in cfg.POLICIES)
     total = 0.0
+    span = costs.Span(0.0, 0.0)
+    measured_shape = all(getattr(cfg, k) == v for k, v in MEASURED_SHAPE.items())
+    gpus = max(1, min(cfg.NUM_ENGINES, len(visible_gpus())))  # one engine per GPU where several are lent
     for model in cfg.models:
         key = (cfg.DEVICE, model)
         kvt = kv_bytes_per_token(cfg, model)
@@ -85,17 +148,36 @@ def plan(cfg: MultiEngineParams) -> dict:
         parallel = cfg.NUM_ENGINES if cfg.DEVICE == "cpu" else max(1, min(cfg.NUM_ENGINES, len(visible_gpus())))
         per_trace = arrivals + trace_tokens(cfg) / (PREFILL_TOKENS_PER_S.get(key, 2000) * parallel)
         probes = cfg.NUM_PROBES * (2 * cfg.PARENT_TOKENS + 2 * cfg.child_tokens) / PREFILL_TOKENS_PER_S.get(key, 2000)
-        seconds = len(fleets) * START_S.get(key, 60) + len(cfg.POLICIES) * cfg.NUM_REPEATS * per_trace + probes
+        starts = len(schedule(cfg)) if fleets else 0
+        seconds = starts * START_S.get(key, 60) + len(cfg.POLICIES) * cfg.NUM_REPEATS * per_trace + probes
+        m = MEASURED.get(key) if measured_shape else None
+        if m is not None:  # the measured figures of this shape replace the guesses
+            part = (costs.Span(*m["start_s"]) * starts + costs.Span(*m["probes_s"])
+                    + sum((costs.Span(*m["trace_s"][p]) * cfg.NUM_REPEATS for p in cfg.POLICIES), costs.Span(0, 0)))
+            seconds = (part.low + part.high) / 2
+        else:
+            part = costs.Span(seconds, seconds)
+        span += part
         total += seconds
         lines[f"model {model}"] = (f"KV {kvt // 1024} KiB/token; a parent's context is {family * kvt / 2**20:.1f} MiB; "
-                                   f"{len(fleets)} fleet start(s); about {seconds / 60:.1f} min")
+                                   f"{starts} fleet start(s); about {seconds / 60:.1f} min")
     if "shared" in cfg.POLICIES:
         disk = ", ".join(f"{m} {stored_tokens(cfg) * kv_bytes_per_token(cfg, m) / 2**30:.2f} GiB" for m in cfg.models)
         lines["server"] = (f"one lmcache server on 127.0.0.1: L1 arena {cfg.ARENA_MIB} MiB, store policy {cfg.STORE_POLICY}, "
                            f"chunks of {cfg.CHUNK_SIZE} tokens, O_DIRECT disk tier of at most {disk}")
     if cfg.KILL_ENGINE is not None:
         lines["fault"] = f"engine {cfg.KILL_ENGINE} is SIGKILLed after {cfg.KILL_AFTER_REQUESTS} dispatched requests"
-    lines["expected duration"] = f"about {total / 60:.0f} min ({cfg.NUM_REPEATS} repeat(s))"
+    lines["order"] = ("per repeat, drawn from SEED: " + "; ".join(f"r{r} " + " > ".join(policy_order(cfg, r))
+                                                                  for r in range(min(cfg.NUM_REPEATS, 3)))
+                      + ("; ..." if cfg.NUM_REPEATS > 3 else ""))
+    if measured_shape and all((cfg.DEVICE, m) in MEASURED for m in cfg.models):
+        span += costs.Span(*NOTEBOOK_OVERHEAD_S)
+        lines["expected duration"] = (f"{span} ({cfg.NUM_REPEATS} repeat(s)): fleet starts, traces and probes as the "
+                                      "published H200 runs measured them, plus 0-731 s of notebook overhead")
+    else:
+        span = costs.Span(total, total)
+        lines["expected duration"] = f"about {total / 60:.0f} min ({cfg.NUM_REPEATS} repeat(s))"
+    lines[costs.GPU_TIME] = costs.gpu_time(cfg.DEVICE, span, gpus=gpus)
     return lines
 
 
@@ -106,6 +188,7 @@ def run_policy(fleet: Fleet, cfg: MultiEngineParams, policy: str, repeat: int, o
     roots = make_trace(cfg, repeat, resolve(fleet.model).config["vocab_size"])
     kill = (cfg.KILL_ENGINE, cfg.KILL_AFTER_REQUESTS) if cfg.KILL_ENGINE is not None else None
     meta = {"model": fleet.model, "repeat": repeat, "policy": policy}
+    load_start = load_avg()
     t0 = time.monotonic()
     router = Router(fleet.engines, router_name, cfg, meta, skip_prefix_cache=not reads_prefix_cache, kill=kill)
     summary = router.run(roots, record)
@@ -113,6 +196,7 @@ def run_policy(fleet: Fleet, cfg: MultiEngineParams, policy: str, repeat: int, o
            "pools_before": pools, "server_before": before, "server_after": fleet.snapshot(),
            "server_alive": fleet.server.alive() if fleet.server is not None else None,
            "kv_bytes_per_token": kv_bytes_per_token(cfg, fleet.model), "chunk_size": cfg.CHUNK_SIZE,
+           "load_avg_start": load_start, "load_avg_end": load_avg(),
            "load_1m": round(os.getloadavg()[0], 2)}  # the host's run queue: other work competing for cores
     record.append_jsonl("arms.jsonl", arm)
     ms = f"{summary['makespan_s']:.2f} s" if summary["makespan_s"] is not None else "-"
@@ -125,19 +209,28 @@ def recorded(record) -> list[dict]:
     return record.files().raw("arms.jsonl")
 
 
-def run(cfg: MultiEngineParams, record, log=print) -> list[dict]:
-    """Every model, fleet, repeat and policy; returns the arm records (also in raw/arms.jsonl)."""
+def make_fleet(cfg: MultiEngineParams, model: str, kind: str, log=print) -> Fleet:
+    return Fleet(cfg, model, kind == "shared", log)
+
+
+def run(cfg: MultiEngineParams, record, log=print, fleet_factory=make_fleet) -> list[dict]:
+    """Every model, repeat and policy in the drawn order (``schedule``); returns the arm records (also in
+    raw/arms.jsonl). Each fleet's probes run on its last start, after its last trace."""
     arms = []
     for model in cfg.models:
-        for kind, server, policies in fleet_policies(cfg):
-            fleet = Fleet(cfg, model, server, log)
+        plan_ = schedule(cfg)
+        record.append_jsonl("orders.jsonl", [{"model": model, "repeat": r, "seed": order_seed(cfg, r),
+                                              "order": policy_order(cfg, r)} for r in range(cfg.NUM_REPEATS)])
+        last = {kind: i for i, (kind, _) in enumerate(plan_)}
+        for i, (kind, served) in enumerate(plan_):
+            fleet = fleet_factory(cfg, model, kind, log)
             try:
                 fleet.start()
-                log(f"{model} {kind} fleet ready in {fleet.info['start_s']:.0f} s")
-                for repeat in range(cfg.NUM_REPEATS):
-                    for order, policy in enumerate(rotate(policies, repeat)):
-                        arms.append(run_policy(fleet, cfg, policy, repeat, order, record, log))
-                if cfg.KILL_ENGINE is None:
+                log(f"{model} {kind} fleet ready in {fleet.info.get('start_s', 0):.0f} s")
+                for repeat, policy in served:
+                    arms.append(run_policy(fleet, cfg, policy, repeat, policy_order(cfg, repeat).index(policy),
+                                           record, log))
+                if cfg.KILL_ENGINE is None and last[kind] == i:
                     probe(fleet, cfg, record, log)
             except Exception as e:
                 fleet.info.update(error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")

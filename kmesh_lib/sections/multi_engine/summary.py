@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 from kmesh_lib.base.checks import summarize
+from kmesh_lib.base.declared import ABSENT
 from kmesh_lib.base.records import RunFiles
+from kmesh_lib.sections.multi_engine import compare
 from kmesh_lib.sections.multi_engine.checks import checks
 from kmesh_lib.sections.multi_engine.params import run_params
 from kmesh_lib.sections.multi_engine.tables import TABLES
@@ -33,13 +35,18 @@ def headline(run: RunFiles) -> dict[str, str]:
     policies, byte_rows, _ = tables(run)
     probes = {r["model"]: r for r in probe_rows(run)}
     models = run_params(run).models[:2]
+    compared = TABLES["comparisons"].build(run)
     out = {}
     for model in models:
         mine = {t["policy"]: t for t in policies if t["model"] == model}
         present = [p for p in ORDER if p in mine]
         out[f"{model}: makespan (s)"] = " / ".join(f"{p} {_fmt((mine[p]['makespan_ms'] or 0) / 1e3, '', 1)}"
                                                   for p in present)
-        if "shared" in mine and "prefix_aware" in mine:
+        if compared is not ABSENT:  # a run with drawn orders and repeats: verdicts with their intervals
+            for t in compared:
+                if t["model"] == model and (t["a"], t["b"]) == ("shared", "prefix_aware"):
+                    out[f"{model}: shared vs prefix_aware, {t['metric']}"] = _verdict_short(t)
+        elif "shared" in mine and "prefix_aware" in mine:
             s, a = mine["shared"], mine["prefix_aware"]
             out[f"{model}: shared vs prefix_aware"] = (
                 f"makespan {_ratio(s['makespan_ms'], a['makespan_ms'])}, child first token "
@@ -58,7 +65,14 @@ def headline(run: RunFiles) -> dict[str, str]:
     return out
 
 
-def _reasons(s: dict, a: dict, probe: dict | None) -> list[str]:
+def _verdict_short(t: dict) -> str:
+    if t["verdict"] == compare.UNRESOLVED:
+        return f"not resolved ({t['pairs']} pairs)"
+    return (f"{t['verdict']} ({t['statistic']} {t['difference_ms']:+,.0f} ms, 95 % [{t['low_ms']:+,.0f}, "
+            f"{t['high_ms']:+,.0f}], {t['pairs']} pairs)")
+
+
+def _reasons(s: dict, a: dict, probe: dict | None, causal: bool = True) -> list[str]:
     """Why shared KV and prefix-aware routing came out as they did, each reason a comparison of this run's figures."""
     out = []
     if s["recomputed_tokens"] < a["recomputed_tokens"]:
@@ -71,7 +85,8 @@ def _reasons(s: dict, a: dict, probe: dict | None) -> list[str]:
                    f"per trace (children {a['child_cached_share']:.0%} cached against {s['child_cached_share']:.0%})")
     if (s["load_imbalance"] or 0) < (a["load_imbalance"] or 0):
         out.append(f"round-robin kept the engines even (busiest / mean {s['load_imbalance']}) where prefix-aware routing "
-                   f"loaded one engine more ({a['load_imbalance']}), whose queue the trace then waited on")
+                   f"loaded one engine more ({a['load_imbalance']})"
+                   + (", whose queue the trace then waited on" if causal else ""))
     if probe and probe.get("restore_ttft_ms") is not None and probe.get("recompute_ttft_ms") is not None:
         cheaper = probe["restore_ttft_ms"] < probe["recompute_ttft_ms"]
         out.append(f"on an idle engine a restore ({_fmt(probe['restore_ttft_ms'], ' ms', 1)} to the first token, "
@@ -82,20 +97,40 @@ def _reasons(s: dict, a: dict, probe: dict | None) -> list[str]:
     return out
 
 
-def _model_answer(model: str, mine: dict, probe: dict | None, byte_rows: list[dict], num_engines: int) -> str:
+def _comparison_text(model: str, compared: list[dict]) -> list[str]:
+    """The verdicts, shared against prefix-aware first; every 'wins' or 'loses' has an interval that excludes 0."""
+    mine = [t for t in compared if t["model"] == model]
+    lead = [t for t in mine if (t["a"], t["b"]) == ("shared", "prefix_aware")]
+    rest = [t for t in mine if t not in lead]
+    text = ["Paired by repeat (makespan) and by child (first token), 95 % bootstrap intervals of a - b: "
+            + "; ".join(compare.phrase(t) for t in lead) + "." if lead else ""]
+    decided = [compare.phrase(t) for t in rest if t["verdict"] in (compare.WINS, compare.LOSES)]
+    same = [f"{t['a']}/{t['b']} {'makespan' if t['metric'] == 'makespan' else 'child first token'} "
+            f"[{t['low_ms']:+,.1f}, {t['high_ms']:+,.1f}] ms ({t['pairs']} pairs)" for t in rest if t["verdict"] == compare.SAME]
+    if decided:
+        text.append("Among the other policies: " + "; ".join(decided) + ".")
+    if same:
+        text.append("No difference measured (the 95 % interval of a - b contains 0): " + ", ".join(same) + ".")
+    return [t for t in text if t]
+
+
+def _model_answer(model: str, mine: dict, probe: dict | None, byte_rows: list[dict], num_engines: int,
+                  compared=ABSENT) -> str:
     if "shared" not in mine or "prefix_aware" not in mine:
-        return f"**{model}**: the run lacks shared or prefix_aware, so the two answers to a shared prefix are not compared."
+        return " ".join([f"**{model}**: the run lacks shared or prefix_aware, so the two answers to a shared prefix are "
+                         "not compared."] + (_comparison_text(model, compared) if compared is not ABSENT else []))
     s, a = mine["shared"], mine["prefix_aware"]
     rc = mine.get("recompute")
-    faster = (s["makespan_ms"] or 0) < (a["makespan_ms"] or 0)
-    child_faster = (s["child_ttft_ms"] or 0) < (a["child_ttft_ms"] or 0)
-    text = [f"**{model}, {num_engines} engines.** Shared KV (round-robin + the server) "
-            f"{'beats' if faster else 'loses to'} prefix-aware routing on the makespan "
-            f"({_fmt(s['makespan_ms'], ' ms')} against {_fmt(a['makespan_ms'], ' ms')}"
-            + (f"; recompute {_fmt(rc['makespan_ms'], ' ms')}" if rc else "") + ") and "
-            f"{'beats' if child_faster else 'loses to'} it on the children's median first token "
-            f"({_fmt(s['child_ttft_ms'], ' ms', 1)} against {_fmt(a['child_ttft_ms'], ' ms', 1)}"
-            + (f"; recompute {_fmt(rc['child_ttft_ms'], ' ms', 1)}" if rc else "") + ")."]
+    if compared is not ABSENT:
+        text = [f"**{model}, {num_engines} engines.**"] + _comparison_text(model, compared)
+    else:  # one trace per policy in a fixed order (before the orders were drawn): figures, no verdict
+        text = [f"**{model}, {num_engines} engines.** One trace per policy, run in a fixed order: the makespan was "
+                f"{_fmt(s['makespan_ms'], ' ms')} with shared KV (round-robin + the server) and "
+                f"{_fmt(a['makespan_ms'], ' ms')} with prefix-aware routing"
+                + (f" (recompute {_fmt(rc['makespan_ms'], ' ms')})" if rc else "") + ", the children's median first "
+                f"token {_fmt(s['child_ttft_ms'], ' ms', 1)} against {_fmt(a['child_ttft_ms'], ' ms', 1)}"
+                + (f" (recompute {_fmt(rc['child_ttft_ms'], ' ms', 1)})" if rc else "") + "; a single trace per "
+                "policy, with the policy confounded with its place in time, gives no interval, so neither is a verdict."]
     text.append(f"Prefix-aware routing sent {a['children_with_parent']} children to their parent's engine and left "
                 f"{a['computed_per_engine']} computed prompt tokens per engine; round-robin with the server put "
                 f"{s['children_with_parent']} there and computed {s['computed_per_engine']}.")
@@ -104,11 +139,15 @@ def _model_answer(model: str, mine: dict, probe: dict | None, byte_rows: list[di
         l2 = sum(b["l2_read_bytes_hook"] or 0 for b in byte_rows) / MIB / len(byte_rows)
         text.append(f"Per trace the server restored {s['restored_tokens']:,} tokens ({mib:,.1f} MiB) into the engines; "
                     + _hit_split(byte_rows) + f"; the byte hook counted {l2:,.1f} MiB read from the disk tier.")
-    reasons = _reasons(s, a, probe)
-    if reasons:
+    decided = compared is not ABSENT and any(
+        t["model"] == model and (t["a"], t["b"]) == ("shared", "prefix_aware") and t["verdict"] in (compare.WINS, compare.LOSES)
+        for t in compared)
+    reasons = _reasons(s, a, probe, causal=compared is ABSENT or decided)
+    if reasons and (compared is ABSENT or decided):
         text.append("Why, from this run's figures: " + "; ".join(reasons) + ".")
-    if s["makespan_ms"] and a["makespan_ms"] and abs(s["makespan_ms"] / a["makespan_ms"] - 1) < 0.05:
-        text.append("The two makespans differ by less than 5 %, which a single trace cannot tell from noise.")
+    elif reasons:  # no time difference measured between the two: what differed is not a cause of one
+        text.append("What differed between the two, though no time difference between them was measured: "
+                    + "; ".join(reasons) + ".")
     return " ".join(text)
 
 
@@ -128,16 +167,26 @@ def answer(run: RunFiles) -> str:
     if not policies:
         return "No request was recorded, so this run answers nothing."
     probes = probe_rows(run)
+    compared = TABLES["comparisons"].build(run)
     parts = [_model_answer(m, {t["policy"]: t for t in policies if t["model"] == m},
                            next((r for r in probes if r["model"] == m), None),
-                           [b for b in byte_rows if b["model"] == m], cfg.NUM_ENGINES) for m in cfg.models]
+                           [b for b in byte_rows if b["model"] == m], cfg.NUM_ENGINES, compared) for m in cfg.models]
     repeats = cfg.NUM_REPEATS
     caveats = [f"The evidence is {repeats} trace(s) per policy and model"
-               + (" (one sample: no spread)" if repeats == 1 else f" (medians over {repeats})")]
+               + (" (one sample: no spread)" if repeats == 1 else
+                  ", each repeat in its own order drawn from SEED (the fleets in a random order, the policies within "
+                  "each shuffled)" if compared is not ABSENT else f" (medians over {repeats})")]
     loads = [a["load_1m"] for a in run.raw("arms.jsonl") if a.get("load_1m") is not None]
+    order = TABLES["order"].build(run)
+    by_policy = compare.load_by_policy(order) if order is not ABSENT else {}
+    if by_policy:
+        caveats.append("the host's 1-minute load average at the traces' starts and ends was "
+                       + ", ".join(f"{p} {lo:.1f}-{hi:.1f}" for (m, p), (lo, hi) in by_policy.items()
+                                   if m == cfg.models[0]) + (f" ({cfg.models[0]})" if len(cfg.models) > 1 else ""))
     if cfg.DEVICE == "cpu":
         caveats.append(f"on a CPU machine with {run.env.get('cpu_count', '?')} cores shared with other work"
-                       + (f" (load average {min(loads):.1f}-{max(loads):.1f} at the traces' ends)" if loads else "")
+                       + (f" (load average {min(loads):.1f}-{max(loads):.1f} at the traces' ends)" if loads and not by_policy
+                          else "")
                        + ", where the engines also compete with each other, so the timings carry that machine's noise")
     else:
         caveats.append(f"with {cfg.NUM_ENGINES} engines sharing the GPU(s) the device lends (engines on one GPU share "
@@ -184,6 +233,18 @@ def public_results(run: RunFiles) -> dict:
     shape = ("NUM_ENGINES", "NUM_FAMILIES", "NUM_CHILDREN", "PARENT_TOKENS", "CHILD_SUFFIX_TOKENS", "NUM_NOISE",
              "NOISE_TOKENS", "MAX_TOKENS", "MEAN_ARRIVAL_GAP_S", "MEAN_CHILD_GAP_S", "NUM_REPEATS", "NUM_PROBES", "BLOCK_SIZE",
              "NUM_GPU_BLOCKS", "CHUNK_SIZE", "ARENA_MIB", "STORE_POLICY", "DEVICE", "DTYPE", "WEIGHTS")
+    out = {"section": "multi_engine", "run_id": run.run_dir.name, "models": cfg.models,
+           "policies_run": list(cfg.POLICIES), "shape": {k: getattr(cfg, k) for k in shape},
+           "policies": [{k: t[k] for k in keep_policy} for t in policies],
+           "bytes": [{k: b[k] for k in keep_bytes} for b in byte_rows],
+           "restore": [{k: r[k] for k in keep_restore} for r in restores],
+           "probes": [{k: r[k] for k in keep_probe} for r in probe_rows(run)],
+           "checks": summarize(checks(run)), "headline": headline(run)}
+    compared = TABLES["comparisons"].build(run)
+    if compared is not ABSENT:  # runs with drawn orders only: the published runs of before keep their document
+        out["comparisons"] = compared
+        out["order"] = TABLES["order"].build(run)
+    return out
     return {"section": "multi_engine", "run_id": run.run_dir.name, "models": cfg.models,
             "policies_run": list(cfg.POLICIES), "shape": {k: getattr(cfg, k) for k in shape},
             "policies": [{k: t[k] for k in keep_policy} for t in policies],
@@ -200,18 +261,25 @@ def verdict(run: RunFiles) -> list[str]:
     policies, _, _ = tables(run)
     probes = {r["model"]: r for r in probe_rows(run)}
     out = []
+    compared = TABLES["comparisons"].build(run)
     for model in run_params(run).models[:2]:
         mine = {t["policy"]: t for t in policies if t["model"] == model}
         s, a, r = mine.get("shared"), mine.get("prefix_aware"), mine.get("recompute")
         if not (s and a and s["makespan_ms"] and a["makespan_ms"]):
             out.append(f"{model}: no verdict (shared or prefix-aware did not finish a trace).")
             continue
-        word = "Yes" if s["makespan_ms"] < a["makespan_ms"] else "No"
-        text = (f"{word} for {model}: with one LMCache server the engines finish the trace in "
+        if compared is not ABSENT:  # repeats in a drawn order: the verdict is the paired interval's
+            lead = [t for t in compared if t["model"] == model and (t["a"], t["b"]) == ("shared", "prefix_aware")]
+            out.append(f"{model}, shared KV against prefix-aware routing: "
+                       + "; ".join(compare.phrase(t) for t in lead) + ".")
+            continue
+        # one trace per policy: a difference without an interval is no verdict (issue 42)
+        text = (f"Not resolved for {model}: one trace per policy, no interval; with one LMCache server the engines "
+                f"finished the trace in "
                 f"{s['makespan_ms'] / 1e3:.1f} s, against {a['makespan_ms'] / 1e3:.1f} s with prefix-aware routing "
                 f"({_ratio(s['makespan_ms'], a['makespan_ms'])})"
                 + (f" and {r['makespan_ms'] / 1e3:.1f} s recomputing" if r and r["makespan_ms"] else "")
-                + f" ({s['repeats']} trace{'s' * (s['repeats'] != 1)} per policy, no interval)")
+                + f" ({s['repeats']} trace{'s' * (s['repeats'] != 1)} per policy)")
         p = probes.get(model)
         if p and p.get("restore_ttft_ms") and p.get("recompute_ttft_ms"):
             text += (f"; an idle engine restores the context in {p['restore_ttft_ms']:.0f} ms against "

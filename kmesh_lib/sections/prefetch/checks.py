@@ -54,7 +54,7 @@ def plan_runs(cfg: PrefetchParams) -> list[tuple[str, int, int]]:
     """(path, group size, run index) of every engine run, in run order: the MP paths first, the GPU
     buffer last (its CUDA code runs in its own engine runs, so a failure there cannot cost the others)."""
     return [(p, n, r) for p in sorted(cfg.PATHS, key=lambda x: RUN_ORDER.get(x, 9))
-            for n in cfg.GROUP_SIZES for r in range(cfg.engine_runs(p))]
+            for n in cfg.GROUP_SIZES for r in range(cfg.pilot_only_runs + cfg.engine_runs(p))]
 
 
 def planned_runs(cfg: PrefetchParams, blocks: list[dict]) -> list[str]:
@@ -71,6 +71,8 @@ def groups_recorded(cfg: PrefetchParams, groups: list[dict], blocks: list[dict])
     the params do not plan fails; a summary without its lead is no evidence."""
     planned = set(planned_runs(cfg, blocks))
     finished = [b for b in blocks if b.get("status") == "ok"]
+    if cfg.pilot_only_runs:
+        return _groups_recorded_pilot_runs(cfg, groups, finished, planned)
     pilot_runs: dict[tuple, list[str]] = {}
     for b in finished:
         if any(g.get("block") == b.get("block") and g.get("phase") == "pilot" for g in groups):
@@ -252,17 +254,61 @@ def _read_once(groups: list[dict], cfg: PrefetchParams) -> Check:
                  missing="no prepared group")
 
 
+def _groups_recorded_pilot_runs(cfg: PrefetchParams, groups: list[dict], finished: list[dict], planned: set) -> Check:
+    """LEAD_RULE=lower_bound: runs 0 .. PILOT_ENGINE_RUNS-1 of each path and group size recorded PILOT_GROUPS /
+    PILOT_ENGINE_RUNS pilot groups per lead (and run 0, on MP, the contrast groups) and nothing else, without a lead;
+    every later run WARMUP_PAIRS + MEASURED_GROUPS / ENGINE_RUNS pairs of the arms its lead gives, and no pilot."""
+    def index(b) -> int:
+        return int(b["block"].rsplit("-r", 1)[1])
+
+    def found(b) -> dict:
+        mine = [g for g in groups if g.get("block") == b["block"]]
+        return {phase: sum(g.get("phase") == phase for g in mine) for phase in sorted({g.get("phase") for g in mine}, key=str)}
+
+    def want(b) -> dict:
+        if index(b) < cfg.pilot_only_runs:
+            out = {"pilot": len(cfg.LEADS_MS) * cfg.PILOT_GROUPS // cfg.PILOT_ENGINE_RUNS}
+            if index(b) == 0 and b["path"] in MP_PATHS:
+                out["contrast"] = cfg.CONTRAST_GROUPS * (len(cfg.SINGLEFLIGHT) - 1)
+        else:
+            arms = len(confirm_arms(cfg, b["lead_ms"], b["path"])) if b.get("lead_ms") is not None else 0
+            out = {"warmup": cfg.WARMUP_PAIRS * arms, "confirm": cfg.pairs_per_run * arms}
+        return {k: v for k, v in sorted(out.items()) if v}
+
+    def holds(b) -> bool:
+        lead_ok = (b.get("lead_ms") is None) if index(b) < cfg.pilot_only_runs else (b.get("lead_ms") is not None)
+        return b["block"] in planned and lead_ok and found(b) == want(b)
+
+    def describe(b) -> str:
+        if b["block"] not in planned:
+            return f"{b['block']}: not an engine run the params plan ({', '.join(sorted(planned)) or 'none'})"
+        return f"{b['block']}: recorded {found(b)} (lead {b.get('lead_ms')}), the plan gives {want(b)}"
+
+    return every("groups recorded in raw/groups.jsonl", finished, lambda b: "block" in b, holds, describe,
+                 missing="no engine run finished ok")
+
+
+LOWER_BOUND_RULE = "the shortest lead whose pilot readiness has a one-sided 95 % lower bound of at least 95 %"
+
+
 def _lead(path: str, n: int, groups: list[dict], cfg: PrefetchParams) -> list[Check]:
     mine = [g for g in groups if g.get("path") == path and g.get("group_size") == n]
     pilot = [g for g in mine if g.get("phase") == "pilot"]
     leads = [float(x) for x in cfg.LEADS_MS]
     per_lead = {lead: sum(g["lead_ms"] == round(lead, 3) for g in pilot) for lead in leads}
-    chosen = ps.choose_lead(pilot, leads)
+    chosen = ps.choose_lead(pilot, leads, cfg.LEAD_RULE)
     used = {g["lead_ms"] for g in mine if g.get("arm") == "early" and g.get("phase") != "pilot"}
-    return [Check(f"{path} N={n}: every pilot lead ran PILOT_GROUPS groups",
-                  all(v == cfg.PILOT_GROUPS for v in per_lead.values()), f"{per_lead}"),
-            check(f"{path} N={n}: the confirmation used the pilot's shortest all-ready lead", used == {chosen},
-                  f"chosen {chosen} ms, used {sorted(used)}", used, missing="no confirmation groups")]
+    rule = "the pilot's shortest all-ready lead" if cfg.LEAD_RULE == "all_ready" else LOWER_BOUND_RULE
+    out = [Check(f"{path} N={n}: every pilot lead ran PILOT_GROUPS groups",
+                 all(v == cfg.PILOT_GROUPS for v in per_lead.values()), f"{per_lead}"),
+           check(f"{path} N={n}: the confirmation used {rule}", used == {chosen},
+                 f"chosen {chosen} ms, used {sorted(used)}", used, missing="no confirmation groups")]
+    if cfg.pilot_only_runs:
+        runs = {g["block"] for g in pilot}
+        out.append(check(f"{path} N={n}: the pilot ran over PILOT_ENGINE_RUNS={cfg.PILOT_ENGINE_RUNS} engine runs",
+                         len(runs) == cfg.PILOT_ENGINE_RUNS, f"pilot groups from {sorted(runs)}", pilot,
+                         missing="no pilot groups"))
+    return out
 
 
 # the tables the figure checks compare, by the names published runs record them under

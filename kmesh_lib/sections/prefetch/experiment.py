@@ -27,10 +27,12 @@ from __future__ import annotations
 from kmesh_lib.base import topology
 from kmesh_lib.base.processes import runtime_root
 from kmesh_lib.base.records import RunRecord
+from kmesh_lib.engine import costs
 from kmesh_lib.sections.prefetch import stats as ps
 from kmesh_lib.sections.prefetch.checks import plan_runs
 from kmesh_lib.sections.prefetch.params import MIB, PAPER, PrefetchParams, scaled
-from kmesh_lib.sections.prefetch.protocol import run_engine
+from kmesh_lib.sections.prefetch.protocol import lead_from_pilot, run_engine
+from kmesh_lib.sections.prefetch.readiness import READY_FLOOR, pilot_groups_needed
 from kmesh_lib.sections.prefetch.tables import groups_of
 from kmesh_lib.workloads.context_checks import NOT_AVAILABLE
 from kmesh_lib.workloads.context_groups import kv_bytes_per_token
@@ -71,7 +73,12 @@ def plan(cfg: PrefetchParams) -> dict:
         "shared context": f"{cfg.CONTEXT_TOKENS} tokens of {cfg.MODEL} ({cfg.DTYPE}) = {cfg.CONTEXT_TOKENS * kv / MIB:.1f} MiB "
                           f"of KV in {cfg.CONTEXT_TOKENS // cfg.CHUNK_SIZE} chunks; the tier keeps its copy (read once per "
                           "group)",
-        "pilot": f"leads {cfg.LEADS_MS} ms x {cfg.PILOT_GROUPS} early groups per path and group size (first engine run)",
+        "pilot": (f"leads {cfg.LEADS_MS} ms x {cfg.PILOT_GROUPS} early groups per path and group size "
+                  + ("(first engine run); the lead: the shortest at which every pilot group was ready"
+                     if cfg.LEAD_RULE == "all_ready" else
+                     f"over {cfg.PILOT_ENGINE_RUNS} pilot-only engine runs; the lead: the shortest whose readiness has a "
+                     f"one-sided 95 % Clopper-Pearson lower bound of at least {READY_FLOOR:.0%} (all ready, that takes "
+                     f"{pilot_groups_needed()} groups)")),
         "confirmation": f"{cfg.MEASURED_GROUPS} groups per arm over {cfg.ENGINE_RUNS} fresh engine runs "
                         f"({cfg.pairs_per_run} pairs + {cfg.WARMUP_PAIRS} warm-up per run, alternating order); "
                         f"arms on_arrival, early (chosen lead), early_fixed ({cfg.FIXED_LEAD_MS:.0f} ms), "
@@ -82,7 +89,10 @@ def plan(cfg: PrefetchParams) -> dict:
         "warm-store guard (MP)": ("on: a warm prefetch's keys are not handed to the store controller (LMCache 0.5.3; "
                                   "a no-op where LMCache has no PrefetchMode.WARM)" if cfg.WARM_STORE_GUARD else
                                   "off: stock LMCache (0.5.3 re-stores a warm prefetch's keys; skip_l1 drops them from L1)"),
-        "groups per engine run": f"{per_run} (+ {len(cfg.LEADS_MS) * cfg.PILOT_GROUPS} pilot groups in run 0)",
+        "groups per engine run": (f"{per_run} (+ {len(cfg.LEADS_MS) * cfg.PILOT_GROUPS} pilot groups in run 0)"
+                                  if not cfg.pilot_only_runs else
+                                  f"{per_run} per confirmation run; "
+                                  f"{len(cfg.LEADS_MS) * cfg.PILOT_GROUPS // cfg.PILOT_ENGINE_RUNS} per pilot-only run"),
         "group sizes": str(cfg.GROUP_SIZES),
         "engine runs, in order": _runs_text(cfg),
         "scale": "paper" if not scaled(cfg) else f"scaled: {scaled(cfg)} (paper: {PAPER})",
@@ -94,6 +104,8 @@ def plan(cfg: PrefetchParams) -> dict:
             ok, why = striped["status"] == "available", striped["detail"]
         out[f"path {path}"] = ("runs: early path = " + PREP_TEXT[path]) if ok else f"not available: {why}"
     out["expected duration"] = expected_duration(cfg)
+    span = expected_span(cfg)
+    out[costs.GPU_TIME] = costs.gpu_time(cfg.DEVICE, span, why=f"no timing recorded for profile {cfg.PROFILE!r}")
     if cfg.SOURCE_RUN:
         out["source"] = f"renders {cfg.SOURCE_RUN} in place (no engine starts)"
     return out
@@ -107,7 +119,7 @@ def _runs_text(cfg: PrefetchParams) -> str:
     return text + "".join(f"; {r['path']} not available here" for r in rows)
 
 
-def expected_duration(cfg: PrefetchParams) -> str:
+def expected_span(cfg: PrefetchParams) -> costs.Span | None:
     """From the sizes: engine runs x start + groups x time per group, low to high.
 
     Times per group come from the profile's measured run (``TIMING``); they include the leads and
@@ -115,7 +127,7 @@ def expected_duration(cfg: PrefetchParams) -> str:
     """
     timing = TIMING.get(cfg.PROFILE)
     if timing is None:
-        return f"no timing recorded for profile {cfg.PROFILE!r}"
+        return None
     low = high = 0.0
     skip = {p for p in ("inproc", "native") if not path_support(p, cfg.DEVICE)[0]}
     if "mp-striped" in cfg.PATHS and striped_store_row(cfg)["status"] != "available":
@@ -124,13 +136,22 @@ def expected_duration(cfg: PrefetchParams) -> str:
         if path in skip:
             continue
         per = timing["group_s"][min(timing["group_s"], key=lambda k: abs(k - n))]
-        first = len(cfg.LEADS_MS) * cfg.PILOT_GROUPS if r == 0 else 0
+        first = len(cfg.LEADS_MS) * cfg.PILOT_GROUPS // cfg.PILOT_ENGINE_RUNS if r < cfg.PILOT_ENGINE_RUNS else 0
         if r == 0 and path in ("mp", "mp-striped"):
             first += cfg.CONTRAST_GROUPS * (len(cfg.SINGLEFLIGHT) - 1)
         arms_low, arms_high = 2 + len(cfg.CONTROLS), 3 + len(cfg.CONTROLS)  # early_fixed unless the lead is fixed
-        pairs = cfg.WARMUP_PAIRS + cfg.pairs_per_run
+        pairs = 0 if r < cfg.pilot_only_runs else cfg.WARMUP_PAIRS + cfg.pairs_per_run
         low += timing["start_s"][0] + (first + pairs * arms_low) * per[0]
         high += timing["start_s"][1] + (first + pairs * arms_high) * per[1]
+    return costs.Span(low, high)
+
+
+def expected_duration(cfg: PrefetchParams) -> str:
+    """``expected_span`` in words, with the run it was measured on."""
+    timing, span = TIMING.get(cfg.PROFILE), expected_span(cfg)
+    if span is None:
+        return f"no timing recorded for profile {cfg.PROFILE!r}"
+    low, high = span.low, span.high
     mid = (low + high) / 2
     return f"about {_minutes(mid)} ({_minutes(low)} to {_minutes(high)}), from the times per group of {timing['source']}"
 
@@ -175,9 +196,11 @@ def measure(cfg: PrefetchParams, record=None, log=print) -> tuple[list[dict], li
     lead: dict[tuple[str, int], float] = {}
     for path, n, r in runs_to_do(cfg, rows):
         g, s = run_engine(cfg, path, n, r, lead.get((path, n)), record, log)
+        groups += g
         if s.get("lead_ms") is not None:
             lead[(path, n)] = s["lead_ms"]
-        groups += g
+        elif cfg.pilot_only_runs and r == cfg.pilot_only_runs - 1:  # the last pilot-only run: the pilot chooses
+            lead[(path, n)] = lead_from_pilot(cfg, groups, path, n)
         runs.append(s)
     return ps.classify(groups, cfg.BLOCK_SIZE), runs
 

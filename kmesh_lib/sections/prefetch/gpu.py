@@ -13,7 +13,8 @@ its Python imports while child r measures; it takes the lock (engine start, meas
 child r has exited. So the GPU, the disk tier and the engine belong to one run at a time; only the
 imports and the next server's boot overlap. Runs go in ``checks.plan_runs`` order: the MP paths,
 then the GPU buffer (``gpubuf``), whose CUDA code can then cost nothing but its own runs.
-The pilot's lead is written to ``lead-<path>-N<n>.json``; a child finding none runs the pilot.
+The pilot's lead is written to ``lead-<path>-N<n>.json``; a child finding none runs the pilot (LEAD_RULE=all_ready),
+or (lower_bound) chooses it from the pilot-only runs' groups in raw/groups.jsonl once they all finished.
 Each child's output (vLLM, LMCache) goes to ``logs/<run>.log``, never into a report.
 
 Resumable: rerun with the same ``--out`` (and the same --profile/--set) and finished engine runs are
@@ -43,7 +44,7 @@ from pathlib import Path
 from kmesh_lib.base.records import RunRecord
 from kmesh_lib.sections import prefetch as section
 from kmesh_lib.sections.prefetch.experiment import not_available_here, runs_to_do
-from kmesh_lib.sections.prefetch.protocol import run_engine
+from kmesh_lib.sections.prefetch.protocol import lead_from_pilot, run_engine
 from kmesh_lib.workloads.engine_runs import (
     Pipeline,
     check_run,
@@ -79,11 +80,18 @@ def child(run_dir: Path, path: str, n: int, r: int) -> int:
     lf = lead_file(run_dir, path, n)
 
     def lead() -> float | None:  # read once this child holds the GPU: the run before it chose it by then
-        return json.loads(lf.read_text())["lead_ms"] if lf.exists() else None  # none: this run runs the pilot
+        if lf.exists():
+            return json.loads(lf.read_text())["lead_ms"]
+        if cfg.pilot_only_runs and r >= cfg.pilot_only_runs:  # the pilot-only runs recorded their groups: choose
+            chosen = lead_from_pilot(cfg, RunRecord(run_dir, section.KEY).files().raw("groups.jsonl"), path, n)
+            if chosen is not None:
+                lf.write_text(json.dumps({"lead_ms": chosen, "rule": cfg.LEAD_RULE}))
+            return chosen
+        return None  # none: this run runs the pilot (or is a pilot-only run)
 
     _, summary = run_engine(cfg, path, n, r, lead, RunRecord(run_dir, section.KEY), log=lambda m: print(m, flush=True),
                             before_gpu=before_gpu)
-    if not lf.exists() and summary.get("status") == "ok":
+    if not lf.exists() and summary.get("status") == "ok" and summary.get("lead_ms") is not None:
         lf.write_text(json.dumps({"lead_ms": summary["lead_ms"], "block": summary["block"]}))
     print("SUMMARY " + json.dumps({k: summary.get(k) for k in ("block", "status", "lead_ms", "seconds", "engine_start_s",
                                                                "tier_ready_s", "server_boot_s", "close_s")}), flush=True)

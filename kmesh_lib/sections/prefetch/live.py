@@ -35,7 +35,8 @@ from kmesh_lib.sections.prefetch.protocol import confirm_arms, run_engine
 def live_params(cfg: PrefetchParams, path: str, n: int, lead_ms: float) -> PrefetchParams:
     """The notebook's parameters narrowed to one live measurement (validated like any run's)."""
     return dataclasses.replace(cfg, PATHS=[path], GROUP_SIZES=[n], LEADS_MS=[float(lead_ms)], ENGINE_RUNS=1,
-                               MEASURED_GROUPS=cfg.WIDGET_GROUPS, CONTROLS=[], SOURCE_RUN=None, RUN_DIR=None)
+                               MEASURED_GROUPS=cfg.WIDGET_GROUPS, CONTROLS=[], SOURCE_RUN=None, RUN_DIR=None,
+                               LEAD_RULE="all_ready", PILOT_ENGINE_RUNS=1)  # the lead is given: no pilot runs
 
 
 def expected_groups(cfg: PrefetchParams) -> int:

@@ -1,7 +1,7 @@
 """Section 20's parameters: paths, group sizes, leads, groups per arm, controls, the LMCache tier and its guard."""
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -46,7 +46,16 @@ class PrefetchParams(ContextGroupParams):
                     "was ready")
     FIXED_LEAD_MS: Annotated[float, Field(gt=0, le=MAX_MS)] = Field(
         250.0, description="section 16's fixed start (ms); the savings are also given from it")
-    PILOT_GROUPS: PositiveCount = Field(10, description="pilot groups per lead, path and group size")
+    PILOT_GROUPS: PositiveCount = Field(
+        10, description="pilot groups per lead, path and group size, over PILOT_ENGINE_RUNS engine runs")
+    LEAD_RULE: Literal["all_ready", "lower_bound"] = Field(
+        "all_ready", description="how the pilot picks the confirmation's lead: all_ready (the shortest lead at which "
+                                 "every pilot group was ready: the rule of the runs before issue 42), lower_bound (the "
+                                 "shortest lead whose readiness has a one-sided 95 % Clopper-Pearson lower bound of at "
+                                 "least 95 %; the pilot then needs PILOT_ENGINE_RUNS >= 3 and enough groups)")
+    PILOT_ENGINE_RUNS: PositiveCount = Field(
+        1, description="engine runs the pilot is spread over: 1, the pilot runs first in the first confirmation run "
+                       "(all_ready); more, pilot-only engine runs before the confirmation's (lower_bound)")
     ENGINE_RUNS: PositiveCount = Field(
         10, description="fresh engine runs the confirmation is spread over (paired, alternating order)")
     GPUBUF_ENGINE_RUNS: PositiveCount | None = Field(
@@ -87,6 +96,20 @@ class PrefetchParams(ContextGroupParams):
               "WARM_STORE_GUARD=true needs LMCACHE_SERVER=launcher (the guard lives in the launcher's server hooks)")
         check(set(self.CONTROLS) <= set(CONTROLS), f"CONTROLS={self.CONTROLS}: choose from {', '.join(CONTROLS)} (or [])")
         check(list(self.LEADS_MS) == sorted(set(self.LEADS_MS)), f"LEADS_MS={self.LEADS_MS}: ascending, no repeats")
+        if self.LEAD_RULE == "lower_bound":
+            from kmesh_lib.sections.prefetch.readiness import MIN_PILOT_RUNS, READY_FLOOR, pilot_groups_needed
+
+            need = pilot_groups_needed()
+            check(self.PILOT_ENGINE_RUNS >= MIN_PILOT_RUNS,
+                  f"PILOT_ENGINE_RUNS={self.PILOT_ENGINE_RUNS}: LEAD_RULE=lower_bound spreads the pilot over at least "
+                  f"{MIN_PILOT_RUNS} engine runs")
+            check(self.PILOT_GROUPS >= need, f"PILOT_GROUPS={self.PILOT_GROUPS}: with every group ready, {need} groups "
+                                             f"are the fewest whose one-sided 95 % lower bound reaches {READY_FLOOR:.0%}")
+            check(self.PILOT_GROUPS % self.PILOT_ENGINE_RUNS == 0,
+                  f"PILOT_GROUPS={self.PILOT_GROUPS}: a multiple of PILOT_ENGINE_RUNS={self.PILOT_ENGINE_RUNS}")
+        else:
+            check(self.PILOT_ENGINE_RUNS == 1, f"PILOT_ENGINE_RUNS={self.PILOT_ENGINE_RUNS}: LEAD_RULE=all_ready runs "
+                                               "the pilot in the first confirmation run (1)")
         check(self.MEASURED_GROUPS >= self.ENGINE_RUNS,
               f"MEASURED_GROUPS={self.MEASURED_GROUPS}: at least one per engine run (ENGINE_RUNS={self.ENGINE_RUNS})")
         check(self.CHUNK_SIZE % self.BLOCK_SIZE == 0,
@@ -108,6 +131,11 @@ class PrefetchParams(ContextGroupParams):
     @property
     def pairs_per_run(self) -> int:
         return -(-self.MEASURED_GROUPS // self.ENGINE_RUNS)
+
+    @property
+    def pilot_only_runs(self) -> int:
+        """Engine runs of each path and group size that run the pilot alone, before the confirmation's (lower_bound)."""
+        return self.PILOT_ENGINE_RUNS if self.LEAD_RULE == "lower_bound" else 0
 
     def engine_runs(self, path: str) -> int:
         """Fresh engine runs of ``path``'s confirmation (GPUBUF_ENGINE_RUNS for the GPU buffer, where set)."""

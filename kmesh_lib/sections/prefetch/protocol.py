@@ -268,6 +268,7 @@ def run_engine(cfg, path: str, n: int, run_index: int, lead_ms, record=None,
 
     run = PrefetchRun(cfg, path, n, run_index, log=log)
     t0 = time.monotonic()
+    pilot_only = run_index < cfg.pilot_only_runs
     try:
         run.begin()
         if before_gpu is not None:
@@ -276,8 +277,16 @@ def run_engine(cfg, path: str, n: int, run_index: int, lead_ms, record=None,
         if callable(lead_ms):
             lead_ms = lead_ms()
         run.start()
+        if pilot_only:  # LEAD_RULE=lower_bound: the pilot alone, its share of PILOT_GROUPS per lead
+            run.pilot(cfg.LEADS_MS, cfg.PILOT_GROUPS // cfg.PILOT_ENGINE_RUNS, record)
+            if run_index == 0 and path in MP_PATHS and cfg.CONTRAST_GROUPS:
+                run.contrast(list(cfg.SINGLEFLIGHT[1:]), cfg.CONTRAST_GROUPS, record)
+            run.summary.update(pilot_only=True, lead_ms=None, status="ok")
+            return run.groups, run.summary
         if lead_ms is None:
-            lead_ms = choose_lead(run.pilot(cfg.LEADS_MS, cfg.PILOT_GROUPS, record), cfg.LEADS_MS)
+            if cfg.pilot_only_runs:
+                raise RuntimeError(f"{path} N={n} run {run_index}: the confirmation needs the lead its pilot runs chose")
+            lead_ms = choose_lead(run.pilot(cfg.LEADS_MS, cfg.PILOT_GROUPS, record), cfg.LEADS_MS, cfg.LEAD_RULE)
             if path in MP_PATHS and cfg.CONTRAST_GROUPS:
                 run.contrast(list(cfg.SINGLEFLIGHT[1:]), cfg.CONTRAST_GROUPS, record)
         run.summary["lead_ms"] = lead_ms
@@ -300,3 +309,13 @@ def confirm_arms(cfg: PrefetchParams, lead_ms: float, path: str = "mp") -> list[
     if lead_ms != cfg.FIXED_LEAD_MS:
         arms.append(("early_fixed", cfg.FIXED_LEAD_MS / 1e3))
     return arms + [(placement_arm(path, c), 0.0) for c in cfg.CONTROLS]
+
+
+def lead_from_pilot(cfg, groups: list[dict], path: str, n: int) -> float | None:
+    """The lead the pilot-only runs of ``path`` and ``n`` chose (LEAD_RULE), once all of them recorded their groups;
+    None while the pilot is incomplete."""
+    pilot = [g for g in groups if g.get("phase") == "pilot" and g.get("path") == path and g.get("group_size") == n]
+    per_lead = {lead: sum(g["lead_ms"] == round(lead, 3) for g in pilot) for lead in cfg.LEADS_MS}
+    if any(v < cfg.PILOT_GROUPS for v in per_lead.values()):
+        return None
+    return choose_lead(pilot, cfg.LEADS_MS, cfg.LEAD_RULE)

@@ -19,6 +19,7 @@ import numpy as np
 
 from kmesh_lib.base.intervals import bootstrap_interval
 from kmesh_lib.lmcache.lookups import READS
+from kmesh_lib.sections.prefetch import readiness
 from kmesh_lib.workloads.context_groups import split_medians
 
 STOPWATCHES = {"wait_a_s": "A first token", "makespan_s": "all done"}
@@ -62,8 +63,11 @@ def classify(groups: list[dict], block_size: int | None = None) -> list[dict]:
     return out
 
 
-def choose_lead(pilot: list[dict], leads_ms: list[float]) -> float:
-    """The shortest lead at which every pilot group was ready; the longest lead when none was."""
+def choose_lead(pilot: list[dict], leads_ms: list[float], rule: str = "all_ready") -> float:
+    """``rule`` all_ready: the shortest lead at which every pilot group was ready; lower_bound: the shortest whose
+    readiness has a one-sided 95 % lower bound of at least 95 % (``readiness.choose``); the longest lead when none."""
+    if rule == "lower_bound":
+        return readiness.choose(pilot, leads_ms)
     for lead in sorted(leads_ms):
         recs = [g for g in pilot if g["lead_ms"] == round(lead, 3)]
         if recs and all(g["ready"] for g in recs):
@@ -373,3 +377,33 @@ def floor_wait(groups: list[dict]) -> dict[tuple[str, int], tuple[float, float, 
         if waits:
             out[(path, n)] = (float(np.median(waits)), float(np.quantile(waits, 0.25)), float(np.quantile(waits, 0.75)))
     return out
+
+
+def lead_choice(groups: list[dict], leads_ms: list[float], rule: str) -> list[dict]:
+    """Per path and group size, per pilot lead: ready x/n, its one-sided 95 % lower bound, whether the rule takes it;
+    on the chosen lead's row, the confirmation's early groups ready at T with their two-sided 95 % interval."""
+    rows = []
+    pilot = [g for g in groups if g.get("phase") == "pilot"]
+    for path, n in cases(pilot):
+        mine = _of(pilot, path, n)
+        chosen = choose_lead(mine, leads_ms, rule)
+        early = [g for g in _of(groups, path, n) if g.get("measured") and g.get("arm") == "early"]
+        for lead in sorted(leads_ms):
+            gs = [g for g in mine if g["lead_ms"] == round(lead, 3)]
+            ready = sum(bool(g["ready"]) for g in gs)
+            bound = readiness.lower_bound(ready, len(gs))
+            row = {"path": path, "group_size": n, "lead_ms": float(lead), "rule": rule,
+                   "pilot_engine_runs": len({g["block"] for g in gs}), "pilot_groups": len(gs), "pilot_ready": ready,
+                   "ready_lower_bound": round(bound, 4),
+                   "qualifies": (ready == len(gs) > 0) if rule == "all_ready" else bound >= readiness.READY_FLOOR,
+                   "chosen": float(lead) == chosen, "confirm_groups": None, "confirm_ready": None,
+                   "confirm_ready_low": None, "confirm_ready_high": None}
+            if float(lead) == chosen:
+                done = [g for g in early if g.get("lead_ms") == round(lead, 3)]
+                k = sum(bool(g["ready"]) for g in done)
+                low, high = readiness.interval(k, len(done))
+                row.update(confirm_groups=len(done), confirm_ready=k,
+                           confirm_ready_low=None if low is None else round(low, 4),
+                           confirm_ready_high=None if high is None else round(high, 4))
+            rows.append(row)
+    return rows

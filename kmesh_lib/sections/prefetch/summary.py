@@ -6,11 +6,13 @@ results.json. The savings are given without the groups in which a follow-up reco
 """
 from __future__ import annotations
 
+from kmesh_lib.base.declared import ABSENT
 from kmesh_lib.base.records import RunFiles
+from kmesh_lib.sections.prefetch import readiness
 from kmesh_lib.sections.prefetch import stats as ps
 from kmesh_lib.sections.prefetch.checks import measured_lines
 from kmesh_lib.sections.prefetch.params import PAPER, scaled
-from kmesh_lib.sections.prefetch.tables import bootstrap, confirmation_leads, groups_of, params_of
+from kmesh_lib.sections.prefetch.tables import TABLES, bootstrap, confirmation_leads, groups_of, params_of
 from kmesh_lib.workloads.context_params import MP_PATHS
 
 
@@ -50,7 +52,45 @@ def headline(run) -> dict[str, str]:
             f"{label} {r['context reads/group (mean)']:.2f} ({r['reads by lookup']})" for label, r in arms)
     recomputing = sum(g.get("status") == "recomputed" for g in groups)
     out["groups in which a follow-up recomputed the context"] = str(recomputing)
+    for (path, n), rows_ in _lead_rows(run).items():  # runs with LEAD_RULE only (the published runs before keep theirs)
+        c = next((r for r in rows_ if r["chosen"]), None)
+        if c is not None and c["confirm_groups"]:
+            out[f"{path} N={n}: chosen lead, ready at T"] = (
+                f"{c['lead_ms']:g} ms ({c['rule']}); pilot {c['pilot_ready']}/{c['pilot_groups']} (lower bound "
+                f"{c['ready_lower_bound']:.1%}); confirmation {c['confirm_ready']}/{c['confirm_groups']} "
+                f"[{c['confirm_ready_low']:.1%}, {c['confirm_ready_high']:.1%}]")
     return out
+
+
+def _lead_rows(run) -> dict[tuple, list[dict]]:
+    built = TABLES["lead_choice"].build(run)
+    out: dict[tuple, list[dict]] = {}
+    for r in [] if built is ABSENT else built:
+        out.setdefault((r["path"], r["group_size"]), []).append(r)
+    return out
+
+
+def lead_text(rows: list[dict]) -> str:
+    """Which lead was chosen and why (each pilot lead's readiness and bound), and the chosen lead's ready-at-T."""
+    c = next((r for r in rows if r["chosen"]), None)
+    if c is None:
+        return ""
+    pilot = ", ".join(f"{r['lead_ms']:g} ms {r['pilot_ready']}/{r['pilot_groups']} (bound {r['ready_lower_bound']:.1%})"
+                      for r in rows)
+    runs = f" over {c['pilot_engine_runs']} engine runs" if c["pilot_engine_runs"] > 1 else ""
+    if c["rule"] == "lower_bound":
+        why = (f"the shortest whose pilot readiness has a one-sided 95 % Clopper-Pearson lower bound of at least "
+               f"{readiness.READY_FLOOR:.0%}" if c["qualifies"] else
+               f"the longest: no lead's one-sided 95 % lower bound reached {readiness.READY_FLOOR:.0%}")
+    else:
+        why = ("the shortest at which every pilot group was ready" if c["qualifies"] else
+               "the longest: no lead had every group ready")
+    text = f" The lead, {c['lead_ms']:g} ms, is {why} (pilot ready{runs}: {pilot})."
+    if c["confirm_groups"]:
+        text += (f" In the confirmation {c['confirm_ready']} of {c['confirm_groups']} early groups were ready at T "
+                 f"({c['confirm_ready'] / c['confirm_groups']:.1%}, 95 % interval [{c['confirm_ready_low']:.1%}, "
+                 f"{c['confirm_ready_high']:.1%}]).")
+    return text
 
 
 def answer(run) -> str:
@@ -69,6 +109,7 @@ def answer(run) -> str:
         if "contrast" in row["phase"]:
             contrast.setdefault((row["path"], row["group_size"]), []).append(row)
     parts = []
+    leads = _lead_rows(run)
     for (path, n, _), r in main:
         lo, hi = r["A first token 95% CI ms"]
         verdict = "**helps**" if lo > 0 else ("**costs time**" if hi < 0 else "**shows no clear saving**")
@@ -76,6 +117,7 @@ def answer(run) -> str:
                 f"A's first token {r['A first token on_arrival ms']:.1f} -> {r['A first token early ms']:.1f} ms "
                 f"(saving {_saving(r, 'A first token')} over {r['pairs']} pairs), every follow-up done "
                 f"{_saving(r, 'all done')} sooner; {r['ready']} early groups were ready at T.")
+        text += lead_text(leads.get((path, n), []))
         floor = place.get((path, n, "early"))
         if floor and "A first token above floor ms" in floor:
             flo, fhi = floor["A first token above floor 95% CI"]
@@ -172,7 +214,7 @@ def public_results(run) -> dict:
     run = RunFiles.of(run)
     params, groups, rows, with_ = _tables(run)
     resamples, seed = params.BOOTSTRAP_RESAMPLES, params.SEED
-    return {
+    out = {
         "bootstrap": bootstrap(params),
         "confirmation_lead_ms": confirmation_leads(run.raw("blocks.jsonl")),
         "all_cases": [_numbers(r) for r in rows.values()],
@@ -186,6 +228,10 @@ def public_results(run) -> dict:
         "groups_recorded": len(groups),
         "raw_sha256": {name: run.raw_sha256(name) for name in run.raw_names()},
     }
+    lead_choice = TABLES["lead_choice"].build(run)
+    if lead_choice is not ABSENT:  # runs with LEAD_RULE only: the published runs before keep their document
+        out["lead_choice"] = lead_choice
+    return out
 
 
 def _ci(row: dict, label: str) -> str:

@@ -8,6 +8,9 @@
     pilot_readiness, lead_sweep, example_4, all_cases, all_cases_with_recomputed, placement, disk_reads,
     singleflight, restore_split, driver_overhead, recomputed_groups    the tables of ``stats``
     topology                   the striped row and the GPU buffer's route, as the run recorded the machine
+    lead_choice                per pilot lead: ready x/n, its one-sided 95 % lower bound, whether LEAD_RULE takes it;
+                               the confirmation's ready-at-T with its 95 % interval at the chosen lead (absent from
+                               runs recorded before LEAD_RULE)
 
 The intervals are recomputed with the run's own resamples and seed, always: a run whose results name
 another resampling differs in ``bootstrap`` and in every table with intervals. The notebook and the GPU
@@ -16,7 +19,7 @@ results.json to them; the section's figure checks compare the same builds.
 """
 from __future__ import annotations
 
-from kmesh_lib.base.declared import Table
+from kmesh_lib.base.declared import ABSENT, Table
 from kmesh_lib.sections.prefetch import stats as ps
 from kmesh_lib.sections.prefetch.params import PrefetchParams, scaled
 from kmesh_lib.workloads.context_checks import topology_rows
@@ -59,6 +62,15 @@ def _of_groups(table):
     return Table(lambda run: table(groups_of(run)))
 
 
+def _lead_choice(run):
+    """The pilot's lead choice under the run's LEAD_RULE; absent from runs recorded before the rule was a parameter
+    (their params.resolved.yaml names none: they chose the shortest all-ready lead, pilot_readiness shows it)."""
+    if "LEAD_RULE" not in run.params:
+        return ABSENT
+    cfg = params_of(run)
+    return ps.lead_choice(groups_of(run), list(cfg.LEADS_MS), cfg.LEAD_RULE)
+
+
 TABLES: dict[str, Table] = {
     "scaled": Table(lambda run: bool(scaled(params_of(run)))),
     "bootstrap": Table(lambda run: bootstrap(params_of(run))),
@@ -77,6 +89,7 @@ TABLES: dict[str, Table] = {
     "driver_overhead": _of_groups(ps.overhead),
     "recomputed_groups": _of_groups(ps.recomputed_groups),
     "lead_sweep": _of_groups(ps.lead_sweep),
+    "lead_choice": Table(_lead_choice),
 }
 
 __all__ = ["TABLES", "bootstrap", "confirmation_leads", "groups_of", "params_of"]

@@ -28,6 +28,7 @@ from __future__ import annotations
 from kmesh_lib.base import topology
 from kmesh_lib.base.processes import runtime_root
 from kmesh_lib.base.records import RunRecord
+from kmesh_lib.engine import costs
 from kmesh_lib.lmcache.connect import gpu_tier_support
 from kmesh_lib.sections.retention.blocks import PlannedBlock, plan_blocks
 from kmesh_lib.sections.retention.child import run_block_in_child
@@ -105,6 +106,8 @@ def plan(cfg: RetentionParams) -> dict:
                                f"{cfg.CONTROL_WARMUP_GROUPS} warm-up + {cfg.CONTROL_MEASURED_GROUPS} measured pairs")
     out["LMCache's own tier in GPU memory"] = "a row, not available in LMCache 0.5.3 / 0.5.6 (checked at run time)"
     out["expected duration"] = expected_duration(cfg)
+    span = expected_span(cfg)
+    out[costs.GPU_TIME] = costs.gpu_time(cfg.DEVICE, span, why=f"no timing recorded for profile {cfg.PROFILE!r}")
     if cfg.SOURCE_RUN:
         out["source"] = f"renders {cfg.SOURCE_RUN} in place (no engine starts)"
     return out
@@ -114,7 +117,7 @@ def _nearest(table: dict[int, tuple], n: int) -> tuple[float, float]:
     return table[min(table, key=lambda k: abs(k - n))]
 
 
-def expected_duration(cfg: RetentionParams) -> str:
+def expected_span(cfg: RetentionParams) -> costs.Span | None:
     """From the sizes: engine starts x start time + groups x time per group, low to high.
 
     Groups per block: arms x (warm-up pairs + measured pairs x combinations: arrival patterns x MP
@@ -123,7 +126,7 @@ def expected_duration(cfg: RetentionParams) -> str:
     """
     timing = TIMING.get(cfg.PROFILE)
     if timing is None:
-        return f"no timing recorded for profile {cfg.PROFILE!r}"
+        return None
     low = high = 0.0
     patterns = len(cfg.FOLLOWUP_ARRIVALS)
     for b in plan_blocks(cfg):
@@ -139,6 +142,15 @@ def expected_duration(cfg: RetentionParams) -> str:
             groups = (len(b.arms) if b.arms else 2) * (cfg.WARMUP_GROUPS + cfg.MEASURED_GROUPS * combos)
             per = _nearest(timing["external_s"], b.group_size)
         low, high = low + timing["start_s"][0] + groups * per[0], high + timing["start_s"][1] + groups * per[1]
+    return costs.Span(low, high)
+
+
+def expected_duration(cfg: RetentionParams) -> str:
+    """``expected_span`` in words, with the run it was measured on."""
+    timing, span = TIMING.get(cfg.PROFILE), expected_span(cfg)
+    if span is None:
+        return f"no timing recorded for profile {cfg.PROFILE!r}"
+    low, high = span.low, span.high
     mid = (low + high) / 2
     return (f"about {_minutes(mid)} ({_minutes(low)} to {_minutes(high)}; retried pairs add to it), from the times per "
             f"group and engine start of {timing['source']}")

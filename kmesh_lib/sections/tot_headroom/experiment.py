@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kmesh_lib.base.records import environment, sha256_file
+from kmesh_lib.engine import costs
 from kmesh_lib.engine.model_spec import ByteTokenizer, materialize, resolve, tokenizer_for
 from kmesh_lib.engine.vllm_engine import make_engine
 from kmesh_lib.kv.capture import BlockPoolCapture, drain_check
@@ -183,6 +184,7 @@ def plan(cfg: TotHeadroomParams) -> dict:
     num_scale_calls = CALLS_PER_PUZZLE * cfg.NUM_SCALE_PUZZLES * len(cfg.SCRIPT_ERROR_RATES)
     replay_s = REPLAY_S_PER_CALL * (CALLS_PER_PUZZLE * len(puzzles) + num_scale_calls) * len(stock_pool_sizes(cfg))
     scripted = cfg.POLICY == "scripted"
+    seconds = ENGINE_START_S[cfg.DEVICE] + engine_s + replay_s + NOTEBOOK_S if engine_s is not None and scripted else None
     return {
         "policy": policy_label(cfg) + (": outputs forced, every call prefilled and decoded by the engine"
                                        if scripted else ""),
@@ -211,4 +213,6 @@ def plan(cfg: TotHeadroomParams) -> dict:
                               else "not measured for this shape and device"
                               + ("; with random or dummy weights nothing parses: one proposal call per puzzle"
                                  if not scripted and spec.is_synthetic else "")),
+        costs.GPU_TIME: costs.gpu_time(cfg.DEVICE, None if seconds is None else costs.Span(seconds, seconds),
+                                       why="no decode-step time measured for this shape and device"),
     }

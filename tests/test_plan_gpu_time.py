@@ -1,0 +1,46 @@
+"""`kmesh plan` states a run's GPU time before it starts: every section with a gpu profile gives the plan line
+``GPU time`` from its own cost model, in GPU seconds; on the CPU it says none."""
+from __future__ import annotations
+
+import importlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kmesh_lib.base.params import resolve_params
+from kmesh_lib.engine import costs
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU_PROFILED = sorted(p.name.removesuffix(".gpu.yaml") for p in (ROOT / "params").glob("*.gpu.yaml")
+                      if p.name != "engine.gpu.yaml") + ["engine_check"]
+
+
+def test_gpu_time_is_stated_in_gpu_seconds():
+    assert costs.gpu_time("cuda", costs.Span(100, 300)) == "about 200 GPU s (100 to 300 GPU s; 1 GPU)"
+    assert costs.gpu_time("cuda", costs.Span(50, 50), gpus=2) == "about 100 GPU s (2 GPUs)"
+    assert costs.gpu_time("cpu", costs.Span(1, 2)) == "none (DEVICE=cpu)"
+    assert costs.gpu_time("cuda", None, why="no timing").startswith("not estimated: no timing")
+
+
+@pytest.mark.parametrize("key", GPU_PROFILED)
+def test_every_gpu_profile_plans_its_gpu_time(key):
+    section = importlib.import_module(f"kmesh_lib.sections.{key}")
+    try:
+        cfg, _, _ = resolve_params(section, "gpu", [], [])
+        plan = section.plan(cfg)
+    except FileNotFoundError as e:  # section 19's puzzles are a data set a clone may lack
+        pytest.skip(f"{key}: {e}")
+    assert re.fullmatch(r"about [\d,]+ GPU s \(.*GPUs?\)", plan[costs.GPU_TIME]), plan[costs.GPU_TIME]
+    cpu, _, _ = resolve_params(section, "smoke", [], [])
+    assert section.plan(cpu)[costs.GPU_TIME] == f"none (DEVICE={cpu.DEVICE})"
+
+
+@pytest.mark.parametrize("number", ["16", "20", "21", "22"])
+def test_kmesh_plan_prints_the_gpu_time(number):
+    out = subprocess.run([sys.executable, "-m", "kmesh_lib.app.cli", "plan", number, "--profile", "gpu"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"^GPU time: about [\d,]+ GPU s", out.stdout, re.M), out.stdout
