@@ -117,6 +117,12 @@ def checks(run: RunFiles) -> list[Check]:
         out.append(all_of("disk: every follow-up read the context from the disk tier", by_arm["disk"],
                           lambda r: (r["disk_read_bytes"] or 0) >= r["context_bytes"],
                           lambda r: f"{r['tag']}: read {r['disk_read_bytes']} of {r['context_bytes']} bytes", "no disk rows"))
+    if "lmcache_mp" in arm_names:
+        out.append(all_of("lmcache_mp: the context was in the LMCache server's memory tier (L1) before every follow-up",
+                          [r for r in measured if r["arm"] == "lmcache_mp"],
+                          lambda r: (r.get("memory_tier_bytes") or 0) >= r["context_bytes"],
+                          lambda r: f"{r['tag']}: {r.get('memory_tier_bytes')} of {r['context_bytes']} bytes",
+                          "no lmcache_mp rows"))
     disk_arms = [a for a in arm_names if KIND[a] == "disk"]
     others = [r for r in measured if KIND[r["arm"]] != "disk"]
     out.append(all_of(f"{', '.join(a for a in arm_names if a not in disk_arms)}: no follow-up read the disk tier", others,
