@@ -145,7 +145,7 @@ def checks(run: RunFiles) -> list[Check]:
 PAIRED_CHECKS = (
     "every (model, context, restore path) ran its planned restore/resident pairs, in alternating order",
     "every follow-up of a pair found the whole context (the restore in its tier, the resident one in vLLM's cache)",
-    "every point of the paired design measured its floors before and after its pairs",
+    "every point of the paired design measured its floors before and after its pairs, each without an error",
     f"the restore span's 95% interval half-width is at most {report.RESOLVE_FRACTION:.0%} of its floor at every point "
     f"of {report.RESOLVE_MIN_TOKENS:,} tokens and more (DRAM, LMCache server, GPU buffer, vLLM's CPU tier)",
 )
@@ -181,8 +181,9 @@ def paired_checks(run: RunFiles) -> list[Check]:
     tier_of = report.TIER_OF
     points = sorted({(m, n, tier_of[a]) for m, n, a in want})
     measured = {}
-    for f in floors:
-        measured.setdefault((f["model"], f["context_tokens"], f["tier"]), set()).add(f["when"])
+    for f in floors:  # a measurement with a floor it could not take does not count
+        if not f.get("errors"):
+            measured.setdefault((f["model"], f["context_tokens"], f["tier"]), set()).add(f["when"])
     out.append(all_of(PAIRED_CHECKS[2], points, lambda k: measured.get(k) == {"before", "after"},
                       lambda k: f"{k}: {sorted(measured.get(k, []))}", "no point planned pairs"))
     table = report.resolution_table(pairs, floors)
