@@ -8,6 +8,14 @@ design (``arm_order``: each arm in each position, and after each other arm, equa
 follow-up each (context + SUFFIX_TOKENS, MAX_TOKENS out). One row per (model, context, arm, repeat)
 goes to ``raw/rows.jsonl`` as it is measured.
 
+Then the paired design, per point: the floors the tier's restores are judged by (``point_floors``: the context's
+bytes moved in the tier's chunks, in the engine's process) are measured, every restore arm runs NUM_RESTORES
+(disk arms NUM_DISK_RESTORES) pairs of a restore and its engine's resident follow-up back to back
+(``RestoreBench.run_pairs``: the order alternating pair by pair), and the floors are measured again:
+``raw/point_floors.jsonl`` (before, after) and ``raw/pairs.jsonl`` (one row per follow-up, with its pair and role).
+The differences of two medians of a few follow-ups could not resolve a copy of a millisecond against a first token
+that scatters by several; each restore's own span can, and the paired first tokens cancel the engine's drift.
+
     path    where LMCache runs                       default on
     mp      ``lmcache server`` + LMCacheMPConnector   cpu (the in-process connector has no CPU GPU-connector)
     inproc  LMCacheConnectorV1 in the vLLM process    cuda
