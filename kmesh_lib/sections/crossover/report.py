@@ -685,20 +685,23 @@ MP_PATHS = ("mp",)  # rows.jsonl's path of LMCache's server (its lookup is the L
 def restore_span(row: dict) -> tuple[float | None, str]:
     """One restore's own span in seconds and where it comes from: the tier's timeline (the GPU buffer: CUDA events
     around its copy into vLLM's blocks, host stamps on the CPU build; vLLM's CPU tier: its own load time), else
-    LMCache's worker-side load (``start_load_kv``, host stamps; on the MP path a disk restore's lookup, which holds
-    the server's disk read, is added). None where the row recorded none."""
+    LMCache's worker-side load (``start_load_kv``: CUDA events around it where recorded, ``lmcache.probes``, else its
+    host stamps; on the MP path a disk restore's lookup, which holds the server's disk read, is added). None where
+    the row recorded none."""
     split, comp = row.get("split") or {}, row.get("components") or {}
     if row["arm"] in GPUBUF_RESTORES:
         return split.get("restore_s"), "tier timeline (restore_s)"
     if row["arm"] == "native_offload":
         return split.get("load_time_s"), "vLLM's load time (load_time_s)"
-    load = comp.get("load_s")
+    gpu = comp.get("load_gpu_s")  # CUDA events around start_load_kv (runs before them have host stamps only)
+    load = gpu if gpu is not None else comp.get("load_s")
+    how = "CUDA events around start_load_kv (load_gpu_s)" if gpu is not None else "start_load_kv (host stamps, load_s)"
     if load is None:
         return None, "no load stamped"
     if row.get("path") in MP_PATHS and row["arm"] == "disk":
         wall = comp.get("lookup_wall_s")
-        return (None if wall is None else load + wall), "lookup_wall_s + load_s (host stamps)"
-    return load, "start_load_kv (host stamps, load_s)"
+        return (None if wall is None else load + wall), f"lookup_wall_s (host stamps) + {how}"
+    return load, how
 
 
 def floor_range_ms(path: str, point_floors: list[dict]) -> list[float] | None:
