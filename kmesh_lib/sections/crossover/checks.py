@@ -156,7 +156,7 @@ def paired_checks(run: RunFiles) -> list[Check]:
     runs recorded before it (no raw/pairs.jsonl) or that planned no pairs (NUM_RESTORES=0)."""
     p = run.params
     if not run.has_raw("pairs.jsonl"):
-        return [Check(name, "skipped", PAIRED_SINCE) for name in PAIRED_CHECKS]
+        return [Check(name, "skipped", PAIRED_SINCE, predates=PAIRED_SINCE) for name in PAIRED_CHECKS]
     pairs, floors = run.raw("pairs.jsonl"), run.raw("point_floors.jsonl")
     cfg_pairs = {a: (p.get("NUM_DISK_RESTORES") if KIND[a] == "disk" else p.get("NUM_RESTORES")) or 0
                  for a in p["ARMS"] if a in report.RESIDENT_OF}
@@ -233,7 +233,7 @@ def table_checks(run: RunFiles) -> list[Check]:
             built = TABLES[key].build(run)
             if built is ABSENT:  # a table of raw data this run does not have: it must be absent from results.json too
                 out.append(Check(name, "failed", f"results.json has a {key!r} table this run's raw/ cannot give")
-                           if key in results else Check(name, "skipped", PAIRED_SINCE))
+                           if key in results else Check(name, "skipped", PAIRED_SINCE, predates=PAIRED_SINCE))
                 continue
             built = json_value(built)
         except RunFileError as e:  # floor_distance where results.json records no floors; a damaged file stops here
