@@ -146,11 +146,17 @@ def answer(run: RunFiles) -> str:
                   + ", paired by repeat and pooled over the points (the median of the "
                   "pairs' differences, its 95% bootstrap interval):\n\n" + pooled)
     resolution = tables.get("restore_resolution") or []
+    judged = [r for r in resolution if r["context_tokens"] >= report.RESOLVE_MIN_TOKENS]
+    if resolution and not judged:  # a grid of short contexts: its longest, per model
+        top = {m: max(r["context_tokens"] for r in resolution if r["model"] == m) for m in {r["model"] for r in resolution}}
+        judged = [r for r in resolution if r["context_tokens"] == top[r["model"]]]
+    resolution = judged
     if resolution:
         goals += ("\n\n" if goals else "") + (
             "Each restore resolved, from the paired design (restore and resident follow-up back to back on one engine, "
             "the floor measured before and after each point, as a range; an interval holding 0 is no cost measured, "
-            "one reaching down to the floor's range is at the floor):\n\n"
+            f"one reaching down to the floor's range is at the floor; points of {_n(report.RESOLVE_MIN_TOKENS)} tokens "
+            "and more, else each model's longest; every point in the restore_resolution table):\n\n"
             + "\n".join(f"- {line}" for line in _resolution_sentences(resolution)))
     body = "\n".join(text[:2]) + "\n\n" + "\n".join(text[2:2 + len(per_model)]) + "\n\n"
     if not split_lines:
