@@ -413,7 +413,7 @@ def goal_points_table(tables: dict, rows: list[dict] | None = None, goals: list[
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for point in points:
         g, c = goals.get(point), critical.get(point)
-        fastest = (f"{LABEL[g['fastest_path']]} {g['fastest_x_floor']}{x}"
+        fastest = (f"{LABEL[g['fastest_path']]} {_cost_against_floor(g)}"
                    + (f", {g['fastest_goal']}" if "fastest_goal" in g else "")) if g else ""
         least = (f"{LABEL[c['path']]}: {c['critical_ms']:,.3f} ms ({_parts(c)}) / {c['transfer_floor_ms']:,.3f} = "
                  f"**{c['x_floor']:.2f}{x}**"
@@ -424,6 +424,17 @@ def goal_points_table(tables: dict, rows: list[dict] | None = None, goals: list[
                             f"{r['difference_ci_ms'][1]:+,.2f}]" for r in steps.get(point, [])) or "not timed"
         lines.append(f"| {point[0]} | {_n(point[1])} | {fastest} | {least} | {charged} | {forward} |")
     return "\n".join(lines)
+
+
+def _cost_against_floor(g: dict) -> str:
+    """A goal row's fastest cost against its floor by ``report.floor_verdict`` where its interval was computed (no
+    cost measured, at the floor, or a ratio range of at least 1), else its median ratio only where that is at least 1
+    (a median below the floor or below zero is no result)."""
+    if g.get("fastest_cost_ci_ms") and g.get("fastest_floor_ms"):
+        low, high = g["fastest_cost_ci_ms"]
+        return report.floor_verdict(low, high, [g["fastest_floor_ms"]] * 2)
+    ratio = g.get("fastest_x_floor")
+    return f"{ratio}\u00d7" if ratio is not None and ratio >= 1 else "median at or below its floor (no interval)"
 
 
 def _device_label(label: str) -> str:
