@@ -165,3 +165,18 @@ def test_the_lmcache_server_tier_runs_its_arms_and_pairs_on_cpu(tmp_path):
     assert [(f["when"], sorted(f["floors"])) for f in floors] == [("before", ["copy"]), ("after", ["copy"])]
     (row,) = cr.resolution_table(pairs, floors)
     assert row["path"] == "lmcache_mp" and row["num_pairs"] == 2 and row["floor_ms"][0] <= row["floor_ms"][1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["copy", "device"])
+def test_a_chunked_floor_on_cuda_moves_the_context_at_a_plausible_bandwidth(kind):
+    """On a GPU: 64 MiB in 4 MiB pieces, one and four streams in flight; the label names the device route and the
+    bandwidth is a real one (above 1 GiB/s, below 20 TiB/s)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    for depth in (1, 4):
+        got = pf.chunked_floor(kind, 64 << 20, 4 << 20, depth, 3, "cuda")
+        assert ("host->device" if kind == "copy" else "device->device") in got["label"]
+        gib_per_s = got["bytes"] / got["median_s"] / (1 << 30)
+        assert 1 < gib_per_s < 20 * 1024, (depth, gib_per_s)
