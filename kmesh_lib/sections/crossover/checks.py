@@ -432,6 +432,11 @@ def counts(run: RunFiles) -> dict[str, int | str]:
     restores = [r.get("num_restores") for r in measured if "num_restores" in r]
     if restores:
         out["GPU-buffer restores in measured rows"] = sum(restores)
+    if run.has_raw("pairs.jsonl"):  # the paired design (runs recorded before it have none)
+        pairs = run.raw("pairs.jsonl")
+        out["pair rows (restore, resident)"] = (f"{sum(p['role'] == 'restore' for p in pairs)}, "
+                                                f"{sum(p['role'] == 'resident' for p in pairs)}")
+        out["floor measurements around the points"] = len(run.raw("point_floors.jsonl"))
     for model, kvt in kv_bytes(run).items():
         out[f"{model} kv bytes per token"] = kvt
     for s in run.raw("stores.jsonl"):
