@@ -95,6 +95,27 @@ def test_a_check_that_needs_data_this_machine_lacks_is_not_a_mismatch(section, c
         Check("x", "ok", outside_input="the corpus")
 
 
+def test_a_later_check_the_run_predates_is_left_out_not_unrecorded(section, capsys, monkeypatch):
+    """A check a later version of the section states, skipped because the run predates its evidence (``predates``),
+    is left out of the verdict of a passed run that never recorded it, and named in the summary; skipped without that
+    reason, the same unrecorded check is a mismatch of a passed run's record."""
+    from kmesh_lib.base.checks import Check
+
+    run_dir = fake_section.make_run()
+    all_checks = fake_section.checks
+    later = Check("the pairs were measured", "skipped", "this run predates the pairs", predates="this run predates the pairs")
+    monkeypatch.setattr(fake_section, "checks", lambda run: [*all_checks(run), later])
+    code, out, _ = verify(run_dir, capsys)
+    assert code == 0 and out[-1].startswith("verified: 2 ok, 0 failed, 0 skipped")
+    assert "1 later check(s) this run predates, left out (skipped: this run predates the pairs)" in out[-1]
+    bare = Check("the pairs were measured", "skipped", "no pairs")
+    monkeypatch.setattr(fake_section, "checks", lambda run: [*all_checks(run), bare])
+    code, out, _ = verify(run_dir, capsys)
+    assert code == 1 and any(line.startswith("UNRECORDED") for line in out)
+    with pytest.raises(ValueError, match="predates names why a check is skipped"):
+        Check("x", "ok", predates="a later capture")
+
+
 def damage(run_dir: Path, kind: str) -> str:
     """Damages ``run_dir`` one way; returns the file name the one-line error must name."""
     results, raw = run_dir / "results.json", run_dir / "raw" / "items.jsonl"

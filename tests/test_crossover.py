@@ -37,9 +37,10 @@ def test_model_params_fit_longest_context():
     m = model_params(cfg, "kvheavy")
     assert m.MAX_MODEL_LEN >= 1024 + cfg.SUFFIX_TOKENS + 1 and m.MAX_MODEL_LEN % m.BLOCK_SIZE == 0
     assert (m.NUM_GPU_BLOCKS - 1) * m.BLOCK_SIZE >= 2 * m.MAX_MODEL_LEN
-    assert grid_size(cfg) == 1 * 2 * 8 * (cfg.WARMUP_REPEATS + cfg.NUM_REPEATS)  # LMCache's 4 arms and the GPU buffer's 4
-    assert tiers(cfg) == ["lmcache", "gpubuf"] and arms_of(cfg, "gpubuf") == ["gpubuf_retained", "gpubuf_layered", "gpubuf_disk",
-                                                                                  "gpubuf_resident"]
+    # LMCache's 4 arms, the GPU buffer's 4, LMCache's server's 2
+    assert grid_size(cfg) == 1 * 2 * 10 * (cfg.WARMUP_REPEATS + cfg.NUM_REPEATS)
+    assert tiers(cfg) == ["lmcache", "gpubuf", "lmcache_mp"]
+    assert arms_of(cfg, "gpubuf") == ["gpubuf_retained", "gpubuf_layered", "gpubuf_disk", "gpubuf_resident"]
     assert arm_order(["a", "b", "c", "d"], 0) == ["a", "b", "d", "c"]
 
 
@@ -252,9 +253,13 @@ def test_a_recorded_grid_passes_its_checks(recorded_grid):
 
     statuses = _statuses(recorded_grid.run_dir)
     assert "failed" not in statuses.values(), statuses
-    # LMCache's arms alone: the GPU buffer's checks and the tables no LMCache row gives are stated, skipped
+    # LMCache's arms alone: the GPU buffer's checks and the tables no LMCache row gives are stated, skipped; so are
+    # the paired design's checks and table, which a run without raw/pairs.jsonl predates
+    from kmesh_lib.sections.crossover.checks import PAIRED_CHECKS
+
     assert {n for n, s in statuses.items() if s == "skipped"} == {n for n in statuses if n.startswith("gpubuf:")} | {
-        TABLE_CHECKS[k] for k in ("splits", "scatter_sources", "forward_steps", "forward_step_pairs")}
+        TABLE_CHECKS[k] for k in ("splits", "scatter_sources", "forward_steps", "forward_step_pairs",
+                                  "restore_resolution")} | set(PAIRED_CHECKS)
     assert len([s for s in statuses.values() if s == "ok"]) >= 18
     xo = {r["path"]: r for r in recorded_grid.results["crossover"]}
     assert xo["dram"]["crossover_tokens"] == 1024 and xo["disk"]["crossover_tokens"] is None
@@ -361,8 +366,9 @@ def test_saved_tables_are_what_verify_rebuilds_and_an_edit_of_one_is_reported(fi
 
     run = request.getfixturevalue(fixture)
     saved = save_declared(run.run_dir)
-    assert set(saved) == {k for k, t in section.TABLES.items() if t.build is not None}
-    assert set(section.TABLES) <= set(run.results)  # the recorded-only floors and grid time too
+    # restore_resolution is ABSENT: the fixture predates the paired design (no raw/pairs.jsonl), so it is not saved
+    assert set(saved) == {k for k, t in section.TABLES.items() if t.build is not None} - {"restore_resolution"}
+    assert set(section.TABLES) - {"restore_resolution"} <= set(run.results)  # the recorded-only floors and grid time too
     assert _table_problems(run) == {}
     lines = [line for line in record_lines(section, run, run.results, section.checks(run)) if "table" in line.name]
     assert len(lines) == len(section.TABLES) and all(line.ok for line in lines), [line.text() for line in lines]
@@ -477,6 +483,7 @@ def recorded_tiers(recorded_grid):
 def test_a_recorded_grid_with_the_gpu_buffer_passes_its_checks(recorded_tiers):
     from kmesh_lib.base.public import validate_public
     from kmesh_lib.sections import crossover as section
+    from kmesh_lib.sections.crossover.checks import PAIRED_CHECKS
 
     statuses = _statuses(recorded_tiers.run_dir)
     assert "failed" not in statuses.values(), {n: s for n, s in statuses.items() if s != "ok"}
@@ -484,7 +491,8 @@ def test_a_recorded_grid_with_the_gpu_buffer_passes_its_checks(recorded_tiers):
     assert {n for n, s in statuses.items() if s == "skipped"} == {
         n for n in statuses if n.startswith("gpubuf: every restore") and "added to its step" not in n} | {
         TABLE_CHECKS["scatter_sources"], "gpubuf: what every restore added to its step is its lookup, timing sync, host "
-        "calls and the forward pass's wait, each recorded and none negative"}
+        "calls and the forward pass's wait, each recorded and none negative", TABLE_CHECKS["restore_resolution"]} | set(
+        PAIRED_CHECKS)  # the paired design's: the fixture predates it
     assert "every (model, tier) child finished ok" in statuses
     assert "results.json restore timeline splits equal the rows" in statuses
     assert "results.json forward passes' own spans against the resident's equal the rows" in statuses

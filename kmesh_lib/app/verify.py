@@ -11,7 +11,9 @@ notebook's checks cell called. A run passes verify when:
   longer computed or never recorded is a mismatch). One exception: a check skipped here for an input
   outside the run folder that this machine lacks (``Check.outside_input``: section 17's corpus in a
   clone without the data) is ``unavailable``, listed and counted, not a mismatch: the run's own files
-  are intact;
+  are intact. And a check the run never recorded that is skipped because the run predates its evidence
+  (``Check.predates``: a capture a later version of the section records) is left out of the verdict and named
+  in its summary: the record is held to what the section could state about it when it ran;
 - the record itself holds (``RecordLine``): the status and ``check_counts`` recompute from the checks;
   every table ``results.json`` holds is one the section declares and equals the one built from the
   run's files (``base.declared``); every file hashed when the run finished (``capture_sha256``: each
@@ -107,6 +109,7 @@ class Verdict:
     lines: list[Line] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
     record_lines: list[RecordLine] = field(default_factory=list)
+    predated: list[Check] = field(default_factory=list)  # unrecorded checks skipped because the run predates them
 
     @property
     def finished(self) -> bool:
@@ -143,6 +146,9 @@ class Verdict:
             why.append("no checks computed")
         if unavailable:
             why.append(f"{unavailable} recorded ok, not recomputable here (an input outside the run is absent)")
+        if self.predated:
+            why.append(f"{len(self.predated)} later check(s) this run predates, left out (skipped: "
+                       + "; ".join(sorted({c.predates for c in self.predated}))[:200] + ")")
         if record:
             why.append(f"{record} of {len(self.record_lines)} record statements fail: "
                        + ", ".join(r.name for r in self.record_lines if not r.ok)[:200])
@@ -246,8 +252,10 @@ def verify(section: ModuleType, run: RunFiles) -> Verdict:
     if not isinstance(status, str):
         raise RunFileError(f"{run.run_dir / 'results.json'}: no status recorded")
     recorded = recorded_statuses(results)
-    checks = call_section(section, "checks", run)
-    verdict = Verdict(run.run_id, status, checks=list(checks))
+    computed = call_section(section, "checks", run)
+    checks = [c for c in computed if not (c.predates and c.status == "skipped" and c.name not in recorded)]
+    verdict = Verdict(run.run_id, status, checks=list(checks),
+                      predated=[c for c in computed if c.predates and c.status == "skipped" and c.name not in recorded])
     for c in checks:
         verdict.lines.append(Line(c.name, c.status, recorded.pop(c.name, None), c.detail, c.recorded_only,
                                   c.outside_input))

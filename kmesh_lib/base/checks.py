@@ -36,6 +36,7 @@ class Check:
     detail: str = ""
     recorded_only: bool = False
     outside_input: str = ""  # skipped because this input outside the run folder is absent here
+    predates: str = ""  # skipped because the run was recorded before the evidence it needs existed (why)
 
     def __post_init__(self) -> None:
         if isinstance(self.status, bool):
@@ -44,6 +45,8 @@ class Check:
             raise ValueError(f"check {self.name!r}: status {self.status!r} is not one of {STATUSES}")
         if self.outside_input and self.status != "skipped":
             raise ValueError(f"check {self.name!r}: outside_input names why a check is skipped")
+        if self.predates and self.status != "skipped":
+            raise ValueError(f"check {self.name!r}: predates names why a check is skipped")
 
     @property
     def ok(self) -> bool:
@@ -52,7 +55,8 @@ class Check:
     def as_record(self) -> dict:
         return {"ok": self.ok, "status": self.status, "detail": self.detail,
                 **({"recorded_only": True} if self.recorded_only else {}),
-                **({"outside_input": self.outside_input} if self.outside_input else {})}
+                **({"outside_input": self.outside_input} if self.outside_input else {}),
+                **({"predates": self.predates} if self.predates else {})}
 
 
 def check(name: str, ok: bool, detail: str = "", evidence: object = True, missing: str = "") -> Check:
@@ -81,8 +85,10 @@ def summarize(checks: list[Check]) -> dict[str, int]:
 
 def verdict(checks: list[Check]) -> str:
     """The checks in one phrase for a results table: "all passed" only when none failed and none was skipped
-    (a skipped check is not a pass), else the counts that are not ok: "1 failed", "all others passed, 1 skipped"."""
-    counts = summarize(checks)
+    (a skipped check is not a pass), else the counts that are not ok: "1 failed", "all others passed, 1 skipped".
+    A check the run predates (``Check.predates``: skipped for evidence a later version records) is not counted, as
+    ``kmesh verify`` leaves it out of a run that never recorded it."""
+    counts = summarize([c for c in checks if not c.predates])
     if not counts["failed"] and not counts["skipped"]:
         return "all passed"
     if not counts["failed"]:

@@ -141,3 +141,122 @@ def device_to_device_bandwidth(size_mib: int = 256, device: str = "cuda", repeat
 def floor_seconds(nbytes: int, floor: dict) -> float:
     """Time to move ``nbytes`` at the floor's median bandwidth."""
     return nbytes / (floor["gib_per_s"] * (1 << 30))
+
+
+def _odirect_file(directory: Path, nbytes: int) -> Path:
+    """A file of ``nbytes`` (a multiple of the page size) written with O_DIRECT under ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f".kmesh-floor-{os.getpid()}-{time.monotonic_ns()}"
+    step = min(nbytes, READ_MIB * MIB)
+    buf = mmap.mmap(-1, step)
+    buf.write(os.urandom(step))
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC | os.O_DIRECT, 0o600)
+    except OSError as e:
+        buf.close()
+        raise DiskTierUnfit(f"O_DIRECT refused at {directory}: {e}") from None
+    try:
+        written = 0
+        while written < nbytes:
+            n = min(step, nbytes - written)
+            os.write(fd, memoryview(buf)[:n])
+            written += n
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        buf.close()
+    return path
+
+
+def _read_chunks(path: Path, nbytes: int, chunk_bytes: int, queue_depth: int) -> float:
+    """Seconds to read ``nbytes`` of ``path`` with O_DIRECT in ``chunk_bytes`` reads, ``queue_depth`` in flight."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    offsets = list(range(0, nbytes, chunk_bytes))
+    buffers = [mmap.mmap(-1, chunk_bytes) for _ in range(queue_depth)]
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        def read(i: int) -> int:
+            off = offsets[i]
+            want = min(chunk_bytes, nbytes - off)
+            got = os.preadv(fd, [memoryview(buffers[i % queue_depth])[:want]], off)
+            if got != want:
+                raise OSError(f"short O_DIRECT read of {path} at {off}: {got} of {want} bytes")
+            return got
+
+        t0 = time.perf_counter()
+        if queue_depth == 1:
+            for i in range(len(offsets)):
+                read(i)
+        else:  # each worker owns the buffer of its slot: reads i and i + depth never overlap in time
+            with ThreadPoolExecutor(queue_depth) as pool:
+                for start in range(0, len(offsets), queue_depth):
+                    list(pool.map(read, range(start, min(start + queue_depth, len(offsets)))))
+        return time.perf_counter() - t0
+    finally:
+        os.close(fd)
+        for b in buffers:
+            b.close()
+
+
+def chunked_floor(kind: str, nbytes: int, chunk_bytes: int, queue_depth: int = 1, repeats: int = 3,
+                  device: str = "cpu", directory: str | Path | None = None) -> dict:
+    """The floor of moving exactly ``nbytes`` (a context) the way a restore moves it: in ``chunk_bytes`` pieces,
+    ``queue_depth`` in flight. ``kind``: ``disk`` (O_DIRECT reads of a file under ``directory``), ``copy``
+    (host->device from pinned memory; CPU: a host memcpy) or ``device`` (device->device; CPU: a host memcpy).
+    Returns every repeat's seconds, their median, and what was measured (the label says a host memcpy on CPU).
+
+    Raises:
+        DiskTierUnfit: ``disk`` on a file system that refuses O_DIRECT.
+    """
+    import torch
+
+    page = mmap.PAGESIZE
+    chunk_bytes = max(page, -(-chunk_bytes // page) * page) if kind == "disk" else max(1, chunk_bytes)
+    nbytes = -(-nbytes // page) * page if kind == "disk" else nbytes
+    queue_depth = max(1, queue_depth)
+    seconds: list[float] = []
+    cuda = device == "cuda" and torch.cuda.is_available()
+    if kind == "disk":
+        if directory is None:
+            raise ValueError("chunked_floor('disk'): a directory on the disk tier's file system is needed")
+        path = _odirect_file(Path(directory), nbytes)
+        try:
+            seconds = [_read_chunks(path, nbytes, chunk_bytes, queue_depth) for _ in range(repeats)]
+        finally:
+            path.unlink(missing_ok=True)
+        label = "disk: O_DIRECT reads"
+    else:
+        if cuda:
+            src = (torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) if kind == "copy"
+                   else torch.empty(nbytes, dtype=torch.uint8, device="cuda"))
+            src.fill_(7)
+            dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+            streams = [torch.cuda.Stream() for _ in range(queue_depth)]
+            label = "host->device: pinned copy (cuda)" if kind == "copy" else "device->device: copy (cuda)"
+        else:
+            src = torch.full((nbytes,), 7, dtype=torch.uint8)
+            dst = torch.empty_like(src)
+            streams = []
+            label = "host memcpy (no device)"
+
+        def once() -> float:
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for i, off in enumerate(range(0, nbytes, chunk_bytes)):
+                end = min(off + chunk_bytes, nbytes)
+                if cuda:
+                    with torch.cuda.stream(streams[i % queue_depth]):
+                        dst[off:end].copy_(src[off:end], non_blocking=True)
+                else:
+                    dst[off:end].copy_(src[off:end])
+            if cuda:
+                torch.cuda.synchronize()
+            return time.perf_counter() - t0
+
+        once()  # first touch: not timed
+        seconds = [once() for _ in range(repeats)]
+        del src, dst
+    return {"kind": kind, "label": label, "bytes": nbytes, "chunk_bytes": chunk_bytes, "queue_depth": queue_depth,
+            "seconds": seconds, "median_s": statistics.median(seconds)}

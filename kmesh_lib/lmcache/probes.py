@@ -18,6 +18,9 @@ boundary, so the control arms run on the same engine as the restores:
     disk_read_s     in-process only: first ``LocalDiskBackend.read_file`` start to last end
     load_s          worker-side ``start_load_kv`` (in-process: the whole retrieve -- disk read, host
                     staging, copy into the engine's KV; MP: the L1 -> engine copy)
+    load_gpu_s      CUDA only: the same calls timed by CUDA events recorded on the current stream just before
+                    and just after each (their elapsed times summed): what the GPU's clock says the load took, from
+                    the moment the stream reached its start to the moment it reached its end; None on CPU
     save_s          worker-side ``wait_for_save``
     forward_s       model executor (``execute_model`` + ``sample_tokens``) less load_s and save_s,
                     which run inside it
@@ -120,6 +123,8 @@ class ComponentProbe:
         except ImportError:
             worker = None
         self.has_worker = worker is not None
+        self.cuda = getattr(getattr(engine, "params", None), "DEVICE", "cpu") == "cuda"
+        self.events: list[tuple] = []  # (start, end) CUDA events around each load while active
         if worker is not None:
             self._wrap(worker, "start_load_kv", "load")
             self._wrap(worker, "wait_for_save", "save")
@@ -129,11 +134,16 @@ class ComponentProbe:
         original = getattr(obj, name)
 
         def timed(*args, **kwargs):
+            events = self._events_start() if kind == "load" else None
             t0 = _ns()
             try:
                 return original(*args, **kwargs)
             finally:
                 self._add(kind, t0, _ns())
+                if events is not None:
+                    events[1].record()
+                    with self.lock:
+                        self.events.append(events)
 
         setattr(obj, name, timed)
 
@@ -158,6 +168,28 @@ class ComponentProbe:
         LocalDiskBackend.read_file._kmesh_probe.append(self)
         return True
 
+    def _events_start(self):
+        """A (start, end) pair of CUDA events, the start recorded on the current stream now; None off CUDA or
+        while the probe is not active."""
+        if not (self.cuda and self.active):
+            return None
+        import torch
+
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        return start, end
+
+    def _load_gpu_s(self) -> float | None:
+        if not self.cuda:
+            return None
+        with self.lock:
+            events, self.events = list(self.events), []
+        total = 0.0
+        for start, end in events:
+            end.synchronize()
+            total += start.elapsed_time(end) / 1e3
+        return total
+
     def _add(self, kind: str, t0: int, t1: int, extra=None) -> None:
         if self.active:
             with self.lock:
@@ -170,6 +202,7 @@ class ComponentProbe:
         with self.lock:
             for v in self.calls.values():
                 v.clear()
+            self.events = []
         self.active = True
 
     def stop(self, first_token_s: float) -> dict:
@@ -184,6 +217,7 @@ class ComponentProbe:
             "lookup_s": total("lookup"), "lookup_calls": len(c["lookup"]), "lookup_wall_s": lookup_wall,
             "disk_read_s": disk if self.has_disk else None, "disk_reads": len(c["disk"]) if self.has_disk else None,
             "load_s": load if self.has_worker else None, "save_s": save if self.has_worker else None,
+            "load_gpu_s": self._load_gpu_s() if self.has_worker else None,
             "forward_s": max(0.0, execute - load - save), "exec_s": execute, "exec_calls": len(c["exec"]),
             "other_s": first_token_s - total("lookup") - execute,
         }

@@ -15,6 +15,9 @@ Every arm belongs to one external tier; each (tier, model) is one engine (``Rest
              gpubuf_resident  resident   vLLM's prefix cache, on the GPU-buffer engine the whole context
     native   native_offload   memory     vLLM's own CPU tier (``kv.offloading``; CUDA)  the whole context
              native_resident  resident   vLLM's prefix cache, on the offloading engine the whole context
+    lmcache_mp lmcache_mp     memory     LMCache's server (MP): its L1 DRAM arena, read  the whole context
+                                         through LMCacheMPConnector on cpu and cuda alike
+             lmcache_mp_resident resident vLLM's prefix cache, on the MP engine          the whole context
 
 Preparation by kind (not timed): ``recompute`` switches the tier off (``ExternalSwitch``) and resets
 vLLM's prefix cache; ``resident`` does the same, then prefills context + 1 token; ``memory`` empties
@@ -53,22 +56,25 @@ from kmesh_lib.lmcache.probes import ComponentProbe, ExternalSwitch
 
 ARMS_OF_TIER = {"lmcache": ("recompute", "dram", "disk", "floor"),
                 "gpubuf": ("gpubuf_retained", "gpubuf_layered", "gpubuf_offthread", "gpubuf_disk", "gpubuf_resident"),
-                "native": ("native_offload", "native_resident")}
+                "native": ("native_offload", "native_resident"),
+                "lmcache_mp": ("lmcache_mp", "lmcache_mp_resident")}
 ARM_NAMES = tuple(a for arms in ARMS_OF_TIER.values() for a in arms)
 TIER_OF = {a: tier for tier, arms in ARMS_OF_TIER.items() for a in arms}
 KIND = {"recompute": "recompute", "dram": "memory", "disk": "disk", "floor": "resident",
         "gpubuf_retained": "memory", "gpubuf_layered": "memory", "gpubuf_offthread": "memory", "gpubuf_disk": "disk",
         "gpubuf_resident": "resident",
-        "native_offload": "memory", "native_resident": "resident"}
+        "native_offload": "memory", "native_resident": "resident",
+        "lmcache_mp": "memory", "lmcache_mp_resident": "resident"}
 RESIDENT_OF = {"dram": "floor", "disk": "floor", "gpubuf_retained": "gpubuf_resident",
                "gpubuf_layered": "gpubuf_resident", "gpubuf_offthread": "gpubuf_resident", "gpubuf_disk": "gpubuf_resident",
-               "native_offload": "native_resident"}  # each restore against the engine-resident follow-up of its engine
+               "native_offload": "native_resident",
+               "lmcache_mp": "lmcache_mp_resident"}  # each restore against the engine-resident follow-up of its engine
 RESTORE_ARMS = tuple(RESIDENT_OF)
 GPUBUF_RESTORES = tuple(a for a in ARMS_OF_TIER["gpubuf"] if a in RESIDENT_OF)  # the GPU buffer's restore arms
 # what the forward pass waits for in an arm's follow-up (``GpuBufferTier.set_wait_at``); others: the tier's own
 WAIT_AT_OF = {"gpubuf_layered": "layer", "gpubuf_offthread": "layer"}
 HANDOFF_ARMS = ("gpubuf_offthread",)  # arms whose copies' graph launches go to the launch thread (``set_launch_thread``)
-STORED_TIERS = ("lmcache", "gpubuf")  # tiers whose contexts are stored on a disk tier before the arms run
+STORED_TIERS = ("lmcache", "gpubuf", "lmcache_mp")  # tiers whose contexts are stored on a disk tier before the arms run
 TIMED_TIERS = ("gpubuf", "native")  # tiers whose restores record their own timeline (a row's ``split``)
 WARM_OWN_TOKENS = [6, 7]  # a warm-up's tokens after the context (``RestoreBench.warm`` says why two)
 
@@ -225,11 +231,59 @@ class RestoreBench:
             return out
         return {}
 
+    def prepare_in_pair(self, arm: str, ctx: Context) -> dict:
+        """The light preparation of a follow-up in the paired design (``run_pairs``), where the state the arm needs
+        is already there: a restore of kind memory keeps the tier's copy from the last restore (retention on), so
+        vLLM's prefix cache is reset and nothing else; a disk restore also empties the memory copy; a resident
+        follow-up comes after a restore, whose blocks hold the context in vLLM's prefix cache, so only the tier is
+        switched off (no reset, no warm-up prefill). A row whose follow-up did not find the context there is a
+        ``cache_miss`` as in the grid."""
+        kind = KIND[arm]
+        if kind == "resident":
+            self.switch.set(False)
+            self.quiet()
+        elif kind == "memory":
+            self.switch.set(True)
+            self.reset_engine()
+        elif kind == "disk":
+            self.switch.set(True)
+            self.tier.set_retention(False)
+            self.reset_engine()
+            self.tier.drop_memory_copy()
+        else:
+            raise ValueError(f"{arm}: a pair holds a restore and its resident follow-up, not {kind}")
+        self.quiet()
+        self._take_timelines()
+        return {"memory_tier_bytes": self.tier.memory_bytes()}
+
+    def run_pairs(self, arm: str, ctx: Context, tag: str, num_pairs: int) -> list[dict]:
+        """``num_pairs`` pairs of a restore (``arm``) and its engine's resident follow-up (``RESIDENT_OF``), back to
+        back on this engine: the first pair after the arm's full preparation, restore first; then the order
+        alternates (restore-resident, resident-restore, ...), so each pair's restore and resident follow-up are
+        neighbours in time and neither always goes first. Each row names its ``pair``, ``role`` and
+        ``pair_position``."""
+        resident = RESIDENT_OF[arm]
+        out = []
+        for k in range(num_pairs):
+            order = [(arm, "restore"), (resident, "resident")]
+            if k % 2:
+                order.reverse()
+            for i, (a, role) in enumerate(order):
+                t0 = time.monotonic()
+                prep = self.prepare(a, ctx, f"{tag}-p{k}") if k == 0 and i == 0 else self.prepare_in_pair(a, ctx)
+                row = self.measure(a, ctx, f"{tag}-p{k}-{role}", prep, time.monotonic() - t0)
+                row.update(pair=k, role=role, pair_arm=arm, pair_position=i)
+                out.append(row)
+        return out
+
     # -- one measured row --
     def run(self, arm: str, ctx: Context, tag: str) -> dict:
         t0 = time.monotonic()
         prep = self.prepare(arm, ctx, tag)
-        prep_s = time.monotonic() - t0
+        return self.measure(arm, ctx, tag, prep, time.monotonic() - t0)
+
+    def measure(self, arm: str, ctx: Context, tag: str, prep: dict, prep_s: float) -> dict:
+        """One follow-up of ``arm`` from the state its preparation (``prep``, ``prep_s`` seconds) left."""
         rng = random.Random(f"followup-{tag}")
         specs = [RequestSpec(f"{tag}-f{i}", ctx.tokens + [rng.randrange(4, self.vocab) for _ in range(self.new_tokens)],
                              max_tokens=self.output_tokens) for i in range(self.followups)]

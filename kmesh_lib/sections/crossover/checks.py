@@ -24,7 +24,7 @@ from __future__ import annotations
 from itertools import product
 
 from kmesh_lib.base.checks import Check, all_of, check, differences
-from kmesh_lib.base.declared import json_value
+from kmesh_lib.base.declared import ABSENT, json_value
 from kmesh_lib.base.records import RunFileError, RunFiles
 from kmesh_lib.sections.crossover import report
 from kmesh_lib.sections.crossover.arms import (
@@ -35,7 +35,7 @@ from kmesh_lib.sections.crossover.arms import (
     WAIT_AT_OF,
     tiers_of,
 )
-from kmesh_lib.sections.crossover.tables import TABLES, TITLES
+from kmesh_lib.sections.crossover.tables import PAIRED_SINCE, TABLES, TITLES
 
 
 def expected_cached(arm: str, context_tokens: int) -> int:
@@ -117,6 +117,12 @@ def checks(run: RunFiles) -> list[Check]:
         out.append(all_of("disk: every follow-up read the context from the disk tier", by_arm["disk"],
                           lambda r: (r["disk_read_bytes"] or 0) >= r["context_bytes"],
                           lambda r: f"{r['tag']}: read {r['disk_read_bytes']} of {r['context_bytes']} bytes", "no disk rows"))
+    if "lmcache_mp" in arm_names:
+        out.append(all_of("lmcache_mp: the context was in the LMCache server's memory tier (L1) before every follow-up",
+                          [r for r in measured if r["arm"] == "lmcache_mp"],
+                          lambda r: (r.get("memory_tier_bytes") or 0) >= r["context_bytes"],
+                          lambda r: f"{r['tag']}: {r.get('memory_tier_bytes')} of {r['context_bytes']} bytes",
+                          "no lmcache_mp rows"))
     disk_arms = [a for a in arm_names if KIND[a] == "disk"]
     others = [r for r in measured if KIND[r["arm"]] != "disk"]
     out.append(all_of(f"{', '.join(a for a in arm_names if a not in disk_arms)}: no follow-up read the disk tier", others,
@@ -132,6 +138,61 @@ def checks(run: RunFiles) -> list[Check]:
                      sorted((r["model"], r["path"]) for r in crossover) == sorted(product(models, restores)),
                      f"{len(crossover)} rows for {len(models)} models x {len(restores)} paths", measured, no_rows))
     out.append(floor_check(run.results.get("floors") or {}, tiers))
+    out += paired_checks(run)
+    return out
+
+
+PAIRED_CHECKS = (
+    "every (model, context, restore path) ran its planned restore/resident pairs, in alternating order",
+    "every follow-up of a pair found the whole context (the restore in its tier, the resident one in vLLM's cache)",
+    "every point of the paired design measured its floors before and after its pairs, each without an error",
+    f"the restore span's 95% interval half-width is at most {report.RESOLVE_FRACTION:.0%} of its floor at every point "
+    f"of {report.RESOLVE_MIN_TOKENS:,} tokens and more (DRAM, LMCache server, GPU buffer, vLLM's CPU tier)",
+)
+
+
+def paired_checks(run: RunFiles) -> list[Check]:
+    """The paired design (``arms.RestoreBench.run_pairs``, ``experiment.point_floors``): skipped, with the reason, in
+    runs recorded before it (no raw/pairs.jsonl) or that planned no pairs (NUM_RESTORES=0)."""
+    p = run.params
+    if not run.has_raw("pairs.jsonl"):
+        return [Check(name, "skipped", PAIRED_SINCE, predates=PAIRED_SINCE) for name in PAIRED_CHECKS]
+    pairs, floors = run.raw("pairs.jsonl"), run.raw("point_floors.jsonl")
+    cfg_pairs = {a: (p.get("NUM_DISK_RESTORES") if KIND[a] == "disk" else p.get("NUM_RESTORES")) or 0
+                 for a in p["ARMS"] if a in report.RESIDENT_OF}
+    want = {(m, n, a): k for m in p["MODELS"] for n in p["CONTEXT_TOKENS_GRID"] for a, k in cfg_pairs.items() if k}
+    got: dict[tuple, list[dict]] = {}
+    for r in pairs:
+        got.setdefault((r["model"], r["context_tokens"], r["pair_arm"]), []).append(r)
+
+    def whole(key) -> bool:
+        rs = got.get(key, [])
+        by = sorted((r["pair"], r["pair_position"], r["role"], r["arm"]) for r in rs)
+        roles = [("restore", key[2]), ("resident", report.RESIDENT_OF[key[2]])]
+        plan = [(k, i, role, arm) for k in range(want[key])
+                for i, (role, arm) in enumerate(roles[::-1] if k % 2 else roles)]
+        return by == sorted(plan)
+
+    out = [all_of(PAIRED_CHECKS[0], sorted(want), whole, lambda k: f"{k}: {len(got.get(k, []))} rows of {2 * want[k]}",
+                  "the params plan no pairs (NUM_RESTORES=0 and NUM_DISK_RESTORES=0, or no restore path)")]
+    out.append(all_of(PAIRED_CHECKS[1], pairs, lambda r: r["status"] == "ok" and all(
+        c == r["context_tokens"] for c in r["num_cached_tokens"]), lambda r: f"{r['tag']}: {r['num_cached_tokens']}",
+        "raw/pairs.jsonl is empty"))
+    tier_of = report.TIER_OF
+    points = sorted({(m, n, tier_of[a]) for m, n, a in want})
+    measured = {}
+    for f in floors:  # a measurement with a floor it could not take does not count
+        if not f.get("errors"):
+            measured.setdefault((f["model"], f["context_tokens"], f["tier"]), set()).add(f["when"])
+    out.append(all_of(PAIRED_CHECKS[2], points, lambda k: measured.get(k) == {"before", "after"},
+                      lambda k: f"{k}: {sorted(measured.get(k, []))}", "no point planned pairs"))
+    table = report.resolution_table(pairs, floors)
+    judged = [r for r in table if r["context_tokens"] >= report.RESOLVE_MIN_TOKENS and r["path"] in report.RESOLVE_PATHS]
+    out.append(all_of(PAIRED_CHECKS[3], judged, lambda r: bool(r["resolved"]),
+                      lambda r: f"{r['model']} {r['context_tokens']} {r['path']}: half-width {r['span_half_width_ms']} ms "
+                                f"= {r['half_width_x_floor']} x floor {r['floor_ms']} ({r['num_restores']} restores)",
+                      f"no point of {report.RESOLVE_MIN_TOKENS:,} tokens and more on those paths "
+                      "(the grid's contexts are shorter)"))
     return out
 
 
@@ -169,7 +230,12 @@ def table_checks(run: RunFiles) -> list[Check]:
     out = []
     for key, (name, empty) in TITLES.items():
         try:
-            built = json_value(TABLES[key].build(run))
+            built = TABLES[key].build(run)
+            if built is ABSENT:  # a table of raw data this run does not have: it must be absent from results.json too
+                out.append(Check(name, "failed", f"results.json has a {key!r} table this run's raw/ cannot give")
+                           if key in results else Check(name, "skipped", PAIRED_SINCE, predates=PAIRED_SINCE))
+                continue
+            built = json_value(built)
         except RunFileError as e:  # floor_distance where results.json records no floors; a damaged file stops here
             if key != "floor_distance":
                 raise
@@ -366,6 +432,11 @@ def counts(run: RunFiles) -> dict[str, int | str]:
     restores = [r.get("num_restores") for r in measured if "num_restores" in r]
     if restores:
         out["GPU-buffer restores in measured rows"] = sum(restores)
+    if run.has_raw("pairs.jsonl"):  # the paired design (runs recorded before it have none)
+        pairs = run.raw("pairs.jsonl")
+        out["pair rows (restore, resident)"] = (f"{sum(p['role'] == 'restore' for p in pairs)}, "
+                                                f"{sum(p['role'] == 'resident' for p in pairs)}")
+        out["floor measurements around the points"] = len(run.raw("point_floors.jsonl"))
     for model, kvt in kv_bytes(run).items():
         out[f"{model} kv bytes per token"] = kvt
     for s in run.raw("stores.jsonl"):

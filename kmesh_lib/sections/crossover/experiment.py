@@ -8,6 +8,14 @@ design (``arm_order``: each arm in each position, and after each other arm, equa
 follow-up each (context + SUFFIX_TOKENS, MAX_TOKENS out). One row per (model, context, arm, repeat)
 goes to ``raw/rows.jsonl`` as it is measured.
 
+Then the paired design, per point: the floors the tier's restores are judged by (``point_floors``: the context's
+bytes moved in the tier's chunks, in the engine's process) are measured, every restore arm runs NUM_RESTORES
+(disk arms NUM_DISK_RESTORES) pairs of a restore and its engine's resident follow-up back to back
+(``RestoreBench.run_pairs``: the order alternating pair by pair), and the floors are measured again:
+``raw/point_floors.jsonl`` (before, after) and ``raw/pairs.jsonl`` (one row per follow-up, with its pair and role).
+The differences of two medians of a few follow-ups could not resolve a copy of a millisecond against a first token
+that scatters by several; each restore's own span can, and the paired first tokens cancel the engine's drift.
+
     path    where LMCache runs                       default on
     mp      ``lmcache server`` + LMCacheMPConnector   cpu (the in-process connector has no CPU GPU-connector)
     inproc  LMCacheConnectorV1 in the vLLM process    cuda
@@ -36,9 +44,22 @@ from kmesh_lib.engine.vllm_engine import make_engine
 from kmesh_lib.kv.disk_tier import check_disk_tier
 from kmesh_lib.lmcache.connect import InprocTier, MPTier, keep_engine_rendezvous_local
 from kmesh_lib.sections.crossover.arms import KIND, Context, RestoreBench
-from kmesh_lib.sections.crossover.params import MIB, CrossoverParams, arms_of, grid_size, model_params, tiers
+from kmesh_lib.sections.crossover.params import (
+    MIB,
+    CrossoverParams,
+    arms_of,
+    grid_size,
+    model_params,
+    num_pairs,
+    pair_rows,
+    tiers,
+)
+from kmesh_lib.sections.crossover.report import FLOOR_OF
 
 REPO = REPO_ROOT
+PAIR_PREP_S = costs.Span(0.02, 0.1)  # a follow-up's preparation inside a pair: a prefix-cache reset and a drain
+
+
 def expected_duration(cfg: CrossoverParams) -> tuple[costs.Span, list[str]]:
     """One child per model (engine and LMCache start), then per context a store and, per repeat,
     the arms: recompute and the floor's warm-up prefill the context, dram and disk move its bytes."""
@@ -58,6 +79,15 @@ def expected_duration(cfg: CrossoverParams) -> tuple[costs.Span, list[str]]:
                     "disk": moved + step}
             total += (prefill + moved) * len(tiers(cfg)) + repeats * sum(
                 (kind[KIND[a]] + costs.ROW_PREP_S for a in cfg.ARMS), costs.Span(0, 0))
+            # the paired design: a row's light preparation (a reset and a drain), a disk restore's read; its first
+            # pair's full preparation; the floors before and after (a disk floor writes its file, then reads it)
+            for a in cfg.ARMS:
+                pairs = num_pairs(cfg, a)
+                if pairs:
+                    follow = (moved if KIND[a] == "disk" else costs.Span(0, 0)) + 2 * step + 2 * PAIR_PREP_S
+                    total += pairs * follow + kind[KIND[a]] + costs.ROW_PREP_S
+            if any(num_pairs(cfg, a) for a in cfg.ARMS):
+                total += 2 * len(tiers(cfg)) * (cfg.FLOOR_REPEATS + 1) * moved
             if note and note not in notes:
                 notes.append(note)
     return total, notes
@@ -76,7 +106,10 @@ def plan(cfg: CrossoverParams) -> dict:
     kv = {m: f"{resolve(m).kv_bytes_per_token(cfg.DTYPE) // 1024} KiB/token" for m in cfg.MODELS}
     return {"path": cfg.path, "models": cfg.MODELS, "kv per token": kv, "context lengths": cfg.CONTEXT_TOKENS_GRID,
             "arms": cfg.ARMS, "repeats": f"{cfg.WARMUP_REPEATS} warm-up + {cfg.NUM_REPEATS} measured",
-            "rows": grid_size(cfg), "tiers": tiers(cfg), "engine starts": len(cfg.MODELS) * len(tiers(cfg)),
+            "rows": grid_size(cfg),
+            "restore pairs": (f"{cfg.NUM_RESTORES} per memory restore path, {cfg.NUM_DISK_RESTORES} per disk path, "
+                              f"per point: {pair_rows(cfg)} rows" if pair_rows(cfg) else "none (NUM_RESTORES=0)"),
+            "tiers": tiers(cfg), "engine starts": len(cfg.MODELS) * len(tiers(cfg)),
             "expected duration": f"{duration}" + (f"; {'; '.join(notes)}" if notes else ""),
             costs.GPU_TIME: costs.gpu_time(cfg.DEVICE, duration)}
 
@@ -118,6 +151,8 @@ def make_tier(cfg: CrossoverParams, tier_name: str, runtime: RuntimeDir, kvt: in
         from kmesh_lib.kv.offloading import NativeOffloadTier
 
         return NativeOffloadTier(-(-2 * longest * 4 // (1 << 30)) / 4 + 0.25)
+    if tier_name == "lmcache_mp":  # LMCache's server on either device (in-process mode is being retired)
+        return MPTier(cfg.ARENA_MIB, cfg.CHUNK_SIZE, runtime, device=cfg.DEVICE)
     return (InprocTier(cfg.ARENA_MIB, cfg.CHUNK_SIZE, cfg.DISK_TIER_MIB, runtime) if cfg.path == "inproc"
             else MPTier(cfg.ARENA_MIB, cfg.CHUNK_SIZE, runtime))
 
@@ -141,6 +176,41 @@ def gpubuf_bench(cfg: CrossoverParams, model: str, name: str, num_buffer_tokens:
         if tier is not None:
             tier.close()
         runtime.close()
+
+
+def floor_chunk_bytes(cfg: CrossoverParams, tier, tier_name: str, kind: str, kvt: int, nbytes: int) -> int:
+    """The piece a restore of ``tier_name`` moves ``kind`` in: LMCache reads and copies whole chunks (CHUNK_SIZE
+    tokens); the GPU buffer reads and stages its own chunks and copies the context into vLLM's blocks at once;
+    vLLM's CPU tier copies block by block."""
+    if tier_name == "gpubuf":
+        return nbytes if kind == "device" else tier.config.chunk_bytes
+    if tier_name == "native":
+        return cfg.BLOCK_SIZE * kvt
+    return cfg.CHUNK_SIZE * kvt
+
+
+def point_floors(cfg: CrossoverParams, tier, tier_name: str, runtime: RuntimeDir, kinds: list[str], model: str,
+                 n: int, kvt: int, when: str) -> dict:
+    """The floors of one point's context (``kv.floors.chunked_floor``: its bytes, in the tier's chunks, at
+    FLOOR_QUEUE_DEPTH), measured in the engine's process ``when`` ("before", "after") its pairs; the disk floor on
+    the tier's disk tier's file system."""
+    from kmesh_lib.kv.floors import chunked_floor
+
+    nbytes = n * kvt
+    directory = getattr(tier, "disk_dir", None) or runtime.subdir("floors")
+    measured, errors = {}, {}
+    for kind in kinds:
+        try:  # a floor that cannot be measured here (memory, O_DIRECT) is recorded as such; the restores still run
+            measured[kind] = chunked_floor(kind, nbytes, floor_chunk_bytes(cfg, tier, tier_name, kind, kvt, nbytes),
+                                           cfg.FLOOR_QUEUE_DEPTH, cfg.FLOOR_REPEATS, cfg.DEVICE, directory)
+        except Exception as e:  # noqa: BLE001 - recorded; the verdicts say "no floor measured" for its paths
+            errors[kind] = f"{type(e).__name__}: {e}"[:300]
+    if cfg.DEVICE == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()  # the floors' buffers back to the device before the engine's next step
+    return {"model": model, "tier": tier_name, "context_tokens": n, "context_bytes": nbytes, "when": when,
+            "floors": measured, **({"errors": errors} if errors else {})}
 
 
 def run_model(cfg: CrossoverParams, model: str, run_dir: Path, tier_name: str = "lmcache") -> int:
@@ -191,6 +261,17 @@ def run_model(cfg: CrossoverParams, model: str, run_dir: Path, tier_name: str = 
                                kv_bytes_per_token=kvt, context_bytes=n * kvt, arm_position=i,
                                previous_arm=order[i - 1] if i else None)
                     record.append_jsonl("rows.jsonl", row)
+            paired = [a for a in arms if num_pairs(cfg, a)]
+            if paired:  # the paired design, between two measurements of the floors its restores are judged by
+                kinds = sorted({k for a in paired for k in FLOOR_OF[a][1]})
+                record.append_jsonl("point_floors.jsonl", point_floors(cfg, tier, tier_name, runtime, kinds, model, n,
+                                                                      kvt, "before"))
+                for arm in paired:
+                    for row in bench.run_pairs(arm, ctx, f"{model}-{n}-{arm}", num_pairs(cfg, arm)):
+                        row.update(model=model, path=path, measured=True, kv_bytes_per_token=kvt, context_bytes=n * kvt)
+                        record.append_jsonl("pairs.jsonl", row)
+                record.append_jsonl("point_floors.jsonl", point_floors(cfg, tier, tier_name, runtime, kinds, model, n,
+                                                                      kvt, "after"))
         summary["grid_s"] = time.monotonic() - t_grid  # beside launch_thread_cpu_s: the share of a core it took
     except Exception as e:  # noqa: BLE001 - recorded, then re-raised as the child's exit status
         summary.update(status="error", detail=f"{type(e).__name__}: {e}")

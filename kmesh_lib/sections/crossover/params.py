@@ -22,7 +22,15 @@ from kmesh_lib.engine.config import SourceRunParams
 from kmesh_lib.engine.model_spec import SHAPES, resolve
 from kmesh_lib.kv.gpu_buffer import LAYER_GROUP_GROWTH
 from kmesh_lib.lmcache.tier_params import CHUNK_TOKENS, ChunkTokens, DiskTierRoot
-from kmesh_lib.sections.crossover.arms import ARM_NAMES, ARMS_OF_TIER, HANDOFF_ARMS, TIER_OF, tiers_of
+from kmesh_lib.sections.crossover.arms import (
+    ARM_NAMES,
+    ARMS_OF_TIER,
+    HANDOFF_ARMS,
+    KIND,
+    RESIDENT_OF,
+    TIER_OF,
+    tiers_of,
+)
 
 MIB = 1 << 20
 
@@ -39,13 +47,25 @@ class CrossoverParams(SourceRunParams):
         default_factory=lambda: [256, 1024, 2048], min_length=1,
         description="shared-context lengths in tokens (whole LMCache chunks)")
     ARMS: list[str] = Field(
-        default_factory=lambda: [*ARMS_OF_TIER["lmcache"], *(a for a in ARMS_OF_TIER["gpubuf"] if a not in HANDOFF_ARMS)],
+        default_factory=lambda: [*ARMS_OF_TIER["lmcache"], *(a for a in ARMS_OF_TIER["gpubuf"] if a not in HANDOFF_ARMS),
+                                 *ARMS_OF_TIER["lmcache_mp"]],
         description="recompute (the control, required), dram, disk, floor (LMCache's tiers, engine-resident); "
                     "gpubuf_retained, gpubuf_layered (its copy waited for layer by layer), gpubuf_offthread (the same, "
                     "its graph launched off the engine thread; cuda only), gpubuf_disk, gpubuf_resident (the "
                     "host-staged GPU buffer); native_offload, "
-                    "native_resident (vLLM's own CPU tier, cuda only); one engine per tier and model")
+                    "native_resident (vLLM's own CPU tier, cuda only); lmcache_mp, lmcache_mp_resident (LMCache's server "
+                    "on either device, beside the in-process rows on cuda); one engine per tier and model")
     NUM_REPEATS: PositiveCount = Field(6, description="measured repeats per (model, context, arm); tables take medians")
+    NUM_RESTORES: Count = Field(
+        4, description="restore/resident pairs per (model, context, restore path of kind memory), run back to back on "
+                       "one engine after the grid's repeats (0: no paired design); the restore's span and the paired "
+                       "first-token difference get their 95% intervals from these")
+    NUM_DISK_RESTORES: Count = Field(
+        4, description="the same pairs for the disk restore paths (each restore reads the context from disk)")
+    FLOOR_REPEATS: PositiveCount = Field(
+        3, description="timed repeats of each floor measured before and after a point's pairs (their median each)")
+    FLOOR_QUEUE_DEPTH: PositiveCount = Field(
+        1, description="reads (copies) in flight in the per-point floors: the tiers here read and copy one chunk at a time")
     WARMUP_REPEATS: Count = Field(1, description="unmeasured repeats first (one-off kernel and allocator costs)")
     SUFFIX_TOKENS: Tokens = Field(32, description="the follow-up's own tokens after the context")
     MAX_TOKENS: Tokens = Field(1, description="tokens the follow-up generates (the first token is the stopwatch)")
@@ -94,6 +114,9 @@ class CrossoverParams(SourceRunParams):
         check(not handoff or (self.DEVICE == "cuda" and self.COPY_GRAPHS),
               f"ARMS: {', '.join(handoff)} need DEVICE=cuda and COPY_GRAPHS=true (its launch thread launches the "
               "copy's captured CUDA graph)")
+        lonely = [a for a in self.ARMS if num_pairs(self, a) and RESIDENT_OF[a] not in self.ARMS]
+        check(not lonely, f"ARMS: {', '.join(lonely)} need their resident follow-up "
+              f"({', '.join(sorted({RESIDENT_OF[a] for a in lonely}))}) for the paired design (or NUM_RESTORES=0)")
         check(self.PATH != "inproc" or self.DEVICE == "cuda",
               "PATH=inproc: LMCache's in-process connector has no CPU GPU-connector; use mp (or auto) on cpu")
         for m in self.MODELS:
@@ -123,6 +146,18 @@ def tiers(cfg: CrossoverParams) -> list[str]:
 
 def arms_of(cfg: CrossoverParams, tier: str) -> list[str]:
     return [a for a in cfg.ARMS if TIER_OF[a] == tier]
+
+
+def num_pairs(cfg: CrossoverParams, arm: str) -> int:
+    """Restore/resident pairs of ``arm`` per (model, context) in the paired design (0 for an arm that is no restore)."""
+    if arm not in RESIDENT_OF:
+        return 0
+    return cfg.NUM_DISK_RESTORES if KIND[arm] == "disk" else cfg.NUM_RESTORES
+
+
+def pair_rows(cfg: CrossoverParams) -> int:
+    """Rows of raw/pairs.jsonl the params plan: two follow-ups per pair."""
+    return len(cfg.MODELS) * len(cfg.CONTEXT_TOKENS_GRID) * sum(2 * num_pairs(cfg, a) for a in cfg.ARMS)
 
 
 def grid_size(cfg: CrossoverParams) -> int:

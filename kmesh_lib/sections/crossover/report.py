@@ -18,6 +18,7 @@ Invariant: only measured rows whose follow-ups hit exactly their expected cached
 """
 from __future__ import annotations
 
+import math
 import statistics
 
 import numpy
@@ -25,7 +26,7 @@ import numpy
 from kmesh_lib.base.figures import save as save_figure
 from kmesh_lib.base.intervals import median_difference, median_of_differences
 from kmesh_lib.kv.floors import floor_seconds
-from kmesh_lib.sections.crossover.arms import GPUBUF_RESTORES, RESIDENT_OF, RESTORE_ARMS
+from kmesh_lib.sections.crossover.arms import GPUBUF_RESTORES, RESIDENT_OF, RESTORE_ARMS, TIER_OF
 
 RESTORES = RESTORE_ARMS
 # Each path's transfer floor from the floors the run measured: "copy" host->device (a host memcpy on
@@ -36,7 +37,7 @@ FLOOR_OF = {"dram": ("sum", ("copy",)), "disk": ("sum", ("disk", "copy")),
             "gpubuf_retained": ("sum", ("device",)), "gpubuf_layered": ("sum", ("device",)),
             "gpubuf_offthread": ("sum", ("device",)),
             "gpubuf_disk": ("max", ("disk", "copy")),
-            "native_offload": ("sum", ("copy",))}
+            "native_offload": ("sum", ("copy",)), "lmcache_mp": ("sum", ("copy",))}
 SPLIT_PARTS = ("queue_s", "lookup_s", "disk_read_s", "staging_s", "launch_s", "copy_s", "restore_s", "load_time_s",
                "after_restore_s", "after_lookup_s", "allocate_s", "schedule_s", "pack_ids_s", "measure_s", "host_s",
                "hook_s", "before_copy_s", "copy_call_s", "write_ids_s", "after_copy_s", "forward_wait_s", "critical_s",
@@ -672,3 +673,120 @@ def floor_plot(floors: list[dict], path_out, splits: list[dict] | None = None):
     fig.tight_layout()
     save_figure(fig, path_out, bbox_inches="tight")
     return fig
+
+
+# -- the paired design (raw/pairs.jsonl, raw/point_floors.jsonl): each restore's own span and its first token against
+# the resident follow-up next to it, judged against its floor measured before and after the point --
+RESOLVE_MIN_TOKENS = GOAL_MIN_TOKENS  # the half-width goal: judged at every point of this many tokens and more
+RESOLVE_FRACTION = 0.1  # ... the span's 95% interval no wider than this fraction of the floor on either side
+RESOLVE_PATHS = ("dram", "lmcache_mp", "gpubuf_retained", "gpubuf_layered", "gpubuf_offthread", "native_offload")
+MP_PATHS = ("mp",)  # rows.jsonl's path of LMCache's server (its lookup is the L2 -> L1 load: part of a disk span)
+
+
+def restore_span(row: dict) -> tuple[float | None, str]:
+    """One restore's own span in seconds and where it comes from: the tier's timeline (the GPU buffer: CUDA events
+    around its copy into vLLM's blocks, host stamps on the CPU build; vLLM's CPU tier: its own load time), else
+    LMCache's worker-side load (``start_load_kv``: CUDA events around it where recorded, ``lmcache.probes``, else its
+    host stamps; on the MP path a disk restore's lookup, which holds the server's disk read, is added). None where
+    the row recorded none."""
+    split, comp = row.get("split") or {}, row.get("components") or {}
+    if row["arm"] in GPUBUF_RESTORES:
+        return split.get("restore_s"), "tier timeline (restore_s)"
+    if row["arm"] == "native_offload":
+        return split.get("load_time_s"), "vLLM's load time (load_time_s)"
+    gpu = comp.get("load_gpu_s")  # CUDA events around start_load_kv (runs before them have host stamps only)
+    load = gpu if gpu is not None else comp.get("load_s")
+    how = "CUDA events around start_load_kv (load_gpu_s)" if gpu is not None else "start_load_kv (host stamps, load_s)"
+    if load is None:
+        return None, "no load stamped"
+    if row.get("path") in MP_PATHS and row["arm"] == "disk":
+        wall = comp.get("lookup_wall_s")
+        return (None if wall is None else load + wall), f"lookup_wall_s (host stamps) + {how}"
+    return load, how
+
+
+def floor_range_ms(path: str, point_floors: list[dict]) -> list[float] | None:
+    """[min, max] in ms of ``path``'s floor (``FLOOR_OF``: a sum or the larger of its media) over the floors measured
+    around one point (before and after it: each measurement's median); None where a medium was not measured."""
+    how, names = FLOOR_OF[path]
+    values = []
+    for f in point_floors:
+        kinds = f.get("floors") or {}
+        if not all(kinds.get(k) for k in names):
+            continue
+        parts = [kinds[k]["median_s"] for k in names]
+        values.append(1e3 * (sum(parts) if how == "sum" else max(parts)))
+    return [round(min(values), 4), round(max(values), 4)] if values else None
+
+
+def floor_verdict(low: float, high: float, floor_ms: list[float] | None) -> str:
+    """A cost's 95% interval [low, high] (ms) against its floor's range [min, max]: ``no cost measured`` where the
+    interval holds 0 (never "faster"); ``below the resident follow-up`` where it lies wholly below 0 (a method problem,
+    not a result); ``at the floor`` where it reaches down to the floor's range (the cost cannot be told from the
+    floor: never a ratio below 1); else ``x.xx-y.yy x its floor`` (low over the floor's max, high over its min).
+    ``unresolved`` where there was no interval (fewer than two restores) or no floor."""
+    if low != low or high != high:
+        return "unresolved (fewer than two restores)"
+    if low <= 0 <= high:
+        return "no cost measured"
+    if high < 0:
+        return "below the resident follow-up (a method problem, not a result)"
+    if not floor_ms:
+        return "unresolved (no floor measured)"
+    if low <= floor_ms[1]:
+        return "at the floor"
+    return f"{low / floor_ms[1]:.2f}\u2013{high / floor_ms[0]:.2f}\u00d7 its floor"
+
+
+def pairs_of(pairs: list[dict]) -> dict[tuple, dict[int, dict[str, dict]]]:
+    """Per (model, context tokens, restore path): pair index -> role ("restore", "resident") -> its ok row."""
+    out: dict[tuple, dict[int, dict[str, dict]]] = {}
+    for r in usable(pairs):
+        out.setdefault((r["model"], r["context_tokens"], r["pair_arm"]), {}).setdefault(r["pair"], {})[r["role"]] = r
+    return out
+
+
+def resolution_table(pairs: list[dict], point_floors: list[dict]) -> list[dict]:
+    """Per (model, context, restore path) of the paired design: the restore's own span (``restore_span``) per
+    restore, its median and 95% bootstrap interval; the first token's paired difference (the restore less the
+    resident follow-up run next to it on the same engine), median and 95% interval; the path's floor as a range over
+    its measurements before and after the point; each judged by ``floor_verdict``; and the span's interval half-width
+    against the floor (``RESOLVE_FRACTION``: met where the half-width is at most that share of the floor's min)."""
+    floors: dict[tuple, list[dict]] = {}
+    for f in point_floors:
+        floors.setdefault((f["model"], f["context_tokens"], f["tier"]), []).append(f)
+    out = []
+    for (model, n, path), by_pair in sorted(pairs_of(pairs).items()):
+        whole = [p for _, p in sorted(by_pair.items()) if "restore" in p and "resident" in p]
+        restores = [p["restore"] for _, p in sorted(by_pair.items()) if "restore" in p]
+        spans = [(restore_span(r)[0], restore_span(r)[1]) for r in restores]
+        span_ms = [1e3 * s for s, _ in spans if s is not None]
+        diffs = [1e3 * (p["restore"]["ttft_s"] - p["resident"]["ttft_s"]) for p in whole]
+        floor = floor_range_ms(path, floors.get((model, n, TIER_OF[path]), []))
+        s_med, s_low, s_high = median_of_differences(span_ms) if span_ms else (float("nan"),) * 3
+        d_med, d_low, d_high = median_of_differences(diffs) if diffs else (float("nan"),) * 3
+        half = (s_high - s_low) / 2 if s_high == s_high else None
+        row = {"model": model, "context_tokens": n, "path": path, "num_restores": len(restores), "num_pairs": len(whole),
+               "span_source": "/".join(sorted({src for s, src in spans if s is not None})) or None,
+               "span_ms": _round(s_med), "span_ci_ms": [_round(s_low), _round(s_high)],
+               "floor_ms": floor, "num_floor_measurements": len(floors.get((model, n, TIER_OF[path]), [])),
+               "span_verdict": floor_verdict(s_low, s_high, floor),
+               "ttft_difference_ms": _round(d_med), "ttft_difference_ci_ms": [_round(d_low), _round(d_high)],
+               "ttft_verdict": floor_verdict(d_low, d_high, floor),
+               "span_half_width_ms": _round(half),
+               "half_width_x_floor": (round(half / floor[0], 4) if half is not None and floor and floor[0] > 0 else None)}
+        row["resolved"] = (row["half_width_x_floor"] is not None and row["half_width_x_floor"] <= RESOLVE_FRACTION)
+        out.append(row)
+    return out
+
+
+def _round(v: float | None, digits: int = 4) -> float | None:
+    return None if v is None or v != v else round(float(v), digits)
+
+
+def restores_needed(half_width_ms: float, n: int, floor_ms: float, fraction: float = RESOLVE_FRACTION) -> int | None:
+    """Restores for a span interval half-width of ``fraction`` of ``floor_ms``, from one measured at ``n`` restores:
+    a median's interval narrows as 1/sqrt(n), so n (half-width / target)^2, at least n where it is already met."""
+    if not half_width_ms or half_width_ms != half_width_ms or not floor_ms or n < 2:
+        return None
+    return max(2, math.ceil(n * (half_width_ms / (fraction * floor_ms)) ** 2))

@@ -15,7 +15,7 @@ LABEL = {"dram": "DRAM", "disk": "disk", "gpubuf_retained": "GPU-buffer (retaine
          "gpubuf_layered": "GPU-buffer (retained, layer waits)",
          "gpubuf_offthread": "GPU-buffer (retained, layer waits, launched off the engine thread)",
          "gpubuf_disk": "GPU-buffer from disk",
-         "native_offload": "vLLM CPU-tier"}
+         "native_offload": "vLLM CPU-tier", "lmcache_mp": "LMCache server (MP, DRAM)"}
 NEAR_FLOOR = 2.0  # a restore within this factor of bytes / floor bandwidth is bound by the medium, not the software
 
 
@@ -70,6 +70,11 @@ def headline(run: RunFiles) -> dict[str, str]:
     if floors:
         out["floors"] = ", ".join(f"{_device_label((f or {}).get('label', k)) if k == 'device' else (f or {}).get('label', k)} "
                                   f"{(f or {}).get('gib_per_s', 0):.2f} GiB/s" for k, f in floors.items())
+    resolution = tables.get("restore_resolution") or []
+    if resolution:  # runs of the paired design
+        at_floor = sum(r["span_verdict"] == "at the floor" for r in resolution)
+        out["restore spans (paired design)"] = (f"{sum(r['resolved'] for r in resolution)} of {len(resolution)} points "
+                                                f"resolved to 10% of the floor; {at_floor} at the floor")
     out["checks"] = checks_verdict(checks(run))
     return out
 
@@ -119,7 +124,7 @@ def answer(run: RunFiles) -> str:
                        + _span(r["x_floor"] for r in distance) + "\u00d7 its transfer "
                        "floor" + (", so the disk itself bounds it" if max(r["x_floor"] for r in distance) <= NEAR_FLOOR else "")
                        if distance and all(r["x_floor"] for r in distance) else "") + ".")
-    split_lines = _floor_sentences(tables, longest)
+    split_lines = _floor_sentences(tables, longest, run.raw("rows.jsonl"))
     text.append("Where the evidence is weak: " + ("random or dummy weights give each shape's compute time but not a real "
                 "model's values; " if p["WEIGHTS"] in ("dummy", "random") else "")
                 + "one machine's disk and memory; a crossover is only as fine as the grid of context lengths"
@@ -140,13 +145,27 @@ def answer(run: RunFiles) -> str:
         goals += ("\n\nThe forward pass " + ("(host stamps on the CPU build)" if p["DEVICE"] == "cpu" else "on the GPU")
                   + ", paired by repeat and pooled over the points (the median of the "
                   "pairs' differences, its 95% bootstrap interval):\n\n" + pooled)
+    resolution = tables.get("restore_resolution") or []
+    judged = [r for r in resolution if r["context_tokens"] >= report.RESOLVE_MIN_TOKENS]
+    if resolution and not judged:  # a grid of short contexts: its longest, per model
+        top = {m: max(r["context_tokens"] for r in resolution if r["model"] == m) for m in {r["model"] for r in resolution}}
+        judged = [r for r in resolution if r["context_tokens"] == top[r["model"]]]
+    resolution = judged
+    if resolution:
+        goals += ("\n\n" if goals else "") + (
+            "Each restore resolved, from the paired design (restore and resident follow-up back to back on one engine, "
+            "the floor measured before and after each point, as a range; an interval holding 0 is no cost measured, "
+            f"one reaching down to the floor's range is at the floor; points of {_n(report.RESOLVE_MIN_TOKENS)} tokens "
+            "and more, else each model's longest; every point in the restore_resolution table):\n\n"
+            + "\n".join(f"- {line}" for line in _resolution_sentences(resolution)))
     body = "\n".join(text[:2]) + "\n\n" + "\n".join(text[2:2 + len(per_model)]) + "\n\n"
     if not split_lines:
         return body + " ".join(text[2 + len(per_model):-1]) + (f"\n\n{goals}\n\n" if goals else " ") + text[-1]
     # the weak-evidence sentence closes the answer, after the paths' timelines
     return (body + " ".join(text[2 + len(per_model):-1]) + "\n\nWhere each timed restore path stands at the longest "
             "context (cost = first token above the same engine's resident follow-up, a difference of two medians "
-            "that can fall below zero where it is small; parts from measured timestamps: the tier's own timeline for the "
+            "judged by its interval: no cost measured where it holds zero, at the floor where it reaches the floor; "
+            "parts from measured timestamps: the tier's own timeline for the "
             "GPU buffer and vLLM's CPU tier, the component probe for LMCache"
             + ("; on the CPU build the GPU buffer is host memory" if p["DEVICE"] == "cpu" else "") + "):\n\n"
             + "\n".join(f"- {line}" for line in split_lines) + "\n\n" + (f"{goals}\n\n" if goals else "") + text[-1])
@@ -170,7 +189,7 @@ def _longest_part(split: dict | None, component: dict | None) -> tuple[str, floa
             "disk_read_ms": "disk read", "load_ms": "load into vLLM"}[key], spans[key]
 
 
-def _floor_sentences(tables: dict, longest: int) -> list[str]:
+def _floor_sentences(tables: dict, longest: int, rows: list[dict] | None = None) -> list[str]:
     """Each restore path at the longest context: its distance to its floor and to the engine-resident
     follow-up, and the part of its restore that takes longest (measured timestamps)."""
     splits = {(r["model"], r["arm"]): r for r in tables.get("splits", []) if r["context_tokens"] == longest}
@@ -181,12 +200,36 @@ def _floor_sentences(tables: dict, longest: int) -> list[str]:
             continue
         part = _longest_part(splits.get((r["model"], r["path"])), components.get((r["model"], r["path"])))
         cost = r["restore_cost_ms"]
-        out.append(f"{r['model']}, {LABEL[r['path']]}: "
-                   + (f"{cost:,.1f} ms above the engine-resident follow-up, {r['x_floor']}\u00d7 its transfer floor "
-                      f"({r['transfer_floor_ms']:,.1f} ms)" if cost > 0 else
-                      f"no cost above the engine-resident follow-up ({-cost:,.1f} ms faster; transfer floor "
-                      f"{r['transfer_floor_ms']:,.1f} ms)")
+        floor = r["transfer_floor_ms"]
+        _, low, high = report.cost_interval(rows or [], r["model"], longest, r["path"]) if rows else (0, float("nan"),
+                                                                                                     float("nan"))
+        out.append(f"{r['model']}, {LABEL[r['path']]}: first token {cost:+,.1f} ms against the engine-resident "
+                   + (f"follow-up [{low:+,.1f}, {high:+,.1f}] (two unpaired medians, 95% bootstrap): "
+                      f"{report.floor_verdict(low, high, [floor, floor])}" if low == low else "follow-up (no interval)")
+                   + f" (transfer floor {floor:,.1f} ms, measured once)"
                    + (f"; the longest part of the restore is {part[0]} ({part[1]:,.1f} ms)" if part else "") + ".")
+    return out
+
+
+def _resolution_sentences(table: list[dict]) -> list[str]:
+    """The paired design (``report.resolution_table``), one line per (model, context, path): the restore's own span
+    and the paired first-token difference, each with its 95% interval and verdict against the floor's range."""
+    out = []
+    def ci(pair: list) -> str:
+        low, high = pair
+        return "no interval" if low is None else f"[{low:,.3f}, {high:,.3f}]"
+
+    for r in table:
+        floor = r["floor_ms"]
+        out.append(f"{r['model']}, {_n(r['context_tokens'])} tokens, {LABEL.get(r['path'], r['path'])}: span "
+                   + (f"{r['span_ms']:,.3f} ms {ci(r['span_ci_ms'])}" if r["span_ms"] is not None else "not recorded")
+                   + " against a floor of " + (f"{floor[0]:,.3f}\u2013{floor[1]:,.3f} ms" if floor else "none")
+                   + f": **{r['span_verdict']}**; first token "
+                   + (f"{r['ttft_difference_ms']:+,.3f} ms {ci(r['ttft_difference_ci_ms'])} (paired)"
+                      if r["ttft_difference_ms"] is not None else "not paired")
+                   + f": {r['ttft_verdict']} ({r['num_restores']} restores"
+                   + ("; resolved to 10% of the floor" if r["resolved"] else "; not resolved to 10% of the floor")
+                   + ").")
     return out
 
 
@@ -370,7 +413,7 @@ def goal_points_table(tables: dict, rows: list[dict] | None = None, goals: list[
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for point in points:
         g, c = goals.get(point), critical.get(point)
-        fastest = (f"{LABEL[g['fastest_path']]} {g['fastest_x_floor']}{x}"
+        fastest = (f"{LABEL[g['fastest_path']]} {_cost_against_floor(g)}"
                    + (f", {g['fastest_goal']}" if "fastest_goal" in g else "")) if g else ""
         least = (f"{LABEL[c['path']]}: {c['critical_ms']:,.3f} ms ({_parts(c)}) / {c['transfer_floor_ms']:,.3f} = "
                  f"**{c['x_floor']:.2f}{x}**"
@@ -381,6 +424,17 @@ def goal_points_table(tables: dict, rows: list[dict] | None = None, goals: list[
                             f"{r['difference_ci_ms'][1]:+,.2f}]" for r in steps.get(point, [])) or "not timed"
         lines.append(f"| {point[0]} | {_n(point[1])} | {fastest} | {least} | {charged} | {forward} |")
     return "\n".join(lines)
+
+
+def _cost_against_floor(g: dict) -> str:
+    """A goal row's fastest cost against its floor by ``report.floor_verdict`` where its interval was computed (no
+    cost measured, at the floor, or a ratio range of at least 1), else its median ratio only where that is at least 1
+    (a median below the floor or below zero is no result)."""
+    if g.get("fastest_cost_ci_ms") and g.get("fastest_floor_ms"):
+        low, high = g["fastest_cost_ci_ms"]
+        return report.floor_verdict(low, high, [g["fastest_floor_ms"]] * 2)
+    ratio = g.get("fastest_x_floor")
+    return f"{ratio}\u00d7" if ratio is not None and ratio >= 1 else "median at or below its floor (no interval)"
 
 
 def _device_label(label: str) -> str:
@@ -458,6 +512,8 @@ def public_results(run: RunFiles) -> dict:
                    for k, f in floors.items()},
         "floor_distance": [dict(r) for r in tables.get("floor_distance", [])],
         **({"splits": [dict(r) for r in tables["splits"]]} if tables["splits"] else {}),
+        **({"restore_resolution": [dict(r) for r in tables["restore_resolution"]]}
+           if tables.get("restore_resolution") else {}),
         "models": [{k: m.get(k) for k in ("model", "path", "kv_bytes_per_token", "status", "engine_start_s")}
                    for m in run.raw("models.jsonl")],
     }

