@@ -6,7 +6,7 @@ from pathlib import Path
 from pydantic import Field
 
 from kmesh_lib.base.data import DATA_ROOT_PREFIX, resolve_path
-from kmesh_lib.base.params import PathText, RunParams, check, params_dataclass
+from kmesh_lib.base.params import ParamError, PathText, RunParams, check, check_path, params_dataclass
 from kmesh_lib.traces.scan import DEFAULT_MAX_JSON_DEPTH, MAX_JSON_DEPTH_LIMIT
 
 DEFAULT_TRACE_ROOT = f"{DATA_ROOT_PREFIX}/lmcache-agent-trace"  # the data set of base.data
@@ -17,6 +17,7 @@ AUDIT_MB_PER_S = 10.0
 # 4 GB; the corpus's longest line is far below 1 MB.
 MAX_LINE_MB_LIMIT = 256.0
 MAX_DEPTH_LIMIT = 4096
+MIN_LINE_BYTES = 1024  # the shortest record of the corpus is ~100 bytes; a KiB is no limit to anyone
 UNIT_SCALE = {"s": 1, "ms": 1e3, "us": 1e6, "ns": 1e9}
 
 
@@ -48,10 +49,18 @@ class TraceAuditParams(RunParams):
 
     def check_rules(self) -> None:
         super().check_rules()
-        root = resolve_root(self.TRACE_ROOT)
-        check(root.exists(), f"TRACE_ROOT={self.TRACE_ROOT!r}: {root} does not exist; point it at a directory "
-                             f"of JSONL traces, or fetch the corpus ({DEFAULT_TRACE_ROOT}) with `kmesh data fetch`")
-        check(root.is_dir(), f"TRACE_ROOT={self.TRACE_ROOT!r}: {root} is not a directory")
+        check(self.TRACE_ROOT.strip() != "", f"TRACE_ROOT='': empty; name the corpus folder (default {DEFAULT_TRACE_ROOT})")
+        try:
+            root = resolve_root(self.TRACE_ROOT)
+            exists = root.exists()
+        except (OSError, RuntimeError):
+            raise ParamError(f"TRACE_ROOT={self.TRACE_ROOT[:60]!r}: cannot be resolved (a symlink loop?)") from None
+        check(exists, f"TRACE_ROOT={self.TRACE_ROOT[:60]!r}: {root} does not exist; point it at a directory "
+                      "of JSONL traces, or fetch the corpus with `kmesh data fetch`")
+        check_path("TRACE_ROOT", self.TRACE_ROOT, "dir")  # a folder, outside /proc, /sys, /dev and /etc
+        check(self.max_line_bytes >= MIN_LINE_BYTES,
+              f"MAX_LINE_MB={self.MAX_LINE_MB}: at least {MIN_LINE_BYTES} bytes ({MIN_LINE_BYTES / (1 << 20):g} MB); "
+              "a smaller limit calls every record oversize")
 
     @property
     def trace_root(self) -> Path:
