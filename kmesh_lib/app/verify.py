@@ -21,7 +21,7 @@ from types import ModuleType
 
 from kmesh_lib.app.registry import call_section
 from kmesh_lib.base.checks import Check, summarize
-from kmesh_lib.base.records import FINISHED, RunFileError, RunFiles
+from kmesh_lib.base.records import FINISHED, RunFileError, RunFiles, effective_status
 
 
 @dataclass
@@ -128,9 +128,7 @@ def verify(section: ModuleType, run: RunFiles) -> Verdict:
     """
     run.read_everything()
     results = run.results
-    status = results.get("status")
-    if not isinstance(status, str):
-        raise RunFileError(f"{run.run_dir / 'results.json'}: no status recorded")
+    status = effective_status(results, run.run_dir)  # a running run whose process is gone: died
     recorded = recorded_statuses(results)
     checks = call_section(section, "checks", run)
     verdict = Verdict(run.run_id, status, checks=list(checks))
