@@ -23,6 +23,7 @@ import pytest
 from kmesh_lib.app import cli
 from kmesh_lib.app import registry as sections
 from kmesh_lib.base import params
+from kmesh_lib.base.data import DATA_SETS
 from kmesh_lib.base.paths import OUTPUTS
 
 SECTIONS = list(sections.SECTIONS.values())
@@ -138,8 +139,9 @@ def field_cases():
     its by-type cases run in the first section that has it; lists and paths, whose rules differ
     by section, run in every section, as does one generic case of each field."""
     out, seen = [], set()
-    for section in SECTIONS:
-        smoke, _, _ = params.resolve_params(section, "smoke", [], [])
+    for section in SECTIONS:  # the smoke values unvalidated: collecting needs no data set
+        smoke = {**params.defaults(section.Params),
+                 **params.merge_files(params.param_files(section.KEY, "smoke", section.USES_ENGINE))}
         for name, info in params.fields_of(section.Params).items():
             if name in ("PROFILE", "RUN_DIR", "SOURCE_RUN"):
                 continue  # reserved: their own cases below
@@ -150,7 +152,7 @@ def field_cases():
             seen.add((name, kind))
             for case, value in values:
                 if value == "DUP":
-                    default = getattr(smoke, name)
+                    default = smoke[name]
                     if not default:
                         continue
                     first = default[0]
@@ -164,6 +166,16 @@ def field_cases():
 
 
 FIELD_CASES = [c for c in field_cases() if (c[1], c[2]) not in VALID]
+# Sections 17 and 19 read a data set at validation; where it is not fetched, their cases end in
+# that one line and say nothing about the value (conftest's NOTEBOOK_DATA does the same for notebooks)
+NEEDS_DATA = {"17": "lmcache-agent-trace", "19": "game24"}
+
+
+def _case(number: str, *values, id: str):
+    data = NEEDS_DATA.get(number)
+    missing = data is not None and not DATA_SETS[data].path().is_dir()
+    return pytest.param(number, *values, id=id,
+                        marks=pytest.mark.skipif(missing, reason=f"data set {data} not fetched (kmesh data fetch)"))
 
 # Cases of the report (issue 45) that the by-type corpus does not already hold: section, --set items
 NAMED_CASES = [
@@ -217,14 +229,13 @@ def ends_in_one_line(argv: list[str], capsys) -> str:
     return err
 
 
-@pytest.mark.parametrize("number, key, case, value", FIELD_CASES,
-                         ids=[f"{s}-{k}-{c}" for s, k, c, _ in FIELD_CASES])
+@pytest.mark.parametrize("number, key, case, value", [_case(*c, id=f"{c[0]}-{c[1]}-{c[2]}") for c in FIELD_CASES])
 def test_every_hostile_value_ends_in_one_line(number, key, case, value, hostile, capsys, no_engine):
     err = ends_in_one_line(["plan", number, "--profile", "smoke", "--set", f"{key}={_fill(value, hostile)}"], capsys)
     assert key in err
 
 
-@pytest.mark.parametrize("number, items", NAMED_CASES, ids=[f"{s}-{'-'.join(i)[:40]}" for s, i in NAMED_CASES])
+@pytest.mark.parametrize("number, items", [_case(s, i, id=f"{s}-{'-'.join(i)[:40]}") for s, i in NAMED_CASES])
 def test_the_reported_cases_end_in_one_line(number, items, hostile, capsys, no_engine):
     argv = ["plan", number, "--profile", "smoke"]
     for item in items:
