@@ -222,3 +222,83 @@ def test_ctrl_c_ends_the_run_with_one_line_and_leaves_nothing_behind(tmp_path):
     for pid_file in ("kernel.pid", "orphan.pid"):  # the kernel, and what it started in its own session
         assert not psutil.pid_exists(int((run_dir / pid_file).read_text())), pid_file
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+# -- a run whose process died (issue 45) --
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_running_run_whose_runner_is_gone_reads_died(tmp_path, section, capsys):
+    run_dir = tmp_path / "runs" / "fake_section" / "smoke-20261201-120000-dead"
+    run_dir.mkdir(parents=True)
+    (run_dir / "params.resolved.yaml").write_text("PROFILE: smoke\n")
+    (run_dir / "raw").mkdir()
+    (run_dir / "env.json").write_text("{}")
+    me = {"pid": os.getpid(), "started": records.process_started(os.getpid())}
+    for runner, want in (({"pid": _dead_pid(), "started": 1.0}, "died"), (me, "running"),
+                         ({**me, "started": me["started"] - 3600}, "died"),  # the pid, reused by another process
+                         (None, "running")):  # recorded before runners were: not guessed at
+        results = {"status": "running", **({"runner": runner} if runner else {})}
+        (run_dir / "results.json").write_text(json.dumps(results))
+        assert records.RunFiles(run_dir).status == want, runner
+    (run_dir / "results.json").write_text(json.dumps({"status": "running", "runner": {"pid": _dead_pid(),
+                                                                                      "started": 1.0}}))
+    assert cli.main(["list", "99"]) == 0
+    assert " died " in capsys.readouterr().out
+    assert cli.main(["verify", "99", "--run-dir", str(run_dir)]) != 0
+    assert "died" in capsys.readouterr().out
+
+
+def test_the_runner_is_the_kmesh_run_process_when_it_says_so(monkeypatch):
+    monkeypatch.setenv(records.RUNNER_ENV, "4242:1700000000.5")
+    assert records.current_runner() == {"pid": 4242, "started": 1700000000.5}
+    monkeypatch.delenv(records.RUNNER_ENV)
+    assert records.current_runner()["pid"] == os.getpid()
+
+
+def test_stale_kernel_runtime_folders_are_removed_and_live_ones_kept(tmp_path):
+    from kmesh_lib.app.execute import RUNTIME_PREFIX, clean_stale_runtimes
+
+    dead = tmp_path / f"{RUNTIME_PREFIX}{_dead_pid()}-ab12"
+    live = tmp_path / f"{RUNTIME_PREFIX}{os.getpid()}-cd34"
+    other = tmp_path / f"{RUNTIME_PREFIX}x1y2"  # not named by a pid: not ours to judge
+    for folder in (dead, live, other):
+        folder.mkdir()
+        (folder / "kernel-1.json").write_text("{}")
+    assert clean_stale_runtimes(tmp_path) == [dead]
+    assert not dead.exists() and live.exists() and other.exists()
+
+
+@pytest.mark.notebooks
+def test_a_killed_run_reads_died_and_the_next_run_cleans_its_kernel_folder(tmp_path):
+    """kill -9 of `kmesh run`: its results.json still says running, but list and verify say died,
+    and the kernel runtime folder it left in the temp dir goes when the next run starts."""
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "KMESH_FAKE": "sleep", "TMPDIR": str(tmp_path / "tmp"),
+           "PYTHONPATH": os.pathsep.join([str(Path(fake_section.__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(Path(fake_section.__file__).parent),
+                             str(tmp_path / "99.ipynb")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "runs").glob("fake_section/*/sleeping")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    run_dir = only_run(tmp_path / "runs")
+    kernel = psutil.Process(int((run_dir / "kernel.pid").read_text()))
+    proc.kill()  # SIGKILL: no handler runs, nothing is cleaned
+    proc.communicate(timeout=60)
+    try:
+        assert results_of(run_dir)["status"] == "running"
+        assert results_of(run_dir)["runner"]["pid"] == proc.pid
+        assert records.RunFiles(run_dir).status == "died"
+        left = list((tmp_path / "tmp").glob("kmesh-jupyter-*"))
+        assert [p.name.split("-")[2] for p in left] == [str(proc.pid)]
+    finally:
+        kernel.kill()  # the orphaned kernel (its session survives the kill)
+    from kmesh_lib.app.execute import clean_stale_runtimes
+
+    assert clean_stale_runtimes(tmp_path / "tmp") == left

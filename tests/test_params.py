@@ -257,7 +257,9 @@ def test_a_missing_cuda_device_fails_before_the_run(tmp_path, capsys, no_cuda):
 @pytest.mark.parametrize("number", ["16", "20"])
 def test_rendering_a_finished_gpu_run_validates_without_cuda(no_cuda, number):
     """SOURCE_RUN: the section analyses a finished GPU run and starts no engine, so no device is needed."""
-    cfg, _, _ = resolve_params(sections.get(number), "gpu", [], ["SOURCE_RUN=/abs/finished-gpu-run"], for_run=True)
+    cfg, _, _ = resolve_params(sections.get(number), "gpu", [], [])  # SOURCE_RUN is --source-run's (cmd_run)
+    cfg = dataclasses.replace(cfg, SOURCE_RUN="/abs/finished-gpu-run")
+    cfg.check_runnable()
     assert cfg.DEVICE == "cuda" and not cfg.starts_engine and not no_cuda
     with pytest.raises(ParamError, match="DEVICE='cuda'"):
         resolve_params(sections.get(number), "gpu", [], [], for_run=True)

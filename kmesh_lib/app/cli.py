@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -50,6 +51,7 @@ from kmesh_lib.base.params import resolve_params
 from kmesh_lib.base.paths import repo_relative
 from kmesh_lib.base.public import PublicContentError
 from kmesh_lib.base.records import (
+    RUNNER_ENV,
     RunFileError,
     RunFiles,
     RunFolderInUse,
@@ -57,6 +59,8 @@ from kmesh_lib.base.records import (
     end_run,
     is_live_run_id,
     new_run_dir,
+    refuse_published,
+    runner_env,
 )
 from kmesh_lib.engine.costs import GPU_TIME
 
@@ -80,6 +84,9 @@ def cmd_plan(args) -> int:
 
 def cmd_run(args) -> int:
     section = sections.get(args.section)
+    for flag, path in (("--run-dir", args.run_dir), ("--source-run", args.source_run)):
+        if path:
+            refuse_published(path, flag)  # published runs change only by publish and withdraw
     if args.source_run:  # a run measured elsewhere (a GPU driver's folder): render into it, measure nothing
         if args.set or args.params or args.run_dir:
             raise params_mod.ParamError("--source-run renders the run as it was measured: no --set, --params or --run-dir")
@@ -94,6 +101,7 @@ def cmd_run(args) -> int:
     shown = display_path(run_dir)
     print(f"running {section.NOTEBOOK} ({resolved.get('PROFILE')}) -> {shown}", flush=True)
     notebook = sections.notebook_path(section)
+    os.environ[RUNNER_ENV] = runner_env()  # the kernel records this process as the run's runner
     where = run_dir.resolve()  # papermill runs the kernel from notebooks/: a relative --source-run would land there
     outcome = execute(notebook, where / section.NOTEBOOK, resolved, args.kernel, notebook.parent, args.timeout,
                       args.log_output, kernel_log=where / "logs" / "kernel.log")
@@ -140,9 +148,13 @@ def source_run_params(section, source: str) -> tuple[Path, dict]:
     if "SOURCE_RUN" not in {f.name for f in dataclasses.fields(section.Params)}:
         raise params_mod.ParamError(f"--source-run: section {section.NUMBER} measures its own runs only")
     params_file = run_dir / "params.resolved.yaml"
-    if not params_file.exists():
+    try:
+        found = run_dir.is_dir() and params_file.is_file()
+    except OSError:  # a symlink loop
+        found = False
+    if not found:
         raise params_mod.ParamError(f"--source-run {source}: no params.resolved.yaml there (not a run folder)")
-    values = params_mod.current_names(yaml.safe_load(params_file.read_text()) or {})
+    values = params_mod.current_names(params_mod.read_yaml(params_file))
     where = repo_relative(run_dir) or str(run_dir.resolve())
     values.update(RUN_DIR=where, SOURCE_RUN=where)
     config = params_mod.build(section.Params, values, where=str(params_file))
@@ -338,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args)
     except USAGE_ERRORS as e:
         message = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"kmesh {args.command}: {message}", file=sys.stderr)
+        print(params_mod.one_line(f"kmesh {args.command}: {message}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"kmesh {args.command}: interrupted", file=sys.stderr)

@@ -201,6 +201,21 @@ def _ticking_bars(on: bool, every_s: float = 1.0):
         ticker.join()
 
 
+RUNTIME_PREFIX = "kmesh-jupyter-"  # + the pid of the `kmesh run` that made it
+
+
+def clean_stale_runtimes(tmp: Path | None = None) -> list[Path]:
+    """Removes the kernel runtime folders of runs whose process is gone (a ``kmesh run`` killed
+    with SIGKILL removes nothing); a folder whose pid is alive is left alone."""
+    removed = []
+    for path in Path(tmp or tempfile.gettempdir()).glob(RUNTIME_PREFIX + "*-*"):
+        pid = path.name[len(RUNTIME_PREFIX):].split("-")[0]
+        if pid.isdigit() and path.is_dir() and not path.is_symlink() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
 def execute(notebook: Path, out_nb: Path, parameters: dict, kernel: str, cwd: Path, timeout_s: int | None,
             log_output: bool, kernel_log: Path | None = None) -> Outcome:
     """Runs ``notebook`` into ``out_nb`` with papermill; see the module docstring."""
@@ -214,7 +229,8 @@ def execute(notebook: Path, out_nb: Path, parameters: dict, kernel: str, cwd: Pa
         pm_log = logging.getLogger("papermill")
         pm_log.addHandler(handler)
         pm_log.setLevel(logging.INFO)
-    runtime = Path(tempfile.mkdtemp(prefix="kmesh-jupyter-"))
+    clean_stale_runtimes()
+    runtime = Path(tempfile.mkdtemp(prefix=f"{RUNTIME_PREFIX}{os.getpid()}-"))
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     subreaper = _set_subreaper(True)
     outcome = Outcome("completed")

@@ -9,7 +9,9 @@ Steps, each of which can refuse (nothing is left half-published):
 2. copy the run's published files into a staging folder beside its destination, by allow-list
    (``app.compact.published_files``: no ``logs/``, no ``*.log``, no driver state; a symlink is
    refused) and bring the copy into the published format (``app.compact``: figures moved out
-   of the notebook into ``figures/``, ``raw/*.jsonl`` xz-compressed);
+   of the notebook into ``figures/``, ``raw/*.jsonl`` xz-compressed) after redacting it
+   (``app.redact``: credential-looking names hashed, no host name or kernel string, no engine log
+   lines; a capture it changes is named in ``captures_with_paths_rewritten``);
 3. rewrite absolute paths as relative ones in the text files, captures included (the run folder
    -> ``outputs/<section>/<run_id>``, the checkout -> ``""``, the folder around it -> ``../``, an
    installed package -> ``<site-packages>/``, the temp dir -> ``<tmp>/``: a disk tier's root, a
@@ -57,6 +59,7 @@ from kmesh_lib.app.compact import (
 )
 from kmesh_lib.app.public_document import public_document
 from kmesh_lib.app.published import PUBLIC_FILE
+from kmesh_lib.app.redact import redact_folder
 from kmesh_lib.app.report import PUBLISHED_STYLESHEET, render_report
 from kmesh_lib.app.runs import published_root
 from kmesh_lib.app.verify import Verdict, verify
@@ -282,6 +285,7 @@ def publish(section: ModuleType, run_dir: Path, allow_failed: bool = False, repl
     staging.mkdir(parents=True)
     try:
         left_out = _copy_run(src, staging, section.NOTEBOOK)
+        redacted = redact_folder(staging, section.NOTEBOOK)  # credentials, the host, engine log lines
         figures, repeated = move_figures(staging, section.NOTEBOOK)
         drop_table_text(staging, section.NOTEBOOK)
         palette_figures(staging, section.NOTEBOOK)
@@ -298,7 +302,8 @@ def publish(section: ModuleType, run_dir: Path, allow_failed: bool = False, repl
         if again.ok != verdict.ok or [ln.kind for ln in again.lines] != [ln.kind for ln in verdict.lines]:
             raise PublishRefused(f"the published copy verifies differently from {src}: " + again.summary())
         public = public_document(section, copy, again, allowed_failed, failure_note, shared,
-                                 sorted({f for f in rewritten if f.startswith("raw/")} | _rewritten_before(src)))
+                                 sorted({f for f in rewritten if f.startswith("raw/")} | set(redacted.captures)
+                                        | _rewritten_before(src)))
         write_json_atomic(staging / PUBLIC_FILE, public, compact=True)
         render_report(section, staging, note=f"Published with --allow-failed: {failure_note}" if allowed_failed else "",
                       stylesheet=PUBLISHED_STYLESHEET)

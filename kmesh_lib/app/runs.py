@@ -9,12 +9,11 @@ run, ``base.records.is_live_run_id``) or ``--run-dir``.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from kmesh_lib.base.paths import OUTPUTS, REPO_ROOT
+from kmesh_lib.base.paths import REPO_ROOT, published_root
 from kmesh_lib.base.records import is_live_run_id, run_id_sort_key, run_root
 
 LOCAL, PUBLISHED = "local", "published"
@@ -22,10 +21,6 @@ LOCAL, PUBLISHED = "local", "published"
 
 class RunNotFound(LookupError):
     """No run, or more than one, answers to what a command was given."""
-
-
-def published_root() -> Path:
-    return Path(os.environ.get("KMESH_PUBLISHED_ROOT", OUTPUTS))
 
 
 def roots() -> dict[str, Path]:

@@ -30,7 +30,14 @@ from types import ModuleType
 from kmesh_lib.app.registry import call_section
 from kmesh_lib.base.checks import STATUSES, Check, differences, summarize
 from kmesh_lib.base.declared import compare_tables
-from kmesh_lib.base.records import FINISHED, RunFileError, RunFiles, capture_sha256, read_json_object
+from kmesh_lib.base.records import (
+    FINISHED,
+    RunFileError,
+    RunFiles,
+    capture_sha256,
+    effective_status,
+    read_json_object,
+)
 
 PUBLIC_FILE = "public-results.json"
 
@@ -248,9 +255,7 @@ def verify(section: ModuleType, run: RunFiles) -> Verdict:
     """
     run.read_everything()
     results = run.results
-    status = results.get("status")
-    if not isinstance(status, str):
-        raise RunFileError(f"{run.run_dir / 'results.json'}: no status recorded")
+    status = effective_status(results, run.run_dir)  # a running run whose process is gone: died
     recorded = recorded_statuses(results)
     computed = call_section(section, "checks", run)
     checks = [c for c in computed if not (c.predates and c.status == "skipped" and c.name not in recorded)]

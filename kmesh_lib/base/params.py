@@ -16,27 +16,50 @@ their own namespace again with ``from_namespace``.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+import difflib
 import functools
 import json
+import os
+import re
 import reprlib
+import stat
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from kmesh_lib.base.paths import PARAMS_DIR
+from kmesh_lib.base.data import resolve_path
+from kmesh_lib.base.paths import PARAMS_DIR, published_folder
 
 PROFILES = ("smoke", "cpu", "gpu")
+
+
+MAX_ERROR_CHARS = 300  # an error is one line a person reads, never a page of the input
+
+
+def one_line(text: object, limit: int = MAX_ERROR_CHARS) -> str:
+    """``text`` on one line (whitespace runs become one space), at most ``limit`` characters: a
+    longer line keeps its start (the key) and its end (what to do), cut in the middle."""
+    line = " ".join(str(text).split())
+    if len(line) <= limit:
+        return line
+    head = (limit - 3) // 2
+    return line[:head] + "..." + line[len(line) - (limit - 3 - head):]
 
 
 class ParamError(ValueError):
     """A parameter is unknown, mistyped or out of range, or a params file is unreadable.
 
-    The message is one line and names the key (or the file) and what is allowed.
+    The message is one line of at most ``MAX_ERROR_CHARS`` characters and names the key (or the
+    file) and what is allowed; it never quotes a params file's contents beyond a parameter name.
     """
+
+    def __init__(self, message: object = "") -> None:
+        super().__init__(one_line(message))
 
 
 # -- bounds --
@@ -62,6 +85,64 @@ Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
 Millis = Annotated[float, Field(ge=0, le=MAX_MS)]
 Mib = Annotated[int, Field(ge=1, le=MAX_MIB)]
 PathText = Annotated[str, Field(max_length=MAX_PATH_CHARS, pattern=r"^[^\x00]*$")]
+MAX_LIST_ITEMS = 256  # entries of one list parameter: grids, sweeps and puzzle lists hold tens
+# What is read before any value is looked at: a params file is a page of KEY: value lines, a --set
+# value one value. Bounds on the text and on what YAML builds from it keep a device file, a deep
+# or aliased document or a pasted file from costing memory, stack or time.
+MAX_PARAMS_FILE_BYTES = 1 << 20
+MAX_SET_CHARS = 1 << 16
+MAX_NESTING = 16  # levels of lists and mappings in one params document
+MAX_YAML_NODES = 2_000  # values in one params document: a profile holds about 50
+PARAM_NAME = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
+# Keys a command line flag sets, refused in --set and params files (they would be ignored or misused)
+RESERVED = {"PROFILE": "--profile", "RUN_DIR": "--run-dir (kmesh run)", "SOURCE_RUN": "--source-run (kmesh run)"}
+
+# -- paths --
+# A path parameter names a file or folder of the kind it needs, checked at validation: a folder a
+# run writes into (a disk tier's parent) is an existing folder outside the system's and the
+# published runs' folders, named without ``..``; a folder or file a run reads is one of that kind
+# outside /proc, /sys, /dev and /etc.
+READ_REFUSED = tuple(Path(p) for p in ("/proc", "/sys", "/dev", "/etc"))
+WRITE_REFUSED = READ_REFUSED + tuple(Path(p) for p in ("/boot", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/run",
+                                                       "/var/run"))
+
+
+def check_path(key: str, value: str, kind: Literal["dir", "file"], write: bool = False) -> Path:
+    """``value`` (``$KMESH_DATA_ROOT/...``, repo-relative or absolute) as the resolved path of an
+    existing ``kind``; ParamError naming ``key`` otherwise."""
+    what = "folder" if kind == "dir" else "file"
+    shown = f"{key}={_short.repr(value)}"
+    if not value.strip():
+        raise ParamError(f"{shown}: empty; name a {what}")
+    if write and ".." in Path(value).parts:
+        raise ParamError(f"{shown}: a folder written to is named without '..'")
+    try:
+        path = resolve_path(value)
+        path = path.resolve(strict=True)
+    except FileNotFoundError:
+        raise ParamError(f"{shown}: no such {what}") from None
+    except (OSError, RuntimeError, ValueError) as e:
+        raise ParamError(f"{shown}: cannot be resolved ({getattr(e, 'strerror', None) or 'a symlink loop?'})") from None
+    for root in WRITE_REFUSED if write else READ_REFUSED:
+        if path == root or path.is_relative_to(root):
+            raise ParamError(f"{shown}: {path} is under {root}, a system folder; name a {what} of your own")
+    if write and published_folder(path) is not None:
+        raise ParamError(f"{shown}: inside the published runs, which runs never write to")
+    if kind == "dir" and not path.is_dir():
+        raise ParamError(f"{shown}: {path} is not a directory")
+    if kind == "file" and not path.is_file():
+        raise ParamError(f"{shown}: {path} is not a regular file")
+    return path
+
+
+def _write_root(value: str, info: ValidationInfo) -> str:
+    """A folder a run writes under; empty means the default (the field's description says which)."""
+    if value:
+        check_path(info.field_name, value, "dir", write=True)
+    return value
+
+
+WriteRoot = Annotated[PathText, AfterValidator(_write_root)]
 
 CONFIG = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, validate_default=True)
 
@@ -104,6 +185,7 @@ class RunParams:
     @model_validator(mode="after")
     def _check_rules_after_fields(self):
         self.check_rules()
+        check_lists(self)  # after: a section's own message for a repeated entry is the more specific
         return self
 
     def check_rules(self) -> None:
@@ -117,23 +199,105 @@ class RunParams:
         """
 
 
+def check_lists(config: Any) -> None:
+    """Every list parameter: at most ``MAX_LIST_ITEMS`` entries, each entry once (a grid, sweep or
+    set of arms that names a value twice would measure it twice and key its tables twice)."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if not isinstance(value, list):
+            continue
+        check(len(value) <= MAX_LIST_ITEMS, f"{f.name}: {len(value)} entries; at most {MAX_LIST_ITEMS}")
+        seen = set()
+        for item in value:
+            marker = json.dumps(item, sort_keys=True, default=str)
+            check(marker not in seen, f"{f.name}: {_short.repr(item)} is given twice; name each entry once")
+            seen.add(marker)
+
+
+def shown_key(key: object) -> str:
+    """A key as an error names it: a parameter-like name as it is, anything else (text of a file
+    given by mistake) not quoted."""
+    return repr(key) if isinstance(key, str) and PARAM_NAME.match(key) else "a key that is not a parameter name"
+
+
 # -- reading files --
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.safe_load, except that a key given twice in one mapping is an error, not 'last wins'."""
+    """yaml.safe_load, except that a key given twice in one mapping is an error, not 'last wins',
+    and that anchors and aliases, more than ``MAX_NESTING`` levels and more than ``MAX_YAML_NODES``
+    values are refused as the document is composed (before anything is built from it)."""
+
+    def __init__(self, stream) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._nodes = 0
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise ParamError(f"line {event.start_mark.line + 1}: YAML anchors and aliases (&name, *name) are not "
+                             "allowed; write the value out")
+        self._nodes += 1
+        if self._nodes > MAX_YAML_NODES:
+            raise ParamError(f"more than {MAX_YAML_NODES:,} values")
+        self._depth += 1
+        try:
+            if self._depth > MAX_NESTING:
+                raise ParamError(f"line {event.start_mark.line + 1}: nested deeper than {MAX_NESTING} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             if isinstance(key, str) and key in seen:
-                raise ParamError(f"line {key_node.start_mark.line + 1}: {key!r} is given twice")
+                raise ParamError(f"line {key_node.start_mark.line + 1}: {shown_key(key)} is given twice")
             seen.add(key if isinstance(key, str) else id(key_node))
         return super().construct_mapping(node, deep=deep)
 
 
+def _flow_depth(text: str, limit: int) -> int:
+    """How deep ``[`` and ``{`` nest in ``text`` outside quotes and comments, counted up to ``limit + 1``.
+
+    Checked before YAML reads the text: PyYAML's scanner takes quadratic time on thousands of
+    unclosed brackets, long before the composer's own depth check would see them.
+    """
+    depth = deepest = 0
+    quote = None
+    previous = "\n"
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if quote:
+            if c == quote:
+                quote = None
+        elif c in "'\"":
+            quote = c
+        elif c == "#" and previous in " \t\n":
+            i = text.find("\n", i)
+            if i < 0:
+                break
+            c = "\n"
+        elif c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > limit:
+                break
+        elif c in "]}":
+            depth = max(depth - 1, 0)
+        if c == "\n":
+            quote = None if quote == "'" else quote  # a quoted scalar may span lines; this count is a bound, not a parser
+        previous = c
+        i += 1
+    return deepest
+
+
 def parse_yaml(text: str, where: str) -> Any:
     """``text`` as plain YAML data (no Python tags); every YAML error is one ParamError line."""
+    if _flow_depth(text, MAX_NESTING) > MAX_NESTING:
+        raise ParamError(f"{where}: nested deeper than {MAX_NESTING} levels")
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)
     except ParamError as e:
@@ -149,27 +313,65 @@ def parse_yaml(text: str, where: str) -> Any:
         raise ParamError(f"{where}: YAML syntax error{at}: {_line(e.problem or e.context)}") from None
     except yaml.YAMLError as e:
         raise ParamError(f"{where}: not YAML ({_line(e)})") from None
+    except RecursionError:  # MAX_NESTING stops a document first; this is the last guard
+        raise ParamError(f"{where}: nested too deep") from None
 
 
 def _line(text: Any) -> str:
     return " ".join(str(text).split())
 
 
+def read_bounded(path: Path, limit: int, what: str) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes; anything else raises ParamError.
+
+    A device (/dev/zero), a FIFO or a socket is refused before it is opened for reading (and
+    opened non-blocking, in case it is swapped in between); a longer file, /proc's included, is
+    refused after ``limit + 1`` bytes, so nothing reads without end.
+    """
+    path = Path(path)
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise ParamError(f"{path}: no such {what}") from None
+    except (OSError, ValueError) as e:
+        raise ParamError(f"{path}: cannot be read ({getattr(e, 'strerror', None) or type(e).__name__})") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise ParamError(f"{path}: is a directory, not a {what}")
+    if not stat.S_ISREG(info.st_mode):
+        raise ParamError(f"{path}: not a regular file (a device, FIFO or socket), not a {what}")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise ParamError(f"{path}: cannot be read ({e.strerror})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ParamError(f"{path}: not a regular file (a device, FIFO or socket), not a {what}")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 16, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as e:
+        raise ParamError(f"{path}: cannot be read ({e.strerror})") from None
+    finally:
+        os.close(fd)
+    if size > limit:
+        raise ParamError(f"{path}: larger than {limit:,} bytes; a {what} is far smaller")
+    return b"".join(chunks)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """A params file as a mapping of KEY: value; a file that cannot be one raises ParamError."""
     path = Path(path)
-    if not path.exists():
-        raise ParamError(f"{path}: no such params file")
-    if path.is_dir():
-        raise ParamError(f"{path}: is a directory, not a params file")
+    data = read_bounded(path, MAX_PARAMS_FILE_BYTES, "params file")
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ParamError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
-    except OSError as e:
-        raise ParamError(f"{path}: cannot be read ({e.strerror})") from None
     data = parse_yaml(text, str(path))
-    if data is None:
+    if data is None or data == {}:
         raise ParamError(f"{path}: holds no parameters; write KEY: value lines")
     if not isinstance(data, dict):
         raise ParamError(f"{path}: expected a mapping of KEY: value, got a {type(data).__name__}")
@@ -188,10 +390,24 @@ def param_files(section: str, profile: str, uses_engine: bool, params_dir: Path 
 
 
 def merge_files(paths: list[Path]) -> dict[str, Any]:
+    """The layer files' values, later files winning; each file is parsed once per version of it."""
     merged: dict[str, Any] = {}
     for path in paths:
-        merged.update(read_yaml(path))
+        info = Path(path).stat()
+        merged.update(copy.deepcopy(_read_layer(Path(path), info.st_mtime_ns, info.st_size)))
     return merged
+
+
+@functools.lru_cache(maxsize=64)
+def _read_layer(path: Path, mtime_ns: int, size: int) -> dict[str, Any]:
+    return read_yaml(path)
+
+
+def check_reserved(values: dict[str, Any], where: str) -> None:
+    """Refuses a key a command-line flag sets (``RESERVED``), naming the flag to use instead."""
+    for key, flag in RESERVED.items():
+        if key in values:
+            raise ParamError(f"{where}: {key} is set by {flag}, not as a parameter")
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
@@ -199,9 +415,18 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     values = {}
     for item in overrides:
         key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ParamError(f"--set {item!r}: expected KEY=VALUE")
-        values[key.strip()] = parse_yaml(raw, f"--set {key.strip()}")
+        key = key.strip()
+        if not sep or not key:
+            raise ParamError(f"--set {_short.repr(item)}: expected KEY=VALUE")
+        if not PARAM_NAME.match(key):
+            raise ParamError(f"--set {_short.repr(key)}: not a parameter name (UPPER_CASE letters, digits and _)")
+        check_reserved({key: None}, "--set")
+        if key in values:
+            raise ParamError(f"--set {key}: given twice")
+        if len(raw) > MAX_SET_CHARS:
+            raise ParamError(f"--set {key}: a value of {len(raw):,} characters (at most {MAX_SET_CHARS:,}); "
+                             "put long values in a --params file")
+        values[key] = parse_yaml(raw, f"--set {key}")
     return values
 
 
@@ -216,7 +441,7 @@ def defaults(cls: type) -> dict[str, Any]:
     return {name: info.get_default(call_default_factory=True) for name, info in fields_of(cls).items()}
 
 
-def build(cls: type, values: dict[str, Any], where: str = "") -> Any:
+def build(cls: type, values: dict[str, Any], where: str = "", quote_unknown: bool = True) -> Any:
     """Builds ``cls`` (a ``params_dataclass`` with UPPER_CASE fields) from ``values``.
 
     Raises:
@@ -227,14 +452,26 @@ def build(cls: type, values: dict[str, Any], where: str = "") -> Any:
     names = fields_of(cls)
     unknown = sorted((k for k in values if k not in names), key=str)
     if unknown:
+        close = _close_names(unknown[0], names)
+        quoted = close or (quote_unknown and isinstance(unknown[0], str) and PARAM_NAME.match(unknown[0]))
         raise ParamError(
-            f"{prefix}unknown parameter {unknown[0]!r}"
-            + (f" (and {', '.join(map(str, unknown[1:]))})" if len(unknown) > 1 else "")
-            + f" for {cls.__name__}; allowed: {', '.join(sorted(names))}")
+            f"{prefix}unknown parameter " + (repr(unknown[0]) if quoted else "a key that is not a parameter name")
+            + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else "") + f" for {cls.__name__}"
+            + (f"; did you mean {' or '.join(close)}?" if close else
+               f"; it takes {len(names)} parameters, listed in its notebook's parameters cell"))
     try:
         return cls(**values)
     except ParamError as e:
         raise ParamError(f"{prefix}{e}") from None
+
+
+def _close_names(key: object, names) -> list[str]:
+    """The parameter names ``key`` is a likely typo of. An unknown key of a --params file is quoted
+    only then: any other may be a line of a file given by mistake (/etc/shadow), which an error
+    never repeats; one that is not UPPER_CASE is never quoted."""
+    if not (isinstance(key, str) and PARAM_NAME.match(key)):
+        return []
+    return difflib.get_close_matches(key, list(names), n=3, cutoff=0.75)
 
 
 def from_namespace(cls: type, namespace: dict[str, Any]) -> Any:
@@ -262,8 +499,17 @@ def resolve_params(section, profile: str, extra_files: list[str], overrides: lis
     ``for_run``: the caller is about to run the section, so the machine is checked as well
     (``check_runnable``: ``DEVICE=cuda`` needs a CUDA device unless no engine starts).
     """
-    files = param_files(section.KEY, profile, section.USES_ENGINE) + [Path(f) for f in extra_files]
-    values = merge_files(files)
+    layers = param_files(section.KEY, profile, section.USES_ENGINE)
+    files = layers + [Path(f) for f in extra_files]
+    values = merge_files(layers)
+    names = fields_of(section.Params)
+    for path in files[len(layers):]:
+        extra = read_yaml(path)
+        check_reserved(extra, str(path))
+        if any(k not in names for k in extra):  # named with the file it is in
+            build(section.Params, {k: v for k, v in extra.items() if k not in names}, where=str(path),
+                  quote_unknown=False)
+        values.update(extra)
     values.update(parse_overrides(overrides))
     values["PROFILE"] = profile
     where = f"{section.KEY} --profile {profile}"
@@ -278,8 +524,16 @@ def resolve_params(section, profile: str, extra_files: list[str], overrides: lis
 
 # -- errors --
 
-_short = reprlib.Repr()
-_short.maxstring, _short.maxother, _short.maxlist = 60, 60, 8
+class _ShortRepr(reprlib.Repr):
+    """reprlib, two levels deep, and never longer than 80 characters in all."""
+
+    def repr(self, x: Any) -> str:
+        text = super().repr(x)
+        return text if len(text) <= 80 else text[:77] + "..."
+
+
+_short = _ShortRepr()
+_short.maxstring, _short.maxother, _short.maxlist, _short.maxdict, _short.maxlevel = 60, 60, 8, 4, 2
 
 _ALLOWED = {
     "int_type": "expected an integer", "int_parsing": "expected an integer", "int_from_float": "expected an integer",

@@ -27,3 +27,25 @@ def repo_relative(path: str | Path) -> str | None:
     """``path`` relative to the repository root, or None outside it: run records name no machine paths."""
     p = Path(path).resolve()
     return str(p.relative_to(REPO_ROOT)) if p.is_relative_to(REPO_ROOT) else None
+
+
+def published_root() -> Path:
+    """The published set: ``outputs/``, or ``KMESH_PUBLISHED_ROOT`` (tests)."""
+    return Path(os.environ.get("KMESH_PUBLISHED_ROOT", OUTPUTS))
+
+
+def published_folder(path: str | Path) -> Path | None:
+    """The published root ``path`` lies in (``outputs/`` or ``KMESH_PUBLISHED_ROOT``), or None.
+
+    Published runs are read-only to every command but ``kmesh publish`` and ``kmesh withdraw``: a
+    run, a render or a run folder given by path must not be one of them or inside one.
+    """
+    try:
+        p = in_repo(path).resolve()
+    except (OSError, RuntimeError, ValueError):  # a symlink loop: not a folder anything can be written to
+        return None
+    for root in dict.fromkeys((OUTPUTS, published_root())):
+        root = in_repo(root).resolve()
+        if p == root or p.is_relative_to(root):
+            return root
+    return None

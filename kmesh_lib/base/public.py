@@ -17,6 +17,7 @@ publishing stops, and the section's allow-list is what gets fixed.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -33,6 +34,37 @@ MAX_INT_LIST = 32
 MAX_DEPTH = 8
 MAX_PUBLIC_BYTES = 512 * 1024
 NUMBER_RUN = re.compile(r"(?:-?\d+[\s,;]+){16,}")
+
+
+# Credentials by their issuers' published formats: the one list kmesh recognises secrets by. A
+# name or text that holds one is published as ``#`` + 12 hex digits of its SHA-256 (the form
+# ``traces.names.safe_name`` gives a name it does not keep), never as itself.
+CREDENTIAL_PATTERNS = (
+    r"gh[pousr]_[A-Za-z0-9]{8,}",  # GitHub tokens
+    r"github_pat_[A-Za-z0-9_]{8,}",
+    r"(?:AKIA|ASIA)[0-9A-Z]{4,}",  # AWS access key ids
+    r"sk-(?:ant-|proj-|live-|test-)?[A-Za-z0-9_\-]{8,}",  # Anthropic, OpenAI, Stripe secret keys
+    r"xox[abposr]-[A-Za-z0-9\-]{8,}",  # Slack
+    r"AIza[0-9A-Za-z_\-]{8,}",  # Google API keys
+    r"glpat-[A-Za-z0-9_\-]{8,}",  # GitLab
+    r"hf_[A-Za-z0-9]{8,}",  # Hugging Face
+    r"-----BEGIN [A-Z ]*PRIVATE KEY-----",
+)
+CREDENTIAL = re.compile(r"(?<![A-Za-z0-9])(?:" + "|".join(CREDENTIAL_PATTERNS) + ")")
+
+
+def credential_hash(text: str) -> str:
+    """The published form of a credential: ``#`` + the first 12 hex digits of its SHA-256."""
+    return "#" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+
+
+def looks_like_credential(text: str) -> bool:
+    return CREDENTIAL.search(text) is not None
+
+
+def redact_credentials(text: str) -> tuple[str, int]:
+    """``text`` with every credential-looking token in its hashed form, and how many there were."""
+    return CREDENTIAL.subn(lambda m: credential_hash(m.group(0)), text)
 
 
 class PublicContentError(ValueError):

@@ -41,7 +41,7 @@ from kmesh_lib.base import provenance, topology
 from kmesh_lib.base.checks import STATUSES, Check
 from kmesh_lib.base.declared import Table, build_tables, json_default, json_value
 from kmesh_lib.base.params import current_names, to_dict
-from kmesh_lib.base.paths import REPO_ROOT, RUNS, in_repo
+from kmesh_lib.base.paths import REPO_ROOT, RUNS, in_repo, published_folder
 from kmesh_lib.base.runlog import EngineLog
 
 PACKAGES = ("vllm", "lmcache", "torch", "transformers", "papermill", "nbval", "pandas", "numpy")
@@ -53,7 +53,56 @@ COMPRESSED = ".xz"  # a published run's raw/*.jsonl is stored as raw/*.jsonl.xz 
 
 
 class RunFolderInUse(ValueError):
-    """A run was asked to write into a folder that already holds a run."""
+    """A run was asked to write into a folder that already holds a run, a published run's folder,
+    or a folder that cannot be made."""
+
+
+def refuse_published(path: str | Path, what: str = "run folder") -> None:
+    """Raises RunFolderInUse when ``path`` is in the published set (``base.paths.published_folder``)."""
+    root = published_folder(path)
+    if root is not None:
+        raise RunFolderInUse(f"{what} {path}: inside the published runs ({root.name}/), which only `kmesh publish` "
+                             "and `kmesh withdraw` change; choose a folder outside it")
+
+
+# -- who runs a run: a run whose process is gone reads as died --
+
+RUNNER_ENV = "KMESH_RUNNER"  # "pid:start time" of `kmesh run`, set for the kernel it starts
+DIED = "died"
+
+
+def process_started(pid: int) -> float | None:
+    """The start time (seconds since the epoch) of process ``pid``, None when there is none."""
+    import psutil
+
+    try:
+        return round(psutil.Process(pid).create_time(), 2)
+    except (psutil.Error, ValueError, OverflowError):
+        return None
+
+
+def current_runner() -> dict:
+    """The process a run lives and dies with: ``kmesh run`` (``RUNNER_ENV``), else this process."""
+    pid, _, started = os.environ.get(RUNNER_ENV, "").partition(":")
+    try:
+        return {"pid": int(pid), "started": float(started)}
+    except ValueError:
+        return {"pid": os.getpid(), "started": process_started(os.getpid())}
+
+
+def runner_env() -> str:
+    """``RUNNER_ENV``'s value for a kernel this process starts."""
+    return f"{os.getpid()}:{process_started(os.getpid())}"
+
+
+def runner_alive(runner: object) -> bool | None:
+    """Whether a recorded runner still runs (the same pid with the same start time); None when the
+    record names none (runs recorded before runners were)."""
+    if not isinstance(runner, dict) or not isinstance(runner.get("pid"), int) or isinstance(runner.get("pid"), bool):
+        return None
+    started = process_started(runner["pid"])
+    want = runner.get("started")
+    return started is not None and (not isinstance(want, (int, float)) or abs(started - want) < 1.0)
 
 
 LIVE_MARK = "-live-"  # in a live run's folder name: <parent run id>-live-<what it measured>-<time> (section 20's panel)
@@ -84,13 +133,16 @@ def run_root() -> Path:
 def new_run_dir(section: str, profile: str, root: Path | None = None) -> Path:
     """A fresh ``<root>/<section>/<run_id>/``, created here with an exclusive ``mkdir``."""
     parent = (root or run_root()) / section
-    parent.mkdir(parents=True, exist_ok=True)
+    refuse_published(parent, "run root")
+    _mkdir(parent, parents=True, exist_ok=True)
     for _ in range(100):
         path = parent / new_run_id(profile)
         try:
             path.mkdir()
         except FileExistsError:
             continue
+        except OSError as e:
+            raise RunFolderInUse(f"{path}: cannot be made ({e.strerror})") from None
         return path
     raise RunFolderInUse(f"{parent}: no free run id after 100 tries")
 
@@ -103,7 +155,8 @@ def claim_run_dir(path: Path) -> Path:
             runs in one folder would mix their raw records and results.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    refuse_published(path, "--run-dir")
+    _mkdir(path.parent, parents=True, exist_ok=True, shown=path)
     try:
         path.mkdir()
     except FileExistsError:
@@ -113,7 +166,19 @@ def claim_run_dir(path: Path) -> Path:
         if held:
             raise RunFolderInUse(f"{path}: already holds a run ({', '.join(held[:4])}"
                                  f"{', ...' if len(held) > 4 else ''}); choose a new --run-dir") from None
+    except OSError as e:
+        raise RunFolderInUse(f"{path}: cannot be made ({e.strerror or type(e).__name__})") from None
     return path
+
+
+def _mkdir(path: Path, shown: Path | None = None, **kwargs) -> None:
+    """``path.mkdir``, an OS error as one RunFolderInUse line naming ``shown`` (``/proc/x``, a path under
+    ``/dev/null``)."""
+    try:
+        path.mkdir(**kwargs)
+    except (OSError, RuntimeError) as e:
+        reason = getattr(e, "strerror", None) or "not a folder that can be made"
+        raise RunFolderInUse(f"{shown or path}: cannot be made ({reason} at {path})") from None
 
 
 COMPACT_JSON = {"separators": (",", ":"), "ensure_ascii": False}  # the published format's JSON (app.compact)
@@ -268,11 +333,10 @@ class RunFiles:
 
     @property
     def status(self) -> str:
-        """``results["status"]``; a results.json without one is damaged (RunFileError)."""
-        status = self.results.get("status")
-        if not isinstance(status, str):
-            raise RunFileError(f"{self.run_dir / 'results.json'}: no status recorded")
-        return status
+        """``results["status"]``, except that a ``running`` run whose runner (``results["runner"]``, the
+        ``kmesh run`` or kernel process) is gone reads ``died``; a results.json without a status is
+        damaged (RunFileError)."""
+        return effective_status(self.results, self.run_dir)
 
     @property
     def params(self) -> dict:
@@ -409,6 +473,8 @@ class RunRecord:
         """
         values = to_dict(params)
         run_dir = run_dir or values.get("RUN_DIR")
+        if run_dir is not None:
+            refuse_published(run_dir, "RUN_DIR")
         if run_dir is None:
             path = new_run_dir(section, values.get("PROFILE") or "adhoc")
         else:
@@ -426,6 +492,7 @@ class RunRecord:
         record.results.setdefault("run_id", record.run_dir.name)
         record.results.setdefault("started_utc", datetime.now(timezone.utc).isoformat(timespec="seconds"))
         record.results["status"] = "running"
+        record.results["runner"] = current_runner()
         for stale in ("finished_utc", "ended_utc", "error"):
             record.results.pop(stale, None)
         record.flush()
@@ -442,6 +509,7 @@ class RunRecord:
         ``results["render_environment"]``. As with ``open``, the status is ``running`` until ``finish``.
         """
         run_dir = Path(run_dir)
+        refuse_published(run_dir, "SOURCE_RUN")
         for name in ("params.resolved.yaml", "env.json", "raw"):
             if not (run_dir / name).exists():
                 raise RunFileError(f"{run_dir / name}: missing; a run to render holds what its measurement wrote")
@@ -453,6 +521,7 @@ class RunRecord:
         render = {k: v for k, v in environment().items() if k in ("python", "device", "packages", "git", "time_utc")}
         record.results["render_environment"] = render
         record.results["status"] = "running"
+        record.results["runner"] = current_runner()
         for stale in ("finished_utc", "ended_utc", "error"):
             record.results.pop(stale, None)
         record.flush()
@@ -532,6 +601,16 @@ class RunRecord:
 
     def figure_path(self, name: str) -> Path:
         return self.run_dir / name
+
+
+def effective_status(results: dict, run_dir: Path) -> str:
+    """``results["status"]``, or ``died`` for a ``running`` run whose runner process is gone."""
+    status = results.get("status")
+    if not isinstance(status, str):
+        raise RunFileError(f"{run_dir / 'results.json'}: no status recorded")
+    if status == "running" and runner_alive(results.get("runner")) is False:
+        return DIED
+    return status
 
 
 def end_run(run_dir: Path, section: str, status: str, error: dict | None = None) -> dict:

@@ -1,7 +1,6 @@
 """Typed engine parameters shared by every engine section (the UPPER_CASE notebook parameters)."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -16,7 +15,7 @@ from kmesh_lib.base.params import (
     check,
     params_dataclass,
 )
-from kmesh_lib.engine.model_spec import SHAPES
+from kmesh_lib.engine.model_spec import SHAPES, resolve
 
 CPU_BLOCK_MULTIPLE = 32  # vLLM's CPU attention backend runs only block sizes that are multiples of 32
 
@@ -78,8 +77,7 @@ class EngineParams(RunParams):
             check(not (self.WEIGHTS == "random" and self.MODEL == "qwen2.5-7b" and self.DEVICE == "cpu"),
                   "MODEL=qwen2.5-7b with WEIGHTS=random would write a 15 GB checkpoint; use WEIGHTS: dummy")
         else:
-            check((Path(self.MODEL).expanduser() / "config.json").is_file(),
-                  f"MODEL={self.MODEL!r}: not a shape ({', '.join(SHAPES)}) and not a directory with config.json")
+            resolve(self.MODEL)  # a directory with a config.json that has the keys kmesh reads
 
     @property
     def starts_engine(self) -> bool:

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from kmesh_lib.base.params import ParamError, read_bounded
 from kmesh_lib.base.paths import CACHE_DIR
 
 # Qwen2 configs. Shapes copy the published Qwen2.5 Instruct configs; "tiny" is for tests, "kvheavy" for
@@ -57,14 +58,49 @@ class ModelSpec:
         return 2 * self.num_layers * self.config["num_key_value_heads"] * head_dim * DTYPE_BYTES[dtype]
 
 
-def resolve(model: str) -> ModelSpec:
-    """``model`` is a shape name from SHAPES or a directory holding config.json (and weights)."""
+# What kmesh reads from a model directory's config.json: the KV shape and the vocabulary
+REQUIRED_CONFIG_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size")
+MAX_CONFIG_BYTES = 1 << 20  # a model's config.json is a few KB
+MAX_CONFIG_VALUE = 1 << 24
+
+
+def read_config(model: str, key: str = "MODEL") -> tuple[Path, dict]:
+    """A model directory and its config.json, checked: a regular file of at most ``MAX_CONFIG_BYTES``,
+    a JSON object whose ``REQUIRED_CONFIG_KEYS`` are positive integers. ParamError (a ValueError)
+    names ``key`` and what is wrong, never the file's text."""
+    shown = f"{key}: {model[:60]!r}"
+    try:
+        path = Path(model).expanduser().resolve()
+        found = (path / "config.json").is_file()
+    except (OSError, RuntimeError, ValueError):
+        found = False
+    if not found:
+        raise ParamError(f"{shown} is not a shape ({', '.join(SHAPES)}) nor a directory with config.json")
+    data = read_bounded(path / "config.json", MAX_CONFIG_BYTES, "model config.json")
+    try:
+        config = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
+        raise ParamError(f"{shown}: config.json is not JSON") from None
+    if not isinstance(config, dict):
+        raise ParamError(f"{shown}: config.json is not a JSON object")
+    bad = [k for k in REQUIRED_CONFIG_KEYS if not (isinstance(config.get(k), int) and not isinstance(config.get(k), bool)
+                                                  and 0 < config[k] <= MAX_CONFIG_VALUE)]
+    if bad:
+        raise ParamError(f"{shown}: config.json lacks a positive integer {', '.join(bad)} (needs "
+                         f"{', '.join(REQUIRED_CONFIG_KEYS)})")
+    head_dim = config.get("head_dim")
+    if head_dim is not None and not (isinstance(head_dim, int) and 0 < head_dim <= MAX_CONFIG_VALUE):
+        raise ParamError(f"{shown}: config.json's head_dim is not a positive integer")
+    return path, config
+
+
+def resolve(model: str, key: str = "MODEL") -> ModelSpec:
+    """``model`` is a shape name from SHAPES or a directory holding config.json (and weights);
+    ParamError (a ValueError) for anything else (``read_config``)."""
     if model in SHAPES:
         return ModelSpec(model, qwen2_config(SHAPES[model]))
-    path = Path(model).expanduser()
-    if not (path / "config.json").is_file():
-        raise ValueError(f"MODEL={model!r}: neither a shape ({', '.join(SHAPES)}) nor a directory with config.json")
-    return ModelSpec(path.name, json.loads((path / "config.json").read_text()), path=path.resolve())
+    path, config = read_config(model, key)
+    return ModelSpec(path.name, config, path=path)
 
 
 def qwen2_config(shape: dict, dtype: str = "bfloat16", max_positions: int = 32768) -> dict:

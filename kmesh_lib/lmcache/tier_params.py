@@ -12,10 +12,10 @@ from typing import Annotated
 
 from pydantic import Field
 
-from kmesh_lib.base.params import PathText, Tokens
+from kmesh_lib.base.params import Tokens, WriteRoot
 
 CHUNK_TOKENS = 256  # a multiple of vLLM's block size on every backend kmesh runs
 ChunkTokens = Annotated[Tokens, Field(description="LMCache chunk in tokens")]
-DiskTierRoot = Annotated[PathText, Field(
+DiskTierRoot = Annotated[WriteRoot, Field(
     description="the disk tier's parent (a disk, not tmpfs): each run makes its own kmesh-lmcache folder there; "
                 "empty: $KMESH_LMCACHE_RUNTIME or the temp dir's kmesh-lmcache")]

@@ -10,14 +10,19 @@ than this:
 * any other name becomes ``#`` + the first 12 hex digits of its SHA-256 (UTF-8, lone surrogates
   passed through), plus ``.jsonl``/``.ndjson`` when it had that suffix, e.g. ``#3fa2c1d9e0b1``.
 
+A name that looks like a credential (``base.public.CREDENTIAL_PATTERNS``: ``ghp_...``, ``AKIA...``,
+``sk-ant-...``) is hashed however short and plain it is.
+
 ``#`` is not in ``SAFE_CHARS``, so a hashed form never equals a kept name. A reader who knows a
 candidate name can hash it to find it; nobody can read a hashed name back. A secret short and plain
-enough to look like a field name (``AKIA0123``) is indistinguishable from one and is kept.
+enough to look like a field name, and of no issuer's format, is indistinguishable from one and is kept.
 """
 from __future__ import annotations
 
 import hashlib
 import re
+
+from kmesh_lib.base.public import looks_like_credential
 
 SAFE_CHARS = re.compile(r"[A-Za-z0-9_.\-+=@]+")
 MAX_FIELD_CHARS = 40  # field names: the corpus's are up to 10 (session_id); lineage names up to 20
@@ -34,7 +39,8 @@ def name_hash(name: str) -> str:
 def safe_name(name: object, max_chars: int = MAX_FIELD_CHARS) -> str:
     """``name`` if it is short and plain, else its hashed form (see the module docstring)."""
     name = name if isinstance(name, str) else str(name)
-    if len(name) <= max_chars and SAFE_CHARS.fullmatch(name) and name not in (".", ".."):
+    if len(name) <= max_chars and SAFE_CHARS.fullmatch(name) and name not in (".", "..") \
+            and not looks_like_credential(name):
         return name
     suffix = next((s for s in _KEPT_SUFFIXES if name.lower().endswith(s)), "")
     return HASHED_PREFIX + name_hash(name) + suffix

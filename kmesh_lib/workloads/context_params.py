@@ -22,7 +22,7 @@ from typing import Literal
 from pydantic import Field
 
 from kmesh_lib.base import topology
-from kmesh_lib.base.params import PathText, PositiveCount, build, check, params_dataclass
+from kmesh_lib.base.params import MAX_COUNT, MAX_MS, PositiveCount, WriteRoot, build, check, params_dataclass
 from kmesh_lib.engine.config import SourceRunParams
 from kmesh_lib.kv.offloading import offloading_support
 from kmesh_lib.lmcache.connect import inproc_support
@@ -50,7 +50,7 @@ class ArrivalPattern:
     spacing_ms: float = 0.0
     spacing_steps: int = 0
 
-    SYNTAX = "'together', '<x>ms' (x >= 0, e.g. 2ms) or '<k>step' (k >= 1, e.g. 1step)"
+    SYNTAX = f"'together', '<x>ms' (0 <= x <= {MAX_MS}, e.g. 2ms) or '<k>step' (1 <= k <= {MAX_COUNT}, e.g. 1step)"
 
     @classmethod
     def parse(cls, text: str) -> ArrivalPattern:
@@ -58,13 +58,13 @@ class ArrivalPattern:
         t = str(text).strip().lower()
         if t == "together":
             return cls()
-        m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*ms", t)
-        if m:
+        m = re.fullmatch(r"(\d{1,12}(?:\.\d{1,12})?)\s*ms", t)
+        if m and float(m.group(1)) <= MAX_MS:
             return cls(spacing_ms=float(m.group(1)))
-        m = re.fullmatch(r"(\d+)\s*steps?", t)
-        if m and int(m.group(1)) >= 1:
+        m = re.fullmatch(r"(\d{1,12})\s*steps?", t)
+        if m and 1 <= int(m.group(1)) <= MAX_COUNT:
             return cls(spacing_steps=int(m.group(1)))
-        raise ValueError(f"follow-up arrival {text!r}: expected {cls.SYNTAX}")
+        raise ValueError(f"follow-up arrival {str(text)[:40]!r}: expected {cls.SYNTAX}")
 
     @property
     def label(self) -> str:
@@ -90,7 +90,7 @@ class ContextGroupParams(SourceRunParams):
                     "it); 16 runs each, 20 confirms with the first and contrasts on-arrival groups with the others")
     LMCACHE_SERVER: Literal["launcher", "stock"] = Field(
         "launcher", description="launcher: the stock server with kmesh hooks; stock: one server per arm, stock policies")
-    STRIPED_STORE_ROOT: PathText = Field(
+    STRIPED_STORE_ROOT: WriteRoot = Field(
         "", description="an existing RAID 0 mount over two or more NVMe drives, for the striped row (empty: none)")
 
     def check_rules(self) -> None:

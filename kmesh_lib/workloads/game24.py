@@ -14,6 +14,7 @@ fatal. Answers are graded by evaluating the expression built from the steps with
 from __future__ import annotations
 
 import csv
+import io
 import itertools
 import re
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from kmesh_lib.base.data import resolve_path
+from kmesh_lib.base.params import read_bounded
 
 TARGET = Fraction(24)
 VALUE_SCORES = {"sure": 20.0, "likely": 1.0, "impossible": 0.001}  # Yao et al. 2023; unparsed scores 0
@@ -90,11 +92,31 @@ def repo_path(path: str | Path) -> Path:
     return resolve_path(path)
 
 
+MAX_PUZZLES_BYTES = 1 << 24  # the puzzle file is 40 KB
+
+
 def load_puzzles(path: str | Path, indices: list[int] | None = None) -> list[Puzzle]:
-    """Puzzles by 0-based row index in file order (all of them when ``indices`` is None)."""
-    with open(repo_path(path), newline="") as f:
-        rows = list(csv.DictReader(f))
-    puzzles = [Puzzle(i, tuple(int(x) for x in row["Puzzles"].split()), int(row["Rank"])) for i, row in enumerate(rows)]
+    """Puzzles by 0-based row index in file order (all of them when ``indices`` is None).
+
+    Raises ValueError (one line, quoting no row) for a file that is not a puzzle CSV: no
+    ``Puzzles`` and ``Rank`` columns, a row without four numbers and a rank, more than 16 MiB.
+    """
+    data = read_bounded(repo_path(path), MAX_PUZZLES_BYTES, "puzzle CSV")
+    try:
+        rows = list(csv.DictReader(io.StringIO(data.decode("utf-8"), newline="")))
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise ValueError(f"not a CSV file ({type(e).__name__})") from None
+    if not rows or not {"Puzzles", "Rank"} <= set(rows[0]):
+        raise ValueError("not a puzzle CSV: it needs the columns Puzzles and Rank")
+    puzzles = []
+    for i, row in enumerate(rows):
+        try:
+            numbers = tuple(int(x) for x in (row["Puzzles"] or "").split())
+            puzzles.append(Puzzle(i, numbers, int(row["Rank"])))
+        except (TypeError, ValueError):
+            raise ValueError(f"row {i}: Puzzles is not numbers or Rank not an integer") from None
+        if len(numbers) != 4:
+            raise ValueError(f"row {i}: Puzzles holds {len(numbers)} numbers, not 4")
     if indices is None:
         return puzzles
     bad = [i for i in indices if not 0 <= i < len(puzzles)]

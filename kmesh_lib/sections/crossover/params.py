@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -19,7 +18,7 @@ from kmesh_lib.base.params import (
     params_dataclass,
 )
 from kmesh_lib.engine.config import SourceRunParams
-from kmesh_lib.engine.model_spec import SHAPES, resolve
+from kmesh_lib.engine.model_spec import resolve
 from kmesh_lib.kv.gpu_buffer import LAYER_GROUP_GROWTH
 from kmesh_lib.lmcache.tier_params import CHUNK_TOKENS, ChunkTokens, DiskTierRoot
 from kmesh_lib.sections.crossover.arms import (
@@ -88,8 +87,7 @@ class CrossoverParams(SourceRunParams):
     def check_rules(self) -> None:
         super().check_rules()
         for m in self.MODELS:
-            check(m in SHAPES or (Path(m).expanduser() / "config.json").is_file(),
-                  f"MODELS: {m!r} is not a shape ({', '.join(SHAPES)}) nor a directory with config.json")
+            resolve(m, "MODELS")  # a shape, or a directory with a config.json that has the keys kmesh reads
             check(not (m == "qwen2.5-7b" and self.WEIGHTS == "random" and self.DEVICE == "cpu"),
                   "MODELS: qwen2.5-7b with WEIGHTS=random would write a 15 GB checkpoint; use WEIGHTS: dummy")
         check(self.CHUNK_SIZE % self.BLOCK_SIZE == 0,

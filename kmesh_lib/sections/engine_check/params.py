@@ -22,3 +22,9 @@ class EngineCheckParams(EngineParams):
         check(self.CONTEXT_TOKENS + self.SUFFIX_TOKENS + self.MAX_TOKENS <= self.MAX_MODEL_LEN,
               f"CONTEXT_TOKENS + SUFFIX_TOKENS + MAX_TOKENS = {self.CONTEXT_TOKENS + self.SUFFIX_TOKENS + self.MAX_TOKENS}"
               f" exceeds MAX_MODEL_LEN={self.MAX_MODEL_LEN}")
+        request = self.CONTEXT_TOKENS + self.SUFFIX_TOKENS + self.MAX_TOKENS - 1  # the last token's KV is never written
+        need = -(-request // self.REPLAY_BLOCK_SIZE)
+        check(need <= self.REPLAY_NUM_GPU_BLOCKS - 1,
+              f"REPLAY_NUM_GPU_BLOCKS={self.REPLAY_NUM_GPU_BLOCKS}: a request (CONTEXT_TOKENS + SUFFIX_TOKENS + "
+              f"MAX_TOKENS) needs {need} blocks of REPLAY_BLOCK_SIZE={self.REPLAY_BLOCK_SIZE}, more than the pool's "
+              f"{self.REPLAY_NUM_GPU_BLOCKS - 1} usable blocks")

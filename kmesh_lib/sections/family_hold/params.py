@@ -44,7 +44,7 @@ class FamilyHoldParams(EngineParams):
     REPLAY_BLOCK_SIZE: BlockSize = Field(16, description="second run mode: the replay engine's block size (GPU-sized)")
     REPLAY_NUM_GPU_BLOCKS: NumBlocks = Field(129, description="the replay engine's pool, null block included")
     SWEEP_NUM_GPU_BLOCKS: list[NumBlocks] = Field(
-        default_factory=lambda: list(range(72, 201, 8)),
+        default_factory=lambda: list(range(72, 201, 8)), min_length=1,
         description="replay pools of the parent-share sweep (the parent's 32 blocks are 16%-45% of them)")
 
     def check_rules(self) -> None:

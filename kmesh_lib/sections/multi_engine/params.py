@@ -1,7 +1,6 @@
 """Section 22's parameters: the fleet, the trace (families and unrelated traffic), the policies."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field
@@ -19,7 +18,7 @@ from kmesh_lib.base.params import (
 )
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.engine.config import SourceRunParams
-from kmesh_lib.engine.model_spec import SHAPES, resolve
+from kmesh_lib.engine.model_spec import resolve
 from kmesh_lib.lmcache.tier_params import CHUNK_TOKENS, ChunkTokens, DiskTierRoot
 
 MIB = 1 << 20
@@ -89,8 +88,7 @@ class MultiEngineParams(SourceRunParams):
         check(self.ENGINE == "real", "ENGINE=replay: the engines run in their own processes with real vLLM; use real")
         check(len(set(self.POLICIES)) == len(self.POLICIES), f"POLICIES={self.POLICIES}: each policy once")
         for m in self.models:
-            check(m in SHAPES or (Path(m).expanduser() / "config.json").is_file(),
-                  f"MODELS: {m!r} is not a shape ({', '.join(SHAPES)}) nor a directory with config.json")
+            resolve(m, "MODELS")  # a shape, or a directory with a config.json that has the keys kmesh reads
             check(not (m == "qwen2.5-7b" and self.WEIGHTS == "random" and self.DEVICE == "cpu"),
                   "MODELS: qwen2.5-7b with WEIGHTS=random would write a 15 GB checkpoint; use WEIGHTS: dummy")
         check(self.CHUNK_SIZE % self.BLOCK_SIZE == 0,

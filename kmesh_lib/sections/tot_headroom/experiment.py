@@ -13,7 +13,6 @@ A run that hits a limit (calls, the run ceiling or the per-invocation bound) is 
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from kmesh_lib.sections.tot_headroom.params import (
     bound_pool_sizes,
     data_relative,
     policy_label,
+    read_manifest,
     scripted_policy,
     search_config,
     stock_pool_sizes,
@@ -66,7 +66,7 @@ def check_model_files(cfg: TotHeadroomParams) -> dict[str, str]:
             raise ValueError(f"MODEL={cfg.MODEL!r}: a real model directory needs its tokenizer files")
     hashes = hash_model_dir(model_dir)
     if cfg.MODEL_MANIFEST:
-        want = json.loads(game24.repo_path(cfg.MODEL_MANIFEST).read_text())
+        want = read_manifest(cfg.MODEL_MANIFEST)
         wrong = sorted(f for f in set(want) | set(hashes) if want.get(f) != hashes.get(f))
         if wrong:
             raise ValueError(f"model files differ from MODEL_MANIFEST={cfg.MODEL_MANIFEST!r}: {wrong[:5]}")

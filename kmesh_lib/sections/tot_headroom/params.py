@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import re
 import socket
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,13 +17,16 @@ from kmesh_lib.base.params import (
     MAX_BLOCKS,
     MAX_MIB,
     Count,
+    ParamError,
     PathText,
     PositiveCount,
     Seconds,
     Tokens,
     check,
+    check_path,
     current_names,
     params_dataclass,
+    read_bounded,
 )
 from kmesh_lib.engine.config import EngineParams
 from kmesh_lib.engine.model_spec import resolve
@@ -78,14 +83,23 @@ class TotHeadroomParams(EngineParams):
         check(len(set(self.PUZZLE_INDICES)) == len(self.PUZZLE_INDICES),
               f"PUZZLE_INDICES={self.PUZZLE_INDICES}: name each row once")
         csv_path = game24.repo_path(self.PUZZLES_CSV)
-        fetch = ("; `kmesh data fetch game24` gets it" if self.PUZZLES_CSV.startswith(DATA_ROOT_PREFIX)
-                 else "")
-        check(csv_path.is_file(), f"PUZZLES_CSV={self.PUZZLES_CSV!r}: no file at {csv_path}{fetch}")
-        num_puzzles = len(game24.load_puzzles(csv_path))
+        if not csv_path.exists() and self.PUZZLES_CSV.startswith(DATA_ROOT_PREFIX):
+            raise ParamError(f"PUZZLES_CSV={self.PUZZLES_CSV[:60]!r}: no file at {csv_path}; "
+                             "`kmesh data fetch game24` gets it")
+        csv_path = check_path("PUZZLES_CSV", self.PUZZLES_CSV, "file")
+        try:
+            num_puzzles = len(game24.load_puzzles(csv_path))
+        except ValueError as e:
+            raise ParamError(f"PUZZLES_CSV={self.PUZZLES_CSV[:60]!r}: {e}") from None
+        if self.MODEL_MANIFEST is not None:
+            read_manifest(self.MODEL_MANIFEST)
         check(max(self.PUZZLE_INDICES) < num_puzzles,
               f"PUZZLE_INDICES={self.PUZZLE_INDICES}: {csv_path.name} has rows 0..{num_puzzles - 1}")
         check(self.NUM_SCALE_PUZZLES <= num_puzzles,
               f"NUM_SCALE_PUZZLES={self.NUM_SCALE_PUZZLES}: 0 (no scale traces) .. {num_puzzles} ({csv_path.name})")
+        check(bool(self.SCRIPT_ERROR_RATES) or self.NUM_SCALE_PUZZLES == 0,
+              f"SCRIPT_ERROR_RATES=[]: the scale traces (NUM_SCALE_PUZZLES={self.NUM_SCALE_PUZZLES}) need a rate; "
+              "NUM_SCALE_PUZZLES=0 runs none")
         check(len(set(self.SCRIPT_ERROR_RATES)) == len(self.SCRIPT_ERROR_RATES),
               f"SCRIPT_ERROR_RATES={self.SCRIPT_ERROR_RATES}: name each rate once")
         header = len(game24.FEWSHOT.encode()) + 64  # byte-tokenizer size of a root prompt; BPE is smaller
@@ -97,6 +111,23 @@ class TotHeadroomParams(EngineParams):
             check(self.NUM_GPU_BLOCKS == want,
                   f"NUM_GPU_BLOCKS={self.NUM_GPU_BLOCKS}: KV_CACHE_MIB={self.KV_CACHE_MIB} of {self.MODEL} at "
                   f"{self.DTYPE} with {self.BLOCK_SIZE}-token blocks buys {want - 1} blocks + the null block = {want}")
+
+
+MAX_MANIFEST_BYTES = 1 << 20
+
+
+def read_manifest(value: str) -> dict[str, str]:
+    """MODEL_MANIFEST: a regular file holding a JSON object {file name: SHA-256 hex}; ParamError otherwise."""
+    path = check_path("MODEL_MANIFEST", value, "file")
+    shown = f"MODEL_MANIFEST={value[:60]!r}"
+    try:
+        manifest = json.loads(read_bounded(path, MAX_MANIFEST_BYTES, "model manifest").decode("utf-8"))
+    except (ValueError, RecursionError):
+        raise ParamError(f"{shown}: not JSON") from None
+    check(isinstance(manifest, dict) and manifest and all(
+        isinstance(k, str) and isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) for k, v in manifest.items()),
+          f"{shown}: not a JSON object of file name -> SHA-256 (64 hex digits)")
+    return manifest
 
 
 def pool_blocks(cfg) -> int:

@@ -6,7 +6,7 @@ from pathlib import Path
 from pydantic import Field
 
 from kmesh_lib.base.data import DATA_ROOT_PREFIX, resolve_path
-from kmesh_lib.base.params import PathText, RunParams, check, params_dataclass
+from kmesh_lib.base.params import ParamError, PathText, RunParams, check, check_path, params_dataclass
 from kmesh_lib.traces.audit import MAX_FIELDS_PER_SOURCE
 from kmesh_lib.traces.names import safe_name
 from kmesh_lib.traces.scan import DEFAULT_MAX_JSON_DEPTH, MAX_JSON_DEPTH_LIMIT
@@ -19,6 +19,7 @@ AUDIT_MB_PER_S = 10.0
 # 4 GB; the corpus's longest line is far below 1 MB.
 MAX_LINE_MB_LIMIT = 256.0
 MAX_DEPTH_LIMIT = 4096
+MIN_LINE_BYTES = 1024  # the shortest record of the corpus is ~100 bytes; a KiB is no limit to anyone
 UNIT_SCALE = {"s": 1, "ms": 1e3, "us": 1e6, "ns": 1e9}
 
 
@@ -48,14 +49,25 @@ class TraceAuditParams(RunParams):
         DEFAULT_MAX_JSON_DEPTH, ge=1, le=MAX_JSON_DEPTH_LIMIT,
         description='records nested deeper are malformed ("too_deep"), decided before parsing')
 
+    def check_rules(self) -> None:
+        super().check_rules()
+        check(self.TRACE_ROOT.strip() != "", f"TRACE_ROOT='': empty; name the corpus folder (default {DEFAULT_TRACE_ROOT})")
+        check(self.max_line_bytes >= MIN_LINE_BYTES,
+              f"MAX_LINE_MB={self.MAX_LINE_MB}: at least {MIN_LINE_BYTES} bytes ({MIN_LINE_BYTES / (1 << 20):g} MB); "
+              "a smaller limit calls every record oversize")
+
     def check_runnable(self) -> None:
         """The corpus must be on this machine to audit it (a run, ``kmesh plan``); a finished run's params
         are read without it (``kmesh verify`` on a clone without the data: the corpus checks say skipped)."""
         super().check_runnable()
-        root = resolve_root(self.TRACE_ROOT)
-        check(root.exists(), f"TRACE_ROOT={self.TRACE_ROOT!r}: {root} does not exist; point it at a directory "
-                             f"of JSONL traces, or fetch the corpus ({DEFAULT_TRACE_ROOT}) with `kmesh data fetch`")
-        check(root.is_dir(), f"TRACE_ROOT={self.TRACE_ROOT!r}: {root} is not a directory")
+        try:
+            root = resolve_root(self.TRACE_ROOT)
+            exists = root.exists()
+        except (OSError, RuntimeError):
+            raise ParamError(f"TRACE_ROOT={self.TRACE_ROOT[:60]!r}: cannot be resolved (a symlink loop?)") from None
+        check(exists, f"TRACE_ROOT={self.TRACE_ROOT[:60]!r}: {root} does not exist; point it at a directory "
+                      f"of JSONL traces, or fetch the corpus ({DEFAULT_TRACE_ROOT}) with `kmesh data fetch`")
+        check_path("TRACE_ROOT", self.TRACE_ROOT, "dir")  # a folder, outside /proc, /sys, /dev and /etc
 
     @property
     def root_name(self) -> str:
