@@ -106,9 +106,13 @@ def gib_to_blocks(gib: float, shape: str, dtype: str, block_size: int) -> int:
 
 
 def pool_grid(cfg) -> list[dict]:
-    """The sweep's GPU pools: one row per (shape, GiB) with its usable blocks."""
+    """The sweep's GPU pools: one row per (shape, GiB) with its usable blocks; POOL_GIB for every shape,
+    and the replayed pools (REPLAY_POOL_GIB, REPLAY_SHAPE)."""
+    sizes = {(shape, gib) for shape in cfg.SHAPES for gib in cfg.POOL_GIB}
+    sizes |= {(cfg.REPLAY_SHAPE, gib) for gib in cfg.REPLAY_POOL_GIB}
+    order = {shape: i for i, shape in enumerate(dict.fromkeys([*cfg.SHAPES, cfg.REPLAY_SHAPE]))}
     return [{"shape": shape, "pool_gib": gib, "num_blocks": gib_to_blocks(gib, shape, cfg.KV_DTYPE, cfg.BLOCK_SIZE)}
-            for shape in cfg.SHAPES for gib in cfg.POOL_GIB]
+            for shape, gib in sorted(sizes, key=lambda x: (order[x[0]], x[1]))]
 
 
 def replay_pools(cfg) -> list[dict]:

@@ -149,16 +149,19 @@ def access_trace(requests: list[TraceRequest], block_size: int) -> TraceAccesses
         raise ValueError(f"BLOCK_SIZE={block_size} must divide {HASH_BLOCK_TOKENS}")
     per = HASH_BLOCK_TOKENS // block_size
     trace = TraceAccesses(block_size=block_size)
-    names: dict[tuple, int] = {}  # block name -> a small int (the bounds hash ints)
+    dense: dict[int, int] = {}  # hash id -> its index: a prompt block's name is index * per + sub
+    tails: dict[tuple, int] = {}  # blocks holding output tokens, named after dense.values() * per
+    num_prompt_names = len({h for r in requests for h in r.hash_ids}) * per
+    sub = np.arange(per, dtype=np.int64)
     for index, r in enumerate(requests):
         num_reads = (r.num_prompt_tokens - 1) // block_size
         num_writes = (r.num_prompt_tokens + r.num_output_tokens - 1) // block_size
-        num_full_prompt = r.num_prompt_tokens // block_size
-        written = []
-        for j in range(num_writes):
-            key = (r.hash_ids[j // per], j % per) if j < num_full_prompt else \
-                ("out", r.hash_ids[-1], r.num_prompt_tokens, j)
-            written.append(names.setdefault(key, len(names)))
+        num_full_prompt = min(r.num_prompt_tokens // block_size, num_writes)
+        bases = np.fromiter((dense.setdefault(h, len(dense)) for h in r.hash_ids), dtype=np.int64,
+                            count=len(r.hash_ids)) * per
+        written = (bases[:, None] + sub[None, :]).reshape(-1)[:num_full_prompt].tolist()
+        for j in range(num_full_prompt, num_writes):
+            written.append(tails.setdefault((r.hash_ids[-1], r.num_prompt_tokens, j), num_prompt_names + len(tails)))
         accesses = written[:num_reads] + written
         trace.block_hash.extend(accesses)
         trace.is_read.extend([True] * num_reads + [False] * num_writes)
