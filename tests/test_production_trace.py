@@ -35,9 +35,9 @@ from kmesh_lib.sections.production_trace.trace import (
 
 VOCAB = 512
 SMALL = dict(TRACE_FILE=None, NUM_SYNTHETIC_REQUESTS=40, ENGINE="replay", BLOCK_SIZE=16, NUM_GPU_BLOCKS=65,
-             MAX_MODEL_LEN=1024, POOL_GIB=[0.05, 0.5], REPLAY_POOL_GIB=[0.5], TIER_POOL_GIB=0.05, DRAM_TIER_GIB=[0.2],
-             DISK_TIER_GIB=[1.0], NUM_ENGINES=[2], ENGINE_POOL_GIB=0.2, SHARED_TIER_GIB=1.0, PARITY_NUM_REQUESTS=0,
-             PROFILE="smoke")
+             MAX_MODEL_LEN=1024, POOL_GIB=[0.05, 0.5], REPLAY_POOL_GIB=[0.5], CONCURRENT_POOL_GIB=[0.5],
+             TIER_POOL_GIB=0.05, DRAM_TIER_GIB=[0.2], DISK_TIER_GIB=[1.0], NUM_ENGINES=[2], ENGINE_POOL_GIB=0.2,
+             SHARED_TIER_GIB=1.0, PARITY_NUM_REQUESTS=0, PROFILE="smoke")
 
 
 # -- the trace and its tokens --
@@ -185,11 +185,14 @@ def test_a_replay_run_passes_every_check_that_has_evidence(replay_run):
     assert all(got[n] == "skipped" for n in PARITY_CHECKS)
     run = RunFiles(replay_run)
     counts = section.counts(run)
-    assert counts["num_requests"] == 40 and counts["num_replay_arms"] == 1
+    assert counts["num_requests"] == 40 and counts["num_replay_arms"] == 2
     assert counts["replay/qwen2.5-7b/0.5GiB: num_cached_tokens"] > 0
     pools = run.results["pools"]
     assert [p["stock"] for p in pools].count("replayed") == 1
     assert all(p["num_compulsory_tokens"] <= p["ideal_prefill_tokens"] <= p["lru_prefill_tokens"] for p in pools)
+    (conc,) = run.results["concurrent"]
+    assert conc["num_blocks"] == pools[-1]["num_blocks"] and conc["ideal_prefill_tokens"] <= conc["stock_prefill_tokens"]
+    assert conc["ttft_s"]["p50"] > 0 and conc["span_s"] > 0
     tier = run.results["tiers"][0]
     assert set(tier["saved_ms_per_request"]) == {"mean", "p50", "p90", "p99", "max"}
     assert tier["cost_run"] == "gpu-20261201-224722-442e"
@@ -237,6 +240,8 @@ def bump_cached(arm):
      "pool sweep recomputed"),
     (lambda d: edit_results(d, lambda r: r["tiers"][0]["saved_ms_per_request"].update(p90=123.0)), "tier table"),
     (lambda d: edit_results(d, lambda r: r["engines"][0].update(load_imbalance=1.0)), "several-engine table"),
+    (lambda d: edit_jsonl(d / "raw" / REPLAY, 1, lambda a: a["requests"]["num_scheduled_tokens"].__setitem__(0, 1)),
+     "concurrent rows recomputed"),
     (lambda d: edit_jsonl(d / "raw" / "costs.jsonl", 0, lambda c: c.update(ttft_ms=c["ttft_ms"] * 2)), "costs in raw/"),
 ])
 def test_tampering_fails_the_check_that_covers_it(copy, tamper, expect):

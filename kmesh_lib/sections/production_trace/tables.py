@@ -47,7 +47,7 @@ def pool_table(cfg, access, arms: list[dict], timings: dict | None = None) -> li
     """One row per (shape, pool GiB): LRU and ideal at every size, stock where a replay arm ran at it.
 
     ``timings``, when given, receives the seconds each ideal took (``ideal_s``, by row)."""
-    by_blocks = {arm["num_blocks"]: arm for arm in arms if arm["engine"] == "replay"}
+    by_blocks = {arm["num_blocks"]: arm for arm in arms if arm.get("mode", "sequential") == "sequential"}
     rows = []
     for pool in pool_grid(cfg):
         t0 = time.monotonic()
@@ -76,7 +76,7 @@ def replay_rows(cfg, access, arms: list[dict]) -> list[dict]:
     """Each replay arm against the LRU reference and the ideal at its pool, request by request."""
     rows = []
     for arm in arms:
-        if arm["engine"] != "replay":
+        if arm.get("mode", "sequential") != "sequential":
             continue
         lru_hits = sim.two_level(access, arm["num_blocks"], 0)[0]
         cached = arm["requests"]["num_cached_tokens"]
@@ -86,6 +86,29 @@ def replay_rows(cfg, access, arms: list[dict]) -> list[dict]:
                      **stock_columns(arm), "lru_prefill_tokens": sum(access.num_prompt_tokens)
                      - sum(lru_hits) * access.block_size, "ideal_prefill_tokens": ideal.num_prefill_tokens,
                      "num_requests_differing_from_lru": len(differ), "first_differing_request": differ[0] if differ else None,
+                     "seconds": arm["seconds"], "drain_ok": arm["drain_ok"]})
+    return rows
+
+
+def concurrent_rows(cfg, access, arms: list[dict]) -> list[dict]:
+    """Each concurrent arm: stock's prefill when first scheduled, what preemption made it compute again,
+    the ideal at its pool, and first-token times on the step-time model's clock (quantiles, seconds)."""
+    rows = []
+    for arm in arms:
+        if arm.get("mode") != "concurrent":
+            continue
+        cols = arm["requests"]
+        prompt = sum(cols["num_prompt_tokens"])
+        first = [p - c for p, c in zip(cols["num_prompt_tokens"], cols["num_cached_tokens"])]
+        decode = [max(o - 1, 0) for o in cols["num_output_tokens"]]
+        recomputed = sum(s - f - d for s, f, d in zip(cols["num_scheduled_tokens"], first, decode))
+        ttft = np.asarray(cols["t_first_token_s"]) - np.asarray(cols["t_arrival_s"])
+        rows.append({"pool_gib": arm["pool_gib"], "num_blocks": arm["num_blocks"], "num_requests": len(first),
+                     "max_num_seqs": arm["max_num_seqs"], "stock_prefill_tokens": sum(first),
+                     "stock_cached_share": _share(prompt - sum(first), prompt), "recomputed_tokens": recomputed,
+                     "num_preempted_requests": sum(n > 0 for n in cols["num_preemptions"]),
+                     "ideal_prefill_tokens": simulate_min(access, arm["num_blocks"]).num_prefill_tokens,
+                     "ttft_s": sim.distribution(ttft), "span_s": arm["span_s"], "num_steps": arm["num_steps"],
                      "seconds": arm["seconds"], "drain_ok": arm["drain_ok"]})
     return rows
 
