@@ -83,7 +83,7 @@ def answer(run) -> str:
     if not pools:
         return "This run recorded no pool sweep, so it answers nothing."
     replayed = replayed_rows(results)
-    parts = []
+    parts = [verdict(results)]
     if replayed:
         r = replayed[0]
         parts.append(f"On {t.get('name')} ({t.get('num_requests'):,} requests), stock vLLM with a {r['pool_gib']:g} GiB "
@@ -133,6 +133,24 @@ def answer(run) -> str:
                  "scheduler; the saved times are section 21's whole-context TTFTs interpolated, not measured on this "
                  "trace, and ignore queueing.")
     return " ".join(parts)
+
+
+def verdict(results: dict) -> str:
+    """The answer's first sentence: how much of the reachable reuse stock gets, and what the largest tier adds."""
+    rows = replayed_rows(results) or results.get("pools", [])[:1]
+    if not rows:
+        return "No pool was measured."
+    r = rows[0]
+    who = "Stock vLLM" if r["stock"] == "replayed" else "The LRU model of stock vLLM"
+    text = (f"**{who} reuses {r['reuse_share_of_bound']:.0%} of the prefix reuse an ideal cache of the same "
+            f"{r['pool_gib']:g} GiB {r['shape']} pool would find")
+    tiers = [t for t in results.get("tiers", []) if t["shape"] == r["shape"]]
+    if tiers:
+        best = max(tiers, key=lambda t: t["reused_share"])
+        gpu = best["gpu_reused_tokens"] / best["num_prompt_tokens"] if best["num_prompt_tokens"] else 0.0
+        text += (f"; a {best['tier_gib']:g} GiB {best['tier']} tier behind a {best['pool_blocks']:,}-block pool lifts "
+                 f"reuse from {gpu:.1%} to {best['reused_share']:.1%} of prompt tokens")
+    return text + ".**"
 
 
 def public_results(run) -> dict:
