@@ -119,9 +119,11 @@ def tier_table(cfg, access, costs: list[dict]) -> list[dict]:
     request, priced with section 21's measured TTFTs for that shape (dram or disk arm)."""
     rows = []
     ideal_cache: dict[int, int] = {}
+    # a pool at least as large as the trace's distinct blocks never evicts: every such size has one ideal
+    num_distinct = len(set(access.block_hash))
     for tier in tier_grid(cfg):
         gpu_hits, tier_hits = sim.two_level(access, tier["pool_blocks"], tier["tier_blocks"])
-        both = tier["pool_blocks"] + tier["tier_blocks"]
+        both = min(tier["pool_blocks"] + tier["tier_blocks"], num_distinct)
         if both not in ideal_cache:
             ideal_cache[both] = simulate_min(access, both).num_prefill_tokens
         prompt = sum(access.num_prompt_tokens)
