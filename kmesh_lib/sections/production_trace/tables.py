@@ -16,19 +16,19 @@ The run computes them once and saves them in ``results.json``; ``checks`` comput
 """
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
 
 from kmesh_lib.bounds.ideal import simulate_min
 from kmesh_lib.sections.production_trace import sim
-from kmesh_lib.sections.production_trace.params import GIB, bytes_per_token, pool_grid, tier_grid
+from kmesh_lib.sections.production_trace.params import gib_to_blocks, pool_grid, tier_grid
 from kmesh_lib.sections.production_trace.trace import TraceRequest, access_trace, parse_request
 
 
 def requests_of(records: list[dict]) -> list[TraceRequest]:
     """The trace as ``raw/trace.jsonl`` holds it."""
-    import json
     return [parse_request(json.dumps(r), f"raw/trace.jsonl:{i + 1}") for i, r in enumerate(records)]
 
 
@@ -147,7 +147,6 @@ def tier_table(cfg, access, costs: list[dict]) -> list[dict]:
 
 def engine_table(cfg, access) -> list[dict]:
     """One row per (engine count, route): reused tokens and the busiest engine's prefill over the mean."""
-    from kmesh_lib.sections.production_trace.params import gib_to_blocks
     pool = gib_to_blocks(cfg.ENGINE_POOL_GIB, cfg.REPLAY_SHAPE, cfg.KV_DTYPE, cfg.BLOCK_SIZE)
     tier = gib_to_blocks(cfg.SHARED_TIER_GIB, cfg.REPLAY_SHAPE, cfg.KV_DTYPE, cfg.BLOCK_SIZE)
     prompt = sum(access.num_prompt_tokens)
@@ -177,8 +176,5 @@ def parity_table(records: list[dict]) -> list[dict]:
             for r in records]
 
 
-def pool_gib_label(num_blocks: int, shape: str, dtype: str, block_size: int) -> float:
-    return round(num_blocks * block_size * bytes_per_token(shape, dtype) / GIB, 2)
-
-
-__all__ = ["access_trace", "engine_table", "parity_table", "pool_table", "replay_rows", "requests_of", "tier_table"]
+__all__ = ["access_trace", "concurrent_rows", "engine_table", "parity_table", "pool_table", "replay_rows",
+           "requests_of", "tier_table"]
