@@ -327,11 +327,11 @@ def test_the_layer_checks_catch_a_restated_and_an_unused_value(tmp_path):
     for path in params.PARAMS_DIR.glob("*.yaml"):
         shutil.copy(path, tmp_path)
     with open(tmp_path / "engine.smoke.yaml", "a") as f:
-        f.write("BLOCK_SIZE: 32\n")  # the field default, in a layer every engine section uses
+        f.write("ENFORCE_EAGER: true\n")  # the field default, in a layer every engine section uses
     with open(tmp_path / "retention.smoke.yaml", "a") as f:
         f.write("SUFFIX_TOKENS: 32\n")
     (tmp_path / "retention.yaml").write_text("NUM_GPU_BLOCKS: 300\n")  # every profile sets its own pool
-    assert restated(tmp_path) == ["engine.smoke.yaml: BLOCK_SIZE", "retention.smoke.yaml: SUFFIX_TOKENS"]
+    assert restated(tmp_path) == ["engine.smoke.yaml: ENFORCE_EAGER", "retention.smoke.yaml: SUFFIX_TOKENS"]
     assert never_used(tmp_path) == ["retention.yaml: NUM_GPU_BLOCKS"]
 
 

@@ -36,6 +36,9 @@ def fake_manifests(tmp_path: Path, monkeypatch) -> Path:
     (mirror / "lmcache-agent-trace" / "b.jsonl").write_text("")
     (mirror / "game24").mkdir()
     (mirror / "game24" / "24.csv").write_text("Rank,Puzzles\n1,1 1 4 6\n")
+    (mirror / "mooncake-traces").mkdir()
+    (mirror / "mooncake-traces" / "conversation_trace.jsonl").write_text(
+        '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0]}\n')
     monkeypatch.setattr(data, "MANIFEST_DIR", tmp_path / "manifests")
     assert main(["data", "manifest", "--from", str(mirror)]) == 0
     return mirror

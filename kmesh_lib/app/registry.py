@@ -23,6 +23,7 @@ from kmesh_lib.sections import (
     family_hold,
     multi_engine,
     prefetch,
+    production_trace,
     retention,
     tot_headroom,
     trace_audit,
@@ -34,7 +35,8 @@ INTERFACE = (*CONSTANTS, "Params", *FUNCTIONS)
 PLANNING = (*CONSTANTS, "Params", "plan")  # what `kmesh plan` uses: it reads no run
 
 SECTIONS: dict[str, ModuleType] = {m.KEY: m for m in (
-    engine_check, retention, trace_audit, family_hold, tot_headroom, prefetch, crossover, multi_engine)}
+    engine_check, retention, trace_audit, family_hold, tot_headroom, prefetch, crossover, multi_engine,
+    production_trace)}
 
 
 class UnknownSection(KeyError):

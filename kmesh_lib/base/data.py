@@ -78,6 +78,9 @@ DATA_SETS = {ds.name: ds for ds in (
     DataSet("game24", "game24", "princeton-nlp/tree-of-thought-llm",
             "8050e67d0e3a0fddc424d7fa5801538722a4c4cc", "src/tot/data/24", "MIT",
             "section 19 (search headroom): the Game of 24 puzzles, in file order"),
+    DataSet("mooncake-traces", "mooncake-traces", "kvcache-ai/Mooncake",
+            "3b5a594133958449a1feaf1c9e0fc1b553e34a28", "FAST25-release/traces", "Apache-2.0",
+            "section 23 (production trace): the conversation and synthetic traces of the FAST'25 release"),
 )}
 
 

@@ -1,0 +1,15 @@
+"""Section 23, a production trace: how much prefix reuse does stock vLLM leave, and what would an external tier add?"""
+from kmesh_lib.sections.production_trace.checks import checks
+from kmesh_lib.sections.production_trace.experiment import plan
+from kmesh_lib.sections.production_trace.params import ProductionTraceParams as Params
+from kmesh_lib.sections.production_trace.report import answer, counts, headline, public_results
+
+KEY = "production_trace"
+NUMBER = "23"
+TITLE = "production trace"
+NOTEBOOK = "23_production_trace.ipynb"
+USES_ENGINE = True
+QUESTION = "How much prefix reuse does stock vLLM leave on a production trace, and what would an external tier add?"
+
+__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TITLE", "USES_ENGINE", "answer", "checks", "counts",
+           "headline", "plan", "public_results"]

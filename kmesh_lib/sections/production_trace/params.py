@@ -1,0 +1,140 @@
+"""Section 23's parameters, raw file names, and the pool, tier and cost sizes they give."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from kmesh_lib.base.data import resolve_path
+from kmesh_lib.base.params import (
+    MAX_COUNT,
+    Count,
+    PathText,
+    PositiveCount,
+    Tokens,
+    check,
+    current_names,
+    defaults,
+    params_dataclass,
+)
+from kmesh_lib.engine.config import EngineParams
+from kmesh_lib.engine.model_spec import SHAPES, resolve
+
+TRACE = "trace.jsonl"  # raw/: the requests replayed, as read (Mooncake's format), one per line
+REPLAY = "replay.jsonl"  # raw/: one record per replay arm (one pool size): per-request columns, block ops, drain
+PARITY = "parity.jsonl"  # raw/: the parity slice, one record per request per engine (real, replay)
+COSTS = "costs.jsonl"  # raw/: section 21's measured TTFTs this run prices with, one row per (shape, arm, context)
+GIB = 1 << 30
+Gib = Annotated[float, Field(gt=0, le=1 << 20)]  # up to 1 PiB: a disk tier, not a typo
+Share = Annotated[float, Field(ge=0, le=10)]
+ShapeName = Literal["tiny", "kvheavy", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"]
+# an H200 has 141 GB (131 GiB); after a 7B's weights (15 GiB) and activations at
+# gpu_memory_utilization 0.9 about 104 GiB is left for KV: the largest pool of the sweep
+H200_KV_GIB = 104.0
+
+
+@params_dataclass
+class ProductionTraceParams(EngineParams):
+    TRACE_FILE: PathText | None = Field(
+        "$KMESH_DATA_ROOT/mooncake-traces/conversation_trace.jsonl",
+        description="a Mooncake trace ($KMESH_DATA_ROOT/... or repo-relative); null: a seeded synthetic trace")
+    NUM_REQUESTS: Count | None = Field(None, description="replay the first N requests of the trace (null: all)")
+    NUM_SYNTHETIC_REQUESTS: PositiveCount = Field(
+        48, description="requests of the seeded synthetic trace (TRACE_FILE null), generated from SEED")
+    SHAPES: list[ShapeName] = Field(
+        default_factory=lambda: ["qwen2.5-0.5b", "qwen2.5-7b"], min_length=1,
+        description="model shapes whose KV bytes per token turn POOL_GIB into blocks")
+    KV_DTYPE: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="KV dtype of the pool sizes")
+    POOL_GIB: list[Gib] = Field(
+        default_factory=lambda: [4.0, 16.0, 64.0, H200_KV_GIB], min_length=1,
+        description="GPU pool sizes in GiB of KV for the LRU and ideal sweep (104: an H200 after a 7B's weights)")
+    REPLAY_SHAPE: ShapeName = Field("qwen2.5-7b", description="the shape of the stock-vLLM replays and the engine sweep")
+    REPLAY_POOL_GIB: list[Gib] = Field(
+        default_factory=lambda: [16.0], description="pool sizes (GiB, REPLAY_SHAPE) replayed through vLLM's scheduler")
+    CONCURRENT_POOL_GIB: list[Gib] = Field(
+        default_factory=list, description="pools (GiB, REPLAY_SHAPE) replayed concurrently: arrivals at the trace's "
+                                          "timestamps on the step-time model's clock")
+    STEP_BASE_S: Annotated[float, Field(ge=0, le=10)] = Field(
+        0.03, description="step-time model: seconds per engine step (section 19's 7B decode step on the H200)")
+    STEP_S_PER_TOKEN: Annotated[float, Field(ge=0, le=1)] = Field(
+        31e-6, description="step-time model: seconds per scheduled token (section 21's 7B recompute, 32k tokens in 1 s)")
+    TIER_POOL_GIB: Gib = Field(16.0, description="the GPU pool in front of the external tier (GiB, each shape)")
+    DRAM_TIER_GIB: list[Gib] = Field(
+        default_factory=lambda: [256.0, 1024.0], description="DRAM-sized tiers (GiB), priced with section 21's DRAM restore")
+    DISK_TIER_GIB: list[Gib] = Field(
+        default_factory=lambda: [4096.0, 16384.0], description="disk-sized tiers (GiB), priced with section 21's disk restore")
+    CROSSOVER_RUNS: list[PathText] = Field(
+        default_factory=lambda: ["outputs/crossover/gpu-20261201-224722-442e",
+                                 "outputs/crossover/gpu-20261201-224734-5ff8"],
+        description="published section 21 runs (repo-relative) whose measured TTFTs price restore vs recompute")
+    NUM_ENGINES: list[Annotated[int, Field(ge=2, le=64)]] = Field(
+        default_factory=lambda: [2, 4, 8], description="engine counts of the several-engine sweep")
+    ENGINE_POOL_GIB: Gib = Field(16.0, description="each engine's GPU pool (GiB, REPLAY_SHAPE)")
+    SHARED_TIER_GIB: Gib = Field(1024.0, description="the external tier shared by round-robin engines (GiB)")
+    LOAD_SLACK: Share = Field(
+        0.25, description="prefix-aware routing: an engine is eligible while its prefill tokens are at most "
+                          "1 + slack times the mean")
+    PARITY_NUM_REQUESTS: Count = Field(
+        8, description="the parity slice: the first N requests, on the real engine and the replay engine (0: none)")
+    PARITY_BLOCK_SIZE: Tokens = Field(32, description="block size of the parity slice (the CPU backend needs 32s)")
+    PARITY_MAX_TOKENS: Tokens = Field(16, description="output tokens per request in the parity slice (capped)")
+
+    def check_rules(self) -> None:
+        super().check_rules()
+        for name in ("POOL_GIB", "REPLAY_POOL_GIB", "CONCURRENT_POOL_GIB", "DRAM_TIER_GIB", "DISK_TIER_GIB", "SHAPES",
+                     "NUM_ENGINES"):
+            values = getattr(self, name)
+            check(len(set(values)) == len(values), f"{name}={values}: name each value once")
+        check(512 % self.BLOCK_SIZE == 0, f"BLOCK_SIZE={self.BLOCK_SIZE}: must divide Mooncake's 512-token blocks")
+        check(512 % self.PARITY_BLOCK_SIZE == 0,
+              f"PARITY_BLOCK_SIZE={self.PARITY_BLOCK_SIZE}: must divide Mooncake's 512-token blocks")
+        if self.TRACE_FILE is not None:
+            path = resolve_path(self.TRACE_FILE)
+            check(path.is_file(), f"TRACE_FILE={self.TRACE_FILE!r}: no file at {path} (`kmesh data fetch "
+                                  f"mooncake-traces`, or TRACE_FILE: null for the synthetic trace)")
+        check(self.NUM_SYNTHETIC_REQUESTS <= MAX_COUNT, "NUM_SYNTHETIC_REQUESTS too large")
+        for shape in (*self.SHAPES, self.REPLAY_SHAPE):
+            check(shape in SHAPES, f"{shape!r}: not a shape ({', '.join(SHAPES)})")
+
+
+def recorded_params(values: dict) -> SimpleNamespace:
+    """A run's parameters as recorded, over this version's defaults, without validation (``checks`` read
+    runs made elsewhere, whose data path need not exist here)."""
+    return SimpleNamespace(**{**defaults(ProductionTraceParams), **current_names(values)})
+
+
+def bytes_per_token(shape: str, dtype: str) -> int:
+    return resolve(shape).kv_bytes_per_token(dtype)
+
+
+def gib_to_blocks(gib: float, shape: str, dtype: str, block_size: int) -> int:
+    """Usable blocks that ``gib`` GiB of KV buys for ``shape`` (whole blocks; vLLM's null block not counted)."""
+    return int(gib * GIB) // (bytes_per_token(shape, dtype) * block_size)
+
+
+def pool_grid(cfg) -> list[dict]:
+    """The sweep's GPU pools: one row per (shape, GiB) with its usable blocks; POOL_GIB for every shape,
+    and the replayed pools (REPLAY_POOL_GIB, REPLAY_SHAPE)."""
+    sizes = {(shape, gib) for shape in cfg.SHAPES for gib in cfg.POOL_GIB}
+    sizes |= {(cfg.REPLAY_SHAPE, gib) for gib in cfg.REPLAY_POOL_GIB}
+    order = {shape: i for i, shape in enumerate(dict.fromkeys([*cfg.SHAPES, cfg.REPLAY_SHAPE]))}
+    return [{"shape": shape, "pool_gib": gib, "num_blocks": gib_to_blocks(gib, shape, cfg.KV_DTYPE, cfg.BLOCK_SIZE)}
+            for shape, gib in sorted(sizes, key=lambda x: (order[x[0]], x[1]))]
+
+
+def replay_pools(cfg) -> list[dict]:
+    """The pools replayed through vLLM's scheduler (REPLAY_SHAPE): sequentially, then concurrently."""
+    return [{"shape": cfg.REPLAY_SHAPE, "pool_gib": gib, "mode": mode,
+             "num_blocks": gib_to_blocks(gib, cfg.REPLAY_SHAPE, cfg.KV_DTYPE, cfg.BLOCK_SIZE)}
+            for mode, sizes in (("sequential", cfg.REPLAY_POOL_GIB), ("concurrent", cfg.CONCURRENT_POOL_GIB))
+            for gib in sizes]
+
+
+def tier_grid(cfg) -> list[dict]:
+    """The external tiers: one row per (shape, kind, GiB) behind a TIER_POOL_GIB pool."""
+    return [{"shape": shape, "tier": kind, "tier_gib": gib,
+             "pool_blocks": gib_to_blocks(cfg.TIER_POOL_GIB, shape, cfg.KV_DTYPE, cfg.BLOCK_SIZE),
+             "tier_blocks": gib_to_blocks(gib, shape, cfg.KV_DTYPE, cfg.BLOCK_SIZE)}
+            for shape in cfg.SHAPES for kind, sizes in (("dram", cfg.DRAM_TIER_GIB), ("disk", cfg.DISK_TIER_GIB))
+            for gib in sizes]

@@ -1,0 +1,165 @@
+"""Offline models of a trace's block accesses: an external tier behind the pool, several engines, costs.
+
+All of them read a ``trace.TraceAccesses`` (``trace.access_trace``) one request at a time, as
+``bounds.lru`` does: per request the leading run of its read blocks that is resident is reused
+(vLLM stops at the first miss), then every block it wrote moves to most-recently-used, deepest
+first, and the least recently used blocks are evicted down to the capacity. Unlike ``bounds.lru``,
+while a request runs its partial last block (the last ``(P+O-1) % B`` tokens' KV) takes a slot too, so
+eviction goes down to one block less for it; vLLM (0.32) frees such a hashless block to the front
+of its free queue, so the slot is back before the next request. With that, this model gives
+vLLM's replayed ``num_cached_tokens`` request by request (a check of every run). Pins of running
+requests are ignored (one request at a time).
+
+* **Tier** (``two_level``): a GPU pool of ``pool_blocks`` in front of an LRU tier of
+  ``tier_blocks`` that every written block is stored in (write-through, as LMCache stores each
+  request's KV). A request reuses its GPU leading run, then restores from the tier the run that
+  continues it. The ideal bound on what any two-level cache could reuse is the offline ideal of
+  one pool of ``pool_blocks + tier_blocks`` (``bounds.ideal.simulate_min``).
+* **Engines** (``engines``): n engines, each its own LRU pool; requests routed round-robin, or
+  prefix-aware (to the engine holding the longest leading run of the request's blocks, among the
+  engines whose prefill tokens so far are at most ``(1 + slack) x`` the mean, ties to the least
+  loaded), or round-robin with one tier shared behind every engine.
+* **Costs** (``saved_ms``): section 21's measured TTFTs of a whole context of k tokens,
+  recomputed or restored, interpolated linearly between its grid points (extended along the end
+  segments): restoring k tokens instead of recomputing them saves ``recompute(k) - restore(k)``.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from kmesh_lib.sections.production_trace.trace import TraceAccesses as AccessTrace
+
+ROUTES = ("round_robin", "prefix_aware", "round_robin_shared_tier")
+
+
+class LruPool:
+    """One exact-prefix LRU pool of ``capacity`` blocks (the model of ``bounds.lru``)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(capacity, 0)
+        self.recency: OrderedDict[int, None] = OrderedDict()  # least recently used first
+
+    def leading_run(self, blocks: list[int], start: int = 0) -> int:
+        """How many of ``blocks[start:]`` are resident before the first that is not."""
+        n = 0
+        recency = self.recency
+        for block_hash in blocks[start:]:
+            if block_hash not in recency:
+                break
+            n += 1
+        return n
+
+    def write(self, blocks: list[int], num_reserved: int = 0) -> None:
+        """``blocks`` to most-recently-used (deepest first), then evict down to the capacity less
+        ``num_reserved`` (blocks the request holds that cache nothing: its partial last block)."""
+        recency = self.recency
+        for block_hash in reversed(blocks):
+            recency[block_hash] = None
+            recency.move_to_end(block_hash)
+        while len(recency) > self.capacity - num_reserved and recency:
+            recency.popitem(last=False)
+
+
+def request_blocks(trace: AccessTrace, index: int) -> tuple[list[int], list[int]]:
+    """(read blocks, written blocks) of request ``index``."""
+    start, end = trace.access_start[index], trace.access_start[index + 1]
+    num_reads = trace.num_read_blocks[index]
+    return trace.block_hash[start:start + num_reads], trace.block_hash[start + num_reads:end]
+
+
+def two_level(trace: AccessTrace, pool_blocks: int, tier_blocks: int) -> tuple[list[int], list[int]]:
+    """Per request: (blocks reused from the GPU pool, blocks restored from the tier)."""
+    gpu, tier = LruPool(pool_blocks), LruPool(tier_blocks)
+    gpu_hits, tier_hits = [0] * trace.num_requests, [0] * trace.num_requests
+    for index in range(trace.num_requests):
+        reads, writes = request_blocks(trace, index)
+        g = gpu.leading_run(reads)
+        t = tier.leading_run(reads, g) if tier.capacity else 0
+        gpu_hits[index], tier_hits[index] = g, t
+        gpu.write(writes, trace.has_partial_block[index])
+        if tier.capacity:
+            tier.write(writes)
+    return gpu_hits, tier_hits
+
+
+def engines(trace: AccessTrace, num_engines: int, pool_blocks: int, route: str, tier_blocks: int = 0,
+            slack: float = 0.25) -> dict[str, list[int]]:
+    """Per request: the engine it ran on, the blocks its engine's pool reused, the blocks the shared tier
+    restored (``round_robin_shared_tier`` only)."""
+    if route not in ROUTES:
+        raise ValueError(f"route {route!r}: one of {ROUTES}")
+    pools = [LruPool(pool_blocks) for _ in range(num_engines)]
+    tier = LruPool(tier_blocks if route == "round_robin_shared_tier" else 0)
+    load = [0] * num_engines  # prefill tokens computed so far, per engine
+    block_size = trace.block_size
+    out = {"engine": [], "gpu_hit_blocks": [], "tier_hit_blocks": []}
+    for index in range(trace.num_requests):
+        reads, writes = request_blocks(trace, index)
+        if route == "prefix_aware":
+            bound = (1 + slack) * sum(load) / num_engines
+            eligible = [e for e in range(num_engines) if load[e] <= bound]
+            runs = {e: pools[e].leading_run(reads) for e in eligible}
+            engine = max(eligible, key=lambda e: (runs[e], -load[e], -e))
+        else:
+            engine = index % num_engines
+        g = pools[engine].leading_run(reads)
+        t = tier.leading_run(reads, g) if tier.capacity else 0
+        pools[engine].write(writes, trace.has_partial_block[index])
+        if tier.capacity:
+            tier.write(writes)
+        load[engine] += trace.num_prompt_tokens[index] - (g + t) * block_size
+        out["engine"].append(engine)
+        out["gpu_hit_blocks"].append(g)
+        out["tier_hit_blocks"].append(t)
+    return out
+
+
+def engine_loads(trace: AccessTrace, result: dict[str, list[int]], num_engines: int) -> list[int]:
+    """Prefill tokens each engine computed."""
+    load = [0] * num_engines
+    for index, engine in enumerate(result["engine"]):
+        reused = result["gpu_hit_blocks"][index] + result["tier_hit_blocks"][index]
+        load[engine] += trace.num_prompt_tokens[index] - reused * trace.block_size
+    return load
+
+
+# -- costs --
+
+def cost_curve(rows: list[dict], shape: str, arm: str) -> tuple[list[int], list[float]]:
+    """(context tokens, TTFT ms) of one arm of one shape, sorted by context."""
+    points = sorted((r["context_tokens"], r["ttft_ms"]) for r in rows if r["shape"] == shape and r["arm"] == arm)
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def interp_ms(xs: list[int], ys: list[float], k: np.ndarray) -> np.ndarray:
+    """Linear through the points, extended along the first and last segments."""
+    k = np.asarray(k, dtype=float)
+    y = np.interp(k, xs, ys)
+    lo = ys[0] + (k - xs[0]) * (ys[1] - ys[0]) / (xs[1] - xs[0])
+    hi = ys[-1] + (k - xs[-1]) * (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    return np.where(k < xs[0], lo, np.where(k > xs[-1], hi, y))
+
+
+def saved_ms(rows: list[dict], shape: str, arm: str, restored_tokens: list[int]) -> np.ndarray:
+    """Per request: estimated prefill time saved by restoring ``restored_tokens`` with ``arm`` (dram or
+    disk) instead of recomputing them (0 where nothing is restored; negative where restoring is slower)."""
+    k = np.asarray(restored_tokens, dtype=float)
+    recompute = interp_ms(*cost_curve(rows, shape, "recompute"), k)
+    restore = interp_ms(*cost_curve(rows, shape, arm), k)
+    return np.where(k > 0, recompute - restore, 0.0)
+
+
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+def distribution(values: np.ndarray) -> dict:
+    """Mean, quantiles and max of per-request values (rounded to 0.01)."""
+    values = np.asarray(values, dtype=float)
+    if not len(values):
+        return {}
+    out = {"mean": round(float(values.mean()), 2)}
+    out.update({f"p{round(q * 100)}": round(float(np.quantile(values, q)), 2) for q in QUANTILES})
+    out["max"] = round(float(values.max()), 2)
+    return out

@@ -1,0 +1,180 @@
+"""Section 23's tables, each a pure function of what ``raw/`` holds (the trace, the replay arms, the costs).
+
+The run computes them once and saves them in ``results.json``; ``checks`` compute them again from
+``raw/`` and compare. Vocabulary (token counts over every request of the trace):
+
+    num_prompt_tokens       every prompt token (no reuse at all)
+    num_compulsory_tokens   each prompt's final fragment (P - R*B), which no cache can serve
+    ideal_prefill_tokens    the offline ideal bound (``bounds.ideal``): no exact-prefix cache of that
+                            pool computes fewer
+    lru_prefill_tokens      the LRU model of vLLM's pool (``sim``: ``bounds.lru`` plus the slot a
+                            request's partial last block takes), one request at a time
+    stock_prefill_tokens    stock vLLM on the replay engine: prompt tokens minus ``num_cached_tokens``
+    headroom_tokens         stock (or LRU) prefill minus the ideal: what better retention could save
+    *_cached_share          reused prompt tokens / all prompt tokens
+    reuse_share_of_bound    stock's (or LRU's) reused tokens / the ideal's reused tokens
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+
+from kmesh_lib.bounds.ideal import simulate_min
+from kmesh_lib.sections.production_trace import sim
+from kmesh_lib.sections.production_trace.params import gib_to_blocks, pool_grid, tier_grid
+from kmesh_lib.sections.production_trace.trace import TraceRequest, access_trace, parse_request
+
+
+def requests_of(records: list[dict]) -> list[TraceRequest]:
+    """The trace as ``raw/trace.jsonl`` holds it."""
+    return [parse_request(json.dumps(r), f"raw/trace.jsonl:{i + 1}") for i, r in enumerate(records)]
+
+
+def _share(part: int, whole: int) -> float:
+    return round(part / whole, 4) if whole else 0.0
+
+
+def stock_columns(arm: dict) -> dict:
+    cols = arm["requests"]
+    prompt = sum(cols["num_prompt_tokens"])
+    cached = sum(cols["num_cached_tokens"])
+    return {"stock_prefill_tokens": prompt - cached, "stock_cached_share": _share(cached, prompt)}
+
+
+def pool_table(cfg, access, arms: list[dict], timings: dict | None = None) -> list[dict]:
+    """One row per (shape, pool GiB): LRU and ideal at every size, stock where a replay arm ran at it.
+
+    ``timings``, when given, receives the seconds each ideal took (``ideal_s``, by row)."""
+    by_blocks = {arm["num_blocks"]: arm for arm in arms if arm.get("mode", "sequential") == "sequential"}
+    rows = []
+    for pool in pool_grid(cfg):
+        t0 = time.monotonic()
+        ideal = simulate_min(access, pool["num_blocks"])
+        if timings is not None:
+            timings.setdefault("ideal_s", []).append(round(time.monotonic() - t0, 2))
+        prompt = ideal.num_prompt_tokens
+        lru_prefill = prompt - sum(sim.two_level(access, pool["num_blocks"], 0)[0]) * cfg.BLOCK_SIZE
+        row = {**pool, "pool_tokens": pool["num_blocks"] * cfg.BLOCK_SIZE, "num_prompt_tokens": prompt,
+               "num_compulsory_tokens": ideal.num_compulsory_tokens,
+               "ideal_prefill_tokens": ideal.num_prefill_tokens, "lru_prefill_tokens": lru_prefill,
+               "ideal_cached_share": _share(prompt - ideal.num_prefill_tokens, prompt),
+               "lru_cached_share": _share(prompt - lru_prefill, prompt)}
+        arm = by_blocks.get(pool["num_blocks"]) if pool["shape"] == cfg.REPLAY_SHAPE else None
+        observed = stock_columns(arm)["stock_prefill_tokens"] if arm else None
+        base = observed if observed is not None else lru_prefill
+        row.update({"stock": "replayed" if arm else "LRU reference", "stock_prefill_tokens": observed,
+                    "headroom_tokens": base - ideal.num_prefill_tokens,
+                    "headroom_share_of_stock": _share(base - ideal.num_prefill_tokens, base),
+                    "reuse_share_of_bound": _share(prompt - base, prompt - ideal.num_prefill_tokens)})
+        rows.append(row)
+    return rows
+
+
+def replay_rows(cfg, access, arms: list[dict]) -> list[dict]:
+    """Each replay arm against the LRU reference and the ideal at its pool, request by request."""
+    rows = []
+    for arm in arms:
+        if arm.get("mode", "sequential") != "sequential":
+            continue
+        lru_hits = sim.two_level(access, arm["num_blocks"], 0)[0]
+        cached = arm["requests"]["num_cached_tokens"]
+        differ = [i for i, (c, h) in enumerate(zip(cached, lru_hits)) if c != h * access.block_size]
+        ideal = simulate_min(access, arm["num_blocks"])
+        rows.append({"pool_gib": arm["pool_gib"], "num_blocks": arm["num_blocks"], "num_requests": len(cached),
+                     **stock_columns(arm), "lru_prefill_tokens": sum(access.num_prompt_tokens)
+                     - sum(lru_hits) * access.block_size, "ideal_prefill_tokens": ideal.num_prefill_tokens,
+                     "num_requests_differing_from_lru": len(differ), "first_differing_request": differ[0] if differ else None,
+                     "seconds": arm["seconds"], "drain_ok": arm["drain_ok"]})
+    return rows
+
+
+def concurrent_rows(cfg, access, arms: list[dict]) -> list[dict]:
+    """Each concurrent arm: stock's prefill when first scheduled, what preemption made it compute again,
+    the ideal at its pool, and first-token times on the step-time model's clock (quantiles, seconds)."""
+    rows = []
+    for arm in arms:
+        if arm.get("mode") != "concurrent":
+            continue
+        cols = arm["requests"]
+        prompt = sum(cols["num_prompt_tokens"])
+        first = [p - c for p, c in zip(cols["num_prompt_tokens"], cols["num_cached_tokens"])]
+        decode = [max(o - 1, 0) for o in cols["num_output_tokens"]]
+        recomputed = sum(s - f - d for s, f, d in zip(cols["num_scheduled_tokens"], first, decode))
+        ttft = np.asarray(cols["t_first_token_s"]) - np.asarray(cols["t_arrival_s"])
+        rows.append({"pool_gib": arm["pool_gib"], "num_blocks": arm["num_blocks"], "num_requests": len(first),
+                     "max_num_seqs": arm["max_num_seqs"], "stock_prefill_tokens": sum(first),
+                     "stock_cached_share": _share(prompt - sum(first), prompt), "recomputed_tokens": recomputed,
+                     "num_preempted_requests": sum(n > 0 for n in cols["num_preemptions"]),
+                     "ideal_prefill_tokens": simulate_min(access, arm["num_blocks"]).num_prefill_tokens,
+                     "ttft_s": sim.distribution(ttft), "span_s": arm["span_s"], "num_steps": arm["num_steps"],
+                     "seconds": arm["seconds"], "drain_ok": arm["drain_ok"]})
+    return rows
+
+
+def tier_table(cfg, access, costs: list[dict]) -> list[dict]:
+    """One row per (shape, tier kind, tier GiB) behind a TIER_POOL_GIB pool: what the tier restores
+    (LRU), the ideal of one pool as large as both, and the prefill time the restores save per
+    request, priced with section 21's measured TTFTs for that shape (dram or disk arm)."""
+    rows = []
+    ideal_cache: dict[int, int] = {}
+    # a pool at least as large as the trace's distinct blocks never evicts: every such size has one ideal
+    num_distinct = len(set(access.block_hash))
+    for tier in tier_grid(cfg):
+        gpu_hits, tier_hits = sim.two_level(access, tier["pool_blocks"], tier["tier_blocks"])
+        both = min(tier["pool_blocks"] + tier["tier_blocks"], num_distinct)
+        if both not in ideal_cache:
+            ideal_cache[both] = simulate_min(access, both).num_prefill_tokens
+        prompt = sum(access.num_prompt_tokens)
+        restored = [t * access.block_size for t in tier_hits]
+        run_ids = sorted({c["run_id"] for c in costs if c["shape"] == tier["shape"]})
+        row = {**tier, "gpu_reused_tokens": sum(gpu_hits) * access.block_size, "tier_restored_tokens": sum(restored),
+               "ideal_reused_tokens": prompt - ideal_cache[both], "num_prompt_tokens": prompt,
+               "num_restoring_requests": sum(r > 0 for r in restored),
+               "restored_tokens_per_request": sim.distribution(np.asarray(restored)),
+               "cost_run": run_ids[0] if run_ids else None}
+        row["reused_share"] = _share(row["gpu_reused_tokens"] + row["tier_restored_tokens"], prompt)
+        row["ideal_reused_share"] = _share(row["ideal_reused_tokens"], prompt)
+        if run_ids:
+            saved = sim.saved_ms(costs, tier["shape"], tier["tier"], restored)
+            row["saved_ms_per_request"] = sim.distribution(saved)
+            row["saved_ms_per_restoring_request"] = sim.distribution(saved[np.asarray(restored) > 0])
+            row["saved_s_total"] = round(float(saved.sum()) / 1e3, 2)
+        rows.append(row)
+    return rows
+
+
+def engine_table(cfg, access) -> list[dict]:
+    """One row per (engine count, route): reused tokens and the busiest engine's prefill over the mean."""
+    pool = gib_to_blocks(cfg.ENGINE_POOL_GIB, cfg.REPLAY_SHAPE, cfg.KV_DTYPE, cfg.BLOCK_SIZE)
+    tier = gib_to_blocks(cfg.SHARED_TIER_GIB, cfg.REPLAY_SHAPE, cfg.KV_DTYPE, cfg.BLOCK_SIZE)
+    prompt = sum(access.num_prompt_tokens)
+    rows = []
+    for n in cfg.NUM_ENGINES:
+        for route in sim.ROUTES:
+            result = sim.engines(access, n, pool, route, tier_blocks=tier, slack=cfg.LOAD_SLACK)
+            loads = sim.engine_loads(access, result, n)
+            gpu = sum(result["gpu_hit_blocks"]) * access.block_size
+            restored = sum(result["tier_hit_blocks"]) * access.block_size
+            mean = sum(loads) / n
+            rows.append({"num_engines": n, "route": route, "pool_blocks": pool,
+                         "tier_blocks": tier if route == "round_robin_shared_tier" else 0,
+                         "gpu_reused_tokens": gpu, "tier_restored_tokens": restored,
+                         "reused_share": _share(gpu + restored, prompt),
+                         "max_engine_prefill_tokens": max(loads), "load_imbalance": round(max(loads) / mean, 4) if mean else 0.0,
+                         "num_requests_per_engine": [result["engine"].count(e) for e in range(n)]})
+    return rows
+
+
+def parity_table(records: list[dict]) -> list[dict]:
+    """Per engine of the parity slice: requests, prompt and cached tokens."""
+    return [{"engine": r["engine"], "model": r["model"], "block_size": r["block_size"], "num_blocks": r["num_blocks"],
+             "num_requests": len(r["requests"]["num_cached_tokens"]),
+             "num_prompt_tokens": sum(r["requests"]["num_prompt_tokens"]),
+             "num_cached_tokens": sum(r["requests"]["num_cached_tokens"]), "drain_ok": r["drain_ok"]}
+            for r in records]
+
+
+__all__ = ["access_trace", "concurrent_rows", "engine_table", "parity_table", "pool_table", "replay_rows",
+           "requests_of", "tier_table"]

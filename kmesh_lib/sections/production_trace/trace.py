@@ -1,0 +1,191 @@
+"""Mooncake traces: reading them, a seeded synthetic stand-in, their token ids, and their block accesses.
+
+A Mooncake request (FAST'25 release) is ``timestamp`` (ms), ``input_length``, ``output_length`` and
+``hash_ids``: one id per 512-token block of the prompt, chained (an id stands for its whole prefix;
+the last block may be partial). There is no text, so each id is turned into 512 token ids by a
+seeded generator of the id alone (``hash_block_tokens``): the same id gives the same tokens, the
+last block is cut to the prompt's length. Two prompts then share exactly as many leading tokens as
+their ``hash_ids`` agree on (up to the shorter's cut), which is what the trace says.
+
+Block identities without token ids (``access_trace``): with ``BLOCK_SIZE`` B dividing 512, the
+prompt's full B-token block j lies in 512-block ``j // (512 // B)`` at sub-position
+``j % (512 // B)``; since ids are chained, ``(hash_id, sub)`` names the block's whole prefix
+exactly as vLLM's chained block hash does. Blocks holding output tokens are named by the
+prompt they follow (its last id and its length) and their position: the replay engine's
+outputs are a function of the prompt (``engine.replay.replay_token``), so equal prompts write
+equal output blocks, as in vLLM. The flattened ``bounds.access.AccessTrace`` this gives feeds the
+LRU reference and the ideal bound without building a single token list.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from kmesh_lib.bounds.access import AccessTrace
+from kmesh_lib.engine.replay import NUM_SPECIAL_TOKENS
+
+HASH_BLOCK_TOKENS = 512  # Mooncake's block: every hash id stands for 512 prompt tokens (the last may be partial)
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """One request of a Mooncake trace, as the trace gives it."""
+
+    timestamp_ms: int
+    num_prompt_tokens: int
+    num_output_tokens: int
+    hash_ids: tuple[int, ...]
+
+    def to_dict(self) -> dict:
+        return {"timestamp": self.timestamp_ms, "input_length": self.num_prompt_tokens,
+                "output_length": self.num_output_tokens, "hash_ids": list(self.hash_ids)}
+
+
+class TraceFormatError(ValueError):
+    """A line that is not a Mooncake request (the message names the line)."""
+
+
+def parse_request(line: str, where: str) -> TraceRequest:
+    try:
+        rec = json.loads(line)
+        req = TraceRequest(int(rec["timestamp"]), int(rec["input_length"]), int(rec["output_length"]),
+                           tuple(int(h) for h in rec["hash_ids"]))
+    except (ValueError, KeyError, TypeError) as e:
+        raise TraceFormatError(f"{where}: not a Mooncake request ({type(e).__name__}: {e})") from None
+    want = -(-req.num_prompt_tokens // HASH_BLOCK_TOKENS)
+    if req.num_prompt_tokens <= 0 or req.num_output_tokens <= 0 or len(req.hash_ids) != want:
+        raise TraceFormatError(f"{where}: {len(req.hash_ids)} hash ids for {req.num_prompt_tokens} prompt tokens "
+                               f"(want {want}), output {req.num_output_tokens}")
+    return req
+
+
+def load_trace(path: Path, limit: int | None = None) -> list[TraceRequest]:
+    """The first ``limit`` requests (all when None) of a Mooncake JSONL trace, in file order."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if limit is not None and len(out) >= limit:
+                break
+            if line.strip():
+                out.append(parse_request(line, f"{Path(path).name}:{number}"))
+    return out
+
+
+def trace_digest(requests: list[TraceRequest]) -> str:
+    """SHA-256 of the requests as read (canonical JSON lines): names a synthetic or sliced trace."""
+    h = hashlib.sha256()
+    for r in requests:
+        h.update((json.dumps(r.to_dict(), separators=(",", ":")) + "\n").encode())
+    return h.hexdigest()
+
+
+def synthetic_trace(num_requests: int, seed: int, num_prefixes: int = 4, max_prompt_blocks: int = 6,
+                    max_output_tokens: int = 64, mean_gap_ms: float = 200.0) -> list[TraceRequest]:
+    """A small seeded trace of Mooncake's format with a shared prefix structure (for smoke and CI).
+
+    ``num_prefixes`` system prompts of 1-2 blocks; each request extends one of them, or (every
+    third time, where one exists) continues an earlier conversation of that prefix: the earlier
+    request's ids plus new ones, as a next turn does. Ids are chained by construction (a new id
+    for every new prefix). Poisson arrivals, partial last blocks, output lengths 1..max.
+    """
+    rng = np.random.default_rng(seed)
+    next_id = 0
+    prefixes = []
+    for _ in range(num_prefixes):
+        n = int(rng.integers(1, 3))
+        prefixes.append(tuple(range(next_id, next_id + n)))
+        next_id += n
+    conversations: list[tuple[int, ...]] = []
+    out, t = [], 0.0
+    for i in range(num_requests):
+        if conversations and i % 3 == 2:
+            base = conversations[int(rng.integers(len(conversations)))]
+        else:
+            base = prefixes[int(rng.integers(num_prefixes))]
+        num_new = int(rng.integers(1, max(2, max_prompt_blocks - len(base) + 1)))
+        ids = base + tuple(range(next_id, next_id + num_new))
+        next_id += num_new
+        conversations.append(ids)
+        tail = int(rng.integers(1, HASH_BLOCK_TOKENS + 1))
+        out.append(TraceRequest(int(t), (len(ids) - 1) * HASH_BLOCK_TOKENS + tail,
+                                int(rng.integers(1, max_output_tokens + 1)), ids))
+        t += rng.exponential(mean_gap_ms)
+    return out
+
+
+def hash_block_tokens(hash_id: int, vocab_size: int, seed: int) -> np.ndarray:
+    """The 512 token ids a hash id stands for: a function of (seed, id) alone; ids 0-3 avoided."""
+    rng = np.random.default_rng([seed, hash_id])
+    return rng.integers(NUM_SPECIAL_TOKENS, vocab_size, HASH_BLOCK_TOKENS, dtype=np.int64)
+
+
+def prompt_token_ids(request: TraceRequest, vocab_size: int, seed: int) -> list[int]:
+    """The request's prompt: its ids' tokens in order, cut to ``num_prompt_tokens``."""
+    parts = [hash_block_tokens(h, vocab_size, seed) for h in request.hash_ids]
+    return np.concatenate(parts)[:request.num_prompt_tokens].tolist()
+
+
+# -- block accesses, from the hash ids --
+
+@dataclass
+class TraceAccesses(AccessTrace):
+    """An ``AccessTrace`` plus, per request, whether its last KV block is partial.
+
+    vLLM gives the request's last ``(P+O-1) % B`` tokens a block too; it is never cached (no hash), but
+    it takes a slot of the pool while the request runs, so the LRU model of ``sim`` evicts one block
+    more for it (the ideal need not: it relaxes what running requests hold).
+    """
+    has_partial_block: list[bool] = field(default_factory=list)
+
+
+def access_trace(requests: list[TraceRequest], block_size: int) -> TraceAccesses:
+    """``bounds.access.build_access_trace`` for these requests, named from the hash ids (see the module
+    docstring). Per request R = (P-1)//B reads, then W = (P+O-1)//B writes."""
+    if HASH_BLOCK_TOKENS % block_size:
+        raise ValueError(f"BLOCK_SIZE={block_size} must divide {HASH_BLOCK_TOKENS}")
+    per = HASH_BLOCK_TOKENS // block_size
+    trace = TraceAccesses(block_size=block_size)
+    dense: dict[int, int] = {}  # hash id -> its index: a prompt block's name is index * per + sub
+    tails: dict[tuple, int] = {}  # blocks holding output tokens, named after dense.values() * per
+    num_prompt_names = len({h for r in requests for h in r.hash_ids}) * per
+    sub = np.arange(per, dtype=np.int64)
+    for index, r in enumerate(requests):
+        num_reads = (r.num_prompt_tokens - 1) // block_size
+        num_writes = (r.num_prompt_tokens + r.num_output_tokens - 1) // block_size
+        num_full_prompt = min(r.num_prompt_tokens // block_size, num_writes)
+        bases = np.fromiter((dense.setdefault(h, len(dense)) for h in r.hash_ids), dtype=np.int64,
+                            count=len(r.hash_ids)) * per
+        written = (bases[:, None] + sub[None, :]).reshape(-1)[:num_full_prompt].tolist()
+        for j in range(num_full_prompt, num_writes):
+            written.append(tails.setdefault((r.hash_ids[-1], r.num_prompt_tokens, j), num_prompt_names + len(tails)))
+        accesses = written[:num_reads] + written
+        trace.block_hash.extend(accesses)
+        trace.is_read.extend([True] * num_reads + [False] * num_writes)
+        trace.request_index.extend([index] * len(accesses))
+        trace.num_prompt_tokens.append(r.num_prompt_tokens)
+        trace.num_read_blocks.append(num_reads)
+        trace.access_start.append(len(trace.block_hash))
+        trace.has_partial_block.append((r.num_prompt_tokens + r.num_output_tokens - 1) % block_size != 0)
+    return trace
+
+
+def trace_stats(requests: list[TraceRequest]) -> dict:
+    """What a trace is: requests, tokens, distinct 512-token blocks, span, and the share of 512-blocks
+    a request shares with some earlier request (the trace's reuse with an unbounded cache)."""
+    seen: set[int] = set()
+    num_blocks = num_seen = 0
+    for r in requests:
+        for h in r.hash_ids:
+            num_blocks += 1
+            num_seen += h in seen
+            seen.add(h)
+    return {"num_requests": len(requests), "num_prompt_tokens": sum(r.num_prompt_tokens for r in requests),
+            "num_output_tokens": sum(r.num_output_tokens for r in requests),
+            "max_request_tokens": max((r.num_prompt_tokens + r.num_output_tokens for r in requests), default=0),
+            "num_hash_blocks": num_blocks, "num_distinct_hash_blocks": len(seen),
+            "num_repeated_hash_blocks": num_seen,
+            "span_s": round((requests[-1].timestamp_ms - requests[0].timestamp_ms) / 1e3, 3) if requests else 0.0}

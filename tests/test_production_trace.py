@@ -1,0 +1,304 @@
+"""Section 23: the trace format and its tokens, the access model against token-level bounds, the LRU model
+against vLLM's own scheduler, the tier, engine and cost models, a replay-engine run end to end with its
+checks from raw/, what tampering does to them, and the Mooncake data set's pinning."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kmesh_lib.app.cli import main
+from kmesh_lib.base import data
+from kmesh_lib.base.params import ParamError
+from kmesh_lib.base.public import find_private_keys
+from kmesh_lib.base.records import RunFiles, RunRecord
+from kmesh_lib.bounds.access import build_access_trace
+from kmesh_lib.bounds.ideal import simulate_min
+from kmesh_lib.bounds.lru import lru_hit_blocks
+from kmesh_lib.engine.replay import replay_token
+from kmesh_lib.sections import production_trace as section
+from kmesh_lib.sections.production_trace import experiment as tx
+from kmesh_lib.sections.production_trace import sim
+from kmesh_lib.sections.production_trace.params import REPLAY, TRACE, ProductionTraceParams
+from kmesh_lib.sections.production_trace.trace import (
+    TraceFormatError,
+    TraceRequest,
+    access_trace,
+    parse_request,
+    prompt_token_ids,
+    synthetic_trace,
+    trace_digest,
+)
+
+VOCAB = 512
+SMALL = dict(TRACE_FILE=None, NUM_SYNTHETIC_REQUESTS=40, ENGINE="replay", BLOCK_SIZE=16, NUM_GPU_BLOCKS=65,
+             MAX_MODEL_LEN=1024, POOL_GIB=[0.05, 0.5], REPLAY_POOL_GIB=[0.5], CONCURRENT_POOL_GIB=[0.5],
+             TIER_POOL_GIB=0.05, DRAM_TIER_GIB=[0.2], DISK_TIER_GIB=[1.0], NUM_ENGINES=[2], ENGINE_POOL_GIB=0.2,
+             SHARED_TIER_GIB=1.0, PARITY_NUM_REQUESTS=0, PROFILE="smoke")
+
+
+# -- the trace and its tokens --
+
+def test_the_synthetic_trace_is_seeded_chained_and_shares_prefixes():
+    a, b = synthetic_trace(60, seed=3), synthetic_trace(60, seed=3)
+    assert trace_digest(a) == trace_digest(b) != trace_digest(synthetic_trace(60, seed=4))
+    where = {}
+    for r in a:
+        assert len(r.hash_ids) == -(-r.num_prompt_tokens // 512) and r.num_output_tokens >= 1
+        for pos, h in enumerate(r.hash_ids):
+            assert where.setdefault(h, (r.hash_ids[pos - 1] if pos else None, pos)) == (
+                r.hash_ids[pos - 1] if pos else None, pos)
+    firsts = [r.hash_ids[0] for r in a]
+    assert len(set(firsts)) < len(firsts)  # shared system prompts
+    assert any(set(x.hash_ids) < set(y.hash_ids) for x in a for y in a if len(x.hash_ids) > 2)  # next turns
+    assert [r.timestamp_ms for r in a] == sorted(r.timestamp_ms for r in a)
+
+
+def test_tokens_are_a_function_of_the_id_and_shared_exactly_as_far_as_the_ids_agree():
+    x = TraceRequest(0, 1300, 5, (7, 8, 9))
+    y = TraceRequest(0, 1100, 5, (7, 8, 11))
+    tx_, ty = prompt_token_ids(x, VOCAB, 0), prompt_token_ids(y, VOCAB, 0)
+    assert len(tx_) == 1300 and len(ty) == 1100 and min(tx_) >= 4 and max(tx_) < VOCAB
+    common = next(i for i, (p, q) in enumerate(zip(tx_, ty)) if p != q)
+    assert common == 1024  # two shared 512-token blocks, then different ids
+    assert prompt_token_ids(TraceRequest(0, 700, 1, (7, 8)), VOCAB, 0) == tx_[:700]  # the last block is cut
+    assert prompt_token_ids(x, VOCAB, 1) != tx_  # the seed names the tokens too
+
+
+@pytest.mark.parametrize("line", ['{"timestamp": 0, "input_length": 1025, "output_length": 1, "hash_ids": [1, 2]}',
+                                  '{"timestamp": 0, "input_length": 10, "output_length": 0, "hash_ids": [1]}',
+                                  '{"timestamp": 0, "input_length": 10}', "not json"])
+def test_a_line_that_is_not_a_mooncake_request_is_named(line):
+    with pytest.raises(TraceFormatError, match="t.jsonl:3"):
+        parse_request(line, "t.jsonl:3")
+
+
+def replay_outputs(prompt: list[int], num_output: int) -> list[int]:
+    out, prev = [], prompt[-1]
+    for i in range(num_output):
+        prev = replay_token(prev, len(prompt) + i, VOCAB)
+        out.append(prev)
+    return out
+
+
+@pytest.mark.parametrize("block_size", [16, 32, 128])
+def test_the_access_model_from_hash_ids_equals_the_token_level_one(block_size):
+    """Blocks named from hash ids give the same LRU hits and ideal as blocks hashed from the token ids."""
+    requests = synthetic_trace(50, seed=1)
+    records = []
+    for r in requests:
+        prompt = prompt_token_ids(r, VOCAB, 0)
+        records.append({"prompt_token_ids": prompt, "output_token_ids": replay_outputs(prompt, r.num_output_tokens)})
+    tokens, ids = build_access_trace(records, block_size), access_trace(requests, block_size)
+    assert ids.num_read_blocks == tokens.num_read_blocks and ids.num_accesses == tokens.num_accesses
+    for num_blocks in (8, 40, 200, 2000):
+        assert lru_hit_blocks(ids, num_blocks) == lru_hit_blocks(tokens, num_blocks)
+        assert simulate_min(ids, num_blocks).num_prefill_tokens == simulate_min(tokens, num_blocks).num_prefill_tokens
+
+
+# -- the models --
+
+def test_the_lru_model_is_bounds_lru_plus_the_partial_blocks_slot():
+    """Without partial blocks it is ``bounds.lru``; with one on every request, ``bounds.lru`` a block smaller."""
+    acc = access_trace(synthetic_trace(50, seed=2), 16)
+    for n in (30, 100, 400):
+        acc.has_partial_block = [False] * acc.num_requests
+        assert sim.two_level(acc, n, 0)[0] == lru_hit_blocks(acc, n)
+        acc.has_partial_block = [True] * acc.num_requests
+        assert sim.two_level(acc, n, 0)[0] == lru_hit_blocks(acc, n - 1)
+
+
+def test_a_tier_keeps_the_pools_hits_and_stays_under_the_ideal_of_both():
+    acc = access_trace(synthetic_trace(80, seed=5), 16)
+    alone = sim.two_level(acc, 40, 0)
+    assert alone[1] == [0] * acc.num_requests
+    for tier in (50, 400, 10_000):
+        gpu, restored = sim.two_level(acc, 40, tier)
+        assert gpu == alone[0] and sum(restored) > 0
+        assert sum(gpu) + sum(restored) <= sum(acc.num_read_blocks) - (
+            simulate_min(acc, 40 + tier).num_read_misses)
+
+
+def test_engine_routes():
+    requests = [TraceRequest(0, 2000, 4, (1, 2, 3, 4 + i)) for i in range(12)]  # one shared 3-block prefix
+    acc = access_trace(requests, 16)
+    rr = sim.engines(acc, 4, 10_000, "round_robin")
+    assert rr["engine"] == [i % 4 for i in range(12)]
+    assert rr["gpu_hit_blocks"][:4] == [0, 0, 0, 0] and rr["gpu_hit_blocks"][4] == 96  # 3 x 512 / 16
+    sticky = sim.engines(acc, 4, 10_000, "prefix_aware", slack=100.0)
+    assert set(sticky["engine"]) == {0} and sum(sticky["gpu_hit_blocks"]) == 11 * 96
+    bounded = sim.engines(acc, 4, 10_000, "prefix_aware", slack=0.0)
+    assert len(set(bounded["engine"])) == 4  # the load bound spreads them
+    loads = sim.engine_loads(acc, bounded, 4)
+    assert sum(loads) == sum(acc.num_prompt_tokens) - 16 * sum(bounded["gpu_hit_blocks"])
+    shared = sim.engines(acc, 4, 10_000, "round_robin_shared_tier", tier_blocks=10_000)
+    assert sum(shared["tier_hit_blocks"]) == 3 * 96 and shared["gpu_hit_blocks"] == rr["gpu_hit_blocks"]
+    with pytest.raises(ValueError, match="route"):
+        sim.engines(acc, 2, 10, "random")
+
+
+def test_saved_time_interpolates_section_21s_points():
+    rows = [{"shape": "s", "arm": arm, "context_tokens": c, "ttft_ms": ms}
+            for arm, pts in (("recompute", [(1000, 20.0), (2000, 50.0), (4000, 130.0)]),
+                             ("dram", [(1000, 10.0), (2000, 12.0), (4000, 16.0)]))
+            for c, ms in pts]
+    got = sim.saved_ms(rows, "s", "dram", [0, 1000, 3000, 500, 6000])
+    assert np.allclose(got, [0.0, 10.0, 90.0 - 14.0, 5.0 - 9.0, 210.0 - 20.0])
+    assert sim.distribution(np.array([0.0, 1.0, 2.0, 3.0]))["p50"] == 1.5
+
+
+# -- a run on the replay engine --
+
+def make_run(run_dir: Path, **overrides) -> Path:
+    cfg = ProductionTraceParams(**{**SMALL, **overrides})
+    record = RunRecord.open(section.KEY, cfg, run_dir=str(run_dir))
+    tx.run(cfg, record)
+    record.finish(section.checks(record.files()))
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def replay_run(tmp_path_factory) -> Path:
+    return make_run(tmp_path_factory.mktemp("pt") / "run")
+
+
+@pytest.fixture
+def copy(replay_run, tmp_path) -> Path:
+    return Path(shutil.copytree(replay_run, tmp_path / "copy"))
+
+
+def statuses(run_dir) -> dict[str, str]:
+    return {c.name: c.status for c in section.checks(RunFiles(run_dir))}
+
+
+PARITY_CHECKS = {"parity slice: the real engine's cached tokens equal the replay engine's, request by request",
+                 "parity slice reused some prefix (the comparison is not of zeros)",
+                 "parity table recomputed from raw/ equals results.json"}
+
+
+def test_a_replay_run_passes_every_check_that_has_evidence(replay_run):
+    got = statuses(replay_run)
+    assert {n for n, s in got.items() if s != "ok"} == PARITY_CHECKS  # no parity slice asked for
+    assert all(got[n] == "skipped" for n in PARITY_CHECKS)
+    run = RunFiles(replay_run)
+    counts = section.counts(run)
+    assert counts["num_requests"] == 40 and counts["num_replay_arms"] == 2
+    assert counts["replay/qwen2.5-7b/0.5GiB: num_cached_tokens"] > 0
+    pools = run.results["pools"]
+    assert [p["stock"] for p in pools].count("replayed") == 1
+    assert all(p["num_compulsory_tokens"] <= p["ideal_prefill_tokens"] <= p["lru_prefill_tokens"] for p in pools)
+    (conc,) = run.results["concurrent"]
+    assert conc["num_blocks"] == pools[-1]["num_blocks"] and conc["ideal_prefill_tokens"] <= conc["stock_prefill_tokens"]
+    assert conc["ttft_s"]["p50"] > 0 and conc["span_s"] > 0
+    tier = run.results["tiers"][0]
+    assert set(tier["saved_ms_per_request"]) == {"mean", "p50", "p90", "p99", "max"}
+    assert tier["cost_run"] == "gpu-20261201-224722-442e"
+
+
+def test_headline_answer_and_public_results(replay_run):
+    run = RunFiles(replay_run)
+    head = section.headline(run)
+    assert 2 <= len(head) <= 6 and head["trace"].startswith("synthetic: 40 requests")
+    text = section.answer(run)
+    assert "stock vLLM" in text and "gpu-20261201-224722-442e" in text and "sequential" in text
+    public = section.public_results(run)
+    assert find_private_keys(public) == [] and "hash_ids" not in json.dumps(public)
+
+
+def edit_jsonl(path: Path, line: int, change) -> None:
+    lines = path.read_text().splitlines()
+    rec = json.loads(lines[line])
+    change(rec)
+    lines[line] = json.dumps(rec)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def edit_results(run_dir: Path, change) -> None:
+    results = json.loads((run_dir / "results.json").read_text())
+    change(results)
+    (run_dir / "results.json").write_text(json.dumps(results))
+
+
+def bump_cached(arm):
+    cached = arm["requests"]["num_cached_tokens"]
+    i = next(i for i, c in enumerate(cached) if c)
+    cached[i] -= 16
+
+
+@pytest.mark.parametrize("tamper, expect", [
+    (lambda d: edit_jsonl(d / "raw" / REPLAY, 0, bump_cached), "stock vLLM's cached tokens equal the LRU"),
+    (lambda d: edit_jsonl(d / "raw" / REPLAY, 0, lambda a: a["requests"]["num_output_tokens"].__setitem__(0, 1000)),
+     "every replay arm ran every request"),
+    (lambda d: edit_jsonl(d / "raw" / TRACE, 5, lambda r: r.update(output_length=r["output_length"] + 1)),
+     "the trace in raw/ is the pinned file's"),
+    (lambda d: edit_jsonl(d / "raw" / TRACE, 0, lambda r: r.update(hash_ids=[99999] + r["hash_ids"][1:])),
+     "hash ids are chained"),
+    (lambda d: edit_results(d, lambda r: r["pools"][0].update(ideal_prefill_tokens=r["pools"][0]["ideal_prefill_tokens"] - 1)),
+     "pool sweep recomputed"),
+    (lambda d: edit_results(d, lambda r: r["tiers"][0]["saved_ms_per_request"].update(p90=123.0)), "tier table"),
+    (lambda d: edit_results(d, lambda r: r["engines"][0].update(load_imbalance=1.0)), "several-engine table"),
+    (lambda d: edit_jsonl(d / "raw" / REPLAY, 1, lambda a: a["requests"]["num_scheduled_tokens"].__setitem__(0, 1)),
+     "concurrent rows recomputed"),
+    (lambda d: edit_jsonl(d / "raw" / "costs.jsonl", 0, lambda c: c.update(ttft_ms=c["ttft_ms"] * 2)), "costs in raw/"),
+])
+def test_tampering_fails_the_check_that_covers_it(copy, tamper, expect):
+    tamper(copy)
+    failed = [n for n, s in statuses(copy).items() if s == "failed"]
+    assert any(n.startswith(expect) for n in failed), failed
+
+
+def test_missing_replay_arms_are_skipped_never_ok(copy):
+    (copy / "raw" / REPLAY).unlink()
+    got = statuses(copy)
+    assert got["every replay arm ran every request of the trace to its real output length"] == "skipped"
+    assert got["stock vLLM's cached tokens equal the LRU reference's, request by request"] == "skipped"
+    assert got["pool sweep recomputed from raw/ equals results.json"] == "failed"  # its stock column is gone
+
+
+# -- parameters, plan and data --
+
+@pytest.mark.parametrize("overrides, match", [
+    (dict(BLOCK_SIZE=24), "must divide"), (dict(TRACE_FILE="nowhere.jsonl"), "no file at"),
+    (dict(POOL_GIB=[1.0, 1.0]), "name each value once"), (dict(SHAPES=["qwen3"]), "SHAPES")])
+def test_bad_parameters_stop_before_anything_runs(overrides, match):
+    with pytest.raises(ParamError, match=match):
+        ProductionTraceParams(**{**SMALL, **overrides})
+
+
+@pytest.mark.requires_data("mooncake-traces")
+def test_plan_for_the_cpu_profile_names_the_pools_without_importing_vllm():
+    code = ("import sys; from kmesh_lib.app.cli import main; rc = main(['plan', '23', '--profile', 'cpu']); "
+            "print('VLLM_IMPORTED', 'vllm' in sys.modules); sys.exit(rc)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "qwen2.5-7b 16 GiB = 18,724 blocks" in out.stdout and "57,344" in out.stdout
+    assert "VLLM_IMPORTED False" in out.stdout
+
+
+def test_the_mooncake_traces_are_pinned():
+    ds = data.DATA_SETS["mooncake-traces"]
+    assert ds.revision == "3b5a594133958449a1feaf1c9e0fc1b553e34a28" and ds.license == "Apache-2.0"
+    assert ds.manifest() == {
+        "conversation_trace.jsonl": "b8cbb061a85206d729d91cdc2981f43c9e0d99209dce588d3af5f7934408b9df",
+        "synthetic_trace.jsonl": "bd070915a98fc0ed264d7cfef2ce746002eb3076a695ec31ba2674c0111ec131"}
+    assert ds.url("conversation_trace.jsonl") == (
+        "https://raw.githubusercontent.com/kvcache-ai/Mooncake/3b5a594133958449a1feaf1c9e0fc1b553e34a28/"
+        "FAST25-release/traces/conversation_trace.jsonl")
+
+
+@pytest.mark.requires_data("mooncake-traces")
+def test_fetch_from_a_mirror_verifies_the_traces_and_refuses_a_changed_one(tmp_path: Path, capsys):
+    assert main(["data", "fetch", "mooncake-traces", "--from", str(data.data_root()), "--data-root",
+                 str(tmp_path / "root")]) == 0
+    assert "2 fetched" in capsys.readouterr().out and data.check_data_set("mooncake-traces", tmp_path / "root").ok
+    mirror = tmp_path / "mirror" / "mooncake-traces"
+    shutil.copytree(data.data_root() / "mooncake-traces", mirror)
+    (mirror / "synthetic_trace.jsonl").chmod(0o644)
+    with open(mirror / "synthetic_trace.jsonl", "a") as f:
+        f.write("\n")
+    assert main(["data", "fetch", "mooncake-traces", "--from", str(tmp_path / "mirror"), "--data-root",
+                 str(tmp_path / "other")]) == 1
+    assert "does not match the manifest" in capsys.readouterr().out
