@@ -75,6 +75,8 @@ TABLES = {
     "sweep_crossing_parent_share": Table(crossing_table),
     "real_mode_s": recorded_only("wall-clock seconds of the first run mode: engine start and every arm-sample"),
     "replay_mode_s": recorded_only("wall-clock seconds of the replay mode: engine start and every arm-sample"),
+    "real_engine_settings": recorded_only("the attention backend, batch-invariant mode and norm the live engine's "
+                                          "layers reported (issue 47): what the engine ran, read while it ran"),
 }
 
 __all__ = ["LIVE_MODE", "TABLES", "engine_of", "mode_table", "parity_table", "run_params", "sweep_table"]
