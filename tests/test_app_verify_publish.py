@@ -208,7 +208,7 @@ def test_publish_copies_a_verified_run_with_relative_paths_and_an_allow_listed_p
                            "failure_note", "migrated", "published_format", "check_counts", "checks", "environment",
                            "params", "input_hashes", "capture_hashes", "capture_hash_of", "shared_captures",
                            "captures_with_paths_rewritten",
-                           "headline", "counts", "results", "report"}
+                           "headline", "verdict", "counts", "results", "report"}
     assert (public["status"], public["verified"], public["allowed_failed"]) == ("passed", True, False)
     assert public["capture_hashes"]["items.jsonl"] == records.sha256_file(run_dir / "raw" / "items.jsonl")
     assert public["results"] == {"total": 30, "num_items": 5} and public["headline"]["total"] == "30 units"

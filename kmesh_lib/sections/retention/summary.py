@@ -57,7 +57,6 @@ def _reads_by_arrival(groups: list[dict]) -> dict[str, str]:
     rows = [r for r in arrival_rows(groups) if r["arm"] == "discard" and r["singleflight"] != "n/a"]
     out = {}
     for path in sorted({r["path"] for r in rows}):
-        parts = []
         for n in sorted({r["group_size"] for r in rows if r["path"] == path}):
             mine = [r for r in rows if r["path"] == path and r["group_size"] == n]
             by = {(r["arrival"], r["singleflight"]): r["context reads per group (median)"] for r in mine}
@@ -65,10 +64,10 @@ def _reads_by_arrival(groups: list[dict]) -> dict[str, str]:
                        [g for g in usable(groups) if (*combo(g), g["arm"]) == (path, n, r["arrival"], "off", "discard")]),
                        r["context reads per group (median)"]) for r in mine if r["singleflight"] == "off"}
             arrivals = sorted({a for a, _ in by}, key=lambda a: (a != "together", a))
-            parts.append(f"N={n}: " + ", ".join(f"{a} " + "/".join(f"{by[(a, sf)]:g}" for sf in ("off", "on") if (a, sf) in by)
-                                                + (f" ({why[a]})" if why.get(a) else "") for a in arrivals))
-        out[f"{path}: discard follow-up reads/group by arrival (singleflight off/on) and why"] = \
-            "; ".join(parts)
+            # one line per group size: a sweep of many spacings stays a readable headline
+            out[f"{path} N={n}: discard follow-up reads/group by arrival (singleflight off/on) and why"] = ", ".join(
+                f"{a} " + "/".join(f"{by[(a, sf)]:g}" for sf in ("off", "on") if (a, sf) in by)
+                + (f" ({why[a]})" if why.get(a) else "") for a in arrivals)
     return out
 
 
