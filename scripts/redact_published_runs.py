@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kmesh_lib.app import registry  # noqa: E402
+from kmesh_lib.app.publish import rehash_copy  # noqa: E402
 from kmesh_lib.app.published import PUBLIC_FILE  # noqa: E402
 from kmesh_lib.app.redact import redact_folder  # noqa: E402
 from kmesh_lib.app.runs import published_root  # noqa: E402
@@ -30,6 +31,11 @@ from kmesh_lib.base.records import COMPACT_JSON, open_capture  # noqa: E402
 
 def redact_run(run: Path, notebook: str) -> dict[str, list[str]]:
     done = redact_folder(run, notebook)
+    if done.changes:  # the record's file hashes follow the redacted files; the ones recorded stay as measured
+        changed = rehash_copy(run)
+        if changed:
+            done.add("results.json", f"capture_sha256 of {', '.join(sorted(changed))} after redaction "
+                                     "(as measured: capture_sha256_as_measured)")
     public_path = run / PUBLIC_FILE
     if done.captures and public_path.is_file():
         public = json.loads(public_path.read_text())
