@@ -347,7 +347,11 @@ def header_html(section: ModuleType, run: RunFiles, left_out: LeftOut, answer: s
                                     "nothing was measured there)"))
     migration = results.get("migration")
     if isinstance(migration, dict):
-        rows.append(("migrated", f"{migration.get('date', '')[:10]}: {migration.get('summary', '')}"))
+        passes = [m for m in migration.get("to_declared_results") or [] if isinstance(m, dict)]
+        said = [f"{migration.get('date', '')[:10]}: {migration.get('summary', '')}"] if migration.get("summary") else []
+        said += [f"{m.get('when_utc', '')[:10]}: brought to the declared record (tables rebuilt from raw/, files "
+                 f"hashed then; see results.json's migration)" for m in passes[:1]]
+        rows.append(("migrated", "; ".join(said) or "see results.json's migration"))
     error = results.get("error")
     if isinstance(error, dict):
         rows.append(("error", f"{error.get('kind', '')} in cell {error.get('cell', '?')}: "
