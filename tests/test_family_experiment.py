@@ -273,7 +273,7 @@ def test_real_engine_counts_equal_the_replay_engine(tmp_path):
 
     cfg = build(fx.FamilyHoldParams, {**SMALL, "ENGINE": "real", "BLOCK_SIZE": 32, "MAX_MODEL_LEN": 256,
                                       "PARENT_TOKENS": 128, "NOISE_TOKENS": 97, "CHILD_SUFFIX_TOKENS": 32, "NUM_SAMPLES": 1,
-                                      "LOGPROB_TOLERANCE": 1e-4, "REPLAY_BLOCK_SIZE": 32, "SWEEP_NUM_GPU_BLOCKS": []})
+                                      "LOGPROB_TOLERANCE": 1e-4, "REPLAY_BLOCK_SIZE": 32, "SWEEP_NUM_GPU_BLOCKS": [9]})
     engine = make_engine(cfg)
     real = fx.run_mode(engine, cfg)
     info = fr.engine_info(engine, cfg)

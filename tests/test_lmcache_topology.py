@@ -88,8 +88,11 @@ def test_striped_row_says_why_it_cannot_run(tmp_path, monkeypatch):
         "available": True, "root": "/striped", "reason": "md0: RAID 0 over 2 drives (nvme0n1, nvme1n1)"}
     assert "raid1 with 2 disks, not RAID 0" in topology.striped_store(topo, "/mirror")["reason"]
     assert "not an md array" in topology.striped_store(topo, "/plain")["reason"]
-    cfg = ContextGroupParams(STRIPED_STORE_ROOT="/striped")
-    assert striped_store_row(cfg, topo) == {"path": "mp-striped", "status": "available", "root": "/striped",
+    striped = tmp_path / "striped"  # STRIPED_STORE_ROOT must name an existing folder (issue 45)
+    striped.mkdir()
+    mounts[str(striped)] = mounts["/striped"]
+    cfg = ContextGroupParams(STRIPED_STORE_ROOT=str(striped))
+    assert striped_store_row(cfg, topo) == {"path": "mp-striped", "status": "available", "root": str(striped),
                                             "detail": "md0: RAID 0 over 2 drives (nvme0n1, nvme1n1)", "nvme_count": 4,
                                             "topology": {"nvme_count": 4, "block_devices": [], "md_raid0": True,
                                                          "mdadm": True, "gpu_pcie": []}}

@@ -265,7 +265,8 @@ def test_a_real_model_directory_is_hashed_and_checked_against_its_manifest(tmp_p
 
     model = tmp_path / "model"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps({"vocab_size": 512}))
+    (model / "config.json").write_text(json.dumps({"vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 2,
+                                                   "num_attention_heads": 4, "num_key_value_heads": 2}))
     (model / "model.safetensors").write_bytes(b"weights")
     cfg = TotHeadroomParams(MODEL=str(model), ENGINE="replay", BLOCK_SIZE=16)
     with pytest.raises(ValueError, match="needs its tokenizer"):

@@ -138,7 +138,8 @@ def replay_params(cfg: FamilyHoldParams, block_size: int, num_gpu_blocks: int) -
     """The replay engine at a given block size and pool (no forward pass; any block size)."""
     max_len = min(max(cfg.MAX_MODEL_LEN, cfg.child_len + cfg.MAX_TOKENS), (num_gpu_blocks - 1) * block_size)
     return dataclasses.replace(cfg, ENGINE="replay", BLOCK_SIZE=block_size, NUM_GPU_BLOCKS=num_gpu_blocks,
-                               MAX_MODEL_LEN=max_len, SWEEP_NUM_GPU_BLOCKS=[])
+                               MAX_MODEL_LEN=max_len,
+                               SWEEP_NUM_GPU_BLOCKS=[num_gpu_blocks])  # the engine's own pool: no sweep of its own
 
 
 def sweep(cfg: FamilyHoldParams) -> list[list[ArmRun]]:
