@@ -130,6 +130,7 @@ VALID = {
     ("DISK_TIER_ROOT", "empty"), ("STRIPED_STORE_ROOT", "empty"), ("MODEL_MANIFEST", "null"),
     ("DISK_TIER_ROOT", "empty-config"), ("STRIPED_STORE_ROOT", "empty-config"), ("TRACE_ROOT", "empty-config"),
     ("TRACE_ROOT", "published"), ("CONTROL_ARMS", "empty"), ("CONTROLS", "empty"),
+    ("TRACE_FILE", "null"),  # section 23: null is the seeded synthetic trace
 }
 
 

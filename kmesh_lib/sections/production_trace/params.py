@@ -86,6 +86,8 @@ class ProductionTraceParams(EngineParams):
                      "NUM_ENGINES"):
             values = getattr(self, name)
             check(len(set(values)) == len(values), f"{name}={values}: name each value once")
+        for name in ("REPLAY_POOL_GIB", "DRAM_TIER_GIB", "DISK_TIER_GIB", "CROSSOVER_RUNS", "NUM_ENGINES"):
+            check(len(getattr(self, name)) > 0, f"{name}=[]: name at least one (an empty sweep has no rows to compare)")
         check(512 % self.BLOCK_SIZE == 0, f"BLOCK_SIZE={self.BLOCK_SIZE}: must divide Mooncake's 512-token blocks")
         check(512 % self.PARITY_BLOCK_SIZE == 0,
               f"PARITY_BLOCK_SIZE={self.PARITY_BLOCK_SIZE}: must divide Mooncake's 512-token blocks")
