@@ -83,11 +83,12 @@ class TotHeadroomParams(EngineParams):
         check(len(set(self.PUZZLE_INDICES)) == len(self.PUZZLE_INDICES),
               f"PUZZLE_INDICES={self.PUZZLE_INDICES}: name each row once")
         try:
-            missing = not game24.repo_path(self.PUZZLES_CSV).exists()
+            csv_path = game24.repo_path(self.PUZZLES_CSV)
+            missing = not csv_path.exists()
         except (OSError, RuntimeError):  # a symlink loop: check_path below names it
             missing = False
         if missing and self.PUZZLES_CSV.startswith(DATA_ROOT_PREFIX):
-            raise ParamError(f"PUZZLES_CSV={self.PUZZLES_CSV[:60]!r}: no file there; "
+            raise ParamError(f"PUZZLES_CSV={self.PUZZLES_CSV[:60]!r}: no file at {csv_path}; "
                              "`kmesh data fetch game24` gets it")
         csv_path = check_path("PUZZLES_CSV", self.PUZZLES_CSV, "file")
         try:
