@@ -408,7 +408,8 @@ def test_smoke_run_discard_rereads_per_lookup_retain_reads_once(tmp_path):
     assert block.summary["store"]["bytes_written"] == block.context_bytes
     record = RunRecord(tmp_path, "retention")
     record.flush()
-    run = run_folder(tmp_path, block.groups, [block.summary], dict(MEASURED_GROUPS=2), tables=True)
+    ran = {k: getattr(cfg, k) for k in ("FOLLOWUP_ARRIVALS", "SINGLEFLIGHT", "WARMUP_GROUPS", "MAX_RETRY_PAIRS")}
+    run = run_folder(tmp_path, block.groups, [block.summary], dict(MEASURED_GROUPS=2, **ran), tables=True)  # as it ran
     bad = [(c.name, c.detail) for c in section.checks(run) if c.status != "ok"]
     assert not bad, bad
     ctx = block.context_bytes
