@@ -721,3 +721,22 @@ def test_the_lower_bound_rule_needs_its_groups_and_runs_and_old_runs_have_no_lea
     assert "lead_choice" not in run.results and "lead_choice" not in section.public_results(run)
     assert "LEAD_RULE" not in run.params
     assert _statuses(run)["mp N=4: the confirmation used the pilot's shortest all-ready lead"] == "ok"
+
+
+def test_a_live_run_is_held_to_what_it_runs_one_given_lead_without_the_contrast(tmp_path):
+    """The panel's run is given its lead, so it runs neither the pilot nor the singleflight contrast that runs beside
+    the pilot (``protocol.run_engine``); its params say CONTRAST_GROUPS=0. Before, a live run of the smoke profile
+    in JupyterLab (scripts/jupyterlab_live_check.py) failed the contrast check: {'off': 0} of the 2 wanted."""
+    from kmesh_lib.sections.prefetch import live
+
+    smoke, _, _ = resolve_params(sections.get("20"), "smoke", [], [])
+    assert smoke.CONTRAST_GROUPS > 0 and len(smoke.SINGLEFLIGHT) > 1  # the profile the notebook's panel starts from
+    narrowed = live.live_params(smoke, "mp", 4, 150.0)
+    assert narrowed.CONTRAST_GROUPS == 0 and narrowed.SINGLEFLIGHT == smoke.SINGLEFLIGHT and narrowed.LEADS_MS == [150.0]
+    name = "mp N=4: CONTRAST_GROUPS on-arrival groups under every further singleflight setting"
+    live_groups = _groups()[6:]  # one lead's confirmation, no pilot, no contrast
+    given = dict(LEADS_MS=[100.0], SINGLEFLIGHT=[True, False])
+    before = _statuses(_run(tmp_path / "before", live_groups, params={**given, "CONTRAST_GROUPS": 2}, tables=False))
+    assert before[name] == "failed"
+    after = _statuses(_run(tmp_path / "after", live_groups, params={**given, "CONTRAST_GROUPS": 0}, tables=False))
+    assert name not in after and after["groups recorded in raw/groups.jsonl"] == "ok"

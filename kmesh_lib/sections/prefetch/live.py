@@ -1,9 +1,10 @@
 """The live panel's measurement: one lead, one group size, one fresh engine run, in its own run folder.
 
 The panel (``widgets``) writes the folder's ``params.resolved.yaml`` -- the notebook's parameters with
-LEADS_MS = [the lead], one path, one group size, one engine run, MEASURED_GROUPS = WIDGET_GROUPS and no
-placement controls -- and starts this module as a child process, its output going to the folder's
-``engine.log`` (never into the notebook):
+LEADS_MS = [the lead], one path, one group size, one engine run, MEASURED_GROUPS = WIDGET_GROUPS, no
+placement controls and no singleflight contrast (CONTRAST_GROUPS = 0: it runs beside the pilot) -- and
+starts this module as a child process, its output going to the folder's ``engine.log`` (never into the
+notebook):
 
     python -m kmesh_lib.sections.prefetch.live RUN_DIR
 
@@ -26,17 +27,20 @@ import yaml
 from kmesh_lib.base import params as params_mod
 from kmesh_lib.base.checks import show
 from kmesh_lib.base.paths import REPO_ROOT, pythonpath_with_repo, repo_relative
-from kmesh_lib.base.records import LIVE_MARK, RunRecord, new_run_id, run_root
+from kmesh_lib.base.records import LIVE_MARK, RunRecord, new_run_id, read_jsonl, run_root
 from kmesh_lib.sections import prefetch as section
 from kmesh_lib.sections.prefetch.experiment import PrefetchParams
 from kmesh_lib.sections.prefetch.protocol import confirm_arms, run_engine
+from kmesh_lib.sections.prefetch.stats import classify
 
 
 def live_params(cfg: PrefetchParams, path: str, n: int, lead_ms: float) -> PrefetchParams:
     """The notebook's parameters narrowed to one live measurement (validated like any run's)."""
+    # The lead is given: no pilot runs, and so neither does the singleflight contrast, which runs beside the pilot
+    # (protocol.run_engine): CONTRAST_GROUPS=0 says so, or the section's contrast check fails every live run.
     return dataclasses.replace(cfg, PATHS=[path], GROUP_SIZES=[n], LEADS_MS=[float(lead_ms)], ENGINE_RUNS=1,
                                MEASURED_GROUPS=cfg.WIDGET_GROUPS, CONTROLS=[], SOURCE_RUN=None, RUN_DIR=None,
-                               LEAD_RULE="all_ready", PILOT_ENGINE_RUNS=1)  # the lead is given: no pilot runs
+                               LEAD_RULE="all_ready", PILOT_ENGINE_RUNS=1, CONTRAST_GROUPS=0)
 
 
 def expected_groups(cfg: PrefetchParams) -> int:
@@ -52,6 +56,13 @@ def new_folder(cfg: PrefetchParams, parent: str) -> Path:
     values = {**params_mod.to_dict(cfg), "RUN_DIR": repo_relative(out)}
     (out / "params.resolved.yaml").write_text(yaml.safe_dump(values, sort_keys=True))
     return out
+
+
+def recorded_groups(out: Path, cfg: PrefetchParams) -> list[dict]:
+    """The live run's groups as the panel plots them: classified, each block named ``live <folder>: ...``."""
+    groups_file = out / "raw" / "groups.jsonl"
+    recorded = read_jsonl(groups_file) if groups_file.exists() else []
+    return [dict(g, block=f"live {out.name}: {g['block']}") for g in classify(recorded, cfg.BLOCK_SIZE)]
 
 
 def start(cfg: PrefetchParams, parent: str) -> tuple[Path, subprocess.Popen]:

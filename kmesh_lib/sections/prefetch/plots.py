@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 
+from kmesh_lib.base.figures import DPI, legible
 from kmesh_lib.base.figures import save as save_figure
 from kmesh_lib.sections.prefetch.stats import cases, floor_wait, lead_sweep, usable
 
@@ -73,7 +74,7 @@ def lead_sweep_figure(groups: list[dict], only: tuple[str, int] | None = None, h
     rows = lead_sweep(groups)
     floors = floor_wait(groups)
     panels = [only] if only else cases([r for r in rows])
-    fig = Figure(figsize=(4.6 * max(1, len(panels)), 3.3))
+    fig = Figure(figsize=(4.6 * max(1, len(panels)) + 2.0, 3.3))  # 2 in for the legend beside the panels
     for i, (path, n) in enumerate(panels or [("", 0)]):
         ax = fig.add_subplot(1, max(1, len(panels)), i + 1)
         mine = [r for r in rows if r["path"] == path and r["group_size"] == n]
@@ -94,14 +95,21 @@ def lead_sweep_figure(groups: list[dict], only: tuple[str, int] | None = None, h
             ax.axvline(highlight_ms, color="tab:red", lw=1)
         ax.set(xlabel="lead before T (ms)", ylabel="A's first token, ms from T", title=f"{path} N={n}")
         ax.set_ylim(bottom=0)
-        ax.legend(fontsize=7, loc="upper right")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)  # beside the last panel, off the points
     fig.tight_layout()
     if out is not None:
-        save_figure(fig, out)
+        save_figure(fig, out, bbox_inches="tight")
     return fig
 
 
 def png(fig) -> bytes:
+    """The PNG the live panel shows: ``base.figures``' DPI and text floor, as a saved figure."""
+    legible(fig)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
     return buf.getvalue()
+
+
+def png_css_width(image: bytes) -> int:
+    """The CSS width of a ``png`` image: its pixels (the IHDR width) at 96 CSS px an inch, as a report shows it."""
+    return round(int.from_bytes(image[16:20], "big") * 96 / DPI)

@@ -20,10 +20,10 @@ from __future__ import annotations
 import threading
 import time
 
-from kmesh_lib.base.records import read_jsonl
+from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.prefetch import live
-from kmesh_lib.sections.prefetch.plots import lead_sweep_figure, png
-from kmesh_lib.sections.prefetch.stats import classify, lead_sweep
+from kmesh_lib.sections.prefetch.plots import lead_sweep_figure, png, png_css_width
+from kmesh_lib.sections.prefetch.stats import lead_sweep
 
 
 class LivePanel:
@@ -55,7 +55,9 @@ class LivePanel:
     # -- from the recorded groups, at once --
     def redraw(self, *_) -> None:
         n, lead = self.size.value, self.lead.value
-        self.image.value = png(lead_sweep_figure(self.groups, only=(self.path, n), highlight_ms=lead))
+        image = png(lead_sweep_figure(self.groups, only=(self.path, n), highlight_ms=lead))
+        self.image.value = image
+        self.image.layout.width = f"{png_css_width(image)}px"  # its size in inches, sharp: never stretched
         self.status.value = self.nearest(n, lead)
 
     def nearest(self, n: int, lead: float) -> str:
@@ -92,13 +94,13 @@ class LivePanel:
             while proc.poll() is None:
                 self.progress.value = _lines(groups_file)
                 time.sleep(self.poll_s)
-            recorded = read_jsonl(groups_file) if groups_file.exists() else []
+            recorded = live.recorded_groups(out, cfg)
             self.progress.value = len(recorded)
-            tag = f"live {out.name}: "
-            self.groups += [dict(g, block=tag + g["block"]) for g in classify(recorded, cfg.BLOCK_SIZE)]
+            self.groups += recorded
             self.live_runs.append(out.name)
             self.redraw()
-            self.status.value = (f"recorded in {out.name} ({len(recorded)} groups, exit {proc.returncode}); "
+            verdict = RunFiles(out).readable_results.get("status", "without results.json")  # its own checks' word
+            self.status.value = (f"recorded in {out.name} ({len(recorded)} groups; run {verdict}, exit {proc.returncode}); "
                                  + self.status.value)
         except Exception as e:  # noqa: BLE001 - shown in the panel, never raised into the kernel's thread
             self.status.value = f"live run failed: {type(e).__name__}: {e}"
