@@ -1,7 +1,12 @@
 """Section 19's figures: the search tree coloured by cached fraction, prefill against pool size,
-and headroom against pool size by script error rate. Each title names the policy."""
+and headroom against pool size by script error rate. Each title names the policy.
+
+Each takes ``out`` and saves there by ``base.figures.save`` (its DPI, its text floor); legends sit beside the
+axes, off the tree, the points and the lines.
+"""
 from __future__ import annotations
 
+from kmesh_lib.base.figures import save as save_figure
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.tot_headroom.params import CAPTURE, ENGINE_TRACE
 from kmesh_lib.sections.tot_headroom.report import policy_name
@@ -32,7 +37,19 @@ def tree_layout(records: list[dict]) -> dict[str, tuple[float, float]]:
     return xy
 
 
-def search_tree(run, ax=None):
+def _beside(ax, **kwargs) -> None:
+    """The legend right of the axes, its top at the axes' top: nothing drawn under it."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0, **kwargs)
+
+
+def _saved(ax, out):
+    if out is not None:
+        ax.figure.tight_layout()
+        save_figure(ax.figure, out, bbox_inches="tight")
+    return ax
+
+
+def search_tree(run, ax=None, out=None):
     """The engine run's calls as a tree (edges: producer -> child), coloured by the cached share of
     each prompt (``num_cached_tokens / prompt tokens``); circles propose, squares value."""
     import matplotlib.pyplot as plt
@@ -59,15 +76,16 @@ def search_tree(run, ax=None):
             x, y = xy[r["invocation_id"]]
             ax.annotate(f"puzzle {r['extra']['puzzle_index']}", (x, y), xytext=(0, 8), textcoords="offset points",
                         ha="center", fontsize=8)
+    ax.margins(y=0.15)  # room above each root for its label, inside the axes (under the title)
     if points is not None:
         ax.figure.colorbar(points, ax=ax, label="cached share of the prompt", fraction=0.03)
     ax.set(yticks=[], xticks=[], title=f"ToT search tree, {policy_name(run)} policy: {len(records)} calls "
                                        f"(rows: steps 1-3, proposals over their value calls)")
-    ax.legend(fontsize=8, loc="lower right")
-    return ax
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=2, borderaxespad=0)  # under the tree, left of the bar
+    return _saved(ax, out)
 
 
-def prefill_vs_pool(run, trace: str = ENGINE_TRACE, ax=None):
+def prefill_vs_pool(run, trace: str = ENGINE_TRACE, ax=None, out=None):
     """Prefill tokens against pool size: stock vLLM (replay engine; its recompute after preemption
     stacked on), the LRU reference and the ideal bound; the engine's own observation as a star."""
     import matplotlib.pyplot as plt
@@ -75,7 +93,7 @@ def prefill_vs_pool(run, trace: str = ENGINE_TRACE, ax=None):
     run = RunFiles.of(run)
     rows = [r for r in run.results.get("stock_sweep", []) if r["trace"] == trace]
     if ax is None:
-        _, ax = plt.subplots(figsize=(6.5, 3.8))
+        _, ax = plt.subplots(figsize=(10, 3.8))
     sizes = [r["num_blocks"] for r in rows]
     stock = [r for r in rows if "stock_total_tokens" in r]
     ax.plot(sizes, [r["lru_prefill_tokens"] for r in rows], "o-", lw=4, ms=9, alpha=0.4, label="LRU reference")
@@ -99,18 +117,18 @@ def prefill_vs_pool(run, trace: str = ENGINE_TRACE, ax=None):
     ax.set(xlabel="pool size (usable blocks)", ylabel="prefill tokens (log scale)",
            title=f"{trace} trace, {policy_name(run) if trace == ENGINE_TRACE else 'scripted'} policy: "
                  f"{rows[0]['num_calls'] if rows else 0} calls")
-    ax.legend(fontsize=7)
-    return ax
+    _beside(ax)
+    return _saved(ax, out)
 
 
-def headroom_by_error_rate(run, ax=None):
+def headroom_by_error_rate(run, ax=None, out=None):
     """Headroom share (stock minus ideal, over stock) against pool size, one line per script error rate."""
     import matplotlib.pyplot as plt
 
     run = RunFiles.of(run)
     rows = [r for r in run.results.get("stock_sweep", []) if r["trace"] != ENGINE_TRACE and "headroom_share" in r]
     if ax is None:
-        _, ax = plt.subplots(figsize=(6.5, 3.8))
+        _, ax = plt.subplots(figsize=(8, 3.8))
     for rate in sorted({r["error_rate"] for r in rows}):
         mine = [r for r in rows if r["error_rate"] == rate]
         ax.plot([r["num_blocks"] for r in mine], [r["headroom_share"] for r in mine], "o-", ms=4,
@@ -119,5 +137,5 @@ def headroom_by_error_rate(run, ax=None):
     scale = run.results.get("scale_searches", [])
     ax.set(xlabel="pool size (usable blocks)", ylabel="headroom / stock prefill", ylim=(0, None),
            title=f"scripted policy, {scale[0]['num_puzzles'] if scale else 0} puzzles: headroom by search quality")
-    ax.legend(fontsize=8)
-    return ax
+    _beside(ax)
+    return _saved(ax, out)
