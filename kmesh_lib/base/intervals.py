@@ -1,10 +1,29 @@
 """Percentile bootstrap intervals (scipy.stats.bootstrap), one place for every section's resampling.
 
 Seeded: the same samples give the same interval, so a table recomputed from raw/ equals the recorded one.
+Being a function of its arguments alone, an interval is computed once per process for given samples,
+statistic and resampling (``_KEPT`` of them): one verify builds a section's tables several times, and
+the tamper suite verifies unchanged copies of a run many times.
 """
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
+
 import numpy as np
+
+_KEPT = 4096
+_INTERVALS: OrderedDict[tuple, tuple[float, float]] = OrderedDict()
+
+
+def _key(arrays: tuple, statistic, paired: bool, resamples: int, seed: int, level: float) -> tuple | None:
+    """The interval's inputs, exactly; None for a statistic that carries state of its own (a closure, defaults),
+    which is then never cached."""
+    code = getattr(statistic, "__code__", None)
+    if code is None or getattr(statistic, "__closure__", None) or getattr(statistic, "__defaults__", None):
+        return None
+    samples = tuple((a.dtype.str, a.shape, hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()) for a in arrays)
+    return (code, paired, resamples, seed, level, samples)
 
 
 def bootstrap_interval(samples: tuple, statistic, paired: bool, resamples: int = 10000, seed: int = 0,
@@ -17,11 +36,20 @@ def bootstrap_interval(samples: tuple, statistic, paired: bool, resamples: int =
 
     kwargs = dict(paired=paired, vectorized=True, n_resamples=resamples, confidence_level=level, method="percentile")
     arrays = tuple(np.asarray(s, dtype=float) for s in samples)
+    key = _key(arrays, statistic, paired, resamples, seed, level)
+    if key is not None and key in _INTERVALS:
+        _INTERVALS.move_to_end(key)
+        return _INTERVALS[key]
     try:
         res = bootstrap(arrays, statistic, rng=np.random.default_rng(seed), **kwargs)
     except TypeError:  # scipy before 1.15 names it random_state
         res = bootstrap(arrays, statistic, random_state=np.random.default_rng(seed), **kwargs)
-    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+    interval = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    if key is not None:
+        _INTERVALS[key] = interval
+        while len(_INTERVALS) > _KEPT:
+            _INTERVALS.popitem(last=False)
+    return interval
 
 
 def median_of_differences(diffs, resamples: int = 10000, seed: int = 0,

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kmesh_lib.base.checks import Check, all_of, check, differences
+from kmesh_lib.base.derived import once_per_content
 from kmesh_lib.base.records import RunFiles, sha256_file
 from kmesh_lib.bounds.ideal import count_exact_prefix_edges
 from kmesh_lib.engine.model_spec import resolve, tokenizer_for
@@ -242,12 +243,12 @@ def checks(run) -> list[Check]:
                       + max(len(r["output_token_ids"]) - 1, 0), lambda r: r["invocation_id"],
                       missing="no scheduled-token counts recorded"))
 
-    out += arm_checks(cfg, results, records, arms, complete, tokenizer, why)
+    out += arm_checks(cfg, results, records, arms, complete, tokenizer, why, arm_tables_of(run, cfg, tokenizer))
     return out
 
 
 def arm_checks(cfg, results: dict, records: list[dict], arms: list[dict], complete: bool, tokenizer,
-               why: str) -> list[Check]:
+               why: str, derived: ArmTables) -> list[Check]:
     """The replay arms: traces re-derived and compared call by call, tables recomputed."""
     out: list[Check] = []
     engine_arms = [a for a in arms if a["trace"] == ENGINE_TRACE]
@@ -276,7 +277,6 @@ def arm_checks(cfg, results: dict, records: list[dict], arms: list[dict], comple
 
     # the scale traces, re-derived from the script
     scale_arms = [a for a in arms if a["trace"] != ENGINE_TRACE]
-    derived = arm_tables(cfg, records, arms, tokenizer)
     rows, search_rows, traces, mismatched = derived.stock_sweep, derived.scale_searches, derived.traces, derived.mismatched
     expected_scale = cfg.NUM_SCALE_PUZZLES > 0
     out.append(check("scale traces re-derived from the script match every scale arm call by call",
@@ -312,6 +312,13 @@ class ArmTables:
     scale_searches: list[dict]
     traces: dict[str, list[dict]]  # scale trace -> its records, re-derived from the script
     mismatched: list[str]  # scale arms whose calls, puzzles or counts differ from the re-derived trace
+
+
+def arm_tables_of(run: RunFiles, cfg, tokenizer) -> ArmTables:
+    """``arm_tables`` of the run's capture and arms, built once per their content in a process (``base.derived``):
+    the checks and the declared tables of one verify, and unchanged copies of the run, share one build."""
+    return once_per_content(run, "tot_headroom.arm_tables", (CAPTURE, STOCK_SWEEP),
+                            lambda: arm_tables(cfg, run.raw(CAPTURE), run.raw(STOCK_SWEEP), tokenizer))
 
 
 def arm_tables(cfg, records: list[dict], arms: list[dict], tokenizer) -> ArmTables:

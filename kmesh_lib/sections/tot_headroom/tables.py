@@ -20,7 +20,7 @@ from kmesh_lib.base.declared import NotRecomputable, Table, recorded_only
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.engine.model_spec import resolve, tokenizer_for
 from kmesh_lib.sections.tot_headroom import bound
-from kmesh_lib.sections.tot_headroom.checks import arm_tables, replay_search
+from kmesh_lib.sections.tot_headroom.checks import arm_tables_of, replay_search
 from kmesh_lib.sections.tot_headroom.params import (
     BLOCK_EVENTS,
     CAPTURE,
@@ -84,7 +84,7 @@ def _arm_tables(run: RunFiles):
             tokenizer = tokenizer_for(resolve(cfg.MODEL))
         except ValueError as e:
             raise NotRecomputable(f"the scale traces are re-derived with the model's tokenizer, not here: {e}") from None
-    return arm_tables(cfg, run.raw(CAPTURE), arms, tokenizer)
+    return arm_tables_of(run, cfg, tokenizer)
 
 
 def stock_sweep_table(run: RunFiles) -> list[dict]:
