@@ -2,6 +2,8 @@
 import os
 import shutil
 import tempfile
+import time
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +13,8 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 SESSION_RUN_ROOT = None if os.environ.get("KMESH_RUN_ROOT") else tempfile.mkdtemp(prefix="kmesh-test-runs-")
 if SESSION_RUN_ROOT is not None:
     os.environ["KMESH_RUN_ROOT"] = SESSION_RUN_ROOT
+# Where the goldens' kernels put their runs: this session's root (pytest-xdist's workers inherit the controller's).
+GOLDEN_RUN_ROOT = os.environ["KMESH_RUN_ROOT"]
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -41,10 +45,43 @@ def pytest_collectstart(collector):
             "image/png", "image/svg+xml")
 
 
+GOLDEN_WAIT_S = 1800  # how long a test waits for its section's golden to finish its run (then runs the notebook itself)
+
+
+def _golden_run(section, values: dict) -> tuple[Path | None, bool]:
+    """(the finished run this session's golden of ``section`` made with exactly ``values`` as its params, whether
+    one is still going). A run whose kernel is gone without finishing reads ``died`` and is neither."""
+    import yaml
+
+    from kmesh_lib.base.records import RunFileError, RunFiles
+
+    root = Path(GOLDEN_RUN_ROOT) / section.KEY
+    going = False
+    for run_dir in sorted(root.glob("*")) if root.is_dir() else []:
+        try:
+            recorded = yaml.safe_load((run_dir / "params.resolved.yaml").read_text())
+            status = RunFiles(run_dir).status
+        except (OSError, RunFileError, yaml.YAMLError):
+            going = True  # a run folder being written
+            continue
+        if {k: v for k, v in recorded.items() if k != "RUN_DIR"} != values:
+            continue
+        if status in ("passed", "failed"):
+            return run_dir, False
+        going = going or status == "running"
+    return None, going
+
+
 @pytest.fixture
-def smoke_run(tmp_path):
-    """Executes a section's notebook on the smoke profile into a temp run folder, as ``kmesh run``
-    does up to its checks cell, and returns the folder's ``RunFiles`` (for results.json tests)."""
+def smoke_run(tmp_path, request):
+    """A section's notebook executed on the smoke profile, as ``kmesh run`` executes it up to its checks cell,
+    in a temp run folder; returns the folder's ``RunFiles`` (for results.json tests).
+
+    The goldens (tests/golden) execute every notebook on the smoke profile in this session, first in collection
+    order; when the section's golden is among this session's tests, its run (exactly the smoke profile's params)
+    is copied instead of executing the notebook a second time -- waited for while it is still going on another
+    pytest-xdist worker. Without it (a golden deselected, failed to start, or a different profile), the
+    notebook is executed here."""
     def run(key: str):
         import papermill
 
@@ -55,10 +92,21 @@ def smoke_run(tmp_path):
         section = registry.get(key)
         config, _, _ = resolve_params(section, "smoke", [], [])
         run_dir = tmp_path / "smoke-run"
+        values = {k: v for k, v in to_dict(config).items() if k != "RUN_DIR"}
+        in_session = any(item.path.parent.name == "golden" and item.path.name == section.NOTEBOOK
+                         for item in request.session.items)
+        deadline = time.monotonic() + (GOLDEN_WAIT_S if in_session else 0)
+        golden, going = _golden_run(section, values)
+        while golden is None and in_session and time.monotonic() < deadline:
+            time.sleep(2)  # the golden is queued or running on another worker
+            golden, going = _golden_run(section, values)
+        if golden is not None:
+            shutil.copytree(golden, run_dir, symlinks=True)
+            return RunFiles(run_dir)
         run_dir.mkdir()
         notebook = registry.notebook_path(section)
         papermill.execute_notebook(str(notebook), str(run_dir / section.NOTEBOOK), kernel_name="kmesh",
-                                   parameters={**to_dict(config), "RUN_DIR": str(run_dir)}, cwd=str(notebook.parent),
+                                   parameters={**values, "RUN_DIR": str(run_dir)}, cwd=str(notebook.parent),
                                    progress_bar=False)
         return RunFiles(run_dir)
     return run

@@ -358,10 +358,9 @@ def test_live_panel_replots_from_recorded_groups_and_records_a_new_lead(tmp_path
 
 
 @pytest.mark.cpu
-def test_smoke_profile_end_to_end(tmp_path):
-    run_dir = tmp_path / "run"
-    assert kmesh_main(["run", "20", "--profile", "smoke", "--run-dir", str(run_dir)]) == 0
-    run = RunFiles(run_dir)
+@pytest.mark.notebooks
+def test_smoke_profile_end_to_end(smoke_run):
+    run = smoke_run("20")
     assert run.results["example_4"]["early"]["ready"].endswith("/4")
     public = public_document(section, run, verify(section, run), allowed_failed=False)  # what `kmesh publish` writes
     assert public["status"] == "passed" and all(c["status"] != "failed" for c in public["checks"])
