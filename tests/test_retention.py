@@ -453,7 +453,7 @@ def test_gpu_driver_writes_a_complete_run_that_renders_in_place(tmp_path):
     assert gpu.run(out, "smoke", ["CONTROL_ARMS=[]", "WARMUP_GROUPS=0"], log=lambda *_: None)
     run = RunFiles(out)
     assert run.results["status"] == "passed" and run.results["checks"] and run.env["device"]
-    assert run.params["RUN_DIR"] is None  # outside the repository: no machine path is recorded
+    assert run.params.RUN_DIR is None  # outside the repository: no machine path is recorded
     measured = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.parent.name == "raw"}
     env = (out / "env.json").read_bytes()
     (out / "env.json").write_text(json.dumps({**json.loads(env), "device": "NVIDIA H200 (as measured)"}))

@@ -49,7 +49,7 @@ from kmesh_lib.base.captures import (
 )
 from kmesh_lib.base.checks import STATUSES, Check
 from kmesh_lib.base.declared import Table, build_tables, json_default, json_value
-from kmesh_lib.base.params import current_names, to_dict
+from kmesh_lib.base.params import ParamError, current_names, recorded, to_dict
 from kmesh_lib.base.paths import REPO_ROOT, RUNS, in_repo, published_folder
 from kmesh_lib.base.runlog import EngineLog
 
@@ -352,7 +352,27 @@ class RunFiles:
         return effective_status(self.results, self.run_dir)
 
     @property
-    def params(self) -> dict:
+    def params(self) -> Any:
+        """The run's ``params.resolved.yaml`` as its section's ``Params`` (``base.captures.declare``), read by
+        ``base.params.recorded``: every field typed, each absent one at its declared default.
+
+        Raises:
+            RunFileError: the file is missing or not a mapping; a value its ``Params`` refuses (naming the key);
+                a run of a section that declares no ``Params``.
+        """
+        found = declaration(self.section_key)
+        path = self.run_dir / "params.resolved.yaml"
+        if found is None or found.params is None:
+            raise RunFileError(f"{path}: section {self.section_key!r} declares no Params (base.captures.declare)")
+        try:
+            return recorded(found.params, self.recorded_params, where=str(path))
+        except ParamError as e:
+            raise RunFileError(str(e)) from None
+
+    @property
+    def recorded_params(self) -> dict:
+        """``params.resolved.yaml`` as the run wrote it (under current names: ``base.params.RENAMED``), for what
+        publishes or copies the record itself; a section reads ``params``."""
         path = self.run_dir / "params.resolved.yaml"
         if not path.exists():
             raise RunFileError(f"{path}: missing")
@@ -449,7 +469,9 @@ class RunFiles:
 
     def read_everything(self) -> None:
         """Reads every recorded file once, so a damaged one is named before any check runs."""
-        _ = self.results, self.params, self.env
+        _ = self.results, self.recorded_params, self.env
+        if declaration(self.section_key) is not None:
+            _ = self.params
         for name in self.raw_names():
             self.raw(name)
             if self.capture_class(name) is not None:

@@ -17,6 +17,7 @@ from kmesh_lib.base.checks import Check, all_of, check, differences
 from kmesh_lib.base.declared import ABSENT
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.kv.capture import TAKES, replay_references
+from kmesh_lib.sections.engine_check.params import EngineCheckParams
 
 OPS = ("alloc", "touch", "free", "evict", "hold", "release")
 LIVE = ("start_s", "drain_ok")  # the fields of an arm's table only the live run knew
@@ -27,10 +28,10 @@ def expected_prefix_hit(prompt_len: int, shared_len: int, block_size: int) -> in
     return min(shared_len // block_size, (prompt_len - 1) // block_size) * block_size
 
 
-def arms(params: dict) -> dict[str, tuple[int, int]]:
+def arms(params: EngineCheckParams) -> dict[str, tuple[int, int]]:
     """Arm label -> (block size, pool size with the null block), in the order the notebook runs them."""
-    return {f"{params['ENGINE']}-B{params['BLOCK_SIZE']}": (params["BLOCK_SIZE"], params["NUM_GPU_BLOCKS"]),
-            f"replay-B{params['REPLAY_BLOCK_SIZE']}": (params["REPLAY_BLOCK_SIZE"], params["REPLAY_NUM_GPU_BLOCKS"])}
+    return {f"{params.ENGINE}-B{params.BLOCK_SIZE}": (params.BLOCK_SIZE, params.NUM_GPU_BLOCKS),
+            f"replay-B{params.REPLAY_BLOCK_SIZE}": (params.REPLAY_BLOCK_SIZE, params.REPLAY_NUM_GPU_BLOCKS)}
 
 
 def segments(events: list[dict]) -> list[list[dict]]:
@@ -91,13 +92,13 @@ def arm_table(run: RunFiles, arm: str) -> dict:
         return ABSENT
     engine, block_size = arm.split("-B")[0], arms(run.params)[arm][0]
     return {"engine": engine, "block_size": block_size,
-            "requests": request_rows(engine, block_size, run.params["CONTEXT_TOKENS"], rows),
+            "requests": request_rows(engine, block_size, run.params.CONTEXT_TOKENS, rows),
             "block_ops": block_ops(by_arm(run.raw("block_events.jsonl")).get(arm, []))}
 
 
 def arm_checks(run: RunFiles, arm: str, block_size: int, num_gpu_blocks: int) -> list[Check]:
     p = run.params
-    shared, suffix, max_tokens = p["CONTEXT_TOKENS"], p["SUFFIX_TOKENS"], p["MAX_TOKENS"]
+    shared, suffix, max_tokens = p.CONTEXT_TOKENS, p.SUFFIX_TOKENS, p.MAX_TOKENS
     rows = by_arm(run.raw("requests.jsonl")).get(arm, [])
     events = by_arm(run.raw("block_events.jsonl")).get(arm, [])
     no_rows, no_events = f"raw/requests.jsonl has no {arm} rows", f"raw/block_events.jsonl has no {arm} events"

@@ -31,7 +31,7 @@ from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.prefetch import stats as ps
 from kmesh_lib.sections.prefetch.params import PrefetchParams
 from kmesh_lib.sections.prefetch.protocol import confirm_arms
-from kmesh_lib.sections.prefetch.tables import TABLES, groups_of, params_of
+from kmesh_lib.sections.prefetch.tables import TABLES, groups_of
 from kmesh_lib.workloads.context_checks import (
     NOT_AVAILABLE,
     cleaned_up,
@@ -113,7 +113,7 @@ def groups_recorded(cfg: PrefetchParams, groups: list[dict], blocks: list[dict])
 
 def checks(run) -> list[Check]:
     run = RunFiles.of(run)
-    cfg, raw_groups, blocks = params_of(run), run.raw("groups.jsonl"), run.raw("blocks.jsonl")
+    cfg, raw_groups, blocks = run.params, run.raw("groups.jsonl"), run.raw("blocks.jsonl")
     groups = ps.classify(raw_groups, cfg.BLOCK_SIZE)
     measured = [g for g in groups if g.get("measured")]
     pilot = [g for g in groups if g.get("phase") == "pilot"]

@@ -12,12 +12,12 @@ from kmesh_lib.sections.prefetch import readiness
 from kmesh_lib.sections.prefetch import stats as ps
 from kmesh_lib.sections.prefetch.checks import measured_lines
 from kmesh_lib.sections.prefetch.params import PAPER, scaled
-from kmesh_lib.sections.prefetch.tables import TABLES, bootstrap, confirmation_leads, groups_of, params_of
+from kmesh_lib.sections.prefetch.tables import TABLES, bootstrap, confirmation_leads, groups_of
 from kmesh_lib.workloads.context_params import MP_PATHS
 
 
 def _tables(run):
-    params = params_of(run)
+    params = run.params
     groups = groups_of(run)
     resamples, seed = params.BOOTSTRAP_RESAMPLES, params.SEED
     rows = {(r["path"], r["group_size"], r["comparison"]): r for r in ps.all_cases(groups, resamples, seed)}

@@ -23,16 +23,11 @@ from kmesh_lib.base.declared import ABSENT, Table
 from kmesh_lib.sections.prefetch import stats as ps
 from kmesh_lib.sections.prefetch.params import PrefetchParams, scaled
 from kmesh_lib.workloads.context_checks import topology_rows
-from kmesh_lib.workloads.context_params import run_params
-
-
-def params_of(run) -> PrefetchParams:
-    return run_params(PrefetchParams, run)
 
 
 def groups_of(run) -> list[dict]:
     """The run's groups, each with its status (``recomputed`` derived for runs recorded before it existed)."""
-    return ps.classify(run.raw("groups.jsonl"), params_of(run).BLOCK_SIZE)
+    return ps.classify(run.raw("groups.jsonl"), run.params.BLOCK_SIZE)
 
 
 def confirmation_leads(blocks: list[dict]) -> dict[str, float]:
@@ -48,7 +43,7 @@ def bootstrap(cfg: PrefetchParams) -> dict:
 def _resampled(table):
     """A table with intervals: ``table(groups, resamples, seed)`` with the run's own resamples and seed."""
     def build(run):
-        cfg = params_of(run)
+        cfg = run.params
         return table(groups_of(run), cfg.BOOTSTRAP_RESAMPLES, cfg.SEED)
     return Table(build)
 
@@ -65,15 +60,15 @@ def _of_groups(table):
 def _lead_choice(run):
     """The pilot's lead choice under the run's LEAD_RULE; absent from runs recorded before the rule was a parameter
     (their params.resolved.yaml names none: they chose the shortest all-ready lead, pilot_readiness shows it)."""
-    if "LEAD_RULE" not in run.params:
+    if "LEAD_RULE" not in run.recorded_params:
         return ABSENT
-    cfg = params_of(run)
+    cfg = run.params
     return ps.lead_choice(groups_of(run), list(cfg.LEADS_MS), cfg.LEAD_RULE)
 
 
 TABLES: dict[str, Table] = {
-    "scaled": Table(lambda run: bool(scaled(params_of(run)))),
-    "bootstrap": Table(lambda run: bootstrap(params_of(run))),
+    "scaled": Table(lambda run: bool(scaled(run.params))),
+    "bootstrap": Table(lambda run: bootstrap(run.params)),
     "engine_runs": Table(lambda run: run.raw("blocks.jsonl")),
     "pilot_readiness": _of_groups(ps.pilot_table),
     "confirmation_lead_ms": Table(lambda run: confirmation_leads(run.raw("blocks.jsonl"))),
@@ -92,4 +87,4 @@ TABLES: dict[str, Table] = {
     "lead_choice": Table(_lead_choice),
 }
 
-__all__ = ["TABLES", "bootstrap", "confirmation_leads", "groups_of", "params_of"]
+__all__ = ["TABLES", "bootstrap", "confirmation_leads", "groups_of"]
