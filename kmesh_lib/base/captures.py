@@ -55,6 +55,11 @@ class CaptureRecord(BaseModel):
     VERSION: ClassVar[int] = 1
     LEGACY: ClassVar[dict[int, type[CaptureRecord]]] = {}  # earlier versions this code still reads
 
+    def holds(self, field_name: str) -> bool:
+        """Whether the stored line holds the field, even as null (an optional field a run recorded before it
+        existed is absent, and reads as its default)."""
+        return field_name in self.model_fields_set
+
     def as_recorded(self) -> dict[str, Any]:
         """The record as the capture stores it: its own field names (aliases), only the fields it has."""
         return self.model_dump(mode="json", by_alias=True, exclude_unset=True)

@@ -6,6 +6,8 @@ version 1 with these classes (no published capture needed another path).
 """
 from __future__ import annotations
 
+from kmesh_lib.base.captures import as_stored
+from kmesh_lib.base.declared import json_default
 from kmesh_lib.workloads.context_records import EngineRunRecord, GroupIdentity, Mapping
 
 
@@ -50,6 +52,18 @@ class PrefetchGroup(GroupIdentity):
     restores: list[Mapping] | None = None
 
 
-CAPTURES = {"blocks.jsonl": PrefetchEngineRun, "groups.jsonl": PrefetchGroup}
+# a GPU driver's resumed run sets aside what an engine run that did not finish recorded (workloads.engine_runs)
+CAPTURES = {"blocks.jsonl": PrefetchEngineRun, "groups.jsonl": PrefetchGroup,
+            "blocks.unfinished.jsonl": PrefetchEngineRun, "groups.unfinished.jsonl": PrefetchGroup}
 
-__all__ = ["CAPTURES", "PrefetchEngineRun", "PrefetchGroup"]
+
+def as_groups(records: list[dict]) -> list[PrefetchGroup]:
+    """Group records a live measurement holds in memory, as the capture stores and reads them."""
+    return [PrefetchGroup.model_validate(as_stored(g, json_default)) for g in records]
+
+
+def as_engine_runs(records: list[dict]) -> list[PrefetchEngineRun]:
+    return [PrefetchEngineRun.model_validate(as_stored(b, json_default)) for b in records]
+
+
+__all__ = ["CAPTURES", "PrefetchEngineRun", "PrefetchGroup", "as_engine_runs", "as_groups"]

@@ -21,18 +21,19 @@ from __future__ import annotations
 
 from kmesh_lib.base.declared import ABSENT, Table
 from kmesh_lib.sections.prefetch import stats as ps
+from kmesh_lib.sections.prefetch.captures import PrefetchEngineRun, PrefetchGroup
 from kmesh_lib.sections.prefetch.params import PrefetchParams, scaled
 from kmesh_lib.workloads.context_checks import topology_rows
 
 
-def groups_of(run) -> list[dict]:
+def groups_of(run) -> list[PrefetchGroup]:
     """The run's groups, each with its status (``recomputed`` derived for runs recorded before it existed)."""
-    return ps.classify(run.raw("groups.jsonl"), run.params.BLOCK_SIZE)
+    return ps.classify(run.records("groups.jsonl"))
 
 
-def confirmation_leads(blocks: list[dict]) -> dict[str, float]:
+def confirmation_leads(blocks: list[PrefetchEngineRun]) -> dict[str, float]:
     """The lead each engine run's confirmation used, by path and group size."""
-    return {f"{b['path']} N={b['group_size']}": b["lead_ms"] for b in blocks if b.get("lead_ms") is not None}
+    return {f"{b.path} N={b.group_size}": b.lead_ms for b in blocks if b.lead_ms is not None}
 
 
 def bootstrap(cfg: PrefetchParams) -> dict:
@@ -50,7 +51,7 @@ def _resampled(table):
 
 def _example_4(run) -> dict:
     groups = groups_of(run)
-    return ps.example(groups, sorted({g["path"] for g in groups})[0], 4) if groups else {}
+    return ps.example(groups, sorted({g.path for g in groups})[0], 4) if groups else {}
 
 
 def _of_groups(table):
@@ -69,9 +70,9 @@ def _lead_choice(run):
 TABLES: dict[str, Table] = {
     "scaled": Table(lambda run: bool(scaled(run.params))),
     "bootstrap": Table(lambda run: bootstrap(run.params)),
-    "engine_runs": Table(lambda run: run.raw("blocks.jsonl")),
+    "engine_runs": Table(lambda run: [b.as_recorded() for b in run.records("blocks.jsonl")]),
     "pilot_readiness": _of_groups(ps.pilot_table),
-    "confirmation_lead_ms": Table(lambda run: confirmation_leads(run.raw("blocks.jsonl"))),
+    "confirmation_lead_ms": Table(lambda run: confirmation_leads(run.records("blocks.jsonl"))),
     "example_4": Table(_example_4),
     "all_cases": _resampled(ps.all_cases),
     "all_cases_with_recomputed": _resampled(lambda groups, resamples, seed: ps.all_cases(groups, resamples, seed,
@@ -80,7 +81,7 @@ TABLES: dict[str, Table] = {
     "disk_reads": _of_groups(ps.disk_reads),
     "singleflight": _of_groups(ps.singleflight_table),
     "restore_split": _of_groups(ps.restore_rows),
-    "topology": Table(lambda run: topology_rows(run.raw("blocks.jsonl"))),
+    "topology": Table(lambda run: topology_rows(run.records("blocks.jsonl"))),
     "driver_overhead": _of_groups(ps.overhead),
     "recomputed_groups": _of_groups(ps.recomputed_groups),
     "lead_sweep": _of_groups(ps.lead_sweep),

@@ -22,8 +22,11 @@ import time
 
 from kmesh_lib.base.records import read_jsonl
 from kmesh_lib.sections.prefetch import live
+from kmesh_lib.sections.prefetch.captures import as_groups
 from kmesh_lib.sections.prefetch.plots import lead_sweep_figure, png
 from kmesh_lib.sections.prefetch.stats import classify, lead_sweep
+
+HEADER_START = '{"schema"'  # a capture's schema header (base.captures): the first line, no group
 
 
 class LivePanel:
@@ -95,7 +98,7 @@ class LivePanel:
             recorded = read_jsonl(groups_file) if groups_file.exists() else []
             self.progress.value = len(recorded)
             tag = f"live {out.name}: "
-            self.groups += [dict(g, block=tag + g["block"]) for g in classify(recorded, cfg.BLOCK_SIZE)]
+            self.groups += [g.model_copy(update={"engine_run": tag + g.engine_run}) for g in classify(as_groups(recorded))]
             self.live_runs.append(out.name)
             self.redraw()
             self.status.value = (f"recorded in {out.name} ({len(recorded)} groups, exit {proc.returncode}); "
@@ -110,12 +113,12 @@ class LivePanel:
 def _lines(path) -> int:
     try:
         with open(path) as f:
-            return sum(1 for line in f if line.endswith("\n"))
+            return sum(1 for line in f if line.endswith("\n") and not line.startswith(HEADER_START))
     except FileNotFoundError:
         return 0
 
 
-def panel(cfg, groups: list[dict], parent_run: str, path: str | None = None):
+def panel(cfg, groups: list, parent_run: str, path: str | None = None):
     """The widget box, or a note when ipywidgets is missing. Callbacks run only on user input."""
     try:
         import ipywidgets  # noqa: F401

@@ -6,6 +6,8 @@ version 1 with these classes (no published capture needed another path).
 """
 from __future__ import annotations
 
+from kmesh_lib.base.captures import as_stored
+from kmesh_lib.base.declared import json_default
 from kmesh_lib.workloads.context_records import EngineRunRecord, GroupIdentity, Mapping
 
 
@@ -49,6 +51,17 @@ class RetentionGroup(GroupIdentity):
     followup_restores: list[Mapping] | None = None
 
 
-CAPTURES = {"blocks.jsonl": RetentionEngineRun, "groups.jsonl": RetentionGroup}
+# a GPU driver's resumed run sets aside what an engine run that did not finish recorded (workloads.engine_runs)
+CAPTURES = {"blocks.jsonl": RetentionEngineRun, "groups.jsonl": RetentionGroup,
+            "blocks.unfinished.jsonl": RetentionEngineRun, "groups.unfinished.jsonl": RetentionGroup}
 
-__all__ = ["CAPTURES", "RetentionEngineRun", "RetentionGroup"]
+def as_groups(records: list[dict]) -> list[RetentionGroup]:
+    """Group records held in memory (a block run in this process), as the capture stores and reads them."""
+    return [RetentionGroup.model_validate(as_stored(g, json_default)) for g in records]
+
+
+def as_engine_runs(records: list[dict]) -> list[RetentionEngineRun]:
+    return [RetentionEngineRun.model_validate(as_stored(b, json_default)) for b in records]
+
+
+__all__ = ["CAPTURES", "RetentionEngineRun", "RetentionGroup", "as_engine_runs", "as_groups"]
