@@ -1,5 +1,6 @@
 """Section 00, engine check: Does the engine share a prefix, and does its block pool drain afterwards?"""
 from kmesh_lib.base.captures import declare
+from kmesh_lib.sections.engine_check.captures import CAPTURES
 from kmesh_lib.sections.engine_check.checks import checks, counts
 from kmesh_lib.sections.engine_check.experiment import plan
 from kmesh_lib.sections.engine_check.params import EngineCheckParams as Params
@@ -12,7 +13,6 @@ TITLE = "engine check"
 NOTEBOOK = "00_engine_check.ipynb"
 USES_ENGINE = True
 QUESTION = "Does the engine share a prefix, and does its block pool drain afterwards?"
-CAPTURES: dict = {}  # its raw/*.jsonl are not declared as record classes yet (issue 41): read as dicts
 
 declare(KEY, Params, CAPTURES)
 

@@ -11,15 +11,15 @@ from kmesh_lib.sections.engine_check.checks import OPS, arms, block_ops, by_arm,
 
 
 def _arm_facts(run: RunFiles) -> list[dict]:
-    rows, events = by_arm(run.raw("requests.jsonl")), by_arm(run.raw("block_events.jsonl"))
+    rows, events = by_arm(run.records("requests.jsonl")), by_arm(run.records("block_events.jsonl"))
     facts = []
     for arm, (block_size, num_gpu_blocks) in arms(run.params).items():
         mine = rows.get(arm, [])
         if len(mine) != 2:
             continue
-        prompt = len(mine[1]["prompt_token_ids"])
+        prompt = len(mine[1].prompt_token_ids)
         facts.append({"arm": arm, "engine": arm.split("-B")[0], "block_size": block_size, "num_gpu_blocks": num_gpu_blocks,
-                      "num_prompt_tokens": prompt, "num_cached_tokens": [r["num_cached_tokens"] for r in mine],
+                      "num_prompt_tokens": prompt, "num_cached_tokens": [r.num_cached_tokens for r in mine],
                       "expected_cached_tokens": expected_prefix_hit(prompt, run.params.CONTEXT_TOKENS, block_size),
                       "block_ops": block_ops(events.get(arm, []))})
     return facts
