@@ -572,7 +572,7 @@ def test_repeats_in_drawn_orders_are_recorded_checked_and_compared_in_pairs(tmp_
     assert not [n for n, s in got.items() if s == "failed"], [c for c in section.checks(run) if c.status == "failed"]
     assert all(got[n] == "ok" for n in ORDER_CHECKS) and got["every fleet started and closed (1 planned)"] == "ok"
     orders = run.raw("orders.jsonl")
-    assert [o["order"] for o in orders] == [experiment.policy_order(build(MultiEngineParams, run.params), r) for r in range(3)]
+    assert [o["order"] for o in orders] == [experiment.policy_order(run.params, r) for r in range(3)]
     arms = run.raw("arms.jsonl")
     assert all(len(a["load_avg_start"]) == 3 and len(a["load_avg_end"]) == 3 for a in arms)
     table = run.results["comparisons"]
