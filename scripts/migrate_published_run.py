@@ -47,7 +47,7 @@ def _family_hold_logprob_mismatches(run: RunFiles, results: dict) -> tuple[objec
     from kmesh_lib.sections.family_hold import report
     from kmesh_lib.sections.family_hold.recorded import read_mode
 
-    after = report.output_mismatches(read_mode(run, "real"), run.params["LOGPROB_TOLERANCE"])
+    after = report.output_mismatches(read_mode(run, "real"), run.params.LOGPROB_TOLERANCE)
     before = results["real"]["logprob_mismatches"]
     results["real"]["logprob_mismatches"] = after
     return before, after

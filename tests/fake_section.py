@@ -38,6 +38,7 @@ def _total(run) -> int:
 
 
 # the declared result: results.json's one table, built from raw/, and what the app's tests plant in a record
+CAPTURES: dict = {}  # its items.jsonl is read as dicts
 TABLES = {"total": Table(_total),
           **{name: recorded_only("planted by a test of publishing") for name in ("disk_root", "model", "unexpected")}}
 

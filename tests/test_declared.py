@@ -5,8 +5,21 @@ import json
 
 import yaml
 
+from kmesh_lib.base.captures import declare
 from kmesh_lib.base.declared import ABSENT, NotRecomputable, Table, compare_tables, recorded_only
+from kmesh_lib.base.params import RunParams, params_dataclass
 from kmesh_lib.base.records import RunFiles, RunRecord
+
+
+@params_dataclass
+class XParams(RunParams):
+    """Section "x"'s parameters: what its table names and builds read."""
+
+    ENGINE: str = "real"
+    BLOCK_SIZE: int = 16
+
+
+declare("x", XParams, {})
 
 
 def run_folder(tmp_path, params: dict) -> RunRecord:
@@ -31,7 +44,7 @@ def _cannot(run):
 
 
 TABLES = {
-    "{ENGINE}-B{BLOCK_SIZE}": Table(lambda run: {"block_size": run.params["BLOCK_SIZE"]}, live=("start_s",)),
+    "{ENGINE}-B{BLOCK_SIZE}": Table(lambda run: {"block_size": run.params.BLOCK_SIZE}, live=("start_s",)),
     "absent": Table(_absent),
     "none": Table(lambda run: None),  # a table whose value is null: stored, compared
     "sweep": Table(_cannot),

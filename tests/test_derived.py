@@ -65,3 +65,10 @@ def test_an_interval_is_the_same_from_the_memo_and_differs_with_any_input():
     assert bootstrap_interval((a, shifted), stat, paired=True, resamples=999, seed=3) != first
     median = lambda x, y, axis: np.median(x - y, axis=axis)  # noqa: E731
     assert bootstrap_interval((a, b), median, paired=True, resamples=999, seed=3) != first
+
+
+def test_where_the_folder_is_does_not_change_the_key(tmp_path):
+    here, there = _run(tmp_path, "here"), _run(tmp_path, "there")
+    (here.run_dir / "params.resolved.yaml").write_text("RUN_DIR: runs/x/here\nSEED: 0\n")
+    (there.run_dir / "params.resolved.yaml").write_text("RUN_DIR: outputs/x/there\nSEED: 0\n")
+    assert derived.content_key(here, ["groups.jsonl"]) == derived.content_key(there, ["groups.jsonl"])

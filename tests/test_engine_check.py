@@ -7,10 +7,12 @@ import shutil
 import pytest
 from table_contract import assert_table_contract, problems
 
+from kmesh_lib.base.captures import is_header
 from kmesh_lib.base.params import build
 from kmesh_lib.base.records import RunFiles, RunRecord
 from kmesh_lib.sections import engine_check as section
 from kmesh_lib.sections.engine_check import experiment as ec
+from kmesh_lib.sections.engine_check.captures import EngineCheckBlockEvent
 from kmesh_lib.sections.engine_check.checks import segments
 
 # The smoke sizes on the replay engine: 112-token prompts sharing 96 tokens; 32-token blocks in a
@@ -68,11 +70,11 @@ def test_a_live_field_is_required_but_not_rebuilt(replay_run, tmp_path):
 
 
 def test_segments_split_at_drain_points_and_evictions_open_the_next():
-    events = [{"op": "alloc", "block_ids": [1, 2]}, {"op": "free", "block_ids": [2, 1]},
-              {"op": "evict", "block_ids": [2]}, {"op": "touch", "block_ids": [1]}, {"op": "alloc", "block_ids": [2]},
-              {"op": "free", "block_ids": [2, 1]}]
+    events = [EngineCheckBlockEvent(arm="replay-B16", step=i, op=op, block_ids=ids, ref_cnts=[0] * len(ids))
+              for i, (op, ids) in enumerate([("alloc", [1, 2]), ("free", [2, 1]), ("evict", [2]), ("touch", [1]),
+                                             ("alloc", [2]), ("free", [2, 1])])]
     parts = segments(events)
-    assert [len(p) for p in parts] == [2, 4] and parts[1][0]["op"] == "evict"
+    assert [len(p) for p in parts] == [2, 4] and parts[1][0].op == "evict"
 
 
 def _copy(run, tmp_path):
@@ -82,7 +84,7 @@ def _copy(run, tmp_path):
 
 def _edit_jsonl(path, pick, edit):
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    edit(lines[next(i for i, r in enumerate(lines) if pick(r))])
+    edit(lines[next(i for i, r in enumerate(lines) if not (i == 0 and is_header(r)) and pick(r))])
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
 
 

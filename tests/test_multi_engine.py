@@ -17,7 +17,7 @@ import yaml
 
 from kmesh_lib.base.params import ParamError, build, resolve_params
 from kmesh_lib.base.processes import group_alive
-from kmesh_lib.base.records import RunFiles, RunRecord, write_json_atomic
+from kmesh_lib.base.records import RunFileError, RunFiles, RunRecord, write_json_atomic
 from kmesh_lib.sections import multi_engine as section
 from kmesh_lib.sections.multi_engine import experiment, report
 from kmesh_lib.sections.multi_engine.params import MultiEngineParams
@@ -396,21 +396,19 @@ def test_saved_tables_are_what_verify_rebuilds_and_an_edit_of_one_is_reported(tm
 
 
 def test_the_parameters_are_read_once_as_the_sections_params(tmp_path):
-    """The checks read the run's params.resolved.yaml as MultiEngineParams: a parameter the run did not record takes
-    the one default the Params declare (MODELS: empty, so MODEL alone; KILL_ENGINE: none)."""
-    from kmesh_lib.sections.multi_engine.params import run_params
-
+    """The checks read the run's params.resolved.yaml as MultiEngineParams (``RunFiles.params``): a parameter the run
+    did not record takes the one default the Params declare (MODELS: empty, so MODEL alone; KILL_ENGINE: none)."""
     run = fake_run(tmp_path)
     path = run.run_dir / "params.resolved.yaml"
     values = yaml.safe_load(path.read_text())
     for name in ("MODELS", "KILL_ENGINE", "LOGPROB_TOLERANCE"):
         values.pop(name)
     path.write_text(yaml.safe_dump(values))
-    cfg = run_params(RunFiles(run.run_dir))
+    cfg = RunFiles(run.run_dir).params
     assert (cfg.models, cfg.KILL_ENGINE, cfg.LOGPROB_TOLERANCE) == ([cfg.MODEL], None, 0.001)
     assert statuses(RunFiles(run.run_dir)) == statuses(run)
     path.write_text(yaml.safe_dump({**values, "NUM_ENGINE": 2}))  # a misspelt parameter is named, not defaulted
-    with pytest.raises(ParamError, match="NUM_ENGINE"):
+    with pytest.raises(RunFileError, match="params.resolved.yaml: unknown parameter 'NUM_ENGINE'"):
         section.checks(RunFiles(run.run_dir))
 
 
@@ -574,7 +572,7 @@ def test_repeats_in_drawn_orders_are_recorded_checked_and_compared_in_pairs(tmp_
     assert not [n for n, s in got.items() if s == "failed"], [c for c in section.checks(run) if c.status == "failed"]
     assert all(got[n] == "ok" for n in ORDER_CHECKS) and got["every fleet started and closed (1 planned)"] == "ok"
     orders = run.raw("orders.jsonl")
-    assert [o["order"] for o in orders] == [experiment.policy_order(build(MultiEngineParams, run.params), r) for r in range(3)]
+    assert [o["order"] for o in orders] == [experiment.policy_order(run.params, r) for r in range(3)]
     arms = run.raw("arms.jsonl")
     assert all(len(a["load_avg_start"]) == 3 and len(a["load_avg_end"]) == 3 for a in arms)
     table = run.results["comparisons"]

@@ -14,6 +14,7 @@ from kmesh_lib.base.params import ParamError, build, resolve_params
 from kmesh_lib.base.records import RunFiles, RunRecord
 from kmesh_lib.engine.requests import RequestResult, RequestSpec, StepOutput
 from kmesh_lib.sections import prefetch as section
+from kmesh_lib.sections.prefetch.captures import as_engine_runs, as_groups
 from kmesh_lib.sections.prefetch.checks import measured_lines, plan_runs
 from kmesh_lib.sections.prefetch.driver import PrefetchCall, drive, readiness
 from kmesh_lib.sections.prefetch.params import PrefetchParams
@@ -166,7 +167,10 @@ def _g(block, pair, arm, wait, makespan, ready=None, phase="confirm", lead=0.0, 
             "reads": {"device_bytes": 100, "hook_bytes": 100, "metric_bytes": 100, "contended_chunks": 0,
                       "tolerance_bytes": 0},  # MP: three counts, agreeing to the byte
             "lookup_summary": {"lookups": n + 1, "disk_reads": 1, "load_bytes": 100, "contended_keys": 0,
-                               "by_mechanism": {"first_load": 1, "waited_for_in_flight": n}}}
+                               "by_mechanism": {"first_load": 1, "waited_for_in_flight": n}},
+            "run_index": int(block.rsplit("-r", 1)[-1]), "order": 0, "arrival": "together", "lookup": "prefetch",
+            "prefetch": None, "expected_cached_tokens": 64, "loop_iterations": 10, "chunk_bytes": 50,
+            "submit_ms": [0.0] * n, "first_token_s": [wait] * n, "utc": "2026-12-01T00:00:00+00:00"}
 
 
 B = "mp-N4-r0"
@@ -212,11 +216,12 @@ def _statuses(run) -> dict[str, str]:
 
 def test_choose_lead_tables_and_checks(tmp_path):
     groups = _groups()
-    assert choose_lead(groups[:6], [0.0, 25.0, 100.0]) == 100.0
-    assert choose_lead([_g(B, 0, "early", 0.1, 0.2, False, "pilot", 0.0)], [0.0, 25.0]) == 25.0  # none ready: longest
-    ex = example(groups, "mp", 4)
+    typed = as_groups(groups)
+    assert choose_lead(typed[:6], [0.0, 25.0, 100.0]) == 100.0
+    assert choose_lead(as_groups([_g(B, 0, "early", 0.1, 0.2, False, "pilot", 0.0)]), [0.0, 25.0]) == 25.0  # none ready
+    ex = example(typed, "mp", 4)
     assert ex["saving"]["A first token ms"] == pytest.approx(204.5)  # unrounded means: 304.5 - 100
-    row = all_cases(groups, 1000, 0)[0]
+    row = all_cases(typed, 1000, 0)[0]
     assert row["pairs"] == 10 and row["ready"] == "10/10" and row["all done saving ms"] == pytest.approx(100.0)
     got = _statuses(_run(tmp_path / "good", groups))
     assert set(got.values()) == {"ok"}, {k: v for k, v in got.items() if v != "ok"}
@@ -228,8 +233,9 @@ def test_choose_lead_tables_and_checks(tmp_path):
 def test_a_recomputing_group_leaves_the_paired_tables_and_is_counted(tmp_path):
     groups = _groups()
     groups[6 + 3] = _g(B, 3, "on_arrival", 3.0, 3.2, cached=0)  # on arrival, pair 3: a follow-up recomputed
-    classified = classify(groups, 32)
-    assert classified[9]["status"] == "recomputed" and groups[9]["status"] == "ok"  # a copy: raw/ is not edited
+    typed = as_groups(groups)
+    classified = classify(typed)
+    assert classified[9].status == "recomputed" and typed[9].status == "ok"  # a copy: raw/ is not edited
     assert len(pairs(classified, "on_arrival", "early")) == 9
     assert len(pairs(classified, "on_arrival", "early", with_recomputed=True)) == 10
     ways = both_ways(all_cases(classified, 1000, 0), all_cases(classified, 1000, 0, with_recomputed=True))
@@ -266,7 +272,8 @@ def test_missing_evidence_is_skipped_and_edited_files_fail(tmp_path):
                "once"] == "skipped"
     assert got["every on-arrival group with the singleflight on (MP) or on the GPU buffer read the context from the "
                "disk tier exactly once"] == "skipped"
-    untraced = [{k: v for k, v in g.items() if k not in ("lookup_summary", "reads")} for g in _groups()]
+    # no lookup trace (the field absent) and no byte counter (the phase's reads recorded none)
+    untraced = [{**{k: v for k, v in g.items() if k != "lookup_summary"}, "reads": {}} for g in _groups()]
     got = _statuses(_run(tmp_path / "untraced", untraced))
     assert got["every traced group: the lookups' load bytes equal the byte hook's"] == "skipped"
     assert got["the independent byte counters agree in every group (MP: to the byte)"] == "skipped"
@@ -315,7 +322,7 @@ def test_live_panel_replots_from_recorded_groups_and_records_a_new_lead(tmp_path
     from kmesh_lib.sections.prefetch.widgets import LivePanel
 
     cfg, _, _ = resolve_params(sections.get("20"), "smoke", [], [])
-    groups = [dict(g, group_size=4) for g in _groups()]
+    groups = as_groups([dict(g, group_size=4) for g in _groups()])
     launched = []
 
     class Child:
@@ -488,8 +495,8 @@ def test_plan_runs_put_the_gpu_buffer_last_with_its_own_run_count():
     params = cfg(PATHS=["gpubuf", "mp", "mp-striped"], GROUP_SIZES=[4, 8], ENGINE_RUNS=3, GPUBUF_ENGINE_RUNS=1)
     assert [f"{p}-N{n}-r{r}" for p, n, r in plan_runs(params)][-2:] == ["gpubuf-N4-r0", "gpubuf-N8-r0"]
     assert len(plan_runs(params)) == 2 * 3 * 2 + 2
-    assert "mp-striped-N4-r0" not in planned_runs(params, [{"block": "mp-striped", "path": "mp-striped",
-                                                            "status": "not available"}])
+    assert "mp-striped-N4-r0" not in planned_runs(params, as_engine_runs([{"block": "mp-striped", "path": "mp-striped",
+                                                                           "status": "not available"}]))
     tiers = cfg(PATHS=["gpubuf", "native"], GROUP_SIZES=[4], ENGINE_RUNS=2, GPUBUF_ENGINE_RUNS=1)
     assert [f"{p}-N{n}-r{r}" for p, n, r in plan_runs(tiers)] == ["native-N4-r0", "native-N4-r1", "gpubuf-N4-r0"]
 
@@ -664,6 +671,7 @@ def test_readiness_lower_bound_and_the_groups_it_needs():
     assert low < 175 / 200 < high and readiness.interval(0, 0) == (None, None)
     pilot = [_g(B, i, "early", 0.1, 0.2, i >= 2, "pilot", 25.0) for i in range(60)]  # 58 of 60 ready: bound 0.89
     pilot += [_g(B, i, "early", 0.1, 0.2, True, "pilot", 100.0) for i in range(60)]
+    pilot = as_groups(pilot)
     assert choose_lead(pilot, [25.0, 100.0], "lower_bound") == 100.0 and choose_lead(pilot, [25.0, 100.0]) == 100.0
     assert choose_lead(pilot[:60], [25.0], "lower_bound") == 25.0  # none qualifies: the longest
 
@@ -718,7 +726,7 @@ def test_the_lower_bound_rule_needs_its_groups_and_runs_and_old_runs_have_no_lea
     assert [r for _, _, r in plan_runs(cfg)] == [0, 1, 2, 3] and cfg.pilot_only_runs == 3
     run = _run(tmp_path / "old", _groups(), params={"LEAD_RULE": None})  # params without it: a run recorded before
     assert "lead_choice" not in run.results and "lead_choice" not in section.public_results(run)
-    assert "LEAD_RULE" not in run.params
+    assert "LEAD_RULE" not in run.recorded_params and run.params.LEAD_RULE == "all_ready"  # its one default
     assert _statuses(run)["mp N=4: the confirmation used the pilot's shortest all-ready lead"] == "ok"
 
 

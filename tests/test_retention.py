@@ -17,6 +17,7 @@ from kmesh_lib.engine.requests import StepOutput
 from kmesh_lib.kv.disk_tier import DiskTierFull, DiskTierUnfit, check_disk_tier
 from kmesh_lib.lmcache.disk_accounting import PhaseReads, Snapshot, parse_prometheus
 from kmesh_lib.sections import retention as section
+from kmesh_lib.sections.retention.captures import as_groups
 from kmesh_lib.sections.retention.checks import measured_lines
 from kmesh_lib.sections.retention.params import RetentionParams
 from kmesh_lib.workloads.context_groups import Block, Workload
@@ -192,7 +193,9 @@ def group(arm, follow_bytes, l1_tokens, l2_tokens, contended=0, memory=0, n=4, c
          "followup_reads": reads(follow_bytes, l1_tokens, l2_tokens, contended, metrics=metrics(follow_bytes),
                                  tolerance=tol),
          "memory_tier_bytes_before": 0, "memory_tier_bytes_at_followups": memory, "memory_tier_bytes_after": memory,
-         "disk_tier_bytes_before": ctx_bytes, "disk_tier_bytes_after": ctx_bytes}
+         "disk_tier_bytes_before": ctx_bytes, "disk_tier_bytes_after": ctx_bytes,
+         "prep_s": 0.05, "warmup_cached_tokens": ctx, "last_token_s": [0.3] * n, "submit_ms": [0.0] * n,
+         "utc": "2026-12-01T00:00:00+00:00", "load_1m": 0.5}
     if mp and traced:
         g.update(trace(arm, follow_bytes, ctx_bytes, n, contended, singleflight))
     return g
@@ -453,7 +456,7 @@ def test_gpu_driver_writes_a_complete_run_that_renders_in_place(tmp_path):
     assert gpu.run(out, "smoke", ["CONTROL_ARMS=[]", "WARMUP_GROUPS=0"], log=lambda *_: None)
     run = RunFiles(out)
     assert run.results["status"] == "passed" and run.results["checks"] and run.env["device"]
-    assert run.params["RUN_DIR"] is None  # outside the repository: no machine path is recorded
+    assert run.params.RUN_DIR is None  # outside the repository: no machine path is recorded
     measured = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.parent.name == "raw"}
     env = (out / "env.json").read_bytes()
     (out / "env.json").write_text(json.dumps({**json.loads(env), "device": "NVIDIA H200 (as measured)"}))
@@ -530,7 +533,7 @@ def test_the_lookup_trace_must_match_lmcache_s_own_counts(tmp_path):
 def test_the_arrival_table_gives_reads_per_group_and_per_follow_up_with_the_mechanism(tmp_path):
     from kmesh_lib.sections.retention.report import arrival_rows
 
-    rows = {(r["arrival"], r["singleflight"], r["arm"]): r for r in arrival_rows(combos())}
+    rows = {(r["arrival"], r["singleflight"], r["arm"]): r for r in arrival_rows(as_groups(combos()))}
     off, on = rows[("together", "off", "discard")], rows[("together", "on", "discard")]
     assert (off["context reads per group (median)"], off["lookup reads per group (median)"]) == (2.0, 2.0)
     assert off["reads per follow-up (mean)"] == "A 1, B 1, C 0, D 0"
@@ -538,7 +541,7 @@ def test_the_arrival_table_gives_reads_per_group_and_per_follow_up_with_the_mech
     assert on["mechanisms (all groups)"] == "first_load 2, waited_for_in_flight 6" and on["max"] == 1.0
     assert rows[("together", "off", "retain")]["mechanisms (all groups)"] == "l1_resident 8"
     gpubuf = [group("discard", 0, None, None, path="gpubuf", pair=p) for p in (0, 1)]
-    assert "no lookup trace: the GPU buffer" in arrival_rows(gpubuf)[0]["mechanisms (all groups)"]
+    assert "no lookup trace: the GPU buffer" in arrival_rows(as_groups(gpubuf))[0]["mechanisms (all groups)"]
 
 
 def restore(source, req="mp-N4-p0-retain-warmup", disk=True):
@@ -554,7 +557,7 @@ def test_gpu_buffer_rows_split_their_restores_and_the_topology_names_the_route(t
     ctx = 1024 * 1024
     groups = [dict(group(arm, 0, None, None, memory=ctx if arm == "retain" else 0, path="gpubuf", pair=p),
                    prep_restores=[restore("disk")], followup_restores=[]) for arm in ("retain", "discard") for p in (0, 1)]
-    rows = restore_rows(groups)
+    rows = restore_rows(as_groups(groups))
     assert [(r["arm"], r["phase"], r["source"], r["restores"]) for r in rows] == [("retain", "prep", "disk", 2),
                                                                                  ("discard", "prep", "disk", 2)]
     assert (rows[0]["disk_read ms"], rows[0]["staging ms"], rows[0]["copy ms"], rows[0]["to_first_token ms"]) == \
@@ -562,7 +565,7 @@ def test_gpu_buffer_rows_split_their_restores_and_the_topology_names_the_route(t
     assert "copies by graph" not in rows[0]  # restores recorded before 2 Dec name no copy route
     launched = [dict(g, prep_restores=[dict(restore("disk"), copy_launch=route)]) for g, route in
                 zip(groups, ("graph", "handle", "graph", "graph"))]
-    assert [r["copies by graph"] for r in restore_rows(launched)] == ["1/2", "2/2"]  # one fell back to a launch
+    assert [r["copies by graph"] for r in restore_rows(as_groups(launched))] == ["1/2", "2/2"]  # one fell back to a launch
     striped = {"block": "mp-striped-N4", "path": "mp-striped", "group_size": 4, "status": "not available",
                "detail": "0 NVMe drives on this machine; a striped store needs two",
                "topology": {"nvme_count": 0, "block_devices": ["vda (disk, 256.0 GiB)"], "md_raid0": False,

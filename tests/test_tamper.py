@@ -19,6 +19,7 @@ import yaml
 
 from kmesh_lib.app import registry
 from kmesh_lib.app.verify import verify
+from kmesh_lib.base.captures import is_header
 from kmesh_lib.base.declared import RUN_FIELDS
 from kmesh_lib.base.paths import REPO_ROOT
 from kmesh_lib.base.records import COMPRESSED, RunFiles
@@ -252,9 +253,50 @@ def raw_field_no_table_reads(d: Path) -> bool:
     return _edit_capture(d, change)
 
 
+def _first_record(lines: list[str]) -> int:
+    """The index of the capture's first record (after its schema header, where it has one)."""
+    return 1 if lines and is_header(json.loads(lines[0])) else 0
+
+
+def raw_field_renamed(d: Path) -> bool:
+    """One record's first field under another name (the class declares the old one, and forbids the new)."""
+    def change(lines):
+        i = _first_record(lines)
+        record = json.loads(lines[i])
+        key = next(iter(record))
+        lines[i] = json.dumps({(f"{key}_renamed" if k == key else k): v for k, v in record.items()})
+        return lines
+    return _edit_capture(d, change)
+
+
+def raw_field_wrong_type(d: Path) -> bool:
+    """One record's first top-level number written as a string."""
+    def change(lines):
+        for i in range(_first_record(lines), len(lines)):
+            record = json.loads(lines[i])
+            key = next((k for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)), None)
+            if key is not None:
+                record[key] = str(record[key])
+                lines[i] = json.dumps(record)
+                return lines
+        return lines
+    return _edit_capture(d, change)
+
+
+def raw_schema_version_unknown(d: Path) -> bool:
+    """The capture's header says a schema version this code does not know."""
+    path = _capture(d)
+    if path is None:
+        return False
+    cls = RunFiles(d).capture_class(path.name.removesuffix(COMPRESSED))
+    header = {"schema": cls.SCHEMA if cls is not None else "unknown", "version": 99}
+    return _edit_capture(d, lambda lines: [json.dumps(header), *lines[_first_record(lines):]])
+
+
 EDITS = [public_headline, public_counts, public_capture_hash, env_device, params_value, table_figure,
          dropped_column, emptied_table, undeclared_key, check_counts, check_status, raw_line_deleted,
-         raw_line_duplicated, raw_line_moved, raw_field_no_table_reads]
+         raw_line_duplicated, raw_line_moved, raw_field_no_table_reads, raw_field_renamed, raw_field_wrong_type,
+         raw_schema_version_unknown]
 
 
 def _problems(section, run_dir: Path) -> tuple[bool, set[str]]:

@@ -254,7 +254,7 @@ def cmd_compare(args) -> int:
     params = []
     for s in (a, b):
         try:
-            params.append(RunFiles(s.ref.run_dir).params)
+            params.append(RunFiles(s.ref.run_dir).recorded_params)
         except RunFileError as e:
             s.problem = s.problem or str(e)
             params.append({})

@@ -56,7 +56,7 @@ def public_document(section: ModuleType, run: RunFiles, verdict, allowed_failed:
                     failure_note: str = "", shared_captures: dict[str, str] | None = None,
                     captures_with_paths_rewritten: list[str] | None = None) -> dict:
     """``public-results.json``, field by field (module docstring). Raises PublicContentError."""
-    results, env, params = run.results, run.env, run.params
+    results, env, params = run.results, run.env, run.recorded_params
     git = env.get("git") or {}
     packages = env.get("packages") or {}
     environment = {k: env[k] for k in ENVIRONMENT_KEYS if k in env}

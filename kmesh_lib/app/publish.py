@@ -268,7 +268,7 @@ def publish(section: ModuleType, run_dir: Path, allow_failed: bool = False, repl
     """Publishes ``run_dir`` (module docstring). Raises RunFileError, PublishRefused or PublicContentError."""
     src = Path(run_dir).resolve()
     verdict = verify(section, RunFiles(src))  # a damaged run folder is named first
-    if RunFiles(src).params.get("PROFILE") == "smoke" and not allow_smoke:
+    if RunFiles(src).recorded_params.get("PROFILE") == "smoke" and not allow_smoke:
         raise PublishRefused(f"run {src.name} is a smoke-profile run (a tiny model that tests the pipeline, "
                              "not a measurement); --allow-smoke publishes it anyway")
     allowed_failed = _check_publishable(verdict, allow_failed)
@@ -278,7 +278,7 @@ def publish(section: ModuleType, run_dir: Path, allow_failed: bool = False, repl
     in_place = src == dest
     if dest.exists() and not in_place and not replace:
         raise PublishRefused(f"{dest_rel} is already published; --replace publishes this run over it")
-    recorded_run_dir = RunFiles(src).params.get("RUN_DIR")
+    recorded_run_dir = RunFiles(src).recorded_params.get("RUN_DIR")
     staging_parent = dest.parent / f".publishing-{os.getpid()}"
     staging = staging_parent / src.name  # named as the run: the copy's run id and report title are its own
     shutil.rmtree(staging_parent, ignore_errors=True)

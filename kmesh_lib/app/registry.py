@@ -29,7 +29,8 @@ from kmesh_lib.sections import (
     trace_audit,
 )
 
-CONSTANTS = {"KEY": str, "NUMBER": str, "TITLE": str, "NOTEBOOK": str, "QUESTION": str, "USES_ENGINE": bool, "TABLES": dict}
+CONSTANTS = {"KEY": str, "NUMBER": str, "TITLE": str, "NOTEBOOK": str, "QUESTION": str, "USES_ENGINE": bool, "TABLES": dict,
+             "CAPTURES": dict}
 FUNCTIONS = ("plan", "checks", "counts", "headline", "answer", "public_results")
 INTERFACE = (*CONSTANTS, "Params", *FUNCTIONS)
 PLANNING = (*CONSTANTS, "Params", "plan")  # what `kmesh plan` uses: it reads no run

@@ -34,6 +34,7 @@ from pathlib import PurePath
 from typing import Any
 
 from kmesh_lib.base.checks import differences
+from kmesh_lib.base.params import to_dict
 
 # results.json keys that are the run's bookkeeping, not its figures (base.records writes them)
 RUN_FIELDS = frozenset({
@@ -108,7 +109,7 @@ def named(tables: Mapping[str, Table | Callable], run: Any) -> dict[str, Table]:
     """The declared tables under the names ``run`` gives them (``{PARAM}`` fields from its params)."""
     out: dict[str, Table] = {}
     for name, table in tables.items():
-        key = name.format(**run.params) if "{" in name else name
+        key = name.format(**to_dict(run.params)) if "{" in name else name
         if key in out:
             raise ValueError(f"declared tables {name!r} and another are both named {key!r} in this run")
         out[key] = as_table(table)

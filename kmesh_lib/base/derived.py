@@ -2,9 +2,9 @@
 
 One ``kmesh verify`` builds a section's costly tables several times (its checks, the declared tables, the
 public document), and the tamper suite verifies many copies of one run whose captures are unchanged.
-``once_per_content`` keys a build by the SHA-256 of the exact bytes it reads -- the named captures as
-stored and ``params.resolved.yaml`` -- so a build runs once per content, and any edit to those files
-builds afresh.
+``once_per_content`` keys a build by the SHA-256 of what it reads -- the named captures' bytes as stored
+and the params as recorded, less ``RUN_DIR`` (where the folder is, which no table reads: a published
+copy is not built again) -- so a build runs once per content, and any edit to those files builds afresh.
 
 Invariant: the key names only inputs, never a result. A build handed to ``once_per_content`` reads
 nothing but the captures it names and the params (``results.json``, the record under test, is never
@@ -15,6 +15,7 @@ faster than ``copy.deepcopy`` for tables of millions of values).
 from __future__ import annotations
 
 import hashlib
+import json
 import pickle
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -29,11 +30,12 @@ _BUILT: OrderedDict[tuple, bytes] = OrderedDict()
 
 
 def content_key(run: RunFiles, captures: Iterable[str]) -> str:
-    """SHA-256 over ``params.resolved.yaml`` and each named capture, as stored (an absent file counts as absent)."""
+    """SHA-256 over the recorded params (less ``RUN_DIR``) and each named capture as stored (an absent file
+    counts as absent)."""
     digest = hashlib.sha256()
-    paths = [("params.resolved.yaml", run.run_dir / "params.resolved.yaml")]
-    paths += [(f"raw/{name}", run.raw_path(name)) for name in sorted(set(captures))]
-    for label, path in paths:
+    params = {k: v for k, v in run.recorded_params.items() if k != "RUN_DIR"}
+    digest.update(json.dumps(params, sort_keys=True, default=str).encode() + b"\0")
+    for label, path in [(f"raw/{name}", run.raw_path(name)) for name in sorted(set(captures))]:
         digest.update(label.encode() + b"\0")
         if path is not None and path.is_file():
             digest.update(hashlib.sha256(path.read_bytes()).digest())

@@ -16,6 +16,8 @@ their own namespace again with ``from_namespace``.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import dataclasses
 import difflib
@@ -114,6 +116,8 @@ def check_path(key: str, value: str, kind: Literal["dir", "file"], write: bool =
     shown = f"{key}={_short.repr(value)}"
     if not value.strip():
         raise ParamError(f"{shown}: empty; name a {what}")
+    if _READING_RECORDED.get():  # a finished run's path names the machine it ran on, not this one
+        return Path(value)
     if write and ".." in Path(value).parts:
         raise ParamError(f"{shown}: a folder written to is named without '..'")
     try:
@@ -168,6 +172,35 @@ def params_dataclass(cls: type) -> type:
     return cls
 
 
+_READING_RECORDED = contextvars.ContextVar("reading_recorded_params", default=False)
+
+
+@contextlib.contextmanager
+def _reading_recorded():
+    token = _READING_RECORDED.set(True)
+    try:
+        yield
+    finally:
+        _READING_RECORDED.reset(token)
+
+
+def recorded(cls: type, values: dict[str, Any], where: str = "") -> Any:
+    """A finished run's ``params.resolved.yaml`` as ``cls`` (``RunFiles.params``): every field typed and bounded
+    as when the run started, an unknown key refused, each absent one at its declared default (over
+    ``cls.predating_values``: what runs recorded before a parameter existed ran with).
+
+    Two things are not checked again: a path is not looked up (it names the machine the run measured on: the
+    GPU machine's puzzle file), and ``check_rules`` is not run (the rules were checked before the run started,
+    and some read inputs outside the run folder). Re-reading a run is not running it.
+
+    Raises:
+        ParamError: as ``build``.
+    """
+    values = {**getattr(cls, "predating_values", {}), **values}
+    with _reading_recorded():
+        return build(cls, values, where)
+
+
 def check(condition: bool, message: str) -> None:
     """``check_rules`` helper: raises ParamError(message) unless ``condition``."""
     if not condition:
@@ -184,7 +217,8 @@ class RunParams:
 
     @model_validator(mode="after")
     def _check_rules_after_fields(self):
-        self.check_rules()
+        if not _READING_RECORDED.get():
+            self.check_rules()
         check_lists(self)  # after: a section's own message for a repeated entry is the more specific
         return self
 

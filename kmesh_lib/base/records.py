@@ -38,9 +38,18 @@ from typing import Any
 import yaml
 
 from kmesh_lib.base import provenance, topology
+from kmesh_lib.base.captures import (
+    CaptureError,
+    CaptureRecord,
+    as_stored,
+    declaration,
+    is_header,
+    reading_class,
+    validate_record,
+)
 from kmesh_lib.base.checks import STATUSES, Check
 from kmesh_lib.base.declared import Table, build_tables, json_default, json_value
-from kmesh_lib.base.params import current_names, to_dict
+from kmesh_lib.base.params import ParamError, current_names, recorded, to_dict
 from kmesh_lib.base.paths import REPO_ROOT, RUNS, in_repo, published_folder
 from kmesh_lib.base.runlog import EngineLog
 
@@ -305,7 +314,11 @@ class RunFiles:
     """
 
     run_dir: Path
+    section: str | None = None  # the section whose declarations (base.captures) read it; default results.json's
     _raw_cache: dict[str, list[dict]] = field(default_factory=dict, repr=False)
+    _headers: dict[str, dict | None] = field(default_factory=dict, repr=False)
+    _lines: dict[str, list[int]] = field(default_factory=dict, repr=False)
+    _records_cache: dict[str, list[CaptureRecord]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
@@ -339,7 +352,27 @@ class RunFiles:
         return effective_status(self.results, self.run_dir)
 
     @property
-    def params(self) -> dict:
+    def params(self) -> Any:
+        """The run's ``params.resolved.yaml`` as its section's ``Params`` (``base.captures.declare``), read by
+        ``base.params.recorded``: every field typed, each absent one at its declared default.
+
+        Raises:
+            RunFileError: the file is missing or not a mapping; a value its ``Params`` refuses (naming the key);
+                a run of a section that declares no ``Params``.
+        """
+        found = declaration(self.section_key)
+        path = self.run_dir / "params.resolved.yaml"
+        if found is None or found.params is None:
+            raise RunFileError(f"{path}: section {self.section_key!r} declares no Params (base.captures.declare)")
+        try:
+            return recorded(found.params, self.recorded_params, where=str(path))
+        except ParamError as e:
+            raise RunFileError(str(e)) from None
+
+    @property
+    def recorded_params(self) -> dict:
+        """``params.resolved.yaml`` as the run wrote it (under current names: ``base.params.RENAMED``), for what
+        publishes or copies the record itself; a section reads ``params``."""
         path = self.run_dir / "params.resolved.yaml"
         if not path.exists():
             raise RunFileError(f"{path}: missing")
@@ -377,8 +410,48 @@ class RunFiles:
         (the check says skipped)."""
         if name not in self._raw_cache:
             path = self.raw_path(name)
-            self._raw_cache[name] = read_jsonl(path) if path is not None else []
+            header, lines, records = read_capture(path) if path is not None else (None, [], [])
+            self._headers[name], self._lines[name], self._raw_cache[name] = header, lines, records
         return self._raw_cache[name]
+
+    @property
+    def section_key(self) -> str | None:
+        """The section the run belongs to: as given, else as results.json records it, else its folder's parent."""
+        return self.section or self.readable_results.get("section") or self.run_dir.parent.name
+
+    def capture_class(self, name: str) -> type[CaptureRecord] | None:
+        """The record class the run's section declares for capture ``name`` (``base.captures``); None when the
+        section declares none for it."""
+        found = declaration(self.section_key)
+        return found.capture_class(name) if found is not None else None
+
+    def records(self, name: str) -> list[CaptureRecord]:
+        """The records of ``raw/<name>`` as its declared class (``base.captures``); an absent file is an empty list.
+
+        Raises:
+            RunFileError: the section declares no class for ``name``; the file's header names another schema or
+                a version this code does not know; a line the class refuses (naming the line and the field).
+        """
+        if name in self._records_cache:
+            return self._records_cache[name]
+        cls = self.capture_class(name)
+        if cls is None:
+            raise RunFileError(f"{self.run_dir / 'raw' / name}: section {self.section_key} declares no record class "
+                               "for this capture (its CAPTURES)")
+        raw = self.raw(name)
+        path = self.raw_path(name)
+        try:
+            reader = reading_class(cls, self._headers.get(name))
+        except CaptureError as e:
+            raise RunFileError(f"{path}: {e}") from None
+        typed = []
+        for line, record in zip(self._lines[name], raw):
+            try:
+                typed.append(validate_record(reader, record))
+            except CaptureError as e:
+                raise RunFileError(f"{path}: line {line} is not a {reader.__name__} ({e})") from None
+        self._records_cache[name] = typed
+        return typed
 
     def raw_sha256(self, name: str) -> str | None:
         """SHA-256 of capture ``raw/<name>`` as the run wrote it (``sha256_capture``); None when absent."""
@@ -396,9 +469,13 @@ class RunFiles:
 
     def read_everything(self) -> None:
         """Reads every recorded file once, so a damaged one is named before any check runs."""
-        _ = self.results, self.params, self.env
+        _ = self.results, self.recorded_params, self.env
+        if declaration(self.section_key) is not None:
+            _ = self.params
         for name in self.raw_names():
             self.raw(name)
+            if self.capture_class(name) is not None:
+                self.records(name)
 
 
 def read_json_object(path: Path) -> dict:
@@ -421,9 +498,16 @@ def read_json_object(path: Path) -> dict:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """Every line of a JSONL file (``*.xz``: xz-compressed), each a JSON object; a bad line, or an
-    xz file that is truncated or not xz, is a ``RunFileError`` naming it."""
-    records = []
+    """Every record of a JSONL file (``*.xz``: xz-compressed), each a JSON object, without a capture's schema
+    header (``base.captures``); a bad line, or an xz file that is truncated or not xz, is a ``RunFileError``
+    naming it."""
+    return read_capture(path)[2]
+
+
+def read_capture(path: Path) -> tuple[dict | None, list[int], list[dict]]:
+    """A capture's schema header (None: the file has none, ``base.captures``), its records' line numbers and
+    its records (``read_jsonl``)."""
+    header, numbers, records = None, [], []
     path = Path(path)
     opener = lzma.open if path.name.endswith(COMPRESSED) else open
     with opener(path, "rt", encoding="utf-8", errors="strict") as f:
@@ -437,12 +521,16 @@ def read_jsonl(path: Path) -> list[dict]:
                     raise RunFileError(f"{path}: line {number} is not valid JSON ({e.msg})") from None
                 if not isinstance(record, dict):
                     raise RunFileError(f"{path}: line {number} is not a JSON object")
+                if number == 1 and is_header(record):
+                    header = record
+                    continue
+                numbers.append(number)
                 records.append(record)
         except UnicodeDecodeError:
             raise RunFileError(f"{path}: not UTF-8 text") from None
         except (EOFError, lzma.LZMAError) as e:
             raise RunFileError(f"{path}: not a readable xz file ({e})") from None
-    return records
+    return header, numbers, records
 
 
 class RunRecord:
@@ -461,6 +549,7 @@ class RunRecord:
         self.section = section
         self.results_path = self.run_dir / "results.json"
         self.results: dict[str, Any] = read_json_object(self.results_path) if self.results_path.exists() else {}
+        self.results.setdefault("section", section)  # whose declarations read the folder (RunFiles.section_key)
         self.engine_log: EngineLog | None = None
 
     @classmethod
@@ -571,16 +660,17 @@ class RunRecord:
         return checks
 
     def append_jsonl(self, name: str, records: list[dict] | dict) -> Path:
-        """Appends records to ``raw/<name>`` and fsyncs, so a crash keeps every finished group."""
+        """Appends records to ``raw/<name>`` and fsyncs, so a crash keeps every finished group.
+
+        Where the section declares the capture (``base.captures``), each record is first validated as it will
+        be stored, and a new file starts with the schema header.
+
+        Raises:
+            CaptureError: a record the declared class refuses (naming the capture and the field); nothing of
+                this call is written.
+        """
         path = self.run_dir / "raw" / name
-        if isinstance(records, dict):
-            records = [records]
-        with open(path, "a") as f:
-            for rec in records:
-                f.write(json.dumps(rec, default=json_default) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        return path
+        return append_capture(path, records, RunFiles(self.run_dir, section=self.section).capture_class(name))
 
     def finish(self, checks: list[Check] | None = None) -> None:
         """The run's last statement: ``passed`` when no check failed, ``failed`` otherwise.
@@ -601,6 +691,31 @@ class RunRecord:
 
     def figure_path(self, name: str) -> Path:
         return self.run_dir / name
+
+
+def append_capture(path: Path, records: list[dict] | dict, cls: type[CaptureRecord] | None = None) -> Path:
+    """Appends ``records`` to the capture at ``path`` and fsyncs (``RunRecord.append_jsonl``): validated as
+    ``cls`` where one is declared, after its schema header when the file is new."""
+    path = Path(path)
+    if isinstance(records, dict):
+        records = [records]
+    lines = []
+    for number, rec in enumerate(records):
+        stored = as_stored(rec, json_default)
+        if cls is not None:
+            try:
+                validate_record(cls, stored)
+            except CaptureError as e:
+                raise CaptureError(f"raw/{path.name}: record {number} of this write is not a {cls.__name__} "
+                                   f"({e})") from None
+        lines.append(json.dumps(stored))
+    with open(path, "a") as f:
+        if cls is not None and f.tell() == 0:
+            f.write(json.dumps(cls.header()) + "\n")
+        f.writelines(line + "\n" for line in lines)
+        f.flush()
+        os.fsync(f.fileno())
+    return path
 
 
 def effective_status(results: dict, run_dir: Path) -> str:

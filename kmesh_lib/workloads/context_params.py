@@ -2,7 +2,6 @@
 
     path_support         whether a path's tier runs on the device (in-process LMCache, vLLM's own tiers)
     parse_arrivals       FOLLOWUP_ARRIVALS' one parser (``ContextGroupParams.arrivals``)
-    run_params           a run's params.resolved.yaml as its section's typed Params (checks and tables read it)
     ContextGroupParams   MEASURED_GROUPS (declared here once for both), FOLLOWUP_ARRIVALS (``ArrivalPattern``),
                          SINGLEFLIGHT (the settings to measure),
                          LMCACHE_SERVER (launcher or stock), STRIPED_STORE_ROOT; both sections inherit it
@@ -22,7 +21,7 @@ from typing import Literal
 from pydantic import Field
 
 from kmesh_lib.base import topology
-from kmesh_lib.base.params import MAX_COUNT, MAX_MS, PositiveCount, WriteRoot, build, check, params_dataclass
+from kmesh_lib.base.params import MAX_COUNT, MAX_MS, PositiveCount, WriteRoot, check, params_dataclass
 from kmesh_lib.engine.config import SourceRunParams
 from kmesh_lib.kv.offloading import offloading_support
 from kmesh_lib.lmcache.connect import inproc_support
@@ -123,12 +122,6 @@ def parse_arrivals(texts: list[str]) -> list[ArrivalPattern]:
     if len(set(labels)) != len(labels):
         raise ValueError(f"FOLLOWUP_ARRIVALS={list(texts)}: a pattern is given twice")
     return patterns
-
-
-def run_params(cls: type, run):
-    """A run's ``params.resolved.yaml`` as its section's ``Params`` (``cls``), validated: what checks and tables
-    read, so every parameter has the one default and the one parser its declaration gives."""
-    return build(cls, run.params, where=str(run.run_dir / "params.resolved.yaml"))
 
 
 def striped_store_row(cfg, topo: dict | None = None) -> dict:

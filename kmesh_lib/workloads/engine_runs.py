@@ -48,7 +48,7 @@ import yaml
 from kmesh_lib.base import params as params_mod
 from kmesh_lib.base.checks import show
 from kmesh_lib.base.paths import repo_relative
-from kmesh_lib.base.records import RunRecord, read_jsonl
+from kmesh_lib.base.records import RunRecord, read_capture
 
 GPU_PHASE = "GPU_PHASE"  # a child prints this once it holds gpu.lock: the parent may start the next
 FINISHED = ("ok", "not available", "disk_full")  # recorded outcomes; anything else is run again
@@ -72,8 +72,12 @@ def hold_gpu(run_dir: Path):
     return lock
 
 
-def _write_jsonl(path: Path, records: list[dict], mode: str = "w") -> None:
+def _write_jsonl(path: Path, records: list[dict], mode: str = "w", header: dict | None = None) -> None:
+    """Writes (or appends) records; a file that starts here starts with the capture's schema header, where the
+    capture it came from had one (``base.captures``)."""
     with open(path, mode) as f:
+        if header is not None and f.tell() == 0:
+            f.write(json.dumps(header) + "\n")
         f.writelines(json.dumps(r) + "\n" for r in records)
 
 
@@ -85,17 +89,17 @@ def finished_blocks(run_dir: Path) -> set[str]:
     counted, and the run is measured again. ``lead-*.json`` files chosen by an unfinished run go too.
     """
     raw = Path(run_dir) / "raw"
-    blocks = read_jsonl(raw / "blocks.jsonl") if (raw / "blocks.jsonl").exists() else []
+    header, _, blocks = read_capture(raw / "blocks.jsonl") if (raw / "blocks.jsonl").exists() else (None, [], [])
     done = {b["block"] for b in blocks if b.get("status") in FINISHED}
     unfinished = [b for b in blocks if b["block"] not in done]
     if unfinished:
-        _write_jsonl(raw / "blocks.unfinished.jsonl", unfinished, "a")
-        _write_jsonl(raw / "blocks.jsonl", [b for b in blocks if b["block"] in done])
-    groups = read_jsonl(raw / "groups.jsonl") if (raw / "groups.jsonl").exists() else []
+        _write_jsonl(raw / "blocks.unfinished.jsonl", unfinished, "a", header)
+        _write_jsonl(raw / "blocks.jsonl", [b for b in blocks if b["block"] in done], "w", header)
+    header, _, groups = read_capture(raw / "groups.jsonl") if (raw / "groups.jsonl").exists() else (None, [], [])
     partial = [g for g in groups if g["block"] not in done]
     if partial:
-        _write_jsonl(raw / "groups.unfinished.jsonl", partial, "a")
-        _write_jsonl(raw / "groups.jsonl", [g for g in groups if g["block"] in done])
+        _write_jsonl(raw / "groups.unfinished.jsonl", partial, "a", header)
+        _write_jsonl(raw / "groups.jsonl", [g for g in groups if g["block"] in done], "w", header)
     for lf in Path(run_dir).glob("lead-*.json"):  # a lead chosen by a run that did not finish is not a result
         if json.loads(lf.read_text()).get("block") not in done:
             lf.unlink()

@@ -59,7 +59,7 @@ def checks(run: RunFiles) -> list[Check]:
     """Section 21's checks: the grid ran whole, every follow-up found the context where its arm put
     it, and every table in results.json is what the rows give."""
     p = run.params
-    models, grid, arm_names = p["MODELS"], p["CONTEXT_TOKENS_GRID"], p["ARMS"]
+    models, grid, arm_names = p.MODELS, p.CONTEXT_TOKENS_GRID, p.ARMS
     children, stores, rows = run.raw("models.jsonl"), run.raw("stores.jsonl"), run.raw("rows.jsonl")
     measured = [r for r in rows if r.get("measured")]
     kvt = kv_bytes(run)
@@ -83,7 +83,7 @@ def checks(run: RunFiles) -> list[Check]:
                       lambda r: r["kv_bytes_per_token"] == kvt.get(r["model"])
                       and r["context_bytes"] == r["context_tokens"] * r["kv_bytes_per_token"],
                       lambda r: r["tag"], "raw/rows.jsonl is missing or empty"))
-    repeats = range(p["WARMUP_REPEATS"], p["WARMUP_REPEATS"] + p["NUM_REPEATS"])
+    repeats = range(p.WARMUP_REPEATS, p.WARMUP_REPEATS + p.NUM_REPEATS)
     keys = [(r["model"], r["context_tokens"], r["arm"], r["repeat"]) for r in measured]
     want = set(product(models, grid, arm_names, repeats))
     out.append(check("every (model, context, arm, repeat) was measured exactly once",
@@ -91,14 +91,14 @@ def checks(run: RunFiles) -> list[Check]:
                      f"{len(keys)} measured rows, {len(want)} wanted; missing {sorted(want - set(keys))[:3]}",
                      measured, no_rows))
     out.append(order_check(rows))
-    out.append(all_of("warm-up repeats are recorded as not measured", [r for r in rows if r["repeat"] < p["WARMUP_REPEATS"]],
+    out.append(all_of("warm-up repeats are recorded as not measured", [r for r in rows if r["repeat"] < p.WARMUP_REPEATS],
                       lambda r: not r.get("measured"), lambda r: r["tag"],
-                      "no warm-up repeats" if p["WARMUP_REPEATS"] else "WARMUP_REPEATS=0: no warm-up rows"))
+                      "no warm-up repeats" if p.WARMUP_REPEATS else "WARMUP_REPEATS=0: no warm-up rows"))
     for arm in arm_names:
         mine = [r for r in measured if r["arm"] == arm]
         what = "none" if KIND[arm] == "recompute" else "the whole context"
         out.append(all_of(f"{arm}: every measured follow-up hit {what} in cached tokens", mine,
-                          lambda r: len(r["num_cached_tokens"]) == p["NUM_FOLLOWUPS"]
+                          lambda r: len(r["num_cached_tokens"]) == p.NUM_FOLLOWUPS
                           and all(c == expected_cached(r["arm"], r["context_tokens"]) for c in r["num_cached_tokens"]),
                           lambda r: f"{r['tag']}: {r['num_cached_tokens']}", f"no measured {arm} rows"))
     out.append(all_of("a row's status is ok exactly when every follow-up hit its expected cached tokens", rows,
@@ -158,9 +158,9 @@ def paired_checks(run: RunFiles) -> list[Check]:
     if not run.has_raw("pairs.jsonl"):
         return [Check(name, "skipped", PAIRED_SINCE, predates=PAIRED_SINCE) for name in PAIRED_CHECKS]
     pairs, floors = run.raw("pairs.jsonl"), run.raw("point_floors.jsonl")
-    cfg_pairs = {a: (p.get("NUM_DISK_RESTORES") if KIND[a] == "disk" else p.get("NUM_RESTORES")) or 0
-                 for a in p["ARMS"] if a in report.RESIDENT_OF}
-    want = {(m, n, a): k for m in p["MODELS"] for n in p["CONTEXT_TOKENS_GRID"] for a, k in cfg_pairs.items() if k}
+    cfg_pairs = {a: (p.NUM_DISK_RESTORES if KIND[a] == "disk" else p.NUM_RESTORES) or 0
+                 for a in p.ARMS if a in report.RESIDENT_OF}
+    want = {(m, n, a): k for m in p.MODELS for n in p.CONTEXT_TOKENS_GRID for a, k in cfg_pairs.items() if k}
     got: dict[tuple, list[dict]] = {}
     for r in pairs:
         got.setdefault((r["model"], r["context_tokens"], r["pair_arm"]), []).append(r)
@@ -447,9 +447,9 @@ def counts(run: RunFiles) -> dict[str, int | str]:
         groups.setdefault((r["model"], r["context_tokens"]), []).append(r)
     for (model, n), rs in groups.items():
         cached = {arm: sorted({c for x in rs if x["arm"] == arm for c in x["num_cached_tokens"]})
-                  for arm in run.params["ARMS"] if any(x["arm"] == arm for x in rs)}
+                  for arm in run.params.ARMS if any(x["arm"] == arm for x in rs)}
         out[f"{model} {n}: cached tokens per arm"] = ", ".join(f"{a} {'/'.join(map(str, v))}" for a, v in cached.items())
-        for arm in [a for a in run.params["ARMS"] if KIND[a] == "disk"]:
+        for arm in [a for a in run.params.ARMS if KIND[a] == "disk"]:
             disk = sorted({r["disk_read_bytes"] for r in rs if r["arm"] == arm})
             if disk:
                 label = "disk" if arm == "disk" else arm

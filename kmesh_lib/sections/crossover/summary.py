@@ -103,8 +103,8 @@ def answer(run: RunFiles) -> str:
         else:
             lead.append(f"{LABEL[path]} restore beats recompute for {', '.join(wins[path])} only")
     text = ["**" + "; ".join(lead) + ".**"]
-    text.append(f"Per model ({p['DTYPE']}, {p['BLOCK_SIZE']}-token blocks, {p['WEIGHTS']} weights on {p['DEVICE']}; "
-                f"medians of {p['NUM_REPEATS']} measured follow-ups per point; the crossover is the shortest measured "
+    text.append(f"Per model ({p.DTYPE}, {p.BLOCK_SIZE}-token blocks, {p.WEIGHTS} weights on {p.DEVICE}; "
+                f"medians of {p.NUM_REPEATS} measured follow-ups per point; the crossover is the shortest measured "
                 "context from which the restore is faster at every longer one):")
     text += [f"- {model}: " + "; ".join(path_phrase(r) for r in paths.values()) + "." for model, paths in per_model.items()]
     arms = {(t["model"], t["context_tokens"], t["arm"]): t for t in tables["arms"]}
@@ -126,14 +126,14 @@ def answer(run: RunFiles) -> str:
                        if distance and all(r["x_floor"] for r in distance) else "") + ".")
     split_lines = _floor_sentences(tables, longest, run.raw("rows.jsonl"))
     text.append("Where the evidence is weak: " + ("random or dummy weights give each shape's compute time but not a real "
-                "model's values; " if p["WEIGHTS"] in ("dummy", "random") else "")
+                "model's values; " if p.WEIGHTS in ("dummy", "random") else "")
                 + "one machine's disk and memory; a crossover is only as fine as the grid of context lengths"
-                + ("; on the CPU build prefill is slow, so restores win early" if p["DEVICE"] == "cpu" else "") + "."
+                + ("; on the CPU build prefill is slow, so restores win early" if p.DEVICE == "cpu" else "") + "."
                 + (f" {len(failed)} check(s) failed: " + "; ".join(c.name for c in failed[:3]) + "." if failed else ""))
     rows = run.raw("rows.jsonl")
     goal_rows = report.goal_table(tables["arms"], tables.get("floor_distance", []), rows)  # each computed once
     critical = report.critical_goal_table(tables.get("splits", []), tables.get("floor_distance", []))
-    goal_lines = _goal_sentences(tables, rows, p["SUFFIX_TOKENS"], goal_rows, critical)
+    goal_lines = _goal_sentences(tables, rows, p.SUFFIX_TOKENS, goal_rows, critical)
     goals = ("The restore goals, one reading a line:\n\n" + "\n".join(f"- {line}" for line in goal_lines)
              if goal_lines else "")
     points = goal_points_table(tables, rows, goal_rows, critical)
@@ -142,7 +142,7 @@ def answer(run: RunFiles) -> str:
                   "bandwidth measured in this run):\n\n" + points)
     pooled = forward_pairs_table(tables)
     if pooled:
-        goals += ("\n\nThe forward pass " + ("(host stamps on the CPU build)" if p["DEVICE"] == "cpu" else "on the GPU")
+        goals += ("\n\nThe forward pass " + ("(host stamps on the CPU build)" if p.DEVICE == "cpu" else "on the GPU")
                   + ", paired by repeat and pooled over the points (the median of the "
                   "pairs' differences, its 95% bootstrap interval):\n\n" + pooled)
     resolution = tables.get("restore_resolution") or []
@@ -167,7 +167,7 @@ def answer(run: RunFiles) -> str:
             "judged by its interval: no cost measured where it holds zero, at the floor where it reaches the floor; "
             "parts from measured timestamps: the tier's own timeline for the "
             "GPU buffer and vLLM's CPU tier, the component probe for LMCache"
-            + ("; on the CPU build the GPU buffer is host memory" if p["DEVICE"] == "cpu" else "") + "):\n\n"
+            + ("; on the CPU build the GPU buffer is host memory" if p.DEVICE == "cpu" else "") + "):\n\n"
             + "\n".join(f"- {line}" for line in split_lines) + "\n\n" + (f"{goals}\n\n" if goals else "") + text[-1])
 
 
@@ -533,7 +533,7 @@ def verdict(run: RunFiles) -> list[str]:
     per_model = _by_model(recomputed_tables(run)["crossover"])
     if not per_model:
         return ["No verdict: no measured row has both a restore and the recompute control."]
-    repeats = run.params.get("NUM_REPEATS")
+    repeats = run.params.NUM_REPEATS
     out = []
     for model, paths in per_model.items():
         wins = [r for r in paths.values() if r["crossover_tokens"] is not None]

@@ -43,7 +43,7 @@ def recorded_floors(run: RunFiles) -> dict:
 
 def models(run: RunFiles) -> list[dict]:
     """The child summaries of raw/models.jsonl, for the models the params name (the notebook's table of children)."""
-    wanted = set(run.params["MODELS"])
+    wanted = set(run.params.MODELS)
     return [m for m in run.raw("models.jsonl") if m["model"] in wanted]
 
 

@@ -11,16 +11,16 @@ from kmesh_lib.sections.engine_check.checks import OPS, arms, block_ops, by_arm,
 
 
 def _arm_facts(run: RunFiles) -> list[dict]:
-    rows, events = by_arm(run.raw("requests.jsonl")), by_arm(run.raw("block_events.jsonl"))
+    rows, events = by_arm(run.records("requests.jsonl")), by_arm(run.records("block_events.jsonl"))
     facts = []
     for arm, (block_size, num_gpu_blocks) in arms(run.params).items():
         mine = rows.get(arm, [])
         if len(mine) != 2:
             continue
-        prompt = len(mine[1]["prompt_token_ids"])
+        prompt = len(mine[1].prompt_token_ids)
         facts.append({"arm": arm, "engine": arm.split("-B")[0], "block_size": block_size, "num_gpu_blocks": num_gpu_blocks,
-                      "num_prompt_tokens": prompt, "num_cached_tokens": [r["num_cached_tokens"] for r in mine],
-                      "expected_cached_tokens": expected_prefix_hit(prompt, run.params["CONTEXT_TOKENS"], block_size),
+                      "num_prompt_tokens": prompt, "num_cached_tokens": [r.num_cached_tokens for r in mine],
+                      "expected_cached_tokens": expected_prefix_hit(prompt, run.params.CONTEXT_TOKENS, block_size),
                       "block_ops": block_ops(events.get(arm, []))})
     return facts
 
@@ -54,7 +54,7 @@ def answer(run: RunFiles) -> str:
         engine = "replay engine (vLLM's scheduler, no forward pass)" if f["engine"] == "replay" else f"{f['engine']} engine"
         parts.append(f"On the {engine} ({f['block_size']}-token blocks, {f['num_gpu_blocks']}-block pool) the "
                      f"second request found **{f['num_cached_tokens'][1]} of its {f['num_prompt_tokens']} prompt tokens** "
-                     f"cached ({'every' if hit else 'not every'} full block of the {p['CONTEXT_TOKENS']}-token shared prefix "
+                     f"cached ({'every' if hit else 'not every'} full block of the {p.CONTEXT_TOKENS}-token shared prefix "
                      f"it may reuse: {f['expected_cached_tokens']}); the capture logged {_ops(f['block_ops'])}.")
     drained = not any("drained" in name or "ref_cnts" in name for name in failed)
     verdict = ("**Yes.**" if not failed else "**Not on this run:** " + "; ".join(failed[:3]) + ".")
@@ -64,7 +64,7 @@ def answer(run: RunFiles) -> str:
              "The two engines ran different block sizes or pools here, so their counts are not compared; "
              "the gpu profile runs both at 16-token blocks." if same.status == "skipped" else
              "The two engines disagree at the same block size and pool: " + same.detail + ".")
-    return (f"{verdict} vLLM {version} ({p['MODEL']}, {p['DTYPE']}, on {p['DEVICE']}). " + " ".join(parts) + " "
+    return (f"{verdict} vLLM {version} ({p.MODEL}, {p.DTYPE}, on {p.DEVICE}). " + " ".join(parts) + " "
             + ("Replaying the logged events from an empty pool gives every logged reference count, the second request's "
                "hits are touches of the first request's own blocks, and every reference is released at the end: the pool "
                "drains. " if drained else "The replayed capture does not drain: see the failed checks. ")

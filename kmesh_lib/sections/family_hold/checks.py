@@ -18,14 +18,12 @@ pool; the sweep's rows and crossing are recomputed from ``raw/sweep.jsonl`` wher
 """
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from kmesh_lib.base.checks import Check, all_of, check, differences
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.kv.capture import replay_references
 from kmesh_lib.kv.capture_contract import validate_capture
 from kmesh_lib.sections.family_hold import report
-from kmesh_lib.sections.family_hold.params import ARMS, hashed_blocks, held_cap
+from kmesh_lib.sections.family_hold.params import ARMS, FamilyHoldParams, hashed_blocks, held_cap
 from kmesh_lib.sections.family_hold.recorded import (
     OPS,
     ArmRecord,
@@ -37,7 +35,6 @@ from kmesh_lib.sections.family_hold.recorded import (
     read_sweep,
     twin_mode,
 )
-from kmesh_lib.sections.family_hold.tables import run_params
 
 SUMMARY_GROUPS = {  # results.json keys compared per mode, grouped so a failure names what differs
     "per-arm cached tokens and block operations": ("arms",),
@@ -48,19 +45,19 @@ SUMMARY_GROUPS = {  # results.json keys compared per mode, grouped so a failure 
 }
 
 
-def roles(params: dict) -> list[str]:
-    return (["parent"] + [f"noise{i}/pass{p}" for p in range(params["NUM_PASSES"]) for i in range(params["NUM_NOISE"])]
+def roles(params: FamilyHoldParams) -> list[str]:
+    return (["parent"] + [f"noise{i}/pass{p}" for p in range(params.NUM_PASSES) for i in range(params.NUM_NOISE)]
             + ["child"])
 
 
-def workload_problems(a: ArmRecord, params: dict) -> list[str]:
+def workload_problems(a: ArmRecord, params: FamilyHoldParams) -> list[str]:
     """How an arm-sample differs from the workload the parameters describe (empty: it is that workload)."""
     if a.roles != roles(params):
-        return [f"roles {a.roles[:3]}... are not parent, {params['NUM_PASSES']} x {params['NUM_NOISE']} noise, child"]
-    want = {"parent": params["PARENT_TOKENS"], "child": params["PARENT_TOKENS"] + params["MAX_TOKENS"]
-            + params["CHILD_SUFFIX_TOKENS"]}
+        return [f"roles {a.roles[:3]}... are not parent, {params.NUM_PASSES} x {params.NUM_NOISE} noise, child"]
+    want = {"parent": params.PARENT_TOKENS, "child": params.PARENT_TOKENS + params.MAX_TOKENS
+            + params.CHILD_SUFFIX_TOKENS}
     out = [f"{role}: {num_prompt_tokens(r)} prompt tokens" for role, r in zip(a.roles, a.requests)
-           if num_prompt_tokens(r) != want.get(role, params["NOISE_TOKENS"])]
+           if num_prompt_tokens(r) != want.get(role, params.NOISE_TOKENS)]
     parent, child = a.request("parent"), a.request("child")
     if "prompt_token_ids" in child:
         head = parent["prompt_token_ids"] + parent["output_token_ids"]
@@ -113,16 +110,16 @@ def mode_checks(run: RunFiles, mode: str) -> list[Check]:
     out.append(check(f"{mode}: the capture records hold exactly block_events.jsonl's events, request by request",
                      not split, f"differ for {split[:3]}", arms, no_arms))
     ran = {(a.sample, a.arm) for a in arms}
-    want = {(s, arm) for s in range(p["NUM_SAMPLES"]) for arm in ARMS}
-    out.append(check(f"{mode}: stock and held ran NUM_SAMPLES={p['NUM_SAMPLES']} samples each",
+    want = {(s, arm) for s in range(p.NUM_SAMPLES) for arm in ARMS}
+    out.append(check(f"{mode}: stock and held ran NUM_SAMPLES={p.NUM_SAMPLES} samples each",
                      ran == want and len(arms) == len(want), f"{len(arms)} arm-samples", arms, no_arms))
     out.append(all_of(f"{mode}: every arm-sample ran the workload of the parameters", arms,
                       lambda a: not workload_problems(a, p), lambda a: f"{a.arm}/s{a.sample}: {workload_problems(a, p)[:2]}",
                       no_arms))
     out.append(check(f"{mode}: parent and unrelated prompts are the same in both arms", not _stock_held_prompts_equal(arms),
                      "; ".join(_stock_held_prompts_equal(arms)[:3]), report.pairs(arms), no_arms))
-    out.append(all_of(f"{mode}: every request completed with MAX_TOKENS={p['MAX_TOKENS']} tokens", requests,
-                      lambda r: num_output_tokens(r) == p["MAX_TOKENS"] and r["finish_reason"] == "length",
+    out.append(all_of(f"{mode}: every request completed with MAX_TOKENS={p.MAX_TOKENS} tokens", requests,
+                      lambda r: num_output_tokens(r) == p.MAX_TOKENS and r["finish_reason"] == "length",
                       lambda r: f"{r['request_id']}: {num_output_tokens(r)} tokens, {r['finish_reason']}", no_arms))
     out.append(all_of(f"{mode}: every arm-sample started with nothing cached", arms,
                       lambda a: a.requests[0]["num_cached_tokens"] == 0, lambda a: f"{a.arm}/s{a.sample}", no_arms))
@@ -132,7 +129,7 @@ def mode_checks(run: RunFiles, mode: str) -> list[Check]:
     out.append(check(f"{mode}: generated tokens match between arms, request by request", not tokens,
                      f"{len(tokens)} of {sum(len(s.requests) for s, _ in report.pairs(arms))} differ; {tokens[:2]}",
                      report.pairs(arms), no_arms))
-    tolerance = run_params(run).LOGPROB_TOLERANCE
+    tolerance = run.params.LOGPROB_TOLERANCE
     logprobs = report.output_mismatches(arms, tolerance)
     delta = report.summarize_mode(arms, tolerance)["max_logprob_delta"] if arms else 0.0
     out.append(check(f"{mode}: chosen logprobs match between arms within LOGPROB_TOLERANCE={tolerance}", not logprobs,
@@ -225,15 +222,15 @@ def sweep_checks(run: RunFiles) -> list[Check]:
                       "status is no evidence of it)", recorded_only=True)]
     arms = [a for pool in pools for a in pool]
     out = [check("sweep: ran every pool of SWEEP_NUM_GPU_BLOCKS, stock and held",
-                 sorted(pool[0].num_gpu_blocks for pool in pools) == sorted(p["SWEEP_NUM_GPU_BLOCKS"])
+                 sorted(pool[0].num_gpu_blocks for pool in pools) == sorted(p.SWEEP_NUM_GPU_BLOCKS)
                  and all(len(report.pairs(pool)) == 1 for pool in pools),
                  f"{len(pools)} pools", pools)]
     out.append(all_of("sweep: every arm-sample ran the workload of the parameters", arms,
                       lambda a: not workload_problems(a, p),
                       lambda a: f"{a.num_gpu_blocks}/{a.arm}: {workload_problems(a, p)[:2]}"))
     out += replay_checks("sweep", arms)
-    parent = hashed_blocks(p["PARENT_TOKENS"], p["MAX_TOKENS"], p["REPLAY_BLOCK_SIZE"])
-    cap = {r["num_gpu_blocks"]: held_cap(SimpleNamespace(**p), p["REPLAY_BLOCK_SIZE"], r["num_gpu_blocks"]) for r in rows}
+    parent = hashed_blocks(p.PARENT_TOKENS, p.MAX_TOKENS, p.REPLAY_BLOCK_SIZE)
+    cap = {r["num_gpu_blocks"]: held_cap(p, p.REPLAY_BLOCK_SIZE, r["num_gpu_blocks"]) for r in rows}
     out.append(all_of("sweep: the hold was refused exactly where the parent's blocks exceed the cap", rows,
                       lambda r: bool(r["refused"]) == (parent > cap[r["num_gpu_blocks"]]),
                       lambda r: f"{r['num_gpu_blocks']} blocks: refused {r['refused']}"))

@@ -59,14 +59,14 @@ def num_output_tokens(row: dict) -> int:
     return len(row["output_token_ids"]) if "output_token_ids" in row else row["num_output_tokens"]
 
 
-def mode_sizes(params: dict, mode: str) -> tuple[int, int]:
+def mode_sizes(params, mode: str) -> tuple[int, int]:
     """(block size, pool with the null block) of a run mode, from the run's parameters."""
     if mode == "replay":
-        return params["REPLAY_BLOCK_SIZE"], params["REPLAY_NUM_GPU_BLOCKS"]
-    return params["BLOCK_SIZE"], params["NUM_GPU_BLOCKS"]
+        return params.REPLAY_BLOCK_SIZE, params.REPLAY_NUM_GPU_BLOCKS
+    return params.BLOCK_SIZE, params.NUM_GPU_BLOCKS
 
 
-def twin_mode(params: dict) -> str:
+def twin_mode(params) -> str:
     """The replay mode run at the real engine's block size and pool (section 3 of the notebook)."""
     return "replay" if mode_sizes(params, "real") == mode_sizes(params, "replay") else "replay_at_real"
 

@@ -12,7 +12,6 @@ from kmesh_lib.sections.family_hold import report
 from kmesh_lib.sections.family_hold.checks import checks
 from kmesh_lib.sections.family_hold.params import hashed_blocks
 from kmesh_lib.sections.family_hold.recorded import OPS, mode_sizes, modes, read_mode, read_sweep
-from kmesh_lib.sections.family_hold.tables import run_params
 
 
 def _mode(run: RunFiles, mode: str) -> dict | None:
@@ -83,7 +82,7 @@ def answer(run: RunFiles) -> str:
     text = []
     main = replay or real
     s = main["first"]
-    k = hashed_blocks(p["PARENT_TOKENS"], p["MAX_TOKENS"], main["block_size"])
+    k = hashed_blocks(p.PARENT_TOKENS, p.MAX_TOKENS, main["block_size"])
     engine = ("the replay engine (vLLM's scheduler and block pool, no forward pass)" if main["mode"] == "replay"
               else "the real engine")
     text.append(f"**At a {main['num_gpu_blocks']}-block pool of {main['block_size']}-token blocks the held arm "
@@ -95,10 +94,10 @@ def answer(run: RunFiles) -> str:
     if real and main is not real:
         r = real["first"]
         parity = next((c for c in report_ if c.name.startswith("real engine counts equal")), None)
-        first_mode = "The real engine" if run_params(run).ENGINE == "real" else "The first run mode (replay engine)"
+        first_mode = "The real engine" if run.params.ENGINE == "real" else "The first run mode (replay engine)"
         same = "too" if _verdict(r["net"]) == _verdict(s["net"]) else "instead"
-        text.append(f"{first_mode} (vLLM {env.get('packages', {}).get('vllm', '?')}, {p['MODEL']}, {p['DTYPE']} on "
-                    f"{p['DEVICE']}, {real['block_size']}-token blocks, {real['num_gpu_blocks']}-block pool) "
+        text.append(f"{first_mode} (vLLM {env.get('packages', {}).get('vllm', '?')}, {p.MODEL}, {p.DTYPE} on "
+                    f"{p.DEVICE}, {real['block_size']}-token blocks, {real['num_gpu_blocks']}-block pool) "
                     f"{_verdict(r['net'])} {same}: saved {_tokens(r['saved'])}, displaced {_tokens(r['displaced'])}, "
                     f"net {_tokens(r['net'])}"
                     + ("; its cached tokens and block operations equal the replay engine's at the same sizes."
@@ -201,5 +200,5 @@ def findings(run: RunFiles) -> list[dict]:
         out.append({"what": "real engine outputs, hold vs no hold",
                     "figure": f"tokens equal in {real['requests'] - real['token_mismatches']} of {real['requests']} "
                               f"requests; max |logprob delta| {real['max_logprob_delta']:.2g}",
-                    "basis": f"LOGPROB_TOLERANCE {run.params.get('LOGPROB_TOLERANCE', '–')}"})
+                    "basis": f"LOGPROB_TOLERANCE {run.params.LOGPROB_TOLERANCE}"})
     return out

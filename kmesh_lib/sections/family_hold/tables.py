@@ -15,18 +15,11 @@
 from __future__ import annotations
 
 from kmesh_lib.base.declared import ABSENT, NotRecomputable, Table, recorded_only
-from kmesh_lib.base.params import build
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.family_hold import report
-from kmesh_lib.sections.family_hold.params import FamilyHoldParams
 from kmesh_lib.sections.family_hold.recorded import read_mode, read_sweep, twin_mode
 
 LIVE_MODE = ("controller", "all_drained")  # what only the live run knew of a mode: recorded, not rebuilt
-
-
-def run_params(run: RunFiles) -> FamilyHoldParams:
-    """The run's parameters, parsed once by the section's ``Params`` (one default per parameter)."""
-    return build(FamilyHoldParams, run.params)
 
 
 def engine_of(run: RunFiles, mode: str) -> dict | None:
@@ -42,7 +35,7 @@ def mode_table(run: RunFiles, mode: str) -> dict:
     arms = read_mode(run, mode)
     if not arms:
         return ABSENT
-    return {"engine": engine_of(run, mode), **report.summarize_mode(arms, run_params(run).LOGPROB_TOLERANCE)}
+    return {"engine": engine_of(run, mode), **report.summarize_mode(arms, run.params.LOGPROB_TOLERANCE)}
 
 
 def parity_table(run: RunFiles) -> list[dict]:
@@ -79,4 +72,4 @@ TABLES = {
                                           "layers reported (issue 47): what the engine ran, read while it ran"),
 }
 
-__all__ = ["LIVE_MODE", "TABLES", "engine_of", "mode_table", "parity_table", "run_params", "sweep_table"]
+__all__ = ["LIVE_MODE", "TABLES", "engine_of", "mode_table", "parity_table", "sweep_table"]

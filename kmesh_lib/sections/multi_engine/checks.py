@@ -15,7 +15,7 @@
   file and SHM segment removed once a fleet closed;
 - results.json's tables are what the raw records give (``tables.TABLES``, by the one comparator).
 
-The parameters are read once, as ``MultiEngineParams`` (``params.run_params``): each with its one default.
+The parameters are read once, as ``MultiEngineParams`` (``RunFiles.params``): each with its one default.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from kmesh_lib.base.declared import ABSENT, json_value
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.multi_engine import compare, report
 from kmesh_lib.sections.multi_engine.experiment import order_seed, policy_order, schedule
-from kmesh_lib.sections.multi_engine.params import POLICIES, MultiEngineParams, run_params
+from kmesh_lib.sections.multi_engine.params import POLICIES, MultiEngineParams
 from kmesh_lib.sections.multi_engine.tables import EMPTY, NO_ORDERS, TABLES
 
 NO_ROWS = "raw/requests.jsonl holds no requests"
@@ -347,7 +347,7 @@ def probe_checks(cfg: MultiEngineParams, probes: list[dict]) -> list[Check]:
 def checks(run: RunFiles) -> list[Check]:
     """Every statement section 22 makes about a run, from its raw records and parameters."""
     run = as_files(run)
-    cfg = run_params(run)
+    cfg = run.params
     rows, arms, fleets = run.raw("requests.jsonl"), run.raw("arms.jsonl"), run.raw("fleets.jsonl")
     orders = run.raw("orders.jsonl")
     return (workload_checks(cfg, rows, arms) + completion_checks(cfg, rows, arms) + agreement_checks(cfg, rows, arms)
@@ -360,7 +360,7 @@ def checks(run: RunFiles) -> list[Check]:
 def counts(run: RunFiles) -> dict[str, int | str]:
     """Deterministic facts of the run (the smoke golden pins them); nothing timing-dependent."""
     run = as_files(run)
-    cfg = run_params(run)
+    cfg = run.params
     rows, arms, fleets = run.raw("requests.jsonl"), run.raw("arms.jsonl"), run.raw("fleets.jsonl")
     out: dict[str, int | str] = {"engines": cfg.NUM_ENGINES, "traces": len(arms), "fleets closed":
                                  sum(f["status"] == "closed" for f in fleets)}

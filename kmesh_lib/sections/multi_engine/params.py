@@ -12,11 +12,9 @@ from kmesh_lib.base.params import (
     PositiveCount,
     Seconds,
     Tokens,
-    build,
     check,
     params_dataclass,
 )
-from kmesh_lib.base.records import RunFiles
 from kmesh_lib.engine.config import SourceRunParams
 from kmesh_lib.engine.model_spec import resolve
 from kmesh_lib.lmcache.tier_params import CHUNK_TOKENS, ChunkTokens, DiskTierRoot
@@ -132,12 +130,3 @@ class MultiEngineParams(SourceRunParams):
 def kv_bytes_per_token(cfg: MultiEngineParams, model: str) -> int:
     return resolve(model).kv_bytes_per_token(cfg.DTYPE)
 
-
-def run_params(run: RunFiles) -> MultiEngineParams:
-    """A run's parameters (params.resolved.yaml) as ``MultiEngineParams``: what the checks, tables and summaries read,
-    each parameter declared once here, with its one default, and parsed once per reader.
-
-    Raises:
-        ParamError: the recorded parameters are not ones this section takes (an unknown key, a bad value).
-    """
-    return build(MultiEngineParams, run.params, where=str(run.run_dir / "params.resolved.yaml"))

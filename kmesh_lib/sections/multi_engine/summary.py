@@ -6,7 +6,6 @@ from kmesh_lib.base.declared import ABSENT
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.multi_engine import compare
 from kmesh_lib.sections.multi_engine.checks import checks
-from kmesh_lib.sections.multi_engine.params import run_params
 from kmesh_lib.sections.multi_engine.tables import TABLES
 
 MIB = 1 << 20
@@ -34,7 +33,7 @@ def headline(run: RunFiles) -> dict[str, str]:
     """Per model (at most two): makespan per policy, shared against prefix-aware, the idle-engine probe."""
     policies, byte_rows, _ = tables(run)
     probes = {r["model"]: r for r in probe_rows(run)}
-    models = run_params(run).models[:2]
+    models = run.params.models[:2]
     compared = TABLES["comparisons"].build(run)
     out = {}
     for model in models:
@@ -162,7 +161,7 @@ def _hit_split(byte_rows: list[dict]) -> str:
 
 
 def answer(run: RunFiles) -> str:
-    cfg = run_params(run)
+    cfg = run.params
     policies, byte_rows, _ = tables(run)
     if not policies:
         return "No request was recorded, so this run answers nothing."
@@ -217,7 +216,7 @@ def answer(run: RunFiles) -> str:
 
 def public_results(run: RunFiles) -> dict:
     """Aggregates only: the tables' numbers and labels, the trace's shape, check counts; no tokens."""
-    cfg = run_params(run)
+    cfg = run.params
     policies, byte_rows, restores = tables(run)
     keep_policy = ("model", "policy", "repeats", "requests", "ok", "makespan_ms", "ttft_ms", "ttft_p90_ms",
                    "parent_ttft_ms", "child_ttft_ms", "noise_ttft_ms", "local_tokens", "restored_tokens",
@@ -262,7 +261,7 @@ def verdict(run: RunFiles) -> list[str]:
     probes = {r["model"]: r for r in probe_rows(run)}
     out = []
     compared = TABLES["comparisons"].build(run)
-    for model in run_params(run).models[:2]:
+    for model in run.params.models[:2]:
         mine = {t["policy"]: t for t in policies if t["model"] == model}
         s, a, r = mine.get("shared"), mine.get("prefix_aware"), mine.get("recompute")
         if not (s and a and s["makespan_ms"] and a["makespan_ms"]):
@@ -292,7 +291,7 @@ def findings(run: RunFiles) -> list[dict]:
     """Per model and policy: makespan, children's first token, recomputed tokens, load balance."""
     run = RunFiles.of(run)
     policies, _, _ = tables(run)
-    models = run_params(run).models[:2]
+    models = run.params.models[:2]
     rows = [{"model": t["model"], "policy": t["policy"].replace("_", " "),
              "makespan": f"{t['makespan_ms'] / 1e3:.1f} s" if t["makespan_ms"] else None,
              "child first token": f"{t['child_ttft_ms']:,.0f} ms" if t.get("child_ttft_ms") is not None else None,

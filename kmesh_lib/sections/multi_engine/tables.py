@@ -20,11 +20,10 @@ from __future__ import annotations
 from kmesh_lib.base.declared import ABSENT, Table
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.multi_engine import compare, report
-from kmesh_lib.sections.multi_engine.params import run_params
 
 
 def policies(run: RunFiles) -> list[dict]:
-    return report.policy_table(run.raw("requests.jsonl"), run_params(run).NUM_ENGINES)
+    return report.policy_table(run.raw("requests.jsonl"), run.params.NUM_ENGINES)
 
 
 def bytes_through_the_server(run: RunFiles) -> list[dict]:

@@ -1,4 +1,6 @@
 """Section 20, prefetch: Does loading shared context early help, once repeat reads are gone?"""
+from kmesh_lib.base.captures import declare
+from kmesh_lib.sections.prefetch.captures import CAPTURES
 from kmesh_lib.sections.prefetch.checks import checks, counts
 from kmesh_lib.sections.prefetch.experiment import plan
 from kmesh_lib.sections.prefetch.params import PrefetchParams as Params
@@ -12,5 +14,7 @@ NOTEBOOK = "20_prefetch.ipynb"
 USES_ENGINE = True
 QUESTION = "Does loading shared context early help, once repeat reads are gone?"
 
-__all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TABLES", "TITLE", "USES_ENGINE", "answer", "checks",
+declare(KEY, Params, CAPTURES)
+
+__all__ = ["CAPTURES", "KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TABLES", "TITLE", "USES_ENGINE", "answer", "checks",
            "counts", "findings", "headline", "plan", "public_results", "verdict"]

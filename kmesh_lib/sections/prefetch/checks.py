@@ -29,9 +29,10 @@ from __future__ import annotations
 from kmesh_lib.base.checks import Check, all_of, check
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.prefetch import stats as ps
+from kmesh_lib.sections.prefetch.captures import PrefetchEngineRun, PrefetchGroup
 from kmesh_lib.sections.prefetch.params import PrefetchParams
 from kmesh_lib.sections.prefetch.protocol import confirm_arms
-from kmesh_lib.sections.prefetch.tables import TABLES, groups_of, params_of
+from kmesh_lib.sections.prefetch.tables import TABLES, groups_of
 from kmesh_lib.workloads.context_checks import (
     NOT_AVAILABLE,
     cleaned_up,
@@ -57,12 +58,12 @@ def plan_runs(cfg: PrefetchParams) -> list[tuple[str, int, int]]:
             for n in cfg.GROUP_SIZES for r in range(cfg.pilot_only_runs + cfg.engine_runs(p))]
 
 
-def planned_runs(cfg: PrefetchParams, blocks: list[dict]) -> list[str]:
-    unavailable = {b.get("path") for b in blocks if b.get("status") == NOT_AVAILABLE}
+def planned_runs(cfg: PrefetchParams, blocks: list[PrefetchEngineRun]) -> list[str]:
+    unavailable = {b.path for b in blocks if b.status == NOT_AVAILABLE}
     return [f"{p}-N{n}-r{r}" for p, n, r in plan_runs(cfg) if p not in unavailable]
 
 
-def groups_recorded(cfg: PrefetchParams, groups: list[dict], blocks: list[dict]) -> Check:
+def groups_recorded(cfg: PrefetchParams, groups: list[PrefetchGroup], blocks: list[PrefetchEngineRun]) -> Check:
     """Every engine run that finished ok recorded the groups its plan gives (``protocol.run_engine``): WARMUP_PAIRS
     + MEASURED_GROUPS / ENGINE_RUNS pairs of the arms its lead gives (``confirm_arms``), and, in the one run of its
     path and group size that chose the lead, PILOT_GROUPS groups per lead in LEADS_MS and (MP) CONTRAST_GROUPS
@@ -70,27 +71,27 @@ def groups_recorded(cfg: PrefetchParams, groups: list[dict], blocks: list[dict])
     given instead of chosen (the live panel's runs: ``live.live_params``), so no run need have run the pilot. A run
     the params do not plan fails; a summary without its lead is no evidence."""
     planned = set(planned_runs(cfg, blocks))
-    finished = [b for b in blocks if b.get("status") == "ok"]
+    finished = [b for b in blocks if b.status == "ok"]
     if cfg.pilot_only_runs:
         return _groups_recorded_pilot_runs(cfg, groups, finished, planned)
     pilot_runs: dict[tuple, list[str]] = {}
     for b in finished:
-        if any(g.get("block") == b.get("block") and g.get("phase") == "pilot" for g in groups):
-            pilot_runs.setdefault((b.get("path"), b.get("group_size")), []).append(b["block"])
+        if any(g.engine_run == b.engine_run and g.phase == "pilot" for g in groups):
+            pilot_runs.setdefault((b.path, b.group_size), []).append(b.engine_run)
 
     def found(b) -> dict:
-        mine = [g for g in groups if g.get("block") == b["block"]]
-        phases = {phase: sum(g.get("phase") == phase for g in mine) for phase in sorted({g.get("phase") for g in mine},
+        mine = [g for g in groups if g.engine_run == b.engine_run]
+        phases = {phase: sum(g.phase == phase for g in mine) for phase in sorted({g.phase for g in mine},
                                                                                       key=str)}
-        return {**phases, "pilot runs of its path and group size": len(pilot_runs.get((b["path"], b["group_size"]), []))}
+        return {**phases, "pilot runs of its path and group size": len(pilot_runs.get((b.path, b.group_size), []))}
 
     def want(b) -> dict:
         pairs = {"warmup": cfg.WARMUP_PAIRS, "confirm": cfg.pairs_per_run}
-        arms = len(confirm_arms(cfg, b["lead_ms"], b["path"]))
+        arms = len(confirm_arms(cfg, b.lead_ms, b.path))
         out = {phase: n * arms for phase, n in pairs.items()}
-        if b["block"] in pilot_runs.get((b["path"], b["group_size"]), []):
+        if b.engine_run in pilot_runs.get((b.path, b.group_size), []):
             out["pilot"] = len(cfg.LEADS_MS) * cfg.PILOT_GROUPS
-            if b["path"] in MP_PATHS:
+            if b.path in MP_PATHS:
                 out["contrast"] = cfg.CONTRAST_GROUPS * (len(cfg.SINGLEFLIGHT) - 1)
         return {**{k: v for k, v in sorted(out.items()) if v}, "pilot runs of its path and group size": pilots}
 
@@ -99,106 +100,106 @@ def groups_recorded(cfg: PrefetchParams, groups: list[dict], blocks: list[dict])
     def holds(b) -> bool:
         key = "pilot runs of its path and group size"
         got, planned_groups = found(b), want(b)
-        return (b["block"] in planned and str(got[key]) in pilots.split(" or ")
+        return (b.engine_run in planned and str(got[key]) in pilots.split(" or ")
                 and {k: v for k, v in got.items() if k != key} == {k: v for k, v in planned_groups.items() if k != key})
 
     def describe(b) -> str:
-        if b["block"] not in planned:
-            return f"{b['block']}: not an engine run the params plan ({', '.join(sorted(planned)) or 'none'})"
-        return f"{b['block']}: recorded {found(b)}, the plan gives {want(b)}"
+        if b.engine_run not in planned:
+            return f"{b.engine_run}: not an engine run the params plan ({', '.join(sorted(planned)) or 'none'})"
+        return f"{b.engine_run}: recorded {found(b)}, the plan gives {want(b)}"
 
-    return every("groups recorded in raw/groups.jsonl", finished, lambda b: b.get("lead_ms") is not None, holds,
+    return every("groups recorded in raw/groups.jsonl", finished, lambda b: b.lead_ms is not None, holds,
                  describe, missing="no engine run finished ok")
 
 
 def checks(run) -> list[Check]:
     run = RunFiles.of(run)
-    cfg, raw_groups, blocks = params_of(run), run.raw("groups.jsonl"), run.raw("blocks.jsonl")
-    groups = ps.classify(raw_groups, cfg.BLOCK_SIZE)
-    measured = [g for g in groups if g.get("measured")]
-    pilot = [g for g in groups if g.get("phase") == "pilot"]
-    finished = {b.get("block") for b in blocks if b.get("status") == "ok"}
+    cfg, raw_groups, blocks = run.params, run.records("groups.jsonl"), run.records("blocks.jsonl")
+    groups = ps.classify(raw_groups)
+    measured = [g for g in groups if g.measured]
+    pilot = [g for g in groups if g.phase == "pilot"]
+    finished = {b.engine_run for b in blocks if b.status == "ok"}
     out = [groups_recorded(cfg, groups, blocks),
            runs_finished("every planned engine run finished ok", blocks, planned_runs(cfg, blocks)),
-           all_of("every group belongs to an engine run that finished ok", groups, lambda g: g["block"] in finished,
-                  lambda g: f"{g['block']} pair {g['pair']}", missing="no groups")]
+           all_of("every group belongs to an engine run that finished ok", groups, lambda g: g.engine_run in finished,
+                  lambda g: f"{g.engine_run} pair {g.pair}", missing="no groups")]
     for path, n in ps.cases(groups):
         out.append(_arm_counts(path, n, measured, cfg))
         if path in MP_PATHS and len(cfg.SINGLEFLIGHT) > 1 and cfg.CONTRAST_GROUPS:
             out.append(_contrast(path, n, groups, cfg))
     out += [
         all_of("no measured group had a tier error or an unplaced control", measured,
-               lambda g: g["status"] in ("ok", "recomputed"), lambda g: f"{g['block']} pair {g['pair']} {g['arm']}: "
-                                                                        f"{g['status']} {g.get('detail', '')}"),
+               lambda g: g.status in ("ok", "recomputed"), lambda g: f"{g.engine_run} pair {g.pair} {g.arm}: "
+                                                                        f"{g.status} {g.detail}"),
         all_of("every follow-up produced its MAX_TOKENS tokens", measured + pilot + [g for g in groups
-                                                                                  if g.get("phase") == "contrast"],
-               lambda g: all(x == cfg.MAX_TOKENS for x in g["num_output_tokens"]),
-               lambda g: f"{g['block']} pair {g['pair']} {g['arm']}: {g['num_output_tokens']}"),
-        all_of("every early group has a readiness record", [g for g in groups if g.get("arm") in EARLY],
-               lambda g: bool(g.get("readiness")) and g.get("ready") is not None, lambda g: f"{g['block']} pair {g['pair']}"),
+                                                                                  if g.phase == "contrast"],
+               lambda g: all(x == cfg.MAX_TOKENS for x in g.num_output_tokens),
+               lambda g: f"{g.engine_run} pair {g.pair} {g.arm}: {g.num_output_tokens}"),
+        all_of("every early group has a readiness record", [g for g in groups if g.arm in EARLY],
+               lambda g: bool(g.readiness) and g.ready is not None, lambda g: f"{g.engine_run} pair {g.pair}"),
         _read_once(groups, cfg),
         *([_arrival_once(groups, cfg)] if _reads_once_on_arrival(cfg) else []),
         every("the independent byte counters agree in every group (MP: to the byte)",
-              [g for g in groups if g.get("measured") or g.get("phase") in ("pilot", "contrast")],
+              [g for g in groups if g.measured or g.phase in ("pilot", "contrast")],
               lambda g: len(_counters(g)) >= 2,
               lambda g: max(_counters(g).values()) - min(_counters(g).values()) <= _tolerance(g, cfg),
-              lambda g: f"{g['block']} pair {g['pair']} {g['arm']}: {_counters(g)}"),
+              lambda g: f"{g.engine_run} pair {g.pair} {g.arm}: {_counters(g)}"),
         *(_trace(groups, cfg) if _mp_launcher(cfg) else []),
         all_of("every group in which a follow-up recomputed the context is recorded as recomputed (out of the paired "
-               "tables)", raw_groups, lambda g: not (g.get("status") == "ok" and ps.recomputed(g, cfg.BLOCK_SIZE)),
-               lambda g: f"{g['block']} pair {g['pair']} {g['arm']}: cached {g['num_cached_tokens']}, status ok")]
+               "tables)", raw_groups, lambda g: not (g.status == "ok" and ps.recomputed(g)),
+               lambda g: f"{g.engine_run} pair {g.pair} {g.arm}: cached {g.num_cached_tokens}, status ok")]
     for path, n in ps.cases(pilot):
         out += _lead(path, n, groups, cfg)
     out += [listeners_local(blocks), cleaned_up(blocks)]
     return out + figure_checks(run)
 
 
-def _arm_counts(path: str, n: int, measured: list[dict], cfg: PrefetchParams) -> Check:
-    mine = [g for g in measured if g["path"] == path and g["group_size"] == n]
-    leads = {g["lead_ms"] for g in mine if g["arm"] == "early"}
+def _arm_counts(path: str, n: int, measured: list[PrefetchGroup], cfg: PrefetchParams) -> Check:
+    mine = [g for g in measured if g.path == path and g.group_size == n]
+    leads = {g.lead_ms for g in mine if g.arm == "early"}
     arms = ["on_arrival", "early"] + (["early_fixed"] if leads and leads != {cfg.FIXED_LEAD_MS} else []) + \
         [ps.placement_arm(path, c) for c in cfg.CONTROLS]
     want = min(cfg.MEASURED_GROUPS, cfg.pairs_per_run * cfg.engine_runs(path))
-    got = {arm: sum(g["arm"] == arm for g in mine) for arm in arms}
+    got = {arm: sum(g.arm == arm for g in mine) for arm in arms}
     return Check(f"{path} N={n}: at least MEASURED_GROUPS measured groups in every arm"
                  + ("" if want == cfg.MEASURED_GROUPS else f" (scaled: {want}, GPUBUF_ENGINE_RUNS)"),
                  all(v >= want for v in got.values()), f"want {want}: {got}")
 
 
-def _contrast(path: str, n: int, groups: list[dict], cfg: PrefetchParams) -> Check:
+def _contrast(path: str, n: int, groups: list[PrefetchGroup], cfg: PrefetchParams) -> Check:
     """Run 0 of an MP path ran CONTRAST_GROUPS on-arrival groups under every further singleflight setting."""
     settings = [bool(x) for x in cfg.SINGLEFLIGHT[1:]]
-    mine = [g for g in groups if g["path"] == path and g["group_size"] == n and g.get("phase") == "contrast"]
-    got = {("on" if sf else "off"): sum(g.get("singleflight") == sf for g in mine) for sf in settings}
+    mine = [g for g in groups if g.path == path and g.group_size == n and g.phase == "contrast"]
+    got = {("on" if sf else "off"): sum(g.singleflight == sf for g in mine) for sf in settings}
     want = cfg.CONTRAST_GROUPS
     return Check(f"{path} N={n}: CONTRAST_GROUPS on-arrival groups under every further singleflight setting",
                  all(v >= want for v in got.values()), f"want {want}: {got}")
 
 
-def _half_chunk(g: dict, cfg: PrefetchParams) -> int:
-    return g["context_bytes"] * cfg.CHUNK_SIZE // g["context_tokens"] // 2
+def _half_chunk(g: PrefetchGroup, cfg: PrefetchParams) -> int:
+    return g.context_bytes * cfg.CHUNK_SIZE // g.context_tokens // 2
 
 
-def _arrival_once(groups: list[dict], cfg: PrefetchParams) -> Check:
+def _arrival_once(groups: list[PrefetchGroup], cfg: PrefetchParams) -> Check:
     """Issue 12's precondition for the on-arrival arm: one read per group where nothing rereads."""
-    gs = [g for g in groups if g.get("arm") == "on_arrival" and (g.get("measured") or g.get("phase") == "contrast")
-          and g.get("status") in ("ok", "recomputed") and (g.get("singleflight") is True or g.get("path") in READS_ONCE_PATHS)]
+    gs = [g for g in groups if g.arm == "on_arrival" and (g.measured or g.phase == "contrast")
+          and g.status in ("ok", "recomputed") and (g.singleflight is True or g.path in READS_ONCE_PATHS)]
     # the name published runs carry, widened only where vLLM's own tiers ran (``kmesh verify`` matches by name)
     where = ", on the GPU buffer or on vLLM's own tiers" if "native" in cfg.PATHS else " or on the GPU buffer"
     return every(f"every on-arrival group with the singleflight on (MP){where} read the context from the "
-                 "disk tier exactly once", gs, lambda g: g.get("disk_bytes") is not None,
-                 lambda g: abs(g["disk_bytes"] - g["context_bytes"]) <= _half_chunk(g, cfg),
-                 lambda g: f"{g['block']} pair {g['pair']}: {g['disk_bytes'] / g['context_bytes']:.2f} contexts",
+                 "disk tier exactly once", gs, lambda g: g.disk_bytes is not None,
+                 lambda g: abs(g.disk_bytes - g.context_bytes) <= _half_chunk(g, cfg),
+                 lambda g: f"{g.engine_run} pair {g.pair}: {g.disk_bytes / g.context_bytes:.2f} contexts",
                  missing=f"no on-arrival group ran with the singleflight on{where}")
 
 
-def _counters(g: dict) -> dict[str, int]:
-    r = g.get("reads") or {}
+def _counters(g: PrefetchGroup) -> dict[str, int]:
+    r = g.reads or {}
     return {k: r[f"{k}_bytes"] for k in ("device", "hook", "metric") if r.get(f"{k}_bytes") is not None}
 
 
-def _tolerance(g: dict, cfg: PrefetchParams) -> int:
-    recorded = (g.get("reads") or {}).get("tolerance_bytes")
+def _tolerance(g: PrefetchGroup, cfg: PrefetchParams) -> int:
+    recorded = (g.reads or {}).get("tolerance_bytes")
     half = _half_chunk(g, cfg)
     return half if recorded is None else min(int(recorded), half)
 
@@ -215,96 +216,97 @@ def _reads_once_on_arrival(cfg: PrefetchParams) -> bool:
             or bool(paths & set(READS_ONCE_PATHS)))
 
 
-def _trace(groups: list[dict], cfg: PrefetchParams) -> list[Check]:
+def _trace(groups: list[PrefetchGroup], cfg: PrefetchParams) -> list[Check]:
     """MP launcher servers: the lookup trace against the byte hook and LMCache's own counts."""
-    traced = [g for g in groups if "lookup_summary" in g and (g.get("measured") or g.get("phase") in ("pilot", "contrast"))]
-    phases = lambda g: [g["lookup_summary"]] + ([g["placement_lookup_summary"]] if "placement_lookup_summary" in g else [])
-    by = lambda g: g["lookup_summary"]["by_mechanism"]
+    traced = [g for g in groups if g.lookup_summary is not None and (g.measured or g.phase in ("pilot", "contrast"))]
+    phases = lambda g: [g.lookup_summary] + ([g.placement_lookup_summary] if g.placement_lookup_summary is not None else [])
+    by = lambda g: g.lookup_summary["by_mechanism"]
     out = [every("every traced group: the lookups' load bytes equal the byte hook's", traced,
-                 lambda g: (g.get("reads") or {}).get("hook_bytes") is not None,
-                 lambda g: sum(p["load_bytes"] for p in phases(g)) == g["reads"]["hook_bytes"],
-                 lambda g: f"{g['block']} pair {g['pair']} {g['arm']}: {sum(p['load_bytes'] for p in phases(g))} vs "
-                           f"{g['reads']['hook_bytes']}", missing="no group with a lookup trace"),
+                 lambda g: (g.reads or {}).get("hook_bytes") is not None,
+                 lambda g: sum(p["load_bytes"] for p in phases(g)) == g.reads["hook_bytes"],
+                 lambda g: f"{g.engine_run} pair {g.pair} {g.arm}: {sum(p['load_bytes'] for p in phases(g))} vs "
+                           f"{g.reads['hook_bytes']}", missing="no group with a lookup trace"),
            every("every traced group: the trace's contended keys equal LMCache's l1_contended chunks", traced,
-                 lambda g: g.get("reads") is not None,
-                 lambda g: sum(p["contended_keys"] for p in phases(g)) == g["reads"]["contended_chunks"],
-                 lambda g: f"{g['block']} pair {g['pair']} {g['arm']}: {sum(p['contended_keys'] for p in phases(g))} vs "
-                           f"{g['reads']['contended_chunks']}", missing="no group with a lookup trace"),
+                 lambda g: g.reads is not None,
+                 lambda g: sum(p["contended_keys"] for p in phases(g)) == g.reads["contended_chunks"],
+                 lambda g: f"{g.engine_run} pair {g.pair} {g.arm}: {sum(p['contended_keys'] for p in phases(g))} vs "
+                           f"{g.reads['contended_chunks']}", missing="no group with a lookup trace"),
            ]
     if True in cfg.SINGLEFLIGHT:
         out.append(every("with the singleflight on, no lookup loaded or was refused while an overlapping load was in "
-                         "flight", [g for g in traced if g.get("singleflight") is True], lambda g: True,
+                         "flight", [g for g in traced if g.singleflight is True], lambda g: True,
                          lambda g: not (by(g).get("concurrent_load") or by(g).get("contended_in_flight")),
-                         lambda g: f"{g['block']} pair {g['pair']} {g['arm']}: {by(g)}",
+                         lambda g: f"{g.engine_run} pair {g.pair} {g.arm}: {by(g)}",
                          missing="no traced group ran with the singleflight on"))
     return out
 
 
-def _read_once(groups: list[dict], cfg: PrefetchParams) -> Check:
+def _read_once(groups: list[PrefetchGroup], cfg: PrefetchParams) -> Check:
     """Prepared groups read the context once: the prefetch or warm-up loaded it, the follow-ups found it."""
-    prepared = [g for g in groups if (g.get("phase") == "pilot" or g.get("measured"))
-                and (g["arm"] in ("dram", "buffer", "engine") or g.get("ready"))]
+    prepared = [g for g in groups if (g.phase == "pilot" or g.measured)
+                and (g.arm in ("dram", "buffer", "engine") or g.ready)]
 
     def once(g) -> bool:
-        return abs(g["disk_bytes"] - g["context_bytes"]) <= _half_chunk(g, cfg)
+        return abs(g.disk_bytes - g.context_bytes) <= _half_chunk(g, cfg)
 
     return every("every prepared group (ready early, dram, buffer, engine) read the context from the disk tier exactly once",
-                 prepared, lambda g: g.get("disk_bytes") is not None, once,
-                 lambda g: f"{g['block']} pair {g['pair']} {g['arm']}: {g['disk_bytes'] / g['context_bytes']:.2f} contexts",
+                 prepared, lambda g: g.disk_bytes is not None, once,
+                 lambda g: f"{g.engine_run} pair {g.pair} {g.arm}: {g.disk_bytes / g.context_bytes:.2f} contexts",
                  missing="no prepared group")
 
 
-def _groups_recorded_pilot_runs(cfg: PrefetchParams, groups: list[dict], finished: list[dict], planned: set) -> Check:
+def _groups_recorded_pilot_runs(cfg: PrefetchParams, groups: list[PrefetchGroup], finished: list[PrefetchEngineRun],
+                                planned: set) -> Check:
     """LEAD_RULE=lower_bound: runs 0 .. PILOT_ENGINE_RUNS-1 of each path and group size recorded PILOT_GROUPS /
     PILOT_ENGINE_RUNS pilot groups per lead (and run 0, on MP, the contrast groups) and nothing else, without a lead;
     every later run WARMUP_PAIRS + MEASURED_GROUPS / ENGINE_RUNS pairs of the arms its lead gives, and no pilot."""
     def index(b) -> int:
-        return int(b["block"].rsplit("-r", 1)[1])
+        return int(b.engine_run.rsplit("-r", 1)[1])
 
     def found(b) -> dict:
-        mine = [g for g in groups if g.get("block") == b["block"]]
-        return {phase: sum(g.get("phase") == phase for g in mine) for phase in sorted({g.get("phase") for g in mine}, key=str)}
+        mine = [g for g in groups if g.engine_run == b.engine_run]
+        return {phase: sum(g.phase == phase for g in mine) for phase in sorted({g.phase for g in mine}, key=str)}
 
     def want(b) -> dict:
         if index(b) < cfg.pilot_only_runs:
             out = {"pilot": len(cfg.LEADS_MS) * cfg.PILOT_GROUPS // cfg.PILOT_ENGINE_RUNS}
-            if index(b) == 0 and b["path"] in MP_PATHS:
+            if index(b) == 0 and b.path in MP_PATHS:
                 out["contrast"] = cfg.CONTRAST_GROUPS * (len(cfg.SINGLEFLIGHT) - 1)
         else:
-            arms = len(confirm_arms(cfg, b["lead_ms"], b["path"])) if b.get("lead_ms") is not None else 0
+            arms = len(confirm_arms(cfg, b.lead_ms, b.path)) if b.lead_ms is not None else 0
             out = {"warmup": cfg.WARMUP_PAIRS * arms, "confirm": cfg.pairs_per_run * arms}
         return {k: v for k, v in sorted(out.items()) if v}
 
     def holds(b) -> bool:
-        lead_ok = (b.get("lead_ms") is None) if index(b) < cfg.pilot_only_runs else (b.get("lead_ms") is not None)
-        return b["block"] in planned and lead_ok and found(b) == want(b)
+        lead_ok = (b.lead_ms is None) if index(b) < cfg.pilot_only_runs else (b.lead_ms is not None)
+        return b.engine_run in planned and lead_ok and found(b) == want(b)
 
     def describe(b) -> str:
-        if b["block"] not in planned:
-            return f"{b['block']}: not an engine run the params plan ({', '.join(sorted(planned)) or 'none'})"
-        return f"{b['block']}: recorded {found(b)} (lead {b.get('lead_ms')}), the plan gives {want(b)}"
+        if b.engine_run not in planned:
+            return f"{b.engine_run}: not an engine run the params plan ({', '.join(sorted(planned)) or 'none'})"
+        return f"{b.engine_run}: recorded {found(b)} (lead {b.lead_ms}), the plan gives {want(b)}"
 
-    return every("groups recorded in raw/groups.jsonl", finished, lambda b: "block" in b, holds, describe,
+    return every("groups recorded in raw/groups.jsonl", finished, lambda b: True, holds, describe,
                  missing="no engine run finished ok")
 
 
 LOWER_BOUND_RULE = "the shortest lead whose pilot readiness has a one-sided 95 % lower bound of at least 95 %"
 
 
-def _lead(path: str, n: int, groups: list[dict], cfg: PrefetchParams) -> list[Check]:
-    mine = [g for g in groups if g.get("path") == path and g.get("group_size") == n]
-    pilot = [g for g in mine if g.get("phase") == "pilot"]
+def _lead(path: str, n: int, groups: list[PrefetchGroup], cfg: PrefetchParams) -> list[Check]:
+    mine = [g for g in groups if g.path == path and g.group_size == n]
+    pilot = [g for g in mine if g.phase == "pilot"]
     leads = [float(x) for x in cfg.LEADS_MS]
-    per_lead = {lead: sum(g["lead_ms"] == round(lead, 3) for g in pilot) for lead in leads}
+    per_lead = {lead: sum(g.lead_ms == round(lead, 3) for g in pilot) for lead in leads}
     chosen = ps.choose_lead(pilot, leads, cfg.LEAD_RULE)
-    used = {g["lead_ms"] for g in mine if g.get("arm") == "early" and g.get("phase") != "pilot"}
+    used = {g.lead_ms for g in mine if g.arm == "early" and g.phase != "pilot"}
     rule = "the pilot's shortest all-ready lead" if cfg.LEAD_RULE == "all_ready" else LOWER_BOUND_RULE
     out = [Check(f"{path} N={n}: every pilot lead ran PILOT_GROUPS groups",
                  all(v == cfg.PILOT_GROUPS for v in per_lead.values()), f"{per_lead}"),
            check(f"{path} N={n}: the confirmation used {rule}", used == {chosen},
                  f"chosen {chosen} ms, used {sorted(used)}", used, missing="no confirmation groups")]
     if cfg.pilot_only_runs:
-        runs = {g["block"] for g in pilot}
+        runs = {g.engine_run for g in pilot}
         out.append(check(f"{path} N={n}: the pilot ran over PILOT_ENGINE_RUNS={cfg.PILOT_ENGINE_RUNS} engine runs",
                          len(runs) == cfg.PILOT_ENGINE_RUNS, f"pilot groups from {sorted(runs)}", pilot,
                          missing="no pilot groups"))
@@ -346,12 +348,12 @@ def figure_checks(run: RunFiles) -> list[Check]:
 def measured_lines(run) -> list[str]:
     """The strict statement, over every group of every arm and phase, reported as a measurement."""
     groups = groups_of(RunFiles.of(run))
-    ran = [g for g in groups if g.get("phase") == "pilot" or g.get("measured")]
-    bad = [g for g in ran if g.get("status") == "recomputed"]
+    ran = [g for g in groups if g.phase == "pilot" or g.measured]
+    bad = [g for g in ran if g.status == "recomputed"]
     line = (f"every follow-up found the shared context cached, in every arm (on-arrival included): in "
             f"{len(ran) - len(bad)} of {len(ran)} groups")
     if bad:
-        line += "; recomputed in " + ", ".join(f"{g['block']} pair {g['pair']} {g['arm']} ({g.get('phase')})"
+        line += "; recomputed in " + ", ".join(f"{g.engine_run} pair {g.pair} {g.arm} ({g.phase})"
                                                for g in bad[:5]) + (" ..." if len(bad) > 5 else "")
     out = [line] if ran else []
     for row in ps.singleflight_table(groups):  # on arrival, per singleflight setting (the contrast included)
@@ -370,32 +372,32 @@ def counts(run) -> dict[str, int | str]:
     path (concurrent lookups) and every latency: they depend on timing.
     """
     run = RunFiles.of(run)
-    groups, blocks = groups_of(run), run.raw("blocks.jsonl")
-    ran = [g for g in groups if g.get("phase") == "pilot" or g.get("measured")]
+    groups, blocks = groups_of(run), run.records("blocks.jsonl")
+    ran = [g for g in groups if g.phase == "pilot" or g.measured]
     out: dict[str, int | str] = {
-        "engine runs ok": sum(b.get("status") == "ok" for b in blocks),
+        "engine runs ok": sum(b.status == "ok" for b in blocks),
         "groups in which a follow-up recomputed the shared context (every arm)": sum(
-            g.get("status") == "recomputed" for g in ran)}
+            g.status == "recomputed" for g in ran)}
     for path, n in ps.cases(groups):
-        mine = [g for g in groups if g["path"] == path and g["group_size"] == n]
-        out[f"{path} N={n}: pilot groups"] = sum(g.get("phase") == "pilot" for g in mine)
-        if any(g.get("phase") == "contrast" for g in mine):
-            out[f"{path} N={n}: singleflight contrast groups"] = sum(g.get("phase") == "contrast" for g in mine)
+        mine = [g for g in groups if g.path == path and g.group_size == n]
+        out[f"{path} N={n}: pilot groups"] = sum(g.phase == "pilot" for g in mine)
+        if any(g.phase == "contrast" for g in mine):
+            out[f"{path} N={n}: singleflight contrast groups"] = sum(g.phase == "contrast" for g in mine)
         for arm in ("on_arrival", "early", "dram", "buffer", "engine"):
-            if any(g["arm"] == arm for g in mine):
-                out[f"{path} N={n} {arm}: measured groups"] = sum(g["arm"] == arm and g.get("measured") for g in mine)
-        placed = [g for g in mine if g.get("measured") and g["arm"] in ("dram", "buffer", "engine")]
+            if any(g.arm == arm for g in mine):
+                out[f"{path} N={n} {arm}: measured groups"] = sum(g.arm == arm and g.measured for g in mine)
+        placed = [g for g in mine if g.measured and g.arm in ("dram", "buffer", "engine")]
         if placed:
-            out[f"{path} N={n} placement controls: disk bytes per group"] = _one(g["disk_bytes"] for g in placed)
-        once = [g for g in mine if g.get("measured") and g["arm"] == "on_arrival"
-                and (g.get("singleflight") is True or path in READS_ONCE_PATHS)]
+            out[f"{path} N={n} placement controls: disk bytes per group"] = _one(g.disk_bytes for g in placed)
+        once = [g for g in mine if g.measured and g.arm == "on_arrival"
+                and (g.singleflight is True or path in READS_ONCE_PATHS)]
         if once:
             label = "vLLM's tiers" if path == "native" else "singleflight on or GPU buffer"
             out[f"{path} N={n} on_arrival ({label}): disk bytes per group"] = _one(
-                g["disk_bytes"] for g in once)
-        ok = [g for g in mine if g.get("measured") and g.get("status") == "ok"]
+                g.disk_bytes for g in once)
+        ok = [g for g in mine if g.measured and g.status == "ok"]
         if ok:
-            out[f"{path} N={n}: fewest cached tokens of a follow-up (groups ok)"] = min(min(g["num_cached_tokens"])
+            out[f"{path} N={n}: fewest cached tokens of a follow-up (groups ok)"] = min(min(g.num_cached_tokens)
                                                                                       for g in ok)
     return out
 

@@ -29,6 +29,7 @@ from kmesh_lib.base.processes import runtime_root
 from kmesh_lib.base.records import RunRecord
 from kmesh_lib.engine import costs
 from kmesh_lib.sections.prefetch import stats as ps
+from kmesh_lib.sections.prefetch.captures import PrefetchEngineRun, PrefetchGroup, as_engine_runs, as_groups
 from kmesh_lib.sections.prefetch.checks import plan_runs
 from kmesh_lib.sections.prefetch.params import MIB, PAPER, PrefetchParams, scaled
 from kmesh_lib.sections.prefetch.protocol import lead_from_pilot, run_engine
@@ -185,9 +186,9 @@ def runs_to_do(cfg: PrefetchParams, unavailable: list[dict]) -> list[tuple[str, 
     return [(p, n, r) for p, n, r in planned_runs(cfg) if p not in skip]
 
 
-def measure(cfg: PrefetchParams, record=None, log=print) -> tuple[list[dict], list[dict]]:
+def measure(cfg: PrefetchParams, record=None, log=print) -> tuple[list[PrefetchGroup], list[PrefetchEngineRun]]:
     """Pilot + confirmation for every path and group size, in ``planned_runs`` order.
-    Returns (groups, engine-run summaries)."""
+    Returns (groups, engine-run summaries) as their declared records (groups classified)."""
 
     groups, runs = [], []
     rows = not_available_here(cfg)
@@ -200,9 +201,11 @@ def measure(cfg: PrefetchParams, record=None, log=print) -> tuple[list[dict], li
         if s.get("lead_ms") is not None:
             lead[(path, n)] = s["lead_ms"]
         elif cfg.pilot_only_runs and r == cfg.pilot_only_runs - 1:  # the last pilot-only run: the pilot chooses
-            lead[(path, n)] = lead_from_pilot(cfg, groups, path, n)
+            lead[(path, n)] = lead_from_pilot(cfg, as_groups(groups), path, n)
         runs.append(s)
-    return ps.classify(groups, cfg.BLOCK_SIZE), runs
+    if record is not None:
+        return recorded(record)  # what the run recorded, as its declared records
+    return ps.classify(as_groups(groups)), as_engine_runs(runs)
 
 
 def open_record(cfg) -> RunRecord:
@@ -210,13 +213,14 @@ def open_record(cfg) -> RunRecord:
     return RunRecord.open_or_render("prefetch", cfg)
 
 
-def recorded(record: RunRecord) -> tuple[list[dict], list[dict]]:
+def recorded(record: RunRecord) -> tuple[list[PrefetchGroup], list[PrefetchEngineRun]]:
     """The groups (classified) and engine-run summaries the measurement wrote to ``raw/``."""
     run = record.files()
-    return groups_of(run), run.raw("blocks.jsonl")
+    return groups_of(run), run.records("blocks.jsonl")
 
 
-def run_rows(blocks: list[dict]) -> list[dict]:
+def run_rows(blocks: list[PrefetchEngineRun]) -> list[dict]:
     """One row per engine run: how it ended (``failed`` with its error), its connector, start, lead, time."""
-    keys = ("block", "status", "connector", "engine_start_s", "lead_ms", "seconds", "listeners", "cleanup")
-    return [{**{k: b.get(k) for k in keys}, "detail": b.get("error") or b.get("detail") or ""} for b in blocks]
+    return [{"block": b.engine_run, "status": b.status, "connector": b.connector, "engine_start_s": b.engine_start_s,
+             "lead_ms": b.lead_ms, "seconds": b.seconds, "listeners": b.listeners, "cleanup": b.cleanup,
+             "detail": b.error or b.detail or ""} for b in blocks]

@@ -83,7 +83,7 @@ def child(run_dir: Path, path: str, n: int, r: int) -> int:
         if lf.exists():
             return json.loads(lf.read_text())["lead_ms"]
         if cfg.pilot_only_runs and r >= cfg.pilot_only_runs:  # the pilot-only runs recorded their groups: choose
-            chosen = lead_from_pilot(cfg, RunRecord(run_dir, section.KEY).files().raw("groups.jsonl"), path, n)
+            chosen = lead_from_pilot(cfg, RunRecord(run_dir, section.KEY).files().records("groups.jsonl"), path, n)
             if chosen is not None:
                 lf.write_text(json.dumps({"lead_ms": chosen, "rule": cfg.LEAD_RULE}))
             return chosen

@@ -29,6 +29,7 @@ from kmesh_lib.base.checks import show
 from kmesh_lib.base.paths import REPO_ROOT, pythonpath_with_repo, repo_relative
 from kmesh_lib.base.records import LIVE_MARK, RunRecord, new_run_id, read_jsonl, run_root
 from kmesh_lib.sections import prefetch as section
+from kmesh_lib.sections.prefetch.captures import PrefetchGroup, as_groups
 from kmesh_lib.sections.prefetch.experiment import PrefetchParams
 from kmesh_lib.sections.prefetch.protocol import confirm_arms, run_engine
 from kmesh_lib.sections.prefetch.stats import classify
@@ -58,11 +59,11 @@ def new_folder(cfg: PrefetchParams, parent: str) -> Path:
     return out
 
 
-def recorded_groups(out: Path, cfg: PrefetchParams) -> list[dict]:
-    """The live run's groups as the panel plots them: classified, each block named ``live <folder>: ...``."""
+def recorded_groups(out: Path, cfg: PrefetchParams) -> list[PrefetchGroup]:
+    """The live run's groups as the panel plots them: classified, each engine run named ``live <folder>: ...``."""
     groups_file = out / "raw" / "groups.jsonl"
-    recorded = read_jsonl(groups_file) if groups_file.exists() else []
-    return [dict(g, block=f"live {out.name}: {g['block']}") for g in classify(recorded, cfg.BLOCK_SIZE)]
+    recorded = as_groups(read_jsonl(groups_file)) if groups_file.exists() else []
+    return [g.model_copy(update={"engine_run": f"live {out.name}: {g.engine_run}"}) for g in classify(recorded)]
 
 
 def start(cfg: PrefetchParams, parent: str) -> tuple[Path, subprocess.Popen]:

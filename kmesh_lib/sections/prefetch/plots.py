@@ -10,24 +10,25 @@ import io
 
 from kmesh_lib.base.figures import DPI, legible
 from kmesh_lib.base.figures import save as save_figure
-from kmesh_lib.sections.prefetch.stats import cases, floor_wait, lead_sweep, usable
+from kmesh_lib.sections.prefetch.captures import PrefetchGroup
+from kmesh_lib.sections.prefetch.stats import floor_wait, lead_sweep, usable
 
 ARM_ORDER = ("on_arrival", "early", "early_fixed", "dram", "buffer", "engine")
 
 
-def plot_arms(groups: list[dict], path: str, out=None, ax_pair=None):
+def plot_arms(groups: list[PrefetchGroup], path: str, out=None, ax_pair=None):
     """Per group size: every measured group's A-first-token wait and makespan, by arm (ms)."""
     import matplotlib.pyplot as plt
 
-    gs = [g for g in usable(groups) if g["path"] == path]
-    sizes = sorted({g["group_size"] for g in gs})
+    gs = [g for g in usable(groups) if g.path == path]
+    sizes = sorted({g.group_size for g in gs})
     fig, axes = plt.subplots(1, 2 * max(1, len(sizes)), figsize=(4 * max(1, len(sizes)) * 2, 3.2), squeeze=False)
     for i, n in enumerate(sizes or [0]):
         for j, (key, label) in enumerate((("wait_a_s", "A first token"), ("makespan_s", "all done"))):
             ax = axes[0][2 * i + j]
-            arms = [a for a in ARM_ORDER if any(g["arm"] == a and g["group_size"] == n for g in gs)]
+            arms = [a for a in ARM_ORDER if any(g.arm == a and g.group_size == n for g in gs)]
             for k, arm in enumerate(arms):
-                ys = [g[key] * 1e3 for g in gs if g["arm"] == arm and g["group_size"] == n]
+                ys = [getattr(g, key) * 1e3 for g in gs if g.arm == arm and g.group_size == n]
                 ax.scatter([k + (m % 7 - 3) * 0.04 for m in range(len(ys))], ys, s=8, alpha=0.6)
                 ax.hlines(sum(ys) / len(ys), k - 0.3, k + 0.3, color="k")
             ax.set_xticks(range(len(arms)), arms, rotation=30, fontsize=7)
@@ -39,17 +40,17 @@ def plot_arms(groups: list[dict], path: str, out=None, ax_pair=None):
     return fig
 
 
-def plot_pilot(groups: list[dict], out=None):
+def plot_pilot(groups: list[PrefetchGroup], out=None):
     """Pilot: A's wait (ms from T) against lead, filled = ready, hollow = not ready."""
     import matplotlib.pyplot as plt
 
-    pilot = [g for g in groups if g.get("phase") == "pilot"]
+    pilot = [g for g in groups if g.phase == "pilot"]
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    for path, n in sorted({(g["path"], g["group_size"]) for g in pilot}):
-        xs = [g for g in pilot if g["path"] == path and g["group_size"] == n]
-        sc = ax.scatter([g["lead_ms"] for g in xs if g["ready"]], [g["wait_a_s"] * 1e3 for g in xs if g["ready"]],
+    for path, n in sorted({(g.path, g.group_size) for g in pilot}):
+        xs = [g for g in pilot if g.path == path and g.group_size == n]
+        sc = ax.scatter([g.lead_ms for g in xs if g.ready], [g.wait_a_s * 1e3 for g in xs if g.ready],
                         s=14, label=f"{path} N={n}")
-        ax.scatter([g["lead_ms"] for g in xs if not g["ready"]], [g["wait_a_s"] * 1e3 for g in xs if not g["ready"]],
+        ax.scatter([g.lead_ms for g in xs if not g.ready], [g.wait_a_s * 1e3 for g in xs if not g.ready],
                    s=14, facecolors="none", edgecolors=sc.get_facecolor())
     ax.set_xlabel("lead (ms)")
     ax.set_ylabel("A first token, ms from T")
@@ -61,7 +62,7 @@ def plot_pilot(groups: list[dict], out=None):
     return fig
 
 
-def lead_sweep_figure(groups: list[dict], only: tuple[str, int] | None = None, highlight_ms: float | None = None,
+def lead_sweep_figure(groups: list[PrefetchGroup], only: tuple[str, int] | None = None, highlight_ms: float | None = None,
                       out=None):
     """A's first token (median, p25-p75) against the lead, per path and group size, from recorded groups.
 
@@ -73,7 +74,7 @@ def lead_sweep_figure(groups: list[dict], only: tuple[str, int] | None = None, h
 
     rows = lead_sweep(groups)
     floors = floor_wait(groups)
-    panels = [only] if only else cases([r for r in rows])
+    panels = [only] if only else sorted({(r["path"], r["group_size"]) for r in rows})
     fig = Figure(figsize=(4.6 * max(1, len(panels)) + 2.0, 3.3))  # 2 in for the legend beside the panels
     for i, (path, n) in enumerate(panels or [("", 0)]):
         ax = fig.add_subplot(1, max(1, len(panels)), i + 1)

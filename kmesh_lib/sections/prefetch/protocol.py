@@ -46,6 +46,7 @@ from kmesh_lib.engine.requests import run_group
 from kmesh_lib.lmcache.connect import TierError
 from kmesh_lib.lmcache.disk_accounting import PhaseReads
 from kmesh_lib.lmcache.lookups import READS, summarize
+from kmesh_lib.sections.prefetch.captures import PrefetchGroup, as_groups
 from kmesh_lib.sections.prefetch.driver import BufferPrefetcher, MPPrefetcher, drive, readiness
 from kmesh_lib.sections.prefetch.params import PrefetchParams
 from kmesh_lib.sections.prefetch.stats import choose_lead, placement_arm
@@ -286,7 +287,7 @@ def run_engine(cfg, path: str, n: int, run_index: int, lead_ms, record=None,
         if lead_ms is None:
             if cfg.pilot_only_runs:
                 raise RuntimeError(f"{path} N={n} run {run_index}: the confirmation needs the lead its pilot runs chose")
-            lead_ms = choose_lead(run.pilot(cfg.LEADS_MS, cfg.PILOT_GROUPS, record), cfg.LEADS_MS, cfg.LEAD_RULE)
+            lead_ms = choose_lead(as_groups(run.pilot(cfg.LEADS_MS, cfg.PILOT_GROUPS, record)), cfg.LEADS_MS, cfg.LEAD_RULE)
             if path in MP_PATHS and cfg.CONTRAST_GROUPS:
                 run.contrast(list(cfg.SINGLEFLIGHT[1:]), cfg.CONTRAST_GROUPS, record)
         run.summary["lead_ms"] = lead_ms
@@ -311,11 +312,11 @@ def confirm_arms(cfg: PrefetchParams, lead_ms: float, path: str = "mp") -> list[
     return arms + [(placement_arm(path, c), 0.0) for c in cfg.CONTROLS]
 
 
-def lead_from_pilot(cfg, groups: list[dict], path: str, n: int) -> float | None:
+def lead_from_pilot(cfg, groups: list[PrefetchGroup], path: str, n: int) -> float | None:
     """The lead the pilot-only runs of ``path`` and ``n`` chose (LEAD_RULE), once all of them recorded their groups;
     None while the pilot is incomplete."""
-    pilot = [g for g in groups if g.get("phase") == "pilot" and g.get("path") == path and g.get("group_size") == n]
-    per_lead = {lead: sum(g["lead_ms"] == round(lead, 3) for g in pilot) for lead in cfg.LEADS_MS}
+    pilot = [g for g in groups if g.phase == "pilot" and g.path == path and g.group_size == n]
+    per_lead = {lead: sum(g.lead_ms == round(lead, 3) for g in pilot) for lead in cfg.LEADS_MS}
     if any(v < cfg.PILOT_GROUPS for v in per_lead.values()):
         return None
     return choose_lead(pilot, cfg.LEADS_MS, cfg.LEAD_RULE)

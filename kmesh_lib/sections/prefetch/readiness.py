@@ -40,11 +40,11 @@ def pilot_groups_needed(floor: float = READY_FLOOR, level: float = LEVEL, most: 
     raise ValueError(f"no pilot of at most {most} groups bounds readiness from {floor}")
 
 
-def choose(pilot: list[dict], leads_ms: list[float], floor: float = READY_FLOOR, level: float = LEVEL) -> float:
+def choose(pilot: list, leads_ms: list[float], floor: float = READY_FLOOR, level: float = LEVEL) -> float:
     """The shortest lead whose pilot readiness has a lower bound of at least ``floor``; the longest lead when none has."""
     for lead in sorted(leads_ms):
-        recs = [g for g in pilot if g["lead_ms"] == round(lead, 3)]
-        if recs and lower_bound(sum(bool(g["ready"]) for g in recs), len(recs), level) >= floor:
+        recs = [g for g in pilot if g.lead_ms == round(lead, 3)]
+        if recs and lower_bound(sum(bool(g.ready) for g in recs), len(recs), level) >= floor:
             return float(lead)
     return float(max(leads_ms))
 

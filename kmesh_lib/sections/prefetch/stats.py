@@ -6,7 +6,7 @@ A group's status is what the protocol recorded (``ok``, ``tier_error``, ``not_pl
 have prepared. Such a group leaves the paired tables -- with its partner, since a pair is compared
 as a whole -- and the savings are published both ways (``all_cases`` with and without it), so a
 reader sees what it would have changed. Runs recorded before this status existed are classified
-from their raw counts (``classify``), with the params' block size.
+from their raw counts (``classify``).
 
 Every comparison is paired: two arms' groups of the same engine run and pair share the suffixes and
 ran back to back, so the interval is ``scipy.stats.bootstrap`` over the pairs (``paired=True``,
@@ -20,6 +20,7 @@ import numpy as np
 from kmesh_lib.base.intervals import bootstrap_interval
 from kmesh_lib.lmcache.lookups import READS
 from kmesh_lib.sections.prefetch import readiness
+from kmesh_lib.sections.prefetch.captures import PrefetchGroup
 from kmesh_lib.workloads.context_groups import split_medians
 
 STOPWATCHES = {"wait_a_s": "A first token", "makespan_s": "all done"}
@@ -34,43 +35,34 @@ def placement_arm(path: str, control: str) -> str:
     return "buffer" if control == "dram" and path == "gpubuf" else control
 
 
-def expected_cached(g: dict, block_size: int | None = None) -> int:
-    """Context tokens a follow-up finds cached when the whole context is: every full block of it."""
-    if g.get("expected_cached_tokens") is not None:
-        return g["expected_cached_tokens"]
-    return (g["context_tokens"] // block_size) * block_size if block_size else g["context_tokens"]
+def expected_cached(g: PrefetchGroup) -> int:
+    """Context tokens a follow-up finds cached when the whole context is: every full block of it (recorded)."""
+    return g.expected_cached_tokens
 
 
-def recomputed(g: dict, block_size: int | None = None) -> bool:
+def recomputed(g: PrefetchGroup) -> bool:
     """A follow-up of this group found less than the shared context cached (and recomputed the rest)."""
-    return min(g["num_cached_tokens"]) < expected_cached(g, block_size)
+    return min(g.num_cached_tokens) < expected_cached(g)
 
 
-def classify(groups: list[dict], block_size: int | None = None) -> list[dict]:
+def classify(groups: list[PrefetchGroup]) -> list[PrefetchGroup]:
     """The groups with ``recomputed`` as their status where a follow-up recomputed the context.
 
     New runs record that status themselves (``protocol``); for runs recorded before it, an ``ok``
-    group whose counts show a recomputing follow-up is reclassified here. Every group (a copy; raw/
-    is not edited) carries ``expected_cached_tokens``, from ``block_size`` where it did not record it.
+    group whose counts show a recomputing follow-up is reclassified here (a copy; raw/ is not edited).
     """
-    out = []
-    for g in groups:
-        if "num_cached_tokens" in g:
-            g = dict(g, expected_cached_tokens=expected_cached(g, block_size))
-            if g.get("status") == "ok" and recomputed(g):
-                g["status"] = "recomputed"
-        out.append(g)
-    return out
+    return [g.model_copy(update={"status": "recomputed"}) if g.status == "ok" and recomputed(g) else g
+            for g in groups]
 
 
-def choose_lead(pilot: list[dict], leads_ms: list[float], rule: str = "all_ready") -> float:
+def choose_lead(pilot: list[PrefetchGroup], leads_ms: list[float], rule: str = "all_ready") -> float:
     """``rule`` all_ready: the shortest lead at which every pilot group was ready; lower_bound: the shortest whose
     readiness has a one-sided 95 % lower bound of at least 95 % (``readiness.choose``); the longest lead when none."""
     if rule == "lower_bound":
         return readiness.choose(pilot, leads_ms)
     for lead in sorted(leads_ms):
-        recs = [g for g in pilot if g["lead_ms"] == round(lead, 3)]
-        if recs and all(g["ready"] for g in recs):
+        recs = [g for g in pilot if g.lead_ms == round(lead, 3)]
+        if recs and all(g.ready for g in recs):
             return float(lead)
     return float(max(leads_ms))
 
@@ -86,24 +78,25 @@ def paired_saving(a, b, resamples: int = 10000, seed: int = 0, level: float = 0.
     return mean, low, high
 
 
-def usable(groups: list[dict], with_recomputed: bool = False) -> list[dict]:
+def usable(groups: list[PrefetchGroup], with_recomputed: bool = False) -> list[PrefetchGroup]:
     keep = ("ok", "recomputed") if with_recomputed else ("ok",)
-    return [g for g in groups if g.get("measured") and g.get("status") in keep]
+    return [g for g in groups if g.measured and g.status in keep]
 
 
-def pairs(groups: list[dict], a: str, b: str, with_recomputed: bool = False) -> list[tuple[dict, dict]]:
+def pairs(groups: list[PrefetchGroup], a: str, b: str,
+          with_recomputed: bool = False) -> list[tuple[PrefetchGroup, PrefetchGroup]]:
     """Measured (a, b) groups of the same engine run and pair, both usable."""
-    by = {(g["block"], g["pair"], g["arm"]): g for g in usable(groups, with_recomputed)}
-    return [(g, by[(g["block"], g["pair"], b)]) for (blk, p, arm), g in sorted(by.items(), key=lambda kv: kv[0][:2])
+    by = {(g.engine_run, g.pair, g.arm): g for g in usable(groups, with_recomputed)}
+    return [(g, by[(g.engine_run, g.pair, b)]) for (blk, p, arm), g in sorted(by.items(), key=lambda kv: kv[0][:2])
             if arm == a and (blk, p, b) in by]
 
 
-def cases(groups: list[dict]) -> list[tuple[str, int]]:
-    return sorted({(g["path"], g["group_size"]) for g in groups if "group_size" in g})
+def cases(groups: list[PrefetchGroup]) -> list[tuple[str, int]]:
+    return sorted({(g.path, g.group_size) for g in groups})
 
 
 def _of(groups, path, n):
-    return [g for g in groups if g.get("path") == path and g.get("group_size") == n]
+    return [g for g in groups if g.path == path and g.group_size == n]
 
 
 def _ms(x: float) -> float:
@@ -115,15 +108,15 @@ def saving_row(groups, path, n, base: str, arm: str, resamples: int, seed: int, 
     ps = pairs(_of(groups, path, n), base, arm, with_recomputed)
     row = {"path": path, "group_size": n, "comparison": f"{base} - {arm}", "pairs": len(ps)}
     if ps and arm.startswith("early"):
-        row["lead_ms"] = ps[0][1]["lead_ms"]
+        row["lead_ms"] = ps[0][1].lead_ms
     for key, label in STOPWATCHES.items():
-        mean, lo, hi = paired_saving([x[key] for x, _ in ps], [y[key] for _, y in ps], resamples, seed)
-        row[f"{label} {base} ms"] = _ms(float(np.mean([x[key] for x, _ in ps]))) if ps else None
-        row[f"{label} {arm} ms"] = _ms(float(np.mean([y[key] for _, y in ps]))) if ps else None
+        mean, lo, hi = paired_saving([getattr(x, key) for x, _ in ps], [getattr(y, key) for _, y in ps], resamples, seed)
+        row[f"{label} {base} ms"] = _ms(float(np.mean([getattr(x, key) for x, _ in ps]))) if ps else None
+        row[f"{label} {arm} ms"] = _ms(float(np.mean([getattr(y, key) for _, y in ps]))) if ps else None
         row[f"{label} saving ms"] = _ms(mean)
         row[f"{label} 95% CI ms"] = [_ms(lo), _ms(hi)]
-    early = [y for _, y in ps if y.get("ready") is not None]
-    row["ready"] = f"{sum(bool(y['ready']) for y in early)}/{len(early)}" if early else "n/a"
+    early = [y for _, y in ps if y.ready is not None]
+    row["ready"] = f"{sum(bool(y.ready) for y in early)}/{len(early)}" if early else "n/a"
     return row
 
 
@@ -131,7 +124,7 @@ def all_cases(groups, resamples: int = 10000, seed: int = 0, with_recomputed: bo
     """Per path and group size: early and early_fixed against on_arrival, and early against early_fixed."""
     rows = []
     for path, n in cases(groups):
-        arms = {g["arm"] for g in usable(_of(groups, path, n), with_recomputed)}
+        arms = {g.arm for g in usable(_of(groups, path, n), with_recomputed)}
         for base, arm in (("on_arrival", "early"), ("on_arrival", "early_fixed"), ("early_fixed", "early")):
             if base in arms and arm in arms:
                 rows.append(saving_row(groups, path, n, base, arm, resamples, seed, with_recomputed))
@@ -159,13 +152,13 @@ def example(groups, path: str, n: int = 4) -> dict:
     out = {"path": path, "group_size": n}
     means = {}
     for arm in ARMS:
-        xs = [g for g in gs if g["arm"] == arm]
+        xs = [g for g in gs if g.arm == arm]
         if xs:
-            means[arm] = {k: float(np.mean([g[k] for g in xs])) for k in STOPWATCHES}
+            means[arm] = {k: float(np.mean([getattr(g, k) for g in xs])) for k in STOPWATCHES}
             out[arm] = {"groups": len(xs), **{f"{STOPWATCHES[k]} ms": _ms(v) for k, v in means[arm].items()}}
             if arm.startswith("early"):
-                out[arm]["lead_ms"] = xs[0]["lead_ms"]
-                out[arm]["ready"] = f"{sum(bool(g['ready']) for g in xs)}/{len(xs)}"
+                out[arm]["lead_ms"] = xs[0].lead_ms
+                out[arm]["ready"] = f"{sum(bool(g.ready) for g in xs)}/{len(xs)}"
     if "on_arrival" in means and "early" in means:
         out["saving"] = {f"{STOPWATCHES[k]} ms": _ms(means["on_arrival"][k] - means["early"][k]) for k in STOPWATCHES}
     return out
@@ -173,18 +166,18 @@ def example(groups, path: str, n: int = 4) -> dict:
 
 def pilot_table(groups) -> list[dict]:
     rows = []
-    pilot = [g for g in groups if g.get("phase") == "pilot"]
+    pilot = [g for g in groups if g.phase == "pilot"]
     for path, n in cases(pilot):
-        for lead in sorted({g["lead_ms"] for g in _of(pilot, path, n)}):
-            gs = [g for g in _of(pilot, path, n) if g["lead_ms"] == lead]
-            tok = [g["readiness"]["warmup_token_s"] for g in gs if g["readiness"]["warmup_token_s"] is not None]
+        for lead in sorted({g.lead_ms for g in _of(pilot, path, n)}):
+            gs = [g for g in _of(pilot, path, n) if g.lead_ms == lead]
+            tok = [g.readiness["warmup_token_s"] for g in gs if g.readiness["warmup_token_s"] is not None]
             rows.append({"path": path, "group_size": n, "lead_ms": lead, "groups": len(gs),
-                         "ready": sum(bool(g["ready"]) for g in gs), "all ready": all(g["ready"] for g in gs),
-                         "recomputed": sum(g.get("status") == "recomputed" for g in gs), "prep": gs[0]["prep"],
+                         "ready": sum(bool(g.ready) for g in gs), "all ready": all(g.ready for g in gs),
+                         "recomputed": sum(g.status == "recomputed" for g in gs), "prep": gs[0].prep,
                          "warm-up token vs T ms (median)": round(1e3 * float(np.median(tok)), 1) if tok else None,
-                         "A first token ms (mean)": _ms(float(np.mean([g["wait_a_s"] for g in gs]))),
-                         "not ready because": sorted({g["readiness"]["why_not"].split(" ")[0] + " ..." for g in gs
-                                                      if not g["ready"]})})
+                         "A first token ms (mean)": _ms(float(np.mean([g.wait_a_s for g in gs]))),
+                         "not ready because": sorted({g.readiness["why_not"].split(" ")[0] + " ..." for g in gs
+                                                      if not g.ready})})
     return rows
 
 
@@ -194,17 +187,18 @@ def placement(groups, resamples: int = 10000, seed: int = 0) -> list[dict]:
     for path, n in cases(groups):
         gs = usable(_of(groups, path, n))
         for arm in ARMS:
-            xs = [g for g in gs if g["arm"] == arm]
+            xs = [g for g in gs if g.arm == arm]
             if not xs:
                 continue
-            row = {"path": path, "group_size": n, "arm": arm, "groups": len(xs), "prep": xs[0]["prep"],
-                   "lead_ms": xs[0]["lead_ms"] if arm.startswith("early") else None,
-                   "disk MiB/group": round(float(np.mean([g["disk_bytes"] or 0 for g in xs])) / MIB, 2)}
+            row = {"path": path, "group_size": n, "arm": arm, "groups": len(xs), "prep": xs[0].prep,
+                   "lead_ms": xs[0].lead_ms if arm.startswith("early") else None,
+                   "disk MiB/group": round(float(np.mean([g.disk_bytes or 0 for g in xs])) / MIB, 2)}
             ps = pairs(_of(groups, path, n), arm, "engine") if arm != "engine" else []
             for key, label in STOPWATCHES.items():
-                row[f"{label} ms"] = _ms(float(np.mean([g[key] for g in xs])))
+                row[f"{label} ms"] = _ms(float(np.mean([getattr(g, key) for g in xs])))
                 if ps:
-                    mean, lo, hi = paired_saving([x[key] for x, _ in ps], [y[key] for _, y in ps], resamples, seed)
+                    mean, lo, hi = paired_saving([getattr(x, key) for x, _ in ps], [getattr(y, key) for _, y in ps],
+                                                 resamples, seed)
                     row[f"{label} above floor ms"] = _ms(mean)
                     row[f"{label} above floor 95% CI"] = [_ms(lo), _ms(hi)]
             rows.append(row)
@@ -216,18 +210,18 @@ def overhead(groups) -> list[dict]:
     rows = []
     for path, n in cases(groups):
         for arm in ("on_arrival", "early", "engine"):
-            xs = [g for g in usable(_of(groups, path, n)) if g["arm"] == arm]
+            xs = [g for g in usable(_of(groups, path, n)) if g.arm == arm]
             if xs:
-                delays = [g["submit_delay_s"] for g in xs]
+                delays = [g.submit_delay_s for g in xs]
                 rows.append({"path": path, "group_size": n, "arm": arm,
                              "submit delay ms (mean)": round(1e3 * float(np.mean(delays)), 3),
                              "submit delay ms (max)": round(1e3 * float(np.max(delays)), 3),
-                             "stamps/group": round(float(np.mean([g["stamps"] for g in xs])), 1),
-                             "idle polls/group": round(float(np.mean([g["idle_waits"] for g in xs])), 1)})
+                             "stamps/group": round(float(np.mean([g.stamps for g in xs])), 1),
+                             "idle polls/group": round(float(np.mean([g.idle_waits for g in xs])), 1)})
     return rows
 
 
-def disk_reads(groups: list[dict]) -> list[dict]:
+def disk_reads(groups: list[PrefetchGroup]) -> list[dict]:
     """Measured, not required: how many times each arm's group read the context from the disk tier,
     what it wrote there, and (MP launcher servers) what every lookup of the arm's groups did.
 
@@ -242,29 +236,29 @@ def disk_reads(groups: list[dict]) -> list[dict]:
     rows = []
     for path, n in cases(groups):
         for arm in ARMS:
-            xs = [g for g in usable(_of(groups, path, n), with_recomputed=True) if g["arm"] == arm]
+            xs = [g for g in usable(_of(groups, path, n), with_recomputed=True) if g.arm == arm]
             if xs:
-                r = [(g["disk_bytes"] or 0) / g["context_bytes"] for g in xs]
+                r = [(g.disk_bytes or 0) / g.context_bytes for g in xs]
                 row = {"path": path, "group_size": n, "arm": arm, "groups": len(xs),
                        "singleflight": _sf(xs[0]),
                        "context reads/group (mean)": round(float(np.mean(r)), 2),
                        "min": round(float(np.min(r)), 2), "max": round(float(np.max(r)), 2),
-                       "disk MiB/group (mean)": round(float(np.mean([g["disk_bytes"] or 0 for g in xs])) / MIB, 2),
+                       "disk MiB/group (mean)": round(float(np.mean([g.disk_bytes or 0 for g in xs])) / MIB, 2),
                        "follow-ups that recomputed the context": sum(
-                           c < expected_cached(g) for g in xs for c in g["num_cached_tokens"]),
-                       "groups recomputed": sum(g["status"] == "recomputed" for g in xs)}
-                if all("warm_store_guard" in g for g in xs):
-                    row["warm_store_guard"] = _on_off(xs[0]["warm_store_guard"])
-                written = [g.get("disk_write_bytes") for g in xs]
+                           c < expected_cached(g) for g in xs for c in g.num_cached_tokens),
+                       "groups recomputed": sum(g.status == "recomputed" for g in xs)}
+                if all(g.holds("warm_store_guard") for g in xs):  # groups recorded before the guard lack it
+                    row["warm_store_guard"] = _on_off(xs[0].warm_store_guard)
+                written = [g.disk_write_bytes for g in xs]
                 if all(w is not None for w in written):
                     row["disk written MiB/group (mean)"] = round(float(np.mean(written)) / MIB, 2)
                 row["lookups"] = mechanisms(xs) or "no lookup trace"
                 row["reads by lookup"] = reads_by_role(xs) or "no lookup trace"
-                if all("store_events" in g for g in xs):  # chunks per group: the guard at work, or the drop it prevents
+                if all(g.store_events is not None for g in xs):  # chunks per group: the guard at work, or the drop it prevents
                     for op, name in (("warm_store_skipped", "warm chunks kept from the store/group"),
                                      ("warm_handoff", "warm chunks handed to the store/group"),
                                      ("l1_delete", "L1 chunks the store deleted/group")):
-                        row[name] = round(float(np.mean([g["store_events"][op] for g in xs])), 2)
+                        row[name] = round(float(np.mean([g.store_events[op] for g in xs])), 2)
                 rows.append(row)
     return rows
 
@@ -273,29 +267,29 @@ def _on_off(flag: bool | None) -> str:
     return "n/a" if flag is None else ("on" if flag else "off")
 
 
-def _sf(g: dict) -> str:
-    return _on_off(g.get("singleflight"))
+def _sf(g: PrefetchGroup) -> str:
+    return _on_off(g.singleflight)
 
 
-def mechanisms(gs: list[dict]) -> str | None:
+def mechanisms(gs: list[PrefetchGroup]) -> str | None:
     """The group lookups' mechanisms summed over ``gs`` (MP launcher: ``lookup_summary``), else None."""
-    if not gs or not all("lookup_summary" in g for g in gs):
+    if not gs or any(g.lookup_summary is None for g in gs):
         return None
     total: dict[str, int] = {}
     for g in gs:
-        for m, k in g["lookup_summary"]["by_mechanism"].items():
+        for m, k in g.lookup_summary["by_mechanism"].items():
             total[m] = total.get(m, 0) + k
     return ", ".join(f"{m} {k}" for m, k in sorted(total.items(), key=lambda kv: -kv[1]))
 
 
-def reads_by_role(gs: list[dict]) -> str | None:
+def reads_by_role(gs: list[PrefetchGroup]) -> str | None:
     """Which lookups of ``gs`` read the disk tier, and why: ``<role> <mechanism> <count>`` summed over the
     groups' classified lookups (roles: http_prefetch, warmup, follow-up), else None (no lookup trace)."""
-    if not gs or not all("lookups" in g for g in gs):
+    if not gs or any(g.lookups is None for g in gs):
         return None
     total: dict[str, int] = {}
     for g in gs:
-        for lk in g["lookups"]:
+        for lk in g.lookups:
             if lk.get("mechanism") in READS:
                 role = lk.get("role") if lk.get("role") in ("http_prefetch", "warmup") else "follow-up"
                 key = f"{role} {lk['mechanism']}"
@@ -303,104 +297,104 @@ def reads_by_role(gs: list[dict]) -> str | None:
     return ", ".join(f"{k} {v}" for k, v in sorted(total.items(), key=lambda kv: -kv[1])) or "none"
 
 
-def singleflight_table(groups: list[dict]) -> list[dict]:
+def singleflight_table(groups: list[PrefetchGroup]) -> list[dict]:
     """On-arrival groups by singleflight setting (the confirmation's and the contrast's): what each
     setting does to the reads, the lookups and the follow-ups that recomputed the context."""
     rows = []
     for path, n in cases(groups):
-        xs = [g for g in _of(groups, path, n) if g["arm"] == "on_arrival" and g.get("status") in ("ok", "recomputed")
-              and (g.get("measured") or g.get("phase") == "contrast")]
+        xs = [g for g in _of(groups, path, n) if g.arm == "on_arrival" and g.status in ("ok", "recomputed")
+              and (g.measured or g.phase == "contrast")]
         for sf in sorted({_sf(g) for g in xs}):
             gs = [g for g in xs if _sf(g) == sf]
-            reads = [(g["disk_bytes"] or 0) / g["context_bytes"] for g in gs]
-            rows.append({"path": path, "group_size": n, "singleflight": sf, "phase": "/".join(sorted({g["phase"] for g in gs})),
+            reads = [(g.disk_bytes or 0) / g.context_bytes for g in gs]
+            rows.append({"path": path, "group_size": n, "singleflight": sf, "phase": "/".join(sorted({g.phase for g in gs})),
                          "groups": len(gs), "context reads/group (mean)": round(float(np.mean(reads)), 2),
                          "max": round(float(np.max(reads)), 2),
-                         "groups in which a follow-up recomputed": sum(g["status"] == "recomputed" for g in gs),
-                         "follow-ups that recomputed": sum(c < expected_cached(g) for g in gs for c in g["num_cached_tokens"]),
+                         "groups in which a follow-up recomputed": sum(g.status == "recomputed" for g in gs),
+                         "follow-ups that recomputed": sum(c < expected_cached(g) for g in gs for c in g.num_cached_tokens),
                          "mechanisms": mechanisms(gs) or "no lookup trace",
-                         "A first token ms (mean)": _ms(float(np.mean([g["wait_a_s"] for g in gs]))),
-                         "all done ms (mean)": _ms(float(np.mean([g["makespan_s"] for g in gs])))})
+                         "A first token ms (mean)": _ms(float(np.mean([g.wait_a_s for g in gs]))),
+                         "all done ms (mean)": _ms(float(np.mean([g.makespan_s for g in gs])))})
     return rows
 
 
 
 
-def restore_rows(groups: list[dict]) -> list[dict]:
+def restore_rows(groups: list[PrefetchGroup]) -> list[dict]:
     """The GPU buffer: every arm's restores (and prefetches) from T, split into lookup, disk read,
     staging, copy into vLLM and the rest to the request's first token; medians in ms."""
     rows = []
     for path, n in cases(groups):
-        gs = [g for g in usable(_of(groups, path, n), with_recomputed=True) if g.get("restores") is not None]
+        gs = [g for g in usable(_of(groups, path, n), with_recomputed=True) if g.restores is not None]
         for arm in ARMS:
-            recs = [r for g in gs if g["arm"] == arm for r in g["restores"]]
+            recs = [r for g in gs if g.arm == arm for r in g.restores]
             for kind, source in sorted({(r["kind"], r["source"]) for r in recs}):
                 mine = [r for r in recs if (r["kind"], r["source"]) == (kind, source)]
                 row = {"path": path, "group_size": n, "arm": arm, "kind": kind, "source": source, "count": len(mine),
-                       "per group": round(len(mine) / sum(g["arm"] == arm for g in gs), 2)}
+                       "per group": round(len(mine) / sum(g.arm == arm for g in gs), 2)}
                 rows.append(row | split_medians(mine))
     return rows
 
 
-def recomputed_groups(groups: list[dict]) -> list[dict]:
+def recomputed_groups(groups: list[PrefetchGroup]) -> list[dict]:
     """Every group (all arms and phases) in which a follow-up recomputed the context, as a row."""
-    return [{"block": g["block"], "pair": g["pair"], "arm": g["arm"], "phase": g.get("phase"),
-             "lead_ms": g.get("lead_ms"), "fewest cached tokens": min(g["num_cached_tokens"]),
+    return [{"block": g.engine_run, "pair": g.pair, "arm": g.arm, "phase": g.phase,
+             "lead_ms": g.lead_ms, "fewest cached tokens": min(g.num_cached_tokens),
              "expected cached tokens": expected_cached(g), "follow-ups recomputing": sum(
-                 c < expected_cached(g) for c in g["num_cached_tokens"]),
-             "A first token ms": _ms(g["wait_a_s"])} for g in groups if g.get("status") == "recomputed"]
+                 c < expected_cached(g) for c in g.num_cached_tokens),
+             "A first token ms": _ms(g.wait_a_s)} for g in groups if g.status == "recomputed"]
 
 
-def lead_sweep(groups: list[dict]) -> list[dict]:
+def lead_sweep(groups: list[PrefetchGroup]) -> list[dict]:
     """A's wait and readiness per lead and group size: the pilot's leads, on arrival (lead 0) and
     every confirmation lead, from the recorded groups (the live panel re-plots from these)."""
     rows = []
     for path, n in cases(groups):
-        gs = [g for g in _of(groups, path, n) if g.get("status") in ("ok", "recomputed")
-              and (g.get("phase") == "pilot" or g.get("measured")) and g["arm"] in ("on_arrival", "early", "early_fixed")]
-        for arm, lead in sorted({(g["arm"] if g["arm"] == "on_arrival" else "early", g["lead_ms"]) for g in gs},
+        gs = [g for g in _of(groups, path, n) if g.status in ("ok", "recomputed")
+              and (g.phase == "pilot" or g.measured) and g.arm in ("on_arrival", "early", "early_fixed")]
+        for arm, lead in sorted({(g.arm if g.arm == "on_arrival" else "early", g.lead_ms) for g in gs},
                                 key=lambda x: (x[0] != "on_arrival", x[1])):
-            xs = [g for g in gs if g["lead_ms"] == lead and (g["arm"] == "on_arrival") == (arm == "on_arrival")]
-            waits = np.array([g["wait_a_s"] * 1e3 for g in xs])
+            xs = [g for g in gs if g.lead_ms == lead and (g.arm == "on_arrival") == (arm == "on_arrival")]
+            waits = np.array([g.wait_a_s * 1e3 for g in xs])
             rows.append({"path": path, "group_size": n, "arm": arm, "lead_ms": lead, "groups": len(xs),
-                         "ready": None if arm == "on_arrival" else sum(bool(g["ready"]) for g in xs),
+                         "ready": None if arm == "on_arrival" else sum(bool(g.ready) for g in xs),
                          "A first token ms (median)": round(float(np.median(waits)), 2),
                          "p25": round(float(np.quantile(waits, 0.25)), 2), "p75": round(float(np.quantile(waits, 0.75)), 2)})
     return rows
 
 
-def floor_wait(groups: list[dict]) -> dict[tuple[str, int], tuple[float, float, float]]:
+def floor_wait(groups: list[PrefetchGroup]) -> dict[tuple[str, int], tuple[float, float, float]]:
     """Per path and group size: the engine-resident floor's A-first-token wait (median, p25, p75), ms."""
     out = {}
     for path, n in cases(groups):
-        waits = [g["wait_a_s"] * 1e3 for g in usable(_of(groups, path, n)) if g["arm"] == "engine"]
+        waits = [g.wait_a_s * 1e3 for g in usable(_of(groups, path, n)) if g.arm == "engine"]
         if waits:
             out[(path, n)] = (float(np.median(waits)), float(np.quantile(waits, 0.25)), float(np.quantile(waits, 0.75)))
     return out
 
 
-def lead_choice(groups: list[dict], leads_ms: list[float], rule: str) -> list[dict]:
+def lead_choice(groups: list[PrefetchGroup], leads_ms: list[float], rule: str) -> list[dict]:
     """Per path and group size, per pilot lead: ready x/n, its one-sided 95 % lower bound, whether the rule takes it;
     on the chosen lead's row, the confirmation's early groups ready at T with their two-sided 95 % interval."""
     rows = []
-    pilot = [g for g in groups if g.get("phase") == "pilot"]
+    pilot = [g for g in groups if g.phase == "pilot"]
     for path, n in cases(pilot):
         mine = _of(pilot, path, n)
         chosen = choose_lead(mine, leads_ms, rule)
-        early = [g for g in _of(groups, path, n) if g.get("measured") and g.get("arm") == "early"]
+        early = [g for g in _of(groups, path, n) if g.measured and g.arm == "early"]
         for lead in sorted(leads_ms):
-            gs = [g for g in mine if g["lead_ms"] == round(lead, 3)]
-            ready = sum(bool(g["ready"]) for g in gs)
+            gs = [g for g in mine if g.lead_ms == round(lead, 3)]
+            ready = sum(bool(g.ready) for g in gs)
             bound = readiness.lower_bound(ready, len(gs))
             row = {"path": path, "group_size": n, "lead_ms": float(lead), "rule": rule,
-                   "pilot_engine_runs": len({g["block"] for g in gs}), "pilot_groups": len(gs), "pilot_ready": ready,
+                   "pilot_engine_runs": len({g.engine_run for g in gs}), "pilot_groups": len(gs), "pilot_ready": ready,
                    "ready_lower_bound": round(bound, 4),
                    "qualifies": (ready == len(gs) > 0) if rule == "all_ready" else bound >= readiness.READY_FLOOR,
                    "chosen": float(lead) == chosen, "confirm_groups": None, "confirm_ready": None,
                    "confirm_ready_low": None, "confirm_ready_high": None}
             if float(lead) == chosen:
-                done = [g for g in early if g.get("lead_ms") == round(lead, 3)]
-                k = sum(bool(g["ready"]) for g in done)
+                done = [g for g in early if g.lead_ms == round(lead, 3)]
+                k = sum(bool(g.ready) for g in done)
                 low, high = readiness.interval(k, len(done))
                 row.update(confirm_groups=len(done), confirm_ready=k,
                            confirm_ready_low=None if low is None else round(low, 4),

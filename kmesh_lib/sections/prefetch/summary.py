@@ -10,14 +10,15 @@ from kmesh_lib.base.declared import ABSENT
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.prefetch import readiness
 from kmesh_lib.sections.prefetch import stats as ps
+from kmesh_lib.sections.prefetch.captures import PrefetchEngineRun
 from kmesh_lib.sections.prefetch.checks import measured_lines
 from kmesh_lib.sections.prefetch.params import PAPER, scaled
-from kmesh_lib.sections.prefetch.tables import TABLES, bootstrap, confirmation_leads, groups_of, params_of
+from kmesh_lib.sections.prefetch.tables import TABLES, bootstrap, confirmation_leads, groups_of
 from kmesh_lib.workloads.context_params import MP_PATHS
 
 
 def _tables(run):
-    params = params_of(run)
+    params = run.params
     groups = groups_of(run)
     resamples, seed = params.BOOTSTRAP_RESAMPLES, params.SEED
     rows = {(r["path"], r["group_size"], r["comparison"]): r for r in ps.all_cases(groups, resamples, seed)}
@@ -50,7 +51,7 @@ def headline(run) -> dict[str, str]:
                 if (path, n, arm) in reads]
         out[f"{path} N={n}: context reads per group (the lookups that read)"] = "; ".join(
             f"{label} {r['context reads/group (mean)']:.2f} ({r['reads by lookup']})" for label, r in arms)
-    recomputing = sum(g.get("status") == "recomputed" for g in groups)
+    recomputing = sum(g.status == "recomputed" for g in groups)
     out["groups in which a follow-up recomputed the context"] = str(recomputing)
     for (path, n), rows_ in _lead_rows(run).items():  # runs with LEAD_RULE only (the published runs before keep theirs)
         c = next((r for r in rows_ if r["chosen"]), None)
@@ -164,7 +165,7 @@ def answer(run) -> str:
             text += (f" With the {w['pairs'] - r['pairs']} pair(s) in which a follow-up recomputed the context, the "
                      f"saving would read {_saving(w, 'A first token')}.")
         parts.append(text)
-    guard = guard_note(run.raw("blocks.jsonl"))
+    guard = guard_note(run.records("blocks.jsonl"))
     if guard:
         parts.append(guard)
     weak = []
@@ -186,11 +187,11 @@ def answer(run) -> str:
     return " ".join(parts) + ("\n\n" + " ".join(weak) if weak else "")
 
 
-def guard_note(blocks: list[dict]) -> str:
+def guard_note(blocks: list[PrefetchEngineRun]) -> str:
     """The warm-store guard in the run's MP engine runs: its setting and whether the server installed it
     (``lmcache_server.hooks``); empty for runs recorded before the guard existed."""
-    servers = [b["lmcache_server"] for b in blocks if b.get("path") in MP_PATHS
-               and isinstance(b.get("lmcache_server"), dict) and "warm_store_guard" in b["lmcache_server"]]
+    servers = [b.lmcache_server for b in blocks if b.path in MP_PATHS
+               and isinstance(b.lmcache_server, dict) and "warm_store_guard" in b.lmcache_server]
     if not servers:
         return ""
     settings = sorted({"on" if s["warm_store_guard"] else "off" for s in servers})
@@ -216,7 +217,7 @@ def public_results(run) -> dict:
     resamples, seed = params.BOOTSTRAP_RESAMPLES, params.SEED
     out = {
         "bootstrap": bootstrap(params),
-        "confirmation_lead_ms": confirmation_leads(run.raw("blocks.jsonl")),
+        "confirmation_lead_ms": confirmation_leads(run.records("blocks.jsonl")),
         "all_cases": [_numbers(r) for r in rows.values()],
         "all_cases_with_recomputed": [_numbers(r) for r in with_.values()],
         "placement": [_numbers(r) for r in ps.placement(groups, resamples, seed)],

@@ -21,23 +21,19 @@ from __future__ import annotations
 
 from kmesh_lib.base.declared import ABSENT, Table
 from kmesh_lib.sections.prefetch import stats as ps
+from kmesh_lib.sections.prefetch.captures import PrefetchEngineRun, PrefetchGroup
 from kmesh_lib.sections.prefetch.params import PrefetchParams, scaled
 from kmesh_lib.workloads.context_checks import topology_rows
-from kmesh_lib.workloads.context_params import run_params
 
 
-def params_of(run) -> PrefetchParams:
-    return run_params(PrefetchParams, run)
-
-
-def groups_of(run) -> list[dict]:
+def groups_of(run) -> list[PrefetchGroup]:
     """The run's groups, each with its status (``recomputed`` derived for runs recorded before it existed)."""
-    return ps.classify(run.raw("groups.jsonl"), params_of(run).BLOCK_SIZE)
+    return ps.classify(run.records("groups.jsonl"))
 
 
-def confirmation_leads(blocks: list[dict]) -> dict[str, float]:
+def confirmation_leads(blocks: list[PrefetchEngineRun]) -> dict[str, float]:
     """The lead each engine run's confirmation used, by path and group size."""
-    return {f"{b['path']} N={b['group_size']}": b["lead_ms"] for b in blocks if b.get("lead_ms") is not None}
+    return {f"{b.path} N={b.group_size}": b.lead_ms for b in blocks if b.lead_ms is not None}
 
 
 def bootstrap(cfg: PrefetchParams) -> dict:
@@ -48,14 +44,14 @@ def bootstrap(cfg: PrefetchParams) -> dict:
 def _resampled(table):
     """A table with intervals: ``table(groups, resamples, seed)`` with the run's own resamples and seed."""
     def build(run):
-        cfg = params_of(run)
+        cfg = run.params
         return table(groups_of(run), cfg.BOOTSTRAP_RESAMPLES, cfg.SEED)
     return Table(build)
 
 
 def _example_4(run) -> dict:
     groups = groups_of(run)
-    return ps.example(groups, sorted({g["path"] for g in groups})[0], 4) if groups else {}
+    return ps.example(groups, sorted({g.path for g in groups})[0], 4) if groups else {}
 
 
 def _of_groups(table):
@@ -65,18 +61,18 @@ def _of_groups(table):
 def _lead_choice(run):
     """The pilot's lead choice under the run's LEAD_RULE; absent from runs recorded before the rule was a parameter
     (their params.resolved.yaml names none: they chose the shortest all-ready lead, pilot_readiness shows it)."""
-    if "LEAD_RULE" not in run.params:
+    if "LEAD_RULE" not in run.recorded_params:
         return ABSENT
-    cfg = params_of(run)
+    cfg = run.params
     return ps.lead_choice(groups_of(run), list(cfg.LEADS_MS), cfg.LEAD_RULE)
 
 
 TABLES: dict[str, Table] = {
-    "scaled": Table(lambda run: bool(scaled(params_of(run)))),
-    "bootstrap": Table(lambda run: bootstrap(params_of(run))),
-    "engine_runs": Table(lambda run: run.raw("blocks.jsonl")),
+    "scaled": Table(lambda run: bool(scaled(run.params))),
+    "bootstrap": Table(lambda run: bootstrap(run.params)),
+    "engine_runs": Table(lambda run: [b.as_recorded() for b in run.records("blocks.jsonl")]),
     "pilot_readiness": _of_groups(ps.pilot_table),
-    "confirmation_lead_ms": Table(lambda run: confirmation_leads(run.raw("blocks.jsonl"))),
+    "confirmation_lead_ms": Table(lambda run: confirmation_leads(run.records("blocks.jsonl"))),
     "example_4": Table(_example_4),
     "all_cases": _resampled(ps.all_cases),
     "all_cases_with_recomputed": _resampled(lambda groups, resamples, seed: ps.all_cases(groups, resamples, seed,
@@ -85,11 +81,11 @@ TABLES: dict[str, Table] = {
     "disk_reads": _of_groups(ps.disk_reads),
     "singleflight": _of_groups(ps.singleflight_table),
     "restore_split": _of_groups(ps.restore_rows),
-    "topology": Table(lambda run: topology_rows(run.raw("blocks.jsonl"))),
+    "topology": Table(lambda run: topology_rows(run.records("blocks.jsonl"))),
     "driver_overhead": _of_groups(ps.overhead),
     "recomputed_groups": _of_groups(ps.recomputed_groups),
     "lead_sweep": _of_groups(ps.lead_sweep),
     "lead_choice": Table(_lead_choice),
 }
 
-__all__ = ["TABLES", "bootstrap", "confirmation_leads", "groups_of", "params_of"]
+__all__ = ["TABLES", "bootstrap", "confirmation_leads", "groups_of"]

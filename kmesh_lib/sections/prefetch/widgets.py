@@ -25,6 +25,8 @@ from kmesh_lib.sections.prefetch import live
 from kmesh_lib.sections.prefetch.plots import lead_sweep_figure, png, png_css_width
 from kmesh_lib.sections.prefetch.stats import lead_sweep
 
+HEADER_START = '{"schema"'  # a capture's schema header (base.captures): the first line, no group
+
 
 class LivePanel:
     """The widgets and their callbacks; ``launch`` starts a live measurement (``live.start``)."""
@@ -112,12 +114,12 @@ class LivePanel:
 def _lines(path) -> int:
     try:
         with open(path) as f:
-            return sum(1 for line in f if line.endswith("\n"))
+            return sum(1 for line in f if line.endswith("\n") and not line.startswith(HEADER_START))
     except FileNotFoundError:
         return 0
 
 
-def panel(cfg, groups: list[dict], parent_run: str, path: str | None = None):
+def panel(cfg, groups: list, parent_run: str, path: str | None = None):
     """The widget box, or a note when ipywidgets is missing. Callbacks run only on user input."""
     try:
         import ipywidgets  # noqa: F401

@@ -15,7 +15,7 @@ from kmesh_lib.base.data import DATA_SETS, data_root
 from kmesh_lib.base.paths import REPO_ROOT
 from kmesh_lib.base.records import RunFiles, sha256_file
 from kmesh_lib.sections.production_trace import tables
-from kmesh_lib.sections.production_trace.params import COSTS, PARITY, REPLAY, TRACE, recorded_params
+from kmesh_lib.sections.production_trace.params import COSTS, PARITY, REPLAY, TRACE
 from kmesh_lib.sections.production_trace.trace import (
     TraceFormatError,
     access_trace,
@@ -67,7 +67,7 @@ def chained(requests) -> tuple[bool, str]:
 
 def checks(run) -> list[Check]:
     run = RunFiles.of(run)
-    cfg = recorded_params(run.params)
+    cfg = run.params
     results = run.results
     out: list[Check] = []
     try:

@@ -1,7 +1,6 @@
 """Section 23's parameters, raw file names, and the pool, tier and cost sizes they give."""
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Annotated, Literal
 
 from pydantic import Field
@@ -14,8 +13,6 @@ from kmesh_lib.base.params import (
     PositiveCount,
     Tokens,
     check,
-    current_names,
-    defaults,
     params_dataclass,
 )
 from kmesh_lib.engine.config import EngineParams
@@ -99,11 +96,6 @@ class ProductionTraceParams(EngineParams):
         for shape in (*self.SHAPES, self.REPLAY_SHAPE):
             check(shape in SHAPES, f"{shape!r}: not a shape ({', '.join(SHAPES)})")
 
-
-def recorded_params(values: dict) -> SimpleNamespace:
-    """A run's parameters as recorded, over this version's defaults, without validation (``checks`` read
-    runs made elsewhere, whose data path need not exist here)."""
-    return SimpleNamespace(**{**defaults(ProductionTraceParams), **current_names(values)})
 
 
 def bytes_per_token(shape: str, dtype: str) -> int:

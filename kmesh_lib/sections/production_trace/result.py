@@ -12,14 +12,14 @@ from kmesh_lib.base.declared import ABSENT, Table, recorded_only
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.production_trace import tables
 from kmesh_lib.sections.production_trace.experiment import trace_name
-from kmesh_lib.sections.production_trace.params import COSTS, PARITY, REPLAY, TRACE, recorded_params
+from kmesh_lib.sections.production_trace.params import COSTS, PARITY, REPLAY, TRACE
 from kmesh_lib.sections.production_trace.trace import access_trace, trace_stats
 
 
 @lru_cache(maxsize=2)
 def _inputs(run_dir: str, raw_sha: str):
     run = RunFiles(run_dir)
-    cfg = recorded_params(run.params)
+    cfg = run.params
     requests = tables.requests_of(run.raw(TRACE))
     return cfg, requests, access_trace(requests, cfg.BLOCK_SIZE), run.raw(REPLAY), run.raw(COSTS)
 

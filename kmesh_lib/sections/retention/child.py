@@ -10,7 +10,6 @@ block exactly as the notebook would, and ends with ``os._exit``.
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -57,8 +56,7 @@ def run_block_in_child(run_dir: Path, name: str, log=print, timeout_s: float = 9
         last = [line for line in output.splitlines() if line.strip()][-1:] or ["no output"]
         summary = {"block": name, "path": name.split("-N")[0], "group_size": None, "status": "failed",
                    "detail": f"exit {code}: {last[0]}"}
-        with open(raw / "blocks.jsonl", "a") as f:
-            f.write(json.dumps(summary) + "\n")
+        RunRecord(run_dir, "retention").append_jsonl("blocks.jsonl", summary)
     groups = [g for g in read_jsonl(raw / "groups.jsonl") if g["block"] == name] if (raw / "groups.jsonl").exists() else []
     return summary, groups
 

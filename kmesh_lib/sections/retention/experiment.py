@@ -31,6 +31,7 @@ from kmesh_lib.base.records import RunRecord
 from kmesh_lib.engine import costs
 from kmesh_lib.lmcache.connect import gpu_tier_support
 from kmesh_lib.sections.retention.blocks import PlannedBlock, plan_blocks
+from kmesh_lib.sections.retention.captures import RetentionEngineRun, RetentionGroup, as_engine_runs, as_groups
 from kmesh_lib.sections.retention.child import run_block_in_child
 from kmesh_lib.sections.retention.params import MIB, RetentionParams
 from kmesh_lib.workloads import context_params
@@ -165,10 +166,11 @@ def open_record(cfg) -> RunRecord:
     return RunRecord.open_or_render("retention", cfg)
 
 
-def recorded(record: RunRecord) -> tuple[list[dict], list[dict]]:
-    """The groups and engine-run summaries the measurement wrote to ``raw/`` (read, never copied)."""
+def recorded(record: RunRecord) -> tuple[list[RetentionGroup], list[RetentionEngineRun]]:
+    """The groups and engine-run summaries the measurement wrote to ``raw/`` (read, never copied), as their
+    declared records (``captures``)."""
     run = record.files()
-    return run.raw("groups.jsonl"), run.raw("blocks.jsonl")
+    return run.records("groups.jsonl"), run.records("blocks.jsonl")
 
 
 def not_available_here(cfg: RetentionParams) -> list[dict]:
@@ -201,10 +203,11 @@ def blocks_to_run(cfg: RetentionParams, unavailable: list[dict]) -> list[Planned
     return [b for b in plan_blocks(cfg) if b.name not in skip]
 
 
-def measure(cfg: RetentionParams, record=None, log=print, isolate=("inproc",)) -> tuple[list[dict], list[dict]]:
+def measure(cfg: RetentionParams, record=None, log=print,
+            isolate=("inproc",)) -> tuple[list[RetentionGroup], list[RetentionEngineRun]]:
     """Runs every block in plan order (``blocks.plan_blocks``: MP paths, controls, in-process, GPU buffer).
 
-    Returns (groups, block summaries); both also go to ``raw/`` as they finish. Blocks of the paths
+    Returns (groups, block summaries) as their declared records; both also go to ``raw/`` as they finish. Blocks of the paths
     in ``isolate`` run in a child process (``sections.retention.child``; needs ``record``): in-process
     LMCache keeps process-wide state. What cannot run here is a ``not available`` row with the reason.
     """
@@ -221,4 +224,6 @@ def measure(cfg: RetentionParams, record=None, log=print, isolate=("inproc",)) -
             summary, block_groups = block.summary, block.groups
         groups += block_groups
         blocks.append(summary)
-    return groups, blocks
+    if record is not None:
+        return recorded(record)  # what the run recorded, the groups of blocks run in a child process included
+    return as_groups(groups), as_engine_runs(blocks)

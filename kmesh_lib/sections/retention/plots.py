@@ -10,37 +10,38 @@ sit between them. Groups that were not ``ok`` are drawn hollow.
 from __future__ import annotations
 
 from kmesh_lib.base.figures import save as save_figure
+from kmesh_lib.sections.retention.captures import RetentionGroup
 
 MIB = 1 << 20
 STYLE = {"retain": ("tab:blue", "o"), "discard": ("tab:red", "s"), "floor": ("tab:green", "^"),
          "recompute": ("tab:gray", "v")}
 
 
-def plot_group_size(groups: list[dict], path: str, n: int, out_path=None):
+def plot_group_size(groups: list[RetentionGroup], path: str, n: int, out_path=None):
     import matplotlib.pyplot as plt
 
-    mine = [g for g in groups if g["measured"] and g["group_size"] == n and g["path"] in (path, "engine")]
+    mine = [g for g in groups if g.measured and g.group_size == n and g.path in (path, "engine")]
     first = {}  # x = the measured pair's index within its block (blocks may have different warm-up pairs)
     for g in mine:
-        first[g["block"]] = min(first.get(g["block"], g["pair"]), g["pair"])
-    x = {id(g): g["pair"] - first[g["block"]] for g in mine}
+        first[g.engine_run] = min(first.get(g.engine_run, g.pair), g.pair)
+    x = {id(g): g.pair - first[g.engine_run] for g in mine}
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     for arm, (color, marker) in STYLE.items():
-        gs = sorted((g for g in mine if g["arm"] == arm), key=lambda g: g["pair"])
+        gs = sorted((g for g in mine if g.arm == arm), key=lambda g: g.pair)
         if not gs:
             continue
         for ax, key in zip(axes[:2], ("ttft_a_s", "makespan_s")):
-            ok = [g for g in gs if g["status"] == "ok"]
-            bad = [g for g in gs if g["status"] != "ok"]
-            ax.plot([x[id(g)] for g in ok], [g[key] * 1e3 for g in ok], marker=marker, color=color, ls="-", label=arm)
+            ok = [g for g in gs if g.status == "ok"]
+            bad = [g for g in gs if g.status != "ok"]
+            ax.plot([x[id(g)] for g in ok], [getattr(g, key) * 1e3 for g in ok], marker=marker, color=color, ls="-", label=arm)
             if bad:
-                ax.plot([x[id(g)] for g in bad], [g[key] * 1e3 for g in bad], marker=marker, color=color, ls="",
+                ax.plot([x[id(g)] for g in bad], [getattr(g, key) * 1e3 for g in bad], marker=marker, color=color, ls="",
                         mfc="none", label=f"{arm} (not ok)")
         if arm in ("retain", "discard"):
             shift = -0.2 if arm == "retain" else 0.2
             xs = [x[id(g)] + shift for g in gs]
-            prep = [_mib(g["prep_reads"]) for g in gs]
-            fol = [_mib(g["followup_reads"]) for g in gs]
+            prep = [_mib(g.prep_reads) for g in gs]
+            fol = [_mib(g.followup_reads) for g in gs]
             axes[2].bar(xs, prep, width=0.4, color=color, alpha=0.5, hatch="//", label=f"{arm}: preparation")
             axes[2].bar(xs, fol, width=0.4, bottom=prep, color=color, label=f"{arm}: follow-ups")
     axes[0].set(title=f"A's first token, N={n}", xlabel="measured pair", ylabel="ms")

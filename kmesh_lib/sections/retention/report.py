@@ -1,8 +1,8 @@
 """Section 16's tables, from group records alone (numpy only: the GPU driver uses them too).
 
-A *combination* is (path, group size, arrival pattern, singleflight setting); every table row is
-one combination and arm (``combo``). Groups recorded before the arrival patterns and the
-singleflight existed read as ``together`` and (MP) ``off``.
+Every function reads the typed records of ``raw/groups.jsonl`` and ``raw/blocks.jsonl``
+(``sections.retention.captures``: ``RetentionGroup``, ``RetentionEngineRun``). A *combination* is (path, group
+size, arrival pattern, singleflight setting); every table row is one combination and arm (``combo``).
 
     arm_rows      one row per combination and arm: both stopwatches (median, p25-p75), disk MiB read
                   per phase, in how many groups the byte counters agreed (recomputed from the counts,
@@ -27,41 +27,39 @@ from __future__ import annotations
 import numpy as np
 
 from kmesh_lib.lmcache.lookups import MECHANISMS
+from kmesh_lib.sections.retention.captures import RetentionEngineRun, RetentionGroup
 from kmesh_lib.workloads.context_arms import ARMS
 from kmesh_lib.workloads.context_groups import on_off, split_medians
-from kmesh_lib.workloads.context_params import MP_PATHS
 
 MIB = 1 << 20
 ORDER = {"retain": 0, "discard": 1, "floor": 2, "recompute": 3}
 COUNTERS = {"device": "device_bytes", "hook": "hook_bytes", "metrics": "metric_bytes"}
 
 
-def usable(groups: list[dict]) -> list[dict]:
-    return [g for g in groups if g["measured"] and g["status"] == "ok"]
+def usable(groups: list[RetentionGroup]) -> list[RetentionGroup]:
+    return [g for g in groups if g.measured and g.status == "ok"]
 
 
-def arrival_of(g: dict) -> str:
-    return g.get("arrival") or "together"
+def arrival_of(g: RetentionGroup) -> str:
+    return g.arrival
 
 
-def singleflight_of(g: dict) -> str:
-    """``on``/``off`` on the MP paths (``off`` for groups recorded before the switch), ``n/a`` elsewhere."""
-    if "singleflight" in g:
-        return on_off(g["singleflight"])
-    return "off" if g.get("path") in MP_PATHS and g.get("arm") in ("retain", "discard") else "n/a"
+def singleflight_of(g: RetentionGroup) -> str:
+    """``on``/``off`` on the MP paths, ``n/a`` elsewhere (the group recorded None)."""
+    return on_off(g.singleflight)
 
 
-def combo(g: dict) -> tuple:
+def combo(g: RetentionGroup) -> tuple:
     """(path, group size, arrival, singleflight): the groups one table row compares."""
-    return g["path"], g["group_size"], arrival_of(g), singleflight_of(g)
+    return g.path, g.group_size, arrival_of(g), singleflight_of(g)
 
 
 def combo_label(block: str, arrival: str, singleflight: str) -> str:
     return f"{block} [{arrival}" + ("" if singleflight == "n/a" else f", singleflight {singleflight}") + "]"
 
 
-def _keys(groups: list[dict]) -> list[tuple]:
-    keys = {(*combo(g), g["arm"]) for g in groups}
+def _keys(groups: list[RetentionGroup]) -> list[tuple]:
+    keys = {(*combo(g), g.arm) for g in groups}
     return sorted(keys, key=lambda k: (k[0] == "engine", k[0], k[1], k[2], k[3], ORDER.get(k[4], 9)))
 
 
@@ -75,67 +73,67 @@ def counters(reads: dict) -> dict[str, int]:
     return {name: reads[key] for name, key in COUNTERS.items() if reads.get(key) is not None}
 
 
-def has_two_counters(g: dict) -> bool:
+def has_two_counters(g: RetentionGroup) -> bool:
     """Agreement needs at least two counts in both phases: one counter agrees with nothing."""
-    return all(len(counters(g[phase])) >= 2 for phase in ("prep_reads", "followup_reads"))
+    return all(len(counters(reads)) >= 2 for reads in (g.prep_reads, g.followup_reads))
 
 
-def tolerance(g: dict, phase: str) -> int:
+def tolerance(g: RetentionGroup, reads: dict) -> int:
     """How far the counters of a phase may differ: what the run recorded (0 on the MP path: the server
     reads nothing but the disk tier), never more than half a chunk (LMCache reads whole chunks)."""
-    recorded = g[phase].get("tolerance_bytes")
-    half = g["chunk_bytes"] // 2
+    recorded = reads.get("tolerance_bytes")
+    half = g.chunk_bytes // 2
     return half if recorded is None else min(int(recorded), half)
 
 
-def bytes_agree(g: dict) -> bool:
+def bytes_agree(g: RetentionGroup) -> bool:
     """Every recorded counter of both phases gives the same bytes, to within ``tolerance`` (0 on MP)."""
-    for phase in ("prep_reads", "followup_reads"):
-        values = list(counters(g[phase]).values())
-        if values and max(values) - min(values) > tolerance(g, phase):
+    for reads in (g.prep_reads, g.followup_reads):
+        values = list(counters(reads).values())
+        if values and max(values) - min(values) > tolerance(g, reads):
             return False
     return True
 
 
-def rereads(g: dict) -> float:
+def rereads(g: RetentionGroup) -> float:
     """How many times the follow-up phase read the whole context from the disk tier."""
-    return phase_bytes(g["followup_reads"]) / g["context_bytes"]
+    return phase_bytes(g.followup_reads) / g.context_bytes
 
 
-def arm_rows(groups: list[dict]) -> list[dict]:
+def arm_rows(groups: list[RetentionGroup]) -> list[dict]:
     rows = []
     for path, n, arrival, sf, arm in _keys(groups):
-        mine = [g for g in groups if (*combo(g), g["arm"]) == (path, n, arrival, sf, arm) and g["measured"]]
+        mine = [g for g in groups if (*combo(g), g.arm) == (path, n, arrival, sf, arm) and g.measured]
         if not mine:
             continue
         ok = usable(mine)
         row = {"path": path, "group_size": n, "arrival": arrival, "singleflight": sf, "arm": arm,
-               "data_start": mine[0]["data_start"], "route": mine[0]["route"],
+               "data_start": mine[0].data_start, "route": mine[0].route,
                "groups_ok": len(ok), "groups_excluded": len(mine) - len(ok),
-               "excluded_why": sorted({g["status"] for g in mine if g["status"] != "ok"})}
+               "excluded_why": sorted({g.status for g in mine if g.status != "ok"})}
         if ok:
             for key, label in (("ttft_a_s", "ttft_a_ms"), ("makespan_s", "makespan_ms")):
-                vals = np.array([g[key] * 1e3 for g in ok])
+                vals = np.array([getattr(g, key) * 1e3 for g in ok])
                 row.update({f"{label}_median": round(float(np.median(vals)), 1),
                             f"{label}_p25": round(float(np.quantile(vals, 0.25)), 1),
                             f"{label}_p75": round(float(np.quantile(vals, 0.75)), 1)})
             for phase in ("prep", "followup"):
-                row[f"disk_mib_{phase}"] = round(float(np.median([phase_bytes(g[f"{phase}_reads"]) for g in ok])) / MIB, 2)
+                mib = np.median([phase_bytes(getattr(g, f"{phase}_reads")) for g in ok]) / MIB
+                row[f"disk_mib_{phase}"] = round(float(mib), 2)
             row["disk_mib_group"] = round(row["disk_mib_prep"] + row["disk_mib_followup"], 2)
             if ARMS[arm].external:
-                names = sorted(counters(ok[0]["followup_reads"]))
+                names = sorted(counters(ok[0].followup_reads))
                 agree = sum(has_two_counters(g) and bytes_agree(g) for g in ok)
                 row["cross_check"] = (f"{'='.join(names)} in {agree}/{len(ok)}" if len(names) >= 2 else
                                       f"not checked: fewer than two counters ({'='.join(names) or 'none'})")
             else:
                 row["cross_check"] = "none: no LMCache tier"
-            if "load_1m" in ok[0]:
-                row["load_1m_median"] = round(float(np.median([g["load_1m"] for g in ok])), 2)
+            row["load_1m_median"] = round(float(np.median([g.load_1m for g in ok])), 2)
             if ARMS[arm].external:
                 row["rereads_per_group"] = float(np.median([rereads(g) for g in ok]))
             for key in ("memory_tier_bytes_before", "memory_tier_bytes_after", "disk_tier_bytes_before",
                         "disk_tier_bytes_after"):  # external-cache bytes in use, before and after the group
-                row[key.replace("_bytes_", "_mib_")] = round(float(np.median([g[key] for g in ok])) / MIB, 2)
+                row[key.replace("_bytes_", "_mib_")] = round(float(np.median([getattr(g, key) for g in ok])) / MIB, 2)
         rows.append(row)
     return rows
 
@@ -168,31 +166,31 @@ NO_TRACE = {"inproc": "no lookup trace: in-process LMCache (a lookup only checks
             "native": "no lookup trace: vLLM's own tiers (vLLM looks up only past its own prefix-cache hit)"}
 
 
-def mechanism_totals(gs: list[dict]) -> dict[str, int] | None:
+def mechanism_totals(gs: list[RetentionGroup]) -> dict[str, int] | None:
     """Every follow-up lookup's mechanism, summed over the groups (``MECHANISMS`` order); None where a
     group has no lookup trace."""
-    if not all("followup_lookup_summary" in g for g in gs):
+    if any(g.followup_lookup_summary is None for g in gs):
         return None
-    return {m: sum(g["followup_lookup_summary"]["by_mechanism"].get(m, 0) for g in gs) for m in MECHANISMS}
+    return {m: sum(g.followup_lookup_summary["by_mechanism"].get(m, 0) for g in gs) for m in MECHANISMS}
 
 
-def mechanisms_text(gs: list[dict]) -> str:
+def mechanisms_text(gs: list[RetentionGroup]) -> str:
     """``mechanism_totals`` as text: ``first_load 5, contended_in_flight 15``."""
     total = mechanism_totals(gs)
     if total is None:
-        return NO_TRACE.get(gs[0]["path"], "no lookup trace (a stock lmcache server has no kmesh hooks)")
+        return NO_TRACE.get(gs[0].path, "no lookup trace (a stock lmcache server has no kmesh hooks)")
     return ", ".join(f"{m} {v}" for m, v in total.items() if v) or "no lookups"
 
 
-def reads_per_followup(gs: list[dict]) -> str | None:
+def reads_per_followup(gs: list[RetentionGroup]) -> str | None:
     """Per follow-up letter, its lookups' disk reads per group (mean): ``A 1, B 0, C 0.4, D 1``."""
-    if not all("followup_disk_reads" in g for g in gs):
+    if any(g.followup_disk_reads is None for g in gs):
         return None
-    letters = list(gs[0]["followup_disk_reads"])
-    return ", ".join(f"{x} {float(np.mean([g['followup_disk_reads'].get(x, 0) for g in gs])):g}" for x in letters)
+    letters = list(gs[0].followup_disk_reads)
+    return ", ".join(f"{x} {float(np.mean([g.followup_disk_reads.get(x, 0) for g in gs])):g}" for x in letters)
 
 
-def arrival_rows(groups: list[dict]) -> list[dict]:
+def arrival_rows(groups: list[RetentionGroup]) -> list[dict]:
     """The arrival-pattern table: what the follow-ups read per group and per follow-up, and why.
 
     Over the usable measured groups of each combination and external arm. ``context reads per group``
@@ -203,31 +201,31 @@ def arrival_rows(groups: list[dict]) -> list[dict]:
     for path, n, arrival, sf, arm in _keys(groups):
         if not ARMS[arm].external:
             continue
-        gs = [g for g in usable(groups) if (*combo(g), g["arm"]) == (path, n, arrival, sf, arm)]
+        gs = [g for g in usable(groups) if (*combo(g), g.arm) == (path, n, arrival, sf, arm)]
         if not gs:
             continue
         reads = np.array([rereads(g) for g in gs])
-        traced = [g["followup_lookup_summary"]["disk_reads"] for g in gs if "followup_lookup_summary" in g]
+        traced = [g.followup_lookup_summary["disk_reads"] for g in gs if g.followup_lookup_summary is not None]
         rows.append({"path": path, "group_size": n, "arrival": arrival, "singleflight": sf, "arm": arm, "groups": len(gs),
                      "context reads per group (median)": float(np.median(reads)), "min": float(reads.min()),
                      "max": float(reads.max()),
                      "lookup reads per group (median)": float(np.median(traced)) if len(traced) == len(gs) else None,
                      "reads per follow-up (mean)": reads_per_followup(gs), "mechanisms (all groups)": mechanisms_text(gs),
-                     "A first token ms (median)": round(float(np.median([g["ttft_a_s"] for g in gs])) * 1e3, 1),
-                     "makespan ms (median)": round(float(np.median([g["makespan_s"] for g in gs])) * 1e3, 1)})
+                     "A first token ms (median)": round(float(np.median([g.ttft_a_s for g in gs])) * 1e3, 1),
+                     "makespan ms (median)": round(float(np.median([g.makespan_s for g in gs])) * 1e3, 1)})
     return rows
 
 
 
 
-def restore_rows(groups: list[dict]) -> list[dict]:
+def restore_rows(groups: list[RetentionGroup]) -> list[dict]:
     """The GPU buffer's restores, split (``workloads.context_groups.restore_split``): medians in ms per
     combination, arm, phase and source (a restore from the disk tier, or from the buffer's copy)."""
     rows = []
     for path, n, arrival, sf, arm in _keys(groups):
-        gs = [g for g in usable(groups) if (*combo(g), g["arm"]) == (path, n, arrival, sf, arm)]
+        gs = [g for g in usable(groups) if (*combo(g), g.arm) == (path, n, arrival, sf, arm)]
         for phase in ("prep", "followup"):
-            recs = [r for g in gs for r in g.get(f"{phase}_restores") or []]
+            recs = [r for g in gs for r in getattr(g, f"{phase}_restores") or []]
             for source in sorted({r["source"] for r in recs}):
                 mine = [r for r in recs if r["source"] == source]
                 row = {"path": path, "group_size": n, "arrival": arrival, "arm": arm, "phase": phase, "source": source,
@@ -236,41 +234,42 @@ def restore_rows(groups: list[dict]) -> list[dict]:
     return rows
 
 
-def unavailable_rows(blocks: list[dict]) -> list[dict]:
+def unavailable_rows(blocks: list[RetentionEngineRun]) -> list[dict]:
     """What did not run, and why (a path or tier not available, a full disk tier): never a latency."""
-    return [{"path": b.get("path"), "group_size": b.get("group_size"), "status": b.get("status"),
-             "why": b.get("detail") or b.get("error") or ""} for b in blocks if b.get("status") != "ok"]
+    return [{"path": b.path, "group_size": b.group_size, "status": b.status,
+             "why": b.detail or b.error or ""} for b in blocks if b.status != "ok"]
 
 
-def block_rows(blocks: list[dict]) -> list[dict]:
+def block_rows(blocks: list[RetentionEngineRun]) -> list[dict]:
     """One row per engine run: how it ended, its connector, start time, pairs, listeners and cleanup."""
-    keys = ("block", "status", "connector", "engine_start_s", "pairs", "retried_pairs", "listeners", "cleanup")
-    return [{**{k: b.get(k) for k in keys}, "detail": b.get("detail") or b.get("error") or ""} for b in blocks]
+    return [{"block": b.engine_run, "status": b.status, "connector": b.connector, "engine_start_s": b.engine_start_s,
+             "pairs": b.pairs, "retried_pairs": b.retried_pairs, "listeners": b.listeners, "cleanup": b.cleanup,
+             "detail": b.detail or b.error or ""} for b in blocks]
 
 
-def per_group_rows(groups: list[dict]) -> list[dict]:
+def per_group_rows(groups: list[RetentionGroup]) -> list[dict]:
     """One row per measured group: bytes per phase (MiB), rereads, the counters, LMCache's lookups."""
     rows = []
     for g in groups:
-        if not g["measured"]:
+        if not g.measured:
             continue
-        fol = g["followup_reads"]
-        rows.append({"block": g["block"], "pair": g["pair"], "arrival": arrival_of(g), "singleflight": singleflight_of(g),
-                     "arm": g["arm"], "status": g["status"],
-                     "prep MiB": phase_bytes(g["prep_reads"]) / MIB, "follow-up MiB": phase_bytes(fol) / MIB,
+        fol = g.followup_reads
+        rows.append({"block": g.engine_run, "pair": g.pair, "arrival": arrival_of(g), "singleflight": singleflight_of(g),
+                     "arm": g.arm, "status": g.status,
+                     "prep MiB": phase_bytes(g.prep_reads) / MIB, "follow-up MiB": phase_bytes(fol) / MIB,
                      "rereads": rereads(g), "counters": "=".join(sorted(counters(fol))),
                      "counts agree": has_two_counters(g) and bytes_agree(g),
                      "L1 hit tok": fol.get("lookup_hit_l1_tokens"), "L2 hit tok": fol.get("lookup_hit_l2_tokens"),
                      "contended chunks": fol.get("contended_chunks"),
-                     "memory MiB at follow-ups": g["memory_tier_bytes_at_followups"] / MIB,
-                     "A first token ms": round(g["ttft_a_s"] * 1e3, 1), "makespan ms": round(g["makespan_s"] * 1e3, 1)})
+                     "memory MiB at follow-ups": g.memory_tier_bytes_at_followups / MIB,
+                     "A first token ms": round(g.ttft_a_s * 1e3, 1), "makespan ms": round(g.makespan_s * 1e3, 1)})
     return rows
 
 
-def rereads_by_block(groups: list[dict]) -> dict[str, list[float]]:
+def rereads_by_block(groups: list[RetentionGroup]) -> dict[str, list[float]]:
     """Per block and combination, the discard groups' rereads (sorted): whole contexts the follow-ups read."""
     out: dict[str, list[float]] = {}
     for g in usable(groups):
-        if g["arm"] == "discard":
-            out.setdefault(combo_label(g["block"], arrival_of(g), singleflight_of(g)), []).append(rereads(g))
+        if g.arm == "discard":
+            out.setdefault(combo_label(g.engine_run, arrival_of(g), singleflight_of(g)), []).append(rereads(g))
     return {label: sorted(values) for label, values in sorted(out.items())}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.lmcache.lookups import READS
+from kmesh_lib.sections.retention.captures import RetentionGroup
 from kmesh_lib.sections.retention.checks import lookup_kind, measured_lines
 from kmesh_lib.sections.retention.report import (
     arm_rows,
@@ -52,7 +53,7 @@ def _pairs_text(rows, key: str, fmt: str) -> dict[str, str]:
     return out
 
 
-def _reads_by_arrival(groups: list[dict]) -> dict[str, str]:
+def _reads_by_arrival(groups: list[RetentionGroup]) -> dict[str, str]:
     """Per MP path: the discard follow-ups' context reads per group (median) by arrival and singleflight."""
     rows = [r for r in arrival_rows(groups) if r["arm"] == "discard" and r["singleflight"] != "n/a"]
     out = {}
@@ -61,7 +62,7 @@ def _reads_by_arrival(groups: list[dict]) -> dict[str, str]:
             mine = [r for r in rows if r["path"] == path and r["group_size"] == n]
             by = {(r["arrival"], r["singleflight"]): r["context reads per group (median)"] for r in mine}
             why = {r["arrival"]: _why_reads(mechanism_totals(
-                       [g for g in usable(groups) if (*combo(g), g["arm"]) == (path, n, r["arrival"], "off", "discard")]),
+                       [g for g in usable(groups) if (*combo(g), g.arm) == (path, n, r["arrival"], "off", "discard")]),
                        r["context reads per group (median)"]) for r in mine if r["singleflight"] == "off"}
             arrivals = sorted({a for a, _ in by}, key=lambda a: (a != "together", a))
             # one line per group size: a sweep of many spacings stays a readable headline
@@ -85,7 +86,7 @@ def _times(x: float) -> str:
 
 def headline(run) -> dict[str, str]:
     run = RunFiles.of(run)
-    groups = run.raw("groups.jsonl")
+    groups = run.records("groups.jsonl")
     rows = arm_rows(groups)
     out = {}
     for path, text in _pairs_text(rows, "disk_mib_group", "{:.0f}").items():
@@ -93,7 +94,7 @@ def headline(run) -> dict[str, str]:
     for path, text in _pairs_text(rows, "ttft_a_ms_median", "{:.0f}").items():
         out[f"{path}: A's first token, median ms, retain vs discard"] = text
     out.update(_reads_by_arrival(groups))
-    external = [g for g in usable(groups) if g["path"] != "engine"]
+    external = [g for g in usable(groups) if g.path != "engine"]
     if external:
         agree = sum(has_two_counters(g) and bytes_agree(g) for g in external)
         out["byte counters agree"] = f"in {agree} of {len(external)} groups"
@@ -103,7 +104,7 @@ def headline(run) -> dict[str, str]:
 def answer(run) -> str:
     """The closing paragraph: does retention stop repeat reads here, from this run's own numbers."""
     run = RunFiles.of(run)
-    groups = run.raw("groups.jsonl")
+    groups = run.records("groups.jsonl")
     rows = arm_rows(groups)
     ratios = ratio_rows(rows)
     if not ratios:
@@ -117,7 +118,7 @@ def answer(run) -> str:
         combo = _first_combo(by, path)
         for r in [r for r in ratios if r["path"] == path and (r["arrival"], r["singleflight"]) == combo]:
             n = r["group_size"]
-            gs = [g for g in usable(groups) if g["path"] == path and g["group_size"] == n and g["arm"] == "discard"]
+            gs = [g for g in usable(groups) if g.path == path and g.group_size == n and g.arm == "discard"]
             kind = lookup_kind(gs[0]) if gs else "prefetch"
             reread = r["disk MiB/group: discard"] > r["disk MiB/group: retain"]
             verdict = ("keeping the tier's copy **stops the repeat reads**" if reread else
@@ -161,7 +162,7 @@ def answer(run) -> str:
 def public_results(run) -> dict:
     """The aggregates section 16 publishes: an allow-list of numbers, counts, short labels and hashes."""
     run = RunFiles.of(run)
-    groups, blocks = run.raw("groups.jsonl"), run.raw("blocks.jsonl")
+    groups, blocks = run.records("groups.jsonl"), run.records("blocks.jsonl")
     rows = arm_rows(groups)
     return {
         "arms": [{k: r[k] for k in PUBLIC_ARM_KEYS if k in r} for r in rows],
@@ -170,12 +171,12 @@ def public_results(run) -> dict:
                      for r in arrival_rows(groups)],
         "restore_split": [{k: v for k, v in r.items() if v is None or isinstance(v, (int, float, str))}
                           for r in restore_rows(groups)],
-        "not_run": [{"path": str(b.get("path")), "group_size": b.get("group_size"), "status": str(b.get("status"))}
-                    for b in blocks if b.get("status") != "ok"],
+        "not_run": [{"path": str(b.path), "group_size": b.group_size, "status": str(b.status)}
+                    for b in blocks if b.status != "ok"],
         "topology": [{"row": str(r["row"]), "status": str(r["status"]), "detail": str(r["detail"])}
                      for r in topology_rows(blocks)],
         "groups_recorded": len(groups),
-        "engine_runs_ok": sum(b.get("status") == "ok" for b in blocks),
+        "engine_runs_ok": sum(b.status == "ok" for b in blocks),
         "raw_sha256": {name: run.raw_sha256(name) for name in run.raw_names()},
     }
 
@@ -186,7 +187,7 @@ def _iqr(row: dict, key: str) -> str:
 
 def _main_pairs(run) -> list[tuple[str, int, tuple[str, str], dict, dict]]:
     """Per path and group size, at the path's headline pattern: (path, N, pattern, retain row, discard row)."""
-    by = _by(arm_rows(RunFiles.of(run).raw("groups.jsonl")))
+    by = _by(arm_rows(RunFiles.of(run).records("groups.jsonl")))
     out = []
     for path in sorted({p for p, *_ in by if p != "engine"}):
         shown = _first_combo(by, path)

@@ -1,5 +1,5 @@
 """Section 16's declared result (``base.declared``): every table ``results.json`` holds, each built from
-``raw/groups.jsonl`` and ``raw/blocks.jsonl`` alone.
+``raw/groups.jsonl`` and ``raw/blocks.jsonl`` alone, read as their declared records (``captures``).
 
     blocks             every engine run's summary as ``raw/blocks.jsonl`` holds it (the not-available rows too)
     arms               per combination and arm: both stopwatches, disk MiB per phase, counters agreeing
@@ -17,19 +17,20 @@ from __future__ import annotations
 
 from kmesh_lib.base.declared import Table
 from kmesh_lib.sections.retention import report as rr
+from kmesh_lib.sections.retention.captures import RetentionEngineRun, RetentionGroup
 from kmesh_lib.workloads.context_checks import topology_rows
 
 
-def _groups(run) -> list[dict]:
-    return run.raw("groups.jsonl")
+def _groups(run) -> list[RetentionGroup]:
+    return run.records("groups.jsonl")
 
 
-def _blocks(run) -> list[dict]:
-    return run.raw("blocks.jsonl")
+def _blocks(run) -> list[RetentionEngineRun]:
+    return run.records("blocks.jsonl")
 
 
 TABLES: dict[str, Table] = {
-    "blocks": Table(_blocks),
+    "blocks": Table(lambda run: [b.as_recorded() for b in _blocks(run)]),
     "arms": Table(lambda run: rr.arm_rows(_groups(run))),
     "discard_to_retain": Table(lambda run: rr.ratio_rows(rr.arm_rows(_groups(run)))),
     "not_run": Table(lambda run: rr.unavailable_rows(_blocks(run))),

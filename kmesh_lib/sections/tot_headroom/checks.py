@@ -42,7 +42,6 @@ from kmesh_lib.sections.tot_headroom.params import (
     STOCK_SWEEP,
     bound_pool_sizes,
     data_root,
-    recorded_params,
     scale_search_config,
     scale_trace_name,
     scripted_policy,
@@ -138,7 +137,7 @@ def replay_search(run: RunFiles, cfg) -> Replay:
 def checks(run) -> list[Check]:
     """Section 19's statements about a run, each computed from its files (see the module docstring)."""
     run = RunFiles.of(run)
-    cfg = recorded_params(run.params)
+    cfg = run.params
     results = run.results
     records, outcomes, arms = run.raw(CAPTURE), run.raw(OUTCOMES), run.raw(STOCK_SWEEP)
     out: list[Check] = []

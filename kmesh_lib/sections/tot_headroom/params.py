@@ -7,8 +7,7 @@ import math
 import re
 import socket
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
@@ -24,7 +23,6 @@ from kmesh_lib.base.params import (
     Tokens,
     check,
     check_path,
-    current_names,
     params_dataclass,
     read_bounded,
 )
@@ -45,6 +43,9 @@ Share = Annotated[float, Field(ge=0, le=1)]
 
 @params_dataclass
 class TotHeadroomParams(EngineParams):
+    # what runs recorded before a parameter existed ran with (``base.params.recorded``): the model's own policy
+    predating_values: ClassVar[dict[str, str]] = {"POLICY": "model"}
+
     PUZZLES_CSV: PathText = Field(
         "$KMESH_DATA_ROOT/game24/24.csv",
         description="the puzzle file: $KMESH_DATA_ROOT/... (the data root, README 'Data') or relative to the repo root")
@@ -140,19 +141,6 @@ def pool_blocks(cfg) -> int:
     block_bytes = resolve(cfg.MODEL).kv_bytes_per_token(cfg.DTYPE) * cfg.BLOCK_SIZE
     return int(cfg.KV_CACHE_MIB * (1 << 20)) // block_bytes + 1
 
-
-def recorded_params(values: dict) -> SimpleNamespace:
-    """A run's parameters as recorded, over this version's defaults, *without* validation.
-
-    ``checks`` read runs made elsewhere (the GPU machine's puzzle path does not exist here) and
-    before later parameters existed; validation belongs before an engine starts, not in verify.
-    """
-    defaults = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
-                for f in dataclasses.fields(TotHeadroomParams)}
-    defaults = {k: getattr(v, "default", v) if type(v).__name__ == "FieldInfo" else v for k, v in defaults.items()}
-    if "POLICY" not in values:  # runs recorded before the scripted policy ran the model
-        defaults["POLICY"] = "model"
-    return SimpleNamespace(**{**defaults, **current_names(values)})
 
 
 def search_config(cfg) -> SearchConfig:

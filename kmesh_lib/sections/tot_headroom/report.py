@@ -16,13 +16,12 @@ from kmesh_lib.sections.tot_headroom.params import (
     ENGINE_TRACE,
     OUTCOMES,
     STOCK_SWEEP,
-    recorded_params,
 )
 
 
 def policy_name(run) -> str:
     """Short label: "scripted" or "model"."""
-    return recorded_params(RunFiles.of(run).params).POLICY
+    return RunFiles.of(run).params.POLICY
 
 
 def counts(run) -> dict[str, int | str]:
@@ -106,7 +105,7 @@ def answer(run) -> str:
     """The closing paragraph: the section's question answered from this run's numbers."""
     run = RunFiles.of(run)
     results = run.results
-    cfg = recorded_params(run.params)
+    cfg = run.params
     search = results.get("search", {})
     c, b = search.get("counts", {}), results.get("bound", {})
     label = results.get("policy", cfg.POLICY)

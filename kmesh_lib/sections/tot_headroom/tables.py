@@ -29,7 +29,6 @@ from kmesh_lib.sections.tot_headroom.params import (
     STOCK_SWEEP,
     bound_pool_sizes,
     policy_label,
-    recorded_params,
 )
 from kmesh_lib.workloads.tot_search import COUNT_NAMES
 
@@ -39,7 +38,7 @@ OUTCOME_FIELDS = ("puzzle_index", "numbers", "status", "reason", "num_calls")
 
 
 def policy_table(run: RunFiles) -> str:
-    return policy_label(recorded_params(run.params))
+    return policy_label(run.params)
 
 
 def invocation_seconds(records: list[dict]) -> dict:
@@ -51,7 +50,7 @@ def invocation_seconds(records: list[dict]) -> dict:
 
 def search_table(run: RunFiles) -> dict:
     """The engine run's search, from its capture, outcomes and block events (its ``LIVE_SEARCH`` fields recorded)."""
-    replay = replay_search(run, recorded_params(run.params))
+    replay = replay_search(run, run.params)
     if replay.search is None:
         if replay.error:
             raise ValueError(f"the search does not replay on the capture: {replay.error}")
@@ -65,18 +64,18 @@ def search_table(run: RunFiles) -> dict:
 
 
 def bound_table(run: RunFiles) -> dict:
-    cfg = recorded_params(run.params)
+    cfg = run.params
     return bound.compare_bound(run.raw(CAPTURE), cfg.BLOCK_SIZE, cfg.NUM_GPU_BLOCKS - 1)
 
 
 def sweep_table(run: RunFiles) -> list[dict]:
-    cfg = recorded_params(run.params)
+    cfg = run.params
     observed = bound_table(run)["observed_prefill_tokens"]
     return bound.sweep(run.raw(CAPTURE), cfg.BLOCK_SIZE, bound_pool_sizes(cfg), {cfg.NUM_GPU_BLOCKS - 1: observed})
 
 
 def _arm_tables(run: RunFiles):
-    cfg = recorded_params(run.params)
+    cfg = run.params
     arms = run.raw(STOCK_SWEEP)
     tokenizer = None
     if any(a["trace"] != ENGINE_TRACE for a in arms):

@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 
 from kmesh_lib.base.checks import Check, check, differences
-from kmesh_lib.base.params import build
 from kmesh_lib.base.records import RunFiles, sha256_file
 from kmesh_lib.kv.capture_contract import validate_capture
 from kmesh_lib.sections.trace_audit.experiment import CONTRAST_CAPTURE
@@ -33,11 +32,6 @@ def recomputed_summary(run: RunFiles) -> dict:
     return summary_from_rows(raw_rows(run))
 
 
-def run_params(run: RunFiles) -> TraceAuditParams:
-    """The run's parameters, parsed once by the section's ``Params`` (defaults and bounds declared there)."""
-    return build(TraceAuditParams, run.params)
-
-
 def file_hashes(rows: dict[str, list[dict]]) -> dict[str, str]:
     """relpath -> SHA-256 of every file the audit read whole."""
     return {f["relpath"]: f["sha256"] for f in rows["audit_files"] if f["sha256"]}
@@ -50,7 +44,7 @@ LIVE_AUDIT = ("elapsed_s",)  # the audit's wall-clock time: recorded, not rebuil
 
 def audit_table(run: RunFiles) -> dict:
     """The corpus's name, the audit's totals, the set hash and the limits (``elapsed_s`` is live)."""
-    cfg, rows = run_params(run), raw_rows(run)
+    cfg, rows = run.params, raw_rows(run)
     return {"root_name": cfg.root_name, "summary": summary_from_rows(rows), "set_sha256": set_sha256_of(file_hashes(rows)),
             "limits": cfg.limits}
 
@@ -113,7 +107,7 @@ def checks(run: RunFiles) -> list[Check]:
                      f"{len(shares)} (source, field) rows", evidence=shares, missing="no object record"))
 
     out.append(_verdict_check(run, results))
-    cfg = run_params(run)
+    cfg = run.params
     out.append(_rehash_check(cfg.trace_root, cfg.MAX_DEPTH, hashes))
     out.append(_reaudit_check(cfg, rows))
     out.append(_contrast_check(run, results))
@@ -178,5 +172,4 @@ def _contrast_check(run: RunFiles, results: dict) -> Check:
                  + (f"; {'; '.join(found[:2])}" if found else ""))
 
 
-__all__ = ["LIVE_AUDIT", "audit_table", "checks", "contrast_table", "lineage_table", "raw_rows", "recomputed_summary",
-           "run_params"]
+__all__ = ["LIVE_AUDIT", "audit_table", "checks", "contrast_table", "lineage_table", "raw_rows", "recomputed_summary"]

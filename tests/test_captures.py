@@ -1,0 +1,105 @@
+"""The declared captures (``base.captures``): every record written and read through its section's class.
+
+A record the class refuses fails as it is written, naming the capture and the field; a stored line it
+refuses is one ``RunFileError`` naming the file, the line and the field; a header naming a version this
+code does not know is refused; and every published run's declared captures read as version 1 with the
+same classes, each record giving back exactly the line it was read from.
+"""
+from __future__ import annotations
+
+import json
+import lzma
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kmesh_lib.app import registry
+from kmesh_lib.base.captures import CaptureError, declaration
+from kmesh_lib.base.paths import REPO_ROOT
+from kmesh_lib.base.records import RunFileError, RunFiles, RunRecord
+
+PUBLISHED = sorted(p for p in (REPO_ROOT / "outputs").glob("*/*") if (p / "results.json").is_file())
+RETENTION = REPO_ROOT / "outputs" / "retention" / "cpu-20261201-062854-c0b9"
+
+
+def _published_group() -> dict:
+    return RunFiles(RETENTION).raw("groups.jsonl")[0]
+
+
+def _new_run(tmp_path: Path) -> RunRecord:
+    registry.get("retention")
+    (tmp_path / "raw").mkdir()
+    return RunRecord(tmp_path, "retention")
+
+
+def test_a_record_the_class_refuses_fails_as_it_is_written(tmp_path):
+    record = _new_run(tmp_path)
+    renamed = {("block_name" if k == "block" else k): v for k, v in _published_group().items()}
+    with pytest.raises(CaptureError, match=r"raw/groups\.jsonl: .*field 'block'.*field 'block_name': not declared"):
+        record.append_jsonl("groups.jsonl", renamed)
+    wrong_type = {**_published_group(), "pair": "3"}
+    with pytest.raises(CaptureError, match=r"raw/groups\.jsonl: .*field 'pair': Input should be a valid integer"):
+        record.append_jsonl("groups.jsonl", wrong_type)
+    assert not (tmp_path / "raw" / "groups.jsonl").exists()  # nothing of a refused write is written
+
+
+def test_a_new_capture_starts_with_its_schema_header_and_reads_back_typed(tmp_path):
+    record = _new_run(tmp_path)
+    group = _published_group()
+    record.append_jsonl("groups.jsonl", [group, group])
+    record.append_jsonl("groups.jsonl", group)
+    lines = (tmp_path / "raw" / "groups.jsonl").read_text().splitlines()
+    assert json.loads(lines[0]) == {"schema": "retention.groups", "version": 1}
+    run = RunFiles(tmp_path, section="retention")
+    assert run.raw("groups.jsonl") == [group] * 3  # the header is no record
+    typed = run.records("groups.jsonl")
+    assert [r.as_recorded() for r in typed] == [group] * 3
+    assert typed[0].engine_run == group["block"] and typed[0].makespan_s == group["makespan_s"]
+
+
+def _copy_with(tmp_path: Path, change) -> Path:
+    run_dir = tmp_path / "retention" / RETENTION.name
+    shutil.copytree(RETENTION, run_dir)
+    path = run_dir / "raw" / "groups.jsonl.xz"
+    with lzma.open(path, "rt", encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    with lzma.open(path, "wt", encoding="utf-8") as f:
+        f.write("\n".join(change(lines)) + "\n")
+    return run_dir
+
+
+def _edit_line(lines: list[str], index: int, edit) -> list[str]:
+    lines[index] = json.dumps(edit(json.loads(lines[index])))
+    return lines
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda lines: _edit_line(lines, 4, lambda r: {("ttft_s" if k == "ttft_a_s" else k): v for k, v in r.items()}),
+     r"groups\.jsonl\.xz: line 5 is not a RetentionGroup \(field 'ttft_a_s': Field required; field 'ttft_s': not declared\)"),
+    (lambda lines: _edit_line(lines, 0, lambda r: {**r, "measured": "yes"}),
+     r"groups\.jsonl\.xz: line 1 is not a RetentionGroup \(field 'measured': Input should be a valid boolean\)"),
+    (lambda lines: [json.dumps({"schema": "retention.groups", "version": 7}), *lines],
+     r"groups\.jsonl\.xz: schema 'retention.groups' version 7: this code reads version 1"),
+    (lambda lines: [json.dumps({"schema": "prefetch.groups", "version": 1}), *lines],
+     r"groups\.jsonl\.xz: header names schema 'prefetch.groups', this capture is 'retention.groups'"),
+])
+def test_a_stored_line_the_class_refuses_is_one_line_naming_file_line_and_field(tmp_path, change, message):
+    from kmesh_lib.app.verify import verify
+
+    run_dir = _copy_with(tmp_path, change)
+    with pytest.raises(RunFileError, match=message) as caught:
+        verify(registry.get("retention"), RunFiles(run_dir))
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("run_dir", PUBLISHED, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_published_captures_read_as_version_1_with_the_declared_classes(run_dir):
+    section = registry.get(run_dir.parent.name)
+    assert declaration(section.KEY).captures == section.CAPTURES
+    run = RunFiles(run_dir)
+    for name in run.raw_names():
+        if run.capture_class(name) is None:
+            assert not section.CAPTURES, f"{name}: a capture {section.KEY} does not declare"
+            continue
+        assert [r.as_recorded() for r in run.records(name)] == run.raw(name)
