@@ -72,7 +72,7 @@ def test_section_18_figures(run_dir, tmp_path):
     assert_legible(plots.cached_tokens([(m, read_mode(run, m)) for m in ("real", "replay")], out), out)
     built = {name: table.build(run) for name, table in tables.TABLES.items() if name.startswith("sweep")}
     out = tmp_path / "sweep_crossing.png"
-    fig = plots.sweep_crossing(built["sweep"], built["sweep_crossing_parent_share"], run.params["REPLAY_BLOCK_SIZE"], out)
+    fig = plots.sweep_crossing(built["sweep"], built["sweep_crossing_parent_share"], run.params.REPLAY_BLOCK_SIZE, out)
     assert_legible(fig, out)
 
 
@@ -111,7 +111,7 @@ def test_section_20_panel_figure(run_dir, tmp_path):
     from kmesh_lib.sections.prefetch.tables import groups_of
 
     groups = groups_of(RunFiles(run_dir))
-    fig = lead_sweep_figure(groups, only=(groups[0]["path"], groups[0]["group_size"]), highlight_ms=150.0)
+    fig = lead_sweep_figure(groups, only=(groups[0].path, groups[0].group_size), highlight_ms=150.0)
     out = tmp_path / "panel.png"
     image = png(fig)
     out.write_bytes(image)
