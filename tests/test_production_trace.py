@@ -12,7 +12,7 @@ import pytest
 
 from kmesh_lib.app.cli import main
 from kmesh_lib.base import data
-from kmesh_lib.base.params import ParamError
+from kmesh_lib.base.params import ParamError, defaults
 from kmesh_lib.base.public import find_private_keys
 from kmesh_lib.base.records import RunFiles, RunRecord
 from kmesh_lib.bounds.access import build_access_trace
@@ -21,12 +21,13 @@ from kmesh_lib.bounds.lru import lru_hit_blocks
 from kmesh_lib.engine.replay import replay_token
 from kmesh_lib.sections import production_trace as section
 from kmesh_lib.sections.production_trace import experiment as tx
-from kmesh_lib.sections.production_trace import sim
+from kmesh_lib.sections.production_trace import replay, sim
 from kmesh_lib.sections.production_trace.params import REPLAY, TRACE, ProductionTraceParams
 from kmesh_lib.sections.production_trace.trace import (
     TraceFormatError,
     TraceRequest,
     access_trace,
+    load_trace,
     parse_request,
     prompt_token_ids,
     synthetic_trace,
@@ -97,6 +98,37 @@ def test_the_access_model_from_hash_ids_equals_the_token_level_one(block_size):
     for num_blocks in (8, 40, 200, 2000):
         assert lru_hit_blocks(ids, num_blocks) == lru_hit_blocks(tokens, num_blocks)
         assert simulate_min(ids, num_blocks).num_prefill_tokens == simulate_min(tokens, num_blocks).num_prefill_tokens
+
+
+def _replay(requests, num_blocks: int, num_speculative_tokens: int) -> tuple[dict, list]:
+    """One sequential replay: its record and the free queue it leaves, (block_id, block hash) in eviction order."""
+    cfg = ProductionTraceParams(**SMALL)
+    params = replay.engine_params(cfg, "replay", num_blocks, 16, replay.max_model_len(requests))
+    left = []
+    arm = replay.run_sequential(params, requests, num_speculative_tokens=num_speculative_tokens, on_finish=lambda e: left.extend(
+        (b.block_id, b.block_hash) for b in e.block_pool.free_block_queue.get_all_free_blocks()))
+    return arm, left
+
+
+def _conversation_slice(num_requests: int):
+    path = data.resolve_path(defaults(ProductionTraceParams)["TRACE_FILE"])
+    return load_trace(path, num_requests)
+
+
+@pytest.mark.parametrize("source", ["synthetic", pytest.param("conversation", marks=pytest.mark.requires_data(
+    "mooncake-traces"))])
+def test_speculative_decoding_replays_the_same_cache_as_one_token_a_step(source):
+    """The replay's speculative path (drafts of BLOCK_SIZE - 1, all accepted) leaves every request's cached
+    tokens and the pool's whole free queue (blocks, hashes, eviction order) as plain decoding does, in fewer
+    steps; each pool holds the longest request and no more, so it evicts."""
+    requests = synthetic_trace(40, seed=2) if source == "synthetic" else _conversation_slice(60)
+    num_blocks = -(-replay.max_model_len(requests) // 16)
+    plain, plain_queue = _replay(requests, num_blocks, 0)
+    fast, fast_queue = _replay(requests, num_blocks, 15)
+    assert fast["requests"] == plain["requests"] and fast_queue == plain_queue and fast["drain_ok"]
+    assert sum(plain["requests"]["num_cached_tokens"]) > 0
+    assert fast["num_steps"] * 4 < plain["num_steps"] and fast["num_speculative_tokens"] == 15
+    assert sum(plain["requests"]["num_prompt_tokens"]) > num_blocks * 16  # more than the pool holds: it evicted
 
 
 # -- the models --
