@@ -21,7 +21,7 @@ from kmesh_lib.bounds.lru import lru_hit_blocks
 from kmesh_lib.engine.replay import replay_token
 from kmesh_lib.sections import production_trace as section
 from kmesh_lib.sections.production_trace import experiment as tx
-from kmesh_lib.sections.production_trace import replay, sim
+from kmesh_lib.sections.production_trace import replay, sim, tables
 from kmesh_lib.sections.production_trace.params import REPLAY, TRACE, ProductionTraceParams
 from kmesh_lib.sections.production_trace.trace import (
     TraceFormatError,
@@ -280,6 +280,25 @@ def test_tampering_fails_the_check_that_covers_it(copy, tamper, expect):
     tamper(copy)
     failed = [n for n, s in statuses(copy).items() if s == "failed"]
     assert any(n.startswith(expect) for n in failed), failed
+
+
+def test_the_tables_are_built_once_per_content_of_raw_and_params(replay_run, tmp_path, monkeypatch):
+    """One build serves the checks and the declared tables, and an unchanged copy of the run; an edit to
+    raw/ or to the params builds again (the tables come from the files, never from a cached result of others)."""
+    built = []
+    real = tables.access_trace
+    monkeypatch.setattr(tables, "access_trace", lambda *a: built.append(1) or real(*a))
+    monkeypatch.setattr(tables, "_DERIVED", {})
+    first, second = (Path(shutil.copytree(replay_run, tmp_path / name)) for name in ("first", "second"))
+    assert statuses(first) == statuses(second) == statuses(replay_run)
+    assert [table.build(first) for table in (section.TABLES["pools"], section.TABLES["engines"])]
+    assert len(built) == 1
+    edit_jsonl(second / "raw" / TRACE, 5, lambda r: r.update(output_length=r["output_length"] + 1))
+    assert statuses(second) != statuses(first) and len(built) == 2
+    params = second / "params.resolved.yaml"
+    params.write_text(params.read_text().replace("LOAD_SLACK: 0.25", "LOAD_SLACK: 0.5"))
+    statuses(second)
+    assert len(built) == 3
 
 
 def test_missing_replay_arms_are_skipped_never_ok(copy):

@@ -69,19 +69,36 @@ def request_blocks(trace: AccessTrace, index: int) -> tuple[list[int], list[int]
     return trace.block_hash[start:start + num_reads], trace.block_hash[start + num_reads:end]
 
 
-def two_level(trace: AccessTrace, pool_blocks: int, tier_blocks: int) -> tuple[list[int], list[int]]:
-    """Per request: (blocks reused from the GPU pool, blocks restored from the tier)."""
-    gpu, tier = LruPool(pool_blocks), LruPool(tier_blocks)
-    gpu_hits, tier_hits = [0] * trace.num_requests, [0] * trace.num_requests
+def pool_hits(trace: AccessTrace, pool_blocks: int) -> list[int]:
+    """Per request: blocks reused from an LRU pool of ``pool_blocks`` (the partial block's slot held)."""
+    gpu = LruPool(pool_blocks)
+    hits = [0] * trace.num_requests
     for index in range(trace.num_requests):
         reads, writes = request_blocks(trace, index)
-        g = gpu.leading_run(reads)
-        t = tier.leading_run(reads, g) if tier.capacity else 0
-        gpu_hits[index], tier_hits[index] = g, t
+        hits[index] = gpu.leading_run(reads)
         gpu.write(writes, trace.has_partial_block[index])
-        if tier.capacity:
-            tier.write(writes)
-    return gpu_hits, tier_hits
+    return hits
+
+
+def tier_hits(trace: AccessTrace, gpu_hits: list[int], tier_blocks: int) -> list[int]:
+    """Per request: blocks restored from a write-through LRU tier of ``tier_blocks``, the run that continues
+    the pool's ``gpu_hits``. The tier's contents do not depend on the pool (every write is stored), so
+    its pass can follow the pool's."""
+    tier = LruPool(tier_blocks)
+    hits = [0] * trace.num_requests
+    if not tier.capacity:
+        return hits
+    for index in range(trace.num_requests):
+        reads, writes = request_blocks(trace, index)
+        hits[index] = tier.leading_run(reads, gpu_hits[index])
+        tier.write(writes)
+    return hits
+
+
+def two_level(trace: AccessTrace, pool_blocks: int, tier_blocks: int) -> tuple[list[int], list[int]]:
+    """Per request: (blocks reused from the GPU pool, blocks restored from the tier)."""
+    gpu_hits = pool_hits(trace, pool_blocks)
+    return gpu_hits, tier_hits(trace, gpu_hits, tier_blocks)
 
 
 def engines(trace: AccessTrace, num_engines: int, pool_blocks: int, route: str, tier_blocks: int = 0,
