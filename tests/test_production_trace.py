@@ -154,6 +154,19 @@ def test_a_tier_keeps_the_pools_hits_and_stays_under_the_ideal_of_both():
             simulate_min(acc, 40 + tier).num_read_misses)
 
 
+def test_a_tier_as_large_as_the_pool_restores_its_own_run_less_the_pools():
+    """The tier table's shortcut (a tier's own leading runs, less the pool's; a never-evicting tier as the
+    set of blocks written so far) equals the two-level pass, at tiers from the pool's size to past the trace."""
+    acc = access_trace(synthetic_trace(120, seed=7), 16)
+    num_distinct = len(set(acc.block_hash))
+    for pool in (12, 40, 150):
+        for tier in (pool, pool + 1, 3 * pool, num_distinct, 10 * num_distinct):
+            gpu, restored = sim.two_level(acc, pool, tier)
+            alone = sim.seen_hits(acc) if tier >= num_distinct else sim.pool_hits(acc, tier, hold_partial_block=False)
+            assert sim.tier_hits_over_pool(gpu, alone) == restored, (pool, tier)
+            assert sum(restored) > 0
+
+
 def test_engine_routes():
     requests = [TraceRequest(0, 2000, 4, (1, 2, 3, 4 + i)) for i in range(12)]  # one shared 3-block prefix
     acc = access_trace(requests, 16)

@@ -61,6 +61,14 @@ def lru_hits(access, num_blocks: int) -> list[int]:
     return _pass(access, ("lru", num_blocks), lambda: sim.pool_hits(access, num_blocks))
 
 
+def tier_alone_hits(access, tier_blocks: int, num_distinct: int) -> list[int]:
+    """An LRU tier's own leading runs (no partial slot), once per size and trace; every size from the
+    trace's distinct blocks up never evicts and shares one pass (``sim.seen_hits``)."""
+    if tier_blocks >= num_distinct:
+        return _pass(access, ("seen",), lambda: sim.seen_hits(access))
+    return _pass(access, ("tier", tier_blocks), lambda: sim.pool_hits(access, tier_blocks, hold_partial_block=False))
+
+
 def ideal(access, num_blocks: int) -> BoundResult:
     """``simulate_min``, once per pool size and trace."""
     return _pass(access, ("ideal", num_blocks), lambda: simulate_min(access, num_blocks))
@@ -156,7 +164,10 @@ def tier_table(cfg, access, costs: list[dict]) -> list[dict]:
     num_distinct = len(set(access.block_hash))
     for tier in tier_grid(cfg):
         gpu_hits = lru_hits(access, tier["pool_blocks"])
-        tier_hits = sim.tier_hits(access, gpu_hits, tier["tier_blocks"])
+        if tier["tier_blocks"] >= tier["pool_blocks"]:
+            tier_hits = sim.tier_hits_over_pool(gpu_hits, tier_alone_hits(access, tier["tier_blocks"], num_distinct))
+        else:
+            tier_hits = sim.tier_hits(access, gpu_hits, tier["tier_blocks"])
         both = min(tier["pool_blocks"] + tier["tier_blocks"], num_distinct)
         both_prefill = ideal(access, both).num_prefill_tokens
         prompt = sum(access.num_prompt_tokens)
