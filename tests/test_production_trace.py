@@ -251,6 +251,11 @@ def test_headline_answer_and_public_results(replay_run):
     assert "stock vLLM" in text and "gpu-20261201-224722-442e" in text and "sequential" in text
     public = section.public_results(run)
     assert find_private_keys(public) == [] and "hash_ids" not in json.dumps(public)
+    (said,) = section.verdict(run)
+    replayed = next(r for r in run.results["pools"] if r["stock"] == "replayed")
+    word = "None" if replayed["headroom_tokens"] <= 0 else "Most of it" if replayed["reuse_share_of_bound"] < 0.5 else "Some"
+    assert said.startswith(f"{word}: on synthetic (40 requests) stock vLLM with a 0.5 GiB") and len(said) <= 600
+    assert f"{replayed['ideal_cached_share']:.1%}" in said and "deterministic" in said
 
 
 def edit_jsonl(path: Path, line: int, change) -> None:

@@ -2,7 +2,7 @@
 from kmesh_lib.sections.production_trace.checks import checks
 from kmesh_lib.sections.production_trace.experiment import plan
 from kmesh_lib.sections.production_trace.params import ProductionTraceParams as Params
-from kmesh_lib.sections.production_trace.report import answer, counts, headline, public_results
+from kmesh_lib.sections.production_trace.report import answer, counts, headline, public_results, verdict
 from kmesh_lib.sections.production_trace.result import TABLES
 
 KEY = "production_trace"
@@ -13,4 +13,4 @@ USES_ENGINE = True
 QUESTION = "How much prefix reuse does stock vLLM leave on a production trace, and what would an external tier add?"
 
 __all__ = ["KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TABLES", "TITLE", "USES_ENGINE", "answer", "checks", "counts",
-           "headline", "plan", "public_results"]
+           "headline", "plan", "public_results", "verdict"]
