@@ -232,15 +232,17 @@ def derived(run) -> dict:
     ``tiers``, ``engines``, and ``lru_alone`` (the pool's LRU reuse, tokens, by pool blocks, for the tier check).
 
     Built once per content in a process: the key is the SHA-256 of those three captures and of the params
-    as read, so one ``kmesh verify`` (the checks, then the declared tables) builds them once, and a copy of
-    a run whose files are unchanged (the tamper suite's) is not built again, while any edit to raw/ or the
-    params builds afresh. Nothing recorded is trusted: the key names the inputs, never a result. Returns a
-    copy (callers may not change the cache).
+    as read (all but RUN_DIR), so one ``kmesh verify`` (the checks, then the declared tables) builds them
+    once, and a copy of a run whose files are unchanged (publish's, the tamper suite's) is not built again,
+    while any edit to raw/ or the params builds afresh. Nothing recorded is trusted: the key names the
+    inputs, never a result. Returns a copy (callers may not change the cache).
     """
     run = RunFiles.of(run)
     params = run.params
+    # RUN_DIR says where the folder is (publish rewrites it for the copy it verifies again); no table reads it
+    located = {k: v for k, v in params.items() if k != "RUN_DIR"}
     key = (run.raw_sha256(TRACE), run.raw_sha256(REPLAY), run.raw_sha256(COSTS),
-           hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest())
+           hashlib.sha256(json.dumps(located, sort_keys=True, default=str).encode()).hexdigest())
     if key not in _DERIVED:
         cfg = recorded_params(params)
         requests = requests_of(run.raw(TRACE))
