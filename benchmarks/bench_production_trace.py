@@ -3,10 +3,13 @@ scheduler and KV-cache manager at one pool size, and the offline ideal bound (go
 replay <= 5 min, the ideal <= 30 s).
 
 The replay submits each request alone (its prompt built from its hash ids, its real output length, 16-token
-blocks) and steps the replay engine until it finishes; the engine's start (vLLM's imports) is timed apart.
+blocks) and steps the replay engine until it finishes, decoding through vLLM's speculative path (15 drafts a
+step, all accepted: the same cache as one token a step, ``engine.replay``); ``--num-speculative-tokens 0``
+times one token a step. The engine's start (vLLM's imports) is timed apart.
 The ideal times building the access trace from the hash ids and Belady's MIN on it, separately.
 
     python3 benchmarks/bench_production_trace.py [--num-requests N] [--pool-gib 16] [--shape qwen2.5-7b] [--skip-replay]
+        [--num-speculative-tokens K]
 """
 
 import argparse
@@ -32,6 +35,8 @@ def main() -> int:
     parser.add_argument("--shape", default="qwen2.5-7b", help="shape whose bytes per token size the pool")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--skip-replay", action="store_true", help="time the ideal only")
+    parser.add_argument("--num-speculative-tokens", type=int, default=None,
+                        help="replay drafts per decode step (default BLOCK_SIZE - 1; 0: one token a step)")
     args = parser.parse_args()
 
     t0 = time.monotonic()
@@ -62,12 +67,13 @@ def main() -> int:
     cfg = ProductionTraceParams(TRACE_FILE=None, ENGINE="replay", BLOCK_SIZE=args.block_size, PROFILE="cpu")
     params = replay.engine_params(cfg, "replay", num_blocks, args.block_size, replay.max_model_len(requests))
     t0 = time.monotonic()
-    arm = replay.run_sequential(params, requests)
+    arm = replay.run_sequential(params, requests, num_speculative_tokens=args.num_speculative_tokens)
     total_s = time.monotonic() - t0
     cached = sum(arm["requests"]["num_cached_tokens"])
     same = sum(c == h * args.block_size for c, h in zip(arm["requests"]["num_cached_tokens"], lru))
     print(f"replay (sequential, vLLM's scheduler): {arm['seconds']:.1f} s for {len(requests):,} requests "
-          f"(engine start {arm['engine_start_s']:.1f} s; {total_s:.1f} s in all); cached share {cached / prompt:.4f}; "
+          f"(engine start {arm['engine_start_s']:.1f} s; {total_s:.1f} s in all; {arm['num_steps']:,} steps, "
+          f"{arm['num_speculative_tokens']} drafts a step); cached share {cached / prompt:.4f}; "
           f"{same:,} of {len(requests):,} requests equal the LRU model; {arm['drain']}")
     return 0
 

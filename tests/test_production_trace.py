@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from kmesh_lib.app.cli import main
-from kmesh_lib.base import data
-from kmesh_lib.base.params import ParamError
+from kmesh_lib.base import data, derived
+from kmesh_lib.base.params import ParamError, defaults
 from kmesh_lib.base.public import find_private_keys
 from kmesh_lib.base.records import RunFiles, RunRecord
 from kmesh_lib.bounds.access import build_access_trace
@@ -21,12 +21,13 @@ from kmesh_lib.bounds.lru import lru_hit_blocks
 from kmesh_lib.engine.replay import replay_token
 from kmesh_lib.sections import production_trace as section
 from kmesh_lib.sections.production_trace import experiment as tx
-from kmesh_lib.sections.production_trace import sim
+from kmesh_lib.sections.production_trace import replay, sim, tables
 from kmesh_lib.sections.production_trace.params import REPLAY, TRACE, ProductionTraceParams
 from kmesh_lib.sections.production_trace.trace import (
     TraceFormatError,
     TraceRequest,
     access_trace,
+    load_trace,
     parse_request,
     prompt_token_ids,
     synthetic_trace,
@@ -99,6 +100,37 @@ def test_the_access_model_from_hash_ids_equals_the_token_level_one(block_size):
         assert simulate_min(ids, num_blocks).num_prefill_tokens == simulate_min(tokens, num_blocks).num_prefill_tokens
 
 
+def _replay(requests, num_blocks: int, num_speculative_tokens: int) -> tuple[dict, list]:
+    """One sequential replay: its record and the free queue it leaves, (block_id, block hash) in eviction order."""
+    cfg = ProductionTraceParams(**SMALL)
+    params = replay.engine_params(cfg, "replay", num_blocks, 16, replay.max_model_len(requests))
+    left = []
+    arm = replay.run_sequential(params, requests, num_speculative_tokens=num_speculative_tokens, on_finish=lambda e: left.extend(
+        (b.block_id, b.block_hash) for b in e.block_pool.free_block_queue.get_all_free_blocks()))
+    return arm, left
+
+
+def _conversation_slice(num_requests: int):
+    path = data.resolve_path(defaults(ProductionTraceParams)["TRACE_FILE"])
+    return load_trace(path, num_requests)
+
+
+@pytest.mark.parametrize("source", ["synthetic", pytest.param("conversation", marks=pytest.mark.requires_data(
+    "mooncake-traces"))])
+def test_speculative_decoding_replays_the_same_cache_as_one_token_a_step(source):
+    """The replay's speculative path (drafts of BLOCK_SIZE - 1, all accepted) leaves every request's cached
+    tokens and the pool's whole free queue (blocks, hashes, eviction order) as plain decoding does, in fewer
+    steps; each pool holds the longest request and no more, so it evicts."""
+    requests = synthetic_trace(40, seed=2) if source == "synthetic" else _conversation_slice(60)
+    num_blocks = -(-replay.max_model_len(requests) // 16)
+    plain, plain_queue = _replay(requests, num_blocks, 0)
+    fast, fast_queue = _replay(requests, num_blocks, 15)
+    assert fast["requests"] == plain["requests"] and fast_queue == plain_queue and fast["drain_ok"]
+    assert sum(plain["requests"]["num_cached_tokens"]) > 0
+    assert fast["num_steps"] * 4 < plain["num_steps"] and fast["num_speculative_tokens"] == 15
+    assert sum(plain["requests"]["num_prompt_tokens"]) > num_blocks * 16  # more than the pool holds: it evicted
+
+
 # -- the models --
 
 def test_the_lru_model_is_bounds_lru_plus_the_partial_blocks_slot():
@@ -120,6 +152,19 @@ def test_a_tier_keeps_the_pools_hits_and_stays_under_the_ideal_of_both():
         assert gpu == alone[0] and sum(restored) > 0
         assert sum(gpu) + sum(restored) <= sum(acc.num_read_blocks) - (
             simulate_min(acc, 40 + tier).num_read_misses)
+
+
+def test_a_tier_as_large_as_the_pool_restores_its_own_run_less_the_pools():
+    """The tier table's shortcut (a tier's own leading runs, less the pool's; a never-evicting tier as the
+    set of blocks written so far) equals the two-level pass, at tiers from the pool's size to past the trace."""
+    acc = access_trace(synthetic_trace(120, seed=7), 16)
+    num_distinct = len(set(acc.block_hash))
+    for pool in (12, 40, 150):
+        for tier in (pool, pool + 1, 3 * pool, num_distinct, 10 * num_distinct):
+            gpu, restored = sim.two_level(acc, pool, tier)
+            alone = sim.seen_hits(acc) if tier >= num_distinct else sim.pool_hits(acc, tier, hold_partial_block=False)
+            assert sim.tier_hits_over_pool(gpu, alone) == restored, (pool, tier)
+            assert sum(restored) > 0
 
 
 def test_engine_routes():
@@ -206,6 +251,11 @@ def test_headline_answer_and_public_results(replay_run):
     assert "stock vLLM" in text and "gpu-20261201-224722-442e" in text and "sequential" in text
     public = section.public_results(run)
     assert find_private_keys(public) == [] and "hash_ids" not in json.dumps(public)
+    (said,) = section.verdict(run)
+    replayed = next(r for r in run.results["pools"] if r["stock"] == "replayed")
+    word = "None" if replayed["headroom_tokens"] <= 0 else "Most of it" if replayed["reuse_share_of_bound"] < 0.5 else "Some"
+    assert said.startswith(f"{word}: on synthetic (40 requests) stock vLLM with a 0.5 GiB") and len(said) <= 600
+    assert f"{replayed['ideal_cached_share']:.1%}" in said and "deterministic" in said
 
 
 def edit_jsonl(path: Path, line: int, change) -> None:
@@ -248,6 +298,25 @@ def test_tampering_fails_the_check_that_covers_it(copy, tamper, expect):
     tamper(copy)
     failed = [n for n, s in statuses(copy).items() if s == "failed"]
     assert any(n.startswith(expect) for n in failed), failed
+
+
+def test_the_tables_are_built_once_per_content_of_raw_and_params(replay_run, tmp_path, monkeypatch):
+    """One build serves the checks and the declared tables, and an unchanged copy of the run; an edit to
+    raw/ or to the params builds again (the tables come from the files, never from a cached result of others)."""
+    built = []
+    real = tables.access_trace
+    monkeypatch.setattr(tables, "access_trace", lambda *a: built.append(1) or real(*a))
+    derived.forget()
+    first, second = (Path(shutil.copytree(replay_run, tmp_path / name)) for name in ("first", "second"))
+    assert statuses(first) == statuses(second) == statuses(replay_run)
+    assert [table.build(first) for table in (section.TABLES["pools"], section.TABLES["engines"])]
+    assert len(built) == 1
+    edit_jsonl(second / "raw" / TRACE, 5, lambda r: r.update(output_length=r["output_length"] + 1))
+    assert statuses(second) != statuses(first) and len(built) == 2
+    params = second / "params.resolved.yaml"
+    params.write_text(params.read_text().replace("LOAD_SLACK: 0.25", "LOAD_SLACK: 0.5"))
+    statuses(second)
+    assert len(built) == 3
 
 
 def test_missing_replay_arms_are_skipped_never_ok(copy):

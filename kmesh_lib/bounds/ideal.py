@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from kmesh_lib.bounds.access import AccessTrace, block_hashes, build_access_trace, request_field, request_token_ids
 from kmesh_lib.bounds.lru import lru_hit_blocks
 
@@ -93,6 +95,24 @@ def next_read_positions(trace: AccessTrace) -> list[int]:
     return next_read
 
 
+def _next_use_array(trace: AccessTrace) -> np.ndarray:
+    """``next_use_positions`` as an int64 array, computed by sorting positions by block (stable, so each
+    block's accesses stay in trace order): a position's next access is its neighbour in that order."""
+    never = trace.num_accesses
+    block_hash = np.asarray(trace.block_hash, dtype=np.int64)
+    is_read = np.asarray(trace.is_read, dtype=bool)
+    by_block = np.argsort(block_hash, kind="stable")
+    same_block = block_hash[by_block[1:]] == block_hash[by_block[:-1]]
+    following = np.full(never, never, dtype=np.int64)
+    following[by_block[:-1][same_block]] = by_block[1:][same_block]
+    has_following = following < never
+    followed_by_read = np.zeros(never, dtype=bool)
+    followed_by_read[has_following] = is_read[following[has_following]]
+    bad = np.flatnonzero(is_read & ~(has_following & ~followed_by_read))
+    assert not len(bad), f"the read at {bad[0]} is not followed by its request's write of the block"
+    return np.where(~is_read & followed_by_read, following, never)
+
+
 def next_use_positions(trace: AccessTrace) -> list[int]:
     """For each position t, the read that the copy of ``block_hash[t]`` in hand at t is kept for.
 
@@ -154,32 +174,41 @@ def simulate_min(trace: AccessTrace, num_blocks: int) -> BoundResult:
         ``BoundResult`` with ``policy="ideal"``.
     """
     never = trace.num_accesses
-    next_use = next_use_positions(trace)
-    resident: dict[int, int] = {}  # block_hash -> the read its copy is kept for
-    # Max-heap on that read with lazy deletion: an entry is live iff it matches resident.
-    farthest_first: list[tuple[int, int]] = []
     num_hit_blocks = [0] * trace.num_requests
-    for pos, block_hash in enumerate(trace.block_hash):
-        if trace.is_read[pos]:
-            kept_for = resident.pop(block_hash, None)
-            if kept_for is not None:
-                assert kept_for == pos  # a copy is kept only until the block's next access
-                num_hit_blocks[trace.request_index[pos]] += 1
+    if num_blocks <= 0 or not never:
+        return _bound_result(trace, "ideal", num_blocks, num_hit_blocks)
+    # Only copies matter: a write whose block is read next (its start) and that read (its end). A copy is
+    # named by its end, a position no other copy ends at; events run in trace order, a start as its
+    # end e, an end as ~e (negative), so the loop touches nothing else of the trace.
+    next_use = _next_use_array(trace)
+    starts = np.flatnonzero(next_use < never)
+    ends = next_use[starts]
+    at = np.concatenate([starts, ends])
+    events = np.concatenate([ends, ~ends])[np.argsort(at, kind="stable")].tolist()
+    held = bytearray(never)  # held[e]: the copy that ends at e is resident
+    num_held = 0
+    farthest_first: list[int] = []  # max-heap (negated) of resident copies' ends, lazily deleted
+    hit_ends: list[int] = []
+    for event in events:
+        if event < 0:  # a read: a hit iff its copy is still held
+            if held[~event]:
+                held[~event] = 0
+                num_held -= 1
+                hit_ends.append(~event)
             continue
-        assert block_hash not in resident  # its copy ended at a read before this write
-        upcoming = next_use[pos]
-        if upcoming == never or num_blocks <= 0:
-            continue
-        if len(resident) >= num_blocks:
-            while resident.get(farthest_first[0][1]) != -farthest_first[0][0]:
+        if num_held >= num_blocks:
+            while not held[-farthest_first[0]]:
                 heapq.heappop(farthest_first)
-            neg_victim_next_use, victim = farthest_first[0]
-            if -neg_victim_next_use < upcoming:
+            if -farthest_first[0] < event:
                 continue  # bypass: every resident copy is read sooner
-            heapq.heappop(farthest_first)
-            del resident[victim]
-        resident[block_hash] = upcoming
-        heapq.heappush(farthest_first, (-upcoming, block_hash))
+            held[-heapq.heappop(farthest_first)] = 0
+            num_held -= 1
+        held[event] = 1
+        num_held += 1
+        heapq.heappush(farthest_first, -event)
+    if hit_ends:
+        request_index = np.asarray(trace.request_index, dtype=np.int64)
+        num_hit_blocks = np.bincount(request_index[hit_ends], minlength=trace.num_requests).tolist()
     return _bound_result(trace, "ideal", num_blocks, num_hit_blocks)
 
 

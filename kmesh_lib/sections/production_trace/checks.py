@@ -3,7 +3,8 @@
 From the run's files: the trace in ``raw/trace.jsonl`` is the pinned file's first N requests (found
 under the data root by its recorded hash; skipped where the data is not here) or the synthetic trace
 regenerated from its seed; its ids are chained; every table (pool sweep, replay rows, tiers,
-engines, parity) is computed again from ``raw/`` and compared with ``results.json``; the replay's
+engines, parity) is computed again from ``raw/`` (``tables.derived``: once per content in a process) and
+compared with ``results.json``; the replay's
 cached tokens equal the LRU reference's request by request; the real engine's equal the replay's on
 the parity slice; the costs are the cited published runs' measurements. Pool drains were observed
 at run time (``recorded_only``).
@@ -18,7 +19,6 @@ from kmesh_lib.sections.production_trace import tables
 from kmesh_lib.sections.production_trace.params import COSTS, PARITY, REPLAY, TRACE
 from kmesh_lib.sections.production_trace.trace import (
     TraceFormatError,
-    access_trace,
     load_trace,
     synthetic_trace,
     trace_digest,
@@ -98,8 +98,9 @@ def checks(run) -> list[Check]:
                     "; ".join(a["drain"] for a in arms), evidence=arms, missing=f"raw/{REPLAY} holds no replay arm")
     out.append(Check(drained.name, drained.status, drained.detail, recorded_only=drained.status != "skipped"))
 
-    access = access_trace(requests, cfg.BLOCK_SIZE) if requests else None
-    replays = tables.replay_rows(cfg, access, arms) if access is not None else []
+    rebuilt = tables.derived(run) if requests else {"replays": [], "concurrent": [], "pools": None, "tiers": None,
+                                                     "engines": None, "lru_alone": {}}
+    replays = rebuilt["replays"]
     out.append(all_of("stock vLLM's cached tokens equal the LRU reference's, request by request", replays,
                       lambda r: r["num_requests_differing_from_lru"] == 0,
                       lambda r: f"{r['num_blocks']} blocks: {r['num_requests_differing_from_lru']} differ, first "
@@ -107,7 +108,7 @@ def checks(run) -> list[Check]:
     out.append(_equal("replay rows recomputed from raw/ equal results.json", replays, results.get("replays"),
                       evidence=replays, missing="no replay arm"))
 
-    concurrent = tables.concurrent_rows(cfg, access, arms) if access is not None else []
+    concurrent = rebuilt["concurrent"]
     out.append(_equal("concurrent rows recomputed from raw/ equal results.json", concurrent,
                       results.get("concurrent"), evidence=concurrent, missing="no concurrent arm (CONCURRENT_POOL_GIB)"))
     out.append(all_of("ideal <= stock vLLM's prefill in every concurrent arm", concurrent,
@@ -115,7 +116,7 @@ def checks(run) -> list[Check]:
                       lambda r: f"{r['num_blocks']} blocks", missing="no concurrent arm (CONCURRENT_POOL_GIB)"))
 
     # -- the pool sweep, the tiers, the engines --
-    pools = tables.pool_table(cfg, access, arms) if access is not None else None
+    pools = rebuilt["pools"]
     out.append(_equal("pool sweep recomputed from raw/ equals results.json", pools, results.get("pools"),
                       evidence=pools, missing="no trace"))
     out.append(all_of("compulsory <= ideal <= LRU, and ideal <= stock where replayed, at every pool", pools or [],
@@ -123,20 +124,15 @@ def checks(run) -> list[Check]:
                       and (r["stock_prefill_tokens"] is None or r["ideal_prefill_tokens"] <= r["stock_prefill_tokens"]),
                       lambda r: f"{r['shape']} {r['pool_gib']} GiB", missing="no trace"))
     out.append(cost_check(cfg, costs))
-    tiers = tables.tier_table(cfg, access, costs) if access is not None else None
+    tiers = rebuilt["tiers"]
     out.append(_equal("tier table recomputed from raw/ equals results.json", tiers, results.get("tiers"),
                       evidence=tiers, missing="no trace"))
-    lru_alone = {}
-    if access is not None:
-        from kmesh_lib.sections.production_trace.sim import two_level
-        for t in tiers:
-            if t["pool_blocks"] not in lru_alone:
-                lru_alone[t["pool_blocks"]] = sum(two_level(access, t["pool_blocks"], 0)[0]) * cfg.BLOCK_SIZE
+    lru_alone = rebuilt["lru_alone"]
     out.append(all_of("with a tier, the pool's reuse is unchanged and pool + tier <= the ideal of one pool of both",
                       tiers or [], lambda t: t["gpu_reused_tokens"] == lru_alone[t["pool_blocks"]]
                       and t["gpu_reused_tokens"] + t["tier_restored_tokens"] <= t["ideal_reused_tokens"],
                       lambda t: f"{t['shape']} {t['tier']} {t['tier_gib']}", missing="no trace"))
-    engines = tables.engine_table(cfg, access) if access is not None else None
+    engines = rebuilt["engines"]
     out.append(_equal("several-engine table recomputed from raw/ equals results.json", engines,
                       results.get("engines"), evidence=engines, missing="no trace"))
 

@@ -160,7 +160,7 @@ def plan(cfg: ProductionTraceParams) -> dict:
                    f"{cfg.PARITY_BLOCK_SIZE}-token blocks: real vLLM ({cfg.DEVICE}, {cfg.MODEL}) and the replay engine"
                    if cfg.PARITY_NUM_REQUESTS else "none"),
         "expected duration": "the full conversation trace: ~4 min per replayed pool (12,031 requests, 4.1M decode "
-                             "steps on 2 cores), ~15 s per ideal, ~1 min of tiers and engines; the checks recompute "
-                             "the tables once more" if cfg.TRACE_FILE and not cfg.NUM_REQUESTS else
+                             "tokens in ~0.3M steps of up to 16 on 2 cores), ~15 s per ideal, ~1 min of tiers and "
+                             "engines; the checks recompute the tables once more" if cfg.TRACE_FILE and not cfg.NUM_REQUESTS else
                              "minutes (a slice or the synthetic trace)",
     }

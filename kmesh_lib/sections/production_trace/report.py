@@ -83,7 +83,7 @@ def answer(run) -> str:
     if not pools:
         return "This run recorded no pool sweep, so it answers nothing."
     replayed = replayed_rows(results)
-    parts = [verdict(results)]
+    parts = [lead(results)]
     if replayed:
         r = replayed[0]
         parts.append(f"On {t.get('name')} ({t.get('num_requests'):,} requests), stock vLLM with a {r['pool_gib']:g} GiB "
@@ -141,7 +141,31 @@ def best_tier(tiers: list[dict]) -> dict:
                                      t["tier_restored_tokens"]))
 
 
-def verdict(results: dict) -> str:
+def verdict(run) -> list[str]:
+    """The findings table's sentence: how much of the reachable reuse stock vLLM leaves at the replayed pool
+    (token counts, deterministic: no interval), and what the tier that saves the most adds."""
+    results = RunFiles.of(run).results
+    rows = replayed_rows(results)
+    if not rows:
+        return ["No verdict: no pool was replayed through vLLM's scheduler (see replay_not_run)."]
+    r, t = rows[0], results.get("trace", {})
+    word = "None" if r["headroom_tokens"] <= 0 else "Most of it" if r["reuse_share_of_bound"] < 0.5 else "Some"
+    text = (f"{word}: on {t.get('name')} ({t.get('num_requests', 0):,} requests) stock vLLM with a {r['pool_gib']:g} GiB "
+            f"{r['shape']} pool reuses {stock_share(r):.1%} of prompt tokens where an ideal cache of the same pool reuses "
+            f"{r['ideal_cached_share']:.1%} ({r['reuse_share_of_bound']:.1%} of the reachable reuse; token counts, "
+            f"deterministic)")
+    tiers = [x for x in results.get("tiers", []) if x["shape"] == r["shape"]]
+    if tiers:
+        best = best_tier(tiers)
+        saved = best.get("saved_ms_per_request", {})
+        text += (f"; a {best['tier_gib']:g} GiB {best['tier']} tier behind the {best['pool_blocks']:,}-block pool lifts "
+                 f"reuse to {best['reused_share']:.1%} (ideal {best['ideal_reused_share']:.1%})"
+                 + (f", an estimated {saved['mean']} ms of prefill saved per request on average (p99 {saved['p99']} ms; "
+                    f"section 21's median TTFTs)" if saved else ""))
+    return [text + "."]
+
+
+def lead(results: dict) -> str:
     """The answer's first sentence: how much of the reachable reuse stock gets, and what the largest tier adds."""
     rows = replayed_rows(results) or results.get("pools", [])[:1]
     if not rows:

@@ -69,19 +69,66 @@ def request_blocks(trace: AccessTrace, index: int) -> tuple[list[int], list[int]
     return trace.block_hash[start:start + num_reads], trace.block_hash[start + num_reads:end]
 
 
-def two_level(trace: AccessTrace, pool_blocks: int, tier_blocks: int) -> tuple[list[int], list[int]]:
-    """Per request: (blocks reused from the GPU pool, blocks restored from the tier)."""
-    gpu, tier = LruPool(pool_blocks), LruPool(tier_blocks)
-    gpu_hits, tier_hits = [0] * trace.num_requests, [0] * trace.num_requests
+def pool_hits(trace: AccessTrace, pool_blocks: int, hold_partial_block: bool = True) -> list[int]:
+    """Per request: blocks reused from an LRU pool of ``pool_blocks`` (the partial block's slot held, unless
+    ``hold_partial_block`` is False: a tier's pass)."""
+    gpu = LruPool(pool_blocks)
+    hits = [0] * trace.num_requests
     for index in range(trace.num_requests):
         reads, writes = request_blocks(trace, index)
-        g = gpu.leading_run(reads)
-        t = tier.leading_run(reads, g) if tier.capacity else 0
-        gpu_hits[index], tier_hits[index] = g, t
-        gpu.write(writes, trace.has_partial_block[index])
-        if tier.capacity:
-            tier.write(writes)
-    return gpu_hits, tier_hits
+        hits[index] = gpu.leading_run(reads)
+        gpu.write(writes, hold_partial_block and trace.has_partial_block[index])
+    return hits
+
+
+def seen_hits(trace: AccessTrace) -> list[int]:
+    """``pool_hits`` of a pool that never evicts (at least as large as the trace's distinct blocks, no
+    partial slot): per request, the leading run of its reads written by some earlier request."""
+    seen: set[int] = set()
+    hits = [0] * trace.num_requests
+    for index in range(trace.num_requests):
+        reads, writes = request_blocks(trace, index)
+        n = 0
+        for block_hash in reads:
+            if block_hash not in seen:
+                break
+            n += 1
+        hits[index] = n
+        seen.update(writes)
+    return hits
+
+
+def tier_hits(trace: AccessTrace, gpu_hits: list[int], tier_blocks: int) -> list[int]:
+    """Per request: blocks restored from a write-through LRU tier of ``tier_blocks``, the run that continues
+    the pool's ``gpu_hits``. The tier's contents do not depend on the pool (every write is stored), so
+    its pass can follow the pool's."""
+    tier = LruPool(tier_blocks)
+    hits = [0] * trace.num_requests
+    if not tier.capacity:
+        return hits
+    for index in range(trace.num_requests):
+        reads, writes = request_blocks(trace, index)
+        hits[index] = tier.leading_run(reads, gpu_hits[index])
+        tier.write(writes)
+    return hits
+
+
+def tier_hits_over_pool(gpu_hits: list[int], tier_alone_hits: list[int]) -> list[int]:
+    """``tier_hits`` where the tier is at least as large as the pool, from the tier's hits as if it stood
+    alone (``pool_hits(trace, tier_blocks, hold_partial_block=False)``): the tier then holds every block
+    the pool holds, so what it restores is its own leading run less the pool's.
+
+    Why it holds every pool block: both see the same writes in the same order, and each, after a request,
+    holds a most-recent prefix of the order every write so far makes (a request's writes go to the front;
+    the prefix held before, less them, stays a prefix behind them; eviction cuts its end). The pool's
+    prefix is at most ``pool_blocks`` long, the tier's is ``tier_blocks`` or all there is."""
+    return [t - g for g, t in zip(gpu_hits, tier_alone_hits)]
+
+
+def two_level(trace: AccessTrace, pool_blocks: int, tier_blocks: int) -> tuple[list[int], list[int]]:
+    """Per request: (blocks reused from the GPU pool, blocks restored from the tier)."""
+    gpu_hits = pool_hits(trace, pool_blocks)
+    return gpu_hits, tier_hits(trace, gpu_hits, tier_blocks)
 
 
 def engines(trace: AccessTrace, num_engines: int, pool_blocks: int, route: str, tier_blocks: int = 0,

@@ -1,7 +1,11 @@
 """Section 23's tables, each a pure function of what ``raw/`` holds (the trace, the replay arms, the costs).
 
-The run computes them once and saves them in ``results.json``; ``checks`` compute them again from
-``raw/`` and compare. Vocabulary (token counts over every request of the trace):
+The run computes them once and saves them in ``results.json``; ``checks`` and the declared tables
+(``result``) compare it with ``derived(run)``: every table built again from ``raw/`` and the params,
+once per content in a process (see there). Within one build a pass over the trace (the LRU model or the
+ideal at a pool size) runs once, however many tables use it (``TraceAccesses.passes``).
+
+Vocabulary (token counts over every request of the trace):
 
     num_prompt_tokens       every prompt token (no reuse at all)
     num_compulsory_tokens   each prompt's final fragment (P - R*B), which no cache can serve
@@ -21,15 +25,51 @@ import time
 
 import numpy as np
 
-from kmesh_lib.bounds.ideal import simulate_min
+from kmesh_lib.base.derived import once_per_content
+from kmesh_lib.base.records import RunFiles
+from kmesh_lib.bounds.ideal import BoundResult, simulate_min
 from kmesh_lib.sections.production_trace import sim
-from kmesh_lib.sections.production_trace.params import gib_to_blocks, pool_grid, tier_grid
+from kmesh_lib.sections.production_trace.params import (
+    COSTS,
+    REPLAY,
+    TRACE,
+    gib_to_blocks,
+    pool_grid,
+    tier_grid,
+)
 from kmesh_lib.sections.production_trace.trace import TraceRequest, access_trace, parse_request
 
 
 def requests_of(records: list[dict]) -> list[TraceRequest]:
     """The trace as ``raw/trace.jsonl`` holds it."""
     return [parse_request(json.dumps(r), f"raw/trace.jsonl:{i + 1}") for i, r in enumerate(records)]
+
+
+def _pass(access, key: tuple, compute):
+    passes = getattr(access, "passes", None)
+    if passes is None:
+        return compute()
+    if key not in passes:
+        passes[key] = compute()
+    return passes[key]
+
+
+def lru_hits(access, num_blocks: int) -> list[int]:
+    """``sim.pool_hits``, once per pool size and trace."""
+    return _pass(access, ("lru", num_blocks), lambda: sim.pool_hits(access, num_blocks))
+
+
+def tier_alone_hits(access, tier_blocks: int, num_distinct: int) -> list[int]:
+    """An LRU tier's own leading runs (no partial slot), once per size and trace; every size from the
+    trace's distinct blocks up never evicts and shares one pass (``sim.seen_hits``)."""
+    if tier_blocks >= num_distinct:
+        return _pass(access, ("seen",), lambda: sim.seen_hits(access))
+    return _pass(access, ("tier", tier_blocks), lambda: sim.pool_hits(access, tier_blocks, hold_partial_block=False))
+
+
+def ideal(access, num_blocks: int) -> BoundResult:
+    """``simulate_min``, once per pool size and trace."""
+    return _pass(access, ("ideal", num_blocks), lambda: simulate_min(access, num_blocks))
 
 
 def _share(part: int, whole: int) -> float:
@@ -51,23 +91,23 @@ def pool_table(cfg, access, arms: list[dict], timings: dict | None = None) -> li
     rows = []
     for pool in pool_grid(cfg):
         t0 = time.monotonic()
-        ideal = simulate_min(access, pool["num_blocks"])
+        bound = ideal(access, pool["num_blocks"])
         if timings is not None:
             timings.setdefault("ideal_s", []).append(round(time.monotonic() - t0, 2))
-        prompt = ideal.num_prompt_tokens
-        lru_prefill = prompt - sum(sim.two_level(access, pool["num_blocks"], 0)[0]) * cfg.BLOCK_SIZE
+        prompt = bound.num_prompt_tokens
+        lru_prefill = prompt - sum(lru_hits(access, pool["num_blocks"])) * cfg.BLOCK_SIZE
         row = {**pool, "pool_tokens": pool["num_blocks"] * cfg.BLOCK_SIZE, "num_prompt_tokens": prompt,
-               "num_compulsory_tokens": ideal.num_compulsory_tokens,
-               "ideal_prefill_tokens": ideal.num_prefill_tokens, "lru_prefill_tokens": lru_prefill,
-               "ideal_cached_share": _share(prompt - ideal.num_prefill_tokens, prompt),
+               "num_compulsory_tokens": bound.num_compulsory_tokens,
+               "ideal_prefill_tokens": bound.num_prefill_tokens, "lru_prefill_tokens": lru_prefill,
+               "ideal_cached_share": _share(prompt - bound.num_prefill_tokens, prompt),
                "lru_cached_share": _share(prompt - lru_prefill, prompt)}
         arm = by_blocks.get(pool["num_blocks"]) if pool["shape"] == cfg.REPLAY_SHAPE else None
         observed = stock_columns(arm)["stock_prefill_tokens"] if arm else None
         base = observed if observed is not None else lru_prefill
         row.update({"stock": "replayed" if arm else "LRU reference", "stock_prefill_tokens": observed,
-                    "headroom_tokens": base - ideal.num_prefill_tokens,
-                    "headroom_share_of_stock": _share(base - ideal.num_prefill_tokens, base),
-                    "reuse_share_of_bound": _share(prompt - base, prompt - ideal.num_prefill_tokens)})
+                    "headroom_tokens": base - bound.num_prefill_tokens,
+                    "headroom_share_of_stock": _share(base - bound.num_prefill_tokens, base),
+                    "reuse_share_of_bound": _share(prompt - base, prompt - bound.num_prefill_tokens)})
         rows.append(row)
     return rows
 
@@ -78,13 +118,13 @@ def replay_rows(cfg, access, arms: list[dict]) -> list[dict]:
     for arm in arms:
         if arm.get("mode", "sequential") != "sequential":
             continue
-        lru_hits = sim.two_level(access, arm["num_blocks"], 0)[0]
+        hits = lru_hits(access, arm["num_blocks"])
         cached = arm["requests"]["num_cached_tokens"]
-        differ = [i for i, (c, h) in enumerate(zip(cached, lru_hits)) if c != h * access.block_size]
-        ideal = simulate_min(access, arm["num_blocks"])
+        differ = [i for i, (c, h) in enumerate(zip(cached, hits)) if c != h * access.block_size]
         rows.append({"pool_gib": arm["pool_gib"], "num_blocks": arm["num_blocks"], "num_requests": len(cached),
                      **stock_columns(arm), "lru_prefill_tokens": sum(access.num_prompt_tokens)
-                     - sum(lru_hits) * access.block_size, "ideal_prefill_tokens": ideal.num_prefill_tokens,
+                     - sum(hits) * access.block_size,
+                     "ideal_prefill_tokens": ideal(access, arm["num_blocks"]).num_prefill_tokens,
                      "num_requests_differing_from_lru": len(differ), "first_differing_request": differ[0] if differ else None,
                      "seconds": arm["seconds"], "drain_ok": arm["drain_ok"]})
     return rows
@@ -107,7 +147,7 @@ def concurrent_rows(cfg, access, arms: list[dict]) -> list[dict]:
                      "max_num_seqs": arm["max_num_seqs"], "stock_prefill_tokens": sum(first),
                      "stock_cached_share": _share(prompt - sum(first), prompt), "recomputed_tokens": recomputed,
                      "num_preempted_requests": sum(n > 0 for n in cols["num_preemptions"]),
-                     "ideal_prefill_tokens": simulate_min(access, arm["num_blocks"]).num_prefill_tokens,
+                     "ideal_prefill_tokens": ideal(access, arm["num_blocks"]).num_prefill_tokens,
                      "ttft_s": sim.distribution(ttft), "span_s": arm["span_s"], "num_steps": arm["num_steps"],
                      "seconds": arm["seconds"], "drain_ok": arm["drain_ok"]})
     return rows
@@ -118,19 +158,21 @@ def tier_table(cfg, access, costs: list[dict]) -> list[dict]:
     (LRU), the ideal of one pool as large as both, and the prefill time the restores save per
     request, priced with section 21's measured TTFTs for that shape (dram or disk arm)."""
     rows = []
-    ideal_cache: dict[int, int] = {}
     # a pool at least as large as the trace's distinct blocks never evicts: every such size has one ideal
     num_distinct = len(set(access.block_hash))
     for tier in tier_grid(cfg):
-        gpu_hits, tier_hits = sim.two_level(access, tier["pool_blocks"], tier["tier_blocks"])
+        gpu_hits = lru_hits(access, tier["pool_blocks"])
+        if tier["tier_blocks"] >= tier["pool_blocks"]:
+            tier_hits = sim.tier_hits_over_pool(gpu_hits, tier_alone_hits(access, tier["tier_blocks"], num_distinct))
+        else:
+            tier_hits = sim.tier_hits(access, gpu_hits, tier["tier_blocks"])
         both = min(tier["pool_blocks"] + tier["tier_blocks"], num_distinct)
-        if both not in ideal_cache:
-            ideal_cache[both] = simulate_min(access, both).num_prefill_tokens
+        both_prefill = ideal(access, both).num_prefill_tokens
         prompt = sum(access.num_prompt_tokens)
         restored = [t * access.block_size for t in tier_hits]
         run_ids = sorted({c["run_id"] for c in costs if c["shape"] == tier["shape"]})
         row = {**tier, "gpu_reused_tokens": sum(gpu_hits) * access.block_size, "tier_restored_tokens": sum(restored),
-               "ideal_reused_tokens": prompt - ideal_cache[both], "num_prompt_tokens": prompt,
+               "ideal_reused_tokens": prompt - both_prefill, "num_prompt_tokens": prompt,
                "num_restoring_requests": sum(r > 0 for r in restored),
                "restored_tokens_per_request": sim.distribution(np.asarray(restored)),
                "cost_run": run_ids[0] if run_ids else None}
@@ -176,5 +218,37 @@ def parity_table(records: list[dict]) -> list[dict]:
             for r in records]
 
 
-__all__ = ["access_trace", "concurrent_rows", "engine_table", "parity_table", "pool_table", "replay_rows",
-           "requests_of", "tier_table"]
+# -- the tables again, from a run's files --
+
+def _build(run: RunFiles) -> dict:
+    cfg = run.params
+    requests = requests_of(run.raw(TRACE))
+    arms, costs = run.raw(REPLAY), run.raw(COSTS)
+    access = access_trace(requests, cfg.BLOCK_SIZE) if requests else None
+    out = {"replays": [], "concurrent": [], "pools": None, "tiers": None, "engines": None, "lru_alone": {}}
+    if access is not None:
+        tiers = tier_table(cfg, access, costs)
+        out.update(replays=replay_rows(cfg, access, arms), concurrent=concurrent_rows(cfg, access, arms),
+                   pools=pool_table(cfg, access, arms), tiers=tiers, engines=engine_table(cfg, access),
+                   lru_alone={t["pool_blocks"]: sum(lru_hits(access, t["pool_blocks"])) * cfg.BLOCK_SIZE
+                              for t in tiers})
+    return out
+
+
+def derived(run) -> dict:
+    """Every table of ``run`` built again from ``raw/`` (trace, replay arms, costs) and its params, the tables
+    ``checks`` and the declared tables hold ``results.json`` to: ``replays``, ``concurrent``, ``pools``,
+    ``tiers``, ``engines``, and ``lru_alone`` (the pool's LRU reuse, tokens, by pool blocks, for the tier check).
+
+    Built once per content in a process (``base.derived``: keyed by those three captures and the params as
+    recorded, all but RUN_DIR), so one ``kmesh verify`` (the checks, then the declared tables) builds them
+    once, and a copy of a run whose files are unchanged (publish's, the tamper suite's) is not built again,
+    while any edit to raw/ or the params builds afresh. Nothing recorded is trusted: the key names the
+    inputs, never a result.
+    """
+    run = RunFiles.of(run)
+    return once_per_content(run, "production_trace.derived", (TRACE, REPLAY, COSTS), lambda: _build(run))
+
+
+__all__ = ["access_trace", "concurrent_rows", "derived", "engine_table", "ideal", "lru_hits", "parity_table",
+           "pool_table", "replay_rows", "requests_of", "tier_table"]
