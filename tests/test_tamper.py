@@ -4,7 +4,11 @@ A reviewer's single edit to anything a run publishes (its public document, envir
 tables, captures, check record) has to show. For each published run the untouched copy first
 verifies as the run recorded (a passed run verifies; a run published as failed keeps exactly its
 own problems); then each edit below is made to a fresh copy and must add a problem the untouched
-copy does not have.
+copy does not have. Edited copies are verified as a gate over many runs verifies them
+(``first_problem``: files that differ from the SHA-256s recorded at measurement stop verify there, before
+every figure is recomputed -- minutes for section 23's production trace, per edit); the untouched copy is
+verified in full, and ``test_a_full_verify_of_an_edited_capture_also_recomputes_what_changed`` holds the full
+verify to more than the hash line.
 """
 from __future__ import annotations
 
@@ -299,9 +303,9 @@ EDITS = [public_headline, public_counts, public_capture_hash, env_device, params
          raw_schema_version_unknown]
 
 
-def _problems(section, run_dir: Path) -> tuple[bool, set[str]]:
+def _problems(section, run_dir: Path, first_problem: bool = False) -> tuple[bool, set[str]]:
     try:
-        verdict = verify(section, RunFiles(run_dir))
+        verdict = verify(section, RunFiles(run_dir), first_problem=first_problem)
     except Exception as e:  # noqa: BLE001 - a damaged file named by verify (RunFileError) is a caught edit
         return False, {f"raised {type(e).__name__}: {e}"}
     return verdict.ok, {line.text() for line in verdict.problems}
@@ -322,9 +326,23 @@ def test_every_single_edit_to_a_published_run_fails_verify(run_dir, tmp_path):
         if not edit(copy):
             continue
         tried += 1
-        edited_ok, problems = _problems(section, copy)
+        edited_ok, problems = _problems(section, copy, first_problem=True)
         if edited_ok or not (problems - baseline):
             missed.append(edit.__name__)
         shutil.rmtree(copy.parent.parent)
     assert tried >= 10, f"only {tried} kinds of edit apply to this run"
     assert not missed, f"verify let these single edits through: {missed}"
+
+
+def test_a_full_verify_of_an_edited_capture_also_recomputes_what_changed(tmp_path):
+    """Without ``first_problem`` an edited capture is not only a hash mismatch: the checks and tables recomputed
+    from it say what the edit changed."""
+    run_dir = next(p for p in PUBLISHED if p.parent.name == "retention")
+    section = registry.get("retention")
+    copy = tmp_path / run_dir.parent.name / run_dir.name
+    shutil.copytree(run_dir, copy)
+    assert raw_line_deleted(copy)
+    gate = verify(section, RunFiles(copy), first_problem=True)
+    full = verify(section, RunFiles(copy))
+    assert [r.name for r in gate.problems] == ["file hashes recorded when the run finished (captures, params, env)"]
+    assert len(full.problems) > 1 and any(r.name.startswith("file hashes") for r in full.problems)

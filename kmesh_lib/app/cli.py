@@ -168,7 +168,7 @@ def _ref(args, section, where=(LOCAL, PUBLISHED)):
 def cmd_verify(args) -> int:
     section = sections.get(args.section)
     ref = _ref(args, section)
-    verdict = verify(section, RunFiles(ref.run_dir))
+    verdict = verify(section, RunFiles(ref.run_dir), first_problem=args.first_problem)
     for line in verdict.lines:
         print(line.text())
     for record_line in verdict.record_lines:
@@ -310,6 +310,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--latest", action="store_true", help="the newest run id (by the time it names)")
         p.add_argument("--profile", choices=params_mod.PROFILES, default=None, help="with --latest: of this profile")
         p.add_argument("--run-dir", default=None, help="a run folder given by path")
+    sub.choices["verify"].add_argument(
+        "--first-problem", action="store_true",
+        help="stop when the files differ from the SHA-256s the run recorded (a gate over many runs); "
+             "without it every check is recomputed")
     publish_parser = sub.choices["publish"]
     publish_parser.add_argument("--allow-failed", action="store_true",
                                 help="publish a run that did not pass, marked as such in the public file and index")
