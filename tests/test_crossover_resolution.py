@@ -113,7 +113,7 @@ def test_the_paired_checks_are_skipped_with_the_reason_before_the_design(tmp_pat
 
     (tmp_path / "raw").mkdir()
     (tmp_path / "params.resolved.yaml").write_text("MODELS: [m]\nCONTEXT_TOKENS_GRID: [256]\nARMS: [recompute]\n")
-    run = RunFiles(tmp_path)
+    run = RunFiles(tmp_path, section="crossover")  # a bare folder: no results.json to name the section
     from kmesh_lib.base.declared import ABSENT
 
     assert restore_resolution(run) is ABSENT
