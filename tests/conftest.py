@@ -121,8 +121,22 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "requires_data(name): skipped with the reason when data set `name` is absent")
 
 
+# Scheduling only (pytest-xdist hands out files in collection order): the goldens first (the smoke runs tests
+# read), then the files that take minutes, longest first, so no long file starts last on one worker while the other idles.
+LONG_FILES = ("test_tamper.py", "test_prefetch.py", "test_retention.py", "test_multi_engine.py",
+              "test_crossover.py", "test_app_runs.py", "test_crossover_resolution.py")
+
+
+def _schedule_rank(item) -> tuple[int, int]:
+    if item.path.parent.name == "golden":
+        return 0, 0
+    return (1, LONG_FILES.index(item.path.name)) if item.path.name in LONG_FILES else (2, 0)
+
+
 def pytest_collection_modifyitems(config, items):
     from kmesh_lib.base.data import missing_reason
+
+    items[:] = sorted(items, key=_schedule_rank)  # stable: a file's tests keep their order
 
     reasons: dict[str, str | None] = {}
     for item in items:

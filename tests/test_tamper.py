@@ -316,8 +316,14 @@ def test_every_single_edit_to_a_published_run_fails_verify(run_dir, tmp_path):
     section = registry.get(run_dir.parent.name)
     clean = tmp_path / "clean" / run_dir.parent.name / run_dir.name
     shutil.copytree(run_dir, clean)
-    ok, baseline = _problems(section, clean)
+    # the untouched copy, verified in full as on a fresh clone: every check recomputed from raw/, no recorded
+    # ok that no longer holds, and the verdict the public file (and so the index and README) shows
+    verdict = verify(section, RunFiles(clean))
+    ok, baseline = verdict.ok, {line.text() for line in verdict.problems}
     public = _json(run_dir / "public-results.json")
+    assert not [line.text() for line in verdict.lines if line.kind in ("mismatch", "missing")]
+    assert (verdict.ok, verdict.status) == (public["verified"], public["status"]), baseline
+    assert verdict.ok or (public["allowed_failed"] and public["failure_note"]), baseline
     assert ok == (public["status"] == "passed" and not public["allowed_failed"]), baseline
     missed, tried = [], 0
     for edit in EDITS:
