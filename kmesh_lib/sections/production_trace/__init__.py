@@ -3,7 +3,7 @@ from kmesh_lib.base.captures import declare
 from kmesh_lib.sections.production_trace.checks import checks
 from kmesh_lib.sections.production_trace.experiment import plan
 from kmesh_lib.sections.production_trace.params import ProductionTraceParams as Params
-from kmesh_lib.sections.production_trace.report import answer, counts, headline, public_results, verdict
+from kmesh_lib.sections.production_trace.report import answer, counts, findings, headline, public_results, verdict
 from kmesh_lib.sections.production_trace.result import TABLES
 
 KEY = "production_trace"
@@ -17,4 +17,4 @@ CAPTURES: dict = {}  # its raw/*.jsonl are not declared as record classes yet (i
 declare(KEY, Params, CAPTURES)
 
 __all__ = ["CAPTURES", "KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TABLES", "TITLE", "USES_ENGINE", "answer", "checks",
-           "counts", "headline", "plan", "public_results", "verdict"]
+           "counts", "findings", "headline", "plan", "public_results", "verdict"]

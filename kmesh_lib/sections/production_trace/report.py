@@ -165,6 +165,41 @@ def verdict(run) -> list[str]:
     return [text + "."]
 
 
+def findings(run) -> list[dict]:
+    """The first screen's table (at most ~10 rows), for the replayed shape: each pool's reused share of prompt
+    tokens (stock vLLM where replayed, LRU, the ideal), the DRAM and disk tier that save the most behind the
+    replayed pool, and each route at the largest engine count."""
+    results = RunFiles.of(run).results
+    rows = replayed_rows(results) or results.get("pools", [])[:1]
+    if not rows:
+        return []
+    shape = rows[0]["shape"]
+    out = []
+    for r in sorted((r for r in results.get("pools", []) if r["shape"] == shape), key=lambda r: r["num_blocks"]):
+        stock = f"stock vLLM {stock_share(r):.1%} · " if r["stock"] == "replayed" else ""
+        out.append({"what": f"{shape} pool {r['pool_gib']:g} GiB ({r['num_blocks']:,} blocks)",
+                    "reused share of prompt tokens": f"{stock}LRU {r['lru_cached_share']:.1%} · ideal "
+                                                     f"{r['ideal_cached_share']:.1%}",
+                    "detail": f"headroom {_tokens(r['headroom_tokens'])} tokens" if r["stock"] == "replayed" else ""})
+    for kind in ("dram", "disk"):
+        tiers = [t for t in results.get("tiers", []) if t["shape"] == shape and t["tier"] == kind]
+        if tiers:
+            t = best_tier(tiers)
+            saved = t.get("saved_ms_per_request", {})
+            out.append({"what": f"+ {kind} tier {t['tier_gib']:g} GiB behind {t['pool_blocks']:,} blocks",
+                        "reused share of prompt tokens": f"{t['reused_share']:.1%} · ideal {t['ideal_reused_share']:.1%}",
+                        "detail": (f"prefill saved per request: mean {saved['mean']} ms, p90 {saved['p90']} ms, "
+                                   f"p99 {saved['p99']} ms" if saved else "not priced")})
+    engines = results.get("engines", [])
+    if engines:
+        n = max(r["num_engines"] for r in engines)
+        for r in (r for r in engines if r["num_engines"] == n):
+            out.append({"what": f"{n} engines, {r['route'].replace('_', ' ')}",
+                        "reused share of prompt tokens": f"{r['reused_share']:.1%}",
+                        "detail": f"busiest engine's prefill over the mean {r['load_imbalance']:.2f}"})
+    return out
+
+
 def lead(results: dict) -> str:
     """The answer's first sentence: how much of the reachable reuse stock gets, and what the largest tier adds."""
     rows = replayed_rows(results) or results.get("pools", [])[:1]
