@@ -51,17 +51,15 @@ GOLDEN_WAIT_S = 1800  # how long a test waits for its section's golden to finish
 def _golden_run(section, values: dict) -> tuple[Path | None, bool]:
     """(the finished run this session's golden of ``section`` made with exactly ``values`` as its params, whether
     one is still going). A run whose kernel is gone without finishing reads ``died`` and is neither."""
-    import yaml
-
     from kmesh_lib.base.records import RunFileError, RunFiles
 
     root = Path(GOLDEN_RUN_ROOT) / section.KEY
     going = False
     for run_dir in sorted(root.glob("*")) if root.is_dir() else []:
+        run = RunFiles(run_dir)
         try:
-            recorded = yaml.safe_load((run_dir / "params.resolved.yaml").read_text())
-            status = RunFiles(run_dir).status
-        except (OSError, RunFileError, yaml.YAMLError):
+            recorded, status = run.recorded_params, run.status
+        except (OSError, RunFileError):
             going = True  # a run folder being written
             continue
         if {k: v for k, v in recorded.items() if k != "RUN_DIR"} != values:

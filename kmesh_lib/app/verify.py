@@ -225,7 +225,9 @@ def public_line(section: ModuleType, run: RunFiles, verdict: Verdict) -> RecordL
     return RecordLine(name, tuple(found[:5]) + ((f"... {len(found) - 5} more",) if len(found) > 5 else ()))
 
 
-def record_lines(section: ModuleType, run: RunFiles, results: dict, checks: list[Check]) -> list[RecordLine]:
+def record_lines(section: ModuleType, run: RunFiles, results: dict, checks: list[Check],
+                 hashes: RecordLine | None = None) -> list[RecordLine]:
+    """The record's own statements; ``hashes``: the file-hash line where verify already computed it."""
     out = []
     want = recomputed_status(checks, results)
     out.append(RecordLine("status recomputed from the checks", () if results.get("status") == want else
@@ -241,7 +243,7 @@ def record_lines(section: ModuleType, run: RunFiles, results: dict, checks: list
         for line in compare_tables(tables, run, results):
             out.append(RecordLine(f"results.json table {line.name!r}", line.problems,
                                   f"recorded only: {line.recorded_only}" if line.recorded_only else ""))
-    out.append(hash_lines(run, results))
+    out.append(hashes if hashes is not None else hash_lines(run, results))
     return out
 
 
@@ -261,10 +263,9 @@ def verify(section: ModuleType, run: RunFiles, first_problem: bool = False) -> V
     run.read_everything()
     results = run.results
     status = effective_status(results, run.run_dir)  # a running run whose process is gone: died
-    if first_problem and status in ("passed", "failed"):
-        hashes = hash_lines(run, results)
-        if not hashes.ok:
-            return Verdict(run.run_id, status, record_lines=[hashes])
+    hashes = hash_lines(run, results) if first_problem and status in ("passed", "failed") else None
+    if hashes is not None and not hashes.ok:
+        return Verdict(run.run_id, status, record_lines=[hashes])
     recorded = recorded_statuses(results)
     computed = call_section(section, "checks", run)
     checks = [c for c in computed if not (c.predates and c.status == "skipped" and c.name not in recorded)]
@@ -276,7 +277,7 @@ def verify(section: ModuleType, run: RunFiles, first_problem: bool = False) -> V
     for name, was in recorded.items():  # recorded, but the section no longer computes it
         verdict.lines.append(Line(name, None, was))
     if verdict.finished:
-        verdict.record_lines = record_lines(section, run, results, list(checks))
+        verdict.record_lines = record_lines(section, run, results, list(checks), hashes)
         public = public_line(section, run, verdict)
         if public is not None:
             verdict.record_lines.append(public)
