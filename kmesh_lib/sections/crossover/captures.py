@@ -1,0 +1,146 @@
+"""Section 21's captures (``base.captures``): what ``experiment.run_model`` (one child per model and tier) writes.
+
+    models.jsonl        ChildSummary    one per (model, tier) child, as it ends
+    stores.jsonl        StoreRecord     one per context stored on a tier's disk tier (``RestoreBench.store``)
+    rows.jsonl          GridRow         one per (model, context, arm, repeat) follow-up (``RestoreBench.run``)
+    pairs.jsonl         PairRow         one per follow-up of the paired design (``RestoreBench.run_pairs``)
+    point_floors.jsonl  PointFloors     the floors of one point, before and after its pairs (``point_floors``)
+
+A follow-up's fields depend on its tier: the GPU buffer's rows add its restores, their split and the forward pass's
+span; vLLM's CPU tier's its external hits and lookups; a CUDA row the GPU's clocks. Those fields are optional, each
+saying which rows have them. Nested records (the components, a restore's split, the clocks, a tier's description)
+stay mappings: their shape is the tier's and grew with it.
+
+Every published run reads as version 1 with these classes. What the runs published before a field lack:
+
+- the 1 Dec GPU runs (gpu-20261201-*) were recorded before the Williams order: no ``arm_position`` and
+  ``previous_arm``; before the GPU buffer timed its forward passes and its reference clock: no ``forward_step_s``
+  and ``reference_clock``; and before ``grid_s`` and ``launch_thread_cpu_s`` were taken;
+- no published run has ``raw/pairs.jsonl`` or ``raw/point_floors.jsonl`` (recorded before the paired design).
+"""
+from __future__ import annotations
+
+from kmesh_lib.base.captures import CaptureRecord
+from kmesh_lib.workloads.context_records import Mapping
+
+
+class ChildSummary(CaptureRecord):
+    """One (model, tier) child: its engine, its tier and how it ended."""
+
+    SCHEMA = "crossover.models"
+    VERSION = 1
+
+    model: str
+    tier: str  # lmcache | gpubuf | native | lmcache_mp
+    path: str  # where LMCache runs (mp, inproc), else the tier's name
+    kv_bytes_per_token: int
+    status: str  # ok | store_short | error
+    detail: str | None = None  # an error's exception (status error only)
+    disk_tier: Mapping | None = None  # the disk tier checked before storing; absent: vLLM's CPU tier has none
+    engine_start_s: float | None = None  # absent: the child failed before its engine started
+    switch: Mapping | None = None  # the external switch (``ExternalSwitch.describe``); absent likewise
+    connector: str | None = None  # the KV connector's class; absent likewise
+    tier_route: Mapping | None = None  # the GPU buffer's and vLLM's CPU tier's description; absent: LMCache's tier
+    gpu_clocks: str | None = None  # cuda: "nvml", or why the clocks cannot be read; absent on the CPU
+    grid_s: float | None = None  # the grid's seconds; absent from runs before it was taken (1 Dec) or a failed child
+    launch_thread_cpu_s: float | None = None  # the GPU buffer's launch thread's CPU seconds; absent elsewhere and
+    # from runs recorded before the thread was metered
+
+
+class StoreRecord(CaptureRecord):
+    """A context computed once and written to its tier's disk tier."""
+
+    SCHEMA = "crossover.stores"
+    VERSION = 1
+
+    context: str
+    tier: str
+    bytes_written: int  # the byte hook's write count
+    write_errors: int
+    seconds: float
+    model: str
+    context_tokens: int
+    context_bytes: int  # context_tokens x the model's KV bytes per token
+
+
+class FollowUp(CaptureRecord):
+    """One follow-up of one arm (``RestoreBench.measure``) and the run's identification of it; a grid row and a
+    paired row add their place."""
+
+    arm: str
+    tier: str
+    context: str
+    context_tokens: int
+    tag: str
+    status: str  # ok | cache_miss (a follow-up did not hit exactly the expected cached tokens)
+    ttft_s: float  # from the follow-up's submission to its first token
+    makespan_s: float  # to the group's MAX_TOKENS-th token
+    num_cached_tokens: list[int]  # per follow-up
+    expected_cached_tokens: int
+    disk_read_bytes: int  # the byte hook's reads (0 on vLLM's CPU tier, which has no disk tier)
+    device_read_bytes: int | None  # /proc/<pid>/io; None where it cannot be read, or no disk tier
+    prep_s: float  # the arm's preparation (not timed into the follow-up)
+    warm_cached_tokens: int | None = None  # the warm-up's cached tokens: memory and resident arms (absent elsewhere)
+    memory_tier_bytes: int | None  # the tier's memory copy when the follow-up was submitted; None: vLLM's CPU tier where its
+    # manager hides its block counts
+    components: Mapping  # where the first token's time went (``ComponentProbe``)
+    num_restores: int | None = None  # GPU buffer rows: its restores in the follow-up (absent on other tiers)
+    memory_tier_bytes_after: int | None = None  # GPU buffer rows: its memory copy after the follow-up
+    forward_step_s: float | None = None  # GPU buffer rows: the first token's forward pass (None: none seen); absent
+    # from other tiers and from the runs of 1 Dec, recorded before the tier timed it
+    split: Mapping | None = None  # a restore's timeline split: GPU buffer rows with a restore, vLLM's CPU tier's rows
+    # with external hits (absent elsewhere)
+    external_hit_tokens: int | None = None  # vLLM's CPU tier's rows: its statistics' external hits
+    num_lookup_calls: int | None = None  # vLLM's CPU tier's rows
+    vllm_stats: Mapping | None = None  # vLLM's CPU tier's rows: its connector statistics over the follow-up
+    gpu_clocks: Mapping | None = None  # cuda rows: the GPU's clocks before and after (absent on the CPU)
+    reference_clock: Mapping | None = None  # GPU buffer rows with a reference clock; absent from runs before it
+    model: str
+    path: str
+    measured: bool  # False: a warm-up repeat
+    kv_bytes_per_token: int
+    context_bytes: int
+
+
+class GridRow(FollowUp):
+    """One (model, context, arm, repeat) of the grid."""
+
+    SCHEMA = "crossover.rows"
+    VERSION = 1
+
+    repeat: int
+    arm_position: int | None = None  # its place in the repeat's Williams order; absent from the 1 Dec GPU runs
+    previous_arm: str | None = None  # the arm before it (None: first); absent from the 1 Dec GPU runs
+
+
+class PairRow(FollowUp):
+    """One follow-up of the paired design: a restore or its engine's resident follow-up."""
+
+    SCHEMA = "crossover.pairs"
+    VERSION = 1
+
+    pair: int
+    role: str  # restore | resident
+    pair_arm: str  # the restore arm of the pair
+    pair_position: int  # 0: first in its pair
+
+
+class PointFloors(CaptureRecord):
+    """The floors of one point's context, in the tier's chunks, measured in the engine's process."""
+
+    SCHEMA = "crossover.point_floors"
+    VERSION = 1
+
+    model: str
+    tier: str
+    context_tokens: int
+    context_bytes: int
+    when: str  # before | after the point's pairs
+    floors: Mapping  # kind -> ``kv.floors.chunked_floor``'s measurement
+    errors: Mapping | None = None  # kind -> why it could not be measured; absent where every floor was
+
+
+CAPTURES = {"models.jsonl": ChildSummary, "stores.jsonl": StoreRecord, "rows.jsonl": GridRow, "pairs.jsonl": PairRow,
+            "point_floors.jsonl": PointFloors}
+
+__all__ = ["CAPTURES", "ChildSummary", "FollowUp", "GridRow", "PairRow", "PointFloors", "StoreRecord"]
