@@ -8,8 +8,9 @@
 
 A follow-up's fields depend on its tier: the GPU buffer's rows add its restores, their split and the forward pass's
 span; vLLM's CPU tier's its external hits and lookups; a CUDA row the GPU's clocks. Those fields are optional, each
-saying which rows have them. Nested records (the components, a restore's split, the clocks, a tier's description)
-stay mappings: their shape is the tier's and grew with it.
+saying which rows have them. A restore's timeline split, which the checks and tables read part by part, has its own
+class (``RestoreSplit``, every part optional); the other nested records (the components, the clocks, a tier's
+description) stay mappings.
 
 Every published run reads as version 1 with these classes. What the runs published before a field lack:
 
@@ -63,6 +64,57 @@ class StoreRecord(CaptureRecord):
     context_bytes: int  # context_tokens x the model's KV bytes per token
 
 
+class RestoreSplit(CaptureRecord):
+    """One restore's timeline by part, in seconds unless named otherwise: the GPU buffer's
+    (``kv.restore_timeline.request_split``, with ``to_forward_s`` from ``RestoreBench``) or vLLM's CPU tier's
+    (``kv.offloading.request_split``). Nested in a row: no file, schema or header of its own. Every part is
+    optional: each tier records its own parts, and the GPU buffer's grew run by run (a part a run's splits lack is
+    absent and reads None; ``holds`` tells the two apart)."""
+
+    queue_s: float | None = None  # submission to the first lookup (or the restore's queueing)
+    lookup_s: float | None = None
+    disk_read_s: float | None = None  # None: the context was in memory
+    staging_s: float | None = None
+    launch_s: float | None = None
+    copy_s: float | None = None
+    restore_s: float | None = None  # the restore's own span
+    allocate_s: float | None = None
+    schedule_s: float | None = None  # the connector's scheduler-side work (since 2 Dec)
+    pack_ids_s: float | None = None
+    measure_s: float | None = None  # the timing reference's synchronization
+    measure_synced: bool | None = None  # the reference found the stream busy and waited
+    reference_at: str | None = None  # step | before_step
+    reference_age_s: float | None = None
+    reference_window_s: float | None = None
+    host_s: float | None = None
+    hook_s: float | None = None
+    before_copy_s: float | None = None
+    copy_call_s: float | None = None
+    write_ids_s: float | None = None
+    after_copy_s: float | None = None  # the engine thread's Python right after the copy's request
+    forward_wait_s: float | None = None
+    critical_s: float | None = None  # what the restore adds to its step
+    launched_at: str | None = None  # where the restore was queued (step_start | forward)
+    wait_at: str | None = None  # what the forward pass waited for (forward | layer)
+    num_copy_groups: int | None = None
+    copy_launch: str | None = None  # graph | handle | torch
+    launched_by: str | None = None  # engine | thread
+    thread_launch_s: float | None = None
+    thread_lag_s: float | None = None
+    settled_by: str | None = None
+    thread_saw_end_s: float | None = None
+    ids_packed_by: str | None = None
+    thread_pack_s: float | None = None
+    num_layer_waits: int | None = None
+    after_restore_s: float | None = None  # the restore's end to the first token
+    to_forward_s: float | None = None  # the restore's end to its forward pass's first layer (host stamps)
+    load_time_s: float | None = None  # vLLM's CPU tier: its own load time
+    after_lookup_s: float | None = None  # vLLM's CPU tier: the last lookup to the first token
+
+
+NO_SPLIT = RestoreSplit()  # a row without a timeline: every part None, none held
+
+
 class FollowUp(CaptureRecord):
     """One follow-up of one arm (``RestoreBench.measure``) and the run's identification of it; a grid row and a
     paired row add their place."""
@@ -88,7 +140,7 @@ class FollowUp(CaptureRecord):
     memory_tier_bytes_after: int | None = None  # GPU buffer rows: its memory copy after the follow-up
     forward_step_s: float | None = None  # GPU buffer rows: the first token's forward pass (None: none seen); absent
     # from other tiers and from the runs of 1 Dec, recorded before the tier timed it
-    split: Mapping | None = None  # a restore's timeline split: GPU buffer rows with a restore, vLLM's CPU tier's rows
+    split: RestoreSplit | None = None  # a restore's timeline: GPU buffer rows with a restore, vLLM's CPU tier's rows
     # with external hits (absent elsewhere)
     external_hit_tokens: int | None = None  # vLLM's CPU tier's rows: its statistics' external hits
     num_lookup_calls: int | None = None  # vLLM's CPU tier's rows
@@ -143,4 +195,5 @@ class PointFloors(CaptureRecord):
 CAPTURES = {"models.jsonl": ChildSummary, "stores.jsonl": StoreRecord, "rows.jsonl": GridRow, "pairs.jsonl": PairRow,
             "point_floors.jsonl": PointFloors}
 
-__all__ = ["CAPTURES", "ChildSummary", "FollowUp", "GridRow", "PairRow", "PointFloors", "StoreRecord"]
+__all__ = ["CAPTURES", "ChildSummary", "FollowUp", "GridRow", "NO_SPLIT", "PairRow", "PointFloors", "RestoreSplit",
+           "StoreRecord"]

@@ -33,7 +33,7 @@ from kmesh_lib.sections.crossover.arms import (
     WAIT_AT_OF,
     tiers_of,
 )
-from kmesh_lib.sections.crossover.captures import ChildSummary, GridRow, PairRow
+from kmesh_lib.sections.crossover.captures import NO_SPLIT, ChildSummary, GridRow, PairRow
 from kmesh_lib.sections.crossover.tables import PAIRED_SINCE, TABLES, TITLES
 
 
@@ -276,7 +276,7 @@ def launch_checks(measured: list[GridRow], children: list[ChildSummary]) -> list
     GPU-buffer restore, or records none of what it reads (a run recorded before the tier recorded it)."""
     gpubuf_rows = [r for r in measured if r.tier == "gpubuf"]
     restored = [r for r in measured if r.arm in GPUBUF_RESTORES]
-    split = {r.tag: r.split or {} for r in restored}
+    split = {r.tag: r.split or NO_SPLIT for r in restored}
     no_restores = "no measured GPU-buffer restores"
     route = {m.model: m.tier_route or {} for m in children if m.tier == "gpubuf"}
     configured = {model: r["launch_at"] for model, r in route.items() if "launch_at" in r}
@@ -286,33 +286,33 @@ def launch_checks(measured: list[GridRow], children: list[ChildSummary]) -> list
 
     def waited_as_its_arm_says(r) -> bool:
         s = split[r.tag]
-        if s.get("wait_at") != WAIT_AT_OF.get(r.arm, waits.get(r.model)):
+        if s.wait_at != WAIT_AT_OF.get(r.arm, waits.get(r.model)):
             return False
-        return s.get("wait_at") != "layer" or s.get("num_layer_waits") == s.get("num_copy_groups")
+        return s.wait_at != "layer" or s.num_layer_waits == s.num_copy_groups
 
     def adds_up(r) -> bool:
         s = split[r.tag]
-        parts = [s.get(k) for k in ("measure_s", "host_s", "forward_wait_s", "critical_s")]
-        if any(v is None or v < 0 for v in parts) or (s.get("schedule_s") or 0.0) < 0:
+        parts = [s.measure_s, s.host_s, s.forward_wait_s, s.critical_s]
+        if any(v is None or v < 0 for v in parts) or (s.schedule_s or 0.0) < 0:
             return False
         # schedule_s: recorded since 2 Dec 2026 (earlier runs' critical_s has no such part)
-        return abs((s.get("lookup_s") or 0.0) + (s.get("schedule_s") or 0.0) + sum(parts[:3]) - parts[3]) < 1e-9
+        return abs((s.lookup_s or 0.0) + (s.schedule_s or 0.0) + sum(parts[:3]) - parts[3]) < 1e-9
 
     def launched_as_the_tier_says(r) -> bool:
-        return (split[r.tag].get("copy_launch") == "graph") == (graphs.get(r.model) == "on")
+        return (split[r.tag].copy_launch == "graph") == (graphs.get(r.model) == "on")
 
     def launched_by_its_arm(r) -> bool:
         s = split[r.tag]
         if r.arm not in HANDOFF_ARMS:
-            return s.get("launched_by") in ("engine", None)
-        return s.get("launched_by") == "thread" and s.get("thread_lag_s") is not None and s["thread_lag_s"] > 0
+            return s.launched_by in ("engine", None)
+        return s.launched_by == "thread" and s.thread_lag_s is not None and s.thread_lag_s > 0
 
     def reached_forward_in_order(r) -> bool:
-        to_forward = split[r.tag].get("to_forward_s")
+        to_forward = split[r.tag].to_forward_s
         return to_forward is not None and 0 < to_forward < r.ttft_s
 
     def stamped(key: str) -> bool:
-        return any(split[r.tag].get(key) is not None for r in restored)
+        return any(getattr(split[r.tag], key) is not None for r in restored)
 
     return [
         recorded_check("gpubuf: every follow-up's first forward pass was timed on its own", gpubuf_rows,
@@ -323,41 +323,41 @@ def launch_checks(measured: list[GridRow], children: list[ChildSummary]) -> list
         recorded_check("gpubuf: every restore's forward pass waited as its arm says (wait_at), with layer waits "
                        "once for each copy group", restored, bool(waits),
                        f"no GPU-buffer child records tier_route.wait_at {before}", waited_as_its_arm_says,
-                       lambda r: f"{r.tag}: {split[r.tag].get('wait_at')}, waited "
-                                 f"{split[r.tag].get('num_layer_waits')} of {split[r.tag].get('num_copy_groups')} "
+                       lambda r: f"{r.tag}: {split[r.tag].wait_at}, waited "
+                                 f"{split[r.tag].num_layer_waits} of {split[r.tag].num_copy_groups} "
                                  "groups", no_restores),
         recorded_check("gpubuf: every restore's copy was one graph replay where the tier captured its copies, and "
                        "launched where it did not (copy_graphs)", restored, bool(graphs),
                        f"no GPU-buffer child records tier_route.copy_graphs {before}", launched_as_the_tier_says,
-                       lambda r: f"{r.tag}: {split[r.tag].get('copy_launch')} "
+                       lambda r: f"{r.tag}: {split[r.tag].copy_launch} "
                                  f"(copy_graphs {graphs.get(r.model)})", no_restores),
         recorded_check("gpubuf: every restore's graph was launched where its arm says: by the launch thread "
                        f"({', '.join(HANDOFF_ARMS)}, its launch's stamps recorded), else by the engine thread",
                        restored, stamped("launched_by"), f"no restore records launched_by {before}", launched_by_its_arm,
-                       lambda r: f"{r.tag}: {split[r.tag].get('launched_by')}, "
-                                 f"lag {split[r.tag].get('thread_lag_s')}", no_restores),
+                       lambda r: f"{r.tag}: {split[r.tag].launched_by}, "
+                                 f"lag {split[r.tag].thread_lag_s}", no_restores),
         recorded_check("gpubuf: every restore's forward pass reached its first layer after the restore's end and "
                        "before the first token (to_forward, host stamps)", restored,
-                       any("to_forward_s" in split[r.tag] for r in restored),
+                       any(split[r.tag].holds("to_forward_s") for r in restored),
                        f"no restore records to_forward_s {before}", reached_forward_in_order,
-                       lambda r: f"{r.tag}: to_forward {split[r.tag].get('to_forward_s')}, ttft {r.ttft_s}",
+                       lambda r: f"{r.tag}: to_forward {split[r.tag].to_forward_s}, ttft {r.ttft_s}",
                        no_restores),
         recorded_check(f"gpubuf: every restore's events were put on the host's clock by a reference taken before its "
                        f"step, which one taken after the request confirmed within {REFERENCE_AGREE_US} us",
-                       restored, any(split[r.tag].get("reference_at") for r in restored),
+                       restored, any(split[r.tag].reference_at for r in restored),
                        "no restore records a clock reference (reference_at): the CPU build has no GPU clock to put its "
                        f"events on, or {before[1:-1]}", reference_agrees,
-                       lambda r: f"{r.tag}: reference {split[r.tag].get('reference_at')}, {r.reference_clock}",
+                       lambda r: f"{r.tag}: reference {split[r.tag].reference_at}, {r.reference_clock}",
                        no_restores),
         recorded_check("gpubuf: every restore was queued where the tier says it queues them (launch_at)", restored,
                        bool(configured), f"no GPU-buffer child records tier_route.launch_at {before}",
-                       lambda r: split[r.tag].get("launched_at") == configured.get(r.model),
-                       lambda r: f"{r.tag}: {split[r.tag].get('launched_at')} (configured {configured.get(r.model)})",
+                       lambda r: split[r.tag].launched_at == configured.get(r.model),
+                       lambda r: f"{r.tag}: {split[r.tag].launched_at} (configured {configured.get(r.model)})",
                        no_restores),
         recorded_check("gpubuf: what every restore added to its step is its lookup, timing sync, host calls and the "
                        "forward pass's wait, each recorded and none negative", restored, stamped("critical_s"),
                        f"no restore records critical_s {before}", adds_up,
-                       lambda r: f"{r.tag}: " + ", ".join(f"{k} {split[r.tag].get(k)}" for k in
+                       lambda r: f"{r.tag}: " + ", ".join(f"{k} {getattr(split[r.tag], k)}" for k in
                                                              ("lookup_s", "schedule_s", "measure_s", "host_s",
                                                               "forward_wait_s", "critical_s")), no_restores),
     ]
@@ -371,8 +371,8 @@ REFERENCE_AGREE_US = 5.0
 def reference_agrees(row: GridRow) -> bool:
     """A restore put on the clock by a reference kept from before its step (``GpuBufferTier.take_reference``)
     whose offset a second reference, taken after the request, confirms within ``REFERENCE_AGREE_US``."""
-    split, clock = row.split or {}, row.reference_clock or {}
-    return (split.get("reference_at") == "before_step" and clock.get("drift_us") is not None
+    split, clock = row.split or NO_SPLIT, row.reference_clock or {}
+    return (split.reference_at == "before_step" and clock.get("drift_us") is not None
             and abs(clock["drift_us"]) <= REFERENCE_AGREE_US)
 
 

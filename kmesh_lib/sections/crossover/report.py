@@ -27,7 +27,7 @@ from kmesh_lib.base.figures import save as save_figure
 from kmesh_lib.base.intervals import median_difference, median_of_differences
 from kmesh_lib.kv.floors import floor_seconds
 from kmesh_lib.sections.crossover.arms import GPUBUF_RESTORES, RESIDENT_OF, RESTORE_ARMS, TIER_OF
-from kmesh_lib.sections.crossover.captures import FollowUp, PairRow, PointFloors
+from kmesh_lib.sections.crossover.captures import NO_SPLIT, FollowUp, PairRow, PointFloors, RestoreSplit
 
 RESTORES = RESTORE_ARMS
 # Each path's transfer floor from the floors the run measured: "copy" host->device (a host memcpy on
@@ -218,22 +218,22 @@ def split_table(rows: list[FollowUp]) -> list[dict]:
     longest part of bringing the context in named (``RESTORE_PARTS``): what keeps a path above its floor."""
     groups: dict[tuple, list[FollowUp]] = {}
     for r in usable(rows):
-        if r.split:
+        if r.split is not None:
             groups.setdefault((r.model, r.context_tokens, r.arm), []).append(r)
     out = []
     for (model, n, arm), rs in sorted(groups.items()):
         row = {"model": model, "context_tokens": n, "arm": arm, "n": len(rs),
                "ttft_ms": round(1e3 * statistics.median(r.ttft_s for r in rs), 3)}
         for part in SPLIT_PARTS:
-            vals = [r.split[part] for r in rs if r.split.get(part) is not None]
+            vals = [getattr(r.split, part) for r in rs if getattr(r.split, part) is not None]
             if vals:
                 row[_ms(part)] = round(1e3 * statistics.median(vals), 3)
         # copy_launch: "graph", "handle", "torch", ...; reference_at: "step" (measure > 0) or "before_step"
         for key in ("launched_at", "wait_at", "copy_launch", "launched_by", "settled_by", "ids_packed_by", "reference_at"):
-            seen = {r.split.get(key) for r in rs} - {None}
+            seen = {getattr(r.split, key) for r in rs} - {None}
             if seen:
                 row[key] = "/".join(sorted(seen))
-        synced = [r.split["measure_synced"] for r in rs if r.split.get("measure_synced") is not None]
+        synced = [r.split.measure_synced for r in rs if r.split.measure_synced is not None]
         if synced:  # how many clock references found the stream busy and waited for it
             row["measure_synced"] = f"{sum(synced)}/{len(synced)}"
         spans = {k: row[k] for k in RESTORE_PARTS if k in row}
@@ -257,17 +257,17 @@ def handoff_points(rows: list[FollowUp]) -> dict[str, dict[str, list[dict]]]:
     restore's ``stalled``: its ``after_copy`` longer than the longest of the engine-launched arm's."""
     out: dict[str, dict[str, list[dict]]] = {}
     for r in usable(rows):
-        s = r.split or {}
-        if r.arm not in HANDOFF_PAIR or s.get("after_copy_s") is None:
+        s = r.split or NO_SPLIT
+        if r.arm not in HANDOFF_PAIR or s.after_copy_s is None:
             continue
-        p = {"context_tokens": r.context_tokens, "copy_call_us": 1e6 * s["copy_call_s"],
-             "after_copy_us": 1e6 * s["after_copy_s"],
-             "to_forward_us": None if s.get("to_forward_s") is None else 1e6 * s["to_forward_s"]}
-        if s.get("thread_lag_s") is not None and s.get("thread_launch_s") is not None and s.get("write_ids_s") is not None:
+        p = {"context_tokens": r.context_tokens, "copy_call_us": 1e6 * s.copy_call_s,
+             "after_copy_us": 1e6 * s.after_copy_s,
+             "to_forward_us": None if s.to_forward_s is None else 1e6 * s.to_forward_s}
+        if s.thread_lag_s is not None and s.thread_launch_s is not None and s.write_ids_s is not None:
             # the stamps: ids written, then the request (copy_call's end); the thread's lag runs from the ids written
-            request_us = 1e6 * (s["copy_call_s"] - s["write_ids_s"])
-            p["launch_end_us"] = 1e6 * s["thread_lag_s"] - request_us
-            p["launch_begin_us"] = p["launch_end_us"] - 1e6 * s["thread_launch_s"]
+            request_us = 1e6 * (s.copy_call_s - s.write_ids_s)
+            p["launch_end_us"] = 1e6 * s.thread_lag_s - request_us
+            p["launch_begin_us"] = p["launch_end_us"] - 1e6 * s.thread_launch_s
             p["resumed_after_launch_us"] = p["after_copy_us"] - p["launch_end_us"]
         out.setdefault(r.model, {}).setdefault(r.arm, []).append(p)
     for arms in out.values():
@@ -288,10 +288,9 @@ def handoff_step_pairs(rows: list[FollowUp]) -> dict[str, dict]:
     out (runs recorded before ``to_forward`` have none)."""
     steps: dict[tuple, dict[str, float]] = {}
     for r in usable(rows):
-        s = r.split or {}
-        if r.arm in HANDOFF_PAIR and s.get("critical_s") is not None and s.get("to_forward_s") is not None:
-            steps.setdefault((r.model, r.context_tokens, r.repeat), {})[r.arm] = \
-                1e3 * (s["critical_s"] + s["to_forward_s"])
+        s = r.split or NO_SPLIT
+        if r.arm in HANDOFF_PAIR and s.critical_s is not None and s.to_forward_s is not None:
+            steps.setdefault((r.model, r.context_tokens, r.repeat), {})[r.arm] = 1e3 * (s.critical_s + s.to_forward_s)
     out = {}
     for model in sorted({k[0] for k in steps}):
         diffs = [v[HANDOFF_PAIR[0]] - v[HANDOFF_PAIR[1]] for k, v in sorted(steps.items())
@@ -506,23 +505,23 @@ def launch_free_table(rows: list[FollowUp], distance: list[dict]) -> list[dict]:
     (``LAUNCH_FREE_PARTS``). A bound on what any cheaper launch can win, from the same stamps as ``critical``;
     a point without a floor or without the parts is absent, never met."""
     floor = _floor_of(distance)
-    left: dict[tuple, list[dict]] = {}
+    left: dict[tuple, list[RestoreSplit]] = {}
     for r in usable(rows):
-        sp = r.split or {}
+        sp = r.split or NO_SPLIT
         if (r.context_tokens >= GOAL_MIN_TOKENS and r.arm in GPUBUF_RESTORES
-                and all(sp.get(k) is not None for k in ("critical_s", "copy_call_s", "write_ids_s"))):
+                and all(x is not None for x in (sp.critical_s, sp.copy_call_s, sp.write_ids_s))):
             left.setdefault((r.model, r.context_tokens, r.arm), []).append(sp)
     by_point: dict[tuple, list[tuple]] = {}
     for (model, n, arm), sps in left.items():
         if floor.get((model, n, arm)):
-            ms = 1e3 * float(numpy.median([sp["critical_s"] - sp["copy_call_s"] + sp["write_ids_s"] for sp in sps]))
+            ms = 1e3 * float(numpy.median([sp.critical_s - sp.copy_call_s + sp.write_ids_s for sp in sps]))
             by_point.setdefault((model, n), []).append((ms, arm, sps))
     out = []
     for (model, n), paths in sorted(by_point.items()):
         ms, arm, sps = min(paths, key=lambda p: p[0])
         f = floor[(model, n, arm)]
         parts = {_ms(k): round(1e3 * float(numpy.median(v)), 3)
-                 for k in LAUNCH_FREE_PARTS if (v := [sp[k] for sp in sps if sp.get(k) is not None])}
+                 for k in LAUNCH_FREE_PARTS if (v := [getattr(sp, k) for sp in sps if getattr(sp, k) is not None])}
         out.append({"model": model, "context_tokens": n, "path": arm, "n": len(sps), "launch_free_ms": round(ms, 3),
                     "transfer_floor_ms": f, "x_floor": round(ms / f, 3), "within": ms / f <= GOAL_X, **parts})
     return out
@@ -691,11 +690,11 @@ def restore_span(row: FollowUp) -> tuple[float | None, str]:
     LMCache's worker-side load (``start_load_kv``: CUDA events around it where recorded, ``lmcache.probes``, else its
     host stamps; on the MP path a disk restore's lookup, which holds the server's disk read, is added). None where
     the row recorded none."""
-    split, comp = row.split or {}, row.components or {}
+    split, comp = row.split or NO_SPLIT, row.components
     if row.arm in GPUBUF_RESTORES:
-        return split.get("restore_s"), "tier timeline (restore_s)"
+        return split.restore_s, "tier timeline (restore_s)"
     if row.arm == "native_offload":
-        return split.get("load_time_s"), "vLLM's load time (load_time_s)"
+        return split.load_time_s, "vLLM's load time (load_time_s)"
     gpu = comp.get("load_gpu_s")  # CUDA events around start_load_kv (runs before them have host stamps only)
     load = gpu if gpu is not None else comp.get("load_s")
     how = "CUDA events around start_load_kv (load_gpu_s)" if gpu is not None else "start_load_kv (host stamps, load_s)"
