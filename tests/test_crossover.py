@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from crossover_records import as_children, as_grid_rows
+from crossover_records import COMPONENTS, as_children, as_grid_rows
 
 from kmesh_lib.base.params import ParamError, build
 from kmesh_lib.kv import floors as pf
@@ -195,7 +195,7 @@ def _grid_rows(model="m", kvt=1024, grid=(256, 1024), repeats=3, warmup=1):
                              "num_cached_tokens": [cached], "expected_cached_tokens": cached,
                              "disk_read_bytes": n * kvt if arm == "disk" else 0, "device_read_bytes": None,
                              "prep_s": 0.01, "memory_tier_bytes": n * kvt if arm == "dram" else 0,
-                             "components": {"lookup_s": 0.001, "load_s": 0.002}, "model": model, "path": "mp",
+                             "components": {**COMPONENTS, "lookup_s": 0.001, "load_s": 0.002}, "model": model, "path": "mp",
                              "repeat": r, "measured": r >= warmup, "kv_bytes_per_token": kvt, "context_bytes": n * kvt,
                              "arm_position": i, "previous_arm": order[i - 1] if i else None})
     return rows
@@ -453,7 +453,7 @@ def _gpubuf_rows(model="m", kvt=1024, grid=(256, 1024), repeats=3, warmup=1):
                              "memory_tier_bytes_after": n * kvt if arm == "gpubuf_retained" else 0,
                              "num_restores": restores, **({"split": split} if restores else {}),
                              "forward_step_s": 0.004 + 1e-4 * r,
-                             "components": {"lookup_s": 0.001, "load_s": 0.002}, "model": model, "path": "gpubuf",
+                             "components": {**COMPONENTS, "lookup_s": 0.001, "load_s": 0.002}, "model": model, "path": "gpubuf",
                              "repeat": r, "measured": r >= warmup, "kv_bytes_per_token": kvt, "context_bytes": n * kvt,
                              "arm_position": i, "previous_arm": order[i - 1] if i else None})
     return rows

@@ -9,8 +9,8 @@
 A follow-up's fields depend on its tier: the GPU buffer's rows add its restores, their split and the forward pass's
 span; vLLM's CPU tier's its external hits and lookups; a CUDA row the GPU's clocks. Those fields are optional, each
 saying which rows have them. A restore's timeline split, which the checks and tables read part by part, has its own
-class (``RestoreSplit``, every part optional); the other nested records (the components, the clocks, a tier's
-description) stay mappings.
+class (``RestoreSplit``, every part optional), and so do the components of the first token (``Components``); the other
+nested records (the GPU's clocks, the reference clock, vLLM's statistics, a tier's description) stay mappings.
 
 Every published run reads as version 1 with these classes. What the runs published before a field lack:
 
@@ -115,6 +115,26 @@ class RestoreSplit(CaptureRecord):
 NO_SPLIT = RestoreSplit()  # a row without a timeline: every part None, none held
 
 
+class Components(CaptureRecord):
+    """Where a follow-up's first token went, from LMCache's and vLLM's hooks (``lmcache.probes.ComponentProbe``),
+    in seconds. Nested in a row: no file, schema or header of its own."""
+
+    lookup_s: float
+    lookup_calls: int
+    lookup_wall_s: float | None  # the first lookup to the first answered one (on the MP path it holds the
+    # server's disk-to-memory load); None: no lookup answered
+    disk_read_s: float | None  # None: the tier has no disk reads to hook
+    disk_reads: int | None
+    load_s: float | None  # ``start_load_kv`` (host stamps); None: no worker-side connector
+    save_s: float | None
+    load_gpu_s: float | None = None  # CUDA events around ``start_load_kv``; absent from every published run (recorded
+    # after them)
+    forward_s: float  # the model's forward pass: execute less load and save
+    exec_s: float
+    exec_calls: int
+    other_s: float  # outside the model executor: scheduling, hashing, output handling
+
+
 class FollowUp(CaptureRecord):
     """One follow-up of one arm (``RestoreBench.measure``) and the run's identification of it; a grid row and a
     paired row add their place."""
@@ -135,7 +155,7 @@ class FollowUp(CaptureRecord):
     warm_cached_tokens: int | None = None  # the warm-up's cached tokens: memory and resident arms (absent elsewhere)
     memory_tier_bytes: int | None  # the tier's memory copy when the follow-up was submitted; None: vLLM's CPU tier where its
     # manager hides its block counts
-    components: Mapping  # where the first token's time went (``ComponentProbe``)
+    components: Components  # where the first token's time went
     num_restores: int | None = None  # GPU buffer rows: its restores in the follow-up (absent on other tiers)
     memory_tier_bytes_after: int | None = None  # GPU buffer rows: its memory copy after the follow-up
     forward_step_s: float | None = None  # GPU buffer rows: the first token's forward pass (None: none seen); absent
@@ -195,5 +215,5 @@ class PointFloors(CaptureRecord):
 CAPTURES = {"models.jsonl": ChildSummary, "stores.jsonl": StoreRecord, "rows.jsonl": GridRow, "pairs.jsonl": PairRow,
             "point_floors.jsonl": PointFloors}
 
-__all__ = ["CAPTURES", "ChildSummary", "FollowUp", "GridRow", "NO_SPLIT", "PairRow", "PointFloors", "RestoreSplit",
+__all__ = ["CAPTURES", "ChildSummary", "Components", "FollowUp", "GridRow", "NO_SPLIT", "PairRow", "PointFloors", "RestoreSplit",
            "StoreRecord"]

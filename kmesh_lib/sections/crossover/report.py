@@ -207,7 +207,7 @@ def component_table(rows: list[FollowUp]) -> list[dict]:
     for (model, n, arm), rs in sorted(groups.items()):
         row = {"model": model, "context_tokens": n, "arm": arm, "ttft_ms": 1e3 * statistics.median(r.ttft_s for r in rs)}
         for c in COMPONENTS:
-            vals = [r.components.get(c) for r in rs if r.components.get(c) is not None]
+            vals = [getattr(r.components, c) for r in rs if getattr(r.components, c) is not None]
             row[_ms(c)] = round(1e3 * statistics.median(vals), 3) if vals else None
         out.append(row)
     return out
@@ -398,11 +398,8 @@ def scatter_table(rows: list[FollowUp]) -> list[dict]:
             groups.setdefault((r.model, r.context_tokens), []).append(r)
     out = []
     for (model, n), rs in sorted(groups.items()):
-        rs = [r for r in rs if r.components.get("forward_s") is not None and r.components.get("other_s") is not None]
-        if not rs:
-            continue
-        forward = [1e3 * r.components["forward_s"] for r in rs]
-        other = [1e3 * r.components["other_s"] for r in rs]
+        forward = [1e3 * r.components.forward_s for r in rs]
+        other = [1e3 * r.components.other_s for r in rs]
         before = [(f, (r.gpu_clocks.get("before") or {}).get("sm_mhz")) for f, r in zip(forward, rs)]
         clocked = [(f, c) for f, c in before if c]
         p10, p50, p90 = (round(float(v), 3) for v in numpy.quantile(forward, [0.1, 0.5, 0.9]))
@@ -695,13 +692,13 @@ def restore_span(row: FollowUp) -> tuple[float | None, str]:
         return split.restore_s, "tier timeline (restore_s)"
     if row.arm == "native_offload":
         return split.load_time_s, "vLLM's load time (load_time_s)"
-    gpu = comp.get("load_gpu_s")  # CUDA events around start_load_kv (runs before them have host stamps only)
-    load = gpu if gpu is not None else comp.get("load_s")
+    gpu = comp.load_gpu_s  # CUDA events around start_load_kv (runs before them have host stamps only)
+    load = gpu if gpu is not None else comp.load_s
     how = "CUDA events around start_load_kv (load_gpu_s)" if gpu is not None else "start_load_kv (host stamps, load_s)"
     if load is None:
         return None, "no load stamped"
     if row.path in MP_PATHS and row.arm == "disk":
-        wall = comp.get("lookup_wall_s")
+        wall = comp.lookup_wall_s
         return (None if wall is None else load + wall), f"lookup_wall_s (host stamps) + {how}"
     return load, how
 
