@@ -103,3 +103,22 @@ def test_published_captures_read_as_version_1_with_the_declared_classes(run_dir)
             assert not section.CAPTURES, f"{name}: a capture {section.KEY} does not declare"
             continue
         assert [r.as_recorded() for r in run.records(name)] == run.raw(name)
+
+
+def test_sections_18_and_19_read_kmesh_capture_records_typed_and_refuse_a_stray_field(tmp_path):
+    """kmesh.capture/1 (``kv.capture_records.InvocationRecord``): 18's capture.<mode>.jsonl by its pattern, 19's
+    tot_capture.jsonl with its typed ``extra``, whose undeclared field fails as it is written."""
+    registry.get("family_hold")
+    family = RunFiles(REPO_ROOT / "outputs" / "family_hold" / "cpu-20261201-060851-7382")
+    assert {family.capture_class(f"capture.{mode}.jsonl").__name__ for mode in ("real", "replay", "replay_at_real")} \
+        == {"FamilyHoldInvocation"}
+    first = family.records("capture.real.jsonl")[0]
+    assert (first.schema_id, first.engine.block_size, first.block_events[0].op) == ("kmesh.capture/1", 32, "alloc")
+    registry.get("tot_headroom")
+    call = RunFiles(REPO_ROOT / "outputs" / "tot_headroom" / "cpu-20261201-065654-28e5").raw("tot_capture.jsonl")[0]
+    (tmp_path / "raw").mkdir()
+    record = RunRecord(tmp_path, "tot_headroom")
+    with pytest.raises(CaptureError, match=r"raw/tot_capture\.jsonl: .*field 'extra\.seeds': not declared"):
+        record.append_jsonl("tot_capture.jsonl", {**call, "extra": {**call["extra"], "seeds": [1]}})
+    record.append_jsonl("tot_capture.jsonl", call)
+    assert RunFiles(tmp_path, section="tot_headroom").records("tot_capture.jsonl")[0].extra.seed == call["extra"]["seed"]

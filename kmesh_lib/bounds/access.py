@@ -66,6 +66,14 @@ class AccessTrace:
     num_prompt_tokens: list[int] = field(default_factory=list)
     num_read_blocks: list[int] = field(default_factory=list)
     access_start: list[int] = field(default_factory=lambda: [0])
+    # arrays and passes computed from the accesses above, by name (``derived``); a trace is not changed once built
+    derived_values: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def derived(self, key, compute):
+        """``compute()``, once per ``key`` for this trace (the arrays the passes read, the passes themselves)."""
+        if key not in self.derived_values:
+            self.derived_values[key] = compute()
+        return self.derived_values[key]
 
     @property
     def num_requests(self) -> int:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from kmesh_lib.bounds.access import AccessTrace, block_hashes, build_access_trace, request_field, request_token_ids
 from kmesh_lib.bounds.lru import lru_hit_blocks
@@ -98,6 +99,10 @@ def next_read_positions(trace: AccessTrace) -> list[int]:
 def _next_use_array(trace: AccessTrace) -> np.ndarray:
     """``next_use_positions`` as an int64 array, computed by sorting positions by block (stable, so each
     block's accesses stay in trace order): a position's next access is its neighbour in that order."""
+    return trace.derived("next_use", lambda: _compute_next_use_array(trace))
+
+
+def _compute_next_use_array(trace: AccessTrace) -> np.ndarray:
     never = trace.num_accesses
     block_hash = np.asarray(trace.block_hash, dtype=np.int64)
     is_read = np.asarray(trace.is_read, dtype=bool)
@@ -135,6 +140,47 @@ def next_use_positions(trace: AccessTrace) -> list[int]:
             next_use[pos] = following
         next_access[block_hash] = pos
     return next_use
+
+
+def _copy_events(trace: AccessTrace) -> np.ndarray:
+    """``simulate_min``'s events (the same at every pool size): each copy's start as its end e, its end as ~e."""
+    never = trace.num_accesses
+    next_use = _next_use_array(trace)
+    starts = np.flatnonzero(next_use < never)
+    ends = next_use[starts]
+    at = np.concatenate([starts, ends])
+    return np.concatenate([ends, ~ends])[np.argsort(at, kind="stable")]
+
+
+@njit(cache=True)
+def _min_pass(events, never, num_blocks):
+    """``simulate_min``'s loop over its events, compiled (a production trace has tens of millions); the
+    ends of the copies that were read while held (read hits), in trace order."""
+    held = np.zeros(never, dtype=np.uint8)  # held[e]: the copy that ends at e is resident
+    num_held = 0
+    farthest_first = [np.int64(0)]  # max-heap (negated) of resident copies' ends, lazily deleted
+    farthest_first.pop()  # (numba types the list from its first element)
+    hit_ends = np.empty(len(events), dtype=np.int64)
+    num_hits = 0
+    for event in events:
+        if event < 0:  # a read: a hit iff its copy is still held
+            if held[~event]:
+                held[~event] = 0
+                num_held -= 1
+                hit_ends[num_hits] = ~event
+                num_hits += 1
+            continue
+        if num_held >= num_blocks:
+            while not held[-farthest_first[0]]:
+                heapq.heappop(farthest_first)
+            if -farthest_first[0] < event:
+                continue  # bypass: every resident copy is read sooner
+            held[-heapq.heappop(farthest_first)] = 0
+            num_held -= 1
+        held[event] = 1
+        num_held += 1
+        heapq.heappush(farthest_first, -event)
+    return hit_ends[:num_hits]
 
 
 def simulate_min(trace: AccessTrace, num_blocks: int) -> BoundResult:
@@ -180,34 +226,10 @@ def simulate_min(trace: AccessTrace, num_blocks: int) -> BoundResult:
     # Only copies matter: a write whose block is read next (its start) and that read (its end). A copy is
     # named by its end, a position no other copy ends at; events run in trace order, a start as its
     # end e, an end as ~e (negative), so the loop touches nothing else of the trace.
-    next_use = _next_use_array(trace)
-    starts = np.flatnonzero(next_use < never)
-    ends = next_use[starts]
-    at = np.concatenate([starts, ends])
-    events = np.concatenate([ends, ~ends])[np.argsort(at, kind="stable")].tolist()
-    held = bytearray(never)  # held[e]: the copy that ends at e is resident
-    num_held = 0
-    farthest_first: list[int] = []  # max-heap (negated) of resident copies' ends, lazily deleted
-    hit_ends: list[int] = []
-    for event in events:
-        if event < 0:  # a read: a hit iff its copy is still held
-            if held[~event]:
-                held[~event] = 0
-                num_held -= 1
-                hit_ends.append(~event)
-            continue
-        if num_held >= num_blocks:
-            while not held[-farthest_first[0]]:
-                heapq.heappop(farthest_first)
-            if -farthest_first[0] < event:
-                continue  # bypass: every resident copy is read sooner
-            held[-heapq.heappop(farthest_first)] = 0
-            num_held -= 1
-        held[event] = 1
-        num_held += 1
-        heapq.heappush(farthest_first, -event)
-    if hit_ends:
-        request_index = np.asarray(trace.request_index, dtype=np.int64)
+    events = trace.derived("copy_events", lambda: _copy_events(trace))
+    hit_ends = _min_pass(events, never, num_blocks)
+    if len(hit_ends):
+        request_index = trace.derived("request_index", lambda: np.asarray(trace.request_index, dtype=np.int64))
         num_hit_blocks = np.bincount(request_index[hit_ends], minlength=trace.num_requests).tolist()
     return _bound_result(trace, "ideal", num_blocks, num_hit_blocks)
 

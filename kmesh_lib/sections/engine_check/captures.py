@@ -33,7 +33,7 @@ class EngineCheckBlockEvent(CaptureRecord):
     ref_cnts: list[int]  # vLLM's ref_cnt of each block after the operation
 
     def as_event(self) -> dict:
-        """The event as ``kv.capture`` reads a capture (shared with sections 18 and 19, not declared yet)."""
+        """The event as ``kv.capture`` reads a capture."""
         return {"step": self.step, "op": self.op, "block_ids": self.block_ids, "ref_cnts": self.ref_cnts}
 
 

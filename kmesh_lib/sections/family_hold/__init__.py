@@ -1,5 +1,6 @@
 """Section 18, family hold: Does holding a parent's blocks for its child pay under cache pressure?"""
 from kmesh_lib.base.captures import declare
+from kmesh_lib.sections.family_hold.captures import CAPTURES
 from kmesh_lib.sections.family_hold.checks import checks, counts
 from kmesh_lib.sections.family_hold.experiment import plan
 from kmesh_lib.sections.family_hold.params import FamilyHoldParams as Params
@@ -12,7 +13,6 @@ TITLE = "family hold"
 NOTEBOOK = "18_family_hold.ipynb"
 USES_ENGINE = True
 QUESTION = "Does holding a parent's blocks for its child pay under cache pressure?"
-CAPTURES: dict = {}  # its raw/*.jsonl are not declared as record classes yet (issue 41): read as dicts
 
 declare(KEY, Params, CAPTURES)
 

@@ -23,14 +23,14 @@ from kmesh_lib.base.records import RunFiles
 from kmesh_lib.kv.capture import replay_references
 from kmesh_lib.kv.capture_contract import validate_capture
 from kmesh_lib.sections.family_hold import report
+from kmesh_lib.sections.family_hold.captures import FamilyHoldRequest
 from kmesh_lib.sections.family_hold.params import ARMS, FamilyHoldParams, hashed_blocks, held_cap
 from kmesh_lib.sections.family_hold.recorded import (
     OPS,
     ArmRecord,
     block_events_by_arm,
     modes,
-    num_output_tokens,
-    num_prompt_tokens,
+    prompt_token_ids,
     read_mode,
     read_sweep,
     twin_mode,
@@ -56,33 +56,33 @@ def workload_problems(a: ArmRecord, params: FamilyHoldParams) -> list[str]:
         return [f"roles {a.roles[:3]}... are not parent, {params.NUM_PASSES} x {params.NUM_NOISE} noise, child"]
     want = {"parent": params.PARENT_TOKENS, "child": params.PARENT_TOKENS + params.MAX_TOKENS
             + params.CHILD_SUFFIX_TOKENS}
-    out = [f"{role}: {num_prompt_tokens(r)} prompt tokens" for role, r in zip(a.roles, a.requests)
-           if num_prompt_tokens(r) != want.get(role, params.NOISE_TOKENS)]
+    out = [f"{role}: {r.num_prompt_tokens} prompt tokens" for role, r in zip(a.roles, a.requests)
+           if r.num_prompt_tokens != want.get(role, params.NOISE_TOKENS)]
     parent, child = a.request("parent"), a.request("child")
-    if "prompt_token_ids" in child:
-        head = parent["prompt_token_ids"] + parent["output_token_ids"]
-        if child["prompt_token_ids"][:len(head)] != head:
+    if isinstance(child, FamilyHoldRequest) and isinstance(parent, FamilyHoldRequest):  # a sweep keeps no token ids
+        head = parent.prompt_token_ids + parent.output_token_ids
+        if child.prompt_token_ids[:len(head)] != head:
             out.append("the child's prompt does not start with the parent's input and output")
     return out
 
 
 def cached_by_touch(a: ArmRecord) -> list[str]:
     """Requests whose num_cached_tokens is not the number of blocks they touched times BLOCK_SIZE."""
-    return [f"{role}: {r['num_cached_tokens']} cached, {n} blocks touched" for role, r, events in
+    return [f"{role}: {r.num_cached_tokens} cached, {n} blocks touched" for role, r, events in
             zip(a.roles, a.requests, a.request_events)
-            if r["num_cached_tokens"] != (n := sum(len(e["block_ids"]) for e in events if e["op"] == "touch")) * a.block_size]
+            if r.num_cached_tokens != (n := sum(len(e.block_ids) for e in events if e.op == "touch")) * a.block_size]
 
 
 def hold_problems(a: ArmRecord) -> list[str]:
     """Held arm: one hold of the parent's hashed blocks at its finish, one release in the child's first step."""
-    holds = [e for e in a.events_of("parent") if e["op"] == "hold"]
+    holds = [e for e in a.events_of("parent") if e.op == "hold"]
     child = a.events_of("child")
-    releases = [e for role in a.roles for e in a.events_of(role) if e["op"] == "release"]
+    releases = [e for role in a.roles for e in a.events_of(role) if e.op == "release"]
     out = []
-    if len(holds) != 1 or sorted(holds[0]["block_ids"]) != sorted(report.parent_block_ids(a)):
+    if len(holds) != 1 or sorted(holds[0].block_ids) != sorted(report.parent_block_ids(a)):
         out.append(f"{len(holds)} holds in the parent's steps, not one of its {len(report.parent_block_ids(a))} hashed blocks")
-    if (len(releases) != 1 or releases[0] not in child or releases[0]["step"] != child[0]["step"]
-            or holds and sorted(releases[0]["block_ids"]) != sorted(holds[0]["block_ids"])):
+    if (len(releases) != 1 or releases[0] not in child or releases[0].step != child[0].step
+            or holds and sorted(releases[0].block_ids) != sorted(holds[0].block_ids)):
         out.append(f"{len(releases)} releases; wanted one of the held blocks in the child's first step")
     return out
 
@@ -90,7 +90,7 @@ def hold_problems(a: ArmRecord) -> list[str]:
 def _stock_held_prompts_equal(arms: list[ArmRecord]) -> list[str]:
     return [f"sample {s.sample} {role}: prompts differ between arms"
             for s, h in report.pairs(arms) for role, x, y in zip(s.roles, s.requests, h.requests)
-            if role != "child" and x.get("prompt_token_ids") != y.get("prompt_token_ids")]
+            if role != "child" and prompt_token_ids(x) != prompt_token_ids(y)]
 
 
 def mode_checks(run: RunFiles, mode: str) -> list[Check]:
@@ -119,10 +119,10 @@ def mode_checks(run: RunFiles, mode: str) -> list[Check]:
     out.append(check(f"{mode}: parent and unrelated prompts are the same in both arms", not _stock_held_prompts_equal(arms),
                      "; ".join(_stock_held_prompts_equal(arms)[:3]), report.pairs(arms), no_arms))
     out.append(all_of(f"{mode}: every request completed with MAX_TOKENS={p.MAX_TOKENS} tokens", requests,
-                      lambda r: num_output_tokens(r) == p.MAX_TOKENS and r["finish_reason"] == "length",
-                      lambda r: f"{r['request_id']}: {num_output_tokens(r)} tokens, {r['finish_reason']}", no_arms))
+                      lambda r: r.num_output_tokens == p.MAX_TOKENS and r.finish_reason == "length",
+                      lambda r: f"{r.request_id}: {r.num_output_tokens} tokens, {r.finish_reason}", no_arms))
     out.append(all_of(f"{mode}: every arm-sample started with nothing cached", arms,
-                      lambda a: a.requests[0]["num_cached_tokens"] == 0, lambda a: f"{a.arm}/s{a.sample}", no_arms))
+                      lambda a: a.requests[0].num_cached_tokens == 0, lambda a: f"{a.arm}/s{a.sample}", no_arms))
     out += replay_checks(mode, arms)
 
     tokens = report.output_mismatches(arms, float("inf"))
@@ -165,7 +165,7 @@ def mode_checks(run: RunFiles, mode: str) -> list[Check]:
 
 def replay_checks(label: str, arms: list[ArmRecord]) -> list[Check]:
     """Each arm-sample's events replayed from a drained pool; cached tokens against touched blocks."""
-    replays = {(a.arm, a.sample): replay_references(a.events) for a in arms}
+    replays = {(a.arm, a.sample): replay_references([e.as_event() for e in a.events]) for a in arms}
     return [
         all_of(f"{label}: logged ref_cnts equal the replayed reference counts", arms,
                lambda a: a.events and not replays[(a.arm, a.sample)][1],
@@ -247,7 +247,7 @@ def checks(run: RunFiles) -> list[Check]:
     """Section 18's checks, every one recomputed from the run's files."""
     present = modes(run)
     out = [check("raw requests recorded for the real and replay modes", {"real", "replay"} <= set(present),
-                 f"modes {present}", run.raw("requests.jsonl"), "raw/requests.jsonl is missing or empty")]
+                 f"modes {present}", run.records("requests.jsonl"), "raw/requests.jsonl is missing or empty")]
     for mode in present:
         out += mode_checks(run, mode)
     return out + parity_checks(run) + sweep_checks(run)

@@ -8,6 +8,10 @@
     raw/sweep.jsonl           one line per sweep arm-sample: pool, the controller's counters and its
                               requests (token counts, not token ids) with their block events
 
+Each is read as its record class (``captures``); an arm-sample's requests are ``FamilyHoldRequest`` (a run
+mode) or ``SweepRequest`` (the sweep), both with ``num_prompt_tokens``, ``num_output_tokens`` and
+``num_cached_tokens``, and its events ``kv.capture_records.BlockEventRecord``.
+
 The notebook writes these files and computes its summaries from what it reads back here;
 ``checks`` reads them again and recomputes the same summaries.
 """
@@ -16,6 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kmesh_lib.base.records import RunFiles
+from kmesh_lib.kv.capture_records import BlockEventRecord
+from kmesh_lib.sections.family_hold.captures import ControllerCounters, FamilyHoldRequest, SweepRequest
+
+Request = FamilyHoldRequest | SweepRequest
 
 OPS = ("alloc", "touch", "free", "evict", "hold", "release")
 MODES = ("real", "replay", "replay_at_real")
@@ -31,32 +39,29 @@ class ArmRecord:
     block_size: int
     num_gpu_blocks: int
     roles: list[str] = field(default_factory=list)  # parent, noise<i>/pass<p>, child
-    requests: list[dict] = field(default_factory=list)
-    request_events: list[list[dict]] = field(default_factory=list)
-    controller: dict | None = None  # the sweep records the controller's counters with its requests
+    requests: list[Request] = field(default_factory=list)
+    request_events: list[list[BlockEventRecord]] = field(default_factory=list)
+    controller: ControllerCounters | None = None  # the sweep records the held arm's counters with its requests
 
     @property
-    def events(self) -> list[dict]:
+    def events(self) -> list[BlockEventRecord]:
         return [e for events in self.request_events for e in events]
 
     @property
     def counts(self) -> dict[str, int]:
         """Block-level operations per kind (a touch of 3 blocks counts 3), as ``BlockPoolCapture.counts``."""
-        return {op: sum(len(e["block_ids"]) for e in self.events if e["op"] == op) for op in OPS}
+        return {op: sum(len(e.block_ids) for e in self.events if e.op == op) for op in OPS}
 
-    def request(self, role: str) -> dict:
+    def request(self, role: str) -> Request:
         return self.requests[self.roles.index(role)]
 
-    def events_of(self, role: str) -> list[dict]:
+    def events_of(self, role: str) -> list[BlockEventRecord]:
         return self.request_events[self.roles.index(role)] if role in self.roles else []
 
 
-def num_prompt_tokens(row: dict) -> int:
-    return len(row["prompt_token_ids"]) if "prompt_token_ids" in row else row["num_prompt_tokens"]
-
-
-def num_output_tokens(row: dict) -> int:
-    return len(row["output_token_ids"]) if "output_token_ids" in row else row["num_output_tokens"]
+def prompt_token_ids(row: Request) -> list[int] | None:
+    """A run mode's request's prompt ids; None for a sweep request (it records token counts only)."""
+    return row.prompt_token_ids if isinstance(row, FamilyHoldRequest) else None
 
 
 def mode_sizes(params, mode: str) -> tuple[int, int]:
@@ -72,7 +77,7 @@ def twin_mode(params) -> str:
 
 
 def modes(run: RunFiles) -> list[str]:
-    present = {r.get("mode") for r in run.raw("requests.jsonl")}
+    present = {r.mode for r in run.records("requests.jsonl")}
     return [m for m in MODES if m in present]
 
 
@@ -80,38 +85,34 @@ def read_mode(run: RunFiles, mode: str) -> list[ArmRecord]:
     """The arm-samples of one run mode, in the order they ran; a request's events come from its
     capture record (an absent capture record leaves its event list empty: the checks say so)."""
     block_size, num_gpu_blocks = mode_sizes(run.params, mode)
-    events = {}
-    for rec in run.raw(f"capture.{mode}.jsonl"):
-        events[rec.get("invocation_id")] = rec.get("block_events") or []
+    events = {rec.invocation_id: rec.block_events or [] for rec in run.records(f"capture.{mode}.jsonl")}
     arms: dict[tuple[int, str], ArmRecord] = {}
-    for row in run.raw("requests.jsonl"):
-        if row.get("mode") != mode:
+    for row in run.records("requests.jsonl"):
+        if row.mode != mode:
             continue
-        key = (row["sample"], row["arm"])
-        a = arms.setdefault(key, ArmRecord(mode, row["arm"], row["sample"], block_size, num_gpu_blocks))
-        a.roles.append(row["role"])
+        a = arms.setdefault((row.sample, row.arm), ArmRecord(mode, row.arm, row.sample, block_size, num_gpu_blocks))
+        a.roles.append(row.role)
         a.requests.append(row)
-        a.request_events.append(events.get(row["request_id"], []))
+        a.request_events.append(events.get(row.request_id, []))
     return list(arms.values())
 
 
 def read_sweep(run: RunFiles) -> list[list[ArmRecord]]:
     """The sweep's arm-samples grouped by pool, in the order the pools ran."""
     pools: dict[int, list[ArmRecord]] = {}
-    for line in run.raw("sweep.jsonl"):
-        a = ArmRecord("sweep", line["arm"], line["sample"], line["block_size"], line["num_gpu_blocks"],
-                      controller=line.get("controller"))
-        for row in line["requests"]:
-            a.roles.append(row["role"])
+    for line in run.records("sweep.jsonl"):
+        a = ArmRecord("sweep", line.arm, line.sample, line.block_size, line.num_gpu_blocks, controller=line.controller)
+        for row in line.requests:
+            a.roles.append(row.role)
             a.requests.append(row)
-            a.request_events.append(row.get("block_events") or [])
-        pools.setdefault(line["num_gpu_blocks"], []).append(a)
+            a.request_events.append(row.block_events)
+        pools.setdefault(line.num_gpu_blocks, []).append(a)
     return list(pools.values())
 
 
-def block_events_by_arm(run: RunFiles) -> dict[str, list[dict]]:
+def block_events_by_arm(run: RunFiles) -> dict[str, list[BlockEventRecord]]:
     """``raw/block_events.jsonl`` per arm-sample label ("<mode>/<arm>/s<sample>"), without the label."""
-    out: dict[str, list[dict]] = {}
-    for e in run.raw("block_events.jsonl"):
-        out.setdefault(e.get("arm", ""), []).append({k: v for k, v in e.items() if k != "arm"})
+    out: dict[str, list[BlockEventRecord]] = {}
+    for e in run.records("block_events.jsonl"):
+        out.setdefault(e.arm, []).append(e.event)
     return out

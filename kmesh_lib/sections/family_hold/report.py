@@ -11,30 +11,27 @@ touched when scheduled, and an edge is a leading position where both name the sa
 from __future__ import annotations
 
 from kmesh_lib.kv.capture_contract import record_from_result, write_capture
+from kmesh_lib.sections.family_hold.captures import FamilyHoldRequest
 from kmesh_lib.sections.family_hold.params import ARMS, hashed_blocks
-from kmesh_lib.sections.family_hold.recorded import (
-    ArmRecord,
-    num_output_tokens,
-    num_prompt_tokens,
-)
+from kmesh_lib.sections.family_hold.recorded import ArmRecord
 
 CLOCK_DOMAIN = "time.monotonic_ns"
 HELD_REF_CNTS = {"parent hold": [2], "parent free": [1], "child touch": [2], "child release": [1], "child free": [0]}
 
 
 def _ids(a: ArmRecord, role: str, op: str) -> list[int]:
-    return [b for e in a.events_of(role) if e["op"] == op for b in e["block_ids"]]
+    return [b for e in a.events_of(role) if e.op == op for b in e.block_ids]
 
 
 def parent_block_ids(a: ArmRecord) -> list[int]:
     """The parent's hashed blocks, in block-table order: the first ``floor((P + O - 1) / B)`` it allocated."""
     parent = a.request("parent")
-    return _ids(a, "parent", "alloc")[:hashed_blocks(num_prompt_tokens(parent), num_output_tokens(parent), a.block_size)]
+    return _ids(a, "parent", "alloc")[:hashed_blocks(parent.num_prompt_tokens, parent.num_output_tokens, a.block_size)]
 
 
 def evicted_between_parent_and_child(a: ArmRecord) -> set[int]:
     first, last = a.roles.index("parent"), a.roles.index("child")
-    return {b for events in a.request_events[first + 1:last] for e in events if e["op"] == "evict" for b in e["block_ids"]}
+    return {b for events in a.request_events[first + 1:last] for e in events if e.op == "evict" for b in e.block_ids}
 
 
 def edges(a: ArmRecord) -> dict:
@@ -53,17 +50,17 @@ def ref_trace(a: ArmRecord) -> dict[str, list[int]]:
     out: dict[str, set] = {}
     for role, ops in (("parent", ("hold", "free")), ("child", ("touch", "release", "free"))):
         for e in a.events_of(role):
-            if e["op"] in ops:
-                vals = {r for b, r in zip(e["block_ids"], e["ref_cnts"]) if b in held}
+            if e.op in ops:
+                vals = {r for b, r in zip(e.block_ids, e.ref_cnts) if b in held}
                 if vals:
-                    out.setdefault(f"{role} {e['op']}", set()).update(vals)
+                    out.setdefault(f"{role} {e.op}", set()).update(vals)
     return {k: sorted(v) for k, v in out.items()}
 
 
 def request_rows(arms: list[ArmRecord]) -> list[dict]:
     return [{"mode": a.mode, "block_size": a.block_size, "sample": a.sample, "arm": a.arm, "request": role,
-             "prompt_tokens": num_prompt_tokens(row), "num_cached_tokens": row["num_cached_tokens"],
-             "output_tokens": num_output_tokens(row)}
+             "prompt_tokens": row.num_prompt_tokens, "num_cached_tokens": row.num_cached_tokens,
+             "output_tokens": row.num_output_tokens}
             for a in arms for role, row in zip(a.roles, a.requests)]
 
 
@@ -83,8 +80,8 @@ def sample_rows(arms: list[ArmRecord]) -> list[dict]:
     """
     rows = []
     for stock, held in pairs(arms):
-        child = {a.arm: a.request("child")["num_cached_tokens"] for a in (stock, held)}
-        others = {a.arm: sum(r["num_cached_tokens"] for role, r in zip(a.roles, a.requests) if role != "child")
+        child = {a.arm: a.request("child").num_cached_tokens for a in (stock, held)}
+        others = {a.arm: sum(r.num_cached_tokens for role, r in zip(a.roles, a.requests) if role != "child")
                   for a in (stock, held)}
         saved, displaced = child["held"] - child["stock"], others["stock"] - others["held"]
         row = {"sample": stock.sample, "child_cached_stock": child["stock"], "child_cached_held": child["held"],
@@ -102,7 +99,7 @@ def arm_rows(arms: list[ArmRecord]) -> list[dict]:
     """Per arm: cached tokens per request and block operations, with whether every sample agrees."""
     rows = []
     for arm in ARMS:
-        per_sample = [([r["num_cached_tokens"] for r in a.requests], a.counts) for a in arms if a.arm == arm]
+        per_sample = [([r.num_cached_tokens for r in a.requests], a.counts) for a in arms if a.arm == arm]
         if per_sample:
             cached, counts = per_sample[0]
             rows.append({"arm": arm, "cached_tokens_per_request": cached, **counts,
@@ -110,8 +107,8 @@ def arm_rows(arms: list[ArmRecord]) -> list[dict]:
     return rows
 
 
-def max_logprob_delta(a: dict, b: dict) -> float:
-    return max((abs(x - y) for x, y in zip(a["logprobs"], b["logprobs"])), default=0.0)
+def max_logprob_delta(a: FamilyHoldRequest, b: FamilyHoldRequest) -> float:
+    return max((abs(x - y) for x, y in zip(a.logprobs, b.logprobs)), default=0.0)
 
 
 def output_mismatches(arms: list[ArmRecord], logprob_tolerance: float = 0.0) -> list[str]:
@@ -120,11 +117,11 @@ def output_mismatches(arms: list[ArmRecord], logprob_tolerance: float = 0.0) -> 
     bad = []
     for stock, held in pairs(arms):
         for role, a, b in zip(stock.roles, stock.requests, held.requests):
-            if a["output_token_ids"] != b["output_token_ids"]:
+            if a.output_token_ids != b.output_token_ids:
                 bad.append(f"sample {stock.sample} {role}: tokens differ")
-            elif len(a["logprobs"]) != len(b["logprobs"]) or max_logprob_delta(a, b) > logprob_tolerance:
+            elif len(a.logprobs) != len(b.logprobs) or max_logprob_delta(a, b) > logprob_tolerance:
                 bad.append(f"sample {stock.sample} {role}: logprobs differ by {max_logprob_delta(a, b):.3g} "
-                           f"(cached {a['num_cached_tokens']} vs {b['num_cached_tokens']} tokens)")
+                           f"(cached {a.num_cached_tokens} vs {b.num_cached_tokens} tokens)")
     return bad
 
 
@@ -144,7 +141,7 @@ def summarize_mode(arms: list[ArmRecord], logprob_tolerance: float) -> dict:
 def same_counts(a_arms: list[ArmRecord], b_arms: list[ArmRecord]) -> list[dict]:
     """Per arm-sample: do two engines give the same cached tokens and block operations?"""
     return [{"arm": a.arm, "sample": a.sample,
-             "cached_equal": [r["num_cached_tokens"] for r in a.requests] == [r["num_cached_tokens"] for r in b.requests],
+             "cached_equal": [r.num_cached_tokens for r in a.requests] == [r.num_cached_tokens for r in b.requests],
              "block_ops_equal": a.counts == b.counts} for a, b in zip(a_arms, b_arms)]
 
 
@@ -157,12 +154,12 @@ def sweep_rows(pools: list[list[ArmRecord]]) -> list[dict]:
             continue
         stock, held = pairs(arms)[0]
         parent = stock.request("parent")
-        n = hashed_blocks(num_prompt_tokens(parent), num_output_tokens(parent), stock.block_size)
+        n = hashed_blocks(parent.num_prompt_tokens, parent.num_output_tokens, stock.block_size)
         s = sample_rows(arms)[0]
         rows.append({"num_gpu_blocks": stock.num_gpu_blocks, "parent_share": round(n / (stock.num_gpu_blocks - 1), 4),
                      **{k: s[k] for k in ("child_cached_stock", "child_cached_held", "saved", "displaced", "net")},
-                     "refused": (held.controller or {}).get("num_refused_blocks_cap"), "evict_stock": s["evict_stock"],
-                     "evict_held": s["evict_held"]})
+                     "refused": held.controller.num_refused_blocks_cap if held.controller else None,
+                     "evict_stock": s["evict_stock"], "evict_held": s["evict_held"]})
     return sorted(rows, key=lambda r: r["parent_share"])
 
 

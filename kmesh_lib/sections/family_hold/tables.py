@@ -24,8 +24,8 @@ LIVE_MODE = ("controller", "all_drained")  # what only the live run knew of a mo
 
 def engine_of(run: RunFiles, mode: str) -> dict | None:
     """The engine the mode's capture records name (``report.engine_info``, written into each record)."""
-    engines = [r.get("engine") for r in run.raw(f"capture.{mode}.jsonl")]
-    return engines[0] if engines and all(e == engines[0] for e in engines) else None
+    engines = [r.engine for r in run.records(f"capture.{mode}.jsonl")]
+    return engines[0].model_dump(exclude_unset=True) if engines and all(e == engines[0] for e in engines) else None
 
 
 def mode_table(run: RunFiles, mode: str) -> dict:

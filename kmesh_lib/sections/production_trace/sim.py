@@ -25,92 +25,44 @@ requests are ignored (one request at a time).
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import numpy as np
+from numba import njit
 
+from kmesh_lib.bounds.lru import evict, leading_run, lru_arrays, new_pools, pool_hit_blocks, write
 from kmesh_lib.sections.production_trace.trace import TraceAccesses as AccessTrace
 
 ROUTES = ("round_robin", "prefix_aware", "round_robin_shared_tier")
 
 
-class LruPool:
-    """One exact-prefix LRU pool of ``capacity`` blocks (the model of ``bounds.lru``)."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = max(capacity, 0)
-        self.recency: OrderedDict[int, None] = OrderedDict()  # least recently used first
-
-    def leading_run(self, blocks: list[int], start: int = 0) -> int:
-        """How many of ``blocks[start:]`` are resident before the first that is not."""
-        n = 0
-        recency = self.recency
-        for block_hash in blocks[start:]:
-            if block_hash not in recency:
-                break
-            n += 1
-        return n
-
-    def write(self, blocks: list[int], num_reserved: int = 0) -> None:
-        """``blocks`` to most-recently-used (deepest first), then evict down to the capacity less
-        ``num_reserved`` (blocks the request holds that cache nothing: its partial last block)."""
-        recency = self.recency
-        for block_hash in reversed(blocks):
-            recency[block_hash] = None
-            recency.move_to_end(block_hash)
-        while len(recency) > self.capacity - num_reserved and recency:
-            recency.popitem(last=False)
-
-
-def request_blocks(trace: AccessTrace, index: int) -> tuple[list[int], list[int]]:
-    """(read blocks, written blocks) of request ``index``."""
-    start, end = trace.access_start[index], trace.access_start[index + 1]
-    num_reads = trace.num_read_blocks[index]
-    return trace.block_hash[start:start + num_reads], trace.block_hash[start + num_reads:end]
+def _reserved(trace: AccessTrace) -> np.ndarray:
+    return np.asarray(trace.has_partial_block, dtype=np.int64)
 
 
 def pool_hits(trace: AccessTrace, pool_blocks: int, hold_partial_block: bool = True) -> list[int]:
     """Per request: blocks reused from an LRU pool of ``pool_blocks`` (the partial block's slot held, unless
     ``hold_partial_block`` is False: a tier's pass)."""
-    gpu = LruPool(pool_blocks)
-    hits = [0] * trace.num_requests
-    for index in range(trace.num_requests):
-        reads, writes = request_blocks(trace, index)
-        hits[index] = gpu.leading_run(reads)
-        gpu.write(writes, hold_partial_block and trace.has_partial_block[index])
-    return hits
+    if not trace.num_requests:
+        return []
+    reserved = _reserved(trace) if hold_partial_block else None
+    return pool_hit_blocks(lru_arrays(trace), pool_blocks, reserved).tolist()
 
 
 def seen_hits(trace: AccessTrace) -> list[int]:
     """``pool_hits`` of a pool that never evicts (at least as large as the trace's distinct blocks, no
     partial slot): per request, the leading run of its reads written by some earlier request."""
-    seen: set[int] = set()
-    hits = [0] * trace.num_requests
-    for index in range(trace.num_requests):
-        reads, writes = request_blocks(trace, index)
-        n = 0
-        for block_hash in reads:
-            if block_hash not in seen:
-                break
-            n += 1
-        hits[index] = n
-        seen.update(writes)
-    return hits
+    if not trace.num_requests:
+        return []
+    arrays = lru_arrays(trace)
+    return pool_hit_blocks(arrays, arrays.num_ids).tolist()
 
 
 def tier_hits(trace: AccessTrace, gpu_hits: list[int], tier_blocks: int) -> list[int]:
     """Per request: blocks restored from a write-through LRU tier of ``tier_blocks``, the run that continues
     the pool's ``gpu_hits``. The tier's contents do not depend on the pool (every write is stored), so
     its pass can follow the pool's."""
-    tier = LruPool(tier_blocks)
-    hits = [0] * trace.num_requests
-    if not tier.capacity:
-        return hits
-    for index in range(trace.num_requests):
-        reads, writes = request_blocks(trace, index)
-        hits[index] = tier.leading_run(reads, gpu_hits[index])
-        tier.write(writes)
-    return hits
+    if not trace.num_requests or tier_blocks <= 0:
+        return [0] * trace.num_requests
+    return pool_hit_blocks(lru_arrays(trace), tier_blocks, start_at=gpu_hits).tolist()
 
 
 def tier_hits_over_pool(gpu_hits: list[int], tier_alone_hits: list[int]) -> list[int]:
@@ -131,36 +83,58 @@ def two_level(trace: AccessTrace, pool_blocks: int, tier_blocks: int) -> tuple[l
     return gpu_hits, tier_hits(trace, gpu_hits, tier_blocks)
 
 
+@njit(cache=True)
+def _engines_pass(block_id, access_start, num_read_blocks, num_reserved, num_prompt_tokens, num_ids, num_engines,
+                  pool_blocks, prefix_aware, tier_blocks, slack, block_size):
+    """``engines`` over the dense-id arrays: pools 0..n-1 are the engines', pool n the shared tier (when
+    ``tier_blocks`` > 0). Returns (engine, gpu_hit_blocks, tier_hit_blocks) per request."""
+    prev, nxt, size = new_pools(num_engines + (1 if tier_blocks > 0 else 0), num_ids)
+    tier = num_engines
+    load = np.zeros(num_engines, dtype=np.int64)  # prefill tokens computed so far, per engine
+    num_requests = len(num_read_blocks)
+    engine_of = np.zeros(num_requests, dtype=np.int64)
+    gpu_hits = np.zeros(num_requests, dtype=np.int64)
+    tier_hits = np.zeros(num_requests, dtype=np.int64)
+    for r in range(num_requests):
+        start, end = access_start[r], access_start[r + 1]
+        reads_end = start + num_read_blocks[r]
+        if prefix_aware:
+            bound = (1 + slack) * load.sum() / num_engines
+            engine, best_run = -1, -1
+            for e in range(num_engines):  # the longest run; ties to the least loaded, then the lowest index
+                if load[e] <= bound:
+                    run = leading_run(prev, e, block_id, start, reads_end)
+                    if engine < 0 or run > best_run or (run == best_run and load[e] < load[engine]):
+                        engine, best_run = e, run
+        else:
+            engine = r % num_engines
+        g = leading_run(prev, engine, block_id, start, reads_end)
+        t = leading_run(prev, tier, block_id, start + g, reads_end) if tier_blocks > 0 else 0
+        write(prev, nxt, size, engine, block_id, reads_end, end)
+        evict(prev, nxt, size, engine, pool_blocks - num_reserved[r])
+        if tier_blocks > 0:
+            write(prev, nxt, size, tier, block_id, reads_end, end)
+            evict(prev, nxt, size, tier, tier_blocks)
+        load[engine] += num_prompt_tokens[r] - (g + t) * block_size
+        engine_of[r], gpu_hits[r], tier_hits[r] = engine, g, t
+    return engine_of, gpu_hits, tier_hits
+
+
 def engines(trace: AccessTrace, num_engines: int, pool_blocks: int, route: str, tier_blocks: int = 0,
             slack: float = 0.25) -> dict[str, list[int]]:
     """Per request: the engine it ran on, the blocks its engine's pool reused, the blocks the shared tier
     restored (``round_robin_shared_tier`` only)."""
     if route not in ROUTES:
         raise ValueError(f"route {route!r}: one of {ROUTES}")
-    pools = [LruPool(pool_blocks) for _ in range(num_engines)]
-    tier = LruPool(tier_blocks if route == "round_robin_shared_tier" else 0)
-    load = [0] * num_engines  # prefill tokens computed so far, per engine
-    block_size = trace.block_size
-    out = {"engine": [], "gpu_hit_blocks": [], "tier_hit_blocks": []}
-    for index in range(trace.num_requests):
-        reads, writes = request_blocks(trace, index)
-        if route == "prefix_aware":
-            bound = (1 + slack) * sum(load) / num_engines
-            eligible = [e for e in range(num_engines) if load[e] <= bound]
-            runs = {e: pools[e].leading_run(reads) for e in eligible}
-            engine = max(eligible, key=lambda e: (runs[e], -load[e], -e))
-        else:
-            engine = index % num_engines
-        g = pools[engine].leading_run(reads)
-        t = tier.leading_run(reads, g) if tier.capacity else 0
-        pools[engine].write(writes, trace.has_partial_block[index])
-        if tier.capacity:
-            tier.write(writes)
-        load[engine] += trace.num_prompt_tokens[index] - (g + t) * block_size
-        out["engine"].append(engine)
-        out["gpu_hit_blocks"].append(g)
-        out["tier_hit_blocks"].append(t)
-    return out
+    if not trace.num_requests:
+        return {"engine": [], "gpu_hit_blocks": [], "tier_hit_blocks": []}
+    arrays = lru_arrays(trace)
+    tier = max(int(tier_blocks), 0) if route == "round_robin_shared_tier" else 0
+    engine, gpu, restored = _engines_pass(
+        arrays.block_id, arrays.access_start, arrays.num_read_blocks, _reserved(trace),
+        np.asarray(trace.num_prompt_tokens, dtype=np.int64), arrays.num_ids, num_engines, max(int(pool_blocks), 0),
+        route == "prefix_aware", tier, float(slack), trace.block_size)
+    return {"engine": engine.tolist(), "gpu_hit_blocks": gpu.tolist(), "tier_hit_blocks": restored.tolist()}
 
 
 def engine_loads(trace: AccessTrace, result: dict[str, list[int]], num_engines: int) -> list[int]:

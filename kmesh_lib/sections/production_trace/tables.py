@@ -3,7 +3,7 @@
 The run computes them once and saves them in ``results.json``; ``checks`` and the declared tables
 (``result``) compare it with ``derived(run)``: every table built again from ``raw/`` and the params,
 once per content in a process (see there). Within one build a pass over the trace (the LRU model or the
-ideal at a pool size) runs once, however many tables use it (``TraceAccesses.passes``).
+ideal at a pool size) runs once, however many tables use it (``AccessTrace.derived``).
 
 Vocabulary (token counts over every request of the trace):
 
@@ -46,12 +46,7 @@ def requests_of(records: list[dict]) -> list[TraceRequest]:
 
 
 def _pass(access, key: tuple, compute):
-    passes = getattr(access, "passes", None)
-    if passes is None:
-        return compute()
-    if key not in passes:
-        passes[key] = compute()
-    return passes[key]
+    return access.derived(("production_trace",) + key, compute)
 
 
 def lru_hits(access, num_blocks: int) -> list[int]:

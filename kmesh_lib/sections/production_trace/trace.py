@@ -140,8 +140,6 @@ class TraceAccesses(AccessTrace):
     more for it (the ideal need not: it relaxes what running requests hold).
     """
     has_partial_block: list[bool] = field(default_factory=list)
-    # the LRU and ideal passes already run over this trace, by pool size (``tables``: several tables share them)
-    passes: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 def access_trace(requests: list[TraceRequest], block_size: int) -> TraceAccesses:

@@ -1,5 +1,6 @@
 """Section 19, search headroom: Does model-driven branching leave room for better retention?"""
 from kmesh_lib.base.captures import declare
+from kmesh_lib.sections.tot_headroom.captures import CAPTURES
 from kmesh_lib.sections.tot_headroom.checks import checks
 from kmesh_lib.sections.tot_headroom.experiment import plan
 from kmesh_lib.sections.tot_headroom.params import TotHeadroomParams as Params
@@ -12,7 +13,6 @@ TITLE = "search headroom"
 NOTEBOOK = "19_tot_headroom.ipynb"
 USES_ENGINE = True
 QUESTION = "Does model-driven branching leave room for better retention?"
-CAPTURES: dict = {}  # its raw/*.jsonl are not declared as record classes yet (issue 41): read as dicts
 
 declare(KEY, Params, CAPTURES)
 

@@ -34,6 +34,7 @@ from kmesh_lib.kv.capture import net_references
 from kmesh_lib.kv.capture_contract import validate_capture
 from kmesh_lib.sections.tot_headroom import bound
 from kmesh_lib.sections.tot_headroom.arms import token_sha
+from kmesh_lib.sections.tot_headroom.captures import StockSweepArm, TotInvocation, TotOutcome
 from kmesh_lib.sections.tot_headroom.params import (
     BLOCK_EVENTS,
     CAPTURE,
@@ -53,9 +54,9 @@ from kmesh_lib.workloads.tot_search import COUNT_NAMES, SearchRun, TotSearch
 DONE = ("solved", "failed")
 
 
-def capture_generator(records: list[dict]):
+def capture_generator(records: list[TotInvocation]):
     """``generate(calls)`` that serves captured outputs; None once the capture has no such call."""
-    by_id = {r["invocation_id"]: r for r in records}
+    by_id = {r.invocation_id: r for r in records}
 
     def generate(calls):
         results = []
@@ -63,12 +64,12 @@ def capture_generator(records: list[dict]):
             rec = by_id.get(call.invocation_id)
             if rec is None:
                 return None
-            got = (rec["prompt_token_ids"], rec["parent_id"], rec["kind"], rec.get("extra", {}).get("seed"))
+            got = (rec.prompt_token_ids, rec.parent_id, rec.kind, rec.extra.seed)
             if got != (list(call.prompt_token_ids), call.parent_id, call.kind, call.seed):
                 raise ValueError(f"{call.invocation_id}: the replayed call differs from the captured one")
-            results.append(RequestResult(call.invocation_id, rec["prompt_token_ids"], rec["output_token_ids"],
-                                         num_cached_tokens=rec["num_cached_tokens"], t_submit_ns=rec["t_submit_ns"],
-                                         finish_reason="timeout" if rec["status"] == "timeout" else rec["status"]))
+            results.append(RequestResult(call.invocation_id, rec.prompt_token_ids, rec.output_token_ids,
+                                         num_cached_tokens=rec.num_cached_tokens, t_submit_ns=rec.t_submit_ns,
+                                         finish_reason=rec.status))
         return results
 
     return generate
@@ -83,8 +84,8 @@ def script_generator(policy):
     return generate
 
 
-def recorded_puzzles(outcomes: list[dict]) -> list[game24.Puzzle]:
-    return [game24.Puzzle(o["puzzle_index"], tuple(o["numbers"]), 0) for o in outcomes]
+def recorded_puzzles(outcomes: list[TotOutcome]) -> list[game24.Puzzle]:
+    return [game24.Puzzle(o.puzzle_index, tuple(o.numbers), 0) for o in outcomes]
 
 
 def find_puzzle_file(cfg, inputs: dict) -> tuple[Path | None, str | None, str]:
@@ -114,7 +115,7 @@ class Replay:
 
 def replay_search(run: RunFiles, cfg) -> Replay:
     """The whole search replayed on ``raw/`` 's captured outputs, with the model's tokenizer."""
-    records, outcomes = run.raw(CAPTURE), run.raw(OUTCOMES)
+    records, outcomes = run.records(CAPTURE), run.records(OUTCOMES)
     tokenizer, why = None, ""
     try:
         tokenizer = tokenizer_for(resolve(cfg.MODEL))
@@ -139,10 +140,10 @@ def checks(run) -> list[Check]:
     run = RunFiles.of(run)
     cfg = run.params
     results = run.results
-    records, outcomes, arms = run.raw(CAPTURE), run.raw(OUTCOMES), run.raw(STOCK_SWEEP)
+    records, outcomes, arms = run.records(CAPTURE), run.records(OUTCOMES), run.records(STOCK_SWEEP)
     out: list[Check] = []
 
-    report = validate_capture(records) if records else None
+    report = validate_capture(run.raw(CAPTURE)) if records else None  # the contract's rules, on the lines as stored
     out.append(check("capture validates against kmesh.capture/1", bool(report and report.ok),
                      "; ".join(report.errors[:3]) if report else "", evidence=records,
                      missing=f"raw/{CAPTURE} holds no records"))
@@ -153,13 +154,13 @@ def checks(run) -> list[Check]:
     recorded_counts = results.get("search", {}).get("counts")
     if replayed is not None:
         got = [(o.puzzle_index, o.status, o.expression, list(o.steps), o.num_calls) for o in replayed.outcomes]
-        want = [(o["puzzle_index"], o["status"], o["expression"], o["steps"], o["num_calls"]) for o in outcomes]
+        want = [(o.puzzle_index, o.status, o.expression, o.steps, o.num_calls) for o in outcomes]
         diff = differences({k: replayed.counts[k] for k in COUNT_NAMES}, recorded_counts, "search.counts")
         out.append(Check("search replayed from the capture gives the recorded outcomes and counts",
                          got == want and not diff and len(replayed.invocations) == len(records),
                          f"{len(replayed.invocations)} of {len(records)} records replayed; counts differing: {diff[:3]}; "
                          f"outcomes equal: {got == want}"))
-        complete = replayed.limit_hit is None and all(o["status"] in DONE for o in outcomes)
+        complete = replayed.limit_hit is None and all(o.status in DONE for o in outcomes)
         out.append(Check("the run is complete (no limit stopped the search)", complete,
                          "every puzzle solved or failed" if complete else
                          f"partial: limit {results.get('search', {}).get('limit_hit') or replayed.limit_hit} "
@@ -193,7 +194,7 @@ def checks(run) -> list[Check]:
     path, digest, where = find_puzzle_file(cfg, results.get("inputs", {}))
     if path is not None and outcomes:
         rows = {p.index: p.numbers for p in game24.load_puzzles(path)}
-        used = [(o["puzzle_index"], o["numbers"]) for o in outcomes] + [tuple(p) for a in arms for p in a["puzzles"]]
+        used = [(o.puzzle_index, o.numbers) for o in outcomes] + [p for a in arms for p in a.puzzles]
         same = sha256_file(path) == digest and all(rows.get(index) == tuple(numbers) for index, numbers in used)
         out.append(Check("puzzle file matches its recorded hash and holds the run's puzzles", same, where))
     elif path is None and digest is not None:  # the data set is not on this machine: the run's files are intact
@@ -202,10 +203,10 @@ def checks(run) -> list[Check]:
     else:
         out.append(check("puzzle file matches its recorded hash and holds the run's puzzles", False, evidence=None,
                          missing=where if path is None else "no puzzle outcomes recorded"))
-    graded = [o for o in outcomes if o["status"] in DONE and o["expression"] is not None]
+    graded = [o for o in outcomes if o.status in DONE and o.expression is not None]
     out.append(all_of("grades recomputed with exact fractions agree with the recorded status", graded,
-                      lambda o: game24.grade(o["numbers"], o["expression"]).ok == (o["status"] == "solved"),
-                      lambda o: o["puzzle_index"], missing="no answer reached the grader"))
+                      lambda o: game24.grade(o.numbers, o.expression).ok == (o.status == "solved"),
+                      lambda o: o.puzzle_index, missing="no answer reached the grader"))
 
     # -- the bound at the run's pool size, and the sweep on the engine trace --
     usable = cfg.NUM_GPU_BLOCKS - 1
@@ -227,55 +228,55 @@ def checks(run) -> list[Check]:
                          missing="no capture"))
 
     # -- physical events of the engine run --
-    per_record = [e for r in records for e in r.get("block_events", [])]
-    whole = run.raw(BLOCK_EVENTS)
-    key = lambda e: (e["step"], e["op"], tuple(e["block_ids"]), tuple(e.get("ref_cnts", ())))  # noqa: E731
-    leaked = {b: n for b, n in net_references(whole).items() if n}
+    per_record = [e for r in records for e in r.block_events or []]
+    whole = run.records(BLOCK_EVENTS)
+    key = lambda e: (e.step, e.op, tuple(e.block_ids), tuple(e.ref_cnts))  # noqa: E731
+    leaked = {b: n for b, n in net_references([e.as_event() for e in whole]).items() if n}
     out.append(check("engine run's block events drain, and each belongs to exactly one invocation",
                      not leaked and Counter(map(key, per_record)) == Counter(map(key, whole)),
                      f"{len(per_record)} attributed, {len(whole)} captured, leaked {sorted(leaked)[:5]}",
                      evidence=whole, missing=f"raw/{BLOCK_EVENTS} holds no events"))
-    scheduled = [r for r in records if "num_scheduled_tokens" in r.get("extra", {}) and r["status"] != "timeout"
-                 and r["extra"]["num_preemptions"] == 0]
+    scheduled = [r for r in records if r.extra.num_scheduled_tokens is not None and r.status != "timeout"
+                 and r.extra.num_preemptions == 0]
     out.append(all_of("calls never preempted scheduled exactly their prefill and decode tokens", scheduled,
-                      lambda r: r["extra"]["num_scheduled_tokens"] == len(r["prompt_token_ids"]) - r["num_cached_tokens"]
-                      + max(len(r["output_token_ids"]) - 1, 0), lambda r: r["invocation_id"],
+                      lambda r: r.extra.num_scheduled_tokens == len(r.prompt_token_ids) - r.num_cached_tokens
+                      + max(len(r.output_token_ids) - 1, 0), lambda r: r.invocation_id,
                       missing="no scheduled-token counts recorded"))
 
     out += arm_checks(cfg, results, records, arms, complete, tokenizer, why, arm_tables_of(run, cfg, tokenizer))
     return out
 
 
-def arm_checks(cfg, results: dict, records: list[dict], arms: list[dict], complete: bool, tokenizer,
+def arm_checks(cfg, results: dict, records: list[TotInvocation], arms: list[StockSweepArm], complete: bool, tokenizer,
                why: str, derived: ArmTables) -> list[Check]:
     """The replay arms: traces re-derived and compared call by call, tables recomputed."""
     out: list[Check] = []
-    engine_arms = [a for a in arms if a["trace"] == ENGINE_TRACE]
-    captured = [r for r in records if r["status"] != "timeout"]
-    want = {"invocation_id": [r["invocation_id"] for r in captured], "parent_id": [r["parent_id"] for r in captured],
-            "prompt_sha": [token_sha(r["prompt_token_ids"]) for r in captured],
-            "output_sha": [token_sha(r["output_token_ids"]) for r in captured]}
+    engine_arms = [a for a in arms if a.trace == ENGINE_TRACE]
+    captured = [r for r in records if r.status != "timeout"]
+    want = {"invocation_id": [r.invocation_id for r in captured], "parent_id": [r.parent_id for r in captured],
+            "prompt_sha": [token_sha(r.prompt_token_ids) for r in captured],
+            "output_sha": [token_sha(r.output_token_ids) for r in captured]}
     out.append(all_of("engine-trace arms replayed the engine run's exact calls", engine_arms,
-                      lambda a: all(a["calls"][k] == v for k, v in want.items()), lambda a: a["arm"],
+                      lambda a: all(getattr(a.calls, k) == v for k, v in want.items()), lambda a: a.arm,
                       missing=f"raw/{STOCK_SWEEP} holds no engine-trace arm"))
-    at_run_pool = [a for a in engine_arms if a["num_blocks"] == cfg.NUM_GPU_BLOCKS - 1]
+    at_run_pool = [a for a in engine_arms if a.num_blocks == cfg.NUM_GPU_BLOCKS - 1]
     if cfg.ENGINE == "replay":
         out.append(check("the replay engine reproduces the engine's prefix hits call for call at the run's pool size",
                          False, evidence=None, missing="the run itself is on the replay engine: no real-engine "
                                                        "observation to compare"))
     else:
-        cached = [r["num_cached_tokens"] for r in captured]
+        cached = [r.num_cached_tokens for r in captured]
         out.append(all_of("the replay engine reproduces the engine's prefix hits call for call at the run's pool size",
-                          at_run_pool, lambda a: a["calls"]["num_cached_tokens"] == cached,
-                          lambda a: f"{a['arm']}: {first_difference(a['calls']['num_cached_tokens'], cached)}",
+                          at_run_pool, lambda a: a.calls.num_cached_tokens == cached,
+                          lambda a: f"{a.arm}: {first_difference(a.calls.num_cached_tokens, cached)}",
                           missing="no engine-trace arm at the run's pool size"))
     out.append(all_of("every engine-trace arm ran the whole search", engine_arms if complete else [],
-                      lambda a: a["limit_hit"] is None, lambda a: f"{a['arm']}: {a['limit_hit']}",
+                      lambda a: a.limit_hit is None, lambda a: f"{a.arm}: {a.limit_hit}",
                       missing="the engine run is partial: its trace is not a whole search" if not complete
                       else "no engine-trace arm"))
 
     # the scale traces, re-derived from the script
-    scale_arms = [a for a in arms if a["trace"] != ENGINE_TRACE]
+    scale_arms = [a for a in arms if a.trace != ENGINE_TRACE]
     rows, search_rows, traces, mismatched = derived.stock_sweep, derived.scale_searches, derived.traces, derived.mismatched
     expected_scale = cfg.NUM_SCALE_PUZZLES > 0
     out.append(check("scale traces re-derived from the script match every scale arm call by call",
@@ -284,8 +285,8 @@ def arm_checks(cfg, results: dict, records: list[dict], arms: list[dict], comple
                      evidence=scale_arms if expected_scale and tokenizer is not None else None,
                      missing=(why if tokenizer is None else "NUM_SCALE_PUZZLES is 0: no scale traces")
                      if not (expected_scale and tokenizer is not None) else f"raw/{STOCK_SWEEP} holds no scale arm"))
-    out.append(all_of("every scale arm ran the whole search", scale_arms, lambda a: a["limit_hit"] is None,
-                      lambda a: f"{a['arm']}: {a['limit_hit']}", missing="no scale arm"))
+    out.append(all_of("every scale arm ran the whole search", scale_arms, lambda a: a.limit_hit is None,
+                      lambda a: f"{a.arm}: {a.limit_hit}", missing="no scale arm"))
 
     found = differences({"stock_sweep": rows, "scale_searches": search_rows},
                         {"stock_sweep": results.get("stock_sweep"), "scale_searches": results.get("scale_searches", [])})
@@ -298,8 +299,8 @@ def arm_checks(cfg, results: dict, records: list[dict], arms: list[dict], comple
                       and r["ideal_prefill_tokens"] <= r["stock_prefill_tokens"] <= r["stock_total_tokens"],
                       lambda r: f"{r['trace']} at {r['num_blocks']} blocks", missing="no arm observed stock vLLM"))
     out.append(Check("every replay arm's pool drained, as observed when it ended",
-                     "ok" if arms and all(a["drain_ok"] for a in arms) else "failed" if arms else "skipped",
-                     f"{sum(a['drain_ok'] for a in arms)} of {len(arms)}" if arms else "no arm", recorded_only=True))
+                     "ok" if arms and all(a.drain_ok for a in arms) else "failed" if arms else "skipped",
+                     f"{sum(a.drain_ok for a in arms)} of {len(arms)}" if arms else "no arm", recorded_only=True))
     return out
 
 
@@ -309,7 +310,7 @@ class ArmTables:
 
     stock_sweep: list[dict]
     scale_searches: list[dict]
-    traces: dict[str, list[dict]]  # scale trace -> its records, re-derived from the script
+    traces: dict[str, list[bound.TraceCall]]  # scale trace -> its calls, re-derived from the script
     mismatched: list[str]  # scale arms whose calls, puzzles or counts differ from the re-derived trace
 
 
@@ -317,47 +318,47 @@ def arm_tables_of(run: RunFiles, cfg, tokenizer) -> ArmTables:
     """``arm_tables`` of the run's capture and arms, built once per their content in a process (``base.derived``):
     the checks and the declared tables of one verify, and unchanged copies of the run, share one build."""
     return once_per_content(run, "tot_headroom.arm_tables", (CAPTURE, STOCK_SWEEP),
-                            lambda: arm_tables(cfg, run.raw(CAPTURE), run.raw(STOCK_SWEEP), tokenizer))
+                            lambda: arm_tables(cfg, run.records(CAPTURE), run.records(STOCK_SWEEP), tokenizer))
 
 
-def arm_tables(cfg, records: list[dict], arms: list[dict], tokenizer) -> ArmTables:
+def arm_tables(cfg, records: list[TotInvocation], arms: list[StockSweepArm], tokenizer) -> ArmTables:
     """Each scale trace re-derived from the script (needs the tokenizer), then the tables ``bound`` builds from
     the arms' columns: the engine trace's rows first, then each scale trace's."""
-    scale_arms = [a for a in arms if a["trace"] != ENGINE_TRACE]
+    scale_arms = [a for a in arms if a.trace != ENGINE_TRACE]
     traces, rows, search_rows, mismatched = {}, [], [], []
     for error_rate in (cfg.SCRIPT_ERROR_RATES if tokenizer is not None else []):
         trace = scale_trace_name(error_rate)
-        mine = [a for a in scale_arms if a["trace"] == trace]
+        mine = [a for a in scale_arms if a.trace == trace]
         if not mine:
             continue
-        puzzles = [game24.Puzzle(index, tuple(numbers), 0) for index, numbers in mine[0]["puzzles"]]
+        puzzles = [game24.Puzzle(index, tuple(numbers), 0) for index, numbers in mine[0].puzzles]
         search = TotSearch(script_generator(scripted_policy(cfg, tokenizer, error_rate)), tokenizer,
                            scale_search_config(cfg)).run(puzzles)
         trace_records = [bound.trace_record(inv) for inv in search.invocations]
         traces[trace] = trace_records
         derived = arm_columns(trace_records)
         num_solved = sum(o.status == "solved" for o in search.outcomes)
-        mismatched += [a["arm"] for a in mine if any(a["calls"][k] != v for k, v in derived.items())
-                       or a["puzzles"] != mine[0]["puzzles"] or a["counts"] != dict(search.counts)
-                       or a["num_solved"] != num_solved]
+        mismatched += [a.arm for a in mine if any(getattr(a.calls, k) != v for k, v in derived.items())
+                       or a.puzzles != mine[0].puzzles or a.counts != dict(search.counts)
+                       or a.num_solved != num_solved]
         rows += bound.trace_rows(trace, "scripted", error_rate, trace_records, mine, bound_pool_sizes(cfg), cfg.BLOCK_SIZE)
         search_rows.append(bound.search_row(trace, error_rate, mine[0], trace_records))
-    engine_arms = [a for a in arms if a["trace"] == ENGINE_TRACE]
+    engine_arms = [a for a in arms if a.trace == ENGINE_TRACE]
     if engine_arms:
-        captured = [r for r in records if r["status"] != "timeout"]
+        captured = [r for r in records if r.status != "timeout"]
         rows = bound.trace_rows(ENGINE_TRACE, cfg.POLICY, None, captured, engine_arms, bound_pool_sizes(cfg),
                                 cfg.BLOCK_SIZE, engine_records=captured, engine_num_blocks=cfg.NUM_GPU_BLOCKS - 1) + rows
     return ArmTables(rows, search_rows, traces, mismatched)
 
 
-def arm_columns(trace_records: list[dict]) -> dict[str, list]:
-    """The per-call columns an arm records that depend only on its trace."""
-    return {"invocation_id": [r["invocation_id"] for r in trace_records],
-            "parent_id": [r["parent_id"] for r in trace_records],
-            "prompt_sha": [token_sha(r["prompt_token_ids"]) for r in trace_records],
-            "output_sha": [token_sha(r["output_token_ids"]) for r in trace_records],
-            "num_prompt_tokens": [len(r["prompt_token_ids"]) for r in trace_records],
-            "num_output_tokens": [len(r["output_token_ids"]) for r in trace_records]}
+def arm_columns(trace_records: list[bound.Call]) -> dict[str, list]:
+    """The per-call columns an arm records (``captures.ArmCalls``) that depend only on its trace."""
+    return {"invocation_id": [r.invocation_id for r in trace_records],
+            "parent_id": [r.parent_id for r in trace_records],
+            "prompt_sha": [token_sha(r.prompt_token_ids) for r in trace_records],
+            "output_sha": [token_sha(r.output_token_ids) for r in trace_records],
+            "num_prompt_tokens": [len(r.prompt_token_ids) for r in trace_records],
+            "num_output_tokens": [len(r.output_token_ids) for r in trace_records]}
 
 
 def first_difference(got: list, want: list) -> str:

@@ -8,17 +8,18 @@ from __future__ import annotations
 
 from kmesh_lib.base.figures import save as save_figure
 from kmesh_lib.base.records import RunFiles
+from kmesh_lib.sections.tot_headroom.captures import TotInvocation
 from kmesh_lib.sections.tot_headroom.params import CAPTURE, ENGINE_TRACE
 from kmesh_lib.sections.tot_headroom.report import policy_name
 
 
-def tree_layout(records: list[dict]) -> dict[str, tuple[float, float]]:
+def tree_layout(records: list[TotInvocation]) -> dict[str, tuple[float, float]]:
     """(x, y) per invocation: leaves in call order, a parent centred over its children; y is the
     BFS step (two rows per step: proposals, then the value calls they produced)."""
     children: dict[str | None, list[str]] = {}
-    by_id = {r["invocation_id"]: r for r in records}
+    by_id = {r.invocation_id: r for r in records}
     for r in records:
-        children.setdefault(r["parent_id"] if r["parent_id"] in by_id else None, []).append(r["invocation_id"])
+        children.setdefault(r.parent_id if r.parent_id in by_id else None, []).append(r.invocation_id)
     xy: dict[str, tuple[float, float]] = {}
     next_x = [0.0]
 
@@ -28,7 +29,7 @@ def tree_layout(records: list[dict]) -> dict[str, tuple[float, float]]:
         if not kids:
             next_x[0] += 1.0
         rec = by_id[node]
-        xy[node] = (x, -(2 * (rec["extra"]["step"] - 1) + (rec["kind"] == "value")))
+        xy[node] = (x, -(2 * (rec.extra.step - 1) + (rec.kind == "value")))
         return x
 
     for root in children.get(None, []):
@@ -55,26 +56,26 @@ def search_tree(run, ax=None, out=None):
     import matplotlib.pyplot as plt
 
     run = RunFiles.of(run)
-    records = run.raw(CAPTURE)
+    records = run.records(CAPTURE)
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 3.6))
     xy = tree_layout(records)
     for r in records:
-        if r["parent_id"] in xy:
-            (x0, y0), (x1, y1) = xy[r["parent_id"]], xy[r["invocation_id"]]
+        if r.parent_id in xy:
+            (x0, y0), (x1, y1) = xy[r.parent_id], xy[r.invocation_id]
             ax.plot([x0, x1], [y0, y1], c="0.75", lw=0.8, zorder=1)
     points = None
     for kind, marker in (("proposal", "o"), ("value", "s")):
-        mine = [r for r in records if r["kind"] == kind]
+        mine = [r for r in records if r.kind == kind]
         if mine:
-            points = ax.scatter([xy[r["invocation_id"]][0] for r in mine], [xy[r["invocation_id"]][1] for r in mine],
-                                c=[r["num_cached_tokens"] / len(r["prompt_token_ids"]) for r in mine], cmap="viridis",
+            points = ax.scatter([xy[r.invocation_id][0] for r in mine], [xy[r.invocation_id][1] for r in mine],
+                                c=[r.num_cached_tokens / len(r.prompt_token_ids) for r in mine], cmap="viridis",
                                 vmin=0, vmax=1, marker=marker, s=40, edgecolors="k", linewidths=0.4, zorder=2,
                                 label=f"{kind} call")
     for r in records:
-        if r["parent_id"] not in xy:  # a puzzle's root call
-            x, y = xy[r["invocation_id"]]
-            ax.annotate(f"puzzle {r['extra']['puzzle_index']}", (x, y), xytext=(0, 8), textcoords="offset points",
+        if r.parent_id not in xy:  # a puzzle's root call
+            x, y = xy[r.invocation_id]
+            ax.annotate(f"puzzle {r.extra.puzzle_index}", (x, y), xytext=(0, 8), textcoords="offset points",
                         ha="center", fontsize=8)
     ax.margins(y=0.15)  # room above each root for its label, inside the axes (under the title)
     if points is not None:

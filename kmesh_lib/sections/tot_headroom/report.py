@@ -27,25 +27,25 @@ def policy_name(run) -> str:
 def counts(run) -> dict[str, int | str]:
     """Deterministic facts of the run (the smoke golden pins them; no timings)."""
     run = RunFiles.of(run)
-    records = run.raw(CAPTURE)
-    kinds = Counter(r["kind"] for r in records)
+    records = run.records(CAPTURE)
+    kinds = Counter(r.kind for r in records)
     ops = Counter()
-    for event in run.raw(BLOCK_EVENTS):
-        ops[event["op"]] += len(event["block_ids"])
+    for event in run.records(BLOCK_EVENTS):
+        ops[event.op] += len(event.block_ids)
     search = run.results.get("search", {}).get("counts", {})
-    arms = run.raw(STOCK_SWEEP)
+    arms = run.records(STOCK_SWEEP)
     return {
         "policy": policy_name(run),
         "num_calls": len(records), "num_proposal_calls": kinds["proposal"], "num_value_calls": kinds["value"],
         "num_avoided_value_calls": search.get("num_avoided_value_calls", "not recorded"),
-        "num_solved": sum(o["status"] == "solved" for o in run.raw(OUTCOMES)),
+        "num_solved": sum(o.status == "solved" for o in run.records(OUTCOMES)),
         "num_exact_prefix_edges": count_exact_prefix_edges(records) if records else 0,
-        "num_prompt_tokens": sum(len(r["prompt_token_ids"]) for r in records),
-        "num_output_tokens": sum(len(r["output_token_ids"]) for r in records),
-        "num_cached_tokens": sum(r["num_cached_tokens"] for r in records),
+        "num_prompt_tokens": sum(len(r.prompt_token_ids) for r in records),
+        "num_output_tokens": sum(len(r.output_token_ids) for r in records),
+        "num_cached_tokens": sum(r.num_cached_tokens for r in records),
         **{f"num_{op}_blocks": ops[op] for op in ("alloc", "touch", "free", "evict")},
         "num_replay_arms": len(arms),
-        "num_scale_calls": sum(len(a["calls"]["invocation_id"]) for a in arms if a["trace"] != ENGINE_TRACE),
+        "num_scale_calls": sum(len(a.calls.invocation_id) for a in arms if a.trace != ENGINE_TRACE),
     }
 
 
@@ -231,8 +231,7 @@ def search_table(run) -> list[dict]:
 
 def outcomes_table(run) -> list[dict]:
     run = RunFiles.of(run)
-    return [{"outputs": policy_name(run), **{k: o[k] for k in ("puzzle_index", "numbers", "status", "reason", "num_calls")}}
-            for o in run.raw(OUTCOMES)]
+    return [{"outputs": policy_name(run), **o.table_row()} for o in run.records(OUTCOMES)]
 
 
 STOCK_COLUMNS = ("trace", "outputs", "num_blocks", "num_calls", "num_prompt_tokens", "stock_prefill_tokens", "recomputed_tokens",

@@ -20,6 +20,7 @@ from kmesh_lib.base.declared import NotRecomputable, Table, recorded_only
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.engine.model_spec import resolve, tokenizer_for
 from kmesh_lib.sections.tot_headroom import bound
+from kmesh_lib.sections.tot_headroom.captures import TotInvocation
 from kmesh_lib.sections.tot_headroom.checks import arm_tables_of, replay_search
 from kmesh_lib.sections.tot_headroom.params import (
     BLOCK_EVENTS,
@@ -34,16 +35,15 @@ from kmesh_lib.workloads.tot_search import COUNT_NAMES
 
 OPS = ("alloc", "touch", "free", "evict", "hold", "release")
 LIVE_SEARCH = ("partial", "limit_hit", "engine_start_s", "search_s", "drain_ok")
-OUTCOME_FIELDS = ("puzzle_index", "numbers", "status", "reason", "num_calls")
 
 
 def policy_table(run: RunFiles) -> str:
     return policy_label(run.params)
 
 
-def invocation_seconds(records: list[dict]) -> dict:
+def invocation_seconds(records: list[TotInvocation]) -> dict:
     """Median and longest call, submission to finish (to submission for a call that never finished)."""
-    seconds = sorted((r["t_finish_ns"] or r["t_submit_ns"]) - r["t_submit_ns"] for r in records)
+    seconds = sorted((r.t_finish_ns or r.t_submit_ns) - r.t_submit_ns for r in records)
     return {"median": round(seconds[len(seconds) // 2] / 1e9, 1) if seconds else None,
             "max": round(seconds[-1] / 1e9, 1) if seconds else None}
 
@@ -55,30 +55,30 @@ def search_table(run: RunFiles) -> dict:
         if replay.error:
             raise ValueError(f"the search does not replay on the capture: {replay.error}")
         raise NotRecomputable(replay.why)
-    records, whole = run.raw(CAPTURE), run.raw(BLOCK_EVENTS)
+    records, whole = run.records(CAPTURE), run.records(BLOCK_EVENTS)
     return {"invocation_s": invocation_seconds(records),
             "counts": {k: replay.search.counts[k] for k in COUNT_NAMES},
-            "block_ops": {op: sum(len(e["block_ids"]) for e in whole if e["op"] == op) for op in OPS},
-            "num_unattributed_block_events": len(whole) - sum(len(r.get("block_events", [])) for r in records),
-            "outcomes": [{k: o[k] for k in OUTCOME_FIELDS} for o in run.raw(OUTCOMES)]}
+            "block_ops": {op: sum(len(e.block_ids) for e in whole if e.op == op) for op in OPS},
+            "num_unattributed_block_events": len(whole) - sum(len(r.block_events or []) for r in records),
+            "outcomes": [o.table_row() for o in run.records(OUTCOMES)]}
 
 
 def bound_table(run: RunFiles) -> dict:
     cfg = run.params
-    return bound.compare_bound(run.raw(CAPTURE), cfg.BLOCK_SIZE, cfg.NUM_GPU_BLOCKS - 1)
+    return bound.compare_bound(run.records(CAPTURE), cfg.BLOCK_SIZE, cfg.NUM_GPU_BLOCKS - 1)
 
 
 def sweep_table(run: RunFiles) -> list[dict]:
     cfg = run.params
     observed = bound_table(run)["observed_prefill_tokens"]
-    return bound.sweep(run.raw(CAPTURE), cfg.BLOCK_SIZE, bound_pool_sizes(cfg), {cfg.NUM_GPU_BLOCKS - 1: observed})
+    return bound.sweep(run.records(CAPTURE), cfg.BLOCK_SIZE, bound_pool_sizes(cfg), {cfg.NUM_GPU_BLOCKS - 1: observed})
 
 
 def _arm_tables(run: RunFiles):
     cfg = run.params
-    arms = run.raw(STOCK_SWEEP)
+    arms = run.records(STOCK_SWEEP)
     tokenizer = None
-    if any(a["trace"] != ENGINE_TRACE for a in arms):
+    if any(a.trace != ENGINE_TRACE for a in arms):
         try:
             tokenizer = tokenizer_for(resolve(cfg.MODEL))
         except ValueError as e:

@@ -1,5 +1,6 @@
 """Section 17, trace audit: Can agent traces qualify family retention?"""
 from kmesh_lib.base.captures import declare
+from kmesh_lib.sections.trace_audit.captures import CAPTURES
 from kmesh_lib.sections.trace_audit.checks import checks
 from kmesh_lib.sections.trace_audit.experiment import audit_run, plan
 from kmesh_lib.sections.trace_audit.params import TraceAuditParams as Params
@@ -12,7 +13,6 @@ TITLE = "trace audit"
 NOTEBOOK = "17_trace_audit.ipynb"
 USES_ENGINE = False
 QUESTION = "Can agent traces qualify family retention?"
-CAPTURES: dict = {}  # its raw/*.jsonl are not declared as record classes yet (issue 41): read as dicts
 
 declare(KEY, Params, CAPTURES)
 

@@ -14,28 +14,13 @@ from pathlib import Path
 from kmesh_lib.base.checks import Check, check, differences
 from kmesh_lib.base.records import RunFiles, sha256_file
 from kmesh_lib.kv.capture_contract import validate_capture
+from kmesh_lib.sections.trace_audit.captures import AuditRows
 from kmesh_lib.sections.trace_audit.experiment import CONTRAST_CAPTURE
 from kmesh_lib.sections.trace_audit.params import TraceAuditParams
 from kmesh_lib.traces.audit import MAX_FIELDS_PER_SOURCE, audit_tree, set_sha256_of
-from kmesh_lib.traces.lineage import source_verdict
 from kmesh_lib.traces.names import safe_relpath
 from kmesh_lib.traces.report import RAW_TABLES, invariant_failures, summary_from_rows
 from kmesh_lib.traces.scan import hash_tree
-
-
-def raw_rows(run: RunFiles) -> dict[str, list[dict]]:
-    """The audit's rows as recorded, one list per table (missing tables are empty lists)."""
-    return {table: run.raw(f"{table}.jsonl") for table in RAW_TABLES}
-
-
-def recomputed_summary(run: RunFiles) -> dict:
-    return summary_from_rows(raw_rows(run))
-
-
-def file_hashes(rows: dict[str, list[dict]]) -> dict[str, str]:
-    """relpath -> SHA-256 of every file the audit read whole."""
-    return {f["relpath"]: f["sha256"] for f in rows["audit_files"] if f["sha256"]}
-
 
 # -- the declared tables (``tables.TABLES``), each from raw/ and the params --
 
@@ -44,15 +29,15 @@ LIVE_AUDIT = ("elapsed_s",)  # the audit's wall-clock time: recorded, not rebuil
 
 def audit_table(run: RunFiles) -> dict:
     """The corpus's name, the audit's totals, the set hash and the limits (``elapsed_s`` is live)."""
-    cfg, rows = run.params, raw_rows(run)
-    return {"root_name": cfg.root_name, "summary": summary_from_rows(rows), "set_sha256": set_sha256_of(file_hashes(rows)),
+    cfg, rows = run.params, AuditRows.of(run)
+    return {"root_name": cfg.root_name, "summary": summary_from_rows(rows.as_recorded()),
+            "set_sha256": set_sha256_of(rows.file_hashes),
             "limits": cfg.limits}
 
 
 def lineage_table(run: RunFiles) -> dict:
     """The lineage verdict of every source with lineage counts in raw/ (``traces.lineage.source_verdict``)."""
-    sources = [s for s in raw_rows(run)["audit_sources"] if s.get("lineage")]
-    verdicts = {s["source"]: source_verdict(s["lineage"]) for s in sources}
+    verdicts = AuditRows.of(run).lineage_verdicts
     return {"qualifies": any(v.qualifies for v in verdicts.values()),
             "num_lineage_edges": sum(v.num_lineage_edges for v in verdicts.values()),
             "sources": [{"source": src, "qualifies": v.qualifies} for src, v in verdicts.items()]}
@@ -70,24 +55,25 @@ def checks(run: RunFiles) -> list[Check]:
     """Section 17's statements about ``run``, each recomputed from ``raw/`` and the params."""
     run = RunFiles.of(run)
     results = run.results
-    rows = raw_rows(run)
-    files = rows["audit_files"]
+    rows = AuditRows.of(run)
+    as_recorded = rows.as_recorded()
+    files, sources = rows.files, rows.sources
     audit = results.get("audit") or {}
     missing_tables = [t for t in RAW_TABLES if not run.has_raw(f"{t}.jsonl")]
     out = [Check("raw/ holds every audit table", not missing_tables,
                  f"missing: {', '.join(missing_tables)}" if missing_tables else f"{len(RAW_TABLES)} tables")]
     no_files = "the audit recorded no input file"
 
-    failures = invariant_failures(rows)
+    failures = invariant_failures(as_recorded)
     out.append(check("raw/ rows balance (lines, kinds, duplicates, directories, sources)", not failures,
-                     "; ".join(failures[:3]) or f"{len(files)} files, {len(rows['audit_dirs'])} directories",
+                     "; ".join(failures[:3]) or f"{len(files)} files, {len(rows.dirs)} directories",
                      evidence=files, missing=no_files))
 
-    found = differences(summary_from_rows(rows), audit.get("summary"), "summary")
+    found = differences(summary_from_rows(as_recorded), audit.get("summary"), "summary")
     out.append(check("results.json totals recompute from raw/", not found,
                      "; ".join(found[:3]) or "every total equal", evidence=files, missing=no_files))
 
-    hashes = file_hashes(rows)
+    hashes = rows.file_hashes
     found = differences(set_sha256_of(hashes), audit.get("set_sha256"), "set_sha256")
     out.append(check("set hash recomputes from raw/ file hashes", not found,
                      f"{set_sha256_of(hashes)[:16]} from {len(hashes)} files, recorded "
@@ -97,19 +83,17 @@ def checks(run: RunFiles) -> list[Check]:
                      f"{len(results.get('inputs') or {})} inputs, {len(hashes)} hashed files"
                      + (f": {'; '.join(found[:2])}" if found else ""), evidence=hashes, missing="no file was read whole"))
 
-    shares = [(src["source"], src["num_object_records"], counts)
-              for src in rows["audit_sources"] for counts in src["fields"].values()]
+    shares = [(src.source, src.num_object_records, counts) for src in sources for counts in src.fields.values()]
     out.append(check("coverage shares lie in [0, 1]",
                      all(0 <= non_null <= present <= n for _, n, (present, non_null) in shares)
-                     and all(0 <= s["num_records_with_untracked_fields"] <= s["num_object_records"]
-                             for s in rows["audit_sources"]),
+                     and all(0 <= s.num_records_with_untracked_fields <= s.num_object_records for s in sources),
                      f"largest share {max((p / n for _, n, (p, _) in shares if n), default=0):.3g} over "
                      f"{len(shares)} (source, field) rows", evidence=shares, missing="no object record"))
 
     out.append(_verdict_check(run, results))
     cfg = run.params
     out.append(_rehash_check(cfg.trace_root, cfg.MAX_DEPTH, hashes))
-    out.append(_reaudit_check(cfg, rows))
+    out.append(_reaudit_check(cfg, as_recorded))
     out.append(_contrast_check(run, results))
     return out
 
@@ -141,7 +125,7 @@ def _rehash_check(root: Path, max_depth: int, hashes: dict[str, str]) -> Check:
     return Check(name, not (changed or missing or new), detail)
 
 
-def _reaudit_check(cfg: TraceAuditParams, rows: dict[str, list[dict]]) -> Check:
+def _reaudit_check(cfg: TraceAuditParams, recorded: dict[str, list[dict]]) -> Check:
     name = "a fresh audit of the corpus reproduces raw/"
     root = cfg.trace_root
     if not root.is_dir():
@@ -149,9 +133,9 @@ def _reaudit_check(cfg: TraceAuditParams, rows: dict[str, list[dict]]) -> Check:
                      outside_input=f"the corpus {root.name}/ (`kmesh data fetch`)")
     fresh = audit_tree(root, max_line_bytes=cfg.max_line_bytes, max_depth=cfg.MAX_DEPTH,
                        max_json_depth=cfg.MAX_JSON_DEPTH, max_fields_per_source=MAX_FIELDS_PER_SOURCE).rows()
-    differing = [table for table in RAW_TABLES if _normalized(fresh[table]) != _normalized(rows[table])]
+    differing = [table for table in RAW_TABLES if _normalized(fresh[table]) != _normalized(recorded[table])]
     return Check(name, not differing, f"differs in {', '.join(differing)}" if differing
-                 else f"{len(RAW_TABLES)} tables equal, {len(rows['audit_files'])} files")
+                 else f"{len(RAW_TABLES)} tables equal, {len(recorded['audit_files'])} files")
 
 
 def _normalized(table: list[dict]) -> list:
@@ -172,4 +156,4 @@ def _contrast_check(run: RunFiles, results: dict) -> Check:
                  + (f"; {'; '.join(found[:2])}" if found else ""))
 
 
-__all__ = ["LIVE_AUDIT", "audit_table", "checks", "contrast_table", "lineage_table", "raw_rows", "recomputed_summary"]
+__all__ = ["LIVE_AUDIT", "audit_table", "checks", "contrast_table", "lineage_table"]

@@ -16,8 +16,11 @@ import stat
 from datetime import datetime, timezone
 from pathlib import Path
 
+from kmesh_lib.base.captures import CaptureError, CaptureRecord, as_stored, validate_record
+from kmesh_lib.base.declared import json_default
 from kmesh_lib.base.records import RunRecord
 from kmesh_lib.kv.capture_contract import write_capture
+from kmesh_lib.sections.trace_audit.captures import CAPTURES
 from kmesh_lib.sections.trace_audit.params import AUDIT_MB_PER_S, UNIT_SCALE, TraceAuditParams, _n
 from kmesh_lib.traces.audit import TraceAudit, audit_tree
 from kmesh_lib.traces.names import safe_name
@@ -81,7 +84,7 @@ def audit_run(record: RunRecord, cfg: TraceAuditParams) -> tuple[TraceAudit, Tra
     audit = audit_tree(cfg.trace_root, max_line_bytes=cfg.max_line_bytes, max_depth=cfg.MAX_DEPTH,
                        max_json_depth=cfg.MAX_JSON_DEPTH)
     for table, rows in audit.rows().items():
-        write_table(record.run_dir / "raw" / f"{table}.jsonl", rows)
+        write_table(record.run_dir / "raw" / f"{table}.jsonl", rows, CAPTURES[f"{table}.jsonl"])
     capture = record.run_dir / "raw" / CONTRAST_CAPTURE
     if capture.exists():  # the notebook run again in the same folder
         capture.unlink()
@@ -92,13 +95,26 @@ def audit_run(record: RunRecord, cfg: TraceAuditParams) -> tuple[TraceAudit, Tra
     return audit, contrast
 
 
-def write_table(path: Path, rows: list[dict]) -> None:
-    """Writes ``rows`` as JSONL, whole, through a temporary name (a re-run replaces, never appends)."""
+def write_table(path: Path, rows: list[dict], cls: type[CaptureRecord]) -> None:
+    """Writes ``rows`` as JSONL after ``cls``'s schema header, whole, through a temporary name (a re-run replaces,
+    never appends).
+
+    Raises:
+        CaptureError: a row ``cls`` refuses (naming the capture, the row and the field); nothing is written.
+    """
+    lines = [json.dumps(cls.header())]
+    for number, row in enumerate(rows):
+        stored = as_stored(row, json_default)
+        try:
+            validate_record(cls, stored)
+        except CaptureError as e:
+            raise CaptureError(f"raw/{path.name}: row {number} is not a {cls.__name__} ({e})") from None
+        lines.append(json.dumps(stored, sort_keys=True))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
-        for row in rows:
-            f.write(json.dumps(row, sort_keys=True) + "\n")
+        for line in lines:
+            f.write(line + "\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -12,9 +12,9 @@ the corpus: at most ``MAX_PUBLIC_ROWS`` rows per list and ``MAX_PUBLIC_FIELDS`` 
 from __future__ import annotations
 
 from kmesh_lib.base.records import RunFiles
-from kmesh_lib.sections.trace_audit.checks import raw_rows
+from kmesh_lib.sections.trace_audit.captures import AuditRows, AuditSource
 from kmesh_lib.traces.audit import set_sha256_of
-from kmesh_lib.traces.lineage import GROUPING_FIELDS, REQUIREMENTS, WEAK_SIGNALS, source_verdict
+from kmesh_lib.traces.lineage import GROUPING_FIELDS, REQUIREMENTS, WEAK_SIGNALS
 from kmesh_lib.traces.names import MAX_PATH_PART_CHARS, safe_name, safe_relpath
 from kmesh_lib.traces.report import coverage_rows, source_rows, summary_from_rows
 from kmesh_lib.traces.scan import MALFORMED_KINDS, PROBLEM_KINDS
@@ -26,34 +26,29 @@ _UNITS = ("s", "ms", "us", "ns", "not-epoch", "iso8601", "unparsed-string", "non
 _STATES = ("met", "partial", "absent")
 
 
-def _verdicts(rows: dict) -> dict:
-    return {s["source"]: source_verdict(s["lineage"]) for s in rows["audit_sources"] if s.get("lineage")}
-
-
 def counts(run: RunFiles) -> dict[str, int | str]:
     """Deterministic facts of the run, recomputed from ``raw/`` (the smoke golden pins them)."""
     run = RunFiles.of(run)
-    rows = raw_rows(run)
-    summary = summary_from_rows(rows)
-    verdicts = _verdicts(rows)
-    hashes = {f["relpath"]: f["sha256"] for f in rows["audit_files"] if f["sha256"]}
+    rows = AuditRows.of(run)
+    summary = summary_from_rows(rows.as_recorded())
+    verdicts = rows.lineage_verdicts
     keys = ("num_files", "num_empty_files", "num_bytes", "num_lines", "num_records", "num_unique_records",
             "num_duplicate_copies", "num_malformed_lines", "num_problems", "num_sources")
     return {key: summary[key] for key in keys} | {
         "num_qualifying_sources": sum(v.qualifies for v in verdicts.values()),
         "num_lineage_edges": sum(v.num_lineage_edges for v in verdicts.values()),
-        "set_sha256": set_sha256_of(hashes)}
+        "set_sha256": set_sha256_of(rows.file_hashes)}
 
 
 def headline(run: RunFiles) -> dict[str, str]:
     run = RunFiles.of(run)
-    rows = raw_rows(run)
-    s = summary_from_rows(rows)
-    verdicts = _verdicts(rows)
+    rows = AuditRows.of(run)
+    s = summary_from_rows(rows.as_recorded())
+    verdicts = rows.lineage_verdicts
     audit = run.results.get("audit") or {}
-    hashes = {f["relpath"]: f["sha256"] for f in rows["audit_files"] if f["sha256"]}
     return {
-        "corpus": f"{safe_name(audit.get('root_name', '?'), MAX_PATH_PART_CHARS)} (set {set_sha256_of(hashes)[:8]}…)",
+        "corpus": f"{safe_name(audit.get('root_name', '?'), MAX_PATH_PART_CHARS)} "
+                  f"(set {set_sha256_of(rows.file_hashes)[:8]}…)",
         "files": f"{s['num_files']:,} ({s['num_bytes'] / 1e6:.1f} MB, {s['num_empty_files']} empty)",
         "records": f"{s['num_records']:,} ({s['num_unique_records']:,} unique)",
         "malformed lines": f"{s['num_malformed_lines']:,} in {s['num_files_with_malformed']} file(s)",
@@ -65,9 +60,9 @@ def headline(run: RunFiles) -> dict[str, str]:
 def answer(run: RunFiles) -> str:
     """The closing paragraph: the verdict from the run's own numbers, and where it is weak."""
     run = RunFiles.of(run)
-    rows = raw_rows(run)
-    s = summary_from_rows(rows)
-    verdicts = _verdicts(rows)
+    rows = AuditRows.of(run)
+    s = summary_from_rows(rows.as_recorded())
+    verdicts = rows.lineage_verdicts
     name = safe_name((run.results.get("audit") or {}).get("root_name", "the corpus"), MAX_PATH_PART_CHARS)
     judged = {src: v for src, v in verdicts.items() if v.num_records}
     unread = sorted(src for src, v in verdicts.items() if not v.num_records)
@@ -75,7 +70,7 @@ def answer(run: RunFiles) -> str:
     edges = sum(v.num_lineage_edges for v in verdicts.values())
     lacking = {req: sum(not v.requirements[req].met for v in judged.values()) for req in REQUIREMENTS}
     scope = (f"`{name}` ({s['num_files']:,} files, {s['num_records']:,} records in {len(verdicts)} sources, "
-             f"set SHA-256 `{set_sha256_of({f['relpath']: f['sha256'] for f in rows['audit_files'] if f['sha256']})[:12]}…`)")
+             f"set SHA-256 `{set_sha256_of(rows.file_hashes)[:12]}…`)")
     if qualifying:
         text = (f"**Yes, for {len(qualifying)} of {len(verdicts)} sources** of {scope}: "
                 f"{', '.join(f'`{q}`' for q in qualifying)} carry parent links, start and completion times, "
@@ -117,12 +112,13 @@ def _join(items: list[str]) -> str:
 def public_results(run: RunFiles) -> dict:
     """The section's public aggregates (see the module docstring for what may appear)."""
     run = RunFiles.of(run)
-    rows = raw_rows(run)
+    rows = AuditRows.of(run)
+    recorded = rows.as_recorded()
     results = run.results
     audit = results.get("audit") or {}
-    files = rows["audit_files"]
-    hashes = {safe_relpath(f["relpath"]): str(f["sha256"]) for f in files if f["sha256"]}
-    verdicts = _verdicts(rows)
+    files = rows.files
+    hashes = {safe_relpath(f.relpath): str(f.sha256) for f in files if f.sha256}
+    verdicts = rows.lineage_verdicts
     contrast = results.get("contrast") or {}
     limits = audit.get("limits") or {}
     return {
@@ -131,30 +127,28 @@ def public_results(run: RunFiles) -> dict:
                    "set_sha256": set_sha256_of(hashes)},
         "limits": {k: int(limits[k]) for k in ("max_line_bytes", "max_depth", "max_json_depth",
                                                "max_fields_per_source") if k in limits},
-        "summary": _public_summary(summary_from_rows(rows)),
-        "sources": [_public_source(r) for r in source_rows(rows)][:MAX_PUBLIC_ROWS],
-        "coverage": _public_coverage(rows["audit_sources"]),
-        "timestamp_units": _public_timestamps(rows["audit_sources"]),
+        "summary": _public_summary(summary_from_rows(recorded)),
+        "sources": [_public_source(r) for r in source_rows(recorded)][:MAX_PUBLIC_ROWS],
+        "coverage": _public_coverage(recorded["audit_sources"]),
+        "timestamp_units": _public_timestamps(rows.sources),
         "lineage": {"qualifies": any(v.qualifies for v in verdicts.values()),
                     "num_lineage_edges": sum(v.num_lineage_edges for v in verdicts.values()),
                     "sources": [_public_verdict(v) for v in verdicts.values()][:MAX_PUBLIC_ROWS]},
         "contrast": {"qualifies": bool(contrast.get("qualifies")),
                      "num_lineage_edges": int(contrast.get("num_lineage_edges") or 0),
                      "sha256": _hex(contrast.get("sha256"))},
-        "input_files": [{"relpath": safe_relpath(f["relpath"]), "sha256": _hex(f["sha256"]),
-                         "size_bytes": int(f["size_bytes"]), "status": _label(f["status"], ("ok", "unreadable",
-                                                                                             "read-error"))}
+        "input_files": [{"relpath": safe_relpath(f.relpath), "sha256": _hex(f.sha256), "size_bytes": int(f.size_bytes),
+                         "status": _label(f.status, ("ok", "unreadable", "read-error"))}
                         for f in files[:MAX_PUBLIC_ROWS]],
         "num_input_files": len(files),
-        "problems": [{"kind": _label(p["kind"], tuple(PROBLEM_KINDS)), "relpath": safe_relpath(p["relpath"])}
-                     for p in rows["audit_problems"][:MAX_PUBLIC_ROWS]],
-        "malformed_files": [{"relpath": safe_relpath(f["relpath"]),
-                             "malformed": {k: int(f["malformed"].get(k, 0)) for k in MALFORMED_KINDS}}
-                            for f in files if f["num_malformed_lines"]][:MAX_PUBLIC_ROWS],
-        "duplicate_groups": [{"num_copies": int(g["num_copies"]),
-                              "locations": [f"{safe_relpath(loc['relpath'])}:{int(loc['line_no'])}"
-                                            for loc in g["locations"]]}
-                             for g in rows["audit_duplicates"][:MAX_PUBLIC_ROWS]],
+        "problems": [{"kind": _label(p.kind, tuple(PROBLEM_KINDS)), "relpath": safe_relpath(p.relpath)}
+                     for p in rows.problems[:MAX_PUBLIC_ROWS]],
+        "malformed_files": [{"relpath": safe_relpath(f.relpath),
+                             "malformed": {k: int(f.malformed.get(k, 0)) for k in MALFORMED_KINDS}}
+                            for f in files if f.num_malformed_lines][:MAX_PUBLIC_ROWS],
+        "duplicate_groups": [{"num_copies": int(g.num_copies),
+                              "locations": [f"{safe_relpath(loc.relpath)}:{int(loc.line_no)}" for loc in g.locations]}
+                             for g in rows.duplicates[:MAX_PUBLIC_ROWS]],
     }
 
 
@@ -193,12 +187,12 @@ def _public_coverage(source_rows_: list[dict]) -> list[dict]:
     return out
 
 
-def _public_timestamps(source_rows_: list[dict]) -> list[dict]:
+def _public_timestamps(sources: list[AuditSource]) -> list[dict]:
     out = []
-    for src in source_rows_:
-        fields = (src.get("timestamps") or {}).get("fields", {})
+    for src in sources:
+        fields = src.timestamps.get("fields", {})  # {} for a source without records
         for name, info in sorted(fields.items(), key=lambda kv: -kv[1]["num_values"])[:MAX_PUBLIC_FIELDS]:
-            out.append({"source": safe_relpath(src["source"]), "field": safe_name(name),
+            out.append({"source": safe_relpath(src.source), "field": safe_name(name),
                         "unit": _label(info["unit"], _UNITS) if info["unit"] else None,
                         "num_values": int(info["num_values"]),
                         "resolution_s": None if info["resolution_s"] is None else float(info["resolution_s"]),
@@ -217,8 +211,7 @@ def _public_verdict(v) -> dict:
 def verdict(run: RunFiles) -> list[str]:
     """One sentence: how many of the corpus's sources qualify, and what the others lack (counts: no interval)."""
     run = RunFiles.of(run)
-    rows = raw_rows(run)
-    verdicts = _verdicts(rows)
+    verdicts = AuditRows.of(run).lineage_verdicts
     judged = {src: v for src, v in verdicts.items() if v.num_records}
     qualifying = sorted(src for src, v in judged.items() if v.qualifies)
     edges = sum(v.num_lineage_edges for v in verdicts.values())
@@ -236,7 +229,7 @@ def findings(run: RunFiles) -> list[dict]:
     """The audit's counts, one row each (the headline figures), then what the judged sources lack."""
     run = RunFiles.of(run)
     out = [{"what": k, "figure": v} for k, v in headline(run).items()]
-    verdicts = _verdicts(raw_rows(run))
+    verdicts = AuditRows.of(run).lineage_verdicts
     judged = [v for v in verdicts.values() if v.num_records]
     for req in REQUIREMENTS:
         n = sum(not v.requirements[req].met for v in judged)
