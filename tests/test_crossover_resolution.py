@@ -158,7 +158,8 @@ def test_the_lmcache_server_tier_runs_its_arms_and_pairs_on_cpu(smoke_run):
     floors = [f for f in run.raw("point_floors.jsonl") if f["tier"] == "lmcache_mp"]
     assert [(f["context_tokens"], f["when"], sorted(f["floors"])) for f in floors] == \
         [(n, when, ["copy"]) for n in (256, 512) for when in ("before", "after")]
-    table = cr.resolution_table(run.records("pairs.jsonl"), run.records("point_floors.jsonl"))
+    table = cr.resolution_table([p for p in run.records("pairs.jsonl") if p.path == "lmcache_mp"],
+                                [f for f in run.records("point_floors.jsonl") if f.tier == "lmcache_mp"])
     assert [(r["path"], r["context_tokens"], r["num_pairs"]) for r in table] == [("lmcache_mp", n, num_pairs) for n in (256, 512)]
     assert all(r["floor_ms"][0] <= r["floor_ms"][1] for r in table)
 
