@@ -76,18 +76,19 @@ def run(cfg: ProductionTraceParams, record) -> dict:
     longest = max(r.num_prompt_tokens + r.num_output_tokens for r in requests)
     not_run = []
     for pool in replay_pools(cfg):
-        if pool["num_blocks"] * cfg.BLOCK_SIZE < longest:
-            not_run.append({**pool, "why": f"the pool holds {pool['num_blocks'] * cfg.BLOCK_SIZE} tokens, the longest "
-                                           f"request {longest}: vLLM cannot schedule it"})
+        if pool.num_blocks * cfg.BLOCK_SIZE < longest:
+            why = (f"the pool holds {pool.num_blocks * cfg.BLOCK_SIZE} tokens, the longest request {longest}: vLLM "
+                   "cannot schedule it")
+            not_run.append({**dataclasses.asdict(pool), "why": why})
             continue
-        params = replay.engine_params(cfg, "replay", pool["num_blocks"], cfg.BLOCK_SIZE, replay.max_model_len(requests))
-        if pool["mode"] == "sequential":
-            arm = {"arm": f"replay/{pool['shape']}/{pool['pool_gib']:g}GiB", "pool_gib": pool["pool_gib"],
-                   "shape": pool["shape"], "mode": "sequential", **replay.run_sequential(params, requests)}
+        params = replay.engine_params(cfg, "replay", pool.num_blocks, cfg.BLOCK_SIZE, replay.max_model_len(requests))
+        if pool.mode == "sequential":
+            arm = {"arm": f"replay/{pool.shape}/{pool.pool_gib:g}GiB", "pool_gib": pool.pool_gib,
+                   "shape": pool.shape, "mode": "sequential", **replay.run_sequential(params, requests)}
         else:
             params = dataclasses.replace(params, MAX_NUM_SEQS=cfg.MAX_NUM_SEQS)
-            arm = {"arm": f"concurrent/{pool['shape']}/{pool['pool_gib']:g}GiB", "pool_gib": pool["pool_gib"],
-                   "shape": pool["shape"], **replay.run_concurrent(params, requests, cfg.STEP_BASE_S,
+            arm = {"arm": f"concurrent/{pool.shape}/{pool.pool_gib:g}GiB", "pool_gib": pool.pool_gib,
+                   "shape": pool.shape, **replay.run_concurrent(params, requests, cfg.STEP_BASE_S,
                                                                     cfg.STEP_S_PER_TOKEN)}
         record.append_jsonl(REPLAY, arm)
     record.save("replay_not_run", not_run)
@@ -119,14 +120,14 @@ def plan(cfg: ProductionTraceParams) -> dict:
         "blocks": f"{cfg.BLOCK_SIZE}-token blocks; each 512-token hash id -> 512 token ids seeded by (SEED, id)",
         "KV bytes per token": ", ".join(f"{s} {bytes_per_token(s, cfg.KV_DTYPE):,}" for s in cfg.SHAPES)
                               + f" ({cfg.KV_DTYPE})",
-        "pools (LRU, ideal)": "; ".join(f"{p['shape']} {p['pool_gib']:g} GiB = {p['num_blocks']:,} blocks"
+        "pools (LRU, ideal)": "; ".join(f"{p.shape} {p.pool_gib:g} GiB = {p.num_blocks:,} blocks"
                                         for p in pools),
-        "stock vLLM replayed": "; ".join(f"{p['shape']} {p['pool_gib']:g} GiB = {p['num_blocks']:,} blocks, {p['mode']}"
+        "stock vLLM replayed": "; ".join(f"{p.shape} {p.pool_gib:g} GiB = {p.num_blocks:,} blocks, {p.mode}"
                                          for p in replay_pools(cfg))
                                + (f" (concurrent: arrivals at the trace's timestamps, MAX_NUM_SEQS {cfg.MAX_NUM_SEQS}, "
                                   f"step = {cfg.STEP_BASE_S:g} s + {cfg.STEP_S_PER_TOKEN:g} s x scheduled tokens)"
                                   if cfg.CONCURRENT_POOL_GIB else ""),
-        "external tiers": "; ".join(f"{t['shape']} {t['tier']} {t['tier_gib']:g} GiB" for t in tier_grid(cfg))
+        "external tiers": "; ".join(f"{t.shape} {t.tier} {t.tier_gib:g} GiB" for t in tier_grid(cfg))
                           + f", behind {cfg.TIER_POOL_GIB:g} GiB; priced with {', '.join(cfg.CROSSOVER_RUNS)}",
         "engines": f"{cfg.NUM_ENGINES} engines of {cfg.ENGINE_POOL_GIB:g} GiB ({cfg.REPLAY_SHAPE}): round-robin, "
                    f"prefix-aware (slack {cfg.LOAD_SLACK:g}), round-robin + shared {cfg.SHARED_TIER_GIB:g} GiB tier",
@@ -135,6 +136,6 @@ def plan(cfg: ProductionTraceParams) -> dict:
                    if cfg.PARITY_NUM_REQUESTS else "none"),
         "expected duration": "the full conversation trace: ~4 min per replayed pool (12,031 requests, 4.1M decode "
                              "tokens in ~0.3M steps of up to 16 on 2 cores), ~15 s per ideal, ~1 min of tiers and "
-                             "engines; the checks recompute the tables once more" if cfg.TRACE_FILE and not cfg.NUM_REQUESTS else
+                             "engines, built once for the tables and the checks" if cfg.TRACE_FILE and not cfg.NUM_REQUESTS else
                              "minutes (a slice or the synthetic trace)",
     }

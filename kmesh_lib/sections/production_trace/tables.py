@@ -21,6 +21,7 @@ Vocabulary (token counts over every request of the trace):
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 
 import numpy as np
 
@@ -86,17 +87,17 @@ def pool_table(cfg, access, arms: list[ReplayArm], timings: dict | None = None) 
     rows = []
     for pool in pool_grid(cfg):
         t0 = time.monotonic()
-        bound = ideal(access, pool["num_blocks"])
+        bound = ideal(access, pool.num_blocks)
         if timings is not None:
             timings.setdefault("ideal_s", []).append(round(time.monotonic() - t0, 2))
         prompt = bound.num_prompt_tokens
-        lru_prefill = prompt - sum(lru_hits(access, pool["num_blocks"])) * cfg.BLOCK_SIZE
-        row = {**pool, "pool_tokens": pool["num_blocks"] * cfg.BLOCK_SIZE, "num_prompt_tokens": prompt,
+        lru_prefill = prompt - sum(lru_hits(access, pool.num_blocks)) * cfg.BLOCK_SIZE
+        row = {**asdict(pool), "pool_tokens": pool.num_blocks * cfg.BLOCK_SIZE, "num_prompt_tokens": prompt,
                "num_compulsory_tokens": bound.num_compulsory_tokens,
                "ideal_prefill_tokens": bound.num_prefill_tokens, "lru_prefill_tokens": lru_prefill,
                "ideal_cached_share": _share(prompt - bound.num_prefill_tokens, prompt),
                "lru_cached_share": _share(prompt - lru_prefill, prompt)}
-        arm = by_blocks.get(pool["num_blocks"]) if pool["shape"] == cfg.REPLAY_SHAPE else None
+        arm = by_blocks.get(pool.num_blocks) if pool.shape == cfg.REPLAY_SHAPE else None
         observed = stock_columns(arm)["stock_prefill_tokens"] if arm else None
         base = observed if observed is not None else lru_prefill
         row.update({"stock": "replayed" if arm else "LRU reference", "stock_prefill_tokens": observed,
@@ -156,17 +157,17 @@ def tier_table(cfg, access, costs: list[CostRow]) -> list[dict]:
     # a pool at least as large as the trace's distinct blocks never evicts: every such size has one ideal
     num_distinct = len(set(access.block_hash))
     for tier in tier_grid(cfg):
-        gpu_hits = lru_hits(access, tier["pool_blocks"])
-        if tier["tier_blocks"] >= tier["pool_blocks"]:
-            tier_hits = sim.tier_hits_over_pool(gpu_hits, tier_alone_hits(access, tier["tier_blocks"], num_distinct))
+        gpu_hits = lru_hits(access, tier.pool_blocks)
+        if tier.tier_blocks >= tier.pool_blocks:
+            tier_hits = sim.tier_hits_over_pool(gpu_hits, tier_alone_hits(access, tier.tier_blocks, num_distinct))
         else:
-            tier_hits = sim.tier_hits(access, gpu_hits, tier["tier_blocks"])
-        both = min(tier["pool_blocks"] + tier["tier_blocks"], num_distinct)
+            tier_hits = sim.tier_hits(access, gpu_hits, tier.tier_blocks)
+        both = min(tier.pool_blocks + tier.tier_blocks, num_distinct)
         both_prefill = ideal(access, both).num_prefill_tokens
         prompt = sum(access.num_prompt_tokens)
         restored = [t * access.block_size for t in tier_hits]
-        run_ids = sorted({c.run_id for c in costs if c.shape == tier["shape"]})
-        row = {**tier, "gpu_reused_tokens": sum(gpu_hits) * access.block_size, "tier_restored_tokens": sum(restored),
+        run_ids = sorted({c.run_id for c in costs if c.shape == tier.shape})
+        row = {**asdict(tier), "gpu_reused_tokens": sum(gpu_hits) * access.block_size, "tier_restored_tokens": sum(restored),
                "ideal_reused_tokens": prompt - both_prefill, "num_prompt_tokens": prompt,
                "num_restoring_requests": sum(r > 0 for r in restored),
                "restored_tokens_per_request": sim.distribution(np.asarray(restored)),
@@ -174,7 +175,7 @@ def tier_table(cfg, access, costs: list[CostRow]) -> list[dict]:
         row["reused_share"] = _share(row["gpu_reused_tokens"] + row["tier_restored_tokens"], prompt)
         row["ideal_reused_share"] = _share(row["ideal_reused_tokens"], prompt)
         if run_ids:
-            saved = sim.saved_ms(costs, tier["shape"], tier["tier"], restored)
+            saved = sim.saved_ms(costs, tier.shape, tier.tier, restored)
             row["saved_ms_per_request"] = sim.distribution(saved)
             row["saved_ms_per_restoring_request"] = sim.distribution(saved[np.asarray(restored) > 0])
             row["saved_s_total"] = round(float(saved.sum()) / 1e3, 2)
