@@ -6,8 +6,9 @@
     raw/parity.jsonl   ParityRun: the parity slice, one per engine (real, replay), its requests as columns
 
 The four published runs (cpu-20261204-221647-d17f, cpu-20261204-222724-ab76, cpu-20261204-234703-3db8,
-cpu-20261205-001932-4f23) read as version 1 with these classes; none has a concurrent arm, so the fields only
-a concurrent arm carries were first checked against ``replay.run_concurrent`` and the tests' runs.
+cpu-20261205-001932-4f23) read as version 1 with these classes, every field in every record. None has a
+concurrent arm: its fields are what ``replay.run_concurrent`` writes, which tests/test_production_trace.py's run
+writes through this class.
 """
 from __future__ import annotations
 
