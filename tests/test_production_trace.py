@@ -12,6 +12,7 @@ import pytest
 
 from kmesh_lib.app.cli import main
 from kmesh_lib.base import data, derived
+from kmesh_lib.base.captures import CaptureError, is_header
 from kmesh_lib.base.params import ParamError, defaults
 from kmesh_lib.base.public import find_private_keys
 from kmesh_lib.base.records import RunFiles, RunRecord
@@ -22,6 +23,7 @@ from kmesh_lib.engine.replay import replay_token
 from kmesh_lib.sections import production_trace as section
 from kmesh_lib.sections.production_trace import experiment as tx
 from kmesh_lib.sections.production_trace import replay, sim, tables
+from kmesh_lib.sections.production_trace.captures import CostRow
 from kmesh_lib.sections.production_trace.params import REPLAY, TRACE, ProductionTraceParams
 from kmesh_lib.sections.production_trace.trace import (
     TraceFormatError,
@@ -186,7 +188,7 @@ def test_engine_routes():
 
 
 def test_saved_time_interpolates_section_21s_points():
-    rows = [{"shape": "s", "arm": arm, "context_tokens": c, "ttft_ms": ms}
+    rows = [CostRow(run_id="r", status="passed", shape="s", arm=arm, context_tokens=c, ttft_ms=ms, n=1, device="d")
             for arm, pts in (("recompute", [(1000, 20.0), (2000, 50.0), (4000, 130.0)]),
                              ("dram", [(1000, 10.0), (2000, 12.0), (4000, 16.0)]))
             for c, ms in pts]
@@ -259,7 +261,9 @@ def test_headline_answer_and_public_results(replay_run):
 
 
 def edit_jsonl(path: Path, line: int, change) -> None:
+    """Edits record ``line`` of the capture (after its schema header)."""
     lines = path.read_text().splitlines()
+    line += 1 if lines and is_header(json.loads(lines[0])) else 0
     rec = json.loads(lines[line])
     change(rec)
     lines[line] = json.dumps(rec)
@@ -298,6 +302,26 @@ def test_tampering_fails_the_check_that_covers_it(copy, tamper, expect):
     tamper(copy)
     failed = [n for n, s in statuses(copy).items() if s == "failed"]
     assert any(n.startswith(expect) for n in failed), failed
+
+
+def test_captures_are_typed_with_a_header_and_an_arm_holds_its_modes_fields(replay_run, tmp_path):
+    """raw/ starts each capture with its schema header; a sequential arm without its engine limits, or a
+    concurrent one without its clock columns, is refused as it is written (naming what it lacks)."""
+    run = RunFiles(replay_run)
+    for name, cls in section.CAPTURES.items():
+        if run.has_raw(name):
+            assert json.loads((replay_run / "raw" / name).read_text().splitlines()[0]) == cls.header()
+    sequential, concurrent = (a.as_recorded() for a in run.records(REPLAY))
+    assert (sequential["mode"], concurrent["mode"]) == ("sequential", "concurrent")
+    (tmp_path / "raw").mkdir()
+    record = RunRecord(tmp_path, section.KEY)
+    with pytest.raises(CaptureError, match="a sequential arm records max_tokens"):
+        record.append_jsonl(REPLAY, {k: v for k, v in sequential.items() if k != "max_tokens"})
+    cols = {k: v for k, v in concurrent["requests"].items() if k != "t_arrival_s"}
+    with pytest.raises(CaptureError, match=r"a concurrent arm records requests\.t_arrival_s"):
+        record.append_jsonl(REPLAY, {**concurrent, "requests": cols})
+    with pytest.raises(CaptureError, match="field 'arms': not declared"):
+        record.append_jsonl(REPLAY, {**sequential, "arms": 2})
 
 
 def test_the_tables_are_built_once_per_content_of_raw_and_params(replay_run, tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
 """Section 23, a production trace: how much prefix reuse does stock vLLM leave, and what would an external tier add?"""
 from kmesh_lib.base.captures import declare
+from kmesh_lib.sections.production_trace.captures import CAPTURES
 from kmesh_lib.sections.production_trace.checks import checks
 from kmesh_lib.sections.production_trace.experiment import plan
 from kmesh_lib.sections.production_trace.params import ProductionTraceParams as Params
@@ -12,7 +13,6 @@ TITLE = "production trace"
 NOTEBOOK = "23_production_trace.ipynb"
 USES_ENGINE = True
 QUESTION = "How much prefix reuse does stock vLLM leave on a production trace, and what would an external tier add?"
-CAPTURES: dict = {}  # its raw/*.jsonl are not declared as record classes yet (issue 41): read as dicts
 
 declare(KEY, Params, CAPTURES)
 

@@ -16,6 +16,7 @@ from kmesh_lib.base.data import DATA_SETS, data_root
 from kmesh_lib.base.paths import REPO_ROOT
 from kmesh_lib.base.records import RunFiles, sha256_file
 from kmesh_lib.sections.production_trace import tables
+from kmesh_lib.sections.production_trace.captures import CostRow
 from kmesh_lib.sections.production_trace.params import COSTS, PARITY, REPLAY, TRACE
 from kmesh_lib.sections.production_trace.trace import (
     TraceFormatError,
@@ -71,11 +72,11 @@ def checks(run) -> list[Check]:
     results = run.results
     out: list[Check] = []
     try:
-        requests = tables.requests_of(run.raw(TRACE))
+        requests = tables.requests_of(run.records(TRACE))
         bad_trace = ""
     except TraceFormatError as e:
         requests, bad_trace = [], str(e)
-    arms, parity, costs = run.raw(REPLAY), run.raw(PARITY), run.raw(COSTS)
+    arms, parity, costs = run.records(REPLAY), run.records(PARITY), run.records(COSTS)
     if bad_trace:
         out.append(Check(f"raw/{TRACE} reads as a Mooncake trace", False, bad_trace))
     out.append(trace_source_check(cfg, results, requests))
@@ -87,15 +88,16 @@ def checks(run) -> list[Check]:
                       evidence=stats, missing="no trace"))
 
     # -- stock vLLM on the replay engine --
-    by_request = {"num_prompt_tokens": [r.num_prompt_tokens for r in requests],
-                  "num_output_tokens": [r.num_output_tokens for r in requests]}
+    prompts = [r.num_prompt_tokens for r in requests]
+    outputs = [r.num_output_tokens for r in requests]
     out.append(all_of("every replay arm ran every request of the trace to its real output length", arms,
-                      lambda a: all(a["requests"][k] == v for k, v in by_request.items()), lambda a: a["arm"],
+                      lambda a: a.requests.num_prompt_tokens == prompts and a.requests.num_output_tokens == outputs,
+                      lambda a: a.arm,
                       missing=f"raw/{REPLAY} holds no replay arm"
                               + (f" ({len(results.get('replay_not_run', []))} not run: pool too small)"
                                  if results.get("replay_not_run") else "")))
-    drained = check("every replay arm's pool drained, as observed when it ended", all(a["drain_ok"] for a in arms),
-                    "; ".join(a["drain"] for a in arms), evidence=arms, missing=f"raw/{REPLAY} holds no replay arm")
+    drained = check("every replay arm's pool drained, as observed when it ended", all(a.drain_ok for a in arms),
+                    "; ".join(a.drain for a in arms), evidence=arms, missing=f"raw/{REPLAY} holds no replay arm")
     out.append(Check(drained.name, drained.status, drained.detail, recorded_only=drained.status != "skipped"))
 
     rebuilt = tables.derived(run) if requests else {"replays": [], "concurrent": [], "pools": None, "tiers": None,
@@ -137,26 +139,24 @@ def checks(run) -> list[Check]:
                       results.get("engines"), evidence=engines, missing="no trace"))
 
     # -- parity with the real engine --
-    real = [r for r in parity if r["engine"] == "real"]
-    rep = [r for r in parity if r["engine"] == "replay"]
+    real = [r.requests for r in parity if r.engine == "real"]
+    rep = [r.requests for r in parity if r.engine == "replay"]
     pairs = list(zip(real, rep))
     out.append(all_of("parity slice: the real engine's cached tokens equal the replay engine's, request by request",
-                      pairs, lambda p: p[0]["requests"]["num_cached_tokens"] == p[1]["requests"]["num_cached_tokens"]
-                      and p[0]["requests"]["num_prompt_tokens"] == p[1]["requests"]["num_prompt_tokens"]
-                      == by_request["num_prompt_tokens"][:len(p[0]["requests"]["num_prompt_tokens"])],
-                      lambda p: f"real {p[0]['requests']['num_cached_tokens']} vs replay "
-                                f"{p[1]['requests']['num_cached_tokens']}",
+                      pairs, lambda p: p[0].num_cached_tokens == p[1].num_cached_tokens
+                      and p[0].num_prompt_tokens == p[1].num_prompt_tokens == prompts[:len(p[0].num_prompt_tokens)],
+                      lambda p: f"real {p[0].num_cached_tokens} vs replay {p[1].num_cached_tokens}",
                       missing=f"raw/{PARITY} holds no real-and-replay pair (PARITY_NUM_REQUESTS: 0?)"))
-    exercised = [p for p in pairs if sum(p[0]["requests"]["num_cached_tokens"]) > 0]
+    exercised = [p for p in pairs if sum(p[0].num_cached_tokens) > 0]
     out.append(check("parity slice reused some prefix (the comparison is not of zeros)", bool(exercised),
-                     f"{sum(pairs[0][0]['requests']['num_cached_tokens']) if pairs else 0} cached tokens", evidence=pairs,
+                     f"{sum(pairs[0][0].num_cached_tokens) if pairs else 0} cached tokens", evidence=pairs,
                      missing="no parity slice"))
     out.append(_equal("parity table recomputed from raw/ equals results.json", tables.parity_table(parity) or None,
                       results.get("parity"), evidence=parity, missing="no parity slice"))
     return out
 
 
-def cost_check(cfg, costs: list[dict]) -> Check:
+def cost_check(cfg, costs: list[CostRow]) -> Check:
     """The costs in raw/ are what the cited published runs hold (re-read from outputs/ where it is here)."""
     name = "costs in raw/ are the cited section 21 runs' published TTFTs"
     if not costs:
@@ -165,8 +165,8 @@ def cost_check(cfg, costs: list[dict]) -> Check:
         return Check(name, "skipped", "a cited run is not in outputs/ here",
                      outside_input="section 21's published runs under outputs/crossover/")
     from kmesh_lib.sections.production_trace.experiment import crossover_costs
-    want, _ = crossover_costs(cfg, sorted({c["shape"] for c in costs}))
-    diff = differences(want, costs)
-    shapes = sorted({c["shape"] for c in costs})
-    return Check(name, not diff and all(c["status"] == "passed" for c in costs),
-                 "; ".join(diff[:3]) or f"{len(costs)} rows, shapes {shapes}, runs {sorted({c['run_id'] for c in costs})}")
+    shapes = sorted({c.shape for c in costs})
+    want, _ = crossover_costs(cfg, shapes)
+    diff = differences(want, [c.as_recorded() for c in costs])
+    return Check(name, not diff and all(c.status == "passed" for c in costs),
+                 "; ".join(diff[:3]) or f"{len(costs)} rows, shapes {shapes}, runs {sorted({c.run_id for c in costs})}")

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 
-from kmesh_lib.base.data import data_root, resolve_path
+from kmesh_lib.base.data import resolve_path
 from kmesh_lib.base.paths import REPO_ROOT
 from kmesh_lib.base.records import sha256_file
 from kmesh_lib.sections.production_trace import replay, tables
@@ -33,20 +32,10 @@ from kmesh_lib.sections.production_trace.params import (
     replay_pools,
     tier_grid,
 )
-from kmesh_lib.sections.production_trace.trace import access_trace, load_trace, synthetic_trace, trace_stats
+from kmesh_lib.sections.production_trace.result import TABLES
+from kmesh_lib.sections.production_trace.trace import load_trace, synthetic_trace, trace_name
 
 COST_ARMS = ("recompute", "dram", "disk")
-
-
-def trace_name(cfg) -> str:
-    """The trace's file path relative to the data root, or ``synthetic``."""
-    if cfg.TRACE_FILE is None:
-        return "synthetic"
-    path = resolve_path(cfg.TRACE_FILE)
-    try:
-        return str(path.relative_to(data_root()))
-    except ValueError:
-        return path.name
 
 
 def load_requests(cfg) -> list:
@@ -72,7 +61,8 @@ def crossover_costs(cfg, shapes: list[str]) -> tuple[list[dict], dict[str, str]]
 
 
 def run(cfg: ProductionTraceParams, record) -> dict:
-    """Every part in order; ``raw/`` is written as each finishes. Returns the tables."""
+    """Every part in order; ``raw/`` is written as each finishes, then every declared table is built from it
+    (``record.save_tables``, as ``kmesh verify`` builds them). Returns the results."""
     requests = load_requests(cfg)
     inputs = {}
     if cfg.TRACE_FILE is not None:
@@ -82,44 +72,26 @@ def run(cfg: ProductionTraceParams, record) -> dict:
     inputs.update(cost_hashes)
     record.append_jsonl(COSTS, costs)
     record.save("inputs", inputs)
-    record.save("trace", {"name": trace_name(cfg), **trace_stats(requests)})
-    seconds = {}
 
     longest = max(r.num_prompt_tokens + r.num_output_tokens for r in requests)
-    arms, not_run = [], []
+    not_run = []
     for pool in replay_pools(cfg):
-        if pool["num_blocks"] * cfg.BLOCK_SIZE < longest:
-            not_run.append({**pool, "why": f"the pool holds {pool['num_blocks'] * cfg.BLOCK_SIZE} tokens, the longest "
-                                           f"request {longest}: vLLM cannot schedule it"})
+        if pool.num_blocks * cfg.BLOCK_SIZE < longest:
+            why = (f"the pool holds {pool.num_blocks * cfg.BLOCK_SIZE} tokens, the longest request {longest}: vLLM "
+                   "cannot schedule it")
+            not_run.append({**dataclasses.asdict(pool), "why": why})
             continue
-        params = replay.engine_params(cfg, "replay", pool["num_blocks"], cfg.BLOCK_SIZE, replay.max_model_len(requests))
-        if pool["mode"] == "sequential":
-            arm = {"arm": f"replay/{pool['shape']}/{pool['pool_gib']:g}GiB", "pool_gib": pool["pool_gib"],
-                   "shape": pool["shape"], "mode": "sequential", **replay.run_sequential(params, requests)}
+        params = replay.engine_params(cfg, "replay", pool.num_blocks, cfg.BLOCK_SIZE, replay.max_model_len(requests))
+        if pool.mode == "sequential":
+            arm = {"arm": f"replay/{pool.shape}/{pool.pool_gib:g}GiB", "pool_gib": pool.pool_gib,
+                   "shape": pool.shape, "mode": "sequential", **replay.run_sequential(params, requests)}
         else:
             params = dataclasses.replace(params, MAX_NUM_SEQS=cfg.MAX_NUM_SEQS)
-            arm = {"arm": f"concurrent/{pool['shape']}/{pool['pool_gib']:g}GiB", "pool_gib": pool["pool_gib"],
-                   "shape": pool["shape"], **replay.run_concurrent(params, requests, cfg.STEP_BASE_S,
+            arm = {"arm": f"concurrent/{pool.shape}/{pool.pool_gib:g}GiB", "pool_gib": pool.pool_gib,
+                   "shape": pool.shape, **replay.run_concurrent(params, requests, cfg.STEP_BASE_S,
                                                                     cfg.STEP_S_PER_TOKEN)}
         record.append_jsonl(REPLAY, arm)
-        arms.append(arm)
     record.save("replay_not_run", not_run)
-
-    t0 = time.monotonic()
-    access = access_trace(requests, cfg.BLOCK_SIZE)
-    seconds["access_trace_s"] = round(time.monotonic() - t0, 2)
-    timings: dict = {}
-    record.save("pools", tables.pool_table(cfg, access, arms, timings))
-    seconds["ideal_s"] = timings.get("ideal_s", [])
-    record.save("replays", tables.replay_rows(cfg, access, arms))
-    if any(a.get("mode") == "concurrent" for a in arms):
-        record.save("concurrent", tables.concurrent_rows(cfg, access, arms))
-    t0 = time.monotonic()
-    record.save("tiers", tables.tier_table(cfg, access, costs))
-    seconds["tiers_s"] = round(time.monotonic() - t0, 2)
-    t0 = time.monotonic()
-    record.save("engines", tables.engine_table(cfg, access))
-    seconds["engines_s"] = round(time.monotonic() - t0, 2)
 
     if cfg.PARITY_NUM_REQUESTS:
         part = requests[:cfg.PARITY_NUM_REQUESTS]
@@ -129,10 +101,13 @@ def run(cfg: ProductionTraceParams, record) -> dict:
             params = replay.engine_params(cfg, engine, num_blocks, cfg.PARITY_BLOCK_SIZE, length)
             out = replay.run_sequential(params, part, max_tokens=cfg.PARITY_MAX_TOKENS)
             record.append_jsonl(PARITY, {"arm": f"parity/{engine}", **out})
-        record.save("parity", tables.parity_table(record.files().raw(PARITY)))
-    seconds["replay_s"] = [a["seconds"] for a in arms if a.get("mode", "sequential") == "sequential"]
-    seconds["concurrent_s"] = [a["seconds"] for a in arms if a.get("mode") == "concurrent"]
-    record.save("seconds", seconds)
+
+    record.save_tables(TABLES)  # the trace, pools, replays, concurrent, tiers, engines, parity: from raw/
+    run = record.files()
+    arms = run.records(REPLAY)
+    record.save("seconds", {**tables.derived(run)["seconds"],
+                            "replay_s": [a.seconds for a in arms if a.mode == "sequential"],
+                            "concurrent_s": [a.seconds for a in arms if a.mode == "concurrent"]})
     return record.results
 
 
@@ -145,14 +120,14 @@ def plan(cfg: ProductionTraceParams) -> dict:
         "blocks": f"{cfg.BLOCK_SIZE}-token blocks; each 512-token hash id -> 512 token ids seeded by (SEED, id)",
         "KV bytes per token": ", ".join(f"{s} {bytes_per_token(s, cfg.KV_DTYPE):,}" for s in cfg.SHAPES)
                               + f" ({cfg.KV_DTYPE})",
-        "pools (LRU, ideal)": "; ".join(f"{p['shape']} {p['pool_gib']:g} GiB = {p['num_blocks']:,} blocks"
+        "pools (LRU, ideal)": "; ".join(f"{p.shape} {p.pool_gib:g} GiB = {p.num_blocks:,} blocks"
                                         for p in pools),
-        "stock vLLM replayed": "; ".join(f"{p['shape']} {p['pool_gib']:g} GiB = {p['num_blocks']:,} blocks, {p['mode']}"
+        "stock vLLM replayed": "; ".join(f"{p.shape} {p.pool_gib:g} GiB = {p.num_blocks:,} blocks, {p.mode}"
                                          for p in replay_pools(cfg))
                                + (f" (concurrent: arrivals at the trace's timestamps, MAX_NUM_SEQS {cfg.MAX_NUM_SEQS}, "
                                   f"step = {cfg.STEP_BASE_S:g} s + {cfg.STEP_S_PER_TOKEN:g} s x scheduled tokens)"
                                   if cfg.CONCURRENT_POOL_GIB else ""),
-        "external tiers": "; ".join(f"{t['shape']} {t['tier']} {t['tier_gib']:g} GiB" for t in tier_grid(cfg))
+        "external tiers": "; ".join(f"{t.shape} {t.tier} {t.tier_gib:g} GiB" for t in tier_grid(cfg))
                           + f", behind {cfg.TIER_POOL_GIB:g} GiB; priced with {', '.join(cfg.CROSSOVER_RUNS)}",
         "engines": f"{cfg.NUM_ENGINES} engines of {cfg.ENGINE_POOL_GIB:g} GiB ({cfg.REPLAY_SHAPE}): round-robin, "
                    f"prefix-aware (slack {cfg.LOAD_SLACK:g}), round-robin + shared {cfg.SHARED_TIER_GIB:g} GiB tier",
@@ -161,6 +136,6 @@ def plan(cfg: ProductionTraceParams) -> dict:
                    if cfg.PARITY_NUM_REQUESTS else "none"),
         "expected duration": "the full conversation trace: ~4 min per replayed pool (12,031 requests, 4.1M decode "
                              "tokens in ~0.3M steps of up to 16 on 2 cores), ~15 s per ideal, ~1 min of tiers and "
-                             "engines; the checks recompute the tables once more" if cfg.TRACE_FILE and not cfg.NUM_REQUESTS else
+                             "engines, built once for the tables and the checks" if cfg.TRACE_FILE and not cfg.NUM_REQUESTS else
                              "minutes (a slice or the synthetic trace)",
     }

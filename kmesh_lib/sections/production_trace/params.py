@@ -1,6 +1,7 @@
 """Section 23's parameters, raw file names, and the pool, tier and cost sizes they give."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import Field
@@ -107,28 +108,53 @@ def gib_to_blocks(gib: float, shape: str, dtype: str, block_size: int) -> int:
     return int(gib * GIB) // (bytes_per_token(shape, dtype) * block_size)
 
 
-def pool_grid(cfg) -> list[dict]:
-    """The sweep's GPU pools: one row per (shape, GiB) with its usable blocks; POOL_GIB for every shape,
+@dataclass(frozen=True)
+class Pool:
+    """A GPU pool of the sweep: ``num_blocks`` usable blocks of ``shape`` in ``pool_gib`` GiB of KV."""
+
+    shape: str
+    pool_gib: float
+    num_blocks: int
+
+
+@dataclass(frozen=True)
+class ReplayPool(Pool):
+    """A pool replayed through vLLM's scheduler, one request at a time or on the step-time model's clock."""
+
+    mode: Literal["sequential", "concurrent"]
+
+
+@dataclass(frozen=True)
+class Tier:
+    """An external tier of ``tier_blocks`` (``tier_gib``) behind a GPU pool of ``pool_blocks``."""
+
+    shape: str
+    tier: Literal["dram", "disk"]
+    tier_gib: float
+    pool_blocks: int
+    tier_blocks: int
+
+
+def pool_grid(cfg) -> list[Pool]:
+    """The sweep's GPU pools: one per (shape, GiB) with its usable blocks; POOL_GIB for every shape,
     and the replayed pools (REPLAY_POOL_GIB, REPLAY_SHAPE)."""
     sizes = {(shape, gib) for shape in cfg.SHAPES for gib in cfg.POOL_GIB}
     sizes |= {(cfg.REPLAY_SHAPE, gib) for gib in cfg.REPLAY_POOL_GIB}
     order = {shape: i for i, shape in enumerate(dict.fromkeys([*cfg.SHAPES, cfg.REPLAY_SHAPE]))}
-    return [{"shape": shape, "pool_gib": gib, "num_blocks": gib_to_blocks(gib, shape, cfg.KV_DTYPE, cfg.BLOCK_SIZE)}
+    return [Pool(shape, gib, gib_to_blocks(gib, shape, cfg.KV_DTYPE, cfg.BLOCK_SIZE))
             for shape, gib in sorted(sizes, key=lambda x: (order[x[0]], x[1]))]
 
 
-def replay_pools(cfg) -> list[dict]:
+def replay_pools(cfg) -> list[ReplayPool]:
     """The pools replayed through vLLM's scheduler (REPLAY_SHAPE): sequentially, then concurrently."""
-    return [{"shape": cfg.REPLAY_SHAPE, "pool_gib": gib, "mode": mode,
-             "num_blocks": gib_to_blocks(gib, cfg.REPLAY_SHAPE, cfg.KV_DTYPE, cfg.BLOCK_SIZE)}
+    return [ReplayPool(cfg.REPLAY_SHAPE, gib, gib_to_blocks(gib, cfg.REPLAY_SHAPE, cfg.KV_DTYPE, cfg.BLOCK_SIZE), mode)
             for mode, sizes in (("sequential", cfg.REPLAY_POOL_GIB), ("concurrent", cfg.CONCURRENT_POOL_GIB))
             for gib in sizes]
 
 
-def tier_grid(cfg) -> list[dict]:
-    """The external tiers: one row per (shape, kind, GiB) behind a TIER_POOL_GIB pool."""
-    return [{"shape": shape, "tier": kind, "tier_gib": gib,
-             "pool_blocks": gib_to_blocks(cfg.TIER_POOL_GIB, shape, cfg.KV_DTYPE, cfg.BLOCK_SIZE),
-             "tier_blocks": gib_to_blocks(gib, shape, cfg.KV_DTYPE, cfg.BLOCK_SIZE)}
+def tier_grid(cfg) -> list[Tier]:
+    """The external tiers: one per (shape, kind, GiB) behind a TIER_POOL_GIB pool."""
+    return [Tier(shape, kind, gib, gib_to_blocks(cfg.TIER_POOL_GIB, shape, cfg.KV_DTYPE, cfg.BLOCK_SIZE),
+                 gib_to_blocks(gib, shape, cfg.KV_DTYPE, cfg.BLOCK_SIZE))
             for shape in cfg.SHAPES for kind, sizes in (("dram", cfg.DRAM_TIER_GIB), ("disk", cfg.DISK_TIER_GIB))
             for gib in sizes]

@@ -16,21 +16,21 @@ def _tokens(n) -> str:
 def counts(run) -> dict[str, int | str]:
     """Deterministic facts of the run (the smoke golden pins them; no timings)."""
     run = RunFiles.of(run)
-    trace = run.raw(TRACE)
-    arms, parity = run.raw(REPLAY), run.raw(PARITY)
+    trace = run.records(TRACE)
+    arms, parity = run.records(REPLAY), run.records(PARITY)
     results = run.results
     out: dict[str, int | str] = {
-        "num_requests": len(trace), "num_prompt_tokens": sum(r["input_length"] for r in trace),
-        "num_output_tokens": sum(r["output_length"] for r in trace),
-        "num_distinct_hash_blocks": len({h for r in trace for h in r["hash_ids"]}),
+        "num_requests": len(trace), "num_prompt_tokens": sum(r.input_length for r in trace),
+        "num_output_tokens": sum(r.output_length for r in trace),
+        "num_distinct_hash_blocks": len({h for r in trace for h in r.hash_ids}),
         "num_replay_arms": len(arms)}
     for arm in arms:
-        out[f"{arm['arm']}: num_cached_tokens"] = sum(arm["requests"]["num_cached_tokens"])
+        out[f"{arm.arm}: num_cached_tokens"] = sum(arm.requests.num_cached_tokens)
     for row in results.get("pools", []):
         out[f"{row['shape']} {row['pool_gib']:g} GiB: ideal / LRU prefill tokens"] = (
             f"{row['ideal_prefill_tokens']} / {row['lru_prefill_tokens']}")
     for p in parity:
-        out[f"parity {p['engine']}: num_cached_tokens"] = sum(p["requests"]["num_cached_tokens"])
+        out[f"parity {p.engine}: num_cached_tokens"] = sum(p.requests.num_cached_tokens)
     return out
 
 

@@ -1,8 +1,8 @@
 """Section 23's declared result (``base.declared``): every table ``results.json`` holds, built from ``raw/``
 (the trace, the replay arms, the parity slice, section 21's costs) and the params, as ``checks`` build them.
 
-The run computes each table once while it measures and saves it; ``kmesh verify`` builds them again here
-and holds results.json to them. They come from ``tables.derived``, built once per content of raw/ and the
+The run saves them with ``record.save_tables(TABLES)`` once raw/ is written; ``kmesh verify`` builds them
+again here and holds results.json to them. They come from ``tables.derived``, built once per content of raw/ and the
 params in a process, so the checks and these declarations of one verify share one build (the costly part).
 """
 from __future__ import annotations
@@ -10,23 +10,22 @@ from __future__ import annotations
 from kmesh_lib.base.declared import ABSENT, Table, recorded_only
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.production_trace import tables
-from kmesh_lib.sections.production_trace.experiment import trace_name
 from kmesh_lib.sections.production_trace.params import PARITY, REPLAY, TRACE
-from kmesh_lib.sections.production_trace.trace import trace_stats
+from kmesh_lib.sections.production_trace.trace import trace_name, trace_stats
 
 
 def _trace(run):
     run = RunFiles.of(run)
-    return {"name": trace_name(run.params), **trace_stats(tables.requests_of(run.raw(TRACE)))}
+    return {"name": trace_name(run.params), **trace_stats(tables.requests_of(run.records(TRACE)))}
 
 
 def _concurrent(run):
-    arms = RunFiles.of(run).raw(REPLAY)
-    return tables.derived(run)["concurrent"] if any(a.get("mode") == "concurrent" for a in arms) else ABSENT
+    arms = RunFiles.of(run).records(REPLAY)
+    return tables.derived(run)["concurrent"] if any(a.mode == "concurrent" for a in arms) else ABSENT
 
 
 def _parity(run):
-    parity = RunFiles.of(run).raw(PARITY)
+    parity = RunFiles.of(run).records(PARITY)
     return tables.parity_table(parity) if parity else ABSENT
 
 

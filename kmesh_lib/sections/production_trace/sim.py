@@ -29,6 +29,7 @@ import numpy as np
 from numba import njit
 
 from kmesh_lib.bounds.lru import evict, leading_run, lru_arrays, new_pools, pool_hit_blocks, write
+from kmesh_lib.sections.production_trace.captures import CostRow
 from kmesh_lib.sections.production_trace.trace import TraceAccesses as AccessTrace
 
 ROUTES = ("round_robin", "prefix_aware", "round_robin_shared_tier")
@@ -148,9 +149,9 @@ def engine_loads(trace: AccessTrace, result: dict[str, list[int]], num_engines: 
 
 # -- costs --
 
-def cost_curve(rows: list[dict], shape: str, arm: str) -> tuple[list[int], list[float]]:
+def cost_curve(rows: list[CostRow], shape: str, arm: str) -> tuple[list[int], list[float]]:
     """(context tokens, TTFT ms) of one arm of one shape, sorted by context."""
-    points = sorted((r["context_tokens"], r["ttft_ms"]) for r in rows if r["shape"] == shape and r["arm"] == arm)
+    points = sorted((r.context_tokens, r.ttft_ms) for r in rows if r.shape == shape and r.arm == arm)
     return [p[0] for p in points], [p[1] for p in points]
 
 
@@ -163,7 +164,7 @@ def interp_ms(xs: list[int], ys: list[float], k: np.ndarray) -> np.ndarray:
     return np.where(k < xs[0], lo, np.where(k > xs[-1], hi, y))
 
 
-def saved_ms(rows: list[dict], shape: str, arm: str, restored_tokens: list[int]) -> np.ndarray:
+def saved_ms(rows: list[CostRow], shape: str, arm: str, restored_tokens: list[int]) -> np.ndarray:
     """Per request: estimated prefill time saved by restoring ``restored_tokens`` with ``arm`` (dram or
     disk) instead of recomputing them (0 where nothing is restored; negative where restoring is slower)."""
     k = np.asarray(restored_tokens, dtype=float)

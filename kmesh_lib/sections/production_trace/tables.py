@@ -20,8 +20,8 @@ Vocabulary (token counts over every request of the trace):
 """
 from __future__ import annotations
 
-import json
 import time
+from dataclasses import asdict
 
 import numpy as np
 
@@ -29,6 +29,7 @@ from kmesh_lib.base.derived import once_per_content
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.bounds.ideal import BoundResult, simulate_min
 from kmesh_lib.sections.production_trace import sim
+from kmesh_lib.sections.production_trace.captures import CostRow, ParityRun, ReplayArm, TraceLine
 from kmesh_lib.sections.production_trace.params import (
     COSTS,
     REPLAY,
@@ -37,12 +38,13 @@ from kmesh_lib.sections.production_trace.params import (
     pool_grid,
     tier_grid,
 )
-from kmesh_lib.sections.production_trace.trace import TraceRequest, access_trace, parse_request
+from kmesh_lib.sections.production_trace.trace import TraceRequest, access_trace, consistent
 
 
-def requests_of(records: list[dict]) -> list[TraceRequest]:
-    """The trace as ``raw/trace.jsonl`` holds it."""
-    return [parse_request(json.dumps(r), f"raw/trace.jsonl:{i + 1}") for i, r in enumerate(records)]
+def requests_of(records: list[TraceLine]) -> list[TraceRequest]:
+    """The trace as ``raw/trace.jsonl`` holds it; TraceFormatError at a request whose hash ids do not cover its
+    prompt."""
+    return [consistent(r.request(), f"raw/{TRACE}: request {i}") for i, r in enumerate(records)]
 
 
 def _pass(access, key: tuple, compute):
@@ -71,32 +73,31 @@ def _share(part: int, whole: int) -> float:
     return round(part / whole, 4) if whole else 0.0
 
 
-def stock_columns(arm: dict) -> dict:
-    cols = arm["requests"]
-    prompt = sum(cols["num_prompt_tokens"])
-    cached = sum(cols["num_cached_tokens"])
+def stock_columns(arm: ReplayArm) -> dict:
+    prompt = sum(arm.requests.num_prompt_tokens)
+    cached = sum(arm.requests.num_cached_tokens)
     return {"stock_prefill_tokens": prompt - cached, "stock_cached_share": _share(cached, prompt)}
 
 
-def pool_table(cfg, access, arms: list[dict], timings: dict | None = None) -> list[dict]:
+def pool_table(cfg, access, arms: list[ReplayArm], timings: dict | None = None) -> list[dict]:
     """One row per (shape, pool GiB): LRU and ideal at every size, stock where a replay arm ran at it.
 
     ``timings``, when given, receives the seconds each ideal took (``ideal_s``, by row)."""
-    by_blocks = {arm["num_blocks"]: arm for arm in arms if arm.get("mode", "sequential") == "sequential"}
+    by_blocks = {arm.num_blocks: arm for arm in arms if arm.mode == "sequential"}
     rows = []
     for pool in pool_grid(cfg):
         t0 = time.monotonic()
-        bound = ideal(access, pool["num_blocks"])
+        bound = ideal(access, pool.num_blocks)
         if timings is not None:
             timings.setdefault("ideal_s", []).append(round(time.monotonic() - t0, 2))
         prompt = bound.num_prompt_tokens
-        lru_prefill = prompt - sum(lru_hits(access, pool["num_blocks"])) * cfg.BLOCK_SIZE
-        row = {**pool, "pool_tokens": pool["num_blocks"] * cfg.BLOCK_SIZE, "num_prompt_tokens": prompt,
+        lru_prefill = prompt - sum(lru_hits(access, pool.num_blocks)) * cfg.BLOCK_SIZE
+        row = {**asdict(pool), "pool_tokens": pool.num_blocks * cfg.BLOCK_SIZE, "num_prompt_tokens": prompt,
                "num_compulsory_tokens": bound.num_compulsory_tokens,
                "ideal_prefill_tokens": bound.num_prefill_tokens, "lru_prefill_tokens": lru_prefill,
                "ideal_cached_share": _share(prompt - bound.num_prefill_tokens, prompt),
                "lru_cached_share": _share(prompt - lru_prefill, prompt)}
-        arm = by_blocks.get(pool["num_blocks"]) if pool["shape"] == cfg.REPLAY_SHAPE else None
+        arm = by_blocks.get(pool.num_blocks) if pool.shape == cfg.REPLAY_SHAPE else None
         observed = stock_columns(arm)["stock_prefill_tokens"] if arm else None
         base = observed if observed is not None else lru_prefill
         row.update({"stock": "replayed" if arm else "LRU reference", "stock_prefill_tokens": observed,
@@ -107,48 +108,48 @@ def pool_table(cfg, access, arms: list[dict], timings: dict | None = None) -> li
     return rows
 
 
-def replay_rows(cfg, access, arms: list[dict]) -> list[dict]:
+def replay_rows(cfg, access, arms: list[ReplayArm]) -> list[dict]:
     """Each replay arm against the LRU reference and the ideal at its pool, request by request."""
     rows = []
     for arm in arms:
-        if arm.get("mode", "sequential") != "sequential":
+        if arm.mode != "sequential":
             continue
-        hits = lru_hits(access, arm["num_blocks"])
-        cached = arm["requests"]["num_cached_tokens"]
+        hits = lru_hits(access, arm.num_blocks)
+        cached = arm.requests.num_cached_tokens
         differ = [i for i, (c, h) in enumerate(zip(cached, hits)) if c != h * access.block_size]
-        rows.append({"pool_gib": arm["pool_gib"], "num_blocks": arm["num_blocks"], "num_requests": len(cached),
+        rows.append({"pool_gib": arm.pool_gib, "num_blocks": arm.num_blocks, "num_requests": len(cached),
                      **stock_columns(arm), "lru_prefill_tokens": sum(access.num_prompt_tokens)
                      - sum(hits) * access.block_size,
-                     "ideal_prefill_tokens": ideal(access, arm["num_blocks"]).num_prefill_tokens,
+                     "ideal_prefill_tokens": ideal(access, arm.num_blocks).num_prefill_tokens,
                      "num_requests_differing_from_lru": len(differ), "first_differing_request": differ[0] if differ else None,
-                     "seconds": arm["seconds"], "drain_ok": arm["drain_ok"]})
+                     "seconds": arm.seconds, "drain_ok": arm.drain_ok})
     return rows
 
 
-def concurrent_rows(cfg, access, arms: list[dict]) -> list[dict]:
+def concurrent_rows(cfg, access, arms: list[ReplayArm]) -> list[dict]:
     """Each concurrent arm: stock's prefill when first scheduled, what preemption made it compute again,
     the ideal at its pool, and first-token times on the step-time model's clock (quantiles, seconds)."""
     rows = []
     for arm in arms:
-        if arm.get("mode") != "concurrent":
+        if arm.mode != "concurrent":
             continue
-        cols = arm["requests"]
-        prompt = sum(cols["num_prompt_tokens"])
-        first = [p - c for p, c in zip(cols["num_prompt_tokens"], cols["num_cached_tokens"])]
-        decode = [max(o - 1, 0) for o in cols["num_output_tokens"]]
-        recomputed = sum(s - f - d for s, f, d in zip(cols["num_scheduled_tokens"], first, decode))
-        ttft = np.asarray(cols["t_first_token_s"]) - np.asarray(cols["t_arrival_s"])
-        rows.append({"pool_gib": arm["pool_gib"], "num_blocks": arm["num_blocks"], "num_requests": len(first),
-                     "max_num_seqs": arm["max_num_seqs"], "stock_prefill_tokens": sum(first),
+        cols = arm.requests
+        prompt = sum(cols.num_prompt_tokens)
+        first = [p - c for p, c in zip(cols.num_prompt_tokens, cols.num_cached_tokens)]
+        decode = [max(o - 1, 0) for o in cols.num_output_tokens]
+        recomputed = sum(s - f - d for s, f, d in zip(cols.num_scheduled_tokens, first, decode))
+        ttft = np.asarray(cols.t_first_token_s) - np.asarray(cols.t_arrival_s)
+        rows.append({"pool_gib": arm.pool_gib, "num_blocks": arm.num_blocks, "num_requests": len(first),
+                     "max_num_seqs": arm.max_num_seqs, "stock_prefill_tokens": sum(first),
                      "stock_cached_share": _share(prompt - sum(first), prompt), "recomputed_tokens": recomputed,
-                     "num_preempted_requests": sum(n > 0 for n in cols["num_preemptions"]),
-                     "ideal_prefill_tokens": ideal(access, arm["num_blocks"]).num_prefill_tokens,
-                     "ttft_s": sim.distribution(ttft), "span_s": arm["span_s"], "num_steps": arm["num_steps"],
-                     "seconds": arm["seconds"], "drain_ok": arm["drain_ok"]})
+                     "num_preempted_requests": sum(n > 0 for n in cols.num_preemptions),
+                     "ideal_prefill_tokens": ideal(access, arm.num_blocks).num_prefill_tokens,
+                     "ttft_s": sim.distribution(ttft), "span_s": arm.span_s, "num_steps": arm.num_steps,
+                     "seconds": arm.seconds, "drain_ok": arm.drain_ok})
     return rows
 
 
-def tier_table(cfg, access, costs: list[dict]) -> list[dict]:
+def tier_table(cfg, access, costs: list[CostRow]) -> list[dict]:
     """One row per (shape, tier kind, tier GiB) behind a TIER_POOL_GIB pool: what the tier restores
     (LRU), the ideal of one pool as large as both, and the prefill time the restores save per
     request, priced with section 21's measured TTFTs for that shape (dram or disk arm)."""
@@ -156,17 +157,17 @@ def tier_table(cfg, access, costs: list[dict]) -> list[dict]:
     # a pool at least as large as the trace's distinct blocks never evicts: every such size has one ideal
     num_distinct = len(set(access.block_hash))
     for tier in tier_grid(cfg):
-        gpu_hits = lru_hits(access, tier["pool_blocks"])
-        if tier["tier_blocks"] >= tier["pool_blocks"]:
-            tier_hits = sim.tier_hits_over_pool(gpu_hits, tier_alone_hits(access, tier["tier_blocks"], num_distinct))
+        gpu_hits = lru_hits(access, tier.pool_blocks)
+        if tier.tier_blocks >= tier.pool_blocks:
+            tier_hits = sim.tier_hits_over_pool(gpu_hits, tier_alone_hits(access, tier.tier_blocks, num_distinct))
         else:
-            tier_hits = sim.tier_hits(access, gpu_hits, tier["tier_blocks"])
-        both = min(tier["pool_blocks"] + tier["tier_blocks"], num_distinct)
+            tier_hits = sim.tier_hits(access, gpu_hits, tier.tier_blocks)
+        both = min(tier.pool_blocks + tier.tier_blocks, num_distinct)
         both_prefill = ideal(access, both).num_prefill_tokens
         prompt = sum(access.num_prompt_tokens)
         restored = [t * access.block_size for t in tier_hits]
-        run_ids = sorted({c["run_id"] for c in costs if c["shape"] == tier["shape"]})
-        row = {**tier, "gpu_reused_tokens": sum(gpu_hits) * access.block_size, "tier_restored_tokens": sum(restored),
+        run_ids = sorted({c.run_id for c in costs if c.shape == tier.shape})
+        row = {**asdict(tier), "gpu_reused_tokens": sum(gpu_hits) * access.block_size, "tier_restored_tokens": sum(restored),
                "ideal_reused_tokens": prompt - both_prefill, "num_prompt_tokens": prompt,
                "num_restoring_requests": sum(r > 0 for r in restored),
                "restored_tokens_per_request": sim.distribution(np.asarray(restored)),
@@ -174,7 +175,7 @@ def tier_table(cfg, access, costs: list[dict]) -> list[dict]:
         row["reused_share"] = _share(row["gpu_reused_tokens"] + row["tier_restored_tokens"], prompt)
         row["ideal_reused_share"] = _share(row["ideal_reused_tokens"], prompt)
         if run_ids:
-            saved = sim.saved_ms(costs, tier["shape"], tier["tier"], restored)
+            saved = sim.saved_ms(costs, tier.shape, tier.tier, restored)
             row["saved_ms_per_request"] = sim.distribution(saved)
             row["saved_ms_per_restoring_request"] = sim.distribution(saved[np.asarray(restored) > 0])
             row["saved_s_total"] = round(float(saved.sum()) / 1e3, 2)
@@ -204,12 +205,11 @@ def engine_table(cfg, access) -> list[dict]:
     return rows
 
 
-def parity_table(records: list[dict]) -> list[dict]:
+def parity_table(records: list[ParityRun]) -> list[dict]:
     """Per engine of the parity slice: requests, prompt and cached tokens."""
-    return [{"engine": r["engine"], "model": r["model"], "block_size": r["block_size"], "num_blocks": r["num_blocks"],
-             "num_requests": len(r["requests"]["num_cached_tokens"]),
-             "num_prompt_tokens": sum(r["requests"]["num_prompt_tokens"]),
-             "num_cached_tokens": sum(r["requests"]["num_cached_tokens"]), "drain_ok": r["drain_ok"]}
+    return [{"engine": r.engine, "model": r.model, "block_size": r.block_size, "num_blocks": r.num_blocks,
+             "num_requests": len(r.requests.num_cached_tokens), "num_prompt_tokens": sum(r.requests.num_prompt_tokens),
+             "num_cached_tokens": sum(r.requests.num_cached_tokens), "drain_ok": r.drain_ok}
             for r in records]
 
 
@@ -217,23 +217,34 @@ def parity_table(records: list[dict]) -> list[dict]:
 
 def _build(run: RunFiles) -> dict:
     cfg = run.params
-    requests = requests_of(run.raw(TRACE))
-    arms, costs = run.raw(REPLAY), run.raw(COSTS)
-    access = access_trace(requests, cfg.BLOCK_SIZE) if requests else None
-    out = {"replays": [], "concurrent": [], "pools": None, "tiers": None, "engines": None, "lru_alone": {}}
-    if access is not None:
-        tiers = tier_table(cfg, access, costs)
-        out.update(replays=replay_rows(cfg, access, arms), concurrent=concurrent_rows(cfg, access, arms),
-                   pools=pool_table(cfg, access, arms), tiers=tiers, engines=engine_table(cfg, access),
-                   lru_alone={t["pool_blocks"]: sum(lru_hits(access, t["pool_blocks"])) * cfg.BLOCK_SIZE
-                              for t in tiers})
+    requests = requests_of(run.records(TRACE))
+    arms, costs = run.records(REPLAY), run.records(COSTS)
+    out = {"replays": [], "concurrent": [], "pools": None, "tiers": None, "engines": None, "lru_alone": {},
+           "seconds": {}}
+    if not requests:
+        return out
+    seconds = out["seconds"]
+    t0 = time.monotonic()
+    access = access_trace(requests, cfg.BLOCK_SIZE)
+    seconds["access_trace_s"] = round(time.monotonic() - t0, 2)
+    out["pools"] = pool_table(cfg, access, arms, seconds)  # first: each ideal's own time (ideal_s, by row)
+    out.update(replays=replay_rows(cfg, access, arms), concurrent=concurrent_rows(cfg, access, arms))
+    t0 = time.monotonic()
+    out["tiers"] = tier_table(cfg, access, costs)
+    seconds["tiers_s"] = round(time.monotonic() - t0, 2)
+    t0 = time.monotonic()
+    out["engines"] = engine_table(cfg, access)
+    seconds["engines_s"] = round(time.monotonic() - t0, 2)
+    out["lru_alone"] = {t["pool_blocks"]: sum(lru_hits(access, t["pool_blocks"])) * cfg.BLOCK_SIZE
+                        for t in out["tiers"]}
     return out
 
 
 def derived(run) -> dict:
     """Every table of ``run`` built again from ``raw/`` (trace, replay arms, costs) and its params, the tables
     ``checks`` and the declared tables hold ``results.json`` to: ``replays``, ``concurrent``, ``pools``,
-    ``tiers``, ``engines``, and ``lru_alone`` (the pool's LRU reuse, tokens, by pool blocks, for the tier check).
+    ``tiers``, ``engines``, and ``lru_alone`` (the pool's LRU reuse, tokens, by pool blocks, for the tier check);
+    and ``seconds``, what building them took (the run records it; verify compares none of it).
 
     Built once per content in a process (``base.derived``: keyed by those three captures and the params as
     recorded, all but RUN_DIR), so one ``kmesh verify`` (the checks, then the declared tables) builds them

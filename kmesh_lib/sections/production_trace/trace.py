@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kmesh_lib.base.data import data_root, resolve_path
 from kmesh_lib.bounds.access import AccessTrace
 from kmesh_lib.engine.replay import NUM_SPECIAL_TOKENS
 
@@ -56,11 +57,28 @@ def parse_request(line: str, where: str) -> TraceRequest:
                            tuple(int(h) for h in rec["hash_ids"]))
     except (ValueError, KeyError, TypeError) as e:
         raise TraceFormatError(f"{where}: not a Mooncake request ({type(e).__name__}: {e})") from None
+    return consistent(req, where)
+
+
+def consistent(req: TraceRequest, where: str) -> TraceRequest:
+    """``req`` when its hash ids cover its prompt (one per 512 tokens, the last maybe partial) and both lengths are
+    positive; TraceFormatError naming ``where`` otherwise."""
     want = -(-req.num_prompt_tokens // HASH_BLOCK_TOKENS)
     if req.num_prompt_tokens <= 0 or req.num_output_tokens <= 0 or len(req.hash_ids) != want:
         raise TraceFormatError(f"{where}: {len(req.hash_ids)} hash ids for {req.num_prompt_tokens} prompt tokens "
                                f"(want {want}), output {req.num_output_tokens}")
     return req
+
+
+def trace_name(cfg) -> str:
+    """The trace's file path relative to the data root, or ``synthetic``."""
+    if cfg.TRACE_FILE is None:
+        return "synthetic"
+    path = resolve_path(cfg.TRACE_FILE)
+    try:
+        return str(path.relative_to(data_root()))
+    except ValueError:
+        return path.name
 
 
 def load_trace(path: Path, limit: int | None = None) -> list[TraceRequest]:
