@@ -44,11 +44,17 @@ def handoff_by_variant(rows: dict[str, list[dict]], model: str, context_tokens: 
     against the engine-launched arm's rows: its stalls placed against the thread's launches, and each restore's
     step paired with the engine-launched one of the same repeat (a row's index in its list: the arms run
     interleaved, repeat by repeat)."""
+    from kmesh_lib.sections.crossover.captures import GridRow, RestoreSplit
     from kmesh_lib.sections.crossover.report import HANDOFF_PAIR, handoff_table
 
     handed, own = HANDOFF_PAIR
-    def as_section_rows(arm_rows: list[dict], arm: str) -> list[dict]:
-        return [{**r, "model": model, "context_tokens": context_tokens, "repeat": i, "measured": True, "arm": arm}
+
+    def as_section_rows(arm_rows: list[dict], arm: str) -> list[GridRow]:
+        # the parts of a grid row the hand-off table reads (a bench row is no capture: its other fields are not
+        # those of a section run, so it is constructed, not validated; its restore split is validated)
+        return [GridRow.model_construct(model=model, context_tokens=context_tokens, repeat=i, measured=True, arm=arm,
+                                        status=r.get("status"), split=RestoreSplit.model_validate(r["split"])
+                                        if r.get("split") else None)
                 for i, r in enumerate(arm_rows)]
 
     own_rows = as_section_rows(rows.get(own, []), own)
