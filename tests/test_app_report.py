@@ -6,7 +6,7 @@ import nbformat
 import pytest
 
 from kmesh_lib.app import cli
-from kmesh_lib.app.report import clean_for_report, render_report
+from kmesh_lib.app.report import SMOKE_NOTE, clean_for_report, render_report
 
 VLLM_LINES = ("INFO 12-01 04:33:43 [core.py:93] Initializing a V1 LLM engine with config: model='tiny'\n"
               "WARNING 12-01 04:33:44 [chat_utils.py:12] Chat template warmup failed\n"
@@ -62,6 +62,7 @@ def test_the_report_has_a_header_an_answer_and_no_network_script(section, capsys
                    "https://", "VBox("):
         assert absent not in page, absent
     assert "a warning we keep" in page
+    assert f'<span class="status-note">{SMOKE_NOTE}</span>' in page  # the fake run is a smoke run
     assert len(page.encode()) < 24_000  # the CSS is ~8 KB, not ~258 KB
 
 
