@@ -132,9 +132,27 @@ def cmd_run(args) -> int:
     for record_line in verdict.record_lines:
         if not record_line.ok:
             print(f"  {record_line.text()}")
-    print(f"{verdict.status}: {shown} ({verdict.summary()}); report.html there; "
-          f"publish with: kmesh publish {section.NUMBER} {run_dir.name}")
-    return 0 if verdict.ok and verdict.status == "passed" else 1
+    passed = verdict.ok and verdict.status == "passed"
+    print(f"{verdict.status}: {shown} ({verdict.summary()}); report.html there; {publish_hint(section, run_dir, passed)}")
+    return 0 if passed else 1
+
+
+def publish_hint(section, run_dir: Path, passed: bool) -> str:
+    """What ``kmesh publish`` takes for this run: a smoke run is refused without --allow-smoke, a run that did not
+    pass without --allow-failed and its why (the hint named the bare command for both)."""
+    command = f"kmesh publish {section.NUMBER} {run_dir.name}"
+    if resolved_profile(run_dir) == "smoke":
+        return f"a smoke run tests the pipeline and measures nothing ({command} --allow-smoke publishes it anyway)"
+    if not passed:
+        return f"it did not pass ({command} --allow-failed --why SENTENCE publishes it marked so)"
+    return f"publish with: {command}"
+
+
+def resolved_profile(run_dir: Path) -> str | None:
+    try:
+        return RunFiles(run_dir).recorded_params.get("PROFILE")
+    except RunFileError:
+        return None
 
 
 def source_run_params(section, source: str) -> tuple[Path, dict]:
