@@ -29,11 +29,11 @@ def from_rows(run: RunFiles) -> list[dict]:
     floor = {(r["model"], r["context_tokens"], r["path"]): r["transfer_floor_ms"]
              for r in (run.readable_results.get("floor_distance") or [])}
     spans: dict[tuple, list[float]] = {}
-    for r in report.usable(run.raw("rows.jsonl")):
-        if r["arm"] in report.RESTORES:
+    for r in report.usable(run.records("rows.jsonl")):
+        if r.arm in report.RESTORES:
             s, _ = report.restore_span(r)
             if s is not None:
-                spans.setdefault((r["model"], r["context_tokens"], r["arm"]), []).append(1e3 * s)
+                spans.setdefault((r.model, r.context_tokens, r.arm), []).append(1e3 * s)
     out = []
     for key, ms in sorted(spans.items()):
         med, low, high = median_of_differences(ms)

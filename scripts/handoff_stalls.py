@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> dict:
     handed_arm, own_arm = HANDOFF_PAIR
     runs, tables, binned = {}, {}, {}
     for run_dir in args.runs:
-        rows = RunFiles(run_dir).raw("rows.jsonl")
+        rows = RunFiles(run_dir, section="crossover").records("rows.jsonl")  # a run kept aside names no section
         runs[run_dir.name], tables[run_dir.name] = [], handoff_table(rows)
         for h in tables[run_dir.name]:
             print(f"{run_dir.name} {h['model']}: {h['num_stalls']} of {h['num_handed']} stalled; launch began "

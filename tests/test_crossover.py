@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+from crossover_records import COMPONENTS, as_children, as_grid_rows
 
 from kmesh_lib.base.params import ParamError, build
 from kmesh_lib.kv import floors as pf
@@ -100,14 +101,14 @@ def test_crossover_table_from_rows():
                        "disk": {256: 0.030, 1024: 0.060, 4096: 0.300},
                        "floor": {256: 0.005, 1024: 0.006, 4096: 0.008}})
     rows.append({**rows[0], "status": "cache_miss", "ttft_s": 99.0})  # never enters a table
-    table = cr.arm_table(rows)
+    table = cr.arm_table(as_grid_rows(rows))
     xo = {r["path"]: r for r in cr.crossover_table(table)}
     assert xo["dram"]["crossover_tokens"] == 1024 and xo["dram"]["speedup@4096"] == 4.0
     assert xo["disk"]["crossover_tokens"] is None and xo["disk"]["crossover"] == "none up to 4096"
     floors = cr.floor_table(table, {"disk": {"gib_per_s": 1.0}, "copy": {"gib_per_s": 1.0}})
     dram4k = next(f for f in floors if f["path"] == "dram" and f["context_tokens"] == 4096)
     assert dram4k["restore_cost_ms"] == pytest.approx(42.0)
-    comps = cr.component_table(rows)
+    comps = cr.component_table(as_grid_rows(rows))
     assert all(c["lookup_ms"] == 1.0 for c in comps)
 
 
@@ -143,7 +144,7 @@ def test_the_gpu_buffer_tier_restores_as_the_checks_read_it(smoke_run):
     [model] = [m for m in run.raw("models.jsonl") if m["tier"] == "gpubuf"]
     assert model["tier_route"]["route_used"] == "host-staged"
     assert sorted((s["context_tokens"]) for s in run.raw("stores.jsonl") if s["tier"] == "gpubuf") == [256, 512]
-    measured = [r for r in gpubuf if r["measured"]]
+    measured = [r for r in run.records("rows.jsonl") if r.tier == "gpubuf" and r.measured]
     assert measured and {c.status for c in tier_checks(measured, list(arms))} == {"ok"}
 
 
@@ -158,12 +159,13 @@ def _grid_rows(model="m", kvt=1024, grid=(256, 1024), repeats=3, warmup=1):
             order = arm_order(["recompute", "dram", "disk", "floor"], r)  # as the experiment runs them
             for i, arm in enumerate(order):
                 cached = 0 if arm == "recompute" else n
-                rows.append({"arm": arm, "context": f"{model}-{n}", "context_tokens": n, "tag": f"{model}-{n}-r{r}-{arm}",
+                rows.append({"arm": arm, "tier": "lmcache", "context": f"{model}-{n}", "context_tokens": n,
+                             "tag": f"{model}-{n}-r{r}-{arm}",
                              "status": "ok", "ttft_s": ttft[arm][n] + 1e-4 * r, "makespan_s": ttft[arm][n] + 1e-4 * r,
                              "num_cached_tokens": [cached], "expected_cached_tokens": cached,
                              "disk_read_bytes": n * kvt if arm == "disk" else 0, "device_read_bytes": None,
                              "prep_s": 0.01, "memory_tier_bytes": n * kvt if arm == "dram" else 0,
-                             "components": {"lookup_s": 0.001, "load_s": 0.002}, "model": model, "path": "mp",
+                             "components": {**COMPONENTS, "lookup_s": 0.001, "load_s": 0.002}, "model": model, "path": "mp",
                              "repeat": r, "measured": r >= warmup, "kv_bytes_per_token": kvt, "context_bytes": n * kvt,
                              "arm_position": i, "previous_arm": order[i - 1] if i else None})
     return rows
@@ -189,10 +191,10 @@ def recorded_grid(tmp_path):
     rows = _grid_rows()
     (run_dir / "raw" / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (run_dir / "raw" / "stores.jsonl").write_text("".join(json.dumps(
-        {"context": f"m-{n}", "bytes_written": n * 1024, "write_errors": 0, "seconds": 0.1, "model": "m",
+        {"context": f"m-{n}", "tier": "lmcache", "bytes_written": n * 1024, "write_errors": 0, "seconds": 0.1, "model": "m",
          "context_tokens": n, "context_bytes": n * 1024}) + "\n" for n in (256, 1024)))
-    (run_dir / "raw" / "models.jsonl").write_text(json.dumps({"model": "m", "path": "mp", "kv_bytes_per_token": 1024,
-                                                              "status": "ok"}) + "\n")
+    (run_dir / "raw" / "models.jsonl").write_text(json.dumps({"model": "m", "tier": "lmcache", "path": "mp",
+                                                              "kv_bytes_per_token": 1024, "status": "ok"}) + "\n")
     floors = {"disk": {"label": "disk", "gib_per_s": 1.0, "bytes": 1 << 20}, "copy": {"label": "copy", "gib_per_s": 8.0}}
     (run_dir / "results.json").write_text(json.dumps({"section": "crossover", "run_id": "run", "floors": floors,
                                                       "grid_seconds": 1.0}))
@@ -419,7 +421,7 @@ def _gpubuf_rows(model="m", kvt=1024, grid=(256, 1024), repeats=3, warmup=1):
                              "memory_tier_bytes_after": n * kvt if arm == "gpubuf_retained" else 0,
                              "num_restores": restores, **({"split": split} if restores else {}),
                              "forward_step_s": 0.004 + 1e-4 * r,
-                             "components": {"lookup_s": 0.001, "load_s": 0.002}, "model": model, "path": "gpubuf",
+                             "components": {**COMPONENTS, "lookup_s": 0.001, "load_s": 0.002}, "model": model, "path": "gpubuf",
                              "repeat": r, "measured": r >= warmup, "kv_bytes_per_token": kvt, "context_bytes": n * kvt,
                              "arm_position": i, "previous_arm": order[i - 1] if i else None})
     return rows
@@ -440,7 +442,8 @@ def recorded_tiers(recorded_grid):
     (run_dir / "raw" / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     with open(run_dir / "raw" / "stores.jsonl", "a") as f:
         f.write("".join(json.dumps({"context": f"m-{n}", "tier": "gpubuf", "bytes_written": n * 1024, "write_errors": 0,
-                                    "model": "m", "context_tokens": n}) + "\n" for n in (256, 1024)))
+                                    "seconds": 0.1, "model": "m", "context_tokens": n, "context_bytes": n * 1024}) + "\n"
+                        for n in (256, 1024)))
     with open(run_dir / "raw" / "models.jsonl", "a") as f:
         f.write(json.dumps({"model": "m", "tier": "gpubuf", "path": "gpubuf", "kv_bytes_per_token": 1024, "status": "ok"}) + "\n")
     results = json.loads((run_dir / "results.json").read_text())
@@ -557,7 +560,7 @@ def test_launch_checks_hold_each_restore_to_the_tiers_launch_at_and_its_parts():
               "copy group")
 
     def statuses(children):
-        return {c.name: c.status for c in launch_checks(rows, children)}
+        return {c.name: c.status for c in launch_checks(as_grid_rows(rows), as_children(children))}
 
     got = statuses([child])
     assert len(got) == 8 and (got[launch_at], got[adds_up]) == ("ok", "ok")  # every check stated, each time
@@ -575,7 +578,7 @@ def test_launch_checks_hold_each_restore_to_the_tiers_launch_at_and_its_parts():
     assert statuses([waiting])[waited] == "ok"
     rows[0]["split"].update(wait_at="layer", num_copy_groups=5, num_layer_waits=5)  # not what its arm says
     assert statuses([waiting])[waited] == "failed"
-    assert {c.status for c in launch_checks([], [waiting])} == {"skipped"}  # no GPU-buffer restore: stated, skipped
+    assert {c.status for c in launch_checks([], as_children([waiting]))} == {"skipped"}  # no GPU-buffer restore: stated, skipped
 
 
 def test_the_copy_graphs_check_holds_each_restore_to_the_tiers_route():
@@ -589,13 +592,14 @@ def test_the_copy_graphs_check_holds_each_restore_to_the_tiers_route():
 
     def status(copy_graphs):
         child = {"model": "m", "tier": "gpubuf", "tier_route": {"launch_at": "step_start", "copy_graphs": copy_graphs}}
-        return {c.name: c.status for c in launch_checks(rows, [child])}.get(name)
+        return {c.name: c.status for c in launch_checks(as_grid_rows(rows), as_children([child]))}.get(name)
 
     assert status("on") == "ok"
     assert status("off (copy_graphs=False)") == "failed"  # the tier says launches, the rows say replays
     rows[0]["split"]["copy_launch"] = "handle"  # one restore fell back to the launch route
     assert status("on") == "failed"
-    before = launch_checks(rows, [{"model": "m", "tier": "gpubuf", "tier_route": {"launch_at": "step_start"}}])
+    before = launch_checks(as_grid_rows(rows),
+                           as_children([{"model": "m", "tier": "gpubuf", "tier_route": {"launch_at": "step_start"}}]))
     assert {c.name: c.status for c in before}[name] == "skipped"  # runs before the graphs record no copy_graphs
 
 
@@ -608,7 +612,7 @@ def test_the_to_forward_check_holds_each_restore_between_its_end_and_its_first_t
     child = {"model": "m", "tier": "gpubuf", "tier_route": {"launch_at": "step_start"}}
 
     def status():
-        return {c.name: c.status for c in launch_checks(rows, [child])}.get(name)
+        return {c.name: c.status for c in launch_checks(as_grid_rows(rows), as_children([child]))}.get(name)
 
     for r in rows:
         r["split"].update(launched_at="step_start")
@@ -634,7 +638,7 @@ def test_the_kept_reference_check_holds_each_restore_to_a_confirmed_reference():
     child = {"model": "m", "tier": "gpubuf", "tier_route": {"launch_at": "step_start"}}
 
     def status():
-        return {c.name: c.status for c in launch_checks(rows, [child])}.get(name)
+        return {c.name: c.status for c in launch_checks(as_grid_rows(rows), as_children([child]))}.get(name)
 
     assert status() == "ok"
     rows[0]["reference_clock"]["drift_us"] = REFERENCE_AGREE_US + 0.5  # the two references disagree
@@ -647,7 +651,7 @@ def test_the_kept_reference_check_holds_each_restore_to_a_confirmed_reference():
     assert status() == "failed"
     for r in rows:
         r["split"]["reference_at"] = None  # runs before the kept reference: stated, skipped
-    assert {c.name: c.status for c in launch_checks(rows, [child])}[name] == "skipped"
+    assert {c.name: c.status for c in launch_checks(as_grid_rows(rows), as_children([child]))}[name] == "skipped"
 
 
 def test_native_offload_without_cpu_tier_counts_is_skipped_not_ok():
@@ -655,10 +659,10 @@ def test_native_offload_without_cpu_tier_counts_is_skipped_not_ok():
 
     row = {"arm": "native_offload", "tag": "t", "context_tokens": 256, "context_bytes": 256 * 1024,
            "num_cached_tokens": [256], "external_hit_tokens": 256, "memory_tier_bytes": None}
-    got = {c.name: c.status for c in tier_checks([row], ["native_offload"])}
+    got = {c.name: c.status for c in tier_checks(as_grid_rows([row]), ["native_offload"])}
     assert got == {"native_offload: vLLM counted every context token of every follow-up as an external hit": "ok",
                    "native_offload: vLLM's CPU tier held the context before every follow-up": "skipped"}
-    got = {c.name: c.status for c in tier_checks([{**row, "memory_tier_bytes": 1024}], ["native_offload"])}
+    got = {c.name: c.status for c in tier_checks(as_grid_rows([{**row, "memory_tier_bytes": 1024}]), ["native_offload"])}
     assert got["native_offload: vLLM's CPU tier held the context before every follow-up"] == "failed"
 
 
@@ -705,18 +709,18 @@ def test_goal_verdict_judges_the_cost_by_its_interval_not_its_median():
                  "ttft_s": ms / 1e3} for ms in ttfts_ms]
 
     tight = rows("gpubuf_retained", [21.0, 21.1, 21.05, 20.95, 21.0, 21.02]) + rows("gpubuf_resident", [20.0] * 6)
-    cost, low, high = cost_interval(tight, "m", GOAL_MIN_TOKENS, "gpubuf_retained")
+    cost, low, high = cost_interval(as_grid_rows(tight), "m", GOAL_MIN_TOKENS, "gpubuf_retained")
     assert abs(cost - 1.01) < 1e-9 and 0.95 <= low <= cost <= high <= 1.1
     spread = rows("gpubuf_retained", [15.0, 31.0, 21.0, 26.0, 18.0, 24.0]) + rows("gpubuf_resident", [20.0] * 6)
-    cost, low, high = cost_interval(spread, "m", GOAL_MIN_TOKENS, "gpubuf_retained")
+    cost, low, high = cost_interval(as_grid_rows(spread), "m", GOAL_MIN_TOKENS, "gpubuf_retained")
     assert low < 0 < high  # the interval spans zero: the median cost alone says nothing here
 
     table = [{"model": "m", "context_tokens": GOAL_MIN_TOKENS, "arm": a, "ttft_ms": ms, "context_mib": 1.0}
              for a, ms in (("gpubuf_retained", 21.0), ("gpubuf_resident", 20.0))]
     distance = [{"model": "m", "context_tokens": GOAL_MIN_TOKENS, "path": "gpubuf_retained", "x_floor": 1.0,
                  "restore_cost_ms": 1.0, "transfer_floor_ms": 1.0}]
-    (by_tight,) = goal_table(table, distance, tight)
-    (by_spread,) = goal_table(table, distance, spread)
+    (by_tight,) = goal_table(table, distance, as_grid_rows(tight))
+    (by_spread,) = goal_table(table, distance, as_grid_rows(spread))
     assert by_tight["fastest_within"] and by_spread["fastest_within"]  # the medians alone: both within
     assert (by_tight["fastest_goal"], by_spread["fastest_goal"]) == ("met", "unresolved")
     assert "fastest_goal" not in goal_table(table, distance)[0]  # no rows, no interval, no verdict
@@ -801,16 +805,17 @@ def _clocked(rows, n=16384, seed=0):
 
 def test_the_scatter_table_says_the_spread_follows_the_host_and_not_the_clock():
     rows = _clocked(_gpubuf_rows(repeats=6))
-    [t] = cr.scatter_table(rows)
+    [t] = cr.scatter_table(as_grid_rows(rows))
     assert (t["model"], t["context_tokens"]) == ("m", 16384)
     assert t["n"] == sum(r["measured"] and r["arm"] in ("gpubuf_retained", "gpubuf_resident") for r in rows)  # no disk arm
     assert t["rho_forward_other"] == 1.0 and abs(t["rho_forward_sm_clock"]) < 0.5
     assert (t["sm_mhz_min"], t["sm_mhz_max"]) == (1830, 1980)
     assert t["forward_p10_ms"] < t["forward_p50_ms"] < t["forward_p90_ms"]
     steady = [{**r, "gpu_clocks": {"before": {**r["gpu_clocks"]["before"], "sm_mhz": 1980}}} for r in rows]
-    assert cr.scatter_table(steady)[0]["rho_forward_sm_clock"] is None  # a constant clock correlates with nothing
+    assert cr.scatter_table(as_grid_rows(steady))[0]["rho_forward_sm_clock"] is None  # a constant clock correlates with nothing
     short = _clocked(_gpubuf_rows(repeats=6), n=1024)
-    assert cr.scatter_table(short) == [] and cr.scatter_table(_gpubuf_rows()) == []  # below 16k; no clocks
+    # below 16k; no clocks
+    assert cr.scatter_table(as_grid_rows(short)) == [] and cr.scatter_table(as_grid_rows(_gpubuf_rows())) == []
 
 
 def test_a_scatter_table_is_checked_against_the_rows(recorded_tiers):
@@ -824,13 +829,13 @@ def test_a_scatter_table_is_checked_against_the_rows(recorded_tiers):
     raw.write_text("".join(json.dumps(r) + "\n" for r in rows))
     path = recorded_tiers.run_dir / "results.json"
     results = json.loads(path.read_text())
-    arms = cr.arm_table(rows)
-    results.update(arms=arms, crossover=cr.crossover_table(arms), components=cr.component_table(rows),
-                   floor_distance=cr.floor_table(arms, results["floors"]), splits=cr.split_table(rows))
+    arms = cr.arm_table(as_grid_rows(rows))
+    results.update(arms=arms, crossover=cr.crossover_table(arms), components=cr.component_table(as_grid_rows(rows)),
+                   floor_distance=cr.floor_table(arms, results["floors"]), splits=cr.split_table(as_grid_rows(rows)))
     name = "results.json forward-step spread and its sources equal the rows"
     path.write_text(json.dumps(results))
     assert _statuses(recorded_tiers.run_dir)[name] == "failed"  # the rows give a table results.json lacks
-    results["scatter_sources"] = cr.scatter_table(rows)
+    results["scatter_sources"] = cr.scatter_table(as_grid_rows(rows))
     path.write_text(json.dumps(results))
     assert _statuses(recorded_tiers.run_dir)[name] == "ok"
     said = answer(recorded_tiers)
@@ -864,9 +869,9 @@ def test_forward_steps_set_each_restore_paths_forward_pass_against_the_resident_
         return [{"model": "m", "context_tokens": 16384, "arm": arm, "status": "ok", "measured": True, "tag": f"{arm}{i}",
                  "ttft_s": 0.02, "forward_step_s": v / 1e3} for i, v in enumerate(ms)]
 
-    table = cr.forward_step_table(rows("gpubuf_resident", [9.0, 9.1, 8.9, 9.0, 9.2, 8.8])
+    table = cr.forward_step_table(as_grid_rows(rows("gpubuf_resident", [9.0, 9.1, 8.9, 9.0, 9.2, 8.8])
                                   + rows("gpubuf_retained", [9.0, 9.05, 8.95, 9.1, 8.9, 9.0])
-                                  + rows("gpubuf_layered", [9.6, 9.7, 9.5, 9.65, 9.55, 9.6]))
+                                  + rows("gpubuf_layered", [9.6, 9.7, 9.5, 9.65, 9.55, 9.6])))
     by_path = {r["path"]: r for r in table}
     assert sorted(by_path) == ["gpubuf_layered", "gpubuf_retained"]  # the resident arm is the control, not a row
     layered = by_path["gpubuf_layered"]
@@ -895,14 +900,14 @@ def test_forward_step_pairs_pool_the_points_paired_by_repeat_and_resolve_what_on
                              "measured": True, "tag": f"{arm}-{n}-{repeat}", "ttft_s": 0.02,
                              "forward_step_s": (9.0 + noise + cost + rng.uniform(-0.05, 0.05)) / 1e3})
     rows.append({**rows[0], "measured": False, "tag": "warm-up", "forward_step_s": 1.0})  # not measured: left out
-    pairs = {(r["path"], r["against"], r["min_tokens"]): r for r in cr.forward_step_pairs(rows)}
+    pairs = {(r["path"], r["against"], r["min_tokens"]): r for r in cr.forward_step_pairs(as_grid_rows(rows))}
     layered = pairs[("gpubuf_layered", "gpubuf_resident", 0)]
     assert (layered["n"], layered["num_points"]) == (24, 2) and pairs[("gpubuf_layered", "gpubuf_resident", 16384)]["n"] == 12
     assert layered["median_ms"] == pytest.approx(0.3, abs=0.05) and layered["median_ci_ms"][0] > 0.2
     low, high = pairs[("gpubuf_retained", "gpubuf_resident", 0)]["median_ci_ms"]
     assert low <= 0 <= high  # the control holds zero
     # unpaired, the same rows leave the layered copy's cost unresolved at each point (the repeat's spread)
-    assert all(r["difference_ci_ms"][0] <= 0 for r in cr.forward_step_table(rows) if r["path"] == "gpubuf_layered")
+    assert all(r["difference_ci_ms"][0] <= 0 for r in cr.forward_step_table(as_grid_rows(rows)) if r["path"] == "gpubuf_layered")
     from kmesh_lib.sections.crossover.summary import _goal_sentences, forward_pairs_table
 
     tables = {"arms": [], "forward_step_pairs": list(pairs.values())}
@@ -926,11 +931,11 @@ def test_the_handoff_table_counts_the_off_thread_restores_that_outlast_the_engin
 
     own = [row("gpubuf_layered", a, 80e-6) for a in (10e-6, 20e-6, 30e-6)]
     handed = [row("gpubuf_offthread", a, 30e-6) for a in (15e-6, 50e-6, 100e-6, 25e-6)]
-    (h,) = handoff_table(own + handed + [row("gpubuf_retained", 1.0, 1.0)])
+    (h,) = handoff_table(as_grid_rows(own + handed + [row("gpubuf_retained", 1.0, 1.0)]))
     assert (h["num_handed"], h["num_own"], h["num_stalls"]) == (4, 3, 2)
     assert h["own_longest_after_copy_ms"] == 0.03 and h["stall_excess_ms"] == 0.045  # median of 0.02 and 0.07
     assert (h["copy_call_ms"], h["own_copy_call_ms"]) == (0.03, 0.08)
-    assert handoff_table(own) == []  # one arm alone compares nothing
+    assert handoff_table(as_grid_rows(own)) == []  # one arm alone compares nothing
     assert h["stalled_launch_begin_us"] is None and h["to_forward_us"] is None  # rows without the thread's stamps
 
 
@@ -952,12 +957,12 @@ def test_the_handoff_table_places_each_stall_against_the_threads_launch():
     # launch returned; two restores whose launches began later (15, 25 us) and did not stall
     handed = [thread_row("gpubuf_offthread", 81, 1, to_forward_us=90), thread_row("gpubuf_offthread", 93, 3, to_forward_us=110),
               thread_row("gpubuf_offthread", 18, 15, to_forward_us=55), thread_row("gpubuf_offthread", 22, 25, to_forward_us=65)]
-    (h,) = handoff_table(own + handed)
+    (h,) = handoff_table(as_grid_rows(own + handed))
     assert h["num_stalls"] == 2
     assert (h["stalled_launch_begin_us"], h["other_launch_begin_us"]) == (2.0, 20.0)
     assert h["stall_resumed_after_launch_us"] == 45.0  # medians of 81-41 and 93-43
     assert (h["to_forward_us"], h["own_to_forward_us"]) == (77.5, 60.0)
-    points = handoff_points(own + handed)["m"]
+    points = handoff_points(as_grid_rows(own + handed))["m"]
     assert "launch_begin_us" not in points["gpubuf_layered"][0]  # the engine thread's own launch has no thread stamps
     assert [round(p["launch_end_us"], 6) for p in points["gpubuf_offthread"]] == [41.0, 43.0, 55.0, 65.0]
 
@@ -991,16 +996,16 @@ def test_the_handoff_step_pairs_pair_each_off_thread_restore_with_its_repeats_en
             rows += [row("gpubuf_layered", n, k, 150 + k, 500), row("gpubuf_offthread", n, k, 110 + k, 510)]
     rows += [row("gpubuf_offthread", 16384, 9, 1.0, 1.0),  # no engine-launched restore in repeat 9
              row("gpubuf_layered", 32512, 7, 100, None), row("gpubuf_offthread", 32512, 7, 100, 900)]
-    pairs = handoff_step_pairs(rows)["m"]
+    pairs = handoff_step_pairs(as_grid_rows(rows))["m"]
     assert pairs["num_pairs"] == 10 and pairs["step_difference_ms"] == -0.03
     assert pairs["step_difference_ci_ms"] == [-0.03, -0.03]  # every pair the same: a point interval
-    (h,) = handoff_table(rows)
+    (h,) = handoff_table(as_grid_rows(rows))
     assert h["step_difference_ms"] == -0.03 and "-0.030 ms [-0.030, -0.030]" in _handoff_timing(h)
     assert "the hand-off shortens the step" in _handoff_timing(h)
     lengthens = [{**r, "split": {**r["split"], "critical_s": r["split"]["critical_s"] + 1e-4}}
                  if r["arm"] == "gpubuf_offthread" else r for r in rows]
-    assert "the hand-off lengthens the step" in _handoff_timing(handoff_table(lengthens)[0])
-    assert handoff_step_pairs([r for r in rows if r["arm"] == "gpubuf_layered"]) == {}
+    assert "the hand-off lengthens the step" in _handoff_timing(handoff_table(as_grid_rows(lengthens))[0])
+    assert handoff_step_pairs(as_grid_rows([r for r in rows if r["arm"] == "gpubuf_layered"])) == {}
 
 
 def test_the_handoff_plot_is_drawn_only_with_both_arms_and_the_threads_stamps(tmp_path):
@@ -1008,9 +1013,9 @@ def test_the_handoff_plot_is_drawn_only_with_both_arms_and_the_threads_stamps(tm
 
     own = [thread_row("gpubuf_layered", a) for a in (10, 20)]
     handed = [thread_row("gpubuf_offthread", 81, 1), thread_row("gpubuf_offthread", 18, 15)]
-    assert handoff_plot(own, tmp_path / "a.png") is None and not (tmp_path / "a.png").exists()
-    assert handoff_plot(own + [thread_row("gpubuf_offthread", 81)], tmp_path / "b.png") is None  # no stamps
-    assert handoff_plot(own + handed, tmp_path / "c.png") is not None
+    assert handoff_plot(as_grid_rows(own), tmp_path / "a.png") is None and not (tmp_path / "a.png").exists()
+    assert handoff_plot(as_grid_rows(own + [thread_row("gpubuf_offthread", 81)]), tmp_path / "b.png") is None  # no stamps
+    assert handoff_plot(as_grid_rows(own + handed), tmp_path / "c.png") is not None
     assert (tmp_path / "c.png").stat().st_size > 1000
 
 
@@ -1032,12 +1037,12 @@ def test_launch_free_takes_the_launch_part_out_of_each_restore_and_names_the_par
             {**row("gpubuf_layered", 1, 1, 1), "measured": False}, row("recompute", 1, 1, 1)]
     distance = [{"model": "m", "context_tokens": k, "path": p, "transfer_floor_ms": f}
                 for k, p, f in [(n, "gpubuf_layered", 0.1), (n, "gpubuf_offthread", 0.1), (2 * n, "gpubuf_layered", 0.2)]]
-    a, b = launch_free_table(rows, distance)
+    a, b = launch_free_table(as_grid_rows(rows), distance)
     assert (a["path"], a["n"], a["launch_free_ms"], a["x_floor"], a["within"]) == ("gpubuf_layered", 2, 0.135, 1.35, False)
     assert a["schedule_ms"] == 0.048 and a["write_ids_ms"] == 0.025 and "hook_ms" not in a  # only parts recorded
     assert (b["context_tokens"], b["launch_free_ms"], b["x_floor"], b["within"]) == (2 * n, 0.235, 1.175, True)
-    assert launch_free_table(rows, distance[2:]) == [b]  # a point without its floor is absent
-    text = " ".join(_goal_sentences({"arms": [], "floor_distance": distance}, rows))
+    assert launch_free_table(as_grid_rows(rows), distance[2:]) == [b]  # a point without its floor is absent
+    text = " ".join(_goal_sentences({"arms": [], "floor_distance": distance}, as_grid_rows(rows)))
     assert "would add least is within 1.2\u00d7 its floor at 1 of 2 points; short of it, m at 16,384 tokens" in text
     assert "0.135 ms = 1.35\u00d7 (schedule 0.048, ids 0.025)" in text
 

@@ -3,6 +3,7 @@ point (``report.resolution_table``, ``floor_verdict``), the chunked floors, the 
 from __future__ import annotations
 
 import pytest
+from crossover_records import as_pair_rows, as_point_floors
 
 from kmesh_lib.base.params import ParamError, build
 from kmesh_lib.kv import floors as pf
@@ -29,9 +30,9 @@ def test_a_paths_floor_range_spans_its_measurements_before_and_after():
         return {"when": when, "floors": {"disk": {"median_s": disk}, "copy": {"median_s": copy}}}
 
     around = [f("before", 0.100, 0.002), f("after", 0.160, 0.003)]
-    assert cr.floor_range_ms("disk", around) == [102.0, 163.0]  # LMCache's disk: read then copy (a sum)
-    assert cr.floor_range_ms("gpubuf_disk", around) == [100.0, 160.0]  # staged chunk by chunk: the larger
-    assert cr.floor_range_ms("gpubuf_retained", around) is None  # no device->device floor measured
+    assert cr.floor_range_ms("disk", as_point_floors(around)) == [102.0, 163.0]  # LMCache's disk: read then copy (a sum)
+    assert cr.floor_range_ms("gpubuf_disk", as_point_floors(around)) == [100.0, 160.0]  # staged chunk by chunk: the larger
+    assert cr.floor_range_ms("gpubuf_retained", as_point_floors(around)) is None  # no device->device floor measured
 
 
 def _pairs(path, spans_ms, restore_ttft_ms, resident_ttft_ms, n=N, span_key="restore_s"):
@@ -57,7 +58,7 @@ def test_the_resolution_table_pairs_each_restore_with_its_neighbour_and_judges_b
     rows = _pairs("gpubuf_retained", spans, [20.3 + d for d in drift], [20.0 + d for d in drift])
     floors = [{"model": "m", "context_tokens": N, "tier": "gpubuf", "when": w, "floors": {"device": {"median_s": s}}}
               for w, s in (("before", 0.00010), ("after", 0.00012))]
-    (row,) = cr.resolution_table(rows, floors)
+    (row,) = cr.resolution_table(as_pair_rows(rows), as_point_floors(floors))
     assert (row["num_restores"], row["num_pairs"], row["floor_ms"]) == (16, 16, [0.1, 0.12])
     assert row["span_source"] == "tier timeline (restore_s)"
     assert row["span_ci_ms"][0] <= row["span_ms"] <= row["span_ci_ms"][1]
@@ -77,7 +78,7 @@ def test_a_cost_that_holds_zero_is_no_cost_and_a_half_width_over_its_share_is_un
     rows = _pairs("native_offload", [5.0, 9.0, 6.0, 12.0], [20.1, 19.8, 20.4, 19.7], [20.0, 20.0, 20.0, 20.0],
                   span_key="load_time_s")
     floors = [{"model": "m", "context_tokens": N, "tier": "native", "when": "before", "floors": {"copy": {"median_s": 0.004}}}]
-    (row,) = cr.resolution_table(rows, floors)
+    (row,) = cr.resolution_table(as_pair_rows(rows), as_point_floors(floors))
     assert row["ttft_verdict"] == "no cost measured" and row["resolved"] is False
     assert row["span_source"] == "vLLM's load time (load_time_s)"
 
@@ -157,7 +158,8 @@ def test_the_lmcache_server_tier_runs_its_arms_and_pairs_on_cpu(smoke_run):
     floors = [f for f in run.raw("point_floors.jsonl") if f["tier"] == "lmcache_mp"]
     assert [(f["context_tokens"], f["when"], sorted(f["floors"])) for f in floors] == \
         [(n, when, ["copy"]) for n in (256, 512) for when in ("before", "after")]
-    table = cr.resolution_table(pairs, floors)
+    table = cr.resolution_table([p for p in run.records("pairs.jsonl") if p.path == "lmcache_mp"],
+                                [f for f in run.records("point_floors.jsonl") if f.tier == "lmcache_mp"])
     assert [(r["path"], r["context_tokens"], r["num_pairs"]) for r in table] == [("lmcache_mp", n, num_pairs) for n in (256, 512)]
     assert all(r["floor_ms"][0] <= r["floor_ms"][1] for r in table)
 

@@ -15,11 +15,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kmesh_lib.base.captures import is_header
 from kmesh_lib.base.params import ParamError, build, resolve_params
 from kmesh_lib.base.processes import group_alive
 from kmesh_lib.base.records import RunFileError, RunFiles, RunRecord, write_json_atomic
 from kmesh_lib.sections import multi_engine as section
 from kmesh_lib.sections.multi_engine import experiment, report
+from kmesh_lib.sections.multi_engine.captures import ArmRecord
 from kmesh_lib.sections.multi_engine.params import MultiEngineParams
 from kmesh_lib.sections.multi_engine.policies import PrefixAware, PrefixIndex, RoundRobin
 from kmesh_lib.sections.multi_engine.probe import probe
@@ -238,9 +240,15 @@ class FakeFleet:
     def close(self) -> dict:
         for e in self.engines:
             e.stopping = True
-        return {"model": self.model, "fleet": self.kind, "status": "closed",
-                "engines": [{"engine": e.index, "listeners": ["127.0.0.1:5"]} for e in self.engines],
-                "cleanup": {"engine_groups_gone": True, "runtime_dir_removed": True}}
+        engines = [{"engine": e.index, "op": "ready", "pid": -1, "start_s": 0.0, "num_gpu_blocks": self.cfg.NUM_GPU_BLOCKS,
+                    "free_blocks": self.cfg.NUM_GPU_BLOCKS - 1, "connector": None, "listeners": ["127.0.0.1:5"],
+                    "threads": 1, "gpu": None, "memory_share": 1 / len(self.engines)} for e in self.engines]
+        stops = [{"engine": e.index, "pid": -1, "exit_code": 0, "stopped_gracefully": True, "group_gone": True}
+                 for e in self.engines]
+        return {"model": self.model, "fleet": self.kind, "status": "closed", "start_s": 0.0, "engines": engines,
+                "stops": stops, "cleanup": {"engine_groups_gone": True, "server_group_gone": None,
+                                            "runtime_dir_removed": True, "disk_tier_files_at_close": None,
+                                            "disk_tier_files_left": None, "shm_segment_removed": None, "pgids": []}}
 
 
 def fake_run(tmp_path: Path, token_s: tuple = (), **values) -> RunFiles:
@@ -279,11 +287,11 @@ def test_fake_fleet_run_passes_its_checks(tmp_path):
     assert got["round-robin policies rotated over the engines in dispatch order"] == "ok"
     assert got["server: disk-tier payload reads agree (byte hook = loaded chunks x chunk bytes)"] == "skipped"
     assert got["server: the device counter saw at least the payload the hook read"] == "skipped"
-    table = {t["policy"]: t for t in report.policy_table(run.raw("requests.jsonl"), 2)}
+    table = {t["policy"]: t for t in report.policy_table(run.records("requests.jsonl"), 2)}
     assert table["recompute"]["local_tokens"] == 0 and table["prefix_aware"]["children_with_parent"] == "6/6"
     assert table["prefix_aware"]["local_tokens"] >= 6 * 512  # every child found its parent's blocks
     assert got[PROBE_CHECK] == "ok" and len(run.raw("probes.jsonl")) == 2 * 2  # recompute and local, NUM_PROBES=2
-    probes = report.probe_table(run.raw("probes.jsonl"))[0]
+    probes = report.probe_table(run.records("probes.jsonl"))[0]
     assert probes["recompute_cached_tokens"] == 0 and probes["local_cached_tokens"] == 512
     counts = section.counts(run)
     assert counts["recompute: requests ok / recorded"] == "13 / 13" and counts["recompute: cached tokens"] == 0
@@ -292,8 +300,9 @@ def test_fake_fleet_run_passes_its_checks(tmp_path):
 
 
 def rewrite(path: Path, change) -> None:
+    """Rewrites the capture's records through ``change`` (its schema header kept as it is)."""
     rows = [json.loads(line) for line in path.read_text().splitlines()]
-    path.write_text("".join(json.dumps(change(r) or r) + "\n" for r in rows))
+    path.write_text("".join(json.dumps(r if i == 0 and is_header(r) else change(r) or r) + "\n" for i, r in enumerate(rows)))
 
 
 def edited(r: dict, **fields) -> dict:
@@ -489,14 +498,18 @@ def test_real_engines_give_the_same_tokens_under_every_policy(smoke_run):
     assert not os.environ.get("KMESH_FAIL_ON_PURPOSE")
 
 
-def _server_arm(device_read: int, hook_read: int, loaded_chunks: int) -> dict:
+def _server_arm(device_read: int, hook_read: int, loaded_chunks: int) -> ArmRecord:
     """A 'shared' trace whose server snapshots give these read counts (chunks of 256 tokens x 1 KiB)."""
-    zero = {"metrics": {}, "device_read_bytes": 0, "hook_read_bytes": 0, "hook_write_bytes": 0, "hook_write_errors": 0,
-            "disk_tier_bytes": 0}
+    zero = {"metrics": {}, "device_read_bytes": 0, "device_read_calls": 0, "hook_read_bytes": 0, "hook_reads": 0,
+            "hook_write_bytes": 0, "hook_write_errors": 0, "retention_decisions": {}, "memory_tier_bytes": 0,
+            "disk_tier_bytes": 0, "exact": True, "trace_index": 0}
     after = {**zero, "metrics": {"l2_loaded_chunks": loaded_chunks}, "device_read_bytes": device_read,
              "hook_read_bytes": hook_read}
-    return {"model": "tiny", "repeat": 0, "policy": "shared", "chunk_size": 256, "kv_bytes_per_token": 1024,
-            "server_before": zero, "server_after": after}
+    return ArmRecord.model_validate({
+        "model": "tiny", "repeat": 0, "policy": "shared", "num_requests": 0, "num_ok": 0, "num_failed": 0,
+        "makespan_s": None, "engines_alive": [], "dead_reasons": [], "index_blocks": [], "killed": None, "order": 0,
+        "fleet": "shared", "router": "round_robin", "wall_s": 0.0, "pools_before": [], "server_before": zero,
+        "server_after": after, "server_alive": True, "chunk_size": 256, "kv_bytes_per_token": 1024, "load_1m": 0.0})
 
 
 @pytest.mark.parametrize("device, hook, chunks, payload, device_ok", [
@@ -513,7 +526,7 @@ def test_payload_reads_are_checked_and_device_reads_are_measured(device, hook, c
     assert got["server: the device counter saw at least the payload the hook read"] == device_ok
 
     class Run:
-        def raw(self, name):
+        def records(self, name):
             return arms if name == "arms.jsonl" else []
 
     assert measured_lines(Run()) == [f"tiny trace 0: the server's device counter read {device:,} bytes, the byte hook "

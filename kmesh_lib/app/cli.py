@@ -350,8 +350,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--run-dir", default=None, help="a run folder given by path")
     sub.choices["verify"].add_argument(
         "--first-problem", action="store_true",
-        help="stop when the files differ from the SHA-256s the run recorded (a gate over many runs); "
-             "without it every check is recomputed")
+        help="stop at the first kind of problem (a gate over many runs): files that differ from the SHA-256s the "
+             "run recorded, then a declared table that differs from results.json; without it every check is "
+             "recomputed")
     publish_parser = sub.choices["publish"]
     publish_parser.add_argument("--allow-failed", action="store_true",
                                 help="publish a run that did not pass, marked as such in the public file and index")

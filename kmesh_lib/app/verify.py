@@ -226,8 +226,8 @@ def public_line(section: ModuleType, run: RunFiles, verdict: Verdict) -> RecordL
 
 
 def record_lines(section: ModuleType, run: RunFiles, results: dict, checks: list[Check],
-                 hashes: RecordLine | None = None) -> list[RecordLine]:
-    """The record's own statements; ``hashes``: the file-hash line where verify already computed it."""
+                 hashes: RecordLine | None = None, tables: list[RecordLine] | None = None) -> list[RecordLine]:
+    """The record's own statements; ``hashes`` and ``tables``: the lines verify already computed."""
     out = []
     want = recomputed_status(checks, results)
     out.append(RecordLine("status recomputed from the checks", () if results.get("status") == want else
@@ -236,15 +236,19 @@ def record_lines(section: ModuleType, run: RunFiles, results: dict, checks: list
     stated = results.get("check_counts")
     out.append(RecordLine("check_counts recomputed from the recorded checks", () if stated == counts else
                           (f"recorded {stated}, the checks record {counts}",)))
-    tables = getattr(section, "TABLES", None)
-    if tables is None:
-        out.append(RecordLine("results.json tables declared", (f"section {section.KEY} declares no TABLES",)))
-    else:
-        for line in compare_tables(tables, run, results):
-            out.append(RecordLine(f"results.json table {line.name!r}", line.problems,
-                                  f"recorded only: {line.recorded_only}" if line.recorded_only else ""))
+    out += tables if tables is not None else table_lines(section, run, results)
     out.append(hashes if hashes is not None else hash_lines(run, results))
     return out
+
+
+def table_lines(section: ModuleType, run: RunFiles, results: dict) -> list[RecordLine]:
+    """Each declared table built again from the run's files and compared with results.json's (one line each)."""
+    tables = getattr(section, "TABLES", None)
+    if tables is None:
+        return [RecordLine("results.json tables declared", (f"section {section.KEY} declares no TABLES",))]
+    return [RecordLine(f"results.json table {line.name!r}", line.problems,
+                       f"recorded only: {line.recorded_only}" if line.recorded_only else "")
+            for line in compare_tables(tables, run, results)]
 
 
 def verify(section: ModuleType, run: RunFiles, first_problem: bool = False) -> Verdict:
@@ -253,7 +257,9 @@ def verify(section: ModuleType, run: RunFiles, first_problem: bool = False) -> V
     ``first_problem`` (a gate over many runs: ``kmesh verify --first-problem``, the tamper suite) compares the
     files with the SHA-256s the run recorded when it finished before anything is recomputed, and stops there
     when they differ: the files are not the ones measured, which is the verdict, and recomputing every figure
-    from them (minutes for a production trace) adds nothing to it. Without it every line is computed.
+    from them (minutes for a production trace) adds nothing to it. When they match, the declared tables are
+    built and compared with results.json next, and a table that differs stops it there, before the checks and
+    the public document. Without it every line is computed.
 
     Raises:
         RunFileError: a recorded file is missing, truncated, empty, not UTF-8 or not the right
@@ -266,6 +272,9 @@ def verify(section: ModuleType, run: RunFiles, first_problem: bool = False) -> V
     hashes = hash_lines(run, results) if first_problem and status in ("passed", "failed") else None
     if hashes is not None and not hashes.ok:
         return Verdict(run.run_id, status, record_lines=[hashes])
+    tables = table_lines(section, run, results) if hashes is not None else None
+    if tables is not None and not all(line.ok for line in tables):
+        return Verdict(run.run_id, status, record_lines=[hashes, *(line for line in tables if not line.ok)])
     recorded = recorded_statuses(results)
     computed = call_section(section, "checks", run)
     checks = [c for c in computed if not (c.predates and c.status == "skipped" and c.name not in recorded)]
@@ -277,7 +286,7 @@ def verify(section: ModuleType, run: RunFiles, first_problem: bool = False) -> V
     for name, was in recorded.items():  # recorded, but the section no longer computes it
         verdict.lines.append(Line(name, None, was))
     if verdict.finished:
-        verdict.record_lines = record_lines(section, run, results, list(checks), hashes)
+        verdict.record_lines = record_lines(section, run, results, list(checks), hashes, tables)
         public = public_line(section, run, verdict)
         if public is not None:
             verdict.record_lines.append(public)

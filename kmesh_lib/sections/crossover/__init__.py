@@ -1,5 +1,6 @@
 """Section 21, crossover: When does restoring KV beat recomputing it?"""
 from kmesh_lib.base.captures import declare
+from kmesh_lib.sections.crossover.captures import CAPTURES
 from kmesh_lib.sections.crossover.checks import checks, counts
 from kmesh_lib.sections.crossover.experiment import plan
 from kmesh_lib.sections.crossover.params import CrossoverParams as Params
@@ -12,7 +13,6 @@ TITLE = "crossover"
 NOTEBOOK = "21_crossover.ipynb"
 USES_ENGINE = True
 QUESTION = "When does restoring KV beat recomputing it?"
-CAPTURES: dict = {}  # its raw/*.jsonl are not declared as record classes yet (issue 41): read as dicts
 
 declare(KEY, Params, CAPTURES)
 

@@ -7,8 +7,6 @@
                       GPU-buffer rows add their restores (and bytes left in the buffer), vLLM-CPU-tier
                       rows vLLM's own external-hit count
 
-Runs recorded before the GPU-buffer and vLLM-CPU-tier arms have no ``tier`` fields: theirs is lmcache.
-
 A row's expected cached tokens are recomputed from the parameters (0 for ``recompute``, the whole
 context for every other arm), not read from the row. The tables results.json keeps are the section's
 declared ``tables.TABLES``, each rebuilt from the rows (and raw/models.jsonl) and compared with the one
@@ -35,6 +33,7 @@ from kmesh_lib.sections.crossover.arms import (
     WAIT_AT_OF,
     tiers_of,
 )
+from kmesh_lib.sections.crossover.captures import NO_SPLIT, ChildSummary, GridRow, PairRow
 from kmesh_lib.sections.crossover.tables import PAIRED_SINCE, TABLES, TITLES
 
 
@@ -43,16 +42,12 @@ def expected_cached(arm: str, context_tokens: int) -> int:
     return 0 if KIND[arm] == "recompute" else context_tokens
 
 
-def tier(record: dict) -> str:
-    return record.get("tier", "lmcache")
-
-
-def measured_rows(run: RunFiles) -> list[dict]:
-    return [r for r in run.raw("rows.jsonl") if r.get("measured")]
+def measured_rows(run: RunFiles) -> list[GridRow]:
+    return [r for r in run.records("rows.jsonl") if r.measured]
 
 
 def kv_bytes(run: RunFiles) -> dict[str, int]:
-    return {m["model"]: m["kv_bytes_per_token"] for m in run.raw("models.jsonl") if "kv_bytes_per_token" in m}
+    return {m.model: m.kv_bytes_per_token for m in run.records("models.jsonl")}
 
 
 def checks(run: RunFiles) -> list[Check]:
@@ -60,73 +55,74 @@ def checks(run: RunFiles) -> list[Check]:
     it, and every table in results.json is what the rows give."""
     p = run.params
     models, grid, arm_names = p.MODELS, p.CONTEXT_TOKENS_GRID, p.ARMS
-    children, stores, rows = run.raw("models.jsonl"), run.raw("stores.jsonl"), run.raw("rows.jsonl")
-    measured = [r for r in rows if r.get("measured")]
+    children, stores, rows = run.records("models.jsonl"), run.records("stores.jsonl"), run.records("rows.jsonl")
+    measured = [r for r in rows if r.measured]
     kvt = kv_bytes(run)
     no_rows = "raw/rows.jsonl holds no measured rows"
     tiers = tiers_of(arm_names)
     single = tiers == ["lmcache"]  # a run of LMCache's arms alone: its records name models only
-    name = (lambda m: m["model"]) if single else (lambda m: f"{m['model']} {tier(m)}")
+    name = (lambda m: m.model) if single else (lambda m: f"{m.model} {m.tier}")
     out = [check("every model's child finished ok" if single else "every (model, tier) child finished ok",
-                 sorted((m["model"], tier(m)) for m in children if m.get("status") == "ok")
+                 sorted((m.model, m.tier) for m in children if m.status == "ok")
                  == sorted(product(models, tiers)),
-                 "; ".join(f"{name(m)}: {m.get('status')}" + (f" ({m.get('detail', '')[:80]})" if m.get("detail") else "")
+                 "; ".join(f"{name(m)}: {m.status}" + (f" ({m.detail[:80]})" if m.detail else "")
                            for m in children), children, "raw/models.jsonl is missing or empty")]
     want_stores = set(product([t for t in tiers if t in STORED_TIERS], models, grid))
-    stored = {(tier(s), s["model"], s["context_tokens"]): s for s in stores}
+    stored = {(s.tier, s.model, s.context_tokens): s for s in stores}
     out.append(all_of("every context was stored whole on the disk tier" + ("" if single else " of each tier that has one"),
                       sorted(want_stores),
-                      lambda k: k in stored and not stored[k]["write_errors"]
-                      and stored[k]["bytes_written"] >= k[2] * kvt.get(k[1], float("inf")),
-                      lambda k: f"{k[1:] if single else k}: {stored.get(k)}", "no model or context to store"))
+                      lambda k: k in stored and not stored[k].write_errors
+                      and stored[k].bytes_written >= k[2] * kvt.get(k[1], float("inf")),
+                      lambda k: f"{k[1:] if single else k}: {stored[k].as_recorded() if k in stored else None}",
+                      "no model or context to store"))
     out.append(all_of("every row's context bytes are its context tokens x the model's KV bytes per token", rows,
-                      lambda r: r["kv_bytes_per_token"] == kvt.get(r["model"])
-                      and r["context_bytes"] == r["context_tokens"] * r["kv_bytes_per_token"],
-                      lambda r: r["tag"], "raw/rows.jsonl is missing or empty"))
+                      lambda r: r.kv_bytes_per_token == kvt.get(r.model)
+                      and r.context_bytes == r.context_tokens * r.kv_bytes_per_token,
+                      lambda r: r.tag, "raw/rows.jsonl is missing or empty"))
     repeats = range(p.WARMUP_REPEATS, p.WARMUP_REPEATS + p.NUM_REPEATS)
-    keys = [(r["model"], r["context_tokens"], r["arm"], r["repeat"]) for r in measured]
+    keys = [(r.model, r.context_tokens, r.arm, r.repeat) for r in measured]
     want = set(product(models, grid, arm_names, repeats))
     out.append(check("every (model, context, arm, repeat) was measured exactly once",
                      set(keys) == want and len(keys) == len(want),
                      f"{len(keys)} measured rows, {len(want)} wanted; missing {sorted(want - set(keys))[:3]}",
                      measured, no_rows))
     out.append(order_check(rows))
-    out.append(all_of("warm-up repeats are recorded as not measured", [r for r in rows if r["repeat"] < p.WARMUP_REPEATS],
-                      lambda r: not r.get("measured"), lambda r: r["tag"],
+    out.append(all_of("warm-up repeats are recorded as not measured", [r for r in rows if r.repeat < p.WARMUP_REPEATS],
+                      lambda r: not r.measured, lambda r: r.tag,
                       "no warm-up repeats" if p.WARMUP_REPEATS else "WARMUP_REPEATS=0: no warm-up rows"))
     for arm in arm_names:
-        mine = [r for r in measured if r["arm"] == arm]
+        mine = [r for r in measured if r.arm == arm]
         what = "none" if KIND[arm] == "recompute" else "the whole context"
         out.append(all_of(f"{arm}: every measured follow-up hit {what} in cached tokens", mine,
-                          lambda r: len(r["num_cached_tokens"]) == p.NUM_FOLLOWUPS
-                          and all(c == expected_cached(r["arm"], r["context_tokens"]) for c in r["num_cached_tokens"]),
-                          lambda r: f"{r['tag']}: {r['num_cached_tokens']}", f"no measured {arm} rows"))
+                          lambda r: len(r.num_cached_tokens) == p.NUM_FOLLOWUPS
+                          and all(c == expected_cached(r.arm, r.context_tokens) for c in r.num_cached_tokens),
+                          lambda r: f"{r.tag}: {r.num_cached_tokens}", f"no measured {arm} rows"))
     out.append(all_of("a row's status is ok exactly when every follow-up hit its expected cached tokens", rows,
-                      lambda r: (r["status"] == "ok") == all(c == expected_cached(r["arm"], r["context_tokens"])
-                                                             for c in r["num_cached_tokens"]),
-                      lambda r: f"{r['tag']}: {r['status']}, {r['num_cached_tokens']}", "raw/rows.jsonl is missing or empty"))
-    by_arm = {arm: [r for r in measured if r["arm"] == arm] for arm in ("recompute", "dram", "disk", "floor")}
+                      lambda r: (r.status == "ok") == all(c == expected_cached(r.arm, r.context_tokens)
+                                                             for c in r.num_cached_tokens),
+                      lambda r: f"{r.tag}: {r.status}, {r.num_cached_tokens}", "raw/rows.jsonl is missing or empty"))
+    by_arm = {arm: [r for r in measured if r.arm == arm] for arm in ("recompute", "dram", "disk", "floor")}
     if "dram" in arm_names:
         out.append(all_of("dram: the context was in LMCache's memory tier before every follow-up", by_arm["dram"],
-                          lambda r: (r.get("memory_tier_bytes") or 0) >= r["context_bytes"],
-                          lambda r: f"{r['tag']}: {r.get('memory_tier_bytes')} of {r['context_bytes']} bytes", "no dram rows"))
+                          lambda r: (r.memory_tier_bytes or 0) >= r.context_bytes,
+                          lambda r: f"{r.tag}: {r.memory_tier_bytes} of {r.context_bytes} bytes", "no dram rows"))
     if "disk" in arm_names:
         out.append(all_of("disk: LMCache's memory tier was empty before every follow-up", by_arm["disk"],
-                          lambda r: r.get("memory_tier_bytes") == 0,
-                          lambda r: f"{r['tag']}: {r.get('memory_tier_bytes')} bytes in memory", "no disk rows"))
+                          lambda r: r.memory_tier_bytes == 0,
+                          lambda r: f"{r.tag}: {r.memory_tier_bytes} bytes in memory", "no disk rows"))
         out.append(all_of("disk: every follow-up read the context from the disk tier", by_arm["disk"],
-                          lambda r: (r["disk_read_bytes"] or 0) >= r["context_bytes"],
-                          lambda r: f"{r['tag']}: read {r['disk_read_bytes']} of {r['context_bytes']} bytes", "no disk rows"))
+                          lambda r: (r.disk_read_bytes or 0) >= r.context_bytes,
+                          lambda r: f"{r.tag}: read {r.disk_read_bytes} of {r.context_bytes} bytes", "no disk rows"))
     if "lmcache_mp" in arm_names:
         out.append(all_of("lmcache_mp: the context was in the LMCache server's memory tier (L1) before every follow-up",
-                          [r for r in measured if r["arm"] == "lmcache_mp"],
-                          lambda r: (r.get("memory_tier_bytes") or 0) >= r["context_bytes"],
-                          lambda r: f"{r['tag']}: {r.get('memory_tier_bytes')} of {r['context_bytes']} bytes",
+                          [r for r in measured if r.arm == "lmcache_mp"],
+                          lambda r: (r.memory_tier_bytes or 0) >= r.context_bytes,
+                          lambda r: f"{r.tag}: {r.memory_tier_bytes} of {r.context_bytes} bytes",
                           "no lmcache_mp rows"))
     disk_arms = [a for a in arm_names if KIND[a] == "disk"]
-    others = [r for r in measured if KIND[r["arm"]] != "disk"]
+    others = [r for r in measured if KIND[r.arm] != "disk"]
     out.append(all_of(f"{', '.join(a for a in arm_names if a not in disk_arms)}: no follow-up read the disk tier", others,
-                      lambda r: r["disk_read_bytes"] == 0, lambda r: f"{r['tag']}: {r['disk_read_bytes']} bytes",
+                      lambda r: r.disk_read_bytes == 0, lambda r: f"{r.tag}: {r.disk_read_bytes} bytes",
                       "no measured rows outside the disk arms"))
     out += tier_checks(measured, arm_names)
     out += launch_checks(measured, children)
@@ -157,17 +153,17 @@ def paired_checks(run: RunFiles) -> list[Check]:
     p = run.params
     if not run.has_raw("pairs.jsonl"):
         return [Check(name, "skipped", PAIRED_SINCE, predates=PAIRED_SINCE) for name in PAIRED_CHECKS]
-    pairs, floors = run.raw("pairs.jsonl"), run.raw("point_floors.jsonl")
+    pairs, floors = run.records("pairs.jsonl"), run.records("point_floors.jsonl")
     cfg_pairs = {a: (p.NUM_DISK_RESTORES if KIND[a] == "disk" else p.NUM_RESTORES) or 0
                  for a in p.ARMS if a in report.RESIDENT_OF}
     want = {(m, n, a): k for m in p.MODELS for n in p.CONTEXT_TOKENS_GRID for a, k in cfg_pairs.items() if k}
-    got: dict[tuple, list[dict]] = {}
+    got: dict[tuple, list[PairRow]] = {}
     for r in pairs:
-        got.setdefault((r["model"], r["context_tokens"], r["pair_arm"]), []).append(r)
+        got.setdefault((r.model, r.context_tokens, r.pair_arm), []).append(r)
 
     def whole(key) -> bool:
         rs = got.get(key, [])
-        by = sorted((r["pair"], r["pair_position"], r["role"], r["arm"]) for r in rs)
+        by = sorted((r.pair, r.pair_position, r.role, r.arm) for r in rs)
         roles = [("restore", key[2]), ("resident", report.RESIDENT_OF[key[2]])]
         plan = [(k, i, role, arm) for k in range(want[key])
                 for i, (role, arm) in enumerate(roles[::-1] if k % 2 else roles)]
@@ -175,22 +171,22 @@ def paired_checks(run: RunFiles) -> list[Check]:
 
     out = [all_of(PAIRED_CHECKS[0], sorted(want), whole, lambda k: f"{k}: {len(got.get(k, []))} rows of {2 * want[k]}",
                   "the params plan no pairs (NUM_RESTORES=0 and NUM_DISK_RESTORES=0, or no restore path)")]
-    out.append(all_of(PAIRED_CHECKS[1], pairs, lambda r: r["status"] == "ok" and all(
-        c == r["context_tokens"] for c in r["num_cached_tokens"]), lambda r: f"{r['tag']}: {r['num_cached_tokens']}",
+    out.append(all_of(PAIRED_CHECKS[1], pairs, lambda r: r.status == "ok" and all(
+        c == r.context_tokens for c in r.num_cached_tokens), lambda r: f"{r.tag}: {r.num_cached_tokens}",
         "raw/pairs.jsonl is empty"))
     tier_of = report.TIER_OF
     points = sorted({(m, n, tier_of[a]) for m, n, a in want})
     measured = {}
     for f in floors:  # a measurement with a floor it could not take does not count
-        if not f.get("errors"):
-            measured.setdefault((f["model"], f["context_tokens"], f["tier"]), set()).add(f["when"])
+        if not f.errors:
+            measured.setdefault((f.model, f.context_tokens, f.tier), set()).add(f.when)
     out.append(all_of(PAIRED_CHECKS[2], points, lambda k: measured.get(k) == {"before", "after"},
                       lambda k: f"{k}: {sorted(measured.get(k, []))}", "no point planned pairs"))
     table = report.resolution_table(pairs, floors)
     judged = [r for r in table if r["context_tokens"] >= report.RESOLVE_MIN_TOKENS and r["path"] in report.RESOLVE_PATHS]
     out.append(all_of(PAIRED_CHECKS[3], judged, lambda r: bool(r["resolved"]),
-                      lambda r: f"{r['model']} {r['context_tokens']} {r['path']}: half-width {r['span_half_width_ms']} ms "
-                                f"= {r['half_width_x_floor']} x floor {r['floor_ms']} ({r['num_restores']} restores)",
+                      lambda r: f"{r.model} {r.context_tokens} {r.path}: half-width {r.span_half_width_ms} ms "
+                                f"= {r.half_width_x_floor} x floor {r.floor_ms} ({r.num_restores} restores)",
                       f"no point of {report.RESOLVE_MIN_TOKENS:,} tokens and more on those paths "
                       "(the grid's contexts are shorter)"))
     return out
@@ -199,26 +195,26 @@ def paired_checks(run: RunFiles) -> list[Check]:
 ORDER_CHECK = ("every repeat ran each of its tier's arms once, in the recorded order (position and the arm before it)")
 
 
-def order_check(rows: list[dict]) -> Check:
+def order_check(rows: list[GridRow]) -> Check:
     """Each repeat of a (model, tier, context) ran its arms at positions 0, 1, ... each after the arm the row names.
     Skipped where no row records its position (runs recorded before the Williams order); a run where some rows
     record one holds every row to it."""
-    if rows and not any("arm_position" in r for r in rows):
+    if rows and not any(r.holds("arm_position") for r in rows):
         return Check(ORDER_CHECK, "skipped", "no row records its position in its repeat (a run before the Williams order)")
-    repeats_of: dict[tuple, list[dict]] = {}
+    repeats_of: dict[tuple, list[GridRow]] = {}
     for r in rows:
-        repeats_of.setdefault((r["model"], r.get("tier") or "", r["context_tokens"], r["repeat"]), []).append(r)
+        repeats_of.setdefault((r.model, r.tier, r.context_tokens, r.repeat), []).append(r)
 
     def ran_in_its_order(key) -> bool:
         rs = repeats_of[key]
-        if any("arm_position" not in r for r in rs):
+        if not all(r.holds("arm_position") for r in rs):
             return False
-        rs = sorted(rs, key=lambda r: r["arm_position"])
-        return ([r["arm_position"] for r in rs] == list(range(len(rs)))
-                and [r.get("previous_arm") for r in rs] == [None] + [r["arm"] for r in rs[:-1]])
+        rs = sorted(rs, key=lambda r: r.arm_position)
+        return ([r.arm_position for r in rs] == list(range(len(rs)))
+                and [r.previous_arm for r in rs] == [None] + [r.arm for r in rs[:-1]])
 
     return all_of(ORDER_CHECK, sorted(repeats_of), ran_in_its_order,
-                  lambda k: f"{k}: " + ", ".join(f"{r['arm']}@{r.get('arm_position')}" for r in repeats_of[k]),
+                  lambda k: f"{k}: " + ", ".join(f"{r.arm}@{r.arm_position}" for r in repeats_of[k]),
                   "raw/rows.jsonl is missing or empty")
 
 
@@ -273,95 +269,95 @@ def recorded_check(name: str, records: list, recorded: bool, not_recorded: str, 
     return all_of(name, records, predicate, describe, missing)
 
 
-def launch_checks(measured: list[dict], children: list[dict]) -> list[Check]:
+def launch_checks(measured: list[GridRow], children: list[ChildSummary]) -> list[Check]:
     """Where the GPU buffer queued its restores, what each added to its step and how its forward pass
     waited, against the tier's own record (``tier_route.launch_at``/``wait_at`` in raw/models.jsonl), and
     that every follow-up's forward pass was timed. Each check is always stated: skipped where the run has no
     GPU-buffer restore, or records none of what it reads (a run recorded before the tier recorded it)."""
-    gpubuf_rows = [r for r in measured if tier(r) == "gpubuf"]
-    restored = [r for r in measured if r["arm"] in GPUBUF_RESTORES]
-    split = {r["tag"]: r.get("split") or {} for r in restored}
+    gpubuf_rows = [r for r in measured if r.tier == "gpubuf"]
+    restored = [r for r in measured if r.arm in GPUBUF_RESTORES]
+    split = {r.tag: r.split or NO_SPLIT for r in restored}
     no_restores = "no measured GPU-buffer restores"
-    route = {m["model"]: m.get("tier_route") or {} for m in children if tier(m) == "gpubuf"}
+    route = {m.model: m.tier_route or {} for m in children if m.tier == "gpubuf"}
     configured = {model: r["launch_at"] for model, r in route.items() if "launch_at" in r}
     waits = {model: r["wait_at"] for model, r in route.items() if "wait_at" in r}
     graphs = {model: r["copy_graphs"] for model, r in route.items() if "copy_graphs" in r}
     before = "(a run recorded before the tier recorded it)"
 
     def waited_as_its_arm_says(r) -> bool:
-        s = split[r["tag"]]
-        if s.get("wait_at") != WAIT_AT_OF.get(r["arm"], waits.get(r["model"])):
+        s = split[r.tag]
+        if s.wait_at != WAIT_AT_OF.get(r.arm, waits.get(r.model)):
             return False
-        return s.get("wait_at") != "layer" or s.get("num_layer_waits") == s.get("num_copy_groups")
+        return s.wait_at != "layer" or s.num_layer_waits == s.num_copy_groups
 
     def adds_up(r) -> bool:
-        s = split[r["tag"]]
-        parts = [s.get(k) for k in ("measure_s", "host_s", "forward_wait_s", "critical_s")]
-        if any(v is None or v < 0 for v in parts) or (s.get("schedule_s") or 0.0) < 0:
+        s = split[r.tag]
+        parts = [s.measure_s, s.host_s, s.forward_wait_s, s.critical_s]
+        if any(v is None or v < 0 for v in parts) or (s.schedule_s or 0.0) < 0:
             return False
         # schedule_s: recorded since 2 Dec 2026 (earlier runs' critical_s has no such part)
-        return abs((s.get("lookup_s") or 0.0) + (s.get("schedule_s") or 0.0) + sum(parts[:3]) - parts[3]) < 1e-9
+        return abs((s.lookup_s or 0.0) + (s.schedule_s or 0.0) + sum(parts[:3]) - parts[3]) < 1e-9
 
     def launched_as_the_tier_says(r) -> bool:
-        return (split[r["tag"]].get("copy_launch") == "graph") == (graphs.get(r["model"]) == "on")
+        return (split[r.tag].copy_launch == "graph") == (graphs.get(r.model) == "on")
 
     def launched_by_its_arm(r) -> bool:
-        s = split[r["tag"]]
-        if r["arm"] not in HANDOFF_ARMS:
-            return s.get("launched_by") in ("engine", None)
-        return s.get("launched_by") == "thread" and s.get("thread_lag_s") is not None and s["thread_lag_s"] > 0
+        s = split[r.tag]
+        if r.arm not in HANDOFF_ARMS:
+            return s.launched_by in ("engine", None)
+        return s.launched_by == "thread" and s.thread_lag_s is not None and s.thread_lag_s > 0
 
     def reached_forward_in_order(r) -> bool:
-        to_forward = split[r["tag"]].get("to_forward_s")
-        return to_forward is not None and 0 < to_forward < r["ttft_s"]
+        to_forward = split[r.tag].to_forward_s
+        return to_forward is not None and 0 < to_forward < r.ttft_s
 
     def stamped(key: str) -> bool:
-        return any(split[r["tag"]].get(key) is not None for r in restored)
+        return any(getattr(split[r.tag], key) is not None for r in restored)
 
     return [
         recorded_check("gpubuf: every follow-up's first forward pass was timed on its own", gpubuf_rows,
-                       any("forward_step_s" in r for r in gpubuf_rows),
+                       any(r.holds("forward_step_s") for r in gpubuf_rows),
                        f"no GPU-buffer row records forward_step_s {before}",
-                       lambda r: (r.get("forward_step_s") or 0) > 0, lambda r: f"{r['tag']}: {r.get('forward_step_s')}",
+                       lambda r: (r.forward_step_s or 0) > 0, lambda r: f"{r.tag}: {r.forward_step_s}",
                        "no measured GPU-buffer rows"),
         recorded_check("gpubuf: every restore's forward pass waited as its arm says (wait_at), with layer waits "
                        "once for each copy group", restored, bool(waits),
                        f"no GPU-buffer child records tier_route.wait_at {before}", waited_as_its_arm_says,
-                       lambda r: f"{r['tag']}: {split[r['tag']].get('wait_at')}, waited "
-                                 f"{split[r['tag']].get('num_layer_waits')} of {split[r['tag']].get('num_copy_groups')} "
+                       lambda r: f"{r.tag}: {split[r.tag].wait_at}, waited "
+                                 f"{split[r.tag].num_layer_waits} of {split[r.tag].num_copy_groups} "
                                  "groups", no_restores),
         recorded_check("gpubuf: every restore's copy was one graph replay where the tier captured its copies, and "
                        "launched where it did not (copy_graphs)", restored, bool(graphs),
                        f"no GPU-buffer child records tier_route.copy_graphs {before}", launched_as_the_tier_says,
-                       lambda r: f"{r['tag']}: {split[r['tag']].get('copy_launch')} "
-                                 f"(copy_graphs {graphs.get(r['model'])})", no_restores),
+                       lambda r: f"{r.tag}: {split[r.tag].copy_launch} "
+                                 f"(copy_graphs {graphs.get(r.model)})", no_restores),
         recorded_check("gpubuf: every restore's graph was launched where its arm says: by the launch thread "
                        f"({', '.join(HANDOFF_ARMS)}, its launch's stamps recorded), else by the engine thread",
                        restored, stamped("launched_by"), f"no restore records launched_by {before}", launched_by_its_arm,
-                       lambda r: f"{r['tag']}: {split[r['tag']].get('launched_by')}, "
-                                 f"lag {split[r['tag']].get('thread_lag_s')}", no_restores),
+                       lambda r: f"{r.tag}: {split[r.tag].launched_by}, "
+                                 f"lag {split[r.tag].thread_lag_s}", no_restores),
         recorded_check("gpubuf: every restore's forward pass reached its first layer after the restore's end and "
                        "before the first token (to_forward, host stamps)", restored,
-                       any("to_forward_s" in split[r["tag"]] for r in restored),
+                       any(split[r.tag].holds("to_forward_s") for r in restored),
                        f"no restore records to_forward_s {before}", reached_forward_in_order,
-                       lambda r: f"{r['tag']}: to_forward {split[r['tag']].get('to_forward_s')}, ttft {r['ttft_s']}",
+                       lambda r: f"{r.tag}: to_forward {split[r.tag].to_forward_s}, ttft {r.ttft_s}",
                        no_restores),
         recorded_check(f"gpubuf: every restore's events were put on the host's clock by a reference taken before its "
                        f"step, which one taken after the request confirmed within {REFERENCE_AGREE_US} us",
-                       restored, any(split[r["tag"]].get("reference_at") for r in restored),
+                       restored, any(split[r.tag].reference_at for r in restored),
                        "no restore records a clock reference (reference_at): the CPU build has no GPU clock to put its "
                        f"events on, or {before[1:-1]}", reference_agrees,
-                       lambda r: f"{r['tag']}: reference {split[r['tag']].get('reference_at')}, {r.get('reference_clock')}",
+                       lambda r: f"{r.tag}: reference {split[r.tag].reference_at}, {r.reference_clock}",
                        no_restores),
         recorded_check("gpubuf: every restore was queued where the tier says it queues them (launch_at)", restored,
                        bool(configured), f"no GPU-buffer child records tier_route.launch_at {before}",
-                       lambda r: split[r["tag"]].get("launched_at") == configured.get(r["model"]),
-                       lambda r: f"{r['tag']}: {split[r['tag']].get('launched_at')} (configured {configured.get(r['model'])})",
+                       lambda r: split[r.tag].launched_at == configured.get(r.model),
+                       lambda r: f"{r.tag}: {split[r.tag].launched_at} (configured {configured.get(r.model)})",
                        no_restores),
         recorded_check("gpubuf: what every restore added to its step is its lookup, timing sync, host calls and the "
                        "forward pass's wait, each recorded and none negative", restored, stamped("critical_s"),
                        f"no restore records critical_s {before}", adds_up,
-                       lambda r: f"{r['tag']}: " + ", ".join(f"{k} {split[r['tag']].get(k)}" for k in
+                       lambda r: f"{r.tag}: " + ", ".join(f"{k} {getattr(split[r.tag], k)}" for k in
                                                              ("lookup_s", "schedule_s", "measure_s", "host_s",
                                                               "forward_wait_s", "critical_s")), no_restores),
     ]
@@ -372,85 +368,85 @@ def launch_checks(measured: list[dict], children: list[dict]) -> list[Check]:
 REFERENCE_AGREE_US = 5.0
 
 
-def reference_agrees(row: dict) -> bool:
+def reference_agrees(row: GridRow) -> bool:
     """A restore put on the clock by a reference kept from before its step (``GpuBufferTier.take_reference``)
     whose offset a second reference, taken after the request, confirms within ``REFERENCE_AGREE_US``."""
-    split, clock = row.get("split") or {}, row.get("reference_clock") or {}
-    return (split.get("reference_at") == "before_step" and clock.get("drift_us") is not None
+    split, clock = row.split or NO_SPLIT, row.reference_clock or {}
+    return (split.reference_at == "before_step" and clock.get("drift_us") is not None
             and abs(clock["drift_us"]) <= REFERENCE_AGREE_US)
 
 
-def tier_checks(measured: list[dict], arm_names: list[str]) -> list[Check]:
+def tier_checks(measured: list[GridRow], arm_names: list[str]) -> list[Check]:
     """What the GPU buffer and vLLM's CPU tier must show beyond cached tokens, from their rows."""
     out: list[Check] = []
-    rows = {a: [r for r in measured if r["arm"] == a] for a in arm_names}
+    rows = {a: [r for r in measured if r.arm == a] for a in arm_names}
     for arm in (a for a in GPUBUF_RESTORES if KIND[a] == "memory"):
         if arm in arm_names:
             out.append(all_of(f"{arm}: the buffer held the context before every follow-up, which restored it "
                               "once from the buffer", rows[arm],
-                              lambda r: (r.get("memory_tier_bytes") or 0) >= r["context_bytes"] and r.get("num_restores") == 1,
-                              lambda r: f"{r['tag']}: {r.get('memory_tier_bytes')} of {r['context_bytes']} bytes, "
-                                        f"{r.get('num_restores')} restores", f"no measured {arm} rows"))
+                              lambda r: (r.memory_tier_bytes or 0) >= r.context_bytes and r.num_restores == 1,
+                              lambda r: f"{r.tag}: {r.memory_tier_bytes} of {r.context_bytes} bytes, "
+                                        f"{r.num_restores} restores", f"no measured {arm} rows"))
     if "gpubuf_disk" in arm_names:
         out.append(all_of("gpubuf_disk: the buffer was empty before every follow-up, the restore read the context from "
                           "disk once and freed its copy", rows["gpubuf_disk"],
-                          lambda r: r.get("memory_tier_bytes") == 0 and r.get("num_restores") == 1
-                          and (r["disk_read_bytes"] or 0) >= r["context_bytes"] and r.get("memory_tier_bytes_after") == 0,
-                          lambda r: f"{r['tag']}: before {r.get('memory_tier_bytes')}, after "
-                                    f"{r.get('memory_tier_bytes_after')} bytes in the buffer; read {r['disk_read_bytes']}; "
-                                    f"{r.get('num_restores')} restores", "no measured gpubuf_disk rows"))
+                          lambda r: r.memory_tier_bytes == 0 and r.num_restores == 1
+                          and (r.disk_read_bytes or 0) >= r.context_bytes and r.memory_tier_bytes_after == 0,
+                          lambda r: f"{r.tag}: before {r.memory_tier_bytes}, after "
+                                    f"{r.memory_tier_bytes_after} bytes in the buffer; read {r.disk_read_bytes}; "
+                                    f"{r.num_restores} restores", "no measured gpubuf_disk rows"))
     if "gpubuf_resident" in arm_names:
         out.append(all_of("gpubuf_resident: no follow-up restored from the buffer", rows["gpubuf_resident"],
-                          lambda r: r.get("num_restores") == 0, lambda r: f"{r['tag']}: {r.get('num_restores')} restores",
+                          lambda r: r.num_restores == 0, lambda r: f"{r.tag}: {r.num_restores} restores",
                           "no measured gpubuf_resident rows"))
     if "native_offload" in arm_names:
         offload = rows["native_offload"]
         out.append(all_of("native_offload: vLLM counted every context token of every follow-up as an external hit", offload,
-                          lambda r: r.get("external_hit_tokens") == r["context_tokens"] * len(r["num_cached_tokens"]),
-                          lambda r: f"{r['tag']}: {r.get('external_hit_tokens')} external hits",
+                          lambda r: r.external_hit_tokens == r.context_tokens * len(r.num_cached_tokens),
+                          lambda r: f"{r.tag}: {r.external_hit_tokens} external hits",
                           "no measured native_offload rows"))
-        unread = [r["tag"] for r in offload if r.get("memory_tier_bytes") is None]
+        unread = [r.tag for r in offload if r.memory_tier_bytes is None]
         out.append(Check("native_offload: vLLM's CPU tier held the context before every follow-up", "skipped",
                          f"this vLLM's offloading manager gives no block counts ({len(unread)} rows)")
                    if unread else
                    all_of("native_offload: vLLM's CPU tier held the context before every follow-up", offload,
-                          lambda r: r["memory_tier_bytes"] >= r["context_bytes"],
-                          lambda r: f"{r['tag']}: {r['memory_tier_bytes']} of {r['context_bytes']} bytes",
+                          lambda r: r.memory_tier_bytes >= r.context_bytes,
+                          lambda r: f"{r.tag}: {r.memory_tier_bytes} of {r.context_bytes} bytes",
                           "no measured native_offload rows"))
     if "native_resident" in arm_names:
         out.append(all_of("native_resident: vLLM counted no external hit", rows["native_resident"],
-                          lambda r: r.get("external_hit_tokens") == 0,
-                          lambda r: f"{r['tag']}: {r.get('external_hit_tokens')} external hits",
+                          lambda r: r.external_hit_tokens == 0,
+                          lambda r: f"{r.tag}: {r.external_hit_tokens} external hits",
                           "no measured native_resident rows"))
     return out
 
 
 def counts(run: RunFiles) -> dict[str, int | str]:
     """Deterministic facts for the smoke golden: record counts, bytes stored and read, cached tokens per arm."""
-    rows, measured = run.raw("rows.jsonl"), measured_rows(run)
-    out: dict[str, int | str] = {"rows": len(rows), "measured rows": len(measured), "stores": len(run.raw("stores.jsonl"))}
-    restores = [r.get("num_restores") for r in measured if "num_restores" in r]
+    rows, measured = run.records("rows.jsonl"), measured_rows(run)
+    out: dict[str, int | str] = {"rows": len(rows), "measured rows": len(measured), "stores": len(run.records("stores.jsonl"))}
+    restores = [r.num_restores for r in measured if r.holds("num_restores")]
     if restores:
         out["GPU-buffer restores in measured rows"] = sum(restores)
     if run.has_raw("pairs.jsonl"):  # the paired design (runs recorded before it have none)
-        pairs = run.raw("pairs.jsonl")
-        out["pair rows (restore, resident)"] = (f"{sum(p['role'] == 'restore' for p in pairs)}, "
-                                                f"{sum(p['role'] == 'resident' for p in pairs)}")
-        out["floor measurements around the points"] = len(run.raw("point_floors.jsonl"))
+        pairs = run.records("pairs.jsonl")
+        out["pair rows (restore, resident)"] = (f"{sum(p.role == 'restore' for p in pairs)}, "
+                                                f"{sum(p.role == 'resident' for p in pairs)}")
+        out["floor measurements around the points"] = len(run.records("point_floors.jsonl"))
     for model, kvt in kv_bytes(run).items():
         out[f"{model} kv bytes per token"] = kvt
-    for s in run.raw("stores.jsonl"):
-        label = "" if tier(s) == "lmcache" else f" ({tier(s)})"
-        out[f"{s['model']} {s['context_tokens']}: bytes stored{label}"] = s["bytes_written"]
-    groups: dict[tuple, list[dict]] = {}
+    for s in run.records("stores.jsonl"):
+        label = "" if s.tier == "lmcache" else f" ({s.tier})"
+        out[f"{s.model} {s.context_tokens}: bytes stored{label}"] = s.bytes_written
+    groups: dict[tuple, list[GridRow]] = {}
     for r in measured:
-        groups.setdefault((r["model"], r["context_tokens"]), []).append(r)
+        groups.setdefault((r.model, r.context_tokens), []).append(r)
     for (model, n), rs in groups.items():
-        cached = {arm: sorted({c for x in rs if x["arm"] == arm for c in x["num_cached_tokens"]})
-                  for arm in run.params.ARMS if any(x["arm"] == arm for x in rs)}
+        cached = {arm: sorted({c for x in rs if x.arm == arm for c in x.num_cached_tokens})
+                  for arm in run.params.ARMS if any(x.arm == arm for x in rs)}
         out[f"{model} {n}: cached tokens per arm"] = ", ".join(f"{a} {'/'.join(map(str, v))}" for a, v in cached.items())
         for arm in [a for a in run.params.ARMS if KIND[a] == "disk"]:
-            disk = sorted({r["disk_read_bytes"] for r in rs if r["arm"] == arm})
+            disk = sorted({r.disk_read_bytes for r in rs if r.arm == arm})
             if disk:
                 label = "disk" if arm == "disk" else arm
                 out[f"{model} {n}: disk bytes read per {label} follow-up"] = "/".join(map(str, disk))

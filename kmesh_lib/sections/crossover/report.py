@@ -27,6 +27,7 @@ from kmesh_lib.base.figures import save as save_figure
 from kmesh_lib.base.intervals import median_difference, median_of_differences
 from kmesh_lib.kv.floors import floor_seconds
 from kmesh_lib.sections.crossover.arms import GPUBUF_RESTORES, RESIDENT_OF, RESTORE_ARMS, TIER_OF
+from kmesh_lib.sections.crossover.captures import NO_SPLIT, FollowUp, PairRow, PointFloors, RestoreSplit
 
 RESTORES = RESTORE_ARMS
 # Each path's transfer floor from the floors the run measured: "copy" host->device (a host memcpy on
@@ -54,22 +55,23 @@ def _ms(name: str) -> str:
     return name.removesuffix("_s") + "_ms"
 
 
-def usable(rows: list[dict]) -> list[dict]:
-    return [r for r in rows if r.get("measured") and r.get("status") == "ok"]
+def usable(rows: list[FollowUp]) -> list[FollowUp]:
+    """The measured follow-ups that hit exactly their expected cached tokens: the only ones a table takes."""
+    return [r for r in rows if r.measured and r.status == "ok"]
 
 
-def arm_table(rows: list[dict]) -> list[dict]:
-    groups: dict[tuple, list[dict]] = {}
+def arm_table(rows: list[FollowUp]) -> list[dict]:
+    groups: dict[tuple, list[FollowUp]] = {}
     for r in usable(rows):
-        groups.setdefault((r["model"], r["context_tokens"], r["arm"]), []).append(r)
+        groups.setdefault((r.model, r.context_tokens, r.arm), []).append(r)
     out = []
     for (model, n, arm), rs in sorted(groups.items()):
         out.append({"model": model, "context_tokens": n, "arm": arm, "n": len(rs),
-                    "context_mib": rs[0]["context_bytes"] / (1 << 20),
-                    "ttft_ms": 1e3 * statistics.median(r["ttft_s"] for r in rs),
-                    "ttft_min_ms": 1e3 * min(r["ttft_s"] for r in rs),
-                    "makespan_ms": 1e3 * statistics.median(r["makespan_s"] for r in rs),
-                    "disk_read_mib": statistics.median(r["disk_read_bytes"] or 0 for r in rs) / (1 << 20)})
+                    "context_mib": rs[0].context_bytes / (1 << 20),
+                    "ttft_ms": 1e3 * statistics.median(r.ttft_s for r in rs),
+                    "ttft_min_ms": 1e3 * min(r.ttft_s for r in rs),
+                    "makespan_ms": 1e3 * statistics.median(r.makespan_s for r in rs),
+                    "disk_read_mib": statistics.median(r.disk_read_bytes or 0 for r in rs) / (1 << 20)})
     return out
 
 
@@ -148,17 +150,17 @@ def goal_verdict(low_ms: float, high_ms: float, floor_ms: float) -> str:
     return "met" if high_ms <= bound else "not met" if low_ms > bound else "unresolved"
 
 
-def cost_interval(rows: list[dict], model: str, n: int, path: str) -> tuple[float, float, float]:
+def cost_interval(rows: list[FollowUp], model: str, n: int, path: str) -> tuple[float, float, float]:
     """(cost, low, high) in ms: the restore's median first token minus its resident follow-up's, with
     the 95% percentile bootstrap interval of that difference (each arm's follow-ups resampled on their own)."""
     ttft = {}
     for r in usable(rows):
-        if r["model"] == model and r["context_tokens"] == n:
-            ttft.setdefault(r["arm"], []).append(1e3 * r["ttft_s"])
+        if r.model == model and r.context_tokens == n:
+            ttft.setdefault(r.arm, []).append(1e3 * r.ttft_s)
     return median_difference(ttft.get(path, []), ttft.get(RESIDENT_OF[path], []))
 
 
-def goal_table(table: list[dict], distance: list[dict], rows: list[dict] | None = None) -> list[dict]:
+def goal_table(table: list[dict], distance: list[dict], rows: list[FollowUp] | None = None) -> list[dict]:
     """Issue 13's goals per grid point, from the medians and the floor distance.
 
     At every point of ``GOAL_MIN_TOKENS`` and more: the fastest restore path (lowest median first
@@ -197,41 +199,41 @@ def goal_table(table: list[dict], distance: list[dict], rows: list[dict] | None 
     return out
 
 
-def component_table(rows: list[dict]) -> list[dict]:
-    groups: dict[tuple, list[dict]] = {}
+def component_table(rows: list[FollowUp]) -> list[dict]:
+    groups: dict[tuple, list[FollowUp]] = {}
     for r in usable(rows):
-        groups.setdefault((r["model"], r["context_tokens"], r["arm"]), []).append(r)
+        groups.setdefault((r.model, r.context_tokens, r.arm), []).append(r)
     out = []
     for (model, n, arm), rs in sorted(groups.items()):
-        row = {"model": model, "context_tokens": n, "arm": arm, "ttft_ms": 1e3 * statistics.median(r["ttft_s"] for r in rs)}
+        row = {"model": model, "context_tokens": n, "arm": arm, "ttft_ms": 1e3 * statistics.median(r.ttft_s for r in rs)}
         for c in COMPONENTS:
-            vals = [r["components"].get(c) for r in rs if r["components"].get(c) is not None]
+            vals = [getattr(r.components, c) for r in rs if getattr(r.components, c) is not None]
             row[_ms(c)] = round(1e3 * statistics.median(vals), 3) if vals else None
         out.append(row)
     return out
 
 
-def split_table(rows: list[dict]) -> list[dict]:
+def split_table(rows: list[FollowUp]) -> list[dict]:
     """Median split of the restores that recorded one (``arms.RestoreBench._tier_fields``), with the
     longest part of bringing the context in named (``RESTORE_PARTS``): what keeps a path above its floor."""
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[tuple, list[FollowUp]] = {}
     for r in usable(rows):
-        if r.get("split"):
-            groups.setdefault((r["model"], r["context_tokens"], r["arm"]), []).append(r)
+        if r.split is not None:
+            groups.setdefault((r.model, r.context_tokens, r.arm), []).append(r)
     out = []
     for (model, n, arm), rs in sorted(groups.items()):
         row = {"model": model, "context_tokens": n, "arm": arm, "n": len(rs),
-               "ttft_ms": round(1e3 * statistics.median(r["ttft_s"] for r in rs), 3)}
+               "ttft_ms": round(1e3 * statistics.median(r.ttft_s for r in rs), 3)}
         for part in SPLIT_PARTS:
-            vals = [r["split"][part] for r in rs if r["split"].get(part) is not None]
+            vals = [getattr(r.split, part) for r in rs if getattr(r.split, part) is not None]
             if vals:
                 row[_ms(part)] = round(1e3 * statistics.median(vals), 3)
         # copy_launch: "graph", "handle", "torch", ...; reference_at: "step" (measure > 0) or "before_step"
         for key in ("launched_at", "wait_at", "copy_launch", "launched_by", "settled_by", "ids_packed_by", "reference_at"):
-            seen = {r["split"].get(key) for r in rs} - {None}
+            seen = {getattr(r.split, key) for r in rs} - {None}
             if seen:
                 row[key] = "/".join(sorted(seen))
-        synced = [r["split"]["measure_synced"] for r in rs if r["split"].get("measure_synced") is not None]
+        synced = [r.split.measure_synced for r in rs if r.split.measure_synced is not None]
         if synced:  # how many clock references found the stream busy and waited for it
             row["measure_synced"] = f"{sum(synced)}/{len(synced)}"
         spans = {k: row[k] for k in RESTORE_PARTS if k in row}
@@ -244,7 +246,7 @@ def split_table(rows: list[dict]) -> list[dict]:
 HANDOFF_PAIR = ("gpubuf_offthread", "gpubuf_layered")
 
 
-def handoff_points(rows: list[dict]) -> dict[str, dict[str, list[dict]]]:
+def handoff_points(rows: list[FollowUp]) -> dict[str, dict[str, list[dict]]]:
     """Per model, per arm of ``HANDOFF_PAIR``: each restore's engine-thread parts around the request, in us.
 
     ``copy_call_us``, ``after_copy_us`` (the engine thread's Python right after the request, no CUDA call in it) and
@@ -255,19 +257,19 @@ def handoff_points(rows: list[dict]) -> dict[str, dict[str, list[dict]]]:
     restore's ``stalled``: its ``after_copy`` longer than the longest of the engine-launched arm's."""
     out: dict[str, dict[str, list[dict]]] = {}
     for r in usable(rows):
-        s = r.get("split") or {}
-        if r["arm"] not in HANDOFF_PAIR or s.get("after_copy_s") is None:
+        s = r.split or NO_SPLIT
+        if r.arm not in HANDOFF_PAIR or s.after_copy_s is None:
             continue
-        p = {"context_tokens": r["context_tokens"], "copy_call_us": 1e6 * s["copy_call_s"],
-             "after_copy_us": 1e6 * s["after_copy_s"],
-             "to_forward_us": None if s.get("to_forward_s") is None else 1e6 * s["to_forward_s"]}
-        if s.get("thread_lag_s") is not None and s.get("thread_launch_s") is not None and s.get("write_ids_s") is not None:
+        p = {"context_tokens": r.context_tokens, "copy_call_us": 1e6 * s.copy_call_s,
+             "after_copy_us": 1e6 * s.after_copy_s,
+             "to_forward_us": None if s.to_forward_s is None else 1e6 * s.to_forward_s}
+        if s.thread_lag_s is not None and s.thread_launch_s is not None and s.write_ids_s is not None:
             # the stamps: ids written, then the request (copy_call's end); the thread's lag runs from the ids written
-            request_us = 1e6 * (s["copy_call_s"] - s["write_ids_s"])
-            p["launch_end_us"] = 1e6 * s["thread_lag_s"] - request_us
-            p["launch_begin_us"] = p["launch_end_us"] - 1e6 * s["thread_launch_s"]
+            request_us = 1e6 * (s.copy_call_s - s.write_ids_s)
+            p["launch_end_us"] = 1e6 * s.thread_lag_s - request_us
+            p["launch_begin_us"] = p["launch_end_us"] - 1e6 * s.thread_launch_s
             p["resumed_after_launch_us"] = p["after_copy_us"] - p["launch_end_us"]
-        out.setdefault(r["model"], {}).setdefault(r["arm"], []).append(p)
+        out.setdefault(r.model, {}).setdefault(r.arm, []).append(p)
     for arms in out.values():
         own = arms.get(HANDOFF_PAIR[1])
         if own:
@@ -277,7 +279,7 @@ def handoff_points(rows: list[dict]) -> dict[str, dict[str, list[dict]]]:
     return out
 
 
-def handoff_step_pairs(rows: list[dict]) -> dict[str, dict]:
+def handoff_step_pairs(rows: list[FollowUp]) -> dict[str, dict]:
     """Per model, what the hand-off changes for the step as a whole: each off-thread restore's ``critical +
     to_forward`` (what it adds to its step, then the engine thread's time from its end to the forward pass's first
     layer, where a stall the launch brings after the restore's windows lands) less the engine-launched restore's of
@@ -286,10 +288,9 @@ def handoff_step_pairs(rows: list[dict]) -> dict[str, dict]:
     out (runs recorded before ``to_forward`` have none)."""
     steps: dict[tuple, dict[str, float]] = {}
     for r in usable(rows):
-        s = r.get("split") or {}
-        if r["arm"] in HANDOFF_PAIR and s.get("critical_s") is not None and s.get("to_forward_s") is not None:
-            steps.setdefault((r["model"], r["context_tokens"], r["repeat"]), {})[r["arm"]] = \
-                1e3 * (s["critical_s"] + s["to_forward_s"])
+        s = r.split or NO_SPLIT
+        if r.arm in HANDOFF_PAIR and s.critical_s is not None and s.to_forward_s is not None:
+            steps.setdefault((r.model, r.context_tokens, r.repeat), {})[r.arm] = 1e3 * (s.critical_s + s.to_forward_s)
     out = {}
     for model in sorted({k[0] for k in steps}):
         diffs = [v[HANDOFF_PAIR[0]] - v[HANDOFF_PAIR[1]] for k, v in sorted(steps.items())
@@ -306,7 +307,7 @@ def _median(values) -> float | None:
     return round(statistics.median(values), 1) if values else None
 
 
-def handoff_table(rows: list[dict]) -> list[dict]:
+def handoff_table(rows: list[FollowUp]) -> list[dict]:
     """The launch handed to a thread against the engine thread's own, per model over every point (one engine runs
     both arms): the copy call's median in each, and the stalls: the off-thread restores whose ``after_copy`` (the
     engine thread's Python right after the request, with no CUDA call in it) took longer than the longest of the
@@ -340,7 +341,7 @@ def handoff_table(rows: list[dict]) -> list[dict]:
     return out
 
 
-def handoff_plot(rows: list[dict], path_out):
+def handoff_plot(rows: list[FollowUp], path_out):
     """Per model with both arms of ``HANDOFF_PAIR``: each off-thread restore's ``after_copy`` against where the
     thread's launch began (us from the request), the engine-launched arm's longest ``after_copy`` as a line: a
     stall that follows the launch's timing shows as a band at the left. None (nothing drawn) without both arms."""
@@ -379,7 +380,7 @@ def _rank_correlation(xs: list[float], ys: list[float]) -> float | None:
     return round(float(spearmanr(xs, ys).statistic), 3)
 
 
-def scatter_table(rows: list[dict]) -> list[dict]:
+def scatter_table(rows: list[FollowUp]) -> list[dict]:
     """What the forward step's spread follows, per (model, context) of ``GOAL_MIN_TOKENS`` and more.
 
     Over every measured follow-up whose first step is the SUFFIX_TOKENS one (arms of kind memory and
@@ -391,18 +392,15 @@ def scatter_table(rows: list[dict]) -> list[dict]:
     not with the clock is held back by the host, not the GPU."""
     from kmesh_lib.sections.crossover.arms import KIND
 
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[tuple, list[FollowUp]] = {}
     for r in usable(rows):
-        if r.get("gpu_clocks") and KIND.get(r["arm"]) in ("memory", "resident") and r["context_tokens"] >= GOAL_MIN_TOKENS:
-            groups.setdefault((r["model"], r["context_tokens"]), []).append(r)
+        if r.gpu_clocks and KIND.get(r.arm) in ("memory", "resident") and r.context_tokens >= GOAL_MIN_TOKENS:
+            groups.setdefault((r.model, r.context_tokens), []).append(r)
     out = []
     for (model, n), rs in sorted(groups.items()):
-        rs = [r for r in rs if r["components"].get("forward_s") is not None and r["components"].get("other_s") is not None]
-        if not rs:
-            continue
-        forward = [1e3 * r["components"]["forward_s"] for r in rs]
-        other = [1e3 * r["components"]["other_s"] for r in rs]
-        before = [(f, (r["gpu_clocks"].get("before") or {}).get("sm_mhz")) for f, r in zip(forward, rs)]
+        forward = [1e3 * r.components.forward_s for r in rs]
+        other = [1e3 * r.components.other_s for r in rs]
+        before = [(f, (r.gpu_clocks.get("before") or {}).get("sm_mhz")) for f, r in zip(forward, rs)]
         clocked = [(f, c) for f, c in before if c]
         p10, p50, p90 = (round(float(v), 3) for v in numpy.quantile(forward, [0.1, 0.5, 0.9]))
         out.append({"model": model, "context_tokens": n, "n": len(rs), "forward_p10_ms": p10, "forward_p50_ms": p50,
@@ -496,7 +494,7 @@ LAUNCH_FREE_PARTS = ("lookup_s", "schedule_s", "measure_s", "before_copy_s", "wr
                      "forward_wait_s")
 
 
-def launch_free_table(rows: list[dict], distance: list[dict]) -> list[dict]:
+def launch_free_table(rows: list[FollowUp], distance: list[dict]) -> list[dict]:
     """What each GPU-buffer restore would add to its step had its copy's launch cost the engine thread nothing,
     at every point of ``GOAL_MIN_TOKENS`` and more: per restore, ``critical`` less the launch's part of its copy
     call (``copy_call - write_ids``: the graph's launch, or for a launch handed to the thread its request), the
@@ -504,29 +502,29 @@ def launch_free_table(rows: list[dict], distance: list[dict]) -> list[dict]:
     (``LAUNCH_FREE_PARTS``). A bound on what any cheaper launch can win, from the same stamps as ``critical``;
     a point without a floor or without the parts is absent, never met."""
     floor = _floor_of(distance)
-    left: dict[tuple, list[dict]] = {}
+    left: dict[tuple, list[RestoreSplit]] = {}
     for r in usable(rows):
-        sp = r.get("split") or {}
-        if (r["context_tokens"] >= GOAL_MIN_TOKENS and r["arm"] in GPUBUF_RESTORES
-                and all(sp.get(k) is not None for k in ("critical_s", "copy_call_s", "write_ids_s"))):
-            left.setdefault((r["model"], r["context_tokens"], r["arm"]), []).append(sp)
+        sp = r.split or NO_SPLIT
+        if (r.context_tokens >= GOAL_MIN_TOKENS and r.arm in GPUBUF_RESTORES
+                and all(x is not None for x in (sp.critical_s, sp.copy_call_s, sp.write_ids_s))):
+            left.setdefault((r.model, r.context_tokens, r.arm), []).append(sp)
     by_point: dict[tuple, list[tuple]] = {}
     for (model, n, arm), sps in left.items():
         if floor.get((model, n, arm)):
-            ms = 1e3 * float(numpy.median([sp["critical_s"] - sp["copy_call_s"] + sp["write_ids_s"] for sp in sps]))
+            ms = 1e3 * float(numpy.median([sp.critical_s - sp.copy_call_s + sp.write_ids_s for sp in sps]))
             by_point.setdefault((model, n), []).append((ms, arm, sps))
     out = []
     for (model, n), paths in sorted(by_point.items()):
         ms, arm, sps = min(paths, key=lambda p: p[0])
         f = floor[(model, n, arm)]
         parts = {_ms(k): round(1e3 * float(numpy.median(v)), 3)
-                 for k in LAUNCH_FREE_PARTS if (v := [sp[k] for sp in sps if sp.get(k) is not None])}
+                 for k in LAUNCH_FREE_PARTS if (v := [getattr(sp, k) for sp in sps if getattr(sp, k) is not None])}
         out.append({"model": model, "context_tokens": n, "path": arm, "n": len(sps), "launch_free_ms": round(ms, 3),
                     "transfer_floor_ms": f, "x_floor": round(ms / f, 3), "within": ms / f <= GOAL_X, **parts})
     return out
 
 
-def forward_step_table(rows: list[dict]) -> list[dict]:
+def forward_step_table(rows: list[FollowUp]) -> list[dict]:
     """The follow-up's forward pass on the GPU-buffer engine, its own GPU span (``forward_step_s``: from its
     first attention layer, after a whole copy, to its end; ``kv.gpu_buffer_connector``), per restore path against the resident
     follow-up of the same engine: the median difference and its 95% bootstrap interval. The resident step is the
@@ -535,8 +533,8 @@ def forward_step_table(rows: list[dict]) -> list[dict]:
     memory traffic cost the forward pass's kernels (``charged_ms`` bounds that by the copy's span)."""
     spans: dict[tuple, list[float]] = {}
     for r in usable(rows):
-        if r.get("forward_step_s") is not None:
-            spans.setdefault((r["model"], r["context_tokens"], r["arm"]), []).append(1e3 * r["forward_step_s"])
+        if r.forward_step_s is not None:
+            spans.setdefault((r.model, r.context_tokens, r.arm), []).append(1e3 * r.forward_step_s)
     out = []
     for (model, n, arm), ms in sorted(spans.items()):
         resident = spans.get((model, n, RESIDENT_OF.get(arm, "")))
@@ -557,7 +555,7 @@ FORWARD_PAIRS = (("gpubuf_layered", "gpubuf_resident"), ("gpubuf_layered", "gpub
                  ("gpubuf_offthread", "gpubuf_resident"), ("gpubuf_offthread", "gpubuf_layered"), FORWARD_CONTROL)
 
 
-def forward_step_pairs(rows: list[dict]) -> list[dict]:
+def forward_step_pairs(rows: list[FollowUp]) -> list[dict]:
     """``forward_step_table``'s comparison pooled over the grid's points, paired by repeat: one repeat runs
     its arms back to back on one engine, so each (model, context, repeat) gives one difference of two
     forward passes. One pass's spread (about 1 ms on the H200 machine, set by the host launching it) hides
@@ -567,8 +565,8 @@ def forward_step_pairs(rows: list[dict]) -> list[dict]:
     one point's."""
     spans: dict[tuple, dict[str, float]] = {}
     for r in usable(rows):
-        if r.get("forward_step_s") is not None:
-            spans.setdefault((r["model"], r["context_tokens"], r["repeat"]), {})[r["arm"]] = 1e3 * r["forward_step_s"]
+        if r.forward_step_s is not None:
+            spans.setdefault((r.model, r.context_tokens, r.repeat), {})[r.arm] = 1e3 * r.forward_step_s
     out = []
     for path, against in FORWARD_PAIRS:
         for least in (0, GOAL_MIN_TOKENS):
@@ -683,35 +681,35 @@ RESOLVE_PATHS = ("dram", "lmcache_mp", "gpubuf_retained", "gpubuf_layered", "gpu
 MP_PATHS = ("mp",)  # rows.jsonl's path of LMCache's server (its lookup is the L2 -> L1 load: part of a disk span)
 
 
-def restore_span(row: dict) -> tuple[float | None, str]:
+def restore_span(row: FollowUp) -> tuple[float | None, str]:
     """One restore's own span in seconds and where it comes from: the tier's timeline (the GPU buffer: CUDA events
     around its copy into vLLM's blocks, host stamps on the CPU build; vLLM's CPU tier: its own load time), else
     LMCache's worker-side load (``start_load_kv``: CUDA events around it where recorded, ``lmcache.probes``, else its
     host stamps; on the MP path a disk restore's lookup, which holds the server's disk read, is added). None where
     the row recorded none."""
-    split, comp = row.get("split") or {}, row.get("components") or {}
-    if row["arm"] in GPUBUF_RESTORES:
-        return split.get("restore_s"), "tier timeline (restore_s)"
-    if row["arm"] == "native_offload":
-        return split.get("load_time_s"), "vLLM's load time (load_time_s)"
-    gpu = comp.get("load_gpu_s")  # CUDA events around start_load_kv (runs before them have host stamps only)
-    load = gpu if gpu is not None else comp.get("load_s")
+    split, comp = row.split or NO_SPLIT, row.components
+    if row.arm in GPUBUF_RESTORES:
+        return split.restore_s, "tier timeline (restore_s)"
+    if row.arm == "native_offload":
+        return split.load_time_s, "vLLM's load time (load_time_s)"
+    gpu = comp.load_gpu_s  # CUDA events around start_load_kv (runs before them have host stamps only)
+    load = gpu if gpu is not None else comp.load_s
     how = "CUDA events around start_load_kv (load_gpu_s)" if gpu is not None else "start_load_kv (host stamps, load_s)"
     if load is None:
         return None, "no load stamped"
-    if row.get("path") in MP_PATHS and row["arm"] == "disk":
-        wall = comp.get("lookup_wall_s")
+    if row.path in MP_PATHS and row.arm == "disk":
+        wall = comp.lookup_wall_s
         return (None if wall is None else load + wall), f"lookup_wall_s (host stamps) + {how}"
     return load, how
 
 
-def floor_range_ms(path: str, point_floors: list[dict]) -> list[float] | None:
+def floor_range_ms(path: str, point_floors: list[PointFloors]) -> list[float] | None:
     """[min, max] in ms of ``path``'s floor (``FLOOR_OF``: a sum or the larger of its media) over the floors measured
     around one point (before and after it: each measurement's median); None where a medium was not measured."""
     how, names = FLOOR_OF[path]
     values = []
     for f in point_floors:
-        kinds = f.get("floors") or {}
+        kinds = f.floors or {}
         if not all(kinds.get(k) for k in names):
             continue
         parts = [kinds[k]["median_s"] for k in names]
@@ -738,30 +736,30 @@ def floor_verdict(low: float, high: float, floor_ms: list[float] | None) -> str:
     return f"{low / floor_ms[1]:.2f}\u2013{high / floor_ms[0]:.2f}\u00d7 its floor"
 
 
-def pairs_of(pairs: list[dict]) -> dict[tuple, dict[int, dict[str, dict]]]:
+def pairs_of(pairs: list[PairRow]) -> dict[tuple, dict[int, dict[str, PairRow]]]:
     """Per (model, context tokens, restore path): pair index -> role ("restore", "resident") -> its ok row."""
-    out: dict[tuple, dict[int, dict[str, dict]]] = {}
+    out: dict[tuple, dict[int, dict[str, PairRow]]] = {}
     for r in usable(pairs):
-        out.setdefault((r["model"], r["context_tokens"], r["pair_arm"]), {}).setdefault(r["pair"], {})[r["role"]] = r
+        out.setdefault((r.model, r.context_tokens, r.pair_arm), {}).setdefault(r.pair, {})[r.role] = r
     return out
 
 
-def resolution_table(pairs: list[dict], point_floors: list[dict]) -> list[dict]:
+def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors]) -> list[dict]:
     """Per (model, context, restore path) of the paired design: the restore's own span (``restore_span``) per
     restore, its median and 95% bootstrap interval; the first token's paired difference (the restore less the
     resident follow-up run next to it on the same engine), median and 95% interval; the path's floor as a range over
     its measurements before and after the point; each judged by ``floor_verdict``; and the span's interval half-width
     against the floor (``RESOLVE_FRACTION``: met where the half-width is at most that share of the floor's min)."""
-    floors: dict[tuple, list[dict]] = {}
+    floors: dict[tuple, list[PointFloors]] = {}
     for f in point_floors:
-        floors.setdefault((f["model"], f["context_tokens"], f["tier"]), []).append(f)
+        floors.setdefault((f.model, f.context_tokens, f.tier), []).append(f)
     out = []
     for (model, n, path), by_pair in sorted(pairs_of(pairs).items()):
         whole = [p for _, p in sorted(by_pair.items()) if "restore" in p and "resident" in p]
         restores = [p["restore"] for _, p in sorted(by_pair.items()) if "restore" in p]
         spans = [(restore_span(r)[0], restore_span(r)[1]) for r in restores]
         span_ms = [1e3 * s for s, _ in spans if s is not None]
-        diffs = [1e3 * (p["restore"]["ttft_s"] - p["resident"]["ttft_s"]) for p in whole]
+        diffs = [1e3 * (p["restore"].ttft_s - p["resident"].ttft_s) for p in whole]
         floor = floor_range_ms(path, floors.get((model, n, TIER_OF[path]), []))
         s_med, s_low, s_high = median_of_differences(span_ms) if span_ms else (float("nan"),) * 3
         d_med, d_low, d_high = median_of_differences(diffs) if diffs else (float("nan"),) * 3

@@ -8,6 +8,7 @@ from __future__ import annotations
 from kmesh_lib.base.checks import verdict as checks_verdict
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.crossover import report
+from kmesh_lib.sections.crossover.captures import GridRow
 from kmesh_lib.sections.crossover.checks import checks
 from kmesh_lib.sections.crossover.tables import recomputed_tables
 
@@ -124,13 +125,13 @@ def answer(run: RunFiles) -> str:
                        + _span(r["x_floor"] for r in distance) + "\u00d7 its transfer "
                        "floor" + (", so the disk itself bounds it" if max(r["x_floor"] for r in distance) <= NEAR_FLOOR else "")
                        if distance and all(r["x_floor"] for r in distance) else "") + ".")
-    split_lines = _floor_sentences(tables, longest, run.raw("rows.jsonl"))
+    split_lines = _floor_sentences(tables, longest, run.records("rows.jsonl"))
     text.append("Where the evidence is weak: " + ("random or dummy weights give each shape's compute time but not a real "
                 "model's values; " if p.WEIGHTS in ("dummy", "random") else "")
                 + "one machine's disk and memory; a crossover is only as fine as the grid of context lengths"
                 + ("; on the CPU build prefill is slow, so restores win early" if p.DEVICE == "cpu" else "") + "."
                 + (f" {len(failed)} check(s) failed: " + "; ".join(c.name for c in failed[:3]) + "." if failed else ""))
-    rows = run.raw("rows.jsonl")
+    rows = run.records("rows.jsonl")
     goal_rows = report.goal_table(tables["arms"], tables.get("floor_distance", []), rows)  # each computed once
     critical = report.critical_goal_table(tables.get("splits", []), tables.get("floor_distance", []))
     goal_lines = _goal_sentences(tables, rows, p.SUFFIX_TOKENS, goal_rows, critical)
@@ -189,7 +190,7 @@ def _longest_part(split: dict | None, component: dict | None) -> tuple[str, floa
             "disk_read_ms": "disk read", "load_ms": "load into vLLM"}[key], spans[key]
 
 
-def _floor_sentences(tables: dict, longest: int, rows: list[dict] | None = None) -> list[str]:
+def _floor_sentences(tables: dict, longest: int, rows: list[GridRow] | None = None) -> list[str]:
     """Each restore path at the longest context: its distance to its floor and to the engine-resident
     follow-up, and the part of its restore that takes longest (measured timestamps)."""
     splits = {(r["model"], r["arm"]): r for r in tables.get("splits", []) if r["context_tokens"] == longest}
@@ -257,7 +258,7 @@ def _handoff_timing(h: dict) -> str:
     return out
 
 
-def _goal_sentences(tables: dict, rows: list[dict] | None = None, suffix_tokens: int | None = None,
+def _goal_sentences(tables: dict, rows: list[GridRow] | None = None, suffix_tokens: int | None = None,
                     goals: list[dict] | None = None, critical: list[dict] | None = None) -> list[str]:
     """Issue 13's two goals as measured lines: how many grid points meet each, under each reading;
     the points themselves are in ``goal_points_table``. With ``rows``, the first goal is judged
@@ -388,7 +389,7 @@ def _layered_points(tables: dict, critical: list[dict]) -> list[dict]:
     return [r for r in critical if "charged_ms" in r and (r["model"], r["context_tokens"]) in layered]
 
 
-def goal_points_table(tables: dict, rows: list[dict] | None = None, goals: list[dict] | None = None,
+def goal_points_table(tables: dict, rows: list[GridRow] | None = None, goals: list[dict] | None = None,
                       critical: list[dict] | None = None) -> str:
     """Issue 13's first goal point by point, every reading in one Markdown table (empty: no point of
     ``GOAL_MIN_TOKENS`` and more has a floor): the fastest path by first token, with its cost's interval
@@ -514,8 +515,8 @@ def public_results(run: RunFiles) -> dict:
         **({"splits": [dict(r) for r in tables["splits"]]} if tables["splits"] else {}),
         **({"restore_resolution": [dict(r) for r in tables["restore_resolution"]]}
            if tables.get("restore_resolution") else {}),
-        "models": [{k: m.get(k) for k in ("model", "path", "kv_bytes_per_token", "status", "engine_start_s")}
-                   for m in run.raw("models.jsonl")],
+        "models": [{k: getattr(m, k) for k in ("model", "path", "kv_bytes_per_token", "status", "engine_start_s")}
+                   for m in run.records("models.jsonl")],
     }
 
 

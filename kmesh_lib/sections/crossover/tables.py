@@ -22,10 +22,11 @@ from __future__ import annotations
 from kmesh_lib.base.declared import ABSENT, Table, recorded_only
 from kmesh_lib.base.records import RunFileError, RunFiles
 from kmesh_lib.sections.crossover import report
+from kmesh_lib.sections.crossover.captures import GridRow
 
 
-def rows(run: RunFiles) -> list[dict]:
-    return run.raw("rows.jsonl")
+def rows(run: RunFiles) -> list[GridRow]:
+    return run.records("rows.jsonl")
 
 
 def recorded_floors(run: RunFiles) -> dict:
@@ -44,7 +45,7 @@ def recorded_floors(run: RunFiles) -> dict:
 def models(run: RunFiles) -> list[dict]:
     """The child summaries of raw/models.jsonl, for the models the params name (the notebook's table of children)."""
     wanted = set(run.params.MODELS)
-    return [m for m in run.raw("models.jsonl") if m["model"] in wanted]
+    return [m.as_recorded() for m in run.records("models.jsonl") if m.model in wanted]
 
 
 def arms(run: RunFiles) -> list[dict]:
@@ -86,8 +87,7 @@ def restore_resolution(run: RunFiles):
     """``report.resolution_table``; ABSENT where the run has no raw/pairs.jsonl (recorded before the paired design)."""
     if not run.has_raw("pairs.jsonl"):
         return ABSENT
-    floors = run.raw("point_floors.jsonl") if run.has_raw("point_floors.jsonl") else []
-    return report.resolution_table(run.raw("pairs.jsonl"), floors)
+    return report.resolution_table(run.records("pairs.jsonl"), run.records("point_floors.jsonl"))
 
 
 TABLES: dict[str, Table] = {

@@ -1,5 +1,6 @@
 """Section 22, multi engine: Several engines, one LMCache server: does shared KV beat routing and recomputation?"""
 from kmesh_lib.base.captures import declare
+from kmesh_lib.sections.multi_engine.captures import CAPTURES
 from kmesh_lib.sections.multi_engine.checks import checks, counts
 from kmesh_lib.sections.multi_engine.experiment import plan
 from kmesh_lib.sections.multi_engine.params import MultiEngineParams as Params
@@ -12,7 +13,6 @@ TITLE = "multi engine"
 NOTEBOOK = "22_multi_engine.ipynb"
 USES_ENGINE = True
 QUESTION = "Several engines, one LMCache server: does shared KV beat prefix-aware routing and recomputation?"
-CAPTURES: dict = {}  # its raw/*.jsonl are not declared as record classes yet (issue 41): read as dicts
 
 declare(KEY, Params, CAPTURES)
 

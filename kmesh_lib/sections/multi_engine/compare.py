@@ -26,6 +26,7 @@ import numpy as np
 
 from kmesh_lib.base.intervals import bootstrap_interval, median_of_differences
 from kmesh_lib.sections.multi_engine import report
+from kmesh_lib.sections.multi_engine.captures import ArmRecord, OrderRecord, RequestRecord
 
 ORDER = ("recompute", "round_robin", "prefix_aware", "shared")
 WINS, LOSES, SAME, UNRESOLVED = "wins", "loses", "no difference measured", "not resolved"
@@ -60,16 +61,16 @@ def _row(model: str, metric: str, statistic: str, a: str, b: str, xa: list[float
             "a_less_in": int((d < 0).sum()), "verdict": verdict(low, high)}
 
 
-def comparison_table(rows: list[dict]) -> list[dict]:
+def comparison_table(rows: list[RequestRecord]) -> list[dict]:
     """Per model and two policies: makespan (paired by repeat) and the children's first token (paired by request)."""
     spans = report.makespans(rows)
     children = defaultdict(dict)
     for r in rows:
-        if r["role"] == "child" and r["status"] == "ok" and r["first_token_s"] is not None:
-            children[(r["model"], r["policy"])][(r["repeat"], r["request_id"])] = report.ttft_s(r)
+        if r.role == "child" and r.status == "ok" and r.first_token_s is not None:
+            children[(r.model, r.policy)][(r.repeat, r.request_id)] = r.ttft_s
     out = []
-    for model in dict.fromkeys(r["model"] for r in rows):
-        present = list(dict.fromkeys(r["policy"] for r in rows if r["model"] == model))
+    for model in dict.fromkeys(r.model for r in rows):
+        present = list(dict.fromkeys(r.policy for r in rows if r.model == model))
         for a, b in pairs_of_policies(present):
             reps = sorted({rep for (m, rep, p) in spans if m == model and p == a}
                           & {rep for (m, rep, p) in spans if m == model and p == b})
@@ -81,17 +82,17 @@ def comparison_table(rows: list[dict]) -> list[dict]:
     return out
 
 
-def order_table(orders: list[dict], arms: list[dict]) -> list[dict]:
+def order_table(orders: list[OrderRecord], arms: list[ArmRecord]) -> list[dict]:
     """Per trace, in the order it ran: its place in its repeat's drawn order, its fleet, and the host's
     1-minute load average at its start and end."""
-    drawn = {(o["model"], o["repeat"]): o["order"] for o in orders}
+    drawn = {(o.model, o.repeat): o.order for o in orders}
     out = []
     for a in arms:
-        order = drawn.get((a["model"], a["repeat"]))
-        out.append({"model": a["model"], "repeat": a["repeat"], "policy": a["policy"], "fleet": a["fleet"],
-                    "position": order.index(a["policy"]) if order and a["policy"] in order else None,
-                    "load_1m_start": (a.get("load_avg_start") or [None])[0],
-                    "load_1m_end": (a.get("load_avg_end") or [None])[0]})
+        order = drawn.get((a.model, a.repeat))
+        out.append({"model": a.model, "repeat": a.repeat, "policy": a.policy, "fleet": a.fleet,
+                    "position": order.index(a.policy) if order and a.policy in order else None,
+                    "load_1m_start": (a.load_avg_start or [None])[0],
+                    "load_1m_end": (a.load_avg_end or [None])[0]})
     return out
 
 

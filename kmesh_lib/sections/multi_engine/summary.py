@@ -175,7 +175,7 @@ def answer(run: RunFiles) -> str:
                + (" (one sample: no spread)" if repeats == 1 else
                   ", each repeat in its own order drawn from SEED (the fleets in a random order, the policies within "
                   "each shuffled)" if compared is not ABSENT else f" (medians over {repeats})")]
-    loads = [a["load_1m"] for a in run.raw("arms.jsonl") if a.get("load_1m") is not None]
+    loads = [a.load_1m for a in run.records("arms.jsonl")]
     order = TABLES["order"].build(run)
     by_policy = compare.load_by_policy(order) if order is not ABSENT else {}
     if by_policy:

@@ -23,19 +23,19 @@ from kmesh_lib.sections.multi_engine import compare, report
 
 
 def policies(run: RunFiles) -> list[dict]:
-    return report.policy_table(run.raw("requests.jsonl"), run.params.NUM_ENGINES)
+    return report.policy_table(run.records("requests.jsonl"), run.params.NUM_ENGINES)
 
 
 def bytes_through_the_server(run: RunFiles) -> list[dict]:
-    return report.bytes_table(run.raw("arms.jsonl"), run.raw("requests.jsonl"))
+    return report.bytes_table(run.records("arms.jsonl"), run.records("requests.jsonl"))
 
 
 def restore(run: RunFiles) -> list[dict]:
-    return report.restore_table(run.raw("requests.jsonl"))
+    return report.restore_table(run.records("requests.jsonl"))
 
 
 def probes(run: RunFiles) -> list[dict]:
-    return report.probe_table(run.raw("probes.jsonl"))
+    return report.probe_table(run.records("probes.jsonl"))
 
 
 NO_ORDERS = "recorded before the policy order was drawn per repeat: no raw/orders.jsonl (one fixed order)"
@@ -46,11 +46,11 @@ def drawn(run: RunFiles) -> bool:
 
 
 def order(run: RunFiles):
-    return compare.order_table(run.raw("orders.jsonl"), run.raw("arms.jsonl")) if drawn(run) else ABSENT
+    return compare.order_table(run.records("orders.jsonl"), run.records("arms.jsonl")) if drawn(run) else ABSENT
 
 
 def comparisons(run: RunFiles):
-    return compare.comparison_table(run.raw("requests.jsonl")) if drawn(run) else ABSENT
+    return compare.comparison_table(run.records("requests.jsonl")) if drawn(run) else ABSENT
 
 
 TABLES: dict[str, Table] = {

@@ -1,0 +1,219 @@
+"""Section 21's captures (``base.captures``): what ``experiment.run_model`` (one child per model and tier) writes.
+
+    models.jsonl        ChildSummary    one per (model, tier) child, as it ends
+    stores.jsonl        StoreRecord     one per context stored on a tier's disk tier (``RestoreBench.store``)
+    rows.jsonl          GridRow         one per (model, context, arm, repeat) follow-up (``RestoreBench.run``)
+    pairs.jsonl         PairRow         one per follow-up of the paired design (``RestoreBench.run_pairs``)
+    point_floors.jsonl  PointFloors     the floors of one point, before and after its pairs (``point_floors``)
+
+A follow-up's fields depend on its tier: the GPU buffer's rows add its restores, their split and the forward pass's
+span; vLLM's CPU tier's its external hits and lookups; a CUDA row the GPU's clocks. Those fields are optional, each
+saying which rows have them. A restore's timeline split, which the checks and tables read part by part, has its own
+class (``RestoreSplit``, every part optional), and so do the components of the first token (``Components``); the other
+nested records (the GPU's clocks, the reference clock, vLLM's statistics, a tier's description) stay mappings.
+
+Every published run reads as version 1 with these classes. What the runs published before a field lack:
+
+- the 1 Dec GPU runs (gpu-20261201-*) were recorded before the Williams order: no ``arm_position`` and
+  ``previous_arm``; before the GPU buffer timed its forward passes and its reference clock: no ``forward_step_s``
+  and ``reference_clock``; and before ``grid_s`` and ``launch_thread_cpu_s`` were taken;
+- no published run has ``raw/pairs.jsonl`` or ``raw/point_floors.jsonl`` (recorded before the paired design).
+"""
+from __future__ import annotations
+
+from kmesh_lib.base.captures import CaptureRecord
+from kmesh_lib.workloads.context_records import Mapping
+
+
+class ChildSummary(CaptureRecord):
+    """One (model, tier) child: its engine, its tier and how it ended."""
+
+    SCHEMA = "crossover.models"
+    VERSION = 1
+
+    model: str
+    tier: str  # lmcache | gpubuf | native | lmcache_mp
+    path: str  # where LMCache runs (mp, inproc), else the tier's name
+    kv_bytes_per_token: int
+    status: str  # ok | store_short | error
+    detail: str | None = None  # an error's exception (status error only)
+    disk_tier: Mapping | None = None  # the disk tier checked before storing; absent: vLLM's CPU tier has none
+    engine_start_s: float | None = None  # absent: the child failed before its engine started
+    switch: Mapping | None = None  # the external switch (``ExternalSwitch.describe``); absent likewise
+    connector: str | None = None  # the KV connector's class; absent likewise
+    tier_route: Mapping | None = None  # the GPU buffer's and vLLM's CPU tier's description; absent: LMCache's tier
+    gpu_clocks: str | None = None  # cuda: "nvml", or why the clocks cannot be read; absent on the CPU
+    grid_s: float | None = None  # the grid's seconds; absent from runs before it was taken (1 Dec) or a failed child
+    launch_thread_cpu_s: float | None = None  # the GPU buffer's launch thread's CPU seconds; absent elsewhere and
+    # from runs recorded before the thread was metered
+
+
+class StoreRecord(CaptureRecord):
+    """A context computed once and written to its tier's disk tier."""
+
+    SCHEMA = "crossover.stores"
+    VERSION = 1
+
+    context: str
+    tier: str
+    bytes_written: int  # the byte hook's write count
+    write_errors: int
+    seconds: float
+    model: str
+    context_tokens: int
+    context_bytes: int  # context_tokens x the model's KV bytes per token
+
+
+class RestoreSplit(CaptureRecord):
+    """One restore's timeline by part, in seconds unless named otherwise: the GPU buffer's
+    (``kv.restore_timeline.request_split``, with ``to_forward_s`` from ``RestoreBench``) or vLLM's CPU tier's
+    (``kv.offloading.request_split``). Nested in a row: no file, schema or header of its own. Every part is
+    optional: each tier records its own parts, and the GPU buffer's grew run by run (a part a run's splits lack is
+    absent and reads None; ``holds`` tells the two apart)."""
+
+    queue_s: float | None = None  # submission to the first lookup (or the restore's queueing)
+    lookup_s: float | None = None
+    disk_read_s: float | None = None  # None: the context was in memory
+    staging_s: float | None = None
+    launch_s: float | None = None
+    copy_s: float | None = None
+    restore_s: float | None = None  # the restore's own span
+    allocate_s: float | None = None
+    schedule_s: float | None = None  # the connector's scheduler-side work (since 2 Dec)
+    pack_ids_s: float | None = None
+    measure_s: float | None = None  # the timing reference's synchronization
+    measure_synced: bool | None = None  # the reference found the stream busy and waited
+    reference_at: str | None = None  # step | before_step
+    reference_age_s: float | None = None
+    reference_window_s: float | None = None
+    host_s: float | None = None
+    hook_s: float | None = None
+    before_copy_s: float | None = None
+    copy_call_s: float | None = None
+    write_ids_s: float | None = None
+    after_copy_s: float | None = None  # the engine thread's Python right after the copy's request
+    forward_wait_s: float | None = None
+    critical_s: float | None = None  # what the restore adds to its step
+    launched_at: str | None = None  # where the restore was queued (step_start | forward)
+    wait_at: str | None = None  # what the forward pass waited for (forward | layer)
+    num_copy_groups: int | None = None
+    copy_launch: str | None = None  # graph | handle | torch
+    launched_by: str | None = None  # engine | thread
+    thread_launch_s: float | None = None
+    thread_lag_s: float | None = None
+    settled_by: str | None = None
+    thread_saw_end_s: float | None = None
+    ids_packed_by: str | None = None
+    thread_pack_s: float | None = None
+    num_layer_waits: int | None = None
+    after_restore_s: float | None = None  # the restore's end to the first token
+    to_forward_s: float | None = None  # the restore's end to its forward pass's first layer (host stamps)
+    load_time_s: float | None = None  # vLLM's CPU tier: its own load time
+    after_lookup_s: float | None = None  # vLLM's CPU tier: the last lookup to the first token
+
+
+NO_SPLIT = RestoreSplit()  # a row without a timeline: every part None, none held
+
+
+class Components(CaptureRecord):
+    """Where a follow-up's first token went, from LMCache's and vLLM's hooks (``lmcache.probes.ComponentProbe``),
+    in seconds. Nested in a row: no file, schema or header of its own."""
+
+    lookup_s: float
+    lookup_calls: int
+    lookup_wall_s: float | None  # the first lookup to the first answered one (on the MP path it holds the
+    # server's disk-to-memory load); None: no lookup answered
+    disk_read_s: float | None  # None: the tier has no disk reads to hook
+    disk_reads: int | None
+    load_s: float | None  # ``start_load_kv`` (host stamps); None: no worker-side connector
+    save_s: float | None
+    load_gpu_s: float | None = None  # CUDA events around ``start_load_kv``; absent from every published run (recorded
+    # after them)
+    forward_s: float  # the model's forward pass: execute less load and save
+    exec_s: float
+    exec_calls: int
+    other_s: float  # outside the model executor: scheduling, hashing, output handling
+
+
+class FollowUp(CaptureRecord):
+    """One follow-up of one arm (``RestoreBench.measure``) and the run's identification of it; a grid row and a
+    paired row add their place."""
+
+    arm: str
+    tier: str
+    context: str
+    context_tokens: int
+    tag: str
+    status: str  # ok | cache_miss (a follow-up did not hit exactly the expected cached tokens)
+    ttft_s: float  # from the follow-up's submission to its first token
+    makespan_s: float  # to the group's MAX_TOKENS-th token
+    num_cached_tokens: list[int]  # per follow-up
+    expected_cached_tokens: int
+    disk_read_bytes: int  # the byte hook's reads (0 on vLLM's CPU tier, which has no disk tier)
+    device_read_bytes: int | None  # /proc/<pid>/io; None where it cannot be read, or no disk tier
+    prep_s: float  # the arm's preparation (not timed into the follow-up)
+    warm_cached_tokens: int | None = None  # the warm-up's cached tokens: memory and resident arms (absent elsewhere)
+    memory_tier_bytes: int | None  # the tier's memory copy when the follow-up was submitted; None: vLLM's CPU tier where its
+    # manager hides its block counts
+    components: Components  # where the first token's time went
+    num_restores: int | None = None  # GPU buffer rows: its restores in the follow-up (absent on other tiers)
+    memory_tier_bytes_after: int | None = None  # GPU buffer rows: its memory copy after the follow-up
+    forward_step_s: float | None = None  # GPU buffer rows: the first token's forward pass (None: none seen); absent
+    # from other tiers and from the runs of 1 Dec, recorded before the tier timed it
+    split: RestoreSplit | None = None  # a restore's timeline: GPU buffer rows with a restore, vLLM's CPU tier's rows
+    # with external hits (absent elsewhere)
+    external_hit_tokens: int | None = None  # vLLM's CPU tier's rows: its statistics' external hits
+    num_lookup_calls: int | None = None  # vLLM's CPU tier's rows
+    vllm_stats: Mapping | None = None  # vLLM's CPU tier's rows: its connector statistics over the follow-up
+    gpu_clocks: Mapping | None = None  # cuda rows: the GPU's clocks before and after (absent on the CPU)
+    reference_clock: Mapping | None = None  # GPU buffer rows with a reference clock; absent from runs before it
+    model: str
+    path: str
+    measured: bool  # False: a warm-up repeat
+    kv_bytes_per_token: int
+    context_bytes: int
+
+
+class GridRow(FollowUp):
+    """One (model, context, arm, repeat) of the grid."""
+
+    SCHEMA = "crossover.rows"
+    VERSION = 1
+
+    repeat: int
+    arm_position: int | None = None  # its place in the repeat's Williams order; absent from the 1 Dec GPU runs
+    previous_arm: str | None = None  # the arm before it (None: first); absent from the 1 Dec GPU runs
+
+
+class PairRow(FollowUp):
+    """One follow-up of the paired design: a restore or its engine's resident follow-up."""
+
+    SCHEMA = "crossover.pairs"
+    VERSION = 1
+
+    pair: int
+    role: str  # restore | resident
+    pair_arm: str  # the restore arm of the pair
+    pair_position: int  # 0: first in its pair
+
+
+class PointFloors(CaptureRecord):
+    """The floors of one point's context, in the tier's chunks, measured in the engine's process."""
+
+    SCHEMA = "crossover.point_floors"
+    VERSION = 1
+
+    model: str
+    tier: str
+    context_tokens: int
+    context_bytes: int
+    when: str  # before | after the point's pairs
+    floors: Mapping  # kind -> ``kv.floors.chunked_floor``'s measurement
+    errors: Mapping | None = None  # kind -> why it could not be measured; absent where every floor was
+
+
+CAPTURES = {"models.jsonl": ChildSummary, "stores.jsonl": StoreRecord, "rows.jsonl": GridRow, "pairs.jsonl": PairRow,
+            "point_floors.jsonl": PointFloors}
+
+__all__ = ["CAPTURES", "ChildSummary", "Components", "FollowUp", "GridRow", "NO_SPLIT", "PairRow", "PointFloors", "RestoreSplit",
+           "StoreRecord"]
