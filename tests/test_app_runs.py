@@ -145,6 +145,8 @@ def test_a_passing_run_keeps_engine_logs_and_progress_bars_out_of_its_cells(sect
     assert "run directory:" in out  # --log-output prints cell output
     assert "Markdown object>" not in out  # not the bare text of a display with no plain form
     assert out.strip().splitlines()[-1].startswith(f"passed: {run_dir}".replace(str(Path.cwd()) + "/", ""))
+    assert out.strip().endswith(f"a smoke run tests the pipeline and measures nothing (kmesh publish 99 {run_dir.name} "
+                                "--allow-smoke publishes it anyway)")  # not the bare publish that refuses it
     assert results_of(run_dir)["status"] == "passed"
     log = (run_dir / "logs" / "engine.log").read_text()
     cells = cell_text(run_dir / section.NOTEBOOK)
@@ -302,3 +304,18 @@ def test_a_killed_run_reads_died_and_the_next_run_cleans_its_kernel_folder(tmp_p
     from kmesh_lib.app.execute import clean_stale_runtimes
 
     assert clean_stale_runtimes(tmp_path / "tmp") == left
+
+
+@pytest.mark.parametrize("profile, passed, hint", [
+    ("cpu", True, "publish with: kmesh publish 99 RUN"),
+    ("cpu", False, "it did not pass (kmesh publish 99 RUN --allow-failed --why SENTENCE publishes it marked so)"),
+    ("smoke", True, "a smoke run tests the pipeline and measures nothing (kmesh publish 99 RUN --allow-smoke publishes "
+                    "it anyway)"),
+])
+def test_the_publish_hint_names_what_publish_takes(tmp_path, profile, passed, hint):
+    from types import SimpleNamespace
+
+    run_dir = tmp_path / "RUN"
+    run_dir.mkdir()
+    (run_dir / "params.resolved.yaml").write_text(f"PROFILE: {profile}\n")
+    assert cli.publish_hint(SimpleNamespace(NUMBER="99"), run_dir, passed) == hint

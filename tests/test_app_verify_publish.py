@@ -525,6 +525,21 @@ def test_list_has_a_header_aligned_columns_and_filters_and_leaves_live_runs_out(
     assert all(len(line) <= 90 for line in narrow) and narrow[1].endswith("items\u2026"), narrow
 
 
+def test_list_shows_a_run_whose_notebook_has_not_begun_as_starting(section, capsys, monkeypatch):
+    """`kmesh list` in the seconds after `kmesh run` made the folder (params.resolved.yaml, no results.json yet)
+    said "damaged (results.json: missing)"; a folder with neither file still is."""
+    monkeypatch.setattr(registry, "SECTIONS", {"fake_section": section})
+    starting, damaged = fake_section.make_run(), fake_section.make_run(total=31)
+    for folder in (starting, damaged):
+        for name in ("results.json", "env.json"):
+            (folder / name).unlink()
+    (damaged / "params.resolved.yaml").unlink()
+    assert cli.main(["list"]) == 0
+    rows = {line.split()[1]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert rows[starting.name].split()[3] == "starting" and "no results.json yet" in rows[starting.name]
+    assert rows[damaged.name].split()[3] == "damaged"
+
+
 def test_list_reads_a_published_run_from_its_public_file_without_computing(section, capsys, monkeypatch):
     monkeypatch.setattr(registry, "SECTIONS", {"fake_section": section})
     run_dir = fake_section.make_run()

@@ -10,6 +10,7 @@ from kmesh_lib.base.checks import Check, verdict
     (["ok", "skipped"], "all others passed, 1 skipped"),
     (["failed", "ok", "failed"], "2 failed"),
     (["failed", "skipped", "skipped"], "1 failed, 2 skipped"),
+    (["skipped", "skipped"], "none ran, 2 skipped"),  # a running run's files: no check has its evidence yet
 ])
 def test_the_phrase_names_every_check_that_is_not_ok(statuses, phrase):
     assert verdict([Check(f"c{i}", s, "") for i, s in enumerate(statuses)]) == phrase

@@ -1,4 +1,4 @@
-"""Figures legible at 100 % zoom (issue 43): sections 00, 17, 18, 19 and 20's panel, drawn from published runs
+"""Figures legible at 100 % zoom (issue 43): sections 00, 17, 18, 19, 20's panel and 23, drawn from published runs
 (or small made-up inputs where the figure takes objects a run does not keep) and saved as the notebooks save them.
 
 Each saved PNG is at ``base.figures.DPI`` (its ``pHYs``), every text is at least ``min_points`` of the figure's
@@ -117,3 +117,18 @@ def test_section_20_panel_figure(run_dir, tmp_path):
     out.write_bytes(image)
     assert_legible(fig, out)
     assert png_css_width(image) == round(int.from_bytes(image[16:20], "big") * 96 / DPI)
+
+
+@pytest.mark.parametrize("run_dir", published("production_trace"), ids=lambda p: p.name)
+def test_section_23_figures(run_dir, tmp_path):
+    """4f23's tier figure had its eight rows' labels run into each other (7 pt, two lines, 7 in wide)."""
+    from kmesh_lib.sections.production_trace import plots
+
+    run = RunFiles(run_dir)
+    for name, draw in (("cached_share_vs_pool", plots.cached_share_vs_pool), ("tier_savings", plots.tier_savings)):
+        out = tmp_path / f"{name}.png"
+        fig = draw(run, out).figure
+        assert_legible(fig, out)
+        renderer = fig.canvas.get_renderer()
+        boxes = [t.get_window_extent(renderer) for t in fig.axes[0].get_xticklabels() if t.get_text()]
+        assert not any(a.overlaps(b) for a, b in zip(boxes, boxes[1:])), f"{name}: tick labels overlap"

@@ -132,9 +132,27 @@ def cmd_run(args) -> int:
     for record_line in verdict.record_lines:
         if not record_line.ok:
             print(f"  {record_line.text()}")
-    print(f"{verdict.status}: {shown} ({verdict.summary()}); report.html there; "
-          f"publish with: kmesh publish {section.NUMBER} {run_dir.name}")
-    return 0 if verdict.ok and verdict.status == "passed" else 1
+    passed = verdict.ok and verdict.status == "passed"
+    print(f"{verdict.status}: {shown} ({verdict.summary()}); report.html there; {publish_hint(section, run_dir, passed)}")
+    return 0 if passed else 1
+
+
+def publish_hint(section, run_dir: Path, passed: bool) -> str:
+    """What ``kmesh publish`` takes for this run: a smoke run is refused without --allow-smoke, a run that did not
+    pass without --allow-failed and its why (the hint named the bare command for both)."""
+    command = f"kmesh publish {section.NUMBER} {run_dir.name}"
+    if resolved_profile(run_dir) == "smoke":
+        return f"a smoke run tests the pipeline and measures nothing ({command} --allow-smoke publishes it anyway)"
+    if not passed:
+        return f"it did not pass ({command} --allow-failed --why SENTENCE publishes it marked so)"
+    return f"publish with: {command}"
+
+
+def resolved_profile(run_dir: Path) -> str | None:
+    try:
+        return RunFiles(run_dir).recorded_params.get("PROFILE")
+    except RunFileError:
+        return None
 
 
 def source_run_params(section, source: str) -> tuple[Path, dict]:
@@ -285,11 +303,31 @@ def cmd_index(args) -> int:
     return 0
 
 
+# each subcommand's line in ``kmesh --help`` and the first line of its own --help
+COMMAND_HELP = {
+    "plan": "arms, sizes and expected duration of a section's run; starts no engine",
+    "run": "validate params, execute a section's notebook headlessly into runs/<section>/<run_id>/, render "
+           "report.html and verify the run",
+    "verify": "recompute every check from a run's files; exit 1 on a failure, 2 on a damaged run",
+    "publish": "copy a finished, verified run into outputs/<section>/<run_id>/ and regenerate the listings",
+    "report": "render a run's report.html again",
+    "withdraw": "remove a published run and list it, with why, under the withdrawn runs",
+    "list": "runs (local and published) with status and headline figures, a line each",
+    "compare": "two runs' figures side by side, with the differences",
+    "index": "regenerate outputs/index.html and the README table from the published runs",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kmesh", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, description: str | None = None) -> argparse.ArgumentParser:
+        text = COMMAND_HELP[name]
+        return sub.add_parser(name, help=text, description=description or text[0].upper() + text[1:] + ".")
+
     for name, fn in (("plan", cmd_plan), ("run", cmd_run)):
-        p = sub.add_parser(name)
+        p = add(name)
         p.set_defaults(fn=fn)
         p.add_argument("section", help="section number or key, e.g. 00 or engine_check")
         p.add_argument("--profile", choices=params_mod.PROFILES, default="cpu")
@@ -303,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--source-run", default=None, metavar="DIR",
                      help="render a run measured elsewhere (a GPU driver's folder) into that folder; no engine")
     for name, fn in (("verify", cmd_verify), ("publish", cmd_publish), ("report", cmd_report)):
-        p = sub.add_parser(name)
+        p = add(name)
         p.set_defaults(fn=fn)
         p.add_argument("section", help="section number or key")
         p.add_argument("run_id", nargs="?", default=None, help="the run id (a folder name under runs/ or outputs/)")
@@ -323,14 +361,14 @@ def build_parser() -> argparse.ArgumentParser:
     publish_parser.add_argument("--replace", action="store_true", help="publish over an earlier copy of this run")
     publish_parser.add_argument("--allow-smoke", action="store_true",
                                 help="publish a smoke-profile run (a tiny model: it tests the pipeline, measures nothing)")
-    p = sub.add_parser("withdraw")
+    p = add("withdraw")
     p.set_defaults(fn=cmd_withdraw)
     p.add_argument("section", help="section number or key")
     p.add_argument("run_id", help="the published run's id")
     p.add_argument("--why", required=True, metavar="SENTENCE", help="one sentence: why the run is withdrawn")
     p.add_argument("--superseded-by", default=None, metavar="RUN_ID", help="the published run that replaces it")
-    p = sub.add_parser("list", description="Runs (local and published) with status and headline figures, oldest "
-                                          "first; the live panel's runs only with --live.")
+    p = add("list", description="Runs (local and published) with status and headline figures, oldest first; the "
+                                "live panel's runs only with --live.")
     p.set_defaults(fn=cmd_list)
     p.add_argument("section", nargs="?", default=None, help="section number or key (or --section)")
     p.add_argument("--section", dest="sections", action="append", default=[], metavar="SECTION",
@@ -340,11 +378,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--latest", action="store_true", help="only each section's newest run (after the other filters)")
     p.add_argument("--live", action="store_true",
                    help="only the runs a notebook's live panel started (section 20), which are otherwise left out")
-    p = sub.add_parser("compare")
+    p = add("compare")
     p.set_defaults(fn=cmd_compare)
     p.add_argument("run_a", help="RUN_ID or SECTION/RUN_ID")
     p.add_argument("run_b", help="RUN_ID or SECTION/RUN_ID")
-    sub.add_parser("index").set_defaults(fn=cmd_index)
+    add("index").set_defaults(fn=cmd_index)
     data_cmd.add_parser(sub)
     return parser
 

@@ -58,6 +58,18 @@ def _public_document(ref: RunRef) -> dict | None:
     return doc if isinstance(doc, dict) and isinstance(doc.get("headline"), dict) and "status" in doc else None
 
 
+STARTING = "starting"
+
+
+def _starting(ref: RunRef) -> bool:
+    """A local folder ``kmesh run`` made (its ``params.resolved.yaml``) whose notebook has not yet written
+    ``results.json``: the seconds while the kernel starts. ``end_run`` writes one for a run that ends before
+    its notebook began, so only a ``kmesh run`` killed in those seconds leaves a folder like this for good."""
+    folder = ref.run_dir
+    return (ref.where != PUBLISHED and not (folder / "results.json").exists()
+            and (folder / "params.resolved.yaml").is_file())
+
+
 def summarize_run(ref: RunRef, with_counts: bool = False, figures: bool = True) -> RunSummary:
     """Status, device and (unless ``figures`` is False: ``add_figures`` later) figures of one run; a damaged run
     is summarized by what is wrong. A published run's come from its public file unless ``with_counts``."""
@@ -69,6 +81,9 @@ def summarize_run(ref: RunRef, with_counts: bool = False, figures: bool = True) 
         try:
             summary = RunSummary(ref, run.status, str(run.env.get("device", "")))
         except RunFileError as e:
+            if _starting(ref):
+                return RunSummary(ref, STARTING, problem="no results.json yet: its notebook has not begun (kmesh run "
+                                                         "is starting the kernel, or was killed before it did)")
             return RunSummary(ref, "damaged", problem=str(e))
     if figures:
         add_figures(summary, with_counts)
@@ -76,7 +91,7 @@ def summarize_run(ref: RunRef, with_counts: bool = False, figures: bool = True) 
 
 
 def add_figures(summary: RunSummary, with_counts: bool = False) -> None:
-    if summary.status == "damaged" or summary.figures:
+    if summary.status in ("damaged", STARTING) or summary.figures:
         return
     if summary.public is not None and not with_counts:
         summary.figures = {k: str(v) for k, v in summary.public["headline"].items()}

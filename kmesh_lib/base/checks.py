@@ -85,14 +85,15 @@ def summarize(checks: list[Check]) -> dict[str, int]:
 
 def verdict(checks: list[Check]) -> str:
     """The checks in one phrase for a results table: "all passed" only when none failed and none was skipped
-    (a skipped check is not a pass), else the counts that are not ok: "1 failed", "all others passed, 1 skipped".
+    (a skipped check is not a pass), else the counts that are not ok: "1 failed", "all others passed, 1 skipped",
+    or "none ran, 23 skipped" where no check had its evidence (a run still running: there are no others).
     A check the run predates (``Check.predates``: skipped for evidence a later version records) is not counted, as
     ``kmesh verify`` leaves it out of a run that never recorded it."""
     counts = summarize([c for c in checks if not c.predates])
     if not counts["failed"] and not counts["skipped"]:
         return "all passed"
     if not counts["failed"]:
-        return f"all others passed, {counts['skipped']} skipped"
+        return f"{'all others passed' if counts['ok'] else 'none ran'}, {counts['skipped']} skipped"
     return f"{counts['failed']} failed" + (f", {counts['skipped']} skipped" if counts["skipped"] else "")
 
 
