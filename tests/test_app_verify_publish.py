@@ -529,6 +529,7 @@ def test_list_shows_a_run_whose_notebook_has_not_begun_as_starting(section, caps
     """`kmesh list` in the seconds after `kmesh run` made the folder (params.resolved.yaml, no results.json yet)
     said "damaged (results.json: missing)"; a folder with neither file still is."""
     monkeypatch.setattr(registry, "SECTIONS", {"fake_section": section})
+    monkeypatch.setenv("COLUMNS", "200")  # the whole line, whatever the terminal (CI's output is a file: 80)
     starting, damaged = fake_section.make_run(), fake_section.make_run(total=31)
     for folder in (starting, damaged):
         for name in ("results.json", "env.json"):
