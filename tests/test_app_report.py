@@ -154,6 +154,16 @@ def test_the_check_list_is_folded_with_its_counts():
     assert "1 measured lines" in out and "(1, 2)" in out
 
 
+def test_a_check_that_did_not_pass_shows_its_recorded_reason():
+    from kmesh_lib.app import report_body as rb
+
+    text = "ok      a\nskipped c\nfailed  d\n"
+    out = rb.stream_html(text, {"a": "5 of 5", "c": "no concurrent arm (CONCURRENT_POOL_GIB)", "d": "3 of 5 [1.0, 2.0]"})
+    assert '<span class="why">no concurrent arm (CONCURRENT_POOL_GIB)</span>' in out
+    assert '<span class="why">3 of 5 (1, 2)</span>' in out and "5 of 5" not in out  # an ok check keeps its line short
+    assert 'class="why"' not in rb.stream_html(text)  # a notebook's output alone: no details to show
+
+
 def test_a_passed_runs_raised_cell_is_a_row_saying_why_it_stands_and_a_failed_runs_keeps_its_error():
     from kmesh_lib.app import report_body as rb
 

@@ -76,7 +76,7 @@ table.dataframe th,table.dataframe td{border:1px solid #ddd;padding:.2em .5em;te
 max-width:22em;overflow-wrap:anywhere}
 table.dataframe thead th{background:#f0f0f0;text-align:center}table.dataframe tbody tr:nth-child(odd){background:#fafafa}
 table.list td{text-align:left}td.st{font-weight:600}td.st.ok{color:#1a7f37}td.st.failed{color:#c62828}
-td.st.skipped{color:#9a6700}
+td.st.skipped{color:#9a6700}span.why{color:#555;font-size:13px}
 .ansi-red-fg{color:#c62828}.ansi-green-fg{color:#1a7f37}.ansi-yellow-fg{color:#9a6700}.ansi-blue-fg{color:#0b5cad}
 .ansi-cyan-fg{color:#00838f}.ansi-bold{font-weight:700}
 """
@@ -253,9 +253,11 @@ def why_run_stands(results: dict) -> str:
 
 
 def shape_for_report(nb, status: str, why: str, answer: str | None,
-                     run_dir: Path | None = None) -> list[tuple[str, str]]:
+                     run_dir: Path | None = None, check_details: dict[str, str] | None = None) -> list[tuple[str, str]]:
     """Restates the cells' outputs for a reader (``app.report_body``) and takes the figures out of
-    them: returns ``(caption, img html)`` per figure, captioned by the heading above its cell."""
+    them: returns ``(caption, img html)`` per figure, captioned by the heading above its cell.
+    ``check_details``: each check's recorded detail by name (results.json), shown beside a check that did not
+    pass (a skipped check's reason)."""
     figures, heading = [], ""
     for cell in nb.cells:
         if cell.cell_type == "markdown":
@@ -276,7 +278,7 @@ def shape_for_report(nb, status: str, why: str, answer: str | None,
             if 'class="dataframe"' in text_html:
                 outputs.append(_html_output(rb.table_output(text_html)))
             elif out.output_type == "stream":
-                outputs.append(_html_output(rb.stream_html(out.text)))
+                outputs.append(_html_output(rb.stream_html(out.text, check_details)))
             elif out.output_type == "error":
                 tb = TRACEBACK_ANSI.sub("", "\n".join(out.get("traceback", [])))
                 outputs.append(_html_output(rb.error_html(out.ename, out.evalue, tb, status, why)))
@@ -291,7 +293,7 @@ def shape_for_report(nb, status: str, why: str, answer: str | None,
                 outputs.append(_html_output(rb.folded(f"{what} ({paragraphs} paragraphs; open to read)",
                                                       _markdown(text), "printed")))
             elif "text/plain" in data and "text/html" not in data and "text/markdown" not in data:
-                outputs.append(_html_output(rb.stream_html(data["text/plain"])))
+                outputs.append(_html_output(rb.stream_html(data["text/plain"], check_details)))
             else:
                 outputs.append(out)
         cell.outputs = outputs
@@ -504,7 +506,9 @@ def render_report(section: ModuleType, run_dir: Path, note: str = "", stylesheet
         answer, answer_error = None, str(e)
     verdict, findings, verdict_error = _verdict_and_findings(section, run)
     status = run.results.get("status", "unknown")
-    figures = shape_for_report(nb, status, why_run_stands(run.results), answer, run.run_dir)
+    details = {name: c.get("detail") or "" for name, c in (run.results.get("checks") or {}).items()
+               if isinstance(c, dict)}
+    figures = shape_for_report(nb, status, why_run_stands(run.results), answer, run.run_dir, details)
     body, resources = HTMLExporter(template_name="basic", exclude_input=True,
                                    exclude_input_prompt=True, exclude_output_prompt=True).from_notebook_node(nb)
     title = f"{section.NUMBER} {section.TITLE} · {run.run_id}"

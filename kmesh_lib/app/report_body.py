@@ -217,8 +217,9 @@ def _rows(rows: list[tuple[str, ...]], head: tuple[str, ...], classes: tuple[str
             + "".join(f"<th>{html.escape(h)}</th>" for h in head) + f"</tr></thead><tbody>{body}</tbody></table></div>")
 
 
-def check_list_html(cl: CheckList) -> str:
-    """The folded check list: failed and skipped first, then ok; the counts and the measured lines each folded."""
+def check_list_html(cl: CheckList, details: dict[str, str] | None = None) -> str:
+    """The folded check list: failed and skipped first, each with its recorded detail (a skipped check's reason),
+    then ok; the counts and the measured lines each folded."""
     out = []
     if cl.checks:
         tally: dict[str, int] = {}
@@ -227,7 +228,11 @@ def check_list_html(cl: CheckList) -> str:
         summary = f"{len(cl.checks)} checks: " + ", ".join(f"{n} {s}" for s, n in sorted(
             tally.items(), key=lambda sn: ("failed", "skipped", "ok").index(sn[0])))
         order = sorted(cl.checks, key=lambda sc: ("failed", "skipped", "ok").index(sc[0]))
-        table = "".join(f'<tr><td class="st {s}">{s}</td><td>{html.escape(value_text_inline(n))}</td></tr>'
+        def why(status: str, name: str) -> str:
+            detail = (details or {}).get(name, "") if status != "ok" else ""
+            return f'<br><span class="why">{html.escape(value_text_inline(detail))}</span>' if detail else ""
+
+        table = "".join(f'<tr><td class="st {s}">{s}</td><td>{html.escape(value_text_inline(n))}{why(s, n)}</td></tr>'
                         for s, n in order)
         out.append(folded(summary, f'<div class="table-box"><table class="dataframe list checks"><tbody>{table}'
                                    f"</tbody></table></div>", "checks"))
@@ -263,11 +268,12 @@ def value_text_inline(text: str) -> str:
     return bytes_in_text(WORD_MISSING.sub(DASH, text))
 
 
-def stream_html(text: str) -> str | None:
-    """A printed output as the report shows it, or None to leave it to the template (short, plain)."""
+def stream_html(text: str, check_details: dict[str, str] | None = None) -> str | None:
+    """A printed output as the report shows it, or None to leave it to the template (short, plain);
+    ``check_details``: the checks' recorded details by name, for a printed check list."""
     cl = parse_check_lines(text)
     if cl is not None:
-        return check_list_html(cl)
+        return check_list_html(cl, check_details)
     lines = text.rstrip("\n").splitlines()
     tidy = "\n".join(value_text_inline(line) for line in lines)
     pre = f'<div class="output_text"><pre>{html.escape(tidy)}</pre></div>'
