@@ -17,16 +17,17 @@ from __future__ import annotations
 import hashlib
 import json
 import pickle
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import TypeVar
+
+from cachetools import LRUCache
 
 from kmesh_lib.base.records import RunFiles
 
 T = TypeVar("T")
 
 KEPT = 16  # builds kept: a verify of every published run reads each run's content once, then moves on
-_BUILT: OrderedDict[tuple, bytes] = OrderedDict()
+_BUILT: LRUCache = LRUCache(maxsize=KEPT)  # key -> the build, pickled; least recently used dropped first
 
 
 def content_key(run: RunFiles, captures: Iterable[str]) -> str:
@@ -48,13 +49,10 @@ def once_per_content(run: RunFiles, name: str, captures: Iterable[str], build: C
     """``build()`` (which reads only ``captures`` and the params of ``run``), once per their content in this
     process; a copy of it. ``name`` tells one section's builds from another's."""
     key = (name, content_key(run, captures))
-    if key in _BUILT:
-        _BUILT.move_to_end(key)
-    else:
-        _BUILT[key] = pickle.dumps(build(), protocol=pickle.HIGHEST_PROTOCOL)
-        while len(_BUILT) > KEPT:
-            _BUILT.popitem(last=False)
-    return pickle.loads(_BUILT[key])
+    built = _BUILT.get(key)
+    if built is None:
+        built = _BUILT[key] = pickle.dumps(build(), protocol=pickle.HIGHEST_PROTOCOL)
+    return pickle.loads(built)
 
 
 def forget() -> None:

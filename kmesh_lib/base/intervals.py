@@ -8,12 +8,12 @@ the tamper suite verifies unchanged copies of a run many times.
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 
 import numpy as np
+from cachetools import LRUCache
 
 _KEPT = 4096
-_INTERVALS: OrderedDict[tuple, tuple[float, float]] = OrderedDict()
+_INTERVALS: LRUCache = LRUCache(maxsize=_KEPT)  # key -> (low, high); least recently used dropped first
 
 
 def _key(arrays: tuple, statistic, paired: bool, resamples: int, seed: int, level: float) -> tuple | None:
@@ -38,8 +38,7 @@ def bootstrap_interval(samples: tuple, statistic, paired: bool, resamples: int =
     arrays = tuple(np.asarray(s, dtype=float) for s in samples)
     key = _key(arrays, statistic, paired, resamples, seed, level)
     if key is not None and key in _INTERVALS:
-        _INTERVALS.move_to_end(key)
-        return _INTERVALS[key]
+        return _INTERVALS[key]  # (reading it makes it the most recently used)
     try:
         res = bootstrap(arrays, statistic, rng=np.random.default_rng(seed), **kwargs)
     except TypeError:  # scipy before 1.15 names it random_state
@@ -47,8 +46,6 @@ def bootstrap_interval(samples: tuple, statistic, paired: bool, resamples: int =
     interval = float(res.confidence_interval.low), float(res.confidence_interval.high)
     if key is not None:
         _INTERVALS[key] = interval
-        while len(_INTERVALS) > _KEPT:
-            _INTERVALS.popitem(last=False)
     return interval
 
 
