@@ -28,6 +28,7 @@ import numpy as np
 from kmesh_lib.base.derived import once_per_content
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.bounds.ideal import BoundResult, simulate_min
+from kmesh_lib.bounds.lru import lru_arrays
 from kmesh_lib.sections.production_trace import sim
 from kmesh_lib.sections.production_trace.captures import CostRow, ParityRun, ReplayArm, TraceLine
 from kmesh_lib.sections.production_trace.params import (
@@ -155,7 +156,7 @@ def tier_table(cfg, access, costs: list[CostRow]) -> list[dict]:
     request, priced with section 21's measured TTFTs for that shape (dram or disk arm)."""
     rows = []
     # a pool at least as large as the trace's distinct blocks never evicts: every such size has one ideal
-    num_distinct = len(set(access.block_hash))
+    num_distinct = lru_arrays(access).num_ids  # (the LRU passes' dense ids: one per distinct block)
     for tier in tier_grid(cfg):
         gpu_hits = lru_hits(access, tier.pool_blocks)
         if tier.tier_blocks >= tier.pool_blocks:
