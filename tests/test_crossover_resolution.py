@@ -35,6 +35,24 @@ def test_a_paths_floor_range_spans_its_measurements_before_and_after():
     assert cr.floor_range_ms("gpubuf_retained", as_point_floors(around)) is None  # no device->device floor measured
 
 
+def test_a_mediums_floor_is_the_faster_of_its_chunked_and_saturated_measurements():
+    """The H200 run of 5 Dec: vLLM's CPU tier restored 16,384 tokens in 12.7 ms, its blocks copied one at a time from
+    Python took 21-34 ms, the context in one copy 8.8 ms; the one-at-a-time figure alone would put the restore below
+    its floor."""
+    around = [{"when": "before", "floors": {"copy": {"median_s": 0.021}}, "saturated": {"copy": {"median_s": 0.0088}}},
+              {"when": "after", "floors": {"copy": {"median_s": 0.034}}, "saturated": {"copy": {"median_s": 0.0090}}}]
+    assert cr.floor_range_ms("native_offload", as_point_floors(around)) == [8.8, 9.0]
+    slower = [{**around[0], "saturated": {"copy": {"median_s": 0.05}}}]  # a saturated run that came out slower
+    assert cr.floor_range_ms("native_offload", as_point_floors(slower)) == [21.0, 21.0]
+    assert cr.floor_range_ms("native_offload", as_point_floors([{"floors": around[0]["floors"]}])) == [21.0, 21.0]
+
+
+def test_the_saturating_piece_is_one_copy_or_the_disk_tiers_chunks_several_in_flight():
+    assert pf.saturating_piece("copy", 10 << 20, 1 << 20) == (10 << 20, 1)
+    assert pf.saturating_piece("device", 10 << 20, 1 << 20) == (10 << 20, 1)
+    assert pf.saturating_piece("disk", 10 << 20, 1 << 20) == (1 << 20, pf.SATURATING_DISK_QUEUE_DEPTH)
+
+
 def _pairs(path, spans_ms, restore_ttft_ms, resident_ttft_ms, n=N, span_key="restore_s"):
     resident = cr.RESIDENT_OF[path]
     rows = []
@@ -120,6 +138,27 @@ def test_the_paired_checks_are_skipped_with_the_reason_before_the_design(tmp_pat
     assert restore_resolution(run) is ABSENT
     got = paired_checks(run)
     assert [c.name for c in got] == list(PAIRED_CHECKS) and {(c.status, c.detail) for c in got} == {("skipped", PAIRED_SINCE)}
+
+
+@pytest.mark.parametrize("floor_s, status", [(0.00050, "failed"), (0.00020, "ok")])
+def test_a_restore_span_below_its_floors_range_fails_the_floor_check(floor_s, status):
+    """The strict statement: a restore cannot beat the least time the machine moved its bytes; where it does, the
+    floor was measured the wrong way and the check fails, naming the point."""
+    from types import SimpleNamespace
+
+    from kmesh_lib.sections.crossover.checks import PAIRED_CHECKS, paired_checks
+
+    cfg = SimpleNamespace(MODELS=["m"], CONTEXT_TOKENS_GRID=[N], ARMS=["recompute", "gpubuf_retained", "gpubuf_resident"],
+                          NUM_RESTORES=4, NUM_DISK_RESTORES=0)
+    pairs = as_pair_rows(_pairs("gpubuf_retained", [0.30, 0.31, 0.32, 0.30], [20.3] * 4, [20.0] * 4))
+    floors = as_point_floors([{"model": "m", "context_tokens": N, "tier": "gpubuf", "when": w,
+                               "floors": {"device": {"median_s": floor_s}}} for w in ("before", "after")])
+    run = SimpleNamespace(params=cfg, has_raw=lambda name: True,
+                          records=lambda name: {"pairs.jsonl": pairs, "point_floors.jsonl": floors}[name])
+    (got,) = [c for c in paired_checks(run) if c.name == PAIRED_CHECKS[4]]
+    assert got.status == status
+    if status == "failed":
+        assert f"m {N:,}".replace(",", "") in got.detail and "below floor [0.5, 0.5]" in got.detail
 
 
 def test_run_pairs_alternates_the_order_and_prepares_in_full_only_first():

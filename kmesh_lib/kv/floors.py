@@ -199,6 +199,17 @@ def _read_chunks(path: Path, nbytes: int, chunk_bytes: int, queue_depth: int) ->
             b.close()
 
 
+# O_DIRECT reads in flight that keep an NVMe drive busy (LMCache's disk tier reads several at once)
+SATURATING_DISK_QUEUE_DEPTH = 8
+
+
+def saturating_piece(kind: str, nbytes: int, chunk_bytes: int) -> tuple[int, int]:
+    """(piece bytes, pieces in flight) that move a context as fast as the medium allows: a copy (host->device,
+    device->device) in one piece, so no per-piece launch from Python counts; the disk in the tier's pieces,
+    ``SATURATING_DISK_QUEUE_DEPTH`` in flight."""
+    return (chunk_bytes, SATURATING_DISK_QUEUE_DEPTH) if kind == "disk" else (nbytes, 1)
+
+
 def chunked_floor(kind: str, nbytes: int, chunk_bytes: int, queue_depth: int = 1, repeats: int = 3,
                   device: str = "cpu", directory: str | Path | None = None) -> dict:
     """The floor of moving exactly ``nbytes`` (a context) the way a restore moves it: in ``chunk_bytes`` pieces,

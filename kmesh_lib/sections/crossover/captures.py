@@ -208,7 +208,8 @@ class PointFloors(CaptureRecord):
     context_tokens: int
     context_bytes: int
     when: str  # before | after the point's pairs
-    floors: Mapping  # kind -> ``kv.floors.chunked_floor``'s measurement
+    floors: Mapping  # kind -> ``kv.floors.chunked_floor``'s measurement in the tier's chunks at FLOOR_QUEUE_DEPTH
+    saturated: Mapping | None = None  # kind -> the same with the medium kept busy; absent before 5 Dec 2026
     errors: Mapping | None = None  # kind -> why it could not be measured; absent where every floor was
 
 

@@ -144,6 +144,7 @@ PAIRED_CHECKS = (
     "every point of the paired design measured its floors before and after its pairs, each without an error",
     f"the restore span's 95% interval half-width is at most {report.RESOLVE_FRACTION:.0%} of its floor at every point "
     f"of {report.RESOLVE_MIN_TOKENS:,} tokens and more (DRAM, LMCache server, GPU buffer, vLLM's CPU tier)",
+    "no restore span's 95% interval lies wholly below its floor's range (a floor that a restore beats is no floor)",
 )
 
 
@@ -185,10 +186,15 @@ def paired_checks(run: RunFiles) -> list[Check]:
     table = report.resolution_table(pairs, floors)
     judged = [r for r in table if r["context_tokens"] >= report.RESOLVE_MIN_TOKENS and r["path"] in report.RESOLVE_PATHS]
     out.append(all_of(PAIRED_CHECKS[3], judged, lambda r: bool(r["resolved"]),
-                      lambda r: f"{r.model} {r.context_tokens} {r.path}: half-width {r.span_half_width_ms} ms "
-                                f"= {r.half_width_x_floor} x floor {r.floor_ms} ({r.num_restores} restores)",
+                      lambda r: f"{r['model']} {r['context_tokens']} {r['path']}: half-width {r['span_half_width_ms']} "
+                                f"ms = {r['half_width_x_floor']} x floor {r['floor_ms']} ({r['num_restores']} restores)",
                       f"no point of {report.RESOLVE_MIN_TOKENS:,} tokens and more on those paths "
                       "(the grid's contexts are shorter)"))
+    floored = [r for r in table if r["floor_ms"] and r["span_ci_ms"][1] is not None]
+    out.append(all_of(PAIRED_CHECKS[4], floored, lambda r: r["span_ci_ms"][1] >= r["floor_ms"][0],
+                      lambda r: f"{r['model']} {r['context_tokens']} {r['path']}: span {r['span_ci_ms']} ms "
+                                f"below floor {r['floor_ms']} ms",
+                      "no restore path had both a span and a floor measured"))
     return out
 
 

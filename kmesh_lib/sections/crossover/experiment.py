@@ -191,26 +191,34 @@ def floor_chunk_bytes(cfg: CrossoverParams, tier, tier_name: str, kind: str, kvt
 
 def point_floors(cfg: CrossoverParams, tier, tier_name: str, runtime: RuntimeDir, kinds: list[str], model: str,
                  n: int, kvt: int, when: str) -> dict:
-    """The floors of one point's context (``kv.floors.chunked_floor``: its bytes, in the tier's chunks, at
-    FLOOR_QUEUE_DEPTH), measured in the engine's process ``when`` ("before", "after") its pairs; the disk floor on
-    the tier's disk tier's file system."""
-    from kmesh_lib.kv.floors import chunked_floor
+    """The floors of one point's context, measured in the engine's process ``when`` ("before", "after") its pairs,
+    two ways (``kv.floors.chunked_floor``; the disk floor on the tier's disk tier's file system): ``floors``, its bytes
+    in the tier's chunks at FLOOR_QUEUE_DEPTH; ``saturated``, the medium kept busy (``kv.floors.saturating_piece``: a
+    copy in one piece, the disk's reads in the tier's chunks several in flight). A restore is judged by the faster
+    (``report.floor_range_ms``): on the H200 (5 Dec, 1.5B, 16,384 tokens) vLLM's CPU tier restored the context in
+    12.7 ms against 21-34 ms for its blocks copied one at a time from Python, and LMCache's disk tier read it in
+    281 ms against 416-424 ms for its chunks read one at a time, so the one-at-a-time measurement alone is no floor."""
+    from kmesh_lib.kv.floors import chunked_floor, saturating_piece
 
     nbytes = n * kvt
     directory = getattr(tier, "disk_dir", None) or runtime.subdir("floors")
-    measured, errors = {}, {}
+    measured, saturated, errors = {}, {}, {}
     for kind in kinds:
+        chunk = floor_chunk_bytes(cfg, tier, tier_name, kind, kvt, nbytes)
         try:  # a floor that cannot be measured here (memory, O_DIRECT) is recorded as such; the restores still run
-            measured[kind] = chunked_floor(kind, nbytes, floor_chunk_bytes(cfg, tier, tier_name, kind, kvt, nbytes),
-                                           cfg.FLOOR_QUEUE_DEPTH, cfg.FLOOR_REPEATS, cfg.DEVICE, directory)
+            measured[kind] = chunked_floor(kind, nbytes, chunk, cfg.FLOOR_QUEUE_DEPTH, cfg.FLOOR_REPEATS, cfg.DEVICE,
+                                           directory)
+            saturated[kind] = chunked_floor(kind, nbytes, *saturating_piece(kind, nbytes, chunk), cfg.FLOOR_REPEATS,
+                                            cfg.DEVICE, directory)
         except Exception as e:  # noqa: BLE001 - recorded; the verdicts say "no floor measured" for its paths
             errors[kind] = f"{type(e).__name__}: {e}"[:300]
+            measured.pop(kind, None)
     if cfg.DEVICE == "cuda":
         import torch
 
         torch.cuda.empty_cache()  # the floors' buffers back to the device before the engine's next step
     return {"model": model, "tier": tier_name, "context_tokens": n, "context_bytes": nbytes, "when": when,
-            "floors": measured, **({"errors": errors} if errors else {})}
+            "floors": measured, "saturated": saturated, **({"errors": errors} if errors else {})}
 
 
 def run_model(cfg: CrossoverParams, model: str, run_dir: Path, tier_name: str = "lmcache") -> int:

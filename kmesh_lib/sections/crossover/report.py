@@ -705,14 +705,16 @@ def restore_span(row: FollowUp) -> tuple[float | None, str]:
 
 def floor_range_ms(path: str, point_floors: list[PointFloors]) -> list[float] | None:
     """[min, max] in ms of ``path``'s floor (``FLOOR_OF``: a sum or the larger of its media) over the floors measured
-    around one point (before and after it: each measurement's median); None where a medium was not measured."""
+    around one point (before and after it: each measurement's median); None where a medium was not measured. Each
+    medium's floor is the faster of its two measurements (the tier's chunks at FLOOR_QUEUE_DEPTH, and saturated where
+    recorded): the least time this machine was seen to move those bytes."""
     how, names = FLOOR_OF[path]
     values = []
     for f in point_floors:
-        kinds = f.floors or {}
+        kinds, saturated = f.floors or {}, f.saturated or {}
         if not all(kinds.get(k) for k in names):
             continue
-        parts = [kinds[k]["median_s"] for k in names]
+        parts = [min([kinds[k]["median_s"]] + ([saturated[k]["median_s"]] if saturated.get(k) else [])) for k in names]
         values.append(1e3 * (sum(parts) if how == "sum" else max(parts)))
     return [round(min(values), 4), round(max(values), 4)] if values else None
 
