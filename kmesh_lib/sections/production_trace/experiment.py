@@ -20,6 +20,7 @@ import json
 from kmesh_lib.base.data import resolve_path
 from kmesh_lib.base.paths import REPO_ROOT
 from kmesh_lib.base.records import sha256_file
+from kmesh_lib.engine import costs
 from kmesh_lib.sections.production_trace import replay, tables
 from kmesh_lib.sections.production_trace.params import (
     COSTS,
@@ -111,9 +112,30 @@ def run(cfg: ProductionTraceParams, record) -> dict:
     return record.results
 
 
+# Seconds per request of the trace per replayed pool, the whole run (replays, sweeps, tables, checks) on the 2-core box:
+# cpu-20261205-001932-4f23 (synthetic trace, 3,993 requests, 203 s) and cpu-20261204-222724-ab76 (conversation trace,
+# 12,031 requests, 956 s, before the compiled LRU passes)
+RUN_S_PER_REQUEST = costs.Span(0.050, 0.080)
+PARITY_ENGINE_S = costs.Span(30, 60)  # the slice's real engine: start and warm-up (section 00's engine cells)
+
+
+def num_trace_requests(cfg: ProductionTraceParams) -> int:
+    """The requests a run replays: the trace file's lines (a Mooncake trace is one request per line), or the
+    synthetic trace's count; at most NUM_REQUESTS."""
+    if cfg.TRACE_FILE:
+        with resolve_path(cfg.TRACE_FILE).open("rb") as f:
+            total = sum(1 for line in f if line.strip())
+    else:
+        total = cfg.NUM_SYNTHETIC_REQUESTS
+    return min(total, cfg.NUM_REQUESTS) if cfg.NUM_REQUESTS else total
+
+
 def plan(cfg: ProductionTraceParams) -> dict:
     """What ``kmesh plan 23`` prints; starts no engine."""
     pools = pool_grid(cfg)
+    num_requests = num_trace_requests(cfg)
+    duration = RUN_S_PER_REQUEST * (num_requests * len(replay_pools(cfg))) + (
+        PARITY_ENGINE_S if cfg.PARITY_NUM_REQUESTS else 0)
     return {
         "trace": (f"{cfg.TRACE_FILE}" + (f", first {cfg.NUM_REQUESTS} requests" if cfg.NUM_REQUESTS else ", all requests")
                   if cfg.TRACE_FILE else f"synthetic: {cfg.NUM_SYNTHETIC_REQUESTS} requests from seed {cfg.SEED}"),
@@ -134,8 +156,11 @@ def plan(cfg: ProductionTraceParams) -> dict:
         "parity": (f"first {cfg.PARITY_NUM_REQUESTS} requests, outputs capped at {cfg.PARITY_MAX_TOKENS}, "
                    f"{cfg.PARITY_BLOCK_SIZE}-token blocks: real vLLM ({cfg.DEVICE}, {cfg.MODEL}) and the replay engine"
                    if cfg.PARITY_NUM_REQUESTS else "none"),
-        "expected duration": "the full conversation trace: ~4 min per replayed pool (12,031 requests, 4.1M decode "
-                             "tokens in ~0.3M steps of up to 16 on 2 cores), ~15 s per ideal, ~1 min of tiers and "
-                             "engines, built once for the tables and the checks" if cfg.TRACE_FILE and not cfg.NUM_REQUESTS else
-                             "minutes (a slice or the synthetic trace)",
+        "expected duration": f"{duration}: {num_requests:,} requests x {len(replay_pools(cfg))} replayed pool(s) at "
+                             f"{RUN_S_PER_REQUEST.low:g}-{RUN_S_PER_REQUEST.high:g} s each (the published cpu runs, "
+                             "replays, sweeps, tables and checks)"
+                             + (f" + the parity slice's engine {PARITY_ENGINE_S.low:.0f}-{PARITY_ENGINE_S.high:.0f} s"
+                                if cfg.PARITY_NUM_REQUESTS else ""),
+        # the run holds the GPU throughout, though only the parity slice's real engine uses it
+        costs.GPU_TIME: costs.gpu_time(cfg.DEVICE, duration),
     }
