@@ -395,3 +395,13 @@ def test_fetch_from_a_mirror_verifies_the_traces_and_refuses_a_changed_one(tmp_p
     assert main(["data", "fetch", "mooncake-traces", "--from", str(tmp_path / "mirror"), "--data-root",
                  str(tmp_path / "other")]) == 1
     assert "does not match the manifest" in capsys.readouterr().out
+
+
+def test_the_tier_sentence_says_lifts_only_where_the_tier_adds_reuse_and_rounds_its_milliseconds():
+    from kmesh_lib.sections.production_trace import report
+
+    row = {"gpu_reused_tokens": 566, "tier_restored_tokens": 0, "num_prompt_tokens": 1000, "reused_share": 0.566}
+    assert report._lift(row).startswith("leaves reuse at 56.6% of prompt tokens")
+    assert report._lift({**row, "tier_restored_tokens": 84, "reused_share": 0.65}) == \
+        "lifts reuse from 56.6% to 65.0% of prompt tokens"
+    assert [report._ms(v) for v in (None, 0.0, 257.3, 1863.88, 12.345)] == ["n/a", "0.0", "257", "1,864", "12.3"]

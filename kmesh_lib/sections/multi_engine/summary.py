@@ -244,13 +244,6 @@ def public_results(run: RunFiles) -> dict:
         out["comparisons"] = compared
         out["order"] = TABLES["order"].build(run)
     return out
-    return {"section": "multi_engine", "run_id": run.run_dir.name, "models": cfg.models,
-            "policies_run": list(cfg.POLICIES), "shape": {k: getattr(cfg, k) for k in shape},
-            "policies": [{k: t[k] for k in keep_policy} for t in policies],
-            "bytes": [{k: b[k] for k in keep_bytes} for b in byte_rows],
-            "restore": [{k: r[k] for k in keep_restore} for r in restores],
-            "probes": [{k: r[k] for k in keep_probe} for r in probe_rows(run)],
-            "checks": summarize(checks(run)), "headline": headline(run)}
 
 
 def verdict(run: RunFiles) -> list[str]:
@@ -273,12 +266,12 @@ def verdict(run: RunFiles) -> list[str]:
                        + "; ".join(compare.phrase(t) for t in lead) + ".")
             continue
         # one trace per policy: a difference without an interval is no verdict (issue 42)
-        text = (f"Not resolved for {model}: one trace per policy, no interval; with one LMCache server the engines "
-                f"finished the trace in "
+        num = s["repeats"]
+        text = (f"Not resolved for {model}: {'one' if num == 1 else num} trace{'s' * (num != 1)} per policy, no "
+                f"interval; with one LMCache server the engines finished the trace in "
                 f"{s['makespan_ms'] / 1e3:.1f} s, against {a['makespan_ms'] / 1e3:.1f} s with prefix-aware routing "
                 f"({_ratio(s['makespan_ms'], a['makespan_ms'])})"
-                + (f" and {r['makespan_ms'] / 1e3:.1f} s recomputing" if r and r["makespan_ms"] else "")
-                + f" ({s['repeats']} trace{'s' * (s['repeats'] != 1)} per policy)")
+                + (f" and {r['makespan_ms'] / 1e3:.1f} s recomputing" if r and r["makespan_ms"] else ""))
         p = probes.get(model)
         if p and p.get("restore_ttft_ms") and p.get("recompute_ttft_ms"):
             text += (f"; an idle engine restores the context in {p['restore_ttft_ms']:.0f} ms against "

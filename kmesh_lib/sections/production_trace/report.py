@@ -64,8 +64,8 @@ def headline(run) -> dict[str, str]:
         saved = best.get("saved_ms_per_request", {})
         out["external tier (most time saved)"] = (
             f"{best['shape']} {best['tier']} {best['tier_gib']:g} GiB restores {_tokens(best['tier_restored_tokens'])} "
-            f"tokens ({best['reused_share']:.1%} reused in all); saved per request mean {saved.get('mean')} ms, "
-            f"p90 {saved.get('p90')} ms, p99 {saved.get('p99')} ms")
+            f"tokens ({best['reused_share']:.1%} reused in all); saved per request mean {_ms(saved.get('mean'))} ms, "
+            f"p90 {_ms(saved.get('p90'))} ms, p99 {_ms(saved.get('p99'))} ms")
     engines = results.get("engines", [])
     if engines:
         n = max(r["num_engines"] for r in engines)
@@ -149,7 +149,7 @@ def verdict(run) -> list[str]:
     if not rows:
         return ["No verdict: no pool was replayed through vLLM's scheduler (see replay_not_run)."]
     r, t = rows[0], results.get("trace", {})
-    word = "None" if r["headroom_tokens"] <= 0 else "Most of it" if r["reuse_share_of_bound"] < 0.5 else "Some"
+    word = "None left" if r["headroom_tokens"] <= 0 else "Most left" if r["reuse_share_of_bound"] < 0.5 else "Some left"
     text = (f"{word}: on {t.get('name')} ({t.get('num_requests', 0):,} requests) stock vLLM with a {r['pool_gib']:g} GiB "
             f"{r['shape']} pool reuses {stock_share(r):.1%} of prompt tokens where an ideal cache of the same pool reuses "
             f"{r['ideal_cached_share']:.1%} ({r['reuse_share_of_bound']:.1%} of the reachable reuse; token counts, "
@@ -158,10 +158,10 @@ def verdict(run) -> list[str]:
     if tiers:
         best = best_tier(tiers)
         saved = best.get("saved_ms_per_request", {})
-        text += (f"; a {best['tier_gib']:g} GiB {best['tier']} tier behind the {best['pool_blocks']:,}-block pool lifts "
-                 f"reuse to {best['reused_share']:.1%} (ideal {best['ideal_reused_share']:.1%})"
-                 + (f", an estimated {saved['mean']} ms of prefill saved per request on average (p99 {saved['p99']} ms; "
-                    f"section 21's median TTFTs)" if saved else ""))
+        text += (f"; a {best['tier_gib']:g} GiB {best['tier']} tier behind the {best['pool_blocks']:,}-block pool "
+                 + _lift(best) + f" (ideal {best['ideal_reused_share']:.1%})"
+                 + (f", an estimated {_ms(saved['mean'])} ms of prefill saved per request on average (p99 "
+                    f"{_ms(saved['p99'])} ms; section 21's median TTFTs)" if saved else ""))
     return [text + "."]
 
 
@@ -188,8 +188,8 @@ def findings(run) -> list[dict]:
             saved = t.get("saved_ms_per_request", {})
             out.append({"what": f"+ {kind} tier {t['tier_gib']:g} GiB behind {t['pool_blocks']:,} blocks",
                         "reused share of prompt tokens": f"{t['reused_share']:.1%} · ideal {t['ideal_reused_share']:.1%}",
-                        "detail": (f"prefill saved per request: mean {saved['mean']} ms, p90 {saved['p90']} ms, "
-                                   f"p99 {saved['p99']} ms" if saved else "not priced")})
+                        "detail": (f"prefill saved per request: mean {_ms(saved['mean'])} ms, p90 {_ms(saved['p90'])} "
+                                   f"ms, p99 {_ms(saved['p99'])} ms" if saved else "not priced")})
     engines = results.get("engines", [])
     if engines:
         n = max(r["num_engines"] for r in engines)
@@ -212,12 +212,26 @@ def lead(results: dict) -> str:
     tiers = [t for t in results.get("tiers", []) if t["shape"] == r["shape"]]
     if tiers:
         best = best_tier(tiers)
-        gpu = best["gpu_reused_tokens"] / best["num_prompt_tokens"] if best["num_prompt_tokens"] else 0.0
         saved = best.get("saved_ms_per_request", {})
-        text += (f"; a {best['tier_gib']:g} GiB {best['tier']} tier behind a {best['pool_blocks']:,}-block pool lifts "
-                 f"reuse from {gpu:.1%} to {best['reused_share']:.1%} of prompt tokens, saving an estimated "
-                 f"{saved.get('mean')} ms of prefill per request on average (p99 {saved.get('p99')} ms)")
+        text += (f"; a {best['tier_gib']:g} GiB {best['tier']} tier behind a {best['pool_blocks']:,}-block pool "
+                 + _lift(best) + f", saving an estimated {_ms(saved.get('mean'))} ms of prefill per "
+                 f"request on average (p99 {_ms(saved.get('p99'))} ms)")
     return text + ".**"
+
+
+def _ms(value: float | None) -> str:
+    """Milliseconds as a reader takes them in: whole above 100, one decimal below; n/a where not priced."""
+    if value is None:
+        return "n/a"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.1f}"
+
+
+def _lift(tier: dict) -> str:
+    """What the tier does to the reused share of prompt tokens: lifts it from the pool's own share, or leaves it."""
+    gpu = tier["gpu_reused_tokens"] / tier["num_prompt_tokens"] if tier["num_prompt_tokens"] else 0.0
+    if tier["reused_share"] > gpu:
+        return f"lifts reuse from {gpu:.1%} to {tier['reused_share']:.1%} of prompt tokens"
+    return f"leaves reuse at {gpu:.1%} of prompt tokens (it restores nothing the pool did not already hold)"
 
 
 def public_results(run) -> dict:
