@@ -67,6 +67,29 @@ def test_a_manifested_copy_records_its_commit_only_while_every_file_matches(tmp_
     assert provenance.git_revision(copy)["changed"] == ["missing kmesh_lib/base/checks.py", "added kmesh_lib/extra.py"]
 
 
+def test_a_manifested_copy_beside_a_stale_git_records_the_manifests_commit(tmp_path):
+    """The GPU machine's copy kept an earlier call's .git (5 Dec: HEAD c458964, dirty against the tree): a manifest
+    the tree matches names the commit; a clean git still wins over any manifest, a dirty one where the manifest
+    does not match either."""
+    copy, manifest = _copy_of_checkout(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    subprocess.run(["git", "init", "-q", str(copy)], check=True, env=env)
+    subprocess.run(["git", "-C", str(copy), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                    "--allow-empty", "-m", "stale"], check=True, env=env)
+    subprocess.run(["git", "-C", str(copy), "add", "kmesh_lib/base/checks.py"], check=True, env=env)
+    stale = subprocess.run(["git", "-C", str(copy), "rev-parse", "HEAD"], capture_output=True, text=True,
+                           env=env).stdout.strip()
+    got = provenance.git_revision(copy)
+    assert (got["commit"], got["dirty"], got["source"]) == (manifest["commit"], False, provenance.MANIFEST)
+    assert got["stale_git"] == {"commit": stale, "dirty": True}
+    edited = copy / "kmesh_lib" / "base" / "checks.py"
+    edited.write_text(edited.read_text() + "\n# edited on the device\n")
+    assert provenance.git_revision(copy) == {"commit": stale, "dirty": True}  # neither matches: git's, dirty
+    subprocess.run(["git", "-C", str(copy), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-a",
+                    "-m", "now"], check=True, env=env)
+    assert provenance.git_revision(copy)["dirty"] is False  # a clean checkout: git's own commit
+
+
 def test_git_blob_id_is_gits_own(tmp_path):
     path = tmp_path / "f.txt"
     path.write_text("kmesh\n")

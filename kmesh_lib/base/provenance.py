@@ -1,7 +1,7 @@
 """Which code a run measured: the commit and whether the tree differed from it, read where the run ran.
 
-In a checkout, git says (``HEAD`` and ``git status``). A copy of the tree without ``.git`` (the GPU
-machine's) carries a manifest, ``.kmesh-tree.json``, written where the copy was made
+In a checkout, git says (``HEAD`` and ``git status``). A copy of the tree without ``.git``, or with a ``.git``
+it does not match (the GPU machine's), carries a manifest, ``.kmesh-tree.json``, written where the copy was made
 (``scripts/tree_manifest.py``): the commit and the git blob id of every file the commit holds. The run
 hashes the files it has against it, so the commit is recorded only when every file matches, and a
 changed, missing or added file makes the run dirty by measurement, not by a typed flag.
@@ -80,18 +80,26 @@ def git_revision(root: Path) -> dict:
     top = _git(root, "rev-parse", "--show-toplevel").strip()
     # git looks upwards for a repository: a copy of the tree without .git inside another repository (the GPU
     # machine's working folder once reported an old kmesh commit, 3 Dec) is not that repository's commit
+    git = None
     if top and Path(top).resolve() == Path(root).resolve():
-        return {"commit": _git(root, "rev-parse", "--verify", "-q", "HEAD").strip() or None,
-                "dirty": bool(_git(root, "status", "--porcelain", "--untracked-files=no").strip())}
+        git = {"commit": _git(root, "rev-parse", "--verify", "-q", "HEAD").strip() or None,
+               "dirty": bool(_git(root, "status", "--porcelain", "--untracked-files=no").strip())}
+        if not git["dirty"]:
+            return git
     path = Path(root) / MANIFEST
     if path.is_file():
         try:
             manifest = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            return {"commit": None, "dirty": None, "source": f"{MANIFEST} unreadable"}
+            return git or {"commit": None, "dirty": None, "source": f"{MANIFEST} unreadable"}
         if isinstance(manifest, dict) and manifest.get("schema") == SCHEMA:
-            return check_manifest(Path(root), manifest)
-    return {"commit": None, "dirty": None}
+            checked = check_manifest(Path(root), manifest)
+            # A .git at the root that the tree does not match, beside a manifest it matches file for file: the GPU
+            # machine's copy kept an earlier call's .git (5 Dec: HEAD c458964, the tree two sessions newer), so
+            # the manifest written where the copy was made says which commit this is
+            if git is None or not checked["dirty"]:
+                return {**checked, **({"stale_git": git} if git else {})}
+    return git or {"commit": None, "dirty": None}
 
 
 __all__ = ["MANIFEST", "check_manifest", "git_blob_id", "git_revision", "tree_manifest"]
