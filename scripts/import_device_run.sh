@@ -15,14 +15,12 @@ trap 'rm -rf "$tmp"' EXIT
 tar xzf "$tgz" -C "$tmp"
 cp -R "$tmp/$name/." "$dest/"
 run_id=$(basename "$dest")
+# params.resolved.yaml stays as the run wrote it: its hash was recorded as the run finished (capture_sha256), and
+# publish rewrites the device's RUN_DIR in the published copy itself (rehashing it there, the measured hash kept)
 $py - "$dest" "$run_id" <<'PY'
 import json, sys
 from pathlib import Path
-import yaml
 run_dir, run_id = Path(sys.argv[1]), sys.argv[2]
-params = yaml.safe_load((run_dir / "params.resolved.yaml").read_text())
-params["RUN_DIR"] = str(run_dir.resolve())
-(run_dir / "params.resolved.yaml").write_text(yaml.safe_dump(params, sort_keys=True))
 results = json.loads((run_dir / "results.json").read_text())
 results["run_id"] = run_id
 (run_dir / "results.json").write_text(json.dumps(results, indent=1))

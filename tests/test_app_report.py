@@ -207,6 +207,10 @@ def test_the_run_that_stands_is_the_latest_passed_run_at_the_papers_scale():
     assert standing(runs)["16"]["run_id"] == "gpu-20261201-000000-bbbb"
     assert standing(runs[:1] + runs[3:])["16"]["run_id"] == "cpu-20261205-000000-aaaa"
     assert standing([runs[2]]) == {}
+    # section 23's paper scale is its cpu profile (the whole trace); its gpu profile runs the parity slice
+    trace = [{**doc("cpu-20261205-000000-aaaa", "cpu"), "number": "23", "section": "production_trace"},
+             {**doc("gpu-20261206-000000-bbbb", "gpu"), "number": "23", "section": "production_trace"}]
+    assert standing(trace)["23"]["run_id"] == "cpu-20261205-000000-aaaa"
 
 
 def test_the_notebooks_own_printed_answer_is_folded(section):
