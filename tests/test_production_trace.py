@@ -255,7 +255,8 @@ def test_headline_answer_and_public_results(replay_run):
     assert find_private_keys(public) == [] and "hash_ids" not in json.dumps(public)
     (said,) = section.verdict(run)
     replayed = next(r for r in run.results["pools"] if r["stock"] == "replayed")
-    word = "None" if replayed["headroom_tokens"] <= 0 else "Most of it" if replayed["reuse_share_of_bound"] < 0.5 else "Some"
+    share = replayed["reuse_share_of_bound"]
+    word = "None left" if replayed["headroom_tokens"] <= 0 else "Most left" if share < 0.5 else "Some left"
     assert said.startswith(f"{word}: on synthetic (40 requests) stock vLLM with a 0.5 GiB") and len(said) <= 600
     assert f"{replayed['ideal_cached_share']:.1%}" in said and "deterministic" in said
 
