@@ -231,3 +231,17 @@ def test_a_run_that_did_not_pass_says_so_above_its_verdict():
     page = verdict_html(["Yes: 19.3 s against 21.2 s."], status="failed", failed=1)
     assert page.index("This run did not pass (failed, 1 check failed)") < page.index("Yes: 19.3 s")
     assert "did not pass" not in verdict_html(["Yes."], status="passed")
+
+
+def test_a_runs_corrected_tree_shows_under_its_recorded_commit(section):
+    """A device run whose env.json names a stale .git's commit (kept as measured) shows the tree its results.json's
+    migration.provenance names, right under the recorded commit, and no generic 'migrated' row for it alone."""
+    import json as _json
+
+    run_dir = fake_section.make_run()
+    results = _json.loads((run_dir / "results.json").read_text())
+    results["migration"] = {"provenance": {"tree_commit": "ed5adc68bdc1" + "0" * 28, "why": "a stale .git"}}
+    (run_dir / "results.json").write_text(_json.dumps(results))
+    page = render_report(section, run_dir).path.read_text()
+    assert '<td class="k">tree</td>' in page and "ed5adc68bdc1: a stale .git" in page
+    assert '<td class="k">migrated</td>' not in page

@@ -364,7 +364,12 @@ def header_html(section: ModuleType, run: RunFiles, left_out: LeftOut, answer: s
         said = [f"{migration.get('date', '')[:10]}: {migration.get('summary', '')}"] if migration.get("summary") else []
         said += [f"{m.get('when_utc', '')[:10]}: brought to the declared record (tables rebuilt from raw/, files "
                  f"hashed then; see results.json's migration)" for m in passes[:1]]
-        rows.append(("migrated", "; ".join(said) or "see results.json's migration"))
+        provenance = migration.get("provenance")
+        if isinstance(provenance, dict) and provenance.get("tree_commit"):  # env.json kept as measured
+            rows.insert(rows.index(("git commit", commit)) + 1,
+                        ("tree", f"{provenance['tree_commit'][:12]}: {provenance.get('why', '')}"))
+        if set(migration) - {"provenance"}:
+            rows.append(("migrated", "; ".join(said) or "see results.json's migration"))
     error = results.get("error")
     if isinstance(error, dict):
         rows.append(("error", f"{error.get('kind', '')} in cell {error.get('cell', '?')}: "
