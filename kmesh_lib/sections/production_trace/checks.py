@@ -26,6 +26,7 @@ from kmesh_lib.sections.production_trace.trace import (
     trace_stats,
 )
 
+PARITY_CHECK = "parity slice: the real engine's cached tokens equal the replay engine's, request by request"
 
 def _equal(name: str, recomputed, recorded, evidence=True, missing: str = "") -> Check:
     diff = differences(recomputed, recorded)
@@ -142,7 +143,7 @@ def checks(run) -> list[Check]:
     real = [r.requests for r in parity if r.engine == "real"]
     rep = [r.requests for r in parity if r.engine == "replay"]
     pairs = list(zip(real, rep))
-    out.append(all_of("parity slice: the real engine's cached tokens equal the replay engine's, request by request",
+    out.append(all_of(PARITY_CHECK,
                       pairs, lambda p: p[0].num_cached_tokens == p[1].num_cached_tokens
                       and p[0].num_prompt_tokens == p[1].num_prompt_tokens == prompts[:len(p[0].num_prompt_tokens)],
                       lambda p: f"real {p[0].num_cached_tokens} vs replay {p[1].num_cached_tokens}",

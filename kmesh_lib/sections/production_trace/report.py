@@ -6,6 +6,7 @@ recompute from ``raw/``.
 from __future__ import annotations
 
 from kmesh_lib.base.records import RunFiles
+from kmesh_lib.sections.production_trace.checks import PARITY_CHECK
 from kmesh_lib.sections.production_trace.params import PARITY, REPLAY, TRACE
 
 
@@ -162,7 +163,24 @@ def verdict(run) -> list[str]:
                  + _lift(best) + f" (ideal {best['ideal_reused_share']:.1%})"
                  + (f", an estimated {_ms(saved['mean'])} ms of prefill saved per request on average (p99 "
                     f"{_ms(saved['p99'])} ms; section 21's median TTFTs)" if saved else ""))
-    return [text + "."]
+    parity = parity_sentence(run)
+    return [text + "."] + ([parity] if parity else [])
+
+
+def parity_sentence(run) -> str | None:
+    """The parity slice in one sentence: the two engines' cached tokens, and whether they are equal request by
+    request (the recorded check); None where the run has no slice."""
+    run = RunFiles.of(run)
+    rows = {r["engine"]: r for r in run.results.get("parity") or []}
+    real, replay = rows.get("real"), rows.get("replay")
+    if not (real and replay):
+        return None
+    status = ((run.results.get("checks") or {}).get(PARITY_CHECK) or {}).get("status")
+    return (f"Parity slice: real vLLM ({run.params.DEVICE}, {real['model']}) and the replay engine cached "
+            f"{real['num_cached_tokens']:,} and {replay['num_cached_tokens']:,} of {real['num_prompt_tokens']:,} "
+            f"prompt tokens over the first {real['num_requests']} requests"
+            + (", equal request by request" if status == "ok" else f"; the request-by-request check: {status}")
+            + ("; no prefix was reused in the slice, so that compares zeros." if not real["num_cached_tokens"] else "."))
 
 
 def findings(run) -> list[dict]:
@@ -223,6 +241,7 @@ def _ms(value: float | None) -> str:
     """Milliseconds as a reader takes them in: whole above 100, one decimal below; n/a where not priced."""
     if value is None:
         return "n/a"
+    value = 0.0 if abs(value) < 0.05 else value  # never "-0.0"
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.1f}"
 
 
