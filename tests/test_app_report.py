@@ -171,6 +171,8 @@ def test_a_passed_runs_raised_cell_is_a_row_saying_why_it_stands_and_a_failed_ru
     assert "why the run still passes" in passed and "a since-fixed bug" in passed and "Traceback" not in passed
     failed = rb.error_html("AssertionError", "logprobs differ", "Traceback ...", "failed", "")
     assert "AssertionError: logprobs differ" in failed and "<details" in failed
+    long = rb.error_html("AssertionError", "2 check(s) failed: " + "x" * 500, "Traceback ...", "failed", "")
+    assert "x\u2026 (in full in the traceback)</p>" in long and "x" * 381 in long and "x" * 382 not in long.split("</p>")[0]
 
 
 def test_the_first_screen_has_the_verdict_and_the_findings_and_figures_come_next(section, monkeypatch):

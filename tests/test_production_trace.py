@@ -405,4 +405,5 @@ def test_the_tier_sentence_says_lifts_only_where_the_tier_adds_reuse_and_rounds_
     assert report._lift(row).startswith("leaves reuse at 56.6% of prompt tokens")
     assert report._lift({**row, "tier_restored_tokens": 84, "reused_share": 0.65}) == \
         "lifts reuse from 56.6% to 65.0% of prompt tokens"
-    assert [report._ms(v) for v in (None, 0.0, 257.3, 1863.88, 12.345)] == ["n/a", "0.0", "257", "1,864", "12.3"]
+    assert [report._ms(v) for v in (None, 0.0, 257.3, 1863.88, 12.345, -0.02, -3.3)] == [
+        "n/a", "0.0", "257", "1,864", "12.3", "0.0", "-3.3"]

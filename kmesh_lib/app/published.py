@@ -39,8 +39,8 @@ STANDING_RULE = ("The run that stands for a section is its latest run that passe
 
 
 def profile_rank(doc: dict) -> int:
-    """How near a run's profile is to its section's paper scale (0 nearest): ``PROFILE_RANK``, with the section's
-    ``PAPER_SCALE_PROFILE`` (where it names one) first."""
+    """How near a run's profile is to its section's paper scale, lowest nearest: -1 for the section's
+    ``PAPER_SCALE_PROFILE`` ("gpu" where it names none), else ``PROFILE_RANK``."""
     profile = str((doc.get("params") or {}).get("PROFILE"))
     try:
         paper = getattr(find(doc.get("section") or doc.get("number")), "PAPER_SCALE_PROFILE", "gpu")

@@ -289,5 +289,6 @@ def error_html(ename: str, evalue: str, traceback_text: str, status: str, why: s
         return (f'<div class="table-box"><table class="dataframe list expected"><thead><tr><th>the notebook stopped on'
                 f'</th><th>why the run still passes</th></tr></thead><tbody><tr><td>{html.escape(ename)}: '
                 f'{html.escape(evalue)}</td><td>{html.escape(why)}</td></tr></tbody></table></div>')
-    return (f'<p class="stopped">{html.escape(ename)}: {html.escape(evalue[:400])}</p>'
+    shown = evalue if len(evalue) <= 400 else evalue[:400] + "\u2026 (in full in the traceback)"  # cut visibly
+    return (f'<p class="stopped">{html.escape(ename)}: {html.escape(shown)}</p>'
             + folded("The traceback", f"<pre>{html.escape(traceback_text)}</pre>", "traceback"))

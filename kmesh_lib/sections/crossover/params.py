@@ -64,7 +64,8 @@ class CrossoverParams(SourceRunParams):
     FLOOR_REPEATS: PositiveCount = Field(
         3, description="timed repeats of each floor measured before and after a point's pairs (their median each)")
     FLOOR_QUEUE_DEPTH: PositiveCount = Field(
-        1, description="reads (copies) in flight in the per-point floors: the tiers here read and copy one chunk at a time")
+        1, description="reads (copies) in flight in the per-point floors' chunked measurement (the saturated one "
+                       "beside it keeps the medium busy; a restore is judged by the faster)")
     WARMUP_REPEATS: Count = Field(1, description="unmeasured repeats first (one-off kernel and allocator costs)")
     SUFFIX_TOKENS: Tokens = Field(32, description="the follow-up's own tokens after the context")
     MAX_TOKENS: Tokens = Field(1, description="tokens the follow-up generates (the first token is the stopwatch)")

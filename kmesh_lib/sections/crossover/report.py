@@ -786,7 +786,8 @@ def _round(v: float | None, digits: int = 4) -> float | None:
 
 def restores_needed(half_width_ms: float, n: int, floor_ms: float, fraction: float = RESOLVE_FRACTION) -> int | None:
     """Restores for a span interval half-width of ``fraction`` of ``floor_ms``, from one measured at ``n`` restores:
-    a median's interval narrows as 1/sqrt(n), so n (half-width / target)^2, at least n where it is already met."""
+    a median's interval narrows as 1/sqrt(n), so n (half-width / target)^2, at least 2 (fewer than n where it is
+    already met: the least that would have met it)."""
     if not half_width_ms or half_width_ms != half_width_ms or not floor_ms or n < 2:
         return None
     return max(2, math.ceil(n * (half_width_ms / (fraction * floor_ms)) ** 2))

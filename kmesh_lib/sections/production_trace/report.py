@@ -238,11 +238,13 @@ def lead(results: dict) -> str:
 
 
 def _ms(value: float | None) -> str:
-    """Milliseconds as a reader takes them in: whole above 100, one decimal below; n/a where not priced."""
+    """Milliseconds as a reader takes them in: whole above 100, one decimal below; n/a where not priced. A saving that
+    rounds to nothing reads 0.0, not -0.0 (a tier that restores next to nothing saves a hair less than zero)."""
     if value is None:
         return "n/a"
-    value = 0.0 if abs(value) < 0.05 else value  # never "-0.0"
-    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.1f}"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{round(value, 1) or 0.0:,.1f}"  # -0.0 is falsy
 
 
 def _lift(tier: dict) -> str:
