@@ -15,6 +15,9 @@ if SESSION_RUN_ROOT is not None:
     os.environ["KMESH_RUN_ROOT"] = SESSION_RUN_ROOT
 # Where the goldens' kernels put their runs: this session's root (pytest-xdist's workers inherit the controller's).
 GOLDEN_RUN_ROOT = os.environ["KMESH_RUN_ROOT"]
+# This session, as every pytest-xdist worker sees it (they inherit the controller's environment): a root named from
+# outside (KMESH_RUN_ROOT) outlives a session, and an earlier session's golden-ended marker must not end a wait
+TEST_SESSION = os.environ.setdefault("KMESH_TEST_SESSION", f"{os.getpid()}-{time.time_ns()}")
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -71,7 +74,7 @@ def _golden_run(section, values: dict) -> tuple[Path | None, bool]:
 
 
 def _golden_ended_marker(notebook: str) -> Path:
-    return Path(GOLDEN_RUN_ROOT) / f".golden-ended-{notebook}"
+    return Path(GOLDEN_RUN_ROOT) / f".golden-ended-{TEST_SESSION}-{notebook}"
 
 
 def _golden_ended(notebook: str) -> bool:

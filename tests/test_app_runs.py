@@ -166,7 +166,7 @@ def test_a_passing_run_keeps_engine_logs_and_progress_bars_out_of_its_cells(sect
 @pytest.mark.parametrize("behaviour, args, kind, ename", [
     ("raise", [], "cell error", "RuntimeError"),
     ("die", [], "dead kernel", "DeadKernelError"),
-    ("sleep", ["--timeout", "8"], "timeout", "CellTimeoutError"),  # the setup cell takes ~4 s on a loaded 2-core box
+    ("sleep", ["--timeout", "15"], "timeout", "CellTimeoutError"),  # the setup cell takes ~4 s on a loaded 2-core box
 ])
 def test_a_failed_notebook_is_recorded_as_failed_with_its_cell_and_error(section, tmp_path, monkeypatch, capsys,
                                                                            behaviour, args, kind, ename):
