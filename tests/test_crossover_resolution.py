@@ -149,7 +149,7 @@ def test_a_restore_span_below_its_floors_range_fails_the_floor_check(floor_s, st
     from kmesh_lib.sections.crossover.checks import PAIRED_CHECKS, paired_checks
 
     cfg = SimpleNamespace(MODELS=["m"], CONTEXT_TOKENS_GRID=[N], ARMS=["recompute", "gpubuf_retained", "gpubuf_resident"],
-                          NUM_RESTORES=4, NUM_DISK_RESTORES=0)
+                          NUM_RESTORES=4, NUM_DISK_RESTORES=0, DEVICE="cuda")
     pairs = as_pair_rows(_pairs("gpubuf_retained", [0.30, 0.31, 0.32, 0.30], [20.3] * 4, [20.0] * 4))
     floors = as_point_floors([{"model": "m", "context_tokens": N, "tier": "gpubuf", "when": w,
                                "floors": {"device": {"median_s": floor_s}}} for w in ("before", "after")])
@@ -159,6 +159,10 @@ def test_a_restore_span_below_its_floors_range_fails_the_floor_check(floor_s, st
     assert got.status == status
     if status == "failed":
         assert f"m {N:,}".replace(",", "") in got.detail and "below floor [0.5, 0.5]" in got.detail
+    # off CUDA the floor is a host memcpy beside the engine's threads, no physical bound: skipped, with why
+    run.params = SimpleNamespace(**{**vars(cfg), "DEVICE": "cpu"})
+    (got,) = [c for c in paired_checks(run) if c.name == PAIRED_CHECKS[4]]
+    assert got.status == "skipped" and "host memcpy" in got.detail
 
 
 def test_run_pairs_alternates_the_order_and_prepares_in_full_only_first():

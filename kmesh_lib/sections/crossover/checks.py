@@ -190,12 +190,22 @@ def paired_checks(run: RunFiles) -> list[Check]:
                                 f"ms = {r['half_width_x_floor']} x floor {r['floor_ms']} ({r['num_restores']} restores)",
                       f"no point of {report.RESOLVE_MIN_TOKENS:,} tokens and more on those paths "
                       "(the grid's contexts are shorter)"))
+    if p.DEVICE != "cuda":  # the floor is a physical bound only where a device moves the bytes
+        out.append(Check(PAIRED_CHECKS[4], "skipped", NO_DEVICE_FLOOR))
+        return out
     floored = [r for r in table if r["floor_ms"] and r["span_ci_ms"][1] is not None]
     out.append(all_of(PAIRED_CHECKS[4], floored, lambda r: r["span_ci_ms"][1] >= r["floor_ms"][0],
                       lambda r: f"{r['model']} {r['context_tokens']} {r['path']}: span {r['span_ci_ms']} ms "
                                 f"below floor {r['floor_ms']} ms",
                       "no restore path had both a span and a floor measured"))
     return out
+
+
+# Why the floor check is skipped off CUDA: the "floor" there is a host memcpy timed in the engine's process beside
+# its threads, not a device's transfer; in a fresh clone's CI (5 Dec, golden 21 beside golden 22 on 2 cores) it timed
+# 256 KiB at 6.4 ms while the LMCache server's restore of the same context took 2.1-2.8 ms
+NO_DEVICE_FLOOR = ("DEVICE is not cuda: the floors are a host memcpy timed beside the engine's threads, no physical "
+                   "bound a restore must stay above")
 
 
 ORDER_CHECK = ("every repeat ran each of its tier's arms once, in the recorded order (position and the arm before it)")
