@@ -51,26 +51,21 @@ def pytest_collectstart(collector):
 GOLDEN_WAIT_S = 1800  # how long a test waits for its section's golden to finish its run (then runs the notebook itself)
 
 
-def _golden_run(section, values: dict) -> tuple[Path | None, bool]:
-    """(the finished run this session's golden of ``section`` made with exactly ``values`` as its params, whether
-    one is still going). A run whose kernel is gone without finishing reads ``died`` and is neither."""
+def _golden_run(section, values: dict) -> Path | None:
+    """The finished run this session's golden of ``section`` made with exactly ``values`` as its params, or None
+    (none yet, a run folder still being written, or a run whose kernel is gone without finishing: ``died``)."""
     from kmesh_lib.base.records import RunFileError, RunFiles
 
     root = Path(GOLDEN_RUN_ROOT) / section.KEY
-    going = False
     for run_dir in sorted(root.glob("*")) if root.is_dir() else []:
         run = RunFiles(run_dir)
         try:
             recorded, status = run.recorded_params, run.status
         except (OSError, RunFileError):
-            going = True  # a run folder being written
-            continue
-        if {k: v for k, v in recorded.items() if k != "RUN_DIR"} != values:
-            continue
-        if status in ("passed", "failed"):
-            return run_dir, False
-        going = going or status == "running"
-    return None, going
+            continue  # a run folder being written
+        if {k: v for k, v in recorded.items() if k != "RUN_DIR"} == values and status in ("passed", "failed"):
+            return run_dir
+    return None
 
 
 def _golden_ended_marker(notebook: str) -> Path:
@@ -114,11 +109,11 @@ def smoke_run(tmp_path, request):
         in_session = any(item.path.parent.name == "golden" and item.path.name == section.NOTEBOOK
                          for item in request.session.items)
         deadline = time.monotonic() + (GOLDEN_WAIT_S if in_session else 0)
-        golden, going = _golden_run(section, values)
+        golden = _golden_run(section, values)
         while golden is None and in_session and time.monotonic() < deadline and not _golden_ended(section.NOTEBOOK):
             time.sleep(2)  # the golden is queued or running on another worker
-            golden, going = _golden_run(section, values)
-        golden = golden or _golden_run(section, values)[0]  # it may have finished as it ended
+            golden = _golden_run(section, values)
+        golden = golden or _golden_run(section, values)  # it may have finished as it ended
         if golden is not None:
             shutil.copytree(golden, run_dir, symlinks=True)
             return RunFiles(run_dir)

@@ -350,24 +350,23 @@ def header_html(section: ModuleType, run: RunFiles, left_out: LeftOut, answer: s
     recorded = results.get("checks") or {}
     counts = {s: sum(isinstance(c, dict) and c.get("status") == s for c in recorded.values()) for s in STATUSES}
     rendered_on = results.get("render_environment")
+    migration = results.get("migration") if isinstance(results.get("migration"), dict) else None
+    provenance = (migration or {}).get("provenance")
+    tree = ([("tree", f"{provenance['tree_commit'][:12]}: {provenance.get('why', '')}")]  # env.json kept as measured
+            if isinstance(provenance, dict) and provenance.get("tree_commit") else [])
     rows = [("run", run.run_id), ("status", status), ("started", results.get("started_utc", "")),
             ("rendered" if isinstance(rendered_on, dict) else "finished",
              results.get("finished_utc") or results.get("ended_utc") or "not finished"),
-            ("git commit", commit), ("device", env.get("device", "unknown")), ("versions", versions),
+            ("git commit", commit), *tree, ("device", env.get("device", "unknown")), ("versions", versions),
             ("checks", ", ".join(f"{n} {s}" for s, n in counts.items()))]
     if isinstance(rendered_on, dict):
         rows.append(("rendered on", f"{rendered_on.get('device', 'unknown')} (the notebook read this run's raw/; "
                                     "nothing was measured there)"))
-    migration = results.get("migration")
-    if isinstance(migration, dict):
+    if migration is not None:
         passes = [m for m in migration.get("to_declared_results") or [] if isinstance(m, dict)]
         said = [f"{migration.get('date', '')[:10]}: {migration.get('summary', '')}"] if migration.get("summary") else []
         said += [f"{m.get('when_utc', '')[:10]}: brought to the declared record (tables rebuilt from raw/, files "
                  f"hashed then; see results.json's migration)" for m in passes[:1]]
-        provenance = migration.get("provenance")
-        if isinstance(provenance, dict) and provenance.get("tree_commit"):  # env.json kept as measured
-            rows.insert(rows.index(("git commit", commit)) + 1,
-                        ("tree", f"{provenance['tree_commit'][:12]}: {provenance.get('why', '')}"))
         if set(migration) - {"provenance"}:
             rows.append(("migrated", "; ".join(said) or "see results.json's migration"))
     error = results.get("error")

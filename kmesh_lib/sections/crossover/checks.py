@@ -148,6 +148,13 @@ PAIRED_CHECKS = (
 )
 
 
+# Why the floor check is skipped off CUDA: the "floor" there is a host memcpy timed in the engine's process beside
+# its threads, not a device's transfer; in a fresh clone's CI (5 Dec, golden 21 beside golden 22 on 2 cores) it timed
+# 256 KiB at 6.4 ms while the LMCache server's restore of the same context took 2.1-2.8 ms
+NO_DEVICE_FLOOR = ("DEVICE is not cuda: the floors are a host memcpy timed beside the engine's threads, no physical "
+                   "bound a restore must stay above")
+
+
 def paired_checks(run: RunFiles) -> list[Check]:
     """The paired design (``arms.RestoreBench.run_pairs``, ``experiment.point_floors``): skipped, with the reason, in
     runs recorded before it (no raw/pairs.jsonl) or that planned no pairs (NUM_RESTORES=0)."""
@@ -199,13 +206,6 @@ def paired_checks(run: RunFiles) -> list[Check]:
                                 f"below floor {r['floor_ms']} ms",
                       "no restore path had both a span and a floor measured"))
     return out
-
-
-# Why the floor check is skipped off CUDA: the "floor" there is a host memcpy timed in the engine's process beside
-# its threads, not a device's transfer; in a fresh clone's CI (5 Dec, golden 21 beside golden 22 on 2 cores) it timed
-# 256 KiB at 6.4 ms while the LMCache server's restore of the same context took 2.1-2.8 ms
-NO_DEVICE_FLOOR = ("DEVICE is not cuda: the floors are a host memcpy timed beside the engine's threads, no physical "
-                   "bound a restore must stay above")
 
 
 ORDER_CHECK = ("every repeat ran each of its tier's arms once, in the recorded order (position and the arm before it)")

@@ -714,7 +714,7 @@ def floor_range_ms(path: str, point_floors: list[PointFloors]) -> list[float] | 
         kinds, saturated = f.floors or {}, f.saturated or {}
         if not all(kinds.get(k) for k in names):
             continue
-        parts = [min([kinds[k]["median_s"]] + ([saturated[k]["median_s"]] if saturated.get(k) else [])) for k in names]
+        parts = [min(m["median_s"] for m in (kinds[k], saturated.get(k)) if m) for k in names]
         values.append(1e3 * (sum(parts) if how == "sum" else max(parts)))
     return [round(min(values), 4), round(max(values), 4)] if values else None
 

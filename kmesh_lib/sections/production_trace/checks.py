@@ -28,6 +28,7 @@ from kmesh_lib.sections.production_trace.trace import (
 
 PARITY_CHECK = "parity slice: the real engine's cached tokens equal the replay engine's, request by request"
 
+
 def _equal(name: str, recomputed, recorded, evidence=True, missing: str = "") -> Check:
     diff = differences(recomputed, recorded)
     return check(name, not diff, "; ".join(diff[:3]) or "equal", evidence=evidence, missing=missing)

@@ -132,10 +132,9 @@ def num_trace_requests(cfg: ProductionTraceParams) -> int:
 
 def plan(cfg: ProductionTraceParams) -> dict:
     """What ``kmesh plan 23`` prints; starts no engine."""
-    pools = pool_grid(cfg)
+    pools, replayed = pool_grid(cfg), replay_pools(cfg)
     num_requests = num_trace_requests(cfg)
-    duration = RUN_S_PER_REQUEST * (num_requests * len(replay_pools(cfg))) + (
-        PARITY_ENGINE_S if cfg.PARITY_NUM_REQUESTS else 0)
+    duration = RUN_S_PER_REQUEST * (num_requests * len(replayed)) + (PARITY_ENGINE_S if cfg.PARITY_NUM_REQUESTS else 0)
     return {
         "trace": (f"{cfg.TRACE_FILE}" + (f", first {cfg.NUM_REQUESTS} requests" if cfg.NUM_REQUESTS else ", all requests")
                   if cfg.TRACE_FILE else f"synthetic: {cfg.NUM_SYNTHETIC_REQUESTS} requests from seed {cfg.SEED}"),
@@ -145,7 +144,7 @@ def plan(cfg: ProductionTraceParams) -> dict:
         "pools (LRU, ideal)": "; ".join(f"{p.shape} {p.pool_gib:g} GiB = {p.num_blocks:,} blocks"
                                         for p in pools),
         "stock vLLM replayed": "; ".join(f"{p.shape} {p.pool_gib:g} GiB = {p.num_blocks:,} blocks, {p.mode}"
-                                         for p in replay_pools(cfg))
+                                         for p in replayed)
                                + (f" (concurrent: arrivals at the trace's timestamps, MAX_NUM_SEQS {cfg.MAX_NUM_SEQS}, "
                                   f"step = {cfg.STEP_BASE_S:g} s + {cfg.STEP_S_PER_TOKEN:g} s x scheduled tokens)"
                                   if cfg.CONCURRENT_POOL_GIB else ""),
@@ -156,7 +155,7 @@ def plan(cfg: ProductionTraceParams) -> dict:
         "parity": (f"first {cfg.PARITY_NUM_REQUESTS} requests, outputs capped at {cfg.PARITY_MAX_TOKENS}, "
                    f"{cfg.PARITY_BLOCK_SIZE}-token blocks: real vLLM ({cfg.DEVICE}, {cfg.MODEL}) and the replay engine"
                    if cfg.PARITY_NUM_REQUESTS else "none"),
-        "expected duration": f"{duration}: {num_requests:,} requests x {len(replay_pools(cfg))} replayed pool(s) at "
+        "expected duration": f"{duration}: {num_requests:,} requests x {len(replayed)} replayed pool(s) at "
                              f"{RUN_S_PER_REQUEST.low:g}-{RUN_S_PER_REQUEST.high:g} s each (the published cpu runs, "
                              "replays, sweeps, tables and checks)"
                              + (f" + the parity slice's engine {PARITY_ENGINE_S.low:.0f}-{PARITY_ENGINE_S.high:.0f} s"

@@ -145,7 +145,8 @@ def best_tier(tiers: list[dict]) -> dict:
 def verdict(run) -> list[str]:
     """The findings table's sentence: how much of the reachable reuse stock vLLM leaves at the replayed pool
     (token counts, deterministic: no interval), and what the tier that saves the most adds."""
-    results = RunFiles.of(run).results
+    run = RunFiles.of(run)
+    results = run.results
     rows = replayed_rows(results)
     if not rows:
         return ["No verdict: no pool was replayed through vLLM's scheduler (see replay_not_run)."]
@@ -163,20 +164,19 @@ def verdict(run) -> list[str]:
                  + _lift(best) + f" (ideal {best['ideal_reused_share']:.1%})"
                  + (f", an estimated {_ms(saved['mean'])} ms of prefill saved per request on average (p99 "
                     f"{_ms(saved['p99'])} ms; section 21's median TTFTs)" if saved else ""))
-    parity = parity_sentence(run)
+    parity = parity_sentence(results, run.params.DEVICE)
     return [text + "."] + ([parity] if parity else [])
 
 
-def parity_sentence(run) -> str | None:
+def parity_sentence(results: dict, device: str) -> str | None:
     """The parity slice in one sentence: the two engines' cached tokens, and whether they are equal request by
     request (the recorded check); None where the run has no slice."""
-    run = RunFiles.of(run)
-    rows = {r["engine"]: r for r in run.results.get("parity") or []}
+    rows = {r["engine"]: r for r in results.get("parity") or []}
     real, replay = rows.get("real"), rows.get("replay")
     if not (real and replay):
         return None
-    status = ((run.results.get("checks") or {}).get(PARITY_CHECK) or {}).get("status")
-    return (f"Parity slice: real vLLM ({run.params.DEVICE}, {real['model']}) and the replay engine cached "
+    status = ((results.get("checks") or {}).get(PARITY_CHECK) or {}).get("status")
+    return (f"Parity slice: real vLLM ({device}, {real['model']}) and the replay engine cached "
             f"{real['num_cached_tokens']:,} and {replay['num_cached_tokens']:,} of {real['num_prompt_tokens']:,} "
             f"prompt tokens over the first {real['num_requests']} requests"
             + (", equal request by request" if status == "ok" else f"; the request-by-request check: {status}")
