@@ -1,12 +1,12 @@
-"""How close does the early arm's first-token wait come to the engine-resident floor, and how much of
-it is measurement overhead?
+"""How close does the early arm's first-token wait come to the resident arm's (the context already in vLLM's
+KV), and how much of it is measurement overhead?
 
     .venv/bin/python benchmarks/bench_prefetch_overhead.py [RUN_DIR]     (default: the newest run id in outputs/prefetch)
 
 Part 1 times the driver's own instruments on this machine (no engine): one ``time.monotonic_ns()``
 stamp, one readiness check (``threading.Event.is_set``), and the overshoot of the idle wait
 ``time.sleep(DRIVER_POLL_MS)``. Part 2 reads a finished run's ``raw/groups.jsonl`` and gives, per path
-and group size, the early arm's mean A-first-token wait, the floor's (``engine.vllm_engine.vllm_engine``), their paired gap
+and group size, the early arm's mean A-first-token wait, the resident arm's, their paired gap
 with a 95 % paired bootstrap interval (``stats.paired_saving``: scipy, percentile, seeded), over the
 pairs the section's tables use (a group in which a follow-up recomputed the context is left out, as
 there), and the part of the gap the instruments can explain: the early
@@ -70,15 +70,15 @@ def main() -> int:
     for path, n in cases(groups):
         sub = [g for g in groups if g["path"] == path and g["group_size"] == n]
         for arm in ("early", "early_fixed", "dram", "on_arrival"):
-            ps = pairs(sub, arm, "engine")
+            ps = pairs(sub, arm, "resident")
             if not ps:
                 continue
             gap, lo, hi = paired_saving([x["wait_a_s"] for x, _ in ps], [y["wait_a_s"] for _, y in ps], 5000, 0)
             overhead = float(np.mean([x["submit_delay_s"] + x["stamps"] * stamp_ns / 1e9 for x, _ in ps]))
-            floor = float(np.mean([y["wait_a_s"] for _, y in ps]))
+            resident = float(np.mean([y["wait_a_s"] for _, y in ps]))
             rows.append({"path": path, "N": n, "arm": arm, "lead_ms": ps[0][0]["lead_ms"], "pairs": len(ps),
                          "A wait ms": round(1e3 * float(np.mean([x["wait_a_s"] for x, _ in ps])), 2),
-                         "floor ms": round(1e3 * floor, 2), "gap ms": round(gap * 1e3, 2),
+                         "resident ms": round(1e3 * resident, 2), "gap ms": round(gap * 1e3, 2),
                          "gap 95% CI": [round(lo * 1e3, 2), round(hi * 1e3, 2)],
                          "instrument share ms": round(overhead * 1e3, 3),
                          "ready": sum(bool(x.get("ready")) for x, _ in ps) if arm.startswith("early") else None})

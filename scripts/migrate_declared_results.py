@@ -17,11 +17,23 @@ For each run folder given (default: every run under outputs/, and every run copy
    shared captures, rewritten captures) carried over, and the run must then verify as it did.
 
     python scripts/migrate_declared_results.py [RUN_DIR ...] [--dry-run]
+
+``--renamed-arms`` is a later pass over runs already on the declared record (issue 41's vocabulary: the arm whose
+context is already in vLLM's KV is ``resident`` in every section; sections 16 and 21 recorded "floor", section 20
+"engine"). The captures keep the old word and read as ``resident`` (each record class's ``renamed_values``), and a
+recorded params file too (``base.params.RENAMED_VALUES``); so the declared tables rebuilt from them now say
+``resident``. The pass stores every table that differs as rebuilt, re-records each check whose name held the old
+word under its new name (its status must be the one recorded: a rename changes no verdict), leaves raw/, env.json,
+params.resolved.yaml and every other check as they are, notes the pass under ``migration.renamed`` and builds
+public-results.json again; the run must verify exactly as before (same line kinds).
+
+    python scripts/migrate_declared_results.py --renamed-arms [RUN_DIR ...]   (default: runs of 16, 20, 21)
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -205,6 +217,82 @@ def rebuild_public(run_dir: Path) -> str:
     return verify(section, RunFiles(run_dir)).summary()
 
 
+# issue 41: the old name of the arm already in vLLM's KV, per section (a check's name may hold it as a word)
+RENAMED_ARM = {"retention": "floor", "prefetch": "engine", "crossover": "floor"}
+RENAMED_SUMMARY = "arm renamed {old}\u2192resident (issue 41 vocabulary)"
+
+
+def renamed_check_name(name: str, old: str) -> str:
+    return re.sub(rf"\b{old}\b", "resident", name)
+
+
+def rename_arms(run_dir: Path) -> dict:
+    """The ``--renamed-arms`` pass over one run (module docstring); returns its note. Raises Refused."""
+    key = f"{run_dir.parent.name}/{run_dir.name}"
+    section = sections.get(read_json_object(run_dir / "results.json").get("section") or run_dir.parent.name)
+    old = RENAMED_ARM.get(section.KEY)
+    if old is None:
+        raise Refused(f"{key}: section {section.KEY} has no renamed arm")
+    kept_files = {name: (run_dir / name).read_bytes() for name in ("env.json", "params.resolved.yaml")}
+    run = RunFiles(run_dir)
+    results = run.results
+    if any(isinstance(n, dict) and n.get("summary", "").startswith(f"arm renamed {old}") for n in
+           (results.get("migration") or {}).get("renamed", [])):
+        return {"skipped": "renamed already"}
+    note: dict = {"when_utc": _now(), "by": "scripts/migrate_declared_results.py --renamed-arms",
+                  "commit": git_revision().get("commit"), "summary": RENAMED_SUMMARY.format(old=old)}
+
+    changed_tables = {}
+    for name, value in build_tables(section.TABLES, run, results).items():
+        found = differences(value, results.get(name), name)
+        if found:
+            changed_tables[name] = len(found)
+            results[name] = value
+    write = run_dir / "results.json"
+    original_text = write.read_text(encoding="utf-8")
+    write_json_atomic(write, results, compact=True)  # the checks read results.json (their figure checks)
+    try:
+        checks = {c.name: c for c in section.checks(RunFiles(run_dir))}
+        recorded = results.get("checks") or {}
+        renamed_checks, kept = [], {}
+        for name, record in recorded.items():
+            new = name if name in checks else renamed_check_name(name, old)
+            check = checks.get(new)
+            if new != name:
+                if check is None or new in recorded:
+                    raise Refused(f"{key}: recorded check {name[:120]!r} is not computed now, nor renamed")
+                if check.status != record.get("status"):
+                    raise Refused(f"{key}: check {new[:120]!r} recorded {record.get('status')}, now {check.status}")
+                renamed_checks.append({"recorded": name, "now": new})
+                kept[new] = relative_paths(check.as_record())
+            else:
+                kept[name] = record
+        results["checks"] = kept
+    except Exception:
+        write.write_text(original_text, encoding="utf-8")
+        raise
+    if changed_tables:
+        note["tables_rebuilt"] = changed_tables
+    if renamed_checks:
+        note["checks_renamed"] = renamed_checks
+    migration = results.get("migration") if isinstance(results.get("migration"), dict) else {}
+    migration.setdefault("renamed", []).append(note)
+    results["migration"] = migration
+    write_json_atomic(write, results, compact=True)
+    if any((run_dir / name).read_bytes() != data for name, data in kept_files.items()):
+        raise Refused(f"{key}: env.json or params.resolved.yaml changed (never: they are the record)")
+    note["public"] = rebuild_public(run_dir)
+    after = verify(section, RunFiles(run_dir))
+    failed = sorted(n for n, rec in kept.items() if rec.get("status") == "failed")
+    if after.record_problems or sorted(c.name for c in after.checks if c.status == "failed") != failed:
+        write.write_text(original_text, encoding="utf-8")
+        rebuild_public(run_dir)
+        raise Refused(f"{key}: does not verify as recorded after the rename ({after.summary()}); results.json "
+                      "restored, public-results.json rebuilt from it")
+    note["verify_after"] = after.summary()
+    return note
+
+
 def default_runs() -> list[Path]:
     published = sorted(p for p in (REPO_ROOT / "outputs").glob("*/*") if (p / "results.json").is_file())
     known = set(sections.SECTIONS)
@@ -217,6 +305,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dirs", nargs="*", type=Path)
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--renamed-arms", action="store_true",
+                    help="issue 41: rebuild the tables and check names that now say 'resident' (sections 16, 20, 21)")
     ap.add_argument("--public-only", action="store_true",
                     help="only build public-results.json again (the document gained a field; the record is unchanged)")
     args = ap.parse_args(argv)
@@ -224,6 +314,18 @@ def main(argv=None) -> int:
     status = 0
     for run_dir in run_dirs:
         key = repo_relative(run_dir) or str(run_dir)
+        if args.renamed_arms:
+            if (read_json_object(run_dir / "results.json").get("section") or run_dir.parent.name) not in RENAMED_ARM:
+                continue
+            try:
+                note = rename_arms(run_dir.resolve())
+            except Refused as e:
+                print(f"REFUSED {e}")
+                status = 1
+                continue
+            print(f"{key}: tables {note.get('tables_rebuilt', {})}, checks renamed {len(note.get('checks_renamed', []))}; "
+                  f"{note.get('verify_after', note.get('skipped'))}")
+            continue
         if args.public_only:
             print(f"{key}: {rebuild_public(run_dir.resolve())}")
             continue

@@ -3,7 +3,8 @@
 A record the class refuses fails as it is written, naming the capture and the field; a stored line it
 refuses is one ``RunFileError`` naming the file, the line and the field; a header naming a version this
 code does not know is refused; and every published run's declared captures read as version 1 with the
-same classes, each record giving back exactly the line it was read from.
+same classes, each record giving back exactly the line it was read from (an arm renamed since, issue 41, under its
+new name).
 """
 from __future__ import annotations
 
@@ -102,7 +103,39 @@ def test_published_captures_read_as_version_1_with_the_declared_classes(run_dir)
         if run.capture_class(name) is None:
             assert not section.CAPTURES, f"{name}: a capture {section.KEY} does not declare"
             continue
-        assert [r.as_recorded() for r in run.records(name)] == run.raw(name)
+        assert [r.as_recorded() for r in run.records(name)] == [_as_read(line, section.KEY, name) for line in run.raw(name)]
+
+
+# issue 41: the arm whose context is already in vLLM's KV, as the captures published before it name it
+OLD_ARMS = {"retention": ("groups.jsonl", "floor"), "prefetch": ("groups.jsonl", "engine"),
+            "crossover": ("rows.jsonl", "floor")}
+
+
+def _as_read(line: dict, section: str, name: str) -> dict:
+    """A stored line as its record reads it: the renamed arm under its current name, every other value as stored."""
+    capture, old = OLD_ARMS.get(section, (None, None))
+    if name.replace(".unfinished", "") != capture:
+        return line
+    return {k: "resident" if k in ("arm", "previous_arm") and v == old else v for k, v in line.items()}
+
+
+@pytest.mark.parametrize(("run_dir", "section"), [
+    (RETENTION, "retention"), (REPO_ROOT / "outputs" / "prefetch" / "cpu-20261201-063425-dc67", "prefetch"),
+    (REPO_ROOT / "outputs" / "crossover" / "cpu-20261202-132634-a2df", "crossover")], ids=lambda v: str(v)[-9:])
+def test_a_published_old_arm_name_reads_as_resident_and_a_new_record_may_not_write_it(tmp_path, run_dir, section):
+    """The published capture keeps the word it was written with (evidence); its record, and every table and check
+    built from it, says ``resident``. A record written now that names the old word is refused, naming the field."""
+    name, old = OLD_ARMS[section]
+    run = RunFiles(run_dir)
+    stored = [line for line in run.raw(name) if line["arm"] == old]
+    read = run.records(name)
+    assert stored and sum(r.arm == "resident" for r in read) == len(stored) and not any(r.arm == old for r in read)
+    (tmp_path / "raw").mkdir()
+    record = RunRecord(tmp_path, section)
+    with pytest.raises(CaptureError, match=rf"raw/{name}: record 0 .*field 'arm': Value error, '{old}' is now 'resident'"):
+        record.append_jsonl(name, stored[0])
+    record.append_jsonl(name, {**stored[0], "arm": "resident"})
+    assert RunFiles(tmp_path, section=section).records(name)[0].arm == "resident"
 
 
 def test_sections_18_and_19_read_kmesh_capture_records_typed_and_refuse_a_stray_field(tmp_path):

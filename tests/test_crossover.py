@@ -99,7 +99,7 @@ def test_crossover_table_from_rows():
     rows = _rows("m", {"recompute": {256: 0.010, 1024: 0.040, 4096: 0.200},
                        "dram": {256: 0.020, 1024: 0.030, 4096: 0.050},
                        "disk": {256: 0.030, 1024: 0.060, 4096: 0.300},
-                       "floor": {256: 0.005, 1024: 0.006, 4096: 0.008}})
+                       "resident": {256: 0.005, 1024: 0.006, 4096: 0.008}})
     rows.append({**rows[0], "status": "cache_miss", "ttft_s": 99.0})  # never enters a table
     table = cr.arm_table(as_grid_rows(rows))
     xo = {r["path"]: r for r in cr.crossover_table(table)}
@@ -152,11 +152,11 @@ def test_the_gpu_buffer_tier_restores_as_the_checks_read_it(smoke_run):
 def _grid_rows(model="m", kvt=1024, grid=(256, 1024), repeats=3, warmup=1):
     """Rows as ``RestoreBench.run`` records them, with first tokens that cross at 1,024 for dram."""
     ttft = {"recompute": {256: 0.010, 1024: 0.040}, "dram": {256: 0.020, 1024: 0.030},
-            "disk": {256: 0.030, 1024: 0.060}, "floor": {256: 0.005, 1024: 0.006}}
+            "disk": {256: 0.030, 1024: 0.060}, "resident": {256: 0.005, 1024: 0.006}}
     rows = []
     for n in grid:
         for r in range(warmup + repeats):
-            order = arm_order(["recompute", "dram", "disk", "floor"], r)  # as the experiment runs them
+            order = arm_order(["recompute", "dram", "disk", "resident"], r)  # as the experiment runs them
             for i, arm in enumerate(order):
                 cached = 0 if arm == "recompute" else n
                 rows.append({"arm": arm, "tier": "lmcache", "context": f"{model}-{n}", "context_tokens": n,
@@ -185,7 +185,7 @@ def recorded_grid(tmp_path):
     from kmesh_lib.base.params import to_dict
 
     params = {**to_dict(build(CrossoverParams, {**SMALL, "CONTEXT_TOKENS_GRID": [256, 1024], "NUM_REPEATS": 3,
-                                                 "ARMS": ["recompute", "dram", "disk", "floor"]})),
+                                                 "ARMS": ["recompute", "dram", "disk", "resident"]})),
               "MODELS": ["m"]}  # a model name no shape has: the checks read the run's files, never resolve it
     (run_dir / "params.resolved.yaml").write_text(yaml.safe_dump(params))
     rows = _grid_rows()
@@ -239,7 +239,7 @@ def test_a_recorded_grid_passes_its_checks(recorded_grid):
     assert "DRAM restore beats recompute from **1,024 tokens**" in text and "disk restore never does" in text
     # LMCache's paths name their longest restore component from the probe's stamps (load 2 ms > lookup 1 ms)
     assert "- m, DRAM: " in text and "the longest part of the restore is load into vLLM (2.0 ms)" in text
-    assert section.counts(recorded_grid)["m 1024: cached tokens per arm"] == "recompute 0, dram 1024, disk 1024, floor 1024"
+    assert section.counts(recorded_grid)["m 1024: cached tokens per arm"] == "recompute 0, dram 1024, disk 1024, resident 1024"
     from kmesh_lib.base.public import validate_public
 
     validate_public(section.public_results(recorded_grid))  # publishable as it is
@@ -263,9 +263,9 @@ def _rewrite_rows(run_dir, pick, edit):
      "dram: the context was in LMCache's memory tier before every follow-up"),
     (lambda r: r["arm"] == "recompute" and r["measured"] and r["context_tokens"] == 1024, lambda r: r.update(ttft_s=0.001),
      "results.json median first token per (model, context, arm) equal the rows"),  # its minimum moves, not the median
-    (lambda r: r["arm"] == "floor" and r["measured"], lambda r: r.update(repeat=9),
+    (lambda r: r["arm"] == "resident" and r["measured"], lambda r: r.update(repeat=9),
      "every (model, context, arm, repeat) was measured exactly once"),
-    (lambda r: r["arm_position"] == 2, lambda r: r.update(previous_arm="floor" if r["previous_arm"] != "floor" else "dram"),
+    (lambda r: r["arm_position"] == 2, lambda r: r.update(previous_arm="resident" if r["previous_arm"] != "resident" else "dram"),
      "every repeat ran each of its tier's arms once, in the recorded order (position and the arm before it)"),
 ])
 def test_an_edited_row_fails_its_check(recorded_grid, pick, edit, failing):
@@ -436,7 +436,7 @@ def recorded_tiers(recorded_grid):
 
     run_dir = recorded_grid.run_dir
     params = yaml.safe_load((run_dir / "params.resolved.yaml").read_text())
-    params["ARMS"] = ["recompute", "dram", "disk", "floor", "gpubuf_retained", "gpubuf_disk", "gpubuf_resident"]
+    params["ARMS"] = ["recompute", "dram", "disk", "resident", "gpubuf_retained", "gpubuf_disk", "gpubuf_resident"]
     (run_dir / "params.resolved.yaml").write_text(yaml.safe_dump(params))
     rows = _grid_rows() + _gpubuf_rows()
     (run_dir / "raw" / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -491,7 +491,7 @@ def test_a_recorded_grid_with_the_gpu_buffer_passes_its_checks(recorded_tiers):
     (lambda r: r["arm"] == "gpubuf_resident" and r["measured"], lambda r: r.update(num_restores=1),
      "gpubuf_resident: no follow-up restored from the buffer"),
     (lambda r: r["arm"] == "gpubuf_retained" and r["measured"], lambda r: r.update(disk_read_bytes=4096),
-     "recompute, dram, floor, gpubuf_retained, gpubuf_resident: no follow-up read the disk tier"),
+     "recompute, dram, resident, gpubuf_retained, gpubuf_resident: no follow-up read the disk tier"),
     (lambda r: r["arm"] == "gpubuf_resident" and r["measured"] and r["repeat"] == 2, lambda r: r.update(forward_step_s=None),
      "gpubuf: every follow-up's first forward pass was timed on its own"),
 ])

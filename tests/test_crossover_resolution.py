@@ -109,7 +109,7 @@ def test_restores_needed_scales_the_half_width_as_one_over_root_n():
 
 def test_the_pairs_follow_the_params():
     cfg = build(CrossoverParams, {**SMALL, "NUM_RESTORES": 5, "NUM_DISK_RESTORES": 2})
-    assert num_pairs(cfg, "dram") == 5 and num_pairs(cfg, "disk") == 2 and num_pairs(cfg, "floor") == 0
+    assert num_pairs(cfg, "dram") == 5 and num_pairs(cfg, "disk") == 2 and num_pairs(cfg, "resident") == 0
     restores = [a for a in cfg.ARMS if a in cr.RESIDENT_OF]
     assert pair_rows(cfg) == 2 * 2 * sum(num_pairs(cfg, a) for a in restores)
     with pytest.raises(ParamError, match="resident follow-up"):
@@ -175,8 +175,8 @@ def test_run_pairs_alternates_the_order_and_prepares_in_full_only_first():
     bench.measure = lambda arm, ctx, tag, prep, prep_s: {"arm": arm, "tag": tag}
     rows = bench.run_pairs("dram", Context("c", [1, 2]), "t", 3)
     assert [(r["pair"], r["role"], r["pair_position"], r["arm"]) for r in rows] == [
-        (0, "restore", 0, "dram"), (0, "resident", 1, "floor"), (1, "resident", 0, "floor"), (1, "restore", 1, "dram"),
-        (2, "restore", 0, "dram"), (2, "resident", 1, "floor")]
+        (0, "restore", 0, "dram"), (0, "resident", 1, "resident"), (1, "resident", 0, "resident"), (1, "restore", 1, "dram"),
+        (2, "restore", 0, "dram"), (2, "resident", 1, "resident")]
     assert calls[0] == ("full", "dram") and all(c[0] == "light" for c in calls[1:])
 
 

@@ -395,3 +395,25 @@ def test_old_run_folders_are_read_through_renamed():
     old = {"OUTPUT_TOKENS": 8, "PREFIX_LEN": 96, "SUFFIX_LEN": 16, "SEED": 0, "PROFILE": "cpu"}
     cfg = params.build(EngineCheckParams, params.current_names(old))
     assert (cfg.MAX_TOKENS, cfg.CONTEXT_TOKENS, cfg.SUFFIX_TOKENS) == (8, 96, 16)
+
+
+RENAMED_ARMS = [("16", "CONTROL_ARMS", ["recompute", "floor"], "floor"), ("20", "CONTROLS", ["dram", "engine"], "engine"),
+                ("21", "ARMS", ["recompute", "dram", "floor"], "floor")]
+
+
+@pytest.mark.parametrize(("number", "key", "recorded", "old"), RENAMED_ARMS)
+def test_a_recorded_old_arm_name_reads_as_resident_and_input_naming_it_is_refused(tmp_path, capsys, number, key,
+                                                                                  recorded, old):
+    """Issue 41: the arm whose context is already in vLLM's KV is ``resident`` in every section. A run recorded before
+    (16's and 21's "floor", 20's "engine") reads under the new name (``base.params.recorded``); the same value given
+    as input fails before anything runs, in one line naming the key and the new name."""
+    section = sections.get(number)
+    cfg, _, _ = resolve_params(section, "smoke", [], [])
+    values = {**params.to_dict(cfg), key: recorded}
+    assert getattr(params.recorded(section.Params, values), key) == [("resident" if v == old else v) for v in recorded]
+    with pytest.raises(ParamError, match=rf"^{key}: '{old}' is now 'resident' \(one name in every section"):
+        resolve_params(section, "smoke", [], [f"{key}=[{', '.join(recorded)}]"])
+    with pytest.raises(ParamError, match=rf"notebook parameters: {key}: '{old}' is now 'resident'"):
+        params.from_namespace(section.Params, values)  # a notebook's parameters cell is input too
+    err = one_line_error(["plan", number, "--profile", "smoke", "--set", f"{key}=[{', '.join(recorded)}]"], capsys)
+    assert f"{key}: '{old}' is now 'resident'" in err

@@ -268,7 +268,7 @@ def test_missing_evidence_is_skipped_and_edited_files_fail(tmp_path):
     assert got["no server process or disk-tier file left behind"] == "skipped"
     no_bytes = [dict(g, disk_bytes=None) for g in _groups()]
     got = _statuses(_run(tmp_path / "nobytes", no_bytes))
-    assert got["every prepared group (ready early, dram, buffer, engine) read the context from the disk tier exactly "
+    assert got["every prepared group (ready early, dram, buffer, resident) read the context from the disk tier exactly "
                "once"] == "skipped"
     assert got["every on-arrival group with the singleflight on (MP) or on the GPU buffer read the context from the "
                "disk tier exactly once"] == "skipped"
@@ -575,7 +575,7 @@ def test_the_early_arms_store_drop_rereads_are_named_per_arm_and_the_strict_chec
     groups = [dict(g, warm_store_guard=False, disk_write_bytes=0) if g["arm"] == "on_arrival" else g for g in groups]
     hooks = {"warm_store_guard": {"installed": True, "detail": "1 store listener(s)"}}
     run = _run(tmp_path, groups, blocks=[_summary(lmcache_server={"warm_store_guard": False, "hooks": hooks})])
-    assert _statuses(run)["every prepared group (ready early, dram, buffer, engine) read the context from the disk "
+    assert _statuses(run)["every prepared group (ready early, dram, buffer, resident) read the context from the disk "
                           "tier exactly once"] == "failed"
     rows = {r["arm"]: r for r in run.results["disk_reads"]}
     assert rows["early"]["warm_store_guard"] == "off" and rows["early"]["disk written MiB/group (mean)"] == 0.0

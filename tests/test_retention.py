@@ -35,7 +35,7 @@ CPU_SMALL = dict(MODEL="kvheavy", CONTEXT_TOKENS=1024, NUM_GPU_BLOCKS=257, MAX_M
     (dict(PATHS=["mp", "mp"]), "each once"),
     (dict(SINGLEFLIGHT=[True], LMCACHE_SERVER="stock"), "needs LMCACHE_SERVER=launcher"),
     (dict(FOLLOWUP_ARRIVALS=["soon"]), "FOLLOWUP_ARRIVALS: follow-up arrival 'soon'"),
-    (dict(CONTROL_ARMS=["warm"]), "choose from recompute, floor"),
+    (dict(CONTROL_ARMS=["warm"]), "choose from recompute, resident"),
     (dict(GROUP_SIZES=[0]), "GROUP_SIZES[0]=0: must be >= 1"),
     (dict(NUM_GPU_BLOCKS=40, MAX_MODEL_LEN=1248), "a group of 8 sharing the context needs 48 blocks"),
     (dict(MAX_MODEL_LEN=1040), "exceeds MAX_MODEL_LEN=1040"),
@@ -454,7 +454,7 @@ def test_blocks_run_mp_first_then_controls_then_the_gpu_buffer():
     def cfg(**values):
         return build(RetentionParams, {**CPU_SMALL, **values})
 
-    params = cfg(PATHS=["gpubuf", "mp", "mp-striped"], GROUP_SIZES=[4, 8], CONTROL_ARMS=["floor"])
+    params = cfg(PATHS=["gpubuf", "mp", "mp-striped"], GROUP_SIZES=[4, 8], CONTROL_ARMS=["resident"])
     assert [b.name for b in plan_blocks(params)] == ["mp-N4", "mp-N8", "mp-striped-N4", "mp-striped-N8", "engine-N4",
                                                      "engine-N8", "gpubuf-N4", "gpubuf-N8"]
     tiers = plan_blocks(cfg(PATHS=["gpubuf", "native"], GROUP_SIZES=[4], CONTROL_ARMS=[]))

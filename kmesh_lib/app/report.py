@@ -367,6 +367,8 @@ def header_html(section: ModuleType, run: RunFiles, left_out: LeftOut, answer: s
         said = [f"{migration.get('date', '')[:10]}: {migration.get('summary', '')}"] if migration.get("summary") else []
         said += [f"{m.get('when_utc', '')[:10]}: brought to the declared record (tables rebuilt from raw/, files "
                  f"hashed then; see results.json's migration)" for m in passes[:1]]
+        said += [f"{m.get('when_utc', '')[:10]}: {m.get('summary', '')}" for m in migration.get("renamed") or []
+                 if isinstance(m, dict)]  # a vocabulary pass: tables and check names rebuilt, the captures untouched
         if set(migration) - {"provenance"}:
             rows.append(("migrated", "; ".join(said) or "see results.json's migration"))
     error = results.get("error")

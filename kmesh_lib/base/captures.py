@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 HEADER_KEYS = frozenset({"schema", "version"})
 UNVERSIONED = 1  # what a file without a header is: the runs recorded before captures had versions
@@ -61,7 +61,8 @@ class CaptureRecord(BaseModel):
         return field_name in self.model_fields_set
 
     def as_recorded(self) -> dict[str, Any]:
-        """The record as the capture stores it: its own field names (aliases), only the fields it has."""
+        """The record as the capture stores it: its own field names (aliases), only the fields it has; a value
+        renamed since (``renamed_values``) under its current name."""
         return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
     @classmethod
@@ -94,12 +95,31 @@ def field_problems(error: ValidationError, limit: int = 3) -> str:
     return "; ".join(out) + (f"; {more} more" if more > 0 else "")
 
 
-def validate_record(cls: type[CaptureRecord], record: Mapping[str, Any]) -> CaptureRecord:
-    """``record`` as ``cls``; CaptureError naming the fields otherwise."""
+def validate_record(cls: type[CaptureRecord], record: Mapping[str, Any], writing: bool = False) -> CaptureRecord:
+    """``record`` as ``cls``; CaptureError naming the fields otherwise. ``writing``: a record about to be stored
+    (``renamed_values`` refuses an old name there, and reads it as the new one otherwise)."""
     try:
-        return cls.model_validate(record)
+        return cls.model_validate(record, context={"writing": writing})
     except ValidationError as e:
         raise CaptureError(field_problems(e)) from None
+
+
+def renamed_values(*fields: str, renamed: Mapping[str, str]) -> Any:
+    """A class's before-validator of ``fields``: a value a capture recorded under a name renamed since reads as its
+    current name (``renamed``: old -> new). A published capture is evidence and keeps the word it was written with;
+    the records, and every table, check and plot built from them, say the current one. A record being written
+    (``validate_record(..., writing=True)``) that names an old value is refused, so a new capture never does::
+
+        _arm_renamed = renamed_values("arm", renamed={"floor": "resident"})   # in the record class
+    """
+    def rename(cls, value: Any, info: ValidationInfo) -> Any:
+        if not (isinstance(value, str) and value in renamed):
+            return value
+        if (info.context or {}).get("writing"):
+            raise ValueError(f"{value!r} is now {renamed[value]!r}")
+        return renamed[value]
+
+    return field_validator(*fields, mode="before")(rename)
 
 
 def as_stored(record: Mapping[str, Any], default) -> dict[str, Any]:
@@ -160,4 +180,4 @@ def declaration(section: str | None) -> Declaration | None:
 
 
 __all__ = ["CaptureError", "CaptureRecord", "Declaration", "HEADER_KEYS", "UNVERSIONED", "as_stored", "declaration",
-           "declare", "field_problems", "is_header", "reading_class", "validate_record"]
+           "declare", "field_problems", "is_header", "reading_class", "renamed_values", "validate_record"]

@@ -196,7 +196,7 @@ def recorded(cls: type, values: dict[str, Any], where: str = "") -> Any:
     Raises:
         ParamError: as ``build``.
     """
-    values = {**getattr(cls, "predating_values", {}), **values}
+    values = {**getattr(cls, "predating_values", {}), **current_names(values)}  # under today's names and values
     with _reading_recorded():
         return build(cls, values, where)
 
@@ -493,6 +493,9 @@ def build(cls: type, values: dict[str, Any], where: str = "", quote_unknown: boo
             + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else "") + f" for {cls.__name__}"
             + (f"; did you mean {' or '.join(close)}?" if close else
                f"; it takes {len(names)} parameters, listed in its notebook's parameters cell"))
+    renamed = renamed_value_error(values)  # a recorded run's values were renamed when it was read (current_names)
+    if renamed:
+        raise ParamError(f"{prefix}{renamed}")
     try:
         return cls(**values)
     except ParamError as e:
@@ -633,6 +636,35 @@ RENAMED = {"OUTPUT_TOKENS": "MAX_TOKENS", "PREFIX_LEN": "CONTEXT_TOKENS", "SUFFI
            "CHILD_TAIL_LEN": "CHILD_SUFFIX_TOKENS"}
 
 
+# Values renamed since (issue 41: the arm whose context is already in vLLM's KV is ``resident`` in every section;
+# "floor" names a physical transfer floor only). Keyed by the parameter, as it is named now: section 16's
+# CONTROL_ARMS and section 21's ARMS said "floor", section 20's CONTROLS said "engine". A recorded run is read
+# through this table (``current_names``); user input naming an old value is refused (``build``), naming the key.
+RENAMED_VALUES = {"CONTROL_ARMS": {"floor": "resident"}, "ARMS": {"floor": "resident"},
+                  "CONTROLS": {"engine": "resident"}}
+
+
+def _renamed_value(key: str, value: Any) -> Any:
+    """``value`` of ``key`` with each entry renamed since under its current name (a list entry by entry)."""
+    renamed = RENAMED_VALUES.get(key, {})
+    if isinstance(value, list):
+        return [renamed.get(v, v) if isinstance(v, str) else v for v in value]
+    return renamed.get(value, value) if isinstance(value, str) else value
+
+
 def current_names(values: dict[str, Any]) -> dict[str, Any]:
-    """``values`` with every pre-rename key under its current name."""
-    return {RENAMED.get(k, k): v for k, v in values.items()}
+    """A recorded ``params.resolved.yaml``'s ``values`` with every pre-rename key (``RENAMED``) and value
+    (``RENAMED_VALUES``) under its current name. Only what a run recorded is read so; never user input."""
+    out = {RENAMED.get(k, k): v for k, v in values.items()}
+    return {k: _renamed_value(k, v) if k in RENAMED_VALUES else v for k, v in out.items()}
+
+
+def renamed_value_error(values: dict[str, Any]) -> str | None:
+    """The first value of ``values`` (user input) that names what is renamed since: ``KEY: 'old' is now 'new'``."""
+    for key, renamed in RENAMED_VALUES.items():
+        value = values.get(key)
+        for entry in (value if isinstance(value, list) else [value]):
+            if isinstance(entry, str) and entry in renamed:
+                return (f"{key}: {entry!r} is now {renamed[entry]!r} (one name in every section for the arm whose "
+                        "context is already in vLLM's KV)")
+    return None

@@ -704,7 +704,7 @@ def append_capture(path: Path, records: list[dict] | dict, cls: type[CaptureReco
         stored = as_stored(rec, json_default)
         if cls is not None:
             try:
-                validate_record(cls, stored)
+                validate_record(cls, stored, writing=True)
             except CaptureError as e:
                 raise CaptureError(f"raw/{path.name}: record {number} of this write is not a {cls.__name__} "
                                    f"({e})") from None

@@ -4,9 +4,9 @@
     retain      with an external tier  vLLM + LMCache's in-memory copy (kept)            one-token warm-up loads it from disk
     discard     with an external tier  vLLM only (LMCache dropped its copy after loading) one-token warm-up loads it from disk
     recompute   plain vLLM             nowhere: vLLM's prefix cache is reset             none
-    floor       plain vLLM             vLLM's prefix cache (engine-resident)             a full prefill computes it
+    resident    plain vLLM             vLLM's prefix cache (already in vLLM's KV)        a full prefill computes it
 
-``retain`` and ``discard`` differ only in LMCache's retention decision; ``recompute`` and ``floor``
+``retain`` and ``discard`` differ only in LMCache's retention decision; ``recompute`` and ``resident``
 bracket them (nothing cached / everything already in the engine). Sections 16 and 20 build their
 tables from these rows, so every row names where the data started and how it reached the engine.
 An external tier in GPU memory is a separate arm; where the installed stack has none it is a row
@@ -39,12 +39,12 @@ DISCARD = Arm("discard", external=True, retain=False, warm_up=True, head_start_b
 RECOMPUTE = Arm("recompute", external=False, retain=None, warm_up=False,
                 data_start="nowhere (no external cache; vLLM prefix cache reset)",
                 route="recomputed by the follow-ups' prefill")
-FLOOR = Arm("floor", external=False, retain=None, warm_up=True,
-            data_start="vLLM prefix cache (engine-resident)", route="none: already in the engine's KV")
+RESIDENT = Arm("resident", external=False, retain=None, warm_up=True,
+               data_start="vLLM prefix cache (engine-resident)", route="none: already in the engine's KV")
 
-ARMS = {a.name: a for a in (RETAIN, DISCARD, RECOMPUTE, FLOOR)}
+ARMS = {a.name: a for a in (RETAIN, DISCARD, RECOMPUTE, RESIDENT)}
 EXTERNAL_ARMS = ("retain", "discard")
-CONTROL_ARMS = ("recompute", "floor")
+CONTROL_ARMS = ("recompute", "resident")
 
 
 def pair_order(arms: tuple[str, ...] | list[str], pair_index: int) -> list[str]:

@@ -6,7 +6,7 @@ Every arm belongs to one external tier; each (tier, model) is one engine (``Rest
     lmcache  recompute        recompute  nowhere: no external cache, APC reset         0
              dram             memory     LMCache's memory tier (L1 arena/LocalCPU)     the whole context
              disk             disk       LMCache's disk tier only (O_DIRECT)           the whole context
-             floor            resident   vLLM's prefix cache (engine-resident)         the whole context
+             resident         resident   vLLM's prefix cache (already in vLLM's KV)    the whole context
     gpubuf   gpubuf_retained  memory     the host-staged GPU buffer (``kv.gpu_buffer``) the whole context
              gpubuf_layered   memory     the same, the copy waited for layer by layer   the whole context
              gpubuf_offthread memory     gpubuf_layered, its graph launched by a native the whole context
@@ -54,18 +54,18 @@ from kmesh_lib.kv.offloading import request_split as offload_split
 from kmesh_lib.kv.restore_timeline import request_split as gpu_buffer_split
 from kmesh_lib.lmcache.probes import ComponentProbe, ExternalSwitch
 
-ARMS_OF_TIER = {"lmcache": ("recompute", "dram", "disk", "floor"),
+ARMS_OF_TIER = {"lmcache": ("recompute", "dram", "disk", "resident"),
                 "gpubuf": ("gpubuf_retained", "gpubuf_layered", "gpubuf_offthread", "gpubuf_disk", "gpubuf_resident"),
                 "native": ("native_offload", "native_resident"),
                 "lmcache_mp": ("lmcache_mp", "lmcache_mp_resident")}
 ARM_NAMES = tuple(a for arms in ARMS_OF_TIER.values() for a in arms)
 TIER_OF = {a: tier for tier, arms in ARMS_OF_TIER.items() for a in arms}
-KIND = {"recompute": "recompute", "dram": "memory", "disk": "disk", "floor": "resident",
+KIND = {"recompute": "recompute", "dram": "memory", "disk": "disk", "resident": "resident",
         "gpubuf_retained": "memory", "gpubuf_layered": "memory", "gpubuf_offthread": "memory", "gpubuf_disk": "disk",
         "gpubuf_resident": "resident",
         "native_offload": "memory", "native_resident": "resident",
         "lmcache_mp": "memory", "lmcache_mp_resident": "resident"}
-RESIDENT_OF = {"dram": "floor", "disk": "floor", "gpubuf_retained": "gpubuf_resident",
+RESIDENT_OF = {"dram": "resident", "disk": "resident", "gpubuf_retained": "gpubuf_resident",
                "gpubuf_layered": "gpubuf_resident", "gpubuf_offthread": "gpubuf_resident", "gpubuf_disk": "gpubuf_resident",
                "native_offload": "native_resident",
                "lmcache_mp": "lmcache_mp_resident"}  # each restore against the engine-resident follow-up of its engine

@@ -101,7 +101,7 @@ def checks(run: RunFiles) -> list[Check]:
                       lambda r: (r.status == "ok") == all(c == expected_cached(r.arm, r.context_tokens)
                                                              for c in r.num_cached_tokens),
                       lambda r: f"{r.tag}: {r.status}, {r.num_cached_tokens}", "raw/rows.jsonl is missing or empty"))
-    by_arm = {arm: [r for r in measured if r.arm == arm] for arm in ("recompute", "dram", "disk", "floor")}
+    by_arm = {arm: [r for r in measured if r.arm == arm] for arm in ("recompute", "dram", "disk", "resident")}
     if "dram" in arm_names:
         out.append(all_of("dram: the context was in LMCache's memory tier before every follow-up", by_arm["dram"],
                           lambda r: (r.memory_tier_bytes or 0) >= r.context_bytes,

@@ -62,7 +62,7 @@ PAIR_PREP_S = costs.Span(0.02, 0.1)  # a follow-up's preparation inside a pair: 
 
 def expected_duration(cfg: CrossoverParams) -> tuple[costs.Span, list[str]]:
     """One child per model (engine and LMCache start), then per context a store and, per repeat,
-    the arms: recompute and the floor's warm-up prefill the context, dram and disk move its bytes."""
+    the arms: recompute and the resident arm's warm-up prefill the context, dram and disk move its bytes."""
     device = "cuda" if cfg.DEVICE == "cuda" else "cpu"
     total, notes = costs.NOTEBOOK_S + costs.Span(0.5, 4.0), []  # the floors cell
     repeats = cfg.WARMUP_REPEATS + cfg.NUM_REPEATS

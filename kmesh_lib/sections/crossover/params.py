@@ -48,7 +48,7 @@ class CrossoverParams(SourceRunParams):
     ARMS: list[str] = Field(
         default_factory=lambda: [*ARMS_OF_TIER["lmcache"], *(a for a in ARMS_OF_TIER["gpubuf"] if a not in HANDOFF_ARMS),
                                  *ARMS_OF_TIER["lmcache_mp"]],
-        description="recompute (the control, required), dram, disk, floor (LMCache's tiers, engine-resident); "
+        description="recompute (the control, required), dram, disk, resident (LMCache's tiers; resident: already in vLLM's KV); "
                     "gpubuf_retained, gpubuf_layered (its copy waited for layer by layer), gpubuf_offthread (the same, "
                     "its graph launched off the engine thread; cuda only), gpubuf_disk, gpubuf_resident (the "
                     "host-staged GPU buffer); native_offload, "

@@ -6,7 +6,7 @@ version 1 with these classes (no published capture needed another path).
 """
 from __future__ import annotations
 
-from kmesh_lib.base.captures import as_stored
+from kmesh_lib.base.captures import as_stored, renamed_values
 from kmesh_lib.base.declared import json_default
 from kmesh_lib.workloads.context_records import EngineRunRecord, GroupIdentity, Mapping
 
@@ -23,6 +23,9 @@ class PrefetchEngineRun(EngineRunRecord):
 class PrefetchGroup(GroupIdentity):
     SCHEMA = "prefetch.groups"
     VERSION = 1
+
+    # the arm whose context is already in vLLM's KV was "engine" in the captures published before issue 41
+    _arm_renamed = renamed_values("arm", renamed={"engine": "resident"})
 
     run_index: int
     lead_ms: float  # how long before the follow-ups (T) the preparation starts

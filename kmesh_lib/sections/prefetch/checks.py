@@ -6,7 +6,7 @@
       finished ok, and every recorded group belongs to one (a crashed run's partial groups are not results);
     - every arm has MEASURED_GROUPS measured groups; none had a tier error or an unplaced control;
       every follow-up produced MAX_TOKENS tokens; every early group has a readiness record;
-    - every prepared group (ready early, dram, buffer, engine) read the context from the disk tier
+    - every prepared group (ready early, dram, buffer, resident) read the context from the disk tier
       exactly once (to within half a chunk), and so did every on-arrival group with the singleflight
       on (MP) or on the GPU buffer; a group with no disk count is no evidence (skipped);
     - the independent byte counters agree (MP: to the byte); on MP launcher servers the lookup trace's
@@ -244,12 +244,12 @@ def _trace(groups: list[PrefetchGroup], cfg: PrefetchParams) -> list[Check]:
 def _read_once(groups: list[PrefetchGroup], cfg: PrefetchParams) -> Check:
     """Prepared groups read the context once: the prefetch or warm-up loaded it, the follow-ups found it."""
     prepared = [g for g in groups if (g.phase == "pilot" or g.measured)
-                and (g.arm in ("dram", "buffer", "engine") or g.ready)]
+                and (g.arm in ("dram", "buffer", "resident") or g.ready)]
 
     def once(g) -> bool:
         return abs(g.disk_bytes - g.context_bytes) <= _half_chunk(g, cfg)
 
-    return every("every prepared group (ready early, dram, buffer, engine) read the context from the disk tier exactly once",
+    return every("every prepared group (ready early, dram, buffer, resident) read the context from the disk tier exactly once",
                  prepared, lambda g: g.disk_bytes is not None, once,
                  lambda g: f"{g.engine_run} pair {g.pair} {g.arm}: {g.disk_bytes / g.context_bytes:.2f} contexts",
                  missing="no prepared group")
@@ -383,10 +383,10 @@ def counts(run) -> dict[str, int | str]:
         out[f"{path} N={n}: pilot groups"] = sum(g.phase == "pilot" for g in mine)
         if any(g.phase == "contrast" for g in mine):
             out[f"{path} N={n}: singleflight contrast groups"] = sum(g.phase == "contrast" for g in mine)
-        for arm in ("on_arrival", "early", "dram", "buffer", "engine"):
+        for arm in ("on_arrival", "early", "dram", "buffer", "resident"):
             if any(g.arm == arm for g in mine):
                 out[f"{path} N={n} {arm}: measured groups"] = sum(g.arm == arm and g.measured for g in mine)
-        placed = [g for g in mine if g.measured and g.arm in ("dram", "buffer", "engine")]
+        placed = [g for g in mine if g.measured and g.arm in ("dram", "buffer", "resident")]
         if placed:
             out[f"{path} N={n} placement controls: disk bytes per group"] = _one(g.disk_bytes for g in placed)
         once = [g for g in mine if g.measured and g.arm == "on_arrival"

@@ -8,7 +8,7 @@ LEAD before T (``driver``). The pilot runs every lead in LEADS_MS and picks the 
 which every pilot group was ready; the confirmation compares on_arrival with early at that lead (and
 at FIXED_LEAD_MS, section 16's start), beside two placement controls: the context already in the
 tier's memory (``dram``: LMCache's arena, or vLLM's CPU tier on ``native``; ``buffer``: the GPU buffer) and
-already in vLLM (``engine``, the floor). Paths run in ``checks.plan_runs`` order (MP, in-process, vLLM's
+already in vLLM's KV (``resident``). Paths run in ``checks.plan_runs`` order (MP, in-process, vLLM's
 own tiers, then the GPU buffer, last).
 
 A run is one folder. On the CPU the notebook measures into it. On a GPU, ``sections.prefetch.gpu``

@@ -21,7 +21,7 @@ from kmesh_lib.workloads.context_groups import blocks_for_group, kv_bytes_per_to
 from kmesh_lib.workloads.context_params import MP_PATHS, TIER_PATHS, ContextGroupParams
 
 PATHS = TIER_PATHS
-CONTROLS = ("dram", "engine")
+CONTROLS = ("dram", "resident")
 MIB = 1 << 20
 PAPER = {"MEASURED_GROUPS": 200, "ENGINE_RUNS": 10, "PILOT_GROUPS": 10}  # the paper's sizes; below them a run is scaled
 
@@ -69,9 +69,9 @@ class PrefetchParams(ContextGroupParams):
         10, description="MP: on-arrival groups per further SINGLEFLIGHT setting, in each group size's first engine run")
     WARMUP_PAIRS: Count = Field(1, description="unmeasured pairs at the start of every engine run")
     CONTROLS: list[str] = Field(
-        default_factory=lambda: ["dram", "engine"],
+        default_factory=lambda: ["dram", "resident"],
         description="placement controls: dram (the tier's memory copy: LMCache's arena; on gpubuf the GPU buffer, arm "
-                    "'buffer'), engine (vLLM, the floor); [] skips")
+                    "'buffer'), resident (already in vLLM's KV); [] skips")
     BOOTSTRAP_RESAMPLES: int = Field(
         10000, ge=100, le=MAX_COUNT, description="bootstrap resamples for the 95 % percentile intervals (seeded with SEED)")
     DRIVER_POLL_MS: Annotated[float, Field(gt=0, le=MAX_MS)] = Field(

@@ -11,9 +11,9 @@ import io
 from kmesh_lib.base.figures import DPI, legible
 from kmesh_lib.base.figures import save as save_figure
 from kmesh_lib.sections.prefetch.captures import PrefetchGroup
-from kmesh_lib.sections.prefetch.stats import floor_wait, lead_sweep, usable
+from kmesh_lib.sections.prefetch.stats import lead_sweep, resident_wait, usable
 
-ARM_ORDER = ("on_arrival", "early", "early_fixed", "dram", "buffer", "engine")
+ARM_ORDER = ("on_arrival", "early", "early_fixed", "dram", "buffer", "resident")
 
 
 def plot_arms(groups: list[PrefetchGroup], path: str, out=None, ax_pair=None):
@@ -67,13 +67,13 @@ def lead_sweep_figure(groups: list[PrefetchGroup], only: tuple[str, int] | None 
     """A's first token (median, p25-p75) against the lead, per path and group size, from recorded groups.
 
     Early leads: filled where every group was ready at T, hollow otherwise. On arrival (lead 0, no
-    preparation) is the grey band, the engine-resident floor the dashed line. ``highlight_ms``
+    preparation) is the grey band, the resident arm (the context already in vLLM's KV) the dashed line. ``highlight_ms``
     marks a lead (the panel's slider); ``only`` draws one (path, N).
     """
     from matplotlib.figure import Figure
 
     rows = lead_sweep(groups)
-    floors = floor_wait(groups)
+    residents = resident_wait(groups)
     panels = [only] if only else sorted({(r["path"], r["group_size"]) for r in rows})
     fig = Figure(figsize=(4.6 * max(1, len(panels)) + 2.0, 3.3))  # 2 in for the legend beside the panels
     for i, (path, n) in enumerate(panels or [("", 0)]):
@@ -83,8 +83,8 @@ def lead_sweep_figure(groups: list[PrefetchGroup], only: tuple[str, int] | None 
         for r in [r for r in mine if r["arm"] == "on_arrival"][:1]:
             ax.axhspan(r["p25"], r["p75"], color="0.85", label="on arrival (p25-p75)")
             ax.axhline(r["A first token ms (median)"], color="0.5", lw=1)
-        if (path, n) in floors:
-            ax.axhline(floors[(path, n)][0], color="tab:green", ls="--", lw=1, label="floor (in vLLM)")
+        if (path, n) in residents:
+            ax.axhline(residents[(path, n)][0], color="tab:green", ls="--", lw=1, label="resident (in vLLM's KV)")
         for r in early:
             all_ready = r["ready"] == r["groups"]
             y = r["A first token ms (median)"]

@@ -10,7 +10,7 @@ Arms (the tier keeps its copy in every arm: retention on, so a group reads the d
     early_fixed  the same, from T - FIXED_LEAD_MS (section 16's start)  the same
     dram         the tier's memory copy (LMCache's; vLLM's CPU tier)    warm-up, settle, vLLM prefix cache reset (not timed)
     buffer       the GPU buffer's copy (``dram`` on the gpubuf path)    the same
-    engine       vLLM's prefix cache (the floor)                        warm-up, settle (not timed)
+    resident     vLLM's prefix cache (already in vLLM's KV)             warm-up, settle (not timed)
 
 MP paths: every group runs with the singleflight setting SINGLEFLIGHT[0] (on: a lookup that overlaps
 an in-flight load of the same chunks waits for it, so an on-arrival group reads the context once);
@@ -55,7 +55,7 @@ from kmesh_lib.workloads.context_groups import Block, restore_split
 from kmesh_lib.workloads.context_params import MP_PATHS
 
 EARLY_ARMS = ("early", "early_fixed")
-PLACEMENT_ARMS = ("dram", "buffer", "engine")
+PLACEMENT_ARMS = ("dram", "buffer", "resident")
 PREP_LABEL = {"mp": "http_prefetch+warmup", "mp-striped": "http_prefetch+warmup", "inproc": "warmup_only",
               "gpubuf": "buffer_prefetch+warmup", "native": "warmup_only"}
 
@@ -167,7 +167,7 @@ class PrefetchRun(Block):
             warm = run_group(engine, [wl.warm_up(tag, pair)])[0]
             engine.drain()
             tier.settle()
-            if arm != "engine" and not engine.reset_prefix_cache():
+            if arm != "resident" and not engine.reset_prefix_cache():
                 raise TierError(f"vLLM refused to reset its prefix cache for the {arm} control")
             placed = {"warmup_cached_tokens": warm.num_cached_tokens, "memory_tier_bytes_at_arrival": tier.memory_bytes()}
         s_arrival = tier.meter.snapshot()
@@ -192,7 +192,7 @@ class PrefetchRun(Block):
         if arm in EARLY_ARMS:
             ready = readiness(lead_s, timing.t_arrival_ns, expected, timing.prefetch, timing.warmup, PREP_LABEL[self.path])
         status, detail = "ok", ""
-        if arm == "engine" and placed["warmup_cached_tokens"] != expected:
+        if arm == "resident" and placed["warmup_cached_tokens"] != expected:
             status, detail = "not_placed", f"warm-up found {placed['warmup_cached_tokens']} of {expected} tokens"
         if arm in ("dram", "buffer") and placed["memory_tier_bytes_at_arrival"] < self.context_bytes:
             status, detail = "not_placed", f"memory tier held {placed['memory_tier_bytes_at_arrival']} bytes at T"

@@ -24,7 +24,7 @@ from kmesh_lib.sections.prefetch.captures import PrefetchGroup
 from kmesh_lib.workloads.context_groups import split_medians
 
 STOPWATCHES = {"wait_a_s": "A first token", "makespan_s": "all done"}
-ARMS = ("on_arrival", "early", "early_fixed", "dram", "buffer", "engine")
+ARMS = ("on_arrival", "early", "early_fixed", "dram", "buffer", "resident")
 MIB = 1 << 20
 BOOTSTRAP = "scipy.stats.bootstrap, paired, percentile, 95 %"
 
@@ -182,7 +182,7 @@ def pilot_table(groups) -> list[dict]:
 
 
 def placement(groups, resamples: int = 10000, seed: int = 0) -> list[dict]:
-    """Every arm beside the floor (``engine``): means, and the paired gap to the floor with intervals."""
+    """Every arm beside ``resident`` (the context already in vLLM's KV): means, and the paired gap above it with intervals."""
     rows = []
     for path, n in cases(groups):
         gs = usable(_of(groups, path, n))
@@ -193,14 +193,14 @@ def placement(groups, resamples: int = 10000, seed: int = 0) -> list[dict]:
             row = {"path": path, "group_size": n, "arm": arm, "groups": len(xs), "prep": xs[0].prep,
                    "lead_ms": xs[0].lead_ms if arm.startswith("early") else None,
                    "disk MiB/group": round(float(np.mean([g.disk_bytes or 0 for g in xs])) / MIB, 2)}
-            ps = pairs(_of(groups, path, n), arm, "engine") if arm != "engine" else []
+            ps = pairs(_of(groups, path, n), arm, "resident") if arm != "resident" else []
             for key, label in STOPWATCHES.items():
                 row[f"{label} ms"] = _ms(float(np.mean([getattr(g, key) for g in xs])))
                 if ps:
                     mean, lo, hi = paired_saving([getattr(x, key) for x, _ in ps], [getattr(y, key) for _, y in ps],
                                                  resamples, seed)
-                    row[f"{label} above floor ms"] = _ms(mean)
-                    row[f"{label} above floor 95% CI"] = [_ms(lo), _ms(hi)]
+                    row[f"{label} above resident ms"] = _ms(mean)
+                    row[f"{label} above resident 95% CI"] = [_ms(lo), _ms(hi)]
             rows.append(row)
     return rows
 
@@ -209,7 +209,7 @@ def overhead(groups) -> list[dict]:
     """The driver's own share: submission delay at T, stamps and idle polls per group."""
     rows = []
     for path, n in cases(groups):
-        for arm in ("on_arrival", "early", "engine"):
+        for arm in ("on_arrival", "early", "resident"):
             xs = [g for g in usable(_of(groups, path, n)) if g.arm == arm]
             if xs:
                 delays = [g.submit_delay_s for g in xs]
@@ -363,11 +363,11 @@ def lead_sweep(groups: list[PrefetchGroup]) -> list[dict]:
     return rows
 
 
-def floor_wait(groups: list[PrefetchGroup]) -> dict[tuple[str, int], tuple[float, float, float]]:
-    """Per path and group size: the engine-resident floor's A-first-token wait (median, p25, p75), ms."""
+def resident_wait(groups: list[PrefetchGroup]) -> dict[tuple[str, int], tuple[float, float, float]]:
+    """Per path and group size: the resident arm's A-first-token wait (median, p25, p75), ms."""
     out = {}
     for path, n in cases(groups):
-        waits = [g.wait_a_s * 1e3 for g in usable(_of(groups, path, n)) if g.arm == "engine"]
+        waits = [g.wait_a_s * 1e3 for g in usable(_of(groups, path, n)) if g.arm == "resident"]
         if waits:
             out[(path, n)] = (float(np.median(waits)), float(np.quantile(waits, 0.25)), float(np.quantile(waits, 0.75)))
     return out

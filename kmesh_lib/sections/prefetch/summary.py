@@ -119,11 +119,11 @@ def answer(run) -> str:
                 f"(saving {_saving(r, 'A first token')} over {r['pairs']} pairs), every follow-up done "
                 f"{_saving(r, 'all done')} sooner; {r['ready']} early groups were ready at T.")
         text += lead_text(leads.get((path, n), []))
-        floor = place.get((path, n, "early"))
-        if floor and "A first token above floor ms" in floor:
-            flo, fhi = floor["A first token above floor 95% CI"]
-            text += (f" Early ends {floor['A first token above floor ms']:.1f} ms [{flo:.1f}, {fhi:.1f}] above the "
-                     "engine-resident floor.")
+        above = place.get((path, n, "early"))
+        if above and "A first token above resident ms" in above:
+            alo, ahi = above["A first token above resident 95% CI"]
+            text += (f" Early ends {above['A first token above resident ms']:.1f} ms [{alo:.1f}, {ahi:.1f}] above "
+                     "the resident arm (the context already in vLLM's KV).")
         arrival, early = reads.get((path, n, "on_arrival")), reads.get((path, n, "early"))
         per_group = {arm: row["context reads/group (mean)"] for arm, row in (("on arrival", arrival), ("early", early))
                      if row}

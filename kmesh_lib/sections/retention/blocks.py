@@ -2,7 +2,7 @@
 
     block            one engine (and one tier) for one path and group size: every arrival pattern,
                      every singleflight setting (MP) and both external arms on it
-    engine-N<n>      the control arms (recompute, floor) on a plain engine
+    engine-N<n>      the control arms (recompute, resident) on a plain engine
     <path>-N<n>-<arm>  with a stock lmcache server (LMCACHE_SERVER=stock) each arm has its own server
 
 Order: the MP paths first, then the controls, then the in-process path, vLLM's own tiers (``native``),

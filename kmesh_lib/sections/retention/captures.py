@@ -6,7 +6,7 @@ version 1 with these classes (no published capture needed another path).
 """
 from __future__ import annotations
 
-from kmesh_lib.base.captures import as_stored
+from kmesh_lib.base.captures import as_stored, renamed_values
 from kmesh_lib.base.declared import json_default
 from kmesh_lib.workloads.context_records import EngineRunRecord, GroupIdentity, Mapping
 
@@ -24,9 +24,12 @@ class RetentionGroup(GroupIdentity):
     SCHEMA = "retention.groups"
     VERSION = 1
 
+    # the arm whose context is already in vLLM's KV was "floor" in the captures published before issue 41
+    _arm_renamed = renamed_values("arm", renamed={"floor": "resident"})
+
     data_start: str  # where the context's copy starts (the tier's, or the arm's own)
     route: str  # how it reaches vLLM's blocks
-    lookup: str | None  # the tier's lookup mechanism (external arms); None on recompute/floor
+    lookup: str | None  # the tier's lookup mechanism (external arms); None on recompute/resident
     chunk_tokens: int
     prep_s: float  # the warm-up (preparation phase)
     warmup_cached_tokens: int | None  # None: the arm has no warm-up

@@ -4,7 +4,7 @@ A shared context sits on the tier's disk tier. A one-token warm-up, started HEAD
 group of follow-ups (A..N: the context plus an own suffix, MAX_TOKENS each), loads it into vLLM.
 Two arms differ only in whether the tier keeps its in-memory copy outside vLLM after that load
 (``retain``) or discards it (``discard``), so that the follow-ups' lookups reread the disk tier.
-``recompute`` and ``floor`` (``workloads.context_arms``) bracket them on a plain engine. Every block
+``recompute`` and ``resident`` (``workloads.context_arms``) bracket them on a plain engine. Every block
 runs each arrival pattern (FOLLOWUP_ARRIVALS) and, on the MP paths, each singleflight setting
 (SINGLEFLIGHT) on one engine and one server; the paths are the LMCache server (``mp``, and
 ``mp-striped`` on a RAID 0 mount), in-process LMCache, vLLM's own CPU tier over its filesystem tier
@@ -42,7 +42,7 @@ from kmesh_lib.workloads.engine_runs import record_not_available
 
 # Seconds per group and per engine start (low, high), read off measured runs' raw records (group
 # timestamps, engine_start_s) by profile; the smoke figures from the golden runs on the 2-core CPU machine.
-# Per group size N: an external group (retain or discard), a control group (recompute or floor).
+# Per group size N: an external group (retain or discard), a control group (recompute or resident).
 TIMING = {
     "smoke": {"external_s": {4: (1.2, 2.0)}, "control_s": {4: (0.5, 1.5)}, "start_s": (13.0, 45.0),
               "source": "the smoke goldens (tiny shape, 2 CPU cores)"},

@@ -29,7 +29,7 @@ class RetentionParams(ContextGroupParams):
                     "same on STRIPED_STORE_ROOT), inproc (LMCacheConnectorV1), gpubuf (kmesh's host-staged GPU buffer), "
                     "native (vLLM's own OffloadingConnector: its CPU tier over its filesystem tier; CUDA only)")
     CONTROL_ARMS: list[str] = Field(
-        default_factory=lambda: ["recompute", "floor"],
+        default_factory=lambda: ["recompute", "resident"],
         description="standard arms on a plain engine per group size; [] skips them")
     GROUP_SIZES: list[PositiveCount] = Field(
         default_factory=lambda: [4, 8], min_length=1, description="follow-ups per group (4: A..D, 8: A..H)")
@@ -40,8 +40,8 @@ class RetentionParams(ContextGroupParams):
     HEAD_START_S: Seconds = Field(
         0.25, description="the warm-up starts this long before the follow-ups and must have finished by then")
     WARMUP_GROUPS: Count = Field(3, description="unmeasured pairs first, per engine (cycling through the combinations)")
-    CONTROL_WARMUP_GROUPS: Count = Field(1, description="unmeasured pairs of the recompute/floor arms")
-    CONTROL_MEASURED_GROUPS: PositiveCount = Field(3, description="measured pairs of the recompute/floor arms")
+    CONTROL_WARMUP_GROUPS: Count = Field(1, description="unmeasured pairs of the recompute/resident arms")
+    CONTROL_MEASURED_GROUPS: PositiveCount = Field(3, description="measured pairs of the recompute/resident arms")
     MAX_RETRY_PAIRS: Count = Field(
         5, description="extra pairs that may replace a pair with a group that was not warm or ran out of arena")
     CHUNK_SIZE: ChunkTokens = CHUNK_TOKENS

@@ -4,7 +4,7 @@
     panel 2  stopwatch 2: the group's makespan, every request's last token (ms), per pair
     panel 3  disk MiB read per group: preparation (hatched) + follow-ups, per pair and arm
 
-Control arms (recompute, floor) of the same group size share panels 1 and 2 so the external arms
+Control arms (recompute, resident) of the same group size share panels 1 and 2 so the external arms
 sit between them. Groups that were not ``ok`` are drawn hollow.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from kmesh_lib.base.figures import save as save_figure
 from kmesh_lib.sections.retention.captures import RetentionGroup
 
 MIB = 1 << 20
-STYLE = {"retain": ("tab:blue", "o"), "discard": ("tab:red", "s"), "floor": ("tab:green", "^"),
+STYLE = {"retain": ("tab:blue", "o"), "discard": ("tab:red", "s"), "resident": ("tab:green", "^"),
          "recompute": ("tab:gray", "v")}
 
 

@@ -32,7 +32,7 @@ from kmesh_lib.workloads.context_arms import ARMS
 from kmesh_lib.workloads.context_groups import on_off, split_medians
 
 MIB = 1 << 20
-ORDER = {"retain": 0, "discard": 1, "floor": 2, "recompute": 3}
+ORDER = {"retain": 0, "discard": 1, "resident": 2, "recompute": 3}
 COUNTERS = {"device": "device_bytes", "hook": "hook_bytes", "metrics": "metric_bytes"}
 
 
@@ -139,7 +139,7 @@ def arm_rows(groups: list[RetentionGroup]) -> list[dict]:
 
 
 def ratio_rows(rows: list[dict]) -> list[dict]:
-    """Without retention (discard) to with retention (retain), per combination; the floor's makespan beside."""
+    """Without retention (discard) to with retention (retain), per combination; the resident arm's makespan beside."""
     by = {(r["path"], r["group_size"], r.get("arrival", "together"), r.get("singleflight", "n/a"), r["arm"]): r
           for r in rows if r["groups_ok"]}
     out = []
@@ -154,9 +154,9 @@ def ratio_rows(rows: list[dict]) -> list[dict]:
             row[f"{label}: discard/retain"] = round(discard[f"{label}_median"] / retain[f"{label}_median"], 2)
         row["disk MiB/group: discard"] = discard["disk_mib_group"]
         row["disk MiB/group: retain"] = retain["disk_mib_group"]
-        floor = by.get(("engine", n, arrival, "n/a", "floor"))
-        if floor is not None:
-            row["makespan_ms: floor"] = floor["makespan_ms_median"]
+        resident = by.get(("engine", n, arrival, "n/a", "resident"))
+        if resident is not None:
+            row["makespan_ms: resident"] = resident["makespan_ms_median"]
         out.append(row)
     return out
 
