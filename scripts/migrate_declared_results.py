@@ -271,6 +271,9 @@ def rename_arms(run_dir: Path) -> dict:
     except Exception:
         write.write_text(original_text, encoding="utf-8")
         raise
+    if not (changed_tables or renamed_checks):  # a run without the arm (a GPU-buffer-only run): nothing to note
+        write.write_text(original_text, encoding="utf-8")
+        return {"skipped": "no table or check names the arm"}
     if changed_tables:
         note["tables_rebuilt"] = changed_tables
     if renamed_checks:
