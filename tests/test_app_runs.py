@@ -319,3 +319,14 @@ def test_the_publish_hint_names_what_publish_takes(tmp_path, profile, passed, hi
     run_dir.mkdir()
     (run_dir / "params.resolved.yaml").write_text(f"PROFILE: {profile}\n")
     assert cli.publish_hint(SimpleNamespace(NUMBER="99"), run_dir, passed) == hint
+
+
+def test_a_raised_cells_error_keeps_every_failed_check_and_is_cut_at_a_word():
+    """The checks cell names every failed check on one line; results.json keeps up to 1,000 characters of it (300 kept
+    only section 21's first of two), cut at a word with an ellipsis, never the lines after the first."""
+    from kmesh_lib.app.execute import _first_line
+
+    two = "2 check(s) failed: " + "; ".join(f"check {i}: " + "detail " * 30 for i in (1, 2))
+    assert _first_line(two + "\nTraceback line") == " ".join(two.split())  # whole: 460 characters
+    long = _first_line("word " * 400)
+    assert len(long) <= 1000 and long.endswith(" \u2026") and long[:-2].split(" ") == ["word"] * len(long[:-2].split(" "))

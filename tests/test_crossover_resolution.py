@@ -19,6 +19,7 @@ def test_the_verdict_never_says_faster_nor_a_ratio_below_one():
     assert cr.floor_verdict(-0.4, 0.3, floor) == "no cost measured"  # the interval holds 0
     assert cr.floor_verdict(-0.9, -0.1, floor).startswith("below the resident")  # wholly below: a method problem
     assert cr.floor_verdict(0.8, 3.0, floor) == "at the floor"  # reaches below the floor's range
+    assert cr.floor_verdict(0.5, 0.9, floor).startswith("below its floor")  # wholly below the range: the strict check's case
     assert cr.floor_verdict(1.2, 3.0, floor) == "at the floor"  # within the range: low / max would be below 1
     assert cr.floor_verdict(3.0, 4.5, floor) == "2.00\u20134.50\u00d7 its floor"  # low over max, high over min
     assert cr.floor_verdict(float("nan"), float("nan"), floor).startswith("unresolved")
@@ -220,3 +221,32 @@ def test_a_chunked_floor_on_cuda_moves_the_context_at_a_plausible_bandwidth(kind
         assert ("host->device" if kind == "copy" else "device->device") in got["label"]
         gib_per_s = got["bytes"] / got["median_s"] / (1 << 30)
         assert 1 < gib_per_s < 20 * 1024, (depth, gib_per_s)
+
+
+def test_a_saturated_floor_that_raises_leaves_the_chunked_one_standing(tmp_path, monkeypatch):
+    """``point_floors`` measures each way on its own: a saturated measurement that raises is recorded under
+    "<kind> (saturated)" and the chunked floor stays, so the point's verdicts still have a floor."""
+    from types import SimpleNamespace
+
+    from kmesh_lib.base.processes import RuntimeDir
+    from kmesh_lib.kv import floors as kv_floors
+    from kmesh_lib.sections.crossover import experiment
+
+    calls = []
+
+    def fake_floor(kind, nbytes, chunk, depth, repeats, device, directory):
+        calls.append((chunk, depth))
+        if len(calls) == 2:
+            raise OSError("no O_DIRECT here")
+        return {"median_s": 0.01}
+
+    monkeypatch.setattr(kv_floors, "chunked_floor", fake_floor)
+    monkeypatch.setattr(experiment, "floor_chunk_bytes", lambda *a: 1 << 20)
+    cfg = SimpleNamespace(FLOOR_QUEUE_DEPTH=1, FLOOR_REPEATS=2, DEVICE="cpu")
+    tier = SimpleNamespace(disk_dir=tmp_path)
+    got = experiment.point_floors(cfg, tier, "lmcache", RuntimeDir.create("t", root=tmp_path), ["disk"], "m", 64, 1024,
+                                  "before")
+    assert got["floors"] == {"disk": {"median_s": 0.01}} and got["saturated"] == {}
+    assert list(got["errors"]) == ["disk (saturated)"] and "O_DIRECT" in got["errors"]["disk (saturated)"]
+    with_copy = {**got, "floors": {**got["floors"], "copy": {"median_s": 0.002}}}
+    assert cr.floor_range_ms("disk", as_point_floors([with_copy])) == [12.0, 12.0]  # the chunked disk floor, read + copy

@@ -90,6 +90,27 @@ def test_a_manifested_copy_beside_a_stale_git_records_the_manifests_commit(tmp_p
     assert provenance.git_revision(copy)["dirty"] is False  # a clean checkout: git's own commit
 
 
+def test_a_dirty_checkout_beside_a_manifest_of_its_own_head_stays_dirty(tmp_path):
+    """The manifest lets a copy leave docs and data behind; a checkout at the manifest's own commit with such a file
+    deleted is dirty by git, and the manifest must not clean it (review, 5 Dec)."""
+    copy, manifest = _copy_of_checkout(tmp_path)
+    (copy / "docs").mkdir()
+    (copy / "docs" / "note.md").write_text("a doc\n")
+    (copy / provenance.MANIFEST).unlink()  # written again below, at this checkout's own HEAD (and left untracked)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    git = ["git", "-C", str(copy), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(copy)], check=True, env=env)
+    subprocess.run([*git, "add", "-A"], check=True, env=env)
+    subprocess.run([*git, "commit", "-q", "-m", "head"], check=True, env=env)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, env=env).stdout.strip()
+    manifest = provenance.tree_manifest(copy)
+    (copy / provenance.MANIFEST).write_text(json.dumps(manifest))
+    assert manifest["commit"] == head and provenance.git_revision(copy) == {"commit": head, "dirty": False}
+    (copy / "docs" / "note.md").unlink()  # outside the watched folders: the manifest alone would call it clean
+    assert provenance.check_manifest(copy, manifest)["dirty"] is False
+    assert provenance.git_revision(copy) == {"commit": head, "dirty": True}
+
+
 def test_git_blob_id_is_gits_own(tmp_path):
     path = tmp_path / "f.txt"
     path.write_text("kmesh\n")

@@ -38,6 +38,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import textwrap
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -147,9 +148,11 @@ def _kernel_manager_class(runtime: Path, kernel_log: Path | None) -> type:
     return RunKernelManager
 
 
-def _first_line(text: object, limit: int = 300) -> str:
+def _first_line(text: object, limit: int = 1000) -> str:
+    """An error's first line for results.json, cut at a word (with an ellipsis) past ``limit`` characters: a checks
+    cell's assertion names every failed check on that line (``base.checks``), so 300 characters kept only the first."""
     lines = str(text).strip().splitlines()
-    return (lines[0] if lines else "")[:limit]
+    return textwrap.shorten(lines[0], limit, placeholder=" \u2026") if lines else ""
 
 
 def _last_started_cell(out_nb: Path) -> int | None:

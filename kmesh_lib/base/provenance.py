@@ -96,8 +96,9 @@ def git_revision(root: Path) -> dict:
             checked = check_manifest(Path(root), manifest)
             # A .git at the root that the tree does not match, beside a manifest it matches file for file: the GPU
             # machine's copy kept an earlier call's .git (5 Dec: HEAD c458964, the tree two sessions newer), so
-            # the manifest written where the copy was made says which commit this is
-            if git is None or not checked["dirty"]:
+            # the manifest written where the copy was made says which commit this is. A dirty .git at the manifest's
+            # own commit is this checkout, dirty: the manifest lets data and docs stay behind, git does not
+            if git is None or (not checked["dirty"] and git["commit"] != manifest.get("commit")):
                 return {**checked, **({"stale_git": git} if git else {})}
     return git or {"commit": None, "dirty": None}
 

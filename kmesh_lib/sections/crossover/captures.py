@@ -218,7 +218,7 @@ class PointFloors(CaptureRecord):
     when: str  # before | after the point's pairs
     floors: Mapping  # kind -> ``kv.floors.chunked_floor``'s measurement in the tier's chunks at FLOOR_QUEUE_DEPTH
     saturated: Mapping | None = None  # kind -> the same with the medium kept busy; absent before 5 Dec 2026
-    errors: Mapping | None = None  # kind -> why it could not be measured; absent where every floor was
+    errors: Mapping | None = None  # kind, or "kind (saturated)" -> why that way could not be measured; absent where none failed
 
 
 CAPTURES = {"models.jsonl": ChildSummary, "stores.jsonl": StoreRecord, "rows.jsonl": GridRow, "pairs.jsonl": PairRow,

@@ -205,14 +205,16 @@ def point_floors(cfg: CrossoverParams, tier, tier_name: str, runtime: RuntimeDir
     measured, saturated, errors = {}, {}, {}
     for kind in kinds:
         chunk = floor_chunk_bytes(cfg, tier, tier_name, kind, kvt, nbytes)
-        try:  # a floor that cannot be measured here (memory, O_DIRECT) is recorded as such; the restores still run
-            measured[kind] = chunked_floor(kind, nbytes, chunk, cfg.FLOOR_QUEUE_DEPTH, cfg.FLOOR_REPEATS, cfg.DEVICE,
-                                           directory)
-            saturated[kind] = chunked_floor(kind, nbytes, *saturating_piece(kind, nbytes, chunk), cfg.FLOOR_REPEATS,
-                                            cfg.DEVICE, directory)
-        except Exception as e:  # noqa: BLE001 - recorded; the verdicts say "no floor measured" for its paths
-            errors[kind] = f"{type(e).__name__}: {e}"[:300]
-            measured.pop(kind, None)
+        # a floor that cannot be measured here (memory, O_DIRECT) is recorded as such; the restores still run. Each
+        # way is its own attempt, so a saturated measurement that raises leaves the chunked one standing (the verdicts
+        # then use it alone); any error fails the "floors measured before and after" check all the same
+        for way, into, piece in (("chunked", measured, (chunk, cfg.FLOOR_QUEUE_DEPTH)),
+                                 ("saturated", saturated, None)):
+            try:
+                into[kind] = chunked_floor(kind, nbytes, *(piece or saturating_piece(kind, nbytes, chunk)),
+                                           cfg.FLOOR_REPEATS, cfg.DEVICE, directory)
+            except Exception as e:  # noqa: BLE001 - recorded; the verdicts say "no floor measured" for its paths
+                errors[kind if way == "chunked" else f"{kind} ({way})"] = f"{type(e).__name__}: {e}"[:300]
     if cfg.DEVICE == "cuda":
         import torch
 

@@ -722,9 +722,11 @@ def floor_range_ms(path: str, point_floors: list[PointFloors]) -> list[float] | 
 def floor_verdict(low: float, high: float, floor_ms: list[float] | None) -> str:
     """A cost's 95% interval [low, high] (ms) against its floor's range [min, max]: ``no cost measured`` where the
     interval holds 0 (never "faster"); ``below the resident follow-up`` where it lies wholly below 0 (a method problem,
-    not a result); ``at the floor`` where it reaches down to the floor's range (the cost cannot be told from the
-    floor: never a ratio below 1); else ``x.xx-y.yy x its floor`` (low over the floor's max, high over its min).
-    ``unresolved`` where there was no interval (fewer than two restores) or no floor."""
+    not a result); ``below its floor`` where it lies wholly below the floor's range (a physical limit broken: a
+    method problem, and section 21's strict floor check fails it); ``at the floor`` where it reaches down into the
+    floor's range (the cost cannot be told from the floor: never a ratio below 1); else ``x.xx-y.yy x its floor``
+    (low over the floor's max, high over its min). ``unresolved`` where there was no interval (fewer than two
+    restores) or no floor."""
     if low != low or high != high:
         return "unresolved (fewer than two restores)"
     if low <= 0 <= high:
@@ -733,6 +735,8 @@ def floor_verdict(low: float, high: float, floor_ms: list[float] | None) -> str:
         return "below the resident follow-up (a method problem, not a result)"
     if not floor_ms:
         return "unresolved (no floor measured)"
+    if high < floor_ms[0]:
+        return "below its floor (a method problem, not a result)"
     if low <= floor_ms[1]:
         return "at the floor"
     return f"{low / floor_ms[1]:.2f}\u2013{high / floor_ms[0]:.2f}\u00d7 its floor"

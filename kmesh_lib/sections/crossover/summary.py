@@ -74,8 +74,10 @@ def headline(run: RunFiles) -> dict[str, str]:
     resolution = tables.get("restore_resolution") or []
     if resolution:  # runs of the paired design
         at_floor = sum(r["span_verdict"] == "at the floor" for r in resolution)
+        below = sum(r["span_verdict"].startswith("below its floor") for r in resolution)
         out["restore spans (paired design)"] = (f"{sum(r['resolved'] for r in resolution)} of {len(resolution)} points "
-                                                f"resolved to 10% of the floor; {at_floor} at the floor")
+                                                f"resolved to 10% of the floor; {at_floor} at the floor"
+                                                + (f"; {below} below it (a method problem)" if below else ""))
     out["checks"] = checks_verdict(checks(run))
     return out
 
@@ -156,7 +158,8 @@ def answer(run: RunFiles) -> str:
         goals += ("\n\n" if goals else "") + (
             "Each restore resolved, from the paired design (restore and resident follow-up back to back on one engine, "
             "the floor measured before and after each point, as a range; an interval holding 0 is no cost measured, "
-            f"one reaching down to the floor's range is at the floor; points of {_n(report.RESOLVE_MIN_TOKENS)} tokens "
+            "one reaching down to the floor's range is at the floor, one wholly below it is below its floor (a method "
+            f"problem); points of {_n(report.RESOLVE_MIN_TOKENS)} tokens "
             "and more, else each model's longest; every point in the restore_resolution table):\n\n"
             + "\n".join(f"- {line}" for line in _resolution_sentences(resolution)))
     body = "\n".join(text[:2]) + "\n\n" + "\n".join(text[2:2 + len(per_model)]) + "\n\n"
