@@ -187,7 +187,8 @@ def _reading_recorded():
 def recorded(cls: type, values: dict[str, Any], where: str = "") -> Any:
     """A finished run's ``params.resolved.yaml`` as ``cls`` (``RunFiles.params``): every field typed and bounded
     as when the run started, an unknown key refused, each absent one at its declared default (over
-    ``cls.predating_values``: what runs recorded before a parameter existed ran with).
+    ``cls.predating_values``: what runs recorded before a parameter existed ran with), and every key and value
+    renamed since under its current name (``current_names``: ``RENAMED``, ``RENAMED_VALUES``).
 
     Two things are not checked again: a path is not looked up (it names the machine the run measured on: the
     GPU machine's puzzle file), and ``check_rules`` is not run (the rules were checked before the run started,
