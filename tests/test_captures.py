@@ -114,7 +114,7 @@ OLD_ARMS = {"retention": ("groups.jsonl", "floor"), "prefetch": ("groups.jsonl",
 def _as_read(line: dict, section: str, name: str) -> dict:
     """A stored line as its record reads it: the renamed arm under its current name, every other value as stored."""
     capture, old = OLD_ARMS.get(section, (None, None))
-    if name.replace(".unfinished", "") != capture:
+    if name.replace(".unfinished", "") not in (capture, "pairs.jsonl" if section == "crossover" else None):
         return line
     return {k: "resident" if k in ("arm", "previous_arm") and v == old else v for k, v in line.items()}
 

@@ -411,7 +411,7 @@ def test_a_recorded_old_arm_name_reads_as_resident_and_input_naming_it_is_refuse
     cfg, _, _ = resolve_params(section, "smoke", [], [])
     values = {**params.to_dict(cfg), key: recorded}
     assert getattr(params.recorded(section.Params, values), key) == [("resident" if v == old else v) for v in recorded]
-    with pytest.raises(ParamError, match=rf"^{key}: '{old}' is now 'resident' \(one name in every section"):
+    with pytest.raises(ParamError, match=rf"^{section.KEY} --profile smoke: {key}: '{old}' is now 'resident' \(one name"):
         resolve_params(section, "smoke", [], [f"{key}=[{', '.join(recorded)}]"])
     with pytest.raises(ParamError, match=rf"notebook parameters: {key}: '{old}' is now 'resident'"):
         params.from_namespace(section.Params, values)  # a notebook's parameters cell is input too
