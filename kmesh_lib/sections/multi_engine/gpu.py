@@ -44,9 +44,19 @@ import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
+import psutil
+
 from kmesh_lib.base.records import RunFiles, RunRecord
 from kmesh_lib.sections import multi_engine as section
-from kmesh_lib.sections.multi_engine.experiment import Unit, load_avg, order_records, run_unit, unit_costs, units
+from kmesh_lib.sections.multi_engine.experiment import (
+    UNIT_OVERHEAD_S,
+    Unit,
+    load_avg,
+    order_records,
+    run_unit,
+    unit_costs,
+    units,
+)
 from kmesh_lib.sections.multi_engine.params import MultiEngineParams
 from kmesh_lib.workloads.engine_runs import (
     Pipeline,
@@ -72,8 +82,6 @@ def finished_units(run_dir: Path) -> set[str]:
 
 def host() -> dict:
     """The host as a unit starts or ends: its run queue (other work competing for the cores) and free memory."""
-    import psutil
-
     return {"load_avg": load_avg(), "memory_available_bytes": psutil.virtual_memory().available}
 
 
@@ -82,6 +90,7 @@ def child(run_dir: Path, name: str) -> int:
     unit = next(u for u in units(cfg) if u.name == name)
     record = RunRecord(run_dir, section.KEY)
     t0 = time.monotonic()
+    started_utc = datetime.now(timezone.utc).isoformat(timespec="seconds")
     start = host()
     summary = {"unit": name, "model": unit.model, "start": unit.start, "fleet": unit.fleet,
                "served": [{"repeat": r, "policy": p} for r, p in unit.served], "probes": unit.probes}
@@ -94,9 +103,7 @@ def child(run_dir: Path, name: str) -> int:
         summary.update(status="failed", error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     end = host()
     summary.update(seconds=round(time.monotonic() - t0, 2), env={
-        "started_utc": datetime.fromtimestamp(time.time() - (time.monotonic() - t0), timezone.utc).isoformat(
-            timespec="seconds"),
-        "load_avg_start": start["load_avg"], "load_avg_end": end["load_avg"], "cpus": os.cpu_count(),
+        "started_utc": started_utc, "load_avg_start": start["load_avg"], "load_avg_end": end["load_avg"], "cpus": os.cpu_count(),
         "memory_available_bytes_start": start["memory_available_bytes"],
         "memory_available_bytes_end": end["memory_available_bytes"]})
     record.append_jsonl("units.jsonl", summary)
@@ -116,7 +123,7 @@ def unit_estimate(cfg: MultiEngineParams, unit: Unit, run_dir: Path) -> float:
     for _, policy in unit.served:
         walls = [a.wall_s for a in arms if a.model == unit.model and a.policy == policy]
         seconds += statistics.median(walls) if walls else guess["trace_s"][policy][1]
-    return seconds + (guess["probes_s"][1] if unit.probes else 0.0) + 20.0  # the child's start and the fleet's close
+    return seconds + (guess["probes_s"][1] if unit.probes else 0.0) + UNIT_OVERHEAD_S[1]  # the child, the close
 
 
 def run(out: Path, profile: str, overrides: list[str], budget_s: float = float("inf"), run_timeout_s: float = 540,
