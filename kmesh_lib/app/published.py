@@ -160,11 +160,6 @@ def headline_text(doc: dict) -> str:
     return "; ".join(f"{k}: {v}" for k, v in doc.get("headline", {}).items())
 
 
-def withdrawn_text(entry: dict) -> str:
-    by = f"superseded by {entry['superseded_by']}; " if entry.get("superseded_by") else ""
-    return by + entry["why"]
-
-
 def _md(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
@@ -175,7 +170,7 @@ def _verdict_or_headline(d: dict) -> str:
 
 def readme_table(entries: list[dict], outputs_rel: str = "outputs", withdrawn: list[dict] | None = None) -> str:
     """The README's results block: one line per section (the run that stands and its verdict), then
-    every published run (folded), then the withdrawn runs (where any)."""
+    every published run (folded), then how many runs were withdrawn (the index lists them)."""
     stand = standing(entries)
     rows = [f"One line per section: the run that stands for it. {STANDING_RULE}", "",
             "| section | verdict | run | device and stack |", "|---|---|---|---|"]
@@ -195,13 +190,12 @@ def readme_table(entries: list[dict], outputs_rel: str = "outputs", withdrawn: l
         rows.append(f"| {d['number']} {_md(d['title'])} | {link}{mark} | {_md(stack_text(d))} | "
                     f"{_md(status_text(d))} | {_md(headline_text(d))} |")
     rows += ["", "</details>"]
-    if withdrawn:
-        rows += ["", f"<details><summary>Withdrawn runs ({len(withdrawn)}; {outputs_rel}/{WITHDRAWN_FILE}; their files stay "
-                     "in git at the commit named)</summary>", "",
-                 "| section | run | why | commit |", "|---|---|---|---|"]
-        rows += [f"| {e['number']} {_md(e['title'])} | {e['run_id']} | {_md(withdrawn_text(e))} | "
-                 f"{(e.get('commit') or 'never committed')[:12]} |" for e in withdrawn]
-        rows += ["", "</details>"]
+    if withdrawn:  # listed whole in the index: here they would make most of the README (68 rows on 5 Dec)
+        per_section = ", ".join(f"{n}: {sum(e['number'] == n for e in withdrawn)}"
+                                for n in sorted({e["number"] for e in withdrawn}))
+        rows += ["", f"Withdrawn runs: {len(withdrawn)} ({per_section}), each with why, the run that supersedes it and the "
+                     f"commit that holds its files, in [{outputs_rel}/index.html]({outputs_rel}/index.html) and "
+                     f"`{outputs_rel}/{WITHDRAWN_FILE}`."]
     return "\n".join(rows) + "\n"
 
 
@@ -240,14 +234,14 @@ def index_html(entries: list[dict], withdrawn: list[dict] | None = None) -> str:
                      f"{inner}\n</tbody></table></details></td></tr>")
         sections.append(head)
     rows = "\n".join(sections)
-    # the reasons are in withdrawn.json and the README: the index names each run's successor only (it is the set's
-    # entry page, and repeating every reason there cost the published set 17 kB by 3 Dec 2026)
+    # the reasons are in withdrawn.json: the index names each run's successor only (it is the set's entry page, and
+    # repeating every reason there cost the published set 17 kB by 3 Dec 2026)
     gone = "\n".join(
         f"<tr><td>{html.escape(e['number'])} {html.escape(e['title'])}</td><td>{html.escape(e['run_id'])}</td>"
         f"<td>{html.escape(e.get('superseded_by') or '-')}</td>"
         f"<td><code>{html.escape((e.get('commit') or 'never committed')[:12])}</code></td></tr>" for e in withdrawn or [])
     withdrawn_part = (f"\n<h2>Withdrawn runs</h2>\n<p>Taken out of the published set with <code>kmesh withdraw</code>; "
-                      f"why each was withdrawn is in <a href=\"{WITHDRAWN_FILE}\">{WITHDRAWN_FILE}</a> and the README; "
+                      f"why each was withdrawn is in <a href=\"{WITHDRAWN_FILE}\">{WITHDRAWN_FILE}</a>; "
                       f"their files stay in git at the commit named (<code>git show COMMIT:outputs/SECTION/RUN_ID/...</code>)."
                       f"</p>\n<table class=\"runs\"><thead><tr><th>section</th><th>run</th><th>superseded by</th>"
                       f"<th>commit</th></tr></thead>\n<tbody>\n{gone}\n</tbody></table>") if withdrawn else ""

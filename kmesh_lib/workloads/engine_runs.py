@@ -25,6 +25,10 @@ phase seen so far in this call, never less than ``run_estimate_s``). A child who
 outlasts ``run_timeout_s`` is killed (its server and disk tier go with its process group's
 janitor) and counts as unfinished.
 
+Section 22's driver (``sections.multi_engine.gpu``) runs its units one at a time (``overlap=False``: a
+fleet's own start would load the host another fleet measures on) and stops at the first that fails (its traces
+must run in their drawn order); its units are fleet starts, set aside by ``set_aside_unfinished`` like engine runs.
+
 A driver (``sections.retention.gpu``, ``sections.prefetch.gpu``) is its children and its own flags around
 the parts here: ``driver_parser`` -> ``prepare`` -> ``record_not_available`` -> ``Pipeline.run`` ->
 ``check_run`` -> ``verdict``, inside ``exit_driver``.
@@ -81,33 +85,43 @@ def _write_jsonl(path: Path, records: list[dict], mode: str = "w", header: dict 
         f.writelines(json.dumps(r) + "\n" for r in records)
 
 
-def finished_blocks(run_dir: Path) -> set[str]:
-    """Engine runs that finished (one summary, status in ``FINISHED``); everything of any other run is set aside.
+def set_aside_unfinished(run_dir: Path, summaries: str = "blocks.jsonl", key: str = "block",
+                         parts: tuple[str, ...] = ("groups.jsonl",)) -> set[str]:
+    """The units (``key`` of a summary in ``raw/<summaries>``) that finished, status in ``FINISHED``; every record
+    of any other unit moves aside.
 
-    A summary that is ``failed`` (it raised) or ``running`` (never ended), a run with no summary
-    (killed) and the groups of all of these move to ``raw/*.unfinished.jsonl``: they are kept, never
-    counted, and the run is measured again. ``lead-*.json`` files chosen by an unfinished run go too.
+    A summary that is ``failed`` (it raised) or ``running`` (never ended), a unit with no summary
+    (killed) and the records of all of these in ``parts`` (each tagged with ``key``) move to
+    ``raw/*.unfinished.jsonl``: they are kept, never counted, and the unit is measured again.
     """
     raw = Path(run_dir) / "raw"
-    header, _, blocks = read_capture(raw / "blocks.jsonl") if (raw / "blocks.jsonl").exists() else (None, [], [])
-    done = {b["block"] for b in blocks if b.get("status") in FINISHED}
-    unfinished = [b for b in blocks if b["block"] not in done]
-    if unfinished:
-        _write_jsonl(raw / "blocks.unfinished.jsonl", unfinished, "a", header)
-        _write_jsonl(raw / "blocks.jsonl", [b for b in blocks if b["block"] in done], "w", header)
-    header, _, groups = read_capture(raw / "groups.jsonl") if (raw / "groups.jsonl").exists() else (None, [], [])
-    partial = [g for g in groups if g["block"] not in done]
-    if partial:
-        _write_jsonl(raw / "groups.unfinished.jsonl", partial, "a", header)
-        _write_jsonl(raw / "groups.jsonl", [g for g in groups if g["block"] in done], "w", header)
+    header, _, units = read_capture(raw / summaries) if (raw / summaries).exists() else (None, [], [])
+    done = {u[key] for u in units if u.get("status") in FINISHED}
+    for name in (summaries, *parts):
+        if not (raw / name).exists():
+            continue
+        header, _, records = read_capture(raw / name)
+        unfinished = [r for r in records if r.get(key) not in done]
+        if unfinished:
+            aside = raw / name.replace(".jsonl", ".unfinished.jsonl")
+            _write_jsonl(aside, unfinished, "a", header)
+            _write_jsonl(raw / name, [r for r in records if r.get(key) in done], "w", header)
+    return done
+
+
+def finished_blocks(run_dir: Path) -> set[str]:
+    """Engine runs that finished (``set_aside_unfinished`` over ``raw/blocks.jsonl`` and ``raw/groups.jsonl``);
+    ``lead-*.json`` files chosen by an unfinished run are removed too."""
+    done = set_aside_unfinished(run_dir)
     for lf in Path(run_dir).glob("lead-*.json"):  # a lead chosen by a run that did not finish is not a result
         if json.loads(lf.read_text()).get("block") not in done:
             lf.unlink()
     return done
 
 
-def prepare(section, out: Path, profile: str, overrides: list[str]):
-    """The run folder for this call: new, or resumed with the same parameters (unfinished runs set aside).
+def prepare(section, out: Path, profile: str, overrides: list[str], finished=finished_blocks):
+    """The run folder for this call: new, or resumed with the same parameters (unfinished runs set aside by
+    ``finished(out)``, which names the units that finished).
 
     Returns (params, the run's record, the names of the engine runs that finished in earlier calls).
     """
@@ -121,7 +135,7 @@ def prepare(section, out: Path, profile: str, overrides: list[str]):
         if {k: v for k, v in before.items() if k != "RUN_DIR"} != {k: v for k, v in values.items() if k != "RUN_DIR"}:
             raise SystemExit(f"{out} holds a run with other parameters: resume with the same --profile/--set, or a new --out")
     params_file.write_text(yaml.safe_dump(values, sort_keys=True))
-    done = finished_blocks(out)
+    done = finished(out)
     return cfg, RunRecord.open(section.KEY, cfg, str(out), resume=True), done  # continues its own run
 
 
@@ -147,8 +161,11 @@ class Pipeline:
     Args:
         run_dir: the run folder (``logs/<name>.log`` per child, ``gpu.lock``).
         budget_s: start no child that could not end within this many seconds of ``t0``.
-        run_estimate_s: a GPU phase's length before this call has seen one end.
+        run_estimate_s: a GPU phase's length before this call has seen one end (and the least any item's estimate is).
         run_timeout_s: a GPU phase longer than this is killed.
+        overlap: False: one child at a time, the next started once the last ended (a child whose own start
+            would load the host while another measures: section 22's fleets).
+        stop_on_failure: start nothing after a child that failed (units that must run in their order).
     """
 
     run_dir: Path
@@ -156,6 +173,8 @@ class Pipeline:
     run_estimate_s: float = 60.0
     run_timeout_s: float = 400.0
     margin_s: float = 20.0
+    overlap: bool = True
+    stop_on_failure: bool = False
     t0: float = field(default_factory=time.monotonic)
     say: object = print
     live: list[Child] = field(default_factory=list)
@@ -168,33 +187,42 @@ class Pipeline:
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
 
-    def estimate(self) -> float:
-        """A GPU phase's length: the median of those seen in this call (a first run with a pilot is
-        longer than the rest), never below ``run_estimate_s``."""
+    def estimate(self, own_s: float | None = None) -> float:
+        """A GPU phase's length: the item's own estimate where it has one (units of different sizes), else the
+        median of those seen in this call (a first run with a pilot is longer than the rest); never below
+        ``run_estimate_s``."""
+        if own_s is not None:
+            return max(self.run_estimate_s, own_s)
         if not self.phases:
             return self.run_estimate_s
         seen = sorted(self.phases)
         return max(self.run_estimate_s, seen[len(seen) // 2])
 
-    def can_start(self) -> bool:
+    def can_start(self, own_s: float | None = None) -> bool:
         """Whether one more child would end in the budget: it runs after the one holding the GPU."""
-        ahead = 1 if self.live else 0
-        return self.elapsed() + (ahead + 1) * self.estimate() + self.margin_s <= self.budget_s
+        ahead = self.estimate() if self.live else 0.0
+        return self.elapsed() + ahead + self.estimate(own_s) + self.margin_s <= self.budget_s
 
-    def run(self, items: list[tuple[str, list[str]]]) -> list[str]:
-        """Runs ``(name, argv)`` children in order, pipelined; returns the names it did not start."""
+    def run(self, items: list[tuple]) -> list[str]:
+        """Runs ``(name, argv)`` or ``(name, argv, estimate_s)`` children in order, pipelined (or one at a time);
+        returns the names it did not start. ``estimate_s`` may be a function, asked when the child is due."""
         left = list(items)
         while left:
             if self.live:
                 self.wait_gpu_phase()
-            self.reap(block=False)
-            if not self.can_start():
-                self.say(f"stopping: {len(left)} engine run(s) left for a later call ({self.elapsed():.0f} s used, "
-                         f"about {self.estimate():.0f} s each, budget {self.budget_s:.0f} s)")
+            self.reap(block=not self.overlap)
+            if self.stop_on_failure and self.failed:
+                self.say(f"stopping after {self.failed[-1]} failed: {len(left)} unit(s) left for a later call")
                 break
-            self.start(*left.pop(0))
+            own = left[0][2] if len(left[0]) > 2 else None
+            own = own() if callable(own) else own  # an estimate from what the run measured so far
+            if not self.can_start(own):
+                self.say(f"stopping: {len(left)} engine run(s) left for a later call ({self.elapsed():.0f} s used, "
+                         f"about {self.estimate(own):.0f} s for the next, budget {self.budget_s:.0f} s)")
+                break
+            self.start(*left.pop(0)[:2])
         self.reap(block=True)
-        return [name for name, _ in left]
+        return [item[0] for item in left]
 
     def start(self, name: str, argv: list[str]) -> None:
         log = Path(self.run_dir) / "logs" / f"{name}.log"

@@ -5,6 +5,7 @@
     arms.jsonl       ArmRecord       one per trace, (model, repeat, policy) (``experiment.run_policy``)
     probes.jsonl     ProbeRecord     one per idle-engine probe child (``probe.probe``)
     fleets.jsonl     FleetRecord     one per fleet start (``fleet.Fleet.close``)
+    units.jsonl      UnitRecord      the GPU driver's runs only (``gpu.py``): one per unit (a fleet start) that ended
 
 The nested records the checks and tables read (the server's counters, a pool's state after its reset, a
 fleet's engines, server and cleanup, an injected kill) have small classes of their own, as strict as the
@@ -114,6 +115,7 @@ class RequestRecord(CaptureRecord):
     num_cached_tokens: int | None
     num_local_cached_tokens: int | None  # vLLM's own pool; None where the engine reported no lookup
     num_external_tokens: int | None  # what the server supplied
+    unit: str | None = None  # the GPU driver's unit (gpu.py) that recorded it; absent from the notebook's runs
 
     @property
     def arm(self) -> tuple[str, int, str]:
@@ -155,6 +157,7 @@ class ArmRecord(CaptureRecord):
     load_avg_start: list[float] | None = None  # the host's 1/5/15-minute load at the trace's start and end;
     load_avg_end: list[float] | None = None  # absent from the runs published before the orders were drawn (1 Dec)
     load_1m: float  # the host's 1-minute load as the trace ended
+    unit: str | None = None  # the GPU driver's unit (gpu.py) that recorded it; absent from the notebook's runs
 
     @property
     def arm(self) -> tuple[str, int, str]:
@@ -186,6 +189,7 @@ class ProbeRecord(CaptureRecord):
     server_start: ServerCounts | None  # None: the local fleet
     server_before: ServerCounts | None
     server_after: ServerCounts | None
+    unit: str | None = None  # the GPU driver's unit (gpu.py) that recorded it; absent from the notebook's runs
 
 
 class FleetEngine(Part):
@@ -241,10 +245,34 @@ class FleetRecord(CaptureRecord):
     disk_tier: Mapping | None = None  # the shared fleet's disk tier, checked before the server started; absent: local
     server: FleetServer | None = None  # absent: the local fleet (no server)
     error: str | None = None  # absent unless the fleet's start or a trace raised
+    unit: str | None = None  # the GPU driver's unit (gpu.py) that recorded it; absent from the notebook's runs
+
+
+class UnitRecord(CaptureRecord):
+    """One unit of the GPU driver (``gpu.py``): a fleet start for one model, its traces and (its kind's last start)
+    its probes, with the host it ran on (``env``). Only a unit with status ``ok`` counts; the records of any other
+    are set aside in ``raw/*.unfinished.jsonl`` and the unit is measured again (``workloads.engine_runs``)."""
+
+    SCHEMA = "multi_engine.units"
+    VERSION = 1
+
+    unit: str  # ``experiment.Unit.name``
+    model: str
+    start: int  # its place in ``experiment.schedule``
+    fleet: str  # local | shared
+    served: list[Mapping]  # {repeat, policy} per trace, in the order run
+    probes: bool
+    status: str  # ok | failed
+    error: str | None = None  # absent when ok
+    seconds: float  # from the child's start to its summary
+    env: Mapping  # the host while it ran: started_utc, load_avg_start/end (1/5/15 min), cpus, memory_available_bytes
 
 
 CAPTURES = {"orders.jsonl": OrderRecord, "requests.jsonl": RequestRecord, "arms.jsonl": ArmRecord,
-            "probes.jsonl": ProbeRecord, "fleets.jsonl": FleetRecord}
+            "probes.jsonl": ProbeRecord, "fleets.jsonl": FleetRecord, "units.jsonl": UnitRecord}
+# a GPU driver's resumed run sets aside what a unit that did not finish recorded (workloads.engine_runs)
+CAPTURES.update({name.replace(".jsonl", ".unfinished.jsonl"): cls for name, cls in CAPTURES.items()
+                 if name != "orders.jsonl"})
 
 __all__ = ["ArmRecord", "CAPTURES", "FleetCleanup", "FleetEngine", "FleetRecord", "FleetServer", "Kill", "OrderRecord",
-           "PoolState", "ProbeRecord", "RequestRecord", "ServerCounts"]
+           "PoolState", "ProbeRecord", "RequestRecord", "ServerCounts", "UnitRecord"]

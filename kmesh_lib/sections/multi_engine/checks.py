@@ -19,15 +19,23 @@ The parameters are read once, as ``MultiEngineParams`` (``RunFiles.params``): ea
 """
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from kmesh_lib.base.checks import Check, all_of, check, differences
 from kmesh_lib.base.declared import ABSENT, json_value
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.multi_engine import compare, report
-from kmesh_lib.sections.multi_engine.captures import ArmRecord, FleetRecord, OrderRecord, ProbeRecord, RequestRecord
-from kmesh_lib.sections.multi_engine.experiment import order_seed, policy_order, schedule
+from kmesh_lib.sections.multi_engine.captures import (
+    ArmRecord,
+    FleetRecord,
+    OrderRecord,
+    ProbeRecord,
+    RequestRecord,
+    UnitRecord,
+)
+from kmesh_lib.sections.multi_engine.experiment import fleet_policies, order_seed, policy_order, schedule, units
 from kmesh_lib.sections.multi_engine.params import POLICIES, MultiEngineParams
+from kmesh_lib.sections.multi_engine.probe import STEPS
 from kmesh_lib.sections.multi_engine.tables import EMPTY, NO_ORDERS, TABLES
 
 NO_ROWS = "raw/requests.jsonl holds no requests"
@@ -67,7 +75,8 @@ def logprob_delta(group: list[RequestRecord]) -> float:
 
 def workload_checks(cfg: MultiEngineParams, rows: list[RequestRecord], arms: list[ArmRecord]) -> list[Check]:
     planned = [(m, rep, pol) for m in cfg.models for rep in range(cfg.NUM_REPEATS) for pol in cfg.POLICIES]
-    ran = {a.arm for a in arms}
+    times = Counter(a.arm for a in arms)  # a resumed GPU driver run counts each trace once (gpu.py sets the rest aside)
+    ran = set(times)
     grouped = by_arm(rows)
 
     def shape_problem(key) -> str:
@@ -79,8 +88,8 @@ def workload_checks(cfg: MultiEngineParams, rows: list[RequestRecord], arms: lis
         return f"prompt lengths of {bad[:3]}" if bad else ""
 
     return [
-        all_of("every planned trace ran (model x repeat x policy)", planned, lambda k: k in ran, lambda k: f"{k} missing",
-               "no traces planned"),
+        all_of("every planned trace ran (model x repeat x policy)", planned, lambda k: times[k] == 1,
+               lambda k: f"{k} missing" if k not in ran else f"{k} recorded {times[k]} times", "no traces planned"),
         all_of("each trace recorded each of its requests once, with the prompt length of its role", sorted(ran),
                lambda k: not shape_problem(k), lambda k: f"{k}: {shape_problem(k)}", NO_ARMS),
     ]
@@ -336,14 +345,37 @@ def probe_checks(cfg: MultiEngineParams, probes: list[ProbeRecord]) -> list[Chec
     for r in probes:
         groups[(r.model, r.probe)].append(r)
     same = [g for g in groups.values() if len(g) > 1]
+    # where some were recorded, every (model, probe, kind) the fleets plan is there (a driver's resumed run included)
+    kinds = [k for fleet, _, _ in fleet_policies(cfg) for k, _, _ in STEPS[fleet]] if cfg.KILL_ENGINE is None else []
+    have = {(r.model, r.probe, r.kind) for r in probes}
+    missing = [k for k in ((m, i, kind) for m in cfg.models for i in range(cfg.NUM_PROBES) for kind in kinds)
+               if k not in have] if probes else []
     return [
         all_of(f"probe: the child found what its step sets up (recompute: nothing; local: the parent's {parent_blocks} "
-               f"tokens of full blocks; restore: at least {chunks} tokens from the server)", probes,
-               lambda r: want[r.kind](r), lambda r: f"{r.model} probe {r.probe} {r.kind}: "
-               f"{r.num_cached_tokens} cached, {r.num_external_tokens} from the server", "no probes recorded"),
+               f"tokens of full blocks; restore: at least {chunks} tokens from the server)", probes + missing,
+               lambda r: isinstance(r, ProbeRecord) and want[r.kind](r),
+               lambda r: f"{r[0]} probe {r[1]} {r[2]}: not recorded" if not isinstance(r, ProbeRecord) else
+               f"{r.model} probe {r.probe} {r.kind}: {r.num_cached_tokens} cached, {r.num_external_tokens} from the server",
+               "no probes recorded"),
         all_of("probe: the child generated the same tokens recomputed, from a local hit and restored", same,
                lambda g: all(r.output_token_ids == g[0].output_token_ids for r in g),
                lambda g: f"{g[0].model} probe {g[0].probe}", "no probe ran two ways"),
+    ]
+
+
+def unit_checks(cfg: MultiEngineParams, run: RunFiles, done: list[UnitRecord]) -> list[Check]:
+    """A GPU driver's run (``gpu.py``, raw/units.jsonl): each planned unit finished ok exactly once, and every record
+    counted is one of theirs (a unit that did not finish was set aside in raw/*.unfinished.jsonl, and ran again)."""
+    times = Counter(u.unit for u in done if u.status == "ok")
+    ok = set(times)
+    tagged = [(name, r) for name in ("requests.jsonl", "arms.jsonl", "probes.jsonl", "fleets.jsonl")
+              for r in run.records(name)]
+    return [
+        all_of("GPU driver: every unit (fleet start) finished ok once", [u.name for u in units(cfg)],
+               lambda name: times[name] == 1,
+               lambda name: f"{name}: finished ok {times[name]} times", "no units planned"),
+        all_of("GPU driver: every record counted comes from a unit that finished ok", tagged, lambda x: x[1].unit in ok,
+               lambda x: f"{x[0]}: a record of unit {x[1].unit}", "no records"),
     ]
 
 
@@ -357,7 +389,8 @@ def checks(run: RunFiles) -> list[Check]:
             + cache_checks(cfg, rows, arms) + routing_checks(cfg, rows, arms)
             + byte_checks(cfg, rows, arms, run.records("probes.jsonl"))
             + probe_checks(cfg, run.records("probes.jsonl")) + process_checks(cfg, fleets, bool(orders))
-            + order_checks(cfg, orders, rows, arms) + figure_checks(run, rows, arms))
+            + order_checks(cfg, orders, rows, arms) + figure_checks(run, rows, arms)
+            + (unit_checks(cfg, run, run.records("units.jsonl")) if run.raw_path("units.jsonl") is not None else []))
 
 
 def counts(run: RunFiles) -> dict[str, int | str]:

@@ -22,12 +22,17 @@ empty pools. What a run writes, as it goes:
     raw/probes.jsonl     one line per idle-engine probe child (``probe.py``): recomputed, local, restored
     raw/fleets.jsonl     one line per fleet: engines (pids, listeners, start), server, the cleanup
                          evidence measured after it closed
+
+A fleet start with its traces and probes is a ``Unit`` (``units``, ``run_unit``): the notebook runs them all in
+one process; the GPU driver (``gpu.py``) runs each in a child of its own, over as many calls as the run needs,
+tagging each record with the unit and writing ``raw/units.jsonl`` (one summary per unit, the host it ran on).
 """
 from __future__ import annotations
 
 import os
 import random
 import time
+from dataclasses import dataclass
 
 from kmesh_lib.engine import costs
 from kmesh_lib.engine.model_spec import resolve
@@ -61,6 +66,12 @@ MEASURED = {
 MEASURED_SHAPE = {"NUM_ENGINES": 2, "NUM_FAMILIES": 6, "NUM_CHILDREN": 3, "PARENT_TOKENS": 4096, "CHILD_SUFFIX_TOKENS": 128,
                   "NUM_NOISE": 12, "NOISE_TOKENS": 2048, "MAX_TOKENS": 16, "DTYPE": "float32", "NUM_PROBES": 2}
 NOTEBOOK_OVERHEAD_S = (0.0, 731.0)
+# The GPU driver's unit beyond its fleet start, traces and probes: the child's Python start and the fleet's close
+# (engines and server stopped, their files removed). A guess, wide.
+UNIT_OVERHEAD_S = (5.0, 20.0)
+# Seconds of units a device call of ~540 s gives the driver: scripts/device_16_20.sh's budget of 500-530 s less 45 s
+# (the driver's tables and checks after its last unit, the tar) less the driver's margin of 20 s
+CALL_BUDGET_S = 435.0
 
 
 def fleet_policies(cfg: MultiEngineParams) -> list[tuple[str, bool, list[str]]]:
@@ -121,6 +132,45 @@ def trace_tokens(cfg: MultiEngineParams) -> int:
             + cfg.NUM_NOISE * cfg.NOISE_TOKENS)
 
 
+def unit_costs(cfg: MultiEngineParams, model: str) -> dict:
+    """Seconds (low, high) a fleet start, each policy's trace and a fleet's probes take for ``model``: the published
+    H200 runs' figures where the parameters have their shape (``MEASURED``), else the rough rates above."""
+    key = (cfg.DEVICE, model)
+    m = MEASURED.get(key) if all(getattr(cfg, k) == v for k, v in MEASURED_SHAPE.items()) else None
+    if m is not None:
+        return {"start_s": m["start_s"], "probes_s": m["probes_s"], "trace_s": dict(m["trace_s"])}
+    arrivals = (cfg.NUM_FAMILIES + cfg.NUM_NOISE) * cfg.MEAN_ARRIVAL_GAP_S + 2 * cfg.MEAN_CHILD_GAP_S
+    # engines on one GPU share its compute; on the CPU each has its own cores
+    parallel = cfg.NUM_ENGINES if cfg.DEVICE == "cpu" else max(1, min(cfg.NUM_ENGINES, len(visible_gpus())))
+    per_trace = arrivals + trace_tokens(cfg) / (PREFILL_TOKENS_PER_S.get(key, 2000) * parallel)
+    probes = cfg.NUM_PROBES * (2 * cfg.PARENT_TOKENS + 2 * cfg.child_tokens) / PREFILL_TOKENS_PER_S.get(key, 2000)
+    start = START_S.get(key, 60)
+    return {"start_s": (start, start), "probes_s": (probes, probes), "trace_s": {p: (per_trace, per_trace)
+                                                                               for p in POLICIES}}
+
+
+def unit_span(cfg: MultiEngineParams, unit: Unit, costs_: dict) -> costs.Span:
+    """A unit's seconds (low, high) from ``unit_costs``: its fleet start, its traces, its probes, its close."""
+    span = costs.Span(*costs_["start_s"]) + costs.Span(*UNIT_OVERHEAD_S)
+    for _, policy in unit.served:
+        span += costs.Span(*costs_["trace_s"][policy])
+    return span + (costs.Span(*costs_["probes_s"]) if unit.probes else 0.0)
+
+
+def device_calls(cfg: MultiEngineParams, budget_s: float = CALL_BUDGET_S) -> tuple[int, float]:
+    """The GPU driver's calls for the whole run (``gpu.py``): its units in order, each call starting a unit only while
+    the unit's high estimate still ends within ``budget_s``; (calls, seconds of units at the high estimate)."""
+    calls, used, total = 0, budget_s, 0.0
+    per_model = {m: unit_costs(cfg, m) for m in cfg.models}
+    for unit in units(cfg):
+        seconds = unit_span(cfg, unit, per_model[unit.model]).high
+        total += seconds
+        if used + seconds > budget_s or calls == 0:
+            calls, used = calls + 1, 0.0
+        used += seconds
+    return calls, total
+
+
 def plan(cfg: MultiEngineParams) -> dict:
     """What ``kmesh plan 22`` prints: sizes, arms and an expected duration; starts nothing."""
     lines = {}
@@ -140,27 +190,16 @@ def plan(cfg: MultiEngineParams) -> dict:
     measured_shape = all(getattr(cfg, k) == v for k, v in MEASURED_SHAPE.items())
     gpus = max(1, min(cfg.NUM_ENGINES, len(visible_gpus())))  # one engine per GPU where several are lent
     for model in cfg.models:
-        key = (cfg.DEVICE, model)
         kvt = kv_bytes_per_token(cfg, model)
-        fleets = fleet_policies(cfg)
-        arrivals = (cfg.NUM_FAMILIES + cfg.NUM_NOISE) * cfg.MEAN_ARRIVAL_GAP_S + 2 * cfg.MEAN_CHILD_GAP_S
-        # engines on one GPU share its compute; on the CPU each has its own cores
-        parallel = cfg.NUM_ENGINES if cfg.DEVICE == "cpu" else max(1, min(cfg.NUM_ENGINES, len(visible_gpus())))
-        per_trace = arrivals + trace_tokens(cfg) / (PREFILL_TOKENS_PER_S.get(key, 2000) * parallel)
-        probes = cfg.NUM_PROBES * (2 * cfg.PARENT_TOKENS + 2 * cfg.child_tokens) / PREFILL_TOKENS_PER_S.get(key, 2000)
-        starts = len(schedule(cfg)) if fleets else 0
-        seconds = starts * START_S.get(key, 60) + len(cfg.POLICIES) * cfg.NUM_REPEATS * per_trace + probes
-        m = MEASURED.get(key) if measured_shape else None
-        if m is not None:  # the measured figures of this shape replace the guesses
-            part = (costs.Span(*m["start_s"]) * starts + costs.Span(*m["probes_s"])
-                    + sum((costs.Span(*m["trace_s"][p]) * cfg.NUM_REPEATS for p in cfg.POLICIES), costs.Span(0, 0)))
-            seconds = (part.low + part.high) / 2
-        else:
-            part = costs.Span(seconds, seconds)
+        mine = [u for u in units(cfg) if u.model == model]
+        c = unit_costs(cfg, model)
+        part = (costs.Span(*c["start_s"]) * len(mine) + (costs.Span(*c["probes_s"]) if mine else 0.0)
+                + sum((costs.Span(*c["trace_s"][p]) * cfg.NUM_REPEATS for p in cfg.POLICIES), costs.Span(0, 0)))
+        seconds = (part.low + part.high) / 2
         span += part
         total += seconds
         lines[f"model {model}"] = (f"KV {kvt // 1024} KiB/token; a parent's context is {family * kvt / 2**20:.1f} MiB; "
-                                   f"{starts} fleet start(s); about {seconds / 60:.1f} min")
+                                   f"{len(mine)} fleet start(s); about {seconds / 60:.1f} min")
     if "shared" in cfg.POLICIES:
         disk = ", ".join(f"{m} {stored_tokens(cfg) * kv_bytes_per_token(cfg, m) / 2**30:.2f} GiB" for m in cfg.models)
         lines["server"] = (f"one lmcache server on 127.0.0.1: L1 arena {cfg.ARENA_MIB} MiB, store policy {cfg.STORE_POLICY}, "
@@ -178,16 +217,53 @@ def plan(cfg: MultiEngineParams) -> dict:
         span = costs.Span(total, total)
         lines["expected duration"] = f"about {total / 60:.0f} min ({cfg.NUM_REPEATS} repeat(s))"
     lines[costs.GPU_TIME] = costs.gpu_time(cfg.DEVICE, span, gpus=gpus)
+    if cfg.DEVICE == "cuda":
+        calls, seconds = device_calls(cfg)
+        lines["device calls"] = (f"the GPU driver (python -m kmesh_lib.sections.multi_engine.gpu, docs/gpu.md): "
+                                 f"{len(units(cfg))} units (one fleet start each) in {calls} call(s) of ~540 s "
+                                 f"(at most {CALL_BUDGET_S:.0f} s of units each, at their high estimate: "
+                                 f"{seconds / 60:.1f} min in all), no notebook overhead")
     return lines
 
 
-def run_policy(fleet: Fleet, cfg: MultiEngineParams, policy: str, repeat: int, order: int, record, log=print) -> dict:
+@dataclass(frozen=True)
+class Unit:
+    """One fleet start of ``schedule`` for one model: the (repeat, policy) traces it serves, and on its kind's last
+    start the probes. The GPU driver's unit of work (``gpu.py``): it finishes whole or is measured again."""
+
+    model: str
+    start: int  # its place in schedule(cfg)
+    fleet: str  # local | shared
+    served: tuple[tuple[int, str], ...]
+    probes: bool
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}-s{self.start}-{self.fleet}"
+
+
+def units(cfg: MultiEngineParams) -> list[Unit]:
+    """Every model's fleet starts, in the order they run."""
+    plan_ = schedule(cfg)
+    last = {kind: i for i, (kind, _) in enumerate(plan_)}
+    return [Unit(model, i, kind, tuple(served), cfg.KILL_ENGINE is None and last[kind] == i)
+            for model in cfg.models for i, (kind, served) in enumerate(plan_)]
+
+
+def order_records(cfg: MultiEngineParams, model: str) -> list[dict]:
+    """raw/orders.jsonl's lines for ``model``: each repeat's order, drawn from SEED."""
+    return [{"model": model, "repeat": r, "seed": order_seed(cfg, r), "order": policy_order(cfg, r)}
+            for r in range(cfg.NUM_REPEATS)]
+
+
+def run_policy(fleet: Fleet, cfg: MultiEngineParams, policy: str, repeat: int, order: int, record, log=print,
+               unit: str | None = None) -> dict:
     router_name, _, reads_prefix_cache = POLICIES[policy]
     pools = fleet.reset()
     before = fleet.snapshot()
     roots = make_trace(cfg, repeat, resolve(fleet.model).config["vocab_size"])
     kill = (cfg.KILL_ENGINE, cfg.KILL_AFTER_REQUESTS) if cfg.KILL_ENGINE is not None else None
-    meta = {"model": fleet.model, "repeat": repeat, "policy": policy}
+    meta = {"model": fleet.model, "repeat": repeat, "policy": policy, **({"unit": unit} if unit else {})}
     load_start = load_avg()
     t0 = time.monotonic()
     router = Router(fleet.engines, router_name, cfg, meta, skip_prefix_cache=not reads_prefix_cache, kill=kill)
@@ -213,28 +289,35 @@ def make_fleet(cfg: MultiEngineParams, model: str, kind: str, log=print) -> Flee
     return Fleet(cfg, model, kind == "shared", log)
 
 
+def run_unit(cfg: MultiEngineParams, unit: Unit, record, log=print, fleet_factory=make_fleet,
+             tag: str | None = None) -> list[dict]:
+    """One fleet start: its traces in the drawn order, then its probes where it is its kind's last start; the fleet's
+    record goes to raw/fleets.jsonl also when something raised. ``tag`` (the GPU driver's unit name) is written into
+    every record, so a unit that did not finish can be set aside whole."""
+    fleet = fleet_factory(cfg, unit.model, unit.fleet, log)
+    arms = []
+    try:
+        fleet.start()
+        log(f"{unit.model} {unit.fleet} fleet ready in {fleet.info.get('start_s', 0):.0f} s")
+        for repeat, policy in unit.served:
+            arms.append(run_policy(fleet, cfg, policy, repeat, policy_order(cfg, repeat).index(policy), record, log,
+                                   unit=tag))
+        if unit.probes:
+            probe(fleet, cfg, record, log, unit=tag)
+    except Exception as e:
+        fleet.info.update(error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        raise
+    finally:
+        record.append_jsonl("fleets.jsonl", {**fleet.close(), **({"unit": tag} if tag else {})})
+    return arms
+
+
 def run(cfg: MultiEngineParams, record, log=print, fleet_factory=make_fleet) -> list[dict]:
-    """Every model, repeat and policy in the drawn order (``schedule``); returns the arm records (also in
+    """Every model, repeat and policy in the drawn order (``units``); returns the arm records (also in
     raw/arms.jsonl). Each fleet's probes run on its last start, after its last trace."""
     arms = []
     for model in cfg.models:
-        plan_ = schedule(cfg)
-        record.append_jsonl("orders.jsonl", [{"model": model, "repeat": r, "seed": order_seed(cfg, r),
-                                              "order": policy_order(cfg, r)} for r in range(cfg.NUM_REPEATS)])
-        last = {kind: i for i, (kind, _) in enumerate(plan_)}
-        for i, (kind, served) in enumerate(plan_):
-            fleet = fleet_factory(cfg, model, kind, log)
-            try:
-                fleet.start()
-                log(f"{model} {kind} fleet ready in {fleet.info.get('start_s', 0):.0f} s")
-                for repeat, policy in served:
-                    arms.append(run_policy(fleet, cfg, policy, repeat, policy_order(cfg, repeat).index(policy),
-                                           record, log))
-                if cfg.KILL_ENGINE is None and last[kind] == i:
-                    probe(fleet, cfg, record, log)
-            except Exception as e:
-                fleet.info.update(error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-                raise
-            finally:
-                record.append_jsonl("fleets.jsonl", fleet.close())
+        record.append_jsonl("orders.jsonl", order_records(cfg, model))
+        for unit in (u for u in units(cfg) if u.model == model):
+            arms += run_unit(cfg, unit, record, log, fleet_factory)
     return arms

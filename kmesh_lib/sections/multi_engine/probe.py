@@ -49,8 +49,9 @@ def run_one(engine, request_id: str, prompt: list[int], max_tokens: int, skip_pr
     raise TimeoutError(f"probe request {request_id} unfinished after {timeout_s:.0f} s")
 
 
-def probe(fleet, cfg, record, log=print) -> list[dict]:
-    """NUM_PROBES families through this fleet's probe steps; returns (and records) one row per child."""
+def probe(fleet, cfg, record, log=print, unit: str | None = None) -> list[dict]:
+    """NUM_PROBES families through this fleet's probe steps; returns (and records) one row per child (tagged with
+    the GPU driver's ``unit`` where one runs it)."""
     vocab = resolve(fleet.model).config["vocab_size"]
     live = [e for e in fleet.engines if e.alive()]
     if len(live) < 2 or cfg.NUM_PROBES == 0:
@@ -74,7 +75,8 @@ def probe(fleet, cfg, record, log=print) -> list[dict]:
             row.update(model=fleet.model, fleet=fleet.kind, probe=i, kind=kind, engine=live[e].index,
                        num_prompt_tokens=len(child), prompt_sha=prompt_sha(child), parent_ttft_s=parent["ttft_s"],
                        kv_bytes_per_token=kv_bytes_per_token(cfg, fleet.model),
-                       server_start=start, server_before=before, server_after=after)
+                       server_start=start, server_before=before, server_after=after,
+                       **({"unit": unit} if unit else {}))
             rows.append(row)
             log(f"{fleet.model} probe {i} {kind}: first token {1e3 * row['ttft_s']:.1f} ms, "
                 f"{row['num_cached_tokens']} cached ({row['num_external_tokens']} from the server)")
