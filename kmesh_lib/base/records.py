@@ -59,6 +59,7 @@ ENDED = FINISHED + ("interrupted",)
 RUN_ID_PATTERN = re.compile(r"^(?P<profile>[a-z0-9]+)-(?P<date>\d{8})-(?P<time>\d{6})(?:-(?P<suffix>[\w.-]+))?$")
 ENGINE_LOG = Path("logs") / "engine.log"
 COMPRESSED = ".xz"  # a published run's raw/*.jsonl is stored as raw/*.jsonl.xz (app.compact)
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml where PyYAML has it: the same documents, parsed in C
 
 
 class RunFolderInUse(ValueError):
@@ -377,7 +378,7 @@ class RunFiles:
         if not path.exists():
             raise RunFileError(f"{path}: missing")
         try:
-            data = yaml.safe_load(path.read_text())
+            data = yaml.load(path.read_text(), Loader=SAFE_LOADER)
         except (yaml.YAMLError, UnicodeDecodeError) as e:
             raise RunFileError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
         if not isinstance(data, dict):
