@@ -178,12 +178,15 @@ def pytest_configure(config):
 # Scheduling only (pytest-xdist hands out files in collection order): the goldens first, longest first (a test
 # that reads a smoke run waits for its golden on the other worker, so the long goldens must not start last), then
 # the files that take minutes, longest first, so no long file starts last on one worker while the other idles.
-# Seconds in a fresh clone's CI: 21 110, 22 105, 20 64, 16 58, 19 43, 18 28, 23 28, 00 26, 17 6.
-GOLDENS = ("21_crossover.ipynb", "22_multi_engine.ipynb", "20_prefetch.ipynb", "16_retention.ipynb",
+# Seconds in a fresh clone's CI (ci18, 5 Dec): goldens 22 107, 21 107, 16 44, 20 39, 19 36, 18 26, 23 21, 00 17,
+# 17 6; files: tamper 157 (then cut), multi_engine_gpu 61, prefetch 57, app_runs 52, retention 46, multi_engine 44,
+# lmcache_server 28, lmcache_singleflight 22, fused_copy 21, trace_audit 17, offloading 16, trace_data 13.
+GOLDENS = ("21_crossover.ipynb", "22_multi_engine.ipynb", "16_retention.ipynb", "20_prefetch.ipynb",
            "19_tot_headroom.ipynb", "18_family_hold.ipynb", "23_production_trace.ipynb", "00_engine_check.ipynb",
            "17_trace_audit.ipynb")
-LONG_FILES = ("test_tamper.py", "test_prefetch.py", "test_retention.py", "test_multi_engine.py",
-              "test_crossover.py", "test_app_runs.py", "test_crossover_resolution.py")
+LONG_FILES = ("test_tamper.py", "test_multi_engine_gpu.py", "test_prefetch.py", "test_app_runs.py", "test_retention.py",
+              "test_multi_engine.py", "test_lmcache_server.py", "test_lmcache_singleflight.py", "test_fused_copy.py",
+              "test_trace_audit.py", "test_offloading.py", "test_trace_data.py")
 
 
 def _schedule_rank(item) -> tuple[int, int]:
