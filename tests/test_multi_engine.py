@@ -618,3 +618,15 @@ def test_a_run_recorded_before_the_orders_were_drawn_has_no_new_tables_and_skips
 
 
 TABLES_ABSENT = {f"results.json '{k}' table equals the one recomputed from raw/" for k in ("order", "comparisons")}
+
+
+def test_a_driver_runs_unit_checks_stay_when_its_units_jsonl_is_missing(tmp_path):
+    """A notebook's run has no unit checks; records that name a GPU driver's unit hold the run to them, so deleting
+    raw/units.jsonl fails them rather than dropping them."""
+    run = drawn_run(tmp_path)
+    unit_checks = ("GPU driver: every unit (fleet start) finished ok once",
+                   "GPU driver: every record counted comes from a unit that finished ok")
+    assert not set(unit_checks) & set(statuses(run))
+    rewrite(run.run_dir / "raw" / "arms.jsonl", lambda a: edited(a, unit="tiny-s0-local"))
+    got = statuses(RunFiles(run.run_dir))
+    assert [got.get(name) for name in unit_checks] == ["failed", "failed"]

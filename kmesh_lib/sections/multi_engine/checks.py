@@ -363,13 +363,24 @@ def probe_checks(cfg: MultiEngineParams, probes: list[ProbeRecord]) -> list[Chec
     ]
 
 
+UNIT_TAGGED = ("requests.jsonl", "arms.jsonl", "probes.jsonl", "fleets.jsonl")  # the records a driver's unit tags
+
+
+def driver_checks(cfg: MultiEngineParams, run: RunFiles) -> list[Check]:
+    """``unit_checks`` where the run is a GPU driver's: it has raw/units.jsonl, or any record names a unit (so a
+    driver run whose units.jsonl went missing fails them, rather than losing them); none for a notebook's run."""
+    tagged = any(r.unit is not None for name in UNIT_TAGGED for r in run.records(name))
+    if run.raw_path("units.jsonl") is None and not tagged:
+        return []
+    return unit_checks(cfg, run, run.records("units.jsonl"))
+
+
 def unit_checks(cfg: MultiEngineParams, run: RunFiles, done: list[UnitRecord]) -> list[Check]:
     """A GPU driver's run (``gpu.py``, raw/units.jsonl): each planned unit finished ok exactly once, and every record
     counted is one of theirs (a unit that did not finish was set aside in raw/*.unfinished.jsonl, and ran again)."""
     times = Counter(u.unit for u in done if u.status == "ok")
     ok = set(times)
-    tagged = [(name, r) for name in ("requests.jsonl", "arms.jsonl", "probes.jsonl", "fleets.jsonl")
-              for r in run.records(name)]
+    tagged = [(name, r) for name in UNIT_TAGGED for r in run.records(name)]
     return [
         all_of("GPU driver: every unit (fleet start) finished ok once", [u.name for u in units(cfg)],
                lambda name: times[name] == 1,
@@ -390,7 +401,7 @@ def checks(run: RunFiles) -> list[Check]:
             + byte_checks(cfg, rows, arms, run.records("probes.jsonl"))
             + probe_checks(cfg, run.records("probes.jsonl")) + process_checks(cfg, fleets, bool(orders))
             + order_checks(cfg, orders, rows, arms) + figure_checks(run, rows, arms)
-            + (unit_checks(cfg, run, run.records("units.jsonl")) if run.raw_path("units.jsonl") is not None else []))
+            + driver_checks(cfg, run))
 
 
 def counts(run: RunFiles) -> dict[str, int | str]:

@@ -48,6 +48,7 @@ import psutil
 
 from kmesh_lib.base.records import RunFiles, RunRecord
 from kmesh_lib.sections import multi_engine as section
+from kmesh_lib.sections.multi_engine.checks import UNIT_TAGGED
 from kmesh_lib.sections.multi_engine.experiment import (
     UNIT_OVERHEAD_S,
     Unit,
@@ -71,7 +72,7 @@ from kmesh_lib.workloads.engine_runs import (
 )
 
 CHILD = [sys.executable, "-m", "kmesh_lib.sections.multi_engine.gpu"]  # the command a unit's child starts with
-TAGGED = ("requests.jsonl", "arms.jsonl", "probes.jsonl", "fleets.jsonl")  # the records a unit tags with its name
+TAGGED = UNIT_TAGGED  # the records a unit tags with its name (the checks hold every one to a finished unit)
 _HELD = []  # the gpu.lock file of this child: released when the process exits
 
 
