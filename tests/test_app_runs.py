@@ -330,3 +330,6 @@ def test_a_raised_cells_error_keeps_every_failed_check_and_is_cut_at_a_word():
     assert _first_line(two + "\nTraceback line") == " ".join(two.split())  # whole: 460 characters
     long = _first_line("word " * 400)
     assert len(long) <= 1000 and long.endswith(" \u2026") and long[:-2].split(" ") == ["word"] * len(long[:-2].split(" "))
+    # a long unbroken value (a path, a JSON blob) is cut inside it, never dropped: shorten() kept "AssertionError: …"
+    path = _first_line("FileNotFoundError: /tmp/" + "x" * 1200)
+    assert len(path) <= 1000 and path.startswith("FileNotFoundError: /tmp/xxx") and path.endswith("x \u2026")

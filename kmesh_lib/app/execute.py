@@ -38,7 +38,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import textwrap
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -152,7 +151,13 @@ def _first_line(text: object, limit: int = 1000) -> str:
     """An error's first line for results.json, cut at a word (with an ellipsis) past ``limit`` characters: a checks
     cell's assertion names every failed check on that line (``base.checks``), so 300 characters kept only the first."""
     lines = str(text).strip().splitlines()
-    return textwrap.shorten(lines[0], limit, placeholder=" \u2026") if lines else ""
+    line = lines[0].strip() if lines else ""
+    if len(line) <= limit:
+        return line
+    cut = line[:limit - 2]
+    # at the last word break, unless that loses more than half (a long path or value: textwrap.shorten kept "…" alone)
+    word = cut.rstrip() if line[len(cut)].isspace() else cut.rsplit(None, 1)[0] if " " in cut else ""
+    return (word if len(word) >= limit // 2 else cut) + " \u2026"
 
 
 def _last_started_cell(out_nb: Path) -> int | None:
