@@ -283,7 +283,9 @@ def rename_arms(run_dir: Path) -> dict:
     results["migration"] = migration
     write_json_atomic(write, results, compact=True)
     if any((run_dir / name).read_bytes() != data for name, data in kept_files.items()):
-        raise Refused(f"{key}: env.json or params.resolved.yaml changed (never: they are the record)")
+        write.write_text(original_text, encoding="utf-8")  # as every other refusal: the run stays as it was
+        raise Refused(f"{key}: env.json or params.resolved.yaml changed (never: they are the record); results.json "
+                      "restored")
     note["public"] = rebuild_public(run_dir)
     after = verify(section, RunFiles(run_dir))
     failed = sorted(n for n, rec in kept.items() if rec.get("status") == "failed")

@@ -122,3 +122,12 @@ def test_gpu_driver_reruns_a_unit_that_crashed_stops_within_its_budget_and_rende
     assert (out / "report.html").exists() and (out / "22_multi_engine.ipynb").exists()
     verdict = verify(section, run)
     assert verdict.ok, verdict.problems
+
+
+def test_plan_says_when_a_unit_could_never_start_in_one_call(monkeypatch):
+    """A unit whose high estimate is over a call's budget is never started by the driver (``Pipeline.can_start``):
+    the plan says so instead of counting it as one call."""
+    cfg, _, _ = resolve_params(section, "gpu", [], [])
+    assert "never start" not in section.plan(cfg)["device calls"]
+    monkeypatch.setattr(experiment, "CALL_BUDGET_S", 30.0)
+    assert "exceeds a call's 30 s: the driver would never start it" in section.plan(cfg)["device calls"]

@@ -217,7 +217,7 @@ class Pipeline:
             own = left[0][2] if len(left[0]) > 2 else None
             own = own() if callable(own) else own  # an estimate from what the run measured so far
             if not self.can_start(own):
-                self.say(f"stopping: {len(left)} engine run(s) left for a later call ({self.elapsed():.0f} s used, "
+                self.say(f"stopping: {len(left)} left for a later call ({self.elapsed():.0f} s used, "
                          f"about {self.estimate(own):.0f} s for the next, budget {self.budget_s:.0f} s)")
                 break
             self.start(*left.pop(0)[:2])

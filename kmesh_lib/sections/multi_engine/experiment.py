@@ -223,6 +223,13 @@ def plan(cfg: MultiEngineParams) -> dict:
                                  f"{len(units(cfg))} units (one fleet start each) in {calls} call(s) of ~540 s "
                                  f"(at most {CALL_BUDGET_S:.0f} s of units each, at their high estimate: "
                                  f"{seconds / 60:.1f} min in all), no notebook overhead")
+        per_model = {m: unit_costs(cfg, m) for m in cfg.models}
+        longest = max(units(cfg), key=lambda u: unit_span(cfg, u, per_model[u.model]).high)
+        high = unit_span(cfg, longest, per_model[longest.model]).high
+        if high > CALL_BUDGET_S:  # Pipeline.can_start would never start it: no number of calls finishes the run
+            lines["device calls"] += (f"; but unit {longest.name}'s high estimate, {high:.0f} s, exceeds a call's "
+                                      f"{CALL_BUDGET_S:.0f} s: the driver would never start it (fewer repeats per fleet "
+                                      "start: a smaller shape or fewer policies)")
     return lines
 
 
