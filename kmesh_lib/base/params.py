@@ -641,8 +641,9 @@ RENAMED = {"OUTPUT_TOKENS": "MAX_TOKENS", "PREFIX_LEN": "CONTEXT_TOKENS", "SUFFI
 # "floor" names a physical transfer floor only). Keyed by the parameter, as it is named now: section 16's
 # CONTROL_ARMS and section 21's ARMS said "floor", section 20's CONTROLS said "engine". A recorded run is read
 # through this table (``current_names``); user input naming an old value is refused (``build``), naming the key.
-RENAMED_VALUES = {"CONTROL_ARMS": {"floor": "resident"}, "ARMS": {"floor": "resident"},
-                  "CONTROLS": {"engine": "resident"}}
+FLOOR_NOW_RESIDENT = {"floor": "resident"}  # sections 16 and 21's captures and params
+ENGINE_NOW_RESIDENT = {"engine": "resident"}  # section 20's
+RENAMED_VALUES = {"CONTROL_ARMS": FLOOR_NOW_RESIDENT, "ARMS": FLOOR_NOW_RESIDENT, "CONTROLS": ENGINE_NOW_RESIDENT}
 
 
 def _renamed_value(key: str, value: Any) -> Any:

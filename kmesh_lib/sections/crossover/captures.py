@@ -22,9 +22,8 @@ Every published run reads as version 1 with these classes. What the runs publish
 from __future__ import annotations
 
 from kmesh_lib.base.captures import CaptureRecord, renamed_values
+from kmesh_lib.base.params import FLOOR_NOW_RESIDENT
 from kmesh_lib.workloads.context_records import Mapping
-
-RENAMED_ARMS = {"floor": "resident"}  # issue 41: one name in every section for the arm already in vLLM's KV
 
 
 class ChildSummary(CaptureRecord):
@@ -177,7 +176,7 @@ class FollowUp(CaptureRecord):
 
     # the LMCache tier's resident arm (the context already in vLLM's KV) was "floor" in the captures published
     # before issue 41; "floor" names a physical transfer floor only (``point_floors.jsonl``, results' ``floors``)
-    _arm_renamed = renamed_values("arm", renamed=RENAMED_ARMS)
+    _arm_renamed = renamed_values("arm", renamed=FLOOR_NOW_RESIDENT)
 
 
 class GridRow(FollowUp):
@@ -190,7 +189,7 @@ class GridRow(FollowUp):
     arm_position: int | None = None  # its place in the repeat's Williams order; absent from the 1 Dec GPU runs
     previous_arm: str | None = None  # the arm before it (None: first); absent from the 1 Dec GPU runs
 
-    _previous_arm_renamed = renamed_values("previous_arm", renamed=RENAMED_ARMS)
+    _previous_arm_renamed = renamed_values("previous_arm", renamed=FLOOR_NOW_RESIDENT)
 
 
 class PairRow(FollowUp):

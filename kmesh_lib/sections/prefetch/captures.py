@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from kmesh_lib.base.captures import as_stored, renamed_values
 from kmesh_lib.base.declared import json_default
+from kmesh_lib.base.params import ENGINE_NOW_RESIDENT
 from kmesh_lib.workloads.context_records import EngineRunRecord, GroupIdentity, Mapping
 
 
@@ -25,7 +26,7 @@ class PrefetchGroup(GroupIdentity):
     VERSION = 1
 
     # the arm whose context is already in vLLM's KV was "engine" in the captures published before issue 41
-    _arm_renamed = renamed_values("arm", renamed={"engine": "resident"})
+    _arm_renamed = renamed_values("arm", renamed=ENGINE_NOW_RESIDENT)
 
     run_index: int
     lead_ms: float  # how long before the follow-ups (T) the preparation starts

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from kmesh_lib.base.captures import as_stored, renamed_values
 from kmesh_lib.base.declared import json_default
+from kmesh_lib.base.params import FLOOR_NOW_RESIDENT
 from kmesh_lib.workloads.context_records import EngineRunRecord, GroupIdentity, Mapping
 
 
@@ -25,7 +26,7 @@ class RetentionGroup(GroupIdentity):
     VERSION = 1
 
     # the arm whose context is already in vLLM's KV was "floor" in the captures published before issue 41
-    _arm_renamed = renamed_values("arm", renamed={"floor": "resident"})
+    _arm_renamed = renamed_values("arm", renamed=FLOOR_NOW_RESIDENT)
 
     data_start: str  # where the context's copy starts (the tier's, or the arm's own)
     route: str  # how it reaches vLLM's blocks
