@@ -277,8 +277,9 @@ def verify(section: ModuleType, run: RunFiles, first_problem: bool = False) -> V
     hashes = hash_lines(run, results) if first_problem and status in ("passed", "failed") else None
     if hashes is not None and not hashes.ok:
         return Verdict(run.run_id, status, record_lines=[hashes])
-    if hashes is not None and not counts_line(results).ok:  # results.json against itself: nothing to recompute
-        return Verdict(run.run_id, status, record_lines=[hashes, counts_line(results)])
+    counts = counts_line(results) if hashes is not None else None  # results.json against itself: nothing recomputed
+    if counts is not None and not counts.ok:
+        return Verdict(run.run_id, status, record_lines=[hashes, counts])
     run.read_everything()
     tables = table_lines(section, run, results) if hashes is not None else None
     if tables is not None and not all(line.ok for line in tables):

@@ -95,12 +95,9 @@ def set_aside_unfinished(run_dir: Path, summaries: str = "blocks.jsonl", key: st
     ``raw/*.unfinished.jsonl``: they are kept, never counted, and the unit is measured again.
     """
     raw = Path(run_dir) / "raw"
-    header, _, units = read_capture(raw / summaries) if (raw / summaries).exists() else (None, [], [])
-    done = {u[key] for u in units if u.get("status") in FINISHED}
-    for name in (summaries, *parts):
-        if not (raw / name).exists():
-            continue
-        header, _, records = read_capture(raw / name)
+    read = {name: read_capture(raw / name) for name in (summaries, *parts) if (raw / name).exists()}
+    done = {u[key] for u in read.get(summaries, (None, [], []))[2] if u.get("status") in FINISHED}
+    for name, (header, _, records) in read.items():
         unfinished = [r for r in records if r.get(key) not in done]
         if unfinished:
             aside = raw / name.replace(".jsonl", ".unfinished.jsonl")

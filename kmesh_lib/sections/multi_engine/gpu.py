@@ -72,13 +72,12 @@ from kmesh_lib.workloads.engine_runs import (
 )
 
 CHILD = [sys.executable, "-m", "kmesh_lib.sections.multi_engine.gpu"]  # the command a unit's child starts with
-TAGGED = UNIT_TAGGED  # the records a unit tags with its name (the checks hold every one to a finished unit)
 _HELD = []  # the gpu.lock file of this child: released when the process exits
 
 
 def finished_units(run_dir: Path) -> set[str]:
     """Units that finished (``raw/units.jsonl``, status ok); every record of any other is set aside."""
-    return set_aside_unfinished(run_dir, "units.jsonl", "unit", TAGGED)
+    return set_aside_unfinished(run_dir, "units.jsonl", "unit", UNIT_TAGGED)  # the records a unit tags
 
 
 def host() -> dict:
