@@ -4,8 +4,10 @@ import itertools
 import random
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
+from kmesh_lib.bounds.access import _stable_order, block_order
 from kmesh_lib.bounds.ideal import (
     block_hashes,
     build_access_trace,
@@ -18,6 +20,7 @@ from kmesh_lib.bounds.ideal import (
     simulate_min,
     sweep_pool_sizes,
 )
+from kmesh_lib.sections.production_trace.trace import access_trace, synthetic_trace
 
 
 def req(prompt, output=(), invocation_id=None, parent_id=None):
@@ -496,3 +499,68 @@ def test_ideal_equals_the_per_access_min_request_by_request():
                                    block_size)
         for num_blocks in range(0, 30, 3):
             assert hits_per_request(simulate_min(trace, num_blocks)) == _per_access_min_hits(trace, num_blocks)
+
+
+# --- the shared block order (``bounds.access.block_order``) ------------------------------
+#
+# The one stable sort the ideal's next uses and the LRU passes' ids share, held to the definitions
+# computed apart: ids are ``np.unique``'s inverse (first-seen order for names past int64), a next access
+# is the next position with the same name (a dict walked backwards), the counting sort of small names is
+# ``np.argsort(kind="stable")`` exactly; and the ideal on section 23's small names (the counting path)
+# and on names past int64 is Belady's MIN over every access.
+
+def next_access_by_dict(names):
+    never = len(names)
+    following, upcoming = [never] * never, {}
+    for pos in range(never - 1, -1, -1):
+        following[pos] = upcoming.get(names[pos], never)
+        upcoming[names[pos]] = pos
+    return following
+
+
+def token_trace(seed):
+    rng = random.Random(seed)
+    requests = [{"prompt_token_ids": [rng.randrange(3) for _ in range(rng.randint(1, 60))],
+                 "output_token_ids": [rng.randrange(3) for _ in range(rng.randint(0, 20))]} for _ in range(40)]
+    return build_access_trace(requests, rng.choice([1, 2, 4]))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ids_are_uniques_inverse_and_next_accesses_the_next_same_name(seed):
+    for trace in (token_trace(seed), access_trace(synthetic_trace(60, seed=seed), 16)):
+        order = block_order(trace)
+        uniques, inverse = np.unique(np.asarray(trace.block_hash, dtype=np.int64), return_inverse=True)
+        assert order.block_id.dtype == np.int32 and order.block_id.tolist() == inverse.tolist()
+        assert order.num_ids == len(uniques)
+        assert order.next_access.tolist() == next_access_by_dict(trace.block_hash)
+
+
+def test_names_past_int64_are_numbered_as_first_seen():
+    trace = token_trace(0)
+    trace.block_hash = [h + 2**70 for h in trace.block_hash]
+    order = block_order(trace)
+    first_seen = {}
+    assert order.block_id.tolist() == [first_seen.setdefault(h, len(first_seen)) for h in trace.block_hash]
+    assert order.next_access.tolist() == next_access_by_dict(trace.block_hash)
+
+
+def test_counting_small_names_is_the_stable_argsort():
+    rng = np.random.default_rng(0)
+    for n, high in ((0, 1), (1, 1), (50, 3), (1000, 1999), (1000, 2000), (1000, 10**12), (500, 40)):
+        names = rng.integers(0, high, n, dtype=np.int64)
+        if n > 1:
+            names[-1] = high - 1  # the largest name: the counting bound's edge
+        assert _stable_order(names).tolist() == np.argsort(names, kind="stable").tolist(), (n, high)
+    negative = np.array([3, -1, 3, 0, -1], dtype=np.int64)
+    assert _stable_order(negative).tolist() == np.argsort(negative, kind="stable").tolist()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_ideal_on_small_names_and_wide_names_is_the_per_access_min(seed):
+    dense = access_trace(synthetic_trace(80, seed=seed), 16)
+    wide = token_trace(seed)
+    wide.block_hash = [h + 2**70 for h in wide.block_hash]
+    for trace in (dense, wide):
+        for num_blocks in (0, 1, 5, 20, 80, 10**6):
+            assert hits_per_request(simulate_min(trace, num_blocks)) == _per_access_min_hits(trace, num_blocks)
+    assert sum(hits_per_request(simulate_min(dense, 20))) > 0

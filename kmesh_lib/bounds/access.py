@@ -22,6 +22,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+from numba import njit
+
 # Chain seed for block 0; an int because str hashes are salted per process.
 _ROOT_BLOCK_HASH = 0x6B6D657368
 
@@ -86,6 +89,74 @@ class AccessTrace:
     @property
     def num_reads(self) -> int:
         return sum(self.num_read_blocks)
+
+
+@dataclass(frozen=True)
+class BlockOrder:
+    """Each access's block among the trace's distinct blocks, from one stable sort of the names.
+
+    ``block_id[t]`` numbers ``block_hash[t]`` densely in name order (0..num_ids-1: ``np.unique``'s inverse);
+    ``next_access[t]`` is the next position that accesses the same block (``num_accesses``: none).
+    """
+    block_id: np.ndarray  # int32, one per access
+    next_access: np.ndarray  # int64, one per access
+    num_ids: int
+
+
+def block_order(trace: AccessTrace) -> BlockOrder:
+    """``BlockOrder`` of ``trace``, once per trace (the ideal's next uses and the LRU passes' ids share it)."""
+    return trace.derived("block_order", lambda: _block_order(trace))
+
+
+def _block_order(trace: AccessTrace) -> BlockOrder:
+    try:
+        names = np.asarray(trace.block_hash, dtype=np.int64)
+    except OverflowError:  # names past int64 (Python's hash() is 64-bit signed; other names may not be)
+        first_seen: dict[int, int] = {}  # numbered as first seen instead: the ids then keep that order
+        names = np.fromiter((first_seen.setdefault(h, len(first_seen)) for h in trace.block_hash),
+                            dtype=np.int64, count=len(trace.block_hash))
+    block_id, next_access, num_ids = _group_by_block(names, _stable_order(names))
+    return BlockOrder(block_id, next_access, num_ids)
+
+
+def _stable_order(names: np.ndarray) -> np.ndarray:
+    """``np.argsort(names, kind="stable")``. Small non-negative names (section 23 numbers its blocks 0, 1, ...)
+    are counted instead, in O(n): a stable sort's order is unique, so the two agree exactly."""
+    if len(names) and names.min() >= 0 and names.max() < 2 * len(names):
+        return _counting_order(names, int(names.max()) + 1)
+    return np.argsort(names, kind="stable")
+
+
+@njit(cache=True)
+def _counting_order(names, num_names):
+    first = np.zeros(num_names + 1, dtype=np.int64)  # first[name]: where name's positions go in the order
+    for name in names:
+        first[name + 1] += 1
+    for name in range(num_names):
+        first[name + 1] += first[name]
+    order = np.empty(len(names), dtype=np.int64)
+    for pos in range(len(names)):
+        order[first[names[pos]]] = pos
+        first[names[pos]] += 1
+    return order
+
+
+@njit(cache=True)
+def _group_by_block(names, by_name):
+    """One walk of the positions in name order (stable: a block's accesses stay in trace order), so a
+    position's next access is its neighbour there and a block's id counts the names before it."""
+    never = len(names)
+    block_id = np.empty(never, dtype=np.int32)
+    next_access = np.full(never, never, dtype=np.int64)
+    num_ids = 0
+    for k in range(never):
+        pos = by_name[k]
+        if k and names[pos] == names[by_name[k - 1]]:
+            next_access[by_name[k - 1]] = pos
+        else:
+            num_ids += 1
+        block_id[pos] = num_ids - 1
+    return block_id, next_access, num_ids
 
 
 def build_access_trace(requests: Iterable[Any], block_size: int) -> AccessTrace:

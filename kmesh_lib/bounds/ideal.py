@@ -26,7 +26,14 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from kmesh_lib.bounds.access import AccessTrace, block_hashes, build_access_trace, request_field, request_token_ids
+from kmesh_lib.bounds.access import (
+    AccessTrace,
+    block_hashes,
+    block_order,
+    build_access_trace,
+    request_field,
+    request_token_ids,
+)
 from kmesh_lib.bounds.lru import lru_hit_blocks
 
 __all__ = [
@@ -97,25 +104,32 @@ def next_read_positions(trace: AccessTrace) -> list[int]:
 
 
 def _next_use_array(trace: AccessTrace) -> np.ndarray:
-    """``next_use_positions`` as an int64 array, computed by sorting positions by block (stable, so each
-    block's accesses stay in trace order): a position's next access is its neighbour in that order."""
+    """``next_use_positions`` as an int64 array, from each position's next access of its block
+    (``access.block_order``: one stable sort of the names, shared with the LRU passes)."""
     return trace.derived("next_use", lambda: _compute_next_use_array(trace))
 
 
 def _compute_next_use_array(trace: AccessTrace) -> np.ndarray:
-    never = trace.num_accesses
-    block_hash = np.asarray(trace.block_hash, dtype=np.int64)
-    is_read = np.asarray(trace.is_read, dtype=bool)
-    by_block = np.argsort(block_hash, kind="stable")
-    same_block = block_hash[by_block[1:]] == block_hash[by_block[:-1]]
-    following = np.full(never, never, dtype=np.int64)
-    following[by_block[:-1][same_block]] = by_block[1:][same_block]
-    has_following = following < never
-    followed_by_read = np.zeros(never, dtype=bool)
-    followed_by_read[has_following] = is_read[following[has_following]]
-    bad = np.flatnonzero(is_read & ~(has_following & ~followed_by_read))
-    assert not len(bad), f"the read at {bad[0]} is not followed by its request's write of the block"
-    return np.where(~is_read & followed_by_read, following, never)
+    is_read = trace.derived("is_read", lambda: np.asarray(trace.is_read, dtype=bool))
+    next_use, bad = _next_use_pass(block_order(trace).next_access, is_read)
+    assert bad < 0, f"the read at {bad} is not followed by its request's write of the block"
+    return next_use
+
+
+@njit(cache=True)
+def _next_use_pass(next_access, is_read):
+    """(next_use, the first read not followed by a write of its block, or -1)."""
+    never = len(next_access)
+    next_use = np.full(never, never, dtype=np.int64)
+    bad = -1
+    for pos in range(never):
+        following = next_access[pos]
+        if is_read[pos]:
+            if bad < 0 and (following == never or is_read[following]):
+                bad = pos
+        elif following < never and is_read[following]:
+            next_use[pos] = following
+    return next_use, bad
 
 
 def next_use_positions(trace: AccessTrace) -> list[int]:
@@ -143,13 +157,17 @@ def next_use_positions(trace: AccessTrace) -> list[int]:
 
 
 def _copy_events(trace: AccessTrace) -> np.ndarray:
-    """``simulate_min``'s events (the same at every pool size): each copy's start as its end e, its end as ~e."""
+    """``simulate_min``'s events (the same at every pool size): each copy's start as its end e, its end as ~e,
+    in trace order. Starts are writes and ends reads, so no position holds two events: no sort needed."""
     never = trace.num_accesses
     next_use = _next_use_array(trace)
     starts = np.flatnonzero(next_use < never)
     ends = next_use[starts]
-    at = np.concatenate([starts, ends])
-    return np.concatenate([ends, ~ends])[np.argsort(at, kind="stable")]
+    event_at = np.empty(never, dtype=np.int64)
+    event_at[starts], event_at[ends] = ends, ~ends
+    has_event = np.zeros(never, dtype=bool)
+    has_event[starts] = has_event[ends] = True
+    return event_at[has_event]
 
 
 @njit(cache=True)
@@ -228,9 +246,9 @@ def simulate_min(trace: AccessTrace, num_blocks: int) -> BoundResult:
     # end e, an end as ~e (negative), so the loop touches nothing else of the trace.
     events = trace.derived("copy_events", lambda: _copy_events(trace))
     hit_ends = _min_pass(events, never, num_blocks)
-    if len(hit_ends):
-        request_index = trace.derived("request_index", lambda: np.asarray(trace.request_index, dtype=np.int64))
-        num_hit_blocks = np.bincount(request_index[hit_ends], minlength=trace.num_requests).tolist()
+    if len(hit_ends):  # in trace order, so request r's are those in [access_start[r], access_start[r+1])
+        access_start = trace.derived("access_start", lambda: np.asarray(trace.access_start, dtype=np.int64))
+        num_hit_blocks = np.diff(np.searchsorted(hit_ends, access_start)).tolist()
     return _bound_result(trace, "ideal", num_blocks, num_hit_blocks)
 
 

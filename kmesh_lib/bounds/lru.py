@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from kmesh_lib.bounds.access import AccessTrace
+from kmesh_lib.bounds.access import AccessTrace, block_order
 
 NOT_RESIDENT = -1
 
@@ -62,16 +62,9 @@ def lru_arrays(trace: AccessTrace) -> LruArrays:
 
 
 def _lru_arrays(trace: AccessTrace) -> LruArrays:
-    try:
-        uniques, block_id = np.unique(np.asarray(trace.block_hash, dtype=np.int64), return_inverse=True)
-        num_ids = len(uniques)
-    except OverflowError:  # names past int64 (Python's hash() is 64-bit signed; other names may not be)
-        names: dict[int, int] = {}
-        block_id = np.fromiter((names.setdefault(h, len(names)) for h in trace.block_hash), dtype=np.int64,
-                               count=len(trace.block_hash))
-        num_ids = len(names)
-    return LruArrays(block_id.astype(np.int32), np.asarray(trace.access_start, dtype=np.int64),
-                     np.asarray(trace.num_read_blocks, dtype=np.int64), num_ids)
+    order = block_order(trace)
+    return LruArrays(order.block_id, np.asarray(trace.access_start, dtype=np.int64),
+                     np.asarray(trace.num_read_blocks, dtype=np.int64), order.num_ids)
 
 
 # -- the linked lists (one row per pool) --
