@@ -8,19 +8,15 @@ bootstrap interval and half-width, the floor's range measured before and after t
 recorded before it has no pairs: its rows' spans (``report.restore_span``: one per measured restore of the grid) give
 the interval, and the floor is the run's recorded one (``floor_distance``'s ``transfer_floor_ms``, one measurement).
 Either way ``needed`` is ``report.restores_needed``: the restores for the half-width asked (a median's interval
-narrows as 1/sqrt(n)). That holds for independent restores; ``lag1`` is the spans' lag-1 autocorrelation in the
-order they ran, and where it is positive (a run of slow restores, then a run of fast ones) ``needed*`` scales
-``needed`` by (1 + r) / (1 - r), the variance inflation of an AR(1) series (the pairs' bootstrap interval treats
-the restores as independent, so there it is too narrow). Prints; asserts nothing.
+narrows as 1/sqrt(n)), from the half-width the table judges: where the restores ran in streaks (``lag1``, the spans'
+lag-1 autocorrelation in the order the pairs ran, above white noise's bound) that is the bootstrap's widened by
+``intervals.serial_inflation``, so ``needed`` assumes the streaks stay as long. Prints; asserts nothing.
 """
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
-
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -50,24 +46,6 @@ def from_rows(run: RunFiles) -> list[dict]:
     return out
 
 
-def lag1_by_point(run: RunFiles) -> dict[tuple, float]:
-    """Lag-1 autocorrelation of each point's restore spans, in the order the pairs ran (paired design only)."""
-    out = {}
-    for key, by_pair in report.pairs_of(run.records("pairs.jsonl")).items():
-        spans = [report.restore_span(p["restore"])[0] for _, p in sorted(by_pair.items()) if "restore" in p]
-        x = np.array([1e3 * s for s in spans if s is not None])
-        if len(x) >= 8 and x[:-1].std() > 0 and x[1:].std() > 0:
-            out[key] = float(np.corrcoef(x[:-1], x[1:])[0, 1])
-    return out
-
-
-def serial_needed(needed: int | None, lag1: float | None) -> int | None:
-    """``needed`` for serially correlated restores: times (1 + r) / (1 - r) where r > 0."""
-    if needed is None or lag1 is None or lag1 <= 0:
-        return needed
-    return math.ceil(needed * (1 + lag1) / (1 - lag1)) if lag1 < 1 else None
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir")
@@ -78,27 +56,24 @@ def main() -> None:
     table = restore_resolution(run)
     paired = isinstance(table, list)
     rows = table if paired else from_rows(run)
-    lag1 = lag1_by_point(run) if paired else {}
     print(f"{run.run_dir.name}: " + ("the paired design (raw/pairs.jsonl)" if paired else
                                      "no pairs: the grid's restores against the run's one floor measurement"))
     print(f"{'model':14} {'tokens':>6} {'path':17} {'n':>4} {'span ms':>9} {'95% interval':>21} {'half-width':>10} "
-          f"{'floor ms':>19} {'hw/floor':>8} {'needed':>6} {'lag1':>5} {'needed*':>7}  verdict")
+          f"{'floor ms':>19} {'lag1':>5} {'hw/floor':>8} {'needed':>6}  verdict")
     for r in rows:
         if r["context_tokens"] < args.min_tokens:
             continue
-        hw, floor = r["span_half_width_ms"], r["floor_ms"]
+        hw, floor = r.get("span_half_width_serial_ms", r["span_half_width_ms"]), r["floor_ms"]
+        r1 = r.get("span_lag1")
         ratio = hw / floor[0] if hw is not None and floor and floor[0] else None
         need = report.restores_needed(hw, r["num_restores"], floor[0], args.fraction) if ratio is not None else None
-        r1 = lag1.get((r["model"], r["context_tokens"], r["path"]))
-        need_serial = serial_needed(need, r1)
         ci = r["span_ci_ms"]
         fl = f"[{floor[0]:.4f}, {floor[1]:.4f}]" if floor else "none"
         print(f"{r['model']:14} {r['context_tokens']:>6} {r['path']:17} {r['num_restores']:>4} "
               f"{(r['span_ms'] if r['span_ms'] is not None else float('nan')):>9.4f} "
               f"[{(ci[0] if ci[0] is not None else float('nan')):>8.4f}, {(ci[1] if ci[1] is not None else float('nan')):>8.4f}] "
-              f"{(hw if hw is not None else float('nan')):>10.4f} {fl:>19} "
-              f"{(ratio if ratio is not None else float('nan')):>8.3f} {need if need is not None else '-':>6} "
-              f"{(r1 if r1 is not None else float('nan')):>5.2f} {need_serial if need_serial is not None else '-':>7}  "
+              f"{(hw if hw is not None else float('nan')):>10.4f} {fl:>19} {(r1 if r1 is not None else float('nan')):>5.2f} "
+              f"{(ratio if ratio is not None else float('nan')):>8.3f} {need if need is not None else '-':>6}  "
               f"{r['span_verdict']}" + (f"; first token {r['ttft_verdict']}" if paired else ""))
 
 

@@ -28,6 +28,13 @@ params.resolved.yaml and every other check as they are, notes the pass under ``m
 public-results.json again; the run must verify exactly as before (same line kinds).
 
     python scripts/migrate_declared_results.py --renamed-arms [RUN_DIR ...]   (default: runs of 16, 20, 21)
+
+``--rebuilt-tables WHY`` is the same pass for a change of what a declared table holds (a column added, a figure now
+computed otherwise): every table that differs is stored as rebuilt, every check must keep its recorded status (a
+record whose details changed is stored as computed now, and listed), raw/, env.json and params.resolved.yaml stay,
+the pass and its WHY go under ``migration.rebuilt``, and the run must verify with the same failed checks.
+
+    python scripts/migrate_declared_results.py --rebuilt-tables "WHY" RUN_DIR ...
 """
 from __future__ import annotations
 
@@ -298,6 +305,66 @@ def rename_arms(run_dir: Path) -> dict:
     return note
 
 
+def rebuild_tables(run_dir: Path, why: str) -> dict:
+    """The ``--rebuilt-tables`` pass over one run (module docstring); returns its note. Raises Refused."""
+    key = f"{run_dir.parent.name}/{run_dir.name}"
+    section = sections.get(read_json_object(run_dir / "results.json").get("section") or run_dir.parent.name)
+    kept_files = {name: (run_dir / name).read_bytes() for name in ("env.json", "params.resolved.yaml")}
+    run = RunFiles(run_dir)
+    results = run.results
+    changed_tables = {}
+    for name, value in build_tables(section.TABLES, run, results).items():
+        found = differences(value, results.get(name), name)
+        if found:
+            changed_tables[name] = len(found)
+            results[name] = value
+    if not changed_tables:
+        return {"skipped": "every declared table is as the code builds it"}
+    write = run_dir / "results.json"
+    original_text = write.read_text(encoding="utf-8")
+    write_json_atomic(write, results, compact=True)  # the checks read results.json (their figure checks)
+    try:
+        checks = {c.name: c for c in section.checks(RunFiles(run_dir))}
+        recorded = results.get("checks") or {}
+        redetailed = []
+        for name, record in recorded.items():
+            check = checks.get(name)
+            if check is None or check.status != record.get("status"):
+                raise Refused(f"{key}: check {name[:120]!r} recorded {record.get('status')}, now "
+                              f"{check.status if check else 'not computed'} (this pass changes no verdict)")
+            now = relative_paths(check.as_record())
+            if now != record:
+                recorded[name] = now
+                redetailed.append(name)
+        if set(checks) - set(recorded):
+            raise Refused(f"{key}: checks computed now that the run never recorded: {sorted(set(checks) - set(recorded))}")
+    except Exception:
+        write.write_text(original_text, encoding="utf-8")
+        raise
+    note = {"when_utc": _now(), "by": "scripts/migrate_declared_results.py --rebuilt-tables",
+            "commit": git_revision().get("commit"), "why": why, "tables_rebuilt": changed_tables}
+    if redetailed:
+        note["checks_redetailed"] = redetailed
+    migration = results.get("migration") if isinstance(results.get("migration"), dict) else {}
+    migration.setdefault("rebuilt", []).append(note)
+    results["migration"] = migration
+    write_json_atomic(write, results, compact=True)
+    if any((run_dir / name).read_bytes() != data for name, data in kept_files.items()):
+        write.write_text(original_text, encoding="utf-8")
+        raise Refused(f"{key}: env.json or params.resolved.yaml changed (never: they are the record); results.json "
+                      "restored")
+    failed = sorted(n for n, rec in recorded.items() if rec.get("status") == "failed")
+    note["public"] = rebuild_public(run_dir)
+    after = verify(section, RunFiles(run_dir))
+    if after.record_problems or sorted(c.name for c in after.checks if c.status == "failed") != failed:
+        write.write_text(original_text, encoding="utf-8")
+        rebuild_public(run_dir)
+        raise Refused(f"{key}: does not verify as recorded after the rebuild ({after.summary()}); results.json "
+                      "restored, public-results.json rebuilt from it")
+    note["verify_after"] = after.summary()
+    return note
+
+
 def default_runs() -> list[Path]:
     published = sorted(p for p in (REPO_ROOT / "outputs").glob("*/*") if (p / "results.json").is_file())
     known = set(sections.SECTIONS)
@@ -312,6 +379,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--renamed-arms", action="store_true",
                     help="issue 41: rebuild the tables and check names that now say 'resident' (sections 16, 20, 21)")
+    ap.add_argument("--rebuilt-tables", metavar="WHY",
+                    help="store each declared table as the code now builds it (a column added, a figure computed "
+                         "otherwise), every check's status unchanged; WHY is recorded with the pass")
     ap.add_argument("--public-only", action="store_true",
                     help="only build public-results.json again (the document gained a field; the record is unchanged)")
     args = ap.parse_args(argv)
@@ -330,6 +400,16 @@ def main(argv=None) -> int:
                 continue
             print(f"{key}: tables {note.get('tables_rebuilt', {})}, checks renamed {len(note.get('checks_renamed', []))}; "
                   f"{note.get('verify_after', note.get('skipped'))}")
+            continue
+        if args.rebuilt_tables:
+            try:
+                note = rebuild_tables(run_dir.resolve(), args.rebuilt_tables)
+            except Refused as e:
+                print(f"REFUSED {e}")
+                status = 1
+                continue
+            print(f"{key}: tables {note.get('tables_rebuilt', {})}, checks redetailed "
+                  f"{len(note.get('checks_redetailed', []))}; {note.get('verify_after', note.get('skipped'))}")
             continue
         if args.public_only:
             print(f"{key}: {rebuild_public(run_dir.resolve())}")

@@ -102,6 +102,32 @@ def test_a_cost_that_holds_zero_is_no_cost_and_a_half_width_over_its_share_is_un
     assert row["span_source"] == "vLLM's load time (load_time_s)"
 
 
+def test_restores_in_streaks_widen_the_half_width_the_resolution_is_judged_by():
+    """The same 32 spans (16 at 0.30 ms, 16 at 0.36 ms), in two orders: alternating, they look independent and the
+    bootstrap's half-width is judged; in two streaks (as LMCache's DRAM restores ran at 16k in 942c: 14-16 ms, then
+    24-27 ms), lag-1 autocorrelation near 1 widens it past the resolution the independent interval claims."""
+    floors = [{"model": "m", "context_tokens": N, "tier": "gpubuf", "when": "before", "floors": {"device": {"median_s": 0.0003}}}]
+    low, high = [0.30 + 0.001 * (k % 4) for k in range(16)], [0.36 + 0.001 * (k % 4) for k in range(16)]
+    alternating = [v for pair in zip(low, high) for v in pair]
+    rows = {}
+    for name, spans in (("alternating", alternating), ("streaks", low + high)):
+        rows[name], = cr.resolution_table(as_pair_rows(_pairs("gpubuf_retained", spans, [20.4] * 32, [20.0] * 32)),
+                                          as_point_floors(floors))
+    a, s = rows["alternating"], rows["streaks"]
+    assert a["span_lag1"] < 0 and a["span_half_width_serial_ms"] == a["span_half_width_ms"]
+    assert s["span_lag1"] > 0.8 and s["span_half_width_serial_ms"] > 3 * s["span_half_width_ms"]
+    assert s["half_width_x_floor"] == pytest.approx(s["span_half_width_serial_ms"] / 0.3, abs=1e-3)
+    assert a["resolved"] is not s["resolved"] and not s["resolved"]
+
+
+def test_serial_inflation_is_one_within_white_noise_and_grows_with_the_correlation():
+    from kmesh_lib.base.intervals import lag1_autocorrelation, serial_inflation
+
+    assert lag1_autocorrelation([1.0] * 20) is None and lag1_autocorrelation([1.0, 2.0] * 3) is None  # constant; 6
+    assert serial_inflation(0.2, 64) == 1.0 and serial_inflation(None, 64) == 1.0  # 0.2 < 1.96 / 8
+    assert serial_inflation(0.6, 64) == pytest.approx(2.0) and serial_inflation(1.0, 64) == float("inf")
+
+
 def test_restores_needed_scales_the_half_width_as_one_over_root_n():
     assert cr.restores_needed(0.02, 8, 0.1) == 32  # half-width 2x the target: 4x the restores
     assert cr.restores_needed(0.005, 8, 0.1) == 2  # already met

@@ -68,3 +68,26 @@ def median_difference(a, b, resamples: int = 10000, seed: int = 0, level: float 
     low, high = bootstrap_interval((a, b), lambda x, y, axis: np.median(x, axis=axis) - np.median(y, axis=axis),
                                    paired=False, resamples=resamples, seed=seed, level=level)
     return float(np.median(a) - np.median(b)), low, high
+
+
+# -- serial correlation: a bootstrap interval treats its samples as independent; measurements taken one after
+# another on one machine may not be (a run of slow ones, then a run of fast ones) --
+MIN_SERIAL_SAMPLES = 8  # fewer: no lag-1 estimate worth reading
+
+
+def lag1_autocorrelation(values) -> float | None:
+    """Lag-1 autocorrelation of ``values`` in the order they were measured; None for fewer than
+    ``MIN_SERIAL_SAMPLES`` or a constant series."""
+    x = np.asarray(values, dtype=float)
+    if x.size < MIN_SERIAL_SAMPLES or x[:-1].std() == 0 or x[1:].std() == 0:
+        return None
+    return float(np.corrcoef(x[:-1], x[1:])[0, 1])
+
+
+def serial_inflation(lag1: float | None, n: int) -> float:
+    """The factor a half-width from independent resampling is widened by where serial correlation is measured: where
+    ``lag1`` exceeds white noise's 95% bound (1.96 / sqrt(n), Bartlett), sqrt((1 + r) / (1 - r)), the standard-error
+    inflation of an AR(1) series' mean (a median's is about the same); else 1. Infinite for r >= 1."""
+    if lag1 is None or n < MIN_SERIAL_SAMPLES or lag1 <= 1.96 / np.sqrt(n):
+        return 1.0
+    return float("inf") if lag1 >= 1 else float(np.sqrt((1 + lag1) / (1 - lag1)))

@@ -193,8 +193,12 @@ def paired_checks(run: RunFiles) -> list[Check]:
     table = report.resolution_table(pairs, floors)
     judged = [r for r in table if r["context_tokens"] >= report.RESOLVE_MIN_TOKENS and r["path"] in report.RESOLVE_PATHS]
     out.append(all_of(PAIRED_CHECKS[3], judged, lambda r: bool(r["resolved"]),
-                      lambda r: f"{r['model']} {r['context_tokens']} {r['path']}: half-width {r['span_half_width_ms']} "
-                                f"ms = {r['half_width_x_floor']} x floor {r['floor_ms']} ({r['num_restores']} restores)",
+                      lambda r: f"{r['model']} {r['context_tokens']} {r['path']}: half-width "
+                                f"{r.get('span_half_width_serial_ms', r['span_half_width_ms'])} ms = "
+                                f"{r['half_width_x_floor']} x floor {r['floor_ms']} ({r['num_restores']} restores"
+                                + (f"; {r['span_half_width_ms']} ms as independent, widened for lag-1 "
+                                   f"autocorrelation {r['span_lag1']}" if r.get("span_half_width_serial_ms",
+                                   r["span_half_width_ms"]) != r["span_half_width_ms"] else "") + ")",
                       f"no point of {report.RESOLVE_MIN_TOKENS:,} tokens and more on those paths "
                       "(the grid's contexts are shorter)"))
     if p.DEVICE != "cuda":  # the floor is a physical bound only where a device moves the bytes

@@ -24,7 +24,7 @@ import statistics
 import numpy
 
 from kmesh_lib.base.figures import save as save_figure
-from kmesh_lib.base.intervals import median_difference, median_of_differences
+from kmesh_lib.base.intervals import lag1_autocorrelation, median_difference, median_of_differences, serial_inflation
 from kmesh_lib.kv.floors import floor_seconds
 from kmesh_lib.sections.crossover.arms import GPUBUF_RESTORES, RESIDENT_OF, RESTORE_ARMS, TIER_OF
 from kmesh_lib.sections.crossover.captures import NO_SPLIT, FollowUp, PairRow, PointFloors, RestoreSplit
@@ -755,7 +755,12 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors]) -> l
     restore, its median and 95% bootstrap interval; the first token's paired difference (the restore less the
     resident follow-up run next to it on the same engine), median and 95% interval; the path's floor as a range over
     its measurements before and after the point; each judged by ``floor_verdict``; and the span's interval half-width
-    against the floor (``RESOLVE_FRACTION``: met where the half-width is at most that share of the floor's min)."""
+    against the floor (``RESOLVE_FRACTION``: met where the half-width is at most that share of the floor's min).
+
+    The bootstrap treats the restores as independent. ``span_lag1`` is the spans' lag-1 autocorrelation in the order
+    the pairs ran; where it is above white noise's bound (a streak of slow restores, then a streak of fast ones),
+    ``span_half_width_serial_ms`` is the half-width widened by ``intervals.serial_inflation``, else the same, and
+    ``half_width_x_floor`` and ``resolved`` judge that one."""
     floors: dict[tuple, list[PointFloors]] = {}
     for f in point_floors:
         floors.setdefault((f.model, f.context_tokens, f.tier), []).append(f)
@@ -770,6 +775,8 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors]) -> l
         s_med, s_low, s_high = median_of_differences(span_ms) if span_ms else (float("nan"),) * 3
         d_med, d_low, d_high = median_of_differences(diffs) if diffs else (float("nan"),) * 3
         half = (s_high - s_low) / 2 if s_high == s_high else None
+        lag1 = lag1_autocorrelation(span_ms)  # in the order the pairs ran
+        serial_half = half * serial_inflation(lag1, len(span_ms)) if half is not None else None
         row = {"model": model, "context_tokens": n, "path": path, "num_restores": len(restores), "num_pairs": len(whole),
                "span_source": "/".join(sorted({src for s, src in spans if s is not None})) or None,
                "span_ms": _round(s_med), "span_ci_ms": [_round(s_low), _round(s_high)],
@@ -777,8 +784,10 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors]) -> l
                "span_verdict": floor_verdict(s_low, s_high, floor),
                "ttft_difference_ms": _round(d_med), "ttft_difference_ci_ms": [_round(d_low), _round(d_high)],
                "ttft_verdict": floor_verdict(d_low, d_high, floor),
-               "span_half_width_ms": _round(half),
-               "half_width_x_floor": (round(half / floor[0], 4) if half is not None and floor and floor[0] > 0 else None)}
+               "span_half_width_ms": _round(half), "span_lag1": _round(lag1, 3),
+               "span_half_width_serial_ms": _round(serial_half) if serial_half != float("inf") else None,
+               "half_width_x_floor": (round(serial_half / floor[0], 4) if serial_half is not None and floor and floor[0] > 0
+                                      and serial_half != float("inf") else None)}
         row["resolved"] = (row["half_width_x_floor"] is not None and row["half_width_x_floor"] <= RESOLVE_FRACTION)
         out.append(row)
     return out

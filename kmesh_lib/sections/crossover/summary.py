@@ -232,9 +232,21 @@ def _resolution_sentences(table: list[dict]) -> list[str]:
                    + (f"{r['ttft_difference_ms']:+,.3f} ms {ci(r['ttft_difference_ci_ms'])} (paired)"
                       if r["ttft_difference_ms"] is not None else "not paired")
                    + f": {r['ttft_verdict']} ({r['num_restores']} restores"
+                   + _serial_clause(r)
                    + ("; resolved to 10% of the floor" if r["resolved"] else "; not resolved to 10% of the floor")
                    + ").")
     return out
+
+
+def _serial_clause(r: dict) -> str:
+    """Where the restores' spans ran in streaks (``report.resolution_table``'s serial half-width is the wider): say
+    so, and the half-width the resolution was judged by."""
+    half, serial = r.get("span_half_width_ms"), r.get("span_half_width_serial_ms", r.get("span_half_width_ms"))
+    if half is None or serial == half:
+        return ""
+    widened = f"±{serial:,.3f} ms" if serial is not None else "unbounded"
+    return (f"; they ran in streaks (lag-1 autocorrelation {r['span_lag1']:.2f}), so the interval, which treats them as "
+            f"independent, is too narrow: judged by its half-width widened for that, {widened}")
 
 
 def _handoff_timing(h: dict) -> str:
