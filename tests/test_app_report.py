@@ -247,3 +247,21 @@ def test_a_runs_corrected_tree_shows_under_its_recorded_commit(section):
     page = render_report(section, run_dir).path.read_text()
     assert '<td class="k">tree</td>' in page and "ed5adc68bdc1: a stale .git" in page
     assert '<td class="k">migrated</td>' not in page
+
+
+def test_every_pass_a_published_run_went_through_shows_in_its_migrated_row(section):
+    """A vocabulary pass and a tables-rebuilt pass (``scripts/migrate_declared_results.py``) each show, dated, with
+    what they changed: a reader of the report sees that its tables are not the ones first written."""
+    import json as _json
+
+    run_dir = fake_section.make_run()
+    results = _json.loads((run_dir / "results.json").read_text())
+    results["migration"] = {"renamed": [{"when_utc": "2026-12-05T01:00:00Z", "summary": "arm renamed floor\u2192resident"}],
+                            "rebuilt": [{"when_utc": "2026-12-05T10:00:00Z", "tables_rebuilt": {"restore_resolution": 28},
+                                         "why": "a column added"}]}
+    (run_dir / "results.json").write_text(_json.dumps(results))
+    page = render_report(section, run_dir).path.read_text()
+    row = page[page.index('<td class="k">migrated</td>'):]
+    row = row[:row.index("</tr>")]
+    assert "2026-12-05: arm renamed floor\u2192resident" in row
+    assert "2026-12-05: tables rebuilt (restore_resolution): a column added" in row

@@ -369,6 +369,8 @@ def header_html(section: ModuleType, run: RunFiles, left_out: LeftOut, answer: s
                  f"hashed then; see results.json's migration)" for m in passes[:1]]
         said += [f"{m.get('when_utc', '')[:10]}: {m.get('summary', '')}" for m in migration.get("renamed") or []
                  if isinstance(m, dict)]  # a vocabulary pass: tables and check names rebuilt, the captures untouched
+        said += [f"{m.get('when_utc', '')[:10]}: tables rebuilt ({', '.join(m.get('tables_rebuilt') or {})}): "
+                 f"{m.get('why', '')}" for m in migration.get("rebuilt") or [] if isinstance(m, dict)]
         if set(migration) - {"provenance"}:
             rows.append(("migrated", "; ".join(said) or "see results.json's migration"))
     error = results.get("error")
