@@ -351,8 +351,9 @@ def _rebuild_tables_recorded(run_dir: Path, section, key: str, why: str, results
             redetailed.append(name)
     if set(checks) - set(recorded):
         raise Refused(f"{key}: checks computed now that the run never recorded: {sorted(set(checks) - set(recorded))}")
+    revision = git_revision()  # dirty: the code that rebuilt the tables is not yet that commit's (not yet committed)
     note = {"when_utc": _now(), "by": "scripts/migrate_declared_results.py --rebuilt-tables",
-            "commit": git_revision().get("commit"), "why": why, "tables_rebuilt": changed_tables}
+            "commit": revision.get("commit"), "dirty": revision.get("dirty"), "why": why, "tables_rebuilt": changed_tables}
     if redetailed:
         note["checks_redetailed"] = redetailed
     migration = results.get("migration") if isinstance(results.get("migration"), dict) else {}
