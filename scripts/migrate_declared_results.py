@@ -320,29 +320,40 @@ def rebuild_tables(run_dir: Path, why: str) -> dict:
             results[name] = value
     if not changed_tables:
         return {"skipped": "every declared table is as the code builds it"}
-    write = run_dir / "results.json"
+    write, public = run_dir / "results.json", run_dir / PUBLIC_FILE
     original_text = write.read_text(encoding="utf-8")
+    original_public = public.read_bytes() if public.exists() else None
     write_json_atomic(write, results, compact=True)  # the checks read results.json (their figure checks)
-    try:
-        checks = {c.name: c for c in section.checks(RunFiles(run_dir))}
-        recorded = results.get("checks") or {}
-        redetailed = []
-        for name, record in recorded.items():
-            check = checks.get(name)
-            if check is None or check.status != record.get("status"):
-                raise Refused(f"{key}: check {name[:120]!r} recorded {record.get('status')}, now "
-                              f"{check.status if check else 'not computed'} (this pass changes no verdict)")
-            now = relative_paths(check.as_record())
-            if now != record:
-                recorded[name] = now
-                redetailed.append(name)
-        if set(checks) - set(recorded):
-            raise Refused(f"{key}: checks computed now that the run never recorded: {sorted(set(checks) - set(recorded))}")
-    except Exception:
+    try:  # from here any failure, a refusal or not, leaves results.json and public-results.json as they were
+        return _rebuild_tables_recorded(run_dir, section, key, why, results, changed_tables, kept_files)
+    except BaseException:
         write.write_text(original_text, encoding="utf-8")
+        if original_public is not None:
+            public.write_bytes(original_public)
         raise
+
+
+def _rebuild_tables_recorded(run_dir: Path, section, key: str, why: str, results: dict, changed_tables: dict,
+                             kept_files: dict) -> dict:
+    """``rebuild_tables`` once results.json holds the rebuilt tables: the checks, the note, the verify after."""
+    write = run_dir / "results.json"
+    checks = {c.name: c for c in section.checks(RunFiles(run_dir))}
+    recorded = results.get("checks") or {}
+    redetailed = []
+    for name, record in recorded.items():
+        check = checks.get(name)
+        if check is None or check.status != record.get("status"):
+            raise Refused(f"{key}: check {name[:120]!r} recorded {record.get('status')}, now "
+                          f"{check.status if check else 'not computed'} (this pass changes no verdict)")
+        now = relative_paths(check.as_record())
+        if now != record:
+            recorded[name] = now
+            redetailed.append(name)
+    if set(checks) - set(recorded):
+        raise Refused(f"{key}: checks computed now that the run never recorded: {sorted(set(checks) - set(recorded))}")
+    revision = git_revision()  # dirty: the code that rebuilt the tables is not yet that commit's (not yet committed)
     note = {"when_utc": _now(), "by": "scripts/migrate_declared_results.py --rebuilt-tables",
-            "commit": git_revision().get("commit"), "why": why, "tables_rebuilt": changed_tables}
+            "commit": revision.get("commit"), "dirty": revision.get("dirty"), "why": why, "tables_rebuilt": changed_tables}
     if redetailed:
         note["checks_redetailed"] = redetailed
     migration = results.get("migration") if isinstance(results.get("migration"), dict) else {}
@@ -350,17 +361,14 @@ def rebuild_tables(run_dir: Path, why: str) -> dict:
     results["migration"] = migration
     write_json_atomic(write, results, compact=True)
     if any((run_dir / name).read_bytes() != data for name, data in kept_files.items()):
-        write.write_text(original_text, encoding="utf-8")
         raise Refused(f"{key}: env.json or params.resolved.yaml changed (never: they are the record); results.json "
                       "restored")
     failed = sorted(n for n, rec in recorded.items() if rec.get("status") == "failed")
     note["public"] = rebuild_public(run_dir)
     after = verify(section, RunFiles(run_dir))
     if after.record_problems or sorted(c.name for c in after.checks if c.status == "failed") != failed:
-        write.write_text(original_text, encoding="utf-8")
-        rebuild_public(run_dir)
         raise Refused(f"{key}: does not verify as recorded after the rebuild ({after.summary()}); results.json "
-                      "restored, public-results.json rebuilt from it")
+                      "and public-results.json restored")
     note["verify_after"] = after.summary()
     return note
 

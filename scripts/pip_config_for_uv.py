@@ -1,34 +1,56 @@
 """pip's configuration as uv's arguments, one per line, for scripts/setup_env.sh: uv reads no pip.conf nor PIP_*.
 
-``pip config list`` gives pip's own view (its files and PIP_* variables); its find-links, index URLs and constraints
-become uv's flags (pip's index-url: the last one set), with ``--index-strategy unsafe-best-match`` as pip chooses
-across indexes (the best version from any). Run by the venv's python, so ``pip`` is that venv's.
+The options are ``pip install``'s own, parsed by pip's parser from its files and PIP_* variables as an install would
+see them: its precedence (PIP_* over ``[install]`` over ``[global]``, a later file over an earlier one), a later
+setting replacing an earlier one (PIP_FIND_LINKS replaces the files' find-links, it does not add to them) and
+multi-line values (``extra-index-url =`` then one URL a line). Its index (or none), extra indexes, find-links,
+constraints and pre-releases become uv's flags, with ``--index-strategy unsafe-best-match`` as pip chooses across
+indexes (the best version from any). A setting that would change what pip installs and that is not handed on (binary
+or source only, hashes, upgrades, another target...) exits 2 naming it: pip installs then, not uv with another set.
+Run by the venv's python, so pip is that venv's.
 """
 from __future__ import annotations
 
-import re
-import subprocess
 import sys
 
-FLAGS = (("index-url", "--index-url"), ("extra-index-url", "--extra-index-url"), ("find-links", "--find-links"),
-         ("constraint", "--constraint"))
+# pip install's options (dests) that change what it installs where set (pip's defaults are all falsy); uv is not
+# handed them
+NOT_HANDED_ON = ("prefer_binary", "require_hashes", "ignore_dependencies", "upgrade", "ignore_installed", "target_dir",
+                 "prefix_path", "root_path", "use_user_site", "requirements", "editables")
 
 
-def uv_args(pip_config_list: str) -> list[str]:
-    """uv's flags from ``pip config list`` output (``section.key='value'`` lines; a value may hold several, by space)."""
-    conf: dict[str, list[str]] = {}
-    for line in pip_config_list.splitlines():
-        m = re.match(r"^[^.]*\.([\w-]+)='(.*)'$", line.strip())
-        if m:
-            values = conf.setdefault(m.group(1), [])
-            values += [v for v in m.group(2).split() if v not in values]
-    args = []
-    for key, flag in FLAGS:
-        for value in conf.get(key, [])[-1:] if key == "index-url" else conf.get(key, []):
+class NotHandedOn(Exception):
+    pass
+
+
+def pip_install_options():
+    """``pip install``'s options with nothing on its command line: its configuration, as pip reads it."""
+    from pip._internal.commands import create_command
+
+    options, _ = create_command("install").parse_args([])
+    return options
+
+
+def uv_args(options) -> list[str]:
+    """uv's flags from ``pip install``'s parsed options (``pip_install_options``). Raises NotHandedOn."""
+    set_here = [dest for dest in NOT_HANDED_ON if getattr(options, dest, None)]
+    if options.format_control.no_binary or options.format_control.only_binary:
+        set_here.append("format_control (no-binary / only-binary)")
+    if set_here:
+        raise NotHandedOn(f"pip's configuration sets {', '.join(set_here)}, which uv is not handed")
+    args = ["--no-index"] if options.no_index else ["--index-url", options.index_url]
+    for flag, values in (("--extra-index-url", options.extra_index_urls), ("--find-links", options.find_links),
+                         ("--constraint", options.constraints)):
+        for value in values or []:
             args += [flag, value]
+    if options.pre:
+        args += ["--prerelease", "allow"]
     return args + ["--index-strategy", "unsafe-best-match"]
 
 
 if __name__ == "__main__":
-    listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
-    print("\n".join(uv_args(listed)))
+    try:
+        print("\n".join(uv_args(pip_install_options())))
+    except NotHandedOn as e:
+        print(f"{e}: pip installs", file=sys.stderr)
+        sys.exit(2)

@@ -7,7 +7,7 @@ PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 VENV=.venv
 STAMP="$VENV/.kmesh-stamp"
-want=$(cat requirements-cpu.txt pyproject.toml scripts/setup_env.sh | sha256sum | cut -d' ' -f1)
+want=$(cat requirements-cpu.txt pyproject.toml scripts/setup_env.sh scripts/pip_config_for_uv.py | sha256sum | cut -d' ' -f1)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   exit 0
 fi
@@ -28,8 +28,10 @@ $PIP install -q --upgrade pip
 # index URLs, constraints (scripts/pip_config_for_uv.py), the CA bundle. Where uv cannot be had, or fails, pip installs
 # as before. KMESH_NO_UV=1: pip.
 install_requirements() {
-  if [ -z "${KMESH_NO_UV:-}" ] && $PIP install -q uv >/dev/null 2>&1; then
-    mapfile -t uv_args < <("$VENV/bin/python" scripts/pip_config_for_uv.py)
+  # the flags first: where pip's configuration cannot be handed on (the script fails), pip installs
+  if [ -z "${KMESH_NO_UV:-}" ] && uv_flags=$("$VENV/bin/python" scripts/pip_config_for_uv.py) \
+      && $PIP install -q uv >/dev/null 2>&1; then
+    mapfile -t uv_args <<< "$uv_flags"
     cert=${PIP_CERT:-$("$VENV/bin/python" -m pip config get global.cert 2>/dev/null || true)}
     if SSL_CERT_FILE=${cert:-${SSL_CERT_FILE:-}} "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" \
         "${uv_args[@]}" "torch==2.13.0+cpu" -r requirements-cpu.txt \

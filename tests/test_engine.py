@@ -38,6 +38,22 @@ def test_an_eager_cpu_engine_compiles_nothing(engine):
     assert not counters["frames"]["total"]
 
 
+def test_a_cpu_engine_that_is_not_eager_turns_torch_compile_back_on():
+    """The switch is the process's: after an eager CPU engine, one that is not eager must compile again."""
+    import torch._dynamo
+
+    from kmesh_lib.engine.vllm_engine import compile_nothing
+
+    was = torch._dynamo.config.disable
+    try:
+        compile_nothing(True)
+        assert torch._dynamo.config.disable
+        compile_nothing(False)
+        assert not torch._dynamo.config.disable
+    finally:
+        torch._dynamo.config.disable = was
+
+
 def test_prefix_hit_and_exact_greedy_outputs(engine):
     capture = BlockPoolCapture(engine.block_pool)
     shared = tokens(100, 1)

