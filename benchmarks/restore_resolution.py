@@ -58,7 +58,7 @@ def main() -> None:
     rows = table if paired else from_rows(run)
     print(f"{run.run_dir.name}: " + ("the paired design (raw/pairs.jsonl)" if paired else
                                      "no pairs: the grid's restores against the run's one floor measurement"))
-    print(f"{'model':14} {'tokens':>6} {'path':17} {'n':>4} {'span ms':>9} {'95% interval':>21} {'half-width':>10} "
+    print(f"{'model':14} {'tokens':>6} {'path':17} {'n':>4} {'span ms':>9} {'95% interval':>21} {'hw judged':>10} "
           f"{'floor ms':>19} {'lag1':>5} {'hw/floor':>8} {'needed':>6}  verdict")
     for r in rows:
         if r["context_tokens"] < args.min_tokens:

@@ -194,8 +194,12 @@ def paired_checks(run: RunFiles) -> list[Check]:
     judged = [r for r in table if r["context_tokens"] >= report.RESOLVE_MIN_TOKENS and r["path"] in report.RESOLVE_PATHS]
     out.append(all_of(PAIRED_CHECKS[3], judged, lambda r: bool(r["resolved"]),
                       lambda r: f"{r['model']} {r['context_tokens']} {r['path']}: half-width "
-                                f"{r.get('span_half_width_serial_ms', r['span_half_width_ms'])} ms = "
-                                f"{r['half_width_x_floor']} x floor {r['floor_ms']} ({r['num_restores']} restores"
+                                + (f"{r.get('span_half_width_serial_ms', r['span_half_width_ms'])} ms = "
+                                   f"{r['half_width_x_floor']} x floor {r['floor_ms']}"
+                                   if r["half_width_x_floor"] is not None else
+                                   f"{r['span_half_width_ms']} ms, no floor measured" if not r["floor_ms"] else
+                                   f"unbounded (lag-1 autocorrelation {r.get('span_lag1')}) against floor {r['floor_ms']}")
+                                + f" ({r['num_restores']} restores"
                                 + (f"; {r['span_half_width_ms']} ms as independent, widened for lag-1 "
                                    f"autocorrelation {r['span_lag1']}" if r.get("span_half_width_serial_ms",
                                    r["span_half_width_ms"]) != r["span_half_width_ms"] else "") + ")",
