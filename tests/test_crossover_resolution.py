@@ -120,6 +120,23 @@ def test_restores_in_streaks_widen_the_half_width_the_resolution_is_judged_by():
     assert a["resolved"] is not s["resolved"] and not s["resolved"]
 
 
+def test_a_copy_floor_timed_beside_each_restore_follows_a_streak_the_link_causes():
+    """Spans in two streaks (0.30 ms, then 0.60 ms) with the floor timed right before each doubling with them (a link
+    busy with someone else's copies): each restore over its own floor stays 1.5x, where the spans alone scatter."""
+    floors = [{"model": "m", "context_tokens": N, "tier": "gpubuf", "when": "before", "floors": {"device": {"median_s": 0.0002}}}]
+    spans = [0.30] * 16 + [0.60] * 16
+    rows = _pairs("gpubuf_retained", spans, [20.4] * 32, [20.0] * 32)
+    for r in rows:
+        if r["role"] == "restore":
+            r["pair_floor_s"] = r["split"]["restore_s"] / 1.5
+    (row,) = cr.resolution_table(as_pair_rows(rows), as_point_floors(floors))
+    assert row["num_pair_floors"] == 32 and row["pair_floor_lag1"] > 0.8
+    assert row["span_x_pair_floor"] == pytest.approx(1.5) and row["span_x_pair_floor_ci"] == [pytest.approx(1.5)] * 2
+    (plain,) = cr.resolution_table(as_pair_rows(_pairs("gpubuf_retained", spans, [20.4] * 32, [20.0] * 32)),
+                                   as_point_floors(floors))
+    assert "span_x_pair_floor" not in plain  # a run before 5 Dec 2026 keeps its table's columns
+
+
 def test_serial_inflation_is_one_within_white_noise_and_grows_with_the_correlation():
     from kmesh_lib.base.intervals import lag1_autocorrelation, serial_inflation
 
@@ -225,6 +242,10 @@ def test_the_lmcache_server_tier_runs_its_arms_and_pairs_on_cpu(smoke_run):
         assert [(p["pair"], p["role"]) for p in pairs if p["context_tokens"] == n] == \
             [(k, role) for k in range(num_pairs) for role in order[k % 2]]
     assert all(p["status"] == "ok" and p["num_cached_tokens"] == [p["context_tokens"]] for p in pairs)
+    # each restore carries the copy floor timed right before it (a host memcpy here) and the host it ran beside
+    restores = [p for p in pairs if p["role"] == "restore"]
+    assert all(p["pair_floor_s"] > 0 and isinstance(p["host"]["cpu_num"], int) for p in restores)
+    assert not any("pair_floor_s" in p for p in pairs if p["role"] == "resident")
     floors = [f for f in run.raw("point_floors.jsonl") if f["tier"] == "lmcache_mp"]
     assert [(f["context_tokens"], f["when"], sorted(f["floors"])) for f in floors] == \
         [(n, when, ["copy"]) for n in (256, 512) for when in ("before", "after")]
@@ -276,3 +297,13 @@ def test_a_saturated_floor_that_raises_leaves_the_chunked_one_standing(tmp_path,
     assert list(got["errors"]) == ["disk (saturated)"] and "O_DIRECT" in got["errors"]["disk (saturated)"]
     with_copy = {**got, "floors": {**got["floors"], "copy": {"median_s": 0.002}}}
     assert cr.floor_range_ms("disk", as_point_floors([with_copy])) == [12.0, 12.0]  # the chunked disk floor, read + copy
+
+
+def test_a_pair_floor_times_one_copy_of_its_bytes_and_is_never_a_disk_floor():
+    floor = pf.PairFloor("copy", 1 << 20, "cpu")
+    try:
+        assert floor.label == "host memcpy (no device)" and floor.time_once() > 0
+    finally:
+        floor.close()
+    with pytest.raises(ValueError, match="a copy floor"):
+        pf.PairFloor("disk", 1 << 20, "cpu")

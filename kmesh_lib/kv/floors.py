@@ -238,18 +238,8 @@ def chunked_floor(kind: str, nbytes: int, chunk_bytes: int, queue_depth: int = 1
             path.unlink(missing_ok=True)
         label = "disk: O_DIRECT reads"
     else:
-        if cuda:
-            src = (torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) if kind == "copy"
-                   else torch.empty(nbytes, dtype=torch.uint8, device="cuda"))
-            src.fill_(7)
-            dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-            streams = [torch.cuda.Stream() for _ in range(queue_depth)]
-            label = "host->device: pinned copy (cuda)" if kind == "copy" else "device->device: copy (cuda)"
-        else:
-            src = torch.full((nbytes,), 7, dtype=torch.uint8)
-            dst = torch.empty_like(src)
-            streams = []
-            label = "host memcpy (no device)"
+        src, dst, label = _copy_buffers(kind, nbytes, cuda)
+        streams = [torch.cuda.Stream() for _ in range(queue_depth)] if cuda else []
 
         def once() -> float:
             if cuda:
@@ -271,3 +261,53 @@ def chunked_floor(kind: str, nbytes: int, chunk_bytes: int, queue_depth: int = 1
         del src, dst
     return {"kind": kind, "label": label, "bytes": nbytes, "chunk_bytes": chunk_bytes, "queue_depth": queue_depth,
             "seconds": seconds, "median_s": statistics.median(seconds)}
+
+
+def _copy_buffers(kind: str, nbytes: int, cuda: bool):
+    """(source, destination, label) for a copy floor: CUDA ``copy`` from pinned host memory to the device,
+    ``device`` from device to device; without CUDA a host memcpy either way."""
+    import torch
+
+    if cuda:
+        src = (torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) if kind == "copy"
+               else torch.empty(nbytes, dtype=torch.uint8, device="cuda"))
+        src.fill_(7)
+        dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        return src, dst, "host->device: pinned copy (cuda)" if kind == "copy" else "device->device: copy (cuda)"
+    src = torch.full((nbytes,), 7, dtype=torch.uint8)
+    return src, torch.empty_like(src), "host memcpy (no device)"
+
+
+class PairFloor:
+    """The copy floor of one context's bytes, timed beside each restore of a point (``time_once`` right before it):
+    its buffers are allocated once, and each timing moves the bytes in one piece (the saturated way of
+    ``chunked_floor``), so a restore and the floor next to it see the same machine at the same moment (a link busy
+    with someone else's copies slows both; a slow restore path alone, only the restore). ``close`` frees them."""
+
+    def __init__(self, kind: str, nbytes: int, device: str = "cpu") -> None:
+        import torch
+
+        if kind not in ("copy", "device"):
+            raise ValueError(f"PairFloor: a copy floor (copy, device), not {kind!r}")
+        self.kind, self.nbytes = kind, nbytes
+        self.cuda = device == "cuda" and torch.cuda.is_available()
+        self.src, self.dst, self.label = _copy_buffers(kind, nbytes, self.cuda)
+        self.time_once()  # first touch: not kept
+
+    def time_once(self) -> float:
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        self.dst.copy_(self.src, non_blocking=self.cuda)
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.src = self.dst = None
+        if self.cuda:
+            import torch
+
+            torch.cuda.empty_cache()

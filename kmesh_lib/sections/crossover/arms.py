@@ -99,6 +99,15 @@ class Context:
         return cls(name, [rng.randrange(4, vocab_size) for _ in range(n_tokens)])
 
 
+def host_state() -> dict:
+    """The CPU this process's thread is on and the 1-minute load average, read now (psutil, os)."""
+    import os
+
+    import psutil
+
+    return {"cpu_num": psutil.Process().cpu_num(), "load_avg_1m": round(os.getloadavg()[0], 2)}
+
+
 class RestoreBench:
     """One engine, its external tier (``lmcache.connect``, ``kv.gpu_buffer`` or ``kv.offloading``),
     the off switch and the component probe. ``tier_name`` is the tier's row in ``ARMS_OF_TIER``."""
@@ -256,24 +265,37 @@ class RestoreBench:
         self._take_timelines()
         return {"memory_tier_bytes": self.tier.memory_bytes()}
 
-    def run_pairs(self, arm: str, ctx: Context, tag: str, num_pairs: int) -> list[dict]:
+    def run_pairs(self, arm: str, ctx: Context, tag: str, num_pairs: int, floor_kind: str | None = None,
+                  context_bytes: int = 0) -> list[dict]:
         """``num_pairs`` pairs of a restore (``arm``) and its engine's resident follow-up (``RESIDENT_OF``), back to
         back on this engine: the first pair after the arm's full preparation, restore first; then the order
         alternates (restore-resident, resident-restore, ...), so each pair's restore and resident follow-up are
         neighbours in time and neither always goes first. Each row names its ``pair``, ``role`` and
-        ``pair_position``."""
+        ``pair_position``. With ``floor_kind`` (a memory path's copy floor), each restore row also carries
+        ``pair_floor_s``, one copy of the context's ``context_bytes`` timed right before it (``kv.floors.PairFloor``),
+        and ``host``, the CPU the engine's thread was on and the load then: what a streak of slow restores ran beside."""
+        from kmesh_lib.kv.floors import PairFloor
+
         resident = RESIDENT_OF[arm]
+        floor = PairFloor(floor_kind, context_bytes, self.engine.params.DEVICE) if floor_kind else None
         out = []
-        for k in range(num_pairs):
-            order = [(arm, "restore"), (resident, "resident")]
-            if k % 2:
-                order.reverse()
-            for i, (a, role) in enumerate(order):
-                t0 = time.monotonic()
-                prep = self.prepare(a, ctx, f"{tag}-p{k}") if k == 0 and i == 0 else self.prepare_in_pair(a, ctx)
-                row = self.measure(a, ctx, f"{tag}-p{k}-{role}", prep, time.monotonic() - t0)
-                row.update(pair=k, role=role, pair_arm=arm, pair_position=i)
-                out.append(row)
+        try:
+            for k in range(num_pairs):
+                order = [(arm, "restore"), (resident, "resident")]
+                if k % 2:
+                    order.reverse()
+                for i, (a, role) in enumerate(order):
+                    t0 = time.monotonic()
+                    prep = self.prepare(a, ctx, f"{tag}-p{k}") if k == 0 and i == 0 else self.prepare_in_pair(a, ctx)
+                    prep_s = time.monotonic() - t0
+                    beside = ({"pair_floor_s": floor.time_once(), "host": host_state()}
+                              if floor is not None and role == "restore" else {})
+                    row = self.measure(a, ctx, f"{tag}-p{k}-{role}", prep, prep_s)
+                    row.update(pair=k, role=role, pair_arm=arm, pair_position=i, **beside)
+                    out.append(row)
+        finally:
+            if floor is not None:
+                floor.close()
         return out
 
     # -- one measured row --

@@ -202,6 +202,10 @@ class PairRow(FollowUp):
     role: str  # restore | resident
     pair_arm: str  # the restore arm of the pair
     pair_position: int  # 0: first in its pair
+    # restore rows of a memory path (from 5 Dec 2026): one copy of the context's bytes timed right before the restore
+    # (``kv.floors.PairFloor``), and the engine thread's CPU and the load then (``arms.host_state``)
+    pair_floor_s: float | None = None
+    host: Mapping | None = None
 
 
 class PointFloors(CaptureRecord):

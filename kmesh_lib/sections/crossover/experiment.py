@@ -277,7 +277,9 @@ def run_model(cfg: CrossoverParams, model: str, run_dir: Path, tier_name: str = 
                 record.append_jsonl("point_floors.jsonl", point_floors(cfg, tier, tier_name, runtime, kinds, model, n,
                                                                       kvt, "before"))
                 for arm in paired:
-                    for row in bench.run_pairs(arm, ctx, f"{model}-{n}-{arm}", num_pairs(cfg, arm)):
+                    media = FLOOR_OF[arm][1]  # a memory path's one copy medium gets its floor timed beside each restore
+                    floor_kind = media[0] if len(media) == 1 and media[0] != "disk" else None
+                    for row in bench.run_pairs(arm, ctx, f"{model}-{n}-{arm}", num_pairs(cfg, arm), floor_kind, n * kvt):
                         row.update(model=model, path=path, measured=True, kv_bytes_per_token=kvt, context_bytes=n * kvt)
                         record.append_jsonl("pairs.jsonl", row)
                 record.append_jsonl("point_floors.jsonl", point_floors(cfg, tier, tier_name, runtime, kinds, model, n,

@@ -760,7 +760,11 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors]) -> l
     The bootstrap treats the restores as independent. ``span_lag1`` is the spans' lag-1 autocorrelation in the order
     the pairs ran; where it is above white noise's bound (a streak of slow restores, then a streak of fast ones),
     ``span_half_width_serial_ms`` is the half-width widened by ``intervals.serial_inflation``, else the same, and
-    ``half_width_x_floor`` and ``resolved`` judge that one."""
+    ``half_width_x_floor`` and ``resolved`` judge that one.
+
+    Where the restores carry the copy floor timed right before each (``pair_floor_s``: memory paths, from 5 Dec 2026),
+    the row adds that floor's median and lag-1 autocorrelation and each restore's span over its own floor, median and
+    95% interval (``span_x_pair_floor``): a streak the link causes slows both and leaves the ratio where it was."""
     floors: dict[tuple, list[PointFloors]] = {}
     for f in point_floors:
         floors.setdefault((f.model, f.context_tokens, f.tier), []).append(f)
@@ -789,6 +793,13 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors]) -> l
                "half_width_x_floor": (round(serial_half / floor[0], 4) if serial_half is not None and floor and floor[0] > 0
                                       and serial_half != float("inf") else None)}
         row["resolved"] = (row["half_width_x_floor"] is not None and row["half_width_x_floor"] <= RESOLVE_FRACTION)
+        beside = [(s, r.pair_floor_s) for (s, _), r in zip(spans, restores) if s is not None and r.pair_floor_s]
+        if beside:  # runs from 5 Dec 2026: each restore over the copy floor timed right before it
+            ratios = [s / f for s, f in beside]
+            x_med, x_low, x_high = median_of_differences(ratios)
+            row.update(num_pair_floors=len(beside), pair_floor_ms=_round(1e3 * float(numpy.median([f for _, f in beside]))),
+                       pair_floor_lag1=_round(lag1_autocorrelation([f for _, f in beside]), 3),
+                       span_x_pair_floor=_round(x_med), span_x_pair_floor_ci=[_round(x_low), _round(x_high)])
         out.append(row)
     return out
 

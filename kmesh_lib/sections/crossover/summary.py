@@ -232,7 +232,7 @@ def _resolution_sentences(table: list[dict]) -> list[str]:
                    + (f"{r['ttft_difference_ms']:+,.3f} ms {ci(r['ttft_difference_ci_ms'])} (paired)"
                       if r["ttft_difference_ms"] is not None else "not paired")
                    + f": {r['ttft_verdict']} ({r['num_restores']} restores"
-                   + _serial_clause(r)
+                   + _serial_clause(r) + _pair_floor_clause(r)
                    + ("; resolved to 10% of the floor" if r["resolved"] else "; not resolved to 10% of the floor")
                    + ").")
     return out
@@ -247,6 +247,15 @@ def _serial_clause(r: dict) -> str:
     widened = f"±{serial:,.3f} ms" if serial is not None else "unbounded"
     return (f"; they ran in streaks (lag-1 autocorrelation {r['span_lag1']:.2f}), so the interval, which treats them as "
             f"independent, is too narrow: judged by its half-width widened for that, {widened}")
+
+
+def _pair_floor_clause(r: dict) -> str:
+    """Each restore against the copy floor timed right before it, where the run timed one (memory paths)."""
+    if r.get("span_x_pair_floor") is None:
+        return ""
+    low, high = r["span_x_pair_floor_ci"]
+    return (f"; against the copy floor timed right before each ({r['pair_floor_ms']:,.3f} ms, median), "
+            f"{r['span_x_pair_floor']:.2f}× [{low:.2f}, {high:.2f}]")
 
 
 def _handoff_timing(h: dict) -> str:
