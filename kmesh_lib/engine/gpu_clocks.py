@@ -41,3 +41,14 @@ class GpuClocks:
         except Exception as e:  # noqa: BLE001
             self.why, self.handle = f"{type(e).__name__}: {e}"[:200], None
             return None
+
+    def read_with_processes(self) -> dict | None:
+        """``read()`` plus ``num_processes``: the compute processes NVML lists on this GPU now, this one included
+        (another tenant's copies share the link a restore uses; a count NVML cannot give is left out)."""
+        clocks = self.read()
+        if clocks is not None:
+            try:
+                clocks["num_processes"] = len(self._nvml.nvmlDeviceGetComputeRunningProcesses(self.handle))
+            except Exception:  # noqa: BLE001 - the clocks stand without it
+                pass
+        return clocks

@@ -99,13 +99,18 @@ class Context:
         return cls(name, [rng.randrange(4, vocab_size) for _ in range(n_tokens)])
 
 
-def host_state() -> dict:
-    """The CPU this process's thread is on and the 1-minute load average, read now (psutil, os)."""
+def host_state(clocks: GpuClocks | None = None) -> dict:
+    """The CPU this process's thread is on and the 1-minute load average, read now (psutil, os); on a GPU also the
+    compute processes NVML lists on it (``GpuClocks.read_with_processes``), where it can say."""
     import os
 
     import psutil
 
-    return {"cpu_num": psutil.Process().cpu_num(), "load_avg_1m": round(os.getloadavg()[0], 2)}
+    state = {"cpu_num": psutil.Process().cpu_num(), "load_avg_1m": round(os.getloadavg()[0], 2)}
+    gpu = clocks.read_with_processes() if clocks is not None else None
+    if gpu and "num_processes" in gpu:
+        state["gpu_processes"] = gpu["num_processes"]
+    return state
 
 
 class RestoreBench:
@@ -288,7 +293,7 @@ class RestoreBench:
                     t0 = time.monotonic()
                     prep = self.prepare(a, ctx, f"{tag}-p{k}") if k == 0 and i == 0 else self.prepare_in_pair(a, ctx)
                     prep_s = time.monotonic() - t0
-                    beside = ({"pair_floor_s": floor.time_once(), "host": host_state()}
+                    beside = ({"pair_floor_s": floor.time_once(), "host": host_state(self.clocks)}
                               if floor is not None and role == "restore" else {})
                     row = self.measure(a, ctx, f"{tag}-p{k}-{role}", prep, prep_s)
                     row.update(pair=k, role=role, pair_arm=arm, pair_position=i, **beside)
