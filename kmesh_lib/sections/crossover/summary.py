@@ -564,12 +564,17 @@ def verdict(run: RunFiles) -> list[str]:
         wins = [r for r in paths.values() if r["crossover_tokens"] is not None]
         never = [r for r in paths.values() if r["crossover_tokens"] is None]
         longest = max(max(_speedups(r)) for r in paths.values())
+        shortest = min(min(_speedups(r)) for r in paths.values())
         parts = []
         if wins:
             best = max(wins, key=lambda r: _speedups(r).get(longest, 0))
             points = sorted({r["crossover_tokens"] for r in wins})
+            # a win at the grid's shortest length says nothing of shorter ones: the sentence says where it starts
+            where = {t: (f"at {_n(t)} tokens (the only length measured)" if shortest == longest else
+                         f"from {_n(t)} tokens (the shortest measured)" if t == shortest else f"from {_n(t)} tokens")
+                     for t in points}
             parts.append(f"{model}: restoring beats recomputing " + " and ".join(
-                f"from {_n(t)} tokens on " + ", ".join(LABEL[r["path"]] for r in wins if r["crossover_tokens"] == t)
+                f"{where[t]} on " + ", ".join(LABEL[r["path"]] for r in wins if r["crossover_tokens"] == t)
                 for t in points) + f" (best {_speedups(best).get(longest, 0):.1f}\u00d7 faster to the "
                          f"first token at {_n(longest)} tokens, {LABEL[best['path']]}"
                          + (f"; medians of {repeats} repeats)" if repeats else ")"))
