@@ -597,7 +597,12 @@ def findings(run: RunFiles) -> list[dict]:
             longest = max(speed)
             point = r["crossover_tokens"]
             rec = _recompute_ms(tables, model, longest)
+            recompute = f" (recompute {rec:,.0f} ms)" if rec else ""
+            if len(speed) == 1:  # one length: no crossover to name, only where it stands there
+                rows.setdefault(path, {"restore": LABEL[path]})[model] = (
+                    f"{speed[longest]:.2f}\u00d7 at {_n(longest)} tokens, the only length measured{recompute}")
+                continue
             rows.setdefault(path, {"restore": LABEL[path]})[model] = (
                 (f"from {_n(point)} tokens" if point is not None else "never")
-                + f"; {speed[longest]:.2f}\u00d7 at {_n(longest)}" + (f" (recompute {rec:,.0f} ms)" if rec else ""))
+                + f"; {speed[longest]:.2f}\u00d7 at {_n(longest)}" + recompute)
     return list(rows.values())[:10]
