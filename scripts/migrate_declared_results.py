@@ -224,6 +224,18 @@ def rebuild_public(run_dir: Path) -> str:
     return verify(section, RunFiles(run_dir)).summary()
 
 
+def store_rebuilt_tables(section, run: RunFiles, results: dict) -> dict[str, int]:
+    """Each declared table as the code builds it from ``run``, stored into ``results`` where it differs from the
+    recorded one; returns table name -> number of differences, for the pass's note."""
+    changed = {}
+    for name, value in build_tables(section.TABLES, run, results).items():
+        found = differences(value, results.get(name), name)
+        if found:
+            changed[name] = len(found)
+            results[name] = value
+    return changed
+
+
 # issue 41: the old name of the arm already in vLLM's KV, per section (a check's name may hold it as a word)
 RENAMED_ARM = {"retention": "floor", "prefetch": "engine", "crossover": "floor"}
 RENAMED_SUMMARY = "arm renamed {old}\u2192resident (issue 41 vocabulary)"
@@ -249,12 +261,7 @@ def rename_arms(run_dir: Path) -> dict:
     note: dict = {"when_utc": _now(), "by": "scripts/migrate_declared_results.py --renamed-arms",
                   "commit": git_revision().get("commit"), "summary": RENAMED_SUMMARY.format(old=old)}
 
-    changed_tables = {}
-    for name, value in build_tables(section.TABLES, run, results).items():
-        found = differences(value, results.get(name), name)
-        if found:
-            changed_tables[name] = len(found)
-            results[name] = value
+    changed_tables = store_rebuilt_tables(section, run, results)
     write = run_dir / "results.json"
     original_text = write.read_text(encoding="utf-8")
     write_json_atomic(write, results, compact=True)  # the checks read results.json (their figure checks)
@@ -312,12 +319,7 @@ def rebuild_tables(run_dir: Path, why: str) -> dict:
     kept_files = {name: (run_dir / name).read_bytes() for name in ("env.json", "params.resolved.yaml")}
     run = RunFiles(run_dir)
     results = run.results
-    changed_tables = {}
-    for name, value in build_tables(section.TABLES, run, results).items():
-        found = differences(value, results.get(name), name)
-        if found:
-            changed_tables[name] = len(found)
-            results[name] = value
+    changed_tables = store_rebuilt_tables(section, run, results)
     if not changed_tables:
         return {"skipped": "every declared table is as the code builds it"}
     write, public = run_dir / "results.json", run_dir / PUBLIC_FILE

@@ -24,9 +24,9 @@ $PIP install -q --upgrade pip
 # imports them.
 # uv (PyPI's `uv`, an installer that unpacks wheels in parallel) installs the same requirements in 21 s against pip's
 # 54 s on the 2-core CI box, to the same package set (`pip freeze` identical, 5 Dec). It does not read pip's
-# configuration, so pip's own view of it (`pip config list`: files and PIP_* variables) is handed on: find-links,
-# index URLs, constraints (scripts/pip_config_for_uv.py), the CA bundle. Where uv cannot be had, or fails, pip installs
-# as before. KMESH_NO_UV=1: pip.
+# configuration, so pip's own parse of it (its files and PIP_* variables, scripts/pip_config_for_uv.py) is handed on:
+# index or none, extra indexes, find-links, constraints, pre-releases, and the CA bundle. Where uv cannot be had,
+# a setting cannot be handed on, or uv fails, pip installs as before. KMESH_NO_UV=1: pip.
 install_requirements() {
   # the flags first: where pip's configuration cannot be handed on (the script fails), pip installs
   if [ -z "${KMESH_NO_UV:-}" ] && uv_flags=$("$VENV/bin/python" scripts/pip_config_for_uv.py) \

@@ -155,6 +155,20 @@ NO_DEVICE_FLOOR = ("DEVICE is not cuda: the floors are a host memcpy timed besid
                    "bound a restore must stay above")
 
 
+def _resolution_detail(r: dict) -> str:
+    """One point of ``report.resolution_table`` for the half-width check's detail: the half-width it judged against
+    the floor, and the bootstrap's own where the restores' streaks widened it."""
+    half, judged = r["span_half_width_ms"], r.get("span_half_width_serial_ms", r["span_half_width_ms"])
+    if r["half_width_x_floor"] is not None:
+        against = f"{judged} ms = {r['half_width_x_floor']} x floor {r['floor_ms']}"
+    elif not r["floor_ms"]:
+        against = f"{half} ms, no floor measured"
+    else:
+        against = f"unbounded (lag-1 autocorrelation {r.get('span_lag1')}) against floor {r['floor_ms']}"
+    widened = f"; {half} ms as independent, widened for lag-1 autocorrelation {r['span_lag1']}" if judged != half else ""
+    return f"{r['model']} {r['context_tokens']} {r['path']}: half-width {against} ({r['num_restores']} restores{widened})"
+
+
 def paired_checks(run: RunFiles) -> list[Check]:
     """The paired design (``arms.RestoreBench.run_pairs``, ``experiment.point_floors``): skipped, with the reason, in
     runs recorded before it (no raw/pairs.jsonl) or that planned no pairs (NUM_RESTORES=0)."""
@@ -193,16 +207,7 @@ def paired_checks(run: RunFiles) -> list[Check]:
     table = report.resolution_table(pairs, floors)
     judged = [r for r in table if r["context_tokens"] >= report.RESOLVE_MIN_TOKENS and r["path"] in report.RESOLVE_PATHS]
     out.append(all_of(PAIRED_CHECKS[3], judged, lambda r: bool(r["resolved"]),
-                      lambda r: f"{r['model']} {r['context_tokens']} {r['path']}: half-width "
-                                + (f"{r.get('span_half_width_serial_ms', r['span_half_width_ms'])} ms = "
-                                   f"{r['half_width_x_floor']} x floor {r['floor_ms']}"
-                                   if r["half_width_x_floor"] is not None else
-                                   f"{r['span_half_width_ms']} ms, no floor measured" if not r["floor_ms"] else
-                                   f"unbounded (lag-1 autocorrelation {r.get('span_lag1')}) against floor {r['floor_ms']}")
-                                + f" ({r['num_restores']} restores"
-                                + (f"; {r['span_half_width_ms']} ms as independent, widened for lag-1 "
-                                   f"autocorrelation {r['span_lag1']}" if r.get("span_half_width_serial_ms",
-                                   r["span_half_width_ms"]) != r["span_half_width_ms"] else "") + ")",
+                      _resolution_detail,
                       f"no point of {report.RESOLVE_MIN_TOKENS:,} tokens and more on those paths "
                       "(the grid's contexts are shorter)"))
     if p.DEVICE != "cuda":  # the floor is a physical bound only where a device moves the bytes

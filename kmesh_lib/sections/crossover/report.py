@@ -780,7 +780,8 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors]) -> l
         d_med, d_low, d_high = median_of_differences(diffs) if diffs else (float("nan"),) * 3
         half = (s_high - s_low) / 2 if s_high == s_high else None
         lag1 = lag1_autocorrelation(span_ms)  # in the order the pairs ran
-        serial_half = half * serial_inflation(lag1, len(span_ms)) if half is not None else None
+        inflation = serial_inflation(lag1, len(span_ms))  # infinite (r >= 1): no half-width bounds the span
+        serial_half = half * inflation if half is not None and inflation != float("inf") else None
         row = {"model": model, "context_tokens": n, "path": path, "num_restores": len(restores), "num_pairs": len(whole),
                "span_source": "/".join(sorted({src for s, src in spans if s is not None})) or None,
                "span_ms": _round(s_med), "span_ci_ms": [_round(s_low), _round(s_high)],
@@ -789,9 +790,9 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors]) -> l
                "ttft_difference_ms": _round(d_med), "ttft_difference_ci_ms": [_round(d_low), _round(d_high)],
                "ttft_verdict": floor_verdict(d_low, d_high, floor),
                "span_half_width_ms": _round(half), "span_lag1": _round(lag1, 3),
-               "span_half_width_serial_ms": _round(serial_half) if serial_half != float("inf") else None,
+               "span_half_width_serial_ms": _round(serial_half),
                "half_width_x_floor": (round(serial_half / floor[0], 4) if serial_half is not None and floor and floor[0] > 0
-                                      and serial_half != float("inf") else None)}
+                                      else None)}
         row["resolved"] = (row["half_width_x_floor"] is not None and row["half_width_x_floor"] <= RESOLVE_FRACTION)
         beside = [(s, r.pair_floor_s) for (s, _), r in zip(spans, restores) if s is not None and r.pair_floor_s]
         if beside:  # runs from 5 Dec 2026: each restore over the copy floor timed right before it
