@@ -9,6 +9,7 @@ from kmesh_lib.base.params import ParamError, build
 from kmesh_lib.kv import floors as pf
 from kmesh_lib.sections.crossover import report as cr
 from kmesh_lib.sections.crossover.params import CrossoverParams, num_pairs, pair_rows
+from kmesh_lib.sections.crossover.summary import _pair_floor_clause
 
 SMALL = dict(MODELS=["tiny"], CONTEXT_TOKENS_GRID=[256, 512], NUM_GPU_BLOCKS=65, MAX_MODEL_LEN=1024, ARENA_MIB=64)
 N = cr.RESOLVE_MIN_TOKENS
@@ -135,6 +136,26 @@ def test_a_copy_floor_timed_beside_each_restore_follows_a_streak_the_link_causes
     (plain,) = cr.resolution_table(as_pair_rows(_pairs("gpubuf_retained", spans, [20.4] * 32, [20.0] * 32)),
                                    as_point_floors(floors))
     assert "span_x_pair_floor" not in plain  # a run before 5 Dec 2026 keeps its table's columns
+    assert not any(k.startswith("pair_floor_") and k.endswith("_ms") and k != "pair_floor_ms" for k in row)
+    assert "the copy floor timed right before each" in _pair_floor_clause(row)
+
+
+def test_a_floor_timed_two_ways_is_their_fastest_and_the_table_and_answer_name_both():
+    """From 6 Dec 2026 a CUDA copy floor is timed as a pinned cudaMemcpy and as a kernel reading pinned memory
+    (UVA), the floor the faster: the row gives each way's median, and the answer names both."""
+    floors = [{"model": "m", "context_tokens": N, "tier": "dram", "when": "before", "floors": {"copy": {"median_s": 0.01}}}]
+    spans = [15.8] * 16
+    rows = _pairs("dram", spans, [30.0] * 16, [10.0] * 16)
+    for r in rows:
+        if r["role"] == "restore":
+            r["components"] = {"load_gpu_s": r.pop("split")["restore_s"]}  # LMCache's load: CUDA events around it
+            r["pair_floor_ways"] = {"memcpy": 0.0170, "uva_read": 0.0150}
+            r["pair_floor_s"] = 0.0150
+    (row,) = cr.resolution_table(as_pair_rows(rows), as_point_floors(floors))
+    assert (row["pair_floor_memcpy_ms"], row["pair_floor_uva_read_ms"], row["pair_floor_ms"]) == (17.0, 15.0, 15.0)
+    assert row["span_x_pair_floor"] == pytest.approx(15.8 / 15.0, abs=1e-4)
+    clause = _pair_floor_clause(row)
+    assert "the faster of a pinned cudaMemcpy (17.000 ms) and a kernel reading pinned memory (UVA) (15.000 ms)" in clause
 
 
 def test_serial_inflation_is_one_within_white_noise_and_grows_with_the_correlation():
@@ -245,6 +266,7 @@ def test_the_lmcache_server_tier_runs_its_arms_and_pairs_on_cpu(smoke_run):
     # each restore carries the copy floor timed right before it (a host memcpy here) and the host it ran beside
     restores = [p for p in pairs if p["role"] == "restore"]
     assert all(p["pair_floor_s"] > 0 and isinstance(p["host"]["cpu_num"], int) for p in restores)
+    assert all(p["pair_floor_ways"] == {"memcpy": p["pair_floor_s"]} and "pair_floor_errors" not in p for p in restores)
     assert not any("pair_floor_s" in p for p in pairs if p["role"] == "resident")
     floors = [f for f in run.raw("point_floors.jsonl") if f["tier"] == "lmcache_mp"]
     assert [(f["context_tokens"], f["when"], sorted(f["floors"])) for f in floors] == \
@@ -303,6 +325,8 @@ def test_a_pair_floor_times_one_copy_of_its_bytes_and_is_never_a_disk_floor():
     floor = pf.PairFloor("copy", 1 << 20, "cpu")
     try:
         assert floor.label == "host memcpy (no device)" and floor.time_once() > 0
+        ways = floor.time_ways()
+        assert list(ways) == ["memcpy"] and ways["memcpy"] > 0 and not floor.errors  # no UVA way without CUDA
     finally:
         floor.close()
     with pytest.raises(ValueError, match="a copy floor"):

@@ -279,10 +279,17 @@ def _copy_buffers(kind: str, nbytes: int, cuda: bool):
 
 
 class PairFloor:
-    """The copy floor of one context's bytes, timed beside each restore of a point (``time_once`` right before it):
+    """The copy floor of one context's bytes, timed beside each restore of a point (``time_ways`` right before it):
     its buffers are allocated once, and each timing moves the bytes in one piece (the saturated way of
     ``chunked_floor``), so a restore and the floor next to it see the same machine at the same moment (a link busy
-    with someone else's copies slows both; a slow restore path alone, only the restore). ``close`` frees them."""
+    with someone else's copies slows both; a slow restore path alone, only the restore). ``close`` frees them.
+
+    A CUDA host->device floor is timed two ways, each the bytes once: ``memcpy`` (one pinned ``cudaMemcpyAsync``, the
+    copy engine) and ``uva_read`` (a kernel whose threads read the pinned buffer through unified virtual addressing,
+    vLLM's ``get_accelerator_view_from_cpu_tensor``: the way LMCache's transfer kernel reads host memory). The floor is
+    the faster of the two at that moment: the link's best as measured, not one API's (a 7B restore from LMCache's DRAM
+    ran at 0.93x a one-piece cudaMemcpy on the H200, gpu-20261205-114511-29e7). Elsewhere (device->device, no
+    CUDA) the one way is ``memcpy``. A way that cannot be set up is left out and named in ``errors``."""
 
     def __init__(self, kind: str, nbytes: int, device: str = "cpu") -> None:
         import torch
@@ -292,22 +299,64 @@ class PairFloor:
         self.kind, self.nbytes = kind, nbytes
         self.cuda = device == "cuda" and torch.cuda.is_available()
         self.src, self.dst, self.label = _copy_buffers(kind, nbytes, self.cuda)
-        self.time_once()  # first touch: not kept
+        self.ways = {"memcpy": lambda: self.dst.copy_(self.src, non_blocking=self.cuda)}
+        self.errors: dict[str, str] = {}
+        if self.cuda and kind == "copy":
+            try:
+                self.ways["uva_read"] = _uva_read(self.src, self.dst)
+            except Exception as e:  # noqa: BLE001 - a floor way this build lacks is named, the restore still measured
+                self.errors["uva_read"] = f"{type(e).__name__}: {e}"
+        self.time_ways()  # first touch: not kept
+
+    def time_ways(self) -> dict[str, float]:
+        """Seconds per way, each timed alone (synchronized before and after), in a fixed order."""
+        return {name: self._time(way) for name, way in self.ways.items()}
 
     def time_once(self) -> float:
+        """The floor now: the fastest way's seconds."""
+        return min(self.time_ways().values())
+
+    def _time(self, way) -> float:
         import torch
 
         if self.cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        self.dst.copy_(self.src, non_blocking=self.cuda)
+        way()
         if self.cuda:
             torch.cuda.synchronize()
         return time.perf_counter() - t0
 
     def close(self) -> None:
         self.src = self.dst = None
+        self.ways = {}
         if self.cuda:
             import torch
 
             torch.cuda.empty_cache()
+
+
+def _uva_read(src, dst):
+    """A kernel copy of pinned ``src`` into device ``dst`` that reads host memory from the GPU's threads (UVA), as
+    LMCache's transfer kernel does, instead of the copy engine: an element-wise op on 8-byte words (``bitwise_or``
+    with 0 keeps every bit) over a device view of the pinned buffer. Bytes past the last whole word go by memcpy."""
+    import torch
+    from vllm.utils.torch_utils import get_accelerator_view_from_cpu_tensor
+
+    words = src.numel() // 8
+    view = get_accelerator_view_from_cpu_tensor(src[: 8 * words]).view(torch.int64)
+    out = dst[: 8 * words].view(torch.int64)
+    tail = (src[8 * words:], dst[8 * words:])
+
+    def copy() -> None:
+        torch.bitwise_or(view, 0, out=out)
+        if tail[0].numel():
+            tail[1].copy_(tail[0], non_blocking=True)
+
+    n = min(4096, 8 * words)
+    src[:n] = torch.arange(n, dtype=torch.int32).remainder_(251).to(torch.uint8)  # a pattern no stale byte matches
+    copy()
+    torch.cuda.synchronize()
+    if not torch.equal(dst[:n].cpu(), src[:n]):
+        raise RuntimeError("the UVA kernel copy did not reproduce the source bytes")
+    return copy

@@ -277,7 +277,8 @@ class RestoreBench:
         alternates (restore-resident, resident-restore, ...), so each pair's restore and resident follow-up are
         neighbours in time and neither always goes first. Each row names its ``pair``, ``role`` and
         ``pair_position``. With ``floor_kind`` (a memory path's copy floor), each restore row also carries
-        ``pair_floor_s``, one copy of the context's ``context_bytes`` timed right before it (``kv.floors.PairFloor``),
+        ``pair_floor_s``, one copy of the context's ``context_bytes`` timed right before it (``kv.floors.PairFloor``:
+        the fastest of its ways, each in ``pair_floor_ways``; a way it could not set up in ``pair_floor_errors``),
         and ``host``, the CPU the engine's thread was on and the load then: what a streak of slow restores ran beside."""
         from kmesh_lib.kv.floors import PairFloor
 
@@ -293,8 +294,12 @@ class RestoreBench:
                     t0 = time.monotonic()
                     prep = self.prepare(a, ctx, f"{tag}-p{k}") if k == 0 and i == 0 else self.prepare_in_pair(a, ctx)
                     prep_s = time.monotonic() - t0
-                    beside = ({"pair_floor_s": floor.time_once(), "host": host_state(self.clocks)}
-                              if floor is not None and role == "restore" else {})
+                    beside = {}
+                    if floor is not None and role == "restore":
+                        ways = floor.time_ways()
+                        beside = {"pair_floor_s": min(ways.values()), "pair_floor_ways": ways,
+                                  "host": host_state(self.clocks), **({"pair_floor_errors": floor.errors}
+                                                                      if floor.errors else {})}
                     row = self.measure(a, ctx, f"{tag}-p{k}-{role}", prep, prep_s)
                     row.update(pair=k, role=role, pair_arm=arm, pair_position=i, **beside)
                     out.append(row)

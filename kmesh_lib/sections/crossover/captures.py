@@ -206,6 +206,10 @@ class PairRow(FollowUp):
     # (``kv.floors.PairFloor``), and the engine thread's CPU and the load then (``arms.host_state``)
     pair_floor_s: float | None = None
     host: Mapping | None = None
+    # from 6 Dec 2026: each way's seconds (``memcpy``; on CUDA also ``uva_read``), pair_floor_s their minimum; and a way
+    # that could not be set up -> why
+    pair_floor_ways: Mapping | None = None
+    pair_floor_errors: Mapping | None = None
 
 
 class PointFloors(CaptureRecord):
