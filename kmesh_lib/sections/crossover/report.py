@@ -24,7 +24,13 @@ import statistics
 import numpy
 
 from kmesh_lib.base.figures import save as save_figure
-from kmesh_lib.base.intervals import lag1_autocorrelation, median_difference, median_of_differences, serial_inflation
+from kmesh_lib.base.intervals import (
+    bootstrap_interval,
+    lag1_autocorrelation,
+    median_difference,
+    median_of_differences,
+    serial_inflation,
+)
 from kmesh_lib.kv.floors import floor_seconds
 from kmesh_lib.sections.crossover.arms import GPUBUF_RESTORES, RESIDENT_OF, RESTORE_ARMS, TIER_OF
 from kmesh_lib.sections.crossover.captures import NO_SPLIT, FollowUp, PairRow, PointFloors, RestoreSplit
@@ -89,8 +95,27 @@ def crossover_point(lengths: list[int], wins: list[bool]) -> int | None:
     return point
 
 
-def crossover_table(table: list[dict]) -> list[dict]:
+def _ratio_of_medians(recompute, restore, axis):
+    return numpy.median(recompute, axis=axis) / numpy.median(restore, axis=axis)
+
+
+def speedup_interval(recompute_s: list[float], restore_s: list[float]) -> list[float | None]:
+    """The 95% bootstrap interval of recompute's median first token over the restore's: the two arms' follow-ups
+    resampled independently (they ran on different engines, or the same engine at different moments of a repeat, so
+    no follow-up has a partner); [None, None] with fewer than two of either."""
+    low, high = bootstrap_interval((recompute_s, restore_s), _ratio_of_medians, paired=False)
+    return [_round(low, 3), _round(high, 3)]
+
+
+def crossover_table(table: list[dict], rows: list[FollowUp] = ()) -> list[dict]:
+    """Per (model, restore path): ``speedup@N``, recompute's median first token over the restore's at each measured
+    length N; with the follow-ups (``rows``), ``speedup_ci@N``, its 95% interval (``speedup_interval``), and a win
+    at N is an interval wholly above 1 (without them, a median ratio above 1). ``crossover_tokens``: the shortest
+    length from which every longer one is a win."""
     t = _lookup(table)
+    samples: dict[tuple, list[float]] = {}
+    for r in usable(rows):
+        samples.setdefault((r.model, r.context_tokens, r.arm), []).append(r.ttft_s)
     models = sorted({r["model"] for r in table}, key=lambda m: [r["model"] for r in table].index(m))
     out = []
     for model in models:
@@ -99,10 +124,14 @@ def crossover_table(table: list[dict]) -> list[dict]:
             if not lengths:
                 continue
             speed = {n: t[(model, n, "recompute")]["ttft_ms"] / t[(model, n, path)]["ttft_ms"] for n in lengths}
-            point = crossover_point(lengths, [speed[n] > 1.0 for n in lengths])
+            ci = ({n: speedup_interval(samples.get((model, n, "recompute"), []), samples.get((model, n, path), []))
+                   for n in lengths} if samples else {})
+            wins = [(ci[n][0] or 0) > 1.0 if ci else speed[n] > 1.0 for n in lengths]
+            point = crossover_point(lengths, wins)
             row = {"model": model, "path": path, "crossover_tokens": point,
                    "crossover": (f">= {point}" if point is not None else f"none up to {max(lengths)}")}
             row.update({f"speedup@{n}": round(speed[n], 3) for n in lengths})
+            row.update({f"speedup_ci@{n}": ci[n] for n in lengths if ci})
             out.append(row)
     return out
 

@@ -34,6 +34,13 @@ def _speedups(row: dict) -> dict[int, float]:
     return {int(k.split("@")[1]): v for k, v in row.items() if k.startswith("speedup@")}
 
 
+def _speedup(row: dict, n: int, digits: int = 2) -> str:
+    """The speed-up at ``n`` tokens with its 95% interval where the table has one: ``4.08× [3.95, 4.21]``."""
+    low, high = row.get(f"speedup_ci@{n}") or (None, None)
+    interval = f" [{low:.{digits}f}, {high:.{digits}f}]" if low is not None and high is not None else ""
+    return f"{row[f'speedup@{n}']:.{digits}f}\u00d7{interval}"
+
+
 def path_phrase(row: dict) -> str:
     """Where one restore path beats recompute for one model, in the run's own numbers."""
     speed = _speedups(row)
@@ -540,7 +547,10 @@ def public_results(run: RunFiles) -> dict:
         "arms": [{k: t[k] for k in ("model", "context_tokens", "arm", "n", "context_mib", "ttft_ms", "ttft_min_ms",
                                     "makespan_ms", "disk_read_mib")} for t in tables["arms"]],
         "crossover": [{"model": r["model"], "path": r["path"], "crossover_tokens": r["crossover_tokens"],
-                       "speedup_by_context_tokens": {str(n): v for n, v in _speedups(r).items()}} for r in tables["crossover"]],
+                       "speedup_by_context_tokens": {str(n): v for n, v in _speedups(r).items()},
+                       **({"speedup_ci_by_context_tokens": {k.split("@")[1]: v for k, v in r.items()
+                                                            if k.startswith("speedup_ci@")}}
+                          if any(k.startswith("speedup_ci@") for k in r) else {})} for r in tables["crossover"]],
         "floors": {k: {x: (f or {}).get(x) for x in ("label", "bytes", "gib_per_s", "best_gib_per_s")}
                    for k, f in floors.items()},
         "floor_distance": [dict(r) for r in tables.get("floor_distance", [])],
@@ -583,19 +593,23 @@ def verdict(run: RunFiles) -> list[str]:
                      for t in points}
             parts.append(f"{model}: restoring beats recomputing " + " and ".join(
                 f"{where[t]} on " + ", ".join(LABEL[r["path"]] for r in wins if r["crossover_tokens"] == t)
-                for t in points) + f" (best {_speedups(best).get(longest, 0):.1f}\u00d7 faster to the "
+                for t in points) + f" (best {_speedup(best, longest, 1)} faster to the "
                          f"first token at {_n(longest)} tokens, {LABEL[best['path']]}"
-                         + (f"; medians of {repeats} repeats)" if repeats else ")"))
+                         + (f"; medians of {repeats} repeats" if repeats else "")
+                         + ("; 95% interval)" if f"speedup_ci@{longest}" in best else ")"))
         if never:
             parts.append(("" if wins else f"{model}: ") + ", ".join(LABEL[r["path"]] for r in never)
-                         + f" never beat{'s' * (len(never) == 1)} recomputing up to {_n(longest)} tokens")
+                         + f" never beat{'s' * (len(never) == 1)} recomputing up to {_n(longest)} tokens"
+                         + (" (" + ", ".join(f"{LABEL[r['path']]} {_speedup(r, longest)}" for r in never
+                                             if f"speedup_ci@{longest}" in r) + " there)"
+                            if any(f"speedup_ci@{longest}" in r for r in never) else ""))
         out.append("; ".join(parts) + ".")
     return out
 
 
 def findings(run: RunFiles) -> list[dict]:
     """One row per restore path: per model, the context length from which it beats recompute and
-    the speed-up (recompute time to first token / restore time) at the longest context."""
+    the speed-up (recompute time to first token / restore time) at the longest context, with its 95% interval."""
     run = RunFiles.of(run)
     tables = recomputed_tables(run)
     rows: dict[str, dict] = {}
@@ -608,9 +622,9 @@ def findings(run: RunFiles) -> list[dict]:
             recompute = f" (recompute {rec:,.0f} ms)" if rec else ""
             if len(speed) == 1:  # one length: no crossover to name, only where it stands there
                 rows.setdefault(path, {"restore": LABEL[path]})[model] = (
-                    f"{speed[longest]:.2f}\u00d7 at {_n(longest)} tokens, the only length measured{recompute}")
+                    f"{_speedup(r, longest)} at {_n(longest)} tokens, the only length measured{recompute}")
                 continue
             rows.setdefault(path, {"restore": LABEL[path]})[model] = (
                 (f"from {_n(point)} tokens" if point is not None else "never")
-                + f"; {speed[longest]:.2f}\u00d7 at {_n(longest)}" + recompute)
+                + f"; {_speedup(r, longest)} at {_n(longest)}" + recompute)
     return list(rows.values())[:10]

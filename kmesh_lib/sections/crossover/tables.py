@@ -53,7 +53,7 @@ def arms(run: RunFiles) -> list[dict]:
 
 
 def crossover(run: RunFiles) -> list[dict]:
-    return report.crossover_table(arms(run))
+    return report.crossover_table(arms(run), rows(run))
 
 
 def components(run: RunFiles) -> list[dict]:
