@@ -674,3 +674,71 @@ def test_groups_recorded_is_the_plan_of_every_finished_engine_run(tmp_path):
     assert bare["groups recorded in raw/groups.jsonl"] == "skipped"
     assert statuses(run_folder(tmp_path / "none", [], [], tables=False))["groups recorded in raw/groups.jsonl"] \
         == "skipped"
+
+
+def timed_pairs(retain_ms, discard_ms, ctx=1024 * 1024):
+    """Pairs on the MP path whose A-first-token stopwatch reads ``retain_ms[i]`` / ``discard_ms[i]`` in pair i; the
+    discard groups reread the context (so the verdict's path is one where retention stops reads)."""
+    out = []
+    for pair, (keep, drop) in enumerate(zip(retain_ms, discard_ms)):
+        out += [dict(group("retain", 0, 4096, 0, memory=ctx, pair=pair), ttft_a_s=keep / 1e3),
+                dict(group("discard", 4 * ctx, 0, 4096, pair=pair), ttft_a_s=drop / 1e3)]
+    return out
+
+
+def test_discard_minus_retain_is_paired_by_pair_with_its_interval(tmp_path):
+    """The difference is the median of each pair's discard - retain, with its bootstrap interval: pairs that drift
+    together (here from 100 to 600 ms) but always differ by 50 ms give 50 ms (95% CI 50 to 50), where two
+    independent samples would give an interval across 0. A pair with a group that is not ok is left out whole."""
+    from kmesh_lib.base.intervals import median_difference
+    from kmesh_lib.sections.retention import report as rr
+    from kmesh_lib.sections.retention.summary import findings, headline, verdict
+
+    retain = [100.0, 300.0, 500.0, 200.0, 600.0, 400.0]
+    groups = timed_pairs(retain, [x + 50 for x in retain])
+    # pair 6's retain group is usable and enters the arm's median (350 ms still), not the paired differences
+    groups += [dict(group("retain", 0, 4096, 0, pair=6), ttft_a_s=0.35),
+               dict(group("discard", 4096 * 1024, 0, 4096, pair=6), ttft_a_s=0.9, status="not_warm")]
+    run = run_folder(tmp_path, groups, [summary()])
+    (row,) = run.results["discard_to_retain"]
+    assert row["pairs"] == 6
+    assert (row["ttft_a_ms: discard - retain"], row["ttft_a_ms: discard - retain, 95% CI low"],
+            row["ttft_a_ms: discard - retain, 95% CI high"]) == (50.0, 50.0, 50.0)
+    assert row["ttft_a_ms: difference"] == rr.SLOWER
+    _, low, high = median_difference([x + 50 for x in retain], retain)  # unpaired: the drift swamps the difference
+    assert low < 0 < high
+    text = verdict(run)[0]
+    assert "A's first token takes 400 ms instead of 350 ms (medians), 50 ms slower without retention " \
+           "(95% CI 50 to 50, median of 6 paired differences)" in text, text
+    assert "p25" not in text
+    (first,) = findings(run)
+    assert first["discard − retain (95% CI)"] == "+50 ms, 95% CI 50 to 50" and first["pairs"] == 6
+    assert headline(run)["mp: A's first token, median ms, retain vs discard (discard - retain)"] == \
+        "N=4: 350 vs 400 (+50 ms, 95% CI 50 to 50) [together, singleflight off]"
+
+
+def test_an_interval_containing_zero_reads_no_difference_measured(tmp_path):
+    """Differences of +20 and -20 ms in turn: the interval contains 0, so the verdict, the findings and the answer
+    say "no difference measured", never slower or faster; one pair has no interval ("not resolved")."""
+    from kmesh_lib.sections.retention import report as rr
+    from kmesh_lib.sections.retention.summary import answer, findings, verdict
+
+    retain = [100.0, 110.0, 120.0, 130.0, 140.0, 150.0]
+    run = run_folder(tmp_path / "zero", timed_pairs(retain, [x + (20 if i % 2 else -20) for i, x in enumerate(retain)]),
+                     [summary()])
+    (row,) = run.results["discard_to_retain"]
+    assert row["ttft_a_ms: discard - retain, 95% CI low"] < 0 < row["ttft_a_ms: discard - retain, 95% CI high"]
+    assert row["ttft_a_ms: difference"] == rr.SAME
+    text = verdict(run)[0]
+    assert "no difference measured (" in text and "95% CI -20 to 20" in text, text
+    assert "slower" not in text and "faster" not in text
+    assert findings(run)[0]["discard − retain (95% CI)"].endswith(": no difference measured")
+    assert "A's first token (median) is 125 ms with retention and 125 ms without (1.00x), no difference measured" \
+        in answer(run)
+    one = run_folder(tmp_path / "one", timed_pairs([100.0], [150.0]), [summary()])
+    (row,) = one.results["discard_to_retain"]
+    assert row["pairs"] == 1 and row["ttft_a_ms: discard - retain, 95% CI low"] is None
+    assert row["ttft_a_ms: difference"] == rr.UNRESOLVED
+    assert "no interval: 1 pair" in verdict(one)[0]
+    # judged on the interval as the table shows it: below 0 is faster, touching 0 is no difference measured
+    assert rr.difference_verdict(-5.0, -0.1) == rr.FASTER and rr.difference_verdict(-5.0, 0.0) == rr.SAME

@@ -1,4 +1,5 @@
-"""Section 16's tables, from group records alone (numpy only: the GPU driver uses them too).
+"""Section 16's tables, from group records alone (numpy, and ``base.intervals``' scipy bootstrap as section 20's
+tables use it: the GPU driver builds them too).
 
 Every function reads the typed records of ``raw/groups.jsonl`` and ``raw/blocks.jsonl``
 (``sections.retention.captures``: ``RetentionGroup``, ``RetentionEngineRun``). A *combination* is (path, group
@@ -7,7 +8,10 @@ size, arrival pattern, singleflight setting); every table row is one combination
     arm_rows      one row per combination and arm: both stopwatches (median, p25-p75), disk MiB read
                   per phase, in how many groups the byte counters agreed (recomputed from the counts,
                   not the recorded flag), where the data started and how it reached the engine
-    ratio_rows    "without retention to with retention": discard / retain per combination
+    ratio_rows    "without retention to with retention" per combination: discard / retain of the medians, and
+                  discard - retain of each stopwatch paired by pair (``paired_differences``): the median of
+                  the pairs' differences with its 95% bootstrap interval, and what the interval says
+                  (``difference_verdict``)
     arrival_rows  the arrival-pattern table: per combination and arm, the follow-ups' context reads per
                   group and per follow-up, and the mechanism of every lookup (``lmcache.lookups``)
     restore_rows  the GPU buffer's restores, split: lookup, disk read, staging, copy, first token
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kmesh_lib.base.intervals import median_of_differences
 from kmesh_lib.lmcache.lookups import MECHANISMS
 from kmesh_lib.sections.retention.captures import RetentionEngineRun, RetentionGroup
 from kmesh_lib.workloads.context_arms import ARMS
@@ -34,6 +39,10 @@ from kmesh_lib.workloads.context_groups import on_off, split_medians
 MIB = 1 << 20
 ORDER = {"retain": 0, "discard": 1, "resident": 2, "recompute": 3}
 COUNTERS = {"device": "device_bytes", "hook": "hook_bytes", "metrics": "metric_bytes"}
+STOPWATCHES = {"ttft_a_s": "ttft_a_ms", "makespan_s": "makespan_ms"}  # the group's field -> the tables' label
+# what a paired difference's interval says (discard - retain: above 0, the discard arm took longer)
+SLOWER, FASTER, SAME, UNRESOLVED = ("slower without retention", "faster without retention", "no difference measured",
+                                    "not resolved")
 
 
 def usable(groups: list[RetentionGroup]) -> list[RetentionGroup]:
@@ -138,20 +147,61 @@ def arm_rows(groups: list[RetentionGroup]) -> list[dict]:
     return rows
 
 
-def ratio_rows(rows: list[dict]) -> list[dict]:
-    """Without retention (discard) to with retention (retain), per combination; the resident arm's makespan beside."""
+def paired_differences(groups: list[RetentionGroup], key: str) -> dict[tuple, list[float]]:
+    """Per combination (``combo``): discard - retain of the stopwatch ``key`` (``STOPWATCHES``) in ms, one value
+    per measured pair whose two groups are both usable, in the order the pairs ran.
+
+    Paired, not two independent samples: an engine runs a combination's groups as pairs (``Block.run_pairs``), the
+    retain and the discard group of a pair back to back on the same engine and server, in alternating order, with
+    the same follow-up suffixes (the pair seeds them); so a pair's difference leaves out what drifts between pairs
+    (the machine's load, the page cache). A pair with a group that is not ``ok`` is left out whole."""
+    by = {(g.engine_run, g.pair, g.arm): g for g in usable(groups)}
+    out: dict[tuple, list[float]] = {}
+    for (run, pair, arm), keep in sorted(by.items(), key=lambda kv: kv[0][:2]):
+        drop = by.get((run, pair, "discard"))
+        if arm == "retain" and drop is not None:
+            out.setdefault(combo(keep), []).append((getattr(drop, key) - getattr(keep, key)) * 1e3)
+    return out
+
+
+def difference_verdict(low: float | None, high: float | None) -> str:
+    """What a discard - retain interval says, judged on the interval as the table shows it (rounded): one that
+    touches 0 is "no difference measured", never slower or faster; None (fewer than two pairs) is "not resolved"."""
+    if low is None or high is None:
+        return UNRESOLVED
+    return SLOWER if low > 0 else FASTER if high < 0 else SAME
+
+
+def _ms_or_none(x: float) -> float | None:
+    return None if x != x else round(x, 1)  # NaN (no pair, or one: nothing to resample) is None in JSON
+
+
+def ratio_rows(rows: list[dict], groups: list[RetentionGroup]) -> list[dict]:
+    """Without retention (discard) to with retention (retain), per combination: the arms' medians and their ratio
+    from ``rows`` (``arm_rows``), and per stopwatch the median of the paired differences discard - retain
+    (``paired_differences``) with its 95% percentile bootstrap interval (``base.intervals.median_of_differences``:
+    10,000 resamples, seeded, so the table rebuilt from raw/ is the recorded one) and what it says
+    (``difference_verdict``); the resident arm's makespan beside."""
     by = {(r["path"], r["group_size"], r.get("arrival", "together"), r.get("singleflight", "n/a"), r["arm"]): r
           for r in rows if r["groups_ok"]}
+    differences = {label: paired_differences(groups, key) for key, label in STOPWATCHES.items()}
     out = []
     for (path, n, arrival, sf, arm), retain in sorted(by.items()):
         discard = by.get((path, n, arrival, sf, "discard"))
         if arm != "retain" or discard is None:
             continue
-        row = {"path": path, "group_size": n, "arrival": arrival, "singleflight": sf}
-        for label in ("ttft_a_ms", "makespan_ms"):
+        row = {"path": path, "group_size": n, "arrival": arrival, "singleflight": sf,
+               "pairs": len(differences["ttft_a_ms"].get((path, n, arrival, sf), []))}
+        for label in STOPWATCHES.values():
             row[f"{label}: discard"] = discard[f"{label}_median"]
             row[f"{label}: retain"] = retain[f"{label}_median"]
             row[f"{label}: discard/retain"] = round(discard[f"{label}_median"] / retain[f"{label}_median"], 2)
+            median, low, high = (_ms_or_none(x) for x in
+                                 median_of_differences(differences[label].get((path, n, arrival, sf), [])))
+            row[f"{label}: discard - retain"] = median
+            row[f"{label}: discard - retain, 95% CI low"] = low
+            row[f"{label}: discard - retain, 95% CI high"] = high
+            row[f"{label}: difference"] = difference_verdict(low, high)
         row["disk MiB/group: discard"] = discard["disk_mib_group"]
         row["disk MiB/group: retain"] = retain["disk_mib_group"]
         resident = by.get(("engine", n, arrival, "n/a", "resident"))

@@ -10,6 +10,9 @@ from kmesh_lib.lmcache.lookups import READS
 from kmesh_lib.sections.retention.captures import RetentionGroup
 from kmesh_lib.sections.retention.checks import lookup_kind, measured_lines
 from kmesh_lib.sections.retention.report import (
+    FASTER,
+    SLOWER,
+    UNRESOLVED,
     arm_rows,
     arrival_rows,
     bytes_agree,
@@ -39,18 +42,44 @@ def _first_combo(by: dict, path: str) -> tuple[str, str] | None:
     return combos[0] if combos else None
 
 
-def _pairs_text(rows, key: str, fmt: str) -> dict[str, str]:
-    """Per external path: "N=4: <retain> vs <discard>; N=8: ... [arrival, singleflight]" for one column."""
+def _pairs_text(rows, key: str, fmt: str, ratios: list[dict] | None = None) -> dict[str, str]:
+    """Per external path: "N=4: <retain> vs <discard>; N=8: ... [arrival, singleflight]" for one column; with
+    ``ratios`` (``ratio_rows``), each pair of A's first tokens followed by their paired difference and its interval."""
     by, out = _by(rows), {}
+    diff = {(r["path"], r["group_size"], r["arrival"], r["singleflight"]): r for r in ratios or []}
     for path in sorted({p for p, *_ in by if p != "engine"}):
         shown = _first_combo(by, path)
         parts = [f"N={n}: {fmt.format(by[(path, n, *shown, 'retain')][key])} vs "
                  f"{fmt.format(by[(path, n, *shown, 'discard')][key])}"
+                 + (f" ({_difference(diff[(path, n, *shown)], 'ttft_a_ms', short=True)})" if (path, n, *shown) in diff else "")
                  for n in sorted({n for p, n, *_ in by if p == path})
                  if (path, n, *shown, "retain") in by and (path, n, *shown, "discard") in by]
         if parts:
             out[path] = "; ".join(parts) + f" [{shown[0]}" + ("" if shown[1] == "n/a" else f", singleflight {shown[1]}") + "]"
     return out
+
+
+def _num(x: float) -> str:
+    """A difference in ms as the sentences show it: whole ms, tenths below 10 (so a small interval's end that is not 0
+    does not read as 0)."""
+    return f"{x:.0f}" if abs(x) >= 10 else f"{x:.1f}"
+
+
+def _difference(r: dict, label: str, short: bool = False) -> str:
+    """A ``ratio_rows`` row's paired difference discard - retain of ``label`` in words, with its 95% interval:
+    "64 ms slower without retention (95% CI 58 to 70)"; an interval that contains 0 reads "no difference measured"
+    (the median difference beside it); fewer than two pairs (``UNRESOLVED``) has none: "no interval: 1 pair".
+    ``short``: "+64 ms, 95% CI 58 to 70"."""
+    median, low, high = (r[f"{label}: discard - retain{x}"] for x in ("", ", 95% CI low", ", 95% CI high"))
+    verdict = r[f"{label}: difference"]
+    if verdict == UNRESOLVED:
+        return f"no interval: {r['pairs']} pair{'s' * (r['pairs'] != 1)}"
+    ci = f"95% CI {_num(low)} to {_num(high)}"
+    if short:
+        return f"{'+' * (median > 0)}{_num(median)} ms, {ci}"
+    if verdict in (SLOWER, FASTER):
+        return f"{_num(abs(median))} ms {verdict} ({ci}, median of {r['pairs']} paired differences)"
+    return f"no difference measured ({'+' * (median > 0)}{_num(median)} ms, {ci}, median of {r['pairs']} paired differences)"
 
 
 def _reads_by_arrival(groups: list[RetentionGroup]) -> dict[str, str]:
@@ -91,8 +120,8 @@ def headline(run) -> dict[str, str]:
     out = {}
     for path, text in _pairs_text(rows, "disk_mib_group", "{:.0f}").items():
         out[f"{path}: disk MiB per group, retain vs discard"] = text
-    for path, text in _pairs_text(rows, "ttft_a_ms_median", "{:.0f}").items():
-        out[f"{path}: A's first token, median ms, retain vs discard"] = text
+    for path, text in _pairs_text(rows, "ttft_a_ms_median", "{:.0f}", ratio_rows(rows, groups)).items():
+        out[f"{path}: A's first token, median ms, retain vs discard (discard - retain)"] = text
     out.update(_reads_by_arrival(groups))
     external = [g for g in usable(groups) if g.path != "engine"]
     if external:
@@ -106,7 +135,7 @@ def answer(run) -> str:
     run = RunFiles.of(run)
     groups = run.records("groups.jsonl")
     rows = arm_rows(groups)
-    ratios = ratio_rows(rows)
+    ratios = ratio_rows(rows, groups)
     if not ratios:
         return ("**No answer from this run:** no path ran both the retain and the discard arm with usable groups, "
                 "so there is nothing to compare (see the checks and the not-run rows).")
@@ -129,8 +158,9 @@ def answer(run) -> str:
                     + ("" if combo[1] == "n/a" else f", singleflight {combo[1]}") + f"), {verdict}: retain reads "
                     f"{r['disk MiB/group: retain']:.0f} MiB per group, discard {r['disk MiB/group: discard']:.0f} MiB. "
                     f"A's first token (median) is {r['ttft_a_ms: retain']:.0f} ms with retention and "
-                    f"{r['ttft_a_ms: discard']:.0f} ms without ({r['ttft_a_ms: discard/retain']:.2f}x); the makespan "
-                    f"{r['makespan_ms: retain']:.0f} vs {r['makespan_ms: discard']:.0f} ms.")
+                    f"{r['ttft_a_ms: discard']:.0f} ms without ({r['ttft_a_ms: discard/retain']:.2f}x), "
+                    f"{_difference(r, 'ttft_a_ms')}; the makespan {r['makespan_ms: retain']:.0f} vs "
+                    f"{r['makespan_ms: discard']:.0f} ms, {_difference(r, 'makespan_ms')}.")
             mine = {(a, sf): row for (p, m, a, sf), row in arrivals.items() if p == path and m == n}
             reads = {row["context reads per group (median)"] for row in mine.values()}
             if len(mine) > 1 and len(reads) == 1 and "no lookup trace" in next(iter(mine.values()))["mechanisms (all groups)"]:
@@ -150,9 +180,10 @@ def answer(run) -> str:
                          + ("" if x["to_first_token ms"] is None else f", then {x['to_first_token ms']} ms to its first token")
                          + ".")
             parts.append(text)
-    pairs = min(by[k]["groups_ok"] for k in by if k[4] in ("retain", "discard"))
-    weak = [f"The medians rest on {pairs} or more measured pairs per arm and combination; where the p25-p75 ranges of "
-            "the two arms overlap in the table, the latency difference is within the run's spread."]
+    pairs = min(r["pairs"] for r in ratios)
+    weak = [f"A difference is the median of the pairs' differences discard - retain ({pairs} or more pairs per "
+            "combination: a pair runs both arms back to back on one engine with the same follow-ups), with its 95% "
+            "bootstrap interval; where the interval contains 0, no difference is measured."]
     strict = measured_lines(run)
     if strict:
         weak.append("Measured, not assumed: " + "; ".join(strict) + ".")
@@ -166,7 +197,8 @@ def public_results(run) -> dict:
     rows = arm_rows(groups)
     return {
         "arms": [{k: r[k] for k in PUBLIC_ARM_KEYS if k in r} for r in rows],
-        "discard_to_retain": [{k: v for k, v in r.items() if isinstance(v, (int, float, str))} for r in ratio_rows(rows)],
+        "discard_to_retain": [{k: v for k, v in r.items() if v is None or isinstance(v, (int, float, str))}
+                              for r in ratio_rows(rows, groups)],
         "arrivals": [{k: v for k, v in r.items() if v is None or isinstance(v, (int, float, str))}
                      for r in arrival_rows(groups)],
         "restore_split": [{k: v for k, v in r.items() if v is None or isinstance(v, (int, float, str))}
@@ -181,38 +213,40 @@ def public_results(run) -> dict:
     }
 
 
-def _iqr(row: dict, key: str) -> str:
-    return f"{row[f'{key}_median']:.0f} ms ({row[f'{key}_p25']:.0f}–{row[f'{key}_p75']:.0f})"
-
-
-def _main_pairs(run) -> list[tuple[str, int, tuple[str, str], dict, dict]]:
-    """Per path and group size, at the path's headline pattern: (path, N, pattern, retain row, discard row)."""
-    by = _by(arm_rows(RunFiles.of(run).records("groups.jsonl")))
+def _main_pairs(run) -> list[tuple[str, int, tuple[str, str], dict, dict, dict]]:
+    """Per path and group size, at the path's headline pattern: (path, N, pattern, retain row, discard row, the
+    ``ratio_rows`` row with the paired differences)."""
+    groups = RunFiles.of(run).records("groups.jsonl")
+    rows = arm_rows(groups)
+    by = _by(rows)
+    ratios = {(r["path"], r["group_size"], r["arrival"], r["singleflight"]): r for r in ratio_rows(rows, groups)}
     out = []
     for path in sorted({p for p, *_ in by if p != "engine"}):
         shown = _first_combo(by, path)
         for n in sorted({n for p, n, *_ in by if p == path}):
             keep, drop = by.get((path, n, *shown, "retain")), by.get((path, n, *shown, "discard"))
             if keep and drop:
-                out.append((path, n, shown, keep, drop))
+                out.append((path, n, shown, keep, drop, ratios[(path, n, *shown)]))
     return out
 
 
 def verdict(run) -> list[str]:
-    """One sentence: on which paths keeping the copy stops repeat reads, with the disk MiB per group
-    and A's first token (median, p25–p75) of the path where it matters most."""
+    """One sentence: on which paths keeping the copy stops repeat reads, with the disk MiB per group and A's first
+    token of the path where it matters most: both arms' medians and the paired difference discard - retain with its
+    95% interval ("no difference measured" where the interval contains 0)."""
     pairs = _main_pairs(run)
     if not pairs:
         return ["No verdict: no path ran both the retain and the discard arm with usable groups."]
-    stops = sorted({p for p, _, _, keep, drop in pairs if drop["disk_mib_group"] > keep["disk_mib_group"]})
+    stops = sorted({p for p, _, _, keep, drop, _ in pairs if drop["disk_mib_group"] > keep["disk_mib_group"]})
     same = sorted({p for p, *_ in pairs} - set(stops))
     parts = []
     if stops:
-        path, n, _, keep, drop = max((x for x in pairs if x[0] in stops),
-                                     key=lambda x: x[4]["disk_mib_group"] - x[3]["disk_mib_group"])
+        path, n, _, keep, drop, r = max((x for x in pairs if x[0] in stops),
+                                        key=lambda x: x[4]["disk_mib_group"] - x[3]["disk_mib_group"])
         parts.append(f"Yes on the {' and '.join(stops)} path{'s' * (len(stops) > 1)}: without retention a group of {n} reads "
                      f"{drop['disk_mib_group']:.0f} MiB from disk instead of {keep['disk_mib_group']:.0f}, and A's first "
-                     f"token takes {_iqr(drop, 'ttft_a_ms')} instead of {_iqr(keep, 'ttft_a_ms')} (median, p25–p75)")
+                     f"token takes {drop['ttft_a_ms_median']:.0f} ms instead of {keep['ttft_a_ms_median']:.0f} ms (medians), "
+                     + _difference(r, "ttft_a_ms"))
     if same:
         parts.append(f"{'on' if stops else 'No: on'} the {' and '.join(same)} path{'s' * (len(same) > 1)} neither arm "
                      "rereads (the same MiB per group), so retention has nothing to stop")
@@ -220,10 +254,12 @@ def verdict(run) -> list[str]:
 
 
 def findings(run) -> list[dict]:
-    """Per path and group size (the path's first arrival pattern): disk MiB per group and A's first token."""
+    """Per path and group size (the path's first arrival pattern): disk MiB per group, A's first token (both arms'
+    medians) and the paired difference discard - retain with its 95% interval (the spreads are in the arms table)."""
     return [{"path": path, "group": f"{n} requests, {shown[0]}" + ("" if shown[1] == "n/a" else f", singleflight {shown[1]}"),
              "disk MiB/group retain → discard": f"{keep['disk_mib_group']:.0f} → {drop['disk_mib_group']:.0f}",
-             "A's first token, retain (p25–p75)": _iqr(keep, "ttft_a_ms"),
-             "A's first token, discard (p25–p75)": _iqr(drop, "ttft_a_ms"),
-             "pairs": min(keep["groups_ok"], drop["groups_ok"])}
-            for path, n, shown, keep, drop in _main_pairs(run)][:10]
+             "A's first token retain → discard (medians)": f"{keep['ttft_a_ms_median']:.0f} → {drop['ttft_a_ms_median']:.0f} ms",
+             "discard − retain (95% CI)": _difference(r, "ttft_a_ms", short=True) + (
+                 "" if r["ttft_a_ms: difference"] in (SLOWER, FASTER, UNRESOLVED) else ": no difference measured"),
+             "pairs": r["pairs"]}
+            for path, n, shown, keep, drop, r in _main_pairs(run)][:10]

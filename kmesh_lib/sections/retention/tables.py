@@ -3,7 +3,8 @@
 
     blocks             every engine run's summary as ``raw/blocks.jsonl`` holds it (the not-available rows too)
     arms               per combination and arm: both stopwatches, disk MiB per phase, counters agreeing
-    discard_to_retain  discard / retain per combination (from ``arms``)
+    discard_to_retain  per combination: discard / retain of the arms' medians (from ``arms``), and discard - retain
+                       of each stopwatch paired by pair, the median difference with its 95% bootstrap interval
     not_run            what did not run, and why
     rereads            per block, each measured discard group's follow-up reads of the context
     arrivals           per combination and arm: reads per group and per follow-up, lookup mechanisms
@@ -32,7 +33,7 @@ def _blocks(run) -> list[RetentionEngineRun]:
 TABLES: dict[str, Table] = {
     "blocks": Table(lambda run: [b.as_recorded() for b in _blocks(run)]),
     "arms": Table(lambda run: rr.arm_rows(_groups(run))),
-    "discard_to_retain": Table(lambda run: rr.ratio_rows(rr.arm_rows(_groups(run)))),
+    "discard_to_retain": Table(lambda run: rr.ratio_rows(rr.arm_rows(_groups(run)), _groups(run))),
     "not_run": Table(lambda run: rr.unavailable_rows(_blocks(run))),
     "rereads": Table(lambda run: rr.rereads_by_block(_groups(run))),
     "arrivals": Table(lambda run: rr.arrival_rows(_groups(run))),
