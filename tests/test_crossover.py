@@ -112,6 +112,23 @@ def test_crossover_table_from_rows():
     assert all(c["lookup_ms"] == 1.0 for c in comps)
 
 
+def test_a_win_is_a_speedup_interval_wholly_above_one():
+    """Four repeats per arm: at 1,024 tokens the restore's median is faster (1.07x) but the repeats overlap, so its
+    interval reaches below 1 and 1,024 is no win; at 4,096 every repeat is faster, and the crossover is 4,096 (by the
+    medians alone it would be 1,024)."""
+    rows = []
+    for k, (rec, res) in enumerate([((0.040, 0.200), (0.030, 0.050)), ((0.041, 0.210), (0.046, 0.052)),
+                                    ((0.039, 0.190), (0.036, 0.049)), ((0.045, 0.205), (0.044, 0.051))]):
+        for row in _rows("m", {"recompute": {1024: rec[0], 4096: rec[1]}, "dram": {1024: res[0], 4096: res[1]}}):
+            rows.append({**row, "repeat": k})
+    grid = as_grid_rows(rows)
+    (xo,) = cr.crossover_table(cr.arm_table(grid), grid)
+    assert xo["speedup@1024"] > 1 and xo["speedup_ci@1024"][0] < 1 < xo["speedup_ci@1024"][1]
+    assert xo["speedup_ci@4096"][0] > 1 and xo["crossover_tokens"] == 4096
+    (by_medians,) = cr.crossover_table(cr.arm_table(grid))
+    assert by_medians["crossover_tokens"] == 1024 and "speedup_ci@1024" not in by_medians
+
+
 @pytest.mark.cpu
 @pytest.mark.notebooks
 def test_the_gpu_buffer_tier_restores_as_the_checks_read_it(smoke_run):
