@@ -398,6 +398,9 @@ def main(argv=None) -> int:
     ap.add_argument("--public-only", action="store_true",
                     help="only build public-results.json again (the document gained a field; the record is unchanged)")
     args = ap.parse_args(argv)
+    if args.dry_run and (args.renamed_arms or args.rebuilt_tables or args.public_only):
+        ap.error("--dry-run previews the declared-results pass only: --renamed-arms, --rebuilt-tables and "
+                 "--public-only write (run them on a copy to preview)")
     run_dirs = args.run_dirs or default_runs()
     status = 0
     for run_dir in run_dirs:

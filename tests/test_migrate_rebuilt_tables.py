@@ -55,3 +55,27 @@ def test_the_pass_stores_the_rebuilt_table_and_verifies_as_recorded(stale_copy):
     assert all("span_lag1" in row for row in results["restore_resolution"])
     assert results["migration"]["rebuilt"][-1]["why"] == "test" and "dirty" in results["migration"]["rebuilt"][-1]
     assert migrate.rebuild_tables(stale_copy, "again") == {"skipped": "every declared table is as the code builds it"}
+
+
+def test_dry_run_with_a_pass_that_writes_is_refused_before_touching_a_run(stale_copy, capsys):
+    before = (stale_copy / "results.json").read_bytes()
+    with pytest.raises(SystemExit) as stop:
+        migrate.main(["--dry-run", "--rebuilt-tables", "why", str(stale_copy)])
+    assert stop.value.code == 2 and "--rebuilt-tables" in capsys.readouterr().err
+    assert (stale_copy / "results.json").read_bytes() == before
+
+
+def test_a_later_check_the_run_predates_stays_left_out(tmp_path):
+    """A run from before the paired design records none of its checks (skipped: no raw/pairs.jsonl); the pass
+    leaves them out, as verify does, instead of refusing the run."""
+    old = REPO / "outputs" / "crossover" / "gpu-20261201-224728-c320"
+    run_dir = tmp_path / "crossover" / old.name
+    shutil.copytree(old, run_dir)
+    results = json.loads((run_dir / "results.json").read_text())
+    for row in results["crossover"]:
+        for key in [k for k in row if k.startswith("speedup_ci@")]:
+            row.pop(key)
+    (run_dir / "results.json").write_text(json.dumps(results, separators=(",", ":")))
+    note = migrate.rebuild_tables(run_dir, "the speed-up interval")
+    assert set(note["tables_rebuilt"]) == {"crossover"}
+    assert not any("pair" in name for name in json.loads((run_dir / "results.json").read_text())["checks"])
