@@ -341,6 +341,7 @@ def _uva_read(src, dst):
     LMCache's transfer kernel does, instead of the copy engine: an element-wise op on 8-byte words (``bitwise_or``
     with 0 keeps every bit) over a device view of the pinned buffer. Bytes past the last whole word go by memcpy."""
     import torch
+    import vllm._custom_ops  # noqa: F401 - loads vLLM's compiled ops (torch.ops._C) in a process without an engine
     from vllm.utils.torch_utils import get_accelerator_view_from_cpu_tensor
 
     words = src.numel() // 8
