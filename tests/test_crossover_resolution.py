@@ -9,7 +9,7 @@ from kmesh_lib.base.params import ParamError, build
 from kmesh_lib.kv import floors as pf
 from kmesh_lib.sections.crossover import report as cr
 from kmesh_lib.sections.crossover.params import CrossoverParams, num_pairs, pair_rows
-from kmesh_lib.sections.crossover.summary import _pair_floor_clause
+from kmesh_lib.sections.crossover.summary import _overlapped_clause, _pair_floor_clause
 
 SMALL = dict(MODELS=["tiny"], CONTEXT_TOKENS_GRID=[256, 512], NUM_GPU_BLOCKS=65, MAX_MODEL_LEN=1024, ARENA_MIB=64)
 N = cr.RESOLVE_MIN_TOKENS
@@ -319,6 +319,30 @@ def test_a_saturated_floor_that_raises_leaves_the_chunked_one_standing(tmp_path,
     assert list(got["errors"]) == ["disk (saturated)"] and "O_DIRECT" in got["errors"]["disk (saturated)"]
     with_copy = {**got, "floors": {**got["floors"], "copy": {"median_s": 0.002}}}
     assert cr.floor_range_ms("disk", as_point_floors([with_copy])) == [12.0, 12.0]  # the chunked disk floor, read + copy
+
+
+def test_a_disk_restore_below_its_sum_floor_is_also_judged_against_the_slower_medium_alone():
+    """LMCache's disk floor is the read plus the copy (no overlap): a span of 105 ms against 100 ms of reading and 20
+    of copying is below it, and stays so (the verdict, and the check's); beside it, the read alone (a pipeline that
+    overlaps both would meet it) puts the span at 1.05x: the line that says whether it overlapped or beat the link."""
+    floors = [{"model": "m", "context_tokens": N, "tier": "lmcache", "when": "before",
+               "floors": {"disk": {"median_s": 0.100}, "copy": {"median_s": 0.020}}}]
+    spans = [105.0 + 0.1 * (k % 3 - 1) for k in range(8)]  # 104.9-105.1 ms
+    rows = _pairs("disk", spans, [130.0] * 8, [20.0] * 8)
+    for r in rows:
+        r["path"] = "inproc"  # LMCache in the engine's process: its load holds the disk read
+        if r["role"] == "restore":
+            r["components"] = {"load_gpu_s": r.pop("split")["restore_s"]}
+    (row,) = cr.resolution_table(as_pair_rows(rows), as_point_floors(floors))
+    assert row["floor_ms"] == [120.0, 120.0] and row["span_verdict"].startswith("below its floor")
+    assert row["floor_overlapped_ms"] == [100.0, 100.0] and row["span_verdict_overlapped"] == "1.05\u20131.05\u00d7 its floor"
+    assert "against the slower of its media alone (100.000\u2013100.000 ms" in _overlapped_clause(row)
+    dram = _pairs("dram", [s - 75.0 for s in spans], [130.0] * 8, [20.0] * 8)
+    for r in dram:
+        if r["role"] == "restore":
+            r["components"] = {"load_gpu_s": r.pop("split")["restore_s"]}
+    (one,) = cr.resolution_table(as_pair_rows(dram), as_point_floors(floors))
+    assert "floor_overlapped_ms" not in one  # one medium: no second line
 
 
 def test_a_pair_floor_times_one_copy_of_its_bytes_and_is_never_a_disk_floor():

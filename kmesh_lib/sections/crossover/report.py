@@ -732,12 +732,13 @@ def restore_span(row: FollowUp) -> tuple[float | None, str]:
     return load, how
 
 
-def floor_range_ms(path: str, point_floors: list[PointFloors]) -> list[float] | None:
-    """[min, max] in ms of ``path``'s floor (``FLOOR_OF``: a sum or the larger of its media) over the floors measured
-    around one point (before and after it: each measurement's median); None where a medium was not measured. Each
-    medium's floor is the faster of its two measurements (the tier's chunks at FLOOR_QUEUE_DEPTH, and saturated where
-    recorded): the least time this machine was seen to move those bytes."""
-    how, names = FLOOR_OF[path]
+def floor_range_ms(path: str, point_floors: list[PointFloors], how: str | None = None) -> list[float] | None:
+    """[min, max] in ms of ``path``'s floor (``FLOOR_OF``: a sum or the larger of its media; ``how`` overrides which)
+    over the floors measured around one point (before and after it: each measurement's median); None where a medium
+    was not measured. Each medium's floor is the faster of its two measurements (the tier's chunks at
+    FLOOR_QUEUE_DEPTH, and saturated where recorded): the least time this machine was seen to move those bytes."""
+    how_of, names = FLOOR_OF[path]
+    how = how or how_of
     values = []
     for f in point_floors:
         kinds, saturated = f.floors or {}, f.saturated or {}
@@ -791,6 +792,11 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors]) -> l
     ``span_half_width_serial_ms`` is the half-width widened by ``intervals.serial_inflation``, else the same, and
     ``half_width_x_floor`` and ``resolved`` judge that one.
 
+    A path whose floor is the sum of two media (LMCache's disk: the read, then the copy into vLLM) also gets that floor
+    as a pipeline overlapping them would meet it, the slower medium alone (``floor_overlapped_ms``), and the span's
+    verdict against it (``span_verdict_overlapped``): a measured line beside the strict one, which stays the verdict
+    and the check's, so a restore below the sum shows whether it overlapped its media or beat the link.
+
     Where the restores carry the copy floor timed right before each (``pair_floor_s``: memory paths, from 5 Dec 2026),
     the row adds that floor's median and lag-1 autocorrelation and each restore's span over its own floor, median and
     95% interval (``span_x_pair_floor``): a streak the link causes slows both and leaves the ratio where it was. Where
@@ -825,6 +831,10 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors]) -> l
                "half_width_x_floor": (round(serial_half / floor[0], 4) if serial_half is not None and floor and floor[0] > 0
                                       else None)}
         row["resolved"] = (row["half_width_x_floor"] is not None and row["half_width_x_floor"] <= RESOLVE_FRACTION)
+        how, media = FLOOR_OF[path]
+        if how == "sum" and len(media) > 1:  # the strict floor (no overlap) stays the verdict; beside it, a pipeline's
+            overlapped = floor_range_ms(path, floors.get((model, n, TIER_OF[path]), []), how="max")
+            row.update(floor_overlapped_ms=overlapped, span_verdict_overlapped=floor_verdict(s_low, s_high, overlapped))
         beside = [(s, r.pair_floor_s) for (s, _), r in zip(spans, restores) if s is not None and r.pair_floor_s]
         if beside:  # runs from 5 Dec 2026: each restore over the copy floor timed right before it
             ratios = [s / f for s, f in beside]

@@ -239,10 +239,20 @@ def _resolution_sentences(table: list[dict]) -> list[str]:
                    + (f"{r['ttft_difference_ms']:+,.3f} ms {ci(r['ttft_difference_ci_ms'])} (paired)"
                       if r["ttft_difference_ms"] is not None else "not paired")
                    + f": {r['ttft_verdict']} ({r['num_restores']} restores"
-                   + _serial_clause(r) + _pair_floor_clause(r)
+                   + _serial_clause(r) + _pair_floor_clause(r) + _overlapped_clause(r)
                    + ("; resolved to 10% of the floor" if r["resolved"] else "; not resolved to 10% of the floor")
                    + ").")
     return out
+
+
+def _overlapped_clause(r: dict) -> str:
+    """Where the strict floor is a sum of two media and the span fell below it: the span against the slower medium
+    alone (``report.resolution_table``'s ``floor_overlapped_ms``), which a pipeline that overlaps them would meet."""
+    floor = r.get("floor_overlapped_ms")
+    if not floor or not r["span_verdict"].startswith("below its floor"):
+        return ""
+    return (f"; against the slower of its media alone ({floor[0]:,.3f}\u2013{floor[1]:,.3f} ms, as a restore that "
+            f"overlaps the disk read with the copy would meet it), {r['span_verdict_overlapped']}")
 
 
 def _serial_clause(r: dict) -> str:
