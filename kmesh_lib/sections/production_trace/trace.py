@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 
 from kmesh_lib.base.data import data_root, resolve_path
 from kmesh_lib.bounds.access import AccessTrace
@@ -156,39 +157,90 @@ class TraceAccesses(AccessTrace):
     vLLM gives the request's last ``(P+O-1) % B`` tokens a block too; it is never cached (no hash), but
     it takes a slot of the pool while the request runs, so the LRU model of ``sim`` evicts one block
     more for it (the ideal need not: it relaxes what running requests hold).
+
+    The per-access fields (``block_hash``, ``is_read``, ``request_index``) are numpy arrays (int64, bool,
+    int64), built as such for the compiled passes (a trace is tens of millions of accesses); the per-request
+    fields are lists, as in ``AccessTrace``.
     """
     has_partial_block: list[bool] = field(default_factory=list)
 
 
+def _segments(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For consecutive segments of these lengths, each element's (segment, offset in it): ``[2, 3]`` gives
+    ``([0, 0, 1, 1, 1], [0, 1, 0, 1, 2])``."""
+    segment = np.repeat(np.arange(len(lengths)), lengths)
+    starts = np.cumsum(lengths) - lengths
+    return segment, np.arange(len(segment)) - starts[segment]
+
+
+def _first_seen_numbers(keys: np.ndarray) -> np.ndarray:
+    """Each key's number, keys numbered 0, 1, ... as first seen (rows, for a 2-D ``keys``)."""
+    if not len(keys):
+        return np.zeros(0, dtype=np.int64)
+    _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    number = np.empty(len(first), dtype=np.int64)
+    number[np.argsort(first)] = np.arange(len(first))
+    return number[inverse.reshape(-1)]
+
+
 def access_trace(requests: list[TraceRequest], block_size: int) -> TraceAccesses:
     """``bounds.access.build_access_trace`` for these requests, named from the hash ids (see the module
-    docstring). Per request R = (P-1)//B reads, then W = (P+O-1)//B writes."""
+    docstring). Per request R = (P-1)//B reads, then W = (P+O-1)//B writes.
+
+    Names: hash ids are numbered as first seen (n), so the prompt's full block j is ``n * (512 // B) + sub``
+    (sub: its place in its 512-block); a block holding output tokens is numbered after every prompt name, as
+    its (last hash id, P, j) is first seen. Both are numbered over the trace with numpy (a few hundred
+    thousand ids), then one compiled pass lays out the accesses (tens of millions).
+    """
     if HASH_BLOCK_TOKENS % block_size:
         raise ValueError(f"BLOCK_SIZE={block_size} must divide {HASH_BLOCK_TOKENS}")
     per = HASH_BLOCK_TOKENS // block_size
-    trace = TraceAccesses(block_size=block_size)
-    dense: dict[int, int] = {}  # hash id -> its index: a prompt block's name is index * per + sub
-    tails: dict[tuple, int] = {}  # blocks holding output tokens, named after dense.values() * per
-    num_prompt_names = len({h for r in requests for h in r.hash_ids}) * per
-    sub = np.arange(per, dtype=np.int64)
-    for index, r in enumerate(requests):
-        num_reads = (r.num_prompt_tokens - 1) // block_size
-        num_writes = (r.num_prompt_tokens + r.num_output_tokens - 1) // block_size
-        num_full_prompt = min(r.num_prompt_tokens // block_size, num_writes)
-        bases = np.fromiter((dense.setdefault(h, len(dense)) for h in r.hash_ids), dtype=np.int64,
-                            count=len(r.hash_ids)) * per
-        written = (bases[:, None] + sub[None, :]).reshape(-1)[:num_full_prompt].tolist()
-        for j in range(num_full_prompt, num_writes):
-            written.append(tails.setdefault((r.hash_ids[-1], r.num_prompt_tokens, j), num_prompt_names + len(tails)))
-        accesses = written[:num_reads] + written
-        trace.block_hash.extend(accesses)
-        trace.is_read.extend([True] * num_reads + [False] * num_writes)
-        trace.request_index.extend([index] * len(accesses))
-        trace.num_prompt_tokens.append(r.num_prompt_tokens)
-        trace.num_read_blocks.append(num_reads)
-        trace.access_start.append(len(trace.block_hash))
-        trace.has_partial_block.append((r.num_prompt_tokens + r.num_output_tokens - 1) % block_size != 0)
-    return trace
+    num_prompt = np.array([r.num_prompt_tokens for r in requests], dtype=np.int64)
+    num_output = np.array([r.num_output_tokens for r in requests], dtype=np.int64)
+    num_reads = (num_prompt - 1) // block_size
+    num_writes = (num_prompt + num_output - 1) // block_size
+    num_full_prompt = np.minimum(num_prompt // block_size, num_writes)
+    access_start = np.concatenate([[0], np.cumsum(num_reads + num_writes)])
+
+    num_hash_ids = np.array([len(r.hash_ids) for r in requests], dtype=np.int64)
+    hash_numbers = _first_seen_numbers(np.fromiter((h for r in requests for h in r.hash_ids), dtype=np.int64,
+                                                   count=int(num_hash_ids.sum())))
+    num_prompt_names = (int(hash_numbers.max()) + 1 if len(hash_numbers) else 0) * per
+    owner, k = _segments(num_writes - num_full_prompt)
+    last_hash_id = np.array([r.hash_ids[-1] for r in requests], dtype=np.int64)
+    tail_names = num_prompt_names + _first_seen_numbers(
+        np.stack([last_hash_id[owner], num_prompt[owner], num_full_prompt[owner] + k], axis=1))
+
+    # allocated by numpy (on huge pages where the kernel allows; numba's own arrays fault 4 KiB at a time), filled by the pass
+    block_hash = np.empty(access_start[-1], dtype=np.int64)
+    is_read = np.empty(access_start[-1], dtype=bool)
+    request_index = np.empty(access_start[-1], dtype=np.int64)
+    _lay_out_accesses(block_hash, is_read, request_index, access_start, num_reads, num_full_prompt, per,
+                      hash_numbers, np.cumsum(num_hash_ids) - num_hash_ids, tail_names,
+                      np.cumsum(num_writes - num_full_prompt) - (num_writes - num_full_prompt))
+    return TraceAccesses(
+        block_size=block_size, block_hash=block_hash, is_read=is_read, request_index=request_index,
+        num_prompt_tokens=num_prompt.tolist(), num_read_blocks=num_reads.tolist(), access_start=access_start.tolist(),
+        has_partial_block=((num_prompt + num_output - 1) % block_size != 0).tolist())
+
+
+@njit(cache=True)
+def _lay_out_accesses(block_hash, is_read, request_index, access_start, num_reads, num_full_prompt, per,
+                      hash_numbers, hash_start, tail_names, tail_start):
+    """Request r's accesses at ``access_start[r]``: reads of its written blocks 0..R-1, then writes of 0..W-1;
+    written block j is the prompt's (its 512-block's number and place) below ``num_full_prompt[r]``, then
+    the request's output blocks in order."""
+    for r in range(len(num_reads)):
+        num_accesses = access_start[r + 1] - access_start[r]
+        for step in range(num_accesses):
+            pos = access_start[r] + step
+            j = step if step < num_reads[r] else step - num_reads[r]
+            if j < num_full_prompt[r]:
+                block_hash[pos] = hash_numbers[hash_start[r] + j // per] * per + j % per
+            else:
+                block_hash[pos] = tail_names[tail_start[r] + j - num_full_prompt[r]]
+            is_read[pos] = step < num_reads[r]
+            request_index[pos] = r
 
 
 def trace_stats(requests: list[TraceRequest]) -> dict:
