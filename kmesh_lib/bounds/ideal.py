@@ -163,6 +163,11 @@ def _copy_events_pass(next_access, is_read):
     return events[:num_events].copy(), bad
 
 
+def _max_open_copies(events: np.ndarray) -> int:
+    """The most copies open at one position (started, not yet read): a pool of that many never overflows."""
+    return int(np.cumsum(np.where(events >= 0, 1, -1)).max()) if len(events) else 0
+
+
 @njit(cache=True)
 def _min_pass(events, never, num_blocks):
     """``simulate_min``'s loop over its events, compiled (a production trace has tens of millions); the
@@ -238,7 +243,10 @@ def simulate_min(trace: AccessTrace, num_blocks: int) -> BoundResult:
     # named by its end, a position no other copy ends at; events run in trace order, a start as its
     # end e, an end as ~e (negative), so the loop touches nothing else of the trace.
     events = trace.derived("copy_events", lambda: _copy_events(trace))
-    hit_ends = _min_pass(events, never, num_blocks)
+    if num_blocks >= trace.derived("max_open_copies", lambda: _max_open_copies(events)):
+        hit_ends = ~events[events < 0]  # the pool never overflows: every copy is held until its read
+    else:
+        hit_ends = _min_pass(events, never, num_blocks)
     if len(hit_ends):  # in trace order, so request r's are those in [access_start[r], access_start[r+1])
         access_start = trace.derived("access_start", lambda: np.asarray(trace.access_start, dtype=np.int64))
         num_hit_blocks = np.diff(np.searchsorted(hit_ends, access_start)).tolist()
