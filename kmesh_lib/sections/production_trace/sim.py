@@ -89,7 +89,7 @@ def _engines_pass(block_id, access_start, num_read_blocks, num_reserved, num_pro
                   pool_blocks, prefix_aware, tier_blocks, slack, block_size):
     """``engines`` over the dense-id arrays: pools 0..n-1 are the engines', pool n the shared tier (when
     ``tier_blocks`` > 0). Returns (engine, gpu_hit_blocks, tier_hit_blocks) per request."""
-    prev, nxt, size = new_pools(num_engines + (1 if tier_blocks > 0 else 0), num_ids)
+    prev, nxt, resident, size = new_pools(num_engines + (1 if tier_blocks > 0 else 0), num_ids)
     tier = num_engines
     load = np.zeros(num_engines, dtype=np.int64)  # prefill tokens computed so far, per engine
     num_requests = len(num_read_blocks)
@@ -104,18 +104,18 @@ def _engines_pass(block_id, access_start, num_read_blocks, num_reserved, num_pro
             engine, best_run = -1, -1
             for e in range(num_engines):  # the longest run; ties to the least loaded, then the lowest index
                 if load[e] <= bound:
-                    run = leading_run(prev, e, block_id, start, reads_end)
+                    run = leading_run(resident, e, block_id, start, reads_end)
                     if engine < 0 or run > best_run or (run == best_run and load[e] < load[engine]):
                         engine, best_run = e, run
         else:
             engine = r % num_engines
-        g = leading_run(prev, engine, block_id, start, reads_end)
-        t = leading_run(prev, tier, block_id, start + g, reads_end) if tier_blocks > 0 else 0
-        write(prev, nxt, size, engine, block_id, reads_end, end)
-        evict(prev, nxt, size, engine, pool_blocks - num_reserved[r])
+        g = leading_run(resident, engine, block_id, start, reads_end)
+        t = leading_run(resident, tier, block_id, start + g, reads_end) if tier_blocks > 0 else 0
+        write(prev, nxt, resident, size, engine, block_id, reads_end, end)
+        evict(prev, nxt, resident, size, engine, pool_blocks - num_reserved[r])
         if tier_blocks > 0:
-            write(prev, nxt, size, tier, block_id, reads_end, end)
-            evict(prev, nxt, size, tier, tier_blocks)
+            write(prev, nxt, resident, size, tier, block_id, reads_end, end)
+            evict(prev, nxt, resident, size, tier, tier_blocks)
         load[engine] += num_prompt_tokens[r] - (g + t) * block_size
         engine_of[r], gpu_hits[r], tier_hits[r] = engine, g, t
     return engine_of, gpu_hits, tier_hits
