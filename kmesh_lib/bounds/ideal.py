@@ -163,9 +163,14 @@ def _copy_events_pass(next_access, is_read):
     return events[:num_events].copy(), bad
 
 
-def _max_open_copies(events: np.ndarray) -> int:
+@njit(cache=True)
+def _max_open_copies(events):
     """The most copies open at one position (started, not yet read): a pool of that many never overflows."""
-    return int(np.cumsum(np.where(events >= 0, 1, -1)).max()) if len(events) else 0
+    num_open = most = 0
+    for event in events:
+        num_open += 1 if event >= 0 else -1
+        most = max(most, num_open)
+    return most
 
 
 @njit(cache=True)
