@@ -84,13 +84,13 @@ def trace_name(cfg) -> str:
 
 def load_trace(path: Path, limit: int | None = None) -> list[TraceRequest]:
     """The first ``limit`` requests (all when None) of a Mooncake JSONL trace, in file order."""
-    out = []
+    out, name = [], Path(path).name
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if limit is not None and len(out) >= limit:
                 break
             if line.strip():
-                out.append(parse_request(line, f"{Path(path).name}:{number}"))
+                out.append(parse_request(line, f"{name}:{number}"))
     return out
 
 
