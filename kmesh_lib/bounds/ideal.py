@@ -249,7 +249,8 @@ def simulate_min(trace: AccessTrace, num_blocks: int) -> BoundResult:
     # end e, an end as ~e (negative), so the loop touches nothing else of the trace.
     events = trace.derived("copy_events", lambda: _copy_events(trace))
     if num_blocks >= trace.derived("max_open_copies", lambda: _max_open_copies(events)):
-        hit_ends = ~events[events < 0]  # the pool never overflows: every copy is held until its read
+        # the pool never overflows: every copy is held until its read
+        hit_ends = trace.derived("copy_ends", lambda: ~events[events < 0])
     else:
         hit_ends = _min_pass(events, never, num_blocks)
     if len(hit_ends):  # in trace order, so request r's are those in [access_start[r], access_start[r+1])
