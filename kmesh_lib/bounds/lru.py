@@ -25,8 +25,8 @@ size; an ``OrderedDict`` pass took about 8 s of Python, this one a fraction of a
 second. The pools are doubly linked lists over the trace's dense block ids (numba,
 already in the stack through vLLM and LMCache): ``resident[p, b]`` says whether block
 ``b`` is in pool ``p``, and only then are its ``prev``/``next`` links set; those of the
-sentinel ``num_ids`` are the MRU and LRU ends. ``tests/test_lru_passes.py`` holds every pass to a plain ``OrderedDict``
-model on random traces.
+sentinel ``num_ids`` are the MRU and LRU ends. ``tests/test_lru_passes.py`` holds every
+pass to a plain ``OrderedDict`` model on random traces.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def new_pools(num_pools, num_ids):
 
     Only ``resident`` (a byte per id) is cleared: the links are left unset (``np.empty``), so a pass touches,
     and the system zeroes, only the pages of the blocks its pool holds at some time (an engine's pool sees its
-    own requests': a table of engine passes makes 45 pools over all the ids)."""
+    own requests': section 23's engine table makes 28 pools over all the ids)."""
     prev = np.empty((num_pools, num_ids + 1), dtype=np.int32)
     nxt = np.empty((num_pools, num_ids + 1), dtype=np.int32)
     resident = np.zeros((num_pools, num_ids), dtype=np.bool_)
