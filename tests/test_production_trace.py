@@ -154,6 +154,7 @@ def names_by_loop(requests, block_size):
 def test_access_trace_names_and_lays_out_blocks_as_the_plain_loop(block_size):
     requests = synthetic_trace(70, seed=4, max_output_tokens=700)
     requests += [requests[3], TraceRequest(0, 512, 1, (1,))]  # equal prompts write equal output blocks
+    requests += [TraceRequest(0, 600, 40, (2**70, 5)), TraceRequest(1, 700, 40, (2**70, 5))]  # ids past int64
     acc = access_trace(requests, block_size)
     assert acc.access_start[-1] == acc.num_accesses and acc.num_requests == len(requests)
     for r, (reads, writes) in enumerate(names_by_loop(requests, block_size)):
