@@ -9,6 +9,8 @@ import pytest
 
 from kmesh_lib.bounds.access import _stable_order, block_order
 from kmesh_lib.bounds.ideal import (
+    _copy_events,
+    _max_open_copies,
     block_hashes,
     build_access_trace,
     count_exact_prefix_edges,
@@ -564,3 +566,15 @@ def test_ideal_on_small_names_and_wide_names_is_the_per_access_min(seed):
         for num_blocks in (0, 1, 5, 20, 80, 10**6):
             assert hits_per_request(simulate_min(trace, num_blocks)) == _per_access_min_hits(trace, num_blocks)
     assert sum(hits_per_request(simulate_min(dense, 20))) > 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_pool_of_the_most_open_copies_holds_every_copy(seed):
+    """At ``_max_open_copies`` blocks and up ``simulate_min`` counts every copy a hit without its loop; one block
+    fewer overflows and loses some. Both are the per-access MIN."""
+    trace = access_trace(synthetic_trace(80, seed=seed), 16)
+    most = _max_open_copies(_copy_events(trace))
+    hits = {n: hits_per_request(simulate_min(trace, n)) for n in (most - 1, most, most + 1)}
+    for num_blocks, per_request in hits.items():
+        assert per_request == _per_access_min_hits(trace, num_blocks)
+    assert sum(hits[most - 1]) < sum(hits[most]) == sum(hits[most + 1]) == int((_copy_events(trace) < 0).sum())

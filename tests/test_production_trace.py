@@ -133,6 +133,39 @@ def test_speculative_decoding_replays_the_same_cache_as_one_token_a_step(source)
     assert sum(plain["requests"]["num_prompt_tokens"]) > num_blocks * 16  # more than the pool holds: it evicted
 
 
+def names_by_loop(requests, block_size):
+    """``access_trace``'s names, request by request in plain Python: a hash id's number as first seen, times
+    512 // B, plus the block's place in it; an output block numbered after every prompt name, as its (last
+    hash id, P, j) is first seen. Per request its first R written blocks, then all W."""
+    per, numbers, tails, out = 512 // block_size, {}, {}, []
+    num_prompt_names = len({h for r in requests for h in r.hash_ids}) * per
+    for r in requests:
+        num_reads = (r.num_prompt_tokens - 1) // block_size
+        num_writes = (r.num_prompt_tokens + r.num_output_tokens - 1) // block_size
+        bases = [numbers.setdefault(h, len(numbers)) * per for h in r.hash_ids]
+        written = [bases[j // per] + j % per if j < r.num_prompt_tokens // block_size
+                   else tails.setdefault((r.hash_ids[-1], r.num_prompt_tokens, j), num_prompt_names + len(tails))
+                   for j in range(num_writes)]
+        out.append((written[:num_reads], written))
+    return out
+
+
+@pytest.mark.parametrize("block_size", [16, 128, 512])
+def test_access_trace_names_and_lays_out_blocks_as_the_plain_loop(block_size):
+    requests = synthetic_trace(70, seed=4, max_output_tokens=700)
+    requests += [requests[3], TraceRequest(0, 512, 1, (1,))]  # equal prompts write equal output blocks
+    requests += [TraceRequest(0, 600, 40, (2**70, 5)), TraceRequest(1, 700, 40, (2**70, 5))]  # ids past int64
+    acc = access_trace(requests, block_size)
+    assert acc.access_start[-1] == acc.num_accesses and acc.num_requests == len(requests)
+    for r, (reads, writes) in enumerate(names_by_loop(requests, block_size)):
+        start, end = acc.access_start[r], acc.access_start[r + 1]
+        assert acc.block_hash[start:end].tolist() == reads + writes
+        assert acc.is_read[start:end].tolist() == [True] * len(reads) + [False] * len(writes)
+        assert acc.request_index[start:end].tolist() == [r] * (end - start)
+        assert acc.num_read_blocks[r] == len(reads)
+    assert access_trace([], block_size).num_accesses == 0
+
+
 # -- the models --
 
 def test_the_lru_model_is_bounds_lru_plus_the_partial_blocks_slot():

@@ -103,35 +103,6 @@ def next_read_positions(trace: AccessTrace) -> list[int]:
     return next_read
 
 
-def _next_use_array(trace: AccessTrace) -> np.ndarray:
-    """``next_use_positions`` as an int64 array, from each position's next access of its block
-    (``access.block_order``: one stable sort of the names, shared with the LRU passes)."""
-    return trace.derived("next_use", lambda: _compute_next_use_array(trace))
-
-
-def _compute_next_use_array(trace: AccessTrace) -> np.ndarray:
-    is_read = trace.derived("is_read", lambda: np.asarray(trace.is_read, dtype=bool))
-    next_use, bad = _next_use_pass(block_order(trace).next_access, is_read)
-    assert bad < 0, f"the read at {bad} is not followed by its request's write of the block"
-    return next_use
-
-
-@njit(cache=True)
-def _next_use_pass(next_access, is_read):
-    """(next_use, the first read not followed by a write of its block, or -1)."""
-    never = len(next_access)
-    next_use = np.full(never, never, dtype=np.int64)
-    bad = -1
-    for pos in range(never):
-        following = next_access[pos]
-        if is_read[pos]:
-            if bad < 0 and (following == never or is_read[following]):
-                bad = pos
-        elif following < never and is_read[following]:
-            next_use[pos] = following
-    return next_use, bad
-
-
 def next_use_positions(trace: AccessTrace) -> list[int]:
     """For each position t, the read that the copy of ``block_hash[t]`` in hand at t is kept for.
 
@@ -158,16 +129,48 @@ def next_use_positions(trace: AccessTrace) -> list[int]:
 
 def _copy_events(trace: AccessTrace) -> np.ndarray:
     """``simulate_min``'s events (the same at every pool size): each copy's start as its end e, its end as ~e,
-    in trace order. Starts are writes and ends reads, so no position holds two events: no sort needed."""
-    never = trace.num_accesses
-    next_use = _next_use_array(trace)
-    starts = np.flatnonzero(next_use < never)
-    ends = next_use[starts]
-    event_at = np.empty(never, dtype=np.int64)
-    event_at[starts], event_at[ends] = ends, ~ends
-    has_event = np.zeros(never, dtype=bool)
-    has_event[starts] = has_event[ends] = True
-    return event_at[has_event]
+    in trace order. A copy starts at a write whose block's next access is a read (``next_use_positions``),
+    found from each position's next access of its block (``access.block_order``: one stable sort of the
+    names, shared with the LRU passes)."""
+    is_read = np.asarray(trace.is_read, dtype=bool)
+    events, bad = _copy_events_pass(block_order(trace).next_access, is_read)
+    assert bad < 0, f"the read at {bad} is not followed by its request's write of the block"
+    return events
+
+
+@njit(cache=True)
+def _copy_events_pass(next_access, is_read):
+    """(events, the first read not followed by a write of its block, or -1), in one walk of the trace: a
+    write starts a copy when the next access of its block is a read, which then ends it. Starts are writes
+    and ends reads, so no position holds two events."""
+    never = len(next_access)
+    events = np.empty(never, dtype=np.int64)
+    num_events = 0
+    ends_a_copy = np.zeros(never, dtype=np.bool_)
+    bad = -1
+    for pos in range(never):
+        following = next_access[pos]
+        if is_read[pos]:
+            if bad < 0 and (following == never or is_read[following]):
+                bad = pos
+            if ends_a_copy[pos]:
+                events[num_events] = ~pos
+                num_events += 1
+        elif following < never and is_read[following]:
+            events[num_events] = following
+            num_events += 1
+            ends_a_copy[following] = True
+    return events[:num_events].copy(), bad
+
+
+@njit(cache=True)
+def _max_open_copies(events):
+    """The most copies open at one position (started, not yet read): a pool of that many never overflows."""
+    num_open = most = 0
+    for event in events:
+        num_open += 1 if event >= 0 else -1
+        most = max(most, num_open)
+    return most
 
 
 @njit(cache=True)
@@ -245,7 +248,11 @@ def simulate_min(trace: AccessTrace, num_blocks: int) -> BoundResult:
     # named by its end, a position no other copy ends at; events run in trace order, a start as its
     # end e, an end as ~e (negative), so the loop touches nothing else of the trace.
     events = trace.derived("copy_events", lambda: _copy_events(trace))
-    hit_ends = _min_pass(events, never, num_blocks)
+    if num_blocks >= trace.derived("max_open_copies", lambda: _max_open_copies(events)):
+        # the pool never overflows: every copy is held until its read
+        hit_ends = trace.derived("copy_ends", lambda: ~events[events < 0])
+    else:
+        hit_ends = _min_pass(events, never, num_blocks)
     if len(hit_ends):  # in trace order, so request r's are those in [access_start[r], access_start[r+1])
         access_start = trace.derived("access_start", lambda: np.asarray(trace.access_start, dtype=np.int64))
         num_hit_blocks = np.diff(np.searchsorted(hit_ends, access_start)).tolist()

@@ -23,10 +23,10 @@ Why compiled: a production trace is tens of millions of block accesses (Mooncake
 conversation trace: 18.3M at 16-token blocks) and a table takes one pass per pool
 size; an ``OrderedDict`` pass took about 8 s of Python, this one a fraction of a
 second. The pools are doubly linked lists over the trace's dense block ids (numba,
-already in the stack through vLLM and LMCache): ``prev[p, b] < 0`` means block ``b``
-is not in pool ``p``; ``prev``/``next`` of the sentinel ``num_ids`` are the MRU and
-LRU ends. ``tests/test_lru_passes.py`` holds every pass to a plain ``OrderedDict``
-model on random traces.
+already in the stack through vLLM and LMCache): ``resident[p, b]`` says whether block
+``b`` is in pool ``p``, and only then are its ``prev``/``next`` links set; those of the
+sentinel ``num_ids`` are the MRU and LRU ends. ``tests/test_lru_passes.py`` holds every
+pass to a plain ``OrderedDict`` model on random traces.
 """
 
 from __future__ import annotations
@@ -37,8 +37,6 @@ import numpy as np
 from numba import njit
 
 from kmesh_lib.bounds.access import AccessTrace, block_order
-
-NOT_RESIDENT = -1
 
 
 @dataclass(frozen=True)
@@ -71,37 +69,43 @@ def _lru_arrays(trace: AccessTrace) -> LruArrays:
 
 @njit(cache=True)
 def new_pools(num_pools, num_ids):
-    """(prev, next, size) of ``num_pools`` empty pools over ``num_ids`` block ids (int32: 8 bytes per id and
-    pool; Mooncake's conversation trace has 5.9M ids at 16-token blocks)."""
-    prev = np.full((num_pools, num_ids + 1), NOT_RESIDENT, dtype=np.int32)
-    nxt = np.full((num_pools, num_ids + 1), NOT_RESIDENT, dtype=np.int32)
+    """(prev, next, resident, size) of ``num_pools`` empty pools over ``num_ids`` block ids (int32 links: 8 bytes
+    per id and pool; Mooncake's conversation trace has 5.9M ids at 16-token blocks).
+
+    Only ``resident`` (a byte per id) is cleared: the links are left unset (``np.empty``), so a pass touches,
+    and the system zeroes, only the pages of the blocks its pool holds at some time (an engine's pool sees its
+    own requests': section 23's engine table makes 28 pools over all the ids)."""
+    prev = np.empty((num_pools, num_ids + 1), dtype=np.int32)
+    nxt = np.empty((num_pools, num_ids + 1), dtype=np.int32)
+    resident = np.zeros((num_pools, num_ids), dtype=np.bool_)
     for pool in range(num_pools):
         prev[pool, num_ids] = num_ids
         nxt[pool, num_ids] = num_ids
-    return prev, nxt, np.zeros(num_pools, dtype=np.int64)
+    return prev, nxt, resident, np.zeros(num_pools, dtype=np.int64)
 
 
 @njit(cache=True)
-def leading_run(prev, pool, block_id, lo, hi):
+def leading_run(resident, pool, block_id, lo, hi):
     """How many of ``block_id[lo:hi]`` are in ``pool`` before the first that is not."""
     n = 0
     for i in range(lo, hi):
-        if prev[pool, block_id[i]] < 0:
+        if not resident[pool, block_id[i]]:
             break
         n += 1
     return n
 
 
 @njit(cache=True)
-def write(prev, nxt, size, pool, block_id, lo, hi):
+def write(prev, nxt, resident, size, pool, block_id, lo, hi):
     """``block_id[lo:hi]`` to the pool's most-recently-used end, the last (deepest) first."""
     end = prev.shape[1] - 1
     for i in range(hi - 1, lo - 1, -1):
         b = block_id[i]
-        if prev[pool, b] >= 0:  # unlink
+        if resident[pool, b]:  # unlink
             nxt[pool, prev[pool, b]] = nxt[pool, b]
             prev[pool, nxt[pool, b]] = prev[pool, b]
         else:
+            resident[pool, b] = True
             size[pool] += 1
         last = prev[pool, end]
         nxt[pool, last] = b
@@ -111,29 +115,28 @@ def write(prev, nxt, size, pool, block_id, lo, hi):
 
 
 @njit(cache=True)
-def evict(prev, nxt, size, pool, limit):
+def evict(prev, nxt, resident, size, pool, limit):
     """Least-recently-used blocks out of ``pool`` until it holds at most ``limit``."""
     end = prev.shape[1] - 1
     while size[pool] > limit and size[pool] > 0:
         b = nxt[pool, end]
         nxt[pool, end] = nxt[pool, b]
         prev[pool, nxt[pool, b]] = end
-        prev[pool, b] = NOT_RESIDENT
-        nxt[pool, b] = NOT_RESIDENT
+        resident[pool, b] = False
         size[pool] -= 1
 
 
 @njit(cache=True)
 def _pool_pass(block_id, access_start, num_read_blocks, num_reserved, start_at, capacity, num_ids):
-    prev, nxt, size = new_pools(1, num_ids)
+    prev, nxt, resident, size = new_pools(1, num_ids)
     num_requests = len(num_read_blocks)
     hits = np.zeros(num_requests, dtype=np.int64)
     for r in range(num_requests):
         start, end = access_start[r], access_start[r + 1]
         reads_end = start + num_read_blocks[r]
-        hits[r] = leading_run(prev, 0, block_id, start + start_at[r], reads_end)
-        write(prev, nxt, size, 0, block_id, reads_end, end)
-        evict(prev, nxt, size, 0, capacity - num_reserved[r])
+        hits[r] = leading_run(resident, 0, block_id, start + start_at[r], reads_end)
+        write(prev, nxt, resident, size, 0, block_id, reads_end, end)
+        evict(prev, nxt, resident, size, 0, capacity - num_reserved[r])
     return hits
 
 
@@ -162,5 +165,5 @@ def lru_hit_blocks(trace: AccessTrace, num_blocks: int) -> list[int]:
     return pool_hit_blocks(lru_arrays(trace), num_blocks).tolist()
 
 
-__all__ = ["LruArrays", "NOT_RESIDENT", "evict", "leading_run", "lru_arrays", "lru_hit_blocks", "new_pools",
+__all__ = ["LruArrays", "evict", "leading_run", "lru_arrays", "lru_hit_blocks", "new_pools",
            "pool_hit_blocks", "write"]

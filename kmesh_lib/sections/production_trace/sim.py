@@ -86,16 +86,13 @@ def two_level(trace: AccessTrace, pool_blocks: int, tier_blocks: int) -> tuple[l
 
 @njit(cache=True)
 def _engines_pass(block_id, access_start, num_read_blocks, num_reserved, num_prompt_tokens, num_ids, num_engines,
-                  pool_blocks, prefix_aware, tier_blocks, slack, block_size):
-    """``engines`` over the dense-id arrays: pools 0..n-1 are the engines', pool n the shared tier (when
-    ``tier_blocks`` > 0). Returns (engine, gpu_hit_blocks, tier_hit_blocks) per request."""
-    prev, nxt, size = new_pools(num_engines + (1 if tier_blocks > 0 else 0), num_ids)
-    tier = num_engines
+                  pool_blocks, prefix_aware, slack, block_size):
+    """``engines`` over the dense-id arrays, pool e engine e's. Returns (engine, gpu_hit_blocks) per request."""
+    prev, nxt, resident, size = new_pools(num_engines, num_ids)
     load = np.zeros(num_engines, dtype=np.int64)  # prefill tokens computed so far, per engine
     num_requests = len(num_read_blocks)
     engine_of = np.zeros(num_requests, dtype=np.int64)
     gpu_hits = np.zeros(num_requests, dtype=np.int64)
-    tier_hits = np.zeros(num_requests, dtype=np.int64)
     for r in range(num_requests):
         start, end = access_start[r], access_start[r + 1]
         reads_end = start + num_read_blocks[r]
@@ -104,38 +101,45 @@ def _engines_pass(block_id, access_start, num_read_blocks, num_reserved, num_pro
             engine, best_run = -1, -1
             for e in range(num_engines):  # the longest run; ties to the least loaded, then the lowest index
                 if load[e] <= bound:
-                    run = leading_run(prev, e, block_id, start, reads_end)
+                    run = leading_run(resident, e, block_id, start, reads_end)
                     if engine < 0 or run > best_run or (run == best_run and load[e] < load[engine]):
                         engine, best_run = e, run
         else:
             engine = r % num_engines
-        g = leading_run(prev, engine, block_id, start, reads_end)
-        t = leading_run(prev, tier, block_id, start + g, reads_end) if tier_blocks > 0 else 0
-        write(prev, nxt, size, engine, block_id, reads_end, end)
-        evict(prev, nxt, size, engine, pool_blocks - num_reserved[r])
-        if tier_blocks > 0:
-            write(prev, nxt, size, tier, block_id, reads_end, end)
-            evict(prev, nxt, size, tier, tier_blocks)
-        load[engine] += num_prompt_tokens[r] - (g + t) * block_size
-        engine_of[r], gpu_hits[r], tier_hits[r] = engine, g, t
-    return engine_of, gpu_hits, tier_hits
+        g = leading_run(resident, engine, block_id, start, reads_end)
+        write(prev, nxt, resident, size, engine, block_id, reads_end, end)
+        evict(prev, nxt, resident, size, engine, pool_blocks - num_reserved[r])
+        load[engine] += num_prompt_tokens[r] - g * block_size
+        engine_of[r], gpu_hits[r] = engine, g
+    return engine_of, gpu_hits
+
+
+def _routed(trace: AccessTrace, num_engines: int, pool_blocks: int, prefix_aware: bool, slack: float):
+    """``_engines_pass``, once per trace and routing (``round_robin_shared_tier``'s engines are ``round_robin``'s)."""
+    arrays = lru_arrays(trace)
+    return trace.derived(("sim.engines", num_engines, pool_blocks, prefix_aware, slack if prefix_aware else None),
+                         lambda: _engines_pass(
+                             arrays.block_id, arrays.access_start, arrays.num_read_blocks, _reserved(trace),
+                             np.asarray(trace.num_prompt_tokens, dtype=np.int64), arrays.num_ids, num_engines,
+                             pool_blocks, prefix_aware, slack, trace.block_size))
 
 
 def engines(trace: AccessTrace, num_engines: int, pool_blocks: int, route: str, tier_blocks: int = 0,
             slack: float = 0.25) -> dict[str, list[int]]:
     """Per request: the engine it ran on, the blocks its engine's pool reused, the blocks the shared tier
-    restored (``round_robin_shared_tier`` only)."""
+    restored (``round_robin_shared_tier`` only).
+
+    The shared tier stores every request's writes, whichever engine ran it, so its contents do not depend on
+    the engines: it restores what ``tier_hits`` finds after the round-robin engines' hits."""
     if route not in ROUTES:
         raise ValueError(f"route {route!r}: one of {ROUTES}")
     if not trace.num_requests:
         return {"engine": [], "gpu_hit_blocks": [], "tier_hit_blocks": []}
-    arrays = lru_arrays(trace)
-    tier = max(int(tier_blocks), 0) if route == "round_robin_shared_tier" else 0
-    engine, gpu, restored = _engines_pass(
-        arrays.block_id, arrays.access_start, arrays.num_read_blocks, _reserved(trace),
-        np.asarray(trace.num_prompt_tokens, dtype=np.int64), arrays.num_ids, num_engines, max(int(pool_blocks), 0),
-        route == "prefix_aware", tier, float(slack), trace.block_size)
-    return {"engine": engine.tolist(), "gpu_hit_blocks": gpu.tolist(), "tier_hit_blocks": restored.tolist()}
+    engine, gpu = _routed(trace, num_engines, max(int(pool_blocks), 0), route == "prefix_aware", float(slack))
+    gpu_hits = gpu.tolist()
+    restored = (tier_hits(trace, gpu_hits, max(int(tier_blocks), 0)) if route == "round_robin_shared_tier"
+                else [0] * trace.num_requests)
+    return {"engine": engine.tolist(), "gpu_hit_blocks": gpu_hits, "tier_hit_blocks": restored}
 
 
 def engine_loads(trace: AccessTrace, result: dict[str, list[int]], num_engines: int) -> list[int]:
