@@ -127,6 +127,9 @@ def test_a_win_is_a_speedup_interval_wholly_above_one():
     assert xo["speedup_ci@4096"][0] > 1 and xo["crossover_tokens"] == 4096
     (by_medians,) = cr.crossover_table(cr.arm_table(grid))
     assert by_medians["crossover_tokens"] == 1024 and "speedup_ci@1024" not in by_medians
+    one = [r for r in grid if r.repeat == 0]  # one follow-up per arm: no interval, the medians decide
+    (single,) = cr.crossover_table(cr.arm_table(one), one)
+    assert single["speedup_ci@4096"] == [None, None] and single["crossover_tokens"] == 1024
 
 
 @pytest.mark.cpu

@@ -110,7 +110,8 @@ def speedup_interval(recompute_s: list[float], restore_s: list[float]) -> list[f
 def crossover_table(table: list[dict], rows: list[FollowUp] = ()) -> list[dict]:
     """Per (model, restore path): ``speedup@N``, recompute's median first token over the restore's at each measured
     length N; with the follow-ups (``rows``), ``speedup_ci@N``, its 95% interval (``speedup_interval``), and a win
-    at N is an interval wholly above 1 (without them, a median ratio above 1). ``crossover_tokens``: the shortest
+    at N is an interval wholly above 1 (without them, or with fewer than two follow-ups of an arm, a median ratio
+    above 1). ``crossover_tokens``: the shortest
     length from which every longer one is a win."""
     t = _lookup(table)
     samples: dict[tuple, list[float]] = {}
@@ -126,7 +127,8 @@ def crossover_table(table: list[dict], rows: list[FollowUp] = ()) -> list[dict]:
             speed = {n: t[(model, n, "recompute")]["ttft_ms"] / t[(model, n, path)]["ttft_ms"] for n in lengths}
             ci = ({n: speedup_interval(samples.get((model, n, "recompute"), []), samples.get((model, n, path), []))
                    for n in lengths} if samples else {})
-            wins = [(ci[n][0] or 0) > 1.0 if ci else speed[n] > 1.0 for n in lengths]
+            # no interval (fewer than two follow-ups of an arm: nothing to resample): the medians alone, as before
+            wins = [ci[n][0] > 1.0 if ci and ci[n][0] is not None else speed[n] > 1.0 for n in lengths]
             point = crossover_point(lengths, wins)
             row = {"model": model, "path": path, "crossover_tokens": point,
                    "crossover": (f">= {point}" if point is not None else f"none up to {max(lengths)}")}

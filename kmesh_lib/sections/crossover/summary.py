@@ -34,6 +34,11 @@ def _speedups(row: dict) -> dict[int, float]:
     return {int(k.split("@")[1]): v for k, v in row.items() if k.startswith("speedup@")}
 
 
+def _has_interval(row: dict, n: int) -> bool:
+    """Whether the crossover row holds a speed-up interval at ``n`` tokens (runs of one repeat have none)."""
+    return (row.get(f"speedup_ci@{n}") or [None])[0] is not None
+
+
 def _speedup(row: dict, n: int, digits: int = 2) -> str:
     """The speed-up at ``n`` tokens with its 95% interval where the table has one: ``4.08× [3.95, 4.21]``."""
     low, high = row.get(f"speedup_ci@{n}") or (None, None)
@@ -606,13 +611,13 @@ def verdict(run: RunFiles) -> list[str]:
                 for t in points) + f" (best {_speedup(best, longest, 1)} faster to the "
                          f"first token at {_n(longest)} tokens, {LABEL[best['path']]}"
                          + (f"; medians of {repeats} repeats" if repeats else "")
-                         + ("; 95% interval)" if f"speedup_ci@{longest}" in best else ")"))
+                         + ("; 95% interval)" if _has_interval(best, longest) else ")"))
         if never:
             parts.append(("" if wins else f"{model}: ") + ", ".join(LABEL[r["path"]] for r in never)
                          + f" never beat{'s' * (len(never) == 1)} recomputing up to {_n(longest)} tokens"
                          + (" (" + ", ".join(f"{LABEL[r['path']]} {_speedup(r, longest)}" for r in never
-                                             if f"speedup_ci@{longest}" in r) + " there)"
-                            if any(f"speedup_ci@{longest}" in r for r in never) else ""))
+                                             if _has_interval(r, longest)) + " there)"
+                            if any(_has_interval(r, longest) for r in never) else ""))
         out.append("; ".join(parts) + ".")
     return out
 
