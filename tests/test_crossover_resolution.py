@@ -348,7 +348,7 @@ def test_a_disk_restore_below_its_sum_floor_is_also_judged_against_the_slower_me
 def test_a_pair_floor_times_one_copy_of_its_bytes_and_is_never_a_disk_floor():
     floor = pf.PairFloor("copy", 1 << 20, "cpu")
     try:
-        assert floor.label == "host memcpy (no device)" and floor.time_once() > 0
+        assert floor.label == "host memcpy (no device)" and min(floor.time_ways().values()) > 0
         ways = floor.time_ways()
         assert list(ways) == ["memcpy"] and ways["memcpy"] > 0 and not floor.errors  # no UVA way without CUDA
     finally:

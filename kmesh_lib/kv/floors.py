@@ -312,10 +312,6 @@ class PairFloor:
         """Seconds per way, each timed alone (synchronized before and after), in a fixed order."""
         return {name: self._time(way) for name, way in self.ways.items()}
 
-    def time_once(self) -> float:
-        """The floor now: the fastest way's seconds."""
-        return min(self.time_ways().values())
-
     def _time(self, way) -> float:
         import torch
 

@@ -41,8 +41,10 @@ def _has_interval(row: dict, n: int) -> bool:
 
 def _speedup(row: dict, n: int, digits: int = 2) -> str:
     """The speed-up at ``n`` tokens with its 95% interval where the table has one: ``4.08× [3.95, 4.21]``."""
-    low, high = row.get(f"speedup_ci@{n}") or (None, None)
-    interval = f" [{low:.{digits}f}, {high:.{digits}f}]" if low is not None and high is not None else ""
+    interval = ""
+    if _has_interval(row, n):
+        low, high = row[f"speedup_ci@{n}"]
+        interval = f" [{low:.{digits}f}, {high:.{digits}f}]"
     return f"{row[f'speedup@{n}']:.{digits}f}\u00d7{interval}"
 
 
