@@ -6,8 +6,9 @@
 # earlier call left (finished engine runs are skipped, unfinished ones run again); no engine run starts that could not
 # end within the budget. Whatever happens, each run folder is packed into $OUT/<section>-gpu.tgz at the end (a few MB;
 # what comes back from $OUT is at most 16 MiB a file).
-# On a fresh machine (the earlier calls' /tmp gone), put the last call's *-gpu.tgz into .device-runs/, carry
-# ".device-runs", and the folders are unpacked first, so the calls resume from there.
+# On a fresh machine (the earlier calls' /tmp gone), put the last call's *-gpu.tgz into .device-runs/ and the folders
+# are unpacked first, so the calls resume from there. .device-runs/ is tracked (it travels with the tree, no carry):
+# commit the tgz there when a run spans sessions, since a new session starts from a fresh checkout.
 #
 # The calls (outputs/ set aside first with `sh scripts/device_tree.sh aside`: the tree must stay under ~10 MiB beside
 # call 1's 53 MiB; nothing may happen between calls, or the machine goes cold):
@@ -24,7 +25,7 @@
 # Section 22 (sections.multi_engine.gpu into $root/multi_engine-gpu, packed as multi_engine-gpu.tgz): its units are
 # fleet starts, one at a time; `kmesh plan 22 --profile gpu` says how many calls of ~540 s the run needs (16 units in
 # about 5 calls at the published H200 runs' figures: more than one session's 30 min of device time, so the last
-# tgz goes into .device-runs/ and a later session's calls resume it). Its calls, each the same after call 1's stage:
+# tgz is committed into .device-runs/ and a later session's calls resume it). Its calls, each the same after call 1's stage:
 #   2  carry .device-stage/call2:  set -o pipefail; sh .device-stage/call2/install.sh && . /tmp/site/env.sh &&
 #                                  KMESH_DEVICE_SECTIONS=22 timeout 545 sh scripts/device_16_20.sh 500 2>&1 | tee $OUT/call.log
 #   3+ (until it says "left for a later call: none"):
