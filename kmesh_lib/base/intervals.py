@@ -88,6 +88,24 @@ def serial_inflation(lag1: float | None, n: int) -> float:
     """The factor a half-width from independent resampling is widened by where serial correlation is measured: where
     ``lag1`` exceeds white noise's 95% bound (1.96 / sqrt(n), Bartlett), sqrt((1 + r) / (1 - r)), the standard-error
     inflation of an AR(1) series' mean (a median's is about the same); else 1. Infinite for r >= 1."""
-    if lag1 is None or n < MIN_SERIAL_SAMPLES or lag1 <= 1.96 / np.sqrt(n):
+    if lag1 is None or n < MIN_SERIAL_SAMPLES or lag1 <= white_noise_bound(n):
         return 1.0
     return float("inf") if lag1 >= 1 else float(np.sqrt((1 + lag1) / (1 - lag1)))
+
+
+def white_noise_bound(n: int) -> float:
+    """Bartlett's 95% bound on a lag-1 autocorrelation of ``n`` independent values, 1.96 / sqrt(n)."""
+    return 1.96 / np.sqrt(n)
+
+
+def correlation(x, y, level: float = 0.95) -> tuple[float, float, float] | None:
+    """Pearson's r of paired ``x`` and ``y`` with its ``level`` interval (scipy.stats.pearsonr, Fisher's z); None
+    for fewer than ``MIN_SERIAL_SAMPLES`` pairs or a constant side."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if x.size < MIN_SERIAL_SAMPLES or x.std() == 0 or y.std() == 0:
+        return None
+    from scipy.stats import pearsonr
+
+    res = pearsonr(x, y)
+    ci = res.confidence_interval(confidence_level=level)
+    return float(res.statistic), float(ci.low), float(ci.high)

@@ -26,6 +26,7 @@ import numpy
 from kmesh_lib.base.figures import save as save_figure
 from kmesh_lib.base.intervals import (
     bootstrap_interval,
+    correlation,
     lag1_autocorrelation,
     median_difference,
     median_of_differences,
@@ -792,7 +793,10 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors]) -> l
     The bootstrap treats the restores as independent. ``span_lag1`` is the spans' lag-1 autocorrelation in the order
     the pairs ran; where it is above white noise's bound (a streak of slow restores, then a streak of fast ones),
     ``span_half_width_serial_ms`` is the half-width widened by ``intervals.serial_inflation``, else the same, and
-    ``half_width_x_floor`` and ``resolved`` judge that one.
+    ``half_width_x_floor`` and ``resolved`` judge that one. Whether such streaks are the tier's or the whole engine's:
+    ``resident_ttft_lag1``, the resident follow-ups' first tokens' lag-1 autocorrelation in the same order (they restore
+    nothing), and ``span_resident_corr`` with its 95% interval, Pearson's r of each restore's span with the resident
+    follow-up of its pair (on the H200 and the H100, 5 Dec 2026, r 0.4-0.9 where the spans ran in streaks).
 
     A path whose floor is the sum of two media (LMCache's disk: the read, then the copy into vLLM) also gets that floor
     as a pipeline overlapping them would meet it, the slower medium alone (``floor_overlapped_ms``), and the span's
@@ -821,6 +825,11 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors]) -> l
         lag1 = lag1_autocorrelation(span_ms)  # in the order the pairs ran
         inflation = serial_inflation(lag1, len(span_ms))  # infinite (r >= 1): no half-width bounds the span
         serial_half = half * inflation if half is not None and inflation != float("inf") else None
+        # the engine's own streaks: the resident follow-ups (which restore nothing) in the order the pairs ran, and how
+        # closely each restore's span follows the resident run next to it
+        beside_resident = [(1e3 * s, 1e3 * p["resident"].ttft_s) for p in whole
+                           for s in (restore_span(p["restore"])[0],) if s is not None]
+        follows = correlation(*zip(*beside_resident)) if beside_resident else None
         row = {"model": model, "context_tokens": n, "path": path, "num_restores": len(restores), "num_pairs": len(whole),
                "span_source": "/".join(sorted({src for s, src in spans if s is not None})) or None,
                "span_ms": _round(s_med), "span_ci_ms": [_round(s_low), _round(s_high)],
@@ -830,6 +839,9 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors]) -> l
                "ttft_verdict": floor_verdict(d_low, d_high, floor),
                "span_half_width_ms": _round(half), "span_lag1": _round(lag1, 3),
                "span_half_width_serial_ms": _round(serial_half),
+               "resident_ttft_lag1": _round(lag1_autocorrelation([p["resident"].ttft_s for p in whole]), 3),
+               "span_resident_corr": _round(follows[0], 3) if follows else None,
+               "span_resident_corr_ci": [_round(follows[1], 3), _round(follows[2], 3)] if follows else [None, None],
                "half_width_x_floor": (round(serial_half / floor[0], 4) if serial_half is not None and floor and floor[0] > 0
                                       else None)}
         row["resolved"] = (row["half_width_x_floor"] is not None and row["half_width_x_floor"] <= RESOLVE_FRACTION)

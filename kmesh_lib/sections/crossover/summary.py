@@ -6,6 +6,7 @@ Every figure is recomputed from ``raw/rows.jsonl`` by ``tables.recomputed_tables
 from __future__ import annotations
 
 from kmesh_lib.base.checks import verdict as checks_verdict
+from kmesh_lib.base.intervals import white_noise_bound
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.crossover import report
 from kmesh_lib.sections.crossover.captures import GridRow
@@ -270,7 +271,22 @@ def _serial_clause(r: dict) -> str:
         return ""
     widened = f"±{serial:,.3f} ms" if serial is not None else "unbounded"
     return (f"; they ran in streaks (lag-1 autocorrelation {r['span_lag1']:.2f}), so the interval, which treats them as "
-            f"independent, is too narrow: judged by its half-width widened for that, {widened}")
+            f"independent, is too narrow: judged by its half-width widened for that, {widened}" + _streak_source(r))
+
+
+def _streak_source(r: dict) -> str:
+    """Whose streaks they are: the engine's where the resident follow-ups, which restore nothing, ran in streaks too
+    (lag-1 above white noise's bound) and the spans follow them (their correlation's interval above 0); the numbers
+    either way. Nothing for a run before the row carried them."""
+    lag, corr = r.get("resident_ttft_lag1"), r.get("span_resident_corr")
+    if lag is None or corr is None:
+        return ""
+    low, high = r["span_resident_corr_ci"]
+    numbers = (f"the resident follow-ups beside them, which restore nothing, had lag-1 {lag:.2f}, and each span "
+               f"follows its pair's resident first token with r = {corr:.2f} [{low:.2f}, {high:.2f}]")
+    if lag > white_noise_bound(r["num_pairs"]) and low > 0:
+        return f"; {numbers}: the streaks are the engine's, not the tier's alone"
+    return f"; {numbers}: the streaks are not shown to be the engine's"
 
 
 def _pair_floor_clause(r: dict) -> str:
