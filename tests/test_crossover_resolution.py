@@ -269,11 +269,18 @@ def test_run_pairs_alternates_the_order_and_prepares_in_full_only_first():
     bench.prepare = lambda arm, ctx, tag: calls.append(("full", arm)) or {}
     bench.prepare_in_pair = lambda arm, ctx: calls.append(("light", arm)) or {}
     bench.measure = lambda arm, ctx, tag, prep, prep_s: {"arm": arm, "tag": tag}
+    bench.clocks = None
     rows = bench.run_pairs("dram", Context("c", [1, 2]), "t", 3)
     assert [(r["pair"], r["role"], r["pair_position"], r["arm"]) for r in rows] == [
         (0, "restore", 0, "dram"), (0, "resident", 1, "resident"), (1, "resident", 0, "resident"), (1, "restore", 1, "dram"),
         (2, "restore", 0, "dram"), (2, "resident", 1, "resident")]
     assert calls[0] == ("full", "dram") and all(c[0] == "light" for c in calls[1:])
+    # what each row ran beside, both roles: counters a reader differences between rows, never decreasing
+    assert all({"cpu_num", "load_avg_1m", "process_cpu_s", "ctx_switches_involuntary"} <= set(r["host"]) for r in rows)
+    for key in ("process_cpu_s", "ctx_switches_involuntary", "cpu_steal_s"):
+        seen = [r["host"][key] for r in rows if key in r["host"]]
+        assert seen == sorted(seen), key
+    assert "cpu_steal_s" in rows[0]["host"]  # Linux reports steal time (0 on bare metal)
 
 
 @pytest.mark.cpu

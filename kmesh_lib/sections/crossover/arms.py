@@ -100,13 +100,31 @@ class Context:
 
 
 def host_state(clocks: GpuClocks | None = None) -> dict:
-    """The CPU this process's thread is on and the 1-minute load average, read now (psutil, os); on a GPU also the
-    compute processes NVML lists on it (``GpuClocks.read_with_processes``), where it can say."""
+    """What a streak of slow requests ran beside, read now (psutil, os): the CPU this process's thread is on, the
+    1-minute load average, and counters a reader differences between rows: the host's CPU time stolen by other guests
+    (``cpu_steal_s``, a VM's noisy neighbour), this process's CPU time and its involuntary context switches (its
+    threads preempted), and the current clock of its CPU (``cpu_mhz``) where the host says; on a GPU also the compute
+    processes NVML lists on it (``GpuClocks.read_with_processes``), where it can say. A counter the platform lacks is
+    left out, never zero."""
     import os
 
     import psutil
 
-    state = {"cpu_num": psutil.Process().cpu_num(), "load_avg_1m": round(os.getloadavg()[0], 2)}
+    me = psutil.Process()
+    cpu = me.cpu_num()
+    times = me.cpu_times()
+    state = {"cpu_num": cpu, "load_avg_1m": round(os.getloadavg()[0], 2),
+             "process_cpu_s": round(times.user + times.system, 3),
+             "ctx_switches_involuntary": me.num_ctx_switches().involuntary}
+    steal = getattr(psutil.cpu_times(), "steal", None)
+    if steal is not None:
+        state["cpu_steal_s"] = round(steal, 2)
+    try:
+        freqs = psutil.cpu_freq(percpu=True) or []
+    except (OSError, NotImplementedError):  # no cpufreq in this VM or container
+        freqs = []
+    if 0 <= cpu < len(freqs) and freqs[cpu].current:
+        state["cpu_mhz"] = round(freqs[cpu].current)
     gpu = clocks.read_with_processes() if clocks is not None else None
     if gpu and "num_processes" in gpu:
         state["gpu_processes"] = gpu["num_processes"]
@@ -278,8 +296,8 @@ class RestoreBench:
         neighbours in time and neither always goes first. Each row names its ``pair``, ``role`` and
         ``pair_position``. With ``floor_kind`` (a memory path's copy floor), each restore row also carries
         ``pair_floor_s``, one copy of the context's ``context_bytes`` timed right before it (``kv.floors.PairFloor``:
-        the fastest of its ways, each in ``pair_floor_ways``; a way it could not set up in ``pair_floor_errors``),
-        and ``host``, the CPU the engine's thread was on and the load then: what a streak of slow restores ran beside."""
+        the fastest of its ways, each in ``pair_floor_ways``; a way it could not set up in ``pair_floor_errors``).
+        Every row carries ``host`` (``host_state``, read just before it): what a streak of slow requests ran beside."""
         from kmesh_lib.kv.floors import PairFloor
 
         resident = RESIDENT_OF[arm]
@@ -298,8 +316,8 @@ class RestoreBench:
                     if floor is not None and role == "restore":
                         ways = floor.time_ways()
                         beside = {"pair_floor_s": min(ways.values()), "pair_floor_ways": ways,
-                                  "host": host_state(self.clocks), **({"pair_floor_errors": floor.errors}
-                                                                      if floor.errors else {})}
+                                  **({"pair_floor_errors": floor.errors} if floor.errors else {})}
+                    beside["host"] = host_state(self.clocks)  # both roles: a streak in both arms is the engine's
                     row = self.measure(a, ctx, f"{tag}-p{k}-{role}", prep, prep_s)
                     row.update(pair=k, role=role, pair_arm=arm, pair_position=i, **beside)
                     out.append(row)
