@@ -25,6 +25,10 @@ def test_the_verdict_never_says_faster_nor_a_ratio_below_one():
     assert cr.floor_verdict(3.0, 4.5, floor) == "2.00\u20134.50\u00d7 its floor"  # low over max, high over min
     assert cr.floor_verdict(float("nan"), float("nan"), floor).startswith("unresolved")
     assert cr.floor_verdict(2.0, 3.0, None) == "unresolved (no floor measured)"
+    # on the CPU the floors are timed beside the engine's threads, no physical bound (the strict check is skipped
+    # there): below them is said, never called a method problem; everything else reads the same
+    assert cr.floor_verdict(0.5, 0.9, floor, bound=False) == "below its timed floor (on the CPU no physical bound: not judged)"
+    assert cr.floor_verdict(3.0, 4.5, floor, bound=False) == cr.floor_verdict(3.0, 4.5, floor)
 
 
 def test_a_paths_floor_range_spans_its_measurements_before_and_after():

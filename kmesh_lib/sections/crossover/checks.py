@@ -204,7 +204,7 @@ def paired_checks(run: RunFiles) -> list[Check]:
             measured.setdefault((f.model, f.context_tokens, f.tier), set()).add(f.when)
     out.append(all_of(PAIRED_CHECKS[2], points, lambda k: measured.get(k) == {"before", "after"},
                       lambda k: f"{k}: {sorted(measured.get(k, []))}", "no point planned pairs"))
-    table = report.resolution_table(pairs, floors)
+    table = report.resolution_table(pairs, floors, bound=p.DEVICE == "cuda")
     judged = [r for r in table if r["context_tokens"] >= report.RESOLVE_MIN_TOKENS and r["path"] in report.RESOLVE_PATHS]
     out.append(all_of(PAIRED_CHECKS[3], judged, lambda r: bool(r["resolved"]),
                       _resolution_detail,

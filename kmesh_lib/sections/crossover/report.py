@@ -752,14 +752,16 @@ def floor_range_ms(path: str, point_floors: list[PointFloors], how: str | None =
     return [round(min(values), 4), round(max(values), 4)] if values else None
 
 
-def floor_verdict(low: float, high: float, floor_ms: list[float] | None) -> str:
+def floor_verdict(low: float, high: float, floor_ms: list[float] | None, bound: bool = True) -> str:
     """A cost's 95% interval [low, high] (ms) against its floor's range [min, max]: ``no cost measured`` where the
     interval holds 0 (never "faster"); ``below the resident follow-up`` where it lies wholly below 0 (a method problem,
     not a result); ``below its floor`` where it lies wholly below the floor's range (a physical limit broken: a
     method problem, and section 21's strict floor check fails it); ``at the floor`` where it reaches down into the
     floor's range (the cost cannot be told from the floor: never a ratio below 1); else ``x.xx-y.yy x its floor``
     (low over the floor's max, high over its min). ``unresolved`` where there was no interval (fewer than two
-    restores) or no floor."""
+    restores) or no floor. Without a device (``bound`` false: on the CPU the floors are a host memcpy and a disk read
+    timed beside the engine's threads, no physical bound, and the strict floor check is skipped) a cost below the
+    floor says so and judges nothing."""
     if low != low or high != high:
         return "unresolved (fewer than two restores)"
     if low <= 0 <= high:
@@ -769,7 +771,8 @@ def floor_verdict(low: float, high: float, floor_ms: list[float] | None) -> str:
     if not floor_ms:
         return "unresolved (no floor measured)"
     if high < floor_ms[0]:
-        return "below its floor (a method problem, not a result)"
+        return ("below its floor (a method problem, not a result)" if bound
+                else "below its timed floor (on the CPU no physical bound: not judged)")
     if low <= floor_ms[1]:
         return "at the floor"
     return f"{low / floor_ms[1]:.2f}\u2013{high / floor_ms[0]:.2f}\u00d7 its floor"
@@ -783,7 +786,7 @@ def pairs_of(pairs: list[PairRow]) -> dict[tuple, dict[int, dict[str, PairRow]]]
     return out
 
 
-def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors]) -> list[dict]:
+def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors], bound: bool = True) -> list[dict]:
     """Per (model, context, restore path) of the paired design: the restore's own span (``restore_span``) per
     restore, its median and 95% bootstrap interval; the first token's paired difference (the restore less the
     resident follow-up run next to it on the same engine), median and 95% interval; the path's floor as a range over
@@ -793,7 +796,8 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors]) -> l
     The bootstrap treats the restores as independent. ``span_lag1`` is the spans' lag-1 autocorrelation in the order
     the pairs ran; where it is above white noise's bound (a streak of slow restores, then a streak of fast ones),
     ``span_half_width_serial_ms`` is the half-width widened by ``intervals.serial_inflation``, else the same, and
-    ``half_width_x_floor`` and ``resolved`` judge that one. Whether such streaks are the tier's or the whole engine's:
+    ``half_width_x_floor`` and ``resolved`` judge that one. ``bound``: whether the floors are physical bounds (a
+    device moved the bytes; ``floor_verdict``). Whether such streaks are the tier's or the whole engine's:
     ``resident_ttft_lag1``, the resident follow-ups' first tokens' lag-1 autocorrelation in the same order (they restore
     nothing), and ``span_resident_corr`` with its 95% interval, Pearson's r of each restore's span with the resident
     follow-up of its pair (on the H200 and the H100, 5 Dec 2026, r 0.4-0.9 where the spans ran in streaks).
@@ -834,9 +838,9 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors]) -> l
                "span_source": "/".join(sorted({src for s, src in spans if s is not None})) or None,
                "span_ms": _round(s_med), "span_ci_ms": [_round(s_low), _round(s_high)],
                "floor_ms": floor, "num_floor_measurements": len(floors.get((model, n, TIER_OF[path]), [])),
-               "span_verdict": floor_verdict(s_low, s_high, floor),
+               "span_verdict": floor_verdict(s_low, s_high, floor, bound),
                "ttft_difference_ms": _round(d_med), "ttft_difference_ci_ms": [_round(d_low), _round(d_high)],
-               "ttft_verdict": floor_verdict(d_low, d_high, floor),
+               "ttft_verdict": floor_verdict(d_low, d_high, floor, bound),
                "span_half_width_ms": _round(half), "span_lag1": _round(lag1, 3),
                "span_half_width_serial_ms": _round(serial_half),
                "resident_ttft_lag1": _round(lag1_autocorrelation([p["resident"].ttft_s for p in whole]), 3),
@@ -848,7 +852,7 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors]) -> l
         how, media = FLOOR_OF[path]
         if how == "sum" and len(media) > 1:  # the strict floor (no overlap) stays the verdict; beside it, a pipeline's
             overlapped = floor_range_ms(path, floors.get((model, n, TIER_OF[path]), []), how="max")
-            row.update(floor_overlapped_ms=overlapped, span_verdict_overlapped=floor_verdict(s_low, s_high, overlapped))
+            row.update(floor_overlapped_ms=overlapped, span_verdict_overlapped=floor_verdict(s_low, s_high, overlapped, bound))
         beside = [(s, r.pair_floor_s) for (s, _), r in zip(spans, restores) if s is not None and r.pair_floor_s]
         if beside:  # runs from 5 Dec 2026: each restore over the copy floor timed right before it
             ratios = [s / f for s, f in beside]

@@ -142,7 +142,7 @@ def answer(run: RunFiles) -> str:
                        + _span(r["x_floor"] for r in distance) + "\u00d7 its transfer "
                        "floor" + (", so the disk itself bounds it" if max(r["x_floor"] for r in distance) <= NEAR_FLOOR else "")
                        if distance and all(r["x_floor"] for r in distance) else "") + ".")
-    split_lines = _floor_sentences(tables, longest, run.records("rows.jsonl"))
+    split_lines = _floor_sentences(tables, longest, run.records("rows.jsonl"), bound=p.DEVICE == "cuda")
     text.append("Where the evidence is weak: " + ("random or dummy weights give each shape's compute time but not a real "
                 "model's values; " if p.WEIGHTS in ("dummy", "random") else "")
                 + "one machine's disk and memory; a crossover is only as fine as the grid of context lengths"
@@ -208,9 +208,10 @@ def _longest_part(split: dict | None, component: dict | None) -> tuple[str, floa
             "disk_read_ms": "disk read", "load_ms": "load into vLLM"}[key], spans[key]
 
 
-def _floor_sentences(tables: dict, longest: int, rows: list[GridRow] | None = None) -> list[str]:
+def _floor_sentences(tables: dict, longest: int, rows: list[GridRow] | None = None, bound: bool = True) -> list[str]:
     """Each restore path at the longest context: its distance to its floor and to the engine-resident
-    follow-up, and the part of its restore that takes longest (measured timestamps)."""
+    follow-up, and the part of its restore that takes longest (measured timestamps). ``bound``: the floors are
+    physical bounds (``report.floor_verdict``)."""
     splits = {(r["model"], r["arm"]): r for r in tables.get("splits", []) if r["context_tokens"] == longest}
     components = {(r["model"], r["arm"]): r for r in tables.get("components", []) if r["context_tokens"] == longest}
     out = []
@@ -224,7 +225,7 @@ def _floor_sentences(tables: dict, longest: int, rows: list[GridRow] | None = No
                                                                                                      float("nan"))
         out.append(f"{r['model']}, {LABEL[r['path']]}: first token {cost:+,.1f} ms against the engine-resident "
                    + (f"follow-up [{low:+,.1f}, {high:+,.1f}] (two unpaired medians, 95% bootstrap): "
-                      f"{report.floor_verdict(low, high, [floor, floor])}" if low == low else "follow-up (no interval)")
+                      f"{report.floor_verdict(low, high, [floor, floor], bound)}" if low == low else "follow-up (no interval)")
                    + f" (transfer floor {floor:,.1f} ms, measured once)"
                    + (f"; the longest part of the restore is {part[0]} ({part[1]:,.1f} ms)" if part else "") + ".")
     return out

@@ -87,7 +87,8 @@ def restore_resolution(run: RunFiles):
     """``report.resolution_table``; ABSENT where the run has no raw/pairs.jsonl (recorded before the paired design)."""
     if not run.has_raw("pairs.jsonl"):
         return ABSENT
-    return report.resolution_table(run.records("pairs.jsonl"), run.records("point_floors.jsonl"))
+    return report.resolution_table(run.records("pairs.jsonl"), run.records("point_floors.jsonl"),
+                                   bound=run.params.DEVICE == "cuda")
 
 
 TABLES: dict[str, Table] = {
