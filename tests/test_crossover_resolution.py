@@ -176,7 +176,7 @@ def test_a_copy_floor_timed_beside_each_restore_follows_a_streak_the_link_causes
 
 
 def test_a_floor_timed_two_ways_is_their_fastest_and_the_table_and_answer_name_both():
-    """From 6 Dec 2026 a CUDA copy floor is timed as a pinned cudaMemcpy and as a kernel reading pinned memory
+    """From 5 Dec 2026 (15:00 UTC) a CUDA copy floor is timed as a pinned cudaMemcpy and as a kernel reading pinned memory
     (UVA), the floor the faster: the row gives each way's median, and the answer names both."""
     floors = [{"model": "m", "context_tokens": N, "tier": "dram", "when": "before", "floors": {"copy": {"median_s": 0.01}}}]
     spans = [15.8] * 16

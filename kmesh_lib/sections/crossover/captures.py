@@ -203,13 +203,13 @@ class PairRow(FollowUp):
     pair_arm: str  # the restore arm of the pair
     pair_position: int  # 0: first in its pair
     # restore rows of a memory path (from 5 Dec 2026): one copy of the context's bytes timed right before the restore
-    # (``kv.floors.PairFloor``), and the engine thread's CPU and the load then (``arms.host_state``); from 6 Dec 2026
+    # (``kv.floors.PairFloor``), and the engine thread's CPU and the load then (``arms.host_state``); from commit ecc5309
     # ``host`` on every pair row, both roles, with the host's steal time, the process's CPU time, involuntary context
     # switches and CPU clock beside them
     pair_floor_s: float | None = None
     host: Mapping | None = None
-    # from 6 Dec 2026: each way's seconds (``memcpy``; on CUDA also ``uva_read``), pair_floor_s their minimum; and a way
-    # that could not be set up -> why
+    # from 5 Dec 2026, 15:00 UTC: each way's seconds (``memcpy``; on CUDA also ``uva_read``), pair_floor_s their
+    # minimum; and a way that could not be set up -> why
     pair_floor_ways: Mapping | None = None
     pair_floor_errors: Mapping | None = None
 

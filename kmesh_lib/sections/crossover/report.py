@@ -810,8 +810,8 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors], boun
     Where the restores carry the copy floor timed right before each (``pair_floor_s``: memory paths, from 5 Dec 2026),
     the row adds that floor's median and lag-1 autocorrelation and each restore's span over its own floor, median and
     95% interval (``span_x_pair_floor``): a streak the link causes slows both and leaves the ratio where it was. Where
-    that floor was timed several ways (from 6 Dec 2026: ``memcpy`` and ``uva_read``, the floor their fastest), each
-    way's median is ``pair_floor_<way>_ms``."""
+    that floor was timed several ways (runs from 5 Dec 2026, 15:00 UTC: ``memcpy`` and ``uva_read``, the floor their
+    fastest), each way's median is ``pair_floor_<way>_ms``."""
     floors: dict[tuple, list[PointFloors]] = {}
     for f in point_floors:
         floors.setdefault((f.model, f.context_tokens, f.tier), []).append(f)
@@ -861,7 +861,7 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors], boun
                        pair_floor_lag1=_round(lag1_autocorrelation([f for _, f in beside]), 3),
                        span_x_pair_floor=_round(x_med), span_x_pair_floor_ci=[_round(x_low), _round(x_high)])
             by_way: dict[str, list[float]] = {}
-            for r in restores:  # runs from 6 Dec 2026: each way the floor was timed, its median (the floor is the fastest)
+            for r in restores:  # runs from 5 Dec 2026, 15:00 UTC: each way's median (the floor is the fastest)
                 for way, seconds in (r.pair_floor_ways or {}).items():
                     by_way.setdefault(way, []).append(seconds)
             row.update({f"pair_floor_{way}_ms": _round(1e3 * float(numpy.median(v))) for way, v in sorted(by_way.items())})
