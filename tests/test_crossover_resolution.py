@@ -397,3 +397,27 @@ def test_a_pair_floor_times_one_copy_of_its_bytes_and_is_never_a_disk_floor():
         floor.close()
     with pytest.raises(ValueError, match="a copy floor"):
         pf.PairFloor("disk", 1 << 20, "cpu")
+
+
+def test_the_streaks_benchmark_splits_a_published_run_by_the_hosts_speed():
+    """benchmarks/restore_streaks.py on a47e (1.5B, 16k, the floor timed before each restore): one line per restore
+    path, the DRAM span slower in the host-slow pairs while the floor stays put; a run before ecc5309 has no host
+    counters on its resident rows, so no counter column."""
+    import importlib.util
+
+    from kmesh_lib.base import paths
+    from kmesh_lib.base.records import RunFiles
+
+    spec = importlib.util.spec_from_file_location("restore_streaks", paths.REPO_ROOT / "benchmarks" / "restore_streaks.py")
+    streaks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(streaks)
+    run = paths.OUTPUTS / "crossover" / "gpu-20261205-114504-a47e"
+    if not run.is_dir():
+        pytest.skip("the published run is not in this checkout")
+    lines = streaks.streak_lines(RunFiles(run), N, 1.2)
+    assert [line.split()[2] for line in lines] == ["dram", "native_offload"]
+    fast, slow, floor_fast, floor_slow = (float(v) for v in lines[0].split()[6:10])
+    assert slow > 1.3 * fast and abs(floor_slow - floor_fast) < 0.05
+    assert "steal" not in lines[0]
+    rows = as_pair_rows(_pairs("dram", [15.0] * 2, [30.0] * 2, [10.0] * 2))
+    assert streaks.counter_deltas(rows, [r.tag for r in rows if r.role == "restore"], "cpu_steal_s") is None
