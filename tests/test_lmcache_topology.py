@@ -52,6 +52,10 @@ def test_gpu_pcie_link_from_nvidia_smi_and_sysfs(tmp_path, monkeypatch):
                         ("max_link_speed", "32.0 GT/s PCIe"), ("max_link_width", "16")):
         write(dev / name, value)
     assert topology.pci_link_sysfs("00000000:00:06.0", root=tmp_path)["current_link_width"] == "16"
+    write(dev / "numa_node", "1")
+    write(dev / "local_cpulist", "8-15")
+    assert {k: topology.pci_link_sysfs("0000:00:06.0", root=tmp_path)[k] for k in ("numa_node", "local_cpulist")} == {
+        "numa_node": "1", "local_cpulist": "8-15"}
     assert topology.pci_link_sysfs("not a bus id", root=tmp_path) is None
 
     def fake_run(cmd, **kw):
@@ -99,8 +103,21 @@ def test_striped_row_says_why_it_cannot_run(tmp_path, monkeypatch):
     assert striped_store_row(ContextGroupParams(), one)["status"] == "not available"
 
 
+def test_numa_nodes_and_the_hypervisor_flag_from_sysfs_and_cpuinfo(tmp_path):
+    for node, cpus in (("node1", "8-15"), ("node0", "0-7"), ("node10", "64-71")):
+        write(tmp_path / "node" / node / "cpulist", cpus)
+    assert topology.numa_nodes(tmp_path / "node") == {"node0": "0-7", "node1": "8-15", "node10": "64-71"}
+    assert topology.numa_nodes(tmp_path / "none") == {}
+    write(tmp_path / "guest", "processor\t: 0\nflags\t\t: fpu vme hypervisor lahf_lm\n")
+    write(tmp_path / "metal", "processor\t: 0\nflags\t\t: fpu vme lahf_lm\n")
+    assert topology.under_hypervisor(tmp_path / "guest") is True
+    assert topology.under_hypervisor(tmp_path / "metal") is False
+    assert topology.under_hypervisor(tmp_path / "missing") is None
+
+
 def test_describe_on_this_machine_reads_without_raising(tmp_path):
     topo = topology.describe(tmp_path)
     assert topo["nvme_count"] == sum(d["nvme"] for d in topo["block_devices"])
     assert topo["disk_tier"]["path"] == str(tmp_path.resolve()) and "mountpoint" in topo["disk_tier"]
     assert set(topo["gpu_pcie"]) <= {"gpus", "error"}
+    assert topo["hypervisor"] in (True, False, None) and all(k.startswith("node") for k in topo["numa_nodes"])

@@ -11,6 +11,10 @@ that row can run here is a fact about the machine, so every GPU run records:
                     (``nvidia-smi --query-gpu``; the sysfs ``*_link_speed`` / ``*_link_width`` files
                     of the same PCI device when readable)
     disk_tier       (when a path is given) the mount and device the disk tier lives on
+    numa_nodes      the host's NUMA nodes and their CPUs (/sys/devices/system/node), beside each GPU's ``numa_node``
+                    and ``local_cpulist`` (its PCI device in sysfs): which CPUs are near the GPU's link
+    hypervisor      whether the CPU says it runs under a hypervisor (/proc/cpuinfo's ``hypervisor`` flag): a
+                    guest's CPU time can be stolen by the other guests of its host
 
 ``striped_store(topology, root)`` says whether the striped row can run and, if not, why. kmesh
 never builds an array itself (``mdadm --create`` erases its member drives): the row runs only on
@@ -102,7 +106,8 @@ def gpu_pcie(run=subprocess.run) -> dict:
 
 
 def pci_link_sysfs(bus_id: str, root: Path = Path("/sys/bus/pci/devices")) -> dict | None:
-    """``current/max_link_speed`` and ``_width`` of a PCI device (nvidia-smi's 8-digit domain -> sysfs's 4)."""
+    """``current/max_link_speed`` and ``_width`` of a PCI device (nvidia-smi's 8-digit domain -> sysfs's 4), and its
+    ``numa_node`` (-1: the platform gives none) and ``local_cpulist``."""
     m = re.fullmatch(r"(?:([0-9A-Fa-f]+):)?([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.([0-7])", bus_id.strip())
     if not m:
         return None
@@ -110,7 +115,22 @@ def pci_link_sysfs(bus_id: str, root: Path = Path("/sys/bus/pci/devices")) -> di
     dev = root / f"{domain:04x}:{m.group(2).lower()}:{m.group(3).lower()}.{m.group(4)}"
     if not dev.is_dir():
         return None
-    return {k: _read(dev / k) for k in ("current_link_speed", "current_link_width", "max_link_speed", "max_link_width")}
+    return {k: _read(dev / k) for k in ("current_link_speed", "current_link_width", "max_link_speed", "max_link_width",
+                                        "numa_node", "local_cpulist")}
+
+
+def numa_nodes(root: Path = Path("/sys/devices/system/node")) -> dict[str, str | None]:
+    """NUMA node -> its CPU list (``0-7,16-23``), as sysfs gives them; empty where there is no such folder."""
+    nodes = sorted(root.glob("node[0-9]*"), key=lambda p: int(p.name[4:])) if root.is_dir() else []
+    return {p.name: _read(p / "cpulist") for p in nodes}
+
+
+def under_hypervisor(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool | None:
+    """Whether the CPU's flags include ``hypervisor``; None where /proc/cpuinfo is not readable."""
+    text = _read(cpuinfo)
+    if text is None:
+        return None
+    return any(line.startswith("flags") and " hypervisor" in f" {line.split(':', 1)[-1]}" for line in text.splitlines())
 
 
 def mount_of(path: str | Path) -> dict:
@@ -132,7 +152,7 @@ def describe(disk_tier: str | Path | None = None) -> dict:
     """The topology record (see the module docstring)."""
     devices = block_devices()
     topo = {"block_devices": devices, "nvme_count": sum(d["nvme"] for d in devices), "md": md_support(),
-            "gpu_pcie": gpu_pcie()}
+            "gpu_pcie": gpu_pcie(), "numa_nodes": numa_nodes(), "hypervisor": under_hypervisor()}
     if disk_tier is not None:
         topo["disk_tier"] = mount_of(disk_tier)
     return topo
