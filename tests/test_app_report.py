@@ -57,7 +57,7 @@ def test_the_report_has_a_header_an_answer_and_no_network_script(section, capsys
     assert (env["git"]["commit"] or "unknown")[:12] in page and env["device"] in page
     assert f"python {env['python']}" in page and "2 ok, 0 failed, 0 skipped" in page
     assert "Yes: the total is <strong>30</strong>, from 5 items." in page
-    assert "7 engine log lines; 1 progress-bar outputs; 1 interactive widget views" in page
+    assert "7 engine log lines; 1 progress-bar output; 1 interactive widget view" in page
     for absent in ("Initializing a V1 LLM engine", "LMCache INFO", "Processed prompts", "<script", "cdn", "http://",
                    "https://", "VBox("):
         assert absent not in page, absent

@@ -105,15 +105,19 @@ class LeftOut:
     library_warnings: int = 0
 
     def note(self) -> str:
+        def count(n: int, one: str, many: str) -> str:
+            return f"{n} {one if n == 1 else many}"
+
         parts = []
         if self.engine_lines:
-            parts.append(f"{self.engine_lines} engine log lines")
+            parts.append(count(self.engine_lines, "engine log line", "engine log lines"))
         if self.library_warnings:
-            parts.append(f"{self.library_warnings} warnings raised in installed packages")
+            parts.append(count(self.library_warnings, "warning", "warnings") + " raised in installed packages")
         if self.progress_outputs:
-            parts.append(f"{self.progress_outputs} progress-bar outputs")
+            parts.append(count(self.progress_outputs, "progress-bar output", "progress-bar outputs"))
         if self.widget_views:
-            parts.append(f"{self.widget_views} interactive widget views (open the notebook in Jupyter)")
+            parts.append(count(self.widget_views, "interactive widget view", "interactive widget views")
+                         + " (open the notebook in Jupyter)")
         return ("Left out of this page (still in the notebook): " + "; ".join(parts) + ".") if parts else ""
 
 
