@@ -1085,3 +1085,26 @@ def test_vllms_cpu_tier_alone_has_no_disk_tier_to_check(tmp_path, monkeypatch):
     summary, = read_jsonl(tmp_path / "raw" / "models.jsonl")
     assert summary["detail"] == "RuntimeError: engine reached with ['kv_offloading_backend', 'kv_offloading_size']"
     assert "disk_tier" not in summary
+
+
+def test_the_heatmap_names_each_speed_up_with_its_interval(tmp_path):
+    """The findings figure gave each cell's speed-up alone; from the crossover table it adds the 95% interval
+    the verdict quotes (published run a47e: DRAM 4.08x [3.91, 4.18] at 16,384 tokens)."""
+    import json
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kmesh_lib.base.paths import OUTPUTS
+    from kmesh_lib.sections.crossover import report as cr
+
+    results = json.loads((OUTPUTS / "crossover" / "gpu-20261205-114504-a47e" / "results.json").read_text())
+    fig = cr.heatmaps(results["arms"], tmp_path / "with.png", crossover=results["crossover"])
+    texts = {t.get_text() for ax in fig.axes for t in ax.texts}
+    assert {"4.08x\n[3.91, 4.18]", "3.33x\n[3.09, 4.08]"} <= texts, texts
+    bare = cr.heatmaps(results["arms"], tmp_path / "without.png")
+    assert {t.get_text() for ax in bare.axes for t in ax.texts} == {"4.08x", "3.33x"}
+    plt.close("all")
+    assert cr._short(13.681) == "13.7" and cr._short(0.5) == "0.50"
+
