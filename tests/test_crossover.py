@@ -1108,3 +1108,19 @@ def test_the_heatmap_names_each_speed_up_with_its_interval(tmp_path):
     plt.close("all")
     assert cr._short(13.681) == "13.7" and cr._short(0.5) == "0.50"
 
+
+def test_a_win_at_the_grids_shortest_length_says_so():
+    """A run of one length (a47e: 16,384 only) read 'DRAM restore beats recompute from **16,384 tokens**', as if
+    shorter contexts had lost; the answer now says what the grid leaves open, as the verdict does."""
+    from kmesh_lib.sections.crossover import summary
+
+    one = {"model": "m", "path": "dram", "crossover_tokens": 16384, "speedup@16384": 4.08}
+    assert summary.path_phrase(one) == ("DRAM restore beats recompute at **16,384 tokens** (the only length measured; "
+                                        "4.08\u00d7 there)")
+    first = {"model": "m", "path": "dram", "crossover_tokens": 4096, "speedup@4096": 1.75, "speedup@16384": 3.39}
+    assert summary.path_phrase(first) == ("DRAM restore beats recompute from **4,096 tokens** (the shortest measured; "
+                                          "1.75\u00d7 there, 3.39\u00d7 at 16,384)")
+    later = {"model": "m", "path": "dram", "crossover_tokens": 16384, "speedup@4096": 1.19, "speedup@16384": 1.28}
+    assert summary.path_phrase(later) == ("DRAM restore beats recompute from **16,384 tokens** "
+                                          "(1.28\u00d7 there, 1.19\u00d7 at 4,096)")
+    assert summary._noted(summary._starts(one)) == "at 16,384 tokens (the only length measured)"
