@@ -399,6 +399,15 @@ def test_publish_makes_machine_paths_relative_and_refuses_one_it_cannot(section,
     assert not (tmp_path / "published" / "fake_section" / other.name).exists()
 
 
+def test_withdrawing_a_run_that_is_not_published_is_bad_input(section, capsys, tmp_path):
+    """Like verify, report and publish, an unknown run id exits 2 (bad input) with one line naming the section's
+    folder it looked in (relative to the checkout where it lies inside): it exited 1, as a refusal does."""
+    assert cli.main(["withdraw", "99", "cpu-20990101-000000-0000", "--why", "x"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == ("kmesh withdraw: no published run cpu-20990101-000000-0000 of fake_section under "
+                    f"{tmp_path}/published/fake_section")
+
+
 def test_withdraw_lists_a_run_as_superseded_and_publishing_it_again_takes_it_off(section, capsys, tmp_path):
     old, new = fake_section.make_run(), fake_section.make_run()
     fake_section.write_raw(new, "extra.jsonl", '{"own": 3}\n')
