@@ -1124,3 +1124,15 @@ def test_a_win_at_the_grids_shortest_length_says_so():
     assert summary.path_phrase(later) == ("DRAM restore beats recompute from **16,384 tokens** "
                                           "(1.28\u00d7 there, 1.19\u00d7 at 4,096)")
     assert summary._noted(summary._starts(one)) == "at 16,384 tokens (the only length measured)"
+
+
+def test_a_goal_point_without_the_buffers_timeline_says_so_in_its_cells():
+    """The standing run a47e (DRAM and vLLM's CPU tier, no GPU buffer) left two cells of its goal table empty."""
+    from kmesh_lib.base.paths import OUTPUTS
+    from kmesh_lib.base.records import RunFiles
+    from kmesh_lib.sections.crossover import summary
+
+    tables = summary.recomputed_tables(RunFiles(OUTPUTS / "crossover" / "gpu-20261205-114504-a47e"))
+    (row,) = summary.goal_points_table(tables).splitlines()[2:]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert "" not in cells and cells[3] == cells[4] == summary.UNTIMED_PARTS, cells

@@ -480,6 +480,11 @@ def _layered_points(tables: dict, critical: list[dict]) -> list[dict]:
     return [r for r in critical if "charged_ms" in r and (r["model"], r["context_tokens"]) in layered]
 
 
+# a goal point whose restores record no parts of their step (only the GPU buffer's timeline has them:
+# report.critical_goal_table); the cell said nothing at all
+UNTIMED_PARTS = "not timed (no GPU-buffer restore here)"
+
+
 def goal_points_table(tables: dict, rows: list[GridRow] | None = None, goals: list[dict] | None = None,
                       critical: list[dict] | None = None) -> str:
     """Issue 13's first goal point by point, every reading in one Markdown table (empty: no point of
@@ -509,9 +514,9 @@ def goal_points_table(tables: dict, rows: list[GridRow] | None = None, goals: li
                    + (f", {g['fastest_goal']}" if "fastest_goal" in g else "")) if g else ""
         least = (f"{LABEL[c['path']]}: {c['critical_ms']:,.3f} ms ({_parts(c)}) / {c['transfer_floor_ms']:,.3f} = "
                  f"**{c['x_floor']:.2f}{x}**"
-                 + ("" if c["within"] else " (not met)")) if c else ""
+                 + ("" if c["within"] else " (not met)")) if c else UNTIMED_PARTS
         charged = (f"{LABEL[c['charged_path']]}: {c['charged_ms']:,.3f} ms = {c['charged_x_floor']:.2f}{x}"
-                   if point in layered else "as it adds (no copy beside the forward pass)" if c else "")
+                   if point in layered else "as it adds (no copy beside the forward pass)" if c else UNTIMED_PARTS)
         forward = "; ".join(f"{LABEL[r['path']]} {r['difference_ms']:+,.2f} [{r['difference_ci_ms'][0]:+,.2f}, "
                             f"{r['difference_ci_ms'][1]:+,.2f}]" for r in steps.get(point, [])) or "not timed"
         lines.append(f"| {point[0]} | {_n(point[1])} | {fastest} | {least} | {charged} | {forward} |")
