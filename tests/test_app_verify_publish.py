@@ -427,7 +427,8 @@ def test_withdraw_lists_a_run_as_superseded_and_publishing_it_again_takes_it_off
     assert (entry["run_id"], entry["why"], entry["superseded_by"], entry["status"]) == (old.name, why, new.name, "passed")
     readme, index = (tmp_path / "README.md").read_text(), (published_root / "index.html").read_text()
     # the index lists it with its successor (the why is in withdrawn.json); the README counts it and points there
-    assert f"<td>{old.name}</td><td>{new.name}</td>" in index and 'href="withdrawn.json"' in index
+    assert (f'<td>{old.name}</td><td><a href="fake_section/{new.name}/report.html">{new.name}</a></td>' in index
+            and 'href="withdrawn.json"' in index)
     assert old.name not in readme and "Withdrawn runs: 1 (99: 1)" in readme and "published/index.html" in readme
     assert cli.main(["withdraw", "99", old.name, "--why", "Restated.", "--superseded-by", new.name]) == 0
     (entry,) = published.read_withdrawn(published_root)  # an entry restated, not a second one
@@ -774,3 +775,19 @@ def test_a_raw_params_copy_that_differs_only_in_its_run_dir_is_dropped(tmp_path)
     (tmp_path / "raw" / "rows.jsonl").write_text('{"a": 1}\n')
     assert drop_raw_copies(tmp_path) == ["raw/child_params.yaml (a copy of params.resolved.yaml)"]
     assert sorted(p.name for p in (tmp_path / "raw").iterdir()) == ["other_params.yaml", "rows.jsonl"]
+
+
+def test_a_withdrawn_runs_successor_is_followed_to_the_published_run():
+    """41 of the 69 withdrawn runs named a successor withdrawn since (section 21's chains run 15 deep), which the
+    index showed bare, a run the reader cannot open; it now follows the chain to the published run, linked (a
+    published successor is linked too)."""
+    entries = [{"section": "s", "run_id": "c", "_path": "s/c", "report": "report.html"}]
+    withdrawn = [{"section": "s", "run_id": "a", "superseded_by": "b"}, {"section": "s", "run_id": "b", "superseded_by": "c"},
+                 {"section": "s", "run_id": "x", "superseded_by": "y"}, {"section": "s", "run_id": "y", "superseded_by": None},
+                 {"section": "s", "run_id": "p", "superseded_by": "q"}, {"section": "s", "run_id": "q", "superseded_by": "p"},
+                 {"section": "s", "run_id": "n", "superseded_by": None}]
+    published_ = {("s", "c"): entries[0]}
+    text = {w["run_id"]: published.successor_text(w, withdrawn, published_) for w in withdrawn}
+    link = '<a href="s/c/report.html">c</a>'
+    assert text == {"a": f"b (withdrawn; now {link})", "b": link, "x": "y (withdrawn too)", "y": "-",
+                    "p": "q (withdrawn too)", "q": "p (withdrawn too)", "n": "-"}
