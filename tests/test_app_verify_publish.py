@@ -778,7 +778,7 @@ def test_a_raw_params_copy_that_differs_only_in_its_run_dir_is_dropped(tmp_path)
 
 
 def test_a_withdrawn_runs_successor_is_followed_to_the_published_run():
-    """41 of the 69 withdrawn runs named a successor withdrawn since (section 21's chains run 15 deep), which the
+    """41 of the 69 withdrawn runs named a successor withdrawn since (section 21's chains pass through up to 11), which the
     index showed bare, a run the reader cannot open; it now follows the chain to the published run, linked (a
     published successor is linked too)."""
     entries = [{"section": "s", "run_id": "c", "_path": "s/c", "report": "report.html"}]
