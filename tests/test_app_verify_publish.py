@@ -576,6 +576,19 @@ def test_listing_the_real_published_set_reads_only_public_files(monkeypatch, cap
     assert all(not line[column:].startswith("(") for line in lines[1:])
 
 
+def test_list_marks_the_run_that_stands_as_the_index_does(monkeypatch, capsys):
+    """`kmesh list` showed every published run as 'published': which one the README's Findings stand on was in the
+    README and the index only (section 21's --latest is a failed run, 29e7; its standing run is a47e)."""
+    monkeypatch.setenv("KMESH_PUBLISHED_ROOT", str(paths.OUTPUTS))
+    monkeypatch.setenv("COLUMNS", "200")
+    assert cli.main(["list", "--where", "published"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    marked = {(r[0], r[1]) for r in rows if r[2] == "stands"}
+    want = {(d["number"], d["run_id"]) for d in published.standing(published.collect(paths.OUTPUTS)).values()}
+    assert marked == want and ("21", "gpu-20261205-114504-a47e") in marked, marked
+    assert all(r[2] in ("stands", "published") for r in rows)
+
+
 def test_every_real_section_has_the_whole_interface():
     for section in registry.SECTIONS.values():
         assert registry.missing_interface(section) == [], section.KEY
