@@ -333,3 +333,13 @@ def test_a_raised_cells_error_keeps_every_failed_check_and_is_cut_at_a_word():
     # a long unbroken value (a path, a JSON blob) is cut inside it, never dropped: shorten() kept "AssertionError: …"
     path = _first_line("FileNotFoundError: /tmp/" + "x" * 1200)
     assert len(path) <= 1000 and path.startswith("FileNotFoundError: /tmp/xxx") and path.endswith("x \u2026")
+
+
+def test_run_dir_of_another_section_is_named_in_one_line(capsys):
+    """A run folder of another section given to a section's command: one line naming both sections, before
+    anything reads its captures (it read 'raw/requests.jsonl: section crossover declares no record class')."""
+    other = next(p for p in sorted((Path(__file__).parents[1] / "outputs" / "crossover").iterdir())
+                 if (p / "results.json").is_file())
+    assert cli.main(["verify", "18", "--run-dir", str(other)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "a run of crossover, not of family_hold" in err, err

@@ -399,6 +399,15 @@ def test_publish_makes_machine_paths_relative_and_refuses_one_it_cannot(section,
     assert not (tmp_path / "published" / "fake_section" / other.name).exists()
 
 
+def test_withdrawing_a_run_that_is_not_published_is_bad_input(section, capsys, tmp_path):
+    """Like verify, report and publish, an unknown run id exits 2 (bad input) with one line naming the section's
+    folder it looked in (relative to the checkout where it lies inside): it exited 1, as a refusal does."""
+    assert cli.main(["withdraw", "99", "cpu-20990101-000000-0000", "--why", "x"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == ("kmesh withdraw: no published run cpu-20990101-000000-0000 of fake_section under "
+                    f"{tmp_path}/published/fake_section")
+
+
 def test_withdraw_lists_a_run_as_superseded_and_publishing_it_again_takes_it_off(section, capsys, tmp_path):
     old, new = fake_section.make_run(), fake_section.make_run()
     fake_section.write_raw(new, "extra.jsonl", '{"own": 3}\n')
@@ -418,7 +427,8 @@ def test_withdraw_lists_a_run_as_superseded_and_publishing_it_again_takes_it_off
     assert (entry["run_id"], entry["why"], entry["superseded_by"], entry["status"]) == (old.name, why, new.name, "passed")
     readme, index = (tmp_path / "README.md").read_text(), (published_root / "index.html").read_text()
     # the index lists it with its successor (the why is in withdrawn.json); the README counts it and points there
-    assert f"<td>{old.name}</td><td>{new.name}</td>" in index and 'href="withdrawn.json"' in index
+    assert (f'<td>{old.name}</td><td><a href="fake_section/{new.name}/report.html">{new.name}</a></td>' in index
+            and 'href="withdrawn.json"' in index)
     assert old.name not in readme and "Withdrawn runs: 1 (99: 1)" in readme and "published/index.html" in readme
     assert cli.main(["withdraw", "99", old.name, "--why", "Restated.", "--superseded-by", new.name]) == 0
     (entry,) = published.read_withdrawn(published_root)  # an entry restated, not a second one
@@ -564,6 +574,19 @@ def test_listing_the_real_published_set_reads_only_public_files(monkeypatch, cap
     # own parenthesis, cut by the column's width, may end a line: section 23's "stock vLLM (qw…")
     column = lines[0].index("headline")
     assert all(not line[column:].startswith("(") for line in lines[1:])
+
+
+def test_list_marks_the_run_that_stands_as_the_index_does(monkeypatch, capsys):
+    """`kmesh list` showed every published run as 'published': which one the README's Findings stand on was in the
+    README and the index only (section 21's --latest is a failed run, 29e7; its standing run is a47e)."""
+    monkeypatch.setenv("KMESH_PUBLISHED_ROOT", str(paths.OUTPUTS))
+    monkeypatch.setenv("COLUMNS", "200")
+    assert cli.main(["list", "--where", "published"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    marked = {(r[0], r[1]) for r in rows if r[2] == "stands"}
+    want = {(d["number"], d["run_id"]) for d in published.standing(published.collect(paths.OUTPUTS)).values()}
+    assert marked == want and ("21", "gpu-20261205-114504-a47e") in marked, marked
+    assert all(r[2] in ("stands", "published") for r in rows)
 
 
 def test_every_real_section_has_the_whole_interface():
@@ -765,3 +788,19 @@ def test_a_raw_params_copy_that_differs_only_in_its_run_dir_is_dropped(tmp_path)
     (tmp_path / "raw" / "rows.jsonl").write_text('{"a": 1}\n')
     assert drop_raw_copies(tmp_path) == ["raw/child_params.yaml (a copy of params.resolved.yaml)"]
     assert sorted(p.name for p in (tmp_path / "raw").iterdir()) == ["other_params.yaml", "rows.jsonl"]
+
+
+def test_a_withdrawn_runs_successor_is_followed_to_the_published_run():
+    """41 of the 69 withdrawn runs named a successor withdrawn since (section 21's chains pass through up to 11), which the
+    index showed bare, a run the reader cannot open; it now follows the chain to the published run, linked (a
+    published successor is linked too)."""
+    entries = [{"section": "s", "run_id": "c", "_path": "s/c", "report": "report.html"}]
+    withdrawn = [{"section": "s", "run_id": "a", "superseded_by": "b"}, {"section": "s", "run_id": "b", "superseded_by": "c"},
+                 {"section": "s", "run_id": "x", "superseded_by": "y"}, {"section": "s", "run_id": "y", "superseded_by": None},
+                 {"section": "s", "run_id": "p", "superseded_by": "q"}, {"section": "s", "run_id": "q", "superseded_by": "p"},
+                 {"section": "s", "run_id": "n", "superseded_by": None}]
+    published_ = {("s", "c"): entries[0]}
+    text = {w["run_id"]: published.successor_text(w, withdrawn, published_) for w in withdrawn}
+    link = '<a href="s/c/report.html">c</a>'
+    assert text == {"a": f"b (withdrawn; now {link})", "b": link, "x": "y (withdrawn too)", "y": "-",
+                    "p": "q (withdrawn too)", "q": "p (withdrawn too)", "n": "-"}

@@ -1085,3 +1085,54 @@ def test_vllms_cpu_tier_alone_has_no_disk_tier_to_check(tmp_path, monkeypatch):
     summary, = read_jsonl(tmp_path / "raw" / "models.jsonl")
     assert summary["detail"] == "RuntimeError: engine reached with ['kv_offloading_backend', 'kv_offloading_size']"
     assert "disk_tier" not in summary
+
+
+def test_the_heatmap_names_each_speed_up_with_its_interval(tmp_path):
+    """The findings figure gave each cell's speed-up alone; from the crossover table it adds the 95% interval
+    the verdict quotes (published run a47e: DRAM 4.08x [3.91, 4.18] at 16,384 tokens)."""
+    import json
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kmesh_lib.base.paths import OUTPUTS
+    from kmesh_lib.sections.crossover import report as cr
+
+    results = json.loads((OUTPUTS / "crossover" / "gpu-20261205-114504-a47e" / "results.json").read_text())
+    fig = cr.heatmaps(results["arms"], tmp_path / "with.png", crossover=results["crossover"])
+    texts = {t.get_text() for ax in fig.axes for t in ax.texts}
+    assert {"4.08x\n[3.91, 4.18]", "3.33x\n[3.09, 4.08]"} <= texts, texts
+    bare = cr.heatmaps(results["arms"], tmp_path / "without.png")
+    assert {t.get_text() for ax in bare.axes for t in ax.texts} == {"4.08x", "3.33x"}
+    plt.close("all")
+    assert cr._short(13.681) == "13.7" and cr._short(0.5) == "0.50"
+
+
+def test_a_win_at_the_grids_shortest_length_says_so():
+    """A run of one length (a47e: 16,384 only) read 'DRAM restore beats recompute from **16,384 tokens**', as if
+    shorter contexts had lost; the answer now says what the grid leaves open, as the verdict does."""
+    from kmesh_lib.sections.crossover import summary
+
+    one = {"model": "m", "path": "dram", "crossover_tokens": 16384, "speedup@16384": 4.08}
+    assert summary.path_phrase(one) == ("DRAM restore beats recompute at **16,384 tokens** (the only length measured; "
+                                        "4.08\u00d7 there)")
+    first = {"model": "m", "path": "dram", "crossover_tokens": 4096, "speedup@4096": 1.75, "speedup@16384": 3.39}
+    assert summary.path_phrase(first) == ("DRAM restore beats recompute from **4,096 tokens** (the shortest measured; "
+                                          "1.75\u00d7 there, 3.39\u00d7 at 16,384)")
+    later = {"model": "m", "path": "dram", "crossover_tokens": 16384, "speedup@4096": 1.19, "speedup@16384": 1.28}
+    assert summary.path_phrase(later) == ("DRAM restore beats recompute from **16,384 tokens** "
+                                          "(1.28\u00d7 there, 1.19\u00d7 at 4,096)")
+    assert summary._noted(summary._starts(one)) == "at 16,384 tokens (the only length measured)"
+
+
+def test_a_goal_point_without_the_buffers_timeline_says_so_in_its_cells():
+    """The standing run a47e (DRAM and vLLM's CPU tier, no GPU buffer) left two cells of its goal table empty."""
+    from kmesh_lib.base.paths import OUTPUTS
+    from kmesh_lib.base.records import RunFiles
+    from kmesh_lib.sections.crossover import summary
+
+    tables = summary.recomputed_tables(RunFiles(OUTPUTS / "crossover" / "gpu-20261205-114504-a47e"))
+    (row,) = summary.goal_points_table(tables).splitlines()[2:]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert "" not in cells and cells[3] == cells[4] == summary.UNTIMED_PARTS, cells

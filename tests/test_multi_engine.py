@@ -630,3 +630,13 @@ def test_a_driver_runs_unit_checks_stay_when_its_units_jsonl_is_missing(tmp_path
     rewrite(run.run_dir / "raw" / "arms.jsonl", lambda a: edited(a, unit="tiny-s0-local"))
     got = statuses(RunFiles(run.run_dir))
     assert [got.get(name) for name in unit_checks] == ["failed", "failed"]
+
+
+def test_the_findings_give_every_load_ratio_to_two_decimals():
+    """The report's first table printed the busiest engine over the mean as '1' beside '1.18' (a bare float)."""
+    from kmesh_lib.base.paths import OUTPUTS
+    from kmesh_lib.base.records import RunFiles
+    from kmesh_lib.sections.multi_engine import summary
+
+    rows = summary.findings(RunFiles(OUTPUTS / "multi_engine" / "gpu-20261201-123349-2d77"))
+    assert [r["busiest engine / mean"] for r in rows] == ["1.00", "1.00", "1.18", "1.00"]

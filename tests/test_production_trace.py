@@ -440,3 +440,17 @@ def test_the_tier_sentence_says_lifts_only_where_the_tier_adds_reuse_and_rounds_
         "lifts reuse from 56.6% to 65.0% of prompt tokens"
     assert [report._ms(v) for v in (None, 0.0, 257.3, 1863.88, 12.345, -0.02, -3.3)] == [
         "n/a", "0.0", "257", "1,864", "12.3", "0.0", "-3.3"]
+
+
+def test_the_answer_says_where_the_saved_times_are_extrapolated_past_section_21s_lengths():
+    """The saved times extend section 21's TTFTs linearly past its longest context (``sim.interp_ms``); the
+    answer said only 'interpolated' while the standing run's restores reach 190,976 tokens against 32,512
+    measured. A run whose restores stay within the measured lengths keeps 'interpolated'."""
+    from kmesh_lib.base.paths import OUTPUTS
+    from kmesh_lib.sections.production_trace import report
+
+    whole = report.answer(RunFiles(OUTPUTS / "production_trace" / "cpu-20261205-001932-4f23"))
+    assert ("interpolated between the lengths it measured and extended linearly past its longest (32,512 tokens) "
+            "for longer restores (up to 190,976 tokens here)") in whole
+    small = report.answer(RunFiles(OUTPUTS / "production_trace" / "cpu-20261204-221647-d17f"))
+    assert "whole-context TTFTs interpolated, not measured on this trace" in small

@@ -41,7 +41,7 @@ from kmesh_lib.app.compact import folder_bytes
 from kmesh_lib.app.execute import execute
 from kmesh_lib.app.listing import add_figures, compare_lines, list_lines, summarize_run
 from kmesh_lib.app.publish import PublishRefused, publish, withdraw
-from kmesh_lib.app.published import PublishedSetError, regenerate
+from kmesh_lib.app.published import PublishedSetError, regenerate, standing
 from kmesh_lib.app.registry import SectionError, SectionInterfaceError, UnknownSection
 from kmesh_lib.app.report import PUBLISHED_STYLESHEET, render_report
 from kmesh_lib.app.runs import LOCAL, PUBLISHED, RunNotFound, display_path, find_any, find_run, published_root, runs_of
@@ -249,6 +249,9 @@ def cmd_list(args) -> int:
     where = {"local": (LOCAL,), "published": (PUBLISHED,), "all": (LOCAL, PUBLISHED)}[args.where]
     refs = [ref for section in chosen for ref in runs_of(section, where) if is_live_run_id(ref.run_id) == args.live]
     summaries = [summarize_run(ref, figures=False) for ref in refs]
+    stand = {id(d) for d in standing([s.public for s in summaries if s.public]).values()}
+    for s in summaries:
+        s.stands = s.public is not None and id(s.public) in stand  # the run README and the index stand on
     if args.passed:
         summaries = [s for s in summaries if s.status == "passed"]
     if args.latest:  # runs_of gives each section's runs oldest first

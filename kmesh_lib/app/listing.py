@@ -33,6 +33,7 @@ class RunSummary:
     figures: dict[str, str] = field(default_factory=dict)
     problem: str = ""  # why figures are missing
     public: dict | None = None  # a published run's public-results.json
+    stands: bool = False  # the published run that stands for its section (published.STANDING_RULE)
 
     @property
     def live(self) -> bool:
@@ -43,7 +44,8 @@ class RunSummary:
 
     def cells(self) -> tuple[str, ...]:
         device = re.sub(r"\s+", " ", DEVICE_NOISE.sub("", self.device)).strip()
-        return (self.ref.section.NUMBER, self.ref.run_id, self.ref.where, self.status, device[:DEVICE_WIDTH],
+        return (self.ref.section.NUMBER, self.ref.run_id, "stands" if self.stands else self.ref.where, self.status,
+                device[:DEVICE_WIDTH],
                 self.headline())
 
 

@@ -209,6 +209,26 @@ def _run_link(d: dict) -> str:
     return f"<a href=\"{html.escape(d['_path'])}/{html.escape(d['report'])}\">{html.escape(d['run_id'])}</a>"
 
 
+def successor_text(entry: dict, withdrawn: list[dict], published: dict[tuple[str, str], dict]) -> str:
+    """A withdrawn run's successor as the index shows it: where the run named was withdrawn too, the chain of
+    successors followed to the published run it ends at ('A (withdrawn; now B)', B linked), or 'A (withdrawn too)'
+    where it ends at none."""
+    first = entry.get("superseded_by")
+    if not first:
+        return "-"
+    later = {w["run_id"]: w.get("superseded_by") for w in withdrawn if w["section"] == entry["section"]}
+    if first not in later:
+        done = published.get((entry["section"], first))
+        return _run_link(done) if done else html.escape(first)
+    seen, current = {entry["run_id"]}, first
+    while current in later and later[current] and current not in seen:
+        seen.add(current)
+        current = later[current]
+    done = published.get((entry["section"], current))
+    return (f"{html.escape(first)} (withdrawn; now {_run_link(done)})" if done
+            else f"{html.escape(first)} (withdrawn too)")
+
+
 def index_html(entries: list[dict], withdrawn: list[dict] | None = None) -> str:
     stand = standing(entries)
     sections = []
@@ -236,9 +256,10 @@ def index_html(entries: list[dict], withdrawn: list[dict] | None = None) -> str:
     rows = "\n".join(sections)
     # the reasons are in withdrawn.json: the index names each run's successor only (it is the set's entry page, and
     # repeating every reason there cost the published set 17 kB by 3 Dec 2026)
+    published = {(d["section"], d["run_id"]): d for d in entries}
     gone = "\n".join(
         f"<tr><td>{html.escape(e['number'])} {html.escape(e['title'])}</td><td>{html.escape(e['run_id'])}</td>"
-        f"<td>{html.escape(e.get('superseded_by') or '-')}</td>"
+        f"<td>{successor_text(e, withdrawn or [], published)}</td>"
         f"<td><code>{html.escape((e.get('commit') or 'never committed')[:12])}</code></td></tr>" for e in withdrawn or [])
     withdrawn_part = (f"\n<h2>Withdrawn runs</h2>\n<p>Taken out of the published set with <code>kmesh withdraw</code>; "
                       f"why each was withdrawn is in <a href=\"{WITHDRAWN_FILE}\">{WITHDRAWN_FILE}</a>; "

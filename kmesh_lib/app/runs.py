@@ -14,7 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 from kmesh_lib.base.paths import REPO_ROOT, published_root
-from kmesh_lib.base.records import is_live_run_id, run_id_sort_key, run_root
+from kmesh_lib.base.records import RunFiles, is_live_run_id, run_id_sort_key, run_root
 
 LOCAL, PUBLISHED = "local", "published"
 
@@ -57,6 +57,13 @@ def runs_of(section: ModuleType, where: tuple[str, ...] = (LOCAL, PUBLISHED)) ->
     return sorted(found, key=lambda r: (run_id_sort_key(r.run_id), r.where))
 
 
+def recorded_section(run_dir: Path) -> str | None:
+    """The section key a run folder's results.json names; None where it names none or cannot be read
+    (verify then says what is wrong with the folder)."""
+    key = RunFiles(run_dir).readable_results.get("section")
+    return key if isinstance(key, str) else None
+
+
 def find_run(section: ModuleType, run_id: str | None = None, latest: bool = False, run_dir: str | None = None,
              profile: str | None = None, where: tuple[str, ...] = (LOCAL, PUBLISHED)) -> RunRef:
     """The one run that ``run_id``, ``latest`` or ``run_dir`` names (exactly one of them)."""
@@ -69,6 +76,10 @@ def find_run(section: ModuleType, run_id: str | None = None, latest: bool = Fals
         path = Path(run_dir)
         if not path.is_dir():
             raise RunNotFound(f"--run-dir {run_dir}: no such folder")
+        recorded = recorded_section(path)
+        if recorded and recorded != section.KEY:
+            raise RunNotFound(f"--run-dir {run_dir}: a run of {recorded}, not of {section.KEY} "
+                              f"(its results.json says so)")
         return RunRef(section, path, "given")
     if latest:
         runs = [r for r in runs_of(section, where) if (profile is None or r.run_id.startswith(profile + "-"))

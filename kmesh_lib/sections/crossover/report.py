@@ -619,12 +619,19 @@ def paths_in(table: list[dict]) -> list[str]:
     return [p for p in RESTORES if p in have]
 
 
-def heatmaps(table: list[dict], path_out, title: str = ""):
-    """One panel per restore path: log2(recompute / restore) over model shape x context length."""
+def _short(x: float) -> str:
+    """A speed-up bound in a heatmap cell: two decimals below 10, one from 10 (four columns stay apart)."""
+    return f"{x:.2f}" if abs(x) < 10 else f"{x:.1f}"
+
+
+def heatmaps(table: list[dict], path_out, title: str = "", crossover: list[dict] | None = None):
+    """One panel per restore path: log2(recompute / restore) over model shape x context length; each cell
+    names its speed-up and, from ``crossover`` (the crossover table), its 95% interval."""
     import matplotlib.pyplot as plt
     import numpy as np
 
     t = _lookup(table)
+    intervals = {(r["model"], r["path"]): r for r in crossover or []}
     models = list(dict.fromkeys(r["model"] for r in table))
     lengths = sorted({r["context_tokens"] for r in table})
     # constrained layout places the suptitle above the panel titles (a plain suptitle overlapped them)
@@ -645,7 +652,9 @@ def heatmaps(table: list[dict], path_out, title: str = ""):
         for i in range(len(models)):
             for j in range(len(lengths)):
                 if not np.isnan(grid[i, j]):
-                    ax.text(j, i, f"{2 ** grid[i, j]:.2f}x", ha="center", va="center", fontsize=8,
+                    ci = intervals.get((models[i], path), {}).get(f"speedup_ci@{lengths[j]}")
+                    text = f"{2 ** grid[i, j]:.2f}x" + (f"\n[{_short(ci[0])}, {_short(ci[1])}]" if ci and None not in ci else "")
+                    ax.text(j, i, text, ha="center", va="center", fontsize=8,
                             color="white" if abs(grid[i, j]) > 2 else "black")  # legible on the darkest cells
         ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
         ax.set_yticks(range(len(models)), models)

@@ -49,6 +49,22 @@ def _speedup(row: dict, n: int, digits: int = 2) -> str:
     return f"{row[f'speedup@{n}']:.{digits}f}\u00d7{interval}"
 
 
+def _starts(row: dict, bold: bool = False) -> tuple[str, str]:
+    """Where a winning path's crossover lies on the run's grid, and what that grid leaves open: a win at the grid's
+    shortest length says nothing of shorter ones (('at 16,384 tokens', 'the only length measured'), ('from 1,024
+    tokens', 'the shortest measured'), ('from 4,096 tokens', ''))."""
+    lengths, point = sorted(_speedups(row)), row["crossover_tokens"]
+    mark = "**" if bold else ""
+    if len(lengths) == 1:
+        return f"at {mark}{_n(point)} tokens{mark}", "the only length measured"
+    return f"from {mark}{_n(point)} tokens{mark}", "the shortest measured" if point == lengths[0] else ""
+
+
+def _noted(phrase: tuple[str, str]) -> str:
+    where, note = phrase
+    return f"{where} ({note})" if note else where
+
+
 def path_phrase(row: dict) -> str:
     """Where one restore path beats recompute for one model, in the run's own numbers."""
     speed = _speedups(row)
@@ -58,7 +74,9 @@ def path_phrase(row: dict) -> str:
         return (f"{LABEL[row['path']]} restore never does up to {_n(lengths[-1])} tokens "
                 f"({speed[lengths[-1]]:.2f}\u00d7 there)")
     before = [n for n in lengths if n < point]
-    return (f"{LABEL[row['path']]} restore beats recompute from **{_n(point)} tokens** ({speed[point]:.2f}\u00d7 there"
+    where, note = _starts(row, bold=True)
+    return (f"{LABEL[row['path']]} restore beats recompute {where} ({note + '; ' if note else ''}"
+            f"{speed[point]:.2f}\u00d7 there"
             + (f", {speed[before[-1]]:.2f}\u00d7 at {_n(before[-1])}" if before else "")
             + (f", {speed[lengths[-1]]:.2f}\u00d7 at {_n(lengths[-1])}" if lengths[-1] != point else "") + ")")
 
@@ -115,7 +133,7 @@ def answer(run: RunFiles) -> str:
         if len(wins[path]) == len(have):
             lead.append(f"{LABEL[path]} restore beats recompute " + (
                 "for every model, from a length that depends on the model" if len(have) > 1 else
-                f"for {have[0]} from {_n(per_model[have[0]][path]['crossover_tokens'])} tokens"))
+                f"for {have[0]} {_noted(_starts(per_model[have[0]][path]))}"))
         elif not wins[path]:
             lead.append(f"{LABEL[path]} restore never does, up to {_n(longest)} tokens")
         else:
@@ -462,6 +480,11 @@ def _layered_points(tables: dict, critical: list[dict]) -> list[dict]:
     return [r for r in critical if "charged_ms" in r and (r["model"], r["context_tokens"]) in layered]
 
 
+# a goal point whose restores record no parts of their step (only the GPU buffer's timeline has them:
+# report.critical_goal_table); the cell said nothing at all
+UNTIMED_PARTS = "not timed (no GPU-buffer restore here)"
+
+
 def goal_points_table(tables: dict, rows: list[GridRow] | None = None, goals: list[dict] | None = None,
                       critical: list[dict] | None = None) -> str:
     """Issue 13's first goal point by point, every reading in one Markdown table (empty: no point of
@@ -491,9 +514,9 @@ def goal_points_table(tables: dict, rows: list[GridRow] | None = None, goals: li
                    + (f", {g['fastest_goal']}" if "fastest_goal" in g else "")) if g else ""
         least = (f"{LABEL[c['path']]}: {c['critical_ms']:,.3f} ms ({_parts(c)}) / {c['transfer_floor_ms']:,.3f} = "
                  f"**{c['x_floor']:.2f}{x}**"
-                 + ("" if c["within"] else " (not met)")) if c else ""
+                 + ("" if c["within"] else " (not met)")) if c else UNTIMED_PARTS
         charged = (f"{LABEL[c['charged_path']]}: {c['charged_ms']:,.3f} ms = {c['charged_x_floor']:.2f}{x}"
-                   if point in layered else "as it adds (no copy beside the forward pass)" if c else "")
+                   if point in layered else "as it adds (no copy beside the forward pass)" if c else UNTIMED_PARTS)
         forward = "; ".join(f"{LABEL[r['path']]} {r['difference_ms']:+,.2f} [{r['difference_ci_ms'][0]:+,.2f}, "
                             f"{r['difference_ci_ms'][1]:+,.2f}]" for r in steps.get(point, [])) or "not timed"
         lines.append(f"| {point[0]} | {_n(point[1])} | {fastest} | {least} | {charged} | {forward} |")

@@ -289,7 +289,8 @@ def findings(run: RunFiles) -> list[dict]:
              "makespan": f"{t['makespan_ms'] / 1e3:.1f} s" if t["makespan_ms"] else None,
              "child first token": f"{t['child_ttft_ms']:,.0f} ms" if t.get("child_ttft_ms") is not None else None,
              "first token p90": f"{t['ttft_p90_ms']:,.0f} ms" if t.get("ttft_p90_ms") is not None else None,
-             "recomputed tokens": t["recomputed_tokens"], "busiest engine / mean": t["load_imbalance"],
+             "recomputed tokens": t["recomputed_tokens"],
+             "busiest engine / mean": f"{t['load_imbalance']:.2f}" if t.get("load_imbalance") is not None else None,
              "requests ok": f"{t['ok']}/{t['requests']}"}
             for model in models for p in ORDER for t in policies if t["model"] == model and t["policy"] == p]
     return rows[:10]

