@@ -1136,3 +1136,36 @@ def test_a_goal_point_without_the_buffers_timeline_says_so_in_its_cells():
     (row,) = summary.goal_points_table(tables).splitlines()[2:]
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert "" not in cells and cells[3] == cells[4] == summary.UNTIMED_PARTS, cells
+
+
+def test_replications_set_the_standing_speedup_beside_the_same_point_in_other_runs_of_the_device():
+    """The README's line for 21 says how far its figure moves between runs: the standing run's best point (model,
+    path, length) in each other published run on the same device and dtype, each with its own interval; a run of
+    another device, another dtype, or without the point is left out, and a lone run says nothing."""
+    from kmesh_lib.sections.crossover.summary import replications
+
+    def doc(run_id, value, ci, device="NVIDIA H200", dtype="bfloat16", status="passed", n="16384"):
+        return {"run_id": run_id, "status": status, "environment": {"device": device}, "params": {"DTYPE": dtype},
+                "results": {"crossover": [
+                    {"model": "m", "path": "dram", "speedup_by_context_tokens": {n: value, "4096": 1.2},
+                     "speedup_ci_by_context_tokens": {n: ci, "4096": [1.0, 1.4]}},
+                    {"model": "m", "path": "disk", "speedup_by_context_tokens": {n: 0.5}}]}}
+
+    standing = doc("gpu-1-aaaa", 4.08, [3.9, 4.2])
+    others = [doc("gpu-0-bbbb", 2.84, [2.07, 3.59], status="failed"), doc("gpu-0-cccc", 3.65, [3.46, 3.86]),
+              doc("gpu-0-dddd", 9.0, [8, 10], device="NVIDIA H100"), doc("gpu-0-eeee", 9.0, [8, 10], dtype="float32"),
+              doc("gpu-0-ffff", 9.0, [8, 10], n="32512")]
+    text = replications(standing, others)
+    assert text == ("The same point elsewhere (each interval holds within its own run): m DRAM at 16,384 tokens in 2 "
+                    "other NVIDIA H200 runs: 2.84\u00d7 [2.07, 3.59] (bbbb, failed), 3.65\u00d7 [3.46, 3.86] (cccc); "
+                    "2.84\u20134.08\u00d7 across the 3 runs.")
+    assert replications(standing, others[2:]) == ""
+
+
+def test_the_readme_line_of_21_carries_its_replications():
+    from kmesh_lib.app import published
+    from kmesh_lib.base import paths
+
+    entries = published.collect(paths.OUTPUTS)
+    line = next(row for row in published.readme_table(entries).splitlines() if row.startswith("| 21 crossover | "))
+    assert "The same point elsewhere (each interval holds within its own run)" in line

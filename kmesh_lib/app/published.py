@@ -168,6 +168,27 @@ def _verdict_or_headline(d: dict) -> str:
     return d.get("_verdict") or headline_text(d)
 
 
+def replications_text(d: dict, entries: list[dict]) -> str:
+    """What the standing run's section says of the same figure in its other published runs (``replications``, a
+    section's optional function of public documents: section 21's speed-up, each run's interval its own); '' where
+    the section has none or it raises."""
+    try:
+        section = find(d["section"])
+    except UnknownSection:
+        return ""
+    replications = getattr(section, "replications", None)
+    if not callable(replications):
+        return ""
+    try:
+        return replications(d, [e for e in entries if e["number"] == d["number"] and e is not d])
+    except Exception:  # noqa: BLE001 - a line the listing can go without, never a failed index
+        return ""
+
+
+def _standing_text(d: dict, entries: list[dict]) -> str:
+    return " ".join(t for t in (_verdict_or_headline(d), replications_text(d, entries)) if t)
+
+
 def readme_table(entries: list[dict], outputs_rel: str = "outputs", withdrawn: list[dict] | None = None) -> str:
     """The README's results block: one line per section (the run that stands and its verdict), then
     every published run (folded), then how many runs were withdrawn (the index lists them)."""
@@ -181,7 +202,7 @@ def readme_table(entries: list[dict], outputs_rel: str = "outputs", withdrawn: l
             rows.append(f"| {number} {_md(first['title'])} | no run of this section passed | | |")
             continue
         link = f"[{d['run_id']}]({outputs_rel}/{d['_path']}/{d['report']})"
-        rows.append(f"| {d['number']} {_md(d['title'])} | {_md(_verdict_or_headline(d))} | {link} | {_md(stack_text(d))} |")
+        rows.append(f"| {d['number']} {_md(d['title'])} | {_md(_standing_text(d, entries))} | {link} | {_md(stack_text(d))} |")
     rows += ["", f"<details><summary>Every published run ({len(entries)})</summary>", "",
              "| section | run | device and stack | status | headline |", "|---|---|---|---|---|"]
     for d in entries:
@@ -241,7 +262,7 @@ def index_html(entries: list[dict], withdrawn: list[dict] | None = None) -> str:
         else:
             head = (f"<tr class=\"stands\"><td>{title}</td><td>{_run_link(d)}<span class=\"why\">"
                     f"{html.escape(stack_text(d))}</span></td><td>{_status_cell(d)}</td>"
-                    f"<td class=\"verdict\">{html.escape(_verdict_or_headline(d))}</td></tr>")
+                    f"<td class=\"verdict\">{html.escape(_standing_text(d, entries))}</td></tr>")
         others = [e for e in mine if e is not d]
         if others:
             inner = "\n".join(

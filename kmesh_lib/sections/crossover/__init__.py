@@ -4,7 +4,7 @@ from kmesh_lib.sections.crossover.captures import CAPTURES
 from kmesh_lib.sections.crossover.checks import checks, counts
 from kmesh_lib.sections.crossover.experiment import plan
 from kmesh_lib.sections.crossover.params import CrossoverParams as Params
-from kmesh_lib.sections.crossover.summary import answer, findings, headline, public_results, verdict
+from kmesh_lib.sections.crossover.summary import answer, findings, headline, public_results, replications, verdict
 from kmesh_lib.sections.crossover.tables import TABLES
 
 KEY = "crossover"
@@ -17,4 +17,4 @@ QUESTION = "When does restoring KV beat recomputing it?"
 declare(KEY, Params, CAPTURES)
 
 __all__ = ["CAPTURES", "KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TABLES", "TITLE", "USES_ENGINE", "answer", "checks",
-           "counts", "findings", "headline", "plan", "public_results", "verdict"]
+           "counts", "findings", "headline", "plan", "public_results", "replications", "verdict"]

@@ -685,3 +685,44 @@ def findings(run: RunFiles) -> list[dict]:
                 (f"from {_n(point)} tokens" if point is not None else "never")
                 + f"; {_speedup(r, longest)} at {_n(longest)}" + recompute)
     return list(rows.values())[:10]
+
+
+def _point_speedups(doc: dict) -> dict[tuple[str, str, int], tuple[float, list | None]]:
+    """(model, path, context tokens) -> (speed-up, its 95% interval or None), from a public document's crossover."""
+    out = {}
+    for r in (doc.get("results") or {}).get("crossover") or []:
+        intervals = r.get("speedup_ci_by_context_tokens") or {}
+        for n, value in (r.get("speedup_by_context_tokens") or {}).items():
+            if value is not None:
+                out[(r["model"], r["path"], int(n))] = (value, intervals.get(n))
+    return out
+
+
+def replications(standing: dict, others: list[dict]) -> str:
+    """The standing run's best speed-up per model (the point its verdict quotes: the largest of the run's crossover
+    table) beside the same point (model, path, context length) in the section's other published runs on the same
+    device and dtype, each with its own interval and status: a run's interval holds within that run only, and these
+    say how far the figure moves between runs. '' where no other run measured the point. Public documents only."""
+    mine = _point_speedups(standing)
+    device = (standing.get("environment") or {}).get("device")
+    dtype = (standing.get("params") or {}).get("DTYPE")
+    peers = [d for d in others if (d.get("environment") or {}).get("device") == device
+             and (d.get("params") or {}).get("DTYPE") == dtype]
+    parts = []
+    for model in sorted({m for m, _, _ in mine}):
+        (_, path, n), (value, _) = max(((k, v) for k, v in mine.items() if k[0] == model), key=lambda kv: kv[1][0])
+        seen = []
+        for d in sorted(peers, key=lambda d: d["run_id"]):
+            point = _point_speedups(d).get((model, path, n))
+            if point is None:
+                continue
+            ci = f" [{point[1][0]:.2f}, {point[1][1]:.2f}]" if point[1] else ""
+            status = "" if d.get("status") == "passed" else f", {d.get('status')}"
+            seen.append((point[0], f"{point[0]:.2f}\u00d7{ci} ({d['run_id'][-4:]}{status})"))
+        if not seen:
+            continue
+        values = [value] + [v for v, _ in seen]
+        parts.append(f"{model} {LABEL.get(path, path)} at {_n(n)} tokens in {len(seen)} other {device} run"
+                     f"{'s' if len(seen) > 1 else ''}: " + ", ".join(text for _, text in seen)
+                     + f"; {min(values):.2f}\u2013{max(values):.2f}\u00d7 across the {len(values)} runs")
+    return ("The same point elsewhere (each interval holds within its own run): " + "; ".join(parts) + ".") if parts else ""
