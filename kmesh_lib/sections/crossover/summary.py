@@ -481,8 +481,8 @@ def _layered_points(tables: dict, critical: list[dict]) -> list[dict]:
 
 
 # a goal point whose restores record no parts of their step (only the GPU buffer's timeline has them:
-# report.critical_goal_table); the cell said nothing at all
-UNTIMED_PARTS = "not timed (no GPU-buffer restore here)"
+# report.critical_goal_table; a point without that arm, or a run from before the timeline, 0015); the cell said nothing
+UNTIMED_PARTS = "not timed (no restore here recorded its step's parts)"
 
 
 def goal_points_table(tables: dict, rows: list[GridRow] | None = None, goals: list[dict] | None = None,
