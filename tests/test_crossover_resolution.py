@@ -421,3 +421,14 @@ def test_the_streaks_benchmark_splits_a_published_run_by_the_hosts_speed():
     assert "steal" not in lines[0]
     rows = as_pair_rows(_pairs("dram", [15.0] * 2, [30.0] * 2, [10.0] * 2))
     assert streaks.counter_deltas(rows, [r.tag for r in rows if r.role == "restore"], "cpu_steal_s") is None
+
+
+def test_the_median_interval_is_its_order_statistics_with_their_exact_coverage():
+    """Distribution-free: x(k) to x(n+1-k) with the largest k whose binomial coverage reaches 95%; at 5 values none
+    does, so the range and its 93.75%; 20 values give x(6) to x(15) at 95.9% (the textbook pair)."""
+    from kmesh_lib.base.intervals import median_interval
+
+    assert median_interval([81.8, 46.2, 72.5, 80.5, 72.4]) == (72.5, 46.2, 81.8, 0.9375)
+    med, low, high, cov = median_interval([float(v) for v in range(20)])
+    assert (med, low, high) == (9.5, 5.0, 14.0) and cov == pytest.approx(0.9586, abs=1e-4)
+    assert median_interval([3.0])[1] != median_interval([3.0])[1]  # one value: no interval (NaN)

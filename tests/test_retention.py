@@ -702,8 +702,9 @@ def test_discard_minus_retain_is_paired_by_pair_with_its_interval(tmp_path):
     run = run_folder(tmp_path, groups, [summary()])
     (row,) = run.results["discard_to_retain"]
     assert row["pairs"] == 6
-    assert (row["ttft_a_ms: discard - retain"], row["ttft_a_ms: discard - retain, 95% CI low"],
-            row["ttft_a_ms: discard - retain, 95% CI high"]) == (50.0, 50.0, 50.0)
+    assert (row["ttft_a_ms: discard - retain"], row["ttft_a_ms: discard - retain, CI low"],
+            row["ttft_a_ms: discard - retain, CI high"]) == (50.0, 50.0, 50.0)
+    assert row["ttft_a_ms: discard - retain, CI coverage"] == 0.9688  # 6 pairs: the range, 1 - 2 / 64
     assert row["ttft_a_ms: difference"] == rr.SLOWER
     _, low, high = median_difference([x + 50 for x in retain], retain)  # unpaired: the drift swamps the difference
     assert low < 0 < high
@@ -712,7 +713,7 @@ def test_discard_minus_retain_is_paired_by_pair_with_its_interval(tmp_path):
            "(95% CI 50 to 50, median of 6 paired differences)" in text, text
     assert "p25" not in text
     (first,) = findings(run)
-    assert first["discard − retain (95% CI)"] == "+50 ms, 95% CI 50 to 50" and first["pairs"] == 6
+    assert first["discard − retain (CI)"] == "+50 ms, 95% CI 50 to 50" and first["pairs"] == 6
     assert headline(run)["mp: A's first token, median ms, retain vs discard (discard - retain)"] == \
         "N=4: 350 vs 400 (+50 ms, 95% CI 50 to 50) [together, singleflight off]"
 
@@ -727,18 +728,24 @@ def test_an_interval_containing_zero_reads_no_difference_measured(tmp_path):
     run = run_folder(tmp_path / "zero", timed_pairs(retain, [x + (20 if i % 2 else -20) for i, x in enumerate(retain)]),
                      [summary()])
     (row,) = run.results["discard_to_retain"]
-    assert row["ttft_a_ms: discard - retain, 95% CI low"] < 0 < row["ttft_a_ms: discard - retain, 95% CI high"]
+    assert row["ttft_a_ms: discard - retain, CI low"] < 0 < row["ttft_a_ms: discard - retain, CI high"]
     assert row["ttft_a_ms: difference"] == rr.SAME
     text = verdict(run)[0]
     assert "no difference measured (" in text and "95% CI -20 to 20" in text, text
     assert "slower" not in text and "faster" not in text
-    assert findings(run)[0]["discard − retain (95% CI)"].endswith(": no difference measured")
+    assert findings(run)[0]["discard − retain (CI)"].endswith(": no difference measured")
     assert "A's first token (median) is 125 ms with retention and 125 ms without (1.00x), no difference measured" \
         in answer(run)
     one = run_folder(tmp_path / "one", timed_pairs([100.0], [150.0]), [summary()])
     (row,) = one.results["discard_to_retain"]
-    assert row["pairs"] == 1 and row["ttft_a_ms: discard - retain, 95% CI low"] is None
+    assert row["pairs"] == 1 and row["ttft_a_ms: discard - retain, CI low"] is None
     assert row["ttft_a_ms: difference"] == rr.UNRESOLVED
     assert "no interval: 1 pair" in verdict(one)[0]
+    five = run_folder(tmp_path / "five", timed_pairs(retain[:5], [x + d for x, d in zip(retain, (46.2, 72.4, 72.5, 80.5, 81.8))]),
+                      [summary()])
+    (row,) = five.results["discard_to_retain"]  # 5 pairs (6282's differences): no interval reaches 95%, so the range
+    assert (row["ttft_a_ms: discard - retain, CI low"], row["ttft_a_ms: discard - retain, CI high"]) == (46.2, 81.8)
+    assert row["ttft_a_ms: discard - retain, CI coverage"] == 0.9375
+    assert "72 ms slower without retention (93.8% CI 46 to 82, median of 5 paired differences)" in verdict(five)[0]
     # judged on the interval as the table shows it: below 0 is faster, touching 0 is no difference measured
     assert rr.difference_verdict(-5.0, -0.1) == rr.FASTER and rr.difference_verdict(-5.0, 0.0) == rr.SAME

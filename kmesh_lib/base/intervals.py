@@ -109,3 +109,24 @@ def correlation(x, y, level: float = 0.95) -> tuple[float, float, float] | None:
     res = pearsonr(x, y)
     ci = res.confidence_interval(confidence_level=level)
     return float(res.statistic), float(ci.low), float(ci.high)
+
+
+def median_interval(values, level: float = 0.95) -> tuple[float, float, float, float]:
+    """(median, low, high, coverage) of ``values``: the distribution-free interval of a median from its order
+    statistics, x(k) to x(n+1-k), with the largest k whose exact coverage 1 - 2 P(Binomial(n, 1/2) < k) is at least
+    ``level`` (scipy.stats.binom). Where no k reaches it (n = 5 at 95%: the range covers 93.75%), the range and its
+    own coverage, which the caller must say; NaNs for fewer than two values. Assumes only independent pairs, and at
+    small n does not narrow to the values' range the way a percentile bootstrap of a median does."""
+    x = np.sort(np.asarray(values, dtype=float))
+    n = x.size
+    if n < 2:
+        return (float(x[0]) if n else float("nan")), float("nan"), float("nan"), float("nan")
+    from scipy.stats import binom
+
+    def coverage(k: int) -> float:
+        return float(1 - 2 * binom.cdf(k - 1, n, 0.5))
+
+    k = 1
+    while k + 1 <= (n + 1) // 2 and coverage(k + 1) >= level:
+        k += 1
+    return float(np.median(x)), float(x[k - 1]), float(x[n - k]), coverage(k)
