@@ -244,3 +244,10 @@ def test_an_aborted_parent_is_not_held(replay_engine):
     assert ctl.num_parents_aborted == 1 and not ctl.families and ctl.num_held_blocks == 0
     ctl.close()
     assert drain_check(engine.block_pool).ok and engine.reset_prefix_cache()
+
+
+def test_a_record_prints_in_words_not_as_a_dict():
+    from kmesh_lib.sections.family_hold.report import in_words
+
+    settings = {"dtype": "bfloat16", "BATCH_INVARIANT": True, "attention_backends": ["TRITON_ATTN", "FLEX"]}
+    assert in_words(settings) == "dtype bfloat16; BATCH_INVARIANT True; attention_backends TRITON_ATTN, FLEX"

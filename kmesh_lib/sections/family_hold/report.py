@@ -172,6 +172,15 @@ def crossing(rows: list[dict]) -> float | None:
     return None
 
 
+def in_words(values: dict) -> str:
+    """A record's fields as a line a reader scans, ``dtype bfloat16; BATCH_INVARIANT True`` (a notebook's print of
+    the dict showed its repr, braces and quotes, in the report)."""
+    def word(v) -> str:
+        return ", ".join(map(str, v)) if isinstance(v, (list, tuple, set)) else str(v)
+
+    return "; ".join(f"{k} {word(v)}" for k, v in values.items())
+
+
 # -- writing raw/ --
 def engine_info(engine, cfg) -> dict:
     import vllm
