@@ -505,6 +505,9 @@ def test_list_and_compare_show_figures(section, capsys, monkeypatch):
     assert any(line.split() == ["status", "passed", "failed", "differs"] for line in lines)
     assert any(line.startswith("total") and "+1 units (+3.3%)" in line for line in lines)
     assert any(line.startswith("count total") and "same" in line for line in lines)
+    # the short id the listings show names a run where exactly one id ends with it
+    assert cli.main(["compare", a.name.rsplit("-", 1)[1], b.name.rsplit("-", 1)[1]]) == 0
+    assert f"fake_section/{a.name}" in capsys.readouterr().out
 
 
 def test_list_has_a_header_aligned_columns_and_filters_and_leaves_live_runs_out(section, capsys, monkeypatch):

@@ -193,6 +193,7 @@ def test_set_errors(capsys, item, message):
 # The audit's cases (issue 18) and one of each kind of bound, through --set as a user types them.
 VALUE_ERRORS = [
     ("00", "NUM_GPU_BLOCKS=1e9", "NUM_GPU_BLOCKS='1e9': expected an integer"),  # YAML 1.1 reads 1e9 as text
+    ("00", "NUM_GPU_BLOCKS=", "NUM_GPU_BLOCKS=(empty): expected an integer"),  # YAML null; it read '=None'
     ("00", "NUM_GPU_BLOCKS=1.0e+9", "NUM_GPU_BLOCKS=1000000000.0: expected an integer"),
     ("00", "NUM_GPU_BLOCKS=1000000000", "NUM_GPU_BLOCKS=1000000000: must be <= 16777216"),
     ("00", f"SEED={2**70}", "SEED=1180591620717411303424: must be <= 4294967295"),

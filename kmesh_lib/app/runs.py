@@ -99,7 +99,8 @@ def find_run(section: ModuleType, run_id: str | None = None, latest: bool = Fals
 
 
 def find_any(name: str, sections: list[ModuleType]) -> RunRef:
-    """A run named ``RUN_ID`` or ``SECTION/RUN_ID`` in any section (``kmesh compare``)."""
+    """A run named ``RUN_ID`` or ``SECTION/RUN_ID`` in any section (``kmesh compare``); a run id's last part alone
+    (``a47e``) where exactly one run's id ends with it."""
     key, _, run_id = name.rpartition("/")
     candidates = [s for s in sections if not key or key in (s.KEY, s.NUMBER)]
     if key and not candidates:
@@ -110,6 +111,12 @@ def find_any(name: str, sections: list[ModuleType]) -> RunRef:
             found.append(find_run(section, run_id))
         except RunNotFound:
             pass
+    if not found and run_id and run_id not in (".", ".."):  # the short id the listings show: a47e
+        found = [RunRef(s, path, kind) for s in candidates for kind, root in roots().items()
+                 for path in sorted((root / s.KEY).glob(f"*-{run_id}")) if path.is_dir()]
+        if len(found) > 1:
+            raise RunNotFound(f"{run_id} ends {len(found)} run ids ({', '.join(r.run_id for r in found[:4])}"
+                              f"{', ...' if len(found) > 4 else ''}): write the whole id")
     if not found:
         raise RunNotFound(f"no run {run_id} in any section")
     if len({r.section.KEY for r in found}) > 1:

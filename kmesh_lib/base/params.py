@@ -603,7 +603,8 @@ def _one(error: dict) -> str:
                                                     for k, v in ctx.items()})
     else:
         allowed = error["msg"]
-    return f"{key}={_short.repr(error['input'])}: {allowed}"
+    given = "(empty)" if error["input"] is None else _short.repr(error["input"])  # `--set KEY=` reads as YAML null
+    return f"{key}={given}: {allowed}"
 
 
 def describe(error: ValidationError) -> str:
