@@ -454,3 +454,10 @@ def test_the_answer_says_where_the_saved_times_are_extrapolated_past_section_21s
             "for longer restores (up to 190,976 tokens here)") in whole
     small = report.answer(RunFiles(OUTPUTS / "production_trace" / "cpu-20261204-221647-d17f"))
     assert "whole-context TTFTs interpolated, not measured on this trace" in small
+
+
+def test_a_tier_whose_restores_cost_more_than_recomputing_says_so_beside_its_negative_saving():
+    from kmesh_lib.sections.production_trace.report import _net_cost
+
+    assert _net_cost(-3.3) == " (its restores cost more than recomputing, on average)"
+    assert _net_cost(-0.01) == "" and _net_cost(12.0) == "" and _net_cost(None) == ""

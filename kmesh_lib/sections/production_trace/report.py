@@ -217,8 +217,8 @@ def findings(run) -> list[dict]:
             saved = t.get("saved_ms_per_request", {})
             out.append({"what": f"+ {kind} tier {t['tier_gib']:g} GiB behind {t['pool_blocks']:,} blocks",
                         "reused share of prompt tokens": f"{t['reused_share']:.1%} · ideal {t['ideal_reused_share']:.1%}",
-                        "detail": (f"prefill saved per request: mean {_ms(saved['mean'])} ms, p90 {_ms(saved['p90'])} "
-                                   f"ms, p99 {_ms(saved['p99'])} ms" if saved else "not priced")})
+                        "detail": (f"prefill saved per request: mean {_ms(saved['mean'])} ms{_net_cost(saved['mean'])}, "
+                                   f"p90 {_ms(saved['p90'])} ms, p99 {_ms(saved['p99'])} ms" if saved else "not priced")})
     engines = results.get("engines", [])
     if engines:
         n = max(r["num_engines"] for r in engines)
@@ -246,6 +246,12 @@ def lead(results: dict) -> str:
                  + _lift(best) + f", saving an estimated {_ms(saved.get('mean'))} ms of prefill per "
                  f"request on average (p99 {_ms(saved.get('p99'))} ms)")
     return text + ".**"
+
+
+def _net_cost(saved_ms: float | None) -> str:
+    """Where a tier's mean saving is below zero (its restores, from disk, cost more than the recomputes they replace,
+    on average), say so beside the negative figure."""
+    return " (its restores cost more than recomputing, on average)" if saved_ms is not None and saved_ms < -0.05 else ""
 
 
 def _ms(value: float | None) -> str:
