@@ -432,3 +432,22 @@ def test_the_median_interval_is_its_order_statistics_with_their_exact_coverage()
     med, low, high, cov = median_interval([float(v) for v in range(20)])
     assert (med, low, high) == (9.5, 5.0, 14.0) and cov == pytest.approx(0.9586, abs=1e-4)
     assert median_interval([3.0])[1] != median_interval([3.0])[1]  # one value: no interval (NaN)
+
+
+@pytest.mark.parametrize("values, least", [([9.0, 9.5, 10.5, 11.0], 3), ([0.4, 3.0, 40.0, 600.0], 4)])
+def test_a_log_axis_labels_enough_plain_numbers(values, least):
+    """Figure 5's log axis over 9-11 ms labelled '10^1' and '9x10^0' alone; now plain numbers, at least 3."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot(range(len(values)), values)
+    ax.set_yscale("log")
+    cr.label_log_axis(ax.yaxis)
+    fig.canvas.draw()
+    low, high = ax.get_ylim()
+    shown = [t.get_text() for t in ax.yaxis.get_ticklabels() if t.get_text() and low <= t.get_position()[1] <= high]
+    plt.close(fig)
+    assert len(shown) >= least and not any("^" in t or "times" in t for t in shown), shown

@@ -673,6 +673,21 @@ TIMELINE_SERIES = (("restore span", "x", ":", lambda r: r.get("restore_ms")),
                     lambda r: charged_ms(r) if r.get("wait_at") == "layer" else None))
 
 
+def label_log_axis(axis) -> None:
+    """Plain numbers on a log axis, enough of them to read: 1-2-5 steps over a decade and more; within less than a
+    decade, where log ticks would label one or two values ('10^1', '9x10^0'), evenly spaced plain ticks."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter, NullLocator
+
+    low, high = axis.get_view_interval()
+    if low > 0 and high / low < 10:
+        axis.set_major_locator(MaxNLocator(nbins=5))
+        axis.set_minor_locator(NullLocator())
+    else:
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_minor_formatter(NullFormatter())
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.3g}"))
+
+
 def floor_plot(floors: list[dict], path_out, splits: list[dict] | None = None):
     """Per model: each restore path's cost (first token above its engine's resident follow-up) and
     its transfer floor against context length; with ``splits``, also each timed restore's own span
@@ -704,6 +719,7 @@ def floor_plot(floors: list[dict], path_out, splits: list[dict] | None = None):
         ax.set_xticks(lengths, [f"{n:,}" for n in lengths], fontsize=8)  # the grid's lengths, not log-scale minor labels
         ax.xaxis.set_minor_locator(plt.NullLocator())
     axes[0][0].set_ylabel("ms")
+    label_log_axis(axes[0][0].yaxis)  # shared by the panels
     if any(r["restore_cost_ms"] <= 0 for r in floors):
         fig.text(0.01, -0.02, "restore costs at or below zero (no slower than the resident follow-up) are not drawn",
                  fontsize=7, va="top")
