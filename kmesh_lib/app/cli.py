@@ -72,8 +72,11 @@ def cmd_plan(args) -> int:
     section = sections.get(args.section, needs=sections.PLANNING)
     config, values, files = resolve_params(section, args.profile, args.params, args.set)
     print(f"section {section.NUMBER} {section.KEY}: {section.QUESTION}")
-    if files:  # a section with no YAML layer for this profile (17) has none to name
+    if files:
         print("params files: " + " -> ".join(display_path(f) for f in files))
+    else:  # a section with no YAML layer for this profile (17): the profile changes no value, and says so
+        print(f"params files: none for profile {args.profile} (section {section.NUMBER}'s defaults and --set "
+              "values only)")
     lines = section.plan(config)
     for key, value in lines.items():
         print(f"{key}: {value}")
