@@ -640,3 +640,12 @@ def test_the_findings_give_every_load_ratio_to_two_decimals():
 
     rows = summary.findings(RunFiles(OUTPUTS / "multi_engine" / "gpu-20261201-123349-2d77"))
     assert [r["busiest engine / mean"] for r in rows] == ["1.00", "1.00", "1.18", "1.00"]
+
+
+def test_the_published_headline_gives_load_ratios_in_two_decimals():
+    import json
+
+    from kmesh_lib.base import paths
+
+    doc = json.loads((paths.OUTPUTS / "multi_engine" / "gpu-20261201-123349-2d77" / "public-results.json").read_text())
+    assert any("busiest engine / mean 1.00 vs 1.18" in v for v in doc["headline"].values()), doc["headline"]

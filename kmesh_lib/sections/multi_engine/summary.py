@@ -29,6 +29,11 @@ def _ratio(a, b) -> str:
     return "-" if a is None or not b else f"x{a / b:.2f}"
 
 
+def _two(value: float | None) -> str:
+    """A load ratio as the tables give it, two decimals ('1.00 vs 1.18', where '1.0' stood beside '1.18')."""
+    return "n/a" if value is None else f"{value:.2f}"
+
+
 def headline(run: RunFiles) -> dict[str, str]:
     """Per model (at most two): makespan per policy, shared against prefix-aware, the idle-engine probe."""
     policies, byte_rows, _ = tables(run)
@@ -49,8 +54,8 @@ def headline(run: RunFiles) -> dict[str, str]:
             s, a = mine["shared"], mine["prefix_aware"]
             out[f"{model}: shared vs prefix_aware"] = (
                 f"makespan {_ratio(s['makespan_ms'], a['makespan_ms'])}, child first token "
-                f"{_ratio(s['child_ttft_ms'], a['child_ttft_ms'])}; busiest engine / mean {s['load_imbalance']} vs "
-                f"{a['load_imbalance']}")
+                f"{_ratio(s['child_ttft_ms'], a['child_ttft_ms'])}; busiest engine / mean {_two(s['load_imbalance'])} vs "
+                f"{_two(a['load_imbalance'])}")
         if model in probes:
             p = probes[model]
             out[f"{model}: idle child first token (ms)"] = (f"recompute {_fmt(p['recompute_ttft_ms'], '', 1)} / restore "
