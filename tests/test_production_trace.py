@@ -461,3 +461,18 @@ def test_a_tier_whose_restores_cost_more_than_recomputing_says_so_beside_its_neg
 
     assert _net_cost(-3.3) == " (its restores cost more than recomputing, on average)"
     assert _net_cost(-0.01) == "" and _net_cost(12.0) == "" and _net_cost(None) == ""
+
+
+def test_the_verdict_says_where_its_saved_times_reach_past_section_21s_lengths():
+    """4f23 prices restores up to 190,976 tokens against 21's longest 32,512: its verdict's saving says it is extended
+    past that length; d17f's restores stay within and its verdict says nothing of it."""
+    from kmesh_lib.base import paths
+    from kmesh_lib.base.records import RunFiles
+    from kmesh_lib.sections.production_trace.report import verdict
+
+    root = paths.OUTPUTS / "production_trace"
+    if not (root / "cpu-20261205-001932-4f23").is_dir():
+        pytest.skip("the published runs are not in this checkout")
+    assert "section 21's median TTFTs, extended linearly past its longest 32,512 tokens)" in verdict(
+        RunFiles(root / "cpu-20261205-001932-4f23"))[0]
+    assert "extended" not in verdict(RunFiles(root / "cpu-20261204-221647-d17f"))[0]

@@ -147,6 +147,13 @@ def priced_range(run: RunFiles, tiers: list[dict]) -> str:
             f"tokens) for longer restores (up to {longest:,.0f} tokens here)")
 
 
+def _extended(run: RunFiles, tiers: list[dict]) -> str:
+    """The verdict's note where its saved times reach past section 21's longest measured length (``priced_range``)."""
+    measured = [c.context_tokens for c in run.records(COSTS)]
+    longest = max((t.get("restored_tokens_per_request", {}).get("max") or 0 for t in tiers), default=0)
+    return f", extended linearly past its longest {max(measured):,} tokens" if measured and longest > max(measured) else ""
+
+
 def best_tier(tiers: list[dict]) -> dict:
     """The tier row that saves the most prefill time on average (most restored tokens where unpriced)."""
     return max(tiers, key=lambda t: (t.get("saved_ms_per_request", {}).get("mean", float("-inf")),
@@ -174,7 +181,7 @@ def verdict(run) -> list[str]:
         text += (f"; a {best['tier_gib']:g} GiB {best['tier']} tier behind the {best['pool_blocks']:,}-block pool "
                  + _lift(best) + f" (ideal {best['ideal_reused_share']:.1%})"
                  + (f", an estimated {_ms(saved['mean'])} ms of prefill saved per request on average (p99 "
-                    f"{_ms(saved['p99'])} ms; section 21's median TTFTs)" if saved else ""))
+                    f"{_ms(saved['p99'])} ms; section 21's median TTFTs{_extended(run, [best])})" if saved else ""))
     parity = parity_sentence(results, run.params.DEVICE)
     return [text + "."] + ([parity] if parity else [])
 
