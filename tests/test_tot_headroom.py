@@ -192,3 +192,19 @@ def test_plan_for_the_gpu_profile_gives_a_duration_without_importing_vllm():
     assert "NUM_GPU_BLOCKS 586 = 585 usable" in out.stdout and "512 MiB of KV" in out.stdout
     assert "expected duration: ~" in out.stdout and "scripted" in out.stdout
     assert "VLLM_IMPORTED False" in out.stdout
+
+
+def test_the_verdict_names_what_its_headroom_is_a_share_of():
+    """Headroom is (stock - ideal) / stock prefill: the verdict says so, where it read as a share of prompt tokens."""
+    from kmesh_lib.base import paths
+    from kmesh_lib.base.records import RunFiles
+    from kmesh_lib.sections.tot_headroom.report import verdict
+
+    run = paths.OUTPUTS / "tot_headroom" / "gpu-20261204-190116-fefc"
+    if not run.is_dir():
+        import pytest
+
+        pytest.skip("the published run is not in this checkout")
+    (text,) = verdict(RunFiles(run))
+    assert "(0.0% headroom, a share of stock's prefill; 60,824 prompt tokens in all)" in text
+    assert "the most headroom is 11.3% of stock's prefill" in text

@@ -263,7 +263,8 @@ def verdict(run) -> list[str]:
     share = (observed - ideal) / observed if observed else 0.0
     word = "No" if observed == ideal else "Some"
     text = (f"{word}: at the run's pool ({b['num_blocks']} blocks) stock vLLM prefills {_tokens(observed)} tokens and "
-            f"ideal retention {_tokens(ideal)} ({share:.1%} headroom, of {_tokens(b['num_prompt_tokens'])} prompt tokens)")
+            f"ideal retention {_tokens(ideal)} ({share:.1%} headroom, a share of stock's prefill; "
+            f"{_tokens(b['num_prompt_tokens'])} prompt tokens in all)")
     scale = results.get("scale_searches", [])
     if scale:
         worst, zero_from = scale_summary(results, scale)
@@ -271,7 +272,7 @@ def verdict(run) -> list[str]:
         rate, top = max(worst.items(), key=lambda kv: kv[1]) if worst else (None, 0.0)
         if rate is not None:
             text += (f"; over {scale[0]['num_puzzles']} scripted puzzles and smaller pools the most headroom is {top:.1%} "
-                     f"(proposal error rate {rate:g})"
+                     f"of stock's prefill (proposal error rate {rate:g})"
                      + (f", zero from {max(ends)} blocks up" if None not in ends else ""))
     return [text + "."]
 
