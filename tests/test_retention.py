@@ -747,5 +747,7 @@ def test_an_interval_containing_zero_reads_no_difference_measured(tmp_path):
     assert (row["ttft_a_ms: discard - retain, CI low"], row["ttft_a_ms: discard - retain, CI high"]) == (46.2, 81.8)
     assert row["ttft_a_ms: discard - retain, CI coverage"] == 0.9375
     assert "72 ms slower without retention (93.8% CI 46 to 82, median of 5 paired differences)" in verdict(five)[0]
+    closing = answer(five)  # its last lines say what the intervals are: not a 95% bootstrap any more
+    assert "bootstrap" not in closing and "95% where the pairs reach it" in closing and "93.8%" in closing, closing
     # judged on the interval as the table shows it: below 0 is faster, touching 0 is no difference measured
     assert rr.difference_verdict(-5.0, -0.1) == rr.FASTER and rr.difference_verdict(-5.0, 0.0) == rr.SAME

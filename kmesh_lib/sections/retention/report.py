@@ -1,5 +1,5 @@
-"""Section 16's tables, from group records alone (numpy, and ``base.intervals``' scipy bootstrap as section 20's
-tables use it: the GPU driver builds them too).
+"""Section 16's tables, from group records alone (numpy, and ``base.intervals``' order-statistic interval of a
+median, scipy's binomial: the GPU driver builds them too).
 
 Every function reads the typed records of ``raw/groups.jsonl`` and ``raw/blocks.jsonl``
 (``sections.retention.captures``: ``RetentionGroup``, ``RetentionEngineRun``). A *combination* is (path, group
@@ -10,7 +10,8 @@ size, arrival pattern, singleflight setting); every table row is one combination
                   not the recorded flag), where the data started and how it reached the engine
     ratio_rows    "without retention to with retention" per combination: discard / retain of the medians, and
                   discard - retain of each stopwatch paired by pair (``paired_differences``): the median of
-                  the pairs' differences with its 95% bootstrap interval, and what the interval says
+                  the pairs' differences with its distribution-free interval (``median_interval``: 95%, or the
+                  coverage the pairs reach, recorded beside it), and what the interval says
                   (``difference_verdict``)
     arrival_rows  the arrival-pattern table: per combination and arm, the follow-ups' context reads per
                   group and per follow-up, and the mechanism of every lookup (``lmcache.lookups``)

@@ -190,8 +190,10 @@ def answer(run) -> str:
             parts.append(text)
     pairs = min(r["pairs"] for r in ratios)
     weak = [f"A difference is the median of the pairs' differences discard - retain ({pairs} or more pairs per "
-            "combination: a pair runs both arms back to back on one engine with the same follow-ups), with its 95% "
-            "bootstrap interval; where the interval contains 0, no difference is measured."]
+            "combination: a pair runs both arms back to back on one engine with the same follow-ups), with its "
+            "distribution-free interval from the differences' order statistics, 95% where the pairs reach it, else "
+            "the confidence they reach, given with each interval (the range of 5 pairs: 93.8%); where the interval "
+            "contains 0, no difference is measured."]
     strict = measured_lines(run)
     if strict:
         weak.append("Measured, not assumed: " + "; ".join(strict) + ".")
@@ -241,7 +243,7 @@ def _main_pairs(run) -> list[tuple[str, int, tuple[str, str], dict, dict, dict]]
 def verdict(run) -> list[str]:
     """One sentence: on which paths keeping the copy stops repeat reads, with the disk MiB per group and A's first
     token of the path where it matters most: both arms' medians and the paired difference discard - retain with its
-    95% interval ("no difference measured" where the interval contains 0)."""
+    interval and the confidence it reaches (``_level``; "no difference measured" where the interval contains 0)."""
     pairs = _main_pairs(run)
     if not pairs:
         return ["No verdict: no path ran both the retain and the discard arm with usable groups."]
