@@ -165,10 +165,16 @@ def paired_differences(groups: list[RetentionGroup], key: str) -> dict[tuple, li
     return out
 
 
-def difference_verdict(low: float | None, high: float | None) -> str:
+# the least coverage an interval judges with: 2-4 pairs' range covers the median 50%, 75%, 87.5% of the time, too
+# seldom to call an arm slower; 5 pairs' range covers 93.75% (``base.intervals.median_interval``)
+MIN_COVERAGE = 0.9
+
+
+def difference_verdict(low: float | None, high: float | None, coverage: float | None = None) -> str:
     """What a discard - retain interval says, judged on the interval as the table shows it (rounded): one that
-    touches 0 is "no difference measured", never slower or faster; None (fewer than two pairs) is "not resolved"."""
-    if low is None or high is None:
+    touches 0 is "no difference measured", never slower or faster; None (fewer than two pairs), or an interval whose
+    coverage is below ``MIN_COVERAGE`` (fewer than five pairs), is "not resolved"."""
+    if low is None or high is None or (coverage is not None and coverage < MIN_COVERAGE):
         return UNRESOLVED
     return SLOWER if low > 0 else FASTER if high < 0 else SAME
 
@@ -204,7 +210,7 @@ def ratio_rows(rows: list[dict], groups: list[RetentionGroup]) -> list[dict]:
             row[f"{label}: discard - retain, CI low"] = low
             row[f"{label}: discard - retain, CI high"] = high
             row[f"{label}: discard - retain, CI coverage"] = None if coverage != coverage else round(coverage, 4)
-            row[f"{label}: difference"] = difference_verdict(low, high)
+            row[f"{label}: difference"] = difference_verdict(low, high, coverage)
         row["disk MiB/group: discard"] = discard["disk_mib_group"]
         row["disk MiB/group: retain"] = retain["disk_mib_group"]
         resident = by.get(("engine", n, arrival, "n/a", "resident"))
