@@ -10,8 +10,8 @@ Per (model, context, restore path) with at least 16 whole pairs, from raw/pairs.
   5 Dec 2026), median in the host-fast and the host-slow pairs;
 - Pearson's r of the span with the resident's host-only time and with its first token (``intervals.correlation``);
 - where the rows carry the host's counters (``arms.host_state``, from commit ecc5309), r of the span with what changed
-  between the row before the restore and the restore's: the host's steal time, this process's involuntary context
-  switches, and the CPU's clock.
+  over the restore's own request (``counter_deltas``: from the read before the restore to the read before the next
+  row of its point): the host's steal time, this process's involuntary context switches, and the CPU's clock.
 
 A span that slows with the host while the floor stays put is launched piece by piece from the host (one DMA, the
 floor, is not). Prints; asserts nothing.
@@ -38,19 +38,29 @@ def _r(x, y) -> str:
     return "-" if c is None else f"{c[0]:+.2f} [{c[1]:+.2f}, {c[2]:+.2f}]"
 
 
-def counter_deltas(rows: list, restore_tags: list[str], key: str) -> list[float] | None:
-    """Per restore (by tag), ``host[key]`` at the restore less at the row before it in the order the rows ran; None
-    where any of them lacks the counter (runs before ecc5309, or a platform without it)."""
+def counter_deltas(rows: list, restore_tags: list[str], key: str) -> list[float | None] | None:
+    """Per restore (by tag), what ``host[key]`` counted over the restore's own request: its value at the next row of
+    the same point (model, context, restore path) less its value at the restore. ``arms.host_state`` is read just
+    before each row, so the restore's request lies between the two reads (with the next row's preparation, and its
+    copy floor where it is a restore); the row before the restore would count the request before it instead. None
+    for a restore that is its point's last row (nothing read after it); None for all where a row lacks the counter
+    (runs before ecc5309, or a platform without it)."""
+    point = {r.tag: (r.model, r.context_tokens, r.pair_arm) for r in rows}
     position = {r.tag: i for i, r in enumerate(rows)}
-    out = []
+    out: list[float | None] = []
     for tag in restore_tags:
         i = position[tag]
-        if i == 0:
+        later = [r for r in rows[i + 1:] if (r.model, r.context_tokens, r.pair_arm) == point[tag]][:1]
+        now = (rows[i].host or {}).get(key)
+        if now is None:
             return None
-        now, before = (rows[i].host or {}).get(key), (rows[i - 1].host or {}).get(key)
-        if now is None or before is None:
+        if not later:
+            out.append(None)
+            continue
+        after = (later[0].host or {}).get(key)
+        if after is None:
             return None
-        out.append(float(now) - float(before))
+        out.append(float(after) - float(now))
     return out
 
 
@@ -82,7 +92,8 @@ def streak_lines(run: RunFiles, min_tokens: int, slow_factor: float) -> list[str
         for key, label in (("cpu_steal_s", "steal"), ("ctx_switches_involuntary", "preempted"), ("cpu_mhz", "clock")):
             deltas = counter_deltas(rows, tags, key)
             if deltas is not None:
-                extra.append(f"{label} {_r(span, deltas)}")
+                kept = [(s, d) for s, d in zip(span, deltas) if d is not None]
+                extra.append(f"{label} {_r(*zip(*kept)) if kept else '-'}")
         out.append(line + ("  " + "; ".join(extra) if extra else ""))
     return out
 

@@ -343,3 +343,24 @@ def test_run_dir_of_another_section_is_named_in_one_line(capsys):
     assert cli.main(["verify", "18", "--run-dir", str(other)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "a run of crossover, not of family_hold" in err, err
+
+
+def test_a_short_id_names_a_run_that_is_both_local_and_published(monkeypatch, tmp_path):
+    """kmesh publish copies a run and leaves it in runs/: its short id named the same run twice and was refused as
+    ambiguous ('a47e ends 2 run ids'), where the whole id found it (the local copy first). Two runs whose ids end
+    alike are still refused."""
+    from types import SimpleNamespace
+
+    from kmesh_lib.app.runs import RunNotFound, find_any
+
+    monkeypatch.setenv("KMESH_RUN_ROOT", str(tmp_path / "runs"))
+    monkeypatch.setenv("KMESH_PUBLISHED_ROOT", str(tmp_path / "published"))
+    sec = SimpleNamespace(KEY="s", NUMBER="99")
+    for root in ("runs", "published"):
+        (tmp_path / root / "s" / "gpu-20261205-114504-a47e").mkdir(parents=True)
+    ref = find_any("a47e", [sec])
+    assert (ref.run_id, ref.where) == ("gpu-20261205-114504-a47e", "local")
+    assert find_any("gpu-20261205-114504-a47e", [sec]).run_dir == ref.run_dir
+    (tmp_path / "published" / "s" / "gpu-20261206-000000-a47e").mkdir()
+    with pytest.raises(RunNotFound, match="ends 2 run ids"):
+        find_any("a47e", [sec])

@@ -1160,6 +1160,16 @@ def test_replications_set_the_standing_speedup_beside_the_same_point_in_other_ru
                     "other NVIDIA H200 runs: 2.84\u00d7 [2.07, 3.59] (bbbb, failed), 3.65\u00d7 [3.46, 3.86] (cccc); "
                     "2.84\u20134.08\u00d7 across the 3 runs.")
     assert replications(standing, others[2:]) == ""
+    # the verdict's 'best' is among the paths that beat recompute, at the longest length: a larger figure of a path
+    # whose interval holds 1 (no crossover), or at a shorter length, is not the one it quotes
+    standing["results"]["crossover"][0]["crossover_tokens"] = 16384
+    standing["results"]["crossover"] += [
+        {"model": "m", "path": "native_offload", "crossover_tokens": None, "speedup_by_context_tokens": {"16384": 6.0},
+         "speedup_ci_by_context_tokens": {"16384": [0.8, 9.0]}},
+        {"model": "m", "path": "gpubuf_retained", "crossover_tokens": 4096, "speedup_by_context_tokens": {"4096": 7.0}}]
+    for d in others[:2]:
+        d["results"]["crossover"].append({"model": "m", "path": "native_offload", "speedup_by_context_tokens": {"16384": 5.0}})
+    assert replications(standing, others) == text
 
 
 def test_the_readme_line_of_21_carries_its_replications():

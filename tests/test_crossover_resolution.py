@@ -451,3 +451,25 @@ def test_a_log_axis_labels_enough_plain_numbers(values, least):
     shown = [t.get_text() for t in ax.yaxis.get_ticklabels() if t.get_text() and low <= t.get_position()[1] <= high]
     plt.close(fig)
     assert len(shown) >= least and not any("^" in t or "times" in t for t in shown), shown
+
+
+def test_the_streaks_benchmark_counts_a_counter_over_the_restores_own_request():
+    """host_state is read just before each row, so what a restore's request counted lies between its read and the
+    next row's of its point; the row before it (the previous pair's restore, or its own resident) counted the request
+    before. Counters step only during the restores here (10 x pair): the deltas are those steps, the last restore
+    (its point's last row) has none, and a restore that is the file's first row still counts."""
+    import importlib.util
+
+    from kmesh_lib.base import paths
+
+    spec = importlib.util.spec_from_file_location("restore_streaks", paths.REPO_ROOT / "benchmarks" / "restore_streaks.py")
+    streaks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(streaks)
+    raw = _pairs("dram", [15.0] * 4, [30.0] * 4, [10.0] * 4) + _pairs("native_offload", [11.0] * 2, [20.0] * 2, [9.0] * 2)
+    total = 0
+    for r in raw:
+        r["host"] = {"ctx_switches_involuntary": total}
+        total += 10 * r["pair"] if r["role"] == "restore" else 0
+    rows = as_pair_rows(raw)
+    tags = [r.tag for r in rows if r.role == "restore" and r.pair_arm == "dram"]
+    assert streaks.counter_deltas(rows, tags, "ctx_switches_involuntary") == [0.0, 10.0, 20.0, None]

@@ -747,5 +747,13 @@ def test_an_interval_containing_zero_reads_no_difference_measured(tmp_path):
     assert (row["ttft_a_ms: discard - retain, CI low"], row["ttft_a_ms: discard - retain, CI high"]) == (46.2, 81.8)
     assert row["ttft_a_ms: discard - retain, CI coverage"] == 0.9375
     assert "72 ms slower without retention (93.8% CI 46 to 82, median of 5 paired differences)" in verdict(five)[0]
+    three = run_folder(tmp_path / "three", timed_pairs(retain[:3], [x + 50 for x in retain[:3]]), [summary()])
+    (row,) = three.results["discard_to_retain"]  # 3 pairs: their range covers the median 75% of the time, too seldom
+    assert row["ttft_a_ms: discard - retain, CI coverage"] == 0.75 and row["ttft_a_ms: difference"] == rr.UNRESOLVED
+    assert "not resolved: 3 pairs, whose range (50 to 50) covers the median difference only 75.0% of the time" \
+        in verdict(three)[0]
+    assert "slower" not in verdict(three)[0]
+    closing = answer(five)  # its last lines say what the intervals are: not a 95% bootstrap any more
+    assert "bootstrap" not in closing and "95% where the pairs reach it" in closing and "93.8%" in closing, closing
     # judged on the interval as the table shows it: below 0 is faster, touching 0 is no difference measured
     assert rr.difference_verdict(-5.0, -0.1) == rr.FASTER and rr.difference_verdict(-5.0, 0.0) == rr.SAME

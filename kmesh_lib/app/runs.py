@@ -112,8 +112,14 @@ def find_any(name: str, sections: list[ModuleType]) -> RunRef:
         except RunNotFound:
             pass
     if not found and run_id and run_id not in (".", ".."):  # the short id the listings show: a47e
-        found = [RunRef(s, path, kind) for s in candidates for kind, root in roots().items()
-                 for path in sorted((root / s.KEY).glob(f"*-{run_id}")) if path.is_dir()]
+        # a published run is often still in runs/ (publish copies it): one run, its local copy first as find_run's
+        seen: dict[tuple[str, str], RunRef] = {}
+        for s in candidates:
+            for kind, root in roots().items():
+                for path in sorted((root / s.KEY).glob(f"*-{run_id}")):
+                    if path.is_dir():
+                        seen.setdefault((s.KEY, path.name), RunRef(s, path, kind))
+        found = list(seen.values())
         if len(found) > 1:
             raise RunNotFound(f"{run_id} ends {len(found)} run ids ({', '.join(r.run_id for r in found[:4])}"
                               f"{', ...' if len(found) > 4 else ''}): write the whole id")

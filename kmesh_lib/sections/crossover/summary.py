@@ -698,11 +698,27 @@ def _point_speedups(doc: dict) -> dict[tuple[str, str, int], tuple[float, list |
     return out
 
 
+def _quoted_point(doc: dict, model: str) -> tuple[str, int] | None:
+    """(path, context tokens) of the speed-up ``verdict`` quotes for ``model`` as 'best': the largest at the model's
+    longest length among the paths that beat recompute (a crossover); None where none does. Documents from before
+    the crossover field: every path."""
+    rows = [r for r in (doc.get("results") or {}).get("crossover") or [] if r.get("model") == model]
+    speed = {r["path"]: {int(n): v for n, v in (r.get("speedup_by_context_tokens") or {}).items() if v is not None}
+             for r in rows}
+    if not any(speed.values()):
+        return None
+    longest = max(n for v in speed.values() for n in v)
+    wins = [r["path"] for r in rows if r.get("crossover_tokens") is not None or "crossover_tokens" not in r]
+    best = max(wins, key=lambda p: speed[p].get(longest, 0), default=None)
+    return None if best is None or longest not in speed[best] else (best, longest)
+
+
 def replications(standing: dict, others: list[dict]) -> str:
-    """The standing run's best speed-up per model (the point its verdict quotes: the largest of the run's crossover
-    table) beside the same point (model, path, context length) in the section's other published runs on the same
-    device and dtype, each with its own interval and status: a run's interval holds within that run only, and these
-    say how far the figure moves between runs. '' where no other run measured the point. Public documents only."""
+    """The standing run's best speed-up per model (the point its verdict quotes, ``_quoted_point``: the largest at the
+    model's longest length among the paths that beat recompute) beside the same point (model, path, context length)
+    in the section's other published runs on the same device and dtype, each with its own interval and status: a
+    run's interval holds within that run only, and these say how far the figure moves between runs. '' where no
+    other run measured the point. Public documents only."""
     mine = _point_speedups(standing)
     device = (standing.get("environment") or {}).get("device")
     dtype = (standing.get("params") or {}).get("DTYPE")
@@ -710,7 +726,11 @@ def replications(standing: dict, others: list[dict]) -> str:
              and (d.get("params") or {}).get("DTYPE") == dtype]
     parts = []
     for model in sorted({m for m, _, _ in mine}):
-        (_, path, n), (value, _) = max(((k, v) for k, v in mine.items() if k[0] == model), key=lambda kv: kv[1][0])
+        quoted = _quoted_point(standing, model)
+        if quoted is None:
+            continue
+        path, n = quoted
+        value = mine[(model, path, n)][0]
         seen = []
         for d in sorted(peers, key=lambda d: d["run_id"]):
             point = _point_speedups(d).get((model, path, n))

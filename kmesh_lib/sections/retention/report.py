@@ -1,5 +1,5 @@
-"""Section 16's tables, from group records alone (numpy, and ``base.intervals``' scipy bootstrap as section 20's
-tables use it: the GPU driver builds them too).
+"""Section 16's tables, from group records alone (numpy, and ``base.intervals``' order-statistic interval of a
+median, scipy's binomial: the GPU driver builds them too).
 
 Every function reads the typed records of ``raw/groups.jsonl`` and ``raw/blocks.jsonl``
 (``sections.retention.captures``: ``RetentionGroup``, ``RetentionEngineRun``). A *combination* is (path, group
@@ -10,7 +10,8 @@ size, arrival pattern, singleflight setting); every table row is one combination
                   not the recorded flag), where the data started and how it reached the engine
     ratio_rows    "without retention to with retention" per combination: discard / retain of the medians, and
                   discard - retain of each stopwatch paired by pair (``paired_differences``): the median of
-                  the pairs' differences with its 95% bootstrap interval, and what the interval says
+                  the pairs' differences with its distribution-free interval (``median_interval``: 95%, or the
+                  coverage the pairs reach, recorded beside it), and what the interval says
                   (``difference_verdict``)
     arrival_rows  the arrival-pattern table: per combination and arm, the follow-ups' context reads per
                   group and per follow-up, and the mechanism of every lookup (``lmcache.lookups``)
@@ -164,10 +165,16 @@ def paired_differences(groups: list[RetentionGroup], key: str) -> dict[tuple, li
     return out
 
 
-def difference_verdict(low: float | None, high: float | None) -> str:
+# the least coverage an interval judges with: 2-4 pairs' range covers the median 50%, 75%, 87.5% of the time, too
+# seldom to call an arm slower; 5 pairs' range covers 93.75% (``base.intervals.median_interval``)
+MIN_COVERAGE = 0.9
+
+
+def difference_verdict(low: float | None, high: float | None, coverage: float | None = None) -> str:
     """What a discard - retain interval says, judged on the interval as the table shows it (rounded): one that
-    touches 0 is "no difference measured", never slower or faster; None (fewer than two pairs) is "not resolved"."""
-    if low is None or high is None:
+    touches 0 is "no difference measured", never slower or faster; None (fewer than two pairs), or an interval whose
+    coverage is below ``MIN_COVERAGE`` (fewer than five pairs), is "not resolved"."""
+    if low is None or high is None or (coverage is not None and coverage < MIN_COVERAGE):
         return UNRESOLVED
     return SLOWER if low > 0 else FASTER if high < 0 else SAME
 
@@ -203,7 +210,7 @@ def ratio_rows(rows: list[dict], groups: list[RetentionGroup]) -> list[dict]:
             row[f"{label}: discard - retain, CI low"] = low
             row[f"{label}: discard - retain, CI high"] = high
             row[f"{label}: discard - retain, CI coverage"] = None if coverage != coverage else round(coverage, 4)
-            row[f"{label}: difference"] = difference_verdict(low, high)
+            row[f"{label}: difference"] = difference_verdict(low, high, coverage)
         row["disk MiB/group: discard"] = discard["disk_mib_group"]
         row["disk MiB/group: retain"] = retain["disk_mib_group"]
         resident = by.get(("engine", n, arrival, "n/a", "resident"))

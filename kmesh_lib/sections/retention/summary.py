@@ -75,13 +75,17 @@ def _difference(r: dict, label: str, short: bool = False) -> str:
     """A ``ratio_rows`` row's paired difference discard - retain of ``label`` in words, with its interval and the
     confidence it reaches (``_level``): "64 ms slower without retention (95% CI 58 to 70)", at 5 pairs "(93.8% CI 46
     to 82, ...)"; an interval that contains 0 reads "no difference measured"
-    (the median difference beside it); fewer than two pairs (``UNRESOLVED``) has none: "no interval: 1 pair".
+    (the median difference beside it); fewer than two pairs (``UNRESOLVED``) has none: "no interval: 1 pair"; 2-4
+    pairs' range is too seldom right to judge by (``report.MIN_COVERAGE``): "not resolved: 3 pairs, whose range ...".
     ``short``: "+64 ms, 95% CI 58 to 70"."""
     median, low, high, coverage = (r.get(f"{label}: discard - retain{x}") for x in
                                    ("", ", CI low", ", CI high", ", CI coverage"))
     verdict = r[f"{label}: difference"]
     if verdict == UNRESOLVED:
-        return f"no interval: {r['pairs']} pair{'s' * (r['pairs'] != 1)}"
+        if low is None or high is None or coverage is None:
+            return f"no interval: {r['pairs']} pair{'s' * (r['pairs'] != 1)}"
+        return (f"not resolved: {r['pairs']} pairs, whose range ({_num(low)} to {_num(high)}) covers the median "
+                f"difference only {100 * coverage:.1f}% of the time")
     ci = f"{_level(coverage)} CI {_num(low)} to {_num(high)}"
     if short:
         return f"{'+' * (median > 0)}{_num(median)} ms, {ci}"
@@ -190,8 +194,10 @@ def answer(run) -> str:
             parts.append(text)
     pairs = min(r["pairs"] for r in ratios)
     weak = [f"A difference is the median of the pairs' differences discard - retain ({pairs} or more pairs per "
-            "combination: a pair runs both arms back to back on one engine with the same follow-ups), with its 95% "
-            "bootstrap interval; where the interval contains 0, no difference is measured."]
+            "combination: a pair runs both arms back to back on one engine with the same follow-ups), with its "
+            "distribution-free interval from the differences' order statistics, 95% where the pairs reach it, else "
+            "the confidence they reach, given with each interval (the range of 5 pairs: 93.8%; fewer pairs judge "
+            "nothing); where the interval contains 0, no difference is measured."]
     strict = measured_lines(run)
     if strict:
         weak.append("Measured, not assumed: " + "; ".join(strict) + ".")
@@ -241,7 +247,7 @@ def _main_pairs(run) -> list[tuple[str, int, tuple[str, str], dict, dict, dict]]
 def verdict(run) -> list[str]:
     """One sentence: on which paths keeping the copy stops repeat reads, with the disk MiB per group and A's first
     token of the path where it matters most: both arms' medians and the paired difference discard - retain with its
-    95% interval ("no difference measured" where the interval contains 0)."""
+    interval and the confidence it reaches (``_level``; "no difference measured" where the interval contains 0)."""
     pairs = _main_pairs(run)
     if not pairs:
         return ["No verdict: no path ran both the retain and the discard arm with usable groups."]

@@ -4,7 +4,7 @@
     blocks             every engine run's summary as ``raw/blocks.jsonl`` holds it (the not-available rows too)
     arms               per combination and arm: both stopwatches, disk MiB per phase, counters agreeing
     discard_to_retain  per combination: discard / retain of the arms' medians (from ``arms``), and discard - retain
-                       of each stopwatch paired by pair, the median difference with its 95% bootstrap interval
+                       of each stopwatch paired by pair, the median difference with its order-statistic interval and coverage
     not_run            what did not run, and why
     rereads            per block, each measured discard group's follow-up reads of the context
     arrivals           per combination and arm: reads per group and per follow-up, lookup mechanisms
