@@ -126,33 +126,43 @@ def test_restores_in_streaks_widen_the_half_width_the_resolution_is_judged_by():
 
 
 def test_streaks_the_resident_follow_ups_share_are_named_the_engines():
-    """32 pairs in two streaks (spans 0.30 then 0.36 ms): where the resident follow-ups, which restore nothing, run
-    in the same streaks (20 then 24 ms), the spans follow them (r near 1) and the answer names the engine; where the
-    residents alternate without a streak, their lag-1 is negative, r holds 0, and it names no one."""
+    """64 pairs in eight streaks of 8 (spans 0.30 and 0.36 ms in turn): where the resident follow-ups, which restore
+    nothing, run in the same streaks (20 and 24 ms), the spans follow them (r near 1, its interval drawn from the
+    fewer effective pairs two streaky series give) and the answer names the engine. Two streaks of 16 are one
+    coincidence of two steps (n_eff near 3): nothing claimed. Residents that alternate without a streak: lag-1
+    negative, r holds 0, no one named."""
     from kmesh_lib.sections.crossover.summary import _serial_clause
 
     floors = [{"model": "m", "context_tokens": N, "tier": "gpubuf", "when": "before", "floors": {"device": {"median_s": 0.0003}}}]
-    spans = [0.30 + 0.001 * (k % 4) for k in range(16)] + [0.36 + 0.001 * (k % 4) for k in range(16)]
-    engine = [20.0 + 0.1 * (k % 3) for k in range(16)] + [24.0 + 0.1 * (k % 3) for k in range(16)]
-    flat = [20.0 + (k % 2) for k in range(32)]
-    (shared,) = cr.resolution_table(as_pair_rows(_pairs("gpubuf_retained", spans, [e + 1 for e in engine], engine)),
-                                    as_point_floors(floors))
-    (own,) = cr.resolution_table(as_pair_rows(_pairs("gpubuf_retained", spans, [f + 1 for f in flat], flat)),
-                                 as_point_floors(floors))
-    assert shared["resident_ttft_lag1"] > 0.8 and shared["span_resident_corr"] > 0.9
-    assert shared["span_resident_corr_ci"][0] > 0.8 and shared["span_resident_corr_ci"][1] <= 1
+    spans = [(0.36 if (k // 8) % 2 else 0.30) + 0.001 * (k % 4) for k in range(64)]
+    engine = [(24.0 if (k // 8) % 2 else 20.0) + 0.1 * (k % 3) for k in range(64)]
+    flat = [20.0 + (k % 2) for k in range(64)]
+
+    def row(spans, residents):
+        (r,) = cr.resolution_table(as_pair_rows(_pairs("gpubuf_retained", spans, [e + 1 for e in residents], residents)),
+                                   as_point_floors(floors))
+        return r
+
+    shared, own = row(spans, engine), row(spans, flat)
+    assert shared["resident_ttft_lag1"] > 0.7 and shared["span_resident_corr"] > 0.9
+    assert 3 < shared["span_resident_corr_n_eff"] < 64 / 3  # both in streaks: far fewer effective pairs
+    assert shared["span_resident_corr_ci"][0] > 0.5 and shared["span_resident_corr_ci"][1] <= 1
     assert "the streaks are the engine's, not the tier's alone" in _serial_clause(shared)
+    assert "effective pairs of 64 (both ran in streaks)" in _serial_clause(shared)
     assert own["resident_ttft_lag1"] < 0 and own["span_resident_corr_ci"][0] < 0 < own["span_resident_corr_ci"][1]
+    assert own["span_resident_corr_n_eff"] == 64  # one series alternates: no widening
     assert "the streaks are not shown to be the engine's" in _serial_clause(own)
     assert "lag-1 -1.00" in _serial_clause(own)  # the numbers are said either way
+    two = row([0.30] * 16 + [0.36] * 16, [20.0 + 0.1 * (k % 3) for k in range(16)] + [24.0 + 0.1 * (k % 3) for k in range(16)])
+    assert two["span_resident_corr_ci"] == [-1.0, 1.0] and "not shown to be the engine's" in _serial_clause(two)
 
 
 def test_correlation_is_pearsons_r_with_its_interval_and_none_without_enough_pairs():
     from kmesh_lib.base.intervals import correlation
 
     x = [float(k) for k in range(10)]
-    r, low, high = correlation(x, [2 * v + (k % 2) for k, v in enumerate(x)])
-    assert 0.99 < r <= 1 and low < r < high <= 1
+    r, low, high, n_eff = correlation(x, [2 * v + (k % 2) for k, v in enumerate(x)])
+    assert 0.99 < r <= 1 and low < r < high <= 1 and n_eff < 10  # two trends: both series "streak", n_eff shrinks
     assert correlation(x[:7], x[:7]) is None and correlation(x, [1.0] * 10) is None
 
 

@@ -98,17 +98,26 @@ def white_noise_bound(n: int) -> float:
     return 1.96 / np.sqrt(n)
 
 
-def correlation(x, y, level: float = 0.95) -> tuple[float, float, float] | None:
-    """Pearson's r of paired ``x`` and ``y`` with its ``level`` interval (scipy.stats.pearsonr, Fisher's z); None
-    for fewer than ``MIN_SERIAL_SAMPLES`` pairs or a constant side."""
+def correlation(x, y, level: float = 0.95) -> tuple[float, float, float, float] | None:
+    """Pearson's r of paired ``x`` and ``y`` (in the order they were measured) with its ``level`` interval by Fisher's
+    z, and the effective number of pairs that interval was drawn from: where both series run in streaks (lag-1
+    autocorrelations of one sign), Bartlett's n (1 - rx ry) / (1 + rx ry), else n; an interval from independent
+    pairs would be too narrow exactly where two streaky series seem to move together. (r, low, high, n_eff); the
+    interval is [-1, 1] (nothing claimed) where n_eff is 3 or less; None for fewer than ``MIN_SERIAL_SAMPLES`` pairs or a
+    constant side."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if x.size < MIN_SERIAL_SAMPLES or x.std() == 0 or y.std() == 0:
         return None
-    from scipy.stats import pearsonr
+    from scipy.stats import norm, pearsonr
 
-    res = pearsonr(x, y)
-    ci = res.confidence_interval(confidence_level=level)
-    return float(res.statistic), float(ci.low), float(ci.high)
+    r = float(pearsonr(x, y).statistic)
+    rx, ry = lag1_autocorrelation(x), lag1_autocorrelation(y)
+    both = rx * ry if rx is not None and ry is not None else 0.0
+    n_eff = x.size * (1 - both) / (1 + both) if both > 0 else float(x.size)
+    if n_eff <= 3:
+        return r, -1.0, 1.0, n_eff
+    z, half = np.arctanh(np.clip(r, -0.999999, 0.999999)), norm.ppf(0.5 + level / 2) / np.sqrt(n_eff - 3)
+    return r, float(np.tanh(z - half)), float(np.tanh(z + half)), n_eff
 
 
 def median_interval(values, level: float = 0.95) -> tuple[float, float, float, float]:

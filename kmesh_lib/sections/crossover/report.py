@@ -825,7 +825,9 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors], boun
     device moved the bytes; ``floor_verdict``). Whether such streaks are the tier's or the whole engine's:
     ``resident_ttft_lag1``, the resident follow-ups' first tokens' lag-1 autocorrelation in the same order (they restore
     nothing), and ``span_resident_corr`` with its 95% interval, Pearson's r of each restore's span with the resident
-    follow-up of its pair (on the H200 and the H100, 5 Dec 2026, r 0.4-0.9 where the spans ran in streaks).
+    follow-up of its pair (on the H200 and the H100, 5 Dec 2026, r 0.4-0.9 where the spans ran in streaks), the
+    interval drawn from ``span_resident_corr_n_eff`` pairs, fewer than measured where both series ran in streaks
+    (``intervals.correlation``).
 
     A path whose floor is the sum of two media (LMCache's disk: the read, then the copy into vLLM) also gets that floor
     as a pipeline overlapping them would meet it, the slower medium alone (``floor_overlapped_ms``), and the span's
@@ -871,6 +873,7 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors], boun
                "resident_ttft_lag1": _round(lag1_autocorrelation([p["resident"].ttft_s for p in whole]), 3),
                "span_resident_corr": _round(follows[0], 3) if follows else None,
                "span_resident_corr_ci": [_round(follows[1], 3), _round(follows[2], 3)] if follows else [None, None],
+               "span_resident_corr_n_eff": _round(follows[3], 1) if follows else None,
                "half_width_x_floor": (round(serial_half / floor[0], 4) if serial_half is not None and floor and floor[0] > 0
                                       else None)}
         row["resolved"] = (row["half_width_x_floor"] is not None and row["half_width_x_floor"] <= RESOLVE_FRACTION)

@@ -191,8 +191,10 @@ def answer(run: RunFiles) -> str:
         goals += ("\n\n" if goals else "") + (
             "Each restore resolved, from the paired design (restore and resident follow-up back to back on one engine, "
             "the floor measured before and after each point, as a range; an interval holding 0 is no cost measured, "
-            "one reaching down to the floor's range is at the floor, one wholly below it is below its floor (a method "
-            f"problem); points of {_n(report.RESOLVE_MIN_TOKENS)} tokens "
+            "one reaching down to the floor's range is at the floor, one wholly below it is below its floor ("
+            + ("a method problem" if p.DEVICE == "cuda" else "on the CPU the floors are timed beside the engine's "
+               "threads and bound nothing, so it reads below its timed floor and is not judged")
+            + f"); points of {_n(report.RESOLVE_MIN_TOKENS)} tokens "
             "and more, else each model's longest; every point in the restore_resolution table):\n\n"
             + "\n".join(f"- {line}" for line in _resolution_sentences(resolution)))
     body = "\n".join(text[:2]) + "\n\n" + "\n".join(text[2:2 + len(per_model)]) + "\n\n"
@@ -295,14 +297,18 @@ def _serial_clause(r: dict) -> str:
 
 def _streak_source(r: dict) -> str:
     """Whose streaks they are: the engine's where the resident follow-ups, which restore nothing, ran in streaks too
-    (lag-1 above white noise's bound) and the spans follow them (their correlation's interval above 0); the numbers
-    either way. Nothing for a run before the row carried them."""
+    (lag-1 above white noise's bound) and the spans follow them (their correlation's interval above 0, drawn from the
+    effective number of pairs two streaky series give); the numbers either way. Nothing for a run before the row
+    carried them."""
     lag, corr = r.get("resident_ttft_lag1"), r.get("span_resident_corr")
     if lag is None or corr is None:
         return ""
     low, high = r["span_resident_corr_ci"]
+    n_eff = r.get("span_resident_corr_n_eff")
+    drawn = (f", an interval from {n_eff:,.1f} effective pairs of {r['num_pairs']} (both ran in streaks)"
+             if n_eff is not None and n_eff < r["num_pairs"] else "")
     numbers = (f"the resident follow-ups beside them, which restore nothing, had lag-1 {lag:.2f}, and each span "
-               f"follows its pair's resident first token with r = {corr:.2f} [{low:.2f}, {high:.2f}]")
+               f"follows its pair's resident first token with r = {corr:.2f} [{low:.2f}, {high:.2f}]{drawn}")
     if lag > white_noise_bound(r["num_pairs"]) and low > 0:
         return f"; {numbers}: the streaks are the engine's, not the tier's alone"
     return f"; {numbers}: the streaks are not shown to be the engine's"
