@@ -1144,8 +1144,9 @@ def test_replications_set_the_standing_speedup_beside_the_same_point_in_other_ru
     another device, another dtype, or without the point is left out, and a lone run says nothing."""
     from kmesh_lib.sections.crossover.summary import replications
 
-    def doc(run_id, value, ci, device="NVIDIA H200", dtype="bfloat16", status="passed", n="16384"):
-        return {"run_id": run_id, "status": status, "environment": {"device": device}, "params": {"DTYPE": dtype},
+    def doc(run_id, value, ci, device="NVIDIA H200", dtype="bfloat16", status="passed", n="16384", vllm="0.26.0"):
+        return {"run_id": run_id, "status": status, "params": {"DTYPE": dtype, "WEIGHTS": "dummy"},
+                "environment": {"device": device, "packages": {"vllm": vllm, "lmcache": "0.5.3"}},
                 "results": {"crossover": [
                     {"model": "m", "path": "dram", "speedup_by_context_tokens": {n: value, "4096": 1.2},
                      "speedup_ci_by_context_tokens": {n: ci, "4096": [1.0, 1.4]}},
@@ -1154,7 +1155,7 @@ def test_replications_set_the_standing_speedup_beside_the_same_point_in_other_ru
     standing = doc("gpu-1-aaaa", 4.08, [3.9, 4.2])
     others = [doc("gpu-0-bbbb", 2.84, [2.07, 3.59], status="failed"), doc("gpu-0-cccc", 3.65, [3.46, 3.86]),
               doc("gpu-0-dddd", 9.0, [8, 10], device="NVIDIA H100"), doc("gpu-0-eeee", 9.0, [8, 10], dtype="float32"),
-              doc("gpu-0-ffff", 9.0, [8, 10], n="32512")]
+              doc("gpu-0-ffff", 9.0, [8, 10], n="32512"), doc("gpu-0-gggg", 9.0, [8, 10], vllm="0.27.0")]
     text = replications(standing, others)
     assert text == ("The same point elsewhere (each interval holds within its own run): m DRAM at 16,384 tokens in 2 "
                     "other NVIDIA H200 runs: 2.84\u00d7 [2.07, 3.59] (bbbb, failed), 3.65\u00d7 [3.46, 3.86] (cccc); "

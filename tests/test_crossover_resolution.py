@@ -442,6 +442,7 @@ def test_the_median_interval_is_its_order_statistics_with_their_exact_coverage()
     med, low, high, cov = median_interval([float(v) for v in range(20)])
     assert (med, low, high) == (9.5, 5.0, 14.0) and cov == pytest.approx(0.9586, abs=1e-4)
     assert median_interval([3.0])[1] != median_interval([3.0])[1]  # one value: no interval (NaN)
+    assert median_interval([81.8, float("nan"), 46.2, 72.5, 80.5, 72.4]) == (72.5, 46.2, 81.8, 0.9375)  # NaN: no value
 
 
 @pytest.mark.parametrize("values, least", [([9.0, 9.5, 10.5, 11.0], 3), ([0.4, 3.0, 40.0, 600.0], 4)])

@@ -126,7 +126,8 @@ def median_interval(values, level: float = 0.95) -> tuple[float, float, float, f
     ``level`` (scipy.stats.binom). Where no k reaches it (n = 5 at 95%: the range covers 93.75%), the range and its
     own coverage, which the caller must say; NaNs for fewer than two values. Assumes only independent pairs, and at
     small n does not narrow to the values' range the way a percentile bootstrap of a median does."""
-    x = np.sort(np.asarray(values, dtype=float))
+    x = np.asarray(values, dtype=float)
+    x = np.sort(x[~np.isnan(x)])  # a missing value is no value (NaN would sort last and become a bound)
     n = x.size
     if n < 2:
         return (float(x[0]) if n else float("nan")), float("nan"), float("nan"), float("nan")

@@ -719,17 +719,23 @@ def _quoted_point(doc: dict, model: str) -> tuple[str, int] | None:
     return None if best is None or longest not in speed[best] else (best, longest)
 
 
+def _setup(doc: dict) -> tuple:
+    """What must match for two runs' speed-ups to be the same measurement repeated: the device, the engine stack,
+    the dtype and the weights."""
+    env, params = doc.get("environment") or {}, doc.get("params") or {}
+    packages = env.get("packages") or {}
+    return (env.get("device"), packages.get("vllm"), packages.get("lmcache"), params.get("DTYPE"), params.get("WEIGHTS"))
+
+
 def replications(standing: dict, others: list[dict]) -> str:
     """The standing run's best speed-up per model (the point its verdict quotes, ``_quoted_point``: the largest at the
     model's longest length among the paths that beat recompute) beside the same point (model, path, context length)
-    in the section's other published runs on the same device and dtype, each with its own interval and status: a
-    run's interval holds within that run only, and these say how far the figure moves between runs. '' where no
-    other run measured the point. Public documents only."""
+    in the section's other published runs of the same setup (``_setup``: device, vLLM and LMCache versions, dtype,
+    weights), each with its own interval and status: a run's interval holds within that run only, and these say how
+    far the figure moves between runs. '' where no other run measured the point. Public documents only."""
     mine = _point_speedups(standing)
     device = (standing.get("environment") or {}).get("device")
-    dtype = (standing.get("params") or {}).get("DTYPE")
-    peers = [d for d in others if (d.get("environment") or {}).get("device") == device
-             and (d.get("params") or {}).get("DTYPE") == dtype]
+    peers = [d for d in others if _setup(d) == _setup(standing)]
     parts = []
     for model in sorted({m for m, _, _ in mine}):
         quoted = _quoted_point(standing, model)
