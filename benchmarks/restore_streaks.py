@@ -50,14 +50,14 @@ def counter_deltas(rows: list, restore_tags: list[str], key: str) -> list[float 
     out: list[float | None] = []
     for tag in restore_tags:
         i = position[tag]
-        later = [r for r in rows[i + 1:] if (r.model, r.context_tokens, r.pair_arm) == point[tag]][:1]
+        later = next((r for r in rows[i + 1:] if (r.model, r.context_tokens, r.pair_arm) == point[tag]), None)
         now = (rows[i].host or {}).get(key)
         if now is None:
             return None
-        if not later:
+        if later is None:
             out.append(None)
             continue
-        after = (later[0].host or {}).get(key)
+        after = (later.host or {}).get(key)
         if after is None:
             return None
         out.append(float(after) - float(now))
@@ -68,12 +68,12 @@ def streak_lines(run: RunFiles, min_tokens: int, slow_factor: float) -> list[str
     rows = list(report.usable(run.records("pairs.jsonl")))
     out = []
     for (model, n, path), by_pair in sorted(report.pairs_of(rows).items()):
-        whole = [p for _, p in sorted(by_pair.items()) if "restore" in p and "resident" in p]
-        spans = [report.restore_span(p["restore"])[0] for p in whole]
-        whole = [p for p, s in zip(whole, spans) if s is not None]
+        timed = [(p, report.restore_span(p["restore"])[0]) for _, p in sorted(by_pair.items())
+                 if "restore" in p and "resident" in p]
+        whole = [p for p, s in timed if s is not None]
         if n < min_tokens or len(whole) < MIN_PAIRS:
             continue
-        span = np.array([1e3 * report.restore_span(p["restore"])[0] for p in whole])
+        span = np.array([1e3 * s for _, s in timed if s is not None])
         host = np.array([1e3 * (p["resident"].components.other_s or 0.0) for p in whole])
         ttft = np.array([1e3 * p["resident"].ttft_s for p in whole])
         floor = np.array([1e3 * p["restore"].pair_floor_s if p["restore"].pair_floor_s else np.nan for p in whole])

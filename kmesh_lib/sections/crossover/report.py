@@ -846,7 +846,8 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors], boun
     for (model, n, path), by_pair in sorted(pairs_of(pairs).items()):
         whole = [p for _, p in sorted(by_pair.items()) if "restore" in p and "resident" in p]
         restores = [p["restore"] for _, p in sorted(by_pair.items()) if "restore" in p]
-        spans = [(restore_span(r)[0], restore_span(r)[1]) for r in restores]
+        spans = [restore_span(r) for r in restores]
+        span_of = {id(r): s for r, (s, _) in zip(restores, spans)}
         span_ms = [1e3 * s for s, _ in spans if s is not None]
         diffs = [1e3 * (p["restore"].ttft_s - p["resident"].ttft_s) for p in whole]
         floor = floor_range_ms(path, floors.get((model, n, TIER_OF[path]), []))
@@ -858,8 +859,8 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors], boun
         serial_half = half * inflation if half is not None and inflation != float("inf") else None
         # the engine's own streaks: the resident follow-ups (which restore nothing) in the order the pairs ran, and how
         # closely each restore's span follows the resident run next to it
-        beside_resident = [(1e3 * s, 1e3 * p["resident"].ttft_s) for p in whole
-                           for s in (restore_span(p["restore"])[0],) if s is not None]
+        beside_resident = [(1e3 * span_of[id(p["restore"])], 1e3 * p["resident"].ttft_s) for p in whole
+                           if span_of[id(p["restore"])] is not None]
         follows = correlation(*zip(*beside_resident)) if beside_resident else None
         row = {"model": model, "context_tokens": n, "path": path, "num_restores": len(restores), "num_pairs": len(whole),
                "span_source": "/".join(sorted({src for s, src in spans if s is not None})) or None,

@@ -709,8 +709,10 @@ def _quoted_point(doc: dict, model: str) -> tuple[str, int] | None:
     longest length among the paths that beat recompute (a crossover); None where none does. Documents from before
     the crossover field: every path."""
     rows = [r for r in (doc.get("results") or {}).get("crossover") or [] if r.get("model") == model]
-    speed = {r["path"]: {int(n): v for n, v in (r.get("speedup_by_context_tokens") or {}).items() if v is not None}
-             for r in rows}
+    speed: dict[str, dict[int, float]] = {r["path"]: {} for r in rows}
+    for (m, path, n), (value, _) in _point_speedups(doc).items():
+        if m == model:
+            speed[path][n] = value
     if not any(speed.values()):
         return None
     longest = max(n for v in speed.values() for n in v)

@@ -136,22 +136,28 @@ def answer(run) -> str:
     return " ".join(parts)
 
 
-def priced_range(run: RunFiles, tiers: list[dict]) -> str:
-    """How the saved times stand to section 21's measured lengths: interpolated between them, and extended
-    linearly past the longest (``sim.interp_ms``) where a restore is longer, with the longest restore named."""
+def _past_measured(run: RunFiles, tiers: list[dict]) -> tuple[int, float] | None:
+    """(section 21's longest measured length, the longest restore ``tiers`` price) where that restore is longer, so
+    its saving is extended linearly past the measurements (``sim.interp_ms``); None where every restore is within."""
     measured = [c.context_tokens for c in run.records(COSTS)]
     longest = max((t.get("restored_tokens_per_request", {}).get("max") or 0 for t in tiers), default=0)
-    if not measured or longest <= max(measured):
+    return (max(measured), longest) if measured and longest > max(measured) else None
+
+
+def priced_range(run: RunFiles, tiers: list[dict]) -> str:
+    """How the saved times stand to section 21's measured lengths: interpolated between them, and extended
+    linearly past the longest where a restore is longer, with the longest restore named."""
+    past = _past_measured(run, tiers)
+    if past is None:
         return "interpolated"
-    return (f"interpolated between the lengths it measured and extended linearly past its longest ({max(measured):,} "
-            f"tokens) for longer restores (up to {longest:,.0f} tokens here)")
+    return (f"interpolated between the lengths it measured and extended linearly past its longest ({past[0]:,} "
+            f"tokens) for longer restores (up to {past[1]:,.0f} tokens here)")
 
 
 def _extended(run: RunFiles, tiers: list[dict]) -> str:
-    """The verdict's note where its saved times reach past section 21's longest measured length (``priced_range``)."""
-    measured = [c.context_tokens for c in run.records(COSTS)]
-    longest = max((t.get("restored_tokens_per_request", {}).get("max") or 0 for t in tiers), default=0)
-    return f", extended linearly past its longest {max(measured):,} tokens" if measured and longest > max(measured) else ""
+    """The verdict's note where its saved times reach past section 21's longest measured length."""
+    past = _past_measured(run, tiers)
+    return f", extended linearly past its longest {past[0]:,} tokens" if past else ""
 
 
 def best_tier(tiers: list[dict]) -> dict:
