@@ -292,11 +292,25 @@ def capture_sha256(run: RunFiles) -> dict[str, str]:
     return dict(sorted(hashes.items()))
 
 
+STACK_PACKAGES = ("vllm", "lmcache", "torch")  # the packages whose versions a resumed run's calls must share
+
+
+def _stack_changes(first: dict, now: dict) -> list[tuple[str, object, object]]:
+    """(what, first call's, this call's) for the device and each stack package that differ between two calls."""
+    pairs = [("device", first.get("device"), now.get("device"))]
+    pairs += [(name, first.get("packages", {}).get(name), now.get("packages", {}).get(name)) for name in STACK_PACKAGES]
+    return [(key, was, cur) for key, was, cur in pairs if was != cur]
+
+
 def write_environment(path: Path, env: dict, resume: bool) -> None:
     """env.json: the machine a run measures on. A run resumed over several calls (a GPU driver's) keeps each
     call's environment: the first stays the record's top level, every later one is appended to ``calls``."""
     if resume and path.is_file():
         first = read_json_object(path)
+        changed = [f"{key} {was!r} -> {now!r}" for key, was, now in _stack_changes(first, env)]
+        if changed:  # a run's figures are one machine's and one stack's: a resumed call on another would mix them
+            raise RunFileError(f"{path}: this run was measured on another machine or stack ({'; '.join(changed)}); "
+                               "resume it on the same kind, or start a new --out")
         first.setdefault("calls", []).append(env)
         env = first
     write_json_atomic(path, env)

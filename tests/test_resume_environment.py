@@ -1,0 +1,35 @@
+"""A run resumed over several device calls keeps one machine and one stack: a call elsewhere is refused."""
+
+import json
+
+import pytest
+
+from kmesh_lib.base.records import RunFileError, write_environment
+
+
+def env(device="NVIDIA H200", vllm="0.26.0"):
+    return {"device": device, "packages": {"vllm": vllm, "lmcache": "0.5.3", "torch": "2.11.0"}, "time_utc": "t"}
+
+
+def test_a_resumed_call_on_the_same_machine_is_appended(tmp_path):
+    path = tmp_path / "env.json"
+    write_environment(path, env(), resume=True)
+    write_environment(path, env() | {"time_utc": "later"}, resume=True)
+    recorded = json.loads(path.read_text())
+    assert recorded["time_utc"] == "t" and [c["time_utc"] for c in recorded["calls"]] == ["later"]
+
+
+@pytest.mark.parametrize("other,named", [(env(device="NVIDIA H100 80GB HBM3"), "device"), (env(vllm="0.27.0"), "vllm")])
+def test_a_resumed_call_on_another_machine_or_stack_is_refused(tmp_path, other, named):
+    path = tmp_path / "env.json"
+    write_environment(path, env(), resume=True)
+    with pytest.raises(RunFileError, match=named):
+        write_environment(path, other, resume=True)
+    assert "calls" not in json.loads(path.read_text())  # nothing of the refused call is recorded
+
+
+def test_a_new_run_overwrites(tmp_path):
+    path = tmp_path / "env.json"
+    write_environment(path, env(), resume=False)
+    write_environment(path, env(device="other"), resume=False)
+    assert json.loads(path.read_text())["device"] == "other"
