@@ -285,7 +285,7 @@ def test_a_killed_run_reads_died_and_the_next_run_cleans_its_kernel_folder(tmp_p
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(Path(fake_section.__file__).parent),
                              str(tmp_path / "99.ipynb")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 600  # a guard against a hang (a kernel that never starts), not a time expected
     while not list((tmp_path / "runs").glob("fake_section/*/sleeping")):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.2)
