@@ -177,6 +177,19 @@ def saved_ms(rows: list[CostRow], shape: str, arm: str, restored_tokens: list[in
     return np.where(k > 0, recompute - restore, 0.0)
 
 
+def past_measured(rows: list[CostRow], shape: str, restored_tokens, saved: np.ndarray) -> dict:
+    """How far a tier's saving rests on ``interp_ms``'s linear extension past section 21's longest measured context
+    of ``shape``: that length (``cost_max_tokens``), the restores longer than it (``num_restores_past_measured``),
+    and their part of the mean saving per request (``saved_ms_mean_past_measured``: their savings summed over every
+    request, so it reads beside ``saved_ms_per_request``'s mean)."""
+    xs, _ = cost_curve(rows, shape, "recompute")
+    if not xs or not len(saved):
+        return {}
+    past = np.asarray(restored_tokens, dtype=float) > xs[-1]
+    return {"cost_max_tokens": int(xs[-1]), "num_restores_past_measured": int(past.sum()),
+            "saved_ms_mean_past_measured": round(float(np.asarray(saved)[past].sum()) / len(saved), 2)}
+
+
 QUANTILES = (0.5, 0.9, 0.99)
 
 

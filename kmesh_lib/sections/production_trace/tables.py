@@ -153,7 +153,8 @@ def concurrent_rows(cfg, access, arms: list[ReplayArm]) -> list[dict]:
 def tier_table(cfg, access, costs: list[CostRow]) -> list[dict]:
     """One row per (shape, tier kind, tier GiB) behind a TIER_POOL_GIB pool: what the tier restores
     (LRU), the ideal of one pool as large as both, and the prefill time the restores save per
-    request, priced with section 21's measured TTFTs for that shape (dram or disk arm)."""
+    request, priced with section 21's measured TTFTs for that shape (dram or disk arm), with how much of
+    the mean saving comes from restores longer than section 21 measured (``sim.past_measured``)."""
     rows = []
     # a pool at least as large as the trace's distinct blocks never evicts: every such size has one ideal
     num_distinct = lru_arrays(access).num_ids  # (the LRU passes' dense ids: one per distinct block)
@@ -180,6 +181,7 @@ def tier_table(cfg, access, costs: list[CostRow]) -> list[dict]:
             row["saved_ms_per_request"] = sim.distribution(saved)
             row["saved_ms_per_restoring_request"] = sim.distribution(saved[np.asarray(restored) > 0])
             row["saved_s_total"] = round(float(saved.sum()) / 1e3, 2)
+            row.update(sim.past_measured(costs, tier.shape, restored, saved))
         rows.append(row)
     return rows
 
