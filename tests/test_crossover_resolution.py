@@ -2,6 +2,8 @@
 point (``report.resolution_table``, ``floor_verdict``), the chunked floors, the pairs' order and its checks."""
 from __future__ import annotations
 
+import math
+
 import pytest
 from crossover_records import as_pair_rows, as_point_floors
 
@@ -484,3 +486,39 @@ def test_the_streaks_benchmark_counts_a_counter_over_the_restores_own_request():
     rows = as_pair_rows(raw)
     tags = [r.tag for r in rows if r.role == "restore" and r.pair_arm == "dram"]
     assert streaks.counter_deltas(rows, tags, "ctx_switches_involuntary") == [0.0, 10.0, 20.0, None]
+
+
+def test_the_floor_verdict_judges_the_interval_widened_for_the_streaks_the_restores_ran_in():
+    """Review finding (6 Dec 2026): the span's verdict against its floor judged the bootstrap's interval, which treats
+    the restores as independent, while the same line said they ran in streaks and that interval is too narrow (a47e's
+    DRAM span: 1.56-1.61x its floor from [13.437, 13.749] ms). The same 64 spans, drifting slowly above a 0.30 ms
+    floor: in the order they ran (lag-1 near 1) the widened interval reaches the floor, and the verdict says so;
+    shuffled, they look independent and keep the bootstrap's interval and its ratio. The strict floor check still reads
+    the bootstrap's own interval (``span_ci_ms``)."""
+    floors = [{"model": "m", "context_tokens": N, "tier": "gpubuf", "when": "before",
+               "floors": {"device": {"median_s": 0.0003}}}]
+    spans = [0.33 + 0.02 * math.sin(k / 64 * 2 * math.pi) + 0.002 * (k % 5) for k in range(64)]
+    shuffled = [spans[(29 * k) % 64] for k in range(64)]  # 29 is prime to 64: every span once, neighbours apart
+    rows = {}
+    for name, s in (("streaks", spans), ("shuffled", shuffled)):
+        rows[name], = cr.resolution_table(as_pair_rows(_pairs("gpubuf_retained", s, [20.4] * 64, [20.0] * 64)),
+                                          as_point_floors(floors))
+    streaks, shuffled_row = rows["streaks"], rows["shuffled"]
+    assert streaks["span_lag1"] > 0.9 and shuffled_row["span_lag1"] < 0.5
+    assert streaks["span_ci_ms"][0] > 0.3  # the bootstrap's own interval lies above the floor ...
+    low, high = streaks["span_ci_serial_ms"]
+    assert low < streaks["span_ci_ms"][0] <= streaks["span_ms"] <= streaks["span_ci_ms"][1] < high
+    assert low <= 0.3 and streaks["span_verdict"] == "at the floor"  # ... the widened one reaches it
+    assert shuffled_row["span_ci_serial_ms"] == shuffled_row["span_ci_ms"]
+    assert shuffled_row["span_verdict"].endswith("\u00d7 its floor")
+    # the paired first-token differences carry their own lag-1 and widened interval: one constant difference has none
+    assert streaks["ttft_difference_lag1"] is None
+    assert streaks["ttft_difference_ci_serial_ms"] == streaks["ttft_difference_ci_ms"]
+    from kmesh_lib.base.intervals import lag1_autocorrelation
+
+    assert lag1_autocorrelation([0.4] * 64) is None  # its float std is a hair above 0: no correlation of 1
+    # each side widens about the median (a skewed interval stays skewed); an infinite widening judges nothing
+    assert cr.widened(10.0, 9.0, 12.0, 2.0) == (8.0, 14.0)
+    assert cr.widened(10.0, 9.0, 12.0, float("inf")) == (float("-inf"), float("inf"))
+    assert cr._judged((float("-inf"), float("inf")), [1.0, 1.1], True).startswith("unresolved")
+    assert cr._bounds((float("-inf"), 2.0)) == [None, 2.0]

@@ -79,7 +79,8 @@ def lag1_autocorrelation(values) -> float | None:
     """Lag-1 autocorrelation of ``values`` in the order they were measured; None for fewer than
     ``MIN_SERIAL_SAMPLES`` or a constant series."""
     x = np.asarray(values, dtype=float)
-    if x.size < MIN_SERIAL_SAMPLES or x[:-1].std() == 0 or x[1:].std() == 0:
+    # constant: equal values (their float std can come out a hair above 0, and their "correlation" 1)
+    if x.size < MIN_SERIAL_SAMPLES or np.ptp(x[:-1]) == 0 or np.ptp(x[1:]) == 0:
         return None
     return float(np.corrcoef(x[:-1], x[1:])[0, 1])
 

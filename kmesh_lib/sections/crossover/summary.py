@@ -255,17 +255,25 @@ def _resolution_sentences(table: list[dict]) -> list[str]:
     """The paired design (``report.resolution_table``), one line per (model, context, path): the restore's own span
     and the paired first-token difference, each with its 95% interval and verdict against the floor's range."""
     out = []
-    def ci(pair: list) -> str:
+    def ci(pair: list, wide: list | None = None) -> str:
         low, high = pair
-        return "no interval" if low is None else f"[{low:,.3f}, {high:,.3f}]"
+        if low is None:
+            return "no interval"
+        text = f"[{low:,.3f}, {high:,.3f}]"
+        if wide and list(wide) != list(pair):  # the interval the verdict judged (``report.widened``: streaks)
+            text += (f", widened for streaks to [{wide[0]:,.3f}, {wide[1]:,.3f}]" if wide[0] is not None
+                     else ", unbounded for streaks")
+        return text
 
     for r in table:
         floor = r["floor_ms"]
         out.append(f"{r['model']}, {_n(r['context_tokens'])} tokens, {LABEL.get(r['path'], r['path'])}: span "
-                   + (f"{r['span_ms']:,.3f} ms {ci(r['span_ci_ms'])}" if r["span_ms"] is not None else "not recorded")
+                   + (f"{r['span_ms']:,.3f} ms {ci(r['span_ci_ms'], r.get('span_ci_serial_ms'))}"
+                      if r["span_ms"] is not None else "not recorded")
                    + " against a floor of " + (f"{floor[0]:,.3f}\u2013{floor[1]:,.3f} ms" if floor else "none")
                    + f": **{r['span_verdict']}**; first token "
-                   + (f"{r['ttft_difference_ms']:+,.3f} ms {ci(r['ttft_difference_ci_ms'])} (paired)"
+                   + (f"{r['ttft_difference_ms']:+,.3f} ms "
+                      f"{ci(r['ttft_difference_ci_ms'], r.get('ttft_difference_ci_serial_ms'))} (paired)"
                       if r["ttft_difference_ms"] is not None else "not paired")
                    + f": {r['ttft_verdict']} ({r['num_restores']} restores"
                    + _serial_clause(r) + _pair_floor_clause(r) + _overlapped_clause(r)
