@@ -79,6 +79,42 @@ def test_bootstrap_on_known_data():
     assert np.isnan(paired_saving([1.0], [0.0])[1])  # one pair has no interval
 
 
+def test_pairs_of_engine_runs_that_differ_widen_the_interval_by_resampling_the_runs():
+    """Review finding (6 Dec 2026): section 20 resampled 200 pairs from 10 engine runs as independent, while the runs'
+    mean savings differ (7f94's GPU buffer at N=4: one-way ANOVA p < 0.001). Ten runs of 20 pairs whose runs shift the
+    saving by +-3 ms: resampled by run, the interval covers that spread, about sqrt(1 + 19 ICC) times the pairs' own;
+    runs that do not differ keep (at least) the pairs' interval; fewer than 5 runs resample the pairs."""
+    from kmesh_lib.sections.prefetch.stats import MIN_CLUSTERS
+
+    rng = np.random.default_rng(3)
+    shift = np.repeat(rng.normal(0.0, 3.0, size=10), 20)
+    noise = rng.normal(0.0, 2.0, size=200)
+    runs = [f"r{k}" for k in range(10) for _ in range(20)]
+    base = rng.normal(50.0, 5.0, size=200)
+    mean, lo, hi = paired_saving(base + 10.0 + shift + noise, base, 2000, 0, runs=runs)
+    _, plo, phi = paired_saving(base + 10.0 + shift + noise, base, 2000, 0)  # the pairs as independent
+    assert lo < plo and phi < hi and (hi - lo) > 2.5 * (phi - plo)
+    run_means = (shift + noise).reshape(10, 20).mean(axis=1)
+    assert (hi - lo) == pytest.approx(2 * 1.96 * run_means.std(ddof=1) / np.sqrt(10), rel=0.3)
+    alike = paired_saving(base + 10.0 + noise, base, 2000, 0, runs=runs)
+    pairs_only = paired_saving(base + 10.0 + noise, base, 2000, 0)
+    assert alike[1] <= pairs_only[1] and alike[2] >= pairs_only[2]  # never narrower than the pairs' own
+    few = [f"r{k % (MIN_CLUSTERS - 1)}" for k in range(200)]
+    assert paired_saving(base + 10.0 + shift + noise, base, 2000, 0, runs=few) == (mean, plo, phi)
+
+
+def test_the_published_verdict_names_the_engine_runs_its_interval_resampled():
+    from kmesh_lib.base import paths
+    from kmesh_lib.sections.prefetch.summary import verdict
+
+    run = paths.OUTPUTS / "prefetch" / "gpu-20261204-134701-4e4f"
+    if not run.is_dir():
+        pytest.skip("the published runs are not in this checkout")
+    assert verdict(RunFiles(run))[0].endswith(
+        "saves 39.6 ms (95% CI 38.1 to 41.4) on A's first token (the smallest of 2 savings; 200 pairs in 10 engine "
+        "runs, resampled by run).")
+
+
 def _warmup(submit_ns, token_ns, cached):
     r = RequestResult("w", [1], num_cached_tokens=cached, t_submit_ns=submit_ns)
     r.t_token_ns = [token_ns] if token_ns else []

@@ -116,7 +116,7 @@ def answer(run) -> str:
         verdict = "**helps**" if lo > 0 else ("**costs time**" if hi < 0 else "**shows no clear saving**")
         text = (f"On the {path} path with groups of {n}, preparing the context {r.get('lead_ms')} ms early {verdict}: "
                 f"A's first token {r['A first token on_arrival ms']:.1f} -> {r['A first token early ms']:.1f} ms "
-                f"(saving {_saving(r, 'A first token')} over {r['pairs']} pairs), every follow-up done "
+                f"(saving {_saving(r, 'A first token')} over {_pairs(r)}), every follow-up done "
                 f"{_saving(r, 'all done')} sooner; {r['ready']} early groups were ready at T.")
         text += lead_text(leads.get((path, n), []))
         above = place.get((path, n, "early"))
@@ -240,6 +240,14 @@ def _ci(row: dict, label: str) -> str:
     return f"{row[f'{label} saving ms']:.1f} ms (95% CI {lo:.1f} to {hi:.1f})"
 
 
+def _pairs(row: dict) -> str:
+    """How many pairs an interval stands on, and from how many engine runs where it resampled them run by run
+    (``stats.paired_saving``): "200 pairs in 10 engine runs". A row recorded before the count says pairs alone."""
+    runs = row.get("engine_runs")
+    text = f"{row['pairs']} pair{'s' * (row['pairs'] != 1)}"
+    return text + (f" in {runs} engine runs, resampled by run" if runs and runs >= ps.MIN_CLUSTERS else "")
+
+
 def _case(row: dict) -> str:
     return f"{row['path']} N={row['group_size']}"
 
@@ -262,7 +270,7 @@ def verdict(run) -> list[str]:
         text = (f"Yes on {name(_case(r) for r in helps)}" + (" (each group reads the context once in both arms)"
                                                               if once and reads else "") + ": loading the context "
                 + f"{best['lead_ms']:.0f} ms early saves {_ci(best, 'A first token')} on A's first token "
-                + (f"(the smallest of {len(helps)} savings; " if len(helps) > 1 else "(") + f"{best['pairs']} pairs)")
+                + (f"(the smallest of {len(helps)} savings; " if len(helps) > 1 else "(") + _pairs(best) + ")")
     else:
         text = "No clear saving on any path"
     if unclear:
