@@ -757,3 +757,19 @@ def test_an_interval_containing_zero_reads_no_difference_measured(tmp_path):
     assert "bootstrap" not in closing and "95% where the pairs reach it" in closing and "93.8%" in closing, closing
     # judged on the interval as the table shows it: below 0 is faster, touching 0 is no difference measured
     assert rr.difference_verdict(-5.0, -0.1) == rr.FASTER and rr.difference_verdict(-5.0, 0.0) == rr.SAME
+
+
+def test_the_verdict_names_the_arrival_pattern_its_numbers_are_of():
+    """Review finding (6 Dec 2026): 6282's verdict said a group of 4 reads 96 MiB without retention instead of 48
+    and named no arrival pattern; that is the follow-ups submitted together (one reread), while 100 ms apart the
+    same group reads 240 MiB. The verdict names the pattern and singleflight setting its numbers are of."""
+    from kmesh_lib.base import paths
+    from kmesh_lib.sections.retention.summary import _arrival_words, verdict
+
+    assert _arrival_words(("together", "off")) == "follow-ups submitted together, singleflight off"
+    assert _arrival_words(("100ms", "n/a")) == "follow-ups 100ms apart"
+    run = paths.OUTPUTS / "retention" / "gpu-20261204-184736-6282"
+    if not run.is_dir():
+        pytest.skip("the published runs are not in this checkout")
+    assert verdict(run)[0].startswith("Yes on the mp path: without retention a group of 4 (follow-ups submitted "
+                                      "together, singleflight off) reads 96 MiB from disk instead of 48")
