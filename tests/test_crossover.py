@@ -1126,6 +1126,27 @@ def test_a_win_at_the_grids_shortest_length_says_so():
     assert summary._noted(summary._starts(one)) == "at 16,384 tokens (the only length measured)"
 
 
+def test_the_headline_gives_the_lengths_its_crossovers_stand_on():
+    """Review finding (6 Dec 2026): the answer said what the grid leaves open, the headline did not: a47e's headline
+    read 'restore beats recompute from: DRAM >= 16,384 (4.08x at 16,384)', a crossover at its only length. Its label
+    now names the lengths, and one length reads 'at'."""
+    from kmesh_lib.sections.crossover import summary
+
+    one = {"model": "m", "path": "dram", "crossover_tokens": 16384, "speedup@16384": 4.08}
+    first = {"model": "m", "path": "dram", "crossover_tokens": 4096, "speedup@4096": 1.75, "speedup@16384": 3.39}
+    assert summary._measured([one]) == " (16,384 tokens only)" and summary._measured([first]) == " (4,096 to 16,384 tokens)"
+    assert summary._headline_part(one) == "DRAM at 16,384 (4.08\u00d7 at 16,384)"
+    assert summary._headline_part(first) == "DRAM \u2265 4,096 (3.39\u00d7 at 16,384)"
+    from kmesh_lib.base import paths
+    from kmesh_lib.base.records import RunFiles
+
+    run = paths.OUTPUTS / "crossover" / "gpu-20261205-114504-a47e"
+    if not run.is_dir():
+        pytest.skip("the published runs are not in this checkout")
+    assert summary.headline(RunFiles(run))["qwen2.5-1.5b: restore beats recompute from (16,384 tokens only)"] == (
+        "DRAM at 16,384 (4.08\u00d7 at 16,384); vLLM CPU-tier at 16,384 (3.33\u00d7 at 16,384)")
+
+
 def test_a_goal_point_without_the_buffers_timeline_says_so_in_its_cells():
     """The standing run a47e (DRAM and vLLM's CPU tier, no GPU buffer) left two cells of its goal table empty."""
     from kmesh_lib.base.paths import OUTPUTS

@@ -92,14 +92,28 @@ def _headline_part(row: dict) -> str:
     speed = _speedups(row)
     point = row["crossover_tokens"]
     where = f"\u2265 {_n(point)}" if point is not None else "never"
+    if point is not None and len(speed) == 1:  # one length: a win there, no crossover (the label says which)
+        where = f"at {_n(point)}"
     return f"{LABEL[row['path']]} {where} ({speed[max(speed)]:.2f}\u00d7 at {_n(max(speed))})"
+
+
+def _measured(rows) -> str:
+    """The lengths a model's crossovers stand on, for the headline's label: " (16,384 tokens only)", " (1,024 to
+    32,512 tokens)". A crossover at the shortest length says nothing of shorter ones, so the label gives the grid
+    (review finding: a47e's "DRAM >= 16,384" read as a crossover at 16,384, its only length; the answer said so,
+    the headline did not)."""
+    lengths = sorted({n for r in rows for n in _speedups(r)})
+    if not lengths:
+        return ""
+    return f" ({_n(lengths[0])} tokens only)" if len(lengths) == 1 else f" ({_n(lengths[0])} to {_n(lengths[-1])} tokens)"
 
 
 def headline(run: RunFiles) -> dict[str, str]:
     tables = recomputed_tables(run)
     out = {}
     for model, paths in _by_model(tables["crossover"]).items():
-        out[f"{model}: restore beats recompute from"] = "; ".join(_headline_part(r) for r in paths.values())
+        out[f"{model}: restore beats recompute from{_measured(paths.values())}"] = "; ".join(
+            _headline_part(r) for r in paths.values())
     floors = run.results.get("floors") or {}
     if floors:
         out["floors"] = ", ".join(f"{_device_label((f or {}).get('label', k)) if k == 'device' else (f or {}).get('label', k)} "
