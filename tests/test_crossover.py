@@ -829,6 +829,8 @@ def test_the_scatter_table_says_the_spread_follows_the_host_and_not_the_clock():
     assert (t["model"], t["context_tokens"]) == ("m", 16384)
     assert t["n"] == sum(r["measured"] and r["arm"] in ("gpubuf_retained", "gpubuf_resident") for r in rows)  # no disk arm
     assert t["rho_forward_other"] == 1.0 and abs(t["rho_forward_sm_clock"]) < 0.5
+    low, high = t["rho_forward_sm_clock_ci"]
+    assert t["n_clocked"] == t["n"] and low < t["rho_forward_sm_clock"] < high
     assert (t["sm_mhz_min"], t["sm_mhz_max"]) == (1830, 1980)
     assert t["forward_p10_ms"] < t["forward_p50_ms"] < t["forward_p90_ms"]
     steady = [{**r, "gpu_clocks": {"before": {**r["gpu_clocks"]["before"], "sm_mhz": 1980}}} for r in rows]
@@ -859,7 +861,7 @@ def test_a_scatter_table_is_checked_against_the_rows(recorded_tiers):
     path.write_text(json.dumps(results))
     assert _statuses(recorded_tiers.run_dir)[name] == "ok"
     said = answer(recorded_tiers)
-    assert "host-only time is 1.00 to 1.00" in said and ": the host sets it, not the GPU's clock." in said
+    assert "host-only time is 1.00" in said and ": it moves with the host's own time" in said
     results["scatter_sources"][0]["rho_forward_other"] = 0.1
     path.write_text(json.dumps(results))
     assert _statuses(recorded_tiers.run_dir)[name] == "failed"
@@ -877,11 +879,30 @@ def test_the_spread_sentence_concludes_only_what_its_correlations_show():
                   if x.startswith("What the forward step")]
         return line
 
-    assert said().endswith("(clock 1,500-1,980 MHz): the host sets it, not the GPU's clock.")
+    cause = " (correlations over follow-ups taken as independent, not causes)."
+    assert said().endswith("(clock 1,500-1,980 MHz): it moves with the host's own time more than with the GPU's "
+                           "clock" + cause)  # a row without intervals (recorded before them): no 'not measurably'
     assert "same 32-token forward step" in said()
     assert said(rho_forward_sm_clock=-0.7).endswith("MHz).")  # the clock moves with it too: no verdict
     assert said(rho_forward_other=0.3).endswith("MHz).")  # the host does not: no verdict
-    assert said(rho_forward_sm_clock=None).endswith("no SM clock was read: the host sets it.")
+    assert said(rho_forward_sm_clock=None).endswith("no SM clock was read: it moves with the host's own time" + cause)
+    # review finding (6 Dec 2026): a47e's -0.40 over 32 follow-ups read "the host sets it, not the GPU's clock"; its
+    # interval [-0.66, -0.05] holds no 0: the clock is said not to move with it only where its interval holds 0
+    ci = dict(rho_forward_other_ci=[0.79, 0.95], n=32)
+    assert said(rho_forward_sm_clock=-0.4, rho_forward_sm_clock_ci=[-0.66, -0.05], **ci).endswith(
+        "-0.40 [-0.66, -0.05] (clock 1,500-1,980 MHz): it moves with the host's own time more than with the GPU's clock"
+        + cause)
+    assert said(rho_forward_sm_clock=0.1, rho_forward_sm_clock_ci=[-0.25, 0.42], **ci).endswith(
+        ": it moves with the host's own time, not measurably with the GPU's clock" + cause)
+    assert said(rho_forward_other=0.6, rho_forward_other_ci=[-0.1, 0.9]).endswith("MHz).")  # its interval holds 0
+
+
+def test_a_rank_correlations_interval_is_fishers_z_with_fiellers_error():
+    from kmesh_lib.base.intervals import rank_correlation_interval
+
+    low, high = rank_correlation_interval(-0.401, 32)
+    assert (low, high) == (-0.664, -0.05) and rank_correlation_interval(0.0, 28) == [-0.383, 0.383]
+    assert rank_correlation_interval(None, 32) == [None, None] and rank_correlation_interval(0.9, 4) == [None, None]
 
 
 def test_forward_steps_set_each_restore_paths_forward_pass_against_the_resident_ones():

@@ -141,3 +141,14 @@ def median_interval(values, level: float = 0.95) -> tuple[float, float, float, f
     while k + 1 <= (n + 1) // 2 and coverage(k + 1) >= level:
         k += 1
     return float(np.median(x)), float(x[k - 1]), float(x[n - k]), coverage(k)
+
+
+def rank_correlation_interval(rho: float | None, n: int, level: float = 0.95) -> list[float | None]:
+    """[low, high] of Spearman's ``rho`` over ``n`` pairs by Fisher's z with Fieller, Hartley and Pearson's standard
+    error sqrt(1.06 / (n - 3)) (the pairs taken as independent); [None, None] without a rho or with 4 pairs or fewer."""
+    if rho is None or n <= 4:
+        return [None, None]
+    from scipy.stats import norm
+
+    z, half = np.arctanh(np.clip(rho, -0.999999, 0.999999)), norm.ppf(0.5 + level / 2) * np.sqrt(1.06 / (n - 3))
+    return [round(float(np.tanh(z - half)), 3), round(float(np.tanh(z + half)), 3)]

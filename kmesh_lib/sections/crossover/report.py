@@ -30,6 +30,7 @@ from kmesh_lib.base.intervals import (
     lag1_autocorrelation,
     median_difference,
     median_of_differences,
+    rank_correlation_interval,
     serial_inflation,
 )
 from kmesh_lib.kv.floors import floor_seconds
@@ -420,8 +421,8 @@ def scatter_table(rows: list[FollowUp]) -> list[dict]:
     10th, 50th and 90th percentiles (``components.forward_s``), and Spearman's rank correlation of it
     with ``other_s`` -- the same request's time outside the model executor (scheduling, block
     hashing, output handling: host Python only) -- and with the GPU's SM clock read just before the
-    follow-up (``gpu_clocks.before``, NVML). A forward step that moves with the host's own time and
-    not with the clock is held back by the host, not the GPU."""
+    follow-up (``gpu_clocks.before``, NVML), each with its 95% interval (``intervals.rank_correlation_interval``,
+    the follow-ups taken as independent). A correlation says what the step moves with, not what sets it."""
     from kmesh_lib.sections.crossover.arms import KIND
 
     groups: dict[tuple, list[FollowUp]] = {}
@@ -435,9 +436,13 @@ def scatter_table(rows: list[FollowUp]) -> list[dict]:
         before = [(f, (r.gpu_clocks.get("before") or {}).get("sm_mhz")) for f, r in zip(forward, rs)]
         clocked = [(f, c) for f, c in before if c]
         p10, p50, p90 = (round(float(v), 3) for v in numpy.quantile(forward, [0.1, 0.5, 0.9]))
+        rho_other = _rank_correlation(forward, other)
+        rho_clock = _rank_correlation([f for f, _ in clocked], [c for _, c in clocked])
         out.append({"model": model, "context_tokens": n, "n": len(rs), "forward_p10_ms": p10, "forward_p50_ms": p50,
-                    "forward_p90_ms": p90, "rho_forward_other": _rank_correlation(forward, other),
-                    "rho_forward_sm_clock": _rank_correlation([f for f, _ in clocked], [c for _, c in clocked]),
+                    "forward_p90_ms": p90, "rho_forward_other": rho_other,
+                    "rho_forward_other_ci": rank_correlation_interval(rho_other, len(rs)),
+                    "rho_forward_sm_clock": rho_clock, "n_clocked": len(clocked),
+                    "rho_forward_sm_clock_ci": rank_correlation_interval(rho_clock, len(clocked)),
                     "sm_mhz_min": min((c for _, c in clocked), default=None),
                     "sm_mhz_max": max((c for _, c in clocked), default=None)})
     return out

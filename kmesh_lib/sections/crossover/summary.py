@@ -88,6 +88,30 @@ def _by_model(rows: list[dict]) -> dict[str, dict[str, dict]]:
     return out
 
 
+def _follows(host: bool, clocked: bool, gpu: bool, clock_nil: bool) -> str:
+    """What the spread sentence concludes from its rank correlations: what the forward step moves with, never what
+    sets it (review finding, 6 Dec 2026: a47e read "the host sets it, not the GPU's clock" with the clock's rho -0.40
+    [-0.66, -0.05]); "not measurably with the GPU's clock" only where every clock interval holds 0."""
+    if not host or gpu:
+        return ""
+    said = (": it moves with the host's own time" + (", not measurably with the GPU's clock" if clocked and clock_nil
+                                                     else " more than with the GPU's clock" if clocked else ""))
+    return said + " (correlations over follow-ups taken as independent, not causes)"
+
+
+def _rhos(rows: list[dict], key: str) -> str:
+    """Each point's rank correlation with its 95% interval where the row has one ("0.90 [0.79, 0.95]"), several
+    points joined by "; ", each named by its length (and model); rows recorded before the interval give the rho
+    alone."""
+    models = len({r["model"] for r in rows}) > 1
+
+    def one(r: dict) -> str:
+        ci = r.get(f"{key}_ci") or [None, None]
+        return (f"{r[key]:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci[0] is not None else "")
+                + (f" at {_n(r['context_tokens'])}" + (f" ({r['model']})" if models else "") if len(rows) > 1 else ""))
+    return "; ".join(one(r) for r in rows)
+
+
 def _headline_part(row: dict) -> str:
     speed = _speedups(row)
     point = row["crossover_tokens"]
@@ -480,18 +504,25 @@ def _goal_sentences(tables: dict, rows: list[GridRow] | None = None, suffix_toke
             return f"{min(values(key)):.{digits}f} to {max(values(key)):.{digits}f}"
 
         clocked = [r for r in rhos if r["rho_forward_sm_clock"] is not None]
-        host = min(values("rho_forward_other")) >= report.FOLLOWS_RHO
+        # judged by the intervals where the rows carry them (runs rebuilt from 6 Dec 2026), else by the rhos alone
+        host = min(values("rho_forward_other")) >= report.FOLLOWS_RHO and all(
+            (r.get("rho_forward_other_ci") or [1])[0] is None or (r.get("rho_forward_other_ci") or [1])[0] > 0
+            for r in rhos)
         gpu = bool(clocked) and max(abs(v) for v in values("rho_forward_sm_clock")) >= report.FOLLOWS_RHO
+        clock_ci = [r.get("rho_forward_sm_clock_ci") for r in clocked]
+        clock_nil = all(ci and ci[0] is not None and ci[0] <= 0 <= ci[1] for ci in clock_ci)
         step = f"{suffix_tokens}-token " if suffix_tokens else ""
+        ns = sorted({r["n"] for r in rhos})
         out.append(f"What the forward step's spread follows: at {_n(report.GOAL_MIN_TOKENS)} tokens and more the same "
                    f"{step}forward step's 10th percentile is {between('forward_p10_ms', 1)} ms and its 90th "
-                   f"{between('forward_p90_ms', 1)} ms; its rank correlation (Spearman) with the same request's "
-                   f"host-only time is {between('rho_forward_other', 2)}"
-                   + (f", with the GPU's SM clock read before it {between('rho_forward_sm_clock', 2)} (clock "
+                   f"{between('forward_p90_ms', 1)} ms; its rank correlation (Spearman, over "
+                   f"{ns[0] if ns[0] == ns[-1] else f'{ns[0]}-{ns[-1]}'} "
+                   f"follow-ups of the memory and resident arms per point) with the same request's host-only time is "
+                   + _rhos(rhos, "rho_forward_other")
+                   + (f", with the GPU's SM clock read before it {_rhos(clocked, 'rho_forward_sm_clock')} (clock "
                       f"{min(r['sm_mhz_min'] for r in clocked):,}-{max(r['sm_mhz_max'] for r in clocked):,} MHz)"
                       if clocked else "; no SM clock was read")
-                   + (": the host sets it, not the GPU's clock" if host and clocked and not gpu else
-                      ": the host sets it" if host and not gpu else "") + ".")
+                   + _follows(host, bool(clocked), gpu, clock_nil) + ".")
     ratios = [g for g in goals if "retained_within" in g]
     if ratios:
         met = [g for g in ratios if g["retained_within"]]
