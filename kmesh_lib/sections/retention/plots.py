@@ -5,7 +5,8 @@
     panel 3  disk MiB read per group: preparation (hatched) + follow-ups, per pair and arm
 
 Control arms (recompute, resident) of the same group size share panels 1 and 2 so the external arms
-sit between them. Groups that were not ``ok`` are drawn hollow.
+sit between them. Groups that were not ``ok`` are drawn hollow. Where the pairs run several arrival
+patterns in turn, each pair's tick names its pattern (``pair_patterns``).
 """
 from __future__ import annotations
 
@@ -47,6 +48,11 @@ def plot_group_size(groups: list[RetentionGroup], path: str, n: int, out_path=No
     axes[0].set(title=f"A's first token, N={n}", xlabel="measured pair", ylabel="ms")
     axes[1].set(title=f"makespan ({n} x last token)", xlabel="measured pair", ylabel="ms")
     axes[2].set(title="disk tier MiB read per group", xlabel="measured pair", ylabel="MiB")
+    patterns = pair_patterns(mine, x)
+    if len(set(patterns.values())) > 1:  # pairs of several arrival patterns in turn: each pair names its own
+        for ax in axes:
+            ax.set_xticks(sorted(patterns), [patterns[k] for k in sorted(patterns)], rotation=90, fontsize=7.5)
+            ax.set_xlabel("measured pair, by its arrival pattern")
     for ax in axes:
         ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.3)  # room for the legend above the data
         ax.legend(fontsize=7, ncol=2, loc="upper left")
@@ -55,6 +61,15 @@ def plot_group_size(groups: list[RetentionGroup], path: str, n: int, out_path=No
     if out_path is not None:
         save_figure(fig, out_path)
     return fig
+
+
+def pair_patterns(groups: list[RetentionGroup], x: dict[int, int]) -> dict[int, str]:
+    """Each measured pair's x and its arrival pattern (and singleflight setting, where a run measured both): a run
+    cycles its pairs through the patterns, so a sawtooth along the pairs is the patterns, not a drift (review
+    finding, 6 Dec 2026: 6282's makespan panel rose five times from 'together' to '200ms' over an axis that said
+    only 'measured pair')."""
+    both = len({g.singleflight for g in groups if g.path != "engine"}) > 1
+    return {x[id(g)]: g.arrival + (f" sf {'on' if g.singleflight else 'off'}" if both else "") for g in groups}
 
 
 def _mib(reads: dict) -> float:
