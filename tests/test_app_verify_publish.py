@@ -437,8 +437,12 @@ def test_withdraw_lists_a_run_as_superseded_and_publishing_it_again_takes_it_off
     with pytest.raises(SystemExit):  # --why is required (argparse)
         cli.main(["withdraw", "99", old.name])
     capsys.readouterr()
-    assert cli.main(["withdraw", "99", old.name, "--why", "x", "--superseded-by", "cpu-20990101-000000-0000"]) == 1
+    # bad input (an unknown run id, an empty sentence) exits 2 like an unknown run id to withdraw; it exited 1
+    assert cli.main(["withdraw", "99", old.name, "--why", "x", "--superseded-by", "cpu-20990101-000000-0000"]) == 2
     assert "not another published run" in capsys.readouterr().err
+    assert cli.main(["withdraw", "99", old.name, "--why", "  "]) == 2
+    assert capsys.readouterr().err == "kmesh withdraw: --why: one sentence of 1 to 240 characters\n"
+    assert (tmp_path / "published" / "fake_section" / old.name).is_dir()
     why = "Made before the items were counted twice."
     assert cli.main(["withdraw", "99", old.name, "--why", why, "--superseded-by", new.name]) == 0
     capsys.readouterr()
