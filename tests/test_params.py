@@ -434,3 +434,30 @@ def test_a_recorded_old_arm_name_reads_as_resident_and_input_naming_it_is_refuse
         params.from_namespace(section.Params, values)  # a notebook's parameters cell is input too
     err = one_line_error(["plan", number, "--profile", "smoke", "--set", f"{key}=[{', '.join(recorded)}]"], capsys)
     assert f"{key}: '{old}' is now 'resident'" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    # a key of another section, in a --params file, read 'a key that is not a parameter name'
+    (["plan", "00", "--profile", "smoke", "--params", "{file}"], "unknown parameter 'TRACE_ROOT' for EngineCheckParams; "
+                                                                 "it is a parameter of TraceAuditParams, not of "
+                                                                 "EngineCheckParams"),
+    (["plan", "17", "--profile", "smoke", "--set", "NUM_GPU_BLOCKS=5"], "it is a parameter of EngineParams, not of "
+                                                                        "TraceAuditParams"),
+    (["plan", "16", "--profile", "smoke", "--set", "ARMS=[recompute]"], "'ARMS' for RetentionParams; it is a parameter "
+                                                                        "of CrossoverParams"),
+])
+def test_a_key_of_another_section_is_named_with_its_section(argv, message, tmp_path, capsys):
+    (tmp_path / "other.yaml").write_text("TRACE_ROOT: x\n")
+    err = one_line_error([a.replace("{file}", str(tmp_path / "other.yaml")) for a in argv], capsys)
+    assert message in err
+
+
+def test_a_key_in_lower_case_is_named_with_the_parameter_it_is(tmp_path, capsys):
+    """'seed: 5' in a params file read 'unknown parameter a key that is not a parameter name ... it takes 22
+    parameters'; a line that is no parameter in any case is still never quoted."""
+    (tmp_path / "lower.yaml").write_text("seed: 5\n")
+    err = one_line_error(["plan", "00", "--profile", "smoke", "--params", str(tmp_path / "lower.yaml")], capsys)
+    assert "unknown parameter 'seed' for EngineCheckParams; did you mean SEED?" in err
+    (tmp_path / "lower.yaml").write_text("rootSECRET: 5\n")
+    err = one_line_error(["plan", "00", "--profile", "smoke", "--params", str(tmp_path / "lower.yaml")], capsys)
+    assert "SECRET" not in err and "a key that is not a parameter name" in err
