@@ -4,6 +4,7 @@ Runs here are made in-process by section 99 (``tests/fake_section.py``): five ra
 total, whose checks recompute the total from ``raw/`` and compare it with ``results.json``.
 """
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -135,11 +136,19 @@ def damage(run_dir: Path, kind: str) -> str:
         raw.write_bytes(raw.read_bytes() + b'{"i": 9, "value": "\xff"}\n')
     elif kind == "params not yaml":
         (run_dir / "params.resolved.yaml").write_text("RUN_DIR: [unclosed\n")
+    elif kind == "params a fifo":  # a read that would block for ever
+        (run_dir / "params.resolved.yaml").unlink()
+        os.mkfifo(run_dir / "params.resolved.yaml")
+    elif kind == "results nested too deep":  # json's recursion limit, not a JSON error
+        results.write_text('{"a": ' * 100_000 + "1" + "}" * 100_000)
+    elif kind == "raw nested too deep":
+        raw.write_text(raw.read_text() + "[" * 100_000 + "]" * 100_000 + "\n")
     return {"raw": "items.jsonl", "params": "params.resolved.yaml"}.get(kind.split()[0], "results.json")
 
 
 DAMAGE = ["results missing", "results truncated", "results empty", "results not an object", "results not utf-8",
-          "raw line truncated", "raw not utf-8", "params not yaml"]
+          "raw line truncated", "raw not utf-8", "params not yaml", "params a fifo", "results nested too deep",
+          "raw nested too deep"]
 
 
 @pytest.mark.parametrize("kind", DAMAGE)
@@ -153,6 +162,18 @@ def test_a_damaged_run_folder_gives_one_line_naming_the_file(section, capsys, ki
     assert captured.out == "" and "Traceback" not in captured.err
     (line,) = captured.err.strip().splitlines()
     assert line.startswith(f"kmesh {command}: ") and name in line
+
+
+@pytest.mark.parametrize("kind, where", [("raw not utf-8", "is not UTF-8 text"),
+                                         ("raw nested too deep", "is not valid JSON (nested deeper")])
+def test_a_damaged_capture_line_is_named_by_its_number(section, capsys, kind, where):
+    """A bad byte or a record nested past json's recursion limit is named with its line (the bad byte was named
+    only as 'not UTF-8 text' somewhere in the file; the deep record was a RecursionError traceback)."""
+    run_dir = fake_section.make_run()
+    damage(run_dir, kind)
+    last = len((run_dir / "raw" / "items.jsonl").read_bytes().splitlines())
+    assert cli.main(["verify", "99", run_dir.name]) == 2
+    assert f"items.jsonl: line {last} {where}" in capsys.readouterr().err
 
 
 def test_latest_is_the_newest_run_id_not_the_newest_file(section, capsys, monkeypatch):
@@ -416,8 +437,12 @@ def test_withdraw_lists_a_run_as_superseded_and_publishing_it_again_takes_it_off
     with pytest.raises(SystemExit):  # --why is required (argparse)
         cli.main(["withdraw", "99", old.name])
     capsys.readouterr()
-    assert cli.main(["withdraw", "99", old.name, "--why", "x", "--superseded-by", "cpu-20990101-000000-0000"]) == 1
+    # bad input (an unknown run id, an empty sentence) exits 2 like an unknown run id to withdraw; it exited 1
+    assert cli.main(["withdraw", "99", old.name, "--why", "x", "--superseded-by", "cpu-20990101-000000-0000"]) == 2
     assert "not another published run" in capsys.readouterr().err
+    assert cli.main(["withdraw", "99", old.name, "--why", "  "]) == 2
+    assert capsys.readouterr().err == "kmesh withdraw: --why: one sentence of 1 to 240 characters\n"
+    assert (tmp_path / "published" / "fake_section" / old.name).is_dir()
     why = "Made before the items were counted twice."
     assert cli.main(["withdraw", "99", old.name, "--why", why, "--superseded-by", new.name]) == 0
     capsys.readouterr()

@@ -27,10 +27,23 @@ SMALL = dict(MODELS=["tiny"], CONTEXT_TOKENS_GRID=[256, 512], NUM_GPU_BLOCKS=65,
     (dict(MODELS=["qwen2.5-7b"], CONTEXT_TOKENS_GRID=[1024]), "qwen2.5-7b"),
     (dict(MODELS=["kvheavy"], CONTEXT_TOKENS_GRID=[2048], ARENA_MIB=64), "ARENA_MIB"),
     (dict(CONTEX_LENS=[256]), "unknown parameter"),
+    # each model's engine is sized in its child (model_params): these passed plan and failed there
+    (dict(NUM_FOLLOWUPS=1_000_000), "NUM_FOLLOWUPS=1000000: each model's engine would need 19,000,028 blocks"),
+    (dict(NUM_FOLLOWUPS=20_000, CONTEXT_TOKENS_GRID=[32256]), "20,221,020 blocks"),
+    (dict(SUFFIX_TOKENS=2_000_000), "SUFFIX_TOKENS=2000000: with one chunk"),  # said 'the longest it takes is -1967360'
 ])
 def test_bad_params(bad, needle):
     with pytest.raises(ParamError, match=needle):
         build(CrossoverParams, {**SMALL, **bad})
+
+
+def test_every_engine_the_params_allow_can_be_built():
+    """What validation lets through, model_params builds: the largest NUM_FOLLOWUPS the bounds allow at the longest
+    context (one more is refused at validation, not in the child)."""
+    cfg = build(CrossoverParams, {**SMALL, "CONTEXT_TOKENS_GRID": [256], "NUM_FOLLOWUPS": 1_000_000 - 1})
+    assert model_params(cfg, "tiny").MAX_NUM_SEQS == 1_000_000
+    with pytest.raises(ParamError, match="NUM_FOLLOWUPS"):
+        build(CrossoverParams, {**SMALL, "CONTEXT_TOKENS_GRID": [256], "NUM_FOLLOWUPS": 1_000_000})
 
 
 def test_model_params_fit_longest_context():

@@ -308,3 +308,28 @@ def test_the_corpus_is_large_enough():
     total = len(FIELD_CASES) + len(NAMED_CASES) + 2 * len(FILE_CASES) + len(RUN_CASES) + 1
     assert total >= 300
     assert {s for s, *_ in FIELD_CASES} == {s.NUMBER for s in SECTIONS}
+
+
+# -- the CLI's own arguments: argparse's usage errors are one line too --
+
+ARGUMENT_CASES = [
+    (["plan", "00", "--profile", "nope"], "argument --profile: invalid choice: 'nope'"),
+    (["plan", "00", "--bogus"], "unrecognized arguments: --bogus"),
+    (["plan"], "the following arguments are required: section"),
+    (["nope"], "argument command: invalid choice: 'nope'"),
+    (["list", "--where", "nowhere"], "argument --where: invalid choice"),
+    (["run", "17", "--timeout", "0"], "argument --timeout: 0: must be 1 to 604800"),  # 0 and -5 meant no timeout
+    (["run", "17", "--timeout", "-5"], "argument --timeout: -5: must be 1 to 604800"),
+    (["run", "17", "--timeout", "1" + "0" * 20], "must be 1 to 604800"),
+    (["run", "17", "--timeout", "x"], "argument --timeout: 'x': expected whole seconds"),
+]
+
+
+@pytest.mark.parametrize("argv, message", ARGUMENT_CASES, ids=[" ".join(a)[:40] for a, _ in ARGUMENT_CASES])
+def test_a_bad_argument_is_one_line_naming_it(argv, message, capsys, no_engine):
+    """argparse printed its usage block (three lines and more) before the error, and took --timeout 0 or -5 as no
+    timeout at all; now one line naming the argument and where the usage is."""
+    with pytest.raises(SystemExit) as stop:
+        cli.build_parser().parse_args(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and message in err and "--help)" in err

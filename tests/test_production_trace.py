@@ -395,6 +395,56 @@ def test_bad_parameters_stop_before_anything_runs(overrides, match):
         ProductionTraceParams(**{**SMALL, **overrides})
 
 
+GOOD_LINES = [json.dumps({"timestamp": t, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}) for t in (0, 5)]
+BAD_TRACES = {  # a file's bytes -> what the one line says (each was accepted by `kmesh plan`, then failed the notebook)
+    "truncated": ("\n".join(GOOD_LINES) + '\n{"timestamp": 9, "input_len', "t.jsonl:3: not a Mooncake request"),
+    "empty": ("", "t.jsonl: holds no request"),
+    "a list": ("\n".join(GOOD_LINES) + "\n[1, 2, 3]\n", "t.jsonl:3: not a Mooncake request"),
+    "not utf-8": ("\n".join(GOOD_LINES).encode() + b"\n\xff\xfe\n", "t.jsonl:3: not UTF-8 text"),
+    "nested": ("[" * 100_000 + "]" * 100_000 + "\n", "t.jsonl:1: not a Mooncake request (nested deeper"),
+    "a huge line": ('{"hash_ids": [' + "1, " * 400_000 + "1]}\n", "t.jsonl:1: a line longer than"),
+    "time backwards": ("\n".join(GOOD_LINES[::-1]) + "\n", "t.jsonl:2: timestamp 0 is before the request before's"),
+    "too long a request": (json.dumps({"timestamp": 0, "input_length": 5_000_000, "output_length": 1,
+                                       "hash_ids": list(range(9766))}) + "\n", "a request of 5,000,001 tokens"),
+}
+
+
+@pytest.mark.parametrize("kind", BAD_TRACES)
+def test_a_bad_trace_file_is_named_with_its_line_before_anything_runs(tmp_path, kind):
+    text, match = BAD_TRACES[kind]
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ParamError, match=r"TRACE_FILE=.*" + __import__("re").escape(match)):
+        ProductionTraceParams(**{**SMALL, "TRACE_FILE": str(path)})
+    path.write_text("\n".join(GOOD_LINES) + "\n")
+    assert ProductionTraceParams(**{**SMALL, "TRACE_FILE": str(path)}).TRACE_FILE == str(path)
+
+
+def test_only_the_requests_a_run_replays_are_read(tmp_path):
+    """NUM_REQUESTS=2 reads two lines: a damaged third line is not the run's input."""
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(GOOD_LINES) + "\nnot json\n")
+    assert ProductionTraceParams(**{**SMALL, "TRACE_FILE": str(path), "NUM_REQUESTS": 2}).NUM_REQUESTS == 2
+    with pytest.raises(ParamError, match="t.jsonl:3"):
+        ProductionTraceParams(**{**SMALL, "TRACE_FILE": str(path), "NUM_REQUESTS": 3})
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (dict(NUM_REQUESTS=0), "NUM_REQUESTS=0: must be >= 1"),  # load_trace read none, then max() of nothing
+    (dict(TRACE_FILE="/etc/passwd"), "under /etc, a system folder"),
+    (dict(CROSSOVER_RUNS=["/nonexistent"]), "CROSSOVER_RUNS='/nonexistent': no such folder"),
+    (dict(CROSSOVER_RUNS=["outputs/retention/gpu-20261204-184736-6282"]), "a run of retention, not of crossover"),
+    (dict(CROSSOVER_RUNS=["tests"]), "no such public-results.json"),
+    (dict(REPLAY_SHAPE="tiny", REPLAY_POOL_GIB=[100000.0]), "REPLAY_POOL_GIB: 100000 GiB of tiny is 13,107,200,000"),
+    (dict(CONCURRENT_POOL_GIB=[1e6]), "CONCURRENT_POOL_GIB: 1e\\+06 GiB"),
+])
+def test_inputs_the_notebook_failed_on_stop_at_validation(overrides, match):
+    """Each of these passed `kmesh plan` and failed in the notebook (FileNotFoundError, KeyError 'model', ParamError
+    from the replay engine's own params, max() of an empty trace)."""
+    with pytest.raises(ParamError, match=match):
+        ProductionTraceParams(**{**SMALL, **overrides})
+
+
 @pytest.mark.requires_data("mooncake-traces")
 def test_plan_for_the_cpu_profile_names_the_pools_without_importing_vllm():
     code = ("import sys; from kmesh_lib.app.cli import main; rc = main(['plan', '23', '--profile', 'cpu']); "

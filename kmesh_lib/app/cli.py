@@ -324,8 +324,27 @@ COMMAND_HELP = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, except that a usage error is one line (what is wrong, and where the usage is), exit 2: argparse
+    prints its usage block first, three lines and more before the error. Subcommands' parsers are of this class."""
+
+    def error(self, message: str):
+        self.exit(2, params_mod.one_line(f"{self.prog}: {message} (usage: {self.prog} --help)") + "\n")
+
+
+def cell_timeout(text: str) -> int:
+    """--timeout: whole seconds, 1 .. a week (0 and below meant no timeout at all to papermill, unsaid)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: expected whole seconds") from None
+    if not 1 <= value <= params_mod.MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"{value}: must be 1 to {params_mod.MAX_SECONDS} seconds")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kmesh", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="kmesh", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
     def add(name: str, description: str | None = None) -> argparse.ArgumentParser:
@@ -341,7 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one parameter")
     run = sub.choices["run"]
     run.add_argument("--kernel", default="kmesh", help="Jupyter kernel (scripts/setup_env.sh installs 'kmesh')")
-    run.add_argument("--timeout", type=int, default=3600, help="per-cell timeout in seconds")
+    run.add_argument("--timeout", type=cell_timeout, default=3600,
+                     help=f"per-cell timeout in seconds (1 to {params_mod.MAX_SECONDS})")
     run.add_argument("--log-output", action="store_true", help="print each cell's output as it runs")
     run.add_argument("--run-dir", default=None, help="an empty or new folder for the run (default: runs/<section>/<id>)")
     run.add_argument("--source-run", default=None, metavar="DIR",

@@ -63,6 +63,7 @@ from kmesh_lib.app.redact import redact_folder
 from kmesh_lib.app.report import PUBLISHED_STYLESHEET, render_report
 from kmesh_lib.app.runs import RunNotFound, display_path, published_root
 from kmesh_lib.app.verify import Verdict, verify
+from kmesh_lib.base.params import ParamError
 from kmesh_lib.base.paths import REPO_ROOT, repo_relative
 from kmesh_lib.base.public import (
     MAX_STRING_CHARS,
@@ -343,19 +344,20 @@ def withdraw(section: ModuleType, run_id: str, why: str, superseded_by: str | No
     """Removes published run ``run_id`` and lists it under the withdrawn runs (``withdrawn.json``:
     why, the run that supersedes it, its status then, and the last commit that holds its files),
     then regenerates the listings. A run withdrawn already gets its entry's why and successor
-    restated (its commit stays). Raises RunNotFound for a run that is not published (nor withdrawn), else
-    PublishRefused."""
+    restated (its commit stays). Raises RunNotFound for a run that is not published (nor withdrawn) and for a
+    --superseded-by that is no other published run, ParamError for a --why that is no sentence (bad input: exit 2),
+    else PublishRefused."""
     root = published_root()
     folder = root / section.KEY / run_id
     listed = [e for e in published_set.read_withdrawn(root) if (e["section"], e["run_id"]) == (section.KEY, run_id)]
     if "/" in run_id or not (folder.is_dir() or listed):
         raise RunNotFound(f"no published run {run_id} of {section.KEY} under {display_path(root / section.KEY)}")
     why = " ".join((why or "").split())
-    if not why or len(why) > MAX_STRING_CHARS:
-        raise PublishRefused(f"--why: one sentence of 1 to {MAX_STRING_CHARS} characters")
+    if not why or len(why) > MAX_STRING_CHARS:  # bad input, as an unknown run id is (exit 2), not a refusal
+        raise ParamError(f"--why: one sentence of 1 to {MAX_STRING_CHARS} characters")
     if superseded_by is not None and (superseded_by == run_id or "/" in superseded_by
                                       or not (root / section.KEY / superseded_by).is_dir()):
-        raise PublishRefused(f"--superseded-by {superseded_by}: not another published run of {section.KEY}")
+        raise RunNotFound(f"--superseded-by {superseded_by}: not another published run of {section.KEY}")
     if not folder.is_dir():  # withdrawn already: say it again (a replacement was published since)
         entry = {**listed[0], "why": why, "superseded_by": superseded_by}
         validate_public(entry, "withdrawn")

@@ -151,6 +151,9 @@ WriteRoot = Annotated[PathText, AfterValidator(_write_root)]
 CONFIG = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, validate_default=True)
 
 
+DECLARED: list[type] = []  # every params_dataclass, so an unknown key that is another's parameter can say so
+
+
 def params_dataclass(cls: type) -> type:
     """Makes ``cls`` a frozen pydantic dataclass with kmesh's config (vLLM's ``@config``, stricter).
 
@@ -159,6 +162,7 @@ def params_dataclass(cls: type) -> type:
     Each subclass needs the decorator again.
     """
     cls = pydantic_dataclass(cls, frozen=True, config=CONFIG)
+    DECLARED.append(cls)
     validate = cls.__init__
 
     @functools.wraps(validate)
@@ -488,11 +492,13 @@ def build(cls: type, values: dict[str, Any], where: str = "", quote_unknown: boo
     unknown = sorted((k for k in values if k not in names), key=str)
     if unknown:
         close = _close_names(unknown[0], names)
-        quoted = close or (quote_unknown and isinstance(unknown[0], str) and PARAM_NAME.match(unknown[0]))
+        owners = _declared_by(unknown[0], cls)  # a parameter of another section: its name is no file's content
+        quoted = close or owners or (quote_unknown and isinstance(unknown[0], str) and PARAM_NAME.match(unknown[0]))
         raise ParamError(
             f"{prefix}unknown parameter " + (repr(unknown[0]) if quoted else "a key that is not a parameter name")
             + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else "") + f" for {cls.__name__}"
             + (f"; did you mean {' or '.join(close)}?" if close else
+               f"; it is a parameter of {' and '.join(owners)}, not of {cls.__name__}" if owners else
                f"; it takes {len(names)} parameters, listed in its notebook's parameters cell"))
     renamed = renamed_value_error(values)  # a recorded run's values were renamed when it was read (current_names)
     if renamed:
@@ -503,10 +509,20 @@ def build(cls: type, values: dict[str, Any], where: str = "", quote_unknown: boo
         raise ParamError(f"{prefix}{e}") from None
 
 
+def _declared_by(key: object, cls: type) -> list[str]:
+    """The params classes other than ``cls`` (and its bases) that declare ``key`` themselves."""
+    if not (isinstance(key, str) and PARAM_NAME.match(key)):
+        return []
+    return [other.__name__ for other in DECLARED if other is not cls and key in fields_of(other)
+            and not any(key in getattr(base, "__pydantic_fields__", {}) for base in other.__mro__[1:])][:2]
+
+
 def _close_names(key: object, names) -> list[str]:
     """The parameter names ``key`` is a likely typo of. An unknown key of a --params file is quoted
     only then: any other may be a line of a file given by mistake (/etc/shadow), which an error
     never repeats; one that is not UPPER_CASE is never quoted."""
+    if isinstance(key, str) and key.upper() in names and len(key) <= 64:
+        return [key.upper()]  # 'seed': the name in another case, which quotes nothing but the name
     if not (isinstance(key, str) and PARAM_NAME.match(key)):
         return []
     return difflib.get_close_matches(key, list(names), n=3, cutoff=0.75)

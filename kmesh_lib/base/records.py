@@ -49,7 +49,7 @@ from kmesh_lib.base.captures import (
 )
 from kmesh_lib.base.checks import STATUSES, Check
 from kmesh_lib.base.declared import Table, build_tables, json_default, json_value
-from kmesh_lib.base.params import ParamError, current_names, recorded, to_dict
+from kmesh_lib.base.params import MAX_PARAMS_FILE_BYTES, ParamError, current_names, read_bounded, recorded, to_dict
 from kmesh_lib.base.paths import REPO_ROOT, RUNS, in_repo, published_folder
 from kmesh_lib.base.runlog import EngineLog
 
@@ -59,6 +59,7 @@ ENDED = FINISHED + ("interrupted",)
 RUN_ID_PATTERN = re.compile(r"^(?P<profile>[a-z0-9]+)-(?P<date>\d{8})-(?P<time>\d{6})(?:-(?P<suffix>[\w.-]+))?$")
 ENGINE_LOG = Path("logs") / "engine.log"
 COMPRESSED = ".xz"  # a published run's raw/*.jsonl is stored as raw/*.jsonl.xz (app.compact)
+MAX_JSON_FILE_BYTES = 1 << 28  # results.json, env.json: a run's largest results.json is a few MB
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml where PyYAML has it: the same documents, parsed in C
 
 
@@ -391,10 +392,13 @@ class RunFiles:
         path = self.run_dir / "params.resolved.yaml"
         if not path.exists():
             raise RunFileError(f"{path}: missing")
-        try:
-            data = yaml.load(path.read_text(), Loader=SAFE_LOADER)
-        except (yaml.YAMLError, UnicodeDecodeError) as e:
-            raise RunFileError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+        try:  # bounded, and never a FIFO or a device (a read that blocks or never ends)
+            text = read_bounded(path, MAX_PARAMS_FILE_BYTES, "params file").decode("utf-8")
+            data = yaml.load(text, Loader=SAFE_LOADER)
+        except ParamError as e:
+            raise RunFileError(str(e)) from None
+        except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as e:
+            raise RunFileError(f"{path}: not valid YAML ({(str(e).splitlines() or [type(e).__name__])[0]})") from None
         if not isinstance(data, dict):
             raise RunFileError(f"{path}: expected a mapping, got {type(data).__name__}")
         return current_names(data)
@@ -497,7 +501,9 @@ def read_json_object(path: Path) -> dict:
     if not path.is_file():
         raise RunFileError(f"{path}: missing" if not path.exists() else f"{path}: not a file")
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = read_bounded(path, MAX_JSON_FILE_BYTES, "JSON file").decode("utf-8")
+    except ParamError as e:
+        raise RunFileError(str(e)) from None
     except UnicodeDecodeError as e:
         raise RunFileError(f"{path}: not UTF-8 text (byte {e.start})") from None
     if not text.strip():
@@ -507,6 +513,8 @@ def read_json_object(path: Path) -> dict:
     except json.JSONDecodeError as e:
         cut = " (truncated?)" if e.pos >= len(text.rstrip()) else ""
         raise RunFileError(f"{path}: not valid JSON{cut}: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise RunFileError(f"{path}: not valid JSON: nested deeper than Python's parser goes") from None
     if not isinstance(data, dict):
         raise RunFileError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -525,15 +533,22 @@ def read_capture(path: Path) -> tuple[dict | None, list[int], list[dict]]:
     header, numbers, records = None, [], []
     path = Path(path)
     opener = lzma.open if path.name.endswith(COMPRESSED) else open
-    with opener(path, "rt", encoding="utf-8", errors="strict") as f:
+    with opener(path, "rb") as f:  # bytes, decoded line by line: a bad byte is named with its line
         try:
-            for number, line in enumerate(f, 1):
+            for number, data in enumerate(f, 1):
+                try:
+                    line = data.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise RunFileError(f"{path}: line {number} is not UTF-8 text (byte {e.start})") from None
                 if not line.strip():
                     continue
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise RunFileError(f"{path}: line {number} is not valid JSON ({e.msg})") from None
+                except RecursionError:
+                    raise RunFileError(f"{path}: line {number} is not valid JSON (nested deeper than Python's "
+                                       "parser goes)") from None
                 if not isinstance(record, dict):
                     raise RunFileError(f"{path}: line {number} is not a JSON object")
                 if number == 1 and is_header(record):
@@ -541,8 +556,6 @@ def read_capture(path: Path) -> tuple[dict | None, list[int], list[dict]]:
                     continue
                 numbers.append(number)
                 records.append(record)
-        except UnicodeDecodeError:
-            raise RunFileError(f"{path}: not UTF-8 text") from None
         except (EOFError, lzma.LZMAError) as e:
             raise RunFileError(f"{path}: not a readable xz file ({e})") from None
     return header, numbers, records

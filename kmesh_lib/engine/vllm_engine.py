@@ -11,7 +11,7 @@ import os
 import time
 
 from kmesh_lib.engine import forcing
-from kmesh_lib.engine.config import EngineParams
+from kmesh_lib.engine.config import EngineParams, cpu_pool_bytes
 from kmesh_lib.engine.model_spec import materialize, resolve
 from kmesh_lib.engine.replay import ReplayEngine
 from kmesh_lib.engine.requests import CacheObjects, RequestSpec, StepOutput, run_group
@@ -26,7 +26,6 @@ os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-KV_MEMORY_HEADROOM = 1.25  # CPU: reserve a little more than the pool so the override always fits
 
 
 GPU_MEMORY_SHARE = 0.5  # at most this share of the GPU: the published runs' setting
@@ -234,8 +233,7 @@ class VllmEngine(CacheObjects):
         if params.DEVICE == "cpu":
             apply_vllm_cpu_workarounds()
             compile_nothing(params.ENFORCE_EAGER)
-            block_bytes = self.spec.kv_bytes_per_token(params.DTYPE) * params.BLOCK_SIZE
-            kwargs["kv_cache_memory_bytes"] = int(block_bytes * params.NUM_GPU_BLOCKS * KV_MEMORY_HEADROOM) + (16 << 20)
+            kwargs["kv_cache_memory_bytes"] = cpu_pool_bytes(params)
         else:
             kwargs["async_scheduling"] = False  # step-exact captures need a synchronous scheduler
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization()

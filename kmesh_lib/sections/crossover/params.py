@@ -8,7 +8,10 @@ from typing import Literal
 from pydantic import Field
 
 from kmesh_lib.base.params import (
+    MAX_BLOCKS,
+    MAX_COUNT,
     MAX_SECONDS,
+    MAX_TOKENS_BOUND,
     Count,
     Mib,
     PathText,
@@ -99,6 +102,9 @@ class CrossoverParams(SourceRunParams):
                   "(a restore covers whole chunks)")
             for m in self.MODELS:
                 limit = resolve(m).config.get("max_position_embeddings", 1 << 30)
+                check(self.SUFFIX_TOKENS + 1 + self.CHUNK_SIZE <= limit,
+                      f"SUFFIX_TOKENS={self.SUFFIX_TOKENS}: with one chunk of context ({self.CHUNK_SIZE} tokens) "
+                      f"exceeds {m}'s {limit} positions")
                 check(n + self.SUFFIX_TOKENS + 1 <= limit,
                       f"CONTEXT_TOKENS_GRID: {n} + SUFFIX_TOKENS={self.SUFFIX_TOKENS} + 1 exceeds {m}'s "
                       f"{limit} positions; the longest context it takes is "
@@ -118,6 +124,11 @@ class CrossoverParams(SourceRunParams):
               f"({', '.join(sorted({RESIDENT_OF[a] for a in lonely}))}) for the paired design (or NUM_RESTORES=0)")
         check(self.PATH != "inproc" or self.DEVICE == "cuda",
               "PATH=inproc: LMCache's in-process connector has no CPU GPU-connector; use mp (or auto) on cpu")
+        max_len, blocks, max_num_seqs = engine_size(self)  # each model's engine, checked here, not in its child
+        check(max_len <= MAX_TOKENS_BOUND and blocks <= MAX_BLOCKS and max_num_seqs <= MAX_COUNT,
+              f"NUM_FOLLOWUPS={self.NUM_FOLLOWUPS}: each model's engine would need {blocks:,} blocks of {self.BLOCK_SIZE} "
+              f"tokens (at most {MAX_BLOCKS:,}) and {max_num_seqs:,} sequences (at most {MAX_COUNT:,}) for the "
+              f"longest context ({max(self.CONTEXT_TOKENS_GRID):,} tokens) and its follow-ups")
         for m in self.MODELS:
             need = max(self.CONTEXT_TOKENS_GRID) * resolve(m).kv_bytes_per_token(self.DTYPE) / MIB
             check(need * 1.25 <= self.ARENA_MIB,
@@ -128,14 +139,20 @@ class CrossoverParams(SourceRunParams):
         return self.PATH if self.PATH != "auto" else ("inproc" if self.DEVICE == "cuda" else "mp")
 
 
-def model_params(cfg: CrossoverParams, model: str) -> CrossoverParams:
-    """The engine for ``model``: a pool and model length that fit the longest context's follow-ups."""
+def engine_size(cfg: CrossoverParams) -> tuple[int, int, int]:
+    """(MAX_MODEL_LEN, NUM_GPU_BLOCKS, MAX_NUM_SEQS) of each model's engine: the longest context's follow-ups fit."""
     b = cfg.BLOCK_SIZE
     max_len = math.ceil((max(cfg.CONTEXT_TOKENS_GRID) + cfg.SUFFIX_TOKENS + 1) / b) * b + b
     blocks = (max_len // b) * (cfg.NUM_FOLLOWUPS + 1) + 9
+    return max_len, blocks, max(cfg.MAX_NUM_SEQS, cfg.NUM_FOLLOWUPS + 1)
+
+
+def model_params(cfg: CrossoverParams, model: str) -> CrossoverParams:
+    """The engine for ``model``: a pool and model length that fit the longest context's follow-ups."""
+    max_len, blocks, max_num_seqs = engine_size(cfg)
     return dataclasses.replace(cfg, MODEL=model, MAX_MODEL_LEN=max_len, NUM_GPU_BLOCKS=blocks,
                                MAX_NUM_BATCHED_TOKENS=max(cfg.MAX_NUM_BATCHED_TOKENS, max_len),
-                               MAX_NUM_SEQS=max(cfg.MAX_NUM_SEQS, cfg.NUM_FOLLOWUPS + 1))
+                               MAX_NUM_SEQS=max_num_seqs)
 
 
 def tiers(cfg: CrossoverParams) -> list[str]:

@@ -1,6 +1,7 @@
 """Section 23's parameters, raw file names, and the pool, tier and cost sizes they give."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -8,16 +9,22 @@ from pydantic import Field
 
 from kmesh_lib.base.data import resolve_path
 from kmesh_lib.base.params import (
+    MAX_BLOCKS,
     MAX_COUNT,
+    MAX_TOKENS_BOUND,
     Count,
+    ParamError,
     PathText,
     PositiveCount,
     Tokens,
     check,
+    check_path,
     params_dataclass,
+    read_bounded,
 )
 from kmesh_lib.engine.config import EngineParams
 from kmesh_lib.engine.model_spec import SHAPES, resolve
+from kmesh_lib.sections.production_trace.trace import TraceFormatError, load_trace
 
 TRACE = "trace.jsonl"  # raw/: the requests replayed, as read (Mooncake's format), one per line
 REPLAY = "replay.jsonl"  # raw/: one record per replay arm (one pool size): per-request columns, block ops, drain
@@ -37,7 +44,7 @@ class ProductionTraceParams(EngineParams):
     TRACE_FILE: PathText | None = Field(
         "$KMESH_DATA_ROOT/mooncake-traces/conversation_trace.jsonl",
         description="a Mooncake trace ($KMESH_DATA_ROOT/... or repo-relative); null: a seeded synthetic trace")
-    NUM_REQUESTS: Count | None = Field(None, description="replay the first N requests of the trace (null: all)")
+    NUM_REQUESTS: PositiveCount | None = Field(None, description="replay the first N requests of the trace (null: all)")
     NUM_SYNTHETIC_REQUESTS: PositiveCount = Field(
         48, description="requests of the seeded synthetic trace (TRACE_FILE null), generated from SEED")
     SHAPES: list[ShapeName] = Field(
@@ -89,13 +96,49 @@ class ProductionTraceParams(EngineParams):
         check(512 % self.BLOCK_SIZE == 0, f"BLOCK_SIZE={self.BLOCK_SIZE}: must divide Mooncake's 512-token blocks")
         check(512 % self.PARITY_BLOCK_SIZE == 0,
               f"PARITY_BLOCK_SIZE={self.PARITY_BLOCK_SIZE}: must divide Mooncake's 512-token blocks")
+        longest = 0
         if self.TRACE_FILE is not None:
             path = resolve_path(self.TRACE_FILE)
             check(path.is_file(), f"TRACE_FILE={self.TRACE_FILE!r}: no file at {path} (`kmesh data fetch "
                                   f"mooncake-traces`, or TRACE_FILE: null for the synthetic trace)")
+            path = check_path("TRACE_FILE", self.TRACE_FILE, "file")  # outside /proc, /sys, /dev and /etc
+            try:  # the requests the run replays, read as it reads them: a bad line is named before anything starts
+                requests = load_trace(path, self.NUM_REQUESTS)
+            except TraceFormatError as e:
+                raise ParamError(f"TRACE_FILE={self.TRACE_FILE[:60]!r}: {e}") from None
+            longest = max(r.num_prompt_tokens + r.num_output_tokens for r in requests)
         check(self.NUM_SYNTHETIC_REQUESTS <= MAX_COUNT, "NUM_SYNTHETIC_REQUESTS too large")
         for shape in (*self.SHAPES, self.REPLAY_SHAPE):
             check(shape in SHAPES, f"{shape!r}: not a shape ({', '.join(SHAPES)})")
+        check(longest <= MAX_TOKENS_BOUND - 1024,  # replay.max_model_len rounds the longest up to 1024
+              f"TRACE_FILE={str(self.TRACE_FILE)[:60]!r}: a request of {longest:,} tokens; vLLM's model length here "
+              f"is at most {MAX_TOKENS_BOUND - 1024:,}")
+        for name in ("REPLAY_POOL_GIB", "CONCURRENT_POOL_GIB"):
+            for gib in getattr(self, name):
+                blocks = gib_to_blocks(gib, self.REPLAY_SHAPE, self.KV_DTYPE, self.BLOCK_SIZE)
+                check(blocks + 1 <= MAX_BLOCKS,
+                      f"{name}: {gib:g} GiB of {self.REPLAY_SHAPE} is {blocks:,} blocks of {self.BLOCK_SIZE} tokens; the "
+                      f"replay engine's pool is at most {MAX_BLOCKS - 1:,}")
+        for run in self.CROSSOVER_RUNS:
+            check_crossover_run(run)
+
+
+def check_crossover_run(run: str) -> None:
+    """``run`` (a CROSSOVER_RUNS entry) is a folder whose public-results.json is section 21's, with its arms."""
+    folder = check_path("CROSSOVER_RUNS", run, "dir")
+    shown = f"CROSSOVER_RUNS: {run[:60]!r}"
+    try:
+        public = json.loads(read_bounded(folder / "public-results.json", 1 << 26, "public-results.json"))
+    except ParamError as e:
+        raise ParamError(f"{shown}: {e} (a published section 21 run: outputs/crossover/RUN_ID)") from None
+    except (ValueError, RecursionError):
+        raise ParamError(f"{shown}: its public-results.json is not JSON") from None
+    section = public.get("section") if isinstance(public, dict) else None
+    check(section == "crossover", f"{shown}: a run of {section or 'no section'}, not of crossover (section 21)")
+    arms = (public.get("results") or {}).get("arms") if isinstance(public.get("results"), dict) else None
+    check(isinstance(arms, list) and all(isinstance(a, dict) and {"model", "arm", "context_tokens", "ttft_ms", "n"} <=
+                                         set(a) for a in arms),
+          f"{shown}: its public-results.json has no results.arms rows (model, arm, context_tokens, ttft_ms, n)")
 
 
 

@@ -19,6 +19,7 @@ LRU reference and the ideal bound without building a single token list.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,7 +58,9 @@ def parse_request(line: str, where: str) -> TraceRequest:
         req = TraceRequest(int(rec["timestamp"]), int(rec["input_length"]), int(rec["output_length"]),
                            tuple(int(h) for h in rec["hash_ids"]))
     except (ValueError, KeyError, TypeError) as e:
-        raise TraceFormatError(f"{where}: not a Mooncake request ({type(e).__name__}: {e})") from None
+        raise TraceFormatError(f"{where}: not a Mooncake request ({type(e).__name__}: {str(e)[:80]})") from None
+    except RecursionError:
+        raise TraceFormatError(f"{where}: not a Mooncake request (nested deeper than Python's parser goes)") from None
     return consistent(req, where)
 
 
@@ -82,15 +85,40 @@ def trace_name(cfg) -> str:
         return path.name
 
 
+MAX_LINE_BYTES = 1 << 20  # a request of 2M tokens has 4,096 hash ids (~40 KB); the traces' longest line is ~3 KB
+
+
 def load_trace(path: Path, limit: int | None = None) -> list[TraceRequest]:
-    """The first ``limit`` requests (all when None) of a Mooncake JSONL trace, in file order."""
+    """The first ``limit`` requests (all when None) of a Mooncake JSONL trace, in file order.
+
+    Raises TraceFormatError naming the file and line: a line that is not a request, not UTF-8 or longer than
+    ``MAX_LINE_BYTES``; a timestamp below 0 or below the line before's (the concurrent replay's clock follows
+    them); a file with no request."""
     out, name = [], Path(path).name
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for number in itertools.count(1):
             if limit is not None and len(out) >= limit:
                 break
-            if line.strip():
-                out.append(parse_request(line, f"{name}:{number}"))
+            data = f.readline(MAX_LINE_BYTES + 1)
+            if not data:
+                break
+            where = f"{name}:{number}"
+            if len(data) > MAX_LINE_BYTES:
+                raise TraceFormatError(f"{where}: a line longer than {MAX_LINE_BYTES:,} bytes is no Mooncake request")
+            try:
+                line = data.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise TraceFormatError(f"{where}: not UTF-8 text (byte {e.start})") from None
+            if not line.strip():
+                continue
+            req = parse_request(line, where)
+            earlier = out[-1].timestamp_ms if out else 0
+            if req.timestamp_ms < earlier:
+                raise TraceFormatError(f"{where}: timestamp {req.timestamp_ms} is before "
+                                       + (f"the request before's ({earlier})" if out else "0"))
+            out.append(req)
+    if not out:
+        raise TraceFormatError(f"{name}: holds no request")
     return out
 
 
