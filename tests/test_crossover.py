@@ -1235,3 +1235,17 @@ def test_the_readme_line_of_21_carries_its_replications():
     entries = published.collect(paths.OUTPUTS)
     line = next(row for row in published.readme_table(entries).splitlines() if row.startswith("| 21 crossover | "))
     assert "The same point elsewhere (each interval holds within its own run)" in line
+
+
+def test_a_speed_up_over_another_engines_recompute_says_so():
+    """Review finding (6 Dec 2026): a47e's findings gave vLLM's CPU tier 3.33x '(recompute 117 ms)' with nothing to
+    say that recompute ran on the LMCache engine, not on the CPU tier's own, whose resident follow-up takes 16.8 ms
+    against 12.3 ms there. A path on the recompute arm's engine says nothing more."""
+    from kmesh_lib.sections.crossover import summary
+
+    arms = [{"model": "m", "context_tokens": 16384, "arm": a, "ttft_ms": ms}
+            for a, ms in (("recompute", 117.0), ("resident", 12.3), ("native_resident", 16.8))]
+    assert summary._other_engine({"arms": arms}, "m", 16384, "dram") == ""
+    assert summary._other_engine({"arms": arms}, "m", 16384, "native_offload") == (
+        ", on another engine: its resident follow-up 12.3 ms, this engine's 16.8 ms")
+    assert summary._other_engine({"arms": arms[:1]}, "m", 16384, "gpubuf_retained") == ", on another engine"

@@ -556,3 +556,25 @@ def test_the_verdict_says_how_much_of_its_mean_saving_rests_on_restores_longer_t
     assert ("an estimated 257 ms of prefill saved per request on average, 156 ms of it (60%) from the 431 restores "
             "longer than section 21 measured (p99 1,864 ms;") in verdict(RunFiles(root / "cpu-20261205-001932-4f23"))[0]
     assert "longer than section 21 measured" not in verdict(RunFiles(root / "cpu-20261204-221647-d17f"))[0]
+
+
+def test_the_parity_sentence_says_where_the_slice_exercised_no_eviction():
+    """Review finding (6 Dec 2026): 4f23's verdict gave its parity slice, real vLLM and the replay engine equal request
+    by request, beside the stock-vs-ideal figures that turn on LRU eviction; but its 50 requests could write at most
+    21,900 blocks into a 32,768-block pool, so nothing was ever evicted there. The sentence says so where the pool
+    holds every block the slice could write, and nothing more where it does not (b5a9: 43,780 of 32,768)."""
+    from kmesh_lib.base import paths
+    from kmesh_lib.sections.production_trace.report import parity_sentence, slice_blocks, verdict
+
+    rows = {"parity": [{"engine": e, "model": "tiny", "block_size": 32, "num_blocks": 100, "num_requests": 2,
+                        "num_prompt_tokens": 640, "num_cached_tokens": 64, "drain_ok": True} for e in ("real", "replay")]}
+    assert parity_sentence(rows, "cpu", 40).endswith(
+        "(its 100-block pool holds all 40 blocks the slice could write: no eviction was exercised).")
+    assert "eviction" not in parity_sentence(rows, "cpu", 101) and "eviction" not in parity_sentence(rows, "cpu")
+    root = paths.OUTPUTS / "production_trace"
+    if not (root / "cpu-20261205-001932-4f23").is_dir():
+        pytest.skip("the published runs are not in this checkout")
+    assert slice_blocks(RunFiles(root / "cpu-20261205-001932-4f23")) == 21900
+    assert "no eviction was exercised" in verdict(RunFiles(root / "cpu-20261205-001932-4f23"))[1]
+    assert slice_blocks(RunFiles(root / "gpu-20261205-053059-b5a9")) == 43780
+    assert "eviction" not in verdict(RunFiles(root / "gpu-20261205-053059-b5a9"))[1]

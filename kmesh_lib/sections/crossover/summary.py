@@ -9,6 +9,7 @@ from kmesh_lib.base.checks import verdict as checks_verdict
 from kmesh_lib.base.intervals import white_noise_bound
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.crossover import report
+from kmesh_lib.sections.crossover.arms import RESIDENT_OF, TIER_OF
 from kmesh_lib.sections.crossover.captures import GridRow
 from kmesh_lib.sections.crossover.checks import checks
 from kmesh_lib.sections.crossover.tables import recomputed_tables
@@ -678,6 +679,21 @@ def public_results(run: RunFiles) -> dict:
     }
 
 
+def _other_engine(tables: dict, model: str, tokens: int, path: str) -> str:
+    """Where a path's restores ran on another engine than the recompute arm (vLLM's CPU tier, the GPU buffer, the
+    LMCache server: one engine per tier), its speed-up sets one engine's restore against another's recompute; say so,
+    with each engine's resident follow-up, which shows how far the engines themselves differ (review finding,
+    6 Dec 2026: a47e's vLLM CPU-tier 3.33x is over the LMCache engine's recompute, residents 12.3 ms there and
+    16.8 ms on its own engine)."""
+    if TIER_OF.get(path) == TIER_OF["recompute"]:
+        return ""
+    ttft = {t["arm"]: t["ttft_ms"] for t in tables["arms"] if (t["model"], t["context_tokens"]) == (model, tokens)}
+    there, here = ttft.get(RESIDENT_OF["dram"]), ttft.get(RESIDENT_OF.get(path, ""))
+    if there is None or here is None:
+        return ", on another engine"
+    return f", on another engine: its resident follow-up {there:,.1f} ms, this engine's {here:,.1f} ms"
+
+
 def _recompute_ms(tables: dict, model: str, tokens: int) -> float | None:
     for t in tables["arms"]:
         if (t["model"], t["context_tokens"], t["arm"]) == (model, tokens, "recompute"):
@@ -735,7 +751,7 @@ def findings(run: RunFiles) -> list[dict]:
             longest = max(speed)
             point = r["crossover_tokens"]
             rec = _recompute_ms(tables, model, longest)
-            recompute = f" (recompute {rec:,.0f} ms)" if rec else ""
+            recompute = f" (recompute {rec:,.0f} ms{_other_engine(tables, model, longest, path)})" if rec else ""
             if len(speed) == 1:  # one length: no crossover to name, only where it stands there
                 rows.setdefault(path, {"restore": LABEL[path]})[model] = (
                     f"{_speedup(r, longest)} at {_n(longest)} tokens, the only length measured{recompute}")

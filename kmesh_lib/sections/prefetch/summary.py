@@ -269,7 +269,8 @@ def verdict(run) -> list[str]:
         best = min(helps, key=lambda r: r["A first token saving ms"])
         text = (f"Yes on {name(_case(r) for r in helps)}" + (" (each group reads the context once in both arms)"
                                                               if once and reads else "") + ": loading the context "
-                + f"{best['lead_ms']:.0f} ms early saves {_ci(best, 'A first token')} on A's first token "
+                + f"{best['lead_ms']:.0f} ms early saves {_ci(best, 'A first token')} on A's first token, the mean "
+                "of the paired differences "
                 + (f"(the smallest of {len(helps)} savings; " if len(helps) > 1 else "(") + _pairs(best) + ")")
     else:
         text = "No clear saving on any path"

@@ -201,13 +201,27 @@ def verdict(run) -> list[str]:
                  + (f", an estimated {_ms(saved['mean'])} ms of prefill saved per request on average"
                     + _mean_past(best) + f" (p99 {_ms(saved['p99'])} ms; section 21's median TTFTs"
                     + f"{_extended(run, [best])})" if saved else ""))
-    parity = parity_sentence(results, run.params.DEVICE)
+    parity = parity_sentence(results, run.params.DEVICE, slice_blocks(run))
     return [text + "."] + ([parity] if parity else [])
 
 
-def parity_sentence(results: dict, device: str) -> str | None:
+def slice_blocks(run: RunFiles) -> int | None:
+    """The most blocks the parity slice could have written: each request's prompt and capped output in whole blocks,
+    as if none were shared (None without a slice). Where the slice's pool holds that many, it never evicted, and
+    its equality says nothing of eviction, which the stock-vs-ideal figures turn on (review finding, 6 Dec 2026:
+    4f23's slice of 50 requests could fill at most 21,900 of its 32,768 blocks)."""
+    parity = run.records(PARITY)
+    if not parity:
+        return None
+    n, size = len(parity[0].requests.num_cached_tokens), parity[0].block_size
+    cap = run.params.PARITY_MAX_TOKENS
+    return sum(-(-(r.input_length + min(r.output_length, cap)) // size) for r in run.records(TRACE)[:n])
+
+
+def parity_sentence(results: dict, device: str, most_blocks: int | None = None) -> str | None:
     """The parity slice in one sentence: the two engines' cached tokens, and whether they are equal request by
-    request (the recorded check); None where the run has no slice."""
+    request (the recorded check); where the slice's pool holds every block it could write (``most_blocks``,
+    ``slice_blocks``), that it exercised no eviction; None where the run has no slice."""
     rows = {r["engine"]: r for r in results.get("parity") or []}
     real, replay = rows.get("real"), rows.get("replay")
     if not (real and replay):
@@ -217,6 +231,8 @@ def parity_sentence(results: dict, device: str) -> str | None:
             f"{real['num_cached_tokens']:,} and {replay['num_cached_tokens']:,} of {real['num_prompt_tokens']:,} "
             f"prompt tokens over the first {real['num_requests']} requests"
             + (", equal request by request" if status == "ok" else f"; the request-by-request check: {status}")
+            + (f" (its {real['num_blocks']:,}-block pool holds all {most_blocks:,} blocks the slice could write: no "
+               "eviction was exercised)" if most_blocks is not None and most_blocks <= real["num_blocks"] else "")
             + ("; no prefix was reused in the slice, so that compares zeros." if not real["num_cached_tokens"] else "."))
 
 
