@@ -125,6 +125,33 @@ def test_crossover_table_from_rows():
     assert all(c["lookup_ms"] == 1.0 for c in comps)
 
 
+def test_a_restore_is_set_against_its_own_engines_recompute_where_that_engine_recomputed():
+    """One engine per tier: the GPU buffer's engine recomputes in 0.100 s, the LMCache engine in 0.200 s. Its restore
+    (0.050 s) is 2x over its own engine's recompute, not 4x over the other's; a tier whose engine did not recompute
+    (vLLM's CPU tier here) is still set against the LMCache engine's, as before."""
+    from kmesh_lib.sections.crossover.arms import control_of
+
+    rows = _rows("m", {"recompute": {4096: 0.200}, "dram": {4096: 0.050}, "gpubuf_recompute": {4096: 0.100},
+                       "gpubuf_retained": {4096: 0.050}, "native_offload": {4096: 0.050}})
+    xo = {r["path"]: r for r in cr.crossover_table(cr.arm_table(as_grid_rows(rows)))}
+    assert xo["gpubuf_retained"]["speedup@4096"] == 2.0
+    assert xo["dram"]["speedup@4096"] == 4.0 and xo["native_offload"]["speedup@4096"] == 4.0
+    assert control_of("gpubuf_retained", {"gpubuf_recompute", "recompute"}) == "gpubuf_recompute"
+    assert control_of("native_offload", {"recompute"}) == "recompute"
+    assert control_of("dram", {"recompute", "gpubuf_recompute"}) == "recompute"
+
+
+def test_the_other_engines_recomputes_are_arms_of_the_gpu_profile_only():
+    """Each tier's own recompute is in the gpu profile; the embedded default and smoke keep their arms."""
+    from kmesh_lib.app.registry import get
+    from kmesh_lib.base.params import resolve_params
+    from kmesh_lib.sections.crossover.arms import OWN_RECOMPUTES
+
+    for profile, has in (("smoke", False), ("cpu", False), ("gpu", True)):
+        cfg, _, _ = resolve_params(get("21"), profile, [], [])
+        assert all((a in cfg.ARMS) == has for a in OWN_RECOMPUTES), (profile, cfg.ARMS)
+
+
 def test_a_win_is_a_speedup_interval_wholly_above_one():
     """Four repeats per arm: at 1,024 tokens the restore's median is faster (1.07x) but the repeats overlap, so its
     interval reaches below 1 and 1,024 is no win; at 4,096 every repeat is faster, and the crossover is 4,096 (by the

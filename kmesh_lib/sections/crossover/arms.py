@@ -7,15 +7,18 @@ Every arm belongs to one external tier; each (tier, model) is one engine (``Rest
              dram             memory     LMCache's memory tier (L1 arena/LocalCPU)     the whole context
              disk             disk       LMCache's disk tier only (O_DIRECT)           the whole context
              resident         resident   vLLM's prefix cache (already in vLLM's KV)    the whole context
-    gpubuf   gpubuf_retained  memory     the host-staged GPU buffer (``kv.gpu_buffer``) the whole context
+    gpubuf   gpubuf_recompute recompute  nowhere, on the GPU-buffer engine (tier off)   0
+             gpubuf_retained  memory     the host-staged GPU buffer (``kv.gpu_buffer``) the whole context
              gpubuf_layered   memory     the same, the copy waited for layer by layer   the whole context
              gpubuf_offthread memory     gpubuf_layered, its graph launched by a native the whole context
                                          thread off the engine's (``kv.launch_thread``; CUDA)
              gpubuf_disk      disk       its disk tier only; the restore frees the copy the whole context
              gpubuf_resident  resident   vLLM's prefix cache, on the GPU-buffer engine the whole context
-    native   native_offload   memory     vLLM's own CPU tier (``kv.offloading``; CUDA)  the whole context
+    native   native_recompute recompute  nowhere, on the offloading engine (tier off)  0
+             native_offload   memory     vLLM's own CPU tier (``kv.offloading``; CUDA)  the whole context
              native_resident  resident   vLLM's prefix cache, on the offloading engine the whole context
-    lmcache_mp lmcache_mp     memory     LMCache's server (MP): its L1 DRAM arena, read  the whole context
+    lmcache_mp lmcache_mp_recompute recompute nowhere, on the MP engine (tier off)      0
+             lmcache_mp       memory     LMCache's server (MP): its L1 DRAM arena, read  the whole context
                                          through LMCacheMPConnector on cpu and cuda alike
              lmcache_mp_resident resident vLLM's prefix cache, on the MP engine          the whole context
 
@@ -55,12 +58,14 @@ from kmesh_lib.kv.restore_timeline import request_split as gpu_buffer_split
 from kmesh_lib.lmcache.probes import ComponentProbe, ExternalSwitch
 
 ARMS_OF_TIER = {"lmcache": ("recompute", "dram", "disk", "resident"),
-                "gpubuf": ("gpubuf_retained", "gpubuf_layered", "gpubuf_offthread", "gpubuf_disk", "gpubuf_resident"),
-                "native": ("native_offload", "native_resident"),
-                "lmcache_mp": ("lmcache_mp", "lmcache_mp_resident")}
+                "gpubuf": ("gpubuf_recompute", "gpubuf_retained", "gpubuf_layered", "gpubuf_offthread", "gpubuf_disk",
+                           "gpubuf_resident"),
+                "native": ("native_recompute", "native_offload", "native_resident"),
+                "lmcache_mp": ("lmcache_mp_recompute", "lmcache_mp", "lmcache_mp_resident")}
 ARM_NAMES = tuple(a for arms in ARMS_OF_TIER.values() for a in arms)
 TIER_OF = {a: tier for tier, arms in ARMS_OF_TIER.items() for a in arms}
 KIND = {"recompute": "recompute", "dram": "memory", "disk": "disk", "resident": "resident",
+        "gpubuf_recompute": "recompute", "native_recompute": "recompute", "lmcache_mp_recompute": "recompute",
         "gpubuf_retained": "memory", "gpubuf_layered": "memory", "gpubuf_offthread": "memory", "gpubuf_disk": "disk",
         "gpubuf_resident": "resident",
         "native_offload": "memory", "native_resident": "resident",
@@ -70,6 +75,9 @@ RESIDENT_OF = {"dram": "resident", "disk": "resident", "gpubuf_retained": "gpubu
                "native_offload": "native_resident",
                "lmcache_mp": "lmcache_mp_resident"}  # each restore against the engine-resident follow-up of its engine
 RESTORE_ARMS = tuple(RESIDENT_OF)
+# each tier's engine's own recompute (the LMCache engine's is ``recompute``, the section's required control)
+RECOMPUTE_OF_TIER = {tier: next(a for a in arms if KIND[a] == "recompute") for tier, arms in ARMS_OF_TIER.items()}
+OWN_RECOMPUTES = tuple(a for a in RECOMPUTE_OF_TIER.values() if a != "recompute")  # the other engines' controls
 GPUBUF_RESTORES = tuple(a for a in ARMS_OF_TIER["gpubuf"] if a in RESIDENT_OF)  # the GPU buffer's restore arms
 # what the forward pass waits for in an arm's follow-up (``GpuBufferTier.set_wait_at``); others: the tier's own
 WAIT_AT_OF = {"gpubuf_layered": "layer", "gpubuf_offthread": "layer"}
@@ -77,6 +85,15 @@ HANDOFF_ARMS = ("gpubuf_offthread",)  # arms whose copies' graph launches go to 
 STORED_TIERS = ("lmcache", "gpubuf", "lmcache_mp")  # tiers whose contexts are stored on a disk tier before the arms run
 TIMED_TIERS = ("gpubuf", "native")  # tiers whose restores record their own timeline (a row's ``split``)
 WARM_OWN_TOKENS = [6, 7]  # a warm-up's tokens after the context (``RestoreBench.warm`` says why two)
+
+
+def control_of(path: str, measured) -> str:
+    """The recompute arm ``path``'s speed-up is over: its own engine's, where ``measured`` (the arms measured at the
+    point) has it, so restore and recompute run in one engine; else the LMCache engine's ``recompute``, another
+    engine where ``path`` is not LMCache's (one engine per tier: their speeds at rest differ, review finding of
+    6 Dec 2026)."""
+    own = RECOMPUTE_OF_TIER[TIER_OF[path]]
+    return own if own in measured else "recompute"
 
 
 def tiers_of(arm_names) -> list[str]:

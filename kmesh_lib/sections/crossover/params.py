@@ -29,6 +29,7 @@ from kmesh_lib.sections.crossover.arms import (
     ARMS_OF_TIER,
     HANDOFF_ARMS,
     KIND,
+    OWN_RECOMPUTES,
     RESIDENT_OF,
     TIER_OF,
     tiers_of,
@@ -49,9 +50,12 @@ class CrossoverParams(SourceRunParams):
         default_factory=lambda: [256, 1024, 2048], min_length=1,
         description="shared-context lengths in tokens (whole LMCache chunks)")
     ARMS: list[str] = Field(
-        default_factory=lambda: [*ARMS_OF_TIER["lmcache"], *(a for a in ARMS_OF_TIER["gpubuf"] if a not in HANDOFF_ARMS),
-                                 *ARMS_OF_TIER["lmcache_mp"]],
+        default_factory=lambda: [*ARMS_OF_TIER["lmcache"], *(a for a in ARMS_OF_TIER["gpubuf"]
+                                                             if a not in HANDOFF_ARMS + OWN_RECOMPUTES),
+                                 *(a for a in ARMS_OF_TIER["lmcache_mp"] if a not in OWN_RECOMPUTES)],
         description="recompute (the control, required), dram, disk, resident (LMCache's tiers; resident: already in vLLM's KV); "
+                    "gpubuf_recompute, native_recompute, lmcache_mp_recompute (recompute on that tier's own engine, the "
+                    "control its restores' speed-ups are then over; without it, over the LMCache engine's); "
                     "gpubuf_retained, gpubuf_layered (its copy waited for layer by layer), gpubuf_offthread (the same, "
                     "its graph launched off the engine thread; cuda only), gpubuf_disk, gpubuf_resident (the "
                     "host-staged GPU buffer); native_offload, "

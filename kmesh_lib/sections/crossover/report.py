@@ -34,7 +34,7 @@ from kmesh_lib.base.intervals import (
     serial_inflation,
 )
 from kmesh_lib.kv.floors import floor_seconds
-from kmesh_lib.sections.crossover.arms import GPUBUF_RESTORES, RESIDENT_OF, RESTORE_ARMS, TIER_OF
+from kmesh_lib.sections.crossover.arms import GPUBUF_RESTORES, RESIDENT_OF, RESTORE_ARMS, TIER_OF, control_of
 from kmesh_lib.sections.crossover.captures import NO_SPLIT, FollowUp, PairRow, PointFloors, RestoreSplit
 
 RESTORES = RESTORE_ARMS
@@ -123,11 +123,13 @@ def crossover_table(table: list[dict], rows: list[FollowUp] = ()) -> list[dict]:
     out = []
     for model in models:
         for path in RESTORES:
-            lengths = sorted(n for (m, n, a) in t if m == model and a == path and (m, n, "recompute") in t)
+            control = {n: control_of(path, {a for (m, k, a) in t if (m, k) == (model, n)})
+                       for (m, n, a) in t if m == model and a == path}
+            lengths = sorted(n for n, c in control.items() if (model, n, c) in t)
             if not lengths:
                 continue
-            speed = {n: t[(model, n, "recompute")]["ttft_ms"] / t[(model, n, path)]["ttft_ms"] for n in lengths}
-            ci = ({n: speedup_interval(samples.get((model, n, "recompute"), []), samples.get((model, n, path), []))
+            speed = {n: t[(model, n, control[n])]["ttft_ms"] / t[(model, n, path)]["ttft_ms"] for n in lengths}
+            ci = ({n: speedup_interval(samples.get((model, n, control[n]), []), samples.get((model, n, path), []))
                    for n in lengths} if samples else {})
             # no interval (fewer than two follow-ups of an arm: nothing to resample): the medians alone, as before
             wins = [ci[n][0] > 1.0 if ci and ci[n][0] is not None else speed[n] > 1.0 for n in lengths]
@@ -651,8 +653,9 @@ def heatmaps(table: list[dict], path_out, title: str = "", crossover: list[dict]
         grid = np.full((len(models), len(lengths)), np.nan)
         for i, m in enumerate(models):
             for j, n in enumerate(lengths):
-                if (m, n, path) in t and (m, n, "recompute") in t:
-                    grid[i, j] = np.log2(t[(m, n, "recompute")]["ttft_ms"] / t[(m, n, path)]["ttft_ms"])
+                control = control_of(path, {a for (mm, k, a) in t if (mm, k) == (m, n)})
+                if (m, n, path) in t and (m, n, control) in t:
+                    grid[i, j] = np.log2(t[(m, n, control)]["ttft_ms"] / t[(m, n, path)]["ttft_ms"])
         im = ax.imshow(grid, cmap="RdBu", vmin=-3, vmax=3, aspect="auto")
         for i in range(len(models)):
             for j in range(len(lengths)):

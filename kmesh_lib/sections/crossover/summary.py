@@ -9,7 +9,7 @@ from kmesh_lib.base.checks import verdict as checks_verdict
 from kmesh_lib.base.intervals import white_noise_bound
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.crossover import report
-from kmesh_lib.sections.crossover.arms import RESIDENT_OF, TIER_OF
+from kmesh_lib.sections.crossover.arms import RESIDENT_OF, TIER_OF, control_of
 from kmesh_lib.sections.crossover.captures import GridRow
 from kmesh_lib.sections.crossover.checks import checks
 from kmesh_lib.sections.crossover.tables import recomputed_tables
@@ -685,20 +685,19 @@ def _other_engine(tables: dict, model: str, tokens: int, path: str) -> str:
     with each engine's resident follow-up, which shows how far the engines themselves differ (review finding,
     6 Dec 2026: a47e's vLLM CPU-tier 3.33x is over the LMCache engine's recompute, residents 12.3 ms there and
     16.8 ms on its own engine)."""
-    if TIER_OF.get(path) == TIER_OF["recompute"]:
-        return ""
     ttft = {t["arm"]: t["ttft_ms"] for t in tables["arms"] if (t["model"], t["context_tokens"]) == (model, tokens)}
+    if TIER_OF[control_of(path, ttft)] == TIER_OF[path]:  # its own engine's recompute (or LMCache's own path)
+        return ""
     there, here = ttft.get(RESIDENT_OF["dram"]), ttft.get(RESIDENT_OF.get(path, ""))
     if there is None or here is None:
         return ", on another engine"
     return f", on another engine: its resident follow-up {there:,.1f} ms, this engine's {here:,.1f} ms"
 
 
-def _recompute_ms(tables: dict, model: str, tokens: int) -> float | None:
-    for t in tables["arms"]:
-        if (t["model"], t["context_tokens"], t["arm"]) == (model, tokens, "recompute"):
-            return t["ttft_ms"]
-    return None
+def _recompute_ms(tables: dict, model: str, tokens: int, path: str) -> float | None:
+    """The first token of the recompute ``path``'s speed-up is over (``arms.control_of``)."""
+    ttft = {t["arm"]: t["ttft_ms"] for t in tables["arms"] if (t["model"], t["context_tokens"]) == (model, tokens)}
+    return ttft.get(control_of(path, ttft))
 
 
 def verdict(run: RunFiles) -> list[str]:
@@ -750,7 +749,7 @@ def findings(run: RunFiles) -> list[dict]:
             speed = _speedups(r)
             longest = max(speed)
             point = r["crossover_tokens"]
-            rec = _recompute_ms(tables, model, longest)
+            rec = _recompute_ms(tables, model, longest, path)
             recompute = f" (recompute {rec:,.0f} ms{_other_engine(tables, model, longest, path)})" if rec else ""
             if len(speed) == 1:  # one length: no crossover to name, only where it stands there
                 rows.setdefault(path, {"restore": LABEL[path]})[model] = (
