@@ -152,7 +152,7 @@ DAMAGE = ["results missing", "results truncated", "results empty", "results not 
 
 
 @pytest.mark.parametrize("kind", DAMAGE)
-@pytest.mark.parametrize("command", ["verify", "publish"])
+@pytest.mark.parametrize("command", ["verify", "publish", "report"])  # report rendered a damaged run, exit 0, unsaid
 def test_a_damaged_run_folder_gives_one_line_naming_the_file(section, capsys, kind, command):
     run_dir = fake_section.make_run()
     name = damage(run_dir, kind)

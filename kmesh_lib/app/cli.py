@@ -202,6 +202,7 @@ def cmd_report(args) -> int:
     section = sections.get(args.section)
     ref = _ref(args, section)
     published = ref.where == PUBLISHED or ref.run_dir.resolve().is_relative_to(published_root().resolve())  # or --run-dir
+    RunFiles(ref.run_dir).read_everything()  # a damaged file is named, as verify and publish name it, before a page
     rendered = render_report(section, ref.run_dir, stylesheet=PUBLISHED_STYLESHEET if published else None)
     if rendered.answer_error:
         print(f"no answer in the report: {rendered.answer_error}", file=sys.stderr)
