@@ -325,6 +325,12 @@ ARGUMENT_CASES = [
 ]
 
 
+def test_an_empty_params_file_name_is_named_as_empty(capsys, no_engine):
+    """--params '' read as the current folder: 'kmesh plan: .: is a directory, not a params file'."""
+    err = ends_in_one_line(["plan", "00", "--profile", "smoke", "--params", ""], capsys)
+    assert err == "kmesh plan: --params '': empty; name a YAML file of KEY: value lines\n"
+
+
 @pytest.mark.parametrize("argv, message", ARGUMENT_CASES, ids=[" ".join(a)[:40] for a, _ in ARGUMENT_CASES])
 def test_a_bad_argument_is_one_line_naming_it(argv, message, capsys, no_engine):
     """argparse printed its usage block (three lines and more) before the error, and took --timeout 0 or -5 as no
