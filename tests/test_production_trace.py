@@ -404,6 +404,9 @@ BAD_TRACES = {  # a file's bytes -> what the one line says (each was accepted by
     "nested": ("[" * 100_000 + "]" * 100_000 + "\n", "t.jsonl:1: not a Mooncake request (nested deeper"),
     "a huge line": ('{"hash_ids": [' + "1, " * 400_000 + "1]}\n", "t.jsonl:1: a line longer than"),
     "time backwards": ("\n".join(GOOD_LINES[::-1]) + "\n", "t.jsonl:2: timestamp 0 is before the request before's"),
+    "not chained": ("\n".join(GOOD_LINES[:1] + [json.dumps({"timestamp": 7, "input_length": 600, "output_length": 4,
+                                                             "hash_ids": [2, 1]})]) + "\n",
+                    "hash ids are not chained (request 1: id 2 at (None, 0), earlier at (1, 1))"),
     "too long a request": (json.dumps({"timestamp": 0, "input_length": 5_000_000, "output_length": 1,
                                        "hash_ids": list(range(9766))}) + "\n", "a request of 5,000,001 tokens"),
 }

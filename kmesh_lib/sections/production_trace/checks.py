@@ -20,6 +20,7 @@ from kmesh_lib.sections.production_trace.captures import CostRow
 from kmesh_lib.sections.production_trace.params import COSTS, PARITY, REPLAY, TRACE
 from kmesh_lib.sections.production_trace.trace import (
     TraceFormatError,
+    chained,
     load_trace,
     synthetic_trace,
     trace_digest,
@@ -56,17 +57,6 @@ def trace_source_check(cfg, results: dict, requests) -> Check:
     return Check(name, ok, f"{relative}: sha256 {'matches' if file_digest == pinned else 'differs from'} "
                            f"data/mooncake-traces.sha256; first {len(requests)} requests "
                            f"{'equal' if same_requests else 'differ'}")
-
-
-def chained(requests) -> tuple[bool, str]:
-    """Every hash id is always at the same position after the same id: ids name whole prefixes."""
-    where: dict[int, tuple] = {}
-    for index, r in enumerate(requests):
-        for pos, h in enumerate(r.hash_ids):
-            place = (r.hash_ids[pos - 1] if pos else None, pos)
-            if where.setdefault(h, place) != place:
-                return False, f"request {index}: id {h} at {place}, earlier at {where[h]}"
-    return True, f"{len(where)} distinct ids"
 
 
 def checks(run) -> list[Check]:
