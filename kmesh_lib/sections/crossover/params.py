@@ -21,7 +21,7 @@ from kmesh_lib.base.params import (
     params_dataclass,
 )
 from kmesh_lib.engine.config import SourceRunParams, cpu_pool_bytes, machine_memory_bytes
-from kmesh_lib.engine.model_spec import resolve
+from kmesh_lib.engine.model_spec import check_loadable, resolve
 from kmesh_lib.kv.gpu_buffer import LAYER_GROUP_GROWTH
 from kmesh_lib.lmcache.tier_params import CHUNK_TOKENS, ChunkTokens, DiskTierRoot
 from kmesh_lib.sections.crossover.arms import (
@@ -91,7 +91,7 @@ class CrossoverParams(SourceRunParams):
     def check_rules(self) -> None:
         super().check_rules()
         for m in self.MODELS:
-            resolve(m, "MODELS")  # a shape, or a directory with a config.json that has the keys kmesh reads
+            check_loadable(resolve(m, "MODELS"), "MODELS")  # a shape, or a model directory real vLLM loads
             check(not (m == "qwen2.5-7b" and self.WEIGHTS == "random" and self.DEVICE == "cpu"),
                   "MODELS: qwen2.5-7b with WEIGHTS=random would write a 15 GB checkpoint; use WEIGHTS: dummy")
         check(self.CHUNK_SIZE % self.BLOCK_SIZE == 0,

@@ -16,7 +16,7 @@ from kmesh_lib.base.params import (
     params_dataclass,
 )
 from kmesh_lib.engine.config import SourceRunParams, cpu_pool_bytes, machine_memory_bytes
-from kmesh_lib.engine.model_spec import resolve
+from kmesh_lib.engine.model_spec import check_loadable, resolve
 from kmesh_lib.lmcache.tier_params import CHUNK_TOKENS, ChunkTokens, DiskTierRoot
 
 MIB = 1 << 20
@@ -86,7 +86,7 @@ class MultiEngineParams(SourceRunParams):
         check(self.ENGINE == "real", "ENGINE=replay: the engines run in their own processes with real vLLM; use real")
         check(len(set(self.POLICIES)) == len(self.POLICIES), f"POLICIES={self.POLICIES}: each policy once")
         for m in self.models:
-            resolve(m, "MODELS")  # a shape, or a directory with a config.json that has the keys kmesh reads
+            check_loadable(resolve(m, "MODELS"), "MODELS")  # a shape, or a model directory real vLLM loads
             check(not (m == "qwen2.5-7b" and self.WEIGHTS == "random" and self.DEVICE == "cpu"),
                   "MODELS: qwen2.5-7b with WEIGHTS=random would write a 15 GB checkpoint; use WEIGHTS: dummy")
         check(self.CHUNK_SIZE % self.BLOCK_SIZE == 0,

@@ -23,7 +23,7 @@ from kmesh_lib.base.params import (
     read_bounded,
 )
 from kmesh_lib.engine.config import EngineParams
-from kmesh_lib.engine.model_spec import SHAPES, resolve
+from kmesh_lib.engine.model_spec import SHAPES, check_loadable, resolve
 from kmesh_lib.sections.production_trace.trace import TraceFormatError, chained, load_trace
 
 TRACE = "trace.jsonl"  # raw/: the requests replayed, as read (Mooncake's format), one per line
@@ -123,6 +123,8 @@ class ProductionTraceParams(EngineParams):
                       f"replay engine's pool is at most {MAX_BLOCKS - 1:,}")
         for run in self.CROSSOVER_RUNS:
             check_crossover_run(run)
+        if self.PARITY_NUM_REQUESTS:  # the parity slice runs real vLLM on MODEL, whatever ENGINE says
+            check_loadable(resolve(self.MODEL))
 
 
 def check_crossover_run(run: str) -> None:
