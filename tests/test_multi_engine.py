@@ -665,3 +665,12 @@ def test_a_fleet_whose_pools_do_not_fit_the_machine_fails_before_the_run(monkeyp
         resolve_params(section, "smoke", [], sets, for_run=True)
     resolve_params(section, "smoke", [], sets)  # plan
     resolve_params(section, "smoke", [], ["NUM_ENGINES=2", "NUM_GPU_BLOCKS=90000"], for_run=True)
+
+
+def test_repeats_are_bounded_where_the_plan_stays_quick():
+    """NUM_REPEATS=1000000 was within MAX_COUNT, and kmesh plan 22 took 33 s laying out a million repeats' schedule
+    (found by combining bounds); 1,000 repeats is weeks of engine time and plans at once."""
+    with pytest.raises(ParamError, match="NUM_REPEATS=1000000: must be <= 1000"):
+        resolve_params(section, "smoke", [], ["NUM_REPEATS=1000000"])
+    cfg, _, _ = resolve_params(section, "smoke", [], ["NUM_REPEATS=1000"])
+    assert len(experiment.schedule(cfg)) >= 1 and "r0 " in section.plan(cfg)["order"]

@@ -32,6 +32,9 @@ POLICIES = {
 PolicyName = Literal["recompute", "round_robin", "prefix_aware", "shared"]
 
 
+MAX_REPEATS = 1000
+
+
 @params_dataclass
 class MultiEngineParams(SourceRunParams):
     """NUM_ENGINES engines, each in its own process with its own pool of NUM_GPU_BLOCKS, serve one
@@ -58,7 +61,10 @@ class MultiEngineParams(SourceRunParams):
         0.5, description="parents and unrelated requests arrive as a seeded Poisson process with this mean gap")
     MEAN_CHILD_GAP_S: Seconds = Field(
         0.5, description="each child arrives a seeded exponential time (this mean) after its parent finished")
-    NUM_REPEATS: PositiveCount = Field(1, description="traces per policy; fresh families per repeat, the same in every policy")
+    # A repeat is one trace per policy, minutes of engine time each: 1,000 repeats is weeks. Past that the plan's
+    # per-repeat schedule alone took 33 s to print (1,000,000 repeats).
+    NUM_REPEATS: Annotated[int, Field(ge=1, le=MAX_REPEATS)] = Field(
+        1, description="traces per policy; fresh families per repeat, the same in every policy")
     NUM_PROBES: Count = Field(
         2, description="after the traces, idle-engine probes of one child: recomputed, from a local hit, restored")
     CHUNK_SIZE: ChunkTokens = CHUNK_TOKENS
