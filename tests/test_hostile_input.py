@@ -339,3 +339,24 @@ def test_a_bad_argument_is_one_line_naming_it(argv, message, capsys, no_engine):
         cli.build_parser().parse_args(argv)
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.count("\n") == 1 and message in err and "--help)" in err
+
+
+def test_a_damaged_source_run_is_named_before_the_kernel_starts(tmp_path, capsys, no_engine):
+    """kmesh run 21 --source-run on a copy whose raw/rows.jsonl.xz was cut in half started the kernel, failed in
+    cell 5 (RunFileError) with exit 1 and wrote its failure into the folder's results.json; now one line naming the
+    file and line, exit 2, nothing written."""
+    import lzma
+    import shutil
+
+    runs = sorted(p for p in (OUTPUTS / "crossover").glob("gpu-*") if (p / "raw" / "rows.jsonl.xz").is_file())
+    if not runs:
+        pytest.skip("no published section 21 run with raw/rows.jsonl.xz here")
+    source = tmp_path / runs[0].name
+    shutil.copytree(runs[0], source)
+    rows = source / "raw" / "rows.jsonl.xz"
+    data = lzma.decompress(rows.read_bytes())
+    rows.write_bytes(lzma.compress(data[:len(data) // 2]))
+    before = {p: p.read_bytes() for p in source.rglob("*") if p.is_file()}
+    err = ends_in_one_line(["run", "21", "--source-run", str(source)], capsys)
+    assert f"{rows}: line " in err and "is not valid JSON" in err
+    assert {p: p.read_bytes() for p in source.rglob("*") if p.is_file()} == before

@@ -179,6 +179,7 @@ def source_run_params(section, source: str) -> tuple[Path, dict]:
     where = repo_relative(run_dir) or str(run_dir.resolve())
     values.update(RUN_DIR=where, SOURCE_RUN=where)
     config = params_mod.build(section.Params, values, where=str(params_file))
+    RunFiles(run_dir, section=section.KEY).read_captures()  # a damaged capture is named before the kernel starts
     return run_dir, params_mod.to_dict(config)
 
 

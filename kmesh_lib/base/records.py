@@ -508,9 +508,15 @@ class RunFiles:
 
     def read_everything(self) -> None:
         """Reads every recorded file once, so a damaged one is named before any check runs."""
-        _ = self.results, self.recorded_params, self.env
+        _ = self.results, self.recorded_params
         if declaration(self.section_key) is not None:
             _ = self.params
+        self.read_captures()
+
+    def read_captures(self) -> None:
+        """Reads env.json and every capture in raw/ once (typed where the section declares its class): what a
+        run measured elsewhere is rendered from (``kmesh run --source-run``), named here when damaged."""
+        _ = self.env
         for name in self.raw_names():
             self.raw(name)
             if self.capture_class(name) is not None:
