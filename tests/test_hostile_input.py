@@ -360,3 +360,16 @@ def test_a_damaged_source_run_is_named_before_the_kernel_starts(tmp_path, capsys
     err = ends_in_one_line(["run", "21", "--source-run", str(source)], capsys)
     assert f"{rows}: line " in err and "is not valid JSON" in err
     assert {p: p.read_bytes() for p in source.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("number", ["16", "20"])
+def test_a_group_too_large_for_an_engine_is_refused_at_validation(number, capsys, no_engine):
+    """GROUP_SIZES=[1000000] with a pool that holds it passed kmesh plan; the group's engine (MAX_NUM_SEQS = group + 1,
+    context_groups.py makes it after the tier is up) would then fail its own params. A group one smaller builds."""
+    import dataclasses
+
+    pool = ["--set", "NUM_GPU_BLOCKS=16777216"]
+    err = ends_in_one_line(["plan", number, "--profile", "smoke", *pool, "--set", "GROUP_SIZES=[1000000]"], capsys)
+    assert "GROUP_SIZES: a group of 1,000,000 needs an engine of 1,000,001 sequences" in err
+    cfg, _, _ = params.resolve_params(sections.get(number), "smoke", [], ["NUM_GPU_BLOCKS=16777216", "GROUP_SIZES=[999999]"])
+    assert dataclasses.replace(cfg, MAX_NUM_SEQS=999999 + 1).MAX_NUM_SEQS == 1_000_000
