@@ -104,6 +104,24 @@ def test_run_dir_refuses_a_folder_that_holds_a_run(monkeypatch, section, tmp_pat
     assert claim_run_dir(empty) == empty  # an empty folder is free
 
 
+@pytest.mark.parametrize("where, message", [
+    ("{held}/raw/new", "inside the run folder"),  # was written into the other run's raw/
+    ("{tmp}/a/../b", "a folder written to is named without '..'"),  # made {tmp}/a and wrote the run at {tmp}/b
+    ("/etc/kmesh-run-probe", "under /etc, a system folder"),  # written into /etc (as root)
+    ("/usr/local/kmesh-run-probe", "under /usr, a system folder"),
+])
+def test_run_dir_refuses_a_folder_a_run_must_not_write(section, tmp_path, capsys, where, message):
+    held = tmp_path / "held"
+    (held / "raw").mkdir(parents=True)
+    (held / "params.resolved.yaml").write_text("SEED: 0\n")
+    folder = where.format(held=held, tmp=tmp_path)
+    assert cli.main(["run", "99", "--profile", "smoke", "--run-dir", folder]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"kmesh run: --run-dir {folder}: {message}")
+    assert not Path(folder).exists() and not (tmp_path / "a").exists() and sorted(held.rglob("*")) == [
+        held / "params.resolved.yaml", held / "raw"]
+
+
 def test_run_record_open_refuses_a_folder_with_a_run_unless_resuming(tmp_path):
     run_dir = tmp_path / "run"
     RunRecord.open("fake_section", RunParams(PROFILE="smoke"), run_dir=str(run_dir)).finish([])

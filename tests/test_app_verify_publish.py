@@ -152,7 +152,7 @@ DAMAGE = ["results missing", "results truncated", "results empty", "results not 
 
 
 @pytest.mark.parametrize("kind", DAMAGE)
-@pytest.mark.parametrize("command", ["verify", "publish"])
+@pytest.mark.parametrize("command", ["verify", "publish", "report"])  # report rendered a damaged run, exit 0, unsaid
 def test_a_damaged_run_folder_gives_one_line_naming_the_file(section, capsys, kind, command):
     run_dir = fake_section.make_run()
     name = damage(run_dir, kind)
@@ -832,3 +832,24 @@ def test_a_withdrawn_runs_successor_is_followed_to_the_published_run():
     link = '<a href="s/c/report.html">c</a>'
     assert text == {"a": f"b (withdrawn; now {link})", "b": link, "x": "y (withdrawn too)", "y": "-",
                     "p": "q (withdrawn too)", "q": "p (withdrawn too)", "n": "-"}
+
+
+def test_a_published_run_verifies_where_an_outside_input_is_absent(section, capsys, monkeypatch, tmp_path):
+    """A published run whose check needs data outside it (section 17's corpus, 23's traces) verified as 'NOT verified:
+    ... public-results.json rebuilt from the run (public.check_counts.ok: 8 != 10; ... 'unavailable' != 'ok')' in a
+    clone without the data (KMESH_DATA_ROOT=/nonexistent on 17's 0bbb and 23's 4f23); its document is held to what
+    it recorded, as its checks are. A check that fails for the run's own files still fails it."""
+    from kmesh_lib.base.checks import Check
+
+    all_checks = fake_section.checks
+    monkeypatch.setattr(fake_section, "checks", lambda run: [*all_checks(run), Check("the corpus re-hashes", "ok")])
+    run_dir = fake_section.make_run()
+    assert publish(run_dir, capsys)[0] == 0
+    shutil.rmtree(run_dir)  # the published copy is the one verified
+    absent = Check("the corpus re-hashes", "skipped", "the corpus is not on this machine", outside_input="the corpus")
+    monkeypatch.setattr(fake_section, "checks", lambda run: [*all_checks(run), absent])
+    code, out, _ = verify(run_dir, capsys)
+    assert code == 0 and "1 recorded ok, not recomputable here" in out[-1] and "(published" in out[-1]
+    failing = Check("the corpus re-hashes", "failed", "raw/ lost the rows")
+    monkeypatch.setattr(fake_section, "checks", lambda run: [*all_checks(run), failing])
+    assert verify(run_dir, capsys)[0] == 1

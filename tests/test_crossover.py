@@ -1276,3 +1276,20 @@ def test_a_speed_up_over_another_engines_recompute_says_so():
     assert summary._other_engine({"arms": arms}, "m", 16384, "native_offload") == (
         ", on another engine: its resident follow-up 12.3 ms, this engine's 16.8 ms")
     assert summary._other_engine({"arms": arms[:1]}, "m", 16384, "gpubuf_retained") == ", on another engine"
+
+
+def test_a_model_engine_larger_than_the_machine_fails_before_the_run(monkeypatch):
+    """Each model's engine is sized from the grid (model_params), not from NUM_GPU_BLOCKS: a 32,256-token context with
+    1,000 follow-ups is 1,012,020 blocks of tiny, 38.6 GiB of KV, which the child would have tried to allocate."""
+    from kmesh_lib.base.params import resolve_params
+    from kmesh_lib.engine import config as engine_config
+    from kmesh_lib.sections import crossover
+    from kmesh_lib.sections.crossover import params as crossover_params
+
+    for module in (engine_config, crossover_params):
+        monkeypatch.setattr(module, "machine_memory_bytes", lambda: 23 << 30)
+    sets = ["CONTEXT_TOKENS_GRID=[32256]", "NUM_FOLLOWUPS=1000"]
+    with pytest.raises(ParamError, match="tiny's engine needs 1,012,020 blocks, 38.6 GiB of KV; this machine has 23.0"):
+        resolve_params(crossover, "smoke", [], sets, for_run=True)
+    resolve_params(crossover, "smoke", [], sets)  # plan
+    resolve_params(crossover, "smoke", [], ["NUM_FOLLOWUPS=10"], for_run=True)

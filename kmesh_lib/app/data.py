@@ -31,6 +31,7 @@ from kmesh_lib.base.data import (
     manifest_text,
     sha256_of,
 )
+from kmesh_lib.base.params import WRITE_REFUSED
 
 NETWORK_TIMEOUT_S = 60
 
@@ -160,6 +161,12 @@ def main(args) -> int:
         print(f"kmesh data: unknown data set {unknown[0]!r}; known: {', '.join(DATA_SETS)}", file=sys.stderr)
         return 2
     root = (args.data_root or data_root()).resolve()
+    if args.action == "fetch":  # a folder written to, as a run's (base.params.WRITE_REFUSED)
+        refused = next((r for r in WRITE_REFUSED if root == r or root.is_relative_to(r)), None)
+        if refused is not None:
+            print(f"kmesh data: data root {root}: under {refused}, a system folder; name a folder of your own",
+                  file=sys.stderr)
+            return 2
     if args.mirror is not None and not args.mirror.is_dir():
         print(f"kmesh data: --from {args.mirror}: not a directory", file=sys.stderr)
         return 2

@@ -221,8 +221,24 @@ def public_line(section: ModuleType, run: RunFiles, verdict: Verdict) -> RecordL
                                   given["shared_captures"], given["captures_with_paths_rewritten"])
     except Exception as e:  # noqa: BLE001 - a document that cannot be rebuilt is a finding about the run
         return RecordLine(name, (f"cannot be rebuilt: {type(e).__name__}: {e}"[:300],))
+    as_recorded(rebuilt, verdict)
     found = differences(rebuilt, stated, "public")
     return RecordLine(name, tuple(found[:5]) + ((f"... {len(found) - 5} more",) if len(found) > 5 else ()))
+
+
+def as_recorded(document: dict, verdict: Verdict) -> None:
+    """A rebuilt public document with each check this machine cannot recompute (``unavailable``: an input outside
+    the run is absent) under the status the run recorded, as the published document states it: the run's own files
+    are intact, so its document is held to them (a clone without section 17's corpus or 23's traces)."""
+    recorded = {line.name: line.recorded for line in verdict.lines if line.kind == "unavailable"}
+    counts = document.get("check_counts")
+    for entry in document.get("checks") or []:
+        status = recorded.get(entry.get("name"))
+        if status is not None and entry.get("status") == "unavailable":
+            entry["status"] = status
+            if isinstance(counts, dict) and status in counts and counts.get("skipped"):
+                counts["skipped"] -= 1
+                counts[status] += 1
 
 
 def record_lines(section: ModuleType, run: RunFiles, results: dict, checks: list[Check],

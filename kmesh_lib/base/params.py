@@ -554,6 +554,8 @@ def resolve_params(section, profile: str, extra_files: list[str], overrides: lis
     (``check_runnable``: ``DEVICE=cuda`` needs a CUDA device unless no engine starts).
     """
     layers = param_files(section.KEY, profile, section.USES_ENGINE)
+    if any(not str(f).strip() for f in extra_files):  # Path('') is '.', which read as 'is a directory'
+        raise ParamError("--params '': empty; name a YAML file of KEY: value lines")
     files = layers + [Path(f) for f in extra_files]
     values = merge_files(layers)
     names = fields_of(section.Params)

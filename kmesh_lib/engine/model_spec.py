@@ -94,6 +94,29 @@ def read_config(model: str, key: str = "MODEL") -> tuple[Path, dict]:
     return path, config
 
 
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt")  # what vLLM's default loader reads from a model directory
+
+
+def check_loadable(spec: ModelSpec, key: str = "MODEL") -> None:
+    """A model directory real vLLM can load (a shape always is): config.json names its ``model_type`` (transformers
+    refuses the directory without it, after the engine has begun), its heads divide as attention needs, and the
+    directory holds weights. ParamError naming ``key`` otherwise; the replay engine needs none of this."""
+    if spec.is_synthetic:
+        return
+    shown, config = f"{key}: {str(spec.path)[:60]!r}", spec.config
+    model_type = config.get("model_type")
+    if not (isinstance(model_type, str) and model_type.strip()):
+        raise ParamError(f"{shown}: config.json names no model_type, which vLLM needs to load it")
+    if config["num_attention_heads"] % config["num_key_value_heads"]:
+        raise ParamError(f"{shown}: config.json's num_attention_heads ({config['num_attention_heads']}) is not a "
+                         f"multiple of num_key_value_heads ({config['num_key_value_heads']})")
+    if config.get("head_dim") is None and config["hidden_size"] % config["num_attention_heads"]:
+        raise ParamError(f"{shown}: config.json's hidden_size ({config['hidden_size']}) is not a multiple of "
+                         f"num_attention_heads ({config['num_attention_heads']}) and no head_dim is given")
+    if not any(next(spec.path.glob(pattern), None) for pattern in WEIGHT_FILES):
+        raise ParamError(f"{shown}: no weights there ({', '.join(WEIGHT_FILES)}); WEIGHTS applies to shapes only")
+
+
 def resolve(model: str, key: str = "MODEL") -> ModelSpec:
     """``model`` is a shape name from SHAPES or a directory holding config.json (and weights);
     ParamError (a ValueError) for anything else (``read_config``)."""

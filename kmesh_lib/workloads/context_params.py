@@ -102,6 +102,9 @@ class ContextGroupParams(SourceRunParams):
               f"SINGLEFLIGHT={self.SINGLEFLIGHT}: a setting is given twice")
         check(not (any(self.SINGLEFLIGHT) and self.LMCACHE_SERVER == "stock"),
               "SINGLEFLIGHT=[true] needs LMCACHE_SERVER=launcher (the singleflight lives in the launcher's server hooks)")
+        largest = max(getattr(self, "GROUP_SIZES", None) or [0])  # a group's engine runs the warm-up and its follow-ups
+        check(largest + 1 <= MAX_COUNT, f"GROUP_SIZES: a group of {largest:,} needs an engine of {largest + 1:,} "
+                                        f"sequences (MAX_NUM_SEQS at most {MAX_COUNT:,})")
 
     @property
     def arrivals(self) -> list[ArrivalPattern]:

@@ -20,8 +20,8 @@ from kmesh_lib.base.params import (
     check,
     params_dataclass,
 )
-from kmesh_lib.engine.config import SourceRunParams
-from kmesh_lib.engine.model_spec import resolve
+from kmesh_lib.engine.config import SourceRunParams, cpu_pool_bytes, machine_memory_bytes
+from kmesh_lib.engine.model_spec import check_loadable, resolve
 from kmesh_lib.kv.gpu_buffer import LAYER_GROUP_GROWTH
 from kmesh_lib.lmcache.tier_params import CHUNK_TOKENS, ChunkTokens, DiskTierRoot
 from kmesh_lib.sections.crossover.arms import (
@@ -95,7 +95,7 @@ class CrossoverParams(SourceRunParams):
     def check_rules(self) -> None:
         super().check_rules()
         for m in self.MODELS:
-            resolve(m, "MODELS")  # a shape, or a directory with a config.json that has the keys kmesh reads
+            check_loadable(resolve(m, "MODELS"), "MODELS")  # a shape, or a model directory real vLLM loads
             check(not (m == "qwen2.5-7b" and self.WEIGHTS == "random" and self.DEVICE == "cpu"),
                   "MODELS: qwen2.5-7b with WEIGHTS=random would write a 15 GB checkpoint; use WEIGHTS: dummy")
         check(self.CHUNK_SIZE % self.BLOCK_SIZE == 0,
@@ -137,6 +137,17 @@ class CrossoverParams(SourceRunParams):
             need = max(self.CONTEXT_TOKENS_GRID) * resolve(m).kv_bytes_per_token(self.DTYPE) / MIB
             check(need * 1.25 <= self.ARENA_MIB,
                   f"ARENA_MIB={self.ARENA_MIB}: {m}'s longest context is {need:.0f} MiB of KV; the arena needs 25 % headroom")
+
+    def check_runnable(self) -> None:
+        super().check_runnable()
+        memory = machine_memory_bytes()
+        if self.DEVICE == "cpu" and self.starts_engine and memory:  # each model's engine (model_params), one at a time
+            _, blocks, _ = engine_size(self)
+            for m in self.MODELS:
+                need = cpu_pool_bytes(self, m, blocks)
+                check(need <= memory, f"CONTEXT_TOKENS_GRID, NUM_FOLLOWUPS={self.NUM_FOLLOWUPS}: {m}'s engine needs "
+                                      f"{blocks:,} blocks, {need / (1 << 30):,.1f} GiB of KV; this machine has "
+                                      f"{memory / (1 << 30):,.1f} GiB of memory")
 
     @property
     def path(self) -> str:

@@ -15,8 +15,8 @@ from kmesh_lib.base.params import (
     check,
     params_dataclass,
 )
-from kmesh_lib.engine.config import SourceRunParams
-from kmesh_lib.engine.model_spec import resolve
+from kmesh_lib.engine.config import SourceRunParams, cpu_pool_bytes, machine_memory_bytes
+from kmesh_lib.engine.model_spec import check_loadable, resolve
 from kmesh_lib.lmcache.tier_params import CHUNK_TOKENS, ChunkTokens, DiskTierRoot
 
 MIB = 1 << 20
@@ -30,6 +30,9 @@ POLICIES = {
     "shared": ("round_robin", True, True),  # round-robin; a child's engine restores from the server
 }
 PolicyName = Literal["recompute", "round_robin", "prefix_aware", "shared"]
+
+
+MAX_REPEATS = 1000
 
 
 @params_dataclass
@@ -58,7 +61,10 @@ class MultiEngineParams(SourceRunParams):
         0.5, description="parents and unrelated requests arrive as a seeded Poisson process with this mean gap")
     MEAN_CHILD_GAP_S: Seconds = Field(
         0.5, description="each child arrives a seeded exponential time (this mean) after its parent finished")
-    NUM_REPEATS: PositiveCount = Field(1, description="traces per policy; fresh families per repeat, the same in every policy")
+    # A repeat is one trace per policy, minutes of engine time each: 1,000 repeats is weeks. Past that the plan's
+    # per-repeat schedule alone took 33 s to print (1,000,000 repeats).
+    NUM_REPEATS: Annotated[int, Field(ge=1, le=MAX_REPEATS)] = Field(
+        1, description="traces per policy; fresh families per repeat, the same in every policy")
     NUM_PROBES: Count = Field(
         2, description="after the traces, idle-engine probes of one child: recomputed, from a local hit, restored")
     CHUNK_SIZE: ChunkTokens = CHUNK_TOKENS
@@ -86,7 +92,7 @@ class MultiEngineParams(SourceRunParams):
         check(self.ENGINE == "real", "ENGINE=replay: the engines run in their own processes with real vLLM; use real")
         check(len(set(self.POLICIES)) == len(self.POLICIES), f"POLICIES={self.POLICIES}: each policy once")
         for m in self.models:
-            resolve(m, "MODELS")  # a shape, or a directory with a config.json that has the keys kmesh reads
+            check_loadable(resolve(m, "MODELS"), "MODELS")  # a shape, or a model directory real vLLM loads
             check(not (m == "qwen2.5-7b" and self.WEIGHTS == "random" and self.DEVICE == "cpu"),
                   "MODELS: qwen2.5-7b with WEIGHTS=random would write a 15 GB checkpoint; use WEIGHTS: dummy")
         check(self.CHUNK_SIZE % self.BLOCK_SIZE == 0,
@@ -112,6 +118,16 @@ class MultiEngineParams(SourceRunParams):
                   "KILL_ENGINE: the fault test runs one policy, one repeat and one model (a killed engine stays dead)")
             check(self.KILL_AFTER_REQUESTS < self.num_requests,
                   f"KILL_AFTER_REQUESTS={self.KILL_AFTER_REQUESTS}: the trace has only {self.num_requests} requests")
+
+    def check_runnable(self) -> None:
+        super().check_runnable()
+        memory = machine_memory_bytes()
+        if self.DEVICE == "cpu" and memory:  # the fleet's engines hold their pools at once, one model after another
+            for m in self.models:
+                need = self.NUM_ENGINES * cpu_pool_bytes(self, m)
+                check(need <= memory, f"NUM_ENGINES={self.NUM_ENGINES} x NUM_GPU_BLOCKS={self.NUM_GPU_BLOCKS}: the fleet's "
+                                      f"pools of {m} are {need / (1 << 30):,.1f} GiB of KV; this machine has "
+                                      f"{memory / (1 << 30):,.1f} GiB of memory")
 
     @property
     def models(self) -> list[str]:

@@ -23,8 +23,8 @@ from kmesh_lib.base.params import (
     read_bounded,
 )
 from kmesh_lib.engine.config import EngineParams
-from kmesh_lib.engine.model_spec import SHAPES, resolve
-from kmesh_lib.sections.production_trace.trace import TraceFormatError, load_trace
+from kmesh_lib.engine.model_spec import SHAPES, check_loadable, resolve
+from kmesh_lib.sections.production_trace.trace import TraceFormatError, chained, load_trace
 
 TRACE = "trace.jsonl"  # raw/: the requests replayed, as read (Mooncake's format), one per line
 REPLAY = "replay.jsonl"  # raw/: one record per replay arm (one pool size): per-request columns, block ops, drain
@@ -106,6 +106,8 @@ class ProductionTraceParams(EngineParams):
                 requests = load_trace(path, self.NUM_REQUESTS)
             except TraceFormatError as e:
                 raise ParamError(f"TRACE_FILE={self.TRACE_FILE[:60]!r}: {e}") from None
+            ok, where = chained(requests)  # the block model names a block by its id: an id must name one prefix
+            check(ok, f"TRACE_FILE={self.TRACE_FILE[:60]!r}: hash ids are not chained ({where}); each id names one prefix")
             longest = max(r.num_prompt_tokens + r.num_output_tokens for r in requests)
         check(self.NUM_SYNTHETIC_REQUESTS <= MAX_COUNT, "NUM_SYNTHETIC_REQUESTS too large")
         for shape in (*self.SHAPES, self.REPLAY_SHAPE):
@@ -121,6 +123,8 @@ class ProductionTraceParams(EngineParams):
                       f"replay engine's pool is at most {MAX_BLOCKS - 1:,}")
         for run in self.CROSSOVER_RUNS:
             check_crossover_run(run)
+        if self.PARITY_NUM_REQUESTS:  # the parity slice runs real vLLM on MODEL, whatever ENGINE says
+            check_loadable(resolve(self.MODEL))
 
 
 def check_crossover_run(run: str) -> None:

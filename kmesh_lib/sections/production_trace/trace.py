@@ -122,6 +122,17 @@ def load_trace(path: Path, limit: int | None = None) -> list[TraceRequest]:
     return out
 
 
+def chained(requests) -> tuple[bool, str]:
+    """Every hash id is always at the same position after the same id: ids name whole prefixes."""
+    where: dict[int, tuple] = {}
+    for index, r in enumerate(requests):
+        for pos, h in enumerate(r.hash_ids):
+            place = (r.hash_ids[pos - 1] if pos else None, pos)
+            if where.setdefault(h, place) != place:
+                return False, f"request {index}: id {h} at {place}, earlier at {where[h]}"
+    return True, f"{len(where)} distinct ids"
+
+
 def trace_digest(requests: list[TraceRequest]) -> str:
     """SHA-256 of the requests as read (canonical JSON lines): names a synthetic or sliced trace."""
     h = hashlib.sha256()
