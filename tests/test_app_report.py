@@ -263,5 +263,8 @@ def test_every_pass_a_published_run_went_through_shows_in_its_migrated_row(secti
     page = render_report(section, run_dir).path.read_text()
     row = page[page.index('<td class="k">migrated</td>'):]
     row = row[:row.index("</tr>")]
-    assert "2026-12-05: arm renamed floor\u2192resident" in row
-    assert "2026-12-05: tables rebuilt (restore_resolution): a column added" in row
+    assert "2 passes since it was measured, the last on 2026-12-05 (each below)" in row
+    folded = page[page.index('<details class="fold migrations">'):]
+    folded = folded[:folded.index("</details>")]
+    assert "<li>2026-12-05: arm renamed floor\u2192resident</li>" in folded
+    assert "<li>2026-12-05: tables rebuilt (restore_resolution): a column added</li>" in folded

@@ -366,6 +366,7 @@ def header_html(section: ModuleType, run: RunFiles, left_out: LeftOut, answer: s
     if isinstance(rendered_on, dict):
         rows.append(("rendered on", f"{rendered_on.get('device', 'unknown')} (the notebook read this run's raw/; "
                                     "nothing was measured there)"))
+    migrations = ""
     if migration is not None:
         passes = [m for m in migration.get("to_declared_results") or [] if isinstance(m, dict)]
         said = [f"{migration.get('date', '')[:10]}: {migration.get('summary', '')}"] if migration.get("summary") else []
@@ -376,7 +377,14 @@ def header_html(section: ModuleType, run: RunFiles, left_out: LeftOut, answer: s
         said += [f"{m.get('when_utc', '')[:10]}: tables rebuilt ({', '.join(m.get('tables_rebuilt') or {})}): "
                  f"{m.get('why', '')}" for m in migration.get("rebuilt") or [] if isinstance(m, dict)]
         if set(migration) - {"provenance"}:
-            rows.append(("migrated", "; ".join(said) or "see results.json's migration"))
+            # the passes fold under the links: a dozen of them in the table pushed the run's own rows off the screen
+            rows.append(("migrated", f"{len(said)} pass{'es' * (len(said) != 1)} since it was measured, the last on "
+                                     f"{max(x[:10] for x in said)} (each below)" if said
+                         else "see results.json's migration"))
+            migrations = rb.folded(f"How this record was migrated ({len(said)} pass{'es' * (len(said) != 1)}: "
+                                   "the raw captures as measured, tables and texts rebuilt from them)",
+                                   "<ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in said) + "</ul>",
+                                   "migrations") if said else ""
     error = results.get("error")
     if isinstance(error, dict):
         rows.append(("error", f"{error.get('kind', '')} in cell {error.get('cell', '?')}: "
@@ -408,6 +416,7 @@ def header_html(section: ModuleType, run: RunFiles, left_out: LeftOut, answer: s
             f'<section class="answer"><h2>Verdict</h2>\n{verdict_html(verdict, verdict_error, status, counts.get("failed", 0))}\n'
             f'{findings_html(findings)}\n{answer_part}</section>\n'
             f'<table class="meta">{table}</table>\n<p class="links">{" · ".join(links)}</p>\n'
+            + (f"{migrations}\n" if migrations else "")
             + (f'<p class="note">{html.escape(left)}</p>\n' if left else "") + "</header>")
 
 
