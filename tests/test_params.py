@@ -491,6 +491,23 @@ def test_a_model_directory_real_vllm_cannot_load_fails_at_validation(tmp_path, c
     resolve_params(sections.get("23"), "smoke", [], [f"MODEL={model}", "PARITY_NUM_REQUESTS=0"])
 
 
+def test_a_config_without_num_key_value_heads_is_multi_head_attention(tmp_path):
+    """transformers reads a config.json without num_key_value_heads (Llama 1 and 2's) as one KV head per attention
+    head; kmesh refused such a directory ('lacks a positive integer num_key_value_heads')."""
+    import json
+
+    from kmesh_lib.engine.model_spec import resolve
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({k: v for k, v in MODEL_CONFIG.items() if k != "num_key_value_heads"}))
+    spec = resolve(str(model))
+    assert spec.config["num_key_value_heads"] == MODEL_CONFIG["num_attention_heads"]
+    (model / "config.json").write_text(json.dumps({**MODEL_CONFIG, "num_key_value_heads": 0}))
+    with pytest.raises(ValueError, match="lacks a positive integer num_key_value_heads"):
+        resolve(str(model))
+
+
 def test_a_model_directory_real_vllm_can_load_passes(tmp_path):
     import json
 
