@@ -674,3 +674,19 @@ def test_repeats_are_bounded_where_the_plan_stays_quick():
         resolve_params(section, "smoke", [], ["NUM_REPEATS=1000000"])
     cfg, _, _ = resolve_params(section, "smoke", [], ["NUM_REPEATS=1000"])
     assert len(experiment.schedule(cfg)) >= 1 and "r0 " in section.plan(cfg)["order"]
+
+
+def test_a_render_of_a_run_measured_elsewhere_is_not_refused_for_the_fleets_memory(monkeypatch):
+    """--source-run starts no engine (``starts_engine``): the fleet's pools are not this machine's to hold, as the
+    engine params' own memory check already says (a cpu run's render on a smaller machine was refused)."""
+    import dataclasses
+
+    from kmesh_lib.engine import config as engine_config
+    from kmesh_lib.sections.multi_engine import params as multi_engine_params
+
+    for module in (engine_config, multi_engine_params):
+        monkeypatch.setattr(module, "machine_memory_bytes", lambda: 23 << 30)
+    cfg, _, _ = resolve_params(section, "smoke", [], ["NUM_ENGINES=8", "NUM_GPU_BLOCKS=90000"])
+    with pytest.raises(ParamError, match="the fleet's pools"):
+        cfg.check_runnable()
+    dataclasses.replace(cfg, SOURCE_RUN="/abs/finished-cpu-run").check_runnable()

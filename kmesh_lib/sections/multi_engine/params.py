@@ -122,7 +122,7 @@ class MultiEngineParams(SourceRunParams):
     def check_runnable(self) -> None:
         super().check_runnable()
         memory = machine_memory_bytes()
-        if self.DEVICE == "cpu" and memory:  # the fleet's engines hold their pools at once, one model after another
+        if self.DEVICE == "cpu" and self.starts_engine and memory:  # the fleet's pools, held at once, model by model
             for m in self.models:
                 need = self.NUM_ENGINES * cpu_pool_bytes(self, m)
                 check(need <= memory, f"NUM_ENGINES={self.NUM_ENGINES} x NUM_GPU_BLOCKS={self.NUM_GPU_BLOCKS}: the fleet's "
