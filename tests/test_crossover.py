@@ -1293,3 +1293,25 @@ def test_a_model_engine_larger_than_the_machine_fails_before_the_run(monkeypatch
         resolve_params(crossover, "smoke", [], sets, for_run=True)
     resolve_params(crossover, "smoke", [], sets)  # plan
     resolve_params(crossover, "smoke", [], ["NUM_FOLLOWUPS=10"], for_run=True)
+
+
+def test_replications_leave_out_a_run_whose_speed_up_is_over_another_recompute_arm():
+    """A run with the tier's own recompute (gpubuf_recompute, the gpu profile from 6 Dec 2026) sets the GPU buffer's
+    restore against its own engine's recompute; a run without it, against the LMCache engine's: two ratios of
+    different controls, not the same figure repeated, so the README's range across runs would mix them."""
+    from kmesh_lib.sections.crossover.summary import replications
+
+    def doc(run_id, value, arms):
+        return {"run_id": run_id, "status": "passed", "params": {"DTYPE": "bfloat16", "WEIGHTS": "dummy"},
+                "environment": {"device": "NVIDIA H200", "packages": {"vllm": "0.26.0", "lmcache": "0.5.3"}},
+                "results": {"crossover": [{"model": "m", "path": "gpubuf_retained", "crossover_tokens": 16384,
+                                           "speedup_by_context_tokens": {"16384": value},
+                                           "speedup_ci_by_context_tokens": {"16384": [value - 0.1, value + 0.1]}}],
+                            "arms": [{"model": "m", "context_tokens": 16384, "arm": a, "ttft_ms": 1.0, "n": 5}
+                                     for a in arms]}}
+
+    old = ("recompute", "gpubuf_retained", "gpubuf_resident")
+    standing = doc("gpu-1-aaaa", 5.0, old + ("gpubuf_recompute",))
+    assert replications(standing, [doc("gpu-0-bbbb", 4.0, old)]) == ""
+    assert "4.00\u00d7 [3.90, 4.10] (bbbb)" in replications(standing, [doc("gpu-0-bbbb", 4.0, old + ("gpubuf_recompute",))])
+    assert "4.00\u00d7" in replications(doc("gpu-1-aaaa", 5.0, old), [doc("gpu-0-bbbb", 4.0, old)])

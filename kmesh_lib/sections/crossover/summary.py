@@ -797,12 +797,21 @@ def _setup(doc: dict) -> tuple:
     return (env.get("device"), packages.get("vllm"), packages.get("lmcache"), params.get("DTYPE"), params.get("WEIGHTS"))
 
 
+def _control_in(doc: dict, model: str, path: str, n: int) -> str:
+    """The recompute arm a public document's speed-up of ``path`` at (``model``, ``n``) is over (``arms.control_of``
+    of the arms its ``results.arms`` measured there; a document without them: the LMCache engine's ``recompute``)."""
+    arms = (doc.get("results") or {}).get("arms") or []
+    return control_of(path, {a.get("arm") for a in arms if (a.get("model"), a.get("context_tokens")) == (model, n)})
+
+
 def replications(standing: dict, others: list[dict]) -> str:
     """The standing run's best speed-up per model (the point its verdict quotes, ``_quoted_point``: the largest at the
     model's longest length among the paths that beat recompute) beside the same point (model, path, context length)
     in the section's other published runs of the same setup (``_setup``: device, vLLM and LMCache versions, dtype,
     weights), each with its own interval and status: a run's interval holds within that run only, and these say how
-    far the figure moves between runs. '' where no other run measured the point. Public documents only."""
+    far the figure moves between runs. A run whose speed-up there is over another recompute arm (``arms.control_of``:
+    its tier's own engine's, or the LMCache engine's) measured another ratio and is left out. '' where no other run
+    measured the point. Public documents only."""
     mine = _point_speedups(standing)
     device = (standing.get("environment") or {}).get("device")
     peers = [d for d in others if _setup(d) == _setup(standing)]
@@ -816,8 +825,8 @@ def replications(standing: dict, others: list[dict]) -> str:
         seen = []
         for d in sorted(peers, key=lambda d: d["run_id"]):
             point = _point_speedups(d).get((model, path, n))
-            if point is None:
-                continue
+            if point is None or _control_in(d, model, path, n) != _control_in(standing, model, path, n):
+                continue  # not measured there, or over another engine's recompute: another figure
             ci = f" [{point[1][0]:.2f}, {point[1][1]:.2f}]" if point[1] else ""
             status = "" if d.get("status") == "passed" else f", {d.get('status')}"
             seen.append((point[0], f"{point[0]:.2f}\u00d7{ci} ({d['run_id'][-4:]}{status})"))
