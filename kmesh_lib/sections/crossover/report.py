@@ -109,6 +109,11 @@ def speedup_interval(recompute_s: list[float], restore_s: list[float]) -> list[f
     return [_round(low, 3), _round(high, 3)]
 
 
+def _control(t: dict[tuple, dict], model: str, n: int, path: str) -> str:
+    """``arms.control_of`` at one point of an arm table's ``_lookup``: the recompute arm ``path``'s speed-up is over."""
+    return control_of(path, {a for (m, k, a) in t if (m, k) == (model, n)})
+
+
 def crossover_table(table: list[dict], rows: list[FollowUp] = ()) -> list[dict]:
     """Per (model, restore path): ``speedup@N``, recompute's median first token over the restore's at each measured
     length N; with the follow-ups (``rows``), ``speedup_ci@N``, its 95% interval (``speedup_interval``), and a win
@@ -123,8 +128,7 @@ def crossover_table(table: list[dict], rows: list[FollowUp] = ()) -> list[dict]:
     out = []
     for model in models:
         for path in RESTORES:
-            control = {n: control_of(path, {a for (m, k, a) in t if (m, k) == (model, n)})
-                       for (m, n, a) in t if m == model and a == path}
+            control = {n: _control(t, model, n, path) for (m, n, a) in t if m == model and a == path}
             lengths = sorted(n for n, c in control.items() if (model, n, c) in t)
             if not lengths:
                 continue
@@ -653,7 +657,7 @@ def heatmaps(table: list[dict], path_out, title: str = "", crossover: list[dict]
         grid = np.full((len(models), len(lengths)), np.nan)
         for i, m in enumerate(models):
             for j, n in enumerate(lengths):
-                control = control_of(path, {a for (mm, k, a) in t if (mm, k) == (m, n)})
+                control = _control(t, m, n, path)
                 if (m, n, path) in t and (m, n, control) in t:
                     grid[i, j] = np.log2(t[(m, n, control)]["ttft_ms"] / t[(m, n, path)]["ttft_ms"])
         im = ax.imshow(grid, cmap="RdBu", vmin=-3, vmax=3, aspect="auto")

@@ -822,10 +822,11 @@ def replications(standing: dict, others: list[dict]) -> str:
             continue
         path, n = quoted
         value = mine[(model, path, n)][0]
+        control = _control_in(standing, model, path, n)
         seen = []
         for d in sorted(peers, key=lambda d: d["run_id"]):
             point = _point_speedups(d).get((model, path, n))
-            if point is None or _control_in(d, model, path, n) != _control_in(standing, model, path, n):
+            if point is None or _control_in(d, model, path, n) != control:
                 continue  # not measured there, or over another engine's recompute: another figure
             ci = f" [{point[1][0]:.2f}, {point[1][1]:.2f}]" if point[1] else ""
             status = "" if d.get("status") == "passed" else f", {d.get('status')}"
