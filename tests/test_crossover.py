@@ -1315,3 +1315,77 @@ def test_replications_leave_out_a_run_whose_speed_up_is_over_another_recompute_a
     assert replications(standing, [doc("gpu-0-bbbb", 4.0, old)]) == ""
     assert "4.00\u00d7 [3.90, 4.10] (bbbb)" in replications(standing, [doc("gpu-0-bbbb", 4.0, old + ("gpubuf_recompute",))])
     assert "4.00\u00d7" in replications(doc("gpu-1-aaaa", 5.0, old), [doc("gpu-0-bbbb", 4.0, old)])
+
+
+def test_the_heatmap_of_a_run_whose_restore_tiers_all_failed_says_so(tmp_path):
+    """H200, 6 Dec: the MP tier's engine raised on its first recompute follow-up, so the run held only the
+    LMCache engine's recompute rows, and the heatmap cell divided by zero panels and lost the rest of the report."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kmesh_lib.sections.crossover import report as cr
+
+    table = [{"model": "qwen2.5-0.5b", "context_tokens": n, "arm": "recompute", "ttft_ms": 16.0} for n in (1024, 4096)]
+    fig = cr.heatmaps(table, tmp_path / "none.png")
+    assert (tmp_path / "none.png").exists()
+    assert any("no restore path measured" in t.get_text() for ax in fig.axes for t in ax.texts)
+    plt.close("all")
+
+
+def _switch_on(connector_cls):
+    """An ExternalSwitch over a fake engine whose scheduler's connector is ``connector_cls()``."""
+    import types
+
+    from kmesh_lib.lmcache.probes import ExternalSwitch
+
+    connector = connector_cls()
+    engine = types.SimpleNamespace(scheduler=types.SimpleNamespace(connector=connector))
+    return ExternalSwitch(engine), connector
+
+
+@pytest.mark.parametrize("has_bypass_state", [True, False], ids=["lmcache-0.5.6", "lmcache-0.5.3"])
+def test_the_mp_switch_bypasses_lookup_on_either_lmcache(has_bypass_state):
+    """LMCache 0.5.6's MP connector has a BYPASS_LMCACHE tracker state, 0.5.3 (the GPU stack) has none: the switch
+    set it unconditionally and every recompute follow-up of the MP tier raised AttributeError on the H200 (6 Dec).
+    Off, the lookup answers 0 without asking LMCache, and the prompt's whole chunks are marked stored (no save)."""
+    import enum
+    import sys
+    import types
+
+    members = ["PREFETCHING", "WAITING_FOR_LOAD", "READY"] + (["BYPASS_LMCACHE"] if has_bypass_state else [])
+    module = types.ModuleType("fake_lmcache_mp_connector")
+    module.LMCacheMPRequestState = enum.Enum("LMCacheMPRequestState", members)
+    sys.modules[module.__name__] = module
+    try:
+        class Tracker:
+            def __init__(self):
+                self.state = module.LMCacheMPRequestState.PREFETCHING
+                self.num_stored_tokens = 0
+
+        class Connector:
+            __module__ = module.__name__
+
+            def __init__(self):
+                self.trackers, self.lookups = {}, 0
+                self.scheduler_adapter = types.SimpleNamespace(lmcache_tokens_per_chunk=256)
+
+            def _get_or_create_request_tracker(self, request):
+                return self.trackers.setdefault(request.request_id, Tracker())
+
+            def get_num_new_matched_tokens(self, request, num_computed_tokens):
+                self.lookups += 1
+                return 1024, True
+
+        switch, connector = _switch_on(Connector)
+        request = types.SimpleNamespace(request_id="r0", num_prompt_tokens=1100)
+        assert connector.get_num_new_matched_tokens(request, 0) == (1024, True)
+        switch.set(False)
+        assert connector.get_num_new_matched_tokens(request, 0) == (0, False)
+        assert connector.lookups == 1
+        tracker = connector.trackers["r0"]
+        assert tracker.num_stored_tokens == 1024
+        expected = "BYPASS_LMCACHE" if has_bypass_state else "PREFETCHING"
+        assert tracker.state is module.LMCacheMPRequestState[expected]
+    finally:
+        sys.modules.pop(module.__name__, None)

@@ -4,7 +4,8 @@
 boundary, so the control arms run on the same engine as the restores:
 
     off  the scheduler-side lookup answers "0 tokens" without asking LMCache
-         (MP: the connector's own BYPASS_LMCACHE state; in-process: no load spec is recorded)
+         (MP: no lookup, and the connector's own BYPASS_LMCACHE state where it has one (0.5.6; 0.5.3 leaves the
+         tracker PREFETCHING with 0 hit tokens); in-process: no load spec is recorded)
          and the connector stores nothing: MP marks the prompt's whole chunks as already stored in
          the request's tracker (true here: LMCache holds the context; it is what a hit does too);
          in-process sets ``force_skip_save``. A control arm pays no store of a context LMCache holds
@@ -87,7 +88,11 @@ class ExternalSwitch:
 
             states = sys.modules[type(self.mp_inner).__module__].LMCacheMPRequestState
             tracker = self.mp_inner._get_or_create_request_tracker(request)
-            tracker.state = states.BYPASS_LMCACHE
+            # 0.5.6 has a bypass state (READY after the allocation); 0.5.3 has none, and a tracker left
+            # PREFETCHING with no lookup and 0 hit tokens turns READY there without a retrieve (H200, 6 Dec:
+            # setting the missing state raised on every recompute follow-up of the MP tier)
+            if hasattr(states, "BYPASS_LMCACHE"):
+                tracker.state = states.BYPASS_LMCACHE
             chunk = self.mp_inner.scheduler_adapter.lmcache_tokens_per_chunk
             tracker.num_stored_tokens = request.num_prompt_tokens // chunk * chunk
         return 0, False

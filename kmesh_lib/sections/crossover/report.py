@@ -647,6 +647,15 @@ def heatmaps(table: list[dict], path_out, title: str = "", crossover: list[dict]
     lengths = sorted({r["context_tokens"] for r in table})
     # constrained layout places the suptitle above the panel titles (a plain suptitle overlapped them)
     paths = paths_in(table)
+    if not paths:  # every restore tier failed (its error is in the tiers table): a figure that says so, not a crash
+        fig, ax = plt.subplots(figsize=(6, 1.6))
+        ax.axis("off")
+        ax.text(0.5, 0.5, "no restore path measured: every restore tier of this run failed\n(the tiers table names each error)",
+                ha="center", va="center", fontsize=10)
+        if title:
+            fig.suptitle(title, fontsize=9)
+        save_figure(fig, path_out, bbox_inches="tight")
+        return fig
     cols = min(len(paths), 3)
     rows_n = -(-len(paths) // cols)
     fig, axes = plt.subplots(rows_n, cols, figsize=(4.2 * cols, (0.6 * len(models) + 1.6) * rows_n + 0.3), squeeze=False,
