@@ -81,10 +81,12 @@ def test_a_manifested_copy_beside_a_stale_git_records_the_manifests_commit(tmp_p
                            env=env).stdout.strip()
     got = provenance.git_revision(copy)
     assert (got["commit"], got["dirty"], got["source"]) == (manifest["commit"], False, provenance.MANIFEST)
-    assert got["stale_git"] == {"commit": stale, "dirty": True}
+    assert {k: got["stale_git"][k] for k in ("commit", "dirty", "code_changed")} == {
+        "commit": stale, "dirty": True, "code_changed": True}
     edited = copy / "kmesh_lib" / "base" / "checks.py"
     edited.write_text(edited.read_text() + "\n# edited on the device\n")
-    assert provenance.git_revision(copy) == {"commit": stale, "dirty": True}  # neither matches: git's, dirty
+    neither = provenance.git_revision(copy)  # neither matches: git's, dirty
+    assert (neither["commit"], neither["dirty"], neither["code_changed"]) == (stale, True, True)
     subprocess.run(["git", "-C", str(copy), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-a",
                     "-m", "now"], check=True, env=env)
     assert provenance.git_revision(copy)["dirty"] is False  # a clean checkout: git's own commit
@@ -108,7 +110,24 @@ def test_a_dirty_checkout_beside_a_manifest_of_its_own_head_stays_dirty(tmp_path
     assert manifest["commit"] == head and provenance.git_revision(copy) == {"commit": head, "dirty": False}
     (copy / "docs" / "note.md").unlink()  # outside the watched folders: the manifest alone would call it clean
     assert provenance.check_manifest(copy, manifest)["dirty"] is False
-    assert provenance.git_revision(copy) == {"commit": head, "dirty": True}
+    assert provenance.git_revision(copy) == {"commit": head, "dirty": True, "num_changed": 1,
+                                             "changed": ["D docs/note.md"], "code_changed": False}
+    (copy / "kmesh_lib" / "base" / "checks.py").write_text("# edited\n")
+    both = provenance.git_revision(copy)
+    assert (both["dirty"], both["num_changed"], both["code_changed"]) == (True, 2, True)
+
+
+def test_a_report_says_the_code_was_as_committed_where_only_other_files_differ():
+    """6 Dec, H200: the device's copy carried .git at HEAD with outputs/ set aside, and three runs' reports read
+    'c4eaf58 (uncommitted changes)' for code that was the commit's; the record now says which files differed."""
+    from kmesh_lib.app.report import commit_text as commit_line
+
+    outside = commit_line({"commit": "c4eaf58df456aa", "dirty": True, "num_changed": 300, "code_changed": False})
+    assert outside == "c4eaf58df456 (uncommitted changes); the code as committed, 300 other file(s) differ"
+    inside = commit_line({"commit": "c4eaf58df456aa", "dirty": True, "num_changed": 3, "code_changed": True})
+    assert inside == "c4eaf58df456 (uncommitted changes)"
+    old = commit_line({"commit": "c4eaf58df456aa", "dirty": True})
+    assert old == "c4eaf58df456 (uncommitted changes)" and commit_line({"commit": "ab"}) == "ab"
 
 
 def test_git_blob_id_is_gits_own(tmp_path):

@@ -340,6 +340,15 @@ def findings_html(rows: list[dict] | None) -> str:
             f"<tbody>{body}</tbody></table></div>")
 
 
+def commit_text(git: dict) -> str:
+    """The run's commit as its header shows it: 12 digits, and whether the tree differed from it; where the record
+    says only files outside the code differed (``base.provenance``), that the code was the commit's."""
+    text = (git.get("commit") or "unknown")[:12] + (" (uncommitted changes)" if git.get("dirty") else "")
+    if git.get("dirty") and git.get("code_changed") is False:
+        text += f"; the code as committed, {git.get('num_changed')} other file(s) differ"
+    return text
+
+
 def header_html(section: ModuleType, run: RunFiles, left_out: LeftOut, answer: str | None, answer_error: str,
                 note: str = "", verdict: list[str] | None = None, findings: list[dict] | None = None,
                 verdict_error: str = "") -> str:
@@ -348,7 +357,7 @@ def header_html(section: ModuleType, run: RunFiles, left_out: LeftOut, answer: s
     results, env = run.results, run.env
     status = results.get("status", "unknown")
     git = env.get("git") or {}
-    commit = (git.get("commit") or "unknown")[:12] + (" (uncommitted changes)" if git.get("dirty") else "")
+    commit = commit_text(git)
     packages = env.get("packages") or {}
     versions = ", ".join(f"{k} {packages.get(k) or env.get(k)}" for k in VERSION_KEYS if packages.get(k) or env.get(k))
     recorded = results.get("checks") or {}

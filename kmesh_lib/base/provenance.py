@@ -74,6 +74,15 @@ def check_manifest(root: Path, manifest: dict) -> dict:
     return out
 
 
+def _what_differs(status: list[str]) -> dict:
+    """What a dirty checkout's ``git status --porcelain`` names: how many files, the first few, and whether any is
+    code (``WATCHED``). The GPU machine's copy (6 Dec) carried .git at HEAD with outputs/ set aside for the carry
+    limit (``scripts/device_tree.sh``): dirty by git, its code as committed; the record says which of the two."""
+    paths = [line[3:].split(" -> ")[-1].strip('"') for line in status if len(line) > 3]
+    return {"num_changed": len(paths), "changed": [line.strip() for line in status[:5]],
+            "code_changed": any(p.startswith(tuple(f"{top}/" for top in WATCHED)) for p in paths)}
+
+
 def git_revision(root: Path) -> dict:
     """The commit ``root`` holds and whether it is dirty, measured (module docstring); ``{"commit": None,
     "dirty": None}`` when neither git nor a manifest can say."""
@@ -82,10 +91,11 @@ def git_revision(root: Path) -> dict:
     # machine's working folder once reported an old kmesh commit, 3 Dec) is not that repository's commit
     git = None
     if top and Path(top).resolve() == Path(root).resolve():
-        git = {"commit": _git(root, "rev-parse", "--verify", "-q", "HEAD").strip() or None,
-               "dirty": bool(_git(root, "status", "--porcelain", "--untracked-files=no").strip())}
+        status = _git(root, "status", "--porcelain", "--untracked-files=no").splitlines()
+        git = {"commit": _git(root, "rev-parse", "--verify", "-q", "HEAD").strip() or None, "dirty": bool(status)}
         if not git["dirty"]:
             return git
+        git.update(_what_differs(status))
     path = Path(root) / MANIFEST
     if path.is_file():
         try:
