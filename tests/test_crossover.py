@@ -1389,3 +1389,26 @@ def test_the_mp_switch_bypasses_lookup_on_either_lmcache(has_bypass_state):
         assert tracker.state is module.LMCacheMPRequestState[expected]
     finally:
         sys.modules.pop(module.__name__, None)
+
+
+def test_a_headline_of_many_paths_gives_each_path_its_own_line(monkeypatch):
+    """6 Dec: the H200's 0.5B GPU-buffer run (five paths over 1,024-32,512 tokens) made a 249-character headline and
+    publish refused it (public strings are at most MAX_STRING_CHARS); such a run now gives a line per path."""
+    from kmesh_lib.base.public import MAX_STRING_CHARS
+    from kmesh_lib.sections.crossover import summary
+
+    paths = ["gpubuf_retained", "gpubuf_layered", "gpubuf_offthread", "gpubuf_disk"]
+    rows = [{"model": "m", "path": p, "crossover_tokens": 1024 if p != "gpubuf_disk" else None,
+             **{f"speedup@{n}": 5.63 if p != "gpubuf_disk" else 0.51 for n in (1024, 4096, 16384, 32512)}}
+            for p in paths]
+    monkeypatch.setattr(summary, "recomputed_tables", lambda run: {"crossover": rows})
+    monkeypatch.setattr(summary, "checks", lambda run: [])
+    run = type("Run", (), {"results": {}})()
+    monkeypatch.setattr(summary, "MAX_STRING_CHARS", 100)
+    many = summary.headline(run)
+    assert "m, GPU-buffer from disk: restore beats recompute from (1,024 to 32,512 tokens)" in many
+    assert all(len(v) <= 100 for v in many.values()) and sum(k.startswith("m, ") for k in many) == len(paths)
+    monkeypatch.setattr(summary, "MAX_STRING_CHARS", MAX_STRING_CHARS)
+    del rows[1:]
+    few = summary.headline(run)
+    assert list(few)[0] == "m: restore beats recompute from (1,024 to 32,512 tokens)"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from kmesh_lib.base.checks import verdict as checks_verdict
 from kmesh_lib.base.intervals import white_noise_bound
+from kmesh_lib.base.public import MAX_STRING_CHARS
 from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections.crossover import report
 from kmesh_lib.sections.crossover.arms import RESIDENT_OF, TIER_OF, control_of
@@ -137,8 +138,16 @@ def headline(run: RunFiles) -> dict[str, str]:
     tables = recomputed_tables(run)
     out = {}
     for model, paths in _by_model(tables["crossover"]).items():
-        out[f"{model}: restore beats recompute from{_measured(paths.values())}"] = "; ".join(
+        key, value = f"{model}: restore beats recompute from{_measured(paths.values())}", "; ".join(
             _headline_part(r) for r in paths.values())
+        if len(value) <= MAX_STRING_CHARS:
+            out[key] = value
+            continue
+        # a run of many paths (the GPU buffer's five, 6 Dec: 249 characters) says each path on its own line,
+        # since a public string is at most MAX_STRING_CHARS
+        for r in paths.values():
+            out[f"{model}, {LABEL[r['path']]}: restore beats recompute from{_measured([r])}"] = (
+                _headline_part(r).removeprefix(f"{LABEL[r['path']]} "))
     floors = run.results.get("floors") or {}
     if floors:
         out["floors"] = ", ".join(f"{_device_label((f or {}).get('label', k)) if k == 'device' else (f or {}).get('label', k)} "
