@@ -1406,8 +1406,8 @@ def test_a_headline_of_many_paths_gives_each_path_its_own_line(monkeypatch):
     run = type("Run", (), {"results": {}})()
     monkeypatch.setattr(summary, "MAX_STRING_CHARS", 100)
     many = summary.headline(run)
-    assert "m, GPU-buffer from disk: restore beats recompute from (1,024 to 32,512 tokens)" in many
-    assert all(len(v) <= 100 for v in many.values()) and sum(k.startswith("m, ") for k in many) == len(paths)
+    assert many["m gpubuf_disk: restore beats recompute from (1,024 to 32,512 tokens)"] == "never (0.51\u00d7 at 32,512)"
+    assert all(len(v) <= 100 for v in many.values()) and sum(k.startswith("m gpubuf_") for k in many) == len(paths)
     monkeypatch.setattr(summary, "MAX_STRING_CHARS", MAX_STRING_CHARS)
     del rows[1:]
     few = summary.headline(run)

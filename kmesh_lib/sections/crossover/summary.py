@@ -143,10 +143,10 @@ def headline(run: RunFiles) -> dict[str, str]:
         if len(value) <= MAX_STRING_CHARS:
             out[key] = value
             continue
-        # a run of many paths (the GPU buffer's five, 6 Dec: 249 characters) says each path on its own line,
-        # since a public string is at most MAX_STRING_CHARS
+        # a run of many paths (the GPU buffer's five, 6 Dec: 249 characters) says each path on its own line, named
+        # by its arm (a public string is at most MAX_STRING_CHARS, a key 96 characters of a few kinds)
         for r in paths.values():
-            out[f"{model}, {LABEL[r['path']]}: restore beats recompute from{_measured([r])}"] = (
+            out[f"{model} {r['path']}: restore beats recompute from{_measured([r])}"] = (
                 _headline_part(r).removeprefix(f"{LABEL[r['path']]} "))
     floors = run.results.get("floors") or {}
     if floors:
