@@ -68,7 +68,7 @@ def test_dry_run_with_a_pass_that_writes_is_refused_before_touching_a_run(stale_
 def test_a_later_check_the_run_predates_stays_left_out(tmp_path):
     """A run from before the paired design records none of its checks (skipped: no raw/pairs.jsonl); the pass
     leaves them out, as verify does, instead of refusing the run."""
-    old = REPO / "outputs" / "crossover" / "gpu-20261201-224728-c320"
+    old = REPO / "outputs" / "crossover" / "gpu-20261201-224722-442e"  # a run from before the paired design
     run_dir = tmp_path / "crossover" / old.name
     shutil.copytree(old, run_dir)
     results = json.loads((run_dir / "results.json").read_text())
