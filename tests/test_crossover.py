@@ -1387,6 +1387,7 @@ def test_the_mp_switch_bypasses_lookup_on_either_lmcache(has_bypass_state):
         assert tracker.num_stored_tokens == 1024
         expected = "BYPASS_LMCACHE" if has_bypass_state else "PREFETCHING"
         assert tracker.state is module.LMCacheMPRequestState[expected]
+        assert expected in switch.describe()["bypass"]
     finally:
         sys.modules.pop(module.__name__, None)
 

@@ -110,7 +110,16 @@ class ExternalSwitch:
             self.save_knob.force_skip_save = self.store_default if on else True
 
     def describe(self) -> dict:
-        return {"bypass": "mp tracker state" if self.mp_inner is not None else "lookup answers 0",
+        """How ``off`` works on this engine (the child's record): which LMCache shape the switch found."""
+        if self.mp_inner is not None:
+            import sys
+
+            states = sys.modules[type(self.mp_inner).__module__].LMCacheMPRequestState
+            bypass = ("mp tracker state BYPASS_LMCACHE" if hasattr(states, "BYPASS_LMCACHE") else
+                      "mp tracker left PREFETCHING, no lookup (this LMCache has no BYPASS_LMCACHE state: 0.5.3)")
+        else:
+            bypass = "lookup answers 0"
+        return {"bypass": bypass,
                 "skips_save_when_off": self.save_attr or ("mp tracker num_stored_tokens" if self.mp_inner is not None else None)}
 
 
