@@ -1387,6 +1387,7 @@ def test_the_mp_switch_bypasses_lookup_on_either_lmcache(has_bypass_state):
         assert tracker.num_stored_tokens == 1024
         expected = "BYPASS_LMCACHE" if has_bypass_state else "PREFETCHING"
         assert tracker.state is module.LMCacheMPRequestState[expected]
+        assert expected in switch.describe()["bypass"]
     finally:
         sys.modules.pop(module.__name__, None)
 
@@ -1412,3 +1413,98 @@ def test_a_headline_of_many_paths_gives_each_path_its_own_line(monkeypatch):
     del rows[1:]
     few = summary.headline(run)
     assert list(few)[0] == "m: restore beats recompute from (1,024 to 32,512 tokens)"
+
+
+
+def _probe_on(worker, connector):
+    """A ComponentProbe over a fake engine: ``worker`` as vLLM's worker-side connector, ``connector`` its scheduler's
+    (the ExternalSwitch feeds the probe the lookups, as on a real engine)."""
+    import types
+    from unittest import mock
+
+    from kmesh_lib.lmcache.probes import ComponentProbe, ExternalSwitch
+
+    executor = types.SimpleNamespace(execute_model=lambda *a: None)
+    engine = types.SimpleNamespace(_engine=types.SimpleNamespace(engine_core=types.SimpleNamespace(
+        engine_core=types.SimpleNamespace(model_executor=executor))), params=types.SimpleNamespace(DEVICE="cpu"),
+        scheduler=types.SimpleNamespace(connector=connector))
+    with mock.patch("vllm.distributed.kv_transfer.has_kv_transfer_group", return_value=True), \
+            mock.patch("vllm.distributed.kv_transfer.get_kv_transfer_group", return_value=worker):
+        probe = ComponentProbe(engine)
+    ExternalSwitch(engine, probe)
+    return probe
+
+
+@pytest.mark.parametrize("driven", ["lmcache", "engine"])
+def test_the_probe_times_an_mp_load_to_its_reported_end_when_the_server_copies(driven, monkeypatch):
+    """On CUDA the MP connector's load is LMCache-driven (LMCache 0.5.3 and 0.5.6, ``--supported-transfer-mode auto``):
+    ``start_load_kv`` only submits the retrieve, the server copies over CUDA IPC, and a later ``get_finished`` reports
+    it. Timed around ``start_load_kv`` alone, section 21's lmcache_mp restore span on the GPU would be the submission
+    (microseconds), wholly below its floor. ``load_wall_s`` runs from the submission after the lookup to that report;
+    engine-driven (the CPU build) copies inside ``start_load_kv`` and reports in the same step. A fake clock: the copy
+    takes 20 ms of it, every engine step 1 ms."""
+    import types
+
+    from kmesh_lib.lmcache import probes
+
+    clock = {"ns": 0}
+    monkeypatch.setattr(probes, "_ns", lambda: clock["ns"])
+    copy_ns, step_ns = 20_000_000, 1_000_000
+    state = {"submitted_at": None, "pending": False}
+
+    class Worker:
+        def start_load_kv(self, forward_context):
+            if state["pending"]:
+                state["pending"] = False
+                state["submitted_at"] = clock["ns"]
+                if driven == "engine":
+                    clock["ns"] += copy_ns
+
+        def wait_for_save(self):
+            pass
+
+        def get_finished(self, finished_req_ids):
+            done = state["submitted_at"] is not None and clock["ns"] - state["submitted_at"] >= copy_ns
+            if done:
+                state["submitted_at"] = None
+            return None, ({"r0"} if done else None)
+
+    class Scheduler:
+        def get_num_new_matched_tokens(self, request, num_computed_tokens):
+            state["pending"] = True
+            return 1024, True
+
+    worker, scheduler = Worker(), Scheduler()
+    probe = _probe_on(worker, scheduler)
+    probe.start()
+    request = types.SimpleNamespace(request_id="r0", num_prompt_tokens=1056)
+    worker.start_load_kv(None)  # a step before the lookup answered: not the load's start
+    worker.get_finished(set())
+    clock["ns"] += step_ns
+    scheduler.get_num_new_matched_tokens(request, 0)
+    steps = 0
+    while steps < 100:  # the engine's steps while the request waits for its KV
+        worker.start_load_kv(None)
+        _, recving = worker.get_finished(set())
+        if recving:
+            break
+        clock["ns"] += step_ns
+        steps += 1
+    parts = probe.stop(first_token_s=1.0)
+    assert parts["load_wall_s"] == copy_ns / 1e9
+    assert parts["load_s"] == (0 if driven == "lmcache" else copy_ns / 1e9)  # lmcache-driven: the submission only
+
+
+def test_an_mp_restore_span_is_its_load_to_the_reported_end_where_recorded():
+    """The MP tier's restore span is ``load_wall_s`` where the probe recorded it, not the CUDA events around the
+    submission; the in-process connector's loads are synchronous, so its span stays the events'."""
+    from crossover_records import COMPONENTS as parts
+
+    comp = {**parts, "load_s": 1e-4, "load_gpu_s": 5e-5, "load_wall_s": 0.03}
+    mp, inproc = as_grid_rows([{"arm": "lmcache_mp", "tier": "lmcache_mp", "path": "lmcache_mp", "components": comp},
+                               {"arm": "dram", "tier": "lmcache", "path": "inproc", "components": comp}])
+    assert cr.restore_span(mp)[0] == 0.03 and "load_wall_s" in cr.restore_span(mp)[1]
+    assert cr.restore_span(inproc)[0] == 5e-5
+    old = as_grid_rows([{"arm": "lmcache_mp", "tier": "lmcache_mp", "path": "lmcache_mp",
+                         "components": {**parts, "load_s": 1e-4}}])[0]
+    assert cr.restore_span(old)[0] == 1e-4  # a row recorded before load_wall_s: as before

@@ -18,7 +18,14 @@ boundary, so the control arms run on the same engine as the restores:
                     so this includes the disk read and the staging into the L1 arena)
     disk_read_s     in-process only: first ``LocalDiskBackend.read_file`` start to last end
     load_s          worker-side ``start_load_kv`` (in-process: the whole retrieve -- disk read, host
-                    staging, copy into the engine's KV; MP: the L1 -> engine copy)
+                    staging, copy into the engine's KV; MP engine-driven (CPU): the L1 -> engine copy; MP
+                    LMCache-driven (CUDA, ``--supported-transfer-mode auto``): only the retrieve's submission,
+                    the server copies over CUDA IPC on its own stream after it returns)
+    load_wall_s     the first ``start_load_kv`` after a lookup answered tokens to load, to the end of the last
+                    worker-side ``get_finished`` that reported a retrieve finished: an asynchronous load's span
+                    (MP: submission, the server's copy, and the engine's poll that saw it); None where no
+                    retrieve was reported finished (in-process loads are synchronous). LMCache 0.5.3 and 0.5.6
+                    alike: vLLM calls ``get_finished`` (0.32 through ``get_transfer_results``) every step
     load_gpu_s      CUDA only: the same calls timed by CUDA events recorded on the current stream just before
                     and just after each (their elapsed times summed): what the GPU's clock says the load took, from
                     the moment the stream reached its start to the moment it reached its end; None on CPU
@@ -103,7 +110,16 @@ class ExternalSwitch:
             self.save_knob.force_skip_save = self.store_default if on else True
 
     def describe(self) -> dict:
-        return {"bypass": "mp tracker state" if self.mp_inner is not None else "lookup answers 0",
+        """How ``off`` works on this engine (the child's record): which LMCache shape the switch found."""
+        if self.mp_inner is not None:
+            import sys
+
+            states = sys.modules[type(self.mp_inner).__module__].LMCacheMPRequestState
+            bypass = ("mp tracker state BYPASS_LMCACHE" if hasattr(states, "BYPASS_LMCACHE") else
+                      "mp tracker left PREFETCHING, no lookup (this LMCache has no BYPASS_LMCACHE state: 0.5.3)")
+        else:
+            bypass = "lookup answers 0"
+        return {"bypass": bypass,
                 "skips_save_when_off": self.save_attr or ("mp tracker num_stored_tokens" if self.mp_inner is not None else None)}
 
 
@@ -113,7 +129,7 @@ class ComponentProbe:
     def __init__(self, engine) -> None:
         self.lock = threading.Lock()
         self.active = False
-        self.calls: dict[str, list] = {k: [] for k in ("lookup", "load", "save", "exec", "disk")}
+        self.calls: dict[str, list] = {k: [] for k in ("lookup", "load", "save", "exec", "disk", "recv")}
         executor = engine._engine.engine_core.engine_core.model_executor
         for name in ("execute_model", "sample_tokens"):
             if hasattr(executor, name):
@@ -133,6 +149,8 @@ class ComponentProbe:
         if worker is not None:
             self._wrap(worker, "start_load_kv", "load")
             self._wrap(worker, "wait_for_save", "save")
+            if hasattr(worker, "get_finished"):
+                self._wrap_finished(worker)
         self.has_disk = self._wrap_disk_reads()
 
     def _wrap(self, obj, name: str, kind: str) -> None:
@@ -151,6 +169,31 @@ class ComponentProbe:
                         self.events.append(events)
 
         setattr(obj, name, timed)
+
+    def _wrap_finished(self, worker) -> None:
+        """Stamps each ``get_finished`` call that reports a finished retrieve (its second set non-empty)."""
+        original = worker.get_finished
+
+        def get_finished(*args, **kwargs):
+            t0 = _ns()
+            out = original(*args, **kwargs)
+            recving = out[1] if isinstance(out, tuple) and len(out) > 1 else None
+            if recving:
+                self._add("recv", t0, _ns(), len(recving))
+            return out
+
+        worker.get_finished = get_finished
+
+    def _load_wall_s(self) -> float | None:
+        """``load_wall_s`` (module docstring) from this follow-up's stamps."""
+        c = self.calls
+        if not c["recv"]:
+            return None
+        to_load = [t1 for _, t1, out in c["lookup"] if isinstance(out, tuple) and out[0]]
+        after = [t0 for t0, _, _ in c["load"] if to_load and t0 >= to_load[0]]
+        if not after:
+            return None
+        return (max(t1 for _, t1, _ in c["recv"]) - after[0]) / 1e9
 
     def _wrap_disk_reads(self) -> bool:
         try:
@@ -223,6 +266,7 @@ class ComponentProbe:
             "disk_read_s": disk if self.has_disk else None, "disk_reads": len(c["disk"]) if self.has_disk else None,
             "load_s": load if self.has_worker else None, "save_s": save if self.has_worker else None,
             "load_gpu_s": self._load_gpu_s() if self.has_worker else None,
+            "load_wall_s": self._load_wall_s() if self.has_worker else None,
             "forward_s": max(0.0, execute - load - save), "exec_s": execute, "exec_calls": len(c["exec"]),
             "other_s": first_token_s - total("lookup") - execute,
         }

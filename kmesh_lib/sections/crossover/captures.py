@@ -130,6 +130,9 @@ class Components(CaptureRecord):
     save_s: float | None
     load_gpu_s: float | None = None  # CUDA events around ``start_load_kv``; absent from every published run (recorded
     # after them)
+    load_wall_s: float | None = None  # an asynchronous load from its ``start_load_kv`` to the ``get_finished`` that reported
+    # it (the MP path; on CUDA the server copies after start_load_kv returned); None: none reported; absent from every
+    # published run (recorded after them)
     forward_s: float  # the model's forward pass: execute less load and save
     exec_s: float
     exec_calls: int

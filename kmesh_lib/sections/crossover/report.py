@@ -248,6 +248,9 @@ def component_table(rows: list[FollowUp]) -> list[dict]:
         for c in COMPONENTS:
             vals = [getattr(r.components, c) for r in rs if getattr(r.components, c) is not None]
             row[_ms(c)] = round(1e3 * statistics.median(vals), 3) if vals else None
+        walls = [r.components.load_wall_s for r in rs if r.components.load_wall_s is not None]
+        if walls:  # only where recorded: the published runs' tables keep their columns
+            row[_ms("load_wall_s")] = round(1e3 * statistics.median(walls), 3)
         out.append(row)
     return out
 
@@ -763,8 +766,8 @@ def restore_span(row: FollowUp) -> tuple[float | None, str]:
     """One restore's own span in seconds and where it comes from: the tier's timeline (the GPU buffer: CUDA events
     around its copy into vLLM's blocks, host stamps on the CPU build; vLLM's CPU tier: its own load time), else
     LMCache's worker-side load (``start_load_kv``: CUDA events around it where recorded, ``lmcache.probes``, else its
-    host stamps; on the MP path a disk restore's lookup, which holds the server's disk read, is added). None where
-    the row recorded none."""
+    host stamps; on the MP path its asynchronous load's span to the report of its end where recorded, ``load_wall_s``,
+    and a disk restore's lookup, which holds the server's disk read, is added). None where the row recorded none."""
     split, comp = row.split or NO_SPLIT, row.components
     if row.arm in GPUBUF_RESTORES:
         return split.restore_s, "tier timeline (restore_s)"
@@ -773,6 +776,11 @@ def restore_span(row: FollowUp) -> tuple[float | None, str]:
     gpu = comp.load_gpu_s  # CUDA events around start_load_kv (runs before them have host stamps only)
     load = gpu if gpu is not None else comp.load_s
     how = "CUDA events around start_load_kv (load_gpu_s)" if gpu is not None else "start_load_kv (host stamps, load_s)"
+    if (row.path in MP_PATHS or row.tier == "lmcache_mp") and comp.load_wall_s is not None:
+        # NOTE: on CUDA the MP connector's load is LMCache-driven (0.5.3 and 0.5.6): start_load_kv only submits the
+        # retrieve and the server copies over CUDA IPC on its own stream, so events around start_load_kv time the
+        # submission; the load ends where the worker's get_finished reports it (``lmcache.probes``)
+        load, how = comp.load_wall_s, "start_load_kv to get_finished reporting the retrieve (host stamps, load_wall_s)"
     if load is None:
         return None, "no load stamped"
     if row.path in MP_PATHS and row.arm == "disk":

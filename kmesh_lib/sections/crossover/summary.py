@@ -258,7 +258,8 @@ def answer(run: RunFiles) -> str:
             + "\n".join(f"- {line}" for line in split_lines) + "\n\n" + (f"{goals}\n\n" if goals else "") + text[-1])
 
 
-LMCACHE_PARTS = ("lookup_wall_ms", "disk_read_ms", "load_ms")  # ``lmcache.probes``: the components that bring the context in
+# ``lmcache.probes``: the components that bring the context in
+LMCACHE_PARTS = ("lookup_wall_ms", "disk_read_ms", "load_ms", "load_wall_ms")
 
 
 def _longest_part(split: dict | None, component: dict | None) -> tuple[str, float] | None:
@@ -273,7 +274,8 @@ def _longest_part(split: dict | None, component: dict | None) -> tuple[str, floa
         return None
     key = max(spans, key=spans.get)
     return {"lookup_wall_ms": "lookup (wall; on the MP path it holds the server's disk-to-memory load)",
-            "disk_read_ms": "disk read", "load_ms": "load into vLLM"}[key], spans[key]
+            "disk_read_ms": "disk read", "load_ms": "load into vLLM",
+            "load_wall_ms": "load into vLLM (submitted to reported done; on CUDA the MP server copies)"}[key], spans[key]
 
 
 def _floor_sentences(tables: dict, longest: int, rows: list[GridRow] | None = None, bound: bool = True) -> list[str]:
