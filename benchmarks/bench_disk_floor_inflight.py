@@ -4,7 +4,7 @@ batch of ``depth`` reads waits for its slowest before the next starts) and conti
 workers takes the next read as soon as its last returns, as LMCache's disk tier does with its ``disk_io_threads``),
 at several depths, from one file holding the context and from one file per chunk (LMCache's layout: each read
 opens its own file). Prints GB/s (10^9 bytes/s) of each way as the median of ``--repeats``, the ways interleaved
-within each repeat; then what ``kv.floors.saturated_floor`` (the sweep section 21 records as its saturated disk
+in a new order each repeat; then what ``kv.floors.saturated_floor`` (the sweep section 21 records as its saturated disk
 floor) takes in all, files written included, beside the saturated floor it replaced. Figures only: no timing is asserted.
 
 Defaults: LMCache's 7B chunk (256 tokens of Qwen2.5-7B's KV, 14 MiB) and the 7B 16,384-token context (896 MiB).
@@ -14,6 +14,7 @@ Defaults: LMCache's 7B chunk (256 tokens of Qwen2.5-7B's KV, 14 MiB) and the 7B 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
 import tempfile
@@ -48,8 +49,11 @@ def main() -> None:
                 for lockstep in ((False,) if depth == 1 else (True, False))]
         seconds: dict[tuple, list[float]] = {w: [] for w in ways}
         try:
+            shuffle = random.Random(0).shuffle
             for _ in range(args.repeats):
-                for layout, depth, lockstep in ways:
+                order = list(ways)
+                shuffle(order)  # a new order each repeat: no way always runs right after the same other one
+                for layout, depth, lockstep in order:
                     seconds[(layout, depth, lockstep)].append(
                         floors._read_chunks(files[layout], nbytes, chunk, depth, lockstep=lockstep))
         finally:

@@ -93,7 +93,7 @@ def test_a_short_read_raises_and_does_not_hang_either_way(tmp_path, monkeypatch)
 
 
 def test_the_sweep_records_every_way_interleaved_and_its_floor_is_the_fastest(tmp_path, monkeypatch):
-    sweep = (("chunk_files", 4), ("one_file", 4), ("one_file", 8), ("one_file", 16))
+    sweep = (("chunk_files", 4), ("one_file", 4), ("one_file", 8), ("one_file", 16))  # any sweep, not the default
     seconds = {("chunk_files", 4): [0.30, 0.31, 0.29], ("one_file", 4): [0.20, 0.22, 0.21],
                ("one_file", 8): [0.12, 0.10, 0.11], ("one_file", 16): [0.13, 0.09, 0.14]}
     order = []

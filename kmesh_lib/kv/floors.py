@@ -303,8 +303,12 @@ def _read_chunks(paths: Path | list[Path], nbytes: int, chunk_bytes: int, queue_
 LMCACHE_DISK_IO_THREADS = 4
 # The saturated disk floor's sweep, (layout, reads in flight), each continuously in flight: LMCache's own way, then
 # the context in one file at deeper queues. The floor is the fastest median; every way's figures stay in the record.
-SATURATING_DISK_SWEEP: tuple[tuple[str, int], ...] = (("chunk_files", LMCACHE_DISK_IO_THREADS), ("one_file", 4),
-                                                      ("one_file", 8), ("one_file", 16))
+# Three ways, not a grid: each costs FLOOR_REPEATS reads of the context before and after every point (this project's
+# CPU box, ext4 on a shared virtual disk, 1.8 GB, 3 repeats, files written included: 13.5 s for these three ways,
+# 16.8 s with one file at 4 in flight as a fourth, 5.1 s for the one lockstep way it replaced); one file against one
+# per chunk at equal depth is benchmarks/bench_disk_floor_inflight.py's question, not every point's
+SATURATING_DISK_SWEEP: tuple[tuple[str, int], ...] = (("chunk_files", LMCACHE_DISK_IO_THREADS), ("one_file", 8),
+                                                      ("one_file", 16))
 
 
 def saturating_piece(kind: str, nbytes: int, chunk_bytes: int) -> tuple[int, int]:
