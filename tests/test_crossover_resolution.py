@@ -55,10 +55,12 @@ def test_a_mediums_floor_is_the_faster_of_its_chunked_and_saturated_measurements
     assert cr.floor_range_ms("native_offload", as_point_floors([{"floors": around[0]["floors"]}])) == [21.0, 21.0]
 
 
-def test_the_saturating_piece_is_one_copy_or_the_disk_tiers_chunks_several_in_flight():
+def test_the_saturating_piece_is_one_copy_and_the_disk_has_a_sweep_instead():
     assert pf.saturating_piece("copy", 10 << 20, 1 << 20) == (10 << 20, 1)
     assert pf.saturating_piece("device", 10 << 20, 1 << 20) == (10 << 20, 1)
-    assert pf.saturating_piece("disk", 10 << 20, 1 << 20) == (1 << 20, pf.SATURATING_DISK_QUEUE_DEPTH)
+    with pytest.raises(ValueError, match="sweep"):
+        pf.saturating_piece("disk", 10 << 20, 1 << 20)
+    assert ("chunk_files", pf.LMCACHE_DISK_IO_THREADS) in pf.SATURATING_DISK_SWEEP  # LMCache's own way is swept
 
 
 def _pairs(path, spans_ms, restore_ttft_ms, resident_ttft_ms, n=N, span_key="restore_s"):
@@ -359,16 +361,20 @@ def test_a_saturated_floor_that_raises_leaves_the_chunked_one_standing(tmp_path,
 
     def fake_floor(kind, nbytes, chunk, depth, repeats, device, directory):
         calls.append((chunk, depth))
-        if len(calls) == 2:
-            raise OSError("no O_DIRECT here")
         return {"median_s": 0.01}
 
+    def fake_saturated(kind, nbytes, chunk, repeats, device, directory):
+        calls.append((chunk, "sweep"))
+        raise OSError("no O_DIRECT here")
+
     monkeypatch.setattr(kv_floors, "chunked_floor", fake_floor)
+    monkeypatch.setattr(kv_floors, "saturated_floor", fake_saturated)
     monkeypatch.setattr(experiment, "floor_chunk_bytes", lambda *a: 1 << 20)
     cfg = SimpleNamespace(FLOOR_QUEUE_DEPTH=1, FLOOR_REPEATS=2, DEVICE="cpu")
     tier = SimpleNamespace(disk_dir=tmp_path)
     got = experiment.point_floors(cfg, tier, "lmcache", RuntimeDir.create("t", root=tmp_path), ["disk"], "m", 64, 1024,
                                   "before")
+    assert calls == [(1 << 20, 1), (1 << 20, "sweep")]  # the chunked way at FLOOR_QUEUE_DEPTH, then the sweep
     assert got["floors"] == {"disk": {"median_s": 0.01}} and got["saturated"] == {}
     assert list(got["errors"]) == ["disk (saturated)"] and "O_DIRECT" in got["errors"]["disk (saturated)"]
     with_copy = {**got, "floors": {**got["floors"], "copy": {"median_s": 0.002}}}

@@ -13,6 +13,8 @@ A floor is ``bytes / bandwidth``: what moving a context would cost if nothing bu
 Invariants:
     - the disk floor reads with O_DIRECT (page-aligned buffer, block-multiple sizes), so the page cache
       never serves it; a file system without O_DIRECT raises ``DiskTierUnfit`` instead of measuring RAM;
+    - a context's chunked disk reads keep their queue depth continuously in flight (``_read_chunks``), and the
+      saturated disk floor is the fastest of a sweep that includes LMCache's own way of reading (``saturated_floor``);
     - every measurement reports its median and best of ``repeats`` and the label of what it measured;
     - the probe file is removed whatever happens.
 """
@@ -143,77 +145,230 @@ def floor_seconds(nbytes: int, floor: dict) -> float:
     return nbytes / (floor["gib_per_s"] * (1 << 30))
 
 
-def _odirect_file(directory: Path, nbytes: int) -> Path:
-    """A file of ``nbytes`` (a multiple of the page size) written with O_DIRECT under ``directory``."""
+def _odirect_files(directory: Path, sizes: list[int]) -> list[Path]:
+    """Files of ``sizes`` bytes (each a multiple of the page size) written with O_DIRECT under ``directory``.
+
+    Invariant: on any failure the files written so far are removed (the caller owns them only once returned)."""
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f".kmesh-floor-{os.getpid()}-{time.monotonic_ns()}"
-    step = min(nbytes, READ_MIB * MIB)
+    stem = f".kmesh-floor-{os.getpid()}-{time.monotonic_ns()}"
+    step = min(max(sizes), READ_MIB * MIB)
     buf = mmap.mmap(-1, step)
     buf.write(os.urandom(step))
+    paths: list[Path] = []
     try:
-        fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC | os.O_DIRECT, 0o600)
-    except OSError as e:
-        buf.close()
-        raise DiskTierUnfit(f"O_DIRECT refused at {directory}: {e}") from None
-    try:
-        written = 0
-        while written < nbytes:
-            n = min(step, nbytes - written)
-            os.write(fd, memoryview(buf)[:n])
-            written += n
-        os.fsync(fd)
+        for k, size in enumerate(sizes):
+            path = directory / (stem if len(sizes) == 1 else f"{stem}-{k:05d}")
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC | os.O_DIRECT, 0o600)
+            except OSError as e:
+                raise DiskTierUnfit(f"O_DIRECT refused at {directory}: {e}") from None
+            paths.append(path)
+            try:
+                written = 0
+                while written < size:
+                    n = min(step, size - written)
+                    os.write(fd, memoryview(buf)[:n])
+                    written += n
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    except BaseException:
+        for path in paths:
+            path.unlink(missing_ok=True)
+        raise
     finally:
-        os.close(fd)
         buf.close()
-    return path
+    return paths
 
 
-def _read_chunks(path: Path, nbytes: int, chunk_bytes: int, queue_depth: int) -> float:
-    """Seconds to read ``nbytes`` of ``path`` with O_DIRECT in ``chunk_bytes`` reads, ``queue_depth`` in flight."""
+def _odirect_file(directory: Path, nbytes: int) -> Path:
+    """A file of ``nbytes`` (a multiple of the page size) written with O_DIRECT under ``directory``."""
+    return _odirect_files(directory, [nbytes])[0]
+
+
+# How a context's bytes lie on disk for a floor read: "one_file", the context in one file (opened once, before the
+# clock starts); "chunk_files", one file per chunk, each opened, read in one read and closed by the read that needs it
+# (LMCache's disk tier: one file per chunk key, ``read_file``'s open + ``readinto``)
+LAYOUTS = ("one_file", "chunk_files")
+
+
+def _layout_files(directory: Path, nbytes: int, chunk_bytes: int, layout: str) -> list[Path]:
+    if layout not in LAYOUTS:
+        raise ValueError(f"disk floor layout {layout!r}: one of {LAYOUTS}")
+    if layout == "one_file":
+        return _odirect_files(directory, [nbytes])
+    return _odirect_files(directory, [min(chunk_bytes, nbytes - off) for off in range(0, nbytes, chunk_bytes)])
+
+
+def _read_chunks(paths: Path | list[Path], nbytes: int, chunk_bytes: int, queue_depth: int,
+                 lockstep: bool = False) -> float:
+    """Seconds to read ``nbytes`` with O_DIRECT in ``chunk_bytes`` reads, ``queue_depth`` of them in flight.
+
+    ``paths``: one file holding the context (read at offsets; opened once before the clock starts), or one file per
+    chunk (``chunk_files``: each read opens, reads and closes its own file, the open inside the clock, as LMCache's).
+
+    Invariants:
+        - continuously in flight (the default): ``queue_depth`` workers each own one buffer and take the next read as
+          soon as their last one returns, so up to ``queue_depth`` reads are in the kernel at every moment until the
+          last ``queue_depth - 1`` reads drain (LMCache's ``ThreadPoolExecutor.map`` over its chunks); no read waits
+          for another worker's;
+        - ``lockstep`` (the method of the disk point floors recorded before 6 Dec 2026's sweep, whose records carry
+          no ``in_flight``): reads go in batches of ``queue_depth``, each batch waiting for its slowest read, so fewer
+          than ``queue_depth`` are in flight while a batch drains; kept to compare the two (benchmarks/);
+        - the clock starts once every worker is ready (no thread start inside it) and stops when the last read
+          returned; every read must return its whole size, else ``OSError``;
+        - a worker's buffer is only ever read into by that worker, so no two reads share memory.
+    """
+    import itertools
+    import threading
     from concurrent.futures import ThreadPoolExecutor
 
+    queue_depth = max(1, queue_depth)
+    per_chunk = isinstance(paths, list) and len(paths) > 1
+    files = paths if isinstance(paths, list) else [paths]
     offsets = list(range(0, nbytes, chunk_bytes))
-    buffers = [mmap.mmap(-1, chunk_bytes) for _ in range(queue_depth)]
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    if per_chunk and len(files) != len(offsets):
+        raise ValueError(f"{len(files)} chunk files for {len(offsets)} chunks")
+    buffers = [mmap.mmap(-1, chunk_bytes) for _ in range(min(queue_depth, len(offsets)))]
+    for b in buffers:  # first touch outside the clock: a read lands in resident pages, as in LMCache's pinned pool
+        b.write(bytes(chunk_bytes))
+    fd = None if per_chunk else os.open(files[0], os.O_RDONLY | os.O_DIRECT)
     try:
-        def read(i: int) -> int:
+        def read(i: int, buf: mmap.mmap) -> None:
             off = offsets[i]
             want = min(chunk_bytes, nbytes - off)
-            got = os.preadv(fd, [memoryview(buffers[i % queue_depth])[:want]], off)
+            if per_chunk:
+                f = os.open(files[i], os.O_RDONLY | os.O_DIRECT)
+                try:
+                    got = os.preadv(f, [memoryview(buf)[:want]], 0)
+                finally:
+                    os.close(f)
+            else:
+                got = os.preadv(fd, [memoryview(buf)[:want]], off)
             if got != want:
-                raise OSError(f"short O_DIRECT read of {path} at {off}: {got} of {want} bytes")
-            return got
+                raise OSError(f"short O_DIRECT read of {files[i if per_chunk else 0]} at {off}: {got} of {want} bytes")
 
-        t0 = time.perf_counter()
-        if queue_depth == 1:
+        if len(buffers) == 1:
+            t0 = time.perf_counter()
             for i in range(len(offsets)):
-                read(i)
-        else:  # each worker owns the buffer of its slot: reads i and i + depth never overlap in time
-            with ThreadPoolExecutor(queue_depth) as pool:
-                for start in range(0, len(offsets), queue_depth):
-                    list(pool.map(read, range(start, min(start + queue_depth, len(offsets)))))
-        return time.perf_counter() - t0
+                read(i, buffers[0])
+            return time.perf_counter() - t0
+        ready = threading.Barrier(len(buffers) + 1)
+        if lockstep:
+            def worker(k: int) -> None:  # the read k of each batch, then the batch's barrier
+                ready.wait()
+                for start in range(0, len(offsets), len(buffers)):
+                    try:
+                        if start + k < len(offsets):
+                            read(start + k, buffers[k])
+                    except BaseException:
+                        batch_done.abort()  # the other workers leave the barrier instead of waiting for this one
+                        raise
+                    batch_done.wait()
+
+            batch_done = threading.Barrier(len(buffers))
+        else:
+            claim, take = threading.Lock(), itertools.count()
+
+            def worker(k: int) -> None:  # the next unclaimed read, until none is left
+                ready.wait()
+                while True:
+                    with claim:
+                        i = next(take)
+                    if i >= len(offsets):
+                        return
+                    read(i, buffers[k])
+
+        with ThreadPoolExecutor(len(buffers)) as pool:
+            running = [pool.submit(worker, k) for k in range(len(buffers))]
+            try:
+                ready.wait(timeout=60)
+            except threading.BrokenBarrierError:
+                raise RuntimeError("floor read workers did not start") from None
+            t0 = time.perf_counter()
+            failed = [e for e in (f.exception() for f in running) if e is not None]
+            took = time.perf_counter() - t0
+        if failed:  # a read's own error, not the broken barrier it left the other lockstep workers with
+            raise min(failed, key=lambda e: isinstance(e, threading.BrokenBarrierError))
+        return took
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
         for b in buffers:
             b.close()
 
 
-# O_DIRECT reads in flight that keep an NVMe drive busy (LMCache's disk tier reads several at once)
-SATURATING_DISK_QUEUE_DEPTH = 8
+# LMCache 0.5.3's disk tier reads a context's chunks with this many threads (local_disk_backend.py's
+# _DEFAULT_THREAD_COUNT, ``disk_io_threads``, which kmesh leaves at its default), one file per chunk
+LMCACHE_DISK_IO_THREADS = 4
+# The saturated disk floor's sweep, (layout, reads in flight), each continuously in flight: LMCache's own way, then
+# the context in one file at deeper queues. The floor is the fastest median; every way's figures stay in the record.
+# Three ways, not a grid: each costs FLOOR_REPEATS reads of the context before and after every point (this project's
+# CPU box, ext4 on a shared virtual disk, 1.8 GB, 3 repeats, files written included: 13.5 s for these three ways,
+# 16.8 s with one file at 4 in flight as a fourth, 5.1 s for the one lockstep way it replaced); one file against one
+# per chunk at equal depth is benchmarks/bench_disk_floor_inflight.py's question, not every point's
+SATURATING_DISK_SWEEP: tuple[tuple[str, int], ...] = (("chunk_files", LMCACHE_DISK_IO_THREADS), ("one_file", 8),
+                                                      ("one_file", 16))
 
 
 def saturating_piece(kind: str, nbytes: int, chunk_bytes: int) -> tuple[int, int]:
-    """(piece bytes, pieces in flight) that move a context as fast as the medium allows: a copy (host->device,
-    device->device) in one piece, so no per-piece launch from Python counts; the disk in the tier's pieces,
-    ``SATURATING_DISK_QUEUE_DEPTH`` in flight."""
-    return (chunk_bytes, SATURATING_DISK_QUEUE_DEPTH) if kind == "disk" else (nbytes, 1)
+    """(piece bytes, pieces in flight) of a copy (host->device, device->device) kept busy: one piece, so no per-piece
+    launch from Python counts. The disk has no one such piece: ``saturated_floor`` sweeps SATURATING_DISK_SWEEP."""
+    if kind == "disk":
+        raise ValueError("the saturated disk floor is a sweep (saturated_floor), not one piece")
+    return nbytes, 1
+
+
+def saturated_floor(kind: str, nbytes: int, chunk_bytes: int, repeats: int = 3, device: str = "cpu",
+                    directory: str | Path | None = None,
+                    sweep: tuple[tuple[str, int], ...] = SATURATING_DISK_SWEEP) -> dict:
+    """The floor of moving ``nbytes`` with the medium kept busy: a copy in one piece (``chunked_floor`` of
+    ``saturating_piece``); the disk, the fastest of ``sweep`` ((layout, reads in flight) in ``chunk_bytes`` reads,
+    continuously in flight), each timed ``repeats`` times, the ways interleaved within each repeat so a drift of the
+    drive over the sweep touches every way alike.
+
+    The disk's record has ``chunked_floor``'s keys for the fastest way (``queue_depth``, ``seconds``, ``median_s``)
+    plus its ``layout``, ``in_flight`` ("continuous") and ``sweep``: every way's layout, queue depth, seconds and
+    median, in the order timed. Each layout is written once (``_layout_files``) and removed whatever happens.
+
+    Raises:
+        DiskTierUnfit: ``disk`` on a file system that refuses O_DIRECT.
+    """
+    if kind != "disk":
+        return chunked_floor(kind, nbytes, *saturating_piece(kind, nbytes, chunk_bytes), repeats, device, directory)
+    if directory is None:
+        raise ValueError("saturated_floor('disk'): a directory on the disk tier's file system is needed")
+    if not sweep:
+        raise ValueError("saturated_floor('disk'): an empty sweep")
+    page = mmap.PAGESIZE
+    chunk_bytes = max(page, -(-chunk_bytes // page) * page)
+    nbytes = -(-nbytes // page) * page
+    files: dict[str, list[Path]] = {}
+    try:
+        for layout in dict.fromkeys(layout for layout, _ in sweep):
+            files[layout] = _layout_files(Path(directory), nbytes, chunk_bytes, layout)
+        seconds: list[list[float]] = [[] for _ in sweep]
+        for _ in range(repeats):
+            for k, (layout, depth) in enumerate(sweep):
+                seconds[k].append(_read_chunks(files[layout], nbytes, chunk_bytes, depth))
+    finally:
+        for paths in files.values():
+            for path in paths:
+                path.unlink(missing_ok=True)
+    ways = [{"layout": layout, "queue_depth": max(1, depth), "seconds": s, "median_s": statistics.median(s)}
+            for (layout, depth), s in zip(sweep, seconds)]
+    best = min(ways, key=lambda w: w["median_s"])
+    return {"kind": "disk", "label": "disk: O_DIRECT reads", "bytes": nbytes, "chunk_bytes": chunk_bytes,
+            "queue_depth": best["queue_depth"], "seconds": best["seconds"], "median_s": best["median_s"],
+            "layout": best["layout"], "in_flight": "continuous", "sweep": ways}
 
 
 def chunked_floor(kind: str, nbytes: int, chunk_bytes: int, queue_depth: int = 1, repeats: int = 3,
                   device: str = "cpu", directory: str | Path | None = None) -> dict:
     """The floor of moving exactly ``nbytes`` (a context) the way a restore moves it: in ``chunk_bytes`` pieces,
-    ``queue_depth`` in flight. ``kind``: ``disk`` (O_DIRECT reads of a file under ``directory``), ``copy``
+    ``queue_depth`` in flight. ``kind``: ``disk`` (O_DIRECT reads of one file under ``directory``, continuously in
+    flight, ``_read_chunks``: the record's ``in_flight`` says so; disk records without it, before 6 Dec 2026, read in
+    lockstep batches, the same at one in flight), ``copy``
     (host->device from pinned memory; CPU: a host memcpy) or ``device`` (device->device; CPU: a host memcpy).
     Returns every repeat's seconds, their median, and what was measured (the label says a host memcpy on CPU).
 
@@ -227,6 +382,7 @@ def chunked_floor(kind: str, nbytes: int, chunk_bytes: int, queue_depth: int = 1
     nbytes = -(-nbytes // page) * page if kind == "disk" else nbytes
     queue_depth = max(1, queue_depth)
     seconds: list[float] = []
+    extra: dict = {}
     cuda = device == "cuda" and torch.cuda.is_available()
     if kind == "disk":
         if directory is None:
@@ -237,6 +393,7 @@ def chunked_floor(kind: str, nbytes: int, chunk_bytes: int, queue_depth: int = 1
         finally:
             path.unlink(missing_ok=True)
         label = "disk: O_DIRECT reads"
+        extra = {"in_flight": "continuous"}
     else:
         src, dst, label = _copy_buffers(kind, nbytes, cuda)
         streams = [torch.cuda.Stream() for _ in range(queue_depth)] if cuda else []
@@ -260,7 +417,7 @@ def chunked_floor(kind: str, nbytes: int, chunk_bytes: int, queue_depth: int = 1
         seconds = [once() for _ in range(repeats)]
         del src, dst
     return {"kind": kind, "label": label, "bytes": nbytes, "chunk_bytes": chunk_bytes, "queue_depth": queue_depth,
-            "seconds": seconds, "median_s": statistics.median(seconds)}
+            "seconds": seconds, "median_s": statistics.median(seconds), **extra}
 
 
 def _copy_buffers(kind: str, nbytes: int, cuda: bool):

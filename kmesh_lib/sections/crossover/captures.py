@@ -229,7 +229,10 @@ class PointFloors(CaptureRecord):
     context_bytes: int
     when: str  # before | after the point's pairs
     floors: Mapping  # kind -> ``kv.floors.chunked_floor``'s measurement in the tier's chunks at FLOOR_QUEUE_DEPTH
-    saturated: Mapping | None = None  # kind -> the same with the medium kept busy; absent before 5 Dec 2026
+    # kind -> the same with the medium kept busy (``kv.floors.saturated_floor``); absent before 5 Dec 2026. A disk
+    # record with ``in_flight`` (from 6 Dec 2026) is a sweep's fastest way, every way in its ``sweep``; one without
+    # read 8 chunks of one file in lockstep batches (each batch waiting for its slowest read)
+    saturated: Mapping | None = None
     errors: Mapping | None = None  # kind, or "kind (saturated)" -> why that way could not be measured; absent where none failed
 
 

@@ -192,13 +192,17 @@ def floor_chunk_bytes(cfg: CrossoverParams, tier, tier_name: str, kind: str, kvt
 def point_floors(cfg: CrossoverParams, tier, tier_name: str, runtime: RuntimeDir, kinds: list[str], model: str,
                  n: int, kvt: int, when: str) -> dict:
     """The floors of one point's context, measured in the engine's process ``when`` ("before", "after") its pairs,
-    two ways (``kv.floors.chunked_floor``; the disk floor on the tier's disk tier's file system): ``floors``, its bytes
-    in the tier's chunks at FLOOR_QUEUE_DEPTH; ``saturated``, the medium kept busy (``kv.floors.saturating_piece``: a
-    copy in one piece, the disk's reads in the tier's chunks several in flight). A restore is judged by the faster
-    (``report.floor_range_ms``): on the H200 (5 Dec, 1.5B, 16,384 tokens) vLLM's CPU tier restored the context in
-    12.7 ms against 21-34 ms for its blocks copied one at a time from Python, and LMCache's disk tier read it in
-    281 ms against 416-424 ms for its chunks read one at a time, so the one-at-a-time measurement alone is no floor."""
-    from kmesh_lib.kv.floors import chunked_floor, saturating_piece
+    two ways (the disk floor on the tier's disk tier's file system): ``floors``, its bytes in the tier's chunks at
+    FLOOR_QUEUE_DEPTH (``kv.floors.chunked_floor``); ``saturated``, the medium kept busy (``kv.floors.saturated_floor``:
+    a copy in one piece; the disk, the fastest of a sweep of reads in the tier's chunks continuously in flight,
+    LMCache's own way, one file per chunk with its ``disk_io_threads``, and one file at deeper queues, every way's
+    figures in the record's ``sweep``). A restore is judged by the faster (``report.floor_range_ms``): on the H200
+    (5 Dec, 1.5B, 16,384 tokens) vLLM's CPU tier restored the context in 12.7 ms against 21-34 ms for its blocks
+    copied one at a time from Python, and LMCache's disk tier read it in 281 ms against 416-424 ms for its chunks read
+    one at a time, so the one-at-a-time measurement alone is no floor. Saturated disk records without ``in_flight``
+    (before 6 Dec 2026) read 8 chunks in lockstep batches from one file: on the H200 (6 Dec, 7B, 16,384 tokens)
+    LMCache's disk restores ran at 1.69 GB/s against that floor's 1.2-1.44 GB/s, so that floor was none either."""
+    from kmesh_lib.kv.floors import chunked_floor, saturated_floor
 
     nbytes = n * kvt
     directory = getattr(tier, "disk_dir", None) or runtime.subdir("floors")
@@ -208,11 +212,10 @@ def point_floors(cfg: CrossoverParams, tier, tier_name: str, runtime: RuntimeDir
         # a floor that cannot be measured here (memory, O_DIRECT) is recorded as such; the restores still run. Each
         # way is its own attempt, so a saturated measurement that raises leaves the chunked one standing (the verdicts
         # then use it alone); any error fails the "floors measured before and after" check all the same
-        for way, into, piece in (("chunked", measured, (chunk, cfg.FLOOR_QUEUE_DEPTH)),
-                                 ("saturated", saturated, None)):
+        for way, into, floor, depth in (("chunked", measured, chunked_floor, (cfg.FLOOR_QUEUE_DEPTH,)),
+                                        ("saturated", saturated, saturated_floor, ())):
             try:
-                into[kind] = chunked_floor(kind, nbytes, *(piece or saturating_piece(kind, nbytes, chunk)),
-                                           cfg.FLOOR_REPEATS, cfg.DEVICE, directory)
+                into[kind] = floor(kind, nbytes, chunk, *depth, cfg.FLOOR_REPEATS, cfg.DEVICE, directory)
             except Exception as e:  # noqa: BLE001 - recorded; the verdicts say "no floor measured" for its paths
                 errors[kind if way == "chunked" else f"{kind} ({way})"] = f"{type(e).__name__}: {e}"[:300]
     if cfg.DEVICE == "cuda":

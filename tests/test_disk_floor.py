@@ -1,0 +1,140 @@
+"""The disk floor's reads (``kv.floors._read_chunks``) and the saturated disk floor's sweep (``saturated_floor``):
+reads continuously in flight overlap past a slow one (lockstep batches do not), each layout reads what it should,
+the sweep records every way and is the fastest of them, and point floors recorded before the sweep still load."""
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+from crossover_records import as_point_floors
+
+from kmesh_lib.kv import floors as pf
+from kmesh_lib.sections.crossover import report as cr
+
+CHUNK = 64 << 10
+
+
+class FakeReads:
+    """Stands in for ``os.preadv``: returns the bytes asked for without touching the disk, counts the reads in flight,
+    and notes which file (inode) and offset each read asked for. The first ``together`` reads wait until all of them
+    are in flight at once; then read 0 waits until read ``release_at`` has started, or ``wait_s``: with reads
+    continuously in flight the other workers reach it; in lockstep batches no read of a later batch starts before
+    read 0 returns."""
+
+    def __init__(self, release_at: int, wait_s: float, together: int = 1) -> None:
+        self.release_at, self.wait_s = release_at, wait_s
+        self.together = threading.Barrier(together, timeout=10.0)
+        self.lock, self.active, self.most = threading.Lock(), 0, 0
+        self.started, self.reached = 0, threading.Event()
+        self.seen: list[tuple[int, int]] = []
+        self.first_waited_for_later: bool | None = None
+
+    def __call__(self, fd: int, buffers, offset: int) -> int:
+        with self.lock:
+            self.active += 1
+            self.most = max(self.most, self.active)
+            index, self.started = self.started, self.started + 1
+            self.seen.append((os.fstat(fd).st_ino, offset))
+        if index >= self.release_at:
+            self.reached.set()
+        if index < self.together.parties:
+            self.together.wait()
+        if index == 0:
+            self.first_waited_for_later = self.reached.wait(self.wait_s)
+        with self.lock:
+            self.active -= 1
+        return sum(len(b) for b in buffers)
+
+
+@pytest.mark.parametrize("depth", [2, 4, 8])
+def test_reads_continuously_in_flight_pass_a_slow_read_and_never_exceed_the_depth(tmp_path, monkeypatch, depth):
+    nbytes = 4 * depth * CHUNK
+    path = pf._odirect_file(tmp_path, nbytes)
+    fake = FakeReads(release_at=2 * depth, wait_s=10.0, together=depth)  # read 0 waits two batches past its own
+    monkeypatch.setattr(os, "preadv", fake)
+    pf._read_chunks(path, nbytes, CHUNK, depth)
+    assert fake.first_waited_for_later is True  # reads of later batches started while read 0 was in flight
+    assert fake.most == depth and fake.started == 4 * depth  # all of the depth at once, never more
+
+
+def test_reads_in_lockstep_batches_wait_for_the_slowest_of_each(tmp_path, monkeypatch):
+    """The same instrument on the method of records before 6 Dec 2026: read 0 stalls its whole batch, so the later
+    batch's reads never start while it is in flight (it gives up waiting, then the batches go on)."""
+    depth, nbytes = 4, 16 * CHUNK
+    path = pf._odirect_file(tmp_path, nbytes)
+    fake = FakeReads(release_at=depth, wait_s=0.5, together=depth)
+    monkeypatch.setattr(os, "preadv", fake)
+    pf._read_chunks(path, nbytes, CHUNK, depth, lockstep=True)
+    assert fake.first_waited_for_later is False and fake.most == depth and fake.started == 16
+
+
+def test_one_file_reads_its_offsets_and_chunk_files_one_file_each_at_offset_zero(tmp_path, monkeypatch):
+    nbytes = 6 * CHUNK
+    fake = FakeReads(release_at=0, wait_s=0.0)
+    monkeypatch.setattr(os, "preadv", fake)
+    one = pf._layout_files(tmp_path, nbytes, CHUNK, "one_file")
+    pf._read_chunks(one, nbytes, CHUNK, 3)
+    assert len({ino for ino, _ in fake.seen}) == 1 and sorted(o for _, o in fake.seen) == list(range(0, nbytes, CHUNK))
+    fake.seen.clear()
+    per_chunk = pf._layout_files(tmp_path, nbytes, CHUNK, "chunk_files")
+    assert len(per_chunk) == 6 and all(p.stat().st_size == CHUNK for p in per_chunk)
+    pf._read_chunks(per_chunk, nbytes, CHUNK, 3)
+    assert len({ino for ino, _ in fake.seen}) == 6 and {o for _, o in fake.seen} == {0}
+
+
+def test_a_short_read_raises_and_does_not_hang_either_way(tmp_path, monkeypatch):
+    nbytes = 8 * CHUNK
+    path = pf._odirect_file(tmp_path, nbytes)
+    monkeypatch.setattr(os, "preadv", lambda fd, buffers, offset: 0 if offset == 3 * CHUNK else len(buffers[0]))
+    for lockstep in (False, True):
+        with pytest.raises(OSError, match="short O_DIRECT read"):
+            pf._read_chunks(path, nbytes, CHUNK, 4, lockstep=lockstep)
+
+
+def test_the_sweep_records_every_way_interleaved_and_its_floor_is_the_fastest(tmp_path, monkeypatch):
+    sweep = (("chunk_files", 4), ("one_file", 4), ("one_file", 8), ("one_file", 16))  # any sweep, not the default
+    seconds = {("chunk_files", 4): [0.30, 0.31, 0.29], ("one_file", 4): [0.20, 0.22, 0.21],
+               ("one_file", 8): [0.12, 0.10, 0.11], ("one_file", 16): [0.13, 0.09, 0.14]}
+    order = []
+
+    def fake_read(paths, nbytes, chunk, depth, lockstep=False):
+        way = ("chunk_files" if len(paths) > 1 else "one_file", depth)
+        assert not lockstep and all(p.exists() for p in paths)
+        order.append(way)
+        return seconds[way][sum(w == way for w in order) - 1]
+
+    monkeypatch.setattr(pf, "_read_chunks", fake_read)
+    got = pf.saturated_floor("disk", 10 * CHUNK, CHUNK, 3, "cpu", tmp_path, sweep)
+    assert order == list(sweep) * 3  # each repeat times every way once
+    assert [(w["layout"], w["queue_depth"], w["seconds"]) for w in got["sweep"]] == [(*k, v) for k, v in seconds.items()]
+    assert (got["layout"], got["queue_depth"], got["median_s"], got["seconds"]) == ("one_file", 8, 0.11, [0.12, 0.10, 0.11])
+    assert got["in_flight"] == "continuous" and (got["bytes"], got["chunk_bytes"]) == (10 * CHUNK, CHUNK)
+    assert not list(tmp_path.iterdir())  # every layout's files are gone
+
+
+def test_the_sweep_reads_a_real_file_system_and_leaves_nothing(tmp_path):
+    got = pf.saturated_floor("disk", 3 << 20, 256 << 10, 2, "cpu", tmp_path)
+    assert [(w["layout"], w["queue_depth"]) for w in got["sweep"]] == list(pf.SATURATING_DISK_SWEEP)
+    assert got["median_s"] == min(w["median_s"] for w in got["sweep"]) > 0
+    assert all(len(w["seconds"]) == 2 for w in got["sweep"]) and not list(tmp_path.iterdir())
+    copy = pf.saturated_floor("copy", 1 << 20, 64 << 10, 2, "cpu", tmp_path)
+    assert (copy["chunk_bytes"], copy["queue_depth"], "sweep" in copy) == (1 << 20, 1, False)  # a copy: one piece
+
+
+def test_point_floors_recorded_before_the_sweep_still_load_and_judge_by_their_median():
+    """A saturated disk record of 6 Dec 2026's H200 run (7B, 16,384 tokens; lockstep, no ``in_flight`` nor ``sweep``)
+    beside one with the sweep: both validate, and the floor is each record's fastest median."""
+    old = {"model": "m", "context_tokens": 16384, "tier": "lmcache", "when": "before",
+           "floors": {"disk": {"kind": "disk", "label": "disk: O_DIRECT reads", "bytes": 939524096,
+                               "chunk_bytes": 14680064, "queue_depth": 1, "seconds": [0.93], "median_s": 0.93},
+                      "copy": {"median_s": 0.02}},
+           "saturated": {"disk": {"kind": "disk", "label": "disk: O_DIRECT reads", "bytes": 939524096,
+                                  "chunk_bytes": 14680064, "queue_depth": 8, "seconds": [0.652], "median_s": 0.652}}}
+    new = {**old, "when": "after", "saturated": {"disk": {
+        **old["saturated"]["disk"], "queue_depth": 4, "layout": "chunk_files", "in_flight": "continuous",
+        "median_s": 0.5, "sweep": [{"layout": "chunk_files", "queue_depth": 4, "seconds": [0.5], "median_s": 0.5},
+                                   {"layout": "one_file", "queue_depth": 8, "seconds": [0.6], "median_s": 0.6}]}}}
+    floors = as_point_floors([old, new])
+    assert "sweep" not in floors[0].saturated["disk"] and floors[1].saturated["disk"]["sweep"][0]["median_s"] == 0.5
+    assert cr.floor_range_ms("disk", floors) == [520.0, 672.0]  # the read's fastest, plus the copy
