@@ -267,6 +267,13 @@ def environment(device: str | None = None) -> dict:
     return env
 
 
+def recorded_packages(env: dict) -> dict:
+    """The package versions an env.json (or a public document's ``environment``) records; ``{}`` where its
+    ``packages`` is missing, null or not a mapping: not recorded, so every version reads as unknown."""
+    packages = env.get("packages")
+    return packages if isinstance(packages, dict) else {}
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -319,7 +326,7 @@ STACK_PACKAGES = ("vllm", "lmcache", "torch")  # the packages whose versions a r
 def _stack_changes(first: dict, now: dict) -> list[tuple[str, object, object]]:
     """(what, first call's, this call's) for the device and each stack package that differ between two calls."""
     pairs = [("device", first.get("device"), now.get("device"))]
-    pairs += [(name, first.get("packages", {}).get(name), now.get("packages", {}).get(name)) for name in STACK_PACKAGES]
+    pairs += [(name, recorded_packages(first).get(name), recorded_packages(now).get(name)) for name in STACK_PACKAGES]
     return [(key, was, cur) for key, was, cur in pairs if was != cur]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from kmesh_lib.base.checks import verdict as checks_verdict
 from kmesh_lib.base.intervals import white_noise_bound
-from kmesh_lib.base.records import RunFiles
+from kmesh_lib.base.records import RunFiles, recorded_packages
 from kmesh_lib.sections.crossover import report
 from kmesh_lib.sections.crossover.arms import RESIDENT_OF, TIER_OF, control_of
 from kmesh_lib.sections.crossover.captures import GridRow
@@ -793,7 +793,7 @@ def _setup(doc: dict) -> tuple:
     """What must match for two runs' speed-ups to be the same measurement repeated: the device, the engine stack,
     the dtype and the weights."""
     env, params = doc.get("environment") or {}, doc.get("params") or {}
-    packages = env.get("packages") or {}
+    packages = recorded_packages(env)
     return (env.get("device"), packages.get("vllm"), packages.get("lmcache"), params.get("DTYPE"), params.get("WEIGHTS"))
 
 
