@@ -136,9 +136,49 @@ def test_a_restore_is_set_against_its_own_engines_recompute_where_that_engine_re
     xo = {r["path"]: r for r in cr.crossover_table(cr.arm_table(as_grid_rows(rows)))}
     assert xo["gpubuf_retained"]["speedup@4096"] == 2.0
     assert xo["dram"]["speedup@4096"] == 4.0 and xo["native_offload"]["speedup@4096"] == 4.0
-    assert control_of("gpubuf_retained", {"gpubuf_recompute", "recompute"}) == "gpubuf_recompute"
-    assert control_of("native_offload", {"recompute"}) == "recompute"
-    assert control_of("dram", {"recompute", "gpubuf_recompute"}) == "recompute"
+    assert xo["gpubuf_retained"]["control"] == "gpubuf_recompute" and xo["native_offload"]["control"] == "recompute"
+    assert control_of("gpubuf_retained", {4096: {"gpubuf_retained", "gpubuf_recompute", "recompute"}}) == "gpubuf_recompute"
+    assert control_of("native_offload", {4096: {"native_offload", "recompute"}}) == "recompute"
+    assert control_of("dram", {4096: {"dram", "recompute", "gpubuf_recompute"}}) == "recompute"
+
+
+def test_a_row_whose_own_recompute_is_missing_at_one_length_is_over_the_lmcache_engines_at_every_length(tmp_path):
+    """One control per (model, path) row: the GPU buffer's own engine recomputed at 4,096 tokens (0.100 s) but its
+    recompute at 16,384 failed (cache_miss: in no table), so the whole row is over the LMCache engine's recompute
+    (0.200 s, 0.800 s), never 2x at 4,096 over one engine and 8x at 16,384 over another. The row says which
+    (``control``), and the heatmap's cells, the findings' recompute time and the public document read the same."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kmesh_lib.sections.crossover import summary
+    from kmesh_lib.sections.crossover.arms import control_of
+
+    rows = _rows("m", {"recompute": {4096: 0.200, 16384: 0.800}, "gpubuf_recompute": {4096: 0.100, 16384: 0.400},
+                       "gpubuf_retained": {4096: 0.050, 16384: 0.100}, "gpubuf_resident": {4096: 0.040, 16384: 0.090}})
+    failed = next(r for r in rows if r["arm"] == "gpubuf_recompute" and r["context_tokens"] == 16384)
+    failed["status"] = "cache_miss"
+    table = cr.arm_table(as_grid_rows(rows))
+    (xo,) = cr.crossover_table(table)
+    assert xo["control"] == "recompute"
+    assert (xo["speedup@4096"], xo["speedup@16384"]) == (4.0, 8.0)
+    assert control_of("gpubuf_retained", {4096: {"gpubuf_retained", "gpubuf_recompute"}, 16384: {"gpubuf_retained"},
+                                          1024: {"gpubuf_recompute"}}) == "recompute"  # 1,024: no restore, no matter
+    tables = {"arms": table, "crossover": [xo]}
+    assert summary._recompute_ms(tables, xo, 4096) == 200.0  # the LMCache engine's, not gpubuf_recompute's 100 ms
+    assert summary._other_engine(tables, xo, 4096).startswith(", on another engine")
+    assert summary.path_phrase(xo).startswith("GPU-buffer (retained) restore beats recompute from **4,096 tokens** (over the "
+                                              "LMCache engine's recompute; ")
+    fig = cr.heatmaps(table, tmp_path / "heat.png", crossover=[xo])
+    (ax,) = [a for a in fig.axes if a.get_title().startswith("gpubuf_retained")]
+    assert ax.get_title() == "gpubuf_retained restore vs recompute"
+    assert sorted(t.get_text() for t in ax.texts) == ["4.00x", "8.00x"]
+    plt.close(fig)
+
+    ok = [r for r in rows if r is not failed] + [{**failed, "status": "ok"}]
+    (own,) = cr.crossover_table(cr.arm_table(as_grid_rows(ok)))
+    assert own["control"] == "gpubuf_recompute" and (own["speedup@4096"], own["speedup@16384"]) == (2.0, 4.0)
+    assert "(over its own engine's recompute; " in summary.path_phrase(own)
 
 
 def test_the_other_engines_recomputes_are_arms_of_the_gpu_profile_only():
@@ -1272,10 +1312,15 @@ def test_a_speed_up_over_another_engines_recompute_says_so():
 
     arms = [{"model": "m", "context_tokens": 16384, "arm": a, "ttft_ms": ms}
             for a, ms in (("recompute", 117.0), ("resident", 12.3), ("native_resident", 16.8))]
-    assert summary._other_engine({"arms": arms}, "m", 16384, "dram") == ""
-    assert summary._other_engine({"arms": arms}, "m", 16384, "native_offload") == (
+
+    def row(path, control="recompute"):
+        return {"model": "m", "path": path, "control": control}
+
+    assert summary._other_engine({"arms": arms}, row("dram"), 16384) == ""
+    assert summary._other_engine({"arms": arms}, row("native_offload"), 16384) == (
         ", on another engine: its resident follow-up 12.3 ms, this engine's 16.8 ms")
-    assert summary._other_engine({"arms": arms[:1]}, "m", 16384, "gpubuf_retained") == ", on another engine"
+    assert summary._other_engine({"arms": arms[:1]}, row("gpubuf_retained"), 16384) == ", on another engine"
+    assert summary._other_engine({"arms": arms}, row("native_offload", "native_recompute"), 16384) == ""
 
 
 def test_a_model_engine_larger_than_the_machine_fails_before_the_run(monkeypatch):
@@ -1315,6 +1360,34 @@ def test_replications_leave_out_a_run_whose_speed_up_is_over_another_recompute_a
     assert replications(standing, [doc("gpu-0-bbbb", 4.0, old)]) == ""
     assert "4.00\u00d7 [3.90, 4.10] (bbbb)" in replications(standing, [doc("gpu-0-bbbb", 4.0, old + ("gpubuf_recompute",))])
     assert "4.00\u00d7" in replications(doc("gpu-1-aaaa", 5.0, old), [doc("gpu-0-bbbb", 4.0, old)])
+
+
+def test_replications_read_one_control_per_row_of_a_public_document():
+    """A document's row is over one recompute arm at every length: its ``control`` where it says, else the rule of
+    ``arms.control_of`` over all its lengths. A run whose GPU buffer recomputed on its own engine at 4,096 tokens only
+    set its row (16,384 included) against the LMCache engine's recompute, as a run without that arm did: the same
+    figure, so it is a replication of that run, not of one whose own recompute ran at every length."""
+    from kmesh_lib.sections.crossover.summary import _control_in, replications
+
+    def doc(run_id, value, arms_at, control=None):
+        row = {"model": "m", "path": "gpubuf_retained", "crossover_tokens": 16384,
+               "speedup_by_context_tokens": {"16384": value},
+               "speedup_ci_by_context_tokens": {"16384": [value - 0.1, value + 0.1]}}
+        return {"run_id": run_id, "status": "passed", "params": {"DTYPE": "bfloat16", "WEIGHTS": "dummy"},
+                "environment": {"device": "NVIDIA H200", "packages": {"vllm": "0.26.0", "lmcache": "0.5.3"}},
+                "results": {"crossover": [row | ({"control": control} if control else {})],
+                            "arms": [{"model": "m", "context_tokens": n, "arm": a, "ttft_ms": 1.0, "n": 5}
+                                     for n, arms in arms_at.items() for a in arms]}}
+
+    base = ("recompute", "gpubuf_retained", "gpubuf_resident")
+    mixed = {4096: base + ("gpubuf_recompute",), 16384: base}
+    assert _control_in(doc("gpu-0-bbbb", 4.0, mixed), "m", "gpubuf_retained") == "recompute"
+    assert _control_in(doc("gpu-0-bbbb", 4.0, mixed, control="gpubuf_recompute"), "m", "gpubuf_retained") == (
+        "gpubuf_recompute")  # the row's own word first
+    without = doc("gpu-1-aaaa", 5.0, {4096: base, 16384: base})
+    assert "4.00\u00d7 [3.90, 4.10] (bbbb)" in replications(without, [doc("gpu-0-bbbb", 4.0, mixed)])
+    own = {n: base + ("gpubuf_recompute",) for n in (4096, 16384)}
+    assert replications(without, [doc("gpu-0-bbbb", 4.0, own)]) == ""
 
 
 def test_the_heatmap_of_a_run_whose_restore_tiers_all_failed_says_so(tmp_path):

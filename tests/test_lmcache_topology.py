@@ -74,6 +74,27 @@ def test_gpu_pcie_link_from_nvidia_smi_and_sysfs(tmp_path, monkeypatch):
     assert topology.gpu_pcie()["error"] == "nvidia-smi not on PATH"
 
 
+def test_nvidia_driver_from_nvidia_smi_else_the_kernel_modules_version_file(tmp_path, monkeypatch):
+    def smi(stdout, returncode=0):
+        def fake_run(cmd, **kw):
+            assert cmd[:2] == ["nvidia-smi", "--query-gpu=driver_version"]
+            return subprocess.CompletedProcess(cmd, returncode, stdout, "")
+        return fake_run
+
+    proc_file = tmp_path / "version"
+    write(proc_file, "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  575.57.08  Release Build  (dvs-builder@U16)\n"
+                     "GCC version:  gcc version 12.3.0")
+    monkeypatch.setattr(topology.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    assert topology.nvidia_driver(run=smi("570.86.15\n570.86.15\n"), version_file=proc_file) == "570.86.15"
+    # nvidia-smi failing, or naming two versions, gives way to the loaded module's own line
+    assert topology.nvidia_driver(run=smi("", returncode=9), version_file=proc_file) == "575.57.08"
+    assert topology.nvidia_driver(run=smi("570.86.15\n575.57.08\n"), version_file=proc_file) == "575.57.08"
+    monkeypatch.setattr(topology.shutil, "which", lambda name: None)
+    write(proc_file, "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023")
+    assert topology.nvidia_driver(version_file=proc_file) == "535.104.05"
+    assert topology.nvidia_driver(version_file=tmp_path / "absent") is None
+
+
 def test_striped_row_says_why_it_cannot_run(tmp_path, monkeypatch):
     one = {"nvme_count": 1, "md": {}}
     assert topology.striped_store(one)["reason"] == "1 NVMe drive on this machine; a striped store needs two"

@@ -508,6 +508,23 @@ def test_a_config_without_num_key_value_heads_is_multi_head_attention(tmp_path):
         resolve(str(model))
 
 
+def test_a_config_with_null_num_key_value_heads_is_multi_head_attention(tmp_path):
+    """HF configs write num_key_value_heads: null for multi-head attention (LlamaConfig sets it to
+    num_attention_heads when None), as a missing key means; kmesh refused null, accepting only a missing key."""
+    import json
+
+    from kmesh_lib.engine.model_spec import resolve
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({**MODEL_CONFIG, "num_key_value_heads": None}))
+    spec = resolve(str(model))
+    assert spec.config["num_key_value_heads"] == MODEL_CONFIG["num_attention_heads"]
+    (model / "config.json").write_text(json.dumps({**MODEL_CONFIG, "num_key_value_heads": "8"}))
+    with pytest.raises(ValueError, match="lacks a positive integer num_key_value_heads"):
+        resolve(str(model))
+
+
 def test_a_model_directory_real_vllm_can_load_passes(tmp_path):
     import json
 

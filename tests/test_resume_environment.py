@@ -7,8 +7,9 @@ import pytest
 from kmesh_lib.base.records import RunFileError, write_environment
 
 
-def env(device="NVIDIA H200", vllm="0.26.0"):
-    return {"device": device, "packages": {"vllm": vllm, "lmcache": "0.5.3", "torch": "2.11.0"}, "time_utc": "t"}
+def env(device="NVIDIA H200", vllm="0.26.0", nvidia_driver="570.86.15"):
+    return {"device": device, "packages": {"vllm": vllm, "lmcache": "0.5.3", "torch": "2.11.0"}, "time_utc": "t",
+            "nvidia_driver": nvidia_driver}
 
 
 def test_a_resumed_call_on_the_same_machine_is_appended(tmp_path):
@@ -19,13 +20,26 @@ def test_a_resumed_call_on_the_same_machine_is_appended(tmp_path):
     assert recorded["time_utc"] == "t" and [c["time_utc"] for c in recorded["calls"]] == ["later"]
 
 
-@pytest.mark.parametrize("other,named", [(env(device="NVIDIA H100 80GB HBM3"), "device"), (env(vllm="0.27.0"), "vllm")])
+@pytest.mark.parametrize("other,named", [(env(device="NVIDIA H100 80GB HBM3"), "device"), (env(vllm="0.27.0"), "vllm"),
+                                         (env(nvidia_driver="580.65.06"), "NVIDIA driver '570.86.15' -> '580.65.06'"),
+                                         ({k: v for k, v in env().items() if k != "nvidia_driver"}, "NVIDIA driver")])
 def test_a_resumed_call_on_another_machine_or_stack_is_refused(tmp_path, other, named):
     path = tmp_path / "env.json"
     write_environment(path, env(), resume=True)
     with pytest.raises(RunFileError, match=named):
         write_environment(path, other, resume=True)
     assert "calls" not in json.loads(path.read_text())  # nothing of the refused call is recorded
+
+
+def test_a_run_begun_before_the_driver_was_recorded_is_held_to_the_rest(tmp_path):
+    """env.json of a run begun before kmesh recorded nvidia_driver has no such key: its resumed calls are compared on
+    the device and the stack alone, not refused for a driver the first call never named."""
+    path = tmp_path / "env.json"
+    path.write_text(json.dumps({k: v for k, v in env().items() if k != "nvidia_driver"}))
+    write_environment(path, env(nvidia_driver="580.65.06") | {"time_utc": "later"}, resume=True)
+    assert json.loads(path.read_text())["calls"][0]["nvidia_driver"] == "580.65.06"
+    with pytest.raises(RunFileError, match="vllm"):
+        write_environment(path, env(vllm="0.27.0", nvidia_driver="580.65.06"), resume=True)
 
 
 def test_a_new_run_overwrites(tmp_path):

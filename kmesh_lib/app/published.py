@@ -23,7 +23,7 @@ from pathlib import Path
 
 from kmesh_lib.app.registry import SectionError, UnknownSection, call_section, find
 from kmesh_lib.app.report import STYLESHEET, report_css
-from kmesh_lib.base.records import RunFileError, RunFiles, run_id_sort_key
+from kmesh_lib.base.records import RunFileError, RunFiles, recorded_packages, run_id_sort_key
 
 SCHEMA = "kmesh.public-results/3"  # /3: published format, capture hashes of content, failure_note
 PUBLIC_FILE = "public-results.json"
@@ -149,7 +149,7 @@ def stack_text(doc: dict) -> str:
     """The device and the engine stack that measured the run: 'NVIDIA H200; vLLM 0.26.0, LMCache 0.5.3'
     (the device alone for a section that starts no engine)."""
     env = doc.get("environment", {})
-    packages = env.get("packages", {})
+    packages = recorded_packages(env)
     stack = ", ".join(f"{label} {packages[key]}" for key, label in (("vllm", "vLLM"), ("lmcache", "LMCache"))
                       if packages.get(key) and doc.get("uses_engine", True))
     device = str(env.get("device", "")).removeprefix("cpu: ")

@@ -26,7 +26,7 @@ from types import ModuleType
 from kmesh_lib.app import report_body as rb
 from kmesh_lib.app.registry import SectionError, call_section
 from kmesh_lib.base.checks import STATUSES
-from kmesh_lib.base.records import ENGINE_LOG, RunFileError, RunFiles
+from kmesh_lib.base.records import ENGINE_LOG, RunFileError, RunFiles, recorded_packages
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 ANSI = r"(?:\x1b\[[0-9;]*m)*"
@@ -358,7 +358,7 @@ def header_html(section: ModuleType, run: RunFiles, left_out: LeftOut, answer: s
     status = results.get("status", "unknown")
     git = env.get("git") or {}
     commit = commit_text(git)
-    packages = env.get("packages") or {}
+    packages = recorded_packages(env)
     versions = ", ".join(f"{k} {packages.get(k) or env.get(k)}" for k in VERSION_KEYS if packages.get(k) or env.get(k))
     recorded = results.get("checks") or {}
     counts = {s: sum(isinstance(c, dict) and c.get("status") == s for c in recorded.values()) for s in STATUSES}

@@ -1,7 +1,7 @@
 """Run records: ``runs/<section>/<run_id>/``, written as the run goes.
 
     params.resolved.yaml   the validated parameters
-    env.json               package versions, device, git revision
+    env.json               package versions, device (on a GPU: CUDA, NVIDIA driver, topology), git revision
     results.json           status, scalars and tables, rewritten atomically after every save
     raw/*.jsonl            captures, appended one record per line (a crash loses one group at most);
                            a published run stores them as raw/*.jsonl.xz, read the same way
@@ -259,12 +259,20 @@ def environment(device: str | None = None) -> dict:
         if torch.cuda.is_available():
             env["device"] = torch.cuda.get_device_name(0)
             env["cuda"] = torch.version.cuda
+            env["nvidia_driver"] = topology.nvidia_driver()  # None where neither nvidia-smi nor /proc says
             env["topology"] = topology.describe()  # block devices, NVMe count, md/RAID, the GPU's PCIe link
         else:
             env["device"] = cpu_model_name()
     except ImportError:
         env["device"] = device or "unknown"
     return env
+
+
+def recorded_packages(env: dict) -> dict:
+    """The package versions an env.json (or a public document's ``environment``) records; ``{}`` where its
+    ``packages`` is missing, null or not a mapping: not recorded, so every version reads as unknown."""
+    packages = env.get("packages")
+    return packages if isinstance(packages, dict) else {}
 
 
 def sha256_file(path: Path) -> str:
@@ -317,9 +325,13 @@ STACK_PACKAGES = ("vllm", "lmcache", "torch")  # the packages whose versions a r
 
 
 def _stack_changes(first: dict, now: dict) -> list[tuple[str, object, object]]:
-    """(what, first call's, this call's) for the device and each stack package that differ between two calls."""
+    """(what, first call's, this call's) for the device, each stack package and the NVIDIA driver that differ
+    between two calls. The driver is compared only where the first call's env.json has the key: a run begun
+    before kmesh recorded it (``environment``'s ``nvidia_driver``) is held to the rest alone."""
     pairs = [("device", first.get("device"), now.get("device"))]
-    pairs += [(name, first.get("packages", {}).get(name), now.get("packages", {}).get(name)) for name in STACK_PACKAGES]
+    pairs += [(name, recorded_packages(first).get(name), recorded_packages(now).get(name)) for name in STACK_PACKAGES]
+    if "nvidia_driver" in first:  # a driver update changes copy and kernel timings on the same card
+        pairs.append(("NVIDIA driver", first["nvidia_driver"], now.get("nvidia_driver")))
     return [(key, was, cur) for key, was, cur in pairs if was != cur]
 
 

@@ -105,6 +105,27 @@ def gpu_pcie(run=subprocess.run) -> dict:
     return {"gpus": gpus}
 
 
+NVIDIA_DRIVER_VERSION = Path("/proc/driver/nvidia/version")
+# "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.15  ..." or "... Open Kernel Module for x86_64  570.86.15  ..."
+KERNEL_MODULE_VERSION = re.compile(r"Kernel Module(?: for \S+)?\s+(\d+(?:\.\d+)+)")
+
+
+def nvidia_driver(run=subprocess.run, version_file: Path = NVIDIA_DRIVER_VERSION) -> str | None:
+    """The NVIDIA driver's version ('570.86.15'): ``nvidia-smi --query-gpu=driver_version`` (one version for all
+    GPUs), else the loaded kernel module's line in /proc/driver/nvidia/version; None where neither says."""
+    if shutil.which("nvidia-smi") is not None:
+        try:
+            proc = run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                       capture_output=True, text=True, timeout=30)
+            versions = {v.strip() for v in proc.stdout.splitlines() if v.strip()} if proc.returncode == 0 else set()
+            if len(versions) == 1:
+                return versions.pop()
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    found = KERNEL_MODULE_VERSION.search(_read(version_file) or "")
+    return found.group(1) if found else None
+
+
 def pci_link_sysfs(bus_id: str, root: Path = Path("/sys/bus/pci/devices")) -> dict | None:
     """``current/max_link_speed`` and ``_width`` of a PCI device (nvidia-smi's 8-digit domain -> sysfs's 4), and its
     ``numa_node`` (-1: the platform gives none) and ``local_cpulist``."""

@@ -83,8 +83,9 @@ def read_config(model: str, key: str = "MODEL") -> tuple[Path, dict]:
         raise ParamError(f"{shown}: config.json is not JSON") from None
     if not isinstance(config, dict):
         raise ParamError(f"{shown}: config.json is not a JSON object")
-    if "num_key_value_heads" not in config and "num_attention_heads" in config:
-        # multi-head attention, as transformers reads a config without it (Llama 1 and 2's, GPT-NeoX's)
+    if config.get("num_key_value_heads") is None and "num_attention_heads" in config:
+        # multi-head attention, as transformers reads a config without it or with null (Llama 1 and 2's, GPT-NeoX's):
+        # LlamaConfig and its kin set num_key_value_heads = num_attention_heads when it is None
         config["num_key_value_heads"] = config["num_attention_heads"]
     bad = [k for k in REQUIRED_CONFIG_KEYS if not (isinstance(config.get(k), int) and not isinstance(config.get(k), bool)
                                                   and 0 < config[k] <= MAX_CONFIG_VALUE)]

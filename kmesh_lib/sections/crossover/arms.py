@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from kmesh_lib.engine.gpu_clocks import GpuClocks
@@ -87,13 +88,26 @@ TIMED_TIERS = ("gpubuf", "native")  # tiers whose restores record their own time
 WARM_OWN_TOKENS = [6, 7]  # a warm-up's tokens after the context (``RestoreBench.warm`` says why two)
 
 
-def control_of(path: str, measured) -> str:
-    """The recompute arm ``path``'s speed-up is over: its own engine's, where ``measured`` (the arms measured at the
-    point) has it, so restore and recompute run in one engine; else the LMCache engine's ``recompute``, another
-    engine where ``path`` is not LMCache's (one engine per tier: their speeds at rest differ, review finding of
-    6 Dec 2026)."""
+def control_of(path: str, measured_at: Mapping[int, Collection[str]]) -> str:
+    """The recompute arm every speed-up of one (model, ``path``) row is over, one decision for the whole row:
+    ``measured_at`` maps each context length to the arms measured there (for that model). Its own engine's
+    recompute where that arm was measured at every length ``path`` was, so restore and recompute run in one engine
+    all along the row; else the LMCache engine's ``recompute`` at every length, another engine where ``path`` is
+    not LMCache's (one engine per tier: their speeds at rest differ, review finding of 6 Dec 2026). Never one
+    control at some lengths and the other at the rest: a row's crossover compares its lengths' speed-ups, and a
+    change of control between two lengths would move the ratio by the engines' difference, not the restore's."""
     own = RECOMPUTE_OF_TIER[TIER_OF[path]]
-    return own if own in measured else "recompute"
+    lengths = [n for n, arms in measured_at.items() if path in arms]
+    return own if lengths and all(own in measured_at[n] for n in lengths) else "recompute"
+
+
+def measured_at(points) -> dict[str, dict[int, set[str]]]:
+    """model -> context length -> the arms measured there, from (model, context tokens, arm) triples: what
+    ``control_of`` decides a row's control from."""
+    out: dict[str, dict[int, set[str]]] = {}
+    for model, n, arm in points:
+        out.setdefault(model, {}).setdefault(n, set()).add(arm)
+    return out
 
 
 def tiers_of(arm_names) -> list[str]:

@@ -2,7 +2,8 @@
 
     arm_table        median first token (and makespan) per (model, context, arm), measured ``ok`` rows
     crossover_table  per (model, restore path): recompute / restore per context, and the crossover:
-                     the shortest measured context from which the restore is faster at every longer one
+                     the shortest measured context from which the restore is faster at every longer one;
+                     one recompute arm (``control``) for the whole row
     floor_table      how far each restore is from its floor: restore - engine-resident (the cost of
                      bringing the context in, against the resident follow-up of the same engine)
                      against bytes / floor bandwidth (``FLOOR_OF``)
@@ -34,7 +35,14 @@ from kmesh_lib.base.intervals import (
     serial_inflation,
 )
 from kmesh_lib.kv.floors import floor_seconds
-from kmesh_lib.sections.crossover.arms import GPUBUF_RESTORES, RESIDENT_OF, RESTORE_ARMS, TIER_OF, control_of
+from kmesh_lib.sections.crossover.arms import (
+    GPUBUF_RESTORES,
+    RESIDENT_OF,
+    RESTORE_ARMS,
+    TIER_OF,
+    control_of,
+    measured_at,
+)
 from kmesh_lib.sections.crossover.captures import NO_SPLIT, FollowUp, PairRow, PointFloors, RestoreSplit
 
 RESTORES = RESTORE_ARMS
@@ -109,9 +117,10 @@ def speedup_interval(recompute_s: list[float], restore_s: list[float]) -> list[f
     return [_round(low, 3), _round(high, 3)]
 
 
-def _control(t: dict[tuple, dict], model: str, n: int, path: str) -> str:
-    """``arms.control_of`` at one point of an arm table's ``_lookup``: the recompute arm ``path``'s speed-up is over."""
-    return control_of(path, {a for (m, k, a) in t if (m, k) == (model, n)})
+def _control(t: dict[tuple, dict], model: str, path: str) -> str:
+    """``arms.control_of`` of an arm table's ``_lookup``: the recompute arm every speed-up of the (``model``,
+    ``path``) row is over, one for all its lengths (the crossover table's ``control``, the heatmap's cells)."""
+    return control_of(path, measured_at(t).get(model, {}))
 
 
 def crossover_table(table: list[dict], rows: list[FollowUp] = ()) -> list[dict]:
@@ -119,7 +128,9 @@ def crossover_table(table: list[dict], rows: list[FollowUp] = ()) -> list[dict]:
     length N; with the follow-ups (``rows``), ``speedup_ci@N``, its 95% interval (``speedup_interval``), and a win
     at N is an interval wholly above 1 (without them, or with fewer than two follow-ups of an arm, a median ratio
     above 1). ``crossover_tokens``: the shortest
-    length from which every longer one is a win."""
+    length from which every longer one is a win. ``control``: the recompute arm every speed-up of the row is over
+    (``arms.control_of``: the tier's own engine's where it was measured at every length of the row, else the LMCache
+    engine's ``recompute`` for the whole row); a length where that arm was not measured has no speed-up."""
     t = _lookup(table)
     samples: dict[tuple, list[float]] = {}
     for r in usable(rows):
@@ -128,17 +139,17 @@ def crossover_table(table: list[dict], rows: list[FollowUp] = ()) -> list[dict]:
     out = []
     for model in models:
         for path in RESTORES:
-            control = {n: _control(t, model, n, path) for (m, n, a) in t if m == model and a == path}
-            lengths = sorted(n for n, c in control.items() if (model, n, c) in t)
+            control = _control(t, model, path)
+            lengths = sorted(n for (m, n, a) in t if m == model and a == path and (model, n, control) in t)
             if not lengths:
                 continue
-            speed = {n: t[(model, n, control[n])]["ttft_ms"] / t[(model, n, path)]["ttft_ms"] for n in lengths}
-            ci = ({n: speedup_interval(samples.get((model, n, control[n]), []), samples.get((model, n, path), []))
+            speed = {n: t[(model, n, control)]["ttft_ms"] / t[(model, n, path)]["ttft_ms"] for n in lengths}
+            ci = ({n: speedup_interval(samples.get((model, n, control), []), samples.get((model, n, path), []))
                    for n in lengths} if samples else {})
             # no interval (fewer than two follow-ups of an arm: nothing to resample): the medians alone, as before
             wins = [ci[n][0] > 1.0 if ci and ci[n][0] is not None else speed[n] > 1.0 for n in lengths]
             point = crossover_point(lengths, wins)
-            row = {"model": model, "path": path, "crossover_tokens": point,
+            row = {"model": model, "path": path, "control": control, "crossover_tokens": point,
                    "crossover": (f">= {point}" if point is not None else f"none up to {max(lengths)}")}
             row.update({f"speedup@{n}": round(speed[n], 3) for n in lengths})
             row.update({f"speedup_ci@{n}": ci[n] for n in lengths if ci})
@@ -639,7 +650,8 @@ def _short(x: float) -> str:
 
 
 def heatmaps(table: list[dict], path_out, title: str = "", crossover: list[dict] | None = None):
-    """One panel per restore path: log2(recompute / restore) over model shape x context length; each cell
+    """One panel per restore path: log2(recompute / restore) over model shape x context length, a model's row of
+    cells over one recompute arm (``_control``, the crossover table's), named in the panel's title; each cell
     names its speed-up and, from ``crossover`` (the crossover table), its 95% interval."""
     import matplotlib.pyplot as plt
     import numpy as np
@@ -667,9 +679,10 @@ def heatmaps(table: list[dict], path_out, title: str = "", crossover: list[dict]
         ax.set_visible(False)
     for ax, path in zip(axes.flat, paths):
         grid = np.full((len(models), len(lengths)), np.nan)
+        controls = {m: _control(t, m, path) for m in models}  # one per row of cells, as the crossover table's
         for i, m in enumerate(models):
+            control = controls[m]
             for j, n in enumerate(lengths):
-                control = _control(t, m, n, path)
                 if (m, n, path) in t and (m, n, control) in t:
                     grid[i, j] = np.log2(t[(m, n, control)]["ttft_ms"] / t[(m, n, path)]["ttft_ms"])
         im = ax.imshow(grid, cmap="RdBu", vmin=-3, vmax=3, aspect="auto")
@@ -682,7 +695,7 @@ def heatmaps(table: list[dict], path_out, title: str = "", crossover: list[dict]
                             color="white" if abs(grid[i, j]) > 2 else "black")  # legible on the darkest cells
         ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
         ax.set_yticks(range(len(models)), models)
-        ax.set(xlabel="context tokens", title=f"{path} restore vs recompute")
+        ax.set(xlabel="context tokens", title=f"{path} restore vs {' / '.join(sorted(set(controls.values())))}")
     fig.colorbar(im, ax=axes.ravel().tolist(), label="log2 speed-up (blue: restore wins)")
     if title:
         fig.suptitle(title, fontsize=9)

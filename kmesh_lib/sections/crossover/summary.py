@@ -8,9 +8,9 @@ from __future__ import annotations
 from kmesh_lib.base.checks import verdict as checks_verdict
 from kmesh_lib.base.intervals import white_noise_bound
 from kmesh_lib.base.public import MAX_STRING_CHARS
-from kmesh_lib.base.records import RunFiles
+from kmesh_lib.base.records import RunFiles, recorded_packages
 from kmesh_lib.sections.crossover import report
-from kmesh_lib.sections.crossover.arms import RESIDENT_OF, TIER_OF, control_of
+from kmesh_lib.sections.crossover.arms import RESIDENT_OF, TIER_OF, control_of, measured_at
 from kmesh_lib.sections.crossover.captures import GridRow
 from kmesh_lib.sections.crossover.checks import checks
 from kmesh_lib.sections.crossover.tables import recomputed_tables
@@ -67,17 +67,27 @@ def _noted(phrase: tuple[str, str]) -> str:
     return f"{where} ({note})" if note else where
 
 
+def _control_named(row: dict) -> str:
+    """Which recompute a crossover row's speed-ups are over, where the path is not on the LMCache engine (whose own
+    ``recompute`` is the only one it has): "over its own engine's recompute; " or "over the LMCache engine's
+    recompute; ", to open a parenthesis; a row from before the ``control`` column was over the LMCache engine's."""
+    if TIER_OF[row["path"]] == "lmcache":
+        return ""
+    own = TIER_OF[row.get("control", "recompute")] == TIER_OF[row["path"]]
+    return f"over {'its own' if own else 'the LMCache'} engine's recompute; "
+
+
 def path_phrase(row: dict) -> str:
-    """Where one restore path beats recompute for one model, in the run's own numbers."""
+    """Where one restore path beats recompute for one model, in the run's own numbers, and over which recompute."""
     speed = _speedups(row)
     lengths = sorted(speed)
     point = row["crossover_tokens"]
     if point is None:
         return (f"{LABEL[row['path']]} restore never does up to {_n(lengths[-1])} tokens "
-                f"({speed[lengths[-1]]:.2f}\u00d7 there)")
+                f"({_control_named(row)}{speed[lengths[-1]]:.2f}\u00d7 there)")
     before = [n for n in lengths if n < point]
     where, note = _starts(row, bold=True)
-    return (f"{LABEL[row['path']]} restore beats recompute {where} ({note + '; ' if note else ''}"
+    return (f"{LABEL[row['path']]} restore beats recompute {where} ({_control_named(row)}{note + '; ' if note else ''}"
             f"{speed[point]:.2f}\u00d7 there"
             + (f", {speed[before[-1]]:.2f}\u00d7 at {_n(before[-1])}" if before else "")
             + (f", {speed[lengths[-1]]:.2f}\u00d7 at {_n(lengths[-1])}" if lengths[-1] != point else "") + ")")
@@ -674,7 +684,7 @@ def public_results(run: RunFiles) -> dict:
         "section": "crossover", "run_id": run.results.get("run_id"), "status": run.results.get("status"),
         "arms": [{k: t[k] for k in ("model", "context_tokens", "arm", "n", "context_mib", "ttft_ms", "ttft_min_ms",
                                     "makespan_ms", "disk_read_mib")} for t in tables["arms"]],
-        "crossover": [{"model": r["model"], "path": r["path"], "crossover_tokens": r["crossover_tokens"],
+        "crossover": [{"model": r["model"], "path": r["path"], "control": r["control"], "crossover_tokens": r["crossover_tokens"],
                        "speedup_by_context_tokens": {str(n): v for n, v in _speedups(r).items()},
                        **({"speedup_ci_by_context_tokens": {k.split("@")[1]: v for k, v in r.items()
                                                             if k.startswith("speedup_ci@")}}
@@ -690,25 +700,30 @@ def public_results(run: RunFiles) -> dict:
     }
 
 
-def _other_engine(tables: dict, model: str, tokens: int, path: str) -> str:
-    """Where a path's restores ran on another engine than the recompute arm (vLLM's CPU tier, the GPU buffer, the
-    LMCache server: one engine per tier), its speed-up sets one engine's restore against another's recompute; say so,
-    with each engine's resident follow-up, which shows how far the engines themselves differ (review finding,
-    6 Dec 2026: a47e's vLLM CPU-tier 3.33x is over the LMCache engine's recompute, residents 12.3 ms there and
-    16.8 ms on its own engine)."""
-    ttft = {t["arm"]: t["ttft_ms"] for t in tables["arms"] if (t["model"], t["context_tokens"]) == (model, tokens)}
-    if TIER_OF[control_of(path, ttft)] == TIER_OF[path]:  # its own engine's recompute (or LMCache's own path)
+def _other_engine(tables: dict, row: dict, tokens: int) -> str:
+    """Where a crossover row's restores ran on another engine than its recompute arm (its ``control``: vLLM's CPU
+    tier, the GPU buffer, the LMCache server set against the LMCache engine's, one engine per tier), its speed-up sets
+    one engine's restore against another's recompute; say so, with each engine's resident follow-up at ``tokens``,
+    which shows how far the engines themselves differ (review finding, 6 Dec 2026: a47e's vLLM CPU-tier 3.33x is
+    over the LMCache engine's recompute, residents 12.3 ms there and 16.8 ms on its own engine)."""
+    path = row["path"]
+    if TIER_OF[row["control"]] == TIER_OF[path]:  # its own engine's recompute (or LMCache's own path)
         return ""
+    ttft = _ttft_at(tables, row["model"], tokens)
     there, here = ttft.get(RESIDENT_OF["dram"]), ttft.get(RESIDENT_OF.get(path, ""))
     if there is None or here is None:
         return ", on another engine"
     return f", on another engine: its resident follow-up {there:,.1f} ms, this engine's {here:,.1f} ms"
 
 
-def _recompute_ms(tables: dict, model: str, tokens: int, path: str) -> float | None:
-    """The first token of the recompute ``path``'s speed-up is over (``arms.control_of``)."""
-    ttft = {t["arm"]: t["ttft_ms"] for t in tables["arms"] if (t["model"], t["context_tokens"]) == (model, tokens)}
-    return ttft.get(control_of(path, ttft))
+def _ttft_at(tables: dict, model: str, tokens: int) -> dict[str, float]:
+    """Arm -> median first token (ms) of the arms table at (``model``, ``tokens``)."""
+    return {t["arm"]: t["ttft_ms"] for t in tables["arms"] if (t["model"], t["context_tokens"]) == (model, tokens)}
+
+
+def _recompute_ms(tables: dict, row: dict, tokens: int) -> float | None:
+    """The first token at ``tokens`` of the recompute arm a crossover row's speed-ups are over (its ``control``)."""
+    return _ttft_at(tables, row["model"], tokens).get(row["control"])
 
 
 def verdict(run: RunFiles) -> list[str]:
@@ -760,8 +775,8 @@ def findings(run: RunFiles) -> list[dict]:
             speed = _speedups(r)
             longest = max(speed)
             point = r["crossover_tokens"]
-            rec = _recompute_ms(tables, model, longest, path)
-            recompute = f" (recompute {rec:,.0f} ms{_other_engine(tables, model, longest, path)})" if rec else ""
+            rec = _recompute_ms(tables, r, longest)
+            recompute = f" (recompute {rec:,.0f} ms{_other_engine(tables, r, longest)})" if rec else ""
             if len(speed) == 1:  # one length: no crossover to name, only where it stands there
                 rows.setdefault(path, {"restore": LABEL[path]})[model] = (
                     f"{_speedup(r, longest)} at {_n(longest)} tokens, the only length measured{recompute}")
@@ -804,15 +819,20 @@ def _setup(doc: dict) -> tuple:
     """What must match for two runs' speed-ups to be the same measurement repeated: the device, the engine stack,
     the dtype and the weights."""
     env, params = doc.get("environment") or {}, doc.get("params") or {}
-    packages = env.get("packages") or {}
+    packages = recorded_packages(env)
     return (env.get("device"), packages.get("vllm"), packages.get("lmcache"), params.get("DTYPE"), params.get("WEIGHTS"))
 
 
-def _control_in(doc: dict, model: str, path: str, n: int) -> str:
-    """The recompute arm a public document's speed-up of ``path`` at (``model``, ``n``) is over (``arms.control_of``
-    of the arms its ``results.arms`` measured there; a document without them: the LMCache engine's ``recompute``)."""
-    arms = (doc.get("results") or {}).get("arms") or []
-    return control_of(path, {a.get("arm") for a in arms if (a.get("model"), a.get("context_tokens")) == (model, n)})
+def _control_in(doc: dict, model: str, path: str) -> str:
+    """The recompute arm a public document's speed-ups of (``model``, ``path``) are over: its crossover row's
+    ``control``; a document from before that field, ``arms.control_of`` of the arms its ``results.arms`` measured
+    (one decision for the row, as the table makes it; a document without them: the LMCache engine's ``recompute``)."""
+    results = doc.get("results") or {}
+    row = next((r for r in results.get("crossover") or [] if (r.get("model"), r.get("path")) == (model, path)), {})
+    if row.get("control"):
+        return row["control"]
+    points = [(a.get("model"), a.get("context_tokens"), a.get("arm")) for a in results.get("arms") or []]
+    return control_of(path, measured_at(points).get(model, {}))
 
 
 def replications(standing: dict, others: list[dict]) -> str:
@@ -833,11 +853,11 @@ def replications(standing: dict, others: list[dict]) -> str:
             continue
         path, n = quoted
         value = mine[(model, path, n)][0]
-        control = _control_in(standing, model, path, n)
+        control = _control_in(standing, model, path)
         seen = []
         for d in sorted(peers, key=lambda d: d["run_id"]):
             point = _point_speedups(d).get((model, path, n))
-            if point is None or _control_in(d, model, path, n) != control:
+            if point is None or _control_in(d, model, path) != control:
                 continue  # not measured there, or over another engine's recompute: another figure
             ci = f" [{point[1][0]:.2f}, {point[1][1]:.2f}]" if point[1] else ""
             status = "" if d.get("status") == "passed" else f", {d.get('status')}"

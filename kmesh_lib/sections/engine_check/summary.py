@@ -6,7 +6,7 @@ notebook's printout, so a report says what the files say.
 from __future__ import annotations
 
 from kmesh_lib.base.checks import verdict as checks_verdict
-from kmesh_lib.base.records import RunFiles
+from kmesh_lib.base.records import RunFiles, recorded_packages
 from kmesh_lib.sections.engine_check.checks import OPS, arms, block_ops, by_arm, checks, expected_prefix_hit
 
 
@@ -47,7 +47,7 @@ def answer(run: RunFiles) -> str:
     p, env = run.params, run.env
     report = checks(run)
     failed = [c.name for c in report if c.status == "failed"]
-    version = env.get("packages", {}).get("vllm", "?")
+    version = recorded_packages(env).get("vllm", "?")
     parts = []
     for f in facts:
         hit = f["num_cached_tokens"][1] == f["expected_cached_tokens"] and f["num_cached_tokens"][0] == 0

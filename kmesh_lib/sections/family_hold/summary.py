@@ -7,7 +7,7 @@ says that its sweep figures are the recorded ones.
 from __future__ import annotations
 
 from kmesh_lib.base.checks import verdict as checks_verdict
-from kmesh_lib.base.records import RunFiles
+from kmesh_lib.base.records import RunFiles, recorded_packages
 from kmesh_lib.sections.family_hold import report
 from kmesh_lib.sections.family_hold.checks import checks
 from kmesh_lib.sections.family_hold.params import hashed_blocks
@@ -96,7 +96,7 @@ def answer(run: RunFiles) -> str:
         parity = next((c for c in report_ if c.name.startswith("real engine counts equal")), None)
         first_mode = "The real engine" if run.params.ENGINE == "real" else "The first run mode (replay engine)"
         same = "too" if _verdict(r["net"]) == _verdict(s["net"]) else "instead"
-        text.append(f"{first_mode} (vLLM {env.get('packages', {}).get('vllm', '?')}, {p.MODEL}, {p.DTYPE} on "
+        text.append(f"{first_mode} (vLLM {recorded_packages(env).get('vllm', '?')}, {p.MODEL}, {p.DTYPE} on "
                     f"{p.DEVICE}, {real['block_size']}-token blocks, {real['num_gpu_blocks']}-block pool) "
                     f"{_verdict(r['net'])} {same}: saved {_tokens(r['saved'])}, displaced {_tokens(r['displaced'])}, "
                     f"net {_tokens(r['net'])}"
