@@ -3,14 +3,16 @@
 # after `sh .device-stage/call2/install.sh && . /tmp/site/env.sh`. The notebook stack (papermill,
 # ipykernel, nbconvert) travels as py3.12 wheels in .whl/ (scripts/fetch_device_wheels.sh).
 #   sh scripts/device_run.sh SECTION[:PROFILE] ...      results: $OUT/<section>-<profile>.tgz
+#   sh scripts/device_run.sh 21/mp05 21/mp7            two runs of one section in one call, each named: its
+#     overrides in KMESH_SET_<name> (KMESH_SET_mp05="MODELS=[qwen2.5-0.5b] ..."), results $OUT/21-gpu-mp05.tgz
 #   KMESH_GPU_TESTS=1 sh scripts/device_run.sh 21      the CUDA tests first ($OUT/gpu-tests.txt), then 21
 # ../shared does not travel: copy what a section reads into a carried, git-excluded folder and point
 # the section at it, e.g. for 19: cp ../shared/data/game24/24.csv .device-data/game24/ and
 #   KMESH_SET_19="PUZZLES_CSV=.device-data/game24/24.csv" (carry .device-data). The suffix is the
-# section exactly as given on the command line; a KMESH_SET_* matching none of them is an error.
+# section exactly as given on the command line (or the item's /name); a KMESH_SET_* matching none is an error.
 set -u
 for var in $(env | sed -n 's/^KMESH_SET_\([A-Za-z0-9_]*\)=.*/\1/p'); do
-  case " $* " in *" $var "*|*" $var:"*) ;; *) echo "KMESH_SET_$var matches no section given ($*)" >&2; exit 2;; esac
+  case " $* " in *" $var "*|*" $var:"*|*"/$var "*) ;; *) echo "KMESH_SET_$var matches no section given ($*)" >&2; exit 2;; esac
 done
 # every run records the commit it measured (kmesh_lib.base.provenance): the device's copy of the tree has no .git, so it
 # carries .kmesh-tree.json (python scripts/tree_manifest.py where the copy is made; carry it), and each run hashes its
@@ -31,14 +33,17 @@ if [ "${KMESH_GPU_TESTS:-0}" = 1 ]; then
   tail -3 "$OUT/gpu-tests.txt"
 fi
 for item in "$@"; do
-  section=${item%%:*}; profile=gpu
-  [ "$section" != "$item" ] && profile=${item#*:}
-  run_dir="runs/device/$section-$profile"
+  name=""; spec=$item
+  case "$item" in */*) name=${item#*/}; spec=${item%%/*};; esac
+  section=${spec%%:*}; profile=gpu
+  [ "$section" != "$spec" ] && profile=${spec#*:}
+  label="$section-$profile${name:+-$name}"
+  run_dir="runs/device/$label"
   rm -rf "$run_dir"; mkdir -p "$run_dir"
   # KMESH_SET_<section as given>="KEY=VALUE ..." adds --set overrides for that section
-  sets=$(eval echo "\${KMESH_SET_$section:-}")
+  sets=$(eval echo "\${KMESH_SET_${name:-$section}:-}")
   extra=""; for kv in $sets; do extra="$extra --set $kv"; done
   timeout "${KMESH_SECTION_TIMEOUT:-560}" python3 -m kmesh_lib.app.cli run "$section" --profile "$profile" --run-dir "$run_dir" --log-output $extra || status=1
-  tar czf "$OUT/$section-$profile.tgz" -C runs/device "$section-$profile"
+  tar czf "$OUT/$label.tgz" -C runs/device "$label"
 done
 exit $status

@@ -1,11 +1,12 @@
 #!/bin/sh
 # Brings a run made on the GPU machine (scripts/device_run.sh) into runs/ under a fresh run id, renders
 # its report and verifies it. Publishing is a separate, deliberate step (the command is printed).
-#   sh scripts/import_device_run.sh PATH/TO/<section>-<profile>.tgz
+#   sh scripts/import_device_run.sh PATH/TO/<section>-<profile>[-<name>].tgz
 set -eu
 tgz=$1
 name=$(basename "$tgz" .tgz)
-section=${name%-*}; profile=${name##*-}
+# <section>-<profile>.tgz, or <section>-<profile>-<name>.tgz from an item SECTION[:PROFILE]/NAME
+section=${name%%-*}; rest=${name#*-}; profile=${rest%%-*}
 py=.venv/bin/python
 # a new folder made with an exclusive mkdir: runs/<section key>/<profile>-<date>-<time>-<random>
 dest=$($py -c "import sys; from kmesh_lib.app import registry; from kmesh_lib.base.records import new_run_dir

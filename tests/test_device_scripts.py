@@ -13,7 +13,8 @@ SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "device_run.sh"
 REPO = SCRIPT.parent.parent
 
 
-def _run(tmp_path: Path, manifest: bool) -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, manifest: bool, items: tuple[str, ...] = ("21",), sets: dict | None = None
+         ) -> subprocess.CompletedProcess:
     """The script from a copy of it in ``tmp_path`` (no .git above it), with a ``python3`` that fails at once:
     past the checks, the first thing the script runs is pip, so exit status 1 means the checks let it through."""
     shutil.copy(SCRIPT, tmp_path / "device_run.sh")
@@ -24,8 +25,8 @@ def _run(tmp_path: Path, manifest: bool) -> subprocess.CompletedProcess:
     (bin_dir / "python3").write_text("#!/bin/sh\nexit 7\n")
     (bin_dir / "python3").chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KMESH_", "GIT_"))}
-    env.update(PATH=f"{bin_dir}:{env['PATH']}", GIT_CEILING_DIRECTORIES=str(tmp_path.parent))
-    return subprocess.run(["sh", "device_run.sh", "21"], cwd=tmp_path, env=env, capture_output=True, text=True,
+    env.update(PATH=f"{bin_dir}:{env['PATH']}", GIT_CEILING_DIRECTORIES=str(tmp_path.parent), **(sets or {}))
+    return subprocess.run(["sh", "device_run.sh", *items], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=60)
 
 
@@ -38,6 +39,27 @@ def test_a_copy_without_git_or_manifest_stops_before_anything_runs(tmp_path):
 def test_a_copy_with_a_manifest_gets_past_the_check(tmp_path):
     out = _run(tmp_path, manifest=True)
     assert out.returncode == 1 and "no .kmesh-tree.json" not in out.stderr
+
+
+def test_named_items_run_one_section_twice_in_a_call_each_with_its_own_overrides(tmp_path):
+    """A lent call is 10 minutes and a machine start costs 1-3; section 21's MP tier at 0.5B and at 7B is about 2-4
+    minutes each, so one call runs both: items 21/mp05 and 21/mp7, overrides in KMESH_SET_mp05 and KMESH_SET_mp7."""
+    named = _run(tmp_path, manifest=True, items=("21/mp05", "21/mp7"),
+                 sets={"KMESH_SET_mp05": "MODELS=[qwen2.5-0.5b]", "KMESH_SET_mp7": "MODELS=[qwen2.5-7b]"})
+    assert named.returncode == 1 and "matches no section" not in named.stderr  # past the checks, at pip
+    (tmp_path / "bin").rename(tmp_path / "bin-1")
+    stray = _run(tmp_path, manifest=True, items=("21/mp05",), sets={"KMESH_SET_mp7": "MODELS=[qwen2.5-7b]"})
+    assert stray.returncode == 2 and "KMESH_SET_mp7 matches no section given (21/mp05)" in stray.stderr
+
+
+def test_import_reads_section_and_profile_from_a_named_items_archive():
+    """import_device_run.sh takes <section>-<profile>-<name>.tgz as it takes <section>-<profile>.tgz."""
+    script = (REPO / "scripts" / "import_device_run.sh").read_text()
+    line = next(x for x in script.splitlines() if x.startswith("section="))
+    for name, want in (("21-gpu-mp05", "21 gpu"), ("22-gpu", "22 gpu"), ("16-smoke", "16 smoke")):
+        got = subprocess.run(["sh", "-c", f'name={name}; {line}; echo "$section $profile"'], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        assert got == want, (name, got)
 
 
 def _copy_of_checkout(tmp_path: Path) -> tuple[Path, dict]:
