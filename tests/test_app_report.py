@@ -277,8 +277,10 @@ def test_a_tables_cells_keep_their_columns_under_a_named_index():
 
     from kmesh_lib.app import report_body as rb
 
-    frame = pd.DataFrame([{"label": "disk", "bytes": 1 << 30, "median_s": 0.519237}], index=["disk"])
+    frame = pd.DataFrame([{"label": "disk", "bytes": 1 << 30, "median_s": 0.519237, "kv_bytes_per_token": 12288}],
+                         index=["disk"])
     html = rb.tidy_table(frame.to_html()).html
     assert "<td>1024 MiB</td>" in html and "<td>0.519</td>" in html, html
+    assert "<td>12,288</td>" in html and "(MiB)" not in html  # under a MiB, bytes: the header says no unit
     numbered = rb.tidy_table(frame.reset_index(drop=True).to_html()).html  # a RangeIndex: row numbers dropped
     assert "<td>1024 MiB</td>" in numbered and "<td>0.519</td>" in numbered, numbered

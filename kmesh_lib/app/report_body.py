@@ -155,8 +155,9 @@ def tidy_table(table_html: str) -> Table:
 
     def header(m):
         name = html.unescape(re.sub(r"<[^>]+>", "", m[2])).strip()
-        shown = name + (" (MiB)" if _is_bytes(name) else "")
-        return m[1] + html.escape(shown).replace("_", "_<wbr>") + m[3]
+        # no unit here: a bytes cell of a MiB and more says "MiB" itself, a smaller one is a count of bytes (a header
+        # "(MiB)" stood over 12,288 bytes per token)
+        return m[1] + html.escape(name).replace("_", "_<wbr>") + m[3]
 
     head = TH.sub(header, head)
     text = head + body
