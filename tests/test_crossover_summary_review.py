@@ -122,3 +122,16 @@ def test_the_floor_plot_draws_a_shared_floor_once_and_vllms_cpu_tier_its_load_ti
     assert labels == ["dram: restore cost", "dram, native_offload: transfer floor", "native_offload: restore cost",
                       "native_offload: restore span (timeline)"], labels
     plt.close("all")
+
+
+def test_a_log_axis_labels_a_thousand_plainly():
+    """b43a's floor plot labelled its top tick "1e+03" (the 7B disk restore, 1,068 ms)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.set_yscale("log")
+    ax.set_ylim(1, 2000)
+    cr.label_log_axis(ax.yaxis)
+    formatter = ax.yaxis.get_major_formatter()
+    assert [formatter(v, 0) for v in (0.2, 5, 200, 1000, 2000)] == ["0.2", "5", "200", "1,000", "2,000"]
+    plt.close("all")

@@ -713,7 +713,8 @@ def label_log_axis(axis) -> None:
     else:
         axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         axis.set_minor_formatter(NullFormatter())
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.3g}"))
+    # 3 significant figures below 1,000; whole numbers from there (".3g" wrote 1,000 as "1e+03": b43a's 7B disk cost)
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if abs(v) >= 1000 else f"{v:,.3g}"))
 
 
 def floor_plot(floors: list[dict], path_out, splits: list[dict] | None = None):
