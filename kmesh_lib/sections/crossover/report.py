@@ -682,7 +682,10 @@ def heatmaps(table: list[dict], path_out, title: str = "", crossover: list[dict]
                             color="white" if abs(grid[i, j]) > 2 else "black")  # legible on the darkest cells
         ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
         ax.set_yticks(range(len(models)), models)
-        ax.set(xlabel="context tokens", title=f"{path} restore vs recompute")
+        # the recompute arm the panel's speed-ups are over, by name (its own engine's or the LMCache engine's: 458a's
+        # native_offload panel read "vs recompute" over native_recompute beside dram's over recompute)
+        controls = sorted({_control(t, m, n, path) for m in models for n in lengths if (m, n, path) in t})
+        ax.set(xlabel="context tokens", title=f"{path} vs {'/'.join(controls) or 'recompute'}")
     fig.colorbar(im, ax=axes.ravel().tolist(), label="log2 speed-up (blue: restore wins)")
     if title:
         fig.suptitle(title, fontsize=9)
