@@ -147,3 +147,21 @@ def test_each_heatmap_panel_names_the_recompute_arm_it_is_over(tmp_path):
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
     assert titles == ["dram vs recompute", "native_offload vs native_recompute"], titles
     plt.close("all")
+
+
+def test_why_gives_no_floor_ratio_for_a_cost_the_grids_spread_hides():
+    """89ce's retained GPU buffer at 1,024 tokens: a 0.5 ms cost from two unpaired medians whose interval holds 0 read
+    '70.4x its transfer floor'. With the rows, a ratio only where the cost's interval lies above 0."""
+    from crossover_records import as_grid_rows
+
+    def rows(arm, values):
+        return [{"model": "m", "context_tokens": 1024, "arm": arm, "measured": True, "status": "ok", "ttft_s": v / 1e3}
+                for v in values]
+
+    tables = {"arms": _arms({"gpubuf_recompute": 20.5, "gpubuf_resident": 9.7, "gpubuf_retained": 10.2}, tokens=1024),
+              "floor_distance": [{"model": "m", "context_tokens": 1024, "path": "gpubuf_retained", "x_floor": 70.4}]}
+    paths = {"gpubuf_retained": {"path": "gpubuf_retained", "crossover_tokens": 1024, "speedup@1024": 2.0}}
+    noisy = as_grid_rows(rows("gpubuf_resident", [7.3, 9.7, 10.4, 8.7]) + rows("gpubuf_retained", [6.9, 10.2, 10.6, 7.9]))
+    assert "70.4" in summary._savings(tables, "m", paths) and "70.4" not in summary._savings(tables, "m", paths, noisy)
+    apart = as_grid_rows(rows("gpubuf_resident", [9.6, 9.7, 9.8, 9.7]) + rows("gpubuf_retained", [10.2, 10.3, 10.2, 10.4]))
+    assert "(70.4\u00d7 its transfer floor)" in summary._savings(tables, "m", paths, apart)

@@ -100,13 +100,15 @@ def path_phrase(row: dict) -> str:
                "length above it" if earlier else "") + ")")
 
 
-def _savings(tables: dict, model: str, paths: dict[str, dict]) -> str:
+def _savings(tables: dict, model: str, paths: dict[str, dict], rows: list[GridRow] | None = None) -> str:
     """Why each speed-up is the size it is, at the path's crossover (else its longest length): recompute is the
     engine's resident follow-up plus the prefill it redoes, the restore that follow-up plus its cost (``floor_table``:
     restore - resident, and that cost over its transfer floor); the restore saves the difference. Review finding, 6 Dec
     2026: 458a's 0.5B DRAM at 1.06-1.13x over 4,096-16,384 tokens said no why; there prefill is 38.2 ms above the
     resident follow-up at 16,384 tokens and DRAM's restore costs 31.3 ms, 8.6x its copy floor. '' where the arms are
-    missing."""
+    missing. With ``rows``, the cost's ratio to its floor is given only where the cost's interval
+    (``report.cost_interval``) lies above 0: a cost the grid's spread hides has no ratio worth reading (89ce's retained
+    GPU buffer at 1,024 tokens: 0.5 ms, "70x" a 0.007 ms floor, within the noise of two unpaired medians)."""
     ttft = {(t["context_tokens"], t["arm"]): t["ttft_ms"] for t in tables["arms"] if t["model"] == model}
     floor = {(r["context_tokens"], r["path"]): r for r in tables.get("floor_distance", []) if r["model"] == model}
     parts = []
@@ -117,7 +119,9 @@ def _savings(tables: dict, model: str, paths: dict[str, dict]) -> str:
         if rec is None or resident is None or restore is None:
             continue
         dist = floor.get((n, path))
-        x = f" ({dist['x_floor']:.1f}\u00d7 its transfer floor)" if dist and (dist.get("x_floor") or 0) > 0 else ""
+        resolved = rows is None or report.cost_interval(rows, model, n, path)[1] > 0  # NaN (no interval): not resolved
+        x = (f" ({dist['x_floor']:.1f}\u00d7 its transfer floor)" if dist and (dist.get("x_floor") or 0) > 0 and resolved
+             else "")
         saved = rec - restore
         parts.append(f"{LABEL[path]} at {_n(n)} tokens, recompute {rec:,.1f} = {resident:,.1f} {rec - resident:+,.1f} "
                      f"against the restore {restore:,.1f} = {resident:,.1f} {restore - resident:+,.1f}{x}: "
@@ -235,8 +239,9 @@ def answer(run: RunFiles) -> str:
                 "over the restore's, each on its own tier's engine where the run measured that engine's recompute, "
                 "else the LMCache engine's; the crossover is the shortest measured context from which the restore is "
                 "faster at every longer one, faster meaning the speed-up's 95% interval lies wholly above 1):")
-    text += [f"- {model}: " + "; ".join(path_phrase(r) for r in paths.values()) + "." + _savings(tables, model, paths)
-             for model, paths in per_model.items()]
+    grid_rows = run.records("rows.jsonl")
+    text += [f"- {model}: " + "; ".join(path_phrase(r) for r in paths.values()) + "."
+             + _savings(tables, model, paths, grid_rows) for model, paths in per_model.items()]
     arms = {(t["model"], t["context_tokens"], t["arm"]): t for t in tables["arms"]}
     at = [(m, arms.get((m, longest, "recompute")), arms.get((m, longest, "dram"))) for m in per_model]
     if all(rec and dram for _, rec, dram in at):
