@@ -268,3 +268,19 @@ def test_every_pass_a_published_run_went_through_shows_in_its_migrated_row(secti
     folded = folded[:folded.index("</details>")]
     assert "<li>2026-12-05: arm renamed floor\u2192resident</li>" in folded
     assert "<li>2026-12-05: tables rebuilt (restore_resolution): a column added</li>" in folded
+
+
+def test_a_tables_cells_keep_their_columns_under_a_named_index():
+    """Section 21's physical floors (index disk, copy) showed "bytes (MiB)" over 1,073,741,824: the index's <th> cells
+    took the first column names, so the bytes were formatted as the label column and median_s as bytes."""
+    import pandas as pd
+
+    from kmesh_lib.app import report_body as rb
+
+    frame = pd.DataFrame([{"label": "disk", "bytes": 1 << 30, "median_s": 0.519237, "kv_bytes_per_token": 12288}],
+                         index=["disk"])
+    html = rb.tidy_table(frame.to_html()).html
+    assert "<td>1024 MiB</td>" in html and "<td>0.519</td>" in html, html
+    assert "<td>12,288</td>" in html and "(MiB)" not in html  # under a MiB, bytes: the header says no unit
+    numbered = rb.tidy_table(frame.reset_index(drop=True).to_html()).html  # a RangeIndex: row numbers dropped
+    assert "<td>1024 MiB</td>" in numbered and "<td>0.519</td>" in numbered, numbered

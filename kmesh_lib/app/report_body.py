@@ -127,7 +127,9 @@ def tidy_table(table_html: str) -> Table:
     text = SCOPED_STYLE.sub("", table_html)
     thead = text[text.find("<thead"):text.find("</thead>")]
     head_rows = re.findall(r"<tr\b.*?</tr>", thead, re.S)
-    columns = [html.unescape(re.sub(r"<[^>]+>", "", m[1])).strip() for m in TH.finditer(head_rows[-1])] if head_rows else []
+    # m[2]: the header cell's text (m[1] is its opening tag: every column was named "", so no cell was formatted by
+    # its column, and a bytes column's header said MiB over its bytes)
+    columns = [html.unescape(re.sub(r"<[^>]+>", "", m[2])).strip() for m in TH.finditer(head_rows[-1])] if head_rows else []
     numbered = bool(re.search(r"<tbody>\s*<tr\b[^>]*>\s*<th>\s*\d+\s*</th>", text, re.S))
     if numbered:  # a RangeIndex: the row numbers say nothing
         text = ROW_NUMBER.sub(r"\1", text)
@@ -138,7 +140,10 @@ def tidy_table(table_html: str) -> Table:
     rows = re.findall(r"<tr\b.*?</tr>", body, re.S)
     new_rows = []
     for row in rows:
-        cells = iter(columns)
+        # a row's data cells are the header's last columns: a named index (the physical floors' disk/copy, section 21)
+        # puts its labels in <th> cells before them, which took the first columns' names and shifted every cell's
+        # column by one (review finding, 6 Dec 2026: "bytes (MiB)" over 1,073,741,824 bytes)
+        cells = iter(columns[max(0, len(columns) - len(TD.findall(row))):])
 
         def cell(m, cells=cells):
             col = next(cells, "")
@@ -150,8 +155,9 @@ def tidy_table(table_html: str) -> Table:
 
     def header(m):
         name = html.unescape(re.sub(r"<[^>]+>", "", m[2])).strip()
-        shown = name + (" (MiB)" if _is_bytes(name) else "")
-        return m[1] + html.escape(shown).replace("_", "_<wbr>") + m[3]
+        # no unit here: a bytes cell of a MiB and more says "MiB" itself, a smaller one is a count of bytes (a header
+        # "(MiB)" stood over 12,288 bytes per token)
+        return m[1] + html.escape(name).replace("_", "_<wbr>") + m[3]
 
     head = TH.sub(header, head)
     text = head + body

@@ -704,7 +704,11 @@ def heatmaps(table: list[dict], path_out, title: str = "", crossover: list[dict]
 
 
 # the timeline's series in the floor plot: what, marker, line style, its value from a split row (None: not drawn)
-TIMELINE_SERIES = (("restore span", "x", ":", lambda r: r.get("restore_ms")),
+# the restore span: the GPU buffer's timeline (restore_ms), vLLM's CPU tier's own load time (load_time_ms, the span
+# ``restore_span`` takes for it; its rows have no restore_ms, so the notebook's "for the timed restores (GPU buffer,
+# vLLM's CPU tier)" drew none for that tier: review finding, 6 Dec 2026, 458a)
+TIMELINE_SERIES = (("restore span", "x", ":",
+                    lambda r: r.get("restore_ms") if r.get("restore_ms") is not None else r.get("load_time_ms")),
                    ("added to the step", "+", "-.", lambda r: r.get("critical_ms")),
                    ("added, its copy charged", "1", (0, (3, 1, 1, 1, 1, 1)),
                     lambda r: charged_ms(r) if r.get("wait_at") == "layer" else None))
@@ -722,7 +726,8 @@ def label_log_axis(axis) -> None:
     else:
         axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         axis.set_minor_formatter(NullFormatter())
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.3g}"))
+    # 3 significant figures below 1,000; whole numbers from there (".3g" wrote 1,000 as "1e+03": b43a's 7B disk cost)
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if abs(v) >= 1000 else f"{v:,.3g}"))
 
 
 def floor_plot(floors: list[dict], path_out, splits: list[dict] | None = None):
@@ -736,6 +741,7 @@ def floor_plot(floors: list[dict], path_out, splits: list[dict] | None = None):
     # one shape per GPU run: a panel wide enough to read its 4 lengths and 5 paths, whatever the count
     fig, axes = plt.subplots(1, len(models), figsize=(max(6.0, 3.6 * len(models)), 4), squeeze=False, sharey=True)
     for ax, m in zip(axes[0], models):
+        drawn: dict[tuple, object] = {}  # a floor series already drawn (its values) -> its line
         for i, path in enumerate(paths_in(floors)):
             marker, color = "osd^v"[i % 5], f"C{i}"
             rs = [r for r in floors if r["model"] == m and r["path"] == path]
@@ -743,8 +749,14 @@ def floor_plot(floors: list[dict], path_out, splits: list[dict] | None = None):
             # a cost at or below zero (no slower than the resident follow-up) has no place on a log axis: not drawn
             costs = [r["restore_cost_ms"] if r["restore_cost_ms"] > 0 else float("nan") for r in rs]
             ax.plot(xs, costs, marker=marker, color=color, label=f"{path}: restore cost")
-            ax.plot(xs, [r["transfer_floor_ms"] for r in rs], marker=marker, ls="--", color=color, alpha=0.5,
-                    label=f"{path}: transfer floor")
+            floor = tuple(zip(xs, (r["transfer_floor_ms"] for r in rs)))
+            if floor in drawn:  # the same floor (dram and native_offload: both host->device) drawn once, named for both:
+                # a second line on the first hid it (review finding, 6 Dec 2026: 458a's legend named a dram floor unseen)
+                line = drawn[floor]
+                line.set_label(line.get_label().replace(": transfer floor", f", {path}: transfer floor"))
+            else:
+                [drawn[floor]] = ax.plot(xs, [v for _, v in floor], marker=marker, ls="--", color=color, alpha=0.5,
+                                         label=f"{path}: transfer floor")
             for what, mark, style, value in TIMELINE_SERIES:
                 points = sorted((r["context_tokens"], value(r)) for r in splits or []
                                 if r["model"] == m and r["arm"] == path and value(r) is not None)

@@ -77,8 +77,18 @@ def _control_named(row: dict) -> str:
     return f"over {'its own' if own else 'the LMCache'} engine's recompute; "
 
 
+def _wins_at(row: dict, n: int) -> bool:
+    """Whether the restore is faster at ``n`` by ``report.crossover_table``'s rule: its speed-up's 95% interval wholly
+    above 1 where the row has one, else its median ratio above 1."""
+    return row[f"speedup_ci@{n}"][0] > 1.0 if _has_interval(row, n) else row[f"speedup@{n}"] > 1.0
+
+
 def path_phrase(row: dict) -> str:
-    """Where one restore path beats recompute for one model, in the run's own numbers, and over which recompute."""
+    """Where one restore path beats recompute for one model, in the run's own numbers, over which recompute: the
+    speed-up at the crossover, at the length below it (with its interval, and why it is no win where its median is
+    above 1: the interval reaches 1), at the longest, and any win below the crossover that a later length's loss cut
+    off (review finding, 6 Dec 2026: 458a's DRAM read "from 16,384 tokens (1.13x there, 1.06x at 4,096)" with a win
+    at 1,024, 1.27x [1.10, 1.77], unsaid, and 1.06x reading as a win; its interval [0.99, 1.44] reaches 1)."""
     speed = _speedups(row)
     lengths = sorted(speed)
     point = row["crossover_tokens"]
@@ -87,10 +97,47 @@ def path_phrase(row: dict) -> str:
                 f"({_control_named(row)}{speed[lengths[-1]]:.2f}\u00d7 there)")
     before = [n for n in lengths if n < point]
     where, note = _starts(row, bold=True)
+    below = ""
+    if before:
+        n = before[-1]
+        below = f", {_speedup(row, n)} at {_n(n)}" + (
+            ", whose interval reaches 1" if _has_interval(row, n) and speed[n] > 1.0 else "")
+    earlier = [n for n in before[:-1] if _wins_at(row, n)]
     return (f"{LABEL[row['path']]} restore beats recompute {where} ({_control_named(row)}{note + '; ' if note else ''}"
-            f"{speed[point]:.2f}\u00d7 there"
-            + (f", {speed[before[-1]]:.2f}\u00d7 at {_n(before[-1])}" if before else "")
-            + (f", {speed[lengths[-1]]:.2f}\u00d7 at {_n(lengths[-1])}" if lengths[-1] != point else "") + ")")
+            f"{_speedup(row, point)} there" + below
+            + (f", {_speedup(row, lengths[-1])} at {_n(lengths[-1])}" if lengths[-1] != point else "")
+            + ("; faster at " + ", ".join(f"{_n(n)} too, {_speedup(row, n)}" for n in earlier) + ", but not at every "
+               "length above it" if earlier else "") + ")")
+
+
+def _savings(tables: dict, model: str, paths: dict[str, dict], rows: list[GridRow] | None = None) -> str:
+    """Why each speed-up is the size it is, at the path's crossover (else its longest length): recompute is the
+    engine's resident follow-up plus the prefill it redoes, the restore that follow-up plus its cost (``floor_table``:
+    restore - resident, and that cost over its transfer floor); the restore saves the difference. Review finding, 6 Dec
+    2026: 458a's 0.5B DRAM at 1.06-1.13x over 4,096-16,384 tokens said no why; there prefill is 38.2 ms above the
+    resident follow-up at 16,384 tokens and DRAM's restore costs 31.3 ms, 8.6x its copy floor. '' where the arms are
+    missing. With ``rows``, the cost's ratio to its floor is given only where the cost's interval
+    (``report.cost_interval``) lies above 0: a cost the grid's spread hides has no ratio worth reading (89ce's retained
+    GPU buffer at 1,024 tokens: 0.5 ms, "70x" a 0.007 ms floor, within the noise of two unpaired medians)."""
+    ttft = {(t["context_tokens"], t["arm"]): t["ttft_ms"] for t in tables["arms"] if t["model"] == model}
+    floor = {(r["context_tokens"], r["path"]): r for r in tables.get("floor_distance", []) if r["model"] == model}
+    parts = []
+    for path, row in paths.items():
+        n = row["crossover_tokens"] if row["crossover_tokens"] is not None else max(_speedups(row))
+        # the row's own control (one per row: arms.control_of); a row from before the column was over recompute
+        rec, resident, restore = (ttft.get((n, a)) for a in (row.get("control") or "recompute", RESIDENT_OF[path], path))
+        if rec is None or resident is None or restore is None:
+            continue
+        dist = floor.get((n, path))
+        resolved = rows is None or report.cost_interval(rows, model, n, path)[1] > 0  # NaN (no interval): not resolved
+        x = (f" ({dist['x_floor']:.1f}\u00d7 its transfer floor)" if dist and (dist.get("x_floor") or 0) > 0 and resolved
+             else "")
+        saved = rec - restore
+        parts.append(f"{LABEL[path]} at {_n(n)} tokens, recompute {rec:,.1f} = {resident:,.1f} {rec - resident:+,.1f} "
+                     f"against the restore {restore:,.1f} = {resident:,.1f} {restore - resident:+,.1f}{x}: "
+                     f"{'saves' if saved >= 0 else 'loses'} {abs(saved):,.1f}")
+    return (" Why (medians, ms; each first token is the engine's resident follow-up plus what recompute's prefill or "
+            "the restore adds to it): " + "; ".join(parts) + ".") if parts else ""
 
 
 def _by_model(rows: list[dict]) -> dict[str, dict[str, dict]]:
@@ -198,9 +245,13 @@ def answer(run: RunFiles) -> str:
             lead.append(f"{LABEL[path]} restore beats recompute for {', '.join(wins[path])} only")
     text = ["**" + "; ".join(lead) + ".**"]
     text.append(f"Per model ({p.DTYPE}, {p.BLOCK_SIZE}-token blocks, {p.WEIGHTS} weights on {p.DEVICE}; "
-                f"medians of {p.NUM_REPEATS} measured follow-ups per point; the crossover is the shortest measured "
-                "context from which the restore is faster at every longer one):")
-    text += [f"- {model}: " + "; ".join(path_phrase(r) for r in paths.values()) + "." for model, paths in per_model.items()]
+                f"medians of {p.NUM_REPEATS} measured follow-ups per point; each speed-up is recompute's first token "
+                "over the restore's, each on its own tier's engine where the run measured that engine's recompute, "
+                "else the LMCache engine's; the crossover is the shortest measured context from which the restore is "
+                "faster at every longer one, faster meaning the speed-up's 95% interval lies wholly above 1):")
+    grid_rows = run.records("rows.jsonl")
+    text += [f"- {model}: " + "; ".join(path_phrase(r) for r in paths.values()) + "."
+             + _savings(tables, model, paths, grid_rows) for model, paths in per_model.items()]
     arms = {(t["model"], t["context_tokens"], t["arm"]): t for t in tables["arms"]}
     at = [(m, arms.get((m, longest, "recompute")), arms.get((m, longest, "dram"))) for m in per_model]
     if all(rec and dram for _, rec, dram in at):
@@ -216,7 +267,7 @@ def answer(run: RunFiles) -> str:
                     + (f", {_device_label(device['label'])} at {device['gib_per_s']:,.0f} GiB/s" if device else "")
                     + (f"; at {_n(longest)} tokens the disk restore costs "
                        + _span(r["x_floor"] for r in distance) + "\u00d7 its transfer "
-                       "floor" + (", so the disk itself bounds it" if max(r["x_floor"] for r in distance) <= NEAR_FLOOR else "")
+                       "floor" + (_disk_bound(tables, longest) if max(r["x_floor"] for r in distance) <= NEAR_FLOOR else "")
                        if distance and all(r["x_floor"] for r in distance) else "") + ".")
     split_lines = _floor_sentences(tables, longest, run.records("rows.jsonl"), bound=p.DEVICE == "cuda")
     text.append("Where the evidence is weak: " + ("random or dummy weights give each shape's compute time but not a real "
@@ -268,6 +319,19 @@ def answer(run: RunFiles) -> str:
             + "\n".join(f"- {line}" for line in split_lines) + "\n\n" + (f"{goals}\n\n" if goals else "") + text[-1])
 
 
+def _disk_bound(tables: dict, longest: int) -> str:
+    """The answer's reading of a disk restore near its once-measured floor: the disk bounds it, unless the paired
+    design's floor, measured around the point, puts its restores below that floor (review finding, 6 Dec 2026: 458a
+    and b43a read "so the disk itself bounds it" beside disk restores below their per-point floor, a floor method
+    problem): then what bounds them is not measured."""
+    below = [r for r in tables.get("restore_resolution") or []
+             if r["path"] == "disk" and r["context_tokens"] == longest and r["span_verdict"].startswith("below its floor")]
+    if below:
+        return ("; its restores there fall below the floor measured around the point (a method problem), so this run "
+                "does not say what bounds them")
+    return ", so the disk itself bounds it"
+
+
 # ``lmcache.probes``: the components that bring the context in
 LMCACHE_PARTS = ("lookup_wall_ms", "disk_read_ms", "load_ms", "load_wall_ms")
 
@@ -294,6 +358,7 @@ def _floor_sentences(tables: dict, longest: int, rows: list[GridRow] | None = No
     physical bounds (``report.floor_verdict``)."""
     splits = {(r["model"], r["arm"]): r for r in tables.get("splits", []) if r["context_tokens"] == longest}
     components = {(r["model"], r["arm"]): r for r in tables.get("components", []) if r["context_tokens"] == longest}
+    paired = {(r["model"], r["path"]): r for r in tables.get("restore_resolution") or [] if r["context_tokens"] == longest}
     out = []
     for r in tables.get("floor_distance", []):
         if r["context_tokens"] != longest or r.get("x_floor") is None:
@@ -303,12 +368,39 @@ def _floor_sentences(tables: dict, longest: int, rows: list[GridRow] | None = No
         floor = r["transfer_floor_ms"]
         _, low, high = report.cost_interval(rows or [], r["model"], longest, r["path"]) if rows else (0, float("nan"),
                                                                                                      float("nan"))
+        verdict = report.floor_verdict(low, high, [floor, floor], bound) if low == low else ""
         out.append(f"{r['model']}, {LABEL[r['path']]}: first token {cost:+,.1f} ms against the engine-resident "
-                   + (f"follow-up [{low:+,.1f}, {high:+,.1f}] (two unpaired medians, 95% bootstrap): "
-                      f"{report.floor_verdict(low, high, [floor, floor], bound)}" if low == low else "follow-up (no interval)")
+                   + (f"follow-up [{low:+,.1f}, {high:+,.1f}] (two unpaired medians of the grid's repeats, 95% bootstrap): "
+                      f"{verdict}{_reach(verdict, high, [floor, floor])}" if low == low else "follow-up (no interval)")
                    + f" (transfer floor {floor:,.1f} ms, measured once)"
+                   + _paired_clause(paired.get((r["model"], r["path"])))
                    + (f"; the longest part of the restore is {part[0]} ({part[1]:,.1f} ms)" if part else "") + ".")
     return out
+
+
+def _reach(verdict: str, high: float, floor_ms: list[float] | None) -> str:
+    """What an "at the floor" verdict leaves open: ``report.floor_verdict`` says it where an interval reaches down into
+    the floor's range, however far above the floor its upper end lies; where that end is more than
+    ``report.RESOLVE_FRACTION`` above the floor's max, say how far (review finding, 6 Dec 2026: b43a's 7B DRAM span at
+    32,512 read **at the floor** from [14.0, 63.6] ms against a 33.7 ms floor)."""
+    if verdict != "at the floor" or not floor_ms or high != high or high <= floor_ms[1] * (1 + report.RESOLVE_FRACTION):
+        return ""
+    return f" (its interval reaches {high / floor_ms[0]:.2f}\u00d7 the floor: not told apart from a cost that far above it)"
+
+
+def _paired_clause(r: dict | None) -> str:
+    """The paired design's first-token difference at the same point (``report.resolution_table``), beside the grid's
+    difference of two unpaired medians: the same cost from restores run back to back with their resident follow-up,
+    judged against the floor measured around the point (review finding, 6 Dec 2026: 89ce's layered GPU buffer read
+    "-3.7 ms [-12.1, +8.6]: no cost measured" from the grid while its 64 pairs measured +0.34 ms [0.28, 0.38], 2.0-2.8x
+    its floor)."""
+    if not r or r.get("ttft_difference_ms") is None:
+        return ""
+    low, high = r.get("ttft_difference_ci_serial_ms") or r["ttft_difference_ci_ms"]
+    interval = f"[{low:+,.3f}, {high:+,.3f}]" if low is not None and high is not None else "(no interval)"
+    return (f"; paired ({r['num_pairs']} restores, each beside its resident follow-up): {r['ttft_difference_ms']:+,.3f} ms "
+            f"{interval} against the floor measured around the point: {r['ttft_verdict']}"
+            f"{_reach(r['ttft_verdict'], high if high is not None else float('nan'), r['floor_ms'])}")
 
 
 def _resolution_sentences(table: list[dict]) -> list[str]:
@@ -331,15 +423,24 @@ def _resolution_sentences(table: list[dict]) -> list[str]:
                    + (f"{r['span_ms']:,.3f} ms {ci(r['span_ci_ms'], r.get('span_ci_serial_ms'))}"
                       if r["span_ms"] is not None else "not recorded")
                    + " against a floor of " + (f"{floor[0]:,.3f}\u2013{floor[1]:,.3f} ms" if floor else "none")
-                   + f": **{r['span_verdict']}**; first token "
+                   + f": **{r['span_verdict']}**{_reach(r['span_verdict'], _high(r, 'span'), floor)}; first token "
                    + (f"{r['ttft_difference_ms']:+,.3f} ms "
                       f"{ci(r['ttft_difference_ci_ms'], r.get('ttft_difference_ci_serial_ms'))} (paired)"
                       if r["ttft_difference_ms"] is not None else "not paired")
-                   + f": {r['ttft_verdict']} ({r['num_restores']} restores"
+                   + f": {r['ttft_verdict']}{_reach(r['ttft_verdict'], _high(r, 'ttft_difference'), floor)} "
+                   f"({r['num_restores']} restores"
                    + _serial_clause(r) + _pair_floor_clause(r) + _overlapped_clause(r)
                    + ("; resolved to 10% of the floor" if r["resolved"] else "; not resolved to 10% of the floor")
                    + ").")
     return out
+
+
+def _high(r: dict, what: str) -> float:
+    """The upper end of the interval ``r``'s verdict on ``what`` (span, ttft_difference) judged: widened for streaks
+    where the row has that (``report.widened``), else the bootstrap's; NaN where there is none."""
+    wide = r.get(f"{what}_ci_serial_ms")
+    high = wide[1] if wide and wide[0] is not None else (r.get(f"{what}_ci_ms") or [None, None])[1]
+    return float("nan") if high is None else high
 
 
 def _overlapped_clause(r: dict) -> str:
@@ -434,15 +535,17 @@ def _goal_sentences(tables: dict, rows: list[GridRow] | None = None, suffix_toke
     out = []
     judged = [g for g in goals if "fastest_within" in g]
     if judged:
-        met = [g for g in judged if g["fastest_within"]]
-        below = [g for g in met if g["fastest_cost_ms"] < 0]
+        # a negative median cost (the restore's first token below its resident follow-up's) is within any bound and
+        # resolves nothing (review finding, 6 Dec 2026: 89ce read "met at 2 of 2 points", both negative): not counted
+        below = [g for g in judged if g["fastest_within"] and g["fastest_cost_ms"] < 0]
+        met = [g for g in judged if g["fastest_within"] and g["fastest_cost_ms"] >= 0]
         verdicts = [g for g in judged if "fastest_goal" in g]
         count = {v: sum(g["fastest_goal"] == v for g in verdicts) for v in ("met", "not met", "unresolved")}
         out.append(f"The fastest restore path within {report.GOAL_X}\u00d7 of its own floor at every point of "
                    f"{_n(report.GOAL_MIN_TOKENS)} tokens and more, by its first token above the resident follow-up's: "
                    f"met at {len(met)} of {len(judged)} points"
-                   + (f" ({len(below)} of them with a negative cost: the restore's median first token was below its "
-                      "resident follow-up's, so the floor is not resolved there)" if below else "")
+                   + (f" (and {len(below)} with a negative cost, not counted: the restore's median first token was "
+                      "below its resident follow-up's, so the floor is not resolved there)" if below else "")
                    + (f"; by that cost's 95% bootstrap interval (met: its upper end within {report.GOAL_X}\u00d7 the floor; "
                       f"not met: its lower end above) met at {count['met']}, not met at {count['not met']}, unresolved "
                       f"at {count['unresolved']}" if verdicts else "") + ".")
@@ -726,11 +829,25 @@ def _recompute_ms(tables: dict, row: dict, tokens: int) -> float | None:
     return _ttft_at(tables, row["model"], tokens).get(row["control"])
 
 
+def _own_control(row: dict) -> bool:
+    """Whether a crossover row's speed-ups are over its own engine's recompute (its ``control``: the tier's recompute
+    arm, or LMCache's ``recompute`` for LMCache's own paths); a row from before the column was over ``recompute``."""
+    return TIER_OF[row.get("control") or "recompute"] == TIER_OF[row["path"]]
+
+
+def _over(row: dict) -> str:
+    """Whose recompute a speed-up is over, for the verdict: a run of several engines has one recompute each where it
+    measured it, and the speed-ups of one sentence may stand on different ones (review finding, 6 Dec 2026: 458a's
+    verdict named vLLM's CPU tier's 3.1x beside DRAM's 1.84x, over 158 and 156 ms of two engines, and said neither)."""
+    return "over its own engine's recompute" if _own_control(row) else "over the LMCache engine's recompute (another engine)"
+
+
 def verdict(run: RunFiles) -> list[str]:
     """One sentence per model: which restores beat recompute, from which context length, and the
     speed-up at the longest context (medians of NUM_REPEATS follow-ups)."""
     run = RunFiles.of(run)
-    per_model = _by_model(recomputed_tables(run)["crossover"])
+    tables = recomputed_tables(run)
+    per_model = _by_model(tables["crossover"])
     if not per_model:
         return ["No verdict: no measured row has both a restore and the recompute control."]
     repeats = run.params.NUM_REPEATS
@@ -751,7 +868,8 @@ def verdict(run: RunFiles) -> list[str]:
             parts.append(f"{model}: restoring beats recomputing " + " and ".join(
                 f"{where[t]} on " + ", ".join(LABEL[r["path"]] for r in wins if r["crossover_tokens"] == t)
                 for t in points) + f" (best {_speedup(best, longest, 1)} faster to the "
-                         f"first token at {_n(longest)} tokens, {LABEL[best['path']]}"
+                         f"first token at {_n(longest)} tokens, {LABEL[best['path']]} "
+                         f"{_over(best)}"
                          + (f"; medians of {repeats} repeats" if repeats else "")
                          + ("; 95% interval)" if _has_interval(best, longest) else ")"))
         if never:
@@ -776,7 +894,8 @@ def findings(run: RunFiles) -> list[dict]:
             longest = max(speed)
             point = r["crossover_tokens"]
             rec = _recompute_ms(tables, r, longest)
-            recompute = f" (recompute {rec:,.0f} ms{_other_engine(tables, r, longest)})" if rec else ""
+            recompute = ((f" (its own engine's recompute {rec:,.0f} ms)" if _own_control(r)
+                          else f" (recompute {rec:,.0f} ms{_other_engine(tables, r, longest)})") if rec else "")
             if len(speed) == 1:  # one length: no crossover to name, only where it stands there
                 rows.setdefault(path, {"restore": LABEL[path]})[model] = (
                     f"{_speedup(r, longest)} at {_n(longest)} tokens, the only length measured{recompute}")

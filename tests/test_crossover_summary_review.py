@@ -1,0 +1,167 @@
+"""Section 21's answer and verdict as a reader meets them (review of 458a, 89ce and b43a, 6 Dec 2026): which recompute
+each speed-up is over, why a length below the crossover is no win, what an "at the floor" interval leaves open, the
+paired reading beside the grid's, a negative median cost that meets no goal, and why a speed-up is the size it is."""
+from __future__ import annotations
+
+from kmesh_lib.sections.crossover import report as cr
+from kmesh_lib.sections.crossover import summary
+
+N = cr.GOAL_MIN_TOKENS
+
+
+def _arms(point: dict[str, float], model: str = "m", tokens: int = N) -> list[dict]:
+    return [{"model": model, "context_tokens": tokens, "arm": a, "ttft_ms": ms} for a, ms in point.items()]
+
+
+def test_a_length_below_the_crossover_says_why_it_is_no_win_and_an_earlier_win_is_said():
+    """458a's DRAM: 1.27x [1.10, 1.77] at 1,024 (a win), 1.06x [0.99, 1.44] at 4,096 (its interval reaches 1), then
+    wins from 16,384. The phrase gave the 4,096 median alone, which reads as a win, and left 1,024 out."""
+    row = {"model": "m", "path": "dram", "crossover_tokens": 16384,
+           "speedup@1024": 1.27, "speedup@4096": 1.06, "speedup@16384": 1.13, "speedup@32512": 1.84,
+           "speedup_ci@1024": [1.10, 1.77], "speedup_ci@4096": [0.995, 1.44], "speedup_ci@16384": [1.06, 1.39],
+           "speedup_ci@32512": [1.66, 2.02]}
+    said = summary.path_phrase(row)
+    assert "1.06\u00d7 [0.99, 1.44] at 4,096, whose interval reaches 1" in said
+    assert "faster at 1,024 too, 1.27\u00d7 [1.10, 1.77], but not at every length above it" in said
+    # a length below that lost outright needs no reason, and a loss at 1,024 is no earlier win
+    lost = {**row, "speedup@4096": 0.9, "speedup_ci@4096": [0.8, 0.97], "speedup_ci@1024": [0.9, 1.7]}
+    said = summary.path_phrase(lost)
+    assert "0.90\u00d7 [0.80, 0.97] at 4,096," in said and "reaches 1" not in said and "faster at 1,024" not in said
+
+
+def test_the_verdict_and_the_findings_name_whose_recompute_a_speed_up_is_over():
+    """458a put vLLM's CPU tier's 3.08x (over its own engine's recompute, 158 ms) beside DRAM's 1.84x (over the LMCache
+    engine's, 156 ms) and named neither; a run without the tier's own recompute sets it against the LMCache engine's."""
+    tables = {"arms": _arms({"recompute": 156.0, "resident": 30.5, "dram": 84.5, "native_recompute": 158.0,
+                             "native_resident": 31.1, "native_offload": 51.2})}
+    assert summary._over(tables, "m", N, "native_offload") == "over its own engine's recompute"
+    assert summary._over(tables, "m", N, "dram") == "over its own engine's recompute"
+    without = {"arms": [a for a in tables["arms"] if a["arm"] != "native_recompute"]}
+    assert summary._over(without, "m", N, "native_offload") == "over the LMCache engine's recompute (another engine)"
+    assert summary._own_control(tables, "m", N, "native_offload") and not summary._own_control(without, "m", N,
+                                                                                               "native_offload")
+
+
+def test_an_at_the_floor_verdict_says_how_far_above_the_floor_its_interval_reaches():
+    """b43a's 7B DRAM span at 32,512 read **at the floor** from [14.0, 63.6] ms against a 33.7-33.8 ms floor: the
+    interval reaches the floor, and 1.89x it too. Within RESOLVE_FRACTION of the floor's max nothing is added."""
+    floor = [33.675, 33.824]
+    assert summary._reach("at the floor", 63.602, floor) == (
+        " (its interval reaches 1.89\u00d7 the floor: not told apart from a cost that far above it)")
+    assert summary._reach("at the floor", 33.824 * (1 + cr.RESOLVE_FRACTION), floor) == ""
+    assert summary._reach("1.20\u20131.30\u00d7 its floor", 63.6, floor) == ""  # a ratio says its own reach
+    assert summary._reach("at the floor", float("nan"), floor) == "" and summary._reach("at the floor", 60.0, None) == ""
+    row = {"span_ci_ms": [33.5, 53.4], "span_ci_serial_ms": [14.0, 63.6], "ttft_difference_ci_ms": [42.2, 66.3],
+           "ttft_difference_ci_serial_ms": [None, None]}
+    assert summary._high(row, "span") == 63.6  # the widened interval the verdict judged
+    assert summary._high(row, "ttft_difference") == 66.3  # no widened one: the bootstrap's
+    assert summary._high({"span_ci_ms": [None, None]}, "span") != summary._high({"span_ci_ms": [None, None]}, "span")
+
+
+def test_the_longest_points_reading_gives_the_paired_cost_beside_the_grids():
+    """89ce's layered GPU buffer at 32,512 read "-3.7 ms [-12.1, +8.6]: no cost measured" from two unpaired medians of
+    8 repeats while its 64 pairs measured +0.243 ms [0.109, 0.402]; both are said now."""
+    tables = {"floor_distance": [{"model": "m", "context_tokens": N, "path": "gpubuf_layered", "restore_cost_ms": -3.7,
+                                  "transfer_floor_ms": 0.209, "x_floor": -17.7}],
+              "restore_resolution": [{"model": "m", "context_tokens": N, "path": "gpubuf_layered", "num_pairs": 64,
+                                      "ttft_difference_ms": 0.243, "ttft_difference_ci_ms": [0.109, 0.402],
+                                      "ttft_difference_ci_serial_ms": [0.109, 0.402], "ttft_verdict": "at the floor",
+                                      "floor_ms": [0.216, 0.229]}]}
+    [line] = summary._floor_sentences(tables, N)
+    assert ("; paired (64 restores, each beside its resident follow-up): +0.243 ms [+0.109, +0.402] against the floor "
+            "measured around the point: at the floor (its interval reaches 1.86\u00d7 the floor") in line
+    assert summary._paired_clause(None) == "" and summary._paired_clause({"ttft_difference_ms": None}) == ""
+
+
+def test_a_negative_median_cost_meets_no_goal():
+    """89ce's goal line read "met at 2 of 2 points", both with the restore's median first token below its resident
+    follow-up's: within any bound and resolving nothing. They are counted apart now."""
+    goals = [{"model": "m", "context_tokens": N, "fastest_within": True, "fastest_cost_ms": -3.7},
+             {"model": "m", "context_tokens": 2 * N, "fastest_within": True, "fastest_cost_ms": 0.1},
+             {"model": "m", "context_tokens": 4 * N, "fastest_within": False, "fastest_cost_ms": 9.0}]
+    [line] = [x for x in summary._goal_sentences({"arms": []}, goals=goals, critical=[]) if x.startswith("The fastest")]
+    assert "met at 1 of 3 points (and 1 with a negative cost, not counted" in line
+
+
+def test_the_disk_bound_is_not_claimed_where_the_per_point_floor_puts_the_restores_below_it():
+    below = {"model": "m", "context_tokens": N, "path": "disk",
+             "span_verdict": "below its floor (a method problem, not a result)"}
+    assert summary._disk_bound({}, N) == ", so the disk itself bounds it"
+    assert summary._disk_bound({"restore_resolution": [{**below, "span_verdict": "at the floor"}]}, N) == (
+        ", so the disk itself bounds it")
+    assert "does not say what bounds them" in summary._disk_bound({"restore_resolution": [below]}, N)
+    assert summary._disk_bound({"restore_resolution": [below]}, 2 * N) == ", so the disk itself bounds it"  # another point
+
+
+def test_why_a_speed_up_is_its_size_splits_both_first_tokens_at_the_crossover():
+    """458a's 0.5B DRAM at 16,384: recompute 60.3 = resident 22.1 + 38.2 of prefill, the restore 53.4 = 22.1 + 31.3
+    (8.6x its floor): it saves 6.9 ms, hence 1.13x. A path that never wins is split at its longest length."""
+    tables = {"arms": _arms({"recompute": 60.3, "resident": 22.1, "dram": 53.4, "disk": 176.2})
+              + _arms({"recompute": 155.6, "resident": 30.5, "dram": 84.5, "disk": 321.4}, tokens=2 * N),
+              "floor_distance": [{"model": "m", "context_tokens": N, "path": "dram", "x_floor": 8.6}]}
+    paths = {"dram": {"path": "dram", "crossover_tokens": N, f"speedup@{N}": 1.13, f"speedup@{2 * N}": 1.84},
+             "disk": {"path": "disk", "crossover_tokens": None, f"speedup@{N}": 0.34, f"speedup@{2 * N}": 0.48}}
+    said = summary._savings(tables, "m", paths)
+    assert ("DRAM at 16,384 tokens, recompute 60.3 = 22.1 +38.2 against the restore 53.4 = 22.1 +31.3 "
+            "(8.6\u00d7 its transfer floor): saves 6.9") in said
+    assert "disk at 32,768 tokens, recompute 155.6 = 30.5 +125.1 against the restore 321.4 = 30.5 +290.9: loses 165.8" in said
+    assert summary._savings({"arms": []}, "m", paths) == ""
+
+
+def test_the_floor_plot_draws_a_shared_floor_once_and_vllms_cpu_tier_its_load_time(tmp_path):
+    """458a's floor plot: dram's and native_offload's floors (both host->device) lay one on the other, the legend
+    naming a dram floor no one could see; and the notebook's promised restore span of vLLM's CPU tier was not drawn
+    (its timeline has load_time_ms, no restore_ms)."""
+    import matplotlib.pyplot as plt
+
+    floors = [{"model": "m", "context_tokens": n, "path": path, "restore_cost_ms": cost * n / N,
+               "transfer_floor_ms": 3.6 * n / N} for n in (N, 2 * N) for path, cost in (("dram", 31.3), ("native_offload", 9.6))]
+    splits = [{"model": "m", "context_tokens": n, "arm": "native_offload", "load_time_ms": 5.5 * n / N} for n in (N, 2 * N)]
+    fig = cr.floor_plot(floors, tmp_path / "f.png", splits)
+    labels = [line.get_label() for line in fig.axes[0].get_lines()]
+    assert labels == ["dram: restore cost", "dram, native_offload: transfer floor", "native_offload: restore cost",
+                      "native_offload: restore span (timeline)"], labels
+    plt.close("all")
+
+
+def test_a_log_axis_labels_a_thousand_plainly():
+    """b43a's floor plot labelled its top tick "1e+03" (the 7B disk restore, 1,068 ms)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.set_yscale("log")
+    ax.set_ylim(1, 2000)
+    cr.label_log_axis(ax.yaxis)
+    formatter = ax.yaxis.get_major_formatter()
+    assert [formatter(v, 0) for v in (0.2, 5, 200, 1000, 2000)] == ["0.2", "5", "200", "1,000", "2,000"]
+    plt.close("all")
+
+
+def test_each_heatmap_panel_names_the_recompute_arm_it_is_over(tmp_path):
+    """458a's panels read "dram restore vs recompute" and "native_offload restore vs recompute", over two engines'
+    recomputes (156 and 158 ms at 32,512): each names its control now."""
+    import matplotlib.pyplot as plt
+
+    table = _arms({"recompute": 156.0, "dram": 84.5, "native_recompute": 158.0, "native_offload": 51.2})
+    fig = cr.heatmaps(table, tmp_path / "h.png")
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert titles == ["dram vs recompute", "native_offload vs native_recompute"], titles
+    plt.close("all")
+
+
+def test_why_gives_no_floor_ratio_for_a_cost_the_grids_spread_hides():
+    """89ce's retained GPU buffer at 1,024 tokens: a 0.5 ms cost from two unpaired medians whose interval holds 0 read
+    '70.4x its transfer floor'. With the rows, a ratio only where the cost's interval lies above 0."""
+    from crossover_records import as_grid_rows
+
+    def rows(arm, values):
+        return [{"model": "m", "context_tokens": 1024, "arm": arm, "measured": True, "status": "ok", "ttft_s": v / 1e3}
+                for v in values]
+
+    tables = {"arms": _arms({"gpubuf_recompute": 20.5, "gpubuf_resident": 9.7, "gpubuf_retained": 10.2}, tokens=1024),
+              "floor_distance": [{"model": "m", "context_tokens": 1024, "path": "gpubuf_retained", "x_floor": 70.4}]}
+    paths = {"gpubuf_retained": {"path": "gpubuf_retained", "crossover_tokens": 1024, "speedup@1024": 2.0}}
+    noisy = as_grid_rows(rows("gpubuf_resident", [7.3, 9.7, 10.4, 8.7]) + rows("gpubuf_retained", [6.9, 10.2, 10.6, 7.9]))
+    assert "70.4" in summary._savings(tables, "m", paths) and "70.4" not in summary._savings(tables, "m", paths, noisy)
+    apart = as_grid_rows(rows("gpubuf_resident", [9.6, 9.7, 9.8, 9.7]) + rows("gpubuf_retained", [10.2, 10.3, 10.2, 10.4]))
+    assert "(70.4\u00d7 its transfer floor)" in summary._savings(tables, "m", paths, apart)
