@@ -32,14 +32,12 @@ def test_a_length_below_the_crossover_says_why_it_is_no_win_and_an_earlier_win_i
 def test_the_verdict_and_the_findings_name_whose_recompute_a_speed_up_is_over():
     """458a put vLLM's CPU tier's 3.08x (over its own engine's recompute, 158 ms) beside DRAM's 1.84x (over the LMCache
     engine's, 156 ms) and named neither; a run without the tier's own recompute sets it against the LMCache engine's."""
-    tables = {"arms": _arms({"recompute": 156.0, "resident": 30.5, "dram": 84.5, "native_recompute": 158.0,
-                             "native_resident": 31.1, "native_offload": 51.2})}
-    assert summary._over(tables, "m", N, "native_offload") == "over its own engine's recompute"
-    assert summary._over(tables, "m", N, "dram") == "over its own engine's recompute"
-    without = {"arms": [a for a in tables["arms"] if a["arm"] != "native_recompute"]}
-    assert summary._over(without, "m", N, "native_offload") == "over the LMCache engine's recompute (another engine)"
-    assert summary._own_control(tables, "m", N, "native_offload") and not summary._own_control(without, "m", N,
-                                                                                               "native_offload")
+    own = {"path": "native_offload", "control": "native_recompute"}  # the row's one control (arms.control_of)
+    assert summary._over(own) == "over its own engine's recompute" and summary._own_control(own)
+    assert summary._over({"path": "dram", "control": "recompute"}) == "over its own engine's recompute"
+    other = {"path": "native_offload", "control": "recompute"}  # the tier's own recompute not measured at every length
+    assert summary._over(other) == "over the LMCache engine's recompute (another engine)"
+    assert not summary._own_control(other) and not summary._own_control({"path": "native_offload"})  # before the column
 
 
 def test_an_at_the_floor_verdict_says_how_far_above_the_floor_its_interval_reaches():
@@ -145,7 +143,7 @@ def test_each_heatmap_panel_names_the_recompute_arm_it_is_over(tmp_path):
     table = _arms({"recompute": 156.0, "dram": 84.5, "native_recompute": 158.0, "native_offload": 51.2})
     fig = cr.heatmaps(table, tmp_path / "h.png")
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
-    assert titles == ["dram vs recompute", "native_offload vs native_recompute"], titles
+    assert titles == ["dram restore vs recompute", "native_offload restore vs native_recompute"], titles
     plt.close("all")
 
 
@@ -160,7 +158,8 @@ def test_why_gives_no_floor_ratio_for_a_cost_the_grids_spread_hides():
 
     tables = {"arms": _arms({"gpubuf_recompute": 20.5, "gpubuf_resident": 9.7, "gpubuf_retained": 10.2}, tokens=1024),
               "floor_distance": [{"model": "m", "context_tokens": 1024, "path": "gpubuf_retained", "x_floor": 70.4}]}
-    paths = {"gpubuf_retained": {"path": "gpubuf_retained", "crossover_tokens": 1024, "speedup@1024": 2.0}}
+    paths = {"gpubuf_retained": {"path": "gpubuf_retained", "crossover_tokens": 1024, "speedup@1024": 2.0,
+                                 "control": "gpubuf_recompute"}}
     noisy = as_grid_rows(rows("gpubuf_resident", [7.3, 9.7, 10.4, 8.7]) + rows("gpubuf_retained", [6.9, 10.2, 10.6, 7.9]))
     assert "70.4" in summary._savings(tables, "m", paths) and "70.4" not in summary._savings(tables, "m", paths, noisy)
     apart = as_grid_rows(rows("gpubuf_resident", [9.6, 9.7, 9.8, 9.7]) + rows("gpubuf_retained", [10.2, 10.3, 10.2, 10.4]))
