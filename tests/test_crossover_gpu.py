@@ -70,6 +70,8 @@ def test_the_plan_is_the_sum_of_its_units():
     assert 0 < rest < 20  # the notebook and its floors cell
     # no tier holds the whole default gpu profile at one model in one call of ~500 s, at the plan's high figures
     assert sum(p.high for p in parts) > 500
+    line = section.plan(cfg)["children"]
+    assert line.startswith("4, one after another") and f"qwen2.5-0.5b-gpubuf {parts[1].low:.0f}-{parts[1].high:.0f} s" in line
 
 
 def write(raw: Path, name: str, records: list[dict]) -> None:

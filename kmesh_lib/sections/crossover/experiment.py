@@ -172,8 +172,17 @@ def plan(cfg: CrossoverParams) -> dict:
             "restore pairs": (f"{cfg.NUM_RESTORES} per memory restore path, {cfg.NUM_DISK_RESTORES} per disk path, "
                               f"per point: {pair_rows(cfg)} rows" if pair_rows(cfg) else "none (NUM_RESTORES=0)"),
             "tiers": tiers(cfg), "engine starts": len(cfg.MODELS) * len(tiers(cfg)),
+            "children": children_plan(cfg),
             "expected duration": f"{duration}" + (f"; {'; '.join(notes)}" if notes else ""),
             costs.GPU_TIME: costs.gpu_time(cfg.DEVICE, duration)}
+
+
+def children_plan(cfg: CrossoverParams) -> str:
+    """Each (model, tier) child's expected seconds (``unit_duration``): the GPU driver's units, which it starts only
+    where one can end within a call's budget."""
+    spans = [(u.name, unit_duration(cfg, u.model, u.tier)[0]) for u in units(cfg)]
+    return (f"{len(spans)}, one after another (the GPU driver's units, kmesh_lib.sections.crossover.gpu): "
+            + ", ".join(f"{name} {span.low:.0f}-{span.high:.0f} s" for name, span in spans))
 
 
 def arm_order(arms: list[str], repeat: int) -> list[str]:
