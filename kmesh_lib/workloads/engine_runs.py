@@ -25,7 +25,9 @@ phase seen so far in this call, never less than ``run_estimate_s``). A child who
 outlasts ``run_timeout_s`` is killed (its server and disk tier go with its process group's
 janitor) and counts as unfinished.
 
-Section 22's driver (``sections.multi_engine.gpu``) runs its units one at a time (``overlap=False``: a
+Section 21's driver (``sections.crossover.gpu``) runs its (model, tier) children one at a time (``overlap=False``:
+a child's imports and server boot would load the host whose first tokens another measures), each unit named by its
+records' model and tier. Section 22's driver (``sections.multi_engine.gpu``) runs its units one at a time (``overlap=False``: a
 fleet's own start would load the host another fleet measures on) and stops at the first that fails (its traces
 must run in their drawn order); its units are fleet starts, set aside by ``set_aside_unfinished`` like engine runs.
 
@@ -85,24 +87,27 @@ def _write_jsonl(path: Path, records: list[dict], mode: str = "w", header: dict 
         f.writelines(json.dumps(r) + "\n" for r in records)
 
 
-def set_aside_unfinished(run_dir: Path, summaries: str = "blocks.jsonl", key: str = "block",
-                         parts: tuple[str, ...] = ("groups.jsonl",)) -> set[str]:
-    """The units (``key`` of a summary in ``raw/<summaries>``) that finished, status in ``FINISHED``; every record
+def set_aside_unfinished(run_dir: Path, summaries: str = "blocks.jsonl", key: str | tuple[str, ...] = "block",
+                         parts: tuple[str, ...] = ("groups.jsonl",), finished: tuple[str, ...] = FINISHED) -> set:
+    """The units (``key`` of a summary in ``raw/<summaries>``) that finished, status in ``finished``; every record
     of any other unit moves aside.
 
     A summary that is ``failed`` (it raised) or ``running`` (never ended), a unit with no summary
     (killed) and the records of all of these in ``parts`` (each tagged with ``key``) move to
     ``raw/*.unfinished.jsonl``: they are kept, never counted, and the unit is measured again.
+    A ``key`` of several fields (section 21's records name their unit by model and tier) names a unit by
+    the tuple of their values.
     """
+    unit = (lambda r: tuple(r.get(k) for k in key)) if isinstance(key, tuple) else (lambda r: r.get(key))
     raw = Path(run_dir) / "raw"
     read = {name: read_capture(raw / name) for name in (summaries, *parts) if (raw / name).exists()}
-    done = {u[key] for u in read.get(summaries, (None, [], []))[2] if u.get("status") in FINISHED}
+    done = {unit(u) for u in read.get(summaries, (None, [], []))[2] if u.get("status") in finished}
     for name, (header, _, records) in read.items():
-        unfinished = [r for r in records if r.get(key) not in done]
+        unfinished = [r for r in records if unit(r) not in done]
         if unfinished:
             aside = raw / name.replace(".jsonl", ".unfinished.jsonl")
             _write_jsonl(aside, unfinished, "a", header)
-            _write_jsonl(raw / name, [r for r in records if r.get(key) in done], "w", header)
+            _write_jsonl(raw / name, [r for r in records if unit(r) in done], "w", header)
     return done
 
 
@@ -286,12 +291,17 @@ def record_not_available(record: RunRecord | None, rows: list[dict], done: set[s
 def check_run(section, record: RunRecord, save_tables) -> bool:
     """The tables (``save_tables()``) and the section's checks over every finished engine run in the folder, all
     calls; True when no check failed. Tables that need a package the device lacks (scipy) are left to the render,
-    which computes them from ``raw/``; the checks read ``raw/`` alone."""
+    which computes them from ``raw/``, and so are checks that rebuild such a table (section 21's): the run then
+    stays ``running`` until the render finishes it."""
     try:
         save_tables()
     except ImportError as e:
         print(f"tables left to the render: {e}", flush=True)
-    report = section.checks(record.files())
+    try:
+        report = section.checks(record.files())
+    except ImportError as e:  # a check that rebuilds a table with a package the device lacks: the render checks
+        print(f"checks left to the render: {e}", flush=True)
+        return False
     record.save_checks(report)
     show(report, section.counts(record.files()))
     record.finish(report)

@@ -47,6 +47,8 @@ class ChildSummary(CaptureRecord):
     grid_s: float | None = None  # the grid's seconds; absent from runs before it was taken (1 Dec) or a failed child
     launch_thread_cpu_s: float | None = None  # the GPU buffer's launch thread's CPU seconds; absent elsewhere and
     # from runs recorded before the thread was metered
+    seconds: float | None = None  # the child's tier and engine from start to close; absent from runs recorded before
+    # 6 Dec 2026 (the GPU driver scales its estimates of the children left by it)
 
 
 class StoreRecord(CaptureRecord):

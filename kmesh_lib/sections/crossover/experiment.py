@@ -27,11 +27,13 @@ Tables and plots: ``app.registry.crossover.report``.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from kmesh_lib.base.params import build, to_dict
@@ -55,41 +57,101 @@ from kmesh_lib.sections.crossover.params import (
     tiers,
 )
 from kmesh_lib.sections.crossover.report import FLOOR_OF
+from kmesh_lib.workloads.engine_runs import GPU_PHASE
 
 REPO = REPO_ROOT
 PAIR_PREP_S = costs.Span(0.02, 0.1)  # a follow-up's preparation inside a pair: a prefix-cache reset and a drain
 
 
-def expected_duration(cfg: CrossoverParams) -> tuple[costs.Span, list[str]]:
-    """One child per model (engine and LMCache start), then per context a store and, per repeat,
-    the arms: recompute and the resident arm's warm-up prefill the context, dram and disk move its bytes."""
+def unit_duration(cfg: CrossoverParams, model: str, tier_name: str) -> tuple[costs.Span, list[str]]:
+    """One (model, tier) child: its engine and tier's start, then per context a store and, per repeat, the tier's
+    arms: recompute and the resident arm's warm-up prefill the context, dram and disk move its bytes; then the
+    paired design's restores, between two measurements of the point's floors."""
     device = "cuda" if cfg.DEVICE == "cuda" else "cpu"
-    total, notes = costs.NOTEBOOK_S + costs.Span(0.5, 4.0), []  # the floors cell
+    total, notes = costs.LMCACHE_CHILD_S[device], []
+    if not cfg.ENFORCE_EAGER:
+        total += costs.COMPILE_S[device]
     repeats = cfg.WARMUP_REPEATS + cfg.NUM_REPEATS
-    for model in cfg.MODELS:
-        kvt = resolve(model).kv_bytes_per_token(cfg.DTYPE)
-        total += costs.LMCACHE_CHILD_S[device] * len(tiers(cfg))
-        if not cfg.ENFORCE_EAGER:
-            total += costs.COMPILE_S[device] * len(tiers(cfg))
-        for n in cfg.CONTEXT_TOKENS_GRID:
-            prefill, note = costs.prefill_s(device, model, n)
-            step, _ = costs.decode_s(device, model, cfg.MAX_TOKENS * cfg.NUM_FOLLOWUPS)
-            moved = costs.DISK_S_PER_BYTE * (n * kvt)
-            kind = {"recompute": prefill + step, "resident": prefill + 2 * step, "memory": moved + 2 * step,
-                    "disk": moved + step}
-            total += (prefill + moved) * len(tiers(cfg)) + repeats * sum(
-                (kind[KIND[a]] + costs.ROW_PREP_S for a in cfg.ARMS), costs.Span(0, 0))
-            # the paired design: a row's light preparation (a reset and a drain), a disk restore's read; its first
-            # pair's full preparation; the floors before and after (a disk floor writes its file, then reads it)
-            for a in cfg.ARMS:
-                pairs = num_pairs(cfg, a)
-                if pairs:
-                    follow = (moved if KIND[a] == "disk" else costs.Span(0, 0)) + 2 * step + 2 * PAIR_PREP_S
-                    total += pairs * follow + kind[KIND[a]] + costs.ROW_PREP_S
-            if any(num_pairs(cfg, a) for a in cfg.ARMS):
-                total += 2 * len(tiers(cfg)) * (cfg.FLOOR_REPEATS + 1) * moved
-            if note and note not in notes:
-                notes.append(note)
+    arms = arms_of(cfg, tier_name)
+    kvt = resolve(model).kv_bytes_per_token(cfg.DTYPE)
+    for n in cfg.CONTEXT_TOKENS_GRID:
+        prefill, note = costs.prefill_s(device, model, n)
+        step, _ = costs.decode_s(device, model, cfg.MAX_TOKENS * cfg.NUM_FOLLOWUPS)
+        moved = costs.DISK_S_PER_BYTE * (n * kvt)
+        kind = {"recompute": prefill + step, "resident": prefill + 2 * step, "memory": moved + 2 * step,
+                "disk": moved + step}
+        total += prefill + moved + repeats * sum((kind[KIND[a]] + costs.ROW_PREP_S for a in arms), costs.Span(0, 0))
+        # the paired design: a row's light preparation (a reset and a drain), a disk restore's read; its first
+        # pair's full preparation; the floors before and after (a disk floor writes its file, then reads it)
+        for a in arms:
+            pairs = num_pairs(cfg, a)
+            if pairs:
+                follow = (moved if KIND[a] == "disk" else costs.Span(0, 0)) + 2 * step + 2 * PAIR_PREP_S
+                total += pairs * follow + kind[KIND[a]] + costs.ROW_PREP_S
+        if any(num_pairs(cfg, a) for a in arms):
+            total += 2 * (cfg.FLOOR_REPEATS + 1) * moved
+        if note and note not in notes:
+            notes.append(note)
+    return total, notes
+
+
+CHILD = [sys.executable, "-m", "kmesh_lib.sections.crossover.experiment"]  # a (model, tier) child's command
+CHILD_PARAMS = "crossover_params.yaml"  # raw/<this>: the params every child of a run reads (``write_child_params``)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One (model, tier) child: an engine of ``model`` with ``tier`` as its external tier, its grid and pairs.
+    Every record it writes (raw/models.jsonl, rows, pairs, point_floors, stores) names both."""
+
+    model: str
+    tier: str
+
+    @property
+    def name(self) -> str:
+        """Its log's name (``child-<name>.log``, ``logs/<name>.log``): the model (a directory's last part) and, beside
+        LMCache's tier, the tier."""
+        model = Path(self.model).name
+        return model if self.tier == "lmcache" else f"{model}-{self.tier}"
+
+    def command(self, run_dir: Path, child: list[str] | None = None) -> list[str]:
+        """The child's command line: ``child`` (default ``CHILD``), the run folder, the model and the tier."""
+        return [*(child or CHILD), str(run_dir), self.model, self.tier]
+
+
+def units(cfg: CrossoverParams) -> list[Unit]:
+    """The children of a run, in the order they run: per model of MODELS, per tier (``tiers``)."""
+    return [Unit(m, t) for m in cfg.MODELS for t in tiers(cfg)]
+
+
+def write_child_params(cfg: CrossoverParams, run_dir: Path) -> None:
+    """raw/crossover_params.yaml: the params the children build again (``_child_main``)."""
+    import yaml
+
+    (Path(run_dir) / "raw" / CHILD_PARAMS).write_text(yaml.safe_dump({**to_dict(cfg), "RUN_DIR": str(run_dir)}))
+
+
+def measure_floors(cfg: CrossoverParams) -> dict:
+    """The physical floors, in this process: the disk's O_DIRECT reads on the disk tier's file system, the
+    host->device copy and, with the GPU buffer's arms, the device->device copy (``kv.floors``)."""
+    from kmesh_lib.base import processes
+    from kmesh_lib.kv import floors as pf
+
+    disk_root = Path(cfg.DISK_TIER_ROOT or processes.RUNTIME_ROOT)
+    measured = {"disk": pf.odirect_read_bandwidth(disk_root, cfg.FLOOR_DISK_MIB),
+                "copy": pf.host_to_device_bandwidth(cfg.FLOOR_COPY_MIB, cfg.DEVICE)}
+    if "gpubuf" in tiers(cfg):
+        measured["device"] = pf.device_to_device_bandwidth(cfg.FLOOR_COPY_MIB, cfg.DEVICE)
+    return measured
+
+
+def expected_duration(cfg: CrossoverParams) -> tuple[costs.Span, list[str]]:
+    """The floors cell, then one child per (model, tier) (``unit_duration``), one after another."""
+    total, notes = costs.NOTEBOOK_S + costs.Span(0.5, 4.0), []  # the floors cell
+    for unit in units(cfg):
+        span, more = unit_duration(cfg, unit.model, unit.tier)
+        total += span
+        notes += [note for note in more if note not in notes]
     return total, notes
 
 
@@ -110,8 +172,17 @@ def plan(cfg: CrossoverParams) -> dict:
             "restore pairs": (f"{cfg.NUM_RESTORES} per memory restore path, {cfg.NUM_DISK_RESTORES} per disk path, "
                               f"per point: {pair_rows(cfg)} rows" if pair_rows(cfg) else "none (NUM_RESTORES=0)"),
             "tiers": tiers(cfg), "engine starts": len(cfg.MODELS) * len(tiers(cfg)),
+            "children": children_plan(cfg),
             "expected duration": f"{duration}" + (f"; {'; '.join(notes)}" if notes else ""),
             costs.GPU_TIME: costs.gpu_time(cfg.DEVICE, duration)}
+
+
+def children_plan(cfg: CrossoverParams) -> str:
+    """Each (model, tier) child's expected seconds (``unit_duration``): the GPU driver's units, which it starts only
+    where one can end within a call's budget."""
+    spans = [(u.name, unit_duration(cfg, u.model, u.tier)[0]) for u in units(cfg)]
+    return (f"{len(spans)}, one after another (the GPU driver's units, kmesh_lib.sections.crossover.gpu): "
+            + ", ".join(f"{name} {span.low:.0f}-{span.high:.0f} s" for name, span in spans))
 
 
 def arm_order(arms: list[str], repeat: int) -> list[str]:
@@ -233,6 +304,7 @@ def run_model(cfg: CrossoverParams, model: str, run_dir: Path, tier_name: str = 
     kvt = resolve(model).kv_bytes_per_token(cfg.DTYPE)
     path = cfg.path if tier_name == "lmcache" else tier_name
     summary = {"model": model, "tier": tier_name, "path": path, "kv_bytes_per_token": kvt, "status": "ok"}
+    t_start = time.monotonic()
     runtime = RuntimeDir.create(f"crossover-{path}", root=runtime_root(cfg.DISK_TIER_ROOT))
     tier = make_tier(cfg, tier_name, runtime, kvt)
     engine = None
@@ -298,7 +370,10 @@ def run_model(cfg: CrossoverParams, model: str, run_dir: Path, tier_name: str = 
             engine.close()
         if hasattr(tier, "close"):
             tier.close()
+        summary["seconds"] = time.monotonic() - t_start  # what the GPU driver's estimates of later children scale by
         record.append_jsonl("models.jsonl", summary)
+        print("SUMMARY " + json.dumps({k: summary.get(k) for k in ("model", "tier", "status", "seconds", "engine_start_s",
+                                                                   "grid_s", "detail")}), flush=True)  # the driver's log
     return 0
 
 
@@ -307,8 +382,9 @@ def _child_main(argv: list[str]) -> None:
 
 
     run_dir, model, tier_name = Path(argv[0]), argv[1], (argv[2] if len(argv) > 2 else "lmcache")
-    cfg = build(CrossoverParams, yaml.safe_load((run_dir / "raw" / "crossover_params.yaml").read_text()))
+    cfg = build(CrossoverParams, yaml.safe_load((run_dir / "raw" / CHILD_PARAMS).read_text()))
     status = 1
+    print(GPU_PHASE, flush=True)  # children run one at a time: this one's measured phase starts (a GPU driver's timer)
     try:
         status = run_model(cfg, model, run_dir, tier_name)
     except Exception:  # noqa: BLE001
@@ -322,25 +398,23 @@ def _child_main(argv: list[str]) -> None:
 
 # -- the parent: every model --
 def run_grid(cfg: CrossoverParams, record, log=print) -> list[dict]:
-    """Runs one child per (model, tier); shows a progress bar over rows; returns the child summaries."""
-    import yaml
+    """Runs ``units(cfg)``, one child after another (``Unit.command``, as the GPU driver ``crossover.gpu`` runs
+    them); shows a progress bar over rows; returns the child summaries."""
     from tqdm.auto import tqdm
 
-
     raw = record.run_dir / "raw"
-    (raw / "crossover_params.yaml").write_text(yaml.safe_dump({**to_dict(cfg), "RUN_DIR": str(record.run_dir)}))
+    write_child_params(cfg, record.run_dir)
     rows_path = raw / "rows.jsonl"
     count = lambda: sum(1 for _ in open(rows_path)) if rows_path.exists() else 0  # noqa: E731
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     bar = tqdm(total=grid_size(cfg), desc="crossover rows", unit="row")
     done0 = count()
-    for model, tier_name in [(m, t) for m in cfg.MODELS for t in tiers(cfg)]:
+    for unit in units(cfg):
         t0 = time.monotonic()
-        name = model if tier_name == "lmcache" else f"{model}-{tier_name}"
+        name = unit.name
         with open(raw / f"child-{name}.log", "ab") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "kmesh_lib.sections.crossover.experiment", str(record.run_dir), model,
-                                     tier_name], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
-                                    start_new_session=True)
+            proc = subprocess.Popen(unit.command(record.run_dir), stdout=out, stderr=subprocess.STDOUT, env=env,
+                                    cwd=str(REPO), start_new_session=True)
             while proc.poll() is None:
                 time.sleep(1.0)
                 bar.n = count() - done0
