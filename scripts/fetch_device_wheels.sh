@@ -7,15 +7,17 @@ tmp=$(mktemp -d)
 python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform any -d "$tmp" papermill ipykernel nbconvert pytest
-mkdir -p .whl
+# a fresh folder each time: an earlier download's wheel beside a newer one of the same package makes the device's
+# pip refuse both (6 Dec: wcwidth 0.9.4 and 0.9.5, one lent call lost)
+rm -rf .whl.new && mkdir .whl.new
 for f in "$tmp"/*.whl; do
   case $(basename "$f") in
     # on the image already, or optional for a headless kernel (debugpy, jedi), or in the vLLM stage (pyzmq)
     attrs-*|certifi-*|charset_normalizer-*|click-*|idna-*|jinja2-*|markupsafe-*|packaging-*|psutil-*|pygments-*|\
     python_dateutil-*|pyyaml-*|requests-*|tqdm-*|typing_extensions-*|urllib3-*|tzdata-*|pyzmq-*|debugpy-*|jedi-*) ;;
-    *) cp "$f" .whl/ ;;
+    *) cp "$f" .whl.new/ ;;
   esac
 done
-rm -rf "$tmp"
+rm -rf "$tmp" .whl && mv .whl.new .whl
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
 du -sh .whl
