@@ -164,3 +164,20 @@ def test_why_gives_no_floor_ratio_for_a_cost_the_grids_spread_hides():
     assert "70.4" in summary._savings(tables, "m", paths) and "70.4" not in summary._savings(tables, "m", paths, noisy)
     apart = as_grid_rows(rows("gpubuf_resident", [9.6, 9.7, 9.8, 9.7]) + rows("gpubuf_retained", [10.2, 10.3, 10.2, 10.4]))
     assert "(70.4\u00d7 its transfer floor)" in summary._savings(tables, "m", paths, apart)
+
+
+def test_a_heatmap_panel_names_only_the_recompute_arms_its_cells_are_over(tmp_path):
+    """A model without the path has a control by ``control_of``'s rule (the LMCache engine's) but no cell: the panel
+    named it beside the one its cells were over ("native_offload restore vs native_recompute / recompute")."""
+    import matplotlib.pyplot as plt
+
+    table = (_arms({"recompute": 156.0, "dram": 84.5, "native_recompute": 158.0, "native_offload": 51.2}, model="a")
+             + _arms({"recompute": 100.0, "dram": 50.0, "native_offload": 40.0}, model="b"))
+    fig = cr.heatmaps(table, tmp_path / "h.png")
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert titles == ["dram restore vs recompute",
+                      "native_offload restore vs native_recompute (a) / recompute (b)"], titles
+    fig = cr.heatmaps(table[:4] + table[4:6], tmp_path / "h2.png")  # b has no native_offload: no cell, not named
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert titles == ["dram restore vs recompute", "native_offload restore vs native_recompute"], titles
+    plt.close("all")
