@@ -181,3 +181,21 @@ def test_a_heatmap_panel_names_only_the_recompute_arms_its_cells_are_over(tmp_pa
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
     assert titles == ["dram restore vs recompute", "native_offload restore vs native_recompute"], titles
     plt.close("all")
+
+
+def test_every_sentence_reads_a_rows_control_one_way():
+    """After the merge of 6 Dec three helpers read a crossover row's control three ways (``row["control"]``,
+    ``row.get("control", "recompute")``, ``row.get("control") or "recompute"``): a row without one (from before the
+    column) or with a null one crashed the phrase and the findings, or read as over the LMCache engine's in one
+    sentence and another in the next. One reading now: no control is the LMCache engine's ``recompute``."""
+    tables = {"arms": _arms({"recompute": 200.0, "resident": 20.0, "native_recompute": 100.0, "native_resident": 30.0,
+                             "native_offload": 50.0})}
+    for control in (None, "missing"):
+        row = {"model": "m", "path": "native_offload", "crossover_tokens": N, f"speedup@{N}": 4.0}
+        if control is None:
+            row["control"] = None
+        assert "(over the LMCache engine's recompute; " in summary.path_phrase(row)
+        assert summary._recompute_ms(tables, row, N) == 200.0
+        assert summary._other_engine(tables, row, N) == (
+            ", on another engine: its resident follow-up 20.0 ms, this engine's 30.0 ms")
+        assert summary._over(row) == "over the LMCache engine's recompute (another engine)"

@@ -73,8 +73,7 @@ def _control_named(row: dict) -> str:
     recompute; ", to open a parenthesis; a row from before the ``control`` column was over the LMCache engine's."""
     if TIER_OF[row["path"]] == "lmcache":
         return ""
-    own = TIER_OF[row.get("control", "recompute")] == TIER_OF[row["path"]]
-    return f"over {'its own' if own else 'the LMCache'} engine's recompute; "
+    return f"over {'its own' if _own_control(row) else 'the LMCache'} engine's recompute; "
 
 
 def _wins_at(row: dict, n: int) -> bool:
@@ -125,7 +124,7 @@ def _savings(tables: dict, model: str, paths: dict[str, dict], rows: list[GridRo
     for path, row in paths.items():
         n = row["crossover_tokens"] if row["crossover_tokens"] is not None else max(_speedups(row))
         # the row's own control (one per row: arms.control_of); a row from before the column was over recompute
-        rec, resident, restore = (ttft.get((n, a)) for a in (row.get("control") or "recompute", RESIDENT_OF[path], path))
+        rec, resident, restore = (ttft.get((n, a)) for a in (_row_control(row), RESIDENT_OF[path], path))
         if rec is None or resident is None or restore is None:
             continue
         dist = floor.get((n, path))
@@ -810,7 +809,7 @@ def _other_engine(tables: dict, row: dict, tokens: int) -> str:
     which shows how far the engines themselves differ (review finding, 6 Dec 2026: a47e's vLLM CPU-tier 3.33x is
     over the LMCache engine's recompute, residents 12.3 ms there and 16.8 ms on its own engine)."""
     path = row["path"]
-    if TIER_OF[row["control"]] == TIER_OF[path]:  # its own engine's recompute (or LMCache's own path)
+    if _own_control(row):  # its own engine's recompute (or LMCache's own path)
         return ""
     ttft = _ttft_at(tables, row["model"], tokens)
     there, here = ttft.get(RESIDENT_OF["dram"]), ttft.get(RESIDENT_OF.get(path, ""))
@@ -826,13 +825,20 @@ def _ttft_at(tables: dict, model: str, tokens: int) -> dict[str, float]:
 
 def _recompute_ms(tables: dict, row: dict, tokens: int) -> float | None:
     """The first token at ``tokens`` of the recompute arm a crossover row's speed-ups are over (its ``control``)."""
-    return _ttft_at(tables, row["model"], tokens).get(row["control"])
+    return _ttft_at(tables, row["model"], tokens).get(_row_control(row))
+
+
+def _row_control(row: dict) -> str:
+    """A crossover row's ``control`` (``report.crossover_table``: one recompute arm for the whole row); a row from
+    before the column (or with none) was over the LMCache engine's ``recompute``. Every sentence that names or reads
+    a row's control goes through here, so none can name one control beside another's number."""
+    return row.get("control") or "recompute"
 
 
 def _own_control(row: dict) -> bool:
     """Whether a crossover row's speed-ups are over its own engine's recompute (its ``control``: the tier's recompute
-    arm, or LMCache's ``recompute`` for LMCache's own paths); a row from before the column was over ``recompute``."""
-    return TIER_OF[row.get("control") or "recompute"] == TIER_OF[row["path"]]
+    arm, or LMCache's ``recompute`` for LMCache's own paths)."""
+    return TIER_OF[_row_control(row)] == TIER_OF[row["path"]]
 
 
 def _over(row: dict) -> str:
