@@ -282,3 +282,15 @@ def test_code_moved_out_of_a_watched_folder_is_a_code_change(tmp_path):
     got = provenance.git_revision(tmp_path)
     assert (got["dirty"], got["num_changed"], got["code_changed"]) == (True, 2, True), got
     assert "R docs/x.py <- kmesh_lib/x.py" in got["changed"]
+
+
+def test_a_named_item_whose_name_is_no_variable_suffix_is_refused(tmp_path):
+    """The name after / is read as KMESH_SET_<name> through eval: "21/mp-05" read ${KMESH_SET_mp-05:-}, which is
+    ${KMESH_SET_mp-...} with the default "05:-" (a stray --set), and a name holding $( ran it. Refused before anything
+    runs; a plain name goes on to pip (exit 1 from the stand-in python3)."""
+    for bad in ("21/mp-05", "21/", "21/a$(touch x)"):
+        out = _run(tmp_path, manifest=True, items=(bad,))
+        assert out.returncode == 2 and "a name after / is letters, digits and _ only" in out.stderr, (bad, out.stderr)
+        assert not (tmp_path / "x").exists()
+        (tmp_path / "bin").rename(tmp_path / f"bin-{len(list(tmp_path.iterdir()))}")
+    assert _run(tmp_path, manifest=True, items=("21/mp_05",)).returncode == 1
