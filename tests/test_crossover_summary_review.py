@@ -199,3 +199,21 @@ def test_every_sentence_reads_a_rows_control_one_way():
         assert summary._other_engine(tables, row, N) == (
             ", on another engine: its resident follow-up 20.0 ms, this engine's 30.0 ms")
         assert summary._over(row) == "over the LMCache engine's recompute (another engine)"
+
+
+def test_why_splits_a_recompute_on_another_engine_against_that_engines_resident():
+    """a47e (1.5B, 16,384 tokens): vLLM's CPU tier's speed-up is over the LMCache engine's recompute (116.8 ms, its
+    resident 12.3 ms); the why read "recompute 116.8 = 16.8 +100.0", the CPU tier's own resident under the LMCache
+    engine's recompute, beside DRAM's "116.8 = 12.3 +104.5" of the same recompute."""
+    tables = {"arms": _arms({"recompute": 116.8, "resident": 12.3, "dram": 28.6, "native_resident": 16.8,
+                             "native_offload": 35.0, "native_recompute": 90.0})}
+    over_lmcache = {"path": "native_offload", "control": "recompute", "crossover_tokens": N, f"speedup@{N}": 3.33}
+    said = summary._savings(tables, "m", {"native_offload": over_lmcache})
+    assert ("vLLM CPU-tier at 16,384 tokens, recompute on the LMCache engine 116.8 = 12.3 +104.5 against the restore "
+            "35.0 = 16.8 +18.2: saves 81.8") in said, said
+    unsplit = {"arms": [a for a in tables["arms"] if a["arm"] != "resident"]}  # f993: no LMCache resident arm
+    assert ("recompute on the LMCache engine 116.8 (its resident follow-up not measured) against the restore 35.0 = "
+            "16.8 +18.2: saves 81.8") in summary._savings(unsplit, "m", {"native_offload": over_lmcache})
+    own = {**over_lmcache, "control": "native_recompute"}
+    assert "recompute 90.0 = 16.8 +73.2 against the restore 35.0 = 16.8 +18.2: saves 55.0" in summary._savings(
+        tables, "m", {"native_offload": own})

@@ -10,7 +10,7 @@ from kmesh_lib.base.intervals import white_noise_bound
 from kmesh_lib.base.public import MAX_STRING_CHARS
 from kmesh_lib.base.records import RunFiles, recorded_packages
 from kmesh_lib.sections.crossover import report
-from kmesh_lib.sections.crossover.arms import RESIDENT_OF, TIER_OF, control_of, measured_at
+from kmesh_lib.sections.crossover.arms import RESIDENT_OF, RESIDENT_OF_TIER, TIER_OF, control_of, measured_at
 from kmesh_lib.sections.crossover.captures import GridRow
 from kmesh_lib.sections.crossover.checks import checks
 from kmesh_lib.sections.crossover.tables import recomputed_tables
@@ -110,9 +110,10 @@ def path_phrase(row: dict) -> str:
 
 
 def _savings(tables: dict, model: str, paths: dict[str, dict], rows: list[GridRow] | None = None) -> str:
-    """Why each speed-up is the size it is, at the path's crossover (else its longest length): recompute is the
-    engine's resident follow-up plus the prefill it redoes, the restore that follow-up plus its cost (``floor_table``:
-    restore - resident, and that cost over its transfer floor); the restore saves the difference. Review finding, 6 Dec
+    """Why each speed-up is the size it is, at the path's crossover (else its longest length): recompute (the row's
+    control) is its engine's resident follow-up plus the prefill it redoes, the restore its own engine's resident
+    follow-up plus its cost (``floor_table``: restore - resident, and that cost over its transfer floor); the restore
+    saves the difference. Review finding, 6 Dec
     2026: 458a's 0.5B DRAM at 1.06-1.13x over 4,096-16,384 tokens said no why; there prefill is 38.2 ms above the
     resident follow-up at 16,384 tokens and DRAM's restore costs 31.3 ms, 8.6x its copy floor. '' where the arms are
     missing. With ``rows``, the cost's ratio to its floor is given only where the cost's interval
@@ -123,8 +124,13 @@ def _savings(tables: dict, model: str, paths: dict[str, dict], rows: list[GridRo
     parts = []
     for path, row in paths.items():
         n = row["crossover_tokens"] if row["crossover_tokens"] is not None else max(_speedups(row))
-        # the row's own control (one per row: arms.control_of); a row from before the column was over recompute
-        rec, resident, restore = (ttft.get((n, a)) for a in (_row_control(row), RESIDENT_OF[path], path))
+        # the row's own control (one per row: arms.control_of), split against its own engine's resident follow-up:
+        # where that is another engine, the restore's resident is not the recompute's (a47e's vLLM CPU tier read
+        # "recompute 116.8 = 16.8 +100.0", the CPU tier's resident under the LMCache engine's recompute, beside
+        # DRAM's "116.8 = 12.3 +104.5" of the same recompute)
+        control = _row_control(row)
+        rec, rec_resident, resident, restore = (ttft.get((n, a)) for a in (
+            control, RESIDENT_OF_TIER[TIER_OF[control]], RESIDENT_OF[path], path))
         if rec is None or resident is None or restore is None:
             continue
         dist = floor.get((n, path))
@@ -132,9 +138,12 @@ def _savings(tables: dict, model: str, paths: dict[str, dict], rows: list[GridRo
         x = (f" ({dist['x_floor']:.1f}\u00d7 its transfer floor)" if dist and (dist.get("x_floor") or 0) > 0 and resolved
              else "")
         saved = rec - restore
-        parts.append(f"{LABEL[path]} at {_n(n)} tokens, recompute {rec:,.1f} = {resident:,.1f} {rec - resident:+,.1f} "
-                     f"against the restore {restore:,.1f} = {resident:,.1f} {restore - resident:+,.1f}{x}: "
-                     f"{'saves' if saved >= 0 else 'loses'} {abs(saved):,.1f}")
+        split = (f"{rec:,.1f} (its resident follow-up not measured) " if rec_resident is None
+                 else f"{rec:,.1f} = {rec_resident:,.1f} {rec - rec_resident:+,.1f} ")
+        engine = "" if _own_control(row) else "on the LMCache engine "
+        parts.append(f"{LABEL[path]} at {_n(n)} tokens, recompute {engine}{split}against the restore {restore:,.1f} = "
+                     f"{resident:,.1f} {restore - resident:+,.1f}{x}: {'saves' if saved >= 0 else 'loses'} "
+                     f"{abs(saved):,.1f}")
     return (" Why (medians, ms; each first token is the engine's resident follow-up plus what recompute's prefill or "
             "the restore adds to it): " + "; ".join(parts) + ".") if parts else ""
 
