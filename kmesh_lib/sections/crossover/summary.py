@@ -254,9 +254,10 @@ def answer(run: RunFiles) -> str:
     text = ["**" + "; ".join(lead) + ".**"]
     text.append(f"Per model ({p.DTYPE}, {p.BLOCK_SIZE}-token blocks, {p.WEIGHTS} weights on {p.DEVICE}; "
                 f"medians of {p.NUM_REPEATS} measured follow-ups per point; each speed-up is recompute's first token "
-                "over the restore's, each on its own tier's engine where the run measured that engine's recompute, "
-                "else the LMCache engine's; the crossover is the shortest measured context from which the restore is "
-                "faster at every longer one, faster meaning the speed-up's 95% interval lies wholly above 1):")
+                "over the restore's, each on its own tier's engine where the run measured that engine's recompute at "
+                "every length of the path's row, else the LMCache engine's at every length; the crossover is the "
+                "shortest measured context from which the restore is faster at every longer one, faster meaning the "
+                "speed-up's 95% interval lies wholly above 1):")
     grid_rows = run.records("rows.jsonl")
     text += [f"- {model}: " + "; ".join(path_phrase(r) for r in paths.values()) + "."
              + _savings(tables, model, paths, grid_rows) for model, paths in per_model.items()]
