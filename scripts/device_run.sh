@@ -11,6 +11,12 @@
 #   KMESH_SET_19="PUZZLES_CSV=.device-data/game24/24.csv" (carry .device-data). The suffix is the
 # section exactly as given on the command line (or the item's /name); a KMESH_SET_* matching none is an error.
 set -u
+# a named item's name is a shell variable's suffix (KMESH_SET_<name>, read with eval below): letters, digits and _
+# only; "21/mp-05" read ${KMESH_SET_mp-05:-} as ${KMESH_SET_mp-...}, the override "05:-", and a quote or $( ran
+for item in "$@"; do
+  case "$item" in */*) case "${item#*/}" in ""|*[!A-Za-z0-9_]*)
+    echo "item $item: a name after / is letters, digits and _ only (it names KMESH_SET_<name>)" >&2; exit 2;; esac;; esac
+done
 for var in $(env | sed -n 's/^KMESH_SET_\([A-Za-z0-9_]*\)=.*/\1/p'); do
   case " $* " in *" $var "*|*" $var:"*|*"/$var "*) ;; *) echo "KMESH_SET_$var matches no section given ($*)" >&2; exit 2;; esac
 done

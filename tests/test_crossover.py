@@ -337,6 +337,9 @@ def test_a_recorded_grid_passes_its_checks(recorded_grid):
     assert xo["dram"]["crossover_tokens"] == 1024 and xo["disk"]["crossover_tokens"] is None
     text = section.answer(recorded_grid)
     assert "DRAM restore beats recompute from **1,024 tokens**" in text and "disk restore never does" in text
+    # one control per (model, path) row (arms.control_of): the answer says so, never "where measured" point by point
+    assert ("each on its own tier's engine where the run measured that engine's recompute at every length of the "
+            "path's row, else the LMCache engine's at every length;") in text
     # LMCache's paths name their longest restore component from the probe's stamps (load 2 ms > lookup 1 ms)
     assert "- m, DRAM: " in text and "the longest part of the restore is load into vLLM (2.0 ms)" in text
     assert section.counts(recorded_grid)["m 1024: cached tokens per arm"] == "recompute 0, dram 1024, disk 1024, resident 1024"

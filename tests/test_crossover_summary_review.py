@@ -164,3 +164,56 @@ def test_why_gives_no_floor_ratio_for_a_cost_the_grids_spread_hides():
     assert "70.4" in summary._savings(tables, "m", paths) and "70.4" not in summary._savings(tables, "m", paths, noisy)
     apart = as_grid_rows(rows("gpubuf_resident", [9.6, 9.7, 9.8, 9.7]) + rows("gpubuf_retained", [10.2, 10.3, 10.2, 10.4]))
     assert "(70.4\u00d7 its transfer floor)" in summary._savings(tables, "m", paths, apart)
+
+
+def test_a_heatmap_panel_names_only_the_recompute_arms_its_cells_are_over(tmp_path):
+    """A model without the path has a control by ``control_of``'s rule (the LMCache engine's) but no cell: the panel
+    named it beside the one its cells were over ("native_offload restore vs native_recompute / recompute")."""
+    import matplotlib.pyplot as plt
+
+    table = (_arms({"recompute": 156.0, "dram": 84.5, "native_recompute": 158.0, "native_offload": 51.2}, model="a")
+             + _arms({"recompute": 100.0, "dram": 50.0, "native_offload": 40.0}, model="b"))
+    fig = cr.heatmaps(table, tmp_path / "h.png")
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert titles == ["dram restore vs recompute",
+                      "native_offload restore vs native_recompute (a) / recompute (b)"], titles
+    fig = cr.heatmaps(table[:4] + table[4:6], tmp_path / "h2.png")  # b has no native_offload: no cell, not named
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert titles == ["dram restore vs recompute", "native_offload restore vs native_recompute"], titles
+    plt.close("all")
+
+
+def test_every_sentence_reads_a_rows_control_one_way():
+    """After the merge of 6 Dec three helpers read a crossover row's control three ways (``row["control"]``,
+    ``row.get("control", "recompute")``, ``row.get("control") or "recompute"``): a row without one (from before the
+    column) or with a null one crashed the phrase and the findings, or read as over the LMCache engine's in one
+    sentence and another in the next. One reading now: no control is the LMCache engine's ``recompute``."""
+    tables = {"arms": _arms({"recompute": 200.0, "resident": 20.0, "native_recompute": 100.0, "native_resident": 30.0,
+                             "native_offload": 50.0})}
+    for control in (None, "missing"):
+        row = {"model": "m", "path": "native_offload", "crossover_tokens": N, f"speedup@{N}": 4.0}
+        if control is None:
+            row["control"] = None
+        assert "(over the LMCache engine's recompute; " in summary.path_phrase(row)
+        assert summary._recompute_ms(tables, row, N) == 200.0
+        assert summary._other_engine(tables, row, N) == (
+            ", on another engine: its resident follow-up 20.0 ms, this engine's 30.0 ms")
+        assert summary._over(row) == "over the LMCache engine's recompute (another engine)"
+
+
+def test_why_splits_a_recompute_on_another_engine_against_that_engines_resident():
+    """a47e (1.5B, 16,384 tokens): vLLM's CPU tier's speed-up is over the LMCache engine's recompute (116.8 ms, its
+    resident 12.3 ms); the why read "recompute 116.8 = 16.8 +100.0", the CPU tier's own resident under the LMCache
+    engine's recompute, beside DRAM's "116.8 = 12.3 +104.5" of the same recompute."""
+    tables = {"arms": _arms({"recompute": 116.8, "resident": 12.3, "dram": 28.6, "native_resident": 16.8,
+                             "native_offload": 35.0, "native_recompute": 90.0})}
+    over_lmcache = {"path": "native_offload", "control": "recompute", "crossover_tokens": N, f"speedup@{N}": 3.33}
+    said = summary._savings(tables, "m", {"native_offload": over_lmcache})
+    assert ("vLLM CPU-tier at 16,384 tokens, recompute on the LMCache engine 116.8 = 12.3 +104.5 against the restore "
+            "35.0 = 16.8 +18.2: saves 81.8") in said, said
+    unsplit = {"arms": [a for a in tables["arms"] if a["arm"] != "resident"]}  # f993: no LMCache resident arm
+    assert ("recompute on the LMCache engine 116.8 (its resident follow-up not measured) against the restore 35.0 = "
+            "16.8 +18.2: saves 81.8") in summary._savings(unsplit, "m", {"native_offload": over_lmcache})
+    own = {**over_lmcache, "control": "native_recompute"}
+    assert "recompute 90.0 = 16.8 +73.2 against the restore 35.0 = 16.8 +18.2: saves 55.0" in summary._savings(
+        tables, "m", {"native_offload": own})

@@ -260,3 +260,37 @@ def test_every_documented_kmesh_run_command_resolves_to_its_published_runs_param
         assert differ <= {k for r, k in DOCUMENTED_DIFFERENCES if r == run_id}, (run_id, command, differ)
         checked.append(run_id)
     assert len(checked) >= 9, checked
+
+
+def test_code_moved_out_of_a_watched_folder_is_a_code_change(tmp_path):
+    """``git status`` names a staged rename "R  old -> new": reading only the new path, code moved from kmesh_lib/ to
+    docs/ read as "the code as committed" (its old place no longer holds it). Unusual names come quoted and escaped
+    without -z; with it each path reads as it is."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    (tmp_path / "kmesh_lib").mkdir()
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "kmesh_lib" / "x.py").write_text("x = 1\n")
+    (tmp_path / "docs" / "a -> b \u00e9.md").write_text("a doc\n")
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True, env=env)
+    subprocess.run([*git, "add", "-A"], check=True, env=env)
+    subprocess.run([*git, "commit", "-q", "-m", "head"], check=True, env=env)
+    (tmp_path / "docs" / "a -> b \u00e9.md").unlink()
+    got = provenance.git_revision(tmp_path)
+    assert (got["num_changed"], got["changed"], got["code_changed"]) == (1, ["D docs/a -> b \u00e9.md"], False)
+    subprocess.run([*git, "mv", "kmesh_lib/x.py", "docs/x.py"], check=True, env=env)
+    got = provenance.git_revision(tmp_path)
+    assert (got["dirty"], got["num_changed"], got["code_changed"]) == (True, 2, True), got
+    assert "R docs/x.py <- kmesh_lib/x.py" in got["changed"]
+
+
+def test_a_named_item_whose_name_is_no_variable_suffix_is_refused(tmp_path):
+    """The name after / is read as KMESH_SET_<name> through eval: "21/mp-05" read ${KMESH_SET_mp-05:-}, which is
+    ${KMESH_SET_mp-...} with the default "05:-" (a stray --set), and a name holding $( ran it. Refused before anything
+    runs; a plain name goes on to pip (exit 1 from the stand-in python3)."""
+    for bad in ("21/mp-05", "21/", "21/a$(touch x)"):
+        out = _run(tmp_path, manifest=True, items=(bad,))
+        assert out.returncode == 2 and "a name after / is letters, digits and _ only" in out.stderr, (bad, out.stderr)
+        assert not (tmp_path / "x").exists()
+        (tmp_path / "bin").rename(tmp_path / f"bin-{len(list(tmp_path.iterdir()))}")
+    assert _run(tmp_path, manifest=True, items=("21/mp_05",)).returncode == 1

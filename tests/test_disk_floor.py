@@ -138,3 +138,25 @@ def test_point_floors_recorded_before_the_sweep_still_load_and_judge_by_their_me
     floors = as_point_floors([old, new])
     assert "sweep" not in floors[0].saturated["disk"] and floors[1].saturated["disk"]["sweep"][0]["median_s"] == 0.5
     assert cr.floor_range_ms("disk", floors) == [520.0, 672.0]  # the read's fastest, plus the copy
+
+
+def test_a_file_system_that_refuses_o_direct_after_creating_the_file_is_left_clean(tmp_path, monkeypatch):
+    """Linux checks O_DIRECT once the inode exists, so an open(O_CREAT | O_DIRECT) that a file system refuses (tmpfs
+    before 6.6) may leave an empty file: the floor's files are removed whatever happens, that one too, for each
+    layout of the sweep."""
+    real_open = os.open
+
+    def refusing_open(path, flags, *mode):
+        if flags & os.O_DIRECT and flags & os.O_CREAT:
+            os.close(real_open(path, (flags & ~os.O_DIRECT), *mode))  # created, then refused
+            raise OSError(22, "Invalid argument")
+        return real_open(path, flags, *mode)
+
+    monkeypatch.setattr(pf.os, "open", refusing_open)
+    for layout in pf.LAYOUTS:
+        with pytest.raises(pf.DiskTierUnfit):
+            pf._layout_files(tmp_path, 4 * CHUNK, CHUNK, layout)
+        assert list(tmp_path.iterdir()) == [], layout
+    with pytest.raises(pf.DiskTierUnfit):
+        pf.saturated_floor("disk", 4 * CHUNK, CHUNK, 1, "cpu", tmp_path)
+    assert list(tmp_path.iterdir()) == []

@@ -74,13 +74,33 @@ def check_manifest(root: Path, manifest: dict) -> dict:
     return out
 
 
-def _what_differs(status: list[str]) -> dict:
-    """What a dirty checkout's ``git status --porcelain`` names: how many files, the first few, and whether any is
-    code (``WATCHED``). The GPU machine's copy (6 Dec) carried .git at HEAD with outputs/ set aside for the carry
-    limit (``scripts/device_tree.sh``): dirty by git, its code as committed; the record says which of the two."""
-    paths = [line[3:].split(" -> ")[-1].strip('"') for line in status if len(line) > 3]
-    return {"num_changed": len(paths), "changed": [line.strip() for line in status[:5]],
-            "code_changed": any(p.startswith(tuple(f"{top}/" for top in WATCHED)) for p in paths)}
+def _status_entries(porcelain_z: str) -> list[tuple[str, list[str]]]:
+    """(XY, paths) per entry of ``git status --porcelain -z``: a rename or copy names its new path and its old one
+    (``-z`` puts the old path in the next NUL-separated field and quotes no path, so neither " -> " in a name nor
+    git's C-style quoting of unusual names can be misread)."""
+    fields = porcelain_z.split("\0")
+    out, i = [], 0
+    while i < len(fields):
+        entry = fields[i]
+        i += 1
+        if len(entry) < 4:
+            continue
+        xy, paths = entry[:2], [entry[3:]]
+        if "R" in xy or "C" in xy:
+            paths.append(fields[i])
+            i += 1
+        out.append((xy, paths))
+    return out
+
+
+def _what_differs(entries: list[tuple[str, list[str]]]) -> dict:
+    """What a dirty checkout's ``git status`` names (``_status_entries``): how many files, the first few, and
+    whether any is code (``WATCHED``: a rename touches code where either of its paths is). The GPU machine's copy
+    (6 Dec) carried .git at HEAD with outputs/ set aside for the carry limit (``scripts/device_tree.sh``): dirty by
+    git, its code as committed; the record says which of the two."""
+    watched = tuple(f"{top}/" for top in WATCHED)
+    return {"num_changed": len(entries), "changed": [f"{xy.strip()} {' <- '.join(paths)}" for xy, paths in entries[:5]],
+            "code_changed": any(p.startswith(watched) for _, paths in entries for p in paths)}
 
 
 def git_revision(root: Path) -> dict:
@@ -91,7 +111,7 @@ def git_revision(root: Path) -> dict:
     # machine's working folder once reported an old kmesh commit, 3 Dec) is not that repository's commit
     git = None
     if top and Path(top).resolve() == Path(root).resolve():
-        status = _git(root, "status", "--porcelain", "--untracked-files=no").splitlines()
+        status = _status_entries(_git(root, "status", "--porcelain", "-z", "--untracked-files=no"))
         git = {"commit": _git(root, "rev-parse", "--verify", "-q", "HEAD").strip() or None, "dirty": bool(status)}
         if not git["dirty"]:
             return git

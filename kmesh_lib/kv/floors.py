@@ -158,11 +158,12 @@ def _odirect_files(directory: Path, sizes: list[int]) -> list[Path]:
     try:
         for k, size in enumerate(sizes):
             path = directory / (stem if len(sizes) == 1 else f"{stem}-{k:05d}")
+            paths.append(path)  # before the open: a file system that refuses O_DIRECT may refuse it after creating
+            # the file (Linux checks O_DIRECT once the inode exists: tmpfs before 6.6 left an empty file behind)
             try:
                 fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC | os.O_DIRECT, 0o600)
             except OSError as e:
                 raise DiskTierUnfit(f"O_DIRECT refused at {directory}: {e}") from None
-            paths.append(path)
             try:
                 written = 0
                 while written < size:

@@ -78,6 +78,8 @@ RESIDENT_OF = {"dram": "resident", "disk": "resident", "gpubuf_retained": "gpubu
 RESTORE_ARMS = tuple(RESIDENT_OF)
 # each tier's engine's own recompute (the LMCache engine's is ``recompute``, the section's required control)
 RECOMPUTE_OF_TIER = {tier: next(a for a in arms if KIND[a] == "recompute") for tier, arms in ARMS_OF_TIER.items()}
+# each tier's engine's resident follow-up (the context already in vLLM's KV): what its recompute's prefill is above
+RESIDENT_OF_TIER = {tier: next(a for a in arms if KIND[a] == "resident") for tier, arms in ARMS_OF_TIER.items()}
 OWN_RECOMPUTES = tuple(a for a in RECOMPUTE_OF_TIER.values() if a != "recompute")  # the other engines' controls
 GPUBUF_RESTORES = tuple(a for a in ARMS_OF_TIER["gpubuf"] if a in RESIDENT_OF)  # the GPU buffer's restore arms
 # what the forward pass waits for in an arm's follow-up (``GpuBufferTier.set_wait_at``); others: the tier's own

@@ -695,12 +695,25 @@ def heatmaps(table: list[dict], path_out, title: str = "", crossover: list[dict]
                             color="white" if abs(grid[i, j]) > 2 else "black")  # legible on the darkest cells
         ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
         ax.set_yticks(range(len(models)), models)
-        ax.set(xlabel="context tokens", title=f"{path} restore vs {' / '.join(sorted(set(controls.values())))}")
+        ax.set(xlabel="context tokens", title=f"{path} restore vs {_controls_named(controls, grid, models)}")
     fig.colorbar(im, ax=axes.ravel().tolist(), label="log2 speed-up (blue: restore wins)")
     if title:
         fig.suptitle(title, fontsize=9)
     save_figure(fig, path_out, bbox_inches="tight")
     return fig
+
+
+def _controls_named(controls: dict[str, str], grid, models: list[str]) -> str:
+    """The recompute arms a heatmap panel's cells are over: the controls of the models with a cell (a model without
+    the path has a control by ``control_of``'s rule but no cell, and named none: a panel read "native_offload restore
+    vs native_recompute / recompute" where only native_recompute was drawn); several, each with its models."""
+    import numpy as np
+
+    drawn = {m: controls[m] for i, m in enumerate(models) if not np.isnan(grid[i]).all()}
+    names = sorted(set(drawn.values()))
+    if len(names) == 1:
+        return names[0]
+    return " / ".join(f"{c} ({', '.join(m for m in models if drawn.get(m) == c)})" for c in names) or "none"
 
 
 # the timeline's series in the floor plot: what, marker, line style, its value from a split row (None: not drawn)

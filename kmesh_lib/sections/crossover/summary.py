@@ -10,7 +10,7 @@ from kmesh_lib.base.intervals import white_noise_bound
 from kmesh_lib.base.public import MAX_STRING_CHARS
 from kmesh_lib.base.records import RunFiles, recorded_packages
 from kmesh_lib.sections.crossover import report
-from kmesh_lib.sections.crossover.arms import RESIDENT_OF, TIER_OF, control_of, measured_at
+from kmesh_lib.sections.crossover.arms import RESIDENT_OF, RESIDENT_OF_TIER, TIER_OF, control_of, measured_at
 from kmesh_lib.sections.crossover.captures import GridRow
 from kmesh_lib.sections.crossover.checks import checks
 from kmesh_lib.sections.crossover.tables import recomputed_tables
@@ -73,8 +73,7 @@ def _control_named(row: dict) -> str:
     recompute; ", to open a parenthesis; a row from before the ``control`` column was over the LMCache engine's."""
     if TIER_OF[row["path"]] == "lmcache":
         return ""
-    own = TIER_OF[row.get("control", "recompute")] == TIER_OF[row["path"]]
-    return f"over {'its own' if own else 'the LMCache'} engine's recompute; "
+    return f"over {'its own' if _own_control(row) else 'the LMCache'} engine's recompute; "
 
 
 def _wins_at(row: dict, n: int) -> bool:
@@ -111,9 +110,10 @@ def path_phrase(row: dict) -> str:
 
 
 def _savings(tables: dict, model: str, paths: dict[str, dict], rows: list[GridRow] | None = None) -> str:
-    """Why each speed-up is the size it is, at the path's crossover (else its longest length): recompute is the
-    engine's resident follow-up plus the prefill it redoes, the restore that follow-up plus its cost (``floor_table``:
-    restore - resident, and that cost over its transfer floor); the restore saves the difference. Review finding, 6 Dec
+    """Why each speed-up is the size it is, at the path's crossover (else its longest length): recompute (the row's
+    control) is its engine's resident follow-up plus the prefill it redoes, the restore its own engine's resident
+    follow-up plus its cost (``floor_table``: restore - resident, and that cost over its transfer floor); the restore
+    saves the difference. Review finding, 6 Dec
     2026: 458a's 0.5B DRAM at 1.06-1.13x over 4,096-16,384 tokens said no why; there prefill is 38.2 ms above the
     resident follow-up at 16,384 tokens and DRAM's restore costs 31.3 ms, 8.6x its copy floor. '' where the arms are
     missing. With ``rows``, the cost's ratio to its floor is given only where the cost's interval
@@ -124,8 +124,13 @@ def _savings(tables: dict, model: str, paths: dict[str, dict], rows: list[GridRo
     parts = []
     for path, row in paths.items():
         n = row["crossover_tokens"] if row["crossover_tokens"] is not None else max(_speedups(row))
-        # the row's own control (one per row: arms.control_of); a row from before the column was over recompute
-        rec, resident, restore = (ttft.get((n, a)) for a in (row.get("control") or "recompute", RESIDENT_OF[path], path))
+        # the row's own control (one per row: arms.control_of), split against its own engine's resident follow-up:
+        # where that is another engine, the restore's resident is not the recompute's (a47e's vLLM CPU tier read
+        # "recompute 116.8 = 16.8 +100.0", the CPU tier's resident under the LMCache engine's recompute, beside
+        # DRAM's "116.8 = 12.3 +104.5" of the same recompute)
+        control = _row_control(row)
+        rec, rec_resident, resident, restore = (ttft.get((n, a)) for a in (
+            control, RESIDENT_OF_TIER[TIER_OF[control]], RESIDENT_OF[path], path))
         if rec is None or resident is None or restore is None:
             continue
         dist = floor.get((n, path))
@@ -133,9 +138,12 @@ def _savings(tables: dict, model: str, paths: dict[str, dict], rows: list[GridRo
         x = (f" ({dist['x_floor']:.1f}\u00d7 its transfer floor)" if dist and (dist.get("x_floor") or 0) > 0 and resolved
              else "")
         saved = rec - restore
-        parts.append(f"{LABEL[path]} at {_n(n)} tokens, recompute {rec:,.1f} = {resident:,.1f} {rec - resident:+,.1f} "
-                     f"against the restore {restore:,.1f} = {resident:,.1f} {restore - resident:+,.1f}{x}: "
-                     f"{'saves' if saved >= 0 else 'loses'} {abs(saved):,.1f}")
+        split = (f"{rec:,.1f} (its resident follow-up not measured) " if rec_resident is None
+                 else f"{rec:,.1f} = {rec_resident:,.1f} {rec - rec_resident:+,.1f} ")
+        engine = "" if _own_control(row) else "on the LMCache engine "
+        parts.append(f"{LABEL[path]} at {_n(n)} tokens, recompute {engine}{split}against the restore {restore:,.1f} = "
+                     f"{resident:,.1f} {restore - resident:+,.1f}{x}: {'saves' if saved >= 0 else 'loses'} "
+                     f"{abs(saved):,.1f}")
     return (" Why (medians, ms; each first token is the engine's resident follow-up plus what recompute's prefill or "
             "the restore adds to it): " + "; ".join(parts) + ".") if parts else ""
 
@@ -246,9 +254,10 @@ def answer(run: RunFiles) -> str:
     text = ["**" + "; ".join(lead) + ".**"]
     text.append(f"Per model ({p.DTYPE}, {p.BLOCK_SIZE}-token blocks, {p.WEIGHTS} weights on {p.DEVICE}; "
                 f"medians of {p.NUM_REPEATS} measured follow-ups per point; each speed-up is recompute's first token "
-                "over the restore's, each on its own tier's engine where the run measured that engine's recompute, "
-                "else the LMCache engine's; the crossover is the shortest measured context from which the restore is "
-                "faster at every longer one, faster meaning the speed-up's 95% interval lies wholly above 1):")
+                "over the restore's, each on its own tier's engine where the run measured that engine's recompute at "
+                "every length of the path's row, else the LMCache engine's at every length; the crossover is the "
+                "shortest measured context from which the restore is faster at every longer one, faster meaning the "
+                "speed-up's 95% interval lies wholly above 1):")
     grid_rows = run.records("rows.jsonl")
     text += [f"- {model}: " + "; ".join(path_phrase(r) for r in paths.values()) + "."
              + _savings(tables, model, paths, grid_rows) for model, paths in per_model.items()]
@@ -810,7 +819,7 @@ def _other_engine(tables: dict, row: dict, tokens: int) -> str:
     which shows how far the engines themselves differ (review finding, 6 Dec 2026: a47e's vLLM CPU-tier 3.33x is
     over the LMCache engine's recompute, residents 12.3 ms there and 16.8 ms on its own engine)."""
     path = row["path"]
-    if TIER_OF[row["control"]] == TIER_OF[path]:  # its own engine's recompute (or LMCache's own path)
+    if _own_control(row):  # its own engine's recompute (or LMCache's own path)
         return ""
     ttft = _ttft_at(tables, row["model"], tokens)
     there, here = ttft.get(RESIDENT_OF["dram"]), ttft.get(RESIDENT_OF.get(path, ""))
@@ -826,13 +835,20 @@ def _ttft_at(tables: dict, model: str, tokens: int) -> dict[str, float]:
 
 def _recompute_ms(tables: dict, row: dict, tokens: int) -> float | None:
     """The first token at ``tokens`` of the recompute arm a crossover row's speed-ups are over (its ``control``)."""
-    return _ttft_at(tables, row["model"], tokens).get(row["control"])
+    return _ttft_at(tables, row["model"], tokens).get(_row_control(row))
+
+
+def _row_control(row: dict) -> str:
+    """A crossover row's ``control`` (``report.crossover_table``: one recompute arm for the whole row); a row from
+    before the column (or with none) was over the LMCache engine's ``recompute``. Every sentence that names or reads
+    a row's control goes through here, so none can name one control beside another's number."""
+    return row.get("control") or "recompute"
 
 
 def _own_control(row: dict) -> bool:
     """Whether a crossover row's speed-ups are over its own engine's recompute (its ``control``: the tier's recompute
-    arm, or LMCache's ``recompute`` for LMCache's own paths); a row from before the column was over ``recompute``."""
-    return TIER_OF[row.get("control") or "recompute"] == TIER_OF[row["path"]]
+    arm, or LMCache's ``recompute`` for LMCache's own paths)."""
+    return TIER_OF[_row_control(row)] == TIER_OF[row["path"]]
 
 
 def _over(row: dict) -> str:
