@@ -1584,3 +1584,17 @@ def test_an_mp_restore_span_is_its_load_to_the_reported_end_where_recorded():
     old = as_grid_rows([{"arm": "lmcache_mp", "tier": "lmcache_mp", "path": "lmcache_mp",
                          "components": {**parts, "load_s": 1e-4}}])[0]
     assert cr.restore_span(old)[0] == 1e-4  # a row recorded before load_wall_s: as before
+
+
+def test_a_finished_retrieve_reported_before_the_load_began_ends_no_span():
+    """``load_wall_s`` runs from the first load after the lookup answered tokens to the last report of a finished
+    retrieve after it; a report stamped before that load (an earlier request's) was taken as the end, which could
+    give a negative span (diff review, 6 Dec 2026)."""
+    from kmesh_lib.lmcache import probes
+
+    probe = object.__new__(probes.ComponentProbe)
+    lookup, load = [(0, 10, (1024, True))], [(5, 6, None), (20, 21, None)]  # the first load is before the answer
+    probe.calls = {"lookup": lookup, "load": load, "recv": [(12, 15, 1)]}  # stale: before the load at 20
+    assert probe._load_wall_s() is None
+    probe.calls["recv"].append((40, 50, 1))
+    assert probe._load_wall_s() == (50 - 20) / 1e9

@@ -191,9 +191,12 @@ class ComponentProbe:
             return None
         to_load = [t1 for _, t1, out in c["lookup"] if isinstance(out, tuple) and out[0]]
         after = [t0 for t0, _, _ in c["load"] if to_load and t0 >= to_load[0]]
-        if not after:
+        # a report stamped before the load began is an earlier request's (the drain before each follow-up should leave
+        # none): only reports after the first load end this follow-up's span, never a negative one
+        ends = [t1 for _, t1, _ in c["recv"] if after and t1 >= after[0]]
+        if not ends:
             return None
-        return (max(t1 for _, t1, _ in c["recv"]) - after[0]) / 1e9
+        return (max(ends) - after[0]) / 1e9
 
     def _wrap_disk_reads(self) -> bool:
         try:
