@@ -123,6 +123,12 @@ def _control(t: dict[tuple, dict], model: str, path: str) -> str:
     return control_of(path, measured_at(t).get(model, {}))
 
 
+def is_win(speedup: float, interval: list | None) -> bool:
+    """A restore faster than recompute at one length: its speed-up's 95% interval wholly above 1 where it has one,
+    else its median ratio above 1 (the crossover table's rule, and every sentence that reads a win from a row)."""
+    return interval[0] > 1.0 if interval and interval[0] is not None else speedup > 1.0
+
+
 def crossover_table(table: list[dict], rows: list[FollowUp] = ()) -> list[dict]:
     """Per (model, restore path): ``speedup@N``, recompute's median first token over the restore's at each measured
     length N; with the follow-ups (``rows``), ``speedup_ci@N``, its 95% interval (``speedup_interval``), and a win
@@ -147,7 +153,7 @@ def crossover_table(table: list[dict], rows: list[FollowUp] = ()) -> list[dict]:
             ci = ({n: speedup_interval(samples.get((model, n, control), []), samples.get((model, n, path), []))
                    for n in lengths} if samples else {})
             # no interval (fewer than two follow-ups of an arm: nothing to resample): the medians alone, as before
-            wins = [ci[n][0] > 1.0 if ci and ci[n][0] is not None else speed[n] > 1.0 for n in lengths]
+            wins = [is_win(speed[n], ci.get(n)) for n in lengths]
             point = crossover_point(lengths, wins)
             row = {"model": model, "path": path, "control": control, "crossover_tokens": point,
                    "crossover": (f">= {point}" if point is not None else f"none up to {max(lengths)}")}

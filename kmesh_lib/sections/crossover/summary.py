@@ -76,12 +76,6 @@ def _control_named(row: dict) -> str:
     return f"over {'its own' if _own_control(row) else 'the LMCache'} engine's recompute; "
 
 
-def _wins_at(row: dict, n: int) -> bool:
-    """Whether the restore is faster at ``n`` by ``report.crossover_table``'s rule: its speed-up's 95% interval wholly
-    above 1 where the row has one, else its median ratio above 1."""
-    return row[f"speedup_ci@{n}"][0] > 1.0 if _has_interval(row, n) else row[f"speedup@{n}"] > 1.0
-
-
 def path_phrase(row: dict) -> str:
     """Where one restore path beats recompute for one model, in the run's own numbers, over which recompute: the
     speed-up at the crossover, at the length below it (with its interval, and why it is no win where its median is
@@ -101,7 +95,7 @@ def path_phrase(row: dict) -> str:
         n = before[-1]
         below = f", {_speedup(row, n)} at {_n(n)}" + (
             ", whose interval reaches 1" if _has_interval(row, n) and speed[n] > 1.0 else "")
-    earlier = [n for n in before[:-1] if _wins_at(row, n)]
+    earlier = [n for n in before[:-1] if report.is_win(row[f"speedup@{n}"], row.get(f"speedup_ci@{n}"))]
     return (f"{LABEL[row['path']]} restore beats recompute {where} ({_control_named(row)}{note + '; ' if note else ''}"
             f"{_speedup(row, point)} there" + below
             + (f", {_speedup(row, lengths[-1])} at {_n(lengths[-1])}" if lengths[-1] != point else "")
