@@ -127,6 +127,15 @@ def test_restores_in_streaks_widen_the_half_width_the_resolution_is_judged_by():
     assert s["span_lag1"] > 0.8 and s["span_half_width_serial_ms"] > 3 * s["span_half_width_ms"]
     assert s["half_width_x_floor"] == pytest.approx(s["span_half_width_serial_ms"] / 0.3, abs=1e-3)
     assert a["resolved"] is not s["resolved"] and not s["resolved"]
+    # the unresolved point says how many restores it would need at the spread and streaks it measured; a resolved one
+    # needs none (issue 42: "say how many"), and the answer's line says so, with a warning where the count is absurd
+    assert a["restores_to_resolve"] is None
+    assert s["restores_to_resolve"] == cr.restores_needed(s["span_half_width_serial_ms"], 32, 0.3) > 32
+    from kmesh_lib.sections.crossover.summary import _to_resolve_clause
+    assert f"about {s['restores_to_resolve']:,} restores would reach it" in _to_resolve_clause(s)
+    assert "not the way" in _to_resolve_clause({**s, "restores_to_resolve": 10 * 32 + 1})
+    assert "not the way" not in _to_resolve_clause({**s, "restores_to_resolve": 40})
+    assert _to_resolve_clause({k: v for k, v in s.items() if k != "restores_to_resolve"}) == ""  # rendered before it
 
 
 def test_streaks_the_resident_follow_ups_share_are_named_the_engines():

@@ -963,6 +963,9 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors], boun
                "half_width_x_floor": (round(serial_half / floor[0], 4) if serial_half is not None and floor and floor[0] > 0
                                       else None)}
         row["resolved"] = (row["half_width_x_floor"] is not None and row["half_width_x_floor"] <= RESOLVE_FRACTION)
+        # an unresolved point: the restores it would need at the spread (and streaks) measured; issue 42: say how many
+        row["restores_to_resolve"] = (None if row["resolved"] or not floor else
+                                      restores_needed(serial_half, len(span_ms), floor[0]))
         how, media = FLOOR_OF[path]
         if how == "sum" and len(media) > 1:  # the strict floor (no overlap) stays the verdict; beside it, a pipeline's
             overlapped = floor_range_ms(path, floors.get((model, n, TIER_OF[path]), []), how="max")

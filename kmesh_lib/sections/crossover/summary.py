@@ -433,9 +433,21 @@ def _resolution_sentences(table: list[dict]) -> list[str]:
                    + f": {r['ttft_verdict']}{_reach(r['ttft_verdict'], _high(r, 'ttft_difference'), floor)} "
                    f"({r['num_restores']} restores"
                    + _serial_clause(r) + _pair_floor_clause(r) + _overlapped_clause(r)
-                   + ("; resolved to 10% of the floor" if r["resolved"] else "; not resolved to 10% of the floor")
+                   + ("; resolved to 10% of the floor" if r["resolved"] else "; not resolved to 10% of the floor"
+                      + _to_resolve_clause(r))
                    + ").")
     return out
+
+
+def _to_resolve_clause(r: dict) -> str:
+    """How many restores the unresolved point would need at the spread (and streaks) it measured
+    (``report.resolution_table``'s ``restores_to_resolve``); runs rendered before that column say nothing."""
+    need = r.get("restores_to_resolve")
+    if need is None:
+        return ""
+    many = need > 10 * max(r["num_restores"], 1)  # the spread, not the count, is what keeps it unresolved
+    return (f": about {need:,} restores would reach it at the spread measured"
+            + (", so more restores are not the way to resolve it" if many else ""))
 
 
 def _high(r: dict, what: str) -> float:
