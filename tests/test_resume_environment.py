@@ -42,6 +42,20 @@ def test_a_run_begun_before_the_driver_was_recorded_is_held_to_the_rest(tmp_path
         write_environment(path, env(vllm="0.27.0", nvidia_driver="580.65.06"), resume=True)
 
 
+def test_a_first_call_that_could_not_read_the_driver_is_held_to_the_rest(tmp_path):
+    """A first call whose nvidia-smi and /proc read failed recorded the driver as None: a later call that reads one
+    resumes (nothing to compare it with) and is recorded; a later call that cannot read it after one was named is
+    still refused."""
+    path = tmp_path / "env.json"
+    write_environment(path, env(nvidia_driver=None), resume=True)
+    write_environment(path, env() | {"time_utc": "later"}, resume=True)
+    assert json.loads(path.read_text())["calls"][0]["nvidia_driver"] == "570.86.15"
+    named = tmp_path / "named.json"
+    write_environment(named, env(), resume=True)
+    with pytest.raises(RunFileError, match="NVIDIA driver '570.86.15' -> None"):
+        write_environment(named, env(nvidia_driver=None), resume=True)
+
+
 def test_a_new_run_overwrites(tmp_path):
     path = tmp_path / "env.json"
     write_environment(path, env(), resume=False)

@@ -326,11 +326,12 @@ STACK_PACKAGES = ("vllm", "lmcache", "torch")  # the packages whose versions a r
 
 def _stack_changes(first: dict, now: dict) -> list[tuple[str, object, object]]:
     """(what, first call's, this call's) for the device, each stack package and the NVIDIA driver that differ
-    between two calls. The driver is compared only where the first call's env.json has the key: a run begun
-    before kmesh recorded it (``environment``'s ``nvidia_driver``) is held to the rest alone."""
+    between two calls. The driver is compared only where the first call's env.json names one: a run begun before
+    kmesh recorded it (``environment``'s ``nvidia_driver``), or whose first call could not read it (None), is held to
+    the rest alone; a later call that cannot read it is refused (a driver changed, for all it knows)."""
     pairs = [("device", first.get("device"), now.get("device"))]
     pairs += [(name, recorded_packages(first).get(name), recorded_packages(now).get(name)) for name in STACK_PACKAGES]
-    if "nvidia_driver" in first:  # a driver update changes copy and kernel timings on the same card
+    if first.get("nvidia_driver") is not None:  # a driver update changes copy and kernel timings on the same card
         pairs.append(("NVIDIA driver", first["nvidia_driver"], now.get("nvidia_driver")))
     return [(key, was, cur) for key, was, cur in pairs if was != cur]
 
