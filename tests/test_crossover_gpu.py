@@ -37,7 +37,10 @@ def test_units_are_each_model_on_each_tier_and_the_notebook_runs_the_same_comman
     assert [(u.model, u.tier) for u in got] == [(m, t) for m in ("tiny", "kvheavy")
                                                 for t in ("lmcache", "gpubuf", "lmcache_mp")]
     assert len({u.name for u in got}) == len(got) and got[0].name == "tiny" and got[1].name == "tiny-gpubuf"
-    assert Unit("/models/qwen", "native").name == "qwen-native"  # a model directory: a file name all the same
+    # a model directory: a file name all the same, and two directories with one last part keep their logs apart
+    a, b = Unit("/models/a/qwen", "native").name, Unit("/models/b/qwen", "native").name
+    assert a.startswith("qwen-") and a.endswith("-native") and "/" not in a and a != b
+    assert Unit("/models/a/qwen", "native").name == a  # the same path, the same name (the driver resumes by it)
 
     started = []
 

@@ -27,6 +27,7 @@ Tables and plots: ``app.registry.crossover.report``.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -109,9 +110,12 @@ class Unit:
 
     @property
     def name(self) -> str:
-        """Its log's name (``child-<name>.log``, ``logs/<name>.log``): the model (a directory's last part) and, beside
-        LMCache's tier, the tier."""
+        """Its log's name (``child-<name>.log``, ``logs/<name>.log``) and the GPU driver's key for it: the model and,
+        beside LMCache's tier, the tier. A model directory is named by its last part and a digest of the path as given,
+        so two directories with the same last part (``/a/qwen``, ``/b/qwen``) keep their logs and units apart."""
         model = Path(self.model).name
+        if model != self.model:
+            model += "-" + hashlib.sha1(self.model.encode()).hexdigest()[:6]
         return model if self.tier == "lmcache" else f"{model}-{self.tier}"
 
     def command(self, run_dir: Path, child: list[str] | None = None) -> list[str]:
