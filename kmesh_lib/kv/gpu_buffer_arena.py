@@ -334,6 +334,36 @@ class BufferArena:
         return written
 
     # -- stage: disk -> buffer extent --
+    @staticmethod
+    def _read_chunk(fd: int, path: Path, view: memoryview, padded: int, offset: int) -> None:
+        """One chunk's O_DIRECT read: ``padded`` bytes of ``path`` at ``offset`` into ``view``, one read in flight."""
+        got = 0
+        while got < padded:
+            n = os.preadv(fd, [view[got:padded]], offset + got)
+            if n <= 0:
+                raise OSError(f"short O_DIRECT read of {path}: {got} of {padded} bytes at offset {offset}")
+            got += n
+
+    def read_seconds(self, path: Path, nbytes: int) -> float:
+        """Seconds to read the first ``nbytes`` of ``path`` as ``stage`` reads an entry, without its copies: O_DIRECT,
+        in this arena's chunks (``chunk_bytes``), one read in flight, into this thread's staging slots in turn (pinned
+        on CUDA), from the first read's start to the last one's end (``stage``'s ``disk_read``; the open before it).
+        The disk floor's own way for this tier (``kv.floors.OwnRead``). Call between steps: it waits for any copy
+        still reading a slot first."""
+        stager = self._stager()
+        for event in stager.done:
+            if event is not None:
+                event.synchronize()
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        try:
+            t0 = _ns()
+            for c, offset in enumerate(range(0, nbytes, self.chunk_bytes)):
+                padded = _round_up(min(self.chunk_bytes, nbytes - offset), ALIGN)
+                self._read_chunk(fd, path, stager.views[c % len(stager.slots)], padded, offset)
+            return (_ns() - t0) / 1e9
+        finally:
+            os.close(fd)
+
     def stage(self, entry_id: int, num_blocks: int, extent_start: int, timeline: RestoreTimeline,
               stream=None) -> None:
         """Reads the whole entry into its extent: O_DIRECT chunks into pinned memory, each copied on
@@ -349,12 +379,7 @@ class BufferArena:
                 nbytes = k * self.bytes_per_block
                 padded = _round_up(nbytes, ALIGN)
                 t0 = _ns()
-                got = 0
-                while got < padded:
-                    n = os.preadv(fd, [stager.views[slot][got:padded]], b0 * self.bytes_per_block + got)
-                    if n <= 0:
-                        raise OSError(f"short O_DIRECT read of {path}: {got} of {padded} bytes at block {b0}")
-                    got += n
+                self._read_chunk(fd, path, stager.views[slot], padded, b0 * self.bytes_per_block)
                 timeline.disk_reads.append(Span().cpu(t0, _ns()))
                 dst = self.buffer_blocks[extent_start + b0:extent_start + b0 + k].view(-1)
                 if self.is_cuda:
