@@ -177,5 +177,5 @@ def test_the_kept_reference_is_the_narrowest_of_its_tries(monkeypatch):
     from kmesh_lib.kv import cuda_streams
 
     windows = iter([13_000, 69_000, 9_000, 15_000, 12_000])
-    monkeypatch.setattr(cuda_streams, "stream_reference", lambda: (0, object(), False, next(windows)))
+    monkeypatch.setattr(cuda_streams, "stream_reference", lambda stream=None: (0, object(), False, next(windows)))
     assert cuda_streams.narrowest_reference(tries=5)[3] == 9_000  # a slow record call's window is never kept

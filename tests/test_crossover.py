@@ -757,6 +757,46 @@ def test_the_kept_reference_check_holds_each_restore_to_a_confirmed_reference():
     assert {c.name: c.status for c in launch_checks(as_grid_rows(rows), as_children([child]))}[name] == "skipped"
 
 
+def test_a_disk_restore_put_on_the_clock_after_its_read_is_confirmed_against_that_reference():
+    """From 6 Dec 2026 a GPU-buffer disk restore takes its own reference right after its read (``BufferArena.stage``):
+    the check then names it, holds it to the same 5 us, and only where the after-request reference confirmed that
+    reference (``reference_clock.reference_at``); memory restores keep the one from before their step. Without one
+    the check keeps its published name, and a reference a second old still fails it (the H100 run of 6 Dec 2026:
+    -5.373 us over 961.7 ms)."""
+    from kmesh_lib.sections.crossover.checks import REFERENCE_AGREE_US, launch_checks, reference_check_name
+
+    rows = [r for r in _gpubuf_rows() if r["measured"] and r.get("split")]
+    for r in rows:
+        disk = r["arm"] == "gpubuf_disk"
+        r["split"].update(launched_at="step_start", reference_at="after_read" if disk else "before_step",
+                          reference_age_s=None if disk else 0.004)
+        r["reference_clock"] = {"interval_ms": 40.0 if disk else 50.0, "drift_us": -0.3, "windows_us": [3.0, 2.5],
+                                "reference_at": "after_read" if disk else "before_step"}
+    published = ("gpubuf: every restore's events were put on the host's clock by a reference taken before its step, "
+                 f"which one taken after the request confirmed within {REFERENCE_AGREE_US} us")
+    name = reference_check_name(["before_step", "after_read"])
+    assert name != published and "after its read" in name and reference_check_name(["before_step"]) == published
+    child = {"model": "m", "tier": "gpubuf", "tier_route": {"launch_at": "step_start"}}
+
+    def statuses():
+        return {c.name: c.status for c in launch_checks(as_grid_rows(rows), as_children([child]))}
+
+    assert statuses().get(name) == "ok" and published not in statuses()
+    disk = next(r for r in rows if r["arm"] == "gpubuf_disk")
+    disk["reference_clock"]["reference_at"] = "before_step"  # confirmed a reference the restore did not use
+    assert statuses()[name] == "failed"
+    disk["reference_clock"].update(reference_at="after_read", drift_us=-(REFERENCE_AGREE_US + 0.1))
+    assert statuses()[name] == "failed"  # the same 5 us
+    disk["reference_clock"]["drift_us"] = -0.3
+    memory = next(r for r in rows if r["arm"] != "gpubuf_disk")
+    memory["split"]["reference_at"] = memory["reference_clock"]["reference_at"] = "after_read"  # no read to follow
+    assert statuses()[name] == "failed"
+    for r in rows:  # the method before: every reference from before the step, a disk step of ~1 s
+        r["split"]["reference_at"], r["reference_clock"] = "before_step", {"interval_ms": 50.0, "drift_us": -0.3}
+    disk["reference_clock"] = {"interval_ms": 961.718, "drift_us": -5.373, "windows_us": [2.537, 2.246]}
+    assert statuses()[published] == "failed"
+
+
 def test_native_offload_without_cpu_tier_counts_is_skipped_not_ok():
     from kmesh_lib.sections.crossover.checks import tier_checks
 

@@ -390,6 +390,46 @@ def test_a_saturated_floor_that_raises_leaves_the_chunked_one_standing(tmp_path,
     assert cr.floor_range_ms("disk", as_point_floors([with_copy])) == [12.0, 12.0]  # the chunked disk floor, read + copy
 
 
+def test_the_gpu_buffers_disk_floor_is_timed_in_its_own_chunks_and_by_its_own_read(tmp_path, monkeypatch):
+    """``point_floors`` for the GPU buffer: the chunked disk floor reads the tier's own chunks (its arena's whole
+    blocks, not the configured 16 MiB), and the sweep times the tier's own read (``BufferArena.read_seconds``) beside
+    this module's ways; LMCache's sweep holds its own way already and gets none. On the H100 of 6 Dec 2026 the
+    GPU buffer's disk restores (7B, 1,024 tokens) lay below a floor without it: span [30.95, 33.40] ms, floor
+    [34.38, 36.23] ms."""
+    from types import SimpleNamespace
+
+    from kmesh_lib.base.processes import RuntimeDir
+    from kmesh_lib.kv import floors as kv_floors
+    from kmesh_lib.sections.crossover import experiment
+
+    calls = []
+
+    def fake_floor(kind, nbytes, chunk, depth, repeats, device, directory):
+        calls.append(("chunked", kind, chunk))
+        return {"median_s": 0.04}
+
+    def fake_saturated(kind, nbytes, chunk, repeats, device, directory, own=None):
+        calls.append(("saturated", kind, chunk, own))
+        return {"median_s": 0.03}
+
+    monkeypatch.setattr(kv_floors, "chunked_floor", fake_floor)
+    monkeypatch.setattr(kv_floors, "saturated_floor", fake_saturated)
+    cfg = SimpleNamespace(FLOOR_QUEUE_DEPTH=1, FLOOR_REPEATS=2, DEVICE="cpu", CHUNK_SIZE=256)
+    arena = SimpleNamespace(chunk_bytes=18 * 917504, read_seconds=lambda path, nbytes: 0.03)
+    tier = SimpleNamespace(disk_dir=tmp_path, config=SimpleNamespace(chunk_bytes=16 << 20),
+                           shared=SimpleNamespace(worker=SimpleNamespace(arena=arena)))
+    runtime = RuntimeDir.create("t", root=tmp_path)
+    got = experiment.point_floors(cfg, tier, "gpubuf", runtime, ["disk", "device"], "m", 1024, 57344, "before")
+    assert not got.get("errors")
+    (_, _, chunk), (_, _, sat_chunk, own), *device = calls
+    assert chunk == sat_chunk == 18 * 917504  # the tier's own chunk: 15.75 MiB of whole 7B blocks
+    assert (own.read, own.chunk_bytes, own.queue_depth) == (arena.read_seconds, 18 * 917504, 1)
+    assert [c[-1] for c in device if c[0] == "saturated"] == [None]  # a copy floor has no own read
+    calls.clear()
+    experiment.point_floors(cfg, tier, "lmcache", runtime, ["disk"], "m", 1024, 57344, "before")
+    assert calls[1][-1] is None and calls[1][2] == 256 * 57344  # LMCache: its chunks, its own way in the sweep
+
+
 def test_a_disk_restore_below_its_sum_floor_is_also_judged_against_the_slower_medium_alone():
     """LMCache's disk floor is the read plus the copy (no overlap): a span of 105 ms against 100 ms of reading and 20
     of copying is below it, and stays so (the verdict, and the check's); beside it, the read alone (a pipeline that

@@ -160,3 +160,55 @@ def test_a_file_system_that_refuses_o_direct_after_creating_the_file_is_left_cle
     with pytest.raises(pf.DiskTierUnfit):
         pf.saturated_floor("disk", 4 * CHUNK, CHUNK, 1, "cpu", tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_sweep_times_the_tiers_own_read_last_in_each_repeat_and_takes_it_where_fastest(tmp_path, monkeypatch):
+    """A tier that reads its disk copy its own way (the GPU buffer: its chunks, one in flight, into pinned slots) gets
+    that read into the sweep (``OwnRead``): on the H100 of 6 Dec 2026 its restores read a 7B context faster than
+    every way of this module's sweep, so a floor without it was no floor of them."""
+    sweep = (("chunk_files", 4), ("one_file", 8))
+    seconds = {("chunk_files", 4): [0.30, 0.31, 0.29], ("one_file", 8): [0.12, 0.10, 0.11]}
+    order, own_calls = [], []
+
+    def fake_read(paths, nbytes, chunk, depth, lockstep=False):
+        way = ("chunk_files" if len(paths) > 1 else "one_file", depth)
+        order.append(way)
+        return seconds[way][sum(w == way for w in order) - 1]
+
+    def own_read(path, nbytes):
+        assert path.exists() and path.stat().st_size == nbytes  # the context in one file, as the tier keeps it
+        order.append("own")
+        own_calls.append(path)
+        return [0.09, 0.08, 0.095][len(own_calls) - 1]
+
+    monkeypatch.setattr(pf, "_read_chunks", fake_read)
+    own = pf.OwnRead("tier", own_read, 3 * CHUNK, 1)
+    got = pf.saturated_floor("disk", 10 * CHUNK, CHUNK, 3, "cpu", tmp_path, sweep, own=own)
+    assert order == [*sweep, "own"] * 3  # each repeat times every way, the tier's own last
+    assert len(set(own_calls)) == 1  # one file, written once
+    assert got["sweep"][-1] == {"layout": "one_file", "queue_depth": 1, "seconds": [0.09, 0.08, 0.095],
+                                "median_s": 0.09, "reader": "tier", "chunk_bytes": 3 * CHUNK}
+    assert (got["reader"], got["chunk_bytes"], got["queue_depth"], got["median_s"]) == ("tier", 3 * CHUNK, 1, 0.09)
+    assert not list(tmp_path.iterdir())
+    order.clear()
+    slow = pf.OwnRead("tier", lambda path, nbytes: 0.5, 3 * CHUNK, 1)
+    got = pf.saturated_floor("disk", 10 * CHUNK, CHUNK, 3, "cpu", tmp_path, sweep, own=slow)
+    assert (got["reader"], got["chunk_bytes"], got["queue_depth"], got["median_s"]) == ("floors", CHUNK, 8, 0.11)
+
+
+def test_the_gpu_buffers_own_read_on_a_real_file_system_is_a_way_of_the_sweep(tmp_path):
+    """The GPU buffer's own read (``BufferArena.read_seconds``) times a floor file as its restores read theirs; it reads
+    the file's bytes, and the sweep leaves nothing behind."""
+    import torch
+
+    from kmesh_lib.kv.gpu_buffer_arena import BufferArena
+
+    num_blocks = 16
+    kv = {f"l{i}": torch.zeros(2, num_blocks, 16, 2, 32, dtype=torch.bfloat16) for i in range(2)}
+    arena = BufferArena(kv, num_blocks, 8, tmp_path / "tier", chunk_bytes=3 * 8192 + 100)
+    assert (arena.bytes_per_block, arena.chunk_bytes) == (8192, 3 * 8192)  # whole blocks: 3 of them
+    own = pf.OwnRead("gpubuf stage", arena.read_seconds, arena.chunk_bytes, 1)
+    got = pf.saturated_floor("disk", 10 * 8192, 64 << 10, 2, "cpu", tmp_path / "floors", own=own)
+    assert [w.get("reader", "floors") for w in got["sweep"]] == ["floors"] * len(pf.SATURATING_DISK_SWEEP) + ["gpubuf stage"]
+    assert got["sweep"][-1]["chunk_bytes"] == 3 * 8192 and len(got["sweep"][-1]["seconds"]) == 2
+    assert not list((tmp_path / "floors").iterdir())

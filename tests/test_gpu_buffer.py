@@ -409,6 +409,81 @@ def test_disk_and_buffer_restores_put_each_block_back_where_vllm_wants_it(worker
     assert (snap.hook_read_bytes, snap.memory_tier_bytes) == (disk["disk_bytes"], 8 * tier.index.bytes_per_block)
 
 
+def test_a_disk_restore_goes_on_the_clock_by_a_reference_taken_after_its_read(tmp_path, monkeypatch):
+    """A disk restore takes its own reference right after its last read, before that chunk's copy (``BufferArena.stage``
+    with ``reference_after_read``, as the connector asks for every disk restore), and the kept reference becomes that
+    one, so the after-request check confirms the reference its events went on the clock by; a restore from the
+    buffer keeps the step's. On CPU no reference is taken: a stand-in one shows where it would be."""
+    from kmesh_lib.kv import gpu_buffer_arena
+
+    engine, tier, runner = worker_engine_at("block-outermost", tmp_path)
+    try:
+        real_preadv, reads, taken = os.preadv, [], []
+        monkeypatch.setattr(os, "preadv", lambda fd, bufs, off: reads.append(off) or real_preadv(fd, bufs, off))
+
+        def reference(arena, stream=None):
+            taken.append(len(reads))
+            return (time.monotonic_ns(), None, False, 1_000)
+
+        monkeypatch.setattr(gpu_buffer_arena.BufferArena, "after_read_reference", reference)
+        store(engine, tier, CTX)
+        tier.arena.last_kept_reference, tier.arena.last_kept_reference_at = ("kept",), "before_step"  # take_reference's
+        reads.clear()
+        runner.wipe()
+        assert run(engine, "f1", CTX + [7]).num_cached_tokens == 128
+        assert taken == [len(reads)] and reads  # once, after the restore's last read
+        kept = tier.arena.last_kept_reference
+        assert tier.arena.last_kept_reference_at == "after_read" and kept[3] == 1_000  # the one the restore used
+        assert engine.reset_prefix_cache()
+        runner.wipe()
+        assert run(engine, "f2", CTX + [8]).num_cached_tokens == 128  # from the retained copy: no read, no reference
+        assert runner.mismatches == [] and len(taken) == 1
+        disk, buffer = tier.take_restores()
+        assert (disk["reference_at"], buffer["reference_at"]) == ("after_read", None)
+        t_ref = disk["t_start_ns"] + disk["reference_after_start_s"] * 1e9
+        assert disk["t_disk_read_end_ns"] <= t_ref <= disk["t_staging_end_ns"]  # between the read and its copy's end
+        assert disk["measure_s"] >= 0 and disk["host_s"] >= 0
+        parts = [disk[k] or 0.0 for k in ("lookup_s", "schedule_s", "measure_s", "host_s", "forward_wait_s")]
+        assert sum(parts) == pytest.approx(disk["critical_s"], abs=1e-9)  # the reference's time counted once
+    finally:
+        engine.close()
+        tier.close()
+
+
+def test_the_gpu_buffers_own_read_reads_its_chunks_one_at_a_time_into_its_staging_slots(tmp_path, monkeypatch):
+    """``BufferArena.read_seconds``, the disk floor's own way for this tier: O_DIRECT, the arena's chunks in order, each
+    read whole before the next, into its staging slots in turn, as ``stage`` reads an entry; it reads the file's bytes."""
+    import torch
+
+    from kmesh_lib.kv import floors
+    from kmesh_lib.kv.gpu_buffer_arena import BufferArena
+
+    kv = {f"l{i}": torch.zeros(2, 16, B, 2, 32, dtype=torch.bfloat16) for i in range(2)}
+    arena = BufferArena(kv, 16, 8, tmp_path / "tier", chunk_bytes=3 * 8192 + 100)
+    nbytes = 10 * 8192
+    path = floors._odirect_file(tmp_path, nbytes)
+    real_open, real_preadv, seen, flags = os.open, os.preadv, [], []
+    active = [0]
+
+    def preadv(fd, bufs, off):
+        active[0] += 1
+        seen.append((off, len(bufs[0]), bufs[0].obj, active[0]))
+        try:
+            return real_preadv(fd, bufs, off)
+        finally:
+            active[0] -= 1
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    monkeypatch.setattr(os, "open", lambda p, f, *a: flags.append(f) or real_open(p, f, *a))
+    assert arena.read_seconds(path, nbytes) > 0
+    assert flags and all(f & os.O_DIRECT for f in flags)
+    stager = arena._stager()
+    slots = [id(v.obj) for v in stager.views]
+    assert [(off, size) for off, size, _, _ in seen] == [(0, 24576), (24576, 24576), (49152, 24576), (73728, 8192)]
+    assert [slots.index(id(obj)) for _, _, obj, _ in seen] == [0, 1, 0, 1] and max(a for *_, a in seen) == 1
+    assert stager.slots[1][:8192].numpy().tobytes() == path.read_bytes()[73728:]  # the last chunk's bytes
+
+
 def test_ids_handed_over_unread_put_each_block_back_where_vllm_wants_it(tmp_path, monkeypatch):
     """Where the worker hands its launches to a thread that packs ids (``ids_to_thread``), the scheduler side hands
     over each restore's range of the table unread (``IdRange``, no bytes packed); a route that needs the ids on the

@@ -43,12 +43,15 @@ def stream_reference(stream=None, event=None) -> tuple[int, torch.cuda.Event, bo
     return t, event, synced, t - t_before
 
 
-def narrowest_reference(tries: int = 5) -> tuple[int, torch.cuda.Event, bool, int]:
-    """The ``stream_reference`` with the narrowest window of ``tries`` taken back to back on the current,
-    idle stream (call it with the device synchronized, off any step's path): a record call the host was
+def narrowest_reference(tries: int = 5, stream=None) -> tuple[int, torch.cuda.Event, bool, int]:
+    """The ``stream_reference`` with the narrowest window of ``tries`` taken back to back on ``stream`` (default:
+    the current one), idle (call it with the device synchronized, off any step's path, or on a stream whose work
+    has ended: the first try waits for any left, and ``synced`` says whether one did): a record call the host was
     slow to return from (69 us against a median of 13 on the H200 machine) leaves its event's GPU time
     anywhere in its window; the narrowest bounds it best (NTP keeps its fastest exchange the same way)."""
-    return min((stream_reference() for _ in range(tries)), key=lambda ref: ref[3])
+    refs = [stream_reference(stream) for _ in range(tries)]
+    t, event, _, window = min(refs, key=lambda ref: ref[3])
+    return t, event, any(ref[2] for ref in refs), window
 
 
 class EventPool:

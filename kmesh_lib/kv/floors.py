@@ -14,7 +14,8 @@ Invariants:
     - the disk floor reads with O_DIRECT (page-aligned buffer, block-multiple sizes), so the page cache
       never serves it; a file system without O_DIRECT raises ``DiskTierUnfit`` instead of measuring RAM;
     - a context's chunked disk reads keep their queue depth continuously in flight (``_read_chunks``), and the
-      saturated disk floor is the fastest of a sweep that includes LMCache's own way of reading (``saturated_floor``);
+      saturated disk floor is the fastest of a sweep that includes LMCache's own way of reading and, where the tier
+      gives one (``OwnRead``: the GPU buffer's), the tier's own read code on the same kind of file (``saturated_floor``);
     - every measurement reports its median and best of ``repeats`` and the label of what it measured;
     - the probe file is removed whatever happens.
 """
@@ -24,6 +25,8 @@ import mmap
 import os
 import statistics
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from kmesh_lib.kv.disk_tier import DiskTierUnfit, mount_of
@@ -312,6 +315,22 @@ SATURATING_DISK_SWEEP: tuple[tuple[str, int], ...] = (("chunk_files", LMCACHE_DI
                                                       ("one_file", 16))
 
 
+@dataclass(frozen=True)
+class OwnRead:
+    """A tier's own way of reading a context's file, as a floor way: ``read(path, nbytes)`` reads the first ``nbytes``
+    of ``path`` (one file, written with O_DIRECT) exactly as the tier reads its disk copy and returns the seconds its
+    reads took; ``chunk_bytes`` and ``queue_depth`` say how it reads (recorded beside its seconds), ``name`` whose
+    code it is. The GPU buffer's: ``BufferArena.read_seconds`` (its chunks, one read in flight, into its pinned
+    staging slots). On the H100 of 6 Dec 2026 (run gpu-20261206-060006-9c9b, not published; 7B, 1,024 tokens) the
+    tier's restores read the context at 1.65-1.94 GB/s, this module's reads of the same bytes at one in flight in
+    16 MiB chunks into ordinary pages at medians of 1.34 and 1.54 GB/s, and the sweep's fastest median was 1.62-1.71 GB/s."""
+
+    name: str
+    read: Callable[[Path, int], float]
+    chunk_bytes: int
+    queue_depth: int = 1
+
+
 def saturating_piece(kind: str, nbytes: int, chunk_bytes: int) -> tuple[int, int]:
     """(piece bytes, pieces in flight) of a copy (host->device, device->device) kept busy: one piece, so no per-piece
     launch from Python counts. The disk has no one such piece: ``saturated_floor`` sweeps SATURATING_DISK_SWEEP."""
@@ -322,15 +341,18 @@ def saturating_piece(kind: str, nbytes: int, chunk_bytes: int) -> tuple[int, int
 
 def saturated_floor(kind: str, nbytes: int, chunk_bytes: int, repeats: int = 3, device: str = "cpu",
                     directory: str | Path | None = None,
-                    sweep: tuple[tuple[str, int], ...] = SATURATING_DISK_SWEEP) -> dict:
+                    sweep: tuple[tuple[str, int], ...] = SATURATING_DISK_SWEEP, own: OwnRead | None = None) -> dict:
     """The floor of moving ``nbytes`` with the medium kept busy: a copy in one piece (``chunked_floor`` of
     ``saturating_piece``); the disk, the fastest of ``sweep`` ((layout, reads in flight) in ``chunk_bytes`` reads,
-    continuously in flight), each timed ``repeats`` times, the ways interleaved within each repeat so a drift of the
-    drive over the sweep touches every way alike.
+    continuously in flight) and, where given, the tier's ``own`` read of the context in one file (its own chunks and
+    depth: a floor no faster than the tier's own reads is no floor of them), each timed ``repeats`` times, the ways
+    interleaved within each repeat so a drift of the drive over the sweep touches every way alike.
 
-    The disk's record has ``chunked_floor``'s keys for the fastest way (``queue_depth``, ``seconds``, ``median_s``)
-    plus its ``layout``, ``in_flight`` ("continuous") and ``sweep``: every way's layout, queue depth, seconds and
-    median, in the order timed. Each layout is written once (``_layout_files``) and removed whatever happens.
+    The disk's record has ``chunked_floor``'s keys for the fastest way (``queue_depth``, ``seconds``, ``median_s``;
+    ``chunk_bytes`` its reads' size) plus its ``layout``, ``in_flight`` ("continuous"), ``reader`` ("floors": this
+    module's reads, else the ``OwnRead``'s name) and ``sweep``: every way's layout, queue depth, seconds and median,
+    in the order timed (the own way last, with its ``reader`` and ``chunk_bytes``). Each layout is written once
+    (``_layout_files``) and removed whatever happens.
 
     Raises:
         DiskTierUnfit: ``disk`` on a file system that refuses O_DIRECT.
@@ -345,23 +367,29 @@ def saturated_floor(kind: str, nbytes: int, chunk_bytes: int, repeats: int = 3, 
     chunk_bytes = max(page, -(-chunk_bytes // page) * page)
     nbytes = -(-nbytes // page) * page
     files: dict[str, list[Path]] = {}
+    timed = [(layout, depth, lambda f, d=depth: _read_chunks(f, nbytes, chunk_bytes, d)) for layout, depth in sweep]
+    if own is not None:  # one file, as the tier's own file holds a context
+        timed.append(("one_file", own.queue_depth, lambda f: own.read(f[0], nbytes)))
     try:
-        for layout in dict.fromkeys(layout for layout, _ in sweep):
+        for layout in dict.fromkeys(layout for layout, _, _ in timed):
             files[layout] = _layout_files(Path(directory), nbytes, chunk_bytes, layout)
-        seconds: list[list[float]] = [[] for _ in sweep]
+        seconds: list[list[float]] = [[] for _ in timed]
         for _ in range(repeats):
-            for k, (layout, depth) in enumerate(sweep):
-                seconds[k].append(_read_chunks(files[layout], nbytes, chunk_bytes, depth))
+            for k, (layout, _, read) in enumerate(timed):
+                seconds[k].append(read(files[layout]))
     finally:
         for paths in files.values():
             for path in paths:
                 path.unlink(missing_ok=True)
     ways = [{"layout": layout, "queue_depth": max(1, depth), "seconds": s, "median_s": statistics.median(s)}
-            for (layout, depth), s in zip(sweep, seconds)]
+            for (layout, depth, _), s in zip(timed, seconds)]
+    if own is not None:
+        ways[-1].update(reader=own.name, chunk_bytes=own.chunk_bytes)
     best = min(ways, key=lambda w: w["median_s"])
-    return {"kind": "disk", "label": "disk: O_DIRECT reads", "bytes": nbytes, "chunk_bytes": chunk_bytes,
-            "queue_depth": best["queue_depth"], "seconds": best["seconds"], "median_s": best["median_s"],
-            "layout": best["layout"], "in_flight": "continuous", "sweep": ways}
+    return {"kind": "disk", "label": "disk: O_DIRECT reads", "bytes": nbytes,
+            "chunk_bytes": best.get("chunk_bytes", chunk_bytes), "queue_depth": best["queue_depth"],
+            "seconds": best["seconds"], "median_s": best["median_s"], "layout": best["layout"],
+            "in_flight": "continuous", "reader": best.get("reader", "floors"), "sweep": ways}
 
 
 def chunked_floor(kind: str, nbytes: int, chunk_bytes: int, queue_depth: int = 1, repeats: int = 3,

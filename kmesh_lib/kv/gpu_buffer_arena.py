@@ -203,7 +203,9 @@ class BufferArena:
         self._side_stream = None  # restores copied by layer groups (``copy_into_vllm(by_layer=True)``)
         self.step_events = EventPool()  # a step's clock reference and forward-pass event (``event``)
         self.standing_reference = None  # taken before a step (``keep_reference``), for its restores
-        self.last_kept_reference = None  # the last one ``keep_reference`` took (``reference_drift``)
+        self.last_kept_reference = None  # the last one ``keep_reference`` took (``reference_drift``), or the disk
+        # restore's that replaced it (``_reference_after_read``): the one that restore's events went on the clock by
+        self.last_kept_reference_at: str | None = None  # which: "before_step" or "after_read"
         self.scatter, self.copy_route = self._fused_scatter(dtype)
         self.graphs, self.graph_route = self._copy_graphs(copy_graphs)
 
@@ -279,12 +281,16 @@ class BufferArena:
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
             self.standing_reference = self.last_kept_reference = narrowest_reference()
+            self.last_kept_reference_at = "before_step"
 
     def reference_drift(self) -> dict | None:
         """The last kept reference against one taken now (the device synchronized; the narrowest of a few):
         the host's elapsed time minus the GPU's (``drift_us``: the clocks' drift over the interval plus the
-        difference of the two references' pickup latencies), the interval, and the two record calls'
-        windows; an unused kept reference is dropped. None if none was kept."""
+        difference of the two references' pickup latencies), the interval, the two record calls' windows,
+        which reference it was (``reference_at``: "before_step", ``keep_reference``'s, or "after_read", a disk
+        restore's that replaced it: ``_reference_after_read``) and the drift per second of the interval
+        (``drift_us_per_s``, a rate: about -6 on the H100 of 6 Dec 2026); an unused kept reference is dropped.
+        None if none was kept."""
         ref, self.last_kept_reference, self.standing_reference = self.last_kept_reference, None, None
         if ref is None:
             return None
@@ -294,7 +300,30 @@ class BufferArena:
         host_ns = now[0] - ref[0]
         gpu_ns = ref[1].elapsed_time(now[1]) * 1e6
         return {"interval_ms": round(host_ns / 1e6, 3), "drift_us": round((host_ns - gpu_ns) / 1e3, 3),
-                "windows_us": [round(ref[3] / 1e3, 3), round(now[3] / 1e3, 3)]}
+                "windows_us": [round(ref[3] / 1e3, 3), round(now[3] / 1e3, 3)],
+                "reference_at": self.last_kept_reference_at,
+                "drift_us_per_s": round((host_ns - gpu_ns) / host_ns * 1e6, 3) if host_ns > 0 else None}
+
+    def after_read_reference(self, stream=None):
+        """A reference taken in a step, on ``stream`` (the staging copies'), right after a disk restore's last read:
+        the narrowest of a few (``narrowest_reference``; that stream is idle by then, its last copy having had a
+        chunk's read to finish, else the first waits for it). None on CPU."""
+        return narrowest_reference(3, stream or current_stream()) if self.is_cuda else None
+
+    def _reference_after_read(self, timeline: RestoreTimeline, stream=None) -> None:
+        """Puts ``timeline``'s events on the clock by ``after_read_reference`` (``reference_at`` "after_read"), its
+        host time recorded (``reference_after_read_ns``); where a reference was kept for this step
+        (``keep_reference``), this one is kept instead, so ``reference_drift`` checks the reference the restore used.
+        No-op where none is taken (CPU)."""
+        t0 = _ns()
+        ref = self.after_read_reference(stream)
+        if ref is None:
+            return
+        timeline.ref, timeline.reference_at, timeline.t_reference_ns = ref, "after_read", ref[0]
+        timeline.reference_window_ns, timeline.measure_synced = ref[3], ref[2]
+        timeline.reference_after_read_ns = _ns() - t0
+        if self.last_kept_reference is not None:
+            self.last_kept_reference, self.last_kept_reference_at = ref, "after_read"
 
     # -- save: vLLM blocks -> disk --
     def save(self, entry_id: int, block_ids: list[int]) -> int:
@@ -334,28 +363,61 @@ class BufferArena:
         return written
 
     # -- stage: disk -> buffer extent --
-    def stage(self, entry_id: int, num_blocks: int, extent_start: int, timeline: RestoreTimeline,
-              stream=None) -> None:
-        """Reads the whole entry into its extent: O_DIRECT chunks into pinned memory, each copied on
-        to the buffer while the next is read. Queues the copies on ``stream`` (default: current)."""
+    @staticmethod
+    def _read_chunk(fd: int, path: Path, view: memoryview, padded: int, offset: int) -> None:
+        """One chunk's O_DIRECT read: ``padded`` bytes of ``path`` at ``offset`` into ``view``, one read in flight."""
+        got = 0
+        while got < padded:
+            n = os.preadv(fd, [view[got:padded]], offset + got)
+            if n <= 0:
+                raise OSError(f"short O_DIRECT read of {path}: {got} of {padded} bytes at offset {offset}")
+            got += n
+
+    def read_seconds(self, path: Path, nbytes: int) -> float:
+        """Seconds to read the first ``nbytes`` of ``path`` as ``stage`` reads an entry, without its copies: O_DIRECT,
+        in this arena's chunks (``chunk_bytes``), one read in flight, into this thread's staging slots in turn (pinned
+        on CUDA), from the first read's start to the last one's end (``stage``'s ``disk_read``; the open before it).
+        The disk floor's own way for this tier (``kv.floors.OwnRead``). Call between steps: it waits for any copy
+        still reading a slot first."""
         stager = self._stager()
-        path = self.path_of(entry_id)
+        for event in stager.done:
+            if event is not None:
+                event.synchronize()
         fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
         try:
-            for c, (b0, k) in enumerate(self._chunks(num_blocks)):
+            t0 = _ns()
+            for c, offset in enumerate(range(0, nbytes, self.chunk_bytes)):
+                padded = _round_up(min(self.chunk_bytes, nbytes - offset), ALIGN)
+                self._read_chunk(fd, path, stager.views[c % len(stager.slots)], padded, offset)
+            return (_ns() - t0) / 1e9
+        finally:
+            os.close(fd)
+
+    def stage(self, entry_id: int, num_blocks: int, extent_start: int, timeline: RestoreTimeline,
+              stream=None, reference_after_read: bool = False) -> None:
+        """Reads the whole entry into its extent: O_DIRECT chunks into pinned memory, each copied on
+        to the buffer while the next is read. Queues the copies on ``stream`` (default: current).
+
+        ``reference_after_read`` (CUDA): once the last chunk is read, before its copy is queued, the restore's events
+        go on the clock by a reference taken there (``_reference_after_read``), not by the step's: a reference from
+        before a step that reads for a second is over a second old at the restore's copy, and the host's clock and the
+        GPU's drift apart by about 6 us a second (H100, 6 Dec 2026)."""
+        stager = self._stager()
+        path = self.path_of(entry_id)
+        chunks = list(self._chunks(num_blocks))
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        try:
+            for c, (b0, k) in enumerate(chunks):
                 slot = c % len(stager.slots)
                 if stager.done[slot] is not None:
                     stager.done[slot].synchronize()  # the copy out of this chunk has finished
                 nbytes = k * self.bytes_per_block
                 padded = _round_up(nbytes, ALIGN)
                 t0 = _ns()
-                got = 0
-                while got < padded:
-                    n = os.preadv(fd, [stager.views[slot][got:padded]], b0 * self.bytes_per_block + got)
-                    if n <= 0:
-                        raise OSError(f"short O_DIRECT read of {path}: {got} of {padded} bytes at block {b0}")
-                    got += n
+                self._read_chunk(fd, path, stager.views[slot], padded, b0 * self.bytes_per_block)
                 timeline.disk_reads.append(Span().cpu(t0, _ns()))
+                if reference_after_read and c == len(chunks) - 1:
+                    self._reference_after_read(timeline, stream)
                 dst = self.buffer_blocks[extent_start + b0:extent_start + b0 + k].view(-1)
                 if self.is_cuda:
                     start = self.event(stream)

@@ -219,9 +219,9 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
         meta.reference, meta.launched_at, meta.wait_at = (ref, reference_at, measure_ns), at, self.wait_at
         for op in meta.loads:
             q = _Queued(op, t_start_ns, ref)
-            if op.stage_from_disk:
+            if op.stage_from_disk:  # its events go on the clock by a reference taken after its read (CUDA)
                 q.timeline = tl = self._timeline(meta, q)
-                arena.stage(op.entry_id, op.entry_num_blocks, op.extent_start, tl)
+                arena.stage(op.entry_id, op.entry_num_blocks, op.extent_start, tl, reference_after_read=True)
             # with layer waits, the last restore's group ends: the side stream runs the restores in order
             stamps = q.timeline or q
             self._group_ready = meta.groups = arena.copy_into_vllm(

@@ -30,7 +30,14 @@ once queued, waits on the GPU for the copy:
                   so every restore of a step carries the same): a stream synchronization when the stream
                   had work left (``measure_synced``), else a non-blocking query. 0 where the reference was
                   taken before the step, the engine idle (``reference_at`` "before_step":
-                  ``GpuBufferTier.take_reference``; checked against one taken after the request)
+                  ``GpuBufferTier.take_reference``; checked against one taken after the request). A disk
+                  restore on CUDA (from 6 Dec 2026) goes on the clock by a reference of its own, taken in the step
+                  right after its last read, before that chunk's copy and the copy into vLLM (``reference_at``
+                  "after_read": ``BufferArena.stage``), so that the reference is milliseconds, not a second's read,
+                  from the events set against host stamps (the copy into vLLM, the forward pass reached, the layer
+                  waits; the host's clock and the GPU's drift ~6 us a second apart); the earlier staging copies'
+                  events, spread over the read, count by their differences, which no reference moves. Its host time
+                  (``reference_after_read``) counts here, not in ``host``
     host          from the worker taking up the step's restores (``_queue_loads``) to this restore's copy
                   queued: staging reads, the block ids to the device, the launch, and
                   with layer waits the forward pass's calls to ``wait_for_layer_load`` that waited
@@ -159,7 +166,9 @@ class RestoreTimeline:
     launched_at: str = "forward"  # "step_start" or "forward" (``GpuBufferConfig.launch_at``)
     measure_ns: int = 0  # taking the reference (one per step, shared by its restores)
     measure_synced: bool | None = None  # the reference waited for the stream (None on CPU: no reference)
-    reference_at: str | None = None  # "step" (taken in the step: ``measure``), "before_step"; None on CPU
+    reference_at: str | None = None  # "step" (taken in the step: ``measure``), "before_step", "after_read"; None on CPU
+    reference_after_read_ns: int = 0  # host time of a disk restore's own reference after its read (``reference_at``
+    # "after_read"): inside ``t_start_ns .. t_launched_ns``, and counted as ``measure``, not ``host``
     t_reference_ns: int | None = None  # the reference's host stamp
     reference_window_ns: int | None = None  # its record call's host time (``cuda_streams.stream_reference``)
     t_forward_queued_ns: int | None = None  # start_load_kv: the forward pass is queued next
@@ -205,11 +214,11 @@ class RestoreTimeline:
         copy0, copy1 = (self.copy.t0_ns, self.copy.t1_ns) if self.copy else (None, None)
         sec = lambda a, b: None if a is None or b is None else (b - a) / 1e9  # noqa: E731
         ends = [t for t in (read1, stage1, copy1, self.t_launched_ns) if t is not None]
-        measure = self.measure_ns / 1e9
+        measure = (self.measure_ns + self.reference_after_read_ns) / 1e9
         schedule = self.schedule_ns / 1e9
         host = sec(self.t_start_ns, self.t_launched_ns)
         if host is not None:
-            host += self.hook_ns / 1e9
+            host += (self.hook_ns - self.reference_after_read_ns) / 1e9
         wait = None
         if self.wait_at == "layer" and len(self.layer_waits) < self.num_copy_groups:
             pass  # a group the forward pass never waited for: its wait is unknown (and the copy unordered)
@@ -248,6 +257,8 @@ class RestoreTimeline:
             "write_ids_s": sec(self.t_copy_call_ns, self.t_ids_written_ns),
             "after_copy_s": sec(queued, self.t_launched_ns), "reference_at": self.reference_at,
             "reference_age_s": sec(self.t_reference_ns, self.t_start_ns) if self.reference_at == "before_step" else None,
+            "reference_after_start_s": (sec(self.t_start_ns, self.t_reference_ns) if self.reference_at == "after_read"
+                                        else None),
             "reference_window_s": None if self.reference_window_ns is None else self.reference_window_ns / 1e9,
             "critical_s": critical, "t_forward_queued_ns": self.t_forward_queued_ns,
             "t_lookup_first_ns": self.t_lookup_first_ns, "t_lookup_end_ns": self.t_lookup_end_ns,
@@ -271,6 +282,7 @@ def request_split(timeline: dict, t_submit_ns: int, t_first_token_ns: int) -> di
             "pack_ids_s": timeline.get("pack_ids_s"),
             "measure_s": timeline.get("measure_s"), "measure_synced": timeline.get("measure_synced"),
             "reference_at": timeline.get("reference_at"), "reference_age_s": timeline.get("reference_age_s"),
+            "reference_after_start_s": timeline.get("reference_after_start_s"),
             "reference_window_s": timeline.get("reference_window_s"),
             "host_s": timeline.get("host_s"), "hook_s": timeline.get("hook_s"),
             "before_copy_s": timeline.get("before_copy_s"), "copy_call_s": timeline.get("copy_call_s"),

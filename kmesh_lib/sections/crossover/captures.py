@@ -86,8 +86,9 @@ class RestoreSplit(CaptureRecord):
     pack_ids_s: float | None = None
     measure_s: float | None = None  # the timing reference's synchronization
     measure_synced: bool | None = None  # the reference found the stream busy and waited
-    reference_at: str | None = None  # step | before_step
+    reference_at: str | None = None  # step | before_step | after_read (a disk restore's own, from 6 Dec 2026)
     reference_age_s: float | None = None
+    reference_after_start_s: float | None = None  # after_read: the restore's start to its reference (its read)
     reference_window_s: float | None = None
     host_s: float | None = None
     hook_s: float | None = None

@@ -91,6 +91,8 @@ def unit_duration(cfg: CrossoverParams, model: str, tier_name: str) -> tuple[cos
                 total += pairs * follow + kind[KIND[a]] + costs.ROW_PREP_S
         if any(num_pairs(cfg, a) for a in arms):
             total += 2 * (cfg.FLOOR_REPEATS + 1) * moved
+            if tier_name == "gpubuf" and any(KIND[a] == "disk" for a in arms):  # its own reads in the disk floor's sweep
+                total += 2 * cfg.FLOOR_REPEATS * moved
         if note and note not in notes:
             notes.append(note)
     return total, notes
@@ -255,13 +257,37 @@ def gpubuf_bench(cfg: CrossoverParams, model: str, name: str, num_buffer_tokens:
 
 def floor_chunk_bytes(cfg: CrossoverParams, tier, tier_name: str, kind: str, kvt: int, nbytes: int) -> int:
     """The piece a restore of ``tier_name`` moves ``kind`` in: LMCache reads and copies whole chunks (CHUNK_SIZE
-    tokens); the GPU buffer reads and stages its own chunks and copies the context into vLLM's blocks at once;
-    vLLM's CPU tier copies block by block."""
+    tokens); the GPU buffer reads and stages its own chunks (whole blocks: ``BufferArena.chunk_bytes``, 18 blocks,
+    15.75 MiB, of the 7B for its configured 16 MiB; the configured size before its KV is registered) and copies the
+    context into vLLM's blocks at once; vLLM's CPU tier copies block by block."""
     if tier_name == "gpubuf":
-        return nbytes if kind == "device" else tier.config.chunk_bytes
+        if kind == "device":
+            return nbytes
+        arena = own_arena(tier)
+        return arena.chunk_bytes if arena is not None else tier.config.chunk_bytes
     if tier_name == "native":
         return cfg.BLOCK_SIZE * kvt
     return cfg.CHUNK_SIZE * kvt
+
+
+def own_arena(tier):
+    """The GPU buffer's worker-side arena where this process holds it (an in-process engine with its KV registered),
+    else None."""
+    worker = getattr(getattr(tier, "shared", None), "worker", None)
+    return getattr(worker, "arena", None)
+
+
+def own_disk_read(tier, tier_name: str):
+    """The tier's own read of a context's file, as a disk floor way (``kv.floors.OwnRead``), where the sweep lacks it:
+    the GPU buffer's (``BufferArena.read_seconds``: its chunks, one in flight, into its pinned staging slots). None
+    elsewhere: LMCache's own way is in the sweep already (one file per chunk, its disk_io_threads in flight), and
+    vLLM's CPU tier has no disk."""
+    from kmesh_lib.kv.floors import OwnRead
+
+    arena = own_arena(tier) if tier_name == "gpubuf" else None
+    if arena is None:
+        return None
+    return OwnRead("gpubuf stage (BufferArena.read_seconds)", arena.read_seconds, arena.chunk_bytes, 1)
 
 
 def point_floors(cfg: CrossoverParams, tier, tier_name: str, runtime: RuntimeDir, kinds: list[str], model: str,
@@ -276,7 +302,11 @@ def point_floors(cfg: CrossoverParams, tier, tier_name: str, runtime: RuntimeDir
     copied one at a time from Python, and LMCache's disk tier read it in 281 ms against 416-424 ms for its chunks read
     one at a time, so the one-at-a-time measurement alone is no floor. Saturated disk records without ``in_flight``
     (before 6 Dec 2026) read 8 chunks in lockstep batches from one file: on the H200 (6 Dec, 7B, 16,384 tokens)
-    LMCache's disk restores ran at 1.69 GB/s against that floor's 1.2-1.44 GB/s, so that floor was none either."""
+    LMCache's disk restores ran at 1.69 GB/s against that floor's 1.2-1.44 GB/s, so that floor was none either.
+    The GPU buffer's disk floor's sweep also times the tier's own reads (``own_disk_read``; from 6 Dec 2026): on the
+    H100 (7B, 1,024 tokens) its restores read the context at one read in flight in 30.2-35.5 ms, where the same bytes
+    read by ``kv.floors`` took medians of 38.0-43.9 ms at one in flight and 34.4-36.2 ms at the sweep's best, so its
+    restores' spans lay below that floor."""
     from kmesh_lib.kv.floors import chunked_floor, saturated_floor
 
     nbytes = n * kvt
@@ -284,13 +314,15 @@ def point_floors(cfg: CrossoverParams, tier, tier_name: str, runtime: RuntimeDir
     measured, saturated, errors = {}, {}, {}
     for kind in kinds:
         chunk = floor_chunk_bytes(cfg, tier, tier_name, kind, kvt, nbytes)
+        own = own_disk_read(tier, tier_name) if kind == "disk" else None
         # a floor that cannot be measured here (memory, O_DIRECT) is recorded as such; the restores still run. Each
         # way is its own attempt, so a saturated measurement that raises leaves the chunked one standing (the verdicts
         # then use it alone); any error fails the "floors measured before and after" check all the same
-        for way, into, floor, depth in (("chunked", measured, chunked_floor, (cfg.FLOOR_QUEUE_DEPTH,)),
-                                        ("saturated", saturated, saturated_floor, ())):
+        for way, into, floor, depth, extra in (("chunked", measured, chunked_floor, (cfg.FLOOR_QUEUE_DEPTH,), {}),
+                                               ("saturated", saturated, saturated_floor, (),
+                                                {"own": own} if own is not None else {})):
             try:
-                into[kind] = floor(kind, nbytes, chunk, *depth, cfg.FLOOR_REPEATS, cfg.DEVICE, directory)
+                into[kind] = floor(kind, nbytes, chunk, *depth, cfg.FLOOR_REPEATS, cfg.DEVICE, directory, **extra)
             except Exception as e:  # noqa: BLE001 - recorded; the verdicts say "no floor measured" for its paths
                 errors[kind if way == "chunked" else f"{kind} ({way})"] = f"{type(e).__name__}: {e}"[:300]
     if cfg.DEVICE == "cuda":

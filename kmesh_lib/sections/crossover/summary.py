@@ -756,6 +756,8 @@ def _parts(c: dict) -> str:
     parts = [f"lookup {c['lookup_ms']:,.3f}" if c.get("lookup_ms") is not None else None,
              f"schedule {c['schedule_ms']:,.3f}" if c.get("schedule_ms") is not None else None,
              "clock taken before the step" if c.get("reference_at") == "before_step" else
+             f"clock taken after the read {c['measure_ms']:,.3f}" if c.get("reference_at") == "after_read"
+             and c.get("measure_ms") is not None else
              f"clock {c['measure_ms']:,.3f}" if c.get("measure_ms") is not None else None, host,
              f"wait {c['forward_wait_ms']:,.3f}"]
     return ", ".join(p for p in parts if p)
