@@ -102,6 +102,20 @@ def test_every_table_and_plot_of_a_run_with_no_restore_path_says_what_it_lacks_a
                                     "(tiny lmcache_mp child: store_short)."]
 
 
+@pytest.mark.parametrize("summary, says", [
+    (None, "its lmcache_mp child left no summary in raw/models.jsonl (killed at CHILD_TIMEOUT_S="),
+    ({"status": "error", "detail": "RuntimeError: server gone"}, "its lmcache_mp child raised (RuntimeError: server gone)"),
+])
+def test_a_childs_account_is_its_own_summary(failed_tier, summary, says):
+    """A child killed before its summary, or one that raised: the note names that, not a store."""
+    models = [json.loads(line) for line in (failed_tier / "raw" / "models.jsonl").read_text().splitlines()]
+    models = models[:1] + ([{**models[1], **summary}] if summary else [])
+    _jsonl(failed_tier / "raw" / "models.jsonl", models)
+    run = RunFiles(failed_tier)
+    assert says in gaps.note(run) and says in gaps.pairs_note(run)
+    assert gaps.unmeasured(run)[0]["child"] == (summary["status"] if summary else "no summary")
+
+
 def test_a_run_that_planned_pairs_and_measured_none_fails_its_paired_checks_never_predates_them(failed_tier):
     RunRecord(failed_tier, section.KEY).save_tables(section.TABLES)
     checks = {c.name: c for c in section.checks(RunFiles(failed_tier))}
@@ -110,7 +124,9 @@ def test_a_run_that_planned_pairs_and_measured_none_fails_its_paired_checks_neve
     # the grid is shorter than the half-width goal's contexts, and a CPU floor bounds nothing: those two stay skipped
     assert [c.status for c in paired] == ["failed", "failed", "failed", "skipped", "skipped"]
     assert "(its child: store_short)" in paired[0].detail and "(its child: store_short)" in paired[2].detail
-    assert paired[1].detail == "the params plan 16 pairs and raw/pairs.jsonl holds none (tiny lmcache_mp child: store_short)"
+    planned = yaml.safe_load((failed_tier / "params.resolved.yaml").read_text())["NUM_RESTORES"] * len(GRID)  # 1 path
+    assert paired[1].detail == (f"the params plan {planned} pairs and raw/pairs.jsonl holds none "
+                                "(tiny lmcache_mp child: store_short)")
     resolution = checks["results.json restore spans and paired first-token differences against the floors per point "
                         "equal raw/pairs.jsonl and raw/point_floors.jsonl"]
     assert resolution.status == "skipped" and "store_short" in resolution.detail

@@ -6,7 +6,7 @@ Each (model, tier) child (``experiment.run_model``) gives its own account in raw
     store_short  a context's store wrote short (raw/stores.jsonl has the bytes), so it ran no arm and no pair at
                  that context
     error        it raised (``detail``: the exception)
-    (none)       no summary: killed at CHILD_TIMEOUT_S, or it died before writing one (raw/child-<name>.log says)
+    (none)       no summary: killed at CHILD_TIMEOUT_S, or it died before writing one (its raw/child-*.log says)
 
 ``unmeasured`` sets the plan (the params' MODELS x CONTEXT_TOKENS_GRID x ARMS) against what entered the tables
 (``report.usable`` rows; the pairs of raw/pairs.jsonl) and names, per child with something missing, its account;
@@ -57,10 +57,9 @@ def account(run: RunFiles, model: str, tier: str) -> str:
     """Why the (model, tier) child measured less than its plan, in its own words (raw/models.jsonl, with the short
     stores of raw/stores.jsonl); a clause that completes "its <tier> child ..."."""
     summary = child(run, model, tier)
-    if summary is None:
-        name = model.rsplit("/", 1)[-1] + ("" if tier == "lmcache" else f"-{tier}")
+    if summary is None:  # its log (``experiment.Unit.name``) says which
         return (f"left no summary in raw/models.jsonl (killed at CHILD_TIMEOUT_S={run.params.CHILD_TIMEOUT_S} s, or "
-                f"it died before writing one: raw/child-{name}.log)")
+                "it died before writing one: its log, raw/child-*.log, says)")
     if summary.status == "error":
         return f"raised ({(summary.detail or 'no detail recorded')[:160]})"
     if summary.status == "store_short":
