@@ -197,6 +197,9 @@ def test_a_failed_notebook_is_recorded_as_failed_with_its_cell_and_error(section
     assert results["status"] == "failed" and "finished_utc" not in results
     assert results["error"]["kind"] == kind and results["error"]["ename"] == ename
     assert results["error"]["cell"] == 4  # In [4]: after parameters (1), injected parameters (2), setup (3)
+    # the checks cell never ran: kmesh run recorded the checks from the files the cell had written, with their
+    # counts and the files' hashes, so the record holds what verify recomputes (the status stays failed)
+    assert results["check_counts"] == {"ok": 2, "failed": 0, "skipped": 0} and results["capture_sha256"]
     if behaviour == "raise":
         assert results["error"]["evalue"] == "planted failure"
     said = capsys.readouterr()

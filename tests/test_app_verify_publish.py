@@ -117,6 +117,31 @@ def test_a_later_check_the_run_predates_is_left_out_not_unrecorded(section, caps
         Check("x", "ok", predates="a later capture")
 
 
+def test_a_notebook_that_stopped_before_its_checks_is_recorded_by_kmesh_run_else_verify_names_the_cell(section, capsys):
+    """A notebook that raised in a display cell (section 21's floor plot of a run with no restore path, 060001-01f9)
+    never reached its checks cell: results.json had no checks, counts or hashes, and verify said only "records no
+    capture_sha256". Verify names the cell that stopped it; ``kmesh run`` records the checks from the run's files,
+    their counts and the hashes (the status stays failed with its error), and the record then holds."""
+    run_dir = fake_section.make_run(finish=False)
+    error = {"kind": "cell error", "cell": 8, "ename": "ValueError", "evalue": "Number of columns must be a positive "
+             "integer, not 0"}
+    records.end_run(run_dir, section.KEY, "failed", error)
+    code, out, _ = verify(run_dir, capsys)
+    assert code == 1
+    stopped = ("the notebook stopped at cell 8 (ValueError: Number of columns must be a positive integer, not 0) before "
+               "its checks cell recorded them (RunRecord.finish), and nothing recorded them since")
+    assert f"MISMATCH file hashes recorded when the run finished (results.json records no capture_sha256: {stopped})" in out
+    assert any(line.startswith("MISMATCH check_counts") and stopped in line for line in out)
+
+    cli.record_stopped_run(section, run_dir)
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["status"] == "failed" and results["error"] == error and "finished_utc" not in results
+    assert results["check_counts"] == {"ok": 2, "failed": 0, "skipped": 0} and results["capture_sha256"]
+    code, out, _ = verify(run_dir, capsys)
+    assert not [line for line in out if line.startswith(("MISMATCH", "UNRECORDED"))], out
+    assert out[-1].startswith("verified: 2 ok, 0 failed, 0 skipped, 0 recorded/recomputed mismatches")
+
+
 def damage(run_dir: Path, kind: str) -> str:
     """Damages ``run_dir`` one way; returns the file name the one-line error must name."""
     results, raw = run_dir / "results.json", run_dir / "raw" / "items.jsonl"

@@ -287,6 +287,8 @@ def recorded_grid(tmp_path):
     params = {**to_dict(build(CrossoverParams, {**SMALL, "CONTEXT_TOKENS_GRID": [256, 1024], "NUM_REPEATS": 3,
                                                  "ARMS": ["recompute", "dram", "disk", "resident"]})),
               "MODELS": ["m"]}  # a model name no shape has: the checks read the run's files, never resolve it
+    for key in ("NUM_RESTORES", "NUM_DISK_RESTORES"):  # a run recorded before the paired design had neither
+        params.pop(key)
     (run_dir / "params.resolved.yaml").write_text(yaml.safe_dump(params))
     rows = _grid_rows()
     (run_dir / "raw" / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

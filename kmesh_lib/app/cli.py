@@ -55,6 +55,7 @@ from kmesh_lib.base.records import (
     RunFileError,
     RunFiles,
     RunFolderInUse,
+    RunRecord,
     claim_run_dir,
     end_run,
     is_live_run_id,
@@ -110,6 +111,8 @@ def cmd_run(args) -> int:
                       args.log_output, kernel_log=where / "logs" / "kernel.log")
     if outcome.status != "completed":
         end_run(run_dir, section.KEY, outcome.status, outcome.error)
+        if outcome.status == "failed":
+            record_stopped_run(section, run_dir)
     try:
         rendered = render_report(section, run_dir)
         if rendered.answer_error and outcome.status == "completed":
@@ -138,6 +141,23 @@ def cmd_run(args) -> int:
     passed = verdict.ok and verdict.status == "passed"
     print(f"{verdict.status}: {shown} ({verdict.summary()}); report.html there; {publish_hint(section, run_dir, passed)}")
     return 0 if passed else 1
+
+
+def record_stopped_run(section, run_dir: Path) -> None:
+    """A notebook that stopped before its checks cell (a display that raised: section 21's floor plot of a run with
+    no restore path, 060001-01f9) left results.json without its checks, their counts and the files' hashes, so
+    verify could only say the record stops short. The section's checks, computed from the run's files as the checks
+    cell computes them, are recorded with their counts and the hashes (``RunRecord.seal``); the status stays
+    ``failed`` with the notebook's error and no ``finished_utc``. A run whose files the checks cannot read keeps
+    the record as it stopped, and says why."""
+    if "checks" in RunFiles(run_dir).readable_results:  # the checks cell ran: its record stands
+        return
+    try:
+        checks = sections.call_section(section, "checks", RunFiles(run_dir))
+    except (RunFileError, SectionError) as e:
+        print(f"checks not recorded (the notebook stopped before its checks cell): {e}", file=sys.stderr)
+        return
+    RunRecord(run_dir, section.KEY).seal(checks)
 
 
 def publish_hint(section, run_dir: Path, passed: bool) -> str:

@@ -192,10 +192,22 @@ def record_counts(results: dict) -> dict[str, int]:
     return {s: sum(v == s for v in statuses.values()) for s in STATUSES}
 
 
+def stopped_before_checks(results: dict) -> str:
+    """Why results.json lacks what the checks cell records (its checks, ``check_counts``, ``capture_sha256``), where
+    the run says: its notebook stopped at an earlier cell (``end_run``'s error) before ``RunRecord.finish``."""
+    error = results.get("error")
+    if not isinstance(error, dict) or results.get("finished_utc"):
+        return ""
+    where = f"cell {error['cell']}" if error.get("cell") is not None else error.get("kind", "a cell")
+    return (f": the notebook stopped at {where} ({error.get('ename')}: {str(error.get('evalue'))[:120]}) before its "
+            "checks cell recorded them (RunRecord.finish), and nothing recorded them since")
+
+
 def hash_lines(run: RunFiles, results: dict) -> RecordLine:
     recorded = results.get("capture_sha256")
     if not isinstance(recorded, dict) or not recorded:
-        return RecordLine("file hashes recorded when the run finished", ("results.json records no capture_sha256",))
+        return RecordLine("file hashes recorded when the run finished",
+                          ("results.json records no capture_sha256" + stopped_before_checks(results),))
     now = capture_sha256(run)
     problems = [f"{name}: hashed {recorded[name][:12]}, now {now[name][:12]}" for name in recorded
                 if name in now and now[name] != recorded[name]]
@@ -258,7 +270,8 @@ def counts_line(results: dict) -> RecordLine:
     """results.json's ``check_counts`` against its own recorded checks (nothing recomputed)."""
     counts, stated = record_counts(results), results.get("check_counts")
     return RecordLine("check_counts recomputed from the recorded checks", () if stated == counts else
-                      (f"recorded {stated}, the checks record {counts}",))
+                      (f"recorded {stated}, the checks record {counts}"
+                       + (stopped_before_checks(results) if stated is None else ""),))
 
 
 def table_lines(section: ModuleType, run: RunFiles, results: dict) -> list[RecordLine]:

@@ -744,17 +744,26 @@ class RunRecord:
 
         ``checks`` default to the recorded ones; a run with no checks at all is ``failed``.
         """
+        counts = self.seal(checks)
+        self.results["status"] = "passed" if self.results.get("checks") and not counts["failed"] else "failed"
+        self.results["finished_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.flush()
+        self.close()
+
+    def seal(self, checks: list[Check] | None = None) -> dict[str, int]:
+        """Records ``checks`` (default the recorded ones), their ``check_counts`` and the SHA-256 of every file the
+        run recorded (``capture_sha256``): what ``kmesh verify`` holds the record to. ``finish`` does it as the
+        run's last statement; ``kmesh run`` does it alone for a notebook that stopped before its checks cell
+        (``record_stopped_run``), whose status ``end_run`` already set. Returns the counts."""
         if checks is not None:
             self.save_checks(checks)
         recorded = self.results.get("checks", {})
         counts = {s: sum(c.get("status", "ok" if c.get("ok") else "failed") == s for c in recorded.values())
                   for s in STATUSES}
         self.results["check_counts"] = counts
-        self.results["status"] = "passed" if recorded and not counts["failed"] else "failed"
-        self.results["finished_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self.results["capture_sha256"] = capture_sha256(RunFiles(self.run_dir))
         self.flush()
-        self.close()
+        return counts
 
     def figure_path(self, name: str) -> Path:
         return self.run_dir / name

@@ -24,7 +24,7 @@ from itertools import product
 from kmesh_lib.base.checks import Check, all_of, check, differences
 from kmesh_lib.base.declared import ABSENT, json_value
 from kmesh_lib.base.records import RunFileError, RunFiles
-from kmesh_lib.sections.crossover import report
+from kmesh_lib.sections.crossover import gaps, report
 from kmesh_lib.sections.crossover.arms import (
     GPUBUF_RESTORES,
     HANDOFF_ARMS,
@@ -34,7 +34,8 @@ from kmesh_lib.sections.crossover.arms import (
     tiers_of,
 )
 from kmesh_lib.sections.crossover.captures import NO_SPLIT, ChildSummary, GridRow, PairRow
-from kmesh_lib.sections.crossover.tables import PAIRED_SINCE, TABLES, TITLES
+from kmesh_lib.sections.crossover.gaps import NO_PAIRS_PLANNED, PAIRED_SINCE, predates_pairs
+from kmesh_lib.sections.crossover.tables import TABLES, TITLES
 
 
 def expected_cached(arm: str, context_tokens: int) -> int:
@@ -170,10 +171,14 @@ def _resolution_detail(r: dict) -> str:
 
 
 def paired_checks(run: RunFiles) -> list[Check]:
-    """The paired design (``arms.RestoreBench.run_pairs``, ``experiment.point_floors``): skipped, with the reason, in
-    runs recorded before it (no raw/pairs.jsonl) or that planned no pairs (NUM_RESTORES=0)."""
+    """The paired design (``arms.RestoreBench.run_pairs``, ``experiment.point_floors``): left out, with the reason, in
+    runs recorded before it (``gaps.predates_pairs``: no raw/pairs.jsonl, params that plan none); skipped in runs
+    that planned no pairs (NUM_RESTORES=0). A run that planned pairs and measured none (every restore tier's child
+    failed: no raw/pairs.jsonl) fails each check whose evidence is missing, naming the children's statuses
+    (``gaps.missing_pairs``; their accounts are the restore_resolution table check's), never reads as predating
+    the design."""
     p = run.params
-    if not run.has_raw("pairs.jsonl"):
+    if predates_pairs(run):
         return [Check(name, "skipped", PAIRED_SINCE, predates=PAIRED_SINCE) for name in PAIRED_CHECKS]
     pairs, floors = run.records("pairs.jsonl"), run.records("point_floors.jsonl")
     cfg_pairs = {a: (p.NUM_DISK_RESTORES if KIND[a] == "disk" else p.NUM_RESTORES) or 0
@@ -182,6 +187,13 @@ def paired_checks(run: RunFiles) -> list[Check]:
     got: dict[tuple, list[PairRow]] = {}
     for r in pairs:
         got.setdefault((r.model, r.context_tokens, r.pair_arm), []).append(r)
+    # planned, none measured: each check's evidence is missing, which fails it (an empty list would skip it)
+    children = "; ".join(f"{g['model']} {g['tier']} child: {g['child']}" for g in gaps.missing_pairs(run))
+    unmeasured = f"the params plan {sum(want.values())} pairs and raw/pairs.jsonl holds none ({children})"
+
+    def planned(name: str, needed: bool, records: list, *args) -> Check:
+        """``all_of``, failed where the plan ``needed`` the evidence and no pair at all was measured."""
+        return Check(name, "failed", unmeasured) if needed and not pairs else all_of(name, records, *args)
 
     def whole(key) -> bool:
         rs = got.get(key, [])
@@ -191,9 +203,15 @@ def paired_checks(run: RunFiles) -> list[Check]:
                 for i, (role, arm) in enumerate(roles[::-1] if k % 2 else roles)]
         return by == sorted(plan)
 
-    out = [all_of(PAIRED_CHECKS[0], sorted(want), whole, lambda k: f"{k}: {len(got.get(k, []))} rows of {2 * want[k]}",
-                  "the params plan no pairs (NUM_RESTORES=0 and NUM_DISK_RESTORES=0, or no restore path)")]
-    out.append(all_of(PAIRED_CHECKS[1], pairs, lambda r: r.status == "ok" and all(
+    def child_of(model: str, tier: str) -> str:
+        """Its child's status (``gaps.child``) where the child did not finish ok: why a point lacks its evidence."""
+        summary = gaps.child(run, model, tier)
+        status = summary.status if summary else "no summary"
+        return "" if status == "ok" else f" (its child: {status})"
+
+    out = [all_of(PAIRED_CHECKS[0], sorted(want), whole, lambda k: f"{k}: {len(got.get(k, []))} rows of {2 * want[k]}"
+                  + ("" if got.get(k) else child_of(k[0], report.TIER_OF[k[2]])), NO_PAIRS_PLANNED)]
+    out.append(planned(PAIRED_CHECKS[1], bool(want), pairs, lambda r: r.status == "ok" and all(
         c == r.context_tokens for c in r.num_cached_tokens), lambda r: f"{r.tag}: {r.num_cached_tokens}",
         "raw/pairs.jsonl is empty"))
     tier_of = report.TIER_OF
@@ -203,21 +221,23 @@ def paired_checks(run: RunFiles) -> list[Check]:
         if not f.errors:
             measured.setdefault((f.model, f.context_tokens, f.tier), set()).add(f.when)
     out.append(all_of(PAIRED_CHECKS[2], points, lambda k: measured.get(k) == {"before", "after"},
-                      lambda k: f"{k}: {sorted(measured.get(k, []))}", "no point planned pairs"))
+                      lambda k: f"{k}: {sorted(measured.get(k, []))}" + ("" if measured.get(k) else child_of(k[0], k[2])),
+                      "no point planned pairs"))
     table = report.resolution_table(pairs, floors, bound=p.DEVICE == "cuda")
     judged = [r for r in table if r["context_tokens"] >= report.RESOLVE_MIN_TOKENS and r["path"] in report.RESOLVE_PATHS]
-    out.append(all_of(PAIRED_CHECKS[3], judged, lambda r: bool(r["resolved"]),
-                      _resolution_detail,
-                      f"no point of {report.RESOLVE_MIN_TOKENS:,} tokens and more on those paths "
-                      "(the grid's contexts are shorter)"))
+    judged_planned = any(n >= report.RESOLVE_MIN_TOKENS and a in report.RESOLVE_PATHS for _, n, a in want)
+    out.append(planned(PAIRED_CHECKS[3], judged_planned, judged, lambda r: bool(r["resolved"]),
+                       _resolution_detail,
+                       f"no point of {report.RESOLVE_MIN_TOKENS:,} tokens and more on those paths "
+                       "(the grid's contexts are shorter)"))
     if p.DEVICE != "cuda":  # the floor is a physical bound only where a device moves the bytes
         out.append(Check(PAIRED_CHECKS[4], "skipped", NO_DEVICE_FLOOR))
         return out
     floored = [r for r in table if r["floor_ms"] and r["span_ci_ms"][1] is not None]
-    out.append(all_of(PAIRED_CHECKS[4], floored, lambda r: r["span_ci_ms"][1] >= r["floor_ms"][0],
-                      lambda r: f"{r['model']} {r['context_tokens']} {r['path']}: span {r['span_ci_ms']} ms "
-                                f"below floor {r['floor_ms']} ms",
-                      "no restore path had both a span and a floor measured"))
+    out.append(planned(PAIRED_CHECKS[4], bool(want), floored, lambda r: r["span_ci_ms"][1] >= r["floor_ms"][0],
+                       lambda r: f"{r['model']} {r['context_tokens']} {r['path']}: span {r['span_ci_ms']} ms "
+                                 f"below floor {r['floor_ms']} ms",
+                       "no restore path had both a span and a floor measured"))
     return out
 
 
@@ -250,7 +270,8 @@ def order_check(rows: list[GridRow]) -> Check:
 def table_checks(run: RunFiles) -> list[Check]:
     """Each declared table (``tables.TABLES``) that the rows give, against results.json, by the one comparator
     (``base.checks.differences``, the table's tolerance): failed where they differ or results.json lacks it,
-    skipped where the rows give an empty table and results.json holds the same (its evidence missing, ``TITLES``)."""
+    skipped where the rows give an empty table and results.json holds the same (its evidence missing: the
+    children's accounts where they measured less than the plan, ``EMPTY_BECAUSE``, else ``TITLES``)."""
     results = run.readable_results
     out = []
     for key, (name, empty) in TITLES.items():
@@ -271,8 +292,17 @@ def table_checks(run: RunFiles) -> list[Check]:
             continue
         diffs = differences(built, results[key], key, TABLES[key].rel_tol)
         out.append(Check(name, "failed", "; ".join(diffs[:2])) if diffs else
-                   Check(name, "ok", f"{len(built)} rows") if built else Check(name, "skipped", empty))
+                   Check(name, "ok", f"{len(built)} rows") if built else
+                   Check(name, "skipped", (EMPTY_BECAUSE[key](run) if key in EMPTY_BECAUSE else "") or empty))
     return out
+
+
+# why a table of the rows is empty where its arms or pairs went unmeasured: the children's accounts (``gaps``); a
+# row-less grid's static reason (``TITLES``) would say "no measured rows" of a run whose recompute rows stand
+EMPTY_BECAUSE = {"arms": gaps.note, "components": gaps.note,
+                 "crossover": lambda run: gaps.note(run, report.RESTORES),
+                 "floor_distance": lambda run: gaps.note(run, report.RESTORES),
+                 "restore_resolution": gaps.pairs_note}
 
 
 def floor_check(floors: dict, tiers: list[str]) -> Check:

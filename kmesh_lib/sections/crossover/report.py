@@ -655,10 +655,28 @@ def _short(x: float) -> str:
     return f"{x:.2f}" if abs(x) < 10 else f"{x:.1f}"
 
 
-def heatmaps(table: list[dict], path_out, title: str = "", crossover: list[dict] | None = None):
+def nothing_measured(path_out, what: str, missing: str = "", title: str = ""):
+    """A figure of text alone where a plot has nothing to draw: ``what`` is missing, and ``missing`` (the children's
+    accounts, ``gaps.note``) says why; saved as the plot would have been, so the report's figure says so."""
+    import textwrap
+
+    import matplotlib.pyplot as plt
+
+    why = "\n".join(textwrap.wrap(missing, 100)) if missing else "(the tiers table names each child's status)"
+    fig, ax = plt.subplots(figsize=(7.5, 1.2 + 0.16 * why.count("\n")))
+    ax.axis("off")
+    ax.text(0.5, 0.5, f"{what}\n{why}", ha="center", va="center", fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    save_figure(fig, path_out, bbox_inches="tight")
+    return fig
+
+
+def heatmaps(table: list[dict], path_out, title: str = "", crossover: list[dict] | None = None, missing: str = ""):
     """One panel per restore path: log2(recompute / restore) over model shape x context length, a model's row of
     cells over one recompute arm (``_control``, the crossover table's), named in the panel's title; each cell
-    names its speed-up and, from ``crossover`` (the crossover table), its 95% interval."""
+    names its speed-up and, from ``crossover`` (the crossover table), its 95% interval. With no restore path
+    measured, a figure that says so and why (``missing``: ``gaps.note`` of the restore paths)."""
     import matplotlib.pyplot as plt
     import numpy as np
 
@@ -668,15 +686,8 @@ def heatmaps(table: list[dict], path_out, title: str = "", crossover: list[dict]
     lengths = sorted({r["context_tokens"] for r in table})
     # constrained layout places the suptitle above the panel titles (a plain suptitle overlapped them)
     paths = paths_in(table)
-    if not paths:  # every restore tier failed (its error is in the tiers table): a figure that says so, not a crash
-        fig, ax = plt.subplots(figsize=(6, 1.6))
-        ax.axis("off")
-        ax.text(0.5, 0.5, "no restore path measured: every restore tier of this run failed\n(the tiers table names each error)",
-                ha="center", va="center", fontsize=10)
-        if title:
-            fig.suptitle(title, fontsize=9)
-        save_figure(fig, path_out, bbox_inches="tight")
-        return fig
+    if not paths:  # no restore tier measured a row: a figure that says so and why, not a crash
+        return nothing_measured(path_out, "no restore path measured", missing, title)
     cols = min(len(paths), 3)
     rows_n = -(-len(paths) // cols)
     fig, axes = plt.subplots(rows_n, cols, figsize=(4.2 * cols, (0.6 * len(models) + 1.6) * rows_n + 0.3), squeeze=False,
@@ -749,13 +760,16 @@ def label_log_axis(axis) -> None:
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if abs(v) >= 1000 else f"{v:,.3g}"))
 
 
-def floor_plot(floors: list[dict], path_out, splits: list[dict] | None = None):
+def floor_plot(floors: list[dict], path_out, splits: list[dict] | None = None, missing: str = ""):
     """Per model: each restore path's cost (first token above its engine's resident follow-up) and
     its transfer floor against context length; with ``splits``, also each timed restore's own span
     (``split_table``'s median ``restore_ms``) and what it adds to its step (``critical_ms``), both free of
-    the forward step's spread, and for a copy waited for by layer that sum with the copy charged (``charged_ms``)."""
+    the forward step's spread, and for a copy waited for by layer that sum with the copy charged (``charged_ms``).
+    With no floor distance (no restore path measured), a figure that says so and why (``missing``)."""
     import matplotlib.pyplot as plt
 
+    if not floors:  # no restore path measured (subplots of 0 columns raised ValueError: 060001-01f9's report stopped)
+        return nothing_measured(path_out, "no restore path's cost against its floor: no restore path measured", missing)
     models = list(dict.fromkeys(r["model"] for r in floors))
     # one shape per GPU run: a panel wide enough to read its 4 lengths and 5 paths, whatever the count
     fig, axes = plt.subplots(1, len(models), figsize=(max(6.0, 3.6 * len(models)), 4), squeeze=False, sharey=True)

@@ -9,7 +9,7 @@ from kmesh_lib.base.checks import verdict as checks_verdict
 from kmesh_lib.base.intervals import white_noise_bound
 from kmesh_lib.base.public import MAX_STRING_CHARS
 from kmesh_lib.base.records import RunFiles, recorded_packages
-from kmesh_lib.sections.crossover import report
+from kmesh_lib.sections.crossover import gaps, report
 from kmesh_lib.sections.crossover.arms import RESIDENT_OF, RESIDENT_OF_TIER, TIER_OF, control_of, measured_at
 from kmesh_lib.sections.crossover.captures import GridRow
 from kmesh_lib.sections.crossover.checks import checks
@@ -226,8 +226,10 @@ def answer(run: RunFiles) -> str:
     p = run.params
     tables = recomputed_tables(run)
     per_model = _by_model(tables["crossover"])
+    missing = gaps.note(run)  # what the plan has and the rows lack, in the children's own accounts
     if not per_model:
-        return "No measured rows with both a restore and the recompute control: this run cannot answer the question."
+        return ("No measured rows with both a restore and the recompute control: this run cannot answer the question."
+                + (f" {missing}" if missing else ""))
     failed = [c for c in checks(run) if c.status == "failed"]
     wins = {path: [m for m, paths in per_model.items() if path in paths and paths[path]["crossover_tokens"] is not None]
             for path in report.RESTORES}
@@ -277,7 +279,8 @@ def answer(run: RunFiles) -> str:
                 "model's values; " if p.WEIGHTS in ("dummy", "random") else "")
                 + "one machine's disk and memory; a crossover is only as fine as the grid of context lengths"
                 + ("; on the CPU build prefill is slow, so restores win early" if p.DEVICE == "cpu" else "") + "."
-                + (f" {len(failed)} check(s) failed: " + "; ".join(c.name for c in failed[:3]) + "." if failed else ""))
+                + (f" {len(failed)} check(s) failed: " + "; ".join(c.name for c in failed[:3]) + "." if failed else "")
+                + (f" {missing}" if missing else ""))
     rows = run.records("rows.jsonl")
     goal_rows = report.goal_table(tables["arms"], tables.get("floor_distance", []), rows)  # each computed once
     critical = report.critical_goal_table(tables.get("splits", []), tables.get("floor_distance", []))
@@ -872,8 +875,10 @@ def verdict(run: RunFiles) -> list[str]:
     run = RunFiles.of(run)
     tables = recomputed_tables(run)
     per_model = _by_model(tables["crossover"])
-    if not per_model:
-        return ["No verdict: no measured row has both a restore and the recompute control."]
+    if not per_model:  # the children that measured no restore, by their status (the answer gives their accounts)
+        children = "; ".join(f"{g['model']} {g['tier']} child: {g['child']}" for g in gaps.unmeasured(run, report.RESTORES))
+        return ["No verdict: no measured row has both a restore and the recompute control"
+                + (f" ({children})." if children else ".")]
     repeats = run.params.NUM_REPEATS
     out = []
     for model, paths in per_model.items():

@@ -13,6 +13,7 @@ run's files.
     restore_resolution  ``report.resolution_table`` of raw/pairs.jsonl and raw/point_floors.jsonl (the paired
                         design: each restore's span and its paired first-token difference, with 95% intervals,
                         against the floor measured before and after the point); ABSENT in runs recorded before it
+                        (``gaps.predates_pairs``)
 
 The notebook saves them with ``record.save_tables(TABLES)``; ``kmesh verify`` builds them again and
 compares; ``checks.table_checks`` states each one as a check of the section.
@@ -23,6 +24,7 @@ from kmesh_lib.base.declared import ABSENT, Table, recorded_only
 from kmesh_lib.base.records import RunFileError, RunFiles
 from kmesh_lib.sections.crossover import report
 from kmesh_lib.sections.crossover.captures import GridRow
+from kmesh_lib.sections.crossover.gaps import PAIRED_SINCE, predates_pairs
 
 
 def rows(run: RunFiles) -> list[GridRow]:
@@ -80,12 +82,11 @@ def forward_step_pairs(run: RunFiles) -> list[dict]:
     return report.forward_step_pairs(rows(run))
 
 
-PAIRED_SINCE = "this run predates the paired design (raw/ holds no pairs.jsonl: no restore/resident pairs, no floors per point)"
-
-
 def restore_resolution(run: RunFiles):
-    """``report.resolution_table``; ABSENT where the run has no raw/pairs.jsonl (recorded before the paired design)."""
-    if not run.has_raw("pairs.jsonl"):
+    """``report.resolution_table``; ABSENT where the run predates the paired design (``gaps.predates_pairs``: no
+    raw/pairs.jsonl, and params that plan none). A run planned in the design whose children measured no pair has
+    the table, empty."""
+    if predates_pairs(run):
         return ABSENT
     return report.resolution_table(run.records("pairs.jsonl"), run.records("point_floors.jsonl"),
                                    bound=run.params.DEVICE == "cuda")
@@ -127,7 +128,7 @@ TITLES = {
     "models": ("results.json child summaries equal raw/models.jsonl", "raw/models.jsonl records no child of MODELS"),
     "restore_resolution": ("results.json restore spans and paired first-token differences against the floors per "
                            "point equal raw/pairs.jsonl and raw/point_floors.jsonl",
-                           "raw/pairs.jsonl holds no restore/resident pair (NUM_RESTORES=0)"),
+                           "raw/pairs.jsonl holds no restore/resident pair"),
 }
 
 
