@@ -102,6 +102,7 @@ class MPTier:
     with a fixed ``--l2-prefetch-policy``: ``stock_retain`` picks ``retain`` or ``default``; one server
     per arm). The server starts with the singleflight and the warm-store guard off (stock LMCache's
     behaviour); ``start`` writes this tier's settings, the ``set_*`` methods change them later.
+    ``server_log``: where the server's log is kept when it stops (``LMCacheServer``'s ``keep_log``).
     """
 
     path = "mp"
@@ -113,14 +114,15 @@ class MPTier:
     route = "host staging: disk -> L1 DRAM arena -> engine KV"
 
     def __init__(self, arena_mib: int, chunk_size: int, runtime: RuntimeDir | None = None, device: str = "cpu",
-                 server_mode: str = "launcher", stock_retain: bool = False, singleflight: bool = False) -> None:
+                 server_mode: str = "launcher", stock_retain: bool = False, singleflight: bool = False,
+                 server_log: Path | None = None) -> None:
         if singleflight and server_mode != "launcher":
             raise TierError("singleflight needs server_mode='launcher' (the hook lives in the server process)")
         self.runtime = runtime or RuntimeDir.create("retention-mp")
         self.device = device
         self.server = LMCacheServer(ServerConfig(arena_mib=arena_mib, chunk_size=chunk_size, mode=server_mode,
                                                  stock_retain=stock_retain, transfer_mode=transfer_mode_for(device)),
-                                    self.runtime)
+                                    self.runtime, keep_log=server_log)
         self.singleflight = singleflight
         self.warm_store_guard = False
         self.meter: ServerMeter | None = None
