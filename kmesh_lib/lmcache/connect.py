@@ -255,7 +255,9 @@ class MPTier:
         ``finish_write`` runs on the ``DeviceHostFuncDispatcher`` thread, polled every 5 ms, after the copies' event
         the engine waits on has fired) nor keys the store loop popped and has not yet submitted
         (``_status_in_flight_count`` counts a task only once submitted). A clear in that window freed the chunks
-        before their L2 write: on the H100 (6 Dec 2026, 0.5.3, 7B) whole stores wrote 0 bytes."""
+        before their L2 write: on the H100 (6 Dec 2026, 0.5.3, 7B) whole stores wrote 0 bytes. Section 20's store
+        (``ContextGroupRun.store_context``) waits for the bytes on the disk tier for the same reason (H200: 1 of 16
+        chunks written when ``settle`` returned)."""
         if self.server.cfg.store_policy != "skip_l1":
             raise TierError(f"wait_for_store needs --l2-store-policy skip_l1 (this server: {self.server.cfg.store_policy})")
         try:
