@@ -1,6 +1,8 @@
 """Section 21: parameters, physical floors, the crossover computation, and a tiny real grid."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from crossover_records import COMPONENTS, as_children, as_grid_rows
 
@@ -1231,6 +1233,29 @@ def test_vllms_cpu_tier_alone_has_no_disk_tier_to_check(tmp_path, monkeypatch):
     summary, = read_jsonl(tmp_path / "raw" / "models.jsonl")
     assert summary["detail"] == "RuntimeError: engine reached with ['kv_offloading_backend', 'kv_offloading_size']"
     assert "disk_tier" not in summary
+
+
+@pytest.mark.cpu
+def test_an_lmcache_servers_log_is_kept_in_the_runs_logs_when_its_child_fails(tmp_path, monkeypatch):
+    """The MP tier's server log goes with its runtime folder when the tier closes; the child keeps it as
+    logs/lmcache-server-<the unit's name>.log (its child log's name), here after the engine failed to start."""
+    from kmesh_lib.base.records import read_jsonl
+    from kmesh_lib.sections.crossover import experiment
+
+    def no_engine(params, **llm_kwargs):
+        raise RuntimeError("no engine in this test")
+
+    monkeypatch.setattr(experiment, "make_engine", no_engine)
+    cfg = build(CrossoverParams, {**SMALL, "ARMS": ["recompute", "lmcache_mp_recompute", "lmcache_mp",
+                                                   "lmcache_mp_resident"]})
+    (tmp_path / "raw").mkdir()
+    with pytest.raises(RuntimeError, match="no engine"):
+        experiment.run_model(cfg, cfg.MODELS[0], tmp_path, "lmcache_mp")
+    summary, = read_jsonl(tmp_path / "raw" / "models.jsonl")
+    assert summary["status"] == "error"
+    kept = tmp_path / "logs" / "lmcache-server-tiny-lmcache_mp.log"
+    assert kept.exists() and "LMCache" in kept.read_text(errors="replace")
+    assert not Path(summary["disk_tier"]["path"]).exists()  # the runtime folder itself is gone
 
 
 def test_the_heatmap_names_each_speed_up_with_its_interval(tmp_path):

@@ -26,7 +26,8 @@ from kmesh_lib.lmcache.server import LMCacheServer, ServerConfig
 rd = RuntimeDir.create("test-child", root=Path(sys.argv[1]))
 server = None
 if sys.argv[2] == "server":
-    server = LMCacheServer(ServerConfig(arena_mib=16), rd).start()
+    keep = Path(sys.argv[3]) if len(sys.argv) > 3 else None
+    server = LMCacheServer(ServerConfig(arena_mib=16), rd, keep_log=keep).start()
 print(json.dumps({"dir": str(rd.path), "pgid": server.pid if server else None,
                   "shm": rd.record["shm"], "janitor": rd.janitor.pid}), flush=True)
 time.sleep(600)
@@ -43,8 +44,8 @@ def wait_for(predicate, timeout_s: float = 120.0) -> bool:
     return predicate()
 
 
-def start_child(root: Path, what: str) -> tuple[subprocess.Popen, dict]:
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(root), what], stdout=subprocess.PIPE, cwd=REPO,
+def start_child(root: Path, what: str, *extra: str) -> tuple[subprocess.Popen, dict]:
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(root), what, *extra], stdout=subprocess.PIPE, cwd=REPO,
                              env={**os.environ, "PYTHONPATH": str(REPO)}, text=True)
     line = child.stdout.readline()
     assert line, "the child died before reporting"
@@ -100,6 +101,44 @@ def test_killed_owner_leaves_no_server_and_no_disk_tier(tmp_path):
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.cpu
+def test_a_killed_owners_server_log_is_kept_where_asked(tmp_path):
+    """The server's log outlives its runtime folder however the server stops: here its owner is SIGKILLed (as the
+    GPU driver kills an overdue child), so only the janitor can copy it (H100, 6 Dec 2026: a store wrote 0 bytes and
+    the one log that could say why went with the folder)."""
+    kept = tmp_path / "run" / "logs" / "lmcache-server-m.log"
+    child, info = start_child(tmp_path / "rt", "server", str(kept))
+    try:
+        assert not kept.exists()  # copied when the folder goes, not before
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        assert wait_for(lambda: not Path(info["dir"]).exists() and kept.exists())
+        assert not group_alive(info["pgid"])
+        assert "LMCache" in kept.read_text(errors="replace")  # the server's own output, to its last line
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_kept_files_are_copied_when_the_folder_goes_and_bounded_to_their_tail(tmp_path):
+    rd = RuntimeDir.create("keep", root=tmp_path / "rt", janitor=False)
+    small, big = rd.path / "small.log", rd.path / "big.log"
+    small.write_text("one line\n")
+    big.write_bytes(b"head" + b"x" * 100 + b"tail")
+    rd.keep(small, tmp_path / "out" / "small.log")
+    rd.keep(big, tmp_path / "out" / "big.log", max_bytes=20)
+    rd.keep(rd.path / "never-written.log", tmp_path / "out" / "none.log")
+    with pytest.raises(ValueError):  # a file outside the folder would not go with it
+        rd.keep(tmp_path / "elsewhere.log", tmp_path / "out" / "x.log")
+    assert not (tmp_path / "out").exists()
+    rd.close()
+    assert not rd.path.exists()
+    assert (tmp_path / "out" / "small.log").read_text() == "one line\n"
+    first, rest = (tmp_path / "out" / "big.log").read_bytes().split(b"\n", 1)
+    assert first == b"[kmesh: the first 88 of 108 bytes left out]" and rest == b"x" * 16 + b"tail"
+    assert not (tmp_path / "out" / "none.log").exists()
 
 
 def test_sigterm_runs_cleanup_handlers(tmp_path):

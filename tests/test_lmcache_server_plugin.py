@@ -161,3 +161,61 @@ def test_the_guard_keeps_a_warm_finishs_keys_from_a_real_store_listener(tmp_path
     finally:
         listener.close()
         l1.close()
+
+
+@pytest.mark.cpu
+def test_a_store_reservation_says_what_it_reserved_and_why_the_rest_was_not(hooked):
+    """A store whose L1 reservation fails commits nothing and tells the engine nothing (0.5.3's
+    ``LMCacheDrivenTransferModule.store`` reports success): the ``store_reserve`` line is where it shows,
+    naming the L1 error of each key left out and the arena's bytes before it."""
+    sm, info, log, guard_file = hooked
+    assert info["l1_managers"] == 1
+    used0, total = sm.get_l1_usage()
+    big = lmcache_api.MemoryLayoutDesc([torch.Size([total // 3])], [torch.uint8])  # three of them: more than the arena
+    ks = keys(3, salt=7)
+    assert sm.reserve_write(ks, big) == {}  # all or nothing: one object too many and none is reserved
+    first = keys(2, salt=8)
+    assert set(sm.reserve_write(first, big)) == set(first)  # two fit
+    sm.finish_write(first)
+    recs = [r for r in lines(log) if r["op"] == "store_reserve"]
+    assert [(r["n_keys"], r["reserved"], r["errors"], r["l1_used"], r["l1_total"]) for r in recs] == [
+        (3, 0, {"OUT_OF_MEMORY": 3}, used0, total), (2, 2, {}, used0, total)]
+    again = sm.reserve_write(first[:1], LAYOUT)  # already in L1 (until skip_l1 drops it after its L2 write)
+    last = [r for r in lines(log) if r["op"] == "store_reserve"][-1]
+    assert last["n_keys"] == 1 and last["reserved"] == len(again) and last["errors"] in ({}, {"KEY_NOT_WRITABLE": 1})
+
+
+@pytest.mark.cpu
+def test_a_clear_before_the_store_controller_has_the_keys_loses_the_store_and_the_trace_shows_it(hooked):
+    """LMCache 0.5.3's ``/cache/clear`` forces (``ManagementModule.clear``): a clear after a store's chunks were
+    committed to L1 but before the store controller read-locked them for their L2 write frees them, and the store
+    writes nothing while the server's status shows nothing in flight. Here the store loop is held between popping the
+    keys and taking them (the window) while the clear runs; the trace then names the signature: the reservation
+    succeeded, no L2 store was submitted, no byte written."""
+    import threading
+
+    sm, info, log, guard_file = hooked
+    sc = sm._store_controller
+    popped, go = threading.Event(), threading.Event()
+    process = sc._process_new_keys
+
+    def held(keys):
+        popped.set()
+        go.wait(60)
+        return process(keys)
+
+    sc._process_new_keys = held
+    ks = keys(4, salt=9)
+    assert set(sm.reserve_write(ks, LAYOUT)) == set(ks)
+    sm.finish_write(ks)
+    assert popped.wait(60)
+    status = sc.report_status()
+    assert status["pending_keys_count"] == 0 and status["in_flight_task_count"] == 0  # what settle() sees: idle
+    sm.clear(force=True)
+    go.set()
+    assert wait_for(lambda: sc.report_status()["in_flight_task_count"] == 0)
+    time.sleep(0.5)  # a store submitted after the clear would show within this
+    recs = lines(log)
+    assert [(r["reserved"], r["errors"]) for r in recs if r["op"] == "store_reserve"] == [(4, {})]
+    assert [r for r in recs if r["op"] in ("store_submit", "write")] == []
+    assert sm.get_l1_usage()[0] == 0

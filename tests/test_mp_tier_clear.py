@@ -66,3 +66,89 @@ def test_the_inproc_clear_is_sent_again_until_a_pinned_object_is_gone(monkeypatc
     monkeypatch.setattr(tier, "memory_bytes", lambda: engine.arena.used, raising=False)
     tier.drop_memory_copy(timeout_s=5.0)
     assert engine.arena.used == 0 and engine.arena.num_clears == 3
+
+
+class StoreInFlight:
+    """LMCache 0.5.3's server right after a store returned to the engine (H100, 6 Dec 2026): the store's chunks sit in
+    the L1 arena, their ``finish_write`` still queued on the dispatcher thread, so the status shows nothing in flight.
+    It runs after ``num_polls`` more polls of the server (status or usage); the store controller then writes the
+    chunks to the disk tier and deletes them from L1 (skip_l1). A clear is 0.5.3's, forced: every object goes, and a
+    ``finish_write`` after it finds nothing to store."""
+
+    def __init__(self, num_polls: int) -> None:
+        from kmesh_lib.lmcache.server import ServerConfig
+
+        self.cfg = ServerConfig()
+        self.num_polls, self.polls, self.in_l1, self.written, self.pending = num_polls, 0, 0, 0, False
+
+    def store(self, nbytes: int) -> None:
+        self.in_l1, self.pending, self.polls = nbytes, True, 0
+
+    def _poll(self) -> None:
+        self.polls += 1
+        if self.pending and self.polls >= self.num_polls:
+            self.pending = False
+            self.written, self.in_l1 = self.written + self.in_l1, 0
+
+    def status(self) -> dict:
+        self._poll()
+        return IDLE
+
+    def l1_usage(self) -> tuple[int, int]:
+        self._poll()
+        return self.in_l1, 1 << 30
+
+    def clear_l1(self) -> None:
+        self.in_l1 = 0
+
+    def set_retention(self, retain: bool) -> None:
+        pass
+
+
+class ServerBytes:
+    """The meter's view: bytes the server wrote to its disk tier and holds in L1 (no trace, no counters)."""
+
+    def __init__(self, server: StoreInFlight) -> None:
+        self.server = server
+
+    def snapshot(self):
+        from kmesh_lib.lmcache.disk_accounting import Snapshot
+
+        return Snapshot(hook_write_bytes=self.server.written, memory_tier_bytes=self.server.in_l1)
+
+    def trace_between(self, a, b) -> list:
+        return []
+
+
+class IdleEngine:
+    def drain(self) -> None:
+        pass
+
+    def reset_prefix_cache(self) -> bool:
+        return True
+
+
+def test_a_store_is_dropped_from_memory_only_after_its_chunks_reached_the_disk_tier(monkeypatch):
+    """``RestoreBench.store`` on the MP tier waits for the arena to empty by itself (skip_l1) before it drops the
+    memory copy: a clear right after the engine's request, as before, freed the chunks before their L2 write and the
+    store wrote 0 bytes, which is how whole contexts were lost on the H100 (6 Dec 2026, LMCache 0.5.3, 7B)."""
+    from types import SimpleNamespace
+
+    from kmesh_lib.sections.crossover import arms
+
+    server = StoreInFlight(num_polls=3)
+    tier = tier_on(server)
+    tier.meter = ServerBytes(server)
+    bench = object.__new__(arms.RestoreBench)
+    bench.engine, bench.tier, bench.tier_name = IdleEngine(), tier, "lmcache_mp"
+    bench.switch = SimpleNamespace(set=lambda on: None)
+    context_bytes = 8 * 4096
+
+    def run_group(engine, specs):
+        server.store(context_bytes)  # the engine's store request returned: its chunks are in L1, not yet committed
+        return [SimpleNamespace(num_cached_tokens=0)]
+
+    monkeypatch.setattr(arms, "run_group", run_group)
+    record = bench.store(arms.Context("c", [4] * 16))
+    assert record["bytes_written"] == context_bytes and record["reached_disk"] is True
+    assert record["l1_bytes_before"] == 0 and record["l1_bytes_after"] == 0 and record["num_cached_tokens"] == 0

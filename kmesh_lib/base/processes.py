@@ -1,15 +1,16 @@
 """Run-scoped runtime directories for LMCache that nothing outlives.
 
     <RUNTIME_ROOT>/<token>/
-        owner.json     owner pid + start time, the process groups and SHM segments to kill/unlink
+        owner.json     owner pid + start time, the process groups and SHM segments to kill/unlink, and the
+                       files to keep (``RuntimeDir.keep``: copied out before the directory goes)
         janitor.pid    the janitor watching the owner
         disk/          the disk tier (lmcache ``fs`` adapter or in-process LocalDiskBackend)
         ...            server log, control files, I/O log
 
 Invariants:
     - a directory lives only as long as its owner process. ``close()`` (also run by ``atexit`` and
-      by SIGTERM/SIGHUP handlers) kills every recorded process group and removes the directory and
-      its SHM segments;
+      by SIGTERM/SIGHUP handlers) kills every recorded process group, copies the files it keeps to
+      their destinations (each its last ``max_bytes``), and removes the directory and its SHM segments;
     - when the owner dies without running Python cleanup (SIGKILL, OOM kill), the janitor -- a small
       process in its own session that polls the owner -- does the same within about a second;
     - when both are gone (a killed session), the next ``RuntimeDir.create`` reaps every directory
@@ -37,6 +38,7 @@ from kmesh_lib.base.paths import REPO_ROOT, pythonpath_with_repo
 RUNTIME_ROOT = Path(os.environ.get("KMESH_LMCACHE_RUNTIME", Path(tempfile.gettempdir()) / "kmesh-lmcache"))
 SHM_DIR = Path("/dev/shm")
 JANITOR_POLL_S = 0.5
+KEEP_MAX_BYTES = 4 << 20  # a kept file's copy: its last 4 MiB (a server log's tail holds why it stopped)
 _LIVE: dict[Path, RuntimeDir] = {}
 
 
@@ -113,6 +115,31 @@ def listening_sockets(pgid: int | None = None, pids: list[int] | None = None) ->
     return sorted(found)
 
 
+def copy_tail(src: Path, dest: Path, max_bytes: int = KEEP_MAX_BYTES) -> None:
+    """``src`` copied to ``dest`` (its folder made): all of it, or where it is longer than ``max_bytes`` its last
+    ``max_bytes`` under one first line saying how many bytes were left out. Nothing where ``src`` is missing."""
+    try:
+        size = src.stat().st_size
+    except FileNotFoundError:
+        return
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(src, "rb") as f, open(dest, "wb") as out:
+        if size > max_bytes:
+            f.seek(size - max_bytes)
+            out.write(f"[kmesh: the first {size - max_bytes:,} of {size:,} bytes left out]\n".encode())
+        out.write(f.read(max_bytes))
+
+
+def keep_files(path: Path, record: dict) -> None:
+    """Copies each file the directory keeps (``RuntimeDir.keep``) to its destination; a copy that fails is said on
+    stderr, never raised: what follows (removing the directory) must run."""
+    for item in record.get("keep", []):
+        try:
+            copy_tail(path / item["src"], Path(item["dest"]), item["max_bytes"])
+        except OSError as e:
+            print(f"kmesh: could not keep {item['src']} as {item['dest']}: {e}", file=sys.stderr)
+
+
 def remove_tree(path: Path, record: dict) -> None:
     for name in record.get("shm", []):
         (SHM_DIR / name).unlink(missing_ok=True)
@@ -120,9 +147,11 @@ def remove_tree(path: Path, record: dict) -> None:
 
 
 def reap(path: Path, record: dict) -> None:
-    """Kills the directory's process groups, unlinks its SHM segments and removes it."""
+    """Kills the directory's process groups, copies out the files it keeps (after the kill: a log holds its
+    writer's last line), unlinks its SHM segments and removes it."""
     for pgid in record.get("pgids", []):
         kill_group(pgid, grace_s=2.0)
+    keep_files(path, record)
     remove_tree(path, record)
 
 
@@ -204,6 +233,14 @@ class RuntimeDir:
 
     def own_shm(self, name: str) -> None:
         self.record["shm"].append(name.lstrip("/"))
+        self._write()
+
+    def keep(self, src: Path, dest: Path, max_bytes: int = KEEP_MAX_BYTES) -> None:
+        """``src`` (a file in this directory) is copied to ``dest`` when the directory goes, whichever way it goes:
+        ``close``, the SIGTERM handler, the janitor after its owner's death, or the next ``create``'s reap."""
+        rel = Path(src).resolve().relative_to(self.path.resolve())  # raises for a file outside: it would not go
+        self.record.setdefault("keep", []).append({"src": str(rel), "dest": str(Path(dest).resolve()),
+                                                   "max_bytes": int(max_bytes)})
         self._write()
 
     def _write(self) -> None:

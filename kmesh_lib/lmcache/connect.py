@@ -26,7 +26,7 @@ from pathlib import Path
 from kmesh_lib.base.processes import RuntimeDir
 from kmesh_lib.engine.vllm_engine import apply_vllm_cpu_workarounds
 from kmesh_lib.lmcache.disk_accounting import DiskReadHook, InprocMeter, ServerMeter, Snapshot
-from kmesh_lib.lmcache.lookups import Lookup, phase_lookups, store_events
+from kmesh_lib.lmcache.lookups import Lookup, phase_lookups, store_events, store_reservations
 from kmesh_lib.lmcache.server import LMCacheServer, ServerConfig, ServerStartError, transfer_mode_for
 
 
@@ -102,6 +102,7 @@ class MPTier:
     with a fixed ``--l2-prefetch-policy``: ``stock_retain`` picks ``retain`` or ``default``; one server
     per arm). The server starts with the singleflight and the warm-store guard off (stock LMCache's
     behaviour); ``start`` writes this tier's settings, the ``set_*`` methods change them later.
+    ``server_log``: where the server's log is kept when it stops (``LMCacheServer``'s ``keep_log``).
     """
 
     path = "mp"
@@ -113,14 +114,15 @@ class MPTier:
     route = "host staging: disk -> L1 DRAM arena -> engine KV"
 
     def __init__(self, arena_mib: int, chunk_size: int, runtime: RuntimeDir | None = None, device: str = "cpu",
-                 server_mode: str = "launcher", stock_retain: bool = False, singleflight: bool = False) -> None:
+                 server_mode: str = "launcher", stock_retain: bool = False, singleflight: bool = False,
+                 server_log: Path | None = None) -> None:
         if singleflight and server_mode != "launcher":
             raise TierError("singleflight needs server_mode='launcher' (the hook lives in the server process)")
         self.runtime = runtime or RuntimeDir.create("retention-mp")
         self.device = device
         self.server = LMCacheServer(ServerConfig(arena_mib=arena_mib, chunk_size=chunk_size, mode=server_mode,
                                                  stock_retain=stock_retain, transfer_mode=transfer_mode_for(device)),
-                                    self.runtime)
+                                    self.runtime, keep_log=server_log)
         self.singleflight = singleflight
         self.warm_store_guard = False
         self.meter: ServerMeter | None = None
@@ -180,6 +182,30 @@ class MPTier:
         """Chunks per store-side event between two snapshots (``lookups.store_events``)."""
         return store_events(self.meter.trace_between(a, b))
 
+    def store_diagnostics(self, a: Snapshot, settled: Snapshot, b: Snapshot) -> dict:
+        """What tells one store's outcomes apart, from snapshots taken before it, once its I/O settled (the memory
+        copy still there) and after the copy was dropped: the L1 arena's bytes in use at each and in all; LMCache's
+        own counts over the store (chunks whose L1 write finished, L1 allocation and read failures, L2 stores
+        submitted and finished); the store path's L1 reservations (``lookups.store_reservations``: reserved, or
+        left out and why) and the store controller's steps (``lookups.store_events``), both empty for a stock
+        server; and the free bytes of ``/dev/shm``, where the arena's segment lives."""
+        import shutil
+
+        def delta(key: str) -> int | None:
+            return int(b.metrics[key] - a.metrics.get(key, 0)) if key in b.metrics else None
+
+        trace = self.meter.trace_between(a, b)
+        try:
+            shm_free = shutil.disk_usage("/dev/shm").free
+        except OSError:  # no /dev/shm on this machine
+            shm_free = None
+        return {"l1_bytes_before": a.memory_tier_bytes, "l1_bytes_settled": settled.memory_tier_bytes,
+                "l1_bytes_after": b.memory_tier_bytes, "arena_bytes": self.server.l1_usage()[1],
+                "store_metrics": {k: delta(k) for k in ("l1_write_chunks", "l1_allocation_failures", "l1_read_failures",
+                                                        "l2_store_submitted_chunks", "l2_stored_chunks")},
+                "store_reservations": store_reservations(trace), "store_events": store_events(trace),
+                "shm_free_bytes": shm_free}
+
     def llm_kwargs(self, device: str) -> dict:
         from vllm.config import KVTransferConfig
 
@@ -202,7 +228,13 @@ class MPTier:
         with a lock on it and never comes back for it, and an engine's release of its read lock reaches
         the server after the request has finished (``ContextGroupRun.wait_for_drop``). So the queues
         drain first and the clear is sent again until the arena is empty: one clear with a wait behind
-        it failed CI at 98ba043 (section 20's smoke run, 30 s, the arena never emptied)."""
+        it failed CI at 98ba043 (section 20's smoke run, 30 s, the arena never emptied).
+
+        NOTE: LMCache 0.5.3's ``/cache/clear`` always forces (``http_apis/cache_api.py`` ``clear_cache``:
+        ``force`` "accepted ... but not honored"; ``ManagementModule.clear`` calls ``clear(force=True)``): it
+        frees write- and read-locked objects too. Right after a store, ``settle`` can pass before the store
+        controller has the store's chunks (``settle`` says why), and a clear then frees them before their L2
+        write: the store writes nothing. After a store, ``wait_for_store`` first."""
         self.settle(timeout_s)
 
         def cleared() -> bool:
@@ -211,7 +243,35 @@ class MPTier:
 
         wait_until(cleared, timeout_s, "the L1 arena to empty after /cache/clear", poll_s=0.05)
 
+    def wait_for_store(self, timeout_s: float = 120.0) -> bool:
+        """Whether every chunk a store put in the L1 arena reached the disk tier within ``timeout_s``, from an arena
+        that was empty before the store (``RestoreBench.store`` drops the memory copy first). Under ``--l2-store-policy
+        skip_l1`` the store controller deletes a chunk from L1 only once its L2 write finished
+        (``StoreController._finalize_store``: ``select_l1_deletions`` on success), so the arena emptying by itself,
+        with no clear sent, is that; a chunk whose L2 write failed stays, and the wait ends False.
+
+        ``settle`` alone is not enough: the server's status counts the store listener's queue and the L2 tasks in
+        flight, not a store whose chunks are copied but not yet committed to L1 (0.5.3 LMCache-driven transfer:
+        ``finish_write`` runs on the ``DeviceHostFuncDispatcher`` thread, polled every 5 ms, after the copies' event
+        the engine waits on has fired) nor keys the store loop popped and has not yet submitted
+        (``_status_in_flight_count`` counts a task only once submitted). A clear in that window freed the chunks
+        before their L2 write: on the H100 (6 Dec 2026, 0.5.3, 7B) whole stores wrote 0 bytes. Section 20's store
+        (``ContextGroupRun.store_context``) waits for the bytes on the disk tier for the same reason (H200: 1 of 16
+        chunks written when ``settle`` returned)."""
+        if self.server.cfg.store_policy != "skip_l1":
+            raise TierError(f"wait_for_store needs --l2-store-policy skip_l1 (this server: {self.server.cfg.store_policy})")
+        try:
+            wait_until(lambda: self.memory_bytes() == 0, timeout_s,
+                       "the store's chunks to reach the disk tier (skip_l1 empties the L1 arena)", poll_s=0.02)
+        except TierError:
+            return False
+        self.settle(timeout_s)
+        return True
+
     def settle(self, timeout_s: float = 30.0) -> None:
+        """No prefetch or L2 store the server's status counts in flight. NOTE: a store whose chunks are not yet
+        committed to L1, or whose keys the store loop popped but has not yet submitted, is not counted
+        (``wait_for_store`` says why and waits for it)."""
         def idle() -> bool:
             sm = self.server.status()["storage_manager"]
             pc, sc = sm["prefetch_controller"], sm["store_controller"]

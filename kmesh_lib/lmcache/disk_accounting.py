@@ -43,6 +43,9 @@ METRIC_NAMES = {
     "l2_stored_chunks": "lmcache_mp_l2_store_completed_objects_chunks_total",
     "l1_allocation_failures": "lmcache_mp_l1_allocation_failure_chunks_total",
     "l2_usage_bytes": "lmcache_mp_l2_usage_bytes",
+    "l1_write_chunks": "lmcache_mp_l1_write_chunks_total",  # chunks whose L1 write finished (stores and loads)
+    "l1_read_failures": "lmcache_mp_l1_read_failure_chunks_total",  # reserve_read failures (a store's L2 copy too)
+    "l2_store_submitted_chunks": "lmcache_mp_l2_store_submitted_objects_chunks_total",
 }
 VERSION_DEPENDENT_METRICS = ("lookup_hit_l1_tokens", "lookup_hit_l2_tokens")  # 0.5.6 only
 # l2_prefetch_failure by reason: l1_oom (no arena space), l1_contended (another request's copy became
@@ -173,7 +176,7 @@ class PhaseReads:
 
 
 TRACE_OPS = ("lookup", "park", "start", "load", "done", "release",
-             "store_submit", "store_done", "l1_delete", "warm_handoff", "warm_store_skipped")
+             "store_submit", "store_done", "l1_delete", "warm_handoff", "warm_store_skipped", "store_reserve")
 
 
 class IOLogReader:

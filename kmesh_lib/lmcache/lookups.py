@@ -134,7 +134,7 @@ def assemble(events: list[dict]) -> list[Lookup]:
                     lk.t_finish_ns, lk.t_done_ns = prior.t_finish_ns, prior.t_done_ns
                 by_pid[lk.pid] = lk
             continue
-        if op == "release" or op in STORE_OPS:
+        if op in ("release", "store_reserve") or op in STORE_OPS:  # not a lookup's step
             continue
         lk = by_pid.get(ev.get("pid"))
         if lk is None and op in ("park", "start"):
@@ -255,6 +255,23 @@ def store_events(events: list[dict]) -> dict[str, int]:
         if op in out and (op != "l1_delete" or ev.get("by") == "store"):
             out[op] += ev.get("n_keys", len(ev.get("k", ())))
     return out
+
+
+def store_reservations(events: list[dict]) -> dict:
+    """The store path's L1 reservations of one phase (``server_plugin.StoreReserveTrace``): calls, keys asked, keys
+    reserved, the keys left out by L1 error (``OUT_OF_MEMORY``, ``KEY_NOT_WRITABLE``), and the most of the arena in
+    use just before one (None where no call said). A store that reserved nothing wrote nothing, whatever the engine
+    was told."""
+    calls = [ev for ev in events if ev.get("op") == "store_reserve"]
+    errors: dict[str, int] = {}
+    for ev in calls:
+        for name, n in ev.get("errors", {}).items():
+            errors[name] = errors.get(name, 0) + n
+    used = [ev["l1_used"] for ev in calls if ev.get("l1_used") is not None]
+    return {"calls": len(calls), "keys": sum(ev["n_keys"] for ev in calls),
+            "reserved": sum(ev["reserved"] for ev in calls), "errors": errors,
+            "l1_used_max": max(used) if used else None,
+            "l1_total": next((ev["l1_total"] for ev in calls if ev.get("l1_total") is not None), None)}
 
 
 def phase_lookups(events: list[dict], roles: dict[str, str]) -> list[Lookup]:

@@ -22,7 +22,10 @@ Invariants:
       reads the server's sockets (psutil) so callers can check it;
     - the server runs in its own process group inside a ``RuntimeDir``: stopping, exiting, a
       SIGTERM, or the owner's death (the janitor) kills the group and removes the disk tier and
-      the SHM segment.
+      the SHM segment;
+    - with ``keep_log``, the server's log (``server.log``: its stdout and stderr) is copied there, its
+      last ``KEEP_MAX_BYTES``, whichever of those ways the server stops (``RuntimeDir.keep``): LMCache
+      logs what it skipped (an L1 allocation that failed, a store it could not finish) only there.
 """
 from __future__ import annotations
 
@@ -97,7 +100,7 @@ def lmcache_executable() -> str:
 class LMCacheServer:
     """One ``lmcache server`` process. Use as a context manager or call ``start``/``stop``."""
 
-    def __init__(self, cfg: ServerConfig, runtime: RuntimeDir) -> None:
+    def __init__(self, cfg: ServerConfig, runtime: RuntimeDir, keep_log: Path | None = None) -> None:
         self.cfg = cfg
         self.runtime = runtime
         self.disk_dir = runtime.subdir("disk")
@@ -106,6 +109,8 @@ class LMCacheServer:
         self.warm_store_guard_file = runtime.path / "warm_store_guard"
         self.io_log = runtime.path / "l2_io.jsonl"
         self.log_path = runtime.path / "server.log"
+        if keep_log is not None:  # copied out when the runtime dir goes, however it goes
+            runtime.keep(self.log_path, keep_log)
         self.shm_name = f"kmesh_{runtime.token.replace('-', '_')}"
         self.proc: subprocess.Popen | None = None
         self.port = self.http_port = 0

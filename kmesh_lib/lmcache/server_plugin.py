@@ -1,6 +1,6 @@
 """Runs inside the ``lmcache server`` process: installed by ``kmesh_lib.lmcache.launcher`` before it serves.
 
-Six things, each observation or configuration of real LMCache objects (LMCache 0.5.3 and 0.5.6);
+Seven things, each observation or configuration of real LMCache objects (LMCache 0.5.3 and 0.5.6);
 none replaces LMCache's data path:
 
 1. **Retention switch.** The prefetch controller's policy is wrapped so that its L1 retention
@@ -44,6 +44,14 @@ none replaces LMCache's data path:
    (``warm_handoff``). Where LMCache has no ``PrefetchMode.WARM`` (0.5.6) nothing is installed;
    ``plugin_ready`` says so. NOTE: the first guard (686da3f, reverted in c7aa510) asked
    ``_mode(request.mode)``, which is "None" for every request, so it never fired on the H200.
+
+7. **Store reservations.** The storage manager's ``reserve_write`` (the store path's L1 reservation: the
+   engine's chunks get their L1 objects there; the prefetch controller reserves through the L1 manager
+   directly) logs one ``store_reserve`` line per call: keys asked, keys reserved, the L1 error of each key
+   left out (``OUT_OF_MEMORY``: the arena had no room for the call's batch, all or nothing per L1 manager;
+   ``KEY_NOT_WRITABLE``: the key was in L1 already) and the arena's bytes in use and in all just before. A
+   store whose keys all fail commits nothing and still reports success to the engine (0.5.3
+   ``LMCacheDrivenTransferModule.store``): this line is where that shows.
 
 Invariant: every hook calls the wrapped LMCache function exactly once with the same arguments,
 except the warm-store guard when on, which withholds from the store listener the keys a WARM
@@ -287,8 +295,9 @@ class LookupTrace:
 
 
 # Per thread: ``warm`` while the prefetch controller finishes a WARM request (``guard``: the guard's
-# word then), ``store_finalize`` while the store controller finalizes a store. LMCache calls the
-# listener and the L1 deletion on the thread that set them.
+# word then), ``store_finalize`` while the store controller finalizes a store, ``store_reserve`` (key -> the
+# L1 manager's answer) inside the storage manager's ``reserve_write``. LMCache calls the listener, the L1
+# deletion and the L1 managers' ``reserve_write`` on the thread that set them.
 _STATE = threading.local()
 
 
@@ -381,6 +390,71 @@ class StoreTrace:
         l1.delete = delete_keys
 
 
+def l1_managers(storage_manager) -> list:
+    """The storage manager's L1 managers: 0.5.6 writes through ``_write_managers`` in order; 0.5.3 has one."""
+    out = []
+    for m in [*getattr(storage_manager, "_write_managers", ()), getattr(storage_manager, "_l1_manager", None)]:
+        if m is not None and all(m is not x for x in out):
+            out.append(m)
+    return out
+
+
+def l1_usage(managers) -> tuple[int | None, int | None]:
+    """(bytes in use, bytes in all) over the L1 managers, or (None, None) where one cannot say."""
+    try:
+        pairs = [m.get_memory_usage() for m in managers]
+    except Exception:  # noqa: BLE001 - an unknown LMCache layout: reported as unknown, never guessed
+        return None, None
+    return sum(int(u) for u, _ in pairs), sum(int(t) for _, t in pairs)
+
+
+class StoreReserveTrace:
+    """Wraps the storage manager's ``reserve_write`` and its L1 managers' own: inside the former, each L1 manager's
+    answer per key is noted (a later manager's answer replaces an earlier one's: 0.5.6 retries OUT_OF_MEMORY keys
+    on the next), and one ``store_reserve`` line says what the call reserved and why the rest was not."""
+
+    def __init__(self, storage_manager, log: IOLog) -> None:
+        self.log = log
+        self.managers = l1_managers(storage_manager)
+        for m in self.managers:
+            self._wrap_l1(m)
+        reserve = storage_manager.reserve_write
+
+        def reserve_write(keys, *args, **kwargs):
+            used, total = l1_usage(self.managers)
+            t = time.monotonic_ns()
+            _STATE.store_reserve = {}
+            try:
+                out = reserve(keys, *args, **kwargs)
+            finally:
+                answers, _STATE.store_reserve = _STATE.store_reserve, None
+            errors: dict[str, int] = {}
+            for k in keys:
+                if k not in out:
+                    name = answers.get(k, "UNKNOWN")
+                    errors[name] = errors.get(name, 0) + 1
+            self.log.write(op="store_reserve", t_ns=t, n_keys=len(keys), reserved=len(out), errors=errors,
+                           l1_used=used, l1_total=total)
+            return out
+
+        storage_manager.reserve_write = reserve_write
+
+    @staticmethod
+    def _wrap_l1(l1) -> None:
+        reserve = l1.reserve_write
+
+        def reserve_write(keys, *args, **kwargs):
+            out = reserve(keys, *args, **kwargs)
+            answers = getattr(_STATE, "store_reserve", None)
+            if answers is not None:  # inside the storage manager's reserve_write: the store path
+                for k, result in out.items():
+                    err = result[0] if isinstance(result, tuple) else result
+                    answers[k] = getattr(err, "name", str(err))
+            return out
+
+        l1.reserve_write = reserve_write
+
+
 def warm_mode():
     """LMCache 0.5.3's ``PrefetchMode.WARM``, or None where this LMCache has none (0.5.6)."""
     try:
@@ -465,11 +539,12 @@ class WarmStoreGuard:
 
 
 def install_hooks(storage_manager, cfg: dict) -> dict:
-    """Installs the six hooks on a built ``StorageManager``; returns what it hooked.
+    """Installs the seven hooks on a built ``StorageManager``; returns what it hooked.
 
     ``cfg``: ``retention_file``, ``singleflight_file`` and ``warm_store_guard_file`` (control words),
     ``io_log`` (JSON lines). The report (also the ``plugin_ready`` line) names the ``fs`` adapters
-    hooked, the store controllers traced and whether the warm-store guard installed (and why not).
+    hooked, the store controllers traced, the L1 managers whose store reservations are traced and whether the
+    warm-store guard installed (and why not).
     """
     log = IOLog(cfg["io_log"])
     controller = storage_manager._prefetch_controller
@@ -482,6 +557,7 @@ def install_hooks(storage_manager, cfg: dict) -> dict:
             hooked.append(str(adapter._base_path))
     LookupTrace(storage_manager, controller, log, WordSwitch(cfg["singleflight_file"], (ON, OFF), OFF))
     trace = StoreTrace(storage_manager, log)
+    reserve = StoreReserveTrace(storage_manager, log)
     guard = WarmStoreGuard(controller, trace, log, WordSwitch(cfg["warm_store_guard_file"], (ON, OFF), OFF))
     status = controller.report_status
 
@@ -492,6 +568,6 @@ def install_hooks(storage_manager, cfg: dict) -> dict:
 
     controller.report_status = report_status
     info = {"fs_adapters": hooked, "pid": os.getpid(), "store_controllers": len(trace.controllers),
-            "warm_store_guard": guard.report}
+            "l1_managers": len(reserve.managers), "warm_store_guard": guard.report}
     log.write(op="plugin_ready", **info)
     return info

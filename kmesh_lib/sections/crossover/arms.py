@@ -197,27 +197,43 @@ class RestoreBench:
     def store(self, ctx: Context) -> dict:
         """Computes ``ctx`` once with the tier on; the tier writes it to its disk tier and keeps no memory copy.
 
-        The GPU buffer saves a prompt's full blocks only while saving is on, so it is on for this step.
-        """
+        The GPU buffer saves a prompt's full blocks only while saving is on, so it is on for this step. The record
+        also says what tells a short store's causes apart (H100, 6 Dec 2026: LMCache's server stored 0 bytes of
+        whole contexts and told the engine nothing): ``num_cached_tokens``, what the store request's lookup claimed
+        (claimed tokens are not stored again), and a tier's own ``store_diagnostics`` where it has them (the MP
+        server: its arena's bytes before, once the store settled and after, its counters, its reservations; and
+        ``reached_disk``, whether every chunk it put in its arena reached the disk tier before the copy was dropped)."""
         meter = self.tier.meter
         self.switch.set(True)
         self.tier.set_retention(False)
         self.reset_engine()
+        # a tier that tells a finished store by its memory copy emptying by itself (the MP server under skip_l1,
+        # ``MPTier.wait_for_store``) starts the store with that copy empty: the last point's retained context goes
+        wait_for_store = getattr(self.tier, "wait_for_store", None)
+        if wait_for_store is not None:
+            self.tier.drop_memory_copy()
         saving = hasattr(self.tier, "set_saving")
         before, t0 = meter.snapshot(), time.monotonic()
         if saving:
             self.tier.set_saving(True)
         try:
-            run_group(self.engine, [RequestSpec(f"store-{ctx.name}", ctx.tokens + [5], max_tokens=1)])
+            result, = run_group(self.engine, [RequestSpec(f"store-{ctx.name}", ctx.tokens + [5], max_tokens=1)])
             self.quiet()
         finally:
             if saving:
                 self.tier.set_saving(False)
+        # never clear before the store's chunks reached the disk tier: LMCache 0.5.3's clear frees them too
+        stored = wait_for_store() if wait_for_store is not None else None
+        diagnose = getattr(self.tier, "store_diagnostics", None)
+        settled = meter.snapshot() if diagnose is not None else None  # before the memory copy is dropped
         self.tier.drop_memory_copy()
         self._take_timelines()
         after = meter.snapshot()
         return {"context": ctx.name, "tier": self.tier_name, "bytes_written": after.hook_write_bytes - before.hook_write_bytes,
-                "write_errors": after.hook_write_errors - before.hook_write_errors, "seconds": time.monotonic() - t0}
+                "write_errors": after.hook_write_errors - before.hook_write_errors, "seconds": time.monotonic() - t0,
+                "num_cached_tokens": result.num_cached_tokens,
+                **({"reached_disk": stored} if stored is not None else {}),
+                **(diagnose(before, settled, after) if diagnose is not None else {})}
 
     def warm(self, ctx: Context, tag: str) -> int:
         """The context and two tokens of its own: two, because a step of one new token per request is a

@@ -65,6 +65,18 @@ class StoreRecord(CaptureRecord):
     model: str
     context_tokens: int
     context_bytes: int  # context_tokens x the model's KV bytes per token
+    # What tells a short store's causes apart (``RestoreBench.store``); absent from runs recorded before 6 Dec 2026:
+    num_cached_tokens: int | None = None  # the store request's cached tokens: what its lookup claimed (not stored)
+    reached_disk: bool | None = None  # the MP server: every chunk the store put in L1 reached the disk tier before
+    # the memory copy was dropped (``MPTier.wait_for_store``); absent for other tiers
+    l1_bytes_before: int | None = None  # the MP server's L1 arena in use before the store, once it settled, after
+    l1_bytes_settled: int | None = None  # its memory copy was dropped; absent for other tiers
+    l1_bytes_after: int | None = None
+    arena_bytes: int | None = None  # the arena's size
+    store_metrics: Mapping | None = None  # LMCache's counters over the store (chunks; None: never counted)
+    store_reservations: Mapping | None = None  # the store path's L1 reservations (``lookups.store_reservations``)
+    store_events: Mapping | None = None  # the store controller's steps (``lookups.store_events``)
+    shm_free_bytes: int | None = None  # free bytes of /dev/shm after the store (None: none there)
 
 
 class RestoreSplit(CaptureRecord):

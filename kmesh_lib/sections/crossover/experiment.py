@@ -214,10 +214,11 @@ def arm_order(arms: list[str], repeat: int) -> list[str]:
 
 
 # -- the child: one tier, one model --
-def make_tier(cfg: CrossoverParams, tier_name: str, runtime: RuntimeDir, kvt: int, num_buffer_tokens: int | None = None):
+def make_tier(cfg: CrossoverParams, tier_name: str, runtime: RuntimeDir, kvt: int, num_buffer_tokens: int | None = None,
+              server_log: Path | None = None):
     """The external tier of one engine: LMCache (``cfg.path``), the GPU buffer or vLLM's CPU tier.
     The GPU buffer and vLLM's CPU tier hold one copy of the longest context (and headroom), or
-    ``num_buffer_tokens`` of KV where given."""
+    ``num_buffer_tokens`` of KV where given. An LMCache server's log is kept at ``server_log`` when it stops."""
     longest = (num_buffer_tokens or max(cfg.CONTEXT_TOKENS_GRID)) * kvt
     if tier_name == "gpubuf":
         from kmesh_lib.kv.gpu_buffer import GpuBufferTier
@@ -229,9 +230,9 @@ def make_tier(cfg: CrossoverParams, tier_name: str, runtime: RuntimeDir, kvt: in
 
         return NativeOffloadTier(-(-2 * longest * 4 // (1 << 30)) / 4 + 0.25)
     if tier_name == "lmcache_mp":  # LMCache's server on either device (in-process mode is being retired)
-        return MPTier(cfg.ARENA_MIB, cfg.CHUNK_SIZE, runtime, device=cfg.DEVICE)
+        return MPTier(cfg.ARENA_MIB, cfg.CHUNK_SIZE, runtime, device=cfg.DEVICE, server_log=server_log)
     return (InprocTier(cfg.ARENA_MIB, cfg.CHUNK_SIZE, cfg.DISK_TIER_MIB, runtime) if cfg.path == "inproc"
-            else MPTier(cfg.ARENA_MIB, cfg.CHUNK_SIZE, runtime))
+            else MPTier(cfg.ARENA_MIB, cfg.CHUNK_SIZE, runtime, server_log=server_log))
 
 
 @contextmanager
@@ -342,9 +343,11 @@ def run_model(cfg: CrossoverParams, model: str, run_dir: Path, tier_name: str = 
     summary = {"model": model, "tier": tier_name, "path": path, "kv_bytes_per_token": kvt, "status": "ok"}
     t_start = time.monotonic()
     runtime = RuntimeDir.create(f"crossover-{path}", root=runtime_root(cfg.DISK_TIER_ROOT))
-    tier = make_tier(cfg, tier_name, runtime, kvt)
-    engine = None
+    tier = engine = None
     try:
+        # an LMCache server's log outlives its runtime folder: logs/lmcache-server-<the unit's name>.log
+        tier = make_tier(cfg, tier_name, runtime, kvt,
+                         server_log=Path(run_dir) / "logs" / f"lmcache-server-{Unit(model, tier_name).name}.log")
         if getattr(tier, "disk_dir", None) is not None:  # vLLM's CPU tier alone has none
             summary["disk_tier"] = check_disk_tier(tier.disk_dir, cfg.CHUNK_SIZE * kvt,
                                                    sum(cfg.CONTEXT_TOKENS_GRID) * kvt + 64 * MIB)
@@ -404,7 +407,7 @@ def run_model(cfg: CrossoverParams, model: str, run_dir: Path, tier_name: str = 
             summary["launch_thread_cpu_s"] = tier.launch_thread_cpu_s()
         if engine is not None:
             engine.close()
-        if hasattr(tier, "close"):
+        if tier is not None and hasattr(tier, "close"):
             tier.close()
         summary["seconds"] = time.monotonic() - t_start  # what the GPU driver's estimates of later children scale by
         record.append_jsonl("models.jsonl", summary)

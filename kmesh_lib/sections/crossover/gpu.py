@@ -26,7 +26,8 @@ against theirs, never more than ``--run-timeout``, the params' CHILD_TIMEOUT_S b
 and left unfinished). A call on another GPU or software stack than the run's first is refused (``env.json``).
 
 The folder is the run, complete: ``params.resolved.yaml``, ``env.json`` (the measuring machine), ``raw/``,
-``logs/`` (one per unit) and ``results.json`` with the tables and the section's checks (``checks.checks``, the same
+``logs/`` (one per unit, and each MP unit's LMCache server log, ``lmcache-server-<unit>.log``, its last 4 MiB) and
+``results.json`` with the tables and the section's checks (``checks.checks``, the same
 function the notebook and ``kmesh verify`` call). Back on the CPU machine the notebook renders *into that folder*,
 measuring and copying nothing:
 
