@@ -152,3 +152,63 @@ def test_a_store_is_dropped_from_memory_only_after_its_chunks_reached_the_disk_t
     record = bench.store(arms.Context("c", [4] * 16))
     assert record["bytes_written"] == context_bytes and record["reached_disk"] is True
     assert record["l1_bytes_before"] == 0 and record["l1_bytes_after"] == 0 and record["num_cached_tokens"] == 0
+
+
+class StoreTakenUpLate(StoreInFlight):
+    """A store the server reserves in its arena only after ``num_idle_polls`` polls that find the arena empty (its
+    request still in the server's socket when the engine went idle): the arena emptying by itself says nothing then."""
+
+    def __init__(self, num_idle_polls: int, num_polls: int) -> None:
+        super().__init__(num_polls)
+        self.num_idle_polls, self.queued = num_idle_polls, 0
+
+    def store(self, nbytes: int) -> None:
+        self.queued, self.polls = nbytes, 0
+
+    def _poll(self) -> None:
+        self.polls += 1
+        if self.queued and self.polls >= self.num_idle_polls:
+            super().store(self.queued)  # reserved now; written and deleted from L1 ``num_polls`` polls later
+            self.queued = 0
+            return
+        super()._poll()
+
+
+class PollingBytes(ServerBytes):
+    """The meter's view of a server that goes on by itself: each look at it is a poll."""
+
+    def snapshot(self):
+        self.server._poll()
+        return super().snapshot()
+
+
+@pytest.mark.cpu
+def test_a_store_taken_up_after_the_engine_went_idle_is_waited_for_by_its_bytes(monkeypatch):
+    """The arena is empty before the store's reservation as well as after its disk write: ``RestoreBench.store`` waits
+    for the disk tier to hold the context's bytes before it judges the arena, so the clear never lands between the
+    reservation and the write."""
+    from types import SimpleNamespace
+
+    from kmesh_lib.sections.crossover import arms
+
+    server = StoreTakenUpLate(num_idle_polls=5, num_polls=3)
+    tier = tier_on(server)
+    tier.meter = PollingBytes(server)
+    bench = object.__new__(arms.RestoreBench)
+    bench.engine, bench.tier, bench.tier_name = IdleEngine(), tier, "lmcache_mp"
+    bench.switch = SimpleNamespace(set=lambda on: None)
+    context_bytes = 8 * 4096
+
+    def run_group(engine, specs):
+        server.store(context_bytes)
+        return [SimpleNamespace(num_cached_tokens=0)]
+
+    monkeypatch.setattr(arms, "run_group", run_group)
+    record = bench.store(arms.Context("c", [4] * 16), expected_bytes=context_bytes)
+    assert record["bytes_written"] == context_bytes and record["reached_disk"] is True
+    # a store the server lost is recorded short after the bounded wait, never waited out
+    lost = StoreTakenUpLate(num_idle_polls=10**9, num_polls=3)
+    tier.server, tier.meter = lost, PollingBytes(lost)
+    monkeypatch.setattr(arms, "STORE_BYTES_TIMEOUT_S", 0.2)
+    record = bench.store(arms.Context("c", [4] * 16), expected_bytes=context_bytes)
+    assert record["bytes_written"] == 0 and record["reached_disk"] is True  # the arena never held it

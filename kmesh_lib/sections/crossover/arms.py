@@ -164,6 +164,19 @@ def host_state(clocks: GpuClocks | None = None) -> dict:
     return state
 
 
+STORE_BYTES_TIMEOUT_S = 120.0  # the longest store (7B, 32,512 tokens: 1.86 GB) writes in about 1.3 s on the H100
+
+
+def _wait_for_bytes(meter, before, expected_bytes: int) -> bool:
+    """Whether the tier's disk writes since ``before`` reached ``expected_bytes`` within ``STORE_BYTES_TIMEOUT_S``."""
+    deadline = time.monotonic() + STORE_BYTES_TIMEOUT_S
+    while meter.snapshot().hook_write_bytes - before.hook_write_bytes < expected_bytes:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 class RestoreBench:
     """One engine, its external tier (``lmcache.connect``, ``kv.gpu_buffer`` or ``kv.offloading``),
     the off switch and the component probe. ``tier_name`` is the tier's row in ``ARMS_OF_TIER``."""
@@ -194,7 +207,7 @@ class RestoreBench:
         if not self.engine.reset_prefix_cache():
             raise ArmError("vLLM refused to reset its prefix cache")
 
-    def store(self, ctx: Context) -> dict:
+    def store(self, ctx: Context, expected_bytes: int | None = None) -> dict:
         """Computes ``ctx`` once with the tier on; the tier writes it to its disk tier and keeps no memory copy.
 
         The GPU buffer saves a prompt's full blocks only while saving is on, so it is on for this step. The record
@@ -222,7 +235,12 @@ class RestoreBench:
         finally:
             if saving:
                 self.tier.set_saving(False)
-        # never clear before the store's chunks reached the disk tier: LMCache 0.5.3's clear frees them too
+        # never clear before the store's chunks reached the disk tier: LMCache 0.5.3's clear frees them too. The
+        # arena emptying by itself says so only once the store has reserved its chunks there; a store the server
+        # takes up after the engine went idle would find it empty at first, so the disk tier's bytes are waited
+        # for too (``expected_bytes``: the context's; a store that stays short is recorded short, not waited out)
+        if wait_for_store is not None and expected_bytes:
+            _wait_for_bytes(meter, before, expected_bytes)
         stored = wait_for_store() if wait_for_store is not None else None
         diagnose = getattr(self.tier, "store_diagnostics", None)
         settled = meter.snapshot() if diagnose is not None else None  # before the memory copy is dropped

@@ -371,7 +371,7 @@ def run_model(cfg: CrossoverParams, model: str, run_dir: Path, tier_name: str = 
         for n in cfg.CONTEXT_TOKENS_GRID:
             ctx = Context.random(f"{model}-{n}", n, bench.vocab, cfg.SEED)
             if bench.has_disk_tier:
-                store = bench.store(ctx)
+                store = bench.store(ctx, expected_bytes=n * kvt)
                 store.update(model=model, context_tokens=n, context_bytes=n * kvt)
                 record.append_jsonl("stores.jsonl", store)
                 if store["write_errors"] or store["bytes_written"] < n * kvt:
