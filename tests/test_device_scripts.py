@@ -145,7 +145,11 @@ def test_a_report_says_the_code_was_as_committed_where_only_other_files_differ()
     from kmesh_lib.app.report import commit_text as commit_line
 
     outside = commit_line({"commit": "c4eaf58df456aa", "dirty": True, "num_changed": 300, "code_changed": False})
-    assert outside == "c4eaf58df456 (uncommitted changes); the code as committed, 300 other file(s) differ"
+    assert outside == "c4eaf58df456, the code as committed (300 file(s) outside the code differ)"
+    # the header names where they are (the record keeps the first few), not "uncommitted changes" before it
+    listed = commit_line({"commit": "c4eaf58df456aa", "dirty": True, "num_changed": 419, "code_changed": False,
+                          "changed": ["D outputs/crossover/a/env.json", "D outputs/retention/b/env.json"]})
+    assert listed == "c4eaf58df456, the code as committed (419 file(s) outside the code differ, among them outputs/)"
     inside = commit_line({"commit": "c4eaf58df456aa", "dirty": True, "num_changed": 3, "code_changed": True})
     assert inside == "c4eaf58df456 (uncommitted changes)"
     old = commit_line({"commit": "c4eaf58df456aa", "dirty": True})

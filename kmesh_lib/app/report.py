@@ -343,10 +343,13 @@ def findings_html(rows: list[dict] | None) -> str:
 def commit_text(git: dict) -> str:
     """The run's commit as its header shows it: 12 digits, and whether the tree differed from it; where the record
     says only files outside the code differed (``base.provenance``), that the code was the commit's."""
-    text = (git.get("commit") or "unknown")[:12] + (" (uncommitted changes)" if git.get("dirty") else "")
-    if git.get("dirty") and git.get("code_changed") is False:
-        text += f"; the code as committed, {git.get('num_changed')} other file(s) differ"
-    return text
+    commit = (git.get("commit") or "unknown")[:12]
+    if git.get("dirty") and git.get("code_changed") is False:  # e.g. outputs/ set aside for a device call
+        tops = sorted({path.split()[-1].split("/")[0] + ("/" if "/" in path else "") for path in git.get("changed") or []})
+        partial = len(git.get("changed") or []) < (git.get("num_changed") or 0)  # the record keeps the first few
+        where = (f", among them {', '.join(tops)}" if partial else f": {', '.join(tops)}") if tops else ""
+        return f"{commit}, the code as committed ({git.get('num_changed')} file(s) outside the code differ{where})"
+    return commit + (" (uncommitted changes)" if git.get("dirty") else "")
 
 
 def header_html(section: ModuleType, run: RunFiles, left_out: LeftOut, answer: str | None, answer_error: str,
