@@ -35,10 +35,22 @@ record whose details changed is stored as computed now, and listed), raw/, env.j
 the pass and its WHY go under ``migration.rebuilt``, and the run must verify with the same failed checks.
 
     python scripts/migrate_declared_results.py --rebuilt-tables "WHY" RUN_DIR ...
+
+``--redrawn-figures WHY`` draws a published run's figures again from its own files, as its notebook draws them (the
+section's ``figures(run, out_dir)``, which the notebook's cells call too), after the figure code changed: each
+``figures/<name>`` whose pixels differ from the redraw is replaced (a palette PNG where that is a fifth smaller, as
+publish stores it: ``app.compact.palette_figures``), and the pass (WHY, each figure replaced, the rest unchanged) goes
+under ``migration.redrawn``. results.json's tables and checks, raw/, env.json and params.resolved.yaml stay; the
+executed notebook keeps its outputs, each image output still referring to its figures/ file (so it shows the redrawn
+one), its ``metadata.kmesh_figure.displayed`` the image the notebook displayed when it ran and ``redrawn`` the pass.
+Re-render the report after (``kmesh report``).
+
+    python scripts/migrate_declared_results.py --redrawn-figures "WHY" RUN_DIR ...
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import sys
@@ -378,6 +390,101 @@ def _rebuild_tables_recorded(run_dir: Path, section, key: str, why: str, results
     return note
 
 
+def _pixels(path: Path):
+    """The figure's pixels as RGB (a palette PNG and the RGBA one it was made from compare by what they show)."""
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(path) as im:
+        return np.asarray(im.convert("RGB"))
+
+
+def redraw_figures(run_dir: Path, why: str) -> dict:
+    """The ``--redrawn-figures`` pass over one run (module docstring); returns its note. Raises Refused."""
+    import tempfile
+
+    import numpy as np
+
+    from kmesh_lib.app.compact import FIGURES, compact_notebook, palette_figures
+
+    key = f"{run_dir.parent.name}/{run_dir.name}"
+    section = sections.get(read_json_object(run_dir / "results.json").get("section") or run_dir.parent.name)
+    draw = getattr(section, "figures", None)
+    if draw is None:
+        raise Refused(f"{key}: section {section.KEY} declares no figures(run, out_dir) to redraw them with")
+    kept_files = {name: (run_dir / name).read_bytes() for name in ("results.json", "env.json", "params.resolved.yaml")}
+    before = verify(section, RunFiles(run_dir))
+    redrawn, unchanged, not_published = {}, [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)  # laid out as the run: figures/ stored as publish stores them, then compared by their pixels
+        drawn = draw(RunFiles(run_dir), out / FIGURES)
+        palette_figures(out, section.NOTEBOOK)  # no notebook there: the files alone
+        for name in drawn:
+            published, now_path = run_dir / FIGURES / name, out / FIGURES / name
+            if not published.is_file():  # the notebook as it ran drew no such figure: its outputs name none to show it
+                not_published.append(name)
+                continue
+            was, now = _pixels(published), _pixels(now_path)
+            if was.shape == now.shape and np.array_equal(was, now):
+                unchanged.append(name)
+                continue
+            redrawn[name] = (f"{was.shape[1]}x{was.shape[0]} px -> {now.shape[1]}x{now.shape[0]} px" if was.shape != now.shape
+                             else f"{int(np.any(was != now, axis=2).sum())} of {was.shape[0] * was.shape[1]} pixels differ")
+        if not redrawn:
+            return {"skipped": f"every figure is as the code draws it ({', '.join(unchanged) or 'none drawn'})"}
+        stored = {}
+        for name in redrawn:
+            data = (out / FIGURES / name).read_bytes()
+            (run_dir / FIGURES / name).write_bytes(data)
+            stored[f"{FIGURES}/{name}"] = hashlib.sha256(data).hexdigest()
+    revision = git_revision()  # dirty: the code that drew them is not yet that commit's (not yet committed)
+    note = {"when_utc": _now(), "by": "scripts/migrate_declared_results.py --redrawn-figures",
+            "commit": revision.get("commit"), "dirty": revision.get("dirty"), "why": why,
+            "figures_redrawn": {f"{FIGURES}/{n}": d for n, d in redrawn.items()},
+            "figures_unchanged": [f"{FIGURES}/{n}" for n in unchanged],
+            "notebook": ("the executed notebook's outputs are as it ran; each image output refers to its figures/ file "
+                         "and so shows the redrawn figure; its metadata.kmesh_figure.displayed is the image displayed "
+                         "when the notebook ran, its redrawn this pass")}
+    if not_published:
+        note["not_published"] = not_published  # drawn now, never shown by the notebook as it ran: left out
+    _mark_notebook(run_dir / section.NOTEBOOK, stored, {k: note[k] for k in ("when_utc", "by", "why")})
+    compact_notebook(run_dir, section.NOTEBOOK)  # nbformat wrote it indented: back to the published format
+    results = read_json_object(run_dir / "results.json")
+    migration = results.get("migration") if isinstance(results.get("migration"), dict) else {}
+    migration.setdefault("redrawn", []).append(note)
+    results["migration"] = migration
+    write_json_atomic(run_dir / "results.json", results, compact=True)
+    if any((run_dir / name).read_bytes() != data for name, data in kept_files.items() if name != "results.json"):
+        raise Refused(f"{key}: env.json or params.resolved.yaml changed (never: they are the record)")
+    note["public"] = rebuild_public(run_dir)
+    after = verify(section, RunFiles(run_dir))
+    if after.record_problems or sorted(c.name for c in after.checks if c.status == "failed") != \
+            sorted(c.name for c in before.checks if c.status == "failed"):
+        (run_dir / "results.json").write_bytes(kept_files["results.json"])
+        rebuild_public(run_dir)
+        raise Refused(f"{key}: does not verify as before after the redraw ({after.summary()}); results.json restored "
+                      "(the figures stay redrawn)")
+    note["verify_after"] = after.summary()
+    return note
+
+
+def _mark_notebook(path: Path, stored: dict[str, str], mark: dict) -> None:
+    """Adds ``mark`` with the file's new SHA-256 to ``metadata.kmesh_figure.redrawn`` of each image output of the
+    notebook that shows one of ``stored`` (figures/<name> -> SHA-256; appended: a figure redrawn twice keeps both
+    passes); ``displayed`` stays the image the notebook displayed when it ran."""
+    import nbformat
+
+    if not path.is_file():
+        return
+    nb = nbformat.read(str(path), as_version=4)
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            figure = out.get("metadata", {}).get("kmesh_figure")
+            if figure and figure.get("file") in stored:
+                figure["redrawn"] = [*figure.get("redrawn", []), {**mark, "sha256": stored[figure["file"]]}]
+    nbformat.write(nb, str(path))
+
+
 def default_runs() -> list[Path]:
     published = sorted(p for p in (REPO_ROOT / "outputs").glob("*/*") if (p / "results.json").is_file())
     known = set(sections.SECTIONS)
@@ -395,10 +502,13 @@ def main(argv=None) -> int:
     ap.add_argument("--rebuilt-tables", metavar="WHY",
                     help="store each declared table as the code now builds it (a column added, a figure computed "
                          "otherwise), every check's status unchanged; WHY is recorded with the pass")
+    ap.add_argument("--redrawn-figures", metavar="WHY",
+                    help="draw each run's figures again from its files as its notebook draws them (the section's "
+                         "figures()) and replace those that differ; WHY is recorded with the pass")
     ap.add_argument("--public-only", action="store_true",
                     help="only build public-results.json again (the document gained a field; the record is unchanged)")
     args = ap.parse_args(argv)
-    if args.dry_run and (args.renamed_arms or args.rebuilt_tables or args.public_only):
+    if args.dry_run and (args.renamed_arms or args.rebuilt_tables or args.redrawn_figures or args.public_only):
         ap.error("--dry-run previews the declared-results pass only: --renamed-arms, --rebuilt-tables and "
                  "--public-only write (run them on a copy to preview)")
     run_dirs = args.run_dirs or default_runs()
@@ -426,6 +536,19 @@ def main(argv=None) -> int:
                 continue
             print(f"{key}: tables {note.get('tables_rebuilt', {})}, checks redetailed "
                   f"{len(note.get('checks_redetailed', []))}; {note.get('verify_after', note.get('skipped'))}")
+            continue
+        if args.redrawn_figures:
+            section = sections.get(read_json_object(run_dir / "results.json").get("section") or run_dir.parent.name)
+            if not hasattr(section, "figures"):  # a section that draws no figure from its record yet (default runs)
+                continue
+            try:
+                note = redraw_figures(run_dir.resolve(), args.redrawn_figures)
+            except Refused as e:
+                print(f"REFUSED {e}")
+                status = 1
+                continue
+            print(f"{key}: figures redrawn {note.get('figures_redrawn', {})}; "
+                  f"{note.get('verify_after', note.get('skipped'))}")
             continue
         if args.public_only:
             print(f"{key}: {rebuild_public(run_dir.resolve())}")

@@ -173,7 +173,7 @@ def test_a_row_whose_own_recompute_is_missing_at_one_length_is_over_the_lmcache_
                                               "LMCache engine's recompute; ")
     fig = cr.heatmaps(table, tmp_path / "heat.png", crossover=[xo])
     (ax,) = [a for a in fig.axes if a.get_title().startswith("gpubuf_retained")]
-    assert ax.get_title() == "gpubuf_retained restore vs recompute"
+    assert ax.get_title() == "gpubuf_retained restore\nvs recompute"
     assert sorted(t.get_text() for t in ax.texts) == ["4.00x", "8.00x"]
     plt.close(fig)
 

@@ -143,7 +143,7 @@ def test_each_heatmap_panel_names_the_recompute_arm_it_is_over(tmp_path):
     table = _arms({"recompute": 156.0, "dram": 84.5, "native_recompute": 158.0, "native_offload": 51.2})
     fig = cr.heatmaps(table, tmp_path / "h.png")
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
-    assert titles == ["dram restore vs recompute", "native_offload restore vs native_recompute"], titles
+    assert titles == ["dram restore\nvs recompute", "native_offload restore\nvs native_recompute"], titles
     plt.close("all")
 
 
@@ -175,11 +175,11 @@ def test_a_heatmap_panel_names_only_the_recompute_arms_its_cells_are_over(tmp_pa
              + _arms({"recompute": 100.0, "dram": 50.0, "native_offload": 40.0}, model="b"))
     fig = cr.heatmaps(table, tmp_path / "h.png")
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
-    assert titles == ["dram restore vs recompute",
-                      "native_offload restore vs native_recompute (a) / recompute (b)"], titles
+    assert titles == ["dram restore\nvs recompute",
+                      "native_offload restore\nvs native_recompute (a) / recompute (b)"], titles
     fig = cr.heatmaps(table[:4] + table[4:6], tmp_path / "h2.png")  # b has no native_offload: no cell, not named
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
-    assert titles == ["dram restore vs recompute", "native_offload restore vs native_recompute"], titles
+    assert titles == ["dram restore\nvs recompute", "native_offload restore\nvs native_recompute"], titles
     plt.close("all")
 
 

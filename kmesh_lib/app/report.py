@@ -388,6 +388,9 @@ def header_html(section: ModuleType, run: RunFiles, left_out: LeftOut, answer: s
                  if isinstance(m, dict)]  # a vocabulary pass: tables and check names rebuilt, the captures untouched
         said += [f"{m.get('when_utc', '')[:10]}: tables rebuilt ({', '.join(m.get('tables_rebuilt') or {})}): "
                  f"{m.get('why', '')}" for m in migration.get("rebuilt") or [] if isinstance(m, dict)]
+        said += [f"{m.get('when_utc', '')[:10]}: figures redrawn from the record "
+                 f"({', '.join(Path(f).name for f in m.get('figures_redrawn') or {})}): {m.get('why', '')}"
+                 for m in migration.get("redrawn") or [] if isinstance(m, dict)]  # the notebook's outputs as executed
         if set(migration) - {"provenance"}:
             # the passes fold under the links: a dozen of them in the table pushed the run's own rows off the screen
             rows.append(("migrated", f"{len(said)} pass{'es' * (len(said) != 1)} since it was measured, the last on "

@@ -4,6 +4,7 @@ from kmesh_lib.sections.crossover.captures import CAPTURES
 from kmesh_lib.sections.crossover.checks import checks, counts
 from kmesh_lib.sections.crossover.experiment import plan
 from kmesh_lib.sections.crossover.params import CrossoverParams as Params
+from kmesh_lib.sections.crossover.plots import figures
 from kmesh_lib.sections.crossover.summary import answer, findings, headline, public_results, replications, verdict
 from kmesh_lib.sections.crossover.tables import TABLES
 
@@ -17,4 +18,4 @@ QUESTION = "When does restoring KV beat recomputing it?"
 declare(KEY, Params, CAPTURES)
 
 __all__ = ["CAPTURES", "KEY", "NOTEBOOK", "NUMBER", "Params", "QUESTION", "TABLES", "TITLE", "USES_ENGINE", "answer", "checks",
-           "counts", "findings", "headline", "plan", "public_results", "replications", "verdict"]
+           "counts", "figures", "findings", "headline", "plan", "public_results", "replications", "verdict"]

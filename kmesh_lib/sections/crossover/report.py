@@ -690,8 +690,11 @@ def heatmaps(table: list[dict], path_out, title: str = "", crossover: list[dict]
         return nothing_measured(path_out, "no restore path measured", missing, title)
     cols = min(len(paths), 3)
     rows_n = -(-len(paths) // cols)
-    fig, axes = plt.subplots(rows_n, cols, figsize=(4.2 * cols, (0.6 * len(models) + 1.6) * rows_n + 0.3), squeeze=False,
-                             sharey=True, layout="constrained")  # one set of model labels per row of panels
+    # one panel at least 6.4 in wide: at 4.2 its title ran over the colour bar's label and its intervals over the
+    # cells' edges (7848's lmcache_mp panel)
+    size = (max(4.2 * cols, 6.4), (0.6 * len(models) + 1.6) * rows_n + 0.3)
+    fig, axes = plt.subplots(rows_n, cols, figsize=size, squeeze=False, sharey=True,
+                             layout="constrained")  # one set of model labels per row of panels
     for ax in axes.flat[len(paths):]:
         ax.set_visible(False)
     for ax, path in zip(axes.flat, paths):
@@ -712,7 +715,8 @@ def heatmaps(table: list[dict], path_out, title: str = "", crossover: list[dict]
                             color="white" if abs(grid[i, j]) > 2 else "black")  # legible on the darkest cells
         ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
         ax.set_yticks(range(len(models)), models)
-        ax.set(xlabel="context tokens", title=f"{path} restore vs {_controls_named(controls, grid, models)}")
+        # on two lines: "gpubuf_retained restore vs gpubuf_recompute" on one ran into its neighbour's (89ce's redraw)
+        ax.set(xlabel="context tokens", title=f"{path} restore\nvs {_controls_named(controls, grid, models)}")
     fig.colorbar(im, ax=axes.ravel().tolist(), label="log2 speed-up (blue: restore wins)")
     if title:
         fig.suptitle(title, fontsize=9)
