@@ -100,6 +100,10 @@ def test_every_table_and_plot_of_a_run_with_no_restore_path_says_what_it_lacks_a
     assert "store_short" in section.answer(run)
     assert section.verdict(run) == ["No verdict: no measured row has both a restore and the recompute control "
                                     "(tiny lmcache_mp child: store_short)."]
+    # the first screen's findings table names the planned restore path, not measured, and its child's status (01f9's
+    # report had no findings table at all)
+    assert section.findings(run) == [{"restore": "LMCache server (MP, DRAM)",
+                                      "tiny": "not measured (lmcache_mp child: store_short)"}]
 
 
 @pytest.mark.parametrize("summary, says", [

@@ -932,6 +932,14 @@ def findings(run: RunFiles) -> list[dict]:
             rows.setdefault(path, {"restore": LABEL[path]})[model] = (
                 (f"from {_n(point)} tokens" if point is not None else "never")
                 + f"; {_speedup(r, longest)} at {_n(longest)}" + recompute)
+    # a planned restore path with no crossover row at all still gets its row: not measured, and its child's status
+    # (060001-01f9: the server tier's child finished store_short, and the first screen had no table to say so)
+    measured = {(model, path) for model, paths in _by_model(tables["crossover"]).items() for path in paths}
+    for g in gaps.unmeasured(run, report.RESTORES):
+        for path in g["arms"].split(", "):
+            if (g["model"], path) not in measured:
+                rows.setdefault(path, {"restore": LABEL.get(path, path)})[g["model"]] = (
+                    f"not measured ({g['tier']} child: {g['child']})")
     return list(rows.values())[:10]
 
 
