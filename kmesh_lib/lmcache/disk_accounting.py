@@ -107,6 +107,27 @@ class Snapshot:
     device_write_bytes: int | None = None
 
 
+def wait_for_written(meter, before: Snapshot, nbytes: int, timeout_s: float, written=None, poll=None) -> Snapshot:
+    """The meter's snapshot once the bytes written to the disk tier since ``before`` reach ``nbytes``, a write error
+    shows, or ``timeout_s`` has passed, whichever comes first (a store that stays short is the caller's to record).
+    ``written(snapshot)``: the bytes written since ``before`` (default: the byte hook's); ``poll``: called between
+    looks (a tier's ``settle``). The MP connector hands a worker's stores to the server asynchronously, so its queues
+    can be idle before the store's last chunks reach them: a store is over when its bytes are on the disk tier."""
+    import time
+
+    def since(snap: Snapshot) -> int:
+        return written(snap) if written is not None else snap.hook_write_bytes - before.hook_write_bytes
+
+    deadline = time.monotonic() + timeout_s
+    after = meter.snapshot()
+    while since(after) < nbytes and after.hook_write_errors == before.hook_write_errors and time.monotonic() < deadline:
+        time.sleep(0.02)
+        if poll is not None:
+            poll()
+        after = meter.snapshot()
+    return after
+
+
 @dataclass
 class PhaseReads:
     """What one phase read from the disk tier, by each count."""

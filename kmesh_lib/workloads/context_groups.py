@@ -53,7 +53,7 @@ from kmesh_lib.kv.disk_tier import DiskTierFull, check_disk_tier
 from kmesh_lib.kv.gpu_buffer import GpuBufferTier
 from kmesh_lib.kv.offloading import NativeOffloadTier
 from kmesh_lib.lmcache.connect import InprocTier, MPTier, TierError, keep_engine_rendezvous_local
-from kmesh_lib.lmcache.disk_accounting import MIB, NullMeter, PhaseReads
+from kmesh_lib.lmcache.disk_accounting import MIB, NullMeter, PhaseReads, wait_for_written
 from kmesh_lib.lmcache.lookups import READS, summarize
 from kmesh_lib.workloads.context_arms import ARMS, CONTROL_ARMS, EXTERNAL_ARMS, pair_order
 from kmesh_lib.workloads.context_params import MP_PATHS, ArrivalPattern
@@ -339,16 +339,9 @@ class Block:
             return (snap.hook_write_bytes - before.hook_write_bytes if hooked
                     else snap.disk_tier_bytes - before.disk_tier_bytes)
 
-        # NOTE: the MP connector hands the worker's stores to the server asynchronously, so the server's
-        # queues can be idle (settle returns) before the last chunks reach them (seen on the H200: 1 of
-        # 16 chunks written when settle returned). The store is over when the bytes are on the disk tier.
-        deadline = time.monotonic() + STORE_TIMEOUT_S
-        after = meter.snapshot()
-        while (written_since(after) < self.context_bytes and after.hook_write_errors == before.hook_write_errors
-               and time.monotonic() < deadline):
-            time.sleep(0.02)
-            self.tier.settle()
-            after = meter.snapshot()
+        # the server's queues can be idle (settle returns) before the last chunks reach them (seen on the H200:
+        # 1 of 16 chunks written when settle returned)
+        wait_for_written(meter, before, self.context_bytes, STORE_TIMEOUT_S, written_since, self.tier.settle)
         self.tier.drop_memory_copy()
         after = meter.snapshot()
         written = written_since(after)

@@ -56,6 +56,7 @@ from kmesh_lib.engine.requests import RequestSpec, group_makespan_s, run_group
 from kmesh_lib.kv.offloading import VllmConnectorMeter
 from kmesh_lib.kv.offloading import request_split as offload_split
 from kmesh_lib.kv.restore_timeline import request_split as gpu_buffer_split
+from kmesh_lib.lmcache.disk_accounting import wait_for_written
 from kmesh_lib.lmcache.probes import ComponentProbe, ExternalSwitch
 
 ARMS_OF_TIER = {"lmcache": ("recompute", "dram", "disk", "resident"),
@@ -167,16 +168,6 @@ def host_state(clocks: GpuClocks | None = None) -> dict:
 STORE_BYTES_TIMEOUT_S = 120.0  # the longest store (7B, 32,512 tokens: 1.86 GB) writes in about 1.3 s on the H100
 
 
-def _wait_for_bytes(meter, before, expected_bytes: int) -> bool:
-    """Whether the tier's disk writes since ``before`` reached ``expected_bytes`` within ``STORE_BYTES_TIMEOUT_S``."""
-    deadline = time.monotonic() + STORE_BYTES_TIMEOUT_S
-    while meter.snapshot().hook_write_bytes - before.hook_write_bytes < expected_bytes:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 class RestoreBench:
     """One engine, its external tier (``lmcache.connect``, ``kv.gpu_buffer`` or ``kv.offloading``),
     the off switch and the component probe. ``tier_name`` is the tier's row in ``ARMS_OF_TIER``."""
@@ -240,7 +231,7 @@ class RestoreBench:
         # takes up after the engine went idle would find it empty at first, so the disk tier's bytes are waited
         # for too (``expected_bytes``: the context's; a store that stays short is recorded short, not waited out)
         if wait_for_store is not None and expected_bytes:
-            _wait_for_bytes(meter, before, expected_bytes)
+            wait_for_written(meter, before, expected_bytes, STORE_BYTES_TIMEOUT_S)
         stored = wait_for_store() if wait_for_store is not None else None
         diagnose = getattr(self.tier, "store_diagnostics", None)
         settled = meter.snapshot() if diagnose is not None else None  # before the memory copy is dropped
