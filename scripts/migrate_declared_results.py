@@ -304,24 +304,13 @@ def rename_arms(run_dir: Path) -> dict:
         note["tables_rebuilt"] = changed_tables
     if renamed_checks:
         note["checks_renamed"] = renamed_checks
-    migration = results.get("migration") if isinstance(results.get("migration"), dict) else {}
-    migration.setdefault("renamed", []).append(note)
-    results["migration"] = migration
-    write_json_atomic(write, results, compact=True)
-    if any((run_dir / name).read_bytes() != data for name, data in kept_files.items()):
-        write.write_text(original_text, encoding="utf-8")  # as every other refusal: the run stays as it was
-        raise Refused(f"{key}: env.json or params.resolved.yaml changed (never: they are the record); results.json "
-                      "restored")
-    note["public"] = rebuild_public(run_dir)
-    after = verify(section, RunFiles(run_dir))
     failed = sorted(n for n, rec in kept.items() if rec.get("status") == "failed")
-    if after.record_problems or sorted(c.name for c in after.checks if c.status == "failed") != failed:
+    try:
+        return _record_pass(run_dir, section, key, results, "renamed", note, kept_files, failed, "the rename")
+    except Refused:  # as every other refusal: the run stays as it was
         write.write_text(original_text, encoding="utf-8")
         rebuild_public(run_dir)
-        raise Refused(f"{key}: does not verify as recorded after the rename ({after.summary()}); results.json "
-                      "restored, public-results.json rebuilt from it")
-    note["verify_after"] = after.summary()
-    return note
+        raise
 
 
 def rebuild_tables(run_dir: Path, why: str) -> dict:
@@ -350,7 +339,6 @@ def rebuild_tables(run_dir: Path, why: str) -> dict:
 def _rebuild_tables_recorded(run_dir: Path, section, key: str, why: str, results: dict, changed_tables: dict,
                              kept_files: dict) -> dict:
     """``rebuild_tables`` once results.json holds the rebuilt tables: the checks, the note, the verify after."""
-    write = run_dir / "results.json"
     checks = {c.name: c for c in section.checks(RunFiles(run_dir))}
     recorded = results.get("checks") or {}
     redetailed = []
@@ -373,19 +361,28 @@ def _rebuild_tables_recorded(run_dir: Path, section, key: str, why: str, results
             "commit": revision.get("commit"), "dirty": revision.get("dirty"), "why": why, "tables_rebuilt": changed_tables}
     if redetailed:
         note["checks_redetailed"] = redetailed
+    failed = sorted(n for n, rec in recorded.items() if rec.get("status") == "failed")
+    return _record_pass(run_dir, section, key, results, "rebuilt", note, kept_files, failed, "the rebuild")
+
+
+def _record_pass(run_dir: Path, section, key: str, results: dict, kind: str, note: dict, kept_files: dict,
+                 failed: list[str], what: str) -> dict:
+    """Appends ``note`` to results.json's ``migration.<kind>`` and holds the run to its record after the pass:
+    env.json and params.resolved.yaml as they were (``kept_files``), public-results.json built again, and verify with
+    no record problem and the same failed checks (``failed``). Returns the note with the verify summary; raises
+    Refused, the caller restoring what its pass changed."""
     migration = results.get("migration") if isinstance(results.get("migration"), dict) else {}
-    migration.setdefault("rebuilt", []).append(note)
+    migration.setdefault(kind, []).append(note)
     results["migration"] = migration
-    write_json_atomic(write, results, compact=True)
+    write_json_atomic(run_dir / "results.json", results, compact=True)
     if any((run_dir / name).read_bytes() != data for name, data in kept_files.items()):
         raise Refused(f"{key}: env.json or params.resolved.yaml changed (never: they are the record); results.json "
                       "restored")
-    failed = sorted(n for n, rec in recorded.items() if rec.get("status") == "failed")
     note["public"] = rebuild_public(run_dir)
     after = verify(section, RunFiles(run_dir))
     if after.record_problems or sorted(c.name for c in after.checks if c.status == "failed") != failed:
-        raise Refused(f"{key}: does not verify as recorded after the rebuild ({after.summary()}); results.json "
-                      "and public-results.json restored")
+        raise Refused(f"{key}: does not verify as recorded after {what} ({after.summary()}); results.json and "
+                      "public-results.json restored")
     note["verify_after"] = after.summary()
     return note
 
@@ -412,7 +409,7 @@ def redraw_figures(run_dir: Path, why: str) -> dict:
     draw = getattr(section, "figures", None)
     if draw is None:
         raise Refused(f"{key}: section {section.KEY} declares no figures(run, out_dir) to redraw them with")
-    kept_files = {name: (run_dir / name).read_bytes() for name in ("results.json", "env.json", "params.resolved.yaml")}
+    kept_files = {name: (run_dir / name).read_bytes() for name in ("env.json", "params.resolved.yaml")}
     before = verify(section, RunFiles(run_dir))
     redrawn, unchanged, not_published = {}, [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -449,23 +446,15 @@ def redraw_figures(run_dir: Path, why: str) -> dict:
         note["not_published"] = not_published  # drawn now, never shown by the notebook as it ran: left out
     _mark_notebook(run_dir / section.NOTEBOOK, stored, {k: note[k] for k in ("when_utc", "by", "why")})
     compact_notebook(run_dir, section.NOTEBOOK)  # nbformat wrote it indented: back to the published format
-    results = read_json_object(run_dir / "results.json")
-    migration = results.get("migration") if isinstance(results.get("migration"), dict) else {}
-    migration.setdefault("redrawn", []).append(note)
-    results["migration"] = migration
-    write_json_atomic(run_dir / "results.json", results, compact=True)
-    if any((run_dir / name).read_bytes() != data for name, data in kept_files.items() if name != "results.json"):
-        raise Refused(f"{key}: env.json or params.resolved.yaml changed (never: they are the record)")
-    note["public"] = rebuild_public(run_dir)
-    after = verify(section, RunFiles(run_dir))
-    if after.record_problems or sorted(c.name for c in after.checks if c.status == "failed") != \
-            sorted(c.name for c in before.checks if c.status == "failed"):
-        (run_dir / "results.json").write_bytes(kept_files["results.json"])
+    original = (run_dir / "results.json").read_bytes()
+    failed = sorted(c.name for c in before.checks if c.status == "failed")
+    try:
+        return _record_pass(run_dir, section, key, read_json_object(run_dir / "results.json"), "redrawn", note,
+                            kept_files, failed, "the redraw (the figures stay redrawn)")
+    except Refused:
+        (run_dir / "results.json").write_bytes(original)
         rebuild_public(run_dir)
-        raise Refused(f"{key}: does not verify as before after the redraw ({after.summary()}); results.json restored "
-                      "(the figures stay redrawn)")
-    note["verify_after"] = after.summary()
-    return note
+        raise
 
 
 def _mark_notebook(path: Path, stored: dict[str, str], mark: dict) -> None:
