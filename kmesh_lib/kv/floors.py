@@ -321,9 +321,10 @@ class OwnRead:
     of ``path`` (one file, written with O_DIRECT) exactly as the tier reads its disk copy and returns the seconds its
     reads took; ``chunk_bytes`` and ``queue_depth`` say how it reads (recorded beside its seconds), ``name`` whose
     code it is. The GPU buffer's: ``BufferArena.read_seconds`` (its chunks, one read in flight, into its pinned
-    staging slots). On the H100 of 6 Dec 2026 (run gpu-20261206-060006-9c9b, not published; 7B, 1,024 tokens) the
-    tier's restores read the context at 1.65-1.94 GB/s, this module's reads of the same bytes at one in flight in
-    16 MiB chunks into ordinary pages at medians of 1.34 and 1.54 GB/s, and the sweep's fastest median was 1.62-1.71 GB/s."""
+    staging slots). On the H100 of 6 Dec 2026 (run gpu-20261206-060006-9c9b, published failed, then withdrawn for
+    b298, which timed this way; 7B, 1,024 tokens) the tier's restores read the context at 1.65-1.94 GB/s, this
+    module's reads of the same bytes at one in flight in 16 MiB chunks into ordinary pages at medians of 1.34 and
+    1.54 GB/s, and the sweep's fastest median was 1.62-1.71 GB/s."""
 
     name: str
     read: Callable[[Path, int], float]
