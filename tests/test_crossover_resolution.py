@@ -577,3 +577,32 @@ def test_the_floor_verdict_judges_the_interval_widened_for_the_streaks_the_resto
     assert cr.widened(10.0, 9.0, 12.0, float("inf")) == (float("-inf"), float("inf"))
     assert cr._judged((float("-inf"), float("inf")), [1.0, 1.1], True).startswith("unresolved")
     assert cr._bounds((float("-inf"), 2.0)) == [None, 2.0]
+
+
+def test_the_resolution_table_pairs_the_forward_passes_of_the_same_pairs():
+    """The forward-pass difference set beside a paired first token comes from the same pairs (review finding, 6 Dec
+    2026: b298's summary read the grid's repeats): each pair's restore less its resident partner, median and 95%
+    interval over the pairs where both record a pass; a path whose pairs record none has none of the columns."""
+    from kmesh_lib.base.intervals import median_of_differences
+
+    k = 16
+    rows = _pairs("gpubuf_retained", [1.38] * k, [21.0] * k, [20.0] * k)
+    # the restore's pass 0.2 ms faster than its partner's, drifting by 5 ms over the pairs in both alike; pair 3's
+    # resident follow-up records no pass, so that pair is left out
+    for r in rows:
+        drift = 0.3 * r["pair"]
+        r["forward_step_s"] = (None if (r["pair"], r["role"]) == (3, "resident") else
+                               (13.0 + drift + (-0.2 + 0.01 * (r["pair"] % 3) if r["role"] == "restore" else 0)) / 1e3)
+    floors = [{"model": "m", "context_tokens": N, "tier": "gpubuf", "when": "before", "floors": {"device": {"median_s": 0.0013}}}]
+    (row,) = cr.resolution_table(as_pair_rows(rows), as_point_floors(floors))
+    diffs = [-0.2 + 0.01 * (p % 3) for p in range(k) if p != 3]
+    median, low, high = median_of_differences(diffs)
+    assert row["num_forward_pairs"] == k - 1 and row["num_pairs"] == k
+    assert row["forward_difference_ms"] == pytest.approx(median, abs=1e-4)
+    assert row["forward_difference_ci_ms"] == pytest.approx([low, high], abs=1e-4) and high < 0
+    # LMCache's DRAM pairs record no forward pass: none of the three columns
+    dram = _pairs("dram", [14.0] * k, [21.0] * k, [20.0] * k)
+    dram_floors = [{"model": "m", "context_tokens": N, "tier": "lmcache", "when": "before",
+                    "floors": {"copy": {"median_s": 0.013}}}]
+    (plain,) = cr.resolution_table(as_pair_rows(dram), as_point_floors(dram_floors))
+    assert not {"forward_difference_ms", "forward_difference_ci_ms", "num_forward_pairs"} & set(plain)

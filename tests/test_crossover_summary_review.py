@@ -219,32 +219,41 @@ def test_why_splits_a_recompute_on_another_engine_against_that_engines_resident(
         tables, "m", {"native_offload": own})
 
 
-def test_a_first_token_below_its_floor_says_the_same_points_faster_forward_pass():
+def test_a_first_token_below_its_floor_says_what_the_same_pairs_forward_passes_did():
     """b298's 7B GPU buffer at 32,512: the retained restore's paired first token +0.753 ms [+0.610, +1.003] against a
-    1.26-1.30 ms copy floor read below its floor, while the same point's forward_steps row measured its follow-up's
-    forward pass 0.571 ms [0.448, 1.022] faster than the resident's, a difference the first token holds. Both readings
-    say so now; the verdict stays as judged, and a forward pass whose interval holds 0 (16,384 there) adds nothing."""
+    1.26-1.30 ms copy floor read below its floor. The sentence set beside it the grid's forward_steps (its repeats,
+    -0.57 ms), not the pairs it judges, whose own forward passes differed by -0.216 ms [-0.269, -0.185]. Now the pairs'
+    own difference is said, with its interval: faster or slower where that lies wholly off 0, no measurable difference
+    where it holds 0; the verdict stays as judged, and a row whose pairs record no forward pass adds nothing."""
     below = "below its floor (a method problem, not a result)"
     paired = {"model": "m", "context_tokens": N, "path": "gpubuf_retained", "num_pairs": 64, "num_restores": 64,
               "span_ms": 1.378, "span_ci_ms": [1.374, 1.380], "floor_ms": [1.259, 1.301],
               "span_verdict": "1.06\u20131.10\u00d7 its floor", "ttft_difference_ms": 0.753,
-              "ttft_difference_ci_ms": [0.610, 1.003], "ttft_verdict": below, "resolved": True}
-    faster = {"model": "m", "context_tokens": N, "path": "gpubuf_retained", "difference_ms": -0.571,
-              "difference_ci_ms": [-1.022, -0.448]}
-    said = ("; the restored follow-up's forward pass ran 0.57 ms [0.45, 1.02] faster than the resident's here "
-            "(forward_steps table), and the first-token difference includes that")
+              "ttft_difference_ci_ms": [0.610, 1.003], "ttft_verdict": below, "resolved": True,
+              "forward_difference_ms": -0.216, "forward_difference_ci_ms": [-0.268, -0.186], "num_forward_pairs": 64}
+    faster = ("; in the same pairs the restored follow-up's forward pass ran 0.216 ms [0.186, 0.268] faster than its "
+              "resident partner's, which the first-token difference includes")
     tables = {"floor_distance": [{"model": "m", "context_tokens": N, "path": "gpubuf_retained", "restore_cost_ms": 0.9,
                                   "transfer_floor_ms": 1.28, "x_floor": 0.7}],
-              "restore_resolution": [paired], "forward_steps": [faster]}
+              "restore_resolution": [paired],
+              # the grid's repeats at the same point: no longer what the sentence reads
+              "forward_steps": [{"model": "m", "context_tokens": N, "path": "gpubuf_retained", "difference_ms": -0.571,
+                                 "difference_ci_ms": [-1.022, -0.448]}]}
     [line] = summary._floor_sentences(tables, N)
-    assert f"against the floor measured around the point: {below}{said}." in line
-    [line] = summary._resolution_sentences([paired], [faster])
-    assert f"(paired): {below} (64 restores" in line and line.endswith(f"resolved to 10% of the floor){said}.")
-    # an interval holding 0, another point's or path's row, or a verdict not below the floor: nothing added
-    holds = {**faster, "difference_ms": 0.083, "difference_ci_ms": [-0.935, 0.862]}
-    for step, row in ((holds, paired), ({**faster, "context_tokens": 2 * N}, paired),
-                      ({**faster, "path": "gpubuf_layered"}, paired), (faster, {**paired, "ttft_verdict": "at the floor"})):
-        assert "forward pass ran" not in summary._resolution_sentences([row], [step])[0]
-        assert "forward pass ran" not in summary._floor_sentences({**tables, "restore_resolution": [row],
-                                                                   "forward_steps": [step]}, N)[0]
-    assert "forward pass ran" not in summary._resolution_sentences([paired])[0]  # runs without the table
+    assert f"against the floor measured around the point: {below}{faster}." in line and "0.57" not in line
+    [line] = summary._resolution_sentences([paired])
+    assert f"(paired): {below} (64 restores" in line and line.endswith(f"resolved to 10% of the floor){faster}.")
+    slower = {**paired, "forward_difference_ms": 0.066, "forward_difference_ci_ms": [0.001, 0.151]}
+    assert summary._resolution_sentences([slower])[0].endswith(
+        "; in the same pairs the restored follow-up's forward pass ran 0.066 ms [0.001, 0.151] slower than its resident "
+        "partner's, which the first-token difference includes.")
+    holds = {**paired, "forward_difference_ms": -0.003, "forward_difference_ci_ms": [-0.029, 0.035]}
+    said = "; in the same pairs the forward passes did not differ measurably (-0.003 ms [-0.029, +0.035]), so that is not why"
+    assert summary._resolution_sentences([holds])[0].endswith(f"{said}.")
+    assert f"{below}{said}" in summary._floor_sentences({**tables, "restore_resolution": [holds]}, N)[0]
+    # a verdict not below the floor, pairs that record no forward pass, or no interval of it: nothing added
+    unrecorded = {k: v for k, v in paired.items() if not k.startswith(("forward_", "num_forward"))}
+    for row in ({**paired, "ttft_verdict": "at the floor"}, unrecorded,
+                {**paired, "forward_difference_ci_ms": [None, None]}):
+        assert "in the same pairs" not in summary._resolution_sentences([row])[0]
+        assert "in the same pairs" not in summary._floor_sentences({**tables, "restore_resolution": [row]}, N)[0]

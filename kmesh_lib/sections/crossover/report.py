@@ -935,7 +935,15 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors], boun
     the row adds that floor's median and lag-1 autocorrelation and each restore's span over its own floor, median and
     95% interval (``span_x_pair_floor``): a streak the link causes slows both and leaves the ratio where it was. Where
     that floor was timed several ways (runs from 5 Dec 2026, 15:00 UTC: ``memcpy`` and ``uva_read``, the floor their
-    fastest), each way's median is ``pair_floor_<way>_ms``."""
+    fastest), each way's median is ``pair_floor_<way>_ms``.
+
+    Where the pairs record both follow-ups' forward pass (``forward_step_s``: rows of the GPU buffer's engine), the
+    row adds that pass's paired difference in the same pairs the first token's difference comes from:
+    ``forward_difference_ms``, the median of the restore's less its resident partner's over the ``num_forward_pairs``
+    pairs where both record it, and ``forward_difference_ci_ms``, its 95% interval as ``ttft_difference_ci_ms`` has
+    its own; a row whose pairs record none (LMCache's paths, vLLM's CPU tier) has none of the three (review finding,
+    6 Dec 2026: b298's summary set the grid's ``forward_steps``, -0.57 ms at 32,512 tokens, beside a paired first
+    token whose own pairs' forward passes differed by -0.22 ms)."""
     floors: dict[tuple, list[PointFloors]] = {}
     for f in point_floors:
         floors.setdefault((f.model, f.context_tokens, f.tier), []).append(f)
@@ -1000,6 +1008,13 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors], boun
                 for way, seconds in (r.pair_floor_ways or {}).items():
                     by_way.setdefault(way, []).append(seconds)
             row.update({f"pair_floor_{way}_ms": _round(1e3 * float(numpy.median(v))) for way, v in sorted(by_way.items())})
+        # the forward passes of the very pairs whose first tokens the verdict judges (not the grid's repeats)
+        forward = [1e3 * (p["restore"].forward_step_s - p["resident"].forward_step_s) for p in whole
+                   if p["restore"].forward_step_s is not None and p["resident"].forward_step_s is not None]
+        if forward:
+            f_med, f_low, f_high = median_of_differences(forward)
+            row.update(forward_difference_ms=_round(f_med), forward_difference_ci_ms=[_round(f_low), _round(f_high)],
+                       num_forward_pairs=len(forward))
         out.append(row)
     return out
 
