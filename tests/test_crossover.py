@@ -1669,3 +1669,18 @@ def test_a_finished_retrieve_reported_before_the_load_began_ends_no_span():
     assert probe._load_wall_s() is None
     probe.calls["recv"].append((40, 50, 1))
     assert probe._load_wall_s() == (50 - 20) / 1e9
+
+
+def test_the_heatmap_title_gives_lmcaches_path_beside_the_tier_it_applies_to():
+    """bd94 (6 Dec 2026) measured LMCache's server (lmcache_mp) and its title read "LMCache inproc path, tiers
+    lmcache, lmcache_mp": the in-process path named before the tiers, as if the server tier ran in-process too."""
+    from kmesh_lib.sections.crossover.plots import heatmap_title
+
+    arms = ["recompute", "lmcache_mp_recompute", "lmcache_mp", "lmcache_mp_resident"]
+    cfg = build(CrossoverParams, {**SMALL, "ARMS": arms})  # on the CPU LMCache's path is mp (auto)
+    title = heatmap_title(cfg)
+    assert f"tiers lmcache ({cfg.path}), lmcache_mp;" in title and " path" not in title, title
+    gpubuf = build(CrossoverParams, {**SMALL, "ARMS": ["recompute", "gpubuf_recompute", "gpubuf_retained",
+                                                    "gpubuf_resident"]})
+    # recompute (the control) runs on the LMCache engine: its tier is named, its path beside it
+    assert f"tiers lmcache ({gpubuf.path}), gpubuf;" in heatmap_title(gpubuf), heatmap_title(gpubuf)

@@ -21,8 +21,11 @@ HANDOFF = "handoff.png"
 
 
 def heatmap_title(cfg: CrossoverParams) -> str:
-    """The heatmap's title: the profile, LMCache's path, the tiers and the KV's dtype and block size."""
-    return f"{cfg.PROFILE}: LMCache {cfg.path} path, tiers {', '.join(tiers(cfg))}; {cfg.DTYPE}, B={cfg.BLOCK_SIZE}"
+    """The heatmap's title: the profile, the tiers (LMCache's path beside the ``lmcache`` tier, the one it
+    applies to) and the KV's dtype and block size. It said "LMCache inproc path" before the tiers, which read as
+    the path of every tier, lmcache_mp's (the server) too (bd94, 6 Dec 2026)."""
+    names = [f"lmcache ({cfg.path})" if t == "lmcache" else t for t in tiers(cfg)]
+    return f"{cfg.PROFILE}: tiers {', '.join(names)}; {cfg.DTYPE}, B={cfg.BLOCK_SIZE}"
 
 
 def heatmap(run: RunFiles, tables: dict, path_out):
