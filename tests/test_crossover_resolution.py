@@ -276,8 +276,8 @@ def test_a_restore_span_below_its_floors_range_fails_the_floor_check(floor_s, st
     pairs = as_pair_rows(_pairs("gpubuf_retained", [0.30, 0.31, 0.32, 0.30], [20.3] * 4, [20.0] * 4))
     floors = as_point_floors([{"model": "m", "context_tokens": N, "tier": "gpubuf", "when": w,
                                "floors": {"device": {"median_s": floor_s}}} for w in ("before", "after")])
-    run = SimpleNamespace(params=cfg, has_raw=lambda name: True,
-                          records=lambda name: {"pairs.jsonl": pairs, "point_floors.jsonl": floors}[name])
+    raw = {"pairs.jsonl": pairs, "point_floors.jsonl": floors}  # recorded before the two-stage design: no pair plans
+    run = SimpleNamespace(params=cfg, has_raw=lambda name: name in raw, records=lambda name: raw[name])
     (got,) = [c for c in paired_checks(run) if c.name == PAIRED_CHECKS[4]]
     assert got.status == status
     if status == "failed":

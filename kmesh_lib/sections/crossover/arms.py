@@ -347,12 +347,14 @@ class RestoreBench:
         return {"memory_tier_bytes": self.tier.memory_bytes()}
 
     def run_pairs(self, arm: str, ctx: Context, tag: str, num_pairs: int, floor_kind: str | None = None,
-                  context_bytes: int = 0) -> list[dict]:
+                  context_bytes: int = 0, first_pair: int = 0) -> list[dict]:
         """``num_pairs`` pairs of a restore (``arm``) and its engine's resident follow-up (``RESIDENT_OF``), back to
-        back on this engine: the first pair after the arm's full preparation, restore first; then the order
-        alternates (restore-resident, resident-restore, ...), so each pair's restore and resident follow-up are
-        neighbours in time and neither always goes first. Each row names its ``pair``, ``role`` and
-        ``pair_position``. With ``floor_kind`` (a memory path's copy floor), each restore row also carries
+        back on this engine, numbered from ``first_pair``: pair 0 after the arm's full preparation, restore first;
+        then the order alternates by the pair's number (restore-resident, resident-restore, ...), so each pair's
+        restore and resident follow-up are neighbours in time and neither always goes first. A second stage
+        (``first_pair`` > 0: the pairs after a pilot of ``first_pair`` on the same engine, ``report.pair_plan``)
+        continues the numbering and the alternation, and prepares nothing in full. Each row names its ``pair``,
+        ``role`` and ``pair_position``. With ``floor_kind`` (a memory path's copy floor), each restore row also carries
         ``pair_floor_s``, one copy of the context's ``context_bytes`` timed right before it (``kv.floors.PairFloor``:
         the fastest of its ways, each in ``pair_floor_ways``; a way it could not set up in ``pair_floor_errors``).
         Every row carries ``host`` (``host_state``, read just before it): what a streak of slow requests ran beside."""
@@ -362,7 +364,7 @@ class RestoreBench:
         floor = PairFloor(floor_kind, context_bytes, self.engine.params.DEVICE) if floor_kind else None
         out = []
         try:
-            for k in range(num_pairs):
+            for k in range(first_pair, first_pair + num_pairs):
                 order = [(arm, "restore"), (resident, "resident")]
                 if k % 2:
                     order.reverse()

@@ -5,6 +5,7 @@
     rows.jsonl          GridRow         one per (model, context, arm, repeat) follow-up (``RestoreBench.run``)
     pairs.jsonl         PairRow         one per follow-up of the paired design (``RestoreBench.run_pairs``)
     point_floors.jsonl  PointFloors     the floors of one point, before and after its pairs (``point_floors``)
+    pair_plans.jsonl    PairPlan        one per (model, context, memory restore path): its pairs, from its pilot
 
 A follow-up's fields depend on its tier: the GPU buffer's rows add its restores, their split and the forward pass's
 span; vLLM's CPU tier's its external hits and lookups; a CUDA row the GPU's clocks. Those fields are optional, each
@@ -251,8 +252,30 @@ class PointFloors(CaptureRecord):
     errors: Mapping | None = None  # kind, or "kind (saturated)" -> why that way could not be measured; absent where none failed
 
 
-CAPTURES = {"models.jsonl": ChildSummary, "stores.jsonl": StoreRecord, "rows.jsonl": GridRow, "pairs.jsonl": PairRow,
-            "point_floors.jsonl": PointFloors}
+class PairPlan(CaptureRecord):
+    """One (model, context, memory restore path)'s count of pairs, decided from its pilot (``report.pair_plan``) and
+    written before a second stage runs: the pairs raw/pairs.jsonl must then hold for the point. Absent from runs
+    recorded before the two-stage design (6 Dec 2026) and for disk paths (NUM_DISK_RESTORES fixed)."""
 
-__all__ = ["CAPTURES", "ChildSummary", "Components", "FollowUp", "GridRow", "NO_SPLIT", "PairRow", "PointFloors", "RestoreSplit",
-           "StoreRecord"]
+    SCHEMA = "crossover.pair_plans"
+    VERSION = 1
+
+    model: str
+    tier: str
+    context_tokens: int
+    path: str  # the restore arm
+    num_pilot: int  # the pilot's pairs (NUM_RESTORES)
+    max_restores: int  # MAX_RESTORES (0: off)
+    pilot_half_width_x_floor: float | None  # the pilot's span half-width (widened for streaks) over the floor's min
+    pilot_floor_ms: list[float] | None  # the floor measured before the point, as ``report.floor_range_ms`` gives it
+    restores_to_resolve: int | None  # what the pilot's spread asks for (``report.restores_needed``); None: resolved
+    # or no estimate
+    num_pairs_planned: int  # the pairs the point runs in all: the pilot's, plus a second stage where ``extended``
+    reason: str  # ``report.PLAN_REASONS``: off | resolved | extended | over_cap | no_estimate
+
+
+CAPTURES = {"models.jsonl": ChildSummary, "stores.jsonl": StoreRecord, "rows.jsonl": GridRow, "pairs.jsonl": PairRow,
+            "point_floors.jsonl": PointFloors, "pair_plans.jsonl": PairPlan}
+
+__all__ = ["CAPTURES", "ChildSummary", "Components", "FollowUp", "GridRow", "NO_SPLIT", "PairPlan", "PairRow", "PointFloors",
+           "RestoreSplit", "StoreRecord"]

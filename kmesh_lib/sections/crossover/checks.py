@@ -146,7 +146,12 @@ PAIRED_CHECKS = (
     f"the restore span's 95% interval half-width is at most {report.RESOLVE_FRACTION:.0%} of its floor at every point "
     f"of {report.RESOLVE_MIN_TOKENS:,} tokens and more (DRAM, LMCache server, GPU buffer, vLLM's CPU tier)",
     "no restore span's 95% interval lies wholly below its floor's range (a floor that a restore beats is no floor)",
+    "every memory restore path's count of pairs is its pilot's own (report.pair_plan of its first pairs against the "
+    "floor before the point, as raw/pair_plans.jsonl records it)",
 )
+# runs recorded before the two-stage design (issue 42) have no raw/pair_plans.jsonl and no MAX_RESTORES
+PLANS_SINCE = ("this run predates the two-stage design (raw/ holds no pair_plans.jsonl and the params no MAX_RESTORES: "
+               "each point ran NUM_RESTORES pairs)")
 
 
 # Why the floor check is skipped off CUDA: the "floor" there is a host memcpy timed in the engine's process beside
@@ -181,9 +186,14 @@ def paired_checks(run: RunFiles) -> list[Check]:
     if predates_pairs(run):
         return [Check(name, "skipped", PAIRED_SINCE, predates=PAIRED_SINCE) for name in PAIRED_CHECKS]
     pairs, floors = run.records("pairs.jsonl"), run.records("point_floors.jsonl")
+    plans = run.records("pair_plans.jsonl") if run.has_raw("pair_plans.jsonl") else []
     cfg_pairs = {a: (p.NUM_DISK_RESTORES if KIND[a] == "disk" else p.NUM_RESTORES) or 0
                  for a in p.ARMS if a in report.RESIDENT_OF}
     want = {(m, n, a): k for m in p.MODELS for n in p.CONTEXT_TOKENS_GRID for a, k in cfg_pairs.items() if k}
+    planned_of = {(r.model, r.context_tokens, r.path): r for r in plans}
+    # a point whose pilot recorded its count (``report.pair_plan``) ran that many; the others NUM_RESTORES (runs before
+    # the two-stage design, disk paths). Whether each recorded count is the pilot's own is the last check's
+    want.update({key: planned_of[key].num_pairs_planned for key in want if key in planned_of})
     got: dict[tuple, list[PairRow]] = {}
     for r in pairs:
         got.setdefault((r.model, r.context_tokens, r.pair_arm), []).append(r)
@@ -232,13 +242,54 @@ def paired_checks(run: RunFiles) -> list[Check]:
                        "(the grid's contexts are shorter)"))
     if p.DEVICE != "cuda":  # the floor is a physical bound only where a device moves the bytes
         out.append(Check(PAIRED_CHECKS[4], "skipped", NO_DEVICE_FLOOR))
-        return out
-    floored = [r for r in table if r["floor_ms"] and r["span_ci_ms"][1] is not None]
-    out.append(planned(PAIRED_CHECKS[4], bool(want), floored, lambda r: r["span_ci_ms"][1] >= r["floor_ms"][0],
-                       lambda r: f"{r['model']} {r['context_tokens']} {r['path']}: span {r['span_ci_ms']} ms "
-                                 f"below floor {r['floor_ms']} ms",
-                       "no restore path had both a span and a floor measured"))
+    else:
+        floored = [r for r in table if r["floor_ms"] and r["span_ci_ms"][1] is not None]
+        out.append(planned(PAIRED_CHECKS[4], bool(want), floored, lambda r: r["span_ci_ms"][1] >= r["floor_ms"][0],
+                           lambda r: f"{r['model']} {r['context_tokens']} {r['path']}: span {r['span_ci_ms']} ms "
+                                     f"below floor {r['floor_ms']} ms",
+                           "no restore path had both a span and a floor measured"))
+    memory = any(KIND[a] == "memory" for _, _, a in want)
+    if not plans and "MAX_RESTORES" not in getattr(run, "recorded_params", {}):
+        out.append(Check(PAIRED_CHECKS[5], "skipped", PLANS_SINCE, predates=PLANS_SINCE))
+    else:
+        out.append(planned(PAIRED_CHECKS[5], memory, *plan_check_args(run, pairs, floors, plans)))
     return out
+
+
+def plan_check_args(run: RunFiles, pairs: list[PairRow], floors: list, plans: list) -> tuple:
+    """``all_of``'s arguments for the pilot check: every memory point with pairs measured, and every recorded plan, is
+    held to ``report.pair_plan`` recomputed from raw/ (its first ``num_pilot`` pairs in raw/pairs.jsonl and the floor
+    raw/point_floors.jsonl records before it), at the params' NUM_RESTORES and MAX_RESTORES: ok only where the record
+    is there and is what the pilot gives; a point that ran pairs and recorded no plan fails."""
+    p = run.params
+    of = {(r.model, r.context_tokens, r.path): r for r in plans}
+    measured = {(r.model, r.context_tokens, r.pair_arm) for r in pairs if KIND.get(r.pair_arm) == "memory"}
+    keys = sorted(measured | set(of))
+    bound = p.DEVICE == "cuda"
+
+    def recomputed(key) -> dict | None:
+        rec = of.get(key)
+        if rec is None:
+            return None
+        model, n, path = key
+        pilot = [r for r in pairs if (r.model, r.context_tokens, r.pair_arm) == key and r.pair < rec.num_pilot]
+        before = [f for f in floors if (f.model, f.context_tokens, f.tier, f.when) == (model, n, report.TIER_OF[path],
+                                                                                       "before")]
+        return report.pair_plan(pilot, before, p.NUM_RESTORES, p.MAX_RESTORES, bound)
+
+    def agrees(key) -> bool:
+        rec, want = of.get(key), recomputed(key)
+        return rec is not None and all(getattr(rec, k) == v for k, v in want.items())
+
+    def describe(key) -> str:
+        rec, want = of.get(key), recomputed(key)
+        if rec is None:
+            return f"{key}: pairs measured, no plan recorded"
+        differ = {k: (getattr(rec, k), v) for k, v in want.items() if getattr(rec, k) != v}
+        return f"{key}: recorded {rec.reason}, {rec.num_pairs_planned} pairs; " + ", ".join(
+            f"{k} {a} recorded, {b} from the pilot" for k, (a, b) in differ.items())
+
+    return keys, agrees, describe, "no memory restore path's pairs were measured"
 
 
 ORDER_CHECK = ("every repeat ran each of its tier's arms once, in the recorded order (position and the arm before it)")

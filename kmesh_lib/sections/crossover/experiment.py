@@ -16,6 +16,14 @@ bytes moved in the tier's chunks, in the engine's process) are measured, every r
 The differences of two medians of a few follow-ups could not resolve a copy of a millisecond against a first token
 that scatters by several; each restore's own span can, and the paired first tokens cancel the engine's drift.
 
+A memory path's NUM_RESTORES pairs are a pilot where MAX_RESTORES is set (issue 42, Stein's two-stage design): the
+report's own estimator (``report.pair_plan``: ``resolution_table`` on the pilot's pairs against the floor measured
+before the point) decides, and where the span is unresolved and the restores its spread asks for are at most
+MAX_RESTORES, the point runs the rest right after, on the same engine, continuing the pair numbers and the
+alternation (on the H100, 6 Dec 2026, the LMCache server's restores of 0.5B at 32,512 tokens were unresolved at 64,
+half-width 10.3% of the floor, ~68 needed). Each decision goes to ``raw/pair_plans.jsonl`` before its second stage;
+the report's interval then pools both stages, its coverage approximately 95% (the count was chosen from the spread).
+
     path    where LMCache runs                       default on
     mp      ``lmcache server`` + LMCacheMPConnector   cpu (the in-process connector has no CPU GPU-connector)
     inproc  LMCacheConnectorV1 in the vLLM process    cuda
@@ -37,6 +45,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from kmesh_lib.base.captures import as_stored, validate_record
+from kmesh_lib.base.declared import json_default
 from kmesh_lib.base.params import build, to_dict
 from kmesh_lib.base.paths import REPO_ROOT
 from kmesh_lib.base.processes import RuntimeDir, runtime_root
@@ -47,27 +57,32 @@ from kmesh_lib.engine.vllm_engine import make_engine
 from kmesh_lib.kv.disk_tier import check_disk_tier
 from kmesh_lib.lmcache.connect import InprocTier, MPTier, keep_engine_rendezvous_local
 from kmesh_lib.sections.crossover.arms import KIND, Context, RestoreBench
+from kmesh_lib.sections.crossover.captures import PairRow, PointFloors
 from kmesh_lib.sections.crossover.params import (
     MIB,
     CrossoverParams,
     arms_of,
     grid_size,
+    max_pairs,
     model_params,
     num_pairs,
     pair_rows,
     tiers,
 )
-from kmesh_lib.sections.crossover.report import FLOOR_OF
+from kmesh_lib.sections.crossover.report import FLOOR_OF, pair_plan
 from kmesh_lib.workloads.engine_runs import GPU_PHASE
 
 REPO = REPO_ROOT
 PAIR_PREP_S = costs.Span(0.02, 0.1)  # a follow-up's preparation inside a pair: a prefix-cache reset and a drain
 
 
-def unit_duration(cfg: CrossoverParams, model: str, tier_name: str) -> tuple[costs.Span, list[str]]:
+def unit_duration(cfg: CrossoverParams, model: str, tier_name: str, most: bool = False) -> tuple[costs.Span, list[str]]:
     """One (model, tier) child: its engine and tier's start, then per context a store and, per repeat, the tier's
     arms: recompute and the resident arm's warm-up prefill the context, dram and disk move its bytes; then the
-    paired design's restores, between two measurements of the point's floors."""
+    paired design's restores, between two measurements of the point's floors. The pairs are the pilot's
+    (``num_pairs``: the likely figure); ``most``: every memory point's second stage run to MAX_RESTORES
+    (``max_pairs``: the bound)."""
+    count = max_pairs if most else num_pairs
     device = "cuda" if cfg.DEVICE == "cuda" else "cpu"
     total, notes = costs.LMCACHE_CHILD_S[device], []
     if not cfg.ENFORCE_EAGER:
@@ -85,7 +100,7 @@ def unit_duration(cfg: CrossoverParams, model: str, tier_name: str) -> tuple[cos
         # the paired design: a row's light preparation (a reset and a drain), a disk restore's read; its first
         # pair's full preparation; the floors before and after (a disk floor writes its file, then reads it)
         for a in arms:
-            pairs = num_pairs(cfg, a)
+            pairs = count(cfg, a)
             if pairs:
                 follow = (moved if KIND[a] == "disk" else costs.Span(0, 0)) + 2 * step + 2 * PAIR_PREP_S
                 total += pairs * follow + kind[KIND[a]] + costs.ROW_PREP_S
@@ -151,11 +166,11 @@ def measure_floors(cfg: CrossoverParams) -> dict:
     return measured
 
 
-def expected_duration(cfg: CrossoverParams) -> tuple[costs.Span, list[str]]:
-    """The floors cell, then one child per (model, tier) (``unit_duration``), one after another."""
+def expected_duration(cfg: CrossoverParams, most: bool = False) -> tuple[costs.Span, list[str]]:
+    """The floors cell, then one child per (model, tier) (``unit_duration``, ``most`` as there), one after another."""
     total, notes = costs.NOTEBOOK_S + costs.Span(0.5, 4.0), []  # the floors cell
     for unit in units(cfg):
-        span, more = unit_duration(cfg, unit.model, unit.tier)
+        span, more = unit_duration(cfg, unit.model, unit.tier, most)
         total += span
         notes += [note for note in more if note not in notes]
     return total, notes
@@ -172,15 +187,27 @@ def plan(cfg: CrossoverParams) -> dict:
 
     duration, notes = expected_duration(cfg)
     kv = {m: f"{resolve(m).kv_bytes_per_token(cfg.DTYPE) // 1024} KiB/token" for m in cfg.MODELS}
+    # a second stage runs only where a pilot leaves a point unresolved: the pilot's count is the likely figure, every
+    # memory point extended to MAX_RESTORES the bound
+    staged = pair_rows(cfg, most=True) > pair_rows(cfg)
+    most = expected_duration(cfg, most=True)[0] if staged else duration
     return {"path": cfg.path, "models": cfg.MODELS, "kv per token": kv, "context lengths": cfg.CONTEXT_TOKENS_GRID,
             "arms": cfg.ARMS, "repeats": f"{cfg.WARMUP_REPEATS} warm-up + {cfg.NUM_REPEATS} measured",
             "rows": grid_size(cfg),
-            "restore pairs": (f"{cfg.NUM_RESTORES} per memory restore path, {cfg.NUM_DISK_RESTORES} per disk path, "
-                              f"per point: {pair_rows(cfg)} rows" if pair_rows(cfg) else "none (NUM_RESTORES=0)"),
+            "restore pairs": (f"{cfg.NUM_RESTORES} per memory restore path"
+                              + (f" (a pilot: up to {cfg.MAX_RESTORES} where it leaves a point unresolved)" if staged
+                                 else "")
+                              + f", {cfg.NUM_DISK_RESTORES} per disk path, per point: {pair_rows(cfg)} rows"
+                              + (f", at most {pair_rows(cfg, most=True)}" if staged else "")
+                              if pair_rows(cfg) else "none (NUM_RESTORES=0)"),
             "tiers": tiers(cfg), "engine starts": len(cfg.MODELS) * len(tiers(cfg)),
             "children": children_plan(cfg),
-            "expected duration": f"{duration}" + (f"; {'; '.join(notes)}" if notes else ""),
-            costs.GPU_TIME: costs.gpu_time(cfg.DEVICE, duration)}
+            "expected duration": f"{duration}" + (f"; at most {most} with every memory point's second stage run to "
+                                                  f"MAX_RESTORES={cfg.MAX_RESTORES}" if staged else "")
+                                 + (f"; {'; '.join(notes)}" if notes else ""),
+            costs.GPU_TIME: costs.gpu_time(cfg.DEVICE, duration),
+            **({f"{costs.GPU_TIME} at most (every second stage to MAX_RESTORES={cfg.MAX_RESTORES})":
+                costs.gpu_time(cfg.DEVICE, most)} if staged else {})}
 
 
 def children_plan(cfg: CrossoverParams) -> str:
@@ -291,6 +318,12 @@ def own_disk_read(tier, tier_name: str):
     return OwnRead("gpubuf stage (BufferArena.read_seconds)", arena.read_seconds, arena.chunk_bytes, 1)
 
 
+def as_read(cls, records: list[dict]) -> list:
+    """``records`` as ``cls`` reads them back from their capture (``RunFiles.records``): a JSON line's values, so a
+    decision taken on them here is the one ``checks`` recomputes from raw/."""
+    return [validate_record(cls, as_stored(r, json_default)) for r in records]
+
+
 def point_floors(cfg: CrossoverParams, tier, tier_name: str, runtime: RuntimeDir, kinds: list[str], model: str,
                  n: int, kvt: int, when: str) -> dict:
     """The floors of one point's context, measured in the engine's process ``when`` ("before", "after") its pairs,
@@ -332,6 +365,39 @@ def point_floors(cfg: CrossoverParams, tier, tier_name: str, runtime: RuntimeDir
         torch.cuda.empty_cache()  # the floors' buffers back to the device before the engine's next step
     return {"model": model, "tier": tier_name, "context_tokens": n, "context_bytes": nbytes, "when": when,
             "floors": measured, "saturated": saturated, **({"errors": errors} if errors else {})}
+
+
+def run_arm_pairs(cfg: CrossoverParams, bench: RestoreBench, record: RunRecord, arm: str, ctx: Context, model: str,
+                  path: str, kvt: int, before: dict) -> dict | None:
+    """One point's pairs of restore ``arm`` (``RestoreBench.run_pairs``), each row appended to raw/pairs.jsonl as it
+    ends. A disk path runs NUM_DISK_RESTORES. A memory path runs NUM_RESTORES, a pilot: its decision
+    (``report.pair_plan`` of those pairs against the floor measured ``before`` the point) goes to raw/pair_plans.jsonl,
+    then, where it says ``extended``, the rest of its pairs run on the same engine, numbered on from the pilot's
+    (``first_pair``), so the alternation continues and nothing is prepared in full again. Returns the plan (None for a
+    disk path)."""
+    n = len(ctx.tokens)
+    media = FLOOR_OF[arm][1]  # a memory path's one copy medium gets its floor timed beside each restore
+    floor_kind = media[0] if len(media) == 1 and media[0] != "disk" else None
+    tag = f"{model}-{n}-{arm}"
+
+    def run(num: int, first_pair: int = 0) -> list[dict]:
+        rows = bench.run_pairs(arm, ctx, tag, num, floor_kind, n * kvt, first_pair=first_pair)
+        for row in rows:
+            row.update(model=model, path=path, measured=True, kv_bytes_per_token=kvt, context_bytes=n * kvt)
+            record.append_jsonl("pairs.jsonl", row)
+        return rows
+
+    pilot = num_pairs(cfg, arm)
+    rows = run(pilot)
+    if KIND[arm] != "memory":  # a disk path keeps NUM_DISK_RESTORES
+        return None
+    plan = {"model": model, "tier": bench.tier_name, "context_tokens": n, "path": arm,
+            **pair_plan(as_read(PairRow, rows), as_read(PointFloors, [before]), pilot, cfg.MAX_RESTORES,
+                        bound=cfg.DEVICE == "cuda")}
+    record.append_jsonl("pair_plans.jsonl", plan)  # before the second stage: the pairs the point must hold
+    if plan["num_pairs_planned"] > pilot:  # the second stage: the same engine, the numbering and alternation go on
+        run(plan["num_pairs_planned"] - pilot, first_pair=pilot)
+    return plan
 
 
 def run_model(cfg: CrossoverParams, model: str, run_dir: Path, tier_name: str = "lmcache") -> int:
@@ -388,14 +454,10 @@ def run_model(cfg: CrossoverParams, model: str, run_dir: Path, tier_name: str = 
             paired = [a for a in arms if num_pairs(cfg, a)]
             if paired:  # the paired design, between two measurements of the floors its restores are judged by
                 kinds = sorted({k for a in paired for k in FLOOR_OF[a][1]})
-                record.append_jsonl("point_floors.jsonl", point_floors(cfg, tier, tier_name, runtime, kinds, model, n,
-                                                                      kvt, "before"))
+                before = point_floors(cfg, tier, tier_name, runtime, kinds, model, n, kvt, "before")
+                record.append_jsonl("point_floors.jsonl", before)
                 for arm in paired:
-                    media = FLOOR_OF[arm][1]  # a memory path's one copy medium gets its floor timed beside each restore
-                    floor_kind = media[0] if len(media) == 1 and media[0] != "disk" else None
-                    for row in bench.run_pairs(arm, ctx, f"{model}-{n}-{arm}", num_pairs(cfg, arm), floor_kind, n * kvt):
-                        row.update(model=model, path=path, measured=True, kv_bytes_per_token=kvt, context_bytes=n * kvt)
-                        record.append_jsonl("pairs.jsonl", row)
+                    run_arm_pairs(cfg, bench, record, arm, ctx, model, path, kvt, before)
                 record.append_jsonl("point_floors.jsonl", point_floors(cfg, tier, tier_name, runtime, kinds, model, n,
                                                                       kvt, "after"))
         summary["grid_s"] = time.monotonic() - t_grid  # beside launch_thread_cpu_s: the share of a core it took

@@ -58,7 +58,8 @@ from kmesh_lib.workloads.engine_runs import (
 
 CHILD = experiment.CHILD  # the command a unit's child starts with (a test points it at a child that crashes)
 FINISHED = ("ok", "store_short")  # a child's summaries that end its unit; "error" (it raised) runs again
-UNIT_RECORDS = ("rows.jsonl", "pairs.jsonl", "point_floors.jsonl", "stores.jsonl")  # each names its model and tier
+# each names its model and tier
+UNIT_RECORDS = ("rows.jsonl", "pairs.jsonl", "point_floors.jsonl", "pair_plans.jsonl", "stores.jsonl")
 
 
 def finished_units(run_dir: Path) -> set[tuple[str, str]]:

@@ -68,6 +68,11 @@ class CrossoverParams(SourceRunParams):
                        "first-token difference get their 95% intervals from these")
     NUM_DISK_RESTORES: Count = Field(
         4, description="the same pairs for the disk restore paths (each restore reads the context from disk)")
+    MAX_RESTORES: Count = Field(
+        0, description="a second stage for the memory restore paths (0: off, NUM_RESTORES fixed): where a point's "
+                       "NUM_RESTORES pairs (the pilot) leave its span unresolved against the floor measured before it "
+                       "and the restores the pilot's spread asks for are at most this many, the point runs the rest "
+                       "(raw/pair_plans.jsonl records each decision); disk paths keep NUM_DISK_RESTORES")
     FLOOR_REPEATS: PositiveCount = Field(
         3, description="timed repeats of each floor measured before and after a point's pairs (their median each)")
     FLOOR_QUEUE_DEPTH: PositiveCount = Field(
@@ -123,6 +128,9 @@ class CrossoverParams(SourceRunParams):
         check(not handoff or (self.DEVICE == "cuda" and self.COPY_GRAPHS),
               f"ARMS: {', '.join(handoff)} need DEVICE=cuda and COPY_GRAPHS=true (its launch thread launches the "
               "copy's captured CUDA graph)")
+        check(self.MAX_RESTORES == 0 or self.MAX_RESTORES >= self.NUM_RESTORES,
+              f"MAX_RESTORES={self.MAX_RESTORES}: 0 (no second stage) or at least NUM_RESTORES={self.NUM_RESTORES} "
+              "(the pilot's pairs count toward it)")
         lonely = [a for a in self.ARMS if num_pairs(self, a) and RESIDENT_OF[a] not in self.ARMS]
         check(not lonely, f"ARMS: {', '.join(lonely)} need their resident follow-up "
               f"({', '.join(sorted({RESIDENT_OF[a] for a in lonely}))}) for the paired design (or NUM_RESTORES=0)")
@@ -186,9 +194,18 @@ def num_pairs(cfg: CrossoverParams, arm: str) -> int:
     return cfg.NUM_DISK_RESTORES if KIND[arm] == "disk" else cfg.NUM_RESTORES
 
 
-def pair_rows(cfg: CrossoverParams) -> int:
-    """Rows of raw/pairs.jsonl the params plan: two follow-ups per pair."""
-    return len(cfg.MODELS) * len(cfg.CONTEXT_TOKENS_GRID) * sum(2 * num_pairs(cfg, a) for a in cfg.ARMS)
+def max_pairs(cfg: CrossoverParams, arm: str) -> int:
+    """The most pairs of ``arm`` per (model, context): a memory path's MAX_RESTORES where its second stage is on
+    (``report.pair_plan``), else ``num_pairs``."""
+    pairs = num_pairs(cfg, arm)
+    return max(pairs, cfg.MAX_RESTORES) if pairs and KIND[arm] == "memory" and cfg.MAX_RESTORES else pairs
+
+
+def pair_rows(cfg: CrossoverParams, most: bool = False) -> int:
+    """Rows of raw/pairs.jsonl the params plan: two follow-ups per pair (``most``: with every memory point's second
+    stage run to MAX_RESTORES, the bound)."""
+    count = max_pairs if most else num_pairs
+    return len(cfg.MODELS) * len(cfg.CONTEXT_TOKENS_GRID) * sum(2 * count(cfg, a) for a in cfg.ARMS)
 
 
 def grid_size(cfg: CrossoverParams) -> int:

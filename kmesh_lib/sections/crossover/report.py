@@ -1053,3 +1053,46 @@ def restores_needed(half_width_ms: float, n: int, floor_ms: float, fraction: flo
     if not half_width_ms or half_width_ms != half_width_ms or not floor_ms or n < 2:
         return None
     return max(2, math.ceil(n * (half_width_ms / (fraction * floor_ms)) ** 2))
+
+
+# -- the two-stage design (issue 42): a memory path's pilot of NUM_RESTORES pairs, then, where it leaves the point
+# unresolved, the pairs its own spread asks for, up to MAX_RESTORES --
+PLAN_REASONS = {"off": "MAX_RESTORES=0: the pilot's count is the point's",
+                "resolved": "the pilot resolved the span against the floor measured before the point",
+                "extended": "unresolved; the restores the pilot's spread asks for are within MAX_RESTORES: run the rest",
+                "over_cap": "unresolved; the restores the pilot's spread asks for exceed MAX_RESTORES: not run",
+                "no_estimate": "unresolved, and the pilot gives no count (no floor, fewer than two spans, or one streak)"}
+
+
+def pair_plan(pilot: list[PairRow], before: list[PointFloors], num_pilot: int, max_restores: int,
+              bound: bool = True) -> dict:
+    """How many pairs one (model, context, memory restore path) runs in all, from its pilot: its first ``num_pilot``
+    pairs (``pilot``, this point and path only) against the floor measured ``before`` the point, judged by the report's
+    own estimator (``resolution_table``: the bootstrap half-width, widened for streaks, against RESOLVE_FRACTION of the
+    floor's min). Where the pilot leaves the span unresolved and the restores its spread asks for
+    (``restores_to_resolve``, ``restores_needed``) are at most ``max_restores``, the point runs that many in all (a
+    second stage of ``num_pairs_planned - num_pilot`` pairs, Stein's two-stage design); otherwise the pilot's
+    ``num_pilot`` stand. ``reason``: one of ``PLAN_REASONS``.
+
+    Invariant: a function of the pilot's pairs and the floor before the point alone, so ``checks`` recomputes it from
+    raw/pairs.jsonl (the first ``num_pilot`` pairs) and raw/point_floors.jsonl ("before").
+
+    Caveat: the report's interval pools both stages. With the count chosen from the pilot's own spread (a pilot that
+    happened to scatter little stops early, one that scattered much goes on), the pooled interval's coverage is
+    approximately, not exactly, 95%; and the final verdict judges against the floor before and after the point, whose
+    min can only be lower, so a point the pilot called resolved can still read unresolved."""
+    rows = resolution_table(pilot, before, bound)
+    row = rows[0] if len(rows) == 1 else {}
+    needed = row.get("restores_to_resolve")
+    if max_restores == 0:
+        reason = "off"
+    elif row.get("resolved"):
+        reason = "resolved"
+    elif needed is None:
+        reason = "no_estimate"
+    else:
+        reason = "extended" if needed <= max_restores else "over_cap"
+    return {"num_pilot": num_pilot, "max_restores": max_restores,
+            "pilot_half_width_x_floor": row.get("half_width_x_floor"), "pilot_floor_ms": row.get("floor_ms"),
+            "restores_to_resolve": needed,
+            "num_pairs_planned": max(needed, num_pilot) if reason == "extended" else num_pilot, "reason": reason}

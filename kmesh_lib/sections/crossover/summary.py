@@ -311,7 +311,7 @@ def answer(run: RunFiles) -> str:
                "threads and bound nothing, so it reads below its timed floor and is not judged")
             + f"); points of {_n(report.RESOLVE_MIN_TOKENS)} tokens "
             "and more, else each model's longest; every point in the restore_resolution table):\n\n"
-            + "\n".join(f"- {line}" for line in _resolution_sentences(resolution)))
+            + "\n".join(f"- {line}" for line in _resolution_sentences(resolution, pair_plans(run))))
     body = "\n".join(text[:2]) + "\n\n" + "\n".join(text[2:2 + len(per_model)]) + "\n\n"
     if not split_lines:
         return body + " ".join(text[2 + len(per_model):-1]) + (f"\n\n{goals}\n\n" if goals else " ") + text[-1]
@@ -434,10 +434,13 @@ def _forward_clause(r: dict) -> str:
             "than its resident partner's, which the first-token difference includes")
 
 
-def _resolution_sentences(table: list[dict]) -> list[str]:
+def _resolution_sentences(table: list[dict], plans: dict | None = None) -> list[str]:
     """The paired design (``report.resolution_table``), one line per (model, context, path): the restore's own span
     and the paired first-token difference, each with its 95% interval and verdict against the floor's range; where
-    that difference lies below its floor, the same pairs' forward passes (``_forward_clause``)."""
+    that difference lies below its floor, the same pairs' forward passes (``_forward_clause``). ``plans``: the
+    run's raw/pair_plans.jsonl by (model, context, path), where it has one: whether a point's pilot was extended
+    (``_stage_clause``)."""
+    plans = plans or {}
     out = []
     def ci(pair: list, wide: list | None = None) -> str:
         low, high = pair
@@ -462,20 +465,44 @@ def _resolution_sentences(table: list[dict]) -> list[str]:
                    + f": {r['ttft_verdict']}{_reach(r['ttft_verdict'], _high(r, 'ttft_difference'), floor)} "
                    f"({r['num_restores']} restores"
                    + _serial_clause(r) + _pair_floor_clause(r) + _overlapped_clause(r)
-                   + ("; resolved to 10% of the floor" if r["resolved"] else "; not resolved to 10% of the floor"
-                      + _to_resolve_clause(r))
+                   + _stage_clause(r, plans.get((r["model"], r["context_tokens"], r["path"])))
                    + ")" + _forward_clause(r) + ".")
     return out
 
 
-def _to_resolve_clause(r: dict) -> str:
+def _stage_clause(r: dict, plan=None) -> str:
+    """Whether the point resolved to 10% of its floor and, where its pilot recorded a plan (``report.pair_plan``,
+    raw/pair_plans.jsonl), how its count came about: a point extended says its restores in all and the count its
+    pilot estimated; one whose estimate exceeded MAX_RESTORES says it was not run. The interval pools the pilot and
+    the second stage; with the count chosen from the pilot's spread its coverage is approximately, not exactly, 95%."""
+    resolved = "resolved" if r["resolved"] else "not resolved to 10% of the floor"
+    if plan is not None and plan.reason == "extended":
+        staged = (f"{resolved} after a second stage: {r['num_restores']:,} restores (the pilot's {plan.num_pilot:,} "
+                  f"estimated {plan.restores_to_resolve:,})")
+        return f"; {staged}" + ("" if r["resolved"] else _to_resolve_clause(r))
+    if r["resolved"]:
+        return "; resolved to 10% of the floor"
+    over = (f" (over MAX_RESTORES={plan.max_restores:,}, not run)" if plan is not None and plan.reason == "over_cap"
+            else "")
+    return "; not resolved to 10% of the floor" + _to_resolve_clause(r, over)
+
+
+def pair_plans(run: RunFiles) -> dict:
+    """The run's raw/pair_plans.jsonl by (model, context, path); empty for runs before the two-stage design."""
+    if not run.has_raw("pair_plans.jsonl"):
+        return {}
+    return {(r.model, r.context_tokens, r.path): r for r in run.records("pair_plans.jsonl")}
+
+
+def _to_resolve_clause(r: dict, over: str = "") -> str:
     """How many restores the unresolved point would need at the spread (and streaks) it measured
-    (``report.resolution_table``'s ``restores_to_resolve``); runs rendered before that column say nothing."""
+    (``report.resolution_table``'s ``restores_to_resolve``), ``over`` after the count; runs rendered before that
+    column say nothing."""
     need = r.get("restores_to_resolve")
     if need is None:
         return ""
     many = need > 10 * max(r["num_restores"], 1)  # the spread, not the count, is what keeps it unresolved
-    return (f": about {need:,} restores would reach it at the spread measured"
+    return (f": about {need:,} restores would reach it at the spread measured{over}"
             + (", so more restores are not the way to resolve it" if many else ""))
 
 

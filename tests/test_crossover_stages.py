@@ -1,0 +1,235 @@
+"""Section 21's two-stage restore count (issue 42): a memory path's NUM_RESTORES pairs are a pilot, and where the
+report's own estimator leaves the point unresolved and asks for at most MAX_RESTORES, the rest run
+(``report.pair_plan``, ``experiment.run_arm_pairs``), recorded in raw/pair_plans.jsonl and held to by the checks."""
+from __future__ import annotations
+
+import math
+import random
+from types import SimpleNamespace
+
+import pytest
+from crossover_records import PAIR_ROW, as_point_floors
+
+from kmesh_lib.base.captures import validate_record
+from kmesh_lib.base.params import ParamError, build
+from kmesh_lib.sections.crossover import experiment
+from kmesh_lib.sections.crossover import report as cr
+from kmesh_lib.sections.crossover.arms import Context
+from kmesh_lib.sections.crossover.captures import CAPTURES, PairPlan, PairRow
+from kmesh_lib.sections.crossover.checks import PAIRED_CHECKS, PLANS_SINCE, paired_checks
+from kmesh_lib.sections.crossover.summary import _stage_clause
+
+N = 512
+PATH, RESIDENT = "gpubuf_retained", "gpubuf_resident"
+FLOOR_S = 0.001  # the device floor before the point: 1 ms
+CFG = dict(MODELS=["tiny"], CONTEXT_TOKENS_GRID=[N], NUM_GPU_BLOCKS=65, MAX_MODEL_LEN=1024, ARENA_MIB=64,
+           ARMS=["recompute", PATH, RESIDENT], NUM_RESTORES=16, NUM_DISK_RESTORES=0)
+
+
+def _spans(spread_ms: float, count: int = 64, seed: int = 3) -> list[float]:
+    """Spans (ms) about 1.5 ms, independent draws (no streaks: the half-width is the bootstrap's own)."""
+    rng = random.Random(seed)
+    return [1.5 + rng.uniform(-spread_ms, spread_ms) for _ in range(count)]
+
+
+def _pair_dicts(spans_ms: list[float], first_pair: int = 0, count: int | None = None) -> list[dict]:
+    """Rows as ``RestoreBench.run_pairs`` returns them (before the child adds its place): pairs ``first_pair`` on, the
+    order alternating by the pair's number, each restore's span in its split."""
+    rows = []
+    for k in range(first_pair, first_pair + (len(spans_ms) - first_pair if count is None else count)):
+        order = [(PATH, "restore"), (RESIDENT, "resident")]
+        for i, (arm, role) in enumerate(order[::-1] if k % 2 else order):
+            row = {**PAIR_ROW, "arm": arm, "tier": "gpubuf", "context": "c", "context_tokens": N, "tag": f"t-p{k}-{role}",
+                   "ttft_s": 0.020 + (spans_ms[k] / 1e3 if role == "restore" else 0.0), "num_cached_tokens": [N],
+                   "expected_cached_tokens": N, "pair": k, "role": role, "pair_arm": PATH, "pair_position": i}
+            if role == "restore":
+                row["split"] = {"restore_s": spans_ms[k] / 1e3}
+            rows.append(row)
+    return rows
+
+
+def _placed(rows: list[dict]) -> list[dict]:
+    return [{**r, "model": "tiny", "path": PATH, "measured": True, "kv_bytes_per_token": 1024, "context_bytes": N * 1024}
+            for r in rows]
+
+
+BEFORE = {"model": "tiny", "tier": "gpubuf", "context_tokens": N, "context_bytes": N * 1024, "when": "before",
+          "floors": {"device": {"median_s": FLOOR_S}}}
+
+
+def _pilot(spans_ms: list[float], num_pilot: int = 16) -> list[PairRow]:
+    return [validate_record(PairRow, r) for r in _placed(_pair_dicts(spans_ms[:num_pilot]))]
+
+
+def _expected_count(pilot: list[PairRow]) -> int:
+    """n (half-width / (RESOLVE_FRACTION x floor))^2, rounded up, from the pilot's own row: the count to run in all."""
+    (row,) = cr.resolution_table(pilot, as_point_floors([BEFORE]))
+    return math.ceil(row["num_restores"] * (row["span_half_width_serial_ms"] / (cr.RESOLVE_FRACTION * row["floor_ms"][0])) ** 2)
+
+
+def test_a_pilot_that_resolves_its_point_runs_nothing_more():
+    pilot = _pilot(_spans(0.001))
+    plan = cr.pair_plan(pilot, as_point_floors([BEFORE]), 16, 160)
+    assert (plan["reason"], plan["num_pairs_planned"], plan["restores_to_resolve"]) == ("resolved", 16, None)
+    assert plan["pilot_half_width_x_floor"] <= cr.RESOLVE_FRACTION and plan["pilot_floor_ms"] == [1.0, 1.0]
+
+
+def test_an_unresolved_pilot_within_the_cap_runs_exactly_what_its_spread_asks_for():
+    pilot = _pilot(_spans(0.3))
+    need = _expected_count(pilot)
+    assert 16 < need < 1000  # unresolved, by a count a cap can hold
+    plan = cr.pair_plan(pilot, as_point_floors([BEFORE]), 16, need)  # the cap exactly at the estimate: run
+    assert (plan["reason"], plan["restores_to_resolve"], plan["num_pairs_planned"]) == ("extended", need, need)
+    assert plan["pilot_half_width_x_floor"] > cr.RESOLVE_FRACTION
+    over = cr.pair_plan(pilot, as_point_floors([BEFORE]), 16, need - 1)  # one short of it: nothing more runs
+    assert (over["reason"], over["restores_to_resolve"], over["num_pairs_planned"]) == ("over_cap", need, 16)
+    off = cr.pair_plan(pilot, as_point_floors([BEFORE]), 16, 0)  # the fixed design: the estimate recorded, not run
+    assert (off["reason"], off["restores_to_resolve"], off["num_pairs_planned"]) == ("off", need, 16)
+    # no floor before the point: no estimate, nothing more
+    unfloored = cr.pair_plan(pilot, as_point_floors([{**BEFORE, "floors": {}}]), 16, 160)
+    assert (unfloored["reason"], unfloored["num_pairs_planned"]) == ("no_estimate", 16)
+    assert set(PairPlan.model_fields) == {"model", "tier", "context_tokens", "path", *plan}
+
+
+def test_max_restores_is_off_or_at_least_the_pilot():
+    assert build(experiment.CrossoverParams, {**CFG, "MAX_RESTORES": 0}).MAX_RESTORES == 0
+    assert build(experiment.CrossoverParams, {**CFG, "MAX_RESTORES": 16}).MAX_RESTORES == 16
+    with pytest.raises(ParamError, match="MAX_RESTORES=15"):
+        build(experiment.CrossoverParams, {**CFG, "MAX_RESTORES": 15})
+
+
+def test_run_pairs_continues_the_numbering_and_the_alternation_without_a_full_preparation():
+    from kmesh_lib.sections.crossover.arms import RestoreBench
+
+    bench = object.__new__(RestoreBench)
+    calls = []
+    bench.prepare = lambda arm, ctx, tag: calls.append(("full", arm)) or {}
+    bench.prepare_in_pair = lambda arm, ctx: calls.append(("light", arm)) or {}
+    bench.measure = lambda arm, ctx, tag, prep, prep_s: {"arm": arm, "tag": tag}
+    bench.clocks = None
+    pilot = bench.run_pairs("dram", Context("c", [1, 2]), "t", 3)
+    assert calls[0] == ("full", "dram")
+    calls.clear()
+    more = bench.run_pairs("dram", Context("c", [1, 2]), "t", 2, first_pair=3)
+    seen = [(r["pair"], r["role"], r["pair_position"]) for r in pilot + more]
+    assert seen == [(k, role, i) for k in range(5)
+                    for i, role in enumerate(("resident", "restore") if k % 2 else ("restore", "resident"))]
+    assert calls and all(c[0] == "light" for c in calls)  # the second stage prepares nothing in full
+    assert [r["tag"] for r in more][:1] == ["t-p3-resident"]
+
+
+class _Bench:
+    """``RestoreBench.run_pairs`` of fixed spans (one per pair number), recording each call."""
+
+    tier_name = "gpubuf"
+
+    def __init__(self, spans_ms):
+        self.spans, self.calls = spans_ms, []
+
+    def run_pairs(self, arm, ctx, tag, num_pairs, floor_kind=None, context_bytes=0, first_pair=0):
+        self.calls.append((first_pair, num_pairs, floor_kind))
+        return _pair_dicts(self.spans, first_pair, num_pairs)
+
+
+class _Record:
+    """``RunRecord.append_jsonl`` into memory, each record validated by its capture's class as it would be stored."""
+
+    def __init__(self):
+        self.raw: dict[str, list] = {}
+
+    def append_jsonl(self, name, record):
+        self.raw.setdefault(name, []).append(validate_record(CAPTURES[name], record, writing=True))
+
+
+def _child(spans_ms, max_restores):
+    cfg = build(experiment.CrossoverParams, {**CFG, "MAX_RESTORES": max_restores})
+    bench, record = _Bench(spans_ms), _Record()
+    plan = experiment.run_arm_pairs(cfg, bench, record, PATH, Context("c", list(range(N))), "tiny", PATH, 1024, BEFORE)
+    return cfg, bench, record, plan
+
+
+def _run(cfg, record, plans=None, pairs=None):
+    raw = {"pairs.jsonl": record.raw["pairs.jsonl"] if pairs is None else pairs,
+           "point_floors.jsonl": as_point_floors([BEFORE, {**BEFORE, "when": "after"}]),
+           "pair_plans.jsonl": record.raw.get("pair_plans.jsonl", []) if plans is None else plans}
+    return SimpleNamespace(params=cfg, has_raw=lambda name: bool(raw.get(name)), records=lambda name: raw[name],
+                           recorded_params={"MAX_RESTORES": cfg.MAX_RESTORES})
+
+
+def _statuses(run) -> dict[str, str]:
+    return {c.name: c for c in paired_checks(run)}
+
+
+def test_the_child_records_its_plan_then_runs_the_second_stage_and_the_checks_hold_it_to_the_pilot():
+    spans = _spans(0.3, count=400)
+    need = _expected_count(_pilot(spans))
+    cfg, bench, record, plan = _child(spans, 160)
+    assert need <= 160 and plan["reason"] == "extended" and plan["num_pairs_planned"] == need
+    assert bench.calls == [(0, 16, "device"), (16, need - 16, "device")]  # the pilot, then the rest numbered on
+    pairs = record.raw["pairs.jsonl"]
+    assert sorted({r.pair for r in pairs}) == list(range(need))
+    assert [r.as_recorded() for r in record.raw["pair_plans.jsonl"]] == [
+        {"model": "tiny", "tier": "gpubuf", "context_tokens": N, "path": PATH, **plan}]
+    checks = _statuses(_run(cfg, record))
+    assert checks[PAIRED_CHECKS[0]].status == "ok"  # whole at the planned count, not NUM_RESTORES
+    assert checks[PAIRED_CHECKS[5]].status == "ok"
+
+    # a record whose estimate is not the pilot's own fails, though the pairs match it
+    (rec,) = record.raw["pair_plans.jsonl"]
+    forged = rec.model_copy(update={"restores_to_resolve": need + 1, "num_pairs_planned": need + 1})
+    extra = [validate_record(PairRow, r) for r in _placed(_pair_dicts(spans, need, 1))]
+    got = _statuses(_run(cfg, record, plans=[forged], pairs=pairs + extra))
+    assert got[PAIRED_CHECKS[0]].status == "ok" and got[PAIRED_CHECKS[5]].status == "failed"
+    assert f"restores_to_resolve {need + 1} recorded, {need} from the pilot" in got[PAIRED_CHECKS[5]].detail
+    # a run that lost its last pair is not whole at its planned count; one with no plan for pairs it ran fails
+    lost = _statuses(_run(cfg, record, pairs=[r for r in pairs if r.pair < need - 1]))
+    assert lost[PAIRED_CHECKS[0]].status == "failed"
+    unplanned = _statuses(_run(cfg, record, plans=[]))
+    assert unplanned[PAIRED_CHECKS[5]].status == "failed" and "no plan recorded" in unplanned[PAIRED_CHECKS[5]].detail
+    assert unplanned[PAIRED_CHECKS[0]].status == "failed"  # NUM_RESTORES pairs wanted, more ran
+
+
+def test_over_the_cap_and_off_the_pilot_stands_and_runs_before_the_design_skip_the_check():
+    spans = _spans(0.3, count=400)
+    need = _expected_count(_pilot(spans))
+    for cap, reason in ((need - 1, "over_cap"), (0, "off")):
+        cfg, bench, record, plan = _child(spans, cap)
+        assert (plan["reason"], plan["num_pairs_planned"], len(bench.calls)) == (reason, 16, 1)
+        checks = _statuses(_run(cfg, record))
+        assert checks[PAIRED_CHECKS[0]].status == "ok" and checks[PAIRED_CHECKS[5]].status == "ok"
+    # recorded before the two-stage design: no plans, no MAX_RESTORES in its params: skipped, as predating it
+    run = _run(cfg, record, plans=[])
+    run.recorded_params = {}
+    got = _statuses(run)[PAIRED_CHECKS[5]]
+    assert (got.status, got.detail, got.predates) == ("skipped", PLANS_SINCE, PLANS_SINCE)
+
+
+def test_the_summary_says_how_a_points_count_came_about():
+    row = {"resolved": True, "num_restores": 68, "restores_to_resolve": None}
+    plan = SimpleNamespace(reason="extended", num_pilot=64, restores_to_resolve=68, max_restores=160)
+    assert _stage_clause(row, plan) == "; resolved after a second stage: 68 restores (the pilot's 64 estimated 68)"
+    still = {"resolved": False, "num_restores": 68, "restores_to_resolve": 75}
+    assert _stage_clause(still, plan) == ("; not resolved to 10% of the floor after a second stage: 68 restores (the "
+                                          "pilot's 64 estimated 68): about 75 restores would reach it at the spread measured")
+    over = SimpleNamespace(reason="over_cap", num_pilot=64, restores_to_resolve=1200, max_restores=160)
+    wide = {"resolved": False, "num_restores": 64, "restores_to_resolve": 1210}
+    assert _stage_clause(wide, over) == ("; not resolved to 10% of the floor: about 1,210 restores would reach it at the "
+                                         "spread measured (over MAX_RESTORES=160, not run), so more restores are not "
+                                         "the way to resolve it")
+    # without a plan (runs before the design): as before
+    assert _stage_clause(wide) == ("; not resolved to 10% of the floor: about 1,210 restores would reach it at the "
+                                   "spread measured, so more restores are not the way to resolve it")
+    assert _stage_clause(row) == "; resolved to 10% of the floor"
+
+
+def test_the_plan_states_the_bound_and_the_likely_count():
+    cfg = build(experiment.CrossoverParams, {**CFG, "MAX_RESTORES": 40})
+    plan = experiment.plan(cfg)
+    assert "16 per memory restore path (a pilot: up to 40 where it leaves a point unresolved)" in plan["restore pairs"]
+    assert f"{2 * 16} rows, at most {2 * 40}" in plan["restore pairs"]
+    assert "at most" in plan["expected duration"] and "MAX_RESTORES=40" in plan["expected duration"]
+    fixed = experiment.plan(build(experiment.CrossoverParams, {**CFG, "MAX_RESTORES": 0}))
+    assert "at most" not in fixed["restore pairs"] and "at most" not in fixed["expected duration"]
+    likely, _ = experiment.expected_duration(cfg)
+    most, _ = experiment.expected_duration(cfg, most=True)
+    assert likely.low < most.low and likely.high < most.high
