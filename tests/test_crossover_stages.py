@@ -19,7 +19,7 @@ from kmesh_lib.sections.crossover.captures import CAPTURES, PairPlan, PairRow
 from kmesh_lib.sections.crossover.checks import PAIRED_CHECKS, PLANS_SINCE, paired_checks
 from kmesh_lib.sections.crossover.summary import _stage_clause
 
-N = 512
+N = 16384  # a point the half-width goal judges (RESOLVE_MIN_TOKENS): only there does a second stage run
 PATH, RESIDENT = "gpubuf_retained", "gpubuf_resident"
 FLOOR_S = 0.001  # the device floor before the point: 1 ms
 CFG = dict(MODELS=["tiny"], CONTEXT_TOKENS_GRID=[N], NUM_GPU_BLOCKS=65, MAX_MODEL_LEN=1024, ARENA_MIB=64,
@@ -89,6 +89,18 @@ def test_an_unresolved_pilot_within_the_cap_runs_exactly_what_its_spread_asks_fo
     unfloored = cr.pair_plan(pilot, as_point_floors([{**BEFORE, "floors": {}}]), 16, 160)
     assert (unfloored["reason"], unfloored["num_pairs_planned"]) == ("no_estimate", 16)
     assert set(PairPlan.model_fields) == {"model", "tier", "context_tokens", "path", *plan}
+
+
+def test_a_point_the_goal_does_not_judge_runs_no_second_stage():
+    """The half-width goal judges RESOLVE_MIN_TOKENS and more on RESOLVE_PATHS: a pilot elsewhere keeps its count
+    (a second stage there spends device time on a figure no check asks to resolve), its estimate recorded."""
+    pilot = _pilot(_spans(0.3))
+    need = _expected_count(pilot)
+    short = [p.model_copy(update={"context_tokens": cr.RESOLVE_MIN_TOKENS // 2}) for p in pilot]
+    floor = as_point_floors([{**BEFORE, "context_tokens": cr.RESOLVE_MIN_TOKENS // 2}])
+    plan = cr.pair_plan(short, floor, 16, 10 * need)
+    assert (plan["reason"], plan["num_pairs_planned"], plan["restores_to_resolve"]) == ("no_goal", 16, need)
+    assert cr.pair_plan(pilot, as_point_floors([BEFORE]), 16, 10 * need)["reason"] == "extended"
 
 
 def test_max_restores_is_off_or_at_least_the_pilot():

@@ -271,7 +271,7 @@ class PairPlan(CaptureRecord):
     restores_to_resolve: int | None  # what the pilot's spread asks for (``report.restores_needed``); None: resolved
     # or no estimate
     num_pairs_planned: int  # the pairs the point runs in all: the pilot's, plus a second stage where ``extended``
-    reason: str  # ``report.PLAN_REASONS``: off | resolved | extended | over_cap | no_estimate
+    reason: str  # ``report.PLAN_REASONS``: off | no_goal | resolved | extended | over_cap | no_estimate
 
 
 CAPTURES = {"models.jsonl": ChildSummary, "stores.jsonl": StoreRecord, "rows.jsonl": GridRow, "pairs.jsonl": PairRow,

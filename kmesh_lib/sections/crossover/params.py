@@ -69,8 +69,9 @@ class CrossoverParams(SourceRunParams):
     NUM_DISK_RESTORES: Count = Field(
         4, description="the same pairs for the disk restore paths (each restore reads the context from disk)")
     MAX_RESTORES: Count = Field(
-        0, description="a second stage for the memory restore paths (0: off, NUM_RESTORES fixed): where a point's "
-                       "NUM_RESTORES pairs (the pilot) leave its span unresolved against the floor measured before it "
+        0, description="a second stage for the memory restore paths (0: off, NUM_RESTORES fixed): where a point the "
+                       "half-width goal judges (16,384 tokens and more) has NUM_RESTORES pairs (the pilot) that leave "
+                       "its span unresolved against the floor measured before it "
                        "and the restores the pilot's spread asks for are at most this many, the point runs the rest "
                        "(raw/pair_plans.jsonl records each decision); disk paths keep NUM_DISK_RESTORES")
     FLOOR_REPEATS: PositiveCount = Field(

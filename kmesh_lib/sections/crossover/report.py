@@ -1061,7 +1061,9 @@ PLAN_REASONS = {"off": "MAX_RESTORES=0: the pilot's count is the point's",
                 "resolved": "the pilot resolved the span against the floor measured before the point",
                 "extended": "unresolved; the restores the pilot's spread asks for are within MAX_RESTORES: run the rest",
                 "over_cap": "unresolved; the restores the pilot's spread asks for exceed MAX_RESTORES: not run",
-                "no_estimate": "unresolved, and the pilot gives no count (no floor, fewer than two spans, or one streak)"}
+                "no_estimate": "unresolved, and the pilot gives no count (no floor, fewer than two spans, or one streak)",
+                "no_goal": "a point the half-width goal does not judge (under RESOLVE_MIN_TOKENS, or a path outside "
+                           "RESOLVE_PATHS): the pilot's count stands, its estimate recorded"}
 
 
 def pair_plan(pilot: list[PairRow], before: list[PointFloors], num_pilot: int, max_restores: int,
@@ -1072,7 +1074,9 @@ def pair_plan(pilot: list[PairRow], before: list[PointFloors], num_pilot: int, m
     floor's min). Where the pilot leaves the span unresolved and the restores its spread asks for
     (``restores_to_resolve``, ``restores_needed``) are at most ``max_restores``, the point runs that many in all (a
     second stage of ``num_pairs_planned - num_pilot`` pairs, Stein's two-stage design); otherwise the pilot's
-    ``num_pilot`` stand. ``reason``: one of ``PLAN_REASONS``.
+    ``num_pilot`` stand. Only where the goal judges the point (``RESOLVE_MIN_TOKENS`` and more, ``RESOLVE_PATHS``):
+    elsewhere a second stage would spend device time on a figure no check asks to resolve (``no_goal``).
+    ``reason``: one of ``PLAN_REASONS``.
 
     Invariant: a function of the pilot's pairs and the floor before the point alone, so ``checks`` recomputes it from
     raw/pairs.jsonl (the first ``num_pilot`` pairs) and raw/point_floors.jsonl ("before").
@@ -1084,8 +1088,11 @@ def pair_plan(pilot: list[PairRow], before: list[PointFloors], num_pilot: int, m
     rows = resolution_table(pilot, before, bound)
     row = rows[0] if len(rows) == 1 else {}
     needed = row.get("restores_to_resolve")
+    judged = bool(pilot) and pilot[0].context_tokens >= RESOLVE_MIN_TOKENS and pilot[0].pair_arm in RESOLVE_PATHS
     if max_restores == 0:
         reason = "off"
+    elif not judged:
+        reason = "no_goal"
     elif row.get("resolved"):
         reason = "resolved"
     elif needed is None:
