@@ -237,8 +237,9 @@ def test_the_summary_says_how_a_points_count_came_about():
 def test_the_plan_states_the_bound_and_the_likely_count():
     cfg = build(experiment.CrossoverParams, {**CFG, "MAX_RESTORES": 40})
     plan = experiment.plan(cfg)
-    assert "16 per memory restore path (a pilot: up to 40 where it leaves a point unresolved)" in plan["restore pairs"]
-    assert f"{2 * 16} rows, at most {2 * 40}" in plan["restore pairs"]
+    assert ("16 per memory restore path (a pilot: up to 40 where it leaves a point of 16,384 tokens or more "
+            "unresolved)") in plan["restore pairs"]
+    assert f"{2 * 16} rows in all, at most {2 * 40}" in plan["restore pairs"]
     assert "at most" in plan["expected duration"] and "MAX_RESTORES=40" in plan["expected duration"]
     fixed = experiment.plan(build(experiment.CrossoverParams, {**CFG, "MAX_RESTORES": 0}))
     assert "at most" not in fixed["restore pairs"] and "at most" not in fixed["expected duration"]

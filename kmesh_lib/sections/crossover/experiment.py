@@ -60,6 +60,7 @@ from kmesh_lib.sections.crossover.arms import KIND, Context, RestoreBench
 from kmesh_lib.sections.crossover.captures import PairRow, PointFloors
 from kmesh_lib.sections.crossover.params import (
     MIB,
+    RESOLVE_MIN_TOKENS,
     CrossoverParams,
     arms_of,
     grid_size,
@@ -81,8 +82,7 @@ def unit_duration(cfg: CrossoverParams, model: str, tier_name: str, most: bool =
     arms: recompute and the resident arm's warm-up prefill the context, dram and disk move its bytes; then the
     paired design's restores, between two measurements of the point's floors. The pairs are the pilot's
     (``num_pairs``: the likely figure); ``most``: every memory point's second stage run to MAX_RESTORES
-    (``max_pairs``: the bound)."""
-    count = max_pairs if most else num_pairs
+    (``max_pairs``: the bound, at the points a second stage may run)."""
     device = "cuda" if cfg.DEVICE == "cuda" else "cpu"
     total, notes = costs.LMCACHE_CHILD_S[device], []
     if not cfg.ENFORCE_EAGER:
@@ -100,7 +100,7 @@ def unit_duration(cfg: CrossoverParams, model: str, tier_name: str, most: bool =
         # the paired design: a row's light preparation (a reset and a drain), a disk restore's read; its first
         # pair's full preparation; the floors before and after (a disk floor writes its file, then reads it)
         for a in arms:
-            pairs = count(cfg, a)
+            pairs = max_pairs(cfg, a, n) if most else num_pairs(cfg, a)
             if pairs:
                 follow = (moved if KIND[a] == "disk" else costs.Span(0, 0)) + 2 * step + 2 * PAIR_PREP_S
                 total += pairs * follow + kind[KIND[a]] + costs.ROW_PREP_S
@@ -187,22 +187,23 @@ def plan(cfg: CrossoverParams) -> dict:
 
     duration, notes = expected_duration(cfg)
     kv = {m: f"{resolve(m).kv_bytes_per_token(cfg.DTYPE) // 1024} KiB/token" for m in cfg.MODELS}
-    # a second stage runs only where a pilot leaves a point unresolved: the pilot's count is the likely figure, every
-    # memory point extended to MAX_RESTORES the bound
+    # a second stage runs only where a pilot leaves a point the goal judges unresolved: the pilot's count is the
+    # likely figure, every such point extended to MAX_RESTORES the bound
     staged = pair_rows(cfg, most=True) > pair_rows(cfg)
     most = expected_duration(cfg, most=True)[0] if staged else duration
     return {"path": cfg.path, "models": cfg.MODELS, "kv per token": kv, "context lengths": cfg.CONTEXT_TOKENS_GRID,
             "arms": cfg.ARMS, "repeats": f"{cfg.WARMUP_REPEATS} warm-up + {cfg.NUM_REPEATS} measured",
             "rows": grid_size(cfg),
             "restore pairs": (f"{cfg.NUM_RESTORES} per memory restore path"
-                              + (f" (a pilot: up to {cfg.MAX_RESTORES} where it leaves a point unresolved)" if staged
+                              + (f" (a pilot: up to {cfg.MAX_RESTORES} where it leaves a point of {RESOLVE_MIN_TOKENS:,} tokens "
+                                    "or more unresolved)" if staged
                                  else "")
-                              + f", {cfg.NUM_DISK_RESTORES} per disk path, per point: {pair_rows(cfg)} rows"
+                              + f", {cfg.NUM_DISK_RESTORES} per disk path: {pair_rows(cfg)} rows in all"
                               + (f", at most {pair_rows(cfg, most=True)}" if staged else "")
                               if pair_rows(cfg) else "none (NUM_RESTORES=0)"),
             "tiers": tiers(cfg), "engine starts": len(cfg.MODELS) * len(tiers(cfg)),
             "children": children_plan(cfg),
-            "expected duration": f"{duration}" + (f"; at most {most} with every memory point's second stage run to "
+            "expected duration": f"{duration}" + (f"; at most {most} with every second stage run to "
                                                   f"MAX_RESTORES={cfg.MAX_RESTORES}" if staged else "")
                                  + (f"; {'; '.join(notes)}" if notes else ""),
             costs.GPU_TIME: costs.gpu_time(cfg.DEVICE, duration),

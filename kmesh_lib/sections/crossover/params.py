@@ -195,18 +195,29 @@ def num_pairs(cfg: CrossoverParams, arm: str) -> int:
     return cfg.NUM_DISK_RESTORES if KIND[arm] == "disk" else cfg.NUM_RESTORES
 
 
-def max_pairs(cfg: CrossoverParams, arm: str) -> int:
-    """The most pairs of ``arm`` per (model, context): a memory path's MAX_RESTORES where its second stage is on
-    (``report.pair_plan``), else ``num_pairs``."""
+RESOLVE_MIN_TOKENS = 16384  # the half-width goal judges every point of this many tokens and more ...
+RESOLVE_PATHS = ("dram", "lmcache_mp", "gpubuf_retained", "gpubuf_layered", "gpubuf_offthread", "native_offload")
+# ... on these restore paths: the only points a second stage runs at (``report.pair_plan``)
+
+
+def staged(cfg: CrossoverParams, arm: str, context_tokens: int) -> bool:
+    """Whether ``arm``'s pilot at ``context_tokens`` may get a second stage: MAX_RESTORES on, a point the goal judges."""
+    return bool(cfg.MAX_RESTORES and num_pairs(cfg, arm) and context_tokens >= RESOLVE_MIN_TOKENS
+                and arm in RESOLVE_PATHS)
+
+
+def max_pairs(cfg: CrossoverParams, arm: str, context_tokens: int) -> int:
+    """The most pairs of ``arm`` at ``context_tokens``: MAX_RESTORES where its second stage may run (``staged``),
+    else ``num_pairs``."""
     pairs = num_pairs(cfg, arm)
-    return max(pairs, cfg.MAX_RESTORES) if pairs and KIND[arm] == "memory" and cfg.MAX_RESTORES else pairs
+    return max(pairs, cfg.MAX_RESTORES) if staged(cfg, arm, context_tokens) else pairs
 
 
 def pair_rows(cfg: CrossoverParams, most: bool = False) -> int:
-    """Rows of raw/pairs.jsonl the params plan: two follow-ups per pair (``most``: with every memory point's second
-    stage run to MAX_RESTORES, the bound)."""
-    count = max_pairs if most else num_pairs
-    return len(cfg.MODELS) * len(cfg.CONTEXT_TOKENS_GRID) * sum(2 * count(cfg, a) for a in cfg.ARMS)
+    """Rows of raw/pairs.jsonl the params plan: two follow-ups per pair (``most``: with every second stage the
+    params allow run to MAX_RESTORES, the bound)."""
+    return len(cfg.MODELS) * sum(2 * (max_pairs(cfg, a, n) if most else num_pairs(cfg, a))
+                                 for n in cfg.CONTEXT_TOKENS_GRID for a in cfg.ARMS)
 
 
 def grid_size(cfg: CrossoverParams) -> int:

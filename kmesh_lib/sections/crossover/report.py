@@ -44,6 +44,7 @@ from kmesh_lib.sections.crossover.arms import (
     measured_at,
 )
 from kmesh_lib.sections.crossover.captures import NO_SPLIT, FollowUp, PairRow, PointFloors, RestoreSplit
+from kmesh_lib.sections.crossover.params import RESOLVE_MIN_TOKENS, RESOLVE_PATHS
 
 RESTORES = RESTORE_ARMS
 # Each path's transfer floor from the floors the run measured: "copy" host->device (a host memcpy on
@@ -191,7 +192,7 @@ def floor_table(table: list[dict], floors: dict) -> list[dict]:
     return out
 
 
-GOAL_MIN_TOKENS = 16384  # issue 13's goals: judged at every grid point of this many tokens and more
+GOAL_MIN_TOKENS = RESOLVE_MIN_TOKENS  # issue 13's goals: judged at every grid point of this many tokens and more
 GOAL_X = 1.2  # ... a restore within this factor of its floor, the retained GPU buffer of the resident follow-up
 
 
@@ -818,9 +819,9 @@ def floor_plot(floors: list[dict], path_out, splits: list[dict] | None = None, m
 
 # -- the paired design (raw/pairs.jsonl, raw/point_floors.jsonl): each restore's own span and its first token against
 # the resident follow-up next to it, judged against its floor measured before and after the point --
-RESOLVE_MIN_TOKENS = GOAL_MIN_TOKENS  # the half-width goal: judged at every point of this many tokens and more
+# the half-width goal judges every point of RESOLVE_MIN_TOKENS and more on RESOLVE_PATHS (params: a second stage runs
+# only there) ...
 RESOLVE_FRACTION = 0.1  # ... the span's 95% interval no wider than this fraction of the floor on either side
-RESOLVE_PATHS = ("dram", "lmcache_mp", "gpubuf_retained", "gpubuf_layered", "gpubuf_offthread", "native_offload")
 MP_PATHS = ("mp",)  # rows.jsonl's path of LMCache's server (its lookup is the L2 -> L1 load: part of a disk span)
 
 
@@ -1089,6 +1090,7 @@ def pair_plan(pilot: list[PairRow], before: list[PointFloors], num_pilot: int, m
     row = rows[0] if len(rows) == 1 else {}
     needed = row.get("restores_to_resolve")
     judged = bool(pilot) and pilot[0].context_tokens >= RESOLVE_MIN_TOKENS and pilot[0].pair_arm in RESOLVE_PATHS
+    # (params.staged: the same points, so kmesh plan's bound counts only second stages that can run)
     if max_restores == 0:
         reason = "off"
     elif not judged:
