@@ -239,10 +239,18 @@ def test_the_gpu_buffer_tier_restores_as_the_checks_read_it(smoke_run):
             assert [rows[a]["split"]["wait_at"] for a in arms[:3]] == ["forward", "layer", "forward"]
             assert rows["gpubuf_layered"]["split"]["num_layer_waits"] == rows["gpubuf_layered"]["split"]["num_copy_groups"] > 1
             assert all(r["forward_step_s"] > 0 for r in rows.values())  # the resident control's forward pass too
+            # ... and the host's time queueing it, host stamps on both builds: on the CPU build the same span
+            assert all(r["forward_queue_s"] == r["forward_step_s"] for r in rows.values())
             # each restore's end to its forward pass's first layer: host time after its own windows, under the step
             assert all(0 < rows[a]["split"]["to_forward_s"] < rows[a]["ttft_s"] for a in arms[:3])
             assert rows["gpubuf_retained"]["memory_tier_bytes"] >= n * 1024
             assert rows["gpubuf_disk"]["memory_tier_bytes_after"] == 0 and rows["gpubuf_disk"]["split"]["disk_read_s"] > 0
+    # the paired design's rows too, both roles: a restore's forward pass and its resident control's, each with the
+    # host's time queueing it (what tells a launch-bound pass on CUDA)
+    pairs = [p for p in run.records("pairs.jsonl") if p.tier == "gpubuf"]
+    assert {p.role for p in pairs} == {"restore", "resident"}
+    assert all(p.forward_queue_s > 0 and p.forward_queue_s == p.forward_step_s for p in pairs), \
+        [(p.tag, p.role, p.forward_queue_s) for p in pairs]
     [model] = [m for m in run.raw("models.jsonl") if m["tier"] == "gpubuf"]
     assert model["tier_route"]["route_used"] == "host-staged"
     assert sorted((s["context_tokens"]) for s in run.raw("stores.jsonl") if s["tier"] == "gpubuf") == [256, 512]

@@ -574,7 +574,8 @@ def test_vllm_cpu_engine_restores_give_the_recomputed_outputs(tmp_path, wait_at)
         assert [t["source"] for t in restores] == ["disk", "buffer"]
         tier.time_forward_steps(True)  # vLLM's own runner calls the hooks that time each forward pass
         run(engine, "timed", ctx + [9, 11], max_tokens=2)
-        assert [s["forward_s"] > 0 for s in tier.take_forward_steps()] == [True, True]
+        # the host's time queueing each pass beside it: host stamps on both builds, so here the same span
+        assert [s["forward_s"] > 0 and s["queue_s"] == s["forward_s"] for s in tier.take_forward_steps()] == [True, True]
         for r in restores:
             assert r["wait_at"] == wait_at and r["critical_s"] is not None
             assert r["num_layer_waits"] == (r["num_copy_groups"] if wait_at == "layer" else 0)
@@ -782,6 +783,10 @@ def test_forward_passes_are_timed_only_when_asked_and_taken_once(tmp_path):
         steps = tier.take_forward_steps()
         assert len(steps) == 2  # the prefill step (with the restore) and the one decode step
         assert all(t0 <= s["t_start_ns"] <= time.monotonic_ns() and s["forward_s"] >= 0 for s in steps)
+        # the host's time from the first attention layer to wait_for_save (the pass queued): host stamps on CUDA
+        # too; on the CPU build the pass's span is the same two stamps
+        assert all(s["t_start_ns"] + 1e9 * s["queue_s"] <= time.monotonic_ns() and s["queue_s"] == s["forward_s"]
+                   for s in steps)
         assert steps[0]["t_start_ns"] < steps[1]["t_start_ns"] and tier.take_forward_steps() == []
     finally:
         engine.close()

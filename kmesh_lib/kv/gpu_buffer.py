@@ -303,19 +303,22 @@ class GpuBufferTier:
 
     def take_forward_steps(self) -> list[dict]:
         """Forward passes timed since the last call, oldest first: ``t_start_ns`` (the host reached its first
-        attention layer) and ``forward_s`` (from there to its end on the GPU; host stamps on the CPU build)."""
+        attention layer), ``forward_s`` (from there to its end on the GPU; host stamps on the CPU build) and
+        ``queue_s`` (the host's time from there to ``wait_for_save``, the whole pass queued; host stamps on both
+        builds, so on the CPU build it equals ``forward_s``). On CUDA, ``queue_s`` as long as ``forward_s`` says the
+        GPU pass was waiting on the host (launch-bound)."""
         worker = self.shared.worker
         if worker is None:
             return []
         steps, worker.forward_steps = worker.forward_steps, []
         out = []
-        for t_start_ns, start, end in steps:
+        for t_start_ns, start, t_end_ns, end in steps:
             if isinstance(end, int):
                 seconds = (end - start) / 1e9
             else:
                 end.synchronize()
                 seconds = start.elapsed_time(end) / 1e3
-            out.append({"t_start_ns": t_start_ns, "forward_s": seconds})
+            out.append({"t_start_ns": t_start_ns, "forward_s": seconds, "queue_s": (t_end_ns - t_start_ns) / 1e9})
         return out
 
     def take_reference(self) -> None:

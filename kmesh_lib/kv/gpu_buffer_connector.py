@@ -39,7 +39,9 @@ With ``GpuBufferTier.time_forward_steps(True)`` every forward pass is timed from
 (the first ``wait_for_layer_load``: after a whole copy, before any layer wait) to its end (``wait_for_save``),
 events on CUDA: the forward pass's own GPU span, which a copy running beside it (layer waits) can stretch and
 a resident step's gives the control for. (Not from ``start_load_kv``: vLLM 0.32 calls it after the forward
-pass on steps without a synchronous load.)
+pass on steps without a synchronous load.) Beside it, host stamps taken next to those events time how long the
+host took to queue the pass over the same stretch: where that is as long as the GPU span, the GPU was waiting on
+the host (launch-bound), and a copy the host queues ahead of the pass can hide under that wait.
 
 Either way ``start_load_kv`` stamps when the forward pass is queued, so a restore's timeline tells
 its host part from the time the forward pass waited on its copy (``RestoreTimeline``). A save is queued in the
@@ -159,7 +161,8 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
             self._next_group = 0  # the first group the forward pass has not waited for yet
             self.time_forward = False  # GpuBufferTier.time_forward_steps: stamp every forward pass
             self._forward_start = None  # (t_ns, event; the stamp on CPU): this step's first attention layer
-            self.forward_steps: list[tuple] = []  # (t_start_ns, start, end): events on CUDA, else CPU stamps
+            self.forward_steps: list[tuple] = []  # (t_start_ns, start, t_end_ns, end): the t_*_ns host stamps; start,
+            # end events on CUDA, else the same host stamps
             self.shared.worker = self
 
     # ==============================
@@ -347,7 +350,8 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
 
     def wait_for_save(self) -> None:
         if self._forward_start is not None:  # vLLM calls this once the forward pass is queued
-            self.forward_steps.append((*self._forward_start, self.arena.event() or _ns()))
+            t_end_ns = _ns()  # before the event, as at the start: the host's queueing time spans the same calls
+            self.forward_steps.append((*self._forward_start, t_end_ns, self.arena.event() or t_end_ns))
             self._forward_start = None
         self._end_step()
         self._run_saves()

@@ -18,6 +18,8 @@ Every published run reads as version 1 with these classes. What the runs publish
 - the 1 Dec GPU runs (gpu-20261201-*) were recorded before the Williams order: no ``arm_position`` and
   ``previous_arm``; before the GPU buffer timed its forward passes and its reference clock: no ``forward_step_s``
   and ``reference_clock``; and before ``grid_s`` and ``launch_thread_cpu_s`` were taken;
+- every run published up to 6 Dec 2026 (gpu-20261206-085915-4eef the last) was recorded before the GPU buffer timed
+  the host's queueing of its forward passes: no ``forward_queue_s``;
 - no published run has ``raw/pairs.jsonl`` or ``raw/point_floors.jsonl`` (recorded before the paired design).
 """
 from __future__ import annotations
@@ -180,6 +182,9 @@ class FollowUp(CaptureRecord):
     memory_tier_bytes_after: int | None = None  # GPU buffer rows: its memory copy after the follow-up
     forward_step_s: float | None = None  # GPU buffer rows: the first token's forward pass (None: none seen); absent
     # from other tiers and from the runs of 1 Dec, recorded before the tier timed it
+    forward_queue_s: float | None = None  # GPU buffer rows: the host's time to queue the forward pass from its first
+    # attention layer (to ``wait_for_save``); where it is as long as forward_step_s the GPU pass was waiting on the
+    # host (launch-bound); None as forward_step_s; absent from runs before this (6 Dec 2026)
     split: RestoreSplit | None = None  # a restore's timeline: GPU buffer rows with a restore, vLLM's CPU tier's rows
     # with external hits (absent elsewhere)
     external_hit_tokens: int | None = None  # vLLM's CPU tier's rows: its statistics' external hits
