@@ -606,3 +606,27 @@ def test_the_resolution_table_pairs_the_forward_passes_of_the_same_pairs():
                     "floors": {"copy": {"median_s": 0.013}}}]
     (plain,) = cr.resolution_table(as_pair_rows(dram), as_point_floors(dram_floors))
     assert not {"forward_difference_ms", "forward_difference_ci_ms", "num_forward_pairs"} & set(plain)
+
+
+def test_the_resolution_table_says_where_the_host_stood_when_each_copy_ended():
+    """Each GPU-buffer restore's ``to_forward_s`` (the host's stamp at the forward pass's first attention layer less
+    the copy's end): its median and 95% interval per point, and how many copies ended before the host reached that
+    layer (> 0). A restore without the stamp is left out of both counts; a path whose restores record none (runs before
+    3 Dec 2026, LMCache's paths) has none of the columns."""
+    from kmesh_lib.base.intervals import median_of_differences
+
+    k = 16
+    rows = _pairs("gpubuf_retained", [1.38] * k, [21.0] * k, [20.0] * k)
+    gaps = {p: 0.7 + 0.01 * (p % 4) - (1.0 if p == 5 else 0.0) for p in range(k) if p != 2}  # pair 5: host first
+    for r in rows:
+        if r["role"] == "restore" and r["pair"] in gaps:
+            r["split"]["to_forward_s"] = gaps[r["pair"]] / 1e3
+    floors = [{"model": "m", "context_tokens": N, "tier": "gpubuf", "when": "before", "floors": {"device": {"median_s": 0.0013}}}]
+    (row,) = cr.resolution_table(as_pair_rows(rows), as_point_floors(floors))
+    median, low, high = median_of_differences(list(gaps.values()))
+    assert (row["num_to_forward"], row["num_ended_before_forward"]) == (k - 1, k - 2)
+    assert row["to_forward_ms"] == pytest.approx(median, abs=1e-4)
+    assert row["to_forward_ci_ms"] == pytest.approx([low, high], abs=1e-4)
+    (plain,) = cr.resolution_table(as_pair_rows(_pairs("gpubuf_retained", [1.38] * k, [21.0] * k, [20.0] * k)),
+                                   as_point_floors(floors))
+    assert not {"to_forward_ms", "to_forward_ci_ms", "num_to_forward", "num_ended_before_forward"} & set(plain)

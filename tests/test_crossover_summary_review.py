@@ -257,3 +257,37 @@ def test_a_first_token_below_its_floor_says_what_the_same_pairs_forward_passes_d
                 {**paired, "forward_difference_ci_ms": [None, None]}):
         assert "in the same pairs" not in summary._resolution_sentences([row])[0]
         assert "in the same pairs" not in summary._floor_sentences({**tables, "restore_resolution": [row]}, N)[0]
+
+
+def test_a_first_token_below_its_floor_says_where_the_host_stood_when_the_copy_ended():
+    """b298's 7B GPU buffer: first tokens below the copy's floor at 16,384 and 32,512 tokens, which the README called
+    not explained. Each restore stamps where the host stood when its copy ended (``to_forward_ms``): 0.63-0.72 ms before
+    the forward pass's first attention layer at every context while the copy grew from 0.11 to 1.38 ms, so the host
+    waits for the copy before that layer, and the host work up to that wait ran beside the copy. The clause says it
+    where the first token is below its floor and the row has the stamp; the range needs the same path's other points
+    (one point alone says only that the copy ran beside host work); any other verdict adds nothing."""
+    below = "below its floor (a method problem, not a result)"
+    base = {"model": "m", "path": "gpubuf_retained", "num_pairs": 64, "num_restores": 64, "span_ci_ms": [1.374, 1.380],
+            "floor_ms": [1.259, 1.301], "span_verdict": "1.06\u20131.10\u00d7 its floor", "ttft_difference_ms": 0.753,
+            "ttft_difference_ci_ms": [0.610, 1.003], "resolved": True, "num_to_forward": 64}
+    longest = {**base, "context_tokens": 32512, "span_ms": 1.378, "ttft_verdict": below, "to_forward_ms": 0.722,
+               "to_forward_ci_ms": [0.699, 0.744], "num_ended_before_forward": 64}
+    short = {**base, "context_tokens": 1024, "span_ms": 0.115, "ttft_verdict": "1.9\u20132.1\u00d7 its floor",
+             "to_forward_ms": 0.634, "to_forward_ci_ms": [0.61, 0.65], "num_ended_before_forward": 64}
+    every = [short, longest]
+    [line] = summary._resolution_sentences([longest], {}, every)
+    assert line.endswith(
+        "; in 64 of its 64 restores the copy had ended before the host reached the forward pass's first attention layer "
+        "(0.722 ms [0.699, 0.744] before, median), and 0.63-0.72 ms before at every context from 1,024 tokens while the "
+        "restore grew from 0.12 to 1.38 ms: the host waits for the copy before that layer, so the step's host work "
+        "between the copy's launch and that wait ran beside the copy, work a resident step does too; where the host "
+        "waits, the records do not show.")
+    alone = summary._resolution_sentences([longest], {}, [longest])[0]
+    assert "at every context" not in alone and "the copy ran beside host work of the step" in alone
+    for row in ({**longest, "ttft_verdict": "at the floor"}, {k: v for k, v in longest.items() if k != "to_forward_ms"}):
+        assert "before the host reached" not in summary._resolution_sentences([row], {}, every)[0]
+    # the answer's floor sentences say it too, from the whole table
+    tables = {"floor_distance": [{"model": "m", "context_tokens": 32512, "path": "gpubuf_retained",
+                                  "restore_cost_ms": 0.9, "transfer_floor_ms": 1.28, "x_floor": 0.7}],
+              "restore_resolution": every}
+    assert "0.63-0.72 ms before at every context" in summary._floor_sentences(tables, 32512)[0]

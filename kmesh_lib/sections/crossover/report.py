@@ -944,7 +944,16 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors], boun
     pairs where both record it, and ``forward_difference_ci_ms``, its 95% interval as ``ttft_difference_ci_ms`` has
     its own; a row whose pairs record none (LMCache's paths, vLLM's CPU tier) has none of the three (review finding,
     6 Dec 2026: b298's summary set the grid's ``forward_steps``, -0.57 ms at 32,512 tokens, beside a paired first
-    token whose own pairs' forward passes differed by -0.22 ms)."""
+    token whose own pairs' forward passes differed by -0.22 ms).
+
+    Where the restores stamp where the host stood when their copy ended (``split.to_forward_s``: the host's stamp at
+    the forward pass's first attention layer less the copy's end, on the GPU's clock through the step's reference),
+    the row adds its median and 95% interval (``to_forward_ms``, ``to_forward_ci_ms``) and how many of the
+    ``num_to_forward`` restores had their copy end before the host reached that layer (``num_ended_before_forward``,
+    ``to_forward_s`` > 0). A copy that ends before the host reaches the forward pass ran beside host work of the step;
+    a gap that stays the same while the copy grows from context to context says the host waited for the copy before
+    it reached that layer (6 Dec 2026: b298's 7B GPU buffer, 0.49-0.72 ms at every context while the copy grew from
+    0.05 to 1.3 ms, beside first tokens below the copy's floor at 16,384 and 32,512 tokens)."""
     floors: dict[tuple, list[PointFloors]] = {}
     for f in point_floors:
         floors.setdefault((f.model, f.context_tokens, f.tier), []).append(f)
@@ -1016,6 +1025,13 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors], boun
             f_med, f_low, f_high = median_of_differences(forward)
             row.update(forward_difference_ms=_round(f_med), forward_difference_ci_ms=[_round(f_low), _round(f_high)],
                        num_forward_pairs=len(forward))
+        # where the host stood when the copy ended: its stamp at the forward pass's first attention layer less the
+        # copy's end on the GPU's clock (``to_forward_s``, GPU-buffer restores since 3 Dec 2026)
+        reached = [1e3 * r.split.to_forward_s for r in restores if r.split is not None and r.split.to_forward_s is not None]
+        if reached:
+            t_med, t_low, t_high = median_of_differences(reached)
+            row.update(to_forward_ms=_round(t_med), to_forward_ci_ms=[_round(t_low), _round(t_high)],
+                       num_to_forward=len(reached), num_ended_before_forward=sum(1 for t in reached if t > 0))
         out.append(row)
     return out
 

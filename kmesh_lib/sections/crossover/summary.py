@@ -311,7 +311,8 @@ def answer(run: RunFiles) -> str:
                "threads and bound nothing, so it reads below its timed floor and is not judged")
             + f"); points of {_n(report.RESOLVE_MIN_TOKENS)} tokens "
             "and more, else each model's longest; every point in the restore_resolution table):\n\n"
-            + "\n".join(f"- {line}" for line in _resolution_sentences(resolution, pair_plans(run))))
+            + "\n".join(f"- {line}" for line in _resolution_sentences(resolution, pair_plans(run),
+                                                                      tables.get("restore_resolution"))))
     body = "\n".join(text[:2]) + "\n\n" + "\n".join(text[2:2 + len(per_model)]) + "\n\n"
     if not split_lines:
         return body + " ".join(text[2 + len(per_model):-1]) + (f"\n\n{goals}\n\n" if goals else " ") + text[-1]
@@ -379,7 +380,7 @@ def _floor_sentences(tables: dict, longest: int, rows: list[GridRow] | None = No
                    + (f"follow-up [{low:+,.1f}, {high:+,.1f}] (two unpaired medians of the grid's repeats, 95% bootstrap): "
                       f"{verdict}{_reach(verdict, high, [floor, floor])}" if low == low else "follow-up (no interval)")
                    + f" (transfer floor {floor:,.1f} ms, measured once)"
-                   + _paired_clause(paired.get((r["model"], r["path"])))
+                   + _paired_clause(paired.get((r["model"], r["path"])), tables.get("restore_resolution") or [])
                    + (f"; the longest part of the restore is {part[0]} ({part[1]:,.1f} ms)" if part else "") + ".")
     return out
 
@@ -394,7 +395,7 @@ def _reach(verdict: str, high: float, floor_ms: list[float] | None) -> str:
     return f" (its interval reaches {high / floor_ms[0]:.2f}\u00d7 the floor: not told apart from a cost that far above it)"
 
 
-def _paired_clause(r: dict | None) -> str:
+def _paired_clause(r: dict | None, every: list[dict] | None = None) -> str:
     """The paired design's first-token difference at the same point (``report.resolution_table``), beside the grid's
     difference of two unpaired medians: the same cost from restores run back to back with their resident follow-up,
     judged against the floor measured around the point (review finding, 6 Dec 2026: 89ce's layered GPU buffer read
@@ -407,7 +408,7 @@ def _paired_clause(r: dict | None) -> str:
     return (f"; paired ({r['num_pairs']} restores, each beside its resident follow-up): {r['ttft_difference_ms']:+,.3f} ms "
             f"{interval} against the floor measured around the point: {r['ttft_verdict']}"
             f"{_reach(r['ttft_verdict'], high if high is not None else float('nan'), r['floor_ms'])}"
-            f"{_forward_clause(r)}")
+            f"{_forward_clause(r)}{_host_wait_clause(r, every)}")
 
 
 def _forward_clause(r: dict) -> str:
@@ -434,7 +435,37 @@ def _forward_clause(r: dict) -> str:
             "than its resident partner's, which the first-token difference includes")
 
 
-def _resolution_sentences(table: list[dict], plans: dict | None = None) -> list[str]:
+def _host_wait_clause(r: dict, every: list[dict] | None = None) -> str:
+    """Where a paired first-token difference lies below its floor, where the host stood when the copy ended
+    (``report.resolution_table``'s ``to_forward_ms``: its stamp at the forward pass's first attention layer less the
+    copy's end): a copy that ended before the host reached that layer ran beside host work of the step, which a
+    resident step does as well, so its first token need not pay the whole copy. ``every``: the run's
+    restore_resolution rows, for the same path's gap at every context; a gap that holds while the copy grows says the
+    host waited for the copy before that layer (review finding, 6 Dec 2026: b298's 7B GPU buffer, below its floor at
+    16,384 and 32,512 tokens, reached the layer 0.49-0.72 ms after the copy's end at every context while the copy grew
+    from 0.05 to 1.3 ms; the README had called the event not explained). Rows without the stamp add nothing."""
+    if not r["ttft_verdict"].startswith("below its floor") or r.get("to_forward_ms") is None:
+        return ""
+    low, high = r["to_forward_ci_ms"]
+    text = (f"; in {r['num_ended_before_forward']} of its {r['num_to_forward']} restores the copy had ended before "
+            f"the host reached the forward pass's first attention layer ({r['to_forward_ms']:,.3f} ms "
+            f"[{low:,.3f}, {high:,.3f}] before, median)")
+    same = [x for x in every or [] if (x["model"], x["path"]) == (r["model"], r["path"])
+            and x.get("to_forward_ms") is not None and x.get("span_ms") is not None]
+    if len(same) > 1:
+        gaps = [x["to_forward_ms"] for x in same]
+        spans = [x["span_ms"] for x in same]
+        shortest = _n(min(x["context_tokens"] for x in same))
+        text += (f", and {min(gaps):,.2f}-{max(gaps):,.2f} ms before at every context from {shortest} tokens while "
+                 f"the restore grew from {min(spans):,.2f} to {max(spans):,.2f} ms: the host waits for the "
+                 "copy before that layer, so the step's host work between the copy's launch and that wait ran beside "
+                 "the copy, work a resident step does too")
+    else:
+        text += ": the copy ran beside host work of the step, which a resident step does too"
+    return text + "; where the host waits, the records do not show"
+
+
+def _resolution_sentences(table: list[dict], plans: dict | None = None, every: list[dict] | None = None) -> list[str]:
     """The paired design (``report.resolution_table``), one line per (model, context, path): the restore's own span
     and the paired first-token difference, each with its 95% interval and verdict against the floor's range; where
     that difference lies below its floor, the same pairs' forward passes (``_forward_clause``). ``plans``: the
@@ -466,7 +497,7 @@ def _resolution_sentences(table: list[dict], plans: dict | None = None) -> list[
                    f"({r['num_restores']} restores"
                    + _serial_clause(r) + _pair_floor_clause(r) + _overlapped_clause(r)
                    + _stage_clause(r, plans.get((r["model"], r["context_tokens"], r["path"])))
-                   + ")" + _forward_clause(r) + ".")
+                   + ")" + _forward_clause(r) + _host_wait_clause(r, every) + ".")
     return out
 
 
