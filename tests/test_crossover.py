@@ -251,6 +251,10 @@ def test_the_gpu_buffer_tier_restores_as_the_checks_read_it(smoke_run):
     assert {p.role for p in pairs} == {"restore", "resident"}
     assert all(p.forward_queue_s > 0 and p.forward_queue_s == p.forward_step_s for p in pairs), \
         [(p.tag, p.role, p.forward_queue_s) for p in pairs]
+    # ... and the host's path to that pass's first attention layer from where vLLM starts the step's loads: the
+    # resident step stamped at the same point as the restore (vLLM 0.32 calls its start_load_kv after the pass)
+    assert all(p.forward_to_first_layer_s is not None and p.forward_to_first_layer_s >= 0 for p in pairs), \
+        [(p.tag, p.role, p.forward_to_first_layer_s) for p in pairs]
     [model] = [m for m in run.raw("models.jsonl") if m["tier"] == "gpubuf"]
     assert model["tier_route"]["route_used"] == "host-staged"
     assert sorted((s["context_tokens"]) for s in run.raw("stores.jsonl") if s["tier"] == "gpubuf") == [256, 512]

@@ -630,3 +630,33 @@ def test_the_resolution_table_says_where_the_host_stood_when_each_copy_ended():
     (plain,) = cr.resolution_table(as_pair_rows(_pairs("gpubuf_retained", [1.38] * k, [21.0] * k, [20.0] * k)),
                                    as_point_floors(floors))
     assert not {"to_forward_ms", "to_forward_ci_ms", "num_to_forward", "num_ended_before_forward"} & set(plain)
+
+
+def test_the_resolution_table_pairs_the_host_paths_to_the_first_layer_of_the_same_pairs():
+    """How much longer the restored step's host took from where vLLM starts the step's loads to its forward pass's
+    first attention layer (``forward_to_first_layer_s``) than its resident partner's: each pair's restore less its
+    resident, median and 95% interval over the pairs where both record it; a path whose pairs record none (runs before
+    6 Dec 2026, LMCache's paths) has none of the columns."""
+    from kmesh_lib.base.intervals import median_of_differences
+
+    k = 16
+    rows = _pairs("gpubuf_retained", [1.38] * k, [21.0] * k, [20.0] * k)
+    # the restore's path 0.4-0.44 ms longer than its partner's, both drifting by 3 ms over the pairs alike; pair 6's
+    # restore records none, so that pair is left out
+    for r in rows:
+        drift = 0.2 * r["pair"]
+        r["forward_to_first_layer_s"] = (None if (r["pair"], r["role"]) == (6, "restore") else
+                                         (2.0 + drift + (0.4 + 0.02 * (r["pair"] % 3) if r["role"] == "restore" else 0))
+                                         / 1e3)
+    floors = [{"model": "m", "context_tokens": N, "tier": "gpubuf", "when": "before", "floors": {"device": {"median_s": 0.0013}}}]
+    (row,) = cr.resolution_table(as_pair_rows(rows), as_point_floors(floors))
+    diffs = [0.4 + 0.02 * (p % 3) for p in range(k) if p != 6]
+    median, low, high = median_of_differences(diffs)
+    assert row["num_host_path_pairs"] == k - 1 and row["num_pairs"] == k
+    assert row["host_path_difference_ms"] == pytest.approx(median, abs=1e-4)
+    assert row["host_path_difference_ci_ms"] == pytest.approx([low, high], abs=1e-4) and low > 0  # restore less resident
+    assert "num_forward_pairs" not in row  # its own columns, not the forward pass's
+    # a run recorded before it (no pair has the field) or LMCache's pairs: none of the three columns
+    (plain,) = cr.resolution_table(as_pair_rows(_pairs("gpubuf_retained", [1.38] * k, [21.0] * k, [20.0] * k)),
+                                   as_point_floors(floors))
+    assert not {"host_path_difference_ms", "host_path_difference_ci_ms", "num_host_path_pairs"} & set(plain)

@@ -291,3 +291,32 @@ def test_a_first_token_below_its_floor_says_where_the_host_stood_when_the_copy_e
                                   "restore_cost_ms": 0.9, "transfer_floor_ms": 1.28, "x_floor": 0.7}],
               "restore_resolution": every}
     assert "0.63-0.72 ms before at every context" in summary._floor_sentences(tables, 32512)[0]
+
+
+def test_a_first_token_below_its_floor_says_how_much_later_the_restored_host_reached_the_forward_pass():
+    """Beside where the host stood when the copy ended, the same pairs' host paths from where vLLM starts the step's
+    loads to the forward pass's first attention layer (``host_path_difference_ms``): later where the interval lies
+    wholly above 0, earlier (absolute values) where wholly below, no measurable difference where it holds 0; after the
+    to_forward part, before the closing sentence. A row without it reads as before."""
+    below = "below its floor (a method problem, not a result)"
+    row = {"model": "m", "path": "gpubuf_retained", "num_pairs": 64, "num_restores": 64, "span_ci_ms": [1.374, 1.380],
+           "floor_ms": [1.259, 1.301], "span_verdict": "1.06\u20131.10\u00d7 its floor", "ttft_difference_ms": 0.753,
+           "ttft_difference_ci_ms": [0.610, 1.003], "resolved": True, "num_to_forward": 64, "context_tokens": 32512,
+           "span_ms": 1.378, "ttft_verdict": below, "to_forward_ms": 0.722, "to_forward_ci_ms": [0.699, 0.744],
+           "num_ended_before_forward": 64}
+    [before] = summary._resolution_sentences([row], {}, [row])
+    to_forward = "the copy ran beside host work of the step, which a resident step does too"
+    closing = "; where the host waits, the records do not show."
+    assert before.endswith(to_forward + closing) and "in the same pairs the restored step's host" not in before
+    cases = [([0.512, 0.498, 0.547], "reached that layer 0.512 ms [0.498, 0.547] later than its resident partner's"),
+             ([-0.0214, -0.0402, -0.0011], "reached that layer 0.021 ms [0.001, 0.040] earlier than its resident partner's"),
+             ([0.004, -0.012, 0.019], "reached that layer with no measurable difference from its resident partner's "
+                                      "(+0.004 ms [-0.012, +0.019])")]
+    for (median, low, high), said in cases:
+        line = summary._resolution_sentences([{**row, "host_path_difference_ms": median, "host_path_difference_ci_ms":
+                                               [low, high], "num_host_path_pairs": 64}], {}, [row])[0]
+        assert line == before[:-len(closing)] + "; in the same pairs the restored step's host " + said + closing
+    # any other verdict adds nothing, the host path with it
+    at = {**row, "ttft_verdict": "at the floor", "host_path_difference_ms": 0.512,
+          "host_path_difference_ci_ms": [0.498, 0.547], "num_host_path_pairs": 64}
+    assert "the restored step's host" not in summary._resolution_sentences([at], {}, [at])[0]

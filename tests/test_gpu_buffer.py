@@ -575,7 +575,10 @@ def test_vllm_cpu_engine_restores_give_the_recomputed_outputs(tmp_path, wait_at)
         tier.time_forward_steps(True)  # vLLM's own runner calls the hooks that time each forward pass
         run(engine, "timed", ctx + [9, 11], max_tokens=2)
         # the host's time queueing each pass beside it: host stamps on both builds, so here the same span
-        assert [s["forward_s"] > 0 and s["queue_s"] == s["forward_s"] for s in tier.take_forward_steps()] == [True, True]
+        # ... and the host's path to its first attention layer from the step's bind_connector_metadata: the decode
+        # step too, whose start_load_kv vLLM 0.32 calls after the pass (no synchronous load)
+        assert [s["forward_s"] > 0 and s["queue_s"] == s["forward_s"] and s["to_first_layer_s"] is not None
+                and s["to_first_layer_s"] >= 0 for s in tier.take_forward_steps()] == [True, True]
         for r in restores:
             assert r["wait_at"] == wait_at and r["critical_s"] is not None
             assert r["num_layer_waits"] == (r["num_copy_groups"] if wait_at == "layer" else 0)
@@ -787,6 +790,11 @@ def test_forward_passes_are_timed_only_when_asked_and_taken_once(tmp_path):
         # too; on the CPU build the pass's span is the same two stamps
         assert all(s["t_start_ns"] + 1e9 * s["queue_s"] <= time.monotonic_ns() and s["queue_s"] == s["forward_s"]
                    for s in steps)
+        # the host's path to the first attention layer from where vLLM starts the step's loads (its
+        # bind_connector_metadata, the runner calling start_load_kv next): the restored prefill and the decode step
+        # without a load alike, after t0 and ending where the pass's first layer was stamped
+        assert all(s["to_first_layer_s"] is not None and t0 <= s["t_start_ns"] - round(1e9 * s["to_first_layer_s"])
+                   and s["to_first_layer_s"] >= 0 for s in steps), steps
         assert steps[0]["t_start_ns"] < steps[1]["t_start_ns"] and tier.take_forward_steps() == []
     finally:
         engine.close()

@@ -306,19 +306,24 @@ class GpuBufferTier:
         attention layer), ``forward_s`` (from there to its end on the GPU; host stamps on the CPU build) and
         ``queue_s`` (the host's time from there to ``wait_for_save``, the whole pass queued; host stamps on both
         builds, so on the CPU build it equals ``forward_s``). On CUDA, ``queue_s`` as long as ``forward_s`` says the
-        GPU pass was waiting on the host (launch-bound)."""
+        GPU pass was waiting on the host (launch-bound). ``to_first_layer_s``: the host's seconds from the step's
+        ``bind_connector_metadata`` (where vLLM starts a step's synchronous loads, ``start_load_kv`` next; a step
+        without loads is stamped at the same point) to that first layer, the host path a restored step and its
+        resident partner share but for the restore's part in it; None where the step bound no metadata of its own
+        before the pass."""
         worker = self.shared.worker
         if worker is None:
             return []
         steps, worker.forward_steps = worker.forward_steps, []
         out = []
-        for t_start_ns, start, t_end_ns, end in steps:
+        for t_bound_ns, t_start_ns, start, t_end_ns, end in steps:
             if isinstance(end, int):
                 seconds = (end - start) / 1e9
             else:
                 end.synchronize()
                 seconds = start.elapsed_time(end) / 1e3
-            out.append({"t_start_ns": t_start_ns, "forward_s": seconds, "queue_s": (t_end_ns - t_start_ns) / 1e9})
+            out.append({"t_start_ns": t_start_ns, "forward_s": seconds, "queue_s": (t_end_ns - t_start_ns) / 1e9,
+                        "to_first_layer_s": None if t_bound_ns is None else (t_start_ns - t_bound_ns) / 1e9})
         return out
 
     def take_reference(self) -> None:

@@ -41,7 +41,14 @@ events on CUDA: the forward pass's own GPU span, which a copy running beside it 
 a resident step's gives the control for. (Not from ``start_load_kv``: vLLM 0.32 calls it after the forward
 pass on steps without a synchronous load.) Beside it, host stamps taken next to those events time how long the
 host took to queue the pass over the same stretch: where that is as long as the GPU span, the GPU was waiting on
-the host (launch-bound), and a copy the host queues ahead of the pass can hide under that wait.
+the host (launch-bound), and a copy the host queues ahead of the pass can hide under that wait. And the host's path
+to that first layer: a stamp in ``bind_connector_metadata``, which vLLM calls on every step before the forward pass
+and, on a step with a synchronous load, right before ``start_load_kv`` (0.32: ``_get_kv_connector_output``, nothing
+between them but ``get_forward_context``), so a restored step and a resident one are stamped at the same point of
+the runner, the one that starts the loads (``start_load_kv`` itself would not do: 0.32 calls it after the forward
+pass on a step without a synchronous load, as above, and a resident step has none). From there to the first
+attention layer the restored step does ``start_load_kv``'s work (its copy's launch where ``launch_at`` is
+"forward") and anything the host waits for there; the resident step, the rest of that path alone.
 
 Either way ``start_load_kv`` stamps when the forward pass is queued, so a restore's timeline tells
 its host part from the time the forward pass waited on its copy (``RestoreTimeline``). A save is queued in the
@@ -160,9 +167,11 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
             self._group_ticket = 0  # ... the launch thread's ticket for the last of them (0: the engine launched it)
             self._next_group = 0  # the first group the forward pass has not waited for yet
             self.time_forward = False  # GpuBufferTier.time_forward_steps: stamp every forward pass
-            self._forward_start = None  # (t_ns, event; the stamp on CPU): this step's first attention layer
-            self.forward_steps: list[tuple] = []  # (t_start_ns, start, t_end_ns, end): the t_*_ns host stamps; start,
-            # end events on CUDA, else the same host stamps
+            self._t_bound_ns = None  # the host at this step's ``bind_connector_metadata``, until the first layer
+            self._forward_start = None  # (t_bound_ns, t_ns, event; the stamp on CPU): this step's first attention layer
+            self.forward_steps: list[tuple] = []  # (t_bound_ns, t_start_ns, start, t_end_ns, end): the t_*_ns host
+            # stamps (t_bound_ns None: the step bound no metadata before the pass); start, end events on CUDA, else the
+            # same host stamps
             self.shared.worker = self
 
     # ==============================
@@ -181,6 +190,13 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
     def handle_preemptions(self, kv_connector_metadata) -> None:
         if self.config.launch_at == "step_start":
             self._queue_loads(kv_connector_metadata, "step_start")
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        # vLLM binds every step's metadata before its forward pass, right before start_load_kv where the step loads
+        # synchronously: where the host path to the first attention layer starts, for a resident step as well
+        if getattr(self, "time_forward", False):
+            self._t_bound_ns = _ns()
+        super().bind_connector_metadata(connector_metadata)
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
         meta = self._connector_metadata
@@ -284,7 +300,8 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
         if self.time_forward and self._forward_start is None and self.arena is not None:
             # the forward pass reached its first attention layer: after a whole copy, before any layer wait
             t_ns = _ns()
-            self._forward_start = (t_ns, self.arena.event() or t_ns)
+            self._forward_start = (self._t_bound_ns, t_ns, self.arena.event() or t_ns)
+            self._t_bound_ns = None  # each step's own: a pass without a bind of its own has no path to time
         if self._group_ready:
             group = self.arena.group_of.get(layer_name, len(self._group_ready) - 1)
             if group >= self._next_group:  # a later layer of a group already waited for costs a lookup only
@@ -353,6 +370,7 @@ class HostStagedGpuBuffer(KVConnectorBase_V1):
             t_end_ns = _ns()  # before the event, as at the start: the host's queueing time spans the same calls
             self.forward_steps.append((*self._forward_start, t_end_ns, self.arena.event() or t_end_ns))
             self._forward_start = None
+        self._t_bound_ns = None  # a step without a forward pass leaves none for a later one
         self._end_step()
         self._run_saves()
 

@@ -306,6 +306,8 @@ class RestoreBench:
                      if result.t_submit_ns <= s["t_start_ns"] <= result.t_first_token_ns]
             out["forward_step_s"] = steps[-1]["forward_s"] if steps else None  # the one that gave the first token
             out["forward_queue_s"] = steps[-1]["queue_s"] if steps else None  # ... and the host's time queueing it
+            # ... and the host's path to it from where vLLM starts the step's loads (a resident step: the same point)
+            out["forward_to_first_layer_s"] = steps[-1]["to_first_layer_s"] if steps else None
             if timelines:
                 out["split"] = split = gpu_buffer_split(timelines[0], result.t_submit_ns, result.t_first_token_ns)
                 # the engine thread from the restore's end to its forward pass's first attention layer: where a stall

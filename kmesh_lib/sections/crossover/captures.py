@@ -19,7 +19,8 @@ Every published run reads as version 1 with these classes. What the runs publish
   ``previous_arm``; before the GPU buffer timed its forward passes and its reference clock: no ``forward_step_s``
   and ``reference_clock``; and before ``grid_s`` and ``launch_thread_cpu_s`` were taken;
 - every run published up to 6 Dec 2026 (gpu-20261206-085915-4eef the last) was recorded before the GPU buffer timed
-  the host's queueing of its forward passes: no ``forward_queue_s``;
+  the host's queueing of its forward passes: no ``forward_queue_s``; and before it timed the host's path to their
+  first attention layer: no ``forward_to_first_layer_s``;
 - no published run has ``raw/pairs.jsonl`` or ``raw/point_floors.jsonl`` (recorded before the paired design).
 """
 from __future__ import annotations
@@ -185,6 +186,11 @@ class FollowUp(CaptureRecord):
     forward_queue_s: float | None = None  # GPU buffer rows: the host's time to queue the forward pass from its first
     # attention layer (to ``wait_for_save``); where it is as long as forward_step_s the GPU pass was waiting on the
     # host (launch-bound); None as forward_step_s; absent from runs before this (6 Dec 2026)
+    forward_to_first_layer_s: float | None = None  # GPU buffer rows: the host's time from the step's
+    # ``bind_connector_metadata`` (where vLLM starts a step's synchronous loads; a resident step is stamped at the same
+    # point) to the same forward pass's first attention layer: a restore's less its resident partner's is how much
+    # longer the restored step's host path is; None as forward_step_s, or where the step bound no metadata of its own
+    # before the pass; absent from runs before this (6 Dec 2026, after forward_queue_s)
     split: RestoreSplit | None = None  # a restore's timeline: GPU buffer rows with a restore, vLLM's CPU tier's rows
     # with external hits (absent elsewhere)
     external_hit_tokens: int | None = None  # vLLM's CPU tier's rows: its statistics' external hits

@@ -944,7 +944,15 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors], boun
     pairs where both record it, and ``forward_difference_ci_ms``, its 95% interval as ``ttft_difference_ci_ms`` has
     its own; a row whose pairs record none (LMCache's paths, vLLM's CPU tier) has none of the three (review finding,
     6 Dec 2026: b298's summary set the grid's ``forward_steps``, -0.57 ms at 32,512 tokens, beside a paired first
-    token whose own pairs' forward passes differed by -0.22 ms).
+    token whose own pairs' forward passes differed by -0.22 ms). Where both follow-ups of a pair also record the
+    host's path to that pass's first attention layer (``forward_to_first_layer_s``: from the step's
+    ``bind_connector_metadata``, where vLLM starts a step's synchronous loads, a resident step stamped at the same
+    point; GPU-buffer rows from 6 Dec 2026), the row adds ``host_path_difference_ms``, the median of the restore's less
+    its resident partner's over the ``num_host_path_pairs`` pairs where both record it, and
+    ``host_path_difference_ci_ms``, its 95% interval the same way: how much longer the restored step's host took to
+    reach the forward pass, which the first token's difference includes; a row whose pairs record none has none of
+    the three (6 Dec 2026: b298's 7B GPU buffer reached that layer 0.5-0.7 ms after its copy ended at every context,
+    below, while nothing recorded how much of the path the resident step took as well).
 
     Where the restores stamp where the host stood when their copy ended (``split.to_forward_s``: the host's stamp at
     the forward pass's first attention layer less the copy's end, on the GPU's clock through the step's reference),
@@ -1025,6 +1033,14 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors], boun
             f_med, f_low, f_high = median_of_differences(forward)
             row.update(forward_difference_ms=_round(f_med), forward_difference_ci_ms=[_round(f_low), _round(f_high)],
                        num_forward_pairs=len(forward))
+        # the host's path from where vLLM starts the step's loads to the same pass's first layer, in the same pairs
+        host_path = [1e3 * (p["restore"].forward_to_first_layer_s - p["resident"].forward_to_first_layer_s)
+                     for p in whole if p["restore"].forward_to_first_layer_s is not None
+                     and p["resident"].forward_to_first_layer_s is not None]
+        if host_path:
+            h_med, h_low, h_high = median_of_differences(host_path)
+            row.update(host_path_difference_ms=_round(h_med), host_path_difference_ci_ms=[_round(h_low), _round(h_high)],
+                       num_host_path_pairs=len(host_path))
         # where the host stood when the copy ended: its stamp at the forward pass's first attention layer less the
         # copy's end on the GPU's clock (``to_forward_s``, GPU-buffer restores since 3 Dec 2026)
         reached = [1e3 * r.split.to_forward_s for r in restores if r.split is not None and r.split.to_forward_s is not None]

@@ -443,7 +443,10 @@ def _host_wait_clause(r: dict, every: list[dict] | None = None) -> str:
     restore_resolution rows, for the same path's gap at every context; a gap that holds while the copy grows says the
     host waited for the copy before that layer (review finding, 6 Dec 2026: b298's 7B GPU buffer, below its floor at
     16,384 and 32,512 tokens, reached the layer 0.49-0.72 ms after the copy's end at every context while the copy grew
-    from 0.05 to 1.3 ms; the README had called the event not explained). Rows without the stamp add nothing."""
+    from 0.05 to 1.3 ms; the README had called the event not explained). Where the same pairs record the host's path
+    to that layer (``host_path_difference_ms``: from where vLLM starts the step's loads, the restored step's less its
+    resident partner's), how much later the restored step's host got there: the part of the wait the resident step
+    does not share. Rows without the stamp add nothing."""
     if not r["ttft_verdict"].startswith("below its floor") or r.get("to_forward_ms") is None:
         return ""
     low, high = r["to_forward_ci_ms"]
@@ -462,7 +465,24 @@ def _host_wait_clause(r: dict, every: list[dict] | None = None) -> str:
                  "the copy, work a resident step does too")
     else:
         text += ": the copy ran beside host work of the step, which a resident step does too"
-    return text + "; where the host waits, the records do not show"
+    return text + _host_path_clause(r) + "; where the host waits, the records do not show"
+
+
+def _host_path_clause(r: dict) -> str:
+    """The same pairs' host paths to the forward pass's first attention layer (``report.resolution_table``'s
+    ``host_path_difference_ms`` and its 95% interval), to the paired first token's precision: an interval wholly
+    above 0 says the restored step's host got there later, one wholly below 0 earlier, one holding 0 no measurable
+    difference. A row without it, or without its interval, adds nothing."""
+    median = r.get("host_path_difference_ms")
+    low, high = r.get("host_path_difference_ci_ms") or (None, None)
+    if median is None or low is None or high is None:
+        return ""
+    if low <= 0 <= high:
+        return (f"; in the same pairs the restored step's host reached that layer with no measurable difference from "
+                f"its resident partner's ({median:+,.3f} ms [{low:+,.3f}, {high:+,.3f}])")
+    which, (a, b, c) = ("earlier", (-median, -high, -low)) if high < 0 else ("later", (median, low, high))
+    return (f"; in the same pairs the restored step's host reached that layer {a:,.3f} ms [{b:,.3f}, {c:,.3f}] {which} "
+            "than its resident partner's")
 
 
 def _resolution_sentences(table: list[dict], plans: dict | None = None, every: list[dict] | None = None) -> list[str]:
