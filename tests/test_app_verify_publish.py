@@ -583,9 +583,20 @@ def test_list_has_a_header_aligned_columns_and_filters_and_leaves_live_runs_out(
     assert [line.split()[1] for line in listed("--live")[1:]] == [live.name]
     assert listed("--section", "99") == listed("99") == lines
     assert cli.main(["verify", "99", "--latest"]) == 1 and b.name in capsys.readouterr().out  # not the live copy
-    monkeypatch.setenv("COLUMNS", "90")  # 67 characters before the headline: 23 left for it
+    from kmesh_lib.app.listing import MIN_HEADLINE_WIDTH
+
+    monkeypatch.setenv("COLUMNS", "300")
+    wide = listed()
+    # the columns before the headline are as wide as their cells (the device's is the measuring machine's CPU name),
+    # so the widths are set from where the headline starts
+    at = wide[0].index("headline")
+    width = at + MIN_HEADLINE_WIDTH + 4
+    monkeypatch.setenv("COLUMNS", str(width))
     narrow = listed()
-    assert all(len(line) <= 90 for line in narrow) and narrow[1].endswith("items\u2026"), narrow
+    assert all(len(line) <= width for line in narrow) and narrow[1].endswith("\u2026"), narrow
+    assert len(wide[1]) > width and narrow[1][:-1] == wide[1][:width - 1], (narrow, wide)
+    monkeypatch.setenv("COLUMNS", str(at + 2))  # too narrow: the headline keeps its least width, the line runs over
+    assert [len(line) - at for line in listed()[1:]] == [MIN_HEADLINE_WIDTH, MIN_HEADLINE_WIDTH]
 
 
 def test_list_shows_a_run_whose_notebook_has_not_begun_as_starting(section, capsys, monkeypatch):
