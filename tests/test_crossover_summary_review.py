@@ -320,3 +320,20 @@ def test_a_first_token_below_its_floor_says_how_much_later_the_restored_host_rea
     at = {**row, "ttft_verdict": "at the floor", "host_path_difference_ms": 0.512,
           "host_path_difference_ci_ms": [0.498, 0.547], "num_host_path_pairs": 64}
     assert "the restored step's host" not in summary._resolution_sentences([at], {}, [at])[0]
+
+
+def test_the_host_wait_range_is_said_once_per_path():
+    """A path below its floor at two points gave the same range twice (b298's report): the second point now refers to
+    the first's line; another path gives its own range."""
+    below = "below its floor (a method problem, not a result)"
+    def row(n, path, gap, span):
+        return {"model": "m", "path": path, "context_tokens": n, "num_pairs": 64, "num_restores": 64, "span_ms": span,
+                "span_ci_ms": [span, span], "floor_ms": [0.6, 0.7], "span_verdict": "1.1\u00d7 its floor",
+                "ttft_difference_ms": 0.4, "ttft_difference_ci_ms": [0.3, 0.5], "ttft_verdict": below, "resolved": True,
+                "num_to_forward": 64, "num_ended_before_forward": 64, "to_forward_ms": gap, "to_forward_ci_ms": [gap, gap]}
+    every = [row(n, p, g, s) for p in ("gpubuf_retained", "gpubuf_layered")
+             for n, g, s in ((1024, 0.63, 0.11), (16384, 0.70, 0.73), (32512, 0.72, 1.38))]
+    lines = summary._resolution_sentences([r for r in every if r["context_tokens"] >= 16384], {}, every)
+    ranged = [("at every context from 1,024 tokens" in line, "the line for 16,384 tokens gives the range" in line)
+              for line in lines]
+    assert ranged == [(True, False), (False, True)] * 2

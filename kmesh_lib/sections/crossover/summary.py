@@ -435,7 +435,7 @@ def _forward_clause(r: dict) -> str:
             "than its resident partner's, which the first-token difference includes")
 
 
-def _host_wait_clause(r: dict, every: list[dict] | None = None) -> str:
+def _host_wait_clause(r: dict, every: list[dict] | None = None, said: dict | None = None) -> str:
     """Where a paired first-token difference lies below its floor, where the host stood when the copy ended
     (``report.resolution_table``'s ``to_forward_ms``: its stamp at the forward pass's first attention layer less the
     copy's end): a copy that ended before the host reached that layer ran beside host work of the step, which a
@@ -446,7 +446,8 @@ def _host_wait_clause(r: dict, every: list[dict] | None = None) -> str:
     from 0.05 to 1.3 ms; the README had called the event not explained). Where the same pairs record the host's path
     to that layer (``host_path_difference_ms``: from where vLLM starts the step's loads, the restored step's less its
     resident partner's), how much later the restored step's host got there: the part of the wait the resident step
-    does not share. Rows without the stamp add nothing."""
+    does not share. Rows without the stamp add nothing. ``said``: a list's record of the (model, path) whose range it
+    already gave, by the context it gave it at; a later point of the same path refers to it instead of repeating it."""
     if not r["ttft_verdict"].startswith("below its floor") or r.get("to_forward_ms") is None:
         return ""
     low, high = r["to_forward_ci_ms"]
@@ -455,7 +456,12 @@ def _host_wait_clause(r: dict, every: list[dict] | None = None) -> str:
             f"[{low:,.3f}, {high:,.3f}] before, median)")
     same = [x for x in every or [] if (x["model"], x["path"]) == (r["model"], r["path"])
             and x.get("to_forward_ms") is not None and x.get("span_ms") is not None]
-    if len(same) > 1:
+    key = (r["model"], r["path"])
+    if len(same) > 1 and said is not None and key in said:
+        text += f", as at every context of this path (the line for {_n(said[key])} tokens gives the range)"
+    elif len(same) > 1:
+        if said is not None:
+            said[key] = r["context_tokens"]
         gaps = [x["to_forward_ms"] for x in same]
         spans = [x["span_ms"] for x in same]
         shortest = _n(min(x["context_tokens"] for x in same))
@@ -491,7 +497,7 @@ def _resolution_sentences(table: list[dict], plans: dict | None = None, every: l
     that difference lies below its floor, the same pairs' forward passes (``_forward_clause``). ``plans``: the
     run's raw/pair_plans.jsonl by (model, context, path), where it has one: whether a point's pilot was extended
     (``_stage_clause``)."""
-    plans = plans or {}
+    plans, said = plans or {}, {}
     out = []
     def ci(pair: list, wide: list | None = None) -> str:
         low, high = pair
@@ -517,7 +523,7 @@ def _resolution_sentences(table: list[dict], plans: dict | None = None, every: l
                    f"({r['num_restores']} restores"
                    + _serial_clause(r) + _pair_floor_clause(r) + _overlapped_clause(r)
                    + _stage_clause(r, plans.get((r["model"], r["context_tokens"], r["path"])))
-                   + ")" + _forward_clause(r) + _host_wait_clause(r, every) + ".")
+                   + ")" + _forward_clause(r) + _host_wait_clause(r, every, said) + ".")
     return out
 
 
