@@ -88,7 +88,10 @@ def test_an_unresolved_pilot_within_the_cap_runs_exactly_what_its_spread_asks_fo
     # no floor before the point: no estimate, nothing more
     unfloored = cr.pair_plan(pilot, as_point_floors([{**BEFORE, "floors": {}}]), 16, 160)
     assert (unfloored["reason"], unfloored["num_pairs_planned"]) == ("no_estimate", 16)
-    assert set(PairPlan.model_fields) == {"model", "tier", "context_tokens", "path", *plan}
+    # and the time guard's two figures (``experiment.stage_fits``), optional: a plan recorded before them loads
+    assert set(PairPlan.model_fields) == {"model", "tier", "context_tokens", "path", *plan, "stage_s", "time_left_s"}
+    older = validate_record(PairPlan, {"model": "tiny", "tier": "gpubuf", "context_tokens": N, "path": PATH, **plan})
+    assert (older.stage_s, older.time_left_s) == (None, None)
 
 
 def test_a_point_the_goal_does_not_judge_runs_no_second_stage():
@@ -153,10 +156,31 @@ class _Record:
         self.raw.setdefault(name, []).append(validate_record(CAPTURES[name], record, writing=True))
 
 
-def _child(spans_ms, max_restores):
+class _Clock:
+    """A child's clock that only ``_TimedBench`` moves: ``per_pair_s`` for every pair it runs."""
+
+    def __init__(self, now: float):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _TimedBench(_Bench):
+    def __init__(self, spans_ms, clock: _Clock, per_pair_s: float):
+        super().__init__(spans_ms)
+        self.clock, self.per_pair_s = clock, per_pair_s
+
+    def run_pairs(self, arm, ctx, tag, num_pairs, floor_kind=None, context_bytes=0, first_pair=0):
+        self.clock.now += num_pairs * self.per_pair_s
+        return super().run_pairs(arm, ctx, tag, num_pairs, floor_kind, context_bytes, first_pair)
+
+
+def _child(spans_ms, max_restores, pace=None, bench=None):
     cfg = build(experiment.CrossoverParams, {**CFG, "MAX_RESTORES": max_restores})
-    bench, record = _Bench(spans_ms), _Record()
-    plan = experiment.run_arm_pairs(cfg, bench, record, PATH, Context("c", list(range(N))), "tiny", PATH, 1024, BEFORE)
+    bench, record = bench or _Bench(spans_ms), _Record()
+    plan = experiment.run_arm_pairs(cfg, bench, record, PATH, Context("c", list(range(N))), "tiny", PATH, 1024, BEFORE,
+                                    pace)
     return cfg, bench, record, plan
 
 
@@ -216,6 +240,80 @@ def test_over_the_cap_and_off_the_pilot_stands_and_runs_before_the_design_skip_t
     assert (got.status, got.detail, got.predates) == ("skipped", PLANS_SINCE, PLANS_SINCE)
 
 
+def _timed_child(spans_ms, timeout_s: float, tokens_to_come: float = N):
+    """A child 100 s in when the point's pilot starts, its 16 pairs taking 0.5 s each (8 s): 108 s elapsed at the
+    decision, over the point's N tokens begun."""
+    clock = _Clock(100.0)
+    pace = experiment.ChildPace(timeout_s, 0.0, N, tokens_to_come, clock)
+    return _child(spans_ms, 160, pace, _TimedBench(spans_ms, clock, 0.5))
+
+
+def test_a_second_stage_runs_only_where_it_and_the_rest_of_the_child_fit_child_timeout():
+    """``experiment.stage_fits``: the stage's seconds are its extra pairs at the pilot's own pace (0.5 s a pair), the
+    rest of the child the pace so far per token (108 s over N tokens) times the tokens still to come."""
+    spans = _spans(0.3, count=400)
+    need = _expected_count(_pilot(spans))
+    stage_s, rest_s = (need - 16) * 0.5, 108.0  # tokens to come: N, as many as begun
+    fits = 108.0 + rest_s + stage_s  # the least CHILD_TIMEOUT_S that holds the stage
+    cfg, bench, record, plan = _timed_child(spans, fits)
+    assert (plan["reason"], plan["num_pairs_planned"]) == ("extended", need)
+    assert (plan["stage_s"], plan["time_left_s"]) == (stage_s, stage_s)
+    assert bench.calls == [(0, 16, "device"), (16, need - 16, "device")]
+    (rec,) = record.raw["pair_plans.jsonl"]
+    assert (rec.reason, rec.stage_s, rec.time_left_s) == ("extended", stage_s, stage_s)
+
+    # a second less: the pilot's count stands, the stage's estimate and the time it had recorded, nothing more runs
+    cfg, bench, record, plan = _timed_child(spans, fits - 1)
+    assert (plan["reason"], plan["num_pairs_planned"], plan["restores_to_resolve"]) == ("over_time", 16, need)
+    assert (plan["stage_s"], plan["time_left_s"]) == (stage_s, stage_s - 1)
+    assert bench.calls == [(0, 16, "device")]
+    (rec,) = record.raw["pair_plans.jsonl"]
+    assert (rec.reason, rec.num_pairs_planned, rec.stage_s, rec.time_left_s) == ("over_time", 16, stage_s, stage_s - 1)
+    assert sorted({r.pair for r in record.raw["pairs.jsonl"]}) == list(range(16))
+    assert "over_time" in cr.PLAN_REASONS
+    # the rest is scaled by the tokens to come: none to come leaves the stage the time the rest took
+    assert _timed_child(spans, fits - 1, tokens_to_come=0)[3]["reason"] == "extended"
+    assert _timed_child(spans, 10 * fits, tokens_to_come=20 * N)[3]["reason"] == "over_time"
+    # in the child: the points begun and to come, this point's later paired arms as a share of its tokens
+    pace = experiment.ChildPace.at(400, 5.0, [1024, 4096, 16384, 32512], 2, 0, 4)
+    assert (pace.timeout_s, pace.started, pace.tokens_begun, pace.tokens_to_come) == (400, 5.0, 21504, 32512 + 12288)
+    assert experiment.ChildPace.at(400, 5.0, [1024, 4096, 16384, 32512], 3, 3, 4).tokens_to_come == 0
+    # a plan that wants no stage is left as it is: no guard figures
+    resolved = _timed_child(_spans(0.001, count=400), 1.0)[3]
+    assert resolved["reason"] == "resolved" and "stage_s" not in resolved
+
+
+def test_the_pilot_check_accepts_a_time_cut_only_where_a_stage_was_wanted_and_none_ran():
+    spans = _spans(0.3, count=400)
+    need = _expected_count(_pilot(spans))
+    cfg, _, record, plan = _timed_child(spans, 1.0)  # nothing fits: over_time
+    assert plan["reason"] == "over_time"
+    checks = _statuses(_run(cfg, record))
+    assert checks[PAIRED_CHECKS[0]].status == "ok" and checks[PAIRED_CHECKS[5]].status == "ok"
+    (rec,) = record.raw["pair_plans.jsonl"]
+    pairs = record.raw["pairs.jsonl"]
+
+    # a time cut claimed where the pilot resolved its point (no stage was wanted) fails
+    calm = _spans(0.001, count=400)
+    cfg_r, _, resolved, _ = _child(calm, 160)
+    (res,) = resolved.raw["pair_plans.jsonl"]
+    cut = res.model_copy(update={"reason": "over_time", "stage_s": 5.0, "time_left_s": 1.0})
+    got = _statuses(_run(cfg_r, resolved, plans=[cut]))[PAIRED_CHECKS[5]]
+    assert got.status == "failed" and "reason over_time recorded, resolved from the pilot" in got.detail
+    # a time cut that records more pairs than the pilot's fails
+    more = rec.model_copy(update={"num_pairs_planned": need})
+    got = _statuses(_run(cfg, record, plans=[more]))[PAIRED_CHECKS[5]]
+    assert got.status == "failed" and f"num_pairs_planned {need} recorded, 16 from the pilot" in got.detail
+    # a time cut whose point ran a second stage all the same fails, though its record is the pilot's
+    extra = [validate_record(PairRow, r) for r in _placed(_pair_dicts(spans, 16, need - 16))]
+    got = _statuses(_run(cfg, record, pairs=pairs + extra))
+    assert got[PAIRED_CHECKS[5]].status == "failed" and f"{need} restores measured" in got[PAIRED_CHECKS[5]].detail
+    assert got[PAIRED_CHECKS[0]].status == "failed"
+    # and one whose estimate is not the pilot's own fails as any other record does
+    forged = rec.model_copy(update={"restores_to_resolve": need + 1})
+    assert _statuses(_run(cfg, record, plans=[forged]))[PAIRED_CHECKS[5]].status == "failed"
+
+
 def test_the_summary_says_how_a_points_count_came_about():
     row = {"resolved": True, "num_restores": 68, "restores_to_resolve": None}
     plan = SimpleNamespace(reason="extended", num_pilot=64, restores_to_resolve=68, max_restores=160)
@@ -228,6 +326,12 @@ def test_the_summary_says_how_a_points_count_came_about():
     assert _stage_clause(wide, over) == ("; not resolved to 10% of the floor: about 1,210 restores would reach it at the "
                                          "spread measured (over MAX_RESTORES=160, not run), so more restores are not "
                                          "the way to resolve it")
+    timed = SimpleNamespace(reason="over_time", num_pilot=64, restores_to_resolve=120, max_restores=160, stage_s=31.4,
+                            time_left_s=12.0)
+    short = {"resolved": False, "num_restores": 64, "restores_to_resolve": 118}
+    assert _stage_clause(short, timed, 400) == (
+        "; not resolved to 10% of the floor: about 118 restores would reach it at the spread measured (its second "
+        "stage, about 31 s, did not fit the child's CHILD_TIMEOUT_S=400: not run)")
     # without a plan (runs before the design): as before
     assert _stage_clause(wide) == ("; not resolved to 10% of the floor: about 1,210 restores would reach it at the "
                                    "spread measured, so more restores are not the way to resolve it")

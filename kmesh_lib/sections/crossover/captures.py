@@ -282,7 +282,12 @@ class PairPlan(CaptureRecord):
     restores_to_resolve: int | None  # what the pilot's spread asks for (``report.restores_needed``); None: resolved
     # or no estimate
     num_pairs_planned: int  # the pairs the point runs in all: the pilot's, plus a second stage where ``extended``
-    reason: str  # ``report.PLAN_REASONS``: off | no_goal | resolved | extended | over_cap | no_estimate
+    reason: str  # ``report.PLAN_REASONS``: off | no_goal | resolved | extended | over_cap | no_estimate | over_time
+    # the time guard (``experiment.stage_fits``), where the pilot asked for a second stage: its estimated seconds and
+    # the seconds CHILD_TIMEOUT_S left it after the rest of the child's estimate (``over_time`` where they are fewer);
+    # absent from plans recorded before the guard (6 Dec 2026) and from every other reason
+    stage_s: float | None = None
+    time_left_s: float | None = None
 
 
 CAPTURES = {"models.jsonl": ChildSummary, "stores.jsonl": StoreRecord, "rows.jsonl": GridRow, "pairs.jsonl": PairRow,

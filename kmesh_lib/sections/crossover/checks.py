@@ -260,7 +260,12 @@ def plan_check_args(run: RunFiles, pairs: list[PairRow], floors: list, plans: li
     """``all_of``'s arguments for the pilot check: every memory point with pairs measured, and every recorded plan, is
     held to ``report.pair_plan`` recomputed from raw/ (its first ``num_pilot`` pairs in raw/pairs.jsonl and the floor
     raw/point_floors.jsonl records before it), at the params' NUM_RESTORES and MAX_RESTORES: ok only where the record
-    is there and is what the pilot gives; a point that ran pairs and recorded no plan fails."""
+    is there and is what the pilot gives; a point that ran pairs and recorded no plan fails.
+
+    A recorded ``over_time`` (``experiment.stage_fits``: the second stage would not have fit CHILD_TIMEOUT_S, a
+    decision on the child's clock that raw/ cannot recompute) passes only where the recomputed plan is ``extended``
+    (a time cut is legitimate only where a stage was wanted), with every other field as recomputed, its
+    num_pairs_planned the pilot's and the point's pairs exactly the pilot's (no stage ran)."""
     p = run.params
     of = {(r.model, r.context_tokens, r.path): r for r in plans}
     measured = {(r.model, r.context_tokens, r.pair_arm) for r in pairs if KIND.get(r.pair_arm) == "memory"}
@@ -277,17 +282,34 @@ def plan_check_args(run: RunFiles, pairs: list[PairRow], floors: list, plans: li
                                                                                        "before")]
         return report.pair_plan(pilot, before, p.NUM_RESTORES, p.MAX_RESTORES, bound)
 
-    def agrees(key) -> bool:
+    def expected(key) -> dict | None:
+        """The recomputed plan, cut for time where the record says so and a stage was wanted."""
         rec, want = of.get(key), recomputed(key)
-        return rec is not None and all(getattr(rec, k) == v for k, v in want.items())
+        if rec is not None and rec.reason == "over_time" and want["reason"] == "extended":
+            want = {**want, "reason": "over_time", "num_pairs_planned": want["num_pilot"]}
+        return want
+
+    def pairs_of(key) -> list[int]:
+        return sorted(r.pair for r in pairs if (r.model, r.context_tokens, r.pair_arm) == key and r.role == "restore")
+
+    def stage_ran(key) -> bool:
+        """A time cut whose point's pairs are not exactly the pilot's."""
+        rec = of[key]
+        return rec.reason == "over_time" and pairs_of(key) != list(range(rec.num_pilot))
+
+    def agrees(key) -> bool:
+        rec, want = of.get(key), expected(key)
+        return rec is not None and all(getattr(rec, k) == v for k, v in want.items()) and not stage_ran(key)
 
     def describe(key) -> str:
-        rec, want = of.get(key), recomputed(key)
+        rec, want = of.get(key), expected(key)
         if rec is None:
             return f"{key}: pairs measured, no plan recorded"
         differ = {k: (getattr(rec, k), v) for k, v in want.items() if getattr(rec, k) != v}
+        ran = pairs_of(key)
         return f"{key}: recorded {rec.reason}, {rec.num_pairs_planned} pairs; " + ", ".join(
-            f"{k} {a} recorded, {b} from the pilot" for k, (a, b) in differ.items())
+            [f"{k} {a} recorded, {b} from the pilot" for k, (a, b) in differ.items()]
+            + ([f"{len(ran)} restores measured, the pilot's {rec.num_pilot} wanted"] if stage_ran(key) else []))
 
     return keys, agrees, describe, "no memory restore path's pairs were measured"
 

@@ -21,7 +21,9 @@ report's own estimator (``report.pair_plan``: ``resolution_table`` on the pilot'
 before the point) decides, and where the span is unresolved and the restores its spread asks for are at most
 MAX_RESTORES, the point runs the rest right after, on the same engine, continuing the pair numbers and the
 alternation (on the H100, 6 Dec 2026, the LMCache server's restores of 0.5B at 32,512 tokens were unresolved at 64,
-half-width 10.3% of the floor, ~68 needed). Each decision goes to ``raw/pair_plans.jsonl`` before its second stage;
+half-width 10.3% of the floor, ~68 needed). A second stage runs only where it and the rest of the child's grid fit
+CHILD_TIMEOUT_S (``stage_fits``: past it the parent kills the child, and a killed unit loses everything it measured);
+else the pilot's count stands (``over_time``). Each decision goes to ``raw/pair_plans.jsonl`` before its second stage;
 the report's interval then pools both stages, its coverage approximately 95% (the count was chosen from the spread).
 
     path    where LMCache runs                       default on
@@ -41,6 +43,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -368,14 +371,74 @@ def point_floors(cfg: CrossoverParams, tier, tier_name: str, runtime: RuntimeDir
             "floors": measured, "saturated": saturated, **({"errors": errors} if errors else {})}
 
 
+@dataclass(frozen=True)
+class ChildPace:
+    """What a second stage's time guard (``stage_fits``) reads at one point's memory path. The parent kills a child
+    after CHILD_TIMEOUT_S (``run_grid``; the GPU driver at its --run-timeout, CHILD_TIMEOUT_S by default) and a killed
+    unit loses everything it measured (``gpu.finished_units`` sets it aside and the next call runs it again, where the
+    same stage can kill it again), so a stage runs only where it and the rest of the child fit.
+
+    ``started``: ``clock()`` at the child's start (``run_model``'s t_start; the child's imports before it are not
+    counted: seconds, as vLLM and torch are imported after it, by ``make_engine``; 5.5 s on the 2-core CPU machine,
+    loaded). ``tokens_begun``: the context tokens of the grid's points begun, this one included; ``tokens_to_come``:
+    those of the points still to come, plus this point's share still to run (its paired arms after this one over all
+    its paired arms, times its tokens)."""
+
+    timeout_s: float  # CHILD_TIMEOUT_S
+    started: float
+    tokens_begun: int
+    tokens_to_come: float
+    clock: Callable[[], float] = time.monotonic
+
+    def elapsed(self) -> float:
+        return self.clock() - self.started
+
+    @classmethod
+    def at(cls, timeout_s: float, started: float, grid: list[int], point: int, arm: int, num_arms: int) -> ChildPace:
+        """The pace at the ``arm``-th of ``num_arms`` paired arms of ``grid``'s ``point``-th point."""
+        return cls(timeout_s, started, sum(grid[:point + 1]),
+                   sum(grid[point + 1:]) + grid[point] * (num_arms - 1 - arm) / num_arms)
+
+
+def stage_fits(plan: dict, pilot_s: float, pace: ChildPace) -> dict:
+    """``plan`` (``report.pair_plan``) with its time guard: where an ``extended`` plan's second stage and the rest of
+    the child would not end within CHILD_TIMEOUT_S, the pilot's count stands (reason ``over_time``). A plan of any
+    other reason runs no stage and comes back as it is.
+
+    Rule (simple, and conservative where it errs):
+
+    - the stage's seconds, ``stage_s`` = its extra pairs x the pilot's own seconds per pair (``pilot_s``: its
+      ``run_pairs`` call over its pairs; the first pair's full preparation makes that figure high);
+    - the rest of the child = its pace so far per context token (seconds elapsed / ``tokens_begun``: the engine's
+      start is in those seconds, which makes the pace high) x ``tokens_to_come`` (this point's later paired arms as
+      a share of its tokens: an overcount, as its grid rows are done; its floors after the pairs are not counted
+      apart);
+    - ``time_left_s`` = CHILD_TIMEOUT_S - elapsed - the rest, negative where the rest alone would not fit: the stage
+      runs only where ``stage_s <= time_left_s``.
+
+    A later stage of the same child is not foreseen: each is held to the same rule when its own pilot ends, with
+    every stage before it in the elapsed seconds. Both figures go to the plan (rounded to ms, as the decision used
+    them) wherever the guard judged one."""
+    if plan["reason"] != "extended":
+        return plan
+    elapsed = pace.elapsed()
+    num_pilot = plan["num_pilot"]
+    stage_s = round((plan["num_pairs_planned"] - num_pilot) * pilot_s / num_pilot, 3)
+    rest_s = elapsed / pace.tokens_begun * pace.tokens_to_come
+    left = round(pace.timeout_s - elapsed - rest_s, 3)
+    cut = {} if stage_s <= left else {"reason": "over_time", "num_pairs_planned": num_pilot}
+    return {**plan, **cut, "stage_s": stage_s, "time_left_s": left}
+
+
 def run_arm_pairs(cfg: CrossoverParams, bench: RestoreBench, record: RunRecord, arm: str, ctx: Context, model: str,
-                  path: str, kvt: int, before: dict) -> dict | None:
+                  path: str, kvt: int, before: dict, pace: ChildPace | None = None) -> dict | None:
     """One point's pairs of restore ``arm`` (``RestoreBench.run_pairs``), each row appended to raw/pairs.jsonl as it
     ends. A disk path runs NUM_DISK_RESTORES. A memory path runs NUM_RESTORES, a pilot: its decision
-    (``report.pair_plan`` of those pairs against the floor measured ``before`` the point) goes to raw/pair_plans.jsonl,
-    then, where it says ``extended``, the rest of its pairs run on the same engine, numbered on from the pilot's
-    (``first_pair``), so the alternation continues and nothing is prepared in full again. Returns the plan (None for a
-    disk path)."""
+    (``report.pair_plan`` of those pairs against the floor measured ``before`` the point, then, given the child's
+    ``pace``, ``stage_fits``: the stage must fit CHILD_TIMEOUT_S) goes to raw/pair_plans.jsonl, then, where it says
+    ``extended``, the rest of its pairs run on the same engine, numbered on from the pilot's (``first_pair``), so the
+    alternation continues and nothing is prepared in full again. Without ``pace`` no time guard applies. Returns the
+    plan (None for a disk path)."""
     n = len(ctx.tokens)
     media = FLOOR_OF[arm][1]  # a memory path's one copy medium gets its floor timed beside each restore
     floor_kind = media[0] if len(media) == 1 and media[0] != "disk" else None
@@ -389,12 +452,17 @@ def run_arm_pairs(cfg: CrossoverParams, bench: RestoreBench, record: RunRecord, 
         return rows
 
     pilot = num_pairs(cfg, arm)
+    clock = pace.clock if pace is not None else time.monotonic
+    t_pilot = clock()
     rows = run(pilot)
+    pilot_s = clock() - t_pilot  # the pace a second stage would keep (``stage_fits``)
     if KIND[arm] != "memory":  # a disk path keeps NUM_DISK_RESTORES
         return None
     plan = {"model": model, "tier": bench.tier_name, "context_tokens": n, "path": arm,
             **pair_plan(as_read(PairRow, rows), as_read(PointFloors, [before]), pilot, cfg.MAX_RESTORES,
                         bound=cfg.DEVICE == "cuda")}
+    if pace is not None:
+        plan = stage_fits(plan, pilot_s, pace)
     record.append_jsonl("pair_plans.jsonl", plan)  # before the second stage: the pairs the point must hold
     if plan["num_pairs_planned"] > pilot:  # the second stage: the same engine, the numbering and alternation go on
         run(plan["num_pairs_planned"] - pilot, first_pair=pilot)
@@ -435,7 +503,8 @@ def run_model(cfg: CrossoverParams, model: str, run_dir: Path, tier_name: str = 
             summary["tier_route"] = tier.describe()
         arms = arms_of(cfg, tier_name)
         t_grid = time.monotonic()
-        for n in cfg.CONTEXT_TOKENS_GRID:
+        grid = cfg.CONTEXT_TOKENS_GRID
+        for point, n in enumerate(grid):
             ctx = Context.random(f"{model}-{n}", n, bench.vocab, cfg.SEED)
             if bench.has_disk_tier:
                 store = bench.store(ctx, expected_bytes=n * kvt)
@@ -457,8 +526,10 @@ def run_model(cfg: CrossoverParams, model: str, run_dir: Path, tier_name: str = 
                 kinds = sorted({k for a in paired for k in FLOOR_OF[a][1]})
                 before = point_floors(cfg, tier, tier_name, runtime, kinds, model, n, kvt, "before")
                 record.append_jsonl("point_floors.jsonl", before)
-                for arm in paired:
-                    run_arm_pairs(cfg, bench, record, arm, ctx, model, path, kvt, before)
+                for j, arm in enumerate(paired):
+                    # a second stage must leave the rest of the child inside CHILD_TIMEOUT_S (``stage_fits``)
+                    pace = ChildPace.at(cfg.CHILD_TIMEOUT_S, t_start, grid, point, j, len(paired))
+                    run_arm_pairs(cfg, bench, record, arm, ctx, model, path, kvt, before, pace)
                 record.append_jsonl("point_floors.jsonl", point_floors(cfg, tier, tier_name, runtime, kinds, model, n,
                                                                       kvt, "after"))
         summary["grid_s"] = time.monotonic() - t_grid  # beside launch_thread_cpu_s: the share of a core it took

@@ -1094,6 +1094,10 @@ PLAN_REASONS = {"off": "MAX_RESTORES=0: the pilot's count is the point's",
                 "resolved": "the pilot resolved the span against the floor measured before the point",
                 "extended": "unresolved; the restores the pilot's spread asks for are within MAX_RESTORES: run the rest",
                 "over_cap": "unresolved; the restores the pilot's spread asks for exceed MAX_RESTORES: not run",
+                "over_time": "unresolved, and the restores the pilot's spread asks for are within MAX_RESTORES, but the "
+                             "second stage (at the pilot's seconds per pair) and the rest of the child (at its pace so "
+                             "far) would not end within CHILD_TIMEOUT_S, past which the child is killed and every "
+                             "figure it measured lost: not run (experiment.stage_fits)",
                 "no_estimate": "unresolved, and the pilot gives no count (no floor, fewer than two spans, or one streak)",
                 "no_goal": "a point the half-width goal does not judge (under RESOLVE_MIN_TOKENS, or a path outside "
                            "RESOLVE_PATHS): the pilot's count stands, its estimate recorded"}

@@ -312,7 +312,8 @@ def answer(run: RunFiles) -> str:
             + f"); points of {_n(report.RESOLVE_MIN_TOKENS)} tokens "
             "and more, else each model's longest; every point in the restore_resolution table):\n\n"
             + "\n".join(f"- {line}" for line in _resolution_sentences(resolution, pair_plans(run),
-                                                                      tables.get("restore_resolution"))))
+                                                                      tables.get("restore_resolution"),
+                                                                      p.CHILD_TIMEOUT_S)))
     body = "\n".join(text[:2]) + "\n\n" + "\n".join(text[2:2 + len(per_model)]) + "\n\n"
     if not split_lines:
         return body + " ".join(text[2 + len(per_model):-1]) + (f"\n\n{goals}\n\n" if goals else " ") + text[-1]
@@ -491,12 +492,13 @@ def _host_path_clause(r: dict) -> str:
             "than its resident partner's")
 
 
-def _resolution_sentences(table: list[dict], plans: dict | None = None, every: list[dict] | None = None) -> list[str]:
+def _resolution_sentences(table: list[dict], plans: dict | None = None, every: list[dict] | None = None,
+                          child_timeout_s: int | None = None) -> list[str]:
     """The paired design (``report.resolution_table``), one line per (model, context, path): the restore's own span
     and the paired first-token difference, each with its 95% interval and verdict against the floor's range; where
     that difference lies below its floor, the same pairs' forward passes (``_forward_clause``). ``plans``: the
     run's raw/pair_plans.jsonl by (model, context, path), where it has one: whether a point's pilot was extended
-    (``_stage_clause``)."""
+    (``_stage_clause``, with the run's ``child_timeout_s`` where a stage did not fit it)."""
     plans, said = plans or {}, {}
     out = []
     def ci(pair: list, wide: list | None = None) -> str:
@@ -522,16 +524,18 @@ def _resolution_sentences(table: list[dict], plans: dict | None = None, every: l
                    + f": {r['ttft_verdict']}{_reach(r['ttft_verdict'], _high(r, 'ttft_difference'), floor)} "
                    f"({r['num_restores']} restores"
                    + _serial_clause(r) + _pair_floor_clause(r) + _overlapped_clause(r)
-                   + _stage_clause(r, plans.get((r["model"], r["context_tokens"], r["path"])))
+                   + _stage_clause(r, plans.get((r["model"], r["context_tokens"], r["path"])), child_timeout_s)
                    + ")" + _forward_clause(r) + _host_wait_clause(r, every, said) + ".")
     return out
 
 
-def _stage_clause(r: dict, plan=None) -> str:
+def _stage_clause(r: dict, plan=None, child_timeout_s: int | None = None) -> str:
     """Whether the point resolved to 10% of its floor and, where its pilot recorded a plan (``report.pair_plan``,
     raw/pair_plans.jsonl), how its count came about: a point extended says its restores in all and the count its
-    pilot estimated; one whose estimate exceeded MAX_RESTORES says it was not run. The interval pools the pilot and
-    the second stage; with the count chosen from the pilot's spread its coverage is approximately, not exactly, 95%."""
+    pilot estimated; one whose estimate exceeded MAX_RESTORES says it was not run; one whose second stage did not fit
+    the child's CHILD_TIMEOUT_S (``child_timeout_s``, the run's; ``experiment.stage_fits``) says so, with the stage's
+    estimated seconds. The interval pools the pilot and the second stage; with the count chosen from the pilot's
+    spread its coverage is approximately, not exactly, 95%."""
     resolved = "resolved" if r["resolved"] else "not resolved to 10% of the floor"
     if plan is not None and plan.reason == "extended":
         staged = (f"{resolved} after a second stage: {r['num_restores']:,} restores (the pilot's {plan.num_pilot:,} "
@@ -541,6 +545,10 @@ def _stage_clause(r: dict, plan=None) -> str:
         return "; resolved to 10% of the floor"
     over = (f" (over MAX_RESTORES={plan.max_restores:,}, not run)" if plan is not None and plan.reason == "over_cap"
             else "")
+    if plan is not None and plan.reason == "over_time":
+        about = f", about {plan.stage_s:,.0f} s," if plan.stage_s is not None else ""
+        limit = f"={child_timeout_s:,}" if child_timeout_s is not None else ""
+        over = f" (its second stage{about} did not fit the child's CHILD_TIMEOUT_S{limit}: not run)"
     return "; not resolved to 10% of the floor" + _to_resolve_clause(r, over)
 
 
