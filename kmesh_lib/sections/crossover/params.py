@@ -73,6 +73,7 @@ class CrossoverParams(SourceRunParams):
                        "half-width goal judges (16,384 tokens and more) has NUM_RESTORES pairs (the pilot) that leave "
                        "its span unresolved against the floor measured before it "
                        "and the restores the pilot's spread asks for are at most this many, the point runs the rest "
+                       "where, at the child's pace so far, it and the rest of the child fit CHILD_TIMEOUT_S "
                        "(raw/pair_plans.jsonl records each decision); disk paths keep NUM_DISK_RESTORES")
     FLOOR_REPEATS: PositiveCount = Field(
         3, description="timed repeats of each floor measured before and after a point's pairs (their median each)")
