@@ -35,6 +35,7 @@ from kmesh_lib.sections.crossover.arms import (
 )
 from kmesh_lib.sections.crossover.captures import NO_SPLIT, ChildSummary, GridRow, PairRow
 from kmesh_lib.sections.crossover.gaps import NO_PAIRS_PLANNED, PAIRED_SINCE, predates_pairs
+from kmesh_lib.sections.crossover.params import goal_judges
 from kmesh_lib.sections.crossover.tables import TABLES, TITLES
 
 
@@ -234,8 +235,8 @@ def paired_checks(run: RunFiles) -> list[Check]:
                       lambda k: f"{k}: {sorted(measured.get(k, []))}" + ("" if measured.get(k) else child_of(k[0], k[2])),
                       "no point planned pairs"))
     table = report.resolution_table(pairs, floors, bound=p.DEVICE == "cuda")
-    judged = [r for r in table if r["context_tokens"] >= report.RESOLVE_MIN_TOKENS and r["path"] in report.RESOLVE_PATHS]
-    judged_planned = any(n >= report.RESOLVE_MIN_TOKENS and a in report.RESOLVE_PATHS for _, n, a in want)
+    judged = [r for r in table if goal_judges(r["path"], r["context_tokens"])]
+    judged_planned = any(goal_judges(a, n) for _, n, a in want)
     out.append(planned(PAIRED_CHECKS[3], judged_planned, judged, lambda r: bool(r["resolved"]),
                        _resolution_detail,
                        f"no point of {report.RESOLVE_MIN_TOKENS:,} tokens and more on those paths "
@@ -252,11 +253,11 @@ def paired_checks(run: RunFiles) -> list[Check]:
     if not plans and "MAX_RESTORES" not in getattr(run, "recorded_params", {}):
         out.append(Check(PAIRED_CHECKS[5], "skipped", PLANS_SINCE, predates=PLANS_SINCE))
     else:
-        out.append(planned(PAIRED_CHECKS[5], memory, *plan_check_args(run, pairs, floors, plans)))
+        out.append(planned(PAIRED_CHECKS[5], memory, *plan_check_args(run, pairs, floors, planned_of)))
     return out
 
 
-def plan_check_args(run: RunFiles, pairs: list[PairRow], floors: list, plans: list) -> tuple:
+def plan_check_args(run: RunFiles, pairs: list[PairRow], floors: list, of: dict) -> tuple:
     """``all_of``'s arguments for the pilot check: every memory point with pairs measured, and every recorded plan, is
     held to ``report.pair_plan`` recomputed from raw/ (its first ``num_pilot`` pairs in raw/pairs.jsonl and the floor
     raw/point_floors.jsonl records before it), at the params' NUM_RESTORES and MAX_RESTORES: ok only where the record
@@ -265,9 +266,9 @@ def plan_check_args(run: RunFiles, pairs: list[PairRow], floors: list, plans: li
     A recorded ``over_time`` (``experiment.stage_fits``: the second stage would not have fit CHILD_TIMEOUT_S, a
     decision on the child's clock that raw/ cannot recompute) passes only where the recomputed plan is ``extended``
     (a time cut is legitimate only where a stage was wanted), with every other field as recomputed, its
-    num_pairs_planned the pilot's and the point's pairs exactly the pilot's (no stage ran)."""
+    num_pairs_planned the pilot's and the point's pairs exactly the pilot's (no stage ran). ``of``: the recorded
+    plans (raw/pair_plans.jsonl) by (model, context, path)."""
     p = run.params
-    of = {(r.model, r.context_tokens, r.path): r for r in plans}
     measured = {(r.model, r.context_tokens, r.pair_arm) for r in pairs if KIND.get(r.pair_arm) == "memory"}
     keys = sorted(measured | set(of))
     bound = p.DEVICE == "cuda"

@@ -201,10 +201,15 @@ RESOLVE_PATHS = ("dram", "lmcache_mp", "gpubuf_retained", "gpubuf_layered", "gpu
 # ... on these restore paths: the only points a second stage runs at (``report.pair_plan``)
 
 
+def goal_judges(arm: str, context_tokens: int) -> bool:
+    """Whether the half-width goal judges ``arm``'s restores at ``context_tokens`` (the only points a second stage
+    runs at)."""
+    return context_tokens >= RESOLVE_MIN_TOKENS and arm in RESOLVE_PATHS
+
+
 def staged(cfg: CrossoverParams, arm: str, context_tokens: int) -> bool:
     """Whether ``arm``'s pilot at ``context_tokens`` may get a second stage: MAX_RESTORES on, a point the goal judges."""
-    return bool(cfg.MAX_RESTORES and num_pairs(cfg, arm) and context_tokens >= RESOLVE_MIN_TOKENS
-                and arm in RESOLVE_PATHS)
+    return bool(cfg.MAX_RESTORES and num_pairs(cfg, arm) and goal_judges(arm, context_tokens))
 
 
 def max_pairs(cfg: CrossoverParams, arm: str, context_tokens: int) -> int:

@@ -44,7 +44,7 @@ from kmesh_lib.sections.crossover.arms import (
     measured_at,
 )
 from kmesh_lib.sections.crossover.captures import NO_SPLIT, FollowUp, PairRow, PointFloors, RestoreSplit
-from kmesh_lib.sections.crossover.params import RESOLVE_MIN_TOKENS, RESOLVE_PATHS
+from kmesh_lib.sections.crossover.params import RESOLVE_MIN_TOKENS, goal_judges
 
 RESTORES = RESTORE_ARMS
 # Each path's transfer floor from the floors the run measured: "copy" host->device (a host memcpy on
@@ -819,7 +819,7 @@ def floor_plot(floors: list[dict], path_out, splits: list[dict] | None = None, m
 
 # -- the paired design (raw/pairs.jsonl, raw/point_floors.jsonl): each restore's own span and its first token against
 # the resident follow-up next to it, judged against its floor measured before and after the point --
-# the half-width goal judges every point of RESOLVE_MIN_TOKENS and more on RESOLVE_PATHS (params: a second stage runs
+# the half-width goal judges every point of RESOLVE_MIN_TOKENS and more on RESOLVE_PATHS (params.goal_judges: a second stage runs
 # only there) ...
 RESOLVE_FRACTION = 0.1  # ... the span's 95% interval no wider than this fraction of the floor on either side
 MP_PATHS = ("mp",)  # rows.jsonl's path of LMCache's server (its lookup is the L2 -> L1 load: part of a disk span)
@@ -1026,21 +1026,10 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors], boun
                 for way, seconds in (r.pair_floor_ways or {}).items():
                     by_way.setdefault(way, []).append(seconds)
             row.update({f"pair_floor_{way}_ms": _round(1e3 * float(numpy.median(v))) for way, v in sorted(by_way.items())})
-        # the forward passes of the very pairs whose first tokens the verdict judges (not the grid's repeats)
-        forward = [1e3 * (p["restore"].forward_step_s - p["resident"].forward_step_s) for p in whole
-                   if p["restore"].forward_step_s is not None and p["resident"].forward_step_s is not None]
-        if forward:
-            f_med, f_low, f_high = median_of_differences(forward)
-            row.update(forward_difference_ms=_round(f_med), forward_difference_ci_ms=[_round(f_low), _round(f_high)],
-                       num_forward_pairs=len(forward))
-        # the host's path from where vLLM starts the step's loads to the same pass's first layer, in the same pairs
-        host_path = [1e3 * (p["restore"].forward_to_first_layer_s - p["resident"].forward_to_first_layer_s)
-                     for p in whole if p["restore"].forward_to_first_layer_s is not None
-                     and p["resident"].forward_to_first_layer_s is not None]
-        if host_path:
-            h_med, h_low, h_high = median_of_differences(host_path)
-            row.update(host_path_difference_ms=_round(h_med), host_path_difference_ci_ms=[_round(h_low), _round(h_high)],
-                       num_host_path_pairs=len(host_path))
+        # the forward passes of the very pairs whose first tokens the verdict judges (not the grid's repeats), and the
+        # host's path from where vLLM starts the step's loads to the same pass's first layer
+        row.update(_paired_difference(whole, "forward_step_s", "forward_difference", "num_forward_pairs"))
+        row.update(_paired_difference(whole, "forward_to_first_layer_s", "host_path_difference", "num_host_path_pairs"))
         # where the host stood when the copy ended: its stamp at the forward pass's first attention layer less the
         # copy's end on the GPU's clock (``to_forward_s``, GPU-buffer restores since 3 Dec 2026)
         reached = [1e3 * r.split.to_forward_s for r in restores if r.split is not None and r.split.to_forward_s is not None]
@@ -1050,6 +1039,17 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors], boun
                        num_to_forward=len(reached), num_ended_before_forward=sum(1 for t in reached if t > 0))
         out.append(row)
     return out
+
+
+def _paired_difference(whole: list[dict], field: str, name: str, count: str) -> dict:
+    """The restore's ``field`` less its resident partner's, in ms, over the pairs where both record it: ``<name>_ms``
+    (the median), ``<name>_ci_ms`` (its 95% bootstrap interval) and ``count`` (the pairs); empty where none does."""
+    diffs = [1e3 * (getattr(p["restore"], field) - getattr(p["resident"], field)) for p in whole
+             if getattr(p["restore"], field) is not None and getattr(p["resident"], field) is not None]
+    if not diffs:
+        return {}
+    median, low, high = median_of_differences(diffs)
+    return {f"{name}_ms": _round(median), f"{name}_ci_ms": [_round(low), _round(high)], count: len(diffs)}
 
 
 def widened(median: float, low: float, high: float, inflation: float) -> tuple[float, float]:
@@ -1125,8 +1125,7 @@ def pair_plan(pilot: list[PairRow], before: list[PointFloors], num_pilot: int, m
     rows = resolution_table(pilot, before, bound)
     row = rows[0] if len(rows) == 1 else {}
     needed = row.get("restores_to_resolve")
-    judged = bool(pilot) and pilot[0].context_tokens >= RESOLVE_MIN_TOKENS and pilot[0].pair_arm in RESOLVE_PATHS
-    # (params.staged: the same points, so kmesh plan's bound counts only second stages that can run)
+    judged = bool(pilot) and goal_judges(pilot[0].pair_arm, pilot[0].context_tokens)  # params.staged's points too
     if max_restores == 0:
         reason = "off"
     elif not judged:

@@ -427,13 +427,22 @@ def _forward_clause(r: dict) -> str:
     low, high = r.get("forward_difference_ci_ms") or (None, None)
     if low is None or high is None:
         return ""
-    if low <= 0 <= high:
+    side = _side_of_zero(median, low, high, "faster", "slower")
+    if side is None:
         return (f"; in the same pairs the forward passes did not differ measurably ({median:+,.3f} ms "
                 f"[{low:+,.3f}, {high:+,.3f}]), so that is not why")
-    # to the paired first token's own precision: two decimals would print a bound of 0.0016 ms as 0.00, read as 0
-    which, (a, b, c) = ("faster", (-median, -high, -low)) if high < 0 else ("slower", (median, low, high))
-    return (f"; in the same pairs the restored follow-up's forward pass ran {a:,.3f} ms [{b:,.3f}, {c:,.3f}] {which} "
-            "than its resident partner's, which the first-token difference includes")
+    return (f"; in the same pairs the restored follow-up's forward pass ran {side} than its resident partner's, "
+            "which the first-token difference includes")
+
+
+def _side_of_zero(median: float, low: float, high: float, below: str, above: str) -> str | None:
+    """A paired difference whose 95% interval lies wholly off 0, as its size and interval and the word for its side
+    (``below`` 0 or ``above``), "0.216 ms [0.185, 0.269] faster"; None where the interval holds 0. To the paired first
+    token's own precision: two decimals would print a bound of 0.0016 ms as 0.00, read as 0."""
+    if low <= 0 <= high:
+        return None
+    which, (a, b, c) = (below, (-median, -high, -low)) if high < 0 else (above, (median, low, high))
+    return f"{a:,.3f} ms [{b:,.3f}, {c:,.3f}] {which}"
 
 
 def _host_wait_clause(r: dict, every: list[dict] | None = None, said: dict | None = None) -> str:
@@ -484,12 +493,11 @@ def _host_path_clause(r: dict) -> str:
     low, high = r.get("host_path_difference_ci_ms") or (None, None)
     if median is None or low is None or high is None:
         return ""
-    if low <= 0 <= high:
+    side = _side_of_zero(median, low, high, "earlier", "later")
+    if side is None:
         return (f"; in the same pairs the restored step's host reached that layer with no measurable difference from "
                 f"its resident partner's ({median:+,.3f} ms [{low:+,.3f}, {high:+,.3f}])")
-    which, (a, b, c) = ("earlier", (-median, -high, -low)) if high < 0 else ("later", (median, low, high))
-    return (f"; in the same pairs the restored step's host reached that layer {a:,.3f} ms [{b:,.3f}, {c:,.3f}] {which} "
-            "than its resident partner's")
+    return f"; in the same pairs the restored step's host reached that layer {side} than its resident partner's"
 
 
 def _resolution_sentences(table: list[dict], plans: dict | None = None, every: list[dict] | None = None,
