@@ -612,7 +612,7 @@ def test_a_run_recorded_before_the_orders_were_drawn_has_no_new_tables_and_skips
     assert not [line for line in compare_tables(section.TABLES, run, run.results) if line.problems]
     assert got["results.json 'comparisons' table equals the one recomputed from raw/"] == "skipped"
     assert "comparisons" not in section.public_results(run)
-    published = RunFiles(Path(__file__).parents[1] / "outputs" / "multi_engine" / "gpu-20261201-123349-2d77")
+    published = RunFiles(Path(__file__).parents[1] / "outputs" / "multi_engine" / "gpu-20261201-123346-16c1")
     assert "gives no interval, so neither is a verdict" in section.answer(published)
     assert TABLES_ABSENT <= {c.name for c in section.checks(published) if c.status == "skipped"}
 
@@ -638,7 +638,7 @@ def test_the_findings_give_every_load_ratio_to_two_decimals():
     from kmesh_lib.base.records import RunFiles
     from kmesh_lib.sections.multi_engine import summary
 
-    rows = summary.findings(RunFiles(OUTPUTS / "multi_engine" / "gpu-20261201-123349-2d77"))
+    rows = summary.findings(RunFiles(OUTPUTS / "multi_engine" / "gpu-20261201-123346-16c1"))
     assert [r["busiest engine / mean"] for r in rows] == ["1.00", "1.00", "1.18", "1.00"]
 
 
@@ -647,7 +647,7 @@ def test_the_published_headline_gives_load_ratios_in_two_decimals():
 
     from kmesh_lib.base import paths
 
-    doc = json.loads((paths.OUTPUTS / "multi_engine" / "gpu-20261201-123349-2d77" / "public-results.json").read_text())
+    doc = json.loads((paths.OUTPUTS / "multi_engine" / "gpu-20261201-123346-16c1" / "public-results.json").read_text())
     assert any("busiest engine / mean 1.00 vs 1.18" in v for v in doc["headline"].values()), doc["headline"]
 
 
