@@ -91,6 +91,33 @@ def test_the_disk_bound_is_not_claimed_where_the_per_point_floor_puts_the_restor
     assert summary._disk_bound({"restore_resolution": [below]}, 2 * N) == ", so the disk itself bounds it"  # another point
 
 
+def test_a_disk_floor_its_restores_beat_is_set_beside_lmcaches_own_read_of_the_same_bytes():
+    """0248 (H100, 0.5B, 32,512 tokens): the disk restores' span [198.1, 199.9] ms fell below the floor [205.7, 206.7];
+    LMCache's own disk read (its probe) took 167.6 ms where the floor's reads of the same bytes took 198.2-199.4 ms:
+    the answer says the floor's reader, not the disk, is what they beat, and only where the read is faster."""
+    below = {"model": "m", "context_tokens": N, "path": "disk", "floor_overlapped_ms": [198.18, 199.36],
+             "span_verdict_overlapped": "at the floor",
+             "span_verdict": "below its floor (a method problem, not a result)"}
+    read = [{"model": "m", "context_tokens": N, "arm": "disk", "disk_read_ms": 167.6},
+            {"model": "m", "context_tokens": N, "arm": "dram", "disk_read_ms": None}]
+    clause = summary._own_read_clause(below, read)
+    assert clause == ("; LMCache's own disk read there took 167.6 ms (its probe, median of the grid's disk follow-ups), "
+                      "faster than the floor's reads of the same bytes (198.2\u2013199.4 ms): the floor's reader, not "
+                      "the disk, is what these restores beat")
+    within = summary._own_read_clause(below, [{**read[0], "disk_read_ms": 198.5}])
+    assert "within the floor's reads" in within and "not the disk" not in within
+    assert summary._own_read_clause({**below, "span_verdict": "at the floor"}, read) == ""
+    assert summary._own_read_clause({**below, "context_tokens": 2 * N}, read) == ""  # no read at that point
+    assert summary._own_read_clause(below, None) == ""
+    bound = summary._disk_bound({"restore_resolution": [below], "components": read}, N)
+    assert bound.startswith("; its restores there fall below") and clause in bound
+    assert bound.endswith("so this run does not say what bounds them")
+    [line] = summary._resolution_sentences([{**below, "span_ms": 198.7, "span_ci_ms": [198.1, 199.9], "floor_ms":
+                                             [205.7, 206.7], "ttft_difference_ms": None, "ttft_verdict": "not paired",
+                                             "num_restores": 8, "resolved": True}], components=read)
+    assert clause in line
+
+
 def test_why_a_speed_up_is_its_size_splits_both_first_tokens_at_the_crossover():
     """458a's 0.5B DRAM at 16,384: recompute 60.3 = resident 22.1 + 38.2 of prefill, the restore 53.4 = 22.1 + 31.3
     (8.6x its floor): it saves 6.9 ms, hence 1.13x. A path that never wins is split at its longest length."""

@@ -313,7 +313,7 @@ def answer(run: RunFiles) -> str:
             "and more, else each model's longest; every point in the restore_resolution table):\n\n"
             + "\n".join(f"- {line}" for line in _resolution_sentences(resolution, pair_plans(run),
                                                                       tables.get("restore_resolution"),
-                                                                      p.CHILD_TIMEOUT_S)))
+                                                                      p.CHILD_TIMEOUT_S, tables.get("components"))))
     body = "\n".join(text[:2]) + "\n\n" + "\n".join(text[2:2 + len(per_model)]) + "\n\n"
     if not split_lines:
         return body + " ".join(text[2 + len(per_model):-1]) + (f"\n\n{goals}\n\n" if goals else " ") + text[-1]
@@ -335,9 +335,28 @@ def _disk_bound(tables: dict, longest: int) -> str:
     below = [r for r in tables.get("restore_resolution") or []
              if r["path"] == "disk" and r["context_tokens"] == longest and r["span_verdict"].startswith("below its floor")]
     if below:
-        return ("; its restores there fall below the floor measured around the point (a method problem), so this run "
-                "does not say what bounds them")
+        return ("; its restores there fall below the floor measured around the point (a method problem)"
+                + "".join(_own_read_clause(r, tables.get("components")) for r in below[:1])
+                + ", so this run does not say what bounds them")
     return ", so the disk itself bounds it"
+
+
+def _own_read_clause(r: dict, components: list[dict] | None) -> str:
+    """Where LMCache's disk restores fell below their floor: LMCache's own disk read at that point (its probe's
+    ``disk_read_ms``, the median over the grid's disk follow-ups, ``report.component_table``) against the floor's
+    disk reads of the same bytes (``floor_overlapped_ms``: the slower of its media, the disk). A tier whose own reads
+    beat the floor's reads shows the floor's reader, not the disk, is what its restores beat (6 Dec 2026: 0248's
+    LMCache read 381 MiB in 168 ms where the floor's reads took 198-199 ms; 458a 230 against 338-374 ms; b43a at 7B
+    1,021 against 1,361-1,500 ms)."""
+    floor = r.get("floor_overlapped_ms")
+    read = next((c.get("disk_read_ms") for c in components or [] if c.get("arm") == "disk"
+                 and (c.get("model"), c.get("context_tokens")) == (r["model"], r["context_tokens"])), None)
+    if r["path"] != "disk" or not floor or read is None or not r["span_verdict"].startswith("below its floor"):
+        return ""
+    where = ("faster than" if read < floor[0] else "slower than" if read > floor[1] else "within")
+    return (f"; LMCache's own disk read there took {read:,.1f} ms (its probe, median of the grid's disk follow-ups), "
+            f"{where} the floor's reads of the same bytes ({floor[0]:,.1f}\u2013{floor[1]:,.1f} ms)"
+            + (": the floor's reader, not the disk, is what these restores beat" if read < floor[0] else ""))
 
 
 # ``lmcache.probes``: the components that bring the context in
@@ -501,12 +520,13 @@ def _host_path_clause(r: dict) -> str:
 
 
 def _resolution_sentences(table: list[dict], plans: dict | None = None, every: list[dict] | None = None,
-                          child_timeout_s: int | None = None) -> list[str]:
+                          child_timeout_s: int | None = None, components: list[dict] | None = None) -> list[str]:
     """The paired design (``report.resolution_table``), one line per (model, context, path): the restore's own span
     and the paired first-token difference, each with its 95% interval and verdict against the floor's range; where
     that difference lies below its floor, the same pairs' forward passes (``_forward_clause``). ``plans``: the
     run's raw/pair_plans.jsonl by (model, context, path), where it has one: whether a point's pilot was extended
-    (``_stage_clause``, with the run's ``child_timeout_s`` where a stage did not fit it)."""
+    (``_stage_clause``, with the run's ``child_timeout_s`` where a stage did not fit it); ``components``: the
+    component table, for LMCache's own disk read beside a disk floor its restores beat (``_own_read_clause``)."""
     plans, said = plans or {}, {}
     out = []
     def ci(pair: list, wide: list | None = None) -> str:
@@ -532,6 +552,7 @@ def _resolution_sentences(table: list[dict], plans: dict | None = None, every: l
                    + f": {r['ttft_verdict']}{_reach(r['ttft_verdict'], _high(r, 'ttft_difference'), floor)} "
                    f"({r['num_restores']} restores"
                    + _serial_clause(r) + _pair_floor_clause(r) + _overlapped_clause(r)
+                   + _own_read_clause(r, components)
                    + _stage_clause(r, plans.get((r["model"], r["context_tokens"], r["path"])), child_timeout_s)
                    + ")" + _forward_clause(r) + _host_wait_clause(r, every, said) + ".")
     return out
