@@ -1,6 +1,7 @@
 """Section 21: parameters, physical floors, the crossover computation, and a tiny real grid."""
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pytest
@@ -371,6 +372,31 @@ def _rewrite_rows(run_dir, pick, edit):
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     edit(next(r for r in rows if pick(r)))
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_a_run_of_every_tier_names_its_memory_arms_in_a_name_a_published_record_holds():
+    """0248 ran all 16 arms in one run: the check that no memory arm read the disk named 14 arms in 250 characters,
+    and publish refused it (base.public.MAX_STRING_CHARS); the runs of 1-6 Dec named theirs one by one, as before."""
+    from kmesh_lib.base.public import MAX_STRING_CHARS
+    crossover_checks = importlib.import_module("kmesh_lib.sections.crossover.checks")  # the package exports checks()
+    from kmesh_lib.sections.crossover.arms import KIND
+
+    assert crossover_checks.memory_arms_named(["recompute", "dram", "disk", "resident"], ["disk"]) == (
+        "recompute, dram, resident")
+    every = list(KIND)  # every arm of every tier
+    disk = [a for a in every if KIND[a] == "disk"]
+    name = crossover_checks.memory_arms_named(every, disk)
+    assert name == f"every arm but disk, gpubuf_disk ({len(every) - 2} arms)"
+    assert len(f"{name}: no follow-up read the disk tier") <= MAX_STRING_CHARS
+    # its count of cached tokens per arm (304 characters), grouped by value once every arm's would not fit
+    few = {"recompute": [0], "dram": [1024], "disk": [1024]}
+    assert crossover_checks.cached_per_arm(few) == "recompute 0, dram 1024, disk 1024"
+    cached = {a: [0] if KIND[a] == "recompute" else [32512] for a in every}
+    cached["native_offload"] = [0, 32512]  # a second value is named, not folded into the largest group
+    line = crossover_checks.cached_per_arm(cached)
+    recomputes = ", ".join(a for a in every if KIND[a] == "recompute")
+    assert line == f"0 {recomputes}; 0/32512 native_offload; 32512 every other arm ({len(every) - 5})"
+    assert len(line) <= MAX_STRING_CHARS
 
 
 @pytest.mark.parametrize("pick, edit, failing", [

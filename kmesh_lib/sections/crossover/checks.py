@@ -123,7 +123,7 @@ def checks(run: RunFiles) -> list[Check]:
                           "no lmcache_mp rows"))
     disk_arms = [a for a in arm_names if KIND[a] == "disk"]
     others = [r for r in measured if KIND[r.arm] != "disk"]
-    out.append(all_of(f"{', '.join(a for a in arm_names if a not in disk_arms)}: no follow-up read the disk tier", others,
+    out.append(all_of(f"{memory_arms_named(arm_names, disk_arms)}: no follow-up read the disk tier", others,
                       lambda r: r.disk_read_bytes == 0, lambda r: f"{r.tag}: {r.disk_read_bytes} bytes",
                       "no measured rows outside the disk arms"))
     out += tier_checks(measured, arm_names)
@@ -138,6 +138,36 @@ def checks(run: RunFiles) -> list[Check]:
     out.append(floor_check(run.results.get("floors") or {}, tiers))
     out += paired_checks(run)
     return out
+
+
+# the memory arms a check names one by one: up to 95 characters in the runs of 1-6 Dec 2026; a run of every tier
+# (16 arms, 0248) named 14 in 250, past what a published check name holds (base.public.MAX_STRING_CHARS)
+MEMORY_ARMS_NAMED = 120
+
+
+def cached_per_arm(cached: dict[str, list[int]]) -> str:
+    """Each arm's cached tokens (``arm 1024``, several values ``0/1024``), in the order the run planned its arms; past
+    ``MEMORY_ARMS_NAMED`` characters (every tier's arms in one run) grouped by value, each value's arms named in that
+    order but the largest group's, which closes the line as "every other arm" with its count, so a published record
+    holds it (base.public.MAX_STRING_CHARS)."""
+    each = ", ".join(f"{a} {'/'.join(map(str, v))}" for a, v in cached.items())
+    if len(each) <= MEMORY_ARMS_NAMED:
+        return each
+    by_value: dict[str, list[str]] = {}
+    for arm, v in cached.items():
+        by_value.setdefault("/".join(map(str, v)), []).append(arm)
+    largest = max(by_value, key=lambda value: len(by_value[value]))
+    named = [f"{value} {', '.join(arms)}" for value, arms in by_value.items() if value != largest]
+    return "; ".join(named + [f"{largest} every other arm ({len(by_value[largest])})"])
+
+
+def memory_arms_named(arm_names: list[str], disk_arms: list[str]) -> str:
+    """The arms outside ``disk_arms``, one by one, as a check names them; past ``MEMORY_ARMS_NAMED`` characters (every
+    tier's arms in one run) the disk arms they exclude and how many they are, so a published record holds the name."""
+    named = ", ".join(a for a in arm_names if a not in disk_arms)
+    if len(named) <= MEMORY_ARMS_NAMED:
+        return named
+    return f"every arm but {', '.join(disk_arms) or 'none'} ({len(arm_names) - len(disk_arms)} arms)"
 
 
 PAIRED_CHECKS = (
@@ -596,7 +626,7 @@ def counts(run: RunFiles) -> dict[str, int | str]:
     for (model, n), rs in groups.items():
         cached = {arm: sorted({c for x in rs if x.arm == arm for c in x.num_cached_tokens})
                   for arm in run.params.ARMS if any(x.arm == arm for x in rs)}
-        out[f"{model} {n}: cached tokens per arm"] = ", ".join(f"{a} {'/'.join(map(str, v))}" for a, v in cached.items())
+        out[f"{model} {n}: cached tokens per arm"] = cached_per_arm(cached)
         for arm in [a for a in run.params.ARMS if KIND[a] == "disk"]:
             disk = sorted({r.disk_read_bytes for r in rs if r.arm == arm})
             if disk:
