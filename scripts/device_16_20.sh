@@ -35,7 +35,7 @@
 # KMESH_SET_22: "KEY=VALUE ..." for section 22's driver, as for 16 and 20.
 # Section 21 (KMESH_DEVICE_SECTIONS=21: sections.crossover.gpu into $root/crossover-gpu, packed as crossover-gpu.tgz): its
 # units are (model, tier) children, one at a time; the default gpu profile at one model (KMESH_SET_21="MODELS=[qwen2.5-0.5b]")
-# is 4 children of ~2-6 min (`kmesh plan 21`: about 15.5 min), 2-3 calls, each the same after call 1's stage:
+# is 4 children of ~1-6 min (`kmesh plan 21`: about 11 min; 0248 took 357 s on an H100, one call), 1-3 calls, each the same after call 1's stage:
 #   2  carry .device-stage/call2:  set -o pipefail; sh .device-stage/call2/install.sh && . /tmp/site/env.sh &&
 #                                  KMESH_DEVICE_SECTIONS=21 KMESH_SET_21="MODELS=[qwen2.5-0.5b]" timeout 545 sh scripts/device_16_20.sh 500 2>&1 | tee $OUT/call.log
 #   3+ (until it says "left for a later call: none"):

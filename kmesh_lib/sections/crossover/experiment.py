@@ -77,7 +77,9 @@ from kmesh_lib.sections.crossover.report import FLOOR_OF, pair_plan
 from kmesh_lib.workloads.engine_runs import GPU_PHASE
 
 REPO = REPO_ROOT
-PAIR_PREP_S = costs.Span(0.02, 0.1)  # a follow-up's preparation inside a pair: a prefix-cache reset and a drain
+# a follow-up's preparation inside a pair, a prefix-cache reset and a drain: cuda from 0248's 3,200 pair rows (H100,
+# 6 Dec: their preparation 0-4 ms, medians per tier, and about 14 ms per follow-up besides its first token)
+PAIR_PREP_S = {"cpu": costs.Span(0.02, 0.1), "cuda": costs.Span(0.005, 0.03)}
 
 
 def unit_duration(cfg: CrossoverParams, model: str, tier_name: str, most: bool = False) -> tuple[costs.Span, list[str]]:
@@ -99,14 +101,14 @@ def unit_duration(cfg: CrossoverParams, model: str, tier_name: str, most: bool =
         moved = costs.DISK_S_PER_BYTE * (n * kvt)
         kind = {"recompute": prefill + step, "resident": prefill + 2 * step, "memory": moved + 2 * step,
                 "disk": moved + step}
-        total += prefill + moved + repeats * sum((kind[KIND[a]] + costs.ROW_PREP_S for a in arms), costs.Span(0, 0))
+        total += prefill + moved + repeats * sum((kind[KIND[a]] + costs.ROW_PREP_S[device] for a in arms), costs.Span(0, 0))
         # the paired design: a row's light preparation (a reset and a drain), a disk restore's read; its first
         # pair's full preparation; the floors before and after (a disk floor writes its file, then reads it)
         for a in arms:
             pairs = max_pairs(cfg, a, n) if most else num_pairs(cfg, a)
             if pairs:
-                follow = (moved if KIND[a] == "disk" else costs.Span(0, 0)) + 2 * step + 2 * PAIR_PREP_S
-                total += pairs * follow + kind[KIND[a]] + costs.ROW_PREP_S
+                follow = (moved if KIND[a] == "disk" else costs.Span(0, 0)) + 2 * step + 2 * PAIR_PREP_S[device]
+                total += pairs * follow + kind[KIND[a]] + costs.ROW_PREP_S[device]
         if any(num_pairs(cfg, a) for a in arms):
             total += 2 * (cfg.FLOOR_REPEATS + 1) * moved
             if tier_name == "gpubuf" and any(KIND[a] == "disk" for a in arms):  # its own reads in the disk floor's sweep
