@@ -388,9 +388,12 @@ def test_a_run_of_every_tier_names_its_memory_arms_in_a_name_a_published_record_
     name = crossover_checks.memory_arms_named(every, disk)
     assert name == f"every arm but disk, gpubuf_disk ({len(every) - 2} arms)"
     assert len(f"{name}: no follow-up read the disk tier") <= MAX_STRING_CHARS
-    # its count of cached tokens per arm (304 characters), grouped by value once every arm's would not fit
+    # its count of cached tokens per arm (304 characters), grouped by value once every arm's would not fit; b298's
+    # seven arms (150 characters) stay one by one, as published
     few = {"recompute": [0], "dram": [1024], "disk": [1024]}
     assert crossover_checks.cached_per_arm(few) == "recompute 0, dram 1024, disk 1024"
+    seven = {a: [0] if KIND[a] == "recompute" else [1024] for a in every if a == "recompute" or a.startswith("gpubuf")}
+    assert crossover_checks.cached_per_arm(seven) == ", ".join(f"{a} {v[0]}" for a, v in seven.items())
     cached = {a: [0] if KIND[a] == "recompute" else [32512] for a in every}
     cached["native_offload"] = [0, 32512]  # a second value is named, not folded into the largest group
     line = crossover_checks.cached_per_arm(cached)

@@ -364,3 +364,21 @@ def test_the_host_wait_range_is_said_once_per_path():
     ranged = [("at every context from 1,024 tokens" in line, "the line for 16,384 tokens gives the range" in line)
               for line in lines]
     assert ranged == [(True, False), (False, True)] * 2
+
+
+def test_the_resolution_table_is_shown_as_views_that_hold_every_column_once():
+    """0248's restore_resolution had 46 columns: one table ran 66 px past the page. The report shows it as
+    report.resolution_views: the verdicts first, every view led by the point's keys, a view no row fills left out,
+    and a column no view names shown last, never dropped."""
+    from kmesh_lib.sections.crossover import report
+
+    row = {"model": "m", "context_tokens": N, "path": "dram", "span_ms": 1.0, "span_verdict": "at the floor",
+           "span_lag1": 0.2, "to_forward_ms": None, "a_later_column": 3}
+    views = report.resolution_views([row, {**row, "path": "disk", "a_later_column": None}])
+    titles = [t for t, _ in views]
+    assert titles[0].startswith("Verdicts") and titles[1].startswith("Streaks") and titles[-1] == "Other columns"
+    assert not [t for t in titles if t.startswith("The forward pass")]  # no row holds a forward column
+    shown = [k for _, v in views for k in v[0] if k not in report.RESOLUTION_KEYS]
+    assert sorted(shown) == sorted(k for k in row if k not in report.RESOLUTION_KEYS and k != "to_forward_ms")
+    assert all(list(v[0])[:3] == list(report.RESOLUTION_KEYS) for _, v in views)
+    assert views[-1][1][1] == {"model": "m", "context_tokens": N, "path": "disk", "a_later_column": None}

@@ -23,6 +23,7 @@ from itertools import product
 
 from kmesh_lib.base.checks import Check, all_of, check, differences
 from kmesh_lib.base.declared import ABSENT, json_value
+from kmesh_lib.base.public import MAX_STRING_CHARS
 from kmesh_lib.base.records import RunFileError, RunFiles
 from kmesh_lib.sections.crossover import gaps, report
 from kmesh_lib.sections.crossover.arms import (
@@ -147,11 +148,11 @@ MEMORY_ARMS_NAMED = 120
 
 def cached_per_arm(cached: dict[str, list[int]]) -> str:
     """Each arm's cached tokens (``arm 1024``, several values ``0/1024``), in the order the run planned its arms; past
-    ``MEMORY_ARMS_NAMED`` characters (every tier's arms in one run) grouped by value, each value's arms named in that
-    order but the largest group's, which closes the line as "every other arm" with its count, so a published record
-    holds it (base.public.MAX_STRING_CHARS)."""
+    what a published record holds (base.public.MAX_STRING_CHARS: every tier's arms in one run, 304 characters in
+    0248; b298's seven arms took 150) grouped by value, each value's arms named in that order but the largest
+    group's, which closes the line as "every other arm" with its count."""
     each = ", ".join(f"{a} {'/'.join(map(str, v))}" for a, v in cached.items())
-    if len(each) <= MEMORY_ARMS_NAMED:
+    if len(each) <= MAX_STRING_CHARS:
         return each
     by_value: dict[str, list[str]] = {}
     for arm, v in cached.items():

@@ -147,5 +147,17 @@ def show(table, note_text: str = "") -> None:
         display(Markdown(note_text))
 
 
+def show_resolution(rows: list[dict], note_text: str = "") -> None:
+    """The restore_resolution table as ``report.resolution_views`` splits it, each part under its title, then
+    ``note_text`` (the points without pairs, and why)."""
+    from IPython.display import Markdown, display
+
+    for title, view in report.resolution_views(rows):
+        display(Markdown(f"**{title}**"))
+        show(view)
+    if note_text:
+        display(Markdown(note_text))
+
+
 __all__ = ["NO_PAIRS_PLANNED", "PAIRED_PARAMS", "PAIRED_SINCE", "account", "child", "missing_pairs", "note",
-           "pairs_note", "predates_pairs", "show", "unmeasured"]
+           "pairs_note", "predates_pairs", "show", "show_resolution", "unmeasured"]

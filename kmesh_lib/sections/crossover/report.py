@@ -903,6 +903,42 @@ def pairs_of(pairs: list[PairRow]) -> dict[tuple, dict[int, dict[str, PairRow]]]
     return out
 
 
+RESOLUTION_KEYS = ("model", "context_tokens", "path")
+# restore_resolution's columns as a reader takes them, one table each (46 columns in one table ran wider than a page
+# in 0248's report): the verdicts first, then what each verdict rests on
+RESOLUTION_VIEWS = {
+    "Verdicts: each restore's span and paired first token against the floor's range": (
+        "num_restores", "span_ms", "span_ci_ms", "floor_ms", "span_verdict", "ttft_difference_ms",
+        "ttft_difference_ci_ms", "ttft_verdict", "half_width_x_floor", "resolved", "restores_to_resolve"),
+    "Streaks: the restores' order, and the intervals widened for it": (
+        "span_source", "num_pairs", "span_half_width_ms", "span_lag1", "span_half_width_serial_ms", "span_ci_serial_ms",
+        "ttft_difference_lag1", "ttft_difference_ci_serial_ms", "resident_ttft_lag1", "span_resident_corr",
+        "span_resident_corr_ci", "span_resident_corr_n_eff"),
+    "Floors: the measurements around the point, the slower medium alone, the copy timed before each restore": (
+        "num_floor_measurements", "floor_overlapped_ms", "span_verdict_overlapped", "num_pair_floors", "pair_floor_ms",
+        "pair_floor_lag1", "span_x_pair_floor", "span_x_pair_floor_ci", "pair_floor_memcpy_ms", "pair_floor_uva_read_ms"),
+    "The forward pass and the host's path to it, in the same pairs": (
+        "forward_difference_ms", "forward_difference_ci_ms", "num_forward_pairs", "host_path_difference_ms",
+        "host_path_difference_ci_ms", "num_host_path_pairs", "to_forward_ms", "to_forward_ci_ms", "num_to_forward",
+        "num_ended_before_forward"),
+}
+
+
+def resolution_views(rows: list[dict]) -> list[tuple[str, list[dict]]]:
+    """``rows`` (``resolution_table``) split into ``RESOLUTION_VIEWS``' tables, each led by ``RESOLUTION_KEYS``; a
+    table whose columns no row holds is left out, and a column no view names (a later one) goes to a last table of
+    its own, so every column of every row is shown once."""
+    named = set(RESOLUTION_KEYS).union(*RESOLUTION_VIEWS.values())
+    rest = tuple(dict.fromkeys(k for r in rows for k in r if k not in named))
+    views = {**RESOLUTION_VIEWS, **({"Other columns": rest} if rest else {})}
+    out = []
+    for title, columns in views.items():
+        held = [c for c in columns if any(r.get(c) is not None for r in rows)]
+        if held:
+            out.append((title, [{k: r.get(k) for k in (*RESOLUTION_KEYS, *held)} for r in rows]))
+    return out
+
+
 def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors], bound: bool = True) -> list[dict]:
     """Per (model, context, restore path) of the paired design: the restore's own span (``restore_span``) per
     restore, its median and 95% bootstrap interval; the first token's paired difference (the restore less the
