@@ -82,8 +82,10 @@ def main() -> None:
         print(f"saturated_floor('disk', {sweep_bytes:,} bytes, {args.repeats} repeats): {took:.1f} s in all "
               f"(files written included); fastest {got['layout']} at depth {got['queue_depth']}, "
               f"{got['bytes'] / got['median_s'] / 1e9:.2f} GB/s; sweep: "
-              + ", ".join(f"{w['layout']}@{w['queue_depth']} {got['bytes'] / w['median_s'] / 1e9:.2f}"
-                          for w in got["sweep"]))
+              + ", ".join(f"{w['layout']}@{w['queue_depth']} {floors.way_destination(w)} "
+                          f"{got['bytes'] / w['median_s'] / 1e9:.2f}" for w in got["sweep"])
+              + "".join(f"; not swept: {w['layout']}@{w['queue_depth']} {w['destination']} ({w['why']})"
+                        for w in got.get("not_swept", [])))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from kmesh_lib.base.records import RunFiles
 from kmesh_lib.sections import crossover as section
 from kmesh_lib.sections.crossover import experiment, gpu
 from kmesh_lib.sections.crossover.experiment import Unit
-from kmesh_lib.sections.crossover.params import CrossoverParams
+from kmesh_lib.sections.crossover.params import CrossoverParams, arms_of, num_pairs
 
 # two units: LMCache's tier (its server, on the CPU) and the GPU buffer, one context, one measured repeat, two pairs
 SETS = ["ARMS=[recompute,dram,resident,gpubuf_retained,gpubuf_resident]", "CONTEXT_TOKENS_GRID=[256]",
@@ -75,6 +75,31 @@ def test_the_plan_is_the_sum_of_its_units():
     assert sum(p.high for p in parts) > 500
     line = section.plan(cfg)["children"]
     assert line.startswith("4, one after another") and f"qwen2.5-0.5b-gpubuf {parts[1].low:.0f}-{parts[1].high:.0f} s" in line
+
+
+def test_a_cuda_plan_counts_the_pinned_ways_reads_of_each_disk_floor(monkeypatch):
+    """``unit_duration`` counts the disk floor sweep's pinned way where it runs (CUDA): FLOOR_REPEATS more reads of
+    the context before and after each point of a tier with a disk path; none on CPU, where it is not swept."""
+    from kmesh_lib.engine import costs
+    from kmesh_lib.engine.model_spec import resolve
+    from kmesh_lib.kv.floors import SATURATING_DISK_SWEEP
+
+    pageable = tuple(way for way in SATURATING_DISK_SWEEP if way[2] == "pageable")
+    assert len(pageable) < len(SATURATING_DISK_SWEEP)
+    for device, tier in (("cuda", "lmcache"), ("cuda", "gpubuf"), ("cpu", "lmcache")):
+        cfg = smoke(MODELS=["tiny"], DEVICE=device)
+        assert any(experiment.KIND[a] == "disk" and num_pairs(cfg, a) for a in arms_of(cfg, tier))
+        with_pinned = experiment.unit_duration(cfg, "tiny", tier)[0]
+        monkeypatch.setattr(experiment, "SATURATING_DISK_SWEEP", pageable)
+        without = experiment.unit_duration(cfg, "tiny", tier)[0]
+        monkeypatch.setattr(experiment, "SATURATING_DISK_SWEEP", SATURATING_DISK_SWEEP)
+        kvt = resolve("tiny").kv_bytes_per_token(cfg.DTYPE)
+        low = high = 0.0
+        if device == "cuda":
+            for n in cfg.CONTEXT_TOKENS_GRID:
+                reads = 2 * cfg.FLOOR_REPEATS * costs.DISK_S_PER_BYTE * (n * kvt)
+                low, high = low + reads.low, high + reads.high
+        assert (with_pinned.low - without.low, with_pinned.high - without.high) == pytest.approx((low, high)), device
 
 
 def write(raw: Path, name: str, records: list[dict]) -> None:

@@ -60,7 +60,9 @@ def test_the_saturating_piece_is_one_copy_and_the_disk_has_a_sweep_instead():
     assert pf.saturating_piece("device", 10 << 20, 1 << 20) == (10 << 20, 1)
     with pytest.raises(ValueError, match="sweep"):
         pf.saturating_piece("disk", 10 << 20, 1 << 20)
-    assert ("chunk_files", pf.LMCACHE_DISK_IO_THREADS) in pf.SATURATING_DISK_SWEEP  # LMCache's own way is swept
+    lmcache_ways = [dest for layout, depth, dest in pf.SATURATING_DISK_SWEEP
+                    if (layout, depth) == ("chunk_files", pf.LMCACHE_DISK_IO_THREADS)]
+    assert lmcache_ways == ["pageable", "pinned"]  # LMCache's own way is swept, into ordinary pages and as it reads
 
 
 def _pairs(path, spans_ms, restore_ttft_ms, resident_ttft_ms, n=N, span_key="restore_s"):
@@ -415,7 +417,7 @@ def test_the_gpu_buffers_disk_floor_is_timed_in_its_own_chunks_and_by_its_own_re
     monkeypatch.setattr(kv_floors, "chunked_floor", fake_floor)
     monkeypatch.setattr(kv_floors, "saturated_floor", fake_saturated)
     cfg = SimpleNamespace(FLOOR_QUEUE_DEPTH=1, FLOOR_REPEATS=2, DEVICE="cpu", CHUNK_SIZE=256)
-    arena = SimpleNamespace(chunk_bytes=18 * 917504, read_seconds=lambda path, nbytes: 0.03)
+    arena = SimpleNamespace(chunk_bytes=18 * 917504, read_seconds=lambda path, nbytes: 0.03, is_cuda=True)
     tier = SimpleNamespace(disk_dir=tmp_path, config=SimpleNamespace(chunk_bytes=16 << 20),
                            shared=SimpleNamespace(worker=SimpleNamespace(arena=arena)))
     runtime = RuntimeDir.create("t", root=tmp_path)
@@ -424,10 +426,49 @@ def test_the_gpu_buffers_disk_floor_is_timed_in_its_own_chunks_and_by_its_own_re
     (_, _, chunk), (_, _, sat_chunk, own), *device = calls
     assert chunk == sat_chunk == 18 * 917504  # the tier's own chunk: 15.75 MiB of whole 7B blocks
     assert (own.read, own.chunk_bytes, own.queue_depth) == (arena.read_seconds, 18 * 917504, 1)
+    assert own.destination == "pinned"  # its staging slots are pinned on CUDA
     assert [c[-1] for c in device if c[0] == "saturated"] == [None]  # a copy floor has no own read
     calls.clear()
     experiment.point_floors(cfg, tier, "lmcache", runtime, ["disk"], "m", 1024, 57344, "before")
     assert calls[1][-1] is None and calls[1][2] == 256 * 57344  # LMCache: its chunks, its own way in the sweep
+
+
+def test_lmcaches_point_floors_sweep_its_way_into_pinned_memory_on_cuda_and_say_why_not_on_cpu(tmp_path, monkeypatch):
+    """``point_floors`` for LMCache's in-process tier times the real sweep (``kv.floors.SATURATING_DISK_SWEEP``) in
+    its chunks: on CUDA its way into pinned memory is one of the ways (its own reads land there: on three GPU runs
+    of 6 Dec 2026 they outran every way into ordinary pages); on CPU that way is named as not swept, with why."""
+    from types import SimpleNamespace
+
+    from kmesh_lib.base.processes import RuntimeDir
+    from kmesh_lib.kv import floors as kv_floors
+    from kmesh_lib.sections.crossover import experiment
+
+    allocated, real_pinned = [], kv_floors._pinned_buffers
+
+    def fake_pinned(count, size, device):  # on CUDA, pages standing in for pinned memory where this box has none
+        allocated.append((count, size, device))
+        if device != "cuda":
+            return real_pinned(count, size, device)
+        return [memoryview(bytearray(size)) for _ in range(count)]
+
+    monkeypatch.setattr(kv_floors, "_read_chunks", lambda *a, **k: 0.01)  # what is swept, not how fast
+    monkeypatch.setattr(kv_floors, "chunked_floor", lambda *a, **k: {"median_s": 0.02})
+    monkeypatch.setattr(kv_floors, "_pinned_buffers", fake_pinned)
+    runtime = RuntimeDir.create("t", root=tmp_path)
+    tier = SimpleNamespace(disk_dir=tmp_path / "disk")
+    cuda = SimpleNamespace(FLOOR_QUEUE_DEPTH=1, FLOOR_REPEATS=2, DEVICE="cuda", CHUNK_SIZE=256)
+    got = experiment.point_floors(cuda, tier, "lmcache", runtime, ["disk"], "m", 1024, 4096, "before")
+    disk = got["saturated"]["disk"]
+    assert not got.get("errors") and "not_swept" not in disk
+    assert [(w["layout"], w["queue_depth"], w["destination"]) for w in disk["sweep"]] == list(
+        kv_floors.SATURATING_DISK_SWEEP)
+    assert allocated == [(kv_floors.LMCACHE_DISK_IO_THREADS, 256 * 4096, "cuda")]  # its chunks, its threads
+    cpu = SimpleNamespace(**{**vars(cuda), "DEVICE": "cpu"})
+    got = experiment.point_floors(cpu, tier, "lmcache", runtime, ["disk"], "m", 1024, 4096, "before")
+    disk = got["saturated"]["disk"]
+    assert [w["destination"] for w in disk["sweep"]] == ["pageable"] * (len(kv_floors.SATURATING_DISK_SWEEP) - 1)
+    assert [(w["destination"], "device 'cpu'" in w["why"]) for w in disk["not_swept"]] == [("pinned", True)]
+    assert allocated[1:] == [(kv_floors.LMCACHE_DISK_IO_THREADS, 256 * 4096, "cpu")]  # asked, refused: not swept
 
 
 def test_a_disk_restore_below_its_sum_floor_is_also_judged_against_the_slower_medium_alone():

@@ -93,7 +93,8 @@ def test_a_short_read_raises_and_does_not_hang_either_way(tmp_path, monkeypatch)
 
 
 def test_the_sweep_records_every_way_interleaved_and_its_floor_is_the_fastest(tmp_path, monkeypatch):
-    sweep = (("chunk_files", 4), ("one_file", 4), ("one_file", 8), ("one_file", 16))  # any sweep, not the default
+    sweep = tuple((layout, depth, "pageable") for layout, depth in  # any sweep, not the default
+                  (("chunk_files", 4), ("one_file", 4), ("one_file", 8), ("one_file", 16)))
     seconds = {("chunk_files", 4): [0.30, 0.31, 0.29], ("one_file", 4): [0.20, 0.22, 0.21],
                ("one_file", 8): [0.12, 0.10, 0.11], ("one_file", 16): [0.13, 0.09, 0.14]}
     order = []
@@ -106,8 +107,9 @@ def test_the_sweep_records_every_way_interleaved_and_its_floor_is_the_fastest(tm
 
     monkeypatch.setattr(pf, "_read_chunks", fake_read)
     got = pf.saturated_floor("disk", 10 * CHUNK, CHUNK, 3, "cpu", tmp_path, sweep)
-    assert order == list(sweep) * 3  # each repeat times every way once
+    assert order == [way[:2] for way in sweep] * 3  # each repeat times every way once
     assert [(w["layout"], w["queue_depth"], w["seconds"]) for w in got["sweep"]] == [(*k, v) for k, v in seconds.items()]
+    assert {w["destination"] for w in got["sweep"]} == {"pageable"} and "not_swept" not in got
     assert (got["layout"], got["queue_depth"], got["median_s"], got["seconds"]) == ("one_file", 8, 0.11, [0.12, 0.10, 0.11])
     assert got["in_flight"] == "continuous" and (got["bytes"], got["chunk_bytes"]) == (10 * CHUNK, CHUNK)
     assert not list(tmp_path.iterdir())  # every layout's files are gone
@@ -115,7 +117,8 @@ def test_the_sweep_records_every_way_interleaved_and_its_floor_is_the_fastest(tm
 
 def test_the_sweep_reads_a_real_file_system_and_leaves_nothing(tmp_path):
     got = pf.saturated_floor("disk", 3 << 20, 256 << 10, 2, "cpu", tmp_path)
-    assert [(w["layout"], w["queue_depth"]) for w in got["sweep"]] == list(pf.SATURATING_DISK_SWEEP)
+    assert [(w["layout"], w["queue_depth"], w["destination"]) for w in got["sweep"]] == [
+        way for way in pf.SATURATING_DISK_SWEEP if way[2] == "pageable"]  # on CPU the pinned way is not swept
     assert got["median_s"] == min(w["median_s"] for w in got["sweep"]) > 0
     assert all(len(w["seconds"]) == 2 for w in got["sweep"]) and not list(tmp_path.iterdir())
     copy = pf.saturated_floor("copy", 1 << 20, 64 << 10, 2, "cpu", tmp_path)
@@ -137,6 +140,7 @@ def test_point_floors_recorded_before_the_sweep_still_load_and_judge_by_their_me
                                    {"layout": "one_file", "queue_depth": 8, "seconds": [0.6], "median_s": 0.6}]}}}
     floors = as_point_floors([old, new])
     assert "sweep" not in floors[0].saturated["disk"] and floors[1].saturated["disk"]["sweep"][0]["median_s"] == 0.5
+    assert [pf.way_destination(w) for w in floors[1].saturated["disk"]["sweep"]] == ["pageable"] * 2  # before the key
     assert cr.floor_range_ms("disk", floors) == [520.0, 672.0]  # the read's fastest, plus the copy
 
 
@@ -166,7 +170,7 @@ def test_the_sweep_times_the_tiers_own_read_last_in_each_repeat_and_takes_it_whe
     """A tier that reads its disk copy its own way (the GPU buffer: its chunks, one in flight, into pinned slots) gets
     that read into the sweep (``OwnRead``): on the H100 of 6 Dec 2026 its restores read a 7B context faster than
     every way of this module's sweep, so a floor without it was no floor of them."""
-    sweep = (("chunk_files", 4), ("one_file", 8))
+    sweep = (("chunk_files", 4, "pageable"), ("one_file", 8, "pageable"))
     seconds = {("chunk_files", 4): [0.30, 0.31, 0.29], ("one_file", 8): [0.12, 0.10, 0.11]}
     order, own_calls = [], []
 
@@ -182,18 +186,21 @@ def test_the_sweep_times_the_tiers_own_read_last_in_each_repeat_and_takes_it_whe
         return [0.09, 0.08, 0.095][len(own_calls) - 1]
 
     monkeypatch.setattr(pf, "_read_chunks", fake_read)
-    own = pf.OwnRead("tier", own_read, 3 * CHUNK, 1)
+    own = pf.OwnRead("tier", own_read, 3 * CHUNK, 1, "pinned")
     got = pf.saturated_floor("disk", 10 * CHUNK, CHUNK, 3, "cpu", tmp_path, sweep, own=own)
-    assert order == [*sweep, "own"] * 3  # each repeat times every way, the tier's own last
+    assert order == [*(way[:2] for way in sweep), "own"] * 3  # each repeat times every way, the tier's own last
     assert len(set(own_calls)) == 1  # one file, written once
-    assert got["sweep"][-1] == {"layout": "one_file", "queue_depth": 1, "seconds": [0.09, 0.08, 0.095],
-                                "median_s": 0.09, "reader": "tier", "chunk_bytes": 3 * CHUNK}
+    assert got["sweep"][-1] == {"layout": "one_file", "queue_depth": 1, "destination": "pinned",
+                                "seconds": [0.09, 0.08, 0.095], "median_s": 0.09, "reader": "tier",
+                                "chunk_bytes": 3 * CHUNK}
     assert (got["reader"], got["chunk_bytes"], got["queue_depth"], got["median_s"]) == ("tier", 3 * CHUNK, 1, 0.09)
+    assert got["destination"] == "pinned"  # the fastest way's, as its reader's
     assert not list(tmp_path.iterdir())
     order.clear()
     slow = pf.OwnRead("tier", lambda path, nbytes: 0.5, 3 * CHUNK, 1)
     got = pf.saturated_floor("disk", 10 * CHUNK, CHUNK, 3, "cpu", tmp_path, sweep, own=slow)
     assert (got["reader"], got["chunk_bytes"], got["queue_depth"], got["median_s"]) == ("floors", CHUNK, 8, 0.11)
+    assert (got["destination"], got["sweep"][-1]["destination"]) == ("pageable", "pageable")  # OwnRead's default
 
 
 def test_the_gpu_buffers_own_read_on_a_real_file_system_is_a_way_of_the_sweep(tmp_path):
@@ -209,6 +216,137 @@ def test_the_gpu_buffers_own_read_on_a_real_file_system_is_a_way_of_the_sweep(tm
     assert (arena.bytes_per_block, arena.chunk_bytes) == (8192, 3 * 8192)  # whole blocks: 3 of them
     own = pf.OwnRead("gpubuf stage", arena.read_seconds, arena.chunk_bytes, 1)
     got = pf.saturated_floor("disk", 10 * 8192, 64 << 10, 2, "cpu", tmp_path / "floors", own=own)
-    assert [w.get("reader", "floors") for w in got["sweep"]] == ["floors"] * len(pf.SATURATING_DISK_SWEEP) + ["gpubuf stage"]
+    pageable = [way for way in pf.SATURATING_DISK_SWEEP if way[2] == "pageable"]  # the pinned way: not on CPU
+    assert [w.get("reader", "floors") for w in got["sweep"]] == ["floors"] * len(pageable) + ["gpubuf stage"]
     assert got["sweep"][-1]["chunk_bytes"] == 3 * 8192 and len(got["sweep"][-1]["seconds"]) == 2
     assert not list((tmp_path / "floors").iterdir())
+
+
+def fake_pinned(calls: list, made: list):
+    """Stands in for ``_pinned_buffers`` where no CUDA is: page-aligned anonymous pages, kept in ``made`` so a read can
+    be told to have landed in them (by the object its buffer views), each call noted in ``calls``."""
+    import mmap
+
+    def pinned(count, size, device):
+        calls.append((count, size, device))
+        mine = [mmap.mmap(-1, size) for _ in range(count)]
+        made.extend(mine)
+        return [memoryview(m) for m in mine]
+
+    return pinned
+
+
+def counting_preadv(seen: list):
+    """``os.preadv`` as it is, each read's (buffer's object, bytes asked, bytes read) noted in ``seen``."""
+    real = os.preadv
+
+    def preadv(fd, buffers, offset):
+        got = real(fd, buffers, offset)
+        seen.append((buffers[0].obj, len(buffers[0]), got))
+        return got
+
+    return preadv
+
+
+def test_lmcaches_way_into_pinned_memory_is_swept_and_reads_the_context_into_the_pinned_buffers(tmp_path, monkeypatch):
+    """The sweep's pinned way: LMCache's files, its disk_io_threads in flight, its reads landing in pinned host memory
+    (its LocalCPUBackend pool is pinned on CUDA). On three GPU runs of 6 Dec 2026 (H100 0248; H200 458a, b43a)
+    LMCache's own disk reads outran every way of a sweep into ordinary pages. Here its buffers stand in for pinned
+    ones: each repeat reads exactly the context into them, once, and the record says ``pinned`` of that way alone."""
+    calls, made, seen = [], [], []
+    monkeypatch.setattr(pf, "_pinned_buffers", fake_pinned(calls, made))
+    monkeypatch.setattr(os, "preadv", counting_preadv(seen))
+    nbytes, repeats = 10 * CHUNK, 2
+    got = pf.saturated_floor("disk", nbytes, CHUNK, repeats, "cuda", tmp_path)
+    assert ("chunk_files", pf.LMCACHE_DISK_IO_THREADS, "pinned") in pf.SATURATING_DISK_SWEEP
+    assert [(w["layout"], w["queue_depth"], w["destination"]) for w in got["sweep"]] == list(pf.SATURATING_DISK_SWEEP)
+    assert "not_swept" not in got and all(len(w["seconds"]) == repeats for w in got["sweep"])
+    assert calls == [(pf.LMCACHE_DISK_IO_THREADS, CHUNK, "cuda")]  # one allocation: its workers' buffers
+    into_pinned = [(asked, n) for obj, asked, n in seen if any(obj is m for m in made)]
+    assert len(into_pinned) == repeats * 10 and all(asked == n == CHUNK for asked, n in into_pinned)
+    assert sum(n for _, n in into_pinned) == repeats * nbytes  # the context, exactly, per repeat
+    num_pageable = sum(dest == "pageable" for _, _, dest in pf.SATURATING_DISK_SWEEP)
+    assert sum(n for obj, _, n in seen if not any(obj is m for m in made)) == num_pageable * repeats * nbytes
+    filled = [m for m in made if any(obj is m for obj, _, _ in seen)]  # a worker may have had no read to take
+    assert filled and all(m[:] == filled[0][:] != bytes(CHUNK) for m in filled)  # the files' bytes (each the same)
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_short_read_into_pinned_buffers_raises_and_leaves_nothing(tmp_path, monkeypatch):
+    calls, made = [], []
+    monkeypatch.setattr(pf, "_pinned_buffers", fake_pinned(calls, made))
+    real = os.preadv
+    reads = []
+
+    def short(fd, buffers, offset):  # the third read into the pinned buffers comes back a page short
+        if any(buffers[0].obj is m for m in made):
+            reads.append(offset)
+            if len(reads) == 3:
+                return real(fd, [buffers[0][:-4096]], offset)
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", short)
+    with pytest.raises(OSError, match="short O_DIRECT read"):
+        pf.saturated_floor("disk", 8 * CHUNK, CHUNK, 1, "cuda", tmp_path, (("chunk_files", 4, "pinned"),))
+    assert len(reads) >= 3 and not list(tmp_path.iterdir())
+    path = pf._odirect_file(tmp_path, 8 * CHUNK)
+    with pytest.raises(ValueError, match="4 buffers"):  # fewer buffers than workers: refused, never shared
+        pf._read_chunks(path, 8 * CHUNK, CHUNK, 4, buffers=[memoryview(bytearray(CHUNK))] * 3)
+    path.unlink()
+
+
+def test_without_cuda_the_pinned_way_is_not_swept_and_says_why(tmp_path, monkeypatch):
+    """No pinned memory on the CPU build: the pinned way is left out, named with the reason in ``not_swept``, and no
+    read into ordinary pages is recorded under its name (that would time chunk_files at 4 twice and take the
+    lesser median of one way); a sweep of pinned ways alone has nothing to time."""
+    import torch
+
+    with pytest.raises(pf.PinnedUnavailable, match="device 'cpu'"):
+        pf._pinned_buffers(1, 4096, "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(pf.PinnedUnavailable, match="is_available"):
+            pf._pinned_buffers(1, 4096, "cuda")
+    given = []
+
+    def fake_read(paths, nbytes, chunk, depth, lockstep=False, buffers=None):
+        given.append(buffers)
+        return 0.1
+
+    monkeypatch.setattr(pf, "_read_chunks", fake_read)
+    got = pf.saturated_floor("disk", 10 * CHUNK, CHUNK, 2, "cpu", tmp_path)
+    assert given and all(b is None for b in given)  # every read timed went into this module's own pages
+    assert [w["destination"] for w in got["sweep"]] == ["pageable"] * (len(pf.SATURATING_DISK_SWEEP) - 1)
+    (left,) = got["not_swept"]
+    assert (left["layout"], left["queue_depth"], left["destination"]) == ("chunk_files", pf.LMCACHE_DISK_IO_THREADS,
+                                                                         "pinned")
+    assert "device 'cpu'" in left["why"] and got["destination"] == "pageable"
+    with pytest.raises(ValueError, match="no way of the sweep"):
+        pf.saturated_floor("disk", 10 * CHUNK, CHUNK, 2, "cpu", tmp_path, (("chunk_files", 4, "pinned"),))
+    with pytest.raises(ValueError, match="destination"):
+        pf.saturated_floor("disk", 10 * CHUNK, CHUNK, 2, "cpu", tmp_path, (("chunk_files", 4, "mlocked"),))
+    with pytest.raises(ValueError, match="destination"):  # a sweep of before the destination: refused, not guessed
+        pf.saturated_floor("disk", 10 * CHUNK, CHUNK, 2, "cpu", tmp_path, (("chunk_files", 4),))
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.gpu
+def test_pinned_buffers_on_cuda_are_pinned_page_aligned_and_take_the_files_bytes(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    import mmap
+
+    import numpy as np
+
+    buffers = pf._pinned_buffers(3, CHUNK, "cuda")
+    assert all(np.frombuffer(b, dtype=np.uint8).ctypes.data % mmap.PAGESIZE == 0 for b in buffers)
+    assert torch.frombuffer(buffers[0], dtype=torch.uint8).is_pinned()
+    path = pf._odirect_file(tmp_path, 3 * CHUNK)
+    try:
+        pf._read_chunks(path, 3 * CHUNK, CHUNK, 3, buffers=buffers)
+        assert b"".join(bytes(b) for b in buffers) == path.read_bytes()
+    finally:
+        path.unlink()
+    got = pf.saturated_floor("disk", 10 * CHUNK, CHUNK, 2, "cuda", tmp_path)
+    assert "not_swept" not in got and [w["destination"] for w in got["sweep"]] == [
+        dest for _, _, dest in pf.SATURATING_DISK_SWEEP]

@@ -16,6 +16,10 @@ Invariants:
     - a context's chunked disk reads keep their queue depth continuously in flight (``_read_chunks``), and the
       saturated disk floor is the fastest of a sweep that includes LMCache's own way of reading and, where the tier
       gives one (``OwnRead``: the GPU buffer's), the tier's own read code on the same kind of file (``saturated_floor``);
+    - each way of the sweep names where its reads land (``destination``, DESTINATIONS): ordinary pages, or pinned host
+      memory as LMCache's disk tier reads into (its LocalCPUBackend's pool); a pinned way where pinned memory cannot
+      be had (no CUDA) is left out of the sweep, named with why in the record's ``not_swept``, never timed into
+      ordinary pages under its name;
     - every measurement reports its median and best of ``repeats`` and the label of what it measured;
     - the probe file is removed whatever happens.
 """
@@ -205,11 +209,14 @@ def _layout_files(directory: Path, nbytes: int, chunk_bytes: int, layout: str) -
 
 
 def _read_chunks(paths: Path | list[Path], nbytes: int, chunk_bytes: int, queue_depth: int,
-                 lockstep: bool = False) -> float:
+                 lockstep: bool = False, buffers: list[memoryview] | None = None) -> float:
     """Seconds to read ``nbytes`` with O_DIRECT in ``chunk_bytes`` reads, ``queue_depth`` of them in flight.
 
     ``paths``: one file holding the context (read at offsets; opened once before the clock starts), or one file per
     chunk (``chunk_files``: each read opens, reads and closes its own file, the open inside the clock, as LMCache's).
+    ``buffers``: where the reads land, one per worker (at least ``min(queue_depth, chunks)`` page-aligned writable
+    buffers of ``chunk_bytes``, already touched; the caller's, never closed here: ``_pinned_buffers``'s); by default
+    anonymous mmap pages of this call's own (``pageable``).
 
     Invariants:
         - continuously in flight (the default): ``queue_depth`` workers each own one buffer and take the next read as
@@ -233,12 +240,20 @@ def _read_chunks(paths: Path | list[Path], nbytes: int, chunk_bytes: int, queue_
     offsets = list(range(0, nbytes, chunk_bytes))
     if per_chunk and len(files) != len(offsets):
         raise ValueError(f"{len(files)} chunk files for {len(offsets)} chunks")
-    buffers = [mmap.mmap(-1, chunk_bytes) for _ in range(min(queue_depth, len(offsets)))]
-    for b in buffers:  # first touch outside the clock: a read lands in resident pages, as in LMCache's pinned pool
-        b.write(bytes(chunk_bytes))
+    num_workers = min(queue_depth, len(offsets))
+    own_buffers = buffers is None
+    if own_buffers:
+        buffers = [mmap.mmap(-1, chunk_bytes) for _ in range(num_workers)]
+        for b in buffers:  # first touch outside the clock: a read lands in resident pages, as in LMCache's pinned pool
+            b.write(bytes(chunk_bytes))
+    elif len(buffers) < num_workers or any(len(b) < chunk_bytes for b in buffers[:num_workers]):
+        raise ValueError(f"{num_workers} buffers of {chunk_bytes:,} bytes wanted, given "
+                         f"{[len(b) for b in buffers]}")
+    else:
+        buffers = buffers[:num_workers]
     fd = None if per_chunk else os.open(files[0], os.O_RDONLY | os.O_DIRECT)
     try:
-        def read(i: int, buf: mmap.mmap) -> None:
+        def read(i: int, buf) -> None:
             off = offsets[i]
             want = min(chunk_bytes, nbytes - off)
             if per_chunk:
@@ -298,30 +313,93 @@ def _read_chunks(paths: Path | list[Path], nbytes: int, chunk_bytes: int, queue_
     finally:
         if fd is not None:
             os.close(fd)
-        for b in buffers:
-            b.close()
+        if own_buffers:
+            for b in buffers:
+                b.close()
 
 
 # LMCache 0.5.3's disk tier reads a context's chunks with this many threads (local_disk_backend.py's
 # _DEFAULT_THREAD_COUNT, ``disk_io_threads``, which kmesh leaves at its default), one file per chunk
 LMCACHE_DISK_IO_THREADS = 4
-# The saturated disk floor's sweep, (layout, reads in flight), each continuously in flight: LMCache's own way, then
-# the context in one file at deeper queues. The floor is the fastest median; every way's figures stay in the record.
-# Three ways, not a grid: each costs FLOOR_REPEATS reads of the context before and after every point (this project's
-# CPU box, ext4 on a shared virtual disk, 1.8 GB, 3 repeats, files written included: 13.5 s for these three ways,
-# 16.8 s with one file at 4 in flight as a fourth, 5.1 s for the one lockstep way it replaced); one file against one
-# per chunk at equal depth is benchmarks/bench_disk_floor_inflight.py's question, not every point's
-SATURATING_DISK_SWEEP: tuple[tuple[str, int], ...] = (("chunk_files", LMCACHE_DISK_IO_THREADS), ("one_file", 8),
-                                                      ("one_file", 16))
+# Where a floor way's reads land: "pageable", ordinary anonymous pages (``_read_chunks``'s own mmap buffers, touched
+# before the clock); "pinned", page-locked host memory from CUDA's host allocator (``_pinned_buffers``), as LMCache's
+# disk tier reads (``read_file``'s ``readinto`` buffers come from its LocalCPUBackend pool, pinned on CUDA). Sweep
+# entries recorded before the pinned way (6 Dec 2026) have no ``destination``: they read into ordinary pages
+# (``way_destination``)
+DESTINATIONS = ("pageable", "pinned")
+# The saturated disk floor's sweep, (layout, reads in flight, destination), each continuously in flight: LMCache's own
+# way into ordinary pages, then into pinned memory, then the context in one file at deeper queues. The floor is the
+# fastest median; every way's figures stay in the record. Four ways, not a grid: each costs FLOOR_REPEATS reads of the
+# context before and after every point (this project's CPU box, ext4 on a shared virtual disk, 1.8 GB, 3 repeats, files
+# written included: 13.5 s for the three pageable ways, 16.8 s with one file at 4 in flight as a fourth, 5.1 s for the
+# one lockstep way they replaced); one file against one per chunk at equal depth is
+# benchmarks/bench_disk_floor_inflight.py's question, not every point's.
+# The pinned way (from 6 Dec 2026): on three GPU runs LMCache's in-process disk restores read the context faster than
+# every pageable way around the same point: the H100's gpu-20261206-125316-0248 (0.5B, 32,512 tokens, 381 MiB), its
+# own reads (probe ``disk_read_s``) 169-172 ms in all 8 restores, these reads 174.6-232 ms (every way's median of 3 at
+# 198-209 ms); the H200's 458a (the same context) 230 ms against 338-374 ms, and b43a (7B) 1,021 ms against
+# 1,361-1,500 ms. Its files, layout and depth are chunk_files at 4's; its destination is not (the GPU buffer's own
+# reads into its pinned slots outran ordinary pages the same way: ``OwnRead``). It reads into one pinned buffer per
+# worker, where LMCache gives each chunk its own buffer of its pool. Without CUDA it is left out (``not_swept``): run
+# into ordinary pages it would be chunk_files at 4 timed twice, the floor the lesser of two noisy medians of one way
+SATURATING_DISK_SWEEP: tuple[tuple[str, int, str], ...] = (
+    ("chunk_files", LMCACHE_DISK_IO_THREADS, "pageable"), ("chunk_files", LMCACHE_DISK_IO_THREADS, "pinned"),
+    ("one_file", 8, "pageable"), ("one_file", 16, "pageable"))
+
+
+def way_destination(way) -> str:
+    """Where a recorded sweep way's reads landed (DESTINATIONS): its ``destination``, else ``pageable`` (every way
+    recorded before the key read into ordinary pages)."""
+    return way.get("destination", "pageable")
+
+
+class PinnedUnavailable(RuntimeError):
+    """Pinned host memory cannot be had in this process; the message says why."""
+
+
+def _pinned_buffers(count: int, size: int, device: str) -> list[memoryview]:
+    """``count`` writable buffers of ``size`` bytes (a multiple of the page size) in pinned host memory, each on a page
+    boundary as O_DIRECT needs: one ``torch.empty(..., pin_memory=True)`` a page longer than they need, cut at its first
+    page boundary (so whatever address the allocator returns), seen through numpy (the buffer protocol ``os.preadv``
+    writes through) and zeroed before any clock. The memory goes back to torch's pinned host cache once the last view
+    is dropped.
+
+    Raises:
+        PinnedUnavailable: ``device`` is not CUDA or CUDA is unavailable (pinning is cudaHostAlloc's), the allocation
+            failed or came back unpinned, or a buffer would not start on a page boundary.
+    """
+    import torch
+
+    page = mmap.PAGESIZE
+    if size % page:
+        raise ValueError(f"pinned floor buffers of {size:,} bytes: a multiple of the page size ({page}) is needed")
+    if device != "cuda":
+        raise PinnedUnavailable(f"device {device!r}: pinned host memory is CUDA's (cudaHostAlloc), none on this device")
+    if not torch.cuda.is_available():
+        raise PinnedUnavailable("torch.cuda.is_available() is False: pinned host memory needs a CUDA device")
+    try:
+        held = torch.empty(count * size + page, dtype=torch.uint8, pin_memory=True)
+    except RuntimeError as e:
+        raise PinnedUnavailable(f"pin_memory refused {count * size + page:,} bytes: {e}"[:300]) from None
+    if not held.is_pinned():
+        raise PinnedUnavailable("torch.empty(pin_memory=True) returned memory that is not pinned")
+    start = -held.data_ptr() % page
+    flat = held[start:start + count * size].numpy()  # a view: the pinned bytes themselves, kept alive by it
+    flat.fill(0)  # touched before the clock, as _read_chunks's own pages are
+    if flat.ctypes.data % page:
+        raise PinnedUnavailable(f"pinned buffer at {flat.ctypes.data:#x}: not on a {page}-byte page boundary")
+    whole = memoryview(flat)
+    return [whole[k * size:(k + 1) * size] for k in range(count)]
 
 
 @dataclass(frozen=True)
 class OwnRead:
     """A tier's own way of reading a context's file, as a floor way: ``read(path, nbytes)`` reads the first ``nbytes``
     of ``path`` (one file, written with O_DIRECT) exactly as the tier reads its disk copy and returns the seconds its
-    reads took; ``chunk_bytes`` and ``queue_depth`` say how it reads (recorded beside its seconds), ``name`` whose
-    code it is. The GPU buffer's: ``BufferArena.read_seconds`` (its chunks, one read in flight, into its pinned
-    staging slots). On the H100 of 6 Dec 2026 (run gpu-20261206-060006-9c9b, published failed, then withdrawn for
+    reads took; ``chunk_bytes`` and ``queue_depth`` say how it reads and ``destination`` where its reads land
+    (DESTINATIONS; recorded beside its seconds), ``name`` whose code it is. The GPU buffer's:
+    ``BufferArena.read_seconds`` (its chunks, one read in flight, into its staging slots: pinned on CUDA). On the H100
+    of 6 Dec 2026 (run gpu-20261206-060006-9c9b, published failed, then withdrawn for
     b298, which timed this way; 7B, 1,024 tokens) the tier's restores read the context at 1.65-1.94 GB/s, this
     module's reads of the same bytes at one in flight in 16 MiB chunks into ordinary pages at medians of 1.34 and
     1.54 GB/s, and the sweep's fastest median was 1.62-1.71 GB/s."""
@@ -330,6 +408,7 @@ class OwnRead:
     read: Callable[[Path, int], float]
     chunk_bytes: int
     queue_depth: int = 1
+    destination: str = "pageable"
 
 
 def saturating_piece(kind: str, nbytes: int, chunk_bytes: int) -> tuple[int, int]:
@@ -342,21 +421,26 @@ def saturating_piece(kind: str, nbytes: int, chunk_bytes: int) -> tuple[int, int
 
 def saturated_floor(kind: str, nbytes: int, chunk_bytes: int, repeats: int = 3, device: str = "cpu",
                     directory: str | Path | None = None,
-                    sweep: tuple[tuple[str, int], ...] = SATURATING_DISK_SWEEP, own: OwnRead | None = None) -> dict:
+                    sweep: tuple[tuple[str, int, str], ...] = SATURATING_DISK_SWEEP, own: OwnRead | None = None) -> dict:
     """The floor of moving ``nbytes`` with the medium kept busy: a copy in one piece (``chunked_floor`` of
-    ``saturating_piece``); the disk, the fastest of ``sweep`` ((layout, reads in flight) in ``chunk_bytes`` reads,
-    continuously in flight) and, where given, the tier's ``own`` read of the context in one file (its own chunks and
-    depth: a floor no faster than the tier's own reads is no floor of them), each timed ``repeats`` times, the ways
-    interleaved within each repeat so a drift of the drive over the sweep touches every way alike.
+    ``saturating_piece``); the disk, the fastest of ``sweep`` ((layout, reads in flight, destination) in
+    ``chunk_bytes`` reads, continuously in flight, into ordinary pages or pinned memory) and, where given, the tier's
+    ``own`` read of the context in one file (its own chunks and depth: a floor no faster than the tier's own reads is
+    no floor of them), each timed ``repeats`` times, the ways interleaved within each repeat so a drift of the drive
+    over the sweep touches every way alike.
 
     The disk's record has ``chunked_floor``'s keys for the fastest way (``queue_depth``, ``seconds``, ``median_s``;
     ``chunk_bytes`` its reads' size) plus its ``layout``, ``in_flight`` ("continuous"), ``reader`` ("floors": this
-    module's reads, else the ``OwnRead``'s name) and ``sweep``: every way's layout, queue depth, seconds and median,
-    in the order timed (the own way last, with its ``reader`` and ``chunk_bytes``). Each layout is written once
-    (``_layout_files``) and removed whatever happens.
+    module's reads, else the ``OwnRead``'s name), ``destination`` and ``sweep``: every way timed, its layout, queue
+    depth, destination, seconds and median, in the order timed (the own way last, with its ``reader`` and
+    ``chunk_bytes``). A pinned way that cannot run here (``_pinned_buffers``: no CUDA, say) is not timed at all and
+    goes to ``not_swept`` (layout, queue depth, destination, why), a key present only then. The pinned ways share
+    one set of buffers, allocated once before the first repeat. Each layout is written once (``_layout_files``) and
+    removed whatever happens.
 
     Raises:
         DiskTierUnfit: ``disk`` on a file system that refuses O_DIRECT.
+        ValueError: an unknown destination, or no way left to time.
     """
     if kind != "disk":
         return chunked_floor(kind, nbytes, *saturating_piece(kind, nbytes, chunk_bytes), repeats, device, directory)
@@ -364,33 +448,54 @@ def saturated_floor(kind: str, nbytes: int, chunk_bytes: int, repeats: int = 3, 
         raise ValueError("saturated_floor('disk'): a directory on the disk tier's file system is needed")
     if not sweep:
         raise ValueError("saturated_floor('disk'): an empty sweep")
+    unknown = [way for way in sweep if len(way) != 3 or way[2] not in DESTINATIONS]
+    if unknown:
+        raise ValueError(f"saturated_floor('disk'): ways are (layout, reads in flight, destination), the destination "
+                         f"one of {DESTINATIONS}, not {unknown}")
     page = mmap.PAGESIZE
     chunk_bytes = max(page, -(-chunk_bytes // page) * page)
     nbytes = -(-nbytes // page) * page
-    files: dict[str, list[Path]] = {}
-    timed = [(layout, depth, lambda f, d=depth: _read_chunks(f, nbytes, chunk_bytes, d)) for layout, depth in sweep]
+    num_chunks = -(-nbytes // chunk_bytes)
+    pinned: list[memoryview] = []
+    not_swept: list[dict] = []
+    pinned_depth = max((min(max(1, depth), num_chunks) for _, depth, dest in sweep if dest == "pinned"), default=0)
+    if pinned_depth:
+        try:
+            pinned = _pinned_buffers(pinned_depth, chunk_bytes, device)
+        except PinnedUnavailable as e:
+            not_swept = [{"layout": layout, "queue_depth": max(1, depth), "destination": dest, "why": str(e)}
+                         for layout, depth, dest in sweep if dest == "pinned"]
+    timed = [(layout, depth, dest,
+              (lambda f, d=depth: _read_chunks(f, nbytes, chunk_bytes, d)) if dest == "pageable"
+              else (lambda f, d=depth: _read_chunks(f, nbytes, chunk_bytes, d, buffers=pinned)))
+             for layout, depth, dest in sweep if dest == "pageable" or pinned]
     if own is not None:  # one file, as the tier's own file holds a context
-        timed.append(("one_file", own.queue_depth, lambda f: own.read(f[0], nbytes)))
+        timed.append(("one_file", own.queue_depth, own.destination, lambda f: own.read(f[0], nbytes)))
+    if not timed:
+        raise ValueError(f"saturated_floor('disk'): no way of the sweep can run here: {not_swept}")
+    files: dict[str, list[Path]] = {}
     try:
-        for layout in dict.fromkeys(layout for layout, _, _ in timed):
+        for layout in dict.fromkeys(layout for layout, _, _, _ in timed):
             files[layout] = _layout_files(Path(directory), nbytes, chunk_bytes, layout)
         seconds: list[list[float]] = [[] for _ in timed]
         for _ in range(repeats):
-            for k, (layout, _, read) in enumerate(timed):
+            for k, (layout, _, _, read) in enumerate(timed):
                 seconds[k].append(read(files[layout]))
     finally:
         for paths in files.values():
             for path in paths:
                 path.unlink(missing_ok=True)
-    ways = [{"layout": layout, "queue_depth": max(1, depth), "seconds": s, "median_s": statistics.median(s)}
-            for (layout, depth, _), s in zip(timed, seconds)]
+        pinned.clear()  # the last views of the pinned buffers (bar the readers' closures, gone with this call)
+    ways = [{"layout": layout, "queue_depth": max(1, depth), "destination": dest, "seconds": s,
+             "median_s": statistics.median(s)} for (layout, depth, dest, _), s in zip(timed, seconds)]
     if own is not None:
         ways[-1].update(reader=own.name, chunk_bytes=own.chunk_bytes)
     best = min(ways, key=lambda w: w["median_s"])
     return {"kind": "disk", "label": "disk: O_DIRECT reads", "bytes": nbytes,
             "chunk_bytes": best.get("chunk_bytes", chunk_bytes), "queue_depth": best["queue_depth"],
             "seconds": best["seconds"], "median_s": best["median_s"], "layout": best["layout"],
-            "in_flight": "continuous", "reader": best.get("reader", "floors"), "sweep": ways}
+            "in_flight": "continuous", "reader": best.get("reader", "floors"), "destination": best["destination"],
+            "sweep": ways, **({"not_swept": not_swept} if not_swept else {})}
 
 
 def chunked_floor(kind: str, nbytes: int, chunk_bytes: int, queue_depth: int = 1, repeats: int = 3,

@@ -258,7 +258,9 @@ class PointFloors(CaptureRecord):
     floors: Mapping  # kind -> ``kv.floors.chunked_floor``'s measurement in the tier's chunks at FLOOR_QUEUE_DEPTH
     # kind -> the same with the medium kept busy (``kv.floors.saturated_floor``); absent before 5 Dec 2026. A disk
     # record with ``in_flight`` (from 6 Dec 2026) is a sweep's fastest way, every way in its ``sweep``; one without
-    # read 8 chunks of one file in lockstep batches (each batch waiting for its slowest read)
+    # read 8 chunks of one file in lockstep batches (each batch waiting for its slowest read). A sweep way's
+    # ``destination`` (pageable | pinned, where its reads landed) and the record's ``not_swept`` (a pinned way this
+    # process could not run, with why) came later the same day: a way without it read into ordinary pages
     saturated: Mapping | None = None
     errors: Mapping | None = None  # kind, or "kind (saturated)" -> why that way could not be measured; absent where none failed
 

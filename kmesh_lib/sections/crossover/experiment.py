@@ -58,6 +58,7 @@ from kmesh_lib.engine import costs
 from kmesh_lib.engine.model_spec import resolve
 from kmesh_lib.engine.vllm_engine import make_engine
 from kmesh_lib.kv.disk_tier import check_disk_tier
+from kmesh_lib.kv.floors import SATURATING_DISK_SWEEP
 from kmesh_lib.lmcache.connect import InprocTier, MPTier, keep_engine_rendezvous_local
 from kmesh_lib.sections.crossover.arms import KIND, Context, RestoreBench
 from kmesh_lib.sections.crossover.captures import PairRow, PointFloors
@@ -113,6 +114,8 @@ def unit_duration(cfg: CrossoverParams, model: str, tier_name: str, most: bool =
             total += 2 * (cfg.FLOOR_REPEATS + 1) * moved
             if tier_name == "gpubuf" and any(KIND[a] == "disk" for a in arms):  # its own reads in the disk floor's sweep
                 total += 2 * cfg.FLOOR_REPEATS * moved
+            if device == "cuda" and any(KIND[a] == "disk" for a in arms):  # the sweep's pinned ways (none run on CPU)
+                total += 2 * cfg.FLOOR_REPEATS * sum(dest == "pinned" for _, _, dest in SATURATING_DISK_SWEEP) * moved
         if note and note not in notes:
             notes.append(note)
     return total, notes
@@ -313,15 +316,17 @@ def own_arena(tier):
 
 def own_disk_read(tier, tier_name: str):
     """The tier's own read of a context's file, as a disk floor way (``kv.floors.OwnRead``), where the sweep lacks it:
-    the GPU buffer's (``BufferArena.read_seconds``: its chunks, one in flight, into its pinned staging slots). None
-    elsewhere: LMCache's own way is in the sweep already (one file per chunk, its disk_io_threads in flight), and
+    the GPU buffer's (``BufferArena.read_seconds``: its chunks, one in flight, into its staging slots, pinned on CUDA:
+    its ``destination``). None elsewhere: LMCache's own way is in the sweep already (one file per chunk, its
+    disk_io_threads in flight, into ordinary pages and, on CUDA, into pinned memory as its own reads land), and
     vLLM's CPU tier has no disk."""
     from kmesh_lib.kv.floors import OwnRead
 
     arena = own_arena(tier) if tier_name == "gpubuf" else None
     if arena is None:
         return None
-    return OwnRead("gpubuf stage (BufferArena.read_seconds)", arena.read_seconds, arena.chunk_bytes, 1)
+    return OwnRead("gpubuf stage (BufferArena.read_seconds)", arena.read_seconds, arena.chunk_bytes, 1,
+                   "pinned" if arena.is_cuda else "pageable")
 
 
 def as_read(cls, records: list[dict]) -> list:
@@ -336,17 +341,21 @@ def point_floors(cfg: CrossoverParams, tier, tier_name: str, runtime: RuntimeDir
     two ways (the disk floor on the tier's disk tier's file system): ``floors``, its bytes in the tier's chunks at
     FLOOR_QUEUE_DEPTH (``kv.floors.chunked_floor``); ``saturated``, the medium kept busy (``kv.floors.saturated_floor``:
     a copy in one piece; the disk, the fastest of a sweep of reads in the tier's chunks continuously in flight,
-    LMCache's own way, one file per chunk with its ``disk_io_threads``, and one file at deeper queues, every way's
-    figures in the record's ``sweep``). A restore is judged by the faster (``report.floor_range_ms``): on the H200
-    (5 Dec, 1.5B, 16,384 tokens) vLLM's CPU tier restored the context in 12.7 ms against 21-34 ms for its blocks
-    copied one at a time from Python, and LMCache's disk tier read it in 281 ms against 416-424 ms for its chunks read
-    one at a time, so the one-at-a-time measurement alone is no floor. Saturated disk records without ``in_flight``
+    LMCache's own way, one file per chunk with its ``disk_io_threads``, into ordinary pages and (CUDA: from 6 Dec 2026)
+    into pinned memory, and one file at deeper queues, every way's figures in the record's ``sweep``, a way that could
+    not run in its ``not_swept``; ``kv.floors.SATURATING_DISK_SWEEP``, the same for every tier). A restore is judged
+    by the faster (``report.floor_range_ms``): on the H200 (5 Dec, 1.5B, 16,384 tokens) vLLM's CPU tier restored the
+    context in 12.7 ms against 21-34 ms for its blocks copied one at a time from Python, and LMCache's disk tier read
+    it in 281 ms against 416-424 ms for its chunks read one at a time, so the one-at-a-time measurement alone is no
+    floor. Saturated disk records without ``in_flight``
     (before 6 Dec 2026) read 8 chunks in lockstep batches from one file: on the H200 (6 Dec, 7B, 16,384 tokens)
     LMCache's disk restores ran at 1.69 GB/s against that floor's 1.2-1.44 GB/s, so that floor was none either.
     The GPU buffer's disk floor's sweep also times the tier's own reads (``own_disk_read``; from 6 Dec 2026): on the
     H100 (7B, 1,024 tokens) its restores read the context at one read in flight in 30.2-35.5 ms, where the same bytes
     read by ``kv.floors`` took medians of 38.0-43.9 ms at one in flight and 34.4-36.2 ms at the sweep's best, so its
-    restores' spans lay below that floor."""
+    restores' spans lay below that floor. LMCache's in-process disk restores lay below the pageable ways alone on
+    three GPU runs of 6 Dec 2026 (H100 0248: its reads 169-172 ms, the sweep's reads 174.6-232 ms; H200 458a and b43a):
+    its reads land in pinned memory, hence the pinned way."""
     from kmesh_lib.kv.floors import chunked_floor, saturated_floor
 
     nbytes = n * kvt
