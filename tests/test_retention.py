@@ -377,7 +377,11 @@ def test_render_in_place_keeps_the_measuring_machine(tmp_path):
     env = {"device": "NVIDIA H200", "packages": {"vllm": "0.26.0"}}
     (tmp_path / "env.json").write_text(json.dumps(env))
     before = {p.name: p.read_bytes() for p in (tmp_path / "raw").iterdir()}
+    results = tmp_path / "results.json"  # the driver's working name, before the folder was renamed to its run id
+    results.write_text(json.dumps({**json.loads(results.read_text()), "run_id": "retention-gpu"}) if results.exists()
+                       else json.dumps({"section": "retention", "run_id": "retention-gpu"}))
     record = RunRecord.render("retention", tmp_path)
+    assert record.results["run_id"] == tmp_path.name  # the folder is the run: 4910 and 0248 kept "…-gpu"
     assert json.loads((tmp_path / "env.json").read_text()) == env  # the measuring machine stays the run's
     assert record.results["status"] == "running" and "device" in record.results["render_environment"]
     assert {p.name: p.read_bytes() for p in (tmp_path / "raw").iterdir()} == before  # nothing copied or rewritten

@@ -673,7 +673,10 @@ class RunRecord:
         if record.results.get("section", section) != section:
             raise RunFileError(f"{run_dir}: a run of section {record.results['section']!r}, not {section!r}")
         record.results.setdefault("section", section)
-        record.results.setdefault("run_id", run_dir.name)
+        # the folder's name is the run's id: a driver writes its working name (crossover-gpu), and the folder is
+        # renamed to its run id when it comes home (docs/gpu.md), which results.json then says (4910 and 0248 kept
+        # the driver's name until 6 Dec 2026)
+        record.results["run_id"] = run_dir.name
         render = {k: v for k, v in environment().items() if k in ("python", "device", "packages", "git", "time_utc")}
         record.results["render_environment"] = render
         record.results["status"] = "running"
