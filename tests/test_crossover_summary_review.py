@@ -382,3 +382,26 @@ def test_the_resolution_table_is_shown_as_views_that_hold_every_column_once():
     assert sorted(shown) == sorted(k for k in row if k not in report.RESOLUTION_KEYS and k != "to_forward_ms")
     assert all(list(v[0])[:3] == list(report.RESOLUTION_KEYS) for _, v in views)
     assert views[-1][1][1] == {"model": "m", "context_tokens": N, "path": "disk", "a_later_column": None}
+
+
+def test_a_cuda_disk_floor_without_the_pinned_way_fails_its_check():
+    """0248's disk restores beat a floor read into ordinary pages while LMCache reads into pinned memory; from
+    7a9fe1a the sweep adds a pinned way, and a CUDA floor that could not run it (its ``not_swept``) fails."""
+    import importlib
+    from types import SimpleNamespace
+
+    checks = importlib.import_module("kmesh_lib.sections.crossover.checks")
+
+    def floor(*ways, not_swept=None):
+        disk = {"sweep": [dict(w) for w in ways], **({"not_swept": not_swept} if not_swept else {})}
+        return SimpleNamespace(model="m", context_tokens=N, tier="lmcache", when="before", saturated={"disk": disk})
+
+    pageable, pinned = {"layout": "chunk_files", "destination": "pageable"}, {"layout": "chunk_files", "destination": "pinned"}
+    assert checks._pinned_floor_check([floor(pageable, pinned)], cuda=True).status == "ok"
+    missed = checks._pinned_floor_check([floor(pageable, pinned), floor(pageable, not_swept=[{"why": "pin refused"}])],
+                                        cuda=True)
+    assert missed.status == "failed" and "1 of 2" in missed.detail and "pin refused" in missed.detail
+    assert checks._pinned_floor_check([floor(pageable)], cuda=False).status == "skipped"  # CPU: left out by design
+    old = checks._pinned_floor_check([floor({"layout": "one_file"})], cuda=True)  # before destinations were recorded
+    assert old.status == "skipped" and old.predates == checks.DESTINATIONS_SINCE
+    assert checks._pinned_floor_check([SimpleNamespace(saturated={"copy": {}})], cuda=True) is None  # no disk floor

@@ -180,7 +180,12 @@ PAIRED_CHECKS = (
     "no restore span's 95% interval lies wholly below its floor's range (a floor that a restore beats is no floor)",
     "every memory restore path's count of pairs is its pilot's own (report.pair_plan of its first pairs against the "
     "floor before the point, as raw/pair_plans.jsonl records it)",
+    "on CUDA every disk floor's sweep read the context into pinned memory as well, where LMCache's own reads land",
 )
+# disk floors recorded before the sweep named where its reads landed (6 Dec 2026, 7a9fe1a: 0248's disk restores beat
+# a floor read into ordinary pages, while LMCache reads into pinned memory)
+DESTINATIONS_SINCE = ("this run's disk floors predate the pinned way (no sweep way records its destination: every way "
+                      "read into ordinary pages)")
 # runs recorded before the two-stage design (issue 42) have no raw/pair_plans.jsonl and no MAX_RESTORES
 PLANS_SINCE = ("this run predates the two-stage design (raw/ holds no pair_plans.jsonl and the params no MAX_RESTORES: "
                "each point ran NUM_RESTORES pairs)")
@@ -280,12 +285,35 @@ def paired_checks(run: RunFiles) -> list[Check]:
                            lambda r: f"{r['model']} {r['context_tokens']} {r['path']}: span {r['span_ci_ms']} ms "
                                      f"below floor {r['floor_ms']} ms",
                            "no restore path had both a span and a floor measured"))
+    pinned = _pinned_floor_check(floors, p.DEVICE == "cuda")
+    if pinned is not None:  # a run that measured a disk floor (as the disk arms' checks, only where there is one)
+        out.append(pinned)
     memory = any(KIND[a] == "memory" for _, _, a in want)
     if not plans and "MAX_RESTORES" not in getattr(run, "recorded_params", {}):
         out.append(Check(PAIRED_CHECKS[5], "skipped", PLANS_SINCE, predates=PLANS_SINCE))
     else:
         out.append(planned(PAIRED_CHECKS[5], memory, *plan_check_args(run, pairs, floors, planned_of)))
     return out
+
+
+def _pinned_floor_check(floors: list, cuda: bool) -> Check | None:
+    """``PAIRED_CHECKS[6]``: every disk floor measured on CUDA swept the pinned way (``kv.floors``: a way pinning
+    could not run goes to the record's ``not_swept`` with why, which fails here; a floor without it is no floor of
+    LMCache's reads). None where no point measured a disk floor (a run without disk arms); skipped off CUDA (no
+    pinned memory: the way is left out by design) and for records from before the sweep named its ways'
+    destinations."""
+    disk = [f for f in floors if (f.saturated or {}).get("disk")]
+    if not disk:
+        return None
+    if not cuda:
+        return Check(PAIRED_CHECKS[6], "skipped", "DEVICE is not cuda: no pinned memory, the way is left out by design")
+    if not any("destination" in w for f in disk for w in f.saturated["disk"].get("sweep", [])):
+        return Check(PAIRED_CHECKS[6], "skipped", DESTINATIONS_SINCE, predates=DESTINATIONS_SINCE)
+    return all_of(PAIRED_CHECKS[6], disk,
+                  lambda f: any(w.get("destination") == "pinned" for w in f.saturated["disk"].get("sweep", [])),
+                  lambda f: f"{f.model} {f.context_tokens} {f.tier} {f.when}: "
+                            + "; ".join(w.get("why", "?") for w in f.saturated["disk"].get("not_swept", []) or [{}]),
+                  "no point measured a disk floor")
 
 
 def plan_check_args(run: RunFiles, pairs: list[PairRow], floors: list, of: dict) -> tuple:
