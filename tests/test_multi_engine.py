@@ -690,3 +690,23 @@ def test_a_render_of_a_run_measured_elsewhere_is_not_refused_for_the_fleets_memo
     with pytest.raises(ParamError, match="the fleet's pools"):
         cfg.check_runnable()
     dataclasses.replace(cfg, SOURCE_RUN="/abs/finished-cpu-run").check_runnable()
+
+
+def test_a_comparison_reads_as_which_policy_was_faster_by_how_much():
+    """4910's verdict read 'shared loses to prefix_aware on the makespan (mean of a - b +163.7 ms, ...)': the table's
+    a - b and its policy keys. It says which was faster, by how much, with the interval as a size."""
+    from kmesh_lib.sections.multi_engine import compare
+
+    row = {"model": "m", "metric": "makespan", "a": "shared", "b": "prefix_aware", "pairs": 5, "statistic": "mean of a - b",
+           "difference_ms": 163.74, "low_ms": 119.47, "high_ms": 230.58, "a_less_in": 0, "verdict": compare.LOSES}
+    assert compare.phrase(row) == ("shared KV took longer than prefix-aware routing over the whole trace, by 164 ms "
+                                   "(mean of 5 paired traces; 95% interval 119 to 231 ms; shorter in 0 of 5)")
+    won = {**row, "metric": "child_ttft", "statistic": "median of a - b", "pairs": 90, "difference_ms": -1830.6,
+           "low_ms": -2358.4, "high_ms": -1378.2, "a_less_in": 70, "verdict": compare.WINS}
+    assert compare.phrase(won) == ("shared KV was faster than prefix-aware routing to the children's first token, by "
+                                   "1,831 ms (median of 90 paired children; 95% interval 1,378 to 2,358 ms; shorter in "
+                                   "70 of 90)")
+    same = {**row, "difference_ms": 39.5, "low_ms": -96.2, "high_ms": 181.0, "verdict": compare.SAME}
+    assert compare.phrase(same).endswith("no difference measured (mean of 5 paired traces +40 ms; 95% interval -96 to "
+                                         "+181 ms)")
+    assert "not resolved (5 paired traces)" in compare.phrase({**row, "verdict": compare.UNRESOLVED})

@@ -267,8 +267,7 @@ def verdict(run: RunFiles) -> list[str]:
             continue
         if compared is not ABSENT:  # repeats in a drawn order: the verdict is the paired interval's
             lead = [t for t in compared if t["model"] == model and (t["a"], t["b"]) == ("shared", "prefix_aware")]
-            out.append(f"{model}, shared KV against prefix-aware routing: "
-                       + "; ".join(compare.phrase(t) for t in lead) + ".")
+            out.append(f"{model}: " + "; ".join(compare.phrase(t) for t in lead) + ".")
             continue
         # one trace per policy: a difference without an interval is no verdict (issue 42)
         num = s["repeats"]
