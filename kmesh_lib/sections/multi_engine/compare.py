@@ -114,8 +114,9 @@ POLICY_WORDS = {"shared": "shared KV", "prefix_aware": "prefix-aware routing", "
 def phrase(row: dict) -> str:
     """One comparison in plain words: which policy was faster on what, by how much with its 95% interval, over how
     many pairs (the table's ``a - b``: below 0, ``a`` took less time). A verdict only where the interval excludes 0;
-    else "no difference measured", with the interval. E.g. 4910's 0.5B (H100, 6 Dec 2026): "shared KV took longer than prefix-aware
-    routing over the whole trace, by 164 ms (mean of 5 paired traces; 95% interval 119 to 231 ms; shorter in 0 of 5)"."""
+    else "no difference measured", with the interval. E.g. 4910's 0.5B (H100, 6 Dec 2026): "shared KV took longer
+    than prefix-aware routing over the whole trace, by 164 ms (mean of 5 paired traces; 95% interval 119 to 231 ms;
+    shorter in 0 of 5)"."""
     a, b = POLICY_WORDS.get(row["a"], row["a"]), POLICY_WORDS.get(row["b"], row["b"])
     what = "over the whole trace" if row["metric"] == "makespan" else "to the children's first token"
     unit = "paired traces" if row["metric"] == "makespan" else "paired children"
@@ -133,4 +134,5 @@ def phrase(row: dict) -> str:
             f"{row['a_less_in']} of {row['pairs']})")
 
 
-__all__ = ["LOSES", "POLICY_WORDS", "SAME", "UNRESOLVED", "WINS", "comparison_table", "load_by_policy", "order_table", "phrase", "verdict"]
+__all__ = ["LOSES", "POLICY_WORDS", "SAME", "UNRESOLVED", "WINS", "comparison_table", "load_by_policy", "order_table",
+           "phrase", "verdict"]
