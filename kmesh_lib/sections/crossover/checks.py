@@ -180,8 +180,10 @@ PAIRED_CHECKS = (
     "no restore span's 95% interval lies wholly below its floor's range (a floor that a restore beats is no floor)",
     "every memory restore path's count of pairs is its pilot's own (report.pair_plan of its first pairs against the "
     "floor before the point, as raw/pair_plans.jsonl records it)",
-    "on CUDA every disk floor's sweep read the context into pinned memory as well, where LMCache's own reads land",
 )
+# only where a point measured a disk floor (``_pinned_floor_check``), as the disk arms' checks only where there are any
+PINNED_FLOOR_CHECK = ("on CUDA every disk floor's sweep read the context into pinned memory as well, where LMCache's "
+                      "own reads land")
 # disk floors recorded before the sweep named where its reads landed (6 Dec 2026, 7a9fe1a: 0248's disk restores beat
 # a floor read into ordinary pages, while LMCache reads into pinned memory)
 DESTINATIONS_SINCE = ("this run's disk floors predate the pinned way (no sweep way records its destination: every way "
@@ -297,7 +299,7 @@ def paired_checks(run: RunFiles) -> list[Check]:
 
 
 def _pinned_floor_check(floors: list, cuda: bool) -> Check | None:
-    """``PAIRED_CHECKS[6]``: every disk floor measured on CUDA swept the pinned way (``kv.floors``: a way pinning
+    """``PINNED_FLOOR_CHECK``: every disk floor measured on CUDA swept the pinned way (``kv.floors``: a way pinning
     could not run goes to the record's ``not_swept`` with why, which fails here; a floor without it is no floor of
     LMCache's reads). None where no point measured a disk floor (a run without disk arms); skipped off CUDA (no
     pinned memory: the way is left out by design) and for records from before the sweep named its ways'
@@ -306,10 +308,10 @@ def _pinned_floor_check(floors: list, cuda: bool) -> Check | None:
     if not disk:
         return None
     if not cuda:
-        return Check(PAIRED_CHECKS[6], "skipped", "DEVICE is not cuda: no pinned memory, the way is left out by design")
+        return Check(PINNED_FLOOR_CHECK, "skipped", "DEVICE is not cuda: no pinned memory, the way is left out by design")
     if not any("destination" in w for f in disk for w in f.saturated["disk"].get("sweep", [])):
-        return Check(PAIRED_CHECKS[6], "skipped", DESTINATIONS_SINCE, predates=DESTINATIONS_SINCE)
-    return all_of(PAIRED_CHECKS[6], disk,
+        return Check(PINNED_FLOOR_CHECK, "skipped", DESTINATIONS_SINCE, predates=DESTINATIONS_SINCE)
+    return all_of(PINNED_FLOOR_CHECK, disk,
                   lambda f: any(w.get("destination") == "pinned" for w in f.saturated["disk"].get("sweep", [])),
                   lambda f: f"{f.model} {f.context_tokens} {f.tier} {f.when}: "
                             + "; ".join(w.get("why", "?") for w in f.saturated["disk"].get("not_swept", []) or [{}]),
