@@ -29,14 +29,11 @@ MIB = 1 << 20
 
 
 def unpinned_buffers(count: int, size: int) -> list[memoryview]:
-    """``_pinned_buffers``'s buffers without the pinning: one torch tensor a page longer, cut at a page boundary."""
+    """``_pinned_buffers``'s buffers without the pinning: the same cut (``floors.page_cut_buffers``) of an unpinned
+    torch tensor a page longer."""
     import torch
 
-    page = mmap.PAGESIZE
-    held = torch.zeros(count * size + page, dtype=torch.uint8)
-    start = -held.data_ptr() % page
-    whole = memoryview(held[start:start + count * size].numpy())
-    return [whole[k * size:(k + 1) * size] for k in range(count)]
+    return floors.page_cut_buffers(torch.empty(count * size + mmap.PAGESIZE, dtype=torch.uint8), count, size)
 
 
 def main() -> None:

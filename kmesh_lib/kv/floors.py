@@ -383,11 +383,25 @@ def _pinned_buffers(count: int, size: int, device: str) -> list[memoryview]:
         raise PinnedUnavailable(f"pin_memory refused {count * size + page:,} bytes: {e}"[:300]) from None
     if not held.is_pinned():
         raise PinnedUnavailable("torch.empty(pin_memory=True) returned memory that is not pinned")
+    try:
+        return page_cut_buffers(held, count, size)
+    except ValueError as e:
+        raise PinnedUnavailable(str(e)) from None
+
+
+def page_cut_buffers(held, count: int, size: int) -> list[memoryview]:
+    """``count`` buffers of ``size`` bytes cut from the uint8 tensor ``held`` (at least a page longer than they need)
+    at its first page boundary, seen through numpy (the buffer protocol ``os.preadv`` writes through) and zeroed, so
+    touched before any clock. The views keep ``held``'s memory alive.
+
+    Raises:
+        ValueError: the cut does not start on a page boundary (O_DIRECT would refuse it)."""
+    page = mmap.PAGESIZE
     start = -held.data_ptr() % page
-    flat = held[start:start + count * size].numpy()  # a view: the pinned bytes themselves, kept alive by it
+    flat = held[start:start + count * size].numpy()  # a view: the tensor's bytes themselves
     flat.fill(0)  # touched before the clock, as _read_chunks's own pages are
     if flat.ctypes.data % page:
-        raise PinnedUnavailable(f"pinned buffer at {flat.ctypes.data:#x}: not on a {page}-byte page boundary")
+        raise ValueError(f"buffer at {flat.ctypes.data:#x}: not on a {page}-byte page boundary")
     whole = memoryview(flat)
     return [whole[k * size:(k + 1) * size] for k in range(count)]
 

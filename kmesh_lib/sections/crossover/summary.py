@@ -336,7 +336,7 @@ def _disk_bound(tables: dict, longest: int) -> str:
              if r["path"] == "disk" and r["context_tokens"] == longest and r["span_verdict"].startswith("below its floor")]
     if below:
         return ("; its restores there fall below the floor measured around the point (a method problem)"
-                + "".join(_own_read_clause(r, tables.get("components")) for r in below[:1])
+                + _own_read_clause(below[0], tables.get("components"))
                 + ", so this run does not say what bounds them")
     return ", so the disk itself bounds it"
 
