@@ -29,12 +29,26 @@ boundary, so the control arms run on the same engine as the restores:
     load_gpu_s      CUDA only: the same calls timed by CUDA events recorded on the current stream just before
                     and just after each (their elapsed times summed): what the GPU's clock says the load took, from
                     the moment the stream reached its start to the moment it reached its end; None on CPU
+    load_bytes      in-process only: the bytes of the memory objects LMCache's engine handed its GPU connector's copy
+                    into vLLM's blocks (``batched_to_gpu``; ``to_gpu`` where a connector has no batched one), each object's
+                    ``get_size()`` (its tensor's nbytes): what the retrieve copied host -> device, 0 where it called no
+                    copy; the kernel skips the tokens of a chunk vLLM already holds (``vllm_cached_tokens``), which a
+                    restore into an emptied prefix cache has none of. None where no copy is hooked (``copy_hook`` says
+                    why: the MP path, whose server copies; the GPU buffer and vLLM's CPU tier, other tiers; a layerwise
+                    retrieve) or a call's objects had no size
+    load_chunks     the memory objects of those calls (LMCache's chunks); None as load_bytes
+    load_tokens     the tokens of those calls (their ``end - start`` summed); None as load_bytes
+    to_gpu_s        the host's time inside those calls, summed (the 0.5.x CUDA connectors synchronize their load stream
+                    before returning, so it holds the copy's whole span on the device); None as load_bytes
+    to_gpu_in_load  every such call ran inside a ``start_load_kv`` (its stamps within one's); None where none ran or
+                    none is hooked
     save_s          worker-side ``wait_for_save``
     forward_s       model executor (``execute_model`` + ``sample_tokens``) less load_s and save_s,
                     which run inside it
     other_s         first token less lookup_s and the executor's time (scheduling, output handling)
 
-Invariant: every number is a difference of two real stamps, or None where nothing was stamped.
+Invariant: every number is a difference of two real stamps, or a count of what a hooked call was handed, or None
+where nothing was stamped or hooked.
 """
 from __future__ import annotations
 
@@ -42,6 +56,11 @@ import threading
 import time
 
 _ns = time.perf_counter_ns
+
+# The GPU connector's methods that copy a retrieve's memory objects into vLLM's blocks, the one LMCacheEngine.retrieve
+# calls first: 0.5.3 and 0.5.6 call batched_to_gpu(memory_objs, starts, ends) (their CUDA connectors' loop to_gpu
+# over the objects inside it, so only one of the two is wrapped: never a copy counted twice)
+COPY_METHODS = ("batched_to_gpu", "to_gpu")
 
 
 def _find(obj, attr: str, depth: int = 3):
@@ -60,6 +79,27 @@ def _find(obj, attr: str, depth: int = 3):
                         if k.startswith("_lmcache") or k in ("connector", "_connector", "impl", "_impl")]
         frontier = nxt
     return None
+
+
+def copied(name: str, args: tuple, kwargs: dict) -> tuple[int, int, int] | None:
+    """(bytes, memory objects, tokens) a copy call of ``COPY_METHODS`` was handed: ``batched_to_gpu(memory_objs,
+    starts, ends)`` or ``to_gpu(memory_obj, start, end)``; each object's bytes its ``get_size()`` (the bytes its
+    tensor views), else its tensor's nbytes. None where the call was not handed memory objects with a size (a
+    layerwise connector's ``batched_to_gpu(starts, ends)``)."""
+    names = ("memory_objs", "starts", "ends") if name == "batched_to_gpu" else ("memory_obj", "start", "end")
+    try:
+        objs, starts, ends = (args[i] if i < len(args) else kwargs[k] for i, k in enumerate(names))
+        if name != "batched_to_gpu":
+            objs, starts, ends = [objs], [starts], [ends]
+        objs, num_bytes = list(objs), 0
+        for obj in objs:
+            if hasattr(obj, "get_size"):
+                num_bytes += int(obj.get_size())
+            else:
+                num_bytes += int(obj.tensor.nbytes)
+        return num_bytes, len(objs), sum(int(e) - int(s) for s, e in zip(starts, ends, strict=True))
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
 
 
 class ExternalSwitch:
@@ -129,7 +169,7 @@ class ComponentProbe:
     def __init__(self, engine) -> None:
         self.lock = threading.Lock()
         self.active = False
-        self.calls: dict[str, list] = {k: [] for k in ("lookup", "load", "save", "exec", "disk", "recv")}
+        self.calls: dict[str, list] = {k: [] for k in ("lookup", "load", "save", "exec", "disk", "recv", "copy")}
         executor = engine._engine.engine_core.engine_core.model_executor
         for name in ("execute_model", "sample_tokens"):
             if hasattr(executor, name):
@@ -151,7 +191,61 @@ class ComponentProbe:
             self._wrap(worker, "wait_for_save", "save")
             if hasattr(worker, "get_finished"):
                 self._wrap_finished(worker)
+        self.worker, self.has_copies = worker, False
+        self.copy_hook = "no worker-side connector"  # what the copy hook wraps, or why it wraps nothing
+        self._hook_copies()
         self.has_disk = self._wrap_disk_reads()
+
+    def _hook_copies(self) -> None:
+        """Wraps the in-process LMCache engine's GPU connector's copy (``COPY_METHODS``), found from vLLM's worker-side
+        connector as the probe finds its other objects (``_find``: vLLM's ``LMCacheConnectorV1._lmcache_engine``, the
+        adapter, whose ``lmcache_engine`` is the engine), and says what it wrapped or why none (``copy_hook``). Never
+        raises: a run measures on without the byte count where the hook cannot be installed. An engine not yet
+        built is looked for again at the next ``start()``."""
+        self.copy_pending = False
+        if self.worker is None:
+            return
+        try:
+            holder = _find(self.worker, "lmcache_engine")
+            if holder is None:
+                self.copy_hook = ("no in-process LMCache engine behind the worker's connector (on the MP path "
+                                  "LMCache's server copies; the GPU buffer and vLLM's CPU tier are not LMCache's)")
+                return
+            engine = holder.lmcache_engine
+            if engine is None:
+                self.copy_hook, self.copy_pending = "the in-process LMCache engine is not built yet", True
+                return
+            if getattr(holder, "use_layerwise", False):
+                # a layerwise retrieve feeds a generator its objects layer by layer (batched_to_gpu(starts, ends)):
+                # no call is handed the chunks whole
+                self.copy_hook = "not hooked: a layerwise retrieve (use_layerwise) copies layer by layer"
+                return
+            gpu = getattr(engine, "gpu_connector", None)
+            name = next((m for m in COPY_METHODS if callable(getattr(gpu, m, None))), None)
+            if name is None:
+                self.copy_hook = (f"not hooked: the LMCache engine's GPU connector ({type(gpu).__name__}) has none of "
+                                  f"{', '.join(COPY_METHODS)}")
+                return
+            self._wrap_copy(gpu, name)
+            self.has_copies, self.copy_hook = True, f"{type(gpu).__name__}.{name}"
+        except Exception as e:  # noqa: BLE001 - a diagnostic hook never stops a run; why it is missing is recorded
+            self.copy_hook = f"not hooked: {type(e).__name__}: {e}"[:200]
+
+    def _wrap_copy(self, gpu, name: str) -> None:
+        """Stamps each call of ``gpu.name`` (the instance's attribute: the class and other engines are untouched) and
+        counts what it was handed (``copied``) after its end stamp, outside the copy's span."""
+        original = getattr(gpu, name)
+
+        def copy(*args, **kwargs):
+            t0 = _ns()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                t1 = _ns()
+                if self.active:
+                    self._add("copy", t0, t1, copied(name, args, kwargs))
+
+        setattr(gpu, name, copy)
 
     def _wrap(self, obj, name: str, kind: str) -> None:
         original = getattr(obj, name)
@@ -197,6 +291,21 @@ class ComponentProbe:
         if not ends:
             return None
         return (max(ends) - after[0]) / 1e9
+
+    def _copies(self) -> dict:
+        """``load_bytes``, ``load_chunks``, ``load_tokens``, ``to_gpu_s`` and ``to_gpu_in_load`` (module docstring) from
+        this follow-up's copy calls."""
+        c = self.calls
+        if not self.has_copies:
+            return dict.fromkeys(("load_bytes", "load_chunks", "load_tokens", "to_gpu_s", "to_gpu_in_load"))
+        counted = [x for _, _, x in c["copy"]]
+        known = all(x is not None for x in counted)
+        inside = [any(l0 <= t0 and t1 <= l1 for l0, l1, _ in c["load"]) for t0, t1, _ in c["copy"]]
+        return {"load_bytes": sum(x[0] for x in counted) if known else None,
+                "load_chunks": sum(x[1] for x in counted) if known else None,
+                "load_tokens": sum(x[2] for x in counted) if known else None,
+                "to_gpu_s": sum(t1 - t0 for t0, t1, _ in c["copy"]) / 1e9,
+                "to_gpu_in_load": all(inside) if inside else None}
 
     def _wrap_disk_reads(self) -> bool:
         try:
@@ -250,6 +359,8 @@ class ComponentProbe:
         self._add("lookup", t0, t1, out)
 
     def start(self) -> None:
+        if self.copy_pending:
+            self._hook_copies()
         with self.lock:
             for v in self.calls.values():
                 v.clear()
@@ -270,6 +381,7 @@ class ComponentProbe:
             "load_s": load if self.has_worker else None, "save_s": save if self.has_worker else None,
             "load_gpu_s": self._load_gpu_s() if self.has_worker else None,
             "load_wall_s": self._load_wall_s() if self.has_worker else None,
+            **self._copies(),
             "forward_s": max(0.0, execute - load - save), "exec_s": execute, "exec_calls": len(c["exec"]),
             "other_s": first_token_s - total("lookup") - execute,
         }

@@ -53,6 +53,9 @@ class ChildSummary(CaptureRecord):
     # from runs recorded before the thread was metered
     seconds: float | None = None  # the child's tier and engine from start to close; absent from runs recorded before
     # 6 Dec 2026 (the GPU driver scales its estimates of the children left by it)
+    copy_hook: str | None = None  # what the component probe's copy hook wraps (``ComponentProbe.copy_hook``: the
+    # in-process engine's GPU connector and method) or why it wraps nothing; absent from runs published before it
+    # (gpu-20261206-155000-bbf8 the last) and where the child failed before its engine started
 
 
 class StoreRecord(CaptureRecord):
@@ -152,6 +155,15 @@ class Components(CaptureRecord):
     load_wall_s: float | None = None  # an asynchronous load from its ``start_load_kv`` to the ``get_finished`` that reported
     # it (the MP path; on CUDA the server copies after start_load_kv returned); None: none reported; absent from every
     # published run (recorded after them)
+    # The in-process LMCache engine's copy into vLLM's blocks (its GPU connector's ``batched_to_gpu``, hooked from 6 Dec
+    # 2026: absent from every run published before, gpu-20261206-155000-bbf8 the last): the bytes, memory objects
+    # (chunks) and tokens it was handed; 0 where the follow-up called no copy; None where no copy is hooked (the MP
+    # path, whose server copies; the GPU buffer and vLLM's CPU tier; why in raw/models.jsonl's ``copy_hook``)
+    load_bytes: int | None = None
+    load_chunks: int | None = None
+    load_tokens: int | None = None
+    to_gpu_s: float | None = None  # the host's time inside those calls (their copies' span: they synchronize)
+    to_gpu_in_load: bool | None = None  # each ran inside a ``start_load_kv`` (None: none ran, or none hooked)
     forward_s: float  # the model's forward pass: execute less load and save
     exec_s: float
     exec_calls: int

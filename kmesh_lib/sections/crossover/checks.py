@@ -138,6 +138,8 @@ def checks(run: RunFiles) -> list[Check]:
                      f"{len(crossover)} rows for {len(models)} models x {len(restores)} paths", measured, no_rows))
     out.append(floor_check(run.results.get("floors") or {}, tiers))
     out += paired_checks(run)
+    out.append(copied_context_check(rows + (run.records("pairs.jsonl") if run.has_raw("pairs.jsonl") else []),
+                                    children))
     return out
 
 
@@ -374,6 +376,52 @@ def plan_check_args(run: RunFiles, pairs: list[PairRow], floors: list, of: dict)
             + ([f"{len(ran)} restores measured, the pilot's {rec.num_pilot} wanted"] if stage_ran(key) else []))
 
     return keys, agrees, describe, "no memory restore path's pairs were measured"
+
+
+COPIED_CONTEXT_CHECK = ("every in-process LMCache restore copied the whole context into vLLM's blocks (load_bytes = the "
+                        "context's bytes, from the rows)")
+# runs recorded before the probe hooked LMCache's copy (6 Dec 2026: gpu-20261206-155000-bbf8 the last without it)
+COPIES_SINCE = ("this run predates the copy hook (no row records components.load_bytes: the bytes LMCache's retrieve "
+                "handed its GPU connector were not counted)")
+COPIED_ARMS = ("dram", "disk")  # LMCache's restores on its own tier (the in-process path's, where it ran in-process)
+
+
+def copied_context_check(rows: list, children: list[ChildSummary]) -> Check:
+    """``COPIED_CONTEXT_CHECK``: every in-process LMCache restore (of ``rows``, raw/rows.jsonl's and raw/pairs.jsonl's,
+    warm-ups included: those of the arms ``COPIED_ARMS`` on the lmcache tier, path inproc) whose copy was counted
+    handed its GPU connector the context: ``components.load_bytes == context_bytes`` and ``components.load_tokens ==
+    context_tokens`` exactly, against the figures the run recorded in the row (context_bytes: its tokens x the model's
+    KV bytes per token, which another check holds to raw/models.jsonl).
+
+    Why these are the figure: the in-process tier stores with save_unfull_chunk off (``lmcache.connect.InprocTier``),
+    so a partial tail chunk is never stored and a context that were not whole chunks would copy its whole chunks alone
+    (LMCache 0.5.6's engine on the CPU: 768 of 1,000 tokens, tests/test_crossover_copies.py), the stored tokens' bytes
+    then the figure; the params make every context whole chunks (CONTEXT_TOKENS_GRID a multiple of CHUNK_SIZE), so the
+    stored tokens are the context's. The restore runs into an emptied prefix cache (``RestoreBench.prepare``), so the
+    copy skips none of vLLM's tokens (``vllm_cached_tokens``). NUM_FOLLOWUPS is 1 in every run recorded so far: a run of
+    more would have to restate the figure (the later follow-ups may find the first's blocks in vLLM's cache).
+
+    Ok where every counted row holds and at least one was counted; a row recording 0 (its retrieve called no copy) or a
+    part fails. Skipped where the run predates the hook (no row holds the field: ``COPIES_SINCE``, left out of
+    ``kmesh verify``), where no restore ran in-process (LMCache's server copies on the MP path, the CPU build's only
+    one), or where none was counted (the ``copy_hook`` of the child in ``children`` says why)."""
+    if not any(r.components.holds("load_bytes") for r in rows):
+        return Check(COPIED_CONTEXT_CHECK, "skipped", COPIES_SINCE, predates=COPIES_SINCE)
+    restores = [r for r in rows if r.tier == "lmcache" and r.path == "inproc" and r.arm in COPIED_ARMS]
+    if not restores:
+        return Check(COPIED_CONTEXT_CHECK, "skipped", "no LMCache restore ran in-process (on the MP path its server "
+                                                      "copies: no copy in the engine's process to count)")
+    counted = [r for r in restores if r.components.load_bytes is not None]
+    if not counted:
+        hooks = sorted({m.copy_hook for m in children if m.tier == "lmcache" and m.copy_hook})
+        return Check(COPIED_CONTEXT_CHECK, "skipped", f"no in-process restore's copy was counted ({len(restores)} "
+                                                      f"restores): {'; '.join(hooks) or 'no child records why'}")
+    return all_of(COPIED_CONTEXT_CHECK, counted,
+                  lambda r: r.components.load_bytes == r.context_bytes
+                  and r.components.load_tokens == r.context_tokens,
+                  lambda r: f"{r.tag}: copied {r.components.load_bytes} of {r.context_bytes} bytes, "
+                            f"{r.components.load_tokens} of {r.context_tokens} tokens in {r.components.load_chunks} "
+                            "chunks")
 
 
 ORDER_CHECK = ("every repeat ran each of its tier's arms once, in the recorded order (position and the arm before it)")

@@ -489,7 +489,7 @@ def run_model(cfg: CrossoverParams, model: str, run_dir: Path, tier_name: str = 
     summary = {"model": model, "tier": tier_name, "path": path, "kv_bytes_per_token": kvt, "status": "ok"}
     t_start = time.monotonic()
     runtime = RuntimeDir.create(f"crossover-{path}", root=runtime_root(cfg.DISK_TIER_ROOT))
-    tier = engine = None
+    tier = engine = bench = None
     try:
         # an LMCache server's log outlives its runtime folder: logs/lmcache-server-<the unit's name>.log
         tier = make_tier(cfg, tier_name, runtime, kvt,
@@ -548,6 +548,8 @@ def run_model(cfg: CrossoverParams, model: str, run_dir: Path, tier_name: str = 
         summary.update(status="error", detail=f"{type(e).__name__}: {e}")
         raise
     finally:
+        if bench is not None:  # once per child, as the probe ended it: why the rows' load_bytes are None, where they are
+            summary["copy_hook"] = bench.probe.copy_hook
         if getattr(tier, "has_launch_thread", False):  # what its polling cost a core over the engine's life
             summary["launch_thread_cpu_s"] = tier.launch_thread_cpu_s()
         if engine is not None:

@@ -1,0 +1,268 @@
+"""The bytes an in-process LMCache restore copies into vLLM's blocks: the component probe's hook on the LMCache engine's
+GPU connector (``lmcache.probes.ComponentProbe``) and section 21's check of them (``copied_context_check``).
+
+bbf8 (H100, 6 Dec 2026) timed 28 of 64 in-process DRAM restores of a 7B 16,384-token context at ~14 ms by CUDA
+events around ``start_load_kv``, against a 17.1 ms copy of the context's 939,524,096 bytes: more than PCIe carries.
+Either the span misses part of the copy or fewer bytes moved; the rows could not tell which."""
+from __future__ import annotations
+
+import types
+from unittest import mock
+
+import pytest
+from crossover_records import as_children, as_grid_rows, as_pair_rows
+
+from kmesh_lib.lmcache import probes
+from kmesh_lib.sections.crossover.checks import COPIES_SINCE, copied_context_check
+
+KVT, CHUNK = 1024, 256  # KV bytes per token, LMCache's chunk in tokens
+
+
+class Chunk:
+    """An LMCache memory object: ``get_size()`` its bytes, as 0.5.3's and 0.5.6's ``TensorMemoryObj``."""
+
+    def __init__(self, num_tokens: int) -> None:
+        self.num_bytes = num_tokens * KVT
+
+    def get_size(self) -> int:
+        return self.num_bytes
+
+
+class BatchedConnector:
+    """The CUDA connectors' shape (``VLLMPagedMemGPUConnectorV2``): ``batched_to_gpu`` loops ``to_gpu`` over its
+    objects."""
+
+    def __init__(self) -> None:
+        self.copied = []
+
+    def to_gpu(self, memory_obj, start, end, **kwargs):
+        self.copied.append((start, end))
+
+    def batched_to_gpu(self, memory_objs, starts, ends, **kwargs):
+        for obj, start, end in zip(memory_objs, starts, ends, strict=True):
+            self.to_gpu(obj, start, end, **kwargs)
+
+
+class SingleConnector:
+    """A connector without a batched copy: the engine calls ``to_gpu`` per chunk."""
+
+    def to_gpu(self, memory_obj, start, end, **kwargs):
+        pass
+
+
+def chunks_of(num_tokens: int) -> tuple[list[Chunk], list[int], list[int]]:
+    starts = list(range(0, num_tokens, CHUNK))
+    ends = [min(s + CHUNK, num_tokens) for s in starts]
+    return [Chunk(e - s) for s, e in zip(starts, ends, strict=True)], starts, ends
+
+
+class Adapter:
+    """LMCache's ``LMCacheConnectorV1Impl``: ``lmcache_engine`` (a property in 0.5.6) holds the engine."""
+
+    def __init__(self, engine) -> None:
+        self._engine = engine
+
+    @property
+    def lmcache_engine(self):
+        return self._engine
+
+
+class Worker:
+    """vLLM's ``LMCacheConnectorV1`` on the worker side: ``start_load_kv`` is the retrieve, which copies ``num_tokens``
+    (``retrieve`` says how) unless ``retrieve`` is None."""
+
+    def __init__(self, engine, retrieve=None) -> None:
+        self._lmcache_engine = Adapter(engine)
+        self.retrieve = retrieve
+        self.num_tokens = 0
+
+    def start_load_kv(self, forward_context):
+        if self.retrieve is not None and self.num_tokens:
+            self.retrieve(self._lmcache_engine.lmcache_engine.gpu_connector, self.num_tokens)
+
+    def wait_for_save(self):
+        pass
+
+
+def batched(gpu, num_tokens: int) -> None:
+    gpu.batched_to_gpu(*chunks_of(num_tokens), kvcaches=None)
+
+
+def one_by_one(gpu, num_tokens: int) -> None:
+    for obj, start, end in zip(*chunks_of(num_tokens), strict=True):
+        gpu.to_gpu(obj, start, end)
+
+
+def probe_on(worker):
+    """A ComponentProbe over a fake engine whose worker-side connector is ``worker``."""
+    executor = types.SimpleNamespace(execute_model=lambda *a: None)
+    engine = types.SimpleNamespace(_engine=types.SimpleNamespace(engine_core=types.SimpleNamespace(
+        engine_core=types.SimpleNamespace(model_executor=executor))), params=types.SimpleNamespace(DEVICE="cpu"))
+    with mock.patch("vllm.distributed.kv_transfer.has_kv_transfer_group", return_value=True), \
+            mock.patch("vllm.distributed.kv_transfer.get_kv_transfer_group", return_value=worker):
+        return probes.ComponentProbe(engine)
+
+
+def follow_up(probe, worker, num_tokens: int) -> dict:
+    worker.num_tokens = num_tokens
+    probe.start()
+    worker.start_load_kv(None)
+    return probe.stop(0.0)
+
+
+def test_the_probe_counts_the_bytes_chunks_and_tokens_the_engine_hands_its_batched_copy_once():
+    """``batched_to_gpu`` is wrapped, not the ``to_gpu`` it loops over: a context of 1,000 tokens (3 whole chunks and a
+    tail of 232) is 1,024,000 bytes in 4 chunks, counted once; the copy ran inside ``start_load_kv``."""
+    gpu = BatchedConnector()
+    worker = Worker(types.SimpleNamespace(gpu_connector=gpu), batched)
+    probe = probe_on(worker)
+    assert probe.copy_hook == "BatchedConnector.batched_to_gpu"
+    parts = follow_up(probe, worker, 1000)
+    assert (parts["load_bytes"], parts["load_chunks"], parts["load_tokens"]) == (1000 * KVT, 4, 1000), parts
+    assert parts["to_gpu_in_load"] is True and parts["to_gpu_s"] >= 0
+    assert gpu.copied == [(0, 256), (256, 512), (512, 768), (768, 1000)]  # the original still ran, whole
+    # the next follow-up counts its own copy only; one that copies nothing records 0, not None
+    assert follow_up(probe, worker, 512)["load_bytes"] == 512 * KVT
+    none = follow_up(probe, worker, 0)
+    assert (none["load_bytes"], none["load_chunks"], none["to_gpu_s"], none["to_gpu_in_load"]) == (0, 0, 0.0, None)
+
+
+def test_the_probe_counts_a_connector_without_a_batched_copy_by_its_to_gpu_calls():
+    worker = Worker(types.SimpleNamespace(gpu_connector=SingleConnector()), one_by_one)
+    probe = probe_on(worker)
+    assert probe.copy_hook == "SingleConnector.to_gpu"
+    parts = follow_up(probe, worker, 768)
+    assert (parts["load_bytes"], parts["load_chunks"], parts["load_tokens"]) == (768 * KVT, 3, 768), parts
+
+
+def test_a_copy_outside_start_load_kv_is_said_to_be_outside():
+    gpu = BatchedConnector()
+    worker = Worker(types.SimpleNamespace(gpu_connector=gpu))  # start_load_kv copies nothing itself
+    probe = probe_on(worker)
+    probe.start()
+    worker.start_load_kv(None)
+    batched(gpu, 256)  # as a copy LMCache ran after the load returned would be
+    parts = probe.stop(0.0)
+    assert parts["load_bytes"] == 256 * KVT and parts["to_gpu_in_load"] is False
+
+
+def test_the_probe_counts_nothing_and_says_why_where_no_in_process_engine_copies():
+    """The MP path (no LMCache engine behind vLLM's connector), an engine without a GPU connector, a layerwise
+    retrieve and a connector whose lookup raises: every count None, the reason recorded, the run never stopped."""
+    mp = types.SimpleNamespace(start_load_kv=lambda fc: None, wait_for_save=lambda: None)
+    no_gpu = Worker(types.SimpleNamespace(gpu_connector=None))
+    layerwise = Worker(types.SimpleNamespace(gpu_connector=BatchedConnector()))
+    layerwise._lmcache_engine.use_layerwise = True
+
+    class Broken:
+        @property
+        def gpu_connector(self):
+            raise RuntimeError("connector torn down")
+
+    for worker, why in [(mp, "no in-process LMCache engine"), (no_gpu, "has none of batched_to_gpu, to_gpu"),
+                        (layerwise, "layerwise"), (Worker(Broken()), "RuntimeError: connector torn down")]:
+        probe = probe_on(worker)
+        assert why in probe.copy_hook and not probe.has_copies, probe.copy_hook
+        parts = follow_up(probe, worker, 256) if isinstance(worker, Worker) else probe.stop(0.0)
+        assert all(parts[k] is None for k in ("load_bytes", "load_chunks", "load_tokens", "to_gpu_s",
+                                              "to_gpu_in_load")), parts
+
+
+def test_an_engine_built_after_the_probe_is_hooked_at_the_next_follow_up():
+    worker = Worker(None, batched)
+    probe = probe_on(worker)
+    assert probe.copy_hook == "the in-process LMCache engine is not built yet"
+    worker._lmcache_engine._engine = types.SimpleNamespace(gpu_connector=BatchedConnector())
+    assert follow_up(probe, worker, 256)["load_bytes"] == 256 * KVT
+    assert probe.copy_hook == "BatchedConnector.batched_to_gpu"
+
+
+def test_a_call_without_memory_objects_leaves_the_follow_ups_bytes_unknown():
+    """A layerwise connector's ``batched_to_gpu(starts, ends)`` hands no objects: its bytes are not 0 but unknown."""
+    assert probes.copied("batched_to_gpu", ([0], [256]), {}) is None
+    assert probes.copied("batched_to_gpu", ([Chunk(256)], [0], [256]), {}) == (256 * KVT, 1, 256)
+    assert probes.copied("to_gpu", (Chunk(100),), {"start": 256, "end": 356}) == (100 * KVT, 1, 100)
+
+
+# -- the check --
+
+def restore(tag: str, load_bytes, *, arm: str = "dram", num_tokens: int = 512, path: str = "inproc",
+            **extra) -> dict:
+    parts = {} if load_bytes == "absent" else {
+        "load_bytes": load_bytes, "load_tokens": None if load_bytes is None else load_bytes // KVT,
+        "load_chunks": None if load_bytes is None else -(-load_bytes // (CHUNK * KVT))}
+    return {"arm": arm, "tag": tag, "tier": "lmcache", "path": path, "context_tokens": num_tokens,
+            "context_bytes": num_tokens * KVT, "components": parts, **extra}
+
+
+def test_the_copied_context_check_holds_every_counted_in_process_restore_to_its_context():
+    grid = as_grid_rows([restore("g-dram", 512 * KVT), restore("g-disk", 512 * KVT, arm="disk"),
+                         restore("g-recompute", 0, arm="recompute"),  # not a restore: no copy to hold
+                         restore("g-mp", None, path="mp")])
+    pairs = as_pair_rows([restore("p-dram", 512 * KVT), restore("p-resident", 0, arm="resident", role="resident")])
+    ok = copied_context_check(grid + pairs, [])
+    assert ok.status == "ok" and ok.detail == "3 of 3", ok
+    short = as_pair_rows([restore("p-short", 384 * KVT)])  # a chunk fewer: fewer bytes moved than the context holds
+    failed = copied_context_check(grid + short, [])
+    assert failed.status == "failed" and "p-short: copied 393216 of 524288 bytes" in failed.detail, failed
+    nothing = copied_context_check(as_grid_rows([restore("g-none", 0)]), [])  # a retrieve that copied nothing
+    assert nothing.status == "failed", nothing
+    # every token handed over, in objects of half the context's bytes (another format or dtype than the rows assume)
+    half = as_grid_rows([{**restore("g-half", 256 * KVT), "components": {"load_bytes": 256 * KVT, "load_tokens": 512,
+                                                                         "load_chunks": 2}}])
+    assert copied_context_check(half, []).status == "failed"
+
+
+def test_the_copied_context_check_is_left_out_of_runs_that_predate_it_and_skipped_where_nothing_was_counted():
+    old = copied_context_check(as_grid_rows([restore("g-dram", "absent")]), [])
+    assert old.status == "skipped" and old.predates == COPIES_SINCE
+    mp = copied_context_check(as_grid_rows([restore("g-mp", None, path="mp")]), [])
+    assert mp.status == "skipped" and not mp.predates and "in-process" in mp.detail
+    unhooked = copied_context_check(as_grid_rows([restore("g-dram", None)]),
+                                           as_children([{"path": "inproc", "copy_hook": "not hooked: why"}]))
+    assert unhooked.status == "skipped" and not unhooked.predates and "not hooked: why" in unhooked.detail
+
+
+def test_the_probe_counts_what_a_real_lmcache_engines_retrieve_hands_its_gpu_connector():
+    """The installed LMCache's own ``LMCacheEngine`` (CPU memory tier, kmesh's in-process settings: save_unfull_chunk
+    off) with its ``MockGPUConnector`` (LMCache has no CPU connector that copies: on this build kmesh's in-process path
+    does not run, so no smoke run reaches this hook): its retrieve calls ``batched_to_gpu`` once, with memory objects of
+    the stored tokens x the KV bytes per token. A context of whole chunks is copied whole; one with a partial tail
+    chunk copies its whole chunks alone (the tail was never stored), so the rows' context bytes are the figure only
+    because CONTEXT_TOKENS_GRID is a multiple of CHUNK_SIZE."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("lmcache.v1.cache_engine")
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+    from lmcache.v1.config import LMCacheEngineConfig
+    from lmcache.v1.gpu_connector.mock_gpu_connector import MockGPUConnector
+    from lmcache.v1.metadata import LMCacheMetadata
+
+    num_layers, num_heads, head_size = 2, 2, 8
+    kv_shape = (num_layers, 2, CHUNK, num_heads, head_size)
+    kvt = 2 * num_layers * num_heads * head_size * 2  # K and V of every layer, bf16
+    config = LMCacheEngineConfig.from_defaults(chunk_size=CHUNK, local_cpu=True, max_local_cpu_size=0.05,
+                                               save_unfull_chunk=False, enable_async_loading=False)
+    metadata = LMCacheMetadata(model_name="kmesh-test", world_size=1, local_world_size=1, worker_id=0,
+                               local_worker_id=0, kv_dtype=torch.bfloat16, kv_shape=kv_shape)
+    name = "kmesh-test-copies"
+    engine = LMCacheEngineBuilder.get_or_create(name, config, metadata, MockGPUConnector(kv_shape=kv_shape),
+                                                lambda t, r: None, lambda o, r: o)
+    try:
+        engine.post_init()
+        tokens = {}
+
+        class RetrievingWorker(Worker):
+            def start_load_kv(self, forward_context):
+                self._lmcache_engine.lmcache_engine.retrieve(tokens[self.num_tokens])
+
+        worker = RetrievingWorker(engine)
+        probe = probe_on(worker)
+        assert probe.copy_hook == "MockGPUConnector.batched_to_gpu"
+        for num_tokens, num_stored in [(512, 512), (1000, 768)]:
+            tokens[num_tokens] = torch.randint(4, 1000, (num_tokens,), generator=torch.Generator().manual_seed(num_tokens))
+            engine.store(tokens[num_tokens])
+            parts = follow_up(probe, worker, num_tokens)
+            assert (parts["load_bytes"], parts["load_chunks"], parts["load_tokens"], parts["to_gpu_in_load"]) == (
+                num_stored * kvt, num_stored // CHUNK, num_stored, True), (num_tokens, parts)
+    finally:
+        LMCacheEngineBuilder.destroy(name)
