@@ -118,7 +118,8 @@ def test_the_probe_counts_the_bytes_chunks_and_tokens_the_engine_hands_its_batch
     probe = probe_on(worker)
     assert probe.copy_hook == "BatchedConnector.batched_to_gpu"
     parts = follow_up(probe, worker, 1000)
-    assert (parts["load_bytes"], parts["load_chunks"], parts["load_tokens"]) == (1000 * KVT, 4, 1000), parts
+    assert (parts["load_bytes"], parts["load_chunks"], parts["load_tokens"], parts["load_skipped_tokens"]) == (
+        1000 * KVT, 4, 1000, 0), parts
     assert parts["to_gpu_in_load"] is True and parts["to_gpu_s"] >= 0
     assert gpu.copied == [(0, 256), (256, 512), (512, 768), (768, 1000)]  # the original still ran, whole
     # the next follow-up counts its own copy only; one that copies nothing records 0, not None
@@ -164,8 +165,8 @@ def test_the_probe_counts_nothing_and_says_why_where_no_in_process_engine_copies
         probe = probe_on(worker)
         assert why in probe.copy_hook and not probe.has_copies, probe.copy_hook
         parts = follow_up(probe, worker, 256) if isinstance(worker, Worker) else probe.stop(0.0)
-        assert all(parts[k] is None for k in ("load_bytes", "load_chunks", "load_tokens", "to_gpu_s",
-                                              "to_gpu_in_load")), parts
+        assert all(parts[k] is None for k in ("load_bytes", "load_chunks", "load_tokens", "load_skipped_tokens",
+                                              "to_gpu_s", "to_gpu_in_load")), parts
 
 
 def test_an_engine_built_after_the_probe_is_hooked_at_the_next_follow_up():
@@ -180,8 +181,10 @@ def test_an_engine_built_after_the_probe_is_hooked_at_the_next_follow_up():
 def test_a_call_without_memory_objects_leaves_the_follow_ups_bytes_unknown():
     """A layerwise connector's ``batched_to_gpu(starts, ends)`` hands no objects: its bytes are not 0 but unknown."""
     assert probes.copied("batched_to_gpu", ([0], [256]), {}) is None
-    assert probes.copied("batched_to_gpu", ([Chunk(256)], [0], [256]), {}) == (256 * KVT, 1, 256)
-    assert probes.copied("to_gpu", (Chunk(100),), {"start": 256, "end": 356}) == (100 * KVT, 1, 100)
+    assert probes.copied("batched_to_gpu", ([Chunk(256)], [0], [256]), {}) == (256 * KVT, 1, 256, 0)
+    assert probes.copied("to_gpu", (Chunk(100),), {"start": 256, "end": 356}) == (100 * KVT, 1, 100, 0)
+    # the tokens vLLM holds are skipped chunk by chunk, as VLLMPagedMemGPUConnectorV2.to_gpu skips them
+    assert probes.copied("batched_to_gpu", chunks_of(768), {"vllm_cached_tokens": 300}) == (768 * KVT, 3, 768, 300)
 
 
 # -- the check --
@@ -190,7 +193,8 @@ def restore(tag: str, load_bytes, *, arm: str = "dram", num_tokens: int = 512, p
             **extra) -> dict:
     parts = {} if load_bytes == "absent" else {
         "load_bytes": load_bytes, "load_tokens": None if load_bytes is None else load_bytes // KVT,
-        "load_chunks": None if load_bytes is None else -(-load_bytes // (CHUNK * KVT))}
+        "load_chunks": None if load_bytes is None else -(-load_bytes // (CHUNK * KVT)),
+        "load_skipped_tokens": None if load_bytes is None else 0}
     return {"arm": arm, "tag": tag, "tier": "lmcache", "path": path, "context_tokens": num_tokens,
             "context_bytes": num_tokens * KVT, "components": parts, **extra}
 
@@ -209,8 +213,12 @@ def test_the_copied_context_check_holds_every_counted_in_process_restore_to_its_
     assert nothing.status == "failed", nothing
     # every token handed over, in objects of half the context's bytes (another format or dtype than the rows assume)
     half = as_grid_rows([{**restore("g-half", 256 * KVT), "components": {"load_bytes": 256 * KVT, "load_tokens": 512,
-                                                                         "load_chunks": 2}}])
+                                                                         "load_chunks": 2, "load_skipped_tokens": 0}}])
     assert copied_context_check(half, []).status == "failed"
+    # the context handed over whole, a chunk of it vLLM's own, which the copy does not write
+    held = as_grid_rows([{**restore("g-held", 512 * KVT), "components": {"load_bytes": 512 * KVT, "load_tokens": 512,
+                                                                         "load_chunks": 2, "load_skipped_tokens": 256}}])
+    assert copied_context_check(held, []).status == "failed"
 
 
 def test_the_copied_context_check_is_left_out_of_runs_that_predate_it_and_skipped_where_nothing_was_counted():
@@ -253,16 +261,19 @@ def test_the_probe_counts_what_a_real_lmcache_engines_retrieve_hands_its_gpu_con
 
         class RetrievingWorker(Worker):
             def start_load_kv(self, forward_context):
-                self._lmcache_engine.lmcache_engine.retrieve(tokens[self.num_tokens])
+                # vLLM's adapter passes the tokens vLLM holds with every retrieve, which hands them to the copy
+                self._lmcache_engine.lmcache_engine.retrieve(tokens[self.num_tokens], vllm_cached_tokens=self.held)
 
         worker = RetrievingWorker(engine)
         probe = probe_on(worker)
         assert probe.copy_hook == "MockGPUConnector.batched_to_gpu"
-        for num_tokens, num_stored in [(512, 512), (1000, 768)]:
+        for num_tokens, num_stored, held in [(512, 512, 0), (1000, 768, 0), (768, 768, 100)]:
             tokens[num_tokens] = torch.randint(4, 1000, (num_tokens,), generator=torch.Generator().manual_seed(num_tokens))
             engine.store(tokens[num_tokens])
+            worker.held = held
             parts = follow_up(probe, worker, num_tokens)
-            assert (parts["load_bytes"], parts["load_chunks"], parts["load_tokens"], parts["to_gpu_in_load"]) == (
-                num_stored * kvt, num_stored // CHUNK, num_stored, True), (num_tokens, parts)
+            assert (parts["load_bytes"], parts["load_chunks"], parts["load_tokens"], parts["load_skipped_tokens"],
+                    parts["to_gpu_in_load"]) == (num_stored * kvt, num_stored // CHUNK, num_stored, held, True), (
+                num_tokens, parts)
     finally:
         LMCacheEngineBuilder.destroy(name)

@@ -31,13 +31,15 @@ boundary, so the control arms run on the same engine as the restores:
                     the moment the stream reached its start to the moment it reached its end; None on CPU
     load_bytes      in-process only: the bytes of the memory objects LMCache's engine handed its GPU connector's copy
                     into vLLM's blocks (``batched_to_gpu``; ``to_gpu`` where a connector has no batched one), each object's
-                    ``get_size()`` (its tensor's nbytes): what the retrieve copied host -> device, 0 where it called no
-                    copy; the kernel skips the tokens of a chunk vLLM already holds (``vllm_cached_tokens``), which a
-                    restore into an emptied prefix cache has none of. None where no copy is hooked (``copy_hook`` says
-                    why: the MP path, whose server copies; the GPU buffer and vLLM's CPU tier, other tiers; a layerwise
-                    retrieve) or a call's objects had no size
+                    ``get_size()`` (its tensor's nbytes): what the retrieve copied host -> device less any tokens it
+                    skipped (load_skipped_tokens), 0 where it called no copy. None where no copy is hooked
+                    (``copy_hook`` says why: the MP path, whose server copies; the GPU buffer and vLLM's CPU tier,
+                    other tiers; a layerwise retrieve) or a call's objects had no size
     load_chunks     the memory objects of those calls (LMCache's chunks); None as load_bytes
     load_tokens     the tokens of those calls (their ``end - start`` summed); None as load_bytes
+    load_skipped_tokens  of those, the tokens vLLM already held, which the CUDA connectors' ``to_gpu`` does not write
+                    (``vllm_cached_tokens`` passed with the call, less each chunk's start, within the chunk); 0 in a
+                    restore into an emptied prefix cache; None as load_bytes
     to_gpu_s        the host's time inside those calls, summed (the 0.5.x CUDA connectors synchronize their load stream
                     before returning, so it holds the copy's whole span on the device); None as load_bytes
     to_gpu_in_load  every such call ran inside a ``start_load_kv`` (its stamps within one's); None where none ran or
@@ -81,11 +83,12 @@ def _find(obj, attr: str, depth: int = 3):
     return None
 
 
-def copied(name: str, args: tuple, kwargs: dict) -> tuple[int, int, int] | None:
-    """(bytes, memory objects, tokens) a copy call of ``COPY_METHODS`` was handed: ``batched_to_gpu(memory_objs,
-    starts, ends)`` or ``to_gpu(memory_obj, start, end)``; each object's bytes its ``get_size()`` (the bytes its
-    tensor views), else its tensor's nbytes. None where the call was not handed memory objects with a size (a
-    layerwise connector's ``batched_to_gpu(starts, ends)``)."""
+def copied(name: str, args: tuple, kwargs: dict) -> tuple[int, int, int, int] | None:
+    """(bytes, memory objects, tokens, tokens vLLM held) a copy call of ``COPY_METHODS`` was handed:
+    ``batched_to_gpu(memory_objs, starts, ends)`` or ``to_gpu(memory_obj, start, end)``; each object's bytes its
+    ``get_size()`` (the bytes its tensor views), else its tensor's nbytes; the tokens vLLM held as the CUDA
+    connectors' ``to_gpu`` skips them (``min(end - start, max(0, vllm_cached_tokens - start))`` a chunk). None where
+    the call was not handed memory objects with a size (a layerwise connector's ``batched_to_gpu(starts, ends)``)."""
     names = ("memory_objs", "starts", "ends") if name == "batched_to_gpu" else ("memory_obj", "start", "end")
     try:
         objs, starts, ends = (args[i] if i < len(args) else kwargs[k] for i, k in enumerate(names))
@@ -97,7 +100,10 @@ def copied(name: str, args: tuple, kwargs: dict) -> tuple[int, int, int] | None:
                 num_bytes += int(obj.get_size())
             else:
                 num_bytes += int(obj.tensor.nbytes)
-        return num_bytes, len(objs), sum(int(e) - int(s) for s, e in zip(starts, ends, strict=True))
+        spans = [(int(s), int(e)) for s, e in zip(starts, ends, strict=True)]
+        held = int(kwargs.get("vllm_cached_tokens") or 0)
+        return (num_bytes, len(objs), sum(e - s for s, e in spans),
+                sum(min(e - s, max(0, held - s)) for s, e in spans))
     except (AttributeError, KeyError, TypeError, ValueError):
         return None
 
@@ -293,17 +299,19 @@ class ComponentProbe:
         return (max(ends) - after[0]) / 1e9
 
     def _copies(self) -> dict:
-        """``load_bytes``, ``load_chunks``, ``load_tokens``, ``to_gpu_s`` and ``to_gpu_in_load`` (module docstring) from
-        this follow-up's copy calls."""
+        """``load_bytes``, ``load_chunks``, ``load_tokens``, ``load_skipped_tokens``, ``to_gpu_s`` and ``to_gpu_in_load``
+        (module docstring) from this follow-up's copy calls."""
         c = self.calls
         if not self.has_copies:
-            return dict.fromkeys(("load_bytes", "load_chunks", "load_tokens", "to_gpu_s", "to_gpu_in_load"))
+            return dict.fromkeys(("load_bytes", "load_chunks", "load_tokens", "load_skipped_tokens", "to_gpu_s",
+                                  "to_gpu_in_load"))
         counted = [x for _, _, x in c["copy"]]
         known = all(x is not None for x in counted)
         inside = [any(l0 <= t0 and t1 <= l1 for l0, l1, _ in c["load"]) for t0, t1, _ in c["copy"]]
         return {"load_bytes": sum(x[0] for x in counted) if known else None,
                 "load_chunks": sum(x[1] for x in counted) if known else None,
                 "load_tokens": sum(x[2] for x in counted) if known else None,
+                "load_skipped_tokens": sum(x[3] for x in counted) if known else None,
                 "to_gpu_s": sum(t1 - t0 for t0, t1, _ in c["copy"]) / 1e9,
                 "to_gpu_in_load": all(inside) if inside else None}
 

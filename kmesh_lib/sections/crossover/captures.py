@@ -162,6 +162,7 @@ class Components(CaptureRecord):
     load_bytes: int | None = None
     load_chunks: int | None = None
     load_tokens: int | None = None
+    load_skipped_tokens: int | None = None  # of those, the tokens vLLM held, which the copy does not write
     to_gpu_s: float | None = None  # the host's time inside those calls (their copies' span: they synchronize)
     to_gpu_in_load: bool | None = None  # each ran inside a ``start_load_kv`` (None: none ran, or none hooked)
     forward_s: float  # the model's forward pass: execute less load and save

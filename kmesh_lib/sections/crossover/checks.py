@@ -389,17 +389,19 @@ COPIED_ARMS = ("dram", "disk")  # LMCache's restores on its own tier (the in-pro
 def copied_context_check(rows: list, children: list[ChildSummary]) -> Check:
     """``COPIED_CONTEXT_CHECK``: every in-process LMCache restore (of ``rows``, raw/rows.jsonl's and raw/pairs.jsonl's,
     warm-ups included: those of the arms ``COPIED_ARMS`` on the lmcache tier, path inproc) whose copy was counted
-    handed its GPU connector the context: ``components.load_bytes == context_bytes`` and ``components.load_tokens ==
-    context_tokens`` exactly, against the figures the run recorded in the row (context_bytes: its tokens x the model's
-    KV bytes per token, which another check holds to raw/models.jsonl).
+    handed its GPU connector the context and the copy skipped none of it: ``components.load_bytes == context_bytes``,
+    ``components.load_tokens == context_tokens`` and ``components.load_skipped_tokens == 0`` exactly, against the
+    figures the run recorded in the row (context_bytes: its tokens x the model's KV bytes per token, which another
+    check holds to raw/models.jsonl).
 
     Why these are the figure: the in-process tier stores with save_unfull_chunk off (``lmcache.connect.InprocTier``),
     so a partial tail chunk is never stored and a context that were not whole chunks would copy its whole chunks alone
     (LMCache 0.5.6's engine on the CPU: 768 of 1,000 tokens, tests/test_crossover_copies.py), the stored tokens' bytes
     then the figure; the params make every context whole chunks (CONTEXT_TOKENS_GRID a multiple of CHUNK_SIZE), so the
     stored tokens are the context's. The restore runs into an emptied prefix cache (``RestoreBench.prepare``), so the
-    copy skips none of vLLM's tokens (``vllm_cached_tokens``). NUM_FOLLOWUPS is 1 in every run recorded so far: a run of
-    more would have to restate the figure (the later follow-ups may find the first's blocks in vLLM's cache).
+    copy should skip none of vLLM's tokens (``vllm_cached_tokens``: a token it skips is handed over, not copied).
+    NUM_FOLLOWUPS is 1 in every run recorded so far: a run of more would have to restate the figure (the later
+    follow-ups may find the first's blocks in vLLM's cache).
 
     Ok where every counted row holds and at least one was counted; a row recording 0 (its retrieve called no copy) or a
     part fails. Skipped where the run predates the hook (no row holds the field: ``COPIES_SINCE``, left out of
@@ -418,10 +420,10 @@ def copied_context_check(rows: list, children: list[ChildSummary]) -> Check:
                                                       f"restores): {'; '.join(hooks) or 'no child records why'}")
     return all_of(COPIED_CONTEXT_CHECK, counted,
                   lambda r: r.components.load_bytes == r.context_bytes
-                  and r.components.load_tokens == r.context_tokens,
+                  and r.components.load_tokens == r.context_tokens and r.components.load_skipped_tokens == 0,
                   lambda r: f"{r.tag}: copied {r.components.load_bytes} of {r.context_bytes} bytes, "
                             f"{r.components.load_tokens} of {r.context_tokens} tokens in {r.components.load_chunks} "
-                            "chunks")
+                            f"chunks, {r.components.load_skipped_tokens} of them held by vLLM")
 
 
 ORDER_CHECK = ("every repeat ran each of its tier's arms once, in the recorded order (position and the arm before it)")
