@@ -977,7 +977,8 @@ RESOLUTION_VIEWS = {
         "span_resident_corr_ci", "span_resident_corr_n_eff"),
     "Floors: the measurements around the point, the slower medium alone, the copy timed before each restore": (
         "num_floor_measurements", "floor_overlapped_ms", "span_verdict_overlapped", "num_pair_floors", "pair_floor_ms",
-        "pair_floor_lag1", "span_x_pair_floor", "span_x_pair_floor_ci", "pair_floor_memcpy_ms", "pair_floor_uva_read_ms"),
+        "pair_floor_lag1", "span_x_pair_floor", "span_x_pair_floor_ci", "num_below_pair_floor", "below_pair_floor_span_ms",
+        "below_pair_floor_ms", "pair_floor_memcpy_ms", "pair_floor_uva_read_ms"),
     "The forward pass and the host's path to it, in the same pairs": (
         "forward_difference_ms", "forward_difference_ci_ms", "num_forward_pairs", "host_path_difference_ms",
         "host_path_difference_ci_ms", "num_host_path_pairs", "to_forward_ms", "to_forward_ci_ms", "num_to_forward",
@@ -1031,7 +1032,9 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors], boun
 
     Where the restores carry the copy floor timed right before each (``pair_floor_s``: memory paths, from 5 Dec 2026),
     the row adds that floor's median and lag-1 autocorrelation and each restore's span over its own floor, median and
-    95% interval (``span_x_pair_floor``): a streak the link causes slows both and leaves the ratio where it was. Where
+    95% interval (``span_x_pair_floor``): a streak the link causes slows both and leaves the ratio where it was; and
+    how many restores spanned less than their own floor (``below_pair_floor``: ``num_below_pair_floor``, None where no
+    restore carries that floor). Where
     that floor was timed several ways (runs from 5 Dec 2026, 15:00 UTC: ``memcpy`` and ``uva_read``, the floor their
     fastest), each way's median is ``pair_floor_<way>_ms``.
 
@@ -1112,6 +1115,7 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors], boun
             overlapped = floor_range_ms(path, floors.get((model, n, TIER_OF[path]), []), how="max")
             row.update(floor_overlapped_ms=overlapped, span_verdict_overlapped=floor_verdict(s_low, s_high, overlapped, bound))
         beside = [(s, r.pair_floor_s) for (s, _), r in zip(spans, restores) if s is not None and r.pair_floor_s]
+        row.update(below_pair_floor(beside))
         if beside:  # runs from 5 Dec 2026: each restore over the copy floor timed right before it
             ratios = [s / f for s, f in beside]
             x_med, x_low, x_high = median_of_differences(ratios)
@@ -1136,6 +1140,25 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors], boun
                        num_to_forward=len(reached), num_ended_before_forward=sum(1 for t in reached if t > 0))
         out.append(row)
     return out
+
+
+# A restore's span counts as below the copy floor timed right before it (``PairRow.pair_floor_s``) under this share of
+# it: that floor is one copy timed once, host stamps around two synchronizations, so it carries their overhead and a
+# single timing's jitter; a span within 5% of it is not told apart from it, one under 95% is not that jitter.
+PAIR_FLOOR_TOLERANCE = 0.95
+
+
+def below_pair_floor(beside: list[tuple[float, float]]) -> dict:
+    """Of (span, copy floor timed right before it) in seconds, one per restore: ``num_below_pair_floor``, how many
+    spans lie under ``PAIR_FLOOR_TOLERANCE`` of their own floor, and those restores' median span and median floor in
+    ms (``below_pair_floor_span_ms``, ``below_pair_floor_ms``). A span below the copy of the same bytes timed a moment
+    earlier is no restore of them all: either the span misses part of the transfer or fewer bytes moved (6 Dec 2026:
+    bbf8's 7B DRAM at 16,384 tokens, 939 MB over PCIe). All None where no restore has such a floor (runs before 5 Dec
+    2026, disk paths); the medians None where none lies below."""
+    below = [(s, f) for s, f in beside if s < PAIR_FLOOR_TOLERANCE * f]
+    return {"num_below_pair_floor": len(below) if beside else None,
+            "below_pair_floor_span_ms": _round(1e3 * float(numpy.median([s for s, _ in below]))) if below else None,
+            "below_pair_floor_ms": _round(1e3 * float(numpy.median([f for _, f in below]))) if below else None}
 
 
 def _paired_difference(whole: list[dict], field: str, name: str, count: str) -> dict:

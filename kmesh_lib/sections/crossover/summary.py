@@ -314,6 +314,9 @@ def answer(run: RunFiles) -> str:
             + "\n".join(f"- {line}" for line in _resolution_sentences(resolution, pair_plans(run),
                                                                       tables.get("restore_resolution"),
                                                                       p.CHILD_TIMEOUT_S, tables.get("components"))))
+        below = _below_pair_floor_sentences(resolution) if p.DEVICE == "cuda" else []
+        if below:
+            goals += "\n\n" + " ".join(below)
     body = "\n".join(text[:2]) + "\n\n" + "\n".join(text[2:2 + len(per_model)]) + "\n\n"
     if not split_lines:
         return body + " ".join(text[2 + len(per_model):-1]) + (f"\n\n{goals}\n\n" if goals else " ") + text[-1]
@@ -571,6 +574,24 @@ def _resolution_sentences(table: list[dict], plans: dict | None = None, every: l
                    + _own_read_clause(r, components)
                    + _stage_clause(r, plans.get((r["model"], r["context_tokens"], r["path"])), child_timeout_s)
                    + ")" + _forward_clause(r) + _host_wait_clause(r, every, said) + ".")
+    return out
+
+
+def _below_pair_floor_sentences(table: list[dict]) -> list[str]:
+    """One plain sentence per point of ``RESOLVE_MIN_TOKENS`` and more whose restores spanned less than the copy floor
+    timed just before each (``report.below_pair_floor``: ``num_below_pair_floor`` > 0). A measured line, no verdict:
+    the records hold the span and the floor, not the bytes the span moved. The caller says it on CUDA only (on the CPU
+    both are host memcpys timed beside the engine's threads, no physical bound)."""
+    out = []
+    for r in table:
+        if r["context_tokens"] < report.RESOLVE_MIN_TOKENS or not r.get("num_below_pair_floor"):
+            continue
+        out.append(f"At {_n(r['context_tokens'])} tokens {r['num_below_pair_floor']} of {r['num_pair_floors']} "
+                   f"{LABEL.get(r['path'], r['path'])} restores ({r['model']}) spanned less than "
+                   f"{report.PAIR_FLOOR_TOLERANCE:.0%} of the copy floor timed just before each ("
+                   + ("median " if r["num_below_pair_floor"] > 1 else "")
+                   + f"{r['below_pair_floor_span_ms']:,.2f} ms against {r['below_pair_floor_ms']:,.2f} ms): the span "
+                   "misses part of the transfer or fewer bytes moved; the records do not tell which.")
     return out
 
 
