@@ -144,7 +144,8 @@ def test_the_floor_plot_draws_a_shared_floor_once_and_vllms_cpu_tier_its_load_ti
     import matplotlib.pyplot as plt
 
     floors = [{"model": "m", "context_tokens": n, "path": path, "restore_cost_ms": cost * n / N,
-               "transfer_floor_ms": 3.6 * n / N} for n in (N, 2 * N) for path, cost in (("dram", 31.3), ("native_offload", 9.6))]
+               "transfer_floor_ms": 3.6 * n / N, "x_floor": round(cost / 3.6, 1)}
+              for n in (N, 2 * N) for path, cost in (("dram", 31.3), ("native_offload", 9.6))]
     splits = [{"model": "m", "context_tokens": n, "arm": "native_offload", "load_time_ms": 5.5 * n / N} for n in (N, 2 * N)]
     fig = cr.floor_plot(floors, tmp_path / "f.png", splits)
     labels = [line.get_label() for line in fig.axes[0].get_lines()]
@@ -499,10 +500,14 @@ def test_the_floor_plot_draws_a_cost_only_as_far_as_its_interval_puts_it_above_t
     cost = lines["dram: restore cost"].get_ydata()
     assert math.isnan(cost[0]) and cost[1] == 71.2  # the at-the-floor median is not drawn as a distance
     assert list(lines["dram: cost at the floor"].get_ydata()) == [9.8]  # marked on the floor instead
-    assert all(math.isnan(v) for v in lines["gpubuf_retained: restore cost"].get_ydata())
+    assert "gpubuf_retained: restore cost" not in lines  # nothing of it drawn: no legend entry, the note names it
     note = " ".join(t.get_text() for t in fig.texts).replace("\n", " ")  # wrapped to the figure's width
     assert "no cost measured: gpubuf_retained at 32,768" in note and "below the resident follow-up" in note
     assert "dram" not in note
+    # a cost drawn in a later model's panel alone still has its legend entry (the legend gathers every panel's)
+    other = [{**r, "model": "b"} for r in floors if r["path"] == "dram"]
+    fig = cr.floor_plot([r for r in floors if r["path"] != "dram"] + other, tmp_path / "g.png")
+    assert "dram: restore cost" in [t.get_text() for t in fig.legends[0].get_texts()]
     plt.close("all")
 
 

@@ -820,7 +820,8 @@ def floor_plot(floors: list[dict], path_out, splits: list[dict] | None = None, m
             # with that interval; a cost at the floor is marked hollow on the floor; the rest (an interval holding 0,
             # below the floor, none) has no distance to draw and is named under the figure (issue 42)
             costs = [r["restore_cost_ms"] if r.get("x_floor") is not None else float("nan") for r in rs]
-            ax.plot(xs, costs, marker=marker, color=color, label=f"{path}: restore cost")
+            if any(c == c for c in costs):  # no legend entry for a series with nothing drawn (the note names it)
+                ax.plot(xs, costs, marker=marker, color=color, label=f"{path}: restore cost")
             above = [r for r in rs if r.get("x_floor") is not None and None not in (r.get("restore_cost_ci_ms") or [None])]
             if above:  # a LineCollection: the legend and the series' lines stay as they were
                 ax.vlines([r["context_tokens"] for r in above], [r["restore_cost_ci_ms"][0] for r in above],
@@ -852,8 +853,11 @@ def floor_plot(floors: list[dict], path_out, splits: list[dict] | None = None, m
     label_log_axis(axes[0][0].yaxis)  # shared by the panels
     if undrawn:
         fig.text(0.01, -0.02, _undrawn_note(undrawn, len(models) > 1), fontsize=7, va="top")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))  # outside: no line hidden
+    # every panel's series, each label once: a cost drawn in one model's panel alone (its interval above the floor
+    # there only) still has its legend entry
+    legend = {label: handle for ax in axes[0] for handle, label in zip(*ax.get_legend_handles_labels())}
+    fig.legend(list(legend.values()), list(legend), fontsize=8, loc="center left",
+               bbox_to_anchor=(1.0, 0.5))  # outside: no line hidden
     fig.tight_layout()
     save_figure(fig, path_out, bbox_inches="tight")
     return fig
@@ -872,7 +876,7 @@ def _undrawn_note(undrawn: list[tuple[str, dict]], by_model: bool) -> str:
     text = "costs not drawn (their 95% interval against the floor): " + "; ".join(
         f"{verdict}: " + ", ".join(f"{where} at {' / '.join(ns)}" for where, ns in paths.items())
         for verdict, paths in groups.items())
-    return "\n".join(textwrap.wrap(text, 150))
+    return "\n".join(textwrap.wrap(text, 100))  # under the panels: at 150 it ran beneath the legend beside them
 
 
 # -- the paired design (raw/pairs.jsonl, raw/point_floors.jsonl): each restore's own span and its first token against
