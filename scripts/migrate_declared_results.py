@@ -45,7 +45,10 @@ executed notebook keeps its outputs, each image output still referring to its fi
 one), its ``metadata.kmesh_figure.displayed`` the image the notebook displayed when it ran and ``redrawn`` the pass.
 Re-render the report after (``kmesh report``).
 
-    python scripts/migrate_declared_results.py --redrawn-figures "WHY" RUN_DIR ...
+    python scripts/migrate_declared_results.py --redrawn-figures "WHY" [--only-figure NAME ...] RUN_DIR ...
+
+``--only-figure NAME`` (repeatable) limits the pass to those figure files: a figure that differs for another reason
+(code changed since the run was drawn, not what WHY says) stays as published and is named under ``left_as_published``.
 """
 from __future__ import annotations
 
@@ -396,8 +399,10 @@ def _pixels(path: Path):
         return np.asarray(im.convert("RGB"))
 
 
-def redraw_figures(run_dir: Path, why: str) -> dict:
-    """The ``--redrawn-figures`` pass over one run (module docstring); returns its note. Raises Refused."""
+def redraw_figures(run_dir: Path, why: str, only: list[str] | None = None) -> dict:
+    """The ``--redrawn-figures`` pass over one run (module docstring); returns its note. Raises Refused. ``only``: the
+    figure file names this pass may replace (``--only-figure``); another that differs stays as published, named under
+    ``left_as_published`` (its change is not this pass's WHY)."""
     import tempfile
 
     import numpy as np
@@ -411,7 +416,7 @@ def redraw_figures(run_dir: Path, why: str) -> dict:
         raise Refused(f"{key}: section {section.KEY} declares no figures(run, out_dir) to redraw them with")
     kept_files = {name: (run_dir / name).read_bytes() for name in ("env.json", "params.resolved.yaml")}
     before = verify(section, RunFiles(run_dir))
-    redrawn, unchanged, not_published = {}, [], []
+    redrawn, unchanged, not_published, left = {}, [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)  # laid out as the run: figures/ stored as publish stores them, then compared by their pixels
         drawn = draw(RunFiles(run_dir), out / FIGURES)
@@ -425,10 +430,14 @@ def redraw_figures(run_dir: Path, why: str) -> dict:
             if was.shape == now.shape and np.array_equal(was, now):
                 unchanged.append(name)
                 continue
+            if only is not None and name not in only:
+                left.append(name)
+                continue
             redrawn[name] = (f"{was.shape[1]}x{was.shape[0]} px -> {now.shape[1]}x{now.shape[0]} px" if was.shape != now.shape
                              else f"{int(np.any(was != now, axis=2).sum())} of {was.shape[0] * was.shape[1]} pixels differ")
         if not redrawn:
-            return {"skipped": f"every figure is as the code draws it ({', '.join(unchanged) or 'none drawn'})"}
+            return {"skipped": f"every figure is as the code draws it ({', '.join(unchanged) or 'none drawn'})"
+                    + (f", but for {', '.join(left)}, not asked for (--only-figure)" if left else "")}
         stored = {}
         for name in redrawn:
             data = (out / FIGURES / name).read_bytes()
@@ -444,6 +453,8 @@ def redraw_figures(run_dir: Path, why: str) -> dict:
                          "when the notebook ran, its redrawn this pass")}
     if not_published:
         note["not_published"] = not_published  # drawn now, never shown by the notebook as it ran: left out
+    if left:
+        note["left_as_published"] = [f"{FIGURES}/{n}" for n in left]  # they differ too, for reasons not this WHY
     _mark_notebook(run_dir / section.NOTEBOOK, stored, {k: note[k] for k in ("when_utc", "by", "why")})
     compact_notebook(run_dir, section.NOTEBOOK)  # nbformat wrote it indented: back to the published format
     original = (run_dir / "results.json").read_bytes()
@@ -494,6 +505,9 @@ def main(argv=None) -> int:
     ap.add_argument("--redrawn-figures", metavar="WHY",
                     help="draw each run's figures again from its files as its notebook draws them (the section's "
                          "figures()) and replace those that differ; WHY is recorded with the pass")
+    ap.add_argument("--only-figure", metavar="NAME", action="append",
+                    help="with --redrawn-figures: replace only this figure file (repeatable; e.g. floor_distance.png); "
+                         "the others that differ stay as published and are named in the pass")
     ap.add_argument("--public-only", action="store_true",
                     help="only build public-results.json again (the document gained a field; the record is unchanged)")
     args = ap.parse_args(argv)
@@ -531,7 +545,7 @@ def main(argv=None) -> int:
             if not hasattr(section, "figures"):  # a section that draws no figure from its record yet (default runs)
                 continue
             try:
-                note = redraw_figures(run_dir.resolve(), args.redrawn_figures)
+                note = redraw_figures(run_dir.resolve(), args.redrawn_figures, args.only_figure)
             except Refused as e:
                 print(f"REFUSED {e}")
                 status = 1

@@ -865,12 +865,13 @@ def test_goal_table_judges_the_fastest_path_against_its_floor_and_the_retained_b
     table = [arm(1024, "gpubuf_retained", 13.0), arm(1024, "gpubuf_resident", 10.0),
              arm(GOAL_MIN_TOKENS, "gpubuf_retained", 22.0), arm(GOAL_MIN_TOKENS, "gpubuf_resident", 20.0),
              arm(GOAL_MIN_TOKENS, "gpubuf_disk", 120.0), arm(GOAL_MIN_TOKENS, "dram", 60.0)]
+    # floor_table's rows: a ratio (x_floor) only beside a ratio range; DRAM's cost, its interval holding 0, has none
     distance = [{"model": "m", "context_tokens": GOAL_MIN_TOKENS, "path": "gpubuf_retained", "x_floor": 4.0,
-                 "restore_cost_ms": 2.0},
+                 "restore_cost_ms": 2.0, "transfer_floor_ms": 0.5, "verdict": "3.60\u20134.40\u00d7 its floor"},
                 {"model": "m", "context_tokens": GOAL_MIN_TOKENS, "path": "gpubuf_disk", "x_floor": 1.1,
-                 "restore_cost_ms": 100.0},
+                 "restore_cost_ms": 100.0, "transfer_floor_ms": 90.9, "verdict": "1.05\u20131.15\u00d7 its floor"},
                 {"model": "m", "context_tokens": GOAL_MIN_TOKENS, "path": "dram", "x_floor": None,
-                 "restore_cost_ms": 40.0}]
+                 "restore_cost_ms": 40.0, "transfer_floor_ms": 10.0, "verdict": "no cost measured"}]
     short, long = goal_table(table, distance)
     assert short == {"model": "m", "context_tokens": 1024, "retained_x_resident": 1.3, "retained_within": False}
     assert (long["fastest_path"], long["fastest_x_floor"], long["fastest_within"]) == ("gpubuf_retained", 4.0, False)

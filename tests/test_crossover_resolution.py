@@ -701,3 +701,35 @@ def test_the_resolution_table_pairs_the_host_paths_to_the_first_layer_of_the_sam
     (plain,) = cr.resolution_table(as_pair_rows(_pairs("gpubuf_retained", [1.38] * k, [21.0] * k, [20.0] * k)),
                                    as_point_floors(floors))
     assert not {"host_path_difference_ms", "host_path_difference_ci_ms", "num_host_path_pairs"} & set(plain)
+
+
+def test_restores_that_span_less_than_the_copy_floor_timed_before_each_are_counted():
+    """bbf8 (7B on an H100), DRAM at 16,384 tokens: 28 of 64 restores spanned ~14 ms against a ~17.1 ms copy floor
+    timed just before each. A span under PAIR_FLOOR_TOLERANCE of its own floor counts, one within it does not; a row
+    whose restores carry no such floor has no count; the answer names a counted point of RESOLVE_MIN_TOKENS and more."""
+    from kmesh_lib.sections.crossover.summary import _below_pair_floor_sentences
+
+    floors = [{"model": "m", "context_tokens": N, "tier": "dram", "when": "before", "floors": {"copy": {"median_s": 0.0171}}}]
+    spans = [14.0, 14.2, 14.4] + [0.96 * 17.1] + [25.0] * 4  # three under 95% of their floor, one just within it
+    rows = _pairs("dram", spans, [40.0] * 8, [20.0] * 8)
+    for r in rows:
+        if r["role"] == "restore":
+            r["components"] = {"load_gpu_s": r.pop("split")["restore_s"]}
+            r["pair_floor_s"] = 0.0171
+    (row,) = cr.resolution_table(as_pair_rows(rows), as_point_floors(floors))
+    assert (row["num_pair_floors"], row["num_below_pair_floor"]) == (8, 3)
+    assert (row["below_pair_floor_span_ms"], row["below_pair_floor_ms"]) == (14.2, 17.1)
+    assert "num_below_pair_floor" in dict(cr.resolution_views([row])[2][1][0])  # shown with the floors
+    [said] = _below_pair_floor_sentences([row])
+    assert said == ("At 16,384 tokens 3 of 8 DRAM restores (m) spanned less than 95% of the copy floor timed just "
+                    "before each (median 14.20 ms against 17.10 ms): the span misses part of the transfer or fewer bytes "
+                    "moved; the records do not tell which.")
+    assert _below_pair_floor_sentences([{**row, "context_tokens": N // 2}]) == []  # a point the goal does not judge
+    for r in rows:  # a run before 5 Dec 2026: no copy floor timed beside each restore
+        r.pop("pair_floor_s", None)
+    (none,) = cr.resolution_table(as_pair_rows(rows), as_point_floors(floors))
+    assert none["span_ms"] == pytest.approx(20.708)
+    assert none["num_below_pair_floor"] is None and none["below_pair_floor_span_ms"] is None
+    assert _below_pair_floor_sentences([none]) == []
+    assert cr.below_pair_floor([(0.010, 0.0100)]) == {"num_below_pair_floor": 0, "below_pair_floor_span_ms": None,
+                                                      "below_pair_floor_ms": None}

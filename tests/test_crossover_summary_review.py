@@ -3,6 +3,10 @@ each speed-up is over, why a length below the crossover is no win, what an "at t
 paired reading beside the grid's, a negative median cost that meets no goal, and why a speed-up is the size it is."""
 from __future__ import annotations
 
+import math
+
+import pytest
+
 from kmesh_lib.sections.crossover import report as cr
 from kmesh_lib.sections.crossover import summary
 
@@ -140,7 +144,8 @@ def test_the_floor_plot_draws_a_shared_floor_once_and_vllms_cpu_tier_its_load_ti
     import matplotlib.pyplot as plt
 
     floors = [{"model": "m", "context_tokens": n, "path": path, "restore_cost_ms": cost * n / N,
-               "transfer_floor_ms": 3.6 * n / N} for n in (N, 2 * N) for path, cost in (("dram", 31.3), ("native_offload", 9.6))]
+               "transfer_floor_ms": 3.6 * n / N, "x_floor": round(cost / 3.6, 1)}
+              for n in (N, 2 * N) for path, cost in (("dram", 31.3), ("native_offload", 9.6))]
     splits = [{"model": "m", "context_tokens": n, "arm": "native_offload", "load_time_ms": 5.5 * n / N} for n in (N, 2 * N)]
     fig = cr.floor_plot(floors, tmp_path / "f.png", splits)
     labels = [line.get_label() for line in fig.axes[0].get_lines()]
@@ -405,3 +410,120 @@ def test_a_cuda_disk_floor_without_the_pinned_way_fails_its_check():
     old = checks._pinned_floor_check([floor({"layout": "one_file"})], cuda=True)  # before destinations were recorded
     assert old.status == "skipped" and old.predates == checks.DESTINATIONS_SINCE
     assert checks._pinned_floor_check([SimpleNamespace(saturated={"copy": {}})], cuda=True) is None  # no disk floor
+
+
+def _grid(point: dict[str, list[float]], n: int = N, nbytes: int = 1 << 20) -> list:
+    """Measured grid rows of one point: ``point[arm]`` = its follow-ups' first tokens in ms."""
+    from crossover_records import as_grid_rows
+
+    return as_grid_rows([{"model": "m", "context_tokens": n, "arm": arm, "measured": True, "status": "ok",
+                          "ttft_s": ms / 1e3, "makespan_s": ms / 1e3, "context_bytes": nbytes, "disk_read_bytes": 0,
+                          "components": {}} for arm, values in point.items() for ms in values])
+
+
+# 1 MiB at 0.1 GiB/s host->device: a 9.766 ms copy floor; at 1 GiB/s device->device 0.977 ms
+FLOORS = {"copy": {"gib_per_s": 0.1}, "disk": {"gib_per_s": 0.1}, "device": {"gib_per_s": 1.0}}
+
+
+def test_the_floor_distance_gives_each_cost_its_interval_and_the_paired_tables_verdict_never_a_ratio_below_one():
+    """Issue 42 (bbf8, 7B on an H100: the grid's table printed x_floor -19.5 for the layered GPU buffer at 1,024 tokens
+    and 0.9 for DRAM at 16,384): each cost's 95% interval from the grid's follow-ups and ``floor_verdict``'s word for
+    it; a ratio only where the interval lies wholly above the floor."""
+    spread = [-3.0, 2.5, -1.0, 4.0, 0.5, -2.0]
+    rows = _grid({"resident": [20.0] * 6, "native_resident": [20.0] * 6, "lmcache_mp_resident": [20.0] * 6,
+                  "dram": [50.0, 50.5, 49.5, 50.2, 49.8, 50.1],  # ~30 ms over a 9.77 ms floor: a ratio range
+                  "native_offload": [27.0, 29.0, 35.0, 31.0, 45.0, 26.0],  # reaches down to the floor: at the floor
+                  "lmcache_mp": [25.0, 25.2, 24.9, 25.1, 25.0, 24.8],  # ~5 ms, wholly below the copy floor
+                  "gpubuf_resident": [20.0] * 6,
+                  "gpubuf_retained": [20.0 + d for d in spread],  # holds 0: no cost measured
+                  "gpubuf_layered": [15.0, 15.2, 14.9, 15.1, 15.0, 14.8]})  # wholly below its resident follow-up
+    table = cr.arm_table(rows)
+    got = {r["path"]: r for r in cr.floor_table(table, FLOORS, rows)}
+    assert got["dram"]["verdict"].endswith("\u00d7 its floor") and got["dram"]["x_floor"] == pytest.approx(3.1, abs=0.05)
+    assert got["native_offload"]["verdict"] == "at the floor" and got["native_offload"]["x_floor"] is None
+    assert got["lmcache_mp"]["verdict"].startswith("below its floor") and got["lmcache_mp"]["x_floor"] is None
+    assert got["gpubuf_retained"]["verdict"] == "no cost measured" and got["gpubuf_retained"]["x_floor"] is None
+    assert got["gpubuf_layered"]["verdict"].startswith("below the resident") and got["gpubuf_layered"]["x_floor"] is None
+    for r in got.values():  # the invariant: a number only beside a ratio range, and never below 1
+        low, high = r["restore_cost_ci_ms"]
+        assert low <= r["restore_cost_ms"] <= high
+        assert (r["x_floor"] is not None) == ("\u00d7" in r["verdict"]) and (r["x_floor"] is None or r["x_floor"] >= 1)
+        assert r["verdict"] == cr.floor_verdict(low, high, [r["transfer_floor_ms"]] * 2)  # the paired table's rule
+    # on the CPU a cost below its timed floor judges nothing, as the paired table says it
+    cpu = {r["path"]: r for r in cr.floor_table(table, FLOORS, rows, bound=False)}
+    assert cpu["lmcache_mp"]["verdict"] == "below its timed floor (on the CPU no physical bound: not judged)"
+    # without the follow-ups there is no interval: no verdict beyond that, and no ratio
+    bare = cr.floor_table(table, FLOORS)
+    assert all(r["verdict"].startswith("unresolved") and r["x_floor"] is None for r in bare)
+
+
+def test_the_goal_table_reads_the_floor_distances_verdicts():
+    """The fastest path keeps its verdict and gives a ratio only beside a ratio range; the path nearest its floor is one
+    at the floor before any ratio range, and a cost whose interval holds 0 is no distance at all."""
+    table = _arms({"gpubuf_retained": 20.5, "gpubuf_resident": 20.0, "dram": 40.0, "native_offload": 30.0})
+    table = [{**t, "context_mib": 1.0} for t in table]
+    distance = [{"model": "m", "context_tokens": N, "path": "gpubuf_retained", "restore_cost_ms": 0.5,
+                 "transfer_floor_ms": 0.977, "verdict": "no cost measured", "x_floor": None},
+                {"model": "m", "context_tokens": N, "path": "dram", "restore_cost_ms": 20.0, "transfer_floor_ms": 9.766,
+                 "verdict": "1.90\u20132.20\u00d7 its floor", "x_floor": 2.0},
+                {"model": "m", "context_tokens": N, "path": "native_offload", "restore_cost_ms": 10.0,
+                 "transfer_floor_ms": 9.766, "verdict": "at the floor", "x_floor": None}]
+    (g,) = cr.goal_table(table, distance)
+    assert (g["fastest_path"], g["fastest_verdict"], g["fastest_x_floor"]) == ("gpubuf_retained", "no cost measured", None)
+    assert (g["nearest_path"], g["nearest_verdict"], g["nearest_x_floor"]) == ("native_offload", "at the floor", None)
+    assert summary._cost_against_floor(g) == "no cost measured"
+    (g,) = cr.goal_table(table, distance[1:2])
+    assert (g["nearest_path"], g["nearest_x_floor"]) == ("dram", 2.0)
+    (g,) = cr.goal_table(table, distance[:1])
+    assert "nearest_path" not in g  # a cost the grid's spread hides is near no floor
+    # the goal points' cell judges a CPU run's cost by the table's own verdict (its bound), not a physical floor
+    cpu = {"fastest_verdict": "below its timed floor (on the CPU no physical bound: not judged)",
+           "fastest_cost_ci_ms": [0.2, 0.4], "fastest_floor_ms": 1.0}
+    assert summary._cost_against_floor(cpu) == cpu["fastest_verdict"]
+
+
+def test_the_floor_plot_draws_a_cost_only_as_far_as_its_interval_puts_it_above_the_floor(tmp_path):
+    """bbf8's plot drew the grid's medians; a cost whose interval holds 0 or reaches the floor has no distance to draw:
+    at the floor it is marked hollow on the floor, the rest are named under the figure."""
+    import matplotlib.pyplot as plt
+
+    def row(n, path, cost, verdict, x=None, ci=(None, None)):
+        return {"model": "m", "context_tokens": n, "path": path, "restore_cost_ms": cost, "transfer_floor_ms": 9.8 * n / N,
+                "verdict": verdict, "x_floor": x, "restore_cost_ci_ms": list(ci)}
+
+    floors = [row(N, "dram", 14.6, "at the floor", ci=(12.6, 59.6)),
+              row(2 * N, "dram", 71.2, "1.59\u20132.51\u00d7 its floor", x=3.6, ci=(54.0, 85.4)),
+              row(N, "gpubuf_retained", -5.6, "below the resident follow-up (a method problem, not a result)"),
+              row(2 * N, "gpubuf_retained", 1.1, "no cost measured", ci=(-1.3, 2.3))]
+    fig = cr.floor_plot(floors, tmp_path / "f.png")
+    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    cost = lines["dram: restore cost"].get_ydata()
+    assert math.isnan(cost[0]) and cost[1] == 71.2  # the at-the-floor median is not drawn as a distance
+    assert list(lines["dram: cost at the floor"].get_ydata()) == [9.8]  # marked on the floor instead
+    assert "gpubuf_retained: restore cost" not in lines  # nothing of it drawn: no legend entry, the note names it
+    note = " ".join(t.get_text() for t in fig.texts).replace("\n", " ")  # wrapped to the figure's width
+    assert "no cost measured: gpubuf_retained at 32,768" in note and "below the resident follow-up" in note
+    assert "dram" not in note
+    # a cost drawn in a later model's panel alone still has its legend entry (the legend gathers every panel's)
+    other = [{**r, "model": "b"} for r in floors if r["path"] == "dram"]
+    fig = cr.floor_plot([r for r in floors if r["path"] != "dram"] + other, tmp_path / "g.png")
+    assert "dram: restore cost" in [t.get_text() for t in fig.legends[0].get_texts()]
+    plt.close("all")
+
+
+def test_the_answer_gives_a_cost_at_its_floor_that_verdict_not_a_ratio():
+    """The disk sentence and the why of a speed-up give a ratio only where the cost's interval lies wholly above its
+    floor, and "at the floor" where it reaches it."""
+    at = {"model": "m", "context_tokens": N, "path": "disk", "x_floor": None, "verdict": "at the floor"}
+    assert summary._disk_distance({}, [at], N) == (
+        "; at 16,384 tokens the disk restore's cost, by its 95% interval against its transfer floor, is at the floor"
+        ", so the disk itself bounds it")
+    assert summary._disk_distance({}, [{**at, "x_floor": 1.5}], N) == (
+        "; at 16,384 tokens the disk restore costs 1.5\u00d7 its transfer floor, so the disk itself bounds it")
+    assert summary._disk_distance({}, [{**at, "verdict": "no cost measured"}], N).endswith("is no cost measured")
+    assert summary._disk_distance({}, [], N) == ""
+    tables = {"arms": _arms({"recompute": 60.3, "resident": 22.1, "dram": 33.4}),
+              "floor_distance": [{"model": "m", "context_tokens": N, "path": "dram", "x_floor": None,
+                                  "verdict": "at the floor"}]}
+    paths = {"dram": {"path": "dram", "crossover_tokens": N, f"speedup@{N}": 1.81}}
+    assert "+11.3 (at its transfer floor, by the cost's 95% interval): saves 26.9" in summary._savings(tables, "m", paths)

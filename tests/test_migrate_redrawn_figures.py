@@ -83,3 +83,16 @@ def test_a_section_without_figures_is_refused(tmp_path):
     with pytest.raises(migrate.Refused, match="declares no figures"):
         migrate.redraw_figures(run_dir, "why")
     assert (run_dir / "results.json").read_bytes() == before
+
+
+def test_only_the_figures_asked_for_are_redrawn_and_the_others_that_differ_are_named(stale_copy):
+    """``--only-figure``: a pass for one figure's change (issue 42's floor plot) leaves another figure that differs for
+    another reason (here the stale heatmap) as published, and names it, so the pass's WHY is not set on it."""
+    shutil.copy(stale_copy / HEATMAP, stale_copy / "figures" / "floor_distance.png")  # another picture: to be redrawn
+    stale = (stale_copy / HEATMAP).read_bytes()
+    note = migrate.redraw_figures(stale_copy, "the floor plot's verdicts", only=["floor_distance.png"])
+    assert list(note["figures_redrawn"]) == ["figures/floor_distance.png"]
+    assert note["left_as_published"] == [HEATMAP] and (stale_copy / HEATMAP).read_bytes() == stale
+    assert "0 recorded/recomputed mismatches" in note["verify_after"]
+    again = migrate.redraw_figures(stale_copy, "again", only=["floor_distance.png"])
+    assert again["skipped"].endswith("but for crossover_heatmap.png, not asked for (--only-figure)")

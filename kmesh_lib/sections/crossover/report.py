@@ -173,8 +173,18 @@ def path_floor_s(arm: str, nbytes: float, floors: dict) -> float | None:
     return sum(parts) if how == "sum" else max(parts)
 
 
-def floor_table(table: list[dict], floors: dict) -> list[dict]:
-    """Restore cost (restore - engine-resident) against the transfer floor of the context's bytes."""
+def floor_table(table: list[dict], floors: dict, rows: list[FollowUp] = (), bound: bool = True) -> list[dict]:
+    """Restore cost (restore - engine-resident, the arm table's medians) against the transfer floor of the context's
+    bytes, judged by its interval as the paired design judges its spans (issue 42).
+
+    ``restore_cost_ci_ms``: the cost's 95% bootstrap interval from the grid's follow-ups (``rows``; ``cost_interval``:
+    the two arms resampled on their own, no follow-up has a partner), [None, None] with fewer than two of either;
+    ``verdict``: ``floor_verdict`` of that interval against the floor (one value, the floor measured once), so an
+    interval holding 0 is "no cost measured" and one reaching down to the floor "at the floor"; ``bound``: whether
+    the floors are physical bounds (``floor_verdict``: on the CPU a cost below its timed floor judges nothing).
+    Invariant: ``x_floor`` (the medians' cost over the floor) is a number only where the verdict is a ratio range,
+    the interval wholly above the floor, so it is never below 1; elsewhere None. The paired design
+    (``resolution_table``) resolves the same cost; this is the grid's reading of it."""
 
     t = _lookup(table)
     out = []
@@ -186,9 +196,15 @@ def floor_table(table: list[dict], floors: dict) -> list[dict]:
         if floor_s is None:
             continue
         cost_ms = row["ttft_ms"] - t[(model, n, RESIDENT_OF[arm])]["ttft_ms"]
+        floor_ms = 1e3 * floor_s
+        _, low, high = cost_interval(rows, model, n, arm)
+        verdict = floor_verdict(low, high, [floor_ms, floor_ms], bound)
+        # floor_verdict's ratio range is exactly an interval wholly above the floor (NaN compares false: no interval)
+        ratio = floor_ms > 0 and low > floor_ms
         out.append({"model": model, "context_tokens": n, "path": arm, "context_mib": round(row["context_mib"], 2),
-                    "restore_cost_ms": round(cost_ms, 3), "transfer_floor_ms": round(1e3 * floor_s, 3),
-                    "x_floor": round(cost_ms / (1e3 * floor_s), 1) if floor_s > 0 else None})
+                    "restore_cost_ms": round(cost_ms, 3), "restore_cost_ci_ms": [_round(low, 3), _round(high, 3)],
+                    "transfer_floor_ms": round(floor_ms, 3), "verdict": verdict,
+                    "x_floor": round(cost_ms / floor_ms, 1) if ratio else None})
     return out
 
 
@@ -221,8 +237,10 @@ def goal_table(table: list[dict], distance: list[dict], rows: list[FollowUp] | N
     """Issue 13's goals per grid point, from the medians and the floor distance.
 
     At every point of ``GOAL_MIN_TOKENS`` and more: the fastest restore path (lowest median first
-    token) and its distance to its own floor, and the path nearest its floor. At every point: the
-    retained GPU buffer's first token over its engine's resident follow-up. A goal is met only where
+    token) and its distance to its own floor (``fastest_verdict``: ``floor_table``'s verdict, ``fastest_x_floor`` its
+    ratio where that is a ratio range, else None; ``fastest_within``: the medians' ratio within ``GOAL_X``), and the
+    path nearest its floor among those whose cost is at the floor or a ratio range above it (``nearest_verdict``).
+    At every point: the retained GPU buffer's first token over its engine's resident follow-up. A goal is met only where
     both of its numbers were measured; a missing one leaves it None, never met. With ``rows`` (the
     run's follow-ups), the fastest path's cost also gets its interval and ``fastest_goal``
     (``goal_verdict``): ``fastest_within`` compares the medians alone."""
@@ -234,14 +252,24 @@ def goal_table(table: list[dict], distance: list[dict], rows: list[FollowUp] | N
     out = []
     for model, n in points:
         row: dict = {"model": model, "context_tokens": n}
-        paths = [r for r in by_point.get((model, n), []) if r.get("x_floor") is not None]
+        paths = [r for r in by_point.get((model, n), [])  # a measured path with its cost and a floor
+                 if r.get("transfer_floor_ms") and r.get("restore_cost_ms") is not None and (model, n, r["path"]) in t]
         if n >= GOAL_MIN_TOKENS and paths:
             best = min(paths, key=lambda r: t[(model, n, r["path"])]["ttft_ms"])
-            near = min(paths, key=lambda r: r["x_floor"])
+            # the medians' ratio, unrounded, decides ``fastest_within`` (``x_floor`` is None unless the cost's interval
+            # lies wholly above the floor, and a negative cost is within any bound: the answer counts it apart)
             row.update(fastest_path=best["path"], fastest_ttft_ms=t[(model, n, best["path"])]["ttft_ms"],
-                       fastest_cost_ms=best["restore_cost_ms"], fastest_x_floor=best["x_floor"],
-                       fastest_within=best["x_floor"] <= GOAL_X,
-                       nearest_path=near["path"], nearest_x_floor=near["x_floor"])
+                       fastest_cost_ms=best["restore_cost_ms"], fastest_x_floor=best.get("x_floor"),
+                       fastest_within=best["restore_cost_ms"] / best["transfer_floor_ms"] <= GOAL_X)
+            if "verdict" in best:
+                row["fastest_verdict"] = best["verdict"]
+            # nearest its floor: a cost at the floor before any ratio range (each at least 1); a cost whose interval
+            # holds 0 or lies below the floor is no distance
+            judged = [r for r in paths if r.get("x_floor") is not None or r.get("verdict") == AT_THE_FLOOR]
+            if judged:
+                near = min(judged, key=lambda r: 1.0 if r.get("x_floor") is None else r["x_floor"])
+                row.update(nearest_path=near["path"], nearest_x_floor=near.get("x_floor"),
+                           nearest_verdict=near.get("verdict"))
             if rows is not None:
                 _, low, high = cost_interval(rows, model, n, best["path"])
                 row.update(fastest_cost_ci_ms=[round(low, 3), round(high, 3)],
@@ -767,7 +795,10 @@ def label_log_axis(axis) -> None:
 
 def floor_plot(floors: list[dict], path_out, splits: list[dict] | None = None, missing: str = ""):
     """Per model: each restore path's cost (first token above its engine's resident follow-up) and
-    its transfer floor against context length; with ``splits``, also each timed restore's own span
+    its transfer floor against context length, the cost judged by ``floor_table``'s verdict: drawn with its 95%
+    interval where that lies wholly above the floor, marked hollow on the floor where it reaches down to it, and
+    otherwise (no cost measured, below the floor, no interval) named in a note under the figure, never drawn as a
+    distance; with ``splits``, also each timed restore's own span
     (``split_table``'s median ``restore_ms``) and what it adds to its step (``critical_ms``), both free of
     the forward step's spread, and for a copy waited for by layer that sum with the copy charged (``charged_ms``).
     With no floor distance (no restore path measured), a figure that says so and why (``missing``)."""
@@ -778,15 +809,28 @@ def floor_plot(floors: list[dict], path_out, splits: list[dict] | None = None, m
     models = list(dict.fromkeys(r["model"] for r in floors))
     # one shape per GPU run: a panel wide enough to read its 4 lengths and 5 paths, whatever the count
     fig, axes = plt.subplots(1, len(models), figsize=(max(6.0, 3.6 * len(models)), 4), squeeze=False, sharey=True)
+    undrawn: list[tuple[str, dict]] = []  # (path, floor_table row) whose cost has no distance to its floor
     for ax, m in zip(axes[0], models):
         drawn: dict[tuple, object] = {}  # a floor series already drawn (its values) -> its line
         for i, path in enumerate(paths_in(floors)):
             marker, color = "osd^v"[i % 5], f"C{i}"
             rs = [r for r in floors if r["model"] == m and r["path"] == path]
             xs = [r["context_tokens"] for r in rs]
-            # a cost at or below zero (no slower than the resident follow-up) has no place on a log axis: not drawn
-            costs = [r["restore_cost_ms"] if r["restore_cost_ms"] > 0 else float("nan") for r in rs]
-            ax.plot(xs, costs, marker=marker, color=color, label=f"{path}: restore cost")
+            # a cost is drawn where its interval lies wholly above the floor (``floor_table``'s ratio range, x_floor),
+            # with that interval; a cost at the floor is marked hollow on the floor; the rest (an interval holding 0,
+            # below the floor, none) has no distance to draw and is named under the figure (issue 42)
+            costs = [r["restore_cost_ms"] if r.get("x_floor") is not None else float("nan") for r in rs]
+            if any(c == c for c in costs):  # no legend entry for a series with nothing drawn (the note names it)
+                ax.plot(xs, costs, marker=marker, color=color, label=f"{path}: restore cost")
+            above = [r for r in rs if r.get("x_floor") is not None and None not in (r.get("restore_cost_ci_ms") or [None])]
+            if above:  # a LineCollection: the legend and the series' lines stay as they were
+                ax.vlines([r["context_tokens"] for r in above], [r["restore_cost_ci_ms"][0] for r in above],
+                          [r["restore_cost_ci_ms"][1] for r in above], color=color, lw=1)
+            at = [r for r in rs if r.get("x_floor") is None and r.get("verdict") == AT_THE_FLOOR]
+            if at:
+                ax.plot([r["context_tokens"] for r in at], [r["transfer_floor_ms"] for r in at], marker=marker, ls="none",
+                        mfc="none", ms=9, color=color, label=f"{path}: cost at the floor")
+            undrawn += [(path, r) for r in rs if r.get("x_floor") is None and r.get("verdict") != AT_THE_FLOOR]
             floor = tuple(zip(xs, (r["transfer_floor_ms"] for r in rs)))
             if floor in drawn:  # the same floor (dram and native_offload: both host->device) drawn once, named for both:
                 # a second line on the first hid it (review finding, 6 Dec 2026: 458a's legend named a dram floor unseen)
@@ -807,14 +851,32 @@ def floor_plot(floors: list[dict], path_out, splits: list[dict] | None = None, m
         ax.xaxis.set_minor_locator(plt.NullLocator())
     axes[0][0].set_ylabel("ms")
     label_log_axis(axes[0][0].yaxis)  # shared by the panels
-    if any(r["restore_cost_ms"] <= 0 for r in floors):
-        fig.text(0.01, -0.02, "restore costs at or below zero (no slower than the resident follow-up) are not drawn",
-                 fontsize=7, va="top")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))  # outside: no line hidden
+    if undrawn:
+        fig.text(0.01, -0.02, _undrawn_note(undrawn, len(models) > 1), fontsize=7, va="top")
+    # every panel's series, each label once: a cost drawn in one model's panel alone (its interval above the floor
+    # there only) still has its legend entry
+    legend = {label: handle for ax in axes[0] for handle, label in zip(*ax.get_legend_handles_labels())}
+    fig.legend(list(legend.values()), list(legend), fontsize=8, loc="center left",
+               bbox_to_anchor=(1.0, 0.5))  # outside: no line hidden
     fig.tight_layout()
     save_figure(fig, path_out, bbox_inches="tight")
     return fig
+
+
+def _undrawn_note(undrawn: list[tuple[str, dict]], by_model: bool) -> str:
+    """The floor plot's note of the costs it does not draw, grouped by their verdict: "costs not drawn (their 95%
+    interval against the floor): no cost measured: gpubuf_layered at 1,024, 4,096; ..."."""
+    import textwrap
+
+    groups: dict[str, dict[str, list[str]]] = {}
+    for path, r in undrawn:
+        where = f"{r['model']} {path}" if by_model else path
+        verdict = r.get("verdict") or "no interval"
+        groups.setdefault(verdict, {}).setdefault(where, []).append(f"{r['context_tokens']:,}")
+    text = "costs not drawn (their 95% interval against the floor): " + "; ".join(
+        f"{verdict}: " + ", ".join(f"{where} at {' / '.join(ns)}" for where, ns in paths.items())
+        for verdict, paths in groups.items())
+    return "\n".join(textwrap.wrap(text, 100))  # under the panels: at 150 it ran beneath the legend beside them
 
 
 # -- the paired design (raw/pairs.jsonl, raw/point_floors.jsonl): each restore's own span and its first token against
@@ -869,6 +931,9 @@ def floor_range_ms(path: str, point_floors: list[PointFloors], how: str | None =
     return [round(min(values), 4), round(max(values), 4)] if values else None
 
 
+AT_THE_FLOOR = "at the floor"  # floor_verdict's word for an interval that reaches down into the floor's range
+
+
 def floor_verdict(low: float, high: float, floor_ms: list[float] | None, bound: bool = True) -> str:
     """A cost's 95% interval [low, high] (ms) against its floor's range [min, max]: ``no cost measured`` where the
     interval holds 0 (never "faster"); ``below the resident follow-up`` where it lies wholly below 0 (a method problem,
@@ -891,7 +956,7 @@ def floor_verdict(low: float, high: float, floor_ms: list[float] | None, bound: 
         return ("below its floor (a method problem, not a result)" if bound
                 else "below its timed floor (on the CPU no physical bound: not judged)")
     if low <= floor_ms[1]:
-        return "at the floor"
+        return AT_THE_FLOOR
     return f"{low / floor_ms[1]:.2f}\u2013{high / floor_ms[0]:.2f}\u00d7 its floor"
 
 
@@ -916,7 +981,8 @@ RESOLUTION_VIEWS = {
         "span_resident_corr_ci", "span_resident_corr_n_eff"),
     "Floors: the measurements around the point, the slower medium alone, the copy timed before each restore": (
         "num_floor_measurements", "floor_overlapped_ms", "span_verdict_overlapped", "num_pair_floors", "pair_floor_ms",
-        "pair_floor_lag1", "span_x_pair_floor", "span_x_pair_floor_ci", "pair_floor_memcpy_ms", "pair_floor_uva_read_ms"),
+        "pair_floor_lag1", "span_x_pair_floor", "span_x_pair_floor_ci", "num_below_pair_floor", "below_pair_floor_span_ms",
+        "below_pair_floor_ms", "pair_floor_memcpy_ms", "pair_floor_uva_read_ms"),
     "The forward pass and the host's path to it, in the same pairs": (
         "forward_difference_ms", "forward_difference_ci_ms", "num_forward_pairs", "host_path_difference_ms",
         "host_path_difference_ci_ms", "num_host_path_pairs", "to_forward_ms", "to_forward_ci_ms", "num_to_forward",
@@ -970,7 +1036,9 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors], boun
 
     Where the restores carry the copy floor timed right before each (``pair_floor_s``: memory paths, from 5 Dec 2026),
     the row adds that floor's median and lag-1 autocorrelation and each restore's span over its own floor, median and
-    95% interval (``span_x_pair_floor``): a streak the link causes slows both and leaves the ratio where it was. Where
+    95% interval (``span_x_pair_floor``): a streak the link causes slows both and leaves the ratio where it was; and
+    how many restores spanned less than their own floor (``below_pair_floor``: ``num_below_pair_floor``, None where no
+    restore carries that floor). Where
     that floor was timed several ways (runs from 5 Dec 2026, 15:00 UTC: ``memcpy`` and ``uva_read``, the floor their
     fastest), each way's median is ``pair_floor_<way>_ms``.
 
@@ -1051,6 +1119,7 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors], boun
             overlapped = floor_range_ms(path, floors.get((model, n, TIER_OF[path]), []), how="max")
             row.update(floor_overlapped_ms=overlapped, span_verdict_overlapped=floor_verdict(s_low, s_high, overlapped, bound))
         beside = [(s, r.pair_floor_s) for (s, _), r in zip(spans, restores) if s is not None and r.pair_floor_s]
+        row.update(below_pair_floor(beside))
         if beside:  # runs from 5 Dec 2026: each restore over the copy floor timed right before it
             ratios = [s / f for s, f in beside]
             x_med, x_low, x_high = median_of_differences(ratios)
@@ -1075,6 +1144,25 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors], boun
                        num_to_forward=len(reached), num_ended_before_forward=sum(1 for t in reached if t > 0))
         out.append(row)
     return out
+
+
+# A restore's span counts as below the copy floor timed right before it (``PairRow.pair_floor_s``) under this share of
+# it: that floor is one copy timed once, host stamps around two synchronizations, so it carries their overhead and a
+# single timing's jitter; a span within 5% of it is not told apart from it, one under 95% is not that jitter.
+PAIR_FLOOR_TOLERANCE = 0.95
+
+
+def below_pair_floor(beside: list[tuple[float, float]]) -> dict:
+    """Of (span, copy floor timed right before it) in seconds, one per restore: ``num_below_pair_floor``, how many
+    spans lie under ``PAIR_FLOOR_TOLERANCE`` of their own floor, and those restores' median span and median floor in
+    ms (``below_pair_floor_span_ms``, ``below_pair_floor_ms``). A span below the copy of the same bytes timed a moment
+    earlier is no restore of them all: either the span misses part of the transfer or fewer bytes moved (6 Dec 2026:
+    bbf8's 7B DRAM at 16,384 tokens, 939 MB over PCIe). All None where no restore has such a floor (runs before 5 Dec
+    2026, disk paths); the medians None where none lies below."""
+    below = [(s, f) for s, f in beside if s < PAIR_FLOOR_TOLERANCE * f]
+    return {"num_below_pair_floor": len(below) if beside else None,
+            "below_pair_floor_span_ms": _round(1e3 * float(numpy.median([s for s, _ in below]))) if below else None,
+            "below_pair_floor_ms": _round(1e3 * float(numpy.median([f for _, f in below]))) if below else None}
 
 
 def _paired_difference(whole: list[dict], field: str, name: str, count: str) -> dict:

@@ -129,8 +129,11 @@ def _savings(tables: dict, model: str, paths: dict[str, dict], rows: list[GridRo
             continue
         dist = floor.get((n, path))
         resolved = rows is None or report.cost_interval(rows, model, n, path)[1] > 0  # NaN (no interval): not resolved
+        # a ratio only where the cost's interval lies wholly above the floor (``floor_table``'s x_floor); at the floor,
+        # that verdict; a cost whose interval holds 0 or lies below the floor has no distance to give
         x = (f" ({dist['x_floor']:.1f}\u00d7 its transfer floor)" if dist and (dist.get("x_floor") or 0) > 0 and resolved
-             else "")
+             else " (at its transfer floor, by the cost's 95% interval)"
+             if dist and dist.get("verdict") == report.AT_THE_FLOOR else "")
         saved = rec - restore
         split = (f"{rec:,.1f} (its resident follow-up not measured) " if rec_resident is None
                  else f"{rec:,.1f} = {rec_resident:,.1f} {rec - rec_resident:+,.1f} ")
@@ -270,10 +273,7 @@ def answer(run: RunFiles) -> str:
         text.append(f"The floors measured in the same run: {floors['disk']['label']} at {floors['disk']['gib_per_s']:.2f} GiB/s, "
                     f"{floors['copy']['label']} at {floors['copy']['gib_per_s']:.1f} GiB/s"
                     + (f", {_device_label(device['label'])} at {device['gib_per_s']:,.0f} GiB/s" if device else "")
-                    + (f"; at {_n(longest)} tokens the disk restore costs "
-                       + _span(r["x_floor"] for r in distance) + "\u00d7 its transfer "
-                       "floor" + (_disk_bound(tables, longest) if max(r["x_floor"] for r in distance) <= NEAR_FLOOR else "")
-                       if distance and all(r["x_floor"] for r in distance) else "") + ".")
+                    + _disk_distance(tables, distance, longest) + ".")
     split_lines = _floor_sentences(tables, longest, run.records("rows.jsonl"), bound=p.DEVICE == "cuda")
     text.append("Where the evidence is weak: " + ("random or dummy weights give each shape's compute time but not a real "
                 "model's values; " if p.WEIGHTS in ("dummy", "random") else "")
@@ -314,6 +314,9 @@ def answer(run: RunFiles) -> str:
             + "\n".join(f"- {line}" for line in _resolution_sentences(resolution, pair_plans(run),
                                                                       tables.get("restore_resolution"),
                                                                       p.CHILD_TIMEOUT_S, tables.get("components"))))
+        below = _below_pair_floor_sentences(resolution) if p.DEVICE == "cuda" else []
+        if below:
+            goals += "\n\n" + " ".join(below)
     body = "\n".join(text[:2]) + "\n\n" + "\n".join(text[2:2 + len(per_model)]) + "\n\n"
     if not split_lines:
         return body + " ".join(text[2 + len(per_model):-1]) + (f"\n\n{goals}\n\n" if goals else " ") + text[-1]
@@ -325,6 +328,22 @@ def answer(run: RunFiles) -> str:
             "GPU buffer and vLLM's CPU tier, the component probe for LMCache"
             + ("; on the CPU build the GPU buffer is host memory" if p.DEVICE == "cpu" else "") + "):\n\n"
             + "\n".join(f"- {line}" for line in split_lines) + "\n\n" + (f"{goals}\n\n" if goals else "") + text[-1])
+
+
+def _disk_distance(tables: dict, distance: list[dict], longest: int) -> str:
+    """The disk restore's distance to its transfer floor at the longest context (``floor_table``'s rows there, one per
+    model): its ratio where every cost's interval lies wholly above the floor, else each verdict (at the floor, no cost
+    measured: never a ratio below 1); near the floor or at it, what bounds it (``_disk_bound``). '' without a row."""
+    if not distance:
+        return ""
+    if all(r.get("x_floor") for r in distance):
+        return (f"; at {_n(longest)} tokens the disk restore costs {_span(r['x_floor'] for r in distance)}\u00d7 its "
+                "transfer floor" + (_disk_bound(tables, longest) if max(r["x_floor"] for r in distance) <= NEAR_FLOOR else ""))
+    verdicts = list(dict.fromkeys(r["verdict"] for r in distance if r.get("verdict")))
+    if not verdicts:
+        return ""
+    return (f"; at {_n(longest)} tokens the disk restore's cost, by its 95% interval against its transfer floor, is "
+            + " / ".join(verdicts) + (_disk_bound(tables, longest) if report.AT_THE_FLOOR in verdicts else ""))
 
 
 def _disk_bound(tables: dict, longest: int) -> str:
@@ -388,7 +407,7 @@ def _floor_sentences(tables: dict, longest: int, rows: list[GridRow] | None = No
     paired = {(r["model"], r["path"]): r for r in tables.get("restore_resolution") or [] if r["context_tokens"] == longest}
     out = []
     for r in tables.get("floor_distance", []):
-        if r["context_tokens"] != longest or r.get("x_floor") is None:
+        if r["context_tokens"] != longest or not r.get("transfer_floor_ms"):  # judged below by its interval
             continue
         part = _longest_part(splits.get((r["model"], r["path"])), components.get((r["model"], r["path"])))
         cost = r["restore_cost_ms"]
@@ -555,6 +574,24 @@ def _resolution_sentences(table: list[dict], plans: dict | None = None, every: l
                    + _own_read_clause(r, components)
                    + _stage_clause(r, plans.get((r["model"], r["context_tokens"], r["path"])), child_timeout_s)
                    + ")" + _forward_clause(r) + _host_wait_clause(r, every, said) + ".")
+    return out
+
+
+def _below_pair_floor_sentences(table: list[dict]) -> list[str]:
+    """One plain sentence per point of ``RESOLVE_MIN_TOKENS`` and more whose restores spanned less than the copy floor
+    timed just before each (``report.below_pair_floor``: ``num_below_pair_floor`` > 0). A measured line, no verdict:
+    the records hold the span and the floor, not the bytes the span moved. The caller says it on CUDA only (on the CPU
+    both are host memcpys timed beside the engine's threads, no physical bound)."""
+    out = []
+    for r in table:
+        if r["context_tokens"] < report.RESOLVE_MIN_TOKENS or not r.get("num_below_pair_floor"):
+            continue
+        out.append(f"At {_n(r['context_tokens'])} tokens {r['num_below_pair_floor']} of {r['num_pair_floors']} "
+                   f"{LABEL.get(r['path'], r['path'])} restores ({r['model']}) spanned less than "
+                   f"{report.PAIR_FLOOR_TOLERANCE:.0%} of the copy floor timed just before each ("
+                   + ("median " if r["num_below_pair_floor"] > 1 else "")
+                   + f"{r['below_pair_floor_span_ms']:,.2f} ms against {r['below_pair_floor_ms']:,.2f} ms): the span "
+                   "misses part of the transfer or fewer bytes moved; the records do not tell which.")
     return out
 
 
@@ -875,7 +912,10 @@ def goal_points_table(tables: dict, rows: list[GridRow] | None = None, goals: li
 def _cost_against_floor(g: dict) -> str:
     """A goal row's fastest cost against its floor by ``report.floor_verdict`` where its interval was computed (no
     cost measured, at the floor, or a ratio range of at least 1), else its median ratio only where that is at least 1
-    (a median below the floor or below zero is no result)."""
+    (a median below the floor or below zero is no result). The floor table's own verdict where the row carries it
+    (``fastest_verdict``: judged with the run's ``bound``, so a CPU run's cost below its timed floor judges nothing)."""
+    if g.get("fastest_verdict"):
+        return g["fastest_verdict"]
     if g.get("fastest_cost_ci_ms") and g.get("fastest_floor_ms"):
         low, high = g["fastest_cost_ci_ms"]
         return report.floor_verdict(low, high, [g["fastest_floor_ms"]] * 2)

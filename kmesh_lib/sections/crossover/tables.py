@@ -9,7 +9,8 @@ run's files.
                         ``report``'s tables of raw/rows.jsonl (an empty list where no row records what a table
                         reads: splits without a timed restore, scatter_sources without GPU clocks, forward
                         steps without a timed forward pass)
-    floor_distance      ``report.floor_table`` of the arms table and the recorded floors
+    floor_distance      ``report.floor_table`` of the arms table, the recorded floors and raw/rows.jsonl (each
+                        cost's 95% interval and its verdict against the floor)
     restore_resolution  ``report.resolution_table`` of raw/pairs.jsonl and raw/point_floors.jsonl (the paired
                         design: each restore's span and its paired first-token difference, with 95% intervals,
                         against the floor measured before and after the point); ABSENT in runs recorded before it
@@ -63,7 +64,9 @@ def components(run: RunFiles) -> list[dict]:
 
 
 def floor_distance(run: RunFiles) -> list[dict]:
-    return report.floor_table(arms(run), recorded_floors(run))
+    """``report.floor_table``: each cost's interval from the rows, its verdict against a physical floor on CUDA only
+    (on the CPU the floors are timed beside the engine's threads, as ``restore_resolution`` judges them)."""
+    return report.floor_table(arms(run), recorded_floors(run), rows(run), bound=run.params.DEVICE == "cuda")
 
 
 def splits(run: RunFiles) -> list[dict]:
