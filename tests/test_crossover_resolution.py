@@ -705,7 +705,8 @@ def test_the_resolution_table_pairs_the_host_paths_to_the_first_layer_of_the_sam
 
 def test_restores_that_span_less_than_the_copy_floor_timed_before_each_are_counted():
     """bbf8 (7B on an H100), DRAM at 16,384 tokens: 28 of 64 restores spanned ~14 ms against a ~17.1 ms copy floor
-    timed just before each. A span under PAIR_FLOOR_TOLERANCE of its own floor counts, one within it does not; a row
+    timed just before each. A span under PAIR_FLOOR_TOLERANCE of the fastest of those floors counts, one within it does
+    not, nor one under a single floor timing that ran slower than the point's others; a row
     whose restores carry no such floor has no count; the answer names a counted point of RESOLVE_MIN_TOKENS and more."""
     from kmesh_lib.sections.crossover.summary import _below_pair_floor_sentences
 
@@ -721,9 +722,9 @@ def test_restores_that_span_less_than_the_copy_floor_timed_before_each_are_count
     assert (row["below_pair_floor_span_ms"], row["below_pair_floor_ms"]) == (14.2, 17.1)
     assert "num_below_pair_floor" in dict(cr.resolution_views([row])[2][1][0])  # shown with the floors
     [said] = _below_pair_floor_sentences([row])
-    assert said == ("At 16,384 tokens 3 of 8 DRAM restores (m) spanned less than 95% of the copy floor timed just "
-                    "before each (median 14.20 ms against 17.10 ms): the span misses part of the transfer or fewer bytes "
-                    "moved; the records do not tell which.")
+    assert said == ("At 16,384 tokens 3 of 8 DRAM restores (m) spanned less than 95% of the fastest copy of those "
+                    "bytes timed beside them (median 14.20 ms against 17.10 ms): the span misses part of the transfer "
+                    "or fewer bytes moved; the records do not tell which.")
     assert _below_pair_floor_sentences([{**row, "context_tokens": N // 2}]) == []  # a point the goal does not judge
     for r in rows:  # a run before 5 Dec 2026: no copy floor timed beside each restore
         r.pop("pair_floor_s", None)
@@ -733,3 +734,9 @@ def test_restores_that_span_less_than_the_copy_floor_timed_before_each_are_count
     assert _below_pair_floor_sentences([none]) == []
     assert cr.below_pair_floor([(0.010, 0.0100)]) == {"num_below_pair_floor": 0, "below_pair_floor_span_ms": None,
                                                       "below_pair_floor_ms": None}
+    # bbf8's 7B DRAM at 32,512: one restore (47.8 ms) under a floor timing that ran slow (52.0 ms), where the point's
+    # other copies took 33.9 ms: the fastest copy is the bound, so it does not count; a span under that one does
+    slow_timing = [(0.0478, 0.0520)] + [(0.051, 0.0339)] * 3
+    assert cr.below_pair_floor(slow_timing)["num_below_pair_floor"] == 0
+    assert cr.below_pair_floor(slow_timing + [(0.030, 0.0400)]) == {
+        "num_below_pair_floor": 1, "below_pair_floor_span_ms": 30.0, "below_pair_floor_ms": 33.9}

@@ -1037,8 +1037,8 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors], boun
     Where the restores carry the copy floor timed right before each (``pair_floor_s``: memory paths, from 5 Dec 2026),
     the row adds that floor's median and lag-1 autocorrelation and each restore's span over its own floor, median and
     95% interval (``span_x_pair_floor``): a streak the link causes slows both and leaves the ratio where it was; and
-    how many restores spanned less than their own floor (``below_pair_floor``: ``num_below_pair_floor``, None where no
-    restore carries that floor). Where
+    how many restores spanned less than the fastest of those floors (``below_pair_floor``: ``num_below_pair_floor``, None
+    where no restore carries that floor). Where
     that floor was timed several ways (runs from 5 Dec 2026, 15:00 UTC: ``memcpy`` and ``uva_read``, the floor their
     fastest), each way's median is ``pair_floor_<way>_ms``.
 
@@ -1146,23 +1146,28 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors], boun
     return out
 
 
-# A restore's span counts as below the copy floor timed right before it (``PairRow.pair_floor_s``) under this share of
-# it: that floor is one copy timed once, host stamps around two synchronizations, so it carries their overhead and a
-# single timing's jitter; a span within 5% of it is not told apart from it, one under 95% is not that jitter.
+# A restore's span counts as below the copy floor under this share of the fastest copy of the same bytes timed beside
+# the point's restores (``PairRow.pair_floor_s``, one before each): each is one copy timed once, host stamps around two
+# synchronizations, so it carries their overhead and a single timing's jitter; a span within 5% of the fastest is not
+# told apart from it, one under 95% of it is not that jitter.
 PAIR_FLOOR_TOLERANCE = 0.95
 
 
 def below_pair_floor(beside: list[tuple[float, float]]) -> dict:
-    """Of (span, copy floor timed right before it) in seconds, one per restore: ``num_below_pair_floor``, how many
-    spans lie under ``PAIR_FLOOR_TOLERANCE`` of their own floor, and those restores' median span and median floor in
-    ms (``below_pair_floor_span_ms``, ``below_pair_floor_ms``). A span below the copy of the same bytes timed a moment
-    earlier is no restore of them all: either the span misses part of the transfer or fewer bytes moved (6 Dec 2026:
-    bbf8's 7B DRAM at 16,384 tokens, 939 MB over PCIe). All None where no restore has such a floor (runs before 5 Dec
-    2026, disk paths); the medians None where none lies below."""
-    below = [(s, f) for s, f in beside if s < PAIR_FLOOR_TOLERANCE * f]
+    """Of (span, copy floor timed right before it) in seconds, one per restore of one point: ``num_below_pair_floor``,
+    how many spans lie under ``PAIR_FLOOR_TOLERANCE`` of the fastest of those floors (the least time this machine was
+    seen to copy those bytes beside the point), those restores' median span in ms (``below_pair_floor_span_ms``) and
+    that fastest floor in ms (``below_pair_floor_ms``). A span below the fastest copy of the same bytes is no restore of
+    them all: either the span misses part of the transfer or fewer bytes moved (6 Dec 2026: bbf8's 7B DRAM at 16,384
+    tokens, 939 MB over PCIe, 14 ms against 17.0 ms). The fastest, not each restore's own: a span under one floor timing
+    that ran slow is not (bbf8's 7B DRAM at 32,512: 47.8 ms under a 52.0 ms timing, where the point's copies took
+    33.9 ms). All None where no restore has such a floor (runs before 5 Dec 2026, disk paths); the median and the floor
+    None where none lies below."""
+    fastest = min((f for _, f in beside), default=None)
+    below = [s for s, _ in beside if s < PAIR_FLOOR_TOLERANCE * fastest] if beside else []
     return {"num_below_pair_floor": len(below) if beside else None,
-            "below_pair_floor_span_ms": _round(1e3 * float(numpy.median([s for s, _ in below]))) if below else None,
-            "below_pair_floor_ms": _round(1e3 * float(numpy.median([f for _, f in below]))) if below else None}
+            "below_pair_floor_span_ms": _round(1e3 * float(numpy.median(below))) if below else None,
+            "below_pair_floor_ms": _round(1e3 * fastest) if below else None}
 
 
 def _paired_difference(whole: list[dict], field: str, name: str, count: str) -> dict:

@@ -578,17 +578,17 @@ def _resolution_sentences(table: list[dict], plans: dict | None = None, every: l
 
 
 def _below_pair_floor_sentences(table: list[dict]) -> list[str]:
-    """One plain sentence per point of ``RESOLVE_MIN_TOKENS`` and more whose restores spanned less than the copy floor
-    timed just before each (``report.below_pair_floor``: ``num_below_pair_floor`` > 0). A measured line, no verdict:
-    the records hold the span and the floor, not the bytes the span moved. The caller says it on CUDA only (on the CPU
-    both are host memcpys timed beside the engine's threads, no physical bound)."""
+    """One plain sentence per point of ``RESOLVE_MIN_TOKENS`` and more whose restores spanned less than the fastest copy
+    of the same bytes timed beside them, one before each restore (``report.below_pair_floor``: ``num_below_pair_floor``
+    > 0). A measured line, no verdict: the records hold the span and the floor, not the bytes the span moved. The caller
+    says it on CUDA only (on the CPU both are host memcpys timed beside the engine's threads, no physical bound)."""
     out = []
     for r in table:
         if r["context_tokens"] < report.RESOLVE_MIN_TOKENS or not r.get("num_below_pair_floor"):
             continue
         out.append(f"At {_n(r['context_tokens'])} tokens {r['num_below_pair_floor']} of {r['num_pair_floors']} "
                    f"{LABEL.get(r['path'], r['path'])} restores ({r['model']}) spanned less than "
-                   f"{report.PAIR_FLOOR_TOLERANCE:.0%} of the copy floor timed just before each ("
+                   f"{report.PAIR_FLOOR_TOLERANCE:.0%} of the fastest copy of those bytes timed beside them ("
                    + ("median " if r["num_below_pair_floor"] > 1 else "")
                    + f"{r['below_pair_floor_span_ms']:,.2f} ms against {r['below_pair_floor_ms']:,.2f} ms): the span "
                    "misses part of the transfer or fewer bytes moved; the records do not tell which.")
