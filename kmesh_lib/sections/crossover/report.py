@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import textwrap
 
 import numpy
 
@@ -687,8 +688,6 @@ def _short(x: float) -> str:
 def nothing_measured(path_out, what: str, missing: str = "", title: str = ""):
     """A figure of text alone where a plot has nothing to draw: ``what`` is missing, and ``missing`` (the children's
     accounts, ``gaps.note``) says why; saved as the plot would have been, so the report's figure says so."""
-    import textwrap
-
     import matplotlib.pyplot as plt
 
     why = "\n".join(textwrap.wrap(missing, 100)) if missing else "(the tiers table names each child's status)"
@@ -866,8 +865,6 @@ def floor_plot(floors: list[dict], path_out, splits: list[dict] | None = None, m
 def _undrawn_note(undrawn: list[tuple[str, dict]], by_model: bool) -> str:
     """The floor plot's note of the costs it does not draw, grouped by their verdict: "costs not drawn (their 95%
     interval against the floor): no cost measured: gpubuf_layered at 1,024, 4,096; ..."."""
-    import textwrap
-
     groups: dict[str, dict[str, list[str]]] = {}
     for path, r in undrawn:
         where = f"{r['model']} {path}" if by_model else path
