@@ -187,6 +187,24 @@ def test_a_call_without_memory_objects_leaves_the_follow_ups_bytes_unknown():
     assert probes.copied("batched_to_gpu", chunks_of(768), {"vllm_cached_tokens": 300}) == (768 * KVT, 3, 768, 300)
 
 
+class FreedChunk(Chunk):
+    """An object whose size cannot be read after the copy (a version that frees it, or shapes it otherwise)."""
+
+    def get_size(self) -> int:
+        raise RuntimeError("memory object already freed")
+
+
+def test_a_count_that_raises_leaves_the_bytes_unknown_and_the_copy_whole():
+    """The count runs in the wrapped copy's ``finally``: whatever it raises, the copy returns and the bytes are None."""
+    assert probes.copied("batched_to_gpu", ([FreedChunk(256)], [0], [256]), {}) is None
+    gpu = BatchedConnector()
+    probe = types.SimpleNamespace(active=True, added=[])
+    probe._add = lambda kind, t0, t1, counts=None: probe.added.append((kind, counts))
+    probes.ComponentProbe._wrap_copy(probe, gpu, "batched_to_gpu")
+    gpu.batched_to_gpu([FreedChunk(256), FreedChunk(256)], [0, 256], [256, 512])
+    assert gpu.copied == [(0, 256), (256, 512)] and probe.added == [("copy", None)]
+
+
 # -- the check --
 
 def restore(tag: str, load_bytes, *, arm: str = "dram", num_tokens: int = 512, path: str = "inproc",

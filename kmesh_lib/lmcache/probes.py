@@ -88,7 +88,8 @@ def copied(name: str, args: tuple, kwargs: dict) -> tuple[int, int, int, int] | 
     ``batched_to_gpu(memory_objs, starts, ends)`` or ``to_gpu(memory_obj, start, end)``; each object's bytes its
     ``get_size()`` (the bytes its tensor views), else its tensor's nbytes; the tokens vLLM held as the CUDA
     connectors' ``to_gpu`` skips them (``min(end - start, max(0, vllm_cached_tokens - start))`` a chunk). None where
-    the call was not handed memory objects with a size (a layerwise connector's ``batched_to_gpu(starts, ends)``)."""
+    the call was not handed memory objects with a size (a layerwise connector's ``batched_to_gpu(starts, ends)``), or
+    where counting them raised anything (an object another LMCache version frees or shapes otherwise)."""
     names = ("memory_objs", "starts", "ends") if name == "batched_to_gpu" else ("memory_obj", "start", "end")
     try:
         objs, starts, ends = (args[i] if i < len(args) else kwargs[k] for i, k in enumerate(names))
@@ -104,7 +105,7 @@ def copied(name: str, args: tuple, kwargs: dict) -> tuple[int, int, int, int] | 
         held = int(kwargs.get("vllm_cached_tokens") or 0)
         return (num_bytes, len(objs), sum(e - s for s, e in spans),
                 sum(min(e - s, max(0, held - s)) for s, e in spans))
-    except (AttributeError, KeyError, TypeError, ValueError):
+    except Exception:  # noqa: BLE001 - runs in the copy's ``finally``: a count that fails must never fail the copy
         return None
 
 
