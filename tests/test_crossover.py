@@ -891,6 +891,9 @@ def test_goal_verdict_judges_the_cost_by_its_interval_not_its_median():
     assert goal_verdict(0.5, 1.1, 1.0) == "met"
     assert goal_verdict(1.3, 9.0, 1.0) == "not met"
     assert goal_verdict(-5.0, 9.0, 1.0) == "unresolved"
+    # at or below the resident follow-up: no cost measured, or a method problem, never met (bbf8 read "met" at both
+    # of its 7B points from costs wholly below 0)
+    assert goal_verdict(-0.5, 0.1, 1.0) == goal_verdict(-0.9, -0.1, 1.0) == "unresolved"
     assert goal_verdict(float("nan"), float("nan"), 1.0) == "unresolved"
 
     def rows(arm, ttfts_ms, n=GOAL_MIN_TOKENS):

@@ -756,8 +756,9 @@ def _goal_sentences(tables: dict, rows: list[GridRow] | None = None, suffix_toke
                    f"met at {len(met)} of {len(judged)} points"
                    + (f" (and {len(below)} with a negative cost, not counted: the restore's median first token was "
                       "below its resident follow-up's, so the floor is not resolved there)" if below else "")
-                   + (f"; by that cost's 95% bootstrap interval (met: its upper end within {report.GOAL_X}\u00d7 the floor; "
-                      f"not met: its lower end above) met at {count['met']}, not met at {count['not met']}, unresolved "
+                   + (f"; by that cost's 95% bootstrap interval (met: the whole interval above 0, its upper end within "
+                      f"{report.GOAL_X}\u00d7 the floor; not met: its lower end above) met at {count['met']}, not met at "
+                      f"{count['not met']}, unresolved "
                       f"at {count['unresolved']}" if verdicts else "") + ".")
     spans = report.timeline_goal_table(tables.get("splits", []), tables.get("floor_distance", []), bound)
     early = any(r.get("critical_ms") is not None and r.get("launched_at") == "step_start"
