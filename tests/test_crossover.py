@@ -891,6 +891,9 @@ def test_goal_verdict_judges_the_cost_by_its_interval_not_its_median():
     assert goal_verdict(0.5, 1.1, 1.0) == "met"
     assert goal_verdict(1.3, 9.0, 1.0) == "not met"
     assert goal_verdict(-5.0, 9.0, 1.0) == "unresolved"
+    # at or below the resident follow-up: no cost measured, or a method problem, never met (bbf8 read "met" at both
+    # of its 7B points from costs wholly below 0)
+    assert goal_verdict(-0.5, 0.1, 1.0) == goal_verdict(-0.9, -0.1, 1.0) == "unresolved"
     assert goal_verdict(float("nan"), float("nan"), 1.0) == "unresolved"
 
     def rows(arm, ttfts_ms, n=GOAL_MIN_TOKENS):
@@ -915,52 +918,113 @@ def test_goal_verdict_judges_the_cost_by_its_interval_not_its_median():
     assert "fastest_goal" not in goal_table(table, distance)[0]  # no rows, no interval, no verdict
 
 
-def test_timeline_goal_puts_each_restore_span_against_its_floor_strictly():
-    """The span's ratio is judged unrounded: 1.127 ms against a 0.939 ms floor is 1.2002x, not within
-    1.2x; points under GOAL_MIN_TOKENS, spans without a restore_ms and paths without a floor are left out."""
-    from kmesh_lib.sections.crossover.report import GOAL_MIN_TOKENS, timeline_goal_table
+def test_timeline_goal_judges_each_restore_span_by_its_interval_against_its_floor():
+    """A span's whole 95% interval decides: 1.127 ms [1.10, 1.15] against a 0.939 ms floor lies wholly above it
+    (x_floor 1.2, the medians' ratio) but reaches past 1.2x, so not within; an interval reaching down to the floor is
+    "at the floor" with no ratio; one wholly below is a method problem on a device, never within; a median within 1.2x
+    whose interval reaches past it is not within. Points under GOAL_MIN_TOKENS, spans without a restore_ms and paths
+    without a floor are left out."""
+    from kmesh_lib.sections.crossover.report import AT_THE_FLOOR, GOAL_MIN_TOKENS, timeline_goal_table
 
     n = GOAL_MIN_TOKENS
-    splits = [{"model": "m", "context_tokens": n, "arm": "gpubuf_retained", "restore_ms": 1.127},
-              {"model": "m", "context_tokens": n, "arm": "gpubuf_disk", "restore_ms": 110.0},
+
+    def split(arm, ms, ci, tokens=n):
+        return {"model": "m", "context_tokens": tokens, "arm": arm, "restore_ms": ms, "restore_ci_ms": ci}
+
+    splits = [split("gpubuf_retained", 1.127, [1.10, 1.15]), split("gpubuf_disk", 110.0, [105.0, 118.0]),
+              split("gpubuf_layered", 1.0, [0.9, 1.05]), split("gpubuf_offthread", 0.5, [0.45, 0.55]),
+              split("gpubuf_retained", 1.1, [1.05, 1.3], tokens=2 * n), split("gpubuf_disk", 100.0, [None, None], 2 * n),
               {"model": "m", "context_tokens": n, "arm": "native_offload", "load_time_ms": 9.0},
-              {"model": "m", "context_tokens": 1024, "arm": "gpubuf_retained", "restore_ms": 0.2}]
-    distance = [{"model": "m", "context_tokens": n, "path": "gpubuf_retained", "transfer_floor_ms": 0.939},
-                {"model": "m", "context_tokens": n, "path": "gpubuf_disk", "transfer_floor_ms": 100.0},
-                {"model": "m", "context_tokens": 1024, "path": "gpubuf_retained", "transfer_floor_ms": 0.03}]
-    got = {r["path"]: (r["x_floor"], r["within"]) for r in timeline_goal_table(splits, distance)}
-    assert got == {"gpubuf_retained": (1.2, False), "gpubuf_disk": (1.1, True)}
+              split("gpubuf_retained", 0.2, [0.19, 0.21], tokens=1024)]
+    floors = [(n, "gpubuf_retained", 0.939), (n, "gpubuf_disk", 100.0), (n, "gpubuf_layered", 0.95),
+              (n, "gpubuf_offthread", 0.95), (2 * n, "gpubuf_retained", 1.0), (2 * n, "gpubuf_disk", 90.0),
+              (1024, "gpubuf_retained", 0.03)]
+    distance = [{"model": "m", "context_tokens": k, "path": p, "transfer_floor_ms": f} for k, p, f in floors]
+    got = {(r["context_tokens"], r["path"]): (r["x_floor"], r["within"], r["verdict"])
+           for r in timeline_goal_table(splits, distance)}
+    assert got == {(n, "gpubuf_retained"): (1.2, False, "1.17\u20131.22\u00d7 its floor"),
+                   (n, "gpubuf_disk"): (1.1, True, "1.05\u20131.18\u00d7 its floor"),
+                   (n, "gpubuf_layered"): (None, True, AT_THE_FLOOR),
+                   (n, "gpubuf_offthread"): (None, False, "below its floor (a method problem, not a result)"),
+                   (2 * n, "gpubuf_retained"): (1.1, False, "1.05\u20131.30\u00d7 its floor"),
+                   (2 * n, "gpubuf_disk"): (None, False, "unresolved (fewer than two restores)")}
+    cpu = {r["path"]: r for r in timeline_goal_table(splits[3:4], distance, bound=False)}
+    assert (cpu["gpubuf_offthread"]["within"], cpu["gpubuf_offthread"]["verdict"]) == (
+        False, "below its timed floor (on the CPU no physical bound: not judged)")
 
 
-def test_critical_goal_takes_the_path_that_adds_least_and_judges_it_against_its_own_floor():
-    from kmesh_lib.sections.crossover.report import GOAL_MIN_TOKENS, critical_goal_table
+def test_critical_goal_takes_the_path_that_adds_least_and_judges_its_interval_against_its_own_floor():
+    """What a restore adds to its step is judged by its interval; below the floor it breaks no bound (the copy
+    overlaps host work), so it reads so and is within, where a span below its floor is a method problem."""
+    from kmesh_lib.sections.crossover.report import (
+        AT_THE_FLOOR,
+        GOAL_MIN_TOKENS,
+        UNBOUNDED_BELOW,
+        critical_goal_table,
+    )
     from kmesh_lib.sections.crossover.summary import _goal_sentences, goal_points_table
 
     n = GOAL_MIN_TOKENS
     part = {"host_ms": 0.05, "forward_wait_ms": 0.01, "allocate_ms": 0.4, "launched_at": "step_start"}
-    splits = [{"model": "m", "context_tokens": n, "arm": "gpubuf_retained", "restore_ms": 0.3, "critical_ms": 0.12, **part},
-              {"model": "m", "context_tokens": n, "arm": "gpubuf_disk", "restore_ms": 90.0, "critical_ms": 60.0, **part},
-              {"model": "m", "context_tokens": 2 * n, "arm": "gpubuf_retained", "restore_ms": 0.5, "critical_ms": 0.25, **part},
+
+    def split(tokens, arm, critical, ci, restore=0.3):
+        return {"model": "m", "context_tokens": tokens, "arm": arm, "restore_ms": restore, "critical_ms": critical,
+                "critical_ci_ms": ci, **part}
+
+    splits = [split(n, "gpubuf_retained", 0.12, [0.11, 0.118]), split(n, "gpubuf_disk", 60.0, [58.0, 62.0], 90.0),
+              split(2 * n, "gpubuf_retained", 0.25, [0.22, 0.27]),
               {"model": "m", "context_tokens": 2 * n, "arm": "native_offload", "load_time_ms": 9.0},
-              {"model": "m", "context_tokens": 1024, "arm": "gpubuf_retained", "restore_ms": 0.2, "critical_ms": 0.1, **part}]
-    distance = [{"model": "m", "context_tokens": k, "path": p, "transfer_floor_ms": f}
-                for k, p, f in [(n, "gpubuf_retained", 0.1), (n, "gpubuf_disk", 80.0), (2 * n, "gpubuf_retained", 0.2),
-                                (2 * n, "native_offload", 7.0), (1024, "gpubuf_retained", 0.01)]]
-    got = [(r["context_tokens"], r["path"], r["x_floor"], r["within"]) for r in critical_goal_table(splits, distance)]
+              split(4 * n, "gpubuf_retained", 0.05, [0.04, 0.06]), split(8 * n, "gpubuf_retained", 0.11, [0.09, 0.115]),
+              split(1024, "gpubuf_retained", 0.1, [0.09, 0.11])]
+    floors = [(n, "gpubuf_retained", 0.1), (n, "gpubuf_disk", 80.0), (2 * n, "gpubuf_retained", 0.2),
+              (2 * n, "native_offload", 7.0), (4 * n, "gpubuf_retained", 0.1), (8 * n, "gpubuf_retained", 0.1),
+              (1024, "gpubuf_retained", 0.01)]
+    distance = [{"model": "m", "context_tokens": k, "path": p, "transfer_floor_ms": f} for k, p, f in floors]
+    got = [(r["context_tokens"], r["path"], r["x_floor"], r["within"], r["verdict"])
+           for r in critical_goal_table(splits, distance)]
     # gpubuf_disk's critical path is shorter than its floor's ratio says nothing: the least-adding path is judged
-    assert got == [(n, "gpubuf_retained", 1.2, True), (2 * n, "gpubuf_retained", 1.25, False)]
+    assert got == [(n, "gpubuf_retained", 1.2, True, "1.10\u20131.18\u00d7 its floor"),
+                   (2 * n, "gpubuf_retained", 1.25, False, "1.10\u20131.35\u00d7 its floor"),
+                   (4 * n, "gpubuf_retained", None, True, UNBOUNDED_BELOW),
+                   (8 * n, "gpubuf_retained", None, True, AT_THE_FLOOR)]
     assert critical_goal_table([{**s, "critical_ms": None} for s in splits], distance) == []  # no parts: absent
+    no_ci = critical_goal_table([{**s, "critical_ci_ms": [None, None]} for s in splits[:1]], distance)
+    assert [(r["x_floor"], r["within"]) for r in no_ci] == [(None, False)]  # no interval: never within
     arms = [{"model": "m", "context_tokens": k, "arm": a, "ttft_ms": 10.0, "n": 3}
             for k in (n, 2 * n) for a in ("gpubuf_retained", "gpubuf_resident")]
     tables = {"arms": arms, "splits": splits, "floor_distance": distance}
     text = " ".join(_goal_sentences(tables))
-    assert "the path that adds least is within 1.2\u00d7 its floor at 1 of 2 points" in text
+    assert "the path that adds least is within 1.2\u00d7 its floor, its whole 95% interval, at 3 of 4 points" in text
     assert "queued at the step's start, where a GPU copies while the runner prepares the step's inputs" in text
     table = goal_points_table(tables).splitlines()
-    assert len(table) == 2 + 2  # a header, its rule, one line per point of GOAL_MIN_TOKENS and more
-    assert f"| m | {n:,} |" in table[2] and "0.120 ms (host 0.050, wait 0.010) / 0.100 = **1.20\u00d7** |" in table[2]
-    assert "0.250 ms (host 0.050, wait 0.010) / 0.200 = **1.25\u00d7** (not met)" in table[3]
+    assert len(table) == 2 + 4  # a header, its rule, one line per point of GOAL_MIN_TOKENS and more
+    assert f"| m | {n:,} |" in table[2]
+    assert "0.120 ms [0.110, 0.118] (host 0.050, wait 0.010) / 0.100: **1.10\u20131.18\u00d7 its floor** |" in table[2]
+    assert "0.250 ms [0.220, 0.270] (host 0.050, wait 0.010) / 0.200: **1.10\u20131.35\u00d7 its floor** (not met)" in table[3]
+    assert f"0.050 ms [0.040, 0.060] (host 0.050, wait 0.010) / 0.100: **{UNBOUNDED_BELOW}** |" in table[4]
+    assert f"/ 0.100: **{AT_THE_FLOOR}** |" in table[5]
     assert goal_points_table({"arms": [], "splits": [], "floor_distance": []}) == ""
+
+
+def test_split_table_carries_each_goals_median_with_its_interval_from_the_same_restores():
+    """restore_ci_ms and critical_ci_ms hold their medians; charged_ci_ms (critical plus the copy, resampled as pairs)
+    only where the copy ran beside the forward pass, and it holds critical_ms + copy_ms; one restore, no interval."""
+    def row(arm, restore_us, critical_us, copy_us, wait_at, tokens=4096):
+        split = {"restore_s": restore_us / 1e6, "critical_s": critical_us / 1e6, "copy_s": copy_us / 1e6,
+                 "wait_at": wait_at}
+        return {"model": "m", "context_tokens": tokens, "arm": arm, "measured": True, "status": "ok", "split": split}
+
+    rows = ([row("gpubuf_layered", 300 + i, 100 + 3 * i, 200 + 5 * i, "layer") for i in range(9)]
+            + [row("gpubuf_retained", 400 + i, 120 + i, 250, "forward") for i in range(9)]
+            + [row("gpubuf_retained", 400, 120, 250, "forward", tokens=8192)])
+    layered, retained, lone = cr.split_table(as_grid_rows(rows))
+    for r, part in ((layered, "restore"), (layered, "critical"), (retained, "restore"), (retained, "critical")):
+        low, high = r[f"{part}_ci_ms"]
+        assert low < r[f"{part}_ms"] < high, (r["arm"], part)
+    low, high = layered["charged_ci_ms"]
+    assert low < cr.charged_ms(layered) == 0.112 + 0.22 < high and high - low < 0.02 + 0.04  # narrower than the ends'
+    assert "charged_ci_ms" not in retained and cr.charged_ci_ms(retained) == retained["critical_ci_ms"]
+    assert lone["restore_ci_ms"] == lone["critical_ci_ms"] == [None, None]
 
 
 def test_a_goal_points_ids_are_named_as_written_or_as_handed_to_the_launch_thread():
@@ -1230,7 +1294,7 @@ def test_the_handoff_plot_is_drawn_only_with_both_arms_and_the_threads_stamps(tm
 
 
 def test_launch_free_takes_the_launch_part_out_of_each_restore_and_names_the_parts_left():
-    from kmesh_lib.sections.crossover.report import GOAL_MIN_TOKENS, launch_free_table
+    from kmesh_lib.sections.crossover.report import AT_THE_FLOOR, GOAL_MIN_TOKENS, launch_free_table
     from kmesh_lib.sections.crossover.summary import _goal_sentences
 
     n = GOAL_MIN_TOKENS
@@ -1240,21 +1304,31 @@ def test_launch_free_takes_the_launch_part_out_of_each_restore_and_names_the_par
                  **{f"{k}_s": v / 1e6 for k, v in parts_us.items()}}
         return {"model": "m", "context_tokens": tokens, "arm": arm, "measured": True, "status": "ok", "split": split}
 
-    # layered: 200 - (90 - 25) = 135 and 210 - (100 - 25) = 135; off-thread: 170 - (40 - 26) = 156 each
+    # layered: 200 - (90 - 25) = 135 and 210 - (100 - 25) = 135; off-thread: 170 - (40 - 26) = 156 each;
+    # at 2n: 235 and 245; at 4n: 100 and 140
     rows = [row("gpubuf_layered", 200, 90, 25, schedule=46), row("gpubuf_layered", 210, 100, 25, schedule=50),
             row("gpubuf_offthread", 170, 40, 26), row("gpubuf_offthread", 170, 40, 26),
-            row("gpubuf_layered", 300, 90, 25, tokens=2 * n), row("gpubuf_layered", 100, 90, 25, tokens=1024),
+            row("gpubuf_layered", 300, 90, 25, tokens=2 * n), row("gpubuf_layered", 310, 90, 25, tokens=2 * n),
+            row("gpubuf_layered", 165, 90, 25, tokens=4 * n), row("gpubuf_layered", 205, 90, 25, tokens=4 * n),
+            row("gpubuf_layered", 100, 90, 25, tokens=1024),
             {**row("gpubuf_layered", 1, 1, 1), "measured": False}, row("recompute", 1, 1, 1)]
     distance = [{"model": "m", "context_tokens": k, "path": p, "transfer_floor_ms": f}
-                for k, p, f in [(n, "gpubuf_layered", 0.1), (n, "gpubuf_offthread", 0.1), (2 * n, "gpubuf_layered", 0.2)]]
-    a, b = launch_free_table(as_grid_rows(rows), distance)
+                for k, p, f in [(n, "gpubuf_layered", 0.1), (n, "gpubuf_offthread", 0.1), (2 * n, "gpubuf_layered", 0.21),
+                                (4 * n, "gpubuf_layered", 0.12)]]
+    a, b, c = launch_free_table(as_grid_rows(rows), distance)
     assert (a["path"], a["n"], a["launch_free_ms"], a["x_floor"], a["within"]) == ("gpubuf_layered", 2, 0.135, 1.35, False)
+    assert a["launch_free_ci_ms"] == [0.135, 0.135] and a["verdict"] == "1.35\u20131.35\u00d7 its floor"
     assert a["schedule_ms"] == 0.048 and a["write_ids_ms"] == 0.025 and "hook_ms" not in a  # only parts recorded
-    assert (b["context_tokens"], b["launch_free_ms"], b["x_floor"], b["within"]) == (2 * n, 0.235, 1.175, True)
-    assert launch_free_table(as_grid_rows(rows), distance[2:]) == [b]  # a point without its floor is absent
+    # wholly above its floor and wholly within 1.2x of it
+    assert (b["context_tokens"], b["launch_free_ms"], b["launch_free_ci_ms"], b["x_floor"], b["within"]) == (
+        2 * n, 0.24, [0.235, 0.245], 1.143, True)
+    # the interval reaches down to the floor: no ratio, at the floor; within, its upper end under 1.2x
+    assert (c["launch_free_ci_ms"], c["x_floor"], c["verdict"], c["within"]) == ([0.1, 0.14], None, AT_THE_FLOOR, True)
+    assert launch_free_table(as_grid_rows(rows), distance[2:]) == [b, c]  # a point without its floor is absent
     text = " ".join(_goal_sentences({"arms": [], "floor_distance": distance}, as_grid_rows(rows)))
-    assert "would add least is within 1.2\u00d7 its floor at 1 of 2 points; short of it, m at 16,384 tokens" in text
-    assert "0.135 ms = 1.35\u00d7 (schedule 0.048, ids 0.025)" in text
+    assert ("would add least is within 1.2\u00d7 its floor, its whole 95% interval, at 2 of 3 points; short of it, m at "
+            "16,384 tokens") in text
+    assert "0.135 ms [0.135, 0.135], 1.35\u20131.35\u00d7 its floor (schedule 0.048, ids 0.025): the host work" in text
 
 
 def test_vllms_cpu_tier_alone_has_no_disk_tier_to_check(tmp_path, monkeypatch):

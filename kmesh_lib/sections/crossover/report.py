@@ -9,7 +9,10 @@
                      against bytes / floor bandwidth (``FLOOR_OF``)
     component_table  median per-component split of each arm (``lmcache.probes``)
     split_table      median timeline split of each GPU-buffer and vLLM-CPU-tier restore (the tier's own
-                     timestamps), and the part that takes longest
+                     timestamps), and the part that takes longest; the goals' medians with their 95% intervals
+    timeline_goal_table, critical_goal_table, launch_free_table
+                     issue 13's first goal by the restore's own span, by what it adds to its step, and by that
+                     less its copy's launch: each median's interval judged against the floor (``goal_reading``)
     scatter_table    what the forward step's spread moves with, per long context: the host's own time in
                      the same request, and the GPU's clock (rows with ``gpu_clocks``)
     handoff_table    the graph's launch made by the launch thread against the engine thread's own: the
@@ -215,13 +218,15 @@ GOAL_X = 1.2  # ... a restore within this factor of its floor, the retained GPU 
 
 def goal_verdict(low_ms: float, high_ms: float, floor_ms: float) -> str:
     """Whether a restore's cost is within ``GOAL_X`` of its floor, by the cost's interval: ``met``
-    when its upper end is, ``not met`` when its lower end is above, ``unresolved`` when the interval
-    spans the bound or was not computed (a difference of medians of a few follow-ups can fall below
-    zero while the copy it contains takes a millisecond)."""
+    when its whole interval is above 0 and its upper end within, ``not met`` when its lower end is above,
+    ``unresolved`` when the interval spans the bound, reaches 0 or below (no cost measured, or a restore
+    below its resident follow-up: a method problem, never met, as ``goal_reading`` has it), or was not
+    computed (a difference of medians of a few follow-ups can fall below zero while the copy it contains
+    takes a millisecond)."""
     bound = GOAL_X * floor_ms
     if low_ms != low_ms or high_ms != high_ms:  # NaN: fewer than two follow-ups on a side
         return "unresolved"
-    return "met" if high_ms <= bound else "not met" if low_ms > bound else "unresolved"
+    return "met" if 0 < low_ms and high_ms <= bound else "not met" if low_ms > bound else "unresolved"
 
 
 def cost_interval(rows: list[FollowUp], model: str, n: int, path: str) -> tuple[float, float, float]:
@@ -304,7 +309,11 @@ def component_table(rows: list[FollowUp]) -> list[dict]:
 
 def split_table(rows: list[FollowUp]) -> list[dict]:
     """Median split of the restores that recorded one (``arms.RestoreBench._tier_fields``), with the
-    longest part of bringing the context in named (``RESTORE_PARTS``): what keeps a path above its floor."""
+    longest part of bringing the context in named (``RESTORE_PARTS``): what keeps a path above its floor.
+
+    Invariant: every median a goal table judges carries its 95% bootstrap interval from the same restores
+    (``restore_ci_ms``, ``critical_ci_ms``; ``charged_ci_ms`` where the copy ran beside the forward pass, each
+    restore's critical path and copy resampled together); [None, None] with fewer than two restores."""
     groups: dict[tuple, list[FollowUp]] = {}
     for r in usable(rows):
         if r.split is not None:
@@ -327,8 +336,33 @@ def split_table(rows: list[FollowUp]) -> list[dict]:
             row["measure_synced"] = f"{sum(synced)}/{len(synced)}"
         spans = {k: row[k] for k in RESTORE_PARTS if k in row}
         row["longest_part"] = max(spans, key=spans.get).removesuffix("_ms") if spans else None
+        # the goals' medians with their 95% intervals, from the same restores (``timeline_goal_table``,
+        # ``critical_goal_table``): after every column the table had, so a run's other columns keep their place
+        for part in ("restore_s", "critical_s"):
+            vals = [getattr(r.split, part) for r in rs if getattr(r.split, part) is not None]
+            if vals:
+                row[f"{part.removesuffix('_s')}_ci_ms"] = _median_ci_ms(vals)
+        if row.get("wait_at") == "layer":  # charged (``charged_ms``): critical plus the copy, each restore's two together
+            both = [(r.split.critical_s, r.split.copy_s) for r in rs
+                    if r.split.critical_s is not None and r.split.copy_s is not None]
+            if both:
+                low, high = bootstrap_interval(tuple([1e3 * v for v in side] for side in zip(*both)), _sum_of_medians,
+                                               paired=True)
+                row["charged_ci_ms"] = [_round(low, 3), _round(high, 3)]
         out.append(row)
     return out
+
+
+def _median_ci_ms(values_s: list[float]) -> list[float | None]:
+    """The 95% bootstrap interval (ms) of the median of per-restore values in seconds (``median_of_differences`` of
+    one sample, as ``resolution_table`` has a span's); [None, None] with fewer than two values."""
+    _, low, high = median_of_differences([1e3 * v for v in values_s])
+    return [_round(low, 3), _round(high, 3)]
+
+
+def _sum_of_medians(x, y, axis):
+    """``charged_ms``' statistic: the median critical path plus the median copy, the restores resampled as pairs."""
+    return numpy.median(x, axis=axis) + numpy.median(y, axis=axis)
 
 
 # (handed to the launch thread, launched by the engine thread): the same layer-wait copy, one engine
@@ -509,7 +543,31 @@ def _floor_of(distance: list[dict]) -> dict[tuple, float]:
     return {(r["model"], r["context_tokens"], r["path"]): r["transfer_floor_ms"] for r in distance}
 
 
-def timeline_goal_table(splits: list[dict], distance: list[dict]) -> list[dict]:
+# floor_verdict's word for a step's addition wholly below its floor: the restore's copy overlaps host work (or, queued
+# at the step's start, the runner's input preparation), so what it adds to the step is no transfer and the floor does
+# not bound it
+UNBOUNDED_BELOW = "below its floor (the copy overlaps host work: no bound broken)"
+
+
+def goal_reading(median_ms: float, ci_ms: list | None, floor_ms: float, bound: bool = True,
+                 bounded: bool = True) -> dict:
+    """A goal table's median (ms) with its 95% interval ``ci_ms`` against its floor, as ``floor_table`` judges a cost:
+    the grid's floor is measured once, so its range is [floor_ms, floor_ms]. ``verdict``: ``floor_verdict`` (``bound``:
+    the floors are physical bounds, a device moved the bytes); ``bounded``: whether the floor bounds the value (a
+    restore's own span does; what it adds to its step does not: an interval wholly below the floor reads
+    ``UNBOUNDED_BELOW`` there, not a method problem). Invariants: ``x_floor``, the median over the floor, is a number
+    only where the interval lies wholly above the floor (the verdict a ratio range), so it is never below 1, else None;
+    ``within`` is true only where the whole interval is above 0 and at most ``GOAL_X`` x the floor's max and, for a
+    bounded value, not wholly below the floor (a method problem, or on the CPU a timed floor that judges nothing). No
+    interval (fewer than two restores, [None, None]) is never within."""
+    low, high = (float("nan"),) * 2 if not ci_ms or None in ci_ms else ci_ms
+    verdict = floor_verdict(low, high, [floor_ms, floor_ms], bound, below=None if bounded else UNBOUNDED_BELOW)
+    above = floor_ms > 0 and low > floor_ms  # floor_verdict's ratio range (NaN compares false)
+    within = bool(low > 0 and high <= GOAL_X * floor_ms and (high >= floor_ms or not bounded))
+    return {"verdict": verdict, "x_floor": round(median_ms / floor_ms, 3) if above else None, "within": within}
+
+
+def timeline_goal_table(splits: list[dict], distance: list[dict], bound: bool = True) -> list[dict]:
     """The restore's own span against its floor, at every point of ``GOAL_MIN_TOKENS`` and more.
 
     ``restore_ms`` is the median of the tier's timeline (lookup, disk read and staging where there
@@ -517,17 +575,21 @@ def timeline_goal_table(splits: list[dict], distance: list[dict]) -> list[dict]:
     for the restored blocks and any effect on the forward step, so its ratio to the floor is a lower
     bound on the cost's where the restore is queued after the runner's input preparation (``launched_at``
     "forward"); queued at the step's start, its copy overlaps that preparation and the span is no bound
-    (``critical_goal_table`` then). Unlike the first-token difference it has the spread of the copy alone."""
+    (``critical_goal_table`` then). Unlike the first-token difference it has the spread of the copy alone.
+
+    The span holds the copy of the context's bytes, so the floor bounds it: ``restore_ci_ms`` (the splits table's 95%
+    bootstrap interval of the median) is judged by ``goal_reading`` with the run's ``bound``; a span wholly below its
+    floor is a method problem, never within; ``within``: the whole interval at most ``GOAL_X`` x the floor."""
     floor = _floor_of(distance)
     out = []
     for r in splits:
         key = (r["model"], r["context_tokens"], r["arm"])
         if r["context_tokens"] < GOAL_MIN_TOKENS or r.get("restore_ms") is None or not floor.get(key):
             continue
-        x = r["restore_ms"] / floor[key]
         out.append({"model": r["model"], "context_tokens": r["context_tokens"], "path": r["arm"],
-                    "restore_ms": r["restore_ms"], "transfer_floor_ms": floor[key], "x_floor": round(x, 3),
-                    "within": x <= GOAL_X})
+                    "restore_ms": r["restore_ms"], "restore_ci_ms": r.get("restore_ci_ms"),
+                    "transfer_floor_ms": floor[key],
+                    **goal_reading(r["restore_ms"], r.get("restore_ci_ms"), floor[key], bound)})
     return out
 
 
@@ -543,13 +605,28 @@ def charged_ms(split: dict) -> float | None:
     return None if split.get("copy_ms") is None else round(split["critical_ms"] + split["copy_ms"], 3)
 
 
+def charged_ci_ms(split: dict) -> list | None:
+    """``charged_ms``' 95% interval: the splits table's ``charged_ci_ms`` where the copy ran beside the forward pass,
+    else ``critical_ci_ms`` (the same value)."""
+    if split.get("critical_ms") is None:
+        return None
+    return split.get("charged_ci_ms") if split.get("wait_at") == "layer" else split.get("critical_ci_ms")
+
+
 def critical_goal_table(splits: list[dict], distance: list[dict]) -> list[dict]:
     """Issue 13's first goal by what each restore adds to its step's critical path, at every point of
     ``GOAL_MIN_TOKENS`` and more: the path with the least median ``critical_ms`` (lookup, the connector's
     scheduling, the timing reference's synchronization, the restore's host calls, the forward pass's wait on its copy:
     ``kv.restore_timeline``) against that path's floor; and the same judged by ``charged_ms`` (the
     strict reading where a copy runs beside the forward pass: ``charged_*``). Only the GPU buffer's
-    timeline has the parts; a point without them is absent, never met."""
+    timeline has the parts; a point without them is absent, never met.
+
+    Each is judged by its 95% interval (the splits table's ``critical_ci_ms`` and ``charged_ci_ms``: ``goal_reading``,
+    ``verdict`` and ``charged_verdict``). What a restore adds to its step is not bounded by the floor: its copy overlaps
+    the host's work (and queued at the step's start, the runner's input preparation), so it can add less than the
+    copy takes with no bound broken, and an interval wholly below the floor reads ``UNBOUNDED_BELOW`` and is within
+    the goal (``bounded`` false), never a method problem. ``within``/``charged_within``: the whole interval at most
+    ``GOAL_X`` x the floor; ``x_floor``/``charged_x_floor`` a number only where the interval lies wholly above it."""
     floor = _floor_of(distance)
     by_point: dict[tuple, list[dict]] = {}
     for r in splits:
@@ -560,8 +637,8 @@ def critical_goal_table(splits: list[dict], distance: list[dict]) -> list[dict]:
     for (model, n), rs in sorted(by_point.items()):
         best = min(rs, key=lambda r: r["critical_ms"])
         f = floor[(model, n, best["arm"])]
-        x = best["critical_ms"] / f
         row = {"model": model, "context_tokens": n, "path": best["arm"], "critical_ms": best["critical_ms"],
+               "critical_ci_ms": best.get("critical_ci_ms"),
                "lookup_ms": best.get("lookup_ms"), "schedule_ms": best.get("schedule_ms"),
                "measure_ms": best.get("measure_ms"),
                "reference_at": best.get("reference_at"),
@@ -571,14 +648,16 @@ def critical_goal_table(splits: list[dict], distance: list[dict]) -> list[dict]:
                "allocate_ms": best.get("allocate_ms"), "wait_at": best.get("wait_at"),
                "launched_by": best.get("launched_by"), "thread_lag_ms": best.get("thread_lag_ms"),
                "ids_packed_by": best.get("ids_packed_by"), "thread_pack_ms": best.get("thread_pack_ms"),
-               "restore_ms": best.get("restore_ms"), "transfer_floor_ms": f, "x_floor": round(x, 3),
-               "within": x <= GOAL_X}
+               "restore_ms": best.get("restore_ms"), "transfer_floor_ms": f,
+               **goal_reading(best["critical_ms"], best.get("critical_ci_ms"), f, bounded=False)}
         charged = [(charged_ms(r), r) for r in rs if charged_ms(r) is not None]
         if charged:
             c_ms, c_best = min(charged, key=lambda cr: cr[0])
-            c_x = c_ms / floor[(model, n, c_best["arm"])]
-            row.update(charged_path=c_best["arm"], charged_ms=c_ms, charged_x_floor=round(c_x, 3),
-                       charged_within=c_x <= GOAL_X)
+            c_floor = floor[(model, n, c_best["arm"])]
+            c = goal_reading(c_ms, charged_ci_ms(c_best), c_floor, bounded=False)
+            row.update(charged_path=c_best["arm"], charged_ms=c_ms, charged_ci_ms=charged_ci_ms(c_best),
+                       charged_floor_ms=c_floor, charged_verdict=c["verdict"], charged_x_floor=c["x_floor"],
+                       charged_within=c["within"])
         out.append(row)
     return out
 
@@ -593,7 +672,12 @@ def launch_free_table(rows: list[FollowUp], distance: list[dict]) -> list[dict]:
     call (``copy_call - write_ids``: the graph's launch, or for a launch handed to the thread its request), the
     median per path, and the least such path against its floor with the medians of the parts left
     (``LAUNCH_FREE_PARTS``). A bound on what any cheaper launch can win, from the same stamps as ``critical``;
-    a point without a floor or without the parts is absent, never met."""
+    a point without a floor or without the parts is absent, never met.
+
+    ``launch_free_ci_ms``: the 95% bootstrap interval of that median from the same restores, judged as
+    ``critical_goal_table`` judges what a restore adds (``goal_reading``, ``bounded`` false: below the floor breaks no
+    bound); ``within`` only where the whole interval is at most ``GOAL_X`` x the floor, ``x_floor`` a number only
+    where it lies wholly above the floor."""
     floor = _floor_of(distance)
     left: dict[tuple, list[RestoreSplit]] = {}
     for r in usable(rows):
@@ -604,16 +688,18 @@ def launch_free_table(rows: list[FollowUp], distance: list[dict]) -> list[dict]:
     by_point: dict[tuple, list[tuple]] = {}
     for (model, n, arm), sps in left.items():
         if floor.get((model, n, arm)):
-            ms = 1e3 * float(numpy.median([sp.critical_s - sp.copy_call_s + sp.write_ids_s for sp in sps]))
-            by_point.setdefault((model, n), []).append((ms, arm, sps))
+            free_s = [sp.critical_s - sp.copy_call_s + sp.write_ids_s for sp in sps]
+            by_point.setdefault((model, n), []).append((1e3 * float(numpy.median(free_s)), arm, sps, free_s))
     out = []
     for (model, n), paths in sorted(by_point.items()):
-        ms, arm, sps = min(paths, key=lambda p: p[0])
+        ms, arm, sps, free_s = min(paths, key=lambda p: p[0])
         f = floor[(model, n, arm)]
+        ci = _median_ci_ms(free_s)
         parts = {_ms(k): round(1e3 * float(numpy.median(v)), 3)
                  for k in LAUNCH_FREE_PARTS if (v := [getattr(sp, k) for sp in sps if getattr(sp, k) is not None])}
         out.append({"model": model, "context_tokens": n, "path": arm, "n": len(sps), "launch_free_ms": round(ms, 3),
-                    "transfer_floor_ms": f, "x_floor": round(ms / f, 3), "within": ms / f <= GOAL_X, **parts})
+                    "launch_free_ci_ms": ci, "transfer_floor_ms": f, **goal_reading(ms, ci, f, bounded=False),
+                    **parts})
     return out
 
 
@@ -931,7 +1017,8 @@ def floor_range_ms(path: str, point_floors: list[PointFloors], how: str | None =
 AT_THE_FLOOR = "at the floor"  # floor_verdict's word for an interval that reaches down into the floor's range
 
 
-def floor_verdict(low: float, high: float, floor_ms: list[float] | None, bound: bool = True) -> str:
+def floor_verdict(low: float, high: float, floor_ms: list[float] | None, bound: bool = True,
+                  below: str | None = None) -> str:
     """A cost's 95% interval [low, high] (ms) against its floor's range [min, max]: ``no cost measured`` where the
     interval holds 0 (never "faster"); ``below the resident follow-up`` where it lies wholly below 0 (a method problem,
     not a result); ``below its floor`` where it lies wholly below the floor's range (a physical limit broken: a
@@ -940,7 +1027,9 @@ def floor_verdict(low: float, high: float, floor_ms: list[float] | None, bound: 
     (low over the floor's max, high over its min). ``unresolved`` where there was no interval (fewer than two
     restores) or no floor. Without a device (``bound`` false: on the CPU the floors are a host memcpy and a disk read
     timed beside the engine's threads, no physical bound, and the strict floor check is skipped) a cost below the
-    floor says so and judges nothing."""
+    floor says so and judges nothing. ``below``, where given, is the verdict for an interval wholly below the floor's
+    range of a quantity the floor does not bound (``UNBOUNDED_BELOW``: what a restore adds to its step, its copy
+    overlapping host work), neither a method problem nor unjudged."""
     if low != low or high != high:
         return "unresolved (fewer than two restores)"
     if low <= 0 <= high:
@@ -950,6 +1039,8 @@ def floor_verdict(low: float, high: float, floor_ms: list[float] | None, bound: 
     if not floor_ms:
         return "unresolved (no floor measured)"
     if high < floor_ms[0]:
+        if below is not None:
+            return below
         return ("below its floor (a method problem, not a result)" if bound
                 else "below its timed floor (on the CPU no physical bound: not judged)")
     if low <= floor_ms[1]:

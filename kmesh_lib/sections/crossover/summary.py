@@ -284,13 +284,18 @@ def answer(run: RunFiles) -> str:
     rows = run.records("rows.jsonl")
     goal_rows = report.goal_table(tables["arms"], tables.get("floor_distance", []), rows)  # each computed once
     critical = report.critical_goal_table(tables.get("splits", []), tables.get("floor_distance", []))
-    goal_lines = _goal_sentences(tables, rows, p.SUFFIX_TOKENS, goal_rows, critical)
+    goal_lines = _goal_sentences(tables, rows, p.SUFFIX_TOKENS, goal_rows, critical, bound=p.DEVICE == "cuda")
     goals = ("The restore goals, one reading a line:\n\n" + "\n".join(f"- {line}" for line in goal_lines)
              if goal_lines else "")
     points = goal_points_table(tables, rows, goal_rows, critical)
     if points:
-        goals += ("\n\nThe first restore goal point by point (median ms; the floor is the path's own: bytes over the "
-                  "bandwidth measured in this run):\n\n" + points)
+        goals += ("\n\nThe first restore goal point by point (median ms with its 95% bootstrap interval; the floor is "
+                  "the path's own: bytes over the bandwidth measured in this run):\n\n" + points)
+    spans = span_goal_table(tables, bound=p.DEVICE == "cuda")
+    if spans:
+        goals += ("\n\nEach timed restore's own span against its floor (the tier's timeline, median ms with its 95% "
+                  "bootstrap interval; within: the whole interval at most " + f"{report.GOAL_X}\u00d7 the floor):\n\n"
+                  + spans)
     pooled = forward_pairs_table(tables)
     if pooled:
         goals += ("\n\nThe forward pass " + ("(host stamps on the CPU build)" if p.DEVICE == "cpu" else "on the GPU")
@@ -727,11 +732,14 @@ def _handoff_timing(h: dict) -> str:
 
 
 def _goal_sentences(tables: dict, rows: list[GridRow] | None = None, suffix_tokens: int | None = None,
-                    goals: list[dict] | None = None, critical: list[dict] | None = None) -> list[str]:
+                    goals: list[dict] | None = None, critical: list[dict] | None = None, bound: bool = True) -> list[str]:
     """Issue 13's two goals as measured lines: how many grid points meet each, under each reading;
     the points themselves are in ``goal_points_table``. With ``rows``, the first goal is judged
     again by its cost's interval (``report.goal_verdict``). ``goals``/``critical``: ``report.goal_table``
-    and ``report.critical_goal_table`` where the caller has them already (else computed here)."""
+    and ``report.critical_goal_table`` where the caller has them already (else computed here). The span, the
+    addition to the step and the launch-free addition count a point within ``GOAL_X`` only where its whole 95%
+    interval is (``report.goal_reading``), and say how many of the rest their intervals leave at the floor or below
+    it; ``bound``: whether the floors are physical bounds (``report.floor_verdict``)."""
     if goals is None:
         goals = report.goal_table(tables["arms"], tables.get("floor_distance", []), rows)
     out = []
@@ -748,10 +756,11 @@ def _goal_sentences(tables: dict, rows: list[GridRow] | None = None, suffix_toke
                    f"met at {len(met)} of {len(judged)} points"
                    + (f" (and {len(below)} with a negative cost, not counted: the restore's median first token was "
                       "below its resident follow-up's, so the floor is not resolved there)" if below else "")
-                   + (f"; by that cost's 95% bootstrap interval (met: its upper end within {report.GOAL_X}\u00d7 the floor; "
-                      f"not met: its lower end above) met at {count['met']}, not met at {count['not met']}, unresolved "
+                   + (f"; by that cost's 95% bootstrap interval (met: the whole interval above 0, its upper end within "
+                      f"{report.GOAL_X}\u00d7 the floor; not met: its lower end above) met at {count['met']}, not met at "
+                      f"{count['not met']}, unresolved "
                       f"at {count['unresolved']}" if verdicts else "") + ".")
-    spans = report.timeline_goal_table(tables.get("splits", []), tables.get("floor_distance", []))
+    spans = report.timeline_goal_table(tables.get("splits", []), tables.get("floor_distance", []), bound)
     early = any(r.get("critical_ms") is not None and r.get("launched_at") == "step_start"
                 for r in tables.get("splits", []))
     if spans:
@@ -760,7 +769,8 @@ def _goal_sentences(tables: dict, rows: list[GridRow] | None = None, suffix_toke
                    + ("; the GPU buffer's restores are queued at the step's start, where a GPU copies while the runner "
                       "prepares the step's inputs, so their span can overlap that preparation and bounds nothing" if early else
                       "; a lower bound on the cost, without what vLLM's scheduler adds")
-                   + f"): within {report.GOAL_X}\u00d7 its floor at {sum(r['within'] for r in spans)} of {len(spans)}.")
+                   + f"): within {report.GOAL_X}\u00d7 its floor, its whole 95% interval, at "
+                   f"{sum(r['within'] for r in spans)} of {len(spans)}{_unresolved(spans)}.")
     if critical is None:
         critical = report.critical_goal_table(tables.get("splits", []), tables.get("floor_distance", []))
     if critical:
@@ -768,25 +778,30 @@ def _goal_sentences(tables: dict, rows: list[GridRow] | None = None, suffix_toke
                    f"for it where stamped, its timing reference, its own host calls, and the forward pass's wait on its "
                    f"copy, from the tier's stamps; vLLM's allocation of the "
                    f"restored blocks is recorded beside it, not in it: a resident follow-up touches its cached blocks "
-                   f"there instead, unstamped), the path that adds least is within {report.GOAL_X}\u00d7 its floor at "
-                   f"{sum(r['within'] for r in critical)} of {len(critical)} points.")
+                   f"there instead, unstamped), the path that adds least is within {report.GOAL_X}\u00d7 its floor, its "
+                   f"whole 95% interval, at {sum(r['within'] for r in critical)} of {len(critical)} points"
+                   f"{_unresolved(critical)} (what a restore adds is not bounded by the floor: its copy overlaps host "
+                   "work, so below the floor breaks nothing).")
         layered = _layered_points(tables, critical)
         if layered:
             out.append(f"A copy waited for layer by layer runs beside the forward pass, which waits only for its stalls; "
                        f"what the copy's share of the GPU's memory bandwidth costs the forward pass's kernels is not in "
                        f"that sum and is at most the copy's own span. Charged in full, the path that adds least is within "
-                       f"{report.GOAL_X}\u00d7 its floor at {sum(r['charged_within'] for r in layered)} of {len(layered)} "
-                       "points.")
+                       f"{report.GOAL_X}\u00d7 its floor, its whole 95% interval, at "
+                       f"{sum(r['charged_within'] for r in layered)} of {len(layered)} points"
+                       f"{_unresolved(layered, 'charged_')}.")
     free = report.launch_free_table(rows or [], tables.get("floor_distance", []))
     if free:
         short = [r for r in free if not r["within"]]
         out.append(f"Had the copy's launch cost the engine thread nothing (each restore's addition less its copy call's "
                    f"launch part, the copy call less its ids' write), the path that would add least is within "
-                   f"{report.GOAL_X}\u00d7 its floor at {len(free) - len(short)} of {len(free)} points"
+                   f"{report.GOAL_X}\u00d7 its floor, its whole 95% interval, at {len(free) - len(short)} of {len(free)} "
+                   "points"
                    + ("; short of it, " + "; ".join(
                        f"{r['model']} at {_n(r['context_tokens'])} tokens, {LABEL[r['path']]}: {r['launch_free_ms']:.3f} ms "
-                       f"= {r['x_floor']:.2f}\u00d7 ({_launch_free_parts(r)}): the host work around the copy, not its "
-                       "launch, keeps it above" for r in short) if short else "") + ".")
+                       f"{_ci(r.get('launch_free_ci_ms'))}, {r['verdict']} ({_launch_free_parts(r)})"
+                       + (": the host work around the copy, not its launch, keeps it above" if r["x_floor"] else "")
+                       for r in short) if short else "") + ".")
     for h in report.handoff_table(rows or []):
         out.append(f"The copy's graph launched by a thread of its own ({report.HANDOFF_PAIR[0]}) against the engine "
                    f"thread ({report.HANDOFF_PAIR[1]}), one engine, every point, {h['model']}: the copy call "
@@ -898,14 +913,48 @@ def goal_points_table(tables: dict, rows: list[GridRow] | None = None, goals: li
         g, c = goals.get(point), critical.get(point)
         fastest = (f"{LABEL[g['fastest_path']]} {_cost_against_floor(g)}"
                    + (f", {g['fastest_goal']}" if "fastest_goal" in g else "")) if g else ""
-        least = (f"{LABEL[c['path']]}: {c['critical_ms']:,.3f} ms ({_parts(c)}) / {c['transfer_floor_ms']:,.3f} = "
-                 f"**{c['x_floor']:.2f}{x}**"
+        least = (f"{LABEL[c['path']]}: {c['critical_ms']:,.3f} ms {_ci(c.get('critical_ci_ms'))} ({_parts(c)}) / "
+                 f"{c['transfer_floor_ms']:,.3f}: **{c['verdict']}**"
                  + ("" if c["within"] else " (not met)")) if c else UNTIMED_PARTS
-        charged = (f"{LABEL[c['charged_path']]}: {c['charged_ms']:,.3f} ms = {c['charged_x_floor']:.2f}{x}"
+        charged = (f"{LABEL[c['charged_path']]}: {c['charged_ms']:,.3f} ms {_ci(c.get('charged_ci_ms'))}: "
+                   f"{c['charged_verdict']}" + ("" if c["charged_within"] else " (not met)")
                    if point in layered else "as it adds (no copy beside the forward pass)" if c else UNTIMED_PARTS)
         forward = "; ".join(f"{LABEL[r['path']]} {r['difference_ms']:+,.2f} [{r['difference_ci_ms'][0]:+,.2f}, "
                             f"{r['difference_ci_ms'][1]:+,.2f}]" for r in steps.get(point, [])) or "not timed"
         lines.append(f"| {point[0]} | {_n(point[1])} | {fastest} | {least} | {charged} | {forward} |")
+    return "\n".join(lines)
+
+
+def _ci(ci: list | None) -> str:
+    """A 95% interval in ms as the goal readings print it; "[no interval]" with fewer than two restores."""
+    return "[no interval]" if not ci or None in ci else f"[{ci[0]:,.3f}, {ci[1]:,.3f}]"
+
+
+def _unresolved(rows: list[dict], prefix: str = "") -> str:
+    """What the intervals say of the goal rows not within: how many reach down to the floor (the value cannot be told
+    from it) and how many lie below it or have no interval; "" where none."""
+    verdicts = [r[f"{prefix}verdict"] for r in rows if not r[f"{prefix}within"]]
+    counts = {"at the floor": sum(v == report.AT_THE_FLOOR for v in verdicts),
+              "below it": sum(v.startswith("below") for v in verdicts),
+              "without an interval": sum(v.startswith("unresolved") for v in verdicts)}
+    said = [f"{k} at {v}" for k, v in counts.items() if v]
+    return f" (of the rest, {', '.join(said)})" if said else ""
+
+
+def span_goal_table(tables: dict, bound: bool = True) -> str:
+    """``report.timeline_goal_table`` as a Markdown table (empty: no timed span at a point of ``GOAL_MIN_TOKENS``
+    and more with a floor): each path's own span with its 95% interval, its floor, the verdict and whether the whole
+    interval is within ``GOAL_X``."""
+    spans = report.timeline_goal_table(tables.get("splits", []), tables.get("floor_distance", []), bound)
+    if not spans:
+        return ""
+    head = ["model", "tokens", "path", "own span, ms [95%]", "floor, ms", "against the floor",
+            f"within {report.GOAL_X}\u00d7"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in spans:
+        lines.append(f"| {r['model']} | {_n(r['context_tokens'])} | {LABEL[r['path']]} | {r['restore_ms']:,.3f} "
+                     f"{_ci(r['restore_ci_ms'])} | {r['transfer_floor_ms']:,.3f} | {r['verdict']} | "
+                     f"{'yes' if r['within'] else 'no'} |")
     return "\n".join(lines)
 
 

@@ -11,6 +11,9 @@ run's files.
                         steps without a timed forward pass)
     floor_distance      ``report.floor_table`` of the arms table, the recorded floors and raw/rows.jsonl (each
                         cost's 95% interval and its verdict against the floor)
+    splits              ``report.split_table``: the medians of each timed restore's parts, with the 95% intervals
+                        of the goals' medians (``restore_ci_ms``, ``critical_ci_ms``, ``charged_ci_ms``) that
+                        ``report.timeline_goal_table`` and ``critical_goal_table`` judge against the floor
     restore_resolution  ``report.resolution_table`` of raw/pairs.jsonl and raw/point_floors.jsonl (the paired
                         design: each restore's span and its paired first-token difference, with 95% intervals,
                         against the floor measured before and after the point); ABSENT in runs recorded before it
