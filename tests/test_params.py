@@ -533,3 +533,25 @@ def test_a_model_directory_real_vllm_can_load_passes(tmp_path):
     (model / "config.json").write_text(json.dumps(MODEL_CONFIG))
     (model / "model.safetensors").write_bytes(b"weights")
     assert resolve_params(sections.get("00"), "smoke", [], [f"MODEL={model}"])[0].MODEL == str(model)
+
+
+@pytest.mark.parametrize("path, section", NOTEBOOKS, ids=[str(p.relative_to(ROOT)) for p, _ in NOTEBOOKS])
+def test_papermill_reads_every_parameter_of_the_cell(path, section):
+    """papermill skips a line with more than one "=" ("Unable to parse line"), and a run setting that key then warns
+    "Passed unknown parameter" (20's LEAD_RULE did, its description saying ">= 3")."""
+    from papermill.translators import PythonTranslator
+
+    source = "".join(sync.parameters_cell_of(json.loads(path.read_text()))["source"])
+    names = {p.name for p in PythonTranslator.inspect({"source": source})}
+    assert names == set(params.to_dict(resolve_params(section, "smoke", [], [])[0]))
+
+
+def test_a_description_with_an_equals_sign_is_refused_naming_the_key():
+    from pydantic import BaseModel, Field
+
+    class Two(BaseModel):
+        A: int = Field(1, description="fine")
+        B: int = Field(3, description="needs B >= 3")
+
+    with pytest.raises(ValueError, match="^B: its description holds '='"):
+        params.parameters_cell(Two(), "# header")

@@ -642,9 +642,18 @@ def py_literal(value: Any) -> str:
 
 
 def parameters_cell(config: Any, header: str) -> str:
-    """A notebook's ``parameters`` cell for ``config``: one ``NAME = value  # description`` per field."""
+    """A notebook's ``parameters`` cell for ``config``: one ``NAME = value  # description`` per field.
+
+    Raises:
+        ValueError: a description holds "=": papermill reads a line with more than one "=" as no parameter ("Unable
+            to parse line", then "Passed unknown parameter" for every run that sets it), so the cell names the key.
+    """
+    fields = fields_of(type(config))
+    for name, info in fields.items():
+        if "=" in (info.description or ""):
+            raise ValueError(f"{name}: its description holds '=', which papermill cannot parse in a parameters cell")
     lines = [header] + [f"{name} = {py_literal(getattr(config, name))}  # {info.description}"
-                        for name, info in fields_of(type(config)).items()]
+                        for name, info in fields.items()]
     return "\n".join(lines)
 
 

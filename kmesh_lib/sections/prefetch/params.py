@@ -52,7 +52,7 @@ class PrefetchParams(ContextGroupParams):
         "all_ready", description="how the pilot picks the confirmation's lead: all_ready (the shortest lead at which "
                                  "every pilot group was ready: the rule of the runs before issue 42), lower_bound (the "
                                  "shortest lead whose readiness has a one-sided 95 % Clopper-Pearson lower bound of at "
-                                 "least 95 %; the pilot then needs PILOT_ENGINE_RUNS >= 3 and enough groups)")
+                                 "least 95 %; the pilot then needs PILOT_ENGINE_RUNS of at least 3 and enough groups)")
     PILOT_ENGINE_RUNS: PositiveCount = Field(
         1, description="engine runs the pilot is spread over: 1, the pilot runs first in the first confirmation run "
                        "(all_ready); more, pilot-only engine runs before the confirmation's (lower_bound)")
