@@ -298,3 +298,17 @@ def test_a_named_item_whose_name_is_no_variable_suffix_is_refused(tmp_path):
         assert not (tmp_path / "x").exists()
         (tmp_path / "bin").rename(tmp_path / f"bin-{len(list(tmp_path.iterdir()))}")
     assert _run(tmp_path, manifest=True, items=("21/mp_05",)).returncode == 1
+
+
+def test_a_report_names_the_commit_of_every_device_call_a_resumed_run_spans():
+    """087c (6 Dec): section 20's run resumed over three calls, the first at da2903e, the other two at b5c8238 (18 of
+    its 26 engine runs); the header's commit is the first call's, so the calls are named beside it."""
+    from kmesh_lib.app.report import calls_text
+
+    first = {"git": {"commit": "da2903e3072b32", "dirty": True, "num_changed": 415, "code_changed": False}}
+    later = {"git": {"commit": "b5c8238eff17aa", "dirty": False}}
+    assert calls_text({"calls": [first, later, later]}) == (
+        "3 device calls: call 1 at da2903e3072b, the code as committed (415 file(s) outside the code differ); "
+        "calls 2-3 at b5c8238eff17")
+    assert calls_text({"calls": [later, later]}) == "2 device calls, all at b5c8238eff17"
+    assert calls_text({"calls": [later]}) is None and calls_text({}) is None

@@ -352,6 +352,26 @@ def commit_text(git: dict) -> str:
     return commit + (" (uncommitted changes)" if git.get("dirty") else "")
 
 
+def calls_text(env: dict) -> str | None:
+    """Where a run resumed over several device calls (``env.json``'s ``calls``, one record per call), which commit
+    each call measured at, runs of calls at one commit together: the header's commit is the first call's alone.
+    None for a run of one call."""
+    calls = [c for c in env.get("calls") or [] if isinstance(c, dict)]
+    if len(calls) < 2:
+        return None
+    spans: list[list] = []  # [first call, last call, commit text]
+    for i, call in enumerate(calls, 1):
+        text = commit_text(call.get("git") or {})
+        if spans and spans[-1][2] == text:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i, text])
+    if len(spans) == 1:
+        return f"{len(calls)} device calls, all at {spans[0][2]}"
+    return f"{len(calls)} device calls: " + "; ".join(
+        f"call{'s' * (a != b)} {a}{f'-{b}' if a != b else ''} at {text}" for a, b, text in spans)
+
+
 def header_html(section: ModuleType, run: RunFiles, left_out: LeftOut, answer: str | None, answer_error: str,
                 note: str = "", verdict: list[str] | None = None, findings: list[dict] | None = None,
                 verdict_error: str = "") -> str:
@@ -373,7 +393,8 @@ def header_html(section: ModuleType, run: RunFiles, left_out: LeftOut, answer: s
     rows = [("run", run.run_id), ("status", status), ("started", results.get("started_utc", "")),
             ("rendered" if isinstance(rendered_on, dict) else "finished",
              results.get("finished_utc") or results.get("ended_utc") or "not finished"),
-            ("git commit", commit), *tree, ("device", env.get("device", "unknown")), ("versions", versions),
+            ("git commit", commit), *tree, *([("measured in", calls)] if (calls := calls_text(env)) else []),
+            ("device", env.get("device", "unknown")), ("versions", versions),
             ("checks", ", ".join(f"{n} {s}" for s, n in counts.items()))]
     if isinstance(rendered_on, dict):
         rows.append(("rendered on", f"{rendered_on.get('device', 'unknown')} (the notebook read this run's raw/; "
