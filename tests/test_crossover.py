@@ -895,6 +895,9 @@ def test_goal_verdict_judges_the_cost_by_its_interval_not_its_median():
     # of its 7B points from costs wholly below 0)
     assert goal_verdict(-0.5, 0.1, 1.0) == goal_verdict(-0.9, -0.1, 1.0) == "unresolved"
     assert goal_verdict(float("nan"), float("nan"), 1.0) == "unresolved"
+    # wholly below the floor: the answer calls it a method problem, so it meets nothing (861a's 7B DRAM at 16,384
+    # tokens, +16.1 ms [15.8, 16.5] against a 16.9 ms floor, had read "met"); reaching the floor is still met
+    assert goal_verdict(15.8, 16.5, 16.9) == "unresolved" and goal_verdict(15.8, 17.0, 16.9) == "met"
 
     def rows(arm, ttfts_ms, n=GOAL_MIN_TOKENS):
         return [{"model": "m", "context_tokens": n, "arm": arm, "measured": True, "status": "ok",

@@ -726,6 +726,19 @@ def test_restores_that_span_less_than_the_copy_floor_timed_before_each_are_count
                     "bytes timed beside them (median 14.20 ms against 17.10 ms): the span misses part of the transfer "
                     "or fewer bytes moved; the records do not tell which.")
     assert _below_pair_floor_sentences([{**row, "context_tokens": N // 2}]) == []  # a point the goal does not judge
+    # 861a: every restore's copy call was handed the whole context, so fewer bytes handed is ruled out
+    whole = {("m", N, "dram"): {"num_counted": 8, "num_whole": 8, "context_bytes": 939_524_096, "to_gpu_ms": 12.49}}
+    [said] = _below_pair_floor_sentences([row], whole)
+    assert said.endswith("Every one of the 8 restores handed LMCache's copy call the whole context (939,524,096 "
+                         "bytes, no token skipped), which returned after 12.5 ms (median; it synchronizes its copy "
+                         "before it returns): so fewer bytes handed is ruled out, and either the copy reads fewer "
+                         "bytes than it is handed or part of it runs outside the timed call.")
+    part = {("m", N, "dram"): {**whole[("m", N, "dram")], "num_whole": 5}}
+    assert _below_pair_floor_sentences([row], part)[0].endswith(
+        "5 of the 8 restores that counted their copy call's bytes were handed the whole context; the others were "
+        "handed less.")
+    some = {("m", N, "dram"): {**whole[("m", N, "dram")], "num_counted": 3, "num_whole": 3}}  # not every restore
+    assert _below_pair_floor_sentences([row], some)[0].endswith("the records do not tell which.")
     for r in rows:  # a run before 5 Dec 2026: no copy floor timed beside each restore
         r.pop("pair_floor_s", None)
     (none,) = cr.resolution_table(as_pair_rows(rows), as_point_floors(floors))

@@ -5,6 +5,8 @@ Every figure is recomputed from ``raw/rows.jsonl`` by ``tables.recomputed_tables
 """
 from __future__ import annotations
 
+import numpy
+
 from kmesh_lib.base.checks import verdict as checks_verdict
 from kmesh_lib.base.intervals import white_noise_bound
 from kmesh_lib.base.public import MAX_STRING_CHARS
@@ -319,7 +321,7 @@ def answer(run: RunFiles) -> str:
             + "\n".join(f"- {line}" for line in _resolution_sentences(resolution, pair_plans(run),
                                                                       tables.get("restore_resolution"),
                                                                       p.CHILD_TIMEOUT_S, tables.get("components"))))
-        below = _below_pair_floor_sentences(resolution) if p.DEVICE == "cuda" else []
+        below = _below_pair_floor_sentences(resolution, copied_by_point(run)) if p.DEVICE == "cuda" else []
         if below:
             goals += "\n\n" + " ".join(below)
     body = "\n".join(text[:2]) + "\n\n" + "\n".join(text[2:2 + len(per_model)]) + "\n\n"
@@ -582,21 +584,61 @@ def _resolution_sentences(table: list[dict], plans: dict | None = None, every: l
     return out
 
 
-def _below_pair_floor_sentences(table: list[dict]) -> list[str]:
+def copied_by_point(run: RunFiles) -> dict[tuple, dict]:
+    """What the in-process LMCache restores of each point's pairs handed their copy call (``lmcache.probes``'
+    ``load_bytes``, recorded from e94b4c9), by (model, context tokens, path): ``num_counted`` restores that recorded
+    it, ``num_whole`` of them handed the whole context with no token skipped, the context's bytes and the median host
+    time inside the call (``to_gpu_ms``, which synchronizes its load stream). Empty for runs without the count."""
+    if not run.has_raw("pairs.jsonl"):
+        return {}
+    out: dict[tuple, dict] = {}
+    for r in run.records("pairs.jsonl"):
+        c = r.components
+        if r.role != "restore" or not r.measured or r.status != "ok" or c.load_bytes is None:
+            continue
+        point = out.setdefault((r.model, r.context_tokens, r.pair_arm),
+                               {"num_counted": 0, "num_whole": 0, "context_bytes": r.context_bytes, "to_gpu": []})
+        point["num_counted"] += 1
+        point["num_whole"] += c.load_bytes == r.context_bytes and not c.load_skipped_tokens
+        if c.to_gpu_s is not None:
+            point["to_gpu"].append(1e3 * c.to_gpu_s)
+    for point in out.values():
+        times = point.pop("to_gpu")
+        point["to_gpu_ms"] = float(numpy.median(times)) if times else None
+    return out
+
+
+def _below_pair_floor_sentences(table: list[dict], copied: dict[tuple, dict] | None = None) -> list[str]:
     """One plain sentence per point of ``RESOLVE_MIN_TOKENS`` and more whose restores spanned less than the fastest copy
     of the same bytes timed beside them, one before each restore (``report.below_pair_floor``: ``num_below_pair_floor``
-    > 0). A measured line, no verdict: the records hold the span and the floor, not the bytes the span moved. The caller
-    says it on CUDA only (on the CPU both are host memcpys timed beside the engine's threads, no physical bound)."""
+    > 0). A measured line, no verdict. Where every restore of the point recorded what its copy call was handed
+    (``copied``: ``copied_by_point``) and it was the whole context, the sentence says so, and the host time inside that
+    synchronous call: fewer bytes handed is then ruled out, and what is left is a kernel that reads fewer than it is
+    handed or a copy running partly outside the call (6 Dec 2026, 861a: 939,524,096 bytes in 12.5 ms). Without the
+    count the records do not tell the two readings apart. The caller says it on CUDA only (on the CPU both are host
+    memcpys timed beside the engine's threads, no physical bound)."""
     out = []
     for r in table:
         if r["context_tokens"] < report.RESOLVE_MIN_TOKENS or not r.get("num_below_pair_floor"):
             continue
-        out.append(f"At {_n(r['context_tokens'])} tokens {r['num_below_pair_floor']} of {r['num_pair_floors']} "
-                   f"{LABEL.get(r['path'], r['path'])} restores ({r['model']}) spanned less than "
-                   f"{report.PAIR_FLOOR_TOLERANCE:.0%} of the fastest copy of those bytes timed beside them ("
-                   + ("median " if r["num_below_pair_floor"] > 1 else "")
-                   + f"{r['below_pair_floor_span_ms']:,.2f} ms against {r['below_pair_floor_ms']:,.2f} ms): the span "
-                   "misses part of the transfer or fewer bytes moved; the records do not tell which.")
+        said = (f"At {_n(r['context_tokens'])} tokens {r['num_below_pair_floor']} of {r['num_pair_floors']} "
+                f"{LABEL.get(r['path'], r['path'])} restores ({r['model']}) spanned less than "
+                f"{report.PAIR_FLOOR_TOLERANCE:.0%} of the fastest copy of those bytes timed beside them ("
+                + ("median " if r["num_below_pair_floor"] > 1 else "")
+                + f"{r['below_pair_floor_span_ms']:,.2f} ms against {r['below_pair_floor_ms']:,.2f} ms)")
+        c = (copied or {}).get((r["model"], r["context_tokens"], r["path"]))
+        if c and c["num_whole"] < c["num_counted"]:
+            said += (f". {c['num_whole']} of the {c['num_counted']} restores that counted their copy call's bytes "
+                     "were handed the whole context; the others were handed less.")
+        elif c and c["num_counted"] == r["num_restores"]:
+            call = (f", which returned after {c['to_gpu_ms']:,.1f} ms (median; it synchronizes its copy before it "
+                    "returns)") if c["to_gpu_ms"] is not None else ""
+            said += (f". Every one of the {c['num_counted']} restores handed LMCache's copy call the whole context "
+                     f"({c['context_bytes']:,} bytes, no token skipped){call}: so fewer bytes handed is ruled out, and "
+                     "either the copy reads fewer bytes than it is handed or part of it runs outside the timed call.")
+        else:
+            said += ": the span misses part of the transfer or fewer bytes moved; the records do not tell which."
+        out.append(said)
     return out
 
 
