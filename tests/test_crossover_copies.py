@@ -166,7 +166,7 @@ def test_the_probe_counts_nothing_and_says_why_where_no_in_process_engine_copies
         assert why in probe.copy_hook and not probe.has_copies, probe.copy_hook
         parts = follow_up(probe, worker, 256) if isinstance(worker, Worker) else probe.stop(0.0)
         assert all(parts[k] is None for k in ("load_bytes", "load_chunks", "load_tokens", "load_skipped_tokens",
-                                              "to_gpu_s", "to_gpu_in_load")), parts
+                                              "load_device", "load_pinned", "to_gpu_s", "to_gpu_in_load")), parts
 
 
 def test_an_engine_built_after_the_probe_is_hooked_at_the_next_follow_up():
@@ -202,7 +202,60 @@ def test_a_count_that_raises_leaves_the_bytes_unknown_and_the_copy_whole():
     probe._add = lambda kind, t0, t1, counts=None: probe.added.append((kind, counts))
     probes.ComponentProbe._wrap_copy(probe, gpu, "batched_to_gpu")
     gpu.batched_to_gpu([FreedChunk(256), FreedChunk(256)], [0, 256], [256, 512])
-    assert gpu.copied == [(0, 256), (256, 512)] and probe.added == [("copy", None)]
+    assert gpu.copied == [(0, 256), (256, 512)] and probe.added == [("copy", None), ("place", None)]
+
+
+class Tensor:
+    """What ``placed`` reads of a memory object's tensor: its device and ``is_pinned()`` (``pinned`` an exception: it
+    raises it)."""
+
+    def __init__(self, device: str, pinned=False) -> None:
+        self.device, self.pinned = types.SimpleNamespace(type=device), pinned
+
+    def is_pinned(self) -> bool:
+        if isinstance(self.pinned, Exception):
+            raise self.pinned
+        return self.pinned
+
+
+class PlacedChunk(Chunk):
+    def __init__(self, num_tokens: int, tensor: Tensor) -> None:
+        super().__init__(num_tokens)
+        self.tensor = tensor
+
+
+def test_placed_reads_the_first_objects_device_and_pinning_and_never_raises():
+    pinned, pageable, device = Tensor("cpu", True), Tensor("cpu", False), Tensor("cuda")
+    assert probes.placed("batched_to_gpu", ([PlacedChunk(256, pinned), PlacedChunk(256, device)], [0], [256]), {}) == \
+        ("cpu", True)  # the first object's alone
+    assert probes.placed("batched_to_gpu", (), {"memory_objs": [PlacedChunk(256, pageable)]}) == ("cpu", False)
+    assert probes.placed("to_gpu", (PlacedChunk(256, device), 0, 256), {}) == ("cuda", None)  # pinning is the host's
+    assert probes.placed("to_gpu", (PlacedChunk(256, Tensor("cpu", RuntimeError("no accelerator"))),), {}) == ("cpu", None)
+    assert probes.placed("batched_to_gpu", ([Chunk(256)], [0], [256]), {}) is None  # no tensor to read
+    assert probes.placed("batched_to_gpu", ([], [], []), {}) is None
+    assert probes.placed("batched_to_gpu", ([0], [256]), {}) is None  # a layerwise call: no objects
+
+
+def test_the_probe_records_where_the_copys_objects_lived():
+    """One follow-up's calls: every first object in pinned host memory -> cpu, pinned; one call's in pageable memory ->
+    not pinned; calls on two devices -> mixed; one that cannot be read -> None (never a guess)."""
+    def follow(tensors) -> dict:
+        gpu = BatchedConnector()
+        worker = Worker(types.SimpleNamespace(gpu_connector=gpu))
+        probe = probe_on(worker)
+        probe.start()
+        for t in tensors:
+            gpu.batched_to_gpu([PlacedChunk(256, t) if t is not None else Chunk(256)], [0], [256])
+        parts = probe.stop(0.0)
+        return parts["load_device"], parts["load_pinned"]
+
+    pinned, pageable, device = Tensor("cpu", True), Tensor("cpu", False), Tensor("cuda")
+    assert follow([pinned, pinned]) == ("cpu", True)
+    assert follow([pinned, pageable]) == ("cpu", False)
+    assert follow([device]) == ("cuda", None)
+    assert follow([pinned, device]) == ("mixed", None)
+    assert follow([pinned, None]) == (None, None)
+    assert follow([]) == (None, None)
 
 
 # -- the check --
@@ -295,3 +348,4 @@ def test_the_probe_counts_what_a_real_lmcache_engines_retrieve_hands_its_gpu_con
                 num_tokens, parts)
     finally:
         LMCacheEngineBuilder.destroy(name)
+

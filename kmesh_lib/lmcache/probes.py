@@ -40,6 +40,11 @@ boundary, so the control arms run on the same engine as the restores:
     load_skipped_tokens  of those, the tokens vLLM already held, which the CUDA connectors' ``to_gpu`` does not write
                     (``vllm_cached_tokens`` passed with the call, less each chunk's start, within the chunk); 0 in a
                     restore into an emptied prefix cache; None as load_bytes
+    load_device     where the first memory object of each of those calls lived: its tensor's device type ("cpu": host
+                    memory, each byte crossed the link; "cuda": already on the device), "mixed" where calls differ; None
+                    where no call ran or one's object could not be read (or as load_bytes)
+    load_pinned     those objects' host memory was pinned (``is_pinned()``: the copy is a DMA at the link's rate, not a
+                    staged pageable one); None where one was not in host memory or could not be read (or as load_device)
     to_gpu_s        the host's time inside those calls, summed (the 0.5.x CUDA connectors synchronize their load stream
                     before returning, so it holds the copy's whole span on the device); None as load_bytes
     to_gpu_in_load  every such call ran inside a ``start_load_kv`` (its stamps within one's); None where none ran or
@@ -51,6 +56,7 @@ boundary, so the control arms run on the same engine as the restores:
 
 Invariant: every number is a difference of two real stamps, or a count of what a hooked call was handed, or None
 where nothing was stamped or hooked.
+
 """
 from __future__ import annotations
 
@@ -107,6 +113,23 @@ def copied(name: str, args: tuple, kwargs: dict) -> tuple[int, int, int, int] | 
                 sum(min(e - s, max(0, held - s)) for s, e in spans))
     except Exception:  # noqa: BLE001 - runs in the copy's ``finally``: a count that fails must never fail the copy
         return None
+
+
+def placed(name: str, args: tuple, kwargs: dict) -> tuple[str, bool | None] | None:
+    """(device type, pinned) of the first memory object a copy call of ``COPY_METHODS`` was handed: its tensor's
+    ``device.type`` and, in host memory, ``is_pinned()`` (None on a device, or where torch cannot say). None where the
+    call was handed no object with a tensor, or reading it raised anything: a diagnostic never fails the copy."""
+    try:
+        objs = args[0] if args else kwargs["memory_objs" if name == "batched_to_gpu" else "memory_obj"]
+        tensor = (next(iter(objs)) if name == "batched_to_gpu" else objs).tensor
+        device = str(tensor.device.type)
+    except Exception:  # noqa: BLE001 - runs in the copy's ``finally``, as ``copied``
+        return None
+    try:
+        pinned = bool(tensor.is_pinned()) if device == "cpu" else None
+    except Exception:  # noqa: BLE001 - a build without an accelerator may refuse to say
+        pinned = None
+    return device, pinned
 
 
 class ExternalSwitch:
@@ -176,7 +199,7 @@ class ComponentProbe:
     def __init__(self, engine) -> None:
         self.lock = threading.Lock()
         self.active = False
-        self.calls: dict[str, list] = {k: [] for k in ("lookup", "load", "save", "exec", "disk", "recv", "copy")}
+        self.calls: dict[str, list] = {k: [] for k in ("lookup", "load", "save", "exec", "disk", "recv", "copy", "place")}
         executor = engine._engine.engine_core.engine_core.model_executor
         for name in ("execute_model", "sample_tokens"):
             if hasattr(executor, name):
@@ -240,7 +263,8 @@ class ComponentProbe:
 
     def _wrap_copy(self, gpu, name: str) -> None:
         """Stamps each call of ``gpu.name`` (the instance's attribute: the class and other engines are untouched) and
-        counts what it was handed (``copied``) after its end stamp, outside the copy's span."""
+        counts what it was handed (``copied``) and where its first object lives (``placed``) after its end stamp,
+        outside the copy's span."""
         original = getattr(gpu, name)
 
         def copy(*args, **kwargs):
@@ -251,6 +275,7 @@ class ComponentProbe:
                 t1 = _ns()
                 if self.active:
                     self._add("copy", t0, t1, copied(name, args, kwargs))
+                    self._add("place", t0, t1, placed(name, args, kwargs))
 
         setattr(gpu, name, copy)
 
@@ -300,12 +325,12 @@ class ComponentProbe:
         return (max(ends) - after[0]) / 1e9
 
     def _copies(self) -> dict:
-        """``load_bytes``, ``load_chunks``, ``load_tokens``, ``load_skipped_tokens``, ``to_gpu_s`` and ``to_gpu_in_load``
-        (module docstring) from this follow-up's copy calls."""
+        """``load_bytes``, ``load_chunks``, ``load_tokens``, ``load_skipped_tokens``, ``load_device``, ``load_pinned``,
+        ``to_gpu_s`` and ``to_gpu_in_load`` (module docstring) from this follow-up's copy calls."""
         c = self.calls
         if not self.has_copies:
-            return dict.fromkeys(("load_bytes", "load_chunks", "load_tokens", "load_skipped_tokens", "to_gpu_s",
-                                  "to_gpu_in_load"))
+            return dict.fromkeys(("load_bytes", "load_chunks", "load_tokens", "load_skipped_tokens", "load_device",
+                                  "load_pinned", "to_gpu_s", "to_gpu_in_load"))
         counted = [x for _, _, x in c["copy"]]
         known = all(x is not None for x in counted)
         inside = [any(l0 <= t0 and t1 <= l1 for l0, l1, _ in c["load"]) for t0, t1, _ in c["copy"]]
@@ -313,8 +338,19 @@ class ComponentProbe:
                 "load_chunks": sum(x[1] for x in counted) if known else None,
                 "load_tokens": sum(x[2] for x in counted) if known else None,
                 "load_skipped_tokens": sum(x[3] for x in counted) if known else None,
+                **self._places(),
                 "to_gpu_s": sum(t1 - t0 for t0, t1, _ in c["copy"]) / 1e9,
                 "to_gpu_in_load": all(inside) if inside else None}
+
+    def _places(self) -> dict:
+        """``load_device`` and ``load_pinned`` (module docstring) from this follow-up's copy calls."""
+        places = [x for _, _, x in self.calls["place"]]
+        if not places or any(p is None for p in places):
+            return {"load_device": None, "load_pinned": None}
+        devices = sorted({d for d, _ in places})
+        pins = [p for _, p in places]
+        return {"load_device": devices[0] if len(devices) == 1 else "mixed",
+                "load_pinned": all(pins) if devices == ["cpu"] and None not in pins else None}
 
     def _wrap_disk_reads(self) -> bool:
         try:
@@ -394,3 +430,4 @@ class ComponentProbe:
             "forward_s": max(0.0, execute - load - save), "exec_s": execute, "exec_calls": len(c["exec"]),
             "other_s": first_token_s - total("lookup") - execute,
         }
+

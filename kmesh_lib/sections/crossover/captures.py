@@ -163,6 +163,11 @@ class Components(CaptureRecord):
     load_chunks: int | None = None
     load_tokens: int | None = None
     load_skipped_tokens: int | None = None  # of those, the tokens vLLM held, which the copy does not write
+    # where the first memory object of each of those calls lived (``lmcache.probes.placed``): its tensor's device type
+    # (cpu | cuda | mixed) and, in host memory, whether it was pinned; None as load_bytes, or where one could not be
+    # read; absent from every run published before them (gpu-20261206-190103-861a the last)
+    load_device: str | None = None
+    load_pinned: bool | None = None
     to_gpu_s: float | None = None  # the host's time inside those calls (their copies' span: they synchronize)
     to_gpu_in_load: bool | None = None  # each ran inside a ``start_load_kv`` (None: none ran, or none hooked)
     forward_s: float  # the model's forward pass: execute less load and save
