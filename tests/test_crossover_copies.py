@@ -3,7 +3,9 @@ GPU connector (``lmcache.probes.ComponentProbe``) and section 21's check of them
 
 bbf8 (H100, 6 Dec 2026) timed 28 of 64 in-process DRAM restores of a 7B 16,384-token context at ~14 ms by CUDA
 events around ``start_load_kv``, against a 17.1 ms copy of the context's 939,524,096 bytes: more than PCIe carries.
-Either the span misses part of the copy or fewer bytes moved; the rows could not tell which."""
+Either the span misses part of the copy or fewer bytes moved; the rows could not tell which. Here too: where the copy's
+objects lived (``placed``), and the KV digest (``lmcache.probes.KvDigest``) with section 21's check that every restore
+wrote the context's KV into vLLM's blocks as it was computed (``kv_digest_check``)."""
 from __future__ import annotations
 
 import types
@@ -13,7 +15,12 @@ import pytest
 from crossover_records import as_children, as_grid_rows, as_pair_rows
 
 from kmesh_lib.lmcache import probes
-from kmesh_lib.sections.crossover.checks import COPIES_SINCE, copied_context_check
+from kmesh_lib.sections.crossover.checks import (
+    COPIES_SINCE,
+    DIGESTS_SINCE,
+    copied_context_check,
+    kv_digest_check,
+)
 
 KVT, CHUNK = 1024, 256  # KV bytes per token, LMCache's chunk in tokens
 
@@ -258,6 +265,104 @@ def test_the_probe_records_where_the_copys_objects_lived():
     assert follow([]) == (None, None)
 
 
+# -- the KV digest --
+
+NUM_BLOCKS, BLOCK = 12, 4  # the fake engine's KV pool and its block size in tokens
+
+
+class Scheduler:
+    """vLLM's scheduler as ``KvDigest`` reads it: its KV cache config and its connector, which the scheduler calls
+    with a finishing request's block ids."""
+
+    def __init__(self) -> None:
+        spec = types.SimpleNamespace(block_size=BLOCK)
+        self.kv_cache_config = types.SimpleNamespace(num_blocks=NUM_BLOCKS,
+                                                     kv_cache_groups=[types.SimpleNamespace(kv_cache_spec=spec)])
+        self.connector = types.SimpleNamespace(request_finished=lambda request, block_ids: (False, None))
+
+    def finish(self, request_id: str, block_ids: list[int]) -> None:
+        self.connector.request_finished(types.SimpleNamespace(request_id=request_id), block_ids)
+
+
+def digest_engine(torch, layout: str = "flash"):
+    """A fake engine with two layers of bf16 KV in a backend's layout (block dim 1, or 0 as FlashInfer's), random
+    contents; returns (engine, scheduler, kv_caches, block_dim)."""
+    gen = torch.Generator().manual_seed(0)
+    shape, dim = ((2, NUM_BLOCKS, BLOCK, 2, 8), 1) if layout == "flash" else ((NUM_BLOCKS, 2, BLOCK, 2, 8), 0)
+    caches = [torch.randn(shape, generator=gen).to(torch.bfloat16) for _ in range(2)]
+    scheduler = Scheduler()
+    runner = types.SimpleNamespace(kv_caches=caches)
+    core = types.SimpleNamespace(scheduler=scheduler, model_executor=types.SimpleNamespace(
+        driver_worker=types.SimpleNamespace(worker=types.SimpleNamespace(model_runner=runner))))
+    engine = types.SimpleNamespace(_engine=types.SimpleNamespace(engine_core=types.SimpleNamespace(engine_core=core)))
+    return engine, scheduler, caches, dim
+
+
+def write_blocks(caches, dim: int, src: list[int], dst: list[int]) -> None:
+    """A restore: block ``src[i]``'s KV copied into ``dst[i]`` in every layer."""
+    for t in caches:
+        t.index_copy_(dim, _ids(dst), t.index_select(dim, _ids(src)))
+
+
+def _ids(ids):
+    import torch
+
+    return torch.tensor(ids, dtype=torch.long)
+
+
+@pytest.mark.parametrize("layout", ["flash", "flashinfer"])
+def test_the_kv_digest_is_equal_exactly_where_the_restore_wrote_the_stored_blocks(layout):
+    """A context of 3 blocks stored in blocks 0-2 (its store request held a 4th, its own token's): a restore that
+    copies them into 5-7 in order digests equal, over 12 tokens, on blocks no earlier request held; one with a row
+    changed, one with two blocks swapped, and one that wrote nothing differ."""
+    torch = pytest.importorskip("torch")
+    engine, scheduler, caches, dim = digest_engine(torch, layout)
+    digest = probes.KvDigest(engine)
+    assert digest.kv_caches is not None and f"on dim {dim}" in digest.how, digest.how
+    context_tokens = 3 * BLOCK
+    scheduler.finish("store-m-12-abc", [0, 1, 2, 3])  # vLLM may add a suffix to the request's id
+    digest.forget_held()
+    stored = digest.take("store-m-12", context_tokens)
+    assert stored is not None and stored[1:] == (context_tokens, 0)
+
+    def restore(dst, src=(0, 1, 2), request="f0"):
+        write_blocks(caches, dim, list(src), list(dst))
+        scheduler.finish(request, list(dst) + [11])  # the follow-up's own tokens in a block of their own
+        return digest.take(request, context_tokens)
+
+    same = restore([5, 6, 7])
+    assert same[:2] == stored[:2] and same[2] == 0, same
+    scattered = restore([8, 10, 9], request="f1")  # blocks in any order: the ids say which holds which
+    assert scattered[:2] == stored[:2] and scattered[2] == 0, scattered
+    assert digest.take("f1", context_tokens) is None  # a request is forgotten once taken
+    scheduler.finish("f1-swapped", [8, 9, 10])  # the same blocks read as if 9 and 10 held each other's KV
+    assert digest.take("f1-swapped", context_tokens)[:2] != stored[:2]
+    caches[1].select(dim, 6)[0, 0, 0, 3] += 1  # one value of one row of one layer
+    scheduler.finish("f2", [5, 6, 7])
+    changed = digest.take("f2", context_tokens)
+    assert changed[:2] != stored[:2] and changed[2] == 3, changed  # ... and the blocks were f0's: reused
+    # a restore that wrote nothing into blocks that never held the context digests what they held
+    scheduler.finish("f3", [4, 11, 3])
+    nothing = digest.take("f3", context_tokens)
+    assert nothing[:2] != stored[:2] and nothing[2] == 0, nothing
+
+
+def test_the_kv_digest_says_why_it_cannot_be_taken_and_never_raises():
+    torch = pytest.importorskip("torch")
+    engine, scheduler, caches, _ = digest_engine(torch)
+    digest = probes.KvDigest(engine)
+    assert digest.take("never-finished", 3 * BLOCK) is None
+    scheduler.finish("short", [0])
+    assert digest.take("short", 3 * BLOCK) is None  # fewer blocks than the context's
+    ambiguous, _, _, _ = digest_engine(torch)
+    ambiguous._engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.kv_caches = [
+        torch.zeros((NUM_BLOCKS, NUM_BLOCKS, BLOCK))]
+    assert "no single dimension of 12 blocks" in probes.KvDigest(ambiguous).how
+    broken = types.SimpleNamespace(_engine=None)
+    d = probes.KvDigest(broken)
+    assert d.how.startswith("not taken: AttributeError") and d.take("x", 4) is None
+
+
 # -- the check --
 
 def restore(tag: str, load_bytes, *, arm: str = "dram", num_tokens: int = 512, path: str = "inproc",
@@ -346,6 +451,37 @@ def test_the_probe_counts_what_a_real_lmcache_engines_retrieve_hands_its_gpu_con
             assert (parts["load_bytes"], parts["load_chunks"], parts["load_tokens"], parts["load_skipped_tokens"],
                     parts["to_gpu_in_load"]) == (num_stored * kvt, num_stored // CHUNK, num_stored, held, True), (
                 num_tokens, parts)
+            # the objects of LMCache's CPU tier, in host memory (pinned or not, as this build's allocator gives it)
+            assert parts["load_device"] == "cpu" and isinstance(parts["load_pinned"], bool), parts
     finally:
         LMCacheEngineBuilder.destroy(name)
 
+
+def digested(tag: str, equal, *, reused: int = 0, arm: str = "dram", **extra) -> dict:
+    return {**restore(tag, 512 * KVT, arm=arm, **extra), "kv_digest_equal": equal,
+            "kv_digest_tokens": None if equal is None else 512, "kv_digest_reused_blocks": None if equal is None else reused}
+
+
+def test_the_kv_digest_check_fails_a_restore_whose_blocks_differ_from_the_context_as_stored():
+    grid = as_grid_rows([digested("g-dram", True), digested("g-disk", True, arm="disk"),
+                         restore("g-recompute", 0, arm="recompute")])  # not a restore: nothing compared
+    pairs = as_pair_rows([digested("p-dram", True), digested("p-mp", True, arm="lmcache_mp", path="mp")])
+    ok = kv_digest_check(grid + pairs, [])
+    assert ok.status == "ok" and ok.detail == "4 of 4", ok
+    bad = kv_digest_check(grid + as_pair_rows([digested("p-bad", False)]), [])
+    assert bad.status == "failed" and "p-bad: 512 tokens' KV differs" in bad.detail, bad
+    # a differing digest fails wherever it landed; a match on reused blocks is no evidence and is left out
+    reused_bad = kv_digest_check(as_grid_rows([digested("g-reused-bad", False, reused=2)]), [])
+    assert reused_bad.status == "failed", reused_bad
+    mixed = kv_digest_check(as_grid_rows([digested("g-fresh", True), digested("g-reused", True, reused=32)]), [])
+    assert mixed.status == "ok" and mixed.detail.startswith("1 of 1 (and 1 matching on blocks"), mixed
+
+
+def test_the_kv_digest_check_is_left_out_of_runs_that_predate_it_and_skipped_where_nothing_was_judged():
+    old = kv_digest_check(as_grid_rows([restore("g-dram", 512 * KVT)]), [])
+    assert old.status == "skipped" and old.predates == DIGESTS_SINCE
+    unreached = kv_digest_check(as_grid_rows([digested("g-dram", None)]),
+                                as_children([{"kv_digest": "not taken: why"}]))
+    assert unreached.status == "skipped" and not unreached.predates and "lmcache: not taken: why" in unreached.detail
+    reused = kv_digest_check(as_grid_rows([digested("g-reused", True, reused=1)]), [])
+    assert reused.status == "skipped" and not reused.predates and "no evidence" in reused.detail

@@ -57,6 +57,9 @@ boundary, so the control arms run on the same engine as the restores:
 Invariant: every number is a difference of two real stamps, or a count of what a hooked call was handed, or None
 where nothing was stamped or hooked.
 
+``KvDigest`` digests the KV vLLM holds in a finished request's first blocks (the block ids its scheduler hands the
+connector's ``request_finished``, the model runner's KV tensors), after the request and outside every stopwatch: a
+restore's blocks against the blocks the context was computed into, byte for byte.
 """
 from __future__ import annotations
 
@@ -431,3 +434,104 @@ class ComponentProbe:
             "other_s": first_token_s - total("lookup") - execute,
         }
 
+
+class KvDigest:
+    """Digests of the KV vLLM holds in a finished request's first blocks: what a restore wrote, to be compared with the
+    same blocks when the context was computed.
+
+    The block ids are the ones vLLM's scheduler hands its connector's ``request_finished`` (or
+    ``request_finished_all_groups``, its first group) as the request finishes: wrapped on the scheduler-side connector
+    instance, the wrapper keeps a reference to them (no copy, no work inside the step). The KV is the model runner's
+    ``kv_caches`` (one tensor per attention layer, in the engine's process: ``model_executor.driver_worker.worker
+    .model_runner``), each indexed on its one dimension of ``kv_cache_config.num_blocks`` blocks, whatever the
+    backend's layout. ``take`` digests after the request finished, never inside a timed span.
+
+    A digest, per layer, of the selected blocks' bytes (in block-id order) viewed as int64 words: their sum and their
+    sum weighted by position (1, 2, ...), both wrapping: exact, and a block written to the wrong place, a row left
+    stale or a byte changed moves it. Equal digests on one engine say the blocks hold the same bytes in the same
+    order, up to a collision of both sums in every layer.
+
+    Invariant: never raises into the engine; where the KV or the ids cannot be reached ``how`` says why and ``take``
+    returns None.
+    """
+
+    def __init__(self, engine) -> None:
+        self.finished: dict[str, list[int]] = {}  # request id -> the block ids its request_finished was handed
+        self.held: set[tuple[int, int]] = set()  # (position, block id) of every request taken since ``forget_held``
+        self.kv_caches, self.block_size, self.num_blocks = None, None, None
+        try:
+            core = engine._engine.engine_core.engine_core
+            scheduler = core.scheduler
+            config = scheduler.kv_cache_config
+            self.num_blocks = int(config.num_blocks)
+            self.block_size = int(config.kv_cache_groups[0].kv_cache_spec.block_size)
+            if len(config.kv_cache_groups) != 1:
+                self.how = f"not taken: {len(config.kv_cache_groups)} KV cache groups (one is digested)"
+                return
+            caches = list(core.model_executor.driver_worker.worker.model_runner.kv_caches)
+            dims = [[i for i, n in enumerate(t.shape) if n == self.num_blocks] for t in caches]
+            if not caches or any(len(d) != 1 for d in dims):
+                self.how = (f"not taken: no single dimension of {self.num_blocks} blocks in the model runner's "
+                            f"{len(caches)} KV tensors ({caches[0].shape if caches else None})")
+                return
+            connector = scheduler.connector
+            for name in ("request_finished", "request_finished_all_groups"):
+                if callable(getattr(connector, name, None)):
+                    self._wrap_finished(connector, name)
+            self.kv_caches, self.block_dims = caches, [d[0] for d in dims]
+            self.how = (f"{len(caches)} KV tensors {tuple(caches[0].shape)} {caches[0].dtype} on "
+                        f"{caches[0].device.type}, blocks of {self.block_size} tokens on dim {dims[0][0]}, at the ids "
+                        f"{type(connector).__name__}.request_finished was handed")
+        except Exception as e:  # noqa: BLE001 - a diagnostic never stops a run; why it is missing is recorded
+            self.kv_caches, self.how = None, f"not taken: {type(e).__name__}: {e}"[:200]
+
+    def _wrap_finished(self, connector, name: str) -> None:
+        original = getattr(connector, name)
+
+        def finished(request, block_ids, *args, **kwargs):
+            self.finished[request.request_id] = block_ids
+            return original(request, block_ids, *args, **kwargs)
+
+        setattr(connector, name, finished)
+
+    def forget_held(self) -> None:
+        """A new context: the blocks the last one's requests held cannot hold this one's KV."""
+        self.held = set()
+
+    def take(self, request_id: str, num_tokens: int) -> tuple[list[tuple[int, int]], int, int] | None:
+        """(per layer digest, tokens digested, blocks reused) of the first ``num_tokens // block_size`` blocks of the
+        finished request whose id is ``request_id`` (vLLM may add a suffix to it); None where the KV was not reached, no
+        such request finished, or it held fewer blocks. Blocks reused: how many of those blocks sat at the same
+        position in a request taken since ``forget_held`` (one of the same context, whose KV a block may still hold:
+        an equal digest there does not show that the restore wrote it). Forgets every request finished so far, and
+        adds their blocks to the held ones."""
+        finished, self.finished = self.finished, {}
+        if self.kv_caches is None:
+            return None
+        try:
+            import torch
+
+            def first_group(ids):  # request_finished_all_groups: one list per group, the one group first
+                return ids[0] if ids and not isinstance(ids[0], int) else ids
+
+            key = next((k for k in finished if k == request_id or k.startswith(f"{request_id}-")), None)
+            ids = first_group(finished[key]) if key is not None else None
+            held = set(self.held)
+            for k, v in finished.items():
+                self.held.update(enumerate(first_group(v)))
+                if k != key:
+                    held.update(enumerate(first_group(v)))
+            num_blocks = num_tokens // self.block_size
+            if ids is None or num_blocks == 0 or len(ids) < num_blocks:
+                return None
+            out = []
+            for t, dim in zip(self.kv_caches, self.block_dims, strict=True):
+                rows = t.index_select(dim, torch.tensor(ids[:num_blocks], dtype=torch.long, device=t.device))
+                flat = rows.reshape(-1)
+                words = (flat.view(torch.int64) if flat.numel() * flat.element_size() % 8 == 0
+                         else flat.view(torch.uint8).to(torch.int64))
+                weights = torch.arange(1, words.numel() + 1, dtype=torch.int64, device=words.device)
+                out.append((int(words.sum().item()), int((words * weights).sum().item())))
+            return out, num_blocks * self.block_size, sum((k, b) in held for k, b in enumerate(ids[:num_blocks]))
+        except Exception:  # noqa: BLE001 - a digest that cannot be taken is recorded None, the run goes on
+            return None

@@ -56,6 +56,9 @@ class ChildSummary(CaptureRecord):
     copy_hook: str | None = None  # what the component probe's copy hook wraps (``ComponentProbe.copy_hook``: the
     # in-process engine's GPU connector and method) or why it wraps nothing; absent from runs published before it
     # (gpu-20261206-155000-bbf8 the last) and where the child failed before its engine started
+    kv_digest: str | None = None  # how the bench digests vLLM's KV of a context's blocks (``lmcache.probes.KvDigest``:
+    # the KV tensors and the ids it reads) or why it cannot; absent from runs published before it
+    # (gpu-20261206-190103-861a the last) and where the child failed before its engine started
 
 
 class StoreRecord(CaptureRecord):
@@ -216,6 +219,14 @@ class FollowUp(CaptureRecord):
     vllm_stats: Mapping | None = None  # vLLM's CPU tier's rows: its connector statistics over the follow-up
     gpu_clocks: Mapping | None = None  # cuda rows: the GPU's clocks before and after (absent on the CPU)
     reference_clock: Mapping | None = None  # GPU buffer rows with a reference clock; absent from runs before it
+    # A restore's content check (``arms.RestoreBench._kv_check``), restore arms (memory, disk) of a tier that stores
+    # the context: vLLM's blocks of the context after the follow-up digest as the blocks ``store`` computed it into;
+    # the tokens compared; of the compared blocks, those that held the same place in an earlier request of the context
+    # (an equal digest there may be the earlier KV). None where a digest could not be taken (the child's ``kv_digest``
+    # says why); absent from other arms and from every run published before them (gpu-20261206-190103-861a the last)
+    kv_digest_equal: bool | None = None
+    kv_digest_tokens: int | None = None
+    kv_digest_reused_blocks: int | None = None
     model: str
     path: str
     measured: bool  # False: a warm-up repeat
