@@ -313,8 +313,9 @@ def _ids(ids):
 @pytest.mark.parametrize("layout", ["flash", "flashinfer"])
 def test_the_kv_digest_is_equal_exactly_where_the_restore_wrote_the_stored_blocks(layout):
     """A context of 3 blocks stored in blocks 0-2 (its store request held a 4th, its own token's): a restore that
-    copies them into 5-7 in order digests equal, over 12 tokens, on blocks no earlier request held; one with a row
-    changed, one with two blocks swapped, and one that wrote nothing differ."""
+    copies them into 5-7 digests equal over 12 tokens, on blocks no earlier request held, and so does one into 8, 10, 9;
+    blocks read as if two held each other's KV, a value changed in one block and blocks that were never written differ
+    by exactly those blocks' tokens."""
     torch = pytest.importorskip("torch")
     engine, scheduler, caches, dim = digest_engine(torch, layout)
     digest = probes.KvDigest(engine)
@@ -323,28 +324,28 @@ def test_the_kv_digest_is_equal_exactly_where_the_restore_wrote_the_stored_block
     scheduler.finish("store-m-12-abc", [0, 1, 2, 3])  # vLLM may add a suffix to the request's id
     digest.forget_held()
     stored = digest.take("store-m-12", context_tokens)
-    assert stored is not None and stored[1:] == (context_tokens, 0)
+    assert stored is not None and tuple(stored.digests.shape) == (2, 3, 2) and not any(stored.reused)
 
-    def restore(dst, src=(0, 1, 2), request="f0"):
+    def restore(dst, request, src=(0, 1, 2)) -> dict:
         write_blocks(caches, dim, list(src), list(dst))
         scheduler.finish(request, list(dst) + [11])  # the follow-up's own tokens in a block of their own
-        return digest.take(request, context_tokens)
+        return probes.compare_kv(digest.take(request, context_tokens), stored)
 
-    same = restore([5, 6, 7])
-    assert same[:2] == stored[:2] and same[2] == 0, same
-    scattered = restore([8, 10, 9], request="f1")  # blocks in any order: the ids say which holds which
-    assert scattered[:2] == stored[:2] and scattered[2] == 0, scattered
+    def compared(equal, differing, reused) -> dict:
+        return {"kv_digest_equal": equal, "kv_digest_tokens": context_tokens,
+                "kv_digest_differing_tokens": differing * BLOCK, "kv_digest_reused_tokens": reused * BLOCK}
+
+    assert restore([5, 6, 7], "f0") == compared(True, 0, 0)
+    assert restore([8, 10, 9], "f1") == compared(True, 0, 0)  # blocks in any order: the ids say which holds which
     assert digest.take("f1", context_tokens) is None  # a request is forgotten once taken
     scheduler.finish("f1-swapped", [8, 9, 10])  # the same blocks read as if 9 and 10 held each other's KV
-    assert digest.take("f1-swapped", context_tokens)[:2] != stored[:2]
+    assert probes.compare_kv(digest.take("f1-swapped", context_tokens), stored) == compared(False, 2, 1)  # 8 held 0's
     caches[1].select(dim, 6)[0, 0, 0, 3] += 1  # one value of one row of one layer
-    scheduler.finish("f2", [5, 6, 7])
-    changed = digest.take("f2", context_tokens)
-    assert changed[:2] != stored[:2] and changed[2] == 3, changed  # ... and the blocks were f0's: reused
-    # a restore that wrote nothing into blocks that never held the context digests what they held
-    scheduler.finish("f3", [4, 11, 3])
-    nothing = digest.take("f3", context_tokens)
-    assert nothing[:2] != stored[:2] and nothing[2] == 0, nothing
+    scheduler.finish("f2", [5, 6, 7])  # ... in blocks f0 held: reused, their equal digests no evidence
+    assert probes.compare_kv(digest.take("f2", context_tokens), stored) == compared(False, 1, 3)
+    scheduler.finish("f3", [4, 11, 3])  # a restore that wrote nothing, into blocks that never held those places
+    assert probes.compare_kv(digest.take("f3", context_tokens), stored) == compared(False, 3, 0)
+    assert probes.compare_kv(None, stored) == dict.fromkeys(probes.KV_FIELDS)
 
 
 def test_the_kv_digest_says_why_it_cannot_be_taken_and_never_raises():
@@ -457,9 +458,13 @@ def test_the_probe_counts_what_a_real_lmcache_engines_retrieve_hands_its_gpu_con
         LMCacheEngineBuilder.destroy(name)
 
 
-def digested(tag: str, equal, *, reused: int = 0, arm: str = "dram", **extra) -> dict:
+def digested(tag: str, equal, *, reused: int = 0, differing: int | None = None, arm: str = "dram", **extra) -> dict:
+    """A restore row with its content check: 512 tokens compared, ``reused`` of them on reused blocks, ``differing``
+    (default: all where not equal) differing."""
+    known = equal is not None
     return {**restore(tag, 512 * KVT, arm=arm, **extra), "kv_digest_equal": equal,
-            "kv_digest_tokens": None if equal is None else 512, "kv_digest_reused_blocks": None if equal is None else reused}
+            "kv_digest_tokens": 512 if known else None, "kv_digest_reused_tokens": reused if known else None,
+            "kv_digest_differing_tokens": (0 if equal else differing if differing is not None else 512) if known else None}
 
 
 def test_the_kv_digest_check_fails_a_restore_whose_blocks_differ_from_the_context_as_stored():
@@ -467,14 +472,16 @@ def test_the_kv_digest_check_fails_a_restore_whose_blocks_differ_from_the_contex
                          restore("g-recompute", 0, arm="recompute")])  # not a restore: nothing compared
     pairs = as_pair_rows([digested("p-dram", True), digested("p-mp", True, arm="lmcache_mp", path="mp")])
     ok = kv_digest_check(grid + pairs, [])
-    assert ok.status == "ok" and ok.detail == "4 of 4", ok
+    assert ok.status == "ok" and ok.detail == "4 of 4 (2048 of 2048 tokens on fresh blocks)", ok
     bad = kv_digest_check(grid + as_pair_rows([digested("p-bad", False)]), [])
-    assert bad.status == "failed" and "p-bad: 512 tokens' KV differs" in bad.detail, bad
+    assert bad.status == "failed" and "p-bad: 512 of 512 tokens' KV differs" in bad.detail, bad
     # a differing digest fails wherever it landed; a match on reused blocks is no evidence and is left out
-    reused_bad = kv_digest_check(as_grid_rows([digested("g-reused-bad", False, reused=2)]), [])
+    reused_bad = kv_digest_check(as_grid_rows([digested("g-reused-bad", False, reused=512, differing=16)]), [])
     assert reused_bad.status == "failed", reused_bad
-    mixed = kv_digest_check(as_grid_rows([digested("g-fresh", True), digested("g-reused", True, reused=32)]), [])
-    assert mixed.status == "ok" and mixed.detail.startswith("1 of 1 (and 1 matching on blocks"), mixed
+    mixed = kv_digest_check(as_grid_rows([digested("g-fresh", True), digested("g-part", True, reused=32),
+                                          digested("g-reused", True, reused=512)]), [])
+    assert mixed.status == "ok" and mixed.detail == ("2 of 2 (992 of 1024 tokens on fresh blocks; 1 matching wholly "
+                                                     "on reused blocks left out)"), mixed
 
 
 def test_the_kv_digest_check_is_left_out_of_runs_that_predate_it_and_skipped_where_nothing_was_judged():
@@ -483,5 +490,5 @@ def test_the_kv_digest_check_is_left_out_of_runs_that_predate_it_and_skipped_whe
     unreached = kv_digest_check(as_grid_rows([digested("g-dram", None)]),
                                 as_children([{"kv_digest": "not taken: why"}]))
     assert unreached.status == "skipped" and not unreached.predates and "lmcache: not taken: why" in unreached.detail
-    reused = kv_digest_check(as_grid_rows([digested("g-reused", True, reused=1)]), [])
+    reused = kv_digest_check(as_grid_rows([digested("g-reused", True, reused=512)]), [])
     assert reused.status == "skipped" and not reused.predates and "no evidence" in reused.detail

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any, NamedTuple
 
 _ns = time.perf_counter_ns
 
@@ -446,10 +447,10 @@ class KvDigest:
     .model_runner``), each indexed on its one dimension of ``kv_cache_config.num_blocks`` blocks, whatever the
     backend's layout. ``take`` digests after the request finished, never inside a timed span.
 
-    A digest, per layer, of the selected blocks' bytes (in block-id order) viewed as int64 words: their sum and their
-    sum weighted by position (1, 2, ...), both wrapping: exact, and a block written to the wrong place, a row left
-    stale or a byte changed moves it. Equal digests on one engine say the blocks hold the same bytes in the same
-    order, up to a collision of both sums in every layer.
+    A digest, per layer and block, of the block's bytes viewed as int64 words: their sum and their sum weighted by
+    position (1, 2, ...), both wrapping: exact, and a block written to the wrong place, a row left stale or a byte
+    changed moves its block's. Equal digests on one engine say the blocks hold the same bytes in the same order, up to
+    a collision of both sums (``compare_kv`` compares two, block by block).
 
     Invariant: never raises into the engine; where the KV or the ids cannot be reached ``how`` says why and ``take``
     returns None.
@@ -498,13 +499,12 @@ class KvDigest:
         """A new context: the blocks the last one's requests held cannot hold this one's KV."""
         self.held = set()
 
-    def take(self, request_id: str, num_tokens: int) -> tuple[list[tuple[int, int]], int, int] | None:
-        """(per layer digest, tokens digested, blocks reused) of the first ``num_tokens // block_size`` blocks of the
-        finished request whose id is ``request_id`` (vLLM may add a suffix to it); None where the KV was not reached, no
-        such request finished, or it held fewer blocks. Blocks reused: how many of those blocks sat at the same
-        position in a request taken since ``forget_held`` (one of the same context, whose KV a block may still hold:
-        an equal digest there does not show that the restore wrote it). Forgets every request finished so far, and
-        adds their blocks to the held ones."""
+    def take(self, request_id: str, num_tokens: int) -> BlockDigest | None:
+        """The digest of each of the first ``num_tokens // block_size`` blocks of the finished request whose id is
+        ``request_id`` (vLLM may add a suffix to it), and which of them sat at the same position in a request taken since
+        ``forget_held`` (one of the same context, whose KV such a block may still hold: an equal digest there does not
+        show that a restore wrote it); None where the KV was not reached, no such request finished, or it held fewer
+        blocks. Forgets every request finished so far, and adds their blocks to the held ones."""
         finished, self.finished = self.finished, {}
         if self.kv_caches is None:
             return None
@@ -524,14 +524,41 @@ class KvDigest:
             num_blocks = num_tokens // self.block_size
             if ids is None or num_blocks == 0 or len(ids) < num_blocks:
                 return None
-            out = []
+            layers = []
             for t, dim in zip(self.kv_caches, self.block_dims, strict=True):
                 rows = t.index_select(dim, torch.tensor(ids[:num_blocks], dtype=torch.long, device=t.device))
-                flat = rows.reshape(-1)
-                words = (flat.view(torch.int64) if flat.numel() * flat.element_size() % 8 == 0
-                         else flat.view(torch.uint8).to(torch.int64))
-                weights = torch.arange(1, words.numel() + 1, dtype=torch.int64, device=words.device)
-                out.append((int(words.sum().item()), int((words * weights).sum().item())))
-            return out, num_blocks * self.block_size, sum((k, b) in held for k, b in enumerate(ids[:num_blocks]))
+                rows = rows.movedim(dim, 0).reshape(num_blocks, -1)  # one row per block, its bytes in order
+                words = (rows.view(torch.int64) if rows.shape[1] * rows.element_size() % 8 == 0
+                         else rows.view(torch.uint8).to(torch.int64))
+                weights = torch.arange(1, words.shape[1] + 1, dtype=torch.int64, device=words.device)
+                layers.append(torch.stack([words.sum(dim=1), (words * weights).sum(dim=1)], dim=1))
+            return BlockDigest(torch.stack(layers).cpu(), self.block_size,
+                               [(k, b) in held for k, b in enumerate(ids[:num_blocks])])
         except Exception:  # noqa: BLE001 - a digest that cannot be taken is recorded None, the run goes on
             return None
+
+
+class BlockDigest(NamedTuple):
+    """``KvDigest.take``'s digest of a request's first blocks."""
+
+    digests: Any  # int64 tensor (layers, blocks, 2) on the host: each block's word sum and position-weighted sum
+    block_size: int  # tokens per block
+    reused: list[bool]  # per block: it sat at the same position in an earlier request of the context
+
+
+KV_FIELDS = ("kv_digest_equal", "kv_digest_tokens", "kv_digest_differing_tokens", "kv_digest_reused_tokens")
+
+
+def compare_kv(now: BlockDigest | None, stored: BlockDigest | None) -> dict:
+    """A restore's blocks (``now``) against the blocks its context was computed into (``stored``), block by block:
+    ``kv_digest_equal`` (every block's digest in every layer equal), ``kv_digest_tokens`` (the tokens compared),
+    ``kv_digest_differing_tokens`` (those of blocks whose digest differs in any layer: what the restore did not write
+    as computed) and ``kv_digest_reused_tokens`` (those of blocks that held the same place in an earlier request of the
+    context: an equal digest there is no evidence). All None where either digest is missing or they differ in
+    shape."""
+    if now is None or stored is None or tuple(now.digests.shape) != tuple(stored.digests.shape):
+        return dict.fromkeys(KV_FIELDS)
+    same = (now.digests == stored.digests).all(dim=2).all(dim=0).tolist()
+    return {"kv_digest_equal": all(same), "kv_digest_tokens": len(same) * now.block_size,
+            "kv_digest_differing_tokens": same.count(False) * now.block_size,
+            "kv_digest_reused_tokens": sum(now.reused) * now.block_size}

@@ -61,7 +61,7 @@ from kmesh_lib.kv.offloading import VllmConnectorMeter
 from kmesh_lib.kv.offloading import request_split as offload_split
 from kmesh_lib.kv.restore_timeline import request_split as gpu_buffer_split
 from kmesh_lib.lmcache.disk_accounting import wait_for_written
-from kmesh_lib.lmcache.probes import ComponentProbe, ExternalSwitch, KvDigest
+from kmesh_lib.lmcache.probes import ComponentProbe, ExternalSwitch, KvDigest, compare_kv
 
 ARMS_OF_TIER = {"lmcache": ("recompute", "dram", "disk", "resident"),
                 "gpubuf": ("gpubuf_recompute", "gpubuf_retained", "gpubuf_layered", "gpubuf_offthread", "gpubuf_disk",
@@ -186,7 +186,7 @@ class RestoreBench:
         self.clocks = GpuClocks() if engine.params.DEVICE == "cuda" else None
         # the KV vLLM holds for a context: digested as ``store`` computed it, compared after each restore (``_kv_check``)
         self.kv_digest = KvDigest(engine)
-        self.stored_kv: dict[str, tuple | None] = {}  # context name -> its digest as stored
+        self.stored_kv: dict = {}  # context name -> its blocks' digest as stored (``lmcache.probes.BlockDigest``)
         if tier_name == "gpubuf":
             tier.time_forward_steps(True)  # every arm's follow-up, the resident one included (the control)
 
@@ -462,16 +462,13 @@ class RestoreBench:
     def _kv_check(self, arm: str, ctx: Context, request_id: str) -> dict:
         """A restore's content check, after its follow-up finished and every stopwatch stopped: the digest of vLLM's
         blocks of the context in the first follow-up (``lmcache.probes.KvDigest``) against the digest of the blocks the
-        context was computed into by ``store``. ``kv_digest_equal`` True or False and ``kv_digest_tokens`` the tokens
-        compared; both None where either digest could not be taken (why: the child's ``kv_digest``);
-        ``kv_digest_reused_blocks`` how many of the compared blocks held the same place in an earlier request of the
-        context (an equal digest there may be the earlier KV, left in the block). Only the restore
-        arms (memory, disk) of a tier that stores the context; {} for the rest, which write no context into vLLM's
-        blocks (recompute computes it, resident finds it there) or have no stored digest (vLLM's CPU tier)."""
+        context was computed into by ``store``, block by block (``lmcache.probes.compare_kv``: ``kv_digest_equal``, the
+        tokens compared, those of differing blocks, those of blocks that held the same place in an earlier request of
+        the context, where an equal digest may be the earlier KV left in the block); all None where either digest could
+        not be taken (why: the child's ``kv_digest``). Only the restore arms (memory, disk) of a tier that stores the
+        context; {} for the rest, which write no context into vLLM's blocks (recompute computes it, resident finds it
+        there) or have no stored digest (vLLM's CPU tier)."""
         if KIND[arm] not in ("memory", "disk") or not self.has_disk_tier:
             self.kv_digest.take(request_id, 0)  # forget the blocks of what finished meanwhile
             return {}
-        stored, now = self.stored_kv.get(ctx.name), self.kv_digest.take(request_id, len(ctx.tokens))
-        if stored is None or now is None:
-            return {"kv_digest_equal": None, "kv_digest_tokens": None, "kv_digest_reused_blocks": None}
-        return {"kv_digest_equal": now[:2] == stored[:2], "kv_digest_tokens": now[1], "kv_digest_reused_blocks": now[2]}
+        return compare_kv(self.kv_digest.take(request_id, len(ctx.tokens)), self.stored_kv.get(ctx.name))

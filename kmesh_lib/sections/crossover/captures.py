@@ -219,14 +219,16 @@ class FollowUp(CaptureRecord):
     vllm_stats: Mapping | None = None  # vLLM's CPU tier's rows: its connector statistics over the follow-up
     gpu_clocks: Mapping | None = None  # cuda rows: the GPU's clocks before and after (absent on the CPU)
     reference_clock: Mapping | None = None  # GPU buffer rows with a reference clock; absent from runs before it
-    # A restore's content check (``arms.RestoreBench._kv_check``), restore arms (memory, disk) of a tier that stores
-    # the context: vLLM's blocks of the context after the follow-up digest as the blocks ``store`` computed it into;
-    # the tokens compared; of the compared blocks, those that held the same place in an earlier request of the context
-    # (an equal digest there may be the earlier KV). None where a digest could not be taken (the child's ``kv_digest``
-    # says why); absent from other arms and from every run published before them (gpu-20261206-190103-861a the last)
+    # A restore's content check (``arms.RestoreBench._kv_check``, ``lmcache.probes.compare_kv``), restore arms (memory,
+    # disk) of a tier that stores the context: vLLM's blocks of the context after the follow-up digest as the blocks
+    # ``store`` computed it into; the tokens compared; of those, the tokens of blocks whose digest differs; and of
+    # blocks that held the same place in an earlier request of the context (an equal digest there may be the earlier
+    # KV). None where a digest could not be taken (the child's ``kv_digest`` says why); absent from other arms and from
+    # every run published before them (gpu-20261206-190103-861a the last)
     kv_digest_equal: bool | None = None
     kv_digest_tokens: int | None = None
-    kv_digest_reused_blocks: int | None = None
+    kv_digest_differing_tokens: int | None = None
+    kv_digest_reused_tokens: int | None = None
     model: str
     path: str
     measured: bool  # False: a warm-up repeat
