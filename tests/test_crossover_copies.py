@@ -3,7 +3,9 @@ GPU connector (``lmcache.probes.ComponentProbe``) and section 21's check of them
 
 bbf8 (H100, 6 Dec 2026) timed 28 of 64 in-process DRAM restores of a 7B 16,384-token context at ~14 ms by CUDA
 events around ``start_load_kv``, against a 17.1 ms copy of the context's 939,524,096 bytes: more than PCIe carries.
-Either the span misses part of the copy or fewer bytes moved; the rows could not tell which."""
+Either the span misses part of the copy or fewer bytes moved; the rows could not tell which. Here too: where the copy's
+objects lived (``placed``), and the KV digest (``lmcache.probes.KvDigest``) with section 21's check that every restore
+wrote the context's KV into vLLM's blocks as it was computed (``kv_digest_check``)."""
 from __future__ import annotations
 
 import types
@@ -13,7 +15,12 @@ import pytest
 from crossover_records import as_children, as_grid_rows, as_pair_rows
 
 from kmesh_lib.lmcache import probes
-from kmesh_lib.sections.crossover.checks import COPIES_SINCE, copied_context_check
+from kmesh_lib.sections.crossover.checks import (
+    COPIES_SINCE,
+    DIGESTS_SINCE,
+    copied_context_check,
+    kv_digest_check,
+)
 
 KVT, CHUNK = 1024, 256  # KV bytes per token, LMCache's chunk in tokens
 
@@ -166,7 +173,7 @@ def test_the_probe_counts_nothing_and_says_why_where_no_in_process_engine_copies
         assert why in probe.copy_hook and not probe.has_copies, probe.copy_hook
         parts = follow_up(probe, worker, 256) if isinstance(worker, Worker) else probe.stop(0.0)
         assert all(parts[k] is None for k in ("load_bytes", "load_chunks", "load_tokens", "load_skipped_tokens",
-                                              "to_gpu_s", "to_gpu_in_load")), parts
+                                              "load_device", "load_pinned", "to_gpu_s", "to_gpu_in_load")), parts
 
 
 def test_an_engine_built_after_the_probe_is_hooked_at_the_next_follow_up():
@@ -202,7 +209,159 @@ def test_a_count_that_raises_leaves_the_bytes_unknown_and_the_copy_whole():
     probe._add = lambda kind, t0, t1, counts=None: probe.added.append((kind, counts))
     probes.ComponentProbe._wrap_copy(probe, gpu, "batched_to_gpu")
     gpu.batched_to_gpu([FreedChunk(256), FreedChunk(256)], [0, 256], [256, 512])
-    assert gpu.copied == [(0, 256), (256, 512)] and probe.added == [("copy", None)]
+    assert gpu.copied == [(0, 256), (256, 512)] and probe.added == [("copy", None), ("place", None)]
+
+
+class Tensor:
+    """What ``placed`` reads of a memory object's tensor: its device and ``is_pinned()`` (``pinned`` an exception: it
+    raises it)."""
+
+    def __init__(self, device: str, pinned=False) -> None:
+        self.device, self.pinned = types.SimpleNamespace(type=device), pinned
+
+    def is_pinned(self) -> bool:
+        if isinstance(self.pinned, Exception):
+            raise self.pinned
+        return self.pinned
+
+
+class PlacedChunk(Chunk):
+    def __init__(self, num_tokens: int, tensor: Tensor) -> None:
+        super().__init__(num_tokens)
+        self.tensor = tensor
+
+
+def test_placed_reads_the_first_objects_device_and_pinning_and_never_raises():
+    pinned, pageable, device = Tensor("cpu", True), Tensor("cpu", False), Tensor("cuda")
+    assert probes.placed("batched_to_gpu", ([PlacedChunk(256, pinned), PlacedChunk(256, device)], [0], [256]), {}) == \
+        ("cpu", True)  # the first object's alone
+    assert probes.placed("batched_to_gpu", (), {"memory_objs": [PlacedChunk(256, pageable)]}) == ("cpu", False)
+    assert probes.placed("to_gpu", (PlacedChunk(256, device), 0, 256), {}) == ("cuda", None)  # pinning is the host's
+    assert probes.placed("to_gpu", (PlacedChunk(256, Tensor("cpu", RuntimeError("no accelerator"))),), {}) == ("cpu", None)
+    assert probes.placed("batched_to_gpu", ([Chunk(256)], [0], [256]), {}) is None  # no tensor to read
+    assert probes.placed("batched_to_gpu", ([], [], []), {}) is None
+    assert probes.placed("batched_to_gpu", ([0], [256]), {}) is None  # a layerwise call: no objects
+
+
+def test_the_probe_records_where_the_copys_objects_lived():
+    """One follow-up's calls: every first object in pinned host memory -> cpu, pinned; one call's in pageable memory ->
+    not pinned; calls on two devices -> mixed; one that cannot be read -> None (never a guess)."""
+    def follow(tensors) -> dict:
+        gpu = BatchedConnector()
+        worker = Worker(types.SimpleNamespace(gpu_connector=gpu))
+        probe = probe_on(worker)
+        probe.start()
+        for t in tensors:
+            gpu.batched_to_gpu([PlacedChunk(256, t) if t is not None else Chunk(256)], [0], [256])
+        parts = probe.stop(0.0)
+        return parts["load_device"], parts["load_pinned"]
+
+    pinned, pageable, device = Tensor("cpu", True), Tensor("cpu", False), Tensor("cuda")
+    assert follow([pinned, pinned]) == ("cpu", True)
+    assert follow([pinned, pageable]) == ("cpu", False)
+    assert follow([device]) == ("cuda", None)
+    assert follow([pinned, device]) == ("mixed", None)
+    assert follow([pinned, None]) == (None, None)
+    assert follow([]) == (None, None)
+
+
+# -- the KV digest --
+
+NUM_BLOCKS, BLOCK = 12, 4  # the fake engine's KV pool and its block size in tokens
+
+
+class Scheduler:
+    """vLLM's scheduler as ``KvDigest`` reads it: its KV cache config and its connector, which the scheduler calls
+    with a finishing request's block ids."""
+
+    def __init__(self) -> None:
+        spec = types.SimpleNamespace(block_size=BLOCK)
+        self.kv_cache_config = types.SimpleNamespace(num_blocks=NUM_BLOCKS,
+                                                     kv_cache_groups=[types.SimpleNamespace(kv_cache_spec=spec)])
+        self.connector = types.SimpleNamespace(request_finished=lambda request, block_ids: (False, None))
+
+    def finish(self, request_id: str, block_ids: list[int]) -> None:
+        self.connector.request_finished(types.SimpleNamespace(request_id=request_id), block_ids)
+
+
+def digest_engine(torch, layout: str = "flash"):
+    """A fake engine with two layers of bf16 KV in a backend's layout (block dim 1, or 0 as FlashInfer's), random
+    contents; returns (engine, scheduler, kv_caches, block_dim)."""
+    gen = torch.Generator().manual_seed(0)
+    shape, dim = ((2, NUM_BLOCKS, BLOCK, 2, 8), 1) if layout == "flash" else ((NUM_BLOCKS, 2, BLOCK, 2, 8), 0)
+    caches = [torch.randn(shape, generator=gen).to(torch.bfloat16) for _ in range(2)]
+    scheduler = Scheduler()
+    runner = types.SimpleNamespace(kv_caches=caches)
+    core = types.SimpleNamespace(scheduler=scheduler, model_executor=types.SimpleNamespace(
+        driver_worker=types.SimpleNamespace(worker=types.SimpleNamespace(model_runner=runner))))
+    engine = types.SimpleNamespace(_engine=types.SimpleNamespace(engine_core=types.SimpleNamespace(engine_core=core)))
+    return engine, scheduler, caches, dim
+
+
+def write_blocks(caches, dim: int, src: list[int], dst: list[int]) -> None:
+    """A restore: block ``src[i]``'s KV copied into ``dst[i]`` in every layer."""
+    for t in caches:
+        t.index_copy_(dim, _ids(dst), t.index_select(dim, _ids(src)))
+
+
+def _ids(ids):
+    import torch
+
+    return torch.tensor(ids, dtype=torch.long)
+
+
+@pytest.mark.parametrize("layout", ["flash", "flashinfer"])
+def test_the_kv_digest_is_equal_exactly_where_the_restore_wrote_the_stored_blocks(layout):
+    """A context of 3 blocks stored in blocks 0-2 (its store request held a 4th, its own token's): a restore that
+    copies them into 5-7 digests equal over 12 tokens, on blocks no earlier request held, and so does one into 8, 10, 9;
+    blocks read as if two held each other's KV, a value changed in one block and blocks that were never written differ
+    by exactly those blocks' tokens."""
+    torch = pytest.importorskip("torch")
+    engine, scheduler, caches, dim = digest_engine(torch, layout)
+    digest = probes.KvDigest(engine)
+    assert digest.kv_caches is not None and f"on dim {dim}" in digest.how, digest.how
+    context_tokens = 3 * BLOCK
+    scheduler.finish("store-m-12-abc", [0, 1, 2, 3])  # vLLM may add a suffix to the request's id
+    digest.forget_held()
+    stored = digest.take("store-m-12", context_tokens)
+    assert stored is not None and tuple(stored.digests.shape) == (2, 3, 2) and not any(stored.reused)
+
+    def restore(dst, request, src=(0, 1, 2)) -> dict:
+        write_blocks(caches, dim, list(src), list(dst))
+        scheduler.finish(request, list(dst) + [11])  # the follow-up's own tokens in a block of their own
+        return probes.compare_kv(digest.take(request, context_tokens), stored)
+
+    def compared(equal, differing, reused) -> dict:
+        return {"kv_digest_equal": equal, "kv_digest_tokens": context_tokens,
+                "kv_digest_differing_tokens": differing * BLOCK, "kv_digest_reused_tokens": reused * BLOCK}
+
+    assert restore([5, 6, 7], "f0") == compared(True, 0, 0)
+    assert restore([8, 10, 9], "f1") == compared(True, 0, 0)  # blocks in any order: the ids say which holds which
+    assert digest.take("f1", context_tokens) is None  # a request is forgotten once taken
+    scheduler.finish("f1-swapped", [8, 9, 10])  # the same blocks read as if 9 and 10 held each other's KV
+    assert probes.compare_kv(digest.take("f1-swapped", context_tokens), stored) == compared(False, 2, 1)  # 8 held 0's
+    caches[1].select(dim, 6)[0, 0, 0, 3] += 1  # one value of one row of one layer
+    scheduler.finish("f2", [5, 6, 7])  # ... in blocks f0 held: reused, their equal digests no evidence
+    assert probes.compare_kv(digest.take("f2", context_tokens), stored) == compared(False, 1, 3)
+    scheduler.finish("f3", [4, 11, 3])  # a restore that wrote nothing, into blocks that never held those places
+    assert probes.compare_kv(digest.take("f3", context_tokens), stored) == compared(False, 3, 0)
+    assert probes.compare_kv(None, stored) == dict.fromkeys(probes.KV_FIELDS)
+
+
+def test_the_kv_digest_says_why_it_cannot_be_taken_and_never_raises():
+    torch = pytest.importorskip("torch")
+    engine, scheduler, caches, _ = digest_engine(torch)
+    digest = probes.KvDigest(engine)
+    assert digest.take("never-finished", 3 * BLOCK) is None
+    scheduler.finish("short", [0])
+    assert digest.take("short", 3 * BLOCK) is None  # fewer blocks than the context's
+    ambiguous, _, _, _ = digest_engine(torch)
+    ambiguous._engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.kv_caches = [
+        torch.zeros((NUM_BLOCKS, NUM_BLOCKS, BLOCK))]
+    assert "no single dimension of 12 blocks" in probes.KvDigest(ambiguous).how
+    broken = types.SimpleNamespace(_engine=None)
+    d = probes.KvDigest(broken)
+    assert d.how.startswith("not taken: AttributeError") and d.take("x", 4) is None
 
 
 # -- the check --
@@ -293,5 +452,43 @@ def test_the_probe_counts_what_a_real_lmcache_engines_retrieve_hands_its_gpu_con
             assert (parts["load_bytes"], parts["load_chunks"], parts["load_tokens"], parts["load_skipped_tokens"],
                     parts["to_gpu_in_load"]) == (num_stored * kvt, num_stored // CHUNK, num_stored, held, True), (
                 num_tokens, parts)
+            # the objects of LMCache's CPU tier, in host memory (pinned or not, as this build's allocator gives it)
+            assert parts["load_device"] == "cpu" and isinstance(parts["load_pinned"], bool), parts
     finally:
         LMCacheEngineBuilder.destroy(name)
+
+
+def digested(tag: str, equal, *, reused: int = 0, differing: int | None = None, arm: str = "dram", **extra) -> dict:
+    """A restore row with its content check: 512 tokens compared, ``reused`` of them on reused blocks, ``differing``
+    (default: all where not equal) differing."""
+    known = equal is not None
+    return {**restore(tag, 512 * KVT, arm=arm, **extra), "kv_digest_equal": equal,
+            "kv_digest_tokens": 512 if known else None, "kv_digest_reused_tokens": reused if known else None,
+            "kv_digest_differing_tokens": (0 if equal else differing if differing is not None else 512) if known else None}
+
+
+def test_the_kv_digest_check_fails_a_restore_whose_blocks_differ_from_the_context_as_stored():
+    grid = as_grid_rows([digested("g-dram", True), digested("g-disk", True, arm="disk"),
+                         restore("g-recompute", 0, arm="recompute")])  # not a restore: nothing compared
+    pairs = as_pair_rows([digested("p-dram", True), digested("p-mp", True, arm="lmcache_mp", path="mp")])
+    ok = kv_digest_check(grid + pairs, [])
+    assert ok.status == "ok" and ok.detail == "4 of 4 (2048 of 2048 tokens on fresh blocks)", ok
+    bad = kv_digest_check(grid + as_pair_rows([digested("p-bad", False)]), [])
+    assert bad.status == "failed" and "p-bad: 512 of 512 tokens' KV differs" in bad.detail, bad
+    # a differing digest fails wherever it landed; a match on reused blocks is no evidence and is left out
+    reused_bad = kv_digest_check(as_grid_rows([digested("g-reused-bad", False, reused=512, differing=16)]), [])
+    assert reused_bad.status == "failed", reused_bad
+    mixed = kv_digest_check(as_grid_rows([digested("g-fresh", True), digested("g-part", True, reused=32),
+                                          digested("g-reused", True, reused=512)]), [])
+    assert mixed.status == "ok" and mixed.detail == ("2 of 2 (992 of 1024 tokens on fresh blocks; 1 matching wholly "
+                                                     "on reused blocks left out)"), mixed
+
+
+def test_the_kv_digest_check_is_left_out_of_runs_that_predate_it_and_skipped_where_nothing_was_judged():
+    old = kv_digest_check(as_grid_rows([restore("g-dram", 512 * KVT)]), [])
+    assert old.status == "skipped" and old.predates == DIGESTS_SINCE
+    unreached = kv_digest_check(as_grid_rows([digested("g-dram", None)]),
+                                as_children([{"kv_digest": "not taken: why"}]))
+    assert unreached.status == "skipped" and not unreached.predates and "lmcache: not taken: why" in unreached.detail
+    reused = kv_digest_check(as_grid_rows([digested("g-reused", True, reused=512)]), [])
+    assert reused.status == "skipped" and not reused.predates and "no evidence" in reused.detail

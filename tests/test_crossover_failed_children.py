@@ -19,7 +19,7 @@ from kmesh_lib.base.records import RunFiles, RunRecord
 from kmesh_lib.sections import crossover as section
 from kmesh_lib.sections.crossover import gaps
 from kmesh_lib.sections.crossover import report as cr
-from kmesh_lib.sections.crossover.checks import COPIED_CONTEXT_CHECK, PAIRED_CHECKS
+from kmesh_lib.sections.crossover.checks import COPIED_CONTEXT_CHECK, KV_DIGEST_CHECK, PAIRED_CHECKS
 from kmesh_lib.sections.crossover.experiment import CrossoverParams
 
 GRID = [256, 1024]
@@ -124,8 +124,9 @@ def test_a_run_that_planned_pairs_and_measured_none_fails_its_paired_checks_neve
     RunRecord(failed_tier, section.KEY).save_tables(section.TABLES)
     checks = {c.name: c for c in section.checks(RunFiles(failed_tier))}
     paired = [checks[name] for name in PAIRED_CHECKS]
-    # 01f9 was recorded before the copy hook (its rows count no bytes): that check alone is left out
-    assert [c.name for c in checks.values() if c.predates] == [COPIED_CONTEXT_CHECK]
+    # 01f9 was recorded before the copy hook and the KV digest (its rows count no bytes, digest no blocks): those two
+    # checks alone are left out
+    assert [c.name for c in checks.values() if c.predates] == [COPIED_CONTEXT_CHECK, KV_DIGEST_CHECK]
     # the grid is shorter than the half-width goal's contexts, and a CPU floor bounds nothing: those two stay skipped
     # the pilot check too: its params record MAX_RESTORES (the two-stage design) and the pilots it plans are missing
     assert [c.status for c in paired] == ["failed", "failed", "failed", "skipped", "skipped", "failed"]

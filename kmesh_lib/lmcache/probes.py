@@ -40,6 +40,11 @@ boundary, so the control arms run on the same engine as the restores:
     load_skipped_tokens  of those, the tokens vLLM already held, which the CUDA connectors' ``to_gpu`` does not write
                     (``vllm_cached_tokens`` passed with the call, less each chunk's start, within the chunk); 0 in a
                     restore into an emptied prefix cache; None as load_bytes
+    load_device     where the first memory object of each of those calls lived: its tensor's device type ("cpu": host
+                    memory, each byte crossed the link; "cuda": already on the device), "mixed" where calls differ; None
+                    where no call ran or one's object could not be read (or as load_bytes)
+    load_pinned     those objects' host memory was pinned (``is_pinned()``: the copy is a DMA at the link's rate, not a
+                    staged pageable one); None where one was not in host memory or could not be read (or as load_device)
     to_gpu_s        the host's time inside those calls, summed (the 0.5.x CUDA connectors synchronize their load stream
                     before returning, so it holds the copy's whole span on the device); None as load_bytes
     to_gpu_in_load  every such call ran inside a ``start_load_kv`` (its stamps within one's); None where none ran or
@@ -51,11 +56,16 @@ boundary, so the control arms run on the same engine as the restores:
 
 Invariant: every number is a difference of two real stamps, or a count of what a hooked call was handed, or None
 where nothing was stamped or hooked.
+
+``KvDigest`` digests the KV vLLM holds in a finished request's first blocks (the block ids its scheduler hands the
+connector's ``request_finished``, the model runner's KV tensors), after the request and outside every stopwatch: a
+restore's blocks against the blocks the context was computed into, byte for byte.
 """
 from __future__ import annotations
 
 import threading
 import time
+from typing import Any, NamedTuple
 
 _ns = time.perf_counter_ns
 
@@ -107,6 +117,23 @@ def copied(name: str, args: tuple, kwargs: dict) -> tuple[int, int, int, int] | 
                 sum(min(e - s, max(0, held - s)) for s, e in spans))
     except Exception:  # noqa: BLE001 - runs in the copy's ``finally``: a count that fails must never fail the copy
         return None
+
+
+def placed(name: str, args: tuple, kwargs: dict) -> tuple[str, bool | None] | None:
+    """(device type, pinned) of the first memory object a copy call of ``COPY_METHODS`` was handed: its tensor's
+    ``device.type`` and, in host memory, ``is_pinned()`` (None on a device, or where torch cannot say). None where the
+    call was handed no object with a tensor, or reading it raised anything: a diagnostic never fails the copy."""
+    try:
+        objs = args[0] if args else kwargs["memory_objs" if name == "batched_to_gpu" else "memory_obj"]
+        tensor = (next(iter(objs)) if name == "batched_to_gpu" else objs).tensor
+        device = str(tensor.device.type)
+    except Exception:  # noqa: BLE001 - runs in the copy's ``finally``, as ``copied``
+        return None
+    try:
+        pinned = bool(tensor.is_pinned()) if device == "cpu" else None
+    except Exception:  # noqa: BLE001 - a build without an accelerator may refuse to say
+        pinned = None
+    return device, pinned
 
 
 class ExternalSwitch:
@@ -176,7 +203,7 @@ class ComponentProbe:
     def __init__(self, engine) -> None:
         self.lock = threading.Lock()
         self.active = False
-        self.calls: dict[str, list] = {k: [] for k in ("lookup", "load", "save", "exec", "disk", "recv", "copy")}
+        self.calls: dict[str, list] = {k: [] for k in ("lookup", "load", "save", "exec", "disk", "recv", "copy", "place")}
         executor = engine._engine.engine_core.engine_core.model_executor
         for name in ("execute_model", "sample_tokens"):
             if hasattr(executor, name):
@@ -240,7 +267,8 @@ class ComponentProbe:
 
     def _wrap_copy(self, gpu, name: str) -> None:
         """Stamps each call of ``gpu.name`` (the instance's attribute: the class and other engines are untouched) and
-        counts what it was handed (``copied``) after its end stamp, outside the copy's span."""
+        counts what it was handed (``copied``) and where its first object lives (``placed``) after its end stamp,
+        outside the copy's span."""
         original = getattr(gpu, name)
 
         def copy(*args, **kwargs):
@@ -251,6 +279,7 @@ class ComponentProbe:
                 t1 = _ns()
                 if self.active:
                     self._add("copy", t0, t1, copied(name, args, kwargs))
+                    self._add("place", t0, t1, placed(name, args, kwargs))
 
         setattr(gpu, name, copy)
 
@@ -300,12 +329,12 @@ class ComponentProbe:
         return (max(ends) - after[0]) / 1e9
 
     def _copies(self) -> dict:
-        """``load_bytes``, ``load_chunks``, ``load_tokens``, ``load_skipped_tokens``, ``to_gpu_s`` and ``to_gpu_in_load``
-        (module docstring) from this follow-up's copy calls."""
+        """``load_bytes``, ``load_chunks``, ``load_tokens``, ``load_skipped_tokens``, ``load_device``, ``load_pinned``,
+        ``to_gpu_s`` and ``to_gpu_in_load`` (module docstring) from this follow-up's copy calls."""
         c = self.calls
         if not self.has_copies:
-            return dict.fromkeys(("load_bytes", "load_chunks", "load_tokens", "load_skipped_tokens", "to_gpu_s",
-                                  "to_gpu_in_load"))
+            return dict.fromkeys(("load_bytes", "load_chunks", "load_tokens", "load_skipped_tokens", "load_device",
+                                  "load_pinned", "to_gpu_s", "to_gpu_in_load"))
         counted = [x for _, _, x in c["copy"]]
         known = all(x is not None for x in counted)
         inside = [any(l0 <= t0 and t1 <= l1 for l0, l1, _ in c["load"]) for t0, t1, _ in c["copy"]]
@@ -313,8 +342,19 @@ class ComponentProbe:
                 "load_chunks": sum(x[1] for x in counted) if known else None,
                 "load_tokens": sum(x[2] for x in counted) if known else None,
                 "load_skipped_tokens": sum(x[3] for x in counted) if known else None,
+                **self._places(),
                 "to_gpu_s": sum(t1 - t0 for t0, t1, _ in c["copy"]) / 1e9,
                 "to_gpu_in_load": all(inside) if inside else None}
+
+    def _places(self) -> dict:
+        """``load_device`` and ``load_pinned`` (module docstring) from this follow-up's copy calls."""
+        places = [x for _, _, x in self.calls["place"]]
+        if not places or any(p is None for p in places):
+            return {"load_device": None, "load_pinned": None}
+        devices = sorted({d for d, _ in places})
+        pins = [p for _, p in places]
+        return {"load_device": devices[0] if len(devices) == 1 else "mixed",
+                "load_pinned": all(pins) if devices == ["cpu"] and None not in pins else None}
 
     def _wrap_disk_reads(self) -> bool:
         try:
@@ -394,3 +434,131 @@ class ComponentProbe:
             "forward_s": max(0.0, execute - load - save), "exec_s": execute, "exec_calls": len(c["exec"]),
             "other_s": first_token_s - total("lookup") - execute,
         }
+
+
+class KvDigest:
+    """Digests of the KV vLLM holds in a finished request's first blocks: what a restore wrote, to be compared with the
+    same blocks when the context was computed.
+
+    The block ids are the ones vLLM's scheduler hands its connector's ``request_finished`` (or
+    ``request_finished_all_groups``, its first group) as the request finishes: wrapped on the scheduler-side connector
+    instance, the wrapper keeps a reference to them (no copy, no work inside the step). The KV is the model runner's
+    ``kv_caches`` (one tensor per attention layer, in the engine's process: ``model_executor.driver_worker.worker
+    .model_runner``), each indexed on its one dimension of ``kv_cache_config.num_blocks`` blocks, whatever the
+    backend's layout. ``take`` digests after the request finished, never inside a timed span.
+
+    A digest, per layer and block, of the block's bytes viewed as int64 words: their sum and their sum weighted by
+    position (1, 2, ...), both wrapping: exact, and a block written to the wrong place, a row left stale or a byte
+    changed moves its block's. Equal digests on one engine say the blocks hold the same bytes in the same order, up to
+    a collision of both sums (``compare_kv`` compares two, block by block).
+
+    Invariant: never raises into the engine; where the KV or the ids cannot be reached ``how`` says why and ``take``
+    returns None.
+    """
+
+    def __init__(self, engine) -> None:
+        self.finished: dict[str, list[int]] = {}  # request id -> the block ids its request_finished was handed
+        self.held: set[tuple[int, int]] = set()  # (position, block id) of every request taken since ``forget_held``
+        self.kv_caches, self.block_size, self.num_blocks = None, None, None
+        try:
+            core = engine._engine.engine_core.engine_core
+            scheduler = core.scheduler
+            config = scheduler.kv_cache_config
+            self.num_blocks = int(config.num_blocks)
+            self.block_size = int(config.kv_cache_groups[0].kv_cache_spec.block_size)
+            if len(config.kv_cache_groups) != 1:
+                self.how = f"not taken: {len(config.kv_cache_groups)} KV cache groups (one is digested)"
+                return
+            caches = list(core.model_executor.driver_worker.worker.model_runner.kv_caches)
+            dims = [[i for i, n in enumerate(t.shape) if n == self.num_blocks] for t in caches]
+            if not caches or any(len(d) != 1 for d in dims):
+                self.how = (f"not taken: no single dimension of {self.num_blocks} blocks in the model runner's "
+                            f"{len(caches)} KV tensors ({caches[0].shape if caches else None})")
+                return
+            connector = scheduler.connector
+            for name in ("request_finished", "request_finished_all_groups"):
+                if callable(getattr(connector, name, None)):
+                    self._wrap_finished(connector, name)
+            self.kv_caches, self.block_dims = caches, [d[0] for d in dims]
+            self.how = (f"{len(caches)} KV tensors {tuple(caches[0].shape)} {caches[0].dtype} on "
+                        f"{caches[0].device.type}, blocks of {self.block_size} tokens on dim {dims[0][0]}, at the ids "
+                        f"{type(connector).__name__}.request_finished was handed")
+        except Exception as e:  # noqa: BLE001 - a diagnostic never stops a run; why it is missing is recorded
+            self.kv_caches, self.how = None, f"not taken: {type(e).__name__}: {e}"[:200]
+
+    def _wrap_finished(self, connector, name: str) -> None:
+        original = getattr(connector, name)
+
+        def finished(request, block_ids, *args, **kwargs):
+            self.finished[request.request_id] = block_ids
+            return original(request, block_ids, *args, **kwargs)
+
+        setattr(connector, name, finished)
+
+    def forget_held(self) -> None:
+        """A new context: the blocks the last one's requests held cannot hold this one's KV."""
+        self.held = set()
+
+    def take(self, request_id: str, num_tokens: int) -> BlockDigest | None:
+        """The digest of each of the first ``num_tokens // block_size`` blocks of the finished request whose id is
+        ``request_id`` (vLLM may add a suffix to it), and which of them sat at the same position in a request taken since
+        ``forget_held`` (one of the same context, whose KV such a block may still hold: an equal digest there does not
+        show that a restore wrote it); None where the KV was not reached, no such request finished, or it held fewer
+        blocks. Forgets every request finished so far, and adds their blocks to the held ones."""
+        finished, self.finished = self.finished, {}
+        if self.kv_caches is None:
+            return None
+        try:
+            import torch
+
+            def first_group(ids):  # request_finished_all_groups: one list per group, the one group first
+                return ids[0] if ids and not isinstance(ids[0], int) else ids
+
+            key = next((k for k in finished if k == request_id or k.startswith(f"{request_id}-")), None)
+            ids = first_group(finished[key]) if key is not None else None
+            held = set(self.held)
+            for k, v in finished.items():
+                self.held.update(enumerate(first_group(v)))
+                if k != key:
+                    held.update(enumerate(first_group(v)))
+            num_blocks = num_tokens // self.block_size
+            if ids is None or num_blocks == 0 or len(ids) < num_blocks:
+                return None
+            layers = []
+            for t, dim in zip(self.kv_caches, self.block_dims, strict=True):
+                rows = t.index_select(dim, torch.tensor(ids[:num_blocks], dtype=torch.long, device=t.device))
+                rows = rows.movedim(dim, 0).reshape(num_blocks, -1)  # one row per block, its bytes in order
+                words = (rows.view(torch.int64) if rows.shape[1] * rows.element_size() % 8 == 0
+                         else rows.view(torch.uint8).to(torch.int64))
+                weights = torch.arange(1, words.shape[1] + 1, dtype=torch.int64, device=words.device)
+                layers.append(torch.stack([words.sum(dim=1), (words * weights).sum(dim=1)], dim=1))
+            return BlockDigest(torch.stack(layers).cpu(), self.block_size,
+                               [(k, b) in held for k, b in enumerate(ids[:num_blocks])])
+        except Exception:  # noqa: BLE001 - a digest that cannot be taken is recorded None, the run goes on
+            return None
+
+
+class BlockDigest(NamedTuple):
+    """``KvDigest.take``'s digest of a request's first blocks."""
+
+    digests: Any  # int64 tensor (layers, blocks, 2) on the host: each block's word sum and position-weighted sum
+    block_size: int  # tokens per block
+    reused: list[bool]  # per block: it sat at the same position in an earlier request of the context
+
+
+KV_FIELDS = ("kv_digest_equal", "kv_digest_tokens", "kv_digest_differing_tokens", "kv_digest_reused_tokens")
+
+
+def compare_kv(now: BlockDigest | None, stored: BlockDigest | None) -> dict:
+    """A restore's blocks (``now``) against the blocks its context was computed into (``stored``), block by block:
+    ``kv_digest_equal`` (every block's digest in every layer equal), ``kv_digest_tokens`` (the tokens compared),
+    ``kv_digest_differing_tokens`` (those of blocks whose digest differs in any layer: what the restore did not write
+    as computed) and ``kv_digest_reused_tokens`` (those of blocks that held the same place in an earlier request of the
+    context: an equal digest there is no evidence). All None where either digest is missing or they differ in
+    shape."""
+    if now is None or stored is None or tuple(now.digests.shape) != tuple(stored.digests.shape):
+        return dict.fromkeys(KV_FIELDS)
+    same = (now.digests == stored.digests).all(dim=2).all(dim=0).tolist()
+    return {"kv_digest_equal": all(same), "kv_digest_tokens": len(same) * now.block_size,
+            "kv_digest_differing_tokens": same.count(False) * now.block_size,
+            "kv_digest_reused_tokens": sum(now.reused) * now.block_size}

@@ -42,6 +42,10 @@ Invariants:
       row must show (restores, vLLM's external hits, bytes in the tier) is recorded and checked by
       ``checks``, not folded into the status.
 
+After a restore's follow-up (outside its stopwatches) the bench digests vLLM's blocks of the context and compares them
+with the blocks ``store`` computed it into (``_kv_check``, ``lmcache.probes.KvDigest``): the restore wrote the KV as
+it was computed, or the row says it did not.
+
 ``bench.run(arm, context, tag)`` is one row (section 21 is its only user).
 """
 from __future__ import annotations
@@ -57,7 +61,7 @@ from kmesh_lib.kv.offloading import VllmConnectorMeter
 from kmesh_lib.kv.offloading import request_split as offload_split
 from kmesh_lib.kv.restore_timeline import request_split as gpu_buffer_split
 from kmesh_lib.lmcache.disk_accounting import wait_for_written
-from kmesh_lib.lmcache.probes import ComponentProbe, ExternalSwitch
+from kmesh_lib.lmcache.probes import ComponentProbe, ExternalSwitch, KvDigest, compare_kv
 
 ARMS_OF_TIER = {"lmcache": ("recompute", "dram", "disk", "resident"),
                 "gpubuf": ("gpubuf_recompute", "gpubuf_retained", "gpubuf_layered", "gpubuf_offthread", "gpubuf_disk",
@@ -180,6 +184,9 @@ class RestoreBench:
         self.switch = ExternalSwitch(engine, self.probe)
         self.vocab = engine.spec.config["vocab_size"]
         self.clocks = GpuClocks() if engine.params.DEVICE == "cuda" else None
+        # the KV vLLM holds for a context: digested as ``store`` computed it, compared after each restore (``_kv_check``)
+        self.kv_digest = KvDigest(engine)
+        self.stored_kv: dict = {}  # context name -> its blocks' digest as stored (``lmcache.probes.BlockDigest``)
         if tier_name == "gpubuf":
             tier.time_forward_steps(True)  # every arm's follow-up, the resident one included (the control)
 
@@ -226,6 +233,10 @@ class RestoreBench:
         finally:
             if saving:
                 self.tier.set_saving(False)
+        # the blocks the store request computed the context into, after it finished (outside every stopwatch): what
+        # every restore of this context must write back (``_kv_check``)
+        self.kv_digest.forget_held()
+        self.stored_kv[ctx.name] = self.kv_digest.take(f"store-{ctx.name}", len(ctx.tokens))
         # never clear before the store's chunks reached the disk tier: LMCache 0.5.3's clear frees them too. The
         # arena emptying by itself says so only once the store has reserved its chunks there; a store the server
         # takes up after the engine went idle would find it empty at first, so the disk tier's bytes are waited
@@ -439,10 +450,25 @@ class RestoreBench:
         else:  # vLLM's CPU tier has no disk tier
             disk = {"disk_read_bytes": 0, "device_read_bytes": None}
         stats = VllmConnectorMeter.delta(stats0, self.tier.stats.snapshot()) if stats0 is not None else None
+        kv = self._kv_check(arm, ctx, specs[0].request_id)
         return {"arm": arm, "tier": self.tier_name, "context": ctx.name, "context_tokens": len(ctx.tokens), "tag": tag,
                 "status": "ok" if all(c == want for c in cached) else "cache_miss",
                 "ttft_s": a.first_token_s(), "makespan_s": group_makespan_s(results, self.output_tokens),
                 "num_cached_tokens": cached, "expected_cached_tokens": want, **disk,
                 "prep_s": prep_s, **prep, "components": parts, **self._tier_fields(a, timelines, stats),
                 **({"gpu_clocks": {"before": clocks_before, "after": clocks_after}} if self.clocks else {}),
-                **({"reference_clock": clock} if clock else {})}
+                **({"reference_clock": clock} if clock else {}), **kv}
+
+    def _kv_check(self, arm: str, ctx: Context, request_id: str) -> dict:
+        """A restore's content check, after its follow-up finished and every stopwatch stopped: the digest of vLLM's
+        blocks of the context in the first follow-up (``lmcache.probes.KvDigest``) against the digest of the blocks the
+        context was computed into by ``store``, block by block (``lmcache.probes.compare_kv``: ``kv_digest_equal``, the
+        tokens compared, those of differing blocks, those of blocks that held the same place in an earlier request of
+        the context, where an equal digest may be the earlier KV left in the block); all None where either digest could
+        not be taken (why: the child's ``kv_digest``). Only the restore arms (memory, disk) of a tier that stores the
+        context; {} for the rest, which write no context into vLLM's blocks (recompute computes it, resident finds it
+        there) or have no stored digest (vLLM's CPU tier)."""
+        if KIND[arm] not in ("memory", "disk") or not self.has_disk_tier:
+            self.kv_digest.take(request_id, 0)  # forget the blocks of what finished meanwhile
+            return {}
+        return compare_kv(self.kv_digest.take(request_id, len(ctx.tokens)), self.stored_kv.get(ctx.name))

@@ -56,6 +56,9 @@ class ChildSummary(CaptureRecord):
     copy_hook: str | None = None  # what the component probe's copy hook wraps (``ComponentProbe.copy_hook``: the
     # in-process engine's GPU connector and method) or why it wraps nothing; absent from runs published before it
     # (gpu-20261206-155000-bbf8 the last) and where the child failed before its engine started
+    kv_digest: str | None = None  # how the bench digests vLLM's KV of a context's blocks (``lmcache.probes.KvDigest``:
+    # the KV tensors and the ids it reads) or why it cannot; absent from runs published before it
+    # (gpu-20261206-190103-861a the last) and where the child failed before its engine started
 
 
 class StoreRecord(CaptureRecord):
@@ -163,6 +166,11 @@ class Components(CaptureRecord):
     load_chunks: int | None = None
     load_tokens: int | None = None
     load_skipped_tokens: int | None = None  # of those, the tokens vLLM held, which the copy does not write
+    # where the first memory object of each of those calls lived (``lmcache.probes.placed``): its tensor's device type
+    # (cpu | cuda | mixed) and, in host memory, whether it was pinned; None as load_bytes, or where one could not be
+    # read; absent from every run published before them (gpu-20261206-190103-861a the last)
+    load_device: str | None = None
+    load_pinned: bool | None = None
     to_gpu_s: float | None = None  # the host's time inside those calls (their copies' span: they synchronize)
     to_gpu_in_load: bool | None = None  # each ran inside a ``start_load_kv`` (None: none ran, or none hooked)
     forward_s: float  # the model's forward pass: execute less load and save
@@ -211,6 +219,16 @@ class FollowUp(CaptureRecord):
     vllm_stats: Mapping | None = None  # vLLM's CPU tier's rows: its connector statistics over the follow-up
     gpu_clocks: Mapping | None = None  # cuda rows: the GPU's clocks before and after (absent on the CPU)
     reference_clock: Mapping | None = None  # GPU buffer rows with a reference clock; absent from runs before it
+    # A restore's content check (``arms.RestoreBench._kv_check``, ``lmcache.probes.compare_kv``), restore arms (memory,
+    # disk) of a tier that stores the context: vLLM's blocks of the context after the follow-up digest as the blocks
+    # ``store`` computed it into; the tokens compared; of those, the tokens of blocks whose digest differs; and of
+    # blocks that held the same place in an earlier request of the context (an equal digest there may be the earlier
+    # KV). None where a digest could not be taken (the child's ``kv_digest`` says why); absent from other arms and from
+    # every run published before them (gpu-20261206-190103-861a the last)
+    kv_digest_equal: bool | None = None
+    kv_digest_tokens: int | None = None
+    kv_digest_differing_tokens: int | None = None
+    kv_digest_reused_tokens: int | None = None
     model: str
     path: str
     measured: bool  # False: a warm-up repeat

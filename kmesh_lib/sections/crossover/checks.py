@@ -19,6 +19,7 @@ recorded before it existed does not hold) is skipped with the reason, never left
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from itertools import product
 
 from kmesh_lib.base.checks import Check, all_of, check, differences
@@ -138,8 +139,9 @@ def checks(run: RunFiles) -> list[Check]:
                      f"{len(crossover)} rows for {len(models)} models x {len(restores)} paths", measured, no_rows))
     out.append(floor_check(run.results.get("floors") or {}, tiers))
     out += paired_checks(run)
-    out.append(copied_context_check(rows + (run.records("pairs.jsonl") if run.has_raw("pairs.jsonl") else []),
-                                    children))
+    followups = rows + (run.records("pairs.jsonl") if run.has_raw("pairs.jsonl") else [])
+    out.append(copied_context_check(followups, children))
+    out.append(kv_digest_check(followups, children))
     return out
 
 
@@ -425,6 +427,46 @@ def copied_context_check(rows: list, children: list[ChildSummary]) -> Check:
                             f"{r.components.load_tokens} of {r.context_tokens} tokens in {r.components.load_chunks} "
                             f"chunks, {r.components.load_skipped_tokens} of them held by vLLM")
 
+
+KV_DIGEST_CHECK = ("every restore wrote the context's KV into vLLM's blocks as it was computed (their digest after the "
+                   "follow-up = the store's; in-process LMCache's restores among them)")
+# runs recorded before the bench digested the KV (6 Dec 2026: gpu-20261206-190103-861a the last without it)
+DIGESTS_SINCE = ("this run predates the KV digest (no row records kv_digest_equal: vLLM's blocks after a restore were "
+                 "not compared with the context as computed)")
+
+
+def kv_digest_check(rows: list, children: list[ChildSummary]) -> Check:
+    """``KV_DIGEST_CHECK``: every restore (of ``rows``, raw/rows.jsonl's and raw/pairs.jsonl's, warm-ups included)
+    whose blocks were compared (``kv_digest_equal`` not None: ``arms.RestoreBench._kv_check``) wrote into vLLM's blocks
+    the bytes the context was computed into when it was stored (``lmcache.probes.KvDigest``: per layer and block two
+    exact sums of its words): an in-process LMCache restore whose copy wrote part of the KV, or another
+    context's, holds other bytes there when its request finishes. (A copy that finished after its call returned does
+    not show here: the digest is taken after the request.)
+
+    A row whose compared blocks all held the same place in an earlier request of the context
+    (``kv_digest_reused_tokens`` = ``kv_digest_tokens``) and matched is no evidence (the earlier KV may still be there)
+    and is left out; one with a fresh block shows at least that block written; one that differs fails wherever it
+    landed. Ok where every judged row matched and at least one was judged. Skipped where the run predates the digest
+    (no row holds the field: ``DIGESTS_SINCE``, left out of ``kmesh verify``), where none was compared (the
+    ``kv_digest`` of the children in ``children`` says why) or where every match landed wholly on reused blocks."""
+    if not any(r.holds("kv_digest_equal") for r in rows):
+        return Check(KV_DIGEST_CHECK, "skipped", DIGESTS_SINCE, predates=DIGESTS_SINCE)
+    compared = [r for r in rows if r.kv_digest_equal is not None]
+    if not compared:
+        why = sorted({f"{m.tier}: {m.kv_digest}" for m in children if m.kv_digest})
+        return Check(KV_DIGEST_CHECK, "skipped", f"no restore's blocks were compared: {'; '.join(why) or 'no child records why'}")
+    judged = [r for r in compared if r.kv_digest_equal is False or r.kv_digest_reused_tokens < r.kv_digest_tokens]
+    if not judged:
+        return Check(KV_DIGEST_CHECK, "skipped", f"every one of {len(compared)} matching restores landed wholly on "
+                                                 f"blocks an earlier request of its context had held: no evidence")
+    out = all_of(KV_DIGEST_CHECK, judged, lambda r: r.kv_digest_equal is True,
+                 lambda r: f"{r.tag}: {r.kv_digest_differing_tokens} of {r.kv_digest_tokens} tokens' KV differs "
+                           f"from the context as stored")
+    fresh = sum(r.kv_digest_tokens - r.kv_digest_reused_tokens for r in judged)
+    left = len(compared) - len(judged)
+    return replace(out, detail=out.detail + f" ({fresh} of {sum(r.kv_digest_tokens for r in judged)} tokens on fresh "
+                                            f"blocks" + (f"; {left} matching wholly on reused blocks left out)" if left
+                                                         else ")"))
 
 ORDER_CHECK = ("every repeat ran each of its tier's arms once, in the recorded order (position and the arm before it)")
 

@@ -550,6 +550,7 @@ def run_model(cfg: CrossoverParams, model: str, run_dir: Path, tier_name: str = 
     finally:
         if bench is not None:  # once per child, as the probe ended it: why the rows' load_bytes are None, where they are
             summary["copy_hook"] = bench.probe.copy_hook
+            summary["kv_digest"] = bench.kv_digest.how
         if getattr(tier, "has_launch_thread", False):  # what its polling cost a core over the engine's life
             summary["launch_thread_cpu_s"] = tier.launch_thread_cpu_s()
         if engine is not None:
