@@ -785,3 +785,16 @@ def test_a_live_run_is_held_to_what_it_runs_one_given_lead_without_the_contrast(
     assert before[name] == "failed"
     after = _statuses(_run(tmp_path / "after", live_groups, params={**given, "CONTRAST_GROUPS": 0}, tables=False))
     assert name not in after and after["groups recorded in raw/groups.jsonl"] == "ok"
+
+
+def test_the_headline_says_which_recomputing_groups_are_the_singleflight_off_contrast():
+    """087c (MP, H100, 6 Dec) counted 20 groups in which a follow-up recomputed the context, every one a
+    singleflight-off contrast group (outside the paired tables); the headline said '20' alone. dc67's one was not."""
+    from kmesh_lib.base import paths
+
+    key = "groups in which a follow-up recomputed the context"
+    mp, cpu = (paths.OUTPUTS / "prefetch" / r for r in ("gpu-20261206-185829-087c", "cpu-20261201-063425-dc67"))
+    if not (mp.exists() and cpu.exists()):
+        pytest.skip("the published runs are not in this checkout")
+    assert section.headline(mp)[key] == "20 (all of them singleflight-off contrast groups, outside the paired tables)"
+    assert section.headline(cpu)[key] == "1"

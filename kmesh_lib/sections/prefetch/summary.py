@@ -51,8 +51,11 @@ def headline(run) -> dict[str, str]:
                 if (path, n, arm) in reads]
         out[f"{path} N={n}: context reads per group (the lookups that read)"] = "; ".join(
             f"{label} {r['context reads/group (mean)']:.2f} ({r['reads by lookup']})" for label, r in arms)
-    recomputing = sum(g.status == "recomputed" for g in groups)
-    out["groups in which a follow-up recomputed the context"] = str(recomputing)
+    recomputing = [g for g in groups if g.status == "recomputed"]
+    contrast = sum(g.phase == "contrast" for g in recomputing)  # singleflight off: a refused concurrent load recomputes
+    out["groups in which a follow-up recomputed the context"] = str(len(recomputing)) + (
+        f" ({'all' if contrast == len(recomputing) else contrast} of them singleflight-off contrast groups, outside "
+        "the paired tables)" if contrast else "")
     for (path, n), rows_ in _lead_rows(run).items():  # runs with LEAD_RULE only (the published runs before keep theirs)
         c = next((r for r in rows_ if r["chosen"]), None)
         if c is not None and c["confirm_groups"]:
