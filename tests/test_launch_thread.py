@@ -177,6 +177,20 @@ def test_stopping_makes_every_queued_launch_and_joins_the_thread():
     assert _threads() == before
 
 
+def test_a_request_published_just_before_the_stop_is_still_made():
+    """A loaded CI machine (6 Dec 2026) made 256 of 300: the thread had read num_requested, the last requests and the
+    stop landed, and it stopped on the stop without reading num_requested again. Each round stops right after its
+    last request, where that window is; every round must make every launch. The window is narrow: the old loop passes
+    this on an idle machine (three runs here), so it is a net for the race, not a proof of its fix."""
+    for num in (1, 2, 3, 17, 255, 256, 257) * 4:
+        rec = Recorder()
+        t = rec.thread()
+        for k in range(1, num + 1):
+            t.request(k, 0)
+        t.close()
+        assert [c[0] for c in rec.calls] == list(range(1, num + 1)), num
+
+
 def test_the_library_is_built_once_per_source(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     first = lt.build_library()

@@ -142,6 +142,7 @@ def test_a_store_is_dropped_from_memory_only_after_its_chunks_reached_the_disk_t
     bench = object.__new__(arms.RestoreBench)
     bench.engine, bench.tier, bench.tier_name = IdleEngine(), tier, "lmcache_mp"
     bench.switch = SimpleNamespace(set=lambda on: None)
+    bench.kv_digest, bench.stored_kv = SimpleNamespace(forget_held=lambda: None, take=lambda *a: None), {}  # no KV here
     context_bytes = 8 * 4096
 
     def run_group(engine, specs):
@@ -197,6 +198,7 @@ def test_a_store_taken_up_after_the_engine_went_idle_is_waited_for_by_its_bytes(
     bench = object.__new__(arms.RestoreBench)
     bench.engine, bench.tier, bench.tier_name = IdleEngine(), tier, "lmcache_mp"
     bench.switch = SimpleNamespace(set=lambda on: None)
+    bench.kv_digest, bench.stored_kv = SimpleNamespace(forget_held=lambda: None, take=lambda *a: None), {}  # no KV here
     context_bytes = 8 * 4096
 
     def run_group(engine, specs):

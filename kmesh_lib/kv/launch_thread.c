@@ -136,7 +136,12 @@ static void *run(void *arg) {
             __atomic_store_n(&s->num_launched, made + 1, __ATOMIC_RELEASE);
             continue;
         }
-        if (__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) break;
+        if (__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) {
+            /* the requests published before the stop may have landed after this pass read num_requested (a loaded
+               CI machine dropped the last 44 of 300 launches so): read it again now the stop is seen, and make them */
+            if (__atomic_load_n(&s->num_requested, __ATOMIC_ACQUIRE) > s->num_launched) continue;
+            break;
+        }
         int64_t ended = s->num_ended;
         if (ended < made) { /* the oldest launch whose copy is not seen ended yet */
             int k = (int)(ended % KL_RING);
