@@ -209,7 +209,7 @@ def test_a_count_that_raises_leaves_the_bytes_unknown_and_the_copy_whole():
     probe._add = lambda kind, t0, t1, counts=None: probe.added.append((kind, counts))
     probes.ComponentProbe._wrap_copy(probe, gpu, "batched_to_gpu")
     gpu.batched_to_gpu([FreedChunk(256), FreedChunk(256)], [0, 256], [256, 512])
-    assert gpu.copied == [(0, 256), (256, 512)] and probe.added == [("copy", None), ("place", None)]
+    assert gpu.copied == [(0, 256), (256, 512)] and probe.added == [("copy", (None, None))]  # one record: count, place
 
 
 class Tensor:

@@ -203,7 +203,7 @@ class ComponentProbe:
     def __init__(self, engine) -> None:
         self.lock = threading.Lock()
         self.active = False
-        self.calls: dict[str, list] = {k: [] for k in ("lookup", "load", "save", "exec", "disk", "recv", "copy", "place")}
+        self.calls: dict[str, list] = {k: [] for k in ("lookup", "load", "save", "exec", "disk", "recv", "copy")}
         executor = engine._engine.engine_core.engine_core.model_executor
         for name in ("execute_model", "sample_tokens"):
             if hasattr(executor, name):
@@ -277,9 +277,8 @@ class ComponentProbe:
                 return original(*args, **kwargs)
             finally:
                 t1 = _ns()
-                if self.active:
-                    self._add("copy", t0, t1, copied(name, args, kwargs))
-                    self._add("place", t0, t1, placed(name, args, kwargs))
+                if self.active:  # one record a call: what it was handed, and where its first object lives
+                    self._add("copy", t0, t1, (copied(name, args, kwargs), placed(name, args, kwargs)))
 
         setattr(gpu, name, copy)
 
@@ -335,7 +334,7 @@ class ComponentProbe:
         if not self.has_copies:
             return dict.fromkeys(("load_bytes", "load_chunks", "load_tokens", "load_skipped_tokens", "load_device",
                                   "load_pinned", "to_gpu_s", "to_gpu_in_load"))
-        counted = [x for _, _, x in c["copy"]]
+        counted = [x for _, _, (x, _) in c["copy"]]
         known = all(x is not None for x in counted)
         inside = [any(l0 <= t0 and t1 <= l1 for l0, l1, _ in c["load"]) for t0, t1, _ in c["copy"]]
         return {"load_bytes": sum(x[0] for x in counted) if known else None,
@@ -348,7 +347,7 @@ class ComponentProbe:
 
     def _places(self) -> dict:
         """``load_device`` and ``load_pinned`` (module docstring) from this follow-up's copy calls."""
-        places = [x for _, _, x in self.calls["place"]]
+        places = [x for _, _, (_, x) in self.calls["copy"]]
         if not places or any(p is None for p in places):
             return {"load_device": None, "load_pinned": None}
         devices = sorted({d for d, _ in places})
@@ -524,13 +523,16 @@ class KvDigest:
             num_blocks = num_tokens // self.block_size
             if ids is None or num_blocks == 0 or len(ids) < num_blocks:
                 return None
-            layers = []
+            layers, weights_of = [], {}  # one position weight vector per row width: the layers share theirs
             for t, dim in zip(self.kv_caches, self.block_dims, strict=True):
                 rows = t.index_select(dim, torch.tensor(ids[:num_blocks], dtype=torch.long, device=t.device))
                 rows = rows.movedim(dim, 0).reshape(num_blocks, -1)  # one row per block, its bytes in order
                 words = (rows.view(torch.int64) if rows.shape[1] * rows.element_size() % 8 == 0
                          else rows.view(torch.uint8).to(torch.int64))
-                weights = torch.arange(1, words.shape[1] + 1, dtype=torch.int64, device=words.device)
+                weights = weights_of.get((words.shape[1], words.device))
+                if weights is None:
+                    weights = weights_of[(words.shape[1], words.device)] = torch.arange(
+                        1, words.shape[1] + 1, dtype=torch.int64, device=words.device)
                 layers.append(torch.stack([words.sum(dim=1), (words * weights).sum(dim=1)], dim=1))
             return BlockDigest(torch.stack(layers).cpu(), self.block_size,
                                [(k, b) in held for k, b in enumerate(ids[:num_blocks])])
