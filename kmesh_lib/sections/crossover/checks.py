@@ -388,6 +388,14 @@ COPIES_SINCE = ("this run predates the copy hook (no row records components.load
 COPIED_ARMS = ("dram", "disk")  # LMCache's restores on its own tier (the in-process path's, where it ran in-process)
 
 
+def copied_whole(r) -> bool:
+    """A counted in-process restore's copy call was handed the whole context and skipped none of it (``load_bytes`` the
+    row's context bytes, ``load_tokens`` its tokens, no ``load_skipped_tokens``): ``copied_context_check``'s figure,
+    and the answer's (``summary.copied_by_point``)."""
+    c = r.components
+    return c.load_bytes == r.context_bytes and c.load_tokens == r.context_tokens and c.load_skipped_tokens == 0
+
+
 def copied_context_check(rows: list, children: list[ChildSummary]) -> Check:
     """``COPIED_CONTEXT_CHECK``: every in-process LMCache restore (of ``rows``, raw/rows.jsonl's and raw/pairs.jsonl's,
     warm-ups included: those of the arms ``COPIED_ARMS`` on the lmcache tier, path inproc) whose copy was counted
@@ -420,9 +428,7 @@ def copied_context_check(rows: list, children: list[ChildSummary]) -> Check:
         hooks = sorted({m.copy_hook for m in children if m.tier == "lmcache" and m.copy_hook})
         return Check(COPIED_CONTEXT_CHECK, "skipped", f"no in-process restore's copy was counted ({len(restores)} "
                                                       f"restores): {'; '.join(hooks) or 'no child records why'}")
-    return all_of(COPIED_CONTEXT_CHECK, counted,
-                  lambda r: r.components.load_bytes == r.context_bytes
-                  and r.components.load_tokens == r.context_tokens and r.components.load_skipped_tokens == 0,
+    return all_of(COPIED_CONTEXT_CHECK, counted, copied_whole,
                   lambda r: f"{r.tag}: copied {r.components.load_bytes} of {r.context_bytes} bytes, "
                             f"{r.components.load_tokens} of {r.context_tokens} tokens in {r.components.load_chunks} "
                             f"chunks, {r.components.load_skipped_tokens} of them held by vLLM")

@@ -203,17 +203,28 @@ def floor_table(table: list[dict], floors: dict, rows: list[FollowUp] = (), boun
         floor_ms = 1e3 * floor_s
         _, low, high = cost_interval(rows, model, n, arm)
         verdict = floor_verdict(low, high, [floor_ms, floor_ms], bound)
-        # floor_verdict's ratio range is exactly an interval wholly above the floor (NaN compares false: no interval)
-        ratio = floor_ms > 0 and low > floor_ms
         out.append({"model": model, "context_tokens": n, "path": arm, "context_mib": round(row["context_mib"], 2),
                     "restore_cost_ms": round(cost_ms, 3), "restore_cost_ci_ms": [_round(low, 3), _round(high, 3)],
                     "transfer_floor_ms": round(floor_ms, 3), "verdict": verdict,
-                    "x_floor": round(cost_ms / floor_ms, 1) if ratio else None})
+                    "x_floor": x_floor_of(cost_ms, low, floor_ms, 1)})
     return out
 
 
 GOAL_MIN_TOKENS = RESOLVE_MIN_TOKENS  # issue 13's goals: judged at every grid point of this many tokens and more
 GOAL_X = 1.2  # ... a restore within this factor of its floor, the retained GPU buffer of the resident follow-up
+
+
+def x_floor_of(median_ms: float, low_ms: float, floor_ms: float, digits: int) -> float | None:
+    """A median over its floor, rounded to ``digits``, only where its interval lies wholly above the floor (the
+    interval's low end above it: ``floor_verdict``'s ratio range), so never below 1; None elsewhere (NaN compares
+    false: no interval)."""
+    return round(median_ms / floor_ms, digits) if floor_ms > 0 and low_ms > floor_ms else None
+
+
+def within_goal(low_ms: float, high_ms: float, floor_ms: float, bounded: bool = True) -> bool:
+    """An interval within ``GOAL_X`` of its floor: wholly above 0, its upper end at most ``GOAL_X`` x the floor and,
+    for a value the floor bounds, not wholly below it (there a method problem). NaN (no interval) is never within."""
+    return bool(low_ms > 0 and high_ms <= GOAL_X * floor_ms and (high_ms >= floor_ms or not bounded))
 
 
 def goal_verdict(low_ms: float, high_ms: float, floor_ms: float) -> str:
@@ -225,12 +236,8 @@ def goal_verdict(low_ms: float, high_ms: float, floor_ms: float) -> str:
     at 16,384 tokens, +16.1 ms [15.8, 16.5] against a 16.9 ms floor, had read "met"), or was not
     computed (a difference of medians of a few follow-ups can fall below zero while the copy it contains
     takes a millisecond)."""
-    bound = GOAL_X * floor_ms
-    if low_ms != low_ms or high_ms != high_ms:  # NaN: fewer than two follow-ups on a side
-        return "unresolved"
-    if high_ms < floor_ms:
-        return "unresolved"
-    return "met" if 0 < low_ms and high_ms <= bound else "not met" if low_ms > bound else "unresolved"
+    # NaN (fewer than two follow-ups on a side) is neither within nor above
+    return "met" if within_goal(low_ms, high_ms, floor_ms) else "not met" if low_ms > GOAL_X * floor_ms else "unresolved"
 
 
 def cost_interval(rows: list[FollowUp], model: str, n: int, path: str) -> tuple[float, float, float]:
@@ -566,9 +573,8 @@ def goal_reading(median_ms: float, ci_ms: list | None, floor_ms: float, bound: b
     interval (fewer than two restores, [None, None]) is never within."""
     low, high = (float("nan"),) * 2 if not ci_ms or None in ci_ms else ci_ms
     verdict = floor_verdict(low, high, [floor_ms, floor_ms], bound, below=None if bounded else UNBOUNDED_BELOW)
-    above = floor_ms > 0 and low > floor_ms  # floor_verdict's ratio range (NaN compares false)
-    within = bool(low > 0 and high <= GOAL_X * floor_ms and (high >= floor_ms or not bounded))
-    return {"verdict": verdict, "x_floor": round(median_ms / floor_ms, 3) if above else None, "within": within}
+    return {"verdict": verdict, "x_floor": x_floor_of(median_ms, low, floor_ms, 3),
+            "within": within_goal(low, high, floor_ms, bounded)}
 
 
 def timeline_goal_table(splits: list[dict], distance: list[dict], bound: bool = True) -> list[dict]:

@@ -14,7 +14,7 @@ from kmesh_lib.base.records import RunFiles, recorded_packages
 from kmesh_lib.sections.crossover import gaps, report
 from kmesh_lib.sections.crossover.arms import RESIDENT_OF, RESIDENT_OF_TIER, TIER_OF, control_of, measured_at
 from kmesh_lib.sections.crossover.captures import GridRow
-from kmesh_lib.sections.crossover.checks import checks
+from kmesh_lib.sections.crossover.checks import checks, copied_whole
 from kmesh_lib.sections.crossover.tables import recomputed_tables
 
 LABEL = {"dram": "DRAM", "disk": "disk", "gpubuf_retained": "GPU-buffer (retained)",
@@ -286,18 +286,20 @@ def answer(run: RunFiles) -> str:
     rows = run.records("rows.jsonl")
     goal_rows = report.goal_table(tables["arms"], tables.get("floor_distance", []), rows)  # each computed once
     critical = report.critical_goal_table(tables.get("splits", []), tables.get("floor_distance", []))
-    goal_lines = _goal_sentences(tables, rows, p.SUFFIX_TOKENS, goal_rows, critical, bound=p.DEVICE == "cuda")
+    spans = report.timeline_goal_table(tables.get("splits", []), tables.get("floor_distance", []), p.DEVICE == "cuda")
+    goal_lines = _goal_sentences(tables, rows, p.SUFFIX_TOKENS, goal_rows, critical, bound=p.DEVICE == "cuda",
+                                 spans=spans)
     goals = ("The restore goals, one reading a line:\n\n" + "\n".join(f"- {line}" for line in goal_lines)
              if goal_lines else "")
     points = goal_points_table(tables, rows, goal_rows, critical)
     if points:
         goals += ("\n\nThe first restore goal point by point (median ms with its 95% bootstrap interval; the floor is "
                   "the path's own: bytes over the bandwidth measured in this run):\n\n" + points)
-    spans = span_goal_table(tables, bound=p.DEVICE == "cuda")
-    if spans:
+    span_lines = span_goal_table(tables, spans=spans)
+    if span_lines:
         goals += ("\n\nEach timed restore's own span against its floor (the tier's timeline, median ms with its 95% "
                   "bootstrap interval; within: the whole interval at most " + f"{report.GOAL_X}\u00d7 the floor):\n\n"
-                  + spans)
+                  + span_lines)
     pooled = forward_pairs_table(tables)
     if pooled:
         goals += ("\n\nThe forward pass " + ("(host stamps on the CPU build)" if p.DEVICE == "cpu" else "on the GPU")
@@ -587,7 +589,8 @@ def _resolution_sentences(table: list[dict], plans: dict | None = None, every: l
 def copied_by_point(run: RunFiles) -> dict[tuple, dict]:
     """What the in-process LMCache restores of each point's pairs handed their copy call (``lmcache.probes``'
     ``load_bytes``, recorded from e94b4c9), by (model, context tokens, path): ``num_counted`` restores that recorded
-    it, ``num_whole`` of them handed the whole context with no token skipped, the context's bytes and the median host
+    it, ``num_whole`` of them handed the whole context with no token skipped (``checks.copied_whole``, the check's
+    figure), the context's bytes and the median host
     time inside the call (``to_gpu_ms``, which synchronizes its load stream). Empty for runs without the count."""
     if not run.has_raw("pairs.jsonl"):
         return {}
@@ -599,7 +602,7 @@ def copied_by_point(run: RunFiles) -> dict[tuple, dict]:
         point = out.setdefault((r.model, r.context_tokens, r.pair_arm),
                                {"num_counted": 0, "num_whole": 0, "context_bytes": r.context_bytes, "to_gpu": []})
         point["num_counted"] += 1
-        point["num_whole"] += c.load_bytes == r.context_bytes and not c.load_skipped_tokens
+        point["num_whole"] += copied_whole(r)
         if c.to_gpu_s is not None:
             point["to_gpu"].append(1e3 * c.to_gpu_s)
     for point in out.values():
@@ -774,11 +777,13 @@ def _handoff_timing(h: dict) -> str:
 
 
 def _goal_sentences(tables: dict, rows: list[GridRow] | None = None, suffix_tokens: int | None = None,
-                    goals: list[dict] | None = None, critical: list[dict] | None = None, bound: bool = True) -> list[str]:
+                    goals: list[dict] | None = None, critical: list[dict] | None = None, bound: bool = True,
+                    spans: list[dict] | None = None) -> list[str]:
     """Issue 13's two goals as measured lines: how many grid points meet each, under each reading;
     the points themselves are in ``goal_points_table``. With ``rows``, the first goal is judged
     again by its cost's interval (``report.goal_verdict``). ``goals``/``critical``: ``report.goal_table``
-    and ``report.critical_goal_table`` where the caller has them already (else computed here). The span, the
+    and ``report.critical_goal_table`` where the caller has them already (else computed here), ``spans`` the same
+    for ``report.timeline_goal_table``. The span, the
     addition to the step and the launch-free addition count a point within ``GOAL_X`` only where its whole 95%
     interval is (``report.goal_reading``), and say how many of the rest their intervals leave at the floor or below
     it; ``bound``: whether the floors are physical bounds (``report.floor_verdict``)."""
@@ -802,7 +807,8 @@ def _goal_sentences(tables: dict, rows: list[GridRow] | None = None, suffix_toke
                       f"{report.GOAL_X}\u00d7 the floor; not met: its lower end above) met at {count['met']}, not met at "
                       f"{count['not met']}, unresolved "
                       f"at {count['unresolved']}" if verdicts else "") + ".")
-    spans = report.timeline_goal_table(tables.get("splits", []), tables.get("floor_distance", []), bound)
+    if spans is None:
+        spans = report.timeline_goal_table(tables.get("splits", []), tables.get("floor_distance", []), bound)
     early = any(r.get("critical_ms") is not None and r.get("launched_at") == "step_start"
                 for r in tables.get("splits", []))
     if spans:
@@ -983,11 +989,12 @@ def _unresolved(rows: list[dict], prefix: str = "") -> str:
     return f" (of the rest, {', '.join(said)})" if said else ""
 
 
-def span_goal_table(tables: dict, bound: bool = True) -> str:
-    """``report.timeline_goal_table`` as a Markdown table (empty: no timed span at a point of ``GOAL_MIN_TOKENS``
-    and more with a floor): each path's own span with its 95% interval, its floor, the verdict and whether the whole
-    interval is within ``GOAL_X``."""
-    spans = report.timeline_goal_table(tables.get("splits", []), tables.get("floor_distance", []), bound)
+def span_goal_table(tables: dict, bound: bool = True, spans: list[dict] | None = None) -> str:
+    """``report.timeline_goal_table`` (``spans`` where the caller has it already) as a Markdown table (empty: no timed
+    span at a point of ``GOAL_MIN_TOKENS`` and more with a floor): each path's own span with its 95% interval, its
+    floor, the verdict and whether the whole interval is within ``GOAL_X``."""
+    if spans is None:
+        spans = report.timeline_goal_table(tables.get("splits", []), tables.get("floor_distance", []), bound)
     if not spans:
         return ""
     head = ["model", "tokens", "path", "own span, ms [95%]", "floor, ms", "against the floor",
