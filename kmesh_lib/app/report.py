@@ -20,6 +20,7 @@ import html
 import json
 import re
 from dataclasses import dataclass
+from itertools import groupby
 from pathlib import Path
 from types import ModuleType
 
@@ -359,13 +360,10 @@ def calls_text(env: dict) -> str | None:
     calls = [c for c in env.get("calls") or [] if isinstance(c, dict)]
     if len(calls) < 2:
         return None
-    spans: list[list] = []  # [first call, last call, commit text]
-    for i, call in enumerate(calls, 1):
-        text = commit_text(call.get("git") or {})
-        if spans and spans[-1][2] == text:
-            spans[-1][1] = i
-        else:
-            spans.append([i, i, text])
+    spans = []  # (first call, last call, commit text): consecutive calls at one commit together
+    for text, run in groupby(enumerate(calls, 1), key=lambda ic: commit_text(ic[1].get("git") or {})):
+        numbers = [i for i, _ in run]
+        spans.append((numbers[0], numbers[-1], text))
     if len(spans) == 1:
         return f"{len(calls)} device calls, all at {spans[0][2]}"
     return f"{len(calls)} device calls: " + "; ".join(
