@@ -331,20 +331,22 @@ def test_the_kv_digest_is_equal_exactly_where_the_restore_wrote_the_stored_block
         scheduler.finish(request, list(dst) + [11])  # the follow-up's own tokens in a block of their own
         return probes.compare_kv(digest.take(request, context_tokens), stored)
 
-    def compared(equal, differing, reused) -> dict:
+    def compared(equal, differing, reused, by_layer=None, spans=None) -> dict:
         return {"kv_digest_equal": equal, "kv_digest_tokens": context_tokens,
-                "kv_digest_differing_tokens": differing * BLOCK, "kv_digest_reused_tokens": reused * BLOCK}
+                "kv_digest_differing_tokens": differing * BLOCK, "kv_digest_reused_tokens": reused * BLOCK,
+                "kv_digest_differing_by_layer": by_layer or [differing, differing], "kv_digest_differing_spans": spans or []}
 
     assert restore([5, 6, 7], "f0") == compared(True, 0, 0)
     assert restore([8, 10, 9], "f1") == compared(True, 0, 0)  # blocks in any order: the ids say which holds which
     assert digest.take("f1", context_tokens) is None  # a request is forgotten once taken
     scheduler.finish("f1-swapped", [8, 9, 10])  # the same blocks read as if 9 and 10 held each other's KV
-    assert probes.compare_kv(digest.take("f1-swapped", context_tokens), stored) == compared(False, 2, 1)  # 8 held 0's
+    # 8 held 0's
+    assert probes.compare_kv(digest.take("f1-swapped", context_tokens), stored) == compared(False, 2, 1, spans=[[1, 2]])
     caches[1].select(dim, 6)[0, 0, 0, 3] += 1  # one value of one row of one layer
     scheduler.finish("f2", [5, 6, 7])  # ... in blocks f0 held: reused, their equal digests no evidence
-    assert probes.compare_kv(digest.take("f2", context_tokens), stored) == compared(False, 1, 3)
+    assert probes.compare_kv(digest.take("f2", context_tokens), stored) == compared(False, 1, 3, by_layer=[0, 1], spans=[[1, 1]])
     scheduler.finish("f3", [4, 11, 3])  # a restore that wrote nothing, into blocks that never held those places
-    assert probes.compare_kv(digest.take("f3", context_tokens), stored) == compared(False, 3, 0)
+    assert probes.compare_kv(digest.take("f3", context_tokens), stored) == compared(False, 3, 0, spans=[[0, 2]])
     assert probes.compare_kv(None, stored) == dict.fromkeys(probes.KV_FIELDS)
 
 

@@ -548,7 +548,8 @@ class BlockDigest(NamedTuple):
     reused: list[bool]  # per block: it sat at the same position in an earlier request of the context
 
 
-KV_FIELDS = ("kv_digest_equal", "kv_digest_tokens", "kv_digest_differing_tokens", "kv_digest_reused_tokens")
+KV_FIELDS = ("kv_digest_equal", "kv_digest_tokens", "kv_digest_differing_tokens", "kv_digest_reused_tokens",
+             "kv_digest_differing_by_layer", "kv_digest_differing_spans")
 
 
 def compare_kv(now: BlockDigest | None, stored: BlockDigest | None) -> dict:
@@ -556,11 +557,23 @@ def compare_kv(now: BlockDigest | None, stored: BlockDigest | None) -> dict:
     ``kv_digest_equal`` (every block's digest in every layer equal), ``kv_digest_tokens`` (the tokens compared),
     ``kv_digest_differing_tokens`` (those of blocks whose digest differs in any layer: what the restore did not write
     as computed) and ``kv_digest_reused_tokens`` (those of blocks that held the same place in an earlier request of the
-    context: an equal digest there is no evidence). All None where either digest is missing or they differ in
-    shape."""
+    context: an equal digest there is no evidence). Where they differ, where: ``kv_digest_differing_by_layer`` (per
+    layer, its blocks whose digest differs) and ``kv_digest_differing_spans`` (the runs of differing blocks, each
+    ``[first, last]`` block index of the context, inclusive). All None where either digest is missing or they differ
+    in shape."""
     if now is None or stored is None or tuple(now.digests.shape) != tuple(stored.digests.shape):
         return dict.fromkeys(KV_FIELDS)
-    same = (now.digests == stored.digests).all(dim=2).all(dim=0).tolist()
+    differs = (now.digests != stored.digests).any(dim=2)  # (layers, blocks)
+    same = (~differs.any(dim=0)).tolist()
+    spans: list[list[int]] = []
+    for block, ok in enumerate(same):
+        if ok:
+            continue
+        if spans and spans[-1][1] == block - 1:
+            spans[-1][1] = block
+        else:
+            spans.append([block, block])
     return {"kv_digest_equal": all(same), "kv_digest_tokens": len(same) * now.block_size,
             "kv_digest_differing_tokens": same.count(False) * now.block_size,
-            "kv_digest_reused_tokens": sum(now.reused) * now.block_size}
+            "kv_digest_reused_tokens": sum(now.reused) * now.block_size,
+            "kv_digest_differing_by_layer": differs.sum(dim=1).tolist(), "kv_digest_differing_spans": spans}

@@ -229,6 +229,11 @@ class FollowUp(CaptureRecord):
     kv_digest_tokens: int | None = None
     kv_digest_differing_tokens: int | None = None
     kv_digest_reused_tokens: int | None = None
+    # where a restore's blocks differ: per layer, its differing blocks; the runs of differing blocks ([first, last]
+    # block index of the context); absent from every run published before them (the 7B DRAM run of 6 Dec 2026, 21:38,
+    # whose 64 restores all differed, the last)
+    kv_digest_differing_by_layer: list[int] | None = None
+    kv_digest_differing_spans: list[list[int]] | None = None
     model: str
     path: str
     measured: bool  # False: a warm-up repeat
