@@ -331,22 +331,29 @@ def test_the_kv_digest_is_equal_exactly_where_the_restore_wrote_the_stored_block
         scheduler.finish(request, list(dst) + [11])  # the follow-up's own tokens in a block of their own
         return probes.compare_kv(digest.take(request, context_tokens), stored)
 
-    def compared(equal, differing, reused, by_layer=None, spans=None) -> dict:
+    def compared(equal, differing, reused, by_layer=None, spans=None, zero=0, misplaced=0) -> dict:
         return {"kv_digest_equal": equal, "kv_digest_tokens": context_tokens,
                 "kv_digest_differing_tokens": differing * BLOCK, "kv_digest_reused_tokens": reused * BLOCK,
-                "kv_digest_differing_by_layer": by_layer or [differing, differing], "kv_digest_differing_spans": spans or []}
+                "kv_digest_differing_by_layer": by_layer or [differing, differing], "kv_digest_differing_spans": spans or [],
+                "kv_digest_zero_blocks": zero, "kv_digest_misplaced_blocks": misplaced}
 
     assert restore([5, 6, 7], "f0") == compared(True, 0, 0)
     assert restore([8, 10, 9], "f1") == compared(True, 0, 0)  # blocks in any order: the ids say which holds which
     assert digest.take("f1", context_tokens) is None  # a request is forgotten once taken
     scheduler.finish("f1-swapped", [8, 9, 10])  # the same blocks read as if 9 and 10 held each other's KV
-    # 8 held 0's
-    assert probes.compare_kv(digest.take("f1-swapped", context_tokens), stored) == compared(False, 2, 1, spans=[[1, 2]])
+    # 8 held 0's; 9 and 10 each hold the KV of the other's place
+    swapped = probes.compare_kv(digest.take("f1-swapped", context_tokens), stored)
+    assert swapped == compared(False, 2, 1, spans=[[1, 2]], misplaced=2)
     caches[1].select(dim, 6)[0, 0, 0, 3] += 1  # one value of one row of one layer
     scheduler.finish("f2", [5, 6, 7])  # ... in blocks f0 held: reused, their equal digests no evidence
     assert probes.compare_kv(digest.take("f2", context_tokens), stored) == compared(False, 1, 3, by_layer=[0, 1], spans=[[1, 1]])
     scheduler.finish("f3", [4, 11, 3])  # a restore that wrote nothing, into blocks that never held those places
     assert probes.compare_kv(digest.take("f3", context_tokens), stored) == compared(False, 3, 0, spans=[[0, 2]])
+    for t in caches:  # a copy from memory never written: block 4 all zero in every layer
+        t.select(dim, 4).zero_()
+    scheduler.finish("f4", [4, 1, 2])  # 1 and 2 are the store's own blocks, 4 held f3's first place
+    assert probes.compare_kv(digest.take("f4", context_tokens), stored) == compared(
+        False, 1, 3, by_layer=[1, 1], spans=[[0, 0]], zero=1)
     assert probes.compare_kv(None, stored) == dict.fromkeys(probes.KV_FIELDS)
 
 

@@ -549,7 +549,8 @@ class BlockDigest(NamedTuple):
 
 
 KV_FIELDS = ("kv_digest_equal", "kv_digest_tokens", "kv_digest_differing_tokens", "kv_digest_reused_tokens",
-             "kv_digest_differing_by_layer", "kv_digest_differing_spans")
+             "kv_digest_differing_by_layer", "kv_digest_differing_spans", "kv_digest_zero_blocks",
+             "kv_digest_misplaced_blocks")
 
 
 def compare_kv(now: BlockDigest | None, stored: BlockDigest | None) -> dict:
@@ -559,8 +560,10 @@ def compare_kv(now: BlockDigest | None, stored: BlockDigest | None) -> dict:
     as computed) and ``kv_digest_reused_tokens`` (those of blocks that held the same place in an earlier request of the
     context: an equal digest there is no evidence). Where they differ, where: ``kv_digest_differing_by_layer`` (per
     layer, its blocks whose digest differs) and ``kv_digest_differing_spans`` (the runs of differing blocks, each
-    ``[first, last]`` block index of the context, inclusive). All None where either digest is missing or they differ
-    in shape."""
+    ``[first, last]`` block index of the context, inclusive); and what a differing block holds where that can be told:
+    ``kv_digest_zero_blocks``, blocks whose bytes are all zero in every layer (a copy from memory never written), and
+    ``kv_digest_misplaced_blocks``, blocks that hold, in every layer, the KV the context was computed into at another
+    block (a copy to the wrong place). All None where either digest is missing or they differ in shape."""
     if now is None or stored is None or tuple(now.digests.shape) != tuple(stored.digests.shape):
         return dict.fromkeys(KV_FIELDS)
     differs = (now.digests != stored.digests).any(dim=2)  # (layers, blocks)
@@ -573,7 +576,12 @@ def compare_kv(now: BlockDigest | None, stored: BlockDigest | None) -> dict:
             spans[-1][1] = block
         else:
             spans.append([block, block])
+    keys = now.digests.transpose(0, 1).reshape(len(same), -1).tolist()  # per block, its digests in every layer
+    stored_keys = {tuple(k) for k in stored.digests.transpose(0, 1).reshape(len(same), -1).tolist()}
+    differing = [keys[b] for b, ok in enumerate(same) if not ok]
     return {"kv_digest_equal": all(same), "kv_digest_tokens": len(same) * now.block_size,
             "kv_digest_differing_tokens": same.count(False) * now.block_size,
             "kv_digest_reused_tokens": sum(now.reused) * now.block_size,
-            "kv_digest_differing_by_layer": differs.sum(dim=1).tolist(), "kv_digest_differing_spans": spans}
+            "kv_digest_differing_by_layer": differs.sum(dim=1).tolist(), "kv_digest_differing_spans": spans,
+            "kv_digest_zero_blocks": sum(not any(k) for k in differing),
+            "kv_digest_misplaced_blocks": sum(tuple(k) in stored_keys for k in differing)}

@@ -234,6 +234,10 @@ class FollowUp(CaptureRecord):
     # whose 64 restores all differed, the last)
     kv_digest_differing_by_layer: list[int] | None = None
     kv_digest_differing_spans: list[list[int]] | None = None
+    # of the differing blocks: those all zero in every layer, and those holding the KV computed into another block of
+    # the context (``lmcache.probes.compare_kv``); absent as the two above
+    kv_digest_zero_blocks: int | None = None
+    kv_digest_misplaced_blocks: int | None = None
     model: str
     path: str
     measured: bool  # False: a warm-up repeat

@@ -467,12 +467,20 @@ def kv_digest_check(rows: list, children: list[ChildSummary]) -> Check:
                                                  f"blocks an earlier request of its context had held: no evidence")
     out = all_of(KV_DIGEST_CHECK, judged, lambda r: r.kv_digest_equal is True,
                  lambda r: f"{r.tag}: {r.kv_digest_differing_tokens} of {r.kv_digest_tokens} tokens' KV differs "
-                           f"from the context as stored")
+                           f"from the context as stored" + held_text(r))
     fresh = sum(r.kv_digest_tokens - r.kv_digest_reused_tokens for r in judged)
     left = len(compared) - len(judged)
     return replace(out, detail=out.detail + f" ({fresh} of {sum(r.kv_digest_tokens for r in judged)} tokens on fresh "
                                             f"blocks" + (f"; {left} matching wholly on reused blocks left out)" if left
                                                          else ")"))
+
+def held_text(row) -> str:
+    """What a restore's differing blocks held, where the row records it (``lmcache.probes.compare_kv``)."""
+    if row.kv_digest_zero_blocks is None:
+        return ""
+    return (f" ({row.kv_digest_zero_blocks} of its differing blocks all zero, {row.kv_digest_misplaced_blocks} holding "
+            f"another place's KV)")
+
 
 ORDER_CHECK = ("every repeat ran each of its tier's arms once, in the recorded order (position and the arm before it)")
 
