@@ -312,3 +312,15 @@ def test_a_report_names_the_commit_of_every_device_call_a_resumed_run_spans():
         "calls 2-3 at b5c8238eff17")
     assert calls_text({"calls": [later, later]}) == "2 device calls, all at b5c8238eff17"
     assert calls_text({"calls": [later]}) is None and calls_text({}) is None
+
+
+def test_the_report_names_the_engine_settings_a_run_measured_with():
+    """A KV layout set by VLLM_KV_CACHE_LAYOUT is part of the measurement: the header names what env.json's environ
+    recorded of vLLM's and LMCache's variables; a run recorded before environ has no such row."""
+    from kmesh_lib.app.report import engine_settings_text
+
+    assert engine_settings_text({"environ": {"VLLM_KV_CACHE_LAYOUT": "HND", "CUDA_MODULE_LOADING": "LAZY"}}) == (
+        "VLLM_KV_CACHE_LAYOUT=HND")
+    assert engine_settings_text({"environ": {"CUDA_MODULE_LOADING": "LAZY"}}) == (
+        "none set (vLLM's and LMCache's defaults)")
+    assert engine_settings_text({}) is None

@@ -61,3 +61,24 @@ def test_a_new_run_overwrites(tmp_path):
     write_environment(path, env(), resume=False)
     write_environment(path, env(device="other"), resume=False)
     assert json.loads(path.read_text())["device"] == "other"
+
+
+def test_a_resumed_call_with_other_engine_settings_is_refused(tmp_path, monkeypatch):
+    """``VLLM_KV_CACHE_LAYOUT=HND`` changes the KV layout every copy kernel writes: a call set otherwise measures
+    another engine. Variables outside vLLM's and LMCache's (CUDA_*, ...) are recorded, not compared; a run begun
+    before env.json recorded them is held to the rest."""
+    from kmesh_lib.base.records import engine_environ
+
+    monkeypatch.setenv("VLLM_KV_CACHE_LAYOUT", "HND")
+    monkeypatch.setenv("VLLM_API_KEY", "not recorded")
+    recorded = engine_environ()
+    assert recorded["VLLM_KV_CACHE_LAYOUT"] == "HND" and "VLLM_API_KEY" not in recorded
+    path = tmp_path / "env.json"
+    write_environment(path, env() | {"environ": {"VLLM_KV_CACHE_LAYOUT": "HND", "CUDA_MODULE_LOADING": "LAZY"}}, True)
+    write_environment(path, env() | {"environ": {"VLLM_KV_CACHE_LAYOUT": "HND"}}, resume=True)
+    with pytest.raises(RunFileError, match="engine settings"):
+        write_environment(path, env() | {"environ": {}}, resume=True)
+    before = tmp_path / "before.json"
+    write_environment(before, env(), resume=True)
+    write_environment(before, env() | {"environ": {"VLLM_KV_CACHE_LAYOUT": "HND"}}, resume=True)
+    assert len(json.loads(before.read_text())["calls"]) == 1

