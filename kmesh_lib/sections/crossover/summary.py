@@ -239,6 +239,8 @@ def answer(run: RunFiles) -> str:
     wins = {path: [m for m, paths in per_model.items() if path in paths and paths[path]["crossover_tokens"] is not None]
             for path in report.RESTORES}
     longest = max(max(_speedups(r)) for paths in per_model.values() for r in paths.values())
+    digests = kv_digest_by_path(run)
+    wrong = not_as_computed(digests)
     lead = []
     for path in report.RESTORES:
         have = [m for m, paths in per_model.items() if path in paths]
@@ -252,7 +254,9 @@ def answer(run: RunFiles) -> str:
             lead.append(f"{LABEL[path]} restore never does, up to {_n(longest)} tokens")
         else:
             lead.append(f"{LABEL[path]} restore beats recompute for {', '.join(wins[path])} only")
-    text = ["**" + "; ".join(lead) + ".**"]
+        if path in wrong:
+            lead[-1] += " (its restores left KV other than the computed in vLLM's blocks)"
+    text = ["**" + "; ".join(lead) + ".**" + (f" {kv}" if (kv := kv_digest_sentence(digests)) else "")]
     text.append(f"Per model ({p.DTYPE}, {p.BLOCK_SIZE}-token blocks, {p.WEIGHTS} weights on {p.DEVICE}; "
                 f"medians of {p.NUM_REPEATS} measured follow-ups per point; each speed-up is recompute's first token "
                 "over the restore's, each on its own tier's engine where the run measured that engine's recompute at "
@@ -609,6 +613,61 @@ def copied_by_point(run: RunFiles) -> dict[tuple, dict]:
         times = point.pop("to_gpu")
         point["to_gpu_ms"] = float(numpy.median(times)) if times else None
     return out
+
+
+def kv_digest_by_path(run: RunFiles) -> dict[str, dict]:
+    """What the KV digest found after each restore path's restores (``checks.kv_digest_check``'s evidence: grid and
+    paired rows whose blocks were compared), by path: ``num_compared``, ``num_differing`` (any block differs),
+    ``num_all_differing`` (every block differs), ``num_fresh_equal`` (equal with some block no earlier request of the
+    context held: the equal ones that are evidence), and, where recorded, the differing blocks all zero
+    (``num_zero_blocks``) and holding another place's KV (``num_misplaced_blocks``), summed. Empty for runs before it."""
+    followups = run.records("rows.jsonl") + (run.records("pairs.jsonl") if run.has_raw("pairs.jsonl") else [])
+    out: dict[str, dict] = {}
+    for r in followups:
+        if r.kv_digest_equal is None:
+            continue
+        path = out.setdefault(r.arm, {"num_compared": 0, "num_differing": 0, "num_all_differing": 0,
+                                      "num_fresh_equal": 0, "num_zero_blocks": None, "num_misplaced_blocks": None})
+        path["num_compared"] += 1
+        path["num_differing"] += not r.kv_digest_equal
+        path["num_all_differing"] += r.kv_digest_differing_tokens == r.kv_digest_tokens
+        path["num_fresh_equal"] += bool(r.kv_digest_equal and r.kv_digest_reused_tokens < r.kv_digest_tokens)
+        for key, value in (("num_zero_blocks", r.kv_digest_zero_blocks),
+                           ("num_misplaced_blocks", r.kv_digest_misplaced_blocks)):
+            if value is not None:
+                path[key] = (path[key] or 0) + value
+    return out
+
+
+def not_as_computed(by_path: dict[str, dict]) -> list[str]:
+    """The restore paths some of whose restores left KV in vLLM's blocks other than the KV computed: their times are
+    a copy's, not a restore's."""
+    return [path for path, d in by_path.items() if d["num_differing"]]
+
+
+def kv_digest_sentence(by_path: dict[str, dict]) -> str:
+    """One plain sentence: per path, how many restores left the KV as computed (``kv_digest_by_path``). '' without
+    a compared restore."""
+    if not by_path:
+        return ""
+    parts = []
+    for path, d in by_path.items():
+        label = f"{'in-process LMCache ' if path in ('dram', 'disk') else ''}{LABEL.get(path, path)}"
+        if d["num_differing"]:
+            held = ""
+            if d["num_zero_blocks"] is not None:
+                held = (f"; of their differing blocks {d['num_zero_blocks']:,} all zero and {d['num_misplaced_blocks']:,} "
+                        "holding another place's KV")
+            parts.append(f"{label}: {d['num_differing']} of {d['num_compared']} restores differ"
+                         + (f", {d['num_all_differing']} in every block" if d["num_all_differing"] else "") + held)
+        else:
+            parts.append(f"{label}: all {d['num_compared']} equal ({d['num_fresh_equal']} on fresh blocks)")
+    bad = not_as_computed(by_path)
+    return ("After every restore the KV in vLLM's blocks was digested block by block against the KV the context was "
+            "computed into: " + "; ".join(parts) + "."
+            + (f" So {', '.join(LABEL.get(p, p) for p in bad)} did not restore the context: "
+               f"{'its' if len(bad) == 1 else 'their'} times are a copy's, not a restore's, and stand as measured."
+               if bad else ""))
 
 
 def _below_pair_floor_sentences(table: list[dict], copied: dict[tuple, dict] | None = None) -> list[str]:
@@ -1193,6 +1252,11 @@ def verdict(run: RunFiles) -> list[str]:
                                              if _has_interval(r, longest)) + " there)"
                             if any(_has_interval(r, longest) for r in never) else ""))
         out.append("; ".join(parts) + ".")
+    digests = kv_digest_by_path(run)
+    if wrong := not_as_computed(digests):
+        out.append(f"But {', '.join(LABEL.get(p, p) for p in wrong)} restores left KV other than the computed in "
+                   "vLLM's blocks (" + "; ".join(f"{digests[p]['num_differing']} of {digests[p]['num_compared']}"
+                                                for p in wrong) + "): those speed-ups are a copy's, not a restore's.")
     return out
 
 
@@ -1202,8 +1266,14 @@ def findings(run: RunFiles) -> list[dict]:
     run = RunFiles.of(run)
     tables = recomputed_tables(run)
     rows: dict[str, dict] = {}
+    digests = kv_digest_by_path(run)
     for model, paths in _by_model(tables["crossover"]).items():
         for path, r in paths.items():
+            if path in not_as_computed(digests):
+                recompute_note = (f"; KV not as computed in {digests[path]['num_differing']} of "
+                                  f"{digests[path]['num_compared']} restores")
+            else:
+                recompute_note = ""
             speed = _speedups(r)
             longest = max(speed)
             point = r["crossover_tokens"]
@@ -1212,11 +1282,12 @@ def findings(run: RunFiles) -> list[dict]:
                           else f" (recompute {rec:,.0f} ms{_other_engine(tables, r, longest)})") if rec else "")
             if len(speed) == 1:  # one length: no crossover to name, only where it stands there
                 rows.setdefault(path, {"restore": LABEL[path]})[model] = (
-                    f"{_speedup(r, longest)} at {_n(longest)} tokens, the only length measured{recompute}")
+                    f"{_speedup(r, longest)} at {_n(longest)} tokens, the only length measured{recompute}"
+                    + recompute_note)
                 continue
             rows.setdefault(path, {"restore": LABEL[path]})[model] = (
                 (f"from {_n(point)} tokens" if point is not None else "never")
-                + f"; {_speedup(r, longest)} at {_n(longest)}" + recompute)
+                + f"; {_speedup(r, longest)} at {_n(longest)}" + recompute + recompute_note)
     # a planned restore path with no crossover row at all still gets its row: not measured, and its child's status
     # (060001-01f9: the server tier's child finished store_short, and the first screen had no table to say so)
     measured = {(model, path) for model, paths in _by_model(tables["crossover"]).items() for path in paths}
