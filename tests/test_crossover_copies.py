@@ -501,3 +501,35 @@ def test_the_kv_digest_check_is_left_out_of_runs_that_predate_it_and_skipped_whe
     assert unreached.status == "skipped" and not unreached.predates and "lmcache: not taken: why" in unreached.detail
     reused = kv_digest_check(as_grid_rows([digested("g-reused", True, reused=512)]), [])
     assert reused.status == "skipped" and not reused.predates and "no evidence" in reused.detail
+
+
+def test_the_answer_names_the_paths_whose_restores_left_kv_other_than_the_computed():
+    """2eb3 (0.5B, every tier at 16,384 tokens, H100): the GPU buffer's and LMCache's server's restores left the KV as
+    computed, in-process LMCache's DRAM and disk restores did not. The verdict, the findings and the answer say so per
+    path, with the counts the check judged; a run from before the digest (a47e) reads as it did."""
+    from kmesh_lib.base import paths
+    from kmesh_lib.base.public import MAX_VERDICT_CHARS
+    from kmesh_lib.base.records import RunFiles
+    from kmesh_lib.sections.crossover import summary
+
+    folder = paths.OUTPUTS / "crossover" / "gpu-20261206-221651-2eb3"
+    if not folder.is_dir():
+        pytest.skip("the published run is not in this checkout")
+    run = RunFiles(folder)
+    digests = summary.kv_digest_by_path(run)
+    assert {p: (d["num_compared"], d["num_differing"]) for p, d in digests.items()} == {
+        "dram": (73, 73), "disk": (17, 17), "gpubuf_retained": (73, 0), "gpubuf_layered": (73, 0),
+        "gpubuf_offthread": (73, 0), "gpubuf_disk": (17, 0), "lmcache_mp": (73, 0)}
+    assert sorted(summary.not_as_computed(digests)) == ["disk", "dram"]
+    verdict = summary.verdict(run)
+    assert all(len(s) <= MAX_VERDICT_CHARS for s in verdict)  # six paths at one length: split, not cut
+    assert verdict[-1] == ("But DRAM, disk restores left KV other than the computed in vLLM's blocks (73 of 73; 17 of "
+                           "17): those speed-ups are a copy's, not a restore's.")
+    cells = {row["restore"]: row["qwen2.5-0.5b"] for row in summary.findings(run)}
+    assert cells["DRAM"].endswith("KV not as computed in 73 of 73 restores")
+    assert "KV not as computed" not in cells["LMCache server (MP, DRAM)"]
+    answer = summary.answer(run)
+    assert "So DRAM, disk did not restore the context: their times are a copy's, not a restore's" in answer
+    assert "LMCache server (MP, DRAM): all 73 equal" in answer
+    before = RunFiles(paths.OUTPUTS / "crossover" / "gpu-20261205-114504-a47e")
+    assert summary.kv_digest_by_path(before) == {} and not any("copy's" in s for s in summary.verdict(before))

@@ -16,13 +16,18 @@ from kmesh_lib.app.compact import FORMAT
 from kmesh_lib.app.published import SCHEMA
 from kmesh_lib.app.registry import call_section
 from kmesh_lib.base.checks import summarize
-from kmesh_lib.base.public import LABEL_PATTERN, PublicContentError, validate_public, validate_size
+from kmesh_lib.base.public import (
+    LABEL_PATTERN,
+    MAX_VERDICT_CHARS,
+    PublicContentError,
+    validate_public,
+    validate_size,
+)
 from kmesh_lib.base.records import PACKAGES, RunFiles, recorded_packages
 
 ENVIRONMENT_KEYS = ("python", "device", "cuda", "cpu_count", "time_utc")
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_.:/+=\-]{1,96}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
-MAX_VERDICT_CHARS = 600  # a verdict sentence names a figure and its interval; longer is a paragraph
 PUBLISHING_FIELDS = ("failure_note", "shared_captures", "captures_with_paths_rewritten")  # given, not rebuilt
 
 

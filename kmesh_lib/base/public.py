@@ -27,6 +27,7 @@ PRIVATE_KEY_PARTS = ("token_ids", "prompt_text", "answer", "completion_text", "o
 # A key is a section's own label ("mp N=4", "A first token 95% CI ms"), never text from input data;
 # the pattern keeps anything long or odd out even if a section slipped.
 LABEL_PATTERN = re.compile(r"^[A-Za-z0-9 _.:+=\-(),/%'<>\[\]]{1,96}$")
+MAX_VERDICT_CHARS = 600  # a verdict sentence names a figure and its interval; longer is a paragraph
 KEY_PATTERN = LABEL_PATTERN
 MAX_KEY_CHARS = 96
 MAX_STRING_CHARS = 240  # check names and formatted figures; a prompt or output is far longer

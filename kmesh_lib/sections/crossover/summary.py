@@ -9,7 +9,7 @@ import numpy
 
 from kmesh_lib.base.checks import verdict as checks_verdict
 from kmesh_lib.base.intervals import white_noise_bound
-from kmesh_lib.base.public import MAX_STRING_CHARS
+from kmesh_lib.base.public import MAX_STRING_CHARS, MAX_VERDICT_CHARS
 from kmesh_lib.base.records import RunFiles, recorded_packages
 from kmesh_lib.sections.crossover import gaps, report
 from kmesh_lib.sections.crossover.arms import RESIDENT_OF, RESIDENT_OF_TIER, TIER_OF, control_of, measured_at
@@ -1251,7 +1251,11 @@ def verdict(run: RunFiles) -> list[str]:
                          + (" (" + ", ".join(f"{LABEL[r['path']]} {_speedup(r, longest)}" for r in never
                                              if _has_interval(r, longest)) + " there)"
                             if any(_has_interval(r, longest) for r in never) else ""))
-        out.append("; ".join(parts) + ".")
+        sentence = "; ".join(parts) + "."
+        if len(sentence) <= MAX_VERDICT_CHARS or len(parts) == 1:
+            out.append(sentence)
+        else:  # many paths at one length: what beats recompute and what never does, a sentence each
+            out += [parts[0] + ".", f"{model}: {parts[1]}."]
     digests = kv_digest_by_path(run)
     if wrong := not_as_computed(digests):
         out.append(f"But {', '.join(LABEL.get(p, p) for p in wrong)} restores left KV other than the computed in "
