@@ -523,13 +523,14 @@ def test_the_answer_names_the_paths_whose_restores_left_kv_other_than_the_comput
     assert sorted(summary.not_as_computed(digests)) == ["disk", "dram"]
     verdict = summary.verdict(run)
     assert all(len(s) <= MAX_VERDICT_CHARS for s in verdict)  # six paths at one length: split, not cut
-    assert verdict[-1] == ("But DRAM, disk restores left KV other than the computed in vLLM's blocks (73 of 73; 17 of "
-                           "17): those speed-ups are a copy's, not a restore's.")
+    assert verdict[-1] == ("But in-process LMCache's DRAM and disk restores left KV other than the computed in vLLM's "
+                           "blocks (73 of 73; 17 of 17): those speed-ups are a copy's, not a restore's.")
     cells = {row["restore"]: row["qwen2.5-0.5b"] for row in summary.findings(run)}
     assert cells["DRAM"].endswith("KV not as computed in 73 of 73 restores")
     assert "KV not as computed" not in cells["LMCache server (MP, DRAM)"]
     answer = summary.answer(run)
-    assert "So DRAM, disk did not restore the context: their times are a copy's, not a restore's" in answer
+    assert ("So in-process LMCache's DRAM and disk restores did not restore the context: their times are a copy's, "
+            "not a restore's") in answer
     assert "LMCache server (MP, DRAM): all 73 equal" in answer
     before = RunFiles(paths.OUTPUTS / "crossover" / "gpu-20261205-114504-a47e")
     assert summary.kv_digest_by_path(before) == {} and not any("copy's" in s for s in summary.verdict(before))

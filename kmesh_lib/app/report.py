@@ -72,7 +72,7 @@ details.fold>summary{cursor:pointer;color:#0b5cad;font-weight:600}
 .input_area pre,.output_text pre,pre{margin:0;white-space:pre-wrap;word-break:break-word}
 .output_area{margin:.4em 0 0 0;overflow-x:auto}.output_stderr{background:#fff5f5}.output_error pre{color:#a40000}
 .output_png img,.rendered_html img{max-width:100%;height:auto}
-table.dataframe{border-collapse:collapse;font-size:13px;margin:.4em 0}
+table.dataframe{border-collapse:collapse;font-size:13px;margin:.4em 0;display:block;max-width:100%;overflow-x:auto}
 table.dataframe th,table.dataframe td{border:1px solid #ddd;padding:.2em .5em;text-align:right;vertical-align:top;
 max-width:22em;overflow-wrap:anywhere}
 table.dataframe thead th{background:#f0f0f0;text-align:center}table.dataframe tbody tr:nth-child(odd){background:#fafafa}

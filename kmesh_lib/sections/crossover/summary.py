@@ -645,6 +645,14 @@ def not_as_computed(by_path: dict[str, dict]) -> list[str]:
     return [path for path, d in by_path.items() if d["num_differing"]]
 
 
+def _paths_named(paths: list[str]) -> str:
+    """Restore paths in a sentence: LMCache's in-process ones (DRAM, disk) named as such, joined with 'and'."""
+    inproc = [LABEL[p] for p in paths if p in ("dram", "disk")]
+    names = ([f"in-process LMCache's {' and '.join(inproc)}"] if inproc else []) + [
+        f"the {LABEL.get(p, p)}" for p in paths if p not in ("dram", "disk")]
+    return ", ".join(names[:-1]) + (" and " if len(names) > 1 else "") + names[-1]
+
+
 def kv_digest_sentence(by_path: dict[str, dict]) -> str:
     """One plain sentence: per path, how many restores left the KV as computed (``kv_digest_by_path``). '' without
     a compared restore."""
@@ -665,7 +673,7 @@ def kv_digest_sentence(by_path: dict[str, dict]) -> str:
     bad = not_as_computed(by_path)
     return ("After every restore the KV in vLLM's blocks was digested block by block against the KV the context was "
             "computed into: " + "; ".join(parts) + "."
-            + (f" So {', '.join(LABEL.get(p, p) for p in bad)} did not restore the context: "
+            + (f" So {_paths_named(bad)} restores did not restore the context: "
                f"{'its' if len(bad) == 1 else 'their'} times are a copy's, not a restore's, and stand as measured."
                if bad else ""))
 
@@ -1258,9 +1266,9 @@ def verdict(run: RunFiles) -> list[str]:
             out += [parts[0] + ".", f"{model}: {parts[1]}."]
     digests = kv_digest_by_path(run)
     if wrong := not_as_computed(digests):
-        out.append(f"But {', '.join(LABEL.get(p, p) for p in wrong)} restores left KV other than the computed in "
-                   "vLLM's blocks (" + "; ".join(f"{digests[p]['num_differing']} of {digests[p]['num_compared']}"
-                                                for p in wrong) + "): those speed-ups are a copy's, not a restore's.")
+        out.append(f"But {_paths_named(wrong)} restores left KV other than the computed in vLLM's blocks ("
+                   + "; ".join(f"{digests[p]['num_differing']} of {digests[p]['num_compared']}" for p in wrong)
+                   + "): those speed-ups are a copy's, not a restore's.")
     return out
 
 
