@@ -1172,6 +1172,10 @@ def public_results(run: RunFiles) -> dict:
            if tables.get("restore_resolution") else {}),
         "models": [{k: getattr(m, k) for k in ("model", "path", "kv_bytes_per_token", "status", "engine_start_s")}
                    for m in run.records("models.jsonl")],
+        # per restore path, its restores whose KV was digested and those that left KV other than the computed (runs
+        # from afabb7f; absent before, so older public documents read as they were)
+        **({"kv_digest": {path: {k: d[k] for k in ("num_compared", "num_differing")} for path, d in digests.items()}}
+           if (digests := kv_digest_by_path(run)) else {}),
     }
 
 
@@ -1392,4 +1396,28 @@ def replications(standing: dict, others: list[dict]) -> str:
         parts.append(f"{model} {LABEL.get(path, path)} at {_n(n)} tokens in {len(seen)} other {device} run"
                      f"{'s' if len(seen) > 1 else ''}: " + ", ".join(text for _, text in seen)
                      + f"; {min(values):.2f}\u2013{max(values):.2f}\u00d7 across the {len(values)} runs")
-    return ("The same point elsewhere (each interval holds within its own run): " + "; ".join(parts) + ".") if parts else ""
+    text = ("The same point elsewhere (each interval holds within its own run): " + "; ".join(parts) + ".") if parts else ""
+    return " ".join(t for t in (text, _copies_elsewhere(standing, others)) if t)
+
+
+def _copies_elsewhere(standing: dict, others: list[dict]) -> str:
+    """Where the path the standing run's verdict quotes left KV other than the computed in vLLM's blocks in another
+    published run on the same vLLM and LMCache (any card: the copy is the software's), one sentence that says so, with
+    each run's count; '' where no run digested it or every digest was equal."""
+    versions = recorded_packages(standing.get("environment") or {})
+    stack = (versions.get("vllm"), versions.get("lmcache"))
+    paths = {quoted[0] for model in {m for m, _, _ in _point_speedups(standing)}
+             if (quoted := _quoted_point(standing, model)) is not None}
+    out = []
+    for path in sorted(paths):
+        seen = []
+        for d in sorted(others, key=lambda d: d["run_id"]):
+            packages = recorded_packages(d.get("environment") or {})
+            digest = ((d.get("results") or {}).get("kv_digest") or {}).get(path)
+            if (packages.get("vllm"), packages.get("lmcache")) == stack and digest and digest["num_differing"]:
+                seen.append(f"{d['run_id'][-4:]}: {digest['num_differing']} of {digest['num_compared']}")
+        if seen:
+            out.append(f"But on the same stack (vLLM {stack[0]}, LMCache {stack[1]}) {_paths_named([path])} restores "
+                       f"left KV other than the computed in vLLM's blocks wherever it was digested ({'; '.join(seen)}): "
+                       f"that speed-up is a copy's time, not a restore's.")
+    return " ".join(out)
