@@ -1286,10 +1286,10 @@ def findings(run: RunFiles) -> list[dict]:
     for model, paths in _by_model(tables["crossover"]).items():
         for path, r in paths.items():
             if path in not_as_computed(digests):
-                recompute_note = (f"; KV not as computed in {digests[path]['num_differing']} of "
+                kv_note = (f"; KV not as computed in {digests[path]['num_differing']} of "
                                   f"{digests[path]['num_compared']} restores")
             else:
-                recompute_note = ""
+                kv_note = ""
             speed = _speedups(r)
             longest = max(speed)
             point = r["crossover_tokens"]
@@ -1299,11 +1299,11 @@ def findings(run: RunFiles) -> list[dict]:
             if len(speed) == 1:  # one length: no crossover to name, only where it stands there
                 rows.setdefault(path, {"restore": LABEL[path]})[model] = (
                     f"{_speedup(r, longest)} at {_n(longest)} tokens, the only length measured{recompute}"
-                    + recompute_note)
+                    + kv_note)
                 continue
             rows.setdefault(path, {"restore": LABEL[path]})[model] = (
                 (f"from {_n(point)} tokens" if point is not None else "never")
-                + f"; {_speedup(r, longest)} at {_n(longest)}" + recompute + recompute_note)
+                + f"; {_speedup(r, longest)} at {_n(longest)}" + recompute + kv_note)
     # a planned restore path with no crossover row at all still gets its row: not measured, and its child's status
     # (060001-01f9: the server tier's child finished store_short, and the first screen had no table to say so)
     measured = {(model, path) for model, paths in _by_model(tables["crossover"]).items() for path in paths}
