@@ -27,7 +27,7 @@ from types import ModuleType
 from kmesh_lib.app import report_body as rb
 from kmesh_lib.app.registry import SectionError, call_section
 from kmesh_lib.base.checks import STATUSES
-from kmesh_lib.base.records import ENGINE_ENV_COMPARED, ENGINE_LOG, RunFileError, RunFiles, recorded_packages
+from kmesh_lib.base.records import ENGINE_LOG, RunFileError, RunFiles, engine_settings, recorded_packages
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 ANSI = r"(?:\x1b\[[0-9;]*m)*"
@@ -375,8 +375,7 @@ def engine_settings_text(env: dict) -> str | None:
     from 6 Dec 2026; None for a run before it): a KV layout or a backend set there is part of what was measured."""
     if not isinstance(env.get("environ"), dict):
         return None
-    settings = [f"{k}={v}" for k, v in env["environ"].items() if k.startswith(ENGINE_ENV_COMPARED)]
-    return ", ".join(settings) or "none set (vLLM's and LMCache's defaults)"
+    return ", ".join(f"{k}={v}" for k, v in engine_settings(env).items()) or "none set (vLLM's and LMCache's defaults)"
 
 
 def header_html(section: ModuleType, run: RunFiles, left_out: LeftOut, answer: str | None, answer_error: str,

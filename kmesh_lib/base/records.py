@@ -252,6 +252,12 @@ def engine_environ() -> dict:
             and not any(word in k for word in ("KEY", "TOKEN", "SECRET", "PASSWORD"))}
 
 
+def engine_settings(env: dict) -> dict:
+    """Of an env.json's recorded ``environ``, vLLM's and LMCache's variables (``ENGINE_ENV_COMPARED``): what a resumed
+    run's calls must share and what its report names; {} for a run recorded before ``environ``."""
+    return {k: v for k, v in (env.get("environ") or {}).items() if k.startswith(ENGINE_ENV_COMPARED)}
+
+
 def environment(device: str | None = None) -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -347,8 +353,6 @@ def _stack_changes(first: dict, now: dict) -> list[tuple[str, object, object]]:
     if first.get("nvidia_driver") is not None:  # a driver update changes copy and kernel timings on the same card
         pairs.append(("NVIDIA driver", first["nvidia_driver"], now.get("nvidia_driver")))
     if "environ" in first:  # recorded from 6 Dec 2026; a run begun before is held to the rest alone
-        def engine_settings(env: dict) -> dict:
-            return {k: v for k, v in (env.get("environ") or {}).items() if k.startswith(ENGINE_ENV_COMPARED)}
         pairs.append(("engine settings", engine_settings(first), engine_settings(now)))
     return [(key, was, cur) for key, was, cur in pairs if was != cur]
 

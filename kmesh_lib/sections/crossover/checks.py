@@ -54,6 +54,12 @@ def kv_bytes(run: RunFiles) -> dict[str, int]:
     return {m.model: m.kv_bytes_per_token for m in run.records("models.jsonl")}
 
 
+def all_followups(run: RunFiles) -> list:
+    """Every follow-up the run measured: the grid's (raw/rows.jsonl) and the paired design's (raw/pairs.jsonl, where
+    the run has it), warm-ups included: the evidence of the checks that hold every restore to its copy and its KV."""
+    return run.records("rows.jsonl") + (run.records("pairs.jsonl") if run.has_raw("pairs.jsonl") else [])
+
+
 def checks(run: RunFiles) -> list[Check]:
     """Section 21's checks: the grid ran whole, every follow-up found the context where its arm put
     it, and every table in results.json is what the rows give."""
@@ -139,7 +145,7 @@ def checks(run: RunFiles) -> list[Check]:
                      f"{len(crossover)} rows for {len(models)} models x {len(restores)} paths", measured, no_rows))
     out.append(floor_check(run.results.get("floors") or {}, tiers))
     out += paired_checks(run)
-    followups = rows + (run.records("pairs.jsonl") if run.has_raw("pairs.jsonl") else [])
+    followups = all_followups(run)
     out.append(copied_context_check(followups, children))
     out.append(kv_digest_check(followups, children))
     return out

@@ -14,7 +14,7 @@ from kmesh_lib.base.records import RunFiles, recorded_packages
 from kmesh_lib.sections.crossover import gaps, report
 from kmesh_lib.sections.crossover.arms import RESIDENT_OF, RESIDENT_OF_TIER, TIER_OF, control_of, measured_at
 from kmesh_lib.sections.crossover.captures import GridRow
-from kmesh_lib.sections.crossover.checks import checks, copied_whole
+from kmesh_lib.sections.crossover.checks import all_followups, checks, copied_whole
 from kmesh_lib.sections.crossover.tables import recomputed_tables
 
 LABEL = {"dram": "DRAM", "disk": "disk", "gpubuf_retained": "GPU-buffer (retained)",
@@ -621,9 +621,8 @@ def kv_digest_by_path(run: RunFiles) -> dict[str, dict]:
     ``num_all_differing`` (every block differs), ``num_fresh_equal`` (equal with some block no earlier request of the
     context held: the equal ones that are evidence), and, where recorded, the differing blocks all zero
     (``num_zero_blocks``) and holding another place's KV (``num_misplaced_blocks``), summed. Empty for runs before it."""
-    followups = run.records("rows.jsonl") + (run.records("pairs.jsonl") if run.has_raw("pairs.jsonl") else [])
     out: dict[str, dict] = {}
-    for r in followups:
+    for r in all_followups(run):
         if r.kv_digest_equal is None:
             continue
         path = out.setdefault(r.arm, {"num_compared": 0, "num_differing": 0, "num_all_differing": 0,
@@ -1283,9 +1282,10 @@ def findings(run: RunFiles) -> list[dict]:
     tables = recomputed_tables(run)
     rows: dict[str, dict] = {}
     digests = kv_digest_by_path(run)
+    wrong = not_as_computed(digests)
     for model, paths in _by_model(tables["crossover"]).items():
         for path, r in paths.items():
-            if path in not_as_computed(digests):
+            if path in wrong:
                 kv_note = (f"; KV not as computed in {digests[path]['num_differing']} of "
                                   f"{digests[path]['num_compared']} restores")
             else:
