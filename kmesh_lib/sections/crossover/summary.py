@@ -659,7 +659,7 @@ def kv_digest_sentence(by_path: dict[str, dict]) -> str:
         return ""
     parts = []
     for path, d in by_path.items():
-        label = f"{'in-process LMCache ' if path in ('dram', 'disk') else ''}{LABEL.get(path, path)}"
+        label = _paths_named([path]).removeprefix("the ")
         if d["num_differing"]:
             held = ""
             if d["num_zero_blocks"] is not None:
