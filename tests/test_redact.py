@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kmesh_lib.app import registry
-from kmesh_lib.app.redact import HOST_MARK, redact_folder
+from kmesh_lib.app.redact import HOST_MARK, redact_env, redact_folder
 from kmesh_lib.app.report import ENGINE_LINE
 from kmesh_lib.app.verify import verify
 from kmesh_lib.base.params import build
@@ -70,6 +70,30 @@ def test_redact_folder_takes_out_credentials_host_kernel_and_log_lines(tmp_path)
     assert [o["text"] for o in outputs] == ["kept line\n"]  # the all-log output is gone
     assert done.captures == ["raw/packed.jsonl.xz", "raw/rows.jsonl"]
     assert redact_folder(run, "nb.ipynb").changes == {}  # nothing left to do the second time
+
+
+def test_machine_paths_in_recorded_engine_variables_keep_only_their_last_part():
+    """A GPU run records CUDA_HOME=/usr/local/cuda (base.records.engine_environ); publishing refuses a copy with a
+    machine path in it, so the path keeps its last part and every other value is kept as recorded."""
+    env = {"environ": {"CUDA_HOME": "/usr/local/cuda", "CUDA_VERSION": "13.0.2", "VLLM_KV_CACHE_LAYOUT": "HND",
+                       "LMCACHE_CONFIG_FILE": "/tmp/run-7/lmcache.yaml", "TORCH_X": "/opt/a/lib:/work/b/"}}
+    out, what = redact_env(env)
+    assert out["environ"] == {"CUDA_HOME": "<path>/cuda", "CUDA_VERSION": "13.0.2", "VLLM_KV_CACHE_LAYOUT": "HND",
+                              "LMCACHE_CONFIG_FILE": "<path>/lmcache.yaml", "TORCH_X": "<path>/lib:<path>/b"}
+    assert what == ["machine paths in environ cut to their last part"]
+    assert redact_env(out) == (out, [])  # nothing left to do the second time
+    assert env["environ"]["CUDA_HOME"] == "/usr/local/cuda"  # the recorded env is not changed in place
+
+
+def test_each_device_call_of_a_resumed_run_is_redacted_as_the_run():
+    """A run resumed over several device calls records each call's machine in ``calls``: host, kernel string and
+    machine paths go there too."""
+    call = {"host": HOST, "platform": KERNEL, "environ": {"CUDA_HOME": "/usr/local/cuda"}, "device": "NVIDIA H100"}
+    out, what = redact_env({"platform": "Linux", "calls": [call, dict(call)]})
+    assert out["calls"] == [{"platform": "Linux", "environ": {"CUDA_HOME": "<path>/cuda"}, "device": "NVIDIA H100"}] * 2
+    assert what == ["calls: host name dropped", "calls: kernel string dropped from platform",
+                    "calls: machine paths in environ cut to their last part"]
+    assert HOST not in json.dumps(out) and KERNEL not in json.dumps(out)
 
 
 def test_a_published_gpu_run_with_log_lines_loses_them_and_verifies_the_same(tmp_path):

@@ -6,8 +6,9 @@
   ``AKIA...``, ``sk-ant-...``) in any text file, captures and the public file included, becomes
   its hashed form (``#`` + 12 hex digits of its SHA-256), the same token the same hash everywhere,
   so records that matched still match;
-- **the machine**: ``env.json`` loses ``host``, and ``platform`` (the kernel's release string)
-  keeps only the system's name (``Linux``); the host name where a record names it after ``@``
+- **the machine**: ``env.json`` loses ``host``, ``platform`` (the kernel's release string)
+  keeps only the system's name (``Linux``), and a machine path in a recorded engine variable (``environ``:
+  ``CUDA_HOME=/usr/local/cuda``) keeps only its last part (``<path>/cuda``); the host name where a record names it after ``@``
   (section 19's ``clock_domain``, ``time.monotonic_ns@HOST``) becomes ``@<host>``;
 - **engine log lines**: vLLM's and LMCache's log records in the notebook's stream outputs
   (``app.report.ENGINE_LINE``; a GPU run recorded before ``base.runlog`` printed them into
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import lzma
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +29,8 @@ from kmesh_lib.app.report import ENGINE_LINE
 from kmesh_lib.base.public import redact_credentials
 
 HOST_MARK = "<host>"
+PATH_MARK = "<path>"
+MACHINE_PATH = re.compile(r"(?<![\w.~<>-])/[^\s:\"'<>]*")  # an absolute path, up to a separator (PATH-like values)
 TEXT_SUFFIXES = (".json", ".yaml", ".ipynb", ".jsonl", ".html", ".txt", ".md", ".csv")
 
 
@@ -46,7 +50,8 @@ class Redacted:
 
 
 def redact_env(env: dict) -> tuple[dict, list[str]]:
-    """``env`` without the host name and with ``platform`` cut to the system's name."""
+    """``env`` without the host name, with ``platform`` cut to the system's name and the machine paths of its
+    ``environ`` to their last part; the same for each of its ``calls`` (a run resumed over several device calls)."""
     out, what = dict(env), []
     if "host" in out:
         del out["host"]
@@ -55,6 +60,19 @@ def redact_env(env: dict) -> tuple[dict, list[str]]:
     if isinstance(platform, str) and platform != platform.split("-")[0]:
         out["platform"] = platform.split("-")[0]
         what.append("kernel string dropped from platform")
+    environ = out.get("environ")
+    if isinstance(environ, dict):
+        cut = {k: MACHINE_PATH.sub(lambda m: f"{PATH_MARK}/{m[0].rstrip('/').rsplit('/', 1)[-1]}", v)
+               if isinstance(v, str) else v for k, v in environ.items()}
+        if cut != environ:
+            out["environ"] = cut
+            what.append("machine paths in environ cut to their last part")
+    calls = out.get("calls")  # a run measured over several device calls records each call's machine too
+    if isinstance(calls, list):
+        redacted = [redact_env(c) if isinstance(c, dict) else (c, []) for c in calls]
+        if any(w for _, w in redacted):
+            out["calls"] = [c for c, _ in redacted]
+            what += [f"calls: {w}" for w in dict.fromkeys(w for _, ws in redacted for w in ws)]
     return out, what
 
 
