@@ -493,6 +493,50 @@ def test_the_kv_digest_check_fails_a_restore_whose_blocks_differ_from_the_contex
                                                      "on reused blocks left out)"), mixed
 
 
+def test_the_kv_digest_check_names_the_restores_it_did_not_compare():
+    """408a and ac1f (7 Dec 2026): vLLM's CPU tier had no store step, so its restores were not digested; the check's
+    'every restore' covered the others only, and its detail said nothing of it. Now it names them by arm."""
+    rows = as_grid_rows([digested("g-mp", True, arm="lmcache_mp", path="mp"),
+                         restore("g-native", 512 * KVT, arm="native_offload", path="native"),  # no digest field
+                         digested("g-native-2", None, arm="native_offload", path="native"),  # a digest not taken
+                         restore("g-resident", 0, arm="native_resident", path="native")])  # not a restore
+    out = kv_digest_check(rows, [])
+    assert out.status == "ok", out
+    assert out.detail == ("1 of 1 (512 of 512 tokens on fresh blocks); restores not compared (no digest recorded): "
+                          "native_offload 2"), out
+
+
+def test_vllms_cpu_tier_restores_are_compared_with_the_warm_up_that_computed_what_it_offloaded(monkeypatch):
+    """vLLM's CPU tier has no store step: a memory arm's warm-up computes the context from an empty tier and the tier
+    offloads it, so that warm-up's blocks are what the restore must write back. One that found some of it cached
+    computed less: the restore after it is left uncompared (all None), never held to an older warm-up's KV."""
+    from types import SimpleNamespace
+
+    from kmesh_lib.sections.crossover import arms
+
+    taken = []
+    bench = object.__new__(arms.RestoreBench)
+    bench.tier_name, bench.stored_kv = "native", {}
+    bench.switch = SimpleNamespace(set=lambda on: None)
+    bench.tier = SimpleNamespace(drop_memory_copy=lambda: None, set_retention=lambda keep: None,
+                                 memory_bytes=lambda: 0)
+    bench.kv_digest = SimpleNamespace(take=lambda request_id, n: taken.append((request_id, n)) or f"digest of {request_id}")
+    for name in ("reset_engine", "quiet", "_take_timelines"):
+        monkeypatch.setattr(bench, name, lambda: None, raising=False)
+    cached = iter([0, 16])
+    monkeypatch.setattr(bench, "warm", lambda ctx, tag: next(cached), raising=False)
+    ctx = arms.Context("m-32", list(range(32)))
+    assert not bench.has_disk_tier
+    bench.prepare("native_offload", ctx, "r0")
+    assert taken == [("r0-warm", 32)] and bench.stored_kv == {"m-32": "digest of r0-warm"}
+    bench.prepare("native_offload", ctx, "r1")  # a warm-up that found 16 tokens cached: nothing to compare with
+    assert taken == [("r0-warm", 32)] and bench.stored_kv == {}
+    monkeypatch.setattr(arms, "compare_kv", lambda now, stored: {"now": now, "stored": stored})
+    assert bench._kv_check("native_offload", ctx, "f1") == {"now": "digest of f1", "stored": None}
+    assert bench._kv_check("native_resident", ctx, "f2") == {}  # not a restore: its blocks only forgotten
+    assert taken[-1] == ("f2", 0)
+
+
 def test_the_kv_digest_check_is_left_out_of_runs_that_predate_it_and_skipped_where_nothing_was_judged():
     old = kv_digest_check(as_grid_rows([restore("g-dram", 512 * KVT)]), [])
     assert old.status == "skipped" and old.predates == DIGESTS_SINCE

@@ -286,6 +286,13 @@ class RestoreBench:
             # LMCache and the GPU buffer load the stored context and keep their copy; vLLM's CPU tier
             # stores the prefill (its stores finish in quiet())
             prep["warm_cached_tokens"] = self.warm(ctx, tag)
+            if not self.has_disk_tier:
+                # vLLM's CPU tier has no store step: what it offloads is what this warm-up computed (from an empty
+                # tier), the KV its restore must write back (``_kv_check``); a warm-up that found some of it cached
+                # computed less, and leaves the restore uncompared
+                self.stored_kv.pop(ctx.name, None)
+                if prep["warm_cached_tokens"] == 0:
+                    self.stored_kv[ctx.name] = self.kv_digest.take(f"{tag}-warm", len(ctx.tokens))
             self.reset_engine()
         else:  # disk
             self.switch.set(True)
@@ -465,10 +472,11 @@ class RestoreBench:
         context was computed into by ``store``, block by block (``lmcache.probes.compare_kv``: ``kv_digest_equal``, the
         tokens compared, those of differing blocks, those of blocks that held the same place in an earlier request of
         the context, where an equal digest may be the earlier KV left in the block); all None where either digest could
-        not be taken (why: the child's ``kv_digest``). Only the restore arms (memory, disk) of a tier that stores the
-        context; {} for the rest, which write no context into vLLM's blocks (recompute computes it, resident finds it
-        there) or have no stored digest (vLLM's CPU tier)."""
-        if KIND[arm] not in ("memory", "disk") or not self.has_disk_tier:
+        not be taken (why: the child's ``kv_digest``). Only the restore arms (memory, disk); {} for the rest, which
+        write no context into vLLM's blocks (recompute computes it, resident finds it there). The KV compared with is
+        the store's, or for vLLM's CPU tier (no store step) the warm-up's that computed what the tier offloaded
+        (``prepare``; before 7 Dec 2026 its restores were not compared)."""
+        if KIND[arm] not in ("memory", "disk"):
             self.kv_digest.take(request_id, 0)  # forget the blocks of what finished meanwhile
             return {}
         return compare_kv(self.kv_digest.take(request_id, len(ctx.tokens)), self.stored_kv.get(ctx.name))

@@ -478,7 +478,25 @@ def kv_digest_check(rows: list, children: list[ChildSummary]) -> Check:
     left = len(compared) - len(judged)
     return replace(out, detail=out.detail + f" ({fresh} of {sum(r.kv_digest_tokens for r in judged)} tokens on fresh "
                                             f"blocks" + (f"; {left} matching wholly on reused blocks left out)" if left
-                                                         else ")"))
+                                                         else ")") + uncompared_text(rows))
+
+
+def uncompared_restores(rows: list) -> dict[str, int]:
+    """The restores (memory and disk arms) of ``rows`` whose blocks were not compared, counted by arm: what the KV
+    check's 'every restore' does not cover (vLLM's CPU tier before 7 Dec 2026, which had no KV to compare with; a
+    digest that could not be taken)."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        if KIND.get(r.arm) in ("memory", "disk") and r.kv_digest_equal is None:
+            counts[r.arm] = counts.get(r.arm, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def uncompared_text(rows: list) -> str:
+    """``uncompared_restores`` as the KV check's detail adds it; '' where every restore was compared."""
+    counts = uncompared_restores(rows)
+    return ("; restores not compared (no digest recorded): " + ", ".join(f"{a} {n}" for a, n in counts.items())
+            if counts else "")
 
 def held_text(row) -> str:
     """What a restore's differing blocks held, where the row records it (``lmcache.probes.compare_kv``)."""

@@ -524,6 +524,8 @@ def run_model(cfg: CrossoverParams, model: str, run_dir: Path, tier_name: str = 
                 if store["write_errors"] or store["bytes_written"] < n * kvt:
                     summary["status"] = "store_short"
                     continue
+            else:  # no store step: the blocks earlier contexts' requests held cannot hold this one's KV
+                bench.kv_digest.forget_held()
             for r in range(cfg.WARMUP_REPEATS + cfg.NUM_REPEATS):
                 order = arm_order(arms, r)
                 for i, arm in enumerate(order):

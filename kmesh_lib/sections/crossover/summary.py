@@ -14,7 +14,7 @@ from kmesh_lib.base.records import RunFiles, recorded_packages
 from kmesh_lib.sections.crossover import gaps, report
 from kmesh_lib.sections.crossover.arms import RESIDENT_OF, RESIDENT_OF_TIER, TIER_OF, control_of, measured_at
 from kmesh_lib.sections.crossover.captures import GridRow
-from kmesh_lib.sections.crossover.checks import all_followups, checks, copied_whole
+from kmesh_lib.sections.crossover.checks import all_followups, checks, copied_whole, uncompared_restores
 from kmesh_lib.sections.crossover.tables import recomputed_tables
 
 LABEL = {"dram": "DRAM", "disk": "disk", "gpubuf_retained": "GPU-buffer (retained)",
@@ -256,7 +256,8 @@ def answer(run: RunFiles) -> str:
             lead.append(f"{LABEL[path]} restore beats recompute for {', '.join(wins[path])} only")
         if path in wrong:
             lead[-1] += " (its restores left KV other than the computed in vLLM's blocks)"
-    text = ["**" + "; ".join(lead) + ".**" + (f" {kv}" if (kv := kv_digest_sentence(digests)) else "")]
+    kv = kv_digest_sentence(digests, uncompared_restores(all_followups(run)))
+    text = ["**" + "; ".join(lead) + ".**" + (f" {kv}" if kv else "")]
     text.append(f"Per model ({p.DTYPE}, {p.BLOCK_SIZE}-token blocks, {p.WEIGHTS} weights on {p.DEVICE}; "
                 f"medians of {p.NUM_REPEATS} measured follow-ups per point; each speed-up is recompute's first token "
                 "over the restore's, each on its own tier's engine where the run measured that engine's recompute at "
@@ -652,9 +653,10 @@ def _paths_named(paths: list[str]) -> str:
     return ", ".join(names[:-1]) + (" and " if len(names) > 1 else "") + names[-1]
 
 
-def kv_digest_sentence(by_path: dict[str, dict]) -> str:
-    """One plain sentence: per path, how many restores left the KV as computed (``kv_digest_by_path``). '' without
-    a compared restore."""
+def kv_digest_sentence(by_path: dict[str, dict], uncompared: dict[str, int] | None = None) -> str:
+    """One plain sentence: per path, how many restores left the KV as computed (``kv_digest_by_path``), and the paths
+    whose restores were not compared (``checks.uncompared_restores``: their speed-ups are not checked for content).
+    '' without a compared restore."""
     if not by_path:
         return ""
     parts = []
@@ -669,9 +671,11 @@ def kv_digest_sentence(by_path: dict[str, dict]) -> str:
                          + (f", {d['num_all_differing']} in every block" if d["num_all_differing"] else "") + held)
         else:
             parts.append(f"{label}: all {d['num_compared']} equal ({d['num_fresh_equal']} on fresh blocks)")
+    parts += [f"{_paths_named([path]).removeprefix('the ')}: not compared ({n} restores, no digest recorded)"
+              for path, n in (uncompared or {}).items() if path not in by_path]
     bad = not_as_computed(by_path)
-    return ("After every restore the KV in vLLM's blocks was digested block by block against the KV the context was "
-            "computed into: " + "; ".join(parts) + "."
+    return ("After its restores, each path's KV in vLLM's blocks was digested block by block against the KV the "
+            "context was computed into: " + "; ".join(parts) + "."
             + (f" So {_paths_named(bad)} restores did not restore the context: "
                f"{'its' if len(bad) == 1 else 'their'} times are a copy's, not a restore's, and stand as measured."
                if bad else ""))
