@@ -548,44 +548,51 @@ def test_the_kv_digest_check_is_left_out_of_runs_that_predate_it_and_skipped_whe
 
 
 def test_the_answer_names_the_paths_whose_restores_left_kv_other_than_the_computed():
-    """2eb3 (0.5B, every tier at 16,384 tokens, H100): the GPU buffer's and LMCache's server's restores left the KV as
-    computed, in-process LMCache's DRAM and disk restores did not. The verdict, the findings and the answer say so per
-    path, with the counts the check judged; a run from before the digest (a47e) reads as it did."""
+    """ac1f (0.5B, every tier at 1,024-32,512 tokens, H100; it superseded 2eb3, the same at 16,384 alone): the GPU
+    buffer's and LMCache's server's restores left the KV as computed, in-process LMCache's DRAM and disk restores did
+    not, and vLLM's CPU tier's were not compared. The verdict, the findings, the answer and the public results say so
+    per path, with the counts the check judged; a run from before the digest (a47e) reads as it did."""
     from kmesh_lib.base import paths
     from kmesh_lib.base.public import MAX_VERDICT_CHARS
     from kmesh_lib.base.records import RunFiles
     from kmesh_lib.sections.crossover import summary
 
-    folder = paths.OUTPUTS / "crossover" / "gpu-20261206-221651-2eb3"
+    folder = paths.OUTPUTS / "crossover" / "gpu-20261207-005435-ac1f"
     if not folder.is_dir():
         pytest.skip("the published run is not in this checkout")
     run = RunFiles(folder)
     digests = summary.kv_digest_by_path(run)
     assert {p: (d["num_compared"], d["num_differing"]) for p, d in digests.items()} == {
-        "dram": (73, 73), "disk": (17, 17), "gpubuf_retained": (73, 0), "gpubuf_layered": (73, 0),
-        "gpubuf_offthread": (73, 0), "gpubuf_disk": (17, 0), "lmcache_mp": (73, 0)}
+        "dram": (292, 292), "disk": (68, 68), "gpubuf_retained": (292, 0), "gpubuf_layered": (292, 0),
+        "gpubuf_offthread": (292, 0), "gpubuf_disk": (68, 0), "lmcache_mp": (292, 0)}
     assert sorted(summary.not_as_computed(digests)) == ["disk", "dram"]
+    assert (digests["dram"]["num_zero_blocks"], digests["dram"]["num_misplaced_blocks"]) == (4183, 143015)
     verdict = summary.verdict(run)
-    assert all(len(s) <= MAX_VERDICT_CHARS for s in verdict)  # six paths at one length: split, not cut
+    assert all(len(s) <= MAX_VERDICT_CHARS for s in verdict)
     assert verdict[-1] == ("But in-process LMCache's DRAM and disk restores left KV other than the computed in vLLM's "
-                           "blocks (73 of 73; 17 of 17): those speed-ups are a copy's, not a restore's.")
+                           "blocks (292 of 292; 68 of 68): those speed-ups are a copy's, not a restore's.")
     cells = {row["restore"]: row["qwen2.5-0.5b"] for row in summary.findings(run)}
-    assert cells["DRAM"].endswith("KV not as computed in 73 of 73 restores")
+    assert cells["DRAM"].endswith("KV not as computed in 292 of 292 restores")
     assert "KV not as computed" not in cells["LMCache server (MP, DRAM)"]
     answer = summary.answer(run)
     assert ("So in-process LMCache's DRAM and disk restores did not restore the context: their times are a copy's, "
             "not a restore's") in answer
-    assert "LMCache server (MP, DRAM): all 73 equal" in answer
+    assert "LMCache server (MP, DRAM): all 292 equal" in answer
+    assert "vLLM CPU-tier: not compared (292 restores, no digest recorded)" in answer
+    public = summary.public_results(run)
+    assert public["kv_digest"]["dram"] == {"num_compared": 292, "num_differing": 292}
+    assert public["kv_not_compared"] == {"native_offload": 292}
     before = RunFiles(paths.OUTPUTS / "crossover" / "gpu-20261205-114504-a47e")
     assert summary.kv_digest_by_path(before) == {} and not any("copy's" in s for s in summary.verdict(before))
-    assert "kv_digest" not in summary.public_results(before)  # older public documents read as they were
-    # the README's line for a47e, which stands: its DRAM figure is measured on the stack whose in-process copies the
-    # digest caught, and the line says so from the other runs' public documents
+    older = summary.public_results(before)  # older public documents read as they were
+    assert "kv_digest" not in older and "kv_not_compared" not in older
+    # the README's line for a47e (which stood until 7 Dec): its DRAM figure is measured on the stack whose in-process
+    # copies the digest caught, and the line says so from the other runs' public documents
     from kmesh_lib.app import published
 
     entries = published.collect(paths.OUTPUTS)
     standing = next(e for e in entries if e["run_id"] == before.run_id)
     assert published.replications_text(standing, entries).endswith(
         "But on the same stack (vLLM 0.26.0, LMCache 0.5.3) in-process LMCache's DRAM restores left KV other than the "
-        "computed in vLLM's blocks wherever it was digested (5750: 73 of 73; 2eb3: 73 of 73): that speed-up is a "
+        "computed in vLLM's blocks wherever it was digested (5750: 73 of 73; ac1f: 292 of 292): that speed-up is a "
         "copy's time, not a restore's.")

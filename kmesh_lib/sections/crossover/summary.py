@@ -1179,6 +1179,10 @@ def public_results(run: RunFiles) -> dict:
         # from afabb7f; absent before, so older public documents read as they were)
         **({"kv_digest": {path: {k: d[k] for k in ("num_compared", "num_differing")} for path, d in digests.items()}}
            if (digests := kv_digest_by_path(run)) else {}),
+        # and, in such a run, the restores whose KV was not compared, by arm (vLLM's CPU tier before 7 Dec 2026): what
+        # "every restore" in its KV check does not cover
+        **({"kv_not_compared": uncompared} if digests and (uncompared := uncompared_restores(all_followups(run)))
+           else {}),
     }
 
 
