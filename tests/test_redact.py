@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kmesh_lib.app import registry
+from kmesh_lib.app.publish import rehash_copy
 from kmesh_lib.app.redact import HOST_MARK, redact_env, redact_folder
 from kmesh_lib.app.report import ENGINE_LINE
 from kmesh_lib.app.verify import verify
@@ -97,17 +98,28 @@ def test_each_device_call_of_a_resumed_run_is_redacted_as_the_run():
 
 
 def test_a_published_gpu_run_with_log_lines_loses_them_and_verifies_the_same(tmp_path):
-    """The published engine_check GPU run printed 44 vLLM log lines into its cells, one with an internal
-    address; redacted (as the script does) it holds none, no host and no kernel, and verifies as before."""
-    src = ROOT / "outputs" / "engine_check" / "gpu-20261129-190911"
+    """The engine_check GPU run published on 29 Nov printed 44 vLLM log lines into its cells, one with an internal
+    address, and its env.json named the host and the kernel. That run is withdrawn and every published run is redacted
+    now, so the standing engine_check GPU run is given them back in a copy: redacted as the script does, it holds none,
+    no host and no kernel, and verifies as before. (Until 7 Dec this test read the withdrawn folder and skipped.)"""
+    src = ROOT / "outputs" / "engine_check" / "gpu-20261204-190041-3434"
     if not src.is_dir():
         pytest.skip("the published run is not in this checkout")
     section = registry.get("00")
     run = shutil.copytree(src, tmp_path / src.name)
+    nb = json.loads((run / section.NOTEBOOK).read_text())
+    cell = next(c for c in nb["cells"] if c["cell_type"] == "code" and c.get("outputs"))
+    internal = "INFO 12-04 19:01:02 [parallel_state.py:1234] distributed_init_method=tcp://192.0.2.2:36761\n"
+    cell["outputs"].insert(0, {"output_type": "stream", "name": "stderr", "text": [LOG] * 43 + [internal]})
+    (run / section.NOTEBOOK).write_text(json.dumps(nb))
+    env = json.loads((run / "env.json").read_text())
+    (run / "env.json").write_text(json.dumps({**env, "host": HOST, "platform": KERNEL}))
+    rehash_copy(run)  # as the run was published then: its record's file hashes those of these files
     spec = importlib.util.spec_from_file_location("redact_script", ROOT / "scripts" / "redact_published_runs.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     before = verify(section, RunFiles(run))
+    assert before.ok, before.summary()  # the copy with the lines and the host verifies, as the old run did
     changes = script.redact_run(run, section.NOTEBOOK)
     assert changes[section.NOTEBOOK] == ["44 engine log lines dropped"]
     nb = json.loads((run / section.NOTEBOOK).read_text())
