@@ -653,6 +653,11 @@ def _paths_named(paths: list[str]) -> str:
     return ", ".join(names[:-1]) + (" and " if len(names) > 1 else "") + names[-1]
 
 
+def _path_label(path: str) -> str:
+    """One restore path as a sentence names it at the start of a clause (``_paths_named`` without its article)."""
+    return _paths_named([path]).removeprefix("the ")
+
+
 def kv_digest_sentence(by_path: dict[str, dict], uncompared: dict[str, int] | None = None) -> str:
     """One plain sentence: per path, how many restores left the KV as computed (``kv_digest_by_path``), and the paths
     whose restores were not compared (``checks.uncompared_restores``: their speed-ups are not checked for content).
@@ -661,7 +666,7 @@ def kv_digest_sentence(by_path: dict[str, dict], uncompared: dict[str, int] | No
         return ""
     parts = []
     for path, d in by_path.items():
-        label = _paths_named([path]).removeprefix("the ")
+        label = _path_label(path)
         if d["num_differing"]:
             held = ""
             if d["num_zero_blocks"] is not None:
@@ -671,7 +676,7 @@ def kv_digest_sentence(by_path: dict[str, dict], uncompared: dict[str, int] | No
                          + (f", {d['num_all_differing']} in every block" if d["num_all_differing"] else "") + held)
         else:
             parts.append(f"{label}: all {d['num_compared']} equal ({d['num_fresh_equal']} on fresh blocks)")
-    parts += [f"{_paths_named([path]).removeprefix('the ')}: not compared ({n} restores, no digest recorded)"
+    parts += [f"{_path_label(path)}: not compared ({n} restores, no digest recorded)"
               for path, n in (uncompared or {}).items() if path not in by_path]
     bad = not_as_computed(by_path)
     return ("After its restores, each path's KV in vLLM's blocks was digested block by block against the KV the "
@@ -1295,7 +1300,7 @@ def findings(run: RunFiles) -> list[dict]:
         for path, r in paths.items():
             if path in wrong:
                 kv_note = (f"; KV not as computed in {digests[path]['num_differing']} of "
-                                  f"{digests[path]['num_compared']} restores")
+                           f"{digests[path]['num_compared']} restores")
             else:
                 kv_note = ""
             speed = _speedups(r)
