@@ -579,6 +579,9 @@ def test_the_answer_names_the_paths_whose_restores_left_kv_other_than_the_comput
             "not a restore's") in answer
     assert "LMCache server (MP, DRAM): all 292 equal" in answer
     assert "vLLM CPU-tier: not compared (292 restores, no digest recorded)" in answer
+    native = RunFiles(paths.OUTPUTS / "crossover" / "gpu-20261207-042240-e7c8")  # vLLM's CPU tier, digested (7 Dec)
+    assert ("vLLM CPU-tier: all 137 equal, 12 of them on fresh blocks (the other 125 landed on blocks that already "
+            "held the same KV: equal, but no evidence of a write).") in summary.answer(native)
     public = summary.public_results(run)
     assert public["kv_digest"]["dram"] == {"num_compared": 292, "num_differing": 292}
     assert public["kv_not_compared"] == {"native_offload": 292}

@@ -675,7 +675,13 @@ def kv_digest_sentence(by_path: dict[str, dict], uncompared: dict[str, int] | No
             parts.append(f"{label}: {d['num_differing']} of {d['num_compared']} restores differ"
                          + (f", {d['num_all_differing']} in every block" if d["num_all_differing"] else "") + held)
         else:
-            parts.append(f"{label}: all {d['num_compared']} equal ({d['num_fresh_equal']} on fresh blocks)")
+            fresh, num = d["num_fresh_equal"], d["num_compared"]
+            # a restore landing wholly where the same KV already was matches whether or not it wrote: say which count
+            # is evidence (``checks.kv_digest_check`` leaves those out)
+            parts.append(f"{label}: all {num} equal" + (
+                ", each on fresh blocks" if fresh == num else
+                f", {fresh} of them on fresh blocks (the other {num - fresh} landed on blocks that already held the "
+                "same KV: equal, but no evidence of a write)"))
     parts += [f"{_path_label(path)}: not compared ({n} restores, no digest recorded)"
               for path, n in (uncompared or {}).items() if path not in by_path]
     bad = not_as_computed(by_path)
