@@ -557,6 +557,13 @@ def test_smoke_run_results_hold_the_known_counts(smoke_run):
                             for r in restores), [(r["tag"], r.get("kv_digest_equal")) for r in restores]
     assert results["checks"][KV_DIGEST_CHECK]["status"] == "ok"
     assert all(m["kv_digest"].startswith("2 KV tensors") for m in run.raw("models.jsonl")), run.raw("models.jsonl")
+    # vLLM's KV caches were zeroed before every restore: no block held an earlier request's KV, so every equal digest
+    # is evidence of a write (none left out as reused)
+    assert all(r["kv_scrubbed"] is True and r["kv_digest_reused_tokens"] == 0 for r in restores), \
+        [(r["tag"], r.get("kv_scrubbed"), r.get("kv_digest_reused_tokens")) for r in restores]
+    from kmesh_lib.sections.crossover import summary
+
+    assert "each into KV caches zeroed before it (so each shows a write)" in summary.answer(run)
 
 
 # -- a recorded run with the GPU buffer's arms beside LMCache's --

@@ -357,6 +357,41 @@ def test_the_kv_digest_is_equal_exactly_where_the_restore_wrote_the_stored_block
     assert probes.compare_kv(None, stored) == dict.fromkeys(probes.KV_FIELDS)
 
 
+def test_a_scrub_zeroes_the_kv_so_a_restore_that_wrote_nothing_differs_where_its_blocks_held_the_context_before():
+    """Without the scrub a follow-up landing in the blocks an earlier request of the context held matches whether or
+    not it wrote (reused: no evidence); after it those blocks hold zeros, so a restore that writes them matches as
+    evidence (reused 0) and one that writes nothing differs in every block, all zero."""
+    torch = pytest.importorskip("torch")
+    engine, scheduler, caches, dim = digest_engine(torch)
+    digest = probes.KvDigest(engine)
+    context_tokens = 3 * BLOCK
+    scheduler.finish("store-m", [0, 1, 2, 3])
+    digest.forget_held()
+    stored = digest.take("store-m", context_tokens)
+    scheduler.finish("unscrubbed", [0, 1, 2, 11])  # wrote nothing, into the store's own blocks
+    assert probes.compare_kv(digest.take("unscrubbed", context_tokens), stored)["kv_digest_reused_tokens"] == 3 * BLOCK
+    scheduler.finish("untaken", [5, 6])  # finished before the scrub: forgotten with it
+    assert digest.scrub() is True and all(not t.any() for t in caches) and not digest.held and not digest.finished
+    scheduler.finish("nothing-written", [0, 1, 2, 11])
+    nothing = probes.compare_kv(digest.take("nothing-written", context_tokens), stored)
+    assert (nothing["kv_digest_equal"], nothing["kv_digest_differing_tokens"], nothing["kv_digest_zero_blocks"]) == \
+        (False, 3 * BLOCK, 3)
+    assert digest.scrub()
+    _, _, computed, _ = digest_engine(torch)  # the KV as the store computed it (the same seed)
+    for t, c in zip(caches, computed, strict=True):  # a restore that writes it back into the same blocks
+        t.index_copy_(dim, _ids([0, 1, 2]), c.index_select(dim, _ids([0, 1, 2])))
+    scheduler.finish("written", [0, 1, 2, 11])
+    written = probes.compare_kv(digest.take("written", context_tokens), stored)
+    assert (written["kv_digest_equal"], written["kv_digest_reused_tokens"]) == (True, 0)
+    assert probes.KvDigest(types.SimpleNamespace()).scrub() is False  # no KV reached: nothing done, no raise
+    from kmesh_lib.sections.crossover import summary
+
+    sentence = summary.kv_digest_sentence({"native_offload": {
+        "num_compared": 4, "num_differing": 0, "num_all_differing": 0, "num_fresh_equal": 4, "num_scrubbed": 4,
+        "num_zero_blocks": None, "num_misplaced_blocks": None}})
+    assert "vLLM CPU-tier: all 4 equal, each into KV caches zeroed before it (so each shows a write)." in sentence
+
+
 def test_the_kv_digest_says_why_it_cannot_be_taken_and_never_raises():
     torch = pytest.importorskip("torch")
     engine, scheduler, caches, _ = digest_engine(torch)
@@ -520,17 +555,19 @@ def test_vllms_cpu_tier_restores_are_compared_with_the_warm_up_that_computed_wha
     bench.switch = SimpleNamespace(set=lambda on: None)
     bench.tier = SimpleNamespace(drop_memory_copy=lambda: None, set_retention=lambda keep: None,
                                  memory_bytes=lambda: 0)
-    bench.kv_digest = SimpleNamespace(take=lambda request_id, n: taken.append((request_id, n)) or f"digest of {request_id}")
+    bench.kv_digest = SimpleNamespace(take=lambda request_id, n: taken.append((request_id, n)) or f"digest of {request_id}",
+                                      scrub=lambda: taken.append("scrub") or True)
     for name in ("reset_engine", "quiet", "_take_timelines"):
         monkeypatch.setattr(bench, name, lambda: None, raising=False)
     cached = iter([0, 16])
     monkeypatch.setattr(bench, "warm", lambda ctx, tag: next(cached), raising=False)
     ctx = arms.Context("m-32", list(range(32)))
     assert not bench.has_disk_tier
-    bench.prepare("native_offload", ctx, "r0")
-    assert taken == [("r0-warm", 32)] and bench.stored_kv == {"m-32": "digest of r0-warm"}
+    prep = bench.prepare("native_offload", ctx, "r0")  # the warm-up's KV digested, then every block zeroed
+    assert taken == [("r0-warm", 32), "scrub"] and bench.stored_kv == {"m-32": "digest of r0-warm"}
+    assert prep["kv_scrubbed"] is True
     bench.prepare("native_offload", ctx, "r1")  # a warm-up that found 16 tokens cached: nothing to compare with
-    assert taken == [("r0-warm", 32)] and bench.stored_kv == {}
+    assert taken == [("r0-warm", 32), "scrub", "scrub"] and bench.stored_kv == {}
     monkeypatch.setattr(arms, "compare_kv", lambda now, stored: {"now": now, "stored": stored})
     assert bench._kv_check("native_offload", ctx, "f1") == {"now": "digest of f1", "stored": None}
     assert bench._kv_check("native_resident", ctx, "f2") == {}  # not a restore: its blocks only forgotten

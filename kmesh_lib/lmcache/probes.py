@@ -498,6 +498,27 @@ class KvDigest:
         """A new context: the blocks the last one's requests held cannot hold this one's KV."""
         self.held = set()
 
+    def scrub(self) -> bool:
+        """Zeroes every block of vLLM's KV caches, so that the next restore's equal digest shows it wrote every block:
+        one it did not write holds zeros, not the KV an earlier request of the context left there (without it, 125 of
+        e7c8's 137 restores landed on such blocks and were no evidence). Only while no request holds a block: after
+        the prefix cache's reset, outside every stopwatch. Every block held so far then holds none of its earlier KV
+        (``held`` and the requests not yet taken are forgotten). False, changing nothing, where the KV was not reached
+        (``how`` says why) or could not be written; never raises."""
+        if self.kv_caches is None:
+            return False
+        try:
+            for t in self.kv_caches:
+                t.zero_()
+            if self.kv_caches[0].device.type == "cuda":
+                import torch
+
+                torch.cuda.synchronize(self.kv_caches[0].device)
+        except Exception:  # noqa: BLE001 - a restore left unscrubbed is judged as before (its reused blocks left out)
+            return False
+        self.held, self.finished = set(), {}
+        return True
+
     def take(self, request_id: str, num_tokens: int) -> BlockDigest | None:
         """The digest of each of the first ``num_tokens // block_size`` blocks of the finished request whose id is
         ``request_id`` (vLLM may add a suffix to it), and which of them sat at the same position in a request taken since

@@ -300,6 +300,8 @@ class RestoreBench:
             self.reset_engine()
             self.tier.drop_memory_copy()
         self.quiet()
+        if kind in ("memory", "disk"):
+            prep["kv_scrubbed"] = self.kv_digest.scrub()
         self._take_timelines()
         prep["memory_tier_bytes"] = self.tier.memory_bytes()
         return prep
@@ -364,8 +366,10 @@ class RestoreBench:
         else:
             raise ValueError(f"{arm}: a pair holds a restore and its resident follow-up, not {kind}")
         self.quiet()
+        # the restore lands in blocks its pair's last follow-up held: zeroed, so an equal digest shows it wrote them
+        scrubbed = {"kv_scrubbed": self.kv_digest.scrub()} if kind != "resident" else {}
         self._take_timelines()
-        return {"memory_tier_bytes": self.tier.memory_bytes()}
+        return {"memory_tier_bytes": self.tier.memory_bytes(), **scrubbed}
 
     def run_pairs(self, arm: str, ctx: Context, tag: str, num_pairs: int, floor_kind: str | None = None,
                   context_bytes: int = 0, first_pair: int = 0) -> list[dict]:

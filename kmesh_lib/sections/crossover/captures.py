@@ -238,6 +238,10 @@ class FollowUp(CaptureRecord):
     # the context (``lmcache.probes.compare_kv``); absent as the two above
     kv_digest_zero_blocks: int | None = None
     kv_digest_misplaced_blocks: int | None = None
+    # restore arms: vLLM's KV caches were zeroed before the follow-up (``lmcache.probes.KvDigest.scrub``), so no block
+    # holds an earlier request's KV and each equal digest shows a write; absent from runs before it (7 Dec 2026, e7c8
+    # the last), False where the caches could not be reached
+    kv_scrubbed: bool | None = None
     model: str
     path: str
     measured: bool  # False: a warm-up repeat

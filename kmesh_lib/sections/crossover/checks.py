@@ -457,10 +457,12 @@ def kv_digest_check(rows: list, children: list[ChildSummary]) -> Check:
 
     A row whose compared blocks all held the same place in an earlier request of the context
     (``kv_digest_reused_tokens`` = ``kv_digest_tokens``) and matched is no evidence (the earlier KV may still be there)
-    and is left out; one with a fresh block shows at least that block written; one that differs fails wherever it
-    landed. Ok where every judged row matched and at least one was judged. Skipped where the run predates the digest
-    (no row holds the field: ``DIGESTS_SINCE``, left out of ``kmesh verify``), where none was compared (the
-    ``kv_digest`` of the children in ``children`` says why) or where every match landed wholly on reused blocks."""
+    and is left out (from 7 Dec 2026 the bench zeroes vLLM's KV caches before every restore, ``kv_scrubbed``,
+    ``KvDigest.scrub``: no block holds earlier KV, so every row is judged); one with a fresh block shows at least that
+    block written; one that differs fails wherever it landed. Ok where every judged row matched and at least one was
+    judged. Skipped where the run predates the digest (no row holds the field: ``DIGESTS_SINCE``, left out of
+    ``kmesh verify``), where none was compared (the ``kv_digest`` of the children in ``children`` says why) or where
+    every match landed wholly on reused blocks."""
     if not any(r.holds("kv_digest_equal") for r in rows):
         return Check(KV_DIGEST_CHECK, "skipped", DIGESTS_SINCE, predates=DIGESTS_SINCE)
     compared = [r for r in rows if r.kv_digest_equal is not None]

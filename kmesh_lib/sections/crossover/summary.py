@@ -620,18 +620,21 @@ def kv_digest_by_path(run: RunFiles) -> dict[str, dict]:
     """What the KV digest found after each restore path's restores (``checks.kv_digest_check``'s evidence: grid and
     paired rows whose blocks were compared), by path: ``num_compared``, ``num_differing`` (any block differs),
     ``num_all_differing`` (every block differs), ``num_fresh_equal`` (equal with some block no earlier request of the
-    context held: the equal ones that are evidence), and, where recorded, the differing blocks all zero
+    context held: the equal ones that are evidence), ``num_scrubbed`` (restores into KV caches zeroed before them,
+    ``KvDigest.scrub``: each equal one is evidence), and, where recorded, the differing blocks all zero
     (``num_zero_blocks``) and holding another place's KV (``num_misplaced_blocks``), summed. Empty for runs before it."""
     out: dict[str, dict] = {}
     for r in all_followups(run):
         if r.kv_digest_equal is None:
             continue
         path = out.setdefault(r.arm, {"num_compared": 0, "num_differing": 0, "num_all_differing": 0,
-                                      "num_fresh_equal": 0, "num_zero_blocks": None, "num_misplaced_blocks": None})
+                                      "num_fresh_equal": 0, "num_scrubbed": 0, "num_zero_blocks": None,
+                                      "num_misplaced_blocks": None})
         path["num_compared"] += 1
         path["num_differing"] += not r.kv_digest_equal
         path["num_all_differing"] += r.kv_digest_differing_tokens == r.kv_digest_tokens
         path["num_fresh_equal"] += bool(r.kv_digest_equal and r.kv_digest_reused_tokens < r.kv_digest_tokens)
+        path["num_scrubbed"] += bool(r.kv_scrubbed)
         for key, value in (("num_zero_blocks", r.kv_digest_zero_blocks),
                            ("num_misplaced_blocks", r.kv_digest_misplaced_blocks)):
             if value is not None:
@@ -679,6 +682,7 @@ def kv_digest_sentence(by_path: dict[str, dict], uncompared: dict[str, int] | No
             # a restore landing wholly where the same KV already was matches whether or not it wrote: say which count
             # is evidence (``checks.kv_digest_check`` leaves those out)
             parts.append(f"{label}: all {num} equal" + (
+                ", each into KV caches zeroed before it (so each shows a write)" if d.get("num_scrubbed") == num else
                 ", each on fresh blocks" if fresh == num else
                 f", {fresh} of them on fresh blocks (the other {num - fresh} landed on blocks that already held the "
                 "same KV: equal, but no evidence of a write)"))
