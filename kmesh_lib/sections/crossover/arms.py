@@ -300,7 +300,7 @@ class RestoreBench:
             self.reset_engine()
             self.tier.drop_memory_copy()
         self.quiet()
-        if kind in ("memory", "disk"):
+        if arm in RESTORE_ARMS:
             prep["kv_scrubbed"] = self.kv_digest.scrub()
         self._take_timelines()
         prep["memory_tier_bytes"] = self.tier.memory_bytes()
@@ -367,7 +367,7 @@ class RestoreBench:
             raise ValueError(f"{arm}: a pair holds a restore and its resident follow-up, not {kind}")
         self.quiet()
         # the restore lands in blocks its pair's last follow-up held: zeroed, so an equal digest shows it wrote them
-        scrubbed = {"kv_scrubbed": self.kv_digest.scrub()} if kind != "resident" else {}
+        scrubbed = {"kv_scrubbed": self.kv_digest.scrub()} if arm in RESTORE_ARMS else {}
         self._take_timelines()
         return {"memory_tier_bytes": self.tier.memory_bytes(), **scrubbed}
 
@@ -480,7 +480,7 @@ class RestoreBench:
         write no context into vLLM's blocks (recompute computes it, resident finds it there). The KV compared with is
         the store's, or for vLLM's CPU tier (no store step) the warm-up's that computed what the tier offloaded
         (``prepare``; before 7 Dec 2026 its restores were not compared)."""
-        if KIND[arm] not in ("memory", "disk"):
+        if arm not in RESTORE_ARMS:
             self.kv_digest.take(request_id, 0)  # forget the blocks of what finished meanwhile
             return {}
         return compare_kv(self.kv_digest.take(request_id, len(ctx.tokens)), self.stored_kv.get(ctx.name))

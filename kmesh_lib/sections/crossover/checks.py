@@ -31,6 +31,7 @@ from kmesh_lib.sections.crossover.arms import (
     GPUBUF_RESTORES,
     HANDOFF_ARMS,
     KIND,
+    RESTORE_ARMS,
     STORED_TIERS,
     WAIT_AT_OF,
     tiers_of,
@@ -489,7 +490,7 @@ def uncompared_restores(rows: list) -> dict[str, int]:
     digest that could not be taken)."""
     counts: dict[str, int] = {}
     for r in rows:
-        if KIND.get(r.arm) in ("memory", "disk") and r.kv_digest_equal is None:
+        if r.arm in RESTORE_ARMS and r.kv_digest_equal is None:
             counts[r.arm] = counts.get(r.arm, 0) + 1
     return dict(sorted(counts.items()))
 
