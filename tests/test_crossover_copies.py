@@ -18,6 +18,8 @@ from kmesh_lib.lmcache import probes
 from kmesh_lib.sections.crossover.checks import (
     COPIES_SINCE,
     DIGESTS_SINCE,
+    KV_DIGEST_CHECK,
+    KV_DIGEST_CHECK_INPROC,
     copied_context_check,
     kv_digest_check,
 )
@@ -517,6 +519,7 @@ def test_the_kv_digest_check_fails_a_restore_whose_blocks_differ_from_the_contex
     pairs = as_pair_rows([digested("p-dram", True), digested("p-mp", True, arm="lmcache_mp", path="mp")])
     ok = kv_digest_check(grid + pairs, [])
     assert ok.status == "ok" and ok.detail == "4 of 4 (2048 of 2048 tokens on fresh blocks)", ok
+    assert ok.name == KV_DIGEST_CHECK_INPROC  # in-process restores among them: the name says so
     bad = kv_digest_check(grid + as_pair_rows([digested("p-bad", False)]), [])
     assert bad.status == "failed" and "p-bad: 512 of 512 tokens' KV differs" in bad.detail, bad
     # a differing digest fails wherever it landed; a match on reused blocks is no evidence and is left out
@@ -539,6 +542,8 @@ def test_the_kv_digest_check_names_the_restores_it_did_not_compare():
     assert out.status == "ok", out
     assert out.detail == ("1 of 1 (512 of 512 tokens on fresh blocks); restores not compared (no digest recorded): "
                           "native_offload 2"), out
+    # no in-process restore among them (3951, e7c8, 408a): the name no longer claims one (it did until 7 Dec 2026)
+    assert out.name == KV_DIGEST_CHECK and "in-process" not in out.name
 
 
 def test_vllms_cpu_tier_restores_are_compared_with_the_warm_up_that_computed_what_it_offloaded(monkeypatch):

@@ -442,7 +442,10 @@ def copied_context_check(rows: list, children: list[ChildSummary]) -> Check:
 
 
 KV_DIGEST_CHECK = ("every restore wrote the context's KV into vLLM's blocks as it was computed (their digest after the "
-                   "follow-up = the store's; in-process LMCache's restores among them)")
+                   "follow-up = the store's)")
+# its name where in-process LMCache restored (the path whose copy the digest was built to catch): the name every run
+# with such restores has published since the digest's first (5750)
+KV_DIGEST_CHECK_INPROC = KV_DIGEST_CHECK[:-1] + "; in-process LMCache's restores among them)"
 # runs recorded before the bench digested the KV (6 Dec 2026: gpu-20261206-190103-861a the last without it)
 DIGESTS_SINCE = ("this run predates the KV digest (no row records kv_digest_equal: vLLM's blocks after a restore were "
                  "not compared with the context as computed)")
@@ -463,18 +466,21 @@ def kv_digest_check(rows: list, children: list[ChildSummary]) -> Check:
     block written; one that differs fails wherever it landed. Ok where every judged row matched and at least one was
     judged. Skipped where the run predates the digest (no row holds the field: ``DIGESTS_SINCE``, left out of
     ``kmesh verify``), where none was compared (the ``kv_digest`` of the children in ``children`` says why) or where
-    every match landed wholly on reused blocks."""
+    every match landed wholly on reused blocks. Named ``KV_DIGEST_CHECK_INPROC`` where ``rows`` hold an in-process
+    LMCache restore, so the name says that path is covered only where it ran."""
     if not any(r.holds("kv_digest_equal") for r in rows):
         return Check(KV_DIGEST_CHECK, "skipped", DIGESTS_SINCE, predates=DIGESTS_SINCE)
+    name = (KV_DIGEST_CHECK_INPROC if any(r.tier == "lmcache" and r.path == "inproc" and r.arm in RESTORE_ARMS
+                                          for r in rows) else KV_DIGEST_CHECK)
     compared = [r for r in rows if r.kv_digest_equal is not None]
     if not compared:
         why = sorted({f"{m.tier}: {m.kv_digest}" for m in children if m.kv_digest})
-        return Check(KV_DIGEST_CHECK, "skipped", f"no restore's blocks were compared: {'; '.join(why) or 'no child records why'}")
+        return Check(name, "skipped", f"no restore's blocks were compared: {'; '.join(why) or 'no child records why'}")
     judged = [r for r in compared if r.kv_digest_equal is False or r.kv_digest_reused_tokens < r.kv_digest_tokens]
     if not judged:
-        return Check(KV_DIGEST_CHECK, "skipped", f"every one of {len(compared)} matching restores landed wholly on "
+        return Check(name, "skipped", f"every one of {len(compared)} matching restores landed wholly on "
                                                  f"blocks an earlier request of its context had held: no evidence")
-    out = all_of(KV_DIGEST_CHECK, judged, lambda r: r.kv_digest_equal is True,
+    out = all_of(name, judged, lambda r: r.kv_digest_equal is True,
                  lambda r: f"{r.tag}: {r.kv_digest_differing_tokens} of {r.kv_digest_tokens} tokens' KV differs "
                            f"from the context as stored" + held_text(r))
     fresh = sum(r.kv_digest_tokens - r.kv_digest_reused_tokens for r in judged)
