@@ -92,8 +92,8 @@ def test_every_table_and_plot_of_a_run_with_no_restore_path_says_what_it_lacks_a
                            "store_short") and "1,024 tokens: 0 of 1,048,576 bytes" in note
     # under the tables after the unmeasured one: the status and where the account is, not the account again
     assert gaps.note(run, cr.RESTORES, brief=True) == (
-        "No measured row of lmcache_mp for tiny at any context (its lmcache_mp child: store_short; why: the unmeasured "
-        "table of section 2).")
+        "No measured row of lmcache_mp for tiny at any context (its lmcache_mp child: store_short; why: the table of "
+        "unmeasured points, under the grid).")
     # the floor plot of no restore path raised "Number of columns must be a positive integer, not 0"
     fig = cr.floor_plot(tables["floor_distance"], tmp_path / "floor_distance.png", tables["splits"], missing=note)
     assert (tmp_path / "floor_distance.png").exists() and "store_short" in _texts(fig)

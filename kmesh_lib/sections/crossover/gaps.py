@@ -102,14 +102,14 @@ def unmeasured(run: RunFiles, arms: Iterable[str] | None = None) -> list[dict]:
 def _sentences(gaps: list[dict], grid: list[int], what: str, brief: bool = False) -> str:
     return " ".join(f"No {what} of {g['arms']} for {g['model']} "
                     + ("at any context" if g["contexts"] == _tokens(grid) else f"at {g['contexts']} tokens")
-                    + (f" (its {g['tier']} child: {g['child']}; why: the unmeasured table of section 2)." if brief
+                    + (f" (its {g['tier']} child: {g['child']}; why: the table of unmeasured points, under the grid)." if brief
                        else f": {g['why']}.") for g in gaps)
 
 
 def note(run: RunFiles, arms: Iterable[str] | None = None, brief: bool = False) -> str:
     """``unmeasured`` in sentences ("No measured row of lmcache_mp for qwen2.5-7b at any context: its lmcache_mp
     child finished store_short: ..."); empty where nothing of ``arms`` is missing. ``brief``: the child's status
-    alone, pointing to the unmeasured table (section 2 of the notebook) for its account: the notes under the tables
+    alone, pointing to the table of unmeasured points (shown under the grid) for its account: the notes under the tables
     after it, which said the same account once a table (13c2: six times, a report over ten screens)."""
     return _sentences(unmeasured(run, arms), run.params.CONTEXT_TOKENS_GRID, "measured row", brief)
 
