@@ -590,25 +590,24 @@ def test_the_kv_digest_check_is_left_out_of_runs_that_predate_it_and_skipped_whe
 
 
 def test_the_answer_names_the_paths_whose_restores_left_kv_other_than_the_computed():
-    """ac1f (0.5B, every tier at 1,024-32,512 tokens, H100; it superseded 2eb3, the same at 16,384 alone): the GPU
-    buffer's and LMCache's server's restores left the KV as computed, in-process LMCache's DRAM and disk restores did
-    not, and vLLM's CPU tier's were not compared. The verdict, the findings, the answer and the public results say so
-    per path, with the counts the check judged; a run from before the digest (a47e) reads as it did."""
+    """4b9b (0.5B, every tier at 1,024-32,512 tokens, H100, c42aebf, KV caches zeroed before every restore; it
+    superseded ac1f, the same without the zeroing): the GPU buffer's, vLLM's CPU tier's and LMCache's server's restores
+    left the KV as computed, each judged on zeroed blocks, in-process LMCache's DRAM and disk restores did not, most of
+    their blocks left all zero. The verdict, the findings, the answer and the public results say so per path, with the
+    counts the check judged; a run from before the digest (a47e) reads as it did."""
     from kmesh_lib.base import paths
     from kmesh_lib.base.public import MAX_VERDICT_CHARS
     from kmesh_lib.base.records import RunFiles
     from kmesh_lib.sections.crossover import summary
 
-    folder = paths.OUTPUTS / "crossover" / "gpu-20261207-005435-ac1f"
-    if not folder.is_dir():
-        pytest.skip("the published run is not in this checkout")
+    folder = paths.OUTPUTS / "crossover" / "gpu-20261207-132453-4b9b"
     run = RunFiles(folder)
     digests = summary.kv_digest_by_path(run)
     assert {p: (d["num_compared"], d["num_differing"]) for p, d in digests.items()} == {
         "dram": (292, 292), "disk": (68, 68), "gpubuf_retained": (292, 0), "gpubuf_layered": (292, 0),
-        "gpubuf_offthread": (292, 0), "gpubuf_disk": (68, 0), "lmcache_mp": (292, 0)}
+        "gpubuf_offthread": (292, 0), "gpubuf_disk": (68, 0), "native_offload": (292, 0), "lmcache_mp": (292, 0)}
     assert sorted(summary.not_as_computed(digests)) == ["disk", "dram"]
-    assert (digests["dram"]["num_zero_blocks"], digests["dram"]["num_misplaced_blocks"]) == (4183, 143015)
+    assert (digests["dram"]["num_zero_blocks"], digests["dram"]["num_misplaced_blocks"]) == (220352, 14084)
     verdict = summary.verdict(run)
     assert all(len(s) <= MAX_VERDICT_CHARS for s in verdict)
     assert verdict[-1] == ("But in-process LMCache's DRAM and disk restores left KV other than the computed in vLLM's "
@@ -619,14 +618,14 @@ def test_the_answer_names_the_paths_whose_restores_left_kv_other_than_the_comput
     answer = summary.answer(run)
     assert ("So in-process LMCache's DRAM and disk restores did not restore the context: their times are a copy's, "
             "not a restore's") in answer
-    assert "LMCache server (MP, DRAM): all 292 equal" in answer
-    assert "vLLM CPU-tier: not compared (292 restores, no digest recorded)" in answer
+    for path in ("LMCache server (MP, DRAM)", "vLLM CPU-tier"):
+        assert f"{path}: all 292 equal, each into KV caches zeroed before it (so each shows a write)" in answer
     native = RunFiles(paths.OUTPUTS / "crossover" / "gpu-20261207-042240-e7c8")  # vLLM's CPU tier, digested (7 Dec)
     assert ("vLLM CPU-tier: all 137 equal, 12 of them on fresh blocks (the other 125 landed on blocks that already "
             "held the same KV: equal, but no evidence of a write).") in summary.answer(native)
     public = summary.public_results(run)
     assert public["kv_digest"]["dram"] == {"num_compared": 292, "num_differing": 292}
-    assert public["kv_not_compared"] == {"native_offload": 292}
+    assert not public.get("kv_not_compared")  # every path's restores were digested
     before = RunFiles(paths.OUTPUTS / "crossover" / "gpu-20261205-114504-a47e")
     assert summary.kv_digest_by_path(before) == {} and not any("copy's" in s for s in summary.verdict(before))
     older = summary.public_results(before)  # older public documents read as they were
@@ -639,5 +638,5 @@ def test_the_answer_names_the_paths_whose_restores_left_kv_other_than_the_comput
     standing = next(e for e in entries if e["run_id"] == before.run_id)
     assert published.replications_text(standing, entries).endswith(
         "But on the same stack (vLLM 0.26.0, LMCache 0.5.3) in-process LMCache's DRAM restores left KV other than the "
-        "computed in vLLM's blocks wherever it was digested (5750: 73 of 73; ac1f: 292 of 292; 13c2: 73 of 73): that "
+        "computed in vLLM's blocks wherever it was digested (5750: 73 of 73; 4b9b: 292 of 292; d7bf: 292 of 292): that "
         "speed-up is a copy's time, not a restore's.")
