@@ -300,18 +300,29 @@ def test_a_named_item_whose_name_is_no_variable_suffix_is_refused(tmp_path):
     assert _run(tmp_path, manifest=True, items=("21/mp_05",)).returncode == 1
 
 
-def test_a_report_names_the_commit_of_every_device_call_a_resumed_run_spans():
-    """087c (6 Dec): section 20's run resumed over three calls, the first at da2903e, the other two at b5c8238 (18 of
-    its 26 engine runs); the header's commit is the first call's, so the calls are named beside it."""
+def test_a_report_names_the_commit_of_every_device_call_a_resumed_run_spans(tmp_path):
+    """087c (6 Dec): section 20's run resumed over four calls, the first two at da2903e, the other two at b5c8238;
+    the header's commit is the first call's, so the calls are named beside it. env.json holds the first call at its
+    top level and the later ones in ``calls``, as ``write_environment`` writes them (read as ``calls`` alone until
+    7 Dec 2026, the report said three calls: one short, and the first call's commit given to the second)."""
     from kmesh_lib.app.report import calls_text
+    from kmesh_lib.base.records import write_environment
 
-    first = {"git": {"commit": "da2903e3072b32", "dirty": True, "num_changed": 415, "code_changed": False}}
-    later = {"git": {"commit": "b5c8238eff17aa", "dirty": False}}
-    assert calls_text({"calls": [first, later, later]}) == (
-        "3 device calls: call 1 at da2903e3072b, the code as committed (415 file(s) outside the code differ); "
-        "calls 2-3 at b5c8238eff17")
-    assert calls_text({"calls": [later, later]}) == "2 device calls, all at b5c8238eff17"
-    assert calls_text({"calls": [later]}) is None and calls_text({}) is None
+    first = {"device": "H100", "git": {"commit": "da2903e3072b32", "dirty": True, "num_changed": 415,
+                                       "code_changed": False}}
+    later = {"device": "H100", "git": {"commit": "b5c8238eff17aa", "dirty": False}}
+
+    def written(*calls: dict) -> dict:
+        path = tmp_path / f"env-{len(list(tmp_path.iterdir()))}.json"
+        for i, env in enumerate(calls):
+            write_environment(path, dict(env), resume=i > 0)
+        return json.loads(path.read_text())
+
+    assert calls_text(written(first, first, later, later)) == (
+        "4 device calls: calls 1-2 at da2903e3072b, the code as committed (415 file(s) outside the code differ); "
+        "calls 3-4 at b5c8238eff17")
+    assert calls_text(written(later, later)) == "2 device calls, all at b5c8238eff17"
+    assert calls_text(written(later)) is None and calls_text({}) is None
 
 
 def test_the_report_names_the_engine_settings_a_run_measured_with():
@@ -324,3 +335,27 @@ def test_the_report_names_the_engine_settings_a_run_measured_with():
     assert engine_settings_text({"environ": {"CUDA_MODULE_LOADING": "LAZY"}}) == (
         "none set (vLLM's and LMCache's defaults)")
     assert engine_settings_text({}) is None
+
+
+def test_the_report_names_the_card_and_host_cpu_each_call_measured_on(tmp_path):
+    """From 7 Dec 2026 a GPU run's env.json records the card (a digest of its UUID) and the host's CPU: two H100 runs
+    of one point differed by 7% outside both intervals (e7c8, d7bf), and nothing said whether they shared a card or a
+    host. The report's device row names both; a run over calls on two cards names each card with its calls; a run
+    recorded before names the device alone."""
+    from kmesh_lib.app.report import device_text
+    from kmesh_lib.base.records import write_environment
+
+    def call(card: str) -> dict:
+        return {"device": "NVIDIA H100 80GB HBM3", "host_cpu": "cpu: Intel(R) Xeon(R) Platinum 8480+",
+                "topology": {"gpu_pcie": {"gpus": [{"index": "0", "card": card}]}}}
+
+    path = tmp_path / "env.json"
+    write_environment(path, call("aaaa11112222"), resume=False)
+    env = json.loads(path.read_text())
+    assert device_text(env) == "NVIDIA H100 80GB HBM3 (card aaaa11112222) on Intel(R) Xeon(R) Platinum 8480+"
+    for card in ("aaaa11112222", "bbbb33334444", "bbbb33334444"):
+        write_environment(path, call(card), resume=True)
+    assert device_text(json.loads(path.read_text())) == (
+        "NVIDIA H100 80GB HBM3 (cards: aaaa11112222, calls 1-2; bbbb33334444, calls 3-4) on Intel(R) Xeon(R) "
+        "Platinum 8480+")
+    assert device_text({"device": "NVIDIA H200"}) == "NVIDIA H200"

@@ -353,21 +353,53 @@ def commit_text(git: dict) -> str:
     return commit + (" (uncommitted changes)" if git.get("dirty") else "")
 
 
+def _each_call(env: dict) -> list[dict]:
+    """env.json's calls in order: the first at its top level, each later one in ``calls`` (``write_environment``)."""
+    return [{k: v for k, v in env.items() if k != "calls"}, *[c for c in env.get("calls") or [] if isinstance(c, dict)]]
+
+
+def _grouped(values: list[str]) -> list[tuple[int, int, str]]:
+    """(first call, last call, value) for each run of consecutive calls with one value, calls numbered from 1."""
+    spans = []
+    for value, run in groupby(enumerate(values, 1), key=lambda iv: iv[1]):
+        numbers = [i for i, _ in run]
+        spans.append((numbers[0], numbers[-1], value))
+    return spans
+
+
+def _calls_span(a: int, b: int) -> str:
+    return f"call{'s' * (a != b)} {a}{f'-{b}' if a != b else ''}"
+
+
+def device_text(env: dict) -> str:
+    """The measuring machine: the device, and on a GPU the card (``topology.card_digest``: two runs on one card
+    read the same) and the host's CPU, which runs a first token's host work (recorded from 7 Dec 2026; a run before
+    names the device alone). A run whose calls ran on several cards names each with its calls."""
+    device = str(env.get("device", "unknown"))
+    calls = _each_call(env)
+    cards = [str((((c.get("topology") or {}).get("gpu_pcie") or {}).get("gpus") or [{}])[0].get("card") or "")
+             for c in calls]
+    if any(cards):
+        spans = _grouped([card or "not recorded" for card in cards])
+        device += (f" (card {spans[0][2]})" if len(spans) == 1 else
+                   " (cards: " + "; ".join(f"{card}, {_calls_span(a, b)}" for a, b, card in spans) + ")")
+    host = env.get("host_cpu")
+    return f"{device} on {str(host).removeprefix('cpu: ')}" if host else device
+
+
 def calls_text(env: dict) -> str | None:
-    """Where a run resumed over several device calls (``env.json``'s ``calls``, one record per call), which commit
-    each call measured at, runs of calls at one commit together: the header's commit is the first call's alone.
-    None for a run of one call."""
-    calls = [c for c in env.get("calls") or [] if isinstance(c, dict)]
+    """Where a run resumed over several device calls, which commit each call measured at, runs of calls at one commit
+    together: the header's commit is the first call's alone. ``env.json`` holds the first call at its top level and
+    each later call in ``calls`` (``base.records.write_environment``), so a run of N calls has N - 1 there (until 7 Dec
+    2026 this read ``calls`` alone: 087c's four calls were reported as three and d7bf's two as one). None for a run of
+    one call."""
+    calls = _each_call(env)
     if len(calls) < 2:
         return None
-    spans = []  # (first call, last call, commit text): consecutive calls at one commit together
-    for text, run in groupby(enumerate(calls, 1), key=lambda ic: commit_text(ic[1].get("git") or {})):
-        numbers = [i for i, _ in run]
-        spans.append((numbers[0], numbers[-1], text))
+    spans = _grouped([commit_text(c.get("git") or {}) for c in calls])  # consecutive calls at one commit together
     if len(spans) == 1:
         return f"{len(calls)} device calls, all at {spans[0][2]}"
-    return f"{len(calls)} device calls: " + "; ".join(
-        f"call{'s' * (a != b)} {a}{f'-{b}' if a != b else ''} at {text}" for a, b, text in spans)
+    return f"{len(calls)} device calls: " + "; ".join(f"{_calls_span(a, b)} at {text}" for a, b, text in spans)
 
 
 def engine_settings_text(env: dict) -> str | None:
@@ -400,7 +432,7 @@ def header_html(section: ModuleType, run: RunFiles, left_out: LeftOut, answer: s
             ("rendered" if isinstance(rendered_on, dict) else "finished",
              results.get("finished_utc") or results.get("ended_utc") or "not finished"),
             ("git commit", commit), *tree, *([("measured in", calls)] if (calls := calls_text(env)) else []),
-            ("device", env.get("device", "unknown")), ("versions", versions),
+            ("device", device_text(env)), ("versions", versions),
             *([("engine settings", settings)] if (settings := engine_settings_text(env)) else []),
             ("checks", ", ".join(f"{n} {s}" for s, n in counts.items()))]
     if isinstance(rendered_on, dict):
