@@ -60,14 +60,16 @@ def test_gpu_pcie_link_from_nvidia_smi_and_sysfs(tmp_path, monkeypatch):
 
     def fake_run(cmd, **kw):
         assert cmd[0] == "nvidia-smi" and cmd[1].startswith("--query-gpu=index,name,pci.bus_id")
-        return subprocess.CompletedProcess(cmd, 0, "0, NVIDIA H200, 00000000:00:06.0, 5, 5, 16, 16\n", "")
+        return subprocess.CompletedProcess(cmd, 0, "0, NVIDIA H200, 00000000:00:06.0, 5, 5, 16, 16, GPU-1234\n", "")
 
     monkeypatch.setattr(topology.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
     monkeypatch.setattr(topology, "pci_link_sysfs", lambda bus: {"current_link_width": "16"})
     gpus = topology.gpu_pcie(run=fake_run)["gpus"]
     assert gpus == [{"index": "0", "name": "NVIDIA H200", "pci.bus_id": "00000000:00:06.0",
                      "pcie.link.gen.current": "5", "pcie.link.gen.max": "5", "pcie.link.width.current": "16",
-                     "pcie.link.width.max": "16", "sysfs": {"current_link_width": "16"}}]
+                     "pcie.link.width.max": "16", "card": topology.card_digest("GPU-1234"),
+                     "sysfs": {"current_link_width": "16"}}]
+    assert len(gpus[0]["card"]) == 12 and "GPU-1234" not in str(gpus)  # the card's digest, never its UUID
     failing = lambda cmd, **kw: subprocess.CompletedProcess(cmd, 9, "", "NVML: driver not loaded")  # noqa: E731
     assert topology.gpu_pcie(run=failing) == {"gpus": [], "error": "nvidia-smi exit 9: NVML: driver not loaded"}
     monkeypatch.setattr(topology.shutil, "which", lambda name: None)

@@ -279,7 +279,8 @@ def environment(device: str | None = None) -> dict:
             env["device"] = torch.cuda.get_device_name(0)
             env["cuda"] = torch.version.cuda
             env["nvidia_driver"] = topology.nvidia_driver()  # None where neither nvidia-smi nor /proc says
-            env["topology"] = topology.describe()  # block devices, NVMe count, md/RAID, the GPU's PCIe link
+            env["topology"] = topology.describe()  # block devices, NVMe count, md/RAID, the GPU's PCIe link and card
+            env["host_cpu"] = cpu_model_name()  # a first token's host work runs on it: two H100 hosts can differ
         else:
             env["device"] = cpu_model_name()
     except ImportError:

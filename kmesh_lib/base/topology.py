@@ -9,7 +9,9 @@ that row can run here is a fact about the machine, so every GPU run records:
                     running as root; md arrays with their level and member count
     gpu_pcie        per GPU: PCI bus id and link generation / width, current and max
                     (``nvidia-smi --query-gpu``; the sysfs ``*_link_speed`` / ``*_link_width`` files
-                    of the same PCI device when readable)
+                    of the same PCI device when readable), and ``card``: the first 12 hex digits of the
+                    SHA-256 of its UUID, which tells two runs on one card from runs on two cards of a kind
+                    without recording the UUID
     disk_tier       (when a path is given) the mount and device the disk tier lives on
     numa_nodes      the host's NUMA nodes and their CPUs (/sys/devices/system/node), beside each GPU's ``numa_node``
                     and ``local_cpulist`` (its PCI device in sysfs): which CPUs are near the GPU's link
@@ -24,6 +26,7 @@ Every reader returns what it could read and says what it could not; nothing here
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -80,7 +83,13 @@ def md_support(sys_block: Path = SYS_BLOCK, mdstat: Path = Path("/proc/mdstat"))
 
 
 NVSMI_FIELDS = ("index", "name", "pci.bus_id", "pcie.link.gen.current", "pcie.link.gen.max",
-                "pcie.link.width.current", "pcie.link.width.max")
+                "pcie.link.width.current", "pcie.link.width.max", "uuid")
+
+
+def card_digest(uuid: str) -> str:
+    """A GPU's identity as recorded: the first 12 hex digits of its UUID's SHA-256 (the same card gives the same
+    digest in every run; the UUID itself is not written anywhere)."""
+    return hashlib.sha256(uuid.strip().encode()).hexdigest()[:12]
 
 
 def gpu_pcie(run=subprocess.run) -> dict:
@@ -100,6 +109,7 @@ def gpu_pcie(run=subprocess.run) -> dict:
         if len(values) != len(NVSMI_FIELDS):
             continue
         gpu = dict(zip(NVSMI_FIELDS, values))
+        gpu["card"] = card_digest(gpu.pop("uuid"))
         gpu["sysfs"] = pci_link_sysfs(gpu["pci.bus_id"])
         gpus.append(gpu)
     return {"gpus": gpus}
