@@ -338,10 +338,10 @@ def test_the_report_names_the_engine_settings_a_run_measured_with():
 
 
 def test_the_report_names_the_card_and_host_cpu_each_call_measured_on(tmp_path):
-    """From 7 Dec 2026 a GPU run's env.json records the card (a digest of its UUID) and the host's CPU: two H100 runs
-    of one point differed by 7% outside both intervals (e7c8, d7bf), and nothing said whether they shared a card or a
-    host. The report's device row names both; a run over calls on two cards names each card with its calls; a run
-    recorded before names the device alone."""
+    """From 7 Dec 2026 a GPU run's env.json records the card (a digest of its UUID) and the host's CPU: H100 runs of
+    one point differ outside their intervals (vLLM's CPU-tier span at 1.5B, 16k: e7c8 11.40 ms, 408a 12.18, d7bf
+    12.12), and nothing said whether they shared a card or a host. The report's device row names both; a run over
+    calls on two cards names each card with its calls; a run recorded before names the device alone."""
     from kmesh_lib.app.report import device_text
     from kmesh_lib.base.records import write_environment
 
