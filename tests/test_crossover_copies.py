@@ -640,3 +640,25 @@ def test_the_answer_names_the_paths_whose_restores_left_kv_other_than_the_comput
         "But on the same stack (vLLM 0.26.0, LMCache 0.5.3) in-process LMCache's DRAM restores left KV other than the "
         "computed in vLLM's blocks wherever it was digested (5750: 73 of 73; 4b9b: 292 of 292; d7bf: 292 of 292): that "
         "speed-up is a copy's time, not a restore's.")
+
+
+def test_the_heatmap_marks_the_panels_whose_restores_left_kv_other_than_the_computed(tmp_path):
+    """4b9b's heatmap showed in-process LMCache's DRAM panel at 3.36x like a restore's, while the verdict beside it
+    said those restores left other KV: the panels of such paths are hatched and their titles say so, with the
+    counts; every other panel reads as before."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from kmesh_lib.base import paths
+    from kmesh_lib.base.records import RunFiles
+    from kmesh_lib.sections.crossover import plots
+
+    run = RunFiles(paths.OUTPUTS / "crossover" / "gpu-20261207-132453-4b9b")
+    fig = plots.heatmap(run, run.results, tmp_path / "heatmap.png")
+    titles = {ax.get_title().split("\n")[0]: ax for ax in fig.axes if ax.get_title()}
+    assert titles["dram restore"].get_title().endswith(
+        "KV not as computed in 292 of 292\n(a copy's time, not a restore's)")
+    assert "KV not as computed in 68 of 68" in titles["disk restore"].get_title()
+    marked = {t for t, ax in titles.items() if any(p.get_hatch() for p in ax.patches)}
+    assert marked == {"dram restore", "disk restore"}
+    assert not any("not as computed" in ax.get_title() for t, ax in titles.items() if t not in marked)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kmesh_lib.base.records import RunFiles
-from kmesh_lib.sections.crossover import gaps, report
+from kmesh_lib.sections.crossover import gaps, report, summary
 from kmesh_lib.sections.crossover.params import CrossoverParams, tiers
 
 HEATMAP = "crossover_heatmap.png"
@@ -30,9 +30,12 @@ def heatmap_title(cfg: CrossoverParams) -> str:
 
 def heatmap(run: RunFiles, tables: dict, path_out):
     """``report.heatmaps`` of the arms table, each cell's interval from the crossover table; with no restore path
-    measured, the children's accounts of why (``gaps.note``)."""
+    measured, the children's accounts of why (``gaps.note``); the panels of paths whose restores the KV digest found
+    other than the computed marked as a copy's time (``summary.not_as_computed``)."""
+    digests = summary.kv_digest_by_path(run)
+    wrong_kv = {p: f"{digests[p]['num_differing']} of {digests[p]['num_compared']}" for p in summary.not_as_computed(digests)}
     return report.heatmaps(tables["arms"], path_out, heatmap_title(run.params), crossover=tables["crossover"],
-                           missing=gaps.note(run, report.RESTORES))
+                           missing=gaps.note(run, report.RESTORES), wrong_kv=wrong_kv)
 
 
 def floor_distance(run: RunFiles, tables: dict, path_out):

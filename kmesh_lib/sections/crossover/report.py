@@ -796,11 +796,15 @@ def nothing_measured(path_out, what: str, missing: str = "", title: str = ""):
     return fig
 
 
-def heatmaps(table: list[dict], path_out, title: str = "", crossover: list[dict] | None = None, missing: str = ""):
+def heatmaps(table: list[dict], path_out, title: str = "", crossover: list[dict] | None = None, missing: str = "",
+             wrong_kv: dict[str, str] | None = None):
     """One panel per restore path: log2(recompute / restore) over model shape x context length, a model's row of
     cells over one recompute arm (``_control``, the crossover table's), named in the panel's title; each cell
     names its speed-up and, from ``crossover`` (the crossover table), its 95% interval. With no restore path
-    measured, a figure that says so and why (``missing``: ``gaps.note`` of the restore paths)."""
+    measured, a figure that says so and why (``missing``: ``gaps.note`` of the restore paths). ``wrong_kv``: per
+    restore path whose restores the KV digest found other than the computed, what it found ("292 of 292"): its
+    panel is hatched and its title says the speed-ups are a copy's time (4b9b's in-process panels read as restores
+    in the figure while the verdict beside it said they were not, 7 Dec 2026)."""
     import matplotlib.pyplot as plt
     import numpy as np
 
@@ -840,7 +844,13 @@ def heatmaps(table: list[dict], path_out, title: str = "", crossover: list[dict]
         ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
         ax.set_yticks(range(len(models)), models)
         # on two lines: "gpubuf_retained restore vs gpubuf_recompute" on one ran into its neighbour's (89ce's redraw)
-        ax.set(xlabel="context tokens", title=f"{path} restore\nvs {_controls_named(controls, grid, models)}")
+        panel_title = f"{path} restore\nvs {_controls_named(controls, grid, models)}"
+        if path in (wrong_kv or {}):
+            # two short lines: on one it ran into the next panel's title
+            panel_title += f"\nKV not as computed in {wrong_kv[path]}\n(a copy's time, not a restore's)"
+            ax.add_patch(plt.Rectangle((-0.5, -0.5), len(lengths), len(models), fill=False, hatch="//",
+                                       edgecolor="0.6", linewidth=0))
+        ax.set(xlabel="context tokens", title=panel_title)
     fig.colorbar(im, ax=axes.ravel().tolist(), label="log2 speed-up (blue: restore wins)")
     if title:
         fig.suptitle(title, fontsize=9)
