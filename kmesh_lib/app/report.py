@@ -27,7 +27,14 @@ from types import ModuleType
 from kmesh_lib.app import report_body as rb
 from kmesh_lib.app.registry import SectionError, call_section
 from kmesh_lib.base.checks import STATUSES
-from kmesh_lib.base.records import ENGINE_LOG, RunFileError, RunFiles, engine_settings, recorded_packages
+from kmesh_lib.base.records import (
+    ENGINE_LOG,
+    RunFileError,
+    RunFiles,
+    call_environments,
+    engine_settings,
+    recorded_packages,
+)
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 ANSI = r"(?:\x1b\[[0-9;]*m)*"
@@ -353,11 +360,6 @@ def commit_text(git: dict) -> str:
     return commit + (" (uncommitted changes)" if git.get("dirty") else "")
 
 
-def _each_call(env: dict) -> list[dict]:
-    """env.json's calls in order: the first at its top level, each later one in ``calls`` (``write_environment``)."""
-    return [{k: v for k, v in env.items() if k != "calls"}, *[c for c in env.get("calls") or [] if isinstance(c, dict)]]
-
-
 def _grouped(values: list[str]) -> list[tuple[int, int, str]]:
     """(first call, last call, value) for each run of consecutive calls with one value, calls numbered from 1."""
     spans = []
@@ -376,7 +378,7 @@ def device_text(env: dict) -> str:
     read the same) and the host's CPU, which runs a first token's host work (recorded from 7 Dec 2026; a run before
     names the device alone). A run whose calls ran on several cards names each with its calls."""
     device = str(env.get("device", "unknown"))
-    calls = _each_call(env)
+    calls = call_environments(env)
     cards = [str((((c.get("topology") or {}).get("gpu_pcie") or {}).get("gpus") or [{}])[0].get("card") or "")
              for c in calls]
     if any(cards):
@@ -393,7 +395,7 @@ def calls_text(env: dict) -> str | None:
     each later call in ``calls`` (``base.records.write_environment``), so a run of N calls has N - 1 there (until 7 Dec
     2026 this read ``calls`` alone: 087c's four calls were reported as three and d7bf's two as one). None for a run of
     one call."""
-    calls = _each_call(env)
+    calls = call_environments(env)
     if len(calls) < 2:
         return None
     spans = _grouped([commit_text(c.get("git") or {}) for c in calls])  # consecutive calls at one commit together

@@ -372,6 +372,12 @@ def write_environment(path: Path, env: dict, resume: bool) -> None:
     write_json_atomic(path, env)
 
 
+def call_environments(env: dict) -> list[dict]:
+    """An env.json's calls in order, as ``write_environment`` lays them out: the first at its top level (less
+    ``calls``), each later one in ``calls``; one for a run measured in one call."""
+    return [{k: v for k, v in env.items() if k != "calls"}, *[c for c in env.get("calls") or [] if isinstance(c, dict)]]
+
+
 class RunFileError(ValueError):
     """A run folder's file is missing, truncated or not what it should be. The message names it."""
 
