@@ -11,7 +11,12 @@ Per (model, context, restore path) with at least 16 whole pairs, from raw/pairs.
 - Pearson's r of the span with the resident's host-only time and with its first token (``intervals.correlation``);
 - where the rows carry the host's counters (``arms.host_state``, from commit ecc5309), r of the span with what changed
   over the restore's own request (``counter_deltas``: from the read before the restore to the read before the next
-  row of its point): the host's steal time, this process's involuntary context switches, and the CPU's clock.
+  row of its point): the host's steal time, this process's involuntary context switches, and the CPU's clock;
+- the engine steps each restore took (its ``exec_calls``), median in the host-fast and the host-slow pairs: a load
+  that ran inside one step (a request of 3) was submitted by a host that held the step for the whole copy;
+- for vLLM's CPU tier, the copy function its load handler chose and its descriptors (``tier_route``'s
+  ``load_copy_function``, from 7 Dec 2026; ``kv.offloading.load_copy_way``): a Triton kernel launched once, or one
+  ``cuMemcpyBatchAsync`` descriptor per block and layer, submitted by the host.
 
 A span that slows with the host while the floor stays put is launched piece by piece from the host (one DMA, the
 floor, is not). Prints; asserts nothing.
@@ -88,13 +93,32 @@ def streak_lines(run: RunFiles, min_tokens: int, slow_factor: float) -> list[str
                 f"{med(span, ~slow)} {med(span, slow)}  {med(floor, ~slow)} {med(floor, slow)}  "
                 f"{_r(span, host):>21} {_r(span, ttft):>21}")
         tags = [p["restore"].tag for p in whole]
-        extra = []
+        steps = np.array([float(p["restore"].components.exec_calls or 0) for p in whole])
+        extra = [f"steps {med(steps, ~slow).strip()}/{med(steps, slow).strip()}"]
         for key, label in (("cpu_steal_s", "steal"), ("ctx_switches_involuntary", "preempted"), ("cpu_mhz", "clock")):
             deltas = counter_deltas(rows, tags, key)
             if deltas is not None:
                 kept = [(s, d) for s, d in zip(span, deltas) if d is not None]
                 extra.append(f"{label} {_r(*zip(*kept)) if kept else '-'}")
-        out.append(line + ("  " + "; ".join(extra) if extra else ""))
+        out.append(line + "  " + "; ".join(extra))
+    return out
+
+
+def load_copy_lines(run: RunFiles) -> list[str]:
+    """One line per vLLM CPU-tier child: the copy its load handler chose (runs before 7 Dec 2026 did not record it)."""
+    out = []
+    for child in run.records("models.jsonl"):
+        if child.tier != "native":
+            continue
+        route = child.tier_route or {}
+        way = route.get("load_copy_function")
+        if way is None:
+            out.append(f"{child.model}: vLLM CPU tier's load copy not recorded (a run before kv.offloading.load_copy_way)")
+        elif "load_page_bytes" not in route:
+            out.append(f"{child.model}: vLLM CPU tier's load copy {way}")
+        else:
+            out.append(f"{child.model}: vLLM CPU tier's load copy {way}, {route['load_refs_per_block']} descriptor(s) "
+                       f"of {'/'.join(str(b) for b in route['load_page_bytes'])} B per block")
     return out
 
 
@@ -116,6 +140,8 @@ def main() -> None:
         print(head)
         print(sub)
         for line in streak_lines(run, args.min_tokens, args.slow):
+            print(line)
+        for line in load_copy_lines(run):
             print(line)
 
 

@@ -272,3 +272,41 @@ def test_cuda_native_tiers_promote_a_context_from_the_filesystem_tier_once(tmp_p
         assert tier.memory_bytes() == 0 and tier.disk_bytes() == ctx_bytes
     finally:
         engine.close()
+
+
+def _worker_connector(load_handler):
+    """vLLM's worker-side OffloadingConnector as ``load_copy_way`` reads it: connector_worker.worker._load_handler."""
+    return SimpleNamespace(connector_worker=SimpleNamespace(worker=SimpleNamespace(_load_handler=load_handler)))
+
+
+def test_load_copy_way_names_the_dma_path_vllm_chose_and_its_descriptors():
+    import functools
+
+    from vllm.v1.kv_offload.base import CanonicalKVCacheRef
+    from vllm.v1.kv_offload.cpu import gpu_worker
+
+    from kmesh_lib.kv.offloading import load_copy_way
+
+    # 7B's fused K/V page per block and layer (16 tokens x 4 heads x 128 x K,V x bf16 = 32 KiB), 28 layers: vLLM's own
+    # selection (here without Triton, as on any machine where it cannot run) picks the host-submitted batch copy
+    refs = [[CanonicalKVCacheRef(tensor_idx=i, page_size_bytes=32768) for i in range(28)]]
+    chosen = gpu_worker._select_swap_blocks_fn(refs, gpu_to_cpu=False)
+    way = load_copy_way(_worker_connector(SimpleNamespace(_swap_blocks_batch=chosen, layer_refs_per_group=refs)))
+    assert way["load_copy_function"].endswith("swap_blocks_batch"), way
+    assert "bytes_per_chunk" not in way["load_copy_function"]
+    assert way["load_page_bytes"] == [32768] and way["load_refs_per_block"] == 28
+
+    # the Triton path, as vLLM builds it for pages under its threshold (a partial naming its chunk), under 0.26's name
+    small = [[CanonicalKVCacheRef(tensor_idx=i, page_size_bytes=8192) for i in range(24)]]
+    triton = functools.partial(gpu_worker.swap_blocks_batch, bytes_per_chunk=8192)
+    way = load_copy_way(_worker_connector(SimpleNamespace(_swap_blocks_batch=triton, kv_cache_groups_data_refs=small)))
+    assert way["load_copy_function"] == f"{gpu_worker.swap_blocks_batch.__module__}.swap_blocks_batch(bytes_per_chunk=8192)"
+    assert way["load_page_bytes"] == [8192] and way["load_refs_per_block"] == 24
+
+
+def test_load_copy_way_says_what_it_could_not_read():
+    from kmesh_lib.kv.offloading import load_copy_way
+
+    for connector in (None, SimpleNamespace(connector_worker=None), _worker_connector(SimpleNamespace())):
+        way = load_copy_way(connector)
+        assert list(way) == ["load_copy_function"] and way["load_copy_function"].startswith("not read: "), way

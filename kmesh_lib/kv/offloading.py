@@ -193,6 +193,36 @@ class NativeTierMeter:
                             device_read_calls=calls, device_write_bytes=written)
 
 
+def load_copy_way(worker_connector) -> dict:
+    """How vLLM's CPU tier copies a load into the GPU blocks, read from its live worker (vLLM 0.26:
+    ``OffloadingConnector.connector_worker.worker._load_handler``, a ``SingleDirectionOffloadingHandler``).
+
+    The handler chooses its copy function once, at start (``_select_swap_blocks_fn``): a Triton kernel that reads
+    the pinned pages through UVA, one launch per load, where every descriptor's page is under its threshold, else
+    ``ops.swap_blocks_batch`` (``cuMemcpyBatchAsync``), one DMA descriptor per block and data reference, submitted
+    by the host. Which one ran is what tells a host-bound load from a link-bound one, so it is read, not assumed:
+
+        load_copy_function     the chosen function's module and name (a Triton partial names its bytes_per_chunk)
+        load_page_bytes        the descriptors' page sizes, in bytes (one per data reference of a block)
+        load_refs_per_block    descriptors per loaded block (data references over all KV cache groups)
+
+    ``load_copy_function`` is "not read: ..." where this vLLM's worker has no such handler (another version, or
+    the engine's worker in another process)."""
+    handler = getattr(getattr(getattr(worker_connector, "connector_worker", None), "worker", None), "_load_handler", None)
+    fn = getattr(handler, "_swap_blocks_batch", None)
+    if fn is None:
+        return {"load_copy_function": f"not read: {type(worker_connector).__name__} has no connector_worker.worker"
+                                      "._load_handler._swap_blocks_batch"}
+    target = getattr(fn, "func", fn)  # functools.partial: the Triton path with its bytes_per_chunk
+    name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', type(target).__name__)}"
+    keywords = getattr(fn, "keywords", None)
+    if keywords:
+        name += "(" + ", ".join(f"{k}={v}" for k, v in sorted(keywords.items())) + ")"
+    groups = getattr(handler, "kv_cache_groups_data_refs", None) or getattr(handler, "layer_refs_per_group", [])  # 0.26, 0.32
+    refs = [ref.page_size_bytes for group in groups for ref in group]
+    return {"load_copy_function": name, "load_page_bytes": sorted(set(refs)), "load_refs_per_block": len(refs)}
+
+
 def request_split(lookups: list[dict], stats: dict, t_submit_ns: int, t_first_token_ns: int) -> dict:
     """One follow-up's time by part on vLLM's CPU tier: queued before the first lookup, the lookups
     (``NativeOffloadTier.take_lookups``), vLLM's own load time (``VllmConnectorMeter`` delta), and
@@ -201,6 +231,15 @@ def request_split(lookups: list[dict], stats: dict, t_submit_ns: int, t_first_to
             "lookup_s": (lookups[-1]["t1_ns"] - lookups[0]["t0_ns"]) / 1e9,
             "load_time_s": stats.get("load_time_s"),
             "after_lookup_s": (t_first_token_ns - lookups[-1]["t1_ns"]) / 1e9}
+
+
+def _worker_connector():
+    """The worker-side KV connector of this process's engine (None where vLLM has none here)."""
+    try:
+        from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+    except ImportError:
+        return None
+    return get_kv_transfer_group() if has_kv_transfer_group() else None
 
 
 class NativeOffloadTier:
@@ -304,7 +343,8 @@ class NativeOffloadTier:
     def describe(self) -> dict:
         cfg = self.engine.scheduler.vllm_config.kv_transfer_config if self.engine is not None else None
         extra = (cfg.kv_connector_extra_config or {}) if cfg else self.extra_config()
-        return {"tier": self.path, "route": self.route, "kv_offloading_size_gib": self.cpu_gib,
+        copy_way = load_copy_way(_worker_connector()) if self.engine is not None else {}
+        return {"tier": self.path, "route": self.route, "kv_offloading_size_gib": self.cpu_gib, **copy_way,
                 "kv_offloading_backend": self.backend,
                 "connector": type(self.vllm_connector).__name__ if self.engine is not None else self.connector,
                 "cpu_bytes_to_use": extra.get("cpu_bytes_to_use"), "block_tokens": extra.get("block_size"),
