@@ -114,8 +114,8 @@ def load_copy_lines(run: RunFiles) -> list[str]:
         way = route.get("load_copy_function")
         if way is None:
             out.append(f"{child.model}: vLLM CPU tier's load copy not recorded (a run before kv.offloading.load_copy_way)")
-        elif "load_page_bytes" not in route:
-            out.append(f"{child.model}: vLLM CPU tier's load copy {way}")
+        elif "load_refs_per_block" not in route:  # the function read, its descriptors not
+            out.append(f"{child.model}: vLLM CPU tier's load copy {way} ({route.get('load_page_bytes', 'pages not read')})")
         else:
             out.append(f"{child.model}: vLLM CPU tier's load copy {way}, {route['load_refs_per_block']} descriptor(s) "
                        f"of {'/'.join(str(b) for b in route['load_page_bytes'])} B per block")

@@ -310,3 +310,7 @@ def test_load_copy_way_says_what_it_could_not_read():
     for connector in (None, SimpleNamespace(connector_worker=None), _worker_connector(SimpleNamespace())):
         way = load_copy_way(connector)
         assert list(way) == ["load_copy_function"] and way["load_copy_function"].startswith("not read: "), way
+    # a handler whose data references are not what 0.26 and 0.32 hold: the function is still named, the pages say why not
+    odd = SimpleNamespace(_swap_blocks_batch=print, kv_cache_groups_data_refs=[[object()]])
+    way = load_copy_way(_worker_connector(odd))
+    assert way["load_copy_function"] == "builtins.print" and way["load_page_bytes"].startswith("not read: AttributeError")

@@ -219,7 +219,10 @@ def load_copy_way(worker_connector) -> dict:
     if keywords:
         name += "(" + ", ".join(f"{k}={v}" for k, v in sorted(keywords.items())) + ")"
     groups = getattr(handler, "kv_cache_groups_data_refs", None) or getattr(handler, "layer_refs_per_group", [])  # 0.26, 0.32
-    refs = [ref.page_size_bytes for group in groups for ref in group]
+    try:  # a record beside the run, never a reason to lose the engine run
+        refs = [int(ref.page_size_bytes) for group in groups for ref in group]
+    except (AttributeError, TypeError, ValueError) as e:
+        return {"load_copy_function": name, "load_page_bytes": f"not read: {type(e).__name__}: {e}"}
     return {"load_copy_function": name, "load_page_bytes": sorted(set(refs)), "load_refs_per_block": len(refs)}
 
 
