@@ -531,6 +531,28 @@ def test_the_streaks_benchmark_splits_a_published_run_by_the_hosts_speed():
     assert streaks.counter_deltas(rows, [r.tag for r in rows if r.role == "restore"], "cpu_steal_s") is None
 
 
+def test_the_streaks_benchmark_shows_7bs_cpu_tier_loading_inside_one_engine_step():
+    """1727 (7B, H100, 7 Dec): vLLM's CPU tier at 32,512 tokens, from its 22nd restore on, loaded inside one engine step
+    (a request of 3 steps, against 43-79 before), so the median steps read 3 in host-fast and host-slow pairs alike,
+    and 75 against 53 at 16,384 tokens; the run predates load_copy_way, and the benchmark says it did not record it."""
+    import importlib.util
+
+    from kmesh_lib.base import paths
+    from kmesh_lib.base.records import RunFiles
+
+    spec = importlib.util.spec_from_file_location("restore_streaks", paths.REPO_ROOT / "benchmarks" / "restore_streaks.py")
+    streaks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(streaks)
+    run = paths.OUTPUTS / "crossover" / "gpu-20261207-152432-1727"
+    if not run.is_dir():
+        pytest.skip("the published run is not in this checkout")
+    lines = {(line.split()[1], line.split()[2]): line for line in streaks.streak_lines(RunFiles(run), N, 1.2)}
+    assert "steps 3.00/3.00;" in lines[("32512", "native_offload")]
+    assert "steps 75.00/53.00;" in lines[("16384", "native_offload")]
+    assert streaks.load_copy_lines(RunFiles(run)) == [
+        "qwen2.5-7b: vLLM CPU tier's load copy not recorded (a run before kv.offloading.load_copy_way)"]
+
+
 def test_the_median_interval_is_its_order_statistics_with_their_exact_coverage():
     """Distribution-free: x(k) to x(n+1-k) with the largest k whose binomial coverage reaches 95%; at 5 values none
     does, so the range and its 93.75%; 20 values give x(6) to x(15) at 95.9% (the textbook pair)."""
