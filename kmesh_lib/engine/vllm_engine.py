@@ -190,6 +190,16 @@ def engine_attention(llm) -> dict:
             "residual_norm_in_batch_invariant_mode": norm if envs.VLLM_BATCH_INVARIANT else "n/a"}
 
 
+def worker_connector():
+    """The worker-side KV connector of the engine in this process (vLLM's ``get_kv_transfer_group``; the engine core
+    runs here with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), or None where this vLLM has none here."""
+    try:
+        from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+    except ImportError:
+        return None
+    return get_kv_transfer_group() if has_kv_transfer_group() else None
+
+
 def _sampling_params(spec: RequestSpec):
     from vllm import SamplingParams
 

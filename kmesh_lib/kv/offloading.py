@@ -53,6 +53,7 @@ import threading
 import time
 from pathlib import Path
 
+from kmesh_lib.engine.vllm_engine import worker_connector
 from kmesh_lib.kv.tier_snapshot import TierSnapshot, process_io
 
 GIB = 1 << 30
@@ -236,15 +237,6 @@ def request_split(lookups: list[dict], stats: dict, t_submit_ns: int, t_first_to
             "after_lookup_s": (t_first_token_ns - lookups[-1]["t1_ns"]) / 1e9}
 
 
-def _worker_connector():
-    """The worker-side KV connector of this process's engine (None where vLLM has none here)."""
-    try:
-        from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
-    except ImportError:
-        return None
-    return get_kv_transfer_group() if has_kv_transfer_group() else None
-
-
 class NativeOffloadTier:
     """vLLM's OffloadingConnector: its CPU tier and, with ``disk_dir``, its filesystem tier beneath.
 
@@ -346,7 +338,7 @@ class NativeOffloadTier:
     def describe(self) -> dict:
         cfg = self.engine.scheduler.vllm_config.kv_transfer_config if self.engine is not None else None
         extra = (cfg.kv_connector_extra_config or {}) if cfg else self.extra_config()
-        copy_way = load_copy_way(_worker_connector()) if self.engine is not None else {}
+        copy_way = load_copy_way(worker_connector()) if self.engine is not None else {}
         return {"tier": self.path, "route": self.route, "kv_offloading_size_gib": self.cpu_gib, **copy_way,
                 "kv_offloading_backend": self.backend,
                 "connector": type(self.vllm_connector).__name__ if self.engine is not None else self.connector,

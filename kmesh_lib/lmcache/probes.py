@@ -67,6 +67,8 @@ import threading
 import time
 from typing import Any, NamedTuple
 
+from kmesh_lib.engine.vllm_engine import worker_connector
+
 _ns = time.perf_counter_ns
 
 # The GPU connector's methods that copy a retrieve's memory objects into vLLM's blocks, the one LMCacheEngine.retrieve
@@ -208,15 +210,7 @@ class ComponentProbe:
         for name in ("execute_model", "sample_tokens"):
             if hasattr(executor, name):
                 self._wrap(executor, name, "exec")
-        try:
-            from vllm.distributed.kv_transfer import (
-                get_kv_transfer_group,
-                has_kv_transfer_group,
-            )
-
-            worker = get_kv_transfer_group() if has_kv_transfer_group() else None
-        except ImportError:
-            worker = None
+        worker = worker_connector()
         self.has_worker = worker is not None
         self.cuda = getattr(getattr(engine, "params", None), "DEVICE", "cpu") == "cuda"
         self.events: list[tuple] = []  # (start, end) CUDA events around each load while active
