@@ -33,7 +33,7 @@ def heatmap(run: RunFiles, tables: dict, path_out):
     measured, the children's accounts of why (``gaps.note``); the panels of paths whose restores the KV digest found
     other than the computed marked as a copy's time (``summary.not_as_computed``)."""
     digests = summary.kv_digest_by_path(run)
-    wrong_kv = {p: f"{digests[p]['num_differing']} of {digests[p]['num_compared']}" for p in summary.not_as_computed(digests)}
+    wrong_kv = {p: summary.differing_of(digests[p]) for p in summary.not_as_computed(digests)}
     return report.heatmaps(tables["arms"], path_out, heatmap_title(run.params), crossover=tables["crossover"],
                            missing=gaps.note(run, report.RESTORES), wrong_kv=wrong_kv)
 

@@ -648,6 +648,11 @@ def not_as_computed(by_path: dict[str, dict]) -> list[str]:
     return [path for path, d in by_path.items() if d["num_differing"]]
 
 
+def differing_of(digest: dict) -> str:
+    """A path's digest count as every text says it: "292 of 292" (restores whose KV differed, of those compared)."""
+    return f"{digest['num_differing']} of {digest['num_compared']}"
+
+
 def _paths_named(paths: list[str]) -> str:
     """Restore paths in a sentence: LMCache's in-process ones (DRAM, disk) named as such, joined with 'and'."""
     inproc = [LABEL[p] for p in paths if p in ("dram", "disk")]
@@ -675,7 +680,7 @@ def kv_digest_sentence(by_path: dict[str, dict], uncompared: dict[str, int] | No
             if d["num_zero_blocks"] is not None:
                 held = (f"; of their differing blocks {d['num_zero_blocks']:,} all zero and {d['num_misplaced_blocks']:,} "
                         "holding another place's KV")
-            parts.append(f"{label}: {d['num_differing']} of {d['num_compared']} restores differ"
+            parts.append(f"{label}: {differing_of(d)} restores differ"
                          + (f", {d['num_all_differing']} in every block" if d["num_all_differing"] else "") + held)
         else:
             fresh, num = d["num_fresh_equal"], d["num_compared"]
@@ -1293,7 +1298,7 @@ def verdict(run: RunFiles) -> list[str]:
     digests = kv_digest_by_path(run)
     if wrong := not_as_computed(digests):
         out.append(f"But {_paths_named(wrong)} restores left KV other than the computed in vLLM's blocks ("
-                   + "; ".join(f"{digests[p]['num_differing']} of {digests[p]['num_compared']}" for p in wrong)
+                   + "; ".join(differing_of(digests[p]) for p in wrong)
                    + "): those speed-ups are a copy's, not a restore's.")
     return out
 
@@ -1308,11 +1313,7 @@ def findings(run: RunFiles) -> list[dict]:
     wrong = not_as_computed(digests)
     for model, paths in _by_model(tables["crossover"]).items():
         for path, r in paths.items():
-            if path in wrong:
-                kv_note = (f"; KV not as computed in {digests[path]['num_differing']} of "
-                           f"{digests[path]['num_compared']} restores")
-            else:
-                kv_note = ""
+            kv_note = f"; KV not as computed in {differing_of(digests[path])} restores" if path in wrong else ""
             speed = _speedups(r)
             longest = max(speed)
             point = r["crossover_tokens"]
@@ -1438,7 +1439,7 @@ def _copies_elsewhere(standing: dict, others: list[dict]) -> str:
             packages = recorded_packages(d.get("environment") or {})
             digest = ((d.get("results") or {}).get("kv_digest") or {}).get(path)
             if (packages.get("vllm"), packages.get("lmcache")) == stack and digest and digest["num_differing"]:
-                seen.append(f"{d['run_id'][-4:]}: {digest['num_differing']} of {digest['num_compared']}")
+                seen.append(f"{d['run_id'][-4:]}: {differing_of(digest)}")
         if seen:
             out.append(f"But on the same stack (vLLM {stack[0]}, LMCache {stack[1]}) {_paths_named([path])} restores "
                        f"left KV other than the computed in vLLM's blocks wherever it was digested ({'; '.join(seen)}): "
