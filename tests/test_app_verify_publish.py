@@ -487,6 +487,33 @@ def test_withdraw_lists_a_run_as_superseded_and_publishing_it_again_takes_it_off
     assert publish(old, capsys)[0] == 0 and published.read_withdrawn(published_root) == []
 
 
+def test_a_run_another_run_reads_as_its_input_is_not_withdrawn(section, capsys, tmp_path):
+    """Section 23 prices its restores from section 21's published runs (CROSSOVER_RUNS) and verifying it reads them
+    again: withdrawing one took its readers' input away (7 Dec 2026, 442e, put back by hand). Refused (exit 1),
+    naming the reader; nothing is removed or listed."""
+    read, reader = fake_section.make_run(), fake_section.make_run()
+    fake_section.write_raw(reader, "extra.jsonl", '{"own": 4}\n')
+    for run_dir in (read, reader):
+        assert publish(run_dir, capsys)[0] == 0
+    params = tmp_path / "published" / "fake_section" / reader.name / "params.resolved.yaml"
+    params.write_text(params.read_text() + f"INPUT_RUNS:\n- published/fake_section/{read.name}\n")
+    assert cli.main(["withdraw", "99", read.name, "--why", "Superseded."]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"kmesh withdraw: {read.name} is an input of 1 file(s)") and reader.name in err
+    assert (tmp_path / "published" / "fake_section" / read.name).is_dir()
+    assert published.read_withdrawn(tmp_path / "published") == []
+    assert cli.main(["withdraw", "99", reader.name, "--why", "Superseded."]) == 0  # a run naming itself: no reader
+
+
+def test_section_23s_inputs_are_found_among_the_published_runs():
+    from kmesh_lib.app.publish import named_as_input
+
+    readers = named_as_input(paths.REPO_ROOT / "outputs", "crossover", "gpu-20261201-224722-442e")
+    assert "kmesh_lib/sections/production_trace/params.py" in readers
+    assert sum(r.startswith("outputs/production_trace/") for r in readers) >= 1
+    assert named_as_input(paths.REPO_ROOT / "outputs", "crossover", "gpu-20261207-152432-1727") == []
+
+
 def test_planted_secrets_and_token_ids_never_reach_the_public_files(section, capsys, tmp_path, monkeypatch):
     run_dir = fake_section.make_run(extra_results={
         "unexpected": {"token_like": TOKEN_IDS, "note": SECRET, SECRET * 30: 1}, "inputs": {}},

@@ -339,6 +339,20 @@ def _last_commit_holding(folder: Path) -> str | None:
     return out.stdout.strip() or None
 
 
+def named_as_input(root: Path, key: str, run_id: str) -> list[str]:
+    """The files that name published run ``<key>/<run_id>`` as an input, repo-relative where they lie in the
+    checkout: a section's defaults (``kmesh_lib/sections/*/params.py``, ``params/*.yaml``) and another published
+    run's ``params.resolved.yaml`` (section 23 prices its restores from section 21's runs, CROSSOVER_RUNS, and
+    verifying it reads them again). A run named there cannot be withdrawn: its readers would lose their input
+    (7 Dec 2026: 442e, which section 23's default and its five published runs read, was withdrawn and put back)."""
+    needle = f"{key}/{run_id}"
+    own = root / key / run_id
+    files = [*sorted((REPO_ROOT / "kmesh_lib" / "sections").glob("*/params.py")),
+             *sorted((REPO_ROOT / "params").glob("*.yaml")),
+             *(p for p in sorted(root.glob("*/*/params.resolved.yaml")) if p.parent != own)]
+    return [display_path(p) for p in files if needle in p.read_text(errors="replace")]
+
+
 def withdraw(section: ModuleType, run_id: str, why: str, superseded_by: str | None = None,
              readme: Path | None = None) -> dict:
     """Removes published run ``run_id`` and lists it under the withdrawn runs (``withdrawn.json``:
@@ -346,7 +360,7 @@ def withdraw(section: ModuleType, run_id: str, why: str, superseded_by: str | No
     then regenerates the listings. A run withdrawn already gets its entry's why and successor
     restated (its commit stays). Raises RunNotFound for a run that is not published (nor withdrawn) and for a
     --superseded-by that is no other published run, ParamError for a --why that is no sentence (bad input: exit 2),
-    else PublishRefused."""
+    else PublishRefused (among them for a run another file names as its input: ``named_as_input``)."""
     root = published_root()
     folder = root / section.KEY / run_id
     listed = [e for e in published_set.read_withdrawn(root) if (e["section"], e["run_id"]) == (section.KEY, run_id)]
@@ -365,6 +379,11 @@ def withdraw(section: ModuleType, run_id: str, why: str, superseded_by: str | No
                                              and (e["section"], e["run_id"]) != (section.KEY, run_id)] + [entry])
         published_set.regenerate(root, readme)
         return entry
+    readers = named_as_input(root, section.KEY, run_id)
+    if readers:
+        raise PublishRefused(f"{run_id} is an input of {len(readers)} file(s), which would lose it: "
+                             f"{', '.join(readers[:3])}{' ...' if len(readers) > 3 else ''}; "
+                             f"point them at another run first")
     try:
         status = published_set.read_public(folder / PUBLIC_FILE)["status"]
     except published_set.PublishedSetError:  # a run recorded before public-results/3, or before run status
