@@ -15,7 +15,7 @@ from kmesh_lib.sections.crossover import plots
 from kmesh_lib.sections.crossover import report as cr
 
 REPO = Path(__file__).resolve().parent.parent
-RUN = REPO / "outputs" / "crossover" / "gpu-20261206-030553-89ce"  # the GPU buffer on its own engine: gpubuf_recompute
+RUN = REPO / "outputs" / "crossover" / "gpu-20261207-183057-9c33"  # the GPU buffer on its own engine: gpubuf_recompute
 spec = importlib.util.spec_from_file_location("migrate_declared_results", REPO / "scripts" / "migrate_declared_results.py")
 migrate = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(migrate)
@@ -25,7 +25,7 @@ HEATMAP = "figures/crossover_heatmap.png"
 @pytest.fixture
 def stale_copy(tmp_path, monkeypatch):
     """The run copied, its heatmap as the notebook drew it before each panel named its own control: "gpubuf_retained
-    restore vs recompute" over gpubuf_recompute's cells (89ce as published on 6 Dec 2026)."""
+    restore vs recompute" over gpubuf_recompute's cells (as 89ce was published on 6 Dec 2026; 9c33 since 89ce's withdrawal)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -60,7 +60,8 @@ def test_a_stale_figure_is_redrawn_as_the_notebook_draws_it_and_the_pass_recorde
     # what the file now shows is the current drawing: its panels over the GPU buffer engine's own recompute
     fig = plots.heatmap(RunFiles(stale_copy), results, tmp_path / "now.png")
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
-    assert titles and all(t.endswith("vs gpubuf_recompute") for t in titles), titles
+    gpubuf = [t for t in titles if t.startswith("gpubuf")]  # 9c33 holds every tier; 89ce held the GPU buffer's alone
+    assert gpubuf and all(t.endswith("vs gpubuf_recompute") for t in gpubuf), titles
     assert migrate.redraw_figures(stale_copy, "again")["skipped"].startswith("every figure is as the code draws it")
 
     shown = _image_outputs(stale_copy)[HEATMAP]
