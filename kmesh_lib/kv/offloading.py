@@ -194,7 +194,7 @@ class NativeTierMeter:
                             device_read_calls=calls, device_write_bytes=written)
 
 
-def load_copy_way(worker_connector) -> dict:
+def load_copy_way(connector) -> dict:
     """How vLLM's CPU tier copies a load into the GPU blocks, read from its live worker (vLLM 0.26:
     ``OffloadingConnector.connector_worker.worker._load_handler``, a ``SingleDirectionOffloadingHandler``).
 
@@ -209,10 +209,10 @@ def load_copy_way(worker_connector) -> dict:
 
     ``load_copy_function`` is "not read: ..." where this vLLM's worker has no such handler (another version, or
     the engine's worker in another process)."""
-    handler = getattr(getattr(getattr(worker_connector, "connector_worker", None), "worker", None), "_load_handler", None)
+    handler = getattr(getattr(getattr(connector, "connector_worker", None), "worker", None), "_load_handler", None)
     fn = getattr(handler, "_swap_blocks_batch", None)
     if fn is None:
-        return {"load_copy_function": f"not read: {type(worker_connector).__name__} has no connector_worker.worker"
+        return {"load_copy_function": f"not read: {type(connector).__name__} has no connector_worker.worker"
                                       "._load_handler._swap_blocks_batch"}
     target = getattr(fn, "func", fn)  # functools.partial: the Triton path with its bytes_per_chunk
     name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', type(target).__name__)}"
