@@ -457,6 +457,37 @@ def test_the_floor_distance_gives_each_cost_its_interval_and_the_paired_tables_v
     assert all(r["verdict"].startswith("unresolved") and r["x_floor"] is None for r in bare)
 
 
+def test_the_floor_distance_judges_each_cost_against_the_floors_timed_around_its_point_where_the_run_has_them():
+    """Issue 42 (9c33, the H200 at 0.5B: the GPU buffer from disk at 16,384 tokens read "below its floor" against the
+    disk floor timed once at the run's start, 137.6 ms, where the floors timed before and after that point,
+    121-124 ms, found the same restores 1.04-1.46x): the grid's verdict judges against the point's range where there
+    is one, names which floor it judged, and keeps the run-start floor beside it; a point with no floor timed
+    around it (or a tier with no such record) keeps the run-start floor."""
+    from crossover_records import as_point_floors
+
+    rows = _grid({"gpubuf_resident": [20.0] * 6, "gpubuf_disk": [32.0, 32.5, 31.8, 32.2, 31.9, 32.1],
+                  "resident": [20.0] * 6, "dram": [50.0, 50.5, 49.5, 50.2, 49.8, 50.1]})
+    table = cr.arm_table(rows)
+    slow = {"disk": {"gib_per_s": 0.07}, "copy": {"gib_per_s": 0.1}}  # 13.95 ms for the 1 MiB: above the ~12 ms cost
+    around = as_point_floors([{"tier": "gpubuf", "context_tokens": N, "when": when,
+                               "floors": {"disk": {"median_s": disk}, "copy": {"median_s": 0.001}}}
+                              for when, disk in (("before", 0.0095), ("after", 0.0102))])
+    start = {r["path"]: r for r in cr.floor_table(table, slow, rows)}
+    assert start["gpubuf_disk"]["verdict"].startswith("below its floor") and start["gpubuf_disk"]["point_floor_ms"] is None
+    assert start["gpubuf_disk"]["floor_timed"] == "at the run's start"
+    got = {r["path"]: r for r in cr.floor_table(table, slow, rows, point_floors=around)}
+    disk = got["gpubuf_disk"]
+    assert disk["point_floor_ms"] == [9.5, 10.2] and disk["floor_timed"] == "around the point"
+    assert disk["transfer_floor_ms"] == start["gpubuf_disk"]["transfer_floor_ms"]  # the grid's floor, kept beside it
+    low, high = disk["restore_cost_ci_ms"]
+    assert disk["verdict"] == cr.floor_verdict(low, high, [9.5, 10.2]) and disk["verdict"].endswith("\u00d7 its floor")
+    assert disk["x_floor"] == pytest.approx(disk["restore_cost_ms"] / 10.2, abs=0.05) and disk["x_floor"] >= 1
+    assert cr.judged_floor_ms(disk) == [9.5, 10.2]
+    # LMCache's DRAM has no floor timed around this point (only the GPU buffer's tier was): the run-start one judges
+    assert got["dram"]["point_floor_ms"] is None and got["dram"]["verdict"] == start["dram"]["verdict"]
+    assert cr.judged_floor_ms(got["dram"]) == [got["dram"]["transfer_floor_ms"]] * 2
+
+
 def test_the_goal_table_reads_the_floor_distances_verdicts():
     """The fastest path keeps its verdict and gives a ratio only beside a ratio range; the path nearest its floor is one
     at the floor before any ratio range, and a cost whose interval holds 0 is no distance at all."""

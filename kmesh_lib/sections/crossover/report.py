@@ -177,20 +177,31 @@ def path_floor_s(arm: str, nbytes: float, floors: dict) -> float | None:
     return sum(parts) if how == "sum" else max(parts)
 
 
-def floor_table(table: list[dict], floors: dict, rows: list[FollowUp] = (), bound: bool = True) -> list[dict]:
+def floor_table(table: list[dict], floors: dict, rows: list[FollowUp] = (), bound: bool = True,
+                point_floors: list[PointFloors] = ()) -> list[dict]:
     """Restore cost (restore - engine-resident, the arm table's medians) against the transfer floor of the context's
     bytes, judged by its interval as the paired design judges its spans (issue 42).
 
     ``restore_cost_ci_ms``: the cost's 95% bootstrap interval from the grid's follow-ups (``rows``; ``cost_interval``:
     the two arms resampled on their own, no follow-up has a partner), [None, None] with fewer than two of either;
-    ``verdict``: ``floor_verdict`` of that interval against the floor (one value, the floor measured once), so an
-    interval holding 0 is "no cost measured" and one reaching down to the floor "at the floor"; ``bound``: whether
-    the floors are physical bounds (``floor_verdict``: on the CPU a cost below its timed floor judges nothing).
-    Invariant: ``x_floor`` (the medians' cost over the floor) is a number only where the verdict is a ratio range,
-    the interval wholly above the floor, so it is never below 1; elsewhere None. The paired design
+    ``transfer_floor_ms``: the path's floor from the floors timed once at the run's start (``floors``), the grid's
+    floor, which the goal tables judge against; ``point_floor_ms``: the path's floor as a range over the floors the
+    paired design timed before and after this point (``point_floors``: ``floor_range_ms``), None where the run timed
+    none there; ``floor_timed``: which of the two the verdict judges against ("around the point" where there is a
+    range: the disk drifts over a run, so a snapshot at its start can sit above what the same disk read at the point,
+    and a cost read "below its floor" against it where the floors timed around the point find it above; 9c33's GPU
+    buffer from disk at 16,384 tokens, 7 Dec 2026; else "at the run's start"); ``verdict``: ``floor_verdict`` of
+    the cost's interval against that floor, so an interval holding 0 is "no cost measured" and one reaching down
+    into the floor "at the floor"; ``bound``: whether the floors are physical bounds (``floor_verdict``: on the CPU a
+    cost below its timed floor judges nothing).
+    Invariant: ``x_floor`` (the medians' cost over the judged floor's max) is a number only where the verdict is a
+    ratio range, the interval wholly above the floor, so it is never below 1; elsewhere None. The paired design
     (``resolution_table``) resolves the same cost; this is the grid's reading of it."""
 
     t = _lookup(table)
+    around: dict[tuple, list[PointFloors]] = {}
+    for f in point_floors:
+        around.setdefault((f.model, f.context_tokens, f.tier), []).append(f)
     out = []
     for (model, n, arm), row in sorted(t.items()):
         if arm not in RESTORES or (model, n, RESIDENT_OF[arm]) not in t:
@@ -201,12 +212,15 @@ def floor_table(table: list[dict], floors: dict, rows: list[FollowUp] = (), boun
             continue
         cost_ms = row["ttft_ms"] - t[(model, n, RESIDENT_OF[arm])]["ttft_ms"]
         floor_ms = 1e3 * floor_s
+        at_point = floor_range_ms(arm, around.get((model, n, TIER_OF[arm]), []))
+        judged = at_point or [floor_ms, floor_ms]
         _, low, high = cost_interval(rows, model, n, arm)
-        verdict = floor_verdict(low, high, [floor_ms, floor_ms], bound)
+        verdict = floor_verdict(low, high, judged, bound)
         out.append({"model": model, "context_tokens": n, "path": arm, "context_mib": round(row["context_mib"], 2),
                     "restore_cost_ms": round(cost_ms, 3), "restore_cost_ci_ms": [_round(low, 3), _round(high, 3)],
-                    "transfer_floor_ms": round(floor_ms, 3), "verdict": verdict,
-                    "x_floor": x_floor_of(cost_ms, low, floor_ms, 1)})
+                    "transfer_floor_ms": round(floor_ms, 3), "point_floor_ms": at_point,
+                    "floor_timed": "around the point" if at_point else "at the run's start", "verdict": verdict,
+                    "x_floor": x_floor_of(cost_ms, low, judged[1], 1)})
     return out
 
 
@@ -900,7 +914,8 @@ def label_log_axis(axis) -> None:
 
 def floor_plot(floors: list[dict], path_out, splits: list[dict] | None = None, missing: str = ""):
     """Per model: each restore path's cost (first token above its engine's resident follow-up) and
-    its transfer floor against context length, the cost judged by ``floor_table``'s verdict: drawn with its 95%
+    the transfer floor it was judged against (``judged_floor_ms``: the range timed around each point, a bar, where
+    the run has one) against context length, the cost judged by ``floor_table``'s verdict: drawn with its 95%
     interval where that lies wholly above the floor, marked hollow on the floor where it reaches down to it, and
     otherwise (no cost measured, below the floor, no interval) named in a note under the figure, never drawn as a
     distance; with ``splits``, also each timed restore's own span
@@ -933,24 +948,38 @@ def floor_plot(floors: list[dict], path_out, splits: list[dict] | None = None, m
                           [r["restore_cost_ci_ms"][1] for r in above], color=color, lw=1)
             at = [r for r in rs if r.get("x_floor") is None and r.get("verdict") == AT_THE_FLOOR]
             if at:
-                ax.plot([r["context_tokens"] for r in at], [r["transfer_floor_ms"] for r in at], marker=marker, ls="none",
-                        mfc="none", ms=9, color=color, label=f"{path}: cost at the floor")
+                ax.plot([r["context_tokens"] for r in at], [judged_floor_ms(r)[1] for r in at], marker=marker,
+                        ls="none", mfc="none", ms=9, color=color, label=f"{path}: cost at the floor")
             undrawn += [(path, r) for r in rs if r.get("x_floor") is None and r.get("verdict") != AT_THE_FLOOR]
-            floor = tuple(zip(xs, (r["transfer_floor_ms"] for r in rs)))
+            # the floor each verdict judged against: the range timed around the point where the run has one (a bar
+            # from its min to its max, the line at its max), else the one timed at the run's start (issue 42: 9c33's
+            # GPU buffer from disk at 16,384 read "below its floor" against the start's, 1.04-1.46x around the point)
+            ranges = [judged_floor_ms(r) for r in rs]
+            floor = tuple(zip(xs, (tuple(v) for v in ranges)))
             if floor in drawn:  # the same floor (dram and native_offload: both host->device) drawn once, named for both:
                 # a second line on the first hid it (review finding, 6 Dec 2026: 458a's legend named a dram floor unseen)
                 line = drawn[floor]
                 line.set_label(line.get_label().replace(": transfer floor", f", {path}: transfer floor"))
             else:
-                [drawn[floor]] = ax.plot(xs, [v for _, v in floor], marker=marker, ls="--", color=color, alpha=0.5,
-                                         label=f"{path}: transfer floor")
+                [drawn[floor]] = ax.plot(xs, [high for _, high in ranges], marker=marker, ls="--", color=color,
+                                         alpha=0.5, label=f"{path}: transfer floor")
+                spread = [(x, low, high) for x, (low, high) in zip(xs, ranges) if low < high]
+                if spread:  # the range as a bar at each point (a shaded band cost the report a tenth more bytes)
+                    ax.vlines(*zip(*spread), color=color, lw=4, alpha=0.35)
             for what, mark, style, value in TIMELINE_SERIES:
                 points = sorted((r["context_tokens"], value(r)) for r in splits or []
                                 if r["model"] == m and r["arm"] == path and value(r) is not None)
                 if points:
                     ax.plot([n for n, _ in points], [v for _, v in points], marker=mark, ls=style, color=color,
                             label=f"{path}: {what} (timeline)")
-        ax.set(xscale="log", yscale="log", xlabel="context tokens", title=m)
+        # which floors the panel's verdicts judged against, once for the panel (in each legend label they widened
+        # the figure by a sixth)
+        timed = [bool(r.get("point_floor_ms")) for r in floors if r["model"] == m]
+        ax.set(xscale="log", yscale="log", xlabel="context tokens",
+               title=f"{m}\nfloors timed " + ("around each point (bar: before to after)" if all(timed) else
+                                               "at the run's start" if not any(timed) else
+                                               "around each point where barred, else at the run's start"))
+        ax.title.set_fontsize(9)
         lengths = sorted({r["context_tokens"] for r in floors if r["model"] == m})
         ax.set_xticks(lengths, [f"{n:,}" for n in lengths], fontsize=8)  # the grid's lengths, not log-scale minor labels
         ax.xaxis.set_minor_locator(plt.NullLocator())
@@ -966,6 +995,12 @@ def floor_plot(floors: list[dict], path_out, splits: list[dict] | None = None, m
     fig.tight_layout()
     save_figure(fig, path_out, bbox_inches="tight")
     return fig
+
+
+def judged_floor_ms(row: dict) -> list[float]:
+    """The floor ``floor_table``'s verdict judged ``row`` against, [min, max] ms: the range timed around its point
+    where the run timed one (``point_floor_ms``), else the run-start floor twice (``transfer_floor_ms``)."""
+    return row.get("point_floor_ms") or [row["transfer_floor_ms"], row["transfer_floor_ms"]]
 
 
 def _undrawn_note(undrawn: list[tuple[str, dict]], by_model: bool) -> str:

@@ -425,14 +425,16 @@ def _floor_sentences(tables: dict, longest: int, rows: list[GridRow] | None = No
             continue
         part = _longest_part(splits.get((r["model"], r["path"])), components.get((r["model"], r["path"])))
         cost = r["restore_cost_ms"]
-        floor = r["transfer_floor_ms"]
+        floor = report.judged_floor_ms(r)  # the floor the table's verdict judged: around the point where timed there
         _, low, high = report.cost_interval(rows or [], r["model"], longest, r["path"]) if rows else (0, float("nan"),
                                                                                                      float("nan"))
-        verdict = report.floor_verdict(low, high, [floor, floor], bound) if low == low else ""
+        verdict = report.floor_verdict(low, high, floor, bound) if low == low else ""
+        timed = (f"{floor[0]:,.1f}-{floor[1]:,.1f} ms, timed before and after the point" if r.get("point_floor_ms")
+                 else f"{floor[0]:,.1f} ms, timed once at the run's start")
         out.append(f"{r['model']}, {LABEL[r['path']]}: first token {cost:+,.1f} ms against the engine-resident "
                    + (f"follow-up [{low:+,.1f}, {high:+,.1f}] (two unpaired medians of the grid's repeats, 95% bootstrap): "
-                      f"{verdict}{_reach(verdict, high, [floor, floor])}" if low == low else "follow-up (no interval)")
-                   + f" (transfer floor {floor:,.1f} ms, measured once)"
+                      f"{verdict}{_reach(verdict, high, floor)}" if low == low else "follow-up (no interval)")
+                   + f" (transfer floor {timed})"
                    + _paired_clause(paired.get((r["model"], r["path"])), tables.get("restore_resolution") or [])
                    + (f"; the longest part of the restore is {part[0]} ({part[1]:,.1f} ms)" if part else "") + ".")
     return out

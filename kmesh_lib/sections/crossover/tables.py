@@ -9,8 +9,9 @@ run's files.
                         ``report``'s tables of raw/rows.jsonl (an empty list where no row records what a table
                         reads: splits without a timed restore, scatter_sources without GPU clocks, forward
                         steps without a timed forward pass)
-    floor_distance      ``report.floor_table`` of the arms table, the recorded floors and raw/rows.jsonl (each
-                        cost's 95% interval and its verdict against the floor)
+    floor_distance      ``report.floor_table`` of the arms table, the recorded floors, raw/rows.jsonl and, where
+                        the run has the paired design, raw/point_floors.jsonl (each cost's 95% interval and its
+                        verdict against the floor timed around its point, else the run-start one)
     splits              ``report.split_table``: the medians of each timed restore's parts, with the 95% intervals
                         of the goals' medians (``restore_ci_ms``, ``critical_ci_ms``, ``charged_ci_ms``) that
                         ``report.timeline_goal_table`` and ``critical_goal_table`` judge against the floor
@@ -68,8 +69,11 @@ def components(run: RunFiles) -> list[dict]:
 
 def floor_distance(run: RunFiles) -> list[dict]:
     """``report.floor_table``: each cost's interval from the rows, its verdict against a physical floor on CUDA only
-    (on the CPU the floors are timed beside the engine's threads, as ``restore_resolution`` judges them)."""
-    return report.floor_table(arms(run), recorded_floors(run), rows(run), bound=run.params.DEVICE == "cuda")
+    (on the CPU the floors are timed beside the engine's threads, as ``restore_resolution`` judges them), against the
+    floors timed around its point where the run has the paired design (raw/point_floors.jsonl)."""
+    around = [] if predates_pairs(run) else run.records("point_floors.jsonl")
+    return report.floor_table(arms(run), recorded_floors(run), rows(run), bound=run.params.DEVICE == "cuda",
+                              point_floors=around)
 
 
 def splits(run: RunFiles) -> list[dict]:
