@@ -558,3 +558,22 @@ def test_the_answer_gives_a_cost_at_its_floor_that_verdict_not_a_ratio():
                                   "verdict": "at the floor"}]}
     paths = {"dram": {"path": "dram", "crossover_tokens": N, f"speedup@{N}": 1.81}}
     assert "+11.3 (at its transfer floor, by the cost's 95% interval): saves 26.9" in summary._savings(tables, "m", paths)
+
+
+def test_the_goal_readings_judge_against_the_floor_the_floor_table_judged_a_range_where_timed_around_the_point():
+    """The goals judged each span against the run-start floor while the floor table, from 7 Dec 2026, judges against
+    the floors timed around the point: one floor for both now. Against a range, "within" holds against every floor
+    timed there (its min), "not met" only where the interval is above GOAL_X x its max, the ratio over its max."""
+    floor = [10.0, 12.0]
+    assert cr.within_goal(10.5, 11.9, floor) and not cr.within_goal(10.5, 12.1, floor)  # 1.2 x the min is 12.0
+    assert cr.goal_verdict(10.5, 12.1, floor) == "unresolved" and cr.goal_verdict(14.5, 15.0, floor) == "not met"
+    assert cr.goal_verdict(14.1, 15.0, 10.0) == "not met"  # one floor, timed once: as before
+    reading = cr.goal_reading(13.0, [12.5, 13.5], floor)
+    assert reading["verdict"] == cr.floor_verdict(12.5, 13.5, floor) and reading["x_floor"] == pytest.approx(13 / 12, abs=1e-3)
+    assert not reading["within"]
+    distance = [{"model": "m", "context_tokens": N, "path": "gpubuf_disk", "transfer_floor_ms": 14.0,
+                 "point_floor_ms": floor, "restore_cost_ms": 11.0, "verdict": "at the floor", "x_floor": None}]
+    splits = [{"model": "m", "context_tokens": N, "arm": "gpubuf_disk", "restore_ms": 11.0, "restore_ci_ms": [10.6, 11.4]}]
+    [span] = cr.timeline_goal_table(splits, distance)
+    assert span["floor_ms"] == floor and span["within"] and span["verdict"] == "at the floor"  # 14.0 would read below
+    assert summary.floor_text(floor) == "10.000-12.000" and summary.floor_text(14.0) == "14.000"

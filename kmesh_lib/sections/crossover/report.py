@@ -235,13 +235,20 @@ def x_floor_of(median_ms: float, low_ms: float, floor_ms: float, digits: int) ->
     return round(median_ms / floor_ms, digits) if floor_ms > 0 and low_ms > floor_ms else None
 
 
-def within_goal(low_ms: float, high_ms: float, floor_ms: float, bounded: bool = True) -> bool:
-    """An interval within ``GOAL_X`` of its floor: wholly above 0, its upper end at most ``GOAL_X`` x the floor and,
-    for a value the floor bounds, not wholly below it (there a method problem). NaN (no interval) is never within."""
-    return bool(low_ms > 0 and high_ms <= GOAL_X * floor_ms and (high_ms >= floor_ms or not bounded))
+def floor_bounds(floor_ms: float | list[float]) -> tuple[float, float]:
+    """A floor as (min, max) ms: a range timed around a point as it is, one floor (timed once) twice."""
+    return (floor_ms[0], floor_ms[1]) if isinstance(floor_ms, (list, tuple)) else (floor_ms, floor_ms)
 
 
-def goal_verdict(low_ms: float, high_ms: float, floor_ms: float) -> str:
+def within_goal(low_ms: float, high_ms: float, floor_ms: float | list[float], bounded: bool = True) -> bool:
+    """An interval within ``GOAL_X`` of its floor: wholly above 0, its upper end at most ``GOAL_X`` x the floor (of a
+    range timed around the point, its min: within against every floor timed there) and, for a value the floor bounds,
+    not wholly below it (there a method problem). NaN (no interval) is never within."""
+    lo, _ = floor_bounds(floor_ms)
+    return bool(low_ms > 0 and high_ms <= GOAL_X * lo and (high_ms >= lo or not bounded))
+
+
+def goal_verdict(low_ms: float, high_ms: float, floor_ms: float | list[float]) -> str:
     """Whether a restore's cost is within ``GOAL_X`` of its floor, by the cost's interval: ``met``
     when its whole interval is above 0 and its upper end within, ``not met`` when its lower end is above,
     ``unresolved`` when the interval spans the bound, reaches 0 or below (no cost measured, or a restore
@@ -249,9 +256,11 @@ def goal_verdict(low_ms: float, high_ms: float, floor_ms: float) -> str:
     floor (``floor_verdict``'s "below its floor", a method problem the same answer names: never met; 861a's 7B DRAM
     at 16,384 tokens, +16.1 ms [15.8, 16.5] against a 16.9 ms floor, had read "met"), or was not
     computed (a difference of medians of a few follow-ups can fall below zero while the copy it contains
-    takes a millisecond)."""
+    takes a millisecond). Against a floor's range, ``not met`` only where the lower end is above ``GOAL_X`` x its
+    max: not within against any floor timed there."""
     # NaN (fewer than two follow-ups on a side) is neither within nor above
-    return "met" if within_goal(low_ms, high_ms, floor_ms) else "not met" if low_ms > GOAL_X * floor_ms else "unresolved"
+    return ("met" if within_goal(low_ms, high_ms, floor_ms) else "not met" if low_ms > GOAL_X * floor_bounds(floor_ms)[1]
+            else "unresolved")
 
 
 def cost_interval(rows: list[FollowUp], model: str, n: int, path: str) -> tuple[float, float, float]:
@@ -285,27 +294,28 @@ def goal_table(table: list[dict], distance: list[dict], rows: list[FollowUp] | N
         row: dict = {"model": model, "context_tokens": n}
         paths = [r for r in by_point.get((model, n), [])  # a measured path with its cost and a floor
                  if r.get("transfer_floor_ms") and r.get("restore_cost_ms") is not None and (model, n, r["path"]) in t]
+        judged = {r["path"]: judged_floor_ms(r) for r in paths}  # the floor the floor table's verdict judged
         if n >= GOAL_MIN_TOKENS and paths:
             best = min(paths, key=lambda r: t[(model, n, r["path"])]["ttft_ms"])
             # the medians' ratio, unrounded, decides ``fastest_within`` (``x_floor`` is None unless the cost's interval
             # lies wholly above the floor, and a negative cost is within any bound: the answer counts it apart)
             row.update(fastest_path=best["path"], fastest_ttft_ms=t[(model, n, best["path"])]["ttft_ms"],
                        fastest_cost_ms=best["restore_cost_ms"], fastest_x_floor=best.get("x_floor"),
-                       fastest_within=best["restore_cost_ms"] / best["transfer_floor_ms"] <= GOAL_X)
+                       fastest_within=best["restore_cost_ms"] / judged[best["path"]][0] <= GOAL_X)
             if "verdict" in best:
                 row["fastest_verdict"] = best["verdict"]
             # nearest its floor: a cost at the floor before any ratio range (each at least 1); a cost whose interval
             # holds 0 or lies below the floor is no distance
-            judged = [r for r in paths if r.get("x_floor") is not None or r.get("verdict") == AT_THE_FLOOR]
-            if judged:
-                near = min(judged, key=lambda r: 1.0 if r.get("x_floor") is None else r["x_floor"])
+            ranged = [r for r in paths if r.get("x_floor") is not None or r.get("verdict") == AT_THE_FLOOR]
+            if ranged:
+                near = min(ranged, key=lambda r: 1.0 if r.get("x_floor") is None else r["x_floor"])
                 row.update(nearest_path=near["path"], nearest_x_floor=near.get("x_floor"),
                            nearest_verdict=near.get("verdict"))
             if rows is not None:
                 _, low, high = cost_interval(rows, model, n, best["path"])
                 row.update(fastest_cost_ci_ms=[round(low, 3), round(high, 3)],
-                           fastest_floor_ms=best["transfer_floor_ms"],
-                           fastest_goal=goal_verdict(low, high, best["transfer_floor_ms"]))
+                           fastest_floor_ms=judged[best["path"]],
+                           fastest_goal=goal_verdict(low, high, judged[best["path"]]))
         kept, resident = t.get((model, n, "gpubuf_retained")), t.get((model, n, "gpubuf_resident"))
         if kept and resident:
             ratio = kept["ttft_ms"] / resident["ttft_ms"]
@@ -563,9 +573,11 @@ def scatter_table(rows: list[FollowUp]) -> list[dict]:
     return out
 
 
-def _floor_of(distance: list[dict]) -> dict[tuple, float]:
-    """``floor_table``'s transfer floor (ms) by (model, context tokens, path)."""
-    return {(r["model"], r["context_tokens"], r["path"]): r["transfer_floor_ms"] for r in distance}
+def _floor_of(distance: list[dict]) -> dict[tuple, list[float]]:
+    """The floor ``floor_table``'s verdict judged (``judged_floor_ms``: [min, max] ms, the range timed around the
+    point where the run timed one) by (model, context tokens, path): the goal tables judge against the same floor."""
+    return {(r["model"], r["context_tokens"], r["path"]): judged_floor_ms(r) for r in distance
+            if r.get("transfer_floor_ms")}
 
 
 # floor_verdict's word for a step's addition wholly below its floor: the restore's copy overlaps host work (or, queued
@@ -574,10 +586,11 @@ def _floor_of(distance: list[dict]) -> dict[tuple, float]:
 UNBOUNDED_BELOW = "below its floor (the copy overlaps host work: no bound broken)"
 
 
-def goal_reading(median_ms: float, ci_ms: list | None, floor_ms: float, bound: bool = True,
+def goal_reading(median_ms: float, ci_ms: list | None, floor_ms: float | list[float], bound: bool = True,
                  bounded: bool = True) -> dict:
     """A goal table's median (ms) with its 95% interval ``ci_ms`` against its floor, as ``floor_table`` judges a cost:
-    the grid's floor is measured once, so its range is [floor_ms, floor_ms]. ``verdict``: ``floor_verdict`` (``bound``:
+    ``floor_ms`` the range timed around the point ([min, max]) where the run timed one, else the run-start floor (one
+    number: its range [floor_ms, floor_ms]). ``verdict``: ``floor_verdict`` (``bound``:
     the floors are physical bounds, a device moved the bytes); ``bounded``: whether the floor bounds the value (a
     restore's own span does; what it adds to its step does not: an interval wholly below the floor reads
     ``UNBOUNDED_BELOW`` there, not a method problem). Invariants: ``x_floor``, the median over the floor, is a number
@@ -586,9 +599,10 @@ def goal_reading(median_ms: float, ci_ms: list | None, floor_ms: float, bound: b
     bounded value, not wholly below the floor (a method problem, or on the CPU a timed floor that judges nothing). No
     interval (fewer than two restores, [None, None]) is never within."""
     low, high = (float("nan"),) * 2 if not ci_ms or None in ci_ms else ci_ms
-    verdict = floor_verdict(low, high, [floor_ms, floor_ms], bound, below=None if bounded else UNBOUNDED_BELOW)
-    return {"verdict": verdict, "x_floor": x_floor_of(median_ms, low, floor_ms, 3),
-            "within": within_goal(low, high, floor_ms, bounded)}
+    lo, hi = floor_bounds(floor_ms)
+    verdict = floor_verdict(low, high, [lo, hi], bound, below=None if bounded else UNBOUNDED_BELOW)
+    return {"verdict": verdict, "x_floor": x_floor_of(median_ms, low, hi, 3),
+            "within": within_goal(low, high, [lo, hi], bounded)}
 
 
 def timeline_goal_table(splits: list[dict], distance: list[dict], bound: bool = True) -> list[dict]:
@@ -612,7 +626,7 @@ def timeline_goal_table(splits: list[dict], distance: list[dict], bound: bool = 
             continue
         out.append({"model": r["model"], "context_tokens": r["context_tokens"], "path": r["arm"],
                     "restore_ms": r["restore_ms"], "restore_ci_ms": r.get("restore_ci_ms"),
-                    "transfer_floor_ms": floor[key],
+                    "floor_ms": floor[key],
                     **goal_reading(r["restore_ms"], r.get("restore_ci_ms"), floor[key], bound)})
     return out
 
@@ -672,7 +686,7 @@ def critical_goal_table(splits: list[dict], distance: list[dict]) -> list[dict]:
                "allocate_ms": best.get("allocate_ms"), "wait_at": best.get("wait_at"),
                "launched_by": best.get("launched_by"), "thread_lag_ms": best.get("thread_lag_ms"),
                "ids_packed_by": best.get("ids_packed_by"), "thread_pack_ms": best.get("thread_pack_ms"),
-               "restore_ms": best.get("restore_ms"), "transfer_floor_ms": f,
+               "restore_ms": best.get("restore_ms"), "floor_ms": f,
                **goal_reading(best["critical_ms"], best.get("critical_ci_ms"), f, bounded=False)}
         charged = [(charged_ms(r), r) for r in rs if charged_ms(r) is not None]
         if charged:
@@ -722,7 +736,7 @@ def launch_free_table(rows: list[FollowUp], distance: list[dict]) -> list[dict]:
         parts = {_ms(k): round(1e3 * float(numpy.median(v)), 3)
                  for k in LAUNCH_FREE_PARTS if (v := [getattr(sp, k) for sp in sps if getattr(sp, k) is not None])}
         out.append({"model": model, "context_tokens": n, "path": arm, "n": len(sps), "launch_free_ms": round(ms, 3),
-                    "launch_free_ci_ms": ci, "transfer_floor_ms": f, **goal_reading(ms, ci, f, bounded=False),
+                    "launch_free_ci_ms": ci, "floor_ms": f, **goal_reading(ms, ci, f, bounded=False),
                     **parts})
     return out
 

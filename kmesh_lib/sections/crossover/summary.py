@@ -299,11 +299,13 @@ def answer(run: RunFiles) -> str:
     points = goal_points_table(tables, rows, goal_rows, critical)
     if points:
         goals += ("\n\nThe first restore goal point by point (median ms with its 95% bootstrap interval; the floor is "
-                  "the path's own: bytes over the bandwidth measured in this run):\n\n" + points)
+                  "the path's own, the one its cost was judged against: timed before and after the point where the run "
+                  "timed it there, a range, else at the run's start):\n\n" + points)
     span_lines = span_goal_table(tables, spans=spans)
     if span_lines:
         goals += ("\n\nEach timed restore's own span against its floor (the tier's timeline, median ms with its 95% "
-                  "bootstrap interval; within: the whole interval at most " + f"{report.GOAL_X}\u00d7 the floor):\n\n"
+                  "bootstrap interval; within: the whole interval at most " + f"{report.GOAL_X}\u00d7 the floor, "
+                  "of a range its min):\n\n"
                   + span_lines)
     pooled = forward_pairs_table(tables)
     if pooled:
@@ -1054,7 +1056,7 @@ def goal_points_table(tables: dict, rows: list[GridRow] | None = None, goals: li
         fastest = (f"{LABEL[g['fastest_path']]} {_cost_against_floor(g)}"
                    + (f", {g['fastest_goal']}" if "fastest_goal" in g else "")) if g else ""
         least = (f"{LABEL[c['path']]}: {c['critical_ms']:,.3f} ms {_ci(c.get('critical_ci_ms'))} ({_parts(c)}) / "
-                 f"{c['transfer_floor_ms']:,.3f}: **{c['verdict']}**"
+                 f"{floor_text(c['floor_ms'])}: **{c['verdict']}**"
                  + ("" if c["within"] else " (not met)")) if c else UNTIMED_PARTS
         charged = (f"{LABEL[c['charged_path']]}: {c['charged_ms']:,.3f} ms {_ci(c.get('charged_ci_ms'))}: "
                    f"{c['charged_verdict']}" + ("" if c["charged_within"] else " (not met)")
@@ -1063,6 +1065,13 @@ def goal_points_table(tables: dict, rows: list[GridRow] | None = None, goals: li
                             f"{r['difference_ci_ms'][1]:+,.2f}]" for r in steps.get(point, [])) or "not timed"
         lines.append(f"| {point[0]} | {_n(point[1])} | {fastest} | {least} | {charged} | {forward} |")
     return "\n".join(lines)
+
+
+def floor_text(floor_ms: float | list[float]) -> str:
+    """A goal row's floor in ms as the goal readings print it: one number where it was timed once (or its range is
+    one value), else the range timed around the point, "min-max"."""
+    lo, hi = report.floor_bounds(floor_ms)
+    return f"{lo:,.3f}" if lo == hi else f"{lo:,.3f}-{hi:,.3f}"
 
 
 def _ci(ci: list | None) -> str:
@@ -1094,7 +1103,7 @@ def span_goal_table(tables: dict, bound: bool = True, spans: list[dict] | None =
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in spans:
         lines.append(f"| {r['model']} | {_n(r['context_tokens'])} | {LABEL[r['path']]} | {r['restore_ms']:,.3f} "
-                     f"{_ci(r['restore_ci_ms'])} | {r['transfer_floor_ms']:,.3f} | {r['verdict']} | "
+                     f"{_ci(r['restore_ci_ms'])} | {floor_text(r['floor_ms'])} | {r['verdict']} | "
                      f"{'yes' if r['within'] else 'no'} |")
     return "\n".join(lines)
 
@@ -1108,7 +1117,7 @@ def _cost_against_floor(g: dict) -> str:
         return g["fastest_verdict"]
     if g.get("fastest_cost_ci_ms") and g.get("fastest_floor_ms"):
         low, high = g["fastest_cost_ci_ms"]
-        return report.floor_verdict(low, high, [g["fastest_floor_ms"]] * 2)
+        return report.floor_verdict(low, high, list(report.floor_bounds(g["fastest_floor_ms"])))
     ratio = g.get("fastest_x_floor")
     return f"{ratio}\u00d7" if ratio is not None and ratio >= 1 else "median at or below its floor (no interval)"
 
