@@ -184,16 +184,16 @@ def floor_table(table: list[dict], floors: dict, rows: list[FollowUp] = (), boun
 
     ``restore_cost_ci_ms``: the cost's 95% bootstrap interval from the grid's follow-ups (``rows``; ``cost_interval``:
     the two arms resampled on their own, no follow-up has a partner), [None, None] with fewer than two of either;
-    ``transfer_floor_ms``: the path's floor from the floors timed once at the run's start (``floors``), the grid's
-    floor, which the goal tables judge against; ``point_floor_ms``: the path's floor as a range over the floors the
+    ``transfer_floor_ms``: the path's floor from the floors timed once at the run's start (``floors``), kept beside
+    the one judged; ``point_floor_ms``: the path's floor as a range over the floors the
     paired design timed before and after this point (``point_floors``: ``floor_range_ms``), None where the run timed
     none there; ``floor_timed``: which of the two the verdict judges against ("around the point" where there is a
     range: the disk drifts over a run, so a snapshot at its start can sit above what the same disk read at the point,
     and a cost read "below its floor" against it where the floors timed around the point find it above; 9c33's GPU
     buffer from disk at 16,384 tokens, 7 Dec 2026; else "at the run's start"); ``verdict``: ``floor_verdict`` of
     the cost's interval against that floor, so an interval holding 0 is "no cost measured" and one reaching down
-    into the floor "at the floor"; ``bound``: whether the floors are physical bounds (``floor_verdict``: on the CPU a
-    cost below its timed floor judges nothing).
+    into the floor "at the floor" (the goal tables judge against the same floor: ``judged_floor_ms``); ``bound``:
+    whether the floors are physical bounds (``floor_verdict``: on the CPU a cost below its timed floor judges nothing).
     Invariant: ``x_floor`` (the medians' cost over the judged floor's max) is a number only where the verdict is a
     ratio range, the interval wholly above the floor, so it is never below 1; elsewhere None. The paired design
     (``resolution_table``) resolves the same cost; this is the grid's reading of it."""
