@@ -199,9 +199,7 @@ def floor_table(table: list[dict], floors: dict, rows: list[FollowUp] = (), boun
     (``resolution_table``) resolves the same cost; this is the grid's reading of it."""
 
     t = _lookup(table)
-    around: dict[tuple, list[PointFloors]] = {}
-    for f in point_floors:
-        around.setdefault((f.model, f.context_tokens, f.tier), []).append(f)
+    around = floors_by_point(point_floors)
     out = []
     for (model, n, arm), row in sorted(t.items()):
         if arm not in RESTORES or (model, n, RESIDENT_OF[arm]) not in t:
@@ -294,28 +292,27 @@ def goal_table(table: list[dict], distance: list[dict], rows: list[FollowUp] | N
         row: dict = {"model": model, "context_tokens": n}
         paths = [r for r in by_point.get((model, n), [])  # a measured path with its cost and a floor
                  if r.get("transfer_floor_ms") and r.get("restore_cost_ms") is not None and (model, n, r["path"]) in t]
-        judged = {r["path"]: judged_floor_ms(r) for r in paths}  # the floor the floor table's verdict judged
         if n >= GOAL_MIN_TOKENS and paths:
             best = min(paths, key=lambda r: t[(model, n, r["path"])]["ttft_ms"])
+            best_floor = judged_floor_ms(best)  # the floor the floor table's verdict judged
             # the medians' ratio, unrounded, decides ``fastest_within`` (``x_floor`` is None unless the cost's interval
             # lies wholly above the floor, and a negative cost is within any bound: the answer counts it apart)
             row.update(fastest_path=best["path"], fastest_ttft_ms=t[(model, n, best["path"])]["ttft_ms"],
                        fastest_cost_ms=best["restore_cost_ms"], fastest_x_floor=best.get("x_floor"),
-                       fastest_within=best["restore_cost_ms"] / judged[best["path"]][0] <= GOAL_X)
+                       fastest_within=best["restore_cost_ms"] / best_floor[0] <= GOAL_X)
             if "verdict" in best:
                 row["fastest_verdict"] = best["verdict"]
             # nearest its floor: a cost at the floor before any ratio range (each at least 1); a cost whose interval
             # holds 0 or lies below the floor is no distance
-            ranged = [r for r in paths if r.get("x_floor") is not None or r.get("verdict") == AT_THE_FLOOR]
-            if ranged:
-                near = min(ranged, key=lambda r: 1.0 if r.get("x_floor") is None else r["x_floor"])
+            judged = [r for r in paths if r.get("x_floor") is not None or r.get("verdict") == AT_THE_FLOOR]
+            if judged:
+                near = min(judged, key=lambda r: 1.0 if r.get("x_floor") is None else r["x_floor"])
                 row.update(nearest_path=near["path"], nearest_x_floor=near.get("x_floor"),
                            nearest_verdict=near.get("verdict"))
             if rows is not None:
                 _, low, high = cost_interval(rows, model, n, best["path"])
                 row.update(fastest_cost_ci_ms=[round(low, 3), round(high, 3)],
-                           fastest_floor_ms=judged[best["path"]],
-                           fastest_goal=goal_verdict(low, high, judged[best["path"]]))
+                           fastest_floor_ms=best_floor, fastest_goal=goal_verdict(low, high, best_floor))
         kept, resident = t.get((model, n, "gpubuf_retained")), t.get((model, n, "gpubuf_resident"))
         if kept and resident:
             ratio = kept["ttft_ms"] / resident["ttft_ms"]
@@ -1066,6 +1063,14 @@ def restore_span(row: FollowUp) -> tuple[float | None, str]:
     return load, how
 
 
+def floors_by_point(point_floors: list[PointFloors]) -> dict[tuple, list[PointFloors]]:
+    """The floors measured around each point, by (model, context tokens, tier): ``floor_range_ms``'s input."""
+    out: dict[tuple, list[PointFloors]] = {}
+    for f in point_floors:
+        out.setdefault((f.model, f.context_tokens, f.tier), []).append(f)
+    return out
+
+
 def floor_range_ms(path: str, point_floors: list[PointFloors], how: str | None = None) -> list[float] | None:
     """[min, max] in ms of ``path``'s floor (``FLOOR_OF``: a sum or the larger of its media; ``how`` overrides which)
     over the floors measured around one point (before and after it: each measurement's median); None where a medium
@@ -1223,9 +1228,7 @@ def resolution_table(pairs: list[PairRow], point_floors: list[PointFloors], boun
     a gap that stays the same while the copy grows from context to context says the host waited for the copy before
     it reached that layer (6 Dec 2026: b298's 7B GPU buffer, 0.49-0.72 ms at every context while the copy grew from
     0.05 to 1.3 ms, beside first tokens below the copy's floor at 16,384 and 32,512 tokens)."""
-    floors: dict[tuple, list[PointFloors]] = {}
-    for f in point_floors:
-        floors.setdefault((f.model, f.context_tokens, f.tier), []).append(f)
+    floors = floors_by_point(point_floors)
     out = []
     for (model, n, path), by_pair in sorted(pairs_of(pairs).items()):
         whole = [p for _, p in sorted(by_pair.items()) if "restore" in p and "resident" in p]
